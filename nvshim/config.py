@@ -1,0 +1,237 @@
+"""nvshim's own configuration: ``/etc/nvshim/config.yaml`` (or ``$NVSHIM_CONFIG``).
+
+Two ways in, one result:
+
+* the checked path parses the YAML and validates it against ``config/nvshim.schema.json``
+  with jsonschema; a bad key or type is one line naming the key, the file and what is
+  allowed;
+* the hot path reads ``<stem>.compiled.json`` next to the YAML, written by
+  ``nvshim config compile``; it holds the validated values and the SHA-256 of the YAML it
+  came from, so an edited YAML is noticed and the checked path is taken instead.
+
+A missing file means defaults. The runtime never writes the compiled file itself:
+nothing on the create path writes outside the bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from nvshim import __version__
+from nvshim.errors import ConfigError
+
+__all__ = [
+    "Config",
+    "DEFAULT_CONFIG_PATH",
+    "config_path",
+    "compiled_path",
+    "load_config",
+    "compile_config",
+    "ALL_CAPABILITIES",
+]
+
+DEFAULT_CONFIG_PATH = "/etc/nvshim/config.yaml"
+
+ALL_CAPABILITIES = ("compat32", "compute", "display", "graphics", "ngx", "utility", "video")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Validated configuration. Attribute names are the YAML keys with ``_`` for ``-``."""
+
+    runtimes: Tuple[str, ...] = ("runc", "crun")
+    debug_log: Optional[str] = None
+    driver_root: str = "/"
+    dev_root: Optional[str] = None
+    accept_envvar_when_unprivileged: bool = True
+    require_allocation: bool = False
+    allocation_sources: Tuple[str, ...] = (
+        "volume-mounts",
+        "cdi-annotations",
+        "envvar-uuids",
+        "privileged",
+    )
+    on_missing_allocation: str = "strip"
+    annotation_prefixes: Tuple[str, ...] = ("cdi.k8s.io/",)
+    cdi_spec_dirs: Tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
+    default_kind: str = "nvidia.com/gpu"
+    supported_driver_capabilities: Tuple[str, ...] = ALL_CAPABILITIES
+    disable_require: bool = False
+    source: Optional[str] = None
+    """The file these values came from (None = built-in defaults)."""
+
+    @property
+    def effective_dev_root(self) -> str:
+        return self.dev_root or self.driver_root
+
+    def to_mapping(self) -> Dict[str, Any]:
+        """The YAML-shaped mapping (kebab-case keys) of these values."""
+        out: Dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "source":
+                continue
+            value = getattr(self, f.name)
+            out[f.name.replace("_", "-")] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], source: Optional[str]) -> "Config":
+        """Build from an already validated mapping (kebab-case keys)."""
+        kwargs: Dict[str, Any] = {"source": source}
+        for key, value in data.items():
+            name = key.replace("-", "_")
+            kwargs[name] = tuple(value) if isinstance(value, list) else value
+        return cls(**kwargs)
+
+
+def config_path(environ: Optional[Mapping[str, str]] = None) -> str:
+    env = os.environ if environ is None else environ
+    return env.get("NVSHIM_CONFIG") or DEFAULT_CONFIG_PATH
+
+
+def compiled_path(path: str) -> str:
+    """Where ``nvshim config compile`` keeps the validated copy of ``path``."""
+    stem = path[: -len(".yaml")] if path.endswith(".yaml") else path
+    return stem + ".compiled.json"
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read(path: str) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+
+
+def _from_compiled(path: str, data: bytes) -> Optional[Config]:
+    """The compiled copy of ``path`` when it matches ``data`` exactly, else None."""
+    raw = _read(compiled_path(path))
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("nvshim-version") != __version__:
+        return None
+    if doc.get("source-sha256") != _sha256(data):
+        return None
+    values = doc.get("config")
+    if not isinstance(values, dict):
+        return None
+    return Config.from_mapping(values, path)
+
+
+def _schema() -> Dict[str, Any]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (
+        os.path.join(here, "data", "config-schema.json"),
+        os.path.join(os.path.dirname(here), "config", "nvshim.schema.json"),
+    ):
+        if os.path.exists(candidate):
+            with open(candidate, encoding="utf-8") as fh:
+                loaded: Dict[str, Any] = json.load(fh)
+                return loaded
+    raise ConfigError("config schema is missing from the nvshim installation")
+
+
+def _describe_allowed(schema: Mapping[str, Any]) -> str:
+    if "enum" in schema:
+        return "one of " + ", ".join(json.dumps(v) for v in schema["enum"])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return " or ".join(kind)
+    if kind == "array":
+        items = schema.get("items", {})
+        inner = _describe_allowed(items) if items else "values"
+        return f"a list of {inner}" + (" (at least one)" if schema.get("minItems") else "")
+    if kind == "string" and schema.get("pattern") == "^/":
+        return "an absolute path"
+    return f"a {kind}" if kind else "a valid value"
+
+
+def parse_config_text(data: bytes, path: str) -> Config:
+    """Checked path: YAML → mapping → jsonschema → :class:`Config`."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(data) if data.strip() else {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"config {path}{where}: {problem}") from exc
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"config {path}: top level must be a mapping of keys, got {type(doc).__name__}")
+
+    schema = _schema()
+    props: Mapping[str, Any] = schema["properties"]
+    for key in doc:
+        if key not in props:
+            allowed = ", ".join(sorted(props))
+            raise ConfigError(f'config {path}: unknown key "{key}" (allowed: {allowed})')
+
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        parts = list(err.absolute_path)
+        key = str(parts[0]) if parts else "?"
+        sub = "".join(f"[{p}]" for p in parts[1:])
+        key_schema: Mapping[str, Any] = props.get(key, {})
+        target = key_schema.get("items", key_schema) if sub else key_schema
+        if err.validator == "uniqueItems":
+            allowed = "a list without duplicates"
+        else:
+            allowed = _describe_allowed(target)
+        raise ConfigError(
+            f'config {path}: "{key}{sub}" is {json.dumps(err.instance)}, must be {allowed}'
+        )
+    return Config.from_mapping(doc, path)
+
+
+def load_config(path: Optional[str] = None) -> Config:
+    """Load the configuration; defaults when the file does not exist."""
+    path = path or config_path()
+    data = _read(path)
+    if data is None:
+        return Config()
+    compiled = _from_compiled(path, data)
+    if compiled is not None:
+        return compiled
+    return parse_config_text(data, path)
+
+
+def compile_config(path: Optional[str] = None) -> str:
+    """Validate ``path`` and write its compiled copy atomically; return the copy's path."""
+    from nvshim.files import write_atomic
+
+    path = path or config_path()
+    data = _read(path)
+    if data is None:
+        raise ConfigError(f"config {path} does not exist; nothing to compile")
+    config = parse_config_text(data, path)
+    doc = {
+        "nvshim-version": __version__,
+        "source": path,
+        "source-sha256": _sha256(data),
+        "config": config.to_mapping(),
+    }
+    out = compiled_path(path)
+    write_atomic(out, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), default_mode=0o644)
+    return out

@@ -1,0 +1,233 @@
+"""The create road: config.json → request → discovery → edits → new config.json.
+
+:func:`plan_create` computes everything without writing (``nvshim inspect`` prints the
+plan); :func:`commit` writes the new config.json atomically when it differs.
+Discovery is not touched for a container that asks for nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from nvshim.apply import apply_edits, set_env
+from nvshim.config import Config
+from nvshim.edits import Edits, driver_edits, gpu_edits, mig_edits
+from nvshim.errors import HostError, RequestError, SpecError
+from nvshim.request import VISIBLE_DEVICES, Request, image_view, resolve_request, select_gpus
+
+__all__ = ["Plan", "plan_create", "commit", "read_spec", "hook_command", "serialize_spec"]
+
+
+@dataclass
+class Plan:
+    """What create would do to one bundle."""
+
+    spec_path: str
+    original: bytes
+    spec: Dict[str, Any]
+    request: Request
+    edits: Edits = field(default_factory=Edits)
+    new_spec: Optional[Dict[str, Any]] = None
+    gpus: Tuple[Any, ...] = ()
+    migs: Tuple[Tuple[Any, Any], ...] = ()
+    cdi_names: Tuple[str, ...] = ()
+    capabilities: Tuple[str, ...] = ()
+    driver_root: str = "/"
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.new_spec is not None and self.new_spec != self.spec
+
+    def new_bytes(self) -> bytes:
+        assert self.new_spec is not None
+        return serialize_spec(self.new_spec, self.original)
+
+
+def read_spec(bundle: str) -> Tuple[str, bytes, Dict[str, Any]]:
+    """Read and decode ``<bundle>/config.json``; SpecError names the file on any problem."""
+    path = os.path.join(bundle, "config.json")
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError as exc:
+        raise SpecError(f"cannot read {path}: no such file") from exc
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        spec = json.loads(raw)
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text") from exc
+    except ValueError as exc:
+        msg = getattr(exc, "msg", str(exc))
+        line = getattr(exc, "lineno", None)
+        col = getattr(exc, "colno", None)
+        where = f" at line {line} column {col}" if line is not None else ""
+        raise SpecError(f"{path}: invalid JSON{where}: {msg.lower()}") from exc
+    if not isinstance(spec, dict):
+        raise SpecError(f"{path}: top level must be a JSON object")
+    return path, raw, spec
+
+
+def serialize_spec(spec: Dict[str, Any], original: bytes) -> bytes:
+    """Encode ``spec`` in the layout of ``original`` (tabs, spaces or compact)."""
+    if b"\n\t" in original:
+        text = json.dumps(spec, indent="\t", ensure_ascii=False)
+    elif b"\n " in original:
+        text = json.dumps(spec, indent=2, ensure_ascii=False)
+    else:
+        text = json.dumps(spec, separators=(",", ":"), ensure_ascii=False)
+    if original.endswith(b"\n"):
+        text += "\n"
+    return text.encode("utf-8")
+
+
+def hook_command() -> Tuple[str, ...]:
+    """How a hook starts nvshim: this interpreter by absolute path, isolated mode.
+
+    ``-I`` ignores PYTHON* variables and the user site directory; the hook entry also
+    carries an explicit env, so nothing of the image's environment reaches it.
+    """
+    return (os.path.abspath(sys.executable), "-I", "-m", "nvshim.hook")
+
+
+def _root_path(spec: Dict[str, Any], bundle: str) -> Optional[str]:
+    root = spec.get("root")
+    if isinstance(root, dict) and isinstance(root.get("path"), str):
+        return os.path.join(bundle, root["path"])
+    return None
+
+
+def plan_create(
+    bundle: str,
+    config: Config,
+    host: Any = None,
+    log: Any = None,
+) -> Plan:
+    """Compute what create does to ``bundle`` (nothing is written)."""
+    spec_path, raw, spec = read_spec(bundle)
+    try:
+        view = image_view(spec)
+    except SpecError as exc:
+        raise SpecError(f"{spec_path}: {str(exc).replace('config.json: ', '')}") from exc
+    request = resolve_request(view, config)
+    plan = Plan(spec_path, raw, spec, request, capabilities=request.capabilities)
+    plan.notes.extend(request.notes)
+    if log is not None:
+        log.event(
+            "request",
+            bundle=bundle,
+            source=request.source,
+            devices=list(request.devices),
+            capabilities=list(request.capabilities),
+            notes=list(request.notes),
+        )
+
+    if not request.injects:
+        if request.set_void:
+            new = json.loads(json.dumps(spec))
+            process = new.setdefault("process", {})
+            env = process.setdefault("env", [])
+            set_env(env, f"{VISIBLE_DEVICES}=void")
+            plan.new_spec = new
+        return plan
+
+    if host is None:
+        from nvshim.discovery import Host
+
+        host = Host(config.driver_root, config.dev_root)
+    plan.driver_root = host.driver_root
+
+    edits = Edits()
+    cdi_names = request.cdi_names
+    if cdi_names:
+        from nvshim import cdi
+
+        registry = cdi.load_registry(config.cdi_spec_dirs)
+        edits = edits + cdi.resolve_devices(registry, cdi_names)
+        edits = _fill_device_nodes(edits, host)
+        plan.cdi_names = cdi_names
+
+    tokens = request.gpu_tokens
+    if tokens or (request.driver_files and not cdi_names):
+        edits = edits + _node_edits(host, request, tokens, plan)
+
+    plan.edits = edits
+    if log is not None:
+        log.event("edits", edits=edits.to_cdi())
+    plan.new_spec = apply_edits(spec, edits)
+    return plan
+
+
+def _node_edits(host: Any, request: Request, tokens: Sequence[str], plan: Plan) -> Edits:
+    """Edits for this node's GPUs (discovery), shared with ``nvshim cdi generate``."""
+    gpus = host.gpus()
+    refs = tuple(g.ref() for g in gpus)
+    chosen_refs, chosen_migs = select_gpus(tokens, refs) if tokens else ((), ())
+    by_index = {g.index: g for g in gpus}
+    chosen = tuple(by_index[r.index] for r in chosen_refs)
+    migs: List[Tuple[Any, Any]] = []
+    for m in chosen_migs:
+        parent = by_index[m.gpu_index]
+        migs.append((parent, next(x for x in parent.mig if x.uuid == m.uuid)))
+    plan.gpus = chosen
+    plan.migs = tuple(migs)
+
+    caps = request.capabilities
+    from nvshim.requirements import check_requirements
+
+    check_requirements(plan.spec, host, request, plan.notes)
+
+    files = host.binaries(caps) + host.ipc(caps) + host.firmware()
+    edits = driver_edits(host.control_nodes(caps), host.libraries(caps), files, hook_command())
+    for gpu in chosen:
+        edits = edits + gpu_edits(gpu)
+    for parent, mig in migs:
+        edits = edits + mig_edits(parent, mig)
+    return edits
+
+
+def _fill_device_nodes(edits: Edits, host: Any) -> Edits:
+    """CDI device nodes without type/major get them from the host node (as CDI does)."""
+    from dataclasses import replace
+
+    from nvshim.discovery import Host
+
+    nodes = []
+    for node in edits.device_nodes:
+        if node.type is not None and (node.major is not None or node.type == "p"):
+            nodes.append(node)
+            continue
+        probe = Host("/", "/")
+        stat_node = probe.device_node(node.source)
+        if stat_node is None:
+            raise HostError(f'CDI device node host path "{node.source}" does not exist')
+        if node.type is not None and node.type != stat_node.type:
+            raise RequestError(
+                f'CDI device node {node.path}: type "{node.type}" does not match the host '
+                f'node {node.source} ("{stat_node.type}")'
+            )
+        nodes.append(
+            replace(
+                node,
+                type=stat_node.type,
+                major=stat_node.major,
+                minor=stat_node.minor,
+                file_mode=node.file_mode if node.file_mode is not None else stat_node.file_mode,
+            )
+        )
+    return replace(edits, device_nodes=tuple(nodes))
+
+
+def commit(plan: Plan) -> bool:
+    """Write the planned config.json atomically; False (no write) when nothing changed."""
+    if not plan.changed:
+        return False
+    from nvshim.files import write_atomic
+
+    write_atomic(plan.spec_path, plan.new_bytes())
+    return True

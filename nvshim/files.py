@@ -1,0 +1,60 @@
+"""The one way nvshim replaces a file: same-directory temp file, fsync, rename."""
+
+from __future__ import annotations
+
+import os
+
+from nvshim.errors import HostError
+
+__all__ = ["write_atomic"]
+
+
+def write_atomic(path: str, data: bytes, default_mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` atomically, keeping its mode (``default_mode`` if new).
+
+    Readers see the old bytes or the new bytes, never a mix; a crash leaves at most a
+    ``.<name>.nvshim-*`` temp file behind, never a truncated target.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    base = os.path.basename(path)
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = default_mode
+    except OSError as exc:
+        raise HostError(f"cannot stat {path}: {exc.strerror}") from exc
+    tmp = os.path.join(directory, f".{base}.nvshim-{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        os.unlink(tmp)  # a leftover of a crashed run with our pid; never someone else's
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise HostError(f"cannot write {path}: {exc.strerror}") from exc
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass  # already gone; the original error is the one to report
+        raise HostError(f"cannot write {path}: {exc.strerror}") from exc
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return  # the rename is done; a directory we cannot open cannot be fsynced either
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass  # some filesystems refuse fsync on directories; the data is already durable
+    finally:
+        os.close(dfd)

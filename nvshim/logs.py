@@ -1,0 +1,82 @@
+"""Where messages go: runc's ``--log`` file, stderr, and the optional debug log.
+
+containerd reads the last ``{"level":"error","msg":…}`` line of the ``--log`` file and
+ignores stderr; podman passes no ``--log`` and shows stderr. So an error goes to both.
+On success nothing is printed: during ``create`` stdout/stderr are the container's.
+The debug log (config ``debug-log``) uses structlog, imported only when it is on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Optional
+
+__all__ = ["report_error", "DebugLog", "open_debug_log"]
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def report_error(message: str, log: Optional[str], log_format: Optional[str]) -> None:
+    """Write one error line to runc's ``--log`` (JSON or text) and one to stderr."""
+    text = f"nvshim: {message}"
+    if log:
+        if log_format == "json" or log_format is None and log.endswith(".json"):
+            line = json.dumps({"level": "error", "msg": text, "time": _utc_now()})
+        else:
+            line = f'time="{_utc_now()}" level=error msg={json.dumps(text)}'
+        try:
+            fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            sys.stderr.write(f"nvshim: cannot write to --log {log}: {exc.strerror}\n")
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+class DebugLog:
+    """The debug log: a no-op unless ``debug-log`` is configured."""
+
+    def __init__(self, logger: Any = None) -> None:
+        self._logger = logger
+
+    @property
+    def enabled(self) -> bool:
+        return self._logger is not None
+
+    def event(self, event: str, **fields: Any) -> None:
+        if self._logger is not None:
+            self._logger.info(event, **fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        if self._logger is not None:
+            self._logger.error(event, **fields)
+
+
+def open_debug_log(path: Optional[str]) -> DebugLog:
+    """A structlog logger appending JSON lines to ``path``; no-op when ``path`` is empty."""
+    if not path:
+        return DebugLog()
+    import structlog
+
+    try:
+        fh = open(path, "a", encoding="utf-8")
+    except OSError as exc:
+        sys.stderr.write(f"nvshim: cannot open debug-log {path}: {exc.strerror}\n")
+        return DebugLog()
+    logger = structlog.wrap_logger(
+        structlog.WriteLogger(fh),
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.JSONRenderer(sort_keys=True),
+        ],
+    ).bind(pid=os.getpid())
+    return DebugLog(logger)

@@ -1,0 +1,470 @@
+"""What a container asks for, and what it is allowed to get.
+
+Pure: takes the config.json dict and the :class:`~nvshim.config.Config`, touches no
+filesystem. Three steps:
+
+1. :func:`image_view` reads env (last entry wins), mounts, annotations and privilege
+   from the spec;
+2. :func:`resolve_request` picks the source of the request (device-plugin mounts, CDI
+   annotations, ``NVIDIA_VISIBLE_DEVICES``, a legacy CUDA image) under the configured
+   policy, including require-allocation, and records every decision;
+3. :func:`select_gpus` maps the request's tokens onto the node's GPUs (pure too: the
+   GPU records come from discovery).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from nvshim.errors import RequestError, SpecError
+
+__all__ = [
+    "ImageView",
+    "Request",
+    "image_view",
+    "parse_visible_devices",
+    "parse_capabilities",
+    "resolve_request",
+    "select_gpus",
+    "GpuRef",
+    "describe_indices",
+    "VISIBLE_DEVICES",
+    "DEVICE_LIST_DIR",
+    "SANDBOX_ANNOTATION",
+]
+
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
+DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
+SANDBOX_ANNOTATION = "io.kubernetes.cri.container-type"
+CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
+
+_UUID_BODY = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_GPU_UUID = re.compile(r"^GPU-" + _UUID_BODY + r"$", re.IGNORECASE)
+_MIG_UUID = re.compile(r"^MIG-" + _UUID_BODY + r"$", re.IGNORECASE)
+_REPLICA = re.compile(r"^(.+?)::[0-9]+$")
+_PCI = re.compile(
+    r"^(?:(?P<domain>[0-9a-f]{1,8}):)?(?P<bus>[0-9a-f]{1,2}):(?P<dev>[0-9a-f]{1,2})\.(?P<fn>[0-7])$",
+    re.IGNORECASE,
+)
+_DIGITS = re.compile(r"^[0-9]+$")
+_MIG_PAIR = re.compile(r"^(?P<gpu>[0-9]+):(?P<mig>[0-9]+)$")
+
+DEFAULT_CAPABILITIES = ("compute", "utility")
+
+
+@dataclass(frozen=True)
+class ImageView:
+    """What config.json says about devices. Built by :func:`image_view`."""
+
+    env: Mapping[str, str]
+    mounts: Tuple[Mapping[str, Any], ...]
+    annotations: Mapping[str, str]
+    privileged: bool
+
+    def get(self, name: str) -> Optional[str]:
+        return self.env.get(name)
+
+    @property
+    def legacy_image(self) -> bool:
+        """A CUDA image from before NVIDIA_VISIBLE_DEVICES existed: it means "all"."""
+        return bool(self.env.get("CUDA_VERSION")) and not self.env.get("NVIDIA_REQUIRE_CUDA")
+
+    @property
+    def sandbox(self) -> bool:
+        """A CRI pod sandbox (pause) container: never a GPU container."""
+        return self.annotations.get(SANDBOX_ANNOTATION) == "sandbox"
+
+
+@dataclass(frozen=True)
+class Request:
+    """The outcome of request resolution.
+
+    ``devices`` are normalised tokens: ``all``, indices, UUIDs, PCI bus ids, ``i:j`` or
+    qualified CDI names. ``driver_files`` is True for any GPU container (also ``none``:
+    driver files but no GPU). ``set_void`` asks the writer to replace the image's value of
+    NVIDIA_VISIBLE_DEVICES with ``void`` (require-allocation stripped it).
+    """
+
+    source: str
+    devices: Tuple[str, ...] = ()
+    driver_files: bool = False
+    set_void: bool = False
+    notes: Tuple[str, ...] = ()
+    capabilities: Tuple[str, ...] = DEFAULT_CAPABILITIES
+
+    @property
+    def cdi_names(self) -> Tuple[str, ...]:
+        return tuple(d for d in self.devices if _is_qualified(d))
+
+    @property
+    def gpu_tokens(self) -> Tuple[str, ...]:
+        return tuple(d for d in self.devices if not _is_qualified(d))
+
+    @property
+    def injects(self) -> bool:
+        return self.driver_files or bool(self.devices)
+
+
+def _is_qualified(token: str) -> bool:
+    """A CDI-qualified name has ``vendor/class=name``; a PCI id or UUID never has ``/``."""
+    head, sep, tail = token.partition("=")
+    return bool(sep) and "/" in head and bool(tail) and not head.startswith("/")
+
+
+def _str_list(value: Any, where: str) -> List[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SpecError(f"config.json: {where} must be a list of strings")
+    return value
+
+
+def image_view(spec: Any) -> ImageView:
+    """Read the request-relevant parts of an OCI spec; SpecError on wrong shapes."""
+    if not isinstance(spec, dict):
+        raise SpecError("config.json: top level must be a JSON object")
+    process = spec.get("process")
+    if process is None:
+        process = {}
+    if not isinstance(process, dict):
+        raise SpecError("config.json: process must be an object")
+    env: Dict[str, str] = {}
+    for entry in _str_list(process.get("env"), "process.env"):
+        name, _, value = entry.partition("=")
+        env[name] = value  # the last entry of a name wins, as runc's exec does
+    caps = process.get("capabilities")
+    bounding: List[str] = []
+    if caps is not None:
+        if not isinstance(caps, dict):
+            raise SpecError("config.json: process.capabilities must be an object")
+        bounding = _str_list(caps.get("bounding"), "process.capabilities.bounding")
+    mounts = spec.get("mounts")
+    if mounts is None:
+        mounts = []
+    if not isinstance(mounts, list) or not all(isinstance(m, dict) for m in mounts):
+        raise SpecError("config.json: mounts must be a list of objects")
+    annotations = spec.get("annotations")
+    if annotations is None:
+        annotations = {}
+    if not isinstance(annotations, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+    ):
+        raise SpecError("config.json: annotations must be an object of strings")
+    return ImageView(
+        env=env,
+        mounts=tuple(mounts),
+        annotations=annotations,
+        privileged=CAP_SYS_ADMIN in bounding,
+    )
+
+
+def parse_visible_devices(value: str) -> Tuple[str, ...]:
+    """The NVIDIA_VISIBLE_DEVICES grammar.
+
+    Returns ``()`` for "not a GPU container" (empty, ``void``), ``("none",)`` for driver
+    files only, ``("all",)`` for all GPUs, else the tokens in order: trimmed, empties
+    dropped, ``::N`` replica suffixes removed, duplicates collapsed.
+    """
+    tokens: List[str] = []
+    for raw in value.split(","):
+        token = raw.strip()
+        if not token:
+            continue
+        match = _REPLICA.match(token)
+        if match and not _is_qualified(token):
+            token = match.group(1)
+        tokens.append(token)
+    if not tokens or any(t.lower() == "void" for t in tokens):
+        return ()
+    for token in tokens:
+        if token.lower() in ("all", "none"):
+            return (token.lower(),)
+    seen: Dict[str, None] = {}
+    for token in tokens:
+        key = token.lower() if (_GPU_UUID.match(token) or _MIG_UUID.match(token)) else token
+        seen.setdefault(key, None)
+    return tuple(_canonical(t) for t in seen)
+
+
+def _canonical(token: str) -> str:
+    if _GPU_UUID.match(token) or _MIG_UUID.match(token):
+        return token[:4].upper() + token[4:].lower()
+    return token
+
+
+def parse_capabilities(value: Optional[str], supported: Sequence[str], legacy: bool) -> Tuple[str, ...]:
+    """NVIDIA_DRIVER_CAPABILITIES → sorted capability names.
+
+    Unset: ``compute,utility`` (a legacy CUDA image: everything supported). Empty: the
+    default too. ``all`` = every supported capability. An unknown or unsupported name is
+    an error naming it.
+    """
+    known = ("compat32", "compute", "display", "graphics", "ngx", "utility", "video")
+    supported_set = set(known) if "all" in supported else set(supported)
+    if value is None and legacy:
+        return tuple(sorted(supported_set))
+    if value is None or not value.strip():
+        return tuple(sorted(set(DEFAULT_CAPABILITIES) & supported_set))
+    wanted = set()
+    for raw in value.split(","):
+        cap = raw.strip().lower()
+        if not cap:
+            continue
+        if cap == "all":
+            wanted |= supported_set
+            continue
+        if cap not in known:
+            raise RequestError(
+                f'unknown driver capability "{raw.strip()}" in {DRIVER_CAPABILITIES}: '
+                f"known are {', '.join(known)}, all"
+            )
+        if cap not in supported_set:
+            raise RequestError(
+                f'driver capability "{cap}" is not supported on this node '
+                f"(supported-driver-capabilities: {', '.join(sorted(supported_set))})"
+            )
+        wanted.add(cap)
+    return tuple(sorted(wanted))
+
+
+# --- allocation sources -------------------------------------------------------------------
+
+
+def _mount_ids(view: ImageView) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """Device ids from the device plugin's volume-mounts strategy, and notes."""
+    ids: Dict[str, None] = {}
+    notes: List[str] = []
+    prefix = DEVICE_LIST_DIR + "/"
+    for mount in view.mounts:
+        source = mount.get("source")
+        dest = mount.get("destination")
+        if source != "/dev/null" or not isinstance(dest, str):
+            continue
+        clean = posixpath.normpath(dest)
+        if not clean.startswith(prefix):
+            continue
+        ident = clean[len(prefix):]
+        if ident.startswith("imex/"):
+            notes.append(f"volume mount {dest}: IMEX channel, not a GPU")
+            continue
+        if ident.startswith("cdi/"):
+            rest = ident[len("cdi/"):]
+            if "=" in rest:
+                name = rest  # cdi/<vendor>/<class>=<name>
+            else:
+                parts = rest.split("/")
+                if len(parts) != 3:
+                    notes.append(f"volume mount {dest}: not a CDI name, ignored")
+                    continue
+                name = f"{parts[0]}/{parts[1]}={parts[2]}"
+            ids.setdefault(name, None)
+            continue
+        ids.setdefault(ident, None)
+    if not ids:
+        return (), tuple(notes)
+    return parse_visible_devices(",".join(ids)), tuple(notes)
+
+
+def _annotation_ids(view: ImageView, prefixes: Sequence[str]) -> Tuple[str, ...]:
+    names: List[str] = []
+    for key in sorted(view.annotations):
+        if any(key.startswith(p) for p in prefixes):
+            names.extend(v.strip() for v in view.annotations[key].split(",") if v.strip())
+    if not names:
+        return ()
+    return parse_visible_devices(",".join(names))
+
+
+def _env_tokens(view: ImageView) -> Optional[Tuple[str, ...]]:
+    """Tokens of NVIDIA_VISIBLE_DEVICES; None when it is unset."""
+    value = view.get(VISIBLE_DEVICES)
+    if value is None:
+        return None
+    return parse_visible_devices(value)
+
+
+def _all_uuids(tokens: Sequence[str]) -> bool:
+    return bool(tokens) and all(_GPU_UUID.match(t) or _MIG_UUID.match(t) for t in tokens)
+
+
+def resolve_request(view: ImageView, config: Any) -> Request:
+    """Decide what the container gets, and why (see the module docstring)."""
+    if view.sandbox:
+        return Request(source="sandbox", notes=("CRI sandbox container: passed through",))
+
+    caps = parse_capabilities(
+        view.get(DRIVER_CAPABILITIES), config.supported_driver_capabilities, view.legacy_image
+    )
+    env_tokens = _env_tokens(view)
+    env_set = env_tokens is not None and env_tokens != ()
+    notes: List[str] = []
+
+    def grant(source: str, devices: Tuple[str, ...]) -> Request:
+        if devices == ("none",):
+            return Request(source, (), True, False, tuple(notes), caps)
+        return Request(source, devices, True, False, tuple(notes), caps)
+
+    mount_ids, mount_notes = _mount_ids(view)
+    notes.extend(mount_notes)
+    annotation_ids = _annotation_ids(view, config.annotation_prefixes)
+
+    if not config.require_allocation:
+        if mount_ids:
+            if env_set:
+                notes.append(f"{VISIBLE_DEVICES} ignored: device-plugin volume mounts take precedence")
+            return grant("volume-mounts", mount_ids)
+        if annotation_ids:
+            if env_set:
+                notes.append(f"{VISIBLE_DEVICES} ignored: CDI annotations take precedence")
+            return grant("cdi-annotations", annotation_ids)
+        if env_tokens is None and view.legacy_image:
+            notes.append("legacy CUDA image (CUDA_VERSION set, no NVIDIA_REQUIRE_CUDA): all GPUs")
+            return grant("legacy-image", ("all",))
+        if not env_set:
+            return Request("none", notes=tuple(notes), capabilities=caps)
+        assert env_tokens is not None
+        if not view.privileged and not config.accept_envvar_when_unprivileged:
+            notes.append(
+                f"{VISIBLE_DEVICES} ignored: container is unprivileged and "
+                "accept-envvar-when-unprivileged is off"
+            )
+            return Request("none", notes=tuple(notes), capabilities=caps)
+        return grant("env", env_tokens)
+
+    # require-allocation: only a device plugin's allocation grants GPUs.
+    for source in config.allocation_sources:
+        if source == "volume-mounts" and mount_ids:
+            return grant(source, mount_ids)
+        if source == "cdi-annotations" and annotation_ids:
+            return grant(source, annotation_ids)
+        if source == "envvar-uuids" and env_tokens and _all_uuids(env_tokens):
+            return grant(source, env_tokens)
+        if source == "privileged" and env_tokens and view.privileged:
+            return grant(source, env_tokens)
+    tried = ", ".join(config.allocation_sources)
+    image_asks = env_set or (env_tokens is None and view.legacy_image)
+    if image_asks:
+        shown = view.get(VISIBLE_DEVICES)
+        what = f"{VISIBLE_DEVICES}={shown}" if shown is not None else "legacy CUDA image (all GPUs)"
+        notes.append(
+            f"{what} ignored: require-allocation is on and no device-plugin allocation was found "
+            f"(tried {tried})"
+        )
+    if config.on_missing_allocation == "fail" and image_asks:
+        raise RequestError(
+            f"require-allocation: the image asks for GPUs but no device-plugin allocation was "
+            f"found (tried {tried}); request nvidia.com/gpu in the pod spec"
+        )
+    return Request("none", set_void=image_asks, notes=tuple(notes), capabilities=caps)
+
+
+# --- tokens onto GPUs ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuRef:
+    """The identity of a GPU as request matching needs it (discovery builds these)."""
+
+    index: int
+    uuid: str
+    pci_bus_id: str
+    mig: Tuple["MigRef", ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class MigRef:
+    """A MIG device of a GPU: ``<gpu index>:<mig index>`` and its UUID."""
+
+    gpu_index: int
+    index: int
+    uuid: str
+
+
+def normalize_pci(bus_id: str) -> Optional[str]:
+    """``18:00.0``, ``0000:18:00.0``, ``00000000:18:00.0`` → ``0000:18:00.0`` (lower case)."""
+    match = _PCI.match(bus_id.strip())
+    if not match:
+        return None
+    domain = int(match.group("domain") or "0", 16)
+    return "%04x:%02x:%02x.%s" % (
+        domain,
+        int(match.group("bus"), 16),
+        int(match.group("dev"), 16),
+        match.group("fn"),
+    )
+
+
+def describe_indices(indices: Sequence[int]) -> str:
+    """``[0,1,2,3]`` → ``0-3``; ``[0,2,3]`` → ``0,2-3``; ``[]`` → ``none``."""
+    if not indices:
+        return "none"
+    ordered = sorted(indices)
+    parts: List[str] = []
+    start = prev = ordered[0]
+    for i in ordered[1:] + [None]:  # type: ignore[list-item]
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(parts)
+
+
+def _node_summary(gpus: Sequence[GpuRef]) -> str:
+    if not gpus:
+        return "this node has no GPUs"
+    return f"this node has GPUs {describe_indices([g.index for g in gpus])}"
+
+
+def select_gpus(
+    tokens: Sequence[str], gpus: Sequence[GpuRef]
+) -> Tuple[Tuple[GpuRef, ...], Tuple[MigRef, ...]]:
+    """Map request tokens (not CDI names) onto GPUs and MIG devices, in request order.
+
+    ``all`` selects every GPU (a MIG-enabled GPU brings its MIG devices). Unknown tokens
+    raise one error naming the token and what the node has.
+    """
+    if tuple(tokens) == ("all",):
+        return tuple(gpus), tuple(m for g in gpus for m in g.mig)
+    by_index = {str(g.index): g for g in gpus}
+    by_uuid = {g.uuid.lower(): g for g in gpus}
+    by_pci = {normalize_pci(g.pci_bus_id): g for g in gpus}
+    migs = [m for g in gpus for m in g.mig]
+    mig_by_uuid = {m.uuid.lower(): m for m in migs}
+    mig_by_pair = {f"{m.gpu_index}:{m.index}": m for m in migs}
+    chosen: Dict[int, GpuRef] = {}
+    chosen_mig: Dict[str, MigRef] = {}
+    for token in tokens:
+        if token in ("all", "none"):
+            raise RequestError(f'"{token}" cannot be combined with other devices')
+        gpu = None
+        mig = None
+        if _DIGITS.match(token):
+            gpu = by_index.get(str(int(token)))
+        elif _GPU_UUID.match(token):
+            gpu = by_uuid.get(token.lower())
+        elif _MIG_UUID.match(token):
+            mig = mig_by_uuid.get(token.lower())
+        elif _MIG_PAIR.match(token):
+            pair = _MIG_PAIR.match(token)
+            assert pair is not None
+            mig = mig_by_pair.get(f"{int(pair.group('gpu'))}:{int(pair.group('mig'))}")
+        else:
+            pci = normalize_pci(token)
+            if pci is not None:
+                gpu = by_pci.get(pci)
+        if gpu is not None:
+            chosen.setdefault(gpu.index, gpu)
+        elif mig is not None:
+            chosen_mig.setdefault(mig.uuid, mig)
+        else:
+            summary = _node_summary(gpus)
+            if _MIG_UUID.match(token) or _MIG_PAIR.match(token):
+                summary += f" and MIG devices {', '.join(sorted(mig_by_pair)) or 'none'}"
+            raise RequestError(f'unknown device "{token}": {summary}')
+    return tuple(chosen.values()), tuple(chosen_mig.values())

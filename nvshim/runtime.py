@@ -1,0 +1,95 @@
+"""``nvshim-runtime``: the OCI runtime containerd/podman call instead of runc.
+
+Only ``create`` and ``run`` are edited; every other command is ``execv``'d to the
+low-level runtime with argv, env and fds untouched. This module imports nothing but
+``os``, ``sys`` and the argv parser until it knows the command modifies the spec.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import List, Optional, Sequence
+
+from nvshim._argv import Invocation, parse_argv
+
+__all__ = ["main", "find_runtime"]
+
+
+def find_runtime(candidates: Sequence[str], path_env: Optional[str]) -> Optional[str]:
+    """First candidate found: absolute paths as-is, names looked up on ``path_env``."""
+    dirs = (path_env if path_env is not None else os.defpath).split(os.pathsep)
+    for name in candidates:
+        if os.path.isabs(name):
+            if os.path.isfile(name) and os.access(name, os.X_OK):
+                return name
+            continue
+        if "/" in name:
+            continue
+        for d in dirs:
+            full = os.path.join(d or ".", name)
+            if os.path.isfile(full) and os.access(full, os.X_OK):
+                return full
+    return None
+
+
+def _fail(message: str, inv: Invocation) -> "NoReturn":  # type: ignore[name-defined]
+    from nvshim.logs import report_error
+
+    report_error(message, inv.log, inv.log_format)
+    sys.exit(1)
+
+
+def _load_config(inv: Invocation):  # type: ignore[no-untyped-def]
+    from nvshim.config import load_config
+    from nvshim.errors import NvshimError
+
+    try:
+        return load_config()
+    except NvshimError as exc:
+        _fail(str(exc), inv)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    inv = parse_argv(args)
+    config = _load_config(inv)
+
+    if inv.modifies:
+        from nvshim.errors import NvshimError
+        from nvshim.logs import open_debug_log
+
+        log = open_debug_log(config.debug_log)
+        try:
+            if inv.error:
+                from nvshim.errors import UsageError
+
+                raise UsageError(f"{inv.command}: {inv.error}")
+            from nvshim.create import commit, plan_create
+
+            bundle = inv.bundle or os.getcwd()
+            plan = plan_create(bundle, config, log=log)
+            written = commit(plan)
+            log.event("create", bundle=bundle, rewritten=written)
+        except NvshimError as exc:
+            log.error("create failed", error=str(exc))
+            _fail(str(exc), inv)
+        except Exception as exc:  # noqa: BLE001 - last resort: one line, never a traceback
+            log.error("create failed", error=repr(exc))
+            _fail(f"internal error: {type(exc).__name__}: {exc}", inv)
+
+    runtime = find_runtime(config.runtimes, os.environ.get("PATH"))
+    if runtime is None:
+        _fail(
+            f"no low-level runtime found: tried {', '.join(config.runtimes)} "
+            f"(config runtimes) on PATH={os.environ.get('PATH', '')}",
+            inv,
+        )
+    try:
+        os.execv(runtime, [runtime] + args)
+    except OSError as exc:
+        _fail(f"cannot execute {runtime}: {exc.strerror}", inv)
+
+
+if __name__ == "__main__":
+    main()
