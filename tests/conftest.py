@@ -1,0 +1,66 @@
+"""Shared pytest setup: markers, import path, and the nvshim executables under test.
+
+Fixtures:
+
+* ``repo_root`` (session) -> Path of the repository.
+* ``nvshim_runtime_bin`` (session) -> str: the ``nvshim-runtime`` executable to test —
+  ``$NVSHIM_RUNTIME_BIN``, else ``<repo>/.venv/bin/nvshim-runtime``, else ``nvshim-runtime`` on
+  PATH, else the test is skipped.
+* ``nvshim_bin`` (session) -> str: the same for ``nvshim`` (``$NVSHIM_BIN``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# `from tests.helpers... import ...` and `import nvshim` work without an installed package.
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "e2e: runs real containers (needs root and the engine named in the test)"
+    )
+
+
+def _find_executable(env_var: str, name: str) -> str:
+    explicit = os.environ.get(env_var)
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            pytest.fail(f"${env_var}={explicit} is not an executable file")
+        return explicit
+    venv = REPO_ROOT / ".venv" / "bin" / name
+    if venv.is_file() and os.access(venv, os.X_OK):
+        return str(venv)
+    found = shutil.which(name)
+    if found is None:
+        pytest.skip(
+            f"{name} not found: set ${env_var}, or run `.venv/bin/pip install -e .` in {REPO_ROOT}"
+        )
+    return found
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    """The repository root."""
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def nvshim_runtime_bin() -> str:
+    """Path of the nvshim-runtime executable under test."""
+    return _find_executable("NVSHIM_RUNTIME_BIN", "nvshim-runtime")
+
+
+@pytest.fixture(scope="session")
+def nvshim_bin() -> str:
+    """Path of the nvshim CLI executable under test."""
+    return _find_executable("NVSHIM_BIN", "nvshim")
