@@ -1,0 +1,262 @@
+"""``nvshim``: inspect bundles, manage CDI specs, configure containerd, diagnose a node.
+
+Every command reports failure the same way: one line ``nvshim: <what went wrong>`` on
+stderr and exit code 1.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sys
+from typing import Any, List, Optional
+
+import click
+
+from nvshim import __version__
+from nvshim.errors import NvshimError
+
+__all__ = ["main", "cli"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="nvshim")
+def cli() -> None:
+    """nvshim: give containers NVIDIA GPUs, readably.
+
+    nvshim-runtime is the OCI runtime (set it as containerd's BinaryName); this
+    command inspects what it would do, manages CDI specs, configures containerd and
+    diagnoses a node.
+    """
+
+
+# --- inspect ------------------------------------------------------------------------------
+
+
+def _plan_summary(plan: Any, config: Any) -> dict:
+    from nvshim.request import describe_indices
+
+    req = plan.request
+    summary = {
+        "bundle_config": plan.spec_path,
+        "config_file": config.source,
+        "require_allocation": config.require_allocation,
+        "source": req.source,
+        "requested": list(req.devices),
+        "driver_files": req.driver_files,
+        "capabilities": list(req.capabilities) if req.injects else [],
+        "granted_gpus": [
+            {"index": g.index, "minor": g.minor, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id}
+            for g in plan.gpus
+        ],
+        "granted_mig": [
+            {"device": f"{p.index}:{m.index}", "uuid": m.uuid} for p, m in plan.migs
+        ],
+        "cdi_devices": list(plan.cdi_names),
+        "device_nodes": sorted(n.path for n in plan.edits.device_nodes),
+        "notes": list(plan.notes),
+        "set_void": req.set_void,
+        "edits": plan.edits.to_cdi(),
+        "changes_config": plan.changed,
+    }
+    summary["granted_indices"] = describe_indices([g.index for g in plan.gpus])
+    return summary
+
+
+def _diff(plan: Any) -> str:
+    if not plan.changed:
+        return ""
+    before = json.dumps(plan.spec, indent=2, sort_keys=True).splitlines(keepends=True)
+    after = json.dumps(plan.new_spec, indent=2, sort_keys=True).splitlines(keepends=True)
+    return "".join(
+        difflib.unified_diff(before, after, "config.json", "config.json (after nvshim)")
+    )
+
+
+@cli.command()
+@click.option("--bundle", "-b", "bundle", default=".", show_default=True,
+              type=click.Path(file_okay=False), help="OCI bundle directory (holds config.json).")
+@click.option("--driver-root", default=None, help="Driver root to discover GPUs under (default: from config).")
+@click.option("--dev-root", default=None, help="Where /dev/nvidia* live (default: driver root).")
+@click.option("--config", "config_file", default=None, help="nvshim config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
+            config_file: Optional[str], fmt: str) -> None:
+    """Show what nvshim-runtime would do to a bundle, without writing anything.
+
+    Prints where the request came from, what was granted or refused and why, the
+    edits, and a unified diff of config.json. Exits 1 with the runtime's error line
+    when the runtime would fail.
+    """
+    from dataclasses import replace
+
+    from nvshim.config import load_config
+    from nvshim.create import plan_create
+
+    config = load_config(config_file)
+    if driver_root is not None:
+        config = replace(config, driver_root=driver_root, dev_root=dev_root)
+    elif dev_root is not None:
+        config = replace(config, dev_root=dev_root)
+    plan = plan_create(os.path.abspath(bundle), config)
+    summary = _plan_summary(plan, config)
+    if fmt == "json":
+        summary["diff"] = _diff(plan)
+        click.echo(json.dumps(summary, indent=2))
+        return
+    out: List[str] = []
+    out.append(f"bundle:        {plan.spec_path}")
+    out.append(f"config:        {config.source or '(defaults)'}"
+               f"{' [require-allocation]' if config.require_allocation else ''}")
+    out.append(f"request from:  {summary['source']}")
+    out.append(f"requested:     {', '.join(summary['requested']) or '-'}"
+               f"{'  (driver files only)' if plan.request.driver_files and not plan.request.devices else ''}")
+    if plan.request.injects:
+        out.append(f"capabilities:  {', '.join(summary['capabilities'])}")
+    if plan.gpus:
+        out.append("granted GPUs:")
+        for g in plan.gpus:
+            out.append(f"  {g.index}  /dev/nvidia{g.minor}  {g.uuid}  {g.pci_bus_id}  {g.model}")
+    for p, m in plan.migs:
+        out.append(f"granted MIG:   {p.index}:{m.index}  {m.uuid}")
+    if plan.cdi_names:
+        out.append(f"CDI devices:   {', '.join(plan.cdi_names)}")
+    if summary["device_nodes"]:
+        out.append(f"device nodes:  {' '.join(summary['device_nodes'])}")
+    mounts = [m.container_path for m in plan.edits.mounts]
+    if mounts:
+        out.append(f"mounts:        {len(mounts)} read-only driver files")
+        out.extend(f"  {m}" for m in mounts)
+    for hook in plan.edits.hooks:
+        out.append(f"hook:          {hook.hook_name}: {' '.join(hook.args)}")
+    for note in plan.notes:
+        out.append(f"note:          {note}")
+    if plan.request.set_void:
+        out.append("env:           NVIDIA_VISIBLE_DEVICES=void (image value stripped)")
+    out.append("config.json:   " + ("would be rewritten" if plan.changed else "unchanged (byte-identical)"))
+    click.echo("\n".join(out))
+    diff = _diff(plan)
+    if diff:
+        click.echo(diff, nl=False)
+
+
+# --- sim ----------------------------------------------------------------------------------
+
+
+@cli.group()
+def sim() -> None:
+    """Simulated GPU nodes for tests and demos (no GPU needed; needs root for mknod)."""
+
+
+@sim.command("create")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--gpus", default=2, show_default=True, type=click.IntRange(0, 1024), help="Number of GPUs.")
+@click.option("--driver-version", default="550.54.15", show_default=True, help="Driver version to simulate.")
+@click.option("--shuffle-minors", is_flag=True, help="Device minors not in PCI order (as on real nodes).")
+@click.option("--mig", is_flag=True, help="Make GPU 0 MIG-enabled with two MIG devices.")
+@click.option("--dev-root", default=None, type=click.Path(file_okay=False),
+              help="Create the /dev nodes under this directory instead of DIRECTORY.")
+def sim_create(directory: str, gpus: int, driver_version: str, shuffle_minors: bool,
+               mig: bool, dev_root: Optional[str]) -> None:
+    """Build a driver root a real GPU host would have, in DIRECTORY.
+
+    Device nodes (mknod), /proc/driver/nvidia files, versioned driver libraries with
+    SONAME links and an ld.so.cache, and a clearly labelled simulated nvidia-smi.
+    """
+    from nvshim.sim import create_node
+
+    node = create_node(directory, gpus=gpus, driver_version=driver_version,
+                       shuffle_minors=shuffle_minors, mig=mig, dev_root=dev_root)
+    click.echo(f"simulated node in {node.root} (driver {node.driver_version}):")
+    for g in node.gpus:
+        click.echo(f"  GPU {g.index}: /dev/nvidia{g.minor}  {g.uuid}  {g.pci_bus_id}  {g.model}")
+        for j, m in enumerate(g.mig):
+            click.echo(f"    MIG {g.index}:{j}  gi {m.gi} ci {m.ci}  {m.uuid}  {m.profile}")
+
+
+# --- config -------------------------------------------------------------------------------
+
+
+@cli.group("config")
+def config_group() -> None:
+    """nvshim's own configuration file."""
+
+
+@config_group.command("compile")
+@click.option("--config", "config_file", default=None, help="Config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
+def config_compile(config_file: Optional[str]) -> None:
+    """Validate the YAML config and write the JSON copy the runtime's hot path reads."""
+    from nvshim.config import compile_config
+
+    out = compile_config(config_file)
+    click.echo(f"wrote {out}", err=True)
+
+
+@config_group.command("show")
+@click.option("--config", "config_file", default=None, help="Config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
+def config_show(config_file: Optional[str]) -> None:
+    """Validate the config and print the effective values (defaults filled in) as YAML."""
+    import yaml
+
+    from nvshim.config import load_config
+
+    config = load_config(config_file)
+    click.echo(f"# effective config from {config.source or 'built-in defaults'}")
+    click.echo(yaml.safe_dump(config.to_mapping(), sort_keys=False).rstrip())
+
+
+# --- hook ---------------------------------------------------------------------------------
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                               "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def hook(args: List[str]) -> None:
+    """Run the createContainer hook (SONAME links, ld.so.cache) — what runc calls.
+
+    The runtime adds it as `<python> -I -m nvshim.hook …`; this is the same code, for
+    running by hand. `nvshim hook --help` shows its options.
+    """
+    from nvshim.hook import main as hook_main
+
+    sys.exit(hook_main(list(args)))
+
+
+def _add_optional_commands() -> None:
+    from nvshim._cmd_cdi import cdi
+    from nvshim._cmd_runtime import runtime
+
+    cli.add_command(cdi)
+    cli.add_command(runtime)
+    try:
+        from nvshim._cmd_doctor import doctor
+    except ImportError:
+        return
+    cli.add_command(doctor)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Console entry point: one line on stderr and exit 1 for any nvshim failure."""
+    _add_optional_commands()
+    try:
+        cli.main(args=argv, prog_name="nvshim", standalone_mode=False)
+    except NvshimError as exc:
+        click.echo(f"nvshim: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("nvshim: aborted", err=True)
+        sys.exit(1)
+    except click.ClickException as exc:
+        click.echo(f"nvshim: {exc.format_message()}", err=True)
+        sys.exit(1 if exc.exit_code == 2 else exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except OSError as exc:
+        click.echo(f"nvshim: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
+        sys.exit(1)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

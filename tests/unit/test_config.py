@@ -1,0 +1,83 @@
+"""nvshim config: defaults, validation messages, compiled cache."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from nvshim.config import Config, compile_config, compiled_path, load_config
+from nvshim.errors import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def write(tmp_path, text):
+    p = tmp_path / "config.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_missing_file_means_defaults(tmp_path):
+    """No config file: built-in defaults."""
+    assert load_config(str(tmp_path / "nope.yaml")) == Config()
+
+
+def test_shipped_config_equals_defaults():
+    """The shipped config/config.yaml documents exactly the defaults."""
+    cfg = load_config(os.path.join(REPO, "config", "config.yaml"))
+    assert cfg.to_mapping() == Config().to_mapping()
+
+
+def test_schema_copies_identical():
+    """The package's schema copy is the one in config/."""
+    with open(os.path.join(REPO, "config", "nvshim.schema.json")) as a, open(os.path.join(REPO, "nvshim", "data", "config-schema.json")) as b:
+        assert json.load(a) == json.load(b)
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("bogus: 1\n", 'unknown key "bogus" \\(allowed: accept-envvar-when-unprivileged'),
+        ("require-allocation: yes-please\n", '"require-allocation" is "yes-please", must be a boolean'),
+        ("runtimes: runc\n", '"runtimes" is "runc", must be a list of a string'),
+        ("runtimes: []\n", '"runtimes" is \\[\\], must be a list of a string \\(at least one\\)'),
+        ("on-missing-allocation: drop\n", '"on-missing-allocation" is "drop", must be one of "strip", "fail"'),
+        ("allocation-sources: [volume-mounts, magic]\n", '"allocation-sources\\[1\\]" is "magic", must be one of "volume-mounts"'),
+        ("driver-root: relative/path\n", '"driver-root" is "relative/path", must be an absolute path'),
+        ("supported-driver-capabilities: [compute, compute]\n", "must be a list without duplicates"),
+        ("- a\n- b\n", "top level must be a mapping"),
+        ("runtimes: [runc\n", "line 2"),
+    ],
+)
+def test_bad_config_is_one_line(tmp_path, text, message):
+    """A bad key or type is one line naming the key, the file and what is allowed."""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(path)
+    assert "\n" not in str(info.value) and path in str(info.value)
+
+
+def test_compiled_cache_is_used_and_invalidated(tmp_path):
+    """The compiled copy is read while it matches the YAML and ignored once the YAML changes."""
+    path = write(tmp_path, "require-allocation: true\n")
+    out = compile_config(path)
+    assert out == compiled_path(path) and os.stat(out).st_mode & 0o777 == 0o644
+    assert load_config(path).require_allocation is True
+    # Tamper with the compiled copy: it is used as long as the YAML hash matches...
+    doc = json.load(open(out))
+    doc["config"]["runtimes"] = ["from-cache"]
+    open(out, "w").write(json.dumps(doc))
+    assert load_config(path).runtimes == ("from-cache",)
+    # ...and ignored once the YAML changes.
+    write(tmp_path, "require-allocation: false\n")
+    cfg = load_config(path)
+    assert cfg.require_allocation is False and cfg.runtimes == ("runc", "crun")
+
+
+def test_env_override(tmp_path, monkeypatch):
+    """NVSHIM_CONFIG points the loader at another file."""
+    path = write(tmp_path, "default-kind: acme.com/gpu\n")
+    monkeypatch.setenv("NVSHIM_CONFIG", path)
+    assert load_config().default_kind == "acme.com/gpu"

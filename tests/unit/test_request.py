@@ -1,0 +1,284 @@
+"""Tables for the NVIDIA_VISIBLE_DEVICES grammar, request sources and GPU selection."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvshim.config import Config
+from nvshim.errors import RequestError, SpecError
+from nvshim.request import (
+    GpuRef,
+    MigRef,
+    describe_indices,
+    image_view,
+    normalize_pci,
+    parse_capabilities,
+    parse_visible_devices,
+    resolve_request,
+    select_gpus,
+)
+
+U0 = "GPU-11111111-2222-3333-4444-555555555550"
+U1 = "GPU-11111111-2222-3333-4444-555555555551"
+M0 = "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeee0"
+
+GRAMMAR = [
+    ("", ()),
+    ("   ", ()),
+    ("void", ()),
+    ("VOID", ()),
+    ("0,void", ()),
+    (",,", ()),
+    ("none", ("none",)),
+    ("None", ("none",)),
+    ("all", ("all",)),
+    ("ALL", ("all",)),
+    ("0,all", ("all",)),
+    ("none,0", ("none",)),
+    ("0", ("0",)),
+    (" 0 , 1 ", ("0", "1")),
+    ("1,0", ("1", "0")),
+    ("0,0", ("0",)),
+    ("0,1,0, 1", ("0", "1")),
+    (U0, (U0,)),
+    (U0.lower(), (U0,)),
+    ("gpu-" + U0[4:].upper(), (U0,)),
+    (f"{U0},{U0.upper().replace('GPU-', 'gpu-')}", (U0,)),
+    (f"{U0}::3", (U0,)),
+    ("0::1,0::2", ("0",)),
+    (M0, (M0,)),
+    ("0:1", ("0:1",)),
+    ("0000:18:00.0", ("0000:18:00.0",)),
+    ("nvidia.com/gpu=1", ("nvidia.com/gpu=1",)),
+    ("nvidia.com/gpu=all", ("nvidia.com/gpu=all",)),
+    ("0,nvidia.com/gpu=1", ("0", "nvidia.com/gpu=1")),
+]
+
+
+@pytest.mark.parametrize("value,expected", GRAMMAR)
+def test_visible_devices_grammar(value, expected):
+    """Every form of NVIDIA_VISIBLE_DEVICES normalises to the expected tokens."""
+    assert parse_visible_devices(value) == expected
+
+
+def spec(env=None, mounts=None, annotations=None, caps=None):
+    process = {"env": env or []}
+    if caps is not None:
+        process["capabilities"] = {"bounding": caps}
+    s = {"process": process, "mounts": mounts or []}
+    if annotations is not None:
+        s["annotations"] = annotations
+    return s
+
+
+def test_last_env_entry_wins():
+    """With two NVIDIA_VISIBLE_DEVICES entries the last one counts, as in runc."""
+    view = image_view(spec(["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=1"]))
+    assert resolve_request(view, Config()).devices == ("1",)
+
+
+@pytest.mark.parametrize(
+    "env,source,devices,driver_files",
+    [
+        ([], "none", (), False),
+        (["NVIDIA_VISIBLE_DEVICES="], "none", (), False),
+        (["NVIDIA_VISIBLE_DEVICES=void"], "none", (), False),
+        (["NVIDIA_VISIBLE_DEVICES=none"], "env", (), True),
+        (["NVIDIA_VISIBLE_DEVICES=all"], "env", ("all",), True),
+        (["NVIDIA_VISIBLE_DEVICES=0,2"], "env", ("0", "2"), True),
+        (["CUDA_VERSION=11.0"], "legacy-image", ("all",), True),
+        (["CUDA_VERSION=11.0", "NVIDIA_REQUIRE_CUDA=cuda>=11.0"], "none", (), False),
+        (["CUDA_VERSION=11.0", "NVIDIA_VISIBLE_DEVICES=void"], "none", (), False),
+        (["CUDA_VERSION=11.0", "NVIDIA_VISIBLE_DEVICES=1"], "env", ("1",), True),
+        (["CUDA_VERSION="], "none", (), False),
+    ],
+)
+def test_env_sources(env, source, devices, driver_files):
+    """Unset/empty/void ask for nothing, none asks for driver files, legacy images mean all."""
+    req = resolve_request(image_view(spec(env)), Config())
+    assert (req.source, req.devices, req.driver_files) == (source, devices, driver_files)
+
+
+@pytest.mark.parametrize("privileged", [True, False])
+@pytest.mark.parametrize("accept", [True, False])
+def test_privileged_and_accept_flag(privileged, accept):
+    """Unprivileged env requests are honoured only when accept-envvar-when-unprivileged is on."""
+    caps = ["CAP_SYS_ADMIN"] if privileged else ["CAP_CHOWN"]
+    view = image_view(spec(["NVIDIA_VISIBLE_DEVICES=0"], caps=caps))
+    req = resolve_request(view, Config(accept_envvar_when_unprivileged=accept))
+    assert req.devices == (("0",) if privileged or accept else ())
+    if not (privileged or accept):
+        assert any("unprivileged" in n for n in req.notes)
+
+
+def test_sandbox_passes_through():
+    """A CRI sandbox container is never a GPU container, whatever its env says."""
+    s = spec(["NVIDIA_VISIBLE_DEVICES=all"], annotations={"io.kubernetes.cri.container-type": "sandbox"})
+    req = resolve_request(image_view(s), Config())
+    assert req.source == "sandbox" and not req.injects
+
+
+def devmount(ident):
+    return {"source": "/dev/null", "destination": f"/var/run/nvidia-container-devices/{ident}", "type": "bind"}
+
+
+REQ = Config(require_allocation=True)
+REQ_FAIL = Config(require_allocation=True, on_missing_allocation="fail")
+PRIV = ["CAP_SYS_ADMIN"]
+
+ALLOCATION = [
+    # (name, spec kwargs, config, expected source, devices, set_void)
+    ("image all, no allocation", dict(env=["NVIDIA_VISIBLE_DEVICES=all"]), REQ, "none", (), True),
+    ("legacy image, no allocation", dict(env=["CUDA_VERSION=12.0"]), REQ, "none", (), True),
+    ("nothing asked", dict(env=[]), REQ, "none", (), False),
+    ("void asked", dict(env=["NVIDIA_VISIBLE_DEVICES=void"]), REQ, "none", (), False),
+    ("volume mount uuid beats image all", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=[devmount(U1)]), REQ, "volume-mounts", (U1,), False),
+    ("volume mount cdi slash form", dict(mounts=[devmount("cdi/nvidia.com/gpu/1")]), REQ, "volume-mounts", ("nvidia.com/gpu=1",), False),
+    ("volume mount cdi equals form", dict(mounts=[devmount("cdi/nvidia.com/gpu=1")]), REQ, "volume-mounts", ("nvidia.com/gpu=1",), False),
+    ("imex mount is not a gpu", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=[devmount("imex/0")]), REQ, "none", (), True),
+    ("envvar uuids accepted", dict(env=[f"NVIDIA_VISIBLE_DEVICES={U0},{U1}"]), REQ, "envvar-uuids", (U0, U1), False),
+    ("envvar mig uuid accepted", dict(env=[f"NVIDIA_VISIBLE_DEVICES={M0}"]), REQ, "envvar-uuids", (M0,), False),
+    ("envvar index refused", dict(env=["NVIDIA_VISIBLE_DEVICES=0"]), REQ, "none", (), True),
+    ("envvar all refused", dict(env=["NVIDIA_VISIBLE_DEVICES=all"]), REQ, "none", (), True),
+    ("envvar uuid mixed with index refused", dict(env=[f"NVIDIA_VISIBLE_DEVICES={U0},1"]), REQ, "none", (), True),
+    ("cdi annotation", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], annotations={"cdi.k8s.io/x": "nvidia.com/gpu=1"}), REQ, "cdi-annotations", ("nvidia.com/gpu=1",), False),
+    ("privileged all accepted", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIV), REQ, "privileged", ("all",), False),
+    ("mount beats annotation", dict(mounts=[devmount("0")], annotations={"cdi.k8s.io/x": "nvidia.com/gpu=1"}), REQ, "volume-mounts", ("0",), False),
+    ("off: env all granted", dict(env=["NVIDIA_VISIBLE_DEVICES=all"]), Config(), "env", ("all",), False),
+    ("off: mount beats env", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=[devmount("1")]), Config(), "volume-mounts", ("1",), False),
+    ("off: annotation beats env", dict(env=["NVIDIA_VISIBLE_DEVICES=0"], annotations={"cdi.k8s.io/b": "nvidia.com/gpu=0", "cdi.k8s.io/a": "nvidia.com/gpu=1,nvidia.com/gpu=0", "other": "x"}), Config(), "cdi-annotations", ("nvidia.com/gpu=1", "nvidia.com/gpu=0"), False),
+    ("only privileged source: unprivileged uuid refused", dict(env=[f"NVIDIA_VISIBLE_DEVICES={U0}"]), Config(require_allocation=True, allocation_sources=("privileged",)), "none", (), True),
+    ("custom annotation prefix", dict(annotations={"acme/gpus": "nvidia.com/gpu=0"}), Config(require_allocation=True, annotation_prefixes=("acme/",)), "cdi-annotations", ("nvidia.com/gpu=0",), False),
+]
+
+
+@pytest.mark.parametrize("name,kw,config,source,devices,set_void", ALLOCATION, ids=[a[0] for a in ALLOCATION])
+def test_allocation_sources(name, kw, config, source, devices, set_void):
+    """require-allocation grants GPUs only from device-plugin allocations, never image env alone."""
+    req = resolve_request(image_view(spec(**kw)), config)
+    assert (req.source, req.devices, req.set_void) == (source, devices, set_void)
+    if set_void:
+        assert any("require-allocation" in n for n in req.notes)
+
+
+def test_missing_allocation_fail_mode():
+    """on-missing-allocation: fail turns a stripped image request into an error naming the sources."""
+    with pytest.raises(RequestError, match="no device-plugin allocation was found .tried volume-mounts, cdi-annotations, envvar-uuids, privileged."):
+        resolve_request(image_view(spec(["NVIDIA_VISIBLE_DEVICES=all"])), REQ_FAIL)
+    # a container that asks for nothing is not a failure
+    assert not resolve_request(image_view(spec([])), REQ_FAIL).injects
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ([], "top level must be a JSON object"),
+        ({"process": []}, "process must be an object"),
+        ({"process": {"env": "A=B"}}, "process.env must be a list of strings"),
+        ({"process": {"env": [1]}}, "process.env must be a list of strings"),
+        ({"process": {"capabilities": {"bounding": "x"}}}, "process.capabilities.bounding must be a list"),
+        ({"mounts": {}}, "mounts must be a list of objects"),
+        ({"annotations": {"a": 1}}, "annotations must be an object of strings"),
+    ],
+)
+def test_image_view_rejects_wrong_shapes(bad, message):
+    """A config.json with wrong types is one clear SpecError naming the field."""
+    with pytest.raises(SpecError, match=message):
+        image_view(bad)
+
+
+GPUS = (
+    GpuRef(0, U0, "0000:18:00.0"),
+    GpuRef(1, U1, "0000:3b:00.0", (MigRef(1, 0, M0),)),
+    GpuRef(2, "GPU-11111111-2222-3333-4444-555555555552", "0000:86:00.0"),
+    GpuRef(3, "GPU-11111111-2222-3333-4444-555555555553", "0000:af:00.0"),
+)
+
+
+@pytest.mark.parametrize(
+    "tokens,indices,migs",
+    [
+        (("all",), [0, 1, 2, 3], [M0]),
+        (("1",), [1], []),
+        (("01",), [1], []),
+        (("2", "0"), [2, 0], []),
+        ((U1,), [1], []),
+        ((U1.lower(),), [1], []),
+        (("0000:3b:00.0",), [1], []),
+        (("3b:00.0",), [1], []),
+        (("00000000:3B:00.0",), [1], []),
+        ((M0,), [], [M0]),
+        (("1:0",), [], [M0]),
+        (("0", U0), [0], []),
+    ],
+)
+def test_select_gpus(tokens, indices, migs):
+    """Indices, UUIDs, PCI ids and MIG forms select the right devices, duplicates collapse."""
+    gpus, mig = select_gpus(tokens, GPUS)
+    assert [g.index for g in gpus] == indices
+    assert [m.uuid for m in mig] == migs
+
+
+@pytest.mark.parametrize(
+    "token,message",
+    [
+        ("7", 'unknown device "7": this node has GPUs 0-3'),
+        ("GPU-11111111-2222-3333-4444-55555555555", 'unknown device "GPU-11111111-2222-3333-4444-55555555555": this node has GPUs 0-3'),
+        ("GPU-99999999-2222-3333-4444-555555555550", "unknown device"),
+        ("0000:99:00.0", 'unknown device "0000:99:00.0"'),
+        ("0:5", 'unknown device "0:5": this node has GPUs 0-3 and MIG devices 1:0'),
+        ("../etc", 'unknown device "../etc"'),
+        ("gpu0", 'unknown device "gpu0"'),
+    ],
+)
+def test_unknown_tokens(token, message):
+    """An unknown token is one error naming it and what the node has."""
+    with pytest.raises(RequestError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        select_gpus((token,), GPUS)
+
+
+def test_unknown_on_empty_node():
+    """On a node without GPUs the error says so."""
+    with pytest.raises(RequestError, match='unknown device "0": this node has no GPUs'):
+        select_gpus(("0",), ())
+
+
+@pytest.mark.parametrize("ids,text", [([], "none"), ([0], "0"), ([0, 1, 2, 3], "0-3"), ([0, 2, 3], "0,2-3"), ([3, 1], "1,3")])
+def test_describe_indices(ids, text):
+    """GPU index sets are summarised as ranges."""
+    assert describe_indices(ids) == text
+
+
+@pytest.mark.parametrize("raw,norm", [("18:00.0", "0000:18:00.0"), ("00000000:18:00.0", "0000:18:00.0"), ("0000:AF:00.1", "0000:af:00.1"), ("zz:00.0", None), ("18:00", None)])
+def test_normalize_pci(raw, norm):
+    """PCI bus ids compare in one canonical form."""
+    assert normalize_pci(raw) == norm
+
+
+ALL7 = ("compat32", "compute", "display", "graphics", "ngx", "utility", "video")
+
+
+@pytest.mark.parametrize(
+    "value,legacy,expected",
+    [
+        (None, False, ("compute", "utility")),
+        ("", False, ("compute", "utility")),
+        (None, True, ALL7),
+        ("utility", False, ("utility",)),
+        ("compute, video", False, ("compute", "video")),
+        ("all", False, ALL7),
+        ("ALL", False, ALL7),
+        ("display,graphics", False, ("display", "graphics")),
+    ],
+)
+def test_capabilities(value, legacy, expected):
+    """NVIDIA_DRIVER_CAPABILITIES parses to a sorted capability set with the documented defaults."""
+    assert parse_capabilities(value, ALL7, legacy) == expected
+
+
+def test_unknown_capability():
+    """An unknown capability is an error naming it."""
+    with pytest.raises(RequestError, match='unknown driver capability "gaming"'):
+        parse_capabilities("compute,gaming", ALL7, False)
+    with pytest.raises(RequestError, match='"video" is not supported'):
+        parse_capabilities("video", ("compute", "utility"), False)
