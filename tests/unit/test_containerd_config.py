@@ -1,0 +1,626 @@
+"""Unit tests for nvshim.containerd and ``nvshim runtime configure`` (no containerd daemon)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pytest
+import tomlkit
+from click.testing import CliRunner
+
+from nvshim import containerd
+from nvshim._cmd_runtime import runtime
+from nvshim.errors import ConfigError, NvshimError, UsageError
+
+REPO = Path(__file__).resolve().parents[2]
+BINARY = "/usr/local/bin/nvshim-runtime"
+CRI2 = 'plugins."io.containerd.grpc.v1.cri"'
+
+DEBIAN_CONFIG = """\
+version = 2
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "/usr/lib/cni"
+      conf_dir = "/etc/cni/net.d"
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "/var/lib/containerd/opt"
+"""
+
+COMMENTED_V2 = """\
+# containerd config, managed by hand
+version = 2
+root = "/srv/containerd"   # big disk
+
+[plugins."io.containerd.grpc.v1.cri"]
+  # mirrored pause image
+  sandbox_image = "mirror.local/pause:3.6"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      container_annotations = ["io.kubernetes.cri.*"]
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = true  # systemd owns cgroups
+        Root = "/run/runc-k8s"
+"""
+
+V1_CONFIG = """\
+# version 1: no version key
+[plugins.cri]
+  sandbox_image = "mirror.local/pause:3.6"
+  [plugins.cri.containerd]
+    [plugins.cri.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.cri.containerd.runtimes.runc.options]
+        SystemdCgroup = true
+"""
+
+V3_CONFIG = """\
+version = 3
+
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+    SystemdCgroup = true
+"""
+
+
+def _default_config() -> str:
+    binary = shutil.which("containerd")
+    if binary is None:
+        pytest.skip("containerd is not installed: cannot generate `containerd config default`")
+    return subprocess.run(
+        [binary, "config", "default"], check=True, capture_output=True, text=True
+    ).stdout
+
+
+def _data(text: Optional[str]) -> Dict[str, Any]:
+    assert text is not None
+    return tomlkit.parse(text).unwrap()
+
+
+def _dig(data: Dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        data = data[key]
+    return data
+
+
+def _plan(main: Optional[str], **kwargs: Any) -> containerd.ConfigureResult:
+    kwargs.setdefault("config_path", "/etc/containerd/config.toml")
+    return containerd.plan_configure(main, **kwargs)
+
+
+def _by_path(result: Any) -> Dict[str, Optional[str]]:
+    return {change.path: change.after for change in result.files}
+
+
+def _tree(root: Path) -> Dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else b"<dir>")
+        for p in sorted(root.rglob("*"))
+    }
+
+
+# ------------------------------------------------------------------- version and table
+
+
+@pytest.mark.parametrize(
+    ("text", "version", "cri"),
+    [
+        (None, 2, "io.containerd.grpc.v1.cri"),
+        ("", 2, "io.containerd.grpc.v1.cri"),
+        ("# only a comment\n", 2, "io.containerd.grpc.v1.cri"),
+        (V1_CONFIG, 1, "cri"),
+        (DEBIAN_CONFIG, 2, "io.containerd.grpc.v1.cri"),
+        (V3_CONFIG, 3, "io.containerd.cri.v1.runtime"),
+    ],
+)
+def test_version_picks_cri_table(text: Optional[str], version: int, cri: str) -> None:
+    """No file or an empty one is version 2, no ``version`` key is 1, and each picks its CRI table."""
+    result = _plan(text, drop_in="")
+    assert (result.version, result.cri_plugin) == (version, cri)
+    main = _data(result.files[-1].after)
+    options = _dig(main, "plugins", cri, "containerd", "runtimes", "nvshim", "options")
+    assert options["BinaryName"] == BINARY
+
+
+@pytest.mark.parametrize("text", [None, ""])
+def test_missing_or_empty_config_gets_version_import_and_drop_in(text: Optional[str]) -> None:
+    """A missing or empty main file gets ``version = 2`` and the import; the drop-in has a runc.v2 handler."""
+    result = _plan(text)
+    files = _by_path(result)
+    assert list(files) == [containerd.DEFAULT_DROP_IN, "/etc/containerd/config.toml"]
+    assert _data(files["/etc/containerd/config.toml"]) == {
+        "version": 2,
+        "imports": [containerd.DEFAULT_DROP_IN],
+    }
+    drop = _data(files[containerd.DEFAULT_DROP_IN])
+    assert drop["version"] == 2
+    assert _dig(drop, "plugins", "io.containerd.grpc.v1.cri", "containerd", "runtimes") == {
+        "nvshim": {
+            "runtime_type": "io.containerd.runc.v2",
+            "container_annotations": ["cdi.k8s.io/*"],
+            "pod_annotations": ["cdi.k8s.io/*"],
+            "options": {"BinaryName": BINARY},
+        }
+    }
+
+
+def test_default_config_clones_runc_and_copies_whole_cri_table() -> None:
+    """With `containerd config default`, the drop-in copies the CRI table and clones every runc option."""
+    original = _default_config()
+    result = _plan(original)
+    files = _by_path(result)
+    drop = _data(files[containerd.DEFAULT_DROP_IN])
+    source_cri = _dig(_data(original), "plugins", "io.containerd.grpc.v1.cri")
+    cri = _dig(drop, "plugins", "io.containerd.grpc.v1.cri")
+    runtimes = cri["containerd"].pop("runtimes")
+    source_runtimes = source_cri["containerd"].pop("runtimes")
+    assert cri == source_cri
+    assert runtimes["runc"] == source_runtimes["runc"]
+    runc = source_runtimes["runc"]
+    handler = runtimes["nvshim"]
+    assert set(handler["options"]) == set(runc["options"])
+    assert handler["options"]["BinaryName"] == BINARY
+    assert handler["options"]["SystemdCgroup"] == runc["options"]["SystemdCgroup"]
+    assert {k: v for k, v in handler.items() if "annotations" not in k and k != "options"} == {
+        k: v for k, v in runc.items() if "annotations" not in k and k != "options"
+    }
+    main_after = files["/etc/containerd/config.toml"]
+    assert main_after is not None
+    changed = [
+        (a, b) for a, b in zip(original.splitlines(), main_after.splitlines()) if a != b
+    ]
+    assert changed == [("imports = []", f'imports = ["{containerd.DEFAULT_DROP_IN}"]')]
+
+
+def test_clone_keeps_systemd_cgroup_root_and_merges_annotations() -> None:
+    """The handler keeps runc's SystemdCgroup and Root and adds the CDI annotation to runc's own list."""
+    handler = _dig(
+        _data(_plan(COMMENTED_V2).files[0].after),
+        "plugins",
+        "io.containerd.grpc.v1.cri",
+        "containerd",
+        "runtimes",
+        "nvshim",
+    )
+    assert handler["options"] == {
+        "SystemdCgroup": True,
+        "Root": "/run/runc-k8s",
+        "BinaryName": BINARY,
+    }
+    assert handler["container_annotations"] == ["io.kubernetes.cri.*", "cdi.k8s.io/*"]
+    assert handler["pod_annotations"] == ["cdi.k8s.io/*"]
+
+
+def test_clone_falls_back_to_default_runtime_entry() -> None:
+    """Without a runc handler, the handler named by default_runtime_name is cloned."""
+    text = (
+        "version = 2\n"
+        f"[{CRI2}.containerd]\n"
+        'default_runtime_name = "crun"\n'
+        f"[{CRI2}.containerd.runtimes.crun]\n"
+        'runtime_type = "io.containerd.runc.v2"\n'
+        f"[{CRI2}.containerd.runtimes.crun.options]\n"
+        'BinaryName = "/usr/bin/crun"\n'
+        "SystemdCgroup = true\n"
+    )
+    handler = _dig(
+        _data(_plan(text).files[0].after),
+        "plugins",
+        "io.containerd.grpc.v1.cri",
+        "containerd",
+        "runtimes",
+        "nvshim",
+    )
+    assert handler["options"] == {"BinaryName": BINARY, "SystemdCgroup": True}
+
+
+def test_legacy_linux_shim_gets_runtime_option_too() -> None:
+    """A cloned io.containerd.runtime.v1.linux handler also gets ``options.Runtime``, that shim's key."""
+    text = (
+        "[plugins.cri.containerd.runtimes.runc]\n"
+        'runtime_type = "io.containerd.runtime.v1.linux"\n'
+    )
+    handler = _dig(
+        _data(_plan(text).files[0].after), "plugins", "cri", "containerd", "runtimes", "nvshim"
+    )
+    assert handler["options"] == {"BinaryName": BINARY, "Runtime": BINARY}
+
+
+def test_v1_is_edited_in_place_and_refuses_a_drop_in() -> None:
+    """A version 1 file is edited in place under plugins.cri; an explicit drop-in is a usage error."""
+    result = _plan(V1_CONFIG)
+    assert [c.path for c in result.files] == ["/etc/containerd/config.toml"]
+    after = result.files[0].after
+    assert after is not None and "version" not in _data(after)
+    assert "# version 1: no version key" in after
+    assert _dig(_data(after), "plugins", "cri", "sandbox_image") == "mirror.local/pause:3.6"
+    with pytest.raises(UsageError, match='version 1 .*--drop-in ""'):
+        _plan(V1_CONFIG, drop_in="/etc/containerd/conf.d/x.toml")
+
+
+def test_v3_uses_runtime_plugin_and_drop_in_version_3() -> None:
+    """A version 3 file gets its handler under io.containerd.cri.v1.runtime in a version 3 drop-in."""
+    drop = _data(_plan(V3_CONFIG).files[0].after)
+    assert drop["version"] == 3
+    options = _dig(
+        drop, "plugins", "io.containerd.cri.v1.runtime", "containerd", "runtimes", "nvshim", "options"
+    )
+    assert options == {"SystemdCgroup": True, "BinaryName": BINARY}
+
+
+@pytest.mark.parametrize("drop_in", [None, ""])
+def test_comments_survive_in_main_file(drop_in: Optional[str]) -> None:
+    """Every comment and original line of the main file is still there after configure."""
+    main = _plan(COMMENTED_V2, drop_in=drop_in, enable_cdi=True).files[-1].after
+    assert main is not None
+    lines = main.splitlines()
+    for line in COMMENTED_V2.splitlines():
+        assert line in lines
+
+
+@pytest.mark.parametrize("text", [None, "", DEBIAN_CONFIG, COMMENTED_V2])
+def test_in_place_keeps_the_runtime(text: Optional[str]) -> None:
+    """``drop_in=""`` writes the handler into the main file and adds no import (the reference loses it)."""
+    result = _plan(text, drop_in="")
+    assert len(result.files) == 1
+    main = _data(result.files[0].after)
+    assert "imports" not in main
+    runtimes = _dig(main, "plugins", "io.containerd.grpc.v1.cri", "containerd", "runtimes")
+    assert runtimes["nvshim"]["options"]["BinaryName"] == BINARY
+
+
+def test_in_place_twice_changes_nothing_the_second_time() -> None:
+    """Configuring an already configured file yields the same text."""
+    once = _plan(COMMENTED_V2, drop_in="", enable_cdi=True).files[0].after
+    twice = _plan(once, drop_in="", enable_cdi=True).files[0]
+    assert not twice.changed
+
+
+def test_existing_import_glob_is_not_duplicated() -> None:
+    """An imports entry that already covers the drop-in (a glob or the path) is not added again."""
+    text = 'version = 2\nimports = ["conf.d/*.toml", "/other.toml"]\n'
+    main = _plan(text).files[1]
+    assert not main.changed
+    text2 = 'version = 2\nimports = ["/other.toml"]\n'
+    assert _data(_plan(text2).files[1].after)["imports"] == [
+        "/other.toml",
+        containerd.DEFAULT_DROP_IN,
+    ]
+
+
+# ------------------------------------------------------------------- default runtime, CDI
+
+
+def test_set_as_default_refused_without_require_allocation() -> None:
+    """--set-as-default is refused with the all-GPUs pitfall explained when require-allocation is off."""
+    with pytest.raises(UsageError) as info:
+        _plan(None, set_as_default=True)
+    message = str(info.value)
+    assert "NVIDIA_VISIBLE_DEVICES=all" in message and "require-allocation" in message
+    assert "--force" in message and "\n" not in message
+
+
+def test_set_as_default_forced_warns() -> None:
+    """With force, the default is set and a warning names the pitfall."""
+    result = _plan(None, set_as_default=True, force=True)
+    drop = _data(result.files[0].after)
+    assert _dig(drop, "plugins", "io.containerd.grpc.v1.cri", "containerd")[
+        "default_runtime_name"
+    ] == "nvshim"
+    assert len(result.warnings) == 1 and "every GPU" in result.warnings[0]
+
+
+def test_set_as_default_allowed_with_require_allocation() -> None:
+    """With require-allocation on, the default is set without a warning."""
+    result = _plan(V1_CONFIG, set_as_default=True, require_allocation=True, name="gpu")
+    assert result.warnings == ()
+    assert _dig(_data(result.files[0].after), "plugins", "cri", "containerd")[
+        "default_runtime_name"
+    ] == "gpu"
+
+
+def test_without_set_as_default_our_default_is_removed() -> None:
+    """Configuring without --set-as-default takes back a default that names the handler."""
+    configured = _plan(V1_CONFIG, set_as_default=True, require_allocation=True).files[0].after
+    result = _plan(configured)
+    assert "default_runtime_name" not in _dig(_data(result.files[0].after), "plugins", "cri", "containerd")
+    assert any("default_runtime_name" in w for w in result.warnings)
+
+
+@pytest.mark.parametrize(("text", "cri"), [(None, ("plugins", "io.containerd.grpc.v1.cri")), (V1_CONFIG, ("plugins", "cri"))])
+def test_enable_cdi_sets_switch_and_spec_dirs(text: Optional[str], cri: Any) -> None:
+    """--enable-cdi sets <cri>.enable_cdi and the default cdi_spec_dirs."""
+    table = _dig(_data(_plan(text, enable_cdi=True).files[0].after), *cri)
+    assert table["enable_cdi"] is True
+    assert table["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
+
+
+def test_enable_cdi_keeps_existing_spec_dirs() -> None:
+    """Existing cdi_spec_dirs are left as they are."""
+    text = f'version = 2\n[{CRI2}]\ncdi_spec_dirs = ["/opt/cdi"]\n'
+    table = _dig(_data(_plan(text, enable_cdi=True).files[0].after), "plugins", "io.containerd.grpc.v1.cri")
+    assert table["cdi_spec_dirs"] == ["/opt/cdi"]
+
+
+# ------------------------------------------------------------------- errors
+
+
+def test_invalid_toml_names_file_and_position() -> None:
+    """Invalid TOML is a one-line ConfigError naming the file and tomlkit's line and column."""
+    with pytest.raises(ConfigError, match=r"^/etc/containerd/config.toml: invalid TOML: .*line 2 col"):
+        _plan("version = 2\nimports = [\n")
+
+
+@pytest.mark.parametrize("value", ["4", '"2"', "true"])
+def test_unsupported_version(value: str) -> None:
+    """A version other than 1, 2 or 3 is one ConfigError line naming it."""
+    with pytest.raises(ConfigError, match="unsupported containerd config version .*1, 2 and 3"):
+        _plan(f"version = {value}\n")
+
+
+def test_relative_binary_and_bad_name_are_usage_errors() -> None:
+    """A relative runtime binary or a name that is not a DNS label is refused, naming the value."""
+    with pytest.raises(UsageError, match='runtime binary "nvshim-runtime" is not an absolute path'):
+        _plan(None, binary="nvshim-runtime")
+    with pytest.raises(UsageError, match='runtime name "Nv_Shim"'):
+        _plan(None, name="Nv_Shim")
+
+
+def test_non_table_cri_is_a_config_error() -> None:
+    """A CRI key that is not a table is reported with its dotted name."""
+    with pytest.raises(ConfigError, match='plugins."io.containerd.grpc.v1.cri" is not a table'):
+        _plan('version = 2\nplugins = {"io.containerd.grpc.v1.cri" = 1}\n')
+
+
+# ------------------------------------------------------------------- files: write and revert
+
+
+@pytest.fixture()
+def etc(tmp_path: Path) -> Path:
+    """A fake /etc/containerd."""
+    root = tmp_path / "etc" / "containerd"
+    root.mkdir(parents=True)
+    return root
+
+
+def _configure(etc: Path, **kwargs: Any) -> containerd.ConfigureResult:
+    kwargs.setdefault("drop_in", str(etc / "conf.d" / "99-nvshim.toml"))
+    return containerd.configure(str(etc / "config.toml"), **kwargs)
+
+
+def _revert(etc: Path, **kwargs: Any) -> containerd.RevertResult:
+    kwargs.setdefault("drop_in", str(etc / "conf.d" / "99-nvshim.toml"))
+    return containerd.revert(str(etc / "config.toml"), **kwargs)
+
+
+@pytest.mark.parametrize("original", [None, "", DEBIAN_CONFIG, COMMENTED_V2, V1_CONFIG, V3_CONFIG])
+def test_revert_restores_original_bytes(etc: Path, original: Optional[str]) -> None:
+    """Configure then revert leaves the directory byte-identical, with modes, and no backup or drop-in."""
+    config = etc / "config.toml"
+    if original is not None:
+        config.write_text(original)
+        config.chmod(0o600)
+    before = _tree(etc.parent)
+    drop_in = "" if original == V1_CONFIG else None
+    kwargs: Dict[str, Any] = {"enable_cdi": True} if drop_in is None else {"drop_in": ""}
+    result = _configure(etc, **kwargs)
+    assert result.written
+    if original is not None:
+        assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    assert Path(containerd.backup_path(str(config))).exists()
+    reverted = _revert(etc, **({} if drop_in is None else {"drop_in": ""}))
+    assert reverted.used_backup and reverted.warnings == ()
+    assert _tree(etc.parent) == before
+    if original is not None:
+        assert stat.S_IMODE(config.stat().st_mode) == 0o600
+
+
+def test_new_files_are_0644_and_parents_created(etc: Path) -> None:
+    """A new main file and drop-in are 0644 and the drop-in's directory is created."""
+    _configure(etc)
+    assert stat.S_IMODE((etc / "config.toml").stat().st_mode) == 0o644
+    assert stat.S_IMODE((etc / "conf.d" / "99-nvshim.toml").stat().st_mode) == 0o644
+
+
+def test_dry_run_writes_nothing(etc: Path) -> None:
+    """--dry-run returns the files but leaves the directory untouched."""
+    (etc / "config.toml").write_text(COMMENTED_V2)
+    before = _tree(etc.parent)
+    result = _configure(etc, dry_run=True, enable_cdi=True)
+    assert result.written == () and all(c.changed for c in result.files)
+    assert _tree(etc.parent) == before
+    _configure(etc)
+    configured = _tree(etc.parent)
+    revert_plan = _revert(etc, dry_run=True)
+    assert revert_plan.restored and _tree(etc.parent) == configured
+
+
+def test_second_configure_writes_nothing(etc: Path) -> None:
+    """A second identical configure writes no file."""
+    (etc / "config.toml").write_text(DEBIAN_CONFIG)
+    _configure(etc)
+    assert _configure(etc).written == ()
+
+
+def test_revert_keeps_edits_made_after_configure(etc: Path) -> None:
+    """A main file edited after configure loses only nvshim's import, and the drop-in goes."""
+    config = etc / "config.toml"
+    config.write_text(COMMENTED_V2)
+    _configure(etc)
+    edited = config.read_text().replace("mirror.local/pause:3.6", "mirror.local/pause:3.9")
+    config.write_text(edited)
+    result = _revert(etc)
+    assert result.edited == (str(config),)
+    assert any("changed since nvshim wrote it" in w for w in result.warnings)
+    assert config.read_text() == COMMENTED_V2.replace("pause:3.6", "pause:3.9")
+    assert not (etc / "conf.d").exists()
+
+
+def test_structural_revert_without_backup(etc: Path) -> None:
+    """Without the backup, revert removes the handler, our default, our import and the drop-in, and says so."""
+    config = etc / "config.toml"
+    config.write_text(COMMENTED_V2)
+    _configure(etc, drop_in="", set_as_default=True, require_allocation=True)
+    os.unlink(containerd.backup_path(str(config)))
+    result = _revert(etc, drop_in="")
+    assert not result.used_backup
+    assert any("no backup" in w for w in result.warnings)
+    assert _data(config.read_text()) == _data(COMMENTED_V2)
+    assert [line for line in config.read_text().splitlines() if line] == [
+        line for line in COMMENTED_V2.splitlines() if line
+    ]
+
+    config.write_text(DEBIAN_CONFIG)
+    _configure(etc)
+    os.unlink(containerd.backup_path(str(config)))
+    result = _revert(etc)
+    assert result.removed == (str(etc / "conf.d" / "99-nvshim.toml"),)
+    assert _data(config.read_text()) == _data(DEBIAN_CONFIG)
+    assert "imports" not in config.read_text()
+
+
+def test_structural_revert_leaves_a_foreign_drop_in(etc: Path) -> None:
+    """Without a backup, a drop-in that has no handler of ours is left in place with a warning."""
+    drop_in = etc / "conf.d" / "99-nvshim.toml"
+    drop_in.parent.mkdir()
+    drop_in.write_text("version = 2\n")
+    result = _revert(etc)
+    assert drop_in.read_text() == "version = 2\n"
+    assert any("has no runtime" in w for w in result.warnings)
+
+
+def test_revert_restores_a_drop_in_that_existed(etc: Path) -> None:
+    """A file that was at the drop-in path before configure comes back byte for byte."""
+    drop_in = etc / "conf.d" / "99-nvshim.toml"
+    drop_in.parent.mkdir()
+    drop_in.write_text("# someone else's\nversion = 2\n")
+    _configure(etc)
+    assert "nvshim" in drop_in.read_text()
+    _revert(etc)
+    assert drop_in.read_text() == "# someone else's\nversion = 2\n"
+
+
+def test_read_handlers_after_configure(etc: Path) -> None:
+    """read_handlers follows the import and reports BinaryName and the default runtime."""
+    config = etc / "config.toml"
+    assert containerd.read_handlers(str(config)).handlers == {}
+    assert containerd.read_handlers(str(config)).default_runtime_name == "runc"
+    config.write_text(COMMENTED_V2)
+    _configure(etc, set_as_default=True, force=True, binary="/opt/nvshim/bin/nvshim-runtime")
+    view = containerd.read_handlers(str(config))
+    assert view.handlers == {"runc": None, "nvshim": "/opt/nvshim/bin/nvshim-runtime"}
+    assert view.default_runtime_name == "nvshim"
+    assert view.files == (str(config), str(etc / "conf.d" / "99-nvshim.toml"))
+
+
+def test_read_handlers_reports_missing_import(etc: Path) -> None:
+    """A missing non-glob import is reported as a problem, not an exception."""
+    config = etc / "config.toml"
+    config.write_text('version = 2\nimports = ["missing.toml"]\n')
+    assert containerd.read_handlers(str(config)).problems == (
+        f"import {etc / 'missing.toml'} does not exist",
+    )
+
+
+def test_example_drop_in_matches_generated() -> None:
+    """config/containerd-dropin.example.toml is exactly what configure writes for a new node."""
+    example = (REPO / "config" / "containerd-dropin.example.toml").read_text()
+    assert example == _plan(None).files[0].after
+
+
+# ------------------------------------------------------------------- command line
+
+
+def _invoke(args: List[str]) -> Any:
+    """Run the group as the ``nvshim`` entry point will: NvshimError comes back as the exception."""
+    return CliRunner().invoke(runtime, args, standalone_mode=False)
+
+
+def test_help_documents_every_flag() -> None:
+    """``configure --help`` lists every flag and explains the --set-as-default pitfall."""
+    result = CliRunner().invoke(runtime, ["configure", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    for flag in (
+        "--runtime",
+        "--config",
+        "--drop-in",
+        "--name",
+        "--binary",
+        "--set-as-default",
+        "--force",
+        "--enable-cdi",
+        "--dry-run",
+        "--revert",
+    ):
+        assert flag in result.output
+    assert "NVIDIA_VISIBLE_DEVICES=all" in result.output
+    assert "require-allocation" in result.output
+
+
+def test_cli_dry_run_prints_labelled_files(etc: Path) -> None:
+    """--dry-run prints each file after a ``# --- <path> ---`` line and writes nothing."""
+    config = etc / "config.toml"
+    drop_in = etc / "conf.d" / "99-nvshim.toml"
+    result = _invoke(["configure", "--config", str(config), "--drop-in", str(drop_in), "--dry-run"])
+    assert result.exception is None
+    assert result.output.startswith(f"# --- {drop_in} ---\n")
+    assert f"# --- {config} ---\nversion = 2\n" in result.output
+    assert not config.exists() and not drop_in.exists()
+
+
+def test_cli_writes_and_summarises(etc: Path) -> None:
+    """A real run writes the files and reports them on stderr with the restart hint."""
+    config = etc / "config.toml"
+    drop_in = etc / "conf.d" / "99-nvshim.toml"
+    runner = CliRunner()
+    result = runner.invoke(
+        runtime, ["configure", "--config", str(config), "--drop-in", str(drop_in)], standalone_mode=False
+    )
+    assert result.exception is None
+    assert result.stdout == ""
+    assert result.stderr == (
+        f'wrote {drop_in}, {config}; restart containerd to use runtime "nvshim"\n'
+    )
+    result = runner.invoke(
+        runtime, ["configure", "--config", str(config), "--drop-in", str(drop_in), "--revert"]
+    )
+    assert result.exit_code == 0 and not config.exists()
+
+
+def test_cli_set_as_default_refused_by_config(etc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command reads require-allocation from nvshim's config: off refuses, on allows."""
+    nvshim_config = etc.parent / "nvshim.yaml"
+    monkeypatch.setenv("NVSHIM_CONFIG", str(nvshim_config))
+    args = ["configure", "--config", str(etc / "config.toml"), "--drop-in", "", "--set-as-default"]
+    result = _invoke(args)
+    assert isinstance(result.exception, UsageError)
+    assert not (etc / "config.toml").exists()
+    pytest.importorskip("nvshim.config")
+    nvshim_config.write_text("require-allocation: true\n")
+    result = _invoke(args)
+    assert result.exception is None, result.exception
+    assert "default_runtime_name" in (etc / "config.toml").read_text()
+
+
+def test_cli_revert_rejects_configure_flags(etc: Path) -> None:
+    """--revert with a configure-only flag is a usage error naming it."""
+    result = _invoke(["configure", "--config", str(etc / "config.toml"), "--revert", "--enable-cdi"])
+    assert isinstance(result.exception, UsageError)
+    assert "--enable-cdi" in str(result.exception)
+
+
+def test_cli_error_is_nvshim_error(etc: Path) -> None:
+    """Invalid TOML reaches the entry point as an NvshimError (printed as one ``nvshim:`` line)."""
+    (etc / "config.toml").write_text("version = [\n")
+    result = _invoke(["configure", "--config", str(etc / "config.toml")])
+    assert isinstance(result.exception, NvshimError)
+    assert str(etc / "config.toml") in str(result.exception)
