@@ -234,4 +234,8 @@ def compile_config(path: Optional[str] = None) -> str:
     }
     out = compiled_path(path)
     write_atomic(out, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), default_mode=0o644)
+    from nvshim._trampoline import runtimes_path
+
+    # The shell trampoline's view of `runtimes` (it cannot parse YAML or JSON).
+    write_atomic(runtimes_path(path), (" ".join(config.runtimes) + "\n").encode(), default_mode=0o644)
     return out

@@ -1,0 +1,160 @@
+#!/bin/sh
+# Install nvshim on a Debian/Ubuntu machine (run as root). Idempotent: running it again
+# brings the installation up to date and changes nothing that is already right.
+#
+#   ./install.sh                      install nvshim (venv in /opt/nvshim, commands in /usr/local/bin)
+#   ./install.sh --dev                also install the test dependencies and container engines
+#   ./install.sh --containerd         also register nvshim as a containerd runtime handler
+#   ./install.sh --containerd --set-as-default
+#                                     ... and make it containerd's default runtime (refused unless
+#                                     /etc/nvshim/config.yaml has require-allocation: true)
+#   ./install.sh --uninstall          remove exactly what earlier runs added
+#
+# Paths can be moved for testing: NVSHIM_PREFIX (/opt/nvshim), NVSHIM_BINDIR
+# (/usr/local/bin), NVSHIM_ETCDIR (/etc/nvshim), NVSHIM_CONTAINERD_CONFIG
+# (/etc/containerd/config.toml). NVSHIM_SKIP_APT=1 skips package installation.
+set -eu
+
+PREFIX=${NVSHIM_PREFIX:-/opt/nvshim}
+BINDIR=${NVSHIM_BINDIR:-/usr/local/bin}
+ETCDIR=${NVSHIM_ETCDIR:-/etc/nvshim}
+CONTAINERD_CONFIG=${NVSHIM_CONTAINERD_CONFIG:-/etc/containerd/config.toml}
+VENV=$PREFIX/venv
+MANIFEST=$PREFIX/install-manifest
+SRC=$(cd "$(dirname "$0")" && pwd)
+PYTHON=${NVSHIM_PYTHON:-/usr/bin/python3}
+
+DEV=0 CONTAINERD=0 DEFAULT=0 UNINSTALL=0
+for arg in "$@"; do
+    case $arg in
+        --dev) DEV=1 ;;
+        --containerd) CONTAINERD=1 ;;
+        --set-as-default) DEFAULT=1 ;;
+        --uninstall) UNINSTALL=1 ;;
+        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "install.sh: unknown option $arg (see --help)" >&2; exit 1 ;;
+    esac
+done
+
+say() { printf 'install.sh: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+[ "$(id -u)" = 0 ] || die "run as root (it writes $PREFIX, $BINDIR and $ETCDIR)"
+
+# --- manifest: one line per thing this script added ("file PATH", "pkg NAME", ...) ---
+record() { mkdir -p "$PREFIX"; grep -qxF "$*" "$MANIFEST" 2>/dev/null || echo "$*" >> "$MANIFEST"; }
+
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+
+uninstall() {
+    [ -f "$MANIFEST" ] || { say "nothing to uninstall ($MANIFEST not found)"; exit 0; }
+    if grep -q '^containerd ' "$MANIFEST"; then
+        cfg=$(sed -n 's/^containerd //p' "$MANIFEST" | head -n1)
+        if [ -x "$VENV/bin/nvshim" ]; then
+            "$VENV/bin/nvshim" runtime configure --runtime containerd --config "$cfg" --revert \
+                || say "could not revert $cfg; see the message above"
+            restart_containerd
+        fi
+    fi
+    # files we wrote, only if unchanged since (an edited config stays, and we say so)
+    grep '^file ' "$MANIFEST" | while read -r _ path sum; do
+        if [ ! -e "$path" ]; then continue; fi
+        if [ -n "${sum:-}" ] && [ "$(sha "$path")" != "$sum" ]; then
+            say "kept $path: it was changed after installation"
+            continue
+        fi
+        rm -f "$path"
+    done
+    rmdir "$ETCDIR" 2>/dev/null || true
+    pkgs=$(sed -n 's/^pkg //p' "$MANIFEST" | tr '\n' ' ')
+    if [ -n "$pkgs" ]; then
+        say "left installed: $pkgs(added by install.sh; other runtimes may use them — apt-get remove them if not)"
+    fi
+    rm -rf "$VENV"
+    rm -f "$MANIFEST"
+    rmdir "$PREFIX" 2>/dev/null || true
+    say "nvshim uninstalled"
+}
+
+restart_containerd() {
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1 \
+        && systemctl is-active --quiet containerd 2>/dev/null; then
+        systemctl restart containerd && say "restarted containerd"
+    else
+        say "containerd is not run by systemd here: restart it yourself to load the change"
+    fi
+}
+
+if [ "$UNINSTALL" = 1 ]; then uninstall; exit 0; fi
+
+# --- packages ------------------------------------------------------------------------
+APT_UPDATED=0
+apt_install() {
+    [ "${NVSHIM_SKIP_APT:-0}" = 1 ] && return 0
+    missing=""
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing="$missing $pkg"
+    done
+    [ -z "$missing" ] && return 0
+    if [ "$APT_UPDATED" = 0 ]; then apt-get update -qq >/dev/null; APT_UPDATED=1; fi
+    say "installing$missing"
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    for pkg in $missing; do record "pkg $pkg"; done
+}
+
+apt_install runc busybox-static
+"$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
+if [ "$DEV" = 1 ]; then
+    apt_install crun containerd podman umoci skopeo
+fi
+
+# --- venv and package ------------------------------------------------------------------
+if [ ! -x "$VENV/bin/python3" ]; then
+    "$PYTHON" -m venv "$VENV"
+    record "dir $VENV"
+fi
+"$VENV/bin/python3" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
+if [ "$DEV" = 1 ]; then
+    # editable, so the tests and the installed commands run the checkout's code
+    "$VENV/bin/python3" -m pip install -q --disable-pip-version-check -e "$SRC[test]"
+else
+    "$VENV/bin/python3" -m pip install -q --disable-pip-version-check "$SRC"
+fi
+
+# --- commands: absolute interpreter, -I (containerd's PATH and env are not ours) --------
+install_file() {  # install_file MODE DEST < content
+    tmp="$1.tmp.$$"
+    cat > "$tmp"
+    chmod "$2" "$tmp"
+    mv -f "$tmp" "$1"
+    record "file $1"
+}
+
+mkdir -p "$BINDIR"
+"$VENV/bin/python3" -I -c 'import sys; from nvshim._trampoline import render; sys.stdout.write(render(sys.argv[1]))' \
+    "$VENV/bin/python3" | install_file "$BINDIR/nvshim-runtime" 0755
+printf '#!%s -I\nfrom nvshim.cli import main\nmain()\n' "$VENV/bin/python3" | install_file "$BINDIR/nvshim" 0755
+
+# --- config --------------------------------------------------------------------------
+mkdir -p "$ETCDIR"
+if [ ! -e "$ETCDIR/config.yaml" ]; then
+    cp "$SRC/config/config.yaml" "$ETCDIR/config.yaml"
+    chmod 0644 "$ETCDIR/config.yaml"
+    record "file $ETCDIR/config.yaml $(sha "$ETCDIR/config.yaml")"
+    say "wrote $ETCDIR/config.yaml"
+fi
+"$BINDIR/nvshim" config compile --config "$ETCDIR/config.yaml"
+record "file $ETCDIR/config.compiled.json"
+record "file $ETCDIR/config.runtimes"
+
+# --- containerd ------------------------------------------------------------------------
+if [ "$CONTAINERD" = 1 ]; then
+    set -- --runtime containerd --config "$CONTAINERD_CONFIG" --binary "$BINDIR/nvshim-runtime"
+    [ "$DEFAULT" = 1 ] && set -- "$@" --set-as-default
+    NVSHIM_CONFIG="$ETCDIR/config.yaml" "$BINDIR/nvshim" runtime configure "$@"
+    record "containerd $CONTAINERD_CONFIG"
+    restart_containerd
+fi
+
+say "installed nvshim $("$VENV/bin/python3" -I -c 'import nvshim; print(nvshim.__version__)') ($BINDIR/nvshim, $BINDIR/nvshim-runtime)"
