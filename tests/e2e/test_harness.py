@@ -244,3 +244,41 @@ def test_nvshim_config_env_points_at_written_yaml(tmp_path: Path, crunw: Path) -
     assert yaml.safe_load(Path(env["NVSHIM_CONFIG"]).read_text()) == {
         "runtimes": [str(crunw)], "debug-log": "/tmp/x.log"}
     assert env["PATH"] == os.environ["PATH"]
+
+
+def _cgroup_dirs(name: str) -> list:
+    return sorted(str(p) for p in Path("/sys/fs/cgroup").glob(f"*/{name.strip('/')}"))
+
+
+def test_containerd_stop_leaves_no_process_or_cgroup(rootfs: Path, tmp_path: Path) -> None:
+    """A private containerd that ran a container leaves no daemon, shim or cgroup after stop()."""
+    from tests.helpers.engines import _pids_with_arg, require_binary, require_root
+
+    require_root()
+    require_binary("containerd")
+    daemon = Containerd(tmp_path / "ctrd")
+    try:
+        daemon.start()
+        assert daemon.ctr_run(rootfs, unique_id("leak"), ["true"]).check().rc == 0
+        assert _cgroup_dirs(daemon.namespace)
+    finally:
+        daemon.stop()
+    assert daemon.pid is not None and not Path(f"/proc/{daemon.pid}").exists()
+    assert _pids_with_arg(daemon.address) == []
+    assert _cgroup_dirs(daemon.namespace) == []
+    assert list(daemon.runc_root.rglob("*")) in ([], [daemon.runc_root / daemon.namespace])
+
+
+def test_podman_cleanup_leaves_no_process_or_cgroup(rootfs: Path, tmp_path: Path) -> None:
+    """A private podman that ran a container leaves no conmon and no cgroup after cleanup()."""
+    from tests.helpers.engines import _pids_with_arg, require_binary, require_root
+
+    require_root()
+    require_binary("podman")
+    p = Podman(tmp_path / "podman")
+    try:
+        p.podman_run(rootfs, ["true"]).check()
+    finally:
+        p.cleanup()
+    assert _pids_with_arg(str(p.base / "root")) == []
+    assert _cgroup_dirs(p.cgroup_parent) == []

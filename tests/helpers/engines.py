@@ -7,9 +7,9 @@
 * :class:`Containerd` — a private containerd 1.6 daemon (own root/state/sockets/opt dir, unique
   namespace, ``restrict_oom_score_adj = true``) and :meth:`Containerd.ctr_run`, which runs
   ``ctr run --rm --rootfs --runc-binary X --runc-root <private> --fifo-dir <private>``.
-* :class:`Podman` — podman 4.3.1 with private ``--root/--runroot/--tmpdir``, cgroupfs, file
-  events, overlay storage, and :meth:`Podman.podman_run` (``--rootfs``, ``--network none``,
-  the ulimits this VM needs). :func:`installed_cdi_spec` puts a CDI spec where podman reads it.
+* :class:`Podman` — podman 4.3.1 with private ``--root/--runroot/--tmpdir``, cgroupfs (with a
+  private ``--cgroup-parent``), file events, overlay storage, and :meth:`Podman.podman_run`
+  (``--rootfs``, ``--network none``, the ulimits this VM needs). :func:`installed_cdi_spec` puts a CDI spec where podman reads it.
 * :func:`write_nvshim_config` / :func:`nvshim_config_env` — an nvshim YAML config and the env
   (``NVSHIM_CONFIG``) to run ``nvshim-runtime`` with; :func:`make_env_wrapper` bakes env into
   a script for engines that do not pass the caller's env to the runtime (containerd passes its
@@ -21,7 +21,9 @@ What a session leaves behind: containerd 1.6 always creates ``/run/containerd/s`
 sockets (not configurable); the sockets go with their shims and :meth:`Containerd.stop`
 removes ``/run/containerd/s`` and ``/run/containerd`` again when it created them and they are
 empty; podman passes no ``--root`` to its runtime, so runc/crun use ``/run/runc``/``/run/crun``,
-which :meth:`Podman.cleanup` removes the same way. Everything else (runc/crun roots, fifos, podman storage) lives under pytest's tmp dirs.
+which :meth:`Podman.cleanup` removes the same way. The cgroups ctr (``/<namespace>``) and
+podman (``--cgroup-parent``) leave are removed at stop/cleanup. Everything else (runc/crun
+roots, fifos, podman storage) lives under pytest's tmp dirs.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -155,6 +158,32 @@ def _terminate_pids(pids: Iterable[int], timeout: float = 10) -> None:
         with contextlib.suppress(AssertionError):
             wait_until(lambda: not any(_pid_alive(p) for p in pids), timeout, "processes to exit")
             return
+
+
+def _mounts_under(path: Path) -> List[str]:
+    """Mount points at or below ``path`` (from /proc/self/mountinfo)."""
+    prefix = str(path.resolve())
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point == prefix or point.startswith(prefix + "/"):
+                found.append(point)
+    return found
+
+
+def _remove_cgroup_tree(name: str) -> None:
+    """rmdir ``/sys/fs/cgroup/<hierarchy>/<name>`` and its children, deepest first, when empty."""
+    root = Path("/sys/fs/cgroup")
+    if not root.is_dir() or not name.strip("/"):
+        return
+    for hierarchy in root.iterdir():
+        top = hierarchy / name.strip("/")
+        if not top.is_dir() or top.is_symlink():
+            continue
+        for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda w: -len(w[0])):
+            with contextlib.suppress(OSError):
+                os.rmdir(dirpath)
 
 
 @dataclass(frozen=True)
@@ -306,6 +335,7 @@ class Runc:
             self.root_dir.name + "-io"
         )
         self.env = env
+        self._used: Dict[str, Tuple[Optional[PathLike], EnvArg]] = {}
         self.root_dir.mkdir(parents=True, exist_ok=True)
         self.io_dir.mkdir(parents=True, exist_ok=True)
 
@@ -346,6 +376,7 @@ class Runc:
         timeout: float = 60,
     ) -> RunResult:
         """``run --bundle B id`` in the foreground; rc is the container's exit status."""
+        self._used[id] = (runtime, env)
         return self._call(["run", "--bundle", bundle, id], runtime, log, env, timeout)
 
     def create(
@@ -360,6 +391,7 @@ class Runc:
         timeout: float = 60,
     ) -> RunResult:
         """``create --bundle B [--pid-file P] id``; stdout/stderr are what appeared during create."""
+        self._used[id] = (runtime, env)
         sub: List[PathLike] = ["create", "--bundle", bundle]
         if pid_file is not None:
             sub += ["--pid-file", pid_file]
@@ -391,14 +423,14 @@ class Runc:
         sub: List[PathLike] = ["delete"] + (["--force"] if force else []) + [id]
         return self._call(sub, runtime, log, env, timeout)
 
-    def wait_stopped(self, id: str, *, timeout: float = 30,
-                     runtime: Optional[PathLike] = None) -> Dict[str, Any]:
+    def wait_stopped(self, id: str, *, timeout: float = 30, runtime: Optional[PathLike] = None,
+                     env: EnvArg = None) -> Dict[str, Any]:
         """Poll ``state`` until the container is ``stopped``; return that state object."""
         last: Dict[str, Any] = {}
 
         def stopped() -> bool:
             nonlocal last
-            res = self.state(id, runtime=runtime)
+            res = self.state(id, runtime=runtime, env=env)
             if res.rc != 0:
                 raise AssertionError("state failed while waiting\n" + res.describe())
             last = res.json()
@@ -442,7 +474,7 @@ class Runc:
         if started.rc != 0:
             self.delete(id, force=True, runtime=runtime, env=env)
             return started
-        self.wait_stopped(id, timeout=timeout, runtime=runtime)
+        self.wait_stopped(id, timeout=timeout, runtime=runtime, env=env)
         deleted = self.delete(id, timeout=timeout, **kw)
         logs += deleted.log_lines
         if deleted.rc != 0:
@@ -456,7 +488,11 @@ class Runc:
         return res.stdout.split() if res.rc == 0 else []
 
     def cleanup(self) -> None:
-        """Force-delete every container left under this root (fixture teardown)."""
+        """Force-delete every container left under this root (fixture teardown): each id this
+        object created with the runtime/env it was created with, then whatever ``list`` shows."""
+        for cid, (runtime, env) in self._used.items():
+            if (self.root_dir / cid).exists():
+                self.delete(cid, force=True, runtime=runtime, env=env)
         for cid in self.list_ids():
             self.delete(cid, force=True)
 
@@ -710,6 +746,8 @@ class Containerd:
             proc.wait(timeout)
         # Shims started by this daemon carry its address in their argv.
         _terminate_pids(_pids_with_arg(self.address))
+        # ctr puts containers in the cgroup /<namespace>/<id>; runc removes only <id>.
+        _remove_cgroup_tree(self.namespace)
         for d in self._created_run_dirs:
             with contextlib.suppress(OSError):
                 d.rmdir()
@@ -728,19 +766,28 @@ class Podman:
     base: Path
     runtime: Optional[PathLike] = None
     """Default ``--runtime`` (None: runc on PATH)."""
+    cgroup_parent: str = field(default_factory=lambda: "/" + unique_id("nvshim-e2e-podman"))
+    """``--cgroup-parent`` of every container (conmon's cgroup goes under it too), removed by
+    :meth:`cleanup`; podman's default ``/libpod_parent`` would stay behind."""
+    runroot: Path = field(init=False)
+    """``--runroot``: podman refuses one longer than 50 characters, so it is a short
+    ``/tmp/nvshim-podrun-*`` directory (removed by :meth:`cleanup`), not under ``base``."""
     _absent_state_dirs: List[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # podman passes no --root, so runc/crun keep state in their default dirs; remember
         # which of those did not exist yet so cleanup() can remove them again (when empty).
         self._absent_state_dirs = [d for d in _DEFAULT_STATE_DIRS if not d.exists()]
+        self.base = Path(self.base)
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.runroot = Path(tempfile.mkdtemp(prefix="nvshim-podrun-", dir="/tmp"))
 
     def global_args(self, runtime: Optional[PathLike] = None) -> List[str]:
         """The global flags every call gets."""
         rt = runtime or self.runtime or require_binary("runc")
         return [
             "--root", str(self.base / "root"),
-            "--runroot", str(self.base / "run"),
+            "--runroot", str(self.runroot),
             "--tmpdir", str(self.base / "tmp"),
             "--cgroup-manager", "cgroupfs",
             "--events-backend", "file",
@@ -782,7 +829,7 @@ class Podman:
         Podman shows the runtime's stderr, not its ``--log`` (it passes none).
         """
         flags: List[str] = [
-            "--rm", "--network", "none",
+            "--rm", "--network", "none", "--cgroup-parent", self.cgroup_parent,
             "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096",
         ]
         for k, v in (_env(env) or {}).items():
@@ -809,9 +856,12 @@ class Podman:
         with contextlib.suppress(AssertionError):
             wait_until(lambda: not _pids_with_arg(needle), 15, "podman helper processes to exit")
         _terminate_pids(_pids_with_arg(needle))
+        _remove_cgroup_tree(self.cgroup_parent)
         for d in self._absent_state_dirs:
             with contextlib.suppress(OSError):
                 d.rmdir()
+        if self.runroot.exists() and not _mounts_under(self.runroot):
+            shutil.rmtree(self.runroot, ignore_errors=True)
 
 
 @contextlib.contextmanager
