@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from nvshim.errors import HostError
 
@@ -40,10 +40,11 @@ _PHDR64 = struct.Struct("<IIQQQQQQ")
 _DYN64 = struct.Struct("<qQ")
 _SYM64_SIZE = 24
 
-# Per class (1 = 32-bit, 2 = 64-bit): program header layout and field order, dynamic entry.
+# Per ELF class (1 = 32-bit, 2 = 64-bit): program header format, dynamic entry format, offsets
+# of e_phoff and of e_phentsize (e_phnum follows it) in the ELF header.
 _LAYOUT = {
-    1: ("IIIIIIII", "iI", 28, 42, 44),  # p_type, p_offset, p_vaddr, p_paddr, p_filesz, ...
-    2: ("IIQQQQQQ", "qQ", 32, 54, 56),  # p_type, p_flags, p_offset, p_vaddr, ...
+    1: ("IIIIIIII", "iI", 28, 42),  # p_type, p_offset, p_vaddr, p_paddr, p_filesz, ...
+    2: ("IIQQQQQQ", "qQ", 32, 54),  # p_type, p_flags, p_offset, p_vaddr, ...
 }
 
 
@@ -102,7 +103,7 @@ def build_shared_object(soname: str, marker: str = "", needed: Sequence[str] = (
     return bytes(out)
 
 
-def read_soname(path: str) -> Optional[str]:
+def read_soname(path: str) -> str | None:
     """Return the DT_SONAME of the ELF file at ``path`` (symlinks followed).
 
     None when the file is not ELF, is malformed, or has no SONAME; :class:`HostError` when
@@ -122,14 +123,14 @@ def read_soname(path: str) -> Optional[str]:
         os.close(fd)
 
 
-def _soname_from_fd(fd: int) -> Optional[str]:
+def _soname_from_fd(fd: int) -> str | None:
     ident = os.pread(fd, 64, 0)
     if len(ident) < 52 or ident[:4] != b"\x7fELF" or ident[4] not in _LAYOUT:
         return None
     end = {1: "<", 2: ">"}.get(ident[5])
     if end is None:
         return None
-    phdr_fmt, dyn_fmt, phoff_at, phentsize_at, phnum_at = _LAYOUT[ident[4]]
+    phdr_fmt, dyn_fmt, phoff_at, phentsize_at = _LAYOUT[ident[4]]
     word = "I" if ident[4] == 1 else "Q"
     (phoff,) = struct.unpack_from(end + word, ident, phoff_at)
     phentsize, phnum = struct.unpack_from(end + "HH", ident, phentsize_at)

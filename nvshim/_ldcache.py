@@ -23,25 +23,26 @@ three layouts:
 ld.so finds a name by binary search with ``_dl_cache_libcmp`` (digit runs compare as
 numbers, a digit sorts above any other byte, other bytes compare as signed chars), and
 the entries are sorted *descending* by that compare; :func:`build_ldcache` writes that
-order. Parsing is on the container-create hot path: only ``os``, ``struct`` and
-``dataclasses`` are imported, and every malformed input raises :class:`HostError`.
+order. Parsing is on the container-create hot path: only ``struct``, ``dataclasses`` and
+``typing`` are imported, and every malformed input raises :class:`HostError`.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence, Tuple, Union
+from typing import Union
 
 from nvshim.errors import HostError
 
 __all__ = [
-    "CacheEntry",
     "FLAG_ELF_LIBC6",
     "FLAG_X8664_LIB64",
     "FLAG_X8664_LIBC6",
     "HWCAP_EXTENSION",
     "LAYOUTS",
+    "CacheEntry",
     "build_ldcache",
     "libcmp_key",
     "parse_ldcache",
@@ -182,14 +183,14 @@ def read_ldcache(path: str) -> list[CacheEntry]:
         raise HostError(f"{path}: {exc}") from exc
 
 
-def libcmp_key(name: str) -> Tuple[Tuple[int, int], ...]:
+def libcmp_key(name: str) -> tuple[tuple[int, int], ...]:
     """A sort key that orders names as glibc's ``_dl_cache_libcmp`` does (ascending).
 
     Digit runs become ``(1, value)`` (value wrapped to a C int, as glibc computes it),
     other bytes ``(0, signed byte)``, and the end of the name ``(0, 0)``.
     """
     raw = _encode(name)
-    out: list[Tuple[int, int]] = []
+    out: list[tuple[int, int]] = []
     i, n = 0, len(raw)
     while i < n:
         byte = raw[i]
@@ -206,7 +207,7 @@ def libcmp_key(name: str) -> Tuple[Tuple[int, int], ...]:
     return tuple(out)
 
 
-_EntryLike = Union[Tuple[str, str], CacheEntry]
+_EntryLike = Union[tuple[str, str], CacheEntry]
 
 
 def _normalise(entries: Iterable[_EntryLike]) -> list[CacheEntry]:
@@ -309,4 +310,3 @@ def build_ldcache(entries: Sequence[_EntryLike], layout: str = "new") -> bytes:
     parts += [_ENTRY_OLD.pack(e.flags, offsets[e.key], offsets[e.value]) for e in ordered]
     parts.append(table)
     return b"".join(parts)
-
