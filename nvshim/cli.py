@@ -126,7 +126,7 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
         out.append(f"device nodes:  {' '.join(summary['device_nodes'])}")
     mounts = [m.container_path for m in plan.edits.mounts]
     if mounts:
-        out.append(f"mounts:        {len(mounts)} read-only driver files")
+        out.append(f"mounts:        {len(mounts)} driver files")
         out.extend(f"  {m}" for m in mounts)
     for hook in plan.edits.hooks:
         out.append(f"hook:          {hook.hook_name}: {' '.join(hook.args)}")
@@ -173,6 +173,24 @@ def sim_create(directory: str, gpus: int, driver_version: str, shuffle_minors: b
         click.echo(f"  GPU {g.index}: /dev/nvidia{g.minor}  {g.uuid}  {g.pci_bus_id}  {g.model}")
         for j, m in enumerate(g.mig):
             click.echo(f"    MIG {g.index}:{j}  gi {m.gi} ci {m.ci}  {m.uuid}  {m.profile}")
+
+
+# --- demo ---------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--keep", is_flag=True, help="Keep the temp dir (node, bundles) for a look afterwards.")
+def demo(keep: bool) -> None:
+    """Run real containers through nvshim-runtime → runc on a simulated 4-GPU node.
+
+    Builds the node and a busybox bundle in a temp dir, runs NVIDIA_VISIBLE_DEVICES=1,
+    =0,2, =all and =void, shows what each container saw, and cleans up. Needs root,
+    runc and busybox-static (install.sh installs them).
+    """
+    from nvshim.demo import run_demo
+
+    if run_demo(click.echo, keep=keep):
+        sys.exit(1)
 
 
 # --- config -------------------------------------------------------------------------------
@@ -226,7 +244,9 @@ def hook(args: List[str]) -> None:
 def _add_optional_commands() -> None:
     from nvshim._cmd_cdi import cdi
     from nvshim._cmd_runtime import runtime
+    from nvshim.cdi_generate import generate
 
+    cdi.add_command(generate)
     cli.add_command(cdi)
     cli.add_command(runtime)
     try:
