@@ -29,8 +29,12 @@ from tests.helpers.engines import (
     Podman,
     Runc,
     installed_cdi_spec,
+    make_env_wrapper,
     make_failing_runtime,
     nvshim_config_env,
+    pids_with_arg,
+    require_binary,
+    require_root,
     unique_id,
 )
 
@@ -252,7 +256,7 @@ def _cgroup_dirs(name: str) -> list:
 
 def test_containerd_stop_leaves_no_process_or_cgroup(rootfs: Path, tmp_path: Path) -> None:
     """A private containerd that ran a container leaves no daemon, shim or cgroup after stop()."""
-    from tests.helpers.engines import _pids_with_arg, require_binary, require_root
+    from tests.helpers.engines import pids_with_arg, require_binary, require_root
 
     require_root()
     require_binary("containerd")
@@ -264,14 +268,14 @@ def test_containerd_stop_leaves_no_process_or_cgroup(rootfs: Path, tmp_path: Pat
     finally:
         daemon.stop()
     assert daemon.pid is not None and not Path(f"/proc/{daemon.pid}").exists()
-    assert _pids_with_arg(daemon.address) == []
+    assert pids_with_arg(daemon.address) == []
     assert _cgroup_dirs(daemon.namespace) == []
     assert list(daemon.runc_root.rglob("*")) in ([], [daemon.runc_root / daemon.namespace])
 
 
 def test_podman_cleanup_leaves_no_process_or_cgroup(rootfs: Path, tmp_path: Path) -> None:
     """A private podman that ran a container leaves no conmon and no cgroup after cleanup()."""
-    from tests.helpers.engines import _pids_with_arg, require_binary, require_root
+    from tests.helpers.engines import pids_with_arg, require_binary, require_root
 
     require_root()
     require_binary("podman")
@@ -280,5 +284,18 @@ def test_podman_cleanup_leaves_no_process_or_cgroup(rootfs: Path, tmp_path: Path
         p.podman_run(rootfs, ["true"]).check()
     finally:
         p.cleanup()
-    assert _pids_with_arg(str(p.base / "root")) == []
+    assert pids_with_arg(str(p.base / "root")) == []
     assert _cgroup_dirs(p.cgroup_parent) == []
+
+
+def test_env_wrapper_carries_env_to_runtime_under_containerd(
+    containerd: Containerd, rootfs: Path, tmp_path: Path
+) -> None:
+    """make_env_wrapper gets NVSHIM_CONFIG to the runtime, which containerd starts with its own env."""
+    seen = tmp_path / "seen-config"
+    spy = tmp_path / "spy-runtime"
+    spy.write_text(f'#!/bin/sh\necho "$NVSHIM_CONFIG" >> {seen}\nexec {shutil.which("runc")} "$@"\n')
+    spy.chmod(0o755)
+    wrapper = make_env_wrapper(tmp_path / "wrapped", spy, {"NVSHIM_CONFIG": "/x/it's.yaml"})
+    containerd.ctr_run(rootfs, unique_id("envw"), ["true"], runc_binary=wrapper).check()
+    assert set(seen.read_text().splitlines()) == {"/x/it's.yaml"}

@@ -9,7 +9,8 @@
   ``ctr run --rm --rootfs --runc-binary X --runc-root <private> --fifo-dir <private>``.
 * :class:`Podman` — podman 4.3.1 with private ``--root/--runroot/--tmpdir``, cgroupfs (with a
   private ``--cgroup-parent``), file events, overlay storage, and :meth:`Podman.podman_run`
-  (``--rootfs``, ``--network none``, the ulimits this VM needs). :func:`installed_cdi_spec` puts a CDI spec where podman reads it.
+  (``--rootfs``, ``--network none``, the ulimits this VM needs). :func:`installed_cdi_spec`
+  puts a CDI spec where podman reads it.
 * :func:`write_nvshim_config` / :func:`nvshim_config_env` — an nvshim YAML config and the env
   (``NVSHIM_CONFIG``) to run ``nvshim-runtime`` with; :func:`make_env_wrapper` bakes env into
   a script for engines that do not pass the caller's env to the runtime (containerd passes its
@@ -70,6 +71,7 @@ __all__ = [
     "make_env_wrapper",
     "make_failing_runtime",
     "nvshim_config_env",
+    "pids_with_arg",
     "require_binary",
     "require_root",
     "unique_id",
@@ -133,7 +135,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _pids_with_arg(needle: str) -> List[int]:
+def pids_with_arg(needle: str) -> List[int]:
     """PIDs whose command line contains ``needle`` as one argument or inside one."""
     pids = []
     for entry in os.listdir("/proc"):
@@ -522,11 +524,8 @@ def make_env_wrapper(path: PathLike, binary: PathLike, env: Mapping[str, str]) -
 
     For engines whose runtime env is not the caller's (containerd: the daemon's env).
     """
-    def q(s: str) -> str:
-        return "'" + s.replace("'", "'\\''") + "'"
-
-    lines = ["#!/bin/sh"] + [f"export {k}={q(str(v))}" for k, v in env.items()]
-    lines.append(f'exec {q(str(binary))} "$@"')
+    lines = ["#!/bin/sh"] + [f"export {k}={_shq(str(v))}" for k, v in env.items()]
+    lines.append(f'exec {_shq(str(binary))} "$@"')
     p = Path(path)
     p.write_text("\n".join(lines) + "\n")
     p.chmod(0o755)
@@ -745,7 +744,7 @@ class Containerd:
             proc.kill()
             proc.wait(timeout)
         # Shims started by this daemon carry its address in their argv.
-        _terminate_pids(_pids_with_arg(self.address))
+        _terminate_pids(pids_with_arg(self.address))
         # ctr puts containers in the cgroup /<namespace>/<id>; runc removes only <id>.
         _remove_cgroup_tree(self.namespace)
         for d in self._created_run_dirs:
@@ -854,8 +853,8 @@ class Podman:
         # conmon and `podman container cleanup` carry our --root in their argv.
         needle = str(self.base / "root")
         with contextlib.suppress(AssertionError):
-            wait_until(lambda: not _pids_with_arg(needle), 15, "podman helper processes to exit")
-        _terminate_pids(_pids_with_arg(needle))
+            wait_until(lambda: not pids_with_arg(needle), 15, "podman helper processes to exit")
+        _terminate_pids(pids_with_arg(needle))
         _remove_cgroup_tree(self.cgroup_parent)
         for d in self._absent_state_dirs:
             with contextlib.suppress(OSError):
