@@ -256,8 +256,6 @@ def _cgroup_dirs(name: str) -> list:
 
 def test_containerd_stop_leaves_no_process_or_cgroup(rootfs: Path, tmp_path: Path) -> None:
     """A private containerd that ran a container leaves no daemon, shim or cgroup after stop()."""
-    from tests.helpers.engines import pids_with_arg, require_binary, require_root
-
     require_root()
     require_binary("containerd")
     daemon = Containerd(tmp_path / "ctrd")
@@ -275,8 +273,6 @@ def test_containerd_stop_leaves_no_process_or_cgroup(rootfs: Path, tmp_path: Pat
 
 def test_podman_cleanup_leaves_no_process_or_cgroup(rootfs: Path, tmp_path: Path) -> None:
     """A private podman that ran a container leaves no conmon and no cgroup after cleanup()."""
-    from tests.helpers.engines import pids_with_arg, require_binary, require_root
-
     require_root()
     require_binary("podman")
     p = Podman(tmp_path / "podman")
