@@ -740,7 +740,10 @@ def _strip(
             remaining = [e for e in entries if not (isinstance(e, str) and _resolve_import(e, path) in ours)]
         if remaining != entries:
             if remaining or (original is not None and "imports" in original):
-                doc["imports"] = remaining
+                array = doc["imports"]
+                for index in reversed(range(len(entries))):
+                    if entries[index] not in remaining:
+                        del array[index]  # in place, so the array's layout and comments stay
             else:
                 del doc["imports"]
 

@@ -60,6 +60,18 @@ V1 = """\
       SystemdCgroup = true  # systemd owns cgroups here
 """
 
+DOTTED = """\
+version = 2
+plugins."io.containerd.grpc.v1.cri".sandbox_image = "mirror.local/pause:3.6"  # dotted keys
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  SystemdCgroup = true
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  snapshotter = "overlayfs"  # defined after its sub-tables
+"""
+
 V3 = """\
 version = 3
 
@@ -103,7 +115,7 @@ def _snapshot(root: Path) -> Dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-CASES = ["missing", "empty", "default", "debian", "commented", "v1"]
+CASES = ["missing", "empty", "default", "debian", "commented", "dotted", "v1"]
 
 
 def _original(case: str, containerd_bin: str) -> Optional[str]:
@@ -111,7 +123,7 @@ def _original(case: str, containerd_bin: str) -> Optional[str]:
         return None
     if case == "default":
         return _default_config(containerd_bin)
-    return {"empty": "", "debian": DEBIAN, "commented": COMMENTED, "v1": V1}[case]
+    return {"empty": "", "debian": DEBIAN, "commented": COMMENTED, "dotted": DOTTED, "v1": V1}[case]
 
 
 # Version 1 files are always edited in place, so they have no drop-in case.
@@ -145,12 +157,12 @@ def test_containerd_loads_handler_and_revert_restores(
     assert handler["runtime_type"] == "io.containerd.runc.v2"
     assert "cdi.k8s.io/*" in handler["container_annotations"]
     assert containerd_table["default_runtime_name"] == "nvshim"
-    if case in ("commented", "v1"):
+    if case in ("commented", "dotted", "v1"):
         assert merged["plugins"][CRI]["sandbox_image"] == "mirror.local/pause:3.6"
         assert handler["options"]["SystemdCgroup"] is True
         text = config.read_text()
         for line in (original or "").splitlines():
-            if line.lstrip().startswith("#"):
+            if "#" in line:
                 assert line in text
     if case == "debian":
         assert merged["plugins"][CRI]["cni"]["bin_dir"] == "/usr/lib/cni"

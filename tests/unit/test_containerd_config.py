@@ -488,6 +488,19 @@ def test_structural_revert_without_backup(etc: Path) -> None:
     assert "imports" not in config.read_text()
 
 
+def test_structural_revert_keeps_import_array_layout(etc: Path) -> None:
+    """Without a backup, only our entry leaves a multi-line imports array; its comments stay."""
+    config = etc / "config.toml"
+    other = etc / "other.toml"
+    original = f'version = 2\nimports = [\n  "{other}",  # site settings\n]\n'
+    config.write_text(original)
+    _configure(etc)
+    assert str(etc / "conf.d" / "99-nvshim.toml") in config.read_text()
+    os.unlink(containerd.backup_path(str(config)))
+    _revert(etc)
+    assert config.read_text() == original
+
+
 def test_structural_revert_leaves_a_foreign_drop_in(etc: Path) -> None:
     """Without a backup, a drop-in that has no handler of ours is left in place with a warning."""
     drop_in = etc / "conf.d" / "99-nvshim.toml"
