@@ -154,7 +154,7 @@ def plan_create(
 
     tokens = request.gpu_tokens
     if tokens or (request.driver_files and not cdi_names):
-        edits = edits + _node_edits(host, request, tokens, plan)
+        edits = edits + _node_edits(host, request, tokens, plan, config)
 
     plan.edits = edits
     if log is not None:
@@ -163,7 +163,9 @@ def plan_create(
     return plan
 
 
-def _node_edits(host: Any, request: Request, tokens: Sequence[str], plan: Plan) -> Edits:
+def _node_edits(
+    host: Any, request: Request, tokens: Sequence[str], plan: Plan, config: Config
+) -> Edits:
     """Edits for this node's GPUs (discovery), shared with ``nvshim cdi generate``."""
     gpus = host.gpus()
     refs = tuple(g.ref() for g in gpus)
@@ -180,7 +182,8 @@ def _node_edits(host: Any, request: Request, tokens: Sequence[str], plan: Plan) 
     caps = request.capabilities
     from nvshim.requirements import check_requirements
 
-    check_requirements(plan.spec, host, request, plan.notes)
+    selected = plan.gpus + tuple(parent for parent, _ in plan.migs)
+    check_requirements(plan.spec, host, selected, plan.notes, config.disable_require)
 
     files = host.binaries(caps) + host.ipc(caps) + host.firmware()
     edits = driver_edits(host.control_nodes(caps), host.libraries(caps), files, hook_command())

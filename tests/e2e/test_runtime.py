@@ -1,0 +1,156 @@
+"""The spine, end to end: nvshim-runtime → runc/crun on a simulated GPU node.
+
+Every assertion is about what the process inside the container sees (its /dev, opening a
+node, reading and writing a library), or about what the runtime leaves on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nvshim.config import compile_config
+from tests.helpers.bundle import make_bundle
+from tests.helpers.engines import Runc, require_root, unique_id, write_nvshim_config
+
+pytestmark = pytest.mark.e2e
+
+LIB = "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
+PROBE = (
+    "cd /dev && ls -d nvidia* 2>/dev/null | tr '\\n' ' '; echo; "
+    "for n in /dev/nvidia[0-9]*; do head -c0 $n 2>&1 | sed 's/^/OPEN: /'; done; "
+    f"grep -c NVSHIM-SIM {LIB} && echo LIB-READABLE; "
+    f"(echo x > {LIB}) 2>/dev/null && echo LIB-WRITABLE || echo LIB-READONLY"
+)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    """A simulated 4-GPU node whose device minors are not in PCI order."""
+    require_root()
+    from nvshim.sim import create_node
+
+    return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=4, shuffle_minors=True)
+
+
+@pytest.fixture(params=["runc", "crun"])
+def engine(request, tmp_path, node, crunw):
+    """(Runc-like driver, nvshim env) for runc, and for crun through its wrapper."""
+    if request.param == "runc":
+        low = "runc"
+        driver = request.getfixturevalue("runc")
+    else:
+        low = str(crunw)
+        driver = request.getfixturevalue("crun")
+    cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": [low]})
+    compile_config(str(cfg))
+    env = {"NVSHIM_CONFIG": str(cfg), "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    return driver, env, cfg
+
+
+def nodes_seen(output: str) -> set:
+    return set(output.splitlines()[0].split()) if output else set()
+
+
+def inspect_nodes(nvshim_bin: str, bundle: Path, env: dict) -> set:
+    out = subprocess.run([nvshim_bin, "inspect", "--bundle", str(bundle), "--format", "json"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    return {p.rsplit("/", 1)[1] for p in json.loads(out)["device_nodes"]}
+
+
+def test_one_gpu_is_exactly_that_gpu(engine, node, rootfs, tmp_path, nvshim_runtime_bin, nvshim_bin):
+    """NVIDIA_VISIBLE_DEVICES=1 shows /dev/nvidia<minor of GPU 1> and the control nodes only;
+    the node opens with ENXIO (cgroup rule present) and the library is readable, not writable."""
+    driver, env, _ = engine
+    bundle = make_bundle(tmp_path / "b", rootfs, ["sh", "-c", PROBE], env=["NVIDIA_VISIBLE_DEVICES=1"])
+    planned = inspect_nodes(nvshim_bin, bundle, env)
+    minor = node.gpus[1].minor
+    assert minor != 1, "shuffled minors must make index and minor differ for this test"
+    res = driver.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env).check()
+    seen = nodes_seen(res.stdout)
+    assert seen == {f"nvidia{minor}", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}, res.describe()
+    assert f"OPEN: head: /dev/nvidia{minor}: No such device or address" in res.stdout
+    assert "Operation not permitted" not in res.stdout
+    assert "LIB-READABLE" in res.stdout and "LIB-READONLY" in res.stdout
+    assert planned == seen  # nvshim inspect predicted exactly what the container saw
+
+
+def test_two_gpus_and_all(engine, node, rootfs, tmp_path, nvshim_runtime_bin, nvshim_bin):
+    """=0,2 gives exactly those two GPUs' nodes; =all gives all four."""
+    driver, env, _ = engine
+    for value, indices in (("0,2", [0, 2]), ("all", [0, 1, 2, 3])):
+        bundle = make_bundle(tmp_path / value, rootfs, ["sh", "-c", PROBE], env=[f"NVIDIA_VISIBLE_DEVICES={value}"])
+        planned = inspect_nodes(nvshim_bin, bundle, env)
+        res = driver.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env).check()
+        gpu_nodes = {n for n in nodes_seen(res.stdout) if n[6:].isdigit()}
+        assert gpu_nodes == {f"nvidia{node.gpus[i].minor}" for i in indices}, res.describe()
+        assert planned == nodes_seen(res.stdout)
+
+
+def test_void_injects_nothing_and_keeps_bytes(engine, rootfs, tmp_path, nvshim_runtime_bin):
+    """=void: no NVIDIA nodes in the container and config.json byte-identical."""
+    driver, env, _ = engine
+    bundle = make_bundle(tmp_path / "b", rootfs, ["sh", "-c", PROBE], env=["NVIDIA_VISIBLE_DEVICES=void"])
+    before = (bundle / "config.json").read_bytes()
+    res = driver.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env).check()
+    assert nodes_seen(res.stdout) == set()
+    assert (bundle / "config.json").read_bytes() == before
+
+
+def test_run_command_is_modified_too(runc, node, rootfs, tmp_path, nvshim_runtime_bin):
+    """`run` gets GPUs as well (the reference leaves run untouched; we don't)."""
+    cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["runc"]})
+    env = {"NVSHIM_CONFIG": str(cfg), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    bundle = make_bundle(tmp_path / "b", rootfs, ["sh", "-c", PROBE], env=["NVIDIA_VISIBLE_DEVICES=3"])
+    res = runc.run(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env).check()
+    assert f"nvidia{node.gpus[3].minor}" in nodes_seen(res.stdout)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "unknown-device"])
+def test_errors_leave_file_and_report_twice(engine, rootfs, tmp_path, nvshim_runtime_bin, damage):
+    """A failing create exits 1, appends one JSON error line to --log, prints one stderr line,
+    and leaves config.json byte-identical."""
+    driver, env, _ = engine
+    bundle = make_bundle(tmp_path / "b", rootfs, ["true"], env=["NVIDIA_VISIBLE_DEVICES=7"])
+    spec = bundle / "config.json"
+    if damage == "truncated":
+        spec.write_bytes(spec.read_bytes()[:200])
+        expected = "invalid JSON"
+    else:
+        expected = 'unknown device "7": this node has GPUs 0-3'
+    before = spec.read_bytes()
+    log = tmp_path / "log.json"
+    res = driver.create(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env, log=log)
+    assert res.rc == 1
+    assert spec.read_bytes() == before
+    assert len(res.log_errors) == 1 and expected in res.log_errors[0], res.describe()
+    assert res.log_errors[0].startswith("nvshim: ")
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in res.stderr
+    assert res.stdout == ""
+
+
+def test_passthrough_exit_codes_match_runc(runc, node, rootfs, tmp_path, nvshim_runtime_bin):
+    """state, kill and delete through nvshim-runtime return exactly what runc returns."""
+    cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["runc"]})
+    compile_config(str(cfg))
+    env = {"NVSHIM_CONFIG": str(cfg), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    bundle = make_bundle(tmp_path / "b", rootfs, ["sleep", "30"], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    cid = unique_id()
+    runc.create(bundle, cid, runtime=nvshim_runtime_bin, env=env).check()
+    for via in ("runc", nvshim_runtime_bin):
+        st = runc.state(cid, runtime=via, env=env)
+        assert st.rc == 0 and st.json()["status"] == "created"
+    missing = unique_id()
+    for sub in (("state", missing), ("kill", missing, "9"), ("delete", missing)):
+        plain = subprocess.run(runc.argv(*sub, runtime="runc"), env=env, capture_output=True, text=True)
+        ours = subprocess.run(runc.argv(*sub, runtime=nvshim_runtime_bin), env=env, capture_output=True, text=True)
+        assert (ours.returncode, ours.stdout) == (plain.returncode, plain.stdout), sub
+        assert plain.returncode != 0
+    assert runc.kill(cid, "KILL", runtime=nvshim_runtime_bin, env=env).rc == 0
+    runc.wait_stopped(cid, runtime=nvshim_runtime_bin, env=env)
+    assert runc.delete(cid, runtime=nvshim_runtime_bin, env=env).rc == 0
+    assert runc.state(cid, runtime="runc", env=env).rc == 1
