@@ -809,9 +809,11 @@ def _yaml_loader() -> Any:
     class StrictLoader(yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             if isinstance(node, yaml.MappingNode):
-                self.flatten_mapping(node)
+                # Only keys written in this mapping: a "<<" merge may be overridden.
                 seen: List[Any] = []
                 for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
                     key = self.construct_object(key_node, deep=deep)
                     try:
                         duplicate = key in seen
@@ -1077,7 +1079,6 @@ def dump_spec(spec: Mapping[str, Any], fmt: str = "yaml") -> str:
             explicit_start=True,
             sort_keys=False,
             default_flow_style=False,
-            allow_unicode=True,
             width=2**30,
         )
         return text

@@ -370,6 +370,9 @@ VALID = [
     pytest.param("yaml", 'cdiVersion: "0.3.0"\nkind: a/b\n'
                  "devices:\n  - name: x\n    containerEdits: {env: [A=1]}\n"
                  "containerEdits: {}\n", id="baseline-0.3.0-empty-spec-edits"),
+    pytest.param("yaml", HEAD + 'devices:\n  - name: "0"\n    containerEdits: &common\n'
+                 '      env: [A=1]\n  - name: "1"\n    containerEdits:\n      <<: *common\n'
+                 "      env: [A=2]\n", id="yaml-merge-key-override"),
 ]
 
 
@@ -632,6 +635,13 @@ def test_dump_json_round_trips() -> None:
     assert text.endswith("}\n")
     assert json.loads(text) == spec
     assert list(json.loads(text)) == ["cdiVersion", "kind", "devices"]
+
+
+@pytest.mark.parametrize("value", ["A=\x85", "A=\u2028b", "A=\u00e9", "A=\ttab", "A= lead"])
+def test_dump_yaml_keeps_odd_characters(value: str) -> None:
+    """YAML output keeps values with Unicode line breaks, accents and tabs byte-exact."""
+    spec = cdi.spec_to_dict("a/b", [("x", Edits(env=(value,)))], Edits())
+    assert yaml.safe_load(cdi.dump_spec(spec, "yaml")) == spec
 
 
 def test_dump_unknown_format() -> None:
