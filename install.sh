@@ -152,9 +152,12 @@ record "file $ETCDIR/config.runtimes"
 if [ "$CONTAINERD" = 1 ]; then
     set -- --runtime containerd --config "$CONTAINERD_CONFIG" --binary "$BINDIR/nvshim-runtime"
     [ "$DEFAULT" = 1 ] && set -- "$@" --set-as-default
-    NVSHIM_CONFIG="$ETCDIR/config.yaml" "$BINDIR/nvshim" runtime configure "$@"
+    out=$(NVSHIM_CONFIG="$ETCDIR/config.yaml" "$BINDIR/nvshim" runtime configure "$@" 2>&1) \
+        || { printf '%s\n' "$out" >&2; exit 1; }
+    printf '%s\n' "$out" >&2
     record "containerd $CONTAINERD_CONFIG"
-    restart_containerd
+    # restart only when something was written (a DaemonSet re-run must not bounce containerd)
+    case $out in *"nothing written"*|*"already"*) ;; *) restart_containerd ;; esac
 fi
 
 say "installed nvshim $("$VENV/bin/python3" -I -c 'import nvshim; print(nvshim.__version__)') ($BINDIR/nvshim, $BINDIR/nvshim-runtime)"
