@@ -1,0 +1,355 @@
+"""Unit tests for ``nvshim doctor`` (nvshim.doctor and its CLI) on crafted files and sim nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
+import yaml
+
+from nvshim import doctor
+from nvshim._trampoline import render, runtimes_path
+from nvshim.cdi import write_spec
+from nvshim.cli import main
+from nvshim.config import Config, compile_config, compiled_path
+from nvshim.create import hook_command
+from nvshim.discovery import Host
+
+PITFALL = (
+    "FAIL  default-runtime: containerd's default runtime is nvshim but require-allocation is "
+    "off: pods that request no GPU get every GPU from CUDA images' NVIDIA_VISIBLE_DEVICES=all"
+    " — fix: set require-allocation: true in {config} (then nvshim config compile), or make "
+    "runc the default and use RuntimeClass nvshim"
+)
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="simulated nodes need root (mknod)")
+needs_runc = pytest.mark.skipif(shutil.which("runc") is None, reason="runc is not installed")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def write_config(directory: Path, compile: bool = True, **settings: Any) -> Path:
+    """An nvshim config in ``directory`` (kebab-case keys from ``_``), compiled by default."""
+    path = directory / "config.yaml"
+    directory.mkdir(parents=True, exist_ok=True)
+    doc = {k.replace("_", "-"): v for k, v in settings.items()}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    if compile:
+        compile_config(str(path))
+    return path
+
+
+def fake_runtime(directory: Path) -> Path:
+    """An executable stand-in for nvshim-runtime (doctor only checks that it can be run)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "nvshim-runtime"
+    path.write_text("#!/bin/sh\nexec runc \"$@\"\n")
+    path.chmod(0o755)
+    return path
+
+
+def containerd_config(path: Path, binary: Optional[Path], default: Optional[str] = None,
+                      version: int = 2, name: str = "nvshim") -> Path:
+    """A containerd config of ``version`` with a runc and an nvshim handler."""
+    cri = {1: 'plugins.cri', 2: 'plugins."io.containerd.grpc.v1.cri"',
+           3: 'plugins."io.containerd.cri.v1.runtime"'}[version]
+    lines = [] if version == 1 else [f"version = {version}", ""]
+    lines.append(f"[{cri}.containerd]")
+    if default is not None:
+        lines.append(f'  default_runtime_name = "{default}"')
+    lines += [
+        f"[{cri}.containerd.runtimes.runc]",
+        '  runtime_type = "io.containerd.runc.v2"',
+        f"[{cri}.containerd.runtimes.{name}]",
+        '  runtime_type = "io.containerd.runc.v2"',
+        f"[{cri}.containerd.runtimes.{name}.options]",
+    ]
+    if binary is not None:
+        lines.append(f'  BinaryName = "{binary}"')
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, str, str]:
+    """``nvshim <args>`` in-process: (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    out, err = capsys.readouterr()
+    code = exc.value.code
+    return (code if isinstance(code, int) else 1), out, err
+
+
+def doctor_args(config: Path, ctrd: Path, tmp_path: Path, *extra: str) -> List[str]:
+    """Doctor CLI args that look only at temp files (no installed trampoline)."""
+    return ["doctor", "--config", str(config), "--containerd-config", str(ctrd),
+            "--trampoline", str(tmp_path / "no-trampoline"), *extra]
+
+
+def by_check(findings: List[doctor.Finding], check: str) -> List[doctor.Finding]:
+    return [f for f in findings if f.check == check]
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Any:
+    """A simulated node with 2 GPUs (needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("simulated nodes need root (mknod)")
+    from nvshim.sim import create_node
+
+    return create_node(str(tmp_path / "node"), gpus=2)
+
+
+# --------------------------------------------------------------------------- the pitfall
+
+
+def test_pitfall_detected_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """nvshim as containerd's default runtime, require-allocation off: the pitfall line, exit 1."""
+    config = write_config(tmp_path / "etc", require_allocation=False,
+                          cdi_spec_dirs=[str(tmp_path / "cdi")])
+    ctrd = containerd_config(tmp_path / "containerd.toml", fake_runtime(tmp_path / "bin"), "nvshim")
+    rc, out, _ = run_cli(doctor_args(config, ctrd, tmp_path), capsys)
+    assert rc == 1
+    assert PITFALL.format(config=config) in out.splitlines()
+
+
+@needs_root
+@needs_runc
+@pytest.mark.parametrize(
+    "require_allocation, default",
+    [(True, "nvshim"), (False, "runc"), (False, None)],
+    ids=["nvshim-default-with-require-allocation", "runc-default", "containerd-default"],
+)
+def test_good_node_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str], sim: Any,
+                           require_allocation: bool, default: Optional[str]) -> None:
+    """A node with GPUs and either require-allocation on or runc as default passes every check."""
+    config = write_config(tmp_path / "etc", require_allocation=require_allocation,
+                          driver_root=sim.root, runtimes=["runc"],
+                          cdi_spec_dirs=[str(tmp_path / "cdi")])
+    ctrd = containerd_config(tmp_path / "containerd.toml", fake_runtime(tmp_path / "bin"), default)
+    rc, out, _ = run_cli(doctor_args(config, ctrd, tmp_path), capsys)
+    assert rc == 0, out
+    assert "FAIL" not in out and "warn" not in out, out
+    assert any(line.startswith("ok    default-runtime: ") for line in out.splitlines())
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_pitfall_in_every_config_version(tmp_path: Path, version: int) -> None:
+    """The default runtime is read from the CRI table of config versions 1, 2 and 3."""
+    ctrd = containerd_config(tmp_path / "c.toml", fake_runtime(tmp_path / "bin"), "nvshim", version)
+    options = doctor.DoctorOptions(config_path=str(tmp_path / "none.yaml"),
+                                   containerd_config=str(ctrd))
+    _, effective = doctor.check_containerd_config(str(ctrd))
+    finding = doctor.check_default_runtime(effective, Config(require_allocation=False), options)
+    assert finding.status == "fail"
+    assert "require-allocation is off" in finding.message
+
+
+def test_pitfall_through_drop_in_and_other_handler_name(tmp_path: Path) -> None:
+    """A drop-in making a handler that runs nvshim-runtime (any name) the default: the pitfall."""
+    main_file = tmp_path / "config.toml"
+    main_file.write_text('version = 2\nimports = ["conf.d/*.toml"]\n')
+    containerd_config(tmp_path / "conf.d" / "99-gpu.toml", fake_runtime(tmp_path / "bin"),
+                      "gpu", name="gpu")
+    options = doctor.DoctorOptions(config_path=str(tmp_path / "c.yaml"),
+                                   containerd_config=str(main_file))
+    _, effective = doctor.check_containerd_config(str(main_file))
+    bad = doctor.check_default_runtime(effective, Config(require_allocation=False), options)
+    good = doctor.check_default_runtime(effective, Config(require_allocation=True), options)
+    assert bad.status == "fail" and 'handler "gpu"' in bad.message
+    assert good.status == "ok"
+
+
+# --------------------------------------------------------------------------- containerd
+
+
+def test_runtime_binary_missing_or_not_executable_fails(tmp_path: Path) -> None:
+    """The nvshim handler's BinaryName must exist and be executable; a good one passes."""
+    options = doctor.DoctorOptions()
+    good = fake_runtime(tmp_path / "bin")
+    plain = tmp_path / "bin" / "not-exec"
+    plain.write_text("#!/bin/sh\n")
+    plain.chmod(0o644)
+    results = {}
+    for label, binary in (("good", good), ("missing", tmp_path / "nope" / "nvshim-runtime"),
+                          ("plain", plain), ("unset", None)):
+        ctrd = containerd_config(tmp_path / f"{label}.toml", binary)
+        _, effective = doctor.check_containerd_config(str(ctrd))
+        results[label] = doctor.check_runtime_binary(effective, options)
+    assert results["good"].status == "ok"
+    assert results["missing"].status == "fail" and "does not exist" in results["missing"].message
+    assert results["plain"].status == "fail" and "not executable" in results["plain"].message
+    assert results["unset"].status == "fail" and "no options.BinaryName" in results["unset"].message
+
+
+def test_no_containerd_config_is_skip_not_failure(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A node without a containerd config gets a skip line and no containerd failures."""
+    config = write_config(tmp_path / "etc", cdi_spec_dirs=[str(tmp_path / "cdi")])
+    rc, out, _ = run_cli(doctor_args(config, tmp_path / "absent.toml", tmp_path), capsys)
+    lines = out.splitlines()
+    assert f"skip  containerd-config: no containerd config at {tmp_path / 'absent.toml'}: " \
+           "containerd defaults apply" in lines
+    checks = [line[6:].split(":")[0] for line in lines]
+    assert "default-runtime" not in checks and "containerd-runtime-binary" not in checks
+
+
+def test_invalid_containerd_toml_fails(tmp_path: Path) -> None:
+    """A containerd config that is not TOML fails containerd-config, naming the file."""
+    bad = tmp_path / "config.toml"
+    bad.write_text("version = 2\n[plugins\n")
+    finding, effective = doctor.check_containerd_config(str(bad))
+    assert finding.status == "fail" and str(bad) in finding.message
+    assert effective is None
+
+
+# --------------------------------------------------------------------------- nvshim config
+
+
+@needs_runc
+def test_runtimes_none_found_fails_and_runc_passes(tmp_path: Path) -> None:
+    """runtimes: fails when no entry is executable, passes when runc is on PATH."""
+    bad = doctor.check_runtimes(Config(runtimes=(str(tmp_path / "runc"), "no-such-runtime-x")))
+    good = doctor.check_runtimes(Config(runtimes=("no-such-runtime-x", "runc")))
+    assert bad.status == "fail" and "no-such-runtime-x" in bad.message
+    assert good.status == "ok" and shutil.which("runc") in good.message
+
+
+def test_invalid_config_fails_with_its_message(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """An invalid nvshim config fails the config check with load_config's one-line message."""
+    config = tmp_path / "config.yaml"
+    config.write_text("require-allocation: maybe\n")
+    rc, out, _ = run_cli(doctor_args(config, tmp_path / "absent.toml", tmp_path), capsys)
+    assert rc == 1
+    line = next(x for x in out.splitlines() if x.startswith("FAIL  config: "))
+    assert f'config {config}: "require-allocation" is "maybe", must be a boolean' in line
+    good, loaded = doctor.check_config(str(write_config(tmp_path / "ok")))
+    assert good.status == "ok" and loaded is not None
+
+
+def test_compiled_config_missing_stale_and_current(tmp_path: Path) -> None:
+    """compiled-config warns when the JSON copy is missing or older than the YAML, else passes."""
+    config = write_config(tmp_path, compile=False, runtimes=["runc"])
+    loaded = Config(runtimes=("runc",))
+    missing = doctor.check_compiled_config(str(config), loaded)
+    assert missing.status == "warn" and "is missing" in missing.message
+    assert missing.fix == f"nvshim config compile --config {config}"
+
+    compile_config(str(config))
+    assert doctor.check_compiled_config(str(config), loaded).status == "ok"
+
+    config.write_text("runtimes: [runc]\nrequire-allocation: false\n")
+    edited = doctor.check_compiled_config(str(config), loaded)
+    assert edited.status == "warn" and "changed since it was compiled" in edited.message
+
+    compile_config(str(config))
+    listing = runtimes_path(str(config))
+    stamp = os.stat(listing).st_mtime_ns
+    os.utime(config, ns=(stamp + 10**9, stamp + 10**9))
+    older = doctor.check_compiled_config(str(config), loaded)
+    assert older.status == "warn" and listing in older.message
+    assert os.path.exists(compiled_path(str(config)))
+
+
+# --------------------------------------------------------------------------- GPUs and CDI
+
+
+def test_no_gpus_fails_and_sim_node_passes(tmp_path: Path, sim: Any) -> None:
+    """gpus fails on an empty driver root and lists the GPUs of a simulated node."""
+    empty = doctor.check_gpus(Host(str(tmp_path / "empty")), "/etc/nvshim/config.yaml")
+    assert empty.status == "fail" and "no GPUs found under" in empty.message
+    found = doctor.check_gpus(Host(sim.root), "/etc/nvshim/config.yaml")
+    assert found.status == "ok" and found.message.startswith("2 GPU(s)")
+
+
+@needs_root
+def test_cdi_spec_stale_for_driver_fails_current_passes_broken_warns(tmp_path: Path) -> None:
+    """A spec of another driver version fails naming the file; a current one passes; junk warns."""
+    from nvshim.sim import create_node
+
+    old = create_node(str(tmp_path / "old"), gpus=2, driver_version="535.104.05")
+    new = create_node(str(tmp_path / "new"), gpus=2)
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    stale = cdi / "nvidia-old.yaml"
+    write_spec(str(stale), _spec(Host(old.root)))
+    broken = cdi / "broken.json"
+    broken.write_text('{"cdiVersion": "0.5.0"}')
+    findings = doctor.check_cdi_specs(Host(new.root), [str(cdi)])
+    broken_finding = next(f for f in findings if str(broken) in f.message)
+    assert broken_finding.status == "warn" and "broken CDI spec" in broken_finding.message
+    stale_finding = next(f for f in findings if str(stale) in f.message)
+    assert stale_finding.status == "fail"
+    assert "driver is 550.54.15" in stale_finding.message
+    assert stale_finding.fix == f"nvshim cdi generate --driver-root {new.root} --output {stale}"
+
+    stale.unlink()
+    broken.unlink()
+    write_spec(str(cdi / "nvidia.yaml"), _spec(Host(new.root), ("uuid",)))
+    current = doctor.check_cdi_specs(Host(new.root), [str(cdi)])
+    assert [f.status for f in current] == ["ok"], current
+
+
+def _spec(host: Host, strategies: Tuple[str, ...] = ("index", "uuid")) -> Dict[str, Any]:
+    from nvshim.cdi_generate import generate_spec
+
+    return generate_spec(host, strategies=strategies, hook_command=hook_command())
+
+
+# --------------------------------------------------------------------------- trampoline
+
+
+def test_trampoline_current_edited_missing(tmp_path: Path) -> None:
+    """trampoline: ok when current, warn when edited, fail when its interpreter is gone."""
+    path = tmp_path / "nvshim-runtime"
+    assert doctor.check_trampoline(str(path)).status == "skip"
+    path.write_text(render(sys.executable))
+    path.chmod(0o755)
+    assert doctor.check_trampoline(str(path)).status == "ok"
+    path.write_text(render(sys.executable) + "# local change\n")
+    edited = doctor.check_trampoline(str(path))
+    assert edited.status == "warn" and edited.fix == "re-run nvshim's install.sh"
+    path.write_text(render(str(tmp_path / "gone" / "python3")))
+    lost = doctor.check_trampoline(str(path))
+    assert lost.status == "fail" and "gone/python3" in lost.message
+
+
+# --------------------------------------------------------------------------- output
+
+
+def test_json_format_parses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--format json prints a list of {check, status, message, fix} objects, pitfall included."""
+    config = write_config(tmp_path / "etc", cdi_spec_dirs=[str(tmp_path / "cdi")])
+    ctrd = containerd_config(tmp_path / "containerd.toml", fake_runtime(tmp_path / "bin"), "nvshim")
+    rc, out, _ = run_cli(doctor_args(config, ctrd, tmp_path, "--format", "json"), capsys)
+    findings = json.loads(out)
+    assert rc == 1
+    assert all(set(f) == {"check", "status", "message", "fix"} for f in findings)
+    assert {"check": "default-runtime", "status": "fail"}.items() <= next(
+        f for f in findings if f["check"] == "default-runtime").items()
+
+
+def test_text_format_and_exit_code() -> None:
+    """Text is `<status>  <check>: <message>`, the fix only on warn/FAIL; warnings exit 0."""
+    findings = [doctor.Finding("a", "ok", "fine", "unused"),
+                doctor.Finding("b", "warn", "meh", "do x"),
+                doctor.Finding("c", "skip", "n/a")]
+    assert doctor.render_text(findings).splitlines() == [
+        "ok    a: fine", "warn  b: meh — fix: do x", "skip  c: n/a"]
+    assert doctor.exit_code(findings) == 0
+    assert doctor.exit_code(findings + [doctor.Finding("d", "fail", "bad", "fix")]) == 1
+
+
+def test_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """`nvshim doctor --help` exits 0 and documents its options."""
+    rc, out, _ = run_cli(["doctor", "--help"], capsys)
+    assert rc == 0
+    for option in ("--format", "--containerd-config", "--config", "--driver-root", "--trampoline"):
+        assert option in out
