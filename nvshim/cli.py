@@ -260,7 +260,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     """Console entry point: one line on stderr and exit 1 for any nvshim failure."""
     _add_optional_commands()
     try:
-        cli.main(args=argv, prog_name="nvshim", standalone_mode=False)
+        rc = cli.main(args=argv, prog_name="nvshim", standalone_mode=False)
     except NvshimError as exc:
         click.echo(f"nvshim: {exc}", err=True)
         sys.exit(exc.exit_code)
@@ -275,7 +275,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     except OSError as exc:
         click.echo(f"nvshim: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
         sys.exit(1)
-    sys.exit(0)
+    # with standalone_mode=False, click returns ctx.exit(N)'s code instead of exiting
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":
