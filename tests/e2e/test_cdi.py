@@ -1,0 +1,174 @@
+"""CDI end to end: podman consumes our generated spec, and the three ways of asking for GPU 1
+(nvshim-runtime with an index, nvshim-runtime with a CDI name, podman with the CDI spec) give
+the container the same device nodes and the same driver library mounts.
+
+Every assertion is about what the process inside sees (stat of /dev/nvidia*, its mountinfo,
+opening a node, writing a library), or about what the runtime leaves on disk.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Dict, Set, Tuple
+
+import pytest
+
+from nvshim import cdi
+from nvshim.cdi_generate import generate_spec
+from nvshim.config import compile_config
+from nvshim.discovery import Host
+from tests.helpers.bundle import make_bundle
+from tests.helpers.engines import (
+    Podman,
+    Runc,
+    installed_cdi_spec,
+    require_root,
+    unique_id,
+    write_nvshim_config,
+)
+
+pytestmark = pytest.mark.e2e
+
+VERSION = "550.54.15"
+LIB = f"/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}"
+PROBE = (
+    # DEV <path> <major hex>:<minor hex> for every NVIDIA character device the container has
+    "for n in /dev/nvidia* /dev/nvidia-caps/*; do [ -c \"$n\" ] && stat -c 'DEV %n %t:%T' \"$n\"; done; "
+    # LIB <mount point> for every driver library bind-mounted into the container
+    "awk '$5 ~ /^\\/usr\\/lib\\/x86_64-linux-gnu\\/.*\\.so\\./ {print \"LIB \" $5}' /proc/self/mountinfo; "
+    "for n in /dev/nvidia[0-9]*; do head -c0 $n 2>&1 | sed 's/^/OPEN: /'; done; "
+    f"grep -c NVSHIM-SIM {LIB} >/dev/null && echo LIB-READABLE; "
+    f"(echo x > {LIB}) 2>/dev/null && echo LIB-WRITABLE || echo LIB-READONLY"
+)
+CONTROL = {"/dev/nvidiactl": (195, 255), "/dev/nvidia-uvm": (510, 0), "/dev/nvidia-uvm-tools": (510, 1)}
+PATH_ENV = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def seen_devices(output: str) -> Dict[str, Tuple[int, int]]:
+    """{path: (major, minor)} from the probe's DEV lines."""
+    out = {}
+    for match in re.finditer(r"^DEV (\S+) ([0-9a-f]+):([0-9a-f]+)$", output, re.M):
+        out[match.group(1)] = (int(match.group(2), 16), int(match.group(3), 16))
+    return out
+
+
+def seen_libraries(output: str) -> Set[str]:
+    """Library mount points from the probe's LIB lines."""
+    return set(re.findall(r"^LIB (\S+)$", output, re.M))
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A simulated 2-GPU node whose minors are swapped (GPU 1 is /dev/nvidia0)."""
+    require_root()
+    from nvshim.sim import create_node
+
+    sim = create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=2, shuffle_minors=True,
+                      driver_version=VERSION)
+    assert sim.gpus[1].minor != 1, "shuffled minors must make index and minor differ"
+    return sim
+
+
+@pytest.fixture(scope="module")
+def spec_text(node: Any) -> str:
+    """The generated spec for the node (YAML), hook run by the venv that runs these tests."""
+    from nvshim.create import hook_command
+
+    spec = generate_spec(Host(node.root), hook_command=hook_command())
+    assert cdi.validate_spec(spec) == []
+    return cdi.dump_spec(spec, "yaml")
+
+
+@pytest.fixture
+def cdi_env(tmp_path: Path, node: Any, spec_text: str) -> Dict[str, str]:
+    """nvshim-runtime env: config with the node as driver root and a private cdi-spec-dir
+    holding the generated spec."""
+    spec_dir = tmp_path / "cdi"
+    spec_dir.mkdir()
+    (spec_dir / "nvidia.yaml").write_text(spec_text)
+    cfg = write_nvshim_config(tmp_path / "cfg", {
+        "driver-root": node.root, "runtimes": ["runc"], "cdi-spec-dirs": [str(spec_dir)],
+    })
+    compile_config(str(cfg))
+    return {"NVSHIM_CONFIG": str(cfg), "PATH": PATH_ENV}
+
+
+def expected_gpu1(node: Any) -> Dict[str, Tuple[int, int]]:
+    minor = node.gpus[1].minor
+    return {f"/dev/nvidia{minor}": (195, minor), **CONTROL}
+
+
+def test_podman_consumes_generated_spec(podman: Podman, node: Any, spec_text: str, rootfs: Path) -> None:
+    """podman 4.3.1 with --device nvidia.com/gpu=1 from our spec shows GPU 1's node (by its
+    minor) and the control nodes only, opens the GPU with ENXIO (cgroup rule present), and
+    mounts the driver libraries read-only."""
+    with installed_cdi_spec(spec_text, f"nvshim-e2e-{unique_id()}.yaml"):
+        res = podman.podman_run(rootfs, ["sh", "-c", PROBE], devices=["nvidia.com/gpu=1"])
+    assert res.rc == 0, res.describe()
+    minor = node.gpus[1].minor
+    assert seen_devices(res.stdout) == expected_gpu1(node), res.describe()
+    assert f"OPEN: head: /dev/nvidia{minor}: No such device or address" in res.stdout, res.describe()
+    assert "Operation not permitted" not in res.stdout
+    assert "LIB-READABLE" in res.stdout and "LIB-READONLY" in res.stdout, res.describe()
+    assert LIB in seen_libraries(res.stdout)
+
+
+def test_runtime_index_runtime_cdi_and_podman_agree(
+    podman: Podman, runc: Runc, node: Any, spec_text: str, rootfs: Path, tmp_path: Path,
+    cdi_env: Dict[str, str], nvshim_runtime_bin: str,
+) -> None:
+    """NVIDIA_VISIBLE_DEVICES=1 and =nvidia.com/gpu=1 through nvshim-runtime, and podman with
+    the generated spec, give the same device nodes (major:minor) and library mounts."""
+    results = {}
+    for label, value in (("index", "1"), ("cdi-name", "nvidia.com/gpu=1")):
+        bundle = make_bundle(tmp_path / label, rootfs, ["sh", "-c", PROBE],
+                             env=[f"NVIDIA_VISIBLE_DEVICES={value}"])
+        res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=cdi_env).check()
+        results[label] = res
+    with installed_cdi_spec(spec_text, f"nvshim-e2e-{unique_id()}.yaml"):
+        res = podman.podman_run(rootfs, ["sh", "-c", PROBE], devices=["nvidia.com/gpu=1"])
+    assert res.rc == 0, res.describe()
+    results["podman"] = res
+
+    devices = {label: seen_devices(r.stdout) for label, r in results.items()}
+    libraries = {label: seen_libraries(r.stdout) for label, r in results.items()}
+    assert devices["index"] == expected_gpu1(node), results["index"].describe()
+    assert devices["cdi-name"] == devices["index"], results["cdi-name"].describe()
+    assert devices["podman"] == devices["index"], results["podman"].describe()
+    assert LIB in libraries["index"]
+    assert all(p.endswith(f".so.{VERSION}") for p in libraries["index"])
+    assert libraries["cdi-name"] == libraries["index"]
+    assert libraries["podman"] == libraries["index"]
+    for label, r in results.items():
+        assert "LIB-READONLY" in r.stdout, (label, r.describe())
+
+
+def test_unknown_cdi_name_fails_and_keeps_bytes(
+    runc: Runc, rootfs: Path, tmp_path: Path, cdi_env: Dict[str, str], nvshim_runtime_bin: str,
+) -> None:
+    """NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=9 fails create with exit 1, one error naming the
+    device and the spec directories searched, and config.json byte-identical."""
+    bundle = make_bundle(tmp_path / "b", rootfs, ["true"], env=["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=9"])
+    spec = bundle / "config.json"
+    before = spec.read_bytes()
+    spec_dir = str(tmp_path / "cdi")
+    res = runc.create(bundle, unique_id(), runtime=nvshim_runtime_bin, env=cdi_env, log=tmp_path / "log.json")
+    assert res.rc == 1, res.describe()
+    assert spec.read_bytes() == before
+    assert len(res.log_errors) == 1, res.describe()
+    for text in (res.log_errors[0], res.stderr):
+        assert "nvidia.com/gpu=9" in text and spec_dir in text, res.describe()
+    assert "Traceback" not in res.stderr
+
+
+def test_cdi_annotation_selects_device(
+    runc: Runc, node: Any, rootfs: Path, tmp_path: Path, cdi_env: Dict[str, str], nvshim_runtime_bin: str,
+) -> None:
+    """A cdi.k8s.io/ annotation naming nvidia.com/gpu=0 gives exactly GPU 0's node."""
+    bundle = make_bundle(tmp_path / "b", rootfs, ["sh", "-c", PROBE],
+                         annotations={"cdi.k8s.io/test": "nvidia.com/gpu=0"})
+    res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=cdi_env).check()
+    minor = node.gpus[0].minor
+    assert seen_devices(res.stdout) == {f"/dev/nvidia{minor}": (195, minor), **CONTROL}, res.describe()
+    assert LIB in seen_libraries(res.stdout)
