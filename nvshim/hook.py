@@ -1,0 +1,346 @@
+"""The one OCI ``createContainer`` hook: SONAME links and ld.so.cache in the rootfs.
+
+nvshim-runtime bind-mounts the host's driver libraries into the container at their host
+paths and adds one hook entry that runs ``<venv python> -I -m nvshim.hook`` with the
+arguments from :func:`build_hook_args`. runc runs it in the container's mount namespace
+after the mounts and before ``pivot_root`` (cwd = the rootfs; crun: cwd = the bundle),
+with the OCI state on stdin and only the hook entry's own environment. It:
+
+1. makes each ``--link TARGET::LINK`` symlink in the rootfs (no-op when it already points
+   to TARGET, otherwise replaced atomically);
+2. writes ``/etc/ld.so.conf.d/00-nvshim.conf`` listing the ``--folder`` directories (so a
+   later ``ldconfig`` in the container keeps them), creates ``/etc/ld.so.conf`` with an
+   ``include`` line if the image has none, and rewrites ``/etc/ld.so.cache`` with the
+   image's entries plus every library found in those folders.
+
+The cache is written by our own codec (:mod:`nvshim._ldcache`), not by running the host's
+``/sbin/ldconfig -r <rootfs>``: that would run a host binary as root over directories the
+image controls (ldconfig follows their symlinks and writes where they point, the
+CVE-2025-23267 class), and making it safe takes namespaces, a fresh /proc, a sealed copy
+of the binary and ``pivot_root`` — all to produce a file we can write in a few lines.
+Here nothing the image controls is executed, and every file operation goes through
+:mod:`nvshim._inroot`, which resolves paths inside the rootfs as if chrooted.
+
+A rootfs without ``/etc`` (a scratch image) gets one, created in the root: the container
+still starts, and a dynamically linked program in it then finds the driver. Failing the
+create would be worse, and skipping the cache would leave such a program without libcuda.
+
+Start-up matters (this runs on every GPU container create), so only ``os``, ``sys``,
+``json``, ``argparse`` and ``struct`` from the standard library are imported; never click,
+structlog, yaml, jsonschema or pynvml. Errors are one ``nvshim hook: ...`` line on stderr
+and exit status 1, which runc reports as the create failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import sys
+
+from nvshim import _inroot
+from nvshim._ldcache import HWCAP_EXTENSION, CacheEntry, build_ldcache, parse_ldcache
+from nvshim.errors import HostError, NvshimError, SpecError, UsageError
+
+# typing costs ~4-6 ms to import; annotations only (mypy treats TYPE_CHECKING as true).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO, Any, List, Mapping, NoReturn, Optional, Sequence, Tuple
+
+__all__ = [
+    "LDCACHE",
+    "LDCONF",
+    "LDCONF_DROPIN",
+    "build_hook_args",
+    "container_root",
+    "main",
+    "update_ldcache",
+]
+
+LDCACHE = "/etc/ld.so.cache"
+LDCONF = "/etc/ld.so.conf"
+LDCONF_DROPIN = "/etc/ld.so.conf.d/00-nvshim.conf"
+_LDCONF_DEFAULT = b"include /etc/ld.so.conf.d/*.conf\n"
+_SEP = "::"
+_PREFIX = "nvshim hook: "
+
+# ld.so.cache entry flags ld.so accepts, by (ELF class, e_machine): glibc's
+# _DL_CACHE_DEFAULT_ID per architecture (FLAG_ELF_LIBC6 | the arch's FLAG_*_LIB*).
+_CLASS32, _CLASS64 = 1, 2
+_CACHE_FLAGS = {
+    (_CLASS64, 62): 0x0303,  # x86-64
+    (_CLASS32, 62): 0x0803,  # x32
+    (_CLASS32, 3): 0x0003,  # i386
+    (_CLASS64, 183): 0x0A03,  # aarch64
+    (_CLASS64, 21): 0x0503,  # ppc64 (le)
+}
+
+
+def _check_link(target: str, link: str) -> None:
+    if not target or not link:
+        raise UsageError(f"--link {target}{_SEP}{link}: target and link must not be empty")
+    if target.startswith("-"):
+        raise UsageError(f"--link {target}{_SEP}{link}: the target must not start with '-'")
+    if _SEP in target or _SEP in link:
+        raise UsageError(f"--link {target}{_SEP}{link}: {_SEP!r} may appear only once")
+    if not link.startswith("/"):
+        raise UsageError(f"--link {target}{_SEP}{link}: the link must be an absolute path")
+
+
+def _check_folder(folder: str) -> None:
+    if not folder.startswith("/"):
+        raise UsageError(f"--folder {folder}: must be an absolute container path")
+
+
+def build_hook_args(links: Sequence[Tuple[str, str]], folders: Sequence[str]) -> List[str]:
+    """The hook arguments after ``-m nvshim.hook`` for *links* (target, link) and *folders*.
+
+    The inverse of this module's parser: ``main`` accepts exactly what this returns.
+    """
+    args: List[str] = []
+    for folder in folders:
+        _check_folder(folder)
+        args += ["--folder", folder]
+    for target, link in links:
+        _check_link(target, link)
+        args += ["--link", f"{target}{_SEP}{link}"]
+    return args
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError instead of printing usage and exiting 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _parse_link(value: str) -> Tuple[str, str]:
+    target, sep, link = value.partition(_SEP)
+    if not sep:
+        raise UsageError(f"--link {value}: expected TARGET{_SEP}LINK")
+    _check_link(target, link)
+    return target, link
+
+
+def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = _Parser(
+        prog="python -I -m nvshim.hook",
+        description="OCI createContainer hook: make driver library symlinks and update "
+        "the ld.so.cache inside the container rootfs. Reads the OCI state on stdin.",
+    )
+    parser.add_argument(
+        "--link",
+        action="append",
+        default=[],
+        metavar="TARGET::LINK",
+        help="create symlink LINK (container path) pointing to TARGET",
+    )
+    parser.add_argument(
+        "--folder",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="container directory holding injected libraries (added to the ld.so.cache)",
+    )
+    ns = parser.parse_args(list(argv))
+    ns.link = [_parse_link(v) for v in ns.link]
+    for folder in ns.folder:
+        _check_folder(folder)
+    return ns
+
+
+def container_root(state: Mapping[str, Any]) -> str:
+    """The rootfs path for OCI *state*: its ``root`` (crun), else ``root.path`` of the config.
+
+    A relative path is joined to the bundle, whatever the cwd is (runc: the rootfs; crun:
+    the bundle).
+    """
+    bundle = state.get("bundle")
+    if not isinstance(bundle, str) or not bundle.startswith("/"):
+        raise SpecError(f"oci state: bundle must be an absolute path, got {bundle!r}")
+    root = state.get("root")
+    if root is None:
+        config_path = os.path.join(bundle, "config.json")
+        try:
+            with open(config_path, "rb") as handle:
+                config = json.load(handle)
+        except (OSError, ValueError) as exc:
+            raise SpecError(f"cannot read {config_path}: {exc}") from exc
+        spec_root = config.get("root") if isinstance(config, dict) else None
+        root = spec_root.get("path") if isinstance(spec_root, dict) else None
+        where = f"{config_path} root.path"
+    else:
+        where = "oci state root"
+    if not isinstance(root, str) or not root:
+        raise SpecError(f"{where} must be a non-empty string, got {root!r}")
+    return os.path.join(bundle, root)  # an absolute root replaces the bundle
+
+
+def _read_state(stream: IO[str]) -> Mapping[str, Any]:
+    try:
+        state = json.load(stream)
+    except ValueError as exc:
+        raise SpecError(f"cannot parse the oci state on stdin: {exc}") from exc
+    if not isinstance(state, dict):
+        raise SpecError("the oci state on stdin must be a json object")
+    return state
+
+
+def _host_error(action: str, exc: OSError) -> HostError:
+    reason = exc.strerror or str(exc)
+    reason = reason[:1].lower() + reason[1:]
+    if exc.filename and str(exc.filename) not in action:
+        return HostError(f"{action}: {exc.filename}: {reason}")
+    return HostError(f"{action}: {reason}")
+
+
+def _lib_name(name: str) -> bool:
+    """Names ldconfig considers: ``lib*`` or ``ld-*`` with ``.so`` in them."""
+    return name.startswith(("lib", "ld-")) and ".so" in name
+
+
+def _elf_flags(header: bytes) -> Optional[int]:
+    """Cache flags for an ELF file header, or None if not an ELF library we can label."""
+    if len(header) < 20 or header[:4] != b"\x7fELF":
+        return None
+    byteorder = "little" if header[5] == 1 else "big"
+    machine = int.from_bytes(header[18:20], byteorder)
+    return _CACHE_FLAGS.get((header[4], machine))
+
+
+def _soname(fd: int) -> Optional[str]:
+    """The DT_SONAME of the open ELF file *fd*, or None (also when it cannot be read).
+
+    The file was opened in-root; ``/proc/self/fd/N`` hands exactly that file to
+    :func:`nvshim._elf.read_soname` (the hook still sees the host's /proc: no pivot_root
+    yet), so no path in the rootfs is resolved a second time.
+    """
+    from nvshim._elf import read_soname  # only needed for regular files, not links
+
+    try:
+        return read_soname(f"/proc/self/fd/{fd}")
+    except NvshimError:
+        return None
+
+
+def _folder_entries(root: _inroot.RootFd, folder: str) -> List[CacheEntry]:
+    """Cache entries for the libraries in container directory *folder*.
+
+    Every ``lib*.so*`` name that is (or links, in the root, to) an ELF library gets an
+    entry for itself; a regular file whose SONAME differs from its name also gets one for
+    the SONAME (pointing at the SONAME link if the folder has it, else at the file).
+    """
+    names = _inroot.list_dir(root, folder)
+    if names is None:
+        return []
+    present = set(names)
+    base = folder.rstrip("/") or ""
+    out: List[CacheEntry] = []
+    for name in names:
+        if not _lib_name(name):
+            continue
+        path = f"{base}/{name}"
+        try:
+            fd = _inroot.open_file(root, path)
+        except OSError:
+            continue  # a dangling link, a directory, a FIFO: not a library
+        try:
+            flags = _elf_flags(os.pread(fd, 20, 0))
+            if flags is None:
+                continue
+            out.append(CacheEntry(name, path, flags))
+            if not stat.S_ISLNK(_inroot.lstat(root, path).st_mode):
+                soname = _soname(fd)
+                if soname and soname != name and "/" not in soname:
+                    value = f"{base}/{soname}" if soname in present else path
+                    out.append(CacheEntry(soname, value, flags))
+        finally:
+            os.close(fd)
+    return out
+
+
+def _merge(existing: Sequence[CacheEntry], added: Sequence[CacheEntry]) -> List[CacheEntry]:
+    """*added* plus the *existing* entries they do not replace (same name and flags).
+
+    glibc-hwcaps entries (hwcap bit 62) are dropped: their subdirectory table is not
+    rewritten, and ld.so falls back to the baseline entry of the same library.
+    """
+    replaced = {(e.key, e.flags) for e in added}
+    seen = set()
+    out: List[CacheEntry] = []
+    for entry in list(added) + [
+        e
+        for e in existing
+        if not e.hwcap & HWCAP_EXTENSION and (e.key, e.flags) not in replaced
+    ]:
+        ident = (entry.key, entry.value, entry.flags, entry.hwcap)
+        if ident not in seen:
+            seen.add(ident)
+            out.append(entry)
+    return out
+
+
+def update_ldcache(root: _inroot.RootFd, folders: Sequence[str]) -> List[str]:
+    """Make *folders* known to the container's dynamic loader; return warning lines.
+
+    Writes the ld.so.conf drop-in (and ``/etc/ld.so.conf`` if missing), then the cache:
+    the image's entries plus :func:`_folder_entries` of each folder. Files are rewritten
+    only when their content changes.
+    """
+    warnings: List[str] = []
+    dropin = "".join(f"{folder}\n" for folder in folders).encode()
+    dropin = b"# driver libraries injected by nvshim\n" + dropin
+    if _inroot.read_file(root, LDCONF_DROPIN) != dropin:
+        _inroot.write_file_atomic(root, LDCONF_DROPIN, dropin, 0o644)
+    if _inroot.read_file(root, LDCONF) is None:
+        _inroot.write_file_atomic(root, LDCONF, _LDCONF_DEFAULT, 0o644)
+
+    old = _inroot.read_file(root, LDCACHE)
+    existing: Sequence[CacheEntry] = ()
+    if old:
+        try:
+            existing = parse_ldcache(old)
+        except NvshimError as exc:
+            warnings.append(f"ignoring the image's {LDCACHE}: {exc}")
+    added: List[CacheEntry] = []
+    for folder in folders:
+        added += _folder_entries(root, folder)
+    layout = "compat" if old and old.startswith(b"ld.so-1.7.0") else "new"
+    data = build_ldcache(_merge(existing, added), layout)
+    if data != old:
+        _inroot.write_file_atomic(root, LDCACHE, data, 0o644)
+    return warnings
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the hook; return the exit status (0, or 1 after one line on stderr)."""
+    os.umask(0o022)
+    try:
+        args = _parse_args(sys.argv[1:] if argv is None else argv)
+        rootfs = container_root(_read_state(sys.stdin))
+        try:
+            root = _inroot.open_root(rootfs)
+        except OSError as exc:
+            raise _host_error("cannot open the container rootfs", exc) from exc
+        with root:
+            for target, link in args.link:
+                try:
+                    _inroot.symlink_atomic(root, target, link)
+                except OSError as exc:
+                    raise _host_error(f"cannot link {link} -> {target} in {rootfs}", exc) from exc
+            if args.folder:
+                try:
+                    warnings = update_ldcache(root, args.folder)
+                except OSError as exc:
+                    raise _host_error(f"cannot update the ld.so.cache in {rootfs}", exc) from exc
+                for line in warnings:
+                    sys.stderr.write(f"{_PREFIX}warning: {line}\n")
+    except NvshimError as exc:
+        sys.stderr.write(f"{_PREFIX}{exc}\n")
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

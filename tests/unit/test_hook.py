@@ -1,0 +1,533 @@
+"""nvshim.hook: the createContainer hook's links and ld.so.cache, safe against hostile images."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import stat
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Union
+
+import pytest
+
+from nvshim import hook
+from nvshim._elf import build_shared_object
+from nvshim._ldcache import HWCAP_EXTENSION, CacheEntry, build_ldcache, parse_ldcache
+from nvshim.errors import UsageError
+
+REPO = Path(__file__).resolve().parents[2]
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+VERSION = "550.54.15"
+LINKS = [
+    (f"libcuda.so.{VERSION}", f"{LIBDIR}/libcuda.so.1"),
+    ("libcuda.so.1", f"{LIBDIR}/libcuda.so"),
+    (f"libnvidia-ml.so.{VERSION}", f"{LIBDIR}/libnvidia-ml.so.1"),
+]
+X86_64, I386 = 0x0303, 0x0003
+
+
+def make_bundle(tmp_path: Path, root_path: str = "rootfs") -> tuple[Path, Path]:
+    """A bundle whose rootfs holds two injected driver libraries and an empty /etc."""
+    bundle = tmp_path / "bundle"
+    rootfs = bundle / root_path
+    libdir = rootfs / LIBDIR.lstrip("/")
+    libdir.mkdir(parents=True)
+    (rootfs / "etc").mkdir()
+    (libdir / f"libcuda.so.{VERSION}").write_bytes(build_shared_object("libcuda.so.1"))
+    (libdir / f"libnvidia-ml.so.{VERSION}").write_bytes(build_shared_object("libnvidia-ml.so.1"))
+    config = {"ociVersion": "1.0.2", "root": {"path": root_path}, "process": {"args": ["sh"]}}
+    (bundle / "config.json").write_text(json.dumps(config))
+    return bundle, rootfs
+
+
+def runc_state(bundle: Path) -> dict[str, Any]:
+    return {"ociVersion": "1.0.2-dev", "id": "t1", "status": "creating", "pid": 1,
+            "bundle": str(bundle)}  # fmt: skip
+
+
+def run_hook(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    state: Union[dict[str, Any], str],
+    cwd: Path,
+) -> tuple[int, str]:
+    text = state if isinstance(state, str) else json.dumps(state)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+    monkeypatch.chdir(cwd)
+    rc = hook.main(argv)
+    return rc, capsys.readouterr().err
+
+
+def default_args() -> list[str]:
+    return hook.build_hook_args(LINKS, [LIBDIR])
+
+
+def cache_of(rootfs: Path) -> dict[tuple[str, int], str]:
+    entries = parse_ldcache((rootfs / "etc/ld.so.cache").read_bytes())
+    return {(e.key, e.flags): e.value for e in entries}
+
+
+def snapshot(top: Path) -> dict[str, tuple[int, str]]:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            path = Path(dirpath, name)
+            st_ = path.lstat()
+            data = os.readlink(path) if path.is_symlink() else (
+                path.read_bytes().hex() if path.is_file() else "")  # fmt: skip
+            out[str(path.relative_to(top))] = (st_.st_mode, data)
+    return out
+
+
+# --- the CLI ----------------------------------------------------------------------------
+
+
+def test_build_hook_args_round_trips_through_the_parser() -> None:
+    """What build_hook_args emits is exactly what the hook's parser reads back."""
+    links = [*LINKS, ("../libnvidia-allocator.so.1", f"{LIBDIR}/gbm/nvidia-drm_gbm.so")]
+    folders = [LIBDIR, "/usr/lib/i386-linux-gnu"]
+    args = hook.build_hook_args(links, folders)
+    assert args[:4] == ["--folder", LIBDIR, "--folder", "/usr/lib/i386-linux-gnu"]
+    assert f"libcuda.so.{VERSION}::{LIBDIR}/libcuda.so.1" in args
+    ns = hook._parse_args(args)
+    assert ns.link == links
+    assert ns.folder == folders
+
+
+@pytest.mark.parametrize(
+    "links, folders, message",
+    [
+        ([("a::b", "/l")], [], "may appear only once"),
+        ([("libx.so.1", "relative/l")], [], "absolute"),
+        ([("", "/l")], [], "must not be empty"),
+        ([("-libx.so.1", "/l")], [], "must not start with '-'"),
+        ([], ["lib"], "absolute container path"),
+    ],
+)
+def test_build_hook_args_rejects_what_the_parser_cannot_read(
+    links: list[tuple[str, str]], folders: list[str], message: str
+) -> None:
+    """Links with '::', relative link paths, empty or '-' targets and relative folders are refused."""
+    with pytest.raises(UsageError, match=message):
+        hook.build_hook_args(links, folders)
+
+
+def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    """--help prints the usage with both options and exits 0."""
+    with pytest.raises(SystemExit) as info:
+        hook.main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--link TARGET::LINK" in out and "--folder DIR" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--link", "no-separator"], "expected TARGET::LINK"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--folder", "relative"], "absolute container path"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_1(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    """A usage error is one 'nvshim hook: ' line on stderr and exit 1, not argparse's exit 2."""
+    bundle, rootfs = make_bundle(tmp_path)
+    rc, err = run_hook(monkeypatch, capsys, argv, runc_state(bundle), rootfs)
+    assert rc == 1
+    assert err.startswith("nvshim hook: ") and err.count("\n") == 1
+    assert message in err
+
+
+@pytest.mark.parametrize(
+    "state, message",
+    [
+        ("", "cannot parse the oci state"),
+        ("[1]", "must be a json object"),
+        ('{"bundle": "relative"}', "bundle must be an absolute path"),
+        ('{"bundle": "/nonexistent-bundle"}', "cannot read /nonexistent-bundle/config.json"),
+        ('{"bundle": "/", "root": 7}', "oci state root must be a non-empty string"),
+    ],
+)
+def test_bad_state_is_one_line_and_exit_1(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    state: str,
+    message: str,
+) -> None:
+    """An unreadable OCI state or bundle config fails with one line naming what is wrong."""
+    rc, err = run_hook(monkeypatch, capsys, default_args(), state, tmp_path)
+    assert rc == 1
+    assert err.startswith("nvshim hook: ") and err.count("\n") == 1
+    assert message in err
+
+
+def test_container_root_prefers_state_root_and_joins_relative_to_bundle(tmp_path: Path) -> None:
+    """State 'root' (crun) wins over config root.path; relative paths join the bundle."""
+    bundle, _ = make_bundle(tmp_path, root_path="rootfs")
+    assert hook.container_root({"bundle": str(bundle)}) == f"{bundle}/rootfs"
+    assert hook.container_root({"bundle": str(bundle), "root": "other"}) == f"{bundle}/other"
+    assert hook.container_root({"bundle": str(bundle), "root": "/abs/root"}) == "/abs/root"
+
+
+# --- the happy path under runc and crun ---------------------------------------------------
+
+
+def check_injected(rootfs: Path) -> None:
+    libdir = rootfs / LIBDIR.lstrip("/")
+    assert os.readlink(libdir / "libcuda.so.1") == f"libcuda.so.{VERSION}"
+    assert os.readlink(libdir / "libcuda.so") == "libcuda.so.1"
+    assert os.readlink(libdir / "libnvidia-ml.so.1") == f"libnvidia-ml.so.{VERSION}"
+    conf = (rootfs / "etc/ld.so.conf.d/00-nvshim.conf").read_text()
+    assert LIBDIR in conf.splitlines()
+    assert (rootfs / "etc/ld.so.conf").read_text() == "include /etc/ld.so.conf.d/*.conf\n"
+    cache = cache_of(rootfs)
+    assert cache[("libcuda.so.1", X86_64)] == f"{LIBDIR}/libcuda.so.1"
+    assert cache[("libcuda.so", X86_64)] == f"{LIBDIR}/libcuda.so"
+    assert cache[("libnvidia-ml.so.1", X86_64)] == f"{LIBDIR}/libnvidia-ml.so.1"
+    assert cache[(f"libcuda.so.{VERSION}", X86_64)] == f"{LIBDIR}/libcuda.so.{VERSION}"
+    for name in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d/00-nvshim.conf"):
+        assert stat.S_IMODE((rootfs / "etc" / name).stat().st_mode) == 0o644
+
+
+def test_runc_style_cwd_rootfs_and_no_root_in_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under runc (cwd = rootfs, rootfs from config root.path) links, conf and cache are made."""
+    bundle, rootfs = make_bundle(tmp_path)
+    rc, err = run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs)
+    assert (rc, err) == (0, "")
+    check_injected(rootfs)
+
+
+def test_crun_style_cwd_bundle_and_root_in_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under crun (cwd = bundle, state 'root' relative) the state's root is the one used."""
+    bundle, rootfs = make_bundle(tmp_path, root_path="crun-root")
+    (bundle / "config.json").write_text(json.dumps({"root": {"path": "not-this-one"}}))
+    state = {"ociVersion": "1.0", "id": "c1", "pid": 0, "root": "crun-root",
+             "bundle": str(bundle), "status": "created"}  # fmt: skip
+    rc, err = run_hook(monkeypatch, capsys, default_args(), state, bundle)
+    assert (rc, err) == (0, "")
+    check_injected(rootfs)
+    assert not (bundle / "not-this-one").exists()
+
+
+def test_second_run_rewrites_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Running the hook twice leaves every file it wrote untouched the second time (same inode)."""
+    bundle, rootfs = make_bundle(tmp_path)
+    assert run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs)[0] == 0
+    paths = ["etc/ld.so.cache", "etc/ld.so.conf", "etc/ld.so.conf.d/00-nvshim.conf",
+             f"{LIBDIR.lstrip('/')}/libcuda.so.1"]  # fmt: skip
+    inodes = [(rootfs / p).lstat().st_ino for p in paths]
+    assert run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs) == (0, "")
+    assert [(rootfs / p).lstat().st_ino for p in paths] == inodes
+
+
+def test_existing_cache_entries_are_kept_and_same_name_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The image's entries survive with their flags; an image libcuda.so.1 loses to the injected one."""
+    bundle, rootfs = make_bundle(tmp_path)
+    old = [
+        CacheEntry("libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6", X86_64),
+        CacheEntry("libc.so.6", "/lib/i386-linux-gnu/libc.so.6", I386),
+        CacheEntry("libcuda.so.1", "/usr/local/cuda/compat/libcuda.so.1", X86_64),
+        CacheEntry("libcuda.so.1", "/usr/lib/i386-linux-gnu/libcuda.so.1", I386),
+    ]
+    (rootfs / "etc/ld.so.cache").write_bytes(build_ldcache(old))
+    assert run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs) == (0, "")
+    cache = cache_of(rootfs)
+    assert cache[("libc.so.6", X86_64)] == "/lib/x86_64-linux-gnu/libc.so.6"
+    assert cache[("libc.so.6", I386)] == "/lib/i386-linux-gnu/libc.so.6"
+    assert cache[("libcuda.so.1", X86_64)] == f"{LIBDIR}/libcuda.so.1"
+    assert cache[("libcuda.so.1", I386)] == "/usr/lib/i386-linux-gnu/libcuda.so.1"
+    values = [e.value for e in parse_ldcache((rootfs / "etc/ld.so.cache").read_bytes())]
+    assert "/usr/local/cuda/compat/libcuda.so.1" not in values
+
+
+def test_compat_layout_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An image whose cache is in the old+new compat layout (glibc < 2.32) gets that layout back."""
+    bundle, rootfs = make_bundle(tmp_path)
+    old = [CacheEntry("libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6", X86_64)]
+    (rootfs / "etc/ld.so.cache").write_bytes(build_ldcache(old, layout="compat"))
+    assert run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs) == (0, "")
+    data = (rootfs / "etc/ld.so.cache").read_bytes()
+    assert data.startswith(b"ld.so-1.7.0")
+    assert ("libcuda.so.1", X86_64) in cache_of(rootfs)
+
+
+def test_glibc_hwcaps_entries_are_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """glibc-hwcaps entries (hwcap bit 62) are dropped, since their subdirectory table is not kept."""
+    bundle, rootfs = make_bundle(tmp_path)
+    old = [
+        CacheEntry("libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1", X86_64),
+        CacheEntry("libm.so.6", "/lib/x86_64-linux-gnu/glibc-hwcaps/x86-64-v3/libm.so.6", X86_64),
+    ]
+    data = bytearray(build_ldcache(old))
+    index = [e.key for e in parse_ldcache(bytes(data))].index("libm.so.6")
+    struct.pack_into("<Q", data, 48 + index * 24 + 16, HWCAP_EXTENSION)  # entry's hwcap field
+    (rootfs / "etc/ld.so.cache").write_bytes(bytes(data))
+    assert run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs) == (0, "")
+    cache = cache_of(rootfs)
+    assert ("libm.so.6", X86_64) not in cache
+    assert cache[("libz.so.1", X86_64)] == "/lib/x86_64-linux-gnu/libz.so.1"
+
+
+def test_corrupt_image_cache_is_replaced_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cache ld.so could not read anyway is rebuilt from the folders, with one warning line."""
+    bundle, rootfs = make_bundle(tmp_path)
+    (rootfs / "etc/ld.so.cache").write_bytes(b"garbage that is no cache")
+    rc, err = run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs)
+    assert rc == 0
+    assert err.startswith("nvshim hook: warning: ignoring the image's /etc/ld.so.cache")
+    assert err.count("\n") == 1
+    check_injected(rootfs)
+
+
+def test_folder_scan_labels_and_filters_libraries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """32-bit ELF gets i386 flags; linker scripts, FIFOs, dangling links and non-lib names get none."""
+    bundle, rootfs = make_bundle(tmp_path)
+    libdir = rootfs / LIBDIR.lstrip("/")
+    elf32 = b"\x7fELF\x01\x01\x01" + bytes(9) + struct.pack("<HH", 3, 3) + bytes(32)
+    (libdir / "libold32.so.1").write_bytes(elf32)
+    (libdir / "libc.so").write_bytes(b"/* GNU ld script */\nGROUP ( libc.so.6 )\n")
+    os.mkfifo(libdir / "libfifo.so.1")
+    (libdir / "libgone.so.1").symlink_to("libgone.so.1.0")
+    (libdir / "notalib.so").write_bytes(build_shared_object("notalib.so"))
+    (libdir / "libnosoname.so.2").write_bytes(build_shared_object("libnosoname.so.2"))
+    assert run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs) == (0, "")
+    keys = {key for key, _ in cache_of(rootfs)}
+    assert ("libold32.so.1", I386) in cache_of(rootfs)
+    assert {"libc.so", "libfifo.so.1", "libgone.so.1", "notalib.so"}.isdisjoint(keys)
+    assert "libnosoname.so.2" in keys
+
+
+def test_soname_without_link_points_at_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A library whose SONAME link is not made still gets a SONAME entry, pointing at the file."""
+    bundle, rootfs = make_bundle(tmp_path)
+    args = hook.build_hook_args([], [LIBDIR])
+    assert run_hook(monkeypatch, capsys, args, runc_state(bundle), rootfs) == (0, "")
+    assert cache_of(rootfs)[("libcuda.so.1", X86_64)] == f"{LIBDIR}/libcuda.so.{VERSION}"
+
+
+def test_rootfs_without_etc_gets_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A scratch image without /etc gets /etc (0755) made in the root, and the cache in it."""
+    bundle, rootfs = make_bundle(tmp_path)
+    (rootfs / "etc").rmdir()
+    assert run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs) == (0, "")
+    assert stat.S_IMODE((rootfs / "etc").stat().st_mode) == 0o755
+    check_injected(rootfs)
+
+
+def test_links_only_touches_no_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --folder the hook makes the links and leaves /etc alone."""
+    bundle, rootfs = make_bundle(tmp_path)
+    args = hook.build_hook_args(LINKS, [])
+    assert run_hook(monkeypatch, capsys, args, runc_state(bundle), rootfs) == (0, "")
+    assert os.readlink(rootfs / LIBDIR.lstrip("/") / "libcuda.so.1") == f"libcuda.so.{VERSION}"
+    assert list((rootfs / "etc").iterdir()) == []
+
+
+# --- hostile images -----------------------------------------------------------------------
+
+
+def test_libdir_symlink_to_host_dir_stays_in_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An image whose lib dir is a symlink to an absolute host dir gets links inside the root only."""
+    bundle, rootfs = make_bundle(tmp_path)
+    host = tmp_path / "host-libdir"
+    host.mkdir()
+    (host / "keep").write_text("host")
+    libdir = rootfs / LIBDIR.lstrip("/")
+    shutil.rmtree(libdir)
+    libdir.symlink_to(host)
+    before = snapshot(host)
+    rc, err = run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs)
+    assert (rc, err) == (0, "")
+    assert snapshot(host) == before
+    inside = rootfs / str(host).lstrip("/")
+    assert os.readlink(inside / "libcuda.so.1") == f"libcuda.so.{VERSION}"
+
+
+def test_ld_so_conf_d_symlink_to_host_dir_stays_in_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/etc/ld.so.conf.d, ld.so.cache and ld.so.conf linking to the host never get written there."""
+    bundle, rootfs = make_bundle(tmp_path)
+    host_conf, host_etc = tmp_path / "host-conf.d", tmp_path / "host-etc"
+    host_conf.mkdir()
+    host_etc.mkdir()
+    (host_etc / "ld.so.cache").write_bytes(b"host cache")
+    (rootfs / "etc/ld.so.conf.d").symlink_to(host_conf)
+    (rootfs / "etc/ld.so.cache").symlink_to(host_etc / "ld.so.cache")
+    (rootfs / "etc/ld.so.conf").symlink_to("../../../host-etc/ld.so.conf")  # dangling: to create
+    before = snapshot(tmp_path / "host-conf.d"), snapshot(host_etc)
+    rc, err = run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs)
+    assert (rc, err) == (0, "")
+    assert (snapshot(tmp_path / "host-conf.d"), snapshot(host_etc)) == before
+    assert (rootfs / str(host_conf).lstrip("/") / "00-nvshim.conf").is_file()
+    assert ("libcuda.so.1", X86_64) in cache_of(rootfs)
+    conf = rootfs / "etc/ld.so.conf"  # the dangling link is replaced, not written through
+    assert not conf.is_symlink() and conf.read_text().startswith("include ")
+
+
+def test_soname_link_path_symlinked_to_host_file_is_replaced_in_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pre-planted libcuda.so.1 and conf file linking to host files are replaced, hosts untouched."""
+    bundle, rootfs = make_bundle(tmp_path)
+    victim = tmp_path / "host-victim"
+    victim.write_bytes(b"precious")
+    (rootfs / LIBDIR.lstrip("/") / "libcuda.so.1").symlink_to(victim)
+    (rootfs / "etc/ld.so.conf.d").mkdir()
+    (rootfs / "etc/ld.so.conf.d/00-nvshim.conf").symlink_to(victim)
+    rc, err = run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs)
+    assert (rc, err) == (0, "")
+    assert victim.read_bytes() == b"precious"
+    assert not (rootfs / "etc/ld.so.conf.d/00-nvshim.conf").is_symlink()
+    assert os.readlink(rootfs / LIBDIR.lstrip("/") / "libcuda.so.1") == f"libcuda.so.{VERSION}"
+
+
+def test_dotdot_in_link_path_stays_in_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """'..' in a --link path is clamped at the rootfs like '/..' in a chroot."""
+    bundle, rootfs = make_bundle(tmp_path)
+    args = hook.build_hook_args([("t", "/../../../../escaped-link")], [])
+    assert run_hook(monkeypatch, capsys, args, runc_state(bundle), rootfs) == (0, "")
+    assert not (tmp_path / "escaped-link").is_symlink()
+    assert not (bundle / "escaped-link").is_symlink()
+    assert os.readlink(rootfs / "escaped-link") == "t"
+
+
+def test_symlink_loop_fails_with_one_clear_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A lib dir that is a symlink loop fails the create with one line naming the link."""
+    bundle, rootfs = make_bundle(tmp_path)
+    libdir = rootfs / LIBDIR.lstrip("/")
+    shutil.rmtree(libdir)
+    libdir.symlink_to("x86_64-linux-gnu")
+    rc, err = run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs)
+    assert rc == 1
+    assert err.count("\n") == 1
+    assert err.startswith(f"nvshim hook: cannot link {LIBDIR}/libcuda.so.1 -> libcuda.so.{VERSION}")
+    assert "symbolic links" in err
+
+
+# --- the real interpreter and the real loader ---------------------------------------------
+
+
+def hook_python() -> str:
+    venv = REPO / ".venv/bin/python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def test_subprocess_with_tiny_env_works_and_imports_nothing_heavy(tmp_path: Path) -> None:
+    """`python -I -m nvshim.hook` with only PATH and LC_ALL works and loads no click/yaml/etc."""
+    bundle, rootfs = make_bundle(tmp_path)
+    proc = subprocess.run(
+        [hook_python(), "-I", "-X", "importtime", "-m", "nvshim.hook", *default_args()],
+        input=json.dumps(runc_state(bundle)),
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+        cwd=rootfs,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = proc.stderr.splitlines()
+    other = [line for line in lines if not line.startswith("import time:")]
+    assert (proc.returncode, other) == (0, [])
+    modules = {line.rsplit("|", 1)[-1].strip() for line in lines[1:]}
+    assert "nvshim.hook" in modules or "nvshim._inroot" in modules
+    heavy = {"click", "yaml", "structlog", "jsonschema", "pynvml", "ctypes"}
+    assert {m.split(".")[0] for m in modules} & heavy == set()
+    check_injected(rootfs)
+
+
+def test_python_modules_planted_in_the_rootfs_are_not_imported(tmp_path: Path) -> None:
+    """With cwd = rootfs (runc), image files named json.py or nvshim/ are never imported (-I)."""
+    bundle, rootfs = make_bundle(tmp_path)
+    marker = tmp_path / "PWNED"
+    payload = f"open({str(marker)!r}, 'w').close()\n"
+    for name in ("json.py", "argparse.py", "struct.py", "nvshim/__init__.py", "nvshim/hook.py"):
+        (rootfs / name).parent.mkdir(exist_ok=True)
+        (rootfs / name).write_text(payload)
+    proc = subprocess.run(
+        [hook_python(), "-I", "-m", "nvshim.hook", *default_args()],
+        input=json.dumps(runc_state(bundle)), env={"LC_ALL": "C"}, cwd=rootfs,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert not marker.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a private mount namespace")
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+def test_glibc_loader_finds_library_through_written_cache(tmp_path: Path) -> None:
+    """The real ld.so, given the hook's cache as /etc/ld.so.cache, dlopens a lib by its SONAME."""
+    libdir = tmp_path / "libs"  # same path on the 'host' and in the rootfs
+    bundle = tmp_path / "bundle"
+    rootfs = bundle / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    inside = rootfs / str(libdir).lstrip("/")
+    inside.mkdir(parents=True)
+    libdir.symlink_to(inside)
+    (inside / "libnvshimtest.so.1.2.3").write_bytes(
+        build_shared_object("libnvshimtest.so.1", marker="nvshim-test-lib")
+    )
+    if Path("/etc/ld.so.cache").is_file():
+        shutil.copyfile("/etc/ld.so.cache", rootfs / "etc/ld.so.cache")
+    (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}}))
+    args = hook.build_hook_args(
+        [("libnvshimtest.so.1.2.3", f"{libdir}/libnvshimtest.so.1")], [str(libdir)]
+    )
+    proc = subprocess.run(
+        [hook_python(), "-I", "-m", "nvshim.hook", *args],
+        input=json.dumps(runc_state(bundle)), env={"LC_ALL": "C"}, cwd=rootfs,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (proc.returncode, proc.stderr) == (0, "")
+    probe = (
+        "import ctypes, sys; ctypes.CDLL('libnvshimtest.so.1'); "
+        "print([l.split()[-1] for l in open('/proc/self/maps') if 'nvshimtest' in l][0])"
+    )
+    script = f'mount --bind "$1" /etc/ld.so.cache && exec /usr/bin/python3 -I -c "{probe}"'
+    loaded = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
+         str(rootfs / "etc/ld.so.cache")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == str(inside / "libnvshimtest.so.1.2.3")
