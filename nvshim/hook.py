@@ -313,6 +313,37 @@ def update_ldcache(root: _inroot.RootFd, folders: Sequence[str]) -> List[str]:
     return warnings
 
 
+# mount(2) flags and the statvfs(3) flags they correspond to.
+_MS_RDONLY, _MS_REMOUNT, _MS_BIND = 1, 32, 4096
+_KEEP_FLAGS = ((2, 2), (4, 4), (8, 8), (1024, 1024), (2048, 2048), (4096, 1 << 21))
+
+
+def _remount(path: str, readonly: bool) -> bool:
+    """Bind-remount ``path`` read-only or read-write, keeping its other flags.
+
+    Only for crun, which makes a read-only rootfs read-only *before* createContainer
+    hooks (runc does it after): the hook runs in the container's mount namespace, so this
+    changes the container's view of its own rootfs and nothing on the host.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    current = os.statvfs(path).f_flag
+    flags = _MS_REMOUNT | _MS_BIND | (_MS_RDONLY if readonly else 0)
+    for st_flag, ms_flag in _KEEP_FLAGS:
+        if current & st_flag:
+            flags |= ms_flag
+    if libc.mount(None, os.fsencode(path), None, flags, None) != 0:
+        err = ctypes.get_errno()
+        if err == 22 and not readonly:  # EINVAL: not a mount point; the write will say EROFS
+            return False
+        raise HostError(
+            f"cannot remount the read-only rootfs {path} {'read-only' if readonly else 'writable'}: "
+            f"{os.strerror(err)}"
+        )
+    return True
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the hook; return the exit status (0, or 1 after one line on stderr)."""
     os.umask(0o022)
@@ -323,23 +354,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             root = _inroot.open_root(rootfs)
         except OSError as exc:
             raise _host_error("cannot open the container rootfs", exc) from exc
-        with root:
-            for target, link in args.link:
-                try:
-                    _inroot.symlink_atomic(root, target, link)
-                except OSError as exc:
-                    raise _host_error(f"cannot link {link} -> {target} in {rootfs}", exc) from exc
-            if args.folder:
-                try:
-                    warnings = update_ldcache(root, args.folder)
-                except OSError as exc:
-                    raise _host_error(f"cannot update the ld.so.cache in {rootfs}", exc) from exc
-                for line in warnings:
-                    sys.stderr.write(f"{_PREFIX}warning: {line}\n")
+        readonly = bool(os.statvfs(rootfs).f_flag & os.ST_RDONLY)
+        if readonly:
+            readonly = _remount(rootfs, readonly=False)
+        try:
+            _apply(root, rootfs, args)
+        finally:
+            if readonly:
+                _remount(rootfs, readonly=True)
     except NvshimError as exc:
         sys.stderr.write(f"{_PREFIX}{exc}\n")
         return exc.exit_code
     return 0
+
+
+def _apply(root: _inroot.RootFd, rootfs: str, args: argparse.Namespace) -> None:
+    """Make the links and update the cache (the part that writes into the rootfs)."""
+    with root:
+        for target, link in args.link:
+            try:
+                _inroot.symlink_atomic(root, target, link)
+            except OSError as exc:
+                raise _host_error(f"cannot link {link} -> {target} in {rootfs}", exc) from exc
+        if args.folder:
+            try:
+                warnings = update_ldcache(root, args.folder)
+            except OSError as exc:
+                raise _host_error(f"cannot update the ld.so.cache in {rootfs}", exc) from exc
+            for line in warnings:
+                sys.stderr.write(f"{_PREFIX}warning: {line}\n")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ PROBE = (
     "cd /dev && ls -d nvidia* 2>/dev/null | tr '\\n' ' '; echo; "
     "for n in /dev/nvidia[0-9]*; do head -c0 $n 2>&1 | sed 's/^/OPEN: /'; done; "
     f"grep -c NVSHIM-SIM {LIB} && echo LIB-READABLE; "
-    f"(echo x > {LIB}) 2>/dev/null && echo LIB-WRITABLE || echo LIB-READONLY"
+    f"(echo x > {LIB}) 2>/dev/null && echo LIB-WRITABLE || echo LIB-READONLY; "
+    "(echo x > /rootfs-write-probe) 2>/dev/null && echo ROOT-WRITABLE || echo ROOT-READONLY; "
+    "readlink /usr/lib/x86_64-linux-gnu/libcuda.so.1"
 )
 
 
@@ -75,6 +77,9 @@ def test_one_gpu_is_exactly_that_gpu(engine, node, rootfs, tmp_path, nvshim_runt
     assert f"OPEN: head: /dev/nvidia{minor}: No such device or address" in res.stdout
     assert "Operation not permitted" not in res.stdout
     assert "LIB-READABLE" in res.stdout and "LIB-READONLY" in res.stdout
+    # the hook made the SONAME link, and a read-only rootfs is read-only again afterwards
+    # (crun makes it read-only before createContainer hooks; the hook restores that)
+    assert "libcuda.so.550.54.15" in res.stdout and "ROOT-READONLY" in res.stdout
     assert planned == seen  # nvshim inspect predicted exactly what the container saw
 
 
