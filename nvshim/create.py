@@ -148,8 +148,10 @@ def plan_create(
         from nvshim import cdi
 
         registry = cdi.load_registry(config.cdi_spec_dirs)
+        from nvshim.edits import restrict_to_capabilities
+
         edits = edits + cdi.resolve_devices(registry, cdi_names)
-        edits = _fill_device_nodes(edits, host)
+        edits = restrict_to_capabilities(_fill_device_nodes(edits, host), request.capabilities)
         plan.cdi_names = cdi_names
 
     tokens = request.gpu_tokens

@@ -26,6 +26,7 @@ __all__ = [
     "gpu_edits",
     "mig_edits",
     "hook_links",
+    "restrict_to_capabilities",
 ]
 
 #: OCI hook lists, in the order the runtime spec defines them.
@@ -355,3 +356,81 @@ def mig_edits(parent: Any, mig: Any) -> Edits:
     """What one MIG device adds: the parent's node and its GI/CI access capability nodes."""
     nodes = ((parent.node,) if parent.node is not None else ()) + tuple(mig.cap_nodes)
     return Edits(device_nodes=nodes)
+
+
+def _capability_of(basename: str) -> Optional[str]:
+    """The library set or capability a driver file belongs to (None: not a known driver file)."""
+    from nvshim.discovery import BINARIES, LIBRARIES
+
+    for libset, bases in LIBRARIES.items():
+        for base in bases:
+            if basename.startswith(base + ".so"):
+                return libset
+    for cap, names in BINARIES.items():
+        if basename in names:
+            return cap
+    return None
+
+
+def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits:
+    """Drop driver files and nodes of capabilities the container did not ask for.
+
+    CDI specs carry every driver file they were generated with; the reference injects all
+    of them. We keep only what NVIDIA_DRIVER_CAPABILITIES selects (unknown files are
+    kept), and prune hook ``--link`` pairs whose target is no longer injected.
+    """
+    from nvshim.discovery import CONTROL_NODES, _LIBRARY_SETS
+
+    caps = set(capabilities)
+    allowed_sets = {s for cap in caps for s in _LIBRARY_SETS.get(cap, ())} | caps
+    node_needs = {path: need for path, need in CONTROL_NODES}
+    nodes = tuple(
+        n for n in edits.device_nodes if node_needs.get(n.path) is None or node_needs[n.path] in caps
+    )
+    mounts = []
+    for m in edits.mounts:
+        owner = _capability_of(m.container_path.rsplit("/", 1)[-1])
+        if owner is None or owner in allowed_sets:
+            mounts.append(m)
+    present = {m.container_path.rsplit("/", 1)[-1] for m in mounts}
+    hooks = []
+    for hook in edits.hooks:
+        if "nvshim.hook" not in hook.args:
+            hooks.append(hook)
+            continue
+        hooks.extend(_prune_hook(hook, present))
+    return Edits(edits.env, nodes, tuple(mounts), tuple(hooks), edits.additional_gids)
+
+
+def _prune_hook(hook: Hook, present: set) -> Tuple[Hook, ...]:
+    """nvshim's hook without links to files that are not injected (none left: no hook)."""
+    args = list(hook.args)
+    start = args.index("nvshim.hook") + 1
+    head, rest = args[:start], args[start:]
+    links: list[Tuple[str, str]] = []
+    folders: list[str] = []
+    i = 0
+    while i < len(rest) - 1:
+        if rest[i] == "--link":
+            target, _, link = rest[i + 1].partition("::")
+            links.append((target, link))
+        elif rest[i] == "--folder":
+            folders.append(rest[i + 1])
+        i += 2
+    names = set(present)
+    kept: list[Tuple[str, str]] = []
+    changed = True
+    while changed:  # a link may point at another link (libcuda.so -> libcuda.so.1)
+        changed = False
+        for target, link in links:
+            if (target, link) not in kept and target.rsplit("/", 1)[-1] in names:
+                kept.append((target, link))
+                names.add(link.rsplit("/", 1)[-1])
+                changed = True
+    if not any(n for n in present if ".so" in n):
+        return ()
+    from nvshim.hook import build_hook_args
+
+    kept_sorted = [pair for pair in links if pair in kept]
+    return (Hook(hook.hook_name, hook.path, tuple(head) + tuple(build_hook_args(kept_sorted, folders)),
+                 hook.env, hook.timeout),)
