@@ -1,0 +1,69 @@
+"""install.sh: idempotent, writes what it says, and --uninstall removes exactly that."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.engines import require_root
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def snapshot(root: Path) -> dict:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + dirnames:
+            p = Path(dirpath) / name
+            out[str(p.relative_to(root))] = p.read_bytes() if p.is_file() and not p.is_symlink() else None
+    return out
+
+
+def run_install(tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, NVSHIM_PREFIX=str(tmp / "opt"), NVSHIM_BINDIR=str(tmp / "bin"),
+               NVSHIM_ETCDIR=str(tmp / "etc" / "nvshim"), NVSHIM_SKIP_APT="1")
+    return subprocess.run(["sh", str(REPO / "install.sh"), *args], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_install_is_idempotent_and_uninstall_is_exact(tmp_path):
+    """A second install changes nothing; uninstall leaves the tree as it was, keeping an
+    edited config and files it did not create."""
+    require_root()
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "etc").mkdir()  # exists on any host; install.sh adds etc/nvshim
+    (tmp_path / "bin" / "someone-elses-tool").write_text("keep me\n")
+    before = snapshot(tmp_path)
+
+    first = run_install(tmp_path)
+    assert first.returncode == 0, first.stderr
+    runtime = tmp_path / "bin" / "nvshim-runtime"
+    cli = tmp_path / "bin" / "nvshim"
+    assert runtime.read_text().startswith("#!/bin/sh") and os.access(runtime, os.X_OK)
+    assert cli.read_text().startswith(f"#!{tmp_path}/opt/venv/bin/python3 -I\n")
+    cfg = tmp_path / "etc" / "nvshim" / "config.yaml"
+    assert cfg.read_text() == (REPO / "config" / "config.yaml").read_text()
+    assert (tmp_path / "etc" / "nvshim" / "config.compiled.json").exists()
+    assert (tmp_path / "etc" / "nvshim" / "config.runtimes").read_text() == "runc crun\n"
+    version = subprocess.run([str(cli), "--version"], capture_output=True, text=True)
+    assert version.returncode == 0 and "0.1.0" in version.stdout
+
+    installed = {k: v for k, v in snapshot(tmp_path).items() if "/venv/" not in f"/{k}"}
+    second = run_install(tmp_path)
+    assert second.returncode == 0, second.stderr
+    again = {k: v for k, v in snapshot(tmp_path).items() if "/venv/" not in f"/{k}"}
+    assert again == installed  # idempotent: same files, same bytes
+
+    gone = run_install(tmp_path, "--uninstall")
+    assert gone.returncode == 0, gone.stderr
+    assert snapshot(tmp_path) == before
+
+    # an edited config survives uninstall, and the script says so
+    assert run_install(tmp_path).returncode == 0
+    cfg.write_text(cfg.read_text() + "\nrequire-allocation: true\n")
+    gone = run_install(tmp_path, "--uninstall")
+    assert gone.returncode == 0 and f"kept {cfg}" in gone.stderr
+    assert cfg.exists() and not runtime.exists() and not (tmp_path / "opt").exists()
