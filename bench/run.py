@@ -1,0 +1,416 @@
+"""Benchmark nvshim-runtime against plain runc, in alternating pairs.
+
+Run as root from the repository root with the installed venv's interpreter::
+
+    /opt/nvshim/venv/bin/python bench/run.py [--pairs 30]
+
+It builds everything it needs in a temporary directory (busybox bundles, a simulated
+8-GPU node, an nvshim config pointing ``driver-root`` at that node and compiled with
+``nvshim config compile`` so the runtime's hot path is used), then for each case times
+runc alone and the same command through the installed ``nvshim-runtime`` trampoline,
+one after the other in each pair (the order flips every pair), and prints a table.
+Results, samples and a description of the machine go to ``bench/results.json``.
+
+Cases:
+
+* ``state``: ``state <id>`` of one created container (pure passthrough);
+* ``delete``: ``delete <id>`` of a container freshly created with plain runc (passthrough);
+* ``create+delete gpu=none|1|8``: ``create`` then ``delete`` of a busybox bundle with no
+  GPU request, ``NVIDIA_VISIBLE_DEVICES=0`` and ``=all`` on the 8-GPU node; config.json
+  is restored (untimed) before every create;
+* ``cdi generate``: ``nvshim cdi generate`` for 1, 8, 32, 64 and 256 simulated GPUs, wall
+  time and peak RSS of the process (os.wait4), to show how the cost grows. The simulator
+  stops at 32 GPUs (the driver's limit), so larger nodes are made by adding GPUs to a
+  32-GPU tree by hand (procfs entry + device node). When the command is missing the
+  case says so and ``nvshim inspect`` on the 1-GPU bundle is timed instead.
+
+Nothing here asserts on time; this is a measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+DEFAULT_RUNTIME = "/usr/local/bin/nvshim-runtime"
+CDI_SIZES = (1, 8, 32, 64, 256)
+
+Timing = Tuple[float, int]
+"""(wall milliseconds, peak RSS of the child in KiB)."""
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def timed(argv: Sequence[str], env: Optional[Dict[str, str]] = None,
+          check: bool = True, stdout: Any = subprocess.DEVNULL) -> Timing:
+    """Run ``argv`` with stdio on /dev/null; wall ms and the child's own peak RSS.
+
+    stdio must not be a pipe: a created container keeps its stdio open until it exits,
+    so stderr goes to a temporary file (read back only on failure).
+    """
+    with tempfile.TemporaryFile() as errf:
+        start = time.perf_counter()
+        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout,
+                                stderr=errf, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = (time.perf_counter() - start) * 1000.0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if check and proc.returncode != 0:
+            errf.seek(0)
+            err = errf.read().decode(errors="replace").strip()
+            raise RuntimeError(f"{' '.join(argv)} failed (rc {proc.returncode}): {err}")
+    return elapsed, usage.ru_maxrss
+
+
+def summary(samples: Sequence[float]) -> Dict[str, float]:
+    return {
+        "median": statistics.median(samples),
+        "min": min(samples),
+        "max": max(samples),
+        "n": len(samples),
+    }
+
+
+def paired(name: str, pairs: int,
+           baseline: Callable[[int], float], subject: Callable[[int], float]) -> Dict[str, Any]:
+    """Run ``pairs`` pairs (order flipped every pair); per-pair ratio and difference."""
+    base: List[float] = []
+    subj: List[float] = []
+    for i in range(pairs):
+        if i % 2 == 0:
+            b = baseline(i)
+            s = subject(i)
+        else:
+            s = subject(i)
+            b = baseline(i)
+        base.append(b)
+        subj.append(s)
+    ratios = [s / b for b, s in zip(base, subj)]
+    diffs = [s - b for b, s in zip(base, subj)]
+    return {
+        "case": name,
+        "runc_ms": summary(base),
+        "nvshim_ms": summary(subj),
+        "ratio_median": statistics.median(ratios),
+        "overhead_ms_median": statistics.median(diffs),
+        "runc_samples": [round(x, 3) for x in base],
+        "nvshim_samples": [round(x, 3) for x in subj],
+    }
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+class Bench:
+    """The temporary world one benchmark run uses."""
+
+    def __init__(self, work: Path, runtime: str, runc: str, nvshim_cli: List[str]) -> None:
+        self.work = work
+        self.runtime = runtime
+        self.runc = runc
+        self.nvshim_cli = nvshim_cli
+        self.root = work / "runc-root"
+        self.root.mkdir()
+        self.counter = 0
+        self.live: List[str] = []
+        self.env = dict(os.environ)
+
+    def cid(self, tag: str) -> str:
+        self.counter += 1
+        return f"nvb-{tag}-{os.getpid()}-{self.counter}"
+
+    def rt(self, tool: str, *args: str) -> List[str]:
+        return [tool, "--root", str(self.root), *args]
+
+    def setup(self) -> None:
+        from nvshim.sim import create_node
+        from tests.helpers.bundle import make_bundle, make_rootfs
+
+        rootfs = make_rootfs(self.work / "rootfs")
+        self.node = create_node(str(self.work / "node8"), gpus=8)
+        self.bundles = {
+            "none": make_bundle(self.work / "b-none", rootfs, ["true"]),
+            "1": make_bundle(self.work / "b-1", rootfs, ["true"],
+                             env={"NVIDIA_VISIBLE_DEVICES": "0"}),
+            "8": make_bundle(self.work / "b-8", rootfs, ["true"],
+                             env={"NVIDIA_VISIBLE_DEVICES": "all"}),
+        }
+        self.originals = {k: (b / "config.json").read_bytes() for k, b in self.bundles.items()}
+        cfg = self.work / "nvshim" / "config.yaml"
+        cfg.parent.mkdir()
+        cfg.write_text(
+            f"runtimes: [{self.runc}]\n"
+            f"driver-root: {self.node.root}\n"
+        )
+        subprocess.run(self.nvshim_cli + ["config", "compile", "--config", str(cfg)],
+                       check=True, capture_output=True)
+        self.env["NVSHIM_CONFIG"] = str(cfg)
+        self.config = cfg
+
+    def restore(self, key: str) -> None:
+        (self.bundles[key] / "config.json").write_bytes(self.originals[key])
+
+    def create(self, tool: str, key: str, cid: str) -> float:
+        self.restore(key)
+        self.live.append(cid)
+        ms, _ = timed(self.rt(tool, "create", "--bundle", str(self.bundles[key]), cid),
+                      env=self.env)
+        return ms
+
+    def delete(self, tool: str, cid: str, force: bool = False) -> float:
+        args = ["delete"] + (["--force"] if force else []) + [cid]
+        ms, _ = timed(self.rt(tool, *args), env=self.env)
+        if cid in self.live:
+            self.live.remove(cid)
+        return ms
+
+    def cleanup(self) -> None:
+        for cid in list(self.live):
+            subprocess.run(self.rt(self.runc, "delete", "--force", cid),
+                           capture_output=True, env=self.env)
+        self.live.clear()
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def case_state(b: Bench, pairs: int) -> Dict[str, Any]:
+    cid = b.cid("state")
+    b.create(b.runc, "none", cid)
+    try:
+        def run(tool: str) -> float:
+            return timed(b.rt(tool, "state", cid), env=b.env)[0]
+
+        return paired("state (passthrough)", pairs,
+                      lambda i: run(b.runc), lambda i: run(b.runtime))
+    finally:
+        b.delete(b.runc, cid, force=True)
+
+
+def case_delete(b: Bench, pairs: int) -> Dict[str, Any]:
+    def run(tool: str) -> float:
+        cid = b.cid("del")
+        b.create(b.runc, "none", cid)  # untimed: always plain runc
+        return b.delete(tool, cid)
+
+    return paired("delete (passthrough)", pairs,
+                  lambda i: run(b.runc), lambda i: run(b.runtime))
+
+
+def case_create(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
+    parts: Dict[str, List[float]] = {"runc": [], "nvshim": []}
+
+    def run(tool: str, label: str) -> float:
+        cid = b.cid(f"c{key}")
+        c = b.create(tool, key, cid)
+        d = b.delete(tool, cid)
+        parts[label].append(c)
+        return c + d
+
+    result = paired(f"create+delete gpu={key}", pairs,
+                    lambda i: run(b.runc, "runc"), lambda i: run(b.runtime, "nvshim"))
+    result["create_only_runc_ms"] = summary(parts["runc"])
+    result["create_only_nvshim_ms"] = summary(parts["nvshim"])
+    b.restore(key)
+    return result
+
+
+def _extend_node(root: Path, total: int) -> None:
+    """Add GPUs 32..total-1 to a 32-GPU simulated tree (procfs entry + device node)."""
+    gpus_dir = root / "proc" / "driver" / "nvidia" / "gpus"
+    template_dir = sorted(gpus_dir.iterdir())[0]
+    template = (template_dir / "information").read_text()
+    lines = template.splitlines()
+    for i in range(32, total):
+        bus = f"0000:{0xe0 + (i >> 5):02x}:{i & 0x1f:02x}.0"  # above the sim's buses
+        uuid = f"GPU-{i:08x}-0000-4000-8000-{i:012x}"
+        minor = i if i < 254 else i + 2  # 254/255 are nvidia-modeset/nvidiactl
+        out = []
+        for line in lines:
+            key = line.split(":", 1)[0].strip()
+            if key == "GPU UUID":
+                line = line.split(":", 1)[0] + ":\t " + uuid
+            elif key == "Device Minor":
+                line = line.split(":", 1)[0] + ":\t " + str(minor)
+            elif key == "Bus Location":
+                line = line.split(":", 1)[0] + ":\t " + bus
+            out.append(line)
+        d = gpus_dir / bus
+        d.mkdir()
+        (d / "information").write_text("\n".join(out) + "\n")
+        dev = root / "dev" / f"nvidia{minor}"
+        os.mknod(dev, 0o666 | 0o020000, os.makedev(195, minor))
+        os.chmod(dev, 0o666)
+
+
+def case_cdi(b: Bench, repeats: int) -> Dict[str, Any]:
+    from nvshim.sim import create_node
+
+    probe = subprocess.run(b.nvshim_cli + ["cdi", "generate", "--help"], capture_output=True,
+                           text=True)
+    if probe.returncode != 0:
+        out: Dict[str, Any] = {"available": False,
+                               "why": "nvshim cdi generate is not available: "
+                                      + (probe.stderr.strip().splitlines() or ["?"])[-1]}
+        samples = []
+        for _ in range(repeats):
+            samples.append(timed(b.nvshim_cli + ["inspect", "--bundle", str(b.bundles["1"])],
+                                 env=b.env)[0])
+        out["inspect_1gpu_ms"] = summary(samples)
+        return out
+    help_text = probe.stdout
+    rows = []
+    for n in CDI_SIZES:
+        root = b.work / f"cdi-node{n}"
+        create_node(str(root), gpus=min(n, 32))
+        if n > 32:
+            _extend_node(root, n)
+        argv = b.nvshim_cli + ["cdi", "generate", "--driver-root", str(root)]
+        if "--output" in help_text:
+            argv += ["--output", str(b.work / f"cdi-{n}.json")]
+        ms_list, rss_list = [], []
+        size = 0
+        for _ in range(repeats):
+            with open(b.work / f"cdi-{n}.out", "wb") as fh:
+                ms, rss = timed(argv, env=b.env, stdout=fh)
+            ms_list.append(ms)
+            rss_list.append(rss)
+        produced = b.work / f"cdi-{n}.json"
+        if not produced.exists():
+            produced = b.work / f"cdi-{n}.out"
+        size = produced.stat().st_size
+        rows.append({"gpus": n, "ms": summary(ms_list), "peak_rss_kib": max(rss_list),
+                     "spec_bytes": size})
+    base = rows[0]["ms"]["median"]
+    for row in rows:
+        row["ms_over_1gpu"] = row["ms"]["median"] - base
+    return {"available": True, "argv": argv[:-2] if "--output" in argv else argv,
+            "rows": rows}
+
+
+# --------------------------------------------------------------------------- report
+
+
+def machine(runc: str, runtime: str) -> Dict[str, Any]:
+    model = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    runc_version = subprocess.run([runc, "--version"], capture_output=True,
+                                  text=True).stdout.splitlines()
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "os": platform.platform(),
+        "runc": runc,
+        "runc_version": runc_version[0] if runc_version else "?",
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "nvshim_runtime": runtime,
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def print_table(results: Dict[str, Any]) -> None:
+    print(f"\n{results['pairs']} alternating pairs; ms: median [min-max]")
+    head = f"{'case':30} {'runc':>24} {'nvshim-runtime':>24} {'ratio':>7} {'+ms':>7}"
+    print(head)
+    print("-" * len(head))
+
+    def cell(s: Dict[str, float]) -> str:
+        return f"{s['median']:7.1f} [{s['min']:.1f}-{s['max']:.1f}]"
+
+    for r in results["cases"]:
+        print(f"{r['case']:30} {cell(r['runc_ms']):>24} {cell(r['nvshim_ms']):>24} "
+              f"{r['ratio_median']:6.2f}x {r['overhead_ms_median']:+7.1f}")
+        if "create_only_runc_ms" in r:
+            print(f"{'  of which create':30} {cell(r['create_only_runc_ms']):>24} "
+                  f"{cell(r['create_only_nvshim_ms']):>24}")
+    cdi = results.get("cdi_generate")
+    if cdi is None:
+        return
+    print()
+    if not cdi["available"]:
+        print(f"cdi generate: {cdi['why']}")
+        print(f"  nvshim inspect (1 GPU) instead: {cell(cdi['inspect_1gpu_ms'])} ms")
+        return
+    print(f"{'nvshim cdi generate':30} {'ms':>24} {'peak RSS':>12} {'spec bytes':>12}")
+    for row in cdi["rows"]:
+        print(f"{str(row['gpus']) + ' GPUs':30} {cell(row['ms']):>24} "
+              f"{row['peak_rss_kib'] / 1024:9.1f} MiB {row['spec_bytes']:12d}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=30, help="pairs per case (default 30)")
+    parser.add_argument("--runtime", default=DEFAULT_RUNTIME,
+                        help=f"nvshim-runtime under test (default {DEFAULT_RUNTIME})")
+    parser.add_argument("--runc", default=shutil.which("runc") or "/usr/sbin/runc")
+    parser.add_argument("--cases", default="state,delete,create,cdi",
+                        help="comma-separated subset of state,delete,create,cdi")
+    parser.add_argument("--cdi-repeats", type=int, default=5)
+    parser.add_argument("--out", default=str(REPO / "bench" / "results.json"))
+    args = parser.parse_args(argv)
+
+    if os.geteuid() != 0:
+        print("bench/run.py: needs root (runc containers, mknod for the simulated node)",
+              file=sys.stderr)
+        return 1
+    for path in (args.runtime, args.runc):
+        if not os.access(path, os.X_OK):
+            print(f"bench/run.py: {path} is not executable", file=sys.stderr)
+            return 1
+    cli = shutil.which("nvshim") if args.runtime == DEFAULT_RUNTIME else None
+    nvshim_cli = [cli] if cli else [sys.executable, "-I", "-m", "nvshim.cli"]
+    wanted = set(args.cases.split(","))
+
+    results: Dict[str, Any] = {"pairs": args.pairs,
+                               "machine": machine(args.runc, args.runtime), "cases": []}
+    with tempfile.TemporaryDirectory(prefix="nvshim-bench-") as tmp:
+        b = Bench(Path(tmp), args.runtime, args.runc, nvshim_cli)
+        try:
+            b.setup()
+            # warm caches (page cache, pyc) once per tool; not recorded
+            for tool in (b.runc, b.runtime):
+                cid = b.cid("warm")
+                b.create(tool, "1", cid)
+                b.delete(tool, cid)
+            if "state" in wanted:
+                results["cases"].append(case_state(b, args.pairs))
+            if "delete" in wanted:
+                results["cases"].append(case_delete(b, args.pairs))
+            if "create" in wanted:
+                for key in ("none", "1", "8"):
+                    results["cases"].append(case_create(b, args.pairs, key))
+            if "cdi" in wanted:
+                results["cdi_generate"] = case_cdi(b, args.cdi_repeats)
+        finally:
+            b.cleanup()
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print_table(results)
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
