@@ -1,0 +1,133 @@
+"""What the runtime's hot paths import, measured in a real subprocess.
+
+``nvshim-runtime`` runs for every container on a node; click, structlog, yaml, jsonschema
+and pynvml each cost tens of milliseconds to import, so the create path (with and without a
+GPU request), the Python passthrough and the createContainer hook must never load them.
+Each test runs ``python -I -X importtime -m nvshim.runtime ...`` exactly as the trampoline
+does, with a compiled config whose low-level runtime is ``/bin/true`` (so nothing is
+started), and reads the interpreter's own import log from stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import pytest
+
+from tests.helpers.bundle import make_bundle, make_rootfs
+
+FORBIDDEN = ("click", "structlog", "yaml", "jsonschema", "pynvml")
+
+
+def imported_modules(stderr: str) -> List[str]:
+    """Module names from ``-X importtime`` lines (``import time: self | cumulative | name``)."""
+    names = []
+    for line in stderr.splitlines():
+        if not line.startswith("import time:"):
+            continue
+        parts = line.split("|")
+        if len(parts) == 3 and parts[2].strip() and "imported package" not in parts[2]:
+            names.append(parts[2].strip())
+    return names
+
+
+def forbidden_in(modules: Sequence[str]) -> List[str]:
+    return sorted({m.split(".")[0] for m in modules if m.split(".")[0] in FORBIDDEN})
+
+
+def run_python(args: Sequence[str], env: Dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    """``<this interpreter> -I -X importtime <args>`` as the trampoline starts it."""
+    return subprocess.run([sys.executable, "-I", "-X", "importtime", *args], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=60)
+
+
+def compiled_config(tmp_path: Path, driver_root: str = "/") -> Dict[str, str]:
+    """A config with runtimes [/bin/true], compiled so the runtime takes its JSON hot path."""
+    cfg = tmp_path / "nvshim" / "config.yaml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text(f"runtimes: [/bin/true]\ndriver-root: {driver_root}\n")
+    res = subprocess.run([sys.executable, "-I", "-m", "nvshim.cli", "config", "compile",
+                          "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert (cfg.parent / "config.compiled.json").exists()
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(cfg)}
+    return env
+
+
+def report(modules: Sequence[str]) -> str:
+    nvshim = sorted(m for m in modules if m.startswith("nvshim"))
+    return f"forbidden: {forbidden_in(modules)}\nnvshim modules: {nvshim}\nall: {sorted(modules)}"
+
+
+@pytest.fixture
+def rootfs(tmp_path: Path) -> Path:
+    return make_rootfs(tmp_path / "rootfs")
+
+
+def test_create_without_gpu_request_loads_no_heavy_module(tmp_path: Path, rootfs: Path) -> None:
+    """create for a container that asks for no GPU imports none of click, structlog, yaml, jsonschema, pynvml (nor discovery)."""
+    bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"])
+    before = (bundle / "config.json").read_bytes()
+    env = compiled_config(tmp_path)
+    res = run_python(["-m", "nvshim.runtime", "create", "--bundle", str(bundle), "c0"], env,
+                     bundle)
+    assert res.returncode == 0, res.stderr[-2000:]
+    modules = imported_modules(res.stderr)
+    assert "nvshim.create" in modules, report(modules)  # the create path really ran
+    assert forbidden_in(modules) == [], report(modules)
+    assert "nvshim.discovery" not in modules, report(modules)
+    assert (bundle / "config.json").read_bytes() == before
+
+
+def test_create_with_one_gpu_loads_no_heavy_module(tmp_path: Path, rootfs: Path) -> None:
+    """create with NVIDIA_VISIBLE_DEVICES=0 on a simulated node injects the GPU and imports none of the heavy modules."""
+    if os.geteuid() != 0:
+        pytest.skip("the simulated GPU node needs root (mknod)")
+    from nvshim.sim import create_node
+
+    node = create_node(str(tmp_path / "node"), gpus=2)
+    bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"],
+                         env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    env = compiled_config(tmp_path, node.root)
+    res = run_python(["-m", "nvshim.runtime", "--log", str(tmp_path / "log.json"),
+                      "--log-format", "json", "create", "--bundle", str(bundle), "c1"], env,
+                     bundle)
+    assert res.returncode == 0, res.stderr[-2000:]
+    spec = json.loads((bundle / "config.json").read_text())
+    paths = [d["path"] for d in spec["linux"]["devices"]]
+    assert "/dev/nvidia0" in paths  # the GPU path really ran
+    modules = imported_modules(res.stderr)
+    assert forbidden_in(modules) == [], report(modules)
+
+
+def test_python_passthrough_loads_no_heavy_module(tmp_path: Path) -> None:
+    """A passthrough command that reaches Python (e.g. the trampoline found no runtime list) imports none of the heavy modules."""
+    env = compiled_config(tmp_path)
+    res = run_python(["-m", "nvshim.runtime", "--root", str(tmp_path), "state", "x"], env,
+                     tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    modules = imported_modules(res.stderr)
+    assert "nvshim.runtime" in modules or "nvshim._argv" in modules, report(modules)
+    assert forbidden_in(modules) == [], report(modules)
+    assert "nvshim.create" not in modules, report(modules)
+
+
+def test_hook_module_loads_no_heavy_module(tmp_path: Path) -> None:
+    """Importing the createContainer hook (started by runc for every GPU container) loads none of the heavy modules."""
+    res = run_python(["-c", "import nvshim.hook"], {"PATH": "/usr/bin:/bin"}, tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    modules = imported_modules(res.stderr)
+    assert "nvshim.hook" in modules
+    assert forbidden_in(modules) == [], report(modules)
+
+
+def test_importtime_parser_sees_a_forbidden_module(tmp_path: Path) -> None:
+    """The import-log reader does flag yaml when a process imports it (the guard can fail)."""
+    res = run_python(["-c", "import yaml"], {"PATH": "/usr/bin:/bin"}, tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert forbidden_in(imported_modules(res.stderr)) == ["yaml"]
