@@ -23,7 +23,7 @@ three layouts:
 ld.so finds a name by binary search with ``_dl_cache_libcmp`` (digit runs compare as
 numbers, a digit sorts above any other byte, other bytes compare as signed chars), and
 the entries are sorted *descending* by that compare; :func:`build_ldcache` writes that
-order. Parsing is on the container-create hot path: only ``struct``, ``dataclasses`` and
+order. Parsing is on the container-create hot path: only ``struct``, :mod:`nvshim._record` and
 ``typing`` are imported, and every malformed input raises :class:`HostError`.
 """
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from nvshim._record import dataclass
 from typing import Union
 
 from nvshim.errors import HostError

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from nvshim._record import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nvshim.edits import HOOK_NAMES, Edits
@@ -112,7 +112,9 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        return " ".join(f"{self.path}: {self.json_path}: {self.message}".split("\n"))
+        from nvshim.errors import one_line
+
+        return one_line(f"{self.path}: {self.json_path}: {self.message}")
 
 
 @dataclass(frozen=True)

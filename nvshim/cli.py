@@ -89,7 +89,7 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
     edits, and a unified diff of config.json. Exits 1 with the runtime's error line
     when the runtime would fail.
     """
-    from dataclasses import replace
+    from nvshim._record import replace
 
     from nvshim.config import load_config
     from nvshim.create import plan_create

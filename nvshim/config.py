@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, fields
+from nvshim._record import dataclass, fields
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from nvshim import __version__
@@ -234,8 +234,11 @@ def compile_config(path: Optional[str] = None) -> str:
     }
     out = compiled_path(path)
     write_atomic(out, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), default_mode=0o644)
-    from nvshim._trampoline import runtimes_path
+    from nvshim._trampoline import prefixes_path, runtimes_path
 
-    # The shell trampoline's view of `runtimes` (it cannot parse YAML or JSON).
-    write_atomic(runtimes_path(path), (" ".join(config.runtimes) + "\n").encode(), default_mode=0o644)
+    # The shell trampoline's view of the config (it cannot parse YAML or JSON): one entry
+    # per line, read without word splitting or globbing.
+    for target, values in ((runtimes_path(path), config.runtimes),
+                           (prefixes_path(path), config.annotation_prefixes)):
+        write_atomic(target, "".join(f"{v}\n" for v in values).encode(), default_mode=0o644)
     return out

@@ -38,7 +38,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from nvshim._record import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from nvshim.errors import ConfigError, HostError, UsageError

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from nvshim._record import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from nvshim.apply import apply_edits, set_env
@@ -198,7 +198,7 @@ def _node_edits(
 
 def _fill_device_nodes(edits: Edits, host: Any) -> Edits:
     """CDI device nodes without type/major get them from the host node (as CDI does)."""
-    from dataclasses import replace
+    from nvshim._record import replace
 
     from nvshim.discovery import Host
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from nvshim._record import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from nvshim.edits import DeviceNode

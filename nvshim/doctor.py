@@ -36,7 +36,7 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass, field
+from nvshim._record import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from nvshim import __version__
@@ -171,7 +171,7 @@ def check_compiled_config(path: str, config: Optional[Config]) -> Finding:
         )
     except OSError as exc:
         return Finding(name, "warn", f"cannot stat {listing}: {exc.strerror}", fix)
-    listed = (_read_bytes(listing) or b"").decode(errors="replace").split()
+    listed = (_read_bytes(listing) or b"").decode(errors="replace").splitlines()
     if stale or listed != list(config.runtimes):
         return Finding(
             name, "warn",

@@ -11,7 +11,7 @@ Pure module: no filesystem access, no logging.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from nvshim._record import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from nvshim.errors import CdiError

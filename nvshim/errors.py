@@ -8,6 +8,7 @@ the runtime prints it once (stderr and runc's ``--log``) and exits 1.
 from __future__ import annotations
 
 __all__ = [
+    "one_line",
     "NvshimError",
     "UsageError",
     "SpecError",
@@ -18,15 +19,24 @@ __all__ = [
 ]
 
 
+def one_line(text: str, limit: int = 2000) -> str:
+    """``text`` on one line (any line break becomes a space), cut to ``limit`` characters."""
+    flat = " ".join(text.splitlines()) if len(text.splitlines()) > 1 or text.endswith(("\n", "\r")) else text
+    if len(flat) > limit:
+        flat = f"{flat[:limit]}… ({len(flat) - limit} more characters)"
+    return flat
+
+
 class NvshimError(Exception):
     """Base class: a failure with a one-line, user-facing message."""
 
     exit_code = 1
 
+    #: Longest message printed; a hostile value (a 1 MB env token) must not become a 1 MB line.
+    MAX_LENGTH = 2000
+
     def __str__(self) -> str:
-        text = super().__str__()
-        # One line, always: a newline in a message would split containerd's log entry.
-        return " ".join(text.split("\n"))
+        return one_line(super().__str__(), self.MAX_LENGTH)
 
 
 class UsageError(NvshimError):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from dataclasses import dataclass, field
+from nvshim._record import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nvshim.errors import RequestError, SpecError
@@ -445,7 +445,7 @@ def select_gpus(
         gpu = None
         mig = None
         if _DIGITS.match(token):
-            gpu = by_index.get(str(int(token)))
+            gpu = by_index.get(token.lstrip("0") or "0")  # no int(): 10 000 digits is fine
         elif _GPU_UUID.match(token):
             gpu = by_uuid.get(token.lower())
         elif _MIG_UUID.match(token):
@@ -453,7 +453,9 @@ def select_gpus(
         elif _MIG_PAIR.match(token):
             pair = _MIG_PAIR.match(token)
             assert pair is not None
-            mig = mig_by_pair.get(f"{int(pair.group('gpu'))}:{int(pair.group('mig'))}")
+            mig = mig_by_pair.get(
+                f"{pair.group('gpu').lstrip('0') or '0'}:{pair.group('mig').lstrip('0') or '0'}"
+            )
         else:
             pci = normalize_pci(token)
             if pci is not None:

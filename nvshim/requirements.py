@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from nvshim._record import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nvshim.errors import HostError, RequestError

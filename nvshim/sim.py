@@ -50,7 +50,7 @@ import re
 import socket
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
+from nvshim._record import dataclass
 from typing import Any
 
 from nvshim._elf import build_shared_object

@@ -47,7 +47,7 @@ def test_install_is_idempotent_and_uninstall_is_exact(tmp_path):
     cfg = tmp_path / "etc" / "nvshim" / "config.yaml"
     assert cfg.read_text() == (REPO / "config" / "config.yaml").read_text()
     assert (tmp_path / "etc" / "nvshim" / "config.compiled.json").exists()
-    assert (tmp_path / "etc" / "nvshim" / "config.runtimes").read_text() == "runc crun\n"
+    assert (tmp_path / "etc" / "nvshim" / "config.runtimes").read_text() == "runc\ncrun\n"
     version = subprocess.run([str(cli), "--version"], capture_output=True, text=True)
     assert version.returncode == 0 and "0.1.0" in version.stdout
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nvshim._argv import parse_argv
-from nvshim._trampoline import render, runtimes_path
+from nvshim._trampoline import prefixes_path, render, runtimes_path
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -50,16 +50,20 @@ def decider(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def decide(script: Path, argv: Sequence[str], shell: Sequence[str] = ("/bin/sh",)) -> str:
-    """What the trampoline decides for ``argv``: ``modify`` or ``pass``."""
-    env = {"PATH": "/usr/bin:/bin", "NVSHIM_TRAMPOLINE_DECIDE": "1"}
+    """What the trampoline decides for ``argv``: ``pass``, or ``modify`` plus ``<err>:<bundle>``."""
+    env = {"PATH": "/usr/bin:/bin", "NVSHIM_TRAMPOLINE_DECIDE": "bundle"}
     res = subprocess.run([*shell, str(script), *argv], capture_output=True, env=env, timeout=10)
     assert res.returncode == 0, res.stderr
     assert res.stderr == b"", res.stderr
-    return res.stdout.decode().strip()
+    return res.stdout.decode()
 
 
 def expected(argv: Sequence[str]) -> str:
-    return "modify" if parse_argv(list(argv)).modifies else "pass"
+    """The same, from parse_argv: the decision, whether the bundle flag lacks a value, the bundle."""
+    inv = parse_argv(list(argv))
+    if not inv.modifies:
+        return "pass\n"
+    return f"modify\n{1 if inv.error else 0}:{inv.bundle or ''}\n"
 
 
 # ----------------------------------------------------------------------------- decisions
@@ -170,12 +174,22 @@ EDGE_CASES: List[List[str]] = [
     ["-root=", "create"],
     ["--bundle=x", "create"],
     ["--bundle", "x", "create"],
+    ["create", "--bundle", "/b1", "-b", "/b2", "id"],
+    ["create", "-b=", "id"],
+    ["create", "---bundle=/x=y", "id"],
+    ["create", "id", "--bundle"],
+    ["create", "--pid-file", "--bundle", "id"],
+    ["create", "--console-socket=/s", "--bundle", "/b", "id"],
+    ["create", "--", "--bundle", "/b"],
+    ["run", "-d", "-b", "/r b", "id"],
+    ["create", "--preserve-fds", "3", "-bundle", "/c", "x"],
+    ["create", "-", "--bundle", "/after-dash"],
 ]
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=lambda s: " ".join(s))
 def test_edge_cases_decide_like_parse_argv(decider: Path, shell: List[str]) -> None:
-    """Every hand-written edge case gets the trampoline decision parse_argv makes, in dash, bash and busybox sh."""
+    """Every hand-written edge case gets the decision and bundle parse_argv finds, in dash, bash and busybox sh."""
     wrong = []
     for argv in EDGE_CASES:
         got = decide(decider, argv, shell)
@@ -186,8 +200,10 @@ def test_edge_cases_decide_like_parse_argv(decider: Path, shell: List[str]) -> N
 
 def test_edge_cases_cover_both_decisions() -> None:
     """The hand-written cases include both create/run vectors and passthrough vectors."""
-    decisions = {expected(a) for a in EDGE_CASES}
+    decisions = {expected(a).split("\n")[0] for a in EDGE_CASES}
     assert decisions == {"modify", "pass"}
+    bundles = {expected(a) for a in EDGE_CASES if expected(a).startswith("modify")}
+    assert len(bundles) >= 5  # several distinct bundle/error outcomes are exercised
     assert len(EDGE_CASES) >= 100
 
 
@@ -215,7 +231,7 @@ TOKENS = [
     )
 )
 def test_generated_argv_decide_like_parse_argv(decider: Path, argv: List[str]) -> None:
-    """Generated argv vectors from a tricky-token alphabet get the same decision from sh and Python."""
+    """Generated argv vectors from a tricky-token alphabet get the same decision and bundle from sh and Python."""
     assert decide(decider, argv) == expected(argv)
 
 
@@ -261,16 +277,26 @@ def world(tmp_path: Path) -> Dict[str, Path]:
     runtime = make_recorder(tmp_path / "fake-runc", tmp_path / "rt")
     runtimes = Path(runtimes_path(str(config)))
     runtimes.write_text(f"{runtime}\n")
+    Path(prefixes_path(str(config))).write_text("cdi.k8s.io/\n")
     old = config.stat().st_mtime - 100
     os.utime(config, (old, old))  # compiled after the YAML was written
-    cwd = tmp_path / "bundle dir"
-    cwd.mkdir()
+    (cwd_dir := tmp_path / "bundle dir").mkdir()
+    # a bundle whose config.json asks for a GPU, so create/run reach Python
+    (cwd_dir / "config.json").write_text('{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}')
+    cwd = cwd_dir
     return {"tramp": tramp, "config": config, "runtimes": runtimes, "runtime": runtime,
             "py": tmp_path / "py", "rt": tmp_path / "rt", "cwd": cwd, "tmp": tmp_path}
 
 
 HARD_ARGS = ["--root", "/run/x y", "--log", "", "state", "id with space", "line\nbreak",
              "", " ", "tab\there", "ünïcødé", "*", "$HOME", "\\n", "-", "--", "'\"", "last"]
+
+
+def python_args(world: Dict[str, Path]) -> List[str]:
+    """The argv the trampoline gave Python, after ``-I -S -c <boot code>``."""
+    argv = recorded_argv(world["py"])
+    assert argv[1:4] == ["-I", "-S", "-c"] and "from nvshim.runtime import main" in argv[4]
+    return argv[5:]
 
 
 def run_tramp(world: Dict[str, Path], argv: Sequence[str],
@@ -295,11 +321,11 @@ def test_passthrough_execs_listed_runtime_with_same_argv_env_cwd(world: Dict[str
 
 
 def test_create_goes_to_python_with_same_argv(world: Dict[str, Path]) -> None:
-    """create is handed to ``<python> -I -m nvshim.runtime`` with the argv unchanged, never to the runtime."""
+    """create is handed to ``<python> -I -S -c <boot>`` with the argv unchanged, never to the runtime."""
     argv = ["--root", "/r x", "create", "--bundle", "/b\nc", "", "id"]
     res = run_tramp(world, argv, {})
     assert res.returncode == 0, res.stderr
-    assert recorded_argv(world["py"])[1:] == ["-I", "-m", "nvshim.runtime", *argv]
+    assert python_args(world) == [*argv]
     assert not (world["tmp"] / "rt.argv").exists()
 
 
@@ -309,7 +335,7 @@ def test_yaml_newer_than_runtimes_falls_back_to_python(world: Dict[str, Path]) -
     os.utime(world["config"], (newer, newer))
     res = run_tramp(world, HARD_ARGS, {})
     assert res.returncode == 0, res.stderr
-    assert recorded_argv(world["py"])[1:] == ["-I", "-m", "nvshim.runtime", *HARD_ARGS]
+    assert python_args(world) == [*HARD_ARGS]
     assert not (world["tmp"] / "rt.argv").exists()
 
 
@@ -318,30 +344,27 @@ def test_missing_runtimes_file_falls_back_to_python(world: Dict[str, Path]) -> N
     world["runtimes"].unlink()
     res = run_tramp(world, ["state", "x"], {})
     assert res.returncode == 0, res.stderr
-    assert recorded_argv(world["py"])[1:] == ["-I", "-m", "nvshim.runtime", "state", "x"]
+    assert python_args(world) == ["state", "x"]
 
 
 def test_unusable_runtimes_fall_back_to_python(world: Dict[str, Path]) -> None:
     """Relative paths, missing files and non-executables in the list are skipped; Python reports the failure."""
     plain = world["tmp"] / "not-executable"
     plain.write_text("#!/bin/sh\n")
-    world["runtimes"].write_text(f"bin/runc {world['tmp']}/missing {plain}\n")
+    world["runtimes"].write_text(f"bin/runc\n{world['tmp']}/missing\n{plain}\n")
     res = run_tramp(world, ["delete", "x"], {})
     assert res.returncode == 0, res.stderr
-    assert recorded_argv(world["py"])[1:] == ["-I", "-m", "nvshim.runtime", "delete", "x"]
+    assert python_args(world) == ["delete", "x"]
 
 
 def test_later_runtime_in_list_is_used_when_first_is_missing(world: Dict[str, Path]) -> None:
     """The first usable entry wins: a missing absolute path is skipped for the next one."""
-    world["runtimes"].write_text(f"{world['tmp']}/missing {world['runtime']}\n")
+    world["runtimes"].write_text(f"{world['tmp']}/missing\n{world['runtime']}\n")
     res = run_tramp(world, ["kill", "x", "KILL"], {})
     assert res.returncode == 0, res.stderr
     assert recorded_argv(world["rt"]) == [str(world["runtime"]), "kill", "x", "KILL"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: compile_config writes runtimes space-joined and the trampoline word-splits and globs "
-    "them, so '/x/fake runc' runs 'runc' from PATH instead of the configured runtime"))
 @pytest.mark.parametrize("name", ["fake runc", "fake*"])
 def test_runtime_path_with_space_or_glob_is_not_split(world: Dict[str, Path], name: str) -> None:
     """A configured runtime whose path has a space or glob character runs itself or goes to Python, never another binary."""
@@ -379,7 +402,7 @@ def test_no_config_uses_runc_then_crun_from_path(world: Dict[str, Path]) -> None
     assert recorded_argv(world["tmp"] / "crun") == [str(crun), "state", "y"]
     crun.unlink()
     call("state", "z")  # neither: Python gets to say so
-    assert recorded_argv(world["py"])[1:] == ["-I", "-m", "nvshim.runtime", "state", "z"]
+    assert python_args(world) == ["state", "z"]
 
 
 def test_render_refuses_unsafe_interpreter_paths() -> None:

@@ -1,0 +1,154 @@
+"""Value classes without ``dataclasses``: the subset nvshim uses, at a fraction of the cost.
+
+``dataclasses`` costs ~13 ms to import (it pulls in ``inspect``) and ~1 ms per class,
+because it generates each ``__init__``/``__eq__``/``__repr__`` with ``exec``. nvshim's
+create path defines about twenty value classes and runs once per container start, so
+that was ~30 ms of every GPU container's create. This module gives the same behaviour for
+what we use — ``@dataclass`` / ``@dataclass(frozen=True)``, ``field(default=…,
+default_factory=…, compare=…, repr=…)``, ``fields()``, ``replace()`` and
+``__post_init__`` — with plain shared methods and no code generation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+__all__ = ["dataclass", "field", "fields", "replace", "Field", "FrozenInstanceError", "MISSING"]
+
+
+class _Missing:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
+class FrozenInstanceError(AttributeError):
+    """Assignment to a field of a frozen record."""
+
+
+class Field:
+    """One field of a record (same attribute names as ``dataclasses.Field``)."""
+
+    __slots__ = ("name", "default", "default_factory", "compare", "repr")
+
+    def __init__(self, default: Any = MISSING, default_factory: Any = MISSING,
+                 compare: bool = True, repr: bool = True) -> None:  # noqa: A002 - dataclasses' name
+        self.name = ""
+        self.default = default
+        self.default_factory = default_factory
+        self.compare = compare
+        self.repr = repr
+
+
+def field(*, default: Any = MISSING, default_factory: Any = MISSING,
+          compare: bool = True, repr: bool = True) -> Any:  # noqa: A002 - dataclasses' name
+    return Field(default, default_factory, compare, repr)
+
+
+def fields(obj: Any) -> Tuple[Field, ...]:
+    result: Tuple[Field, ...] = obj.__record_fields__
+    return result
+
+
+def replace(obj: Any, **changes: Any) -> Any:
+    values = {f.name: getattr(obj, f.name) for f in obj.__record_fields__}
+    values.update(changes)
+    return obj.__class__(**values)
+
+
+def _init(self: Any, *args: Any, **kwargs: Any) -> None:
+    flds = self.__record_fields__
+    if len(args) > len(flds):
+        raise TypeError(f"{type(self).__name__}() takes {len(flds)} arguments, got {len(args)}")
+    setter = object.__setattr__
+    for i, f in enumerate(flds):
+        if i < len(args):
+            if f.name in kwargs:
+                raise TypeError(f"{type(self).__name__}() got multiple values for {f.name!r}")
+            value = args[i]
+        elif f.name in kwargs:
+            value = kwargs.pop(f.name)
+        elif f.default is not MISSING:
+            value = f.default
+        elif f.default_factory is not MISSING:
+            value = f.default_factory()
+        else:
+            raise TypeError(f"{type(self).__name__}() missing required argument {f.name!r}")
+        setter(self, f.name, value)
+    if kwargs:
+        raise TypeError(f"{type(self).__name__}() got unexpected arguments {sorted(kwargs)}")
+    post = getattr(self, "__post_init__", None)
+    if post is not None:
+        post()
+
+
+def _key(self: Any) -> Tuple[Any, ...]:
+    return tuple(getattr(self, f.name) for f in self.__record_fields__ if f.compare)
+
+
+def _eq(self: Any, other: Any) -> Any:
+    if other.__class__ is self.__class__:
+        return _key(self) == _key(other)
+    return NotImplemented
+
+
+def _repr(self: Any) -> str:
+    inner = ", ".join(
+        f"{f.name}={getattr(self, f.name)!r}" for f in self.__record_fields__ if f.repr
+    )
+    return f"{type(self).__name__}({inner})"
+
+
+def _hash(self: Any) -> int:
+    return hash((self.__class__.__qualname__,) + _key(self))
+
+
+def _frozen_setattr(self: Any, name: str, value: Any) -> None:
+    raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+
+def _frozen_delattr(self: Any, name: str) -> None:
+    raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+
+def _make(cls: type, frozen: bool) -> type:
+    flds = []
+    for base in reversed(cls.__mro__[1:]):
+        flds.extend(getattr(base, "__record_fields__", ()))
+    for name, annotation in cls.__dict__.get("__annotations__", {}).items():
+        if isinstance(annotation, str) and annotation.startswith(("ClassVar", "typing.ClassVar")):
+            continue
+        value = cls.__dict__.get(name, MISSING)
+        f = value if isinstance(value, Field) else Field(default=value)
+        f.name = name
+        if isinstance(value, Field):
+            if f.default is MISSING:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, f.default)
+        flds = [old for old in flds if old.name != name] + [f]
+    cls.__record_fields__ = tuple(flds)  # type: ignore[attr-defined]
+    cls.__init__ = _init  # type: ignore[assignment]
+    cls.__eq__ = _eq  # type: ignore[assignment]
+    if "__repr__" not in cls.__dict__:
+        cls.__repr__ = _repr  # type: ignore[assignment]
+    if frozen:
+        cls.__setattr__ = _frozen_setattr  # type: ignore[assignment]
+        cls.__delattr__ = _frozen_delattr  # type: ignore[assignment]
+        cls.__hash__ = _hash  # type: ignore[assignment]
+    elif "__hash__" not in cls.__dict__:
+        cls.__hash__ = None  # type: ignore[assignment]
+    return cls
+
+
+def dataclass(cls: Optional[type] = None, *, frozen: bool = False) -> Any:
+    """``@dataclass`` / ``@dataclass(frozen=True)`` for nvshim's value classes."""
+    def wrap(c: type) -> type:
+        return _make(c, frozen)
+
+    return wrap if cls is None else wrap(cls)
+
