@@ -175,7 +175,10 @@ def render(python: str, paths: Optional[Sequence[str]] = None) -> str:
     for path in entries:
         if not _plain(path):
             raise ValueError(f"sys.path entry must be absolute and plain: {path!r}")
-    boot = f"import sys; sys.path[0:0] = {entries!r}; from nvshim.runtime import main; main()"
+    import json
+
+    # double-quoted list: the code sits inside single quotes in the script
+    boot = f"import sys; sys.path[0:0] = {json.dumps(entries)}; from nvshim.runtime import main; main()"
     return _TEMPLATE.replace("@PYTHON@", python).replace("@BOOT@", f"'{boot}'")
 
 

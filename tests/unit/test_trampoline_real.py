@@ -1,0 +1,63 @@
+"""The rendered trampoline with the real interpreter: the boot code runs nvshim, and the
+no-marker shortcut leaves config.json alone without starting Python."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from nvshim._trampoline import render
+from nvshim.config import compile_config
+
+
+def setup(tmp_path: Path, env_list):
+    rec = tmp_path / "rec"
+    runtime = tmp_path / "fake-runc"
+    runtime.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {rec}\n")
+    runtime.chmod(0o755)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"runtimes: [{runtime}]\ndebug-log: {tmp_path / 'debug.log'}\n")
+    compile_config(str(config))
+    tramp = tmp_path / "nvshim-runtime"
+    tramp.write_text(render(sys.executable))
+    tramp.chmod(0o755)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps({"process": {"env": env_list}}, indent="\t"))
+    env = {"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": str(config)}
+    return tramp, bundle, env, rec, tmp_path / "debug.log"
+
+
+def test_create_with_marker_runs_real_python(tmp_path):
+    """A create whose spec names NVIDIA_ reaches nvshim's Python runtime, which then execs the runtime."""
+    tramp, bundle, env, rec, debug = setup(tmp_path, ["NVIDIA_VISIBLE_DEVICES=void"])
+    res = subprocess.run([str(tramp), "create", "--bundle", str(bundle), "id"], env=env,
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert rec.read_text().split() == ["create", "--bundle", str(bundle), "id"]
+    assert '"event": "create"' in debug.read_text()  # Python ran and logged the create
+
+
+def test_create_without_marker_skips_python(tmp_path):
+    """A spec that cannot ask for a GPU goes straight to the runtime: no Python, file untouched."""
+    tramp, bundle, env, rec, debug = setup(tmp_path, ["PATH=/bin", "FOO=bar"])
+    before = (bundle / "config.json").read_bytes()
+    res = subprocess.run([str(tramp), "create", "--bundle", str(bundle), "id"], env=env,
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert rec.read_text().split() == ["create", "--bundle", str(bundle), "id"]
+    assert not os.path.exists(debug)
+    assert (bundle / "config.json").read_bytes() == before
+
+
+def test_escaped_marker_still_reaches_python(tmp_path):
+    """A JSON escape that could hide NVIDIA_ sends the create to Python, which injects or refuses."""
+    tramp, bundle, env, rec, debug = setup(tmp_path, [])
+    (bundle / "config.json").write_text('{"process":{"env":["\\u004eVIDIA_VISIBLE_DEVICES=void"]}}')
+    res = subprocess.run([str(tramp), "create", "--bundle", str(bundle), "id"], env=env,
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert debug.exists()
