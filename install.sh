@@ -147,6 +147,7 @@ fi
 "$BINDIR/nvshim" config compile --config "$ETCDIR/config.yaml"
 record "file $ETCDIR/config.compiled.json"
 record "file $ETCDIR/config.runtimes"
+record "file $ETCDIR/config.annotation-prefixes"
 
 # --- containerd ------------------------------------------------------------------------
 if [ "$CONTAINERD" = 1 ]; then
