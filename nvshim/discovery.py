@@ -18,7 +18,8 @@ import os
 import re
 import stat
 from nvshim._record import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from contextlib import contextmanager
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from nvshim.edits import DeviceNode
 from nvshim.errors import HostError
@@ -308,15 +309,7 @@ class Host:
         return tuple(self._make_gpu(i, *r) for i, r in enumerate(raw))
 
     def _gpus_from_nvml(self) -> Tuple[Gpu, ...]:
-        try:
-            import pynvml
-        except ImportError as exc:
-            raise HostError("nvidia-ml-py is not installed; cannot query NVML") from exc
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
-            raise HostError(f"cannot initialise NVML: {exc}") from exc
-        try:
+        with nvml("NVML query failed") as pynvml:
             raw = []
             for i in range(pynvml.nvmlDeviceGetCount()):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -325,13 +318,6 @@ class Host:
                 bus = normalize_pci(_text(pynvml.nvmlDeviceGetPciInfo(handle).busId)) or ""
                 model = _text(pynvml.nvmlDeviceGetName(handle))
                 raw.append((bus, minor, uuid, model))
-        except pynvml.NVMLError as exc:
-            raise HostError(f"NVML query failed: {exc}") from exc
-        finally:
-            try:
-                pynvml.nvmlShutdown()
-            except pynvml.NVMLError:
-                pass  # shutting down a library we are done with; nothing to recover
         raw.sort()
         return tuple(self._make_gpu(i, *r) for i, r in enumerate(raw))
 
@@ -498,6 +484,32 @@ class Host:
             if os.path.isdir(self.host_path(path)):
                 out.append(DriverFile(self.host_path(path), path, "compute", "ipc"))
         return tuple(out)
+
+
+class NvmlUnavailable(HostError):
+    """NVML cannot be used on this host (library missing, or no driver to talk to)."""
+
+
+@contextmanager
+def nvml(failure: str) -> Iterator[Any]:
+    """An initialised pynvml for the ``with`` body, shut down after; failures are HostError."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise NvmlUnavailable("nvidia-ml-py is not installed; cannot query NVML") from exc
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise NvmlUnavailable(f"cannot initialise NVML: {exc}") from exc
+    try:
+        yield pynvml
+    except pynvml.NVMLError as exc:
+        raise HostError(f"{failure}: {exc}") from exc
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass  # shutting down a library we are done with; nothing to recover
 
 
 def _text(value: object) -> str:

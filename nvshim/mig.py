@@ -78,41 +78,26 @@ def _sim_uuids(host: Any, minor: int) -> Dict[Tuple[int, int], Tuple[str, str]]:
 
 
 def _nvml_uuids(minor: int) -> Dict[Tuple[int, int], Tuple[str, str]]:
-    try:
-        import pynvml
-    except ImportError:
-        return {}
+    from nvshim.discovery import NvmlUnavailable, _text, nvml
+
     out: Dict[Tuple[int, int], Tuple[str, str]] = {}
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return out
-    try:
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            if int(pynvml.nvmlDeviceGetMinorNumber(handle)) != minor:
-                continue
-            count = pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)
-            for j in range(count):
-                try:
-                    mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
-                except pynvml.NVMLError:
+        with nvml(f"NVML MIG query failed for GPU minor {minor}") as pynvml:
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                if int(pynvml.nvmlDeviceGetMinorNumber(handle)) != minor:
                     continue
-                gi = int(pynvml.nvmlDeviceGetGpuInstanceId(mh))
-                ci = int(pynvml.nvmlDeviceGetComputeInstanceId(mh))
-                uuid = pynvml.nvmlDeviceGetUUID(mh)
-                name = pynvml.nvmlDeviceGetName(mh)
-                out[(gi, ci)] = (
-                    uuid.decode() if isinstance(uuid, bytes) else str(uuid),
-                    name.decode() if isinstance(name, bytes) else str(name),
-                )
-    except pynvml.NVMLError as exc:
-        raise HostError(f"NVML MIG query failed for GPU minor {minor}: {exc}") from exc
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass  # done with the library; nothing to recover
+                for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+                    try:
+                        mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
+                    except pynvml.NVMLError:
+                        continue  # an empty MIG slot
+                    gi = int(pynvml.nvmlDeviceGetGpuInstanceId(mh))
+                    ci = int(pynvml.nvmlDeviceGetComputeInstanceId(mh))
+                    out[(gi, ci)] = (_text(pynvml.nvmlDeviceGetUUID(mh)),
+                                     _text(pynvml.nvmlDeviceGetName(mh)))
+    except NvmlUnavailable:
+        return out  # no NVML: MIG devices stay unnamed, as on a procfs-only node
     return out
 
 
