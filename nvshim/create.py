@@ -87,12 +87,19 @@ def serialize_spec(spec: Dict[str, Any], original: bytes) -> bytes:
 
 
 def hook_command() -> Tuple[str, ...]:
-    """How a hook starts nvshim: this interpreter by absolute path, isolated mode.
+    """How a hook starts nvshim: this interpreter by absolute path, isolated, without site.
 
-    ``-I`` ignores PYTHON* variables and the user site directory; the hook entry also
-    carries an explicit env, so nothing of the image's environment reaches it.
+    ``-I`` ignores PYTHON* variables, the user site and the current directory (the hook's
+    cwd is the container rootfs); ``-S`` skips site (5-30 ms per start), so the directory
+    holding nvshim is put on ``sys.path`` explicitly — the hook needs nothing else. The
+    hook entry also carries an explicit env: nothing of the image's environment reaches it.
     """
-    return (os.path.abspath(sys.executable), "-I", "-m", "nvshim.hook")
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    boot = (
+        f"import sys; sys.path[0:0] = {json.dumps([parent])}; "
+        "from nvshim.hook import main; sys.exit(main())"
+    )
+    return (os.path.abspath(sys.executable), "-I", "-S", "-c", boot)
 
 
 def _root_path(spec: Dict[str, Any], bundle: str) -> Optional[str]:

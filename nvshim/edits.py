@@ -395,7 +395,7 @@ def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits
     present = {m.container_path.rsplit("/", 1)[-1] for m in mounts}
     hooks = []
     for hook in edits.hooks:
-        if "nvshim.hook" not in hook.args:
+        if not any("nvshim.hook" in a for a in hook.args):
             hooks.append(hook)
             continue
         hooks.extend(_prune_hook(hook, present))
@@ -405,7 +405,8 @@ def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits
 def _prune_hook(hook: Hook, present: set) -> Tuple[Hook, ...]:
     """nvshim's hook without links to files that are not injected (none left: no hook)."""
     args = list(hook.args)
-    start = args.index("nvshim.hook") + 1
+    # the hook command ends with `-m nvshim.hook` or with `-c <boot code importing it>`
+    start = next(i for i, a in enumerate(args) if "nvshim.hook" in a) + 1
     head, rest = args[:start], args[start:]
     links: list[Tuple[str, str]] = []
     folders: list[str] = []

@@ -286,11 +286,12 @@ def test_hook_entry_has_explicit_env_and_isolated_interpreter(runc, rootfs, tmp_
     runc.create(bundle, cid, runtime=nvshim_runtime_bin, env=env).check()
     try:
         hooks = read_config(bundle).get("hooks", {}).get("createContainer", [])
-        ours = [h for h in hooks if "nvshim.hook" in h.get("args", [])]
+        ours = [h for h in hooks if any("nvshim.hook" in a for a in h.get("args", []))]
         assert len(ours) == 1, hooks
         hook = ours[0]
         assert os.path.isabs(hook["path"]) and os.access(hook["path"], os.X_OK)
-        assert hook["args"][:4] == [hook["path"], "-I", "-m", "nvshim.hook"]
+        assert hook["args"][:4] == [hook["path"], "-I", "-S", "-c"]
+        assert "from nvshim.hook import main" in hook["args"][4]
         assert isinstance(hook.get("env"), list) and hook["env"], hook
         names = {e.split("=", 1)[0] for e in hook["env"]}
         assert not names & {"LD_PRELOAD", "LD_LIBRARY_PATH", "NVIDIA_VISIBLE_DEVICES"}
