@@ -315,7 +315,7 @@ def hook_for_libraries(libraries: Sequence[Any], hook_command: Sequence[str]) ->
     """The one createContainer hook: SONAME links + ld.so.cache for the injected dirs."""
     if not libraries or not hook_command:
         return None
-    from nvshim.hook import build_hook_args
+    from nvshim._hookargs import build_hook_args
 
     folders = tuple(dict.fromkeys(lib.container_path.rsplit("/", 1)[0] for lib in libraries))
     args = tuple(hook_command) + tuple(build_hook_args(hook_links(libraries), folders))
@@ -430,7 +430,7 @@ def _prune_hook(hook: Hook, present: set) -> Tuple[Hook, ...]:
                 changed = True
     if not any(n for n in present if ".so" in n):
         return ()
-    from nvshim.hook import build_hook_args
+    from nvshim._hookargs import build_hook_args
 
     kept_sorted = [pair for pair in links if pair in kept]
     return (Hook(hook.hook_name, hook.path, tuple(head) + tuple(build_hook_args(kept_sorted, folders)),

@@ -40,6 +40,8 @@ import stat
 import sys
 
 from nvshim import _inroot
+from nvshim._hookargs import SEP as _SEP  # noqa: N811 - the module-private name it had
+from nvshim._hookargs import build_hook_args, check_folder as _check_folder, check_link as _check_link
 from nvshim._ldcache import HWCAP_EXTENSION, CacheEntry, build_ldcache, parse_ldcache
 from nvshim.errors import HostError, NvshimError, SpecError, UsageError
 
@@ -62,7 +64,6 @@ LDCACHE = "/etc/ld.so.cache"
 LDCONF = "/etc/ld.so.conf"
 LDCONF_DROPIN = "/etc/ld.so.conf.d/00-nvshim.conf"
 _LDCONF_DEFAULT = b"include /etc/ld.so.conf.d/*.conf\n"
-_SEP = "::"
 _PREFIX = "nvshim hook: "
 
 # ld.so.cache entry flags ld.so accepts, by (ELF class, e_machine): glibc's
@@ -75,37 +76,6 @@ _CACHE_FLAGS = {
     (_CLASS64, 183): 0x0A03,  # aarch64
     (_CLASS64, 21): 0x0503,  # ppc64 (le)
 }
-
-
-def _check_link(target: str, link: str) -> None:
-    if not target or not link:
-        raise UsageError(f"--link {target}{_SEP}{link}: target and link must not be empty")
-    if target.startswith("-"):
-        raise UsageError(f"--link {target}{_SEP}{link}: the target must not start with '-'")
-    if _SEP in target or _SEP in link:
-        raise UsageError(f"--link {target}{_SEP}{link}: {_SEP!r} may appear only once")
-    if not link.startswith("/"):
-        raise UsageError(f"--link {target}{_SEP}{link}: the link must be an absolute path")
-
-
-def _check_folder(folder: str) -> None:
-    if not folder.startswith("/"):
-        raise UsageError(f"--folder {folder}: must be an absolute container path")
-
-
-def build_hook_args(links: Sequence[Tuple[str, str]], folders: Sequence[str]) -> List[str]:
-    """The hook arguments after ``-m nvshim.hook`` for *links* (target, link) and *folders*.
-
-    The inverse of this module's parser: ``main`` accepts exactly what this returns.
-    """
-    args: List[str] = []
-    for folder in folders:
-        _check_folder(folder)
-        args += ["--folder", folder]
-    for target, link in links:
-        _check_link(target, link)
-        args += ["--link", f"{target}{_SEP}{link}"]
-    return args
 
 
 class _Parser(argparse.ArgumentParser):

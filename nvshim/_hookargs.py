@@ -1,0 +1,47 @@
+"""The createContainer hook's command line, shared by the runtime (which writes it) and
+the hook (which parses it).
+
+Kept apart from :mod:`nvshim.hook` so that building a hook entry on the create path does
+not import the hook's own machinery (argparse, the ld.so.cache codec, in-root file ops).
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+from nvshim.errors import UsageError
+
+__all__ = ["SEP", "build_hook_args", "check_link", "check_folder"]
+
+SEP = "::"
+
+
+def check_link(target: str, link: str) -> None:
+    if not target or not link:
+        raise UsageError(f"--link {target}{SEP}{link}: target and link must not be empty")
+    if target.startswith("-"):
+        raise UsageError(f"--link {target}{SEP}{link}: the target must not start with '-'")
+    if SEP in target or SEP in link:
+        raise UsageError(f"--link {target}{SEP}{link}: {SEP!r} may appear only once")
+    if not link.startswith("/"):
+        raise UsageError(f"--link {target}{SEP}{link}: the link must be an absolute path")
+
+
+def check_folder(folder: str) -> None:
+    if not folder.startswith("/"):
+        raise UsageError(f"--folder {folder}: must be an absolute container path")
+
+
+def build_hook_args(links: Sequence[Tuple[str, str]], folders: Sequence[str]) -> List[str]:
+    """The hook arguments after ``-m nvshim.hook`` for *links* (target, link) and *folders*.
+
+    The inverse of this module's parser: ``main`` accepts exactly what this returns.
+    """
+    args: List[str] = []
+    for folder in folders:
+        check_folder(folder)
+        args += ["--folder", folder]
+    for target, link in links:
+        check_link(target, link)
+        args += ["--link", f"{target}{SEP}{link}"]
+    return args
