@@ -31,7 +31,6 @@ The checks, by name:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -157,7 +156,9 @@ def check_compiled_config(path: str, config: Optional[Config]) -> Finding:
             f"{compiled} was written by nvshim {doc.get('nvshim-version')}, this is {__version__}",
             fix,
         )
-    if doc.get("source-sha256") != hashlib.sha256(data).hexdigest():
+    from nvshim.config import compiled_matches
+
+    if not compiled_matches(doc, data):
         return Finding(name, "warn", f"{path} changed since it was compiled into {compiled}", fix)
     from nvshim._trampoline import runtimes_path
 
