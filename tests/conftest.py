@@ -4,8 +4,8 @@ Fixtures:
 
 * ``repo_root`` (session) -> Path of the repository.
 * ``nvshim_runtime_bin`` (session) -> str: the ``nvshim-runtime`` executable to test —
-  ``$NVSHIM_RUNTIME_BIN``, else ``<repo>/.venv/bin/nvshim-runtime``, else ``nvshim-runtime`` on
-  PATH, else the test is skipped.
+  ``$NVSHIM_RUNTIME_BIN``, else ``nvshim-runtime`` on PATH (the installed trampoline), else
+  ``<repo>/.venv/bin/nvshim-runtime``, else the test is skipped.
 * ``nvshim_bin`` (session) -> str: the same for ``nvshim`` (``$NVSHIM_BIN``).
 """
 
@@ -37,15 +37,15 @@ def _find_executable(env_var: str, name: str) -> str:
         if not os.access(explicit, os.X_OK):
             pytest.fail(f"${env_var}={explicit} is not an executable file")
         return explicit
+    # The installed command first (for nvshim-runtime: the sh trampoline), so a developer's
+    # run tests what CI and users run; the checkout's venv script otherwise.
+    found = shutil.which(name)
+    if found is not None:
+        return found
     venv = REPO_ROOT / ".venv" / "bin" / name
     if venv.is_file() and os.access(venv, os.X_OK):
         return str(venv)
-    found = shutil.which(name)
-    if found is None:
-        pytest.skip(
-            f"{name} not found: set ${env_var}, or run `.venv/bin/pip install -e .` in {REPO_ROOT}"
-        )
-    return found
+    pytest.skip(f"{name} not found: run ./install.sh, or set ${env_var}")
 
 
 @pytest.fixture(scope="session")
