@@ -56,6 +56,14 @@ def _str_tuple(value: Any, where: str) -> Tuple[str, ...]:
     return tuple(value)
 
 
+def _opt_str(d: Mapping[str, Any], key: str, where: str) -> Optional[str]:
+    """An optional string field: None when absent or empty; CdiError when not a string."""
+    value = d.get(key)
+    if value is not None and not isinstance(value, str):
+        raise CdiError(f"{where}.{key} must be a string")
+    return value or None
+
+
 def _req_str(d: Mapping[str, Any], key: str, where: str) -> str:
     value = d.get(key)
     if not isinstance(value, str) or not value:
@@ -103,23 +111,14 @@ class DeviceNode:
     def from_cdi(cls, d: Mapping[str, Any], where: str = "deviceNodes") -> "DeviceNode":
         if not isinstance(d, Mapping):
             raise CdiError(f"{where} must be an object")
-        host_path = d.get("hostPath")
-        if host_path is not None and not isinstance(host_path, str):
-            raise CdiError(f"{where}.hostPath must be a string")
-        dtype = d.get("type")
-        if dtype is not None and not isinstance(dtype, str):
-            raise CdiError(f"{where}.type must be a string")
-        perms = d.get("permissions")
-        if perms is not None and not isinstance(perms, str):
-            raise CdiError(f"{where}.permissions must be a string")
         return cls(
             path=_req_str(d, "path", where),
-            host_path=host_path or None,
-            type=dtype or None,
+            host_path=_opt_str(d, "hostPath", where),
+            type=_opt_str(d, "type", where),
             major=_opt_int(d.get("major"), f"{where}.major"),
             minor=_opt_int(d.get("minor"), f"{where}.minor"),
             file_mode=_opt_int(d.get("fileMode"), f"{where}.fileMode"),
-            permissions=perms or None,
+            permissions=_opt_str(d, "permissions", where),
             uid=_opt_int(d.get("uid"), f"{where}.uid"),
             gid=_opt_int(d.get("gid"), f"{where}.gid"),
         )
@@ -151,13 +150,10 @@ class Mount:
     def from_cdi(cls, d: Mapping[str, Any], where: str = "mounts") -> "Mount":
         if not isinstance(d, Mapping):
             raise CdiError(f"{where} must be an object")
-        mtype = d.get("type")
-        if mtype is not None and not isinstance(mtype, str):
-            raise CdiError(f"{where}.type must be a string")
         return cls(
             host_path=_req_str(d, "hostPath", where),
             container_path=_req_str(d, "containerPath", where),
-            type=mtype or None,
+            type=_opt_str(d, "type", where),
             options=_str_tuple(d.get("options"), f"{where}.options"),
         )
 
