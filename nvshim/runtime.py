@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from nvshim._argv import Invocation, parse_argv
+
+if TYPE_CHECKING:
+    from typing import NoReturn
+
+    from nvshim.config import Config
 
 __all__ = ["main", "find_runtime"]
 
@@ -33,14 +38,14 @@ def find_runtime(candidates: Sequence[str], path_env: Optional[str]) -> Optional
     return None
 
 
-def _fail(message: str, inv: Invocation) -> "NoReturn":  # type: ignore[name-defined]
+def _fail(message: str, inv: Invocation) -> NoReturn:
     from nvshim.logs import report_error
 
     report_error(message, inv.log, inv.log_format)
     sys.exit(1)
 
 
-def _load_config(inv: Invocation):  # type: ignore[no-untyped-def]
+def _load_config(inv: Invocation) -> Config:
     from nvshim.config import load_config
     from nvshim.errors import NvshimError
 

@@ -6,7 +6,6 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
 
 from tests.helpers.engines import require_root
 

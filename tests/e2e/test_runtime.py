@@ -14,7 +14,7 @@ import pytest
 
 from nvshim.config import compile_config
 from tests.helpers.bundle import make_bundle
-from tests.helpers.engines import Runc, require_root, unique_id, write_nvshim_config
+from tests.helpers.engines import require_root, unique_id, write_nvshim_config
 
 pytestmark = pytest.mark.e2e
 

@@ -7,7 +7,6 @@ side is a simulated node and files the test owns, compared byte for byte before/
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
