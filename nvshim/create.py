@@ -13,7 +13,7 @@ import sys
 from nvshim._record import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from nvshim.apply import apply_edits, set_env
+from nvshim.apply import apply_edits
 from nvshim.config import Config
 from nvshim.edits import Edits, driver_edits, gpu_edits, mig_edits
 from nvshim.errors import HostError, RequestError, SpecError
@@ -102,13 +102,6 @@ def hook_command() -> Tuple[str, ...]:
     return (os.path.abspath(sys.executable), "-I", "-S", "-c", boot)
 
 
-def _root_path(spec: Dict[str, Any], bundle: str) -> Optional[str]:
-    root = spec.get("root")
-    if isinstance(root, dict) and isinstance(root.get("path"), str):
-        return os.path.join(bundle, root["path"])
-    return None
-
-
 def plan_create(
     bundle: str,
     config: Config,
@@ -136,11 +129,7 @@ def plan_create(
 
     if not request.injects:
         if request.set_void:
-            new = json.loads(json.dumps(spec))
-            process = new.setdefault("process", {})
-            env = process.setdefault("env", [])
-            set_env(env, f"{VISIBLE_DEVICES}=void")
-            plan.new_spec = new
+            plan.new_spec = apply_edits(spec, Edits(env=(f"{VISIBLE_DEVICES}=void",)))
         return plan
 
     if host is None:
@@ -158,7 +147,7 @@ def plan_create(
         from nvshim.edits import restrict_to_capabilities
 
         edits = edits + cdi.resolve_devices(registry, cdi_names)
-        edits = restrict_to_capabilities(_fill_device_nodes(edits, host), request.capabilities)
+        edits = restrict_to_capabilities(_fill_device_nodes(edits), request.capabilities)
         plan.cdi_names = cdi_names
 
     tokens = request.gpu_tokens
@@ -203,18 +192,18 @@ def _node_edits(
     return edits
 
 
-def _fill_device_nodes(edits: Edits, host: Any) -> Edits:
+def _fill_device_nodes(edits: Edits) -> Edits:
     """CDI device nodes without type/major get them from the host node (as CDI does)."""
     from nvshim._record import replace
 
     from nvshim.discovery import Host
 
+    probe = Host("/", "/")  # CDI hostPaths are absolute host paths
     nodes = []
     for node in edits.device_nodes:
         if node.type is not None and (node.major is not None or node.type == "p"):
             nodes.append(node)
             continue
-        probe = Host("/", "/")
         stat_node = probe.device_node(node.source)
         if stat_node is None:
             raise HostError(f'CDI device node host path "{node.source}" does not exist')

@@ -386,20 +386,6 @@ class Host:
             self._ldcache = entries
         return self._ldcache
 
-    def library_dirs(self) -> Tuple[str, ...]:
-        """Directories (as the container sees them) that hold driver libraries."""
-        version = self.driver_version()
-        dirs: Dict[str, None] = {}
-        for key, value in self.ldcache().items():
-            if key.startswith(("libcuda.so", "libnvidia-ml.so")):
-                dirs.setdefault(os.path.dirname(value), None)
-        for directory in LIB_DIRS:
-            if os.path.exists(self.host_path(f"{directory}/libcuda.so.{version}")) or os.path.exists(
-                self.host_path(f"{directory}/libnvidia-ml.so.{version}")
-            ):
-                dirs.setdefault(directory, None)
-        return tuple(dirs)
-
     def find_library(self, base: str, capability: str) -> Optional[Library]:
         """Locate ``<base>.so.<driver version>`` through the ld.so.cache, then LIB_DIRS."""
         version = self.driver_version()
@@ -514,7 +500,3 @@ def nvml(failure: str) -> Iterator[Any]:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def gpu_refs(gpus: Sequence[Gpu]) -> Tuple[GpuRef, ...]:
-    return tuple(g.ref() for g in gpus)
