@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 from typing import List, Optional, Sequence
 
+from nvshim.config import prefixes_path, runtimes_path  # the files the script reads
+
 __all__ = ["render", "runtimes_path", "prefixes_path", "default_paths"]
 
 _TEMPLATE = r"""#!/bin/sh
@@ -180,17 +182,3 @@ def render(python: str, paths: Optional[Sequence[str]] = None) -> str:
     # double-quoted list: the code sits inside single quotes in the script
     boot = f"import sys; sys.path[0:0] = {json.dumps(entries)}; from nvshim.runtime import main; main()"
     return _TEMPLATE.replace("@PYTHON@", python).replace("@BOOT@", f"'{boot}'")
-
-
-def _stem(config_path: str) -> str:
-    return config_path[: -len(".yaml")] if config_path.endswith(".yaml") else config_path
-
-
-def runtimes_path(config_path: str) -> str:
-    """Where ``nvshim config compile`` writes the runtime list the trampoline reads."""
-    return _stem(config_path) + ".runtimes"
-
-
-def prefixes_path(config_path: str) -> str:
-    """Where ``nvshim config compile`` writes the annotation prefixes the trampoline greps for."""
-    return _stem(config_path) + ".annotation-prefixes"

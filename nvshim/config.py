@@ -28,6 +28,8 @@ __all__ = [
     "DEFAULT_CONFIG_PATH",
     "config_path",
     "compiled_path",
+    "runtimes_path",
+    "prefixes_path",
     "load_config",
     "compile_config",
     "compiled_matches",
@@ -93,10 +95,24 @@ def config_path(environ: Optional[Mapping[str, str]] = None) -> str:
     return env.get("NVSHIM_CONFIG") or DEFAULT_CONFIG_PATH
 
 
+def _compiled(path: str, suffix: str) -> str:
+    stem = path[: -len(".yaml")] if path.endswith(".yaml") else path
+    return stem + suffix
+
+
 def compiled_path(path: str) -> str:
     """Where ``nvshim config compile`` keeps the validated copy of ``path``."""
-    stem = path[: -len(".yaml")] if path.endswith(".yaml") else path
-    return stem + ".compiled.json"
+    return _compiled(path, ".compiled.json")
+
+
+def runtimes_path(path: str) -> str:
+    """The runtime list for the sh trampoline (one per line), written by compile."""
+    return _compiled(path, ".runtimes")
+
+
+def prefixes_path(path: str) -> str:
+    """The annotation prefixes the sh trampoline greps for (one per line), written by compile."""
+    return _compiled(path, ".annotation-prefixes")
 
 
 def compiled_matches(doc: Any, data: bytes) -> bool:
@@ -240,8 +256,6 @@ def compile_config(path: Optional[str] = None) -> str:
     }
     out = compiled_path(path)
     write_atomic(out, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), default_mode=0o644)
-    from nvshim._trampoline import prefixes_path, runtimes_path
-
     # The shell trampoline's view of the config (it cannot parse YAML or JSON): one entry
     # per line, read without word splitting or globbing.
     for target, values in ((runtimes_path(path), config.runtimes),

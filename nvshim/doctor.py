@@ -39,7 +39,14 @@ from nvshim._record import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from nvshim import __version__
-from nvshim.config import DEFAULT_CONFIG_PATH, Config, compiled_path, config_path, load_config
+from nvshim.config import (
+    DEFAULT_CONFIG_PATH,
+    Config,
+    compiled_path,
+    config_path,
+    load_config,
+    runtimes_path,
+)
 from nvshim.errors import NvshimError
 
 __all__ = [
@@ -160,8 +167,6 @@ def check_compiled_config(path: str, config: Optional[Config]) -> Finding:
 
     if not compiled_matches(doc, data):
         return Finding(name, "warn", f"{path} changed since it was compiled into {compiled}", fix)
-    from nvshim._trampoline import runtimes_path
-
     listing = runtimes_path(path)
     try:
         stale = os.stat(path).st_mtime_ns > os.stat(listing).st_mtime_ns
