@@ -170,32 +170,28 @@ class Registry:
 # Names
 
 
-def _kind_part_error(value: str, what: str) -> Optional[str]:
-    """Why ``value`` is not a valid vendor or class name, or None if it is."""
+def _name_error(value: str, what: str, chars: frozenset, first: frozenset, first_rule: str) -> Optional[str]:
+    """Why ``value`` is not a valid ``what`` name (the CDI name grammar), or None if it is."""
     if not value:
         return f"empty {what} name"
     for char in value:
-        if char not in _KIND_CHARS:
+        if char not in chars:
             return f'{what} name "{value}" has invalid character {_show_char(char)}'
-    if value[0] not in _LETTERS:
-        return f'{what} name "{value}" must start with a letter'
+    if value[0] not in first:
+        return f'{what} name "{value}" must start with {first_rule}'
     if value[-1] not in _ALNUM:
         return f'{what} name "{value}" must end with a letter or digit'
     return None
 
 
+def _kind_part_error(value: str, what: str) -> Optional[str]:
+    """Vendor and class: letters, digits, ``_.-``; a letter first."""
+    return _name_error(value, what, _KIND_CHARS, _LETTERS, "a letter")
+
+
 def _device_name_error(value: str) -> Optional[str]:
-    """Why ``value`` is not a valid (unqualified) device name, or None if it is."""
-    if not value:
-        return "empty device name"
-    for char in value:
-        if char not in _DEVICE_CHARS:
-            return f'device name "{value}" has invalid character {_show_char(char)}'
-    if value[0] not in _ALNUM:
-        return f'device name "{value}" must start with a letter or digit'
-    if value[-1] not in _ALNUM:
-        return f'device name "{value}" must end with a letter or digit'
-    return None
+    """Unqualified device names: also ``:`` (MIG ``0:1``); a letter or digit first."""
+    return _name_error(value, "device", _DEVICE_CHARS, _ALNUM, "a letter or digit")
 
 
 def _show_char(char: str) -> str:
