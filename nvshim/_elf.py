@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from nvshim.errors import HostError
 
-__all__ = ["build_shared_object", "read_soname"]
+__all__ = ["build_shared_object", "read_soname", "read_soname_fd"]
 
 _PT_LOAD = 1
 _PT_DYNAMIC = 2
@@ -114,13 +114,19 @@ def read_soname(path: str) -> str | None:
     except OSError as exc:
         raise HostError(f"cannot read ELF file {path}: {exc.strerror}") from exc
     try:
-        return _soname_from_fd(fd)
-    except OSError as exc:
-        raise HostError(f"cannot read ELF file {path}: {exc.strerror}") from exc
-    except (struct.error, OverflowError):
-        return None
+        return read_soname_fd(fd, path)
     finally:
         os.close(fd)
+
+
+def read_soname_fd(fd: int, name: str = "ELF file") -> str | None:
+    """:func:`read_soname` for an already open file (the hook opens files in-root)."""
+    try:
+        return _soname_from_fd(fd)
+    except OSError as exc:
+        raise HostError(f"cannot read {name}: {exc.strerror}") from exc
+    except (struct.error, OverflowError):
+        return None
 
 
 def _soname_from_fd(fd: int) -> str | None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 from nvshim._record import dataclass
-from typing import Union
+from typing import Optional, Union
 
 from nvshim.errors import HostError
 
@@ -44,6 +44,7 @@ __all__ = [
     "LAYOUTS",
     "CacheEntry",
     "build_ldcache",
+    "cache_flags",
     "libcmp_key",
     "parse_ldcache",
     "read_ldcache",
@@ -81,6 +82,23 @@ class CacheEntry:
     value: str
     flags: int = FLAG_X8664_LIBC6
     hwcap: int = 0
+
+
+# Entry flags ld.so accepts, by (ELF class, e_machine): glibc's _DL_CACHE_DEFAULT_ID per
+# architecture (FLAG_ELF_LIBC6 | the architecture's FLAG_*_LIB*).
+_CLASS32, _CLASS64 = 1, 2
+_ARCH_FLAGS = {
+    (_CLASS64, 62): 0x0303,  # x86-64
+    (_CLASS32, 62): 0x0803,  # x32
+    (_CLASS32, 3): 0x0003,  # i386
+    (_CLASS64, 183): 0x0A03,  # aarch64
+    (_CLASS64, 21): 0x0503,  # ppc64 (le)
+}
+
+
+def cache_flags(elf_class: int, machine: int) -> Optional[int]:
+    """The entry flags for a library of this ELF class and machine, None if unknown."""
+    return _ARCH_FLAGS.get((elf_class, machine))
 
 
 def _align(offset: int, to: int) -> int:

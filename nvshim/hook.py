@@ -42,7 +42,7 @@ import sys
 from nvshim import _inroot
 from nvshim._hookargs import SEP as _SEP  # noqa: N811 - the module-private name it had
 from nvshim._hookargs import build_hook_args, check_folder as _check_folder, check_link as _check_link
-from nvshim._ldcache import HWCAP_EXTENSION, CacheEntry, build_ldcache, parse_ldcache
+from nvshim._ldcache import HWCAP_EXTENSION, CacheEntry, build_ldcache, cache_flags, parse_ldcache
 from nvshim.errors import HostError, NvshimError, SpecError, UsageError
 
 # typing costs ~4-6 ms to import; annotations only (mypy treats TYPE_CHECKING as true).
@@ -66,16 +66,6 @@ LDCONF_DROPIN = "/etc/ld.so.conf.d/00-nvshim.conf"
 _LDCONF_DEFAULT = b"include /etc/ld.so.conf.d/*.conf\n"
 _PREFIX = "nvshim hook: "
 
-# ld.so.cache entry flags ld.so accepts, by (ELF class, e_machine): glibc's
-# _DL_CACHE_DEFAULT_ID per architecture (FLAG_ELF_LIBC6 | the arch's FLAG_*_LIB*).
-_CLASS32, _CLASS64 = 1, 2
-_CACHE_FLAGS = {
-    (_CLASS64, 62): 0x0303,  # x86-64
-    (_CLASS32, 62): 0x0803,  # x32
-    (_CLASS32, 3): 0x0003,  # i386
-    (_CLASS64, 183): 0x0A03,  # aarch64
-    (_CLASS64, 21): 0x0503,  # ppc64 (le)
-}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -176,20 +166,15 @@ def _elf_flags(header: bytes) -> Optional[int]:
         return None
     byteorder = "little" if header[5] == 1 else "big"
     machine = int.from_bytes(header[18:20], byteorder)
-    return _CACHE_FLAGS.get((header[4], machine))
+    return cache_flags(header[4], machine)
 
 
 def _soname(fd: int) -> Optional[str]:
-    """The DT_SONAME of the open ELF file *fd*, or None (also when it cannot be read).
-
-    The file was opened in-root; ``/proc/self/fd/N`` hands exactly that file to
-    :func:`nvshim._elf.read_soname` (the hook still sees the host's /proc: no pivot_root
-    yet), so no path in the rootfs is resolved a second time.
-    """
-    from nvshim._elf import read_soname  # only needed for regular files, not links
+    """The DT_SONAME of the open (in-root) ELF file *fd*, or None (also when unreadable)."""
+    from nvshim._elf import read_soname_fd  # only needed for regular files, not links
 
     try:
-        return read_soname(f"/proc/self/fd/{fd}")
+        return read_soname_fd(fd)
     except NvshimError:
         return None
 
