@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional
 import pytest
 import tomlkit
 
+from tests.helpers.containerd_samples import DEBIAN_CONFIG
 from tests.helpers.engines import require_binary
 
 pytestmark = pytest.mark.e2e
@@ -38,17 +39,7 @@ version = 2
       SystemdCgroup = true  # systemd owns cgroups here
 """
 
-DEBIAN = """\
-version = 2
-
-[plugins]
-  [plugins."io.containerd.grpc.v1.cri"]
-    [plugins."io.containerd.grpc.v1.cri".cni]
-      bin_dir = "/usr/lib/cni"
-      conf_dir = "/etc/cni/net.d"
-  [plugins."io.containerd.internal.v1.opt"]
-    path = "/var/lib/containerd/opt"
-"""
+DEBIAN = DEBIAN_CONFIG
 
 V1 = """\
 # version 1 (no version key)

@@ -16,22 +16,12 @@ from click.testing import CliRunner
 from nvshim import containerd
 from nvshim._cmd_runtime import runtime
 from nvshim.errors import ConfigError, NvshimError, UsageError
+from tests.helpers.containerd_samples import DEBIAN_CONFIG
 
 REPO = Path(__file__).resolve().parents[2]
 BINARY = "/usr/local/bin/nvshim-runtime"
 CRI2 = 'plugins."io.containerd.grpc.v1.cri"'
 
-DEBIAN_CONFIG = """\
-version = 2
-
-[plugins]
-  [plugins."io.containerd.grpc.v1.cri"]
-    [plugins."io.containerd.grpc.v1.cri".cni]
-      bin_dir = "/usr/lib/cni"
-      conf_dir = "/etc/cni/net.d"
-  [plugins."io.containerd.internal.v1.opt"]
-    path = "/var/lib/containerd/opt"
-"""
 
 COMMENTED_V2 = """\
 # containerd config, managed by hand
