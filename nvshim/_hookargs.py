@@ -7,11 +7,13 @@ not import the hook's own machinery (argparse, the ld.so.cache codec, in-root fi
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
-
 from nvshim.errors import UsageError
 
-__all__ = ["SEP", "build_hook_args", "check_link", "check_folder"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Sequence, Tuple
+
+__all__ = ["SEP", "build_hook_args", "parse_hook_args", "check_link", "check_folder"]
 
 SEP = "::"
 
@@ -45,3 +47,24 @@ def build_hook_args(links: Sequence[Tuple[str, str]], folders: Sequence[str]) ->
         check_link(target, link)
         args += ["--link", f"{target}{SEP}{link}"]
     return args
+
+
+def parse_hook_args(argv: Sequence[str]) -> Tuple[List[Tuple[str, str]], List[str]]:
+    """(links, folders) of a full hook argv as :func:`build_hook_args` wrote it.
+
+    The arguments start after the one naming ``nvshim.hook`` (``-m nvshim.hook`` or the
+    ``-c`` boot code importing it); anything else is ignored here (the hook rejects it).
+    """
+    args = list(argv)
+    start = next((i for i, a in enumerate(args) if "nvshim.hook" in a), len(args) - 1) + 1
+    links: List[Tuple[str, str]] = []
+    folders: List[str] = []
+    rest = args[start:]
+    for i in range(0, len(rest) - 1, 2):
+        if rest[i] == "--link":
+            target, sep, link = rest[i + 1].partition(SEP)
+            if sep:
+                links.append((target, link))
+        elif rest[i] == "--folder":
+            folders.append(rest[i + 1])
+    return links, folders

@@ -47,6 +47,7 @@ __all__ = [
     "RootFd",
     "open_root",
     "resolve_dir",
+    "real_path",
     "list_dir",
     "lstat",
     "open_file",
@@ -217,6 +218,60 @@ def resolve_dir(root: Root, container_path: str, create: bool = False, mode: int
     ``FileNotFoundError``, ``NotADirectoryError`` or ``OSError(ELOOP)``.
     """
     return _walk(_root_fd(root), container_path, create=create, mode=mode)
+
+
+def real_path(root: Root, container_path: str) -> str:
+    """The container path *container_path* names once its symlinks are resolved in *root*.
+
+    Every component, the last included, is resolved as :func:`resolve_dir` would (as if
+    chrooted, ``..`` stopping at the root); components that do not exist are kept as
+    written. Only reads: nothing is created. Raises ``OSError(ELOOP)`` for a loop.
+    """
+    root_fd = _root_fd(root)
+    todo = _components(container_path)
+    todo.reverse()
+    names: List[str] = []
+    fds: List[Optional[int]] = []  # per name: its O_PATH fd, None below a missing component
+    links = 0
+    try:
+        while todo:
+            name = todo.pop()
+            if name == "..":
+                if names:
+                    names.pop()
+                    fd = fds.pop()
+                    if fd is not None:
+                        os.close(fd)
+                continue
+            cur = fds[-1] if fds else root_fd
+            if cur is None:
+                names.append(name)
+                fds.append(None)
+                continue
+            target = _readlink(name, cur)
+            if target is not None:
+                links += 1
+                if links > MAX_SYMLINKS:
+                    raise _loop_error(container_path)
+                if target.startswith("/"):
+                    names.clear()
+                    while fds:
+                        fd = fds.pop()
+                        if fd is not None:
+                            os.close(fd)
+                todo.extend(reversed(_components(target)))
+                continue
+            try:
+                opened: Optional[int] = os.open(name, _DIR_FLAGS, dir_fd=cur)
+            except OSError:
+                opened = None  # missing, or not a directory: nothing below it resolves
+            names.append(name)
+            fds.append(opened)
+        return "/" + "/".join(names)
+    finally:
+        for fd in fds:
+            if fd is not None:
+                os.close(fd)
 
 
 def _open_final(root: int, container_path: str, flags: int) -> int:

@@ -57,7 +57,8 @@ def _plan_summary(plan: Any, config: Any) -> dict:
         "device_nodes": sorted(n.path for n in plan.edits.device_nodes),
         "notes": list(plan.notes),
         "set_void": req.set_void,
-        "edits": plan.edits.to_cdi(),
+        "edits": plan.applied_edits().to_cdi(),
+        "rootfs_work": {"by": plan.rootwork_by or None, "detail": plan.rootwork_why or None},
         "changes_config": plan.changed,
     }
     summary["granted_indices"] = describe_indices([g.index for g in plan.gpus])
@@ -128,7 +129,11 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
     if mounts:
         out.append(f"mounts:        {len(mounts)} driver files")
         out.extend(f"  {m}" for m in mounts)
-    for hook in plan.edits.hooks:
+    if plan.rootwork_by == "runtime":
+        out.append(f"in-root work:  by nvshim-runtime before runc, in {plan.rootwork_why}")
+    elif plan.rootwork_by:
+        out.append(f"in-root work:  by the createContainer hook ({plan.rootwork_why})")
+    for hook in plan.applied_edits().hooks:
         out.append(f"hook:          {hook.hook_name}: {' '.join(hook.args)}")
     for note in plan.notes:
         out.append(f"note:          {note}")

@@ -38,6 +38,23 @@ class Plan:
     capabilities: Tuple[str, ...] = ()
     driver_root: str = "/"
     notes: List[str] = field(default_factory=list)
+    bundle: str = ""
+    rootwork: Any = None
+    """The SONAME links and ld.so.cache work (:class:`nvshim.rootwork.RootWork`), if any."""
+    rootwork_by: str = ""
+    """Who does it: ``runtime`` (before runc), ``hook`` (createContainer), ``""`` (none)."""
+    rootwork_why: str = ""
+    """``runtime``: the rootfs written; ``hook``: why the runtime cannot write it."""
+    warnings: List[str] = field(default_factory=list)
+
+    def applied_edits(self) -> Edits:
+        """The edits config.json gets: without nvshim's hook when the runtime does its work."""
+        if self.rootwork_by != "runtime":
+            return self.edits
+        from nvshim._record import replace
+        from nvshim.rootwork import is_nvshim_hook
+
+        return replace(self.edits, hooks=tuple(h for h in self.edits.hooks if not is_nvshim_hook(h)))
 
     @property
     def changed(self) -> bool:
@@ -155,10 +172,23 @@ def plan_create(
         edits = edits + _node_edits(host, request, tokens, plan, config)
 
     plan.edits = edits
+    plan.bundle = bundle
+    _decide_rootwork(plan)
     if log is not None:
-        log.event("edits", edits=edits.to_cdi())
-    plan.new_spec = apply_edits(spec, edits)
+        log.event("edits", edits=plan.applied_edits().to_cdi())
+    plan.new_spec = apply_edits(spec, plan.applied_edits())
     return plan
+
+
+def _decide_rootwork(plan: Plan) -> None:
+    """Who makes the SONAME links and the ld.so.cache: the runtime (now) or the hook."""
+    from nvshim import rootwork
+
+    work = rootwork.work_from_hooks(plan.edits.hooks, plan.edits.mounts)
+    if work is None:
+        return
+    plan.rootwork = work
+    plan.rootwork_by, plan.rootwork_why = rootwork.decide(plan.spec, plan.bundle, work)
 
 
 def _node_edits(
@@ -224,8 +254,25 @@ def _fill_device_nodes(edits: Edits) -> Edits:
     return replace(edits, device_nodes=tuple(nodes))
 
 
-def commit(plan: Plan) -> bool:
-    """Write the planned config.json atomically; False (no write) when nothing changed."""
+def commit(plan: Plan, log: Any = None) -> bool:
+    """Do the in-root work (when the runtime does it), then write config.json atomically.
+
+    Returns False (no write) when config.json would not change. When the rootfs turns out
+    not to be writable the hook is added instead (``plan.rootwork_by`` becomes ``hook``).
+    """
+    if plan.rootwork_by == "runtime":
+        from nvshim import rootwork
+
+        try:
+            plan.warnings.extend(rootwork.prepare(plan.rootwork_why, plan.rootwork))
+        except rootwork.Fallback as exc:
+            plan.rootwork_by, plan.rootwork_why = "hook", exc.reason
+            plan.new_spec = apply_edits(plan.spec, plan.applied_edits())
+        if log is not None:
+            log.event("rootfs", by=plan.rootwork_by, detail=plan.rootwork_why,
+                      warnings=list(plan.warnings))
+    elif plan.rootwork_by and log is not None:
+        log.event("rootfs", by=plan.rootwork_by, detail=plan.rootwork_why)
     if not plan.changed:
         return False
     from nvshim.files import write_atomic

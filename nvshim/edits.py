@@ -403,17 +403,10 @@ def _prune_hook(hook: Hook, present: set) -> Tuple[Hook, ...]:
     args = list(hook.args)
     # the hook command ends with `-m nvshim.hook` or with `-c <boot code importing it>`
     start = next(i for i, a in enumerate(args) if "nvshim.hook" in a) + 1
-    head, rest = args[:start], args[start:]
-    links: list[Tuple[str, str]] = []
-    folders: list[str] = []
-    i = 0
-    while i < len(rest) - 1:
-        if rest[i] == "--link":
-            target, _, link = rest[i + 1].partition("::")
-            links.append((target, link))
-        elif rest[i] == "--folder":
-            folders.append(rest[i + 1])
-        i += 2
+    head = args[:start]
+    from nvshim._hookargs import parse_hook_args
+
+    links, folders = parse_hook_args(args)
     names = set(present)
     kept: list[Tuple[str, str]] = []
     changed = True

@@ -42,8 +42,8 @@ import sys
 from nvshim import _inroot
 from nvshim._hookargs import SEP as _SEP  # noqa: N811 - the module-private name it had
 from nvshim._hookargs import build_hook_args, check_folder as _check_folder, check_link as _check_link
-from nvshim._ldcache import HWCAP_EXTENSION, CacheEntry, build_ldcache, cache_flags, parse_ldcache
 from nvshim.errors import HostError, NvshimError, SpecError, UsageError
+from nvshim.rootwork import LDCACHE, LDCONF, LDCONF_DROPIN, _host_error, apply_links, update_ldcache
 
 # typing costs ~4-6 ms to import; annotations only (mypy treats TYPE_CHECKING as true).
 TYPE_CHECKING = False
@@ -60,10 +60,6 @@ __all__ = [
     "update_ldcache",
 ]
 
-LDCACHE = "/etc/ld.so.cache"
-LDCONF = "/etc/ld.so.conf"
-LDCONF_DROPIN = "/etc/ld.so.conf.d/00-nvshim.conf"
-_LDCONF_DEFAULT = b"include /etc/ld.so.conf.d/*.conf\n"
 _PREFIX = "nvshim hook: "
 
 
@@ -147,127 +143,6 @@ def _read_state(stream: IO[str]) -> Mapping[str, Any]:
     return state
 
 
-def _host_error(action: str, exc: OSError) -> HostError:
-    reason = exc.strerror or str(exc)
-    reason = reason[:1].lower() + reason[1:]
-    if exc.filename and str(exc.filename) not in action:
-        return HostError(f"{action}: {exc.filename}: {reason}")
-    return HostError(f"{action}: {reason}")
-
-
-def _lib_name(name: str) -> bool:
-    """Names ldconfig considers: ``lib*`` or ``ld-*`` with ``.so`` in them."""
-    return name.startswith(("lib", "ld-")) and ".so" in name
-
-
-def _elf_flags(header: bytes) -> Optional[int]:
-    """Cache flags for an ELF file header, or None if not an ELF library we can label."""
-    if len(header) < 20 or header[:4] != b"\x7fELF":
-        return None
-    byteorder = "little" if header[5] == 1 else "big"
-    machine = int.from_bytes(header[18:20], byteorder)
-    return cache_flags(header[4], machine)
-
-
-def _soname(fd: int) -> Optional[str]:
-    """The DT_SONAME of the open (in-root) ELF file *fd*, or None (also when unreadable)."""
-    from nvshim._elf import read_soname_fd  # only needed for regular files, not links
-
-    try:
-        return read_soname_fd(fd)
-    except NvshimError:
-        return None
-
-
-def _folder_entries(root: _inroot.RootFd, folder: str) -> List[CacheEntry]:
-    """Cache entries for the libraries in container directory *folder*.
-
-    Every ``lib*.so*`` name that is (or links, in the root, to) an ELF library gets an
-    entry for itself; a regular file whose SONAME differs from its name also gets one for
-    the SONAME (pointing at the SONAME link if the folder has it, else at the file).
-    """
-    names = _inroot.list_dir(root, folder)
-    if names is None:
-        return []
-    present = set(names)
-    base = folder.rstrip("/") or ""
-    out: List[CacheEntry] = []
-    for name in names:
-        if not _lib_name(name):
-            continue
-        path = f"{base}/{name}"
-        try:
-            fd = _inroot.open_file(root, path)
-        except OSError:
-            continue  # a dangling link, a directory, a FIFO: not a library
-        try:
-            flags = _elf_flags(os.pread(fd, 20, 0))
-            if flags is None:
-                continue
-            out.append(CacheEntry(name, path, flags))
-            if not stat.S_ISLNK(_inroot.lstat(root, path).st_mode):
-                soname = _soname(fd)
-                if soname and soname != name and "/" not in soname:
-                    value = f"{base}/{soname}" if soname in present else path
-                    out.append(CacheEntry(soname, value, flags))
-        finally:
-            os.close(fd)
-    return out
-
-
-def _merge(existing: Sequence[CacheEntry], added: Sequence[CacheEntry]) -> List[CacheEntry]:
-    """*added* plus the *existing* entries they do not replace (same name and flags).
-
-    glibc-hwcaps entries (hwcap bit 62) are dropped: their subdirectory table is not
-    rewritten, and ld.so falls back to the baseline entry of the same library.
-    """
-    replaced = {(e.key, e.flags) for e in added}
-    seen = set()
-    out: List[CacheEntry] = []
-    for entry in list(added) + [
-        e
-        for e in existing
-        if not e.hwcap & HWCAP_EXTENSION and (e.key, e.flags) not in replaced
-    ]:
-        ident = (entry.key, entry.value, entry.flags, entry.hwcap)
-        if ident not in seen:
-            seen.add(ident)
-            out.append(entry)
-    return out
-
-
-def update_ldcache(root: _inroot.RootFd, folders: Sequence[str]) -> List[str]:
-    """Make *folders* known to the container's dynamic loader; return warning lines.
-
-    Writes the ld.so.conf drop-in (and ``/etc/ld.so.conf`` if missing), then the cache:
-    the image's entries plus :func:`_folder_entries` of each folder. Files are rewritten
-    only when their content changes.
-    """
-    warnings: List[str] = []
-    dropin = "".join(f"{folder}\n" for folder in folders).encode()
-    dropin = b"# driver libraries injected by nvshim\n" + dropin
-    if _inroot.read_file(root, LDCONF_DROPIN) != dropin:
-        _inroot.write_file_atomic(root, LDCONF_DROPIN, dropin, 0o644)
-    if _inroot.read_file(root, LDCONF) is None:
-        _inroot.write_file_atomic(root, LDCONF, _LDCONF_DEFAULT, 0o644)
-
-    old = _inroot.read_file(root, LDCACHE)
-    existing: Sequence[CacheEntry] = ()
-    if old:
-        try:
-            existing = parse_ldcache(old)
-        except NvshimError as exc:
-            warnings.append(f"ignoring the image's {LDCACHE}: {exc}")
-    added: List[CacheEntry] = []
-    for folder in folders:
-        added += _folder_entries(root, folder)
-    layout = "compat" if old and old.startswith(b"ld.so-1.7.0") else "new"
-    data = build_ldcache(_merge(existing, added), layout)
-    if data != old:
-        _inroot.write_file_atomic(root, LDCACHE, data, 0o644)
-    return warnings
-
-
 # mount(2) flags and the statvfs(3) flags they correspond to.
 _MS_RDONLY, _MS_REMOUNT, _MS_BIND = 1, 32, 4096
 _KEEP_FLAGS = ((2, 2), (4, 4), (8, 8), (1024, 1024), (2048, 2048), (4096, 1 << 21))
@@ -326,17 +201,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _apply(root: _inroot.RootFd, rootfs: str, args: argparse.Namespace) -> None:
     """Make the links and update the cache (the part that writes into the rootfs)."""
     with root:
-        for target, link in args.link:
-            try:
-                _inroot.symlink_atomic(root, target, link)
-            except OSError as exc:
-                raise _host_error(f"cannot link {link} -> {target} in {rootfs}", exc) from exc
+        apply_links(root, rootfs, args.link)
         if args.folder:
-            try:
-                warnings = update_ldcache(root, args.folder)
-            except OSError as exc:
-                raise _host_error(f"cannot update the ld.so.cache in {rootfs}", exc) from exc
-            for line in warnings:
+            for line in update_ldcache(root, args.folder):
                 sys.stderr.write(f"{_PREFIX}warning: {line}\n")
 
 

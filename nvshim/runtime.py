@@ -74,7 +74,7 @@ def main(argv: Optional[List[str]] = None) -> None:
 
             bundle = inv.bundle or os.getcwd()
             plan = plan_create(bundle, config, log=log)
-            written = commit(plan)
+            written = commit(plan, log)
             log.event("create", bundle=bundle, rewritten=written)
         except NvshimError as exc:
             log.error("create failed", error=str(exc))

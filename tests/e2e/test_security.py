@@ -7,18 +7,27 @@ side is a simulated node and files the test owns, compared byte for byte before/
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, Iterator, Tuple
 
 import pytest
 
 from nvshim.config import compile_config
 from tests.helpers.bundle import make_bundle, read_config
-from tests.helpers.engines import require_root, unique_id, write_nvshim_config
+from tests.helpers.engines import (
+    make_mount_targets,
+    read_only_bind,
+    require_root,
+    rootwork_by,
+    unique_id,
+    write_nvshim_config,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -45,6 +54,25 @@ def env(node, tmp_path):
     )
     compile_config(str(cfg))
     return {"NVSHIM_CONFIG": str(cfg), "PATH": PATH}
+
+
+@contextlib.contextmanager
+def work_by(by: str, bundle: Path, env: Dict[str, str]) -> Iterator[None]:
+    """Make the in-root work of a create of ``bundle`` go to ``by``: ``runtime`` (before
+    runc; the bundle's /tmp tmpfs is dropped so that image symlinks into /tmp are not hidden
+    under it) or ``hook`` (the rootfs is a read-only bind mount, which the runtime cannot
+    write; the driver files' mount targets are made first, as runc cannot create them in a
+    read-only rootfs either)."""
+    if by == "runtime":
+        path = bundle / "config.json"
+        spec = json.loads(path.read_text())
+        spec["mounts"] = [m for m in spec["mounts"] if m["destination"] != "/tmp"]
+        path.write_text(json.dumps(spec, indent="\t"))
+        yield
+    else:
+        make_mount_targets(bundle, env)
+        with read_only_bind(bundle / "rootfs"):
+            yield
 
 
 def snapshot(top: Path) -> Dict[str, Tuple[str, bytes]]:
@@ -101,9 +129,11 @@ def plant_payloads(rootfs: Path, markers: Path, tmp_path: Path) -> Dict[str, str
     return env
 
 
-def test_image_env_cannot_run_code_in_the_hook(runc, node, rootfs, tmp_path, nvshim_runtime_bin, env):
+@pytest.mark.parametrize("by", ["runtime", "hook"])
+def test_image_env_cannot_run_code_in_the_hook(runc, node, rootfs, tmp_path, nvshim_runtime_bin, env, by):
     """CVE-2025-23266 (NVIDIAScape): image env LD_PRELOAD/PYTHONPATH/PYTHONSTARTUP pointing at
-    /proc/self/cwd/... must not run in the hook, which runs as host root with cwd = rootfs.
+    /proc/self/cwd/... must not run in the hook, which runs as host root with cwd = rootfs,
+    nor in the runtime when it does the in-root work itself before runc.
 
     A naive hook entry without ``env`` inherits the container's environment (LD_PRELOAD runs
     the image's .so, PYTHONPATH imports the image's sitecustomize/nvshim); one without ``-I``
@@ -128,8 +158,10 @@ def test_image_env_cannot_run_code_in_the_hook(runc, node, rootfs, tmp_path, nvs
     script = f"readlink /{LIBDIR}/libcuda.so.1"
     bundle = make_bundle(tmp_path / "b", rootfs, ["sh", "-c", script],
                          env={"NVIDIA_VISIBLE_DEVICES": "0", **image_env})
-    res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env).check()
-    assert res.stdout.strip() == VERSIONED, res.describe()  # the hook ran
+    with work_by(by, bundle, env):
+        res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env).check()
+    assert res.stdout.strip() == VERSIONED, res.describe()  # the links were made
+    assert rootwork_by(tmp_path / "debug.log") == [by]
     assert sorted(p.name for p in markers.iterdir()) == []
 
 
@@ -172,15 +204,17 @@ def _symlink_ldcache_relative(rootfs: Path, host: Path) -> None:
     os.symlink("../" * depth + str(host / "ld.so.cache").lstrip("/"), rootfs / "etc" / "ld.so.cache")
 
 
+@pytest.mark.parametrize("by", ["runtime", "hook"])
 @pytest.mark.parametrize(
     "plant",
     [_symlink_libdir, _symlink_confdir, _symlink_soname, _symlink_ldcache, _symlink_ldcache_relative],
     ids=["libdir->host", "ld.so.conf.d->host", "soname->host-file", "ld.so.cache->host-file",
          "ld.so.cache->../../host-file"],
 )
-def test_image_symlinks_cannot_reach_host_files(runc, glibc_rootfs, tmp_path, nvshim_runtime_bin, env, plant):
+def test_image_symlinks_cannot_reach_host_files(runc, glibc_rootfs, tmp_path, nvshim_runtime_bin, env, plant, by):
     """CVE-2024-0132 / CVE-2025-23267: image symlinks pointing out of the rootfs (library dir,
-    ld.so.conf.d, the SONAME link, ld.so.cache) must be resolved inside the rootfs.
+    ld.so.conf.d, the SONAME link, ld.so.cache) must be resolved inside the rootfs, by the
+    runtime's writes before runc as by the hook's.
 
     A naive hook joins rootfs + path and follows symlinks with the host's view (or runs the
     host's ldconfig -r over them), so it writes the SONAME link, the conf drop-in or the new
@@ -192,11 +226,13 @@ def test_image_symlinks_cannot_reach_host_files(runc, glibc_rootfs, tmp_path, nv
     plant(glibc_rootfs, host)
     bundle = make_bundle(tmp_path / "b", glibc_rootfs, ["sh", "-c", f"readlink /{LIBDIR}/libcuda.so.1"],
                          env={"NVIDIA_VISIBLE_DEVICES": "0"})
-    res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env)
+    with work_by(by, bundle, env):
+        res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env)
     assert snapshot(host) == before
     assert "Traceback" not in res.stderr + res.stdout
     assert res.rc == 0, res.describe()
     assert res.stdout.strip() == VERSIONED, res.describe()
+    assert rootwork_by(tmp_path / "debug.log") == [by]
 
 
 # ------------------------------------------------------------------- CVE-2024-0133 class
@@ -217,7 +253,8 @@ def _host_listing(skip: Tuple[str, ...]) -> set:
     return seen
 
 
-def test_no_file_is_created_on_the_host(runc, node, glibc_rootfs, tmp_path, nvshim_runtime_bin, env):
+@pytest.mark.parametrize("by", ["runtime", "hook"])
+def test_no_file_is_created_on_the_host(runc, node, glibc_rootfs, tmp_path, nvshim_runtime_bin, env, by):
     """CVE-2024-0133: a create/start/delete with GPUs leaves no new file on the host outside
     the bundle and the debug log.
 
@@ -232,8 +269,10 @@ def test_no_file_is_created_on_the_host(runc, node, glibc_rootfs, tmp_path, nvsh
                          env={"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "all"})
     skip = (str(tmp_path), str(node.root))
     before = _host_listing(skip)
-    res = runc.run_detached(bundle, cid, runtime=nvshim_runtime_bin, env=env).check()
+    with work_by(by, bundle, env):
+        res = runc.run_detached(bundle, cid, runtime=nvshim_runtime_bin, env=env).check()
     new = _host_listing(skip) - before
+    assert rootwork_by(tmp_path / "debug.log") == [by]
     spec = read_config(bundle)
     names = {m["destination"].rsplit("/", 1)[1] for m in spec.get("mounts", [])}
     names |= {d["path"].rsplit("/", 1)[1] for d in spec["linux"].get("devices", [])}
@@ -282,7 +321,8 @@ def test_hook_entry_has_explicit_env_and_isolated_interpreter(runc, rootfs, tmp_
     bundle = make_bundle(tmp_path / "b", rootfs, ["true"],
                          env={"NVIDIA_VISIBLE_DEVICES": "0", "LD_PRELOAD": "/x.so", "PYTHONPATH": "/pp"})
     cid = unique_id()
-    runc.create(bundle, cid, runtime=nvshim_runtime_bin, env=env).check()
+    with work_by("hook", bundle, env):  # a rootfs the runtime cannot write: the hook is added
+        runc.create(bundle, cid, runtime=nvshim_runtime_bin, env=env).check()
     try:
         hooks = read_config(bundle).get("hooks", {}).get("createContainer", [])
         ours = [h for h in hooks if any("nvshim.hook" in a for a in h.get("args", []))]

@@ -70,10 +70,13 @@ __all__ = [
     "make_crun_wrapper",
     "make_env_wrapper",
     "make_failing_runtime",
+    "make_mount_targets",
     "nvshim_config_env",
     "pids_with_arg",
+    "read_only_bind",
     "require_binary",
     "require_root",
+    "rootwork_by",
     "unique_id",
     "wait_until",
     "write_nvshim_config",
@@ -893,3 +896,52 @@ def installed_cdi_spec(spec: Union[PathLike, str], name: str) -> Iterator[Path]:
         if created_dir:
             with contextlib.suppress(OSError):
                 CDI_DIR.rmdir()
+
+
+# --------------------------------------------------------------------------- rootfs work
+
+
+@contextlib.contextmanager
+def read_only_bind(path: PathLike) -> Iterator[Path]:
+    """Make ``path`` a read-only bind mount of itself for the ``with`` body (then unmount).
+
+    What a read-only rootfs looks like to nvshim-runtime (a squashfs, a read-only bind): the
+    host cannot write it, so the in-root work goes to the createContainer hook.
+    """
+    target = Path(path)
+    subprocess.run(["mount", "--bind", str(target), str(target)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(target), str(target)], check=True)
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def make_mount_targets(bundle: PathLike, env: Mapping[str, str]) -> None:
+    """Create, in ``bundle``'s rootfs, an empty file for each driver file nvshim would mount
+    (as an image that already has them): runc cannot create mount targets in a read-only
+    rootfs. ``env`` holds the ``NVSHIM_CONFIG`` to plan with."""
+    from nvshim.config import load_config
+    from nvshim.create import plan_create
+
+    from nvshim import _inroot
+
+    plan = plan_create(str(bundle), load_config(env["NVSHIM_CONFIG"]))
+    # resolved as if chrooted, like runc does: an image symlink must not send us to the host
+    with _inroot.open_root(str(Path(bundle) / "rootfs")) as root:
+        for mount in plan.edits.mounts:
+            if os.path.isdir(mount.host_path):
+                os.close(_inroot.resolve_dir(root, mount.container_path, create=True))
+            elif _inroot.read_file(root, mount.container_path) is None:
+                _inroot.write_file_atomic(root, mount.container_path, b"")
+
+
+def rootwork_by(debug_log: PathLike) -> List[str]:
+    """Who did the in-root work of each create logged in nvshim's debug log, in order
+    (``runtime`` or ``hook``), from its ``rootfs`` events."""
+    out = []
+    for line in Path(debug_log).read_text().splitlines():
+        record = json.loads(line)
+        if record.get("event") == "rootfs":
+            out.append(record["by"])
+    return out
