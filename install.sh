@@ -5,33 +5,42 @@
 #   ./install.sh                      install nvshim (venv in /opt/nvshim, commands in /usr/local/bin)
 #   ./install.sh --dev                also install the test dependencies and container engines
 #   ./install.sh --containerd         also register nvshim as a containerd runtime handler
+#   ./install.sh --docker             also register it as a Docker runtime (/etc/docker/daemon.json)
+#   ./install.sh --crio               also register it as a CRI-O runtime handler (drop-in)
 #   ./install.sh --containerd --set-as-default
-#                                     ... and make it containerd's default runtime (refused unless
+#                                     ... and make it the engine's default runtime (refused unless
 #                                     /etc/nvshim/config.yaml has require-allocation: true)
 #   ./install.sh --uninstall          remove exactly what earlier runs added
 #
 # Paths can be moved for testing: NVSHIM_PREFIX (/opt/nvshim), NVSHIM_BINDIR
 # (/usr/local/bin), NVSHIM_ETCDIR (/etc/nvshim), NVSHIM_CONTAINERD_CONFIG
-# (/etc/containerd/config.toml). NVSHIM_SKIP_APT=1 skips package installation.
+# (/etc/containerd/config.toml), NVSHIM_DOCKER_CONFIG (/etc/docker/daemon.json),
+# NVSHIM_CRIO_CONFIG (/etc/crio/crio.conf), NVSHIM_CRIO_DROP_IN
+# (<crio config dir>/crio.conf.d/99-nvshim.toml). NVSHIM_SKIP_APT=1 skips packages.
 set -eu
 
 PREFIX=${NVSHIM_PREFIX:-/opt/nvshim}
 BINDIR=${NVSHIM_BINDIR:-/usr/local/bin}
 ETCDIR=${NVSHIM_ETCDIR:-/etc/nvshim}
 CONTAINERD_CONFIG=${NVSHIM_CONTAINERD_CONFIG:-/etc/containerd/config.toml}
+DOCKER_CONFIG=${NVSHIM_DOCKER_CONFIG:-/etc/docker/daemon.json}
+CRIO_CONFIG=${NVSHIM_CRIO_CONFIG:-/etc/crio/crio.conf}
+CRIO_DROP_IN=${NVSHIM_CRIO_DROP_IN:-$(dirname "$CRIO_CONFIG")/crio.conf.d/99-nvshim.toml}
 VENV=$PREFIX/venv
 MANIFEST=$PREFIX/install-manifest
 SRC=$(cd "$(dirname "$0")" && pwd)
 PYTHON=${NVSHIM_PYTHON:-/usr/bin/python3}
 
-DEV=0 CONTAINERD=0 DEFAULT=0 UNINSTALL=0
+DEV=0 CONTAINERD=0 DOCKER=0 CRIO=0 DEFAULT=0 UNINSTALL=0
 for arg in "$@"; do
     case $arg in
         --dev) DEV=1 ;;
         --containerd) CONTAINERD=1 ;;
+        --docker) DOCKER=1 ;;
+        --crio) CRIO=1 ;;
         --set-as-default) DEFAULT=1 ;;
         --uninstall) UNINSTALL=1 ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "install.sh: unknown option $arg (see --help)" >&2; exit 1 ;;
     esac
 done
@@ -48,14 +57,15 @@ sha() { sha256sum "$1" | cut -d' ' -f1; }
 
 uninstall() {
     [ -f "$MANIFEST" ] || { say "nothing to uninstall ($MANIFEST not found)"; exit 0; }
-    if grep -q '^containerd ' "$MANIFEST"; then
-        cfg=$(sed -n 's/^containerd //p' "$MANIFEST" | head -n1)
-        if [ -x "$VENV/bin/nvshim" ]; then
-            "$VENV/bin/nvshim" runtime configure --runtime containerd --config "$cfg" --revert \
-                || say "could not revert $cfg; see the message above"
-            restart_containerd
-        fi
-    fi
+    # engine configs: "ENGINE CONFIG [DROP-IN]" lines, reverted to their original bytes
+    grep -E '^(containerd|docker|crio) ' "$MANIFEST" | while read -r engine cfg drop_in; do
+        [ -x "$VENV/bin/nvshim" ] || continue
+        set -- --runtime "$engine" --config "$cfg" --revert
+        [ -n "${drop_in:-}" ] && set -- "$@" --drop-in "$drop_in"
+        "$VENV/bin/nvshim" "runtime" "configure" "$@" \
+            || say "could not revert $cfg; see the message above"
+        restart_engine "$engine"
+    done
     # files we wrote, only if unchanged since (an edited config stays, and we say so)
     grep '^file ' "$MANIFEST" | while read -r _ path sum; do
         if [ ! -e "$path" ]; then continue; fi
@@ -76,12 +86,13 @@ uninstall() {
     say "nvshim uninstalled"
 }
 
-restart_containerd() {
+restart_engine() {  # restart_engine containerd|docker|crio
+    unit=$1
     if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1 \
-        && systemctl is-active --quiet containerd 2>/dev/null; then
-        systemctl restart containerd && say "restarted containerd"
+        && systemctl is-active --quiet "$unit" 2>/dev/null; then
+        systemctl restart "$unit" && say "restarted $unit"
     else
-        say "containerd is not run by systemd here: restart it yourself to load the change"
+        say "$unit is not run by systemd here: restart it yourself to load the change"
     fi
 }
 
@@ -106,7 +117,7 @@ apt_install() {
 apt_install runc busybox-static
 "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
 if [ "$DEV" = 1 ]; then
-    apt_install crun containerd podman umoci skopeo
+    apt_install crun containerd podman umoci skopeo docker.io
 fi
 
 # --- venv and package ------------------------------------------------------------------
@@ -149,16 +160,22 @@ record "file $ETCDIR/config.compiled.json"
 record "file $ETCDIR/config.runtimes"
 record "file $ETCDIR/config.annotation-prefixes"
 
-# --- containerd ------------------------------------------------------------------------
-if [ "$CONTAINERD" = 1 ]; then
-    set -- --runtime containerd --config "$CONTAINERD_CONFIG" --binary "$BINDIR/nvshim-runtime"
+# --- container engines ---------------------------------------------------------------
+configure_engine() {  # configure_engine ENGINE CONFIG [DROP-IN]
+    set -- "$1" "$2" "${3:-}"
+    engine=$1 cfg=$2 drop_in=$3
+    set -- --runtime "$engine" --config "$cfg" --binary "$BINDIR/nvshim-runtime"
+    [ -n "$drop_in" ] && set -- "$@" --drop-in "$drop_in"
     [ "$DEFAULT" = 1 ] && set -- "$@" --set-as-default
     out=$(NVSHIM_CONFIG="$ETCDIR/config.yaml" "$BINDIR/nvshim" runtime configure "$@" 2>&1) \
         || { printf '%s\n' "$out" >&2; exit 1; }
     printf '%s\n' "$out" >&2
-    record "containerd $CONTAINERD_CONFIG"
-    # restart only when something was written (a DaemonSet re-run must not bounce containerd)
-    case $out in *"nothing written"*|*"already"*) ;; *) restart_containerd ;; esac
-fi
+    record "$engine $cfg${drop_in:+ $drop_in}"
+    # restart only when something was written (a DaemonSet re-run must not bounce the engine)
+    case $out in *"nothing written"*|*"already"*) ;; *) restart_engine "$engine" ;; esac
+}
+if [ "$CONTAINERD" = 1 ]; then configure_engine containerd "$CONTAINERD_CONFIG"; fi
+if [ "$DOCKER" = 1 ]; then configure_engine docker "$DOCKER_CONFIG"; fi
+if [ "$CRIO" = 1 ]; then configure_engine crio "$CRIO_CONFIG" "$CRIO_DROP_IN"; fi
 
 say "installed nvshim $("$VENV/bin/python3" -I -c 'import nvshim; print(nvshim.__version__)') ($BINDIR/nvshim, $BINDIR/nvshim-runtime)"

@@ -1,28 +1,41 @@
-"""``nvshim runtime configure``: register nvshim-runtime as a containerd runtime handler.
+"""``nvshim runtime configure``: register nvshim-runtime with containerd, Docker or CRI-O.
 
-A thin shell over :mod:`nvshim.containerd`: it turns flags into one call, prints the
-files (``--dry-run``) or a one-line summary to stderr, and lets :class:`NvshimError`
-propagate to the ``nvshim`` entry point, which prints ``nvshim: <message>`` and exits 1.
+A thin shell over :mod:`nvshim.containerd`, :mod:`nvshim.docker` and :mod:`nvshim.crio`: it
+turns flags into one call, prints the files (``--dry-run``) or a one-line summary to
+stderr, and lets :class:`NvshimError` propagate to the ``nvshim`` entry point, which prints
+``nvshim: <message>`` and exits 1.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Any, Dict, Iterable, Optional
 
 import click
 
-from nvshim import containerd
+from nvshim import containerd, crio, docker
+from nvshim.engine_files import BACKUP_SUFFIX, FileChange
 from nvshim.errors import UsageError
 
 __all__ = ["runtime", "configure_command"]
 
 _SET_AS_DEFAULT_HELP = (
-    "Also make the handler containerd's default runtime "
-    "(<cri>.containerd.default_runtime_name). Pitfall: every pod without a RuntimeClass, "
+    "Also make it the engine's default runtime (containerd: "
+    "<cri>.containerd.default_runtime_name; Docker: default-runtime; CRI-O: "
+    "crio.runtime.default_runtime). Pitfall: every container without an explicit runtime, "
     "GPU request or not, then runs through nvshim, and CUDA images set "
-    "NVIDIA_VISIBLE_DEVICES=all, which would give such pods every GPU on the node. "
+    "NVIDIA_VISIBLE_DEVICES=all, which would give them every GPU on the node. "
     "Refused unless nvshim's config has require-allocation: true, or --force is given."
 )
+_DEFAULT_CONFIGS = {
+    "containerd": containerd.DEFAULT_CONFIG,
+    "docker": docker.DEFAULT_CONFIG,
+    "crio": crio.DEFAULT_CONFIG,
+}
+_RESTART = {
+    "containerd": "restart containerd",
+    "docker": "restart dockerd (or send it SIGHUP)",
+    "crio": "restart crio (or send it SIGHUP)",
+}
 
 
 def _require_allocation() -> bool:
@@ -39,7 +52,7 @@ def _warn(lines: Iterable[str]) -> None:
         click.echo(f"nvshim: warning: {line}", err=True)
 
 
-def _print_files(files: Iterable[containerd.FileChange]) -> None:
+def _print_files(files: Iterable[FileChange]) -> None:
     for change in files:
         if change.after is None:
             click.echo(f"# --- {change.path} (removed) ---")
@@ -61,7 +74,7 @@ def runtime() -> None:
 @click.option(
     "--runtime",
     "engine",
-    type=click.Choice(["containerd"]),
+    type=click.Choice(["containerd", "docker", "crio"]),
     default="containerd",
     show_default=True,
     help="Container engine whose config to edit.",
@@ -69,33 +82,44 @@ def runtime() -> None:
 @click.option(
     "--config",
     "config_path",
-    default=containerd.DEFAULT_CONFIG,
-    show_default=True,
+    default=None,
     type=click.Path(dir_okay=False),
-    help="containerd's main config file (created if missing).",
+    help=(
+        "The engine's main config file [default: containerd "
+        f"{containerd.DEFAULT_CONFIG}, docker {docker.DEFAULT_CONFIG}, crio "
+        f"{crio.DEFAULT_CONFIG}]. containerd's and Docker's are created if missing; "
+        "CRI-O's is only read (runc's handler settings) and anchors the backup."
+    ),
 )
 @click.option(
     "--drop-in",
     default=None,
     type=click.Path(dir_okay=False),
     help=(
-        f"Drop-in file for the handler, imported from the main file "
-        f"[default: {containerd.DEFAULT_DROP_IN}]. It holds a copy of the main file's whole "
-        'CRI table, as containerd < 2.1 replaces plugin tables from imports. --drop-in "" '
-        "edits the main file in place; version 1 configs are always edited in place."
+        f"containerd and CRI-O: the drop-in file for the handler [default: containerd "
+        f"{containerd.DEFAULT_DROP_IN}, crio {crio.DEFAULT_DROP_IN}]. containerd's is "
+        "imported from the main file and holds a copy of its whole CRI table, as containerd "
+        '< 2.1 replaces plugin tables from imports; --drop-in "" edits the main file in '
+        "place (version 1 configs always are). Docker has no drop-ins."
     ),
 )
 @click.option(
     "--name",
     default=containerd.DEFAULT_NAME,
     show_default=True,
-    help="Runtime handler name; a RuntimeClass's handler must equal it.",
+    help=(
+        "Runtime name (containerd/CRI-O: the handler a RuntimeClass names; docker: "
+        "docker run --runtime NAME)."
+    ),
 )
 @click.option(
     "--binary",
     default=containerd.DEFAULT_BINARY,
     show_default=True,
-    help="Absolute path of nvshim-runtime, written to the handler's options.BinaryName.",
+    help=(
+        "Absolute path of nvshim-runtime (containerd: options.BinaryName; docker: "
+        "runtimes.<name>.path; CRI-O: runtime_path)."
+    ),
 )
 @click.option("--set-as-default", is_flag=True, help=_SET_AS_DEFAULT_HELP)
 @click.option(
@@ -107,29 +131,33 @@ def runtime() -> None:
     "--enable-cdi",
     is_flag=True,
     help=(
-        "Turn on containerd's own CDI support: <cri>.enable_cdi = true, and cdi_spec_dirs = "
-        '["/etc/cdi", "/var/run/cdi"] unless set.'
+        "Turn on the engine's own CDI support. containerd: <cri>.enable_cdi = true, and "
+        'cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"] unless set; docker: features.cdi = true '
+        "(Docker 25 and later). CRI-O reads CDI specs without a switch."
     ),
 )
 @click.option(
     "--dry-run",
     is_flag=True,
-    help="Print the resulting files to stdout, each after a '# --- <path> ---' line; write nothing.",
+    help=(
+        "Print the resulting files to stdout, each after a '# --- <path> ---' line; "
+        "write nothing."
+    ),
 )
 @click.option(
     "--revert",
     is_flag=True,
     help=(
         "Undo an earlier configure: restore the original bytes saved in "
-        f"<config>{containerd.BACKUP_SUFFIX} and remove the drop-in; without that backup, "
-        "remove only the handler, its default_runtime_name, its import and drop-in."
+        f"<config>{BACKUP_SUFFIX} (and remove a drop-in that did not exist); without that "
+        "backup, remove only nvshim's runtime, a default naming it, and its drop-in."
     ),
 )
 @click.pass_context
 def configure_command(
     ctx: click.Context,
     engine: str,
-    config_path: str,
+    config_path: Optional[str],
     drop_in: Optional[str],
     name: str,
     binary: str,
@@ -139,13 +167,23 @@ def configure_command(
     dry_run: bool,
     revert: bool,
 ) -> None:
-    """Add an nvshim runtime handler to containerd's config, or take it out (--revert).
+    """Add an nvshim runtime to containerd's, Docker's or CRI-O's config, or take it out.
 
-    The handler copies the runc handler's options (SystemdCgroup, Root, ...), sets
-    options.BinaryName to nvshim-runtime and passes cdi.k8s.io/* annotations through.
-    Comments and layout of the files are kept; every write is atomic. Restart containerd
-    afterwards.
+    containerd: a handler copying the runc handler's options (SystemdCgroup, Root, ...),
+    options.BinaryName = nvshim-runtime, cdi.k8s.io/* annotations passed through.
+    Docker: runtimes.<name>.path in daemon.json, other keys and their order kept
+    (docker run --runtime nvshim). CRI-O: [crio.runtime.runtimes.<name>] in a drop-in,
+    runtime_type "oci" with runc's runtime_root and monitor (conmon) settings.
+    Comments and layout are kept where the format allows; every write is atomic and the
+    original bytes are saved for --revert. Restart the engine afterwards.
     """
+    if config_path is None:
+        config_path = _DEFAULT_CONFIGS[engine]
+    if drop_in is not None and engine == "docker":
+        raise UsageError("--drop-in applies to containerd and crio: Docker has no drop-ins")
+    if enable_cdi and engine == "crio":
+        raise UsageError("--enable-cdi applies to containerd and docker: CRI-O reads CDI "
+                         "specs without a switch")
     if revert:
         conflicting = [
             flag
@@ -160,9 +198,14 @@ def configure_command(
         if conflicting:
             raise UsageError(
                 f"--revert cannot be combined with {_join(conflicting)}: it takes only "
-                "--config, --drop-in, --name and --dry-run"
+                "--runtime, --config, --drop-in, --name and --dry-run"
             )
-        result = containerd.revert(config_path, name=name, drop_in=drop_in, dry_run=dry_run)
+        if engine == "docker":
+            result = docker.revert(config_path, name=name, dry_run=dry_run)
+        elif engine == "crio":
+            result = crio.revert(config_path, drop_in=drop_in, name=name, dry_run=dry_run)
+        else:
+            result = containerd.revert(config_path, name=name, drop_in=drop_in, dry_run=dry_run)
         _warn(result.warnings)
         if dry_run:
             _print_files(result.files)
@@ -176,30 +219,37 @@ def configure_command(
         if result.removed:
             done.append("removed " + _join(result.removed))
         if done:
-            click.echo("; ".join(done) + "; restart containerd to drop the runtime", err=True)
+            restart = f"restart {'dockerd' if engine == 'docker' else engine}"
+            click.echo("; ".join(done) + f"; {restart} to drop the runtime", err=True)
         else:
-            click.echo(f'nothing to revert in {config_path}', err=True)
+            click.echo(f"nothing to revert in {config_path}", err=True)
         return
 
     require_allocation = _require_allocation() if set_as_default else False
-    result_c = containerd.configure(
-        config_path,
-        name=name,
-        binary=binary,
-        drop_in=drop_in,
-        set_as_default=set_as_default,
-        force=force,
-        enable_cdi=enable_cdi,
-        require_allocation=require_allocation,
-        dry_run=dry_run,
-    )
+    common: Dict[str, Any] = {
+        "name": name,
+        "binary": binary,
+        "set_as_default": set_as_default,
+        "force": force,
+        "require_allocation": require_allocation,
+        "dry_run": dry_run,
+    }
+    result_c: Any
+    if engine == "docker":
+        result_c = docker.configure(config_path, enable_cdi=enable_cdi, **common)
+    elif engine == "crio":
+        result_c = crio.configure(config_path, drop_in=drop_in, **common)
+    else:
+        result_c = containerd.configure(
+            config_path, drop_in=drop_in, enable_cdi=enable_cdi, **common
+        )
     _warn(result_c.warnings)
     if dry_run:
         _print_files(result_c.files)
         click.echo("dry run: nothing written", err=True)
     elif result_c.written:
         click.echo(
-            f'wrote {_join(result_c.written)}; restart containerd to use runtime "{name}"',
+            f'wrote {_join(result_c.written)}; {_RESTART[engine]} to use runtime "{name}"',
             err=True,
         )
     else:

@@ -31,17 +31,29 @@ reports the handlers containerd will see after imports, for ``nvshim doctor``.
 from __future__ import annotations
 
 import copy
-import errno
 import fnmatch
 import glob
-import hashlib
 import json
 import os
 import re
 from nvshim._record import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
-from nvshim.errors import ConfigError, HostError, UsageError
+from nvshim.engine_files import (
+    BACKUP_SUFFIX,
+    FileChange,
+    RevertResult,
+    apply_restore,
+    backup_path,
+    check_handler_name,
+    default_runtime_guard,
+    load_backup,
+    plan_restore,
+    read_text,
+    set_as_default_pitfall,
+    write_changes,
+)
+from nvshim.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
     from tomlkit.toml_document import TOMLDocument
@@ -81,31 +93,14 @@ CRI_PLUGINS: Mapping[int, str] = {
     2: "io.containerd.grpc.v1.cri",
     3: "io.containerd.cri.v1.runtime",
 }
-BACKUP_SUFFIX = ".nvshim-orig.json"
 
 _RUNC_TYPE = "io.containerd.runc.v2"
 _LEGACY_LINUX_TYPE = "io.containerd.runtime.v1.linux"
 _CONTAINERD_DEFAULT_RUNTIME = "runc"
 _BACKUP_FORMAT = "nvshim-containerd-backup/1"
-# Kubernetes requires a RuntimeClass handler to be a DNS label.
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 
 
 # --------------------------------------------------------------------------- results
-
-
-@dataclass(frozen=True)
-class FileChange:
-    """One file's text before and after; ``None`` means the file does not exist."""
-
-    path: str
-    before: Optional[str]
-    after: Optional[str]
-
-    @property
-    def changed(self) -> bool:
-        """Whether writing ``after`` would change the file."""
-        return self.before != self.after
 
 
 @dataclass(frozen=True)
@@ -117,18 +112,6 @@ class ConfigureResult:
     handler_file: str
     files: Tuple[FileChange, ...]
     written: Tuple[str, ...]
-    warnings: Tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class RevertResult:
-    """What :func:`revert` did: files restored byte for byte, edited, or removed."""
-
-    files: Tuple[FileChange, ...]
-    restored: Tuple[str, ...]
-    edited: Tuple[str, ...]
-    removed: Tuple[str, ...]
-    used_backup: bool
     warnings: Tuple[str, ...] = ()
 
 
@@ -274,23 +257,11 @@ def _merge_list(existing: Any, extra: Tuple[str, ...], where: str) -> List[Any]:
     return merged
 
 
-def set_as_default_pitfall(name: str) -> str:
-    """The one-line explanation of why nvshim as the default runtime needs require-allocation."""
-    return (
-        f'pods without a GPU request would run through "{name}" and a CUDA image\'s '
-        "NVIDIA_VISIBLE_DEVICES=all would give them every GPU"
-    )
-
-
 # --------------------------------------------------------------------------- configure
 
 
 def _check_arguments(name: str, binary: str) -> None:
-    if not _DNS_LABEL.match(name):
-        raise UsageError(
-            f'runtime name "{name}" is not a DNS label (lower-case letters, digits and "-", '
-            "at most 63): Kubernetes RuntimeClass handlers must be"
-        )
+    check_handler_name(name)
     if not os.path.isabs(binary):
         raise UsageError(f'runtime binary "{binary}" is not an absolute path')
 
@@ -424,17 +395,7 @@ def plan_configure(
 
     _check_arguments(name, binary)
     warnings: List[str] = []
-    if set_as_default and not require_allocation:
-        if not force:
-            raise UsageError(
-                f'refusing to make "{name}" the default runtime while require-allocation is '
-                f"off in nvshim's config: {set_as_default_pitfall(name)}; set "
-                "require-allocation: true or pass --force"
-            )
-        warnings.append(
-            f'"{name}" is the default runtime while require-allocation is off: '
-            + set_as_default_pitfall(name).replace("would", "will")
-        )
+    warnings += default_runtime_guard(name, set_as_default, force, require_allocation)
 
     doc = _parse(main_text or "", config_path)
     empty = not _has_keys(doc)
@@ -525,98 +486,6 @@ def plan_configure(
 # --------------------------------------------------------------------------- file access
 
 
-def _read_text(path: str) -> Optional[str]:
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except FileNotFoundError:
-        return None
-    except IsADirectoryError as exc:
-        raise HostError(f"{path} is a directory, not a containerd config file") from exc
-    except OSError as exc:
-        raise HostError(f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
-
-
-def _sha256(text: Optional[str]) -> Optional[str]:
-    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _mode(path: str) -> Optional[int]:
-    try:
-        return os.stat(path).st_mode & 0o7777
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise HostError(f"cannot stat {path}: {exc.strerror}") from exc
-
-
-def _make_parents(path: str) -> List[str]:
-    """Create the missing parent directories of ``path`` (0755); return them, outermost first."""
-    missing: List[str] = []
-    directory = os.path.dirname(os.path.abspath(path))
-    while not os.path.isdir(directory):
-        missing.append(directory)
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            break
-        directory = parent
-    missing.reverse()
-    for directory in missing:
-        try:
-            os.mkdir(directory, 0o755)
-        except FileExistsError:
-            pass  # created meanwhile; what matters is that it exists
-        except OSError as exc:
-            raise HostError(f"cannot create directory {directory}: {exc.strerror}") from exc
-    return missing
-
-
-def _write(path: str, text: str, mode: int = 0o644) -> None:
-    from nvshim.files import write_atomic
-
-    write_atomic(path, text.encode("utf-8"), default_mode=mode)
-
-
-def _remove(path: str) -> bool:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        raise HostError(f"cannot remove {path}: {exc.strerror}") from exc
-    return True
-
-
-def backup_path(config_path: str) -> str:
-    """Where :func:`configure` keeps the original bytes of the files it changes."""
-    return config_path + BACKUP_SUFFIX
-
-
-def _load_backup(path: str) -> Optional[Dict[str, Any]]:
-    text = _read_text(path)
-    if text is None:
-        return None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{path}: invalid backup: {exc}") from exc
-    if not isinstance(data, dict) or data.get("format") != _BACKUP_FORMAT:
-        raise ConfigError(f'{path}: not an nvshim backup (format is not "{_BACKUP_FORMAT}")')
-    files = data.get("files")
-    if not isinstance(files, dict):
-        raise ConfigError(f"{path}: invalid backup: files is not an object")
-    data.setdefault("created_dirs", [])
-    return data
-
-
-def _save_backup(path: str, data: Dict[str, Any]) -> None:
-    _write(path, json.dumps(data, indent=2, sort_keys=True) + "\n", 0o600)
-
-
 def configure(
     config_path: str = DEFAULT_CONFIG,
     *,
@@ -635,12 +504,12 @@ def configure(
     bytes (or absence) go to :func:`backup_path` so :func:`revert` can restore them.
     """
     config_path = os.path.abspath(config_path)
-    main_text = _read_text(config_path)
+    main_text = read_text(config_path)
     doc_version = _detect_version(_parse(main_text or "", config_path), config_path)
     planned_drop_in = drop_in
     if planned_drop_in is None and doc_version != 1:
         planned_drop_in = DEFAULT_DROP_IN
-    drop_in_text = _read_text(planned_drop_in) if planned_drop_in else None
+    drop_in_text = read_text(planned_drop_in) if planned_drop_in else None
     plan = plan_configure(
         main_text,
         drop_in_text,
@@ -653,33 +522,16 @@ def configure(
         enable_cdi=enable_cdi,
         require_allocation=require_allocation,
     )
-    changes = [change for change in plan.files if change.changed]
-    if dry_run or not changes:
+    if dry_run:
         return plan
-
-    backup_file = backup_path(config_path)
-    backup = _load_backup(backup_file) or {"format": _BACKUP_FORMAT, "files": {}, "created_dirs": []}
-    for change in changes:
-        entry = backup["files"].setdefault(
-            change.path, {"original": change.before, "mode": _mode(change.path)}
-        )
-        entry["written_sha256"] = _sha256(change.after)
-    created: List[str] = []
-    for change in changes:
-        created += _make_parents(change.path)
-    backup["created_dirs"] = backup["created_dirs"] + [d for d in created if d not in backup["created_dirs"]]
-    _save_backup(backup_file, backup)
-    written: List[str] = []
-    for change in changes:  # the drop-in before the main file that imports it
-        assert change.after is not None
-        _write(change.path, change.after)
-        written.append(change.path)
+    # the drop-in before the main file that imports it
+    written = write_changes(backup_path(config_path), _BACKUP_FORMAT, plan.files)
     return ConfigureResult(
         version=plan.version,
         cri_plugin=plan.cri_plugin,
         handler_file=plan.handler_file,
         files=plan.files,
-        written=tuple(written),
+        written=written,
         warnings=plan.warnings,
     )
 
@@ -776,40 +628,12 @@ def plan_revert(
     its text. A file still as nvshim wrote it gets its original text back; a main file
     edited since (or any file without a backup) gets :func:`_strip`; a drop-in is removed.
     """
-    warnings: List[str] = []
-    files: List[FileChange] = []
-    restored: List[str] = []
-    edited: List[str] = []
-    removed: List[str] = []
-    config_abs = os.path.abspath(config_path)
     if backup is not None:
         entries: Mapping[str, Any] = backup["files"]
+        config_abs = os.path.abspath(config_path)
         drop_ins = tuple(os.path.abspath(p) for p in entries if os.path.abspath(p) != config_abs)
-        order = sorted(entries, key=lambda p: os.path.abspath(p) != config_abs)  # main first
-        for path in order:
-            entry = entries[path]
-            now = current.get(path)
-            original = entry.get("original")
-            if now == original:
-                continue
-            if _sha256(now) == entry.get("written_sha256"):
-                files.append(FileChange(path, now, original))
-                (restored if original is not None else removed).append(path)
-                continue
-            if os.path.abspath(path) != config_abs:
-                if now is not None and original is None:
-                    warnings.append(f"{path} changed since nvshim wrote it; removing it anyway")
-                    files.append(FileChange(path, now, None))
-                    removed.append(path)
-                elif now is not None:
-                    warnings.append(f"{path} changed since nvshim wrote it; restoring its original")
-                    files.append(FileChange(path, now, original))
-                    restored.append(path)
-                continue
-            if now is None:
-                warnings.append(f"{path} was removed since nvshim wrote it; leaving it absent")
-                continue
-            warnings.append(f"{path} changed since nvshim wrote it; removing only nvshim's entries")
+
+        def strip(path: str, now: str, original: Optional[str], warnings: List[str]) -> str:
             doc = _parse(now, path)
             _strip(
                 doc,
@@ -819,19 +643,14 @@ def plan_revert(
                 original=_parse(original or "", path),
                 warnings=warnings,
             )
-            after = _dumps(doc, now)
-            if after != now:
-                files.append(FileChange(path, now, after))
-                edited.append(path)
-        return RevertResult(
-            files=tuple(files),
-            restored=tuple(restored),
-            edited=tuple(edited),
-            removed=tuple(removed),
-            used_backup=True,
-            warnings=tuple(warnings),
-        )
+            return _dumps(doc, now)
 
+        return plan_restore(current, backup, main_path=config_path, strip=strip)
+
+    warnings: List[str] = []
+    files: List[FileChange] = []
+    edited: List[str] = []
+    removed: List[str] = []
     warnings.append(
         f"no backup {backup_path(config_path)}: removing only nvshim's entries "
         f'(runtime "{name}", its default_runtime_name, its import and drop-in)'
@@ -880,32 +699,18 @@ def revert(
     """Undo :func:`configure`: restore original bytes from the backup, else strip entries."""
     config_path = os.path.abspath(config_path)
     backup_file = backup_path(config_path)
-    backup = _load_backup(backup_file)
+    backup = load_backup(backup_file, _BACKUP_FORMAT)
     paths = [config_path]
     if backup is not None:
         paths += list(backup["files"])
     elif drop_in != "":
         paths.append(os.path.abspath(drop_in or DEFAULT_DROP_IN))
-    current = {path: _read_text(path) for path in dict.fromkeys(paths)}
+    current = {path: read_text(path) for path in dict.fromkeys(paths)}
     plan = plan_revert(current, backup, config_path=config_path, name=name, drop_in=drop_in)
     if dry_run:
         return plan
-    for change in plan.files:  # the main file first, so it never imports a missing drop-in
-        if change.after is None:
-            _remove(change.path)
-        else:
-            mode = None
-            if backup is not None and change.path in backup["files"]:
-                mode = backup["files"][change.path].get("mode")
-            _write(change.path, change.after, mode if isinstance(mode, int) else 0o644)
-    if backup is not None:
-        for directory in reversed(backup.get("created_dirs", [])):
-            try:
-                os.rmdir(directory)
-            except OSError as exc:
-                if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST):
-                    raise HostError(f"cannot remove directory {directory}: {exc.strerror}") from exc
-        _remove(backup_file)
+    # the main file first, so it never imports a missing drop-in
+    apply_restore(plan, backup, backup_file)
     return plan
 
 
@@ -919,7 +724,7 @@ def read_handlers(config_path: str = DEFAULT_CONFIG) -> EffectiveRuntimes:
     sorted, each file once, imports of imports too); a later file's CRI table replaces an
     earlier one whole, as containerd before 2.1 does.
     """
-    text = _read_text(config_path)
+    text = read_text(config_path)
     doc = _parse(text or "", config_path)
     version = _detect_version(doc, config_path)
     cri_key = CRI_PLUGINS[version]
@@ -935,7 +740,7 @@ def read_handlers(config_path: str = DEFAULT_CONFIG) -> EffectiveRuntimes:
         if path == os.path.abspath(config_path):
             file_doc = doc
         else:
-            file_text = _read_text(path)
+            file_text = read_text(path)
             if file_text is None:
                 problems.append(f"import {path} does not exist")
                 continue

@@ -20,6 +20,9 @@ The checks, by name:
     the nvshim handler's ``options.BinaryName`` is an executable file.
 ``default-runtime``
     the pitfall: nvshim as containerd's default runtime with require-allocation off.
+``docker`` / ``crio``
+    the same three questions for Docker's daemon.json and CRI-O's config and drop-ins
+    (see :mod:`nvshim._doctor_engines`).
 ``gpus``
     discovery finds GPUs under the driver root.
 ``cdi-specs``
@@ -102,6 +105,8 @@ class DoctorOptions:
 
     config_path: str = field(default_factory=config_path)
     containerd_config: str = "/etc/containerd/config.toml"
+    docker_config: str = "/etc/docker/daemon.json"
+    crio_config: str = "/etc/crio/crio.conf"
     driver_root: Optional[str] = None
     """Overrides the config's ``driver-root`` (and its ``dev-root`` unless ``dev_root``)."""
     dev_root: Optional[str] = None
@@ -509,6 +514,10 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     if effective is not None:
         findings.append(check_runtime_binary(effective, options))
         findings.append(check_default_runtime(effective, config, options))
+    from nvshim._doctor_engines import check_crio, check_docker
+
+    findings.append(check_docker(options.docker_config, config, options))
+    findings.append(check_crio(options.crio_config, config, options))
 
     host = _host(usable, options)
     findings.append(check_gpus(host, options.config_path))

@@ -66,3 +66,42 @@ def test_install_is_idempotent_and_uninstall_is_exact(tmp_path):
     gone = run_install(tmp_path, "--uninstall")
     assert gone.returncode == 0 and f"kept {cfg}" in gone.stderr
     assert cfg.exists() and not runtime.exists() and not (tmp_path / "opt").exists()
+
+
+def test_install_registers_docker_and_crio_and_uninstall_restores_bytes(tmp_path):
+    """--docker writes runtimes.nvshim into daemon.json, --crio the CRI-O drop-in; --uninstall
+    puts daemon.json back byte for byte and removes the drop-in."""
+    require_root()
+    import json
+    (tmp_path / "bin").mkdir()
+    etc = tmp_path / "etc"
+    (etc / "docker").mkdir(parents=True)
+    daemon_json = etc / "docker" / "daemon.json"
+    original = '{\n  "log-level": "warn"\n}\n'
+    daemon_json.write_text(original)
+    crio_conf = etc / "crio" / "crio.conf"
+    crio_conf.parent.mkdir()
+    crio_conf.write_text('[crio.runtime]\nconmon_cgroup = "pod"\n')
+    before = snapshot(tmp_path)
+    env = dict(os.environ, NVSHIM_PREFIX=str(tmp_path / "opt"), NVSHIM_BINDIR=str(tmp_path / "bin"),
+               NVSHIM_ETCDIR=str(etc / "nvshim"), NVSHIM_SKIP_APT="1",
+               NVSHIM_DOCKER_CONFIG=str(daemon_json), NVSHIM_CRIO_CONFIG=str(crio_conf))
+
+    def install(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", str(REPO / "install.sh"), *args], env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    done = install("--docker", "--crio")
+    assert done.returncode == 0, done.stderr
+    runtime = str(tmp_path / "bin" / "nvshim-runtime")
+    assert json.loads(daemon_json.read_text()) == {
+        "log-level": "warn", "runtimes": {"nvshim": {"path": runtime}}}
+    drop_in = etc / "crio" / "crio.conf.d" / "99-nvshim.toml"
+    assert f'runtime_path = "{runtime}"' in drop_in.read_text()
+    assert "restart it yourself" in done.stderr
+    again = install("--docker", "--crio")
+    assert again.returncode == 0 and "nothing written" in again.stderr
+    gone = install("--uninstall")
+    assert gone.returncode == 0, gone.stderr
+    assert daemon_json.read_text() == original
+    assert snapshot(tmp_path) == before

@@ -1,0 +1,103 @@
+"""``nvshim doctor`` on Docker's daemon.json and CRI-O's config (nvshim._doctor_engines)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from nvshim import doctor
+from nvshim.config import Config
+from nvshim._doctor_engines import check_crio, check_docker
+
+
+def fake_runtime(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "nvshim-runtime"
+    path.write_text('#!/bin/sh\nexec runc "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+def options(tmp_path: Path) -> doctor.DoctorOptions:
+    return doctor.DoctorOptions(config_path=str(tmp_path / "nvshim.yaml"),
+                                trampoline=str(tmp_path / "no-trampoline"))
+
+
+def daemon_json(tmp_path: Path, runtimes: dict, default: str = "") -> Path:
+    path = tmp_path / "daemon.json"
+    data: dict = {"runtimes": runtimes}
+    if default:
+        data["default-runtime"] = default
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_docker_missing_config_is_skip(tmp_path: Path) -> None:
+    assert check_docker(str(tmp_path / "none.json"), Config(), options(tmp_path)).status == "skip"
+
+
+def test_docker_ok_warn_fail(tmp_path: Path) -> None:
+    """A registered executable runtime is ok; none is warn; a missing binary is fail."""
+    binary = fake_runtime(tmp_path / "bin")
+    good = check_docker(str(daemon_json(tmp_path, {"nvshim": {"path": str(binary)}})), Config(),
+                        options(tmp_path))
+    assert good.status == "ok" and str(binary) in good.message
+    none = check_docker(str(daemon_json(tmp_path, {"kata": {"path": "/x"}})), Config(),
+                        options(tmp_path))
+    assert none.status == "warn" and "--runtime docker" in none.fix
+    missing = check_docker(str(daemon_json(tmp_path, {"nvshim": {"path": "/no/such"}})), Config(),
+                           options(tmp_path))
+    assert missing.status == "fail" and "/no/such does not exist" in missing.message
+
+
+@pytest.mark.parametrize("require_allocation, status", [(False, "fail"), (True, "ok")])
+def test_docker_default_runtime_pitfall(tmp_path: Path, require_allocation: bool,
+                                        status: str) -> None:
+    """nvshim as Docker's default runtime fails unless require-allocation is on."""
+    binary = fake_runtime(tmp_path / "bin")
+    path = daemon_json(tmp_path, {"gpu": {"path": str(binary)}}, default="gpu")
+    finding = check_docker(str(path), Config(require_allocation=require_allocation),
+                           options(tmp_path))
+    assert finding.status == status, finding
+    if status == "fail":
+        assert "NVIDIA_VISIBLE_DEVICES=all" in finding.message
+
+
+def test_docker_invalid_json_fails(tmp_path: Path) -> None:
+    path = tmp_path / "daemon.json"
+    path.write_text("{")
+    finding = check_docker(str(path), Config(), options(tmp_path))
+    assert finding.status == "fail" and str(path) in finding.message
+
+
+def test_crio_pitfall_through_drop_in(tmp_path: Path) -> None:
+    """CRI-O: a drop-in making nvshim the default, require-allocation off → fail; on → ok."""
+    binary = fake_runtime(tmp_path / "bin")
+    conf = tmp_path / "crio.conf"
+    conf.write_text('[crio.runtime]\ndefault_runtime = "runc"\n')
+    (tmp_path / "crio.conf.d").mkdir()
+    (tmp_path / "crio.conf.d" / "99-nvshim.toml").write_text(
+        f'[crio.runtime]\ndefault_runtime = "nvshim"\n'
+        f'[crio.runtime.runtimes.nvshim]\nruntime_path = "{binary}"\n')
+    assert check_crio(str(conf), Config(), options(tmp_path)).status == "fail"
+    assert check_crio(str(conf), Config(require_allocation=True), options(tmp_path)).status == "ok"
+
+
+def test_crio_absent_is_skip_and_broken_is_fail(tmp_path: Path) -> None:
+    assert check_crio(str(tmp_path / "crio.conf"), Config(), options(tmp_path)).status == "skip"
+    (tmp_path / "crio.conf").write_text("[crio\n")
+    assert check_crio(str(tmp_path / "crio.conf"), Config(), options(tmp_path)).status == "fail"
+
+
+def test_run_checks_includes_docker_and_crio(tmp_path: Path) -> None:
+    """The full doctor run reports docker and crio findings."""
+    opts = doctor.DoctorOptions(config_path=str(tmp_path / "none.yaml"),
+                                containerd_config=str(tmp_path / "c.toml"),
+                                docker_config=str(tmp_path / "d.json"),
+                                crio_config=str(tmp_path / "crio.conf"),
+                                driver_root=str(tmp_path), trampoline=str(tmp_path / "t"))
+    checks: List[str] = [f.check for f in doctor.run_checks(opts)]
+    assert "docker" in checks and "crio" in checks
