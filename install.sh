@@ -159,6 +159,7 @@ fi
 record "file $ETCDIR/config.compiled.json"
 record "file $ETCDIR/config.runtimes"
 record "file $ETCDIR/config.annotation-prefixes"
+record "file $ETCDIR/config.plan.json"  # the node plan cache (written when a driver is found)
 
 # --- container engines ---------------------------------------------------------------
 configure_engine() {  # configure_engine ENGINE CONFIG [DROP-IN]

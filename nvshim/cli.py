@@ -59,6 +59,7 @@ def _plan_summary(plan: Any, config: Any) -> dict:
         "set_void": req.set_void,
         "edits": plan.applied_edits().to_cdi(),
         "rootfs_work": {"by": plan.rootwork_by or None, "detail": plan.rootwork_why or None},
+        "node_plan": plan.plan_source or None,
         "changes_config": plan.changed,
     }
     summary["granted_indices"] = describe_indices([g.index for g in plan.gpus])
@@ -129,6 +130,8 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
     if mounts:
         out.append(f"mounts:        {len(mounts)} driver files")
         out.extend(f"  {m}" for m in mounts)
+    if plan.plan_source:
+        out.append(f"node plan:     {plan.plan_source}")
     if plan.rootwork_by == "runtime":
         out.append(f"in-root work:  by nvshim-runtime before runc, in {plan.rootwork_why}")
     elif plan.rootwork_by:
@@ -212,8 +215,12 @@ def config_compile(config_file: Optional[str]) -> None:
     """Validate the YAML config and write the JSON copy the runtime's hot path reads."""
     from nvshim.config import compile_config
 
-    out = compile_config(config_file)
+    from nvshim.config import load_config
+    from nvshim.plancache import refresh
+
+    out = compile_config(config_file, plan=False)
     click.echo(f"wrote {out}", err=True)
+    click.echo(f"node plan: {refresh(load_config(config_file))}", err=True)
 
 
 @config_group.command("show")

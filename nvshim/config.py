@@ -9,8 +9,8 @@ Two ways in, one result:
   ``nvshim config compile``; it holds the validated values and the YAML text it came
   from, so an edited YAML is noticed and the checked path is taken instead.
 
-A missing file means defaults. The runtime never writes the compiled file itself:
-nothing on the create path writes outside the bundle.
+A missing file means defaults. The runtime never writes the compiled file itself; the
+only file a create may write next to it is the node plan cache (:mod:`nvshim.plancache`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ __all__ = [
     "compiled_path",
     "runtimes_path",
     "prefixes_path",
+    "plan_path",
     "load_config",
     "compile_config",
     "compiled_matches",
@@ -103,6 +104,11 @@ def _compiled(path: str, suffix: str) -> str:
 def compiled_path(path: str) -> str:
     """Where ``nvshim config compile`` keeps the validated copy of ``path``."""
     return _compiled(path, ".compiled.json")
+
+
+def plan_path(path: str) -> str:
+    """The node plan cache (:mod:`nvshim.plancache`) kept next to the compiled config."""
+    return _compiled(path, ".plan.json")
 
 
 def runtimes_path(path: str) -> str:
@@ -239,8 +245,12 @@ def load_config(path: Optional[str] = None) -> Config:
     return parse_config_text(data, path)
 
 
-def compile_config(path: Optional[str] = None) -> str:
-    """Validate ``path`` and write its compiled copy atomically; return the copy's path."""
+def compile_config(path: Optional[str] = None, plan: bool = True) -> str:
+    """Validate ``path`` and write its compiled copy atomically; return the copy's path.
+
+    With ``plan``, the node plan cache next to it is rebuilt too (when the node has a
+    driver to discover; see :mod:`nvshim.plancache`).
+    """
     from nvshim.files import write_atomic
 
     path = path or config_path()
@@ -261,4 +271,8 @@ def compile_config(path: Optional[str] = None) -> str:
     for target, values in ((runtimes_path(path), config.runtimes),
                            (prefixes_path(path), config.annotation_prefixes)):
         write_atomic(target, "".join(f"{v}\n" for v in values).encode(), default_mode=0o644)
+    if plan:
+        from nvshim.plancache import refresh
+
+        refresh(config)
     return out

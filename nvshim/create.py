@@ -46,6 +46,9 @@ class Plan:
     rootwork_why: str = ""
     """``runtime``: the rootfs written; ``hook``: why the runtime cannot write it."""
     warnings: List[str] = field(default_factory=list)
+    plan_source: str = ""
+    """Where the node's plan came from: the plan cache, or discovery (and why)."""
+    host: Any = None
 
     def applied_edits(self) -> Edits:
         """The edits config.json gets: without nvshim's hook when the runtime does its work."""
@@ -124,8 +127,13 @@ def plan_create(
     config: Config,
     host: Any = None,
     log: Any = None,
+    save_cache: bool = False,
 ) -> Plan:
-    """Compute what create does to ``bundle`` (nothing is written)."""
+    """Compute what create does to ``bundle``.
+
+    Nothing is written, except the node plan cache when ``save_cache`` (the runtime) finds
+    it missing or stale.
+    """
     spec_path, raw, spec = read_spec(bundle)
     try:
         view = image_view(spec)
@@ -150,9 +158,12 @@ def plan_create(
         return plan
 
     if host is None:
-        from nvshim.discovery import Host
+        from nvshim.plancache import host_for
 
-        host = Host(config.driver_root, config.dev_root)
+        host, plan.plan_source = host_for(config, save_cache)
+        if log is not None:
+            log.event("plan", source=plan.plan_source)
+    plan.host = host
     plan.driver_root = host.driver_root
 
     edits = Edits()
@@ -184,7 +195,8 @@ def _decide_rootwork(plan: Plan) -> None:
     """Who makes the SONAME links and the ld.so.cache: the runtime (now) or the hook."""
     from nvshim import rootwork
 
-    work = rootwork.work_from_hooks(plan.edits.hooks, plan.edits.mounts)
+    info = getattr(plan.host, "elf_info", rootwork.elf_info)
+    work = rootwork.work_from_hooks(plan.edits.hooks, plan.edits.mounts, info)
     if work is None:
         return
     plan.rootwork = work

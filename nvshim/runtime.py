@@ -73,7 +73,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             from nvshim.create import commit, plan_create
 
             bundle = inv.bundle or os.getcwd()
-            plan = plan_create(bundle, config, log=log)
+            plan = plan_create(bundle, config, log=log, save_cache=True)
             written = commit(plan, log)
             log.event("create", bundle=bundle, rewritten=written)
         except NvshimError as exc:
