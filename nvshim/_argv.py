@@ -42,6 +42,10 @@ class Invocation(NamedTuple):
     """runc's ``--log-format`` (``json`` or ``text``), when given."""
     error: Optional[str]
     """Why the argv cannot be parsed for create/run (e.g. a flag without its value)."""
+    root: Optional[str] = None
+    """runc's ``--root`` (where it keeps container state), when given."""
+    container_id: Optional[str] = None
+    """The container id of create/run (its first positional argument), when given."""
 
     @property
     def modifies(self) -> bool:
@@ -97,6 +101,7 @@ def parse_argv(argv: List[str]) -> Invocation:
 
     bundle: Optional[str] = None
     error: Optional[str] = None
+    container_id: Optional[str] = None
     while i < n:
         arg = argv[i]
         if arg == "--":
@@ -113,5 +118,9 @@ def parse_argv(argv: List[str]) -> Invocation:
                 bundle = value
             i += 1
             continue
+        if container_id is None:
+            container_id = arg
         i += 1
-    return Invocation(command, bundle, log, log_format, error)
+    if container_id is None and i + 1 < n and argv[i] == "--":
+        container_id = argv[i + 1]
+    return Invocation(command, bundle, log, log_format, error, globals_.get("root"), container_id)

@@ -59,6 +59,15 @@ class Config:
         "privileged",
     )
     on_missing_allocation: str = "strip"
+    accept_all_from_mounts: bool = False
+    verify_with: str = "none"
+    kubelet_unreachable: str = "fail"
+    kubelet_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    kubelet_checkpoint: Optional[str] = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    kubelet_timeout: float = 2.0
+    kubelet_resource_prefixes: Tuple[str, ...] = ("nvidia.com/",)
+    grants_journal: Optional[str] = "/var/lib/nvshim/grants.jsonl"
+    grants_journal_max_bytes: int = 1048576
     annotation_prefixes: Tuple[str, ...] = ("cdi.k8s.io/",)
     cdi_spec_dirs: Tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
     default_kind: str = "nvidia.com/gpu"

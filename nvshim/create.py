@@ -17,7 +17,15 @@ from nvshim.apply import apply_edits
 from nvshim.config import Config
 from nvshim.edits import Edits, driver_edits, gpu_edits, mig_edits
 from nvshim.errors import HostError, RequestError, SpecError
-from nvshim.request import VISIBLE_DEVICES, Request, image_view, resolve_request, select_gpus
+from nvshim.request import (
+    VISIBLE_DEVICES,
+    Request,
+    claims_gpus,
+    image_view,
+    parse_visible_devices,
+    resolve_request,
+    select_gpus,
+)
 
 __all__ = ["Plan", "plan_create", "commit", "read_spec", "hook_command", "serialize_spec"]
 
@@ -49,6 +57,24 @@ class Plan:
     plan_source: str = ""
     """Where the node's plan came from: the plan cache, or discovery (and why)."""
     host: Any = None
+
+    identity: Any = None
+    """The Kubernetes container (:class:`nvshim.kubelet.Identity`) of a CRI container."""
+    verified: str = "none"
+    """``kubelet`` (every GPU checked against its record), ``unreachable`` (claims trusted), ``none``."""
+    allocation: Any = None
+    """What the kubelet allocated (:class:`nvshim.kubelet.Allocation`), when it was asked."""
+    cdi_gpus: Tuple[Any, ...] = ()
+    """GPUs the granted CDI devices bring (by their /dev/nvidia<minor> nodes)."""
+    log_warnings: List[str] = field(default_factory=list)
+    """Things an operator must hear about even though create goes on (runc --log warnings)."""
+
+    @property
+    def granted_uuids(self) -> Tuple[str, ...]:
+        """UUIDs of every GPU and MIG device granted (the grant journal records these)."""
+        out = [g.uuid for g in self.gpus] + [m.uuid for _, m in self.migs]
+        out += [g.uuid for g in self.cdi_gpus]
+        return tuple(dict.fromkeys(out))
 
     def applied_edits(self) -> Edits:
         """The edits config.json gets: without nvshim's hook when the runtime does its work."""
@@ -139,8 +165,13 @@ def plan_create(
         view = image_view(spec)
     except SpecError as exc:
         raise SpecError(f"{spec_path}: {str(exc).replace('config.json: ', '')}") from exc
-    request = resolve_request(view, config)
+    identity, allocation, verified, early_notes = _ask_kubelet_if_needed(view, config)
+    request = resolve_request(view, config, allocation.ids if allocation is not None else None)
     plan = Plan(spec_path, raw, spec, request, capabilities=request.capabilities)
+    plan.identity, plan.allocation, plan.verified = identity, allocation, verified
+    plan.notes.extend(early_notes)
+    if verified == "unreachable":
+        plan.log_warnings.extend(early_notes)
     plan.notes.extend(request.notes)
     if log is not None:
         log.event(
@@ -181,6 +212,10 @@ def plan_create(
     tokens = request.gpu_tokens
     if tokens or (request.driver_files and not cdi_names):
         edits = edits + _node_edits(host, request, tokens, plan, config)
+    if cdi_names and (config.grants_journal or plan.allocation is not None):
+        plan.cdi_gpus = _gpus_of_nodes(host, edits)
+    if plan.allocation is not None and request.source != "kubelet":
+        check_allocated(plan, host)
 
     plan.edits = edits
     plan.bundle = bundle
@@ -232,6 +267,93 @@ def _node_edits(
     for parent, mig in migs:
         edits = edits + mig_edits(parent, mig)
     return edits
+
+
+def _ask_kubelet_if_needed(view: Any, config: Config) -> Tuple[Any, Any, str, List[str]]:
+    """(identity, allocation, verified, notes): the kubelet's record when config needs it.
+
+    Asked only under require-allocation with ``verify-with: kubelet`` or the ``kubelet``
+    source, for a CRI container that claims a GPU. Unreachable: ``kubelet-unreachable``
+    decides (fail the create, or trust the claims and say so).
+    """
+    wants = config.verify_with == "kubelet" or "kubelet" in config.allocation_sources
+    if not (config.require_allocation and wants and claims_gpus(view, config)):
+        return None, None, "none", []
+    from nvshim.kubelet import KubeletUnreachable, ask_kubelet, identity_of
+
+    identity = identity_of(view.annotations)
+    if identity is None:
+        return None, None, "none", [
+            "not a CRI container (no io.kubernetes.cri.* annotations): the kubelet has no "
+            "record of it, claims are judged by allocation-sources alone"
+        ]
+    try:
+        return identity, ask_kubelet(identity, config), "kubelet", []
+    except KubeletUnreachable as exc:
+        if config.kubelet_unreachable == "fail":
+            raise RequestError(f"{exc}; refusing the GPU claim (kubelet-unreachable: fail)") from exc
+        return identity, None, "unreachable", [
+            f"{exc}; GPU claims trusted unverified (kubelet-unreachable: trust-claims)"
+        ]
+
+
+def _allowed(gpus: Sequence[Any], ids: Sequence[str]) -> Dict[str, str]:
+    """UUID → id for every GPU/MIG device the device ids name (unknown ids are skipped)."""
+    refs = tuple(g.ref() for g in gpus)
+    out: Dict[str, str] = {}
+    for ident in ids:
+        tokens = parse_visible_devices(ident)
+        if not tokens or tokens[0] in ("all", "none"):
+            continue
+        try:
+            chosen, migs = select_gpus(tokens, refs)
+        except RequestError:
+            continue
+        for ref in chosen:
+            out.setdefault(ref.uuid, ident)
+        for mig in migs:
+            out.setdefault(mig.uuid, ident)
+    return out
+
+
+def check_allocated(plan: Plan, host: Any) -> None:
+    """Every granted GPU and MIG device must be in the kubelet's record for this container."""
+    allocation = plan.allocation
+    gpus = host.gpus()
+    mine = _allowed(gpus, allocation.ids)
+    theirs = {uuid: allocation.others[i]
+              for uuid, i in _allowed(gpus, list(allocation.others)).items()}
+    by_uuid = {g.uuid: g for g in gpus}
+    granted = [(g.index, g.uuid, g.uuid) for g in plan.gpus + plan.cdi_gpus]
+    granted += [(f"{p.index}:{m.index}", m.uuid, p.uuid) for p, m in plan.migs]
+    for label, uuid, parent in granted:
+        if uuid in mine or parent in mine:
+            continue
+        what = "GPU" if uuid == parent else "MIG device"
+        holder = theirs.get(uuid) or theirs.get(parent)
+        if holder:
+            why = f"the kubelet gave it to {holder}"
+        else:
+            own = ", ".join(
+                f"GPU {by_uuid[u].index}" if u in by_uuid else u for u in mine
+            ) or "no GPU"
+            why = f"the kubelet allocated {own} to {plan.identity}"
+        raise RequestError(
+            f"{what} {label} ({uuid}) is not this container's allocation: {why} "
+            f"(claimed through {plan.request.source}, checked via {allocation.via})"
+        )
+    plan.notes.append(f"every granted GPU is in the kubelet's record ({allocation.via})")
+
+
+def _gpus_of_nodes(host: Any, edits: Edits) -> Tuple[Any, ...]:
+    """The node's GPUs whose device node (major, minor) the edits inject."""
+    by_number = {(g.node.major, g.node.minor): g for g in host.gpus() if g.node is not None}
+    out: List[Any] = []
+    for node in edits.device_nodes:
+        gpu = by_number.get((node.major, node.minor))
+        if gpu is not None and gpu not in out:
+            out.append(gpu)
+    return tuple(out)
 
 
 def _fill_device_nodes(edits: Edits) -> Edits:

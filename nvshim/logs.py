@@ -14,31 +14,42 @@ import sys
 import time
 from typing import Any, Optional
 
-__all__ = ["report_error", "DebugLog", "open_debug_log"]
+__all__ = ["report_error", "report_warning", "DebugLog", "open_debug_log"]
 
 
 def _utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def _log_line(level: str, text: str, log: str, log_format: Optional[str]) -> None:
+    """Append one runc-style line (JSON or logfmt) to runc's ``--log`` file."""
+    if log_format == "json" or log_format is None and log.endswith(".json"):
+        line = json.dumps({"level": level, "msg": text, "time": _utc_now()})
+    else:
+        line = f'time="{_utc_now()}" level={level} msg={json.dumps(text)}'
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        sys.stderr.write(f"nvshim: cannot write to --log {log}: {exc.strerror}\n")
+
+
 def report_error(message: str, log: Optional[str], log_format: Optional[str]) -> None:
     """Write one error line to runc's ``--log`` (JSON or text) and one to stderr."""
     text = f"nvshim: {message}"
     if log:
-        if log_format == "json" or log_format is None and log.endswith(".json"):
-            line = json.dumps({"level": "error", "msg": text, "time": _utc_now()})
-        else:
-            line = f'time="{_utc_now()}" level=error msg={json.dumps(text)}'
-        try:
-            fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                os.write(fd, (line + "\n").encode())
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            sys.stderr.write(f"nvshim: cannot write to --log {log}: {exc.strerror}\n")
+        _log_line("error", text, log, log_format)
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
+
+
+def report_warning(message: str, log: Optional[str], log_format: Optional[str]) -> None:
+    """One warning line in runc's ``--log`` only: during create stderr is the container's."""
+    if log:
+        _log_line("warning", f"nvshim: {message}", log, log_format)
 
 
 class DebugLog:

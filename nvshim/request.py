@@ -28,6 +28,7 @@ __all__ = [
     "parse_visible_devices",
     "parse_capabilities",
     "resolve_request",
+    "claims_gpus",
     "select_gpus",
     "GpuRef",
     "describe_indices",
@@ -95,6 +96,8 @@ class Request:
     set_void: bool = False
     notes: Tuple[str, ...] = ()
     capabilities: Tuple[str, ...] = DEFAULT_CAPABILITIES
+    shared: bool = False
+    """The allocation named time-slicing replicas (``<uuid>::N``): the GPU is meant to be shared."""
 
     @property
     def cdi_names(self) -> Tuple[str, ...]:
@@ -287,12 +290,38 @@ def _env_tokens(view: ImageView) -> Optional[Tuple[str, ...]]:
     return parse_visible_devices(value)
 
 
+def _names_replicas(values: Sequence[str]) -> bool:
+    """Whether any raw id is a time-slicing replica (``<id>::N``)."""
+    return any(_REPLICA.match(v.strip()) and not _is_qualified(v.strip())
+               for value in values for v in value.split(","))
+
+
+def claims_gpus(view: ImageView, config: Any) -> bool:
+    """Whether the container names any GPU (env, legacy image, mounts, annotations).
+
+    Decides if the kubelet must be asked: a container that claims nothing gets nothing.
+    """
+    if view.sandbox:
+        return False
+    env_tokens = _env_tokens(view)
+    if env_tokens or (env_tokens is None and view.legacy_image):
+        return True
+    return bool(_mount_ids(view)[0] or _annotation_ids(view, config.annotation_prefixes))
+
+
 def _all_uuids(tokens: Sequence[str]) -> bool:
     return bool(tokens) and all(_GPU_UUID.match(t) or _MIG_UUID.match(t) for t in tokens)
 
 
-def resolve_request(view: ImageView, config: Any) -> Request:
-    """Decide what the container gets, and why (see the module docstring)."""
+def resolve_request(view: ImageView, config: Any,
+                    kubelet_ids: Optional[Sequence[str]] = None) -> Request:
+    """Decide what the container gets, and why (see the module docstring).
+
+    ``kubelet_ids`` are the device ids the kubelet allocated to this container (None when
+    it was not asked): the ``kubelet`` allocation source grants them. Whether a claim from
+    another source is inside them is checked once the claim is mapped onto GPUs
+    (:func:`check_allocated`).
+    """
     if view.sandbox:
         return Request(source="sandbox", notes=("CRI sandbox container: passed through",))
 
@@ -303,20 +332,23 @@ def resolve_request(view: ImageView, config: Any) -> Request:
     env_set = env_tokens is not None and env_tokens != ()
     notes: List[str] = []
 
-    def grant(source: str, devices: Tuple[str, ...]) -> Request:
+    def grant(source: str, devices: Tuple[str, ...], raw: Sequence[str] = ()) -> Request:
+        shared = _names_replicas(raw)
         if devices == ("none",):
-            return Request(source, (), True, False, tuple(notes), caps)
-        return Request(source, devices, True, False, tuple(notes), caps)
+            return Request(source, (), True, False, tuple(notes), caps, shared)
+        return Request(source, devices, True, False, tuple(notes), caps, shared)
 
     mount_ids, mount_notes = _mount_ids(view)
     notes.extend(mount_notes)
+    mount_raw = _mount_raw(view)
     annotation_ids = _annotation_ids(view, config.annotation_prefixes)
+    env_raw = [view.get(VISIBLE_DEVICES) or ""]
 
     if not config.require_allocation:
         if mount_ids:
             if env_set:
                 notes.append(f"{VISIBLE_DEVICES} ignored: device-plugin volume mounts take precedence")
-            return grant("volume-mounts", mount_ids)
+            return grant("volume-mounts", mount_ids, mount_raw)
         if annotation_ids:
             if env_set:
                 notes.append(f"{VISIBLE_DEVICES} ignored: CDI annotations take precedence")
@@ -333,18 +365,27 @@ def resolve_request(view: ImageView, config: Any) -> Request:
                 "accept-envvar-when-unprivileged is off"
             )
             return Request("none", notes=tuple(notes), capabilities=caps)
-        return grant("env", env_tokens)
+        return grant("env", env_tokens, env_raw)
 
     # require-allocation: only a device plugin's allocation grants GPUs.
+    if mount_ids == ("all",) and not config.accept_all_from_mounts:
+        notes.append(
+            f"volume mount {DEVICE_LIST_DIR}/all ignored: a hostPath mount can fake it "
+            "(accept-all-from-mounts is off)"
+        )
+        mount_ids = ()
+    kubelet_tokens = parse_visible_devices(",".join(kubelet_ids)) if kubelet_ids else ()
     for source in config.allocation_sources:
+        if source == "kubelet" and kubelet_tokens:
+            return grant(source, kubelet_tokens, list(kubelet_ids or ()))
         if source == "volume-mounts" and mount_ids:
-            return grant(source, mount_ids)
+            return grant(source, mount_ids, mount_raw)
         if source == "cdi-annotations" and annotation_ids:
             return grant(source, annotation_ids)
         if source == "envvar-uuids" and env_tokens and _all_uuids(env_tokens):
-            return grant(source, env_tokens)
+            return grant(source, env_tokens, env_raw)
         if source == "privileged" and env_tokens and view.privileged:
-            return grant(source, env_tokens)
+            return grant(source, env_tokens, env_raw)
     tried = ", ".join(config.allocation_sources)
     image_asks = env_set or (env_tokens is None and view.legacy_image)
     if image_asks:
@@ -360,6 +401,19 @@ def resolve_request(view: ImageView, config: Any) -> Request:
             f"found (tried {tried}); request nvidia.com/gpu in the pod spec"
         )
     return Request("none", set_void=image_asks, notes=tuple(notes), capabilities=caps)
+
+
+def _mount_raw(view: ImageView) -> List[str]:
+    """The raw ids of device-plugin mounts (to see replica names before normalising)."""
+    prefix = DEVICE_LIST_DIR + "/"
+    out = []
+    for mount in view.mounts:
+        dest = mount.get("destination")
+        if mount.get("source") == "/dev/null" and isinstance(dest, str):
+            clean = posixpath.normpath(dest)
+            if clean.startswith(prefix):
+                out.append(clean[len(prefix):])
+    return out
 
 
 # --- tokens onto GPUs ---------------------------------------------------------------------

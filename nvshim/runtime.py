@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
     from nvshim.config import Config
+    from nvshim.create import Plan
 
 __all__ = ["main", "find_runtime"]
 
@@ -43,6 +44,33 @@ def _fail(message: str, inv: Invocation) -> NoReturn:
 
     report_error(message, inv.log, inv.log_format)
     sys.exit(1)
+
+
+def _warn(message: str, inv: Invocation) -> None:
+    """A warning line in runc's ``--log`` (containerd logs it); stdout/stderr stay the container's."""
+    from nvshim.logs import report_warning
+
+    report_warning(message, inv.log, inv.log_format)
+
+
+def _record_grant(plan: Plan, config: Config, inv: Invocation, bundle: str) -> None:
+    """Append this grant to the node's journal (before runc runs: a failed create leaves a
+    record whose container never existed, which readers count as gone)."""
+    import time
+
+    from nvshim.grants import Grant, append_grant, default_root
+
+    runtime = find_runtime(config.runtimes, os.environ.get("PATH")) or config.runtimes[0]
+    who = plan.identity
+    grant = Grant(
+        time=time.time(), container_id=inv.container_id or "", bundle=os.path.abspath(bundle),
+        root=os.path.abspath(inv.root) if inv.root else default_root(runtime), runtime=runtime,
+        source=plan.request.source, gpus=plan.granted_uuids, shared=plan.request.shared,
+        verified=plan.verified, namespace=who.namespace if who else "",
+        pod=who.pod if who else "", pod_uid=who.pod_uid if who else "",
+        container=who.container if who else "",
+    )
+    append_grant(config.grants_journal, grant, config.grants_journal_max_bytes)
 
 
 def _load_config(inv: Invocation) -> Config:
@@ -74,6 +102,11 @@ def main(argv: Optional[List[str]] = None) -> None:
 
             bundle = inv.bundle or os.getcwd()
             plan = plan_create(bundle, config, log=log, save_cache=True)
+            for warning in plan.log_warnings:
+                _warn(warning, inv)
+                log.event("warning", bundle=bundle, message=warning)
+            if config.grants_journal and plan.granted_uuids:
+                _record_grant(plan, config, inv, bundle)
             written = commit(plan, log)
             log.event("create", bundle=bundle, rewritten=written)
         except NvshimError as exc:

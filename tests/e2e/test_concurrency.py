@@ -45,7 +45,8 @@ def test_fifty_parallel_gpu_creates(tmp_path: Path, base_rootfs: Path) -> None:
     node = create_node(str(tmp_path / "node"), gpus=GPUS)
     cfg = tmp_path / "nvshim" / "config.yaml"
     cfg.parent.mkdir()
-    cfg.write_text(f"runtimes: [{runc_bin}]\ndriver-root: {node.root}\n")
+    cfg.write_text(f"runtimes: [{runc_bin}]\ndriver-root: {node.root}\n"
+                   f"grants-journal: {cfg.parent}/grants.jsonl\n")
     nvshim_cli = Path(runtime).with_name("nvshim")
     compile_cmd = ([str(nvshim_cli)] if nvshim_cli.exists() else ["python3", "-m", "nvshim.cli"])
     subprocess.run(compile_cmd + ["config", "compile", "--config", str(cfg)], check=True,
@@ -72,6 +73,13 @@ def test_fifty_parallel_gpu_creates(tmp_path: Path, base_rootfs: Path) -> None:
 
         leftovers = [str(p) for b in bundles.values() for p in b.glob(".config.json.nvshim-*")]
         assert leftovers == []
+        # 50 concurrent appends to the grant journal: one whole record per container
+        from nvshim.grants import read_grants
+
+        journal = cfg.parent / "grants.jsonl"
+        records = {g.container_id: g.gpus for g in read_grants(str(journal))}
+        assert records == {cid: (node.gpus[wanted[cid]].uuid,) for cid in bundles}
+        assert journal.read_bytes().count(b"\n") == CONTAINERS
 
         for cid in bundles:
             r.start(cid, runtime=runtime, env=env).check()

@@ -246,7 +246,8 @@ def test_nvshim_config_env_points_at_written_yaml(tmp_path: Path, crunw: Path) -
     """nvshim_config_env writes the settings as YAML and sets NVSHIM_CONFIG to that file."""
     env = nvshim_config_env(tmp_path / "cfg", {"runtimes": [crunw], "debug-log": "/tmp/x.log"})
     assert yaml.safe_load(Path(env["NVSHIM_CONFIG"]).read_text()) == {
-        "runtimes": [str(crunw)], "debug-log": "/tmp/x.log"}
+        "runtimes": [str(crunw)], "debug-log": "/tmp/x.log",
+        "grants-journal": str(tmp_path / "cfg" / "grants.jsonl")}  # never the node's journal
     assert env["PATH"] == os.environ["PATH"]
 
 

@@ -567,9 +567,11 @@ def _shq(s: str) -> str:
 def write_nvshim_config(dir: PathLike, settings: Mapping[str, Any],
                         name: str = "config.yaml") -> Path:
     """Dump ``settings`` (YAML keys, e.g. ``{"runtimes": [crunw], "debug-log": ...}``) to
-    ``<dir>/<name>``; return its path."""
+    ``<dir>/<name>``; return its path. ``grants-journal`` defaults to ``<dir>/grants.jsonl``."""
     path = Path(dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
+    # Tests never write the node's real journal (/var/lib/nvshim): keep it next to the config.
+    settings = {"grants-journal": str(path.parent / "grants.jsonl"), **settings}
     data = {k: ([str(x) for x in v] if isinstance(v, (list, tuple)) else
                 str(v) if isinstance(v, Path) else v) for k, v in settings.items()}
     path.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -39,7 +39,7 @@ def test_schema_copies_identical():
 @pytest.mark.parametrize(
     "text,message",
     [
-        ("bogus: 1\n", 'unknown key "bogus" \\(allowed: accept-envvar-when-unprivileged'),
+        ("bogus: 1\n", 'unknown key "bogus" \\(allowed: accept-all-from-mounts, accept-envvar-when-unprivileged'),
         ("require-allocation: yes-please\n", '"require-allocation" is "yes-please", must be a boolean'),
         ("runtimes: runc\n", '"runtimes" is "runc", must be a list of a string'),
         ("runtimes: []\n", '"runtimes" is \\[\\], must be a list of a string \\(at least one\\)'),

@@ -65,7 +65,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Path]]
     recorder.chmod(0o755)
     cfg = base / "etc" / "config.yaml"
     cfg.parent.mkdir()
-    cfg.write_text(f"runtimes: [{recorder}]\ndriver-root: {node.root}\n")
+    cfg.write_text(f"runtimes: [{recorder}]\ndriver-root: {node.root}\n"
+                   f"grants-journal: {base}/grants.jsonl\n")
     compile_config(str(cfg))
     bundle = base / "bundle"
     (bundle / "rootfs").mkdir(parents=True)

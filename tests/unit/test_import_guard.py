@@ -2,7 +2,8 @@
 
 ``nvshim-runtime`` runs for every container on a node; click, structlog, yaml, jsonschema
 and pynvml each cost tens of milliseconds to import, so the create path (with and without a
-GPU request), the Python passthrough and the createContainer hook must never load them.
+GPU request), the Python passthrough and the createContainer hook must never load them;
+grpc (~75 ms) loads only when ``verify-with: kubelet`` must ask the kubelet.
 Each test runs ``python -I -X importtime -m nvshim.runtime ...`` exactly as the trampoline
 does, with a compiled config whose low-level runtime is ``/bin/true`` (so nothing is
 started), and reads the interpreter's own import log from stderr.
@@ -46,11 +47,12 @@ def run_python(args: Sequence[str], env: Dict[str, str], cwd: Path) -> subproces
                           text=True, env=env, cwd=cwd, timeout=60)
 
 
-def compiled_config(tmp_path: Path, driver_root: str = "/") -> Dict[str, str]:
+def compiled_config(tmp_path: Path, driver_root: str = "/", extra: str = "") -> Dict[str, str]:
     """A config with runtimes [/bin/true], compiled so the runtime takes its JSON hot path."""
     cfg = tmp_path / "nvshim" / "config.yaml"
     cfg.parent.mkdir(parents=True)
-    cfg.write_text(f"runtimes: [/bin/true]\ndriver-root: {driver_root}\n")
+    cfg.write_text(f"runtimes: [/bin/true]\ndriver-root: {driver_root}\n"
+                   f"grants-journal: {tmp_path}/grants.jsonl\n" + extra)
     res = subprocess.run([sys.executable, "-I", "-m", "nvshim.cli", "config", "compile",
                           "--config", str(cfg)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
@@ -103,6 +105,43 @@ def test_create_with_one_gpu_loads_no_heavy_module(tmp_path: Path, rootfs: Path)
     assert "/dev/nvidia0" in paths  # the GPU path really ran
     modules = imported_modules(res.stderr)
     assert forbidden_in(modules) == [], report(modules)
+    assert "grpc" not in modules and "nvshim.kubelet" not in modules, report(modules)
+    assert "nvshim.grants" in modules, report(modules)  # the grant was journaled
+
+
+def test_grpc_loads_only_when_the_kubelet_is_asked(tmp_path: Path, rootfs: Path) -> None:
+    """verify-with: kubelet imports grpc for a CRI container claiming a GPU, and for nothing else."""
+    if os.geteuid() != 0:
+        pytest.skip("the simulated GPU node needs root (mknod)")
+    from nvshim.sim import create_node
+    from tests.helpers.podresources import PodResourcesServer
+
+    node = create_node(str(tmp_path / "node"), gpus=1)
+    env = compiled_config(tmp_path, node.root, extra=(
+        f"require-allocation: true\nverify-with: kubelet\nkubelet-checkpoint: null\n"
+        f"kubelet-socket: {tmp_path}/kubelet.sock\n"))
+    server = PodResourcesServer(str(tmp_path / "kubelet.sock")).start()
+    server.set([("ns", "p", {"c": {"nvidia.com/gpu": [node.gpus[0].uuid]}})])
+    cri = {"io.kubernetes.cri.sandbox-name": "p", "io.kubernetes.cri.sandbox-namespace": "ns",
+           "io.kubernetes.cri.container-name": "c"}
+    try:
+        seen = {}
+        for name, visible, annotations in (("plain", "0", {}), ("cri-none", None, cri),
+                                           ("cri-gpu", node.gpus[0].uuid, cri)):
+            bundle = make_bundle(tmp_path / name, rootfs, ["true"],
+                                 env={"NVIDIA_VISIBLE_DEVICES": visible} if visible else {})
+            spec = json.loads((bundle / "config.json").read_text())
+            spec["annotations"] = annotations
+            (bundle / "config.json").write_text(json.dumps(spec))
+            res = run_python(["-m", "nvshim.runtime", "create", "--bundle", str(bundle), name],
+                             env, bundle)
+            assert res.returncode == 0, res.stderr[-2000:]
+            seen[name] = imported_modules(res.stderr)
+    finally:
+        server.stop()
+    assert "grpc" not in seen["plain"] and "grpc" not in seen["cri-none"]
+    assert "grpc" in seen["cri-gpu"] and server.calls["List"] == 1
+    assert all(forbidden_in(m) == [] for m in seen.values())
 
 
 def test_python_passthrough_loads_no_heavy_module(tmp_path: Path) -> None:

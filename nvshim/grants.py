@@ -1,0 +1,348 @@
+"""The node's grant journal: one JSON line per GPU grant, and what is still held.
+
+The runtime appends a record at ``create`` (:func:`append_grant`), before it execs runc;
+nothing is written on passthrough commands, so whether a grant is still live is decided
+when the journal is read (:func:`live_grants`): the container's state directory under the
+runtime's ``--root`` and ``<runtime> state``.
+
+Crash safety: a record is one ``write()`` of one whole line to an ``O_APPEND`` file,
+followed by ``fsync``. Appends hold a ``flock`` on the journal only for that write (never
+across the exec of runc). A line cut short by a crash or power loss is skipped by the
+reader, and the next append first ends it with a newline so a later record is never glued
+onto it. Bounded: when the file passes ``grants-journal-max-bytes`` the appender rewrites it
+(temp file, fsync, rename) with only the records of containers that still exist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from nvshim._record import dataclass
+from nvshim.errors import HostError
+
+__all__ = [
+    "Grant",
+    "Holder",
+    "append_grant",
+    "read_grants",
+    "live_grants",
+    "conflicts",
+    "render_table",
+    "render_prometheus",
+    "default_root",
+    "RECORD_VERSION",
+]
+
+RECORD_VERSION = 1
+#: Records younger than this survive compaction even when their container has no state
+#: directory yet (the runtime journals before runc creates it).
+_YOUNG_S = 120.0
+_DEFAULT_ROOTS = {"runc": "/run/runc", "crun": "/run/crun"}
+
+
+def default_root(runtime: str) -> str:
+    """Where runc/crun keep state when no ``--root`` is given."""
+    return _DEFAULT_ROOTS.get(os.path.basename(runtime), "/run/runc")
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One journal record: which container got which GPUs, from what."""
+
+    time: float
+    container_id: str
+    root: str
+    runtime: str
+    bundle: str
+    source: str
+    gpus: Tuple[str, ...]
+    """GPU and MIG UUIDs granted."""
+    shared: bool = False
+    """The allocation named time-slicing replicas (``UUID::N``): sharing is intended."""
+    verified: str = "none"
+    """``kubelet`` (checked against its record), ``none``, or ``unreachable`` (trusted)."""
+    namespace: str = ""
+    pod: str = ""
+    pod_uid: str = ""
+    container: str = ""
+
+    def to_line(self) -> bytes:
+        doc = {
+            "v": RECORD_VERSION, "t": round(self.time, 3), "id": self.container_id,
+            "root": self.root, "runtime": self.runtime, "bundle": self.bundle,
+            "source": self.source, "gpus": list(self.gpus), "shared": self.shared,
+            "verified": self.verified, "namespace": self.namespace, "pod": self.pod,
+            "pod_uid": self.pod_uid, "container": self.container,
+        }
+        return (json.dumps(doc, separators=(",", ":"), sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Optional["Grant"]:
+        """A record from a parsed line; None when it is not one of ours."""
+        try:
+            if doc.get("v") != RECORD_VERSION:
+                return None
+            gpus = doc["gpus"]
+            if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
+                return None
+            strings = {k: doc.get(k, "") for k in ("namespace", "pod", "pod_uid", "container")}
+            if not all(isinstance(v, str) for v in strings.values()):
+                return None
+            grant = cls(
+                time=float(doc["t"]), container_id=str(doc["id"]), root=str(doc["root"]),
+                runtime=str(doc["runtime"]), bundle=str(doc.get("bundle", "")),
+                source=str(doc["source"]), gpus=tuple(gpus), shared=bool(doc.get("shared")),
+                verified=str(doc.get("verified", "none")), **strings,
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+        return grant
+
+
+# --- writing ------------------------------------------------------------------------------
+
+
+def _open_journal(path: str) -> int:
+    directory = os.path.dirname(path) or "."
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise HostError(
+            f"cannot record the grant in {path}: {exc.strerror} "
+            "(config grants-journal; null turns the record off)"
+        ) from exc
+
+
+def _lock_current(path: str) -> int:
+    """A flock'ed fd of the journal that is still the file at ``path`` (not a compacted one)."""
+    import fcntl
+
+    for _ in range(100):
+        fd = _open_journal(path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released by close(), before runc is exec'd
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass  # renamed over between open and stat: take the new file
+        except OSError:
+            os.close(fd)
+            raise
+        os.close(fd)
+    raise HostError(f"cannot record the grant in {path}: the file keeps being replaced")
+
+
+def append_grant(path: str, grant: Grant, max_bytes: int) -> None:
+    """Append one record (one write, fsync); compact the journal first when it is too big."""
+    line = grant.to_line()
+    try:
+        fd = _lock_current(path)
+        try:
+            size = os.fstat(fd).st_size
+            if size > max_bytes:
+                _compact(path)
+                os.close(fd)
+                fd = _lock_current(path)
+                size = os.fstat(fd).st_size
+            if size and not _ends_with_newline(path, size):
+                line = b"\n" + line  # end a line a crash cut short; the reader skips it
+            written = os.write(fd, line)
+            if written != len(line):
+                raise HostError(f"cannot record the grant in {path}: short write")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise HostError(f"cannot record the grant in {path}: {exc.strerror}") from exc
+
+
+def _ends_with_newline(path: str, size: int) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(size - 1)
+        return fh.read(1) == b"\n"
+
+
+def _compact(path: str) -> None:
+    """Rewrite the journal (lock held) with the records of existing containers or new ones."""
+    from nvshim.files import write_atomic
+
+    now = time.time()
+    latest: Dict[Tuple[str, str], Grant] = {}
+    for g in read_grants(path):
+        key = (g.root, g.container_id)
+        latest.pop(key, None)
+        if now - g.time < _YOUNG_S or _exists(g):
+            latest[key] = g
+    write_atomic(path, b"".join(g.to_line() for g in latest.values()))
+
+
+# --- reading ------------------------------------------------------------------------------
+
+
+def _lines(path: str) -> Iterator[bytes]:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise HostError(f"cannot read the grant journal {path}: {exc.strerror}") from exc
+    parts = data.split(b"\n")
+    # The last part has no newline: a record cut short by a crash (or empty). Skip it.
+    yield from parts[:-1]
+
+
+def read_grants(path: str) -> List[Grant]:
+    """Every whole, well-formed record in order; torn or foreign lines are skipped."""
+    out: List[Grant] = []
+    for raw in _lines(path):
+        if not raw.strip():
+            continue
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            grant = Grant.from_doc(doc)
+            if grant is not None:
+                out.append(grant)
+    return out
+
+
+def _exists(grant: Grant) -> bool:
+    return os.path.isdir(os.path.join(grant.root, grant.container_id))
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A grant whose container still exists, with its state."""
+
+    grant: Grant
+    status: str
+    pid: int
+
+
+def _state(grant: Grant, timeout: float) -> Tuple[str, int]:
+    """``<runtime> --root R state ID`` → (status, pid); ("gone", 0) for no such container."""
+    if not _exists(grant):
+        return "gone", 0
+    try:
+        res = subprocess.run(
+            [grant.runtime, "--root", grant.root, "state", grant.container_id],
+            capture_output=True, timeout=timeout, check=False,
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown", 0
+    if res.returncode != 0:
+        return ("gone", 0) if not _exists(grant) else ("unknown", 0)
+    try:
+        doc = json.loads(res.stdout)
+        return str(doc.get("status", "unknown")), int(doc.get("pid") or 0)
+    except (ValueError, TypeError, AttributeError):
+        return "unknown", 0
+
+
+def live_grants(path: str, timeout: float = 5.0) -> List[Holder]:
+    """The newest record per container that still exists and is not stopped."""
+    latest: Dict[Tuple[str, str], Grant] = {}
+    for grant in read_grants(path):
+        key = (grant.root, grant.container_id)
+        latest.pop(key, None)
+        latest[key] = grant
+    out: List[Holder] = []
+    for grant in latest.values():
+        status, pid = _state(grant, timeout)
+        if status in ("created", "running", "paused", "creating", "unknown"):
+            out.append(Holder(grant, status, pid))
+    return out
+
+
+def conflicts(holders: Sequence[Holder]) -> Dict[str, List[Holder]]:
+    """GPUs held by more than one live container where not every grant is a replica grant."""
+    by_gpu: Dict[str, List[Holder]] = {}
+    for h in holders:
+        for gpu in h.grant.gpus:
+            by_gpu.setdefault(gpu, []).append(h)
+    return {
+        gpu: hs for gpu, hs in by_gpu.items()
+        if len(hs) > 1 and not all(h.grant.shared for h in hs)
+    }
+
+
+# --- rendering ----------------------------------------------------------------------------
+
+
+def _who(g: Grant) -> str:
+    if g.pod:
+        return f"{g.namespace}/{g.pod}/{g.container}"
+    return "-"
+
+
+def render_table(holders: Sequence[Holder]) -> str:
+    """One row per (GPU, container); a GPU held twice without sharing is marked CONFLICT."""
+    clash = conflicts(holders)
+    rows = [("GPU", "CONTAINER", "POD", "SOURCE", "VERIFIED", "STATUS", "NOTE")]
+    for h in holders:
+        g = h.grant
+        for gpu in g.gpus:
+            note = "CONFLICT: held by another live container" if gpu in clash else (
+                "shared (replica)" if g.shared else "")
+            rows.append((gpu, g.container_id, _who(g), g.source, g.verified, h.status, note))
+    rows[1:] = sorted(rows[1:])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    if clash:
+        lines.append("")
+        for gpu, hs in sorted(clash.items()):
+            lines.append(f"conflict: {gpu} is held by {len(hs)} live containers without "
+                         "time-slicing: " + ", ".join(h.grant.container_id for h in hs))
+    return "\n".join(lines)
+
+
+def render_json(holders: Sequence[Holder]) -> str:
+    clash = conflicts(holders)
+    doc = {
+        "grants": [
+            {"container_id": h.grant.container_id, "status": h.status, "pid": h.pid,
+             "gpus": list(h.grant.gpus), "source": h.grant.source, "verified": h.grant.verified,
+             "shared": h.grant.shared, "namespace": h.grant.namespace, "pod": h.grant.pod,
+             "pod_uid": h.grant.pod_uid, "container": h.grant.container,
+             "bundle": h.grant.bundle, "root": h.grant.root, "time": h.grant.time}
+            for h in holders
+        ],
+        "conflicts": {gpu: [h.grant.container_id for h in hs] for gpu, hs in sorted(clash.items())},
+    }
+    return json.dumps(doc, indent=2)
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def render_prometheus(holders: Sequence[Holder]) -> str:
+    """node-exporter textfile-collector text: one sample per live (GPU, container)."""
+    out = [
+        "# HELP nvshim_gpu_grants GPUs granted by nvshim to containers that are still live.",
+        "# TYPE nvshim_gpu_grants gauge",
+    ]
+    samples = set()
+    for h in holders:
+        g = h.grant
+        for gpu in g.gpus:
+            labels = (f'gpu="{_label(gpu)}",namespace="{_label(g.namespace)}",'
+                      f'pod="{_label(g.pod)}",container="{_label(g.container or g.container_id)}",'
+                      f'container_id="{_label(g.container_id)}",source="{_label(g.source)}"')
+            samples.add(f"nvshim_gpu_grants{{{labels}}} 1")
+    out.extend(sorted(samples))
+    clash = conflicts(holders)
+    out.append("# HELP nvshim_gpu_grant_conflicts Live containers holding one unshared GPU.")
+    out.append("# TYPE nvshim_gpu_grant_conflicts gauge")
+    for gpu, hs in sorted(clash.items()):
+        out.append(f'nvshim_gpu_grant_conflicts{{gpu="{_label(gpu)}"}} {len(hs)}')
+    return "\n".join(out) + "\n"

@@ -1,0 +1,227 @@
+"""What the kubelet allocated to a container: its PodResources API, or its device checkpoint.
+
+Loaded only when ``verify-with: kubelet`` (or the ``kubelet`` allocation source) needs an
+answer for a CRI container that claims GPUs; nothing else on the create path imports it,
+and ``grpc`` is imported inside :func:`_ask_podresources`.
+
+The PodResources API (kubelet ``v1``, unix socket, gRPC service ``v1.PodResourcesLister``)
+is asked first, with ``List``: every kubelet since 1.20 serves it (``Get`` needs a feature
+gate on older ones), and its answer also names the container a disputed GPU went to. The messages
+are few and small, so they are encoded and decoded here (:mod:`nvshim._proto`) rather than
+generated: no protobuf runtime to import. When the socket does not answer, the device
+manager's checkpoint file is read (root-written JSON, keyed by pod UID).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from nvshim import _proto
+from nvshim._record import dataclass, field
+from nvshim.errors import HostError
+
+__all__ = [
+    "Identity",
+    "Allocation",
+    "KubeletUnreachable",
+    "identity_of",
+    "ask_kubelet",
+    "SANDBOX_NAME",
+    "SANDBOX_NAMESPACE",
+    "SANDBOX_UID",
+    "CONTAINER_NAME",
+    "LIST_METHOD",
+    "decode_list_response",
+    "encode_list_response",
+]
+
+# Set by containerd's CRI plugin on every container it creates (after any pass-through
+# annotation, so its values win over a pod annotation of the same key).
+SANDBOX_NAME = "io.kubernetes.cri.sandbox-name"
+SANDBOX_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
+SANDBOX_UID = "io.kubernetes.cri.sandbox-uid"
+CONTAINER_NAME = "io.kubernetes.cri.container-name"
+
+LIST_METHOD = "/v1.PodResourcesLister/List"
+
+
+class KubeletUnreachable(HostError):
+    """Neither the PodResources socket nor the checkpoint gave an answer."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Which Kubernetes container a CRI container is."""
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    container: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.pod}/{self.container}"
+
+
+def identity_of(annotations: Mapping[str, str]) -> Optional[Identity]:
+    """The container's identity from containerd's CRI annotations; None when not a CRI container."""
+    pod = annotations.get(SANDBOX_NAME)
+    namespace = annotations.get(SANDBOX_NAMESPACE)
+    container = annotations.get(CONTAINER_NAME)
+    if not pod or not namespace or not container:
+        return None
+    return Identity(namespace, pod, annotations.get(SANDBOX_UID, ""), container)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The device ids the kubelet gave this container, and whom it gave other ids to."""
+
+    ids: Tuple[str, ...]
+    via: str
+    """``podresources`` or ``checkpoint``."""
+    others: Mapping[str, str] = field(default_factory=dict)
+    """device id → ``namespace/pod/container`` of another container holding it (when known)."""
+
+
+# --- PodResources messages (field numbers from kubelet's pkg/apis/podresources/v1/api.proto)
+
+
+def _container_devices(buf: bytes) -> Tuple[str, Tuple[str, ...]]:
+    """ContainerDevices{resource_name = 1, repeated device_ids = 2, topology = 3}."""
+    f = _proto.decode(buf)
+    return _proto.first_str(f, 1), tuple(_proto.all_str(f, 2))
+
+
+def _container(buf: bytes) -> Tuple[str, List[Tuple[str, Tuple[str, ...]]]]:
+    """ContainerResources{name = 1, repeated devices = 2, ...}."""
+    f = _proto.decode(buf)
+    return _proto.first_str(f, 1), [_container_devices(b) for b in _proto.all_bytes(f, 2)]
+
+
+PodRecord = Tuple[str, str, List[Tuple[str, List[Tuple[str, Tuple[str, ...]]]]]]
+
+
+def _pod(buf: bytes) -> PodRecord:
+    """PodResources{name = 1, namespace = 2, repeated containers = 3}."""
+    f = _proto.decode(buf)
+    containers = [_container(b) for b in _proto.all_bytes(f, 3)]
+    return _proto.first_str(f, 1), _proto.first_str(f, 2), containers
+
+
+def decode_list_response(buf: bytes) -> List[PodRecord]:
+    """ListPodResourcesResponse{repeated pod_resources = 1}."""
+    return [_pod(b) for b in _proto.all_bytes(_proto.decode(buf), 1)]
+
+
+def encode_list_response(pods: Sequence[PodRecord]) -> bytes:
+    """The inverse of :func:`decode_list_response` (test servers speak the real API with it)."""
+    return b"".join(_proto.bytes_field(1, _encode_pod(p)) for p in pods)
+
+
+def _encode_pod(pod: PodRecord) -> bytes:
+    name, namespace, containers = pod
+    out = _proto.string_field(1, name) + _proto.string_field(2, namespace)
+    for cname, devices in containers:
+        inner = _proto.string_field(1, cname)
+        for resource, ids in devices:
+            dev = _proto.string_field(1, resource)
+            dev += b"".join(_proto.string_field(2, i) for i in ids)
+            inner += _proto.bytes_field(2, dev)
+        out += _proto.bytes_field(3, inner)
+    return out
+
+
+# --- asking -------------------------------------------------------------------------------
+
+
+def _gpu_ids(devices: Sequence[Tuple[str, Tuple[str, ...]]], prefixes: Sequence[str]) -> List[str]:
+    return [i for resource, ids in devices if any(resource.startswith(p) for p in prefixes)
+            for i in ids]
+
+
+def _from_pods(pods: Sequence[PodRecord], who: Identity, prefixes: Sequence[str],
+               via: str) -> Allocation:
+    mine: List[str] = []
+    others: Dict[str, str] = {}
+    for name, namespace, containers in pods:
+        for cname, devices in containers:
+            ids = _gpu_ids(devices, prefixes)
+            if (namespace, name, cname) == (who.namespace, who.pod, who.container):
+                mine.extend(ids)
+            else:
+                for i in ids:
+                    others.setdefault(i, f"{namespace}/{name}/{cname}")
+    return Allocation(tuple(dict.fromkeys(mine)), via, others)
+
+
+def _ask_podresources(socket: str, timeout: float) -> Optional[List[PodRecord]]:
+    """Every pod's resources from ``List``; None when the kubelet does not answer."""
+    import os
+
+    if not os.path.exists(socket):
+        return None
+    import grpc
+
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        lister = channel.unary_unary(LIST_METHOD, request_serializer=_same,
+                                     response_deserializer=decode_list_response)
+        try:
+            listed: List[PodRecord] = lister(b"", timeout=timeout)
+        except grpc.RpcError:
+            return None
+        return listed
+
+
+def _same(data: bytes) -> bytes:
+    return data
+
+
+def read_checkpoint(path: str, who: Identity, prefixes: Sequence[str]) -> Optional[Allocation]:
+    """The device manager checkpoint's entries; None when the file is missing or unreadable.
+
+    ``Data.PodDeviceEntries[]{PodUID, ContainerName, ResourceName, DeviceIDs}`` where
+    DeviceIDs maps NUMA node → ids (older kubelets: a plain list). The checksum is the
+    kubelet's hash of its Go structure and is not checked: the file is root-written.
+    """
+    try:
+        with open(path, "rb") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    entries = doc.get("Data", {}).get("PodDeviceEntries") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        return None
+    mine: List[str] = []
+    others: Dict[str, str] = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        resource = entry.get("ResourceName")
+        if not isinstance(resource, str) or not any(resource.startswith(p) for p in prefixes):
+            continue
+        raw = entry.get("DeviceIDs")
+        groups: List[Any] = list(raw.values()) if isinstance(raw, dict) else [raw]
+        ids = [i for g in groups if isinstance(g, list) for i in g if isinstance(i, str)]
+        if entry.get("PodUID") == who.pod_uid and entry.get("ContainerName") == who.container:
+            mine.extend(ids)
+        else:
+            for i in ids:
+                others.setdefault(i, f"pod {entry.get('PodUID')}/{entry.get('ContainerName')}")
+    return Allocation(tuple(dict.fromkeys(mine)), "checkpoint", others)
+
+
+def ask_kubelet(who: Identity, config: Any) -> Allocation:
+    """This container's GPU device ids, from the PodResources API or else the checkpoint."""
+    prefixes = tuple(config.kubelet_resource_prefixes)
+    pods = _ask_podresources(config.kubelet_socket, float(config.kubelet_timeout))
+    if pods is not None:
+        return _from_pods(pods, who, prefixes, "podresources")
+    if config.kubelet_checkpoint and who.pod_uid:
+        found = read_checkpoint(config.kubelet_checkpoint, who, prefixes)
+        if found is not None:
+            return found
+    tried = f"PodResources socket {config.kubelet_socket}"
+    if config.kubelet_checkpoint:
+        tried += f", checkpoint {config.kubelet_checkpoint}"
+    raise KubeletUnreachable(f"cannot ask the kubelet what {who} was allocated (tried {tried})")

@@ -1,0 +1,201 @@
+"""The grant journal: whole lines only, torn lines skipped and repaired, bounded, kill -9 safe.
+
+The kill tests are real: a writer process (the journal code, or ``nvshim-runtime create``
+itself on a simulated node) is SIGKILLed at many different moments, and the journal must
+still consist of whole, well-formed records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from nvshim.grants import (
+    Grant,
+    Holder,
+    append_grant,
+    conflicts,
+    read_grants,
+    render_prometheus,
+    render_table,
+)
+
+UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
+UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
+
+
+def grant(cid: str, gpus=(UUID_A,), root: str = "/run/runc", shared: bool = False,
+          t: float = 0.0, pod: str = "") -> Grant:
+    return Grant(time=t or time.time(), container_id=cid, root=root, runtime="/usr/sbin/runc",
+                 bundle=f"/b/{cid}", source="envvar-uuids", gpus=tuple(gpus), shared=shared,
+                 namespace="ns" if pod else "", pod=pod, container="main" if pod else "")
+
+
+def well_formed(path: Path) -> List[dict]:
+    """Every newline-terminated line parses as a record; returns them."""
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    assert lines[-1] == b"", f"journal does not end with a newline: {lines[-1][:80]!r}"
+    docs = []
+    for line in lines[:-1]:
+        docs.append(json.loads(line))  # raises on a corrupt line
+    return docs
+
+
+def test_append_and_read_round_trip(tmp_path: Path) -> None:
+    """Appended records read back in order, each one line; the directory is created."""
+    path = tmp_path / "sub" / "grants.jsonl"
+    append_grant(str(path), grant("a"), 1 << 20)
+    append_grant(str(path), grant("b", (UUID_A, UUID_B), shared=True), 1 << 20)
+    got = read_grants(str(path))
+    assert [g.container_id for g in got] == ["a", "b"]
+    assert got[1].gpus == (UUID_A, UUID_B) and got[1].shared
+    assert len(well_formed(path)) == 2
+
+
+def test_torn_last_line_is_skipped_and_repaired(tmp_path: Path) -> None:
+    """A record cut short by a crash is skipped; the next append starts a new line, so nothing is glued onto it."""
+    path = tmp_path / "grants.jsonl"
+    append_grant(str(path), grant("a"), 1 << 20)
+    whole = grant("torn").to_line()
+    with open(path, "ab") as fh:
+        fh.write(whole[: len(whole) // 2])  # what a crash mid-write could leave
+    assert [g.container_id for g in read_grants(str(path))] == ["a"]
+    append_grant(str(path), grant("c"), 1 << 20)
+    assert [g.container_id for g in read_grants(str(path))] == ["a", "c"]
+    lines = path.read_bytes().split(b"\n")
+    assert lines[1] == whole[: len(whole) // 2]  # the fragment stands alone on its line
+
+
+def test_foreign_and_corrupt_lines_are_skipped(tmp_path: Path) -> None:
+    """Lines that are not our records (garbage, other JSON, wrong types) are ignored, not fatal."""
+    path = tmp_path / "grants.jsonl"
+    path.write_bytes(b'garbage\n{"v": 1}\n[1,2]\n{"v":1,"t":1,"id":"x","root":"/r","runtime":"r",'
+                     b'"source":"s","gpus":"notalist"}\n' + grant("ok").to_line())
+    assert [g.container_id for g in read_grants(str(path))] == ["ok"]
+
+
+def test_compaction_keeps_existing_containers_and_new_records(tmp_path: Path) -> None:
+    """Past max-bytes the journal is rewritten with only live (state dir exists) or young records."""
+    root = tmp_path / "runc-root"
+    (root / "alive").mkdir(parents=True)
+    path = tmp_path / "grants.jsonl"
+    old = time.time() - 3600
+    for i in range(300):
+        append_grant(str(path), grant(f"dead-{i}", root=str(root), t=old), 1 << 30)
+    append_grant(str(path), grant("alive", root=str(root), t=old), 1 << 30)
+    big = path.stat().st_size
+    append_grant(str(path), grant("new", root=str(root)), 4096)
+    assert path.stat().st_size < big / 50
+    assert [g.container_id for g in read_grants(str(path))] == ["alive", "new"]
+    well_formed(path)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".grants")], "temp file left"
+
+
+def test_concurrent_appends_with_compaction_lose_nothing(tmp_path: Path) -> None:
+    """Several processes appending while the file is compacted under them: every young record survives."""
+    path = tmp_path / "grants.jsonl"
+    code = (
+        "import sys, time\n"
+        "from nvshim.grants import Grant, append_grant\n"
+        "for i in range(60):\n"
+        "    g = Grant(time=time.time(), container_id=f'{sys.argv[2]}-{i}', root='/nonexistent',"
+        " runtime='runc', bundle='', source='env', gpus=('GPU-x',))\n"
+        "    append_grant(sys.argv[1], g, 2048)\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), f"w{n}"]) for n in range(4)]
+    for p in procs:
+        assert p.wait(60) == 0
+    ids = {g.container_id for g in read_grants(str(path))}
+    assert ids == {f"w{n}-{i}" for n in range(4) for i in range(60)}
+    well_formed(path)
+
+
+def test_kill_9_of_a_writer_never_leaves_a_corrupt_line(tmp_path: Path) -> None:
+    """A writer appending in a loop is SIGKILLed 40 times at random moments; the journal stays whole lines."""
+    path = tmp_path / "grants.jsonl"
+    code = (
+        "import sys, time\n"
+        "from nvshim.grants import Grant, append_grant\n"
+        "i = 0\n"
+        "while True:\n"
+        "    g = Grant(time=time.time(), container_id=f'k-{i}', root='/nonexistent', runtime='runc',"
+        " bundle='/b' * 200, source='env', gpus=tuple(f'GPU-{n}' for n in range(40)))\n"
+        "    append_grant(sys.argv[1], g, 1 << 16)\n"
+        "    i += 1\n"
+    )
+    rng = random.Random(7)
+    for _ in range(40):
+        proc = subprocess.Popen([sys.executable, "-c", code, str(path)])
+        time.sleep(0.05 + rng.random() * 0.1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if path.exists() and path.stat().st_size:
+            well_formed(path)
+    assert len(read_grants(str(path))) > 40
+
+
+def test_kill_9_of_the_runtime_during_create(tmp_path: Path) -> None:
+    """``nvshim-runtime create`` on a GPU request, SIGKILLed at 40 points from start to end: whole records only."""
+    if os.geteuid() != 0:
+        pytest.skip("the simulated GPU node needs root (mknod)")
+    from nvshim.config import compile_config
+    from nvshim.sim import create_node
+    from tests.helpers.bundle import make_bundle, make_rootfs
+
+    node = create_node(str(tmp_path / "node"), gpus=2)
+    journal = tmp_path / "grants.jsonl"
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(f"runtimes: [/bin/true]\ndriver-root: {node.root}\ngrants-journal: {journal}\n")
+    compile_config(str(cfg))
+    rootfs = make_rootfs(tmp_path / "rootfs")
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(cfg)}
+    argv = [sys.executable, "-I", "-m", "nvshim.runtime", "create", "--bundle"]
+
+    def fresh_bundle(n: int) -> Path:
+        return make_bundle(tmp_path / f"b{n}", rootfs, ["true"],
+                           env={"NVIDIA_VISIBLE_DEVICES": "0"})
+
+    start = time.monotonic()
+    subprocess.run(argv + [str(fresh_bundle(0)), "c0"], env=env, check=True, cwd=tmp_path)
+    full = time.monotonic() - start
+    rng = random.Random(11)
+    for n in range(1, 41):
+        bundle = fresh_bundle(n)
+        proc = subprocess.Popen(argv + [str(bundle), f"c{n}"], env=env, cwd=tmp_path)
+        time.sleep(full * n / 40 * (0.8 + rng.random() * 0.4))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        well_formed(journal)
+    ids = [g.container_id for g in read_grants(str(journal))]
+    assert ids[0] == "c0" and len(ids) == len(set(ids))
+
+
+def test_conflicts_ignore_replica_grants() -> None:
+    """Two live holders of one GPU conflict unless both grants named time-slicing replicas."""
+    a, b = Holder(grant("a"), "running", 1), Holder(grant("b"), "created", 2)
+    assert set(conflicts([a, b])) == {UUID_A}
+    sa = Holder(grant("a", shared=True), "running", 1)
+    sb = Holder(grant("b", shared=True), "running", 2)
+    assert conflicts([sa, sb]) == {}
+    assert set(conflicts([sa, b])) == {UUID_A}  # one exclusive claim spoils the sharing
+    table = render_table([a, b])
+    assert "CONFLICT" in table and f"conflict: {UUID_A} is held by 2 live containers" in table
+
+
+def test_prometheus_text_has_one_sample_per_gpu_and_container() -> None:
+    """The textfile lines carry gpu, namespace, pod and container labels, escaped."""
+    h = Holder(grant("c1", (UUID_A, UUID_B), pod='we"ird'), "running", 1)
+    text = render_prometheus([h])
+    assert f'nvshim_gpu_grants{{gpu="{UUID_A}",namespace="ns",pod="we\\"ird",container="main"' in text
+    assert text.count("nvshim_gpu_grants{") == 2
+    assert "nvshim_gpu_grant_conflicts{" not in text

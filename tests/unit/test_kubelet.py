@@ -1,0 +1,196 @@
+"""verify-with: kubelet — claims are granted only where the kubelet's record has them.
+
+A real gRPC PodResources server (tests/helpers/podresources.py, messages from Google's
+protobuf runtime) stands in for the kubelet on a unix socket; nvshim's create road
+(:func:`nvshim.create.plan_create`) runs against a simulated 4-GPU node with the
+``io.kubernetes.cri.*`` annotations containerd writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+
+from nvshim.config import Config
+from nvshim.create import plan_create
+from nvshim.errors import RequestError
+from nvshim.kubelet import decode_list_response
+from tests.helpers.podresources import PodResourcesServer
+
+GPU = "nvidia.com/gpu"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    if os.geteuid() != 0:
+        pytest.skip("the simulated GPU node needs root (mknod)")
+    from nvshim.sim import create_node
+
+    return create_node(str(tmp_path_factory.mktemp("node") / "n"), gpus=4, shuffle_minors=True)
+
+
+@pytest.fixture
+def kubelet(tmp_path: Path) -> Iterator[PodResourcesServer]:
+    server = PodResourcesServer(str(tmp_path / "kubelet.sock")).start()
+    yield server
+    server.stop()
+
+
+def cri(pod: str = "mine", container: str = "main", namespace: str = "team-a",
+        uid: str = "uid-mine") -> Dict[str, str]:
+    return {
+        "io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.sandbox-id": "0123abcd",
+        "io.kubernetes.cri.sandbox-name": pod,
+        "io.kubernetes.cri.sandbox-namespace": namespace,
+        "io.kubernetes.cri.sandbox-uid": uid,
+        "io.kubernetes.cri.container-name": container,
+    }
+
+
+def bundle(tmp_path: Path, env: List[str], annotations: Optional[Dict[str, str]] = None,
+           mounts: Optional[List[Dict[str, Any]]] = None) -> str:
+    b = tmp_path / f"bundle-{time.monotonic_ns()}"
+    b.mkdir()
+    spec = {"process": {"env": ["PATH=/bin"] + env, "capabilities": {"bounding": ["CAP_CHOWN"]}},
+            "root": {"path": "rootfs"}, "mounts": mounts or [],
+            "annotations": cri() if annotations is None else annotations}
+    (b / "config.json").write_text(json.dumps(spec, indent=2))
+    return str(b)
+
+
+def config(node: Any, tmp_path: Path, **kw: Any) -> Config:
+    base: Dict[str, Any] = dict(
+        require_allocation=True, verify_with="kubelet", driver_root=node.root,
+        kubelet_socket=str(tmp_path / "kubelet.sock"),
+        kubelet_checkpoint=str(tmp_path / "no-checkpoint"), grants_journal=None,
+    )
+    base.update(kw)
+    return Config(**base)
+
+
+def mount(ident: str) -> Dict[str, Any]:
+    return {"source": "/dev/null", "destination": f"/var/run/nvidia-container-devices/{ident}",
+            "type": "bind", "options": ["bind", "ro"]}
+
+
+def test_codec_reads_protobuf_runtime_messages_and_skips_newer_fields(kubelet: PodResourcesServer) -> None:
+    """nvshim's decoder reads what protobuf encodes, ignoring topology, cpu_ids and memory."""
+    kubelet.set([("ns", "p", {"c": {GPU: ["GPU-a", "GPU-b::2"], "example.com/nic": ["n0"]}})])
+    wire = kubelet._list(None, None).SerializeToString()
+    assert decode_list_response(wire) == [
+        ("p", "ns", [("c", [(GPU, ("GPU-a", "GPU-b::2")), ("example.com/nic", ("n0",))])])]
+
+
+def test_allocated_gpu_is_granted(node: Any, tmp_path: Path, kubelet: PodResourcesServer) -> None:
+    """A UUID claim (device plugin envvar strategy) for the GPU the kubelet allocated is granted."""
+    gpu = node.gpus[2]
+    kubelet.set([("team-a", "mine", {"main": {GPU: [gpu.uuid]}})])
+    plan = plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}"]),
+                       config(node, tmp_path))
+    assert [g.uuid for g in plan.gpus] == [gpu.uuid]
+    assert plan.verified == "kubelet" and plan.request.source == "envvar-uuids"
+    assert kubelet.calls["List"] == 1
+
+
+def test_forged_uuid_env_of_another_pods_gpu_is_refused(node: Any, tmp_path: Path,
+                                                        kubelet: PodResourcesServer) -> None:
+    """A pod that got no GPU naming another tenant's GPU UUID fails, the error naming the GPU and its holder."""
+    victim = node.gpus[1]
+    kubelet.set([("team-b", "victim", {"train": {GPU: [victim.uuid]}}),
+                 ("team-a", "mine", {"main": {}})])
+    with pytest.raises(RequestError) as info:
+        plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={victim.uuid}"]),
+                    config(node, tmp_path))
+    msg = str(info.value)
+    assert msg.startswith(f"GPU 1 ({victim.uuid}) is not this container's allocation")
+    assert "team-b/victim/train" in msg and "\n" not in msg
+
+
+def test_forged_hostpath_mount_is_refused(node: Any, tmp_path: Path, kubelet: PodResourcesServer) -> None:
+    """A /dev/null mount under /var/run/nvidia-container-devices the kubelet did not make is refused."""
+    kubelet.set([("team-a", "mine", {"main": {GPU: [node.gpus[0].uuid]}})])
+    with pytest.raises(RequestError, match=r"GPU 3 \(.*\) is not this container's allocation: "
+                       r"the kubelet allocated GPU 0 to team-a/mine/main"):
+        plan_create(bundle(tmp_path, [], mounts=[mount(node.gpus[3].uuid)]), config(node, tmp_path))
+
+
+def test_claim_by_index_is_checked_by_gpu_not_by_text(node: Any, tmp_path: Path,
+                                                      kubelet: PodResourcesServer) -> None:
+    """Kubelet ids are UUIDs, claims may be indices: both map to GPUs before comparing."""
+    kubelet.set([("team-a", "mine", {"main": {GPU: [node.gpus[3].uuid]}})])
+    plan = plan_create(bundle(tmp_path, [], mounts=[mount("3")]), config(node, tmp_path))
+    assert [g.index for g in plan.gpus] == [3]
+
+
+def test_kubelet_source_grants_exactly_the_allocation(node: Any, tmp_path: Path,
+                                                      kubelet: PodResourcesServer) -> None:
+    """allocation-sources: [kubelet] gives an image asking for all GPUs only what the kubelet allocated."""
+    kubelet.set([("team-a", "mine", {"main": {GPU: [f"{node.gpus[2].uuid}::1"]}})])
+    plan = plan_create(bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"]),
+                       config(node, tmp_path, allocation_sources=("kubelet",), verify_with="none"))
+    assert [g.index for g in plan.gpus] == [2]
+    assert plan.request.source == "kubelet" and plan.request.shared
+
+
+def test_kubelet_down_fails_by_default(node: Any, tmp_path: Path) -> None:
+    """No socket, no checkpoint: the claim fails with a line naming what was tried."""
+    with pytest.raises(RequestError, match=r"cannot ask the kubelet what team-a/mine/main was "
+                       r"allocated \(tried PodResources socket .*kubelet-unreachable: fail"):
+        plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={node.gpus[0].uuid}"]),
+                    config(node, tmp_path))
+
+
+def test_kubelet_down_trust_claims_grants_and_warns(node: Any, tmp_path: Path) -> None:
+    """kubelet-unreachable: trust-claims grants the claim, with a warning and verified=unreachable."""
+    plan = plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={node.gpus[0].uuid}"]),
+                       config(node, tmp_path, kubelet_unreachable="trust-claims"))
+    assert [g.index for g in plan.gpus] == [0]
+    assert plan.verified == "unreachable"
+    assert any("trust-claims" in w for w in plan.log_warnings)
+
+
+def test_checkpoint_answers_when_the_socket_does_not(node: Any, tmp_path: Path) -> None:
+    """With the socket gone, the device manager checkpoint (keyed by pod UID) is the record."""
+    ckpt = tmp_path / "kubelet_internal_checkpoint"
+    ckpt.write_text(json.dumps({"Data": {"PodDeviceEntries": [
+        {"PodUID": "uid-mine", "ContainerName": "main", "ResourceName": GPU,
+         "DeviceIDs": {"0": [node.gpus[1].uuid]}, "AllocResp": ""},
+        {"PodUID": "uid-other", "ContainerName": "x", "ResourceName": GPU,
+         "DeviceIDs": {"-1": [node.gpus[2].uuid]}, "AllocResp": ""},
+    ], "RegisteredDevices": {}}, "Checksum": 1}))
+    cfg = config(node, tmp_path, kubelet_checkpoint=str(ckpt))
+    plan = plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={node.gpus[1].uuid}"]), cfg)
+    assert [g.index for g in plan.gpus] == [1] and plan.allocation.via == "checkpoint"
+    with pytest.raises(RequestError, match="not this container's allocation: the kubelet gave it to pod uid-other/x"):
+        plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={node.gpus[2].uuid}"]), cfg)
+
+
+def test_container_claiming_nothing_does_not_ask_the_kubelet(node: Any, tmp_path: Path,
+                                                             kubelet: PodResourcesServer) -> None:
+    """No GPU claim, no question: the kubelet is not called (and grpc not needed)."""
+    plan = plan_create(bundle(tmp_path, ["FOO=1"]), config(node, tmp_path))
+    assert not plan.request.injects and kubelet.calls["List"] == 0
+
+
+def test_non_cri_container_is_not_verified(node: Any, tmp_path: Path) -> None:
+    """Without containerd's CRI annotations there is no kubelet record: noted, judged by allocation-sources."""
+    plan = plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={node.gpus[0].uuid}"],
+                              annotations={}), config(node, tmp_path))
+    assert [g.index for g in plan.gpus] == [0]
+    assert any("not a CRI container" in n for n in plan.notes)
+
+
+def test_mount_all_needs_accept_all_from_mounts(node: Any, tmp_path: Path) -> None:
+    """Under require-allocation a mount named "all" grants nothing unless accept-all-from-mounts is on."""
+    cfg = config(node, tmp_path, verify_with="none")
+    plan = plan_create(bundle(tmp_path, [], mounts=[mount("all")]), cfg)
+    assert plan.gpus == () and any("accept-all-from-mounts is off" in n for n in plan.notes)
+    plan = plan_create(bundle(tmp_path, [], mounts=[mount("all")]),
+                       config(node, tmp_path, verify_with="none", accept_all_from_mounts=True))
+    assert len(plan.gpus) == 4
