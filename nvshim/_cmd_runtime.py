@@ -137,6 +137,15 @@ def runtime() -> None:
     ),
 )
 @click.option(
+    "--pod-cdi-annotations",
+    is_flag=True,
+    help=(
+        "containerd: also pass the pod's cdi.k8s.io/* annotations (pod_annotations). Off: "
+        "anyone who can create a pod can write them, and nvshim cannot tell them from the "
+        "device plugin's; with require-allocation use verify-with: kubelet if you turn this on."
+    ),
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     help=(
@@ -164,13 +173,15 @@ def configure_command(
     set_as_default: bool,
     force: bool,
     enable_cdi: bool,
+    pod_cdi_annotations: bool,
     dry_run: bool,
     revert: bool,
 ) -> None:
     """Add an nvshim runtime to containerd's, Docker's or CRI-O's config, or take it out.
 
     containerd: a handler copying the runc handler's options (SystemdCgroup, Root, ...),
-    options.BinaryName = nvshim-runtime, cdi.k8s.io/* annotations passed through.
+    options.BinaryName = nvshim-runtime, the container's cdi.k8s.io/* annotations (the
+    device plugin's) passed through; the pod's only with --pod-cdi-annotations.
     Docker: runtimes.<name>.path in daemon.json, other keys and their order kept
     (docker run --runtime nvshim). CRI-O: [crio.runtime.runtimes.<name>] in a drop-in,
     runtime_type "oci" with runc's runtime_root and monitor (conmon) settings.
@@ -184,6 +195,8 @@ def configure_command(
     if enable_cdi and engine == "crio":
         raise UsageError("--enable-cdi applies to containerd and docker: CRI-O reads CDI "
                          "specs without a switch")
+    if pod_cdi_annotations and engine != "containerd":
+        raise UsageError("--pod-cdi-annotations applies to containerd only")
     if revert:
         conflicting = [
             flag
@@ -191,6 +204,7 @@ def configure_command(
                 ("--set-as-default", "set_as_default"),
                 ("--force", "force"),
                 ("--enable-cdi", "enable_cdi"),
+                ("--pod-cdi-annotations", "pod_cdi_annotations"),
                 ("--binary", "binary"),
             )
             if ctx.get_parameter_source(param) is not click.core.ParameterSource.DEFAULT
@@ -241,7 +255,8 @@ def configure_command(
         result_c = crio.configure(config_path, drop_in=drop_in, **common)
     else:
         result_c = containerd.configure(
-            config_path, drop_in=drop_in, enable_cdi=enable_cdi, **common
+            config_path, drop_in=drop_in, enable_cdi=enable_cdi,
+            pod_cdi_annotations=pod_cdi_annotations, **common
         )
     _warn(result_c.warnings)
     if dry_run:

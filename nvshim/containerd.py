@@ -10,7 +10,10 @@ without ``version`` as version 1::
 
 The handler ``<cri>.containerd.runtimes.<name>`` is a copy of the runc handler (all its
 options, ``SystemdCgroup`` included) with ``options.BinaryName`` pointing at
-nvshim-runtime, and it lets ``cdi.k8s.io/*`` annotations through to the runtime.
+nvshim-runtime, and it lets the container's ``cdi.k8s.io/*`` annotations (set by the kubelet
+from the device plugin's answer) through to the runtime. The pod's annotations of that
+name are let through only with ``pod_cdi_annotations``: anyone who can create a pod can
+write them, and in the container's spec they look the same as the device plugin's.
 
 For versions 2 and 3 the handler goes into a drop-in file that the main file imports.
 containerd before 2.1 *replaces* a plugin's table with the one from an import instead of
@@ -266,7 +269,8 @@ def _check_arguments(name: str, binary: str) -> None:
         raise UsageError(f'runtime binary "{binary}" is not an absolute path')
 
 
-def _build_handler(cri: Any, name: str, binary: str, where: str) -> Dict[str, Any]:
+def _build_handler(cri: Any, name: str, binary: str, where: str,
+                   pod_cdi_annotations: bool = False) -> Dict[str, Any]:
     """The handler table: the runc (or default) handler's copy pointed at ``binary``."""
     runtimes = _lookup(cri, ("containerd", "runtimes"), "")
     containerd_table = _lookup(cri, ("containerd",), "")
@@ -281,7 +285,9 @@ def _build_handler(cri: Any, name: str, binary: str, where: str) -> Dict[str, An
     if not handler.get("runtime_type"):
         handler["runtime_type"] = _RUNC_TYPE
     handler_where = f"{where}.containerd.runtimes.{_quote(name)}"
-    for key in ("container_annotations", "pod_annotations"):
+    keys = ("container_annotations", "pod_annotations") if pod_cdi_annotations else (
+        "container_annotations",)
+    for key in keys:
         handler[key] = _merge_list(handler.get(key), CDI_ANNOTATIONS, f"{handler_where}.{key}")
     options = handler.get("options")
     if options is None:
@@ -304,9 +310,10 @@ def _apply_to_cri(
     enable_cdi: bool,
     where: str,
     warnings: List[str],
+    pod_cdi_annotations: bool = False,
 ) -> None:
     """Add the handler (and the default name, CDI switch) to the CRI table ``cri``."""
-    handler = _build_handler(cri, name, binary, where)
+    handler = _build_handler(cri, name, binary, where, pod_cdi_annotations)
     containerd_table = _ensure(cri, "containerd", f"{where}.containerd")
     runtimes = _ensure(containerd_table, "runtimes", f"{where}.containerd.runtimes")
     existing = runtimes.get(name)
@@ -384,6 +391,7 @@ def plan_configure(
     force: bool = False,
     enable_cdi: bool = False,
     require_allocation: bool = False,
+    pod_cdi_annotations: bool = False,
 ) -> ConfigureResult:
     """Compute the new texts of the main file and drop-in; pure, writes nothing.
 
@@ -430,6 +438,7 @@ def plan_configure(
             enable_cdi=enable_cdi,
             where=where,
             warnings=warnings,
+            pod_cdi_annotations=pod_cdi_annotations,
         )
         main_after = _dumps(doc, main_text)
         return ConfigureResult(
@@ -451,6 +460,7 @@ def plan_configure(
         enable_cdi=enable_cdi,
         where=where,
         warnings=warnings,
+        pod_cdi_annotations=pod_cdi_annotations,
     )
     drop_doc = tomlkit.document()
     for line in _drop_in_header(config_path, name).splitlines():
@@ -497,6 +507,7 @@ def configure(
     enable_cdi: bool = False,
     require_allocation: bool = False,
     dry_run: bool = False,
+    pod_cdi_annotations: bool = False,
 ) -> ConfigureResult:
     """Add the runtime handler to containerd's config; see the module docstring.
 
@@ -521,6 +532,7 @@ def configure(
         force=force,
         enable_cdi=enable_cdi,
         require_allocation=require_allocation,
+        pod_cdi_annotations=pod_cdi_annotations,
     )
     if dry_run:
         return plan

@@ -137,7 +137,6 @@ def test_missing_or_empty_config_gets_version_import_and_drop_in(text: Optional[
         "nvshim": {
             "runtime_type": "io.containerd.runc.v2",
             "container_annotations": ["cdi.k8s.io/*"],
-            "pod_annotations": ["cdi.k8s.io/*"],
             "options": {"BinaryName": BINARY},
         }
     }
@@ -187,7 +186,17 @@ def test_clone_keeps_systemd_cgroup_root_and_merges_annotations() -> None:
         "BinaryName": BINARY,
     }
     assert handler["container_annotations"] == ["io.kubernetes.cri.*", "cdi.k8s.io/*"]
-    assert handler["pod_annotations"] == ["cdi.k8s.io/*"]
+    assert "pod_annotations" not in handler
+
+
+def test_pod_annotations_pass_cdi_only_when_asked() -> None:
+    """The pod's cdi.k8s.io/* annotations (user-writable) reach the runtime only with pod_cdi_annotations."""
+    def handler(**kw: Any) -> Dict[str, Any]:
+        return _dig(_data(_plan(COMMENTED_V2, **kw).files[0].after), "plugins",
+                    "io.containerd.grpc.v1.cri", "containerd", "runtimes", "nvshim")
+
+    assert "pod_annotations" not in handler()
+    assert handler(pod_cdi_annotations=True)["pod_annotations"] == ["cdi.k8s.io/*"]
 
 
 def test_clone_falls_back_to_default_runtime_entry() -> None:
