@@ -23,6 +23,9 @@ The checks, by name:
 ``docker`` / ``crio``
     the same three questions for Docker's daemon.json and CRI-O's config and drop-ins
     (see :mod:`nvshim._doctor_engines`).
+``allocation-trust``
+    require-allocation on, but it trusts claims a pod can write itself (``envvar-uuids``,
+    ``volume-mounts``, ``cdi-annotations``) without ``verify-with: kubelet``.
 ``gpus``
     discovery finds GPUs under the driver root.
 ``cdi-specs``
@@ -63,6 +66,7 @@ __all__ = [
     "check_containerd_config",
     "check_runtime_binary",
     "check_default_runtime",
+    "check_allocation_trust",
     "check_gpus",
     "check_cdi_specs",
     "check_trampoline",
@@ -336,6 +340,35 @@ def check_default_runtime(
     )
 
 
+#: allocation-sources whose evidence a pod can write into its own spec (env, hostPath, annotation).
+_FORGEABLE = ("envvar-uuids", "volume-mounts", "cdi-annotations")
+
+
+def check_allocation_trust(config: Optional[Config], path: str) -> Finding:
+    """require-allocation that still believes claims a pod can forge."""
+    name = "allocation-trust"
+    if config is None:
+        return Finding(name, "skip", f"{path} is invalid: nothing to check")
+    if not config.require_allocation:
+        return Finding(name, "skip", "require-allocation is off: every claim is granted anyway")
+    if config.verify_with == "kubelet":
+        return Finding(name, "ok", "require-allocation checks every claim against the kubelet's "
+                       f"record (kubelet-unreachable: {config.kubelet_unreachable})")
+    forgeable = [s for s in config.allocation_sources if s in _FORGEABLE]
+    if config.accept_all_from_mounts and "volume-mounts" in config.allocation_sources:
+        forgeable.append("accept-all-from-mounts")
+    if not forgeable:
+        return Finding(name, "ok", "require-allocation trusts only " +
+                       ", ".join(config.allocation_sources))
+    return Finding(
+        name, "warn",
+        f"require-allocation trusts claims a pod can write itself ({', '.join(forgeable)}): a pod "
+        "that sets NVIDIA_VISIBLE_DEVICES=GPU-<uuid> or mounts a hostPath under "
+        "/var/run/nvidia-container-devices gets another tenant's GPU",
+        f"set verify-with: kubelet in {path} (then nvshim config compile)",
+    )
+
+
 # --------------------------------------------------------------------------- host
 
 
@@ -518,6 +551,7 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
 
     findings.append(check_docker(options.docker_config, config, options))
     findings.append(check_crio(options.crio_config, config, options))
+    findings.append(check_allocation_trust(config, options.config_path))
 
     host = _host(usable, options)
     findings.append(check_gpus(host, options.config_path))

@@ -129,9 +129,10 @@ def test_pitfall_detected_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_good_node_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str], sim: Any,
                            require_allocation: bool, default: Optional[str]) -> None:
     """A node with GPUs and either require-allocation on or runc as default passes every check."""
+    verify = {"verify_with": "kubelet"} if require_allocation else {}
     config = write_config(tmp_path / "etc", require_allocation=require_allocation,
                           driver_root=sim.root, runtimes=["runc"],
-                          cdi_spec_dirs=[str(tmp_path / "cdi")])
+                          cdi_spec_dirs=[str(tmp_path / "cdi")], **verify)
     ctrd = containerd_config(tmp_path / "containerd.toml", fake_runtime(tmp_path / "bin"), default)
     rc, out, _ = run_cli(doctor_args(config, ctrd, tmp_path), capsys)
     assert rc == 0, out
@@ -167,6 +168,26 @@ def test_pitfall_through_drop_in_and_other_handler_name(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- containerd
+
+
+def test_allocation_trust_warns_about_forgeable_sources_with_the_fix(tmp_path: Path) -> None:
+    """require-allocation trusting env UUIDs/mounts/annotations without the kubelet warns, naming the fix."""
+    config = write_config(tmp_path / "etc", require_allocation=True)
+    finding = doctor.check_allocation_trust(Config(require_allocation=True), str(config))
+    assert finding.status == "warn"
+    assert "(volume-mounts, cdi-annotations, envvar-uuids)" in finding.message
+    assert finding.fix == f"set verify-with: kubelet in {config} (then nvshim config compile)"
+    ok = doctor.check_allocation_trust(
+        Config(require_allocation=True, verify_with="kubelet"), str(config))
+    assert ok.status == "ok"
+    narrow = doctor.check_allocation_trust(
+        Config(require_allocation=True, allocation_sources=("kubelet", "privileged")), str(config))
+    assert narrow.status == "ok"
+    assert doctor.check_allocation_trust(Config(), str(config)).status == "skip"
+    findings = doctor.run_checks(doctor.DoctorOptions(
+        config_path=str(config), containerd_config=str(tmp_path / "none.toml"),
+        trampoline=str(tmp_path / "none"), driver_root=str(tmp_path)))
+    assert [f.status for f in by_check(findings, "allocation-trust")] == ["warn"]
 
 
 def test_runtime_binary_missing_or_not_executable_fails(tmp_path: Path) -> None:
