@@ -291,11 +291,13 @@ def hook(args: List[str]) -> None:
 def _add_optional_commands() -> None:
     from nvshim._cmd_cdi import cdi
     from nvshim._cmd_runtime import runtime
+    from nvshim._cmd_system import system
     from nvshim.cdi_generate import generate
 
     cdi.add_command(generate)
     cli.add_command(cdi)
     cli.add_command(runtime)
+    cli.add_command(system)
     try:
         from nvshim._cmd_doctor import doctor
     except ImportError:

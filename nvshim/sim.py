@@ -5,8 +5,9 @@
 * ``dev/nvidia<minor>`` (char 195:minor) per GPU, ``dev/nvidiactl`` (195:255),
   ``dev/nvidia-modeset`` (195:254), ``dev/nvidia-uvm`` and ``dev/nvidia-uvm-tools``
   (510:0, 510:1), all mode 0666; with MIG, ``dev/nvidia-caps/nvidia-cap<m>`` (237:m).
-* ``proc/driver/nvidia/version``, ``params`` and ``gpus/<pci bus id>/information`` in the
-  kernel module's formats; with MIG, ``proc/driver/nvidia-caps/mig-minors`` and
+* ``proc/devices`` (the character-device majors: ``nvidia-frontend`` 195, ``nvidia-uvm``
+  510, ``nvidia-caps`` 237), ``proc/driver/nvidia/version``, ``params`` and
+  ``gpus/<pci bus id>/information`` in the kernel module's formats; with MIG, ``proc/driver/nvidia-caps/mig-minors`` and
   ``proc/driver/nvidia/capabilities/...`` access files.
 * the driver libraries in ``usr/lib/x86_64-linux-gnu/`` (``lib<X>.so.<version>``, each a
   tiny loadable ELF with the real SONAME and a ``NVSHIM-SIM <file> <version>`` marker
@@ -402,7 +403,17 @@ def _cap_file(minor: int, mode: int) -> str:
     return f"DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n"
 
 
+def _proc_devices(node: SimNode) -> str:
+    """/proc/devices as the kernel prints it (``%3d %s``), with the drivers this node has."""
+    char = [(1, "mem"), (4, "tty"), (5, "/dev/tty"), (10, "misc"), (NVIDIA_MAJOR, "nvidia-frontend"),
+            (CAPS_MAJOR, "nvidia-caps"), (UVM_MAJOR, "nvidia-uvm")]
+    lines = ["Character devices:"] + [f"{major:3d} {name}" for major, name in sorted(char)]
+    lines += ["", "Block devices:", "  7 loop", "254 virtblk"]
+    return "\n".join(lines) + "\n"
+
+
 def _write_procfs(node: SimNode) -> None:
+    _write_text(os.path.join(node.root, "proc", "devices"), _proc_devices(node), 0o444)
     proc = os.path.join(node.root, "proc", "driver", "nvidia")
     _write_text(
         os.path.join(proc, "version"),
