@@ -21,6 +21,7 @@ from nvshim.request import (
     VISIBLE_DEVICES,
     Request,
     claims_gpus,
+    identity_of,
     image_view,
     parse_visible_devices,
     resolve_request,
@@ -276,12 +277,12 @@ def _ask_kubelet_if_needed(view: Any, config: Config) -> Tuple[Any, Any, str, Li
     source, for a CRI container that claims a GPU. Unreachable: ``kubelet-unreachable``
     decides (fail the create, or trust the claims and say so).
     """
+    identity = identity_of(view.annotations)
     wants = config.verify_with == "kubelet" or "kubelet" in config.allocation_sources
     if not (config.require_allocation and wants and claims_gpus(view, config)):
-        return None, None, "none", []
-    from nvshim.kubelet import KubeletUnreachable, ask_kubelet, identity_of
+        return identity, None, "none", []
+    from nvshim.kubelet import KubeletUnreachable, ask_kubelet
 
-    identity = identity_of(view.annotations)
     if identity is None:
         return None, None, "none", [
             "not a CRI container (no io.kubernetes.cri.* annotations): the kubelet has no "

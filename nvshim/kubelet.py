@@ -20,6 +20,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from nvshim import _proto
 from nvshim._record import dataclass, field
 from nvshim.errors import HostError
+from nvshim.request import (  # re-exported: the identity the kubelet is asked about
+    CONTAINER_NAME,
+    SANDBOX_NAME,
+    SANDBOX_NAMESPACE,
+    SANDBOX_UID,
+    Identity,
+    identity_of,
+)
 
 __all__ = [
     "Identity",
@@ -36,41 +44,11 @@ __all__ = [
     "encode_list_response",
 ]
 
-# Set by containerd's CRI plugin on every container it creates (after any pass-through
-# annotation, so its values win over a pod annotation of the same key).
-SANDBOX_NAME = "io.kubernetes.cri.sandbox-name"
-SANDBOX_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
-SANDBOX_UID = "io.kubernetes.cri.sandbox-uid"
-CONTAINER_NAME = "io.kubernetes.cri.container-name"
-
 LIST_METHOD = "/v1.PodResourcesLister/List"
 
 
 class KubeletUnreachable(HostError):
     """Neither the PodResources socket nor the checkpoint gave an answer."""
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Which Kubernetes container a CRI container is."""
-
-    namespace: str
-    pod: str
-    pod_uid: str
-    container: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.pod}/{self.container}"
-
-
-def identity_of(annotations: Mapping[str, str]) -> Optional[Identity]:
-    """The container's identity from containerd's CRI annotations; None when not a CRI container."""
-    pod = annotations.get(SANDBOX_NAME)
-    namespace = annotations.get(SANDBOX_NAMESPACE)
-    container = annotations.get(CONTAINER_NAME)
-    if not pod or not namespace or not container:
-        return None
-    return Identity(namespace, pod, annotations.get(SANDBOX_UID, ""), container)
 
 
 @dataclass(frozen=True)

@@ -35,12 +35,21 @@ __all__ = [
     "VISIBLE_DEVICES",
     "DEVICE_LIST_DIR",
     "SANDBOX_ANNOTATION",
+    "Identity",
+    "identity_of",
 ]
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
 DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
 SANDBOX_ANNOTATION = "io.kubernetes.cri.container-type"
+# Set by containerd's CRI plugin on every container it creates (after any pass-through
+# annotation, so its values win over a pod annotation of the same key).
+SANDBOX_NAME = "io.kubernetes.cri.sandbox-name"
+SANDBOX_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
+SANDBOX_UID = "io.kubernetes.cri.sandbox-uid"
+CONTAINER_NAME = "io.kubernetes.cri.container-name"
+
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
 
 _UUID_BODY = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
@@ -232,6 +241,29 @@ def parse_capabilities(value: Optional[str], supported: Sequence[str], legacy: b
             )
         wanted.add(cap)
     return tuple(sorted(wanted))
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Which Kubernetes container a CRI container is."""
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    container: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.pod}/{self.container}"
+
+
+def identity_of(annotations: Mapping[str, str]) -> Optional[Identity]:
+    """The container's identity from containerd's CRI annotations; None when not a CRI container."""
+    pod = annotations.get(SANDBOX_NAME)
+    namespace = annotations.get(SANDBOX_NAMESPACE)
+    container = annotations.get(CONTAINER_NAME)
+    if not pod or not namespace or not container:
+        return None
+    return Identity(namespace, pod, annotations.get(SANDBOX_UID, ""), container)
 
 
 # --- allocation sources -------------------------------------------------------------------

@@ -621,6 +621,8 @@ class Containerd:
 
     base: Path
     namespace: str = field(default_factory=lambda: unique_id("nvshim-e2e"))
+    config_text: Optional[str] = None
+    """The daemon's whole config (default: the private one above, for ``ctr run``)."""
     pid: Optional[int] = None
     _proc: Optional["subprocess.Popen[bytes]"] = None
     _created_run_dirs: List[Path] = field(default_factory=list)
@@ -655,7 +657,7 @@ class Containerd:
             if not d.exists():
                 self._created_run_dirs.insert(0, d)
         config = self.base / "config.toml"
-        config.write_text(_CONTAINERD_CONFIG.format(base=self.base))
+        config.write_text(self.config_text or _CONTAINERD_CONFIG.format(base=self.base))
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 [binary, "--config", str(config)],

@@ -1,0 +1,283 @@
+"""e2e: verify-with: kubelet through containerd's real CRI path, as the kubelet drives it.
+
+A private containerd 1.6 with its CRI plugin (host-network pods, no CNI, a locally imported
+busybox image as pause and workload image) gets nvshim's runtime handlers from
+``nvshim runtime configure`` itself; the test calls RunPodSandbox / CreateContainer /
+StartContainer over containerd's CRI gRPC socket exactly as the kubelet would, so the
+container's spec, annotations included, is what containerd writes. A PodResources server
+(tests/helpers/podresources.py, real gRPC, protobuf messages) plays the kubelet's
+allocation record. What is asserted is what the container sees (``ls /dev``), the error
+containerd returns from StartContainer (nvshim's line from runc's --log), and
+``nvshim grants``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import pytest
+
+from nvshim.config import compile_config
+from tests.helpers.cri import (
+    CriClient,
+    CriError,
+    cri_containerd_config,
+    import_image,
+    spec_annotations,
+)
+from tests.helpers.engines import (
+    Containerd,
+    _remove_cgroup_tree,
+    require_binary,
+    require_root,
+    unique_id,
+    write_nvshim_config,
+)
+from tests.helpers.podresources import PodResourcesServer
+
+pytestmark = pytest.mark.e2e
+
+TRAMPOLINE = Path("/usr/local/bin/nvshim-runtime")
+GPU = "nvidia.com/gpu"
+DEVICES = "/var/run/nvidia-container-devices"
+GPU_NODE = re.compile(r"^nvidia([0-9]+)$")
+
+
+class Node:
+    """Everything one module of tests shares: containerd, the kubelet stand-in, the GPU node."""
+
+    def __init__(self, base: Path, sim: Any) -> None:
+        self.base = base
+        self.sim = sim
+        self.kubelet = PodResourcesServer(str(base / "kubelet.sock")).start()
+        self.current = base / "current-config"
+        self.containerd: Optional[Containerd] = None
+        self.cri: Optional[CriClient] = None
+        self.cgroup = unique_id("nvshim-cri")
+
+    def config(self, **settings: Any) -> None:
+        """Make the runtime use an nvshim config with these settings from now on."""
+        name = f"cfg-{len(list(self.base.glob('cfg-*')))}"
+        values: Dict[str, Any] = {
+            "runtimes": [require_binary("runc")], "driver-root": self.sim.root,
+            "require-allocation": True, "verify-with": "kubelet",
+            "kubelet-socket": str(self.base / "kubelet.sock"), "kubelet-checkpoint": None,
+            "grants-journal": str(self.base / "grants.jsonl"),
+            "cdi-spec-dirs": [str(self.base / "cdi")],
+        }
+        values.update({k.replace("_", "-"): v for k, v in settings.items()})
+        path = write_nvshim_config(self.base / name, values)
+        compile_config(str(path))
+        self.current.write_text(str(path))
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterator[Node]:
+    require_root()
+    require_binary("containerd")
+    require_binary("runc")
+    if not (TRAMPOLINE.is_file() and os.access(TRAMPOLINE, os.X_OK)):
+        pytest.skip(f"{TRAMPOLINE} is not installed (run ./install.sh --dev)")
+    from nvshim.sim import create_node
+
+    base = tmp_path_factory.mktemp("cri")
+    sim = create_node(str(base / "node"), gpus=4, shuffle_minors=True)
+    n = Node(base, sim)
+    (base / "cdi").mkdir()
+    gen = subprocess.run([shutil.which("nvshim") or "nvshim", "cdi", "generate", "--driver-root",
+                          sim.root, "--output", str(base / "cdi" / "nvidia.yaml")],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert gen.returncode == 0, gen.stderr
+    n.config()
+    wrapper = base / "nvshim-runtime"
+    wrapper.write_text(f'#!/bin/sh\nNVSHIM_CONFIG=$(cat {n.current}) exec {TRAMPOLINE} "$@"\n')
+    wrapper.chmod(0o755)
+
+    config = base / "containerd.toml"
+    config.write_text(cri_containerd_config(base))
+    nvshim = [shutil.which("nvshim") or "nvshim", "runtime", "configure", "--runtime",
+              "containerd", "--config", str(config), "--drop-in", "", "--binary", str(wrapper)]
+    for extra in ([], ["--name", "nvshim-podcdi", "--pod-cdi-annotations"]):
+        res = subprocess.run(nvshim + extra, capture_output=True, text=True, timeout=60,
+                             check=False)
+        assert res.returncode == 0, res.stderr
+    n.containerd = Containerd(base, namespace="k8s.io", config_text=config.read_text())
+    try:
+        n.containerd.start()
+        import_image(n.containerd, base_rootfs, base)
+        n.cri = CriClient(n.containerd.address)
+        yield n
+    finally:
+        if n.cri is not None:
+            n.cri.remove_pods()
+        if n.containerd is not None:
+            n.containerd.stop()
+        n.kubelet.stop()
+        _remove_cgroup_tree(n.cgroup)
+
+
+@pytest.fixture
+def cri(node: Node) -> Iterator[Node]:
+    """The node with the default config (verify-with kubelet); pods removed afterwards."""
+    node.config()
+    node.kubelet.set([])
+    yield node
+    assert node.cri is not None
+    node.cri.remove_pods()
+    node.cri = CriClient(node.containerd.address)  # type: ignore[union-attr]
+
+
+def pod(n: Node, name: str, namespace: str = "team-a", handler: str = "nvshim",
+        annotations: Optional[Mapping[str, str]] = None) -> Tuple[str, bytes, Path]:
+    assert n.cri is not None
+    logs = n.base / "logs" / name
+    sandbox, config = n.cri.run_pod(name, namespace, f"uid-{name}", logs, f"/{n.cgroup}/{name}",
+                                    handler, annotations)
+    return sandbox, config, logs
+
+
+def start(n: Node, p: Tuple[str, bytes, Path], env: Optional[Mapping[str, str]] = None,
+          mounts: Sequence[Tuple[str, str]] = (), name: str = "main") -> str:
+    """Create and start a container that lists /dev, prints END and stays up; its CRI id."""
+    assert n.cri is not None
+    sandbox, config, _ = p
+    cid = n.cri.create_container(sandbox, config, name, "docker.io/nvshim-test/busybox:1",
+                                 ["sh", "-c", "ls /dev; echo END; exec sleep 1000"],
+                                 env=env, mounts=mounts)
+    n.cri.start_container(cid)
+    return cid
+
+
+def gpu_minors(n: Node, p: Tuple[str, bytes, Path], name: str = "main") -> List[int]:
+    assert n.cri is not None
+    out = n.cri.wait_log(p[2], name, "END")
+    return sorted(int(m.group(1)) for m in (GPU_NODE.match(x) for x in out.split()) if m)
+
+
+def grants(n: Node) -> Tuple[int, Dict[str, Any]]:
+    res = subprocess.run([shutil.which("nvshim") or "nvshim", "grants", "--journal",
+                          str(n.base / "grants.jsonl"), "--format", "json"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    return res.returncode, json.loads(res.stdout)
+
+
+def test_real_allocation_is_granted_and_journaled(cri: Node) -> None:
+    """The GPU the kubelet allocated (device plugin env) is granted: only its node, recorded with the pod's identity."""
+    gpu = cri.sim.gpus[2]
+    cri.kubelet.set([("team-a", "alloc", {"main": {GPU: [gpu.uuid]}})])
+    p = pod(cri, "alloc")
+    cid = start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+    assert gpu_minors(cri, p) == [gpu.minor]
+    notes = spec_annotations(cri.base / "state", cid)
+    assert {k: notes.get(k) for k in ("io.kubernetes.cri.sandbox-name",
+                                      "io.kubernetes.cri.sandbox-namespace",
+                                      "io.kubernetes.cri.sandbox-uid",
+                                      "io.kubernetes.cri.container-name")} == {
+        "io.kubernetes.cri.sandbox-name": "alloc",
+        "io.kubernetes.cri.sandbox-namespace": "team-a",
+        "io.kubernetes.cri.sandbox-uid": "uid-alloc",
+        "io.kubernetes.cri.container-name": "main",
+    }
+    rc, doc = grants(cri)
+    mine = [g for g in doc["grants"] if g["pod"] == "alloc"]
+    assert rc == 0 and len(mine) == 1
+    assert (mine[0]["namespace"], mine[0]["container"], mine[0]["gpus"], mine[0]["verified"],
+            mine[0]["status"]) == ("team-a", "main", [gpu.uuid], "kubelet", "running")
+
+
+def test_forged_uuid_env_is_refused(cri: Node) -> None:
+    """A pod without a GPU naming another tenant's GPU UUID in its env fails to start, the error naming the GPU and its holder."""
+    victim = cri.sim.gpus[1]
+    cri.kubelet.set([("team-b", "victim", {"train": {GPU: [victim.uuid]}}),
+                     ("team-a", "thief", {"main": {}})])
+    p = pod(cri, "thief")
+    with pytest.raises(CriError) as info:
+        start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": victim.uuid})
+    assert (f"nvshim: GPU 1 ({victim.uuid}) is not this container's allocation: the kubelet "
+            "gave it to team-b/victim/train") in info.value.details
+
+
+def test_forged_hostpath_mount_is_refused(cri: Node) -> None:
+    """A hostPath /dev/null mount under /var/run/nvidia-container-devices naming a GPU is refused."""
+    target = cri.sim.gpus[3]
+    cri.kubelet.set([("team-a", "mounter", {"main": {}})])
+    p = pod(cri, "mounter")
+    with pytest.raises(CriError) as info:
+        start(cri, p, mounts=[("/dev/null", f"{DEVICES}/{target.uuid}")])
+    assert (f"GPU 3 ({target.uuid}) is not this container's allocation: the kubelet allocated "
+            "no GPU to team-a/mounter/main") in info.value.details
+
+
+def test_kubelet_down_fails_by_default(cri: Node) -> None:
+    """With the kubelet unreachable a GPU claim fails, saying what was tried and the policy."""
+    cri.config(kubelet_socket=str(cri.base / "absent.sock"))
+    p = pod(cri, "down")
+    with pytest.raises(CriError) as info:
+        start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": cri.sim.gpus[0].uuid})
+    assert ("cannot ask the kubelet what team-a/down/main was allocated (tried PodResources "
+            f"socket {cri.base / 'absent.sock'})") in info.value.details
+    assert "kubelet-unreachable: fail" in info.value.details
+
+
+def test_kubelet_down_trust_claims_grants_and_records_it(cri: Node) -> None:
+    """kubelet-unreachable: trust-claims grants the claim and the journal says it was not verified."""
+    cri.config(kubelet_socket=str(cri.base / "absent.sock"), kubelet_unreachable="trust-claims")
+    gpu = cri.sim.gpus[0]
+    p = pod(cri, "trusting")
+    start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+    assert gpu_minors(cri, p) == [gpu.minor]
+    _, doc = grants(cri)
+    assert [g["verified"] for g in doc["grants"] if g["pod"] == "trusting"] == ["unreachable"]
+
+
+def test_pod_annotation_claim_is_refused(cri: Node) -> None:
+    """A pod's cdi.k8s.io annotation never reaches the spec through the default handler, and through a handler that passes it the kubelet check refuses it."""
+    claim = {"cdi.k8s.io/claim": "nvidia.com/gpu=0"}
+    cri.kubelet.set([("team-a", "annotated", {"main": {}}), ("team-a", "annotated2", {"main": {}})])
+    p = pod(cri, "annotated", annotations=claim)
+    cid = start(cri, p)
+    assert gpu_minors(cri, p) == []
+    assert "cdi.k8s.io/claim" not in spec_annotations(cri.base / "state", cid)
+
+    p2 = pod(cri, "annotated2", handler="nvshim-podcdi", annotations=claim)
+    with pytest.raises(CriError) as info:
+        start(cri, p2)
+    gpu = cri.sim.gpus[0]
+    assert (f"GPU 0 ({gpu.uuid}) is not this container's allocation: the kubelet allocated no "
+            "GPU to team-a/annotated2/main (claimed through cdi-annotations") in info.value.details
+
+
+def test_time_slicing_replicas_shared_by_two_pods_are_allowed(cri: Node) -> None:
+    """Two pods given replicas of one GPU both get it, and nvshim grants shows it shared, not a conflict."""
+    gpu = cri.sim.gpus[3]
+    cri.kubelet.set([("team-a", "rep-a", {"main": {GPU: [f"{gpu.uuid}::1"]}}),
+                     ("team-b", "rep-b", {"main": {GPU: [f"{gpu.uuid}::2"]}})])
+    pa = pod(cri, "rep-a")
+    pb = pod(cri, "rep-b", namespace="team-b")
+    start(cri, pa, env={"NVIDIA_VISIBLE_DEVICES": f"{gpu.uuid}::1"})
+    start(cri, pb, env={"NVIDIA_VISIBLE_DEVICES": f"{gpu.uuid}::2"})
+    assert gpu_minors(cri, pa) == gpu_minors(cri, pb) == [gpu.minor]
+    rc, doc = grants(cri)
+    assert rc == 0 and gpu.uuid not in doc["conflicts"]
+    assert sorted(g["pod"] for g in doc["grants"] if gpu.uuid in g["gpus"]) == ["rep-a", "rep-b"]
+
+
+def test_two_pods_claiming_one_unshared_gpu_are_flagged(cri: Node) -> None:
+    """Without verification two pods claiming the same GPU both get it; nvshim grants flags the conflict."""
+    cri.config(verify_with="none")
+    gpu = cri.sim.gpus[1]
+    pa = pod(cri, "dup-a")
+    pb = pod(cri, "dup-b")
+    start(cri, pa, env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+    start(cri, pb, env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+    assert gpu_minors(cri, pa) == gpu_minors(cri, pb) == [gpu.minor]
+    rc, doc = grants(cri)
+    assert rc == 1
+    holders = {g["container_id"]: g["pod"] for g in doc["grants"]}
+    assert sorted(holders[c] for c in doc["conflicts"][gpu.uuid]) == ["dup-a", "dup-b"]
