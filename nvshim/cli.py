@@ -159,7 +159,8 @@ def sim() -> None:
 
 @sim.command("create")
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--gpus", default=2, show_default=True, type=click.IntRange(0, 1024), help="Number of GPUs.")
+@click.option("--gpus", default=2, show_default=True, type=click.IntRange(0, 1024),
+              help="Number of GPUs, 0-1024 (a real driver handles up to 32; more are for scale tests).")
 @click.option("--driver-version", default="550.54.15", show_default=True, help="Driver version to simulate.")
 @click.option("--shuffle-minors", is_flag=True, help="Device minors not in PCI order (as on real nodes).")
 @click.option("--mig", is_flag=True, help="Make GPU 0 MIG-enabled with two MIG devices.")

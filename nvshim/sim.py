@@ -76,7 +76,12 @@ NVIDIA_MAJOR = 195
 UVM_MAJOR = 510
 CAPS_MAJOR = 237
 SIM_FILE = "nvshim-sim.json"
-MAX_GPUS = 32  # the driver's NV_MAX_DEVICES
+#: The NVIDIA driver handles at most 32 GPUs per node (NV_MAX_DEVICES); a simulated node
+#: may have more, for scale tests (CDI specs and discovery at 64 or 256 GPUs).
+DRIVER_MAX_GPUS = 32
+MAX_GPUS = 1024
+#: Minors of /dev/nvidia-modeset and /dev/nvidiactl: GPU minors skip them.
+_RESERVED_MINORS = (254, 255)
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
 
 #: (library base name, SONAME suffix or None when the SONAME is the versioned file name,
@@ -202,7 +207,7 @@ def _mig_profile(model: str) -> str:
 
 
 def _minors(gpus: int, shuffle: bool, seed: int) -> list[int]:
-    minors = list(range(gpus))
+    minors = [i if i < _RESERVED_MINORS[0] else i + len(_RESERVED_MINORS) for i in range(gpus)]
     if shuffle and gpus >= 2:
         random.Random(seed).shuffle(minors)
         if minors == sorted(minors):
@@ -213,7 +218,12 @@ def _minors(gpus: int, shuffle: bool, seed: int) -> list[int]:
 def _plan(gpus: int, shuffle_minors: bool, mig: bool, model: str, seed: int) -> tuple[SimGpu, ...]:
     arch, cc, brand = _model_facts(model)
     minors = _minors(gpus, shuffle_minors, seed)
-    buses = _BUSES if gpus <= len(_BUSES) else tuple(4 + 7 * i for i in range(gpus))
+    if gpus <= len(_BUSES):
+        pci = [f"0000:{bus:02x}:00.0" for bus in _BUSES]
+    elif gpus <= 36:  # one GPU per bus, a regular spread below 0xff
+        pci = [f"0000:{4 + 7 * i:02x}:00.0" for i in range(gpus)]
+    else:  # large nodes: 32 device slots per bus, still ascending with the index
+        pci = [f"0000:{4 + i // 32:02x}:{i % 32:02x}.0" for i in range(gpus)]
     out = []
     for index in range(gpus):
         migs: tuple[SimMig, ...] = ()
@@ -235,7 +245,7 @@ def _plan(gpus: int, shuffle_minors: bool, mig: bool, model: str, seed: int) -> 
                 index=index,
                 minor=minors[index],
                 uuid="GPU-" + _uuid(seed, "gpu", index),
-                pci_bus_id=f"0000:{buses[index]:02x}:00.0",
+                pci_bus_id=pci[index],
                 model=model,
                 arch=arch,
                 brand=brand,
@@ -250,7 +260,10 @@ def _check_arguments(
     gpus: int, driver_version: str, cuda_version: str, mig: bool, model: str
 ) -> None:
     if not 0 <= gpus <= MAX_GPUS:
-        raise UsageError(f"--gpus {gpus}: a simulated node has 0-{MAX_GPUS} GPUs")
+        raise UsageError(
+            f"--gpus {gpus}: a simulated node has 0-{MAX_GPUS} GPUs "
+            f"(the real driver handles up to {DRIVER_MAX_GPUS})"
+        )
     if not _VERSION_RE.match(driver_version):
         raise UsageError(
             f'--driver-version "{driver_version}": expected a driver version like 550.54.15'
@@ -389,9 +402,9 @@ def _information(gpu: SimGpu, driver_version: str) -> str:
     )
 
 
-def _mig_minors(gpu_count: int) -> str:
+def _mig_minors(minors: list[int]) -> str:
     lines = ["config 1", "monitor 2"]
-    for minor in range(gpu_count):
+    for minor in minors:
         for gi in range(_GI_SLOTS):
             lines.append(f"gpu{minor}/gi{gi}/access {mig_cap_minor(minor, gi)}")
             for ci in range(_CI_SLOTS):
@@ -438,7 +451,7 @@ def _write_procfs(node: SimNode) -> None:
         return
     _write_text(
         os.path.join(node.root, "proc", "driver", "nvidia-caps", "mig-minors"),
-        _mig_minors(len(node.gpus)),
+        _mig_minors(sorted(g.minor for g in node.gpus)),
         0o444,
     )
     caps = os.path.join(proc, "capabilities")

@@ -453,8 +453,8 @@ def test_non_root_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"gpus": 33}, "0-32 GPUs"),
-        ({"gpus": -1}, "0-32 GPUs"),
+        ({"gpus": 1025}, "0-1024 GPUs"),
+        ({"gpus": -1}, "0-1024 GPUs"),
         ({"driver_version": "../550"}, "driver version"),
         ({"cuda_version": "twelve"}, "cuda version"),
         ({"gpus": 0, "mig": True}, "--mig needs at least one GPU"),
