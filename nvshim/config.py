@@ -198,12 +198,43 @@ def _describe_allowed(schema: Mapping[str, Any]) -> str:
     return f"a {kind}" if kind else "a valid value"
 
 
+class _DuplicateKey(ValueError):
+    """A mapping names one key twice (YAML itself would keep the last silently)."""
+
+
+def _unique_key_loader(yaml: Any) -> Any:
+    """yaml's SafeLoader, refusing a key given twice in one mapping.
+
+    ``require-allocation: true`` followed later by ``require-allocation: false`` is a
+    mistake either way; silently keeping one of them hides it.
+    """
+
+    class UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc,name-defined]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: Dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: SafeLoader reports it itself
+                    continue
+                if first is not None:
+                    raise _DuplicateKey(f'line {line}: duplicate key "{key}" (first on line {first})')
+                seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def parse_config_text(data: bytes, path: str) -> Config:
     """Checked path: YAML → mapping → jsonschema → :class:`Config`."""
     import yaml
 
     try:
-        doc = yaml.safe_load(data) if data.strip() else {}
+        doc = yaml.load(data, Loader=_unique_key_loader(yaml)) if data.strip() else {}
+    except _DuplicateKey as exc:
+        raise ConfigError(f"config {path} {exc}") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -242,11 +273,14 @@ def parse_config_text(data: bytes, path: str) -> Config:
     return Config.from_mapping(doc, path)
 
 
-def load_config(path: Optional[str] = None) -> Config:
-    """Load the configuration; defaults when the file does not exist."""
+def load_config(path: Optional[str] = None, required: bool = False) -> Config:
+    """Load the configuration; defaults when the file does not exist, unless ``required``
+    (a file named explicitly, e.g. ``--config``, must exist)."""
     path = path or config_path()
     data = _read(path)
     if data is None:
+        if required:
+            raise ConfigError(f"config {path} does not exist")
         return Config()
     compiled = _from_compiled(path, data)
     if compiled is not None:
