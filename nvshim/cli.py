@@ -96,7 +96,7 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
     from nvshim.config import load_config
     from nvshim.create import plan_create
 
-    config = load_config(config_file)
+    config = load_config(config_file, required=config_file is not None)
     if driver_root is not None:
         config = replace(config, driver_root=driver_root, dev_root=dev_root)
     elif dev_root is not None:
@@ -232,7 +232,7 @@ def config_show(config_file: Optional[str]) -> None:
 
     from nvshim.config import load_config
 
-    config = load_config(config_file)
+    config = load_config(config_file, required=config_file is not None)
     click.echo(f"# effective config from {config.source or 'built-in defaults'}")
     click.echo(yaml.safe_dump(config.to_mapping(), sort_keys=False).rstrip())
 
