@@ -27,7 +27,8 @@ def cdi() -> None:
     multiple=True,
     metavar="DIR",
     help="Directory to scan, lowest priority first (repeatable). "
-    f"Default: {', '.join(cdi_specs.DEFAULT_SPEC_DIRS)}.",
+    "Default: the config's cdi-spec-dirs "
+    f"({', '.join(cdi_specs.DEFAULT_SPEC_DIRS)} unless configured).",
 )
 def list_devices(spec_dirs: Tuple[str, ...]) -> None:
     """Print every resolvable qualified device name, one per line.
@@ -35,7 +36,12 @@ def list_devices(spec_dirs: Tuple[str, ...]) -> None:
     Files that fail to load and conflicting devices are reported on stderr as
     warnings; they do not change the exit status.
     """
-    registry = cdi_specs.load_registry(spec_dirs or cdi_specs.DEFAULT_SPEC_DIRS)
+    if not spec_dirs:
+        from nvshim.config import load_config
+
+        # the directories the runtime resolves CDI names from, so the list matches it
+        spec_dirs = load_config().cdi_spec_dirs
+    registry = cdi_specs.load_registry(spec_dirs)
     for problem in registry.problems:
         click.echo(f"warning: {problem}", err=True)
     for name in registry.names():
