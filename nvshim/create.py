@@ -97,18 +97,16 @@ class Plan:
 
 def read_spec(bundle: str) -> Tuple[str, bytes, Dict[str, Any]]:
     """Read and decode ``<bundle>/config.json``; SpecError names the file on any problem."""
+    from nvshim._specjson import SpecDepthError, decode_spec
+
     path = os.path.join(bundle, "config.json")
+    raw = _read_regular(path)
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError as exc:
-        raise SpecError(f"cannot read {path}: no such file") from exc
-    except OSError as exc:
-        raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        spec = json.loads(raw)
+        spec = decode_spec(raw)
     except UnicodeDecodeError as exc:
         raise SpecError(f"{path}: not UTF-8 text") from exc
+    except SpecDepthError as exc:
+        raise SpecError(f"{path}: invalid JSON: {exc}") from exc
     except ValueError as exc:
         msg = getattr(exc, "msg", str(exc))
         line = getattr(exc, "lineno", None)
@@ -120,17 +118,35 @@ def read_spec(bundle: str) -> Tuple[str, bytes, Dict[str, Any]]:
     return path, raw, spec
 
 
+def _read_regular(path: str) -> bytes:
+    """The bytes of ``path`` if it is a regular file; never blocks on a FIFO or device."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError as exc:
+        raise SpecError(f"cannot read {path}: no such file") from exc
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise SpecError(f"cannot read {path}: {kind}")
+        with open(fd, "rb", closefd=False) as fh:
+            return fh.read()
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
+
+
 def serialize_spec(spec: Dict[str, Any], original: bytes) -> bytes:
-    """Encode ``spec`` in the layout of ``original`` (tabs, spaces or compact)."""
-    if b"\n\t" in original:
-        text = json.dumps(spec, indent="\t", ensure_ascii=False)
-    elif b"\n " in original:
-        text = json.dumps(spec, indent=2, ensure_ascii=False)
-    else:
-        text = json.dumps(spec, separators=(",", ":"), ensure_ascii=False)
-    if original.endswith(b"\n"):
-        text += "\n"
-    return text.encode("utf-8")
+    """Encode ``spec`` in the layout of ``original``, keeping what nvshim did not edit
+    (number literals, a BOM, escapes of lone surrogates): see :mod:`nvshim._specjson`."""
+    from nvshim._specjson import encode_spec
+
+    return encode_spec(spec, original)
 
 
 def hook_command() -> Tuple[str, ...]:

@@ -5,6 +5,7 @@ Each test names its item number; the fuzz classes live in ``test_fuzz.py``.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -88,3 +89,118 @@ def test_12_cdi_list_reads_the_configs_cdi_spec_dirs(tmp_path: Path) -> None:
     res = nvshim_cli("cdi", "list", env=dict(os.environ, NVSHIM_CONFIG=str(config)))
     assert res.returncode == 0, res.stderr
     assert "nvidia.com/gpu=0" in res.stdout.splitlines()
+
+
+# --- 2, 4, 5: config.json survives a rewrite as runc would read it ----------------------------
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A simulated 2-GPU node, a compiled config naming it and a recorder as the low-level runtime."""
+    if os.geteuid() != 0:
+        pytest.skip("the simulated GPU node needs root (mknod)")
+    from nvshim.config import compile_config
+    from nvshim.sim import create_node
+
+    base = tmp_path_factory.mktemp("hardening")
+    sim = create_node(str(base / "node"), gpus=2)
+    recorder = base / "recorder"
+    recorder.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {base}/recorded\n")
+    recorder.chmod(0o755)
+    cfg = base / "etc" / "config.yaml"
+    cfg.parent.mkdir()
+    cfg.write_text(f"runtimes: [{recorder}]\ndriver-root: {sim.root}\n")
+    compile_config(str(cfg))
+    return {"base": base, "config": cfg, "recorder": recorder}
+
+
+def runtime_create(node: dict, bundle: Path, *extra: str, argv: list | None = None,
+                   timeout: int = 60) -> subprocess.CompletedProcess:
+    """``python -I -m nvshim.runtime --log L create --bundle B id`` as containerd runs it."""
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(node["config"]), **dict(
+        e.split("=", 1) for e in extra)}
+    args = argv if argv is not None else ["--log", str(bundle / "log.json"), "--log-format", "json",
+                                          "create", "--bundle", str(bundle), "cid-12"]
+    return subprocess.run([sys.executable, "-I", "-m", "nvshim.runtime", *args],
+                          capture_output=True, env=env, timeout=timeout, cwd=str(REPO))
+
+
+def make_bundle(tmp_path: Path, raw: bytes, name: str = "b") -> Path:
+    bundle = tmp_path / name
+    (bundle / "rootfs").mkdir(parents=True)
+    (bundle / "config.json").write_bytes(raw)
+    return bundle
+
+
+GPU_SPEC = b'{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=0"],"cwd":"/"},"root":{"path":"rootfs"}'
+
+
+def test_02_number_literals_of_unknown_fields_survive_a_rewrite(node: dict, tmp_path: Path) -> None:
+    """Numbers nvshim does not edit are written back as written: 1e999, 1E2, -0, long decimals, huge ints."""
+    big = "9" * 5000
+    literals = f"[1e999,1E2,-0,0.1000000000000000055511151231257827,{big},-{big},1.5,7,-0.0,2e-5]"
+    raw = GPU_SPEC + f',"x-unknown":{{"n":{literals},"deep":{{"f":1.0E+2}}}}}}'.encode()
+    bundle = make_bundle(tmp_path, raw)
+    res = runtime_create(node, bundle)
+    assert res.returncode == 0, res.stderr
+    after = (bundle / "config.json").read_bytes()
+    assert after != raw and b"/dev/nvidia0" in after
+    assert f'"x-unknown":{{"n":{literals},"deep":{{"f":1.0E+2}}}}'.encode() in after
+    assert b"Infinity" not in after
+    # and the same in the indented layout containerd writes
+    bundle2 = make_bundle(tmp_path, b'{\n  "n": 1E2,\n  "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]},'
+                          b' "root": {"path": "rootfs"}\n}\n', "b2")
+    assert runtime_create(node, bundle2).returncode == 0
+    assert b'"n": 1E2,' in (bundle2 / "config.json").read_bytes()
+
+
+def test_04_lone_surrogate_in_an_untouched_field_round_trips(node: dict, tmp_path: Path) -> None:
+    """A lone surrogate escape ("\\ud800") in a field nvshim does not touch is written back as that escape."""
+    raw = GPU_SPEC + b',"annotations":{"x":"a\\ud800b","y":"\\udfff"}}'
+    bundle = make_bundle(tmp_path, raw)
+    res = runtime_create(node, bundle)
+    assert res.returncode == 0, res.stderr
+    after = (bundle / "config.json").read_bytes()
+    assert b'"x":"a\\ud800b","y":"\\udfff"' in after
+    assert json.loads(after)["annotations"] == {"x": "a\ud800b", "y": "\udfff"}
+
+
+@pytest.mark.parametrize("raw,message", [
+    (b'{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"x":' + b"[" * 5000 + b"]" * 5000 + b"}",
+     "nested deeper than 200 levels"),
+    (b'{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"x":' + b"[" * 300 + b"]" * 300 + b"}",
+     "nested deeper than 200 levels"),
+    (b'{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"x":' + b'{"a":' * 900 + b"1" + b"}" * 900 + b"}",
+     "nested deeper than 200 levels"),
+])
+def test_04_deep_nesting_is_one_clear_line(node: dict, tmp_path: Path, raw: bytes, message: str) -> None:
+    """JSON nested thousands of levels deep fails with one line naming the problem, not a RecursionError."""
+    bundle = make_bundle(tmp_path, raw)
+    res = runtime_create(node, bundle)
+    assert res.returncode == 1
+    lines = res.stderr.decode().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "internal error" not in lines[0], lines
+    assert (bundle / "config.json").read_bytes() == raw
+
+
+def test_04_huge_integer_is_kept_not_python_wording(node: dict, tmp_path: Path) -> None:
+    """A 5,000-digit integer where nvshim reads a number fails (or passes) without Python's int-limit wording."""
+    raw = (b'{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"],"user":{"uid":' + b"1" * 5000
+           + b',"gid":0}},"root":{"path":"rootfs"}}')
+    bundle = make_bundle(tmp_path, raw)
+    res = runtime_create(node, bundle)
+    assert b"int_max_str_digits" not in res.stderr and b"Exceeds the limit" not in res.stderr
+    if res.returncode == 0:
+        assert b'"uid":' + b"1" * 5000 + b"," in (bundle / "config.json").read_bytes()
+    else:
+        assert len(res.stderr.splitlines()) == 1
+
+
+def test_05_utf8_bom_is_kept_on_rewrite(node: dict, tmp_path: Path) -> None:
+    """A config.json starting with a UTF-8 BOM keeps it when rewritten (runc judges the file as it was)."""
+    raw = b"\xef\xbb\xbf" + GPU_SPEC + b"}"
+    bundle = make_bundle(tmp_path, raw)
+    res = runtime_create(node, bundle)
+    assert res.returncode == 0, res.stderr
+    after = (bundle / "config.json").read_bytes()
+    assert after.startswith(b"\xef\xbb\xbf{") and b"/dev/nvidia0" in after
