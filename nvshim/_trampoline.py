@@ -110,15 +110,19 @@ fi
 if [ "$decision" = modify ]; then
     [ "$err" = 0 ] || python "$@"
     spec=${bundle:-.}/config.json
+    # Missing, a directory, a FIFO, a device: Python says so in one line (it never blocks).
+    [ -f "$spec" ] || python "$@"
     grep=/usr/bin/grep
     [ -x "$grep" ] || grep=/bin/grep
     [ -x "$grep" ] || python "$@"
+    # -s: no message of grep's own (a vanished file is exit 2: Python reports it);
+    # -D skip: a FIFO or device swapped in after the -f test is not read (never hangs).
     if [ -e "$conf" ]; then
-        "$grep" -q -F -e NVIDIA_ -e CUDA_VERSION -e nvidia-container-devices -e '\u' -e '\/' \
-            -f "$prefixes" -- "$spec" </dev/null
+        "$grep" -q -s -D skip -F -e NVIDIA_ -e CUDA_VERSION -e nvidia-container-devices \
+            -e '\u' -e '\/' -f "$prefixes" -- "$spec" </dev/null
     else
-        "$grep" -q -F -e NVIDIA_ -e CUDA_VERSION -e nvidia-container-devices -e '\u' -e '\/' \
-            -e cdi.k8s.io/ -- "$spec" </dev/null
+        "$grep" -q -s -D skip -F -e NVIDIA_ -e CUDA_VERSION -e nvidia-container-devices \
+            -e '\u' -e '\/' -e cdi.k8s.io/ -- "$spec" </dev/null
     fi
     [ $? = 1 ] || python "$@"
 fi

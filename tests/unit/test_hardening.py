@@ -204,3 +204,69 @@ def test_05_utf8_bom_is_kept_on_rewrite(node: dict, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     after = (bundle / "config.json").read_bytes()
     assert after.startswith(b"\xef\xbb\xbf{") and b"/dev/nvidia0" in after
+
+
+# --- 3: config.json that is not a regular file -----------------------------------------------
+
+
+def processes_mentioning(text: str) -> list:
+    """Command lines of running processes that contain ``text`` (an orphaned grep would)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(cmdline)
+    return found
+
+
+@pytest.fixture
+def tramp_world(tmp_path: Path) -> dict:
+    """The trampoline rendered for this interpreter, a compiled config and a recorder runtime."""
+    from nvshim._trampoline import render
+    from nvshim.config import compile_config
+
+    runtime = tmp_path / "fake-runc"
+    runtime.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path / 'rec'}\n")
+    runtime.chmod(0o755)
+    config = tmp_path / "etc" / "config.yaml"
+    config.parent.mkdir()
+    config.write_text(f"runtimes: [{runtime}]\n")
+    compile_config(str(config))
+    tramp = tmp_path / "nvshim-runtime"
+    tramp.write_text(render(sys.executable))
+    tramp.chmod(0o755)
+    return {"tramp": tramp, "config": config, "runtime": runtime, "tmp": tmp_path,
+            "env": {"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": str(config)}}
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "fifo", "dev-zero", "char-device"])
+def test_03_config_json_not_a_regular_file_is_one_line_fast_no_orphan(tramp_world: dict, kind: str) -> None:
+    """A missing, directory, FIFO or device config.json gives one stderr line, exit 1, quickly, and leaves no process behind."""
+    bundle = tramp_world["tmp"] / f"bundle-{kind}"
+    bundle.mkdir()
+    spec = bundle / "config.json"
+    if kind == "directory":
+        spec.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(spec)
+    elif kind == "dev-zero":
+        spec.symlink_to("/dev/zero")
+    elif kind == "char-device":
+        if os.geteuid() != 0:
+            pytest.skip("mknod needs root")
+        os.mknod(spec, 0o666 | 0o020000, os.makedev(1, 5))  # a second /dev/zero
+    log = tramp_world["tmp"] / f"log-{kind}.json"
+    res = subprocess.run([str(tramp_world["tramp"]), "--log", str(log), "--log-format", "json",
+                          "create", "--bundle", str(bundle), "id"],
+                         env=tramp_world["env"], capture_output=True, text=True, timeout=20)
+    assert res.returncode == 1
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"nvshim: cannot read {spec}"), res.stderr
+    assert len(log.read_text().splitlines()) == 1
+    assert not (tramp_world["tmp"] / "rec").exists()
+    assert processes_mentioning(str(bundle)) == []
