@@ -6,7 +6,39 @@ import os
 
 from nvshim.errors import HostError
 
-__all__ = ["write_atomic"]
+__all__ = ["write_atomic", "remove_stale_temps"]
+
+_TEMP_MARK = ".nvshim-"
+
+
+def remove_stale_temps(directory: str, base: str) -> None:
+    """Delete ``.<base>.nvshim-<pid>`` files left by writers that died (SIGKILL, OOM).
+
+    One listdir; a temp file is removed only when its pid no longer exists, so a
+    concurrent writer's file is never touched (a reused pid keeps a leftover, harmlessly).
+    """
+    prefix = f".{base}{_TEMP_MARK}"
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return  # the write itself will report an unusable directory
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        pid_text = name[len(prefix):]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass  # another create removed it first
+            except OSError:
+                pass  # not ours to remove after all; leaving it is harmless
+        except OSError:
+            continue  # the pid exists (EPERM: another user's process)
 
 
 def write_atomic(path: str, data: bytes, default_mode: int = 0o644) -> None:
@@ -23,6 +55,7 @@ def write_atomic(path: str, data: bytes, default_mode: int = 0o644) -> None:
         mode = default_mode
     except OSError as exc:
         raise HostError(f"cannot stat {path}: {exc.strerror}") from exc
+    remove_stale_temps(directory, base)
     tmp = os.path.join(directory, f".{base}.nvshim-{os.getpid()}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)

@@ -270,3 +270,31 @@ def test_03_config_json_not_a_regular_file_is_one_line_fast_no_orphan(tramp_worl
     assert len(log.read_text().splitlines()) == 1
     assert not (tramp_world["tmp"] / "rec").exists()
     assert processes_mentioning(str(bundle)) == []
+
+
+# --- 7: temp files of killed creates ---------------------------------------------------------
+
+
+def test_07_next_create_removes_temp_files_of_dead_pids_only(node: dict, tmp_path: Path) -> None:
+    """A `.config.json.nvshim-<pid>` left by a SIGKILLed create is removed by the next create of
+    the bundle; one of a live process (a create in progress) is kept."""
+    dead = subprocess.Popen(["sleep", "60"])
+    dead.kill()
+    dead.wait()
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        bundle = make_bundle(tmp_path, GPU_SPEC + b"}")
+        stale = bundle / f".config.json.nvshim-{dead.pid}"
+        stale.write_bytes(b"{" * 1_000_000)
+        busy = bundle / f".config.json.nvshim-{alive.pid}"
+        busy.write_bytes(b"{}")
+        other = bundle / f".other.nvshim-{dead.pid}"
+        other.write_bytes(b"{}")
+        res = runtime_create(node, bundle)
+        assert res.returncode == 0, res.stderr
+        assert not stale.exists()
+        assert busy.exists() and other.exists()
+        assert b"/dev/nvidia0" in (bundle / "config.json").read_bytes()
+    finally:
+        alive.kill()
+        alive.wait()
