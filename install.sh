@@ -160,6 +160,7 @@ record "file $ETCDIR/config.compiled.json"
 record "file $ETCDIR/config.runtimes"
 record "file $ETCDIR/config.annotation-prefixes"
 record "file $ETCDIR/config.plan.json"  # the node plan cache (written when a driver is found)
+record "file $ETCDIR/config.source-link"
 
 # --- container engines ---------------------------------------------------------------
 configure_engine() {  # configure_engine ENGINE CONFIG [DROP-IN]

@@ -14,9 +14,11 @@ default runtime that is every pod without a GPU. Such creates leave no debug-log
 
 The low-level runtime list and the annotation prefixes come from ``<config stem>.runtimes``
 and ``.annotation-prefixes``, written by ``nvshim config compile`` next to the compiled
-config (one entry per line, read without word splitting or globbing). When the YAML is
-newer than them (edited, not recompiled) the trampoline hands everything to Python, which
-reads the YAML itself — slower, never wrong.
+config (one entry per line, read without word splitting or globbing). They carry the
+YAML's mtime and sit next to a hard link to it (``<stem>.source-link``); unless the YAML
+is still that inode with that exact mtime (edited, replaced or copied in since the last
+compile, even with an older mtime) the trampoline hands everything to Python, which reads
+the YAML itself — slower, never wrong.
 """
 
 from __future__ import annotations
@@ -99,8 +101,11 @@ fresh=0
 if [ -e "$conf" ]; then
     list=${conf%.yaml}.runtimes
     prefixes=${conf%.yaml}.annotation-prefixes
-    if [ -e "$list" ] && [ -e "$prefixes" ] && [ ! "$conf" -nt "$list" ] \
-        && [ ! "$conf" -nt "$prefixes" ]; then
+    # fresh: the YAML is the inode compile hard-linked, with the mtime compile copied onto
+    # both lists (equal, not "not newer": cp -p or rsync -t bring older mtimes).
+    if [ -e "$list" ] && [ -e "$prefixes" ] && [ "$conf" -ef "${conf%.yaml}.source-link" ] \
+        && [ ! "$conf" -nt "$list" ] && [ ! "$list" -nt "$conf" ] \
+        && [ ! "$conf" -nt "$prefixes" ] && [ ! "$prefixes" -nt "$conf" ]; then
         fresh=1
     fi
     [ "$fresh" = 1 ] || python "$@"

@@ -31,6 +31,8 @@ __all__ = [
     "runtimes_path",
     "prefixes_path",
     "plan_path",
+    "source_link_path",
+    "compiled_lists_fresh",
     "load_config",
     "compile_config",
     "compiled_matches",
@@ -128,6 +130,29 @@ def runtimes_path(path: str) -> str:
 def prefixes_path(path: str) -> str:
     """The annotation prefixes the sh trampoline greps for (one per line), written by compile."""
     return _compiled(path, ".annotation-prefixes")
+
+
+def source_link_path(path: str) -> str:
+    """A hard link to the YAML that was compiled, written by compile.
+
+    The trampoline cannot parse or hash the YAML; ``[ yaml -ef link ]`` (same inode) plus
+    "the lists carry the YAML's exact mtime" tells it, without forking, that the YAML is
+    the one compiled and was not written since — whatever the order of mtimes (``cp -p``,
+    ``rsync -t`` and ``tar x`` install a file with an *older* mtime).
+    """
+    return _compiled(path, ".source-link")
+
+
+def compiled_lists_fresh(path: str) -> bool:
+    """What the trampoline checks: the lists were compiled from this very YAML file."""
+    try:
+        yaml_st = os.stat(path)
+        if not os.path.samestat(yaml_st, os.stat(source_link_path(path))):
+            return False
+        return all(os.stat(p).st_mtime_ns == yaml_st.st_mtime_ns
+                   for p in (runtimes_path(path), prefixes_path(path)))
+    except OSError:
+        return False
 
 
 def compiled_matches(doc: Any, data: bytes) -> bool:
@@ -311,11 +336,38 @@ def compile_config(path: Optional[str] = None, plan: bool = True) -> str:
     write_atomic(out, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), default_mode=0o644)
     # The shell trampoline's view of the config (it cannot parse YAML or JSON): one entry
     # per line, read without word splitting or globbing.
+    # They carry the YAML's mtime and sit next to a hard link to it: the trampoline
+    # trusts them only while the YAML is that inode with that mtime
+    # (see source_link_path).
+    try:
+        source = os.stat(path)
+    except OSError as exc:
+        raise ConfigError(f"cannot stat config {path}: {exc.strerror}") from exc
     for target, values in ((runtimes_path(path), config.runtimes),
                            (prefixes_path(path), config.annotation_prefixes)):
         write_atomic(target, "".join(f"{v}\n" for v in values).encode(), default_mode=0o644)
+        os.utime(target, ns=(source.st_atime_ns, source.st_mtime_ns))
+    _link_source(path)
     if plan:
         from nvshim.plancache import refresh
 
         refresh(config)
     return out
+
+
+def _link_source(path: str) -> None:
+    """(Re)create :func:`source_link_path` as a hard link to ``path``, atomically."""
+    link = source_link_path(path)
+    tmp = f"{link}.nvshim-{os.getpid()}"
+    try:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        os.link(path, tmp)
+        os.replace(tmp, link)
+    except OSError as exc:
+        # without the link the trampoline hands every call to Python: slower, never wrong
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass  # never created
+        raise ConfigError(f"cannot link {link} to {path}: {exc.strerror}") from exc

@@ -178,7 +178,7 @@ def check_compiled_config(path: str, config: Optional[Config]) -> Finding:
         return Finding(name, "warn", f"{path} changed since it was compiled into {compiled}", fix)
     listing = runtimes_path(path)
     try:
-        stale = os.stat(path).st_mtime_ns > os.stat(listing).st_mtime_ns
+        os.stat(listing)
     except FileNotFoundError:
         return Finding(
             name, "warn", f"{listing} is missing: the trampoline starts Python for every command",
@@ -187,10 +187,12 @@ def check_compiled_config(path: str, config: Optional[Config]) -> Finding:
     except OSError as exc:
         return Finding(name, "warn", f"cannot stat {listing}: {exc.strerror}", fix)
     listed = (_read_bytes(listing) or b"").decode(errors="replace").splitlines()
-    if stale or listed != list(config.runtimes):
+    from nvshim.config import compiled_lists_fresh
+
+    if not compiled_lists_fresh(path) or listed != list(config.runtimes):
         return Finding(
             name, "warn",
-            f"{listing} is older than {path} or lists other runtimes "
+            f"{listing} was not compiled from this {path} or lists other runtimes "
             f"({' '.join(listed) or 'none'}; config has {' '.join(config.runtimes)})",
             fix,
         )

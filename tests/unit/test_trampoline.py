@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from nvshim._argv import parse_argv
 from nvshim._trampoline import prefixes_path, render, runtimes_path
+from nvshim.config import compile_config, source_link_path
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -263,6 +264,17 @@ def recorded_env(record: Path) -> Dict[str, str]:
     return dict(e.split("=", 1) for e in data.split("\0") if e)
 
 
+def mark_compiled(config: Path) -> None:
+    """What compile does besides writing the lists: they get the YAML's mtime, and a hard
+    link to the YAML records its inode."""
+    mtime = config.stat().st_mtime_ns
+    for listing in (runtimes_path(str(config)), prefixes_path(str(config))):
+        os.utime(listing, ns=(mtime, mtime))
+    link = Path(source_link_path(str(config)))
+    link.unlink(missing_ok=True)
+    os.link(config, link)
+
+
 @pytest.fixture
 def world(tmp_path: Path) -> Dict[str, Path]:
     """A trampoline whose python is a recorder, a compiled-looking config and a fake runtime."""
@@ -278,8 +290,7 @@ def world(tmp_path: Path) -> Dict[str, Path]:
     runtimes = Path(runtimes_path(str(config)))
     runtimes.write_text(f"{runtime}\n")
     Path(prefixes_path(str(config))).write_text("cdi.k8s.io/\n")
-    old = config.stat().st_mtime - 100
-    os.utime(config, (old, old))  # compiled after the YAML was written
+    mark_compiled(config)
     (cwd_dir := tmp_path / "bundle dir").mkdir()
     # a bundle whose config.json asks for a GPU, so create/run reach Python
     (cwd_dir / "config.json").write_text('{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}')
@@ -339,6 +350,39 @@ def test_yaml_newer_than_runtimes_falls_back_to_python(world: Dict[str, Path]) -
     assert not (world["tmp"] / "rt.argv").exists()
 
 
+@pytest.mark.parametrize("how", ["older-mtime-copy", "same-mtime-new-inode", "rewritten-in-place"])
+def test_12_01_yaml_replaced_by_an_older_file_falls_back_to_python(world: Dict[str, Path], how: str) -> None:
+    """Issue 12 item 1: a YAML replaced by `cp -p`/`rsync -t`/`tar x` (an *older* mtime), or by
+    another file with the very same mtime, or rewritten in place, is stale: Python decides, not the old list."""
+    config = world["config"]
+    st = config.stat()
+    if how == "older-mtime-copy":
+        config.write_text("runtimes: [other]\n")
+        os.utime(config, ns=(st.st_atime_ns - 10**11, st.st_mtime_ns - 10**11))
+    elif how == "same-mtime-new-inode":
+        fresh = config.with_name("incoming.yaml")
+        fresh.write_text("runtimes: [other]\n")
+        os.utime(fresh, ns=(st.st_atime_ns, st.st_mtime_ns))
+        fresh.rename(config)
+    else:
+        with open(config, "r+") as fh:
+            fh.write("runtimes: [othe]\n")
+    res = run_tramp(world, ["state", "x"], {})
+    assert res.returncode == 0, res.stderr
+    assert python_args(world) == ["state", "x"]
+    assert not (world["tmp"] / "rt.argv").exists()
+
+
+def test_12_01_compile_marks_the_lists_fresh_for_the_trampoline(world: Dict[str, Path]) -> None:
+    """After `nvshim config compile` the trampoline trusts the lists (no Python for passthrough)."""
+    world["config"].write_text(f"runtimes: [{world['runtime']}]\n")
+    compile_config(str(world["config"]))
+    res = run_tramp(world, ["state", "x"], {})
+    assert res.returncode == 0, res.stderr
+    assert recorded_argv(world["rt"]) == [str(world["runtime"]), "state", "x"]
+    assert not (world["tmp"] / "py.argv").exists()
+
+
 def test_missing_runtimes_file_falls_back_to_python(world: Dict[str, Path]) -> None:
     """A YAML config without its compiled runtime list sends passthrough through Python."""
     world["runtimes"].unlink()
@@ -352,6 +396,7 @@ def test_unusable_runtimes_fall_back_to_python(world: Dict[str, Path]) -> None:
     plain = world["tmp"] / "not-executable"
     plain.write_text("#!/bin/sh\n")
     world["runtimes"].write_text(f"bin/runc\n{world['tmp']}/missing\n{plain}\n")
+    mark_compiled(world["config"])
     res = run_tramp(world, ["delete", "x"], {})
     assert res.returncode == 0, res.stderr
     assert python_args(world) == ["delete", "x"]
@@ -360,6 +405,7 @@ def test_unusable_runtimes_fall_back_to_python(world: Dict[str, Path]) -> None:
 def test_later_runtime_in_list_is_used_when_first_is_missing(world: Dict[str, Path]) -> None:
     """The first usable entry wins: a missing absolute path is skipped for the next one."""
     world["runtimes"].write_text(f"{world['tmp']}/missing\n{world['runtime']}\n")
+    mark_compiled(world["config"])
     res = run_tramp(world, ["kill", "x", "KILL"], {})
     assert res.returncode == 0, res.stderr
     assert recorded_argv(world["rt"]) == [str(world["runtime"]), "kill", "x", "KILL"]
@@ -374,6 +420,7 @@ def test_runtime_path_with_space_or_glob_is_not_split(world: Dict[str, Path], na
     make_recorder(decoy_dir / "runc", world["tmp"] / "decoy")
     make_recorder(world["tmp"] / "fake#decoy", world["tmp"] / "decoy")  # sorts before "*"
     world["runtimes"].write_text(f"{runtime}\n")
+    mark_compiled(world["config"])
     env = {"PATH": f"{decoy_dir}:/usr/bin:/bin", "NVSHIM_CONFIG": str(world["config"])}
     res = subprocess.run([str(world["tramp"]), "state", "x"], capture_output=True, env=env,
                          cwd=world["cwd"], timeout=10)
