@@ -103,7 +103,9 @@ if [ -e "$conf" ]; then
     prefixes=${conf%.yaml}.annotation-prefixes
     # fresh: the YAML is the inode compile hard-linked, with the mtime compile copied onto
     # both lists (equal, not "not newer": cp -p or rsync -t bring older mtimes).
-    if [ -e "$list" ] && [ -e "$prefixes" ] && [ "$conf" -ef "${conf%.yaml}.source-link" ] \
+    # Owned by us (root): a file someone else owns or wrote goes to Python, which refuses it.
+    if [ -O "$list" ] && [ -O "$prefixes" ] && [ -O "$conf" ] \
+        && [ "$conf" -ef "${conf%.yaml}.source-link" ] \
         && [ ! "$conf" -nt "$list" ] && [ ! "$list" -nt "$conf" ] \
         && [ ! "$conf" -nt "$prefixes" ] && [ ! "$prefixes" -nt "$conf" ]; then
         fresh=1

@@ -168,14 +168,59 @@ def compiled_matches(doc: Any, data: bytes) -> bool:
     )
 
 
+def check_trusted(path: str, st: os.stat_result) -> None:
+    """Refuse a config file others could have written (like sshd's StrictModes, sudo).
+
+    nvshim-runtime runs as root and executes the runtimes these files name, so each file
+    nvshim reads or the trampoline trusts must be owned by root (or by the user running
+    nvshim) and writable by its owner only; its directory must not let others replace it
+    (not group/other-writable, unless sticky like /tmp).
+    """
+    euid = os.geteuid()
+    if st.st_uid not in (0, euid):
+        raise ConfigError(
+            f"config {path} is owned by uid {st.st_uid}, not root: nvshim-runtime runs as "
+            f"root and executes what it names; run chown root {path}"
+        )
+    if st.st_mode & 0o022:
+        raise ConfigError(
+            f"config {path} is writable by group or others (mode {st.st_mode & 0o7777:04o}): "
+            f"nvshim-runtime runs as root and executes what it names; run chmod go-w {path}"
+        )
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        dst = os.stat(directory)
+    except OSError as exc:
+        raise ConfigError(f"cannot stat config directory {directory}: {exc.strerror}") from exc
+    if dst.st_uid not in (0, euid) or (dst.st_mode & 0o022 and not dst.st_mode & 0o1000):
+        raise ConfigError(
+            f"config directory {directory} can be written by others (uid {dst.st_uid}, mode "
+            f"{dst.st_mode & 0o7777:04o}), so {os.path.basename(path)} could be replaced: "
+            f"run chmod go-w {directory}"
+        )
+
+
 def _read(path: str) -> Optional[bytes]:
     try:
         with open(path, "rb") as fh:
+            check_trusted(path, os.fstat(fh.fileno()))
             return fh.read()
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+
+
+def _check_lists(path: str) -> None:
+    """The trampoline's lists (Python does not read them) must be as trusted as the YAML."""
+    for listing in (runtimes_path(path), prefixes_path(path)):
+        try:
+            st = os.stat(listing)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ConfigError(f"cannot stat config {listing}: {exc.strerror}") from exc
+        check_trusted(listing, st)
 
 
 def _from_compiled(path: str, data: bytes) -> Optional[Config]:
@@ -307,6 +352,7 @@ def load_config(path: Optional[str] = None, required: bool = False) -> Config:
         if required:
             raise ConfigError(f"config {path} does not exist")
         return Config()
+    _check_lists(path)
     compiled = _from_compiled(path, data)
     if compiled is not None:
         return compiled
@@ -334,6 +380,7 @@ def compile_config(path: Optional[str] = None, plan: bool = True) -> str:
     }
     out = compiled_path(path)
     write_atomic(out, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), default_mode=0o644)
+    os.chmod(out, 0o644)
     # The shell trampoline's view of the config (it cannot parse YAML or JSON): one entry
     # per line, read without word splitting or globbing.
     # They carry the YAML's mtime and sit next to a hard link to it: the trampoline
@@ -346,6 +393,7 @@ def compile_config(path: Optional[str] = None, plan: bool = True) -> str:
     for target, values in ((runtimes_path(path), config.runtimes),
                            (prefixes_path(path), config.annotation_prefixes)):
         write_atomic(target, "".join(f"{v}\n" for v in values).encode(), default_mode=0o644)
+        os.chmod(target, 0o644)  # generated: never keep a looser mode found on an old copy
         os.utime(target, ns=(source.st_atime_ns, source.st_mtime_ns))
     _link_source(path)
     if plan:
