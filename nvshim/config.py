@@ -171,13 +171,15 @@ def compiled_matches(doc: Any, data: bytes) -> bool:
 def check_trusted(path: str, st: os.stat_result) -> None:
     """Refuse a config file others could have written (like sshd's StrictModes, sudo).
 
-    nvshim-runtime runs as root and executes the runtimes these files name, so each file
-    nvshim reads or the trampoline trusts must be owned by root (or by the user running
-    nvshim) and writable by its owner only; its directory must not let others replace it
-    (not group/other-writable, unless sticky like /tmp).
+    nvshim-runtime runs as root and executes the runtimes these files name, so when
+    running as root each file nvshim reads or the trampoline trusts must be owned by root
+    and writable by its owner only; its directory must be owned by root and must not let
+    others replace it (not group/other-writable, unless sticky like /tmp).
     """
     euid = os.geteuid()
-    if st.st_uid not in (0, euid):
+    if euid != 0:
+        return  # the rule protects root; a user's own nvshim reads what that user may read
+    if st.st_uid != 0:
         raise ConfigError(
             f"config {path} is owned by uid {st.st_uid}, not root: nvshim-runtime runs as "
             f"root and executes what it names; run chown root {path}"
@@ -192,7 +194,7 @@ def check_trusted(path: str, st: os.stat_result) -> None:
         dst = os.stat(directory)
     except OSError as exc:
         raise ConfigError(f"cannot stat config directory {directory}: {exc.strerror}") from exc
-    if dst.st_uid not in (0, euid) or (dst.st_mode & 0o022 and not dst.st_mode & 0o1000):
+    if dst.st_uid != 0 or (dst.st_mode & 0o022 and not dst.st_mode & 0o1000):
         raise ConfigError(
             f"config directory {directory} can be written by others (uid {dst.st_uid}, mode "
             f"{dst.st_mode & 0o7777:04o}), so {os.path.basename(path)} could be replaced: "
@@ -408,7 +410,14 @@ def _link_source(path: str) -> None:
     link = source_link_path(path)
     tmp = f"{link}.nvshim-{os.getpid()}"
     try:
-        if os.path.exists(tmp):
+        if os.path.samestat(os.stat(path), os.stat(link)):
+            return  # already this inode (rename onto a hard link of itself does nothing)
+    except FileNotFoundError:
+        pass  # no link yet
+    except OSError as exc:
+        raise ConfigError(f"cannot stat {link}: {exc.strerror}") from exc
+    try:
+        if os.path.lexists(tmp):
             os.unlink(tmp)
         os.link(path, tmp)
         os.replace(tmp, link)
