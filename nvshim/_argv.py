@@ -46,6 +46,8 @@ class Invocation(NamedTuple):
     """runc's ``--root`` (where it keeps container state), when given."""
     container_id: Optional[str] = None
     """The container id of create/run (its first positional argument), when given."""
+    version: bool = False
+    """``-v``/``--version`` before any command: nvshim shows its version, then the runtime's."""
 
     @property
     def modifies(self) -> bool:
@@ -80,7 +82,8 @@ def parse_argv(argv: List[str]) -> Invocation:
             name, value = _split_flag(arg)
             if name in ("v", "version", "h", "help"):
                 # runc prints its version/help and ignores any command: never modify.
-                return Invocation(None, None, globals_.get("log"), globals_.get("log-format"), None)
+                return Invocation(None, None, globals_.get("log"), globals_.get("log-format"), None,
+                                  version=name in ("v", "version"))
             if name in _GLOBAL_VALUE_FLAGS and value is None:
                 if i + 1 >= n:
                     return Invocation(None, None, globals_.get("log"), globals_.get("log-format"), None)
@@ -105,6 +108,8 @@ def parse_argv(argv: List[str]) -> Invocation:
     while i < n:
         arg = argv[i]
         if arg == "--":
+            if container_id is None and i + 1 < n:
+                container_id = argv[i + 1]
             break
         if arg.startswith("-") and arg != "-":
             name, value = _split_flag(arg)

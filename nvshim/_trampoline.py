@@ -39,7 +39,7 @@ conf=${NVSHIM_CONFIG:-/etc/nvshim/config.yaml}
 python() { exec "$py" -I -S -c @BOOT@ "$@"; }
 
 # 1. The command and, for create/run, the bundle: parsed exactly as nvshim/_argv.py does.
-cmd= sub=0 skip= dd=0 bundle= err=0
+cmd= sub=0 skip= dd=0 bundle= err=0 ver=0
 for a in "$@"; do
     if [ -n "$skip" ]; then
         [ "$skip" = bundle ] && bundle=$a
@@ -58,7 +58,8 @@ for a in "$@"; do
                     hasval=0
                     case $name in *=*) name=${name%%=*}; hasval=1 ;; esac
                     case $name in
-                        v|version|h|help) cmd=; break ;;
+                        v|version) cmd= ver=1; break ;;
+                        h|help) cmd=; break ;;
                         log|log-format|root|criu|rootless) [ "$hasval" = 0 ] && skip=global ;;
                     esac
                     ;;
@@ -136,13 +137,18 @@ fi
 
 # 4. Hand over to the first low-level runtime found. The list is read on fd 3 so the
 #    runtime keeps our stdin (runc update --resources - reads it); fd 3 is closed on exec.
+#    --version: nvshim's version first, then the runtime's (as nvidia-container-runtime does).
+run() {
+    [ "$ver" = 0 ] || printf 'nvshim-runtime version %s\n\n' @VERSION@
+    exec "$@" 3<&-
+}
 pick() {
     while IFS= read -r r <&3 || [ -n "$r" ]; do
         case $r in
-            /*) if [ -f "$r" ] && [ -x "$r" ]; then exec "$r" "$@" 3<&-; fi ;;
+            /*) if [ -f "$r" ] && [ -x "$r" ]; then run "$r" "$@"; fi ;;
             */*|'') ;;
             *) p=$(command -v -- "$r" 2>/dev/null) || continue
-               case $p in /*) exec "$p" "$@" 3<&- ;; esac ;;
+               case $p in /*) run "$p" "$@" ;; esac ;;
         esac
     done
 }
@@ -192,4 +198,9 @@ def render(python: str, paths: Optional[Sequence[str]] = None) -> str:
 
     # double-quoted list: the code sits inside single quotes in the script
     boot = f"import sys; sys.path[0:0] = {json.dumps(entries)}; from nvshim.runtime import main; main()"
-    return _TEMPLATE.replace("@PYTHON@", python).replace("@BOOT@", f"'{boot}'")
+    from nvshim import __version__
+
+    if not all(c.isalnum() or c in ".+-" for c in __version__):
+        raise ValueError(f"version must be plain: {__version__!r}")
+    return (_TEMPLATE.replace("@PYTHON@", python).replace("@BOOT@", f"'{boot}'")
+            .replace("@VERSION@", __version__))

@@ -71,8 +71,10 @@ class DebugLog:
             self._logger.error(event, **fields)
 
 
-def open_debug_log(path: Optional[str]) -> DebugLog:
-    """A structlog logger appending JSON lines to ``path``; no-op when ``path`` is empty."""
+def open_debug_log(path: Optional[str], **context: Any) -> DebugLog:
+    """A structlog logger appending JSON lines to ``path``; no-op when ``path`` is empty.
+
+    ``context`` (e.g. the container ``id``) is bound into every record, with the pid."""
     if not path:
         return DebugLog()
     import structlog
@@ -89,5 +91,5 @@ def open_debug_log(path: Optional[str]) -> DebugLog:
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.JSONRenderer(sort_keys=True),
         ],
-    ).bind(pid=os.getpid())
+    ).bind(pid=os.getpid(), **context)
     return DebugLog(logger)

@@ -92,7 +92,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         from nvshim.errors import NvshimError
         from nvshim.logs import open_debug_log
 
-        log = open_debug_log(config.debug_log)
+        log = open_debug_log(config.debug_log, id=inv.container_id)
         try:
             if inv.error:
                 from nvshim.errors import UsageError
@@ -123,6 +123,12 @@ def main(argv: Optional[List[str]] = None) -> None:
             f"(config runtimes) on PATH={os.environ.get('PATH', '')}",
             inv,
         )
+    if inv.version:
+        # like nvidia-container-runtime: our version first, then the low-level runtime's
+        from nvshim import __version__
+
+        sys.stdout.write(f"nvshim-runtime version {__version__}\n\n")
+        sys.stdout.flush()
     try:
         os.execv(runtime, [runtime] + args)
     except OSError as exc:

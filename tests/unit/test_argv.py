@@ -62,3 +62,24 @@ def test_trailing_bundle_flag_is_an_error():
     """A bundle flag with no value is reported, not guessed."""
     inv = parse_argv(["create", "x", "--bundle"])
     assert inv.error == "flag needs an argument: --bundle"
+
+
+@pytest.mark.parametrize("argv,container_id", [
+    (["create", "id"], "id"),
+    (["create", "--bundle", "/b", "id"], "id"),
+    (["create", "--pid-file", "/p", "--console-socket", "/s", "-b", "/b", "x1"], "x1"),
+    (["--root", "/r", "run", "-d", "--preserve-fds", "2", "r1"], "r1"),
+    (["create", "--", "--odd-id"], "--odd-id"),
+    (["create", "--bundle", "/b"], None),
+    (["state", "x"], None),
+])
+def test_container_id_is_the_first_positional(argv, container_id):
+    """The container id (for debug-log records) is create/run's first positional argument."""
+    assert parse_argv(argv).container_id == container_id
+
+
+def test_version_flag_is_recognised_only_before_a_command():
+    """-v/--version before any command asks for versions; after it, it is the command's business."""
+    assert parse_argv(["--version"]).version and parse_argv(["-v", "create"]).version
+    assert not parse_argv(["--help"]).version
+    assert not parse_argv(["state", "--version"]).version

@@ -370,3 +370,63 @@ def test_09_trampoline_never_execs_a_runtime_list_written_by_another_user(tramp_
         assert len(res.stderr.splitlines()) == 1
     finally:
         shutil.rmtree(etc)
+
+
+# --- 16: version, container id in the debug log, no stray files -------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--version", "-v"])
+def test_16_version_shows_nvshim_then_the_runtime(tramp_world: dict, flag: str) -> None:
+    """`nvshim-runtime --version` prints nvshim's version, then execs the low-level runtime's --version."""
+    from nvshim import __version__
+
+    runtime = tramp_world["runtime"]
+    runtime.write_text("#!/bin/sh\necho \"runc version 9.9.9 ($*)\"\n")
+    from nvshim.config import compile_config
+
+    compile_config(str(tramp_world["config"]))
+    for script in ([str(tramp_world["tramp"])], [sys.executable, "-I", "-m", "nvshim.runtime"]):
+        res = subprocess.run([*script, flag], env=tramp_world["env"], capture_output=True,
+                             text=True, timeout=30, cwd=str(REPO))
+        assert res.returncode == 0, res.stderr
+        assert res.stdout == f"nvshim-runtime version {__version__}\n\nrunc version 9.9.9 ({flag})\n"
+
+
+def test_16_debug_log_records_carry_the_container_id(node: dict, tmp_path: Path) -> None:
+    """Every debug-log record of a create names the container id."""
+    debug = tmp_path / "debug.log"
+    cfg = tmp_path / "etc" / "config.yaml"
+    cfg.parent.mkdir()
+    cfg.write_text(node["config"].read_text() + f"debug-log: {debug}\n")
+    bundle = make_bundle(tmp_path, GPU_SPEC + b"}")
+    res = runtime_create(dict(node, config=cfg), bundle, argv=[
+        "--root", "/r", "create", "--bundle", str(bundle), "--pid-file", "/p", "ctr-12-16"])
+    assert res.returncode == 0, res.stderr
+    records = [json.loads(line) for line in debug.read_text().splitlines()]
+    assert {r["event"] for r in records} >= {"request", "create"}
+    assert all(r.get("id") == "ctr-12-16" for r in records), records
+
+
+def test_16_no_stray_shell_artifacts_at_the_repo_root() -> None:
+    """No file like `=12.4` (an unquoted `pip install x>=12.4`) is tracked at the repo root."""
+    res = subprocess.run(["git", "-C", str(REPO), "ls-files"], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip("not a git checkout")
+    assert [n for n in res.stdout.splitlines() if n[:1] in "=<>"] == []
+
+
+def test_01_compiling_twice_leaves_one_source_link_and_no_temp_files(tmp_path: Path) -> None:
+    """compile twice: the lists, the compiled copy and one hard link to the YAML, nothing else."""
+    from nvshim.config import compile_config, compiled_lists_fresh, source_link_path
+
+    config = tmp_path / "config.yaml"
+    config.write_text("runtimes: [runc]\n")
+    compile_config(str(config))
+    compile_config(str(config))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "config.annotation-prefixes", "config.compiled.json", "config.runtimes",
+        "config.source-link", "config.yaml"]
+    assert os.path.samefile(config, source_link_path(str(config)))
+    assert compiled_lists_fresh(str(config))
+    config.write_text("runtimes: [crun]\n")
+    assert not compiled_lists_fresh(str(config))
