@@ -1,13 +1,26 @@
-"""Where in runc's argv the command, the bundle and the log file are.
+"""Where in a runc or crun argv the command, the bundle and the log file are.
 
 Pure and import-light (nothing beyond builtins): the runtime calls this before it knows
-whether it has anything to do, and the shell trampoline (``nvshim/data/trampoline.sh``)
+whether it has anything to do, and the shell trampoline (``nvshim/_trampoline.py``)
 makes the same decision, checked by a differential test.
 
-runc's grammar (urfave/cli): global flags, then the command, then the command's flags and
-positional arguments in any order (flags are re-ordered before positionals), ``--``
-ends flags. Flags may be written ``-flag``, ``--flag``, ``--flag=value`` or
-``--flag value``.
+Two grammars reach nvshim-runtime, and it reads argv so that it finds what either
+low-level runtime would find:
+
+* runc (urfave/cli, Go's flag package): global flags, the command, then the command's
+  flags and positional arguments in any order; ``-flag``, ``--flag``, ``--flag=value``,
+  ``--flag value``; ``--`` ends flags.
+* crun (argp, getopt_long): global options, the command, its options (only before the
+  container id); long options ``--name=value``/``--name value`` or any unambiguous
+  prefix (``--bund``); short options that cluster and take attached values (``-db/x``);
+  global ``--cgroup-manager MANAGER``; ``create -f/--config FILE``.
+
+Where one runtime accepts a form the other refuses, the accepting one's reading is used
+(the refusing one fails anyway). Where both accept a form but read it differently
+(``-bundle /b`` is ``--bundle /b`` to runc and ``-b undle`` to crun; ``-b=/b``), or crun
+would refuse it as ambiguous (``--co``), create/run fails closed with one line rather
+than edit a config.json the runtime may not read. ``--config FILE`` (crun reads FILE
+instead of config.json) is refused for the same reason.
 """
 
 from __future__ import annotations
@@ -19,14 +32,38 @@ __all__ = ["Invocation", "parse_argv", "MODIFYING_COMMANDS"]
 #: Commands whose config.json nvshim edits. The reference leaves ``run`` alone; we don't.
 MODIFYING_COMMANDS: FrozenSet[str] = frozenset({"create", "run"})
 
-#: runc global flags that take a value (``--log FILE``); all others are booleans.
-_GLOBAL_VALUE_FLAGS: FrozenSet[str] = frozenset({"log", "log-format", "root", "criu", "rootless"})
-
-#: create/run flags that take a value. ``bundle``/``b`` is the one we care about; the others
-#: must be known so that their value is not mistaken for a positional argument.
-_CREATE_VALUE_FLAGS: FrozenSet[str] = frozenset(
-    {"bundle", "b", "console-socket", "pid-file", "preserve-fds"}
+#: Global options of runc and crun by what they do: take a value, or not, or print the
+#: version or help instead of running a command.
+_GLOBAL: Dict[str, str] = {
+    "log": "value", "log-format": "value", "root": "value", "rootless": "value",
+    "criu": "value",  # runc only
+    "cgroup-manager": "value",  # crun only
+    "debug": "bool", "systemd-cgroup": "bool",
+    "v": "version", "version": "version", "V": "version",
+    "h": "help", "help": "help", "usage": "help", "?": "help",
+}
+#: crun's global long options (argp adds --program-name and --HANG): prefixes resolve here.
+_CRUN_GLOBAL_LONG: Tuple[Tuple[str, str], ...] = (
+    ("cgroup-manager", "value"), ("debug", "bool"), ("log", "value"), ("log-format", "value"),
+    ("root", "value"), ("rootless", "value"), ("systemd-cgroup", "bool"), ("help", "help"),
+    ("usage", "help"), ("version", "version"), ("program-name", "value"), ("HANG", "bool"),
 )
+
+#: create/run options of runc (``-name`` or ``--name``) by effect.
+_RUNC_CMD: Dict[str, str] = {
+    "bundle": "bundle", "b": "bundle",
+    "console-socket": "value", "pid-file": "value", "preserve-fds": "value",
+    "no-pivot": "bool", "no-new-keyring": "bool", "detach": "bool", "d": "bool",
+    "keep": "bool", "help": "bool", "h": "bool",
+}
+#: crun's create/run long options (and argp's own): exact names and prefixes resolve here.
+_CRUN_CMD_LONG: Tuple[Tuple[str, str], ...] = (
+    ("bundle", "bundle"), ("config", "config"), ("console-socket", "value"),
+    ("detach", "bool"), ("no-new-keyring", "bool"), ("no-pivot", "bool"),
+    ("no-subreaper", "bool"), ("pid-file", "value"), ("preserve-fds", "value"),
+    ("help", "bool"), ("usage", "bool"), ("program-name", "value"), ("HANG", "bool"),
+)
+_CMD_LONG: Dict[str, str] = {**_RUNC_CMD, **dict(_CRUN_CMD_LONG)}
 
 
 class Invocation(NamedTuple):
@@ -64,6 +101,44 @@ def _split_flag(arg: str) -> Tuple[str, Optional[str]]:
     return name, None
 
 
+def _long(name: str, exact: Dict[str, str], crun: Tuple[Tuple[str, str], ...],
+          strict: bool = False) -> Tuple[Optional[str], str]:
+    """(effect, resolved name) of a ``--name``: exact, else an unambiguous crun prefix.
+
+    Effect None: unknown (both runtimes refuse it). ``"ambiguous"``: a prefix of several
+    options (crun refuses it, naming them) — unless not ``strict`` and they all have the
+    same effect, where only the effect matters (which word is the command)."""
+    if name in exact:
+        return exact[name], name
+    if not name:
+        return None, name
+    found = [(option, effect) for option, effect in crun if option.startswith(name)]
+    if len(found) == 1:
+        return found[0][1], found[0][0]
+    effects = {effect for _, effect in found}
+    if len(effects) == 1 and not strict:
+        return effects.pop(), name  # several options, one effect (--lo: log or log-format)
+    if found:
+        return "ambiguous", " or ".join(f"--{option}" for option, _ in found)
+    return None, name
+
+
+def _crun_cluster(body: str) -> Optional[Tuple[str, Optional[str]]]:
+    """crun's reading of ``-<body>`` in create/run: short options d, b, f, ? clustered,
+    b/f taking the rest of the word (or the next word, value None). None: invalid."""
+    effect: Tuple[str, Optional[str]] = ("bool", None)
+    for j, ch in enumerate(body):
+        if ch == "d":
+            continue
+        if ch in "bf":
+            rest = body[j + 1:]
+            return ("bundle" if ch == "b" else "config", rest or None)
+        if ch == "?":
+            return effect
+        return None
+    return effect
+
+
 def parse_argv(argv: List[str]) -> Invocation:
     """Find the command, bundle and log settings in ``argv`` (without argv[0])."""
     globals_: Dict[str, str] = {}
@@ -80,11 +155,17 @@ def parse_argv(argv: List[str]) -> Invocation:
             break
         if arg.startswith("-") and arg != "-":
             name, value = _split_flag(arg)
-            if name in ("v", "version", "h", "help"):
-                # runc prints its version/help and ignores any command: never modify.
+            if arg.startswith("--"):
+                effect, name = _long(name, _GLOBAL, _CRUN_GLOBAL_LONG)
+            else:
+                effect = _GLOBAL.get(name)
+                if effect is None and arg[1:2] in ("v", "V", "?"):
+                    effect = "help" if arg[1] == "?" else "version"  # crun's -vx, -?x
+            if effect in ("version", "help"):
+                # the runtime prints its version/help and ignores any command: never modify.
                 return Invocation(None, None, globals_.get("log"), globals_.get("log-format"), None,
-                                  version=name in ("v", "version"))
-            if name in _GLOBAL_VALUE_FLAGS and value is None:
+                                  version=effect == "version")
+            if effect == "value" and value is None:
                 if i + 1 >= n:
                     return Invocation(None, None, globals_.get("log"), globals_.get("log-format"), None)
                 value = argv[i + 1]
@@ -111,20 +192,42 @@ def parse_argv(argv: List[str]) -> Invocation:
             if container_id is None and i + 1 < n:
                 container_id = argv[i + 1]
             break
-        if arg.startswith("-") and arg != "-":
-            name, value = _split_flag(arg)
-            if name in _CREATE_VALUE_FLAGS and value is None:
-                if i + 1 >= n:
-                    error = f"flag needs an argument: {arg}"
-                    break
-                value = argv[i + 1]
-                i += 1
-            if name in ("bundle", "b"):
-                bundle = value
+        if not arg.startswith("-") or arg == "-":
+            if container_id is None:
+                container_id = arg
             i += 1
             continue
-        if container_id is None:
-            container_id = arg
+        name, value = _split_flag(arg)
+        if arg.startswith("--"):
+            effect, name = _long(name, _CMD_LONG, _CRUN_CMD_LONG, strict=True)
+            if effect == "ambiguous":
+                error = f"ambiguous option {arg} ({name}): write the full option name"
+                break
+        else:
+            runc = _RUNC_CMD.get(name)
+            crun = _crun_cluster(arg[1:])
+            if runc is not None and crun is not None and (runc, value) != crun:
+                error = (f"option {arg} means one thing to runc and another to crun: "
+                         "write --bundle/--pid-file/… in full, with two dashes")
+                break
+            if runc is not None:
+                effect = runc
+            elif crun is not None:
+                effect, value = crun
+            else:
+                effect = None
+        if effect in ("bundle", "config", "value") and value is None:
+            if i + 1 >= n:
+                error = f"flag needs an argument: {arg}"
+                break
+            value = argv[i + 1]
+            i += 1
+        if effect == "bundle":
+            bundle = value
+        elif effect == "config":
+            error = (f"{arg} {value}: nvshim edits the bundle's config.json and cannot "
+                     "follow crun's --config to another file")
+            break
         i += 1
     if container_id is None and i + 1 < n and argv[i] == "--":
         container_id = argv[i + 1]

@@ -38,13 +38,37 @@ py=@PYTHON@
 conf=${NVSHIM_CONFIG:-/etc/nvshim/config.yaml}
 python() { exec "$py" -I -S -c @BOOT@ "$@"; }
 
-# 1. The command and, for create/run, the bundle: parsed exactly as nvshim/_argv.py does.
+# 1. The command and, for create/run, the bundle, in runc's or crun's grammar: parsed
+#    exactly as nvshim/_argv.py does (its docstring explains the rules).
+# crun's long options (argp accepts an unambiguous prefix): name:effect
+gopts='cgroup-manager:value debug:bool log:value log-format:value root:value rootless:value
+systemd-cgroup:bool help:help usage:help version:version program-name:value HANG:bool'
+copts='bundle:bundle config:config console-socket:value detach:bool no-new-keyring:bool
+no-pivot:bool no-subreaper:bool pid-file:value preserve-fds:value help:bool usage:bool
+program-name:value HANG:bool'
+# prefix NAME STRICT OPTIONS: eff := the effect of --NAME as a prefix ('' unknown, or
+# 'ambiguous' for several options — unless not STRICT and they share one effect)
+prefix() {
+    eff=
+    [ -n "$1" ] || return 0
+    for o in $3; do
+        case ${o%%:*} in
+            "$1"*) if [ -z "$eff" ]; then eff=${o#*:}
+                   elif [ "$eff" != "${o#*:}" ] || [ "$2" = 1 ]; then eff=ambiguous; fi ;;
+        esac
+    done
+}
 cmd= sub=0 skip= dd=0 bundle= err=0 ver=0
 for a in "$@"; do
     if [ -n "$skip" ]; then
         [ "$skip" = bundle ] && bundle=$a
+        [ "$skip" = config ] && { err=1; skip=; break; }
         skip=; continue
     fi
+    name=$a
+    while :; do case $name in -*) name=${name#-} ;; *) break ;; esac; done
+    hasval=0
+    case $name in *=*) name=${name%%=*}; hasval=1 ;; esac
     if [ "$sub" = 0 ]; then
         if [ "$dd" = 1 ]; then
             cmd=$a; sub=1
@@ -53,14 +77,22 @@ for a in "$@"; do
                 --) dd=1 ;;
                 -) cmd=$a; sub=1 ;;
                 -*)
-                    name=$a
-                    while :; do case $name in -*) name=${name#-} ;; *) break ;; esac; done
-                    hasval=0
-                    case $name in *=*) name=${name%%=*}; hasval=1 ;; esac
                     case $name in
-                        v|version) cmd= ver=1; break ;;
-                        h|help) cmd=; break ;;
-                        log|log-format|root|criu|rootless) [ "$hasval" = 0 ] && skip=global ;;
+                        log|log-format|root|rootless|criu|cgroup-manager) eff=value ;;
+                        debug|systemd-cgroup) eff=bool ;;
+                        v|version|V) eff=version ;;
+                        h|help|usage|'?') eff=help ;;
+                        *) case $a in
+                               --*) prefix "$name" 0 "$gopts" ;;
+                               -[vV]*) eff=version ;;
+                               -[?]*) eff=help ;;
+                               *) eff= ;;
+                           esac ;;
+                    esac
+                    case $eff in
+                        version) cmd= ver=1; break ;;
+                        help) cmd=; break ;;
+                        value) [ "$hasval" = 0 ] && skip=global ;;
                     esac
                     ;;
                 *) cmd=$a; sub=1 ;;
@@ -71,16 +103,60 @@ for a in "$@"; do
     fi
     case $a in
         --) break ;;
-        -) ;;
-        -*)
-            name=$a
-            while :; do case $name in -*) name=${name#-} ;; *) break ;; esac; done
+        -) continue ;;
+        --*)
             case $name in
-                *=*) case ${name%%=*} in bundle|b) bundle=${a#*=} ;; esac ;;
-                bundle|b) skip=bundle ;;
-                console-socket|pid-file|preserve-fds) skip=other ;;
+                bundle|b) eff=bundle ;;
+                config) eff=config ;;
+                console-socket|pid-file|preserve-fds|program-name) eff=value ;;
+                no-pivot|no-new-keyring|no-subreaper|detach|d|keep|help|h|usage|HANG) eff=bool ;;
+                *) prefix "$name" 1 "$copts"
+                   [ "$eff" = ambiguous ] && { err=1; break; } ;;
             esac
-            ;;
+            val=${a#*=} ;;
+        -*)
+            # runc reads -NAME as --NAME; crun reads short options d, b, f, ? clustered
+            case $name in
+                bundle|b) runc=bundle ;;
+                console-socket|pid-file|preserve-fds) runc=value ;;
+                no-pivot|no-new-keyring|detach|d|keep|help|h) runc=bool ;;
+                *) runc= ;;
+            esac
+            rest=${a#-} crun= cval=
+            while :; do
+                case $rest in
+                    '') crun=bool; break ;;
+                    d*) rest=${rest#d} ;;
+                    b*) crun=bundle cval=${rest#b}; break ;;
+                    f*) crun=config cval=${rest#f}; break ;;
+                    [?]*) crun=bool; break ;;
+                    *) break ;;
+                esac
+            done
+            if [ -n "$runc" ] && [ -n "$crun" ]; then
+                if [ "$hasval" = 1 ] || [ -n "$cval" ] || [ "$runc" != "$crun" ]; then
+                    err=1; break
+                fi
+            fi
+            if [ -n "$runc" ]; then
+                eff=$runc val=${a#*=}
+            elif [ -n "$crun" ]; then
+                eff=$crun val=$cval hasval=0
+                [ -n "$cval" ] && hasval=1
+            else
+                eff=
+            fi ;;
+        *) continue ;;
+    esac
+    case $eff in
+        bundle|config|value)
+            if [ "$hasval" = 0 ]; then
+                skip=$eff
+            elif [ "$eff" = bundle ]; then
+                bundle=$val
+            elif [ "$eff" = config ]; then
+                err=1; break
+            fi ;;
     esac
 done
 [ "$sub" = 1 ] && [ -n "$skip" ] && err=1

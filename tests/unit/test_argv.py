@@ -11,9 +11,7 @@ CASES = [
     (["create", "id"], "create", None, None, None),
     (["create", "--bundle", "/b", "id"], "create", "/b", None, None),
     (["create", "-b", "/b", "id"], "create", "/b", None, None),
-    (["create", "-bundle", "/b", "id"], "create", "/b", None, None),
     (["create", "--bundle=/b", "id"], "create", "/b", None, None),
-    (["create", "-b=/b", "id"], "create", "/b", None, None),
     (["create", "-b", "/one", "--bundle", "/two", "id"], "create", "/two", None, None),
     (["create", "id", "--bundle", "/late"], "create", "/late", None, None),
     (["create", "--bundle", "create", "id"], "create", "create", None, None),
@@ -40,6 +38,22 @@ CASES = [
     (["--", "create", "x"], "create", None, None, None),
     (["--criu", "/c", "create", "x"], "create", None, None, None),
     (["--rootless", "true", "create", "x"], "create", None, None, None),
+    # crun's grammar (argp): global options with values, prefixes, clustered short options
+    (["--cgroup-manager", "systemd", "create", "-b", "/b", "x"], "create", "/b", None, None),
+    (["--cgroup-manager=systemd", "run", "--bundle", "/b", "x"], "run", "/b", None, None),
+    (["--cgroup-m", "cgroupfs", "create", "x"], "create", None, None, None),
+    (["--cgroup-manager", "create", "state", "x"], "state", None, None, None),
+    (["--roo", "/r", "--log-f", "json", "create", "--bund", "/b", "x"], "create", "/b", None, "json"),
+    (["--root=/r", "create", "--bund=/b", "x"], "create", "/b", None, None),
+    (["create", "-b/b", "x"], "create", "/b", None, None),
+    (["run", "-db", "/b", "x"], "run", "/b", None, None),
+    (["run", "-db/b", "x"], "run", "/b", None, None),
+    (["create", "--pid", "/p", "-b", "/b", "x"], "create", "/b", None, None),
+    (["create", "--no-p", "--no-n", "--b", "/b", "x"], "create", "/b", None, None),
+    (["-V", "create", "x"], None, None, None, None),
+    (["--ver", "create", "x"], None, None, None, None),
+    (["--usage", "create", "x"], None, None, None, None),
+    (["-?", "create", "x"], None, None, None, None),
 ]
 
 
@@ -56,6 +70,23 @@ def test_only_create_and_run_modify():
     assert parse_argv(["run", "x"]).modifies
     for cmd in ("start", "state", "kill", "delete", "exec", "ps", "features", "update", "pause"):
         assert not parse_argv([cmd, "x"]).modifies
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["create", "-bundle", "/b", "x"], "means one thing to runc and another to crun"),
+    (["create", "-b=/b", "x"], "means one thing to runc and another to crun"),
+    (["create", "--co", "/c", "-b", "/b", "x"], "ambiguous option --co (--config or --console-socket)"),
+    (["create", "--p", "/p", "x"], "ambiguous option --p"),
+    (["create", "-f", "other.json", "-b", "/b", "x"], "cannot follow crun's --config"),
+    (["create", "--config", "/c.json", "x"], "cannot follow crun's --config"),
+    (["create", "--conf=c.json", "x"], "cannot follow crun's --config"),
+    (["run", "-dfc.json", "x"], "cannot follow crun's --config"),
+])
+def test_argv_that_runc_and_crun_read_differently_fails_closed(argv, message):
+    """Issue 12 item 6: an argv whose bundle/config crun and runc would find differently
+    (or crun would refuse as ambiguous) is an error for create/run, never a guess."""
+    inv = parse_argv(argv)
+    assert inv.modifies and inv.error is not None and message in inv.error, inv.error
 
 
 def test_trailing_bundle_flag_is_an_error():
