@@ -237,8 +237,16 @@ def _key(driver_root: str, dev_root: str) -> Dict[str, Any]:
 
 def load(path: str, driver_root: str, dev_root: str) -> Tuple[Optional[CachedHost], str]:
     """The cached host when ``path`` holds a valid, fresh plan; else (None, why not)."""
+    from nvshim.config import check_trusted
+    from nvshim.errors import ConfigError
+
     try:
         with open(path, "rb") as fh:
+            try:
+                # it names host files bind-mounted into containers: trusted like the config
+                check_trusted(path, os.fstat(fh.fileno()))
+            except ConfigError as exc:
+                return None, f"plan cache not trusted: {exc}"
             raw = fh.read()
     except FileNotFoundError:
         return None, "no plan cache"
@@ -289,6 +297,9 @@ def _save(path: str, host: Host) -> Tuple[Optional[Dict[str, Any]], str]:
     try:
         write_atomic(path, (json.dumps(doc, separators=(",", ":")) + "\n").encode(),
                      default_mode=0o644)
+        os.chmod(path, 0o644)  # never keep a looser mode found on an old copy
+    except OSError as exc:
+        return doc, f"not cached: cannot chmod {path}: {exc.strerror}"
     except NvshimError as exc:
         return doc, f"not cached: {exc}"
     return doc, f"cache written to {path}"

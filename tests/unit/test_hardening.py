@@ -430,3 +430,28 @@ def test_01_compiling_twice_leaves_one_source_link_and_no_temp_files(tmp_path: P
     assert compiled_lists_fresh(str(config))
     config.write_text("runtimes: [crun]\n")
     assert not compiled_lists_fresh(str(config))
+
+
+@needs_root
+def test_09_world_writable_plan_cache_is_ignored_and_rewritten(node: dict, tmp_path: Path) -> None:
+    """The node plan cache names host files that get bind-mounted: one that others can write
+    (and did: a firmware entry now points at /etc/hostname) is not used; the create discovers
+    live, and the cache is rewritten with mode 0644."""
+    from nvshim.config import compile_config, plan_path
+
+    cfg = tmp_path / "etc" / "config.yaml"
+    cfg.parent.mkdir()
+    cfg.write_text(node["config"].read_text())
+    compile_config(str(cfg))
+    plan = Path(plan_path(str(cfg)))
+    doc = json.loads(plan.read_text())
+    doc["firmware"][0]["host_path"] = "/etc/hostname"
+    plan.write_text(json.dumps(doc))
+    plan.chmod(0o666)
+    bundle = make_bundle(tmp_path, GPU_SPEC + b"}")
+    res = runtime_create(dict(node, config=cfg), bundle)
+    assert res.returncode == 0, res.stderr
+    mounts = json.loads((bundle / "config.json").read_bytes())["mounts"]
+    assert "/etc/hostname" not in {m.get("source") for m in mounts}
+    assert any(str(m.get("source", "")).endswith(".bin") for m in mounts)  # firmware from live discovery
+    assert plan.stat().st_mode & 0o777 == 0o644 and "/etc/hostname" not in plan.read_text()
