@@ -532,3 +532,137 @@ def test_runtime_subprocess_sample(world: Dict[str, Path], raw: bytes) -> None:
     assert len(entries) == 1 and entries[0]["level"] == "error"
     assert spec.read_bytes() == raw
     assert not (world["base"] / "recorded").exists()
+
+
+# ----------------------------------------------------------------------------- issue 12 classes
+# Deep nesting, lone surrogates, number literals (huge, exotic), a UTF-8 BOM, config.json
+# that is a FIFO or a device, and argv in crun's grammar.
+
+
+@fuzz(60)
+@given(depth=st.integers(1, 3000), kind=st.sampled_from(["[", "{"]), request=REQUESTS)
+def test_deep_nesting(world: Dict[str, Path], depth: int, kind: str, request: Optional[str]) -> None:
+    """Any nesting depth in a field nvshim does not edit fails in one clean line or survives a rewrite unchanged."""
+    opened, closed = ('{"a":', "}") if kind == "{" else ("[", "]")
+    nested = opened * depth + "1" + closed * depth
+    spec = json.dumps(base_spec([request] if request else []), separators=(",", ":"))
+    raw = (spec[:-1] + ',"x-deep":' + nested + "}").encode()
+    out, after = check(world, raw)
+    if out.exec is not None and after != raw:
+        assert f'"x-deep":{nested}'.encode() in after
+    if out.exec is None:
+        assert "nested deeper than" in out.stderr or depth < 150, out.stderr
+
+
+SURROGATE_TEXT = st.text(alphabet=st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010,
+                                                blacklist_categories=()), max_size=6).filter(
+    lambda s: not re.search("[\ud800-\udbff][\udc00-\udfff]", s))  # a pair is one character in JSON
+
+
+@fuzz(100)
+@given(value=st.one_of(SURROGATE_TEXT, st.text(max_size=6)), key=st.one_of(SURROGATE_TEXT, st.just("k")),
+       request=REQUESTS)
+def test_lone_surrogates_round_trip(world: Dict[str, Path], value: str, key: str,
+                                    request: Optional[str]) -> None:
+    """Strings with lone surrogates (keys or values) in fields nvshim does not edit keep their value."""
+    spec = base_spec([request] if request else [])
+    spec["annotations"] = {"x-note": value, key: "v"}
+    raw = json.dumps(spec).encode()  # ensure_ascii: surrogates become \\udxxx escapes
+    out, after = check(world, raw)
+    if out.exec is not None:
+        assert json.loads(after)["annotations"] == {"x-note": value, key: "v"}
+
+
+NUMBER_LITERALS = st.builds(
+    lambda sign, whole, frac, exp: sign + whole + frac + exp,
+    st.sampled_from(["", "-"]),
+    st.one_of(st.just("0"), st.from_regex(r"[1-9][0-9]{0,30}", fullmatch=True),
+              st.integers(300, 4200).map(lambda n: "7" * n)),  # json.loads here caps at 4300
+    st.one_of(st.just(""), st.from_regex(r"\.[0-9]{1,40}", fullmatch=True)),
+    st.one_of(st.just(""), st.from_regex(r"[eE][+-]?[0-9]{1,4}", fullmatch=True)),
+)
+
+
+@fuzz(150)
+@given(literals=st.lists(NUMBER_LITERALS, min_size=1, max_size=4), request=REQUESTS)
+def test_number_literals_survive_as_written(world: Dict[str, Path], literals: List[str],
+                                            request: Optional[str]) -> None:
+    """Any JSON number literal (1E2, -0, 1e999, 40 decimals, thousands of digits) in an unedited field is written back verbatim."""
+    field = "[" + ",".join(literals) + "]"
+    spec = json.dumps(base_spec([request] if request else []), separators=(",", ":"))
+    raw = (spec[:-1] + ',"x-numbers":' + field + "}").encode()
+    out, after = check(world, raw)
+    assert out.exec is not None, out.stderr
+    if after != raw:
+        assert f'"x-numbers":{field}'.encode() in after
+
+
+@fuzz(40)
+@given(request=REQUESTS, indent=st.sampled_from([None, 2, "\t"]))
+def test_utf8_bom_is_kept(world: Dict[str, Path], request: Optional[str], indent: Any) -> None:
+    """A config.json starting with a UTF-8 BOM keeps it when rewritten, or fails cleanly."""
+    raw = b"\xef\xbb\xbf" + json.dumps(base_spec([request] if request else []), indent=indent).encode()
+    out, after = check(world, raw)
+    if out.exec is not None:
+        assert after.startswith(b"\xef\xbb\xbf")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory", "dangling-symlink"])
+def test_config_json_not_a_regular_file(world: Dict[str, Path], kind: str, tmp_path: Path) -> None:
+    """config.json as a FIFO, /dev/zero, a directory or a dangling symlink: one line, exit 1, in bounded time."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    spec = bundle / "config.json"
+    if kind == "fifo":
+        os.mkfifo(spec)
+    elif kind == "dev-zero":
+        spec.symlink_to("/dev/zero")
+    elif kind == "directory":
+        spec.mkdir()
+    else:
+        spec.symlink_to(tmp_path / "nowhere")
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(world["config"])}
+    res = subprocess.run([sys.executable, "-I", "-m", "nvshim.runtime", "create", "--bundle",
+                          str(bundle), "x"], capture_output=True, text=True, env=env, timeout=30)
+    assert res.returncode == 1
+    assert res.stderr.startswith(f"nvshim: cannot read {spec}") and res.stderr.count("\n") == 1
+
+
+CRUN_TOKENS = ["--cgroup-manager", "systemd", "--cgroup-m=cgroupfs", "--c", "--systemd-cgroup",
+               "--debug", "--rootless", "true", "create", "run", "-b", "--bund", "--bundle=",
+               "-db", "-bundle", "-b=", "-f", "x.json", "--config", "--conf=y.json", "--co",
+               "--p", "--pid-file", "/tmp/nvshim-fuzz-pid", "--no-pivot", "--no-p",
+               "--no-subreaper", "--preserve-fds", "0", "--console-socket", "--", "-V", "--ver",
+               "-?", "--usage", "id", "fuzz-id", "-d", "--detach", "-", ""]
+
+
+@fuzz(200)
+@given(tokens=st.lists(st.one_of(st.sampled_from(CRUN_TOKENS), st.sampled_from(["BUNDLE", "-bBUNDLE"]),
+                                 st.text(alphabet=st.sampled_from("-bdf=?c"), max_size=5)),
+                       max_size=9))
+def test_crun_argv(world: Dict[str, Path], tokens: List[str]) -> None:
+    """Argv in crun's grammar (and mixtures with runc's) never crash the runtime: it hands
+    over, or fails with one line and leaves config.json byte-identical."""
+    bundle = str(world["bundle"])
+    argv = [t.replace("BUNDLE", bundle) for t in tokens]
+    spec = world["bundle"] / "config.json"
+    raw = json.dumps(base_spec(["NVIDIA_VISIBLE_DEVICES=0"])).encode()
+    spec.write_bytes(raw)
+    err = io.StringIO()
+    code: Optional[int] = None
+    exec_: Optional[Exec] = None
+    with no_exec(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            nvshim_runtime.main(["--root", str(world["base"] / "runc-root"), *argv])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except Exec as exc:
+            exec_ = exc
+    if exec_ is None:
+        assert code == 1
+        lines = err.getvalue().split("\n")
+        assert len(lines) == 2 and lines[0].startswith("nvshim: ") and lines[1] == "", err.getvalue()
+        assert "internal error" not in lines[0] and "Traceback" not in err.getvalue()
+        assert spec.read_bytes() == raw
+    else:
+        assert err.getvalue() == ""
