@@ -34,6 +34,21 @@ def cli() -> None:
 # --- inspect ------------------------------------------------------------------------------
 
 
+def _env_set(plan: Any) -> List[str]:
+    """The env entries the rewrite adds or changes (NVIDIA_VISIBLE_DEVICES=void after an
+    injection or a stripped request), as the container will see them."""
+    if not plan.changed:
+        return []
+
+    def env(spec: Any) -> List[str]:
+        process = spec.get("process") if isinstance(spec, dict) else None
+        entries = process.get("env") if isinstance(process, dict) else None
+        return [e for e in entries if isinstance(e, str)] if isinstance(entries, list) else []
+
+    before = set(env(plan.spec))
+    return [e for e in env(plan.new_spec) if e not in before]
+
+
 def _plan_summary(plan: Any, config: Any) -> dict:
     from nvshim.request import describe_indices
 
@@ -54,15 +69,17 @@ def _plan_summary(plan: Any, config: Any) -> dict:
             {"device": f"{p.index}:{m.index}", "uuid": m.uuid} for p, m in plan.migs
         ],
         "cdi_devices": list(plan.cdi_names),
-        "device_nodes": sorted(n.path for n in plan.edits.device_nodes),
+        # a MIG device brings its parent GPU's node: one node, listed once
+        "device_nodes": sorted({n.path for n in plan.edits.device_nodes}),
         "notes": list(plan.notes),
-        "set_void": req.set_void,
+        "env_set": _env_set(plan),
         "edits": plan.applied_edits().to_cdi(),
         "rootfs_work": {"by": plan.rootwork_by or None, "detail": plan.rootwork_why or None},
         "node_plan": plan.plan_source or None,
         "changes_config": plan.changed,
     }
     summary["granted_indices"] = describe_indices([g.index for g in plan.gpus])
+    summary["set_void"] = "NVIDIA_VISIBLE_DEVICES=void" in summary["env_set"]
     return summary
 
 
@@ -140,8 +157,12 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
         out.append(f"hook:          {hook.hook_name}: {' '.join(hook.args)}")
     for note in plan.notes:
         out.append(f"note:          {note}")
-    if plan.request.set_void:
-        out.append("env:           NVIDIA_VISIBLE_DEVICES=void (image value stripped)")
+    for entry in summary["env_set"]:
+        why = ""
+        if entry == "NVIDIA_VISIBLE_DEVICES=void":
+            why = (" (image value stripped)" if plan.request.set_void else
+                   " (after injection, so nothing downstream injects again)")
+        out.append(f"env:           {entry}{why}")
     out.append("config.json:   " + ("would be rewritten" if plan.changed else "unchanged (byte-identical)"))
     click.echo("\n".join(out))
     diff = _diff(plan)

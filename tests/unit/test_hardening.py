@@ -455,3 +455,28 @@ def test_09_world_writable_plan_cache_is_ignored_and_rewritten(node: dict, tmp_p
     assert "/etc/hostname" not in {m.get("source") for m in mounts}
     assert any(str(m.get("source", "")).endswith(".bin") for m in mounts)  # firmware from live discovery
     assert plan.stat().st_mode & 0o777 == 0o644 and "/etc/hostname" not in plan.read_text()
+
+
+# --- 14: inspect tells what the container will see -------------------------------------------
+
+
+@needs_root
+def test_14_inspect_reports_the_void_env_and_each_node_once(tmp_path: Path) -> None:
+    """`nvshim inspect` says the env becomes NVIDIA_VISIBLE_DEVICES=void (text and JSON
+    set_void) and lists /dev/nvidia0 once for `all` on a MIG node, as config.json will have it."""
+    from nvshim.sim import create_node
+
+    sim = create_node(str(tmp_path / "node"), gpus=2, mig=True)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"driver-root: {sim.root}\n")
+    bundle = make_bundle(tmp_path, b'{"process":{"env":["NVIDIA_VISIBLE_DEVICES=all"]},"root":{"path":"rootfs"}}')
+    res = nvshim_cli("inspect", "--bundle", str(bundle), "--config", str(config), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["set_void"] is True and summary["env_set"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    nodes = summary["device_nodes"]
+    assert len(nodes) == len(set(nodes)) and nodes.count("/dev/nvidia0") == 1
+    text = nvshim_cli("inspect", "--bundle", str(bundle), "--config", str(config))
+    assert "env:           NVIDIA_VISIBLE_DEVICES=void (after injection" in text.stdout
+    line = next(x for x in text.stdout.splitlines() if x.startswith("device nodes:"))
+    assert line.split().count("/dev/nvidia0") == 1
