@@ -19,6 +19,7 @@ from nvshim.errors import CdiError, UsageError
 __all__ = ["generate_spec", "stale_reasons", "generate"]
 
 STRATEGIES = ("index", "uuid")
+IMEX_CLASS = "imex-channel"
 
 
 def _dedupe_nodes(nodes: Sequence[DeviceNode]) -> Tuple[DeviceNode, ...]:
@@ -103,7 +104,9 @@ def stale_reasons(existing: Dict[str, Any], fresh: Dict[str, Any], host: Any) ->
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
               help="Output format for stdout (default yaml; --output uses its extension).")
 @click.option("--vendor", default="nvidia.com", show_default=True, help="CDI vendor.")
-@click.option("--class", "class_", default="gpu", show_default=True, help="CDI device class.")
+@click.option("--class", "class_", default="gpu", show_default=True,
+              help="CDI device class. imex-channel: a spec of the node's IMEX channels "
+                   "(<vendor>/imex-channel=N, one /dev/nvidia-caps-imex-channels/channelN each).")
 @click.option("--device-name-strategy", "strategies", multiple=True, default=STRATEGIES,
               show_default=True, type=click.Choice(STRATEGIES),
               help="How devices are named: index (0, 0:1) and/or uuid (GPU-…, MIG-…).")
@@ -117,6 +120,9 @@ def generate(driver_root: Optional[str], dev_root: Optional[str], output: Option
              fmt: Optional[str], vendor: str, class_: str, strategies: Tuple[str, ...],
              driver_capabilities: str, gpu_source: str, check_file: Optional[str]) -> None:
     """Generate a CDI spec for this node's GPUs (devices by index, UUID, MIG, and all).
+
+    With --class imex-channel: a spec of the node's IMEX channels instead (write it to a
+    second file, e.g. /var/run/cdi/nvidia-imex.yaml).
 
     cdiVersion is the minimum the content needs (0.5.0 for a typical spec, which
     podman 4.x accepts). Works from procfs under any driver root, and with NVML on a
@@ -132,7 +138,12 @@ def generate(driver_root: Optional[str], dev_root: Optional[str], output: Option
     root = driver_root or config.driver_root
     host = Host(root, dev_root or (None if driver_root else config.dev_root))
     caps = parse_capabilities(driver_capabilities, ALL_CAPABILITIES, False)
-    spec = generate_spec(host, vendor, class_, strategies, caps, hook_command(), gpu_source)
+    if class_ == IMEX_CLASS:
+        from nvshim.extras import generate_imex_spec
+
+        spec = generate_imex_spec(host, vendor)
+    else:
+        spec = generate_spec(host, vendor, class_, strategies, caps, hook_command(), gpu_source)
     if check_file:
         existing = cdi.load_spec_file(check_file).raw
         reasons = stale_reasons(dict(existing), spec, host)

@@ -187,17 +187,29 @@ def sim() -> None:
 @click.option("--mig", is_flag=True, help="Make GPU 0 MIG-enabled with two MIG devices.")
 @click.option("--dev-root", default=None, type=click.Path(file_okay=False),
               help="Create the /dev nodes under this directory instead of DIRECTORY.")
+@click.option("--imex-channels", default=0, show_default=True, type=click.IntRange(0, 2048),
+              help="IMEX channel nodes /dev/nvidia-caps-imex-channels/channel0..N-1.")
+@click.option("--nvswitches", default=0, show_default=True, type=click.IntRange(0, 64),
+              help="NVSwitch nodes (nvidia-nvswitchctl, nvidia-nvswitch0..N-1) and the "
+                   "fabric manager socket.")
+@click.option("--gds", is_flag=True, help="GPUDirect Storage: /dev/nvidia-fs0..3, /etc/cufile.json.")
+@click.option("--mofed", is_flag=True, help="MOFED: /dev/infiniband/{uverbs0,umad0,issm0,rdma_cm}.")
+@click.option("--gdrcopy", is_flag=True, help="gdrcopy: /dev/gdrdrv.")
 def sim_create(directory: str, gpus: int, driver_version: str, shuffle_minors: bool,
-               mig: bool, dev_root: Optional[str]) -> None:
+               mig: bool, dev_root: Optional[str], imex_channels: int, nvswitches: int,
+               gds: bool, mofed: bool, gdrcopy: bool) -> None:
     """Build a driver root a real GPU host would have, in DIRECTORY.
 
-    Device nodes (mknod), /proc/driver/nvidia files, versioned driver libraries with
-    SONAME links and an ld.so.cache, and a clearly labelled simulated nvidia-smi.
+    Device nodes (mknod), /proc/devices and /proc/driver/nvidia files, versioned driver
+    libraries with SONAME links and an ld.so.cache, and a clearly labelled simulated
+    nvidia-smi; optionally IMEX channels, NVSwitch, GDS, MOFED and gdrcopy devices.
     """
     from nvshim.sim import create_node
 
     node = create_node(directory, gpus=gpus, driver_version=driver_version,
-                       shuffle_minors=shuffle_minors, mig=mig, dev_root=dev_root)
+                       shuffle_minors=shuffle_minors, mig=mig, dev_root=dev_root,
+                       imex_channels=imex_channels, nvswitches=nvswitches, gds=gds,
+                       mofed=mofed, gdrcopy=gdrcopy)
     click.echo(f"simulated node in {node.root} (driver {node.driver_version}):")
     for g in node.gpus:
         click.echo(f"  GPU {g.index}: /dev/nvidia{g.minor}  {g.uuid}  {g.pci_bus_id}  {g.model}")

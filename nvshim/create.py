@@ -200,7 +200,9 @@ def plan_create(
             notes=list(request.notes),
         )
 
-    if not request.injects:
+    extras = _extras(view, config, request)
+    plan.notes.extend(extras.notes)
+    if not request.injects and not extras:
         if request.set_void:
             plan.new_spec = apply_edits(spec, Edits(env=(f"{VISIBLE_DEVICES}=void",)))
         return plan
@@ -234,6 +236,12 @@ def plan_create(
     if plan.allocation is not None and request.source != "kubelet":
         check_allocated(plan, host)
 
+    if extras:
+        from nvshim.extras import extras_edits
+
+        edits = edits + extras_edits(host, extras, plan.notes)
+        if request.set_void:
+            edits = edits + Edits(env=(f"{VISIBLE_DEVICES}=void",))
     plan.edits = edits
     plan.bundle = bundle
     _decide_rootwork(plan)
@@ -430,3 +438,12 @@ def commit(plan: Plan, log: Any = None) -> bool:
 
     write_atomic(plan.spec_path, plan.new_bytes())
     return True
+
+
+def _extras(view: Any, config: Config, request: Request) -> Any:
+    """IMEX channels and NVSwitch/GDS/MOFED/gdrcopy devices asked for (see nvshim.extras)."""
+    from nvshim.extras import Extras, asks_for_extras, resolve_extras
+
+    if not asks_for_extras(view):
+        return Extras()
+    return resolve_extras(view, config, request)

@@ -75,6 +75,13 @@ __all__ = [
 NVIDIA_MAJOR = 195
 UVM_MAJOR = 510
 CAPS_MAJOR = 237
+# Majors of the extra device classes (dynamic on real hosts; fixed here, as /proc/devices says).
+IMEX_MAJOR = 234
+NVSWITCH_MAJOR = 236
+NVIDIA_FS_MAJOR = 241
+GDRDRV_MAJOR = 509
+INFINIBAND_MAJOR = 231  # infiniband_verbs / infiniband_mad (fixed by the kernel)
+MISC_MAJOR = 10
 SIM_FILE = "nvshim-sim.json"
 #: The NVIDIA driver handles at most 32 GPUs per node (NV_MAX_DEVICES); a simulated node
 #: may have more, for scale tests (CDI specs and discovery at 64 or 256 GPUs).
@@ -174,6 +181,11 @@ class SimNode:
     driver_version: str
     cuda_version: str
     gpus: tuple[SimGpu, ...]
+    imex_channels: int = 0
+    nvswitches: int = 0
+    gds: bool = False
+    mofed: bool = False
+    gdrcopy: bool = False
 
 
 def mig_cap_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
@@ -302,6 +314,11 @@ def create_node(
     cuda_version: str = "12.4",
     model: str = "NVIDIA H100 80GB HBM3",
     seed: int = 0,
+    imex_channels: int = 0,
+    nvswitches: int = 0,
+    gds: bool = False,
+    mofed: bool = False,
+    gdrcopy: bool = False,
 ) -> SimNode:
     """Build a simulated GPU node under ``root`` and describe it (see the module doc).
 
@@ -309,10 +326,17 @@ def create_node(
     ``<dev_root>/dev`` (existing nodes there are refused, not replaced). Minors equal
     indices unless ``shuffle_minors`` (a seeded permutation, never the identity for two or
     more GPUs). ``mig`` makes GPU 0 MIG-enabled with GPU instances 1 and 2, one compute
-    instance each. Raises :class:`UsageError` for bad arguments and :class:`HostError`
+    instance each. ``imex_channels`` makes ``dev/nvidia-caps-imex-channels/channel0..N-1``;
+    ``nvswitches`` ``dev/nvidia-nvswitchctl``, ``nvidia-nvswitch0..N-1`` and the fabric
+    manager socket; ``gds`` ``dev/nvidia-fs0..3`` and ``etc/cufile.json``; ``mofed``
+    ``dev/infiniband/{uverbs0,umad0,issm0,rdma_cm}``; ``gdrcopy`` ``dev/gdrdrv``; each with
+    its ``proc/devices`` line. Raises :class:`UsageError` for bad arguments and :class:`HostError`
     when not root, when ``root`` is not empty, or when the tree cannot be written.
     """
     _check_arguments(gpus, driver_version, cuda_version, mig, model)
+    if not 0 <= imex_channels <= 2048 or not 0 <= nvswitches <= 64:
+        raise UsageError(f"--imex-channels {imex_channels} / --nvswitches {nvswitches}: a "
+                         "simulated node has 0-2048 channels and 0-64 NVSwitches")
     if os.geteuid() != 0:
         raise HostError(
             f"creating a simulated node needs root for mknod: running as uid {os.geteuid()}"
@@ -326,6 +350,11 @@ def create_node(
         driver_version=driver_version,
         cuda_version=cuda_version,
         gpus=_plan(gpus, shuffle_minors, mig, model, seed),
+        imex_channels=imex_channels,
+        nvswitches=nvswitches,
+        gds=gds,
+        mofed=mofed,
+        gdrcopy=gdrcopy,
     )
     try:
         os.makedirs(root, exist_ok=True)
@@ -384,6 +413,23 @@ def _write_devices(node: SimNode) -> None:
         for m in migs:
             for minor in (m.gi_cap_minor, m.ci_cap_minor):
                 _mknod(os.path.join(caps, f"nvidia-cap{minor}"), CAPS_MAJOR, minor, 0o444)
+    for channel in range(node.imex_channels):
+        _mknod(os.path.join(dev, "nvidia-caps-imex-channels", f"channel{channel}"), IMEX_MAJOR,
+               channel, 0o666)
+    if node.nvswitches:
+        _mknod(os.path.join(dev, "nvidia-nvswitchctl"), NVSWITCH_MAJOR, 255, 0o666)
+    for switch in range(node.nvswitches):
+        _mknod(os.path.join(dev, f"nvidia-nvswitch{switch}"), NVSWITCH_MAJOR, switch, 0o666)
+    for fs in range(4 if node.gds else 0):
+        _mknod(os.path.join(dev, f"nvidia-fs{fs}"), NVIDIA_FS_MAJOR, fs, 0o666)
+    if node.mofed:
+        ib = os.path.join(dev, "infiniband")
+        _mknod(os.path.join(ib, "uverbs0"), INFINIBAND_MAJOR, 192, 0o666)
+        _mknod(os.path.join(ib, "umad0"), INFINIBAND_MAJOR, 0, 0o600)
+        _mknod(os.path.join(ib, "issm0"), INFINIBAND_MAJOR, 64, 0o600)
+        _mknod(os.path.join(ib, "rdma_cm"), MISC_MAJOR, 58, 0o666)
+    if node.gdrcopy:
+        _mknod(os.path.join(dev, "gdrdrv"), GDRDRV_MAJOR, 0, 0o666)
 
 
 def _information(gpu: SimGpu, driver_version: str) -> str:
@@ -418,8 +464,19 @@ def _cap_file(minor: int, mode: int) -> str:
 
 def _proc_devices(node: SimNode) -> str:
     """/proc/devices as the kernel prints it (``%3d %s``), with the drivers this node has."""
-    char = [(1, "mem"), (4, "tty"), (5, "/dev/tty"), (10, "misc"), (NVIDIA_MAJOR, "nvidia-frontend"),
-            (CAPS_MAJOR, "nvidia-caps"), (UVM_MAJOR, "nvidia-uvm")]
+    char = [(1, "mem"), (4, "tty"), (5, "/dev/tty"), (MISC_MAJOR, "misc"),
+            (NVIDIA_MAJOR, "nvidia-frontend"), (CAPS_MAJOR, "nvidia-caps"),
+            (UVM_MAJOR, "nvidia-uvm")]
+    if node.imex_channels:
+        char.append((IMEX_MAJOR, "nvidia-caps-imex-channels"))
+    if node.nvswitches:
+        char.append((NVSWITCH_MAJOR, "nvidia-nvswitch"))
+    if node.gds:
+        char.append((NVIDIA_FS_MAJOR, "nvidia-fs"))
+    if node.mofed:
+        char.append((INFINIBAND_MAJOR, "infiniband_verbs"))
+    if node.gdrcopy:
+        char.append((GDRDRV_MAJOR, "gdrdrv"))
     lines = ["Character devices:"] + [f"{major:3d} {name}" for major, name in sorted(char)]
     lines += ["", "Block devices:", "  7 loop", "254 virtblk"]
     return "\n".join(lines) + "\n"
@@ -604,6 +661,22 @@ def _write_driver_files(node: SimNode) -> None:
     finally:
         os.close(dir_fd)
     os.makedirs(os.path.join(node.root, "tmp", "nvidia-mps"), exist_ok=True)
+    if node.nvswitches:
+        _bind_socket(os.path.join(node.root, "run", "nvidia-fabricmanager"))
+    if node.gds:
+        _write_text(os.path.join(node.root, "etc", "cufile.json"),
+                    '{"NVSHIM-SIM": "cufile.json", "logging": {"level": "ERROR"}}\n')
+
+
+def _bind_socket(directory: str) -> None:
+    """A listening-less UNIX socket ``<directory>/socket`` (bound via /proc/self/fd)."""
+    os.makedirs(directory, exist_ok=True)
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.bind(f"/proc/self/fd/{dir_fd}/socket")
+    finally:
+        os.close(dir_fd)
 
 
 # -- metadata ---------------------------------------------------------------------------
