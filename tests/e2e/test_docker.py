@@ -83,7 +83,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterat
     assert done.returncode == 0, done.stderr
     assert json.loads(daemon_json.read_text())["runtimes"]["nvshim"]["path"] == str(
         wrappers["open"])
-    dockerd = Dockerd(daemon_json)
+    dockerd = Dockerd(daemon_json, base)
     try:
         dockerd.start()
         dockerd.import_rootfs(base_rootfs, IMAGE, env=["PATH=/bin:/usr/bin",
@@ -158,7 +158,7 @@ def test_default_runtime_with_require_allocation_strips_image_all(setup: Any) ->
         assert reverted.returncode == 0, reverted.stderr
     assert daemon_json.read_text() == ORIGINAL_DAEMON_JSON
     # SIGHUP does not reset keys that left the file: a reverted daemon.json needs a restart
-    fresh = Dockerd(daemon_json)
+    fresh = Dockerd(daemon_json, daemon_json.parent)
     try:
         fresh.start()
         info = fresh.docker("info", "--format", "{{json .Runtimes}} {{.DefaultRuntime}}")

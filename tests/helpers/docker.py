@@ -53,14 +53,18 @@ def docker_client() -> str:
 class Dockerd:
     """A private dockerd; :meth:`start` it with a ``daemon.json`` path, :meth:`stop` it."""
 
-    def __init__(self, config_file: Path, env: Optional[Mapping[str, str]] = None) -> None:
+    def __init__(self, config_file: Path, base: Path,
+                 env: Optional[Mapping[str, str]] = None) -> None:
         self.binary = require_binary("dockerd")
         self.client = docker_client()
         require_binary("containerd")
         self.config_file = Path(config_file)
         self.env = dict(os.environ if env is None else env)
-        # unix socket paths are limited to 108 bytes: keep the base short
-        self.base = Path(tempfile.mkdtemp(prefix="nvshim-dk-", dir="/tmp"))
+        # under pytest's tmp dir (concurrent host-file checks skip it); unix socket paths are
+        # limited to 108 bytes, so the base must stay short
+        self.base = Path(tempfile.mkdtemp(prefix="dk", dir=str(base)))
+        if len(str(self.base / "exec" / "containerd" / "containerd.sock.ttrpc")) > 100:
+            raise AssertionError(f"dockerd base {self.base} is too long for its sockets")
         self.cgroup_parent = "/" + unique_id("nvshim-e2e-docker")
         self._created_host_dirs: List[Path] = []
         self._proc: Optional["subprocess.Popen[bytes]"] = None
