@@ -14,7 +14,8 @@
 #
 # Paths can be moved for testing: NVSHIM_PREFIX (/opt/nvshim), NVSHIM_BINDIR
 # (/usr/local/bin), NVSHIM_ETCDIR (/etc/nvshim), NVSHIM_CONTAINERD_CONFIG
-# (/etc/containerd/config.toml), NVSHIM_DOCKER_CONFIG (/etc/docker/daemon.json),
+# (/etc/containerd/config.toml), NVSHIM_CONTAINERD_DROP_IN (<containerd config
+# dir>/conf.d/99-nvshim.toml), NVSHIM_DOCKER_CONFIG (/etc/docker/daemon.json),
 # NVSHIM_CRIO_CONFIG (/etc/crio/crio.conf), NVSHIM_CRIO_DROP_IN
 # (<crio config dir>/crio.conf.d/99-nvshim.toml). NVSHIM_SKIP_APT=1 skips packages.
 set -eu
@@ -23,6 +24,8 @@ PREFIX=${NVSHIM_PREFIX:-/opt/nvshim}
 BINDIR=${NVSHIM_BINDIR:-/usr/local/bin}
 ETCDIR=${NVSHIM_ETCDIR:-/etc/nvshim}
 CONTAINERD_CONFIG=${NVSHIM_CONTAINERD_CONFIG:-/etc/containerd/config.toml}
+# the drop-in sits next to the config it belongs to (a moved config never writes /etc/containerd)
+CONTAINERD_DROP_IN=${NVSHIM_CONTAINERD_DROP_IN:-$(dirname "$CONTAINERD_CONFIG")/conf.d/99-nvshim.toml}
 DOCKER_CONFIG=${NVSHIM_DOCKER_CONFIG:-/etc/docker/daemon.json}
 CRIO_CONFIG=${NVSHIM_CRIO_CONFIG:-/etc/crio/crio.conf}
 CRIO_DROP_IN=${NVSHIM_CRIO_DROP_IN:-$(dirname "$CRIO_CONFIG")/crio.conf.d/99-nvshim.toml}
@@ -40,7 +43,7 @@ for arg in "$@"; do
         --crio) CRIO=1 ;;
         --set-as-default) DEFAULT=1 ;;
         --uninstall) UNINSTALL=1 ;;
-        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "install.sh: unknown option $arg (see --help)" >&2; exit 1 ;;
     esac
 done
@@ -62,9 +65,9 @@ uninstall() {
         [ -x "$VENV/bin/nvshim" ] || continue
         set -- --runtime "$engine" --config "$cfg" --revert
         [ -n "${drop_in:-}" ] && set -- "$@" --drop-in "$drop_in"
-        "$VENV/bin/nvshim" "runtime" "configure" "$@" \
+        NVSHIM_CONFIG="$ETCDIR/config.yaml" "$VENV/bin/nvshim" "runtime" "configure" "$@" \
             || say "could not revert $cfg; see the message above"
-        restart_engine "$engine"
+        restart_engine "$engine" "$cfg"
     done
     # files we wrote, only if unchanged since (an edited config stays, and we say so)
     grep '^file ' "$MANIFEST" | while read -r _ path sum; do
@@ -86,8 +89,14 @@ uninstall() {
     say "nvshim uninstalled"
 }
 
-restart_engine() {  # restart_engine containerd|docker|crio
+restart_engine() {  # restart_engine containerd|docker|crio CONFIG
     unit=$1
+    case $unit:$2 in
+        containerd:/etc/containerd/config.toml|docker:/etc/docker/daemon.json|crio:/etc/crio/crio.conf) ;;
+        *)  # a moved config (a test install) is not what the system's engine reads
+            say "did not restart $unit: $2 is not its system config; restart it yourself if something reads it"
+            return 0 ;;
+    esac
     if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1 \
         && systemctl is-active --quiet "$unit" 2>/dev/null; then
         systemctl restart "$unit" && say "restarted $unit"
@@ -143,9 +152,11 @@ install_file() {  # install_file MODE DEST < content
 }
 
 mkdir -p "$BINDIR"
-"$VENV/bin/python3" -I -c 'import sys; from nvshim._trampoline import render; sys.stdout.write(render(sys.argv[1]))' \
-    "$VENV/bin/python3" | install_file "$BINDIR/nvshim-runtime" 0755
-printf '#!%s -I\nfrom nvshim.cli import main\nmain()\n' "$VENV/bin/python3" | install_file "$BINDIR/nvshim" 0755
+# Both default to $ETCDIR/config.yaml: an install with NVSHIM_ETCDIR never reads /etc/nvshim.
+"$VENV/bin/python3" -I -c 'import sys; from nvshim._trampoline import render; sys.stdout.write(render(sys.argv[1], config=sys.argv[2]))' \
+    "$VENV/bin/python3" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim-runtime" 0755
+"$VENV/bin/python3" -I -c 'import json, sys; print(f"#!{sys.argv[1]} -I\nimport os\nos.environ.setdefault(\"NVSHIM_CONFIG\", {json.dumps(sys.argv[2])})\nfrom nvshim.cli import main\nmain()")' \
+    "$VENV/bin/python3" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim" 0755
 
 # --- config --------------------------------------------------------------------------
 mkdir -p "$ETCDIR"
@@ -174,9 +185,9 @@ configure_engine() {  # configure_engine ENGINE CONFIG [DROP-IN]
     printf '%s\n' "$out" >&2
     record "$engine $cfg${drop_in:+ $drop_in}"
     # restart only when something was written (a DaemonSet re-run must not bounce the engine)
-    case $out in *"nothing written"*|*"already"*) ;; *) restart_engine "$engine" ;; esac
+    case $out in *"nothing written"*|*"already"*) ;; *) restart_engine "$engine" "$cfg" ;; esac
 }
-if [ "$CONTAINERD" = 1 ]; then configure_engine containerd "$CONTAINERD_CONFIG"; fi
+if [ "$CONTAINERD" = 1 ]; then configure_engine containerd "$CONTAINERD_CONFIG" "$CONTAINERD_DROP_IN"; fi
 if [ "$DOCKER" = 1 ]; then configure_engine docker "$DOCKER_CONFIG"; fi
 if [ "$CRIO" = 1 ]; then configure_engine crio "$CRIO_CONFIG" "$CRIO_DROP_IN"; fi
 

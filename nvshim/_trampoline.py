@@ -35,7 +35,7 @@ _TEMPLATE = r"""#!/bin/sh
 # Decides whether runc's argv is create/run (then nvshim edits config.json, in Python)
 # or anything else (then runc/crun is exec'd directly with the same argv, env and fds).
 py=@PYTHON@
-conf=${NVSHIM_CONFIG:-/etc/nvshim/config.yaml}
+conf=${NVSHIM_CONFIG:-@CONFIG@}
 python() { exec "$py" -I -S -c @BOOT@ "$@"; }
 
 # 1. The command and, for create/run, the bundle, in runc's or crun's grammar: parsed
@@ -257,15 +257,25 @@ def default_paths() -> List[str]:
     return out
 
 
-def render(python: str, paths: Optional[Sequence[str]] = None) -> str:
+def render(python: str, paths: Optional[Sequence[str]] = None,
+           config: Optional[str] = None) -> str:
     """The trampoline script for an nvshim installed in ``python``'s environment.
 
     Python starts with ``-I -S``: ``site`` (and an editable install's import finder) costs
     5-30 ms per start, so the directories that hold nvshim and its dependencies
     (``paths``, default :func:`default_paths`) are put on ``sys.path`` directly.
+    ``config`` is the config file used when ``NVSHIM_CONFIG`` is unset (default
+    ``/etc/nvshim/config.yaml``; install.sh passes its ``NVSHIM_ETCDIR``): the script and
+    the Python it starts both use it, without adding anything to the environment the
+    low-level runtime gets.
     """
+    from nvshim.config import DEFAULT_CONFIG_PATH
+
     if not _plain(python):
         raise ValueError(f"interpreter path must be absolute and plain: {python!r}")
+    config = config or DEFAULT_CONFIG_PATH
+    if not _plain(config):
+        raise ValueError(f"config path must be absolute and plain: {config!r}")
     entries = list(default_paths() if paths is None else paths)
     for path in entries:
         if not _plain(path):
@@ -273,10 +283,13 @@ def render(python: str, paths: Optional[Sequence[str]] = None) -> str:
     import json
 
     # double-quoted list: the code sits inside single quotes in the script
-    boot = f"import sys; sys.path[0:0] = {json.dumps(entries)}; from nvshim.runtime import main; main()"
+    default = "" if config == DEFAULT_CONFIG_PATH else (
+        f"import nvshim.config as c; c.DEFAULT_CONFIG_PATH = {json.dumps(config)}; ")
+    boot = (f"import sys; sys.path[0:0] = {json.dumps(entries)}; {default}"
+            "from nvshim.runtime import main; main()")
     from nvshim import __version__
 
     if not all(c.isalnum() or c in ".+-" for c in __version__):
         raise ValueError(f"version must be plain: {__version__!r}")
     return (_TEMPLATE.replace("@PYTHON@", python).replace("@BOOT@", f"'{boot}'")
-            .replace("@VERSION@", __version__))
+            .replace("@VERSION@", __version__).replace("@CONFIG@", config))

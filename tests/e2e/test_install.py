@@ -23,7 +23,9 @@ def snapshot(root: Path) -> dict:
 
 def run_install(tmp: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, NVSHIM_PREFIX=str(tmp / "opt"), NVSHIM_BINDIR=str(tmp / "bin"),
-               NVSHIM_ETCDIR=str(tmp / "etc" / "nvshim"), NVSHIM_SKIP_APT="1")
+               NVSHIM_ETCDIR=str(tmp / "etc" / "nvshim"), NVSHIM_SKIP_APT="1",
+               # a test install never points at the real /etc/containerd
+               NVSHIM_CONTAINERD_CONFIG=str(tmp / "etc" / "containerd" / "config.toml"))
     return subprocess.run(["sh", str(REPO / "install.sh"), *args], env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -105,3 +107,59 @@ def test_install_registers_docker_and_crio_and_uninstall_restores_bytes(tmp_path
     assert gone.returncode == 0, gone.stderr
     assert daemon_json.read_text() == original
     assert snapshot(tmp_path) == before
+
+
+MOVED_INSTALL = r"""
+set -e
+# Poison what a moved install must never read or touch (private mount namespace only).
+if [ -d /etc/nvshim ]; then
+    mount -t tmpfs tmpfs /etc/nvshim
+    printf 'runtimes: [/nonexistent/POISON]\nrequire-allocation: [broken\n' > /etc/nvshim/config.yaml
+fi
+if [ -d /etc/containerd ]; then
+    mount -t tmpfs tmpfs /etc/containerd
+    echo sentinel > /etc/containerd/config.toml
+fi
+sh "$REPO/install.sh" --containerd
+echo "--- show"; "$T/bin/nvshim" config show | head -n1
+echo "--- version"; "$T/bin/nvshim-runtime" --version
+echo "--- drop-in"; ls "$T/containerd/conf.d"
+sh "$REPO/install.sh" --uninstall
+echo "--- real containerd dir"; find /etc/containerd -type f 2>/dev/null | sort
+echo "--- real containerd config"; cat /etc/containerd/config.toml 2>/dev/null || echo sentinel
+"""
+
+
+def test_13_moved_install_never_reads_etc_nvshim_nor_touches_real_containerd(tmp_path):
+    """Issue 12 item 13: with NVSHIM_PREFIX/BINDIR/ETCDIR/CONTAINERD_CONFIG moved, install,
+    the installed commands and uninstall use only the moved paths: a poisoned /etc/nvshim is
+    never read, the real /etc/containerd is untouched and containerd is not restarted."""
+    require_root()
+    from tests.helpers.containerd_samples import DEBIAN_CONFIG
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "etc").mkdir()
+    ctrd = tmp_path / "containerd" / "config.toml"
+    ctrd.parent.mkdir()
+    ctrd.write_text(DEBIAN_CONFIG)
+    env = dict(os.environ, NVSHIM_PREFIX=str(tmp_path / "opt"), NVSHIM_BINDIR=str(tmp_path / "bin"),
+               NVSHIM_ETCDIR=str(tmp_path / "etc" / "nvshim"), NVSHIM_SKIP_APT="1",
+               NVSHIM_CONTAINERD_CONFIG=str(ctrd), REPO=str(REPO), T=str(tmp_path))
+    env.pop("NVSHIM_CONFIG", None)
+    res = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", MOVED_INSTALL],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert f"# effective config from {tmp_path}/etc/nvshim/config.yaml" in out
+    version = out.split("--- version\n", 1)[1]
+    assert version.startswith("nvshim-runtime version ") and "runc version" in version
+    assert out.rstrip().endswith("--- real containerd config\nsentinel")
+    assert "--- drop-in\n99-nvshim.toml\n" in out  # next to the moved config
+    real = out.split("--- real containerd dir\n", 1)[1].split("--- real containerd config", 1)[0]
+    assert real.split() in ([], ["/etc/containerd/config.toml"])  # nothing added there
+    assert "POISON" not in out + res.stderr and "broken" not in out + res.stderr
+    assert "restarted" not in res.stderr
+    assert f"did not restart containerd: {ctrd} is not its system config" in res.stderr
+    assert ctrd.read_text() == DEBIAN_CONFIG  # uninstall restored the moved config's bytes
+    tramp = tmp_path / "bin" / "nvshim-runtime"
+    assert not tramp.exists()
