@@ -80,6 +80,7 @@ __all__ = [
     "configure",
     "revert",
     "read_handlers",
+    "drop_in_drift",
     "set_as_default_pitfall",
 ]
 
@@ -792,3 +793,93 @@ def read_handlers(config_path: str = DEFAULT_CONFIG) -> EffectiveRuntimes:
         files=tuple(seen),
         problems=tuple(problems),
     )
+
+
+# --------------------------------------------------------------------------- drift
+
+
+_DROP_IN_MARK = "Written by `nvshim runtime configure`"
+
+
+def _diff_keys(before: Any, after: Any, prefix: str) -> List[str]:
+    """Dotted keys whose values differ between two plain TOML values."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        out: List[str] = []
+        for key in sorted(set(before) | set(after), key=str):
+            out += _diff_keys(before.get(key), after.get(key), f"{prefix}.{key}")
+        return out
+    return [] if before == after else [prefix]
+
+
+def _is_nvshim_handler(handler: Any) -> bool:
+    options = handler.get("options") if isinstance(handler, dict) else None
+    binary = options.get("BinaryName") if isinstance(options, dict) else None
+    return isinstance(binary, str) and os.path.basename(binary).startswith("nvshim")
+
+
+def _without_nvshim(drop: Dict[str, Any], main: Dict[str, Any]) -> Dict[str, Any]:
+    """The drop-in's CRI table minus what configure adds to the main file's copy: the
+    nvshim handlers, a default_runtime_name naming one, enable_cdi/cdi_spec_dirs it set."""
+    drop = copy.deepcopy(drop)
+    runtimes = drop.get("containerd", {}).get("runtimes", {})
+    main_runtimes = main.get("containerd", {}).get("runtimes", {})
+    nvshim_names = [n for n, h in runtimes.items() if _is_nvshim_handler(h)]
+    for handler_name in nvshim_names:
+        if handler_name in main_runtimes and not _is_nvshim_handler(main_runtimes[handler_name]):
+            continue  # the main file's own handler of that name: a real difference
+        if handler_name in main_runtimes:
+            runtimes[handler_name] = copy.deepcopy(main_runtimes[handler_name])
+        else:
+            del runtimes[handler_name]
+    containerd_table = drop.get("containerd", {})
+    if containerd_table.get("default_runtime_name") in nvshim_names:
+        main_default = main.get("containerd", {}).get("default_runtime_name")
+        if main_default is None:
+            del containerd_table["default_runtime_name"]
+        else:
+            containerd_table["default_runtime_name"] = main_default
+    if drop.get("enable_cdi") is True and main.get("enable_cdi") is not True:
+        if "enable_cdi" in main:
+            drop["enable_cdi"] = main["enable_cdi"]
+        else:
+            del drop["enable_cdi"]
+    if "cdi_spec_dirs" not in main and drop.get("cdi_spec_dirs") == list(CDI_SPEC_DIRS):
+        del drop["cdi_spec_dirs"]
+    return drop
+
+
+def drop_in_drift(config_path: str = DEFAULT_CONFIG) -> List[Tuple[str, List[str]]]:
+    """Differences between the main file's CRI table and the copy in nvshim's drop-ins.
+
+    containerd before 2.1 uses the drop-in's table instead of the main file's, so a
+    setting edited in the main file after ``runtime configure`` (``sandbox_image``, a
+    registry mirror) is silently not used. One (drop-in path, dotted keys) pair per
+    drop-in whose copy differs once nvshim's own additions are set aside; empty when
+    they agree. ``runtime configure`` run again re-copies the table.
+    """
+    text = read_text(config_path)
+    if text is None:
+        return []
+    doc = _parse(text, config_path)
+    version = _detect_version(doc, config_path)
+    if version == 1:
+        return []
+    keys = _cri_keys(version)
+    main_table = _lookup(doc, keys, config_path)
+    main = _plain(main_table) if main_table is not None else {}
+    out: List[Tuple[str, List[str]]] = []
+    for entry in _import_entries(doc, config_path):
+        if not isinstance(entry, str):
+            continue
+        resolved = _resolve_import(entry, config_path)
+        for path in (sorted(glob.glob(resolved)) if glob.has_magic(resolved) else [resolved]):
+            drop_text = read_text(path)
+            if drop_text is None or _DROP_IN_MARK not in drop_text:
+                continue
+            drop_table = _lookup(_parse(drop_text, path), keys, path)
+            if drop_table is None:
+                continue
+            differ = _diff_keys(main, _without_nvshim(_plain(drop_table), main), _cri_label(version))
+            if differ:
+                out.append((path, differ))
+    return out

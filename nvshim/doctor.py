@@ -270,6 +270,31 @@ def check_containerd_config(path: str) -> Tuple[Finding, Optional[Any]]:
     ), effective
 
 
+def check_drop_in_drift(path: str) -> Optional[Finding]:
+    """nvshim's drop-in still carries the main file's CRI table (None: no nvshim drop-in)."""
+    from nvshim.containerd import drop_in_drift
+
+    try:
+        drift = drop_in_drift(path)
+    except NvshimError as exc:
+        return Finding("containerd-drop-in", "warn", f"cannot compare drop-ins: {exc}")
+    if not drift:
+        return None
+    lines = []
+    for drop_in, keys in drift:
+        shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+        lines.append(f"{drop_in} has a stale copy of {path}: {shown} differ")
+    from nvshim.containerd import DEFAULT_DROP_IN
+
+    first = drift[0][0]
+    flag = "" if first == DEFAULT_DROP_IN else f" --drop-in {first}"
+    return Finding(
+        "containerd-drop-in", "fail",
+        "; ".join(lines) + " (containerd before 2.1 uses the drop-in's table, not the main file's)",
+        f"nvshim runtime configure --runtime containerd --config {path}{flag} (copies the table again)",
+    )
+
+
 def check_runtime_binary(effective: Any, options: DoctorOptions) -> Finding:
     """The nvshim handler's BinaryName exists and is executable."""
     name = "containerd-runtime-binary"
@@ -547,6 +572,9 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     containerd_finding, effective = check_containerd_config(options.containerd_config)
     findings.append(containerd_finding)
     if effective is not None:
+        drift = check_drop_in_drift(options.containerd_config)
+        if drift is not None:
+            findings.append(drift)
         findings.append(check_runtime_binary(effective, options))
         findings.append(check_default_runtime(effective, config, options))
     from nvshim._doctor_engines import check_crio, check_docker

@@ -480,3 +480,55 @@ def test_14_inspect_reports_the_void_env_and_each_node_once(tmp_path: Path) -> N
     assert "env:           NVIDIA_VISIBLE_DEVICES=void (after injection" in text.stdout
     line = next(x for x in text.stdout.splitlines() if x.startswith("device nodes:"))
     assert line.split().count("/dev/nvidia0") == 1
+
+
+# --- 11: the containerd drop-in's copy of the CRI table drifts ---------------------------------
+
+MAIN_TOML = '''version = 2
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "registry.k8s.io/pause:3.6"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          SystemdCgroup = true
+'''
+
+
+@pytest.mark.parametrize("extra", [{}, {"enable_cdi": True},
+                                   {"set_as_default": True, "require_allocation": True}])
+def test_11_doctor_finds_a_stale_drop_in_and_configure_resyncs_it(tmp_path: Path, extra: dict) -> None:
+    """After `runtime configure` with a drop-in, an edit of the main file's CRI table
+    (sandbox_image) is shadowed by the drop-in's copy: doctor fails naming the key and the
+    fix, and running configure again copies the table anew (doctor quiet again)."""
+    from nvshim import doctor
+    from nvshim.containerd import configure, drop_in_drift
+
+    main_file = tmp_path / "config.toml"
+    main_file.write_text(MAIN_TOML)
+    drop_in = tmp_path / "conf.d" / "99-nvshim.toml"
+    binary = tmp_path / "nvshim-runtime"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    args = dict(drop_in=str(drop_in), binary=str(binary), **extra)
+    configure(str(main_file), **args)
+    assert drop_in_drift(str(main_file)) == []  # nvshim's own additions are not drift
+    assert doctor.check_drop_in_drift(str(main_file)) is None
+
+    main_file.write_text(main_file.read_text().replace("pause:3.6", "pause:3.9"))  # an operator edit
+    drift = drop_in_drift(str(main_file))
+    assert drift == [(str(drop_in), ['plugins."io.containerd.grpc.v1.cri".sandbox_image'])]
+    finding = doctor.check_drop_in_drift(str(main_file))
+    assert finding is not None and finding.status == "fail"
+    assert "sandbox_image" in finding.message
+    assert finding.fix == (f"nvshim runtime configure --runtime containerd --config {main_file} "
+                           f"--drop-in {drop_in} (copies the table again)")
+    options = doctor.DoctorOptions(config_path=str(tmp_path / "none.yaml"),
+                                   containerd_config=str(main_file))
+    assert any(f.check == "containerd-drop-in" and f.status == "fail" for f in doctor.run_checks(options))
+
+    configure(str(main_file), **args)  # the fix doctor names
+    assert drop_in_drift(str(main_file)) == []
+    assert 'sandbox_image = "registry.k8s.io/pause:3.9"' in drop_in.read_text()
