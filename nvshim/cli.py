@@ -77,6 +77,9 @@ def _plan_summary(plan: Any, config: Any) -> dict:
         "rootfs_work": {"by": plan.rootwork_by or None, "detail": plan.rootwork_why or None},
         "node_plan": plan.plan_source or None,
         "changes_config": plan.changed,
+        "container": str(plan.identity) if plan.identity else None,
+        "verified": plan.verified,
+        "kubelet_allocation": list(plan.allocation.ids) if plan.allocation else None,
     }
     summary["granted_indices"] = describe_indices([g.index for g in plan.gpus])
     summary["set_void"] = "NVIDIA_VISIBLE_DEVICES=void" in summary["env_set"]
@@ -128,7 +131,14 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
     out.append(f"bundle:        {plan.spec_path}")
     out.append(f"config:        {config.source or '(defaults)'}"
                f"{' [require-allocation]' if config.require_allocation else ''}")
+    if plan.identity is not None:
+        out.append(f"container:     {plan.identity}")
     out.append(f"request from:  {summary['source']}")
+    if plan.allocation is not None:
+        out.append(f"verified:      kubelet ({plan.allocation.via}): allocated "
+                   f"{', '.join(plan.allocation.ids) or 'no GPU'}")
+    elif plan.verified == "unreachable":
+        out.append("verified:      no: the kubelet was unreachable, claims trusted")
     out.append(f"requested:     {', '.join(summary['requested']) or '-'}"
                f"{'  (driver files only)' if plan.request.driver_files and not plan.request.devices else ''}")
     if plan.request.injects:

@@ -570,6 +570,7 @@ def test_help_documents_every_flag() -> None:
         "--set-as-default",
         "--force",
         "--enable-cdi",
+        "--pod-cdi-annotations",
         "--dry-run",
         "--revert",
     ):

@@ -666,3 +666,16 @@ def test_crun_argv(world: Dict[str, Path], tokens: List[str]) -> None:
         assert spec.read_bytes() == raw
     else:
         assert err.getvalue() == ""
+
+
+@fuzz(300)
+@given(st.binary(max_size=200))
+def test_podresources_codec_never_crashes(data: bytes) -> None:
+    """Any bytes from the kubelet socket decode to pods or raise ValueError, nothing else."""
+    from nvshim.kubelet import decode_list_response
+
+    try:
+        pods = decode_list_response(data)
+    except ValueError:
+        return
+    assert isinstance(pods, list)

@@ -199,3 +199,16 @@ def test_prometheus_text_has_one_sample_per_gpu_and_container() -> None:
     assert f'nvshim_gpu_grants{{gpu="{UUID_A}",namespace="ns",pod="we\\"ird",container="main"' in text
     assert text.count("nvshim_gpu_grants{") == 2
     assert "nvshim_gpu_grant_conflicts{" not in text
+
+
+def test_grants_help_and_json_of_an_empty_journal(tmp_path: Path) -> None:
+    """`nvshim grants --help` documents its options; an absent journal lists no grants, exit 0."""
+    res = subprocess.run([sys.executable, "-m", "nvshim.cli", "grants", "--help"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0
+    for flag in ("--journal", "--format", "--prometheus", "--config"):
+        assert flag in res.stdout
+    res = subprocess.run([sys.executable, "-m", "nvshim.cli", "grants", "--journal",
+                          str(tmp_path / "none.jsonl"), "--format", "json"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0 and json.loads(res.stdout) == {"grants": [], "conflicts": {}}

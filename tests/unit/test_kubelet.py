@@ -194,3 +194,40 @@ def test_mount_all_needs_accept_all_from_mounts(node: Any, tmp_path: Path) -> No
     plan = plan_create(bundle(tmp_path, [], mounts=[mount("all")]),
                        config(node, tmp_path, verify_with="none", accept_all_from_mounts=True))
     assert len(plan.gpus) == 4
+
+
+def test_mig_device_allocated_by_the_kubelet_is_granted_and_its_parent_is_not(
+        tmp_path: Path, kubelet: PodResourcesServer) -> None:
+    """A MIG UUID in the kubelet's record grants that MIG device; a claim of its whole parent GPU is refused."""
+    if os.geteuid() != 0:
+        pytest.skip("the simulated GPU node needs root (mknod)")
+    from nvshim.sim import create_node
+
+    node = create_node(str(tmp_path / "mig-node"), gpus=2, mig=True)
+    mig = node.gpus[0].mig[1]
+    kubelet.set([("team-a", "mine", {"main": {"nvidia.com/mig-3g.40gb": [mig.uuid]}})])
+    cfg = config(node, tmp_path)
+    plan = plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={mig.uuid}"]), cfg)
+    assert [m.uuid for _, m in plan.migs] == [mig.uuid] and plan.gpus == ()
+    with pytest.raises(RequestError, match=r"GPU 0 \(.*\) is not this container's allocation"):
+        plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={node.gpus[0].uuid}"]), cfg)
+
+
+def test_inspect_shows_the_kubelet_check(node: Any, tmp_path: Path, kubelet: PodResourcesServer,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """nvshim inspect reports the container identity and that the grant was checked against the kubelet."""
+    from nvshim.cli import main
+
+    gpu = node.gpus[0]
+    kubelet.set([("team-a", "mine", {"main": {GPU: [gpu.uuid]}})])
+    cfg_path = tmp_path / "config.yaml"
+    cfg_path.write_text(
+        f"require-allocation: true\nverify-with: kubelet\ndriver-root: {node.root}\n"
+        f"kubelet-socket: {tmp_path}/kubelet.sock\nkubelet-checkpoint: null\n")
+    b = bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}"])
+    with pytest.raises(SystemExit) as exc:
+        main(["inspect", "--bundle", b, "--config", str(cfg_path)])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0
+    assert "container:     team-a/mine/main" in out
+    assert "verified:      kubelet (podresources): allocated " + gpu.uuid in out
