@@ -18,6 +18,7 @@ from nvshim.config import Config
 from nvshim.edits import Edits, driver_edits, gpu_edits, mig_edits
 from nvshim.errors import HostError, RequestError, SpecError
 from nvshim.request import (
+    SANDBOX_ANNOTATION,
     VISIBLE_DEVICES,
     Request,
     claims_gpus,
@@ -183,7 +184,8 @@ def plan_create(
     except SpecError as exc:
         raise SpecError(f"{spec_path}: {str(exc).replace('config.json: ', '')}") from exc
     identity, allocation, verified, early_notes = _ask_kubelet_if_needed(view, config)
-    request = resolve_request(view, config, allocation.ids if allocation is not None else None)
+    request = resolve_request(view, config, allocation.ids if allocation is not None else None,
+                              _pod_annotations(bundle, view, config))
     plan = Plan(spec_path, raw, spec, request, capabilities=request.capabilities)
     plan.identity, plan.allocation, plan.verified = identity, allocation, verified
     plan.notes.extend(early_notes)
@@ -320,6 +322,36 @@ def _ask_kubelet_if_needed(view: Any, config: Config) -> Tuple[Any, Any, str, Li
         return identity, None, "unreachable", [
             f"{exc}; GPU claims trusted unverified (kubelet-unreachable: trust-claims)"
         ]
+
+
+def _pod_annotations(bundle: str, view: Any, config: Config) -> Optional[Dict[str, str]]:
+    """The annotations of this CRI container's pod sandbox spec; None when unknown.
+
+    containerd copies a pod's pass-through annotations into the sandbox's spec and into
+    every container's; the device plugin's (container) annotations only into the
+    container's. Under containerd's runc shim the sandbox's bundle is the sibling
+    directory named by ``io.kubernetes.cri.sandbox-id``. Read only under
+    require-allocation for a container that carries an annotation claim.
+    """
+    if not config.require_allocation or view.sandbox:
+        return None
+    prefixes = config.annotation_prefixes
+    if not any(any(k.startswith(p) for p in prefixes) for k in view.annotations):
+        return None
+    sandbox_id = view.annotations.get("io.kubernetes.cri.sandbox-id", "")
+    if not sandbox_id or "/" in sandbox_id or sandbox_id in (".", ".."):
+        return None
+    path = os.path.join(os.path.dirname(os.path.abspath(bundle)), sandbox_id, "config.json")
+    try:
+        with open(path, "rb") as fh:
+            spec = json.loads(fh.read())
+    except (OSError, ValueError):
+        return None
+    notes = spec.get("annotations") if isinstance(spec, dict) else None
+    if not isinstance(notes, dict) or notes.get(SANDBOX_ANNOTATION) != "sandbox" \
+            or notes.get("io.kubernetes.cri.sandbox-id") != sandbox_id:
+        return None
+    return {k: v for k, v in notes.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def _allowed(gpus: Sequence[Any], ids: Sequence[str]) -> Dict[str, str]:

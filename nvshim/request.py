@@ -304,10 +304,11 @@ def _mount_ids(view: ImageView) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     return parse_visible_devices(",".join(ids)), tuple(notes)
 
 
-def _annotation_ids(view: ImageView, prefixes: Sequence[str]) -> Tuple[str, ...]:
+def _annotation_ids(view: ImageView, prefixes: Sequence[str],
+                    skip: Sequence[str] = ()) -> Tuple[str, ...]:
     names: List[str] = []
     for key in sorted(view.annotations):
-        if any(key.startswith(p) for p in prefixes):
+        if any(key.startswith(p) for p in prefixes) and key not in skip:
             names.extend(v.strip() for v in view.annotations[key].split(",") if v.strip())
     if not names:
         return ()
@@ -346,13 +347,17 @@ def _all_uuids(tokens: Sequence[str]) -> bool:
 
 
 def resolve_request(view: ImageView, config: Any,
-                    kubelet_ids: Optional[Sequence[str]] = None) -> Request:
+                    kubelet_ids: Optional[Sequence[str]] = None,
+                    pod_annotations: Optional[Mapping[str, str]] = None) -> Request:
     """Decide what the container gets, and why (see the module docstring).
 
     ``kubelet_ids`` are the device ids the kubelet allocated to this container (None when
     it was not asked): the ``kubelet`` allocation source grants them. Whether a claim from
     another source is inside them is checked once the claim is mapped onto GPUs
-    (:func:`check_allocated`).
+    (``nvshim.create.check_allocated``). ``pod_annotations`` are the annotations of the
+    container's pod sandbox spec, when known: under require-allocation an annotation the
+    container carries with the same key and value came from the pod (which any pod author
+    can write), not from the device plugin, and is no allocation.
     """
     if view.sandbox:
         return Request(source="sandbox", notes=("CRI sandbox container: passed through",))
@@ -400,6 +405,14 @@ def resolve_request(view: ImageView, config: Any,
         return grant("env", env_tokens, env_raw)
 
     # require-allocation: only a device plugin's allocation grants GPUs.
+    if annotation_ids and pod_annotations:
+        from_pod = [k for k in sorted(view.annotations)
+                    if any(k.startswith(p) for p in config.annotation_prefixes)
+                    and pod_annotations.get(k) == view.annotations[k]]
+        if from_pod:
+            notes.extend(f"annotation {k} ignored: it is the pod's (the sandbox spec has it), "
+                         "which any pod author can write" for k in from_pod)
+            annotation_ids = _annotation_ids(view, config.annotation_prefixes, from_pod)
     if mount_ids == ("all",) and not config.accept_all_from_mounts:
         notes.append(
             f"volume mount {DEVICE_LIST_DIR}/all ignored: a hostPath mount can fake it "

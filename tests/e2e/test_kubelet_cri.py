@@ -237,7 +237,7 @@ def test_kubelet_down_trust_claims_grants_and_records_it(cri: Node) -> None:
 
 
 def test_pod_annotation_claim_is_refused(cri: Node) -> None:
-    """A pod's cdi.k8s.io annotation never reaches the spec through the default handler, and through a handler that passes it the kubelet check refuses it."""
+    """A pod's cdi.k8s.io annotation grants nothing: the default handler does not pass it, a handler that does gets it recognised as the pod's; a CDI annotation outside the kubelet's record is refused."""
     claim = {"cdi.k8s.io/claim": "nvidia.com/gpu=0"}
     cri.kubelet.set([("team-a", "annotated", {"main": {}}), ("team-a", "annotated2", {"main": {}})])
     p = pod(cri, "annotated", annotations=claim)
@@ -246,11 +246,38 @@ def test_pod_annotation_claim_is_refused(cri: Node) -> None:
     assert "cdi.k8s.io/claim" not in spec_annotations(cri.base / "state", cid)
 
     p2 = pod(cri, "annotated2", handler="nvshim-podcdi", annotations=claim)
+    cid = start(cri, p2)
+    assert spec_annotations(cri.base / "state", cid)["cdi.k8s.io/claim"] == "nvidia.com/gpu=0"
+    assert gpu_minors(cri, p2) == []
+
+    assert cri.cri is not None
+    cid = cri.cri.create_container(
+        p2[0], p2[1], "second", "docker.io/nvshim-test/busybox:1", ["true"],
+        annotations={"cdi.k8s.io/nvidia-device-plugin": "nvidia.com/gpu=0"})
     with pytest.raises(CriError) as info:
-        start(cri, p2)
+        cri.cri.start_container(cid)
     gpu = cri.sim.gpus[0]
     assert (f"GPU 0 ({gpu.uuid}) is not this container's allocation: the kubelet allocated no "
-            "GPU to team-a/annotated2/main (claimed through cdi-annotations") in info.value.details
+            "GPU to team-a/annotated2/second (claimed through cdi-annotations") in info.value.details
+
+
+def test_pod_annotation_is_no_allocation_even_without_the_kubelet(cri: Node) -> None:
+    """Through a handler that passes pod annotations, with verify-with none: the pod's cdi.k8s.io claim grants nothing (it is in the sandbox spec too), the device plugin's container annotation grants its GPU."""
+    cri.config(verify_with="none")
+    p = pod(cri, "podclaim", handler="nvshim-podcdi",
+            annotations={"cdi.k8s.io/claim": "nvidia.com/gpu=0"})
+    assert cri.cri is not None
+    cid = start(cri, p)
+    assert spec_annotations(cri.base / "state", cid)["cdi.k8s.io/claim"] == "nvidia.com/gpu=0"
+    assert gpu_minors(cri, p) == []
+
+    dp = cri.sim.gpus[2]
+    cid = cri.cri.create_container(
+        p[0], p[1], "second", "docker.io/nvshim-test/busybox:1",
+        ["sh", "-c", "ls /dev; echo END; exec sleep 1000"],
+        annotations={"cdi.k8s.io/nvidia-device-plugin": "nvidia.com/gpu=2"})
+    cri.cri.start_container(cid)
+    assert gpu_minors(cri, p, "second") == [dp.minor]
 
 
 def test_time_slicing_replicas_shared_by_two_pods_are_allowed(cri: Node) -> None:

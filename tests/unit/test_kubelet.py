@@ -231,3 +231,40 @@ def test_inspect_shows_the_kubelet_check(node: Any, tmp_path: Path, kubelet: Pod
     assert exc.value.code == 0
     assert "container:     team-a/mine/main" in out
     assert "verified:      kubelet (podresources): allocated " + gpu.uuid in out
+
+
+def test_pod_annotation_is_told_from_the_device_plugins(node: Any, tmp_path: Path) -> None:
+    """Under require-allocation a cdi.k8s.io annotation also in the pod sandbox's spec is the pod's and grants nothing; the device plugin's does."""
+    tasks = tmp_path / "io.containerd.runtime.v2.task" / "k8s.io"
+    sandbox = tasks / "sandbox123"
+    sandbox.mkdir(parents=True)
+    pod_claim = {"cdi.k8s.io/claim": "nvidia.com/gpu=0"}
+    (sandbox / "config.json").write_text(json.dumps({"annotations": {
+        "io.kubernetes.cri.container-type": "sandbox", "io.kubernetes.cri.sandbox-id": "sandbox123",
+        **pod_claim}}))
+    cdi_dir = tmp_path / "cdi"
+    cdi_dir.mkdir()
+    from click.testing import CliRunner
+
+    from nvshim.cdi_generate import generate
+
+    res = CliRunner().invoke(generate, ["--driver-root", node.root, "--output",
+                                        str(cdi_dir / "nvidia.yaml")])
+    assert res.exit_code == 0, res.output
+    cfg = config(node, tmp_path, verify_with="none", cdi_spec_dirs=(str(cdi_dir),))
+
+    def container(annotations: Dict[str, str]) -> Any:
+        b = tasks / f"c{time.monotonic_ns()}"
+        b.mkdir()
+        spec = {"process": {"env": ["PATH=/bin"]}, "root": {"path": "rootfs"},
+                "annotations": {**cri(), "io.kubernetes.cri.sandbox-id": "sandbox123",
+                                **annotations}}
+        (b / "config.json").write_text(json.dumps(spec))
+        return plan_create(str(b), cfg)
+
+    plan = container(pod_claim)
+    assert not plan.request.injects
+    assert any("annotation cdi.k8s.io/claim ignored: it is the pod's" in n for n in plan.notes)
+    plan = container({**pod_claim, "cdi.k8s.io/nvidia-device-plugin": "nvidia.com/gpu=1"})
+    assert plan.request.source == "cdi-annotations"
+    assert plan.request.devices == ("nvidia.com/gpu=1",)
