@@ -7,6 +7,12 @@ Fixtures:
   ``$NVSHIM_RUNTIME_BIN``, else ``nvshim-runtime`` on PATH (the installed trampoline), else
   ``<repo>/.venv/bin/nvshim-runtime``, else the test is skipped.
 * ``nvshim_bin`` (session) -> str: the same for ``nvshim`` (``$NVSHIM_BIN``).
+
+Guard: tests must never write the node's grant journal (``/var/lib/nvshim/grants.jsonl``,
+the built-in default of ``grants-journal``). A test whose nvshim config grants a GPU must
+point ``grants-journal`` into its tmp dir (``tests.helpers.engines.write_nvshim_config``
+does). At the end of the session, a record in the node's journal whose bundle lies under
+this session's tmp dir fails the run, naming the bundles.
 """
 
 from __future__ import annotations
@@ -23,6 +29,28 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # `from tests.helpers... import ...` and `import nvshim` work without an installed package.
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+
+NODE_JOURNAL = Path("/var/lib/nvshim/grants.jsonl")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None or not NODE_JOURNAL.exists():
+        return
+    try:
+        base = str(factory.getbasetemp())
+    except (OSError, ValueError):
+        return
+    from nvshim.grants import read_grants
+
+    leaked = sorted({g.bundle for g in read_grants(str(NODE_JOURNAL))
+                     if g.bundle.startswith(base + "/")})
+    if leaked:
+        sys.stderr.write(
+            f"\nFAILED: tests wrote {len(leaked)} grant(s) to the node's journal {NODE_JOURNAL}; "
+            "set grants-journal in their nvshim config (bundles: " + ", ".join(leaked[:5]) + ")\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_configure(config: pytest.Config) -> None:

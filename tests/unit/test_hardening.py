@@ -109,7 +109,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> dict:
     recorder.chmod(0o755)
     cfg = base / "etc" / "config.yaml"
     cfg.parent.mkdir()
-    cfg.write_text(f"runtimes: [{recorder}]\ndriver-root: {sim.root}\n")
+    cfg.write_text(f"runtimes: [{recorder}]\ndriver-root: {sim.root}\n"
+                   f"grants-journal: {base}/grants.jsonl\n")  # never the node's journal
     compile_config(str(cfg))
     return {"base": base, "config": cfg, "recorder": recorder}
 
