@@ -15,6 +15,7 @@ only file a create may write next to it is the node plan cache (:mod:`nvshim.pla
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from nvshim._record import dataclass, fields
@@ -422,9 +423,12 @@ def _link_source(path: str) -> None:
         os.link(path, tmp)
         os.replace(tmp, link)
     except OSError as exc:
-        # without the link the trampoline hands every call to Python: slower, never wrong
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass  # never created
+        if exc.errno in (errno.EXDEV, errno.EPERM):
+            # a YAML bind-mounted from elsewhere cannot be linked: without the link the
+            # trampoline hands every call to Python (slower, never wrong; doctor says so)
+            return
         raise ConfigError(f"cannot link {link} to {path}: {exc.strerror}") from exc
