@@ -114,11 +114,16 @@ def stale_reasons(existing: Dict[str, Any], fresh: Dict[str, Any], host: Any) ->
               help="Which driver files the spec injects (NVIDIA_DRIVER_CAPABILITIES syntax).")
 @click.option("--gpu-source", type=click.Choice(["auto", "procfs", "nvml"]), default="auto",
               show_default=True, help="Where GPUs are read from.")
+@click.option("--hook-path", default=None, metavar="PATH",
+              help="Absolute path of an `nvshim` command on the hosts that will use the spec; "
+                   "its hook then runs as `PATH hook …` instead of naming this nvshim's venv "
+                   "interpreter, so the spec works where nvshim is installed elsewhere.")
 @click.option("--check", "check_file", default=None, metavar="FILE",
               help="Do not write: exit 1 with the reasons if FILE is stale for this node.")
 def generate(driver_root: Optional[str], dev_root: Optional[str], output: Optional[str],
              fmt: Optional[str], vendor: str, class_: str, strategies: Tuple[str, ...],
-             driver_capabilities: str, gpu_source: str, check_file: Optional[str]) -> None:
+             driver_capabilities: str, gpu_source: str, hook_path: Optional[str],
+             check_file: Optional[str]) -> None:
     """Generate a CDI spec for this node's GPUs (devices by index, UUID, MIG, and all).
 
     With --class imex-channel: a spec of the node's IMEX channels instead (write it to a
@@ -143,7 +148,12 @@ def generate(driver_root: Optional[str], dev_root: Optional[str], output: Option
 
         spec = generate_imex_spec(host, vendor)
     else:
-        spec = generate_spec(host, vendor, class_, strategies, caps, hook_command(), gpu_source)
+        hook: Tuple[str, ...] = hook_command()
+        if hook_path is not None:
+            if not hook_path.startswith("/"):
+                raise UsageError(f'--hook-path "{hook_path}" is not an absolute path')
+            hook = (hook_path, "hook")
+        spec = generate_spec(host, vendor, class_, strategies, caps, hook, gpu_source)
     if check_file:
         existing = cdi.load_spec_file(check_file).raw
         reasons = stale_reasons(dict(existing), spec, host)

@@ -337,8 +337,10 @@ def _add_optional_commands() -> None:
     from nvshim._cmd_runtime import runtime
     from nvshim._cmd_system import system
     from nvshim.cdi_generate import generate
+    from nvshim.cdi_transform import transform
 
     cdi.add_command(generate)
+    cdi.add_command(transform)
     cli.add_command(cdi)
     cli.add_command(runtime)
     cli.add_command(system)

@@ -288,8 +288,9 @@ class Edits:
 
 #: Options of read-only driver file mounts (libraries, binaries, firmware).
 RO_BIND = ("ro", "nosuid", "nodev", "bind")
-#: Options of IPC mounts (sockets, MPS pipe dir): writable, never executable.
-IPC_BIND = ("nosuid", "nodev", "noexec", "bind")
+#: Options of IPC mounts (sockets, MPS pipe dir): writable, never executable; recursive and
+#: private, since a directory (the MPS pipe dir) can carry submounts on the host.
+IPC_BIND = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
 
 #: The env a hook runs with: explicit, so nothing of the image's env reaches it.
 HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C")

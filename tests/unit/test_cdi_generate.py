@@ -82,7 +82,7 @@ def test_two_gpu_device_names(two_gpu: Any) -> None:
 
 
 def test_every_node_and_mount_is_complete(two_gpu: Any) -> None:
-    """Every deviceNode carries type/major/minor and every mount has the bind option."""
+    """Every deviceNode carries type/major/minor and every mount has the bind or rbind option."""
     spec = generate_spec(Host(two_gpu.root), hook_command=HOOK)
     nodes = [n for e in _all_edit_sets(spec) for n in e.get("deviceNodes") or []]
     mounts = [m for e in _all_edit_sets(spec) for m in e.get("mounts") or []]
@@ -90,7 +90,7 @@ def test_every_node_and_mount_is_complete(two_gpu: Any) -> None:
     for node in nodes:
         assert node["type"] == "c" and isinstance(node["major"], int) and isinstance(node["minor"], int), node
     for mount in mounts:
-        assert "bind" in mount["options"], mount
+        assert {"bind", "rbind"} & set(mount["options"]), mount
 
 
 def test_spec_level_env_is_void(two_gpu: Any) -> None:
