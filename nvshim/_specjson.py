@@ -24,7 +24,8 @@ import json
 import re
 from typing import Any, Dict, List, Optional
 
-__all__ = ["NumberLiteral", "MAX_DEPTH", "BOM", "decode_spec", "encode_spec", "SpecDepthError"]
+__all__ = ["NumberLiteral", "MAX_DEPTH", "BOM", "decode_spec", "encode_spec", "dumps",
+           "SpecDepthError"]
 
 BOM = b"\xef\xbb\xbf"
 
@@ -54,7 +55,7 @@ class NumberLiteral:
         return hash(self.text)
 
     def __repr__(self) -> str:
-        return f"NumberLiteral({self.text!r})"
+        return self.text  # as written: error messages quote it like the file does
 
     def __copy__(self) -> "NumberLiteral":
         return self
@@ -117,6 +118,25 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 def encode_spec(spec: Any, original: bytes) -> bytes:
     """Encode ``spec`` in the layout of ``original`` (tabs, spaces or compact; final
     newline and BOM kept), number literals verbatim."""
+    if b"\n\t" in original:
+        text = dumps(spec, original, indent="\t")
+    elif b"\n " in original:
+        text = dumps(spec, original, indent=2)
+    else:
+        text = dumps(spec, original, separators=(",", ":"))
+    if original.endswith(b"\n"):
+        text += "\n"
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        # lone surrogates only occur inside string literals; their escape means the same
+        data = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode("utf-8")
+    return BOM + data if original.startswith(BOM) else data
+
+
+def dumps(spec: Any, original: bytes = b"", **options: Any) -> str:
+    """``json.dumps(spec, ensure_ascii=False, **options)`` with number literals verbatim
+    (``original``: text the placeholder must not occur in)."""
     literals: List[str] = []
     marker: Optional[str] = None
 
@@ -132,21 +152,9 @@ def encode_spec(spec: Any, original: bytes) -> bytes:
         literals.append(obj.text)
         return f"{marker}{len(literals) - 1}"
 
-    if b"\n\t" in original:
-        text = json.dumps(spec, indent="\t", ensure_ascii=False, default=default)
-    elif b"\n " in original:
-        text = json.dumps(spec, indent=2, ensure_ascii=False, default=default)
-    else:
-        text = json.dumps(spec, separators=(",", ":"), ensure_ascii=False, default=default)
+    text = json.dumps(spec, ensure_ascii=False, default=default, **options)
     if literals:
         assert marker is not None
         pattern = re.compile('"' + re.escape(marker) + '([0-9]+)"')
         text = pattern.sub(lambda m: literals[int(m.group(1))], text)
-    if original.endswith(b"\n"):
-        text += "\n"
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError:
-        # lone surrogates only occur inside string literals; their escape means the same
-        data = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode("utf-8")
-    return BOM + data if original.startswith(BOM) else data
+    return text

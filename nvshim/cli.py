@@ -89,8 +89,10 @@ def _plan_summary(plan: Any, config: Any) -> dict:
 def _diff(plan: Any) -> str:
     if not plan.changed:
         return ""
-    before = json.dumps(plan.spec, indent=2, sort_keys=True).splitlines(keepends=True)
-    after = json.dumps(plan.new_spec, indent=2, sort_keys=True).splitlines(keepends=True)
+    from nvshim._specjson import dumps
+
+    before = dumps(plan.spec, plan.original, indent=2, sort_keys=True).splitlines(keepends=True)
+    after = dumps(plan.new_spec, plan.original, indent=2, sort_keys=True).splitlines(keepends=True)
     return "".join(
         difflib.unified_diff(before, after, "config.json", "config.json (after nvshim)")
     )

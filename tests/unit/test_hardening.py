@@ -142,6 +142,10 @@ def test_02_number_literals_of_unknown_fields_survive_a_rewrite(node: dict, tmp_
     literals = f"[1e999,1E2,-0,0.1000000000000000055511151231257827,{big},-{big},1.5,7,-0.0,2e-5]"
     raw = GPU_SPEC + f',"x-unknown":{{"n":{literals},"deep":{{"f":1.0E+2}}}}}}'.encode()
     bundle = make_bundle(tmp_path, raw)
+    for fmt in ("text", "json"):  # inspect's diff encodes them too
+        shown = nvshim_cli("inspect", "--bundle", str(bundle), "--config", str(node["config"]),
+                           "--format", fmt)
+        assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
     res = runtime_create(node, bundle)
     assert res.returncode == 0, res.stderr
     after = (bundle / "config.json").read_bytes()
