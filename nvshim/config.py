@@ -282,7 +282,7 @@ def _unique_key_loader(yaml: Any) -> Any:
     mistake either way; silently keeping one of them hides it.
     """
 
-    class UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc,name-defined]
+    class UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen: Dict[Any, int] = {}
             for key_node, _ in node.value:
