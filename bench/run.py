@@ -155,6 +155,8 @@ class Bench:
         cfg.write_text(
             f"runtimes: [{self.runc}]\n"
             f"driver-root: {self.node.root}\n"
+            # the journal stays on (its cost is part of a GPU create) but in the temp dir
+            f"grants-journal: {self.work / 'nvshim' / 'grants.jsonl'}\n"
         )
         subprocess.run(self.nvshim_cli + ["config", "compile", "--config", str(cfg)],
                        check=True, capture_output=True)
