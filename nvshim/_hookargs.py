@@ -11,9 +11,16 @@ from nvshim.errors import UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Sequence, Tuple
+    from typing import List, Optional, Sequence, Tuple
 
-__all__ = ["SEP", "build_hook_args", "parse_hook_args", "check_link", "check_folder"]
+__all__ = [
+    "SEP",
+    "build_hook_args",
+    "parse_hook_args",
+    "parse_host_driver_version",
+    "check_link",
+    "check_folder",
+]
 
 SEP = "::"
 
@@ -34,12 +41,16 @@ def check_folder(folder: str) -> None:
         raise UsageError(f"--folder {folder}: must be an absolute container path")
 
 
-def build_hook_args(links: Sequence[Tuple[str, str]], folders: Sequence[str]) -> List[str]:
-    """The hook arguments after ``-m nvshim.hook`` for *links* (target, link) and *folders*.
+def build_hook_args(links: Sequence[Tuple[str, str]], folders: Sequence[str],
+                    host_driver_version: Optional[str] = None) -> List[str]:
+    """The hook arguments after ``-m nvshim.hook`` for *links* (target, link) and *folders*;
+    *host_driver_version* turns on the CUDA forward-compatibility check (nvshim.cudacompat).
 
     The inverse of this module's parser: ``main`` accepts exactly what this returns.
     """
     args: List[str] = []
+    if host_driver_version:
+        args += ["--host-driver-version", host_driver_version]
     for folder in folders:
         check_folder(folder)
         args += ["--folder", folder]
@@ -68,3 +79,12 @@ def parse_hook_args(argv: Sequence[str]) -> Tuple[List[Tuple[str, str]], List[st
         elif rest[i] == "--folder":
             folders.append(rest[i + 1])
     return links, folders
+
+
+def parse_host_driver_version(argv: Sequence[str]) -> Optional[str]:
+    """The ``--host-driver-version`` of a full hook argv, or None."""
+    args = list(argv)
+    for i in range(len(args) - 1):
+        if args[i] == "--host-driver-version":
+            return args[i + 1]
+    return None

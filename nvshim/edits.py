@@ -315,7 +315,9 @@ def hook_for_libraries(libraries: Sequence[Any], hook_command: Sequence[str]) ->
     from nvshim._hookargs import build_hook_args
 
     folders = tuple(dict.fromkeys(lib.container_path.rsplit("/", 1)[0] for lib in libraries))
-    args = tuple(hook_command) + tuple(build_hook_args(hook_links(libraries), folders))
+    version = next((lib.container_path.rsplit("/libcuda.so.", 1)[1] for lib in libraries
+                    if "/libcuda.so." in lib.container_path), None)
+    args = tuple(hook_command) + tuple(build_hook_args(hook_links(libraries), folders, version))
     return Hook("createContainer", hook_command[0], args, HOOK_ENV)
 
 

@@ -99,6 +99,13 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
         metavar="DIR",
         help="container directory holding injected libraries (added to the ld.so.cache)",
     )
+    parser.add_argument(
+        "--host-driver-version",
+        default=None,
+        metavar="VERSION",
+        help="the host driver's version: a newer CUDA compat libcuda in the image "
+        "(/usr/local/cuda/compat) then goes first in the ld.so.cache",
+    )
     ns = parser.parse_args(list(argv))
     ns.link = [_parse_link(v) for v in ns.link]
     for folder in ns.folder:
@@ -203,7 +210,7 @@ def _apply(root: _inroot.RootFd, rootfs: str, args: argparse.Namespace) -> None:
     with root:
         apply_links(root, rootfs, args.link)
         if args.folder:
-            for line in update_ldcache(root, args.folder):
+            for line in update_ldcache(root, args.folder, None, args.host_driver_version):
                 sys.stderr.write(f"{_PREFIX}warning: {line}\n")
 
 

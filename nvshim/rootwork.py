@@ -85,13 +85,15 @@ class RootWork:
     """What has to be made inside one rootfs: links (target, container path), folders, and
     what the cache needs to know about files that runc will mount there (``planned``)."""
 
-    __slots__ = ("links", "folders", "planned")
+    __slots__ = ("links", "folders", "planned", "host_driver_version")
 
     def __init__(self, links: Sequence[Tuple[str, str]], folders: Sequence[str],
-                 planned: Mapping[str, Planned]) -> None:
+                 planned: Mapping[str, Planned],
+                 host_driver_version: Optional[str] = None) -> None:
         self.links = tuple(links)
         self.folders = tuple(folders)
         self.planned = planned
+        self.host_driver_version = host_driver_version
 
     def __repr__(self) -> str:
         return f"RootWork(links={self.links!r}, folders={self.folders!r})"
@@ -135,14 +137,16 @@ def work_from_hooks(hooks: Iterable[Any], mounts: Iterable[Any],
     the hook's folders; ``info(host_path)`` gives (flags, SONAME) of each (default: read
     the host file; the node plan cache supplies them without reading).
     """
-    from nvshim._hookargs import parse_hook_args
+    from nvshim._hookargs import parse_hook_args, parse_host_driver_version
 
     links: List[Tuple[str, str]] = []
     folders: List[str] = []
     found = False
+    version: Optional[str] = None
     for hook in hooks:
         if is_nvshim_hook(hook):
             found = True
+            version = version or parse_host_driver_version(hook.args)
             more_links, more_folders = parse_hook_args(hook.args)
             links += [pair for pair in more_links if pair not in links]
             folders += [f for f in more_folders if f not in folders]
@@ -167,7 +171,7 @@ def work_from_hooks(hooks: Iterable[Any], mounts: Iterable[Any],
                 target, hops = targets[target], hops + 1
             if _lib_name(name) and target in files:
                 planned.setdefault(directory, {})[name] = (files[target][0], None)
-    return RootWork(links, folders, planned)
+    return RootWork(links, folders, planned, version)
 
 
 def _links_in(links: Sequence[Tuple[str, str]], directory: str) -> List[Tuple[str, str]]:
@@ -274,7 +278,9 @@ def prepare(rootfs: str, work: RootWork) -> List[str]:
     with root:
         try:
             apply_links(root, rootfs, work.links)
-            return update_ldcache(root, work.folders, work.planned) if work.folders else []
+            if not work.folders:
+                return []
+            return update_ldcache(root, work.folders, work.planned, work.host_driver_version)
         except HostError as exc:
             cause = exc.__cause__
             if isinstance(cause, OSError) and cause.errno in _NOT_WRITABLE:
@@ -397,13 +403,22 @@ def _merge(existing: Sequence[CacheEntry], added: Sequence[CacheEntry]) -> List[
 
 
 def update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
-                   planned: Optional[Mapping[str, Planned]] = None) -> List[str]:
+                   planned: Optional[Mapping[str, Planned]] = None,
+                   host_driver_version: Optional[str] = None) -> List[str]:
     """Make *folders* known to the container's dynamic loader; return warning lines.
 
     Writes the ld.so.conf drop-in (and ``/etc/ld.so.conf`` if missing), then the cache:
     the image's entries plus :func:`_folder_entries` of each folder. Files are rewritten
     only when their content changes. OSError becomes :class:`HostError` (cause kept).
+    With *host_driver_version*, an image's newer CUDA compat directory goes first
+    (:mod:`nvshim.cudacompat`).
     """
+    if host_driver_version:
+        from nvshim.cudacompat import compat_folder
+
+        compat = compat_folder(root, host_driver_version)
+        if compat is not None and compat not in folders:
+            folders = (compat, *folders)
     try:
         return _update_ldcache(root, folders, planned or {})
     except OSError as exc:
