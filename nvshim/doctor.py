@@ -379,6 +379,13 @@ def check_allocation_trust(config: Optional[Config], path: str) -> Finding:
     if not config.require_allocation:
         return Finding(name, "skip", "require-allocation is off: every claim is granted anyway")
     if config.verify_with == "kubelet":
+        if not os.path.exists(config.kubelet_socket) and config.kubelet_unreachable == "fail":
+            return Finding(
+                name, "warn",
+                f"verify-with: kubelet, but the kubelet's PodResources socket "
+                f"{config.kubelet_socket} does not exist: every GPU claim of a pod will fail",
+                f"start the kubelet, or set kubelet-socket in {path} to where it listens",
+            )
         return Finding(name, "ok", "require-allocation checks every claim against the kubelet's "
                        f"record (kubelet-unreachable: {config.kubelet_unreachable})")
     forgeable = [s for s in config.allocation_sources if s in _FORGEABLE]

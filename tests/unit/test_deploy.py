@@ -126,3 +126,4 @@ def test_configmap_is_a_valid_nvshim_config_with_require_allocation() -> None:
     text = configmap["data"]["config.yaml"]
     config = config_module.parse_config_text(text.encode(), "deploy/configmap.yaml")
     assert config.require_allocation is True
+    assert config.verify_with == "kubelet" and config.kubelet_unreachable == "fail"

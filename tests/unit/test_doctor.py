@@ -129,7 +129,9 @@ def test_pitfall_detected_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_good_node_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str], sim: Any,
                            require_allocation: bool, default: Optional[str]) -> None:
     """A node with GPUs and either require-allocation on or runc as default passes every check."""
-    verify = {"verify_with": "kubelet"} if require_allocation else {}
+    (tmp_path / "kubelet.sock").touch()
+    verify = {"verify_with": "kubelet", "kubelet_socket": str(tmp_path / "kubelet.sock")} \
+        if require_allocation else {}
     config = write_config(tmp_path / "etc", require_allocation=require_allocation,
                           driver_root=sim.root, runtimes=["runc"],
                           cdi_spec_dirs=[str(tmp_path / "cdi")], **verify)
@@ -177,9 +179,16 @@ def test_allocation_trust_warns_about_forgeable_sources_with_the_fix(tmp_path: P
     assert finding.status == "warn"
     assert "(volume-mounts, cdi-annotations, envvar-uuids)" in finding.message
     assert finding.fix == f"set verify-with: kubelet in {config} (then nvshim config compile)"
+    socket = tmp_path / "kubelet.sock"
+    socket.touch()
     ok = doctor.check_allocation_trust(
-        Config(require_allocation=True, verify_with="kubelet"), str(config))
+        Config(require_allocation=True, verify_with="kubelet", kubelet_socket=str(socket)),
+        str(config))
     assert ok.status == "ok"
+    missing = doctor.check_allocation_trust(
+        Config(require_allocation=True, verify_with="kubelet",
+               kubelet_socket=str(tmp_path / "none.sock")), str(config))
+    assert missing.status == "warn" and "none.sock does not exist" in missing.message
     narrow = doctor.check_allocation_trust(
         Config(require_allocation=True, allocation_sources=("kubelet", "privileged")), str(config))
     assert narrow.status == "ok"
