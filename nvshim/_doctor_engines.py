@@ -15,7 +15,7 @@ from typing import Any, List, Mapping, Optional
 
 from nvshim.errors import NvshimError
 
-__all__ = ["check_crio", "check_docker"]
+__all__ = ["check_crio", "check_dev_char_links", "check_docker"]
 
 
 def _binary_problems(ours: Mapping[str, Optional[str]], key: str) -> List[str]:
@@ -99,3 +99,36 @@ def check_crio(path: str, config: Any, options: Any) -> Any:
         return Finding("crio", "fail", str(exc), "fix the file: crio will not start with it")
     return _check("crio", "CRI-O", f"{path} (+{len(seen.files)} file(s))", seen.handlers,
                   seen.default_runtime, "runtime_path", config, options)
+
+
+def check_dev_char_links(dev_root: str, systemd: Optional[bool] = None) -> Any:
+    """Every NVIDIA device node has its /dev/char/<major>:<minor> link (systemd needs it).
+
+    ``systemd`` (default: whether /run/systemd/system exists) says if systemd runs here;
+    without it nothing re-applies device rules and the check is ``skip``.
+    """
+    from nvshim.doctor import Finding
+    from nvshim.system import create_dev_char_symlinks
+
+    if systemd is None:
+        systemd = os.path.isdir("/run/systemd/system")
+    if not systemd:
+        return Finding("dev-char-links", "skip", "systemd does not run here: no daemon-reload "
+                       "can take devices away, /dev/char links are not needed")
+    try:
+        outcomes = create_dev_char_symlinks(dev_root, dry_run=True)
+    except NvshimError as exc:
+        return Finding("dev-char-links", "skip", str(exc))
+    missing = [f"{os.path.basename(o.path)} ({o.detail.split(',')[0]})" for o in outcomes
+               if o.action != "exists"]
+    if not missing:
+        return Finding("dev-char-links", "ok",
+                       f"{len(outcomes)} NVIDIA device node(s), each with its /dev/char link")
+    shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+    where = "" if dev_root in ("", "/") else f" --dev-root {dev_root}"
+    return Finding(
+        "dev-char-links", "warn",
+        f"/dev/char links missing or foreign: {shown}; a `systemctl daemon-reload` takes those "
+        "devices away from running containers that use the systemd cgroup driver",
+        f"nvshim system create-dev-char-symlinks{where}",
+    )

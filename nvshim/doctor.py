@@ -23,6 +23,9 @@ The checks, by name:
 ``docker`` / ``crio``
     the same three questions for Docker's daemon.json and CRI-O's config and drop-ins
     (see :mod:`nvshim._doctor_engines`).
+``dev-char-links``
+    every NVIDIA device node under the dev root has its ``/dev/char/<major>:<minor>``
+    link (systemd re-applies device rules by those on ``daemon-reload``).
 ``allocation-trust``
     require-allocation on, but it trusts claims a pod can write itself (``envvar-uuids``,
     ``volume-mounts``, ``cdi-annotations``) without ``verify-with: kubelet``.
@@ -593,6 +596,9 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     host = _host(usable, options)
     findings.append(check_gpus(host, options.config_path))
     findings.extend(check_cdi_specs(host, usable.cdi_spec_dirs))
+    from nvshim._doctor_engines import check_dev_char_links
+
+    findings.append(check_dev_char_links(host.dev_root))
     findings.append(check_trampoline(options.trampoline))
     return findings
 

@@ -210,11 +210,11 @@ def _feature_edits(host: Any, feature: str) -> Edits:
         return Edits(device_nodes=nodes, mounts=tuple(mounts))
     if feature == "gds":
         names = [n for n in _list_dev(host, "/dev") if _NVIDIA_FS.match(n)]
-        mounts: Tuple[Mount, ...] = ()
+        cufile: Tuple[Mount, ...] = ()
         if os.path.isfile(host.host_path("/etc/cufile.json")):
-            mounts = (Mount(host.host_path("/etc/cufile.json"), "/etc/cufile.json", None,
+            cufile = (Mount(host.host_path("/etc/cufile.json"), "/etc/cufile.json", None,
                             RO_BIND),)
-        return Edits(device_nodes=_nodes(host, [f"/dev/{n}" for n in names]), mounts=mounts)
+        return Edits(device_nodes=_nodes(host, [f"/dev/{n}" for n in names]), mounts=cufile)
     if feature == "mofed":
         names = _list_dev(host, "/dev/infiniband")
         return Edits(device_nodes=_nodes(host, [f"/dev/infiniband/{n}" for n in names]))

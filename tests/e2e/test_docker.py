@@ -124,7 +124,8 @@ def test_runtime_nvshim_void_sees_no_gpu(setup: Any) -> None:
 
 
 def test_runc_default_ignores_the_image_env(setup: Any) -> None:
-    """Without --runtime (runc is the default), the image's NVIDIA_VISIBLE_DEVICES=all gives nothing."""
+    """Without --runtime (runc is the default), the image's NVIDIA_VISIBLE_DEVICES=all gives
+    nothing."""
     result = setup["dockerd"].run(IMAGE, ["ls", "/dev"])
     result.check()
     assert gpu_minors(result.stdout) == []

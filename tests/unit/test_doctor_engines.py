@@ -101,3 +101,20 @@ def test_run_checks_includes_docker_and_crio(tmp_path: Path) -> None:
                                 driver_root=str(tmp_path), trampoline=str(tmp_path / "t"))
     checks: List[str] = [f.check for f in doctor.run_checks(opts)]
     assert "docker" in checks and "crio" in checks
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="simulated nodes need root")
+def test_dev_char_links_warn_then_ok(tmp_path: Path) -> None:
+    """Nodes without /dev/char links warn with the fix; after the command, ok."""
+    from nvshim._doctor_engines import check_dev_char_links
+    from nvshim.sim import create_node
+    from nvshim.system import create_dev_char_symlinks
+
+    node = create_node(str(tmp_path / "node"), gpus=2)
+    finding = check_dev_char_links(node.dev_root, systemd=True)
+    assert finding.status == "warn" and "daemon-reload" in finding.message
+    assert "195:254 (-> ../nvidia-modeset)" in finding.message
+    assert finding.fix == f"nvshim system create-dev-char-symlinks --dev-root {node.dev_root}"
+    assert check_dev_char_links(node.dev_root, systemd=False).status == "skip"
+    create_dev_char_symlinks(node.dev_root)
+    assert check_dev_char_links(node.dev_root, systemd=True).status == "ok"
