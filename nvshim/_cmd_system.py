@@ -84,6 +84,8 @@ def create_dev_char_symlinks_command(dev_root: str, dry_run: bool, fmt: str) -> 
     never replaced. Exits 1 when any link conflicts.
     """
     outcomes = create_dev_char_symlinks(dev_root, dry_run=dry_run)
-    _report(outcomes, [], fmt)
+    notes = [] if outcomes else [f"no NVIDIA device nodes under {dev_root.rstrip('/')}/dev: "
+                                 "nothing to link (nvshim system create-device-nodes makes them)"]
+    _report(outcomes, notes, fmt)
     if any(o.action == "conflict" for o in outcomes):
         raise SystemExit(1)

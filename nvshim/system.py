@@ -254,6 +254,8 @@ def _nvidia_nodes(dev_root: str) -> Iterator[Tuple[str, os.stat_result]]:
 
 def create_dev_char_symlinks(dev_root: str = "/", dry_run: bool = False) -> List[Outcome]:
     """``<dev_root>/dev/char/<major>:<minor> -> ../<name>`` for every NVIDIA device node."""
+    if not os.path.isdir(os.path.join(dev_root, "dev")):
+        raise HostError(f"{os.path.join(dev_root, 'dev')} is not a directory: wrong --dev-root?")
     char = os.path.join(dev_root, "dev", "char")
     outcomes = []
     for name, st in _nvidia_nodes(dev_root):

@@ -169,3 +169,15 @@ def test_help_explains_systemd_reason() -> None:
         assert text in links.output
     nodes = runner.invoke(system, ["create-device-nodes", "--help"], terminal_width=200)
     assert nodes.exit_code == 0 and "/proc/devices" in nodes.output and "--dry-run" in nodes.output
+
+
+def test_dev_char_links_wrong_dev_root_and_no_nodes(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A dev root without dev/ is a one-line error; one without NVIDIA nodes is a note, rc 0."""
+    rc, _, err = run_cli(["system", "create-dev-char-symlinks", "--dev-root",
+                          str(tmp_path / "nope")], capsys)
+    assert rc == 1 and err.count("\n") == 1 and "wrong --dev-root" in err
+    (tmp_path / "empty" / "dev").mkdir(parents=True)
+    rc, out, err = run_cli(["system", "create-dev-char-symlinks", "--dev-root",
+                            str(tmp_path / "empty")], capsys)
+    assert rc == 0 and out == "" and "nothing to link" in err
