@@ -67,7 +67,9 @@ class Plan:
     allocation: Any = None
     """What the kubelet allocated (:class:`nvshim.kubelet.Allocation`), when it was asked."""
     cdi_gpus: Tuple[Any, ...] = ()
-    """GPUs the granted CDI devices bring (by their /dev/nvidia<minor> nodes)."""
+    """Whole GPUs the granted CDI devices bring (by their device nodes)."""
+    cdi_migs: Tuple[Tuple[Any, Any], ...] = ()
+    """(parent GPU, MIG device) pairs the granted CDI devices bring (by their MIG caps)."""
     log_warnings: List[str] = field(default_factory=list)
     """Things an operator must hear about even though create goes on (runc --log warnings)."""
 
@@ -75,7 +77,7 @@ class Plan:
     def granted_uuids(self) -> Tuple[str, ...]:
         """UUIDs of every GPU and MIG device granted (the grant journal records these)."""
         out = [g.uuid for g in self.gpus] + [m.uuid for _, m in self.migs]
-        out += [g.uuid for g in self.cdi_gpus]
+        out += [g.uuid for g in self.cdi_gpus] + [m.uuid for _, m in self.cdi_migs]
         return tuple(dict.fromkeys(out))
 
     def applied_edits(self) -> Edits:
@@ -234,7 +236,7 @@ def plan_create(
     if tokens or (request.driver_files and not cdi_names):
         edits = edits + _node_edits(host, request, tokens, plan, config)
     if cdi_names and (config.grants_journal or plan.allocation is not None):
-        plan.cdi_gpus = _gpus_of_nodes(host, edits)
+        plan.cdi_gpus, plan.cdi_migs = _gpus_of_nodes(host, edits)
     if plan.allocation is not None and request.source != "kubelet":
         check_allocated(plan, host)
 
@@ -382,7 +384,7 @@ def check_allocated(plan: Plan, host: Any) -> None:
               for uuid, i in _allowed(gpus, list(allocation.others)).items()}
     by_uuid = {g.uuid: g for g in gpus}
     granted = [(g.index, g.uuid, g.uuid) for g in plan.gpus + plan.cdi_gpus]
-    granted += [(f"{p.index}:{m.index}", m.uuid, p.uuid) for p, m in plan.migs]
+    granted += [(f"{p.index}:{m.index}", m.uuid, p.uuid) for p, m in plan.migs + plan.cdi_migs]
     for label, uuid, parent in granted:
         if uuid in mine or parent in mine:
             continue
@@ -402,15 +404,20 @@ def check_allocated(plan: Plan, host: Any) -> None:
     plan.notes.append(f"every granted GPU is in the kubelet's record ({allocation.via})")
 
 
-def _gpus_of_nodes(host: Any, edits: Edits) -> Tuple[Any, ...]:
-    """The node's GPUs whose device node (major, minor) the edits inject."""
-    by_number = {(g.node.major, g.node.minor): g for g in host.gpus() if g.node is not None}
-    out: List[Any] = []
-    for node in edits.device_nodes:
-        gpu = by_number.get((node.major, node.minor))
-        if gpu is not None and gpu not in out:
-            out.append(gpu)
-    return tuple(out)
+def _gpus_of_nodes(host: Any, edits: Edits) -> Tuple[Tuple[Any, ...], Tuple[Tuple[Any, Any], ...]]:
+    """(whole GPUs, (parent, MIG device) pairs) whose device nodes the edits inject.
+
+    A MIG device is granted when all its capability nodes are; its parent's node then
+    belongs to the MIG device, not to a whole-GPU grant.
+    """
+    numbers = {(n.major, n.minor) for n in edits.device_nodes}
+    gpus = host.gpus()
+    migs = [(g, m) for g in gpus for m in g.mig
+            if m.cap_nodes and all((c.major, c.minor) in numbers for c in m.cap_nodes)]
+    mig_parents = {g.index for g, _ in migs}
+    whole = tuple(g for g in gpus if g.node is not None and g.index not in mig_parents
+                  and (g.node.major, g.node.minor) in numbers)
+    return whole, tuple(migs)
 
 
 def _fill_device_nodes(edits: Edits) -> Edits:

@@ -268,3 +268,35 @@ def test_pod_annotation_is_told_from_the_device_plugins(node: Any, tmp_path: Pat
     plan = container({**pod_claim, "cdi.k8s.io/nvidia-device-plugin": "nvidia.com/gpu=1"})
     assert plan.request.source == "cdi-annotations"
     assert plan.request.devices == ("nvidia.com/gpu=1",)
+
+
+def test_cdi_mig_device_is_checked_as_a_mig_device(tmp_path: Path,
+                                                   kubelet: PodResourcesServer) -> None:
+    """A CDI annotation naming a MIG device is matched by its MIG caps: granted when the kubelet allocated that MIG device, refused for another one."""
+    if os.geteuid() != 0:
+        pytest.skip("the simulated GPU node needs root (mknod)")
+    from click.testing import CliRunner
+
+    from nvshim.cdi_generate import generate
+    from nvshim.sim import create_node
+
+    node = create_node(str(tmp_path / "mig-node"), gpus=2, mig=True)
+    cdi_dir = tmp_path / "cdi"
+    cdi_dir.mkdir()
+    res = CliRunner().invoke(generate, ["--driver-root", node.root, "--output",
+                                        str(cdi_dir / "nvidia.yaml")])
+    assert res.exit_code == 0, res.output
+    mine, other = node.gpus[0].mig[0], node.gpus[0].mig[1]
+    kubelet.set([("team-a", "mine", {"main": {"nvidia.com/mig-1g.10gb": [mine.uuid]}})])
+    cfg = config(node, tmp_path, cdi_spec_dirs=(str(cdi_dir),))
+
+    def claim(name: str) -> Any:
+        return plan_create(bundle(tmp_path, [], annotations={
+            **cri(), "cdi.k8s.io/nvidia-device-plugin": f"nvidia.com/gpu={name}"}), cfg)
+
+    plan = claim("0:0")
+    assert [m.uuid for _, m in plan.cdi_migs] == [mine.uuid] and plan.cdi_gpus == ()
+    assert plan.granted_uuids == (mine.uuid,)
+    with pytest.raises(RequestError, match=r"MIG device 0:1 \(MIG-.*\) is not this container's"):
+        claim("0:1")
+    assert other.uuid != mine.uuid
