@@ -320,7 +320,8 @@ def _ask_kubelet_if_needed(view: Any, config: Config) -> Tuple[Any, Any, str, Li
         return identity, ask_kubelet(identity, config), "kubelet", []
     except KubeletUnreachable as exc:
         if config.kubelet_unreachable == "fail":
-            raise RequestError(f"{exc}; refusing the GPU claim (kubelet-unreachable: fail)") from exc
+            raise RequestError(
+                f"{exc}; refusing the GPU claim (kubelet-unreachable: fail)") from exc
         return identity, None, "unreachable", [
             f"{exc}; GPU claims trusted unverified (kubelet-unreachable: trust-claims)"
         ]
