@@ -205,7 +205,8 @@ def plan_create(
         )
 
     extras = _extras(view, config, request)
-    plan.notes.extend(extras.notes)
+    if extras is not None:
+        plan.notes.extend(extras.notes)
     if not request.injects and not extras:
         if request.set_void:
             plan.new_spec = apply_edits(spec, Edits(env=(f"{VISIBLE_DEVICES}=void",)))
@@ -480,10 +481,18 @@ def commit(plan: Plan, log: Any = None) -> bool:
     return True
 
 
-def _extras(view: Any, config: Config, request: Request) -> Any:
-    """IMEX channels and NVSwitch/GDS/MOFED/gdrcopy devices asked for (see nvshim.extras)."""
-    from nvshim.extras import Extras, asks_for_extras, resolve_extras
+#: The env names nvshim.extras reads (a test keeps this equal to its own lists).
+EXTRAS_ENV = ("NVIDIA_IMEX_CHANNELS", "NVIDIA_NVSWITCH", "NVIDIA_GDS", "NVIDIA_MOFED",
+              "NVIDIA_GDRCOPY")
 
-    if not asks_for_extras(view):
-        return Extras()
+
+def _extras(view: Any, config: Config, request: Request) -> Any:
+    """IMEX channels and NVSwitch/GDS/MOFED/gdrcopy devices asked for (see nvshim.extras);
+    None, without importing that module, when the spec names none of them."""
+    if not any(name in view.env for name in EXTRAS_ENV) and not any(
+        "/imex/" in str(m.get("destination", "")) for m in view.mounts
+    ):
+        return None
+    from nvshim.extras import resolve_extras
+
     return resolve_extras(view, config, request)

@@ -149,3 +149,11 @@ def test_imex_cdi_spec(node: Any, tmp_path: Path) -> None:
 
     with pytest.raises(CdiError, match="no IMEX channels"):
         generate_imex_spec(Host(create_node(str(tmp_path / "bare"), gpus=1).root))
+
+
+def test_create_quick_check_names_every_variable() -> None:
+    """create.py decides whether to import nvshim.extras from its own list of names."""
+    from nvshim.create import EXTRAS_ENV
+    from nvshim.extras import FEATURE_ENV, IMEX_ENV
+
+    assert set(EXTRAS_ENV) == {IMEX_ENV, *FEATURE_ENV.values()}

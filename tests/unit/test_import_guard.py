@@ -107,6 +107,7 @@ def test_create_with_one_gpu_loads_no_heavy_module(tmp_path: Path, rootfs: Path)
     assert forbidden_in(modules) == [], report(modules)
     assert "grpc" not in modules and "nvshim.kubelet" not in modules, report(modules)
     assert "nvshim.grants" in modules, report(modules)  # the grant was journaled
+    assert "nvshim.extras" not in modules, report(modules)  # no IMEX/NVSwitch/GDS asked for
 
 
 def test_grpc_loads_only_when_the_kubelet_is_asked(tmp_path: Path, rootfs: Path) -> None:
