@@ -239,7 +239,7 @@ def plan_create(
     if cdi_names and (config.grants_journal or plan.allocation is not None):
         plan.cdi_gpus, plan.cdi_migs = _gpus_of_nodes(host, edits)
     if plan.allocation is not None and request.source != "kubelet":
-        check_allocated(plan, host)
+        check_allocated(plan, host, config)
 
     if extras:
         from nvshim.extras import extras_edits
@@ -377,8 +377,25 @@ def _allowed(gpus: Sequence[Any], ids: Sequence[str]) -> Dict[str, str]:
     return out
 
 
-def check_allocated(plan: Plan, host: Any) -> None:
-    """Every granted GPU and MIG device must be in the kubelet's record for this container."""
+def check_allocated(plan: Plan, host: Any, config: Config) -> None:
+    """Every granted GPU and MIG device must be in the kubelet's record for this container.
+
+    A refusal read from the checkpoint is asked again of the PodResources API, which has the
+    last word (and names the container that holds the GPU).
+    """
+    refused = _refusal(plan, host)
+    if refused and plan.allocation.via == "checkpoint":
+        from nvshim.kubelet import ask_kubelet
+
+        plan.allocation = ask_kubelet(plan.identity, config, fresh=True)
+        refused = _refusal(plan, host)
+    if refused:
+        raise RequestError(refused)
+    plan.notes.append(f"every granted GPU is in the kubelet's record ({plan.allocation.via})")
+
+
+def _refusal(plan: Plan, host: Any) -> Optional[str]:
+    """The line refusing the first granted device the allocation lacks; None when all are in it."""
     allocation = plan.allocation
     gpus = host.gpus()
     mine = _allowed(gpus, allocation.ids)
@@ -399,11 +416,9 @@ def check_allocated(plan: Plan, host: Any) -> None:
                 f"GPU {by_uuid[u].index}" if u in by_uuid else u for u in mine
             ) or "no GPU"
             why = f"the kubelet allocated {own} to {plan.identity}"
-        raise RequestError(
-            f"{what} {label} ({uuid}) is not this container's allocation: {why} "
-            f"(claimed through {plan.request.source}, checked via {allocation.via})"
-        )
-    plan.notes.append(f"every granted GPU is in the kubelet's record ({allocation.via})")
+        return (f"{what} {label} ({uuid}) is not this container's allocation: {why} "
+                f"(claimed through {plan.request.source}, checked via {allocation.via})")
+    return None
 
 
 def _gpus_of_nodes(host: Any, edits: Edits) -> Tuple[Tuple[Any, ...], Tuple[Tuple[Any, Any], ...]]:

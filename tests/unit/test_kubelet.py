@@ -300,3 +300,62 @@ def test_cdi_mig_device_is_checked_as_a_mig_device(tmp_path: Path,
     with pytest.raises(RequestError, match=r"MIG device 0:1 \(MIG-.*\) is not this container's"):
         claim("0:1")
     assert other.uuid != mine.uuid
+
+
+def _checkpoint(tmp_path: Path, entries: List[Dict[str, Any]]) -> str:
+    path = tmp_path / "kubelet_internal_checkpoint"
+    path.write_text(json.dumps({"Data": {"PodDeviceEntries": [
+        {"PodUID": uid, "ContainerName": c, "ResourceName": GPU, "DeviceIDs": {"0": ids},
+         "AllocResp": ""} for uid, c, ids in entries], "RegisteredDevices": {}}, "Checksum": 1}))
+    return str(path)
+
+
+def test_checkpoint_entry_of_this_container_grants_without_a_grpc_call(
+        node: Any, tmp_path: Path, kubelet: PodResourcesServer) -> None:
+    """A claim the checkpoint lists for this pod UID and container is granted; List is not called."""
+    gpu = node.gpus[1]
+    kubelet.set([("team-a", "mine", {"main": {GPU: [gpu.uuid]}})])
+    ckpt = _checkpoint(tmp_path, [("uid-mine", "main", [gpu.uuid])])
+    plan = plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}"]),
+                       config(node, tmp_path, kubelet_checkpoint=ckpt))
+    assert [g.uuid for g in plan.gpus] == [gpu.uuid]
+    assert plan.allocation.via == "checkpoint"
+    assert kubelet.calls["List"] == 0
+
+
+def test_claim_beyond_the_checkpoint_is_refused_by_the_api_naming_the_holder(
+        node: Any, tmp_path: Path, kubelet: PodResourcesServer) -> None:
+    """A forged claim next to a real one: the checkpoint does not cover it, the API refuses it."""
+    mine, theirs = node.gpus[1], node.gpus[3]
+    kubelet.set([("team-a", "mine", {"main": {GPU: [mine.uuid]}}),
+                 ("team-b", "victim", {"train": {GPU: [theirs.uuid]}})])
+    ckpt = _checkpoint(tmp_path, [("uid-mine", "main", [mine.uuid]),
+                                  ("uid-victim", "train", [theirs.uuid])])
+    with pytest.raises(RequestError, match=r"GPU 3 \(.*\) is not this container's allocation: "
+                       r"the kubelet gave it to team-b/victim/train .*checked via podresources"):
+        plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={mine.uuid},{theirs.uuid}"]),
+                    config(node, tmp_path, kubelet_checkpoint=ckpt))
+    assert kubelet.calls["List"] == 1
+
+
+def test_api_has_the_last_word_when_the_checkpoint_is_behind(
+        node: Any, tmp_path: Path, kubelet: PodResourcesServer) -> None:
+    """The checkpoint lacks a GPU the API says is this container's: granted, via podresources."""
+    gpu = node.gpus[2]
+    kubelet.set([("team-a", "mine", {"main": {GPU: [node.gpus[0].uuid, gpu.uuid]}})])
+    ckpt = _checkpoint(tmp_path, [("uid-mine", "main", [node.gpus[0].uuid])])
+    plan = plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}"]),
+                       config(node, tmp_path, kubelet_checkpoint=ckpt))
+    assert [g.uuid for g in plan.gpus] == [gpu.uuid] and plan.allocation.via == "podresources"
+
+
+def test_checkpoint_without_this_container_asks_the_api(
+        node: Any, tmp_path: Path, kubelet: PodResourcesServer) -> None:
+    """No entry for this pod UID in the checkpoint: the API is asked and its record decides."""
+    gpu = node.gpus[0]
+    kubelet.set([("team-a", "mine", {"main": {GPU: [gpu.uuid]}})])
+    ckpt = _checkpoint(tmp_path, [("uid-other", "x", [node.gpus[3].uuid])])
+    plan = plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}"]),
+                       config(node, tmp_path, kubelet_checkpoint=ckpt))
+    assert [g.uuid for g in plan.gpus] == [gpu.uuid] and plan.allocation.via == "podresources"
+    assert kubelet.calls["List"] == 1
