@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Sequence
 
 from nvshim.errors import HostError
+
+TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = ["build_shared_object", "read_soname", "read_soname_fd"]
 

@@ -375,12 +375,14 @@ def _temp_name(name: str) -> str:
 
 
 def write_file_atomic(
-    root: Root, container_path: str, data: bytes, mode: int = 0o644, dir_mode: int = 0o755
+    root: Root, container_path: str, data: bytes, mode: int = 0o644, dir_mode: int = 0o755,
+    durable: bool = True,
 ) -> None:
     """Write *data* to *container_path* in *root*: temp file, fsync, rename over.
 
     Missing parent directories are created with *dir_mode*. Whatever the final component
     was (a symlink to the host, a file) is replaced, never followed or truncated.
+    ``durable=False`` skips the fsync (the rename still makes the write atomic).
     """
     parent_path, name = _split_final(container_path)
     parent = _walk(_root_fd(root), parent_path, create=True, mode=dir_mode, shown=container_path)
@@ -398,7 +400,8 @@ def write_file_atomic(
                 while view:
                     view = view[os.write(fd, view) :]
                 os.fchmod(fd, mode)
-                os.fsync(fd)
+                if durable:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)

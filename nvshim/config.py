@@ -16,13 +16,15 @@ only file a create may write next to it is the node plan cache (:mod:`nvshim.pla
 from __future__ import annotations
 
 import errno
-import json
 import os
-from nvshim._record import dataclass, fields
-from typing import Any, Dict, Mapping, Optional, Tuple
 
 from nvshim import __version__
+from nvshim._record import dataclass, fields
 from nvshim.errors import ConfigError
+
+TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+if TYPE_CHECKING:
+    from typing import Any, Dict, Mapping, Optional, Tuple
 
 __all__ = [
     "Config",
@@ -231,8 +233,10 @@ def _from_compiled(path: str, data: bytes) -> Optional[Config]:
     raw = _read(compiled_path(path))
     if raw is None:
         return None
+    from nvshim._jsonc import loads
+
     try:
-        doc = json.loads(raw)
+        doc = loads(raw)
     except ValueError:
         return None
     if not compiled_matches(doc, data):
@@ -244,6 +248,8 @@ def _from_compiled(path: str, data: bytes) -> Optional[Config]:
 
 
 def _schema() -> Dict[str, Any]:
+    import json
+
     here = os.path.dirname(os.path.abspath(__file__))
     for candidate in (
         os.path.join(here, "data", "config-schema.json"),
@@ -257,6 +263,8 @@ def _schema() -> Dict[str, Any]:
 
 
 def _describe_allowed(schema: Mapping[str, Any]) -> str:
+    import json
+
     if "enum" in schema:
         return "one of " + ", ".join(json.dumps(v) for v in schema["enum"])
     kind = schema.get("type")
@@ -302,6 +310,7 @@ def _unique_key_loader(yaml: Any) -> Any:
 
 def parse_config_text(data: bytes, path: str) -> Config:
     """Checked path: YAML → mapping → jsonschema → :class:`Config`."""
+    import json
     import yaml
 
     try:
@@ -368,6 +377,8 @@ def compile_config(path: Optional[str] = None, plan: bool = True) -> str:
     With ``plan``, the node plan cache next to it is rebuilt too (when the node has a
     driver to discover; see :mod:`nvshim.plancache`).
     """
+    import json
+
     from nvshim.files import write_atomic
 
     path = path or config_path()

@@ -41,11 +41,14 @@ def remove_stale_temps(directory: str, base: str) -> None:
             continue  # the pid exists (EPERM: another user's process)
 
 
-def write_atomic(path: str, data: bytes, default_mode: int = 0o644) -> None:
+def write_atomic(path: str, data: bytes, default_mode: int = 0o644, durable: bool = True) -> None:
     """Replace ``path`` with ``data`` atomically, keeping its mode (``default_mode`` if new).
 
     Readers see the old bytes or the new bytes, never a mix; a crash leaves at most a
-    ``.<name>.nvshim-*`` temp file behind, never a truncated target.
+    ``.<name>.nvshim-*`` temp file behind, never a truncated target. ``durable=False``
+    skips the two fsyncs (file and directory, ~2-8 ms on this VM) for files that are
+    rewritten by every create anyway (a bundle's config.json): atomicity is the rename's,
+    only surviving a power loss is given up.
     """
     directory = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
@@ -71,7 +74,8 @@ def write_atomic(path: str, data: bytes, default_mode: int = 0o644) -> None:
                 written = os.write(fd, view)
                 view = view[written:]
             os.fchmod(fd, mode)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -81,6 +85,8 @@ def write_atomic(path: str, data: bytes, default_mode: int = 0o644) -> None:
         except OSError:
             pass  # already gone; the original error is the one to report
         raise HostError(f"cannot write {path}: {exc.strerror}") from exc
+    if not durable:
+        return
     try:
         dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:

@@ -24,9 +24,9 @@ rename), so parallel first creates each write a complete file and the last renam
 
 from __future__ import annotations
 
-import json
 import os
 
+from nvshim import _jsonc
 from nvshim.discovery import (
     BINARIES,
     CONTROL_NODES,
@@ -253,7 +253,7 @@ def load(path: str, driver_root: str, dev_root: str) -> Tuple[Optional[CachedHos
     except OSError as exc:
         return None, f"plan cache unreadable: {exc.strerror}"
     try:
-        doc = json.loads(raw)
+        doc = _jsonc.loads(raw)
     except ValueError:
         return None, "plan cache is not valid JSON"
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -295,7 +295,7 @@ def _save(path: str, host: Host) -> Tuple[Optional[Dict[str, Any]], str]:
         return None, "not cached: the node changed during discovery"
     doc["key"] = _key(host.driver_root, host.dev_root)
     try:
-        write_atomic(path, (json.dumps(doc, separators=(",", ":")) + "\n").encode(),
+        write_atomic(path, (_jsonc.dumps(doc, separators=(",", ":")) + "\n").encode(),
                      default_mode=0o644)
         os.chmod(path, 0o644)  # never keep a looser mode found on an old copy
     except OSError as exc:

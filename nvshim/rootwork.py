@@ -25,6 +25,9 @@ same code (this module) and the same guarantees (every path resolved inside the 
 to be writable. ``ENOSPC``/``EDQUOT`` are errors, not a fallback: the hook would write the
 same files to the same filesystem.
 
+The files are not fsynced: every create (re)writes them, so after a power loss the next
+create of the container rewrites them too; the rename keeps each write atomic.
+
 Start-up matters (this runs on every GPU create): ``os``, ``stat``, ``errno`` and
 nvshim's in-root and ld.so.cache modules only.
 """
@@ -431,9 +434,9 @@ def _update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
     dropin = "".join(f"{folder}\n" for folder in folders).encode()
     dropin = b"# driver libraries injected by nvshim\n" + dropin
     if _inroot.read_file(root, LDCONF_DROPIN) != dropin:
-        _inroot.write_file_atomic(root, LDCONF_DROPIN, dropin, 0o644)
+        _inroot.write_file_atomic(root, LDCONF_DROPIN, dropin, 0o644, durable=False)
     if _inroot.read_file(root, LDCONF) is None:
-        _inroot.write_file_atomic(root, LDCONF, _LDCONF_DEFAULT, 0o644)
+        _inroot.write_file_atomic(root, LDCONF, _LDCONF_DEFAULT, 0o644, durable=False)
 
     old = _inroot.read_file(root, LDCACHE)
     existing: Sequence[CacheEntry] = ()
@@ -448,5 +451,5 @@ def _update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
     layout = "compat" if old and old.startswith(b"ld.so-1.7.0") else "new"
     data = build_ldcache(_merge(existing, added), layout)
     if data != old:
-        _inroot.write_file_atomic(root, LDCACHE, data, 0o644)
+        _inroot.write_file_atomic(root, LDCACHE, data, 0o644, durable=False)
     return warnings

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, List, Optional, Sequence
-
 from nvshim._argv import Invocation, parse_argv
 
+TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import NoReturn
+    from typing import List, NoReturn, Optional, Sequence
 
     from nvshim.config import Config
     from nvshim.create import Plan
