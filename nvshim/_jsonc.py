@@ -24,7 +24,7 @@ import _json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, List, Optional, Tuple, Union
+    from typing import Any, Dict, List, Optional, Tuple, Union
 
 __all__ = ["dumps", "loads"]
 
@@ -38,7 +38,7 @@ class _Context:
 
     strict = True
     object_hook = None
-    object_pairs_hook = None
+    object_pairs_hook: Any = None
     parse_float = float
     parse_int = int
     parse_constant = _CONSTANTS.__getitem__
@@ -47,19 +47,36 @@ class _Context:
 _scan = _json.make_scanner(_Context())
 
 
-def loads(data: Union[str, bytes]) -> Any:
-    """``json.loads(data)``, without importing ``json`` for well-formed UTF-8 input."""
+_SCANNERS: Dict[Tuple[Any, Any], Any] = {(None, None): _scan}
+
+
+def loads(data: Union[str, bytes], object_pairs_hook: Any = None, parse_constant: Any = None) -> Any:
+    """``json.loads(data, ...)``, without importing ``json`` for well-formed UTF-8 input.
+
+    An exception raised by a hook (e.g. a duplicate-key check) is raised again by
+    ``json.loads`` itself, so callers see exactly what json would give them.
+    """
+    scan = _SCANNERS.get((object_pairs_hook, parse_constant))
+    if scan is None:
+        context = _Context()
+        context.object_pairs_hook = object_pairs_hook
+        if parse_constant is not None:
+            context.parse_constant = parse_constant
+        scan = _SCANNERS[(object_pairs_hook, parse_constant)] = _json.make_scanner(context)
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         start = len(text) - len(text.lstrip(_WS))
-        value, end = _scan(text, start)
+        value, end = scan(text, start)
         if end == len(text) or not text[end:].strip(_WS):
             return value
-    except (ValueError, StopIteration, RecursionError):
-        pass  # not the simple case: json.loads below decides, with its own messages
+    except (ValueError, StopIteration, RecursionError, SystemError):
+        # Not the simple case: json.loads below decides, with its own messages. (The C
+        # scanner raises json.decoder.JSONDecodeError only when json.decoder is already
+        # imported; before that, malformed input ends in a SystemError.)
+        pass
     import json
 
-    return json.loads(data)
+    return json.loads(data, object_pairs_hook=object_pairs_hook, parse_constant=parse_constant)
 
 
 def _float(value: float) -> str:

@@ -19,15 +19,18 @@ loading JSON specs needs only the standard library: ``yaml`` is imported only wh
 
 from __future__ import annotations
 
-import json
 import os
-from nvshim._record import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from _collections_abc import Mapping  # loaded by os at start-up; collections.abc is not
 
+from nvshim import _jsonc
+from nvshim._record import dataclass, field
 from nvshim.edits import HOOK_NAMES, Edits
 from nvshim.errors import CdiError
 
+TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
     import jsonschema
 
 __all__ = [
@@ -52,6 +55,7 @@ __all__ = [
     "validate_spec",
     "validate_file",
     "load_registry",
+    "build_registry",
     "resolve_devices",
     "spec_to_dict",
     "dump_spec",
@@ -195,7 +199,7 @@ def _device_name_error(value: str) -> Optional[str]:
 
 
 def _show_char(char: str) -> str:
-    return json.dumps(char)
+    return _jsonc.dumps(char)
 
 
 def _kind_error(kind: str) -> Optional[str]:
@@ -399,7 +403,7 @@ def _type_name(value: Any) -> str:
 def _key_path(base: str, key: Any) -> str:
     if isinstance(key, str) and key and key.replace("_", "a").isalnum() and key.isascii():
         return f"{base}.{key}"
-    return f"{base}[{json.dumps(str(key))}]"
+    return f"{base}[{_jsonc.dumps(str(key))}]"
 
 
 class _Checker:
@@ -619,7 +623,7 @@ class _Checker:
         clos = self.string(rdt.get("closID"), f"{where}.closID")
         if clos and clos != "/":
             if clos in (".", "..") or "/" in clos or "\n" in clos or len(clos) >= 4096:
-                self.add(f"{where}.closID", f"invalid closID {json.dumps(clos)}")
+                self.add(f"{where}.closID", f"invalid closID {_jsonc.dumps(clos)}")
         for key in ("l3CacheSchema", "memBwSchema"):
             self.string(rdt.get(key), f"{where}.{key}")
         self.strings(rdt.get("schemata"), f"{where}.schemata")
@@ -690,7 +694,7 @@ def _validator() -> "jsonschema.protocols.Validator":
         location = schema_path()
         try:
             with open(location, encoding="utf-8") as stream:
-                schema = json.load(stream)
+                schema = _jsonc.loads(stream.read())
         except (OSError, ValueError) as exc:
             raise CdiError(f"cannot read the CDI schema {location}: {exc}") from exc
         cls = jsonschema.validators.validator_for(schema)
@@ -784,14 +788,16 @@ def _json_constant(name: str) -> Any:
 
 def _decode_json(text: str, path: str) -> Any:
     try:
-        return json.loads(text, object_pairs_hook=_json_pairs, parse_constant=_json_constant)
+        return _jsonc.loads(text, object_pairs_hook=_json_pairs, parse_constant=_json_constant)
     except _DuplicateKey as exc:
         raise CdiSpecError([Problem(path, "$", f'invalid JSON: duplicate key "{exc}"')]) from exc
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:
+        if getattr(exc, "colno", None) is None:  # not a json.JSONDecodeError
+            raise CdiSpecError([Problem(path, "$", f"invalid JSON: {exc}")]) from exc
         raise CdiSpecError(
-            [Problem(path, "$", f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}")]
+            [Problem(path, "$", f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}")]  # type: ignore[attr-defined]
         ) from exc
-    except (ValueError, RecursionError) as exc:
+    except RecursionError as exc:
         raise CdiSpecError([Problem(path, "$", f"invalid JSON: {exc}")]) from exc
 
 
@@ -821,7 +827,7 @@ def _yaml_loader() -> Any:
                         raise yaml.constructor.ConstructorError(
                             None,
                             None,
-                            f"duplicate key {json.dumps(str(key))}",
+                            f"duplicate key {_jsonc.dumps(str(key))}",
                             key_node.start_mark,
                         )
                     seen.append(key)
@@ -964,33 +970,52 @@ def load_registry(spec_dirs: Sequence[str] = DEFAULT_SPEC_DIRS) -> Registry:
     skipped and recorded in ``problems``. A device defined in two files of the same
     directory is a conflict: recorded, and the device is dropped entirely.
     """
+    return build_registry(spec_dirs, _scan_specs(spec_dirs))
+
+
+def _scan_specs(spec_dirs: Sequence[str]) -> Iterable[Tuple[int, Optional[Spec], List[Problem]]]:
+    """(rank, spec or None, problems) for every spec file of ``spec_dirs``, in CDI order."""
+    for rank, directory in enumerate(spec_dirs):
+        problems: List[Problem] = []
+        files = _spec_files(directory, problems)
+        if problems:
+            yield rank, None, problems
+        for path in files:
+            try:
+                yield rank, load_spec_file(path), []
+            except CdiSpecError as exc:
+                yield rank, None, exc.problems
+
+
+def build_registry(spec_dirs: Sequence[str],
+                   loaded: Iterable[Tuple[int, Optional[Spec], List[Problem]]]) -> Registry:
+    """A :class:`Registry` from specs already loaded, in scan order (CDI's priority and
+    conflict rules; shared by :func:`load_registry` and the spec index)."""
     registry = Registry(spec_dirs=tuple(spec_dirs))
     priority: Dict[str, int] = {}
     conflicted: set[str] = set()
-    for rank, directory in enumerate(spec_dirs):
-        for path in _spec_files(directory, registry.problems):
-            try:
-                spec = load_spec_file(path)
-            except CdiSpecError as exc:
-                registry.problems.extend(exc.problems)
-                continue
-            registry.specs.append(spec)
-            for index, device in enumerate(spec.devices):
-                name = qualified_name(spec.kind, device.name)
-                old = registry.devices.get(name)
-                if old is not None and priority[name] == rank:
-                    registry.problems.append(
-                        Problem(
-                            path,
-                            f"$.devices[{index}].name",
-                            f'conflicting device "{name}" (specs "{old.spec.path}", "{path}"):'
-                            " device dropped",
-                        )
+    for rank, spec, problems in loaded:
+        registry.problems.extend(problems)
+        if spec is None:
+            continue
+        path = spec.path
+        registry.specs.append(spec)
+        for index, device in enumerate(spec.devices):
+            name = qualified_name(spec.kind, device.name)
+            old = registry.devices.get(name)
+            if old is not None and priority[name] == rank:
+                registry.problems.append(
+                    Problem(
+                        path,
+                        f"$.devices[{index}].name",
+                        f'conflicting device "{name}" (specs "{old.spec.path}", "{path}"):'
+                        " device dropped",
                     )
-                    conflicted.add(name)
-                    continue
-                registry.devices[name] = ResolvedDevice(spec, device)
-                priority[name] = rank
+                )
+                conflicted.add(name)
+                continue
+            registry.devices[name] = ResolvedDevice(spec, device)
+            priority[name] = rank
     for name in conflicted:
         registry.devices.pop(name, None)
     return registry
@@ -1068,7 +1093,7 @@ def dump_spec(spec: Mapping[str, Any], fmt: str = "yaml") -> str:
     """
     ordered = _ordered(spec)
     if fmt == "json":
-        return json.dumps(ordered, indent=2, ensure_ascii=False) + "\n"
+        return _jsonc.dumps(ordered, indent=2, ensure_ascii=False) + "\n"
     if fmt == "yaml":
         import yaml
 

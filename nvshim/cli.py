@@ -76,6 +76,7 @@ def _plan_summary(plan: Any, config: Any) -> dict:
         "edits": plan.applied_edits().to_cdi(),
         "rootfs_work": {"by": plan.rootwork_by or None, "detail": plan.rootwork_why or None},
         "node_plan": plan.plan_source or None,
+        "cdi_registry": plan.cdi_source or None,
         "changes_config": plan.changed,
         "container": str(plan.identity) if plan.identity else None,
         "verified": plan.verified,
@@ -161,6 +162,8 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
         out.extend(f"  {m}" for m in mounts)
     if plan.plan_source:
         out.append(f"node plan:     {plan.plan_source}")
+    if plan.cdi_source:
+        out.append(f"CDI registry:  {plan.cdi_source}")
     if plan.rootwork_by == "runtime":
         out.append(f"in-root work:  by nvshim-runtime before runc, in {plan.rootwork_why}")
     elif plan.rootwork_by:
@@ -266,7 +269,13 @@ def config_compile(config_file: Optional[str]) -> None:
 
     out = compile_config(config_file, plan=False)
     click.echo(f"wrote {out}", err=True)
-    click.echo(f"node plan: {refresh(load_config(config_file))}", err=True)
+    from nvshim import cdiindex
+    from nvshim.config import cdi_index_path, config_path
+
+    config = load_config(config_file)
+    click.echo(f"node plan: {refresh(config)}", err=True)
+    index = cdi_index_path(config.source or config_path())
+    click.echo(f"CDI index: {cdiindex.refresh(config.cdi_spec_dirs, index)}", err=True)
 
 
 @config_group.command("show")

@@ -36,6 +36,7 @@ __all__ = [
     "plan_path",
     "source_link_path",
     "compiled_lists_fresh",
+    "cdi_index_path",
     "load_config",
     "compile_config",
     "compiled_matches",
@@ -123,6 +124,11 @@ def compiled_path(path: str) -> str:
 def plan_path(path: str) -> str:
     """The node plan cache (:mod:`nvshim.plancache`) kept next to the compiled config."""
     return _compiled(path, ".plan.json")
+
+
+def cdi_index_path(path: str) -> str:
+    """The index of the CDI spec dirs (:mod:`nvshim.cdiindex`) kept next to the compiled config."""
+    return _compiled(path, ".cdi-index.json")
 
 
 def runtimes_path(path: str) -> str:
@@ -411,9 +417,11 @@ def compile_config(path: Optional[str] = None, plan: bool = True) -> str:
         os.utime(target, ns=(source.st_atime_ns, source.st_mtime_ns))
     _link_source(path)
     if plan:
+        from nvshim import cdiindex
         from nvshim.plancache import refresh
 
         refresh(config)
+        cdiindex.refresh(config.cdi_spec_dirs, cdi_index_path(path))
     return out
 
 

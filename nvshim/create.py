@@ -60,6 +60,8 @@ class Plan:
     """``runtime``: the rootfs written; ``hook``: why the runtime cannot write it."""
     warnings: List[str] = field(default_factory=list)
     plan_source: str = ""
+    cdi_source: str = ""
+    """Where the CDI registry came from: the spec index, or a scan (and why)."""
     """Where the node's plan came from: the plan cache, or discovery (and why)."""
     host: Any = None
 
@@ -227,10 +229,16 @@ def plan_create(
     edits = Edits()
     cdi_names = request.cdi_names
     if cdi_names:
-        from nvshim import cdi
-
-        registry = cdi.load_registry(config.cdi_spec_dirs)
+        from nvshim import cdi, cdiindex
+        from nvshim.config import cdi_index_path, config_path
         from nvshim.edits import restrict_to_capabilities
+
+        registry, plan.cdi_source = cdiindex.registry_for(
+            config.cdi_spec_dirs, cdi_names, cdi_index_path(config.source or config_path()),
+            save_cache,
+        )
+        if log is not None:
+            log.event("cdi", source=plan.cdi_source)
 
         edits = edits + cdi.resolve_devices(registry, cdi_names)
         edits = restrict_to_capabilities(_fill_device_nodes(edits), request.capabilities)

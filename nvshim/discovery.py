@@ -24,7 +24,7 @@ from nvshim.request import GpuRef, MigRef, normalize_pci
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+    from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 __all__ = [
     "Host",

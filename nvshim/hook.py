@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import stat
 import sys
 
 from nvshim import _inroot
@@ -48,7 +47,7 @@ from nvshim.rootwork import LDCACHE, LDCONF, LDCONF_DROPIN, _host_error, apply_l
 # typing costs ~4-6 ms to import; annotations only (mypy treats TYPE_CHECKING as true).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Any, List, Mapping, NoReturn, Optional, Sequence, Tuple
+    from typing import IO, Any, Mapping, NoReturn, Optional, Sequence, Tuple
 
 __all__ = [
     "LDCACHE",

@@ -23,6 +23,10 @@ import pytest
 from tests.helpers.bundle import make_bundle, make_rootfs
 
 FORBIDDEN = ("click", "structlog", "yaml", "jsonschema", "pynvml")
+#: What a GPU create avoids on top (each costs 1-6 ms to import here): the create path is
+#: the interpreter's start-up modules, struct, errno, _json and nvshim's hot modules.
+SLOW = ("re", "typing", "enum", "json", "copy", "contextlib", "collections", "functools",
+        "dataclasses", "argparse", "weakref", "inspect", "ctypes", "hashlib")
 
 
 def imported_modules(stderr: str) -> List[str]:
@@ -47,8 +51,24 @@ def run_python(args: Sequence[str], env: Dict[str, str], cwd: Path) -> subproces
                           text=True, env=env, cwd=cwd, timeout=60)
 
 
+def run_like_trampoline(args: Sequence[str], env: Dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    """The runtime started exactly as the installed trampoline starts it (``-I -S``, explicit
+    sys.path), with ``-X importtime``."""
+    from nvshim._trampoline import default_paths
+
+    boot = (f"import sys; sys.path[0:0] = {json.dumps(default_paths())}; "
+            "from nvshim.runtime import main; main()")
+    return subprocess.run([sys.executable, "-I", "-S", "-X", "importtime", "-c", boot, *args],
+                          capture_output=True, text=True, env=env, cwd=cwd, timeout=60)
+
+
+def slow_in(modules: Sequence[str]) -> List[str]:
+    return sorted({m for m in modules if m.split(".")[0] in FORBIDDEN + SLOW})
+
+
 def compiled_config(tmp_path: Path, driver_root: str = "/", extra: str = "") -> Dict[str, str]:
-    """A config with runtimes [/bin/true], compiled so the runtime takes its JSON hot path."""
+    """A config with runtimes [/bin/true], compiled so the runtime takes its JSON hot path
+    (with its node plan cache and CDI index)."""
     cfg = tmp_path / "nvshim" / "config.yaml"
     cfg.parent.mkdir(parents=True)
     cfg.write_text(f"runtimes: [/bin/true]\ndriver-root: {driver_root}\n"
@@ -143,6 +163,55 @@ def test_grpc_loads_only_when_the_kubelet_is_asked(tmp_path: Path, rootfs: Path)
     assert "grpc" not in seen["plain"] and "grpc" not in seen["cri-none"]
     assert "grpc" in seen["cri-gpu"] and server.calls["List"] == 1
     assert all(forbidden_in(m) == [] for m in seen.values())
+
+
+def test_gpu_create_imports_nothing_but_startup_modules_and_nvshim(tmp_path: Path, rootfs: Path) -> None:
+    """A 1-GPU create started as the trampoline starts it (plan cache fresh) imports none of
+    re, typing, enum, json, copy, contextlib, collections … and still injects the GPU and
+    makes the SONAME links itself."""
+    if os.geteuid() != 0:
+        pytest.skip("the simulated GPU node needs root (mknod)")
+    from nvshim.sim import create_node
+
+    node = create_node(str(tmp_path / "node"), gpus=2)
+    bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    env = compiled_config(tmp_path, node.root)
+    res = run_like_trampoline(["create", "--bundle", str(bundle), "c2"], env, bundle)
+    assert res.returncode == 0, res.stderr[-2000:]
+    spec = json.loads((bundle / "config.json").read_text())
+    assert "/dev/nvidia0" in [d["path"] for d in spec["linux"]["devices"]]
+    assert os.path.islink(bundle / "rootfs/usr/lib/x86_64-linux-gnu/libcuda.so.1")
+    modules = imported_modules(res.stderr)
+    assert "nvshim.plancache" in modules, report(modules)
+    assert slow_in(modules) == [], report(modules)
+
+
+def test_cdi_name_create_with_a_yaml_spec_imports_no_yaml(tmp_path: Path, rootfs: Path) -> None:
+    """A create asking for nvidia.com/gpu=0 while the spec dir holds a YAML spec resolves it
+    from the CDI index: no yaml, and none of the slow modules either."""
+    if os.geteuid() != 0:
+        pytest.skip("the simulated GPU node needs root (mknod)")
+    from nvshim.sim import create_node
+
+    node = create_node(str(tmp_path / "node"), gpus=2)
+    spec_dir = tmp_path / "cdi"
+    res = subprocess.run([sys.executable, "-I", "-m", "nvshim.cli", "cdi", "generate", "--driver-root",
+                          node.root, "--output", str(spec_dir / "nvidia.yaml")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    (spec_dir / "other.json").write_text(json.dumps({
+        "cdiVersion": "0.5.0", "kind": "acme.com/fpga",
+        "devices": [{"name": "f0", "containerEdits": {"env": ["F=0"]}}]}))
+    bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"],
+                         env={"NVIDIA_VISIBLE_DEVICES": "nvidia.com/gpu=0"})
+    env = compiled_config(tmp_path, node.root, f"cdi-spec-dirs: [{spec_dir}]\n")
+    res = run_like_trampoline(["create", "--bundle", str(bundle), "c3"], env, bundle)
+    assert res.returncode == 0, res.stderr[-2000:]
+    spec = json.loads((bundle / "config.json").read_text())
+    assert "/dev/nvidia0" in [d["path"] for d in spec["linux"]["devices"]]
+    modules = imported_modules(res.stderr)
+    assert "nvshim.cdiindex" in modules, report(modules)
+    assert slow_in(modules) == [], report(modules)
 
 
 def test_python_passthrough_loads_no_heavy_module(tmp_path: Path) -> None:

@@ -80,3 +80,14 @@ def test_importing_it_does_not_import_json_or_re():
     out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[0:0] = {sys.path!r}; {code}"],
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_malformed_input_in_a_fresh_process_is_json_decode_error():
+    """Before json is imported, the C scanner cannot raise JSONDecodeError itself; the
+    error still comes out as json's, with line and column."""
+    code = ("from nvshim import _jsonc\n"
+            "try:\n    _jsonc.loads(b'{\"a\": 1,')\n"
+            "except ValueError as exc:\n    print(type(exc).__name__, exc.lineno, exc.colno)\n")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[0:0] = {sys.path!r}\n{code}"],
+                         capture_output=True, text=True)
+    assert out.stdout.strip() == "JSONDecodeError 1 9", out.stderr

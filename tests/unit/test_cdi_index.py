@@ -1,0 +1,108 @@
+"""nvshim.cdiindex: a CDI name resolves from the spec index exactly as from a full scan,
+loading only the specs of the requested kinds, and a stale or broken index is rebuilt."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from nvshim import cdi, cdiindex
+
+
+def spec(kind: str, devices: dict) -> dict:
+    return {"cdiVersion": "0.5.0", "kind": kind,
+            "devices": [{"name": n, "containerEdits": {"env": [e]}} for n, e in devices.items()]}
+
+
+def put(directory: Path, name: str, doc) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    if isinstance(doc, str):
+        path.write_text(doc)
+    else:
+        path.write_text(cdi.dump_spec(doc, "json" if name.endswith(".json") else "yaml"))
+    return path
+
+
+def node_dirs(tmp_path: Path) -> list:
+    """Two spec dirs: JSON and YAML specs of two kinds, a broken file, a conflict, an override."""
+    low, high = tmp_path / "etc-cdi", tmp_path / "run-cdi"
+    put(low, "a.yaml", spec("nvidia.com/gpu", {"0": "G=low0", "1": "G=low1"}))
+    put(low, "b.json", spec("acme.com/fpga", {"f0": "F=0"}))
+    put(low, "c.yaml", spec("nvidia.com/gpu", {"1": "G=conflict"}))
+    put(low, "d.json", "{broken")
+    put(high, "z.json", spec("nvidia.com/gpu", {"0": "G=high0"}))
+    return [str(low), str(high)]
+
+
+def problems(registry: cdi.Registry) -> list:
+    return [str(p) for p in registry.problems]
+
+
+def test_index_resolves_like_a_full_scan_and_loads_only_the_kind(tmp_path):
+    """Devices, priority, conflicts and the problem list match load_registry; only specs of
+    the requested kind are loaded."""
+    dirs = node_dirs(tmp_path)
+    index = str(tmp_path / "index.json")
+    full = cdi.load_registry(dirs)
+    for save in (True, False):  # the first builds and writes the index, the second reads it
+        reg, source = cdiindex.registry_for(dirs, ["nvidia.com/gpu=0"], index, save)
+        assert {n: d.device.edits for n, d in reg.devices.items()} == {
+            n: d.device.edits for n, d in full.devices.items() if n.startswith("nvidia.com/gpu=")}
+        assert problems(reg) == problems(full)
+        assert {s.kind for s in reg.specs} == {"nvidia.com/gpu"}
+    assert source == f"CDI index {index}"
+    assert cdi.resolve_devices(reg, ["nvidia.com/gpu=0"]).env == ("G=high0",)
+
+
+def test_yaml_spec_is_read_from_the_index(tmp_path):
+    """A fresh index answers for a YAML spec without reading the file: its decoded document
+    is in the index (so the create path never needs yaml)."""
+    dirs = node_dirs(tmp_path)
+    index = str(tmp_path / "index.json")
+    cdiindex.refresh(dirs, index)
+    doc = json.loads(Path(index).read_text())
+    yaml_entry = next(e for e in doc["entries"] if e["path"].endswith("a.yaml"))
+    assert yaml_entry["doc"]["devices"][0]["containerEdits"]["env"] == ["G=low0"]
+    code = (f"from nvshim import cdiindex, cdi; import sys\n"
+            f"reg, src = cdiindex.registry_for({dirs!r}, ['nvidia.com/gpu=1'], {index!r}, False)\n"
+            "print(src.split()[1], 'nvidia.com/gpu=1' in reg.devices, "
+            "cdi.resolve_devices(reg, ['nvidia.com/gpu=0']).env, 'yaml' in sys.modules)")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[0:0] = {sys.path!r}\n{code}"],
+                         capture_output=True, text=True)
+    # from the index; the same-directory conflict still drops gpu=1; no yaml imported
+    assert out.stdout.split() == ["index", "False", "('G=high0',)", "False"], out.stderr
+
+
+def test_changed_added_and_removed_specs_are_seen(tmp_path):
+    """Editing, adding and removing spec files invalidates the index; the next resolution sees
+    the change and writes a fresh index."""
+    dirs = node_dirs(tmp_path)
+    index = str(tmp_path / "index.json")
+    cdiindex.refresh(dirs, index)
+    high = Path(dirs[1])
+    put(high, "z.json", spec("nvidia.com/gpu", {"0": "G=edited"}))
+    reg, source = cdiindex.registry_for(dirs, ["nvidia.com/gpu=0"], index, True)
+    assert "stale" in source and cdi.resolve_devices(reg, ["nvidia.com/gpu=0"]).env == ("G=edited",)
+    put(high, "y.json", spec("nvidia.com/gpu", {"7": "G=7"}))
+    reg, _ = cdiindex.registry_for(dirs, ["nvidia.com/gpu=7"], index, True)
+    assert cdi.resolve_devices(reg, ["nvidia.com/gpu=7"]).env == ("G=7",)
+    (high / "z.json").unlink()
+    reg, _ = cdiindex.registry_for(dirs, ["nvidia.com/gpu=0"], index, True)
+    assert cdi.resolve_devices(reg, ["nvidia.com/gpu=0"]).env == ("G=low0",)
+    _, source = cdiindex.registry_for(dirs, ["nvidia.com/gpu=0"], index, True)
+    assert source == f"CDI index {index}"
+
+
+def test_corrupt_index_is_rebuilt(tmp_path):
+    """An index that is not JSON, or not an index, is never trusted; it is rebuilt."""
+    dirs = node_dirs(tmp_path)
+    index = tmp_path / "index.json"
+    for garbage in ("", "{nope", "[]", '{"format": 1, "key": {}}'):
+        index.write_text(garbage)
+        reg, source = cdiindex.registry_for(dirs, ["nvidia.com/gpu=0"], str(index), True)
+        assert source.startswith("CDI spec scan")
+        assert cdi.resolve_devices(reg, ["nvidia.com/gpu=0"]).env == ("G=high0",)
+        assert cdiindex.load(str(index), dirs)[1] == ""
