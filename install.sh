@@ -172,6 +172,7 @@ record "file $ETCDIR/config.runtimes"
 record "file $ETCDIR/config.annotation-prefixes"
 record "file $ETCDIR/config.plan.json"  # the node plan cache (written when a driver is found)
 record "file $ETCDIR/config.source-link"
+record "file $ETCDIR/config.cdi-index.json"  # the index of the CDI spec dirs
 
 # --- container engines ---------------------------------------------------------------
 configure_engine() {  # configure_engine ENGINE CONFIG [DROP-IN]
