@@ -15,9 +15,15 @@ Cases:
 
 * ``state``: ``state <id>`` of one created container (pure passthrough);
 * ``delete``: ``delete <id>`` of a container freshly created with plain runc (passthrough);
-* ``create+delete gpu=none|1|8``: ``create`` then ``delete`` of a busybox bundle with no
-  GPU request, ``NVIDIA_VISIBLE_DEVICES=0`` and ``=all`` on the 8-GPU node; config.json
-  is restored (untimed) before every create;
+* ``create+delete gpu=none|1|8|cdi``: ``create`` then ``delete`` of a busybox bundle with
+  no GPU request, ``NVIDIA_VISIBLE_DEVICES=0``, ``=all`` and ``=nvidia.com/gpu=0`` (a CDI
+  name, resolved from a YAML spec ``nvshim cdi generate`` wrote into the configured spec
+  dir) on the 8-GPU node; before every create (untimed) config.json is restored and
+  everything a previous create added to the rootfs (SONAME links, ld.so.cache, mount
+  targets) is removed, so each create meets a fresh rootfs as in real life;
+* ``shim stage gpu=1|cdi``: the same creates with the low-level runtime replaced by a
+  no-op (config ``runtimes: [/bin/true]``), against ``/bin/true`` alone: what nvshim
+  itself costs;
 * ``cdi generate``: ``nvshim cdi generate`` for 1, 8, 32, 64 and 256 simulated GPUs, wall
   time and peak RSS of the process (os.wait4), to show how the cost grows. Nodes beyond
   the driver's 32 GPUs come straight from the simulator (scale only). When the command is
@@ -148,23 +154,42 @@ class Bench:
                              env={"NVIDIA_VISIBLE_DEVICES": "0"}),
             "8": make_bundle(self.work / "b-8", rootfs, ["true"],
                              env={"NVIDIA_VISIBLE_DEVICES": "all"}),
+            "cdi": make_bundle(self.work / "b-cdi", rootfs, ["true"],
+                               env={"NVIDIA_VISIBLE_DEVICES": "nvidia.com/gpu=0"}),
         }
         self.originals = {k: (b / "config.json").read_bytes() for k, b in self.bundles.items()}
-        cfg = self.work / "nvshim" / "config.yaml"
-        cfg.parent.mkdir()
-        cfg.write_text(
-            f"runtimes: [{self.runc}]\n"
-            f"driver-root: {self.node.root}\n"
-            # the journal stays on (its cost is part of a GPU create) but in the temp dir
-            f"grants-journal: {self.work / 'nvshim' / 'grants.jsonl'}\n"
-        )
-        subprocess.run(self.nvshim_cli + ["config", "compile", "--config", str(cfg)],
+        self.rootfs_paths = {k: _tree(b / "rootfs") for k, b in self.bundles.items()}
+        spec_dir = self.work / "cdi"
+        subprocess.run(self.nvshim_cli + ["cdi", "generate", "--driver-root", self.node.root,
+                                          "--output", str(spec_dir / "nvidia.yaml")],
                        check=True, capture_output=True)
-        self.env["NVSHIM_CONFIG"] = str(cfg)
-        self.config = cfg
+        self.noop_env = dict(self.env)
+        for name, runtime, env in (("config", self.runc, self.env),
+                                   ("noop", "/bin/true", self.noop_env)):
+            cfg = self.work / "nvshim" / f"{name}.yaml"
+            cfg.parent.mkdir(exist_ok=True)
+            cfg.write_text(
+                f"runtimes: [{runtime}]\n"
+                f"driver-root: {self.node.root}\n"
+                f"cdi-spec-dirs: [{spec_dir}]\n"
+                # the journal stays on (its cost is part of a GPU create) but in the temp dir
+                f"grants-journal: {self.work / 'nvshim' / (name + '-grants.jsonl')}\n"
+            )
+            subprocess.run(self.nvshim_cli + ["config", "compile", "--config", str(cfg)],
+                           check=True, capture_output=True)
+            env["NVSHIM_CONFIG"] = str(cfg)
+        self.config = self.work / "nvshim" / "config.yaml"
 
     def restore(self, key: str) -> None:
+        """config.json as the engine wrote it, and the rootfs without what a create added."""
         (self.bundles[key] / "config.json").write_bytes(self.originals[key])
+        rootfs = self.bundles[key] / "rootfs"
+        for path in sorted(_tree(rootfs) - self.rootfs_paths[key], reverse=True):
+            full = rootfs / path
+            if full.is_dir() and not full.is_symlink():
+                full.rmdir()
+            else:
+                full.unlink()
 
     def create(self, tool: str, key: str, cid: str) -> float:
         self.restore(key)
@@ -185,6 +210,15 @@ class Bench:
             subprocess.run(self.rt(self.runc, "delete", "--force", cid),
                            capture_output=True, env=self.env)
         self.live.clear()
+
+
+def _tree(top: Path) -> set:
+    """Every path under ``top``, relative, symlinks not followed."""
+    out = set()
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            out.add(os.path.relpath(os.path.join(dirpath, name), top))
+    return out
 
 
 # --------------------------------------------------------------------------- cases
@@ -227,6 +261,19 @@ def case_create(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
                     lambda i: run(b.runc, "runc"), lambda i: run(b.runtime, "nvshim"))
     result["create_only_runc_ms"] = summary(parts["runc"])
     result["create_only_nvshim_ms"] = summary(parts["nvshim"])
+    b.restore(key)
+    return result
+
+
+def case_shim(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
+    """nvshim-runtime create with a no-op low-level runtime, against the no-op alone."""
+    def run(tool: str, env: Dict[str, str]) -> float:
+        b.restore(key)
+        return timed([tool, "create", "--bundle", str(b.bundles[key]), b.cid("shim")],
+                     env=env)[0]
+
+    result = paired(f"shim stage gpu={key}", pairs, lambda i: run("/bin/true", b.env),
+                    lambda i: run(b.runtime, b.noop_env))
     b.restore(key)
     return result
 
@@ -337,8 +384,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--runtime", default=DEFAULT_RUNTIME,
                         help=f"nvshim-runtime under test (default {DEFAULT_RUNTIME})")
     parser.add_argument("--runc", default=shutil.which("runc") or "/usr/sbin/runc")
-    parser.add_argument("--cases", default="state,delete,create,cdi",
-                        help="comma-separated subset of state,delete,create,cdi")
+    parser.add_argument("--cases", default="state,delete,create,shim,cdi",
+                        help="comma-separated subset of state,delete,create,shim,cdi")
     parser.add_argument("--cdi-repeats", type=int, default=5)
     parser.add_argument("--out", default=str(REPO / "bench" / "results.json"))
     args = parser.parse_args(argv)
@@ -371,8 +418,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             if "delete" in wanted:
                 results["cases"].append(case_delete(b, args.pairs))
             if "create" in wanted:
-                for key in ("none", "1", "8"):
+                for key in ("none", "1", "8", "cdi"):
                     results["cases"].append(case_create(b, args.pairs, key))
+            if "shim" in wanted:
+                for key in ("1", "cdi"):
+                    results["cases"].append(case_shim(b, args.pairs, key))
             if "cdi" in wanted:
                 results["cdi_generate"] = case_cdi(b, args.cdi_repeats)
         finally:
