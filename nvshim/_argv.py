@@ -71,19 +71,22 @@ _CMD_LONG: Dict[str, str] = {**_RUNC_CMD, **dict(_CRUN_CMD_LONG)}
 class Invocation:
     """What one runtime call asks for (a plain class: ``NamedTuple`` costs ~1 ms to define)."""
 
-    __slots__ = ("command", "bundle", "log", "log_format", "error")
+    __slots__ = ("command", "bundle", "log", "log_format", "error", "root", "container_id")
 
     def __init__(self, command: Optional[str], bundle: Optional[str], log: Optional[str],
-                 log_format: Optional[str], error: Optional[str]) -> None:
+                 log_format: Optional[str], error: Optional[str], root: Optional[str] = None,
+                 container_id: Optional[str] = None) -> None:
         self.command = command
         self.bundle = bundle
         self.log = log
         self.log_format = log_format
         self.error = error
+        self.root = root
+        self.container_id = container_id
 
     def __repr__(self) -> str:
-        return (f"Invocation(command={self.command!r}, bundle={self.bundle!r}, log={self.log!r}, "
-                f"log_format={self.log_format!r}, error={self.error!r})")
+        inner = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
+        return f"Invocation({inner})"
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Invocation) and all(
@@ -101,9 +104,9 @@ class Invocation:
     """runc's ``--log-format`` (``json`` or ``text``), when given."""
     error: Optional[str]
     """Why the argv cannot be parsed for create/run (e.g. a flag without its value)."""
-    root: Optional[str] = None
+    root: Optional[str]
     """runc's ``--root`` (where it keeps container state), when given."""
-    container_id: Optional[str] = None
+    container_id: Optional[str]
     """The container id of create/run (its first positional argument), when given."""
     version: bool = False
     """``-v``/``--version`` before any command: nvshim shows its version, then the runtime's."""

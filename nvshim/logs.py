@@ -26,10 +26,12 @@ def _utc_now() -> str:
 
 def _log_line(level: str, text: str, log: str, log_format: Optional[str]) -> None:
     """Append one runc-style line (JSON or logfmt) to runc's ``--log`` file."""
+    from nvshim._jsonc import dumps as json_dumps  # not the json package: warnings are hot
+
     if log_format == "json" or log_format is None and log.endswith(".json"):
-        line = json.dumps({"level": level, "msg": text, "time": _utc_now()})
+        line = json_dumps({"level": level, "msg": text, "time": _utc_now()})
     else:
-        line = f'time="{_utc_now()}" level={level} msg={json.dumps(text)}'
+        line = f'time="{_utc_now()}" level={level} msg={json_dumps(text)}'
     try:
         fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -42,8 +44,6 @@ def _log_line(level: str, text: str, log: str, log_format: Optional[str]) -> Non
 
 def report_error(message: str, log: Optional[str], log_format: Optional[str]) -> None:
     """Write one error line to runc's ``--log`` (JSON or text) and one to stderr."""
-    import json  # the error path only
-
     text = f"nvshim: {message}"
     if log:
         _log_line("error", text, log, log_format)

@@ -360,7 +360,7 @@ def _env_tokens(view: ImageView) -> Optional[Tuple[str, ...]]:
 
 def _names_replicas(values: Sequence[str]) -> bool:
     """Whether any raw id is a time-slicing replica (``<id>::N``)."""
-    return any(_REPLICA.match(v.strip()) and not _is_qualified(v.strip())
+    return any(_replica_of(v.strip()) is not None and not _is_qualified(v.strip())
                for value in values for v in value.split(","))
 
 
