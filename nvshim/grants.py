@@ -15,14 +15,17 @@ onto it. Bounded: when the file passes ``grants-journal-max-bytes`` the appender
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import time
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from nvshim import _jsonc
 from nvshim._record import dataclass
 from nvshim.errors import HostError
+
+# Appending a grant is on every GPU create: typing, json, subprocess and time are imported
+# only by the code that reads, compacts or queries (typing+json+subprocess ~10 ms here).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = [
     "Grant",
@@ -78,7 +81,8 @@ class Grant:
             "verified": self.verified, "namespace": self.namespace, "pod": self.pod,
             "pod_uid": self.pod_uid, "container": self.container,
         }
-        return (json.dumps(doc, separators=(",", ":"), sort_keys=True) + "\n").encode()
+        ordered = dict(sorted(doc.items()))  # json.dumps(sort_keys=True) of a flat record
+        return (_jsonc.dumps(ordered, separators=(",", ":")) + "\n").encode()
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> Optional["Grant"]:
@@ -169,6 +173,8 @@ def _ends_with_newline(path: str, size: int) -> bool:
 
 def _compact(path: str) -> None:
     """Rewrite the journal (lock held) with the records of existing containers or new ones."""
+    import time
+
     from nvshim.files import write_atomic
 
     now = time.time()
@@ -204,7 +210,7 @@ def read_grants(path: str) -> List[Grant]:
         if not raw.strip():
             continue
         try:
-            doc = json.loads(raw)
+            doc = _jsonc.loads(raw)
         except ValueError:
             continue
         if isinstance(doc, dict):
@@ -229,6 +235,8 @@ class Holder:
 
 def _state(grant: Grant, timeout: float) -> Tuple[str, int]:
     """``<runtime> --root R state ID`` → (status, pid); ("gone", 0) for no such container."""
+    import subprocess
+
     if not _exists(grant):
         return "gone", 0
     try:
@@ -242,7 +250,7 @@ def _state(grant: Grant, timeout: float) -> Tuple[str, int]:
     if res.returncode != 0:
         return ("gone", 0) if not _exists(grant) else ("unknown", 0)
     try:
-        doc = json.loads(res.stdout)
+        doc = _jsonc.loads(res.stdout)
         return str(doc.get("status", "unknown")), int(doc.get("pid") or 0)
     except (ValueError, TypeError, AttributeError):
         return "unknown", 0
@@ -318,7 +326,7 @@ def render_json(holders: Sequence[Holder]) -> str:
         ],
         "conflicts": {gpu: [h.grant.container_id for h in hs] for gpu, hs in sorted(clash.items())},
     }
-    return json.dumps(doc, indent=2)
+    return _jsonc.dumps(doc, indent=2)
 
 
 def _label(value: str) -> str:
