@@ -71,11 +71,12 @@ _CMD_LONG: Dict[str, str] = {**_RUNC_CMD, **dict(_CRUN_CMD_LONG)}
 class Invocation:
     """What one runtime call asks for (a plain class: ``NamedTuple`` costs ~1 ms to define)."""
 
-    __slots__ = ("command", "bundle", "log", "log_format", "error", "root", "container_id")
+    __slots__ = ("command", "bundle", "log", "log_format", "error", "root", "container_id",
+                 "version")
 
     def __init__(self, command: Optional[str], bundle: Optional[str], log: Optional[str],
                  log_format: Optional[str], error: Optional[str], root: Optional[str] = None,
-                 container_id: Optional[str] = None) -> None:
+                 container_id: Optional[str] = None, version: bool = False) -> None:
         self.command = command
         self.bundle = bundle
         self.log = log
@@ -83,6 +84,7 @@ class Invocation:
         self.error = error
         self.root = root
         self.container_id = container_id
+        self.version = version
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
@@ -108,7 +110,7 @@ class Invocation:
     """runc's ``--root`` (where it keeps container state), when given."""
     container_id: Optional[str]
     """The container id of create/run (its first positional argument), when given."""
-    version: bool = False
+    version: bool
     """``-v``/``--version`` before any command: nvshim shows its version, then the runtime's."""
 
     @property
