@@ -39,30 +39,36 @@ class _Context:
     strict = True
     object_hook = None
     object_pairs_hook: Any = None
-    parse_float = float
-    parse_int = int
+    parse_float: Any = float
+    parse_int: Any = int
     parse_constant = _CONSTANTS.__getitem__
 
 
 _scan = _json.make_scanner(_Context())
 
 
-_SCANNERS: Dict[Tuple[Any, Any], Any] = {(None, None): _scan}
+_SCANNERS: Dict[Tuple[Any, Any, Any, Any], Any] = {(None, None, None, None): _scan}
 
 
-def loads(data: Union[str, bytes], object_pairs_hook: Any = None, parse_constant: Any = None) -> Any:
+def loads(data: Union[str, bytes], object_pairs_hook: Any = None, parse_constant: Any = None,
+          parse_int: Any = None, parse_float: Any = None) -> Any:
     """``json.loads(data, ...)``, without importing ``json`` for well-formed UTF-8 input.
 
     An exception raised by a hook (e.g. a duplicate-key check) is raised again by
     ``json.loads`` itself, so callers see exactly what json would give them.
     """
-    scan = _SCANNERS.get((object_pairs_hook, parse_constant))
+    key = (object_pairs_hook, parse_constant, parse_int, parse_float)
+    scan = _SCANNERS.get(key)
     if scan is None:
         context = _Context()
         context.object_pairs_hook = object_pairs_hook
         if parse_constant is not None:
             context.parse_constant = parse_constant
-        scan = _SCANNERS[(object_pairs_hook, parse_constant)] = _json.make_scanner(context)
+        if parse_int is not None:
+            context.parse_int = parse_int
+        if parse_float is not None:
+            context.parse_float = parse_float
+        scan = _SCANNERS[key] = _json.make_scanner(context)
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         start = len(text) - len(text.lstrip(_WS))
@@ -76,7 +82,8 @@ def loads(data: Union[str, bytes], object_pairs_hook: Any = None, parse_constant
         pass
     import json
 
-    return json.loads(data, object_pairs_hook=object_pairs_hook, parse_constant=parse_constant)
+    return json.loads(data, object_pairs_hook=object_pairs_hook, parse_constant=parse_constant,
+                      parse_int=parse_int, parse_float=parse_float)
 
 
 def _float(value: float) -> str:
@@ -94,7 +101,7 @@ class _Fallback(Exception):
 
 
 def _write(value: Any, out: List[str], indent: str, level: int, item_sep: str,
-           key_sep: str, quote: Any) -> None:
+           key_sep: str, quote: Any, default: Any) -> None:
     if isinstance(value, str):
         out.append(quote(value))
     elif value is None:
@@ -116,7 +123,7 @@ def _write(value: Any, out: List[str], indent: str, level: int, item_sep: str,
         for i, item in enumerate(value):
             if i:
                 out.append(item_sep + inner)
-            _write(item, out, indent, level + 1, item_sep, key_sep, quote)
+            _write(item, out, indent, level + 1, item_sep, key_sep, quote, default)
         out.append("\n" + indent * level + "]")
     elif isinstance(value, dict):
         if not value:
@@ -132,8 +139,10 @@ def _write(value: Any, out: List[str], indent: str, level: int, item_sep: str,
                 out.append(item_sep + inner)
             first = False
             out.append(quote(key) + key_sep)
-            _write(item, out, indent, level + 1, item_sep, key_sep, quote)
+            _write(item, out, indent, level + 1, item_sep, key_sep, quote, default)
         out.append("\n" + indent * level + "}")
+    elif default is not None:
+        _write(default(value), out, indent, level, item_sep, key_sep, quote, default)
     else:
         raise _Fallback
 
@@ -143,23 +152,25 @@ def _no_default(value: Any) -> Any:
 
 
 def dumps(value: Any, indent: Union[None, int, str] = None,
-          separators: Optional[Tuple[str, str]] = None, ensure_ascii: bool = True) -> str:
-    """``json.dumps(value, indent=..., separators=..., ensure_ascii=...)``."""
+          separators: Optional[Tuple[str, str]] = None, ensure_ascii: bool = True,
+          default: Any = None) -> str:
+    """``json.dumps(value, indent=..., separators=..., ensure_ascii=..., default=...)``."""
     if separators is None:
         separators = (", ", ": ") if indent is None else (",", ": ")
     item_sep, key_sep = separators
     quote = _json.encode_basestring_ascii if ensure_ascii else _json.encode_basestring
     try:
         if indent is None:
-            encoder = _json.make_encoder({}, _no_default, quote, None, key_sep, item_sep,
-                                         False, False, True)
+            encoder = _json.make_encoder({}, default or _no_default, quote, None, key_sep,
+                                         item_sep, False, False, True)
             return "".join(encoder(value, 0))
         out: List[str] = []
         pad = " " * indent if isinstance(indent, int) else indent
-        _write(value, out, pad, 0, item_sep, key_sep, quote)
+        _write(value, out, pad, 0, item_sep, key_sep, quote, default)
         return "".join(out)
     except (_Fallback, RecursionError, ValueError, TypeError):
         pass  # not plain JSON data: json.dumps below decides (and raises what it raises)
     import json
 
-    return json.dumps(value, indent=indent, separators=separators, ensure_ascii=ensure_ascii)
+    return json.dumps(value, indent=indent, separators=separators, ensure_ascii=ensure_ascii,
+                      default=default)

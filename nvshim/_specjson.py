@@ -20,9 +20,14 @@ common path pays one cheap hook call per number.
 
 from __future__ import annotations
 
-import json
-import re
-from typing import Any, Dict, List, Optional
+from nvshim import _jsonc
+
+# On every GPU create: json (with re, enum …) and typing cost ~10 ms to import here.
+# nvshim._jsonc drives the same C decoder/encoder; re is imported only for the rare
+# number literal or lone surrogate.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional
 
 __all__ = ["NumberLiteral", "MAX_DEPTH", "BOM", "decode_spec", "encode_spec", "dumps",
            "SpecDepthError"]
@@ -88,8 +93,7 @@ def _too_deep(doc: Any, limit: int) -> bool:
     return False
 
 
-_DECODER = json.JSONDecoder(parse_int=_parse_int, parse_float=_parse_float,
-                            parse_constant=NumberLiteral)
+_HOOKS = {"parse_int": _parse_int, "parse_float": _parse_float, "parse_constant": NumberLiteral}
 
 
 #: Every byte but ``[`` and ``{``: one translate pass counts the openers.
@@ -103,16 +107,18 @@ def decode_spec(raw: bytes) -> Any:
     """
     text = (raw[len(BOM):] if raw.startswith(BOM) else raw).decode("utf-8")
     try:
-        doc = _DECODER.decode(text)
+        if text.startswith("\ufeff"):  # a second BOM: JSONDecoder.decode's own message
+            import json
+
+            doc = json.JSONDecoder(**_HOOKS).decode(text)
+        else:
+            doc = _jsonc.loads(text, **_HOOKS)  # = JSONDecoder(**_HOOKS).decode(text)
     except RecursionError as exc:
         raise SpecDepthError(f"nested deeper than {MAX_DEPTH} levels") from exc
     # A document with fewer brackets than the limit cannot be deeper: skip the walk.
     if len(raw.translate(None, _NOT_OPENERS)) > MAX_DEPTH and _too_deep(doc, MAX_DEPTH):
         raise SpecDepthError(f"nested deeper than {MAX_DEPTH} levels")
     return doc
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def encode_spec(spec: Any, original: bytes) -> bytes:
@@ -129,8 +135,10 @@ def encode_spec(spec: Any, original: bytes) -> bytes:
     try:
         data = text.encode("utf-8")
     except UnicodeEncodeError:
+        import re
+
         # lone surrogates only occur inside string literals; their escape means the same
-        data = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode("utf-8")
+        data = re.compile("[\ud800-\udfff]").sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode("utf-8")
     return BOM + data if original.startswith(BOM) else data
 
 
@@ -152,8 +160,15 @@ def dumps(spec: Any, original: bytes = b"", **options: Any) -> str:
         literals.append(obj.text)
         return f"{marker}{len(literals) - 1}"
 
-    text = json.dumps(spec, ensure_ascii=False, default=default, **options)
+    if set(options) <= {"indent", "separators"}:  # the create path: no json import
+        text = _jsonc.dumps(spec, ensure_ascii=False, default=default, **options)
+    else:  # e.g. inspect's sort_keys=True
+        import json
+
+        text = json.dumps(spec, ensure_ascii=False, default=default, **options)
     if literals:
+        import re
+
         assert marker is not None
         pattern = re.compile('"' + re.escape(marker) + '([0-9]+)"')
         text = pattern.sub(lambda m: literals[int(m.group(1))], text)
