@@ -18,8 +18,9 @@ in JSON form. A create then
 
 A stale index is rebuilt incrementally (only changed files are parsed again, so yaml is
 imported only when a YAML spec changed) and written atomically for the next create; a
-missing, corrupt or unwritable index is never trusted and never fails a create. It is
-also written by ``nvshim config compile``.
+missing, corrupt or unwritable index is never trusted and never fails a create, nor is
+one that others could have written (it carries hooks and mounts: the config's ownership
+and mode rule applies). It is also written by ``nvshim config compile``.
 """
 
 from __future__ import annotations
@@ -127,8 +128,16 @@ def _fresh(doc: Any, spec_dirs: Sequence[str]) -> str:
 def load(path: str, spec_dirs: Sequence[str]) -> Tuple[Optional[Dict[str, Any]], str]:
     """(the index document, "") when ``path`` holds a fresh index; else (the document if
     it could be read — for incremental rebuilds — or None, why it is not usable)."""
+    from nvshim.config import check_trusted
+    from nvshim.errors import ConfigError
+
     try:
         with open(path, "rb") as fh:
+            try:
+                # it carries hooks and mounts injected into containers: trusted like the config
+                check_trusted(path, os.fstat(fh.fileno()))
+            except ConfigError as exc:
+                return None, f"CDI index not trusted: {exc}"
             raw = fh.read()
     except OSError:
         return None, "no CDI index"
@@ -145,6 +154,9 @@ def _save(path: str, doc: Dict[str, Any]) -> str:
     try:
         write_atomic(path, (_jsonc.dumps(doc, separators=(",", ":")) + "\n").encode(),
                      default_mode=0o644)
+        os.chmod(path, 0o644)  # never keep a looser mode found on an old copy
+    except OSError as exc:
+        return f"not written: cannot chmod {path}: {exc.strerror}"
     except NvshimError as exc:
         return f"not written: {exc}"
     return f"written to {path}"

@@ -4,6 +4,7 @@ loading only the specs of the requested kinds, and a stale or broken index is re
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,23 @@ def test_corrupt_index_is_rebuilt(tmp_path):
         assert source.startswith("CDI spec scan")
         assert cdi.resolve_devices(reg, ["nvidia.com/gpu=0"]).env == ("G=high0",)
         assert cdiindex.load(str(index), dirs)[1] == ""
+
+
+def test_index_others_could_write_is_not_trusted(tmp_path):
+    """A group/world-writable index (it carries hooks and mounts) is ignored and rewritten 0644,
+    as the config and the plan cache are, when running as root."""
+    if os.geteuid() != 0:
+        return  # the rule protects root only
+    dirs = node_dirs(tmp_path)
+    index = tmp_path / "index.json"
+    cdiindex.refresh(dirs, str(index))
+    doc = json.loads(index.read_text())
+    for entry in doc["entries"]:  # a planted device whose env would show it was used
+        if entry["doc"] is not None:
+            entry["doc"]["devices"][0]["containerEdits"]["env"] = ["G=planted"]
+    index.write_text(json.dumps(doc))
+    os.chmod(index, 0o666)
+    reg, source = cdiindex.registry_for(dirs, ["nvidia.com/gpu=0"], str(index), True)
+    assert "not trusted" in source
+    assert all(d.device.edits.env != ("G=planted",) for d in reg.devices.values())
+    assert os.stat(index).st_mode & 0o777 == 0o644

@@ -421,7 +421,8 @@ def test_16_no_stray_shell_artifacts_at_the_repo_root() -> None:
 
 
 def test_01_compiling_twice_leaves_one_source_link_and_no_temp_files(tmp_path: Path) -> None:
-    """compile twice: the lists, the compiled copy and one hard link to the YAML, nothing else."""
+    """compile twice: the lists, the compiled copy, the CDI index and one hard link to the
+    YAML, nothing else."""
     from nvshim.config import compile_config, compiled_lists_fresh, source_link_path
 
     config = tmp_path / "config.yaml"
@@ -429,8 +430,8 @@ def test_01_compiling_twice_leaves_one_source_link_and_no_temp_files(tmp_path: P
     compile_config(str(config))
     compile_config(str(config))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "config.annotation-prefixes", "config.compiled.json", "config.runtimes",
-        "config.source-link", "config.yaml"]
+        "config.annotation-prefixes", "config.cdi-index.json", "config.compiled.json",
+        "config.runtimes", "config.source-link", "config.yaml"]
     assert os.path.samefile(config, source_link_path(str(config)))
     assert compiled_lists_fresh(str(config))
     config.write_text("runtimes: [crun]\n")
