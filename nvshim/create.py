@@ -362,7 +362,7 @@ def _pod_annotations(bundle: str, view: Any, config: Config) -> Optional[Dict[st
     path = os.path.join(os.path.dirname(os.path.abspath(bundle)), sandbox_id, "config.json")
     try:
         with open(path, "rb") as fh:
-            spec = json.loads(fh.read())
+            spec = _jsonc.loads(fh.read())
     except (OSError, ValueError):
         return None
     notes = spec.get("annotations") if isinstance(spec, dict) else None
