@@ -17,8 +17,6 @@ controls this directory, so its symlinks cannot lead the check (or the cache) ou
 
 from __future__ import annotations
 
-import re
-
 from nvshim import _inroot
 
 TYPE_CHECKING = False
@@ -28,7 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["COMPAT_DIR", "compat_folder", "driver_major"]
 
 COMPAT_DIR = "/usr/local/cuda/compat"
-_COMPAT_LIBCUDA = re.compile(r"^libcuda\.so\.([0-9]+)\.[0-9]+(?:\.[0-9]+)?$")
+# compiled only for an image that has the compat dir (re costs ~6 ms to import per create)
+_COMPAT_LIBCUDA = r"^libcuda\.so\.([0-9]+)\.[0-9]+(?:\.[0-9]+)?$"
 
 
 def driver_major(version: str) -> Optional[int]:
@@ -48,7 +47,9 @@ def compat_folder(root: _inroot.RootFd, host_driver_version: str) -> Optional[st
         return None  # not a directory, a symlink loop, unreadable: no compat package
     if not names:
         return None
-    majors = [int(m.group(1)) for m in map(_COMPAT_LIBCUDA.match, names) if m]
+    import re
+
+    majors = [int(m.group(1)) for m in (re.match(_COMPAT_LIBCUDA, n) for n in names) if m]
     if len(majors) != 1 or majors[0] <= host:
         return None
     return COMPAT_DIR
