@@ -212,6 +212,8 @@ def plan_create(
     extras = _extras(view, config, request)
     if extras is not None:
         plan.notes.extend(extras.notes)
+        if extras.imex_channels and plan.allocation is not None:
+            check_imex_allocated(plan, extras, config)
     if not request.injects and not extras:
         if request.set_void:
             plan.new_spec = apply_edits(spec, Edits(env=(f"{VISIBLE_DEVICES}=void",)))
@@ -317,12 +319,13 @@ def _ask_kubelet_if_needed(view: Any, config: Config) -> Tuple[Any, Any, str, Li
     """(identity, allocation, verified, notes): the kubelet's record when config needs it.
 
     Asked only under require-allocation with ``verify-with: kubelet`` or the ``kubelet``
-    source, for a CRI container that claims a GPU. Unreachable: ``kubelet-unreachable``
-    decides (fail the create, or trust the claims and say so).
+    source, for a CRI container that claims a GPU or an IMEX channel. Unreachable:
+    ``kubelet-unreachable`` decides (fail the create, or trust the claims and say so).
     """
     identity = identity_of(view.annotations)
     wants = config.verify_with == "kubelet" or "kubelet" in config.allocation_sources
-    if not (config.require_allocation and wants and claims_gpus(view, config)):
+    if not (config.require_allocation and wants
+            and (claims_gpus(view, config) or _claims_imex(view))):
         return identity, None, "none", []
     from nvshim.kubelet import KubeletUnreachable, ask_kubelet
 
@@ -336,7 +339,7 @@ def _ask_kubelet_if_needed(view: Any, config: Config) -> Tuple[Any, Any, str, Li
     except KubeletUnreachable as exc:
         if config.kubelet_unreachable == "fail":
             raise RequestError(
-                f"{exc}; refusing the GPU claim (kubelet-unreachable: fail)") from exc
+                f"{exc}; refusing the claim (kubelet-unreachable: fail)") from exc
         return identity, None, "unreachable", [
             f"{exc}; GPU claims trusted unverified (kubelet-unreachable: trust-claims)"
         ]
@@ -435,6 +438,41 @@ def _refusal(plan: Plan, host: Any) -> Optional[str]:
     return None
 
 
+def check_imex_allocated(plan: Plan, extras: Any, config: Config) -> None:
+    """Every granted IMEX channel must be in the kubelet's record for this container.
+
+    The kubelet lists a channel under a resource named ``*imex*`` (see nvshim.kubelet);
+    a channel it gave no one, or gave another container, is refused. As for GPUs, a
+    refusal read from the checkpoint is asked again of the PodResources API.
+    """
+    refused = _imex_refusal(plan, extras)
+    if refused and plan.allocation.via == "checkpoint":
+        from nvshim.kubelet import ask_kubelet
+
+        plan.allocation = ask_kubelet(plan.identity, config, fresh=True)
+        refused = _imex_refusal(plan, extras)
+    if refused:
+        raise RequestError(refused)
+    plan.notes.append(
+        f"every granted IMEX channel is in the kubelet's record ({plan.allocation.via})")
+
+
+def _imex_refusal(plan: Plan, extras: Any) -> Optional[str]:
+    allocation = plan.allocation
+    for channel in extras.imex_channels:
+        if channel in allocation.imex:
+            continue
+        holder = allocation.imex_others.get(channel)
+        if holder:
+            why = f"the kubelet gave it to {holder}"
+        else:
+            own = ", ".join(map(str, allocation.imex)) or "none"
+            why = f"the kubelet allocated IMEX channels {own} to {plan.identity}"
+        return (f"IMEX channel {channel} is not this container's allocation: {why} "
+                f"(claimed through {extras.imex_source}, checked via {allocation.via})")
+    return None
+
+
 def _gpus_of_nodes(host: Any, edits: Edits) -> Tuple[Tuple[Any, ...], Tuple[Tuple[Any, Any], ...]]:
     """(whole GPUs, (parent, MIG device) pairs) whose device nodes the edits inject.
 
@@ -515,6 +553,15 @@ def commit(plan: Plan, log: Any = None) -> bool:
 #: The env names nvshim.extras reads (a test keeps this equal to its own lists).
 EXTRAS_ENV = ("NVIDIA_IMEX_CHANNELS", "NVIDIA_NVSWITCH", "NVIDIA_GDS", "NVIDIA_MOFED",
               "NVIDIA_GDRCOPY")
+
+
+def _claims_imex(view: Any) -> bool:
+    """Whether the container names an IMEX channel (device-plugin mount or env); cheap."""
+    if view.sandbox:
+        return False
+    value = view.get("NVIDIA_IMEX_CHANNELS")
+    return bool(value and value.strip()) or any(
+        "/imex/" in str(m.get("destination", "")) for m in view.mounts)
 
 
 def _extras(view: Any, config: Config, request: Request) -> Any:

@@ -11,11 +11,17 @@ are few and small, so they are encoded and decoded here (:mod:`nvshim._proto`) r
 generated: no protobuf runtime to import. The device manager's checkpoint file
 (root-written JSON, keyed by pod UID) is read first and grants what it lists for this
 container without a gRPC call; see :func:`ask_kubelet` for why that is safe.
+
+IMEX channels: a resource matching ``kubelet-resource-prefixes`` whose name (after the
+last ``/``) contains ``imex`` (``nvidia.com/imex-channel``, ``nvidia.com/imex``) holds IMEX
+channels, not GPUs; its device ids ``N`` or ``channelN`` name channel ``N`` (other ids are
+skipped). They never count as GPU ids, so a channel ``0`` is not GPU 0.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nvshim import _proto
@@ -36,6 +42,7 @@ __all__ = [
     "KubeletUnreachable",
     "identity_of",
     "ask_kubelet",
+    "is_imex_resource",
     "SANDBOX_NAME",
     "SANDBOX_NAMESPACE",
     "SANDBOX_UID",
@@ -61,6 +68,10 @@ class Allocation:
     """``podresources`` or ``checkpoint``."""
     others: Mapping[str, str] = field(default_factory=dict)
     """device id → ``namespace/pod/container`` of another container holding it (when known)."""
+    imex: Tuple[int, ...] = ()
+    """The IMEX channels the kubelet gave this container (resources named ``*imex*``)."""
+    imex_others: Mapping[int, str] = field(default_factory=dict)
+    """IMEX channel → the other container holding it (when known)."""
 
 
 # --- PodResources messages (field numbers from kubelet's pkg/apis/podresources/v1/api.proto)
@@ -114,24 +125,58 @@ def _encode_pod(pod: PodRecord) -> bytes:
 # --- asking -------------------------------------------------------------------------------
 
 
-def _gpu_ids(devices: Sequence[Tuple[str, Tuple[str, ...]]], prefixes: Sequence[str]) -> List[str]:
-    return [i for resource, ids in devices if any(resource.startswith(p) for p in prefixes)
-            for i in ids]
+_CHANNEL_ID = re.compile(r"^(?:channel)?([0-9]{1,7})$")
+
+
+def is_imex_resource(resource: str) -> bool:
+    """Whether a kubelet resource name holds IMEX channels rather than GPUs."""
+    return "imex" in resource.rsplit("/", 1)[-1].lower()
+
+
+class _Collect:
+    """Device ids sorted into this container's and other containers', GPUs and IMEX channels."""
+
+    def __init__(self, prefixes: Sequence[str]) -> None:
+        self.prefixes = prefixes
+        self.mine: List[str] = []
+        self.others: Dict[str, str] = {}
+        self.imex: List[int] = []
+        self.imex_others: Dict[int, str] = {}
+
+    def add(self, resource: str, ids: Sequence[str], mine: bool, holder: str) -> None:
+        if not any(resource.startswith(p) for p in self.prefixes):
+            return
+        if not is_imex_resource(resource):
+            if mine:
+                self.mine.extend(ids)
+            else:
+                for i in ids:
+                    self.others.setdefault(i, holder)
+            return
+        for i in ids:
+            match = _CHANNEL_ID.match(i)
+            if match is None:
+                continue
+            channel = int(match.group(1))
+            if mine:
+                self.imex.append(channel)
+            else:
+                self.imex_others.setdefault(channel, holder)
+
+    def allocation(self, via: str) -> Allocation:
+        return Allocation(tuple(dict.fromkeys(self.mine)), via, self.others,
+                          tuple(dict.fromkeys(self.imex)), self.imex_others)
 
 
 def _from_pods(pods: Sequence[PodRecord], who: Identity, prefixes: Sequence[str],
                via: str) -> Allocation:
-    mine: List[str] = []
-    others: Dict[str, str] = {}
+    found = _Collect(prefixes)
     for name, namespace, containers in pods:
         for cname, devices in containers:
-            ids = _gpu_ids(devices, prefixes)
-            if (namespace, name, cname) == (who.namespace, who.pod, who.container):
-                mine.extend(ids)
-            else:
-                for i in ids:
-                    others.setdefault(i, f"{namespace}/{name}/{cname}")
-    return Allocation(tuple(dict.fromkeys(mine)), via, others)
+            mine = (namespace, name, cname) == (who.namespace, who.pod, who.container)
+            for resource, ids in devices:
+                found.add(resource, ids, mine, f"{namespace}/{name}/{cname}")
+    return found.allocation(via)
 
 
 def _ask_podresources(socket: str, timeout: float) -> Optional[List[PodRecord]]:
@@ -171,27 +216,25 @@ def read_checkpoint(path: str, who: Identity, prefixes: Sequence[str]) -> Option
     entries = doc.get("Data", {}).get("PodDeviceEntries") if isinstance(doc, dict) else None
     if not isinstance(entries, list):
         return None
-    mine: List[str] = []
-    others: Dict[str, str] = {}
+    found = _Collect(prefixes)
     for entry in entries:
         if not isinstance(entry, dict):
             continue
         resource = entry.get("ResourceName")
-        if not isinstance(resource, str) or not any(resource.startswith(p) for p in prefixes):
+        if not isinstance(resource, str):
             continue
         raw = entry.get("DeviceIDs")
         groups: List[Any] = list(raw.values()) if isinstance(raw, dict) else [raw]
         ids = [i for g in groups if isinstance(g, list) for i in g if isinstance(i, str)]
-        if entry.get("PodUID") == who.pod_uid and entry.get("ContainerName") == who.container:
-            mine.extend(ids)
-        else:
-            for i in ids:
-                others.setdefault(i, f"pod {entry.get('PodUID')}/{entry.get('ContainerName')}")
-    return Allocation(tuple(dict.fromkeys(mine)), "checkpoint", others)
+        mine = entry.get("PodUID") == who.pod_uid and entry.get("ContainerName") == who.container
+        found.add(resource, ids, mine,
+                  f"pod {entry.get('PodUID')}/{entry.get('ContainerName')}")
+    return found.allocation("checkpoint")
 
 
 def ask_kubelet(who: Identity, config: Any, *, fresh: bool = False) -> Allocation:
-    """This container's GPU device ids: the checkpoint when it has them, else the PodResources API.
+    """This container's GPU device ids and IMEX channels: the checkpoint when it has them,
+    else the PodResources API.
 
     The checkpoint is read first (a small JSON file, ~1 ms): when it lists devices for this
     very container (pod UID and container name) they are its allocation, and no gRPC call is
@@ -206,7 +249,7 @@ def ask_kubelet(who: Identity, config: Any, *, fresh: bool = False) -> Allocatio
     saved = None
     if config.kubelet_checkpoint and who.pod_uid:
         saved = read_checkpoint(config.kubelet_checkpoint, who, prefixes)
-        if saved is not None and saved.ids and not fresh:
+        if saved is not None and (saved.ids or saved.imex) and not fresh:
             return saved
     pods = _ask_podresources(config.kubelet_socket, float(config.kubelet_timeout))
     if pods is not None:

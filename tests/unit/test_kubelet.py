@@ -359,3 +359,118 @@ def test_checkpoint_without_this_container_asks_the_api(
                        config(node, tmp_path, kubelet_checkpoint=ckpt))
     assert [g.uuid for g in plan.gpus] == [gpu.uuid] and plan.allocation.via == "podresources"
     assert kubelet.calls["List"] == 1
+# --- IMEX channels ------------------------------------------------------------------------
+
+IMEX = "nvidia.com/imex-channel"
+
+
+@pytest.fixture(scope="module")
+def imex_node(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    if os.geteuid() != 0:
+        pytest.skip("the simulated GPU node needs root (mknod)")
+    from nvshim.sim import create_node
+
+    return create_node(str(tmp_path_factory.mktemp("imex") / "n"), gpus=2, imex_channels=4)
+
+
+def imex_paths(plan: Any) -> List[str]:
+    return sorted(n.path for n in plan.edits.device_nodes if "imex" in n.path)
+
+
+@pytest.mark.parametrize("ident", ["2", "channel2"])
+def test_imex_mount_allocated_by_the_kubelet_is_granted(imex_node: Any, tmp_path: Path,
+                                                        kubelet: PodResourcesServer,
+                                                        ident: str) -> None:
+    """An imex/<N> mount for a channel the kubelet lists (as N or channelN) is granted, with no GPU claim at all."""
+    kubelet.set([("team-a", "mine", {"main": {IMEX: [ident]}})])
+    plan = plan_create(bundle(tmp_path, [], mounts=[mount("imex/2")]), config(imex_node, tmp_path))
+    assert imex_paths(plan) == ["/dev/nvidia-caps-imex-channels/channel2"]
+    assert kubelet.calls["List"] == 1
+    assert any("every granted IMEX channel is in the kubelet's record" in n for n in plan.notes)
+
+
+def test_forged_imex_mount_is_refused(imex_node: Any, tmp_path: Path,
+                                      kubelet: PodResourcesServer) -> None:
+    """A pod whose kubelet record has no IMEX channel claiming one by mount fails, naming the channel."""
+    kubelet.set([("team-a", "mine", {"main": {GPU: [imex_node.gpus[0].uuid]}})])
+    with pytest.raises(RequestError) as info:
+        plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={imex_node.gpus[0].uuid}"],
+                           mounts=[mount("imex/3")]), config(imex_node, tmp_path))
+    msg = str(info.value)
+    assert msg == ("IMEX channel 3 is not this container's allocation: the kubelet allocated "
+                   "IMEX channels none to team-a/mine/main (claimed through volume-mounts, "
+                   "checked via podresources)")
+
+
+def test_imex_channel_of_another_pod_is_refused_naming_its_holder(imex_node: Any, tmp_path: Path,
+                                                                   kubelet: PodResourcesServer) -> None:
+    """Claiming channel 1 that the kubelet gave another pod fails naming that pod; an own channel does not cover it."""
+    kubelet.set([("team-b", "victim", {"train": {IMEX: ["channel1"]}}),
+                 ("team-a", "mine", {"main": {IMEX: ["0"]}})])
+    with pytest.raises(RequestError, match=r"^IMEX channel 1 is not this container's allocation: "
+                       r"the kubelet gave it to team-b/victim/train"):
+        plan_create(bundle(tmp_path, [], mounts=[mount("imex/0"), mount("imex/1")]),
+                    config(imex_node, tmp_path))
+
+
+def test_imex_ids_are_not_gpu_ids(imex_node: Any, tmp_path: Path,
+                                  kubelet: PodResourcesServer) -> None:
+    """Channel id "1" under an imex resource does not allocate GPU 1."""
+    kubelet.set([("team-a", "mine", {"main": {IMEX: ["1"]}})])
+    with pytest.raises(RequestError, match=r"^GPU 1 \(.*\) is not this container's allocation"):
+        plan_create(bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=1"], mounts=[mount("1")]),
+                    config(imex_node, tmp_path))
+
+
+def test_privileged_imex_env_is_checked_too(imex_node: Any, tmp_path: Path,
+                                            kubelet: PodResourcesServer) -> None:
+    """NVIDIA_IMEX_CHANNELS granted through the privileged source is still held to the kubelet's record."""
+    kubelet.set([("team-a", "mine", {"main": {IMEX: ["0"]}})])
+    cfg = config(imex_node, tmp_path, allocation_sources=("volume-mounts", "privileged"))
+    path = bundle(tmp_path, ["NVIDIA_IMEX_CHANNELS=0"])
+    spec = json.loads(Path(path, "config.json").read_text())
+    spec["process"]["capabilities"]["bounding"] = ["CAP_SYS_ADMIN"]
+    Path(path, "config.json").write_text(json.dumps(spec))
+    assert imex_paths(plan_create(path, cfg)) == ["/dev/nvidia-caps-imex-channels/channel0"]
+    spec["process"]["env"] = ["NVIDIA_IMEX_CHANNELS=2"]
+    Path(path, "config.json").write_text(json.dumps(spec))
+    with pytest.raises(RequestError, match=r"^IMEX channel 2 is not this container's allocation.*"
+                       r"claimed through privileged"):
+        plan_create(path, cfg)
+
+
+def test_imex_channels_from_the_checkpoint(imex_node: Any, tmp_path: Path) -> None:
+    """With the socket down, the checkpoint's imex resource entries are the record."""
+    ckpt = tmp_path / "kubelet_internal_checkpoint"
+    ckpt.write_text(json.dumps({"Data": {"PodDeviceEntries": [
+        {"PodUID": "uid-mine", "ContainerName": "main", "ResourceName": IMEX,
+         "DeviceIDs": {"-1": ["channel1"]}, "AllocResp": ""},
+    ], "RegisteredDevices": {}}, "Checksum": 1}))
+    cfg = config(imex_node, tmp_path, kubelet_checkpoint=str(ckpt))
+    plan = plan_create(bundle(tmp_path, [], mounts=[mount("imex/1")]), cfg)
+    assert imex_paths(plan) == ["/dev/nvidia-caps-imex-channels/channel1"]
+    with pytest.raises(RequestError, match=r"^IMEX channel 2 .*checked via checkpoint"):
+        plan_create(bundle(tmp_path, [], mounts=[mount("imex/2")]), cfg)
+
+
+def test_imex_claim_with_kubelet_down_fails_by_default(imex_node: Any, tmp_path: Path) -> None:
+    """An IMEX-only claim asks the kubelet; unreachable fails like a GPU claim."""
+    with pytest.raises(RequestError, match=r"cannot ask the kubelet .*refusing the claim"):
+        plan_create(bundle(tmp_path, [], mounts=[mount("imex/0")]), config(imex_node, tmp_path))
+
+
+def test_imex_refusal_from_the_checkpoint_is_asked_again_of_the_api(
+        imex_node: Any, tmp_path: Path, kubelet: PodResourcesServer) -> None:
+    """The checkpoint (read first) lacks the channel; the PodResources API, which has the last word, lists it."""
+    gpu = imex_node.gpus[0]
+    ckpt = tmp_path / "kubelet_internal_checkpoint"
+    ckpt.write_text(json.dumps({"Data": {"PodDeviceEntries": [
+        {"PodUID": "uid-mine", "ContainerName": "main", "ResourceName": GPU,
+         "DeviceIDs": {"0": [gpu.uuid]}, "AllocResp": ""}], "RegisteredDevices": {}},
+        "Checksum": 1}))
+    kubelet.set([("team-a", "mine", {"main": {GPU: [gpu.uuid], IMEX: ["1"]}})])
+    plan = plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}"],
+                              mounts=[mount("imex/1")]),
+                       config(imex_node, tmp_path, kubelet_checkpoint=str(ckpt)))
+    assert imex_paths(plan) == ["/dev/nvidia-caps-imex-channels/channel1"]
+    assert plan.allocation.via == "podresources" and kubelet.calls["List"] == 1
