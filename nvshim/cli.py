@@ -111,8 +111,10 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
     """Show what nvshim-runtime would do to a bundle, without writing anything.
 
     Prints where the request came from, what was granted or refused and why, the
-    edits, and a unified diff of config.json. Exits 1 with the runtime's error line
-    when the runtime would fail.
+    edits, where the node plan came from (its cache or discovery), who makes the SONAME
+    links and ld.so.cache (nvshim-runtime before runc, or the createContainer hook, and
+    why), and a unified diff of config.json. Exits 1 with the runtime's error line when
+    the runtime would fail.
     """
     from nvshim._record import replace
 
@@ -261,17 +263,18 @@ def config_group() -> None:
 @config_group.command("compile")
 @click.option("--config", "config_file", default=None, help="Config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
 def config_compile(config_file: Optional[str]) -> None:
-    """Validate the YAML config and write the JSON copy the runtime's hot path reads."""
-    from nvshim.config import compile_config
+    """Validate the YAML config and write the JSON copy the runtime's hot path reads.
 
-    from nvshim.config import load_config
+    Also rebuilds, next to it, the node plan cache (what discovery finds on this node)
+    and the index of the CDI spec dirs; creates check both with stat and rebuild them
+    when stale.
+    """
+    from nvshim import cdiindex
+    from nvshim.config import cdi_index_path, compile_config, config_path, load_config
     from nvshim.plancache import refresh
 
     out = compile_config(config_file, plan=False)
     click.echo(f"wrote {out}", err=True)
-    from nvshim import cdiindex
-    from nvshim.config import cdi_index_path, config_path
-
     config = load_config(config_file)
     click.echo(f"node plan: {refresh(config)}", err=True)
     index = cdi_index_path(config.source or config_path())

@@ -90,6 +90,10 @@ def test_runtime_does_the_work_before_runc_and_adds_no_hook(engine, node, glibc_
     bundle = make_bundle(tmp_path / "b", glibc_rootfs, ["sh", "-c", PROBE],
                          env={"NVIDIA_VISIBLE_DEVICES": "0"}, readonly_root=True)
     assert inspect_work(nvshim_bin, bundle, env)["by"] == "runtime"
+    text = subprocess.run([nvshim_bin, "inspect", "--bundle", str(bundle)], env=env,
+                          capture_output=True, text=True, check=True).stdout
+    assert "in-root work:  by nvshim-runtime before runc" in text, text
+    assert "node plan:     cache " in text, text  # written by config compile
     res = driver.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env).check()
     check_loader_sees_libcuda(res)
     assert nvshim_hooks(bundle) == []
