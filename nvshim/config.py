@@ -79,6 +79,7 @@ class Config:
     default_kind: str = "nvidia.com/gpu"
     supported_driver_capabilities: Tuple[str, ...] = ALL_CAPABILITIES
     disable_require: bool = False
+    disable_device_node_modification: bool = True
     source: Optional[str] = None
     """The file these values came from (None = built-in defaults)."""
 

@@ -77,6 +77,8 @@ class Plan:
     """(parent GPU, MIG device) pairs the granted CDI devices bring (by their MIG caps)."""
     log_warnings: List[str] = field(default_factory=list)
     """Things an operator must hear about even though create goes on (runc --log warnings)."""
+    params: Optional[Tuple[str, bytes]] = None
+    """(bundle file, content): the ``ModifyDeviceFiles: 0`` copy the params hook binds."""
 
     @property
     def granted_uuids(self) -> Tuple[str, ...]:
@@ -249,6 +251,8 @@ def plan_create(
     tokens = request.gpu_tokens
     if tokens or (request.driver_files and not cdi_names):
         edits = edits + _node_edits(host, request, tokens, plan, config)
+        if config.disable_device_node_modification:
+            edits = edits + _params_edits(plan, bundle, host.driver_root)
     if cdi_names and (config.grants_journal or plan.allocation is not None):
         plan.cdi_gpus, plan.cdi_migs = _gpus_of_nodes(host, edits)
     if plan.allocation is not None and request.source != "kubelet":
@@ -267,6 +271,24 @@ def plan_create(
         log.event("edits", edits=plan.applied_edits().to_cdi())
     plan.new_spec = apply_edits(spec, plan.applied_edits())
     return plan
+
+
+def _params_edits(plan: Plan, bundle: str, driver_root: str) -> Edits:
+    """The hook showing ``ModifyDeviceFiles: 0`` (nvshim.devparams), when the host's is 1."""
+    from nvshim import devparams
+
+    content = devparams.modified_params(driver_root)
+    if content is None:
+        return Edits()
+    from nvshim.rootwork import rootfs_path
+
+    rootfs = rootfs_path(plan.spec, bundle)
+    if rootfs is None:
+        return Edits()
+    copy = os.path.join(os.path.abspath(bundle), devparams.BUNDLE_FILE)
+    plan.params = (copy, content)
+    plan.notes.append("the container's /proc/driver/nvidia/params will say ModifyDeviceFiles: 0")
+    return Edits(hooks=(devparams.params_hook(rootfs, copy),))
 
 
 def _decide_rootwork(plan: Plan) -> None:
@@ -544,6 +566,8 @@ def commit(plan: Plan, log: Any = None) -> bool:
         return False
     from nvshim.files import write_atomic
 
+    if plan.params is not None:
+        write_atomic(plan.params[0], plan.params[1], 0o444, durable=False)
     # No fsync: config.json is the engine's, regenerated for every create (bundles live in
     # /run for containerd); the rename makes the write atomic for runc, which reads it next.
     write_atomic(plan.spec_path, plan.new_bytes(), durable=False)

@@ -1,0 +1,76 @@
+"""Device-node modification off inside the container: ``ModifyDeviceFiles: 0``.
+
+The NVIDIA kernel module's ``/proc/driver/nvidia/params`` says whether user-space (the CUDA
+driver, nvidia-smi) may create and chmod ``/dev/nvidia*`` nodes (``ModifyDeviceFiles: 1``,
+the default). Inside a container it must not: the device nodes are the runtime's
+decision. As the reference does (``disable-device-node-modification``), a container
+granted GPUs sees the host's params with that line set to ``0``.
+
+How. runc refuses an OCI bind mount into ``/proc`` from anything but procfs, so the copy
+is bound by a ``createContainer`` hook, which runc runs in the container's mount namespace
+after its mounts (procfs is at ``<rootfs>/proc``) and before ``pivot_root``. The hook is a
+few lines of POSIX sh and util-linux ``mount``, not Python: it runs on every GPU create
+on a node whose driver allows modification, and ``sh`` + ``mount`` cost a few ms where a
+Python hook costs tens. nvshim-runtime writes the modified copy into the bundle directory
+(``.nvshim-nvidia-params``, mode 0444) at create; the hook binds it read-only over
+``<rootfs>/proc/driver/nvidia/params`` and then removes it from the bundle (the mount
+keeps the unlinked file alive). The hook binds only where ``<rootfs>/proc`` is a real
+directory (not an image symlink) carrying procfs and the params file exists in it, so the
+target is always the container's own procfs; the mount happens in the container's mount
+namespace only.
+
+Added only when ``disable-device-node-modification`` is on (default), the container gets
+GPUs or driver files through nvshim's own discovery, and the host's params exist and say
+``ModifyDeviceFiles: 1``; otherwise nothing is added and nothing is read but that file.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvshim.edits import Hook
+
+# typing and re are not on the GPU create path (tests/unit/test_import_guard.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
+
+__all__ = ["PARAMS", "BUNDLE_FILE", "HOOK_SCRIPT", "modified_params", "params_hook"]
+
+PARAMS = "proc/driver/nvidia/params"
+BUNDLE_FILE = ".nvshim-nvidia-params"
+_KEY = b"ModifyDeviceFiles:"
+
+#: $1 = the rootfs (absolute host path), $2 = the modified copy in the bundle directory.
+HOOK_SCRIPT = (
+    'r=$1 src=$2 dst="$1/proc/driver/nvidia/params"\n'
+    'trap \'rm -f -- "$src"\' EXIT\n'
+    '[ -d "$r/proc" ] && [ ! -L "$r/proc" ] || exit 0\n'
+    '[ "$(stat -f -c %T -- "$r/proc")" = proc ] || exit 0\n'
+    '[ -f "$dst" ] || exit 0\n'
+    'mount --bind -o ro -- "$src" "$dst" || {\n'
+    '  echo "nvshim: cannot bind ModifyDeviceFiles: 0 over $dst" >&2; exit 1; }\n'
+)
+_HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C")
+
+
+def modified_params(driver_root: str) -> Optional[bytes]:
+    """The host's params with ``ModifyDeviceFiles: 0``; None when there is nothing to hide
+    (no params file, unreadable, or modification already off)."""
+    try:
+        with open(os.path.join(driver_root, PARAMS), "rb") as fh:
+            text = fh.read(65536)
+    except OSError:
+        return None
+    lines = text.split(b"\n")
+    hit = False
+    for i, line in enumerate(lines):
+        if line.startswith(_KEY) and line[len(_KEY):].strip() == b"1":
+            lines[i], hit = b"ModifyDeviceFiles: 0", True
+    return b"\n".join(lines) if hit else None
+
+
+def params_hook(rootfs: str, copy: str) -> Hook:
+    """The createContainer hook that binds ``copy`` over the container's params."""
+    return Hook("createContainer", "/bin/sh",
+                ("sh", "-c", HOOK_SCRIPT, "nvshim-params", rootfs, copy), _HOOK_ENV)

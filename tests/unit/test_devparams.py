@@ -1,0 +1,89 @@
+"""ModifyDeviceFiles: 0 inside the container: when the hook is planned, and what it binds."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+
+from nvshim.config import Config
+from nvshim.create import plan_create
+from nvshim.devparams import BUNDLE_FILE, modified_params
+
+PARAMS = "proc/driver/nvidia/params"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    if os.geteuid() != 0:
+        pytest.skip("the simulated GPU node needs root (mknod)")
+    from nvshim.sim import create_node
+
+    return create_node(str(tmp_path_factory.mktemp("params") / "n"), gpus=2)
+
+
+def bundle(tmp_path: Path, env: List[str]) -> str:
+    b = tmp_path / f"bundle-{time.monotonic_ns()}"
+    (b / "rootfs").mkdir(parents=True)
+    spec = {"process": {"env": ["PATH=/bin"] + env}, "root": {"path": "rootfs"}, "mounts": []}
+    (b / "config.json").write_text(json.dumps(spec))
+    return str(b)
+
+
+def params_hooks(plan: Any) -> List[Any]:
+    return [h for h in plan.edits.hooks if "nvshim-params" in h.args]
+
+
+def test_sim_node_params_look_like_the_kernel_modules(node: Any) -> None:
+    """nvshim sim writes proc/driver/nvidia/params as the driver does (ModifyDeviceFiles: 1)."""
+    text = Path(node.root, PARAMS).read_text()
+    assert "ModifyDeviceFiles: 1\n" in text and "DeviceFileMode: 438\n" in text
+
+
+def test_copy_is_the_hosts_with_modification_off(node: Any, tmp_path: Path) -> None:
+    """Only the ModifyDeviceFiles line changes; 0 on the host, or no file, means no copy."""
+    host = Path(node.root, PARAMS).read_bytes()
+    off_line = host.replace(b"ModifyDeviceFiles: 1", b"ModifyDeviceFiles: 0")
+    assert modified_params(node.root) == off_line
+    off = tmp_path / "off"
+    (off / "proc/driver/nvidia").mkdir(parents=True)
+    (off / PARAMS).write_bytes(host.replace(b"ModifyDeviceFiles: 1", b"ModifyDeviceFiles: 0"))
+    assert modified_params(str(off)) is None
+    assert modified_params(str(tmp_path / "none")) is None
+
+
+def test_gpu_create_plans_the_sh_hook_and_writes_the_copy(node: Any, tmp_path: Path) -> None:
+    """A GPU container gets one sh hook (no Python) binding the bundle copy; commit writes
+    it 0444."""
+    from nvshim.create import commit
+
+    b = bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=0"])
+    plan = plan_create(b, Config(driver_root=node.root, grants_journal=None))
+    (hook,) = params_hooks(plan)
+    copy = os.path.join(b, BUNDLE_FILE)
+    assert hook.hook_name == "createContainer" and hook.path == "/bin/sh"
+    assert hook.args[-2:] == (os.path.join(b, "rootfs"), copy)
+    assert not any("python" in a for a in hook.args) and hook.env
+    assert commit(plan)
+    assert Path(copy).read_bytes() == modified_params(node.root)
+    assert os.stat(copy).st_mode & 0o777 == 0o444
+    spec = json.loads(Path(b, "config.json").read_text())
+    assert any(h.get("args", [])[-1:] == [copy] for h in spec["hooks"]["createContainer"])
+
+
+@pytest.mark.parametrize("env", [["FOO=1"], ["NVIDIA_VISIBLE_DEVICES=void"]])
+def test_no_gpu_no_hook_no_copy(node: Any, tmp_path: Path, env: List[str]) -> None:
+    b = bundle(tmp_path, env)
+    plan = plan_create(b, Config(driver_root=node.root, grants_journal=None))
+    assert params_hooks(plan) == [] and plan.params is None
+
+
+def test_config_off_means_no_hook(node: Any, tmp_path: Path) -> None:
+    b = bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=0"])
+    cfg = Config(driver_root=node.root, grants_journal=None, disable_device_node_modification=False)
+    plan = plan_create(b, cfg)
+    assert params_hooks(plan) == [] and plan.params is None
