@@ -87,7 +87,7 @@ def node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterato
     from nvshim.sim import create_node
 
     base = tmp_path_factory.mktemp("cri")
-    sim = create_node(str(base / "node"), gpus=4, shuffle_minors=True)
+    sim = create_node(str(base / "node"), gpus=4, shuffle_minors=True, imex_channels=3)
     n = Node(base, sim)
     (base / "cdi").mkdir()
     gen = subprocess.run([shutil.which("nvshim") or "nvshim", "cdi", "generate", "--driver-root",
@@ -143,12 +143,13 @@ def pod(n: Node, name: str, namespace: str = "team-a", handler: str = "nvshim",
 
 
 def start(n: Node, p: Tuple[str, bytes, Path], env: Optional[Mapping[str, str]] = None,
-          mounts: Sequence[Tuple[str, str]] = (), name: str = "main") -> str:
-    """Create and start a container that lists /dev, prints END and stays up; its CRI id."""
+          mounts: Sequence[Tuple[str, str]] = (), name: str = "main",
+          listing: str = "/dev") -> str:
+    """Create and start a container that lists ``listing``, prints END and stays up; its CRI id."""
     assert n.cri is not None
     sandbox, config, _ = p
     cid = n.cri.create_container(sandbox, config, name, "docker.io/nvshim-test/busybox:1",
-                                 ["sh", "-c", "ls /dev; echo END; exec sleep 1000"],
+                                 ["sh", "-c", f"ls {listing}; echo END; exec sleep 1000"],
                                  env=env, mounts=mounts)
     n.cri.start_container(cid)
     return cid
@@ -212,6 +213,32 @@ def test_forged_hostpath_mount_is_refused(cri: Node) -> None:
         start(cri, p, mounts=[("/dev/null", f"{DEVICES}/{target.uuid}")])
     assert (f"GPU 3 ({target.uuid}) is not this container's allocation: the kubelet allocated "
             "no GPU to team-a/mounter/main") in info.value.details
+
+
+IMEX = "nvidia.com/imex-channel"
+IMEX_DIR = "/dev/nvidia-caps-imex-channels"
+
+
+def test_allocated_imex_channel_is_granted(cri: Node) -> None:
+    """The device plugin's imex/<N> mount for a channel the kubelet lists for this container
+    (no GPU claimed) gives the container that channel's node and no other."""
+    cri.kubelet.set([("team-a", "imex", {"main": {IMEX: ["channel1"]}})])
+    p = pod(cri, "imex")
+    start(cri, p, mounts=[("/dev/null", f"{DEVICES}/imex/1")], listing=IMEX_DIR)
+    assert cri.cri.wait_log(p[2], "main", "END").split()[:-1] == ["channel1"]  # type: ignore
+
+
+def test_forged_imex_mount_is_refused(cri: Node) -> None:
+    """A hostPath /dev/null mount at imex/<N> the kubelet did not allocate fails to start,
+    the error naming the channel."""
+    cri.kubelet.set([("team-b", "owner", {"train": {IMEX: ["2"]}}),
+                     ("team-a", "imexthief", {"main": {}})])
+    p = pod(cri, "imexthief")
+    with pytest.raises(CriError) as info:
+        start(cri, p, mounts=[("/dev/null", f"{DEVICES}/imex/2")], listing=IMEX_DIR)
+    assert ("nvshim: IMEX channel 2 is not this container's allocation: the kubelet gave it "
+            "to team-b/owner/train (claimed through volume-mounts, checked via podresources)"
+            ) in info.value.details
 
 
 def test_kubelet_down_fails_by_default(cri: Node) -> None:
