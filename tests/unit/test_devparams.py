@@ -87,3 +87,49 @@ def test_config_off_means_no_hook(node: Any, tmp_path: Path) -> None:
     cfg = Config(driver_root=node.root, grants_journal=None, disable_device_node_modification=False)
     plan = plan_create(b, cfg)
     assert params_hooks(plan) == [] and plan.params is None
+
+
+def _run_hook(rootfs: Path, copy: Path) -> "subprocess.CompletedProcess[str]":
+    """The hook's script, run as runc would (explicit env), in a private mount namespace;
+    afterwards the same namespace prints what the container's params path shows."""
+    import shutil
+    import subprocess
+
+    from nvshim.devparams import HOOK_SCRIPT
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a private mount namespace")
+    probe = 'sh -c "$0" nvshim-params "$1" "$2"; rc=$?; cat "$1/proc/driver/nvidia/params"; exit $rc'
+    return subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", probe, HOOK_SCRIPT,
+         str(rootfs), str(copy)],
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+        capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("link", ["proc/driver", "proc/driver/nvidia", PARAMS])
+def test_hook_never_binds_through_an_image_symlink(tmp_path: Path, link: str) -> None:
+    """An image symlink anywhere on the params path (it would resolve on the host before
+    pivot_root) makes the hook bind nothing; the copy is still removed."""
+    outside = tmp_path / "host"
+    (outside / "nvidia").mkdir(parents=True)
+    (outside / "nvidia" / "params").write_text("host file\n")
+    rootfs = tmp_path / "rootfs"
+    (rootfs / PARAMS).parent.mkdir(parents=True)
+    (rootfs / PARAMS).write_text("ModifyDeviceFiles: 1\n")
+    victim = {"proc/driver": outside, "proc/driver/nvidia": outside / "nvidia",
+              PARAMS: outside / "nvidia" / "params"}[link]
+    placed = rootfs / link
+    if placed.is_dir():
+        import shutil
+
+        shutil.rmtree(placed)
+    else:
+        placed.unlink()
+    placed.symlink_to(victim)
+    copy = tmp_path / "copy"
+    copy.write_text("ModifyDeviceFiles: 0\n")
+    done = _run_hook(rootfs, copy)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "host file\n", "the hook bound over a path an image symlink chose"
+    assert not copy.exists()
