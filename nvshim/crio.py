@@ -36,6 +36,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from nvshim._record import dataclass
 from nvshim.engine_files import (
     ConfigureOutcome,
+    carry_out,
     FileChange,
     RevertResult,
     apply_restore,
@@ -45,7 +46,6 @@ from nvshim.engine_files import (
     load_backup,
     plan_restore,
     read_text,
-    write_changes,
 )
 from nvshim.errors import ConfigError, UsageError
 
@@ -225,16 +225,7 @@ def configure(
         force=force,
         require_allocation=require_allocation,
     )
-    if dry_run:
-        return plan
-    written = write_changes(backup_path(config_path), _BACKUP_FORMAT, plan.files)
-    return ConfigureOutcome(
-        engine=plan.engine,
-        handler_file=plan.handler_file,
-        files=plan.files,
-        written=written,
-        warnings=plan.warnings,
-    )
+    return carry_out(plan, config_path, _BACKUP_FORMAT, dry_run)
 
 
 def plan_revert(

@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from nvshim._record import dataclass
 from nvshim.engine_files import (
     ConfigureOutcome,
+    carry_out,
     FileChange,
     RevertResult,
     apply_restore,
@@ -33,7 +34,6 @@ from nvshim.engine_files import (
     load_backup,
     plan_restore,
     read_text,
-    write_changes,
 )
 from nvshim.errors import ConfigError, UsageError
 
@@ -189,16 +189,7 @@ def configure(
         enable_cdi=enable_cdi,
         require_allocation=require_allocation,
     )
-    if dry_run:
-        return plan
-    written = write_changes(backup_path(config_path), _BACKUP_FORMAT, plan.files)
-    return ConfigureOutcome(
-        engine=plan.engine,
-        handler_file=plan.handler_file,
-        files=plan.files,
-        written=written,
-        warnings=plan.warnings,
-    )
+    return carry_out(plan, config_path, _BACKUP_FORMAT, dry_run)
 
 
 def _strip(data: Dict[str, Any], name: str, original: Optional[Dict[str, Any]],

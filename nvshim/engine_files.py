@@ -36,6 +36,7 @@ __all__ = [
     "remove_file",
     "load_backup",
     "write_changes",
+    "carry_out",
     "plan_restore",
     "apply_restore",
     "set_as_default_pitfall",
@@ -211,6 +212,19 @@ def write_changes(backup_file: str, fmt: str, changes: Sequence[FileChange]) -> 
             write_text(change.path, change.after)
         written.append(change.path)
     return tuple(written)
+
+
+def carry_out(plan: ConfigureOutcome, config_path: str, fmt: str,
+              dry_run: bool) -> ConfigureOutcome:
+    """``plan`` as planned (``dry_run``), or written after backing up the originals next to
+    ``config_path``: the one tail of every engine's ``configure``."""
+    if dry_run:
+        return plan
+    from nvshim._record import replace
+
+    written = write_changes(backup_path(config_path), fmt, plan.files)
+    result: ConfigureOutcome = replace(plan, written=written)
+    return result
 
 
 def plan_restore(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, List
@@ -92,9 +94,6 @@ def test_config_off_means_no_hook(node: Any, tmp_path: Path) -> None:
 def _run_hook(rootfs: Path, copy: Path) -> "subprocess.CompletedProcess[str]":
     """The hook's script, run as runc would (explicit env), in a private mount namespace;
     afterwards the same namespace prints what the container's params path shows."""
-    import shutil
-    import subprocess
-
     from nvshim.devparams import HOOK_SCRIPT
 
     if os.geteuid() != 0 or shutil.which("unshare") is None:
@@ -121,8 +120,6 @@ def test_hook_never_binds_through_an_image_symlink(tmp_path: Path, link: str) ->
               PARAMS: outside / "nvidia" / "params"}[link]
     placed = rootfs / link
     if placed.is_dir():
-        import shutil
-
         shutil.rmtree(placed)
     else:
         placed.unlink()
