@@ -31,7 +31,6 @@ reference does. Channel numbers are 0 to 2^20-1 and must exist on the node.
 from __future__ import annotations
 
 import os
-import posixpath
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -61,7 +60,6 @@ FEATURE_ENV: Dict[str, str] = {
 IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
 IMEX_DIR = "/dev/nvidia-caps-imex-channels"
 MAX_IMEX_CHANNEL = 2**20 - 1
-_DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
 _CHANNEL = re.compile(r"^(?:channel)?([0-9]{1,7})$")
 _NVSWITCH = re.compile(r"^nvidia-nvswitch([0-9]+|ctl)$")
 _NVIDIA_FS = re.compile(r"^nvidia-fs[0-9]*$")
@@ -81,15 +79,9 @@ class Extras:
 
 
 def _imex_mount_ids(view: Any) -> List[str]:
-    prefix = _DEVICE_LIST_DIR + "/imex/"
-    out = []
-    for mount in view.mounts:
-        dest = mount.get("destination")
-        if mount.get("source") == "/dev/null" and isinstance(dest, str):
-            clean = posixpath.normpath(dest)
-            if clean.startswith(prefix):
-                out.append(clean[len(prefix):])
-    return out
+    from nvshim.request import device_mount_ids
+
+    return [i[len("imex/"):] for i in device_mount_ids(view) if i.startswith("imex/")]
 
 
 def asks_for_extras(view: Any) -> bool:

@@ -36,6 +36,7 @@ __all__ = [
     "describe_indices",
     "VISIBLE_DEVICES",
     "DEVICE_LIST_DIR",
+    "device_mount_ids",
     "SANDBOX_ANNOTATION",
     "Identity",
     "identity_of",
@@ -412,7 +413,7 @@ def resolve_request(view: ImageView, config: Any,
 
     mount_ids, mount_notes = _mount_ids(view)
     notes.extend(mount_notes)
-    mount_raw = _mount_raw(view)
+    mount_raw = device_mount_ids(view)
     annotation_ids = _annotation_ids(view, config.annotation_prefixes)
     env_raw = [view.get(VISIBLE_DEVICES) or ""]
 
@@ -483,8 +484,9 @@ def resolve_request(view: ImageView, config: Any,
     return Request("none", set_void=image_asks, notes=tuple(notes), capabilities=caps)
 
 
-def _mount_raw(view: ImageView) -> List[str]:
-    """The raw ids of device-plugin mounts (to see replica names before normalising)."""
+def device_mount_ids(view: ImageView) -> List[str]:
+    """The raw ids of device-plugin ``/dev/null`` mounts under ``DEVICE_LIST_DIR`` (GPU ids,
+    replica names before normalising, ``cdi/…`` and ``imex/<n>``); the one reader of them."""
     prefix = DEVICE_LIST_DIR + "/"
     out = []
     for mount in view.mounts:
