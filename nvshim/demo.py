@@ -107,7 +107,9 @@ def run_demo(echo: Callable[[str], None] = print, keep: bool = False) -> int:
             echo(f"  GPU {g.index}  /dev/nvidia{g.minor}  {g.uuid}  {g.pci_bus_id}")
         config = os.path.join(work, "nvshim.yaml")
         with open(config, "w") as fh:
-            fh.write(f"driver-root: {node.root}\nruntimes: [{runc}]\n")
+            # the demo's containers are not the node's: their grants stay in the temp dir
+            fh.write(f"driver-root: {node.root}\nruntimes: [{runc}]\n"
+                     f"grants-journal: {os.path.join(work, 'grants.jsonl')}\n")
         compile_config(config)
         rootfs = os.path.join(work, "rootfs")
         _make_rootfs(rootfs, busybox)
