@@ -128,23 +128,11 @@ def _fresh(doc: Any, spec_dirs: Sequence[str]) -> str:
 def load(path: str, spec_dirs: Sequence[str]) -> Tuple[Optional[Dict[str, Any]], str]:
     """(the index document, "") when ``path`` holds a fresh index; else (the document if
     it could be read — for incremental rebuilds — or None, why it is not usable)."""
-    from nvshim.config import check_trusted
-    from nvshim.errors import ConfigError
+    from nvshim.config import read_trusted_cache
 
-    try:
-        with open(path, "rb") as fh:
-            try:
-                # it carries hooks and mounts injected into containers: trusted like the config
-                check_trusted(path, os.fstat(fh.fileno()))
-            except ConfigError as exc:
-                return None, f"CDI index not trusted: {exc}"
-            raw = fh.read()
-    except OSError:
-        return None, "no CDI index"
-    try:
-        doc = _jsonc.loads(raw)
-    except (ValueError, RecursionError):
-        return None, "the CDI index is not valid JSON"
+    doc, why = read_trusted_cache(path, "CDI index")
+    if why:
+        return None, why
     return doc, _fresh(doc, spec_dirs)
 
 

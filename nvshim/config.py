@@ -212,6 +212,30 @@ def check_trusted(path: str, st: os.stat_result) -> None:
         )
 
 
+def read_trusted_cache(path: str, what: str) -> Tuple[Optional[Any], str]:
+    """(the parsed JSON, "") of a cache nvshim keeps beside the config (node plan, CDI
+    index), else (None, why not): missing, unreadable, not trusted like the config (a cache
+    names host files and hooks that go into containers), or not JSON. Never raises: a
+    cache that cannot be used is rebuilt, it never fails a create."""
+    from nvshim._jsonc import loads
+
+    try:
+        with open(path, "rb") as fh:
+            try:
+                check_trusted(path, os.fstat(fh.fileno()))
+            except ConfigError as exc:
+                return None, f"{what} not trusted: {exc}"
+            raw = fh.read()
+    except FileNotFoundError:
+        return None, f"no {what}"
+    except OSError as exc:
+        return None, f"{what} unreadable: {exc.strerror}"
+    try:
+        return loads(raw), ""
+    except (ValueError, RecursionError):
+        return None, f"{what} is not valid JSON"
+
+
 def _read(path: str) -> Optional[bytes]:
     try:
         with open(path, "rb") as fh:

@@ -237,25 +237,11 @@ def _key(driver_root: str, dev_root: str) -> Dict[str, Any]:
 
 def load(path: str, driver_root: str, dev_root: str) -> Tuple[Optional[CachedHost], str]:
     """The cached host when ``path`` holds a valid, fresh plan; else (None, why not)."""
-    from nvshim.config import check_trusted
-    from nvshim.errors import ConfigError
+    from nvshim.config import read_trusted_cache
 
-    try:
-        with open(path, "rb") as fh:
-            try:
-                # it names host files bind-mounted into containers: trusted like the config
-                check_trusted(path, os.fstat(fh.fileno()))
-            except ConfigError as exc:
-                return None, f"plan cache not trusted: {exc}"
-            raw = fh.read()
-    except FileNotFoundError:
-        return None, "no plan cache"
-    except OSError as exc:
-        return None, f"plan cache unreadable: {exc.strerror}"
-    try:
-        doc = _jsonc.loads(raw)
-    except ValueError:
-        return None, "plan cache is not valid JSON"
+    doc, why = read_trusted_cache(path, "plan cache")
+    if why:
+        return None, why
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         return None, "plan cache has another format"
     if doc.get("key") != _key(driver_root, dev_root):
