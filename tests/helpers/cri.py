@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import grpc
 
 from nvshim import _proto
+from tests.helpers.engines import containerd_private_config
 
 __all__ = ["CriClient", "cri_containerd_config", "import_image", "IMAGE", "CriError"]
 
@@ -47,20 +48,7 @@ class CriError(Exception):
 
 def cri_containerd_config(base: Path, sandbox_image: str = IMAGE) -> str:
     """The containerd config text (version 2) with CRI set up for host-network test pods."""
-    return f"""\
-version = 2
-root = "{base}/root"
-state = "{base}/state"
-[grpc]
-  address = "{base}/containerd.sock"
-[ttrpc]
-  address = "{base}/containerd-ttrpc.sock"
-[debug]
-  address = "{base}/debug.sock"
-  level = "info"
-[plugins]
-  [plugins."io.containerd.internal.v1.opt"]
-    path = "{base}/opt"
+    return containerd_private_config(base) + f"""\
   [plugins."io.containerd.grpc.v1.cri"]
     sandbox_image = "{sandbox_image}"
     restrict_oom_score_adj = true

@@ -591,7 +591,11 @@ def nvshim_config_env(dir: PathLike, settings: Mapping[str, Any],
 # --------------------------------------------------------------------------- containerd
 
 
-_CONTAINERD_CONFIG = """\
+def containerd_private_config(base: PathLike) -> str:
+    """The part of a test containerd's config (version 2) that keeps it off the host's:
+    its own root, state, sockets and opt dir under ``base``. Ends inside ``[plugins]``,
+    so a caller appends its own plugin tables."""
+    return f"""\
 version = 2
 root = "{base}/root"
 state = "{base}/state"
@@ -605,6 +609,10 @@ state = "{base}/state"
 [plugins]
   [plugins."io.containerd.internal.v1.opt"]
     path = "{base}/opt"
+"""
+
+
+_CONTAINERD_CRI = """\
   [plugins."io.containerd.grpc.v1.cri"]
     restrict_oom_score_adj = true
     [plugins."io.containerd.grpc.v1.cri".cni]
@@ -657,7 +665,8 @@ class Containerd:
             if not d.exists():
                 self._created_run_dirs.insert(0, d)
         config = self.base / "config.toml"
-        config.write_text(self.config_text or _CONTAINERD_CONFIG.format(base=self.base))
+        config.write_text(self.config_text or containerd_private_config(self.base)
+                          + _CONTAINERD_CRI.format(base=self.base))
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 [binary, "--config", str(config)],
