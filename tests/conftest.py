@@ -10,7 +10,7 @@ Fixtures:
 
 Guard: tests must never write the node's grant journal (``/var/lib/nvshim/grants.jsonl``,
 the built-in default of ``grants-journal``). A test whose nvshim config grants a GPU must
-point ``grants-journal`` into its tmp dir (``tests.helpers.engines.write_nvshim_config``
+point ``grants-journal`` into its tmp dir (``tests.helpers.node.write_nvshim_config``
 does). At the end of the session, a record in the node's journal whose bundle lies under
 this session's tmp dir fails the run, naming the bundles.
 """

@@ -26,14 +26,10 @@ from typing import Iterator
 import pytest
 
 from tests.helpers.bundle import copy_rootfs, make_glibc_rootfs, make_rootfs
-from tests.helpers.engines import (
-    Containerd,
-    Podman,
-    Runc,
-    make_crun_wrapper,
-    require_binary,
-    require_root,
-)
+from tests.helpers.common import require_binary, require_root
+from tests.helpers.containerd import Containerd
+from tests.helpers.podman import Podman
+from tests.helpers.runc import Runc, make_crun_wrapper
 
 
 def pytest_collection_modifyitems(items: list) -> None:

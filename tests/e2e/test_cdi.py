@@ -19,14 +19,10 @@ from nvshim.cdi_generate import generate_spec
 from nvshim.config import compile_config
 from nvshim.discovery import Host
 from tests.helpers.bundle import make_bundle
-from tests.helpers.engines import (
-    Podman,
-    Runc,
-    installed_cdi_spec,
-    require_root,
-    unique_id,
-    write_nvshim_config,
-)
+from tests.helpers.common import require_root, unique_id
+from tests.helpers.node import write_nvshim_config
+from tests.helpers.podman import Podman, installed_cdi_spec
+from tests.helpers.runc import Runc
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,8 @@ from typing import Dict, List
 import pytest
 
 from tests.helpers.bundle import make_bundle
-from tests.helpers.engines import Runc, require_binary, require_root, unique_id
+from tests.helpers.common import require_binary, require_root, unique_id
+from tests.helpers.runc import Runc
 
 CONTAINERS = 50
 GPUS = 8

@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional
 import pytest
 import tomlkit
 
+from tests.helpers.common import require_binary
 from tests.helpers.containerd_samples import DEBIAN_CONFIG
-from tests.helpers.engines import require_binary
 
 pytestmark = pytest.mark.e2e
 

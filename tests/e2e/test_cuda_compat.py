@@ -15,7 +15,8 @@ from nvshim._elf import build_shared_object
 from nvshim.config import compile_config
 from tests.e2e.test_security import rootwork_by, work_by
 from tests.helpers.bundle import ld_probe_args, make_bundle, parse_ld_probe
-from tests.helpers.engines import require_root, unique_id, write_nvshim_config
+from tests.helpers.common import require_root, unique_id
+from tests.helpers.node import write_nvshim_config
 
 pytestmark = pytest.mark.e2e
 

@@ -22,8 +22,9 @@ from typing import Any, Dict, Iterator, List
 import pytest
 
 from nvshim.config import compile_config
+from tests.helpers.common import make_env_wrapper, require_root
 from tests.helpers.docker import Dockerd
-from tests.helpers.engines import make_env_wrapper, require_root, write_nvshim_config
+from tests.helpers.node import write_nvshim_config
 
 pytestmark = pytest.mark.e2e
 

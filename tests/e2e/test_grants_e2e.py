@@ -16,7 +16,9 @@ import pytest
 
 from nvshim.config import compile_config
 from tests.helpers.bundle import make_bundle
-from tests.helpers.engines import Runc, require_binary, write_nvshim_config
+from tests.helpers.common import require_binary
+from tests.helpers.node import write_nvshim_config
+from tests.helpers.runc import Runc
 
 
 @pytest.fixture

@@ -23,20 +23,18 @@ from tests.helpers.bundle import (
     read_config,
     update_ld_cache,
 )
-from tests.helpers.engines import (
-    CDI_DIR,
-    Containerd,
-    Podman,
-    Runc,
-    installed_cdi_spec,
+from tests.helpers.common import (
     make_env_wrapper,
     make_failing_runtime,
-    nvshim_config_env,
     pids_with_arg,
     require_binary,
     require_root,
     unique_id,
 )
+from tests.helpers.containerd import Containerd
+from tests.helpers.node import nvshim_config_env
+from tests.helpers.podman import CDI_DIR, Podman, installed_cdi_spec
+from tests.helpers.runc import Runc
 
 pytestmark = pytest.mark.e2e
 

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 
-from tests.helpers.engines import require_root
+from tests.helpers.common import require_root
 
 REPO = Path(__file__).resolve().parents[2]
 

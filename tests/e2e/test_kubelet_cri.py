@@ -24,6 +24,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import pytest
 
 from nvshim.config import compile_config
+from tests.helpers.common import remove_cgroup_tree, require_binary, require_root, unique_id
+from tests.helpers.containerd import Containerd
 from tests.helpers.cri import (
     CriClient,
     CriError,
@@ -31,14 +33,7 @@ from tests.helpers.cri import (
     import_image,
     spec_annotations,
 )
-from tests.helpers.engines import (
-    Containerd,
-    _remove_cgroup_tree,
-    require_binary,
-    require_root,
-    unique_id,
-    write_nvshim_config,
-)
+from tests.helpers.node import write_nvshim_config
 from tests.helpers.podresources import PodResourcesServer
 
 pytestmark = pytest.mark.e2e
@@ -119,7 +114,7 @@ def node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterato
         if n.containerd is not None:
             n.containerd.stop()
         n.kubelet.stop()
-        _remove_cgroup_tree(n.cgroup)
+        remove_cgroup_tree(n.cgroup)
 
 
 @pytest.fixture

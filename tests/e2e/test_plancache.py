@@ -19,7 +19,8 @@ from nvshim import plancache
 from nvshim._elf import build_shared_object
 from nvshim.config import compile_config, load_config, plan_path
 from tests.helpers.bundle import make_bundle, read_config
-from tests.helpers.engines import require_root, unique_id, write_nvshim_config
+from tests.helpers.common import require_root, unique_id
+from tests.helpers.node import write_nvshim_config
 
 pytestmark = pytest.mark.e2e
 

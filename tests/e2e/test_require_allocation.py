@@ -18,7 +18,9 @@ from typing import Any, Dict, Iterator, List, Mapping
 import pytest
 
 from nvshim.config import compile_config
-from tests.helpers.engines import Containerd, make_env_wrapper, unique_id, write_nvshim_config
+from tests.helpers.common import make_env_wrapper, unique_id
+from tests.helpers.containerd import Containerd
+from tests.helpers.node import write_nvshim_config
 
 pytestmark = pytest.mark.e2e
 

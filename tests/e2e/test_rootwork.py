@@ -18,14 +18,8 @@ import pytest
 
 from nvshim.config import compile_config
 from tests.helpers.bundle import ld_probe_command, make_bundle, parse_ld_probe, read_config
-from tests.helpers.engines import (
-    make_mount_targets,
-    read_only_bind,
-    require_root,
-    rootwork_by,
-    unique_id,
-    write_nvshim_config,
-)
+from tests.helpers.common import require_root, unique_id
+from tests.helpers.node import make_mount_targets, read_only_bind, rootwork_by, write_nvshim_config
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,8 @@ import pytest
 
 from nvshim.config import compile_config
 from tests.helpers.bundle import make_bundle
-from tests.helpers.engines import require_root, unique_id, write_nvshim_config
+from tests.helpers.common import require_root, unique_id
+from tests.helpers.node import write_nvshim_config
 
 pytestmark = pytest.mark.e2e
 

@@ -1,10 +1,22 @@
 """Helpers shared by the e2e tests: rootfs/bundle builders and container-engine runners.
 
+One module per engine, plus what they share:
+
+* :mod:`tests.helpers.common` — skips, unique ids, polling, process/cgroup teardown, running a
+  command into a :class:`~tests.helpers.common.RunResult`, runtime stand-ins (env wrapper,
+  failing runtime).
+* :mod:`tests.helpers.node` — nvshim's config and env for the node under test, read-only
+  roots, who did the in-root work.
 * :mod:`tests.helpers.bundle` builds busybox (and glibc-loader) root filesystems and OCI
   bundles with a tab-indented ``config.json`` like ``runc spec`` writes.
-* :mod:`tests.helpers.engines` drives runc, crun (through a mount-namespace wrapper), a
-  private containerd 1.6 daemon via ``ctr``, and podman 4.3.1, and returns
-  :class:`~tests.helpers.engines.RunResult` values.
+* :mod:`tests.helpers.runc` — runc and crun (crun through a mount-namespace wrapper).
+* :mod:`tests.helpers.containerd` — a private containerd 1.6 daemon driven with ``ctr``;
+  :mod:`tests.helpers.cri` — its CRI plugin driven over gRPC as the kubelet does;
+  :mod:`tests.helpers.containerd_samples` — containerd configs for the
+  ``nvshim runtime configure`` tests.
+* :mod:`tests.helpers.podman` — podman 4.3.1 and CDI specs where it reads them.
+* :mod:`tests.helpers.docker` — a private dockerd 20.10 in its own mount namespace.
+* :mod:`tests.helpers.podresources` — a kubelet PodResources gRPC server.
 
 The pytest fixtures that wrap these live in ``tests/conftest.py`` and ``tests/e2e/conftest.py``.
 """

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import grpc
 
 from nvshim import _proto
-from tests.helpers.engines import containerd_private_config
+from tests.helpers.containerd import containerd_private_config
 
 __all__ = ["CriClient", "cri_containerd_config", "import_image", "IMAGE", "CriError"]
 

@@ -8,7 +8,7 @@ its own containerd (dockerd 20.10 starts one under ``<exec-root>/containerd`` wh
 a flag, so the daemon runs in a private mount namespace in which private directories are
 bind-mounted over ``/etc/docker`` and ``/run/docker``: nothing of the host's changes.
 (containerd's shim sockets still go to ``/run/containerd/s``, as with the private
-containerd of :mod:`tests.helpers.engines`; they leave with their shims.)
+containerd of :mod:`tests.helpers.containerd`; they leave with their shims.)
 
 Images come from :func:`Dockerd.import_rootfs` (``docker import`` of a tar of a directory),
 never from a registry.
@@ -27,13 +27,13 @@ import tempfile
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence
 
-from tests.helpers.engines import (
+from tests.helpers.common import (
     RunResult,
-    _execute,
-    _remove_cgroup_tree,
-    _terminate_pids,
+    execute,
     pids_with_arg,
+    remove_cgroup_tree,
     require_binary,
+    terminate_pids,
     unique_id,
     wait_until,
 )
@@ -128,7 +128,7 @@ class Dockerd:
         """``docker -H unix://<socket> *args``."""
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.base),
                "DOCKER_CONFIG": str(self.base / "client")}
-        return _execute([self.client, "-H", f"unix://{self.socket}", *args], env=env,
+        return execute([self.client, "-H", f"unix://{self.socket}", *args], env=env,
                         timeout=timeout, stdin=stdin)
 
     def reload(self, expect_default: str, timeout: float = 30) -> None:
@@ -179,8 +179,8 @@ class Dockerd:
                 proc.kill()
                 proc.wait(timeout)
             # its containerd and shims carry our base directory in their argv
-            _terminate_pids(pids_with_arg(str(self.base)))
-        _remove_cgroup_tree(self.cgroup_parent)
+            terminate_pids(pids_with_arg(str(self.base)))
+        remove_cgroup_tree(self.cgroup_parent)
         for host_dir in self._created_host_dirs:
             with contextlib.suppress(OSError):
                 host_dir.rmdir()  # empty: the daemon wrote into its private bind mount
