@@ -5,12 +5,20 @@ nothing is written on passthrough commands, so whether a grant is still live is 
 when the journal is read (:func:`live_grants`): the container's state directory under the
 runtime's ``--root`` and ``<runtime> state``.
 
-Crash safety: a record is one ``write()`` of one whole line to an ``O_APPEND`` file,
-followed by ``fsync``. Appends hold a ``flock`` on the journal only for that write (never
-across the exec of runc). A line cut short by a crash or power loss is skipped by the
-reader, and the next append first ends it with a newline so a later record is never glued
-onto it. Bounded: when the file passes ``grants-journal-max-bytes`` the appender rewrites it
-(temp file, fsync, rename) with only the records of containers that still exist.
+Crash safety: a record is one ``write()`` of one whole line to an ``O_APPEND`` file.
+Appends hold a ``flock`` on the journal only for that write (never across the exec of
+runc). A killed writer (kill -9, OOM) cannot tear the line: once ``write()`` returns it is
+in the page cache. A line cut short by a power loss is skipped by the reader, and the next
+append first ends it with a newline so a later record is never glued onto it. Bounded: when
+the file passes ``grants-journal-max-bytes`` the appender rewrites it (temp file, fsync,
+rename) with only the records of containers that still exist.
+
+The append is not fsynced (≈ 0.3 ms on a quiet disk, 2-8 ms under I/O load, on every GPU
+create). The journal answers one question, which GPUs live containers hold, and liveness
+is decided when it is read; a record that only a power loss can lose is the record of a
+container that the same power loss killed (its process, and its state under ``/run``), so
+it could never be reported live. Compaction, which replaces records that are not new,
+stays durable.
 """
 
 from __future__ import annotations
@@ -114,7 +122,8 @@ def _open_journal(path: str) -> int:
     directory = os.path.dirname(path) or "."
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
-        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # read-write: the torn-line check preads the last byte through the same fd
+        return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         raise HostError(
             f"cannot record the grant in {path}: {exc.strerror} "
@@ -142,7 +151,8 @@ def _lock_current(path: str) -> int:
 
 
 def append_grant(path: str, grant: Grant, max_bytes: int) -> None:
-    """Append one record (one write, fsync); compact the journal first when it is too big."""
+    """Append one record (one write, no fsync: see the module docstring); compact the
+    journal first when it is too big."""
     line = grant.to_line()
     try:
         fd = _lock_current(path)
@@ -153,22 +163,15 @@ def append_grant(path: str, grant: Grant, max_bytes: int) -> None:
                 os.close(fd)
                 fd = _lock_current(path)
                 size = os.fstat(fd).st_size
-            if size and not _ends_with_newline(path, size):
+            if size and os.pread(fd, 1, size - 1) != b"\n":
                 line = b"\n" + line  # end a line a crash cut short; the reader skips it
             written = os.write(fd, line)
             if written != len(line):
                 raise HostError(f"cannot record the grant in {path}: short write")
-            os.fsync(fd)
         finally:
             os.close(fd)
     except OSError as exc:
         raise HostError(f"cannot record the grant in {path}: {exc.strerror}") from exc
-
-
-def _ends_with_newline(path: str, size: int) -> bool:
-    with open(path, "rb") as fh:
-        fh.seek(size - 1)
-        return fh.read(1) == b"\n"
 
 
 def _compact(path: str) -> None:

@@ -76,6 +76,20 @@ def test_torn_last_line_is_skipped_and_repaired(tmp_path: Path) -> None:
     assert lines[1] == whole[: len(whole) // 2]  # the fragment stands alone on its line
 
 
+def test_append_is_not_fsynced_but_compaction_is(tmp_path: Path, monkeypatch) -> None:
+    """An append (every GPU create) pays no fsync; a compaction, which replaces old records, does."""
+    synced: List[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    path = tmp_path / "grants.jsonl"
+    for i in range(20):
+        append_grant(str(path), grant(f"c{i}", t=time.time() - 3600), 1 << 20)
+    assert synced == []
+    append_grant(str(path), grant("new"), 512)  # past max-bytes: compacted first
+    assert synced, "compaction must be durable"
+    assert [g.container_id for g in read_grants(str(path))] == ["new"]
+
+
 def test_foreign_and_corrupt_lines_are_skipped(tmp_path: Path) -> None:
     """Lines that are not our records (garbage, other JSON, wrong types) are ignored, not fatal."""
     path = tmp_path / "grants.jsonl"
