@@ -48,7 +48,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from nvshim.config import compile_config
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
     from tests.helpers.podresources import PodResourcesServer
 
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-kubelet-") as tmp:
@@ -96,7 +96,7 @@ def main() -> int:
             (bundle / "config.json").write_bytes(original)
             env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(configs[mode])}
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-I", "-m", "nvshim.runtime", "create", "--bundle",
+            subprocess.run([sys.executable, "-I", "-m", "nvshim.runtime.main", "create", "--bundle",
                             str(bundle), "c"], env=env, check=True, cwd=str(REPO))
             return (time.perf_counter() - start) * 1000
 
@@ -122,7 +122,7 @@ def main() -> int:
 
         import grpc
 
-        from nvshim.kubelet import LIST_METHOD, decode_list_response
+        from nvshim.runtime.kubelet import LIST_METHOD, decode_list_response
 
         calls = []
         with grpc.insecure_channel(f"unix://{work / 'kubelet.sock'}") as channel:

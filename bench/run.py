@@ -143,7 +143,7 @@ class Bench:
         return [tool, "--root", str(self.root), *args]
 
     def setup(self) -> None:
-        from nvshim.sim import create_node
+        from nvshim.host.sim import create_node
         from tests.helpers.bundle import make_bundle, make_rootfs
 
         rootfs = make_rootfs(self.work / "rootfs")
@@ -279,7 +279,7 @@ def case_shim(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
 
 
 def case_cdi(b: Bench, repeats: int) -> Dict[str, Any]:
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     probe = subprocess.run(b.nvshim_cli + ["cdi", "generate", "--help"], capture_output=True,
                            text=True)
@@ -399,7 +399,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"bench/run.py: {path} is not executable", file=sys.stderr)
             return 1
     cli = shutil.which("nvshim") if args.runtime == DEFAULT_RUNTIME else None
-    nvshim_cli = [cli] if cli else [sys.executable, "-I", "-m", "nvshim.cli"]
+    nvshim_cli = [cli] if cli else [sys.executable, "-I", "-m", "nvshim.cli.main"]
     wanted = set(args.cases.split(","))
 
     results: Dict[str, Any] = {"pairs": args.pairs,

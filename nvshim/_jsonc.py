@@ -44,7 +44,7 @@ class _Context:
     parse_constant = _CONSTANTS.__getitem__
 
 
-_scan = _json.make_scanner(_Context())
+_scan = _json.make_scanner(_Context())  # type: ignore[arg-type]  # duck-typed decoder
 
 
 _SCANNERS: Dict[Tuple[Any, Any, Any, Any], Any] = {(None, None, None, None): _scan}
@@ -63,12 +63,12 @@ def loads(data: Union[str, bytes], object_pairs_hook: Any = None, parse_constant
         context = _Context()
         context.object_pairs_hook = object_pairs_hook
         if parse_constant is not None:
-            context.parse_constant = parse_constant
+            context.parse_constant = parse_constant  # type: ignore[method-assign]
         if parse_int is not None:
             context.parse_int = parse_int
         if parse_float is not None:
             context.parse_float = parse_float
-        scan = _SCANNERS[key] = _json.make_scanner(context)
+        scan = _SCANNERS[key] = _json.make_scanner(context)  # type: ignore[arg-type]
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         start = len(text) - len(text.lstrip(_WS))

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import Any, Optional, Tuple
+    from typing import Any, Optional, Tuple, TypeVar
+
+    _T = TypeVar("_T")
 
 __all__ = ["dataclass", "field", "fields", "replace", "Field", "FrozenInstanceError", "MISSING"]
 
@@ -56,10 +58,12 @@ def fields(obj: Any) -> Tuple[Field, ...]:
     return result
 
 
-def replace(obj: Any, **changes: Any) -> Any:
-    values = {f.name: getattr(obj, f.name) for f in obj.__record_fields__}
+def replace(obj: _T, **changes: Any) -> _T:
+    record: Any = obj
+    values = {f.name: getattr(record, f.name) for f in record.__record_fields__}
     values.update(changes)
-    return obj.__class__(**values)
+    new: _T = record.__class__(**values)
+    return new
 
 
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -117,8 +121,8 @@ def _frozen_delattr(self: Any, name: str) -> None:
     raise FrozenInstanceError(f"cannot delete field {name!r}")
 
 
-def _make(cls: type, frozen: bool) -> type:
-    flds = []
+def _make(cls: Any, frozen: bool) -> Any:
+    flds: list[Field] = []
     for base in reversed(cls.__mro__[1:]):
         flds.extend(getattr(base, "__record_fields__", ()))
     for name, annotation in cls.__dict__.get("__annotations__", {}).items():
@@ -133,24 +137,41 @@ def _make(cls: type, frozen: bool) -> type:
             else:
                 setattr(cls, name, f.default)
         flds = [old for old in flds if old.name != name] + [f]
-    cls.__record_fields__ = tuple(flds)  # type: ignore[attr-defined]
-    cls.__init__ = _init  # type: ignore[assignment]
-    cls.__eq__ = _eq  # type: ignore[assignment]
+    cls.__record_fields__ = tuple(flds)
+    cls.__init__ = _init
+    cls.__eq__ = _eq
     if "__repr__" not in cls.__dict__:
-        cls.__repr__ = _repr  # type: ignore[assignment]
+        cls.__repr__ = _repr
     if frozen:
-        cls.__setattr__ = _frozen_setattr  # type: ignore[assignment]
-        cls.__delattr__ = _frozen_delattr  # type: ignore[assignment]
-        cls.__hash__ = _hash  # type: ignore[assignment]
+        cls.__setattr__ = _frozen_setattr
+        cls.__delattr__ = _frozen_delattr
+        cls.__hash__ = _hash
     elif "__hash__" not in cls.__dict__:
-        cls.__hash__ = None  # type: ignore[assignment]
+        cls.__hash__ = None
     return cls
 
 
-def dataclass(cls: Optional[type] = None, *, frozen: bool = False) -> Any:
-    """``@dataclass`` / ``@dataclass(frozen=True)`` for nvshim's value classes."""
-    def wrap(c: type) -> type:
-        return _make(c, frozen)
+if TYPE_CHECKING:
+    # What mypy sees: the standard ``dataclass_transform`` contract, so records get typed
+    # ``__init__`` signatures, frozen checks and field defaults like real dataclasses.
+    from typing import Callable, TypeVar, dataclass_transform, overload
 
-    return wrap if cls is None else wrap(cls)
+    _C = TypeVar("_C", bound=type)
 
+    @overload
+    @dataclass_transform(field_specifiers=(field,))
+    def dataclass(cls: _C, *, frozen: bool = False) -> _C: ...
+
+    @overload
+    def dataclass(cls: None = None, *, frozen: bool = False) -> Callable[[_C], _C]: ...
+
+    def dataclass(cls: Optional[_C] = None, *, frozen: bool = False) -> Any: ...
+
+else:
+
+    def dataclass(cls=None, *, frozen=False):
+        """``@dataclass`` / ``@dataclass(frozen=True)`` for nvshim's value classes."""
+        def wrap(c):
+            return _make(c, frozen)
+
+        return wrap if cls is None else wrap(cls)

@@ -10,7 +10,7 @@ Two ways in, one result:
   from, so an edited YAML is noticed and the checked path is taken instead.
 
 A missing file means defaults. The runtime never writes the compiled file itself; the
-only file a create may write next to it is the node plan cache (:mod:`nvshim.plancache`).
+only file a create may write next to it is the node plan cache (:mod:`nvshim.runtime.plancache`).
 """
 
 from __future__ import annotations
@@ -123,12 +123,12 @@ def compiled_path(path: str) -> str:
 
 
 def plan_path(path: str) -> str:
-    """The node plan cache (:mod:`nvshim.plancache`) kept next to the compiled config."""
+    """The node plan cache (:mod:`nvshim.runtime.plancache`) kept next to the compiled config."""
     return _compiled(path, ".plan.json")
 
 
 def cdi_index_path(path: str) -> str:
-    """The index of the CDI spec dirs (:mod:`nvshim.cdiindex`) kept next to the compiled config."""
+    """The index of the CDI spec dirs (:mod:`nvshim.cdi.index`) kept next to the compiled config."""
     return _compiled(path, ".cdi-index.json")
 
 
@@ -342,6 +342,7 @@ def _unique_key_loader(yaml: Any) -> Any:
 def parse_config_text(data: bytes, path: str) -> Config:
     """Checked path: YAML → mapping → jsonschema → :class:`Config`."""
     import json
+
     import yaml
 
     try:
@@ -402,11 +403,11 @@ def load_config(path: Optional[str] = None, required: bool = False) -> Config:
     return parse_config_text(data, path)
 
 
-def compile_config(path: Optional[str] = None, plan: bool = True) -> str:
+def compile_config(path: Optional[str] = None) -> str:
     """Validate ``path`` and write its compiled copy atomically; return the copy's path.
 
-    With ``plan``, the node plan cache next to it is rebuilt too (when the node has a
-    driver to discover; see :mod:`nvshim.plancache`).
+    The node plan cache and the CDI index next to it are the runtime's:
+    :func:`nvshim.runtime.compile.compile_node` writes all three.
     """
     import json
 
@@ -441,12 +442,6 @@ def compile_config(path: Optional[str] = None, plan: bool = True) -> str:
         os.chmod(target, 0o644)  # generated: never keep a looser mode found on an old copy
         os.utime(target, ns=(source.st_atime_ns, source.st_mtime_ns))
     _link_source(path)
-    if plan:
-        from nvshim import cdiindex
-        from nvshim.plancache import refresh
-
-        refresh(config)
-        cdiindex.refresh(config.cdi_spec_dirs, cdi_index_path(path))
     return out
 
 

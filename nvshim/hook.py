@@ -13,13 +13,13 @@ with the OCI state on stdin and only the hook entry's own environment. It:
    ``include`` line if the image has none, and rewrites ``/etc/ld.so.cache`` with the
    image's entries plus every library found in those folders.
 
-The cache is written by our own codec (:mod:`nvshim._ldcache`), not by running the host's
+The cache is written by our own codec (:mod:`nvshim.host.ldcache`), not by running the host's
 ``/sbin/ldconfig -r <rootfs>``: that would run a host binary as root over directories the
 image controls (ldconfig follows their symlinks and writes where they point, the
 CVE-2025-23267 class), and making it safe takes namespaces, a fresh /proc, a sealed copy
 of the binary and ``pivot_root`` — all to produce a file we can write in a few lines.
 Here nothing the image controls is executed, and every file operation goes through
-:mod:`nvshim._inroot`, which resolves paths inside the rootfs as if chrooted.
+:mod:`nvshim.host.inroot`, which resolves paths inside the rootfs as if chrooted.
 
 A rootfs without ``/etc`` (a scratch image) gets one, created in the root: the container
 still starts, and a dynamically linked program in it then finds the driver. Failing the
@@ -38,11 +38,26 @@ import json
 import os
 import sys
 
-from nvshim import _inroot
-from nvshim._hookargs import SEP as _SEP  # noqa: N811 - the module-private name it had
-from nvshim._hookargs import build_hook_args, check_folder as _check_folder, check_link as _check_link
 from nvshim.errors import HostError, NvshimError, SpecError, UsageError
-from nvshim.rootwork import LDCACHE, LDCONF, LDCONF_DROPIN, _host_error, apply_links, update_ldcache
+from nvshim.host import inroot as _inroot
+from nvshim.runtime.hookargs import SEP as _SEP  # noqa: N811 - the module-private name it had
+from nvshim.runtime.hookargs import (
+    build_hook_args,
+)
+from nvshim.runtime.hookargs import (
+    check_folder as _check_folder,
+)
+from nvshim.runtime.hookargs import (
+    check_link as _check_link,
+)
+from nvshim.runtime.rootwork import (
+    LDCACHE,
+    LDCONF,
+    LDCONF_DROPIN,
+    _host_error,
+    apply_links,
+    update_ldcache,
+)
 
 # typing costs ~4-6 ms to import; annotations only (mypy treats TYPE_CHECKING as true).
 TYPE_CHECKING = False

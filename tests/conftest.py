@@ -42,7 +42,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         base = str(factory.getbasetemp())
     except (OSError, ValueError):
         return
-    from nvshim.grants import read_grants
+    from nvshim.runtime.grants import read_grants
 
     leaked = sorted({g.bundle for g in read_grants(str(NODE_JOURNAL))
                      if g.bundle.startswith(base + "/")})

@@ -14,10 +14,10 @@ from typing import Any, Dict, Set, Tuple
 
 import pytest
 
-from nvshim import cdi
-from nvshim.cdi_generate import generate_spec
-from nvshim.config import compile_config
-from nvshim.discovery import Host
+from nvshim.cdi import spec as cdi
+from nvshim.node.cdigen import generate_spec
+from nvshim.runtime.compile import compile_node
+from nvshim.host.discovery import Host
 from tests.helpers.bundle import make_bundle
 from tests.helpers.common import require_root, unique_id
 from tests.helpers.node import write_nvshim_config
@@ -58,7 +58,7 @@ def seen_libraries(output: str) -> Set[str]:
 def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A simulated 2-GPU node whose minors are swapped (GPU 1 is /dev/nvidia0)."""
     require_root()
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     sim = create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=2, shuffle_minors=True,
                       driver_version=VERSION)
@@ -69,7 +69,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(scope="module")
 def spec_text(node: Any) -> str:
     """The generated spec for the node (YAML), hook run by the venv that runs these tests."""
-    from nvshim.create import hook_command
+    from nvshim.runtime.create import hook_command
 
     spec = generate_spec(Host(node.root), hook_command=hook_command())
     assert cdi.validate_spec(spec) == []
@@ -86,7 +86,7 @@ def cdi_env(tmp_path: Path, node: Any, spec_text: str) -> Dict[str, str]:
     cfg = write_nvshim_config(tmp_path / "cfg", {
         "driver-root": node.root, "runtimes": ["runc"], "cdi-spec-dirs": [str(spec_dir)],
     })
-    compile_config(str(cfg))
+    compile_node(str(cfg))
     return {"NVSHIM_CONFIG": str(cfg), "PATH": PATH_ENV}
 
 

@@ -41,7 +41,7 @@ def test_fifty_parallel_gpu_creates(tmp_path: Path, base_rootfs: Path) -> None:
     require_root()
     runc_bin = require_binary("runc")
     runtime = installed_runtime()
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=GPUS)
     cfg = tmp_path / "nvshim" / "config.yaml"
@@ -49,7 +49,7 @@ def test_fifty_parallel_gpu_creates(tmp_path: Path, base_rootfs: Path) -> None:
     cfg.write_text(f"runtimes: [{runc_bin}]\ndriver-root: {node.root}\n"
                    f"grants-journal: {cfg.parent}/grants.jsonl\n")
     nvshim_cli = Path(runtime).with_name("nvshim")
-    compile_cmd = ([str(nvshim_cli)] if nvshim_cli.exists() else ["python3", "-m", "nvshim.cli"])
+    compile_cmd = ([str(nvshim_cli)] if nvshim_cli.exists() else ["python3", "-m", "nvshim.cli.main"])
     subprocess.run(compile_cmd + ["config", "compile", "--config", str(cfg)], check=True,
                    capture_output=True)
     env = dict(os.environ, NVSHIM_CONFIG=str(cfg))
@@ -75,7 +75,7 @@ def test_fifty_parallel_gpu_creates(tmp_path: Path, base_rootfs: Path) -> None:
         leftovers = [str(p) for b in bundles.values() for p in b.glob(".config.json.nvshim-*")]
         assert leftovers == []
         # 50 concurrent appends to the grant journal: one whole record per container
-        from nvshim.grants import read_grants
+        from nvshim.runtime.grants import read_grants
 
         journal = cfg.parent / "grants.jsonl"
         records = {g.container_id: g.gpus for g in read_grants(str(journal))}

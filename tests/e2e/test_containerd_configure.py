@@ -85,7 +85,7 @@ def _default_config(containerd_bin: str) -> str:
 
 def _nvshim(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "nvshim.cli", "runtime", "configure", *args],
+        [sys.executable, "-m", "nvshim.cli.main", "runtime", "configure", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -232,7 +232,7 @@ def test_refusal_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     nvshim_config = tmp_path / "nvshim.yaml"
     done = subprocess.run(
-        [sys.executable, "-m", "nvshim.cli", "runtime", "configure", "--config", str(config),
+        [sys.executable, "-m", "nvshim.cli.main", "runtime", "configure", "--config", str(config),
          "--set-as-default"],
         cwd=REPO,
         capture_output=True,

@@ -11,8 +11,8 @@ from typing import Any, Dict
 
 import pytest
 
-from nvshim._elf import build_shared_object
-from nvshim.config import compile_config
+from nvshim.host.elf import build_shared_object
+from nvshim.runtime.compile import compile_node
 from tests.e2e.test_security import rootwork_by, work_by
 from tests.helpers.bundle import ld_probe_args, make_bundle, parse_ld_probe
 from tests.helpers.common import require_root, unique_id
@@ -27,7 +27,7 @@ DRIVER_LIBDIR = "/usr/lib/x86_64-linux-gnu"
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     require_root()
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=1,
                        driver_version="550.54.15")
@@ -37,7 +37,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def env(node: Any, tmp_path: Path) -> Dict[str, str]:
     cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["runc"],
                                                  "debug-log": str(tmp_path / "debug.log")})
-    compile_config(str(cfg))
+    compile_node(str(cfg))
     return {"NVSHIM_CONFIG": str(cfg), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
 

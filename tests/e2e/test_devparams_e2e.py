@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nvshim.config import compile_config
+from nvshim.runtime.compile import compile_node
 from tests.helpers.bundle import make_bundle, read_config
 from tests.helpers.common import require_root, unique_id
 from tests.helpers.node import write_nvshim_config
@@ -37,7 +37,7 @@ PROBE = ("cat /proc/driver/nvidia/params; "
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     require_root()
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=1)
 
@@ -45,7 +45,7 @@ def node(tmp_path_factory):
 def config_env(node, tmp_path: Path, runtime: str = "runc", **extra) -> dict:
     cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": [runtime],
                                                  "grants-journal": None, **extra})
-    compile_config(str(cfg))
+    compile_node(str(cfg))
     return {"NVSHIM_CONFIG": str(cfg), "PATH": PATH}
 
 

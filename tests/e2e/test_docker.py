@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from nvshim.config import compile_config
+from nvshim.runtime.compile import compile_node
 from tests.helpers.common import make_env_wrapper, require_root
 from tests.helpers.docker import Dockerd
 from tests.helpers.node import write_nvshim_config
@@ -48,7 +48,7 @@ def configure(*args: str, nvshim_config: Path) -> subprocess.CompletedProcess:
     """``nvshim runtime configure --runtime docker ARGS`` with ``NVSHIM_CONFIG`` set."""
     env = dict(os.environ, NVSHIM_CONFIG=str(nvshim_config))
     return subprocess.run(
-        [sys.executable, "-m", "nvshim.cli", "runtime", "configure", "--runtime", "docker",
+        [sys.executable, "-m", "nvshim.cli.main", "runtime", "configure", "--runtime", "docker",
          *args],
         cwd=REPO, env=env, capture_output=True, text=True,
     )
@@ -61,7 +61,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterat
     require_root()
     if not (TRAMPOLINE.is_file() and os.access(TRAMPOLINE, os.X_OK)):
         pytest.skip(f"{TRAMPOLINE} is not installed (run ./install.sh --dev)")
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     base = tmp_path_factory.mktemp("docker")
     node = create_node(str(base / "node"), gpus=4, shuffle_minors=True)
@@ -72,7 +72,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterat
         config = write_nvshim_config(base / label, {
             "require-allocation": require, "driver-root": node.root, "runtimes": ["runc"],
         })
-        compile_config(str(config))
+        compile_node(str(config))
         configs[label] = config
         wrappers[label] = make_env_wrapper(base / label / "nvshim-runtime", TRAMPOLINE,
                                            {"NVSHIM_CONFIG": str(config)})

@@ -13,7 +13,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from nvshim.config import compile_config
+from nvshim.runtime.compile import compile_node
 from tests.helpers.bundle import make_bundle
 from tests.helpers.common import require_root, unique_id
 from tests.helpers.node import write_nvshim_config
@@ -38,7 +38,7 @@ DEVICE_LIST = "/var/run/nvidia-container-devices"
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     require_root()
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=2, imex_channels=3,
                        nvswitches=2, gds=True, mofed=True, gdrcopy=True)
@@ -48,7 +48,7 @@ def env_for(tmp_path: Path, node: Any, **settings: Any) -> Dict[str, str]:
     cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["runc"],
                                                  **{k.replace("_", "-"): v
                                                     for k, v in settings.items()}})
-    compile_config(str(cfg))
+    compile_node(str(cfg))
     return {"NVSHIM_CONFIG": str(cfg), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
 

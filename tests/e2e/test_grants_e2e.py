@@ -14,7 +14,7 @@ from typing import Any, Dict
 
 import pytest
 
-from nvshim.config import compile_config
+from nvshim.runtime.compile import compile_node
 from tests.helpers.bundle import make_bundle
 from tests.helpers.common import require_binary
 from tests.helpers.node import write_nvshim_config
@@ -23,13 +23,13 @@ from tests.helpers.runc import Runc
 
 @pytest.fixture
 def setup(tmp_path: Path, runc: Runc, base_rootfs: Path, nvshim_runtime_bin: str) -> Dict[str, Any]:
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2)
     cfg = write_nvshim_config(tmp_path / "etc", {
         "runtimes": [require_binary("runc")], "driver-root": node.root,
     })
-    compile_config(str(cfg))
+    compile_node(str(cfg))
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(cfg)}
     return {"node": node, "env": env, "journal": cfg.parent / "grants.jsonl",
             "rootfs": base_rootfs, "runtime": nvshim_runtime_bin, "tmp": tmp_path}

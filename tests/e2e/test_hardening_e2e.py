@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from nvshim.config import compile_config
+from nvshim.runtime.compile import compile_node
 from tests.helpers.bundle import make_bundle
 from tests.helpers.common import require_root, unique_id
 from tests.helpers.node import write_nvshim_config
@@ -19,7 +19,7 @@ LIST_NODES = "ls /dev | grep '^nvidia' | tr '\\n' ' '; echo"
 def node(tmp_path_factory):
     """A simulated 2-GPU node."""
     require_root()
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=2)
 
@@ -28,7 +28,7 @@ def node(tmp_path_factory):
 def crun_env(tmp_path, node, crunw):
     """nvshim configured with crun (through its mount-namespace wrapper) as the runtime."""
     cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": [str(crunw)]})
-    compile_config(str(cfg))
+    compile_node(str(cfg))
     return {"NVSHIM_CONFIG": str(cfg), "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 

@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import pytest
 
-from nvshim.config import compile_config
+from nvshim.runtime.compile import compile_node
 from tests.helpers.common import remove_cgroup_tree, require_binary, require_root, unique_id
 from tests.helpers.containerd import Containerd
 from tests.helpers.cri import (
@@ -68,7 +68,7 @@ class Node:
         }
         values.update({k.replace("_", "-"): v for k, v in settings.items()})
         path = write_nvshim_config(self.base / name, values)
-        compile_config(str(path))
+        compile_node(str(path))
         self.current.write_text(str(path))
 
 
@@ -79,7 +79,7 @@ def node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterato
     require_binary("runc")
     if not (TRAMPOLINE.is_file() and os.access(TRAMPOLINE, os.X_OK)):
         pytest.skip(f"{TRAMPOLINE} is not installed (run ./install.sh --dev)")
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     base = tmp_path_factory.mktemp("cri")
     sim = create_node(str(base / "node"), gpus=4, shuffle_minors=True, imex_channels=3)

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from nvshim import plancache
-from nvshim._elf import build_shared_object
-from nvshim.config import compile_config, load_config, plan_path
+from nvshim.runtime import plancache
+from nvshim.host.elf import build_shared_object
+from nvshim.config import load_config, plan_path
+from nvshim.runtime.compile import compile_node
 from tests.helpers.bundle import make_bundle, read_config
 from tests.helpers.common import require_root, unique_id
 from tests.helpers.node import write_nvshim_config
@@ -32,7 +33,7 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 def node(tmp_path):
     """A fresh simulated 2-GPU node per test (tests change it)."""
     require_root()
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     return create_node(str(tmp_path / "node"), gpus=2)
 
@@ -40,7 +41,7 @@ def node(tmp_path):
 @pytest.fixture
 def cfg(node, tmp_path) -> Path:
     path = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["/bin/true"]})
-    compile_config(str(path))
+    compile_node(str(path))
     return path
 
 
@@ -72,7 +73,7 @@ def test_compile_writes_a_valid_plan_and_creates_use_it(node, cfg, rootfs, tmp_p
     """``nvshim config compile`` leaves a valid plan next to the compiled config; a create
     with it plans exactly what live discovery plans."""
     assert cache_is_valid(cfg, node)
-    from nvshim.create import plan_create
+    from nvshim.runtime.create import plan_create
 
     bundle = fresh_bundle(tmp_path, rootfs, "b")
     config = load_config(str(cfg))
@@ -113,7 +114,7 @@ def test_gpu_removed_and_added_is_seen_by_the_next_create(node, cfg, rootfs, tmp
 def test_driver_version_change_is_seen_by_the_next_create(node, cfg, rootfs, tmp_path, nvshim_runtime_bin):
     """A new driver (the node rebuilt with another version at the same path) gets its own
     libraries mounted on the next create, not the cached old ones."""
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     assert create(nvshim_runtime_bin, fresh_bundle(tmp_path, rootfs, "b1", "0"), cfg).returncode == 0
     assert any(s.endswith("libcuda.so.550.54.15") for s in mount_sources(tmp_path / "b1"))

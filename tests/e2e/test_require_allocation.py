@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterator, List, Mapping
 
 import pytest
 
-from nvshim.config import compile_config
+from nvshim.runtime.compile import compile_node
 from tests.helpers.common import make_env_wrapper, unique_id
 from tests.helpers.containerd import Containerd
 from tests.helpers.node import write_nvshim_config
@@ -37,7 +37,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A simulated node with 4 GPUs whose minors are not their indices."""
     if os.geteuid() != 0:
         pytest.skip("simulated nodes need root (mknod)")
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     sim = create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=4, shuffle_minors=True)
     assert sim.gpus[2].minor != 2, "shuffle_minors left GPU 2 on minor 2: the test proves nothing"
@@ -62,7 +62,7 @@ def nvshim_wrapper(directory: Path, runtime: Path, node: Any, **settings: Any) -
         "runtimes": ["runc"],
         **{k.replace("_", "-"): v for k, v in settings.items()},
     })
-    compile_config(str(config))
+    compile_node(str(config))
     return make_env_wrapper(directory / "nvshim-runtime", runtime, {"NVSHIM_CONFIG": str(config)})
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from nvshim.config import compile_config
+from nvshim.runtime.compile import compile_node
 from tests.helpers.bundle import ld_probe_command, make_bundle, parse_ld_probe, read_config
 from tests.helpers.common import require_root, unique_id
 from tests.helpers.node import make_mount_targets, read_only_bind, rootwork_by, write_nvshim_config
@@ -33,7 +33,7 @@ PROBE = f"readlink {LIBDIR}/libcuda.so.1; {ld_probe_command('libcuda.so.1')}"
 def node(tmp_path_factory):
     """A simulated 2-GPU node."""
     require_root()
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=2)
 
@@ -43,7 +43,7 @@ def config_env(node, tmp_path: Path, runtime: str = "runc") -> dict:
     cfg = write_nvshim_config(tmp_path / "cfg", {
         "driver-root": node.root, "runtimes": [runtime], "debug-log": str(tmp_path / "debug.log"),
     })
-    compile_config(str(cfg))
+    compile_node(str(cfg))
     return {"NVSHIM_CONFIG": str(cfg), "PATH": PATH}
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nvshim.config import compile_config
+from nvshim.runtime.compile import compile_node
 from tests.helpers.bundle import make_bundle
 from tests.helpers.common import require_root, unique_id
 from tests.helpers.node import write_nvshim_config
@@ -34,7 +34,7 @@ PROBE = (
 def node(tmp_path_factory):
     """A simulated 4-GPU node whose device minors are not in PCI order."""
     require_root()
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=4, shuffle_minors=True)
 
@@ -49,7 +49,7 @@ def engine(request, tmp_path, node, crunw):
         low = str(crunw)
         driver = request.getfixturevalue("crun")
     cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": [low]})
-    compile_config(str(cfg))
+    compile_node(str(cfg))
     env = {"NVSHIM_CONFIG": str(cfg), "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
     return driver, env, cfg
 
@@ -150,7 +150,7 @@ def test_errors_leave_file_and_report_twice(engine, rootfs, tmp_path, nvshim_run
 def test_passthrough_exit_codes_match_runc(runc, node, rootfs, tmp_path, nvshim_runtime_bin):
     """state, kill and delete through nvshim-runtime return exactly what runc returns."""
     cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["runc"]})
-    compile_config(str(cfg))
+    compile_node(str(cfg))
     env = {"NVSHIM_CONFIG": str(cfg), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     bundle = make_bundle(tmp_path / "b", rootfs, ["sleep", "30"], env=["NVIDIA_VISIBLE_DEVICES=0"])
     cid = unique_id()

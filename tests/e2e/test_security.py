@@ -18,7 +18,7 @@ from typing import Dict, Iterator, Tuple
 
 import pytest
 
-from nvshim.config import compile_config
+from nvshim.runtime.compile import compile_node
 from tests.helpers.bundle import make_bundle, read_config
 from tests.helpers.common import require_root, unique_id
 from tests.helpers.node import make_mount_targets, read_only_bind, rootwork_by, write_nvshim_config
@@ -34,7 +34,7 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 def node(tmp_path_factory):
     """A simulated 2-GPU node."""
     require_root()
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=2)
 
@@ -46,7 +46,7 @@ def env(node, tmp_path):
         tmp_path / "cfg",
         {"driver-root": node.root, "runtimes": ["runc"], "debug-log": str(tmp_path / "debug.log")},
     )
-    compile_config(str(cfg))
+    compile_node(str(cfg))
     return {"NVSHIM_CONFIG": str(cfg), "PATH": PATH}
 
 

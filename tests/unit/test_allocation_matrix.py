@@ -12,7 +12,7 @@ import pytest
 
 from nvshim.config import Config
 from nvshim.errors import RequestError
-from nvshim.request import image_view, resolve_request
+from nvshim.runtime.request import image_view, resolve_request
 
 UUID = "GPU-11111111-2222-3333-4444-555555555552"
 

@@ -7,7 +7,7 @@ import copy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvshim.apply import apply_edits
+from nvshim.runtime.apply import apply_edits
 from nvshim.edits import DeviceNode, Edits, Hook, Mount
 
 

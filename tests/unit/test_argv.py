@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nvshim._argv import parse_argv
+from nvshim.runtime.argv import parse_argv
 
 CASES = [
     # argv, command, bundle, log, log_format

@@ -1,7 +1,7 @@
 """NVIDIA_DRIVER_CAPABILITIES → which driver files and device nodes a container gets.
 
 The expected sets are written out from the reference facts (nvidia-toolkit.md §2.4 and §3)
-and restricted to what a simulated node ships (``nvshim.sim.SIM_LIBRARIES`` plus
+and restricted to what a simulated node ships (``nvshim.host.sim.SIM_LIBRARIES`` plus
 ``vdpau/libvdpau_nvidia``); they are not computed by the code under test. Each case runs
 the whole create plan (``plan_create``) on a bundle and reads the rewritten config.json.
 """
@@ -16,7 +16,7 @@ from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 import pytest
 
 from nvshim.config import Config
-from nvshim.create import plan_create
+from nvshim.runtime.create import plan_create
 from nvshim.errors import RequestError
 
 VERSION = "550.54.15"
@@ -75,7 +75,7 @@ def node(tmp_path_factory):
     """A simulated 2-GPU node (minors shuffled, so GPU 0 is not /dev/nvidia0)."""
     if os.geteuid() != 0:
         pytest.skip("creating a simulated node needs root (mknod)")
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=2, shuffle_minors=True)
 

@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from nvshim.cdi import write_spec
-from nvshim.cdi_generate import generate_spec
+from nvshim.cdi.spec import write_spec
+from nvshim.node.cdigen import generate_spec
 from nvshim.config import Config
-from nvshim.create import plan_create
-from nvshim.discovery import Host
+from nvshim.runtime.create import plan_create
+from nvshim.host.discovery import Host
 
 HOOK = ("/opt/nvshim/venv/bin/python3", "-I", "-m", "nvshim.hook")
 
@@ -20,7 +20,7 @@ HOOK = ("/opt/nvshim/venv/bin/python3", "-I", "-m", "nvshim.hook")
 def setup(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("needs root (mknod)")
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     base = tmp_path_factory.mktemp("cdicaps")
     node = create_node(str(base / "node"), gpus=2)

@@ -19,9 +19,9 @@ from typing import Any, Dict, Iterator
 
 import pytest
 
-from nvshim import cdi
-from nvshim.cdi_generate import generate_spec
-from nvshim.discovery import Host
+from nvshim.cdi import spec as cdi
+from nvshim.node.cdigen import generate_spec
+from nvshim.host.discovery import Host
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "cdi-specs" / "examples"
@@ -41,7 +41,7 @@ def _example_node(**kwargs: Any) -> Iterator[str]:
     """A fresh simulated node at EXAMPLE_ROOT, held under a lock and removed afterwards."""
     if os.geteuid() != 0:
         pytest.skip("building a simulated GPU node needs root (mknod)")
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     with open(EXAMPLE_ROOT + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -1,4 +1,4 @@
-"""nvshim.cdiindex: a CDI name resolves from the spec index exactly as from a full scan,
+"""nvshim.cdi.index: a CDI name resolves from the spec index exactly as from a full scan,
 loading only the specs of the requested kinds, and a stale or broken index is rebuilt."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nvshim import cdi, cdiindex
+from nvshim.cdi import spec as cdi, index as cdiindex
 
 
 def spec(kind: str, devices: dict) -> dict:
@@ -67,7 +67,7 @@ def test_yaml_spec_is_read_from_the_index(tmp_path):
     doc = json.loads(Path(index).read_text())
     yaml_entry = next(e for e in doc["entries"] if e["path"].endswith("a.yaml"))
     assert yaml_entry["doc"]["devices"][0]["containerEdits"]["env"] == ["G=low0"]
-    code = (f"from nvshim import cdiindex, cdi; import sys\n"
+    code = (f"from nvshim.cdi import index as cdiindex, spec as cdi; import sys\n"
             f"reg, src = cdiindex.registry_for({dirs!r}, ['nvidia.com/gpu=1'], {index!r}, False)\n"
             "print(src.split()[1], 'nvidia.com/gpu=1' in reg.devices, "
             "cdi.resolve_devices(reg, ['nvidia.com/gpu=0']).env, 'yaml' in sys.modules)")

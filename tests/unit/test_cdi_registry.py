@@ -13,8 +13,8 @@ from typing import Any, Dict, List, Optional
 import pytest
 from click.testing import CliRunner
 
-from nvshim import cdi
-from nvshim._cmd_cdi import cdi as cdi_group
+from nvshim.cdi import spec as cdi
+from nvshim.cli.cmd_cdi import cdi as cdi_group
 from nvshim.edits import DeviceNode, Edits
 from nvshim.errors import CdiError
 
@@ -290,7 +290,7 @@ def test_cli_list_empty(tmp_path: Path) -> None:
 _PROBE = """
 import json, sys
 sys.path.insert(0, sys.argv[2])
-from nvshim import cdi
+from nvshim.cdi import spec as cdi
 before = sorted(m for m in ("yaml", "jsonschema", "click", "structlog", "pynvml") if m in sys.modules)
 registry = cdi.load_registry([sys.argv[1]])
 edits = cdi.resolve_devices(registry, ["nvidia.com/gpu=0"])
@@ -308,7 +308,7 @@ def _probe(directory: Path) -> Any:
 
 
 def test_json_registry_loads_without_heavy_imports(tmp_path: Path) -> None:
-    """Importing nvshim.cdi and resolving from JSON specs imports no yaml/jsonschema/click."""
+    """Importing nvshim.cdi.spec and resolving from JSON specs imports no yaml/jsonschema/click."""
     _put(tmp_path, "gpu.json", _spec(devices={"0": ["A=1"]}))
     assert _probe(tmp_path) == [[], [], ["A=1"]]
 

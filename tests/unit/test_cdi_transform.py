@@ -11,9 +11,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from nvshim import cdi
-from nvshim.cdi_generate import generate
-from nvshim.cdi_transform import transform, transform_root
+from nvshim.cdi import spec as cdi
+from nvshim.cli.cmd_cdi import generate
+from nvshim.cdi.transform import transform_root
+from nvshim.cli.cmd_cdi import transform
 from nvshim.errors import UsageError
 
 DRIVER = "/run/nvidia/driver"
@@ -91,7 +92,7 @@ def test_transform_cli(tmp_path: Path) -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="simulated nodes need root (mknod)")
 def test_generate_hook_path(tmp_path: Path) -> None:
     """--hook-path makes the spec's hook `PATH hook …`, naming no venv interpreter."""
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=1)
     result = CliRunner().invoke(generate, ["--driver-root", node.root, "--format", "json",

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nvshim import cdi
-from nvshim._cmd_cdi import cdi as cdi_group
+from nvshim.cdi import spec as cdi
+from nvshim.cli.cmd_cdi import cdi as cdi_group
 from nvshim.edits import DeviceNode, Edits, Hook, Mount
 from nvshim.errors import CdiError
 

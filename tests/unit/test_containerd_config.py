@@ -1,4 +1,4 @@
-"""Unit tests for nvshim.containerd and ``nvshim runtime configure`` (no containerd daemon)."""
+"""Unit tests for nvshim.node.containerd and ``nvshim runtime configure`` (no containerd daemon)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 import tomlkit
 from click.testing import CliRunner
 
-from nvshim import containerd
-from nvshim._cmd_runtime import runtime
+from nvshim.node import containerd
+from nvshim.cli.cmd_runtime import runtime
 from nvshim.errors import ConfigError, NvshimError, UsageError
 from tests.helpers.containerd_samples import DEBIAN_CONFIG
 

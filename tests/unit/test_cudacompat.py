@@ -1,4 +1,4 @@
-"""nvshim.cudacompat: when an image's compat libcuda goes first (tables on temp rootfs trees)."""
+"""nvshim.host.cudacompat: when an image's compat libcuda goes first (tables on temp rootfs trees)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import List, Optional
 
 import pytest
 
-from nvshim import _inroot
-from nvshim._hookargs import build_hook_args, parse_host_driver_version
-from nvshim.cudacompat import COMPAT_DIR, compat_folder, driver_major
+from nvshim.host import inroot as _inroot
+from nvshim.runtime.hookargs import build_hook_args, parse_host_driver_version
+from nvshim.host.cudacompat import COMPAT_DIR, compat_folder, driver_major
 
 
 def rootfs_with(tmp_path: Path, names: List[str]) -> Path:

@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from nvshim import containerd
+from nvshim.node import containerd
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 MANIFESTS = sorted(DEPLOY.rglob("*.yaml"))

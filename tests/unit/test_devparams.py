@@ -13,8 +13,8 @@ from typing import Any, List
 import pytest
 
 from nvshim.config import Config
-from nvshim.create import plan_create
-from nvshim.devparams import BUNDLE_FILE, modified_params
+from nvshim.runtime.create import plan_create
+from nvshim.runtime.devparams import BUNDLE_FILE, modified_params
 
 PARAMS = "proc/driver/nvidia/params"
 
@@ -23,7 +23,7 @@ PARAMS = "proc/driver/nvidia/params"
 def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     return create_node(str(tmp_path_factory.mktemp("params") / "n"), gpus=2)
 
@@ -61,7 +61,7 @@ def test_copy_is_the_hosts_with_modification_off(node: Any, tmp_path: Path) -> N
 def test_gpu_create_plans_the_sh_hook_and_writes_the_copy(node: Any, tmp_path: Path) -> None:
     """A GPU container gets one sh hook (no Python) binding the bundle copy; commit writes
     it 0444."""
-    from nvshim.create import commit
+    from nvshim.runtime.create import commit
 
     b = bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=0"])
     plan = plan_create(b, Config(driver_root=node.root, grants_journal=None))
@@ -94,7 +94,7 @@ def test_config_off_means_no_hook(node: Any, tmp_path: Path) -> None:
 def _run_hook(rootfs: Path, copy: Path) -> "subprocess.CompletedProcess[str]":
     """The hook's script, run as runc would (explicit env), in a private mount namespace;
     afterwards the same namespace prints what the container's params path shows."""
-    from nvshim.devparams import HOOK_SCRIPT
+    from nvshim.runtime.devparams import HOOK_SCRIPT
 
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare(1) for a private mount namespace")

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from nvshim.discovery import Host
+from nvshim.host.discovery import Host
 from nvshim.errors import HostError
 
 
@@ -18,7 +18,7 @@ def _root():
 
 
 def make(tmp_path, **kw):
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     return create_node(str(tmp_path / "node"), **kw)
 
@@ -74,7 +74,7 @@ def test_libraries_through_ldcache_and_fallback_dirs(tmp_path):
     src = f"{node.root}/usr/lib/x86_64-linux-gnu"
     dst = f"{node.root}/opt/nvidia/lib"
     shutil.move(src, dst)
-    from nvshim._ldcache import build_ldcache
+    from nvshim.host.ldcache import build_ldcache
 
     entries = [(n, f"/opt/nvidia/lib/{n}") for n in os.listdir(dst) if ".so" in n]
     with open(f"{node.root}/etc/ld.so.cache", "wb") as fh:

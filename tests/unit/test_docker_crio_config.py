@@ -1,4 +1,4 @@
-"""Unit tests for nvshim.docker, nvshim.crio and ``nvshim runtime configure --runtime docker|crio``.
+"""Unit tests for nvshim.node.docker, nvshim.node.crio and ``nvshim runtime configure --runtime docker|crio``.
 
 The CRI-O drop-in is checked structurally against the keys crio.conf(5) documents for a
 runtime handler table (CRI-O is not packaged here; Docker's e2e is tests/e2e/test_docker.py).
@@ -16,8 +16,8 @@ from typing import Any, List, Optional
 import pytest
 from click.testing import CliRunner
 
-from nvshim import crio, docker
-from nvshim._cmd_runtime import runtime
+from nvshim.node import crio, docker
+from nvshim.cli.cmd_runtime import runtime
 from nvshim.errors import ConfigError, UsageError
 
 BINARY = "/usr/local/bin/nvshim-runtime"

@@ -1,4 +1,4 @@
-"""Unit tests for ``nvshim doctor`` (nvshim.doctor and its CLI) on crafted files and sim nodes."""
+"""Unit tests for ``nvshim doctor`` (nvshim.node.doctor and its CLI) on crafted files and sim nodes."""
 
 from __future__ import annotations
 
@@ -12,13 +12,14 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 import yaml
 
-from nvshim import doctor
-from nvshim._trampoline import render, runtimes_path
-from nvshim.cdi import write_spec
-from nvshim.cli import main
-from nvshim.config import Config, compile_config, compiled_path
-from nvshim.create import hook_command
-from nvshim.discovery import Host
+from nvshim.node import doctor
+from nvshim.runtime.trampoline import render, runtimes_path
+from nvshim.cdi.spec import write_spec
+from nvshim.cli.main import main
+from nvshim.config import Config, compiled_path
+from nvshim.runtime.compile import compile_node
+from nvshim.runtime.create import hook_command
+from nvshim.host.discovery import Host
 
 PITFALL = (
     "FAIL  default-runtime: containerd's default runtime is nvshim but require-allocation is "
@@ -41,7 +42,7 @@ def write_config(directory: Path, compile: bool = True, **settings: Any) -> Path
     doc = {k.replace("_", "-"): v for k, v in settings.items()}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     if compile:
-        compile_config(str(path))
+        compile_node(str(path))
     return path
 
 
@@ -101,7 +102,7 @@ def sim(tmp_path: Path) -> Any:
     """A simulated node with 2 GPUs (needs root)."""
     if os.geteuid() != 0:
         pytest.skip("simulated nodes need root (mknod)")
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     return create_node(str(tmp_path / "node"), gpus=2)
 
@@ -272,14 +273,14 @@ def test_compiled_config_missing_stale_and_current(tmp_path: Path) -> None:
     assert missing.status == "warn" and "is missing" in missing.message
     assert missing.fix == f"nvshim config compile --config {config}"
 
-    compile_config(str(config))
+    compile_node(str(config))
     assert doctor.check_compiled_config(str(config), loaded).status == "ok"
 
     config.write_text("runtimes: [runc]\nrequire-allocation: false\n")
     edited = doctor.check_compiled_config(str(config), loaded)
     assert edited.status == "warn" and "changed since it was compiled" in edited.message
 
-    compile_config(str(config))
+    compile_node(str(config))
     listing = runtimes_path(str(config))
     stamp = os.stat(listing).st_mtime_ns
     os.utime(config, ns=(stamp + 10**9, stamp + 10**9))
@@ -302,7 +303,7 @@ def test_no_gpus_fails_and_sim_node_passes(tmp_path: Path, sim: Any) -> None:
 @needs_root
 def test_cdi_spec_stale_for_driver_fails_current_passes_broken_warns(tmp_path: Path) -> None:
     """A spec of another driver version fails naming the file; a current one passes; junk warns."""
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     old = create_node(str(tmp_path / "old"), gpus=2, driver_version="535.104.05")
     new = create_node(str(tmp_path / "new"), gpus=2)
@@ -328,7 +329,7 @@ def test_cdi_spec_stale_for_driver_fails_current_passes_broken_warns(tmp_path: P
 
 
 def _spec(host: Host, strategies: Tuple[str, ...] = ("index", "uuid")) -> Dict[str, Any]:
-    from nvshim.cdi_generate import generate_spec
+    from nvshim.node.cdigen import generate_spec
 
     return generate_spec(host, strategies=strategies, hook_command=hook_command())
 

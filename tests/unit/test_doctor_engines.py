@@ -1,4 +1,4 @@
-"""``nvshim doctor`` on Docker's daemon.json and CRI-O's config (nvshim._doctor_engines)."""
+"""``nvshim doctor`` on Docker's daemon.json and CRI-O's config (nvshim.node.doctor_engines)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import List
 
 import pytest
 
-from nvshim import doctor
+from nvshim.node import doctor
 from nvshim.config import Config
-from nvshim._doctor_engines import check_crio, check_docker
+from nvshim.node.doctor_engines import check_crio, check_docker
 
 
 def fake_runtime(directory: Path) -> Path:
@@ -106,9 +106,9 @@ def test_run_checks_includes_docker_and_crio(tmp_path: Path) -> None:
 @pytest.mark.skipif(__import__("os").geteuid() != 0, reason="simulated nodes need root")
 def test_dev_char_links_warn_then_ok(tmp_path: Path) -> None:
     """Nodes without /dev/char links warn with the fix; after the command, ok."""
-    from nvshim._doctor_engines import check_dev_char_links
-    from nvshim.sim import create_node
-    from nvshim.system import create_dev_char_symlinks
+    from nvshim.node.doctor_engines import check_dev_char_links
+    from nvshim.host.sim import create_node
+    from nvshim.host.system import create_dev_char_symlinks
 
     node = create_node(str(tmp_path / "node"), gpus=2)
     finding = check_dev_char_links(node.dev_root, systemd=True)

@@ -1,4 +1,4 @@
-"""nvshim.extras: who gets IMEX channels and NVSwitch/GDS/MOFED/gdrcopy devices (tables), the
+"""nvshim.runtime.extras: who gets IMEX channels and NVSwitch/GDS/MOFED/gdrcopy devices (tables), the
 edits a simulated node gives for them, and the IMEX CDI spec."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from nvshim.cdi import validate_spec
+from nvshim.cdi.spec import validate_spec
 from nvshim.config import Config
 from nvshim.errors import CdiError, RequestError
-from nvshim.extras import Extras, extras_edits, generate_imex_spec, resolve_extras
-from nvshim.request import image_view, resolve_request
+from nvshim.runtime.extras import Extras, extras_edits, generate_imex_spec, resolve_extras
+from nvshim.runtime.request import image_view, resolve_request
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 IMEX_MOUNT = "/var/run/nvidia-container-devices/imex/"
@@ -95,8 +95,8 @@ def test_imex_sources_and_require_allocation() -> None:
 def node(tmp_path: Path) -> Any:
     if os.geteuid() != 0:
         pytest.skip("simulated nodes need root (mknod)")
-    from nvshim.discovery import Host
-    from nvshim.sim import create_node
+    from nvshim.host.discovery import Host
+    from nvshim.host.sim import create_node
 
     sim = create_node(str(tmp_path / "node"), gpus=1, imex_channels=3, nvswitches=1, gds=True,
                       mofed=True, gdrcopy=True)
@@ -127,8 +127,8 @@ def test_missing_channel_and_missing_feature(node: Any, tmp_path: Path) -> None:
     with pytest.raises(RequestError, match=r"IMEX channel 9 \(from env\) does not exist: "
                                            r"this node has channels 0, 1, 2"):
         extras_edits(node, Extras(imex_channels=(9,), imex_source="env"))
-    from nvshim.discovery import Host
-    from nvshim.sim import create_node
+    from nvshim.host.discovery import Host
+    from nvshim.host.sim import create_node
 
     bare = Host(create_node(str(tmp_path / "bare"), gpus=1).root)
     notes: List[str] = []
@@ -144,16 +144,16 @@ def test_imex_cdi_spec(node: Any, tmp_path: Path) -> None:
     assert spec["devices"][1]["containerEdits"]["deviceNodes"][0]["path"] == \
         "/dev/nvidia-caps-imex-channels/channel1"
     assert validate_spec(spec) == []
-    from nvshim.discovery import Host
-    from nvshim.sim import create_node
+    from nvshim.host.discovery import Host
+    from nvshim.host.sim import create_node
 
     with pytest.raises(CdiError, match="no IMEX channels"):
         generate_imex_spec(Host(create_node(str(tmp_path / "bare"), gpus=1).root))
 
 
 def test_create_quick_check_names_every_variable() -> None:
-    """create.py decides whether to import nvshim.extras from its own list of names."""
-    from nvshim.create import EXTRAS_ENV
-    from nvshim.extras import FEATURE_ENV, IMEX_ENV
+    """create.py decides whether to import nvshim.runtime.extras from its own list of names."""
+    from nvshim.runtime.create import EXTRAS_ENV
+    from nvshim.runtime.extras import FEATURE_ENV, IMEX_ENV
 
     assert set(EXTRAS_ENV) == {IMEX_ENV, *FEATURE_ENV.values()}

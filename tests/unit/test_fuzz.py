@@ -1,6 +1,6 @@
 """Hostile inputs never produce a traceback: one clear line, exit 1, config.json untouched.
 
-Hypothesis feeds the runtime's ``create`` (in-process through :func:`nvshim.runtime.main`,
+Hypothesis feeds the runtime's ``create`` (in-process through :func:`nvshim.runtime.main.main`,
 with ``os.execv`` swapped for a recorder so no low-level runtime starts; a sample through
 a real subprocess) and the CLI (``nvshim inspect --bundle``, ``nvshim cdi validate``)
 with malformed and wrongly typed config.json files, hostile ``NVIDIA_VISIBLE_DEVICES``
@@ -26,8 +26,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nvshim import runtime as nvshim_runtime
-from nvshim.request import parse_visible_devices
+from nvshim.runtime import main as nvshim_runtime
+from nvshim.runtime.request import parse_visible_devices
 
 GPUS = 4
 NODE_DEVICES = {f"/dev/nvidia{i}" for i in range(GPUS)}
@@ -55,8 +55,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Path]]
     """A simulated 4-GPU node, a compiled config pointing at it, a bundle dir and a recorder runtime."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.config import compile_config
-    from nvshim.sim import create_node
+    from nvshim.runtime.compile import compile_node
+    from nvshim.host.sim import create_node
 
     base = tmp_path_factory.mktemp("fuzz")
     node = create_node(str(base / "node"), gpus=GPUS)
@@ -67,7 +67,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Path]]
     cfg.parent.mkdir()
     cfg.write_text(f"runtimes: [{recorder}]\ndriver-root: {node.root}\n"
                    f"grants-journal: {base}/grants.jsonl\n")
-    compile_config(str(cfg))
+    compile_node(str(cfg))
     bundle = base / "bundle"
     (bundle / "rootfs").mkdir(parents=True)
     old = os.environ.get("NVSHIM_CONFIG")
@@ -391,7 +391,7 @@ def config_accepted(path: str) -> bool:
 
 def run_cli(argv: List[str]) -> Tuple[int, str, str]:
     """``nvshim <argv>`` in-process: (exit code, stdout, stderr)."""
-    from nvshim.cli import main as cli_main
+    from nvshim.cli.main import main as cli_main
 
     out, err = io.StringIO(), io.StringIO()
     code = 0
@@ -514,14 +514,14 @@ SAMPLE = [
 
 @pytest.mark.parametrize("raw", SAMPLE, ids=[f"sample{i}" for i in range(len(SAMPLE))])
 def test_runtime_subprocess_sample(world: Dict[str, Path], raw: bytes) -> None:
-    """The real ``python -I -m nvshim.runtime`` process fails bad inputs with one line, a JSON --log line, exit 1, config.json intact."""
+    """The real ``python -I -m nvshim.runtime.main`` process fails bad inputs with one line, a JSON --log line, exit 1, config.json intact."""
     spec = world["bundle"] / "config.json"
     spec.write_bytes(raw)
     log = world["base"] / "sub-log.json"
     log.unlink(missing_ok=True)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(world["config"])}
     res = subprocess.run(
-        [sys.executable, "-I", "-m", "nvshim.runtime", "--log", str(log), "--log-format", "json",
+        [sys.executable, "-I", "-m", "nvshim.runtime.main", "--log", str(log), "--log-format", "json",
          "create", "--bundle", str(world["bundle"]), "sub-id"],
         capture_output=True, text=True, env=env, timeout=60)
     assert res.returncode == 1, res.stderr
@@ -622,7 +622,7 @@ def test_config_json_not_a_regular_file(world: Dict[str, Path], kind: str, tmp_p
     else:
         spec.symlink_to(tmp_path / "nowhere")
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(world["config"])}
-    res = subprocess.run([sys.executable, "-I", "-m", "nvshim.runtime", "create", "--bundle",
+    res = subprocess.run([sys.executable, "-I", "-m", "nvshim.runtime.main", "create", "--bundle",
                           str(bundle), "x"], capture_output=True, text=True, env=env, timeout=30)
     assert res.returncode == 1
     assert res.stderr.startswith(f"nvshim: cannot read {spec}") and res.stderr.count("\n") == 1
@@ -672,7 +672,7 @@ def test_crun_argv(world: Dict[str, Path], tokens: List[str]) -> None:
 @given(st.binary(max_size=200))
 def test_podresources_codec_never_crashes(data: bytes) -> None:
     """Any bytes from the kubelet socket decode to pods or raise ValueError, nothing else."""
-    from nvshim.kubelet import decode_list_response
+    from nvshim.runtime.kubelet import decode_list_response
 
     try:
         pods = decode_list_response(data)

@@ -19,7 +19,7 @@ from typing import List
 
 import pytest
 
-from nvshim.grants import (
+from nvshim.runtime.grants import (
     Grant,
     Holder,
     append_grant,
@@ -120,7 +120,7 @@ def test_concurrent_appends_with_compaction_lose_nothing(tmp_path: Path) -> None
     path = tmp_path / "grants.jsonl"
     code = (
         "import sys, time\n"
-        "from nvshim.grants import Grant, append_grant\n"
+        "from nvshim.runtime.grants import Grant, append_grant\n"
         "for i in range(60):\n"
         "    g = Grant(time=time.time(), container_id=f'{sys.argv[2]}-{i}', root='/nonexistent',"
         " runtime='runc', bundle='', source='env', gpus=('GPU-x',))\n"
@@ -139,7 +139,7 @@ def test_kill_9_of_a_writer_never_leaves_a_corrupt_line(tmp_path: Path) -> None:
     path = tmp_path / "grants.jsonl"
     code = (
         "import sys, time\n"
-        "from nvshim.grants import Grant, append_grant\n"
+        "from nvshim.runtime.grants import Grant, append_grant\n"
         "i = 0\n"
         "while True:\n"
         "    g = Grant(time=time.time(), container_id=f'k-{i}', root='/nonexistent', runtime='runc',"
@@ -162,18 +162,18 @@ def test_kill_9_of_the_runtime_during_create(tmp_path: Path) -> None:
     """``nvshim-runtime create`` on a GPU request, SIGKILLed at 40 points from start to end: whole records only."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.config import compile_config
-    from nvshim.sim import create_node
+    from nvshim.runtime.compile import compile_node
+    from nvshim.host.sim import create_node
     from tests.helpers.bundle import make_bundle, make_rootfs
 
     node = create_node(str(tmp_path / "node"), gpus=2)
     journal = tmp_path / "grants.jsonl"
     cfg = tmp_path / "config.yaml"
     cfg.write_text(f"runtimes: [/bin/true]\ndriver-root: {node.root}\ngrants-journal: {journal}\n")
-    compile_config(str(cfg))
+    compile_node(str(cfg))
     rootfs = make_rootfs(tmp_path / "rootfs")
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(cfg)}
-    argv = [sys.executable, "-I", "-m", "nvshim.runtime", "create", "--bundle"]
+    argv = [sys.executable, "-I", "-m", "nvshim.runtime.main", "create", "--bundle"]
 
     def fresh_bundle(n: int) -> Path:
         return make_bundle(tmp_path / f"b{n}", rootfs, ["true"],
@@ -217,12 +217,12 @@ def test_prometheus_text_has_one_sample_per_gpu_and_container() -> None:
 
 def test_grants_help_and_json_of_an_empty_journal(tmp_path: Path) -> None:
     """`nvshim grants --help` documents its options; an absent journal lists no grants, exit 0."""
-    res = subprocess.run([sys.executable, "-m", "nvshim.cli", "grants", "--help"],
+    res = subprocess.run([sys.executable, "-m", "nvshim.cli.main", "grants", "--help"],
                          capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0
     for flag in ("--journal", "--format", "--prometheus", "--config"):
         assert flag in res.stdout
-    res = subprocess.run([sys.executable, "-m", "nvshim.cli", "grants", "--journal",
+    res = subprocess.run([sys.executable, "-m", "nvshim.cli.main", "grants", "--journal",
                           str(tmp_path / "none.jsonl"), "--format", "json"],
                          capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0 and json.loads(res.stdout) == {"grants": [], "conflicts": {}}

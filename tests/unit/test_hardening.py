@@ -20,7 +20,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, ow
 def nvshim_cli(*args: str, env: dict | None = None, cwd: str | None = None) -> subprocess.CompletedProcess:
     """``nvshim ARGS`` from this checkout, as a user runs it."""
     return subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-                           "from nvshim.cli import main; main()", str(REPO), *args],
+                           "from nvshim.cli.main import main; main()", str(REPO), *args],
                           capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
 
 
@@ -33,7 +33,7 @@ def test_15_sim_creates_large_nodes_with_valid_minors_and_bus_ids(tmp_path: Path
     minors that skip nvidia-modeset (254) and nvidiactl (255), valid ascending PCI bus ids."""
     res = nvshim_cli("sim", "create", str(tmp_path / "n"), "--gpus", "256")
     assert res.returncode == 0, res.stderr
-    from nvshim.discovery import Host
+    from nvshim.host.discovery import Host
 
     gpus = Host(str(tmp_path / "n")).gpus()
     assert len(gpus) == 256
@@ -99,8 +99,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A simulated 2-GPU node, a compiled config naming it and a recorder as the low-level runtime."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.config import compile_config
-    from nvshim.sim import create_node
+    from nvshim.runtime.compile import compile_node
+    from nvshim.host.sim import create_node
 
     base = tmp_path_factory.mktemp("hardening")
     sim = create_node(str(base / "node"), gpus=2)
@@ -111,18 +111,18 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> dict:
     cfg.parent.mkdir()
     cfg.write_text(f"runtimes: [{recorder}]\ndriver-root: {sim.root}\n"
                    f"grants-journal: {base}/grants.jsonl\n")  # never the node's journal
-    compile_config(str(cfg))
+    compile_node(str(cfg))
     return {"base": base, "config": cfg, "recorder": recorder}
 
 
 def runtime_create(node: dict, bundle: Path, *extra: str, argv: list | None = None,
                    timeout: int = 60) -> subprocess.CompletedProcess:
-    """``python -I -m nvshim.runtime --log L create --bundle B id`` as containerd runs it."""
+    """``python -I -m nvshim.runtime.main --log L create --bundle B id`` as containerd runs it."""
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(node["config"]), **dict(
         e.split("=", 1) for e in extra)}
     args = argv if argv is not None else ["--log", str(bundle / "log.json"), "--log-format", "json",
                                           "create", "--bundle", str(bundle), "cid-12"]
-    return subprocess.run([sys.executable, "-I", "-m", "nvshim.runtime", *args],
+    return subprocess.run([sys.executable, "-I", "-m", "nvshim.runtime.main", *args],
                           capture_output=True, env=env, timeout=timeout, cwd=str(REPO))
 
 
@@ -232,8 +232,8 @@ def processes_mentioning(text: str) -> list:
 @pytest.fixture
 def tramp_world(tmp_path: Path) -> dict:
     """The trampoline rendered for this interpreter, a compiled config and a recorder runtime."""
-    from nvshim._trampoline import render
-    from nvshim.config import compile_config
+    from nvshim.runtime.trampoline import render
+    from nvshim.runtime.compile import compile_node
 
     runtime = tmp_path / "fake-runc"
     runtime.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path / 'rec'}\n")
@@ -241,7 +241,7 @@ def tramp_world(tmp_path: Path) -> dict:
     config = tmp_path / "etc" / "config.yaml"
     config.parent.mkdir()
     config.write_text(f"runtimes: [{runtime}]\n")
-    compile_config(str(config))
+    compile_node(str(config))
     tramp = tmp_path / "nvshim-runtime"
     tramp.write_text(render(sys.executable))
     tramp.chmod(0o755)
@@ -350,14 +350,15 @@ def test_09_trampoline_never_execs_a_runtime_list_written_by_another_user(tramp_
     import shutil
     import tempfile
 
-    from nvshim.config import compile_config, runtimes_path
+    from nvshim.config import runtimes_path
+    from nvshim.runtime.compile import compile_node
 
     etc = Path(tempfile.mkdtemp(prefix="nvshim-12-09-", dir="/tmp"))  # reachable for nobody
     try:
         etc.chmod(0o755)
         config = etc / "config.yaml"
         config.write_text(f"runtimes: [{tramp_world['runtime']}]\n")
-        compile_config(str(config))
+        compile_node(str(config))
         listing = Path(runtimes_path(str(config)))
         evil = etc / "evil"
         evil.write_text(f"#!/bin/sh\ntouch {etc}/pwned\n")
@@ -387,10 +388,10 @@ def test_16_version_shows_nvshim_then_the_runtime(tramp_world: dict, flag: str) 
 
     runtime = tramp_world["runtime"]
     runtime.write_text("#!/bin/sh\necho \"runc version 9.9.9 ($*)\"\n")
-    from nvshim.config import compile_config
+    from nvshim.runtime.compile import compile_node
 
-    compile_config(str(tramp_world["config"]))
-    for script in ([str(tramp_world["tramp"])], [sys.executable, "-I", "-m", "nvshim.runtime"]):
+    compile_node(str(tramp_world["config"]))
+    for script in ([str(tramp_world["tramp"])], [sys.executable, "-I", "-m", "nvshim.runtime.main"]):
         res = subprocess.run([*script, flag], env=tramp_world["env"], capture_output=True,
                              text=True, timeout=30, cwd=str(REPO))
         assert res.returncode == 0, res.stderr
@@ -423,12 +424,13 @@ def test_16_no_stray_shell_artifacts_at_the_repo_root() -> None:
 def test_01_compiling_twice_leaves_one_source_link_and_no_temp_files(tmp_path: Path) -> None:
     """compile twice: the lists, the compiled copy, the CDI index and one hard link to the
     YAML, nothing else."""
-    from nvshim.config import compile_config, compiled_lists_fresh, source_link_path
+    from nvshim.config import compiled_lists_fresh, source_link_path
+    from nvshim.runtime.compile import compile_node
 
     config = tmp_path / "config.yaml"
     config.write_text("runtimes: [runc]\n")
-    compile_config(str(config))
-    compile_config(str(config))
+    compile_node(str(config))
+    compile_node(str(config))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "config.annotation-prefixes", "config.cdi-index.json", "config.compiled.json",
         "config.runtimes", "config.source-link", "config.yaml"]
@@ -443,12 +445,13 @@ def test_09_world_writable_plan_cache_is_ignored_and_rewritten(node: dict, tmp_p
     """The node plan cache names host files that get bind-mounted: one that others can write
     (and did: a firmware entry now points at /etc/hostname) is not used; the create discovers
     live, and the cache is rewritten with mode 0644."""
-    from nvshim.config import compile_config, plan_path
+    from nvshim.config import plan_path
+    from nvshim.runtime.compile import compile_node
 
     cfg = tmp_path / "etc" / "config.yaml"
     cfg.parent.mkdir()
     cfg.write_text(node["config"].read_text())
-    compile_config(str(cfg))
+    compile_node(str(cfg))
     plan = Path(plan_path(str(cfg)))
     doc = json.loads(plan.read_text())
     doc["firmware"][0]["host_path"] = "/etc/hostname"
@@ -470,7 +473,7 @@ def test_09_world_writable_plan_cache_is_ignored_and_rewritten(node: dict, tmp_p
 def test_14_inspect_reports_the_void_env_and_each_node_once(tmp_path: Path) -> None:
     """`nvshim inspect` says the env becomes NVIDIA_VISIBLE_DEVICES=void (text and JSON
     set_void) and lists /dev/nvidia0 once for `all` on a MIG node, as config.json will have it."""
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     sim = create_node(str(tmp_path / "node"), gpus=2, mig=True)
     config = tmp_path / "config.yaml"
@@ -509,8 +512,8 @@ def test_11_doctor_finds_a_stale_drop_in_and_configure_resyncs_it(tmp_path: Path
     """After `runtime configure` with a drop-in, an edit of the main file's CRI table
     (sandbox_image) is shadowed by the drop-in's copy: doctor fails naming the key and the
     fix, and running configure again copies the table anew (doctor quiet again)."""
-    from nvshim import doctor
-    from nvshim.containerd import configure, drop_in_drift
+    from nvshim.node import doctor
+    from nvshim.node.containerd import configure, drop_in_drift
 
     main_file = tmp_path / "config.toml"
     main_file.write_text(MAIN_TOML)

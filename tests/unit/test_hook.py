@@ -16,8 +16,8 @@ from typing import Any, Union
 import pytest
 
 from nvshim import hook
-from nvshim._elf import build_shared_object
-from nvshim._ldcache import HWCAP_EXTENSION, CacheEntry, build_ldcache, parse_ldcache
+from nvshim.host.elf import build_shared_object
+from nvshim.host.ldcache import HWCAP_EXTENSION, CacheEntry, build_ldcache, parse_ldcache
 from nvshim.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -470,7 +470,7 @@ def test_subprocess_with_tiny_env_works_and_imports_nothing_heavy(tmp_path: Path
     other = [line for line in lines if not line.startswith("import time:")]
     assert (proc.returncode, other) == (0, [])
     modules = {line.rsplit("|", 1)[-1].strip() for line in lines[1:]}
-    assert "nvshim.hook" in modules or "nvshim._inroot" in modules
+    assert "nvshim.hook" in modules or "nvshim.host.inroot" in modules
     heavy = {"click", "yaml", "structlog", "jsonschema", "pynvml", "ctypes"}
     assert {m.split(".")[0] for m in modules} & heavy == set()
     check_injected(rootfs)

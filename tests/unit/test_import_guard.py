@@ -4,7 +4,7 @@
 and pynvml each cost tens of milliseconds to import, so the create path (with and without a
 GPU request), the Python passthrough and the createContainer hook must never load them;
 grpc (~75 ms) loads only when ``verify-with: kubelet`` must ask the kubelet.
-Each test runs ``python -I -X importtime -m nvshim.runtime ...`` exactly as the trampoline
+Each test runs ``python -I -X importtime -m nvshim.runtime.main ...`` exactly as the trampoline
 does, with a compiled config whose low-level runtime is ``/bin/true`` (so nothing is
 started), and reads the interpreter's own import log from stderr.
 """
@@ -22,7 +22,7 @@ import pytest
 
 from tests.helpers.bundle import make_bundle, make_rootfs
 
-FORBIDDEN = ("click", "structlog", "yaml", "jsonschema", "pynvml")
+FORBIDDEN = ("click", "structlog", "yaml", "jsonschema", "pynvml", "tomlkit")
 #: What a GPU create avoids on top (each costs 1-6 ms to import here): the create path is
 #: the interpreter's start-up modules, struct, errno, _json and nvshim's hot modules.
 SLOW = ("re", "typing", "enum", "json", "copy", "contextlib", "collections", "functools",
@@ -54,10 +54,10 @@ def run_python(args: Sequence[str], env: Dict[str, str], cwd: Path) -> subproces
 def run_like_trampoline(args: Sequence[str], env: Dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     """The runtime started exactly as the installed trampoline starts it (``-I -S``, explicit
     sys.path), with ``-X importtime``."""
-    from nvshim._trampoline import default_paths
+    from nvshim.runtime.trampoline import default_paths
 
     boot = (f"import sys; sys.path[0:0] = {json.dumps(default_paths())}; "
-            "from nvshim.runtime import main; main()")
+            "from nvshim.runtime.main import main; main()")
     return subprocess.run([sys.executable, "-I", "-S", "-X", "importtime", "-c", boot, *args],
                           capture_output=True, text=True, env=env, cwd=cwd, timeout=60)
 
@@ -73,7 +73,7 @@ def compiled_config(tmp_path: Path, driver_root: str = "/", extra: str = "") -> 
     cfg.parent.mkdir(parents=True)
     cfg.write_text(f"runtimes: [/bin/true]\ndriver-root: {driver_root}\n"
                    f"grants-journal: {tmp_path}/grants.jsonl\n" + extra)
-    res = subprocess.run([sys.executable, "-I", "-m", "nvshim.cli", "config", "compile",
+    res = subprocess.run([sys.executable, "-I", "-m", "nvshim.cli.main", "config", "compile",
                           "--config", str(cfg)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert (cfg.parent / "config.compiled.json").exists()
@@ -96,13 +96,13 @@ def test_create_without_gpu_request_loads_no_heavy_module(tmp_path: Path, rootfs
     bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"])
     before = (bundle / "config.json").read_bytes()
     env = compiled_config(tmp_path)
-    res = run_python(["-m", "nvshim.runtime", "create", "--bundle", str(bundle), "c0"], env,
+    res = run_python(["-m", "nvshim.runtime.main", "create", "--bundle", str(bundle), "c0"], env,
                      bundle)
     assert res.returncode == 0, res.stderr[-2000:]
     modules = imported_modules(res.stderr)
-    assert "nvshim.create" in modules, report(modules)  # the create path really ran
+    assert "nvshim.runtime.create" in modules, report(modules)  # the create path really ran
     assert forbidden_in(modules) == [], report(modules)
-    assert "nvshim.discovery" not in modules, report(modules)
+    assert "nvshim.host.discovery" not in modules, report(modules)
     assert (bundle / "config.json").read_bytes() == before
 
 
@@ -110,13 +110,13 @@ def test_create_with_one_gpu_loads_no_heavy_module(tmp_path: Path, rootfs: Path)
     """create with NVIDIA_VISIBLE_DEVICES=0 on a simulated node injects the GPU and imports none of the heavy modules."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2)
     bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"],
                          env={"NVIDIA_VISIBLE_DEVICES": "0"})
     env = compiled_config(tmp_path, node.root)
-    res = run_python(["-m", "nvshim.runtime", "--log", str(tmp_path / "log.json"),
+    res = run_python(["-m", "nvshim.runtime.main", "--log", str(tmp_path / "log.json"),
                       "--log-format", "json", "create", "--bundle", str(bundle), "c1"], env,
                      bundle)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -125,16 +125,16 @@ def test_create_with_one_gpu_loads_no_heavy_module(tmp_path: Path, rootfs: Path)
     assert "/dev/nvidia0" in paths  # the GPU path really ran
     modules = imported_modules(res.stderr)
     assert forbidden_in(modules) == [], report(modules)
-    assert "grpc" not in modules and "nvshim.kubelet" not in modules, report(modules)
-    assert "nvshim.grants" in modules, report(modules)  # the grant was journaled
-    assert "nvshim.extras" not in modules, report(modules)  # no IMEX/NVSwitch/GDS asked for
+    assert "grpc" not in modules and "nvshim.runtime.kubelet" not in modules, report(modules)
+    assert "nvshim.runtime.grants" in modules, report(modules)  # the grant was journaled
+    assert "nvshim.runtime.extras" not in modules, report(modules)  # no IMEX/NVSwitch/GDS asked for
 
 
 def test_grpc_loads_only_when_the_kubelet_is_asked(tmp_path: Path, rootfs: Path) -> None:
     """verify-with: kubelet imports grpc for a CRI container claiming a GPU, and for nothing else."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
     from tests.helpers.podresources import PodResourcesServer
 
     node = create_node(str(tmp_path / "node"), gpus=1)
@@ -154,7 +154,7 @@ def test_grpc_loads_only_when_the_kubelet_is_asked(tmp_path: Path, rootfs: Path)
             spec = json.loads((bundle / "config.json").read_text())
             spec["annotations"] = annotations
             (bundle / "config.json").write_text(json.dumps(spec))
-            res = run_python(["-m", "nvshim.runtime", "create", "--bundle", str(bundle), name],
+            res = run_python(["-m", "nvshim.runtime.main", "create", "--bundle", str(bundle), name],
                              env, bundle)
             assert res.returncode == 0, res.stderr[-2000:]
             seen[name] = imported_modules(res.stderr)
@@ -171,7 +171,7 @@ def test_gpu_create_imports_nothing_but_startup_modules_and_nvshim(tmp_path: Pat
     makes the SONAME links itself."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2)
     bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"})
@@ -182,8 +182,11 @@ def test_gpu_create_imports_nothing_but_startup_modules_and_nvshim(tmp_path: Pat
     assert "/dev/nvidia0" in [d["path"] for d in spec["linux"]["devices"]]
     assert os.path.islink(bundle / "rootfs/usr/lib/x86_64-linux-gnu/libcuda.so.1")
     modules = imported_modules(res.stderr)
-    assert "nvshim.plancache" in modules, report(modules)
+    assert "nvshim.runtime.plancache" in modules, report(modules)
     assert slow_in(modules) == [], report(modules)
+    # the create road stays inside its packages: never node administration or the CLI
+    outside = [m for m in modules if m.startswith(("nvshim.node", "nvshim.cli"))]
+    assert outside == [], report(modules)
 
 
 def test_cdi_name_create_with_a_yaml_spec_imports_no_yaml(tmp_path: Path, rootfs: Path) -> None:
@@ -191,11 +194,11 @@ def test_cdi_name_create_with_a_yaml_spec_imports_no_yaml(tmp_path: Path, rootfs
     from the CDI index: no yaml, and none of the slow modules either."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2)
     spec_dir = tmp_path / "cdi"
-    res = subprocess.run([sys.executable, "-I", "-m", "nvshim.cli", "cdi", "generate", "--driver-root",
+    res = subprocess.run([sys.executable, "-I", "-m", "nvshim.cli.main", "cdi", "generate", "--driver-root",
                           node.root, "--output", str(spec_dir / "nvidia.yaml")],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
@@ -210,20 +213,20 @@ def test_cdi_name_create_with_a_yaml_spec_imports_no_yaml(tmp_path: Path, rootfs
     spec = json.loads((bundle / "config.json").read_text())
     assert "/dev/nvidia0" in [d["path"] for d in spec["linux"]["devices"]]
     modules = imported_modules(res.stderr)
-    assert "nvshim.cdiindex" in modules, report(modules)
+    assert "nvshim.cdi.index" in modules, report(modules)
     assert slow_in(modules) == [], report(modules)
 
 
 def test_python_passthrough_loads_no_heavy_module(tmp_path: Path) -> None:
     """A passthrough command that reaches Python (e.g. the trampoline found no runtime list) imports none of the heavy modules."""
     env = compiled_config(tmp_path)
-    res = run_python(["-m", "nvshim.runtime", "--root", str(tmp_path), "state", "x"], env,
+    res = run_python(["-m", "nvshim.runtime.main", "--root", str(tmp_path), "state", "x"], env,
                      tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     modules = imported_modules(res.stderr)
-    assert "nvshim.runtime" in modules or "nvshim._argv" in modules, report(modules)
+    assert "nvshim.runtime.main" in modules or "nvshim.runtime.argv" in modules, report(modules)
     assert forbidden_in(modules) == [], report(modules)
-    assert "nvshim.create" not in modules, report(modules)
+    assert "nvshim.runtime.create" not in modules, report(modules)
 
 
 def test_hook_module_loads_no_heavy_module(tmp_path: Path) -> None:

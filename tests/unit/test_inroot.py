@@ -1,4 +1,4 @@
-"""nvshim._inroot: file operations that stay inside a container rootfs, whatever its symlinks."""
+"""nvshim.host.inroot: file operations that stay inside a container rootfs, whatever its symlinks."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nvshim import _inroot
+from nvshim.host import inroot as _inroot
 
 
 def snapshot(base: Path, skip: Path) -> dict[str, tuple[int, str]]:

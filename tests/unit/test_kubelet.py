@@ -2,7 +2,7 @@
 
 A real gRPC PodResources server (tests/helpers/podresources.py, messages from Google's
 protobuf runtime) stands in for the kubelet on a unix socket; nvshim's create road
-(:func:`nvshim.create.plan_create`) runs against a simulated 4-GPU node with the
+(:func:`nvshim.runtime.create.plan_create`) runs against a simulated 4-GPU node with the
 ``io.kubernetes.cri.*`` annotations containerd writes.
 """
 
@@ -17,9 +17,9 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 
 from nvshim.config import Config
-from nvshim.create import plan_create
+from nvshim.runtime.create import plan_create
 from nvshim.errors import RequestError
-from nvshim.kubelet import decode_list_response
+from nvshim.runtime.kubelet import decode_list_response
 from tests.helpers.podresources import PodResourcesServer
 
 GPU = "nvidia.com/gpu"
@@ -29,7 +29,7 @@ GPU = "nvidia.com/gpu"
 def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     return create_node(str(tmp_path_factory.mktemp("node") / "n"), gpus=4, shuffle_minors=True)
 
@@ -201,7 +201,7 @@ def test_mig_device_allocated_by_the_kubelet_is_granted_and_its_parent_is_not(
     """A MIG UUID in the kubelet's record grants that MIG device; a claim of its whole parent GPU is refused."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     node = create_node(str(tmp_path / "mig-node"), gpus=2, mig=True)
     mig = node.gpus[0].mig[1]
@@ -216,7 +216,7 @@ def test_mig_device_allocated_by_the_kubelet_is_granted_and_its_parent_is_not(
 def test_inspect_shows_the_kubelet_check(node: Any, tmp_path: Path, kubelet: PodResourcesServer,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     """nvshim inspect reports the container identity and that the grant was checked against the kubelet."""
-    from nvshim.cli import main
+    from nvshim.cli.main import main
 
     gpu = node.gpus[0]
     kubelet.set([("team-a", "mine", {"main": {GPU: [gpu.uuid]}})])
@@ -246,7 +246,7 @@ def test_pod_annotation_is_told_from_the_device_plugins(node: Any, tmp_path: Pat
     cdi_dir.mkdir()
     from click.testing import CliRunner
 
-    from nvshim.cdi_generate import generate
+    from nvshim.cli.cmd_cdi import generate
 
     res = CliRunner().invoke(generate, ["--driver-root", node.root, "--output",
                                         str(cdi_dir / "nvidia.yaml")])
@@ -277,8 +277,8 @@ def test_cdi_mig_device_is_checked_as_a_mig_device(tmp_path: Path,
         pytest.skip("the simulated GPU node needs root (mknod)")
     from click.testing import CliRunner
 
-    from nvshim.cdi_generate import generate
-    from nvshim.sim import create_node
+    from nvshim.cli.cmd_cdi import generate
+    from nvshim.host.sim import create_node
 
     node = create_node(str(tmp_path / "mig-node"), gpus=2, mig=True)
     cdi_dir = tmp_path / "cdi"
@@ -368,7 +368,7 @@ IMEX = "nvidia.com/imex-channel"
 def imex_node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     return create_node(str(tmp_path_factory.mktemp("imex") / "n"), gpus=2, imex_channels=4)
 

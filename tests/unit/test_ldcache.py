@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvshim._elf import build_shared_object
-from nvshim._ldcache import (
+from nvshim.host.elf import build_shared_object
+from nvshim.host.ldcache import (
     FLAG_X8664_LIBC6,
     HWCAP_EXTENSION,
     LAYOUTS,
@@ -365,7 +365,7 @@ def test_ld_so_finds_libraries_through_our_cache(layout: str, tmp_path: Path) ->
 def test_import_is_light() -> None:
     """Importing the codec loads none of the heavy modules the create hot path must avoid."""
     code = (
-        "import sys, nvshim._ldcache; "
+        "import sys, nvshim.host.ldcache; "
         "print(' '.join(m for m in ('click','structlog','yaml','jsonschema','pynvml','json')"
         " if m in sys.modules))"
     )

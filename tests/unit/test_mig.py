@@ -4,7 +4,7 @@ A simulated 2-GPU node with MIG on GPU 0 (GPU instances 1 and 2, one compute ins
 each) and shuffled minors, so GPU 0 is not ``/dev/nvidia0``. Expectations come from the
 node's own files: the MIG UUIDs from ``nvshim-sim.json`` (what NVML would say), the
 capability minors from ``proc/driver/nvidia-caps/mig-minors`` (parsed here, not by
-``nvshim.mig``). MIG index ``j`` of a GPU is the j-th (gi, ci) pair in order.
+``nvshim.host.mig``). MIG index ``j`` of a GPU is the j-th (gi, ci) pair in order.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Dict, List, Tuple
 import pytest
 
 from nvshim.config import Config
-from nvshim.create import plan_create
+from nvshim.runtime.create import plan_create
 from nvshim.errors import RequestError
 
 CAPS_MAJOR = 237
@@ -28,7 +28,7 @@ def node(tmp_path_factory):
     """A simulated 2-GPU node, MIG enabled on GPU 0, minors shuffled."""
     if os.geteuid() != 0:
         pytest.skip("creating a simulated node needs root (mknod)")
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     made = create_node(
         str(tmp_path_factory.mktemp("sim") / "node"), gpus=2, mig=True, shuffle_minors=True

@@ -6,12 +6,10 @@ import pytest
 
 from nvshim.config import Config
 from nvshim.errors import RequestError, SpecError
-from nvshim.request import (
-    GpuRef,
-    MigRef,
+from nvshim.host.devices import GpuRef, MigRef, normalize_pci
+from nvshim.runtime.request import (
     describe_indices,
     image_view,
-    normalize_pci,
     parse_capabilities,
     parse_visible_devices,
     resolve_request,

@@ -1,9 +1,9 @@
 """NVIDIA_REQUIRE_* constraints: grammar, version order, facts and verdicts.
 
 Nodes are directory trees: a driver root with ``proc/driver/nvidia/version`` and the
-simulated-node metadata ``nvshim-sim.json``, read by a real :class:`nvshim.discovery.Host`.
+simulated-node metadata ``nvshim-sim.json``, read by a real :class:`nvshim.host.discovery.Host`.
 GPU records are built directly (discovery of GPUs is tested elsewhere); one test builds a
-full simulated node with :func:`nvshim.sim.create_node` when running as root.
+full simulated node with :func:`nvshim.host.sim.create_node` when running as root.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvshim.discovery import Gpu, Host
+from nvshim.host.discovery import Gpu, Host
 from nvshim.errors import HostError, RequestError
-from nvshim.requirements import (
+from nvshim.runtime.requirements import (
     BRANDS,
     OPERATORS,
     Fact,
@@ -684,10 +684,10 @@ def test_evaluate_requirement_on_plain_facts() -> None:
 # -- the real simulated node and laziness ------------------------------------------------
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="nvshim.sim.create_node needs root for mknod")
+@pytest.mark.skipif(os.geteuid() != 0, reason="nvshim.host.sim.create_node needs root for mknod")
 def test_simulated_node_metadata(tmp_path: Path) -> None:
-    """Facts come from the metadata nvshim.sim writes, for GPUs found by discovery."""
-    sim = pytest.importorskip("nvshim.sim")
+    """Facts come from the metadata nvshim.host.sim writes, for GPUs found by discovery."""
+    sim = pytest.importorskip("nvshim.host.sim")
     root = tmp_path / "node"
     sim.create_node(str(root), gpus=2, cuda_version="12.4", model="NVIDIA A100-SXM4-80GB")
     host = Host(str(root))
@@ -703,8 +703,8 @@ def test_simulated_node_metadata(tmp_path: Path) -> None:
 
 _PROBE = """
 import json, sys
-from nvshim.discovery import Host
-from nvshim.requirements import check_requirements
+from nvshim.host.discovery import Host
+from nvshim.runtime.requirements import check_requirements
 notes = []
 env = json.loads(sys.argv[2])
 spec = {"process": {"env": env}}

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from nvshim._elf import build_shared_object, read_soname
-from nvshim._ldcache import read_ldcache
+from nvshim.host.elf import build_shared_object, read_soname
+from nvshim.host.ldcache import read_ldcache
 from nvshim.errors import HostError, UsageError
-from nvshim.sim import (
+from nvshim.host.sim import (
     CAPS_MAJOR,
     NVIDIA_MAJOR,
     SIM_LIBRARIES,
@@ -428,7 +428,7 @@ def test_non_empty_root_is_refused(tmp_path: Path) -> None:
 def test_non_root_is_refused(tmp_path: Path) -> None:
     """Run as an unprivileged user, create_node fails with a HostError naming the need for root."""
     code = (
-        "import sys; from nvshim.sim import create_node; from nvshim.errors import HostError\n"
+        "import sys; from nvshim.host.sim import create_node; from nvshim.errors import HostError\n"
         "try:\n    create_node(sys.argv[1])\nexcept HostError as e:\n    print(e)\n"
     )
     repo = str(Path(__file__).resolve().parents[2])

@@ -14,10 +14,10 @@ from typing import Any, Dict, List, Tuple
 import pytest
 from click.testing import CliRunner
 
-from nvshim._cmd_system import system
-from nvshim.cli import main
+from nvshim.cli.cmd_system import system
+from nvshim.cli.main import main
 from nvshim.errors import HostError
-from nvshim.system import plan_device_nodes, read_proc_devices
+from nvshim.host.system import plan_device_nodes, read_proc_devices
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
 
@@ -43,7 +43,7 @@ def char_nodes(dev: Path) -> Dict[str, Tuple[int, int, int]]:
 
 @pytest.fixture
 def node(tmp_path: Path) -> Any:
-    from nvshim.sim import create_node
+    from nvshim.host.sim import create_node
 
     return create_node(str(tmp_path / "node"), gpus=3, shuffle_minors=True, mig=True)
 

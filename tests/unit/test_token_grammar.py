@@ -8,7 +8,7 @@ import re
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from nvshim import request
+from nvshim.runtime import request
 
 UUID_BODY = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 GPU_UUID = re.compile(r"GPU-" + UUID_BODY, re.IGNORECASE)

@@ -1,7 +1,7 @@
 """The sh trampoline (``nvshim/_trampoline.py``) against the Python argv parser.
 
 The trampoline decides "create/run → Python, anything else → runc" in POSIX sh; the runtime
-decides the same thing with :func:`nvshim._argv.parse_argv`. These tests run the rendered
+decides the same thing with :func:`nvshim.runtime.argv.parse_argv`. These tests run the rendered
 script on hand-written and generated argv vectors (``NVSHIM_TRAMPOLINE_DECIDE=1`` makes it
 print its decision) and require the same answer, then check that its passthrough branch
 hands argv, env and cwd over untouched and falls back to Python when the YAML config is
@@ -21,9 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nvshim._argv import parse_argv
-from nvshim._trampoline import prefixes_path, render, runtimes_path
-from nvshim.config import compile_config, source_link_path
+from nvshim.runtime.argv import parse_argv
+from nvshim.runtime.trampoline import prefixes_path, render, runtimes_path
+from nvshim.config import source_link_path
+from nvshim.runtime.compile import compile_node
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -367,7 +368,7 @@ HARD_ARGS = ["--root", "/run/x y", "--log", "", "state", "id with space", "line\
 def python_args(world: Dict[str, Path]) -> List[str]:
     """The argv the trampoline gave Python, after ``-I -S -c <boot code>``."""
     argv = recorded_argv(world["py"])
-    assert argv[1:4] == ["-I", "-S", "-c"] and "from nvshim.runtime import main" in argv[4]
+    assert argv[1:4] == ["-I", "-S", "-c"] and "from nvshim.runtime.main import main" in argv[4]
     return argv[5:]
 
 
@@ -437,7 +438,7 @@ def test_12_01_yaml_replaced_by_an_older_file_falls_back_to_python(world: Dict[s
 def test_12_01_compile_marks_the_lists_fresh_for_the_trampoline(world: Dict[str, Path]) -> None:
     """After `nvshim config compile` the trampoline trusts the lists (no Python for passthrough)."""
     world["config"].write_text(f"runtimes: [{world['runtime']}]\n")
-    compile_config(str(world["config"]))
+    compile_node(str(world["config"]))
     res = run_tramp(world, ["state", "x"], {})
     assert res.returncode == 0, res.stderr
     assert recorded_argv(world["rt"]) == [str(world["runtime"]), "state", "x"]

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nvshim._trampoline import render
-from nvshim.config import compile_config
+from nvshim.runtime.trampoline import render
+from nvshim.runtime.compile import compile_node
 
 
 def setup(tmp_path: Path, env_list):
@@ -20,7 +20,7 @@ def setup(tmp_path: Path, env_list):
     runtime.chmod(0o755)
     config = tmp_path / "config.yaml"
     config.write_text(f"runtimes: [{runtime}]\ndebug-log: {tmp_path / 'debug.log'}\n")
-    compile_config(str(config))
+    compile_node(str(config))
     tramp = tmp_path / "nvshim-runtime"
     tramp.write_text(render(sys.executable))
     tramp.chmod(0o755)

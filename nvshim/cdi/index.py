@@ -1,0 +1,206 @@
+"""The compiled index of the CDI spec directories: resolve a CDI name without reading,
+let alone YAML-parsing, every spec on every create.
+
+Without it a create that asks for ``nvidia.com/gpu=0`` loads every file of every spec
+directory, and imports PyYAML (~40 ms) as soon as one of them is a ``.yaml`` — which the
+README's own example writes. The index (``<config stem>.cdi-index.json``, next to the
+compiled config) records, per spec file in CDI scan order: its ``stat`` signature, its
+kind or the problems that made it unloadable, and for a YAML file its decoded document
+in JSON form. A create then
+
+- checks the index with ``stat`` calls (each spec directory and each file: adding,
+  removing, renaming or editing a spec changes one of them);
+- loads only the specs whose kind is one of the requested names' kinds: a JSON spec from
+  its file, a YAML spec from the index (never importing yaml);
+- builds the registry with CDI's priority and conflict rules
+  (:func:`nvshim.cdi.spec.build_registry`), with the other files' recorded problems in place,
+  so errors read exactly as with a full load.
+
+A stale index is rebuilt incrementally (only changed files are parsed again, so yaml is
+imported only when a YAML spec changed) and written atomically for the next create; a
+missing, corrupt or unwritable index is never trusted and never fails a create, nor is
+one that others could have written (it carries hooks and mounts: the config's ownership
+and mode rule applies). It is also written by ``nvshim config compile``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvshim import _jsonc
+from nvshim.cdi.spec import (
+    CdiSpecError,
+    Problem,
+    Registry,
+    _read_document,
+    _spec_files,
+    build_registry,
+    load_spec_file,
+    parse_qualified_name,
+    parse_spec,
+)
+from nvshim.errors import CdiError, NvshimError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+__all__ = ["FORMAT", "build", "load", "registry_for", "refresh"]
+
+FORMAT = 1
+
+
+def _sig(path: str) -> Optional[List[int]]:
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return [st.st_ino, st.st_dev, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _key(spec_dirs: Sequence[str]) -> Dict[str, Any]:
+    from nvshim import __version__
+
+    return {"nvshim-version": __version__, "spec-dirs": list(spec_dirs)}
+
+
+def _problems(items: Sequence[Problem]) -> List[List[str]]:
+    return [[p.path, p.json_path, p.message] for p in items]
+
+
+def _entry(path: str, sig: Optional[List[int]]) -> Dict[str, Any]:
+    """What the index records about one spec file (parses it: yaml for a .yaml file)."""
+    entry: Dict[str, Any] = {"path": path, "sig": sig, "kind": None, "problems": [], "doc": None}
+    try:
+        raw = _read_document(path)
+        spec = parse_spec(raw, path)
+    except CdiSpecError as exc:
+        entry["problems"] = _problems(exc.problems)
+        return entry
+    entry["kind"] = spec.kind
+    if path.endswith(".yaml"):
+        try:
+            text = _jsonc.dumps(raw, separators=(",", ":"))
+            exact = _jsonc.loads(text) == raw
+        except (TypeError, ValueError, RecursionError):
+            exact = False  # a YAML-only value (a date, bytes): read the file when needed
+        entry["doc"] = raw if exact else None
+    return entry
+
+
+def build(spec_dirs: Sequence[str], old: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The index of ``spec_dirs``; entries of ``old`` whose file is unchanged are reused."""
+    reuse: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    for entry in (old or {}).get("entries", ()):
+        reuse[(entry["path"], _jsonc.dumps(entry["sig"]))] = entry
+    dirs = []
+    entries = []
+    for rank, directory in enumerate(spec_dirs):
+        problems: List[Problem] = []
+        dir_sig = _sig(directory)
+        files = _spec_files(directory, problems)
+        dirs.append({"dir": directory, "sig": dir_sig, "problems": _problems(problems)})
+        for path in files:
+            sig = _sig(path)
+            entry = reuse.get((path, _jsonc.dumps(sig))) or _entry(path, sig)
+            entries.append(dict(entry, rank=rank))
+    return {"format": FORMAT, "key": _key(spec_dirs), "dirs": dirs, "entries": entries}
+
+
+def _fresh(doc: Any, spec_dirs: Sequence[str]) -> str:
+    """Why ``doc`` is not a valid, current index of ``spec_dirs`` ("" when it is)."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        return "no usable CDI index"
+    if doc.get("key") != _key(spec_dirs):
+        return "the CDI index is for other spec dirs or another nvshim version"
+    try:
+        for d in doc["dirs"]:
+            if _sig(d["dir"]) != d["sig"]:
+                return f"the CDI index is stale: {d['dir']} changed"
+        for entry in doc["entries"]:
+            if _sig(entry["path"]) != entry["sig"]:
+                return f"the CDI index is stale: {entry['path']} changed"
+    except (TypeError, KeyError):
+        return "the CDI index is malformed"
+    return ""
+
+
+def load(path: str, spec_dirs: Sequence[str]) -> Tuple[Optional[Dict[str, Any]], str]:
+    """(the index document, "") when ``path`` holds a fresh index; else (the document if
+    it could be read — for incremental rebuilds — or None, why it is not usable)."""
+    from nvshim.config import read_trusted_cache
+
+    doc, why = read_trusted_cache(path, "CDI index")
+    if why:
+        return None, why
+    return doc, _fresh(doc, spec_dirs)
+
+
+def _save(path: str, doc: Dict[str, Any]) -> str:
+    from nvshim.files import write_atomic
+
+    try:
+        write_atomic(path, (_jsonc.dumps(doc, separators=(",", ":")) + "\n").encode(),
+                     default_mode=0o644)
+        os.chmod(path, 0o644)  # never keep a looser mode found on an old copy
+    except OSError as exc:
+        return f"not written: cannot chmod {path}: {exc.strerror}"
+    except NvshimError as exc:
+        return f"not written: {exc}"
+    return f"written to {path}"
+
+
+def _loaded(doc: Dict[str, Any], kinds: Set[str]) -> Iterable[Tuple[int, Any, List[Problem]]]:
+    """(rank, spec or None, problems) in scan order, loading only specs of ``kinds``."""
+    by_rank: Dict[int, List[Dict[str, Any]]] = {}
+    for entry in doc["entries"]:
+        by_rank.setdefault(entry["rank"], []).append(entry)
+    for rank, d in enumerate(doc["dirs"]):
+        if d["problems"]:
+            yield rank, None, [Problem(*p) for p in d["problems"]]
+        for entry in by_rank.get(rank, ()):
+            if entry["problems"]:
+                yield rank, None, [Problem(*p) for p in entry["problems"]]
+                continue
+            if entry["kind"] not in kinds:
+                continue  # cannot hold a requested device: not loaded
+            try:
+                if entry["doc"] is not None:
+                    yield rank, parse_spec(entry["doc"], entry["path"]), []
+                else:
+                    yield rank, load_spec_file(entry["path"]), []
+            except CdiSpecError as exc:
+                yield rank, None, exc.problems
+
+
+def registry_for(spec_dirs: Sequence[str], names: Sequence[str], index_path: Optional[str],
+                 save: bool) -> Tuple[Registry, str]:
+    """The registry for resolving ``names`` (only their kinds' specs loaded), and where it
+    came from. ``index_path`` None: no index (a full scan, as ``load_registry``)."""
+    kinds = set()
+    for name in names:
+        try:
+            vendor, class_, _ = parse_qualified_name(name)
+        except CdiError:
+            continue  # resolve_devices reports it as unresolvable
+        kinds.add(f"{vendor}/{class_}")
+    if index_path is None:
+        doc, why = None, "no CDI index location"
+    else:
+        doc, why = load(index_path, spec_dirs)
+    source = f"CDI index {index_path}"
+    if why:
+        doc = build(spec_dirs, doc if isinstance(doc, dict) and doc.get("format") == FORMAT
+                    and doc.get("key") == _key(spec_dirs) else None)
+        source = f"CDI spec scan ({why}"
+        if save and index_path is not None and os.path.isdir(os.path.dirname(index_path) or "."):
+            source += f"; index {_save(index_path, doc)}"
+        source += ")"
+    if doc is None:  # load() gives a document whenever it gives no reason not to use one
+        raise CdiError(f"{index_path}: CDI index unreadable")
+    return build_registry(spec_dirs, _loaded(doc, kinds)), source
+
+
+def refresh(spec_dirs: Sequence[str], index_path: str) -> str:
+    """Rebuild and write the index (``nvshim config compile``)."""
+    return _save(index_path, build(spec_dirs))

@@ -1,0 +1,176 @@
+"""``nvshim cdi …``: list resolvable CDI devices and validate spec files.
+
+The group is exported as :data:`cdi`; other commands (``generate``) attach to it with
+``@cdi.command()``. Output rules: results on stdout, warnings and summaries on stderr.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import click
+
+from nvshim.cdi import spec as cdi_specs
+from nvshim.node.cdigen import STRATEGIES
+
+__all__ = ["cdi"]
+
+
+@click.group(name="cdi")
+def cdi() -> None:
+    """Work with CDI (Container Device Interface) spec files."""
+
+
+@cdi.command(name="list")
+@click.option(
+    "--spec-dir",
+    "spec_dirs",
+    multiple=True,
+    metavar="DIR",
+    help="Directory to scan, lowest priority first (repeatable). "
+    "Default: the config's cdi-spec-dirs "
+    f"({', '.join(cdi_specs.DEFAULT_SPEC_DIRS)} unless configured).",
+)
+def list_devices(spec_dirs: Tuple[str, ...]) -> None:
+    """Print every resolvable qualified device name, one per line.
+
+    Files that fail to load and conflicting devices are reported on stderr as
+    warnings; they do not change the exit status.
+    """
+    if not spec_dirs:
+        from nvshim.config import load_config
+
+        # the directories the runtime resolves CDI names from, so the list matches it
+        spec_dirs = load_config().cdi_spec_dirs
+    registry = cdi_specs.load_registry(spec_dirs)
+    for problem in registry.problems:
+        click.echo(f"warning: {problem}", err=True)
+    for name in registry.names():
+        click.echo(name)
+
+
+@cdi.command()
+@click.argument("files", nargs=-1, required=True, metavar="FILE...")
+def validate(files: Tuple[str, ...]) -> None:
+    """Check CDI spec files against the schema and CDI's rules.
+
+    Prints one line per problem (`<file>: <json path>: <message>`) and a summary on
+    stderr; exits 1 if any file has a problem.
+    """
+    total = 0
+    for path in files:
+        for problem in cdi_specs.validate_file(path):
+            click.echo(str(problem))
+            total += 1
+    click.echo(
+        f"{len(files)} file{'s' if len(files) != 1 else ''}, "
+        f"{total} problem{'s' if total != 1 else ''}",
+        err=True,
+    )
+    if total:
+        click.get_current_context().exit(1)
+
+
+# --- generate ---------------------------------------------------------------------------
+
+
+@cdi.command()
+@click.option("--driver-root", default=None, help="Driver root (default: from config, usually /).")
+@click.option("--dev-root", default=None, help="Where /dev/nvidia* are (default: driver root).")
+@click.option("--output", "-o", default=None,
+              help="Write here atomically (mode 0644; .json or .yaml picks the format). Default: stdout.")
+@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
+              help="Output format for stdout (default yaml; --output uses its extension).")
+@click.option("--vendor", default="nvidia.com", show_default=True, help="CDI vendor.")
+@click.option("--class", "class_", default="gpu", show_default=True,
+              help="CDI device class. imex-channel: a spec of the node's IMEX channels "
+                   "(<vendor>/imex-channel=N, one /dev/nvidia-caps-imex-channels/channelN each).")
+@click.option("--device-name-strategy", "strategies", multiple=True, default=STRATEGIES,
+              show_default=True, type=click.Choice(STRATEGIES),
+              help="How devices are named: index (0, 0:1) and/or uuid (GPU-…, MIG-…).")
+@click.option("--driver-capabilities", default="compute,utility", show_default=True,
+              help="Which driver files the spec injects (NVIDIA_DRIVER_CAPABILITIES syntax).")
+@click.option("--gpu-source", type=click.Choice(["auto", "procfs", "nvml"]), default="auto",
+              show_default=True, help="Where GPUs are read from.")
+@click.option("--hook-path", default=None, metavar="PATH",
+              help="Absolute path of an `nvshim` command on the hosts that will use the spec; "
+                   "its hook then runs as `PATH hook …` instead of naming this nvshim's venv "
+                   "interpreter, so the spec works where nvshim is installed elsewhere.")
+@click.option("--check", "check_file", default=None, metavar="FILE",
+              help="Do not write: exit 1 with the reasons if FILE is stale for this node.")
+def generate(driver_root: Optional[str], dev_root: Optional[str], output: Optional[str],
+             fmt: Optional[str], vendor: str, class_: str, strategies: Tuple[str, ...],
+             driver_capabilities: str, gpu_source: str, hook_path: Optional[str],
+             check_file: Optional[str]) -> None:
+    """Generate a CDI spec for this node's GPUs (devices by index, UUID, MIG, and all).
+
+    With --class imex-channel: a spec of the node's IMEX channels instead (write it to a
+    second file, e.g. /var/run/cdi/nvidia-imex.yaml).
+
+    cdiVersion is the minimum the content needs (0.5.0 for a typical spec, which
+    podman 4.x accepts). Works from procfs under any driver root, and with NVML on a
+    real host.
+    """
+    from nvshim.cdi import spec as cdi
+    from nvshim.node.cdigen import check_current, generate_for_node
+
+    spec, host = generate_for_node(driver_root, dev_root, class_, vendor, strategies,
+                                   driver_capabilities, gpu_source, hook_path)
+    if check_file:
+        check_current(check_file, spec, host)
+        click.echo(f"{check_file}: current", err=True)
+        return
+    if output:
+        cdi.write_spec(output, spec)
+        return
+    click.echo(cdi.dump_spec(spec, fmt or "yaml"), nl=False)
+
+
+# --- transform --------------------------------------------------------------------------
+
+
+@click.command("root")
+@click.option("--from", "old", required=True, help="The root the spec's paths are under now.")
+@click.option("--to", "new", required=True, help="The root they should be under.")
+@click.option("--relative-to", type=click.Choice(["host", "container"]), default="host",
+              show_default=True,
+              help="Which paths move: host paths (hostPath, hook path) or container paths.")
+@click.option("--input", "input_file", required=True, type=click.Path(dir_okay=False),
+              help="The spec file to read (.yaml or .json).")
+@click.option("--output", "-o", default=None, type=click.Path(dir_okay=False),
+              help="Write here atomically (.json or .yaml picks the format); default stdout.")
+@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
+              help="Format for stdout (default: the input's).")
+def root_command(old: str, new: str, relative_to: str, input_file: str, output: str,
+                 fmt: str) -> None:
+    """Rewrite a spec's paths from the root --from to the root --to.
+
+    For driver containers: e.g. --from /run/nvidia/driver --to / turns a spec written on
+    the host into one for a host where the driver sits at /. Only paths at or below
+    --from change (compared by path components); the result must be a valid spec. Says
+    on stderr how many paths moved.
+    """
+    from nvshim.cdi import spec as cdi
+    from nvshim.cdi.transform import read_spec_document, transform_root
+    from nvshim.errors import CdiError
+
+    spec, changed = transform_root(read_spec_document(input_file), old, new, relative_to)
+    problems = cdi.check_semantics(spec, input_file)
+    if problems:
+        raise CdiError(f"transformed spec is invalid: {problems[0]}")
+    if output:
+        cdi.write_spec(output, spec)
+    else:
+        default = "json" if input_file.endswith(".json") else "yaml"
+        click.echo(cdi.dump_spec(spec, fmt or default), nl=False)
+    click.echo(f"moved {changed} path{'s' if changed != 1 else ''} from {old} to {new}",
+               err=True)
+
+
+@click.group("transform")
+def transform() -> None:
+    """Transform CDI spec files."""
+
+
+cdi.add_command(transform)
+transform.add_command(root_command)

@@ -1,0 +1,63 @@
+"""``nvshim doctor``: the click shell over :mod:`nvshim.node.doctor`."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, Optional
+
+import click
+
+from nvshim.node.doctor import (
+    DEFAULT_TRAMPOLINE,
+    DoctorOptions,
+    exit_code,
+    render_json,
+    render_text,
+    run_checks,
+)
+
+__all__ = ["doctor"]
+
+
+@click.command()
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="One line per finding, or a JSON list of findings.")
+@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
+              help="nvshim config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
+@click.option("--containerd-config", default="/etc/containerd/config.toml", show_default=True,
+              type=click.Path(dir_okay=False), help="containerd's main config file.")
+@click.option("--docker-config", default="/etc/docker/daemon.json", show_default=True,
+              type=click.Path(dir_okay=False), help="Docker's daemon.json.")
+@click.option("--crio-config", default="/etc/crio/crio.conf", show_default=True,
+              type=click.Path(dir_okay=False),
+              help="CRI-O's main config file (its crio.conf.d/ drop-ins are read too).")
+@click.option("--driver-root", default=None, type=click.Path(file_okay=False),
+              help="Driver root to discover GPUs under (default: from the config).")
+@click.option("--dev-root", default=None, type=click.Path(file_okay=False),
+              help="Where /dev/nvidia* live (default: the driver root).")
+@click.option("--trampoline", default=DEFAULT_TRAMPOLINE, show_default=True,
+              type=click.Path(dir_okay=False), help="The installed nvshim-runtime to check.")
+def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_config: str,
+           crio_config: str, driver_root: Optional[str], dev_root: Optional[str], trampoline: str) -> None:
+    """Check this node: config, containerd, Docker, CRI-O, runtimes, GPUs, CDI specs, runtime.
+
+    Prints one line per finding (ok, warn, FAIL, skip), each problem with its fix.
+    Exits 1 when any check fails. The classic pitfall it catches: nvshim as
+    containerd's default runtime while require-allocation is off, which gives pods
+    that request no GPU every GPU of the node (checked for Docker and CRI-O too).
+    """
+    kwargs: Dict[str, Any] = {
+        "containerd_config": containerd_config,
+        "docker_config": docker_config,
+        "crio_config": crio_config,
+        "driver_root": driver_root,
+        "dev_root": dev_root,
+        "trampoline": trampoline,
+    }
+    if config_file is not None:
+        kwargs["config_path"] = config_file
+    findings = run_checks(DoctorOptions(**kwargs))
+    click.echo(render_json(findings) if fmt == "json" else render_text(findings))
+    # sys.exit, not ctx.exit: `nvshim` runs click with standalone_mode=False, where
+    # click turns ctx.exit(1) into a return value and the entry point would exit 0.
+    sys.exit(exit_code(findings))

@@ -1,0 +1,273 @@
+"""``nvshim runtime configure``: register nvshim-runtime with containerd, Docker or CRI-O.
+
+A thin shell over :mod:`nvshim.node.containerd`, :mod:`nvshim.node.docker` and :mod:`nvshim.node.crio`: it
+turns flags into one call, prints the files (``--dry-run``) or a one-line summary to
+stderr, and lets :class:`NvshimError` propagate to the ``nvshim`` entry point, which prints
+``nvshim: <message>`` and exits 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Optional
+
+import click
+
+from nvshim.errors import UsageError
+from nvshim.node import containerd, crio, docker
+from nvshim.node.engine_files import BACKUP_SUFFIX, FileChange
+
+__all__ = ["runtime", "configure_command"]
+
+_SET_AS_DEFAULT_HELP = (
+    "Also make it the engine's default runtime (containerd: "
+    "<cri>.containerd.default_runtime_name; Docker: default-runtime; CRI-O: "
+    "crio.runtime.default_runtime). Pitfall: every container without an explicit runtime, "
+    "GPU request or not, then runs through nvshim, and CUDA images set "
+    "NVIDIA_VISIBLE_DEVICES=all, which would give them every GPU on the node. "
+    "Refused unless nvshim's config has require-allocation: true, or --force is given."
+)
+_DEFAULT_CONFIGS = {
+    "containerd": containerd.DEFAULT_CONFIG,
+    "docker": docker.DEFAULT_CONFIG,
+    "crio": crio.DEFAULT_CONFIG,
+}
+_RESTART = {
+    "containerd": "restart containerd",
+    "docker": "restart dockerd (or send it SIGHUP)",
+    "crio": "restart crio (or send it SIGHUP)",
+}
+
+
+def _require_allocation() -> bool:
+    """nvshim's ``require-allocation`` setting; ``False`` where the config module lacks it."""
+    try:
+        from nvshim.config import load_config
+    except ImportError:
+        return False
+    return bool(getattr(load_config(), "require_allocation", False))
+
+
+def _warn(lines: Iterable[str]) -> None:
+    for line in lines:
+        click.echo(f"nvshim: warning: {line}", err=True)
+
+
+def _print_files(files: Iterable[FileChange]) -> None:
+    for change in files:
+        if change.after is None:
+            click.echo(f"# --- {change.path} (removed) ---")
+            continue
+        click.echo(f"# --- {change.path} ---")
+        click.echo(change.after, nl=not change.after.endswith("\n"))
+
+
+def _join(paths: Iterable[str]) -> str:
+    return ", ".join(paths)
+
+
+@click.group("runtime")
+def runtime() -> None:
+    """Register nvshim-runtime with a container engine."""
+
+
+@runtime.command("configure")
+@click.option(
+    "--runtime",
+    "engine",
+    type=click.Choice(["containerd", "docker", "crio"]),
+    default="containerd",
+    show_default=True,
+    help="Container engine whose config to edit.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help=(
+        "The engine's main config file [default: containerd "
+        f"{containerd.DEFAULT_CONFIG}, docker {docker.DEFAULT_CONFIG}, crio "
+        f"{crio.DEFAULT_CONFIG}]. containerd's and Docker's are created if missing; "
+        "CRI-O's is only read (runc's handler settings) and anchors the backup."
+    ),
+)
+@click.option(
+    "--drop-in",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help=(
+        f"containerd and CRI-O: the drop-in file for the handler [default: containerd "
+        f"{containerd.DEFAULT_DROP_IN}, crio {crio.DEFAULT_DROP_IN}]. containerd's is "
+        "imported from the main file and holds a copy of its whole CRI table, as containerd "
+        '< 2.1 replaces plugin tables from imports; --drop-in "" edits the main file in '
+        "place (version 1 configs always are). Docker has no drop-ins."
+    ),
+)
+@click.option(
+    "--name",
+    default=containerd.DEFAULT_NAME,
+    show_default=True,
+    help=(
+        "Runtime name (containerd/CRI-O: the handler a RuntimeClass names; docker: "
+        "docker run --runtime NAME)."
+    ),
+)
+@click.option(
+    "--binary",
+    default=containerd.DEFAULT_BINARY,
+    show_default=True,
+    help=(
+        "Absolute path of nvshim-runtime (containerd: options.BinaryName; docker: "
+        "runtimes.<name>.path; CRI-O: runtime_path)."
+    ),
+)
+@click.option("--set-as-default", is_flag=True, help=_SET_AS_DEFAULT_HELP)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="With --set-as-default: proceed although require-allocation is off (warns).",
+)
+@click.option(
+    "--enable-cdi",
+    is_flag=True,
+    help=(
+        "Turn on the engine's own CDI support. containerd: <cri>.enable_cdi = true, and "
+        'cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"] unless set; docker: features.cdi = true '
+        "(Docker 25 and later). CRI-O reads CDI specs without a switch."
+    ),
+)
+@click.option(
+    "--pod-cdi-annotations",
+    is_flag=True,
+    help=(
+        "containerd: also pass the pod's cdi.k8s.io/* annotations (pod_annotations). Off: "
+        "anyone who can create a pod can write them, and nvshim cannot tell them from the "
+        "device plugin's; with require-allocation use verify-with: kubelet if you turn this on."
+    ),
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help=(
+        "Print the resulting files to stdout, each after a '# --- <path> ---' line; "
+        "write nothing."
+    ),
+)
+@click.option(
+    "--revert",
+    is_flag=True,
+    help=(
+        "Undo an earlier configure: restore the original bytes saved in "
+        f"<config>{BACKUP_SUFFIX} (and remove a drop-in that did not exist); without that "
+        "backup, remove only nvshim's runtime, a default naming it, and its drop-in."
+    ),
+)
+@click.pass_context
+def configure_command(
+    ctx: click.Context,
+    engine: str,
+    config_path: Optional[str],
+    drop_in: Optional[str],
+    name: str,
+    binary: str,
+    set_as_default: bool,
+    force: bool,
+    enable_cdi: bool,
+    pod_cdi_annotations: bool,
+    dry_run: bool,
+    revert: bool,
+) -> None:
+    """Add an nvshim runtime to containerd's, Docker's or CRI-O's config, or take it out.
+
+    containerd: a handler copying the runc handler's options (SystemdCgroup, Root, ...),
+    options.BinaryName = nvshim-runtime, the container's cdi.k8s.io/* annotations (the
+    device plugin's) passed through; the pod's only with --pod-cdi-annotations.
+    Docker: runtimes.<name>.path in daemon.json, other keys and their order kept
+    (docker run --runtime nvshim). CRI-O: [crio.runtime.runtimes.<name>] in a drop-in,
+    runtime_type "oci" with runc's runtime_root and monitor (conmon) settings.
+    Comments and layout are kept where the format allows; every write is atomic and the
+    original bytes are saved for --revert. Restart the engine afterwards.
+    """
+    if config_path is None:
+        config_path = _DEFAULT_CONFIGS[engine]
+    if drop_in is not None and engine == "docker":
+        raise UsageError("--drop-in applies to containerd and crio: Docker has no drop-ins")
+    if enable_cdi and engine == "crio":
+        raise UsageError("--enable-cdi applies to containerd and docker: CRI-O reads CDI "
+                         "specs without a switch")
+    if pod_cdi_annotations and engine != "containerd":
+        raise UsageError("--pod-cdi-annotations applies to containerd only")
+    if revert:
+        conflicting = [
+            flag
+            for flag, param in (
+                ("--set-as-default", "set_as_default"),
+                ("--force", "force"),
+                ("--enable-cdi", "enable_cdi"),
+                ("--pod-cdi-annotations", "pod_cdi_annotations"),
+                ("--binary", "binary"),
+            )
+            if ctx.get_parameter_source(param) is not click.core.ParameterSource.DEFAULT
+        ]
+        if conflicting:
+            raise UsageError(
+                f"--revert cannot be combined with {_join(conflicting)}: it takes only "
+                "--runtime, --config, --drop-in, --name and --dry-run"
+            )
+        if engine == "docker":
+            result = docker.revert(config_path, name=name, dry_run=dry_run)
+        elif engine == "crio":
+            result = crio.revert(config_path, drop_in=drop_in, name=name, dry_run=dry_run)
+        else:
+            result = containerd.revert(config_path, name=name, drop_in=drop_in, dry_run=dry_run)
+        _warn(result.warnings)
+        if dry_run:
+            _print_files(result.files)
+            click.echo("dry run: nothing written", err=True)
+            return
+        done = []
+        if result.restored:
+            done.append("restored " + _join(result.restored))
+        if result.edited:
+            done.append("edited " + _join(result.edited))
+        if result.removed:
+            done.append("removed " + _join(result.removed))
+        if done:
+            restart = f"restart {'dockerd' if engine == 'docker' else engine}"
+            click.echo("; ".join(done) + f"; {restart} to drop the runtime", err=True)
+        else:
+            click.echo(f"nothing to revert in {config_path}", err=True)
+        return
+
+    require_allocation = _require_allocation() if set_as_default else False
+    common: Dict[str, Any] = {
+        "name": name,
+        "binary": binary,
+        "set_as_default": set_as_default,
+        "force": force,
+        "require_allocation": require_allocation,
+        "dry_run": dry_run,
+    }
+    result_c: Any
+    if engine == "docker":
+        result_c = docker.configure(config_path, enable_cdi=enable_cdi, **common)
+    elif engine == "crio":
+        result_c = crio.configure(config_path, drop_in=drop_in, **common)
+    else:
+        result_c = containerd.configure(
+            config_path, drop_in=drop_in, enable_cdi=enable_cdi,
+            pod_cdi_annotations=pod_cdi_annotations, **common
+        )
+    _warn(result_c.warnings)
+    if dry_run:
+        _print_files(result_c.files)
+        click.echo("dry run: nothing written", err=True)
+    elif result_c.written:
+        click.echo(
+            f'wrote {_join(result_c.written)}; {_RESTART[engine]} to use runtime "{name}"',
+            err=True,
+        )
+    else:
+        click.echo(
+            f'{result_c.handler_file} already has runtime "{name}"; nothing written', err=True
+        )

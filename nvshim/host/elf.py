@@ -1,0 +1,181 @@
+"""The ELF shared-object facts nvshim needs: read a DT_SONAME, write a tiny loadable .so.
+
+:func:`read_soname` is used by discovery (it reads a few hundred bytes with ``pread``, so a
+30 MB libcuda costs the same as a stub). :func:`build_shared_object` writes the stub
+libraries of a simulated node (:mod:`nvshim.host.sim`) without a compiler: one read-write
+``PT_LOAD`` segment holding the dynamic string table, an empty symbol table, a one-bucket
+``DT_HASH`` and the ``PT_DYNAMIC`` array, plus ``PT_GNU_STACK`` so the loader keeps the
+stack non-executable. glibc's ``dlopen`` loads it and ``ldconfig`` reads its SONAME. The
+dynamic section sits in the writable segment because ld.so relocates its pointers in place.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from nvshim.errors import HostError
+
+TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["build_shared_object", "read_soname", "read_soname_fd"]
+
+_PT_LOAD = 1
+_PT_DYNAMIC = 2
+_PT_GNU_STACK = 0x6474E551
+_PF_W = 2
+_PF_R = 4
+_DT_NULL = 0
+_DT_NEEDED = 1
+_DT_HASH = 4
+_DT_STRTAB = 5
+_DT_SYMTAB = 6
+_DT_STRSZ = 10
+_DT_SYMENT = 11
+_DT_SONAME = 14
+_EM_X86_64 = 62
+_ET_DYN = 3
+
+_EHDR64 = struct.Struct("<16sHHIQQQIHHHHHH")
+_PHDR64 = struct.Struct("<IIQQQQQQ")
+_DYN64 = struct.Struct("<qQ")
+_SYM64_SIZE = 24
+
+# Per ELF class (1 = 32-bit, 2 = 64-bit): program header format, dynamic entry format, offsets
+# of e_phoff and of e_phentsize (e_phnum follows it) in the ELF header.
+_LAYOUT = {
+    1: ("IIIIIIII", "iI", 28, 42),  # p_type, p_offset, p_vaddr, p_paddr, p_filesz, ...
+    2: ("IIQQQQQQ", "qQ", 32, 54),  # p_type, p_flags, p_offset, p_vaddr, ...
+}
+
+
+def _align(offset: int, to: int) -> int:
+    return (offset + to - 1) & ~(to - 1)
+
+
+def build_shared_object(soname: str, marker: str = "", needed: Sequence[str] = ()) -> bytes:
+    """Return a minimal ELF64 x86-64 shared object whose DT_SONAME is ``soname``.
+
+    ``marker`` is stored as a readable NUL-terminated string (``grep`` finds it); each
+    name in ``needed`` becomes a DT_NEEDED entry.
+    """
+    strtab = bytearray(b"\0")
+    name_at = {}
+    for text in (soname, *needed, marker):
+        if text and text not in name_at:
+            name_at[text] = len(strtab)
+            strtab += text.encode() + b"\0"
+    phnum = 3
+    strtab_at = _EHDR64.size + phnum * _PHDR64.size
+    symtab_at = _align(strtab_at + len(strtab), 8)
+    hash_at = symtab_at + _SYM64_SIZE
+    dynamic_at = _align(hash_at + 16, 8)
+    dynamic = [(_DT_NEEDED, name_at[name]) for name in needed]
+    dynamic += [
+        (_DT_HASH, hash_at),
+        (_DT_STRTAB, strtab_at),
+        (_DT_SYMTAB, symtab_at),
+        (_DT_STRSZ, len(strtab)),
+        (_DT_SYMENT, _SYM64_SIZE),
+        (_DT_SONAME, name_at[soname]),
+        (_DT_NULL, 0),
+    ]
+    dynamic_size = len(dynamic) * _DYN64.size
+    total = dynamic_at + dynamic_size
+    ident = b"\x7fELF" + bytes([2, 1, 1, 0, 0]) + bytes(7)  # 64-bit, LSB, v1, SysV ABI
+    out = bytearray(total)
+    _EHDR64.pack_into(
+        out, 0, ident, _ET_DYN, _EM_X86_64, 1, 0, _EHDR64.size, 0, 0,
+        _EHDR64.size, _PHDR64.size, phnum, 64, 0, 0,
+    )  # fmt: skip
+    phdrs = [
+        (_PT_LOAD, _PF_R | _PF_W, 0, 0, 0, total, total, 0x1000),
+        (_PT_DYNAMIC, _PF_R | _PF_W, dynamic_at, dynamic_at, dynamic_at, dynamic_size,
+         dynamic_size, 8),
+        (_PT_GNU_STACK, _PF_R | _PF_W, 0, 0, 0, 0, 0, 16),
+    ]  # fmt: skip
+    for i, phdr in enumerate(phdrs):
+        _PHDR64.pack_into(out, _EHDR64.size + i * _PHDR64.size, *phdr)
+    out[strtab_at : strtab_at + len(strtab)] = strtab
+    # Symbol 0 is the all-zero null symbol; hash: nbucket=1, nchain=1, bucket[0]=chain[0]=0.
+    struct.pack_into("<IIII", out, hash_at, 1, 1, 0, 0)
+    for i, (tag, value) in enumerate(dynamic):
+        _DYN64.pack_into(out, dynamic_at + i * _DYN64.size, tag, value)
+    return bytes(out)
+
+
+def read_soname(path: str) -> str | None:
+    """Return the DT_SONAME of the ELF file at ``path`` (symlinks followed).
+
+    None when the file is not ELF, is malformed, or has no SONAME; :class:`HostError` when
+    it cannot be opened or read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise HostError(f"cannot read ELF file {path}: {exc.strerror}") from exc
+    try:
+        return read_soname_fd(fd, path)
+    finally:
+        os.close(fd)
+
+
+def read_soname_fd(fd: int, name: str = "ELF file") -> str | None:
+    """:func:`read_soname` for an already open file (the hook opens files in-root)."""
+    try:
+        return _soname_from_fd(fd)
+    except OSError as exc:
+        raise HostError(f"cannot read {name}: {exc.strerror}") from exc
+    except (struct.error, OverflowError):
+        return None
+
+
+def _soname_from_fd(fd: int) -> str | None:
+    ident = os.pread(fd, 64, 0)
+    if len(ident) < 52 or ident[:4] != b"\x7fELF" or ident[4] not in _LAYOUT:
+        return None
+    end = {1: "<", 2: ">"}.get(ident[5])
+    if end is None:
+        return None
+    phdr_fmt, dyn_fmt, phoff_at, phentsize_at = _LAYOUT[ident[4]]
+    word = "I" if ident[4] == 1 else "Q"
+    (phoff,) = struct.unpack_from(end + word, ident, phoff_at)
+    phentsize, phnum = struct.unpack_from(end + "HH", ident, phentsize_at)
+    phdr = struct.Struct(end + phdr_fmt)
+    if phentsize != phdr.size or phnum == 0 or phnum > 4096:
+        return None
+    table = os.pread(fd, phentsize * phnum, phoff)
+    loads = []
+    dynamic = None
+    for i in range(phnum):
+        fields = phdr.unpack_from(table, i * phentsize)
+        if ident[4] == 1:
+            p_type, p_offset, p_vaddr, _pa, p_filesz = fields[:5]
+        else:
+            p_type, _flags, p_offset, p_vaddr, _pa, p_filesz = fields[:6]
+        if p_type == _PT_LOAD:
+            loads.append((p_vaddr, p_offset, p_filesz))
+        elif p_type == _PT_DYNAMIC:
+            dynamic = (p_offset, p_filesz)
+    if dynamic is None or dynamic[1] > 1 << 20:
+        return None
+    dyn = struct.Struct(end + dyn_fmt)
+    raw = os.pread(fd, dynamic[1], dynamic[0])
+    strtab = soname = None
+    for tag, value in dyn.iter_unpack(raw[: len(raw) - len(raw) % dyn.size]):
+        if tag == _DT_NULL:
+            break
+        if tag == _DT_STRTAB:
+            strtab = value
+        elif tag == _DT_SONAME:
+            soname = value
+    if strtab is None or soname is None:
+        return None
+    for vaddr, offset, filesz in loads:
+        if vaddr <= strtab < vaddr + filesz:
+            text = os.pread(fd, 4096, offset + strtab - vaddr + soname)
+            cut = text.find(b"\0")
+            return os.fsdecode(text[:cut]) if cut > 0 else None
+    return None

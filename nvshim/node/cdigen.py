@@ -1,0 +1,133 @@
+"""``nvshim cdi generate``: a CDI spec for this node, from the same edits as injection.
+
+Spec-level ``containerEdits`` hold what every GPU needs (:func:`nvshim.runtime.hostedits.driver_edits`:
+control nodes, driver libraries and binaries, the hook, ``NVIDIA_VISIBLE_DEVICES=void``);
+each device holds what it adds (:func:`~nvshim.runtime.hostedits.gpu_edits`,
+:func:`~nvshim.runtime.hostedits.mig_edits`). So a container that gets ``nvidia.com/gpu=1`` from this
+spec sees exactly what ``NVIDIA_VISIBLE_DEVICES=1`` gives through nvshim-runtime.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from nvshim.edits import DeviceNode, Edits
+from nvshim.errors import CdiError, UsageError
+from nvshim.runtime.hostedits import driver_edits, gpu_edits, mig_edits
+
+__all__ = ["generate_spec", "stale_reasons", "generate_for_node", "check_current", "STRATEGIES", "IMEX_CLASS"]
+
+STRATEGIES = ("index", "uuid")
+IMEX_CLASS = "imex-channel"
+
+
+def _dedupe_nodes(nodes: Sequence[DeviceNode]) -> Tuple[DeviceNode, ...]:
+    seen: Dict[str, DeviceNode] = {}
+    for node in nodes:
+        seen.setdefault(node.path, node)
+    return tuple(seen.values())
+
+
+def generate_spec(
+    host: Any,
+    vendor: str = "nvidia.com",
+    class_: str = "gpu",
+    strategies: Sequence[str] = STRATEGIES,
+    capabilities: Sequence[str] = ("compute", "utility"),
+    hook_command: Sequence[str] = (),
+    gpu_method: str = "auto",
+) -> Dict[str, Any]:
+    """Build the spec document for ``host`` (a :class:`nvshim.host.discovery.Host`)."""
+    from nvshim.cdi.spec import spec_to_dict
+
+    for s in strategies:
+        if s not in STRATEGIES:
+            raise UsageError(f'unknown device name strategy "{s}": expected index or uuid')
+    if not strategies:
+        raise UsageError("at least one device name strategy is needed (index, uuid)")
+    gpus = host.gpus(gpu_method)
+    devices: List[Tuple[str, Edits]] = []
+    all_nodes: List[DeviceNode] = []
+    for gpu in gpus:
+        edits = gpu_edits(gpu)
+        all_nodes.extend(edits.device_nodes)
+        if "index" in strategies:
+            devices.append((str(gpu.index), edits))
+        if "uuid" in strategies:
+            devices.append((gpu.uuid, edits))
+    for gpu in gpus:
+        for mig in gpu.mig:
+            edits = mig_edits(gpu, mig)
+            all_nodes.extend(edits.device_nodes)
+            if "index" in strategies:
+                devices.append((f"{gpu.index}:{mig.index}", edits))
+            if "uuid" in strategies:
+                devices.append((mig.uuid, edits))
+    if all_nodes:
+        devices.append(("all", Edits(device_nodes=_dedupe_nodes(all_nodes))))
+    if not devices:
+        raise CdiError(f"no GPUs found under {host.driver_root}: nothing to put in a CDI spec")
+    files = host.binaries(capabilities) + host.ipc(capabilities) + host.firmware()
+    common = driver_edits(
+        host.control_nodes(capabilities), host.libraries(capabilities), files, hook_command
+    )
+    return spec_to_dict(f"{vendor}/{class_}", devices, common)
+
+
+def stale_reasons(existing: Dict[str, Any], fresh: Dict[str, Any], host: Any) -> List[str]:
+    """Why an existing spec no longer describes the node (empty: it is current)."""
+    reasons: List[str] = []
+    version = host.driver_version()
+    for mount in (existing.get("containerEdits") or {}).get("mounts") or []:
+        path = str(mount.get("hostPath", ""))
+        if ".so." in path and not path.endswith(f".so.{version}"):
+            reasons.append(f"driver is {version} but the spec mounts {path}")
+            break
+    if existing.get("devices") != fresh.get("devices"):
+        old = sorted(d.get("name", "") for d in existing.get("devices") or [])
+        new = sorted(d.get("name", "") for d in fresh.get("devices") or [])
+        if old != new:
+            reasons.append(f"devices differ: spec has {', '.join(old)}; node has {', '.join(new)}")
+        else:
+            reasons.append("device nodes differ from the node's")
+    if existing.get("containerEdits") != fresh.get("containerEdits") and not reasons:
+        reasons.append("driver files or control nodes differ from the node's")
+    return reasons
+
+
+def generate_for_node(driver_root: Optional[str], dev_root: Optional[str], class_: str,
+                      vendor: str, strategies: Sequence[str], driver_capabilities: str,
+                      gpu_source: str, hook_path: Optional[str]) -> Tuple[Dict[str, Any], Any]:
+    """The spec ``nvshim cdi generate`` writes for this node, and the host it describes.
+
+    ``class_`` ``imex-channel`` gives the node's IMEX channels instead of its GPUs.
+    """
+    from nvshim.config import ALL_CAPABILITIES, load_config
+    from nvshim.host.discovery import Host
+    from nvshim.runtime.create import hook_command
+    from nvshim.runtime.request import parse_capabilities
+
+    config = load_config()
+    root = driver_root or config.driver_root
+    host = Host(root, dev_root or (None if driver_root else config.dev_root))
+    caps = parse_capabilities(driver_capabilities, ALL_CAPABILITIES, False)
+    if class_ == IMEX_CLASS:
+        from nvshim.runtime.extras import generate_imex_spec
+
+        return generate_imex_spec(host, vendor), host
+    hook: Tuple[str, ...] = hook_command()
+    if hook_path is not None:
+        if not hook_path.startswith("/"):
+            raise UsageError(f'--hook-path "{hook_path}" is not an absolute path')
+        hook = (hook_path, "hook")
+    return generate_spec(host, vendor, class_, strategies, caps, hook, gpu_source), host
+
+
+def check_current(check_file: str, spec: Dict[str, Any], host: Any) -> None:
+    """Raise :class:`CdiError` naming why ``check_file`` differs from ``spec`` (stale)."""
+    from nvshim.cdi import spec as cdi
+
+    existing = cdi.load_spec_file(check_file).raw
+    reasons = stale_reasons(dict(existing), spec, host)
+    if reasons:
+        raise CdiError(f"{check_file} is stale: {'; '.join(reasons)}; regenerate it with nvshim cdi generate")

@@ -1,0 +1,288 @@
+"""Register nvshim as a Docker runtime in ``daemon.json``, and take it out again.
+
+``nvshim runtime configure --runtime docker`` lands here. Docker has no drop-ins: the one
+file ``/etc/docker/daemon.json`` gets ``runtimes.<name>.path`` (and, with
+``--set-as-default``, ``default-runtime``; with ``--enable-cdi``, ``features.cdi``). The
+file is a JSON object whose other keys, and their order, are kept; it is written back with
+the indentation it had (4 spaces for a new file, as ``nvidia-ctk`` writes it).
+
+Byte-exact revert, the backup and the default-runtime guard are shared with the other
+engines through :mod:`nvshim.node.engine_files`. dockerd re-reads ``runtimes`` and
+``default-runtime`` on ``SIGHUP``, but only keys present in the file: after a revert that
+removed them (and for ``features``) dockerd must be restarted.
+
+:func:`plan_configure` and :func:`plan_revert` are pure; :func:`configure` and
+:func:`revert` read and write; :func:`read_runtimes` is for ``nvshim doctor``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from nvshim._record import dataclass
+from nvshim.errors import ConfigError, UsageError
+from nvshim.node.engine_files import (
+    ConfigureOutcome,
+    FileChange,
+    RevertResult,
+    apply_restore,
+    backup_path,
+    carry_out,
+    default_runtime_guard,
+    load_backup,
+    plan_restore,
+    read_text,
+)
+
+__all__ = [
+    "DEFAULT_BINARY",
+    "DEFAULT_CONFIG",
+    "DEFAULT_NAME",
+    "DockerRuntimes",
+    "configure",
+    "plan_configure",
+    "plan_revert",
+    "read_runtimes",
+    "revert",
+]
+
+DEFAULT_CONFIG = "/etc/docker/daemon.json"
+DEFAULT_NAME = "nvshim"
+DEFAULT_BINARY = "/usr/local/bin/nvshim-runtime"
+DOCKER_DEFAULT_RUNTIME = "runc"
+_BACKUP_FORMAT = "nvshim-docker-backup/1"
+# Docker takes any runtime name; one that also works as a RuntimeClass handler and a path
+# component keeps `docker run --runtime NAME` unambiguous.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
+
+
+@dataclass(frozen=True)
+class DockerRuntimes:
+    """What ``daemon.json`` declares: runtime name → path, and the default runtime."""
+
+    config_path: str
+    runtimes: Mapping[str, Optional[str]]
+    default_runtime: str
+
+
+def _load(text: Optional[str], path: str) -> Dict[str, Any]:
+    """The daemon.json object; ``{}`` for a missing or blank file."""
+    if text is None or not text.strip():
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: invalid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a JSON object (Docker's daemon.json is one)")
+    return data
+
+
+def _indent(text: Optional[str]) -> Any:
+    """The indentation ``text`` uses for its first nested line (4 spaces when unknown)."""
+    if text and text.strip() not in ("", "{}"):
+        match = re.search(r"\n([ \t]+)\S", text)
+        if match:
+            unit = match.group(1)
+            return unit if "\t" in unit else len(unit)
+        if "\n" not in text.strip():
+            return None  # a one-line file stays one line
+    return 4
+
+
+def _dumps(data: Mapping[str, Any], before: Optional[str]) -> str:
+    indent = _indent(before)
+    text = json.dumps(data, indent=indent, ensure_ascii=False)
+    return text + "\n"
+
+
+def _table(data: Mapping[str, Any], key: str, path: str) -> Optional[Dict[str, Any]]:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: {key} is not an object")
+    return value
+
+
+def _check_arguments(name: str, binary: str) -> None:
+    if not _NAME.match(name):
+        raise UsageError(
+            f'runtime name "{name}" is not a plain name (letters, digits, "_", ".", "-", '
+            "at most 63)"
+        )
+    if not os.path.isabs(binary):
+        raise UsageError(f'runtime binary "{binary}" is not an absolute path')
+
+
+def plan_configure(
+    text: Optional[str],
+    *,
+    config_path: str = DEFAULT_CONFIG,
+    name: str = DEFAULT_NAME,
+    binary: str = DEFAULT_BINARY,
+    set_as_default: bool = False,
+    force: bool = False,
+    enable_cdi: bool = False,
+    require_allocation: bool = False,
+) -> ConfigureOutcome:
+    """The new daemon.json text for ``text`` (``None``: no file); pure, writes nothing."""
+    _check_arguments(name, binary)
+    warnings = default_runtime_guard(name, set_as_default, force, require_allocation)
+    data = _load(text, config_path)
+    before = json.loads(json.dumps(data))
+    runtimes = _table(data, "runtimes", config_path)
+    if runtimes is None:
+        runtimes = data["runtimes"] = {}
+    entry = runtimes.get(name)
+    if entry is not None and not isinstance(entry, dict):
+        raise ConfigError(f"{config_path}: runtimes.{name} is not an object")
+    entry = dict(entry or {})
+    entry["path"] = binary
+    runtimes[name] = entry
+    if set_as_default:
+        data["default-runtime"] = name
+    elif data.get("default-runtime") == name:
+        del data["default-runtime"]
+        warnings.append(
+            f'removed "default-runtime": "{name}" from {config_path} '
+            "(pass --set-as-default to keep it)"
+        )
+    if enable_cdi:
+        features = _table(data, "features", config_path)
+        if features is None:
+            features = data["features"] = {}
+        features["cdi"] = True
+    after = text if data == before and text is not None else _dumps(data, text)
+    return ConfigureOutcome(
+        engine="docker",
+        handler_file=config_path,
+        files=(FileChange(config_path, text, after),),
+        written=(),
+        warnings=tuple(warnings),
+    )
+
+
+def configure(
+    config_path: str = DEFAULT_CONFIG,
+    *,
+    name: str = DEFAULT_NAME,
+    binary: str = DEFAULT_BINARY,
+    set_as_default: bool = False,
+    force: bool = False,
+    enable_cdi: bool = False,
+    require_allocation: bool = False,
+    dry_run: bool = False,
+) -> ConfigureOutcome:
+    """Add the runtime to daemon.json; the first write saves the original bytes."""
+    config_path = os.path.abspath(config_path)
+    plan = plan_configure(
+        read_text(config_path, "Docker daemon.json"),
+        config_path=config_path,
+        name=name,
+        binary=binary,
+        set_as_default=set_as_default,
+        force=force,
+        enable_cdi=enable_cdi,
+        require_allocation=require_allocation,
+    )
+    return carry_out(plan, config_path, _BACKUP_FORMAT, dry_run)
+
+
+def _strip(data: Dict[str, Any], name: str, original: Optional[Dict[str, Any]],
+           path: str, warnings: List[str]) -> None:
+    """Take nvshim's entries out of ``data``; with ``original``, put back what it had."""
+    runtimes = _table(data, "runtimes", path)
+    orig_runtimes = _table(original, "runtimes", path) if original is not None else None
+    if runtimes is not None and name in runtimes:
+        if orig_runtimes is not None and name in orig_runtimes:
+            runtimes[name] = orig_runtimes[name]
+        else:
+            del runtimes[name]
+        if not runtimes and (original is None or "runtimes" not in original):
+            del data["runtimes"]
+    if data.get("default-runtime") == name:
+        previous = original.get("default-runtime") if original is not None else None
+        if previous is not None:
+            data["default-runtime"] = previous
+        else:
+            del data["default-runtime"]
+    features = _table(data, "features", path)
+    if features is not None and "cdi" in features:
+        orig_features = _table(original, "features", path) if original is not None else None
+        if original is None:
+            warnings.append(f"left features.cdi in {path}: without a backup nvshim cannot tell "
+                            "who set it")
+        elif orig_features is None or "cdi" not in orig_features:
+            del features["cdi"]
+            if not features and "features" not in original:
+                del data["features"]
+
+
+def plan_revert(
+    current: Mapping[str, Optional[str]],
+    backup: Optional[Mapping[str, Any]],
+    *,
+    config_path: str = DEFAULT_CONFIG,
+    name: str = DEFAULT_NAME,
+) -> RevertResult:
+    """What revert leaves in daemon.json; pure (see :func:`nvshim.node.engine_files.plan_restore`)."""
+
+    def strip(path: str, now: str, original: Optional[str], warnings: List[str]) -> str:
+        data = _load(now, path)
+        snapshot = json.loads(json.dumps(data))
+        _strip(data, name, _load(original, path) if original is not None else None, path,
+               warnings)
+        return now if data == snapshot else _dumps(data, now)
+
+    if backup is not None:
+        return plan_restore(current, backup, main_path=config_path, strip=strip)
+    warnings = [f'no backup {backup_path(config_path)}: removing only runtime "{name}" and '
+                "a default-runtime naming it"]
+    now = current.get(config_path)
+    files: Tuple[FileChange, ...] = ()
+    if now is not None:
+        after = strip(config_path, now, None, warnings)
+        if after != now:
+            files = (FileChange(config_path, now, after),)
+    return RevertResult(
+        files=files,
+        restored=(),
+        edited=tuple(change.path for change in files),
+        removed=(),
+        used_backup=False,
+        warnings=tuple(warnings),
+    )
+
+
+def revert(
+    config_path: str = DEFAULT_CONFIG, *, name: str = DEFAULT_NAME, dry_run: bool = False
+) -> RevertResult:
+    """Undo :func:`configure`: the original bytes from the backup, else strip nvshim's keys."""
+    config_path = os.path.abspath(config_path)
+    backup_file = backup_path(config_path)
+    backup = load_backup(backup_file, _BACKUP_FORMAT)
+    paths = [config_path] + (list(backup["files"]) if backup is not None else [])
+    current = {path: read_text(path, "Docker daemon.json") for path in dict.fromkeys(paths)}
+    plan = plan_revert(current, backup, config_path=config_path, name=name)
+    if not dry_run:
+        apply_restore(plan, backup, backup_file)
+    return plan
+
+
+def read_runtimes(config_path: str = DEFAULT_CONFIG) -> DockerRuntimes:
+    """The runtimes daemon.json declares (name → path) and Docker's default runtime."""
+    data = _load(read_text(config_path, "Docker daemon.json"), config_path)
+    runtimes: Dict[str, Optional[str]] = {}
+    for runtime_name, entry in (_table(data, "runtimes", config_path) or {}).items():
+        path = entry.get("path") if isinstance(entry, dict) else None
+        runtimes[str(runtime_name)] = path if isinstance(path, str) and path else None
+    default = data.get("default-runtime")
+    return DockerRuntimes(
+        config_path=config_path,
+        runtimes=runtimes,
+        default_runtime=default if isinstance(default, str) and default else DOCKER_DEFAULT_RUNTIME,
+    )

@@ -1,0 +1,346 @@
+"""Engine config files: read, write with a byte-exact backup, and restore from it.
+
+``nvshim runtime configure`` edits containerd's, Docker's and CRI-O's config files; the
+engine modules (:mod:`nvshim.node.containerd`, :mod:`nvshim.node.docker`, :mod:`nvshim.node.crio`) compute
+the new texts, and this module is the one place that writes them and undoes the writes.
+
+Before the first write the original bytes of every file that changes (or its absence), its
+mode and the directories created for it are saved in ``<config><BACKUP_SUFFIX>`` (JSON).
+:func:`plan_restore` then decides per file: still as nvshim wrote it → the original bytes
+back (or the file removed when it did not exist); a secondary file (drop-in) changed since
+→ restored or removed anyway, with a warning; the main file changed since → the engine's
+``strip`` callback removes only nvshim's entries. :func:`apply_restore` does it.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from nvshim._record import dataclass
+from nvshim.errors import ConfigError, HostError, UsageError
+
+__all__ = [
+    "BACKUP_SUFFIX",
+    "FileChange",
+    "ConfigureOutcome",
+    "RevertResult",
+    "backup_path",
+    "read_text",
+    "sha256",
+    "write_text",
+    "remove_file",
+    "load_backup",
+    "write_changes",
+    "carry_out",
+    "plan_restore",
+    "apply_restore",
+    "set_as_default_pitfall",
+    "default_runtime_guard",
+    "check_handler_name",
+]
+
+BACKUP_SUFFIX = ".nvshim-orig.json"
+# Kubernetes requires a RuntimeClass handler to be a DNS label.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+
+#: ``strip(path, now, original) -> new text``: nvshim's entries taken out of a main file
+#: edited by hand since nvshim wrote it; ``original`` is the text before configure (or None).
+StripFn = Callable[[str, str, Optional[str], List[str]], str]
+
+
+@dataclass(frozen=True)
+class FileChange:
+    """One file's text before and after; ``None`` means the file does not exist."""
+
+    path: str
+    before: Optional[str]
+    after: Optional[str]
+
+    @property
+    def changed(self) -> bool:
+        """Whether writing ``after`` would change the file."""
+        return self.before != self.after
+
+
+@dataclass(frozen=True)
+class ConfigureOutcome:
+    """What an engine's ``configure`` did (or, with ``dry_run``, would do)."""
+
+    engine: str
+    handler_file: str
+    files: Tuple[FileChange, ...]
+    written: Tuple[str, ...]
+    warnings: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RevertResult:
+    """What a revert did: files restored byte for byte, edited, or removed."""
+
+    files: Tuple[FileChange, ...]
+    restored: Tuple[str, ...]
+    edited: Tuple[str, ...]
+    removed: Tuple[str, ...]
+    used_backup: bool
+    warnings: Tuple[str, ...] = ()
+
+
+def backup_path(config_path: str) -> str:
+    """Where ``configure`` keeps the original bytes of the files it changes."""
+    return config_path + BACKUP_SUFFIX
+
+
+def read_text(path: str, what: str = "config file") -> Optional[str]:
+    """The UTF-8 text of ``path``; ``None`` when it does not exist."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError as exc:
+        raise HostError(f"{path} is a directory, not a {what}") from exc
+    except OSError as exc:
+        raise HostError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+
+
+def sha256(text: Optional[str]) -> Optional[str]:
+    """Hex SHA-256 of ``text`` as UTF-8; ``None`` for ``None``."""
+    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _mode(path: str) -> Optional[int]:
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise HostError(f"cannot stat {path}: {exc.strerror}") from exc
+
+
+def _make_parents(path: str) -> List[str]:
+    """Create the missing parent directories of ``path`` (0755); return them, outermost first."""
+    missing: List[str] = []
+    directory = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    missing.reverse()
+    for directory in missing:
+        try:
+            os.mkdir(directory, 0o755)
+        except FileExistsError:
+            pass  # created meanwhile; what matters is that it exists
+        except OSError as exc:
+            raise HostError(f"cannot create directory {directory}: {exc.strerror}") from exc
+    return missing
+
+
+def write_text(path: str, text: str, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``text`` atomically (mode kept, ``mode`` when new)."""
+    from nvshim.files import write_atomic
+
+    write_atomic(path, text.encode("utf-8"), default_mode=mode)
+
+
+def remove_file(path: str) -> bool:
+    """Unlink ``path``; ``False`` when it was already gone."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise HostError(f"cannot remove {path}: {exc.strerror}") from exc
+    return True
+
+
+def load_backup(path: str, fmt: str) -> Optional[Dict[str, Any]]:
+    """The backup at ``path`` (format tag ``fmt``), or ``None`` when there is none."""
+    text = read_text(path, "backup file")
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: invalid backup: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise ConfigError(f'{path}: not an nvshim backup (format is not "{fmt}")')
+    files = data.get("files")
+    if not isinstance(files, dict):
+        raise ConfigError(f"{path}: invalid backup: files is not an object")
+    data.setdefault("created_dirs", [])
+    return data
+
+
+def write_changes(backup_file: str, fmt: str, changes: Sequence[FileChange]) -> Tuple[str, ...]:
+    """Write ``changes`` in order, first recording their originals in ``backup_file``.
+
+    A file already in the backup keeps its first original, so configure run twice still
+    reverts to the bytes from before the first run. Returns the paths written.
+    """
+    changes = [change for change in changes if change.changed]
+    if not changes:
+        return ()
+    backup = load_backup(backup_file, fmt) or {"format": fmt, "files": {}, "created_dirs": []}
+    for change in changes:
+        entry = backup["files"].setdefault(
+            change.path, {"original": change.before, "mode": _mode(change.path)}
+        )
+        entry["written_sha256"] = sha256(change.after)
+    created: List[str] = []
+    for change in changes + [FileChange(backup_file, None, "")]:
+        created += _make_parents(change.path)
+    known = backup["created_dirs"]
+    backup["created_dirs"] = known + [d for d in created if d not in known]
+    write_text(backup_file, json.dumps(backup, indent=2, sort_keys=True) + "\n", 0o600)
+    written: List[str] = []
+    for change in changes:
+        if change.after is None:
+            remove_file(change.path)
+        else:
+            write_text(change.path, change.after)
+        written.append(change.path)
+    return tuple(written)
+
+
+def carry_out(plan: ConfigureOutcome, config_path: str, fmt: str,
+              dry_run: bool) -> ConfigureOutcome:
+    """``plan`` as planned (``dry_run``), or written after backing up the originals next to
+    ``config_path``: the one tail of every engine's ``configure``."""
+    if dry_run:
+        return plan
+    from nvshim._record import replace
+
+    written = write_changes(backup_path(config_path), fmt, plan.files)
+    result: ConfigureOutcome = replace(plan, written=written)
+    return result
+
+
+def plan_restore(
+    current: Mapping[str, Optional[str]],
+    backup: Mapping[str, Any],
+    *,
+    main_path: str,
+    strip: StripFn,
+) -> RevertResult:
+    """What restoring from ``backup`` does to each file; pure.
+
+    ``current`` maps every file in the backup to its text now. The main file comes first
+    in the result, so it never refers to a drop-in that is already gone.
+    """
+    warnings: List[str] = []
+    files: List[FileChange] = []
+    restored: List[str] = []
+    edited: List[str] = []
+    removed: List[str] = []
+    main_abs = os.path.abspath(main_path)
+    entries: Mapping[str, Any] = backup["files"]
+    for path in sorted(entries, key=lambda p: os.path.abspath(p) != main_abs):
+        entry = entries[path]
+        now = current.get(path)
+        original = entry.get("original")
+        if now == original:
+            continue
+        if sha256(now) == entry.get("written_sha256"):
+            files.append(FileChange(path, now, original))
+            (restored if original is not None else removed).append(path)
+            continue
+        if os.path.abspath(path) != main_abs:
+            if now is not None and original is None:
+                warnings.append(f"{path} changed since nvshim wrote it; removing it anyway")
+                files.append(FileChange(path, now, None))
+                removed.append(path)
+            elif now is not None:
+                warnings.append(f"{path} changed since nvshim wrote it; restoring its original")
+                files.append(FileChange(path, now, original))
+                restored.append(path)
+            continue
+        if now is None:
+            warnings.append(f"{path} was removed since nvshim wrote it; leaving it absent")
+            continue
+        warnings.append(f"{path} changed since nvshim wrote it; removing only nvshim's entries")
+        after = strip(path, now, original, warnings)
+        if after != now:
+            files.append(FileChange(path, now, after))
+            edited.append(path)
+    return RevertResult(
+        files=tuple(files),
+        restored=tuple(restored),
+        edited=tuple(edited),
+        removed=tuple(removed),
+        used_backup=True,
+        warnings=tuple(warnings),
+    )
+
+
+def apply_restore(
+    plan: RevertResult, backup: Optional[Mapping[str, Any]], backup_file: str
+) -> None:
+    """Carry out ``plan``; with a backup, also remove the directories configure created and
+    the backup itself."""
+    for change in plan.files:
+        if change.after is None:
+            remove_file(change.path)
+            continue
+        mode = None
+        if backup is not None and change.path in backup["files"]:
+            mode = backup["files"][change.path].get("mode")
+        write_text(change.path, change.after, mode if isinstance(mode, int) else 0o644)
+    if backup is None:
+        return
+    remove_file(backup_file)
+    for directory in reversed(backup.get("created_dirs", [])):
+        try:
+            os.rmdir(directory)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST):
+                raise HostError(f"cannot remove directory {directory}: {exc.strerror}") from exc
+
+
+def set_as_default_pitfall(name: str) -> str:
+    """The one-line explanation of why nvshim as the default runtime needs require-allocation."""
+    return (
+        f'pods without a GPU request would run through "{name}" and a CUDA image\'s '
+        "NVIDIA_VISIBLE_DEVICES=all would give them every GPU"
+    )
+
+
+def default_runtime_guard(
+    name: str, set_as_default: bool, force: bool, require_allocation: bool
+) -> List[str]:
+    """Refuse making ``name`` an engine's default runtime while require-allocation is off.
+
+    The same rule for every engine: with ``force`` the refusal becomes a warning (returned).
+    """
+    if not set_as_default or require_allocation:
+        return []
+    if not force:
+        raise UsageError(
+            f'refusing to make "{name}" the default runtime while require-allocation is '
+            f"off in nvshim's config: {set_as_default_pitfall(name)}; set "
+            "require-allocation: true or pass --force"
+        )
+    return [
+        f'"{name}" is the default runtime while require-allocation is off: '
+        + set_as_default_pitfall(name).replace("would", "will")
+    ]
+
+
+def check_handler_name(name: str) -> None:
+    """Refuse a CRI runtime handler name a Kubernetes RuntimeClass could not name."""
+    if not _DNS_LABEL.match(name):
+        raise UsageError(
+            f'runtime name "{name}" is not a DNS label (lower-case letters, digits and "-", '
+            "at most 63): Kubernetes RuntimeClass handlers must be"
+        )

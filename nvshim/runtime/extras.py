@@ -1,0 +1,253 @@
+"""Devices next to the GPUs: IMEX channels, NVSwitch, GPUDirect Storage, MOFED, gdrcopy.
+
+Multi-node training needs more than GPUs. What a container asks for, and what it gets:
+
+==============  ==============================  =============================================
+request          how                             injected (when the node has it)
+==============  ==============================  =============================================
+IMEX channels   ``NVIDIA_IMEX_CHANNELS=0,3``    ``/dev/nvidia-caps-imex-channels/channel<N>``
+                (``N`` or ``channelN``), or the
+                device plugin's ``/dev/null``
+                mounts ``.../imex/<N>``
+NVSwitch        ``NVIDIA_NVSWITCH=enabled``     ``/dev/nvidia-nvswitchctl``,
+                                                ``/dev/nvidia-nvswitch<N>``, the fabric
+                                                manager socket
+GDS             ``NVIDIA_GDS=enabled``          ``/dev/nvidia-fs*``, ``/etc/cufile.json`` (ro)
+MOFED           ``NVIDIA_MOFED=enabled``        ``/dev/infiniband/*``
+gdrcopy         ``NVIDIA_GDRCOPY=enabled``      ``/dev/gdrdrv``
+==============  ==============================  =============================================
+
+Never otherwise. The feature flags apply only to containers that were granted GPUs (or
+driver files), so require-allocation's decision covers them. IMEX channels are scarce and
+allocated like GPUs: the device plugin's mounts win over the env; under require-allocation
+the env counts only through the ``privileged`` allocation source (a privileged container),
+and the mounts only through ``volume-mounts``. A lone ``all`` in the env is ignored, as the
+reference does. Channel numbers are 0 to 2^20-1 and must exist on the node.
+
+:func:`resolve_extras` is pure (the spec's view and config in, a record out);
+:func:`extras_edits` reads the node (device nodes are stat'ed under the dev root).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+from nvshim._record import dataclass, field
+from nvshim.edits import IPC_BIND, RO_BIND, DeviceNode, Edits, Mount
+from nvshim.errors import HostError, RequestError
+
+__all__ = [
+    "FEATURE_ENV",
+    "IMEX_DIR",
+    "IMEX_ENV",
+    "Extras",
+    "asks_for_extras",
+    "extras_edits",
+    "generate_imex_spec",
+    "imex_channels",
+    "resolve_extras",
+]
+
+#: feature name → the variable that enables it with ``enabled``
+FEATURE_ENV: Dict[str, str] = {
+    "nvswitch": "NVIDIA_NVSWITCH",
+    "gds": "NVIDIA_GDS",
+    "mofed": "NVIDIA_MOFED",
+    "gdrcopy": "NVIDIA_GDRCOPY",
+}
+IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
+IMEX_DIR = "/dev/nvidia-caps-imex-channels"
+MAX_IMEX_CHANNEL = 2**20 - 1
+_CHANNEL = re.compile(r"^(?:channel)?([0-9]{1,7})$")
+_NVSWITCH = re.compile(r"^nvidia-nvswitch([0-9]+|ctl)$")
+_NVIDIA_FS = re.compile(r"^nvidia-fs[0-9]*$")
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What a container gets besides GPUs: feature names, IMEX channel numbers, why."""
+
+    features: Tuple[str, ...] = ()
+    imex_channels: Tuple[int, ...] = ()
+    imex_source: str = ""
+    notes: Tuple[str, ...] = field(default=())
+
+    def __bool__(self) -> bool:
+        return bool(self.features or self.imex_channels)
+
+
+def _imex_mount_ids(view: Any) -> List[str]:
+    from nvshim.runtime.request import device_mount_ids
+
+    return [i[len("imex/"):] for i in device_mount_ids(view) if i.startswith("imex/")]
+
+
+def asks_for_extras(view: Any) -> bool:
+    """Whether the spec names any of these at all (a cheap test before :func:`resolve_extras`)."""
+    env = view.env
+    return (IMEX_ENV in env or any(name in env for name in FEATURE_ENV.values())
+            or bool(_imex_mount_ids(view)))
+
+
+def _parse_channels(tokens: List[str], where: str) -> Tuple[int, ...]:
+    channels: Dict[int, None] = {}
+    for token in tokens:
+        match = _CHANNEL.match(token)
+        number = int(match.group(1)) if match else -1
+        if not 0 <= number <= MAX_IMEX_CHANNEL:
+            raise RequestError(
+                f'IMEX channel "{token}" in {where}: expected a number 0-{MAX_IMEX_CHANNEL} '
+                'or "channel<N>"'
+            )
+        channels.setdefault(number, None)
+    return tuple(channels)
+
+
+def _env_channels(value: str, notes: List[str]) -> Tuple[int, ...]:
+    tokens = [t.strip() for t in value.split(",") if t.strip()]
+    lowered = [t.lower() for t in tokens]
+    if not tokens or "void" in lowered or "none" in lowered:
+        return ()
+    if "all" in lowered:
+        notes.append(f"{IMEX_ENV}=all ignored: IMEX channels are requested by number")
+        return ()
+    return _parse_channels(tokens, IMEX_ENV)
+
+
+def resolve_extras(view: Any, config: Any, request: Any) -> Extras:
+    """Decide the extras for a container whose GPU request resolved to ``request``; pure."""
+    if view.sandbox:
+        return Extras()
+    notes: List[str] = []
+    features = []
+    for name, variable in FEATURE_ENV.items():
+        value = view.get(variable)
+        if value is None or value.strip().lower() != "enabled":
+            continue
+        if request.injects:
+            features.append(name)
+        else:
+            notes.append(f"{variable}=enabled ignored: the container was granted no GPU")
+
+    channels: Tuple[int, ...] = ()
+    source = ""
+    mount_ids = _imex_mount_ids(view)
+    env_value = view.get(IMEX_ENV)
+    mounts_ok = not config.require_allocation or "volume-mounts" in config.allocation_sources
+    if mount_ids and mounts_ok:
+        channels, source = _parse_channels(mount_ids, "device-plugin mounts"), "volume-mounts"
+        if env_value:
+            notes.append(f"{IMEX_ENV} ignored: device-plugin IMEX mounts take precedence")
+    elif mount_ids:
+        notes.append("device-plugin IMEX mounts ignored: require-allocation is on and "
+                     "volume-mounts is not an allocation source")
+    if not source and env_value is not None:
+        wanted = _env_channels(env_value, notes)
+        if wanted and config.require_allocation:
+            if "privileged" in config.allocation_sources and view.privileged:
+                channels, source = wanted, "privileged"
+            else:
+                notes.append(f"{IMEX_ENV}={env_value} ignored: require-allocation is on and "
+                             "no IMEX allocation was found (device-plugin imex/ mounts, or a "
+                             "privileged container with the privileged source)")
+        elif wanted and not view.privileged and not config.accept_envvar_when_unprivileged:
+            notes.append(f"{IMEX_ENV} ignored: container is unprivileged and "
+                         "accept-envvar-when-unprivileged is off")
+        elif wanted:
+            channels, source = wanted, "env"
+    return Extras(tuple(features), channels, source, tuple(notes))
+
+
+def _list_dev(host: Any, directory: str) -> List[str]:
+    path = host.dev_path(directory)
+    try:
+        return sorted(os.listdir(path))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise HostError(f"cannot list {path}: {exc.strerror}") from exc
+
+
+def imex_channels(host: Any) -> Tuple[int, ...]:
+    """The IMEX channel numbers whose nodes exist under the host's dev root."""
+    found = []
+    for name in _list_dev(host, IMEX_DIR):
+        match = re.match(r"^channel([0-9]+)$", name)
+        if match:
+            found.append(int(match.group(1)))
+    return tuple(sorted(found))
+
+
+def _nodes(host: Any, paths: List[str]) -> Tuple[DeviceNode, ...]:
+    out = []
+    for path in paths:
+        node = host.device_node(path)
+        if node is not None:
+            out.append(node)
+    return tuple(out)
+
+
+def _feature_edits(host: Any, feature: str) -> Edits:
+    if feature == "nvswitch":
+        names = [n for n in _list_dev(host, "/dev") if _NVSWITCH.match(n)]
+        nodes = _nodes(host, [f"/dev/{n}" for n in names])
+        mounts = []
+        for run in ("/run", "/var/run"):
+            socket_path = f"{run}/nvidia-fabricmanager/socket"
+            if os.path.exists(host.host_path(socket_path)):
+                mounts.append(Mount(host.host_path(socket_path), socket_path, None, IPC_BIND))
+                break
+        return Edits(device_nodes=nodes, mounts=tuple(mounts))
+    if feature == "gds":
+        names = [n for n in _list_dev(host, "/dev") if _NVIDIA_FS.match(n)]
+        cufile: Tuple[Mount, ...] = ()
+        if os.path.isfile(host.host_path("/etc/cufile.json")):
+            cufile = (Mount(host.host_path("/etc/cufile.json"), "/etc/cufile.json", None,
+                            RO_BIND),)
+        return Edits(device_nodes=_nodes(host, [f"/dev/{n}" for n in names]), mounts=cufile)
+    if feature == "mofed":
+        names = _list_dev(host, "/dev/infiniband")
+        return Edits(device_nodes=_nodes(host, [f"/dev/infiniband/{n}" for n in names]))
+    return Edits(device_nodes=_nodes(host, ["/dev/gdrdrv"]))
+
+
+def extras_edits(host: Any, extras: Extras, notes: Optional[List[str]] = None) -> Edits:
+    """The device nodes (and mounts) for ``extras`` on ``host``.
+
+    A requested IMEX channel the node lacks is a :class:`RequestError`; a feature whose
+    devices the node lacks adds a note and nothing else.
+    """
+    edits = Edits()
+    if extras.imex_channels:
+        present = imex_channels(host)
+        for channel in extras.imex_channels:
+            if channel not in present:
+                have = ", ".join(map(str, present)) if present else "none"
+                raise RequestError(
+                    f"IMEX channel {channel} (from {extras.imex_source}) does not exist: this "
+                    f"node has channels {have} under {host.dev_path(IMEX_DIR)}"
+                )
+        edits = edits + Edits(device_nodes=_nodes(
+            host, [f"{IMEX_DIR}/channel{c}" for c in extras.imex_channels]))
+    for feature in extras.features:
+        found = _feature_edits(host, feature)
+        if not found.device_nodes and notes is not None:
+            notes.append(f"{FEATURE_ENV[feature]}=enabled: this node has no {feature} devices")
+        edits = edits + found
+    return edits
+
+
+def generate_imex_spec(host: Any, vendor: str = "nvidia.com") -> Dict[str, Any]:
+    """A CDI spec of kind ``<vendor>/imex-channel``: one device per channel on the node."""
+    from nvshim.cdi.spec import spec_to_dict
+    from nvshim.errors import CdiError
+
+    channels = imex_channels(host)
+    if not channels:
+        raise CdiError(f"no IMEX channels under {host.dev_path(IMEX_DIR)}: nothing to put in "
+                       "a CDI spec")
+    devices = [(str(c), Edits(device_nodes=_nodes(host, [f"{IMEX_DIR}/channel{c}"])))
+               for c in channels]
+    return spec_to_dict(f"{vendor}/imex-channel", devices, Edits())

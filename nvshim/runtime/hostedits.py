@@ -1,0 +1,146 @@
+"""Edits built from discovered host records: one description of what a GPU needs.
+
+Runtime injection and ``nvshim cdi generate`` both build their edits here, so a container
+created from a CDI spec and one created from the node's env get the same files.
+"""
+
+from __future__ import annotations
+
+from nvshim.edits import HOOK_ENV, IPC_BIND, RO_BIND, DeviceNode, Edits, Hook, Mount
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Optional, Sequence, Tuple
+
+
+def hook_links(libraries: Sequence[Any]) -> Tuple[Tuple[str, str], ...]:
+    """SONAME (and ``libcuda.so``) links the container needs, as (target, link) pairs."""
+    links: list[Tuple[str, str]] = []
+    for lib in libraries:
+        directory, filename = lib.container_path.rsplit("/", 1)
+        if lib.soname and lib.soname != filename:
+            links.append((filename, f"{directory}/{lib.soname}"))
+            if lib.base == "libcuda":
+                links.append((lib.soname, f"{directory}/libcuda.so"))
+    return tuple(links)
+
+
+def hook_for_libraries(libraries: Sequence[Any], hook_command: Sequence[str]) -> Optional[Hook]:
+    """The one createContainer hook: SONAME links + ld.so.cache for the injected dirs."""
+    if not libraries or not hook_command:
+        return None
+    from nvshim.runtime.hookargs import build_hook_args
+
+    folders = tuple(dict.fromkeys(lib.container_path.rsplit("/", 1)[0] for lib in libraries))
+    version = next((lib.container_path.rsplit("/libcuda.so.", 1)[1] for lib in libraries
+                    if "/libcuda.so." in lib.container_path), None)
+    args = tuple(hook_command) + tuple(build_hook_args(hook_links(libraries), folders, version))
+    return Hook("createContainer", hook_command[0], args, HOOK_ENV)
+
+
+def driver_edits(
+    control_nodes: Sequence[DeviceNode],
+    libraries: Sequence[Any],
+    files: Sequence[Any],
+    hook_command: Sequence[str] = (),
+    env: Sequence[str] = ("NVIDIA_VISIBLE_DEVICES=void",),
+) -> Edits:
+    """What every GPU container of a node needs: control nodes, driver files, the hook.
+
+    ``libraries`` are :class:`nvshim.host.discovery.Library`, ``files`` are
+    :class:`nvshim.host.discovery.DriverFile`; both carry host and container paths.
+    """
+    mounts = [Mount(lib.host_path, lib.container_path, None, RO_BIND) for lib in libraries]
+    for f in files:
+        options = IPC_BIND if f.kind == "ipc" else RO_BIND
+        mounts.append(Mount(f.host_path, f.container_path, None, options))
+    hook = hook_for_libraries(libraries, hook_command)
+    return Edits(
+        env=tuple(env),
+        device_nodes=tuple(control_nodes),
+        mounts=tuple(mounts),
+        hooks=(hook,) if hook else (),
+    )
+
+
+def gpu_edits(gpu: Any) -> Edits:
+    """What one full GPU adds: its ``/dev/nvidia<minor>`` node."""
+    return Edits(device_nodes=(gpu.node,)) if gpu.node is not None else Edits()
+
+
+def mig_edits(parent: Any, mig: Any) -> Edits:
+    """What one MIG device adds: the parent's node and its GI/CI access capability nodes."""
+    nodes = ((parent.node,) if parent.node is not None else ()) + tuple(mig.cap_nodes)
+    return Edits(device_nodes=nodes)
+
+
+def _capability_of(basename: str) -> Optional[str]:
+    """The library set or capability a driver file belongs to (None: not a known driver file)."""
+    from nvshim.host.discovery import BINARIES, LIBRARIES
+
+    for libset, bases in LIBRARIES.items():
+        for base in bases:
+            if basename.startswith(base + ".so"):
+                return libset
+    for cap, names in BINARIES.items():
+        if basename in names:
+            return cap
+    return None
+
+
+def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits:
+    """Drop driver files and nodes of capabilities the container did not ask for.
+
+    CDI specs carry every driver file they were generated with; the reference injects all
+    of them. We keep only what NVIDIA_DRIVER_CAPABILITIES selects (unknown files are
+    kept), and prune hook ``--link`` pairs whose target is no longer injected.
+    """
+    from nvshim.host.discovery import CONTROL_NODES, LIBRARY_SETS
+
+    caps = set(capabilities)
+    allowed_sets = {s for cap in caps for s in LIBRARY_SETS.get(cap, ())} | caps
+    node_needs = {path: need for path, need in CONTROL_NODES}
+    nodes = tuple(
+        n for n in edits.device_nodes if node_needs.get(n.path) is None or node_needs[n.path] in caps
+    )
+    mounts = []
+    for m in edits.mounts:
+        owner = _capability_of(m.container_path.rsplit("/", 1)[-1])
+        if owner is None or owner in allowed_sets:
+            mounts.append(m)
+    present = {m.container_path.rsplit("/", 1)[-1] for m in mounts}
+    hooks = []
+    for hook in edits.hooks:
+        if not any("nvshim.hook" in a for a in hook.args):
+            hooks.append(hook)
+            continue
+        hooks.extend(_prune_hook(hook, present))
+    return Edits(edits.env, nodes, tuple(mounts), tuple(hooks), edits.additional_gids)
+
+
+def _prune_hook(hook: Hook, present: set[str]) -> Tuple[Hook, ...]:
+    """nvshim's hook without links to files that are not injected (none left: no hook)."""
+    args = list(hook.args)
+    # the hook command ends with `-m nvshim.hook` or with `-c <boot code importing it>`
+    start = next(i for i, a in enumerate(args) if "nvshim.hook" in a) + 1
+    head = args[:start]
+    from nvshim.runtime.hookargs import parse_hook_args
+
+    links, folders = parse_hook_args(args)
+    names = set(present)
+    kept: list[Tuple[str, str]] = []
+    changed = True
+    while changed:  # a link may point at another link (libcuda.so -> libcuda.so.1)
+        changed = False
+        for target, link in links:
+            if (target, link) not in kept and target.rsplit("/", 1)[-1] in names:
+                kept.append((target, link))
+                names.add(link.rsplit("/", 1)[-1])
+                changed = True
+    if not any(n for n in present if ".so" in n):
+        return ()
+    from nvshim.runtime.hookargs import build_hook_args
+
+    kept_sorted = [pair for pair in links if pair in kept]
+    return (Hook(hook.hook_name, hook.path, tuple(head) + tuple(build_hook_args(kept_sorted, folders)),
+                 hook.env, hook.timeout),)

@@ -1,0 +1,262 @@
+"""What the kubelet allocated to a container: its PodResources API, or its device checkpoint.
+
+Loaded only when ``verify-with: kubelet`` (or the ``kubelet`` allocation source) needs an
+answer for a CRI container that claims GPUs; nothing else on the create path imports it,
+and ``grpc`` is imported inside :func:`_ask_podresources`.
+
+The PodResources API (kubelet ``v1``, unix socket, gRPC service ``v1.PodResourcesLister``)
+is the authority, asked with ``List``: every kubelet since 1.20 serves it (``Get`` needs a feature
+gate on older ones), and its answer also names the container a disputed GPU went to. The messages
+are few and small, so they are encoded and decoded here (:mod:`nvshim.runtime.podresources`) rather than
+generated: no protobuf runtime to import. The device manager's checkpoint file
+(root-written JSON, keyed by pod UID) is read first and grants what it lists for this
+container without a gRPC call; see :func:`ask_kubelet` for why that is safe.
+
+IMEX channels: a resource matching ``kubelet-resource-prefixes`` whose name (after the
+last ``/``) contains ``imex`` (``nvidia.com/imex-channel``, ``nvidia.com/imex``) holds IMEX
+channels, not GPUs; its device ids ``N`` or ``channelN`` name channel ``N`` (other ids are
+skipped). They never count as GPU ids, so a channel ``0`` is not GPU 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from nvshim._record import dataclass, field
+from nvshim.errors import HostError
+from nvshim.runtime import podresources as _proto
+from nvshim.runtime.request import (
+    CONTAINER_NAME,
+    SANDBOX_NAME,
+    SANDBOX_NAMESPACE,
+    SANDBOX_UID,
+    Identity,
+    identity_of,
+)
+
+__all__ = [
+    "Identity",
+    "Allocation",
+    "KubeletUnreachable",
+    "identity_of",
+    "ask_kubelet",
+    "is_imex_resource",
+    "SANDBOX_NAME",
+    "SANDBOX_NAMESPACE",
+    "SANDBOX_UID",
+    "CONTAINER_NAME",
+    "LIST_METHOD",
+    "decode_list_response",
+    "encode_list_response",
+]
+
+LIST_METHOD = "/v1.PodResourcesLister/List"
+
+
+class KubeletUnreachable(HostError):
+    """Neither the PodResources socket nor the checkpoint gave an answer."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The device ids the kubelet gave this container, and whom it gave other ids to."""
+
+    ids: Tuple[str, ...]
+    via: str
+    """``podresources`` or ``checkpoint``."""
+    others: Mapping[str, str] = field(default_factory=dict)
+    """device id → ``namespace/pod/container`` of another container holding it (when known)."""
+    imex: Tuple[int, ...] = ()
+    """The IMEX channels the kubelet gave this container (resources named ``*imex*``)."""
+    imex_others: Mapping[int, str] = field(default_factory=dict)
+    """IMEX channel → the other container holding it (when known)."""
+
+
+# --- PodResources messages (field numbers from kubelet's pkg/apis/podresources/v1/api.proto)
+
+
+def _container_devices(buf: bytes) -> Tuple[str, Tuple[str, ...]]:
+    """ContainerDevices{resource_name = 1, repeated device_ids = 2, topology = 3}."""
+    f = _proto.decode(buf)
+    return _proto.first_str(f, 1), tuple(_proto.all_str(f, 2))
+
+
+def _container(buf: bytes) -> Tuple[str, List[Tuple[str, Tuple[str, ...]]]]:
+    """ContainerResources{name = 1, repeated devices = 2, ...}."""
+    f = _proto.decode(buf)
+    return _proto.first_str(f, 1), [_container_devices(b) for b in _proto.all_bytes(f, 2)]
+
+
+PodRecord = Tuple[str, str, List[Tuple[str, List[Tuple[str, Tuple[str, ...]]]]]]
+
+
+def _pod(buf: bytes) -> PodRecord:
+    """PodResources{name = 1, namespace = 2, repeated containers = 3}."""
+    f = _proto.decode(buf)
+    containers = [_container(b) for b in _proto.all_bytes(f, 3)]
+    return _proto.first_str(f, 1), _proto.first_str(f, 2), containers
+
+
+def decode_list_response(buf: bytes) -> List[PodRecord]:
+    """ListPodResourcesResponse{repeated pod_resources = 1}."""
+    return [_pod(b) for b in _proto.all_bytes(_proto.decode(buf), 1)]
+
+
+def encode_list_response(pods: Sequence[PodRecord]) -> bytes:
+    """The inverse of :func:`decode_list_response` (test servers speak the real API with it)."""
+    return b"".join(_proto.bytes_field(1, _encode_pod(p)) for p in pods)
+
+
+def _encode_pod(pod: PodRecord) -> bytes:
+    name, namespace, containers = pod
+    out = _proto.string_field(1, name) + _proto.string_field(2, namespace)
+    for cname, devices in containers:
+        inner = _proto.string_field(1, cname)
+        for resource, ids in devices:
+            dev = _proto.string_field(1, resource)
+            dev += b"".join(_proto.string_field(2, i) for i in ids)
+            inner += _proto.bytes_field(2, dev)
+        out += _proto.bytes_field(3, inner)
+    return out
+
+
+# --- asking -------------------------------------------------------------------------------
+
+
+_CHANNEL_ID = re.compile(r"^(?:channel)?([0-9]{1,7})$")
+
+
+def is_imex_resource(resource: str) -> bool:
+    """Whether a kubelet resource name holds IMEX channels rather than GPUs."""
+    return "imex" in resource.rsplit("/", 1)[-1].lower()
+
+
+class _Collect:
+    """Device ids sorted into this container's and other containers', GPUs and IMEX channels."""
+
+    def __init__(self, prefixes: Sequence[str]) -> None:
+        self.prefixes = prefixes
+        self.mine: List[str] = []
+        self.others: Dict[str, str] = {}
+        self.imex: List[int] = []
+        self.imex_others: Dict[int, str] = {}
+
+    def add(self, resource: str, ids: Sequence[str], mine: bool, holder: str) -> None:
+        if not any(resource.startswith(p) for p in self.prefixes):
+            return
+        if not is_imex_resource(resource):
+            if mine:
+                self.mine.extend(ids)
+            else:
+                for i in ids:
+                    self.others.setdefault(i, holder)
+            return
+        for i in ids:
+            match = _CHANNEL_ID.match(i)
+            if match is None:
+                continue
+            channel = int(match.group(1))
+            if mine:
+                self.imex.append(channel)
+            else:
+                self.imex_others.setdefault(channel, holder)
+
+    def allocation(self, via: str) -> Allocation:
+        return Allocation(tuple(dict.fromkeys(self.mine)), via, self.others,
+                          tuple(dict.fromkeys(self.imex)), self.imex_others)
+
+
+def _from_pods(pods: Sequence[PodRecord], who: Identity, prefixes: Sequence[str],
+               via: str) -> Allocation:
+    found = _Collect(prefixes)
+    for name, namespace, containers in pods:
+        for cname, devices in containers:
+            mine = (namespace, name, cname) == (who.namespace, who.pod, who.container)
+            for resource, ids in devices:
+                found.add(resource, ids, mine, f"{namespace}/{name}/{cname}")
+    return found.allocation(via)
+
+
+def _ask_podresources(socket: str, timeout: float) -> Optional[List[PodRecord]]:
+    """Every pod's resources from ``List``; None when the kubelet does not answer."""
+    import os
+
+    if not os.path.exists(socket):
+        return None
+    import grpc
+
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        lister = channel.unary_unary(LIST_METHOD, request_serializer=_same,
+                                     response_deserializer=decode_list_response)
+        try:
+            listed: List[PodRecord] = lister(b"", timeout=timeout)
+        except grpc.RpcError:
+            return None
+        return listed
+
+
+def _same(data: bytes) -> bytes:
+    return data
+
+
+def read_checkpoint(path: str, who: Identity, prefixes: Sequence[str]) -> Optional[Allocation]:
+    """The device manager checkpoint's entries; None when the file is missing or unreadable.
+
+    ``Data.PodDeviceEntries[]{PodUID, ContainerName, ResourceName, DeviceIDs}`` where
+    DeviceIDs maps NUMA node → ids (older kubelets: a plain list). The checksum is the
+    kubelet's hash of its Go structure and is not checked: the file is root-written.
+    """
+    try:
+        with open(path, "rb") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    entries = doc.get("Data", {}).get("PodDeviceEntries") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        return None
+    found = _Collect(prefixes)
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        resource = entry.get("ResourceName")
+        if not isinstance(resource, str):
+            continue
+        raw = entry.get("DeviceIDs")
+        groups: List[Any] = list(raw.values()) if isinstance(raw, dict) else [raw]
+        ids = [i for g in groups if isinstance(g, list) for i in g if isinstance(i, str)]
+        mine = entry.get("PodUID") == who.pod_uid and entry.get("ContainerName") == who.container
+        found.add(resource, ids, mine,
+                  f"pod {entry.get('PodUID')}/{entry.get('ContainerName')}")
+    return found.allocation("checkpoint")
+
+
+def ask_kubelet(who: Identity, config: Any, *, fresh: bool = False) -> Allocation:
+    """This container's GPU device ids and IMEX channels: the checkpoint when it has them,
+    else the PodResources API.
+
+    The checkpoint is read first (a small JSON file, ~1 ms): when it lists devices for this
+    very container (pod UID and container name) they are its allocation, and no gRPC call is
+    made — ``import grpc`` alone costs ~85 ms. The kubelet writes those entries when it
+    allocates, before the container is created, and a pod UID is never reused, so an entry
+    can only be this container's own. The checkpoint proves grants; it never has the last
+    word on a refusal: with ``fresh`` (a claim the checkpoint did not cover), or when it has
+    no entry for the container, the PodResources API is asked, and the checkpoint answers
+    only when the socket does not.
+    """
+    prefixes = tuple(config.kubelet_resource_prefixes)
+    saved = None
+    if config.kubelet_checkpoint and who.pod_uid:
+        saved = read_checkpoint(config.kubelet_checkpoint, who, prefixes)
+        if saved is not None and (saved.ids or saved.imex) and not fresh:
+            return saved
+    pods = _ask_podresources(config.kubelet_socket, float(config.kubelet_timeout))
+    if pods is not None:
+        return _from_pods(pods, who, prefixes, "podresources")
+    if saved is not None:
+        return saved
+    tried = f"PodResources socket {config.kubelet_socket}"
+    if config.kubelet_checkpoint:
+        tried += f", checkpoint {config.kubelet_checkpoint}"
+    raise KubeletUnreachable(f"cannot ask the kubelet what {who} was allocated (tried {tried})")

@@ -1,0 +1,142 @@
+"""``nvshim-runtime``: the OCI runtime containerd/podman call instead of runc.
+
+Only ``create`` and ``run`` are edited; every other command is ``execv``'d to the
+low-level runtime with argv, env and fds untouched. This module imports nothing but
+``os``, ``sys`` and the argv parser until it knows the command modifies the spec.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from nvshim.runtime.argv import Invocation, parse_argv
+
+TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+if TYPE_CHECKING:
+    from typing import List, NoReturn, Optional, Sequence
+
+    from nvshim.config import Config
+    from nvshim.runtime.create import Plan
+
+__all__ = ["main", "find_runtime"]
+
+
+def find_runtime(candidates: Sequence[str], path_env: Optional[str]) -> Optional[str]:
+    """First candidate found: absolute paths as-is, names looked up on ``path_env``."""
+    dirs = (path_env if path_env is not None else os.defpath).split(os.pathsep)
+    for name in candidates:
+        if os.path.isabs(name):
+            if os.path.isfile(name) and os.access(name, os.X_OK):
+                return name
+            continue
+        if "/" in name:
+            continue
+        for d in dirs:
+            full = os.path.join(d or ".", name)
+            if os.path.isfile(full) and os.access(full, os.X_OK):
+                return full
+    return None
+
+
+def _fail(message: str, inv: Invocation) -> NoReturn:
+    from nvshim.runtime.logs import report_error
+
+    report_error(message, inv.log, inv.log_format)
+    sys.exit(1)
+
+
+def _warn(message: str, inv: Invocation) -> None:
+    """A warning line in runc's ``--log`` (containerd logs it); stdout/stderr stay the container's."""
+    from nvshim.runtime.logs import report_warning
+
+    report_warning(message, inv.log, inv.log_format)
+
+
+def _record_grant(plan: Plan, config: Config, inv: Invocation, bundle: str) -> None:
+    """Append this grant to the node's journal (before runc runs: a failed create leaves a
+    record whose container never existed, which readers count as gone)."""
+    import time
+
+    from nvshim.runtime.grants import Grant, append_grant, default_root
+
+    if not config.grants_journal:
+        return
+
+    runtime = find_runtime(config.runtimes, os.environ.get("PATH")) or config.runtimes[0]
+    who = plan.identity
+    grant = Grant(
+        time=time.time(), container_id=inv.container_id or "", bundle=os.path.abspath(bundle),
+        root=os.path.abspath(inv.root) if inv.root else default_root(runtime), runtime=runtime,
+        source=plan.request.source, gpus=plan.granted_uuids, shared=plan.request.shared,
+        verified=plan.verified, namespace=who.namespace if who else "",
+        pod=who.pod if who else "", pod_uid=who.pod_uid if who else "",
+        container=who.container if who else "",
+    )
+    append_grant(config.grants_journal, grant, config.grants_journal_max_bytes)
+
+
+def _load_config(inv: Invocation) -> Config:
+    from nvshim.config import load_config
+    from nvshim.errors import NvshimError
+
+    try:
+        return load_config()
+    except NvshimError as exc:
+        _fail(str(exc), inv)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    inv = parse_argv(args)
+    config = _load_config(inv)
+
+    if inv.modifies:
+        from nvshim.errors import NvshimError
+        from nvshim.runtime.logs import open_debug_log
+
+        log = open_debug_log(config.debug_log, id=inv.container_id)
+        try:
+            if inv.error:
+                from nvshim.errors import UsageError
+
+                raise UsageError(f"{inv.command}: {inv.error}")
+            from nvshim.runtime.create import commit, plan_create
+
+            bundle = inv.bundle or os.getcwd()
+            plan = plan_create(bundle, config, log=log, save_cache=True)
+            for warning in plan.log_warnings:
+                _warn(warning, inv)
+                log.event("warning", bundle=bundle, message=warning)
+            if config.grants_journal and plan.granted_uuids:
+                _record_grant(plan, config, inv, bundle)
+            written = commit(plan, log)
+            log.event("create", bundle=bundle, rewritten=written)
+        except NvshimError as exc:
+            log.error("create failed", error=str(exc))
+            _fail(str(exc), inv)
+        except Exception as exc:  # noqa: BLE001 - last resort: one line, never a traceback
+            log.error("create failed", error=repr(exc))
+            _fail(f"internal error: {type(exc).__name__}: {exc}", inv)
+
+    runtime = find_runtime(config.runtimes, os.environ.get("PATH"))
+    if runtime is None:
+        _fail(
+            f"no low-level runtime found: tried {', '.join(config.runtimes)} "
+            f"(config runtimes) on PATH={os.environ.get('PATH', '')}",
+            inv,
+        )
+    if inv.version:
+        # like nvidia-container-runtime: our version first, then the low-level runtime's
+        from nvshim import __version__
+
+        sys.stdout.write(f"nvshim-runtime version {__version__}\n\n")
+        sys.stdout.flush()
+    try:
+        os.execv(runtime, [runtime] + args)
+    except OSError as exc:
+        _fail(f"cannot execute {runtime}: {exc.strerror}", inv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""The node plan cache: what discovery finds, computed once and checked by ``stat``.
+
+GPUs (minors, UUIDs, PCI ids, MIG devices and their capability nodes), control nodes,
+the driver version, the driver libraries with their SONAMEs and ld.so.cache flags,
+binaries and firmware do not change between creates, but finding them costs a few
+milliseconds and a dozen modules on every GPU create. They are stored as JSON next to
+the compiled config (``<stem>.plan.json``): written atomically by ``nvshim config
+compile`` (so by ``install.sh``) and by the first create that finds the file missing or
+stale.
+
+Each create checks the file with ``stat`` calls only: every path discovery looked at or
+found — the driver version file, the procfs GPU directory and GPU entries, the driver
+root's ld.so.cache, the library and binary directories, every library, binary, firmware
+file and device node (present or absent) — must have the inode, size, mode, device
+number and modification/change times recorded. Anything else (another driver root,
+another nvshim version, a field the code no longer knows, unreadable JSON) is stale: the
+plan is rebuilt by discovery, never trusted, and a create never fails because of the
+cache (a cache that cannot be written is simply not written). IPC sockets come and go
+with their daemons and are always looked up live.
+
+Writes go through :func:`nvshim.files.write_atomic` (a temp file per process, then
+rename), so parallel first creates each write a complete file and the last rename wins.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvshim import _jsonc
+from nvshim.edits import DeviceNode
+from nvshim.errors import NvshimError
+from nvshim.host.devices import MigDevice
+from nvshim.host.discovery import (
+    _BIN_DIRS,
+    BINARIES,
+    CONTROL_NODES,
+    LIB_DIRS,
+    LIBRARIES,
+    DriverFile,
+    Gpu,
+    Host,
+    Library,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+__all__ = ["CachedHost", "FORMAT", "build", "host_for", "load", "refresh"]
+
+#: Bumped whenever the document's shape changes.
+FORMAT = 1
+
+_SIM_METADATA = "/nvshim-sim.json"
+
+
+# --------------------------------------------------------------------------- records
+
+
+def _pack(record: Any) -> Dict[str, Any]:
+    return {f.name: getattr(record, f.name) for f in record.__record_fields__}
+
+
+def _node(d: Optional[Dict[str, Any]]) -> Optional[DeviceNode]:
+    return None if d is None else DeviceNode(**d)
+
+
+def _pack_gpu(gpu: Gpu) -> Dict[str, Any]:
+    out = _pack(gpu)
+    out["node"] = None if gpu.node is None else _pack(gpu.node)
+    out["mig"] = [dict(_pack(m), cap_nodes=[_pack(n) for n in m.cap_nodes]) for m in gpu.mig]
+    return out
+
+
+def _unpack_gpu(d: Dict[str, Any]) -> Gpu:
+    migs = tuple(
+        MigDevice(**dict(m, cap_nodes=tuple(DeviceNode(**n) for n in m["cap_nodes"])))
+        for m in d["mig"]
+    )
+    return Gpu(**dict(d, node=_node(d["node"]), mig=migs))
+
+
+# --------------------------------------------------------------------------- the host
+
+
+class CachedHost(Host):
+    """A :class:`~nvshim.host.discovery.Host` answering from a plan document (IPC stays live)."""
+
+    def __init__(self, driver_root: str, dev_root: Optional[str], doc: Dict[str, Any]) -> None:
+        super().__init__(driver_root, dev_root)
+        self._version = doc["driver-version"]
+        self._gpus = tuple(_unpack_gpu(g) for g in doc["gpus"])
+        self.gpu_source = doc["gpu-source"]
+        self._control = tuple(
+            (path, need, _node(node)) for path, need, node in doc["control-nodes"]
+        )
+        self._libs: Dict[str, Optional[Dict[str, Any]]] = doc["libraries"]
+        self._bins = tuple(DriverFile(**f) for f in doc["binaries"])
+        self._firmware = tuple(DriverFile(**f) for f in doc["firmware"])
+        self.elf: Dict[str, Tuple[int, Optional[str]]] = {
+            path: (flags, soname) for path, flags, soname in doc["elf"]
+        }
+        # A record shape the document does not match raises TypeError/KeyError here.
+        for lib in self._libs.values():
+            if lib is not None:
+                Library(capability="", **lib)
+
+    def gpus(self, method: str = "auto") -> Tuple[Gpu, ...]:
+        if method != "auto":
+            return super().gpus(method)
+        assert self._gpus is not None
+        return self._gpus
+
+    def control_nodes(self, capabilities: Iterable[str]) -> Tuple[DeviceNode, ...]:
+        caps = set(capabilities)
+        return tuple(node for _, need, node in self._control
+                     if node is not None and (need is None or need in caps))
+
+    def find_library(self, base: str, capability: str) -> Optional[Library]:
+        if base not in self._libs:
+            return super().find_library(base, capability)
+        found = self._libs[base]
+        return None if found is None else Library(capability=capability, **found)
+
+    def binaries(self, capabilities: Iterable[str]) -> Tuple[DriverFile, ...]:
+        caps = set(capabilities)
+        return tuple(f for f in self._bins if f.capability in caps)
+
+    def firmware(self) -> Tuple[DriverFile, ...]:
+        return self._firmware
+
+    def elf_info(self, path: str) -> Tuple[Optional[int], Optional[str]]:
+        """(cache flags, SONAME) of a driver library, for the in-root work."""
+        known = self.elf.get(path)
+        if known is not None:
+            return known
+        from nvshim.runtime.rootwork import elf_info
+
+        return elf_info(path)
+
+
+# --------------------------------------------------------------------------- build
+
+
+def _watched(host: Host, doc: Dict[str, Any]) -> List[str]:
+    """Every host path whose state the document depends on (present or absent)."""
+    hp, dp = host.host_path, host.dev_path
+    paths = [
+        hp("/proc/driver/nvidia/version"),
+        hp("/proc/driver/nvidia/gpus"),
+        hp("/proc/driver/nvidia/capabilities"),
+        hp("/proc/driver/nvidia-caps/mig-minors"),
+        hp("/etc/ld.so.cache"),
+        hp(_SIM_METADATA),
+        dp("/dev/nvidia-caps"),
+        hp(f"/lib/firmware/nvidia/{doc['driver-version']}"),
+    ]
+    paths += [hp(d) for d in LIB_DIRS] + [hp(f"{LIB_DIRS[0]}/vdpau")]
+    paths += [hp(d) for d in _BIN_DIRS]
+    paths += [dp(path) for path, _ in CONTROL_NODES]
+    gpus_dir = hp("/proc/driver/nvidia/gpus")
+    try:
+        paths += [os.path.join(gpus_dir, e, "information") for e in sorted(os.listdir(gpus_dir))]
+    except OSError:
+        pass  # no procfs GPUs: the directory's own (absent) state is watched
+    for gpu in doc["gpus"]:
+        paths.append(gpu["node"]["host_path"] if gpu["node"] else dp(f"/dev/nvidia{gpu['minor']}"))
+        mig_dir = hp(f"/proc/driver/nvidia/capabilities/gpu{gpu['minor']}/mig")
+        paths.append(mig_dir)
+        try:
+            paths += [os.path.join(mig_dir, e) for e in sorted(os.listdir(mig_dir))]
+        except OSError:
+            pass  # no MIG directory: its absence is watched
+        for mig in gpu["mig"]:
+            paths += [n["host_path"] for n in mig["cap_nodes"]]
+    paths += [lib["host_path"] for lib in doc["libraries"].values() if lib is not None]
+    paths += [f["host_path"] for f in doc["binaries"] + doc["firmware"]]
+    return list(dict.fromkeys(paths))
+
+
+def _stat(path: str) -> Optional[List[int]]:
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return [st.st_ino, st.st_dev, st.st_mode, st.st_rdev, st.st_nlink, st.st_size,
+            st.st_mtime_ns, st.st_ctime_ns]
+
+
+def build(host: Host) -> Dict[str, Any]:
+    """Run discovery for every capability and return the plan document (HostError as is)."""
+    from nvshim.runtime.rootwork import elf_info
+
+    version = host.driver_version()
+    gpus = host.gpus()
+    if host.gpu_source != "procfs":
+        raise _NotCacheable(f"GPUs come from {host.gpu_source}, not procfs")
+    libraries: Dict[str, Optional[Dict[str, Any]]] = {}
+    for libset, bases in LIBRARIES.items():
+        for base in bases:
+            lib = host.find_library(base, libset)
+            libraries[base] = None if lib is None else {
+                k: v for k, v in _pack(lib).items() if k != "capability"
+            }
+    doc: Dict[str, Any] = {
+        "format": FORMAT,
+        "driver-version": version,
+        "gpu-source": host.gpu_source,
+        "gpus": [_pack_gpu(g) for g in gpus],
+        "control-nodes": [
+            [path, need, None if node is None else _pack(node)]
+            for path, need in CONTROL_NODES
+            for node in (host.device_node(path),)
+        ],
+        "libraries": libraries,
+        "binaries": [_pack(f) for f in host.binaries(sorted(BINARIES))],
+        "firmware": [_pack(f) for f in host.firmware()],
+    }
+    doc["elf"] = [[lib["host_path"], *elf_info(lib["host_path"])]
+                  for lib in libraries.values() if lib is not None]
+    doc["watch"] = [[path, _stat(path)] for path in _watched(host, doc)]
+    return doc
+
+
+class _NotCacheable(NvshimError):
+    """This node's plan must be discovered live (e.g. GPUs only NVML can list)."""
+
+
+# --------------------------------------------------------------------------- load/save
+
+
+def _key(driver_root: str, dev_root: str) -> Dict[str, Any]:
+    from nvshim import __version__
+
+    return {"nvshim-version": __version__, "driver-root": driver_root, "dev-root": dev_root}
+
+
+def load(path: str, driver_root: str, dev_root: str) -> Tuple[Optional[CachedHost], str]:
+    """The cached host when ``path`` holds a valid, fresh plan; else (None, why not)."""
+    from nvshim.config import read_trusted_cache
+
+    doc, why = read_trusted_cache(path, "plan cache")
+    if why:
+        return None, why
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        return None, "plan cache has another format"
+    if doc.get("key") != _key(driver_root, dev_root):
+        return None, "plan cache is for another driver root or nvshim version"
+    try:
+        for watched, sig in doc["watch"]:
+            if _stat(watched) != sig:
+                return None, f"plan cache is stale: {watched} changed"
+    except OSError as exc:
+        return None, f"plan cache is stale: {exc.filename}: {exc.strerror}"
+    except (TypeError, ValueError, KeyError):
+        return None, "plan cache is malformed"
+    try:
+        return CachedHost(driver_root, dev_root, doc), "plan cache"
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return None, "plan cache is malformed"
+
+
+def _fixed(host: Host) -> List[Optional[List[int]]]:
+    """The state of the paths every plan depends on, whatever the node has."""
+    hp = host.host_path
+    return [_stat(p) for p in (hp("/proc/driver/nvidia/version"), hp("/proc/driver/nvidia/gpus"),
+                               hp("/etc/ld.so.cache"), *(hp(d) for d in LIB_DIRS))]
+
+
+def _save(path: str, host: Host) -> Tuple[Optional[Dict[str, Any]], str]:
+    """Build and write the plan; (the document or None, what happened). Never raises
+    NvshimError: a node whose plan cannot be built or written is discovered live."""
+    from nvshim.files import write_atomic
+
+    before = _fixed(host)
+    try:
+        doc = build(host)
+    except NvshimError as exc:
+        return None, f"not cached: {exc}"
+    if _fixed(host) != before:
+        return None, "not cached: the node changed during discovery"
+    doc["key"] = _key(host.driver_root, host.dev_root)
+    try:
+        write_atomic(path, (_jsonc.dumps(doc, separators=(",", ":")) + "\n").encode(),
+                     default_mode=0o644)
+        os.chmod(path, 0o644)  # never keep a looser mode found on an old copy
+    except OSError as exc:
+        return doc, f"not cached: cannot chmod {path}: {exc.strerror}"
+    except NvshimError as exc:
+        return doc, f"not cached: {exc}"
+    return doc, f"cache written to {path}"
+
+
+def host_for(config: Any, save: bool) -> Tuple[Host, str]:
+    """The :class:`Host` a create uses, and where its plan came from (for inspect/logs).
+
+    A fresh cache gives a :class:`CachedHost`; otherwise discovery runs and, with
+    ``save``, the plan is rebuilt and written for the next create.
+    """
+    from nvshim.config import config_path, plan_path
+
+    live = Host(config.driver_root, config.dev_root)
+    path = plan_path(config.source or config_path())
+    cached, why = load(path, live.driver_root, live.dev_root)
+    if cached is not None:
+        return cached, f"cache {path}"
+    if not save:
+        return live, f"discovery ({why})"
+    if not os.path.isdir(os.path.dirname(path) or "."):
+        return live, f"discovery ({why}; no directory for {path})"
+    doc, outcome = _save(path, live)
+    if doc is not None:
+        return CachedHost(live.driver_root, live.dev_root, doc), f"discovery ({why}; {outcome})"
+    return live, f"discovery ({why}; {outcome})"
+
+
+def refresh(config: Any) -> str:
+    """Rebuild and write the plan cache for ``config`` (``nvshim config compile``)."""
+    from nvshim.config import config_path, plan_path
+
+    path = plan_path(config.source or config_path())
+    return _save(path, Host(config.driver_root, config.dev_root))[1]

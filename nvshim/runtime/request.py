@@ -1,0 +1,566 @@
+"""What a container asks for, and what it is allowed to get.
+
+Pure: takes the config.json dict and the :class:`~nvshim.config.Config`, touches no
+filesystem. Three steps:
+
+1. :func:`image_view` reads env (last entry wins), mounts, annotations and privilege
+   from the spec;
+2. :func:`resolve_request` picks the source of the request (device-plugin mounts, CDI
+   annotations, ``NVIDIA_VISIBLE_DEVICES``, a legacy CUDA image) under the configured
+   policy, including require-allocation, and records every decision;
+3. :func:`select_gpus` maps the request's tokens onto the node's GPUs (pure too: the
+   GPU records come from discovery).
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from nvshim._record import dataclass
+from nvshim.errors import RequestError, SpecError
+from nvshim.host.devices import GpuRef, MigRef, hex_digits, normalize_pci
+
+TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+__all__ = [
+    "ImageView",
+    "Request",
+    "image_view",
+    "parse_visible_devices",
+    "parse_capabilities",
+    "resolve_request",
+    "claims_gpus",
+    "select_gpus",
+    "GpuRef",
+    "describe_indices",
+    "VISIBLE_DEVICES",
+    "DEVICE_LIST_DIR",
+    "device_mount_ids",
+    "SANDBOX_ANNOTATION",
+    "Identity",
+    "identity_of",
+]
+
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
+DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
+SANDBOX_ANNOTATION = "io.kubernetes.cri.container-type"
+# Set by containerd's CRI plugin on every container it creates (after any pass-through
+# annotation, so its values win over a pod annotation of the same key).
+SANDBOX_NAME = "io.kubernetes.cri.sandbox-name"
+SANDBOX_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
+SANDBOX_UID = "io.kubernetes.cri.sandbox-uid"
+CONTAINER_NAME = "io.kubernetes.cri.container-name"
+
+CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
+
+# The token grammars below are plain string checks, not regular expressions: ``re``
+# (with enum, functools, collections) costs ~6 ms to import on every GPU create.
+def _digits(text: str) -> bool:
+    """``[0-9]+``: ASCII digits only (str.isdigit alone accepts other scripts' digits)."""
+    return text.isascii() and text.isdigit()
+
+
+def _uuid(token: str, prefix: str) -> bool:
+    """``<prefix>-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`` (hex, any case, prefix too)."""
+    if len(token) != 40 or token[:4].upper() != prefix + "-":
+        return False
+    parts = token[4:].split("-")
+    return [len(p) for p in parts] == [8, 4, 4, 4, 12] and all(hex_digits(p, 1, 12) for p in parts)
+
+
+def _gpu_uuid(token: str) -> bool:
+    return _uuid(token, "GPU")
+
+
+def _mig_uuid(token: str) -> bool:
+    return _uuid(token, "MIG")
+
+
+def _replica_of(token: str) -> Optional[str]:
+    """``<device>::<N>`` (a device plugin's shared-GPU replica) → ``<device>``, else None."""
+    cut = token.rfind("::")
+    if cut < 1 or not _digits(token[cut + 2:]) or "\n" in token[:cut]:
+        return None
+    return token[:cut]
+
+
+def _mig_pair(token: str) -> Optional[Tuple[str, str]]:
+    """``<gpu>:<mig>`` (both decimal) → the two numbers as written, else None."""
+    gpu, sep, mig = token.partition(":")
+    return (gpu, mig) if sep and _digits(gpu) and _digits(mig) else None
+
+DEFAULT_CAPABILITIES = ("compute", "utility")
+
+
+@dataclass(frozen=True)
+class ImageView:
+    """What config.json says about devices. Built by :func:`image_view`."""
+
+    env: Mapping[str, str]
+    mounts: Tuple[Mapping[str, Any], ...]
+    annotations: Mapping[str, str]
+    privileged: bool
+
+    def get(self, name: str) -> Optional[str]:
+        return self.env.get(name)
+
+    @property
+    def legacy_image(self) -> bool:
+        """A CUDA image from before NVIDIA_VISIBLE_DEVICES existed: it means "all"."""
+        return bool(self.env.get("CUDA_VERSION")) and not self.env.get("NVIDIA_REQUIRE_CUDA")
+
+    @property
+    def sandbox(self) -> bool:
+        """A CRI pod sandbox (pause) container: never a GPU container."""
+        return self.annotations.get(SANDBOX_ANNOTATION) == "sandbox"
+
+
+@dataclass(frozen=True)
+class Request:
+    """The outcome of request resolution.
+
+    ``devices`` are normalised tokens: ``all``, indices, UUIDs, PCI bus ids, ``i:j`` or
+    qualified CDI names. ``driver_files`` is True for any GPU container (also ``none``:
+    driver files but no GPU). ``set_void`` asks the writer to replace the image's value of
+    NVIDIA_VISIBLE_DEVICES with ``void`` (require-allocation stripped it).
+    """
+
+    source: str
+    devices: Tuple[str, ...] = ()
+    driver_files: bool = False
+    set_void: bool = False
+    notes: Tuple[str, ...] = ()
+    capabilities: Tuple[str, ...] = DEFAULT_CAPABILITIES
+    shared: bool = False
+    """The allocation named time-slicing replicas (``<uuid>::N``): the GPU is meant to be shared."""
+
+    @property
+    def cdi_names(self) -> Tuple[str, ...]:
+        return tuple(d for d in self.devices if _is_qualified(d))
+
+    @property
+    def gpu_tokens(self) -> Tuple[str, ...]:
+        return tuple(d for d in self.devices if not _is_qualified(d))
+
+    @property
+    def injects(self) -> bool:
+        return self.driver_files or bool(self.devices)
+
+
+def _is_qualified(token: str) -> bool:
+    """A CDI-qualified name has ``vendor/class=name``; a PCI id or UUID never has ``/``."""
+    head, sep, tail = token.partition("=")
+    return bool(sep) and "/" in head and bool(tail) and not head.startswith("/")
+
+
+def _str_list(value: Any, where: str) -> List[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SpecError(f"config.json: {where} must be a list of strings")
+    return value
+
+
+def image_view(spec: Any) -> ImageView:
+    """Read the request-relevant parts of an OCI spec; SpecError on wrong shapes."""
+    if not isinstance(spec, dict):
+        raise SpecError("config.json: top level must be a JSON object")
+    process = spec.get("process")
+    if process is None:
+        process = {}
+    if not isinstance(process, dict):
+        raise SpecError("config.json: process must be an object")
+    env: Dict[str, str] = {}
+    for entry in _str_list(process.get("env"), "process.env"):
+        name, _, value = entry.partition("=")
+        env[name] = value  # the last entry of a name wins, as runc's exec does
+    caps = process.get("capabilities")
+    bounding: List[str] = []
+    if caps is not None:
+        if not isinstance(caps, dict):
+            raise SpecError("config.json: process.capabilities must be an object")
+        bounding = _str_list(caps.get("bounding"), "process.capabilities.bounding")
+    mounts = spec.get("mounts")
+    if mounts is None:
+        mounts = []
+    if not isinstance(mounts, list) or not all(isinstance(m, dict) for m in mounts):
+        raise SpecError("config.json: mounts must be a list of objects")
+    annotations = spec.get("annotations")
+    if annotations is None:
+        annotations = {}
+    if not isinstance(annotations, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+    ):
+        raise SpecError("config.json: annotations must be an object of strings")
+    return ImageView(
+        env=env,
+        mounts=tuple(mounts),
+        annotations=annotations,
+        privileged=CAP_SYS_ADMIN in bounding,
+    )
+
+
+def parse_visible_devices(value: str) -> Tuple[str, ...]:
+    """The NVIDIA_VISIBLE_DEVICES grammar.
+
+    Returns ``()`` for "not a GPU container" (empty, ``void``), ``("none",)`` for driver
+    files only, ``("all",)`` for all GPUs, else the tokens in order: trimmed, empties
+    dropped, ``::N`` replica suffixes removed, duplicates collapsed.
+    """
+    tokens: List[str] = []
+    for raw in value.split(","):
+        token = raw.strip()
+        if not token:
+            continue
+        head = _replica_of(token)
+        if head is not None and not _is_qualified(token):
+            token = head
+        tokens.append(token)
+    if not tokens or any(t.lower() == "void" for t in tokens):
+        return ()
+    for token in tokens:
+        if token.lower() in ("all", "none"):
+            return (token.lower(),)
+    seen: Dict[str, None] = {}
+    for token in tokens:
+        key = token.lower() if (_gpu_uuid(token) or _mig_uuid(token)) else token
+        seen.setdefault(key, None)
+    return tuple(_canonical(t) for t in seen)
+
+
+def _canonical(token: str) -> str:
+    if _gpu_uuid(token) or _mig_uuid(token):
+        return token[:4].upper() + token[4:].lower()
+    return token
+
+
+def parse_capabilities(value: Optional[str], supported: Sequence[str], legacy: bool) -> Tuple[str, ...]:
+    """NVIDIA_DRIVER_CAPABILITIES → sorted capability names.
+
+    Unset: ``compute,utility`` (a legacy CUDA image: everything supported). Empty: the
+    default too. ``all`` = every supported capability. An unknown or unsupported name is
+    an error naming it.
+    """
+    known = ("compat32", "compute", "display", "graphics", "ngx", "utility", "video")
+    supported_set = set(known) if "all" in supported else set(supported)
+    if value is None and legacy:
+        return tuple(sorted(supported_set))
+    if value is None or not value.strip():
+        return tuple(sorted(set(DEFAULT_CAPABILITIES) & supported_set))
+    wanted = set()
+    for raw in value.split(","):
+        cap = raw.strip().lower()
+        if not cap:
+            continue
+        if cap == "all":
+            wanted |= supported_set
+            continue
+        if cap not in known:
+            raise RequestError(
+                f'unknown driver capability "{raw.strip()}" in {DRIVER_CAPABILITIES}: '
+                f"known are {', '.join(known)}, all"
+            )
+        if cap not in supported_set:
+            raise RequestError(
+                f'driver capability "{cap}" is not supported on this node '
+                f"(supported-driver-capabilities: {', '.join(sorted(supported_set))})"
+            )
+        wanted.add(cap)
+    return tuple(sorted(wanted))
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Which Kubernetes container a CRI container is."""
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    container: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.pod}/{self.container}"
+
+
+def identity_of(annotations: Mapping[str, str]) -> Optional[Identity]:
+    """The container's identity from containerd's CRI annotations; None when not a CRI container."""
+    pod = annotations.get(SANDBOX_NAME)
+    namespace = annotations.get(SANDBOX_NAMESPACE)
+    container = annotations.get(CONTAINER_NAME)
+    if not pod or not namespace or not container:
+        return None
+    return Identity(namespace, pod, annotations.get(SANDBOX_UID, ""), container)
+
+
+# --- allocation sources -------------------------------------------------------------------
+
+
+def _mount_ids(view: ImageView) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """Device ids from the device plugin's volume-mounts strategy, and notes."""
+    ids: Dict[str, None] = {}
+    notes: List[str] = []
+    prefix = DEVICE_LIST_DIR + "/"
+    for mount in view.mounts:
+        source = mount.get("source")
+        dest = mount.get("destination")
+        if source != "/dev/null" or not isinstance(dest, str):
+            continue
+        clean = posixpath.normpath(dest)
+        if not clean.startswith(prefix):
+            continue
+        ident = clean[len(prefix):]
+        if ident.startswith("imex/"):
+            notes.append(f"volume mount {dest}: IMEX channel, not a GPU")
+            continue
+        if ident.startswith("cdi/"):
+            rest = ident[len("cdi/"):]
+            if "=" in rest:
+                name = rest  # cdi/<vendor>/<class>=<name>
+            else:
+                parts = rest.split("/")
+                if len(parts) != 3:
+                    notes.append(f"volume mount {dest}: not a CDI name, ignored")
+                    continue
+                name = f"{parts[0]}/{parts[1]}={parts[2]}"
+            ids.setdefault(name, None)
+            continue
+        ids.setdefault(ident, None)
+    if not ids:
+        return (), tuple(notes)
+    return parse_visible_devices(",".join(ids)), tuple(notes)
+
+
+def _annotation_ids(view: ImageView, prefixes: Sequence[str],
+                    skip: Sequence[str] = ()) -> Tuple[str, ...]:
+    names: List[str] = []
+    for key in sorted(view.annotations):
+        if any(key.startswith(p) for p in prefixes) and key not in skip:
+            names.extend(v.strip() for v in view.annotations[key].split(",") if v.strip())
+    if not names:
+        return ()
+    return parse_visible_devices(",".join(names))
+
+
+def _env_tokens(view: ImageView) -> Optional[Tuple[str, ...]]:
+    """Tokens of NVIDIA_VISIBLE_DEVICES; None when it is unset."""
+    value = view.get(VISIBLE_DEVICES)
+    if value is None:
+        return None
+    return parse_visible_devices(value)
+
+
+def _names_replicas(values: Sequence[str]) -> bool:
+    """Whether any raw id is a time-slicing replica (``<id>::N``)."""
+    return any(_replica_of(v.strip()) is not None and not _is_qualified(v.strip())
+               for value in values for v in value.split(","))
+
+
+def claims_gpus(view: ImageView, config: Any) -> bool:
+    """Whether the container names any GPU (env, legacy image, mounts, annotations).
+
+    Decides if the kubelet must be asked: a container that claims nothing gets nothing.
+    """
+    if view.sandbox:
+        return False
+    env_tokens = _env_tokens(view)
+    if env_tokens or (env_tokens is None and view.legacy_image):
+        return True
+    return bool(_mount_ids(view)[0] or _annotation_ids(view, config.annotation_prefixes))
+
+
+def _all_uuids(tokens: Sequence[str]) -> bool:
+    return bool(tokens) and all(_gpu_uuid(t) or _mig_uuid(t) for t in tokens)
+
+
+def resolve_request(view: ImageView, config: Any,
+                    kubelet_ids: Optional[Sequence[str]] = None,
+                    pod_annotations: Optional[Mapping[str, str]] = None) -> Request:
+    """Decide what the container gets, and why (see the module docstring).
+
+    ``kubelet_ids`` are the device ids the kubelet allocated to this container (None when
+    it was not asked): the ``kubelet`` allocation source grants them. Whether a claim from
+    another source is inside them is checked once the claim is mapped onto GPUs
+    (``nvshim.runtime.create.check_allocated``). ``pod_annotations`` are the annotations of the
+    container's pod sandbox spec, when known: under require-allocation an annotation the
+    container carries with the same key and value came from the pod (which any pod author
+    can write), not from the device plugin, and is no allocation.
+    """
+    if view.sandbox:
+        return Request(source="sandbox", notes=("CRI sandbox container: passed through",))
+
+    caps = parse_capabilities(
+        view.get(DRIVER_CAPABILITIES), config.supported_driver_capabilities, view.legacy_image
+    )
+    env_tokens = _env_tokens(view)
+    env_set = env_tokens is not None and env_tokens != ()
+    notes: List[str] = []
+
+    def grant(source: str, devices: Tuple[str, ...], raw: Sequence[str] = ()) -> Request:
+        shared = _names_replicas(raw)
+        if devices == ("none",):
+            return Request(source, (), True, False, tuple(notes), caps, shared)
+        return Request(source, devices, True, False, tuple(notes), caps, shared)
+
+    mount_ids, mount_notes = _mount_ids(view)
+    notes.extend(mount_notes)
+    mount_raw = device_mount_ids(view)
+    annotation_ids = _annotation_ids(view, config.annotation_prefixes)
+    env_raw = [view.get(VISIBLE_DEVICES) or ""]
+
+    if not config.require_allocation:
+        if mount_ids:
+            if env_set:
+                notes.append(f"{VISIBLE_DEVICES} ignored: device-plugin volume mounts take precedence")
+            return grant("volume-mounts", mount_ids, mount_raw)
+        if annotation_ids:
+            if env_set:
+                notes.append(f"{VISIBLE_DEVICES} ignored: CDI annotations take precedence")
+            return grant("cdi-annotations", annotation_ids)
+        if env_tokens is None and view.legacy_image:
+            notes.append("legacy CUDA image (CUDA_VERSION set, no NVIDIA_REQUIRE_CUDA): all GPUs")
+            return grant("legacy-image", ("all",))
+        if not env_set:
+            return Request("none", notes=tuple(notes), capabilities=caps)
+        assert env_tokens is not None
+        if not view.privileged and not config.accept_envvar_when_unprivileged:
+            notes.append(
+                f"{VISIBLE_DEVICES} ignored: container is unprivileged and "
+                "accept-envvar-when-unprivileged is off"
+            )
+            return Request("none", notes=tuple(notes), capabilities=caps)
+        return grant("env", env_tokens, env_raw)
+
+    # require-allocation: only a device plugin's allocation grants GPUs.
+    if annotation_ids and pod_annotations:
+        from_pod = [k for k in sorted(view.annotations)
+                    if any(k.startswith(p) for p in config.annotation_prefixes)
+                    and pod_annotations.get(k) == view.annotations[k]]
+        if from_pod:
+            notes.extend(f"annotation {k} ignored: it is the pod's (the sandbox spec has it), "
+                         "which any pod author can write" for k in from_pod)
+            annotation_ids = _annotation_ids(view, config.annotation_prefixes, from_pod)
+    if mount_ids == ("all",) and not config.accept_all_from_mounts:
+        notes.append(
+            f"volume mount {DEVICE_LIST_DIR}/all ignored: a hostPath mount can fake it "
+            "(accept-all-from-mounts is off)"
+        )
+        mount_ids = ()
+    kubelet_tokens = parse_visible_devices(",".join(kubelet_ids)) if kubelet_ids else ()
+    for source in config.allocation_sources:
+        if source == "kubelet" and kubelet_tokens:
+            return grant(source, kubelet_tokens, list(kubelet_ids or ()))
+        if source == "volume-mounts" and mount_ids:
+            return grant(source, mount_ids, mount_raw)
+        if source == "cdi-annotations" and annotation_ids:
+            return grant(source, annotation_ids)
+        if source == "envvar-uuids" and env_tokens and _all_uuids(env_tokens):
+            return grant(source, env_tokens, env_raw)
+        if source == "privileged" and env_tokens and view.privileged:
+            return grant(source, env_tokens, env_raw)
+    tried = ", ".join(config.allocation_sources)
+    image_asks = env_set or (env_tokens is None and view.legacy_image)
+    if image_asks:
+        shown = view.get(VISIBLE_DEVICES)
+        what = f"{VISIBLE_DEVICES}={shown}" if shown is not None else "legacy CUDA image (all GPUs)"
+        notes.append(
+            f"{what} ignored: require-allocation is on and no device-plugin allocation was found "
+            f"(tried {tried})"
+        )
+    if config.on_missing_allocation == "fail" and image_asks:
+        raise RequestError(
+            f"require-allocation: the image asks for GPUs but no device-plugin allocation was "
+            f"found (tried {tried}); request nvidia.com/gpu in the pod spec"
+        )
+    return Request("none", set_void=image_asks, notes=tuple(notes), capabilities=caps)
+
+
+def device_mount_ids(view: ImageView) -> List[str]:
+    """The raw ids of device-plugin ``/dev/null`` mounts under ``DEVICE_LIST_DIR`` (GPU ids,
+    replica names before normalising, ``cdi/…`` and ``imex/<n>``); the one reader of them."""
+    prefix = DEVICE_LIST_DIR + "/"
+    out = []
+    for mount in view.mounts:
+        dest = mount.get("destination")
+        if mount.get("source") == "/dev/null" and isinstance(dest, str):
+            clean = posixpath.normpath(dest)
+            if clean.startswith(prefix):
+                out.append(clean[len(prefix):])
+    return out
+
+
+# --- tokens onto GPUs ---------------------------------------------------------------------
+
+
+def describe_indices(indices: Sequence[int]) -> str:
+    """``[0,1,2,3]`` → ``0-3``; ``[0,2,3]`` → ``0,2-3``; ``[]`` → ``none``."""
+    if not indices:
+        return "none"
+    ordered = sorted(indices)
+    parts: List[str] = []
+    start = prev = ordered[0]
+    tail: List[Optional[int]] = [None]
+    for i in [*ordered[1:], *tail]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(parts)
+
+
+def _node_summary(gpus: Sequence[GpuRef]) -> str:
+    if not gpus:
+        return "this node has no GPUs"
+    return f"this node has GPUs {describe_indices([g.index for g in gpus])}"
+
+
+def select_gpus(
+    tokens: Sequence[str], gpus: Sequence[GpuRef]
+) -> Tuple[Tuple[GpuRef, ...], Tuple[MigRef, ...]]:
+    """Map request tokens (not CDI names) onto GPUs and MIG devices, in request order.
+
+    ``all`` selects every GPU (a MIG-enabled GPU brings its MIG devices). Unknown tokens
+    raise one error naming the token and what the node has.
+    """
+    if tuple(tokens) == ("all",):
+        return tuple(gpus), tuple(m for g in gpus for m in g.mig)
+    by_index = {str(g.index): g for g in gpus}
+    by_uuid = {g.uuid.lower(): g for g in gpus}
+    by_pci = {normalize_pci(g.pci_bus_id): g for g in gpus}
+    migs = [m for g in gpus for m in g.mig]
+    mig_by_uuid = {m.uuid.lower(): m for m in migs}
+    mig_by_pair = {f"{m.gpu_index}:{m.index}": m for m in migs}
+    chosen: Dict[int, GpuRef] = {}
+    chosen_mig: Dict[str, MigRef] = {}
+    for token in tokens:
+        if token in ("all", "none"):
+            raise RequestError(f'"{token}" cannot be combined with other devices')
+        gpu = None
+        mig = None
+        pair = _mig_pair(token)
+        if _digits(token):
+            gpu = by_index.get(token.lstrip("0") or "0")  # no int(): 10 000 digits is fine
+        elif _gpu_uuid(token):
+            gpu = by_uuid.get(token.lower())
+        elif _mig_uuid(token):
+            mig = mig_by_uuid.get(token.lower())
+        elif pair is not None:
+            mig = mig_by_pair.get(f"{pair[0].lstrip('0') or '0'}:{pair[1].lstrip('0') or '0'}")
+        else:
+            pci = normalize_pci(token)
+            if pci is not None:
+                gpu = by_pci.get(pci)
+        if gpu is not None:
+            chosen.setdefault(gpu.index, gpu)
+        elif mig is not None:
+            chosen_mig.setdefault(mig.uuid, mig)
+        else:
+            summary = _node_summary(gpus)
+            if _mig_uuid(token) or pair is not None:
+                summary += f" and MIG devices {', '.join(sorted(mig_by_pair)) or 'none'}"
+            raise RequestError(f'unknown device "{token}": {summary}')
+    return tuple(chosen.values()), tuple(chosen_mig.values())

@@ -1,0 +1,175 @@
+"""config.json as text: decode so that a rewrite keeps what nvshim does not edit.
+
+Python's json module re-encodes numbers (``1E2`` → ``100.0``, ``1e999`` → ``Infinity``,
+which is not JSON, long decimals lose digits, ``-0`` → ``0``, a 5,000-digit integer is
+refused), drops a UTF-8 byte-order mark and cannot encode a lone surrogate (``"\\ud800"``)
+as UTF-8. runc reads config.json with Go's encoding/json, which sees none of that the same
+way. So:
+
+* a number whose Python value would not print back as written stays a
+  :class:`NumberLiteral` holding its text, and is written back verbatim;
+* a BOM is kept (runc rejects it either way: the file means what it meant);
+* a lone surrogate is written back as its ``\\uXXXX`` escape;
+* nesting deeper than :data:`MAX_DEPTH` is refused with one line (the copies and the
+  encoder recurse; Go's own limit is 10,000, real specs nest less than 10 deep).
+
+Plain integers and floats that round-trip (every number containerd, podman and runc
+write) stay ``int``/``float``: the request and apply code read them as numbers, and the
+common path pays one cheap hook call per number.
+"""
+
+from __future__ import annotations
+
+from nvshim import _jsonc
+
+# On every GPU create: json (with re, enum …) and typing cost ~10 ms to import here.
+# nvshim._jsonc drives the same C decoder/encoder; re is imported only for the rare
+# number literal or lone surrogate.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional
+
+__all__ = ["NumberLiteral", "MAX_DEPTH", "BOM", "decode_spec", "encode_spec", "dumps",
+           "SpecDepthError"]
+
+BOM = b"\xef\xbb\xbf"
+
+#: Deepest nesting nvshim handles (objects and arrays); deeper specs fail with one line.
+MAX_DEPTH = 200
+
+#: Python refuses int() of longer digit strings (sys.get_int_max_str_digits, 4300).
+_INT_DIGITS = 4000
+
+
+class SpecDepthError(ValueError):
+    """The document nests deeper than :data:`MAX_DEPTH`."""
+
+
+class NumberLiteral:
+    """A JSON number kept as written, because Python's value would print differently."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NumberLiteral) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __repr__(self) -> str:
+        return self.text  # as written: error messages quote it like the file does
+
+    def __copy__(self) -> "NumberLiteral":
+        return self
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "NumberLiteral":
+        return self  # immutable
+
+
+def _parse_int(text: str) -> Any:
+    if len(text) > _INT_DIGITS or text == "-0":
+        return NumberLiteral(text)
+    return int(text)
+
+
+def _parse_float(text: str) -> Any:
+    value = float(text)
+    return value if repr(value) == text else NumberLiteral(text)
+
+
+def _too_deep(doc: Any, limit: int) -> bool:
+    stack = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, (dict, list)))
+    return False
+
+
+_HOOKS = {"parse_int": _parse_int, "parse_float": _parse_float, "parse_constant": NumberLiteral}
+
+
+#: Every byte but ``[`` and ``{``: one translate pass counts the openers.
+_NOT_OPENERS = bytes(b for b in range(256) if b not in b"[{")
+
+
+def decode_spec(raw: bytes) -> Any:
+    """Decode config.json bytes (UTF-8, optional BOM).
+
+    Raises UnicodeDecodeError, ValueError (invalid JSON) or :class:`SpecDepthError`.
+    """
+    text = (raw[len(BOM):] if raw.startswith(BOM) else raw).decode("utf-8")
+    try:
+        if text.startswith("\ufeff"):  # a second BOM: JSONDecoder.decode's own message
+            import json
+
+            doc = json.JSONDecoder(**_HOOKS).decode(text)  # type: ignore[arg-type]
+        else:
+            doc = _jsonc.loads(text, **_HOOKS)  # = JSONDecoder(**_HOOKS).decode(text)
+    except RecursionError as exc:
+        raise SpecDepthError(f"nested deeper than {MAX_DEPTH} levels") from exc
+    # A document with fewer brackets than the limit cannot be deeper: skip the walk.
+    if len(raw.translate(None, _NOT_OPENERS)) > MAX_DEPTH and _too_deep(doc, MAX_DEPTH):
+        raise SpecDepthError(f"nested deeper than {MAX_DEPTH} levels")
+    return doc
+
+
+def encode_spec(spec: Any, original: bytes) -> bytes:
+    """Encode ``spec`` in the layout of ``original`` (tabs, spaces or compact; final
+    newline and BOM kept), number literals verbatim."""
+    if b"\n\t" in original:
+        text = dumps(spec, original, indent="\t")
+    elif b"\n " in original:
+        text = dumps(spec, original, indent=2)
+    else:
+        text = dumps(spec, original, separators=(",", ":"))
+    if original.endswith(b"\n"):
+        text += "\n"
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        import re
+
+        # lone surrogates only occur inside string literals; their escape means the same
+        data = re.compile("[\ud800-\udfff]").sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode("utf-8")
+    return BOM + data if original.startswith(BOM) else data
+
+
+def dumps(spec: Any, original: bytes = b"", **options: Any) -> str:
+    """``json.dumps(spec, ensure_ascii=False, **options)`` with number literals verbatim
+    (``original``: text the placeholder must not occur in)."""
+    literals: List[str] = []
+    marker: Optional[str] = None
+
+    def default(obj: Any) -> str:
+        nonlocal marker
+        if not isinstance(obj, NumberLiteral):
+            raise TypeError(f"cannot encode {type(obj).__name__} in config.json")
+        if marker is None:
+            # a private-use string that occurs nowhere in the input: it cannot collide
+            marker = "\ue000nvshim-number-"
+            while marker.encode() in original:
+                marker += "\ue000"
+        literals.append(obj.text)
+        return f"{marker}{len(literals) - 1}"
+
+    if set(options) <= {"indent", "separators"}:  # the create path: no json import
+        text = _jsonc.dumps(spec, ensure_ascii=False, default=default, **options)
+    else:  # e.g. inspect's sort_keys=True
+        import json
+
+        text = json.dumps(spec, ensure_ascii=False, default=default, **options)
+    if literals:
+        import re
+
+        assert marker is not None
+        pattern = re.compile('"' + re.escape(marker) + '([0-9]+)"')
+        text = pattern.sub(lambda m: literals[int(m.group(1))], text)
+    return text
