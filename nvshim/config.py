@@ -69,7 +69,8 @@ class Config:
     verify_with: str = "none"
     kubelet_unreachable: str = "fail"
     kubelet_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
-    kubelet_checkpoint: Optional[str] = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    kubelet_checkpoint: Optional[str] = (
+        "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
     kubelet_timeout: float = 2.0
     kubelet_resource_prefixes: Tuple[str, ...] = ("nvidia.com/",)
     grants_journal: Optional[str] = "/var/lib/nvshim/grants.jsonl"
@@ -332,7 +333,8 @@ def _unique_key_loader(yaml: Any) -> Any:
                 except TypeError:  # an unhashable key: SafeLoader reports it itself
                     continue
                 if first is not None:
-                    raise _DuplicateKey(f'line {line}: duplicate key "{key}" (first on line {first})')
+                    raise _DuplicateKey(
+                        f'line {line}: duplicate key "{key}" (first on line {first})')
                 seen[key] = line
             return super().construct_mapping(node, deep=deep)
 
@@ -357,7 +359,8 @@ def parse_config_text(data: bytes, path: str) -> Config:
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
-        raise ConfigError(f"config {path}: top level must be a mapping of keys, got {type(doc).__name__}")
+        raise ConfigError(
+            f"config {path}: top level must be a mapping of keys, got {type(doc).__name__}")
 
     schema = _schema()
     props: Mapping[str, Any] = schema["properties"]
@@ -425,7 +428,8 @@ def compile_config(path: Optional[str] = None) -> str:
         "config": config.to_mapping(),
     }
     out = compiled_path(path)
-    write_atomic(out, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), default_mode=0o644)
+    text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    write_atomic(out, text.encode(), default_mode=0o644)
     os.chmod(out, 0o644)
     # The shell trampoline's view of the config (it cannot parse YAML or JSON): one entry
     # per line, read without word splitting or globbing.

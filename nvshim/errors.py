@@ -21,7 +21,8 @@ __all__ = [
 
 def one_line(text: str, limit: int = 2000) -> str:
     """``text`` on one line (any line break becomes a space), cut to ``limit`` characters."""
-    flat = " ".join(text.splitlines()) if len(text.splitlines()) > 1 or text.endswith(("\n", "\r")) else text
+    several = len(text.splitlines()) > 1 or text.endswith(("\n", "\r"))
+    flat = " ".join(text.splitlines()) if several else text
     if len(flat) > limit:
         flat = f"{flat[:limit]}… ({len(flat) - limit} more characters)"
     return flat
