@@ -106,27 +106,57 @@ def _run_hook(rootfs: Path, copy: Path) -> "subprocess.CompletedProcess[str]":
         capture_output=True, text=True, timeout=30)
 
 
-@pytest.mark.parametrize("link", ["proc/driver", "proc/driver/nvidia", PARAMS])
-def test_hook_never_binds_through_an_image_symlink(tmp_path: Path, link: str) -> None:
-    """An image symlink anywhere on the params path (it would resolve on the host before
-    pivot_root) makes the hook bind nothing; the copy is still removed."""
+@pytest.mark.parametrize("link", ["proc", "proc/driver", "proc/driver/nvidia", PARAMS])
+@pytest.mark.parametrize("absolute", [True, False])
+def test_hook_never_binds_through_an_image_symlink(tmp_path: Path, link: str,
+                                                   absolute: bool) -> None:
+    """An image symlink anywhere on the params path, absolute (it would resolve on the host
+    before pivot_root) or relative out of the rootfs, makes the hook bind nothing."""
     outside = tmp_path / "host"
-    (outside / "nvidia").mkdir(parents=True)
-    (outside / "nvidia" / "params").write_text("host file\n")
+    (outside / "driver" / "nvidia").mkdir(parents=True)
+    (outside / "driver" / "nvidia" / "params").write_text("host file\n")
     rootfs = tmp_path / "rootfs"
     (rootfs / PARAMS).parent.mkdir(parents=True)
     (rootfs / PARAMS).write_text("ModifyDeviceFiles: 1\n")
-    victim = {"proc/driver": outside, "proc/driver/nvidia": outside / "nvidia",
-              PARAMS: outside / "nvidia" / "params"}[link]
+    victim = {"proc": tmp_path / "host-proc", "proc/driver": outside / "driver",
+              "proc/driver/nvidia": outside / "driver" / "nvidia",
+              PARAMS: outside / "driver" / "nvidia" / "params"}[link]
+    if link == "proc":
+        (victim / "driver").mkdir(parents=True)
+        (victim / "driver" / "nvidia").symlink_to(outside / "driver" / "nvidia")
     placed = rootfs / link
     if placed.is_dir():
         shutil.rmtree(placed)
     else:
         placed.unlink()
-    placed.symlink_to(victim)
+    placed.symlink_to(victim if absolute else os.path.relpath(victim, placed.parent))
     copy = tmp_path / "copy"
     copy.write_text("ModifyDeviceFiles: 0\n")
     done = _run_hook(rootfs, copy)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "host file\n", "the hook bound over a path an image symlink chose"
-    assert not copy.exists()
+    assert (outside / "driver" / "nvidia" / "params").read_text() == "host file\n"
+
+
+def test_hook_binds_under_a_rootfs_path_with_host_symlinks(tmp_path: Path) -> None:
+    """The rootfs path itself may pass through host symlinks (a relocated /var/lib): the
+    hook compares physical paths, so it still binds; the copy stays in the bundle."""
+    real = tmp_path / "real"
+    (real / "rootfs" / PARAMS).parent.mkdir(parents=True)
+    (real / "rootfs" / PARAMS).write_text("ModifyDeviceFiles: 1\n")
+    (tmp_path / "via").symlink_to(real)
+    copy = tmp_path / "copy"
+    copy.write_text("ModifyDeviceFiles: 0\n")
+    done = _run_hook(tmp_path / "via" / "rootfs", copy)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "ModifyDeviceFiles: 0\n"
+    assert copy.read_text() == "ModifyDeviceFiles: 0\n"
+
+
+def test_hook_runs_no_command_but_mount() -> None:
+    """Only sh builtins decide (stat and rm were two fork+execs per GPU create)."""
+    from nvshim.devparams import HOOK_SCRIPT
+
+    words = {line.split()[0] for line in HOOK_SCRIPT.splitlines() if line.strip()}
+    assert "stat" not in HOOK_SCRIPT and "rm " not in HOOK_SCRIPT and "$(" not in HOOK_SCRIPT
+    assert words <= {"r=$1", "cd", "R=$PWD", "[", "mount", "echo"}, words
