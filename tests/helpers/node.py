@@ -78,8 +78,8 @@ def make_mount_targets(bundle: PathLike, env: Mapping[str, str]) -> None:
     """Create, in ``bundle``'s rootfs, an empty file for each driver file nvshim would mount
     (as an image that already has them): runc cannot create mount targets in a read-only
     rootfs. ``env`` holds the ``NVSHIM_CONFIG`` to plan with."""
-    from nvshim.host import inroot as _inroot
     from nvshim.config import load_config
+    from nvshim.host import inroot as _inroot
     from nvshim.runtime.create import plan_create
 
     plan = plan_create(str(bundle), load_config(env["NVSHIM_CONFIG"]))
