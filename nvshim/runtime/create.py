@@ -322,13 +322,13 @@ def _node_edits(
     plan.migs = tuple(migs)
 
     caps = request.capabilities
-    env = image_view(plan.spec).env
+    env = (view := image_view(plan.spec)).env
     if "CUDA_VERSION" in env or any(name.startswith("NVIDIA_REQUIRE_") for name in env):
         # only then can there be a requirement (the module costs ~2 ms to import)
         from nvshim.runtime.requirements import check_requirements
 
         selected = plan.gpus + tuple(parent for parent, _ in plan.migs)
-        check_requirements(plan.spec, host, selected, plan.notes, config.disable_require)
+        check_requirements(view, host, selected, plan.notes, config.disable_require)
 
     files = host.binaries(caps) + host.ipc(caps) + host.firmware()
     edits = driver_edits(host.control_nodes(caps), host.libraries(caps), files, hook_command())

@@ -52,6 +52,7 @@ from nvshim.errors import HostError, RequestError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from nvshim.host.discovery import Gpu, Host
+    from nvshim.runtime.request import ImageView
 
 __all__ = [
     "KEYS",
@@ -624,7 +625,7 @@ def evaluate_requirement(requirement: Requirement, facts: Facts) -> str:
 
 
 def check_requirements(
-    spec: Dict[str, Any],
+    view: ImageView,
     host: Host,
     gpus: Sequence[Gpu],
     notes: List[str],
@@ -632,12 +633,11 @@ def check_requirements(
 ) -> None:
     """Raise RequestError when the container's requirements are unmet on this node.
 
+    ``view`` is the request view create already parsed from config.json
+    (:func:`nvshim.runtime.request.image_view`); its env is the only input read here.
     ``gpus`` are the selected GPUs (a MIG device's parent counts). Appends one note per
     decision to ``notes``. A container without requirements reads nothing.
     """
-    from nvshim.runtime.request import image_view
-
-    view = image_view(spec)
     names = [name for name, _ in _requirement_vars(view.env)]
     legacy = view.legacy_image
     if not names and not legacy:

@@ -19,8 +19,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvshim.host.discovery import Gpu, Host
 from nvshim.errors import HostError, RequestError
+from nvshim.host.discovery import Gpu, Host
+from nvshim.runtime.request import ImageView, image_view
 from nvshim.runtime.requirements import (
     BRANDS,
     OPERATORS,
@@ -102,7 +103,7 @@ def check(
     host: Host, gpus: Sequence[Gpu], *env: str, disable_require: bool = False
 ) -> List[str]:
     notes: List[str] = []
-    check_requirements(spec_with(*env), host, gpus, notes, disable_require)
+    check_requirements(image_view(spec_with(*env)), host, gpus, notes, disable_require)
     return notes
 
 
@@ -411,6 +412,21 @@ def test_no_requirement_reads_nothing(tmp_path: Path) -> None:
 # -- legacy CUDA images ----------------------------------------------------------------
 
 
+def test_checks_read_the_request_view_create_parsed(
+    node: Tuple[Host, Tuple[Gpu, ...]],
+) -> None:
+    """check_requirements takes create's ImageView, not config.json: its env is the input."""
+    host, gpus = node
+    view = ImageView(env={"NVIDIA_REQUIRE_CUDA": "cuda>=12.0"}, mounts=(), annotations={},
+                     privileged=False)
+    notes: List[str] = []
+    check_requirements(view, host, gpus, notes)
+    assert notes == ['requirement NVIDIA_REQUIRE_CUDA="cuda>=12.0" met: cuda 12.4']
+    with pytest.raises(RequestError, match="unsatisfied requirement"):
+        check_requirements(ImageView(env={"NVIDIA_REQUIRE_CUDA": "cuda>=13"}, mounts=(),
+                                     annotations={}, privileged=False), host, gpus, [])
+
+
 def test_legacy_image_requires_its_cuda_major_minor(node: Tuple[Host, Tuple[Gpu, ...]]) -> None:
     """CUDA_VERSION without NVIDIA_REQUIRE_CUDA requires cuda>=<major.minor> of it."""
     host, gpus = node
@@ -704,12 +720,13 @@ def test_simulated_node_metadata(tmp_path: Path) -> None:
 _PROBE = """
 import json, sys
 from nvshim.host.discovery import Host
+from nvshim.runtime.request import ImageView, image_view
 from nvshim.runtime.requirements import check_requirements
 notes = []
 env = json.loads(sys.argv[2])
 spec = {"process": {"env": env}}
 try:
-    check_requirements(spec, Host(sys.argv[1]), (), notes)
+    check_requirements(image_view(spec), Host(sys.argv[1]), (), notes)
     outcome = "ok"
 except Exception as exc:
     outcome = type(exc).__name__ + ": " + str(exc)
