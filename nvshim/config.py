@@ -41,11 +41,17 @@ __all__ = [
     "compile_config",
     "compiled_matches",
     "ALL_CAPABILITIES",
+    "DEFAULT_CDI_SPEC_DIRS",
 ]
 
 DEFAULT_CONFIG_PATH = "/etc/nvshim/config.yaml"
 
 ALL_CAPABILITIES = ("compat32", "compute", "display", "graphics", "ngx", "utility", "video")
+
+#: Where CDI specs live (CDI's own default), lowest priority first: a later directory
+#: overrides. The default of ``cdi-spec-dirs``, of ``nvshim cdi list`` and of the spec
+#: dirs ``nvshim runtime configure --enable-cdi`` gives containerd.
+DEFAULT_CDI_SPEC_DIRS: Tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,7 @@ class Config:
     grants_journal: Optional[str] = "/var/lib/nvshim/grants.jsonl"
     grants_journal_max_bytes: int = 1048576
     annotation_prefixes: Tuple[str, ...] = ("cdi.k8s.io/",)
-    cdi_spec_dirs: Tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
+    cdi_spec_dirs: Tuple[str, ...] = DEFAULT_CDI_SPEC_DIRS
     default_kind: str = "nvidia.com/gpu"
     supported_driver_capabilities: Tuple[str, ...] = ALL_CAPABILITIES
     disable_require: bool = False

@@ -16,6 +16,8 @@ __all__ = [
     "HostError",
     "ConfigError",
     "CdiError",
+    "CdiProblem",
+    "CdiSpecError",
 ]
 
 
@@ -62,3 +64,54 @@ class ConfigError(NvshimError):
 
 class CdiError(NvshimError):
     """A CDI spec is invalid or a CDI device name cannot be resolved."""
+
+
+class CdiProblem:
+    """One thing wrong with a CDI spec: the file, where in it (a JSON path) and what.
+
+    An immutable value (equal and hashable by its three fields); it prints as
+    ``<file>: <json path>: <message>`` on one line.
+    """
+
+    __slots__ = ("path", "json_path", "message")
+
+    path: str
+    json_path: str
+    message: str
+
+    def __init__(self, path: str, json_path: str, message: str) -> None:
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "json_path", json_path)
+        object.__setattr__(self, "message", message)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"CdiProblem is immutable: cannot set {name}")
+
+    def _key(self) -> "tuple[str, str, str]":
+        return (self.path, self.json_path, self.message)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CdiProblem):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (f"CdiProblem(path={self.path!r}, json_path={self.json_path!r}, "
+                f"message={self.message!r})")
+
+    def __str__(self) -> str:
+        return one_line(f"{self.path}: {self.json_path}: {self.message}")
+
+
+class CdiSpecError(CdiError):
+    """A CDI spec cannot be loaded or written; ``problems`` lists every reason (at least one)."""
+
+    def __init__(self, problems: "list[CdiProblem] | tuple[CdiProblem, ...]") -> None:
+        self.problems = list(problems)
+        text = str(self.problems[0])
+        if len(self.problems) > 1:
+            text += f" (and {len(self.problems) - 1} more)"
+        super().__init__(text)

@@ -1,9 +1,15 @@
-"""Container Device Interface specs: names, the spec model, loading, validation, the
-registry that resolves ``vendor/class=device`` names, the stat-validated index of the spec
-dirs (``index``), writing specs and transforming them (``transform``).
+"""Container Device Interface specs, one module per job:
 
-May import :mod:`nvshim.host` and the base modules. Must not import :mod:`nvshim.runtime`,
-:mod:`nvshim.node` or :mod:`nvshim.cli`. Loading a JSON spec needs only the standard
-library: yaml and jsonschema are imported inside the functions that need them.
-This file stays empty: a create that names a CDI device imports it.
+``names`` the ``vendor/class=device`` grammar; ``model`` the loaded spec and registry
+values; ``version`` cdiVersion gating; ``check`` the semantic checker (owner of every field
+rule); ``load`` strict decoding and building a spec; ``registry`` spec-dir scans, CDI's
+priority and conflict rules and name resolution; ``index`` the stat-validated index of the
+spec dirs; ``schema`` the JSON-schema layer (``nvshim cdi validate``); ``write`` building
+and writing specs; ``transform`` moving a spec's paths between roots.
+
+A create that names a CDI device loads names, model, version, check, load, registry and
+index, never schema or write. May import :mod:`nvshim.host` and the base modules. Must not
+import :mod:`nvshim.runtime`, :mod:`nvshim.node` or :mod:`nvshim.cli`. yaml and jsonschema
+are imported inside the functions that need them. This file stays empty: a create that
+names a CDI device imports it.
 """

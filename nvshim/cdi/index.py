@@ -13,7 +13,7 @@ in JSON form. A create then
 - loads only the specs whose kind is one of the requested names' kinds: a JSON spec from
   its file, a YAML spec from the index (never importing yaml);
 - builds the registry with CDI's priority and conflict rules
-  (:func:`nvshim.cdi.spec.build_registry`), with the other files' recorded problems in place,
+  (:func:`nvshim.cdi.registry.build_registry`), with the other files' recorded problems in place,
   so errors read exactly as with a full load.
 
 A stale index is rebuilt incrementally (only changed files are parsed again, so yaml is
@@ -28,22 +28,16 @@ from __future__ import annotations
 import os
 
 from nvshim import _jsonc
-from nvshim.cdi.spec import (
-    CdiSpecError,
-    Problem,
-    Registry,
-    _read_document,
-    _spec_files,
-    build_registry,
-    load_spec_file,
-    parse_qualified_name,
-    parse_spec,
-)
-from nvshim.errors import CdiError, NvshimError
+from nvshim.cdi.load import load_spec_file, parse_spec, read_document
+from nvshim.cdi.names import parse_qualified_name
+from nvshim.cdi.registry import build_registry, spec_files
+from nvshim.errors import CdiError, CdiProblem, CdiSpecError, NvshimError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+    from nvshim.cdi.model import Registry
 
 __all__ = ["FORMAT", "build", "load", "registry_for", "refresh"]
 
@@ -64,7 +58,7 @@ def _key(spec_dirs: Sequence[str]) -> Dict[str, Any]:
     return {"nvshim-version": __version__, "spec-dirs": list(spec_dirs)}
 
 
-def _problems(items: Sequence[Problem]) -> List[List[str]]:
+def _problems(items: Sequence[CdiProblem]) -> List[List[str]]:
     return [[p.path, p.json_path, p.message] for p in items]
 
 
@@ -72,7 +66,7 @@ def _entry(path: str, sig: Optional[List[int]]) -> Dict[str, Any]:
     """What the index records about one spec file (parses it: yaml for a .yaml file)."""
     entry: Dict[str, Any] = {"path": path, "sig": sig, "kind": None, "problems": [], "doc": None}
     try:
-        raw = _read_document(path)
+        raw = read_document(path)
         spec = parse_spec(raw, path)
     except CdiSpecError as exc:
         entry["problems"] = _problems(exc.problems)
@@ -96,9 +90,9 @@ def build(spec_dirs: Sequence[str], old: Optional[Dict[str, Any]] = None) -> Dic
     dirs = []
     entries = []
     for rank, directory in enumerate(spec_dirs):
-        problems: List[Problem] = []
+        problems: List[CdiProblem] = []
         dir_sig = _sig(directory)
-        files = _spec_files(directory, problems)
+        files = spec_files(directory, problems)
         dirs.append({"dir": directory, "sig": dir_sig, "problems": _problems(problems)})
         for path in files:
             sig = _sig(path)
@@ -150,17 +144,17 @@ def _save(path: str, doc: Dict[str, Any]) -> str:
     return f"written to {path}"
 
 
-def _loaded(doc: Dict[str, Any], kinds: Set[str]) -> Iterable[Tuple[int, Any, List[Problem]]]:
+def _loaded(doc: Dict[str, Any], kinds: Set[str]) -> Iterable[Tuple[int, Any, List[CdiProblem]]]:
     """(rank, spec or None, problems) in scan order, loading only specs of ``kinds``."""
     by_rank: Dict[int, List[Dict[str, Any]]] = {}
     for entry in doc["entries"]:
         by_rank.setdefault(entry["rank"], []).append(entry)
     for rank, d in enumerate(doc["dirs"]):
         if d["problems"]:
-            yield rank, None, [Problem(*p) for p in d["problems"]]
+            yield rank, None, [CdiProblem(*p) for p in d["problems"]]
         for entry in by_rank.get(rank, ()):
             if entry["problems"]:
-                yield rank, None, [Problem(*p) for p in entry["problems"]]
+                yield rank, None, [CdiProblem(*p) for p in entry["problems"]]
                 continue
             if entry["kind"] not in kinds:
                 continue  # cannot hold a requested device: not loaded

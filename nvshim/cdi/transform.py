@@ -93,6 +93,6 @@ def transform_root(spec: Mapping[str, Any], old: str, new: str,
 
 
 def read_spec_document(path: str) -> Dict[str, Any]:
-    from nvshim.cdi.spec import _read_document
+    from nvshim.cdi.load import read_document
 
-    return dict(_read_document(path))
+    return dict(read_document(path))

@@ -10,7 +10,7 @@ from typing import Optional, Tuple
 
 import click
 
-from nvshim.cdi import spec as cdi_specs
+from nvshim.config import DEFAULT_CDI_SPEC_DIRS
 from nvshim.node.cdigen import STRATEGIES
 
 __all__ = ["cdi"]
@@ -29,7 +29,7 @@ def cdi() -> None:
     metavar="DIR",
     help="Directory to scan, lowest priority first (repeatable). "
     "Default: the config's cdi-spec-dirs "
-    f"({', '.join(cdi_specs.DEFAULT_SPEC_DIRS)} unless configured).",
+    f"({', '.join(DEFAULT_CDI_SPEC_DIRS)} unless configured).",
 )
 def list_devices(spec_dirs: Tuple[str, ...]) -> None:
     """Print every resolvable qualified device name, one per line.
@@ -42,7 +42,9 @@ def list_devices(spec_dirs: Tuple[str, ...]) -> None:
 
         # the directories the runtime resolves CDI names from, so the list matches it
         spec_dirs = load_config().cdi_spec_dirs
-    registry = cdi_specs.load_registry(spec_dirs)
+    from nvshim.cdi.registry import load_registry
+
+    registry = load_registry(spec_dirs)
     for problem in registry.problems:
         click.echo(f"warning: {problem}", err=True)
     for name in registry.names():
@@ -57,9 +59,11 @@ def validate(files: Tuple[str, ...]) -> None:
     Prints one line per problem (`<file>: <json path>: <message>`) and a summary on
     stderr; exits 1 if any file has a problem.
     """
+    from nvshim.cdi.schema import validate_file
+
     total = 0
     for path in files:
-        for problem in cdi_specs.validate_file(path):
+        for problem in validate_file(path):
             click.echo(str(problem))
             total += 1
     click.echo(
@@ -78,7 +82,8 @@ def validate(files: Tuple[str, ...]) -> None:
 @click.option("--driver-root", default=None, help="Driver root (default: from config, usually /).")
 @click.option("--dev-root", default=None, help="Where /dev/nvidia* are (default: driver root).")
 @click.option("--output", "-o", default=None,
-              help="Write here atomically (mode 0644; .json or .yaml picks the format). Default: stdout.")
+              help="Write here atomically (mode 0644; .json or .yaml picks the format). "
+                   "Default: stdout.")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
               help="Output format for stdout (default yaml; --output uses its extension).")
 @click.option("--vendor", default="nvidia.com", show_default=True, help="CDI vendor.")
@@ -111,7 +116,7 @@ def generate(driver_root: Optional[str], dev_root: Optional[str], output: Option
     podman 4.x accepts). Works from procfs under any driver root, and with NVML on a
     real host.
     """
-    from nvshim.cdi import spec as cdi
+    from nvshim.cdi.write import dump_spec, write_spec
     from nvshim.node.cdigen import check_current, generate_for_node
 
     spec, host = generate_for_node(driver_root, dev_root, class_, vendor, strategies,
@@ -121,9 +126,9 @@ def generate(driver_root: Optional[str], dev_root: Optional[str], output: Option
         click.echo(f"{check_file}: current", err=True)
         return
     if output:
-        cdi.write_spec(output, spec)
+        write_spec(output, spec)
         return
-    click.echo(cdi.dump_spec(spec, fmt or "yaml"), nl=False)
+    click.echo(dump_spec(spec, fmt or "yaml"), nl=False)
 
 
 # --- transform --------------------------------------------------------------------------
@@ -150,19 +155,20 @@ def root_command(old: str, new: str, relative_to: str, input_file: str, output: 
     --from change (compared by path components); the result must be a valid spec. Says
     on stderr how many paths moved.
     """
-    from nvshim.cdi import spec as cdi
+    from nvshim.cdi.check import check_semantics
     from nvshim.cdi.transform import read_spec_document, transform_root
+    from nvshim.cdi.write import dump_spec, write_spec
     from nvshim.errors import CdiError
 
     spec, changed = transform_root(read_spec_document(input_file), old, new, relative_to)
-    problems = cdi.check_semantics(spec, input_file)
+    problems = check_semantics(spec, input_file)
     if problems:
         raise CdiError(f"transformed spec is invalid: {problems[0]}")
     if output:
-        cdi.write_spec(output, spec)
+        write_spec(output, spec)
     else:
         default = "json" if input_file.endswith(".json") else "yaml"
-        click.echo(cdi.dump_spec(spec, fmt or default), nl=False)
+        click.echo(dump_spec(spec, fmt or default), nl=False)
     click.echo(f"moved {changed} path{'s' if changed != 1 else ''} from {old} to {new}",
                err=True)
 

@@ -132,7 +132,8 @@ def runtime() -> None:
     is_flag=True,
     help=(
         "Turn on the engine's own CDI support. containerd: <cri>.enable_cdi = true, and "
-        'cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"] unless set; docker: features.cdi = true '
+        "cdi_spec_dirs = [" + ", ".join(f'"{d}"' for d in containerd.CDI_SPEC_DIRS) + "] "
+        "unless set; docker: features.cdi = true "
         "(Docker 25 and later). CRI-O reads CDI specs without a switch."
     ),
 )

@@ -1,10 +1,11 @@
 """``nvshim cdi generate``: a CDI spec for this node, from the same edits as injection.
 
-Spec-level ``containerEdits`` hold what every GPU needs (:func:`nvshim.runtime.hostedits.driver_edits`:
-control nodes, driver libraries and binaries, the hook, ``NVIDIA_VISIBLE_DEVICES=void``);
-each device holds what it adds (:func:`~nvshim.runtime.hostedits.gpu_edits`,
-:func:`~nvshim.runtime.hostedits.mig_edits`). So a container that gets ``nvidia.com/gpu=1`` from this
-spec sees exactly what ``NVIDIA_VISIBLE_DEVICES=1`` gives through nvshim-runtime.
+Spec-level ``containerEdits`` hold what every GPU needs
+(:func:`nvshim.runtime.hostedits.driver_edits`: control nodes, driver libraries and binaries,
+the hook, ``NVIDIA_VISIBLE_DEVICES=void``); each device holds what it adds
+(:func:`~nvshim.runtime.hostedits.gpu_edits`, :func:`~nvshim.runtime.hostedits.mig_edits`).
+So a container that gets ``nvidia.com/gpu=1`` from this spec sees exactly what
+``NVIDIA_VISIBLE_DEVICES=1`` gives through nvshim-runtime.
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from nvshim.edits import DeviceNode, Edits
 from nvshim.errors import CdiError, UsageError
 from nvshim.runtime.hostedits import driver_edits, gpu_edits, mig_edits
 
-__all__ = ["generate_spec", "stale_reasons", "generate_for_node", "check_current", "STRATEGIES", "IMEX_CLASS"]
+__all__ = [
+    "generate_spec",
+    "stale_reasons",
+    "generate_for_node",
+    "check_current",
+    "STRATEGIES",
+    "IMEX_CLASS",
+]
 
 STRATEGIES = ("index", "uuid")
 IMEX_CLASS = "imex-channel"
@@ -38,7 +46,7 @@ def generate_spec(
     gpu_method: str = "auto",
 ) -> Dict[str, Any]:
     """Build the spec document for ``host`` (a :class:`nvshim.host.discovery.Host`)."""
-    from nvshim.cdi.spec import spec_to_dict
+    from nvshim.cdi.write import spec_to_dict
 
     for s in strategies:
         if s not in STRATEGIES:
@@ -125,9 +133,10 @@ def generate_for_node(driver_root: Optional[str], dev_root: Optional[str], class
 
 def check_current(check_file: str, spec: Dict[str, Any], host: Any) -> None:
     """Raise :class:`CdiError` naming why ``check_file`` differs from ``spec`` (stale)."""
-    from nvshim.cdi import spec as cdi
+    from nvshim.cdi.load import load_spec_file
 
-    existing = cdi.load_spec_file(check_file).raw
+    existing = load_spec_file(check_file).raw
     reasons = stale_reasons(dict(existing), spec, host)
     if reasons:
-        raise CdiError(f"{check_file} is stale: {'; '.join(reasons)}; regenerate it with nvshim cdi generate")
+        raise CdiError(f"{check_file} is stale: {'; '.join(reasons)}; "
+                       "regenerate it with nvshim cdi generate")

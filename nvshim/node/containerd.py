@@ -42,6 +42,7 @@ import re
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from nvshim._record import dataclass, field
+from nvshim.config import DEFAULT_CDI_SPEC_DIRS
 from nvshim.errors import ConfigError, UsageError
 from nvshim.node.engine_files import (
     BACKUP_SUFFIX,
@@ -90,7 +91,7 @@ DEFAULT_NAME = "nvshim"
 DEFAULT_BINARY = "/usr/local/bin/nvshim-runtime"
 #: Annotation patterns the handler passes to the runtime, so CDI requests reach nvshim.
 CDI_ANNOTATIONS = ("cdi.k8s.io/*",)
-CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+CDI_SPEC_DIRS = DEFAULT_CDI_SPEC_DIRS
 #: Name of the CRI plugin's table under ``plugins``, by config version.
 CRI_PLUGINS: Mapping[int, str] = {
     1: "cri",

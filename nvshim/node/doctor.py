@@ -426,7 +426,7 @@ def _strategies(raw: Any) -> Tuple[str, ...]:
 
 def check_cdi_specs(host: Any, spec_dirs: Sequence[str]) -> List[Finding]:
     """Every nvidia.com spec in ``spec_dirs`` against a freshly generated one; broken files."""
-    from nvshim.cdi.spec import load_spec_file
+    from nvshim.cdi.load import load_spec_file
     from nvshim.node.cdigen import generate_spec, stale_reasons
     from nvshim.runtime.create import hook_command
 

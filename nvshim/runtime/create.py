@@ -235,7 +235,7 @@ def plan_create(
     cdi_names = request.cdi_names
     if cdi_names:
         from nvshim.cdi import index as cdiindex
-        from nvshim.cdi import spec as cdi
+        from nvshim.cdi.registry import resolve_devices
         from nvshim.config import cdi_index_path, config_path
         from nvshim.runtime.hostedits import restrict_to_capabilities
 
@@ -246,7 +246,7 @@ def plan_create(
         if log is not None:
             log.event("cdi", source=plan.cdi_source)
 
-        edits = edits + cdi.resolve_devices(registry, cdi_names)
+        edits = edits + resolve_devices(registry, cdi_names)
         edits = restrict_to_capabilities(_fill_device_nodes(edits), request.capabilities)
         plan.cdi_names = cdi_names
 

@@ -241,7 +241,7 @@ def extras_edits(host: Any, extras: Extras, notes: Optional[List[str]] = None) -
 
 def generate_imex_spec(host: Any, vendor: str = "nvidia.com") -> Dict[str, Any]:
     """A CDI spec of kind ``<vendor>/imex-channel``: one device per channel on the node."""
-    from nvshim.cdi.spec import spec_to_dict
+    from nvshim.cdi.write import spec_to_dict
     from nvshim.errors import CdiError
 
     channels = imex_channels(host)

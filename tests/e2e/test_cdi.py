@@ -14,10 +14,11 @@ from typing import Any, Dict, Set, Tuple
 
 import pytest
 
-from nvshim.cdi import spec as cdi
+from nvshim.cdi.schema import validate_spec
+from nvshim.cdi.write import dump_spec
+from nvshim.host.discovery import Host
 from nvshim.node.cdigen import generate_spec
 from nvshim.runtime.compile import compile_node
-from nvshim.host.discovery import Host
 from tests.helpers.bundle import make_bundle
 from tests.helpers.common import require_root, unique_id
 from tests.helpers.node import write_nvshim_config
@@ -72,8 +73,8 @@ def spec_text(node: Any) -> str:
     from nvshim.runtime.create import hook_command
 
     spec = generate_spec(Host(node.root), hook_command=hook_command())
-    assert cdi.validate_spec(spec) == []
-    return cdi.dump_spec(spec, "yaml")
+    assert validate_spec(spec) == []
+    return dump_spec(spec, "yaml")
 
 
 @pytest.fixture

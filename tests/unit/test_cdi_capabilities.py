@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from nvshim.cdi.spec import write_spec
-from nvshim.node.cdigen import generate_spec
+from nvshim.cdi.write import write_spec
 from nvshim.config import Config
-from nvshim.runtime.create import plan_create
 from nvshim.host.discovery import Host
+from nvshim.node.cdigen import generate_spec
+from nvshim.runtime.create import plan_create
 
 HOOK = ("/opt/nvshim/venv/bin/python3", "-I", "-m", "nvshim.hook")
 

@@ -19,9 +19,9 @@ from typing import Any, Dict, Iterator
 
 import pytest
 
-from nvshim.cdi import spec as cdi
-from nvshim.node.cdigen import generate_spec
+from nvshim.cdi.write import dump_spec
 from nvshim.host.discovery import Host
+from nvshim.node.cdigen import generate_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "cdi-specs" / "examples"
@@ -54,7 +54,7 @@ def _example_node(**kwargs: Any) -> Iterator[str]:
 
 def _generate(name: str) -> str:
     with _example_node(**NODES[name]) as root:
-        return cdi.dump_spec(generate_spec(Host(root), hook_command=HOOK), "yaml")
+        return dump_spec(generate_spec(Host(root), hook_command=HOOK), "yaml")
 
 
 @pytest.mark.parametrize("name", sorted(NODES))

@@ -17,9 +17,10 @@ from typing import Any, Dict, List
 import pytest
 import yaml
 
-from nvshim.cdi import spec as cdi
-from nvshim.node.cdigen import generate_spec, stale_reasons
+from nvshim.cdi.schema import validate_spec
+from nvshim.cdi.version import required_version
 from nvshim.host.discovery import Host
+from nvshim.node.cdigen import generate_spec, stale_reasons
 
 HOOK = ("/opt/nvshim/venv/bin/python3", "-I", "-m", "nvshim.hook")
 
@@ -62,8 +63,8 @@ def _all_edit_sets(spec: Dict[str, Any]) -> List[Dict[str, Any]]:
 def test_two_gpu_spec_is_valid_and_minimal(two_gpu: Any) -> None:
     """A 2-GPU spec validates with no problems and declares exactly the version it needs (≤ 0.5.0)."""
     spec = generate_spec(Host(two_gpu.root), hook_command=HOOK)
-    assert cdi.validate_spec(spec) == []
-    assert spec["cdiVersion"] == cdi.required_version(spec)
+    assert validate_spec(spec) == []
+    assert spec["cdiVersion"] == required_version(spec)
     assert tuple(map(int, spec["cdiVersion"].split("."))) <= (0, 5, 0)
     assert spec["kind"] == "nvidia.com/gpu"
 
@@ -110,7 +111,7 @@ def test_mig_devices_and_cap_nodes(mig_node: Any) -> None:
     """A MIG node yields `<gpu>:<mig>` and MIG-UUID devices that hold the GPU node and both
     nvidia-cap nodes (GPU instance and compute instance access)."""
     spec = generate_spec(Host(mig_node.root), hook_command=HOOK)
-    assert cdi.validate_spec(spec) == []
+    assert validate_spec(spec) == []
     gpu = mig_node.gpus[0]
     by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
     assert sorted(by_name) == sorted(["0", gpu.uuid, "0:0", "0:1", *(m.uuid for m in gpu.mig), "all"])
@@ -132,7 +133,7 @@ def test_output_json_is_atomic_and_0644(two_gpu: Any, tmp_path: Path, nvshim_bin
     assert res.returncode == 0, res.stderr
     assert stat.S_IMODE(out.stat().st_mode) == 0o644
     first = json.loads(out.read_text())
-    assert cdi.validate_spec(first) == []
+    assert validate_spec(first) == []
     with open(out, "rb") as old:
         before = old.read()
         old.seek(0)

@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nvshim.cdi import spec as cdi, index as cdiindex
+from nvshim.cdi import index as cdiindex
+from nvshim.cdi.model import Registry
+from nvshim.cdi.registry import load_registry, resolve_devices
+from nvshim.cdi.write import dump_spec
 
 
 def spec(kind: str, devices: dict) -> dict:
@@ -23,7 +26,7 @@ def put(directory: Path, name: str, doc) -> Path:
     if isinstance(doc, str):
         path.write_text(doc)
     else:
-        path.write_text(cdi.dump_spec(doc, "json" if name.endswith(".json") else "yaml"))
+        path.write_text(dump_spec(doc, "json" if name.endswith(".json") else "yaml"))
     return path
 
 
@@ -38,7 +41,7 @@ def node_dirs(tmp_path: Path) -> list:
     return [str(low), str(high)]
 
 
-def problems(registry: cdi.Registry) -> list:
+def problems(registry: Registry) -> list:
     return [str(p) for p in registry.problems]
 
 
@@ -47,7 +50,7 @@ def test_index_resolves_like_a_full_scan_and_loads_only_the_kind(tmp_path):
     the requested kind are loaded."""
     dirs = node_dirs(tmp_path)
     index = str(tmp_path / "index.json")
-    full = cdi.load_registry(dirs)
+    full = load_registry(dirs)
     for save in (True, False):  # the first builds and writes the index, the second reads it
         reg, source = cdiindex.registry_for(dirs, ["nvidia.com/gpu=0"], index, save)
         assert {n: d.device.edits for n, d in reg.devices.items()} == {
@@ -55,7 +58,7 @@ def test_index_resolves_like_a_full_scan_and_loads_only_the_kind(tmp_path):
         assert problems(reg) == problems(full)
         assert {s.kind for s in reg.specs} == {"nvidia.com/gpu"}
     assert source == f"CDI index {index}"
-    assert cdi.resolve_devices(reg, ["nvidia.com/gpu=0"]).env == ("G=high0",)
+    assert resolve_devices(reg, ["nvidia.com/gpu=0"]).env == ("G=high0",)
 
 
 def test_yaml_spec_is_read_from_the_index(tmp_path):
@@ -67,10 +70,11 @@ def test_yaml_spec_is_read_from_the_index(tmp_path):
     doc = json.loads(Path(index).read_text())
     yaml_entry = next(e for e in doc["entries"] if e["path"].endswith("a.yaml"))
     assert yaml_entry["doc"]["devices"][0]["containerEdits"]["env"] == ["G=low0"]
-    code = (f"from nvshim.cdi import index as cdiindex, spec as cdi; import sys\n"
+    code = ("from nvshim.cdi import index as cdiindex; import sys\n"
+            "from nvshim.cdi.registry import resolve_devices\n"
             f"reg, src = cdiindex.registry_for({dirs!r}, ['nvidia.com/gpu=1'], {index!r}, False)\n"
             "print(src.split()[1], 'nvidia.com/gpu=1' in reg.devices, "
-            "cdi.resolve_devices(reg, ['nvidia.com/gpu=0']).env, 'yaml' in sys.modules)")
+            "resolve_devices(reg, ['nvidia.com/gpu=0']).env, 'yaml' in sys.modules)")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[0:0] = {sys.path!r}\n{code}"],
                          capture_output=True, text=True)
     # from the index; the same-directory conflict still drops gpu=1; no yaml imported
@@ -86,13 +90,13 @@ def test_changed_added_and_removed_specs_are_seen(tmp_path):
     high = Path(dirs[1])
     put(high, "z.json", spec("nvidia.com/gpu", {"0": "G=edited"}))
     reg, source = cdiindex.registry_for(dirs, ["nvidia.com/gpu=0"], index, True)
-    assert "stale" in source and cdi.resolve_devices(reg, ["nvidia.com/gpu=0"]).env == ("G=edited",)
+    assert "stale" in source and resolve_devices(reg, ["nvidia.com/gpu=0"]).env == ("G=edited",)
     put(high, "y.json", spec("nvidia.com/gpu", {"7": "G=7"}))
     reg, _ = cdiindex.registry_for(dirs, ["nvidia.com/gpu=7"], index, True)
-    assert cdi.resolve_devices(reg, ["nvidia.com/gpu=7"]).env == ("G=7",)
+    assert resolve_devices(reg, ["nvidia.com/gpu=7"]).env == ("G=7",)
     (high / "z.json").unlink()
     reg, _ = cdiindex.registry_for(dirs, ["nvidia.com/gpu=0"], index, True)
-    assert cdi.resolve_devices(reg, ["nvidia.com/gpu=0"]).env == ("G=low0",)
+    assert resolve_devices(reg, ["nvidia.com/gpu=0"]).env == ("G=low0",)
     _, source = cdiindex.registry_for(dirs, ["nvidia.com/gpu=0"], index, True)
     assert source == f"CDI index {index}"
 
@@ -105,7 +109,7 @@ def test_corrupt_index_is_rebuilt(tmp_path):
         index.write_text(garbage)
         reg, source = cdiindex.registry_for(dirs, ["nvidia.com/gpu=0"], str(index), True)
         assert source.startswith("CDI spec scan")
-        assert cdi.resolve_devices(reg, ["nvidia.com/gpu=0"]).env == ("G=high0",)
+        assert resolve_devices(reg, ["nvidia.com/gpu=0"]).env == ("G=high0",)
         assert cdiindex.load(str(index), dirs)[1] == ""
 
 

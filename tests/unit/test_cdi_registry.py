@@ -13,7 +13,10 @@ from typing import Any, Dict, List, Optional
 import pytest
 from click.testing import CliRunner
 
-from nvshim.cdi import spec as cdi
+from nvshim.cdi.load import load_spec_file
+from nvshim.cdi.model import Registry
+from nvshim.cdi.registry import load_registry, resolve_devices
+from nvshim.cdi.write import dump_spec, spec_to_dict, write_spec
 from nvshim.cli.cmd_cdi import cdi as cdi_group
 from nvshim.edits import DeviceNode, Edits
 from nvshim.errors import CdiError
@@ -46,11 +49,11 @@ def _put(directory: Path, name: str, spec: Any) -> Path:
     elif name.endswith(".json"):
         path.write_text(json.dumps(spec))
     else:
-        path.write_text(cdi.dump_spec(spec, "yaml"))
+        path.write_text(dump_spec(spec, "yaml"))
     return path
 
 
-def _env_of(registry: cdi.Registry, name: str) -> tuple:
+def _env_of(registry: Registry, name: str) -> tuple:
     return registry.devices[name].device.edits.env
 
 
@@ -59,7 +62,7 @@ def test_loads_json_and_yaml_and_lists_sorted_names(tmp_path: Path) -> None:
     d = tmp_path / "etc"
     _put(d, "b.yaml", _spec(devices={"1": ["X=1"], "0": ["X=0"]}))
     _put(d, "a.json", _spec(kind="acme.com/fpga", devices={"f0": ["F=0"]}))
-    registry = cdi.load_registry([str(d)])
+    registry = load_registry([str(d)])
     assert registry.names() == ["acme.com/fpga=f0", "nvidia.com/gpu=0", "nvidia.com/gpu=1"]
     assert registry.problems == []
     assert [s.path for s in registry.specs] == [str(d / "a.json"), str(d / "b.yaml")]
@@ -73,7 +76,7 @@ def test_ignores_other_extensions_and_subdirectories(tmp_path: Path) -> None:
     (d / "dir.yaml").mkdir()
     _put(d, "z.yaml.nvshim-1", _spec(devices={"tmp": ["A=1"]}))
     _put(d, "ok.yaml", _spec(devices={"ok": ["A=1"]}))
-    registry = cdi.load_registry([str(d)])
+    registry = load_registry([str(d)])
     assert registry.names() == ["nvidia.com/gpu=ok"]
     assert registry.problems == []
 
@@ -82,7 +85,7 @@ def test_missing_directory_is_skipped(tmp_path: Path) -> None:
     """A spec directory that does not exist is skipped silently."""
     d = tmp_path / "run"
     _put(d, "a.yaml", _spec())
-    registry = cdi.load_registry([str(tmp_path / "nope"), str(d)])
+    registry = load_registry([str(tmp_path / "nope"), str(d)])
     assert registry.names() == ["nvidia.com/gpu=0"]
     assert registry.problems == []
 
@@ -92,11 +95,11 @@ def test_later_directory_overrides_silently(tmp_path: Path) -> None:
     etc, run = tmp_path / "etc", tmp_path / "run"
     _put(etc, "z.yaml", _spec(devices={"0": ["FROM=etc"], "1": ["FROM=etc"]}))
     _put(run, "a.yaml", _spec(devices={"0": ["FROM=run"]}))
-    registry = cdi.load_registry([str(etc), str(run)])
+    registry = load_registry([str(etc), str(run)])
     assert _env_of(registry, "nvidia.com/gpu=0") == ("FROM=run",)
     assert _env_of(registry, "nvidia.com/gpu=1") == ("FROM=etc",)
     assert registry.problems == []
-    reverse = cdi.load_registry([str(run), str(etc)])
+    reverse = load_registry([str(run), str(etc)])
     assert _env_of(reverse, "nvidia.com/gpu=0") == ("FROM=etc",)
 
 
@@ -106,7 +109,7 @@ def test_same_directory_conflict_drops_device_and_names_both_files(tmp_path: Pat
     a = _put(etc, "a.yaml", _spec(devices={"0": ["A=1"], "1": ["A=1"]}))
     b = _put(etc, "b.json", _spec(devices={"0": ["A=1"]}))
     _put(run, "c.yaml", _spec(devices={"0": ["C=1"]}))
-    registry = cdi.load_registry([str(etc), str(run)])
+    registry = load_registry([str(etc), str(run)])
     assert registry.names() == ["nvidia.com/gpu=1"]
     assert [str(p) for p in registry.problems] == [
         f'{b}: $.devices[0].name: conflicting device "nvidia.com/gpu=0" '
@@ -120,7 +123,7 @@ def test_conflict_in_higher_priority_directory_drops_device(tmp_path: Path) -> N
     _put(etc, "a.yaml", _spec(devices={"0": ["A=1"]}))
     _put(run, "b.yaml", _spec(devices={"0": ["B=1"]}))
     _put(run, "c.yaml", _spec(devices={"0": ["C=1"]}))
-    registry = cdi.load_registry([str(etc), str(run)])
+    registry = load_registry([str(etc), str(run)])
     assert registry.names() == []
     assert len(registry.problems) == 1
 
@@ -130,7 +133,7 @@ def test_same_kind_split_across_files_is_fine(tmp_path: Path) -> None:
     d = tmp_path / "etc"
     _put(d, "a.yaml", _spec(devices={"0": ["A=1"]}))
     _put(d, "b.yaml", _spec(devices={"1": ["A=1"]}))
-    registry = cdi.load_registry([str(d)])
+    registry = load_registry([str(d)])
     assert registry.names() == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
     assert registry.problems == []
 
@@ -141,7 +144,7 @@ def test_broken_file_is_skipped_and_recorded(tmp_path: Path) -> None:
     bad_kind = _put(d, "a.yaml", _spec(kind="badkind", devices={"x": ["A=1"]}))
     syntax = _put(d, "b.yaml", "kind: [\n")
     _put(d, "c.json", _spec(devices={"0": ["A=1"]}))
-    registry = cdi.load_registry([str(d)])
+    registry = load_registry([str(d)])
     assert registry.names() == ["nvidia.com/gpu=0"]
     assert [str(p) for p in registry.problems] == [
         f'{bad_kind}: $.kind: kind "badkind" must be <vendor>/<class>, like nvidia.com/gpu',
@@ -154,7 +157,7 @@ def test_spec_dir_that_is_a_file_is_recorded(tmp_path: Path) -> None:
     """A spec directory path that is a regular file is reported, not a traceback."""
     f = tmp_path / "file"
     f.write_text("")
-    registry = cdi.load_registry([str(f)])
+    registry = load_registry([str(f)])
     assert [str(p) for p in registry.problems] == [
         f"{f}: $: spec directory is not a directory"
     ]
@@ -164,17 +167,17 @@ def test_spec_dir_that_is_a_file_is_recorded(tmp_path: Path) -> None:
 # resolution
 
 
-def _two_spec_registry(tmp_path: Path) -> cdi.Registry:
+def _two_spec_registry(tmp_path: Path) -> Registry:
     d = tmp_path / "etc"
     _put(d, "gpu.yaml", _spec(devices={"0": ["DEV=0"], "1": ["DEV=1"]}, env=["SPEC=gpu"]))
     _put(d, "fpga.json", _spec(kind="acme.com/fpga", devices={"f": ["DEV=f"]}, env=["SPEC=fpga"]))
-    return cdi.load_registry([str(d)])
+    return load_registry([str(d)])
 
 
 def test_resolve_adds_spec_edits_once_per_spec(tmp_path: Path) -> None:
     """Spec-level edits come once, before the first device of that spec, in request order."""
     registry = _two_spec_registry(tmp_path)
-    edits = cdi.resolve_devices(
+    edits = resolve_devices(
         registry, ["nvidia.com/gpu=1", "acme.com/fpga=f", "nvidia.com/gpu=0"]
     )
     assert edits.env == ("SPEC=gpu", "DEV=1", "SPEC=fpga", "DEV=f", "DEV=0")
@@ -183,21 +186,21 @@ def test_resolve_adds_spec_edits_once_per_spec(tmp_path: Path) -> None:
 def test_resolve_collapses_repeated_names(tmp_path: Path) -> None:
     """A name requested twice contributes its edits once (first occurrence)."""
     registry = _two_spec_registry(tmp_path)
-    edits = cdi.resolve_devices(registry, ["nvidia.com/gpu=0", "nvidia.com/gpu=1",
+    edits = resolve_devices(registry, ["nvidia.com/gpu=0", "nvidia.com/gpu=1",
                                            "nvidia.com/gpu=0"])
     assert edits.env == ("SPEC=gpu", "DEV=0", "DEV=1")
 
 
 def test_resolve_nothing_is_no_edits(tmp_path: Path) -> None:
     """Resolving an empty request gives the empty Edits."""
-    assert cdi.resolve_devices(_two_spec_registry(tmp_path), []) == Edits()
+    assert resolve_devices(_two_spec_registry(tmp_path), []) == Edits()
 
 
 def test_resolve_unknown_names_lists_all_and_dirs(tmp_path: Path) -> None:
     """Unknown names fail the whole request, naming each one and the directories searched."""
-    registry = cdi.load_registry(["/etc/cdi-nvshim-test-missing", "/var/run/cdi-nvshim-missing"])
+    registry = load_registry(["/etc/cdi-nvshim-test-missing", "/var/run/cdi-nvshim-missing"])
     with pytest.raises(CdiError) as info:
-        cdi.resolve_devices(registry, ["nvidia.com/gpu=7", "acme.com/gpu=0", "nvidia.com/gpu=7"])
+        resolve_devices(registry, ["nvidia.com/gpu=7", "acme.com/gpu=0", "nvidia.com/gpu=7"])
     assert str(info.value) == (
         "unresolvable CDI devices nvidia.com/gpu=7, acme.com/gpu=0 "
         "(searched /etc/cdi-nvshim-test-missing, /var/run/cdi-nvshim-missing)"
@@ -208,7 +211,7 @@ def test_resolve_error_text_matches_cdi(tmp_path: Path) -> None:
     """The error reads like podman's: unresolvable CDI devices <name> (searched <dirs>)."""
     registry = _two_spec_registry(tmp_path)
     with pytest.raises(CdiError) as info:
-        cdi.resolve_devices(registry, ["nvidia.com/gpu=0", "nvidia.com/gpu=7"])
+        resolve_devices(registry, ["nvidia.com/gpu=0", "nvidia.com/gpu=7"])
     assert str(info.value) == (
         f"unresolvable CDI devices nvidia.com/gpu=7 (searched {tmp_path / 'etc'})"
     )
@@ -218,9 +221,9 @@ def test_resolve_error_points_at_first_spec_problem(tmp_path: Path) -> None:
     """When some spec failed to load, the error says so (podman hides the reason)."""
     d = tmp_path / "etc"
     bad = _put(d, "gpu.yaml", _spec(devices={"0": []}))
-    registry = cdi.load_registry([str(d)])
+    registry = load_registry([str(d)])
     with pytest.raises(CdiError) as info:
-        cdi.resolve_devices(registry, ["nvidia.com/gpu=0"])
+        resolve_devices(registry, ["nvidia.com/gpu=0"])
     assert str(info.value) == (
         f"unresolvable CDI devices nvidia.com/gpu=0 (searched {d}; 1 spec problem, first: "
         f'{bad}: $.devices[0].containerEdits: device "0" has empty containerEdits)'
@@ -233,16 +236,16 @@ def test_resolve_error_points_at_first_spec_problem(tmp_path: Path) -> None:
 
 def test_write_spec_is_atomic_0644_and_loadable(tmp_path: Path) -> None:
     """write_spec creates the directory, writes mode 0644 and leaves no temp file."""
-    spec = cdi.spec_to_dict(
+    spec = spec_to_dict(
         "nvidia.com/gpu",
         [("0", Edits(device_nodes=(DeviceNode("/dev/nvidia0", type="c", major=195, minor=0),)))],
         Edits(),
     )
     for name in ("nvidia.yaml", "nvidia.json"):
         path = tmp_path / "run" / "cdi" / name
-        cdi.write_spec(str(path), spec)
+        write_spec(str(path), spec)
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
-        assert cdi.load_spec_file(str(path)).devices[0].name == "0"
+        assert load_spec_file(str(path)).devices[0].name == "0"
     assert sorted(os.listdir(tmp_path / "run" / "cdi")) == ["nvidia.json", "nvidia.yaml"]
     assert (tmp_path / "run" / "cdi" / "nvidia.yaml").read_text().startswith("---\n")
     assert (tmp_path / "run" / "cdi" / "nvidia.json").read_text().startswith("{")
@@ -251,15 +254,15 @@ def test_write_spec_is_atomic_0644_and_loadable(tmp_path: Path) -> None:
 def test_write_spec_replaces_existing_file(tmp_path: Path) -> None:
     """Writing over an existing spec replaces its content."""
     path = tmp_path / "gpu.yaml"
-    cdi.write_spec(str(path), _spec(devices={"0": ["V=1"]}))
-    cdi.write_spec(str(path), _spec(devices={"0": ["V=2"]}))
-    assert cdi.load_spec_file(str(path)).devices[0].edits.env == ("V=2",)
+    write_spec(str(path), _spec(devices={"0": ["V=1"]}))
+    write_spec(str(path), _spec(devices={"0": ["V=2"]}))
+    assert load_spec_file(str(path)).devices[0].edits.env == ("V=2",)
 
 
 def test_write_spec_rejects_unknown_extension(tmp_path: Path) -> None:
     """A target not ending in .json/.yaml is refused (runtimes would never read it)."""
     with pytest.raises(CdiError, match=r"the name must end in \.json or \.yaml"):
-        cdi.write_spec(str(tmp_path / "gpu.yml"), _spec())
+        write_spec(str(tmp_path / "gpu.yml"), _spec())
     assert os.listdir(tmp_path) == []
 
 
@@ -290,10 +293,10 @@ def test_cli_list_empty(tmp_path: Path) -> None:
 _PROBE = """
 import json, sys
 sys.path.insert(0, sys.argv[2])
-from nvshim.cdi import spec as cdi
+from nvshim.cdi.registry import load_registry, resolve_devices
 before = sorted(m for m in ("yaml", "jsonschema", "click", "structlog", "pynvml") if m in sys.modules)
-registry = cdi.load_registry([sys.argv[1]])
-edits = cdi.resolve_devices(registry, ["nvidia.com/gpu=0"])
+registry = load_registry([sys.argv[1]])
+edits = resolve_devices(registry, ["nvidia.com/gpu=0"])
 after = sorted(m for m in ("yaml", "jsonschema", "click", "structlog", "pynvml") if m in sys.modules)
 print(json.dumps([before, after, list(edits.env)]))
 """
@@ -308,7 +311,7 @@ def _probe(directory: Path) -> Any:
 
 
 def test_json_registry_loads_without_heavy_imports(tmp_path: Path) -> None:
-    """Importing nvshim.cdi.spec and resolving from JSON specs imports no yaml/jsonschema/click."""
+    """Importing nvshim.cdi.registry and resolving from JSON specs imports no yaml/jsonschema/click."""
     _put(tmp_path, "gpu.json", _spec(devices={"0": ["A=1"]}))
     assert _probe(tmp_path) == [[], [], ["A=1"]]
 

@@ -11,10 +11,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from nvshim.cdi import spec as cdi
-from nvshim.cli.cmd_cdi import generate
+from nvshim.cdi.check import check_semantics
 from nvshim.cdi.transform import transform_root
-from nvshim.cli.cmd_cdi import transform
+from nvshim.cli.cmd_cdi import generate, transform
 from nvshim.errors import UsageError
 
 DRIVER = "/run/nvidia/driver"
@@ -51,7 +50,7 @@ def test_transform_moves_host_paths_by_components() -> None:
     assert edits["hooks"][0]["path"] == "/usr/bin/nvshim"
     assert changed == 4
     assert SPEC["containerEdits"]["mounts"][0]["hostPath"].startswith(DRIVER)  # input intact
-    assert cdi.check_semantics(out) == []
+    assert check_semantics(out) == []
 
 
 def test_transform_round_trip_and_container_side() -> None:

@@ -13,10 +13,14 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nvshim.cdi import spec as cdi
+from nvshim.cdi.load import load_spec_file, parse_spec
+from nvshim.cdi.names import is_qualified_name, parse_qualified_name
+from nvshim.cdi.schema import check_schema, schema_path, validate_file, validate_spec
+from nvshim.cdi.version import CURRENT_VERSION, KNOWN_VERSIONS, required_version
+from nvshim.cdi.write import dump_spec, spec_to_dict
 from nvshim.cli.cmd_cdi import cdi as cdi_group
 from nvshim.edits import DeviceNode, Edits, Hook, Mount
-from nvshim.errors import CdiError
+from nvshim.errors import CdiError, CdiProblem
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -265,7 +269,7 @@ def test_invalid_spec_file_gives_exact_problems(
 ) -> None:
     """Each invalid file yields exactly the expected one-line problems, prefixed by its path."""
     path = _write(tmp_path, ext, text)
-    problems = cdi.validate_file(str(path))
+    problems = validate_file(str(path))
     assert [str(p) for p in problems] == [f"{path}: {line}" for line in expected]
     assert all("\n" not in str(p) for p in problems)
 
@@ -277,7 +281,7 @@ def test_invalid_spec_file_fails_to_load(
     """load_spec_file rejects each invalid file with a CdiError whose text is the first problem."""
     path = _write(tmp_path, ext, text)
     with pytest.raises(CdiError) as info:
-        cdi.load_spec_file(str(path))
+        load_spec_file(str(path))
     assert str(info.value).startswith(f"{path}: {expected[0]}")
 
 
@@ -291,7 +295,7 @@ def test_schema_alone_flags_the_same_place(
     raw = _decoded(ext, text)
     assert raw is not None
     json_path = expected[0].split(": ", 1)[0]
-    assert json_path in {p.json_path for p in cdi.check_schema(raw, "x")}
+    assert json_path in {p.json_path for p in check_schema(raw, "x")}
 
 
 def test_invalid_cases_are_many() -> None:
@@ -380,15 +384,15 @@ VALID = [
 def test_valid_spec_has_no_problems_and_loads(tmp_path: Path, ext: str, text: str) -> None:
     """Valid specs pass both layers and load into a Spec."""
     path = _write(tmp_path, ext, text)
-    assert cdi.validate_file(str(path)) == []
-    spec = cdi.load_spec_file(str(path))
+    assert validate_file(str(path)) == []
+    spec = load_spec_file(str(path))
     assert spec.path == str(path)
     assert spec.vendor and spec.class_ and spec.devices
 
 
 def test_loaded_spec_models_edits() -> None:
     """The engines.md example loads with its spec-level and device edits as Edits values."""
-    spec = cdi.parse_spec(yaml.safe_load(LAB_SPEC), "lab.yaml")
+    spec = parse_spec(yaml.safe_load(LAB_SPEC), "lab.yaml")
     assert (spec.kind, spec.vendor, spec.class_, spec.version) == (
         "nvidia.com/gpu", "nvidia.com", "gpu", "0.5.0")
     assert [d.name for d in spec.devices] == ["0"]
@@ -405,7 +409,7 @@ def test_loaded_spec_models_edits() -> None:
 def test_missing_file_is_one_problem(tmp_path: Path) -> None:
     """A file that cannot be read is one problem naming the OS reason, not a traceback."""
     path = tmp_path / "gone.yaml"
-    assert [str(p) for p in cdi.validate_file(str(path))] == [
+    assert [str(p) for p in validate_file(str(path))] == [
         f"{path}: $: cannot read: No such file or directory"
     ]
 
@@ -414,14 +418,14 @@ def test_non_utf8_file_is_one_problem(tmp_path: Path) -> None:
     """Bytes that are not UTF-8 are reported with their offset."""
     path = tmp_path / "bin.json"
     path.write_bytes(b'{"a": "\xff"}')
-    assert [str(p) for p in cdi.validate_file(str(path))] == [
+    assert [str(p) for p in validate_file(str(path))] == [
         f"{path}: $: not UTF-8 text: invalid byte at offset 7"
     ]
 
 
 def test_problem_str_is_one_line() -> None:
     """A Problem prints as <file>: <json path>: <message>, newlines folded."""
-    assert str(cdi.Problem("a.yaml", "$.kind", "bad\nkind")) == "a.yaml: $.kind: bad kind"
+    assert str(CdiProblem("a.yaml", "$.kind", "bad\nkind")) == "a.yaml: $.kind: bad kind"
 
 
 # --------------------------------------------------------------------------------------
@@ -455,14 +459,14 @@ REQUIRED_VERSION = [
 @pytest.mark.parametrize("spec,version", REQUIRED_VERSION)
 def test_required_version_table(spec: Dict[str, Any], version: str) -> None:
     """Each feature bumps the minimum cdiVersion to the version that introduced it."""
-    assert cdi.required_version(spec) == version
+    assert required_version(spec) == version
 
 
 def test_known_versions() -> None:
     """KNOWN_VERSIONS lists the released spec versions newest first, 1.0.1 not among them."""
-    assert cdi.KNOWN_VERSIONS[0] == cdi.CURRENT_VERSION == "1.1.0"
-    assert "1.0.1" not in cdi.KNOWN_VERSIONS and "0.3.0" in cdi.KNOWN_VERSIONS
-    keys = [tuple(map(int, v.split("."))) for v in cdi.KNOWN_VERSIONS]
+    assert KNOWN_VERSIONS[0] == CURRENT_VERSION == "1.1.0"
+    assert "1.0.1" not in KNOWN_VERSIONS and "0.3.0" in KNOWN_VERSIONS
+    keys = [tuple(map(int, v.split("."))) for v in KNOWN_VERSIONS]
     assert keys == sorted(keys, reverse=True)
 
 
@@ -499,28 +503,28 @@ BAD_NAMES = [
 @pytest.mark.parametrize("name,parts", GOOD_NAMES)
 def test_parse_qualified_name_accepts(name: str, parts: tuple) -> None:
     """Valid qualified names split at the first "=" and the first "/"."""
-    assert cdi.parse_qualified_name(name) == parts
-    assert cdi.is_qualified_name(name)
+    assert parse_qualified_name(name) == parts
+    assert is_qualified_name(name)
 
 
 @pytest.mark.parametrize("name,reason", BAD_NAMES)
 def test_parse_qualified_name_rejects(name: str, reason: str) -> None:
     """Invalid names raise CdiError naming the value and the reason."""
     with pytest.raises(CdiError) as info:
-        cdi.parse_qualified_name(name)
+        parse_qualified_name(name)
     assert str(info.value) == f'invalid CDI device name "{name}": {reason}'
-    assert not cdi.is_qualified_name(name)
+    assert not is_qualified_name(name)
 
 
 @given(st.text(max_size=30))
 def test_qualified_name_parse_agrees_with_predicate(text: str) -> None:
     """parse_qualified_name succeeds exactly when is_qualified_name is true, and round-trips."""
-    if cdi.is_qualified_name(text):
-        vendor, class_, device = cdi.parse_qualified_name(text)
+    if is_qualified_name(text):
+        vendor, class_, device = parse_qualified_name(text)
         assert f"{vendor}/{class_}={device}" == text
     else:
         with pytest.raises(CdiError):
-            cdi.parse_qualified_name(text)
+            parse_qualified_name(text)
 
 
 # --------------------------------------------------------------------------------------
@@ -540,15 +544,15 @@ def test_schema_is_a_valid_json_schema() -> None:
 
     schema = json.loads((REPO / "cdi-specs" / "schema.json").read_text())
     jsonschema.validators.validator_for(schema).check_schema(schema)
-    assert os.path.samefile(cdi.schema_path(), REPO / "nvshim" / "data" / "cdi-schema.json")
+    assert os.path.samefile(schema_path(), REPO / "nvshim" / "data" / "cdi-schema.json")
 
 
 def test_schema_reports_what_only_it_knows() -> None:
     """A problem found by the schema alone is kept, with jsonschema's message at its path."""
     raw = yaml.safe_load(HEAD + DEV0)
-    assert cdi.check_schema(raw, "x") == []
+    assert check_schema(raw, "x") == []
     raw["devices"][0]["containerEdits"]["env"] = {"A": "1"}
-    assert [str(p) for p in cdi.check_schema(raw, "x")] == [
+    assert [str(p) for p in check_schema(raw, "x")] == [
         "x: $.devices[0].containerEdits.env: {'A': '1'} is not of type 'array', 'null'"
     ]
 
@@ -566,7 +570,7 @@ def _sample_edits() -> Edits:
 
 def test_spec_to_dict_uses_minimum_version_and_order() -> None:
     """spec_to_dict writes the minimum cdiVersion and keys cdiVersion, kind, devices, containerEdits."""
-    spec = cdi.spec_to_dict(
+    spec = spec_to_dict(
         "nvidia.com/gpu",
         [("0", _sample_edits())],
         Edits(env=("NVIDIA_VISIBLE_DEVICES=void",),
@@ -574,12 +578,12 @@ def test_spec_to_dict_uses_minimum_version_and_order() -> None:
     )
     assert list(spec) == ["cdiVersion", "kind", "devices", "containerEdits"]
     assert spec["cdiVersion"] == "0.5.0"
-    assert cdi.validate_spec(spec) == []
+    assert validate_spec(spec) == []
 
 
 def test_spec_to_dict_omits_empty_spec_edits_and_honours_version() -> None:
     """Empty spec-level edits are left out; an explicit version is kept."""
-    spec = cdi.spec_to_dict("a/b", [("x", Edits(env=("A=1",)))], Edits(), version="0.8.0")
+    spec = spec_to_dict("a/b", [("x", Edits(env=("A=1",)))], Edits(), version="0.8.0")
     assert spec == {"cdiVersion": "0.8.0", "kind": "a/b",
                     "devices": [{"name": "x", "containerEdits": {"env": ["A=1"]}}]}
 
@@ -599,14 +603,14 @@ def test_spec_to_dict_omits_empty_spec_edits_and_honours_version() -> None:
 def test_spec_to_dict_refuses_invalid_specs(args: tuple, message: str) -> None:
     """spec_to_dict never returns a spec that would not load."""
     with pytest.raises(CdiError) as info:
-        cdi.spec_to_dict(*args)
+        spec_to_dict(*args)
     assert str(info.value) == message
 
 
 def test_dump_yaml_is_stable_and_starts_with_document_marker() -> None:
     """YAML output starts with ---, quotes digit names, keeps key order and round-trips."""
-    spec = cdi.spec_to_dict("nvidia.com/gpu", [("0", _sample_edits())], Edits(env=("A=1",)))
-    text = cdi.dump_spec(spec, "yaml")
+    spec = spec_to_dict("nvidia.com/gpu", [("0", _sample_edits())], Edits(env=("A=1",)))
+    text = dump_spec(spec, "yaml")
     assert text == (
         "---\n"
         "cdiVersion: 0.5.0\n"
@@ -625,13 +629,13 @@ def test_dump_yaml_is_stable_and_starts_with_document_marker() -> None:
         "  - A=1\n"
     )
     assert yaml.safe_load(text) == spec
-    assert cdi.dump_spec(dict(reversed(list(spec.items()))), "yaml") == text
+    assert dump_spec(dict(reversed(list(spec.items()))), "yaml") == text
 
 
 def test_dump_json_round_trips() -> None:
     """JSON output parses back to the same document with the same key order."""
-    spec = cdi.spec_to_dict("nvidia.com/gpu", [("0", _sample_edits())], Edits())
-    text = cdi.dump_spec(spec, "json")
+    spec = spec_to_dict("nvidia.com/gpu", [("0", _sample_edits())], Edits())
+    text = dump_spec(spec, "json")
     assert text.endswith("}\n")
     assert json.loads(text) == spec
     assert list(json.loads(text)) == ["cdiVersion", "kind", "devices"]
@@ -640,14 +644,14 @@ def test_dump_json_round_trips() -> None:
 @pytest.mark.parametrize("value", ["A=\x85", "A=\u2028b", "A=\u00e9", "A=\ttab", "A= lead"])
 def test_dump_yaml_keeps_odd_characters(value: str) -> None:
     """YAML output keeps values with Unicode line breaks, accents and tabs byte-exact."""
-    spec = cdi.spec_to_dict("a/b", [("x", Edits(env=(value,)))], Edits())
-    assert yaml.safe_load(cdi.dump_spec(spec, "yaml")) == spec
+    spec = spec_to_dict("a/b", [("x", Edits(env=(value,)))], Edits())
+    assert yaml.safe_load(dump_spec(spec, "yaml")) == spec
 
 
 def test_dump_unknown_format() -> None:
     """An unknown output format is a CdiError naming it."""
     with pytest.raises(CdiError, match='unknown spec format "toml": expected yaml or json'):
-        cdi.dump_spec({}, "toml")
+        dump_spec({}, "toml")
 
 
 # --------------------------------------------------------------------------------------
@@ -740,10 +744,10 @@ json_values = st.recursive(
 @given(json_values)
 def test_validate_spec_never_raises(raw: Any) -> None:
     """Any decoded value gives a list of Problems, never an exception."""
-    problems = cdi.validate_spec(raw, "h.yaml")
-    assert all(isinstance(p, cdi.Problem) and "\n" not in str(p) for p in problems)
+    problems = validate_spec(raw, "h.yaml")
+    assert all(isinstance(p, CdiProblem) and "\n" not in str(p) for p in problems)
     if isinstance(raw, dict) and not problems:
-        cdi.parse_spec(raw, "h.yaml")
+        parse_spec(raw, "h.yaml")
 
 
 def _edits_strategy() -> Any:
@@ -782,12 +786,12 @@ def test_generated_specs_round_trip(devices: Any, edits: Edits, fmt: str) -> Non
     devices = [(name, dev) for name, dev in devices if dev]
     if not devices:
         return
-    spec = cdi.spec_to_dict("nvidia.com/gpu", devices, edits)
-    assert cdi.validate_spec(spec) == []
-    text = cdi.dump_spec(spec, fmt)
+    spec = spec_to_dict("nvidia.com/gpu", devices, edits)
+    assert validate_spec(spec) == []
+    text = dump_spec(spec, fmt)
     raw = json.loads(text) if fmt == "json" else yaml.safe_load(text)
     assert raw == spec
-    loaded = cdi.parse_spec(raw, f"x.{fmt}")
+    loaded = parse_spec(raw, f"x.{fmt}")
     assert [(d.name, d.edits) for d in loaded.devices] == [
         (name, Edits.from_cdi(dev.to_cdi())) for name, dev in devices
     ]

@@ -14,7 +14,7 @@ import yaml
 
 from nvshim.node import doctor
 from nvshim.runtime.trampoline import render, runtimes_path
-from nvshim.cdi.spec import write_spec
+from nvshim.cdi.write import write_spec
 from nvshim.cli.main import main
 from nvshim.config import Config, compiled_path
 from nvshim.runtime.compile import compile_node

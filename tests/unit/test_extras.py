@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from nvshim.cdi.spec import validate_spec
+from nvshim.cdi.schema import validate_spec
 from nvshim.config import Config
 from nvshim.errors import CdiError, RequestError
 from nvshim.runtime.extras import Extras, extras_edits, generate_imex_spec, resolve_extras

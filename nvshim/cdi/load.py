@@ -1,0 +1,174 @@
+"""Loading CDI spec files: strict decoding (JSON; YAML lazily) and building a
+:class:`~nvshim.cdi.model.Spec` from a checked document.
+
+:func:`read_document` reads one file and decodes it strictly (duplicate keys, an empty
+or non-mapping document are errors); :func:`parse_spec` runs the checker and converts
+what it accepted; :func:`load_spec_file` does both. Every failure is a
+:class:`~nvshim.errors.CdiSpecError` naming the file. ``yaml`` is imported only when a
+``.yaml`` file is read: a create that loads JSON specs needs only the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvshim import _jsonc
+from nvshim.cdi.check import check_semantics, type_name
+from nvshim.cdi.model import NO_FILE, SPEC_EXTENSIONS, CdiDevice, Spec
+from nvshim.edits import Edits
+from nvshim.errors import CdiProblem, CdiSpecError
+
+TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Any, Dict, List, Mapping, Tuple
+
+__all__ = ["read_document", "parse_spec", "load_spec_file"]
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _json_pairs(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _json_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _decode_json(text: str, path: str) -> Any:
+    try:
+        return _jsonc.loads(text, object_pairs_hook=_json_pairs, parse_constant=_json_constant)
+    except _DuplicateKey as exc:
+        raise CdiSpecError([CdiProblem(path, "$", f'invalid JSON: duplicate key "{exc}"')]) from exc
+    except ValueError as exc:
+        if getattr(exc, "colno", None) is None:  # not a json.JSONDecodeError
+            raise CdiSpecError([CdiProblem(path, "$", f"invalid JSON: {exc}")]) from exc
+        where = f"line {exc.lineno}, column {exc.colno}"  # type: ignore[attr-defined]
+        reason = f"invalid JSON at {where}: {exc.msg}"  # type: ignore[attr-defined]
+        raise CdiSpecError([CdiProblem(path, "$", reason)]) from exc
+    except RecursionError as exc:
+        raise CdiSpecError([CdiProblem(path, "$", f"invalid JSON: {exc}")]) from exc
+
+
+_YAML_LOADER: List[Any] = []
+
+
+def _yaml_loader() -> Any:
+    """A SafeLoader that rejects duplicate mapping keys (built on first use)."""
+    if _YAML_LOADER:
+        return _YAML_LOADER[0]
+    import yaml  # heavy: only YAML files need it
+
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if isinstance(node, yaml.MappingNode):
+                # Only keys written in this mapping: a "<<" merge may be overridden.
+                seen: List[Any] = []
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=deep)
+                    try:
+                        duplicate = key in seen
+                    except TypeError:
+                        duplicate = False  # unhashable key: the base class reports it
+                    if duplicate:
+                        raise yaml.constructor.ConstructorError(
+                            None,
+                            None,
+                            f"duplicate key {_jsonc.dumps(str(key))}",
+                            key_node.start_mark,
+                        )
+                    seen.append(key)
+            return super().construct_mapping(node, deep=deep)
+
+    _YAML_LOADER.append(StrictLoader)
+    return StrictLoader
+
+
+def _decode_yaml(text: str, path: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        reason = exc.problem or "syntax error"
+        if exc.context:
+            reason = f"{exc.context}: {reason}"
+        raise CdiSpecError([CdiProblem(path, "$", f"invalid YAML{where}: {reason}")]) from exc
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise CdiSpecError([CdiProblem(path, "$", f"invalid YAML: {exc}")]) from exc
+
+
+def read_document(path: str) -> Any:
+    """Read and strictly decode one spec file into a mapping (CdiSpecError if not)."""
+    ext = os.path.splitext(path)[1]
+    if ext not in SPEC_EXTENSIONS:
+        reason = f'unknown extension "{ext}": CDI spec files end in .json or .yaml'
+        raise CdiSpecError([CdiProblem(path, "$", reason)])
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read()
+    except OSError as exc:
+        raise CdiSpecError([CdiProblem(path, "$", f"cannot read: {exc.strerror}")]) from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CdiSpecError(
+            [CdiProblem(path, "$", f"not UTF-8 text: invalid byte at offset {exc.start}")]
+        ) from exc
+    if not text.strip():
+        raise CdiSpecError([CdiProblem(path, "$", "empty document")])
+    raw = _decode_json(text, path) if ext == ".json" else _decode_yaml(text, path)
+    if raw is None:
+        raise CdiSpecError([CdiProblem(path, "$", "empty document")])
+    if not isinstance(raw, dict):
+        raise CdiSpecError(
+            [CdiProblem(path, "$", f"top level must be a mapping, got {type_name(raw)}")]
+        )
+    return raw
+
+
+def parse_spec(raw: Mapping[str, Any], path: str = NO_FILE) -> Spec:
+    """Build a :class:`Spec` from a decoded document after the semantic checks.
+
+    The checker owns every rule; what it accepts is converted without a second check.
+    Raises :class:`CdiSpecError` listing every problem.
+    """
+    problems = check_semantics(raw, path)
+    if problems:
+        raise CdiSpecError(problems)
+    devices = tuple(
+        CdiDevice(name=device["name"], edits=Edits.from_cdi(device["containerEdits"]))
+        for device in raw["devices"]
+    )
+    kind = raw["kind"]
+    vendor, class_ = kind.split("/", 1)
+    return Spec(
+        path=path,
+        version=raw["cdiVersion"],
+        kind=kind,
+        vendor=vendor,
+        class_=class_,
+        devices=devices,
+        edits=Edits.from_cdi(raw.get("containerEdits")),
+        raw=raw,
+    )
+
+
+def load_spec_file(path: str) -> Spec:
+    """Read, strictly decode and check one spec file (``.json`` or ``.yaml``).
+
+    Duplicate keys, an empty document, a non-mapping document, and any semantic problem
+    are errors: raises :class:`CdiSpecError` (a :class:`CdiError`).
+    """
+    return parse_spec(read_document(path), path)

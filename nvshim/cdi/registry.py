@@ -1,0 +1,143 @@
+"""The CDI registry: scan spec directories with CDI's priority and conflict rules, and
+resolve requested ``vendor/class=device`` names into one :class:`~nvshim.edits.Edits`.
+
+:func:`spec_files` lists a directory's spec files (the rule every scan uses: the
+registry, the index, ``nvshim doctor``); :func:`build_registry` applies CDI's rules to
+specs already loaded (a full scan, :func:`load_registry`, or the index's selection);
+:func:`resolve_devices` merges the edits of the requested names.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvshim.cdi.load import load_spec_file
+from nvshim.cdi.model import SPEC_EXTENSIONS, Registry, ResolvedDevice
+from nvshim.cdi.names import qualified_name
+from nvshim.config import DEFAULT_CDI_SPEC_DIRS
+from nvshim.edits import Edits
+from nvshim.errors import CdiError, CdiProblem, CdiSpecError
+
+TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+    from nvshim.cdi.model import Spec
+
+__all__ = ["spec_files", "load_registry", "build_registry", "resolve_devices"]
+
+
+def spec_files(directory: str, problems: List[CdiProblem]) -> List[str]:
+    """The spec files of ``directory``, in name order: entries ending in .json or .yaml
+    that are not directories (a symlink counts as what its name says; not followed for the
+    directory test). A missing directory has none; one that is not a directory or cannot
+    be listed adds a problem to ``problems`` and has none. Not recursive.
+    """
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    except NotADirectoryError:
+        problems.append(CdiProblem(directory, "$", "spec directory is not a directory"))
+        return []
+    except OSError as exc:
+        problems.append(CdiProblem(directory, "$", f"cannot list spec directory: {exc.strerror}"))
+        return []
+    files = []
+    for entry in entries:
+        if not entry.name.endswith(SPEC_EXTENSIONS):
+            continue
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+        except OSError:
+            is_dir = False
+        if not is_dir:
+            files.append(entry.path)
+    return files
+
+
+def load_registry(spec_dirs: Sequence[str] = DEFAULT_CDI_SPEC_DIRS) -> Registry:
+    """Load every spec of ``spec_dirs`` with CDI's rules.
+
+    Directories are scanned in order, non-recursively, files in name order; a later
+    directory has higher priority and silently overrides. A file that fails to load is
+    skipped and recorded in ``problems``. A device defined in two files of the same
+    directory is a conflict: recorded, and the device is dropped entirely.
+    """
+    return build_registry(spec_dirs, _scan_specs(spec_dirs))
+
+
+def _scan_specs(spec_dirs: Sequence[str]) -> Iterable[Tuple[int, Optional[Spec], List[CdiProblem]]]:
+    """(rank, spec or None, problems) for every spec file of ``spec_dirs``, in CDI order."""
+    for rank, directory in enumerate(spec_dirs):
+        problems: List[CdiProblem] = []
+        files = spec_files(directory, problems)
+        if problems:
+            yield rank, None, problems
+        for path in files:
+            try:
+                yield rank, load_spec_file(path), []
+            except CdiSpecError as exc:
+                yield rank, None, exc.problems
+
+
+def build_registry(spec_dirs: Sequence[str],
+                   loaded: Iterable[Tuple[int, Optional[Spec], List[CdiProblem]]]) -> Registry:
+    """A :class:`Registry` from specs already loaded, in scan order (CDI's priority and
+    conflict rules; shared by :func:`load_registry` and the spec index)."""
+    registry = Registry(spec_dirs=tuple(spec_dirs))
+    priority: Dict[str, int] = {}
+    conflicted: set[str] = set()
+    for rank, spec, problems in loaded:
+        registry.problems.extend(problems)
+        if spec is None:
+            continue
+        path = spec.path
+        registry.specs.append(spec)
+        for index, device in enumerate(spec.devices):
+            name = qualified_name(spec.kind, device.name)
+            old = registry.devices.get(name)
+            if old is not None and priority[name] == rank:
+                registry.problems.append(
+                    CdiProblem(
+                        path,
+                        f"$.devices[{index}].name",
+                        f'conflicting device "{name}" (specs "{old.spec.path}", "{path}"):'
+                        " device dropped",
+                    )
+                )
+                conflicted.add(name)
+                continue
+            registry.devices[name] = ResolvedDevice(spec, device)
+            priority[name] = rank
+    for name in conflicted:
+        registry.devices.pop(name, None)
+    return registry
+
+
+def resolve_devices(registry: Registry, names: Sequence[str]) -> Edits:
+    """The merged edits for ``names``, in CDI order.
+
+    Names are taken in order (repeats collapsed); the first time a spec is met its
+    spec-level edits are added, then each device's own. If any name is unknown nothing
+    is resolved: raises :class:`CdiError` listing all of them and the directories searched.
+    """
+    unique = list(dict.fromkeys(names))
+    missing = [name for name in unique if name not in registry.devices]
+    if missing:
+        searched = ", ".join(registry.spec_dirs) or "no spec directories"
+        hint = ""
+        if registry.problems:
+            count = len(registry.problems)
+            plural = "s" if count != 1 else ""
+            hint = f"; {count} spec problem{plural}, first: {registry.problems[0]}"
+        raise CdiError(f"unresolvable CDI devices {', '.join(missing)} (searched {searched}{hint})")
+    edits = Edits()
+    seen_specs: set[str] = set()
+    for name in unique:
+        resolved = registry.devices[name]
+        if resolved.spec.path not in seen_specs:
+            seen_specs.add(resolved.spec.path)
+            edits = edits + resolved.spec.edits
+        edits = edits + resolved.device.edits
+    return edits

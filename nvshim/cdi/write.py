@@ -1,0 +1,104 @@
+"""Building and writing CDI specs: a checked document from :class:`~nvshim.edits.Edits`
+values (:func:`spec_to_dict`), its stable text (:func:`dump_spec`, YAML or JSON) and an
+atomic write (:func:`write_spec`). Used by ``nvshim cdi generate``/``transform`` and the
+IMEX spec; never by a create.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvshim import _jsonc
+from nvshim.cdi.check import check_semantics
+from nvshim.cdi.model import SPEC_EXTENSIONS
+from nvshim.cdi.version import required_version
+from nvshim.errors import CdiError, CdiSpecError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+    from nvshim.edits import Edits
+
+__all__ = ["spec_to_dict", "dump_spec", "write_spec"]
+
+_KEY_ORDER = ("cdiVersion", "kind", "annotations", "devices", "containerEdits")
+
+
+def spec_to_dict(
+    kind: str,
+    devices: Sequence[Tuple[str, Edits]],
+    edits: Edits,
+    version: Optional[str] = None,
+) -> Dict[str, Any]:
+    """A spec document for ``kind`` with ``devices`` (name, edits) and spec-level ``edits``.
+
+    ``cdiVersion`` is the minimum the content needs unless ``version`` is given. The
+    result is checked; raises :class:`CdiSpecError` if it would not load.
+    """
+    spec: Dict[str, Any] = {
+        "cdiVersion": "",
+        "kind": kind,
+        "devices": [{"name": name, "containerEdits": dev.to_cdi()} for name, dev in devices],
+    }
+    if edits:
+        spec["containerEdits"] = edits.to_cdi()
+    spec["cdiVersion"] = version if version is not None else required_version(spec)
+    problems = check_semantics(spec)
+    if problems:
+        raise CdiSpecError(problems)
+    return spec
+
+
+def _ordered(spec: Mapping[str, Any]) -> Dict[str, Any]:
+    out = {key: spec[key] for key in _KEY_ORDER if key in spec}
+    out.update((key, value) for key, value in spec.items() if key not in out)
+    return out
+
+
+def dump_spec(spec: Mapping[str, Any], fmt: str = "yaml") -> str:
+    """Serialise a spec document: ``yaml`` (starts with ``---``) or ``json``.
+
+    Top-level keys come in the order cdiVersion, kind, annotations, devices,
+    containerEdits; inner keys keep their order. Output is stable for equal input.
+    """
+    ordered = _ordered(spec)
+    if fmt == "json":
+        return _jsonc.dumps(ordered, indent=2, ensure_ascii=False) + "\n"
+    if fmt == "yaml":
+        import yaml
+
+        text: str = yaml.safe_dump(
+            ordered,
+            explicit_start=True,
+            sort_keys=False,
+            default_flow_style=False,
+            width=2**30,
+        )
+        return text
+    raise CdiError(f'unknown spec format "{fmt}": expected yaml or json')
+
+
+def _format_for(path: str) -> str:
+    ext = os.path.splitext(path)[1]
+    if ext not in SPEC_EXTENSIONS:
+        raise CdiError(f'cannot write CDI spec {path}: the name must end in .json or .yaml')
+    return ext[1:]
+
+
+def write_spec(path: str, spec: Mapping[str, Any]) -> None:
+    """Write ``spec`` to ``path`` atomically, format from the extension.
+
+    The directory is created (0755) if needed; a new file gets mode 0644 (an existing
+    file keeps its mode). Readers never see a partial file: the temporary file's name
+    does not end in .json/.yaml, so registries ignore it.
+    """
+    from nvshim.files import write_atomic
+
+    text = dump_spec(spec, _format_for(path))
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise CdiError(f"cannot create CDI spec directory {directory}: {exc.strerror}") from exc
+    write_atomic(path, text.encode("utf-8"), default_mode=0o644)
