@@ -40,7 +40,7 @@ import stat
 # (mypy treats a name TYPE_CHECKING as true).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional, Tuple, Union
+    from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 __all__ = [
     "MAX_SYMLINKS",
@@ -54,6 +54,7 @@ __all__ = [
     "read_file",
     "write_file_atomic",
     "symlink_atomic",
+    "symlinks_atomic",
 ]
 
 #: The kernel's own limit on symlinks followed in one lookup.
@@ -415,25 +416,58 @@ def write_file_atomic(
 def symlink_atomic(root: Root, target: str, container_path: str, dir_mode: int = 0o755) -> bool:
     """Make *container_path* in *root* a symlink to *target*; True if anything changed.
 
-    No-op when it already is that symlink. Otherwise a temporary symlink is renamed over
-    whatever is there (a file, a symlink to elsewhere); the old entry is never followed.
-    *target* is stored as given and is not checked: the container resolves it later.
+    No-op when it already is that symlink. Where nothing is there, the link is made in
+    place (``symlinkat`` is atomic and never follows or replaces an existing entry);
+    otherwise a temporary symlink is renamed over whatever is there (a file, a symlink to
+    elsewhere); the old entry is never followed. *target* is stored as given and is not
+    checked: the container resolves it later. Missing parents are made with *dir_mode*.
     """
-    parent_path, name = _split_final(container_path)
-    parent = _walk(_root_fd(root), parent_path, create=True, mode=dir_mode, shown=container_path)
+    return symlinks_atomic(root, ((target, container_path),), dir_mode) == 1
+
+
+def symlinks_atomic(root: Root, links: Iterable[Tuple[str, str]], dir_mode: int = 0o755) -> int:
+    """:func:`symlink_atomic` for each (target, container path) of *links*, in order, with
+    each parent directory resolved once (a driver's SONAME links share one folder: one walk
+    instead of one per link). Returns how many changed; an ``OSError`` names the container
+    path of the link that failed."""
+    root_fd = _root_fd(root)
+    parents: Dict[str, int] = {}
+    changed = 0
     try:
-        if _readlink(name, parent) == target:
-            return False
-        tmp = _temp_name(name)
-        try:
-            os.symlink(target, tmp, dir_fd=parent)
-            os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
-        except OSError as exc:
-            _unlink_quietly(tmp, parent)
-            raise OSError(exc.errno, exc.strerror, container_path) from None
-        return True
+        for target, container_path in links:
+            parent_path, name = _split_final(container_path)
+            parent = parents.get(parent_path)
+            if parent is None:
+                parent = _walk(root_fd, parent_path, create=True, mode=dir_mode,
+                               shown=container_path)
+                parents[parent_path] = parent
+            changed += _symlink_in(parent, target, name, container_path)
     finally:
-        os.close(parent)
+        for fd in parents.values():
+            os.close(fd)
+    return changed
+
+
+def _symlink_in(parent: int, target: str, name: str, container_path: str) -> bool:
+    current = _readlink(name, parent)
+    if current == target:
+        return False
+    if current is None:
+        try:
+            os.symlink(target, name, dir_fd=parent)
+            return True
+        except FileExistsError:
+            pass  # a file or a directory is there: replace it by rename, below
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, container_path) from None
+    tmp = _temp_name(name)
+    try:
+        os.symlink(target, tmp, dir_fd=parent)
+        os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+    except OSError as exc:
+        _unlink_quietly(tmp, parent)
+        raise OSError(exc.errno, exc.strerror, container_path) from None
+    return True
 
 
 def _unlink_quietly(name: str, dir_fd: int) -> None:

@@ -252,9 +252,13 @@ def _covered(root: int, spec: Mapping[str, Any], work: RootWork) -> str:
     """
     targets = [LDCACHE, LDCONF, LDCONF_DROPIN, *(link for _, link in work.links)]
     written = {}
+    real_parents: Dict[str, str] = {}  # the links share a folder or two: resolve each once
     for target in targets:
         parent, _, name = target.rpartition("/")
-        written[f"{_inroot.real_path(root, parent).rstrip('/')}/{name}"] = target
+        real = real_parents.get(parent)
+        if real is None:
+            real = real_parents[parent] = _inroot.real_path(root, parent).rstrip("/")
+        written[f"{real}/{name}"] = target
     ours = {f"{folder}/{name}" for folder, names in work.planned.items() for name in names}
     for mount in spec.get("mounts") or ():
         dest = mount.get("destination") if isinstance(mount, dict) else None
@@ -311,11 +315,12 @@ def _host_error(action: str, exc: OSError) -> HostError:
 
 def apply_links(root: _inroot.RootFd, rootfs: str, links: Sequence[Tuple[str, str]]) -> None:
     """Make each (target, link) symlink in the root (no-op when it is already right)."""
-    for target, link in links:
-        try:
-            _inroot.symlink_atomic(root, target, link)
-        except OSError as exc:
-            raise _host_error(f"cannot link {link} -> {target} in {rootfs}", exc) from exc
+    try:
+        _inroot.symlinks_atomic(root, links)
+    except OSError as exc:
+        link = str(exc.filename)
+        target = next((t for t, name in links if name == link), "?")
+        raise _host_error(f"cannot link {link} -> {target} in {rootfs}", exc) from exc
 
 
 def _lib_name(name: str) -> bool:

@@ -82,6 +82,52 @@ def test_symlink_atomic_replaces_wrong_link_and_regular_file(world: tuple[Path, 
     assert sorted(p.name for p in root.iterdir()) == ["a", "b", "etc"]  # no temp left over
 
 
+def test_symlinks_atomic_walks_each_folder_once(world: tuple[Path, Path],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of links resolves each parent folder once (through an image symlink, inside
+    the root), makes absent links in place, replaces wrong ones, and leaves no fd or temp."""
+    root, host = world
+    (root / "usr/lib").mkdir(parents=True)
+    (root / "usr/lib/x86_64-linux-gnu").symlink_to(host)  # resolved in the root, not on the host
+    inside = root / str(host).lstrip("/")
+    inside.mkdir(parents=True)
+    (inside / "libb.so.1").symlink_to("wrong")
+    walks: list[str] = []
+    real_walk = _inroot._walk
+    monkeypatch.setattr(_inroot, "_walk", lambda root_fd, path, **kw: (
+        walks.append(path), real_walk(root_fd, path, **kw))[1])
+    before = snapshot(host.parent, root)
+    fds = open_fds()
+    links = [("liba.so.550", "/usr/lib/x86_64-linux-gnu/liba.so.1"),
+             ("libb.so.550", "/usr/lib/x86_64-linux-gnu/libb.so.1"),
+             ("liba.so.1", "/usr/lib/x86_64-linux-gnu/liba.so"),
+             ("libc.so.550", "/opt/lib/libc.so.1")]
+    with _inroot.open_root(str(root)) as rfd:
+        assert _inroot.symlinks_atomic(rfd, links) == 4
+        assert _inroot.symlinks_atomic(rfd, links) == 0
+    assert open_fds() == fds
+    assert walks == ["usr/lib/x86_64-linux-gnu", "opt/lib"] * 2
+    assert snapshot(host.parent, root) == before
+    assert {p.name: os.readlink(p) for p in inside.iterdir()} == {
+        "liba.so.1": "liba.so.550", "libb.so.1": "libb.so.550", "liba.so": "liba.so.1"}
+    assert os.readlink(root / "opt/lib/libc.so.1") == "libc.so.550"
+
+
+def test_symlinks_atomic_names_the_link_that_failed(world: tuple[Path, Path]) -> None:
+    """A directory where a link should go fails with that link's container path; the links
+    before it are made and no fd is left open."""
+    root, _ = world
+    (root / "lib/libx.so.1").mkdir(parents=True)
+    fds = open_fds()
+    with _inroot.open_root(str(root)) as rfd:
+        with pytest.raises(OSError) as info:
+            _inroot.symlinks_atomic(rfd, [("libw.so.2", "/lib/libw.so.1"),
+                                          ("libx.so.2", "/lib/libx.so.1")])
+    assert info.value.filename == "/lib/libx.so.1"
+    assert os.readlink(root / "lib/libw.so.1") == "libw.so.2"
+    assert open_fds() == fds
+
+
 def test_absolute_symlink_dir_resolves_inside_root(world: tuple[Path, Path]) -> None:
     """A directory symlink with an absolute host target is followed inside the root, not on the host."""
     root, host = world
