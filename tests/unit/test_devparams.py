@@ -155,7 +155,7 @@ def test_hook_binds_under_a_rootfs_path_with_host_symlinks(tmp_path: Path) -> No
 
 def test_hook_runs_no_command_but_mount() -> None:
     """Only sh builtins decide (stat and rm were two fork+execs per GPU create)."""
-    from nvshim.devparams import HOOK_SCRIPT
+    from nvshim.runtime.devparams import HOOK_SCRIPT
 
     words = {line.split()[0] for line in HOOK_SCRIPT.splitlines() if line.strip()}
     assert "stat" not in HOOK_SCRIPT and "rm " not in HOOK_SCRIPT and "$(" not in HOOK_SCRIPT
