@@ -45,9 +45,11 @@ FORMAT = 1
 
 
 def _sig(path: str) -> Optional[List[int]]:
+    """The stat signature of ``path``; None when it cannot be stat'ed (missing, a symlink
+    loop, no permission): the scan then records why, exactly as a full load would."""
     try:
         st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:
         return None
     return [st.st_ino, st.st_dev, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 

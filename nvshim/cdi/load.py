@@ -25,28 +25,22 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 __all__ = ["read_document", "parse_spec", "load_spec_file"]
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _json_pairs(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
 def _json_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
 def _decode_json(text: str, path: str) -> Any:
+    def pairs(items: List[Tuple[str, Any]]) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for key, value in items:
+            if key in out:
+                problem = CdiProblem(path, "$", f'invalid JSON: duplicate key "{key}"')
+                raise CdiSpecError([problem])
+            out[key] = value
+        return out
+
     try:
-        return _jsonc.loads(text, object_pairs_hook=_json_pairs, parse_constant=_json_constant)
-    except _DuplicateKey as exc:
-        raise CdiSpecError([CdiProblem(path, "$", f'invalid JSON: duplicate key "{exc}"')]) from exc
+        return _jsonc.loads(text, object_pairs_hook=pairs, parse_constant=_json_constant)
     except ValueError as exc:
         if getattr(exc, "colno", None) is None:  # not a json.JSONDecodeError
             raise CdiSpecError([CdiProblem(path, "$", f"invalid JSON: {exc}")]) from exc
@@ -105,7 +99,9 @@ def _decode_yaml(text: str, path: str) -> Any:
         if exc.context:
             reason = f"{exc.context}: {reason}"
         raise CdiSpecError([CdiProblem(path, "$", f"invalid YAML{where}: {reason}")]) from exc
-    except (yaml.YAMLError, RecursionError) as exc:
+    except (yaml.YAMLError, RecursionError, ValueError) as exc:
+        # ValueError: a scalar yaml cannot convert (an integer over Python's digit limit,
+        # a date like 2024-13-45); it must not escape as a bare ValueError
         raise CdiSpecError([CdiProblem(path, "$", f"invalid YAML: {exc}")]) from exc
 
 

@@ -48,7 +48,10 @@ def _validator() -> "jsonschema.protocols.Validator":
         except (OSError, ValueError) as exc:
             raise CdiError(f"cannot read the CDI schema {location}: {exc}") from exc
         cls = jsonschema.validators.validator_for(schema)
-        cls.check_schema(schema)
+        try:
+            cls.check_schema(schema)
+        except jsonschema.exceptions.SchemaError as exc:
+            raise CdiError(f"the CDI schema {location} is invalid: {exc.message}") from exc
         _VALIDATOR.append(cls(schema))
     return _VALIDATOR[0]
 
