@@ -7,14 +7,8 @@ from typing import Any, Dict, Optional
 
 import click
 
-from nvshim.node.doctor import (
-    DEFAULT_TRAMPOLINE,
-    DoctorOptions,
-    exit_code,
-    render_json,
-    render_text,
-    run_checks,
-)
+from nvshim.node.doctor import exit_code, render_json, render_text, run_checks
+from nvshim.node.findings import DEFAULT_TRAMPOLINE, DoctorOptions
 
 __all__ = ["doctor"]
 

@@ -1,8 +1,9 @@
 """``nvshim runtime configure``: register nvshim-runtime with containerd, Docker or CRI-O.
 
-A thin shell over :mod:`nvshim.node.containerd`, :mod:`nvshim.node.docker` and :mod:`nvshim.node.crio`: it
-turns flags into one call, prints the files (``--dry-run``) or a one-line summary to
-stderr, and lets :class:`NvshimError` propagate to the ``nvshim`` entry point, which prints
+A thin shell over :mod:`nvshim.node.containerd` (and ``containerd_revert``),
+:mod:`nvshim.node.docker` and :mod:`nvshim.node.crio`: it turns flags into one call,
+prints the files (``--dry-run``) or a one-line summary to stderr, and lets
+:class:`NvshimError` propagate to the ``nvshim`` entry point, which prints
 ``nvshim: <message>`` and exits 1.
 """
 
@@ -13,7 +14,7 @@ from typing import Any, Dict, Iterable, Optional
 import click
 
 from nvshim.errors import UsageError
-from nvshim.node import containerd, crio, docker
+from nvshim.node import containerd, containerd_revert, crio, docker
 from nvshim.node.engine_files import BACKUP_SUFFIX, FileChange
 
 __all__ = ["runtime", "configure_command"]
@@ -220,7 +221,9 @@ def configure_command(
         elif engine == "crio":
             result = crio.revert(config_path, drop_in=drop_in, name=name, dry_run=dry_run)
         else:
-            result = containerd.revert(config_path, name=name, drop_in=drop_in, dry_run=dry_run)
+            result = containerd_revert.revert(
+                config_path, name=name, drop_in=drop_in, dry_run=dry_run
+            )
         _warn(result.warnings)
         if dry_run:
             _print_files(result.files)

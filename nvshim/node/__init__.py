@@ -1,7 +1,10 @@
-"""Node administration: configuring containerd, Docker and CRI-O (``containerd``,
-``docker``, ``crio``, with shared backup/revert in ``engine_files``), generating the
-node's CDI spec (``cdigen``), diagnosing the node (``doctor``, ``doctor_engines``) and
-the demo (``demo``).
+"""Node administration: configuring containerd (``containerd`` configure,
+``containerd_revert``, ``containerd_read`` what containerd sees, ``containerd_toml`` the
+shared TOML vocabulary), Docker (``docker``) and CRI-O (``crio``), with shared
+backup/revert in ``engine_files``; generating the node's CDI spec (``cdigen``); diagnosing
+the node (``doctor`` runs and renders the checks of ``doctor_config``,
+``doctor_engines`` and ``doctor_host``, in the vocabulary of ``findings``); and the demo
+(``demo``).
 
 May import :mod:`nvshim.runtime`, :mod:`nvshim.cdi`, :mod:`nvshim.host` and the base
 modules. Must not import :mod:`nvshim.cli` (no click here: these are library functions

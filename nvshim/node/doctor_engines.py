@@ -1,8 +1,13 @@
-"""``nvshim doctor`` checks for Docker and CRI-O (containerd's live in :mod:`nvshim.node.doctor`).
+"""``nvshim doctor``'s checks of the container engines: containerd, Docker and CRI-O.
 
-Each engine gives one finding, ``docker`` / ``crio``: ``skip`` when the engine has no config
-on this node; ``fail`` when the config does not parse, an nvshim runtime points at a
-missing or non-executable binary, or nvshim is the engine's default runtime while
+containerd gives several findings: ``containerd-config`` (the config parses, its imports
+exist; no config at all is ``skip``), ``containerd-drop-in`` (nvshim's drop-in still
+carries the main file's CRI table), ``containerd-runtime-binary`` (the nvshim handler's
+``options.BinaryName`` is an executable file) and ``default-runtime`` (the pitfall below).
+
+Docker and CRI-O give one finding each, ``docker`` / ``crio``: ``skip`` when the engine has
+no config on this node; ``fail`` when the config does not parse, an nvshim runtime points
+at a missing or non-executable binary, or nvshim is the engine's default runtime while
 require-allocation is off (the pitfall: containers that asked for no GPU get every GPU
 from a CUDA image's ``NVIDIA_VISIBLE_DEVICES=all``); ``warn`` when no nvshim runtime is
 registered; ``ok`` otherwise.
@@ -11,11 +16,163 @@ registered; ``ok`` otherwise.
 from __future__ import annotations
 
 import os
-from typing import Any, List, Mapping, Optional
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
 
+from nvshim.config import Config
 from nvshim.errors import NvshimError
+from nvshim.node.findings import DEFAULT_TRAMPOLINE, DoctorOptions, Finding, is_nvshim
 
-__all__ = ["check_crio", "check_dev_char_links", "check_docker"]
+if TYPE_CHECKING:
+    from nvshim.node.containerd_read import EffectiveRuntimes
+
+__all__ = [
+    "check_containerd_config",
+    "check_drop_in_drift",
+    "check_runtime_binary",
+    "check_default_runtime",
+    "check_docker",
+    "check_crio",
+]
+
+
+# --------------------------------------------------------------------------- containerd
+
+
+def _nvshim_handlers(
+    effective: EffectiveRuntimes, options: DoctorOptions
+) -> Dict[str, Optional[str]]:
+    return {
+        name: binary
+        for name, binary in effective.handlers.items()
+        if is_nvshim(name, binary, options)
+    }
+
+
+def check_containerd_config(path: str) -> Tuple[Finding, Optional[EffectiveRuntimes]]:
+    """Read containerd's handlers; the finding and the :class:`EffectiveRuntimes` (or None)."""
+    name = "containerd-config"
+    if not os.path.exists(path):
+        message = f"no containerd config at {path}: containerd defaults apply"
+        return Finding(name, "skip", message), None
+    from nvshim.node.containerd_read import read_handlers
+
+    try:
+        effective = read_handlers(path)
+    except NvshimError as exc:
+        fix = f"fix {path}: containerd will not start with it"
+        return Finding(name, "fail", str(exc), fix), None
+    if effective.problems:
+        return Finding(
+            name, "warn", "; ".join(effective.problems),
+            f"fix or remove the import in {path}",
+        ), effective
+    handlers = ", ".join(sorted(effective.handlers)) or "none"
+    return Finding(
+        name, "ok",
+        f"{path} (version {effective.version}, {len(effective.files)} file(s)): "
+        f"runtime handlers {handlers}; default {effective.default_runtime_name}",
+    ), effective
+
+
+def check_drop_in_drift(path: str) -> Optional[Finding]:
+    """nvshim's drop-in still carries the main file's CRI table (None: no nvshim drop-in)."""
+    from nvshim.node.containerd_read import drop_in_drift
+
+    try:
+        drift = drop_in_drift(path)
+    except NvshimError as exc:
+        return Finding("containerd-drop-in", "warn", f"cannot compare drop-ins: {exc}")
+    if not drift:
+        return None
+    lines = []
+    for drop_in, keys in drift:
+        shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+        lines.append(f"{drop_in} has a stale copy of {path}: {shown} differ")
+    from nvshim.node.containerd_toml import DEFAULT_DROP_IN
+
+    first = drift[0][0]
+    flag = "" if first == DEFAULT_DROP_IN else f" --drop-in {first}"
+    return Finding(
+        "containerd-drop-in", "fail",
+        "; ".join(lines) + " (containerd before 2.1 uses the drop-in's table, not the main file's)",
+        f"nvshim runtime configure --runtime containerd --config {path}{flag} "
+        "(copies the table again)",
+    )
+
+
+def check_runtime_binary(effective: EffectiveRuntimes, options: DoctorOptions) -> Finding:
+    """The nvshim handler's BinaryName exists and is executable."""
+    name = "containerd-runtime-binary"
+    ours = _nvshim_handlers(effective, options)
+    if not ours:
+        return Finding(
+            name, "warn",
+            f"containerd config {effective.config_path} has no nvshim runtime handler",
+            "nvshim runtime configure --runtime containerd",
+        )
+    bad: List[str] = []
+    good: List[str] = []
+    for handler, binary in sorted(ours.items()):
+        if binary is None:
+            bad.append(
+                f'handler "{handler}" has no options.BinaryName, so containerd runs plain runc'
+            )
+        elif not os.path.isabs(binary):
+            bad.append(f'handler "{handler}" BinaryName {binary} is not an absolute path')
+        elif not os.path.isfile(binary):
+            bad.append(f'handler "{handler}" BinaryName {binary} does not exist')
+        elif not os.access(binary, os.X_OK):
+            bad.append(f'handler "{handler}" BinaryName {binary} is not executable')
+        else:
+            good.append(f'handler "{handler}" runs {binary}')
+    if bad:
+        return Finding(
+            name, "fail", "; ".join(bad) + ": its containers get no GPUs or fail to start",
+            f"install nvshim (./install.sh), or re-run nvshim runtime configure "
+            f"--binary {DEFAULT_TRAMPOLINE}",
+        )
+    return Finding(name, "ok", "; ".join(good))
+
+
+def check_default_runtime(
+    effective: EffectiveRuntimes, config: Optional[Config], options: DoctorOptions
+) -> Finding:
+    """The pitfall: nvshim is containerd's default runtime but require-allocation is off."""
+    name = "default-runtime"
+    default = effective.default_runtime_name
+    ours = _nvshim_handlers(effective, options)
+    if default not in ours:
+        if default not in effective.handlers and default != "runc":
+            return Finding(
+                name, "fail",
+                f'containerd\'s default runtime "{default}" is not a configured runtime handler',
+                f"set default_runtime_name to runc in {effective.config_path}",
+            )
+        return Finding(
+            name, "ok",
+            f'containerd\'s default runtime is "{default}"; GPU pods select nvshim by RuntimeClass',
+        )
+    if config is None:
+        return Finding(
+            name, "skip", "containerd's default runtime is nvshim; nvshim's config is invalid"
+        )
+    if config.require_allocation:
+        return Finding(
+            name, "ok",
+            "containerd's default runtime is nvshim and require-allocation is on: "
+            "only device-plugin allocations grant GPUs",
+        )
+    which = "" if default == "nvshim" else f' (handler "{default}")'
+    return Finding(
+        name, "fail",
+        f"containerd's default runtime is nvshim{which} but require-allocation is off: pods that "
+        "request no GPU get every GPU from CUDA images' NVIDIA_VISIBLE_DEVICES=all",
+        f"set require-allocation: true in {options.config_path} (then nvshim config compile), "
+        "or make runc the default and use RuntimeClass nvshim",
+    )
+
+
+# --------------------------------------------------------------------------- Docker, CRI-O
 
 
 def _binary_problems(ours: Mapping[str, Optional[str]], key: str) -> List[str]:
@@ -39,11 +196,9 @@ def _check(
     handlers: Mapping[str, Optional[str]],
     default: Optional[str],
     key: str,
-    config: Any,
-    options: Any,
-) -> Any:
-    from nvshim.node.findings import Finding, is_nvshim
-
+    config: Optional[Config],
+    options: DoctorOptions,
+) -> Finding:
     ours = {n: b for n, b in handlers.items() if is_nvshim(n, b, options)}
     configure = f"nvshim runtime configure --runtime {check}"
     if not ours:
@@ -70,10 +225,9 @@ def _check(
                    f"{default or 'the engine default'}")
 
 
-def check_docker(path: str, config: Any, options: Any) -> Any:
+def check_docker(path: str, config: Optional[Config], options: DoctorOptions) -> Finding:
     """Docker's daemon.json: nvshim runtime present, its path executable, the default pitfall."""
     from nvshim.node.docker import read_runtimes
-    from nvshim.node.findings import Finding
 
     if not os.path.exists(path):
         return Finding("docker", "skip", f"no Docker config at {path}")
@@ -85,10 +239,9 @@ def check_docker(path: str, config: Any, options: Any) -> Any:
                   config, options)
 
 
-def check_crio(path: str, config: Any, options: Any) -> Any:
+def check_crio(path: str, config: Optional[Config], options: DoctorOptions) -> Finding:
     """CRI-O's config and drop-ins: the same three questions."""
     from nvshim.node.crio import read_handlers
-    from nvshim.node.findings import Finding
 
     drop_ins = os.path.join(os.path.dirname(path), "crio.conf.d")
     if not os.path.exists(path) and not os.path.isdir(drop_ins):
@@ -99,36 +252,3 @@ def check_crio(path: str, config: Any, options: Any) -> Any:
         return Finding("crio", "fail", str(exc), "fix the file: crio will not start with it")
     return _check("crio", "CRI-O", f"{path} (+{len(seen.files)} file(s))", seen.handlers,
                   seen.default_runtime, "runtime_path", config, options)
-
-
-def check_dev_char_links(dev_root: str, systemd: Optional[bool] = None) -> Any:
-    """Every NVIDIA device node has its /dev/char/<major>:<minor> link (systemd needs it).
-
-    ``systemd`` (default: whether /run/systemd/system exists) says if systemd runs here;
-    without it nothing re-applies device rules and the check is ``skip``.
-    """
-    from nvshim.host.system import create_dev_char_symlinks
-    from nvshim.node.findings import Finding
-
-    if systemd is None:
-        systemd = os.path.isdir("/run/systemd/system")
-    if not systemd:
-        return Finding("dev-char-links", "skip", "systemd does not run here: no daemon-reload "
-                       "can take devices away, /dev/char links are not needed")
-    try:
-        outcomes = create_dev_char_symlinks(dev_root, dry_run=True)
-    except NvshimError as exc:
-        return Finding("dev-char-links", "skip", str(exc))
-    missing = [f"{os.path.basename(o.path)} ({o.detail.split(',')[0]})" for o in outcomes
-               if o.action != "exists"]
-    if not missing:
-        return Finding("dev-char-links", "ok",
-                       f"{len(outcomes)} NVIDIA device node(s), each with its /dev/char link")
-    shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
-    where = "" if dev_root in ("", "/") else f" --dev-root {dev_root}"
-    return Finding(
-        "dev-char-links", "warn",
-        f"/dev/char links missing or foreign: {shown}; a `systemctl daemon-reload` takes those "
-        "devices away from running containers that use the systemd cgroup driver",
-        f"nvshim system create-dev-char-symlinks{where}",
-    )

@@ -13,7 +13,7 @@ import pytest
 import tomlkit
 from click.testing import CliRunner
 
-from nvshim.node import containerd
+from nvshim.node import containerd, containerd_read, containerd_revert
 from nvshim.cli.cmd_runtime import runtime
 from nvshim.errors import ConfigError, NvshimError, UsageError
 from tests.helpers.containerd_samples import DEBIAN_CONFIG
@@ -398,7 +398,7 @@ def _configure(etc: Path, **kwargs: Any) -> containerd.ConfigureResult:
 
 def _revert(etc: Path, **kwargs: Any) -> containerd.RevertResult:
     kwargs.setdefault("drop_in", str(etc / "conf.d" / "99-nvshim.toml"))
-    return containerd.revert(str(etc / "config.toml"), **kwargs)
+    return containerd_revert.revert(str(etc / "config.toml"), **kwargs)
 
 
 @pytest.mark.parametrize("original", [None, "", DEBIAN_CONFIG, COMMENTED_V2, V1_CONFIG, V3_CONFIG])
@@ -524,11 +524,11 @@ def test_revert_restores_a_drop_in_that_existed(etc: Path) -> None:
 def test_read_handlers_after_configure(etc: Path) -> None:
     """read_handlers follows the import and reports BinaryName and the default runtime."""
     config = etc / "config.toml"
-    assert containerd.read_handlers(str(config)).handlers == {}
-    assert containerd.read_handlers(str(config)).default_runtime_name == "runc"
+    assert containerd_read.read_handlers(str(config)).handlers == {}
+    assert containerd_read.read_handlers(str(config)).default_runtime_name == "runc"
     config.write_text(COMMENTED_V2)
     _configure(etc, set_as_default=True, force=True, binary="/opt/nvshim/bin/nvshim-runtime")
-    view = containerd.read_handlers(str(config))
+    view = containerd_read.read_handlers(str(config))
     assert view.handlers == {"runc": None, "nvshim": "/opt/nvshim/bin/nvshim-runtime"}
     assert view.default_runtime_name == "nvshim"
     assert view.files == (str(config), str(etc / "conf.d" / "99-nvshim.toml"))
@@ -538,7 +538,7 @@ def test_read_handlers_reports_missing_import(etc: Path) -> None:
     """A missing non-glob import is reported as a problem, not an exception."""
     config = etc / "config.toml"
     config.write_text('version = 2\nimports = ["missing.toml"]\n')
-    assert containerd.read_handlers(str(config)).problems == (
+    assert containerd_read.read_handlers(str(config)).problems == (
         f"import {etc / 'missing.toml'} does not exist",
     )
 

@@ -12,7 +12,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 import yaml
 
-from nvshim.node import doctor
+from nvshim.node import doctor, doctor_config, doctor_engines, doctor_host
+from nvshim.node.findings import DoctorOptions, Finding
 from nvshim.runtime.trampoline import render, runtimes_path
 from nvshim.cdi.write import write_spec
 from nvshim.cli.main import main
@@ -93,7 +94,7 @@ def doctor_args(config: Path, ctrd: Path, tmp_path: Path, *extra: str) -> List[s
             "--trampoline", str(tmp_path / "no-trampoline"), *extra]
 
 
-def by_check(findings: List[doctor.Finding], check: str) -> List[doctor.Finding]:
+def by_check(findings: List[Finding], check: str) -> List[Finding]:
     return [f for f in findings if f.check == check]
 
 
@@ -147,10 +148,10 @@ def test_good_node_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str], s
 def test_pitfall_in_every_config_version(tmp_path: Path, version: int) -> None:
     """The default runtime is read from the CRI table of config versions 1, 2 and 3."""
     ctrd = containerd_config(tmp_path / "c.toml", fake_runtime(tmp_path / "bin"), "nvshim", version)
-    options = doctor.DoctorOptions(config_path=str(tmp_path / "none.yaml"),
+    options = DoctorOptions(config_path=str(tmp_path / "none.yaml"),
                                    containerd_config=str(ctrd))
-    _, effective = doctor.check_containerd_config(str(ctrd))
-    finding = doctor.check_default_runtime(effective, Config(require_allocation=False), options)
+    _, effective = doctor_engines.check_containerd_config(str(ctrd))
+    finding = doctor_engines.check_default_runtime(effective, Config(require_allocation=False), options)
     assert finding.status == "fail"
     assert "require-allocation is off" in finding.message
 
@@ -161,11 +162,11 @@ def test_pitfall_through_drop_in_and_other_handler_name(tmp_path: Path) -> None:
     main_file.write_text('version = 2\nimports = ["conf.d/*.toml"]\n')
     containerd_config(tmp_path / "conf.d" / "99-gpu.toml", fake_runtime(tmp_path / "bin"),
                       "gpu", name="gpu")
-    options = doctor.DoctorOptions(config_path=str(tmp_path / "c.yaml"),
+    options = DoctorOptions(config_path=str(tmp_path / "c.yaml"),
                                    containerd_config=str(main_file))
-    _, effective = doctor.check_containerd_config(str(main_file))
-    bad = doctor.check_default_runtime(effective, Config(require_allocation=False), options)
-    good = doctor.check_default_runtime(effective, Config(require_allocation=True), options)
+    _, effective = doctor_engines.check_containerd_config(str(main_file))
+    bad = doctor_engines.check_default_runtime(effective, Config(require_allocation=False), options)
+    good = doctor_engines.check_default_runtime(effective, Config(require_allocation=True), options)
     assert bad.status == "fail" and 'handler "gpu"' in bad.message
     assert good.status == "ok"
 
@@ -176,25 +177,25 @@ def test_pitfall_through_drop_in_and_other_handler_name(tmp_path: Path) -> None:
 def test_allocation_trust_warns_about_forgeable_sources_with_the_fix(tmp_path: Path) -> None:
     """require-allocation trusting env UUIDs/mounts/annotations without the kubelet warns, naming the fix."""
     config = write_config(tmp_path / "etc", require_allocation=True)
-    finding = doctor.check_allocation_trust(Config(require_allocation=True), str(config))
+    finding = doctor_config.check_allocation_trust(Config(require_allocation=True), str(config))
     assert finding.status == "warn"
     assert "(volume-mounts, cdi-annotations, envvar-uuids)" in finding.message
     assert finding.fix == f"set verify-with: kubelet in {config} (then nvshim config compile)"
     socket = tmp_path / "kubelet.sock"
     socket.touch()
-    ok = doctor.check_allocation_trust(
+    ok = doctor_config.check_allocation_trust(
         Config(require_allocation=True, verify_with="kubelet", kubelet_socket=str(socket)),
         str(config))
     assert ok.status == "ok"
-    missing = doctor.check_allocation_trust(
+    missing = doctor_config.check_allocation_trust(
         Config(require_allocation=True, verify_with="kubelet",
                kubelet_socket=str(tmp_path / "none.sock")), str(config))
     assert missing.status == "warn" and "none.sock does not exist" in missing.message
-    narrow = doctor.check_allocation_trust(
+    narrow = doctor_config.check_allocation_trust(
         Config(require_allocation=True, allocation_sources=("kubelet", "privileged")), str(config))
     assert narrow.status == "ok"
-    assert doctor.check_allocation_trust(Config(), str(config)).status == "skip"
-    findings = doctor.run_checks(doctor.DoctorOptions(
+    assert doctor_config.check_allocation_trust(Config(), str(config)).status == "skip"
+    findings = doctor.run_checks(DoctorOptions(
         config_path=str(config), containerd_config=str(tmp_path / "none.toml"),
         trampoline=str(tmp_path / "none"), driver_root=str(tmp_path)))
     assert [f.status for f in by_check(findings, "allocation-trust")] == ["warn"]
@@ -202,7 +203,7 @@ def test_allocation_trust_warns_about_forgeable_sources_with_the_fix(tmp_path: P
 
 def test_runtime_binary_missing_or_not_executable_fails(tmp_path: Path) -> None:
     """The nvshim handler's BinaryName must exist and be executable; a good one passes."""
-    options = doctor.DoctorOptions()
+    options = DoctorOptions()
     good = fake_runtime(tmp_path / "bin")
     plain = tmp_path / "bin" / "not-exec"
     plain.write_text("#!/bin/sh\n")
@@ -211,8 +212,8 @@ def test_runtime_binary_missing_or_not_executable_fails(tmp_path: Path) -> None:
     for label, binary in (("good", good), ("missing", tmp_path / "nope" / "nvshim-runtime"),
                           ("plain", plain), ("unset", None)):
         ctrd = containerd_config(tmp_path / f"{label}.toml", binary)
-        _, effective = doctor.check_containerd_config(str(ctrd))
-        results[label] = doctor.check_runtime_binary(effective, options)
+        _, effective = doctor_engines.check_containerd_config(str(ctrd))
+        results[label] = doctor_engines.check_runtime_binary(effective, options)
     assert results["good"].status == "ok"
     assert results["missing"].status == "fail" and "does not exist" in results["missing"].message
     assert results["plain"].status == "fail" and "not executable" in results["plain"].message
@@ -235,7 +236,7 @@ def test_invalid_containerd_toml_fails(tmp_path: Path) -> None:
     """A containerd config that is not TOML fails containerd-config, naming the file."""
     bad = tmp_path / "config.toml"
     bad.write_text("version = 2\n[plugins\n")
-    finding, effective = doctor.check_containerd_config(str(bad))
+    finding, effective = doctor_engines.check_containerd_config(str(bad))
     assert finding.status == "fail" and str(bad) in finding.message
     assert effective is None
 
@@ -246,10 +247,31 @@ def test_invalid_containerd_toml_fails(tmp_path: Path) -> None:
 @needs_runc
 def test_runtimes_none_found_fails_and_runc_passes(tmp_path: Path) -> None:
     """runtimes: fails when no entry is executable, passes when runc is on PATH."""
-    bad = doctor.check_runtimes(Config(runtimes=(str(tmp_path / "runc"), "no-such-runtime-x")))
-    good = doctor.check_runtimes(Config(runtimes=("no-such-runtime-x", "runc")))
+    bad = doctor_config.check_runtimes(Config(runtimes=(str(tmp_path / "runc"), "no-such-runtime-x")))
+    good = doctor_config.check_runtimes(Config(runtimes=("no-such-runtime-x", "runc")))
     assert bad.status == "fail" and "no-such-runtime-x" in bad.message
     assert good.status == "ok" and shutil.which("runc") in good.message
+
+
+def test_runtimes_names_the_binary_a_create_would_exec(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """runtimes: doctor finds runtimes with the runtime's own lookup, so an empty PATH entry
+    (the working directory, where a create runs in the bundle) is searched the same way and
+    the finding names the very path nvshim-runtime would exec."""
+    from nvshim.runtime.main import find_runtime
+
+    cwd = tmp_path / "bundle"
+    cwd.mkdir()
+    runc = cwd / "runc-x"
+    runc.write_text("#!/bin/sh\n")
+    runc.chmod(0o755)
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'empty'}::/nonexistent")
+    expected = find_runtime(("runc-x",), os.environ["PATH"])
+    assert expected == "./runc-x"
+    finding = doctor_config.check_runtimes(Config(runtimes=("runc-x",)))
+    assert finding.status == "ok"
+    assert finding.message == f"low-level runtime runc-x found at {expected}"
 
 
 def test_invalid_config_fails_with_its_message(tmp_path: Path,
@@ -261,7 +283,7 @@ def test_invalid_config_fails_with_its_message(tmp_path: Path,
     assert rc == 1
     line = next(x for x in out.splitlines() if x.startswith("FAIL  config: "))
     assert f'config {config}: "require-allocation" is "maybe", must be a boolean' in line
-    good, loaded = doctor.check_config(str(write_config(tmp_path / "ok")))
+    good, loaded = doctor_config.check_config(str(write_config(tmp_path / "ok")))
     assert good.status == "ok" and loaded is not None
 
 
@@ -269,22 +291,22 @@ def test_compiled_config_missing_stale_and_current(tmp_path: Path) -> None:
     """compiled-config warns when the JSON copy is missing or older than the YAML, else passes."""
     config = write_config(tmp_path, compile=False, runtimes=["runc"])
     loaded = Config(runtimes=("runc",))
-    missing = doctor.check_compiled_config(str(config), loaded)
+    missing = doctor_config.check_compiled_config(str(config), loaded)
     assert missing.status == "warn" and "is missing" in missing.message
     assert missing.fix == f"nvshim config compile --config {config}"
 
     compile_node(str(config))
-    assert doctor.check_compiled_config(str(config), loaded).status == "ok"
+    assert doctor_config.check_compiled_config(str(config), loaded).status == "ok"
 
     config.write_text("runtimes: [runc]\nrequire-allocation: false\n")
-    edited = doctor.check_compiled_config(str(config), loaded)
+    edited = doctor_config.check_compiled_config(str(config), loaded)
     assert edited.status == "warn" and "changed since it was compiled" in edited.message
 
     compile_node(str(config))
     listing = runtimes_path(str(config))
     stamp = os.stat(listing).st_mtime_ns
     os.utime(config, ns=(stamp + 10**9, stamp + 10**9))
-    older = doctor.check_compiled_config(str(config), loaded)
+    older = doctor_config.check_compiled_config(str(config), loaded)
     assert older.status == "warn" and listing in older.message
     assert os.path.exists(compiled_path(str(config)))
 
@@ -294,9 +316,9 @@ def test_compiled_config_missing_stale_and_current(tmp_path: Path) -> None:
 
 def test_no_gpus_fails_and_sim_node_passes(tmp_path: Path, sim: Any) -> None:
     """gpus fails on an empty driver root and lists the GPUs of a simulated node."""
-    empty = doctor.check_gpus(Host(str(tmp_path / "empty")), "/etc/nvshim/config.yaml")
+    empty = doctor_host.check_gpus(Host(str(tmp_path / "empty")), "/etc/nvshim/config.yaml")
     assert empty.status == "fail" and "no GPUs found under" in empty.message
-    found = doctor.check_gpus(Host(sim.root), "/etc/nvshim/config.yaml")
+    found = doctor_host.check_gpus(Host(sim.root), "/etc/nvshim/config.yaml")
     assert found.status == "ok" and found.message.startswith("2 GPU(s)")
 
 
@@ -313,7 +335,7 @@ def test_cdi_spec_stale_for_driver_fails_current_passes_broken_warns(tmp_path: P
     write_spec(str(stale), _spec(Host(old.root)))
     broken = cdi / "broken.json"
     broken.write_text('{"cdiVersion": "0.5.0"}')
-    findings = doctor.check_cdi_specs(Host(new.root), [str(cdi)])
+    findings = doctor_host.check_cdi_specs(Host(new.root), [str(cdi)])
     broken_finding = next(f for f in findings if str(broken) in f.message)
     assert broken_finding.status == "warn" and "broken CDI spec" in broken_finding.message
     stale_finding = next(f for f in findings if str(stale) in f.message)
@@ -324,7 +346,7 @@ def test_cdi_spec_stale_for_driver_fails_current_passes_broken_warns(tmp_path: P
     stale.unlink()
     broken.unlink()
     write_spec(str(cdi / "nvidia.yaml"), _spec(Host(new.root), ("uuid",)))
-    current = doctor.check_cdi_specs(Host(new.root), [str(cdi)])
+    current = doctor_host.check_cdi_specs(Host(new.root), [str(cdi)])
     assert [f.status for f in current] == ["ok"], current
 
 
@@ -340,15 +362,15 @@ def _spec(host: Host, strategies: Tuple[str, ...] = ("index", "uuid")) -> Dict[s
 def test_trampoline_current_edited_missing(tmp_path: Path) -> None:
     """trampoline: ok when current, warn when edited, fail when its interpreter is gone."""
     path = tmp_path / "nvshim-runtime"
-    assert doctor.check_trampoline(str(path)).status == "skip"
+    assert doctor_config.check_trampoline(str(path)).status == "skip"
     path.write_text(render(sys.executable))
     path.chmod(0o755)
-    assert doctor.check_trampoline(str(path)).status == "ok"
+    assert doctor_config.check_trampoline(str(path)).status == "ok"
     path.write_text(render(sys.executable) + "# local change\n")
-    edited = doctor.check_trampoline(str(path))
+    edited = doctor_config.check_trampoline(str(path))
     assert edited.status == "warn" and edited.fix == "re-run nvshim's install.sh"
     path.write_text(render(str(tmp_path / "gone" / "python3")))
-    lost = doctor.check_trampoline(str(path))
+    lost = doctor_config.check_trampoline(str(path))
     assert lost.status == "fail" and "gone/python3" in lost.message
 
 
@@ -369,13 +391,13 @@ def test_json_format_parses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 def test_text_format_and_exit_code() -> None:
     """Text is `<status>  <check>: <message>`, the fix only on warn/FAIL; warnings exit 0."""
-    findings = [doctor.Finding("a", "ok", "fine", "unused"),
-                doctor.Finding("b", "warn", "meh", "do x"),
-                doctor.Finding("c", "skip", "n/a")]
+    findings = [Finding("a", "ok", "fine", "unused"),
+                Finding("b", "warn", "meh", "do x"),
+                Finding("c", "skip", "n/a")]
     assert doctor.render_text(findings).splitlines() == [
         "ok    a: fine", "warn  b: meh — fix: do x", "skip  c: n/a"]
     assert doctor.exit_code(findings) == 0
-    assert doctor.exit_code(findings + [doctor.Finding("d", "fail", "bad", "fix")]) == 1
+    assert doctor.exit_code(findings + [Finding("d", "fail", "bad", "fix")]) == 1
 
 
 def test_help(capsys: pytest.CaptureFixture[str]) -> None:

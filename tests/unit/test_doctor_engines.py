@@ -9,6 +9,7 @@ from typing import List
 import pytest
 
 from nvshim.node import doctor
+from nvshim.node.findings import DoctorOptions
 from nvshim.config import Config
 from nvshim.node.doctor_engines import check_crio, check_docker
 
@@ -21,8 +22,8 @@ def fake_runtime(directory: Path) -> Path:
     return path
 
 
-def options(tmp_path: Path) -> doctor.DoctorOptions:
-    return doctor.DoctorOptions(config_path=str(tmp_path / "nvshim.yaml"),
+def options(tmp_path: Path) -> DoctorOptions:
+    return DoctorOptions(config_path=str(tmp_path / "nvshim.yaml"),
                                 trampoline=str(tmp_path / "no-trampoline"))
 
 
@@ -94,7 +95,7 @@ def test_crio_absent_is_skip_and_broken_is_fail(tmp_path: Path) -> None:
 
 def test_run_checks_includes_docker_and_crio(tmp_path: Path) -> None:
     """The full doctor run reports docker and crio findings."""
-    opts = doctor.DoctorOptions(config_path=str(tmp_path / "none.yaml"),
+    opts = DoctorOptions(config_path=str(tmp_path / "none.yaml"),
                                 containerd_config=str(tmp_path / "c.toml"),
                                 docker_config=str(tmp_path / "d.json"),
                                 crio_config=str(tmp_path / "crio.conf"),
@@ -106,7 +107,7 @@ def test_run_checks_includes_docker_and_crio(tmp_path: Path) -> None:
 @pytest.mark.skipif(__import__("os").geteuid() != 0, reason="simulated nodes need root")
 def test_dev_char_links_warn_then_ok(tmp_path: Path) -> None:
     """Nodes without /dev/char links warn with the fix; after the command, ok."""
-    from nvshim.node.doctor_engines import check_dev_char_links
+    from nvshim.node.doctor_host import check_dev_char_links
     from nvshim.host.sim import create_node
     from nvshim.host.system import create_dev_char_symlinks
 

@@ -512,8 +512,10 @@ def test_11_doctor_finds_a_stale_drop_in_and_configure_resyncs_it(tmp_path: Path
     """After `runtime configure` with a drop-in, an edit of the main file's CRI table
     (sandbox_image) is shadowed by the drop-in's copy: doctor fails naming the key and the
     fix, and running configure again copies the table anew (doctor quiet again)."""
-    from nvshim.node import doctor
-    from nvshim.node.containerd import configure, drop_in_drift
+    from nvshim.node import doctor, doctor_engines
+    from nvshim.node.findings import DoctorOptions
+    from nvshim.node.containerd import configure
+    from nvshim.node.containerd_read import drop_in_drift
 
     main_file = tmp_path / "config.toml"
     main_file.write_text(MAIN_TOML)
@@ -524,17 +526,17 @@ def test_11_doctor_finds_a_stale_drop_in_and_configure_resyncs_it(tmp_path: Path
     args = dict(drop_in=str(drop_in), binary=str(binary), **extra)
     configure(str(main_file), **args)
     assert drop_in_drift(str(main_file)) == []  # nvshim's own additions are not drift
-    assert doctor.check_drop_in_drift(str(main_file)) is None
+    assert doctor_engines.check_drop_in_drift(str(main_file)) is None
 
     main_file.write_text(main_file.read_text().replace("pause:3.6", "pause:3.9"))  # an operator edit
     drift = drop_in_drift(str(main_file))
     assert drift == [(str(drop_in), ['plugins."io.containerd.grpc.v1.cri".sandbox_image'])]
-    finding = doctor.check_drop_in_drift(str(main_file))
+    finding = doctor_engines.check_drop_in_drift(str(main_file))
     assert finding is not None and finding.status == "fail"
     assert "sandbox_image" in finding.message
     assert finding.fix == (f"nvshim runtime configure --runtime containerd --config {main_file} "
                            f"--drop-in {drop_in} (copies the table again)")
-    options = doctor.DoctorOptions(config_path=str(tmp_path / "none.yaml"),
+    options = DoctorOptions(config_path=str(tmp_path / "none.yaml"),
                                    containerd_config=str(main_file))
     assert any(f.check == "containerd-drop-in" and f.status == "fail" for f in doctor.run_checks(options))
 

@@ -1,0 +1,204 @@
+"""What containerd will see: its runtime handlers after imports, and stale drop-in copies.
+
+Read-only views of containerd's config for ``nvshim doctor``: :func:`read_handlers`
+merges the main file and its imports the way containerd does; :func:`drop_in_drift` finds
+nvshim drop-ins whose copy of the CRI table no longer matches the main file's.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from nvshim._record import dataclass, field
+from nvshim.node.containerd_toml import (
+    CDI_SPEC_DIRS,
+    CRI_PLUGINS,
+    DEFAULT_CONFIG,
+    DEFAULT_RUNTIME_NAME,
+    cri_keys,
+    cri_label,
+    detect_version,
+    import_entries,
+    is_table,
+    lookup,
+    parse_toml,
+    plain,
+    resolve_import,
+)
+from nvshim.node.engine_files import read_text
+
+__all__ = ["EffectiveRuntimes", "read_handlers", "drop_in_drift"]
+
+
+@dataclass(frozen=True)
+class EffectiveRuntimes:
+    """The CRI runtime handlers containerd sees once imports are merged.
+
+    ``handlers`` maps a handler name to its ``options.BinaryName`` (``None`` when unset or
+    empty). ``default_runtime_name`` is containerd's own default, ``runc``, when no file
+    sets it. ``problems`` lists imports that could not be read.
+    """
+
+    config_path: str
+    version: int
+    cri_plugin: str
+    default_runtime_name: str
+    handlers: Mapping[str, Optional[str]]
+    files: Tuple[str, ...]
+    problems: Tuple[str, ...] = field(default=())
+
+
+def read_handlers(config_path: str = DEFAULT_CONFIG) -> EffectiveRuntimes:
+    """The handlers containerd sees: the main file, then its imports, in containerd's order.
+
+    Imports are resolved like containerd does (relative to the importing file, globs
+    sorted, each file once, imports of imports too); a later file's CRI table replaces an
+    earlier one whole, as containerd before 2.1 does.
+    """
+    text = read_text(config_path)
+    doc = parse_toml(text or "", config_path)
+    version = detect_version(doc, config_path)
+    cri_key = CRI_PLUGINS[version]
+    pending = [os.path.abspath(config_path)]
+    seen: List[str] = []
+    problems: List[str] = []
+    cri: Any = None
+    while pending:
+        path = pending.pop(0)
+        if path in seen:
+            continue
+        seen.append(path)
+        if path == os.path.abspath(config_path):
+            file_doc = doc
+        else:
+            file_text = read_text(path)
+            if file_text is None:
+                problems.append(f"import {path} does not exist")
+                continue
+            file_doc = parse_toml(file_text, path)
+        file_version = detect_version(file_doc, path) if path != seen[0] else version
+        table = lookup(file_doc, cri_keys(file_version), path)
+        if table is not None:
+            cri = table
+        for entry in import_entries(file_doc, path):
+            if not isinstance(entry, str):
+                problems.append(f"{path}: import {json.dumps(entry)} is not a string")
+                continue
+            resolved = resolve_import(entry, path)
+            if glob.has_magic(resolved):
+                pending += sorted(glob.glob(resolved))
+            else:
+                pending.append(resolved)
+    handlers: Dict[str, Optional[str]] = {}
+    default = DEFAULT_RUNTIME_NAME
+    if cri is not None:
+        runtimes = lookup(cri, ("containerd", "runtimes"), "")
+        for handler_name, handler in (runtimes or {}).items():
+            options = handler.get("options") if is_table(handler) else None
+            binary = plain(options.get("BinaryName")) if isinstance(options, Mapping) else None
+            handlers[str(handler_name)] = binary if isinstance(binary, str) and binary else None
+        containerd_table = lookup(cri, ("containerd",), "")
+        if containerd_table is not None:
+            value = plain(containerd_table.get("default_runtime_name"))
+            if isinstance(value, str) and value:
+                default = value
+    return EffectiveRuntimes(
+        config_path=config_path,
+        version=version,
+        cri_plugin=cri_key,
+        default_runtime_name=default,
+        handlers=handlers,
+        files=tuple(seen),
+        problems=tuple(problems),
+    )
+
+
+_DROP_IN_MARK = "Written by `nvshim runtime configure`"
+
+
+def _diff_keys(before: Any, after: Any, prefix: str) -> List[str]:
+    """Dotted keys whose values differ between two plain TOML values."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        out: List[str] = []
+        for key in sorted(set(before) | set(after), key=str):
+            out += _diff_keys(before.get(key), after.get(key), f"{prefix}.{key}")
+        return out
+    return [] if before == after else [prefix]
+
+
+def _is_nvshim_handler(handler: Any) -> bool:
+    options = handler.get("options") if isinstance(handler, dict) else None
+    binary = options.get("BinaryName") if isinstance(options, dict) else None
+    return isinstance(binary, str) and os.path.basename(binary).startswith("nvshim")
+
+
+def _without_nvshim(drop: Dict[str, Any], main: Dict[str, Any]) -> Dict[str, Any]:
+    """The drop-in's CRI table minus what configure adds to the main file's copy: the
+    nvshim handlers, a default_runtime_name naming one, enable_cdi/cdi_spec_dirs it set."""
+    drop = copy.deepcopy(drop)
+    runtimes = drop.get("containerd", {}).get("runtimes", {})
+    main_runtimes = main.get("containerd", {}).get("runtimes", {})
+    nvshim_names = [n for n, h in runtimes.items() if _is_nvshim_handler(h)]
+    for handler_name in nvshim_names:
+        if handler_name in main_runtimes and not _is_nvshim_handler(main_runtimes[handler_name]):
+            continue  # the main file's own handler of that name: a real difference
+        if handler_name in main_runtimes:
+            runtimes[handler_name] = copy.deepcopy(main_runtimes[handler_name])
+        else:
+            del runtimes[handler_name]
+    containerd_table = drop.get("containerd", {})
+    if containerd_table.get("default_runtime_name") in nvshim_names:
+        main_default = main.get("containerd", {}).get("default_runtime_name")
+        if main_default is None:
+            del containerd_table["default_runtime_name"]
+        else:
+            containerd_table["default_runtime_name"] = main_default
+    if drop.get("enable_cdi") is True and main.get("enable_cdi") is not True:
+        if "enable_cdi" in main:
+            drop["enable_cdi"] = main["enable_cdi"]
+        else:
+            del drop["enable_cdi"]
+    if "cdi_spec_dirs" not in main and drop.get("cdi_spec_dirs") == list(CDI_SPEC_DIRS):
+        del drop["cdi_spec_dirs"]
+    return drop
+
+
+def drop_in_drift(config_path: str = DEFAULT_CONFIG) -> List[Tuple[str, List[str]]]:
+    """Differences between the main file's CRI table and the copy in nvshim's drop-ins.
+
+    containerd before 2.1 uses the drop-in's table instead of the main file's, so a
+    setting edited in the main file after ``runtime configure`` (``sandbox_image``, a
+    registry mirror) is silently not used. One (drop-in path, dotted keys) pair per
+    drop-in whose copy differs once nvshim's own additions are set aside; empty when
+    they agree. ``runtime configure`` run again re-copies the table.
+    """
+    text = read_text(config_path)
+    if text is None:
+        return []
+    doc = parse_toml(text, config_path)
+    version = detect_version(doc, config_path)
+    if version == 1:
+        return []
+    keys = cri_keys(version)
+    main_table = lookup(doc, keys, config_path)
+    main = plain(main_table) if main_table is not None else {}
+    out: List[Tuple[str, List[str]]] = []
+    for entry in import_entries(doc, config_path):
+        if not isinstance(entry, str):
+            continue
+        resolved = resolve_import(entry, config_path)
+        for path in (sorted(glob.glob(resolved)) if glob.has_magic(resolved) else [resolved]):
+            drop_text = read_text(path)
+            if drop_text is None or _DROP_IN_MARK not in drop_text:
+                continue
+            drop_table = lookup(parse_toml(drop_text, path), keys, path)
+            if drop_table is None:
+                continue
+            differ = _diff_keys(main, _without_nvshim(plain(drop_table), main), cri_label(version))
+            if differ:
+                out.append((path, differ))
+    return out

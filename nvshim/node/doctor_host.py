@@ -1,0 +1,174 @@
+"""``nvshim doctor``'s checks of the host: GPUs, CDI specs and ``/dev/char`` links.
+
+``gpus``
+    discovery finds GPUs under the driver root.
+``cdi-specs``
+    every ``nvidia.com`` CDI spec in ``cdi-spec-dirs`` still describes this node (driver
+    version, devices, driver files); broken spec files are reported too.
+``dev-char-links``
+    every NVIDIA device node under the dev root has its ``/dev/char/<major>:<minor>``
+    link (systemd re-applies device rules by those on ``daemon-reload``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from nvshim.config import Config
+from nvshim.errors import NvshimError
+from nvshim.host.discovery import Host
+from nvshim.node.findings import DoctorOptions, Finding
+
+__all__ = ["host_for", "check_gpus", "check_cdi_specs", "check_dev_char_links"]
+
+_INDEXED = re.compile(r"^[0-9]+(:[0-9]+)?$")
+
+
+def host_for(config: Config, options: DoctorOptions) -> Host:
+    """The host to look at: the options' driver root (and dev root) over the config's."""
+    if options.driver_root is not None:
+        return Host(options.driver_root, options.dev_root)
+    return Host(config.driver_root, options.dev_root or config.dev_root)
+
+
+def check_gpus(host: Host, config_file: str) -> Finding:
+    """Discovery finds at least one GPU under the driver root."""
+    fix = (
+        "load the NVIDIA driver (nvidia-smi should list GPUs), or set driver-root in "
+        f"{config_file} to the driver's root (/run/nvidia/driver for a containerised driver)"
+    )
+    try:
+        gpus = host.gpus()
+    except NvshimError as exc:
+        return Finding("gpus", "fail", str(exc), fix)
+    if not gpus:
+        return Finding(
+            "gpus", "fail",
+            f"no GPUs found under {host.driver_root} "
+            "(/proc/driver/nvidia/gpus is empty or missing)",
+            fix,
+        )
+    try:
+        version = f", driver {host.driver_version()}"
+    except NvshimError:
+        version = ", driver version unknown"
+    listing = ", ".join(f"{g.index}=/dev/nvidia{g.minor}" for g in gpus)
+    return Finding(
+        "gpus", "ok",
+        f"{len(gpus)} GPU(s) via {host.gpu_source or 'procfs'} under {host.driver_root}"
+        f"{version}: {listing}",
+    )
+
+
+def _spec_files(directory: str) -> List[str]:
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    return [
+        os.path.join(directory, n) for n in names
+        if n.endswith((".json", ".yaml")) and not os.path.isdir(os.path.join(directory, n))
+    ]
+
+
+def _strategies(raw: Any) -> Tuple[str, ...]:
+    names = [str(d.get("name", "")) for d in raw.get("devices") or [] if isinstance(d, dict)]
+    found: List[str] = []
+    if any(_INDEXED.match(n) for n in names):
+        found.append("index")
+    if any(n.startswith(("GPU-", "MIG-")) for n in names):
+        found.append("uuid")
+    return tuple(found) or ("index", "uuid")
+
+
+def check_cdi_specs(host: Host, spec_dirs: Sequence[str]) -> List[Finding]:
+    """Every nvidia.com spec in ``spec_dirs`` against a freshly generated one; broken files."""
+    from nvshim.cdi.load import load_spec_file
+    from nvshim.node.cdigen import generate_spec, stale_reasons
+    from nvshim.runtime.create import hook_command
+
+    name = "cdi-specs"
+    findings: List[Finding] = []
+    fresh: Dict[Tuple[str, ...], Any] = {}
+    checked = 0
+    for directory in spec_dirs:
+        for path in _spec_files(directory):
+            try:
+                spec = load_spec_file(path)
+            except NvshimError as exc:
+                findings.append(Finding(
+                    name, "warn", f"broken CDI spec: {exc}",
+                    f"nvshim cdi validate {path}, then fix or remove it (engines skip it)",
+                ))
+                continue
+            if spec.vendor != "nvidia.com":
+                continue
+            checked += 1
+            strategies = _strategies(spec.raw)
+            root = "" if host.driver_root == "/" else f" --driver-root {host.driver_root}"
+            fix = f"nvshim cdi generate{root} --output {path}"
+            if strategies not in fresh:
+                try:
+                    fresh[strategies] = generate_spec(
+                        host, spec.vendor, spec.class_, strategies, hook_command=hook_command()
+                    )
+                except NvshimError as exc:
+                    fresh[strategies] = exc
+            current = fresh[strategies]
+            if isinstance(current, NvshimError):
+                findings.append(Finding(name, "skip", f"cannot check {path}: {current}"))
+                continue
+            try:
+                reasons = stale_reasons(dict(spec.raw), current, host)
+            except NvshimError as exc:
+                findings.append(Finding(name, "skip", f"cannot check {path}: {exc}"))
+                continue
+            if not reasons:
+                findings.append(Finding(name, "ok", f"{path} is current for this node"))
+                continue
+            driver_gone = any(r.startswith("driver is ") for r in reasons)
+            findings.append(Finding(
+                name, "fail" if driver_gone else "warn",
+                f"{path} is stale: {'; '.join(reasons)}", fix,
+            ))
+    if not findings:
+        findings.append(Finding(
+            name, "ok",
+            f"no nvidia.com CDI specs in {', '.join(spec_dirs) or '(no directories)'} "
+            "(nvshim-runtime does not need them)",
+        ))
+    return findings
+
+
+def check_dev_char_links(dev_root: str, systemd: Optional[bool] = None) -> Finding:
+    """Every NVIDIA device node has its /dev/char/<major>:<minor> link (systemd needs it).
+
+    ``systemd`` (default: whether /run/systemd/system exists) says if systemd runs here;
+    without it nothing re-applies device rules and the check is ``skip``.
+    """
+    from nvshim.host.system import create_dev_char_symlinks
+
+    if systemd is None:
+        systemd = os.path.isdir("/run/systemd/system")
+    if not systemd:
+        return Finding("dev-char-links", "skip", "systemd does not run here: no daemon-reload "
+                       "can take devices away, /dev/char links are not needed")
+    try:
+        outcomes = create_dev_char_symlinks(dev_root, dry_run=True)
+    except NvshimError as exc:
+        return Finding("dev-char-links", "skip", str(exc))
+    missing = [f"{os.path.basename(o.path)} ({o.detail.split(',')[0]})" for o in outcomes
+               if o.action != "exists"]
+    if not missing:
+        return Finding("dev-char-links", "ok",
+                       f"{len(outcomes)} NVIDIA device node(s), each with its /dev/char link")
+    shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+    where = "" if dev_root in ("", "/") else f" --dev-root {dev_root}"
+    return Finding(
+        "dev-char-links", "warn",
+        f"/dev/char links missing or foreign: {shown}; a `systemctl daemon-reload` takes those "
+        "devices away from running containers that use the systemd cgroup driver",
+        f"nvshim system create-dev-char-symlinks{where}",
+    )
