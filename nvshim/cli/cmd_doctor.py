@@ -32,7 +32,8 @@ __all__ = ["doctor"]
 @click.option("--trampoline", default=DEFAULT_TRAMPOLINE, show_default=True,
               type=click.Path(dir_okay=False), help="The installed nvshim-runtime to check.")
 def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_config: str,
-           crio_config: str, driver_root: Optional[str], dev_root: Optional[str], trampoline: str) -> None:
+           crio_config: str, driver_root: Optional[str], dev_root: Optional[str],
+           trampoline: str) -> None:
     """Check this node: config, containerd, Docker, CRI-O, runtimes, GPUs, CDI specs, runtime.
 
     Prints one line per finding (ok, warn, FAIL, skip), each problem with its fix.

@@ -1,4 +1,4 @@
-"""``nvshim system``: host device nodes and ``/dev/char`` links (the shell over nvshim.host.system)."""
+"""``nvshim system``: host device nodes and ``/dev/char`` links (over nvshim.host.system)."""
 
 from __future__ import annotations
 

@@ -6,11 +6,10 @@ stderr and exit code 1.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import List, Optional
 
 import click
 
@@ -31,81 +30,25 @@ def cli() -> None:
     """
 
 
+_CONFIG_FILE = click.option(
+    "--config", "config_file", default=None,
+    help="Config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
+_FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+                       show_default=True)
+
+
 # --- inspect ------------------------------------------------------------------------------
-
-
-def _env_set(plan: Any) -> List[str]:
-    """The env entries the rewrite adds or changes (NVIDIA_VISIBLE_DEVICES=void after an
-    injection or a stripped request), as the container will see them."""
-    if not plan.changed:
-        return []
-
-    def env(spec: Any) -> List[str]:
-        process = spec.get("process") if isinstance(spec, dict) else None
-        entries = process.get("env") if isinstance(process, dict) else None
-        return [e for e in entries if isinstance(e, str)] if isinstance(entries, list) else []
-
-    before = set(env(plan.spec))
-    return [e for e in env(plan.new_spec) if e not in before]
-
-
-def _plan_summary(plan: Any, config: Any) -> Dict[str, Any]:
-    from nvshim.runtime.request import describe_indices
-
-    req = plan.request
-    summary = {
-        "bundle_config": plan.spec_path,
-        "config_file": config.source,
-        "require_allocation": config.require_allocation,
-        "source": req.source,
-        "requested": list(req.devices),
-        "driver_files": req.driver_files,
-        "capabilities": list(req.capabilities) if req.injects else [],
-        "granted_gpus": [
-            {"index": g.index, "minor": g.minor, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id}
-            for g in plan.gpus
-        ],
-        "granted_mig": [
-            {"device": f"{p.index}:{m.index}", "uuid": m.uuid} for p, m in plan.migs
-        ],
-        "cdi_devices": list(plan.cdi_names),
-        # a MIG device brings its parent GPU's node: one node, listed once
-        "device_nodes": sorted({n.path for n in plan.edits.device_nodes}),
-        "notes": list(plan.notes),
-        "env_set": _env_set(plan),
-        "edits": plan.applied_edits().to_cdi(),
-        "rootfs_work": {"by": plan.rootwork_by or None, "detail": plan.rootwork_why or None},
-        "node_plan": plan.plan_source or None,
-        "cdi_registry": plan.cdi_source or None,
-        "changes_config": plan.changed,
-        "container": str(plan.identity) if plan.identity else None,
-        "verified": plan.verified,
-        "kubelet_allocation": list(plan.allocation.ids) if plan.allocation else None,
-    }
-    summary["granted_indices"] = describe_indices([g.index for g in plan.gpus])
-    summary["set_void"] = "NVIDIA_VISIBLE_DEVICES=void" in summary["env_set"]
-    return summary
-
-
-def _diff(plan: Any) -> str:
-    if not plan.changed:
-        return ""
-    from nvshim.runtime.specjson import dumps
-
-    before = dumps(plan.spec, plan.original, indent=2, sort_keys=True).splitlines(keepends=True)
-    after = dumps(plan.new_spec, plan.original, indent=2, sort_keys=True).splitlines(keepends=True)
-    return "".join(
-        difflib.unified_diff(before, after, "config.json", "config.json (after nvshim)")
-    )
 
 
 @cli.command()
 @click.option("--bundle", "-b", "bundle", default=".", show_default=True,
               type=click.Path(file_okay=False), help="OCI bundle directory (holds config.json).")
-@click.option("--driver-root", default=None, help="Driver root to discover GPUs under (default: from config).")
+@click.option("--driver-root", default=None,
+              help="Driver root to discover GPUs under (default: from config).")
 @click.option("--dev-root", default=None, help="Where /dev/nvidia* live (default: driver root).")
-@click.option("--config", "config_file", default=None, help="nvshim config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--config", "config_file", default=None,
+              help="nvshim config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
+@_FORMAT
 def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
             config_file: Optional[str], fmt: str) -> None:
     """Show what nvshim-runtime would do to a bundle, without writing anything.
@@ -119,6 +62,7 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
     from nvshim._record import replace
     from nvshim.config import load_config
     from nvshim.runtime.create import plan_create
+    from nvshim.runtime.inspection import plan_diff, plan_summary, render_text
 
     config = load_config(config_file, required=config_file is not None)
     if driver_root is not None:
@@ -126,62 +70,13 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
     elif dev_root is not None:
         config = replace(config, dev_root=dev_root)
     plan = plan_create(os.path.abspath(bundle), config)
-    summary = _plan_summary(plan, config)
     if fmt == "json":
-        summary["diff"] = _diff(plan)
+        summary = plan_summary(plan, config)
+        summary["diff"] = plan_diff(plan)
         click.echo(json.dumps(summary, indent=2))
         return
-    out: List[str] = []
-    out.append(f"bundle:        {plan.spec_path}")
-    out.append(f"config:        {config.source or '(defaults)'}"
-               f"{' [require-allocation]' if config.require_allocation else ''}")
-    if plan.identity is not None:
-        out.append(f"container:     {plan.identity}")
-    out.append(f"request from:  {summary['source']}")
-    if plan.allocation is not None:
-        out.append(f"verified:      kubelet ({plan.allocation.via}): allocated "
-                   f"{', '.join(plan.allocation.ids) or 'no GPU'}")
-    elif plan.verified == "unreachable":
-        out.append("verified:      no: the kubelet was unreachable, claims trusted")
-    out.append(f"requested:     {', '.join(summary['requested']) or '-'}"
-               f"{'  (driver files only)' if plan.request.driver_files and not plan.request.devices else ''}")
-    if plan.request.injects:
-        out.append(f"capabilities:  {', '.join(summary['capabilities'])}")
-    if plan.gpus:
-        out.append("granted GPUs:")
-        for g in plan.gpus:
-            out.append(f"  {g.index}  /dev/nvidia{g.minor}  {g.uuid}  {g.pci_bus_id}  {g.model}")
-    for p, m in plan.migs:
-        out.append(f"granted MIG:   {p.index}:{m.index}  {m.uuid}")
-    if plan.cdi_names:
-        out.append(f"CDI devices:   {', '.join(plan.cdi_names)}")
-    if summary["device_nodes"]:
-        out.append(f"device nodes:  {' '.join(summary['device_nodes'])}")
-    mounts = [m.container_path for m in plan.edits.mounts]
-    if mounts:
-        out.append(f"mounts:        {len(mounts)} driver files")
-        out.extend(f"  {m}" for m in mounts)
-    if plan.plan_source:
-        out.append(f"node plan:     {plan.plan_source}")
-    if plan.cdi_source:
-        out.append(f"CDI registry:  {plan.cdi_source}")
-    if plan.rootwork_by == "runtime":
-        out.append(f"in-root work:  by nvshim-runtime before runc, in {plan.rootwork_why}")
-    elif plan.rootwork_by:
-        out.append(f"in-root work:  by the createContainer hook ({plan.rootwork_why})")
-    for hook in plan.applied_edits().hooks:
-        out.append(f"hook:          {hook.hook_name}: {' '.join(hook.args)}")
-    for note in plan.notes:
-        out.append(f"note:          {note}")
-    for entry in summary["env_set"]:
-        why = ""
-        if entry == "NVIDIA_VISIBLE_DEVICES=void":
-            why = (" (image value stripped)" if plan.request.set_void else
-                   " (after injection, so nothing downstream injects again)")
-        out.append(f"env:           {entry}{why}")
-    out.append("config.json:   " + ("would be rewritten" if plan.changed else "unchanged (byte-identical)"))
-    click.echo("\n".join(out))
-    diff = _diff(plan)
+    click.echo(render_text(plan, config))
+    diff = plan_diff(plan)
     if diff:
         click.echo(diff, nl=False)
 
@@ -197,9 +92,12 @@ def sim() -> None:
 @sim.command("create")
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--gpus", default=2, show_default=True, type=click.IntRange(0, 1024),
-              help="Number of GPUs, 0-1024 (a real driver handles up to 32; more are for scale tests).")
-@click.option("--driver-version", default="550.54.15", show_default=True, help="Driver version to simulate.")
-@click.option("--shuffle-minors", is_flag=True, help="Device minors not in PCI order (as on real nodes).")
+              help="Number of GPUs, 0-1024 (a real driver handles up to 32; more are for scale "
+                   "tests).")
+@click.option("--driver-version", default="550.54.15", show_default=True,
+              help="Driver version to simulate.")
+@click.option("--shuffle-minors", is_flag=True,
+              help="Device minors not in PCI order (as on real nodes).")
 @click.option("--mig", is_flag=True, help="Make GPU 0 MIG-enabled with two MIG devices.")
 @click.option("--dev-root", default=None, type=click.Path(file_okay=False),
               help="Create the /dev nodes under this directory instead of DIRECTORY.")
@@ -208,7 +106,8 @@ def sim() -> None:
 @click.option("--nvswitches", default=0, show_default=True, type=click.IntRange(0, 64),
               help="NVSwitch nodes (nvidia-nvswitchctl, nvidia-nvswitch0..N-1) and the "
                    "fabric manager socket.")
-@click.option("--gds", is_flag=True, help="GPUDirect Storage: /dev/nvidia-fs0..3, /etc/cufile.json.")
+@click.option("--gds", is_flag=True,
+              help="GPUDirect Storage: /dev/nvidia-fs0..3, /etc/cufile.json.")
 @click.option("--mofed", is_flag=True, help="MOFED: /dev/infiniband/{uverbs0,umad0,issm0,rdma_cm}.")
 @click.option("--gdrcopy", is_flag=True, help="gdrcopy: /dev/gdrdrv.")
 def sim_create(directory: str, gpus: int, driver_version: str, shuffle_minors: bool,
@@ -237,7 +136,8 @@ def sim_create(directory: str, gpus: int, driver_version: str, shuffle_minors: b
 
 
 @cli.command()
-@click.option("--keep", is_flag=True, help="Keep the temp dir (node, bundles) for a look afterwards.")
+@click.option("--keep", is_flag=True,
+              help="Keep the temp dir (node, bundles) for a look afterwards.")
 def demo(keep: bool) -> None:
     """Run real containers through nvshim-runtime → runc on a simulated 4-GPU node.
 
@@ -260,7 +160,7 @@ def config_group() -> None:
 
 
 @config_group.command("compile")
-@click.option("--config", "config_file", default=None, help="Config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
+@_CONFIG_FILE
 def config_compile(config_file: Optional[str]) -> None:
     """Validate the YAML config and write the JSON copy the runtime's hot path reads.
 
@@ -277,7 +177,7 @@ def config_compile(config_file: Optional[str]) -> None:
 
 
 @config_group.command("show")
-@click.option("--config", "config_file", default=None, help="Config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
+@_CONFIG_FILE
 def config_show(config_file: Optional[str]) -> None:
     """Validate the config and print the effective values (defaults filled in) as YAML."""
     import yaml
@@ -293,10 +193,10 @@ def config_show(config_file: Optional[str]) -> None:
 
 
 @cli.command()
-@click.option("--config", "config_file", default=None, help="Config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
+@_CONFIG_FILE
 @click.option("--journal", default=None, type=click.Path(dir_okay=False),
               help="Grant journal to read (default: config grants-journal).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@_FORMAT
 @click.option("--prometheus", "prom_file", default=None, type=click.Path(dir_okay=False),
               help="Also write a node-exporter textfile-collector file here (atomically).")
 def grants(config_file: Optional[str], journal: Optional[str], fmt: str,
@@ -347,23 +247,20 @@ def hook(args: List[str]) -> None:
     sys.exit(hook_main(list(args)))
 
 
-def _add_optional_commands() -> None:
+def _add_commands() -> None:
     from nvshim.cli.cmd_cdi import cdi
+    from nvshim.cli.cmd_doctor import doctor
     from nvshim.cli.cmd_runtime import runtime
     from nvshim.cli.cmd_system import system
     cli.add_command(cdi)
     cli.add_command(runtime)
     cli.add_command(system)
-    try:
-        from nvshim.cli.cmd_doctor import doctor
-    except ImportError:
-        return
     cli.add_command(doctor)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
     """Console entry point: one line on stderr and exit 1 for any nvshim failure."""
-    _add_optional_commands()
+    _add_commands()
     try:
         rc = cli.main(args=argv, prog_name="nvshim", standalone_mode=False)
     except NvshimError as exc:

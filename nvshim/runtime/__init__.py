@@ -5,7 +5,8 @@ Owns: the runtime's argv grammar (``argv``) and its sh front (``trampoline``), t
 planning and committing the edits (``create``, ``hostedits``, ``extras``, ``apply``,
 ``specjson``), the in-root work and its hook fallback (``rootwork``, ``hookargs``,
 ``devparams``), the node caches (``plancache``, ``compile``), the grant journal (``grants``)
-and runc-style error logs (``logs``).
+and runc-style error logs (``logs``); off the create path, what ``nvshim inspect`` shows of a
+plan (``inspection``).
 
 May import: :mod:`nvshim.cdi`, :mod:`nvshim.host` and the base modules (``errors``,
 ``_record``, ``_jsonc``, ``files``, ``config``, ``edits``). Must not import
