@@ -40,12 +40,10 @@ _RESTART = {
 
 
 def _require_allocation() -> bool:
-    """nvshim's ``require-allocation`` setting; ``False`` where the config module lacks it."""
-    try:
-        from nvshim.config import load_config
-    except ImportError:
-        return False
-    return bool(getattr(load_config(), "require_allocation", False))
+    """nvshim's ``require-allocation`` setting (a broken config is a ConfigError)."""
+    from nvshim.config import load_config
+
+    return load_config().require_allocation
 
 
 def _warn(lines: Iterable[str]) -> None:

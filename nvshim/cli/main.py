@@ -274,9 +274,6 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.exit(1 if exc.exit_code == 2 else exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except OSError as exc:
-        click.echo(f"nvshim: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
-        sys.exit(1)
     # with standalone_mode=False, click returns ctx.exit(N)'s code instead of exiting
     sys.exit(rc if isinstance(rc, int) else 0)
 

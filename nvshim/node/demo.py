@@ -23,10 +23,12 @@ REQUESTS = ("1", "0,2", "all", "void")
 
 _PROBE = (
     "echo \"  /dev:        $(cd /dev && ls -d nvidia* 2>/dev/null | tr '\\n' ' ')\"; "
-    "echo \"  libraries:   $(ls /usr/lib/x86_64-linux-gnu 2>/dev/null | grep -c 'so\\.' ) files\"; "
+    "echo \"  libraries:   "
+    "$(ls /usr/lib/x86_64-linux-gnu 2>/dev/null | grep -c 'so\\.' ) files\"; "
     "if [ -e /usr/bin/nvidia-smi ]; then nvidia-smi -L | sed 's/^/  nvidia-smi:  /'; "
     "else echo '  nvidia-smi:  (not injected)'; fi; "
-    "echo \"  env:         $(env | grep '^NVIDIA_VISIBLE_DEVICES=' || echo 'NVIDIA_VISIBLE_DEVICES unset')\""
+    "echo \"  env:         "
+    "$(env | grep '^NVIDIA_VISIBLE_DEVICES=' || echo 'NVIDIA_VISIBLE_DEVICES unset')\""
 )
 
 
@@ -50,15 +52,29 @@ def _preflight() -> Tuple[str, str]:
     return runc, busybox
 
 
+def _failed(what: str, exc: OSError) -> HostError:
+    """``exc`` as the demo's one-line error: what it was doing, the file, why."""
+    where = f" {exc.filename}" if exc.filename else ""
+    return HostError(f"demo: cannot {what}:{where}: {exc.strerror or exc}")
+
+
 def _make_rootfs(dest: str, busybox: str) -> None:
-    for d in ("bin", "dev", "proc", "sys", "etc", "tmp", "usr/bin", "usr/lib/x86_64-linux-gnu"):
-        os.makedirs(os.path.join(dest, d), exist_ok=True)
-    shutil.copy2(busybox, os.path.join(dest, "bin", "busybox"))
-    applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True).stdout
-    for applet in applets.split():
-        link = os.path.join(dest, "bin", applet)
-        if not os.path.lexists(link):
-            os.symlink("busybox", link)
+    try:
+        for d in ("bin", "dev", "proc", "sys", "etc", "tmp", "usr/bin",
+                  "usr/lib/x86_64-linux-gnu"):
+            os.makedirs(os.path.join(dest, d), exist_ok=True)
+        shutil.copy2(busybox, os.path.join(dest, "bin", "busybox"))
+        applets = subprocess.run([busybox, "--list"], capture_output=True, text=True,
+                                 check=True).stdout
+        for applet in applets.split():
+            link = os.path.join(dest, "bin", applet)
+            if not os.path.lexists(link):
+                os.symlink("busybox", link)
+    except subprocess.CalledProcessError as exc:
+        raise HostError(f"demo: {busybox} --list failed (exit {exc.returncode}): is it "
+                        "busybox-static?") from exc
+    except OSError as exc:
+        raise _failed(f"build the container rootfs in {dest}", exc) from exc
 
 
 def _spec(env: List[str], rootfs: str) -> Dict[str, Any]:
@@ -90,6 +106,45 @@ def _spec(env: List[str], rootfs: str) -> Dict[str, Any]:
     }
 
 
+def _make_bundle(work: str, n: int, rootfs: str, request: str) -> Tuple[str, bytes]:
+    """Bundle ``n`` for ``request`` with its own hard-linked rootfs; (config.json, its bytes)."""
+    bundle = os.path.join(work, f"bundle-{n}")
+    try:
+        os.makedirs(bundle)
+        # a fresh rootfs per container (hard links: cheap), so no container sees the
+        # mountpoints runc created for another
+        own_rootfs = os.path.join(bundle, "rootfs")
+        shutil.copytree(rootfs, own_rootfs, symlinks=True, copy_function=os.link)
+        spec_path = os.path.join(bundle, "config.json")
+        data = json.dumps(_spec([f"NVIDIA_VISIBLE_DEVICES={request}"], own_rootfs),
+                          indent="\t").encode()
+        with open(spec_path, "wb") as fh:
+            fh.write(data)
+    except OSError as exc:
+        raise _failed(f"make the bundle {bundle}", exc) from exc
+    return spec_path, data
+
+
+def _run_container(runtime: str, work: str, spec_path: str, name: str,
+                   env: Dict[str, str]) -> subprocess.CompletedProcess[str]:
+    bundle = os.path.dirname(spec_path)
+    argv = [runtime, "--root", os.path.join(work, "runc-state"), "run", "--bundle", bundle, name]
+    try:
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as exc:
+        raise HostError(f"demo: container {name} did not finish within 60 s") from exc
+    except OSError as exc:
+        raise _failed(f"run {runtime}", exc) from exc
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise _failed("read", exc) from exc
+
+
 def run_demo(echo: Callable[[str], None] = print, keep: bool = False) -> int:
     """Run the demo; returns the number of containers that did not behave as expected."""
     from nvshim.host.sim import create_node
@@ -97,7 +152,10 @@ def run_demo(echo: Callable[[str], None] = print, keep: bool = False) -> int:
 
     runc, busybox = _preflight()
     runtime = _runtime_binary()
-    work = tempfile.mkdtemp(prefix="nvshim-demo-")
+    try:
+        work = tempfile.mkdtemp(prefix="nvshim-demo-")
+    except OSError as exc:
+        raise _failed("make a temp dir", exc) from exc
     failures = 0
     try:
         node = create_node(os.path.join(work, "node"), gpus=4, shuffle_minors=True)
@@ -106,44 +164,36 @@ def run_demo(echo: Callable[[str], None] = print, keep: bool = False) -> int:
         for g in node.gpus:
             echo(f"  GPU {g.index}  /dev/nvidia{g.minor}  {g.uuid}  {g.pci_bus_id}")
         config = os.path.join(work, "nvshim.yaml")
-        with open(config, "w") as fh:
-            # the demo's containers are not the node's: their grants stay in the temp dir
-            fh.write(f"driver-root: {node.root}\nruntimes: [{runc}]\n"
-                     f"grants-journal: {os.path.join(work, 'grants.jsonl')}\n")
+        # the demo's containers are not the node's: their grants stay in the temp dir
+        text = (f"driver-root: {node.root}\nruntimes: [{runc}]\n"
+                f"grants-journal: {os.path.join(work, 'grants.jsonl')}\n")
+        try:
+            with open(config, "w") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise _failed("write the demo config", exc) from exc
         compile_node(config)
         rootfs = os.path.join(work, "rootfs")
         _make_rootfs(rootfs, busybox)
         env = dict(os.environ, NVSHIM_CONFIG=config)
         for n, request in enumerate(REQUESTS):
-            bundle = os.path.join(work, f"bundle-{n}")
-            os.makedirs(bundle)
-            # a fresh rootfs per container (hard links: cheap), so no container sees the
-            # mountpoints runc created for another
-            own_rootfs = os.path.join(bundle, "rootfs")
-            shutil.copytree(rootfs, own_rootfs, symlinks=True, copy_function=os.link)
-            spec_path = os.path.join(bundle, "config.json")
-            with open(spec_path, "w") as fh:
-                json.dump(_spec([f"NVIDIA_VISIBLE_DEVICES={request}"], own_rootfs), fh, indent="\t")
-            with open(spec_path, "rb") as fh:
-                before = fh.read()
+            spec_path, before = _make_bundle(work, n, rootfs, request)
             echo("")
             echo(f"$ nvshim-runtime run   (NVIDIA_VISIBLE_DEVICES={request})")
-            proc = subprocess.run(
-                [runtime, "--root", os.path.join(work, "runc-state"), "run", "--bundle", bundle,
-                 f"nvshim-demo-{os.getpid()}-{n}"],
-                env=env, capture_output=True, text=True, timeout=60,
-            )
+            proc = _run_container(runtime, work, spec_path, f"nvshim-demo-{os.getpid()}-{n}", env)
             for line in (proc.stdout + proc.stderr).rstrip().splitlines():
                 echo(line)
-            with open(spec_path, "rb") as fh:
-                unchanged = fh.read() == before
+            unchanged = _read(spec_path) == before
             expected = _expected_nodes(request, [g.minor for g in node.gpus])
             seen = _seen_nodes(proc.stdout)
             ok = proc.returncode == 0 and seen == expected
             if request == "void":
                 ok = ok and unchanged
-                echo(f"  config.json: {'byte-identical (nothing injected)' if unchanged else 'CHANGED'}")
-            echo(f"  -> {'as expected' if ok else f'UNEXPECTED (rc={proc.returncode}, wanted {sorted(expected)})'}")
+                shown = "byte-identical (nothing injected)" if unchanged else "CHANGED"
+                echo(f"  config.json: {shown}")
+            verdict = "as expected" if ok else (
+                f"UNEXPECTED (rc={proc.returncode}, wanted {sorted(expected)})")
+            echo(f"  -> {verdict}")
             failures += 0 if ok else 1
     finally:
         if keep:

@@ -229,7 +229,8 @@ def plan_revert(
     config_path: str = DEFAULT_CONFIG,
     name: str = DEFAULT_NAME,
 ) -> RevertResult:
-    """What revert leaves in daemon.json; pure (see :func:`nvshim.node.engine_files.plan_restore`)."""
+    """What revert leaves in daemon.json; pure (see
+    :func:`nvshim.node.engine_files.plan_restore`)."""
 
     def strip(path: str, now: str, original: Optional[str], warnings: List[str]) -> str:
         data = _load(now, path)

@@ -1,8 +1,9 @@
 """Engine config files: read, write with a byte-exact backup, and restore from it.
 
 ``nvshim runtime configure`` edits containerd's, Docker's and CRI-O's config files; the
-engine modules (:mod:`nvshim.node.containerd`, :mod:`nvshim.node.docker`, :mod:`nvshim.node.crio`) compute
-the new texts, and this module is the one place that writes them and undoes the writes.
+engine modules (:mod:`nvshim.node.containerd`, :mod:`nvshim.node.docker`,
+:mod:`nvshim.node.crio`) compute the new texts, and this module is the one place that
+writes them and undoes the writes.
 
 Before the first write the original bytes of every file that changes (or its absence), its
 mode and the directories created for it are saved in ``<config><BACKUP_SUFFIX>`` (JSON).
