@@ -35,6 +35,24 @@ __all__ = [
 ]
 
 
+def _binary_problems(ours: Mapping[str, Optional[str]], noun: str, key: str,
+                     unset: str = "") -> List[str]:
+    """One line per runtime whose binary (its ``key``) is unset, relative, missing or not
+    executable; ``unset`` says what an unset one means (default: ``has no <key>``)."""
+    problems = []
+    for name, binary in sorted(ours.items()):
+        who = f'{noun} "{name}"'
+        if binary is None:
+            problems.append(f"{who} {unset or f'has no {key}'}")
+        elif not os.path.isabs(binary):
+            problems.append(f"{who} {key} {binary} is not an absolute path")
+        elif not os.path.isfile(binary):
+            problems.append(f"{who} {key} {binary} does not exist")
+        elif not os.access(binary, os.X_OK):
+            problems.append(f"{who} {key} {binary} is not executable")
+    return problems
+
+
 # --------------------------------------------------------------------------- containerd
 
 
@@ -110,21 +128,9 @@ def check_runtime_binary(effective: EffectiveRuntimes, options: DoctorOptions) -
             f"containerd config {effective.config_path} has no nvshim runtime handler",
             "nvshim runtime configure --runtime containerd",
         )
-    bad: List[str] = []
-    good: List[str] = []
-    for handler, binary in sorted(ours.items()):
-        if binary is None:
-            bad.append(
-                f'handler "{handler}" has no options.BinaryName, so containerd runs plain runc'
-            )
-        elif not os.path.isabs(binary):
-            bad.append(f'handler "{handler}" BinaryName {binary} is not an absolute path')
-        elif not os.path.isfile(binary):
-            bad.append(f'handler "{handler}" BinaryName {binary} does not exist')
-        elif not os.access(binary, os.X_OK):
-            bad.append(f'handler "{handler}" BinaryName {binary} is not executable')
-        else:
-            good.append(f'handler "{handler}" runs {binary}')
+    bad = _binary_problems(ours, "handler", "BinaryName",
+                           "has no options.BinaryName, so containerd runs plain runc")
+    good = [f'handler "{handler}" runs {binary}' for handler, binary in sorted(ours.items())]
     if bad:
         return Finding(
             name, "fail", "; ".join(bad) + ": its containers get no GPUs or fail to start",
@@ -175,20 +181,6 @@ def check_default_runtime(
 # --------------------------------------------------------------------------- Docker, CRI-O
 
 
-def _binary_problems(ours: Mapping[str, Optional[str]], key: str) -> List[str]:
-    problems = []
-    for name, binary in sorted(ours.items()):
-        if binary is None:
-            problems.append(f'runtime "{name}" has no {key}')
-        elif not os.path.isabs(binary):
-            problems.append(f'runtime "{name}" {key} {binary} is not an absolute path')
-        elif not os.path.isfile(binary):
-            problems.append(f'runtime "{name}" {key} {binary} does not exist')
-        elif not os.access(binary, os.X_OK):
-            problems.append(f'runtime "{name}" {key} {binary} is not executable')
-    return problems
-
-
 def _check(
     check: str,
     engine: str,
@@ -203,7 +195,7 @@ def _check(
     configure = f"nvshim runtime configure --runtime {check}"
     if not ours:
         return Finding(check, "warn", f"{path} has no nvshim runtime", configure)
-    problems = _binary_problems(ours, key)
+    problems = _binary_problems(ours, "runtime", key)
     if problems:
         return Finding(check, "fail", "; ".join(problems) + f": {engine} cannot start it",
                        f"install nvshim (./install.sh), or re-run {configure}")
