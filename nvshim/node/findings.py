@@ -1,6 +1,7 @@
 """The doctor's vocabulary: a :class:`Finding`, the options saying where to look, and how
-a containerd handler is recognised as nvshim. Shared by :mod:`nvshim.node.doctor` and
-:mod:`nvshim.node.doctor_engines`.
+a containerd handler is recognised as nvshim. Shared by :mod:`nvshim.node.doctor` and the
+checks in :mod:`nvshim.node.doctor_config`, :mod:`nvshim.node.doctor_engines` and
+:mod:`nvshim.node.doctor_host`.
 """
 
 from __future__ import annotations
