@@ -37,7 +37,8 @@ The checks, by name:
     discovery finds GPUs under the driver root.
 ``cdi-specs``
     every ``nvidia.com`` CDI spec in ``cdi-spec-dirs`` still describes this node (driver
-    version, devices, driver files); broken spec files are reported too.
+    version, devices, driver files); broken spec files and unlistable spec dirs are
+    reported too.
 ``trampoline``
     the installed ``nvshim-runtime`` sh trampoline is what this nvshim renders.
 """

@@ -4,7 +4,9 @@
     discovery finds GPUs under the driver root.
 ``cdi-specs``
     every ``nvidia.com`` CDI spec in ``cdi-spec-dirs`` still describes this node (driver
-    version, devices, driver files); broken spec files are reported too.
+    version, devices, driver files); broken spec files, and spec dirs that cannot be
+    listed, are reported too. Files are listed by the CDI registry's own rule
+    (:func:`nvshim.cdi.registry.spec_files`).
 ``dev-char-links``
     every NVIDIA device node under the dev root has its ``/dev/char/<major>:<minor>``
     link (systemd re-applies device rules by those on ``daemon-reload``).
@@ -17,7 +19,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from nvshim.config import Config
-from nvshim.errors import NvshimError
+from nvshim.errors import CdiProblem, NvshimError
 from nvshim.host.discovery import Host
 from nvshim.node.findings import DoctorOptions, Finding
 
@@ -62,17 +64,6 @@ def check_gpus(host: Host, config_file: str) -> Finding:
     )
 
 
-def _spec_files(directory: str) -> List[str]:
-    try:
-        names = sorted(os.listdir(directory))
-    except OSError:
-        return []
-    return [
-        os.path.join(directory, n) for n in names
-        if n.endswith((".json", ".yaml")) and not os.path.isdir(os.path.join(directory, n))
-    ]
-
-
 def _strategies(raw: Any) -> Tuple[str, ...]:
     names = [str(d.get("name", "")) for d in raw.get("devices") or [] if isinstance(d, dict)]
     found: List[str] = []
@@ -86,6 +77,7 @@ def _strategies(raw: Any) -> Tuple[str, ...]:
 def check_cdi_specs(host: Host, spec_dirs: Sequence[str]) -> List[Finding]:
     """Every nvidia.com spec in ``spec_dirs`` against a freshly generated one; broken files."""
     from nvshim.cdi.load import load_spec_file
+    from nvshim.cdi.registry import spec_files
     from nvshim.node.cdigen import generate_spec, stale_reasons
     from nvshim.runtime.create import hook_command
 
@@ -94,7 +86,16 @@ def check_cdi_specs(host: Host, spec_dirs: Sequence[str]) -> List[Finding]:
     fresh: Dict[Tuple[str, ...], Any] = {}
     checked = 0
     for directory in spec_dirs:
-        for path in _spec_files(directory):
+        # the registry's own listing rule: doctor checks exactly the files a create reads
+        unlisted: List[CdiProblem] = []
+        paths = spec_files(directory, unlisted)
+        for problem in unlisted:
+            findings.append(Finding(
+                name, "warn", f"cannot read CDI spec dir: {problem}",
+                f"make {directory} a directory of CDI specs, or take it out of cdi-spec-dirs "
+                "(engines skip it)",
+            ))
+        for path in paths:
             try:
                 spec = load_spec_file(path)
             except NvshimError as exc:

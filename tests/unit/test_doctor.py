@@ -322,6 +322,32 @@ def test_no_gpus_fails_and_sim_node_passes(tmp_path: Path, sim: Any) -> None:
     assert found.status == "ok" and found.message.startswith("2 GPU(s)")
 
 
+def test_cdi_specs_are_listed_by_the_registry_rule(tmp_path: Path) -> None:
+    """doctor lists spec files with nvshim.cdi.registry.spec_files, the rule a create uses:
+    a spec dir that is not a directory is reported (not silently skipped), and a .json
+    symlink to a directory counts as a file (not followed), so it shows up as broken."""
+    from nvshim.cdi.registry import spec_files
+    from nvshim.errors import CdiProblem
+
+    not_a_dir = tmp_path / "cdi-file"
+    not_a_dir.write_text("")
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    link = cdi / "link.json"
+    link.symlink_to(tmp_path / "elsewhere")
+    problems: List[CdiProblem] = []
+    assert spec_files(str(cdi), problems) == [str(link)] and problems == []
+    found = doctor_host.check_cdi_specs(Host(str(tmp_path / "no-driver")),
+                                        [str(not_a_dir), str(cdi)])
+    dir_finding = next(f for f in found if str(not_a_dir) in f.message)
+    assert dir_finding.status == "warn"
+    assert dir_finding.message == (f"cannot read CDI spec dir: {not_a_dir}: $: spec directory "
+                                   "is not a directory")
+    link_finding = next(f for f in found if str(link) in f.message)
+    assert link_finding.status == "warn" and "broken CDI spec" in link_finding.message
+
+
 @needs_root
 def test_cdi_spec_stale_for_driver_fails_current_passes_broken_warns(tmp_path: Path) -> None:
     """A spec of another driver version fails naming the file; a current one passes; junk warns."""
