@@ -13,9 +13,9 @@ import pytest
 import tomlkit
 from click.testing import CliRunner
 
-from nvshim.node import containerd, containerd_read, containerd_revert
 from nvshim.cli.cmd_runtime import runtime
 from nvshim.errors import ConfigError, NvshimError, UsageError
+from nvshim.node import containerd, containerd_read, containerd_revert
 from tests.helpers.containerd_samples import DEBIAN_CONFIG
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,16 +9,16 @@ from __future__ import annotations
 import json
 import os
 import stat
-import tomllib
 from pathlib import Path
 from typing import Any, List, Optional
 
 import pytest
+import tomllib
 from click.testing import CliRunner
 
-from nvshim.node import crio, docker
 from nvshim.cli.cmd_runtime import runtime
 from nvshim.errors import ConfigError, UsageError
+from nvshim.node import crio, docker
 
 BINARY = "/usr/local/bin/nvshim-runtime"
 

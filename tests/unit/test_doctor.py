@@ -12,15 +12,15 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 import yaml
 
-from nvshim.node import doctor, doctor_config, doctor_engines, doctor_host
-from nvshim.node.findings import DoctorOptions, Finding
-from nvshim.runtime.trampoline import render, runtimes_path
 from nvshim.cdi.write import write_spec
 from nvshim.cli.main import main
 from nvshim.config import Config, compiled_path
+from nvshim.host.discovery import Host
+from nvshim.node import doctor, doctor_config, doctor_engines, doctor_host
+from nvshim.node.findings import DoctorOptions, Finding
 from nvshim.runtime.compile import compile_node
 from nvshim.runtime.create import hook_command
-from nvshim.host.discovery import Host
+from nvshim.runtime.trampoline import render, runtimes_path
 
 PITFALL = (
     "FAIL  default-runtime: containerd's default runtime is nvshim but require-allocation is "

@@ -513,9 +513,9 @@ def test_11_doctor_finds_a_stale_drop_in_and_configure_resyncs_it(tmp_path: Path
     (sandbox_image) is shadowed by the drop-in's copy: doctor fails naming the key and the
     fix, and running configure again copies the table anew (doctor quiet again)."""
     from nvshim.node import doctor, doctor_engines
-    from nvshim.node.findings import DoctorOptions
     from nvshim.node.containerd import configure
     from nvshim.node.containerd_read import drop_in_drift
+    from nvshim.node.findings import DoctorOptions
 
     main_file = tmp_path / "config.toml"
     main_file.write_text(MAIN_TOML)
