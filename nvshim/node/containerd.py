@@ -58,7 +58,6 @@ from nvshim.node.containerd_toml import (
     import_entries,
     is_table,
     lookup,
-    parse_toml,
     plain,
     quote_key,
     resolve_import,
@@ -68,8 +67,10 @@ from nvshim.node.engine_files import (
     BACKUP_SUFFIX,
     FileChange,
     backup_path,
+    check_binary,
     check_handler_name,
     default_runtime_guard,
+    parse_toml,
     read_text,
     write_changes,
 )
@@ -127,12 +128,6 @@ def _path_match(pattern: str, path: str) -> bool:
     if len(pattern_parts) != len(path_parts):
         return False
     return all(fnmatch.fnmatchcase(p, q) for q, p in zip(pattern_parts, path_parts))
-
-
-def _check_arguments(name: str, binary: str) -> None:
-    check_handler_name(name)
-    if not os.path.isabs(binary):
-        raise UsageError(f'runtime binary "{binary}" is not an absolute path')
 
 
 def _build_handler(cri: Any, name: str, binary: str, where: str,
@@ -244,7 +239,8 @@ def plan_configure(
     """
     import tomlkit
 
-    _check_arguments(name, binary)
+    check_handler_name(name)
+    check_binary(binary)
     warnings: List[str] = []
     warnings += default_runtime_guard(name, set_as_default, force, require_allocation)
 

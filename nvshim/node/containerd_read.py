@@ -25,11 +25,10 @@ from nvshim.node.containerd_toml import (
     import_entries,
     is_table,
     lookup,
-    parse_toml,
     plain,
     resolve_import,
 )
-from nvshim.node.engine_files import read_text
+from nvshim.node.engine_files import parse_toml, read_text
 
 __all__ = ["EffectiveRuntimes", "read_handlers", "drop_in_drift"]
 

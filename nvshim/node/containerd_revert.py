@@ -26,7 +26,6 @@ from nvshim.node.containerd_toml import (
     import_entries,
     is_table,
     lookup,
-    parse_toml,
     plain,
     resolve_import,
 )
@@ -36,6 +35,7 @@ from nvshim.node.engine_files import (
     apply_restore,
     backup_path,
     load_backup,
+    parse_toml,
     plan_restore,
     read_text,
 )

@@ -1,8 +1,9 @@
-"""containerd's config as a TOML document: parsing, table lookup, versions and imports.
+"""containerd's config as a TOML document: table lookup and edits, versions and imports.
 
 The shared vocabulary of :mod:`nvshim.node.containerd` (configure),
 :mod:`nvshim.node.containerd_revert` and :mod:`nvshim.node.containerd_read`. Documents
-are tomlkit's, so comments and layout survive an edit. The CRI plugin's table depends on
+are tomlkit's (parsed by :func:`nvshim.node.engine_files.parse_toml`), so comments and
+layout survive an edit. The CRI plugin's table depends on
 the config ``version`` (no file or an empty one counts as version 2, a file without
 ``version`` as version 1): see :data:`CRI_PLUGINS`.
 """
@@ -13,13 +14,10 @@ import copy
 import json
 import os
 import re
-from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 from nvshim.config import DEFAULT_CDI_SPEC_DIRS
 from nvshim.errors import ConfigError
-
-if TYPE_CHECKING:
-    from tomlkit.toml_document import TOMLDocument
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -31,7 +29,6 @@ __all__ = [
     "CDI_ANNOTATIONS",
     "CDI_SPEC_DIRS",
     "CRI_PLUGINS",
-    "parse_toml",
     "dump_toml",
     "is_table",
     "lookup",
@@ -64,19 +61,6 @@ CRI_PLUGINS: Mapping[int, str] = {
     2: "io.containerd.grpc.v1.cri",
     3: "io.containerd.cri.v1.runtime",
 }
-
-
-def parse_toml(text: str, path: str) -> TOMLDocument:
-    """``text`` as a tomlkit document; a ConfigError naming ``path`` when it is not TOML."""
-    import tomlkit
-    from tomlkit.exceptions import TOMLKitError
-
-    try:
-        return tomlkit.parse(text)
-    except TOMLKitError as exc:
-        message = str(exc).replace(". at line", " at line")
-        message = message[:1].lower() + message[1:]
-        raise ConfigError(f"{path}: invalid TOML: {message}") from exc
 
 
 def dump_toml(doc: Any, before: Optional[str] = None) -> str:

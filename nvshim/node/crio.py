@@ -42,9 +42,11 @@ from nvshim.node.engine_files import (
     apply_restore,
     backup_path,
     carry_out,
+    check_binary,
     check_handler_name,
     default_runtime_guard,
     load_backup,
+    parse_toml,
     plan_restore,
     read_text,
 )
@@ -94,14 +96,8 @@ class CrioRuntimes:
 
 
 def _parse(text: Optional[str], path: str) -> Dict[str, Any]:
-    import tomlkit
-    from tomlkit.exceptions import TOMLKitError
-
-    try:
-        return tomlkit.parse(text or "").unwrap()
-    except TOMLKitError as exc:
-        message = str(exc).replace(". at line", " at line")
-        raise ConfigError(f"{path}: invalid TOML: {message[:1].lower() + message[1:]}") from exc
+    data: Dict[str, Any] = parse_toml(text or "", path).unwrap()
+    return data
 
 
 def _table(data: Any, keys: Tuple[str, ...], path: str) -> Optional[Dict[str, Any]]:
@@ -114,12 +110,6 @@ def _table(data: Any, keys: Tuple[str, ...], path: str) -> Optional[Dict[str, An
             raise ConfigError(f"{path}: {'.'.join(keys[:depth])} is not a table")
     table: Dict[str, Any] = current
     return table
-
-
-def _check_arguments(name: str, binary: str) -> None:
-    check_handler_name(name)
-    if not os.path.isabs(binary):
-        raise UsageError(f'runtime binary "{binary}" is not an absolute path')
 
 
 def _handler(main: Mapping[str, Any], binary: str, config_path: str) -> Dict[str, Any]:
@@ -176,7 +166,8 @@ def plan_configure(
     require_allocation: bool = False,
 ) -> ConfigureOutcome:
     """The drop-in's new text; pure. The main file is only read (runc's handler settings)."""
-    _check_arguments(name, binary)
+    check_handler_name(name)
+    check_binary(binary)
     warnings = default_runtime_guard(name, set_as_default, force, require_allocation)
     if not drop_in:
         raise UsageError("CRI-O is configured through a drop-in: --drop-in cannot be empty")

@@ -31,6 +31,7 @@ from nvshim.node.engine_files import (
     apply_restore,
     backup_path,
     carry_out,
+    check_binary,
     default_runtime_guard,
     load_backup,
     plan_restore,
@@ -114,8 +115,7 @@ def _check_arguments(name: str, binary: str) -> None:
             f'runtime name "{name}" is not a plain name (letters, digits, "_", ".", "-", '
             "at most 63)"
         )
-    if not os.path.isabs(binary):
-        raise UsageError(f'runtime binary "{binary}" is not an absolute path')
+    check_binary(binary)
 
 
 def plan_configure(

@@ -1,4 +1,4 @@
-"""Engine config files: read, write with a byte-exact backup, and restore from it.
+"""Engine config files: read (and parse TOML), write with a byte-exact backup, restore.
 
 ``nvshim runtime configure`` edits containerd's, Docker's and CRI-O's config files; the
 engine modules (:mod:`nvshim.node.containerd`, :mod:`nvshim.node.docker`,
@@ -20,10 +20,13 @@ import hashlib
 import json
 import os
 import re
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nvshim._record import dataclass
 from nvshim.errors import ConfigError, HostError, UsageError
+
+if TYPE_CHECKING:
+    from tomlkit.toml_document import TOMLDocument
 
 __all__ = [
     "BACKUP_SUFFIX",
@@ -32,6 +35,7 @@ __all__ = [
     "RevertResult",
     "backup_path",
     "read_text",
+    "parse_toml",
     "sha256",
     "write_text",
     "remove_file",
@@ -43,6 +47,7 @@ __all__ = [
     "set_as_default_pitfall",
     "default_runtime_guard",
     "check_handler_name",
+    "check_binary",
 ]
 
 BACKUP_SUFFIX = ".nvshim-orig.json"
@@ -111,6 +116,19 @@ def read_text(path: str, what: str = "config file") -> Optional[str]:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+
+
+def parse_toml(text: str, path: str) -> TOMLDocument:
+    """``text`` as a tomlkit document; a ConfigError naming ``path`` when it is not TOML."""
+    import tomlkit
+    from tomlkit.exceptions import TOMLKitError
+
+    try:
+        return tomlkit.parse(text)
+    except TOMLKitError as exc:
+        message = str(exc).replace(". at line", " at line")
+        message = message[:1].lower() + message[1:]
+        raise ConfigError(f"{path}: invalid TOML: {message}") from exc
 
 
 def sha256(text: Optional[str]) -> Optional[str]:
@@ -345,3 +363,9 @@ def check_handler_name(name: str) -> None:
             f'runtime name "{name}" is not a DNS label (lower-case letters, digits and "-", '
             "at most 63): Kubernetes RuntimeClass handlers must be"
         )
+
+
+def check_binary(binary: str) -> None:
+    """Refuse a runtime binary that is not an absolute path (engines do not search PATH)."""
+    if not os.path.isabs(binary):
+        raise UsageError(f'runtime binary "{binary}" is not an absolute path')
