@@ -3,9 +3,9 @@
 The shared vocabulary of :mod:`nvshim.node.containerd` (configure),
 :mod:`nvshim.node.containerd_revert` and :mod:`nvshim.node.containerd_read`. Documents
 are tomlkit's (parsed by :func:`nvshim.node.engine_files.parse_toml`), so comments and
-layout survive an edit. The CRI plugin's table depends on
-the config ``version`` (no file or an empty one counts as version 2, a file without
-``version`` as version 1): see :data:`CRI_PLUGINS`.
+layout survive an edit. The CRI plugin's table depends on the config ``version`` (no file
+or an empty one counts as version 2, a file without ``version`` as version 1): see
+:data:`CRI_PLUGINS`.
 """
 
 from __future__ import annotations
