@@ -62,6 +62,7 @@ class Config:
     debug_log: Optional[str] = None
     driver_root: str = "/"
     dev_root: Optional[str] = None
+    nvml_facts: Optional[str] = None
     accept_envvar_when_unprivileged: bool = True
     require_allocation: bool = False
     allocation_sources: Tuple[str, ...] = (

@@ -1,6 +1,8 @@
 """Facts about this machine: GPUs, MIG devices, driver files, and safe access to a rootfs.
 
-Owns: discovery of GPUs and driver files (``discovery``, ``devices``, ``mig``, ``nvml``),
+Owns: discovery of GPUs and driver files (``discovery``, ``devices``, ``mig``), NVML and
+the facts only it knows, with the ``nvml-facts`` file seam for nodes it cannot describe
+(``nvml``),
 the ELF and ``ld.so.cache`` codecs (``elf``, ``ldcache``), file access confined to a
 container rootfs (``inroot``), CUDA forward compatibility (``cudacompat``), device node
 creation (``system``) and the simulated GPU node tests and demos run on (``sim``).

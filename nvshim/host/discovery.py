@@ -176,9 +176,12 @@ def _parse_information(text: str) -> Dict[str, str]:
 class Host:
     """Reads one node: a driver root (libraries, /proc files) and a dev root (nodes)."""
 
-    def __init__(self, driver_root: str = "/", dev_root: Optional[str] = None) -> None:
+    def __init__(self, driver_root: str = "/", dev_root: Optional[str] = None,
+                 nvml_facts: Optional[str] = None) -> None:
         self.driver_root = os.path.abspath(driver_root or "/")
         self.dev_root = os.path.abspath(dev_root or self.driver_root)
+        self.nvml_facts = nvml_facts
+        """The config's ``nvml-facts`` file (:class:`nvshim.host.nvml.NvmlFacts`), or None."""
         self._gpus: Optional[Tuple[Gpu, ...]] = None
         self._ldcache: Optional[Dict[str, str]] = None
         self._version: Optional[str] = None
@@ -326,8 +329,8 @@ class Host:
     def _mig_devices(self, index: int, minor: int) -> Tuple[MigDevice, ...]:
         """MIG devices of a GPU, from the capability files procfs exposes.
 
-        Real procfs has no MIG UUIDs; a simulated node records them in
-        ``nvshim-sim.json``. MIG support (UUIDs from NVML) lives in :mod:`nvshim.host.mig`.
+        procfs has no MIG UUIDs: :mod:`nvshim.host.mig` asks
+        :class:`nvshim.host.nvml.NvmlFacts` (NVML, else the ``nvml-facts`` file).
         """
         from nvshim.host import mig
 

@@ -6,13 +6,13 @@ instance's and the compute instance's ``access`` capability. Their minors come f
 ``/proc/driver/nvidia-caps/mig-minors`` (``gpu<minor>/gi<g>/access <N>`` lines). Which
 instances exist is read from ``/proc/driver/nvidia/capabilities/gpu<minor>/mig/``.
 
-procfs has no MIG UUIDs: NVML gives them on a real node (driver root ``/``), and a
-simulated node records them in ``nvshim-sim.json``.
+procfs has no MIG UUIDs: they are facts only NVML knows, asked through
+:class:`nvshim.host.nvml.NvmlFacts` (NVML on a real node, else the configured
+``nvml-facts`` file). A MIG device without a UUID cannot be requested and is left out.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
@@ -60,47 +60,6 @@ def _instances(host: Any, minor: int) -> List[Tuple[int, int]]:
     return sorted(found)
 
 
-def _sim_uuids(host: Any, minor: int) -> Dict[Tuple[int, int], Tuple[str, str]]:
-    text = host.read_text("/nvshim-sim.json")
-    if not text:
-        return {}
-    try:
-        meta = json.loads(text)
-    except ValueError as exc:
-        raise HostError(f"{host.host_path('/nvshim-sim.json')}: not valid JSON") from exc
-    out: Dict[Tuple[int, int], Tuple[str, str]] = {}
-    for gpu in meta.get("gpus", []):
-        if gpu.get("minor") != minor:
-            continue
-        for m in gpu.get("mig", []):
-            out[(int(m["gi"]), int(m["ci"]))] = (str(m["uuid"]), str(m.get("profile", "")))
-    return out
-
-
-def _nvml_uuids(minor: int) -> Dict[Tuple[int, int], Tuple[str, str]]:
-    from nvshim.host.nvml import NvmlUnavailable, as_text, nvml
-
-    out: Dict[Tuple[int, int], Tuple[str, str]] = {}
-    try:
-        with nvml(f"NVML MIG query failed for GPU minor {minor}") as pynvml:
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                if int(pynvml.nvmlDeviceGetMinorNumber(handle)) != minor:
-                    continue
-                for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-                    try:
-                        mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
-                    except pynvml.NVMLError:
-                        continue  # an empty MIG slot
-                    gi = int(pynvml.nvmlDeviceGetGpuInstanceId(mh))
-                    ci = int(pynvml.nvmlDeviceGetComputeInstanceId(mh))
-                    out[(gi, ci)] = (as_text(pynvml.nvmlDeviceGetUUID(mh)),
-                                     as_text(pynvml.nvmlDeviceGetName(mh)))
-    except NvmlUnavailable:
-        return out  # no NVML: MIG devices stay unnamed, as on a procfs-only node
-    return out
-
-
 def discover_mig(host: Any, index: int, minor: int) -> Tuple[Any, ...]:
     """The MIG devices of GPU ``index`` (device minor ``minor``), ordered by (gi, ci)."""
     from nvshim.host.devices import MigDevice
@@ -108,9 +67,10 @@ def discover_mig(host: Any, index: int, minor: int) -> Tuple[Any, ...]:
     instances = _instances(host, minor)
     if not instances:
         return ()
-    uuids = _sim_uuids(host, minor)
-    if not uuids and host.driver_root == "/":
-        uuids = _nvml_uuids(minor)
+    from nvshim.host.nvml import NvmlFacts
+
+    with NvmlFacts(host.driver_root, host.nvml_facts) as facts:
+        uuids = facts.mig_devices(minor)
     minors = read_mig_minors(host)
     devices = []
     for j, (gi, ci) in enumerate(instances):
@@ -125,11 +85,11 @@ def discover_mig(host: Any, index: int, minor: int) -> Tuple[Any, ...]:
                     f"MIG device {index}:{j} needs capability {cap}, which "
                     f"{host.host_path('/proc/driver/nvidia-caps/mig-minors')} does not list"
                 )
-            node = host.device_node(f"/dev/nvidia-caps/nvidia-cap{cap_minor}")
+            cap_node = f"/dev/nvidia-caps/nvidia-cap{cap_minor}"
+            node = host.device_node(cap_node)
             if node is None:
                 raise HostError(
-                    f"MIG device {index}:{j} needs {host.dev_path(f'/dev/nvidia-caps/nvidia-cap{cap_minor}')}, "
-                    "which does not exist"
+                    f"MIG device {index}:{j} needs {host.dev_path(cap_node)}, which does not exist"
                 )
             nodes.append(node)
         devices.append(MigDevice(index, j, gi, ci, uuid, profile, tuple(nodes)))

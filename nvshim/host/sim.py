@@ -17,7 +17,12 @@
   that lists the GPUs whose ``/dev/nvidia<minor>`` it can see; ``NVSHIM_SIM_DEV``
   overrides ``/dev``), labelled stubs of the other driver binaries, GSP firmware files,
   the ``run/nvidia-persistenced/socket`` UNIX socket, ``tmp/nvidia-mps``.
-* ``nvshim-sim.json``: what NVML would say and procfs does not. Format 1::
+* ``nvml-facts.json``: what NVML would say and procfs does not (MIG UUIDs, CUDA version,
+  compute capability, brand), in the format :class:`nvshim.host.nvml.NvmlFacts` defines.
+  Production code reads it only when a config names it (``nvml-facts:
+  <root>/nvml-facts.json``, :attr:`SimNode.nvml_facts`), as it would any such file.
+* ``nvshim-sim.json``: the simulator's own record of what it made, for :func:`load_node`
+  (never read by production code). Format 1::
 
     {
       "format": 1,
@@ -57,11 +62,13 @@ from nvshim._record import dataclass
 from nvshim.errors import HostError, UsageError
 from nvshim.host.elf import build_shared_object
 from nvshim.host.ldcache import build_ldcache
+from nvshim.host.nvml import FACTS_FORMAT
 
 __all__ = [
     "CAPS_MAJOR",
     "NVIDIA_MAJOR",
     "SIM_FILE",
+    "NVML_FACTS_FILE",
     "SIM_LIBRARIES",
     "UVM_MAJOR",
     "SimGpu",
@@ -69,6 +76,7 @@ __all__ = [
     "SimNode",
     "create_node",
     "load_node",
+    "nvml_facts_document",
     "mig_cap_minor",
 ]
 
@@ -83,6 +91,7 @@ GDRDRV_MAJOR = 509
 INFINIBAND_MAJOR = 231  # infiniband_verbs / infiniband_mad (fixed by the kernel)
 MISC_MAJOR = 10
 SIM_FILE = "nvshim-sim.json"
+NVML_FACTS_FILE = "nvml-facts.json"
 #: The NVIDIA driver handles at most 32 GPUs per node (NV_MAX_DEVICES); a simulated node
 #: may have more, for scale tests (CDI specs and discovery at 64 or 256 GPUs).
 DRIVER_MAX_GPUS = 32
@@ -186,6 +195,11 @@ class SimNode:
     gds: bool = False
     mofed: bool = False
     gdrcopy: bool = False
+
+    @property
+    def nvml_facts(self) -> str:
+        """The facts file this node's config names as ``nvml-facts`` (what NVML would say)."""
+        return os.path.join(self.root, NVML_FACTS_FILE)
 
 
 def mig_cap_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
@@ -364,6 +378,7 @@ def create_node(
         _write_binaries(node)
         _write_driver_files(node)
         _write_text(os.path.join(root, SIM_FILE), json.dumps(_to_json(node, seed), indent=2))
+        _write_text(node.nvml_facts, json.dumps(nvml_facts_document(node), indent=2))
     except OSError as exc:
         where = exc.filename or root
         raise HostError(
@@ -711,6 +726,28 @@ def _to_json(node: SimNode, seed: int) -> dict[str, Any]:
                         "gi_cap_minor": m.gi_cap_minor,
                         "ci_cap_minor": m.ci_cap_minor,
                     }
+                    for m in gpu.mig
+                ],
+            }
+            for gpu in node.gpus
+        ],
+    }
+
+
+def nvml_facts_document(node: SimNode) -> dict[str, Any]:
+    """What NVML would say about ``node`` and procfs does not, in the ``nvml-facts`` format
+    (:class:`nvshim.host.nvml.NvmlFacts`): a config names the file to use it."""
+    return {
+        "format": FACTS_FORMAT,
+        "cuda_version": node.cuda_version,
+        "gpus": [
+            {
+                "uuid": gpu.uuid,
+                "minor": gpu.minor,
+                "compute_capability": gpu.compute_capability,
+                "brand": gpu.brand,
+                "mig": [
+                    {"gi": m.gi, "ci": m.ci, "uuid": m.uuid, "profile": m.profile}
                     for m in gpu.mig
                 ],
             }

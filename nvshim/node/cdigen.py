@@ -117,7 +117,8 @@ def generate_for_node(driver_root: Optional[str], dev_root: Optional[str], class
 
     config = load_config()
     root = driver_root or config.driver_root
-    host = Host(root, dev_root or (None if driver_root else config.dev_root))
+    host = Host(root, dev_root or (None if driver_root else config.dev_root),
+                None if driver_root else config.nvml_facts)
     caps = parse_capabilities(driver_capabilities, ALL_CAPABILITIES, False)
     if class_ == IMEX_CLASS:
         from nvshim.runtime.extras import generate_imex_spec

@@ -32,7 +32,7 @@ def host_for(config: Config, options: DoctorOptions) -> Host:
     """The host to look at: the options' driver root (and dev root) over the config's."""
     if options.driver_root is not None:
         return Host(options.driver_root, options.dev_root)
-    return Host(config.driver_root, options.dev_root or config.dev_root)
+    return Host(config.driver_root, options.dev_root or config.dev_root, config.nvml_facts)
 
 
 def check_gpus(host: Host, config_file: str) -> Finding:

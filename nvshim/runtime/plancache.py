@@ -10,13 +10,13 @@ stale.
 
 Each create checks the file with ``stat`` calls only: every path discovery looked at or
 found — the driver version file, the procfs GPU directory and GPU entries, the driver
-root's ld.so.cache, the library and binary directories, every library, binary, firmware
-file and device node (present or absent) — must have the inode, size, mode, device
-number and modification/change times recorded. Anything else (another driver root,
-another nvshim version, a field the code no longer knows, unreadable JSON) is stale: the
-plan is rebuilt by discovery, never trusted, and a create never fails because of the
-cache (a cache that cannot be written is simply not written). IPC sockets come and go
-with their daemons and are always looked up live.
+root's ld.so.cache, the library and binary directories, the config's ``nvml-facts`` file,
+every library, binary, firmware file and device node (present or absent) — must have the
+inode, size, mode, device number and modification/change times recorded. Anything else
+(another driver root or nvml-facts file, another nvshim version, a field the code no
+longer knows, unreadable JSON) is stale: the plan is rebuilt by discovery, never trusted,
+and a create never fails because of the cache (a cache that cannot be written is simply
+not written). IPC sockets come and go with their daemons and are always looked up live.
 
 Writes go through :func:`nvshim.files.write_atomic` (a temp file per process, then
 rename), so parallel first creates each write a complete file and the last rename wins.
@@ -51,9 +51,6 @@ __all__ = ["CachedHost", "FORMAT", "build", "host_for", "load", "refresh"]
 #: Bumped whenever the document's shape changes.
 FORMAT = 1
 
-_SIM_METADATA = "/nvshim-sim.json"
-
-
 # --------------------------------------------------------------------------- records
 
 
@@ -86,8 +83,9 @@ def _unpack_gpu(d: Dict[str, Any]) -> Gpu:
 class CachedHost(Host):
     """A :class:`~nvshim.host.discovery.Host` answering from a plan document (IPC stays live)."""
 
-    def __init__(self, driver_root: str, dev_root: Optional[str], doc: Dict[str, Any]) -> None:
-        super().__init__(driver_root, dev_root)
+    def __init__(self, driver_root: str, dev_root: Optional[str], doc: Dict[str, Any],
+                 nvml_facts: Optional[str] = None) -> None:
+        super().__init__(driver_root, dev_root, nvml_facts)
         self._version = doc["driver-version"]
         self._gpus = tuple(_unpack_gpu(g) for g in doc["gpus"])
         self.gpu_source = doc["gpu-source"]
@@ -151,10 +149,11 @@ def _watched(host: Host, doc: Dict[str, Any]) -> List[str]:
         hp("/proc/driver/nvidia/capabilities"),
         hp("/proc/driver/nvidia-caps/mig-minors"),
         hp("/etc/ld.so.cache"),
-        hp(_SIM_METADATA),
         dp("/dev/nvidia-caps"),
         hp(f"/lib/firmware/nvidia/{doc['driver-version']}"),
     ]
+    if host.nvml_facts is not None:
+        paths.append(host.nvml_facts)  # MIG UUIDs come from it when NVML cannot answer
     paths += [hp(d) for d in LIB_DIRS] + [hp(f"{LIB_DIRS[0]}/vdpau")]
     paths += [hp(d) for d in _BIN_DIRS]
     paths += [dp(path) for path, _ in CONTROL_NODES]
@@ -229,13 +228,15 @@ class _NotCacheable(NvshimError):
 # --------------------------------------------------------------------------- load/save
 
 
-def _key(driver_root: str, dev_root: str) -> Dict[str, Any]:
+def _key(driver_root: str, dev_root: str, nvml_facts: Optional[str]) -> Dict[str, Any]:
     from nvshim import __version__
 
-    return {"nvshim-version": __version__, "driver-root": driver_root, "dev-root": dev_root}
+    return {"nvshim-version": __version__, "driver-root": driver_root, "dev-root": dev_root,
+            "nvml-facts": nvml_facts}
 
 
-def load(path: str, driver_root: str, dev_root: str) -> Tuple[Optional[CachedHost], str]:
+def load(path: str, driver_root: str, dev_root: str,
+         nvml_facts: Optional[str] = None) -> Tuple[Optional[CachedHost], str]:
     """The cached host when ``path`` holds a valid, fresh plan; else (None, why not)."""
     from nvshim.config import read_trusted_cache
 
@@ -244,8 +245,8 @@ def load(path: str, driver_root: str, dev_root: str) -> Tuple[Optional[CachedHos
         return None, why
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         return None, "plan cache has another format"
-    if doc.get("key") != _key(driver_root, dev_root):
-        return None, "plan cache is for another driver root or nvshim version"
+    if doc.get("key") != _key(driver_root, dev_root, nvml_facts):
+        return None, "plan cache is for another driver root, nvml-facts file or nvshim version"
     try:
         for watched, sig in doc["watch"]:
             if _stat(watched) != sig:
@@ -255,7 +256,7 @@ def load(path: str, driver_root: str, dev_root: str) -> Tuple[Optional[CachedHos
     except (TypeError, ValueError, KeyError):
         return None, "plan cache is malformed"
     try:
-        return CachedHost(driver_root, dev_root, doc), "plan cache"
+        return CachedHost(driver_root, dev_root, doc, nvml_facts), "plan cache"
     except (TypeError, ValueError, KeyError, AttributeError):
         return None, "plan cache is malformed"
 
@@ -279,7 +280,7 @@ def _save(path: str, host: Host) -> Tuple[Optional[Dict[str, Any]], str]:
         return None, f"not cached: {exc}"
     if _fixed(host) != before:
         return None, "not cached: the node changed during discovery"
-    doc["key"] = _key(host.driver_root, host.dev_root)
+    doc["key"] = _key(host.driver_root, host.dev_root, host.nvml_facts)
     try:
         write_atomic(path, (_jsonc.dumps(doc, separators=(",", ":")) + "\n").encode(),
                      default_mode=0o644)
@@ -299,9 +300,9 @@ def host_for(config: Any, save: bool) -> Tuple[Host, str]:
     """
     from nvshim.config import config_path, plan_path
 
-    live = Host(config.driver_root, config.dev_root)
+    live = Host(config.driver_root, config.dev_root, config.nvml_facts)
     path = plan_path(config.source or config_path())
-    cached, why = load(path, live.driver_root, live.dev_root)
+    cached, why = load(path, live.driver_root, live.dev_root, live.nvml_facts)
     if cached is not None:
         return cached, f"cache {path}"
     if not save:
@@ -310,7 +311,8 @@ def host_for(config: Any, save: bool) -> Tuple[Host, str]:
         return live, f"discovery ({why}; no directory for {path})"
     doc, outcome = _save(path, live)
     if doc is not None:
-        return CachedHost(live.driver_root, live.dev_root, doc), f"discovery ({why}; {outcome})"
+        return (CachedHost(live.driver_root, live.dev_root, doc, live.nvml_facts),
+                f"discovery ({why}; {outcome})")
     return live, f"discovery ({why}; {outcome})"
 
 
@@ -319,4 +321,4 @@ def refresh(config: Any) -> str:
     from nvshim.config import config_path, plan_path
 
     path = plan_path(config.source or config_path())
-    return _save(path, Host(config.driver_root, config.dev_root))[1]
+    return _save(path, Host(config.driver_root, config.dev_root, config.nvml_facts))[1]

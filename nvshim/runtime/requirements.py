@@ -22,7 +22,7 @@ Where this is stricter than the reference (libnvidia-container), on purpose:
   almost always ``a, b`` written with a space, which silently turns AND into OR;
 * a value that is not a version (``12.x``), an unknown key, a missing operator or ``<`` on
   a brand is an error naming the constraint and the variable;
-* a constraint whose fact is unknown (no NVML and no simulated-node metadata, or ``arch``
+* a constraint whose fact is unknown (no NVML and no ``nvml-facts`` file, or ``arch``
   with no GPU selected) is reported, never passed — unless another alternative holds.
 
 ``arch`` and ``brand`` describe GPUs: the expression is evaluated once per selected GPU and
@@ -34,30 +34,29 @@ boolean true (``1 t T TRUE true True``) or the config key ``disable-require`` tu
 checks off; any other value (``yes``, ``on`` …) is not a Go boolean, so — as in the
 reference, whose ``strconv.ParseBool`` fails on it — the checks stay on (with a note).
 
-Facts: the driver version always comes from :meth:`Host.driver_version`. On a real node
-(driver root ``/``) the CUDA version, compute capability and brand come from NVML;
-otherwise, or when NVML cannot be loaded, from the simulated node's
-``<driver_root>/nvshim-sim.json``. Nothing is read, and pynvml is not imported, unless a
-requirement exists and needs that fact.
+Facts: the driver version always comes from :meth:`Host.driver_version`; the CUDA version,
+compute capability and brand are facts only NVML knows, asked through
+:class:`nvshim.host.nvml.NvmlFacts` (NVML on a real node, else the configured
+``nvml-facts`` file). Nothing is read, and pynvml is not imported, unless a requirement
+exists and needs that fact.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nvshim._record import dataclass, field
 from nvshim.errors import HostError, RequestError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from nvshim.host.discovery import Gpu, Host
+    from nvshim.host.nvml import NvmlFacts
     from nvshim.runtime.request import ImageView
 
 __all__ = [
     "KEYS",
     "OPERATORS",
-    "BRANDS",
     "Constraint",
     "Requirement",
     "Fact",
@@ -76,7 +75,6 @@ __all__ = [
 REQUIRE_PREFIX = "NVIDIA_REQUIRE_"
 JETPACK_PREFIX = "NVIDIA_REQUIRE_JETPACK"
 DISABLE_REQUIRE = "NVIDIA_DISABLE_REQUIRE"
-SIM_METADATA = "/nvshim-sim.json"
 
 #: The constraint keys; ``cuda``/``driver`` describe the node, ``arch``/``brand`` a GPU.
 KEYS = ("cuda", "driver", "arch", "brand")
@@ -85,31 +83,6 @@ _VERSION_KEYS = ("cuda", "driver", "arch")
 
 #: Operators, longest first so that ``<=`` is never read as ``<`` followed by ``=1``.
 OPERATORS = ("<=", ">=", "!=", "<", ">", "=")
-
-#: NVML's nvmlBrandType_t → the names CUDA images use in ``brand=`` constraints.
-BRANDS: Dict[int, str] = {
-    0: "unknown",
-    1: "quadro",
-    2: "tesla",
-    3: "nvs",
-    4: "grid",
-    5: "geforce",
-    6: "titan",
-    7: "vapps",
-    8: "vpc",
-    9: "vcs",
-    10: "vws",
-    11: "cloudgaming",
-    12: "quadrortx",
-    13: "nvidiartx",
-    14: "nvidia",
-    15: "geforcertx",
-    16: "titanrtx",
-    # Newer NVML values; no CUDA image names them yet, so these spellings are ours.
-    17: "dla",
-    18: "vgamedev",
-    19: "npu",
-}
 
 _GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
@@ -321,100 +294,18 @@ class Facts:
     """``("GPU 0", {"arch": Fact("8.0"), "brand": Fact("tesla")})`` per selected GPU."""
 
 
-def _metadata_value_text(raw: Any) -> Optional[str]:
-    if isinstance(raw, bool):
-        return None
-    if isinstance(raw, str):
-        return raw.strip()
-    if isinstance(raw, (int, float)):
-        return str(raw)
-    if isinstance(raw, (list, tuple)) and raw and all(
-        isinstance(p, int) and not isinstance(p, bool) for p in raw
-    ):
-        return ".".join(str(p) for p in raw)
-    return None
-
-
 class _Gatherer:
-    """Reads the facts requirements need, each at most once; NVML only on a real node."""
+    """Turns :class:`~nvshim.host.nvml.NvmlFacts` answers into :class:`Fact` records."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: Host, facts: NvmlFacts) -> None:
         self.host = host
-        self.real = host.driver_root == "/"
-        self.meta_path = host.host_path(SIM_METADATA)
-        self._nvml: Any = None
-        self._nvml_why = "" if self.real else f"no NVML (the driver root is {host.driver_root})"
-        self._nvml_tried = not self.real
-        self._meta: Optional[Dict[str, Any]] = None
-        self._meta_read = False
+        self.facts = facts
 
-    # NVML ---------------------------------------------------------------------------
-
-    def nvml(self) -> Any:
-        """The initialised pynvml module, or None (the reason in ``_nvml_why``)."""
-        if not self._nvml_tried:
-            self._nvml_tried = True
-            try:
-                import pynvml
-            except ImportError:
-                self._nvml_why = "no NVML: nvidia-ml-py is not installed"
-                return None
-            try:
-                pynvml.nvmlInit()
-            except pynvml.NVMLError as exc:
-                self._nvml_why = f"no NVML: {exc}"
-                return None
-            self._nvml = pynvml
-        return self._nvml
-
-    def close(self) -> None:
-        if self._nvml is not None:
-            try:
-                self._nvml.nvmlShutdown()
-            except self._nvml.NVMLError:
-                pass  # shutting down a library we are done with; nothing to recover
-            self._nvml = None
-
-    # simulated-node metadata --------------------------------------------------------
-
-    def meta(self) -> Optional[Dict[str, Any]]:
-        if not self._meta_read:
-            self._meta_read = True
-            text = self.host.read_text(SIM_METADATA)
-            if text is not None:
-                try:
-                    meta = json.loads(text)
-                except ValueError as exc:
-                    raise HostError(f"{self.meta_path}: not valid JSON") from exc
-                if not isinstance(meta, dict):
-                    raise HostError(f"{self.meta_path}: top level must be a JSON object")
-                self._meta = meta
-        return self._meta
-
-    def _meta_gpu(self, gpu: Gpu) -> Tuple[Optional[Dict[str, Any]], str]:
-        meta = self.meta()
-        if meta is None:
-            return None, f"no simulated-node metadata at {self.meta_path}"
-        entries = [g for g in meta.get("gpus") or [] if isinstance(g, dict)]
-        for entry in entries:
-            if str(entry.get("uuid", "")).lower() == gpu.uuid.lower():
-                return entry, ""
-        for entry in entries:
-            if entry.get("minor") == gpu.minor:
-                return entry, ""
-        return None, f"{self.meta_path} does not list {gpu.uuid}"
-
-    def _unknown(self, what: str, reasons: List[str]) -> Fact:
+    @staticmethod
+    def _fact(what: str, value: Optional[str], reasons: List[str]) -> Fact:
+        if value is not None:
+            return Fact(value)
         return Fact(None, f"{what} is unknown ({'; '.join(reasons)})")
-
-    def _version_fact(self, raw: Any, where: str, what: str, reasons: List[str]) -> Fact:
-        text = _metadata_value_text(raw)
-        if text is None or parse_version(text) is None:
-            reasons.append(f'{where} is "{raw}", not a version')
-            return self._unknown(what, reasons)
-        return Fact(text)
-
-    # node facts ---------------------------------------------------------------------
 
     def driver(self) -> Fact:
         try:
@@ -426,87 +317,20 @@ class _Gatherer:
         return Fact(version)
 
     def cuda(self) -> Fact:
-        what = "the CUDA version of this node"
         reasons: List[str] = []
-        nvml = self.nvml()
-        if nvml is not None:
-            try:
-                raw = int(nvml.nvmlSystemGetCudaDriverVersion_v2())
-            except nvml.NVMLError as exc:
-                reasons.append(f"NVML: {exc}")
-            else:
-                return Fact(f"{raw // 1000}.{raw % 1000 // 10}")
-        else:
-            reasons.append(self._nvml_why)
-        meta = self.meta()
-        if meta is None:
-            reasons.append(f"no simulated-node metadata at {self.meta_path}")
-            return self._unknown(what, reasons)
-        if meta.get("cuda_version") is None:
-            reasons.append(f"{self.meta_path} has no cuda_version")
-            return self._unknown(what, reasons)
-        return self._version_fact(
-            meta["cuda_version"], f"cuda_version in {self.meta_path}", what, reasons
-        )
-
-    # GPU facts ----------------------------------------------------------------------
-
-    def _nvml_gpu(self, gpu: Gpu, reasons: List[str]) -> Tuple[Any, Any]:
-        nvml = self.nvml()
-        if nvml is None:
-            reasons.append(self._nvml_why)
-            return None, None
-        try:
-            return nvml, nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
-        except nvml.NVMLError as exc:
-            reasons.append(f"NVML: {exc}")
-            return None, None
+        value = self.facts.cuda_version(reasons)
+        return self._fact("the CUDA version of this node", value, reasons)
 
     def arch(self, gpu: Gpu) -> Fact:
-        what = f"the compute capability of GPU {gpu.index} ({gpu.uuid})"
         reasons: List[str] = []
-        nvml, handle = self._nvml_gpu(gpu, reasons)
-        if handle is not None:
-            try:
-                major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
-            except nvml.NVMLError as exc:
-                reasons.append(f"NVML: {exc}")
-            else:
-                return Fact(f"{int(major)}.{int(minor)}")
-        entry, why = self._meta_gpu(gpu)
-        if entry is None:
-            reasons.append(why)
-            return self._unknown(what, reasons)
-        for name in ("compute_capability", "arch"):
-            raw = entry.get(name)
-            text = _metadata_value_text(raw)
-            if text is not None and parse_version(text) is not None:
-                return Fact(text)
-        reasons.append(f"{self.meta_path} has no compute_capability for {gpu.uuid}")
-        return self._unknown(what, reasons)
+        value = self.facts.compute_capability(gpu.uuid, gpu.minor, reasons)
+        what = f"the compute capability of GPU {gpu.index} ({gpu.uuid})"
+        return self._fact(what, value, reasons)
 
     def brand(self, gpu: Gpu) -> Fact:
-        what = f"the brand of GPU {gpu.index} ({gpu.uuid})"
         reasons: List[str] = []
-        nvml, handle = self._nvml_gpu(gpu, reasons)
-        if handle is not None:
-            try:
-                code = int(nvml.nvmlDeviceGetBrand(handle))
-            except nvml.NVMLError as exc:
-                reasons.append(f"NVML: {exc}")
-            else:
-                if code in BRANDS:
-                    return Fact(BRANDS[code])
-                reasons.append(f"NVML brand {code} has no name")
-        entry, why = self._meta_gpu(gpu)
-        if entry is None:
-            reasons.append(why)
-            return self._unknown(what, reasons)
-        raw = entry.get("brand")
-        if isinstance(raw, str) and _BRAND.match(raw.strip()):
-            return Fact(raw.strip().lower())
-        reasons.append(f"{self.meta_path} has no brand for {gpu.uuid}")
-        return self._unknown(what, reasons)
+        value = self.facts.brand(gpu.uuid, gpu.minor, reasons)
+        return self._fact(f"the brand of GPU {gpu.index} ({gpu.uuid})", value, reasons)
 
 
 def _unique_gpus(gpus: Sequence[Gpu]) -> Tuple[Gpu, ...]:
@@ -518,8 +342,10 @@ def _unique_gpus(gpus: Sequence[Gpu]) -> Tuple[Gpu, ...]:
 
 def gather_facts(host: Host, gpus: Sequence[Gpu], keys: Sequence[str]) -> Facts:
     """Read the facts for ``keys`` (and nothing else) of the node and of each GPU in ``gpus``."""
-    gatherer = _Gatherer(host)
-    try:
+    from nvshim.host.nvml import NvmlFacts
+
+    with NvmlFacts(host.driver_root, host.nvml_facts) as facts:
+        gatherer = _Gatherer(host, facts)
         node: Dict[str, Fact] = {}
         if "driver" in keys:
             node["driver"] = gatherer.driver()
@@ -528,15 +354,13 @@ def gather_facts(host: Host, gpus: Sequence[Gpu], keys: Sequence[str]) -> Facts:
         per_gpu: List[Tuple[str, Mapping[str, Fact]]] = []
         if any(k in _GPU_KEYS for k in keys):
             for gpu in _unique_gpus(gpus):
-                facts: Dict[str, Fact] = {}
+                gpu_facts: Dict[str, Fact] = {}
                 if "arch" in keys:
-                    facts["arch"] = gatherer.arch(gpu)
+                    gpu_facts["arch"] = gatherer.arch(gpu)
                 if "brand" in keys:
-                    facts["brand"] = gatherer.brand(gpu)
-                per_gpu.append((f"GPU {gpu.index}", facts))
-        return Facts(node, tuple(per_gpu))
-    finally:
-        gatherer.close()
+                    gpu_facts["brand"] = gatherer.brand(gpu)
+                per_gpu.append((f"GPU {gpu.index}", gpu_facts))
+    return Facts(node, tuple(per_gpu))
 
 
 # -- evaluation -----------------------------------------------------------------------

@@ -101,7 +101,7 @@ def injected(
     if caps is not None:
         env.append(f"NVIDIA_DRIVER_CAPABILITIES={caps}")
     bundle = write_bundle(tmp_path / "bundle", env)
-    plan = plan_create(str(bundle), Config(driver_root=node.root))
+    plan = plan_create(str(bundle), Config(driver_root=node.root, nvml_facts=node.nvml_facts))
     assert plan.new_spec is not None
     libs, bins = set(), set()
     for mount in plan.new_spec.get("mounts", []):
@@ -174,7 +174,7 @@ def test_unknown_capability_is_an_error_naming_it(node, tmp_path, value, name):
         tmp_path / "bundle", ["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_DRIVER_CAPABILITIES={value}"]
     )
     with pytest.raises(RequestError) as info:
-        plan_create(str(bundle), Config(driver_root=node.root))
+        plan_create(str(bundle), Config(driver_root=node.root, nvml_facts=node.nvml_facts))
     assert f'"{name}"' in str(info.value)
     assert "NVIDIA_DRIVER_CAPABILITIES" in str(info.value)
 
@@ -184,6 +184,6 @@ def test_unsupported_capability_is_an_error(node, tmp_path):
     bundle = write_bundle(
         tmp_path / "bundle", ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=graphics"]
     )
-    config = Config(driver_root=node.root, supported_driver_capabilities=("compute", "utility"))
+    config = Config(driver_root=node.root, nvml_facts=node.nvml_facts, supported_driver_capabilities=("compute", "utility"))
     with pytest.raises(RequestError, match='"graphics"'):
         plan_create(str(bundle), config)

@@ -54,7 +54,8 @@ def _example_node(**kwargs: Any) -> Iterator[str]:
 
 def _generate(name: str) -> str:
     with _example_node(**NODES[name]) as root:
-        return dump_spec(generate_spec(Host(root), hook_command=HOOK), "yaml")
+        facts = f"{root}/nvml-facts.json"
+        return dump_spec(generate_spec(Host(root, nvml_facts=facts), hook_command=HOOK), "yaml")
 
 
 @pytest.mark.parametrize("name", sorted(NODES))

@@ -110,7 +110,7 @@ def test_hook_command_is_embedded(two_gpu: Any) -> None:
 def test_mig_devices_and_cap_nodes(mig_node: Any) -> None:
     """A MIG node yields `<gpu>:<mig>` and MIG-UUID devices that hold the GPU node and both
     nvidia-cap nodes (GPU instance and compute instance access)."""
-    spec = generate_spec(Host(mig_node.root), hook_command=HOOK)
+    spec = generate_spec(Host(mig_node.root, nvml_facts=mig_node.nvml_facts), hook_command=HOOK)
     assert validate_spec(spec) == []
     gpu = mig_node.gpus[0]
     by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}

@@ -67,6 +67,7 @@ def bundle(tmp_path: Path, env: List[str], annotations: Optional[Dict[str, str]]
 def config(node: Any, tmp_path: Path, **kw: Any) -> Config:
     base: Dict[str, Any] = dict(
         require_allocation=True, verify_with="kubelet", driver_root=node.root,
+        nvml_facts=node.nvml_facts,
         kubelet_socket=str(tmp_path / "kubelet.sock"),
         kubelet_checkpoint=str(tmp_path / "no-checkpoint"), grants_journal=None,
     )
@@ -283,8 +284,10 @@ def test_cdi_mig_device_is_checked_as_a_mig_device(tmp_path: Path,
     node = create_node(str(tmp_path / "mig-node"), gpus=2, mig=True)
     cdi_dir = tmp_path / "cdi"
     cdi_dir.mkdir()
-    res = CliRunner().invoke(generate, ["--driver-root", node.root, "--output",
-                                        str(cdi_dir / "nvidia.yaml")])
+    node_config = tmp_path / "node.yaml"  # MIG UUIDs: what NVML would say, from nvml-facts
+    node_config.write_text(f"driver-root: {node.root}\nnvml-facts: {node.nvml_facts}\n")
+    res = CliRunner().invoke(generate, ["--output", str(cdi_dir / "nvidia.yaml")],
+                             env={"NVSHIM_CONFIG": str(node_config)})
     assert res.exit_code == 0, res.output
     mine, other = node.gpus[0].mig[0], node.gpus[0].mig[1]
     kubelet.set([("team-a", "mine", {"main": {"nvidia.com/mig-1g.10gb": [mine.uuid]}})])

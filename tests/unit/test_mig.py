@@ -17,8 +17,8 @@ from typing import Dict, List, Tuple
 import pytest
 
 from nvshim.config import Config
-from nvshim.runtime.create import plan_create
 from nvshim.errors import RequestError
+from nvshim.runtime.create import plan_create
 
 CAPS_MAJOR = 237
 
@@ -84,7 +84,8 @@ def write_bundle(path: Path, visible: str) -> Path:
 
 def gpu_nodes(node, tmp_path: Path, visible: str) -> List[Tuple[str, int, int]]:
     """GPU and capability nodes (not the control nodes) in the planned config.json."""
-    plan = plan_create(str(write_bundle(tmp_path / "bundle", visible)), Config(driver_root=node.root))
+    config = Config(driver_root=node.root, nvml_facts=node.nvml_facts)
+    plan = plan_create(str(write_bundle(tmp_path / "bundle", visible)), config)
     assert plan.new_spec is not None
     out = []
     for dev in plan.new_spec["linux"].get("devices", []):
@@ -95,7 +96,8 @@ def gpu_nodes(node, tmp_path: Path, visible: str) -> List[Tuple[str, int, int]]:
 
 
 def allowed_rules(node, tmp_path: Path, visible: str) -> List[Tuple[str, int, int]]:
-    plan = plan_create(str(write_bundle(tmp_path / "bundle", visible)), Config(driver_root=node.root))
+    config = Config(driver_root=node.root, nvml_facts=node.nvml_facts)
+    plan = plan_create(str(write_bundle(tmp_path / "bundle", visible)), config)
     rules = plan.new_spec["linux"]["resources"]["devices"]
     return [(r["type"], r["major"], r["minor"]) for r in rules if r.get("allow")]
 

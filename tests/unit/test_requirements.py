@@ -1,7 +1,8 @@
 """NVIDIA_REQUIRE_* constraints: grammar, version order, facts and verdicts.
 
-Nodes are directory trees: a driver root with ``proc/driver/nvidia/version`` and the
-simulated-node metadata ``nvshim-sim.json``, read by a real :class:`nvshim.host.discovery.Host`.
+Nodes are directory trees: a driver root with ``proc/driver/nvidia/version`` and an
+``nvml-facts`` file (what NVML would say) that the :class:`nvshim.host.discovery.Host` is
+given, as a config's ``nvml-facts`` key gives it.
 GPU records are built directly (discovery of GPUs is tested elsewhere); one test builds a
 full simulated node with :func:`nvshim.host.sim.create_node` when running as root.
 """
@@ -21,9 +22,9 @@ from hypothesis import strategies as st
 
 from nvshim.errors import HostError, RequestError
 from nvshim.host.discovery import Gpu, Host
+from nvshim.host.nvml import BRANDS
 from nvshim.runtime.request import ImageView, image_view
 from nvshim.runtime.requirements import (
-    BRANDS,
     OPERATORS,
     Fact,
     Facts,
@@ -72,15 +73,10 @@ def make_node(
     if metadata:
         meta: Dict[str, Any] = {
             "format": 1,
-            "driver_version": driver,
             "gpus": [
                 {
-                    "index": g.index,
                     "minor": g.minor,
                     "uuid": g.uuid,
-                    "pci_bus_id": g.pci_bus_id,
-                    "model": g.model,
-                    "arch": "test",
                     "brand": brand,
                     "compute_capability": cc,
                     "mig": [],
@@ -91,8 +87,8 @@ def make_node(
         if cuda is not None:
             meta["cuda_version"] = cuda
         root.mkdir(parents=True, exist_ok=True)
-        (root / "nvshim-sim.json").write_text(json.dumps(meta))
-    return Host(str(root)), records
+        (root / "nvml-facts.json").write_text(json.dumps(meta))
+    return Host(str(root), nvml_facts=str(root / "nvml-facts.json")), records
 
 
 def spec_with(*env: str) -> Dict[str, Any]:
@@ -564,7 +560,7 @@ def test_cuda_unknown_without_metadata(tmp_path: Path) -> None:
         'cannot check requirement "cuda>=12.0" in NVIDIA_REQUIRE_CUDA: '
         "the CUDA version of this node is unknown (no NVML"
     )
-    assert f"no simulated-node metadata at {tmp_path / 'n'}/nvshim-sim.json" in message
+    assert f"no nvml-facts file at {tmp_path / 'n'}/nvml-facts.json" in message
     # driver constraints still work: the version comes from procfs
     assert check(host, gpus, "NVIDIA_REQUIRE_D=driver>=550")
 
@@ -603,10 +599,10 @@ def test_gpu_missing_from_metadata(tmp_path: Path) -> None:
 
 
 def test_corrupt_metadata_is_a_host_error(tmp_path: Path) -> None:
-    """Unreadable simulated-node metadata is a HostError naming the file."""
+    """An nvml-facts file that is not JSON is a HostError naming the file."""
     host, gpus = make_node(tmp_path / "n")
-    (tmp_path / "n/nvshim-sim.json").write_text("{not json")
-    with pytest.raises(HostError, match="nvshim-sim.json: not valid JSON"):
+    (tmp_path / "n/nvml-facts.json").write_text("{not json")
+    with pytest.raises(HostError, match="nvml-facts.json: not valid JSON"):
         check(host, gpus, "NVIDIA_REQUIRE_CUDA=cuda>=12.0")
 
 
@@ -706,7 +702,7 @@ def test_simulated_node_metadata(tmp_path: Path) -> None:
     sim = pytest.importorskip("nvshim.host.sim")
     root = tmp_path / "node"
     sim.create_node(str(root), gpus=2, cuda_version="12.4", model="NVIDIA A100-SXM4-80GB")
-    host = Host(str(root))
+    host = Host(str(root), nvml_facts=str(root / "nvml-facts.json"))
     gpus = host.gpus()
     notes = check(host, gpus, "NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=nvidia,arch>=8.0,driver>=550")
     assert notes == [
@@ -770,4 +766,4 @@ def test_real_root_without_nvml_says_why() -> None:
         'RequestError: cannot check requirement "cuda>=12.0" in NVIDIA_REQUIRE_CUDA: '
         "the CUDA version of this node is unknown (no NVML: "
     )
-    assert "no simulated-node metadata at /nvshim-sim.json" in result["outcome"]
+    assert "no nvml-facts file configured" in result["outcome"]
