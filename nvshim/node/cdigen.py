@@ -112,7 +112,7 @@ def generate_for_node(driver_root: Optional[str], dev_root: Optional[str], class
     """
     from nvshim.config import ALL_CAPABILITIES, load_config
     from nvshim.host.discovery import Host
-    from nvshim.runtime.create import hook_command
+    from nvshim.runtime.hookargs import hook_command
     from nvshim.runtime.request import parse_capabilities
 
     config = load_config()

@@ -79,7 +79,7 @@ def check_cdi_specs(host: Host, spec_dirs: Sequence[str]) -> List[Finding]:
     from nvshim.cdi.load import load_spec_file
     from nvshim.cdi.registry import spec_files
     from nvshim.node.cdigen import generate_spec, stale_reasons
-    from nvshim.runtime.create import hook_command
+    from nvshim.runtime.hookargs import hook_command
 
     name = "cdi-specs"
     findings: List[Finding] = []

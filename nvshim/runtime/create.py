@@ -8,7 +8,6 @@ Discovery is not touched for a container that asks for nothing.
 from __future__ import annotations
 
 import os
-import sys
 
 from nvshim import _jsonc
 from nvshim._record import dataclass, field
@@ -16,6 +15,7 @@ from nvshim.config import Config
 from nvshim.edits import Edits
 from nvshim.errors import HostError, RequestError, SpecError
 from nvshim.runtime.apply import apply_edits
+from nvshim.runtime.hookargs import hook_command
 from nvshim.runtime.hostedits import driver_edits, gpu_edits, mig_edits
 from nvshim.runtime.request import (
     SANDBOX_ANNOTATION,
@@ -33,7 +33,7 @@ TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["Plan", "plan_create", "commit", "read_spec", "hook_command", "serialize_spec"]
+__all__ = ["Plan", "plan_create", "commit"]
 
 
 @dataclass
@@ -102,78 +102,11 @@ class Plan:
         return self.new_spec is not None and self.new_spec != self.spec
 
     def new_bytes(self) -> bytes:
+        """The new config.json in the layout of the original (see nvshim.runtime.specjson)."""
+        from nvshim.runtime.specjson import encode_spec
+
         assert self.new_spec is not None
-        return serialize_spec(self.new_spec, self.original)
-
-
-def read_spec(bundle: str) -> Tuple[str, bytes, Dict[str, Any]]:
-    """Read and decode ``<bundle>/config.json``; SpecError names the file on any problem."""
-    from nvshim.runtime.specjson import SpecDepthError, decode_spec
-
-    path = os.path.join(bundle, "config.json")
-    raw = _read_regular(path)
-    try:
-        spec = decode_spec(raw)
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{path}: not UTF-8 text") from exc
-    except SpecDepthError as exc:
-        raise SpecError(f"{path}: invalid JSON: {exc}") from exc
-    except ValueError as exc:
-        msg = getattr(exc, "msg", str(exc))
-        line = getattr(exc, "lineno", None)
-        col = getattr(exc, "colno", None)
-        where = f" at line {line} column {col}" if line is not None else ""
-        raise SpecError(f"{path}: invalid JSON{where}: {msg.lower()}") from exc
-    if not isinstance(spec, dict):
-        raise SpecError(f"{path}: top level must be a JSON object")
-    return path, raw, spec
-
-
-def _read_regular(path: str) -> bytes:
-    """The bytes of ``path`` if it is a regular file; never blocks on a FIFO or device."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except FileNotFoundError as exc:
-        raise SpecError(f"cannot read {path}: no such file") from exc
-    except OSError as exc:
-        raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-            raise SpecError(f"cannot read {path}: {kind}")
-        with open(fd, "rb", closefd=False) as fh:
-            return fh.read()
-    except OSError as exc:
-        raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
-    finally:
-        os.close(fd)
-
-
-def serialize_spec(spec: Dict[str, Any], original: bytes) -> bytes:
-    """Encode ``spec`` in the layout of ``original``, keeping what nvshim did not edit
-    (number literals, a BOM, escapes of lone surrogates): see :mod:`nvshim.runtime.specjson`."""
-    from nvshim.runtime.specjson import encode_spec
-
-    return encode_spec(spec, original)
-
-
-def hook_command() -> Tuple[str, ...]:
-    """How a hook starts nvshim: this interpreter by absolute path, isolated, without site.
-
-    ``-I`` ignores PYTHON* variables, the user site and the current directory (the hook's
-    cwd is the container rootfs); ``-S`` skips site (5-30 ms per start), so the directory
-    holding nvshim is put on ``sys.path`` explicitly — the hook needs nothing else. The
-    hook entry also carries an explicit env: nothing of the image's environment reaches it.
-    """
-    parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    boot = (
-        f"import sys; sys.path[0:0] = {_jsonc.dumps([parent])}; "
-        "from nvshim.hook import main; sys.exit(main())"
-    )
-    return (os.path.abspath(sys.executable), "-I", "-S", "-c", boot)
+        return encode_spec(self.new_spec, self.original)
 
 
 def plan_create(
@@ -188,6 +121,8 @@ def plan_create(
     Nothing is written, except the node plan cache when ``save_cache`` (the runtime) finds
     it missing or stale.
     """
+    from nvshim.runtime.specjson import read_spec
+
     spec_path, raw, spec = read_spec(bundle)
     try:
         view = image_view(spec)

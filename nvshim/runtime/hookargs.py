@@ -1,5 +1,6 @@
 """The createContainer hook's command line, shared by the runtime (which writes it) and
-the hook (which parses it).
+the hook (which parses it): how the hook starts nvshim (:func:`hook_command`) and the
+arguments after it.
 
 Kept apart from :mod:`nvshim.hook` so that building a hook entry on the create path does
 not import the hook's own machinery (argparse, the ld.so.cache codec, in-root file ops).
@@ -7,6 +8,10 @@ not import the hook's own machinery (argparse, the ld.so.cache codec, in-root fi
 
 from __future__ import annotations
 
+import os
+import sys
+
+from nvshim import _jsonc
 from nvshim.errors import UsageError
 
 TYPE_CHECKING = False
@@ -15,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SEP",
+    "hook_command",
     "build_hook_args",
     "parse_hook_args",
     "parse_host_driver_version",
@@ -23,6 +29,22 @@ __all__ = [
 ]
 
 SEP = "::"
+
+
+def hook_command() -> Tuple[str, ...]:
+    """How a hook starts nvshim: this interpreter by absolute path, isolated, without site.
+
+    ``-I`` ignores PYTHON* variables, the user site and the current directory (the hook's
+    cwd is the container rootfs); ``-S`` skips site (5-30 ms per start), so the directory
+    holding nvshim is put on ``sys.path`` explicitly — the hook needs nothing else. The
+    hook entry also carries an explicit env: nothing of the image's environment reaches it.
+    """
+    parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    boot = (
+        f"import sys; sys.path[0:0] = {_jsonc.dumps([parent])}; "
+        "from nvshim.hook import main; sys.exit(main())"
+    )
+    return (os.path.abspath(sys.executable), "-I", "-S", "-c", boot)
 
 
 def check_link(target: str, link: str) -> None:

@@ -1,4 +1,5 @@
-"""config.json as text: decode so that a rewrite keeps what nvshim does not edit.
+"""config.json as text: read the bundle's file (:func:`read_spec`) and decode it so that a
+rewrite keeps what nvshim does not edit.
 
 Python's json module re-encodes numbers (``1E2`` → ``100.0``, ``1e999`` → ``Infinity``,
 which is not JSON, long decimals lose digits, ``-0`` → ``0``, a 5,000-digit integer is
@@ -20,17 +21,21 @@ common path pays one cheap hook call per number.
 
 from __future__ import annotations
 
+import os
+import stat
+
 from nvshim import _jsonc
+from nvshim.errors import SpecError
 
 # On every GPU create: json (with re, enum …) and typing cost ~10 ms to import here.
 # nvshim._jsonc drives the same C decoder/encoder; re is imported only for the rare
 # number literal or lone surrogate.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional
+    from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["NumberLiteral", "MAX_DEPTH", "BOM", "decode_spec", "encode_spec", "dumps",
-           "SpecDepthError"]
+           "SpecDepthError", "read_spec"]
 
 BOM = b"\xef\xbb\xbf"
 
@@ -173,3 +178,45 @@ def dumps(spec: Any, original: bytes = b"", **options: Any) -> str:
         pattern = re.compile('"' + re.escape(marker) + '([0-9]+)"')
         text = pattern.sub(lambda m: literals[int(m.group(1))], text)
     return text
+
+
+def read_spec(bundle: str) -> Tuple[str, bytes, Dict[str, Any]]:
+    """Read and decode ``<bundle>/config.json``; SpecError names the file on any problem."""
+    path = os.path.join(bundle, "config.json")
+    raw = _read_regular(path)
+    try:
+        spec = decode_spec(raw)
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text") from exc
+    except SpecDepthError as exc:
+        raise SpecError(f"{path}: invalid JSON: {exc}") from exc
+    except ValueError as exc:
+        msg = getattr(exc, "msg", str(exc))
+        line = getattr(exc, "lineno", None)
+        col = getattr(exc, "colno", None)
+        where = f" at line {line} column {col}" if line is not None else ""
+        raise SpecError(f"{path}: invalid JSON{where}: {msg.lower()}") from exc
+    if not isinstance(spec, dict):
+        raise SpecError(f"{path}: top level must be a JSON object")
+    return path, raw, spec
+
+
+def _read_regular(path: str) -> bytes:
+    """The bytes of ``path`` if it is a regular file; never blocks on a FIFO or device."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError as exc:
+        raise SpecError(f"cannot read {path}: no such file") from exc
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise SpecError(f"cannot read {path}: {kind}")
+        with open(fd, "rb", closefd=False) as fh:
+            return fh.read()
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)

@@ -70,7 +70,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(scope="module")
 def spec_text(node: Any) -> str:
     """The generated spec for the node (YAML), hook run by the venv that runs these tests."""
-    from nvshim.runtime.create import hook_command
+    from nvshim.runtime.hookargs import hook_command
 
     spec = generate_spec(Host(node.root), hook_command=hook_command())
     assert validate_spec(spec) == []

@@ -19,7 +19,7 @@ from nvshim.host.discovery import Host
 from nvshim.node import doctor, doctor_config, doctor_engines, doctor_host
 from nvshim.node.findings import DoctorOptions, Finding
 from nvshim.runtime.compile import compile_node
-from nvshim.runtime.create import hook_command
+from nvshim.runtime.hookargs import hook_command
 from nvshim.runtime.trampoline import render, runtimes_path
 
 PITFALL = (
