@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 
-from nvshim import _jsonc
 from nvshim._record import dataclass, field
 from nvshim.config import Config
 from nvshim.edits import Edits
@@ -18,13 +17,10 @@ from nvshim.runtime.apply import apply_edits
 from nvshim.runtime.hookargs import hook_command
 from nvshim.runtime.hostedits import driver_edits, gpu_edits, mig_edits
 from nvshim.runtime.request import (
-    SANDBOX_ANNOTATION,
     VISIBLE_DEVICES,
     Request,
-    claims_gpus,
     identity_of,
     image_view,
-    parse_visible_devices,
     resolve_request,
     select_gpus,
 )
@@ -128,9 +124,18 @@ def plan_create(
         view = image_view(spec)
     except SpecError as exc:
         raise SpecError(f"{spec_path}: {str(exc).replace('config.json: ', '')}") from exc
-    identity, allocation, verified, early_notes = _ask_kubelet_if_needed(view, config)
+    identity: Any = identity_of(view.annotations)
+    allocation: Any = None
+    verified = "none"
+    early_notes: List[str] = []
+    pod: Optional[Dict[str, str]] = None
+    if _needs_allocation_module(view, config):
+        from nvshim.runtime import allocation as policy
+
+        identity, allocation, verified, early_notes = policy.ask_kubelet_if_needed(view, config)
+        pod = policy.pod_annotations(bundle, view, config)
     request = resolve_request(view, config, allocation.ids if allocation is not None else None,
-                              _pod_annotations(bundle, view, config))
+                              pod)
     plan = Plan(spec_path, raw, spec, request, capabilities=request.capabilities)
     plan.identity, plan.allocation, plan.verified = identity, allocation, verified
     plan.notes.extend(early_notes)
@@ -151,6 +156,8 @@ def plan_create(
     if extras is not None:
         plan.notes.extend(extras.notes)
         if extras.imex_channels and plan.allocation is not None:
+            from nvshim.runtime.allocation import check_imex_allocated
+
             check_imex_allocated(plan, extras, config)
     if not request.injects and not extras:
         if request.set_void:
@@ -193,6 +200,8 @@ def plan_create(
     if cdi_names and (config.grants_journal or plan.allocation is not None):
         plan.cdi_gpus, plan.cdi_migs = _gpus_of_nodes(host, edits)
     if plan.allocation is not None and request.source != "kubelet":
+        from nvshim.runtime.allocation import check_allocated
+
         check_allocated(plan, host, config)
 
     if extras:
@@ -208,6 +217,17 @@ def plan_create(
         log.event("edits", edits=plan.applied_edits().to_cdi())
     plan.new_spec = apply_edits(spec, plan.applied_edits())
     return plan
+
+
+def _needs_allocation_module(view: Any, config: Config) -> bool:
+    """Whether require-allocation must ask the kubelet or read the pod's annotations
+    (:mod:`nvshim.runtime.allocation`, not imported otherwise); cheap."""
+    if not config.require_allocation or view.sandbox:
+        return False
+    if config.verify_with == "kubelet" or "kubelet" in config.allocation_sources:
+        return True
+    prefixes = config.annotation_prefixes
+    return any(any(k.startswith(p) for p in prefixes) for k in view.annotations)
 
 
 def _params_edits(plan: Plan, bundle: str, driver_root: str) -> Edits:
@@ -272,164 +292,6 @@ def _node_edits(
     for parent, mig in migs:
         edits = edits + mig_edits(parent, mig)
     return edits
-
-
-def _ask_kubelet_if_needed(view: Any, config: Config) -> Tuple[Any, Any, str, List[str]]:
-    """(identity, allocation, verified, notes): the kubelet's record when config needs it.
-
-    Asked only under require-allocation with ``verify-with: kubelet`` or the ``kubelet``
-    source, for a CRI container that claims a GPU or an IMEX channel. Unreachable:
-    ``kubelet-unreachable`` decides (fail the create, or trust the claims and say so).
-    """
-    identity = identity_of(view.annotations)
-    wants = config.verify_with == "kubelet" or "kubelet" in config.allocation_sources
-    if not (config.require_allocation and wants
-            and (claims_gpus(view, config) or _claims_imex(view))):
-        return identity, None, "none", []
-    from nvshim.runtime.kubelet import KubeletUnreachable, ask_kubelet
-
-    if identity is None:
-        return None, None, "none", [
-            "not a CRI container (no io.kubernetes.cri.* annotations): the kubelet has no "
-            "record of it, claims are judged by allocation-sources alone"
-        ]
-    try:
-        return identity, ask_kubelet(identity, config), "kubelet", []
-    except KubeletUnreachable as exc:
-        if config.kubelet_unreachable == "fail":
-            raise RequestError(
-                f"{exc}; refusing the claim (kubelet-unreachable: fail)") from exc
-        return identity, None, "unreachable", [
-            f"{exc}; GPU claims trusted unverified (kubelet-unreachable: trust-claims)"
-        ]
-
-
-def _pod_annotations(bundle: str, view: Any, config: Config) -> Optional[Dict[str, str]]:
-    """The annotations of this CRI container's pod sandbox spec; None when unknown.
-
-    containerd copies a pod's pass-through annotations into the sandbox's spec and into
-    every container's; the device plugin's (container) annotations only into the
-    container's. Under containerd's runc shim the sandbox's bundle is the sibling
-    directory named by ``io.kubernetes.cri.sandbox-id``. Read only under
-    require-allocation for a container that carries an annotation claim.
-    """
-    if not config.require_allocation or view.sandbox:
-        return None
-    prefixes = config.annotation_prefixes
-    if not any(any(k.startswith(p) for p in prefixes) for k in view.annotations):
-        return None
-    sandbox_id = view.annotations.get("io.kubernetes.cri.sandbox-id", "")
-    if not sandbox_id or "/" in sandbox_id or sandbox_id in (".", ".."):
-        return None
-    path = os.path.join(os.path.dirname(os.path.abspath(bundle)), sandbox_id, "config.json")
-    try:
-        with open(path, "rb") as fh:
-            spec = _jsonc.loads(fh.read())
-    except (OSError, ValueError):
-        return None
-    notes = spec.get("annotations") if isinstance(spec, dict) else None
-    if not isinstance(notes, dict) or notes.get(SANDBOX_ANNOTATION) != "sandbox" \
-            or notes.get("io.kubernetes.cri.sandbox-id") != sandbox_id:
-        return None
-    return {k: v for k, v in notes.items() if isinstance(k, str) and isinstance(v, str)}
-
-
-def _allowed(gpus: Sequence[Any], ids: Sequence[str]) -> Dict[str, str]:
-    """UUID → id for every GPU/MIG device the device ids name (unknown ids are skipped)."""
-    refs = tuple(g.ref() for g in gpus)
-    out: Dict[str, str] = {}
-    for ident in ids:
-        tokens = parse_visible_devices(ident)
-        if not tokens or tokens[0] in ("all", "none"):
-            continue
-        try:
-            chosen, migs = select_gpus(tokens, refs)
-        except RequestError:
-            continue
-        for ref in chosen:
-            out.setdefault(ref.uuid, ident)
-        for mig in migs:
-            out.setdefault(mig.uuid, ident)
-    return out
-
-
-def check_allocated(plan: Plan, host: Any, config: Config) -> None:
-    """Every granted GPU and MIG device must be in the kubelet's record for this container.
-
-    A refusal read from the checkpoint is asked again of the PodResources API, which has the
-    last word (and names the container that holds the GPU).
-    """
-    refused = _refusal(plan, host)
-    if refused and plan.allocation.via == "checkpoint":
-        from nvshim.runtime.kubelet import ask_kubelet
-
-        plan.allocation = ask_kubelet(plan.identity, config, fresh=True)
-        refused = _refusal(plan, host)
-    if refused:
-        raise RequestError(refused)
-    plan.notes.append(f"every granted GPU is in the kubelet's record ({plan.allocation.via})")
-
-
-def _refusal(plan: Plan, host: Any) -> Optional[str]:
-    """The line refusing the first granted device the allocation lacks; None when all are in it."""
-    allocation = plan.allocation
-    gpus = host.gpus()
-    mine = _allowed(gpus, allocation.ids)
-    theirs = {uuid: allocation.others[i]
-              for uuid, i in _allowed(gpus, list(allocation.others)).items()}
-    by_uuid = {g.uuid: g for g in gpus}
-    granted = [(g.index, g.uuid, g.uuid) for g in plan.gpus + plan.cdi_gpus]
-    granted += [(f"{p.index}:{m.index}", m.uuid, p.uuid) for p, m in plan.migs + plan.cdi_migs]
-    for label, uuid, parent in granted:
-        if uuid in mine or parent in mine:
-            continue
-        what = "GPU" if uuid == parent else "MIG device"
-        holder = theirs.get(uuid) or theirs.get(parent)
-        if holder:
-            why = f"the kubelet gave it to {holder}"
-        else:
-            own = ", ".join(
-                f"GPU {by_uuid[u].index}" if u in by_uuid else u for u in mine
-            ) or "no GPU"
-            why = f"the kubelet allocated {own} to {plan.identity}"
-        return (f"{what} {label} ({uuid}) is not this container's allocation: {why} "
-                f"(claimed through {plan.request.source}, checked via {allocation.via})")
-    return None
-
-
-def check_imex_allocated(plan: Plan, extras: Any, config: Config) -> None:
-    """Every granted IMEX channel must be in the kubelet's record for this container.
-
-    The kubelet lists a channel under a resource named ``*imex*`` (see nvshim.runtime.kubelet);
-    a channel it gave no one, or gave another container, is refused. As for GPUs, a
-    refusal read from the checkpoint is asked again of the PodResources API.
-    """
-    refused = _imex_refusal(plan, extras)
-    if refused and plan.allocation.via == "checkpoint":
-        from nvshim.runtime.kubelet import ask_kubelet
-
-        plan.allocation = ask_kubelet(plan.identity, config, fresh=True)
-        refused = _imex_refusal(plan, extras)
-    if refused:
-        raise RequestError(refused)
-    plan.notes.append(
-        f"every granted IMEX channel is in the kubelet's record ({plan.allocation.via})")
-
-
-def _imex_refusal(plan: Plan, extras: Any) -> Optional[str]:
-    allocation = plan.allocation
-    for channel in extras.imex_channels:
-        if channel in allocation.imex:
-            continue
-        holder = allocation.imex_others.get(channel)
-        if holder:
-            why = f"the kubelet gave it to {holder}"
-        else:
-            own = ", ".join(map(str, allocation.imex)) or "none"
-            why = f"the kubelet allocated IMEX channels {own} to {plan.identity}"
-        return (f"IMEX channel {channel} is not this container's allocation: {why} "
-                f"(claimed through {extras.imex_source}, checked via {allocation.via})")
-    return None
 
 
 def _gpus_of_nodes(host: Any, edits: Edits) -> Tuple[Tuple[Any, ...], Tuple[Tuple[Any, Any], ...]]:
@@ -513,15 +375,6 @@ def commit(plan: Plan, log: Any = None) -> bool:
 #: The env names nvshim.runtime.extras reads (a test keeps this equal to its own lists).
 EXTRAS_ENV = ("NVIDIA_IMEX_CHANNELS", "NVIDIA_NVSWITCH", "NVIDIA_GDS", "NVIDIA_MOFED",
               "NVIDIA_GDRCOPY")
-
-
-def _claims_imex(view: Any) -> bool:
-    """Whether the container names an IMEX channel (device-plugin mount or env); cheap."""
-    if view.sandbox:
-        return False
-    value = view.get("NVIDIA_IMEX_CHANNELS")
-    return bool(value and value.strip()) or any(
-        "/imex/" in str(m.get("destination", "")) for m in view.mounts)
 
 
 def _extras(view: Any, config: Config, request: Request) -> Any:
