@@ -1,7 +1,8 @@
 """The create road: the only code ``nvshim-runtime create`` runs.
 
 Owns: the runtime's argv grammar (``argv``) and its sh front (``trampoline``), the entry
-(``main``), reading the bundle and the request (``request``, ``requirements``, ``kubelet``;
+(``main``), reading the bundle and the request (``request``; ``tokens``: the device-token
+grammar and GPU selection; ``requirements``, ``kubelet``;
 ``allocation``: require-allocation's kubelet check and pod annotations),
 planning and committing the edits (``create``, ``hostedits``, ``extras``, ``apply``,
 ``specjson``), the in-root work and its hook fallback (``rootwork``, ``hookargs``,

@@ -18,9 +18,8 @@ from nvshim.runtime.request import (
     SANDBOX_ANNOTATION,
     claims_gpus,
     identity_of,
-    parse_visible_devices,
-    select_gpus,
 )
+from nvshim.runtime.tokens import parse_visible_devices, select_gpus
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:

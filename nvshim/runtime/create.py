@@ -22,7 +22,6 @@ from nvshim.runtime.request import (
     identity_of,
     image_view,
     resolve_request,
-    select_gpus,
 )
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
@@ -266,6 +265,8 @@ def _node_edits(
     """Edits for this node's GPUs (discovery), shared with ``nvshim cdi generate``."""
     gpus = host.gpus()
     refs = tuple(g.ref() for g in gpus)
+    from nvshim.runtime.tokens import select_gpus
+
     chosen_refs, chosen_migs = select_gpus(tokens, refs) if tokens else ((), ())
     by_index = {g.index: g for g in gpus}
     chosen = tuple(by_index[r.index] for r in chosen_refs)

@@ -36,7 +36,7 @@ def env_set(plan: Plan) -> List[str]:
 def plan_summary(plan: Plan, config: Config) -> Dict[str, Any]:
     """The plan as plain JSON values: the request, what was granted, the edits, who does the
     in-root work, where the node plan and CDI registry came from."""
-    from nvshim.runtime.request import describe_indices
+    from nvshim.runtime.tokens import describe_indices
 
     req = plan.request
     env = env_set(plan)

@@ -8,8 +8,9 @@ filesystem. Three steps:
 2. :func:`resolve_request` picks the source of the request (device-plugin mounts, CDI
    annotations, ``NVIDIA_VISIBLE_DEVICES``, a legacy CUDA image) under the configured
    policy, including require-allocation, and records every decision;
-3. :func:`select_gpus` maps the request's tokens onto the node's GPUs (pure too: the
-   GPU records come from discovery).
+3. :func:`nvshim.runtime.tokens.select_gpus` maps the request's tokens onto the node's
+   GPUs (pure too: the GPU records come from discovery). The token grammar lives there,
+   imported only when a container names a device.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import posixpath
 
 from nvshim._record import dataclass
 from nvshim.errors import RequestError, SpecError
-from nvshim.host.devices import GpuRef, MigRef, hex_digits, normalize_pci
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
@@ -28,13 +28,9 @@ __all__ = [
     "ImageView",
     "Request",
     "image_view",
-    "parse_visible_devices",
     "parse_capabilities",
     "resolve_request",
     "claims_gpus",
-    "select_gpus",
-    "GpuRef",
-    "describe_indices",
     "VISIBLE_DEVICES",
     "DEVICE_LIST_DIR",
     "device_mount_ids",
@@ -55,42 +51,6 @@ SANDBOX_UID = "io.kubernetes.cri.sandbox-uid"
 CONTAINER_NAME = "io.kubernetes.cri.container-name"
 
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
-
-# The token grammars below are plain string checks, not regular expressions: ``re``
-# (with enum, functools, collections) costs ~6 ms to import on every GPU create.
-def _digits(text: str) -> bool:
-    """``[0-9]+``: ASCII digits only (str.isdigit alone accepts other scripts' digits)."""
-    return text.isascii() and text.isdigit()
-
-
-def _uuid(token: str, prefix: str) -> bool:
-    """``<prefix>-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`` (hex, any case, prefix too)."""
-    if len(token) != 40 or token[:4].upper() != prefix + "-":
-        return False
-    parts = token[4:].split("-")
-    return [len(p) for p in parts] == [8, 4, 4, 4, 12] and all(hex_digits(p, 1, 12) for p in parts)
-
-
-def _gpu_uuid(token: str) -> bool:
-    return _uuid(token, "GPU")
-
-
-def _mig_uuid(token: str) -> bool:
-    return _uuid(token, "MIG")
-
-
-def _replica_of(token: str) -> Optional[str]:
-    """``<device>::<N>`` (a device plugin's shared-GPU replica) → ``<device>``, else None."""
-    cut = token.rfind("::")
-    if cut < 1 or not _digits(token[cut + 2:]) or "\n" in token[:cut]:
-        return None
-    return token[:cut]
-
-
-def _mig_pair(token: str) -> Optional[Tuple[str, str]]:
-    """``<gpu>:<mig>`` (both decimal) → the two numbers as written, else None."""
-    gpu, sep, mig = token.partition(":")
-    return (gpu, mig) if sep and _digits(gpu) and _digits(mig) else None
 
 DEFAULT_CAPABILITIES = ("compute", "utility")
 
@@ -139,21 +99,19 @@ class Request:
 
     @property
     def cdi_names(self) -> Tuple[str, ...]:
-        return tuple(d for d in self.devices if _is_qualified(d))
+        from nvshim.runtime.tokens import is_qualified
+
+        return tuple(d for d in self.devices if is_qualified(d))
 
     @property
     def gpu_tokens(self) -> Tuple[str, ...]:
-        return tuple(d for d in self.devices if not _is_qualified(d))
+        from nvshim.runtime.tokens import is_qualified
+
+        return tuple(d for d in self.devices if not is_qualified(d))
 
     @property
     def injects(self) -> bool:
         return self.driver_files or bool(self.devices)
-
-
-def _is_qualified(token: str) -> bool:
-    """A CDI-qualified name has ``vendor/class=name``; a PCI id or UUID never has ``/``."""
-    head, sep, tail = token.partition("=")
-    return bool(sep) and "/" in head and bool(tail) and not head.startswith("/")
 
 
 def _str_list(value: Any, where: str) -> List[str]:
@@ -201,40 +159,6 @@ def image_view(spec: Any) -> ImageView:
         annotations=annotations,
         privileged=CAP_SYS_ADMIN in bounding,
     )
-
-
-def parse_visible_devices(value: str) -> Tuple[str, ...]:
-    """The NVIDIA_VISIBLE_DEVICES grammar.
-
-    Returns ``()`` for "not a GPU container" (empty, ``void``), ``("none",)`` for driver
-    files only, ``("all",)`` for all GPUs, else the tokens in order: trimmed, empties
-    dropped, ``::N`` replica suffixes removed, duplicates collapsed.
-    """
-    tokens: List[str] = []
-    for raw in value.split(","):
-        token = raw.strip()
-        if not token:
-            continue
-        head = _replica_of(token)
-        if head is not None and not _is_qualified(token):
-            token = head
-        tokens.append(token)
-    if not tokens or any(t.lower() == "void" for t in tokens):
-        return ()
-    for token in tokens:
-        if token.lower() in ("all", "none"):
-            return (token.lower(),)
-    seen: Dict[str, None] = {}
-    for token in tokens:
-        key = token.lower() if (_gpu_uuid(token) or _mig_uuid(token)) else token
-        seen.setdefault(key, None)
-    return tuple(_canonical(t) for t in seen)
-
-
-def _canonical(token: str) -> str:
-    if _gpu_uuid(token) or _mig_uuid(token):
-        return token[:4].upper() + token[4:].lower()
-    return token
 
 
 def parse_capabilities(value: Optional[str], supported: Sequence[str], legacy: bool) -> Tuple[str, ...]:
@@ -295,6 +219,20 @@ def identity_of(annotations: Mapping[str, str]) -> Optional[Identity]:
     return Identity(namespace, pod, annotations.get(SANDBOX_UID, ""), container)
 
 
+def _parse_tokens(value: str) -> Tuple[str, ...]:
+    """:func:`nvshim.runtime.tokens.parse_visible_devices`, importing the grammar on first
+    use: a create whose spec names no device never loads it."""
+    from nvshim.runtime.tokens import parse_visible_devices
+
+    return parse_visible_devices(value)
+
+
+def _all_uuids(tokens: Sequence[str]) -> bool:
+    from nvshim.runtime.tokens import all_uuids
+
+    return all_uuids(tokens)
+
+
 # --- allocation sources -------------------------------------------------------------------
 
 
@@ -330,7 +268,7 @@ def _mount_ids(view: ImageView) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
         ids.setdefault(ident, None)
     if not ids:
         return (), tuple(notes)
-    return parse_visible_devices(",".join(ids)), tuple(notes)
+    return _parse_tokens(",".join(ids)), tuple(notes)
 
 
 def _annotation_ids(view: ImageView, prefixes: Sequence[str],
@@ -341,7 +279,7 @@ def _annotation_ids(view: ImageView, prefixes: Sequence[str],
             names.extend(v.strip() for v in view.annotations[key].split(",") if v.strip())
     if not names:
         return ()
-    return parse_visible_devices(",".join(names))
+    return _parse_tokens(",".join(names))
 
 
 def _env_tokens(view: ImageView) -> Optional[Tuple[str, ...]]:
@@ -349,13 +287,7 @@ def _env_tokens(view: ImageView) -> Optional[Tuple[str, ...]]:
     value = view.get(VISIBLE_DEVICES)
     if value is None:
         return None
-    return parse_visible_devices(value)
-
-
-def _names_replicas(values: Sequence[str]) -> bool:
-    """Whether any raw id is a time-slicing replica (``<id>::N``)."""
-    return any(_replica_of(v.strip()) is not None and not _is_qualified(v.strip())
-               for value in values for v in value.split(","))
+    return _parse_tokens(value)
 
 
 def claims_gpus(view: ImageView, config: Any) -> bool:
@@ -369,10 +301,6 @@ def claims_gpus(view: ImageView, config: Any) -> bool:
     if env_tokens or (env_tokens is None and view.legacy_image):
         return True
     return bool(_mount_ids(view)[0] or _annotation_ids(view, config.annotation_prefixes))
-
-
-def _all_uuids(tokens: Sequence[str]) -> bool:
-    return bool(tokens) and all(_gpu_uuid(t) or _mig_uuid(t) for t in tokens)
 
 
 def resolve_request(view: ImageView, config: Any,
@@ -399,7 +327,9 @@ def resolve_request(view: ImageView, config: Any,
     notes: List[str] = []
 
     def grant(source: str, devices: Tuple[str, ...], raw: Sequence[str] = ()) -> Request:
-        shared = _names_replicas(raw)
+        from nvshim.runtime.tokens import names_replicas
+
+        shared = names_replicas(raw)
         if devices == ("none",):
             return Request(source, (), True, False, tuple(notes), caps, shared)
         return Request(source, devices, True, False, tuple(notes), caps, shared)
@@ -448,7 +378,7 @@ def resolve_request(view: ImageView, config: Any,
             "(accept-all-from-mounts is off)"
         )
         mount_ids = ()
-    kubelet_tokens = parse_visible_devices(",".join(kubelet_ids)) if kubelet_ids else ()
+    kubelet_tokens = _parse_tokens(",".join(kubelet_ids)) if kubelet_ids else ()
     for source in config.allocation_sources:
         if source == "kubelet" and kubelet_tokens:
             return grant(source, kubelet_tokens, list(kubelet_ids or ()))
@@ -489,78 +419,3 @@ def device_mount_ids(view: ImageView) -> List[str]:
             if clean.startswith(prefix):
                 out.append(clean[len(prefix):])
     return out
-
-
-# --- tokens onto GPUs ---------------------------------------------------------------------
-
-
-def describe_indices(indices: Sequence[int]) -> str:
-    """``[0,1,2,3]`` → ``0-3``; ``[0,2,3]`` → ``0,2-3``; ``[]`` → ``none``."""
-    if not indices:
-        return "none"
-    ordered = sorted(indices)
-    parts: List[str] = []
-    start = prev = ordered[0]
-    tail: List[Optional[int]] = [None]
-    for i in [*ordered[1:], *tail]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if i is not None:
-            start = prev = i
-    return ",".join(parts)
-
-
-def _node_summary(gpus: Sequence[GpuRef]) -> str:
-    if not gpus:
-        return "this node has no GPUs"
-    return f"this node has GPUs {describe_indices([g.index for g in gpus])}"
-
-
-def select_gpus(
-    tokens: Sequence[str], gpus: Sequence[GpuRef]
-) -> Tuple[Tuple[GpuRef, ...], Tuple[MigRef, ...]]:
-    """Map request tokens (not CDI names) onto GPUs and MIG devices, in request order.
-
-    ``all`` selects every GPU (a MIG-enabled GPU brings its MIG devices). Unknown tokens
-    raise one error naming the token and what the node has.
-    """
-    if tuple(tokens) == ("all",):
-        return tuple(gpus), tuple(m for g in gpus for m in g.mig)
-    by_index = {str(g.index): g for g in gpus}
-    by_uuid = {g.uuid.lower(): g for g in gpus}
-    by_pci = {normalize_pci(g.pci_bus_id): g for g in gpus}
-    migs = [m for g in gpus for m in g.mig]
-    mig_by_uuid = {m.uuid.lower(): m for m in migs}
-    mig_by_pair = {f"{m.gpu_index}:{m.index}": m for m in migs}
-    chosen: Dict[int, GpuRef] = {}
-    chosen_mig: Dict[str, MigRef] = {}
-    for token in tokens:
-        if token in ("all", "none"):
-            raise RequestError(f'"{token}" cannot be combined with other devices')
-        gpu = None
-        mig = None
-        pair = _mig_pair(token)
-        if _digits(token):
-            gpu = by_index.get(token.lstrip("0") or "0")  # no int(): 10 000 digits is fine
-        elif _gpu_uuid(token):
-            gpu = by_uuid.get(token.lower())
-        elif _mig_uuid(token):
-            mig = mig_by_uuid.get(token.lower())
-        elif pair is not None:
-            mig = mig_by_pair.get(f"{pair[0].lstrip('0') or '0'}:{pair[1].lstrip('0') or '0'}")
-        else:
-            pci = normalize_pci(token)
-            if pci is not None:
-                gpu = by_pci.get(pci)
-        if gpu is not None:
-            chosen.setdefault(gpu.index, gpu)
-        elif mig is not None:
-            chosen_mig.setdefault(mig.uuid, mig)
-        else:
-            summary = _node_summary(gpus)
-            if _mig_uuid(token) or pair is not None:
-                summary += f" and MIG devices {', '.join(sorted(mig_by_pair)) or 'none'}"
-            raise RequestError(f'unknown device "{token}": {summary}')
-    return tuple(chosen.values()), tuple(chosen_mig.values())

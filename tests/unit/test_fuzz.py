@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nvshim.runtime import main as nvshim_runtime
-from nvshim.runtime.request import parse_visible_devices
+from nvshim.runtime.tokens import parse_visible_devices
 
 GPUS = 4
 NODE_DEVICES = {f"/dev/nvidia{i}" for i in range(GPUS)}

@@ -7,14 +7,8 @@ import pytest
 from nvshim.config import Config
 from nvshim.errors import RequestError, SpecError
 from nvshim.host.devices import GpuRef, MigRef, normalize_pci
-from nvshim.runtime.request import (
-    describe_indices,
-    image_view,
-    parse_capabilities,
-    parse_visible_devices,
-    resolve_request,
-    select_gpus,
-)
+from nvshim.runtime.request import image_view, parse_capabilities, resolve_request
+from nvshim.runtime.tokens import describe_indices, parse_visible_devices, select_gpus
 
 U0 = "GPU-11111111-2222-3333-4444-555555555550"
 U1 = "GPU-11111111-2222-3333-4444-555555555551"

@@ -1,4 +1,4 @@
-"""request.py's token grammars are string checks; each must accept exactly what the regular
+"""runtime/tokens.py's token grammars are string checks; each must accept exactly what the regular
 expression it replaced (kept here as the specification) accepts."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from nvshim.runtime import request
+from nvshim.runtime import tokens as grammar
 
 UUID_BODY = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 GPU_UUID = re.compile(r"GPU-" + UUID_BODY, re.IGNORECASE)
@@ -32,16 +32,16 @@ tokens = st.text(alphabet, max_size=44) | st.builds(
 @example("a::1::2")
 def test_string_grammars_match_the_regexes(token):
     """UUIDs, replicas, PCI ids, digits and MIG pairs: same verdict (and parts) as the regex."""
-    assert request._gpu_uuid(token) == bool(GPU_UUID.fullmatch(token))
-    assert request._mig_uuid(token) == bool(MIG_UUID.fullmatch(token))
+    assert grammar._gpu_uuid(token) == bool(GPU_UUID.fullmatch(token))
+    assert grammar._mig_uuid(token) == bool(MIG_UUID.fullmatch(token))
     m = REPLICA.fullmatch(token)
-    assert request._replica_of(token) == (m.group(1) if m else None)
-    assert request._digits(token) == bool(DIGITS.fullmatch(token))
+    assert grammar._replica_of(token) == (m.group(1) if m else None)
+    assert grammar._digits(token) == bool(DIGITS.fullmatch(token))
     m = MIG_PAIR.fullmatch(token)
-    assert request._mig_pair(token) == (m.groups() if m else None)
+    assert grammar._mig_pair(token) == (m.groups() if m else None)
     m = PCI.fullmatch(token.strip())
     expected = None
     if m:
         expected = "%04x:%02x:%02x.%s" % (int(m.group(1) or "0", 16), int(m.group(2), 16),
                                           int(m.group(3), 16), m.group(4))
-    assert request.normalize_pci(token) == expected
+    assert grammar.normalize_pci(token) == expected
