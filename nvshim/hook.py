@@ -33,23 +33,13 @@ and exit status 1, which runc reports as the create failure.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
-from nvshim.errors import HostError, NvshimError, SpecError, UsageError
+from nvshim.errors import HostError, NvshimError, SpecError
 from nvshim.host import inroot as _inroot
-from nvshim.runtime.hookargs import SEP as _SEP  # noqa: N811 - the module-private name it had
-from nvshim.runtime.hookargs import (
-    build_hook_args,
-)
-from nvshim.runtime.hookargs import (
-    check_folder as _check_folder,
-)
-from nvshim.runtime.hookargs import (
-    check_link as _check_link,
-)
+from nvshim.runtime.hookargs import build_hook_args, parse_hook_cli
 from nvshim.runtime.rootwork import (
     LDCACHE,
     LDCONF,
@@ -62,7 +52,7 @@ from nvshim.runtime.rootwork import (
 # typing costs ~4-6 ms to import; annotations only (mypy treats TYPE_CHECKING as true).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Any, Mapping, NoReturn, Optional, Sequence, Tuple
+    from typing import IO, Any, Mapping, Optional, Sequence
 
 __all__ = [
     "LDCACHE",
@@ -75,56 +65,6 @@ __all__ = [
 ]
 
 _PREFIX = "nvshim hook: "
-
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises UsageError instead of printing usage and exiting 2."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
-def _parse_link(value: str) -> Tuple[str, str]:
-    target, sep, link = value.partition(_SEP)
-    if not sep:
-        raise UsageError(f"--link {value}: expected TARGET{_SEP}LINK")
-    _check_link(target, link)
-    return target, link
-
-
-def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = _Parser(
-        prog="python -I -m nvshim.hook",
-        description="OCI createContainer hook: make driver library symlinks and update "
-        "the ld.so.cache inside the container rootfs. Reads the OCI state on stdin.",
-    )
-    parser.add_argument(
-        "--link",
-        action="append",
-        default=[],
-        metavar="TARGET::LINK",
-        help="create symlink LINK (container path) pointing to TARGET",
-    )
-    parser.add_argument(
-        "--folder",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="container directory holding injected libraries (added to the ld.so.cache)",
-    )
-    parser.add_argument(
-        "--host-driver-version",
-        default=None,
-        metavar="VERSION",
-        help="the host driver's version: a newer CUDA compat libcuda in the image "
-        "(/usr/local/cuda/compat) then goes first in the ld.so.cache",
-    )
-    ns = parser.parse_args(list(argv))
-    ns.link = [_parse_link(v) for v in ns.link]
-    for folder in ns.folder:
-        _check_folder(folder)
-    return ns
 
 
 def container_root(state: Mapping[str, Any]) -> str:
@@ -199,7 +139,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the hook; return the exit status (0, or 1 after one line on stderr)."""
     os.umask(0o022)
     try:
-        args = _parse_args(sys.argv[1:] if argv is None else argv)
+        args = parse_hook_cli(sys.argv[1:] if argv is None else argv)
         rootfs = container_root(_read_state(sys.stdin))
         try:
             root = _inroot.open_root(rootfs)
@@ -219,7 +159,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def _apply(root: _inroot.RootFd, rootfs: str, args: argparse.Namespace) -> None:
+def _apply(root: _inroot.RootFd, rootfs: str, args: Any) -> None:
     """Make the links and update the cache (the part that writes into the rootfs)."""
     with root:
         apply_links(root, rootfs, args.link)

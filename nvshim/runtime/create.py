@@ -88,7 +88,7 @@ class Plan:
         if self.rootwork_by != "runtime":
             return self.edits
         from nvshim._record import replace
-        from nvshim.runtime.rootwork import is_nvshim_hook
+        from nvshim.runtime.hookargs import is_nvshim_hook
 
         return replace(self.edits, hooks=tuple(h for h in self.edits.hooks if not is_nvshim_hook(h)))
 

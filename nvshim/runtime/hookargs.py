@@ -1,6 +1,10 @@
 """The createContainer hook's command line, shared by the runtime (which writes it) and
-the hook (which parses it): how the hook starts nvshim (:func:`hook_command`) and the
-arguments after it.
+the hook (which parses it): how the hook starts nvshim (:func:`hook_command`), the
+arguments after it (:func:`build_hook_args`, :func:`parse_hook_args`,
+:func:`parse_host_driver_version`), how to tell nvshim's hook from any other
+(:func:`is_nvshim_hook`) and how to rewrite its links (:func:`with_links`). The one
+owner of this format: edit builders, the in-root work and the hook itself read it only
+through these functions.
 
 Kept apart from :mod:`nvshim.hook` so that building a hook entry on the create path does
 not import the hook's own machinery (argparse, the ld.so.cache codec, in-root file ops).
@@ -16,19 +20,29 @@ from nvshim.errors import UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional, Sequence, Tuple
+    from typing import Any, List, NoReturn, Optional, Sequence, Tuple
 
 __all__ = [
     "SEP",
+    "HOOK_MODULE",
     "hook_command",
+    "runs_nvshim_hook",
+    "is_nvshim_hook",
+    "split_hook_argv",
+    "with_links",
     "build_hook_args",
     "parse_hook_args",
+    "parse_hook_cli",
     "parse_host_driver_version",
     "check_link",
     "check_folder",
 ]
 
 SEP = "::"
+
+#: The module a hook command names (``-m nvshim.hook`` or ``-c`` boot code importing it):
+#: written into CDI specs, so it never changes.
+HOOK_MODULE = "nvshim.hook"
 
 
 def hook_command() -> Tuple[str, ...]:
@@ -42,9 +56,37 @@ def hook_command() -> Tuple[str, ...]:
     parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     boot = (
         f"import sys; sys.path[0:0] = {_jsonc.dumps([parent])}; "
-        "from nvshim.hook import main; sys.exit(main())"
+        f"from {HOOK_MODULE} import main; sys.exit(main())"
     )
     return (os.path.abspath(sys.executable), "-I", "-S", "-c", boot)
+
+
+def runs_nvshim_hook(argv: Sequence[str]) -> bool:
+    """Whether a hook's argv starts nvshim's hook (one argument names :data:`HOOK_MODULE`)."""
+    return any(HOOK_MODULE in a for a in argv)
+
+
+def is_nvshim_hook(hook: Any) -> bool:
+    """Whether an edits :class:`~nvshim.edits.Hook` is nvshim's own createContainer hook."""
+    return hook.hook_name == "createContainer" and runs_nvshim_hook(hook.args)
+
+
+def split_hook_argv(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """(the command up to the argument naming :data:`HOOK_MODULE`, the arguments after it).
+
+    No such argument: everything is command but the last argument, which is returned as
+    the arguments (``parse_hook_args`` then finds no pair in it).
+    """
+    args = list(argv)
+    start = next((i for i, a in enumerate(args) if HOOK_MODULE in a), len(args) - 1) + 1
+    return args[:start], args[start:]
+
+
+def with_links(argv: Sequence[str], links: Sequence[Tuple[str, str]]) -> List[str]:
+    """nvshim's hook argv with its ``--link`` pairs replaced by ``links`` (folders kept)."""
+    head, _ = split_hook_argv(argv)
+    _, folders = parse_hook_args(argv)
+    return head + build_hook_args(links, folders)
 
 
 def check_link(target: str, link: str) -> None:
@@ -88,11 +130,9 @@ def parse_hook_args(argv: Sequence[str]) -> Tuple[List[Tuple[str, str]], List[st
     The arguments start after the one naming ``nvshim.hook`` (``-m nvshim.hook`` or the
     ``-c`` boot code importing it); anything else is ignored here (the hook rejects it).
     """
-    args = list(argv)
-    start = next((i for i, a in enumerate(args) if "nvshim.hook" in a), len(args) - 1) + 1
+    rest = split_hook_argv(argv)[1]
     links: List[Tuple[str, str]] = []
     folders: List[str] = []
-    rest = args[start:]
     for i in range(0, len(rest) - 1, 2):
         if rest[i] == "--link":
             target, sep, link = rest[i + 1].partition(SEP)
@@ -110,3 +150,59 @@ def parse_host_driver_version(argv: Sequence[str]) -> Optional[str]:
         if args[i] == "--host-driver-version":
             return args[i + 1]
     return None
+
+
+def parse_hook_cli(argv: Sequence[str]) -> Any:
+    """The hook's own strict parser (``python -m nvshim.hook ARGS``): an argparse namespace
+    with ``link`` [(target, link)], ``folder`` [dir] and ``host_driver_version``.
+
+    Accepts exactly what :func:`build_hook_args` writes; anything else is a UsageError.
+    argparse is imported here, never on the create path.
+    """
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        """argparse that raises UsageError instead of printing usage and exiting 2."""
+
+        def error(self, message: str) -> NoReturn:
+            raise UsageError(message)
+
+    parser = Parser(
+        prog=f"python -I -m {HOOK_MODULE}",
+        description="OCI createContainer hook: make driver library symlinks and update "
+        "the ld.so.cache inside the container rootfs. Reads the OCI state on stdin.",
+    )
+    parser.add_argument(
+        "--link",
+        action="append",
+        default=[],
+        metavar=f"TARGET{SEP}LINK",
+        help="create symlink LINK (container path) pointing to TARGET",
+    )
+    parser.add_argument(
+        "--folder",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="container directory holding injected libraries (added to the ld.so.cache)",
+    )
+    parser.add_argument(
+        "--host-driver-version",
+        default=None,
+        metavar="VERSION",
+        help="the host driver's version: a newer CUDA compat libcuda in the image "
+        "(/usr/local/cuda/compat) then goes first in the ld.so.cache",
+    )
+    ns = parser.parse_args(list(argv))
+    ns.link = [_parse_link(v) for v in ns.link]
+    for folder in ns.folder:
+        check_folder(folder)
+    return ns
+
+
+def _parse_link(value: str) -> Tuple[str, str]:
+    target, sep, link = value.partition(SEP)
+    if not sep:
+        raise UsageError(f"--link {value}: expected TARGET{SEP}LINK")
+    check_link(target, link)
+    return target, link

@@ -109,9 +109,11 @@ def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits
         if owner is None or owner in allowed_sets:
             mounts.append(m)
     present = {m.container_path.rsplit("/", 1)[-1] for m in mounts}
+    from nvshim.runtime.hookargs import runs_nvshim_hook
+
     hooks = []
     for hook in edits.hooks:
-        if not any("nvshim.hook" in a for a in hook.args):
+        if not runs_nvshim_hook(hook.args):
             hooks.append(hook)
             continue
         hooks.extend(_prune_hook(hook, present))
@@ -120,13 +122,9 @@ def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits
 
 def _prune_hook(hook: Hook, present: set[str]) -> Tuple[Hook, ...]:
     """nvshim's hook without links to files that are not injected (none left: no hook)."""
-    args = list(hook.args)
-    # the hook command ends with `-m nvshim.hook` or with `-c <boot code importing it>`
-    start = next(i for i, a in enumerate(args) if "nvshim.hook" in a) + 1
-    head = args[:start]
-    from nvshim.runtime.hookargs import parse_hook_args
+    from nvshim.runtime.hookargs import parse_hook_args, with_links
 
-    links, folders = parse_hook_args(args)
+    links, _ = parse_hook_args(hook.args)
     names = set(present)
     kept: list[Tuple[str, str]] = []
     changed = True
@@ -139,8 +137,6 @@ def _prune_hook(hook: Hook, present: set[str]) -> Tuple[Hook, ...]:
                 changed = True
     if not any(n for n in present if ".so" in n):
         return ()
-    from nvshim.runtime.hookargs import build_hook_args
-
     kept_sorted = [pair for pair in links if pair in kept]
-    return (Hook(hook.hook_name, hook.path, tuple(head) + tuple(build_hook_args(kept_sorted, folders)),
+    return (Hook(hook.hook_name, hook.path, tuple(with_links(hook.args, kept_sorted)),
                  hook.env, hook.timeout),)

@@ -64,7 +64,6 @@ __all__ = [
     "apply_links",
     "decide",
     "elf_info",
-    "is_nvshim_hook",
     "prepare",
     "rootfs_path",
     "update_ldcache",
@@ -111,11 +110,6 @@ class RootWork:
 # --------------------------------------------------------------------------- the plan
 
 
-def is_nvshim_hook(hook: Any) -> bool:
-    """Whether an edits :class:`~nvshim.edits.Hook` is nvshim's own createContainer hook."""
-    return hook.hook_name == "createContainer" and any("nvshim.hook" in a for a in hook.args)
-
-
 def elf_info(path: str) -> Tuple[Optional[int], Optional[str]]:
     """(cache flags, DT_SONAME) of the host file ``path``; (None, None) if not a library."""
     from nvshim.host.elf import read_soname_fd
@@ -146,7 +140,11 @@ def work_from_hooks(hooks: Iterable[Any], mounts: Iterable[Any],
     the hook's folders; ``info(host_path)`` gives (flags, SONAME) of each (default: read
     the host file; the node plan cache supplies them without reading).
     """
-    from nvshim.runtime.hookargs import parse_hook_args, parse_host_driver_version
+    from nvshim.runtime.hookargs import (
+        is_nvshim_hook,
+        parse_hook_args,
+        parse_host_driver_version,
+    )
 
     links: List[Tuple[str, str]] = []
     folders: List[str] = []

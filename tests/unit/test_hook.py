@@ -19,6 +19,7 @@ from nvshim import hook
 from nvshim.host.elf import build_shared_object
 from nvshim.host.ldcache import HWCAP_EXTENSION, CacheEntry, build_ldcache, parse_ldcache
 from nvshim.errors import UsageError
+from nvshim.runtime.hookargs import parse_hook_cli
 
 REPO = Path(__file__).resolve().parents[2]
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
@@ -95,7 +96,7 @@ def test_build_hook_args_round_trips_through_the_parser() -> None:
     args = hook.build_hook_args(links, folders)
     assert args[:4] == ["--folder", LIBDIR, "--folder", "/usr/lib/i386-linux-gnu"]
     assert f"libcuda.so.{VERSION}::{LIBDIR}/libcuda.so.1" in args
-    ns = hook._parse_args(args)
+    ns = parse_hook_cli(args)
     assert ns.link == links
     assert ns.folder == folders
 
