@@ -83,10 +83,11 @@ def split_hook_argv(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
 
 
 def with_links(argv: Sequence[str], links: Sequence[Tuple[str, str]]) -> List[str]:
-    """nvshim's hook argv with its ``--link`` pairs replaced by ``links`` (folders kept)."""
+    """nvshim's hook argv with its ``--link`` pairs replaced by ``links`` (folders and the
+    host driver version kept)."""
     head, _ = split_hook_argv(argv)
     _, folders = parse_hook_args(argv)
-    return head + build_hook_args(links, folders)
+    return head + build_hook_args(links, folders, parse_host_driver_version(argv))
 
 
 def check_link(target: str, link: str) -> None:

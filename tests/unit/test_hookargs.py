@@ -4,6 +4,8 @@ nvshim's hook, its arguments, how to recognise it and how to rewrite its links."
 from __future__ import annotations
 
 import ast
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,13 +66,49 @@ def test_is_nvshim_hook(name: str, args: list, ours: bool) -> None:
     assert is_nvshim_hook(Hook(name, args[0], tuple(args), HOOK_ENV)) is ours
 
 
-def test_with_links_keeps_the_command_and_folders() -> None:
+def test_with_links_keeps_the_command_folders_and_driver_version() -> None:
     """The -m form too: only the --link pairs change."""
-    argv = ["/usr/bin/python3", "-I", "-m", "nvshim.hook", *build_hook_args(LINKS, FOLDERS)]
+    argv = ["/usr/bin/python3", "-I", "-m", "nvshim.hook",
+            *build_hook_args(LINKS, FOLDERS, "550.54.15")]
     out = with_links(argv, LINKS[:1])
     assert out[:4] == argv[:4]
     assert parse_hook_args(out) == (LINKS[:1], FOLDERS)
+    assert parse_host_driver_version(out) == "550.54.15"
     assert parse_hook_args(with_links(argv, [])) == ([], FOLDERS)
+    plain = ["/usr/bin/python3", "-I", "-m", "nvshim.hook", *build_hook_args(LINKS, FOLDERS)]
+    assert parse_host_driver_version(with_links(plain, LINKS)) is None
+
+
+def test_a_cdi_device_keeps_the_cuda_compat_check(tmp_path: Path) -> None:
+    """A CDI device's hook, pruned to the container's capabilities, still carries the host
+    driver version, so the in-root work still puts a newer CUDA compat libcuda first (the
+    pruning used to rebuild the hook without it)."""
+    if os.geteuid() != 0:
+        pytest.skip("the simulated GPU node needs root (mknod)")
+    from nvshim.cdi.spec import write_spec
+    from nvshim.config import Config
+    from nvshim.host.discovery import Host
+    from nvshim.host.sim import create_node
+    from nvshim.node.cdigen import generate_spec
+    from nvshim.runtime.create import plan_create
+
+    node = create_node(str(tmp_path / "node"), gpus=1)
+    host = Host(node.root)
+    version = host.driver_version()
+    spec = generate_spec(host, capabilities=("compute", "utility", "video"),
+                         hook_command=hook_command())
+    write_spec(str(tmp_path / "cdi" / "nvidia.yaml"), spec)
+    config = Config(driver_root=node.root, cdi_spec_dirs=(str(tmp_path / "cdi"),))
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    env = ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0"]  # compute,utility: graphics etc. pruned
+    (bundle / "config.json").write_text(json.dumps({"process": {"env": env}, "mounts": []}))
+    plan = plan_create(str(bundle), config)
+    hooks = [h for h in plan.edits.hooks if is_nvshim_hook(h)]
+    assert len(hooks) == 1 and any("libcuda" in a for a in hooks[0].args)
+    assert parse_host_driver_version(spec["containerEdits"]["hooks"][0]["args"]) == version
+    assert parse_host_driver_version(hooks[0].args) == version
+    assert plan.rootwork is not None and plan.rootwork.host_driver_version == version
 
 
 def test_the_hooks_parser_refuses_what_the_builder_never_writes() -> None:
