@@ -44,8 +44,8 @@ from nvshim.runtime.rootwork import (
     LDCACHE,
     LDCONF,
     LDCONF_DROPIN,
-    _host_error,
     apply_links,
+    host_error,
     update_ldcache,
 )
 
@@ -119,7 +119,10 @@ def _remount(path: str, readonly: bool) -> bool:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    current = os.statvfs(path).f_flag
+    try:
+        current = os.statvfs(path).f_flag
+    except OSError as exc:
+        raise host_error(f"cannot stat the read-only rootfs {path}", exc) from exc
     flags = _MS_REMOUNT | _MS_BIND | (_MS_RDONLY if readonly else 0)
     for st_flag, ms_flag in _KEEP_FLAGS:
         if current & st_flag:
@@ -144,8 +147,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             root = _inroot.open_root(rootfs)
         except OSError as exc:
-            raise _host_error("cannot open the container rootfs", exc) from exc
-        readonly = bool(os.statvfs(rootfs).f_flag & os.ST_RDONLY)
+            raise host_error("cannot open the container rootfs", exc) from exc
+        try:
+            readonly = bool(os.statvfs(rootfs).f_flag & os.ST_RDONLY)
+        except OSError as exc:
+            raise host_error("cannot stat the container rootfs", exc) from exc
         if readonly:
             readonly = _remount(rootfs, readonly=False)
         try:

@@ -81,6 +81,16 @@ def _record_grant(plan: Plan, config: Config, inv: Invocation, bundle: str) -> N
     append_grant(config.grants_journal, grant, config.grants_journal_max_bytes)
 
 
+def _cwd() -> str:
+    """The bundle when no ``--bundle`` is given (runc's rule): the current directory."""
+    from nvshim.errors import HostError
+
+    try:
+        return os.getcwd()
+    except OSError as exc:
+        raise HostError(f"no --bundle and no current directory: {exc.strerror}") from exc
+
+
 def _load_config(inv: Invocation) -> Config:
     from nvshim.config import load_config
     from nvshim.errors import NvshimError
@@ -108,7 +118,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                 raise UsageError(f"{inv.command}: {inv.error}")
             from nvshim.runtime.create import commit, plan_create
 
-            bundle = inv.bundle or os.getcwd()
+            bundle = inv.bundle or _cwd()
             plan = plan_create(bundle, config, log=log, save_cache=True)
             for warning in plan.log_warnings:
                 _warn(warning, inv)

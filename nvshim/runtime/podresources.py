@@ -2,16 +2,22 @@
 
 Encoding: length-delimited fields (strings, nested messages). Decoding: every wire type,
 so fields a newer kubelet adds (topology, cpu_ids, memory, dynamic_resources) are skipped,
-never misread. Malformed input raises :class:`ValueError`.
+never misread. Malformed input raises :class:`ProtoError`.
 """
 
 from __future__ import annotations
 
 from typing import Dict, List, Tuple, Union
 
-__all__ = ["decode", "string_field", "bytes_field", "first_str", "all_str", "all_bytes"]
+from nvshim.errors import HostError
+
+__all__ = ["ProtoError", "decode", "string_field", "bytes_field", "first_str", "all_str", "all_bytes"]
 
 Fields = Dict[int, List[Union[int, bytes]]]
+
+
+class ProtoError(HostError):
+    """Bytes from the kubelet's socket that are not a valid protobuf message."""
 
 
 def _varint(value: int) -> bytes:
@@ -40,7 +46,7 @@ def _read_varint(buf: bytes, pos: int) -> Tuple[int, int]:
     value = shift = 0
     while True:
         if pos >= len(buf) or shift > 63:
-            raise ValueError("truncated or oversized varint")
+            raise ProtoError("truncated or oversized varint")
         byte = buf[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
@@ -61,21 +67,21 @@ def decode(buf: bytes) -> Fields:
             value, pos = _read_varint(buf, pos)
         elif wire == 1:
             if pos + 8 > len(buf):
-                raise ValueError("truncated fixed64")
+                raise ProtoError("truncated fixed64")
             value, pos = int.from_bytes(buf[pos:pos + 8], "little"), pos + 8
         elif wire == 2:
             length, pos = _read_varint(buf, pos)
             if pos + length > len(buf):
-                raise ValueError("truncated length-delimited field")
+                raise ProtoError("truncated length-delimited field")
             value, pos = bytes(buf[pos:pos + length]), pos + length
         elif wire == 5:
             if pos + 4 > len(buf):
-                raise ValueError("truncated fixed32")
+                raise ProtoError("truncated fixed32")
             value, pos = int.from_bytes(buf[pos:pos + 4], "little"), pos + 4
         else:
-            raise ValueError(f"unsupported wire type {wire}")
+            raise ProtoError(f"unsupported wire type {wire}")
         if number == 0:
-            raise ValueError("field number 0")
+            raise ProtoError("field number 0")
         fields.setdefault(number, []).append(value)
     return fields
 

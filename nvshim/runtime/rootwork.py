@@ -64,6 +64,7 @@ __all__ = [
     "apply_links",
     "decide",
     "elf_info",
+    "host_error",
     "prepare",
     "rootfs_path",
     "update_ldcache",
@@ -81,8 +82,11 @@ _NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-class Fallback(Exception):
-    """The runtime cannot do the in-root work; the createContainer hook must (``reason``)."""
+class Fallback(NvshimError):
+    """The runtime cannot do the in-root work; the createContainer hook must (``reason``).
+
+    A signal :func:`nvshim.runtime.create.commit` always catches, not a failure; an
+    NvshimError all the same, so that nothing but the error tree leaves this package."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -304,7 +308,8 @@ def prepare(rootfs: str, work: RootWork) -> List[str]:
 # --------------------------------------------------------------------------- the work
 
 
-def _host_error(action: str, exc: OSError) -> HostError:
+def host_error(action: str, exc: OSError) -> HostError:
+    """The one-line HostError for ``exc``: what was being done, the file, the reason."""
     reason = _reason(exc)
     if exc.filename and str(exc.filename) not in action:
         return HostError(f"{action}: {exc.filename}: {reason}")
@@ -318,7 +323,7 @@ def apply_links(root: _inroot.RootFd, rootfs: str, links: Sequence[Tuple[str, st
     except OSError as exc:
         link = str(exc.filename)
         target = next((t for t, name in links if name == link), "?")
-        raise _host_error(f"cannot link {link} -> {target} in {rootfs}", exc) from exc
+        raise host_error(f"cannot link {link} -> {target} in {rootfs}", exc) from exc
 
 
 def _lib_name(name: str) -> bool:
@@ -434,7 +439,7 @@ def update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
     try:
         return _update_ldcache(root, folders, planned or {})
     except OSError as exc:
-        raise _host_error(f"cannot update the ld.so.cache in {root.path}", exc) from exc
+        raise host_error(f"cannot update the ld.so.cache in {root.path}", exc) from exc
 
 
 def _update_ldcache(root: _inroot.RootFd, folders: Sequence[str],

@@ -46,7 +46,7 @@ MAX_DEPTH = 200
 _INT_DIGITS = 4000
 
 
-class SpecDepthError(ValueError):
+class SpecDepthError(SpecError):
     """The document nests deeper than :data:`MAX_DEPTH`."""
 
 

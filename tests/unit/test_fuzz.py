@@ -671,11 +671,12 @@ def test_crun_argv(world: Dict[str, Path], tokens: List[str]) -> None:
 @fuzz(300)
 @given(st.binary(max_size=200))
 def test_podresources_codec_never_crashes(data: bytes) -> None:
-    """Any bytes from the kubelet socket decode to pods or raise ValueError, nothing else."""
+    """Any bytes from the kubelet socket decode to pods or raise ProtoError, nothing else."""
     from nvshim.runtime.kubelet import decode_list_response
+    from nvshim.runtime.podresources import ProtoError
 
     try:
         pods = decode_list_response(data)
-    except ValueError:
+    except ProtoError:
         return
     assert isinstance(pods, list)
