@@ -131,9 +131,9 @@ def _remount(path: str, readonly: bool) -> bool:
         err = ctypes.get_errno()
         if err == 22 and not readonly:  # EINVAL: not a mount point; the write will say EROFS
             return False
+        mode = "read-only" if readonly else "writable"
         raise HostError(
-            f"cannot remount the read-only rootfs {path} {'read-only' if readonly else 'writable'}: "
-            f"{os.strerror(err)}"
+            f"cannot remount the read-only rootfs {path} {mode}: {os.strerror(err)}"
         )
     return True
 

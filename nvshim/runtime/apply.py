@@ -109,7 +109,8 @@ def apply_edits(spec: Dict[str, Any], edits: Edits) -> Dict[str, Any]:
     if not edits:
         return out
 
-    process = _obj(out, "process", "process") if (edits.env or edits.device_nodes or edits.additional_gids) else {}
+    touches_process = edits.env or edits.device_nodes or edits.additional_gids
+    process = _obj(out, "process", "process") if touches_process else {}
     if edits.env:
         env = _list(process, "env", "process.env")
         for entry in edits.env:
@@ -122,7 +123,8 @@ def apply_edits(spec: Dict[str, Any], edits: Edits) -> Dict[str, Any]:
         rules = _list(resources, "devices", "linux.resources.devices")
         for node in edits.device_nodes:
             dev = _oci_device(node, process)
-            devices[:] = [d for d in devices if not (isinstance(d, dict) and d.get("path") == node.path)]
+            devices[:] = [d for d in devices
+                          if not (isinstance(d, dict) and d.get("path") == node.path)]
             devices.append(dev)
             if node.type in ("b", "c"):
                 rule = {

@@ -194,7 +194,8 @@ def parse_argv(argv: List[str]) -> Invocation:
                                   version=effect == "version")
             if effect == "value" and value is None:
                 if i + 1 >= n:
-                    return Invocation(None, None, globals_.get("log"), globals_.get("log-format"), None)
+                    return Invocation(None, None, globals_.get("log"),
+                                      globals_.get("log-format"), None)
                 value = argv[i + 1]
                 i += 1
             if value is not None:

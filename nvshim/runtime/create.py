@@ -64,9 +64,10 @@ class Plan:
     identity: Any = None
     """The Kubernetes container (:class:`nvshim.runtime.kubelet.Identity`) of a CRI container."""
     verified: str = "none"
-    """``kubelet`` (every GPU checked against its record), ``unreachable`` (claims trusted), ``none``."""
+    """``kubelet`` (every GPU checked against its record), ``unreachable`` (claims
+    trusted), ``none``."""
     allocation: Any = None
-    """What the kubelet allocated (:class:`nvshim.runtime.kubelet.Allocation`), when it was asked."""
+    """What the kubelet allocated (:class:`nvshim.runtime.kubelet.Allocation`), if asked."""
     cdi_gpus: Tuple[Any, ...] = ()
     """Whole GPUs the granted CDI devices bring (by their device nodes)."""
     cdi_migs: Tuple[Tuple[Any, Any], ...] = ()
@@ -90,7 +91,8 @@ class Plan:
         from nvshim._record import replace
         from nvshim.runtime.hookargs import is_nvshim_hook
 
-        return replace(self.edits, hooks=tuple(h for h in self.edits.hooks if not is_nvshim_hook(h)))
+        hooks = tuple(h for h in self.edits.hooks if not is_nvshim_hook(h))
+        return replace(self.edits, hooks=hooks)
 
     @property
     def changed(self) -> bool:
@@ -230,7 +232,8 @@ def _needs_allocation_module(view: Any, config: Config) -> bool:
 
 
 def _params_edits(plan: Plan, bundle: str, driver_root: str) -> Edits:
-    """The hook showing ``ModifyDeviceFiles: 0`` (nvshim.runtime.devparams), when the host's is 1."""
+    """The hook showing ``ModifyDeviceFiles: 0`` (nvshim.runtime.devparams) when the
+    host's is 1."""
     from nvshim.runtime import devparams
 
     content = devparams.modified_params(driver_root)

@@ -101,7 +101,8 @@ def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits
     allowed_sets = {s for cap in caps for s in LIBRARY_SETS.get(cap, ())} | caps
     node_needs = {path: need for path, need in CONTROL_NODES}
     nodes = tuple(
-        n for n in edits.device_nodes if node_needs.get(n.path) is None or node_needs[n.path] in caps
+        n for n in edits.device_nodes
+        if node_needs.get(n.path) is None or node_needs[n.path] in caps
     )
     mounts = []
     for m in edits.mounts:

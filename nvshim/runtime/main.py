@@ -52,7 +52,8 @@ def _fail(message: str, inv: Invocation) -> NoReturn:
 
 
 def _warn(message: str, inv: Invocation) -> None:
-    """A warning line in runc's ``--log`` (containerd logs it); stdout/stderr stay the container's."""
+    """A warning line in runc's ``--log`` (containerd logs it); stdout and stderr stay the
+    container's."""
     from nvshim.runtime.logs import report_warning
 
     report_warning(message, inv.log, inv.log_format)

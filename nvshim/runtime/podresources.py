@@ -11,7 +11,8 @@ from typing import Dict, List, Tuple, Union
 
 from nvshim.errors import HostError
 
-__all__ = ["ProtoError", "decode", "string_field", "bytes_field", "first_str", "all_str", "all_bytes"]
+__all__ = ["ProtoError", "decode", "string_field", "bytes_field", "first_str", "all_str",
+           "all_bytes"]
 
 Fields = Dict[int, List[Union[int, bytes]]]
 

@@ -161,7 +161,8 @@ def image_view(spec: Any) -> ImageView:
     )
 
 
-def parse_capabilities(value: Optional[str], supported: Sequence[str], legacy: bool) -> Tuple[str, ...]:
+def parse_capabilities(value: Optional[str], supported: Sequence[str],
+                       legacy: bool) -> Tuple[str, ...]:
     """NVIDIA_DRIVER_CAPABILITIES → sorted capability names.
 
     Unset: ``compute,utility`` (a legacy CUDA image: everything supported). Empty: the
@@ -343,7 +344,8 @@ def resolve_request(view: ImageView, config: Any,
     if not config.require_allocation:
         if mount_ids:
             if env_set:
-                notes.append(f"{VISIBLE_DEVICES} ignored: device-plugin volume mounts take precedence")
+                notes.append(
+                    f"{VISIBLE_DEVICES} ignored: device-plugin volume mounts take precedence")
             return grant("volume-mounts", mount_ids, mount_raw)
         if annotation_ids:
             if env_set:

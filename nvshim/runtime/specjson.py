@@ -143,7 +143,8 @@ def encode_spec(spec: Any, original: bytes) -> bytes:
         import re
 
         # lone surrogates only occur inside string literals; their escape means the same
-        data = re.compile("[\ud800-\udfff]").sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode("utf-8")
+        escaped = re.compile("[\ud800-\udfff]").sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+        data = escaped.encode("utf-8")
     return BOM + data if original.startswith(BOM) else data
 
 

@@ -162,8 +162,8 @@ def test_kill_9_of_the_runtime_during_create(tmp_path: Path) -> None:
     """``nvshim-runtime create`` on a GPU request, SIGKILLed at 40 points from start to end: whole records only."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.runtime.compile import compile_node
     from nvshim.host.sim import create_node
+    from nvshim.runtime.compile import compile_node
     from tests.helpers.bundle import make_bundle, make_rootfs
 
     node = create_node(str(tmp_path / "node"), gpus=2)

@@ -99,8 +99,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A simulated 2-GPU node, a compiled config naming it and a recorder as the low-level runtime."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.runtime.compile import compile_node
     from nvshim.host.sim import create_node
+    from nvshim.runtime.compile import compile_node
 
     base = tmp_path_factory.mktemp("hardening")
     sim = create_node(str(base / "node"), gpus=2)
@@ -232,8 +232,8 @@ def processes_mentioning(text: str) -> list:
 @pytest.fixture
 def tramp_world(tmp_path: Path) -> dict:
     """The trampoline rendered for this interpreter, a compiled config and a recorder runtime."""
-    from nvshim.runtime.trampoline import render
     from nvshim.runtime.compile import compile_node
+    from nvshim.runtime.trampoline import render
 
     runtime = tmp_path / "fake-runc"
     runtime.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path / 'rec'}\n")

@@ -16,9 +16,9 @@ from typing import Any, Union
 import pytest
 
 from nvshim import hook
+from nvshim.errors import UsageError
 from nvshim.host.elf import build_shared_object
 from nvshim.host.ldcache import HWCAP_EXTENSION, CacheEntry, build_ldcache, parse_ldcache
-from nvshim.errors import UsageError
 from nvshim.runtime.hookargs import parse_hook_cli
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,8 +17,8 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 
 from nvshim.config import Config
-from nvshim.runtime.create import plan_create
 from nvshim.errors import RequestError
+from nvshim.runtime.create import plan_create
 from nvshim.runtime.kubelet import decode_list_response
 from tests.helpers.podresources import PodResourcesServer
 

@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nvshim.runtime.argv import parse_argv
-from nvshim.runtime.trampoline import prefixes_path, render, runtimes_path
 from nvshim.config import source_link_path
+from nvshim.runtime.argv import parse_argv
 from nvshim.runtime.compile import compile_node
+from nvshim.runtime.trampoline import prefixes_path, render, runtimes_path
 
 # ----------------------------------------------------------------------------- helpers
 

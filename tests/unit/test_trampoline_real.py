@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nvshim.runtime.trampoline import render
 from nvshim.runtime.compile import compile_node
+from nvshim.runtime.trampoline import render
 
 
 def setup(tmp_path: Path, env_list):
