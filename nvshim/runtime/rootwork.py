@@ -30,6 +30,12 @@ create of the container rewrites them too; the rename keeps each write atomic.
 
 Start-up matters (this runs on every GPU create): ``os``, ``stat``, ``errno`` and
 nvshim's in-root and ld.so.cache modules only.
+
+One module over the ~400-line guide, on purpose: the plan (:func:`work_from_hooks`,
+:func:`decide`) and the work (:func:`prepare`, :func:`apply_links`,
+:func:`update_ldcache`) are one job that both processes above run, in full, on every
+GPU create; split, the runtime would load one more module per create and the rules that
+keep the two sides equal (what is planned is exactly what is written) would sit apart.
 """
 
 from __future__ import annotations
