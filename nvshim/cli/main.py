@@ -209,7 +209,7 @@ def grants(config_file: Optional[str], journal: Optional[str], fmt: str,
     """
     from nvshim.config import load_config
     from nvshim.errors import ConfigError
-    from nvshim.runtime.grants import (
+    from nvshim.runtime.holders import (
         conflicts,
         live_grants,
         render_json,

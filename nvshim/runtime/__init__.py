@@ -1,14 +1,20 @@
 """The create road: the only code ``nvshim-runtime create`` runs.
 
-Owns: the runtime's argv grammar (``argv``) and its sh front (``trampoline``), the entry
-(``main``), reading the bundle and the request (``request``; ``tokens``: the device-token
-grammar and GPU selection; ``requirements``, ``kubelet``;
-``allocation``: require-allocation's kubelet check and pod annotations),
-planning and committing the edits (``create``, ``hostedits``, ``extras``, ``apply``,
-``specjson``), the in-root work and its hook fallback (``rootwork``, ``hookargs``,
-``devparams``), the node caches (``plancache``, ``compile``), the grant journal (``grants``)
-and runc-style error logs (``logs``); off the create path, what ``nvshim inspect`` shows of a
-plan (``inspection``).
+Owns, by job:
+
+- the entry: ``argv`` (the runtime's argv grammar), ``trampoline`` (its sh front), ``main``;
+- the request: ``request`` (what config.json asks for), ``tokens`` (the device-token
+  grammar, tokens onto GPUs), ``requirements`` (NVIDIA_REQUIRE_*), ``allocation``
+  (require-allocation's kubelet check and pod annotations), ``kubelet`` and
+  ``podresources`` (asking the kubelet);
+- the edits: ``create`` (plan and commit), ``hostedits``, ``extras``, ``apply``,
+  ``specjson`` (reading and writing config.json);
+- the in-root work and its hook fallback: ``rootwork``, ``hookargs`` (the hook's command
+  line), ``devparams``;
+- node caches: ``plancache``, ``compile``; the grant journal: ``grants`` (append at
+  create); runc-style error logs: ``logs``;
+- off the create path, read only by the ``nvshim`` command: ``holders`` (who holds which
+  GPU now, for ``nvshim grants``), ``inspection`` (what ``nvshim inspect`` shows of a plan).
 
 May import: :mod:`nvshim.cdi`, :mod:`nvshim.host` and the base modules (``errors``,
 ``_record``, ``_jsonc``, ``files``, ``config``, ``edits``). Must not import

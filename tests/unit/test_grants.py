@@ -19,15 +19,8 @@ from typing import List
 
 import pytest
 
-from nvshim.runtime.grants import (
-    Grant,
-    Holder,
-    append_grant,
-    conflicts,
-    read_grants,
-    render_prometheus,
-    render_table,
-)
+from nvshim.runtime.grants import Grant, append_grant, read_grants
+from nvshim.runtime.holders import Holder, conflicts, render_prometheus, render_table
 
 UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000002"

@@ -103,6 +103,9 @@ def test_create_without_gpu_request_loads_no_heavy_module(tmp_path: Path, rootfs
     assert "nvshim.runtime.create" in modules, report(modules)  # the create path really ran
     assert forbidden_in(modules) == [], report(modules)
     assert "nvshim.host.discovery" not in modules, report(modules)
+    # no device named: the token grammar and the require-allocation checks stay unloaded
+    assert "nvshim.runtime.tokens" not in modules, report(modules)
+    assert "nvshim.runtime.allocation" not in modules, report(modules)
     assert (bundle / "config.json").read_bytes() == before
 
 
@@ -128,6 +131,9 @@ def test_create_with_one_gpu_loads_no_heavy_module(tmp_path: Path, rootfs: Path)
     assert "grpc" not in modules and "nvshim.runtime.kubelet" not in modules, report(modules)
     assert "nvshim.runtime.grants" in modules, report(modules)  # the grant was journaled
     assert "nvshim.runtime.extras" not in modules, report(modules)  # no IMEX/NVSwitch/GDS asked for
+    # the journal's readers (nvshim grants) and require-allocation's checks never load here
+    assert "nvshim.runtime.holders" not in modules, report(modules)
+    assert "nvshim.runtime.allocation" not in modules, report(modules)
 
 
 def test_grpc_loads_only_when_the_kubelet_is_asked(tmp_path: Path, rootfs: Path) -> None:
