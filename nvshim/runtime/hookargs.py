@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import sys
 
-from nvshim import _jsonc
 from nvshim.errors import UsageError
 
 TYPE_CHECKING = False
@@ -53,6 +52,8 @@ def hook_command() -> Tuple[str, ...]:
     holding nvshim is put on ``sys.path`` explicitly — the hook needs nothing else. The
     hook entry also carries an explicit env: nothing of the image's environment reaches it.
     """
+    from nvshim import _jsonc  # the create path has it already; the hook process does not
+
     parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     boot = (
         f"import sys; sys.path[0:0] = {_jsonc.dumps([parent])}; "
