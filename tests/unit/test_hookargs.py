@@ -85,7 +85,7 @@ def test_a_cdi_device_keeps_the_cuda_compat_check(tmp_path: Path) -> None:
     pruning used to rebuild the hook without it)."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.cdi.spec import write_spec
+    from nvshim.cdi.write import write_spec
     from nvshim.config import Config
     from nvshim.host.discovery import Host
     from nvshim.host.sim import create_node
