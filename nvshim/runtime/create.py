@@ -14,7 +14,6 @@ from nvshim.config import Config
 from nvshim.edits import Edits
 from nvshim.errors import HostError, RequestError, SpecError
 from nvshim.runtime.apply import apply_edits
-from nvshim.runtime.hookargs import hook_command
 from nvshim.runtime.hostedits import driver_edits, gpu_edits, mig_edits
 from nvshim.runtime.request import (
     VISIBLE_DEVICES,
@@ -288,6 +287,8 @@ def _node_edits(
 
         selected = plan.gpus + tuple(parent for parent, _ in plan.migs)
         check_requirements(view, host, selected, plan.notes, config.disable_require)
+
+    from nvshim.runtime.hookargs import hook_command  # a create naming no device never loads it
 
     files = host.binaries(caps) + host.ipc(caps) + host.firmware()
     edits = driver_edits(host.control_nodes(caps), host.libraries(caps), files, hook_command())

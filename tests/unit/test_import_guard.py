@@ -106,6 +106,7 @@ def test_create_without_gpu_request_loads_no_heavy_module(tmp_path: Path, rootfs
     # no device named: the token grammar and the require-allocation checks stay unloaded
     assert "nvshim.runtime.tokens" not in modules, report(modules)
     assert "nvshim.runtime.allocation" not in modules, report(modules)
+    assert "nvshim.runtime.hookargs" not in modules, report(modules)
     assert (bundle / "config.json").read_bytes() == before
 
 
