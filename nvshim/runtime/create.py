@@ -3,6 +3,14 @@
 :func:`plan_create` computes everything without writing (``nvshim inspect`` prints the
 plan); :func:`commit` writes the new config.json atomically when it differs.
 Discovery is not touched for a container that asks for nothing.
+
+This module sequences the road; each step's rules live with their job and load only when
+the spec needs them: reading config.json (:mod:`~nvshim.runtime.specjson`), the request
+(:mod:`~nvshim.runtime.request`, :mod:`~nvshim.runtime.tokens`), require-allocation's
+kubelet check (:mod:`~nvshim.runtime.allocation`), the edits
+(:mod:`~nvshim.runtime.hostedits`, :mod:`~nvshim.runtime.extras`), the hook's command
+line (:mod:`~nvshim.runtime.hookargs`) and the in-root work
+(:mod:`~nvshim.runtime.rootwork`).
 """
 
 from __future__ import annotations
