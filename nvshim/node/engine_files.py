@@ -184,8 +184,20 @@ def remove_file(path: str) -> bool:
     return True
 
 
+#: What a backup's per-file entry may hold (each may be null): key, type, its name.
+_ENTRY_FIELDS = (
+    ("original", str, "a string"),
+    ("mode", int, "an integer"),
+    ("written_sha256", str, "a string"),
+)
+
+
 def load_backup(path: str, fmt: str) -> Optional[Dict[str, Any]]:
-    """The backup at ``path`` (format tag ``fmt``), or ``None`` when there is none."""
+    """The backup at ``path`` (format tag ``fmt``), or ``None`` when there is none.
+
+    Its shape is checked here, so a damaged backup is one ConfigError naming the field,
+    never a crash halfway through a revert.
+    """
     text = read_text(path, "backup file")
     if text is None:
         return None
@@ -198,7 +210,17 @@ def load_backup(path: str, fmt: str) -> Optional[Dict[str, Any]]:
     files = data.get("files")
     if not isinstance(files, dict):
         raise ConfigError(f"{path}: invalid backup: files is not an object")
-    data.setdefault("created_dirs", [])
+    for name, entry in files.items():
+        where = f"{path}: invalid backup: files[{json.dumps(name)}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where} is not an object")
+        for key, kind, what in _ENTRY_FIELDS:
+            if entry.get(key) is not None and (
+                    not isinstance(entry[key], kind) or isinstance(entry[key], bool)):
+                raise ConfigError(f"{where}.{key} is not {what}")
+    dirs = data.setdefault("created_dirs", [])
+    if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
+        raise ConfigError(f"{path}: invalid backup: created_dirs is not a list of paths")
     return data
 
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from nvshim.cli.cmd_runtime import runtime
 from nvshim.errors import ConfigError, NvshimError, UsageError
 from nvshim.node import containerd, containerd_read, containerd_revert
+from nvshim.node.engine_files import RevertResult
 from tests.helpers.containerd_samples import DEBIAN_CONFIG
 
 REPO = Path(__file__).resolve().parents[2]
@@ -396,9 +397,35 @@ def _configure(etc: Path, **kwargs: Any) -> containerd.ConfigureResult:
     return containerd.configure(str(etc / "config.toml"), **kwargs)
 
 
-def _revert(etc: Path, **kwargs: Any) -> containerd.RevertResult:
+def _revert(etc: Path, **kwargs: Any) -> RevertResult:
     kwargs.setdefault("drop_in", str(etc / "conf.d" / "99-nvshim.toml"))
     return containerd_revert.revert(str(etc / "config.toml"), **kwargs)
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda b, c: b["files"].__setitem__(c, "text"), 'files["{c}"] is not an object'),
+    (lambda b, c: b["files"][c].__setitem__("original", 5), 'files["{c}"].original is not a string'),
+    (lambda b, c: b["files"][c].__setitem__("mode", "0644"), 'files["{c}"].mode is not an integer'),
+    (lambda b, c: b.__setitem__("created_dirs", "/etc"), "created_dirs is not a list of paths"),
+])
+def test_a_damaged_backup_is_one_config_error_and_nothing_changes(etc: Path, damage: Any,
+                                                                  named: str) -> None:
+    """A backup edited into the wrong shape stops revert with one ConfigError naming the
+    field (not an AttributeError halfway through), and no file is touched."""
+    import json
+
+    config = etc / "config.toml"
+    config.write_text(DEBIAN_CONFIG)
+    _configure(etc)
+    backup = Path(containerd.backup_path(str(config)))
+    data = json.loads(backup.read_text())
+    damage(data, str(config))
+    backup.write_text(json.dumps(data))
+    before = _tree(etc.parent)
+    with pytest.raises(ConfigError) as err:
+        _revert(etc)
+    assert str(err.value) == f"{backup}: invalid backup: " + named.format(c=config)
+    assert _tree(etc.parent) == before
 
 
 @pytest.mark.parametrize("original", [None, "", DEBIAN_CONFIG, COMMENTED_V2, V1_CONFIG, V3_CONFIG])
