@@ -102,10 +102,13 @@ def lookup(container: Any, keys: Tuple[str, ...], path: str) -> Any:
 def ensure_table(container: Any, key: str, label: str) -> Any:
     """The table ``container[key]``, created (header-less until it holds values) if missing."""
     import tomlkit
+    from tomlkit.items import InlineTable
 
     table = _sub(container, key, label)
     if table is None:
-        container[key] = tomlkit.table(is_super_table=True)
+        # an inline table (`plugins = {}`) can hold only inline tables
+        inline = isinstance(container, InlineTable)
+        container[key] = tomlkit.inline_table() if inline else tomlkit.table(is_super_table=True)
         table = container[key]
     return table
 
@@ -149,7 +152,7 @@ def detect_version(doc: Any, path: str) -> int:
     if "version" not in doc:
         return 1
     version = plain(doc["version"])
-    if isinstance(version, bool) or version not in CRI_PLUGINS:
+    if not isinstance(version, int) or isinstance(version, bool) or version not in CRI_PLUGINS:
         raise ConfigError(
             f"{path}: unsupported containerd config version {json.dumps(version)}: "
             "nvshim knows versions 1, 2 and 3"

@@ -354,13 +354,28 @@ def test_enable_cdi_keeps_existing_spec_dirs() -> None:
 # ------------------------------------------------------------------- errors
 
 
+@pytest.mark.parametrize("main", [
+    "version = 2\nplugins = {}\n",
+    'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\ncontainerd = {}\n',
+])
+def test_inline_tables_on_the_way_get_the_handler_inline(main: str) -> None:
+    """A CRI table or containerd table written inline (`plugins = {}`) takes the handler as
+    inline tables (tomlkit cannot put a [table] inside one), and the file still parses."""
+    result = _plan(main, drop_in="", enable_cdi=True)
+    after = tomlkit.parse(result.files[0].after or "").unwrap()
+    cri = after["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["containerd"]["runtimes"]["nvshim"]["options"]["BinaryName"] == (
+        containerd.DEFAULT_BINARY)
+    assert cri["enable_cdi"] is True
+
+
 def test_invalid_toml_names_file_and_position() -> None:
     """Invalid TOML is a one-line ConfigError naming the file and tomlkit's line and column."""
     with pytest.raises(ConfigError, match=r"^/etc/containerd/config.toml: invalid TOML: .*line 2 col"):
         _plan("version = 2\nimports = [\n")
 
 
-@pytest.mark.parametrize("value", ["4", '"2"', "true"])
+@pytest.mark.parametrize("value", ["4", '"2"', "true", "[2]", "{}", "2.0"])
 def test_unsupported_version(value: str) -> None:
     """A version other than 1, 2 or 3 is one ConfigError line naming it."""
     with pytest.raises(ConfigError, match="unsupported containerd config version .*1, 2 and 3"):
