@@ -127,6 +127,7 @@ def plan_create(
     """
     from nvshim.runtime.specjson import read_spec
 
+    log = _live(log)
     spec_path, raw, spec = read_spec(bundle)
     try:
         view = image_view(spec)
@@ -354,12 +355,19 @@ def _fill_device_nodes(edits: Edits) -> Edits:
     return replace(edits, device_nodes=tuple(nodes))
 
 
+def _live(log: Any) -> Any:
+    """``log`` when it records anything, else None: a disabled debug log (the default) must
+    not cost the arguments of its events (the edits' CDI form, lists) on every create."""
+    return log if log is not None and getattr(log, "enabled", True) else None
+
+
 def commit(plan: Plan, log: Any = None) -> bool:
     """Do the in-root work (when the runtime does it), then write config.json atomically.
 
     Returns False (no write) when config.json would not change. When the rootfs turns out
     not to be writable the hook is added instead (``plan.rootwork_by`` becomes ``hook``).
     """
+    log = _live(log)
     if plan.rootwork_by == "runtime":
         from nvshim.runtime import rootwork
 

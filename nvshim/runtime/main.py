@@ -109,9 +109,12 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     if inv.modifies:
         from nvshim.errors import NvshimError
-        from nvshim.runtime.logs import open_debug_log
 
-        log = open_debug_log(config.debug_log, id=inv.container_id)
+        log = None  # the debug log (off by default: then neither imported nor fed)
+        if config.debug_log:
+            from nvshim.runtime.logs import open_debug_log
+
+            log = open_debug_log(config.debug_log, id=inv.container_id)
         try:
             if inv.error:
                 from nvshim.errors import UsageError
@@ -123,16 +126,20 @@ def main(argv: Optional[List[str]] = None) -> None:
             plan = plan_create(bundle, config, log=log, save_cache=True)
             for warning in plan.log_warnings:
                 _warn(warning, inv)
-                log.event("warning", bundle=bundle, message=warning)
+                if log is not None:
+                    log.event("warning", bundle=bundle, message=warning)
             if config.grants_journal and plan.granted_uuids:
                 _record_grant(plan, config, inv, bundle)
             written = commit(plan, log)
-            log.event("create", bundle=bundle, rewritten=written)
+            if log is not None:
+                log.event("create", bundle=bundle, rewritten=written)
         except NvshimError as exc:
-            log.error("create failed", error=str(exc))
+            if log is not None:
+                log.error("create failed", error=str(exc))
             _fail(str(exc), inv)
         except Exception as exc:  # noqa: BLE001 - last resort: one line, never a traceback
-            log.error("create failed", error=repr(exc))
+            if log is not None:
+                log.error("create failed", error=repr(exc))
             _fail(f"internal error: {type(exc).__name__}: {exc}", inv)
 
     runtime = find_runtime(config.runtimes, os.environ.get("PATH"))
