@@ -194,6 +194,18 @@ def test_gpu_create_imports_nothing_but_startup_modules_and_nvshim(tmp_path: Pat
     # the create road stays inside its packages: never node administration or the CLI
     outside = [m for m in modules if m.startswith(("nvshim.node", "nvshim.cli"))]
     assert outside == [], report(modules)
+    # debug-log is off: its module is not even imported (nor its events built)
+    assert "nvshim.runtime.logs" not in modules, report(modules)
+
+
+def test_runtime_runs_without_the_cyclic_gc() -> None:
+    """Importing the runtime entry turns the cyclic GC off: a create lives ~15 ms and the
+    collector only ran while modules loaded (≈ 0.6 ms per create)."""
+    res = subprocess.run([sys.executable, "-I", "-c",
+                          "import gc, nvshim.runtime.main; print(gc.isenabled())"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"
 
 
 def test_cdi_name_create_with_a_yaml_spec_imports_no_yaml(tmp_path: Path, rootfs: Path) -> None:
