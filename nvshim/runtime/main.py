@@ -59,7 +59,8 @@ def _warn(message: str, inv: Invocation) -> None:
     report_warning(message, inv.log, inv.log_format)
 
 
-def _record_grant(plan: Plan, config: Config, inv: Invocation, bundle: str) -> None:
+def _record_grant(plan: Plan, config: Config, inv: Invocation, bundle: str,
+                  runtime: Optional[str]) -> None:
     """Append this grant to the node's journal (before runc runs: a failed create leaves a
     record whose container never existed, which readers count as gone)."""
     import time
@@ -69,7 +70,7 @@ def _record_grant(plan: Plan, config: Config, inv: Invocation, bundle: str) -> N
     if not config.grants_journal:
         return
 
-    runtime = find_runtime(config.runtimes, os.environ.get("PATH")) or config.runtimes[0]
+    runtime = runtime or config.runtimes[0]
     who = plan.identity
     grant = Grant(
         time=time.time(), container_id=inv.container_id or "", bundle=os.path.abspath(bundle),
@@ -106,6 +107,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     inv = parse_argv(args)
     config = _load_config(inv)
+    # looked up once: the grant journal records it and it is exec'd below
+    runtime = find_runtime(config.runtimes, os.environ.get("PATH"))
 
     if inv.modifies:
         from nvshim.errors import NvshimError
@@ -129,7 +132,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                 if log is not None:
                     log.event("warning", bundle=bundle, message=warning)
             if config.grants_journal and plan.granted_uuids:
-                _record_grant(plan, config, inv, bundle)
+                _record_grant(plan, config, inv, bundle, runtime)
             written = commit(plan, log)
             if log is not None:
                 log.event("create", bundle=bundle, rewritten=written)
@@ -142,7 +145,6 @@ def main(argv: Optional[List[str]] = None) -> None:
                 log.error("create failed", error=repr(exc))
             _fail(f"internal error: {type(exc).__name__}: {exc}", inv)
 
-    runtime = find_runtime(config.runtimes, os.environ.get("PATH"))
     if runtime is None:
         _fail(
             f"no low-level runtime found: tried {', '.join(config.runtimes)} "
