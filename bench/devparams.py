@@ -43,8 +43,8 @@ def main() -> int:
     parser.add_argument("--runtime", default="/usr/local/bin/nvshim-runtime")
     args = parser.parse_args()
 
-    from nvshim.config import compile_config
     from nvshim.host.sim import create_node
+    from nvshim.runtime.compile import compile_config
     from tests.helpers.bundle import make_bundle, make_rootfs
 
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-params-") as tmp:

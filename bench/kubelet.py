@@ -47,8 +47,8 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=110)
     args = parser.parse_args()
 
-    from nvshim.config import compile_config
     from nvshim.host.sim import create_node
+    from nvshim.runtime.compile import compile_config
     from tests.helpers.podresources import PodResourcesServer
 
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-kubelet-") as tmp:
@@ -56,7 +56,8 @@ def main() -> int:
         node = create_node(str(work / "node"), gpus=4)
         gpu = node.gpus[1]
         server = PodResourcesServer(str(work / "kubelet.sock")).start()
-        pods = [("ns", f"pod-{i}", {"main": {"nvidia.com/gpu": [f"GPU-{i:08d}-0000-0000-0000-000000000000"]}})
+        pods = [("ns", f"pod-{i}",
+                 {"main": {"nvidia.com/gpu": [f"GPU-{i:08d}-0000-0000-0000-000000000000"]}})
                 for i in range(args.pods - 1)]
         server.set(pods + [("team", "mine", {"main": {"nvidia.com/gpu": [gpu.uuid]}})])
         spec = {

@@ -15,7 +15,6 @@ only file a create may write next to it is the node plan cache (:mod:`nvshim.run
 
 from __future__ import annotations
 
-import errno
 import os
 
 from nvshim import __version__
@@ -38,7 +37,8 @@ __all__ = [
     "compiled_lists_fresh",
     "cdi_index_path",
     "load_config",
-    "compile_config",
+    "parse_config_text",
+    "read_bytes",
     "compiled_matches",
     "ALL_CAPABILITIES",
     "DEFAULT_CDI_SPEC_DIRS",
@@ -244,7 +244,7 @@ def read_trusted_cache(path: str, what: str) -> Tuple[Optional[Any], str]:
         return None, f"{what} is not valid JSON"
 
 
-def _read(path: str) -> Optional[bytes]:
+def read_bytes(path: str) -> Optional[bytes]:
     try:
         with open(path, "rb") as fh:
             check_trusted(path, os.fstat(fh.fileno()))
@@ -269,7 +269,7 @@ def _check_lists(path: str) -> None:
 
 def _from_compiled(path: str, data: bytes) -> Optional[Config]:
     """The compiled copy of ``path`` when it matches ``data`` exactly, else None."""
-    raw = _read(compiled_path(path))
+    raw = read_bytes(compiled_path(path))
     if raw is None:
         return None
     from nvshim._jsonc import loads
@@ -401,7 +401,7 @@ def load_config(path: Optional[str] = None, required: bool = False) -> Config:
     """Load the configuration; defaults when the file does not exist, unless ``required``
     (a file named explicitly, e.g. ``--config``, must exist)."""
     path = path or config_path()
-    data = _read(path)
+    data = read_bytes(path)
     if data is None:
         if required:
             raise ConfigError(f"config {path} does not exist")
@@ -411,74 +411,3 @@ def load_config(path: Optional[str] = None, required: bool = False) -> Config:
     if compiled is not None:
         return compiled
     return parse_config_text(data, path)
-
-
-def compile_config(path: Optional[str] = None) -> str:
-    """Validate ``path`` and write its compiled copy atomically; return the copy's path.
-
-    The node plan cache and the CDI index next to it are the runtime's:
-    :func:`nvshim.runtime.compile.compile_node` writes all three.
-    """
-    import json
-
-    from nvshim.files import write_atomic
-
-    path = path or config_path()
-    data = _read(path)
-    if data is None:
-        raise ConfigError(f"config {path} does not exist; nothing to compile")
-    config = parse_config_text(data, path)
-    doc = {
-        "nvshim-version": __version__,
-        "source": path,
-        "source-text": data.decode("utf-8", errors="surrogateescape"),
-        "config": config.to_mapping(),
-    }
-    out = compiled_path(path)
-    text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
-    write_atomic(out, text.encode(), default_mode=0o644)
-    os.chmod(out, 0o644)
-    # The shell trampoline's view of the config (it cannot parse YAML or JSON): one entry
-    # per line, read without word splitting or globbing.
-    # They carry the YAML's mtime and sit next to a hard link to it: the trampoline
-    # trusts them only while the YAML is that inode with that mtime
-    # (see source_link_path).
-    try:
-        source = os.stat(path)
-    except OSError as exc:
-        raise ConfigError(f"cannot stat config {path}: {exc.strerror}") from exc
-    for target, values in ((runtimes_path(path), config.runtimes),
-                           (prefixes_path(path), config.annotation_prefixes)):
-        write_atomic(target, "".join(f"{v}\n" for v in values).encode(), default_mode=0o644)
-        os.chmod(target, 0o644)  # generated: never keep a looser mode found on an old copy
-        os.utime(target, ns=(source.st_atime_ns, source.st_mtime_ns))
-    _link_source(path)
-    return out
-
-
-def _link_source(path: str) -> None:
-    """(Re)create :func:`source_link_path` as a hard link to ``path``, atomically."""
-    link = source_link_path(path)
-    tmp = f"{link}.nvshim-{os.getpid()}"
-    try:
-        if os.path.samestat(os.stat(path), os.stat(link)):
-            return  # already this inode (rename onto a hard link of itself does nothing)
-    except FileNotFoundError:
-        pass  # no link yet
-    except OSError as exc:
-        raise ConfigError(f"cannot stat {link}: {exc.strerror}") from exc
-    try:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        os.link(path, tmp)
-        os.replace(tmp, link)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass  # never created
-        if exc.errno in (errno.EXDEV, errno.EPERM):
-            # a YAML bind-mounted from elsewhere cannot be linked: without the link the
-            # trampoline hands every call to Python (slower, never wrong; doctor says so)
-            return
-        raise ConfigError(f"cannot link {link} to {path}: {exc.strerror}") from exc

@@ -1,14 +1,32 @@
 """``nvshim config compile``: everything the create path reads pre-digested, in one step.
 
-The compiled config (:func:`nvshim.config.compile_config`), the node plan cache
+The compiled config (:func:`compile_config`: the JSON copy and the trampoline's line lists,
+read by :mod:`nvshim.config`), the node plan cache
 (:mod:`nvshim.runtime.plancache`) and the index of the CDI spec dirs (:mod:`nvshim.cdi.index`)
 sit next to the YAML; creates check each with ``stat`` and rebuild a stale one.
 """
 
 from __future__ import annotations
 
+import errno
+import json
+import os
+
+from nvshim import __version__
 from nvshim.cdi import index as cdiindex
-from nvshim.config import cdi_index_path, compile_config, config_path, load_config
+from nvshim.config import (
+    cdi_index_path,
+    compiled_path,
+    config_path,
+    load_config,
+    parse_config_text,
+    prefixes_path,
+    read_bytes,
+    runtimes_path,
+    source_link_path,
+)
+from nvshim.errors import ConfigError
+from nvshim.files import write_atomic
 from nvshim.runtime.plancache import refresh
 
 TYPE_CHECKING = False
@@ -27,3 +45,70 @@ def compile_node(path: Optional[str] = None) -> Tuple[str, str, str]:
     plan = refresh(config)
     index = cdiindex.refresh(config.cdi_spec_dirs, cdi_index_path(config.source or config_path()))
     return out, plan, index
+
+
+def compile_config(path: Optional[str] = None) -> str:
+    """Validate ``path`` and write its compiled copy atomically; return the copy's path.
+
+    The node plan cache and the CDI index next to it are the runtime's:
+    :func:`nvshim.runtime.compile.compile_node` writes all three.
+    """
+    path = path or config_path()
+    data = read_bytes(path)
+    if data is None:
+        raise ConfigError(f"config {path} does not exist; nothing to compile")
+    config = parse_config_text(data, path)
+    doc = {
+        "nvshim-version": __version__,
+        "source": path,
+        "source-text": data.decode("utf-8", errors="surrogateescape"),
+        "config": config.to_mapping(),
+    }
+    out = compiled_path(path)
+    text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    write_atomic(out, text.encode(), default_mode=0o644)
+    os.chmod(out, 0o644)
+    # The shell trampoline's view of the config (it cannot parse YAML or JSON): one entry
+    # per line, read without word splitting or globbing.
+    # They carry the YAML's mtime and sit next to a hard link to it: the trampoline
+    # trusts them only while the YAML is that inode with that mtime
+    # (see source_link_path).
+    try:
+        source = os.stat(path)
+    except OSError as exc:
+        raise ConfigError(f"cannot stat config {path}: {exc.strerror}") from exc
+    for target, values in ((runtimes_path(path), config.runtimes),
+                           (prefixes_path(path), config.annotation_prefixes)):
+        write_atomic(target, "".join(f"{v}\n" for v in values).encode(), default_mode=0o644)
+        os.chmod(target, 0o644)  # generated: never keep a looser mode found on an old copy
+        os.utime(target, ns=(source.st_atime_ns, source.st_mtime_ns))
+    _link_source(path)
+    return out
+
+
+def _link_source(path: str) -> None:
+    """(Re)create :func:`source_link_path` as a hard link to ``path``, atomically."""
+    link = source_link_path(path)
+    tmp = f"{link}.nvshim-{os.getpid()}"
+    try:
+        if os.path.samestat(os.stat(path), os.stat(link)):
+            return  # already this inode (rename onto a hard link of itself does nothing)
+    except FileNotFoundError:
+        pass  # no link yet
+    except OSError as exc:
+        raise ConfigError(f"cannot stat {link}: {exc.strerror}") from exc
+    try:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        os.link(path, tmp)
+        os.replace(tmp, link)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass  # never created
+        if exc.errno in (errno.EXDEV, errno.EPERM):
+            # a YAML bind-mounted from elsewhere cannot be linked: without the link the
+            # trampoline hands every call to Python (slower, never wrong; doctor says so)
+            return
+        raise ConfigError(f"cannot link {link} to {path}: {exc.strerror}") from exc

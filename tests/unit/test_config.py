@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from nvshim.config import Config, compile_config, compiled_path, load_config
+from nvshim.config import Config, compiled_path, load_config
 from nvshim.errors import ConfigError
+from nvshim.runtime.compile import compile_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
