@@ -207,7 +207,8 @@ class Host:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise HostError(f"cannot read {self.host_path(container_path)}: {exc.strerror}") from exc
+            where = self.host_path(container_path)
+            raise HostError(f"cannot read {where}: {exc.strerror}") from exc
 
     # -- device nodes -------------------------------------------------------------------
 

@@ -4,9 +4,9 @@ Owns, by job:
 
 - the entry: ``argv`` (the runtime's argv grammar), ``trampoline`` (its sh front), ``main``;
 - the request: ``request`` (what config.json asks for), ``tokens`` (the device-token
-  grammar, tokens onto GPUs), ``requirements`` (NVIDIA_REQUIRE_*), ``allocation``
-  (require-allocation's kubelet check and pod annotations), ``kubelet`` and
-  ``podresources`` (asking the kubelet);
+  grammar, tokens onto GPUs), ``constraints`` (the NVIDIA_REQUIRE_* grammar),
+  ``requirements`` (their facts and verdict), ``allocation`` (require-allocation's kubelet
+  check and pod annotations), ``kubelet`` and ``podresources`` (asking the kubelet);
 - the edits: ``create`` (plan and commit), ``hostedits``, ``extras``, ``apply``,
   ``specjson`` (reading and writing config.json);
 - the in-root work and its hook fallback: ``rootwork``, ``hookargs`` (the hook's command

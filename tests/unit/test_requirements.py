@@ -23,17 +23,19 @@ from hypothesis import strategies as st
 from nvshim.errors import HostError, RequestError
 from nvshim.host.discovery import Gpu, Host
 from nvshim.host.nvml import BRANDS
-from nvshim.runtime.request import ImageView, image_view
-from nvshim.runtime.requirements import (
+from nvshim.runtime.constraints import (
     OPERATORS,
-    Fact,
-    Facts,
-    check_requirements,
     compare_versions,
-    evaluate_requirement,
     go_bool,
     parse_requirement,
     parse_version,
+)
+from nvshim.runtime.request import ImageView, image_view
+from nvshim.runtime.requirements import (
+    Fact,
+    Facts,
+    check_requirements,
+    evaluate_requirement,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
