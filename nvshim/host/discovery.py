@@ -10,6 +10,12 @@ prefers procfs — it answers without loading the driver library and holds every
 injection needs (minor, UUID, PCI bus id); NVML is used when procfs has no GPUs and the
 driver root is ``/``, and by the CLI when asked. Index order = PCI bus id order, which
 is how NVML numbers GPUs.
+
+One module (~470 lines) on purpose: it is the one seam that reads the machine — the
+:class:`Host` and the driver-file tables it searches by — and every create that finds the
+plan cache stale, and the cache itself (:mod:`nvshim.runtime.plancache` subclasses
+:class:`Host`), imports all of it; split, each such create would load two modules for one
+job.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ __all__ = [
     "BINARIES",
     "CONTROL_NODES",
     "LIB_DIRS",
+    "BIN_DIRS",
 ]
 
 #: Driver libraries per capability (library base names; the file is ``<base>.so.<version>``).
@@ -114,7 +121,7 @@ LIB_DIRS = (
     "/lib",
 )
 
-_BIN_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin")
+BIN_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin")
 
 # Compiled on first use: ``re`` costs ~6 ms to import, and a create with a fresh node plan
 # cache never reads the version.
@@ -425,7 +432,7 @@ class Host:
         out = []
         for cap in sorted(capabilities):
             for name in BINARIES.get(cap, ()):
-                for directory in _BIN_DIRS:
+                for directory in BIN_DIRS:
                     path = f"{directory}/{name}"
                     if os.path.isfile(self.host_path(path)):
                         out.append(DriverFile(self.host_path(path), path, cap, "binary"))

@@ -28,6 +28,11 @@ createContainer the container's own process is still parked in runc's init.
 Errors are :class:`OSError` with ``filename`` set to the container path; the caller
 turns them into a one-line message. Directory fds returned to callers are ``O_PATH``
 fds owned by the caller (close them).
+
+One module (~480 lines) on purpose: every operation here is the same confined walk put to
+one use, and the walk's guarantees are only as good as its users' (never following the
+final component, renaming through the same directory fd); reviewing them side by side is
+the point. The hook imports it on every create, where a second module would cost more.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from nvshim.edits import DeviceNode
 from nvshim.errors import NvshimError
 from nvshim.host.devices import MigDevice
 from nvshim.host.discovery import (
-    _BIN_DIRS,
+    BIN_DIRS,
     BINARIES,
     CONTROL_NODES,
     LIB_DIRS,
@@ -155,7 +155,7 @@ def _watched(host: Host, doc: Dict[str, Any]) -> List[str]:
     if host.nvml_facts is not None:
         paths.append(host.nvml_facts)  # MIG UUIDs come from it when NVML cannot answer
     paths += [hp(d) for d in LIB_DIRS] + [hp(f"{LIB_DIRS[0]}/vdpau")]
-    paths += [hp(d) for d in _BIN_DIRS]
+    paths += [hp(d) for d in BIN_DIRS]
     paths += [dp(path) for path, _ in CONTROL_NODES]
     gpus_dir = hp("/proc/driver/nvidia/gpus")
     try:

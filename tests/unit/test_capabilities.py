@@ -16,8 +16,8 @@ from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 import pytest
 
 from nvshim.config import Config
-from nvshim.runtime.create import plan_create
 from nvshim.errors import RequestError
+from nvshim.runtime.create import plan_create
 
 VERSION = "550.54.15"
 
@@ -63,10 +63,10 @@ def expected(caps: Sequence[str]) -> Tuple[FrozenSet[str], FrozenSet[str], Froze
     bins: set = set()
     nodes: set = {"nvidiactl"}
     for cap in caps:
-        l, b, n = PER_CAP[cap]
-        libs |= l
-        bins |= b
-        nodes |= n
+        cap_libs, cap_bins, cap_nodes = PER_CAP[cap]
+        libs |= cap_libs
+        bins |= cap_bins
+        nodes |= cap_nodes
     return frozenset(libs), frozenset(bins), frozenset(nodes)
 
 

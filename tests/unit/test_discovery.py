@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from nvshim.host.discovery import Host
 from nvshim.errors import HostError
+from nvshim.host.discovery import Host
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nvshim.errors import HostError
 from nvshim.host.elf import build_shared_object
 from nvshim.host.ldcache import (
     FLAG_X8664_LIBC6,
@@ -25,7 +26,6 @@ from nvshim.host.ldcache import (
     parse_ldcache,
     read_ldcache,
 )
-from nvshim.errors import HostError
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
 HOST_CACHE = "/etc/ld.so.cache"

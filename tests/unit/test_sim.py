@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from nvshim.errors import HostError, UsageError
 from nvshim.host.elf import build_shared_object, read_soname
 from nvshim.host.ldcache import read_ldcache
-from nvshim.errors import HostError, UsageError
 from nvshim.host.sim import (
     CAPS_MAJOR,
     NVIDIA_MAJOR,
