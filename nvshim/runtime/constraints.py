@@ -44,7 +44,7 @@ import re
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from nvshim._record import dataclass
-from nvshim.errors import RequestError
+from nvshim.errors import HostError, RequestError
 
 __all__ = [
     "DISABLE_REQUIRE",
@@ -131,8 +131,8 @@ class Constraint:
             same = actual.lower() == self.value
             return same if self.op == "=" else not same
         parsed = parse_version(actual)
-        if parsed is None:  # facts are validated when gathered; this is a programming error
-            raise ValueError(f"{self.key} fact {actual!r} is not a version")
+        if parsed is None:  # facts are validated when gathered: a host fact gone wrong
+            raise HostError(f'the {self.key} of this node, "{actual}", is not a version')
         order = compare_versions(parsed, self.version)
         return {
             "=": order == 0,

@@ -769,3 +769,11 @@ def test_real_root_without_nvml_says_why() -> None:
         "the CUDA version of this node is unknown (no NVML: "
     )
     assert "no nvml-facts file configured" in result["outcome"]
+
+
+def test_a_fact_that_is_not_a_version_is_a_host_error() -> None:
+    """Facts are checked when gathered; one that still is not a version is the host's
+    fault, reported as a HostError (never a bare ValueError)."""
+    constraint = parse_requirement("NVIDIA_REQUIRE_CUDA", "cuda>=12.0").alternatives[0][0]
+    with pytest.raises(HostError, match='^the cuda of this node, "twelve", is not a version$'):
+        constraint.holds("twelve")
