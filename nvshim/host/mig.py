@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Optional, Tuple
 
 from nvshim.errors import HostError
+
+TYPE_CHECKING = False  # typing costs ~4 ms: discovery imports this module on a create
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["discover_mig", "read_mig_minors"]
 

@@ -12,9 +12,9 @@ requirement checks): pynvml is loaded only when NVML itself is asked.
 
 from __future__ import annotations
 
-import json
 import re
 
+from nvshim import _jsonc
 from nvshim.errors import HostError
 
 TYPE_CHECKING = False
@@ -207,7 +207,7 @@ class NvmlFacts:
         except OSError as exc:
             raise HostError(f"cannot read nvml-facts file {path}: {exc.strerror}") from exc
         try:
-            doc = json.loads(text)
+            doc = _jsonc.loads(text)
         except ValueError as exc:
             raise HostError(f"{path}: not valid JSON") from exc
         if not isinstance(doc, dict):
