@@ -130,6 +130,7 @@ def sim_create(directory: str, gpus: int, driver_version: str, shuffle_minors: b
         click.echo(f"  GPU {g.index}: /dev/nvidia{g.minor}  {g.uuid}  {g.pci_bus_id}  {g.model}")
         for j, m in enumerate(g.mig):
             click.echo(f"    MIG {g.index}:{j}  gi {m.gi} ci {m.ci}  {m.uuid}  {m.profile}")
+    click.echo(f"use it with config driver-root: {node.root} and nvml-facts: {node.nvml_facts}")
 
 
 # --- demo ---------------------------------------------------------------------------------

@@ -63,10 +63,12 @@ class Plan:
     """``runtime``: the rootfs written; ``hook``: why the runtime cannot write it."""
     warnings: List[str] = field(default_factory=list)
     plan_source: str = ""
+    """Where the node's plan came from: the plan cache, or discovery (and why)."""
     cdi_source: str = ""
     """Where the CDI registry came from: the spec index, or a scan (and why)."""
-    """Where the node's plan came from: the plan cache, or discovery (and why)."""
     host: Any = None
+    view: Any = None
+    """The request view of config.json (:class:`nvshim.runtime.request.ImageView`), parsed once."""
 
     identity: Any = None
     """The Kubernetes container (:class:`nvshim.runtime.kubelet.Identity`) of a CRI container."""
@@ -147,6 +149,7 @@ def plan_create(
                               pod)
     plan = Plan(spec_path, raw, spec, request, capabilities=request.capabilities)
     plan.identity, plan.allocation, plan.verified = identity, allocation, verified
+    plan.view = view
     plan.notes.extend(early_notes)
     if verified == "unreachable":
         plan.log_warnings.extend(early_notes)
@@ -289,7 +292,8 @@ def _node_edits(
     plan.migs = tuple(migs)
 
     caps = request.capabilities
-    env = (view := image_view(plan.spec)).env
+    view = plan.view
+    env = view.env
     if "CUDA_VERSION" in env or any(name.startswith("NVIDIA_REQUIRE_") for name in env):
         # only then can there be a requirement (the module costs ~2 ms to import)
         from nvshim.runtime.requirements import check_requirements

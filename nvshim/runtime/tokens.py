@@ -181,5 +181,7 @@ def select_gpus(
             summary = _node_summary(gpus)
             if _mig_uuid(token) or pair is not None:
                 summary += f" and MIG devices {', '.join(sorted(mig_by_pair)) or 'none'}"
+                if not mig_by_pair:  # their UUIDs come from NVML (or config nvml-facts)
+                    summary += " (MIG devices are named by NVML; without it, config nvml-facts)"
             raise RequestError(f'unknown device "{token}": {summary}')
     return tuple(chosen.values()), tuple(chosen_mig.values())

@@ -6,7 +6,6 @@ import os
 import subprocess
 from pathlib import Path
 
-
 from tests.helpers.common import require_root
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ from typing import List, Optional
 import pytest
 
 from nvshim.host import inroot as _inroot
-from nvshim.runtime.hookargs import build_hook_args, parse_host_driver_version
 from nvshim.host.cudacompat import COMPAT_DIR, compat_folder, driver_major
+from nvshim.runtime.hookargs import build_hook_args, parse_host_driver_version
 
 
 def rootfs_with(tmp_path: Path, names: List[str]) -> Path:

@@ -45,6 +45,22 @@ def test_15_sim_creates_large_nodes_with_valid_minors_and_bus_ids(tmp_path: Path
     assert nvshim_cli("sim", "create", str(tmp_path / "m"), "--gpus", "64", "--mig").returncode == 0
 
 
+@needs_root
+def test_sim_create_says_which_config_makes_its_mig_devices_visible(tmp_path: Path) -> None:
+    """`nvshim sim create --mig` ends with the driver-root and nvml-facts lines to configure;
+    with those, discovery names the MIG devices it printed (without nvml-facts it cannot)."""
+    res = nvshim_cli("sim", "create", str(tmp_path / "n"), "--gpus", "2", "--mig")
+    assert res.returncode == 0, res.stderr
+    last = res.stdout.splitlines()[-1]
+    root, facts = str(tmp_path / "n"), str(tmp_path / "n" / "nvml-facts.json")
+    assert last == f"use it with config driver-root: {root} and nvml-facts: {facts}"
+    from nvshim.host.discovery import Host
+
+    printed = {line.split()[-2] for line in res.stdout.splitlines() if line.startswith("    MIG ")}
+    assert printed and {m.uuid for g in Host(root, nvml_facts=facts).gpus() for m in g.mig} == printed
+    assert [m for g in Host(root).gpus() for m in g.mig] == []
+
+
 # --- 8, 10: the config file ------------------------------------------------------------------
 
 

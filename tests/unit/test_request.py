@@ -229,6 +229,13 @@ def test_unknown_tokens(token, message):
         select_gpus((token,), GPUS)
 
 
+def test_unknown_mig_on_a_node_without_named_mig_devices_points_at_nvml_facts():
+    """No MIG device known at all: the error says where MIG names come from."""
+    plain = tuple(g for g in GPUS if not g.mig)
+    with pytest.raises(RequestError, match="MIG devices none .*config nvml-facts"):
+        select_gpus(("0:0",), plain)
+
+
 def test_unknown_on_empty_node():
     """On a node without GPUs the error says so."""
     with pytest.raises(RequestError, match='unknown device "0": this node has no GPUs'):
