@@ -156,3 +156,16 @@ def test_heavy_libraries_are_imported_lazily_below_node(package: str) -> None:
             if top and target.split(".")[0] in HEAVY:
                 eager.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {target}")
     assert eager == []
+
+
+def test_readme_layout_names_every_module_and_the_architecture_every_package() -> None:
+    """The README's layout block and docs/architecture.md describe the tree as it is."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    missing = [str(p.relative_to(PACKAGE.parent)) for p in sorted(PACKAGE.rglob("*.py"))
+               if p.name != "__init__.py" and p.name not in layout]
+    assert missing == []
+    packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    architecture = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    assert [p for p in packages if f"`{p}/`" not in architecture] == []
+    assert [p for p in packages if f"nvshim/{p}/" not in layout] == []
