@@ -252,7 +252,8 @@ def _params_edits(plan: Plan, bundle: str, driver_root: str) -> Edits:
         return Edits()
     from nvshim.runtime.rootwork import rootfs_path
 
-    rootfs = rootfs_path(plan.spec, bundle)
+    # absolute, as runc resolves it: the hook runs in whatever directory runc gives it
+    rootfs = rootfs_path(plan.spec, os.path.abspath(bundle))
     if rootfs is None:
         return Edits()
     copy = os.path.join(os.path.abspath(bundle), devparams.BUNDLE_FILE)

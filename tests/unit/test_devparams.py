@@ -77,6 +77,17 @@ def test_gpu_create_plans_the_sh_hook_and_writes_the_copy(node: Any, tmp_path: P
     assert any(h.get("args", [])[-1:] == [copy] for h in spec["hooks"]["createContainer"])
 
 
+def test_hook_gets_absolute_paths_for_a_relative_bundle(node: Any, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """runtime create --bundle with a relative path: the hook still gets the absolute rootfs
+    and copy (runc does not run hooks in the bundle directory)."""
+    b = bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=0"])
+    monkeypatch.chdir(tmp_path)
+    plan = plan_create(os.path.basename(b), Config(driver_root=node.root, grants_journal=None))
+    (hook,) = params_hooks(plan)
+    assert hook.args[-2:] == (os.path.join(b, "rootfs"), os.path.join(b, BUNDLE_FILE))
+
+
 @pytest.mark.parametrize("env", [["FOO=1"], ["NVIDIA_VISIBLE_DEVICES=void"]])
 def test_no_gpu_no_hook_no_copy(node: Any, tmp_path: Path, env: List[str]) -> None:
     b = bundle(tmp_path, env)
