@@ -46,12 +46,19 @@ __all__ = [
     "HWCAP_EXTENSION",
     "LAYOUTS",
     "CacheEntry",
+    "LdCacheError",
     "build_ldcache",
     "cache_flags",
     "libcmp_key",
     "parse_ldcache",
     "read_ldcache",
 ]
+
+
+
+class LdCacheError(HostError, ValueError):
+    """What ``build_ldcache`` cannot write (a ValueError too, as callers caught before)."""
+
 
 FLAG_ELF_LIBC6 = 0x0003
 FLAG_X8664_LIB64 = 0x0300
@@ -238,9 +245,9 @@ def _normalise(entries: Iterable[_EntryLike]) -> list[CacheEntry]:
         entry = item if isinstance(item, CacheEntry) else CacheEntry(item[0], item[1])
         for text in (entry.key, entry.value):
             if not text or "\0" in text:
-                raise ValueError(f"ld.so.cache name {text!r} is empty or contains a NUL byte")
+                raise LdCacheError(f"ld.so.cache name {text!r} is empty or contains a NUL byte")
         if entry.hwcap & HWCAP_EXTENSION:
-            raise ValueError(
+            raise LdCacheError(
                 f"ld.so.cache entry {entry.key!r} is a glibc-hwcaps entry, which cannot be "
                 "written: drop entries with hwcap & HWCAP_EXTENSION"
             )
@@ -310,7 +317,7 @@ def build_ldcache(entries: Sequence[_EntryLike], layout: str = "new") -> bytes:
     glibc-hwcaps entries (hwcap bit 62), whose subdirectory table is not carried over.
     """
     if layout not in LAYOUTS:
-        raise ValueError(f"unknown ld.so.cache layout {layout!r}: expected one of {LAYOUTS}")
+        raise LdCacheError(f"unknown ld.so.cache layout {layout!r}: expected one of {LAYOUTS}")
     ordered = _normalise(entries)
     if layout == "new":
         return _new_block(ordered, with_extension=True)
