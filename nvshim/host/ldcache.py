@@ -55,7 +55,6 @@ __all__ = [
 ]
 
 
-
 class LdCacheError(HostError, ValueError):
     """What ``build_ldcache`` cannot write (a ValueError too, as callers caught before)."""
 
