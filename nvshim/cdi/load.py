@@ -11,6 +11,7 @@ what it accepted; :func:`load_spec_file` does both. Every failure is a
 from __future__ import annotations
 
 import os
+import stat
 
 from nvshim import _jsonc
 from nvshim.cdi.check import check_semantics, type_name
@@ -22,7 +23,10 @@ TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any, Dict, List, Mapping, Tuple
 
-__all__ = ["read_document", "parse_spec", "load_spec_file"]
+__all__ = ["MAX_SPEC_BYTES", "read_document", "parse_spec", "load_spec_file"]
+
+#: The largest spec file read (a spec for a full 8-GPU MIG node is well under 1 MiB).
+MAX_SPEC_BYTES = 16 << 20
 
 
 def _json_constant(name: str) -> Any:
@@ -105,17 +109,48 @@ def _decode_yaml(text: str, path: str) -> Any:
         raise CdiSpecError([CdiProblem(path, "$", f"invalid YAML: {exc}")]) from exc
 
 
+def _read_bytes(path: str) -> bytes:
+    """The bytes of the regular file ``path``, at most :data:`MAX_SPEC_BYTES`.
+
+    Anything else in a spec directory (a FIFO, a symlink to ``/dev/zero`` or a tty) is a
+    problem, never read: reading it would block forever or never end, and a scan of the
+    spec dirs runs inside ``nvshim-runtime create`` as well as the CLI.
+    """
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise CdiSpecError([CdiProblem(path, "$", "not a regular file")])
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise CdiSpecError([CdiProblem(path, "$", f"cannot read: {exc.strerror}")]) from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # replaced since the stat above
+            raise CdiSpecError([CdiProblem(path, "$", "not a regular file")])
+        chunks = []
+        size = 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_SPEC_BYTES:
+                reason = f"larger than {MAX_SPEC_BYTES >> 20} MiB: not a CDI spec"
+                raise CdiSpecError([CdiProblem(path, "$", reason)])
+            chunks.append(chunk)
+    except OSError as exc:
+        raise CdiSpecError([CdiProblem(path, "$", f"cannot read: {exc.strerror}")]) from exc
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
 def read_document(path: str) -> Any:
     """Read and strictly decode one spec file into a mapping (CdiSpecError if not)."""
     ext = os.path.splitext(path)[1]
     if ext not in SPEC_EXTENSIONS:
         reason = f'unknown extension "{ext}": CDI spec files end in .json or .yaml'
         raise CdiSpecError([CdiProblem(path, "$", reason)])
-    try:
-        with open(path, "rb") as stream:
-            data = stream.read()
-    except OSError as exc:
-        raise CdiSpecError([CdiProblem(path, "$", f"cannot read: {exc.strerror}")]) from exc
+    data = _read_bytes(path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

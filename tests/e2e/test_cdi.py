@@ -8,6 +8,7 @@ opening a node, writing a library), or about what the runtime leaves on disk.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Dict, Set, Tuple
@@ -169,3 +170,21 @@ def test_cdi_annotation_selects_device(
     minor = node.gpus[0].minor
     assert seen_devices(res.stdout) == {f"/dev/nvidia{minor}": (195, minor), **CONTROL}, res.describe()
     assert LIB in seen_libraries(res.stdout)
+
+
+def test_fifo_and_device_in_spec_dir_do_not_hang_create(
+    runc: Runc, node: Any, rootfs: Path, tmp_path: Path, cdi_env: Dict[str, str],
+    nvshim_runtime_bin: str,
+) -> None:
+    """A FIFO named *.yaml and a *.json symlink to /dev/zero in a spec dir are skipped as
+    problems, not read: reading them blocked create forever (the FIFO) or never ended
+    (/dev/zero). The index is stale once they appear, so create rescans the directory."""
+    spec_dir = tmp_path / "cdi"
+    os.mkfifo(spec_dir / "00-fifo.yaml")
+    os.symlink("/dev/zero", spec_dir / "01-zero.json")
+    bundle = make_bundle(tmp_path / "b", rootfs, ["sh", "-c", PROBE],
+                         annotations={"cdi.k8s.io/test": "nvidia.com/gpu=0"})
+    res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=cdi_env,
+                            timeout=30).check()
+    minor = node.gpus[0].minor
+    assert seen_devices(res.stdout) == {f"/dev/nvidia{minor}": (195, minor), **CONTROL}, res.describe()

@@ -287,6 +287,31 @@ def test_cli_list_empty(tmp_path: Path) -> None:
     assert (result.exit_code, result.stdout, result.stderr) == (0, "", "")
 
 
+def test_cli_list_skips_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    """A FIFO, a symlink to /dev/zero and an oversized file in a spec dir are one warning
+    each, never read: reading the first two hung `cdi list` (and create) forever. Run in a
+    subprocess so that a regression fails on the timeout instead of hanging the suite."""
+    from nvshim.cdi.load import MAX_SPEC_BYTES
+
+    etc = tmp_path / "etc"
+    _put(etc, "a.yaml", _spec(devices={"0": ["A=1"]}))
+    os.mkfifo(etc / "b.yaml")
+    os.symlink("/dev/zero", etc / "c.json")
+    (etc / "d.json").write_bytes(b" " * (MAX_SPEC_BYTES + 1))
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+         "from nvshim.cli.main import main; main(sys.argv[2:])", str(REPO),
+         "cdi", "list", "--spec-dir", str(etc)],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert (out.returncode, out.stdout) == (0, "nvidia.com/gpu=0\n"), out.stderr
+    assert out.stderr.splitlines() == [
+        f"warning: {etc / 'b.yaml'}: $: not a regular file",
+        f"warning: {etc / 'c.json'}: $: not a regular file",
+        f"warning: {etc / 'd.json'}: $: larger than 16 MiB: not a CDI spec",
+    ]
+
+
 # --------------------------------------------------------------------------------------
 # import cost (the runtime resolves CDI names on the create path)
 
