@@ -167,16 +167,22 @@ def _make_parents(path: str) -> List[str]:
 
 
 def write_text(path: str, text: str, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``text`` atomically (mode kept, ``mode`` when new)."""
+    """Replace ``path`` with ``text`` atomically (mode kept, ``mode`` when new).
+
+    A symlink is written through: an engine config that links to a file kept elsewhere
+    (configuration management, a shared copy) is edited where it points and stays a link,
+    so a revert restores the same file. Replacing the link itself would cut it.
+    """
     from nvshim.files import write_atomic
 
-    write_atomic(path, text.encode("utf-8"), default_mode=mode)
+    write_atomic(os.path.realpath(path), text.encode("utf-8"), default_mode=mode)
 
 
 def remove_file(path: str) -> bool:
-    """Unlink ``path``; ``False`` when it was already gone."""
+    """Unlink ``path`` (the file a symlink points to, like :func:`write_text`); ``False``
+    when it was already gone."""
     try:
-        os.unlink(path)
+        os.unlink(os.path.realpath(path))
     except FileNotFoundError:
         return False
     except OSError as exc:

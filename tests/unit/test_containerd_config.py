@@ -465,6 +465,30 @@ def test_revert_restores_original_bytes(etc: Path, original: Optional[str]) -> N
         assert stat.S_IMODE(config.stat().st_mode) == 0o600
 
 
+@pytest.mark.parametrize("linked", ["config.toml", "conf.d/99-nvshim.toml"])
+def test_a_symlinked_config_is_edited_through_the_link_and_reverted(etc: Path,
+                                                                     linked: str) -> None:
+    """A main file or drop-in that is a symlink to a file kept elsewhere stays that symlink:
+    configure edits the file it points to and revert restores that file's bytes. Before,
+    both replaced the link with a regular file, cutting it for good."""
+    (etc / "config.toml").write_text(COMMENTED_V2)
+    (etc / "conf.d").mkdir()
+    (etc / "conf.d" / "99-nvshim.toml").write_text("# an old drop-in\n")
+    kept = etc.parent / "managed"
+    kept.mkdir()
+    link = etc / linked
+    target = kept / link.name
+    os.replace(link, target)
+    os.symlink(os.path.relpath(target, link.parent), link)
+    original = target.read_bytes()
+    _configure(etc)
+    assert os.path.islink(link) and os.readlink(link) == os.path.relpath(target, link.parent)
+    assert target.read_bytes() != original
+    assert b"nvshim" in target.read_bytes()
+    _revert(etc)
+    assert os.path.islink(link) and target.read_bytes() == original
+
+
 def test_new_files_are_0644_and_parents_created(etc: Path) -> None:
     """A new main file and drop-in are 0644 and the drop-in's directory is created."""
     _configure(etc)
