@@ -18,6 +18,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 
 from nvshim.config import DEFAULT_CDI_SPEC_DIRS
 from nvshim.errors import ConfigError
+from nvshim.node.engine_files import BOM
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -64,10 +65,13 @@ CRI_PLUGINS: Mapping[int, str] = {
 
 
 def dump_toml(doc: Any, before: Optional[str] = None) -> str:
-    """``doc`` as text; a changed file always ends in a newline, an unchanged one stays as is."""
+    """``doc`` as text; a changed file always ends in a newline, an unchanged one stays as is
+    (a byte order mark that ``before`` starts with, which the parser skipped, included)."""
     import tomlkit
 
     text = tomlkit.dumps(doc)
+    if before is not None and before.startswith(BOM):
+        text = BOM + text
     if text != before and text and not text.endswith("\n"):
         text += "\n"
     return text

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKUP_SUFFIX",
+    "BOM",
     "FileChange",
     "ConfigureOutcome",
     "RevertResult",
@@ -51,6 +52,8 @@ __all__ = [
 ]
 
 BACKUP_SUFFIX = ".nvshim-orig.json"
+#: A UTF-8 byte order mark as text: editors on Windows start files with it.
+BOM = "\ufeff"
 # Kubernetes requires a RuntimeClass handler to be a DNS label.
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 
@@ -119,12 +122,16 @@ def read_text(path: str, what: str = "config file") -> Optional[str]:
 
 
 def parse_toml(text: str, path: str) -> TOMLDocument:
-    """``text`` as a tomlkit document; a ConfigError naming ``path`` when it is not TOML."""
+    """``text`` as a tomlkit document; a ConfigError naming ``path`` when it is not TOML.
+
+    A leading UTF-8 byte order mark is skipped, as containerd skips it (it starts with
+    such a file); :func:`nvshim.node.containerd_toml.dump_toml` puts it back.
+    """
     import tomlkit
     from tomlkit.exceptions import TOMLKitError
 
     try:
-        return tomlkit.parse(text)
+        return tomlkit.parse(text[1:] if text.startswith(BOM) else text)
     except TOMLKitError as exc:
         message = str(exc).replace(". at line", " at line")
         message = message[:1].lower() + message[1:]

@@ -489,6 +489,24 @@ def test_a_symlinked_config_is_edited_through_the_link_and_reverted(etc: Path,
     assert os.path.islink(link) and target.read_bytes() == original
 
 
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_config_with_a_byte_order_mark_is_edited_and_keeps_it(etc: Path,
+                                                                 in_place: bool) -> None:
+    """containerd starts with a config.toml that begins with a UTF-8 BOM (Windows editors
+    write one); configure refused it ("invalid TOML: empty key at line 1"). Now the file
+    gets the same edit as without the BOM, keeps the BOM, and revert restores its bytes."""
+    config = etc / "config.toml"
+    config.write_bytes(b"\xef\xbb\xbf" + COMMENTED_V2.encode())
+    kwargs = {"drop_in": "" if in_place else str(etc / "conf.d" / "99-nvshim.toml")}
+    without = containerd.plan_configure(COMMENTED_V2, config_path=str(config), **kwargs)
+    _configure(etc, **kwargs)
+    main_after = [c.after for c in without.files if c.path == str(config)][0]
+    assert config.read_bytes() == b"\xef\xbb\xbf" + main_after.encode()
+    assert _configure(etc, **kwargs).written == ()
+    _revert(etc, **kwargs)
+    assert config.read_bytes() == b"\xef\xbb\xbf" + COMMENTED_V2.encode()
+
+
 def test_new_files_are_0644_and_parents_created(etc: Path) -> None:
     """A new main file and drop-in are 0644 and the drop-in's directory is created."""
     _configure(etc)
