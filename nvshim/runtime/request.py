@@ -380,6 +380,15 @@ def resolve_request(view: ImageView, config: Any,
             "(accept-all-from-mounts is off)"
         )
         mount_ids = ()
+    # "none" (driver files, control nodes and the NVIDIA_GDS/MOFED/... devices, no GPU) is
+    # no device plugin's allocation either, and holds no GPU for verify-with to check.
+    if mount_ids == ("none",):
+        notes.append(f"volume mount {DEVICE_LIST_DIR}/none ignored: no device plugin "
+                     "allocates it, a hostPath mount can fake it")
+        mount_ids = ()
+    if annotation_ids == ("none",):
+        notes.append("CDI annotation naming none ignored: no device plugin allocates it")
+        annotation_ids = ()
     kubelet_tokens = _parse_tokens(",".join(kubelet_ids)) if kubelet_ids else ()
     for source in config.allocation_sources:
         if source == "kubelet" and kubelet_tokens:

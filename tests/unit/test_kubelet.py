@@ -197,6 +197,21 @@ def test_mount_all_needs_accept_all_from_mounts(node: Any, tmp_path: Path) -> No
     assert len(plan.gpus) == 4
 
 
+def test_forged_none_mount_gets_no_driver_files_or_extras(tmp_path: Path,
+                                                          kubelet: PodResourcesServer) -> None:
+    """A pod the kubelet gave no GPU, mounting /dev/null at .../none, gets no control nodes,
+    driver files or GDS/MOFED devices: "none" holds no GPU the kubelet check could refuse."""
+    from nvshim.host.sim import create_node
+
+    extra = create_node(str(tmp_path / "n"), gpus=2, gds=True, mofed=True)
+    kubelet.set([("team-b", "victim", {"train": {GPU: [extra.gpus[0].uuid]}}),
+                 ("team-a", "mine", {"main": {}})])
+    plan = plan_create(bundle(tmp_path, ["NVIDIA_GDS=enabled", "NVIDIA_MOFED=enabled"],
+                              mounts=[mount("none")]), config(extra, tmp_path))
+    assert not plan.request.injects and not plan.changed
+    assert any("/none ignored" in n for n in plan.notes)
+
+
 def test_mig_device_allocated_by_the_kubelet_is_granted_and_its_parent_is_not(
         tmp_path: Path, kubelet: PodResourcesServer) -> None:
     """A MIG UUID in the kubelet's record grants that MIG device; a claim of its whole parent GPU is refused."""

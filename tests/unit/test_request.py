@@ -140,6 +140,9 @@ ALLOCATION = [
     ("off: mount beats env", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=[devmount("1")]), Config(), "volume-mounts", ("1",), False),
     ("off: annotation beats env", dict(env=["NVIDIA_VISIBLE_DEVICES=0"], annotations={"cdi.k8s.io/b": "nvidia.com/gpu=0", "cdi.k8s.io/a": "nvidia.com/gpu=1,nvidia.com/gpu=0", "other": "x"}), Config(), "cdi-annotations", ("nvidia.com/gpu=1", "nvidia.com/gpu=0"), False),
     ("only privileged source: unprivileged uuid refused", dict(env=[f"NVIDIA_VISIBLE_DEVICES={U0}"]), Config(require_allocation=True, allocation_sources=("privileged",)), "none", (), True),
+    ("volume mount none is no allocation", dict(env=["NVIDIA_MOFED=enabled"], mounts=[devmount("none")]), REQ, "none", (), False),
+    ("cdi annotation none is no allocation", dict(annotations={"cdi.k8s.io/x": "none"}), REQ, "none", (), False),
+    ("privileged none still counts", dict(env=["NVIDIA_VISIBLE_DEVICES=none"], caps=PRIV), REQ, "privileged", (), False),
     ("custom annotation prefix", dict(annotations={"acme/gpus": "nvidia.com/gpu=0"}), Config(require_allocation=True, annotation_prefixes=("acme/",)), "cdi-annotations", ("nvidia.com/gpu=0",), False),
 ]
 
