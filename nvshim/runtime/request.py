@@ -320,9 +320,6 @@ def resolve_request(view: ImageView, config: Any,
     if view.sandbox:
         return Request(source="sandbox", notes=("CRI sandbox container: passed through",))
 
-    caps = parse_capabilities(
-        view.get(DRIVER_CAPABILITIES), config.supported_driver_capabilities, view.legacy_image
-    )
     env_tokens = _env_tokens(view)
     env_set = env_tokens is not None and env_tokens != ()
     notes: List[str] = []
@@ -330,6 +327,10 @@ def resolve_request(view: ImageView, config: Any,
     def grant(source: str, devices: Tuple[str, ...], raw: Sequence[str] = ()) -> Request:
         from nvshim.runtime.tokens import names_replicas
 
+        # parsed only for a grant: a container granted nothing behaves as with runc, whatever
+        # its image says about capabilities (or a node supports)
+        caps = parse_capabilities(view.get(DRIVER_CAPABILITIES),
+                                  config.supported_driver_capabilities, view.legacy_image)
         shared = names_replicas(raw)
         if devices == ("none",):
             return Request(source, (), True, False, tuple(notes), caps, shared)
@@ -355,14 +356,14 @@ def resolve_request(view: ImageView, config: Any,
             notes.append("legacy CUDA image (CUDA_VERSION set, no NVIDIA_REQUIRE_CUDA): all GPUs")
             return grant("legacy-image", ("all",))
         if not env_set:
-            return Request("none", notes=tuple(notes), capabilities=caps)
+            return Request("none", notes=tuple(notes), capabilities=())
         assert env_tokens is not None
         if not view.privileged and not config.accept_envvar_when_unprivileged:
             notes.append(
                 f"{VISIBLE_DEVICES} ignored: container is unprivileged and "
                 "accept-envvar-when-unprivileged is off"
             )
-            return Request("none", notes=tuple(notes), capabilities=caps)
+            return Request("none", notes=tuple(notes), capabilities=())
         return grant("env", env_tokens, env_raw)
 
     # require-allocation: only a device plugin's allocation grants GPUs.
@@ -415,7 +416,7 @@ def resolve_request(view: ImageView, config: Any,
             f"require-allocation: the image asks for GPUs but no device-plugin allocation was "
             f"found (tried {tried}); request nvidia.com/gpu in the pod spec"
         )
-    return Request("none", set_void=image_asks, notes=tuple(notes), capabilities=caps)
+    return Request("none", set_void=image_asks, notes=tuple(notes), capabilities=())
 
 
 def device_mount_ids(view: ImageView) -> List[str]:

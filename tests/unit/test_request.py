@@ -278,6 +278,26 @@ def test_capabilities(value, legacy, expected):
     assert parse_capabilities(value, ALL7, legacy) == expected
 
 
+@pytest.mark.parametrize(
+    "env,config",
+    [
+        (["NVIDIA_DRIVER_CAPABILITIES=gaming"], Config()),
+        (["NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_DRIVER_CAPABILITIES=gaming"], Config()),
+        (["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=video"],
+         Config(accept_envvar_when_unprivileged=False)),
+        (["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=gaming"], REQ),
+        (["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=graphics,display"],
+         Config(require_allocation=True, supported_driver_capabilities=("compute", "utility"))),
+    ],
+)
+def test_capabilities_are_not_judged_for_a_container_granted_nothing(env, config):
+    """A container that gets no GPU runs as with runc: its image's capability list, however
+    wrong or unsupported on this node, is not an error (require-allocation strips instead)."""
+    req = resolve_request(image_view(spec(env)), config)
+    assert not req.injects and req.capabilities == ()
+    assert req.set_void == (config.require_allocation)
+
+
 def test_unknown_capability():
     """An unknown capability is an error naming it."""
     with pytest.raises(RequestError, match='unknown driver capability "gaming"'):
