@@ -228,6 +228,13 @@ def _parse_tokens(value: str) -> Tuple[str, ...]:
     return parse_visible_devices(value)
 
 
+def _names_all(token: str) -> bool:
+    """``all``, or a CDI name of a device called ``all`` (``nvidia.com/gpu=all``)."""
+    from nvshim.runtime.tokens import is_qualified
+
+    return token == "all" or (is_qualified(token) and token.partition("=")[2] == "all")
+
+
 def _all_uuids(tokens: Sequence[str]) -> bool:
     from nvshim.runtime.tokens import all_uuids
 
@@ -375,12 +382,15 @@ def resolve_request(view: ImageView, config: Any,
             notes.extend(f"annotation {k} ignored: it is the pod's (the sandbox spec has it), "
                          "which any pod author can write" for k in from_pod)
             annotation_ids = _annotation_ids(view, config.annotation_prefixes, from_pod)
-    if mount_ids == ("all",) and not config.accept_all_from_mounts:
-        notes.append(
-            f"volume mount {DEVICE_LIST_DIR}/all ignored: a hostPath mount can fake it "
-            "(accept-all-from-mounts is off)"
-        )
-        mount_ids = ()
+    if mount_ids and not config.accept_all_from_mounts:
+        # "all", and the CDI spelling of it (cdi/nvidia.com/gpu/all): every GPU at once
+        for token in [t for t in mount_ids if _names_all(t)]:
+            what = "all" if token == "all" else f"<CDI device {token}>"
+            notes.append(
+                f"volume mount {DEVICE_LIST_DIR}/{what} ignored: a hostPath mount can fake "
+                "it (accept-all-from-mounts is off)"
+            )
+        mount_ids = tuple(t for t in mount_ids if not _names_all(t))
     # "none" (driver files, control nodes and the NVIDIA_GDS/MOFED/... devices, no GPU) is
     # no device plugin's allocation either, and holds no GPU for verify-with to check.
     if mount_ids == ("none",):
