@@ -408,7 +408,9 @@ def _merge(existing: Sequence[CacheEntry], added: Sequence[CacheEntry]) -> List[
     """*added* plus the *existing* entries they do not replace (same name and flags).
 
     glibc-hwcaps entries (hwcap bit 62) are dropped: their subdirectory table is not
-    rewritten, and ld.so falls back to the baseline entry of the same library.
+    rewritten, and ld.so falls back to the baseline entry of the same library. So are
+    entries with an empty name or path (an image's cache can hold them; no lookup ever
+    matches one, and :func:`build_ldcache` cannot write them).
     """
     replaced = {(e.key, e.flags) for e in added}
     seen = set()
@@ -416,7 +418,8 @@ def _merge(existing: Sequence[CacheEntry], added: Sequence[CacheEntry]) -> List[
     for entry in list(added) + [
         e
         for e in existing
-        if not e.hwcap & HWCAP_EXTENSION and (e.key, e.flags) not in replaced
+        if not e.hwcap & HWCAP_EXTENSION and e.key and e.value
+        and (e.key, e.flags) not in replaced
     ]:
         ident = (entry.key, entry.value, entry.flags, entry.hwcap)
         if ident not in seen:

@@ -294,6 +294,31 @@ def test_glibc_hwcaps_entries_are_dropped(
     assert cache[("libz.so.1", X86_64)] == "/lib/x86_64-linux-gnu/libz.so.1"
 
 
+@pytest.mark.parametrize("field", [4, 8])  # the entry's key offset, its value offset
+def test_image_cache_entries_with_an_empty_name_are_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    field: int,
+) -> None:
+    """An image cache entry whose key or path is the empty string (ld.so reads such a cache)
+    is dropped, not carried into a cache nvshim then cannot write: the create goes on."""
+    bundle, rootfs = make_bundle(tmp_path)
+    old = [
+        CacheEntry("libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1", X86_64),
+        CacheEntry("libm.so.6", "/lib/x86_64-linux-gnu/libm.so.6", X86_64),
+    ]
+    data = bytearray(build_ldcache(old))
+    index = [e.key for e in parse_ldcache(bytes(data))].index("libm.so.6")
+    empty = data.index(b"\0", 48 + len(old) * 24)  # the NUL ending the first string
+    struct.pack_into("<I", data, 48 + index * 24 + field, empty)
+    assert "" in {v for e in parse_ldcache(bytes(data)) for v in (e.key, e.value)}
+    (rootfs / "etc/ld.so.cache").write_bytes(bytes(data))
+    assert run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs) == (0, "")
+    cache = cache_of(rootfs)
+    assert all(key and value for (key, _), value in cache.items())
+    assert cache[("libz.so.1", X86_64)] == "/lib/x86_64-linux-gnu/libz.so.1"
+    check_injected(rootfs)
+
+
 def test_corrupt_image_cache_is_replaced_with_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
