@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LDCACHE",
+    "LDCACHE_MAX_BYTES",
     "LDCONF",
     "LDCONF_DROPIN",
     "Fallback",
@@ -81,6 +82,10 @@ LDCACHE = "/etc/ld.so.cache"
 LDCONF = "/etc/ld.so.conf"
 LDCONF_DROPIN = "/etc/ld.so.conf.d/00-nvshim.conf"
 _LDCONF_DEFAULT = b"include /etc/ld.so.conf.d/*.conf\n"
+#: The largest image ld.so.cache read. Real caches are tens to a few hundred KiB; each entry
+#: costs ~10 µs and ~1 KB to parse, merge and sort, so inroot's general 64 MiB bound let an
+#: image hold every GPU create of it for ~40 s and ~1.8 GB (2 million tiny entries).
+LDCACHE_MAX_BYTES = 4 << 20
 
 #: errno values that mean "the host cannot write this rootfs": let the hook do it.
 _NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
@@ -461,7 +466,7 @@ def _update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
     if _inroot.read_file(root, LDCONF) is None:
         _inroot.write_file_atomic(root, LDCONF, _LDCONF_DEFAULT, 0o644, durable=False)
 
-    old = _inroot.read_file(root, LDCACHE)
+    old = _inroot.read_file(root, LDCACHE, LDCACHE_MAX_BYTES)
     existing: Sequence[CacheEntry] = ()
     if old:
         try:

@@ -319,6 +319,29 @@ def test_image_cache_entries_with_an_empty_name_are_dropped(
     check_injected(rootfs)
 
 
+def test_image_cache_over_the_size_bound_is_one_clear_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An image ld.so.cache of up to LDCACHE_MAX_BYTES is read; one byte more fails in one
+    line naming the file before anything is parsed (millions of tiny entries would cost a
+    create tens of seconds and gigabytes), and the image's file is left as it was."""
+    from nvshim.runtime.rootwork import LDCACHE_MAX_BYTES
+
+    bundle, rootfs = make_bundle(tmp_path)
+    old = build_ldcache([CacheEntry("libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1", X86_64)])
+    at_bound = old + b"\0" * (LDCACHE_MAX_BYTES - len(old))  # trailing bytes ld.so ignores
+    (rootfs / "etc/ld.so.cache").write_bytes(at_bound)
+    assert run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs) == (0, "")
+    assert cache_of(rootfs)[("libz.so.1", X86_64)] == "/lib/x86_64-linux-gnu/libz.so.1"
+
+    (rootfs / "etc/ld.so.cache").write_bytes(at_bound + b"\0")
+    rc, err = run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs)
+    assert rc == 1
+    assert err == (f"nvshim hook: cannot update the ld.so.cache in {rootfs}: /etc/ld.so.cache: "
+                   f"larger than {LDCACHE_MAX_BYTES} bytes\n")
+    assert (rootfs / "etc/ld.so.cache").read_bytes() == at_bound + b"\0"
+
+
 def test_corrupt_image_cache_is_replaced_with_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
