@@ -394,12 +394,15 @@ def write_file_atomic(
     parent = _walk(_root_fd(root), parent_path, create=True, mode=dir_mode, shown=container_path)
     try:
         tmp = _temp_name(name)
-        fd = os.open(
-            tmp,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-            dir_fd=parent,
-        )
+        try:
+            fd = os.open(
+                tmp,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=parent,
+            )
+        except OSError as exc:  # named as the file we write, not our temporary name
+            raise OSError(exc.errno, exc.strerror, container_path) from None
         try:
             try:
                 view = memoryview(data)

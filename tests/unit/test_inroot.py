@@ -239,6 +239,20 @@ def test_write_file_atomic_mode_ignores_umask(world: tuple[Path, Path]) -> None:
     assert path.read_bytes() == b"/a\n"
 
 
+def test_write_file_atomic_error_names_the_file_not_the_temporary(world: tuple[Path, Path]) -> None:
+    """When the temporary file cannot be created (here its longer name is over NAME_MAX; a
+    read-only bind or a full disk fail the same call), the OSError names the container path
+    being written, as every other error of the module does, not ``.<name>.nvshim-…``."""
+    root, _ = world
+    target = "/etc/" + "x" * 240
+    with _inroot.open_root(str(root)) as rfd:
+        with pytest.raises(OSError) as info:
+            _inroot.write_file_atomic(rfd, target, b"data")
+    assert info.value.errno == errno.ENAMETOOLONG
+    assert info.value.filename == target
+    assert os.listdir(root / "etc") == []
+
+
 def test_read_file_resolves_final_symlink_in_root(world: tuple[Path, Path]) -> None:
     """read_file follows an absolute final symlink inside the root, never to the host file."""
     root, host = world
