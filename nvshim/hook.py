@@ -89,8 +89,8 @@ def container_root(state: Mapping[str, Any]) -> str:
         where = f"{config_path} root.path"
     else:
         where = "oci state root"
-    if not isinstance(root, str) or not root:
-        raise SpecError(f"{where} must be a non-empty string, got {root!r}")
+    if not isinstance(root, str) or not root or "\0" in root:
+        raise SpecError(f"{where} must be a non-empty string without NUL bytes, got {root!r}")
     return os.path.join(bundle, root)  # an absolute root replaces the bundle
 
 

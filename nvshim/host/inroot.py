@@ -110,6 +110,8 @@ def open_root(path: str) -> RootFd:
 
 
 def _components(path: str) -> List[str]:
+    if "\0" in path:  # no file has one; os calls would raise ValueError, not OSError
+        raise OSError(errno.EINVAL, "path contains a NUL byte", path.replace("\0", "\\0"))
     return [c for c in path.split("/") if c and c != "."]
 
 

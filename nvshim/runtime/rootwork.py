@@ -44,7 +44,7 @@ import errno
 import os
 import stat
 
-from nvshim.errors import HostError, NvshimError
+from nvshim.errors import HostError, NvshimError, SpecError
 from nvshim.host import inroot as _inroot
 from nvshim.host.ldcache import (
     HWCAP_EXTENSION,
@@ -204,11 +204,16 @@ def _links_in(links: Sequence[Tuple[str, str]], directory: str) -> List[Tuple[st
 
 
 def rootfs_path(spec: Mapping[str, Any], bundle: str) -> Optional[str]:
-    """``root.path`` of config.json joined to the bundle (runc's rule), None if unset."""
+    """``root.path`` of config.json joined to the bundle (runc's rule), None if unset.
+
+    A path with a NUL byte names no directory (runc fails on it): SpecError.
+    """
     root = spec.get("root")
     path = root.get("path") if isinstance(root, dict) else None
     if not isinstance(path, str) or not path:
         return None
+    if "\0" in path:
+        raise SpecError(f"config.json: root.path {path!r} contains a NUL byte")
     return os.path.normpath(os.path.join(bundle, path))
 
 

@@ -559,3 +559,31 @@ def test_11_doctor_finds_a_stale_drop_in_and_configure_resyncs_it(tmp_path: Path
     configure(str(main_file), **args)  # the fix doctor names
     assert drop_in_drift(str(main_file)) == []
     assert 'sandbox_image = "registry.k8s.io/pause:3.9"' in drop_in.read_text()
+
+
+# --- defect hunt (hostile images and bundles): NUL bytes in the paths of config.json ----------
+
+
+def test_nul_byte_in_root_path_is_one_clear_line(node: dict, tmp_path: Path) -> None:
+    """A root.path with a NUL byte (runc cannot use it either) fails the create with one line
+    naming root.path, not an "internal error: ValueError", and config.json keeps its bytes."""
+    raw = GPU_SPEC.replace(b'"path":"rootfs"', b'"path":"root\\u0000fs"') + b"}"
+    bundle = make_bundle(tmp_path, raw)
+    res = runtime_create(node, bundle)
+    assert res.returncode == 1
+    lines = res.stderr.decode().splitlines()
+    assert lines == ["nvshim: config.json: root.path 'root\\x00fs' contains a NUL byte"], lines
+    assert (bundle / "config.json").read_bytes() == raw
+
+
+def test_nul_byte_in_a_mount_destination_does_not_crash_the_create(node: dict, tmp_path: Path) -> None:
+    """A mount destination with a NUL byte cannot be resolved in the rootfs: the in-root work
+    goes to the hook (runc then refuses the mount itself, "mount field contains null byte")
+    instead of the create dying with "internal error: ValueError"."""
+    raw = GPU_SPEC + b',"mounts":[{"destination":"/a\\u0000b","type":"tmpfs","source":"tmpfs"}]}'
+    bundle = make_bundle(tmp_path, raw)
+    res = runtime_create(node, bundle)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == b""
+    hooks = json.loads((bundle / "config.json").read_bytes())["hooks"]["createContainer"]
+    assert any("nvshim.hook" in arg for hook in hooks for arg in hook["args"])

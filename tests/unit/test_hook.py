@@ -159,6 +159,7 @@ def test_bad_arguments_are_one_line_and_exit_1(
         ('{"bundle": "relative"}', "bundle must be an absolute path"),
         ('{"bundle": "/nonexistent-bundle"}', "cannot read /nonexistent-bundle/config.json"),
         ('{"bundle": "/", "root": 7}', "oci state root must be a non-empty string"),
+        ('{"bundle": "/", "root": "/r\\u0000"}', "oci state root must be a non-empty string"),
     ],
 )
 def test_bad_state_is_one_line_and_exit_1(

@@ -253,6 +253,23 @@ def test_write_file_atomic_error_names_the_file_not_the_temporary(world: tuple[P
     assert os.listdir(root / "etc") == []
 
 
+def test_nul_byte_in_a_path_is_an_oserror(world: tuple[Path, Path]) -> None:
+    """A path with a NUL byte (a config.json mount destination can hold one) is refused with
+    OSError(EINVAL) naming it, like every other bad path here, not os's ValueError."""
+    root, _ = world
+    with _inroot.open_root(str(root)) as rfd:
+        for call in (lambda: _inroot.real_path(rfd, "/etc/a\0b"),
+                     lambda: _inroot.resolve_dir(rfd, "/a\0b", create=True),
+                     lambda: _inroot.read_file(rfd, "/etc/a\0b"),
+                     lambda: _inroot.write_file_atomic(rfd, "/etc/a\0b", b"x"),
+                     lambda: _inroot.symlink_atomic(rfd, "t", "/etc/a\0b")):
+            with pytest.raises(OSError) as info:
+                call()
+            assert info.value.errno == errno.EINVAL
+            assert info.value.filename in ("/etc/a\\0b", "/a\\0b")
+    assert os.listdir(root / "etc") == [] and sorted(os.listdir(root)) == ["etc"]
+
+
 def test_read_file_resolves_final_symlink_in_root(world: tuple[Path, Path]) -> None:
     """read_file follows an absolute final symlink inside the root, never to the host file."""
     root, host = world
