@@ -248,16 +248,8 @@ def _mount_ids(view: ImageView) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     """Device ids from the device plugin's volume-mounts strategy, and notes."""
     ids: Dict[str, None] = {}
     notes: List[str] = []
-    prefix = DEVICE_LIST_DIR + "/"
-    for mount in view.mounts:
-        source = mount.get("source")
-        dest = mount.get("destination")
-        if source != "/dev/null" or not isinstance(dest, str):
-            continue
-        clean = posixpath.normpath(dest)
-        if not clean.startswith(prefix):
-            continue
-        ident = clean[len(prefix):]
+    for ident in device_mount_ids(view):
+        dest = f"{DEVICE_LIST_DIR}/{ident}"
         if ident.startswith("imex/"):
             notes.append(f"volume mount {dest}: IMEX channel, not a GPU")
             continue
@@ -437,7 +429,9 @@ def device_mount_ids(view: ImageView) -> List[str]:
     for mount in view.mounts:
         dest = mount.get("destination")
         if mount.get("source") == "/dev/null" and isinstance(dest, str):
-            clean = posixpath.normpath(dest)
+            # where the engine mounts it: runc takes a relative destination from the
+            # container's /, and "//x" is "/x" (posixpath.normpath keeps a leading "//")
+            clean = posixpath.normpath("/" + dest.lstrip("/"))
             if clean.startswith(prefix):
                 out.append(clean[len(prefix):])
     return out

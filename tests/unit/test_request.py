@@ -138,6 +138,8 @@ ALLOCATION = [
     ("mount beats annotation", dict(mounts=[devmount("0")], annotations={"cdi.k8s.io/x": "nvidia.com/gpu=1"}), REQ, "volume-mounts", ("0",), False),
     ("off: env all granted", dict(env=["NVIDIA_VISIBLE_DEVICES=all"]), Config(), "env", ("all",), False),
     ("off: mount beats env", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=[devmount("1")]), Config(), "volume-mounts", ("1",), False),
+    ("off: mount at //var/run beats env", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=[dict(devmount("1"), destination="//var/run/nvidia-container-devices/1")]), Config(), "volume-mounts", ("1",), False),
+    ("off: relative mount beats env", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=[dict(devmount("1"), destination="var/run/nvidia-container-devices/1/")]), Config(), "volume-mounts", ("1",), False),
     ("off: annotation beats env", dict(env=["NVIDIA_VISIBLE_DEVICES=0"], annotations={"cdi.k8s.io/b": "nvidia.com/gpu=0", "cdi.k8s.io/a": "nvidia.com/gpu=1,nvidia.com/gpu=0", "other": "x"}), Config(), "cdi-annotations", ("nvidia.com/gpu=1", "nvidia.com/gpu=0"), False),
     ("only privileged source: unprivileged uuid refused", dict(env=[f"NVIDIA_VISIBLE_DEVICES={U0}"]), Config(require_allocation=True, allocation_sources=("privileged",)), "none", (), True),
     ("volume mount cdi all needs accept-all", dict(mounts=[devmount("cdi/nvidia.com/gpu/all")]), REQ, "none", (), False),
