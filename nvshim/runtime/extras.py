@@ -60,7 +60,7 @@ FEATURE_ENV: Dict[str, str] = {
 IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
 IMEX_DIR = "/dev/nvidia-caps-imex-channels"
 MAX_IMEX_CHANNEL = 2**20 - 1
-_CHANNEL = re.compile(r"^(?:channel)?([0-9]{1,7})$")
+_CHANNEL = re.compile(r"(?:channel)?([0-9]{1,7})")  # fullmatch: "$" would take "1\n"
 _NVSWITCH = re.compile(r"^nvidia-nvswitch([0-9]+|ctl)$")
 _NVIDIA_FS = re.compile(r"^nvidia-fs[0-9]*$")
 
@@ -94,7 +94,7 @@ def asks_for_extras(view: Any) -> bool:
 def _parse_channels(tokens: List[str], where: str) -> Tuple[int, ...]:
     channels: Dict[int, None] = {}
     for token in tokens:
-        match = _CHANNEL.match(token)
+        match = _CHANNEL.fullmatch(token)
         number = int(match.group(1)) if match else -1
         if not 0 <= number <= MAX_IMEX_CHANNEL:
             raise RequestError(

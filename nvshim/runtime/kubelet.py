@@ -125,7 +125,7 @@ def _encode_pod(pod: PodRecord) -> bytes:
 # --- asking -------------------------------------------------------------------------------
 
 
-_CHANNEL_ID = re.compile(r"^(?:channel)?([0-9]{1,7})$")
+_CHANNEL_ID = re.compile(r"(?:channel)?([0-9]{1,7})")  # fullmatch: "$" would take "1\n"
 
 
 def is_imex_resource(resource: str) -> bool:
@@ -154,7 +154,7 @@ class _Collect:
                     self.others.setdefault(i, holder)
             return
         for i in ids:
-            match = _CHANNEL_ID.match(i)
+            match = _CHANNEL_ID.fullmatch(i)
             if match is None:
                 continue
             channel = int(match.group(1))

@@ -77,6 +77,12 @@ def test_imex_env_bad_tokens(value: str) -> None:
         decide({"NVIDIA_IMEX_CHANNELS": value}, OPEN)
 
 
+def test_imex_mount_id_with_a_trailing_newline_is_no_channel() -> None:
+    """A device-plugin mount .../imex/1<newline> names no channel: refused, not read as channel 1."""
+    with pytest.raises(RequestError, match="IMEX channel .* in device-plugin mounts"):
+        decide({}, OPEN, mounts=["1\n"])
+
+
 def test_imex_sources_and_require_allocation() -> None:
     """Mounts win over env; under require-allocation env counts only when privileged with the
     privileged source, mounts only with the volume-mounts source."""

@@ -471,6 +471,19 @@ def test_imex_channels_from_the_checkpoint(imex_node: Any, tmp_path: Path) -> No
         plan_create(bundle(tmp_path, [], mounts=[mount("imex/2")]), cfg)
 
 
+def test_imex_id_with_a_trailing_newline_names_no_channel(tmp_path: Path) -> None:
+    """A kubelet IMEX id "1<newline>" is skipped like any id that is not N or channelN."""
+    from nvshim.runtime.kubelet import Identity, read_checkpoint
+
+    ckpt = tmp_path / "kubelet_internal_checkpoint"
+    ckpt.write_text(json.dumps({"Data": {"PodDeviceEntries": [
+        {"PodUID": "uid-mine", "ContainerName": "main", "ResourceName": IMEX,
+         "DeviceIDs": {"-1": ["1\n", "channel2"]}, "AllocResp": ""},
+    ]}}))
+    found = read_checkpoint(str(ckpt), Identity("team-a", "mine", "uid-mine", "main"), ("nvidia.com/",))
+    assert found is not None and found.imex == (2,)
+
+
 def test_imex_claim_with_kubelet_down_fails_by_default(imex_node: Any, tmp_path: Path) -> None:
     """An IMEX-only claim asks the kubelet; unreachable fails like a GPU claim."""
     with pytest.raises(RequestError, match=r"cannot ask the kubelet .*refusing the claim"):
