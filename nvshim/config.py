@@ -363,6 +363,12 @@ def parse_config_text(data: bytes, path: str) -> Config:
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ConfigError(f"config {path}{where}: {problem}") from exc
+    except RecursionError as exc:  # yaml composes nested collections recursively
+        raise ConfigError(f"config {path}: invalid YAML: nested too deeply") from exc
+    except ValueError as exc:
+        # a scalar yaml cannot convert: a date like 2024-13-45, an integer over Python's
+        # digit limit
+        raise ConfigError(f"config {path}: invalid YAML: {exc}") from exc
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):

@@ -50,6 +50,10 @@ def test_schema_copies_identical():
         ("supported-driver-capabilities: [compute, compute]\n", "must be a list without duplicates"),
         ("- a\n- b\n", "top level must be a mapping"),
         ("runtimes: [runc\n", "line 2"),
+        # these escaped as a ValueError / RecursionError traceback
+        ("kubelet-timeout: 2024-13-45\n", "invalid YAML: month must be in 1..12"),
+        ("kubelet-timeout: " + "9" * 5000 + "\n", "invalid YAML: Exceeds the limit"),
+        ("runtimes: " + "[" * 5000 + "]" * 5000 + "\n", "invalid YAML: nested too deeply"),
     ],
 )
 def test_bad_config_is_one_line(tmp_path, text, message):
