@@ -77,6 +77,8 @@ def _load(text: Optional[str], path: str) -> Dict[str, Any]:
         data = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"{path}: invalid JSON: {exc}") from exc
+    except RecursionError as exc:  # the C decoder recurses per [ and {
+        raise ConfigError(f"{path}: invalid JSON: nested too deeply") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: not a JSON object (Docker's daemon.json is one)")
     return data

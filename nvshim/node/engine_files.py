@@ -218,6 +218,8 @@ def load_backup(path: str, fmt: str) -> Optional[Dict[str, Any]]:
         data = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"{path}: invalid backup: {exc}") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{path}: invalid backup: nested too deeply") from exc
     if not isinstance(data, dict) or data.get("format") != fmt:
         raise ConfigError(f'{path}: not an nvshim backup (format is not "{fmt}")')
     files = data.get("files")

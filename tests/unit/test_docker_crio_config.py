@@ -139,6 +139,7 @@ def test_docker_enable_cdi() -> None:
         ("[]", "not a JSON object"),
         ('{"runtimes": []}', "runtimes is not an object"),
         ('{"runtimes": {"nvshim": "x"}}', "runtimes.nvshim is not an object"),
+        ("[" * 100000 + "]" * 100000, "invalid JSON: nested too deeply"),  # was a traceback
     ],
 )
 def test_docker_bad_files_are_config_errors(text: str, message: str) -> None:
@@ -190,6 +191,20 @@ def test_docker_revert_after_hand_edit_removes_only_ours(tmp_path: Path) -> None
     assert after["debug"] is True
     assert "nvshim" not in after["runtimes"] and "kata" in after["runtimes"]
     assert "default-runtime" not in after and "features" not in after
+
+
+def test_docker_revert_with_a_deeply_nested_backup_is_one_error(tmp_path: Path) -> None:
+    """A backup nested past the JSON decoder's recursion limit is one ConfigError naming
+    it (it was a RecursionError traceback), and daemon.json is left as it is."""
+    config = tmp_path / "daemon.json"
+    config.write_text('{"runtimes": {}}')
+    backup = Path(str(config) + ".nvshim-orig.json")
+    backup.write_text('{"format": "nvshim-docker-backup/1", "files": ' + "[" * 100000
+                      + "]" * 100000 + "}")
+    with pytest.raises(ConfigError, match="invalid backup: nested too deeply") as info:
+        docker.revert(str(config))
+    assert str(backup) in str(info.value)
+    assert config.read_text() == '{"runtimes": {}}'
 
 
 def test_docker_revert_without_backup(tmp_path: Path) -> None:
