@@ -134,7 +134,8 @@ def parse_toml(text: str, path: str) -> TOMLDocument:
         return tomlkit.parse(text[1:] if text.startswith(BOM) else text)
     except TOMLKitError as exc:
         message = str(exc).replace(". at line", " at line")
-        message = message[:1].lower() + message[1:]
+        if message[1:2].islower():  # "Unexpected …" → "unexpected …"; "TOML …" stays
+            message = message[:1].lower() + message[1:]
         raise ConfigError(f"{path}: invalid TOML: {message}") from exc
 
 

@@ -375,6 +375,15 @@ def test_invalid_toml_names_file_and_position() -> None:
         _plan("version = 2\nimports = [\n")
 
 
+def test_invalid_toml_message_keeps_an_acronym() -> None:
+    """tomlkit's message is lower-cased to fit ours, but not its acronym: nesting past 100
+    levels read "invalid TOML: tOML value nested more than 100 levels deep"."""
+    with pytest.raises(ConfigError) as info:
+        _plan("version = 2\na = " + "[" * 200 + "]" * 200 + "\n")
+    assert str(info.value).startswith(
+        "/etc/containerd/config.toml: invalid TOML: TOML value nested more than 100 levels deep")
+
+
 @pytest.mark.parametrize("value", ["4", '"2"', "true", "[2]", "{}", "2.0"])
 def test_unsupported_version(value: str) -> None:
     """A version other than 1, 2 or 3 is one ConfigError line naming it."""
