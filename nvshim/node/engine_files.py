@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nvshim._record import dataclass
@@ -105,16 +106,29 @@ def backup_path(config_path: str) -> str:
 
 
 def read_text(path: str, what: str = "config file") -> Optional[str]:
-    """The UTF-8 text of ``path``; ``None`` when it does not exist."""
+    """The UTF-8 text of ``path``; ``None`` when it does not exist.
+
+    Only a regular file is read (through symlinks): a FIFO would block the read forever
+    and a device such as ``/dev/zero`` never ends, so both are a HostError instead.
+    """
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    except IsADirectoryError as exc:
-        raise HostError(f"{path} is a directory, not a {what}") from exc
     except OSError as exc:
         raise HostError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        kind = os.fstat(fd).st_mode
+        if stat.S_ISDIR(kind):
+            raise HostError(f"{path} is a directory, not a {what}")
+        if not stat.S_ISREG(kind):
+            raise HostError(f"{path} is not a regular file, so not a {what}")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise HostError(f"cannot read {path}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -6,6 +6,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -625,6 +626,43 @@ def test_read_handlers_after_configure(etc: Path) -> None:
     assert view.handlers == {"runc": None, "nvshim": "/opt/nvshim/bin/nvshim-runtime"}
     assert view.default_runtime_name == "nvshim"
     assert view.files == (str(config), str(etc / "conf.d" / "99-nvshim.toml"))
+
+
+_READ_PROBE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from nvshim.errors import NvshimError
+from nvshim.node import containerd, containerd_read
+try:
+    if sys.argv[2] == "read":
+        containerd_read.read_handlers(sys.argv[3])
+    else:
+        containerd.configure(sys.argv[3], drop_in="")
+except NvshimError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("how", ["read", "configure"])
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero"])
+def test_a_fifo_or_device_config_is_an_error_not_a_hang(etc: Path, how: str,
+                                                         special: str) -> None:
+    """An imported file (doctor reads imports) or the main file that is a FIFO or a symlink
+    to /dev/zero is one HostError naming it: reading it hung forever (or never ended). In a
+    subprocess, so that a regression fails on the timeout instead of hanging the suite."""
+    config = etc / "config.toml"
+    bad = etc / "conf.d" / "a.toml" if how == "read" else config
+    bad.parent.mkdir(exist_ok=True)
+    if how == "read":
+        config.write_text(f'version = 2\nimports = ["{etc}/conf.d/*.toml"]\n')
+    if special == "fifo":
+        os.mkfifo(bad)
+    else:
+        os.symlink(special, bad)
+    out = subprocess.run([sys.executable, "-I", "-c", _READ_PROBE, str(REPO), how, str(config)],
+                         capture_output=True, text=True, timeout=30)
+    assert (out.returncode, out.stderr) == (0, "")
+    assert out.stdout == f"{bad} is not a regular file, so not a config file\n"
 
 
 def test_read_handlers_reports_missing_import(etc: Path) -> None:
