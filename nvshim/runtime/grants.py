@@ -210,7 +210,7 @@ def read_grants(path: str) -> List[Grant]:
             continue
         try:
             doc = _jsonc.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the limit
             continue
         if isinstance(doc, dict):
             grant = Grant.from_doc(doc)

@@ -91,6 +91,17 @@ def test_foreign_and_corrupt_lines_are_skipped(tmp_path: Path) -> None:
     assert [g.container_id for g in read_grants(str(path))] == ["ok"]
 
 
+def test_a_line_nested_past_the_recursion_limit_is_skipped(tmp_path: Path) -> None:
+    """A foreign line nested deeper than the JSON decoder can recurse is skipped like any
+    other; it raised RecursionError out of `nvshim grants` and out of compaction, which
+    runs inside create once the journal is over grants-journal-max-bytes."""
+    path = tmp_path / "grants.jsonl"
+    path.write_bytes(b"[" * 100000 + b"\n" + grant("ok").to_line())
+    assert [g.container_id for g in read_grants(str(path))] == ["ok"]
+    append_grant(str(path), grant("next"), 1)  # over the limit: compacts
+    assert [d["id"] for d in well_formed(path)] == ["ok", "next"]
+
+
 def test_compaction_keeps_existing_containers_and_new_records(tmp_path: Path) -> None:
     """Past max-bytes the journal is rewritten with only live (state dir exists) or young records."""
     root = tmp_path / "runc-root"
