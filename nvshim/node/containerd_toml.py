@@ -66,14 +66,18 @@ CRI_PLUGINS: Mapping[int, str] = {
 
 def dump_toml(doc: Any, before: Optional[str] = None) -> str:
     """``doc`` as text; a changed file always ends in a newline, an unchanged one stays as is
-    (a byte order mark that ``before`` starts with, which the parser skipped, included)."""
+    (a byte order mark that ``before`` starts with, which the parser skipped, included), and
+    a file whose lines all end in CRLF keeps that for the lines added."""
     import tomlkit
 
     text = tomlkit.dumps(doc)
     if before is not None and before.startswith(BOM):
         text = BOM + text
+    if before and "\r\n" in before and before.count("\n") == before.count("\r\n"):
+        # a CRLF file: tomlkit keeps the lines it parsed and ends the ones it adds with LF
+        text = re.sub(r"(?<!\r)\n", "\r\n", text)
     if text != before and text and not text.endswith("\n"):
-        text += "\n"
+        text += "\r\n" if before and before.endswith("\r\n") else "\n"
     return text
 
 

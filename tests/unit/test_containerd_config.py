@@ -376,6 +376,18 @@ def test_invalid_toml_names_file_and_position() -> None:
         _plan("version = 2\nimports = [\n")
 
 
+@pytest.mark.parametrize("drop_in", ["", "/etc/containerd/conf.d/99-nvshim.toml"])
+def test_a_crlf_config_keeps_crlf_on_the_lines_added(drop_in: str) -> None:
+    """A config whose lines end in CRLF gets the same edit as its LF twin, in CRLF: the
+    lines tomlkit added ended in a bare LF, leaving a file of mixed line endings."""
+    crlf = COMMENTED_V2.replace("\n", "\r\n")
+    path = "/etc/containerd/config.toml"
+    got = _by_path(_plan(crlf, drop_in=drop_in, enable_cdi=True))[path]
+    twin = _by_path(_plan(COMMENTED_V2, drop_in=drop_in, enable_cdi=True))[path]
+    assert got is not None and twin is not None and got != crlf
+    assert got == twin.replace("\n", "\r\n")
+
+
 def test_invalid_toml_message_keeps_an_acronym() -> None:
     """tomlkit's message is lower-cased to fit ours, but not its acronym: nesting past 100
     levels read "invalid TOML: tOML value nested more than 100 levels deep"."""
