@@ -12,7 +12,11 @@ way. So:
 * a BOM is kept (runc rejects it either way: the file means what it meant);
 * a lone surrogate is written back as its ``\\uXXXX`` escape;
 * nesting deeper than :data:`MAX_DEPTH` is refused with one line (the copies and the
-  encoder recurse; Go's own limit is 10,000, real specs nest less than 10 deep).
+  encoder recurse; Go's own limit is 10,000, real specs nest less than 10 deep);
+* a key twice in one object is refused with one line: Go decodes the second copy of an
+  object *into* the first (``"process"`` twice: runc takes ``user`` from the first and
+  ``env`` from the second), Python keeps only the last, so a rewrite would silently drop
+  what runc would have used (a ``process.user`` lost makes the container run as root).
 
 Plain integers and floats that round-trip (every number containerd, podman and runc
 write) stay ``int``/``float``: the request and apply code read them as numbers, and the
@@ -35,7 +39,7 @@ if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["NumberLiteral", "MAX_DEPTH", "BOM", "decode_spec", "encode_spec", "dumps",
-           "SpecDepthError", "read_spec"]
+           "SpecDepthError", "SpecDuplicateKeyError", "read_spec"]
 
 BOM = b"\xef\xbb\xbf"
 
@@ -48,6 +52,10 @@ _INT_DIGITS = 4000
 
 class SpecDepthError(SpecError):
     """The document nests deeper than :data:`MAX_DEPTH`."""
+
+
+class SpecDuplicateKeyError(SpecError):
+    """An object of the document has the same key twice."""
 
 
 class NumberLiteral:
@@ -98,7 +106,20 @@ def _too_deep(doc: Any, limit: int) -> bool:
     return False
 
 
-_HOOKS = {"parse_int": _parse_int, "parse_float": _parse_float, "parse_constant": NumberLiteral}
+def _object(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):  # rare: find the key to name it
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise SpecDuplicateKeyError(f'duplicate key "{key}" in an object (runc would '
+                                            "merge the copies, a rewrite would keep the last)")
+            seen.add(key)
+    return obj
+
+
+_HOOKS = {"parse_int": _parse_int, "parse_float": _parse_float, "parse_constant": NumberLiteral,
+          "object_pairs_hook": _object}
 
 
 #: Every byte but ``[`` and ``{``: one translate pass counts the openers.
@@ -108,7 +129,8 @@ _NOT_OPENERS = bytes(b for b in range(256) if b not in b"[{")
 def decode_spec(raw: bytes) -> Any:
     """Decode config.json bytes (UTF-8, optional BOM).
 
-    Raises UnicodeDecodeError, ValueError (invalid JSON) or :class:`SpecDepthError`.
+    Raises UnicodeDecodeError, ValueError (invalid JSON), :class:`SpecDepthError` or
+    :class:`SpecDuplicateKeyError`.
     """
     text = (raw[len(BOM):] if raw.startswith(BOM) else raw).decode("utf-8")
     try:
@@ -191,6 +213,8 @@ def read_spec(bundle: str) -> Tuple[str, bytes, Dict[str, Any]]:
         raise SpecError(f"{path}: not UTF-8 text") from exc
     except SpecDepthError as exc:
         raise SpecError(f"{path}: invalid JSON: {exc}") from exc
+    except SpecDuplicateKeyError as exc:
+        raise SpecError(f"{path}: {exc}") from exc
     except ValueError as exc:
         msg = getattr(exc, "msg", str(exc))
         line = getattr(exc, "lineno", None)

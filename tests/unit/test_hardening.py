@@ -587,3 +587,29 @@ def test_nul_byte_in_a_mount_destination_does_not_crash_the_create(node: dict, t
     assert res.stderr == b""
     hooks = json.loads((bundle / "config.json").read_bytes())["hooks"]["createContainer"]
     assert any("nvshim.hook" in arg for hook in hooks for arg in hook["args"])
+
+
+# --- defect hunt (hostile images and bundles): a key twice in config.json ----------------------
+
+
+@pytest.mark.parametrize("second", [
+    b'"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"],"args":["sh"],"cwd":"/"}',
+    b'"annotations":{"a":"1"},"annotations":{"b":"2"}',
+    b'"linux":{"x":{"k":1,"k":2}}',
+])
+def test_duplicate_key_in_config_json_is_refused(node: dict, tmp_path: Path, second: bytes) -> None:
+    """A key twice in one object, at any depth, fails the create in one line naming it and
+    leaves config.json as it was: runc (Go) decodes the second copy into the first, so the
+    spec below runs as uid 1000 under runc, while a rewrite from Python's last-wins dict
+    dropped ``process.user`` and ran the GPU container as root."""
+    raw = (b'{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=0"],"args":["sh"],'
+           b'"cwd":"/","user":{"uid":1000,"gid":1000}},"root":{"path":"rootfs"},' + second + b"}")
+    bundle = make_bundle(tmp_path, raw)
+    res = runtime_create(node, bundle)
+    assert res.returncode == 1, res.stderr
+    lines = res.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"nvshim: {bundle}/config.json: duplicate key"), lines
+    key = {b'"p': "process", b'"a': "annotations", b'"l': "k"}[second[:2]]
+    assert f'duplicate key "{key}"' in lines[0]
+    assert json.loads((bundle / "log.json").read_text().splitlines()[-1])["msg"] == lines[0]
+    assert (bundle / "config.json").read_bytes() == raw

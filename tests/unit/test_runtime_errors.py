@@ -81,6 +81,19 @@ def test_a_spec_nested_too_deep_is_a_spec_error() -> None:
         decode_spec(b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1))
 
 
+@pytest.mark.parametrize("raw", [b'{"a":1,"a":1}', b'\xef\xbb\xbf[{"b":{"c":[{"d":0,"e":1,"d":2}]}}]',
+                                 b'{"f":{},"f":{}}'])
+def test_a_key_twice_in_one_object_is_a_spec_error(raw: bytes) -> None:
+    """decode_spec refuses a key that occurs twice in one object, naming it (with or without a
+    BOM, at any depth); the same key in different objects is fine."""
+    from nvshim.runtime.specjson import SpecDuplicateKeyError, decode_spec
+
+    with pytest.raises(SpecDuplicateKeyError, match='^duplicate key "[adf]" in an object'):
+        decode_spec(raw)
+    assert decode_spec(b'{"a":{"a":{"a":1}},"b":[{"a":1},{"a":2}]}') == {
+        "a": {"a": {"a": 1}}, "b": [{"a": 1}, {"a": 2}]}
+
+
 @pytest.mark.parametrize("data", [b"\x08", b"\x80" * 11, b"\x0a\x05ab", b"\x0b", b"\x00"])
 def test_a_malformed_kubelet_message_is_a_host_error(data: bytes) -> None:
     from nvshim.runtime.podresources import decode
