@@ -54,8 +54,16 @@ if str(REPO) not in sys.path:
 DEFAULT_RUNTIME = "/usr/local/bin/nvshim-runtime"
 CDI_SIZES = (1, 8, 32, 64, 256)
 
-Timing = Tuple[float, int]
-"""(wall milliseconds, peak RSS of the child in KiB)."""
+Timing = Tuple[float, int, float]
+"""(wall milliseconds, peak RSS of the child in KiB, CPU milliseconds).
+
+CPU is user + system time of the command and of every child it waited for (``wait4``'s
+rusage): sh's ``grep`` and the Python it exec's count, a container's init (still running
+after ``create``) does not. It moves far less than wall time when the machine is busy,
+so the tables give its per-pair difference next to the wall-time one."""
+
+Sample = Tuple[float, float]
+"""(wall milliseconds, CPU milliseconds) of one timed run."""
 
 
 # --------------------------------------------------------------------------- measuring
@@ -63,7 +71,7 @@ Timing = Tuple[float, int]
 
 def timed(argv: Sequence[str], env: Optional[Dict[str, str]] = None,
           check: bool = True, stdout: Any = subprocess.DEVNULL) -> Timing:
-    """Run ``argv`` with stdio on /dev/null; wall ms and the child's own peak RSS.
+    """Run ``argv`` with stdio on /dev/null; wall ms, the child's peak RSS and CPU ms.
 
     stdio must not be a pipe: a created container keeps its stdio open until it exits,
     so stderr goes to a temporary file (read back only on failure).
@@ -79,7 +87,7 @@ def timed(argv: Sequence[str], env: Optional[Dict[str, str]] = None,
             errf.seek(0)
             err = errf.read().decode(errors="replace").strip()
             raise RuntimeError(f"{' '.join(argv)} failed (rc {proc.returncode}): {err}")
-    return elapsed, usage.ru_maxrss
+    return elapsed, usage.ru_maxrss, (usage.ru_utime + usage.ru_stime) * 1000.0
 
 
 def summary(samples: Sequence[float]) -> Dict[str, float]:
@@ -92,10 +100,11 @@ def summary(samples: Sequence[float]) -> Dict[str, float]:
 
 
 def paired(name: str, pairs: int,
-           baseline: Callable[[int], float], subject: Callable[[int], float]) -> Dict[str, Any]:
-    """Run ``pairs`` pairs (order flipped every pair); per-pair ratio and difference."""
-    base: List[float] = []
-    subj: List[float] = []
+           baseline: Callable[[int], Sample], subject: Callable[[int], Sample]) -> Dict[str, Any]:
+    """Run ``pairs`` pairs (order flipped every pair); per-pair ratio and difference of
+    wall time, and the per-pair difference of CPU time."""
+    base: List[Sample] = []
+    subj: List[Sample] = []
     for i in range(pairs):
         if i % 2 == 0:
             b = baseline(i)
@@ -105,16 +114,22 @@ def paired(name: str, pairs: int,
             b = baseline(i)
         base.append(b)
         subj.append(s)
-    ratios = [s / b for b, s in zip(base, subj)]
-    diffs = [s - b for b, s in zip(base, subj)]
+    ratios = [s[0] / b[0] for b, s in zip(base, subj)]
+    diffs = [s[0] - b[0] for b, s in zip(base, subj)]
+    cpu_diffs = [s[1] - b[1] for b, s in zip(base, subj)]
     return {
         "case": name,
-        "runc_ms": summary(base),
-        "nvshim_ms": summary(subj),
+        "runc_ms": summary([b[0] for b in base]),
+        "nvshim_ms": summary([s[0] for s in subj]),
         "ratio_median": statistics.median(ratios),
         "overhead_ms_median": statistics.median(diffs),
-        "runc_samples": [round(x, 3) for x in base],
-        "nvshim_samples": [round(x, 3) for x in subj],
+        "runc_cpu_ms": summary([b[1] for b in base]),
+        "nvshim_cpu_ms": summary([s[1] for s in subj]),
+        "cpu_overhead_ms_median": statistics.median(cpu_diffs),
+        "runc_samples": [round(x[0], 3) for x in base],
+        "nvshim_samples": [round(x[0], 3) for x in subj],
+        "runc_cpu_samples": [round(x[1], 3) for x in base],
+        "nvshim_cpu_samples": [round(x[1], 3) for x in subj],
     }
 
 
@@ -191,19 +206,19 @@ class Bench:
             else:
                 full.unlink()
 
-    def create(self, tool: str, key: str, cid: str) -> float:
+    def create(self, tool: str, key: str, cid: str) -> Sample:
         self.restore(key)
         self.live.append(cid)
-        ms, _ = timed(self.rt(tool, "create", "--bundle", str(self.bundles[key]), cid),
-                      env=self.env)
-        return ms
+        ms, _, cpu = timed(self.rt(tool, "create", "--bundle", str(self.bundles[key]), cid),
+                           env=self.env)
+        return ms, cpu
 
-    def delete(self, tool: str, cid: str, force: bool = False) -> float:
+    def delete(self, tool: str, cid: str, force: bool = False) -> Sample:
         args = ["delete"] + (["--force"] if force else []) + [cid]
-        ms, _ = timed(self.rt(tool, *args), env=self.env)
+        ms, _, cpu = timed(self.rt(tool, *args), env=self.env)
         if cid in self.live:
             self.live.remove(cid)
-        return ms
+        return ms, cpu
 
     def cleanup(self) -> None:
         for cid in list(self.live):
@@ -228,8 +243,9 @@ def case_state(b: Bench, pairs: int) -> Dict[str, Any]:
     cid = b.cid("state")
     b.create(b.runc, "none", cid)
     try:
-        def run(tool: str) -> float:
-            return timed(b.rt(tool, "state", cid), env=b.env)[0]
+        def run(tool: str) -> Sample:
+            ms, _, cpu = timed(b.rt(tool, "state", cid), env=b.env)
+            return ms, cpu
 
         return paired("state (passthrough)", pairs,
                       lambda i: run(b.runc), lambda i: run(b.runtime))
@@ -238,7 +254,7 @@ def case_state(b: Bench, pairs: int) -> Dict[str, Any]:
 
 
 def case_delete(b: Bench, pairs: int) -> Dict[str, Any]:
-    def run(tool: str) -> float:
+    def run(tool: str) -> Sample:
         cid = b.cid("del")
         b.create(b.runc, "none", cid)  # untimed: always plain runc
         return b.delete(tool, cid)
@@ -250,12 +266,12 @@ def case_delete(b: Bench, pairs: int) -> Dict[str, Any]:
 def case_create(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
     parts: Dict[str, List[float]] = {"runc": [], "nvshim": []}
 
-    def run(tool: str, label: str) -> float:
+    def run(tool: str, label: str) -> Sample:
         cid = b.cid(f"c{key}")
         c = b.create(tool, key, cid)
         d = b.delete(tool, cid)
-        parts[label].append(c)
-        return c + d
+        parts[label].append(c[0])
+        return c[0] + d[0], c[1] + d[1]
 
     result = paired(f"create+delete gpu={key}", pairs,
                     lambda i: run(b.runc, "runc"), lambda i: run(b.runtime, "nvshim"))
@@ -267,10 +283,11 @@ def case_create(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
 
 def case_shim(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
     """nvshim-runtime create with a no-op low-level runtime, against the no-op alone."""
-    def run(tool: str, env: Dict[str, str]) -> float:
+    def run(tool: str, env: Dict[str, str]) -> Sample:
         b.restore(key)
-        return timed([tool, "create", "--bundle", str(b.bundles[key]), b.cid("shim")],
-                     env=env)[0]
+        ms, _, cpu = timed([tool, "create", "--bundle", str(b.bundles[key]), b.cid("shim")],
+                           env=env)
+        return ms, cpu
 
     result = paired(f"shim stage gpu={key}", pairs, lambda i: run("/bin/true", b.env),
                     lambda i: run(b.runtime, b.noop_env))
@@ -305,7 +322,7 @@ def case_cdi(b: Bench, repeats: int) -> Dict[str, Any]:
         size = 0
         for _ in range(repeats):
             with open(b.work / f"cdi-{n}.out", "wb") as fh:
-                ms, rss = timed(argv, env=b.env, stdout=fh)
+                ms, rss, _ = timed(argv, env=b.env, stdout=fh)
             ms_list.append(ms)
             rss_list.append(rss)
         produced = b.work / f"cdi-{n}.json"
@@ -350,8 +367,11 @@ def machine(runc: str, runtime: str) -> Dict[str, Any]:
 
 
 def print_table(results: Dict[str, Any]) -> None:
-    print(f"\n{results['pairs']} alternating pairs; ms: median [min-max]")
-    head = f"{'case':30} {'runc':>24} {'nvshim-runtime':>24} {'ratio':>7} {'+ms':>7}"
+    print(f"\n{results['pairs']} alternating pairs; ms: median [min-max]; ratio, +ms: median "
+          "of per-pair wall-time ratios and differences; +cpu ms: of per-pair CPU-time "
+          "differences")
+    head = (f"{'case':30} {'runc':>24} {'nvshim-runtime':>24} {'ratio':>7} {'+ms':>7} "
+            f"{'+cpu ms':>8}")
     print(head)
     print("-" * len(head))
 
@@ -360,7 +380,8 @@ def print_table(results: Dict[str, Any]) -> None:
 
     for r in results["cases"]:
         print(f"{r['case']:30} {cell(r['runc_ms']):>24} {cell(r['nvshim_ms']):>24} "
-              f"{r['ratio_median']:6.2f}x {r['overhead_ms_median']:+7.1f}")
+              f"{r['ratio_median']:6.2f}x {r['overhead_ms_median']:+7.1f} "
+              f"{r['cpu_overhead_ms_median']:+8.1f}")
         if "create_only_runc_ms" in r:
             print(f"{'  of which create':30} {cell(r['create_only_runc_ms']):>24} "
                   f"{cell(r['create_only_nvshim_ms']):>24}")
