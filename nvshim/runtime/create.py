@@ -282,7 +282,15 @@ def _node_edits(
     refs = tuple(g.ref() for g in gpus)
     from nvshim.runtime.tokens import select_gpus
 
-    chosen_refs, chosen_migs = select_gpus(tokens, refs) if tokens else ((), ())
+    try:
+        chosen_refs, chosen_migs = select_gpus(tokens, refs) if tokens else ((), ())
+    except RequestError as exc:
+        if refs or host.driver_root == "/":
+            raise
+        # no GPU at all under a configured driver root: most likely the root is wrong
+        where = ("does not exist" if not os.path.isdir(host.driver_root)
+                 else "holds no NVIDIA GPU")
+        raise RequestError(f"{exc} (config driver-root {host.driver_root} {where})") from None
     by_index = {g.index: g for g in gpus}
     chosen = tuple(by_index[r.index] for r in chosen_refs)
     migs: List[Tuple[Any, Any]] = []

@@ -129,3 +129,43 @@ def test_create_in_a_removed_directory_says_so_in_one_line(tmp_path: Path) -> No
     assert len(lines) == 1, res.stderr
     assert "no --bundle and no current directory" in lines[0]
     assert "internal error" not in lines[0]
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty"])
+def test_a_gpu_request_on_a_wrong_driver_root_names_the_root(tmp_path: Path, kind: str) -> None:
+    """A careless ``driver-root`` (a typo, a node not built yet) must not read like a node
+    without GPUs: the one line names the configured root and what is wrong with it."""
+    from nvshim.config import Config
+    from nvshim.errors import RequestError
+    from nvshim.runtime.create import plan_create
+    from tests.helpers.bundle import make_bundle, make_rootfs
+
+    bundle = make_bundle(tmp_path / "b", make_rootfs(tmp_path / "rootfs"), ["true"],
+                         env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    root = tmp_path / "driver"
+    if kind == "empty":
+        root.mkdir()
+    before = (bundle / "config.json").read_bytes()
+    with pytest.raises(RequestError) as info:
+        plan_create(str(bundle), Config(driver_root=str(root)))
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith('unknown device "0": this node has no GPUs')
+    what = "does not exist" if kind == "missing" else "holds no NVIDIA GPU"
+    assert f"(config driver-root {root} {what})" in message
+    assert (bundle / "config.json").read_bytes() == before
+
+
+def test_a_gpu_request_on_the_host_root_keeps_the_plain_message(tmp_path: Path) -> None:
+    """On ``driver-root: /`` (the default) "no GPUs" is the whole truth: no root is named."""
+    from nvshim.config import Config
+    from nvshim.errors import RequestError
+    from nvshim.runtime.create import plan_create
+    from tests.helpers.bundle import make_bundle, make_rootfs
+
+    if os.path.exists("/proc/driver/nvidia/gpus") and os.listdir("/proc/driver/nvidia/gpus"):
+        pytest.skip("this host has NVIDIA GPUs")
+    bundle = make_bundle(tmp_path / "b", make_rootfs(tmp_path / "rootfs"), ["true"],
+                         env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    with pytest.raises(RequestError, match=r'^unknown device "0": this node has no GPUs$'):
+        plan_create(str(bundle), Config(driver_root="/"))
