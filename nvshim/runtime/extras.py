@@ -146,7 +146,7 @@ def resolve_extras(view: Any, config: Any, request: Any) -> Extras:
     if not source and env_value is not None:
         wanted = _env_channels(env_value, notes)
         if wanted and config.require_allocation:
-            if "privileged" in config.allocation_sources and view.privileged:
+            if "privileged" in config.allocation_sources and view.privileged_with_devices:
                 channels, source = wanted, "privileged"
             else:
                 notes.append(f"{IMEX_ENV}={env_value} ignored: require-allocation is on and "

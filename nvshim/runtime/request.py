@@ -63,6 +63,16 @@ class ImageView:
     mounts: Tuple[Mapping[str, Any], ...]
     annotations: Mapping[str, str]
     privileged: bool
+    """``CAP_SYS_ADMIN`` in the bounding set: the reference's test of a privileged container."""
+    all_devices_allowed: bool = False
+    """The device cgroup lets the container open every device (:func:`_allows_all_devices`)."""
+
+    @property
+    def privileged_with_devices(self) -> bool:
+        """A privileged container as engines make one (``--privileged``, k8s ``privileged:
+        true``): CAP_SYS_ADMIN *and* every device allowed, so GPUs give it nothing it could
+        not open already. A pod that only adds SYS_ADMIN has the first, not the second."""
+        return self.privileged and self.all_devices_allowed
 
     def get(self, name: str) -> Optional[str]:
         return self.env.get(name)
@@ -158,7 +168,31 @@ def image_view(spec: Any) -> ImageView:
         mounts=tuple(mounts),
         annotations=annotations,
         privileged=CAP_SYS_ADMIN in bounding,
+        all_devices_allowed=_allows_all_devices(spec.get("linux")),
     )
+
+
+def _allows_all_devices(linux: Any) -> bool:
+    """Whether ``linux.resources.devices`` ends up allowing every device (rules apply in
+    order, the last match wins): an allow rule for all types and numbers with read and
+    write access, and no deny rule after it. Anything malformed counts as no."""
+    resources = linux.get("resources") if isinstance(linux, dict) else None
+    rules = resources.get("devices") if isinstance(resources, dict) else None
+    if not isinstance(rules, list):
+        return False
+    verdict = False
+    for rule in rules:
+        if not isinstance(rule, dict):
+            return False
+        every = (rule.get("type") in (None, "a") and rule.get("major") in (None, -1)
+                 and rule.get("minor") in (None, -1))
+        if rule.get("allow") is not True:
+            verdict = False  # a deny, even of a few devices, may be the GPUs'
+        elif every:
+            access = rule.get("access")
+            verdict = access is None or (isinstance(access, str) and "r" in access
+                                         and "w" in access)
+    return verdict
 
 
 def parse_capabilities(value: Optional[str], supported: Sequence[str],
@@ -402,10 +436,15 @@ def resolve_request(view: ImageView, config: Any,
             return grant(source, annotation_ids)
         if source == "envvar-uuids" and env_tokens and _all_uuids(env_tokens):
             return grant(source, env_tokens, env_raw)
-        if source == "privileged" and env_tokens and view.privileged:
+        if source == "privileged" and env_tokens and view.privileged_with_devices:
             return grant(source, env_tokens, env_raw)
     tried = ", ".join(config.allocation_sources)
     image_asks = env_set or (env_tokens is None and view.legacy_image)
+    if env_set and "privileged" in config.allocation_sources and view.privileged \
+            and not view.all_devices_allowed:
+        notes.append("privileged source not taken: the container has CAP_SYS_ADMIN but its "
+                     "device cgroup does not allow every device (a pod can add SYS_ADMIN "
+                     "without being privileged)")
     if image_asks:
         shown = view.get(VISIBLE_DEVICES)
         what = f"{VISIBLE_DEVICES}={shown}" if shown is not None else "legacy CUDA image (all GPUs)"

@@ -174,3 +174,23 @@ def test_sandbox_container_passes_through_byte_identical(
     assert env_of(res.stdout)["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert gpu_nodes(res.stdout) == []
     assert (spy_dir / "before.json").read_bytes() == (spy_dir / "after.json").read_bytes()
+
+
+def test_sys_admin_is_not_privileged_but_privileged_is(
+    containerd: Containerd, ctr_ids: List[str], rootfs: Path, tmp_path: Path,
+    runtime: Path, node: Any,
+) -> None:
+    """Through the privileged source, NVIDIA_VISIBLE_DEVICES=all gets every GPU for
+    ``ctr run --privileged`` but none for a container that only adds CAP_SYS_ADMIN (what a
+    pod's capabilities.add can do): its device cgroup does not allow every device."""
+    wrapper = nvshim_wrapper(tmp_path / "nvshim", runtime, node)
+    env = {"NVIDIA_VISIBLE_DEVICES": "all"}
+    res = run(containerd, ctr_ids, rootfs, wrapper, env,
+              extra_flags=["--cap-add", "CAP_SYS_ADMIN"])
+    assert res.rc == 0, res.describe()
+    assert gpu_nodes(res.stdout) == [], res.stdout
+    assert env_of(res.stdout)["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+    res = run(containerd, ctr_ids, rootfs, wrapper, env, extra_flags=["--privileged"])
+    assert res.rc == 0, res.describe()
+    assert gpu_nodes(res.stdout) == sorted(g.minor for g in node.gpus), res.stdout

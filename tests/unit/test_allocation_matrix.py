@@ -1,4 +1,4 @@
-"""Every request source × privileged × require-allocation × on-missing-allocation.
+"""Every request source × privilege × require-allocation × on-missing-allocation.
 
 Expectations follow the README's rules, written out per case rather than computed by
 the code under test.
@@ -29,7 +29,17 @@ SOURCES = {
 }
 
 
-def expected(source: str, privileged: bool, require: bool, on_missing: str):
+PRIVILEGE = {
+    # name: (bounding set, device cgroup rules)
+    "unprivileged": (["CAP_CHOWN"], [{"allow": False, "access": "rwm"}]),
+    # securityContext.capabilities.add: [SYS_ADMIN] — not a privileged container
+    "sys-admin-only": (["CAP_CHOWN", "CAP_SYS_ADMIN"], [{"allow": False, "access": "rwm"}]),
+    # what --privileged / privileged: true gives (containerd, podman, docker)
+    "privileged": (["CAP_CHOWN", "CAP_SYS_ADMIN"], [{"allow": True, "access": "rwm"}]),
+}
+
+
+def expected(source: str, privilege: str, require: bool, on_missing: str):
     """(outcome, devices): outcome is 'grant', 'strip', 'nothing' or 'fail'."""
     granted = {
         "image-all": ("all",), "image-index": ("1",), "legacy-image": ("all",),
@@ -42,24 +52,25 @@ def expected(source: str, privileged: bool, require: bool, on_missing: str):
     # require-allocation: allocations always count; env only as full UUIDs or when privileged
     if source in ("volume-mount", "cdi-annotation", "envvar-uuid"):
         return "grant", granted[source]
-    if privileged and source != "legacy-image":
+    # the privileged source: a privileged container (SYS_ADMIN alone is not one)
+    if privilege == "privileged" and source != "legacy-image":
         return "grant", granted[source]
     return ("fail", ()) if on_missing == "fail" else ("strip", ())
 
 
-CASES = list(itertools.product(SOURCES, [False, True], [False, True], ["strip", "fail"]))
+CASES = list(itertools.product(SOURCES, PRIVILEGE, [False, True], ["strip", "fail"]))
 
 
-@pytest.mark.parametrize("source,privileged,require,on_missing", CASES,
+@pytest.mark.parametrize("source,privilege,require,on_missing", CASES,
                          ids=["-".join(map(str, c)) for c in CASES])
-def test_allocation_matrix(source, privileged, require, on_missing):
+def test_allocation_matrix(source, privilege, require, on_missing):
     """Each combination grants, strips (void), does nothing, or fails as documented."""
     env, mounts, annotations = SOURCES[source]
-    caps = ["CAP_SYS_ADMIN"] if privileged else ["CAP_CHOWN"]
+    caps, rules = PRIVILEGE[privilege]
     spec = {"process": {"env": env, "capabilities": {"bounding": caps}}, "mounts": mounts,
-            "annotations": annotations}
+            "annotations": annotations, "linux": {"resources": {"devices": rules}}}
     config = Config(require_allocation=require, on_missing_allocation=on_missing)
-    outcome, devices = expected(source, privileged, require, on_missing)
+    outcome, devices = expected(source, privilege, require, on_missing)
     if outcome == "fail":
         with pytest.raises(RequestError, match="no device-plugin allocation was found"):
             resolve_request(image_view(spec), config)

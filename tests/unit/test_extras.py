@@ -25,6 +25,7 @@ def decide(env: Dict[str, str], config: Config, mounts: Optional[List[str]] = No
         "process": {"env": [f"{k}={v}" for k, v in env.items()],
                     "capabilities": {"bounding": ["CAP_SYS_ADMIN"] if privileged else []}},
         "mounts": [{"destination": IMEX_MOUNT + m, "source": "/dev/null"} for m in mounts or []],
+        "linux": {"resources": {"devices": [{"allow": privileged, "access": "rwm"}]}},
     }
     view = image_view(spec)
     return resolve_extras(view, config, resolve_request(view, config))
@@ -90,6 +91,11 @@ def test_imex_sources_and_require_allocation() -> None:
     assert (both.imex_channels, both.imex_source) == ((4,), "volume-mounts")
     assert decide({"NVIDIA_IMEX_CHANNELS": "0"}, STRICT).imex_channels == ()
     assert decide({"NVIDIA_IMEX_CHANNELS": "0"}, STRICT, privileged=True).imex_channels == (0,)
+    sys_admin_only = image_view({"process": {"env": ["NVIDIA_IMEX_CHANNELS=0"], "capabilities": {
+        "bounding": ["CAP_SYS_ADMIN"]}}, "linux": {"resources": {"devices": [
+            {"allow": False, "access": "rwm"}]}}})
+    assert resolve_extras(sys_admin_only, STRICT,
+                          resolve_request(sys_admin_only, STRICT)).imex_channels == ()
     assert decide({}, STRICT, mounts=["1", "2"]).imex_channels == (1, 2)
     no_mounts = Config(require_allocation=True, allocation_sources=("envvar-uuids",))
     assert decide({}, no_mounts, mounts=["1"]).imex_channels == ()

@@ -448,6 +448,7 @@ def test_privileged_imex_env_is_checked_too(imex_node: Any, tmp_path: Path,
     path = bundle(tmp_path, ["NVIDIA_IMEX_CHANNELS=0"])
     spec = json.loads(Path(path, "config.json").read_text())
     spec["process"]["capabilities"]["bounding"] = ["CAP_SYS_ADMIN"]
+    spec["linux"] = {"resources": {"devices": [{"allow": True, "access": "rwm"}]}}  # privileged
     Path(path, "config.json").write_text(json.dumps(spec))
     assert imex_paths(plan_create(path, cfg)) == ["/dev/nvidia-caps-imex-channels/channel0"]
     spec["process"]["env"] = ["NVIDIA_IMEX_CHANNELS=2"]

@@ -53,13 +53,15 @@ def test_visible_devices_grammar(value, expected):
     assert parse_visible_devices(value) == expected
 
 
-def spec(env=None, mounts=None, annotations=None, caps=None):
+def spec(env=None, mounts=None, annotations=None, caps=None, devices=None):
     process = {"env": env or []}
     if caps is not None:
         process["capabilities"] = {"bounding": caps}
     s = {"process": process, "mounts": mounts or []}
     if annotations is not None:
         s["annotations"] = annotations
+    if devices is not None:
+        s["linux"] = {"resources": {"devices": devices}}
     return s
 
 
@@ -117,6 +119,8 @@ def devmount(ident):
 REQ = Config(require_allocation=True)
 REQ_FAIL = Config(require_allocation=True, on_missing_allocation="fail")
 PRIV = ["CAP_SYS_ADMIN"]
+ALL_DEVICES = [{"allow": False, "access": "rwm"}, {"allow": True, "access": "rwm"}]
+DENY_ALL = [{"allow": False, "access": "rwm"}]
 
 ALLOCATION = [
     # (name, spec kwargs, config, expected source, devices, set_void)
@@ -134,7 +138,10 @@ ALLOCATION = [
     ("envvar all refused", dict(env=["NVIDIA_VISIBLE_DEVICES=all"]), REQ, "none", (), True),
     ("envvar uuid mixed with index refused", dict(env=[f"NVIDIA_VISIBLE_DEVICES={U0},1"]), REQ, "none", (), True),
     ("cdi annotation", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], annotations={"cdi.k8s.io/x": "nvidia.com/gpu=1"}), REQ, "cdi-annotations", ("nvidia.com/gpu=1",), False),
-    ("privileged all accepted", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIV), REQ, "privileged", ("all",), False),
+    ("privileged all accepted", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIV, devices=ALL_DEVICES), REQ, "privileged", ("all",), False),
+    ("sys-admin alone is not privileged", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIV, devices=DENY_ALL), REQ, "none", (), True),
+    ("sys-admin without device rules is not privileged", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIV), REQ, "none", (), True),
+    ("all devices without sys-admin is not privileged", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], caps=["CAP_CHOWN"], devices=ALL_DEVICES), REQ, "none", (), True),
     ("mount beats annotation", dict(mounts=[devmount("0")], annotations={"cdi.k8s.io/x": "nvidia.com/gpu=1"}), REQ, "volume-mounts", ("0",), False),
     ("off: env all granted", dict(env=["NVIDIA_VISIBLE_DEVICES=all"]), Config(), "env", ("all",), False),
     ("off: mount beats env", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=[devmount("1")]), Config(), "volume-mounts", ("1",), False),
@@ -149,7 +156,7 @@ ALLOCATION = [
     ("volume mount cdi all with accept-all", dict(mounts=[devmount("cdi/nvidia.com/gpu/all")]), Config(require_allocation=True, accept_all_from_mounts=True), "volume-mounts", ("nvidia.com/gpu=all",), False),
     ("volume mount none is no allocation", dict(env=["NVIDIA_MOFED=enabled"], mounts=[devmount("none")]), REQ, "none", (), False),
     ("cdi annotation none is no allocation", dict(annotations={"cdi.k8s.io/x": "none"}), REQ, "none", (), False),
-    ("privileged none still counts", dict(env=["NVIDIA_VISIBLE_DEVICES=none"], caps=PRIV), REQ, "privileged", (), False),
+    ("privileged none still counts", dict(env=["NVIDIA_VISIBLE_DEVICES=none"], caps=PRIV, devices=ALL_DEVICES), REQ, "privileged", (), False),
     ("custom annotation prefix", dict(annotations={"acme/gpus": "nvidia.com/gpu=0"}), Config(require_allocation=True, annotation_prefixes=("acme/",)), "cdi-annotations", ("nvidia.com/gpu=0",), False),
 ]
 
@@ -161,6 +168,40 @@ def test_allocation_sources(name, kw, config, source, devices, set_void):
     assert (req.source, req.devices, req.set_void) == (source, devices, set_void)
     if set_void:
         assert any("require-allocation" in n for n in req.notes)
+
+
+def test_sys_admin_alone_is_noted():
+    """A container with SYS_ADMIN but a restricted device cgroup is told why the privileged
+    source did not take it."""
+    req = resolve_request(image_view(spec(["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIV, devices=DENY_ALL)), REQ)
+    assert any("does not allow every device" in n for n in req.notes)
+
+
+C195 = {"allow": True, "type": "c", "major": 195, "access": "rwm"}
+
+
+@pytest.mark.parametrize(
+    "rules,allowed",
+    [
+        ([{"allow": True, "access": "rwm"}], True),
+        ([{"allow": True}], True),
+        ([{"allow": True, "type": "a", "access": "rw"}], True),
+        ([{"allow": False, "access": "rwm"}, {"allow": True, "access": "rwm"}], True),
+        ([{"allow": True, "access": "rwm"}, C195], True),
+        ([{"allow": True, "access": "rwm"}, {"allow": False, "access": "rwm"}], False),
+        ([{"allow": True, "access": "rwm"}, dict(C195, allow=False)], False),
+        ([{"allow": True, "access": "m"}], False),
+        ([{"allow": True, "type": "c", "access": "rwm"}], False),
+        ([C195], False),
+        ([{"allow": "true", "access": "rwm"}], False),
+        ([], False),
+        ("allow", False),
+        ([["allow"]], False),
+    ],
+)
+def test_all_devices_allowed(rules, allowed):
+    """Only a device cgroup that ends up allowing every device, for read and write, counts."""
+    assert image_view(spec(devices=rules)).all_devices_allowed is allowed
 
 
 def test_missing_allocation_fail_mode():
