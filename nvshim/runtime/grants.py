@@ -24,6 +24,7 @@ stays durable.
 from __future__ import annotations
 
 import os
+import stat
 
 from nvshim import _jsonc
 from nvshim._record import dataclass
@@ -114,17 +115,39 @@ class Grant:
 # --- writing ------------------------------------------------------------------------------
 
 
+def _not_a_file(path: str, fd: int) -> Optional[str]:
+    """Why the open ``fd`` cannot be the journal (None when it is a regular file).
+
+    A FIFO or a device at the configured path would swallow the records (or, for the
+    reader, block until a writer comes), so both sides refuse anything else."""
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(mode):
+        return None
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    return f"{path} is {kind}"
+
+
 def _open_journal(path: str) -> int:
     directory = os.path.dirname(path) or "."
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
-        # read-write: the torn-line check preads the last byte through the same fd
-        return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # read-write: the torn-line check preads the last byte through the same fd.
+        # O_NONBLOCK: opening a FIFO never waits (a regular file ignores the flag).
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK,
+                     0o644)
     except OSError as exc:
         raise HostError(
             f"cannot record the grant in {path}: {exc.strerror} "
             "(config grants-journal; null turns the record off)"
         ) from exc
+    why = _not_a_file(path, fd)
+    if why is not None:
+        os.close(fd)
+        raise HostError(f"cannot record the grant: {why} "
+                        "(config grants-journal must name a regular file; null turns it off)")
+    return fd
 
 
 def _lock_current(path: str) -> int:
@@ -191,12 +214,22 @@ def _compact(path: str) -> None:
 
 def _lines(path: str) -> Iterator[bytes]:
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        # O_NONBLOCK: a FIFO at the path is refused below instead of waiting for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         return
     except OSError as exc:
         raise HostError(f"cannot read the grant journal {path}: {exc.strerror}") from exc
+    try:
+        why = _not_a_file(path, fd)
+        if why is not None:
+            raise HostError(f"cannot read the grant journal: {why}")
+        with open(fd, "rb", closefd=False) as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise HostError(f"cannot read the grant journal {path}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
     parts = data.split(b"\n")
     # The last part has no newline: a record cut short by a crash (or empty). Skip it.
     yield from parts[:-1]

@@ -230,3 +230,30 @@ def test_grants_help_and_json_of_an_empty_journal(tmp_path: Path) -> None:
                           str(tmp_path / "none.jsonl"), "--format", "json"],
                          capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0 and json.loads(res.stdout) == {"grants": [], "conflicts": {}}
+
+
+def test_a_fifo_as_journal_is_refused_by_writer_and_reader(tmp_path: Path) -> None:
+    """A FIFO at the configured path (a careless grants-journal) swallowed every record the
+    runtime appended, and `nvshim grants` blocked forever waiting for a writer. Both now
+    refuse it in one line, at once."""
+    from nvshim.errors import HostError
+
+    fifo = tmp_path / "grants.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(HostError, match=r"grants\.jsonl is a FIFO"):
+        append_grant(str(fifo), grant("c1"), 1 << 20)
+    with pytest.raises(HostError, match=r"grants\.jsonl is a FIFO"):
+        read_grants(str(fifo))
+    res = subprocess.run([sys.executable, "-m", "nvshim.cli.main", "grants", "--journal",
+                          str(fifo)], capture_output=True, text=True, timeout=30, check=False)
+    assert res.returncode == 1
+    assert res.stderr.count("\n") == 1 and "is a FIFO" in res.stderr
+    assert res.stdout == ""
+
+
+def test_a_directory_as_journal_is_refused_by_the_writer(tmp_path: Path) -> None:
+    from nvshim.errors import HostError
+
+    (tmp_path / "grants.jsonl").mkdir()
+    with pytest.raises(HostError, match="cannot record the grant"):
+        append_grant(str(tmp_path / "grants.jsonl"), grant("c1"), 1 << 20)
