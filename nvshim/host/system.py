@@ -80,6 +80,12 @@ class Outcome:
         return {"path": self.path, "action": self.action, "detail": self.detail}
 
 
+#: Linux's dev_t: 12 bits of major, 20 of minor; ids are 32-bit with -1 reserved.
+_MAX_MAJOR = (1 << 12) - 1
+_MAX_MINOR = (1 << 20) - 1
+_MAX_ID = (1 << 32) - 2
+
+
 def _read(path: str) -> Optional[str]:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
@@ -112,6 +118,10 @@ def _params(driver_root: str) -> Tuple[int, int, int]:
         key, _, value = line.partition(":")
         if value.strip().isdigit():
             values[key.strip()] = int(value.strip())
+    for key in ("DeviceFileUID", "DeviceFileGID"):
+        if values.get(key, 0) > _MAX_ID:
+            raise HostError(f"{driver_root.rstrip('/')}/proc/driver/nvidia/params: {key} "
+                            f"{values[key]} is not a user or group id")
     return (values.get("DeviceFileMode", 0o666) & 0o777, values.get("DeviceFileUID", 0),
             values.get("DeviceFileGID", 0))
 
@@ -184,6 +194,13 @@ def plan_device_nodes(driver_root: str = "/") -> Tuple[List[DeviceNode], List[st
     elif caps:
         nodes += [DeviceNode(f"/dev/nvidia-caps/nvidia-cap{minor}", majors["nvidia-caps"],
                              minor, cap_mode) for minor, cap_mode, _path in caps]
+    for node in nodes:
+        # a damaged or foreign procfs copy, not the kernel: refuse before mknod overflows
+        if node.major > _MAX_MAJOR or node.minor > _MAX_MINOR:
+            raise HostError(f"{node.path} would be {node.major}:{node.minor}, which is not a "
+                            f"Linux device number (majors up to {_MAX_MAJOR}, minors up to "
+                            f"{_MAX_MINOR}): check {proc_devices} and "
+                            f"{os.path.join(driver_root, 'proc/driver/nvidia')}")
     return nodes, notes
 
 

@@ -181,3 +181,35 @@ def test_dev_char_links_wrong_dev_root_and_no_nodes(tmp_path: Path,
     rc, out, err = run_cli(["system", "create-dev-char-symlinks", "--dev-root",
                             str(tmp_path / "empty")], capsys)
     assert rc == 0 and out == "" and "nothing to link" in err
+
+
+@pytest.mark.parametrize("damage", ["minor", "major", "uid"])
+def test_numbers_linux_cannot_have_are_one_line_errors(
+        node: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str) -> None:
+    """A damaged procfs copy (a minor or major past dev_t, a uid past 32 bits) ended in an
+    OverflowError traceback from mknod/chown; now one line naming what is wrong, and
+    nothing is created."""
+    import re
+
+    root = Path(node.root)
+    if damage == "minor":
+        info = sorted((root / "proc/driver/nvidia/gpus").glob("*/information"))[0]
+        info.write_text(re.sub(r"(?m)^Device Minor:.*$", "Device Minor: 99999999999999999999",
+                               info.read_text()))
+        expected = r"99999999999999999999, which is not a Linux device number"
+    elif damage == "major":
+        devices = root / "proc/devices"
+        devices.write_text(re.sub(r"(?m)^\s*\d+ (nvidia-frontend|nvidia)$", r"70000 \1",
+                                  devices.read_text()))
+        expected = r"would be 70000:\d+, which is not a Linux device number"
+    else:
+        params = root / "proc/driver/nvidia/params"
+        params.write_text(params.read_text() + "DeviceFileUID: 4294967296\n")
+        expected = "DeviceFileUID 4294967296 is not a user or group id"
+    with pytest.raises(HostError, match=expected):
+        plan_device_nodes(str(root))
+    dev_root = tmp_path / "devroot"
+    rc, out, err = run_cli(["system", "create-device-nodes", "--driver-root", str(root),
+                            "--dev-root", str(dev_root)], capsys)
+    assert rc == 1 and err.count("\n") == 1 and err.startswith("nvshim: ")
+    assert not dev_root.exists() or not char_nodes(dev_root / "dev")
