@@ -108,7 +108,9 @@ def runtime() -> None:
     show_default=True,
     help=(
         "Runtime name (containerd/CRI-O: the handler a RuntimeClass names; docker: "
-        "docker run --runtime NAME)."
+        "docker run --runtime NAME). Not the name of the engine's default runtime (runc, "
+        "CRI-O's crun, or what the config makes default) unless with --set-as-default: "
+        "every container would run nvshim. Docker reserves runc."
     ),
 )
 @click.option(

@@ -68,6 +68,7 @@ from nvshim.node.engine_files import (
     FileChange,
     backup_path,
     check_binary,
+    check_default_takeover,
     check_handler_name,
     default_runtime_guard,
     parse_toml,
@@ -178,6 +179,12 @@ def _apply_to_cri(
     containerd_table = ensure_table(cri, "containerd", f"{where}.containerd")
     runtimes = ensure_table(containerd_table, "runtimes", f"{where}.containerd.runtimes")
     existing = runtimes.get(name)
+    # without --set-as-default a default_runtime_name naming `name` is removed below, and
+    # containerd falls back to runc
+    named = plain(containerd_table.get("default_runtime_name"))
+    default = named if isinstance(named, str) and named and named != name else (
+        DEFAULT_RUNTIME_NAME)
+    check_default_takeover(name, (default,), set_as_default, "containerd")
     if existing is None or plain(existing) != handler:
         runtimes[name] = handler
     default = plain(containerd_table.get("default_runtime_name"))

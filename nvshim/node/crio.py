@@ -43,6 +43,7 @@ from nvshim.node.engine_files import (
     backup_path,
     carry_out,
     check_binary,
+    check_default_takeover,
     check_handler_name,
     default_runtime_guard,
     load_backup,
@@ -70,6 +71,8 @@ DEFAULT_DROP_IN = "/etc/crio/crio.conf.d/99-nvshim.toml"
 DEFAULT_NAME = "nvshim"
 DEFAULT_BINARY = "/usr/local/bin/nvshim-runtime"
 DEFAULT_RUNTIME_ROOT = "/run/runc"
+#: CRI-O's default_runtime when no file sets one: runc, or crun in newer releases.
+BUILTIN_DEFAULT_RUNTIMES = ("runc", "crun")
 DEFAULT_MONITOR_CGROUP = "pod"
 DEFAULT_MONITOR_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
 #: Keys of a ``[crio.runtime.runtimes.<handler>]`` table that CRI-O documents (crio.conf(5)).
@@ -178,6 +181,9 @@ def plan_configure(
     main = _parse(main_text, config_path)
     _parse(drop_in_text, drop_in)  # an unreadable drop-in is reported before it is replaced
     runtime = _table(main, ("crio", "runtime"), config_path) or {}
+    default = runtime.get("default_runtime")  # nvshim never edits the main file
+    check_default_takeover(name, (default,) if isinstance(default, str) and default
+                           else BUILTIN_DEFAULT_RUNTIMES, set_as_default, "CRI-O")
     if not set_as_default and runtime.get("default_runtime") == name:
         warnings.append(f'{config_path} itself sets default_runtime = "{name}"; nvshim leaves '
                         "the main file alone")

@@ -117,6 +117,9 @@ def _check_arguments(name: str, binary: str) -> None:
             f'runtime name "{name}" is not a plain name (letters, digits, "_", ".", "-", '
             "at most 63)"
         )
+    if name == DOCKER_DEFAULT_RUNTIME:
+        raise UsageError(f'runtime name "{name}" is reserved by Docker: dockerd refuses to '
+                         "start with a daemon.json that defines it")
     check_binary(binary)
 
 

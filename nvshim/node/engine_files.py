@@ -49,6 +49,7 @@ __all__ = [
     "set_as_default_pitfall",
     "default_runtime_guard",
     "check_handler_name",
+    "check_default_takeover",
     "check_binary",
 ]
 
@@ -406,6 +407,24 @@ def default_runtime_guard(
         f'"{name}" is the default runtime while require-allocation is off: '
         + set_as_default_pitfall(name).replace("would", "will")
     ]
+
+
+def check_default_takeover(name: str, defaults: Sequence[str], set_as_default: bool,
+                           engine: str) -> None:
+    """Refuse a runtime name that would take over the engine's default runtime handler.
+
+    ``defaults``: the handler(s) the engine will run by default once nvshim's edit is made
+    (``runc`` unless a config names another). nvshim's handler written under that name
+    sends every container through nvshim-runtime: what ``--set-as-default`` does, but past
+    its require-allocation guard.
+    """
+    if set_as_default or name not in defaults:
+        return
+    raise UsageError(
+        f'runtime name "{name}" is {engine}\'s default runtime: nvshim-runtime under that '
+        "name would run every container, past the require-allocation check of "
+        "--set-as-default; choose another --name, or pass --set-as-default"
+    )
 
 
 def check_handler_name(name: str) -> None:

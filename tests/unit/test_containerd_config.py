@@ -388,6 +388,40 @@ def test_a_crlf_config_keeps_crlf_on_the_lines_added(drop_in: str) -> None:
     assert got == twin.replace("\n", "\r\n")
 
 
+@pytest.mark.parametrize("main, name", [
+    (None, "runc"),
+    (COMMENTED_V2, "runc"),
+    ('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+     'default_runtime_name = "runc"\n', "runc"),
+])
+@pytest.mark.parametrize("drop_in", [None, ""])
+def test_name_of_the_default_runtime_is_refused(main: Optional[str], name: str,
+                                                drop_in: Optional[str]) -> None:
+    """nvshim's handler written as the handler containerd runs by default (runc unless
+    default_runtime_name says otherwise) sent every pod through nvshim-runtime without
+    --set-as-default and its require-allocation guard; now refused unless --set-as-default
+    (under the guard)."""
+    with pytest.raises(UsageError, match=f'runtime name "{name}" is containerd\'s default '
+                                         "runtime: nvshim-runtime under that name would run"):
+        _plan(main, name=name, drop_in=drop_in)
+    with pytest.raises(UsageError, match="require-allocation"):
+        _plan(main, name=name, drop_in=drop_in, set_as_default=True)
+    assert _plan(main, name=name, drop_in=drop_in, set_as_default=True, require_allocation=True)
+    # runc is no default once default_runtime_name names another handler (nvshim's own
+    # default_runtime_name is removed without --set-as-default, so naming it is fine too)
+    crun = 'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+    assert _plan(crun + 'default_runtime_name = "crun"\n', name="runc", drop_in=drop_in)
+    assert _plan(crun + 'default_runtime_name = "crun"\n', name="crun", drop_in=drop_in)
+
+
+def test_an_earlier_set_as_default_can_be_configured_again() -> None:
+    """The default handler that already runs nvshim-runtime is nvshim's own: configure
+    without --set-as-default still takes the default away (with the warning), not refuses."""
+    first = _by_path(_plan(COMMENTED_V2, drop_in="", set_as_default=True, force=True))
+    again = _plan(first["/etc/containerd/config.toml"], drop_in="")
+    assert any("removed default_runtime_name" in w for w in again.warnings)
+
+
 def test_invalid_toml_message_keeps_an_acronym() -> None:
     """tomlkit's message is lower-cased to fit ours, but not its acronym: nesting past 100
     levels read "invalid TOML: tOML value nested more than 100 levels deep"."""

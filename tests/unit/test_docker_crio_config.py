@@ -149,6 +149,14 @@ def test_docker_bad_files_are_config_errors(text: str, message: str) -> None:
     assert "/etc/docker/daemon.json" in str(info.value)
 
 
+def test_docker_refuses_the_reserved_name_runc() -> None:
+    """--name runc wrote a daemon.json dockerd refuses to start with ("runtime name 'runc'
+    is reserved", checked with dockerd 20.10 here); it is refused before anything is
+    written."""
+    with pytest.raises(UsageError, match='"runc" is reserved by Docker'):
+        docker.plan_configure("{}", name="runc")
+
+
 def test_docker_relative_binary_is_usage_error() -> None:
     with pytest.raises(UsageError, match="absolute"):
         docker.plan_configure(None, binary="nvshim-runtime")
@@ -297,6 +305,28 @@ def test_crio_set_as_default_guard_and_key() -> None:
         _crio_drop_in(None, set_as_default=True)
     data = _crio_drop_in(None, set_as_default=True, require_allocation=True)
     assert data["crio"]["runtime"]["default_runtime"] == "nvshim"
+
+
+TAKEOVER = "default runtime: nvshim-runtime under that name would run every container"
+
+
+@pytest.mark.parametrize("main, name", [
+    (None, "runc"),
+    (None, "crun"),
+    ('[crio.runtime]\ndefault_runtime = "kata"\n', "kata"),
+])
+def test_crio_name_of_the_default_runtime_is_refused(main: Optional[str], name: str) -> None:
+    """A drop-in handler named like CRI-O's default runtime overrides that handler's
+    runtime_path, so every container ran through nvshim without --set-as-default and its
+    require-allocation guard; now refused unless --set-as-default (with the guard)."""
+    with pytest.raises(UsageError, match=f'runtime name "{name}" is CRI-O\'s {TAKEOVER}'):
+        _crio_drop_in(main, name=name)
+    with pytest.raises(UsageError, match="require-allocation"):
+        _crio_drop_in(main, name=name, set_as_default=True)
+    data = _crio_drop_in(main, name=name, set_as_default=True, require_allocation=True)
+    assert data["crio"]["runtime"]["runtimes"][name]["runtime_path"] == crio.DEFAULT_BINARY
+    # another name is fine while the default is kata
+    assert "other" in _crio_drop_in(main, name="other")["crio"]["runtime"]["runtimes"]
 
 
 def test_crio_bad_inputs() -> None:
