@@ -16,6 +16,7 @@ only file a create may write next to it is the node plan cache (:mod:`nvshim.run
 from __future__ import annotations
 
 import os
+import stat
 
 from nvshim import __version__
 from nvshim._record import dataclass, fields
@@ -23,7 +24,7 @@ from nvshim.errors import ConfigError
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import Any, Dict, Mapping, Optional, Tuple
+    from typing import Any, BinaryIO, Dict, Mapping, Optional, Tuple
 
 __all__ = [
     "Config",
@@ -228,12 +229,14 @@ def read_trusted_cache(path: str, what: str) -> Tuple[Optional[Any], str]:
     from nvshim._jsonc import loads
 
     try:
-        with open(path, "rb") as fh:
+        with _open_file(path) as fh:
             try:
                 check_trusted(path, os.fstat(fh.fileno()))
             except ConfigError as exc:
                 return None, f"{what} not trusted: {exc}"
             raw = fh.read()
+    except _NotAFile:
+        return None, f"{what} is not a regular file"
     except FileNotFoundError:
         return None, f"no {what}"
     except OSError as exc:
@@ -244,11 +247,27 @@ def read_trusted_cache(path: str, what: str) -> Tuple[Optional[Any], str]:
         return None, f"{what} is not valid JSON"
 
 
+class _NotAFile(Exception):
+    """Internal: the path is a FIFO, a device, a socket or a directory."""
+
+
+def _open_file(path: str) -> BinaryIO:
+    """``open(path, "rb")`` that refuses anything but a regular file, without blocking: a
+    FIFO at a config path would otherwise hang every create waiting for a writer."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _NotAFile(path)
+    return open(fd, "rb")
+
+
 def read_bytes(path: str) -> Optional[bytes]:
     try:
-        with open(path, "rb") as fh:
+        with _open_file(path) as fh:
             check_trusted(path, os.fstat(fh.fileno()))
             return fh.read()
+    except _NotAFile:
+        raise ConfigError(f"cannot read config {path}: not a regular file") from None
     except FileNotFoundError:
         return None
     except OSError as exc:

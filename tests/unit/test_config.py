@@ -86,3 +86,31 @@ def test_env_override(tmp_path, monkeypatch):
     path = write(tmp_path, "default-kind: acme.com/gpu\n")
     monkeypatch.setenv("NVSHIM_CONFIG", path)
     assert load_config().default_kind == "acme.com/gpu"
+
+
+def test_a_fifo_config_is_refused_without_waiting(tmp_path):
+    """NVSHIM_CONFIG naming a FIFO hung every create (and `nvshim config show`) waiting for
+    a writer; it is one line now, at once."""
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"config\.yaml: not a regular file"):
+        load_config(str(fifo))
+    res = subprocess.run([sys.executable, "-m", "nvshim.cli.main", "config", "show",
+                          "--config", str(fifo)],
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert res.returncode == 1 and res.stderr.count("\n") == 1
+    assert "not a regular file" in res.stderr
+
+
+def test_a_fifo_cache_is_not_used_and_does_not_block(tmp_path):
+    """A FIFO where the node plan cache or the CDI index lives is 'not a regular file':
+    the create rebuilds instead of waiting."""
+    from nvshim.config import read_trusted_cache
+
+    fifo = tmp_path / "config.plan.json"
+    os.mkfifo(fifo)
+    assert read_trusted_cache(str(fifo), "node plan cache") == (
+        None, "node plan cache is not a regular file")

@@ -34,9 +34,10 @@ ALLOWED = {("runtime/specjson.py", "TypeError"), ("cdi/load.py", "ValueError"),
            ("host/inroot.py", "OSError"), ("host/inroot.py", "FileNotFoundError"),
            ("_record.py", "TypeError"), ("node/findings.py", "ValueError")}
 #: Exception classes outside the tree on purpose: internal signals caught in the same module
-#: (_jsonc's fallback to the json package, config's duplicate-key hook for yaml) and
+#: (_jsonc's fallback to the json package, config's duplicate-key hook for yaml and its
+#: not-a-regular-file signal) and
 #: dataclasses' FrozenInstanceError, which records mirror.
-INTERNAL = {"nvshim._jsonc._Fallback", "nvshim.config._DuplicateKey",
+INTERNAL = {"nvshim._jsonc._Fallback", "nvshim.config._DuplicateKey", "nvshim.config._NotAFile",
             "nvshim._record.FrozenInstanceError"}
 BUILTIN = {"ValueError", "OSError", "KeyError", "TypeError", "RuntimeError", "Exception",
            "IndexError", "LookupError", "IOError", "FileNotFoundError", "PermissionError"}
