@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     Plan = Any  # nvshim.runtime.create.Plan (create imports this module: no import back)
 
 __all__ = ["ask_kubelet_if_needed", "pod_annotations", "check_allocated",
-           "check_imex_allocated"]
+           "check_imex_allocated", "node_gpu_ids"]
 
 
 def ask_kubelet_if_needed(view: ImageView, config: Config) -> Tuple[Any, Any, str, List[str]]:
@@ -94,23 +94,43 @@ def pod_annotations(bundle: str, view: ImageView, config: Config) -> Optional[Di
     return {k: v for k, v in notes.items() if isinstance(k, str) and isinstance(v, str)}
 
 
+def _devices_of(ident: str, refs: Sequence[Any]) -> Tuple[str, ...]:
+    """UUIDs of the GPUs and MIG devices one kubelet device id names on this node; ``()`` for
+    an id that names none (another resource's device, an SR-IOV NIC's PCI address, …)."""
+    tokens = parse_visible_devices(ident)
+    if not tokens or tokens[0] in ("all", "none"):
+        return ()
+    try:
+        chosen, migs = select_gpus(tokens, refs)
+    except RequestError:
+        return ()
+    return tuple(r.uuid for r in chosen) + tuple(m.uuid for m in migs)
+
+
 def _allowed(gpus: Sequence[Any], ids: Sequence[str]) -> Dict[str, str]:
     """UUID → id for every GPU/MIG device the device ids name (unknown ids are skipped)."""
     refs = tuple(g.ref() for g in gpus)
     out: Dict[str, str] = {}
     for ident in ids:
-        tokens = parse_visible_devices(ident)
-        if not tokens or tokens[0] in ("all", "none"):
-            continue
-        try:
-            chosen, migs = select_gpus(tokens, refs)
-        except RequestError:
-            continue
-        for ref in chosen:
-            out.setdefault(ref.uuid, ident)
-        for mig in migs:
-            out.setdefault(mig.uuid, ident)
+        for uuid in _devices_of(ident, refs):
+            out.setdefault(uuid, ident)
     return out
+
+
+def node_gpu_ids(ids: Sequence[str],
+                 gpus: Sequence[Any]) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """(the kubelet device ids that name GPUs or MIG devices of this node, the others).
+
+    ``kubelet-resource-prefixes`` (``nvidia.com/``) also takes in NVIDIA's other resources,
+    such as the network operator's SR-IOV NICs: their ids are not GPUs, as
+    :func:`check_allocated` already treats them.
+    """
+    refs = tuple(g.ref() for g in gpus)
+    kept: List[str] = []
+    others: List[str] = []
+    for ident in ids:
+        (kept if _devices_of(ident, refs) else others).append(ident)
+    return tuple(kept), tuple(others)
 
 
 def check_allocated(plan: Plan, host: Any, config: Config) -> None:

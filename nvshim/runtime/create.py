@@ -145,9 +145,23 @@ def plan_create(
 
         identity, allocation, verified, early_notes = policy.ask_kubelet_if_needed(view, config)
         pod = policy.pod_annotations(bundle, view, config)
-    request = resolve_request(view, config, allocation.ids if allocation is not None else None,
-                              pod)
+    kubelet_ids = allocation.ids if allocation is not None else None
+    plan_source = ""
+    if kubelet_ids and "kubelet" in config.allocation_sources:
+        # the kubelet source grants these ids as GPUs: only those that are GPUs of this node
+        if host is None:
+            from nvshim.runtime.plancache import host_for
+
+            host, plan_source = host_for(config, save_cache)
+        kubelet_ids, others = policy.node_gpu_ids(kubelet_ids, host.gpus())
+        early_notes = early_notes + [
+            f'kubelet device id "{i}" names no GPU of this node (another resource\'s '
+            "device): not granted" for i in others]
+    request = resolve_request(view, config, kubelet_ids, pod)
     plan = Plan(spec_path, raw, spec, request, capabilities=request.capabilities)
+    plan.plan_source = plan_source
+    if plan_source and log is not None:
+        log.event("plan", source=plan_source)
     plan.identity, plan.allocation, plan.verified = identity, allocation, verified
     plan.view = view
     plan.notes.extend(early_notes)

@@ -139,6 +139,22 @@ def test_kubelet_source_grants_exactly_the_allocation(node: Any, tmp_path: Path,
     assert plan.request.source == "kubelet" and plan.request.shared
 
 
+def test_kubelet_source_skips_ids_of_other_nvidia_resources(node: Any, tmp_path: Path,
+                                                            kubelet: PodResourcesServer) -> None:
+    """An SR-IOV NIC from nvidia.com/ (the network operator's prefix) next to a GPU is not a
+    GPU: the kubelet source grants the GPU and notes the NIC's id instead of failing on it;
+    a NIC alone grants nothing."""
+    nic = "nvidia.com/sriov_rdma"
+    kubelet.set([("team-a", "mine", {"main": {GPU: [node.gpus[2].uuid], nic: ["0000:3b:00.2"]}})])
+    cfg = config(node, tmp_path, allocation_sources=("kubelet",), verify_with="none")
+    plan = plan_create(bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"]), cfg)
+    assert [g.index for g in plan.gpus] == [2] and plan.request.source == "kubelet"
+    assert any('"0000:3b:00.2" names no GPU of this node' in n for n in plan.notes)
+    kubelet.set([("team-a", "mine", {"main": {nic: ["0000:3b:00.2"]}})])
+    plan = plan_create(bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"]), cfg)
+    assert plan.gpus == () and not plan.request.injects and plan.request.set_void
+
+
 def test_kubelet_down_fails_by_default(node: Any, tmp_path: Path) -> None:
     """No socket, no checkpoint: the claim fails with a line naming what was tried."""
     with pytest.raises(RequestError, match=r"cannot ask the kubelet what team-a/mine/main was "
