@@ -283,13 +283,22 @@ def real_path(root: Root, container_path: str) -> str:
 
 
 def _open_final(root: int, container_path: str, flags: int) -> int:
-    """Open the file *container_path* in *root*, following a final symlink in the root."""
+    """Open the regular file *container_path* in *root*, following a final symlink in the
+    root.
+
+    Anything else is refused with ``OSError(EINVAL)`` *before* it is opened: opening a
+    device node runs its driver's open (an image's ``c 10:130`` node would arm the host's
+    watchdog) and the runtime opens image files as host root, outside any device cgroup.
+    """
     parent_path, name = _split_final(container_path)
     links = 0
     while True:
         parent = _walk(root, parent_path, create=False, mode=0, shown=container_path)
         try:
             try:
+                mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
+                if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                    raise OSError(errno.EINVAL, "not a regular file", container_path)
                 return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
             except OSError as exc:
                 if exc.errno != errno.ELOOP:
@@ -311,7 +320,7 @@ def open_file(root: Root, container_path: str) -> int:
     """Open regular file *container_path* in *root* read-only; return the fd (caller closes).
 
     Symlinks, the final one included, are resolved inside the root. Anything but a
-    regular file (a FIFO, a device, a directory) is refused without blocking, with
+    regular file (a FIFO, a device, a directory) is refused without being opened, with
     ``OSError(EINVAL)``; a missing file raises ``FileNotFoundError``.
     """
     fd = _open_final(_root_fd(root), container_path, os.O_RDONLY | os.O_NONBLOCK)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import stat
+import struct
 import tempfile
 import threading
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -304,6 +307,54 @@ def test_read_file_refuses_fifo_without_blocking(world: tuple[Path, Path]) -> No
         os.close(os.open(root / "etc/ld.so.cache", os.O_WRONLY | os.O_NONBLOCK))
         pytest.fail("read_file blocked on a FIFO")
     assert len(result) == 1 and result[0].errno == errno.EINVAL
+
+
+def opened_names(directory: Path, action: Callable[[], object]) -> list[str]:
+    """Names in *directory* that ``action()`` opened (inotify IN_OPEN: any open but O_PATH)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert fd >= 0 and libc.inotify_add_watch(fd, os.fsencode(directory), 0x20) >= 0
+    try:
+        action()
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return []
+    finally:
+        os.close(fd)
+    names, at = [], 0
+    while at < len(data):
+        length = struct.unpack_from("iIII", data, at)[3]
+        names.append(data[at + 16 : at + 16 + length].rstrip(b"\0").decode())
+        at += 16 + length
+    return names
+
+
+@pytest.mark.parametrize("kind", ["fifo", "chardev", "chardev-behind-symlink"])
+def test_special_files_are_refused_without_being_opened(world: tuple[Path, Path], kind: str) -> None:
+    """A FIFO or a device node where a file is read is refused before any open: opening a
+    device runs its driver (an image's watchdog node would arm the host's watchdog), and
+    the runtime reads image files as host root outside any device cgroup."""
+    if kind != "fifo" and os.geteuid() != 0:
+        pytest.skip("mknod of a character device needs root")
+    root, _ = world
+    node = root / "etc" / "node"
+    if kind == "fifo":
+        os.mkfifo(node)
+    else:
+        os.mknod(node, 0o644 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+    target = "/etc/node"
+    if kind == "chardev-behind-symlink":
+        (root / "etc" / "link").symlink_to("/etc/node")
+        target = "/etc/link"
+    with _inroot.open_root(str(root)) as rfd:
+        def read() -> None:
+            with pytest.raises(OSError) as info:
+                _inroot.read_file(rfd, target)
+            assert info.value.errno == errno.EINVAL and info.value.filename == target
+
+        assert opened_names(root / "etc", read) == []
+        assert opened_names(root / "etc", lambda: os.close(os.open(node, os.O_RDONLY | os.O_NONBLOCK))) == ["node"]
 
 
 def test_read_file_size_limit(world: tuple[Path, Path]) -> None:
