@@ -46,6 +46,7 @@ from nvshim.runtime.rootwork import (
     LDCONF_DROPIN,
     apply_links,
     host_error,
+    is_host_root,
     update_ldcache,
 )
 
@@ -144,6 +145,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args = parse_hook_cli(sys.argv[1:] if argv is None else argv)
         rootfs = container_root(_read_state(sys.stdin))
+        if is_host_root(rootfs):  # runc runs hooks before its pivot_root fails on it
+            sys.stderr.write(f"{_PREFIX}warning: the container rootfs {rootfs} is the host's /: "
+                             "nothing is written in it\n")
+            return 0
         try:
             root = _inroot.open_root(rootfs)
         except OSError as exc:

@@ -58,9 +58,10 @@ class Plan:
     rootwork: Any = None
     """The SONAME links and ld.so.cache work (:class:`nvshim.runtime.rootwork.RootWork`), if any."""
     rootwork_by: str = ""
-    """Who does it: ``runtime`` (before runc), ``hook`` (createContainer), ``""`` (none)."""
+    """Who does it: ``runtime`` (before runc), ``hook`` (createContainer), ``nobody`` (the
+    rootfs is the host's /), ``""`` (there is none)."""
     rootwork_why: str = ""
-    """``runtime``: the rootfs written; ``hook``: why the runtime cannot write it."""
+    """``runtime``: the rootfs written; ``hook``, ``nobody``: why the runtime does not."""
     warnings: List[str] = field(default_factory=list)
     plan_source: str = ""
     """Where the node's plan came from: the plan cache, or discovery (and why)."""
@@ -94,8 +95,9 @@ class Plan:
         return tuple(dict.fromkeys(out))
 
     def applied_edits(self) -> Edits:
-        """The edits config.json gets: without nvshim's hook when the runtime does its work."""
-        if self.rootwork_by != "runtime":
+        """The edits config.json gets: without nvshim's hook when the runtime does its work
+        or nobody does (the rootfs is the host's /)."""
+        if self.rootwork_by not in ("runtime", "nobody"):
             return self.edits
         from nvshim._record import replace
         from nvshim.runtime.hookargs import is_nvshim_hook

@@ -128,6 +128,8 @@ def render_text(plan: Plan, config: Config) -> str:
         out.append(f"CDI registry:  {plan.cdi_source}")
     if plan.rootwork_by == "runtime":
         out.append(f"in-root work:  by nvshim-runtime before runc, in {plan.rootwork_why}")
+    elif plan.rootwork_by == "nobody":
+        out.append(f"in-root work:  none ({plan.rootwork_why})")
     elif plan.rootwork_by:
         out.append(f"in-root work:  by the createContainer hook ({plan.rootwork_why})")
     for hook in plan.applied_edits().hooks:

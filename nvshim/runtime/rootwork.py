@@ -17,8 +17,11 @@ same code (this module) and the same guarantees (every path resolved inside the 
     the ``createContainer`` hook (:mod:`nvshim.hook`), run by runc after the mounts. Kept
     as the fallback when the host cannot write the rootfs: a read-only mount (a read-only
     bind, squashfs), ``EROFS``/``EACCES``/``EPERM`` at the attempt, a rootfs that is a
-    symlink or the host's ``/``, or a mount in config.json that covers a path we would
-    write (the container would not see what was written underneath it).
+    symlink, or a mount in config.json that covers a path we would write (the container
+    would not see what was written underneath it).
+``nobody`` (:data:`NOBODY`)
+    a rootfs that is the host's ``/`` (by any path or symlink): its files are the host's,
+    and neither process writes them.
 
 :func:`decide` makes the choice from ``stat`` calls only (``nvshim inspect`` shows it);
 :func:`prepare` does the work and raises :class:`Fallback` when the rootfs turns out not
@@ -66,17 +69,22 @@ __all__ = [
     "LDCACHE_MAX_BYTES",
     "LDCONF",
     "LDCONF_DROPIN",
+    "NOBODY",
     "Fallback",
     "RootWork",
     "apply_links",
     "decide",
     "elf_info",
     "host_error",
+    "is_host_root",
     "prepare",
     "rootfs_path",
     "update_ldcache",
     "work_from_hooks",
 ]
+
+#: :func:`decide`'s answer for a rootfs that is the host's ``/``: no in-root work at all.
+NOBODY = "nobody"
 
 LDCACHE = "/etc/ld.so.cache"
 LDCONF = "/etc/ld.so.conf"
@@ -221,8 +229,23 @@ def _covers(destination: str, path: str) -> bool:
     return path == destination or path.startswith(destination.rstrip("/") + "/")
 
 
+def is_host_root(path: str) -> bool:
+    """Whether ``path`` (symlinks followed) is the host's ``/``, by any name."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    host_root = os.stat("/")
+    return (st.st_dev, st.st_ino) == (host_root.st_dev, host_root.st_ino)
+
+
 def decide(spec: Mapping[str, Any], bundle: str, work: RootWork) -> Tuple[str, str]:
-    """("runtime", rootfs) when the runtime can do ``work`` before runc, else ("hook", why).
+    """("runtime", rootfs) when the runtime can do ``work`` before runc, else ("hook", why),
+    or (:data:`NOBODY`, why) for a rootfs that is the host's ``/``.
+
+    runc runs createContainer hooks before the ``pivot_root`` that fails on such a root
+    (``--no-pivot`` even starts the container there), so a hook would rewrite the host's
+    own ld.so.cache and library folder: nobody writes anything, the host's files serve.
 
     Only ``stat`` calls: nothing is written. A write can still fail later (EROFS on an
     overlay's read-only lower layer, EACCES): :func:`prepare` raises :class:`Fallback`.
@@ -234,13 +257,12 @@ def decide(spec: Mapping[str, Any], bundle: str, work: RootWork) -> Tuple[str, s
         st = os.lstat(rootfs)
     except OSError as exc:
         return "hook", f"cannot stat the rootfs {rootfs}: {_reason(exc)}"
+    if is_host_root(rootfs):
+        return NOBODY, f"the rootfs {rootfs} is the host's /: nothing is written in it"
     if stat.S_ISLNK(st.st_mode):
         return "hook", f"the rootfs {rootfs} is a symlink"
     if not stat.S_ISDIR(st.st_mode):
         return "hook", f"the rootfs {rootfs} is not a directory"
-    host_root = os.stat("/")
-    if (st.st_dev, st.st_ino) == (host_root.st_dev, host_root.st_ino):
-        return "hook", f"the rootfs {rootfs} is the host's /"
     try:
         if os.statvfs(rootfs).f_flag & os.ST_RDONLY:
             return "hook", f"the rootfs {rootfs} is on a read-only mount"

@@ -205,3 +205,63 @@ def test_full_rootfs_is_one_clear_error_and_config_json_is_untouched(node, rootf
         assert (bundle / "config.json").read_bytes() == before
     finally:
         subprocess.run(["umount", "-l", str(bundle / "rootfs")], check=False)
+
+
+_HOST_ROOT_SCRIPT = r"""
+set -u
+for d in /etc "$LIBDIR"; do
+  n=$(echo "$d" | tr / _)
+  mkdir -p "$OV/$n-up" "$OV/$n-work"
+  mount -t overlay overlay -o "lowerdir=$d,upperdir=$OV/$n-up,workdir=$OV/$n-work" "$d" || exit 99
+done
+"$RUNTIME" --root "$OV/runc-root" run --bundle "$BUNDLE" "$ID" > "$OV/run.out" 2>&1
+echo "$?" > "$OV/run.rc"
+runc --root "$OV/runc-root" delete -f "$ID" > /dev/null 2>&1
+printf '{"ociVersion": "1.0.2", "id": "x", "status": "creating", "pid": 1, "bundle": "%s", "root": "/"}' \
+  "$BUNDLE" | "$PYTHON" -I -m nvshim.hook --link libcuda.so.550.54.15::"$LIBDIR"/libcuda.so.1 \
+  --folder "$LIBDIR" > "$OV/hook.out" 2>&1
+echo "$?" > "$OV/hook.rc"
+"""
+
+
+def test_rootfs_that_is_the_host_root_is_never_written(node, rootfs, tmp_path, nvshim_runtime_bin,
+                                                        nvshim_bin):
+    """root.path "/" (or a symlink to it): runc runs createContainer hooks before its pivot_root
+    fails on such a root, and --no-pivot starts the container there, so a hook would rewrite
+    the host's own ld.so.cache, ld.so.conf.d and library folder. Neither the runtime nor the
+    hook writes anything: config.json gets no nvshim hook, inspect says why, and the hook
+    given such a root warns and leaves it alone. (The host's /etc and library folder are
+    overlay mounts in a private mount namespace here, so a regression writes the overlay.)"""
+    import sys
+
+    require_root()
+    env = config_env(node, tmp_path)
+    bundle = make_bundle(tmp_path / "b", rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    spec = read_config(bundle)
+    spec["root"] = {"path": "/"}
+    spec["mounts"] = [m for m in spec["mounts"] if m["destination"] == "/proc"]
+    (bundle / "config.json").write_text(json.dumps(spec, indent="\t"))
+    (tmp_path / "root-link").symlink_to("/")
+    for root_path in ("/", str(tmp_path / "root-link")):
+        spec["root"]["path"] = root_path
+        (bundle / "config.json").write_text(json.dumps(spec, indent="\t"))
+        work = inspect_work(nvshim_bin, bundle, env)
+        assert work["by"] == "nobody" and "is the host's /" in work["detail"], work
+    spec["root"]["path"] = "/"  # runc refuses a symlink before any hook; "/" it runs them for
+    (bundle / "config.json").write_text(json.dumps(spec, indent="\t"))
+    overlay = tmp_path / "ov"
+    overlay.mkdir()
+    res = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", _HOST_ROOT_SCRIPT],
+        env={**env, "OV": str(overlay), "LIBDIR": LIBDIR, "RUNTIME": nvshim_runtime_bin,
+             "BUNDLE": str(bundle), "ID": unique_id(), "PYTHON": sys.executable},
+        capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert nvshim_hooks(bundle) == [], (overlay / "run.out").read_text()
+    assert (overlay / "hook.rc").read_text().strip() == "0"
+    assert (overlay / "hook.out").read_text() == (
+        "nvshim hook: warning: the container rootfs / is the host's /: nothing is written in it\n")
+    assert list((overlay / "_etc-up").iterdir()) == []
+    nvshim_made = [p.name for p in (overlay / f"{LIBDIR.replace('/', '_')}-up").iterdir()
+                   if p.is_symlink()]  # runc itself makes empty files for its mount targets
+    assert nvshim_made == []
