@@ -444,18 +444,17 @@ def _merge(existing: Sequence[CacheEntry], added: Sequence[CacheEntry]) -> List[
     entries with an empty name or path (an image's cache can hold them; no lookup ever
     matches one, and :func:`build_ldcache` cannot write them).
     """
-    replaced = {(e.key, e.flags) for e in added}
+    # entries are (key, value, flags, hwcap) tuples: index, not attribute, per entry
+    replaced = {(e[0], e[2]) for e in added}
     seen = set()
     out: List[CacheEntry] = []
     for entry in list(added) + [
         e
         for e in existing
-        if not e.hwcap & HWCAP_EXTENSION and e.key and e.value
-        and (e.key, e.flags) not in replaced
+        if not e[3] & HWCAP_EXTENSION and e[0] and e[1] and (e[0], e[2]) not in replaced
     ]:
-        ident = (entry.key, entry.value, entry.flags, entry.hwcap)
-        if ident not in seen:
-            seen.add(ident)
+        if entry not in seen:  # the whole tuple: same name, path, flags and hwcap
+            seen.add(entry)
             out.append(entry)
     return out
 

@@ -377,3 +377,78 @@ def test_import_is_light() -> None:
         check=True,
     )
     assert result.stdout.strip() == ""
+
+
+def _glibc_libcmp(p1: bytes, p2: bytes) -> int:
+    """glibc's _dl_cache_libcmp, step by step as the C does (signed chars, int wrap)."""
+    def signed(b: int) -> int:
+        return b - 256 if b >= 128 else b
+
+    def wrap(v: int) -> int:
+        v &= 0xFFFFFFFF
+        return v - (1 << 32) if v >= 1 << 31 else v
+
+    a, b = p1 + b"\0", p2 + b"\0"
+    i = j = 0
+    while a[i] != 0:
+        if 48 <= a[i] <= 57:
+            if 48 <= b[j] <= 57:
+                v1 = v2 = 0
+                while 48 <= a[i] <= 57:
+                    v1 = wrap(v1 * 10 + a[i] - 48)
+                    i += 1
+                while 48 <= b[j] <= 57:
+                    v2 = wrap(v2 * 10 + b[j] - 48)
+                    j += 1
+                if v1 != v2:
+                    return -1 if v1 < v2 else 1
+            else:
+                return 1
+        elif 48 <= b[j] <= 57:
+            return -1
+        elif a[i] != b[j]:
+            return -1 if signed(a[i]) < signed(b[j]) else 1
+        else:
+            i += 1
+            j += 1
+    return (signed(a[i]) > signed(b[j])) - (signed(a[i]) < signed(b[j]))
+
+
+_libnames = st.one_of(
+    st.text(alphabet="lib.so-_x0123456789\xe9", min_size=1, max_size=24),
+    st.builds(lambda a, d, z: f"lib{a}.so.{d}{z}", st.text(alphabet="az9", max_size=4),
+              st.text(alphabet="0123456789", min_size=1, max_size=40),
+              st.text(alphabet=".1", max_size=3)),
+    st.text(alphabet=st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)),
+            min_size=1, max_size=12),
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_libnames, _libnames)
+def test_libcmp_key_orders_exactly_as_glibc_compares(left: str, right: str) -> None:
+    """The bytes key compares like a step-by-step port of glibc's comparator: digit runs
+    as wrapping C ints (runs longer than 10 digits included), signed chars, prefixes."""
+    expected = _glibc_libcmp(left.encode("utf-8", "surrogateescape"),
+                             right.encode("utf-8", "surrogateescape"))
+    a, b = libcmp_key(left), libcmp_key(right)
+    assert ((a > b) - (a < b)) == expected
+
+
+def test_libcmp_key_takes_a_digit_run_longer_than_int_allows() -> None:
+    """int() refuses more than 4300 digits; glibc just wraps: so does the key."""
+    long_run = "9" * 5000  # 10**5000 - 1
+    wrapped = (pow(10, 5000, 1 << 32) - 1) % (1 << 32)
+    assert libcmp_key(f"libx.so.{long_run}") == libcmp_key(f"libx.so.{wrapped}")
+    assert libcmp_key(f"libx.so.{long_run}") != libcmp_key(f"libx.so.{wrapped + 1}")
+
+
+def test_cache_entries_are_immutable_named_tuples() -> None:
+    entry = CacheEntry("libz.so.1", "/lib/libz.so.1")
+    assert (entry.key, entry.value, entry.flags, entry.hwcap) == (
+        "libz.so.1", "/lib/libz.so.1", FLAG_X8664_LIBC6, 0)
+    assert entry == CacheEntry("libz.so.1", "/lib/libz.so.1", FLAG_X8664_LIBC6, 0)
+    assert hash(entry) == hash(CacheEntry("libz.so.1", "/lib/libz.so.1"))
+    assert repr(entry).startswith("CacheEntry(key='libz.so.1', value='/lib/libz.so.1'")
+    with pytest.raises(AttributeError):
+        entry.key = "x"  # type: ignore[misc]
