@@ -15,13 +15,16 @@ Cases:
 
 * ``state``: ``state <id>`` of one created container (pure passthrough);
 * ``delete``: ``delete <id>`` of a container freshly created with plain runc (passthrough);
-* ``create+delete gpu=none|1|8|cdi``: ``create`` then ``delete`` of a busybox bundle with
-  no GPU request, ``NVIDIA_VISIBLE_DEVICES=0``, ``=all`` and ``=nvidia.com/gpu=0`` (a CDI
-  name, resolved from a YAML spec ``nvshim cdi generate`` wrote into the configured spec
-  dir) on the 8-GPU node; before every create (untimed) config.json is restored and
+* ``create+delete gpu=none|1|8|cdi|1+ldcache``: ``create`` then ``delete`` of a busybox
+  bundle with no GPU request, ``NVIDIA_VISIBLE_DEVICES=0``, ``=all`` and
+  ``=nvidia.com/gpu=0`` (a CDI name, resolved from a YAML spec ``nvshim cdi generate``
+  wrote into the configured spec dir) on the 8-GPU node; ``1+ldcache`` is the 1-GPU
+  bundle with this host's ``/etc/ld.so.cache`` in its rootfs, as a real (Debian- or
+  Ubuntu-based CUDA) image has one, which nvshim parses, merges and rewrites (restored
+  before each create too); before every create (untimed) config.json is restored and
   everything a previous create added to the rootfs (SONAME links, ld.so.cache, mount
   targets) is removed, so each create meets a fresh rootfs as in real life;
-* ``shim stage gpu=1|cdi``: the same creates with the low-level runtime replaced by a
+* ``shim stage gpu=1|cdi|1+ldcache``: the same creates with the low-level runtime replaced by a
   no-op (config ``runtimes: [/bin/true]``), against ``/bin/true`` alone: what nvshim
   itself costs;
 * ``cdi generate``: ``nvshim cdi generate`` for 1, 8, 32, 64 and 256 simulated GPUs, wall
@@ -148,6 +151,8 @@ class Bench:
         self.root.mkdir()
         self.counter = 0
         self.live: List[str] = []
+        self.keep: Dict[str, Dict[Path, bytes]] = {}
+        """Files of a bundle's rootfs that a create rewrites, with their original bytes."""
         self.env = dict(os.environ)
 
     def cid(self, tag: str) -> str:
@@ -172,6 +177,12 @@ class Bench:
             "cdi": make_bundle(self.work / "b-cdi", rootfs, ["true"],
                                env={"NVIDIA_VISIBLE_DEVICES": "nvidia.com/gpu=0"}),
         }
+        if os.path.isfile("/etc/ld.so.cache"):
+            self.bundles["1+ldcache"] = make_bundle(self.work / "b-1c", rootfs, ["true"],
+                                                    env={"NVIDIA_VISIBLE_DEVICES": "0"})
+            image_cache = self.bundles["1+ldcache"] / "rootfs" / "etc" / "ld.so.cache"
+            shutil.copyfile("/etc/ld.so.cache", image_cache)
+            self.keep["1+ldcache"] = {image_cache: image_cache.read_bytes()}
         self.originals = {k: (b / "config.json").read_bytes() for k, b in self.bundles.items()}
         self.rootfs_paths = {k: _tree(b / "rootfs") for k, b in self.bundles.items()}
         spec_dir = self.work / "cdi"
@@ -198,6 +209,8 @@ class Bench:
     def restore(self, key: str) -> None:
         """config.json as the engine wrote it, and the rootfs without what a create added."""
         (self.bundles[key] / "config.json").write_bytes(self.originals[key])
+        for path, data in self.keep.get(key, {}).items():
+            path.write_bytes(data)
         rootfs = self.bundles[key] / "rootfs"
         for path in sorted(_tree(rootfs) - self.rootfs_paths[key], reverse=True):
             full = rootfs / path
@@ -439,10 +452,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             if "delete" in wanted:
                 results["cases"].append(case_delete(b, args.pairs))
             if "create" in wanted:
-                for key in ("none", "1", "8", "cdi"):
+                for key in ("none", "1", "8", "cdi", "1+ldcache"):
+                    if key not in b.bundles:
+                        continue
                     results["cases"].append(case_create(b, args.pairs, key))
             if "shim" in wanted:
-                for key in ("1", "cdi"):
+                for key in ("1", "cdi", "1+ldcache"):
+                    if key not in b.bundles:
+                        continue
                     results["cases"].append(case_shim(b, args.pairs, key))
             if "cdi" in wanted:
                 results["cdi_generate"] = case_cdi(b, args.cdi_repeats)
