@@ -288,7 +288,7 @@ def plan_configure(
             warnings=warnings,
             pod_cdi_annotations=pod_cdi_annotations,
         )
-        main_after = dump_toml(doc, main_text)
+        main_after = dump_toml(doc, main_text, config_path, warnings)
         return ConfigureResult(
             version=version,
             cri_plugin=cri_key,
@@ -318,7 +318,7 @@ def plan_configure(
     plugins = tomlkit.table(is_super_table=True)
     plugins[cri_key] = cri_copy
     drop_doc[plugins_key] = plugins
-    drop_after = dump_toml(drop_doc)
+    drop_after = dump_toml(drop_doc, None, drop_in, warnings)
 
     if empty:
         doc["version"] = version
@@ -327,7 +327,7 @@ def plan_configure(
             doc["imports"].append(drop_in)
         else:
             doc["imports"] = [drop_in]
-    main_after = dump_toml(doc, main_text)
+    main_after = dump_toml(doc, main_text, config_path, warnings)
     return ConfigureResult(
         version=version,
         cri_plugin=cri_key,

@@ -157,7 +157,7 @@ def plan_revert(
                 original=parse_toml(original or "", path),
                 warnings=warnings,
             )
-            return dump_toml(doc, now)
+            return dump_toml(doc, now, path, warnings)
 
         return plan_restore(current, backup, main_path=config_path, strip=strip)
 
@@ -177,7 +177,7 @@ def plan_revert(
         managed = (os.path.abspath(drop_in or DEFAULT_DROP_IN),)
     if now is not None:
         _strip(doc, path=config_path, name=name, drop_ins=managed, original=None, warnings=warnings)
-        after = dump_toml(doc, now)
+        after = dump_toml(doc, now, config_path, warnings)
         if after != now:
             files.append(FileChange(config_path, now, after))
             edited.append(config_path)

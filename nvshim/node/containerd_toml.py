@@ -64,13 +64,38 @@ CRI_PLUGINS: Mapping[int, str] = {
 }
 
 
-def dump_toml(doc: Any, before: Optional[str] = None) -> str:
-    """``doc`` as text; a changed file always ends in a newline, an unchanged one stays as is
-    (a byte order mark that ``before`` starts with, which the parser skipped, included), and
-    a file whose lines all end in CRLF keeps that for the lines added."""
+def _faithful(doc: Any, path: str, warnings: Optional[List[str]]) -> str:
+    """``doc`` as tomlkit lays it out when that text means what ``doc`` holds; else ``doc``
+    written afresh (comments and layout lost, with a warning).
+
+    tomlkit misplaces a table added under one written with dotted keys inside a table
+    (``[plugins]`` then ``"io.containerd.grpc.v1.cri".containerd.snapshotter = …``): the new
+    header lacks the outer table's name, which would put nvshim's handler at the top level
+    where containerd never looks, while configure reported success.
+    """
     import tomlkit
+    import tomllib
 
     text = tomlkit.dumps(doc)
+    meant = plain(doc)
+    if tomllib.loads(text) == meant:
+        return text
+    fresh = tomlkit.dumps(meant)
+    if tomllib.loads(fresh) != meant:
+        raise ConfigError(f"{path}: cannot write the edited TOML so that it means the same")
+    if warnings is not None:
+        warnings.append(f"{path}: rewritten without its comments and layout: tomlkit cannot "
+                        "add tables under its dotted keys in place")
+    return fresh
+
+
+def dump_toml(doc: Any, before: Optional[str] = None, path: str = "",
+              warnings: Optional[List[str]] = None) -> str:
+    """``doc`` as text; a changed file always ends in a newline, an unchanged one stays as is
+    (a byte order mark that ``before`` starts with, which the parser skipped, included), and
+    a file whose lines all end in CRLF keeps that for the lines added. The text is checked
+    to mean what ``doc`` holds (see :func:`_faithful`); ``path`` names the file."""
+    text = _faithful(doc, path, warnings)
     if before is not None and before.startswith(BOM):
         text = BOM + text
     if before and "\r\n" in before and before.count("\n") == before.count("\r\n"):

@@ -422,6 +422,30 @@ def test_an_earlier_set_as_default_can_be_configured_again() -> None:
     assert any("removed default_runtime_name" in w for w in again.warnings)
 
 
+def test_a_table_written_with_dotted_keys_gets_the_handler_where_containerd_looks() -> None:
+    """Under `[plugins]`, a CRI table written with dotted keys made tomlkit write the new
+    handler's header without "plugins.": the handler landed at the top level, containerd
+    never saw it, and configure said it had written it. The text is now checked to mean
+    what was edited; where tomlkit cannot keep the layout the file is written afresh, with
+    a warning saying so."""
+    import tomllib
+
+    main = ('version = 2\n[plugins]\n'
+            '"io.containerd.grpc.v1.cri".containerd.snapshotter = "native"\n')
+    result = _plan(main, drop_in="")
+    data = tomllib.loads(_by_path(result)["/etc/containerd/config.toml"] or "")
+    assert set(data) == {"version", "plugins"}
+    containerd_table = data["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+    assert containerd_table["snapshotter"] == "native"
+    assert containerd_table["runtimes"]["nvshim"]["options"]["BinaryName"] == BINARY
+    assert any("rewritten without its comments and layout" in w for w in result.warnings)
+    # dotted keys at the top level are laid out right by tomlkit: kept, no warning
+    kept = _plan(main.replace("[plugins]\n\"", "plugins.\""), drop_in="")
+    assert kept.warnings == ()
+    assert 'plugins."io.containerd.grpc.v1.cri".containerd.snapshotter = "native"' in (
+        _by_path(kept)["/etc/containerd/config.toml"] or "")
+
+
 def test_invalid_toml_message_keeps_an_acronym() -> None:
     """tomlkit's message is lower-cased to fit ours, but not its acronym: nesting past 100
     levels read "invalid TOML: tOML value nested more than 100 levels deep"."""
