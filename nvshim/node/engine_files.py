@@ -259,11 +259,15 @@ def write_changes(backup_file: str, fmt: str, changes: Sequence[FileChange]) -> 
     """Write ``changes`` in order, first recording their originals in ``backup_file``.
 
     A file already in the backup keeps its first original, so configure run twice still
-    reverts to the bytes from before the first run. Returns the paths written.
+    reverts to the bytes from before the first run. Returns the paths written. When a
+    write fails, what was already written is put back (the files, the backup, the
+    directories made) before the error is raised: a drop-in must not stay behind when the
+    main file that imports it could not be written.
     """
     changes = [change for change in changes if change.changed]
     if not changes:
         return ()
+    backup_before = read_text(backup_file, "backup file")
     backup = load_backup(backup_file, fmt) or {"format": fmt, "files": {}, "created_dirs": []}
     for change in changes:
         entry = backup["files"].setdefault(
@@ -275,15 +279,42 @@ def write_changes(backup_file: str, fmt: str, changes: Sequence[FileChange]) -> 
         created += _make_parents(change.path)
     known = backup["created_dirs"]
     backup["created_dirs"] = known + [d for d in created if d not in known]
-    write_text(backup_file, json.dumps(backup, indent=2, sort_keys=True) + "\n", 0o600)
-    written: List[str] = []
-    for change in changes:
-        if change.after is None:
-            remove_file(change.path)
-        else:
-            write_text(change.path, change.after)
-        written.append(change.path)
-    return tuple(written)
+    done: List[FileChange] = []
+    try:
+        write_text(backup_file, json.dumps(backup, indent=2, sort_keys=True) + "\n", 0o600)
+        done.append(FileChange(backup_file, backup_before, ""))
+        for change in changes:
+            if change.after is None:
+                remove_file(change.path)
+            else:
+                write_text(change.path, change.after)
+            done.append(change)
+    except HostError as exc:
+        left = _undo(done, created)
+        if left:
+            raise HostError(f"{exc}; could not put back {', '.join(left)}") from exc
+        raise
+    return tuple(change.path for change in changes)
+
+
+def _undo(done: Sequence[FileChange], created: Sequence[str]) -> List[str]:
+    """Give every file of ``done`` its ``before`` back, newest first, then remove the
+    directories in ``created``; the paths that could not be put back."""
+    left: List[str] = []
+    for change in reversed(done):
+        try:
+            if change.before is None:
+                remove_file(change.path)
+            else:
+                write_text(change.path, change.before)
+        except HostError:
+            left.append(change.path)  # reported with the error that started the undo
+    for directory in reversed(created):
+        try:
+            os.rmdir(directory)
+        except OSError:
+            continue  # not empty (a file we could not remove), or gone: left as it is
+    return left
 
 
 def carry_out(plan: ConfigureOutcome, config_path: str, fmt: str,

@@ -587,6 +587,24 @@ def test_a_config_with_a_byte_order_mark_is_edited_and_keeps_it(etc: Path,
     assert config.read_bytes() == b"\xef\xbb\xbf" + COMMENTED_V2.encode()
 
 
+def test_a_failed_write_puts_back_what_was_written(etc: Path) -> None:
+    """The drop-in is written before the main file that imports it; when the main file
+    cannot be written (immutable here), configure left the drop-in, its new directory and
+    the backup behind. Now everything is put back and the error is the one line."""
+    config = etc / "config.toml"
+    config.write_text(COMMENTED_V2)
+    before = _tree(etc.parent)
+    if subprocess.run(["chattr", "+i", str(config)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not supported here")
+    try:
+        with pytest.raises(NvshimError) as info:
+            _configure(etc)
+    finally:
+        subprocess.run(["chattr", "-i", str(config)], check=True)
+    assert str(info.value) == f"cannot write {config}: Operation not permitted"
+    assert _tree(etc.parent) == before
+
+
 def test_new_files_are_0644_and_parents_created(etc: Path) -> None:
     """A new main file and drop-in are 0644 and the drop-in's directory is created."""
     _configure(etc)
