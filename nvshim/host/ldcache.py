@@ -249,15 +249,13 @@ def read_ldcache(path: str) -> list[CacheEntry]:
 # sorts above any other byte) and its value as a C int, biased to 4 unsigned big-endian
 # bytes. Two keys then compare bytewise exactly as _dl_cache_libcmp compares the names:
 # equal prefixes line up element by element, and the first differing element decides.
-_NON_DIGITS = sorted((b for b in range(256) if not 48 <= b <= 57),
-                     key=lambda b: b - 256 if b >= 128 else b)
-_RANK = bytearray(256)
-for _rank, _byte in enumerate(_NON_DIGITS):
-    _RANK[_byte] = _rank
-_RANK_TABLE = bytes(_RANK)
-_END = bytes((_RANK[0],))  # the terminating NUL, a non-digit byte of value 0
-_DIGIT_CLASS = bytes(48 if 48 <= b <= 57 else 97 for b in range(256))  # digit "0", other "a"
-del _rank, _byte, _RANK
+# In signed-char order the non-digits are 0x80..0xFF (-128..-1), then 0x00..0x2F, then
+# 0x3A..0x7F; digits (0x30..0x39) never go through the table. Written out, not computed:
+# this runs at every create's import (a test recomputes it from that definition).
+_RANK_TABLE = (bytes(range(128, 176)) + bytes(10) + bytes(range(176, 246))
+               + bytes(range(0, 128)))
+_END = b"\x80"  # the terminating NUL: rank 128
+_DIGIT_CLASS = b"a" * 48 + b"0" * 10 + b"a" * 198  # digit "0", other "a", per byte
 
 
 def _c_int(digits: bytes) -> int:

@@ -452,3 +452,15 @@ def test_cache_entries_are_immutable_named_tuples() -> None:
     assert repr(entry).startswith("CacheEntry(key='libz.so.1', value='/lib/libz.so.1'")
     with pytest.raises(AttributeError):
         entry.key = "x"  # type: ignore[misc]
+
+
+def test_libcmp_tables_are_the_signed_char_ranks() -> None:
+    """The written-out tables are what their definition computes."""
+    from nvshim.host import ldcache
+
+    non_digits = sorted((b for b in range(256) if not 48 <= b <= 57),
+                        key=lambda b: b - 256 if b >= 128 else b)
+    for rank, byte in enumerate(non_digits):
+        assert ldcache._RANK_TABLE[byte] == rank
+    assert ldcache._END == bytes((ldcache._RANK_TABLE[0],))
+    assert ldcache._DIGIT_CLASS == bytes(48 if 48 <= b <= 57 else 97 for b in range(256))
