@@ -211,9 +211,10 @@ def read_checkpoint(path: str, who: Identity, prefixes: Sequence[str]) -> Option
     try:
         with open(path, "rb") as fh:
             doc = json.load(fh)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested past the limit
         return None
-    entries = doc.get("Data", {}).get("PodDeviceEntries") if isinstance(doc, dict) else None
+    data = doc.get("Data") if isinstance(doc, dict) else None
+    entries = data.get("PodDeviceEntries") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         return None
     found = _Collect(prefixes)

@@ -522,3 +522,19 @@ def test_imex_refusal_from_the_checkpoint_is_asked_again_of_the_api(
                        config(imex_node, tmp_path, kubelet_checkpoint=str(ckpt)))
     assert imex_paths(plan) == ["/dev/nvidia-caps-imex-channels/channel1"]
     assert plan.allocation.via == "podresources" and kubelet.calls["List"] == 1
+
+
+@pytest.mark.parametrize("text", [
+    '{"Data": null}', '{"Data": []}', '{"Data": "x"}', '[1]', '"x"',
+    '{"Data": {"PodDeviceEntries": null}}', "[" * 100000 + "]" * 100000,
+])
+def test_a_damaged_checkpoint_is_no_checkpoint(tmp_path: Path, text: str) -> None:
+    """A checkpoint whose Data is not an object (or nested past the recursion limit) made
+    read_checkpoint raise AttributeError/RecursionError, an 'internal error' line on every
+    verified create; it is now treated like a missing checkpoint (the API is asked)."""
+    from nvshim.runtime.kubelet import Identity, read_checkpoint
+
+    path = tmp_path / "kubelet_internal_checkpoint"
+    path.write_text(text)
+    who = Identity(namespace="ns", pod="p", pod_uid="uid-1", container="main")
+    assert read_checkpoint(str(path), who, ("nvidia.com/",)) is None
