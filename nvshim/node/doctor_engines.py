@@ -233,7 +233,7 @@ def check_docker(path: str, config: Optional[Config], options: DoctorOptions) ->
 
 def check_crio(path: str, config: Optional[Config], options: DoctorOptions) -> Finding:
     """CRI-O's config and drop-ins: the same three questions."""
-    from nvshim.node.crio import read_handlers
+    from nvshim.node.crio import BUILTIN_DEFAULT_RUNTIMES, read_handlers
 
     drop_ins = os.path.join(os.path.dirname(path), "crio.conf.d")
     if not os.path.exists(path) and not os.path.isdir(drop_ins):
@@ -242,5 +242,11 @@ def check_crio(path: str, config: Optional[Config], options: DoctorOptions) -> F
         seen = read_handlers(path, drop_ins)
     except NvshimError as exc:
         return Finding("crio", "fail", str(exc), "fix the file: crio will not start with it")
+    default = seen.default_runtime
+    if default is None:
+        # no file names one: CRI-O's own default (runc, or crun in newer releases) counts,
+        # and a handler of that name that runs nvshim-runtime is the same pitfall
+        default = next((name for name in BUILTIN_DEFAULT_RUNTIMES if name in seen.handlers
+                        and is_nvshim(name, seen.handlers[name], options)), None)
     return _check("crio", "CRI-O", f"{path} (+{len(seen.files)} file(s))", seen.handlers,
-                  seen.default_runtime, "runtime_path", config, options)
+                  default, "runtime_path", config, options)

@@ -87,6 +87,19 @@ def test_crio_pitfall_through_drop_in(tmp_path: Path) -> None:
     assert check_crio(str(conf), Config(require_allocation=True), options(tmp_path)).status == "ok"
 
 
+@pytest.mark.parametrize("handler", ["runc", "crun"])
+def test_crio_pitfall_through_the_builtin_default(tmp_path: Path, handler: str) -> None:
+    """No file sets default_runtime, so CRI-O runs its own default (runc, or crun in newer
+    releases); a handler of that name running nvshim-runtime is nvshim as the default. The
+    check said ok ("default the engine default") and missed the pitfall."""
+    binary = fake_runtime(tmp_path / "bin")
+    conf = tmp_path / "crio.conf"
+    conf.write_text(f'[crio.runtime.runtimes.{handler}]\nruntime_path = "{binary}"\n')
+    finding = check_crio(str(conf), Config(), options(tmp_path))
+    assert finding.status == "fail" and "NVIDIA_VISIBLE_DEVICES=all" in finding.message
+    assert check_crio(str(conf), Config(require_allocation=True), options(tmp_path)).status == "ok"
+
+
 def test_crio_absent_is_skip_and_broken_is_fail(tmp_path: Path) -> None:
     assert check_crio(str(tmp_path / "crio.conf"), Config(), options(tmp_path)).status == "skip"
     (tmp_path / "crio.conf").write_text("[crio\n")
