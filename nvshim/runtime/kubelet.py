@@ -185,16 +185,39 @@ def _ask_podresources(socket: str, timeout: float) -> Optional[List[PodRecord]]:
 
     if not os.path.exists(socket):
         return None
-    import grpc
+    # gRPC's C core logs to fd 2 (errors always; everything with GRPC_VERBOSITY/GRPC_TRACE
+    # in the engine's environment), also from its own threads after the channel is closed.
+    # During a create, fd 2 is the container's stderr: the engine hands runc the
+    # container's stdio, so a log line would land in the container's log. gRPC reads its
+    # settings once, when it starts: it starts with logging off (GRPC_VERBOSITY=NONE, no
+    # GRPC_TRACE) and with fd 2 on /dev/null; both are put back before we go on, so runc
+    # gets the environment and stderr we were given.
+    env = {name: os.environ.get(name) for name in ("GRPC_VERBOSITY", "GRPC_TRACE")}
+    os.environ["GRPC_VERBOSITY"] = "NONE"
+    os.environ.pop("GRPC_TRACE", None)
+    quiet = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    saved = os.dup(2)  # non-inheritable: never reaches runc
+    os.dup2(quiet, 2)
+    try:
+        import grpc
 
-    with grpc.insecure_channel(f"unix://{socket}") as channel:
-        lister = channel.unary_unary(LIST_METHOD, request_serializer=_same,
-                                     response_deserializer=decode_list_response)
-        try:
-            listed: List[PodRecord] = lister(b"", timeout=timeout)
-        except grpc.RpcError:
-            return None
-        return listed
+        with grpc.insecure_channel(f"unix://{socket}") as channel:
+            lister = channel.unary_unary(LIST_METHOD, request_serializer=_same,
+                                         response_deserializer=decode_list_response)
+            try:
+                listed: List[PodRecord] = lister(b"", timeout=timeout)
+            except grpc.RpcError:
+                return None
+            return listed
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(quiet)
+        for name, value in env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _same(data: bytes) -> bytes:

@@ -168,7 +168,9 @@ def test_grpc_loads_only_when_the_kubelet_is_asked(tmp_path: Path, rootfs: Path)
     finally:
         server.stop()
     assert "grpc" not in seen["plain"] and "grpc" not in seen["cri-none"]
-    assert "grpc" in seen["cri-gpu"] and server.calls["List"] == 1
+    # grpc is imported while fd 2 points at /dev/null (its C core must not log into the
+    # container's stderr), so -X importtime cannot show it: the List call proves it ran.
+    assert "nvshim.runtime.kubelet" in seen["cri-gpu"] and server.calls["List"] == 1
     assert all(forbidden_in(m) == [] for m in seen.values())
 
 

@@ -538,3 +538,32 @@ def test_a_damaged_checkpoint_is_no_checkpoint(tmp_path: Path, text: str) -> Non
     path.write_text(text)
     who = Identity(namespace="ns", pod="p", pod_uid="uid-1", container="main")
     assert read_checkpoint(str(path), who, ("nvidia.com/",)) is None
+
+
+def test_grpc_logging_never_reaches_the_container_stderr(tmp_path: Path) -> None:
+    """During a create the runtime's fd 2 is the container's stderr (containerd hands runc
+    the container's stdio), so nothing gRPC's core logs may be written there - with
+    GRPC_VERBOSITY=DEBUG in the engine's environment it logs hundreds of lines. Our own
+    stderr works again afterwards, and the answer is the server's."""
+    import subprocess
+    import sys
+
+    server = PodResourcesServer(str(tmp_path / "kubelet.sock")).start()
+    try:
+        server.set([("ns", "p", {"main": {"nvidia.com/gpu": ["GPU-1"]}})])
+        code = (
+            "import sys\n"
+            "from nvshim.runtime.kubelet import _ask_podresources\n"
+            f"pods = _ask_podresources({str(tmp_path / 'kubelet.sock')!r}, 10.0)\n"
+            "print(sorted(p[0] for p in pods))\n"
+            "import os\n"
+            "print(os.environ.get('GRPC_VERBOSITY'), os.environ.get('GRPC_TRACE'))\n"
+            "sys.stderr.write('after\\n')\n"
+        )
+        env = dict(os.environ, GRPC_VERBOSITY="DEBUG", GRPC_TRACE="all")
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=env, timeout=60, check=True)
+    finally:
+        server.stop()
+    assert res.stdout.splitlines() == ["['p']", "DEBUG all"]  # the environment runc gets
+    assert res.stderr == "after\n"
