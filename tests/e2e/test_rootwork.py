@@ -256,6 +256,8 @@ def test_rootfs_that_is_the_host_root_is_never_written(node, rootfs, tmp_path, n
         env={**env, "OV": str(overlay), "LIBDIR": LIBDIR, "RUNTIME": nvshim_runtime_bin,
              "BUNDLE": str(bundle), "ID": unique_id(), "PYTHON": sys.executable},
         capture_output=True, text=True, timeout=120)
+    if res.returncode == 99:
+        pytest.skip(f"cannot mount an overlay over /etc here: {res.stderr.strip()}")
     assert res.returncode == 0, res.stdout + res.stderr
     assert nvshim_hooks(bundle) == [], (overlay / "run.out").read_text()
     assert (overlay / "hook.rc").read_text().strip() == "0"
