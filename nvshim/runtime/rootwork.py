@@ -95,6 +95,12 @@ _LDCONF_DEFAULT = b"include /etc/ld.so.conf.d/*.conf\n"
 #: image hold every GPU create of it for ~40 s and ~1.8 GB (2 million tiny entries).
 LDCACHE_MAX_BYTES = 4 << 20
 
+#: The most image libraries one folder's scan opens. Real library folders hold a few
+#: thousand; each costs an open, an ELF header and a SONAME read (~50 us) and a cache entry,
+#: so an image with a million lib*.so files held every GPU create of it for about a minute.
+#: Past the bound the image's own files are left to its own ld.so.cache (merged as always).
+MAX_FOLDER_LIBS = 16384
+
 #: errno values that mean "the host cannot write this rootfs": let the hook do it.
 _NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 #: errno values that mean "the rootfs is full": the hook cannot do better, fail clearly.
@@ -388,14 +394,17 @@ def _soname(fd: int) -> Optional[str]:
 
 
 def _folder_entries(root: _inroot.RootFd, folder: str,
-                    planned: Optional[Planned] = None) -> List[CacheEntry]:
+                    planned: Optional[Planned] = None,
+                    warnings: Optional[List[str]] = None,
+                    limit: Optional[int] = None) -> List[CacheEntry]:
     """Cache entries for the libraries in container directory *folder*.
 
     Every ``lib*.so*`` name that is (or links, in the root, to) an ELF library gets an
     entry for itself; a regular file whose SONAME differs from its name also gets one for
     the SONAME (pointing at the SONAME link if the folder has it, else at the file).
     Names in *planned* are files runc will mount there (or links to them): their flags and
-    SONAME come from the plan, not from the rootfs.
+    SONAME come from the plan, not from the rootfs. More than *limit* of the image's own
+    are not opened at all (a line in *warnings* says so).
     """
     planned = planned or {}
     names = _inroot.list_dir(root, folder)
@@ -404,6 +413,13 @@ def _folder_entries(root: _inroot.RootFd, folder: str,
     present = set(names or ()) | set(planned)
     base = folder.rstrip("/") or ""
     out: List[CacheEntry] = []
+    image_libs = 0
+    if limit is not None and len(names or ()) > limit:  # fewer names cannot be more libraries
+        image_libs = sum(1 for name in names or () if name not in planned and _lib_name(name))
+    scan_image = limit is None or image_libs <= limit
+    if not scan_image and warnings is not None:
+        warnings.append(f"{folder} holds {image_libs} of the image's libraries, more than the "
+                        f"{limit} read: only the image's own ld.so.cache lists them")
     for name in sorted(present):
         if not _lib_name(name):
             continue
@@ -415,6 +431,8 @@ def _folder_entries(root: _inroot.RootFd, folder: str,
             if soname and soname != name and "/" not in soname:
                 value = f"{base}/{soname}" if soname in present else path
                 out.append(CacheEntry(soname, value, flags))
+            continue
+        if not scan_image:
             continue
         try:
             fd = _inroot.open_file(root, path)
@@ -469,6 +487,11 @@ def update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
     only when their content changes. OSError becomes :class:`HostError` (cause kept).
     With *host_driver_version*, an image's newer CUDA compat directory goes first
     (:mod:`nvshim.host.cudacompat`).
+
+    With *planned* (the runtime, which runs as host root in the engine's cgroup) a folder
+    holding more than :data:`MAX_FOLDER_LIBS` of the image's libraries is not scanned; the
+    hook (``planned`` None) runs in the container's cgroup, where the image pays for its
+    own folders, and cannot tell the mounted driver files from the image's: it scans all.
     """
     if host_driver_version:
         from nvshim.host.cudacompat import compat_folder
@@ -477,13 +500,14 @@ def update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
         if compat is not None and compat not in folders:
             folders = (compat, *folders)
     try:
-        return _update_ldcache(root, folders, planned or {})
+        return _update_ldcache(root, folders, planned or {},
+                               MAX_FOLDER_LIBS if planned is not None else None)
     except OSError as exc:
         raise host_error(f"cannot update the ld.so.cache in {root.path}", exc) from exc
 
 
 def _update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
-                    planned: Mapping[str, Planned]) -> List[str]:
+                    planned: Mapping[str, Planned], limit: Optional[int]) -> List[str]:
     warnings: List[str] = []
     dropin = "".join(f"{folder}\n" for folder in folders).encode()
     dropin = b"# driver libraries injected by nvshim\n" + dropin
@@ -501,7 +525,7 @@ def _update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
             warnings.append(f"ignoring the image's {LDCACHE}: {exc}")
     added: List[CacheEntry] = []
     for folder in folders:
-        added += _folder_entries(root, folder, planned.get(folder))
+        added += _folder_entries(root, folder, planned.get(folder), warnings, limit)
     layout = "compat" if old and old.startswith(b"ld.so-1.7.0") else "new"
     data = build_ldcache(_merge(existing, added), layout)
     if data != old:

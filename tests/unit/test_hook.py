@@ -343,6 +343,44 @@ def test_image_cache_over_the_size_bound_is_one_clear_line(
     assert (rootfs / "etc/ld.so.cache").read_bytes() == at_bound + b"\0"
 
 
+def test_runtime_does_not_scan_a_folder_with_more_image_libraries_than_the_bound(
+    tmp_path: Path,
+) -> None:
+    """The runtime (host root, in the engine's cgroup) opens up to MAX_FOLDER_LIBS of the
+    image's own libraries in a folder; past it (a million lib*.so files held a create for a
+    minute) it opens none of them, still lists the planned driver files and the image's own
+    cache entries, and returns one warning line saying why."""
+    from nvshim.host import inroot
+    from nvshim.runtime.rootwork import MAX_FOLDER_LIBS, update_ldcache
+
+    _, rootfs = make_bundle(tmp_path)
+    libdir = rootfs / LIBDIR.lstrip("/")
+    planned = {LIBDIR: {f"libcuda.so.{VERSION}": (X86_64, "libcuda.so.1"),
+                        f"libnvidia-ml.so.{VERSION}": (X86_64, "libnvidia-ml.so.1")}}
+    (libdir / "libimage.so.1").write_bytes(build_shared_object("libimage.so.1"))
+    for i in range(MAX_FOLDER_LIBS - 1):  # with libimage.so.1: exactly at the bound
+        (libdir / f"libfill{i}.so").write_bytes(b"")
+    (libdir / "not-a-lib").write_bytes(b"")  # names ldconfig would not consider do not count
+    image_cache = build_ldcache([CacheEntry("libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1", X86_64)])
+    (rootfs / "etc/ld.so.cache").write_bytes(image_cache)
+    with inroot.open_root(str(rootfs)) as root:
+        assert update_ldcache(root, [LIBDIR], planned) == []
+    assert ("libimage.so.1", X86_64) in cache_of(rootfs)
+
+    (rootfs / "etc/ld.so.cache").write_bytes(image_cache)
+    (libdir / "libfill-one-more.so").write_bytes(b"")
+    with inroot.open_root(str(rootfs)) as root:
+        warnings = update_ldcache(root, [LIBDIR], planned)
+    assert warnings == [f"{LIBDIR} holds {MAX_FOLDER_LIBS + 1} of the image's libraries, more "
+                        f"than the {MAX_FOLDER_LIBS} read: only the image's own ld.so.cache "
+                        "lists them"]
+    cache = cache_of(rootfs)
+    assert ("libimage.so.1", X86_64) not in cache
+    assert cache[("libz.so.1", X86_64)] == "/lib/x86_64-linux-gnu/libz.so.1"
+    assert cache[("libcuda.so.1", X86_64)] == f"{LIBDIR}/libcuda.so.{VERSION}"
+    assert cache[(f"libnvidia-ml.so.{VERSION}", X86_64)] == f"{LIBDIR}/libnvidia-ml.so.{VERSION}"
+
+
 def test_corrupt_image_cache_is_replaced_with_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
