@@ -70,11 +70,25 @@ class DockerRuntimes:
 
 
 def _load(text: Optional[str], path: str) -> Dict[str, Any]:
-    """The daemon.json object; ``{}`` for a missing or blank file."""
+    """The daemon.json object; ``{}`` for a missing or blank file.
+
+    Python's json takes NaN, Infinity and 1e400 (as inf), which dockerd refuses and which
+    would be written back as the non-JSON ``Infinity``; they are refused here.
+    """
     if text is None or not text.strip():
         return {}
+
+    def not_json(name: str) -> Any:
+        raise ConfigError(f"{path}: invalid JSON: {name} is not a JSON value")
+
+    def finite(literal: str) -> float:
+        value = float(literal)
+        if value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{path}: invalid JSON: number {literal} is out of range")
+        return value
+
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=not_json, parse_float=finite)
     except ValueError as exc:
         raise ConfigError(f"{path}: invalid JSON: {exc}") from exc
     except RecursionError as exc:  # the C decoder recurses per [ and {

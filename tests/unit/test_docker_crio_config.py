@@ -140,6 +140,10 @@ def test_docker_enable_cdi() -> None:
         ('{"runtimes": []}', "runtimes is not an object"),
         ('{"runtimes": {"nvshim": "x"}}', "runtimes.nvshim is not an object"),
         ("[" * 100000 + "]" * 100000, "invalid JSON: nested too deeply"),  # was a traceback
+        # were taken, and written back as the non-JSON Infinity / NaN
+        ('{"x": NaN}', "invalid JSON: NaN is not a JSON value"),
+        ('{"x": -Infinity}', "invalid JSON: -Infinity is not a JSON value"),
+        ('{"x": 1e400}', "invalid JSON: number 1e400 is out of range"),
     ],
 )
 def test_docker_bad_files_are_config_errors(text: str, message: str) -> None:
