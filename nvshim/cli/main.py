@@ -259,6 +259,9 @@ def _add_commands() -> None:
     cli.add_command(doctor)
 
 
+_NO_COMMAND = getattr(click.exceptions, "NoArgsIsHelpError", None)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Console entry point: one line on stderr and exit 1 for any nvshim failure."""
     _add_commands()
@@ -271,6 +274,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         click.echo("nvshim: aborted", err=True)
         sys.exit(1)
     except click.ClickException as exc:
+        if _NO_COMMAND is not None and isinstance(exc, _NO_COMMAND) and exc.ctx is not None:
+            # a group run without a command: its help, not "nvshim: Usage: …" (click >= 8.2
+            # raises this where 8.1 printed the help itself)
+            click.echo(exc.ctx.get_help(), err=True)
+            sys.exit(1)
         click.echo(f"nvshim: {exc.format_message()}", err=True)
         sys.exit(1 if exc.exit_code == 2 else exc.exit_code)
     except click.exceptions.Exit as exc:

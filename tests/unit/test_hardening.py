@@ -28,6 +28,16 @@ def nvshim_cli(*args: str, env: dict | None = None, cwd: str | None = None) -> s
 
 
 @needs_root
+@pytest.mark.parametrize("args", [[], ["runtime"], ["cdi", "transform"]])
+def test_a_group_without_a_command_prints_its_help_not_an_error_line(args: list) -> None:
+    """`nvshim` (or a group) without a command printed its whole help as the error line
+    "nvshim: Usage: …" (click 8.2 raises for it); now the help itself, on stderr, exit 1."""
+    out = nvshim_cli(*args)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.startswith(f"Usage: nvshim {' '.join(args)}".rstrip() + " [OPTIONS]")
+    assert "nvshim: " not in out.stderr.splitlines()[0]
+
+
 def test_15_sim_creates_large_nodes_with_valid_minors_and_bus_ids(tmp_path: Path) -> None:
     """`nvshim sim create --gpus 256` builds a node discovery reads back: 256 GPUs, distinct
     minors that skip nvidia-modeset (254) and nvidiactl (255), valid ascending PCI bus ids."""
