@@ -98,6 +98,14 @@ class CrioRuntimes:
     files: Tuple[str, ...]
 
 
+def _drop_in_path(drop_in: Optional[str]) -> str:
+    """The drop-in as an absolute path: the default for None; "" is refused (containerd's
+    "edit the main file in place" has no CRI-O counterpart: its main file is only read)."""
+    if drop_in == "":
+        raise UsageError("CRI-O is configured through a drop-in: --drop-in cannot be empty")
+    return os.path.abspath(drop_in if drop_in is not None else DEFAULT_DROP_IN)
+
+
 def _parse(text: Optional[str], path: str) -> Dict[str, Any]:
     data: Dict[str, Any] = parse_toml(text or "", path).unwrap()
     return data
@@ -210,7 +218,7 @@ def configure(
 ) -> ConfigureOutcome:
     """Write the drop-in; its original bytes (or absence) go to the backup first."""
     config_path = os.path.abspath(config_path)
-    drop_in = os.path.abspath(drop_in or DEFAULT_DROP_IN)
+    drop_in = _drop_in_path(drop_in)
     plan = plan_configure(
         read_text(config_path, "CRI-O config"),
         read_text(drop_in, "CRI-O drop-in"),
@@ -241,7 +249,7 @@ def plan_revert(
 
     if backup is not None:
         return plan_restore(current, backup, main_path=config_path, strip=keep)
-    drop_in = os.path.abspath(drop_in or DEFAULT_DROP_IN)
+    drop_in = _drop_in_path(drop_in)
     warnings = [f"no backup {backup_path(config_path)}: removing {drop_in} if it holds "
                 f'runtime "{name}"']
     text = current.get(drop_in)
@@ -272,7 +280,7 @@ def revert(
     config_path = os.path.abspath(config_path)
     backup_file = backup_path(config_path)
     backup = load_backup(backup_file, _BACKUP_FORMAT)
-    paths = [config_path, os.path.abspath(drop_in or DEFAULT_DROP_IN)]
+    paths = [config_path, _drop_in_path(drop_in)]
     if backup is not None:
         paths += list(backup["files"])
     current = {path: read_text(path, "CRI-O config") for path in dict.fromkeys(paths)}

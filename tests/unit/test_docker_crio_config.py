@@ -333,6 +333,19 @@ def test_crio_name_of_the_default_runtime_is_refused(main: Optional[str], name: 
     assert "other" in _crio_drop_in(main, name="other")["crio"]["runtime"]["runtimes"]
 
 
+@pytest.mark.parametrize("revert", [False, True])
+def test_crio_empty_drop_in_is_refused_not_the_default(tmp_path: Path, revert: bool) -> None:
+    """`--drop-in ""` (containerd's "in place") has no CRI-O meaning; configure and revert
+    took it as "the default", /etc/crio/crio.conf.d/99-nvshim.toml, whatever --config
+    said, so the refusal plan_configure has for it never ran."""
+    conf = str(tmp_path / "crio.conf")
+    with pytest.raises(UsageError, match="--drop-in cannot be empty"):
+        if revert:
+            crio.revert(conf, drop_in="", dry_run=True)
+        else:
+            crio.configure(conf, drop_in="", dry_run=True)
+
+
 def test_crio_bad_inputs() -> None:
     """Invalid TOML, a bad handler name, a relative binary: one error each, naming the value."""
     with pytest.raises(ConfigError, match="/etc/crio/crio.conf: invalid TOML"):
