@@ -341,6 +341,28 @@ class _DuplicateKey(ValueError):
     """A mapping names one key twice (YAML itself would keep the last silently)."""
 
 
+#: More values than any nvshim config holds (the shipped one has about 40).
+_MAX_VALUES = 100_000
+
+
+def _expanded_size(value: Any, seen: Dict[int, int]) -> int:
+    """How many values ``value`` holds with shared (aliased) lists and mappings counted
+    each time they are used; each distinct one is walked once, so a bomb costs nothing."""
+    if not isinstance(value, (list, dict)):
+        return 1
+    known = seen.get(id(value))
+    if known is not None:
+        return known
+    items = value.values() if isinstance(value, dict) else value
+    total = 1
+    for item in items:
+        total += _expanded_size(item, seen)
+        if total > _MAX_VALUES:
+            break
+    seen[id(value)] = total
+    return total
+
+
 def _unique_key_loader(yaml: Any) -> Any:
     """yaml's SafeLoader, refusing a key given twice in one mapping.
 
@@ -393,6 +415,11 @@ def parse_config_text(data: bytes, path: str) -> Config:
     if not isinstance(doc, dict):
         raise ConfigError(
             f"config {path}: top level must be a mapping of keys, got {type(doc).__name__}")
+    if _expanded_size(doc, {}) > _MAX_VALUES:
+        # YAML aliases share one object, so a few hundred bytes can stand for billions of
+        # values: validating or printing them would never end
+        raise ConfigError(f"config {path}: more than {_MAX_VALUES} values once YAML aliases "
+                          "are expanded")
 
     schema = _schema()
     props: Mapping[str, Any] = schema["properties"]

@@ -64,6 +64,31 @@ def test_bad_config_is_one_line(tmp_path, text, message):
     assert "\n" not in str(info.value) and path in str(info.value)
 
 
+def test_alias_bomb_is_one_line_not_a_hang(tmp_path):
+    """401 bytes of YAML aliases stand for 9**9 values: `config show`/`compile` (and a
+    create without a compiled copy) spent forever validating them and rendering the error.
+    Now one ConfigError, quickly. In a subprocess, so a regression fails on the timeout."""
+    import subprocess
+    import sys
+
+    parts = ["&a0 [l,l,l,l,l,l,l,l,l]"]
+    parts += ["&a%d [%s]" % (i, ",".join(["*a%d" % (i - 1)] * 9)) for i in range(1, 9)]
+    path = write(tmp_path, "supported-driver-capabilities: [" + ", ".join(parts) + "]\n")
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); from nvshim.config import load_config\n"
+             "from nvshim.errors import ConfigError\n"
+             "try:\n    load_config(sys.argv[2])\nexcept ConfigError as exc:\n    print(exc)")
+    out = subprocess.run([sys.executable, "-I", "-c", probe, REPO, path], capture_output=True,
+                         text=True, timeout=30)
+    assert out.stdout == (f"config {path}: more than 100000 values once YAML aliases are "
+                          "expanded\n"), out.stderr
+
+
+def test_aliases_within_reason_still_work(tmp_path):
+    """Aliases are not refused as such: a value used twice reads as it did."""
+    path = write(tmp_path, "runtimes: &r [crun, runc]\n")
+    assert load_config(path).runtimes == ("crun", "runc")
+
+
 def test_compiled_cache_is_used_and_invalidated(tmp_path):
     """The compiled copy is read while it matches the YAML and ignored once the YAML changes."""
     path = write(tmp_path, "require-allocation: true\n")
