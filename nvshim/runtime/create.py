@@ -127,16 +127,32 @@ def plan_create(
     """Compute what create does to ``bundle``.
 
     Nothing is written, except the node plan cache when ``save_cache`` (the runtime) finds
-    it missing or stale.
+    it missing or stale. A SpecError about the file names the bundle's config.json.
     """
     from nvshim.runtime.specjson import read_spec
 
-    log = _live(log)
     spec_path, raw, spec = read_spec(bundle)
     try:
-        view = image_view(spec)
+        return _plan(bundle, config, host, _live(log), save_cache, spec_path, raw, spec)
     except SpecError as exc:
-        raise SpecError(f"{spec_path}: {str(exc).replace('config.json: ', '')}") from exc
+        named = _in_file(exc, spec_path)
+        if named is exc:
+            raise
+        raise named from exc
+
+
+def _in_file(exc: SpecError, spec_path: str) -> SpecError:
+    """``exc`` with its ``config.json:`` (the pure readers' word for the file) made the
+    bundle's path, so that the line says which container's spec is wrong."""
+    text = str(exc)
+    if not text.startswith("config.json: "):
+        return exc
+    return SpecError(f"{spec_path}: {text[len('config.json: '):]}")
+
+
+def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
+          spec_path: str, raw: bytes, spec: Dict[str, Any]) -> Plan:
+    view = image_view(spec)
     identity: Any = identity_of(view.annotations)
     allocation: Any = None
     verified = "none"
@@ -404,7 +420,13 @@ def commit(plan: Plan, log: Any = None) -> bool:
             plan.warnings.extend(rootwork.prepare(plan.rootwork_why, plan.rootwork))
         except rootwork.Fallback as exc:
             plan.rootwork_by, plan.rootwork_why = "hook", exc.reason
-            plan.new_spec = apply_edits(plan.spec, plan.applied_edits())
+            try:
+                plan.new_spec = apply_edits(plan.spec, plan.applied_edits())
+            except SpecError as error:  # e.g. hooks of the wrong type, met only now
+                named = _in_file(error, plan.spec_path)
+                if named is error:
+                    raise
+                raise named from error
         if log is not None:
             log.event("rootfs", by=plan.rootwork_by, detail=plan.rootwork_why,
                       warnings=list(plan.warnings))

@@ -582,7 +582,7 @@ def test_nul_byte_in_root_path_is_one_clear_line(node: dict, tmp_path: Path) -> 
     res = runtime_create(node, bundle)
     assert res.returncode == 1
     lines = res.stderr.decode().splitlines()
-    assert lines == ["nvshim: config.json: root.path 'root\\x00fs' contains a NUL byte"], lines
+    assert lines == [f"nvshim: {bundle}/config.json: root.path 'root\\x00fs' contains a NUL byte"]
     assert (bundle / "config.json").read_bytes() == raw
 
 
@@ -622,4 +622,19 @@ def test_duplicate_key_in_config_json_is_refused(node: dict, tmp_path: Path, sec
     key = {b'"p': "process", b'"a': "annotations", b'"l': "k"}[second[:2]]
     assert f'duplicate key "{key}"' in lines[0]
     assert json.loads((bundle / "log.json").read_text().splitlines()[-1])["msg"] == lines[0]
+    assert (bundle / "config.json").read_bytes() == raw
+
+
+@pytest.mark.parametrize("field", [b'"hooks":[]', b'"linux":[]', b'"hooks":{"createContainer":{}}'])
+def test_a_wrong_type_met_while_editing_names_the_bundle(node: dict, tmp_path: Path, field: bytes) -> None:
+    """A field of the wrong type that only the edit meets (hooks, linux) fails in one line
+    naming this bundle's config.json, like the fields the request reads, not a bare
+    "config.json:" that could be any container's; config.json keeps its bytes."""
+    raw = GPU_SPEC + b"," + field + b"}"
+    bundle = make_bundle(tmp_path, raw)
+    res = runtime_create(node, bundle)
+    assert res.returncode == 1
+    lines = res.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"nvshim: {bundle}/config.json: "), lines
+    assert "must be a" in lines[0]
     assert (bundle / "config.json").read_bytes() == raw
