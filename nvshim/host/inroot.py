@@ -54,6 +54,9 @@ __all__ = [
     "resolve_dir",
     "real_path",
     "list_dir",
+    "open_dir",
+    "dir_kinds",
+    "open_in_dir",
     "lstat",
     "open_file",
     "read_file",
@@ -385,6 +388,61 @@ def list_dir(root: Root, container_path: str) -> Optional[List[str]]:
         return sorted(os.listdir(fd))
     finally:
         os.close(fd)
+
+
+def open_dir(root: Root, container_path: str) -> Optional[int]:
+    """An ``O_PATH`` fd of directory *container_path* resolved in *root* (every symlink,
+    the last one's included, resolved inside the root), or None when it is missing. The
+    caller closes it; :func:`dir_kinds` and :func:`open_in_dir` work below it without
+    walking from the root again."""
+    try:
+        return resolve_dir(root, container_path)
+    except FileNotFoundError:
+        return None
+
+
+def dir_kinds(dir_fd: int) -> Dict[str, str]:
+    """``name → "file" | "link" | "other"`` for every entry of the directory *dir_fd*.
+
+    One ``getdents`` pass: the types come from the directory (``lstat`` only where the
+    filesystem does not say), nothing is opened or followed."""
+    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        kinds: Dict[str, str] = {}
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    kinds[entry.name] = "link"
+                elif entry.is_file(follow_symlinks=False):
+                    kinds[entry.name] = "file"
+                else:
+                    kinds[entry.name] = "other"
+        return kinds
+    finally:
+        os.close(fd)
+
+
+def open_in_dir(dir_fd: int, name: str, shown: str) -> int:
+    """Open the regular file *name* directly in the directory *dir_fd*, read-only.
+
+    *name* is one component: nothing is walked, a symlink is never followed (``ELOOP``),
+    and anything but a regular file is refused with ``OSError(EINVAL)`` *before* it is
+    opened, as :func:`open_file` does (a device node's open runs its driver). Errors name
+    *shown* (the container path)."""
+    if not name or "/" in name or name in (".", ".."):
+        raise OSError(errno.EINVAL, "not a file name", shown)
+    try:
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file", shown)
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, shown) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between the stat and the open
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", shown)
+    return fd
 
 
 def _temp_name(name: str) -> str:

@@ -405,21 +405,87 @@ def _folder_entries(root: _inroot.RootFd, folder: str,
     Names in *planned* are files runc will mount there (or links to them): their flags and
     SONAME come from the plan, not from the rootfs. More than *limit* of the image's own
     are not opened at all (a line in *warnings* says so).
+
+    An image's library folder holds hundreds of libraries, so the folder is resolved in
+    the root once and read below that fd: one ``getdents`` for the names and their types,
+    each regular file opened directly in the folder (never through a symlink) and read
+    once, and a link whose target is a name in the same folder (``libz.so.1 ->
+    libz.so.1.2.13``, nearly all of them) answered from that file. Only a link pointing
+    elsewhere is resolved from the root, as before.
     """
     planned = planned or {}
-    names = _inroot.list_dir(root, folder)
-    if names is None and not planned:
+    dfd = _inroot.open_dir(root, folder)
+    if dfd is None and not planned:
         return []
-    present = set(names or ()) | set(planned)
+    try:
+        if dfd is None:  # only the planned names: nothing of the image's to read
+            return _scan_folder(root, folder, -1, {}, planned, warnings, limit)
+        return _scan_folder(root, folder, dfd, _inroot.dir_kinds(dfd), planned, warnings,
+                            limit)
+    finally:
+        if dfd is not None:
+            os.close(dfd)
+
+
+def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
+                 kinds: Mapping[str, str], planned: Planned,
+                 warnings: Optional[List[str]], limit: Optional[int]) -> List[CacheEntry]:
+    names = list(kinds)
+    present = set(names) | set(planned)
     base = folder.rstrip("/") or ""
     out: List[CacheEntry] = []
     image_libs = 0
-    if limit is not None and len(names or ()) > limit:  # fewer names cannot be more libraries
-        image_libs = sum(1 for name in names or () if name not in planned and _lib_name(name))
+    if limit is not None and len(names) > limit:  # fewer names cannot be more libraries
+        image_libs = sum(1 for name in names if name not in planned and _lib_name(name))
     scan_image = limit is None or image_libs <= limit
     if not scan_image and warnings is not None:
         warnings.append(f"{folder} holds {image_libs} of the image's libraries, more than the "
                         f"{limit} read: only the image's own ld.so.cache lists them")
+    read: Dict[str, Optional[Tuple[int, Optional[str]]]] = {}
+
+    def regular(name: str) -> Optional[Tuple[int, Optional[str]]]:
+        """(flags, SONAME) of the regular file *name* of the folder; None: not a library."""
+        if name not in read:
+            read[name] = None
+            try:
+                fd = _inroot.open_in_dir(dfd, name, f"{base}/{name}")
+            except OSError:
+                return None
+            try:
+                flags = _elf_flags(os.pread(fd, 20, 0))
+                if flags is not None:
+                    read[name] = (flags, _soname(fd))
+            finally:
+                os.close(fd)
+        return read[name]
+
+    def link_flags(name: str, path: str) -> Optional[int]:
+        """The flags of the library the link *name* leads to, None if it leads to none."""
+        target = name
+        for _ in range(_inroot.MAX_SYMLINKS):
+            try:
+                target = os.readlink(target, dir_fd=dfd)
+            except OSError:
+                return None
+            if "/" in target:
+                break  # elsewhere in the root: resolved from the root below
+            kind = kinds.get(target)
+            if kind == "file":
+                got = regular(target)
+                return None if got is None else got[0]
+            if kind != "link":
+                return None  # dangling, ".", "..", a directory, a FIFO: not a library
+        else:
+            return None  # a loop
+        try:
+            fd = _inroot.open_file(root, path)
+        except OSError:
+            return None
+        try:
+            return _elf_flags(os.pread(fd, 20, 0))
+        finally:
+            os.close(fd)
+
     for name in sorted(present):
         if not _lib_name(name):
             continue
@@ -434,23 +500,20 @@ def _folder_entries(root: _inroot.RootFd, folder: str,
             continue
         if not scan_image:
             continue
-        try:
-            fd = _inroot.open_file(root, path)
-        except OSError:
-            continue  # a dangling link, a directory, a FIFO: not a library
-        try:
-            elf = _elf_flags(os.pread(fd, 20, 0))
-            if elf is None:
+        kind = kinds.get(name)
+        if kind == "file":
+            got = regular(name)
+            if got is None:
                 continue
-            flags = elf
+            flags, soname = got
             out.append(CacheEntry(name, path, flags))
-            if not stat.S_ISLNK(_inroot.lstat(root, path).st_mode):
-                soname = _soname(fd)
-                if soname and soname != name and "/" not in soname:
-                    value = f"{base}/{soname}" if soname in present else path
-                    out.append(CacheEntry(soname, value, flags))
-        finally:
-            os.close(fd)
+            if soname and soname != name and "/" not in soname:
+                value = f"{base}/{soname}" if soname in present else path
+                out.append(CacheEntry(soname, value, flags))
+        elif kind == "link":
+            link = link_flags(name, path)
+            if link is not None:
+                out.append(CacheEntry(name, path, link))
     return out
 
 

@@ -414,6 +414,43 @@ def test_folder_scan_labels_and_filters_libraries(
     assert "libnosoname.so.2" in keys
 
 
+def test_folder_scan_resolves_every_kind_of_link_as_the_root_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The scan answers a same-folder link from the file it names (chains included) and
+    resolves any other link in the root: each link gets the flags of the library it
+    reaches, or no entry when it reaches none (loop, directory, ".", "..", dangling)."""
+    bundle, rootfs = make_bundle(tmp_path)
+    libdir = rootfs / LIBDIR.lstrip("/")
+    elf32 = b"\x7fELF\x01\x01\x01" + bytes(9) + struct.pack("<HH", 3, 3) + bytes(32)
+    (libdir / "libz.so.1.2.13").write_bytes(build_shared_object("libz.so.1"))
+    (libdir / "libz.so.1").symlink_to("libz.so.1.2.13")  # the common case
+    (libdir / "libz.so").symlink_to("libz.so.1")  # a chain in the folder
+    (libdir / "libold32.so.1.0").write_bytes(elf32)
+    (libdir / "libold32.so.1").symlink_to("./libold32.so.1.0")  # a "/": resolved in the root
+    other = rootfs / "opt/lib"
+    other.mkdir(parents=True)
+    (other / "libx.so.3.0").write_bytes(build_shared_object("libx.so.3"))
+    (libdir / "libx.so.3").symlink_to("/opt/lib/libx.so.3.0")  # absolute: in the root
+    (libdir / "liby.so.1").symlink_to("../../../opt/lib/libx.so.3.0")  # relative, elsewhere
+    (libdir / "libloop.so.1").symlink_to("libloop.so.2")
+    (libdir / "libloop.so.2").symlink_to("libloop.so.1")
+    (libdir / "libdir.so.1").mkdir()
+    (libdir / "libtodir.so.1").symlink_to("libdir.so.1")
+    (libdir / "libdot.so.1").symlink_to(".")
+    (libdir / "libdotdot.so.1").symlink_to("..")
+    (libdir / "libgone.so.1").symlink_to("libgone.so.1.0")
+    (libdir / "libhost.so.1").symlink_to("/etc/passwd")  # the root's /etc/passwd: absent
+    assert run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs) == (0, "")
+    cache = cache_of(rootfs)
+    for name in ("libz.so.1.2.13", "libz.so.1", "libz.so", "libx.so.3", "liby.so.1"):
+        assert cache[(name, X86_64)] == f"{LIBDIR}/{name}", name
+    assert cache[("libold32.so.1", I386)] == f"{LIBDIR}/libold32.so.1"
+    keys = {key for key, _ in cache}
+    assert {"libloop.so.1", "libloop.so.2", "libdir.so.1", "libtodir.so.1", "libdot.so.1",
+            "libdotdot.so.1", "libgone.so.1", "libhost.so.1"}.isdisjoint(keys)
+
+
 def test_soname_without_link_points_at_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
