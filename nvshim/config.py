@@ -39,6 +39,7 @@ __all__ = [
     "cdi_index_path",
     "load_config",
     "parse_config_text",
+    "expanded_size",
     "read_bytes",
     "compiled_matches",
     "ALL_CAPABILITIES",
@@ -345,19 +346,29 @@ class _DuplicateKey(ValueError):
 _MAX_VALUES = 100_000
 
 
-def _expanded_size(value: Any, seen: Dict[int, int]) -> int:
-    """How many values ``value`` holds with shared (aliased) lists and mappings counted
-    each time they are used; each distinct one is walked once, so a bomb costs nothing."""
+def expanded_size(value: Any, limit: int) -> int:
+    """How many values a decoded YAML document holds once its aliases are expanded,
+    counted up to just past ``limit``.
+
+    YAML aliases make two places of a document one Python object, so a few hundred bytes
+    of nested ``&anchor``/``*alias`` pairs (a "billion laughs") decode in microseconds into
+    a tree of billions of values, and whatever then walks the tree (a schema validator,
+    an error message quoting a value) never finishes. Each distinct list or mapping is
+    visited once here, so counting costs what the document's text does.
+    """
+    return _size(value, limit, {})
+
+
+def _size(value: Any, limit: int, seen: Dict[int, int]) -> int:
     if not isinstance(value, (list, dict)):
         return 1
     known = seen.get(id(value))
     if known is not None:
         return known
-    items = value.values() if isinstance(value, dict) else value
     total = 1
-    for item in items:
-        total += _expanded_size(item, seen)
-        if total > _MAX_VALUES:
+    for item in value.values() if isinstance(value, dict) else value:
+        total += _size(item, limit, seen)
+        if total > limit:
             break
     seen[id(value)] = total
     return total
@@ -415,7 +426,7 @@ def parse_config_text(data: bytes, path: str) -> Config:
     if not isinstance(doc, dict):
         raise ConfigError(
             f"config {path}: top level must be a mapping of keys, got {type(doc).__name__}")
-    if _expanded_size(doc, {}) > _MAX_VALUES:
+    if expanded_size(doc, _MAX_VALUES) > _MAX_VALUES:
         # YAML aliases share one object, so a few hundred bytes can stand for billions of
         # values: validating or printing them would never end
         raise ConfigError(f"config {path}: more than {_MAX_VALUES} values once YAML aliases "

@@ -27,6 +27,9 @@ __all__ = ["MAX_SPEC_BYTES", "read_document", "parse_spec", "load_spec_file"]
 
 #: The largest spec file read (a spec for a full 8-GPU MIG node is well under 1 MiB).
 MAX_SPEC_BYTES = 16 << 20
+#: The most values a YAML spec may expand to: what a spec file of MAX_SPEC_BYTES could
+#: hold without aliases (every value, "1," or "[]", takes at least two bytes).
+MAX_SPEC_VALUES = MAX_SPEC_BYTES // 2 + 1
 
 
 def _json_constant(name: str) -> Any:
@@ -94,8 +97,15 @@ def _yaml_loader() -> Any:
 def _decode_yaml(text: str, path: str) -> Any:
     import yaml
 
+    from nvshim.config import expanded_size
+
     try:
-        return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - SafeLoader subclass
+        raw = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - SafeLoader subclass
+        if expanded_size(raw, MAX_SPEC_VALUES) > MAX_SPEC_VALUES:
+            # nested aliases: the checkers and their messages would walk billions of values
+            reason = f"more than {MAX_SPEC_VALUES} values once YAML aliases are expanded"
+            raise CdiSpecError([CdiProblem(path, "$", reason)])
+        return raw
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

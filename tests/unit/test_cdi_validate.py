@@ -699,6 +699,31 @@ def test_cli_validate_mixed_files(tmp_path: Path) -> None:
     assert result.stderr == "3 files, 2 problems\n"
 
 
+def test_cli_validate_refuses_a_yaml_alias_bomb(tmp_path: Path) -> None:
+    """Hook args made of nested YAML aliases (a few hundred bytes, 9**9 values): the schema
+    check walked them and quoted them in its messages for good. Now one problem, quickly.
+    In a subprocess, so a regression fails on the timeout instead of hanging the suite."""
+    import subprocess
+    import sys
+
+    from nvshim.cdi.load import MAX_SPEC_VALUES
+
+    parts = ["&a0 [l,l,l,l,l,l,l,l,l]"]
+    parts += ["&a%d [%s]" % (i, ",".join(["*a%d" % (i - 1)] * 9)) for i in range(1, 9)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text('cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ndevices:\n- name: "0"\n'
+                    "  containerEdits:\n    hooks:\n    - hookName: createContainer\n"
+                    "      path: /bin/true\n      args: [" + ", ".join(parts) + "]\n")
+    repo = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+         "from nvshim.cli.main import main; main(sys.argv[2:])", repo, "cdi", "validate",
+         str(path)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1
+    assert out.stdout == (f"{path}: $: more than {MAX_SPEC_VALUES} values once YAML aliases "
+                          "are expanded\n")
+
+
 def test_cli_validate_needs_a_file() -> None:
     """`cdi validate` without files is a usage error (exit 2)."""
     result = CliRunner().invoke(cdi_group, ["validate"])
