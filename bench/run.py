@@ -15,16 +15,18 @@ Cases:
 
 * ``state``: ``state <id>`` of one created container (pure passthrough);
 * ``delete``: ``delete <id>`` of a container freshly created with plain runc (passthrough);
-* ``create+delete gpu=none|1|8|cdi|1+ldcache``: ``create`` then ``delete`` of a busybox
+* ``create+delete gpu=none|1|8|cdi|1+image``: ``create`` then ``delete`` of a busybox
   bundle with no GPU request, ``NVIDIA_VISIBLE_DEVICES=0``, ``=all`` and
   ``=nvidia.com/gpu=0`` (a CDI name, resolved from a YAML spec ``nvshim cdi generate``
-  wrote into the configured spec dir) on the 8-GPU node; ``1+ldcache`` is the 1-GPU
-  bundle with this host's ``/etc/ld.so.cache`` in its rootfs, as a real (Debian- or
-  Ubuntu-based CUDA) image has one, which nvshim parses, merges and rewrites (restored
-  before each create too); before every create (untimed) config.json is restored and
-  everything a previous create added to the rootfs (SONAME links, ld.so.cache, mount
-  targets) is removed, so each create meets a fresh rootfs as in real life;
-* ``shim stage gpu=1|cdi|1+ldcache``: the same creates with the low-level runtime replaced by a
+  wrote into the configured spec dir) on the 8-GPU node; ``1+image`` is the 1-GPU
+  bundle with what a real (Debian- or Ubuntu-based CUDA) image has where nvshim works:
+  this host's ``/etc/ld.so.cache`` and up to 300 of its ``lib*.so*`` files and links in
+  ``/usr/lib/x86_64-linux-gnu`` (hard links where possible), which nvshim scans, merges
+  and rewrites (the cache is restored before each create too); before every create
+  (untimed) config.json is restored and everything a previous create added to the rootfs
+  (SONAME links, ld.so.cache, mount targets) is removed, so each create meets a fresh
+  rootfs as in real life;
+* ``shim stage gpu=1|cdi|1+image``: the same creates with the low-level runtime replaced by a
   no-op (config ``runtimes: [/bin/true]``), against ``/bin/true`` alone: what nvshim
   itself costs;
 * ``cdi generate``: ``nvshim cdi generate`` for 1, 8, 32, 64 and 256 simulated GPUs, wall
@@ -178,11 +180,14 @@ class Bench:
                                env={"NVIDIA_VISIBLE_DEVICES": "nvidia.com/gpu=0"}),
         }
         if os.path.isfile("/etc/ld.so.cache"):
-            self.bundles["1+ldcache"] = make_bundle(self.work / "b-1c", rootfs, ["true"],
-                                                    env={"NVIDIA_VISIBLE_DEVICES": "0"})
-            image_cache = self.bundles["1+ldcache"] / "rootfs" / "etc" / "ld.so.cache"
+            self.bundles["1+image"] = make_bundle(self.work / "b-1i", rootfs, ["true"],
+                                                  env={"NVIDIA_VISIBLE_DEVICES": "0"})
+            image_root = self.bundles["1+image"] / "rootfs"
+            image_cache = image_root / "etc" / "ld.so.cache"
             shutil.copyfile("/etc/ld.so.cache", image_cache)
-            self.keep["1+ldcache"] = {image_cache: image_cache.read_bytes()}
+            self.keep["1+image"] = {image_cache: image_cache.read_bytes()}
+            _image_libraries(Path("/usr/lib/x86_64-linux-gnu"),
+                             image_root / "usr" / "lib" / "x86_64-linux-gnu", 300)
         self.originals = {k: (b / "config.json").read_bytes() for k, b in self.bundles.items()}
         self.rootfs_paths = {k: _tree(b / "rootfs") for k, b in self.bundles.items()}
         spec_dir = self.work / "cdi"
@@ -238,6 +243,36 @@ class Bench:
             subprocess.run(self.rt(self.runc, "delete", "--force", cid),
                            capture_output=True, env=self.env)
         self.live.clear()
+
+
+def _image_libraries(source: Path, dest: Path, most: int) -> None:
+    """Up to ``most`` of the host's ``lib*.so*`` entries into ``dest``: links as links,
+    files hard-linked (copied when that fails and they are under 4 MiB). NVIDIA's own
+    names are left out: they are what nvshim injects."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if not source.is_dir():
+        return
+    taken = 0
+    for entry in sorted(source.iterdir()):
+        name = entry.name
+        if taken >= most or not name.startswith("lib") or ".so" not in name:
+            continue
+        if name.startswith(("libcuda", "libnvidia", "libnvcuvid", "libGLX_nvidia",
+                            "libEGL_nvidia")):
+            continue
+        target = dest / name
+        if entry.is_symlink():
+            target.symlink_to(os.readlink(entry))
+        elif entry.is_file():
+            try:
+                os.link(entry, target)
+            except OSError:
+                if entry.stat().st_size > 4 << 20:
+                    continue
+                shutil.copy2(entry, target)
+        else:
+            continue
+        taken += 1
 
 
 def _tree(top: Path) -> set:
@@ -452,12 +487,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             if "delete" in wanted:
                 results["cases"].append(case_delete(b, args.pairs))
             if "create" in wanted:
-                for key in ("none", "1", "8", "cdi", "1+ldcache"):
+                for key in ("none", "1", "8", "cdi", "1+image"):
                     if key not in b.bundles:
                         continue
                     results["cases"].append(case_create(b, args.pairs, key))
             if "shim" in wanted:
-                for key in ("1", "cdi", "1+ldcache"):
+                for key in ("1", "cdi", "1+image"):
                     if key not in b.bundles:
                         continue
                     results["cases"].append(case_shim(b, args.pairs, key))
