@@ -122,20 +122,84 @@ def read_soname(path: str) -> str | None:
         os.close(fd)
 
 
-def read_soname_fd(fd: int, name: str = "ELF file") -> str | None:
-    """:func:`read_soname` for an already open file (the hook opens files in-root)."""
+def read_soname_fd(fd: int, name: str = "ELF file", head: bytes = b"") -> str | None:
+    """:func:`read_soname` for an already open file (the hook opens files in-root).
+
+    *head*, when given, is what the caller already read from offset 0 (a scan reads 4 KiB
+    once for the ELF header, the program headers and its own flags): the headers are taken
+    from it when they fit, saving two reads per library."""
     try:
-        return _soname_from_fd(fd)
+        return _soname_from_fd(fd, head)
     except OSError as exc:
         raise HostError(f"cannot read {name}: {exc.strerror}") from exc
     except (struct.error, OverflowError):
         return None
 
 
-def _soname_from_fd(fd: int) -> str | None:
-    ident = os.pread(fd, 64, 0)
+#: (ELF class, byte order) → (program header, dynamic entry, e_phoff word) structs, made
+#: once: a folder scan reads hundreds of libraries.
+_STRUCTS: dict[tuple[int, str], tuple[struct.Struct, struct.Struct, struct.Struct]] = {}
+
+
+def _structs(elf_class: int, end: str) -> tuple[struct.Struct, struct.Struct, struct.Struct]:
+    key = (elf_class, end)
+    found = _STRUCTS.get(key)
+    if found is None:
+        phdr_fmt, dyn_fmt = _LAYOUT[elf_class][:2]
+        found = _STRUCTS[key] = (struct.Struct(end + phdr_fmt), struct.Struct(end + dyn_fmt),
+                                 struct.Struct(end + ("I" if elf_class == 1 else "Q")))
+    return found
+
+
+def _soname_from_fd(fd: int, head: bytes = b"") -> str | None:
+    ident = head if len(head) >= 64 else os.pread(fd, 64, 0)
     if len(ident) < 52 or ident[:4] != b"\x7fELF" or ident[4] not in _LAYOUT:
         return None
+    end = {1: "<", 2: ">"}.get(ident[5])
+    if end is None:
+        return None
+    elf_class = ident[4]
+    phoff_at, phentsize_at = _LAYOUT[elf_class][2:]
+    phdr, dyn, word = _structs(elf_class, end)
+    (phoff,) = word.unpack_from(ident, phoff_at)
+    phentsize, phnum = struct.unpack_from(end + "HH", ident, phentsize_at)
+    if phentsize != phdr.size or phnum == 0 or phnum > 4096:
+        return None
+    size = phentsize * phnum
+    table = (head[phoff:phoff + size] if phoff + size <= len(head)
+             else os.pread(fd, size, phoff))
+    if len(table) < size:
+        return None  # the file ends inside its own program headers
+    loads = []
+    dynamic = None
+    for fields in phdr.iter_unpack(table[: len(table) - len(table) % phentsize]):
+        if elf_class == 1:
+            p_type, p_offset, p_vaddr, _pa, p_filesz = fields[:5]
+        else:
+            p_type, _flags, p_offset, p_vaddr, _pa, p_filesz = fields[:6]
+        if p_type == _PT_LOAD:
+            loads.append((p_vaddr, p_offset, p_filesz))
+        elif p_type == _PT_DYNAMIC:
+            dynamic = (p_offset, p_filesz)
+    if dynamic is None or dynamic[1] > 1 << 20:
+        return None
+    raw = os.pread(fd, dynamic[1], dynamic[0])
+    strtab = soname = None
+    for tag, value in dyn.iter_unpack(raw[: len(raw) - len(raw) % dyn.size]):
+        if tag == _DT_NULL:
+            break
+        if tag == _DT_STRTAB:
+            strtab = value
+        elif tag == _DT_SONAME:
+            soname = value
+    if strtab is None or soname is None:
+        return None
+    for vaddr, offset, filesz in loads:
+        if vaddr <= strtab < vaddr + filesz:
+            text = os.pread(fd, 4096, offset + strtab - vaddr + soname)
+            cut = text.find(b"\0")
+            return os.fsdecode(text[:cut]) if cut > 0 else None
+    return None
     end = {1: "<", 2: ">"}.get(ident[5])
     if end is None:
         return None

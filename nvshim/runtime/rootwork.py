@@ -383,12 +383,13 @@ def _elf_flags(header: bytes) -> Optional[int]:
     return cache_flags(header[4], machine)
 
 
-def _soname(fd: int) -> Optional[str]:
-    """The DT_SONAME of the open (in-root) ELF file *fd*, or None (also when unreadable)."""
+def _soname(fd: int, head: bytes = b"") -> Optional[str]:
+    """The DT_SONAME of the open (in-root) ELF file *fd*, or None (also when unreadable);
+    *head*: what was already read from its offset 0."""
     from nvshim.host.elf import read_soname_fd  # only needed for regular files, not links
 
     try:
-        return read_soname_fd(fd)
+        return read_soname_fd(fd, head=head)
     except NvshimError:
         return None
 
@@ -452,9 +453,10 @@ def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
             except OSError:
                 return None
             try:
-                flags = _elf_flags(os.pread(fd, 20, 0))
+                head = os.pread(fd, 4096, 0)  # the ELF header and, nearly always, the
+                flags = _elf_flags(head[:20])  # program headers: two reads fewer
                 if flags is not None:
-                    read[name] = (flags, _soname(fd))
+                    read[name] = (flags, _soname(fd, head))
             finally:
                 os.close(fd)
         return read[name]

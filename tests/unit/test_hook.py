@@ -656,3 +656,23 @@ def test_glibc_loader_finds_library_through_written_cache(tmp_path: Path) -> Non
     )  # fmt: skip
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.strip() == str(inside / "libnvshimtest.so.1.2.3")
+
+
+def test_soname_read_from_a_given_head_matches_a_fresh_read(tmp_path: Path) -> None:
+    """The folder scan hands read_soname_fd the 4 KiB it already read: the answer is the
+    one a read of its own gives, for whole libraries and for files cut anywhere (a cut
+    inside the program headers is no SONAME either way)."""
+    from nvshim.host.elf import read_soname_fd
+
+    whole = build_shared_object("libcut.so.7")
+    for cut in sorted({len(whole), 4096, 600, 200, 120, 100, 64, 52, 20, 0}):
+        path = tmp_path / f"lib{cut}.so"
+        path.write_bytes(whole[:cut])
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fresh = read_soname_fd(fd)
+            assert read_soname_fd(fd, head=os.pread(fd, 4096, 0)) == fresh, cut
+        finally:
+            os.close(fd)
+        if cut == len(whole):
+            assert fresh == "libcut.so.7"
