@@ -202,10 +202,11 @@ def write_text(path: str, text: str, mode: int = 0o644) -> None:
 
 
 def remove_file(path: str) -> bool:
-    """Unlink ``path`` (the file a symlink points to, like :func:`write_text`); ``False``
-    when it was already gone."""
+    """Unlink ``path`` itself, a symlink included (never the file it points to: a link
+    put where nvshim's drop-in or backup was must not make a revert delete its target);
+    ``False`` when it was already gone."""
     try:
-        os.unlink(os.path.realpath(path))
+        os.unlink(path)
     except FileNotFoundError:
         return False
     except OSError as exc:

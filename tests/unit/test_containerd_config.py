@@ -569,6 +569,22 @@ def test_a_symlinked_config_is_edited_through_the_link_and_reverted(etc: Path,
     assert os.path.islink(link) and target.read_bytes() == original
 
 
+def test_revert_never_deletes_what_a_drop_in_symlink_points_to(etc: Path) -> None:
+    """A drop-in nvshim created, replaced since by a symlink to another file, is removed on
+    revert as the link; the file it points to stays (writing through links must not turn
+    into deleting through them)."""
+    (etc / "config.toml").write_text(COMMENTED_V2)
+    _configure(etc)
+    drop_in = etc / "conf.d" / "99-nvshim.toml"
+    victim = etc.parent / "precious.toml"
+    victim.write_text("# not nvshim's\n")
+    drop_in.unlink()
+    os.symlink(victim, drop_in)
+    _revert(etc)
+    assert not os.path.lexists(drop_in)
+    assert victim.read_text() == "# not nvshim's\n"
+
+
 @pytest.mark.parametrize("in_place", [False, True])
 def test_a_config_with_a_byte_order_mark_is_edited_and_keeps_it(etc: Path,
                                                                  in_place: bool) -> None:
