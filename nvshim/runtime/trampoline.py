@@ -217,30 +217,33 @@ if [ "$decision" = modify ]; then
     [ $? = 1 ] || python "$@"
 fi
 
-# 4. Hand over to the first low-level runtime found. The list is read on fd 3 so the
-#    runtime keeps our stdin (runc update --resources - reads it); fd 3 is closed on exec.
-#    --version: nvshim's version first, then the runtime's (as nvidia-container-runtime does).
-run() {
-    [ "$ver" = 0 ] || printf 'nvshim-runtime version %s\n\n' @VERSION@
-    exec "$@" 3<&-
-}
+# 4. Hand over to the first low-level runtime found. The list is read on stdin inside the
+#    loop only (restored when it ends, before exec): any other fd may be one the caller
+#    passes on (--preserve-fds, LISTEN_FDS, containerd's fds 3 and 4) and must reach the
+#    runtime as it came. --version: nvshim's version first, then the runtime's (as
+#    nvidia-container-runtime does).
 pick() {
-    while IFS= read -r r <&3 || [ -n "$r" ]; do
+    found=
+    while IFS= read -r r || [ -n "$r" ]; do
         case $r in
-            /*) if [ -f "$r" ] && [ -x "$r" ]; then run "$r" "$@"; fi ;;
+            /*) if [ -f "$r" ] && [ -x "$r" ]; then found=$r; break; fi ;;
             */*|'') ;;
-            *) p=$(command -v -- "$r" 2>/dev/null) || continue
-               case $p in /*) run "$p" "$@" ;; esac ;;
+            *) p=$(command -v -- "$r" 2>/dev/null </dev/null) || continue
+               case $p in /*) found=$p; break ;; esac ;;
         esac
     done
 }
 if [ -e "$conf" ]; then
-    pick "$@" 3< "$list"
+    pick < "$list"
 else
-    pick "$@" 3<<'DEFAULTS'
+    pick <<'DEFAULTS'
 runc
 crun
 DEFAULTS
+fi
+if [ -n "$found" ]; then
+    [ "$ver" = 0 ] || printf 'nvshim-runtime version %s\n\n' @VERSION@
+    exec "$found" "$@"
 fi
 # Nothing found: let Python report it (one line on stderr and in runc's --log).
 python "$@"

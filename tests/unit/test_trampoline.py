@@ -529,3 +529,47 @@ def test_rendered_script_is_posix_sh(decider: Path) -> None:
     res = subprocess.run(["/bin/sh", "-n", str(decider)], capture_output=True)
     assert res.returncode == 0, res.stderr
     assert decider.stat().st_mode & stat.S_IXUSR
+
+
+FD_RECORDER = """#!/bin/sh
+# records which of the caller's fds it got (readlink of fd N, or '-' when closed) and stdin
+for n in 3 4 12; do
+    printf '%s=%s\\n' "$n" "$(readlink /proc/$$/fd/$n || echo -)"
+done > {rec}
+cat >> {rec}
+"""
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: os.path.basename(s[0]))
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "no-config"])
+def test_passthrough_keeps_the_callers_fds(world: Dict[str, Path], shell: List[str],
+                                           compiled: bool) -> None:
+    """fds 3, 4 and 12 the caller passes (runc --preserve-fds, LISTEN_FDS, containerd's fds 3
+    and 4) reach the runtime as they came, and stdin too (runc update --resources -). The
+    runtime list was once read on fd 3, which replaced the caller's fd 3 and closed it."""
+    rec = world["tmp"] / "fds"
+    bindir = world["tmp"] / "bin"
+    bindir.mkdir()
+    runtime = bindir / "runc"
+    runtime.write_text(FD_RECORDER.format(rec=rec))
+    runtime.chmod(0o755)
+    if compiled:
+        world["runtimes"].write_text(f"{runtime}\n")
+        mark_compiled(world["config"])
+    else:
+        world["config"].unlink()
+    files = {n: world["tmp"] / f"fd{n}" for n in (3, 4, 12)}
+    for n, path in files.items():
+        path.write_text(str(n))
+
+    # bash opens them on their own numbers (dash takes one-digit fds only), then execs us
+    opener = 'exec 3<"$1" 4<"$2" 12<"$3"; shift 3; exec "$@"'
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "NVSHIM_CONFIG": str(world["config"])}
+    res = subprocess.run(["bash", "-c", opener, "bash",
+                          *(str(files[n]) for n in files),
+                          *shell, str(world["tramp"]), "exec", "--preserve-fds", "2", "x"],
+                         input=b"stdin-data", capture_output=True, env=env, cwd=world["cwd"],
+                         timeout=10)
+    assert res.returncode == 0, res.stderr
+    assert rec.read_text() == "".join(f"{n}={files[n]}\n" for n in files) + "stdin-data"
+    assert not (world["tmp"] / "py.argv").exists()
