@@ -56,14 +56,16 @@ _RUNC_CMD: Dict[str, str] = {
     "bundle": "bundle", "b": "bundle",
     "console-socket": "value", "pid-file": "value", "preserve-fds": "value",
     "no-pivot": "bool", "no-new-keyring": "bool", "detach": "bool", "d": "bool",
-    "keep": "bool", "help": "bool", "h": "bool",
+    "keep": "bool", "help": "help", "h": "help",
 }
+#: Go's strconv.ParseBool false values: runc's ``--help=false`` is no help.
+_GO_FALSE: FrozenSet[str] = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 #: crun's create/run long options (and argp's own): exact names and prefixes resolve here.
 _CRUN_CMD_LONG: Tuple[Tuple[str, str], ...] = (
     ("bundle", "bundle"), ("config", "config"), ("console-socket", "value"),
     ("detach", "bool"), ("no-new-keyring", "bool"), ("no-pivot", "bool"),
     ("no-subreaper", "bool"), ("pid-file", "value"), ("preserve-fds", "value"),
-    ("help", "bool"), ("usage", "bool"), ("program-name", "value"), ("HANG", "bool"),
+    ("help", "help"), ("usage", "help"), ("program-name", "value"), ("HANG", "bool"),
 )
 _CMD_LONG: Dict[str, str] = {**_RUNC_CMD, **dict(_CRUN_CMD_LONG)}
 
@@ -72,11 +74,12 @@ class Invocation:
     """What one runtime call asks for (a plain class: ``NamedTuple`` costs ~1 ms to define)."""
 
     __slots__ = ("command", "bundle", "log", "log_format", "error", "root", "container_id",
-                 "version")
+                 "version", "help")
 
     def __init__(self, command: Optional[str], bundle: Optional[str], log: Optional[str],
                  log_format: Optional[str], error: Optional[str], root: Optional[str] = None,
-                 container_id: Optional[str] = None, version: bool = False) -> None:
+                 container_id: Optional[str] = None, version: bool = False,
+                 help: bool = False) -> None:
         self.command = command
         self.bundle = bundle
         self.log = log
@@ -85,6 +88,7 @@ class Invocation:
         self.root = root
         self.container_id = container_id
         self.version = version
+        self.help = help
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
@@ -112,11 +116,14 @@ class Invocation:
     """The container id of create/run (its first positional argument), when given."""
     version: bool
     """``-v``/``--version`` before any command: nvshim shows its version, then the runtime's."""
+    help: bool
+    """create/run with its ``--help`` (``-h``, ``-?``, ``--usage`` …): the runtime prints
+    help and creates nothing, so nothing is edited."""
 
     @property
     def modifies(self) -> bool:
         """True when nvshim must edit config.json before handing over."""
-        return self.command in MODIFYING_COMMANDS
+        return self.command in MODIFYING_COMMANDS and not self.help
 
 
 def _split_flag(arg: str) -> Tuple[str, Optional[str]]:
@@ -161,7 +168,7 @@ def _crun_cluster(body: str) -> Optional[Tuple[str, Optional[str]]]:
             rest = body[j + 1:]
             return ("bundle" if ch == "b" else "config", rest or None)
         if ch == "?":
-            return effect
+            return ("help", None)
         return None
     return effect
 
@@ -226,6 +233,7 @@ def parse_argv(argv: List[str]) -> Invocation:
             i += 1
             continue
         name, value = _split_flag(arg)
+        given = name
         if arg.startswith("--"):
             effect, name = _long(name, _CMD_LONG, _CRUN_CMD_LONG, strict=True)
             if effect == "ambiguous":
@@ -244,6 +252,13 @@ def parse_argv(argv: List[str]) -> Invocation:
                 effect, value = crun
             else:
                 effect = None
+        if effect == "help":
+            if value is None or given not in ("help", "h") or value not in _GO_FALSE:
+                # runc/crun print the command's help and create nothing (runc's
+                # --help=true too; other values fail in both): leave config.json alone
+                return Invocation(command, None, log, log_format, None, globals_.get("root"),
+                                  container_id, help=True)
+            effect = "bool"  # runc's --help=false: no help, the create goes on
         if effect in ("bundle", "config", "value") and value is None:
             if i + 1 >= n:
                 error = f"flag needs an argument: {arg}"

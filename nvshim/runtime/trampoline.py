@@ -50,7 +50,7 @@ python() { exec "$py" -I -S -c @BOOT@ "$@"; }
 gopts='cgroup-manager:value debug:bool log:value log-format:value root:value rootless:value
 systemd-cgroup:bool help:help usage:help version:version program-name:value HANG:bool'
 copts='bundle:bundle config:config console-socket:value detach:bool no-new-keyring:bool
-no-pivot:bool no-subreaper:bool pid-file:value preserve-fds:value help:bool usage:bool
+no-pivot:bool no-subreaper:bool pid-file:value preserve-fds:value help:help usage:help
 program-name:value HANG:bool'
 # prefix NAME STRICT OPTIONS: eff := the effect of --NAME as a prefix ('' unknown, or
 # 'ambiguous' for several options — unless not STRICT and they share one effect)
@@ -115,7 +115,8 @@ for a in "$@"; do
                 bundle|b) eff=bundle ;;
                 config) eff=config ;;
                 console-socket|pid-file|preserve-fds|program-name) eff=value ;;
-                no-pivot|no-new-keyring|no-subreaper|detach|d|keep|help|h|usage|HANG) eff=bool ;;
+                no-pivot|no-new-keyring|no-subreaper|detach|d|keep|HANG) eff=bool ;;
+                help|h|usage) eff=help ;;
                 *) prefix "$name" 1 "$copts"
                    [ "$eff" = ambiguous ] && { err=1; break; } ;;
             esac
@@ -125,7 +126,8 @@ for a in "$@"; do
             case $name in
                 bundle|b) runc=bundle ;;
                 console-socket|pid-file|preserve-fds) runc=value ;;
-                no-pivot|no-new-keyring|detach|d|keep|help|h) runc=bool ;;
+                no-pivot|no-new-keyring|detach|d|keep) runc=bool ;;
+                help|h) runc=help ;;
                 *) runc= ;;
             esac
             rest=${a#-} crun= cval=
@@ -135,7 +137,7 @@ for a in "$@"; do
                     d*) rest=${rest#d} ;;
                     b*) crun=bundle cval=${rest#b}; break ;;
                     f*) crun=config cval=${rest#f}; break ;;
-                    [?]*) crun=bool; break ;;
+                    [?]*) crun=help; break ;;
                     *) break ;;
                 esac
             done
@@ -155,6 +157,15 @@ for a in "$@"; do
         *) continue ;;
     esac
     case $eff in
+        help)
+            # the runtime prints the command's help and creates nothing: pass (runc's
+            # --help=false / -h=false is no help; other values fail in both runtimes)
+            given=${a#"${a%%[!-]*}"}
+            case $hasval:${given%%=*}:$val in
+                1:help:0|1:help:f|1:help:F|1:help:FALSE|1:help:false|1:help:False) ;;
+                1:h:0|1:h:f|1:h:F|1:h:FALSE|1:h:false|1:h:False) ;;
+                *) cmd=; break ;;
+            esac ;;
         bundle|config|value)
             if [ "$hasval" = 0 ]; then
                 skip=$eff

@@ -168,3 +168,27 @@ def test_passthrough_exit_codes_match_runc(runc, node, rootfs, tmp_path, nvshim_
     runc.wait_stopped(cid, runtime=nvshim_runtime_bin, env=env)
     assert runc.delete(cid, runtime=nvshim_runtime_bin, env=env).rc == 0
     assert runc.state(cid, runtime="runc", env=env).rc == 1
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h", "-help"])
+def test_create_help_is_runc_help_and_edits_nothing(runc, node, rootfs, tmp_path,
+                                                    nvshim_runtime_bin, flag):
+    """`create --help` on a GPU bundle: runc prints the command's help and creates nothing, so
+    nvshim-runtime prints the same, exits the same and leaves config.json byte-identical (it
+    used to edit it, and journal a grant, for a container that never existed)."""
+    journal = tmp_path / "grants.jsonl"
+    cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["runc"],
+                                                 "grants-journal": str(journal)})
+    compile_node(str(cfg))
+    env = {"NVSHIM_CONFIG": str(cfg), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    bundle = make_bundle(tmp_path / "b", rootfs, ["true"], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    before = (bundle / "config.json").read_bytes()
+    sub = ("create", "--bundle", str(bundle), flag, unique_id())
+    plain = subprocess.run(runc.argv(*sub, runtime="runc"), env=env, capture_output=True, text=True)
+    ours = subprocess.run(runc.argv(*sub, runtime=nvshim_runtime_bin), env=env,
+                          capture_output=True, text=True)
+    assert plain.returncode == 0 and "create" in plain.stdout
+    assert (ours.returncode, ours.stdout, ours.stderr) == (plain.returncode, plain.stdout,
+                                                           plain.stderr)
+    assert (bundle / "config.json").read_bytes() == before
+    assert not journal.exists() or journal.read_text() == ""

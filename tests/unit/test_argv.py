@@ -114,3 +114,23 @@ def test_version_flag_is_recognised_only_before_a_command():
     assert parse_argv(["--version"]).version and parse_argv(["-v", "create"]).version
     assert not parse_argv(["--help"]).version
     assert not parse_argv(["state", "--version"]).version
+
+
+@pytest.mark.parametrize("argv,modifies", [
+    (["create", "--help", "-b", "/b", "x"], False),
+    (["create", "-b", "/b", "x", "-h"], False),      # runc reads flags after the id too
+    (["run", "-help", "x"], False),
+    (["create", "-?", "x"], False),                  # crun
+    (["run", "-d?", "x"], False),                    # crun: -d then -?
+    (["create", "--he", "x"], False),                # crun: a prefix of --help
+    (["create", "--usage", "x"], False),             # crun
+    (["create", "--help=true", "x"], False),
+    (["create", "--help=false", "-b", "/b", "x"], True),  # runc: no help, the create runs
+    (["create", "-h=0", "-b", "/b", "x"], True),
+    (["create", "-b", "/b", "--", "--help"], True),  # after --, an id
+])
+def test_create_help_creates_nothing(argv, modifies):
+    """create/run with its help flag prints help in runc and crun and creates nothing: no edit."""
+    inv = parse_argv(argv)
+    assert inv.modifies is modifies and inv.error is None
+    assert inv.help is not modifies

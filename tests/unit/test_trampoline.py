@@ -244,6 +244,22 @@ EDGE_CASES: List[List[str]] = [
     ["create", "-x", "-b", "/b"],
     ["create", "--=x", "-b", "/b"],
     ["create", "--=", "-b", "/b"],
+    # create/run's own help: the runtime prints it and creates nothing (runc's =false is no help)
+    ["create", "--help", "-b", "/b", "id"],
+    ["create", "-b", "/b", "id", "-h"],
+    ["run", "-help", "-b", "/b"],
+    ["create", "--he", "-b", "/b"],
+    ["create", "--h", "-b", "/b"],
+    ["create", "--usage", "-b", "/b"],
+    ["create", "--us=x", "-b", "/b"],
+    ["create", "--help=false", "-b", "/b", "id"],
+    ["create", "-h=0", "-b", "/b", "id"],
+    ["create", "---help=False", "-b", "/b", "id"],
+    ["create", "--help=true", "-b", "/b", "id"],
+    ["create", "--help=false=x", "-b", "/b", "id"],
+    ["create", "--usage=false", "-b", "/b", "id"],
+    ["create", "-?=false", "-b", "/b", "id"],
+    ["create", "-b", "/b", "--", "--help"],
 ]
 
 
@@ -279,6 +295,7 @@ TOKENS = [
     "--cgroup-manager", "--cgroup-m=x", "--c", "--r", "--lo", "--log-f", "--ver", "--usage",
     "-V", "-?", "-vx", "--bund", "--bund=/b", "--co", "--conf", "--config", "-f", "-fc",
     "-b/b", "-bundle", "-b=", "-db", "-dd", "-d?", "--no-p", "--p", "--pid", "--HANG",
+    "--help=false", "-h=0", "--he", "-help", "--help=F",
 ]
 
 
