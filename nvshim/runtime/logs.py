@@ -25,10 +25,11 @@ def _utc_now() -> str:
 
 
 def _log_line(level: str, text: str, log: str, log_format: Optional[str]) -> None:
-    """Append one runc-style line (JSON or logfmt) to runc's ``--log`` file."""
+    """Append one runc-style line to runc's ``--log`` file: JSON with ``--log-format json``,
+    else logfmt text, runc's and crun's default whatever the file is called."""
     from nvshim._jsonc import dumps as json_dumps  # not the json package: warnings are hot
 
-    if log_format == "json" or log_format is None and log.endswith(".json"):
+    if log_format == "json":
         line = json_dumps({"level": level, "msg": text, "time": _utc_now()})
     else:
         line = f'time="{_utc_now()}" level={level} msg={json_dumps(text)}'

@@ -192,3 +192,37 @@ def test_create_help_is_runc_help_and_edits_nothing(runc, node, rootfs, tmp_path
                                                            plain.stderr)
     assert (bundle / "config.json").read_bytes() == before
     assert not journal.exists() or journal.read_text() == ""
+
+
+@pytest.mark.parametrize("fmt", [None, "text", "json"])
+def test_failing_create_log_line_has_runcs_format(runc, node, rootfs, tmp_path,
+                                                   nvshim_runtime_bin, fmt):
+    """A failing GPU create appends one line to --log in the format runc itself writes there:
+    text (logfmt) unless --log-format json, whatever the file is called. nvshim used to write
+    JSON into a file named *.json without --log-format, where runc writes text."""
+    import re
+
+    cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["runc"]})
+    compile_node(str(cfg))
+    env = {"NVSHIM_CONFIG": str(cfg), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    bundle = make_bundle(tmp_path / "b", rootfs, ["true"], env=["NVIDIA_VISIBLE_DEVICES=7"])
+    flags = [] if fmt is None else ["--log-format", fmt]
+    lines = {}
+    for who, runtime, sub in (("runc", "runc", ["state", unique_id()]),
+                              ("nvshim", nvshim_runtime_bin,
+                               ["create", "--bundle", str(bundle), unique_id()])):
+        log = tmp_path / f"{who}.log.json"
+        res = subprocess.run([runtime, "--root", str(runc.root_dir), "--log", str(log), *flags,
+                              *sub], env=env, capture_output=True, text=True)
+        assert res.returncode == 1, res.stderr
+        lines[who] = log.read_text().splitlines()
+    assert len(lines["runc"]) == 1 and len(lines["nvshim"]) == 1, lines
+    if fmt == "json":
+        shapes = {who: sorted(json.loads(line[0])) for who, line in lines.items()}
+        assert shapes["nvshim"] == shapes["runc"] == ["level", "msg", "time"]
+        assert json.loads(lines["nvshim"][0])["level"] == "error"
+    else:
+        text = re.compile(r'time="[0-9TZ:-]+" level=error msg="(.*)"')
+        assert text.fullmatch(lines["runc"][0]), lines["runc"]
+        match = text.fullmatch(lines["nvshim"][0])
+        assert match and match.group(1).startswith("nvshim: unknown device"), lines["nvshim"]
