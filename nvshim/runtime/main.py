@@ -109,6 +109,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     config = _load_config(inv)
     # looked up once: the grant journal records it and it is exec'd below
     runtime = find_runtime(config.runtimes, os.environ.get("PATH"))
+    if runtime is None:
+        # before any edit: a create that cannot be handed over leaves config.json as it was
+        _fail(
+            f"no low-level runtime found: tried {', '.join(config.runtimes)} "
+            f"(config runtimes) on PATH={os.environ.get('PATH', '')}",
+            inv,
+        )
 
     if inv.modifies:
         from nvshim.errors import NvshimError
@@ -145,12 +152,6 @@ def main(argv: Optional[List[str]] = None) -> None:
                 log.error("create failed", error=repr(exc))
             _fail(f"internal error: {type(exc).__name__}: {exc}", inv)
 
-    if runtime is None:
-        _fail(
-            f"no low-level runtime found: tried {', '.join(config.runtimes)} "
-            f"(config runtimes) on PATH={os.environ.get('PATH', '')}",
-            inv,
-        )
     if inv.version:
         # like nvidia-container-runtime: our version first, then the low-level runtime's
         from nvshim import __version__

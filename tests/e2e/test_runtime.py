@@ -226,3 +226,26 @@ def test_failing_create_log_line_has_runcs_format(runc, node, rootfs, tmp_path,
         assert text.fullmatch(lines["runc"][0]), lines["runc"]
         match = text.fullmatch(lines["nvshim"][0])
         assert match and match.group(1).startswith("nvshim: unknown device"), lines["nvshim"]
+
+
+def test_create_without_a_runtime_on_path_edits_nothing(node, rootfs, tmp_path, nvshim_runtime_bin):
+    """A GPU create whose low-level runtime cannot be found fails with one line (stderr and
+    --log) and leaves config.json byte-identical and the journal empty: nvshim used to
+    write the GPU edit first and only then find that nothing could run it."""
+    journal = tmp_path / "grants.jsonl"
+    cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["runc"],
+                                                 "grants-journal": str(journal)})
+    compile_node(str(cfg))
+    bundle = make_bundle(tmp_path / "b", rootfs, ["true"], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    before = (bundle / "config.json").read_bytes()
+    log = tmp_path / "log.json"
+    res = subprocess.run([nvshim_runtime_bin, "--log", str(log), "--log-format", "json", "create",
+                          "--bundle", str(bundle), unique_id()],
+                         env={"NVSHIM_CONFIG": str(cfg), "PATH": str(tmp_path / "empty")},
+                         capture_output=True, text=True)
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr.count("\n") == 1 and "no low-level runtime found" in res.stderr
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1 and "no low-level runtime found" in json.loads(lines[0])["msg"]
+    assert (bundle / "config.json").read_bytes() == before
+    assert not journal.exists() or journal.read_text() == ""
