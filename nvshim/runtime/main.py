@@ -103,6 +103,18 @@ def _load_config(inv: Invocation) -> Config:
         _fail(str(exc), inv)
 
 
+def _restore_locale_env() -> None:
+    """Give the runtime the caller's LC_CTYPE: CPython sets LC_CTYPE=C.UTF-8 in its own
+    environment when started in the C locale (PEP 538), and that would reach runc. The
+    trampoline says what it was (``-X nvshim-lc-ctype=VALUE`` or ``-X nvshim-lc-ctype-unset``);
+    started any other way, the environment is left as it is."""
+    xoptions = getattr(sys, "_xoptions", {})
+    if "nvshim-lc-ctype-unset" in xoptions:
+        os.environ.pop("LC_CTYPE", None)
+    elif isinstance(xoptions.get("nvshim-lc-ctype"), str):
+        os.environ["LC_CTYPE"] = xoptions["nvshim-lc-ctype"]
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     inv = parse_argv(args)
@@ -158,6 +170,7 @@ def main(argv: Optional[List[str]] = None) -> None:
 
         sys.stdout.write(f"nvshim-runtime version {__version__}\n\n")
         sys.stdout.flush()
+    _restore_locale_env()
     try:
         os.execv(runtime, [runtime] + args)
     except OSError as exc:

@@ -42,7 +42,14 @@ _TEMPLATE = r"""#!/bin/sh
 # or anything else (then runc/crun is exec'd directly with the same argv, env and fds).
 py=@PYTHON@
 conf=${NVSHIM_CONFIG:-@CONFIG@}
-python() { exec "$py" -I -S -c @BOOT@ "$@"; }
+# CPython replaces a C locale's LC_CTYPE with C.UTF-8 in its environment (PEP 538, -I does
+# not stop it); -X tells nvshim what the caller's LC_CTYPE was, so runc gets that back.
+python() {
+    if [ -n "${LC_CTYPE+set}" ]; then
+        exec "$py" -I -S -X "nvshim-lc-ctype=$LC_CTYPE" -c @BOOT@ "$@"
+    fi
+    exec "$py" -I -S -X nvshim-lc-ctype-unset -c @BOOT@ "$@"
+}
 
 # 1. The command and, for create/run, the bundle, in runc's or crun's grammar: parsed
 #    exactly as nvshim/_argv.py does (its docstring explains the rules).

@@ -383,10 +383,11 @@ HARD_ARGS = ["--root", "/run/x y", "--log", "", "state", "id with space", "line\
 
 
 def python_args(world: Dict[str, Path]) -> List[str]:
-    """The argv the trampoline gave Python, after ``-I -S -c <boot code>``."""
+    """The argv the trampoline gave Python, after ``-I -S -X <caller's LC_CTYPE> -c <boot code>``."""
     argv = recorded_argv(world["py"])
-    assert argv[1:4] == ["-I", "-S", "-c"] and "from nvshim.runtime.main import main" in argv[4]
-    return argv[5:]
+    assert argv[1:4] == ["-I", "-S", "-X"] and argv[4].startswith("nvshim-lc-ctype")
+    assert argv[5] == "-c" and "from nvshim.runtime.main import main" in argv[6]
+    return argv[7:]
 
 
 def run_tramp(world: Dict[str, Path], argv: Sequence[str],
@@ -411,7 +412,7 @@ def test_passthrough_execs_listed_runtime_with_same_argv_env_cwd(world: Dict[str
 
 
 def test_create_goes_to_python_with_same_argv(world: Dict[str, Path]) -> None:
-    """create is handed to ``<python> -I -S -c <boot>`` with the argv unchanged, never to the runtime."""
+    """create is handed to ``<python> -I -S -X … -c <boot>`` with the argv unchanged, never to the runtime."""
     argv = ["--root", "/r x", "create", "--bundle", "/b\nc", "", "id"]
     res = run_tramp(world, argv, {})
     assert res.returncode == 0, res.stderr

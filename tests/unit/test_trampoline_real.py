@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from nvshim.runtime.compile import compile_node
 from nvshim.runtime.trampoline import render
@@ -61,3 +64,23 @@ def test_escaped_marker_still_reaches_python(tmp_path):
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
     assert debug.exists()
+
+
+@pytest.mark.parametrize("caller_locale", [{}, {"LC_CTYPE": "C"}, {"LANG": "C"},
+                                           {"LC_CTYPE": "POSIX", "LANG": "C.UTF-8"}])
+def test_create_through_python_hands_runc_the_callers_env(tmp_path, caller_locale):
+    """A create that goes through Python execs the runtime with the caller's environment
+    exactly: CPython's C-locale coercion (PEP 538) used to add LC_CTYPE=C.UTF-8 (or replace
+    the caller's LC_CTYPE=C) on the way to runc."""
+    tramp, bundle, env, rec, debug = setup(tmp_path, ["NVIDIA_VISIBLE_DEVICES=void"])
+    envrec = tmp_path / "env.rec"
+    runtime = tmp_path / "fake-runc"
+    runtime.write_text(f"#!/bin/sh\n{shutil.which('env')} -0 > {envrec}\n")
+    env = {**env, "ODD": "a b\nc", **caller_locale}
+    res = subprocess.run([str(tramp), "create", "--bundle", str(bundle), "id"], env=env,
+                         capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert debug.exists()  # Python ran
+    got = dict(e.split("=", 1) for e in envrec.read_bytes().decode().split("\0") if e)
+    got.pop("PWD", None)  # sh exports it for its children
+    assert got == env
