@@ -13,7 +13,7 @@ import sys
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import Any, Optional
+    from typing import Any, Callable, Optional
 
 __all__ = ["report_error", "report_warning", "DebugLog", "open_debug_log"]
 
@@ -77,19 +77,26 @@ class DebugLog:
             self._logger.error(event, **fields)
 
 
-def open_debug_log(path: Optional[str], **context: Any) -> DebugLog:
+def open_debug_log(path: Optional[str], warn: Optional[Callable[[str], None]] = None,
+                   **context: Any) -> DebugLog:
     """A structlog logger appending JSON lines to ``path``; no-op when ``path`` is empty.
 
-    ``context`` (e.g. the container ``id``) is bound into every record, with the pid."""
+    ``context`` (e.g. the container ``id``) is bound into every record, with the pid. A file
+    that cannot be opened gives a no-op log and one message to ``warn`` (the runtime's:
+    runc's ``--log``; during create stderr is the container's), else to stderr."""
     if not path:
         return DebugLog()
-    import structlog
-
     try:
         fh = open(path, "a", encoding="utf-8")
     except OSError as exc:
-        sys.stderr.write(f"nvshim: cannot open debug-log {path}: {exc.strerror}\n")
+        message = f"cannot open debug-log {path}: {exc.strerror}"
+        if warn is not None:
+            warn(message)
+        else:
+            sys.stderr.write(f"nvshim: {message}\n")
         return DebugLog()
+    import structlog
+
     logger = structlog.wrap_logger(
         structlog.WriteLogger(fh),
         processors=[

@@ -136,7 +136,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         if config.debug_log:
             from nvshim.runtime.logs import open_debug_log
 
-            log = open_debug_log(config.debug_log, id=inv.container_id)
+            log = open_debug_log(config.debug_log, lambda message: _warn(message, inv),
+                                 id=inv.container_id)
         try:
             if inv.error:
                 from nvshim.errors import UsageError

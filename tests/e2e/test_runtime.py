@@ -249,3 +249,24 @@ def test_create_without_a_runtime_on_path_edits_nothing(node, rootfs, tmp_path, 
     assert len(lines) == 1 and "no low-level runtime found" in json.loads(lines[0])["msg"]
     assert (bundle / "config.json").read_bytes() == before
     assert not journal.exists() or journal.read_text() == ""
+
+
+def test_unopenable_debug_log_is_a_log_warning_not_container_stderr(runc, node, rootfs, tmp_path,
+                                                                     nvshim_runtime_bin):
+    """A debug-log that cannot be opened does not stop a GPU create, and its warning goes to
+    runc's --log: during create/run stderr is the container's, and nvshim used to print
+    "cannot open debug-log" there on every GPU container."""
+    cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["runc"],
+                                                 "debug-log": str(tmp_path / "missing" / "d.log")})
+    compile_node(str(cfg))
+    env = {"NVSHIM_CONFIG": str(cfg), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    bundle = make_bundle(tmp_path / "b", rootfs, ["sh", "-c", "ls /dev | grep -c nvidiactl"],
+                         env=["NVIDIA_VISIBLE_DEVICES=0"])
+    log = tmp_path / "log.json"
+    res = subprocess.run([nvshim_runtime_bin, "--root", str(runc.root_dir), "--log", str(log),
+                          "--log-format", "json", "run", "--bundle", str(bundle), unique_id()],
+                         env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                         timeout=60)
+    assert (res.returncode, res.stdout, res.stderr) == (0, "1\n", ""), res
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(x["level"], "cannot open debug-log" in x["msg"]) for x in lines] == [("warning", True)]
