@@ -115,6 +115,19 @@ def _restore_locale_env() -> None:
         os.environ["LC_CTYPE"] = xoptions["nvshim-lc-ctype"]
 
 
+def _restore_ignored_signals() -> None:
+    """Undo CPython's SIG_IGN for SIGPIPE and SIGXFSZ (set at every start-up): an ignored
+    signal stays ignored across exec, and crun's hooks inherited it. Callers (containerd's
+    Go shim, conmon) leave both at their default, which the runtime gets back; which of
+    them a caller had ignored cannot be known once CPython has started (reading it in the
+    trampoline costs ~1 ms per create), so a caller that ignores them deliberately is not
+    mirrored. Other signals are CPython's to leave alone, and it does."""
+    import _signal  # type: ignore[import-not-found]  # C module; signal.py imports enum
+
+    _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
+    _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     inv = parse_argv(args)
@@ -172,6 +185,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.stdout.write(f"nvshim-runtime version {__version__}\n\n")
         sys.stdout.flush()
     _restore_locale_env()
+    _restore_ignored_signals()
     try:
         os.execv(runtime, [runtime] + args)
     except OSError as exc:

@@ -270,3 +270,27 @@ def test_unopenable_debug_log_is_a_log_warning_not_container_stderr(runc, node, 
     assert (res.returncode, res.stdout, res.stderr) == (0, "1\n", ""), res
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(x["level"], "cannot open debug-log" in x["msg"]) for x in lines] == [("warning", True)]
+
+
+def test_crun_hooks_get_default_sigpipe_through_nvshim(crun, crunw, node, rootfs, tmp_path,
+                                                       nvshim_runtime_bin):
+    """A prestart hook under crun sees the same ignored signals with and without nvshim in
+    front: CPython ignores SIGPIPE and SIGXFSZ, and crun (unlike runc) passed that on to
+    the hooks of every GPU container (`cmd | head` in a hook then met EPIPE, not SIGPIPE)."""
+    cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root,
+                                                 "runtimes": [str(crunw)]})
+    compile_node(str(cfg))
+    env = {"NVSHIM_CONFIG": str(cfg), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    record = tmp_path / "sigign"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f"#!/bin/sh\ngrep SigIgn /proc/$$/status >> {record}\n")
+    hook.chmod(0o755)
+    seen = {}
+    for via in (str(crunw), nvshim_runtime_bin):
+        record.unlink(missing_ok=True)
+        bundle = make_bundle(tmp_path / f"b{len(seen)}", rootfs, ["true"],
+                             env=["NVIDIA_VISIBLE_DEVICES=0"],
+                             hooks={"prestart": [{"path": str(hook)}]})
+        crun.run(bundle, unique_id(), runtime=via, env=env).check()
+        seen[via] = record.read_text()
+    assert seen[nvshim_runtime_bin] == seen[str(crunw)] != ""

@@ -84,3 +84,30 @@ def test_create_through_python_hands_runc_the_callers_env(tmp_path, caller_local
     got = dict(e.split("=", 1) for e in envrec.read_bytes().decode().split("\0") if e)
     got.pop("PWD", None)  # sh exports it for its children
     assert got == env
+
+
+@pytest.mark.parametrize("caller_ignores", [(), ("SIGHUP",)])
+def test_create_through_python_hands_runc_default_sigpipe(tmp_path, caller_ignores):
+    """The runtime starts with SIGPIPE and SIGXFSZ at their default and other ignored
+    signals as the caller had them: CPython ignores SIGPIPE and SIGXFSZ at start-up, exec
+    keeps them ignored, and crun passed that on to the container's hooks."""
+    import signal
+
+    tramp, bundle, env, rec, debug = setup(tmp_path, ["NVIDIA_VISIBLE_DEVICES=void"])
+    status = tmp_path / "status.rec"
+    runtime = tmp_path / "fake-runc"
+    runtime.write_text(f"#!/bin/sh\ncat /proc/$$/status > {status}\n")
+
+    def ignore() -> None:
+        for name in caller_ignores:
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+    res = subprocess.run([str(tramp), "create", "--bundle", str(bundle), "id"], env=env,
+                         capture_output=True, text=True, timeout=30, preexec_fn=ignore)
+    assert res.returncode == 0, res.stderr
+    assert debug.exists()  # Python ran
+    line = next(x for x in status.read_text().splitlines() if x.startswith("SigIgn:"))
+    ignored = int(line.split()[1], 16)
+    got = {s.name for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP)
+           if ignored & (1 << (s - 1))}
+    assert got == set(caller_ignores)
