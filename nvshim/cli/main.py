@@ -110,22 +110,29 @@ def sim() -> None:
               help="GPUDirect Storage: /dev/nvidia-fs0..3, /etc/cufile.json.")
 @click.option("--mofed", is_flag=True, help="MOFED: /dev/infiniband/{uverbs0,umad0,issm0,rdma_cm}.")
 @click.option("--gdrcopy", is_flag=True, help="gdrcopy: /dev/gdrdrv.")
+@click.option("--no-driver-files", "no_driver_files", is_flag=True,
+              help="Build only the kernel side (/dev nodes, /proc/devices, /proc/driver/nvidia "
+                   "with --driver-version as the kernel module's version): no driver libraries, "
+                   "ld.so.cache or ld.so.conf, programs or firmware, so that real driver "
+                   "user-space files (e.g. from Debian's packages) can be put under DIRECTORY.")
 def sim_create(directory: str, gpus: int, driver_version: str, shuffle_minors: bool,
                mig: bool, dev_root: Optional[str], imex_channels: int, nvswitches: int,
-               gds: bool, mofed: bool, gdrcopy: bool) -> None:
+               gds: bool, mofed: bool, gdrcopy: bool, no_driver_files: bool) -> None:
     """Build a driver root a real GPU host would have, in DIRECTORY.
 
     Device nodes (mknod), /proc/devices and /proc/driver/nvidia files, versioned driver
     libraries with SONAME links and an ld.so.cache, and a clearly labelled simulated
     nvidia-smi; optionally IMEX channels, NVSwitch, GDS, MOFED and gdrcopy devices.
+    With --no-driver-files, only the kernel side: put real driver user space beside it.
     """
     from nvshim.host.sim import create_node
 
     node = create_node(directory, gpus=gpus, driver_version=driver_version,
                        shuffle_minors=shuffle_minors, mig=mig, dev_root=dev_root,
                        imex_channels=imex_channels, nvswitches=nvswitches, gds=gds,
-                       mofed=mofed, gdrcopy=gdrcopy)
-    click.echo(f"simulated node in {node.root} (driver {node.driver_version}):")
+                       mofed=mofed, gdrcopy=gdrcopy, driver_files=not no_driver_files)
+    side = "" if node.driver_files else ", kernel side only"
+    click.echo(f"simulated node in {node.root} (driver {node.driver_version}{side}):")
     for g in node.gpus:
         click.echo(f"  GPU {g.index}: /dev/nvidia{g.minor}  {g.uuid}  {g.pci_bus_id}  {g.model}")
         for j, m in enumerate(g.mig):

@@ -18,7 +18,9 @@
 * ``usr/bin/nvidia-smi`` (a POSIX sh script labelled ``SIMULATED nvidia-smi (nvshim sim)``
   that lists the GPUs whose ``/dev/nvidia<minor>`` it can see; ``NVSHIM_SIM_DEV``
   overrides ``/dev``), labelled stubs of the other driver binaries, GSP firmware files,
-  the ``run/nvidia-persistenced/socket`` UNIX socket, ``tmp/nvidia-mps``.
+  the ``run/nvidia-persistenced/socket`` UNIX socket, ``tmp/nvidia-mps``. With
+  ``driver_files=False`` (``--no-driver-files``) the libraries, ``ld.so.*``, programs and
+  firmware are left out: the tree is the kernel side only, for real user-space files.
 * ``nvml-facts.json``: what NVML would say and procfs does not (MIG UUIDs, CUDA version,
   compute capability, brand), in the format :class:`nvshim.host.nvml.NvmlFacts` defines.
   Production code reads it only when a config names it (``nvml-facts:
@@ -34,6 +36,7 @@
       "driver_version": "550.54.15",
       "cuda_version": "12.4",           # the newest CUDA this driver supports
       "dev_root": "/abs/path",          # where dev/ was made (informational)
+      "driver_files": true,             # false: kernel side only (--no-driver-files)
       "gpus": [                         # index order = PCI bus id order (NVML's)
         {"index": 0, "minor": 0, "uuid": "GPU-…", "pci_bus_id": "0000:18:00.0",
          "model": "NVIDIA H100 80GB HBM3", "arch": "hopper", "brand": "nvidia",
@@ -61,7 +64,12 @@ from typing import Any
 
 from nvshim.errors import HostError, UsageError
 from nvshim.host.nvml import FACTS_FORMAT
-from nvshim.host.simdriver import write_binaries, write_driver_files, write_libraries
+from nvshim.host.simdriver import (
+    write_binaries,
+    write_daemon_files,
+    write_firmware,
+    write_libraries,
+)
 from nvshim.host.simkernel import write_devices, write_procfs
 from nvshim.host.simnode import (
     CAPS_MAJOR,
@@ -127,6 +135,7 @@ def create_node(
     gds: bool = False,
     mofed: bool = False,
     gdrcopy: bool = False,
+    driver_files: bool = True,
 ) -> SimNode:
     """Build a simulated GPU node under ``root`` and describe it (see the module doc).
 
@@ -138,8 +147,12 @@ def create_node(
     ``nvswitches`` ``dev/nvidia-nvswitchctl``, ``nvidia-nvswitch0..N-1`` and the fabric
     manager socket; ``gds`` ``dev/nvidia-fs0..3`` and ``etc/cufile.json``; ``mofed``
     ``dev/infiniband/{uverbs0,umad0,issm0,rdma_cm}``; ``gdrcopy`` ``dev/gdrdrv``; each with
-    its ``proc/devices`` line. Raises :class:`UsageError` for bad arguments and :class:`HostError`
-    when not root, when ``root`` is not empty, or when the tree cannot be written.
+    its ``proc/devices`` line. ``driver_files=False`` builds only the kernel side (``dev/``,
+    ``proc/``, the daemons' sockets and the two JSON files): no libraries, ``ld.so.cache`` or
+    ``ld.so.conf``, programs or firmware, so that real driver user space (a distribution's
+    packages) can be unpacked under the same root. Raises :class:`UsageError` for bad
+    arguments and :class:`HostError` when not root, when ``root`` is not empty, or when the
+    tree cannot be written.
     """
     check_arguments(gpus, driver_version, cuda_version, mig, model)
     if not 0 <= imex_channels <= 2048 or not 0 <= nvswitches <= 64:
@@ -163,14 +176,17 @@ def create_node(
         gds=gds,
         mofed=mofed,
         gdrcopy=gdrcopy,
+        driver_files=driver_files,
     )
     try:
         os.makedirs(root, exist_ok=True)
         write_devices(node)
         write_procfs(node)
-        write_libraries(node)
-        write_binaries(node)
-        write_driver_files(node)
+        if driver_files:
+            write_libraries(node)
+            write_binaries(node)
+            write_firmware(node)
+        write_daemon_files(node)
         write_text(os.path.join(root, SIM_FILE), json.dumps(_to_json(node, seed), indent=2))
         write_text(node.nvml_facts, json.dumps(nvml_facts_document(node), indent=2))
     except OSError as exc:
@@ -193,6 +209,7 @@ def _to_json(node: SimNode, seed: int) -> dict[str, Any]:
         "driver_version": node.driver_version,
         "cuda_version": node.cuda_version,
         "dev_root": node.dev_root,
+        "driver_files": node.driver_files,
         "gpus": [
             {
                 "index": gpu.index,
@@ -266,6 +283,7 @@ def load_node(root: str) -> SimNode:
             dev_root=str(meta.get("dev_root") or root),
             driver_version=str(meta["driver_version"]),
             cuda_version=str(meta["cuda_version"]),
+            driver_files=bool(meta.get("driver_files", True)),
             gpus=tuple(
                 SimGpu(
                     index=int(g["index"]),

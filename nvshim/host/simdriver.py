@@ -20,7 +20,7 @@ from nvshim.host.simnode import (
     write_text,
 )
 
-__all__ = ["write_binaries", "write_driver_files", "write_libraries"]
+__all__ = ["write_binaries", "write_daemon_files", "write_firmware", "write_libraries"]
 
 _SMI_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "data", "sim-nvidia-smi.sh")
@@ -88,11 +88,15 @@ def write_binaries(node: SimNode) -> None:
         write_text(os.path.join(bindir, name), stub, 0o755)
 
 
-def write_driver_files(node: SimNode) -> None:
-    """GSP firmware, the persistenced (and fabric manager) socket, MPS dir, cufile.json."""
+def write_firmware(node: SimNode) -> None:
+    """The GSP firmware files under ``lib/firmware/nvidia/<version>/``."""
     firmware = os.path.join(node.root, "lib", "firmware", "nvidia", node.driver_version)
     for name in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
         write_text(os.path.join(firmware, name), f"NVSHIM-SIM {name} {node.driver_version}\n")
+
+
+def write_daemon_files(node: SimNode) -> None:
+    """The persistenced (and fabric manager) socket, the MPS dir, cufile.json (with GDS)."""
     _bind_socket(os.path.join(node.root, "run", "nvidia-persistenced"))
     os.makedirs(os.path.join(node.root, "var"), exist_ok=True)
     os.symlink("../run", os.path.join(node.root, "var", "run"))

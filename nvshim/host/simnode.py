@@ -154,6 +154,8 @@ class SimNode:
     gds: bool = False
     mofed: bool = False
     gdrcopy: bool = False
+    #: False when only the kernel side was built (``--no-driver-files``).
+    driver_files: bool = True
 
     @property
     def nvml_facts(self) -> str:

@@ -354,6 +354,53 @@ def test_socket_under_a_deep_root(tmp_path: Path) -> None:
     assert stat.S_ISSOCK(os.lstat(Path(made.root) / "run/nvidia-persistenced/socket").st_mode)
 
 
+@needs_root
+def test_no_driver_files_builds_only_the_kernel_side(tmp_path: Path) -> None:
+    """driver_files=False writes /dev, /proc and the JSON records but no library, ld.so file,
+    program or firmware: real user space goes under the same root."""
+    made = create_node(str(tmp_path / "n"), gpus=2, mig=True, driver_version="535.161.08",
+                       driver_files=False)
+    root = Path(made.root)
+    assert char_node(root / f"dev/nvidia{made.gpus[0].minor}")[:2] == (NVIDIA_MAJOR, 0)
+    assert "nvidia-frontend" in (root / "proc/devices").read_text()
+    assert "Kernel Module  535.161.08" in (root / "proc/driver/nvidia/version").read_text()
+    assert len(list((root / "proc/driver/nvidia/gpus").iterdir())) == 2
+    assert (root / "proc/driver/nvidia-caps/mig-minors").is_file()
+    assert (root / "nvml-facts.json").is_file() and load_node(made.root) == made
+    assert not made.driver_files
+    files = {str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir()}
+    user_space = {f for f in files if f.startswith(("usr/", "lib/", "etc/ld.so", "sbin/", "bin/"))}
+    assert user_space == set() and not (root / "usr").exists() and not (root / "lib").exists()
+    assert not any(".so" in f or "gsp_" in f or "nvidia-smi" in f for f in files)
+
+
+@needs_root
+def test_sim_create_no_driver_files_from_the_cli(tmp_path: Path) -> None:
+    """`nvshim sim create --no-driver-files` says "kernel side only" and writes no library."""
+    from click.testing import CliRunner
+
+    from nvshim.cli.main import sim
+
+    result = CliRunner().invoke(sim, ["create", str(tmp_path / "n"), "--no-driver-files"])
+    assert result.exit_code == 0, result.output
+    assert "kernel side only" in result.output
+    assert (tmp_path / "n/proc/driver/nvidia/version").is_file()
+    assert not (tmp_path / "n" / LIB_DIR).exists() and not (tmp_path / "n/usr/bin").exists()
+
+
+def test_sim_create_help_names_no_driver_files() -> None:
+    """`nvshim sim create --help` documents --no-driver-files and what it leaves out."""
+    from click.testing import CliRunner
+
+    from nvshim.cli.main import sim
+
+    result = CliRunner().invoke(sim, ["create", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert "--no-driver-files" in text
+    assert "no driver libraries, ld.so.cache or ld.so.conf, programs or firmware" in text
+
+
 # -- MIG ---------------------------------------------------------------------------------
 
 
