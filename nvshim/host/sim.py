@@ -10,8 +10,8 @@
   ``gpus/<pci bus id>/information`` in the kernel module's formats; with MIG,
   ``proc/driver/nvidia-caps/mig-minors`` and ``proc/driver/nvidia/capabilities/...``
   access files (:mod:`nvshim.host.simkernel`).
-* the driver libraries in ``usr/lib/x86_64-linux-gnu/`` (``lib<X>.so.<version>``, each a
-  tiny loadable ELF with the real SONAME and a ``NVSHIM-SIM <file> <version>`` marker
+* the driver branch's libraries in ``usr/lib/x86_64-linux-gnu/`` (``lib<X>.so.<version>``,
+  each a tiny loadable ELF with the real SONAME and a ``NVSHIM-SIM <file> <version>`` marker
   string, plus SONAME links and ``.so`` links for libcuda/libnvidia-ml), ``vdpau/``,
   ``etc/ld.so.cache`` listing the links (new layout), ``etc/ld.so.conf``
   (:mod:`nvshim.host.simdriver`, as the next item).
@@ -34,7 +34,7 @@
       "generator": "nvshim sim",
       "seed": 0,
       "driver_version": "550.54.15",
-      "cuda_version": "12.4",           # the newest CUDA this driver supports
+      "cuda_version": "12.4",           # the newest CUDA this driver's branch supports
       "dev_root": "/abs/path",          # where dev/ was made (informational)
       "driver_files": true,             # false: kernel side only (--no-driver-files)
       "gpus": [                         # index order = PCI bus id order (NVML's)
@@ -82,6 +82,8 @@ from nvshim.host.simnode import (
     SimMig,
     SimNode,
     check_arguments,
+    cuda_for_driver,
+    libraries_for_driver,
     mig_cap_minor,
     plan_gpus,
     write_text,
@@ -98,6 +100,8 @@ __all__ = [
     "SimMig",
     "SimNode",
     "create_node",
+    "cuda_for_driver",
+    "libraries_for_driver",
     "load_node",
     "mig_cap_minor",
     "nvml_facts_document",
@@ -127,7 +131,7 @@ def create_node(
     shuffle_minors: bool = False,
     mig: bool = False,
     dev_root: str | None = None,
-    cuda_version: str = "12.4",
+    cuda_version: str | None = None,
     model: str = "NVIDIA H100 80GB HBM3",
     seed: int = 0,
     imex_channels: int = 0,
@@ -147,14 +151,20 @@ def create_node(
     ``nvswitches`` ``dev/nvidia-nvswitchctl``, ``nvidia-nvswitch0..N-1`` and the fabric
     manager socket; ``gds`` ``dev/nvidia-fs0..3`` and ``etc/cufile.json``; ``mofed``
     ``dev/infiniband/{uverbs0,umad0,issm0,rdma_cm}``; ``gdrcopy`` ``dev/gdrdrv``; each with
-    its ``proc/devices`` line. ``driver_files=False`` builds only the kernel side (``dev/``,
-    ``proc/``, the daemons' sockets and the two JSON files): no libraries, ``ld.so.cache`` or
-    ``ld.so.conf``, programs or firmware, so that real driver user space (a distribution's
-    packages) can be unpacked under the same root. Raises :class:`UsageError` for bad
+    its ``proc/devices`` line. ``cuda_version`` is the newest CUDA the driver supports
+    (``nvml-facts.json``, ``nvidia-smi``); None takes the driver branch's
+    (:func:`cuda_for_driver`), as the libraries follow the branch
+    (:func:`libraries_for_driver`: 535 and older have no libnvidia-gpucomp).
+    ``driver_files=False`` builds only the kernel side (``dev/``, ``proc/``, the daemons'
+    sockets and the two JSON files): no libraries, ``ld.so.cache`` or ``ld.so.conf``,
+    programs or firmware, so that real driver user space (a distribution's packages) can be
+    unpacked under the same root. Raises :class:`UsageError` for bad
     arguments and :class:`HostError` when not root, when ``root`` is not empty, or when the
     tree cannot be written.
     """
     check_arguments(gpus, driver_version, cuda_version, mig, model)
+    if cuda_version is None:
+        cuda_version = cuda_for_driver(driver_version)
     if not 0 <= imex_channels <= 2048 or not 0 <= nvswitches <= 64:
         raise UsageError(f"--imex-channels {imex_channels} / --nvswitches {nvswitches}: a "
                          "simulated node has 0-2048 channels and 0-64 NVSwitches")

@@ -14,7 +14,6 @@ from nvshim.host.ldcache import build_ldcache
 from nvshim.host.simnode import (
     DRIVER_BINARIES,
     LIB_DIR,
-    SIM_LIBRARIES,
     SimNode,
     write_bytes,
     write_text,
@@ -38,11 +37,12 @@ def _library(directory: str, base: str, suffix: str | None, version: str) -> str
 
 
 def write_libraries(node: SimNode) -> None:
-    """Every :data:`SIM_LIBRARIES` library with its links, the vdpau one, ld.so.cache/conf."""
+    """The driver branch's libraries (:attr:`SimNode.libraries`) with their links, the vdpau
+    one, ld.so.cache/conf."""
     libdir = os.path.join(node.root, LIB_DIR)
     os.makedirs(libdir, exist_ok=True)
     cache: list[tuple[str, str]] = []
-    for base, suffix, dev_link in SIM_LIBRARIES:
+    for base, suffix, dev_link in node.libraries:
         soname = _library(libdir, base, suffix, node.driver_version)
         cache.append((soname, f"/{LIB_DIR}/{soname}"))
         if dev_link:

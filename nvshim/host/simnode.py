@@ -19,8 +19,10 @@ from nvshim.errors import HostError, UsageError
 __all__ = [
     "CAPS_MAJOR",
     "CI_SLOTS",
+    "CUDA_BY_BRANCH",
     "DRIVER_BINARIES",
     "GI_SLOTS",
+    "LIBRARY_SINCE_BRANCH",
     "LIB_DIR",
     "NVIDIA_MAJOR",
     "NVML_FACTS_FILE",
@@ -31,6 +33,9 @@ __all__ = [
     "SimMig",
     "SimNode",
     "check_arguments",
+    "cuda_for_driver",
+    "driver_branch",
+    "libraries_for_driver",
     "mig_cap_minor",
     "mknod",
     "plan_gpus",
@@ -59,7 +64,8 @@ _RESERVED_MINORS = (254, 255)
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
 
 #: (library base name, SONAME suffix or None when the SONAME is the versioned file name,
-#: whether a ``.so`` development link exists)
+#: whether a ``.so`` development link exists); a node has those of its driver branch
+#: (:func:`libraries_for_driver`)
 SIM_LIBRARIES: tuple[tuple[str, str | None, bool], ...] = (
     ("libcuda", ".so.1", True),
     ("libcudadebugger", ".so.1", False),
@@ -80,6 +86,24 @@ SIM_LIBRARIES: tuple[tuple[str, str | None, bool], ...] = (
     ("libEGL_nvidia", ".so.0", False),
     ("libnvidia-ngx", ".so.1", False),
     ("libnvidia-fbc", ".so.1", False),
+)
+#: The first driver branch that ships a library of :data:`SIM_LIBRARIES` (the others are in
+#: every branch the simulator knows): 535 and older have no libnvidia-gpucomp.
+LIBRARY_SINCE_BRANCH: dict[str, int] = {"libnvidia-gpucomp": 545}
+#: The newest CUDA version each driver branch supports, oldest branch first.
+CUDA_BY_BRANCH: tuple[tuple[int, str], ...] = (
+    (470, "11.4"),
+    (525, "12.0"),
+    (530, "12.1"),
+    (535, "12.2"),
+    (545, "12.3"),
+    (550, "12.4"),
+    (555, "12.5"),
+    (560, "12.6"),
+    (565, "12.7"),
+    (570, "12.8"),
+    (575, "12.9"),
+    (580, "13.0"),
 )
 #: The driver's other programs; the simulator writes a labelled stub of each.
 DRIVER_BINARIES = (
@@ -158,9 +182,40 @@ class SimNode:
     driver_files: bool = True
 
     @property
+    def libraries(self) -> tuple[tuple[str, str | None, bool], ...]:
+        """The :data:`SIM_LIBRARIES` this node's driver branch ships."""
+        return libraries_for_driver(self.driver_version)
+
+    @property
     def nvml_facts(self) -> str:
         """The facts file this node's config names as ``nvml-facts`` (what NVML would say)."""
         return os.path.join(self.root, NVML_FACTS_FILE)
+
+
+def driver_branch(driver_version: str) -> int:
+    """The branch of a driver version: its first number (``535.104.05`` → 535)."""
+    return int(driver_version.split(".", 1)[0])
+
+
+def cuda_for_driver(driver_version: str) -> str:
+    """The newest CUDA version the driver's branch supports (``535.104.05`` → ``12.2``).
+
+    A branch between two known ones (:data:`CUDA_BY_BRANCH`) takes the nearest lower known
+    branch's version (``555``-``559`` → ``12.5``); a branch above the newest known one takes
+    the newest (``590`` → ``13.0``); a branch below the oldest takes the oldest (``11.4``).
+    """
+    branch = driver_branch(driver_version)
+    cuda = CUDA_BY_BRANCH[0][1]
+    for known, version in CUDA_BY_BRANCH:
+        if known <= branch:
+            cuda = version
+    return cuda
+
+
+def libraries_for_driver(driver_version: str) -> tuple[tuple[str, str | None, bool], ...]:
+    """The :data:`SIM_LIBRARIES` the driver's branch ships (:data:`LIBRARY_SINCE_BRANCH`)."""
+    branch = driver_branch(driver_version)
+    return tuple(lib for lib in SIM_LIBRARIES if LIBRARY_SINCE_BRANCH.get(lib[0], 0) <= branch)
 
 
 def mig_cap_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
@@ -247,7 +302,7 @@ def plan_gpus(
 
 
 def check_arguments(
-    gpus: int, driver_version: str, cuda_version: str, mig: bool, model: str
+    gpus: int, driver_version: str, cuda_version: str | None, mig: bool, model: str
 ) -> None:
     """UsageError naming the first argument a simulated node cannot have."""
     if not 0 <= gpus <= MAX_GPUS:
@@ -259,7 +314,7 @@ def check_arguments(
         raise UsageError(
             f'--driver-version "{driver_version}": expected a driver version like 550.54.15'
         )
-    if not _CUDA_RE.match(cuda_version):
+    if cuda_version is not None and not _CUDA_RE.match(cuda_version):
         raise UsageError(f'cuda version "{cuda_version}": expected a version like 12.4')
     if mig and gpus == 0:
         raise UsageError("--mig needs at least one GPU: --gpus is 0")

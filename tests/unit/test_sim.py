@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import shutil
@@ -23,6 +24,8 @@ from nvshim.host.sim import (
     UVM_MAJOR,
     SimNode,
     create_node,
+    cuda_for_driver,
+    libraries_for_driver,
     load_node,
     mig_cap_minor,
 )
@@ -399,6 +402,71 @@ def test_sim_create_help_names_no_driver_files() -> None:
     text = " ".join(result.output.split())
     assert "--no-driver-files" in text
     assert "no driver libraries, ld.so.cache or ld.so.conf, programs or firmware" in text
+
+
+# -- driver branches ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "driver, cuda",
+    [
+        ("470.256.02", "11.4"),
+        ("525.147.05", "12.0"),
+        ("535.104.05", "12.2"),
+        ("535.247.01", "12.2"),
+        ("545.23.08", "12.3"),
+        ("550.54.15", "12.4"),
+        ("552.12", "12.4"),  # between known branches: the nearest lower one
+        ("570.133.20", "12.8"),
+        ("580.65.06", "13.0"),
+        ("595.1", "13.0"),  # above the newest known branch: the newest
+        ("418.226.00", "11.4"),  # below the oldest known branch: the oldest
+    ],
+)
+def test_cuda_version_follows_the_driver_branch(driver: str, cuda: str) -> None:
+    """The newest CUDA a simulated driver supports is its branch's, not 12.4 for every one."""
+    assert cuda_for_driver(driver) == cuda
+
+
+@pytest.mark.parametrize(
+    "driver, has_gpucomp", [("470.256.02", False), ("535.104.05", False), ("545.23.08", True),
+                            ("550.54.15", True), ("580.65.06", True)],
+)
+def test_gpucomp_ships_from_branch_545(driver: str, has_gpucomp: bool) -> None:
+    """libnvidia-gpucomp is in the library set from branch 545 on; the rest is in every branch."""
+    names = [base for base, _suffix, _dev in libraries_for_driver(driver)]
+    assert ("libnvidia-gpucomp" in names) is has_gpucomp
+    assert set(names) | {"libnvidia-gpucomp"} == {base for base, _s, _d in SIM_LIBRARIES}
+
+
+@needs_root
+def test_a_535_node_says_cuda_12_2_and_has_no_gpucomp(tmp_path: Path) -> None:
+    """A 535 node's nvml-facts, nvidia-smi and metadata say CUDA 12.2; no gpucomp file or cache
+    entry exists, while a 550 node has both."""
+    old = create_node(str(tmp_path / "old"), gpus=1, driver_version="535.104.05")
+    assert old.cuda_version == "12.2" and load_node(old.root).cuda_version == "12.2"
+    facts = json.loads(Path(old.nvml_facts).read_text())
+    assert facts["cuda_version"] == "12.2"
+    table = smi(old).stdout
+    assert "Driver Version: 535.104.05" in table and "CUDA Version: 12.2" in table
+    assert "CUDA Version        : 12.2" in smi(old, "--version").stdout
+    libdir = Path(old.root) / LIB_DIR
+    assert not list(libdir.glob("libnvidia-gpucomp*"))
+    assert (libdir / "libcuda.so.535.104.05").is_file()
+    cached = {e.key for e in read_ldcache(str(Path(old.root) / "etc/ld.so.cache"))}
+    assert not any("gpucomp" in key for key in cached)
+    new = create_node(str(tmp_path / "new"), gpus=1, driver_version="550.54.15")
+    assert (Path(new.root) / LIB_DIR / "libnvidia-gpucomp.so.550.54.15").is_file()
+    assert json.loads(Path(new.nvml_facts).read_text())["cuda_version"] == "12.4"
+
+
+@needs_root
+def test_explicit_cuda_version_overrides_the_branch(tmp_path: Path) -> None:
+    """create_node(cuda_version=...) wins over the branch's version."""
+    made = create_node(str(tmp_path / "n"), gpus=1, driver_version="535.104.05",
+                       cuda_version="12.3")
+    assert json.loads(Path(made.nvml_facts).read_text())["cuda_version"] == "12.3"
+    assert "CUDA Version: 12.3" in smi(made).stdout
 
 
 # -- MIG ---------------------------------------------------------------------------------
