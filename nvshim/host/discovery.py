@@ -43,6 +43,11 @@ __all__ = [
     "CONTROL_NODES",
     "LIB_DIRS",
     "BIN_DIRS",
+    "DATA_FILES",
+    "ESSENTIAL",
+    "OWN_VERSION_LIBRARIES",
+    "missing_files",
+    "system_libdir",
 ]
 
 #: Driver libraries per capability (library base names; the file is ``<base>.so.<version>``).
@@ -78,10 +83,63 @@ LIBRARIES: Dict[str, Tuple[str, ...]] = {
         "libGLESv1_CM_nvidia",
         "libnvidia-glvkspirv",
         "libnvidia-cbl",
+        "libnvidia-vulkan-producer",
+        "libnvidia-allocator",  # also compute's: GBM's nvidia-drm_gbm.so is a link to it
+        "libnvidia-egl-gbm",
+        "libnvidia-egl-wayland",
     ),
     "ngx": ("libnvidia-ngx",),
     "display": (),
     "compat32": (),
+}
+
+#: Libraries the driver ships with a version of their own (EGL platform libraries): the
+#: file is whatever ``<SONAME>`` resolves to, not ``<base>.so.<driver version>``.
+OWN_VERSION_LIBRARIES: Dict[str, str] = {
+    "libnvidia-egl-gbm": "libnvidia-egl-gbm.so.1",
+    "libnvidia-egl-wayland": "libnvidia-egl-wayland.so.1",
+}
+
+#: Driver data files per capability: (capability, container path — "" for where it was
+#: found —, paths to look for in the driver root, in order; ``{version}`` is the driver's).
+DATA_FILES: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = (
+    ("graphics", "", ("/etc/glvnd/egl_vendor.d/10_nvidia.json",
+                      "/usr/share/glvnd/egl_vendor.d/10_nvidia.json")),
+    ("graphics", "", ("/etc/vulkan/icd.d/nvidia_icd.json",
+                      "/usr/share/vulkan/icd.d/nvidia_icd.json")),
+    ("graphics", "", ("/etc/vulkan/implicit_layer.d/nvidia_layers.json",
+                      "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json")),
+    ("graphics", "", ("/etc/egl/egl_external_platform.d/10_nvidia_wayland.json",
+                      "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json")),
+    ("graphics", "", ("/etc/egl/egl_external_platform.d/15_nvidia_gbm.json",
+                      "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json")),
+    ("graphics", "", ("/usr/share/nvidia/nvoptix.bin",
+                      "/usr/lib/x86_64-linux-gnu/nvidia/current/nvoptix.bin")),
+    ("compute", "", ("/etc/OpenCL/vendors/nvidia.icd",)),
+    ("display", "/usr/lib/xorg/modules/drivers/nvidia_drv.so",
+     ("/usr/lib/xorg/modules/drivers/nvidia_drv.so",
+      "/usr/lib64/xorg/modules/drivers/nvidia_drv.so",
+      "/usr/lib/x86_64-linux-gnu/nvidia/xorg/nvidia_drv.so",
+      "/usr/lib/nvidia/nvidia_drv.so",  # Debian's alternatives link
+      "/usr/lib/nvidia/current/nvidia_drv.so")),
+    ("display", "/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
+     ("/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
+      "/usr/lib64/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
+      "/usr/lib/x86_64-linux-gnu/nvidia/xorg/libglxserver_nvidia.so.{version}",
+      "/usr/lib/nvidia/current/libglxserver_nvidia.so.{version}")),
+    ("display", "", ("/etc/X11/xorg.conf.d/10-nvidia.conf",
+                     "/usr/share/X11/xorg.conf.d/10-nvidia.conf")),
+)
+
+#: What a capability cannot work without (library base names and file names): reported
+#: by ``doctor`` and ``inspect`` when a container asking for it would not get it.
+ESSENTIAL: Dict[str, Tuple[str, ...]] = {
+    "compute": ("libcuda",),
+    "utility": ("libnvidia-ml", "nvidia-smi"),
+    "video": ("libnvcuvid", "libnvidia-encode"),
+    "graphics": ("libGLX_nvidia", "libEGL_nvidia", "libnvidia-glcore", "libnvidia-eglcore"),
+    "display": ("nvidia_drv.so",),
+    "ngx": ("libnvidia-ngx",),
 }
 
 #: Which library sets a capability pulls in (video also needs the compute libraries;
@@ -126,7 +184,6 @@ BIN_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin")
 # Compiled on first use: ``re`` costs ~6 ms to import, and a create with a fresh node plan
 # cache never reads the version.
 _VERSION_PATTERN = r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9]+(?:\.[0-9]+)+)"
-_LIBCUDA_PATTERN = r"^libcuda\.so\.([0-9]+(?:\.[0-9]+){1,2})$"
 
 
 @dataclass(frozen=True)
@@ -168,7 +225,7 @@ class DriverFile:
     host_path: str
     container_path: str
     capability: Optional[str]
-    kind: str  # "binary" | "firmware" | "ipc"
+    kind: str  # "binary" | "data" | "firmware" | "ipc"
 
 
 def _parse_information(text: str) -> Dict[str, str]:
@@ -344,32 +401,97 @@ class Host:
 
         return mig.discover_mig(self, index, minor)
 
-    # -- driver -----------------------------------------------------------------------
+    # -- paths inside the driver root ----------------------------------------------------
 
-    def driver_version(self) -> str:
-        if self._version is not None:
-            return self._version
+    def resolve(self, path: str) -> Optional[str]:
+        """``path`` with every link followed inside the driver root, as if chrooted there.
+
+        Absolute link targets and ``..`` stay inside the root (``/etc/alternatives/x`` is
+        the root's, never the host's), so what it returns, under :meth:`host_path`, is a
+        file of the driver root. None when a component does not exist, is not a folder
+        where one is needed, or links loop (more than 40 links, as the kernel allows).
+        """
+        parts = [p for p in path.split("/") if p]
+        done: List[str] = []
+        links = 0
+        while parts:
+            part = parts.pop(0)
+            if part == ".":
+                continue
+            if part == "..":
+                if done:
+                    done.pop()
+                continue
+            current = "/" + "/".join(done + [part])
+            try:
+                target = os.readlink(self.host_path(current))
+            except FileNotFoundError:
+                return None
+            except OSError:  # EINVAL: not a link; ENOTDIR: a file where a folder is needed
+                if parts and not os.path.isdir(self.host_path(current)):
+                    return None
+                done.append(part)
+                continue
+            links += 1
+            if links > 40:
+                return None
+            if target.startswith("/"):
+                done = []
+            parts[0:0] = [p for p in target.split("/") if p]
+        return "/" + "/".join(done)
+
+    def _regular_file(self, path: str) -> Optional[str]:
+        """The in-root path of the regular file ``path`` names (links followed in the root)."""
+        resolved = self.resolve(path)
+        if resolved is None or not os.path.isfile(self.host_path(resolved)):
+            return None
+        return resolved
+
+    # -- driver version -----------------------------------------------------------------
+
+    def module_version(self) -> Optional[str]:
+        """The loaded kernel module's version (``/proc/driver/nvidia/version``), or None."""
         import re
 
         text = self.read_text("/proc/driver/nvidia/version")
-        version = None
-        if text:
-            match = re.search(_VERSION_PATTERN, text)
-            if match:
-                version = match.group(1)
-        if version is None:
+        match = re.search(_VERSION_PATTERN, text) if text else None
+        return match.group(1) if match else None
+
+    def files_version(self) -> Optional[str]:
+        """The version of the driver's userspace files, or None when there are none.
+
+        As the reference does: the suffix of ``libcuda.so.<version>``, else of
+        ``libnvidia-ml.so.<version>`` — first the one the driver root's ld.so.cache names,
+        then the first found in :data:`LIB_DIRS`.
+        """
+        import re
+
+        for base in ("libcuda", "libnvidia-ml"):
+            pattern = re.compile(rf"^{re.escape(base)}\.so\.([0-9]+(?:\.[0-9]+){{1,2}})$")
+            for key, value in self.ldcache().items():
+                if key.startswith(base + ".so"):
+                    resolved = self._regular_file(value)
+                    match = pattern.match(resolved.rsplit("/", 1)[1]) if resolved else None
+                    if match:
+                        return match.group(1)
             for directory in LIB_DIRS:
                 try:
-                    names = os.listdir(self.host_path(directory))
+                    names = sorted(os.listdir(self.host_path(directory)))
                 except OSError:
                     continue
-                for name in sorted(names):
-                    match = re.match(_LIBCUDA_PATTERN, name)
-                    if match:
-                        version = match.group(1)
-                        break
-                if version:
-                    break
+                for name in names:
+                    match = pattern.match(name)
+                    if match and self._regular_file(f"{directory}/{name}"):
+                        return match.group(1)
+        return None
+
+    def driver_version(self) -> str:
+        """The version whose files are injected: the userspace files' own version, else the
+        kernel module's (a node whose packages were upgraded but whose module was not
+        reloaded still gets every library, of the version the files are)."""
+        if self._version is not None:
+            return self._version
+        version = self.files_version() or self.module_version()
         if version is None:
             raise HostError(
                 f"cannot find the NVIDIA driver version under {self.driver_root}: "
@@ -377,6 +499,49 @@ class Host:
             )
         self._version = version
         return version
+
+    def version_skew(self) -> Optional[Tuple[str, str]]:
+        """(kernel module version, files version) when both are known and differ."""
+        module = self.module_version()
+        if module is None:
+            return None
+        try:
+            files = self.driver_version()
+        except HostError:
+            return None
+        return (module, files) if module != files else None
+
+    def cuda_version(self) -> Optional[str]:
+        """The newest CUDA version libcuda says it supports (``12.2``), or None.
+
+        ``cuDriverGetVersion`` answers without a GPU or a loaded module. The library is
+        loaded in a child process (``python -I``, empty environment, 10 s): a driver
+        library never runs inside nvshim itself. Callers keep the answer (the node plan
+        cache stores it), so it runs once per driver, never on an ordinary create.
+        """
+        try:
+            lib = self.find_library("libcuda", "compute")
+        except HostError:  # no driver version: no libcuda either
+            return None
+        if lib is None:
+            return None
+        import subprocess
+        import sys
+
+        code = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); v = ctypes.c_int(0); "
+                "sys.exit(3) if lib.cuDriverGetVersion(ctypes.byref(v)) else print(v.value)")
+        try:
+            done = subprocess.run([sys.executable, "-I", "-S", "-c", code, lib.host_path],
+                                  capture_output=True, timeout=10, env={}, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        text = done.stdout.decode("ascii", "replace").strip()
+        if done.returncode != 0 or not text.isdigit() or int(text) <= 0:
+            return None
+        raw = int(text)
+        return f"{raw // 1000}.{raw % 1000 // 10}"
+
+    # -- driver files -------------------------------------------------------------------
 
     def ldcache(self) -> Dict[str, str]:
         """SONAME/file name → path (as the driver root sees it), x86-64 entries only."""
@@ -391,28 +556,49 @@ class Host:
             self._ldcache = entries
         return self._ldcache
 
-    def find_library(self, base: str, capability: str) -> Optional[Library]:
-        """Locate ``<base>.so.<driver version>`` through the ld.so.cache, then LIB_DIRS."""
-        version = self.driver_version()
-        filename = f"{base}.so.{version}"
+    def _library_paths(self, base: str, filename: str) -> List[str]:
+        """Where ``filename`` may be, in order: beside (and behind) the ld.so.cache's
+        entries for ``base``, then :data:`LIB_DIRS`."""
         candidates: List[str] = []
-        cache = self.ldcache()
-        for key, value in cache.items():
+        for key, value in self.ldcache().items():
             if key == filename or key.startswith(base + ".so"):
                 candidates.append(os.path.join(os.path.dirname(value), filename))
+                resolved = self.resolve(value)  # Debian: libcuda.so.1 -> …/nvidia/current/
+                if resolved is not None:
+                    candidates.append(os.path.join(os.path.dirname(resolved), filename))
         candidates.extend(os.path.join(d, filename) for d in LIB_DIRS)
-        candidates.extend(os.path.join(d, "vdpau", filename) for d in LIB_DIRS[:1])
-        seen = set()
-        for container_path in candidates:
-            if container_path in seen:
-                continue
-            seen.add(container_path)
-            host = self.host_path(container_path)
-            if os.path.isfile(host):
-                from nvshim.host.elf import read_soname
+        candidates.extend(os.path.join(d, "vdpau", filename) for d in LIB_DIRS[:2])
+        return list(dict.fromkeys(candidates))
 
-                soname = read_soname(host)
-                return Library(base, host, container_path, soname, capability)
+    def _library(self, base: str, filename: str, capability: str) -> Optional[Library]:
+        for candidate in self._library_paths(base, filename):
+            resolved = self._regular_file(candidate)
+            if resolved is None:
+                continue
+            from nvshim.host.elf import read_soname
+
+            host = self.host_path(resolved)
+            container = resolved
+            if base == "libvdpau_nvidia":  # libvdpau looks in <libdir>/vdpau/ only
+                container = f"{system_libdir(os.path.dirname(resolved))}/vdpau/{filename}"
+            return Library(base, host, container, read_soname(host), capability)
+        return None
+
+    def find_library(self, base: str, capability: str) -> Optional[Library]:
+        """Locate ``<base>.so.<driver version>`` (or, for the libraries the driver ships
+        with their own version, the file behind ``<base>.so.<n>``) inside the driver root.
+
+        The file mounted is the one every link resolves to in the root; its container
+        path is where it lies there (VDPAU's is moved into ``<libdir>/vdpau/``).
+        """
+        own = OWN_VERSION_LIBRARIES.get(base)
+        if own is None:
+            return self._library(base, f"{base}.so.{self.driver_version()}", capability)
+        for candidate in self._library_paths(base, own):
+            resolved = self._regular_file(candidate)
+            if resolved is not None:
+                filename = resolved.rsplit("/", 1)[1]
+                return self._library(base, filename, capability)
         return None
 
     def libraries(self, capabilities: Iterable[str]) -> Tuple[Library, ...]:
@@ -429,28 +615,74 @@ class Host:
         return tuple(found)
 
     def binaries(self, capabilities: Iterable[str]) -> Tuple[DriverFile, ...]:
+        """The driver's programs of ``capabilities``, mounted where they were found in
+        :data:`BIN_DIRS` (the file behind Debian's alternatives links, in the root)."""
         out = []
         for cap in sorted(capabilities):
             for name in BINARIES.get(cap, ()):
                 for directory in BIN_DIRS:
                     path = f"{directory}/{name}"
-                    if os.path.isfile(self.host_path(path)):
-                        out.append(DriverFile(self.host_path(path), path, cap, "binary"))
+                    resolved = self._regular_file(path)
+                    if resolved is not None:
+                        out.append(DriverFile(self.host_path(resolved), path, cap, "binary"))
                         break
         return tuple(out)
 
+    def data_files(self, capabilities: Iterable[str]) -> Tuple[DriverFile, ...]:
+        """The driver's configuration and data files of ``capabilities`` (:data:`DATA_FILES`):
+        ICD and vendor JSONs, the OpenCL ICD, ``nvoptix.bin``, the Xorg modules."""
+        caps = set(capabilities)
+        version: Optional[str] = None
+        out = []
+        for cap, container_path, candidates in DATA_FILES:
+            if cap not in caps:
+                continue
+            if "{version}" in container_path:
+                version = version or self.driver_version()
+                container_path = container_path.format(version=version)
+                candidates = tuple(c.format(version=version) for c in candidates)
+            for candidate in candidates:
+                resolved = self._regular_file(candidate)
+                if resolved is not None:
+                    target = container_path or candidate
+                    out.append(DriverFile(self.host_path(resolved), target, cap, "data"))
+                    break
+        return tuple(out)
+
     def firmware(self) -> Tuple[DriverFile, ...]:
+        """The GSP firmware of the driver version (:meth:`driver_version`)."""
         version = self.driver_version()
         directory = f"/lib/firmware/nvidia/{version}"
+        resolved_dir = self.resolve(directory)
+        if resolved_dir is None:
+            return ()
         try:
-            names = sorted(os.listdir(self.host_path(directory)))
+            names = sorted(os.listdir(self.host_path(resolved_dir)))
         except OSError:
             return ()
-        return tuple(
-            DriverFile(self.host_path(f"{directory}/{n}"), f"{directory}/{n}", None, "firmware")
-            for n in names
-            if n.startswith("gsp") and n.endswith(".bin")
-        )
+        out = []
+        for name in names:
+            if name.startswith("gsp") and name.endswith(".bin"):
+                resolved = self._regular_file(f"{resolved_dir}/{name}")
+                if resolved is not None:
+                    out.append(DriverFile(self.host_path(resolved), f"{directory}/{name}",
+                                          None, "firmware"))
+        return tuple(out)
+
+    def files(self, capabilities: Iterable[str]) -> Tuple[DriverFile, ...]:
+        """Every driver file but the libraries and IPC sockets: programs, data, firmware."""
+        caps = tuple(capabilities)
+        return self.binaries(caps) + self.data_files(caps) + self.firmware()
+
+    def driver_files(self, capabilities: Iterable[str]) -> Tuple[DriverFile, ...]:
+        """What a container of ``capabilities`` gets besides libraries and device nodes."""
+        caps = tuple(capabilities)
+        return self.files(caps) + self.ipc(caps)
+
+    def missing(self, capabilities: Iterable[str]) -> Tuple[str, ...]:
+        """:func:`missing_files` of what this node has for ``capabilities``."""
+        caps = tuple(capabilities)
+        return missing_files(caps, self.libraries(caps), self.files(caps))
 
     def ipc(self, capabilities: Iterable[str]) -> Tuple[DriverFile, ...]:
         caps = set(capabilities)
@@ -477,3 +709,24 @@ class Host:
         return tuple(out)
 
 
+def missing_files(capabilities: Iterable[str], libraries: Iterable[Library],
+                  files: Iterable[DriverFile]) -> Tuple[str, ...]:
+    """The essential files (:data:`ESSENTIAL`) of ``capabilities`` that ``libraries`` and
+    ``files`` lack, as ``"libcuda (compute)"``: a container asking for those capabilities
+    would get a driver it cannot use."""
+    have = {lib.base for lib in libraries}
+    have |= {f.container_path.rsplit("/", 1)[1] for f in files}
+    out: List[str] = []
+    for cap in sorted(set(capabilities)):
+        out += [f"{name} ({cap})" for name in ESSENTIAL.get(cap, ()) if name not in have]
+    return tuple(out)
+
+
+def system_libdir(directory: str) -> str:
+    """The library folder a driver folder belongs to: Debian's ``…/nvidia/current`` (and a
+    ``vdpau``/``gbm`` subfolder) map to the folder above them, where the loader's plugins
+    (``vdpau/``, ``gbm/``) are looked for."""
+    for suffix in ("/vdpau", "/gbm", "/nvidia/current"):
+        if directory.endswith(suffix):
+            directory = directory[: -len(suffix)]
+    return directory or "/"

@@ -75,10 +75,8 @@ def generate_spec(
         devices.append(("all", Edits(device_nodes=_dedupe_nodes(all_nodes))))
     if not devices:
         raise CdiError(f"no GPUs found under {host.driver_root}: nothing to put in a CDI spec")
-    files = host.binaries(capabilities) + host.ipc(capabilities) + host.firmware()
-    common = driver_edits(
-        host.control_nodes(capabilities), host.libraries(capabilities), files, hook_command
-    )
+    common = driver_edits(host.control_nodes(capabilities), host.libraries(capabilities),
+                          host.driver_files(capabilities), hook_command)
     return spec_to_dict(f"{vendor}/{class_}", devices, common)
 
 

@@ -35,6 +35,10 @@ The checks, by name:
     ``volume-mounts``, ``cdi-annotations``) without ``verify-with: kubelet``.
 ``gpus``
     discovery finds GPUs under the driver root.
+``driver-files``
+    the driver's files are the loaded module's version (a skew fails), and the
+    ``compute`` and ``utility`` files (libcuda, libnvidia-ml, nvidia-smi) exist; other
+    capabilities' missing files are named.
 ``cdi-specs``
     every ``nvidia.com`` CDI spec in ``cdi-spec-dirs`` still describes this node (driver
     version, devices, driver files); broken spec files and unlistable spec dirs are
@@ -67,6 +71,7 @@ from nvshim.node.doctor_engines import (
 from nvshim.node.doctor_host import (
     check_cdi_specs,
     check_dev_char_links,
+    check_driver_files,
     check_gpus,
     host_for,
 )
@@ -100,6 +105,7 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
 
     host = host_for(usable, options)
     findings.append(check_gpus(host, options.config_path))
+    findings.append(check_driver_files(host, usable.supported_driver_capabilities))
     findings.extend(check_cdi_specs(host, usable.cdi_spec_dirs))
     findings.append(check_dev_char_links(host.dev_root))
     findings.append(check_trampoline(options.trampoline))

@@ -2,6 +2,9 @@
 
 ``gpus``
     discovery finds GPUs under the driver root.
+``driver-files``
+    the driver's files are the loaded module's version, and hold what each capability
+    needs (libcuda, libnvidia-ml, nvidia-smi …).
 ``cdi-specs``
     every ``nvidia.com`` CDI spec in ``cdi-spec-dirs`` still describes this node (driver
     version, devices, driver files); broken spec files, and spec dirs that cannot be
@@ -23,7 +26,8 @@ from nvshim.errors import CdiProblem, NvshimError
 from nvshim.host.discovery import Host
 from nvshim.node.findings import DoctorOptions, Finding
 
-__all__ = ["host_for", "check_gpus", "check_cdi_specs", "check_dev_char_links"]
+__all__ = ["host_for", "check_gpus", "check_driver_files", "check_cdi_specs",
+           "check_dev_char_links"]
 
 _INDEXED = re.compile(r"^[0-9]+(:[0-9]+)?$")
 
@@ -62,6 +66,42 @@ def check_gpus(host: Host, config_file: str) -> Finding:
         f"{len(gpus)} GPU(s) via {host.gpu_source or 'procfs'} under {host.driver_root}"
         f"{version}: {listing}",
     )
+
+
+def check_driver_files(host: Host, capabilities: Sequence[str]) -> Finding:
+    """The driver's userspace matches the loaded module, and every capability containers
+    may ask for (``supported-driver-capabilities``) has its essential files.
+
+    A version skew and missing ``compute``/``utility`` files (what a container gets by
+    default) fail; other capabilities' missing files are named in the message only, since
+    a headless node has no graphics files by design.
+    """
+    from nvshim.runtime.hostedits import skew_message
+
+    name = "driver-files"
+    try:
+        version = host.driver_version()
+        skew = host.version_skew()
+        missing = host.missing(capabilities)
+    except NvshimError as exc:
+        return Finding(name, "skip", f"cannot look at the driver files: {exc}")
+    if skew is not None:
+        return Finding(name, "fail", skew_message(*skew),
+                       "reboot the node (or unload and load the nvidia kernel modules) so the "
+                       "module matches the installed driver")
+    default = [m for m in missing if m.endswith(("(compute)", "(utility)"))]
+    others = [m for m in missing if m not in default]
+    where = f"under {host.driver_root}"
+    if default:
+        return Finding(
+            name, "fail",
+            f"driver {version} {where} lacks {', '.join(default)}: containers get a driver "
+            "they cannot use",
+            "install the driver's userspace packages (or set driver-root to where they are)",
+        )
+    module = "the loaded module's" if host.module_version() else "no module loaded"
+    tail = f"; not found: {', '.join(others)}" if others else ""
+    return Finding(name, "ok", f"driver {version} files {where} ({module}){tail}")
 
 
 def _strategies(raw: Any) -> Tuple[str, ...]:

@@ -22,7 +22,7 @@ from nvshim.config import Config
 from nvshim.edits import Edits
 from nvshim.errors import HostError, RequestError, SpecError
 from nvshim.runtime.apply import apply_edits
-from nvshim.runtime.hostedits import driver_edits, gpu_edits, mig_edits
+from nvshim.runtime.hostedits import driver_edits, gpu_edits, mig_edits, skew_message
 from nvshim.runtime.request import (
     VISIBLE_DEVICES,
     Request,
@@ -82,6 +82,8 @@ class Plan:
     """Whole GPUs the granted CDI devices bring (by their device nodes)."""
     cdi_migs: Tuple[Tuple[Any, Any], ...] = ()
     """(parent GPU, MIG device) pairs the granted CDI devices bring (by their MIG caps)."""
+    missing: Tuple[str, ...] = ()
+    """Essential driver files of the requested capabilities the node lacks (``inspect``)."""
     log_warnings: List[str] = field(default_factory=list)
     """Things an operator must hear about even though create goes on (runc --log warnings)."""
     params: Optional[Tuple[str, bytes]] = None
@@ -207,6 +209,7 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
         if request.set_void:
             plan.new_spec = apply_edits(spec, Edits(env=(f"{VISIBLE_DEVICES}=void",)))
         return plan
+    _refuse_host_root(spec, bundle)
 
     if host is None:
         from nvshim.runtime.plancache import host_for
@@ -261,6 +264,25 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
         log.event("edits", edits=plan.applied_edits().to_cdi())
     plan.new_spec = apply_edits(spec, plan.applied_edits())
     return plan
+
+
+def _refuse_host_root(spec: Dict[str, Any], bundle: str) -> None:
+    """RequestError when the container's rootfs is the host's ``/`` (by any name).
+
+    nvshim writes nothing there itself, but runc creates every mount target (empty files in
+    the host's /usr/bin, library folder, /lib/firmware) before its ``pivot_root`` fails, so
+    a create that would inject anything is refused with no mount added. One ``stat`` of the
+    rootfs (``"/"`` itself needs none; the host root's own is kept per process).
+    """
+    from nvshim.runtime.rootwork import is_host_root, rootfs_path
+
+    rootfs = rootfs_path(spec, bundle)
+    if rootfs is None or not is_host_root(rootfs):
+        return
+    where = os.path.abspath(bundle)
+    shown = rootfs_path(spec, where)
+    raise RequestError(f"the container's rootfs {shown} is the host's /: nvshim injects no "
+                       f"driver files into the host (bundle {where})")
 
 
 def _needs_allocation_module(view: Any, config: Config) -> bool:
@@ -344,8 +366,16 @@ def _node_edits(
 
     from nvshim.runtime.hookargs import hook_command  # a create naming no device never loads it
 
-    files = host.binaries(caps) + host.ipc(caps) + host.firmware()
-    edits = driver_edits(host.control_nodes(caps), host.libraries(caps), files, hook_command())
+    skew = host.version_skew()
+    if skew is not None:
+        warning = skew_message(*skew)
+        plan.notes.append(warning)
+        plan.log_warnings.append(warning)
+    libraries, files = host.libraries(caps), host.driver_files(caps)
+    from nvshim.host.discovery import missing_files
+
+    plan.missing = missing_files(caps, libraries, files)
+    edits = driver_edits(host.control_nodes(caps), libraries, files, hook_command())
     for gpu in chosen:
         edits = edits + gpu_edits(gpu)
     for parent, mig in migs:

@@ -13,28 +13,51 @@ if TYPE_CHECKING:
     from typing import Any, Optional, Sequence, Tuple
 
 
-def hook_links(libraries: Sequence[Any]) -> Tuple[Tuple[str, str], ...]:
-    """SONAME (and ``libcuda.so``) links the container needs, as (target, link) pairs."""
+def hook_links(libraries: Sequence[Any], files: Sequence[Any] = ()) -> Tuple[Tuple[str, str], ...]:
+    """The links the container needs, as (target, link) pairs: SONAME (and ``libcuda.so``)
+    links beside each library; GBM's ``<libdir>/gbm/nvidia-drm_gbm.so`` to the allocator
+    when graphics libraries come with it; ``libglxserver_nvidia.so`` beside the Xorg module."""
     links: list[Tuple[str, str]] = []
+    allocator = None
+    graphics = False
     for lib in libraries:
         directory, filename = lib.container_path.rsplit("/", 1)
         if lib.soname and lib.soname != filename:
             links.append((filename, f"{directory}/{lib.soname}"))
             if lib.base == "libcuda":
                 links.append((lib.soname, f"{directory}/libcuda.so"))
+        if lib.base == "libnvidia-allocator" and lib.soname:
+            allocator = f"{directory}/{lib.soname}"
+        graphics = graphics or lib.capability == "graphics"
+    if allocator is not None and graphics:
+        import posixpath
+
+        from nvshim.host.discovery import system_libdir
+
+        gbm = f"{system_libdir(allocator.rsplit('/', 1)[0])}/gbm"
+        links.append((posixpath.relpath(allocator, gbm), f"{gbm}/nvidia-drm_gbm.so"))
+    for f in files:
+        directory, filename = f.container_path.rsplit("/", 1)
+        if filename.startswith("libglxserver_nvidia.so."):
+            links.append((filename, f"{directory}/libglxserver_nvidia.so"))
     return tuple(links)
 
 
-def hook_for_libraries(libraries: Sequence[Any], hook_command: Sequence[str]) -> Optional[Hook]:
-    """The one createContainer hook: SONAME links + ld.so.cache for the injected dirs."""
+def hook_for_libraries(libraries: Sequence[Any], hook_command: Sequence[str],
+                       files: Sequence[Any] = ()) -> Optional[Hook]:
+    """The one createContainer hook: the links (:func:`hook_links`) and ld.so.cache
+    entries for the injected library folders (``vdpau/`` is a plugin folder, not one)."""
     if not libraries or not hook_command:
         return None
     from nvshim.runtime.hookargs import build_hook_args
 
-    folders = tuple(dict.fromkeys(lib.container_path.rsplit("/", 1)[0] for lib in libraries))
+    folders = tuple(dict.fromkeys(
+        folder for lib in libraries
+        for folder in (lib.container_path.rsplit("/", 1)[0],) if not folder.endswith("/vdpau")))
     version = next((lib.container_path.rsplit("/libcuda.so.", 1)[1] for lib in libraries
                     if "/libcuda.so." in lib.container_path), None)
-    args = tuple(hook_command) + tuple(build_hook_args(hook_links(libraries), folders, version))
+    args = tuple(hook_command) + tuple(
+        build_hook_args(hook_links(libraries, files), folders, version))
     return Hook("createContainer", hook_command[0], args, HOOK_ENV)
 
 
@@ -54,13 +77,20 @@ def driver_edits(
     for f in files:
         options = IPC_BIND if f.kind == "ipc" else RO_BIND
         mounts.append(Mount(f.host_path, f.container_path, None, options))
-    hook = hook_for_libraries(libraries, hook_command)
+    hook = hook_for_libraries(libraries, hook_command, files)
     return Edits(
         env=tuple(env),
         device_nodes=tuple(control_nodes),
         mounts=tuple(mounts),
         hooks=(hook,) if hook else (),
     )
+
+
+def skew_message(module: str, files: str) -> str:
+    """The one line a version skew gets (create warning, ``doctor``, ``inspect``)."""
+    return (f"the NVIDIA kernel module is {module} but the driver's files are {files}: "
+            f"containers get the {files} libraries, which cannot talk to a {module} module "
+            "until it is reloaded (reboot the node, or unload and load the nvidia modules)")
 
 
 def gpu_edits(gpu: Any) -> Edits:
@@ -74,18 +104,20 @@ def mig_edits(parent: Any, mig: Any) -> Edits:
     return Edits(device_nodes=nodes)
 
 
-def _capability_of(basename: str) -> Optional[str]:
-    """The library set or capability a driver file belongs to (None: not a known driver file)."""
-    from nvshim.host.discovery import BINARIES, LIBRARIES
+def _capabilities_of(basename: str) -> Tuple[str, ...]:
+    """The library sets or capabilities a driver file belongs to (none: not a known one)."""
+    from nvshim.host.discovery import BINARIES, DATA_FILES, LIBRARIES
 
-    for libset, bases in LIBRARIES.items():
-        for base in bases:
-            if basename.startswith(base + ".so"):
-                return libset
-    for cap, names in BINARIES.items():
-        if basename in names:
-            return cap
-    return None
+    owners = [libset for libset, bases in LIBRARIES.items()
+              if any(basename.startswith(base + ".so") for base in bases)]
+    owners += [cap for cap, names in BINARIES.items() if basename in names]
+    for cap, _, paths in DATA_FILES:
+        for path in paths:
+            name = path.rsplit("/", 1)[1]
+            versioned = name.endswith("{version}")  # libglxserver_nvidia.so.{version}
+            if basename == name or (versioned and basename.startswith(name[:-9])):
+                owners.append(cap)
+    return tuple(dict.fromkeys(owners))
 
 
 def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits:
@@ -106,8 +138,8 @@ def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits
     )
     mounts = []
     for m in edits.mounts:
-        owner = _capability_of(m.container_path.rsplit("/", 1)[-1])
-        if owner is None or owner in allowed_sets:
+        owners = _capabilities_of(m.container_path.rsplit("/", 1)[-1])
+        if not owners or any(owner in allowed_sets for owner in owners):
             mounts.append(m)
     present = {m.container_path.rsplit("/", 1)[-1] for m in mounts}
     from nvshim.runtime.hookargs import runs_nvshim_hook

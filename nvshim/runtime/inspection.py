@@ -59,6 +59,7 @@ def plan_summary(plan: Plan, config: Config) -> Dict[str, Any]:
         # a MIG device brings its parent GPU's node: one node, listed once
         "device_nodes": sorted({n.path for n in plan.edits.device_nodes}),
         "notes": list(plan.notes),
+        "missing_files": list(plan.missing),
         "env_set": env,
         "edits": plan.applied_edits().to_cdi(),
         "rootfs_work": {"by": plan.rootwork_by or None, "detail": plan.rootwork_why or None},
@@ -122,6 +123,9 @@ def render_text(plan: Plan, config: Config) -> str:
     if mounts:
         out.append(f"mounts:        {len(mounts)} driver files")
         out.extend(f"  {m}" for m in mounts)
+    if plan.missing:
+        out.append(f"missing:       {', '.join(plan.missing)}: expected for the requested "
+                   "capabilities, not found under the driver root")
     if plan.plan_source:
         out.append(f"node plan:     {plan.plan_source}")
     if plan.cdi_source:

@@ -1,17 +1,20 @@
 """The node plan cache: what discovery finds, computed once and checked by ``stat``.
 
 GPUs (minors, UUIDs, PCI ids, MIG devices and their capability nodes), control nodes,
-the driver version, the driver libraries with their SONAMEs and ld.so.cache flags,
-binaries and firmware do not change between creates, but finding them costs a few
-milliseconds and a dozen modules on every GPU create. They are stored as JSON next to
+the driver version (the files') and the kernel module's, the CUDA version libcuda reports,
+the driver libraries with their SONAMEs and ld.so.cache flags, binaries, data files and
+firmware do not change between creates, but finding them costs a few milliseconds and a
+dozen modules on every GPU create (and the CUDA version a child process that loads
+libcuda). They are stored as JSON next to
 the compiled config (``<stem>.plan.json``): written atomically by ``nvshim config
 compile`` (so by ``install.sh``) and by the first create that finds the file missing or
 stale.
 
 Each create checks the file with ``stat`` calls only: every path discovery looked at or
 found — the driver version file, the procfs GPU directory and GPU entries, the driver
-root's ld.so.cache, the library and binary directories, the config's ``nvml-facts`` file,
-every library, binary, firmware file and device node (present or absent) — must have the
+root's ld.so.cache, the library, binary and data-file directories, ``/etc/alternatives``,
+the config's ``nvml-facts`` file, every library, binary, data and firmware file and the
+folder it lies in, and every device node (present or absent) — must have the
 inode, size, mode, device number and modification/change times recorded. Anything else
 (another driver root or nvml-facts file, another nvshim version, a field the code no
 longer knows, unreadable JSON) is stale: the plan is rebuilt by discovery, never trusted,
@@ -32,10 +35,11 @@ from nvshim.errors import NvshimError
 from nvshim.host.devices import MigDevice
 from nvshim.host.discovery import (
     BIN_DIRS,
-    BINARIES,
     CONTROL_NODES,
+    DATA_FILES,
     LIB_DIRS,
     LIBRARIES,
+    LIBRARY_SETS,
     DriverFile,
     Gpu,
     Host,
@@ -49,7 +53,7 @@ if TYPE_CHECKING:
 __all__ = ["CachedHost", "FORMAT", "build", "host_for", "load", "refresh"]
 
 #: Bumped whenever the document's shape changes.
-FORMAT = 1
+FORMAT = 2
 
 # --------------------------------------------------------------------------- records
 
@@ -87,14 +91,15 @@ class CachedHost(Host):
                  nvml_facts: Optional[str] = None) -> None:
         super().__init__(driver_root, dev_root, nvml_facts)
         self._version = doc["driver-version"]
+        self._module: Optional[str] = doc["module-version"]
+        self._cuda: Optional[str] = doc["cuda-version"]
         self._gpus = tuple(_unpack_gpu(g) for g in doc["gpus"])
         self.gpu_source = doc["gpu-source"]
         self._control = tuple(
             (path, need, _node(node)) for path, need, node in doc["control-nodes"]
         )
         self._libs: Dict[str, Optional[Dict[str, Any]]] = doc["libraries"]
-        self._bins = tuple(DriverFile(**f) for f in doc["binaries"])
-        self._firmware = tuple(DriverFile(**f) for f in doc["firmware"])
+        self._files = tuple(DriverFile(**f) for f in doc["files"])
         self.elf: Dict[str, Tuple[int, Optional[str]]] = {
             path: (flags, soname) for path, flags, soname in doc["elf"]
         }
@@ -120,12 +125,15 @@ class CachedHost(Host):
         found = self._libs[base]
         return None if found is None else Library(capability=capability, **found)
 
-    def binaries(self, capabilities: Iterable[str]) -> Tuple[DriverFile, ...]:
-        caps = set(capabilities)
-        return tuple(f for f in self._bins if f.capability in caps)
+    def module_version(self) -> Optional[str]:
+        return self._module
 
-    def firmware(self) -> Tuple[DriverFile, ...]:
-        return self._firmware
+    def cuda_version(self) -> Optional[str]:
+        return self._cuda
+
+    def files(self, capabilities: Iterable[str]) -> Tuple[DriverFile, ...]:
+        caps = set(capabilities)
+        return tuple(f for f in self._files if f.capability is None or f.capability in caps)
 
     def elf_info(self, path: str) -> Tuple[Optional[int], Optional[str]]:
         """(cache flags, SONAME) of a driver library, for the in-root work."""
@@ -156,6 +164,11 @@ def _watched(host: Host, doc: Dict[str, Any]) -> List[str]:
         paths.append(host.nvml_facts)  # MIG UUIDs come from it when NVML cannot answer
     paths += [hp(d) for d in LIB_DIRS] + [hp(f"{LIB_DIRS[0]}/vdpau")]
     paths += [hp(d) for d in BIN_DIRS]
+    # Debian's alternatives: a switched link changes this folder, not the files behind it
+    paths.append(hp("/etc/alternatives"))
+    version = doc["driver-version"]
+    paths += [hp(candidate.format(version=version).rsplit("/", 1)[0])
+              for _, _, candidates in DATA_FILES for candidate in candidates]
     paths += [dp(path) for path, _ in CONTROL_NODES]
     gpus_dir = hp("/proc/driver/nvidia/gpus")
     try:
@@ -172,8 +185,10 @@ def _watched(host: Host, doc: Dict[str, Any]) -> List[str]:
             pass  # no MIG directory: its absence is watched
         for mig in gpu["mig"]:
             paths += [n["host_path"] for n in mig["cap_nodes"]]
-    paths += [lib["host_path"] for lib in doc["libraries"].values() if lib is not None]
-    paths += [f["host_path"] for f in doc["binaries"] + doc["firmware"]]
+    found = [lib["host_path"] for lib in doc["libraries"].values() if lib is not None]
+    found += [f["host_path"] for f in doc["files"]]
+    # the folders the files lie in (links resolved): an upgrade replaces files there
+    paths += found + [path.rsplit("/", 1)[0] for path in found]
     return list(dict.fromkeys(paths))
 
 
@@ -191,6 +206,7 @@ def build(host: Host) -> Dict[str, Any]:
     from nvshim.runtime.rootwork import elf_info
 
     version = host.driver_version()
+    module = host.module_version()
     gpus = host.gpus()
     if host.gpu_source != "procfs":
         raise _NotCacheable(f"GPUs come from {host.gpu_source}, not procfs")
@@ -204,6 +220,8 @@ def build(host: Host) -> Dict[str, Any]:
     doc: Dict[str, Any] = {
         "format": FORMAT,
         "driver-version": version,
+        "module-version": module,
+        "cuda-version": host.cuda_version(),
         "gpu-source": host.gpu_source,
         "gpus": [_pack_gpu(g) for g in gpus],
         "control-nodes": [
@@ -212,8 +230,7 @@ def build(host: Host) -> Dict[str, Any]:
             for node in (host.device_node(path),)
         ],
         "libraries": libraries,
-        "binaries": [_pack(f) for f in host.binaries(sorted(BINARIES))],
-        "firmware": [_pack(f) for f in host.firmware()],
+        "files": [_pack(f) for f in host.files(sorted(LIBRARY_SETS))],
     }
     doc["elf"] = [[lib["host_path"], *elf_info(lib["host_path"])]
                   for lib in libraries.values() if lib is not None]

@@ -6,10 +6,11 @@ container against the node. :func:`check_requirements` is the entry point create
 with the request view it already parsed.
 
 Facts: the driver version always comes from :meth:`Host.driver_version`; the CUDA version,
-compute capability and brand are facts only NVML knows, asked through
-:class:`nvshim.host.nvml.NvmlFacts` (NVML on a real node, else the configured
-``nvml-facts`` file). Nothing is read, and pynvml is not imported, unless a requirement
-exists and needs that fact.
+compute capability and brand are asked through :class:`nvshim.host.nvml.NvmlFacts` (NVML
+on a real node, else the configured ``nvml-facts`` file); the CUDA version, when neither
+answers, from libcuda itself (:meth:`Host.cuda_version`, kept in the plan cache).
+Nothing is read, and pynvml is not imported, unless a requirement exists and needs that
+fact.
 
 ``arch`` and ``brand`` describe GPUs: the expression is evaluated once per selected GPU and
 must hold for each (a node of mixed GPUs can meet it through different alternatives). A
@@ -95,6 +96,12 @@ class _Gatherer:
     def cuda(self) -> Fact:
         reasons: List[str] = []
         value = self.facts.cuda_version(reasons)
+        if value is None:
+            # libcuda's cuDriverGetVersion answers without a GPU or a loaded module
+            # (the plan cache keeps the answer: no library load on an ordinary create)
+            value = self.host.cuda_version()
+            if value is None:
+                reasons.append(f"libcuda under {self.host.driver_root} did not say")
         return self._fact("the CUDA version of this node", value, reasons)
 
     def arch(self, gpu: Gpu) -> Fact:

@@ -40,6 +40,9 @@ GRAPHICS_LIBS = {
     "libnvidia-fbc",
     "libGLX_nvidia",
     "libEGL_nvidia",
+    # GBM's backend <libdir>/gbm/nvidia-drm_gbm.so is a link to it (as the reference's
+    # graphics discoverer makes it), so graphics brings it as well as compute
+    "libnvidia-allocator",
 }
 NGX_LIBS = {"libnvidia-ngx"}
 UTILITY_BINS = {"nvidia-smi", "nvidia-debugdump", "nvidia-persistenced"}

@@ -49,15 +49,23 @@ def test_split_driver_and_dev_root(tmp_path):
         Host(node.root).gpus()
 
 
-def test_driver_version_from_procfs_then_library_name(tmp_path):
-    """The version comes from /proc/driver/nvidia/version, else from libcuda.so.<version>."""
+def test_driver_version_from_library_files_then_procfs(tmp_path):
+    """The version is the files': libcuda.so.<version>, else libnvidia-ml.so.<version>, else
+    the kernel module's from /proc/driver/nvidia/version."""
     node = make(tmp_path, gpus=1, driver_version="560.35.03")
+    libdir = f"{node.root}/usr/lib/x86_64-linux-gnu"
     assert Host(node.root).driver_version() == "560.35.03"
-    os.unlink(f"{node.root}/proc/driver/nvidia/version")
-    assert Host(node.root).driver_version() == "560.35.03"
-    for name in os.listdir(f"{node.root}/usr/lib/x86_64-linux-gnu"):
+    os.rename(f"{libdir}/libcuda.so.560.35.03", f"{libdir}/libcuda.so.560.35.99")
+    assert Host(node.root).driver_version() == "560.35.99"
+    for name in os.listdir(libdir):
         if name.startswith("libcuda."):
-            os.unlink(f"{node.root}/usr/lib/x86_64-linux-gnu/{name}")
+            os.unlink(f"{libdir}/{name}")
+    assert Host(node.root).driver_version() == "560.35.03"  # libnvidia-ml's
+    for name in os.listdir(libdir):
+        if name.startswith("libnvidia-ml."):
+            os.unlink(f"{libdir}/{name}")
+    assert Host(node.root).driver_version() == "560.35.03"  # the module's
+    os.unlink(f"{node.root}/proc/driver/nvidia/version")
     with pytest.raises(HostError, match="cannot find the NVIDIA driver version"):
         Host(node.root).driver_version()
 

@@ -480,7 +480,7 @@ def test_09_world_writable_plan_cache_is_ignored_and_rewritten(node: dict, tmp_p
     compile_node(str(cfg))
     plan = Path(plan_path(str(cfg)))
     doc = json.loads(plan.read_text())
-    doc["firmware"][0]["host_path"] = "/etc/hostname"
+    next(f for f in doc["files"] if f["kind"] == "firmware")["host_path"] = "/etc/hostname"
     plan.write_text(json.dumps(doc))
     plan.chmod(0o666)
     bundle = make_bundle(tmp_path, GPU_SPEC + b"}")
@@ -637,4 +637,93 @@ def test_a_wrong_type_met_while_editing_names_the_bundle(node: dict, tmp_path: P
     lines = res.stderr.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"nvshim: {bundle}/config.json: "), lines
     assert "must be a" in lines[0]
+    assert (bundle / "config.json").read_bytes() == raw
+
+
+# --- a rootfs that is the host's /: runc makes the mount targets in the host's folders ------
+
+
+def _host_root_spec(root_path: str, env: list) -> bytes:
+    return json.dumps({"ociVersion": "1.0.2", "process": {"env": env, "args": ["true"], "cwd": "/"},
+                       "root": {"path": root_path}}, indent="\t").encode()
+
+
+def _up_to_host_root(bundle: Path) -> str:
+    """A relative root.path that leads from ``bundle`` up to the host's /."""
+    return "/".join([".."] * len(bundle.resolve().parts))
+
+
+@needs_root
+@pytest.mark.parametrize("env", [["NVIDIA_VISIBLE_DEVICES=0"], ["NVIDIA_VISIBLE_DEVICES=none"],
+                                 ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"],
+                                 ["NVIDIA_IMEX_CHANNELS=0"]])
+@pytest.mark.parametrize("how", ["slash", "symlink", "relative"])
+def test_a_rootfs_that_is_the_host_root_gets_no_driver_files(node: dict, tmp_path: Path,
+                                                              env: list, how: str) -> None:
+    """A create that would inject anything into a rootfs that is the host's / ("/", a symlink to
+    it, a relative path up to it) fails in one line naming the rootfs and the bundle: runc would
+    make each mount target as an empty file in the host's /usr/bin, library folder and
+    /lib/firmware before failing. config.json keeps its bytes and runc never runs."""
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    (tmp_path / "root-link").symlink_to("/")
+    root_path = {"slash": "/", "symlink": str(tmp_path / "root-link"),
+                 "relative": _up_to_host_root(bundle)}[how]
+    raw = _host_root_spec(root_path, ["PATH=/bin", *env])
+    (bundle / "config.json").write_bytes(raw)
+    recorded = Path(node["base"], "recorded")
+    recorded.unlink(missing_ok=True)
+    res = runtime_create(node, bundle)
+    assert res.returncode == 1, res.stderr
+    lines = res.stderr.decode().splitlines()
+    shown = os.path.normpath(os.path.join(bundle, root_path))
+    assert lines == [f"nvshim: the container's rootfs {shown} is the host's /: nvshim injects no "
+                     f"driver files into the host (bundle {bundle})"]
+    assert json.loads((bundle / "log.json").read_text().splitlines()[-1])["msg"] == lines[0]
+    assert (bundle / "config.json").read_bytes() == raw
+    assert not recorded.exists()
+
+
+@needs_root
+@pytest.mark.parametrize("env", [[], ["NVIDIA_VISIBLE_DEVICES="], ["NVIDIA_VISIBLE_DEVICES=void"]])
+def test_a_host_root_container_asking_for_nothing_passes_through(node: dict, tmp_path: Path,
+                                                                 env: list) -> None:
+    """root.path "/" without a GPU request is runc's business: nvshim adds nothing (void only
+    says so in the env), fails nothing, and runs the low-level runtime."""
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    raw = _host_root_spec("/", ["PATH=/bin", *env])
+    (bundle / "config.json").write_bytes(raw)
+    recorded = Path(node["base"], "recorded")
+    recorded.unlink(missing_ok=True)
+    res = runtime_create(node, bundle)
+    assert res.returncode == 0 and res.stderr == b"", res.stderr
+    assert recorded.read_text().splitlines()[-1] == "cid-12"
+    after = json.loads((bundle / "config.json").read_bytes())
+    assert "mounts" not in after and "linux" not in after and "hooks" not in after
+    if "void" not in str(env):
+        assert (bundle / "config.json").read_bytes() == raw
+
+
+@needs_root
+def test_a_bind_mount_of_the_host_root_is_the_host_root(node: dict, tmp_path: Path) -> None:
+    """A rootfs that is / bind-mounted elsewhere (same device and inode, another path) is refused
+    like "/" itself."""
+    bundle = tmp_path / "b"
+    (bundle / "rootfs").mkdir(parents=True)
+    raw = _host_root_spec("rootfs", ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0"])
+    (bundle / "config.json").write_bytes(raw)
+    argv = [sys.executable, "-I", "-m", "nvshim.runtime.main", "--log", str(bundle / "log.json"),
+            "--log-format", "json", "create", "--bundle", str(bundle), "cid-12"]
+    script = 'mount --bind / "$1" || exit 99; shift; exec "$@"'
+    res = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
+                          str(bundle / "rootfs"), *argv], capture_output=True, timeout=60,
+                         cwd=str(REPO), env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                                             "NVSHIM_CONFIG": str(node["config"])})
+    if res.returncode == 99:
+        pytest.skip(f"cannot bind-mount / here: {res.stderr.decode().strip()}")
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.decode().splitlines() == [
+        f"nvshim: the container's rootfs {bundle}/rootfs is the host's /: nvshim injects no "
+        f"driver files into the host (bundle {bundle})"]
     assert (bundle / "config.json").read_bytes() == raw
