@@ -523,8 +523,8 @@ class Host:
             lib = self.find_library("libcuda", "compute")
         except HostError:  # no driver version: no libcuda either
             return None
-        if lib is None:
-            return None
+        if lib is None or not _mentions(lib.host_path, b"cuDriverGetVersion"):
+            return None  # no such function to call (a stub): no child process either
         import subprocess
         import sys
 
@@ -707,6 +707,17 @@ class Host:
             if os.path.isdir(self.host_path(path)):
                 out.append(DriverFile(self.host_path(path), path, "compute", "ipc"))
         return tuple(out)
+
+
+def _mentions(path: str, name: bytes) -> bool:
+    """Whether the file holds ``name`` (a symbol name in a library's string table)."""
+    import mmap
+
+    try:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return m.find(name) >= 0
+    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
+        return False
 
 
 def missing_files(capabilities: Iterable[str], libraries: Iterable[Library],
