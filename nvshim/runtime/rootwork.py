@@ -235,14 +235,27 @@ def _covers(destination: str, path: str) -> bool:
     return path == destination or path.startswith(destination.rstrip("/") + "/")
 
 
+_host_root_id: Optional[Tuple[int, int]] = None
+
+
 def is_host_root(path: str) -> bool:
-    """Whether ``path`` (symlinks followed) is the host's ``/``, by any name."""
+    """Whether ``path`` (symlinks followed) is the host's ``/``, by any name.
+
+    ``/`` itself (after lexical normalisation, as runc cleans ``root.path``) needs no
+    ``stat``; another path costs one, compared by device and inode with the host's ``/``
+    (stat'ed once per process).
+    """
+    global _host_root_id
+    if os.path.normpath(path) == "/":
+        return True
     try:
         st = os.stat(path)
     except (OSError, ValueError):
         return False
-    host_root = os.stat("/")
-    return (st.st_dev, st.st_ino) == (host_root.st_dev, host_root.st_ino)
+    if _host_root_id is None:
+        host_root = os.stat("/")
+        _host_root_id = (host_root.st_dev, host_root.st_ino)
+    return (st.st_dev, st.st_ino) == _host_root_id
 
 
 def decide(spec: Mapping[str, Any], bundle: str, work: RootWork) -> Tuple[str, str]:

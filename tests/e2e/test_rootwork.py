@@ -209,7 +209,7 @@ def test_full_rootfs_is_one_clear_error_and_config_json_is_untouched(node, rootf
 
 _HOST_ROOT_SCRIPT = r"""
 set -u
-for d in /etc "$LIBDIR"; do
+for d in $DIRS; do
   n=$(echo "$d" | tr / _)
   mkdir -p "$OV/$n-up" "$OV/$n-work"
   mount -t overlay overlay -o "lowerdir=$d,upperdir=$OV/$n-up,workdir=$OV/$n-work" "$d" || exit 99
@@ -222,16 +222,25 @@ printf '{"ociVersion": "1.0.2", "id": "x", "status": "creating", "pid": 1, "bund
   --folder "$LIBDIR" > "$OV/hook.out" 2>&1
 echo "$?" > "$OV/hook.rc"
 """
+#: The host folders a GPU create's mount targets and in-root work would land in, were the
+#: container's rootfs the host's / (each an overlay in the test's private mount namespace).
+_HOST_DIRS = ("/etc", LIBDIR, "/usr/bin", "/usr/sbin", "/usr/lib/firmware", "/lib/firmware")
 
 
-def test_rootfs_that_is_the_host_root_is_never_written(node, rootfs, tmp_path, nvshim_runtime_bin,
-                                                        nvshim_bin):
-    """root.path "/" (or a symlink to it): runc runs createContainer hooks before its pivot_root
-    fails on such a root, and --no-pivot starts the container there, so a hook would rewrite
-    the host's own ld.so.cache, ld.so.conf.d and library folder. Neither the runtime nor the
-    hook writes anything: config.json gets no nvshim hook, inspect says why, and the hook
-    given such a root warns and leaves it alone. (The host's /etc and library folder are
-    overlay mounts in a private mount namespace here, so a regression writes the overlay.)"""
+def _host_root_refusal(root_path: str, bundle: Path) -> str:
+    return (f"nvshim: the container's rootfs {root_path} is the host's /: nvshim injects no "
+            f"driver files into the host (bundle {bundle})")
+
+
+def test_rootfs_that_is_the_host_root_is_refused_and_never_written(node, rootfs, tmp_path,
+                                                                   nvshim_runtime_bin, nvshim_bin):
+    """root.path "/" (or a symlink to it) with a GPU request: runc makes every mount target (empty
+    files in the host's /usr/bin, library folder, /lib/firmware) and runs createContainer hooks
+    before its pivot_root fails on such a root, and --no-pivot starts the container there. So
+    the create fails in one line naming the rootfs (inspect says the same), config.json keeps
+    its bytes, runc never runs, nothing at all appears in the host's folders, and the hook
+    given such a root warns and leaves it alone. (Those folders are overlay mounts in a
+    private mount namespace here, so a regression writes the overlay.)"""
     import sys
 
     require_root()
@@ -240,30 +249,35 @@ def test_rootfs_that_is_the_host_root_is_never_written(node, rootfs, tmp_path, n
     spec = read_config(bundle)
     spec["root"] = {"path": "/"}
     spec["mounts"] = [m for m in spec["mounts"] if m["destination"] == "/proc"]
-    (bundle / "config.json").write_text(json.dumps(spec, indent="\t"))
     (tmp_path / "root-link").symlink_to("/")
     for root_path in ("/", str(tmp_path / "root-link")):
         spec["root"]["path"] = root_path
         (bundle / "config.json").write_text(json.dumps(spec, indent="\t"))
-        work = inspect_work(nvshim_bin, bundle, env)
-        assert work["by"] == "nobody" and "is the host's /" in work["detail"], work
+        shown = subprocess.run([nvshim_bin, "inspect", "--bundle", str(bundle), "--format", "json"],
+                               env=env, capture_output=True, text=True)
+        assert shown.returncode == 1, shown.stdout
+        assert shown.stderr.splitlines() == [_host_root_refusal(root_path, bundle)]
     spec["root"]["path"] = "/"  # runc refuses a symlink before any hook; "/" it runs them for
     (bundle / "config.json").write_text(json.dumps(spec, indent="\t"))
+    before = (bundle / "config.json").read_bytes()
     overlay = tmp_path / "ov"
     overlay.mkdir()
+    dirs = list(dict.fromkeys(os.path.realpath(d) for d in _HOST_DIRS if os.path.isdir(d)))
     res = subprocess.run(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", _HOST_ROOT_SCRIPT],
         env={**env, "OV": str(overlay), "LIBDIR": LIBDIR, "RUNTIME": nvshim_runtime_bin,
-             "BUNDLE": str(bundle), "ID": unique_id(), "PYTHON": sys.executable},
+             "BUNDLE": str(bundle), "ID": unique_id(), "PYTHON": sys.executable,
+             "DIRS": " ".join(dirs)},
         capture_output=True, text=True, timeout=120)
     if res.returncode == 99:
-        pytest.skip(f"cannot mount an overlay over /etc here: {res.stderr.strip()}")
+        pytest.skip(f"cannot mount an overlay over the host's folders here: {res.stderr.strip()}")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert nvshim_hooks(bundle) == [], (overlay / "run.out").read_text()
+    assert (overlay / "run.rc").read_text().strip() == "1"
+    assert (overlay / "run.out").read_text().splitlines() == [_host_root_refusal("/", bundle)]
+    assert (bundle / "config.json").read_bytes() == before
     assert (overlay / "hook.rc").read_text().strip() == "0"
     assert (overlay / "hook.out").read_text() == (
         "nvshim hook: warning: the container rootfs / is the host's /: nothing is written in it\n")
-    assert list((overlay / "_etc-up").iterdir()) == []
-    nvshim_made = [p.name for p in (overlay / f"{LIBDIR.replace('/', '_')}-up").iterdir()
-                   if p.is_symlink()]  # runc itself makes empty files for its mount targets
-    assert nvshim_made == []
+    created = {d: sorted(p.name for p in (overlay / f"{d.replace('/', '_')}-up").iterdir())
+               for d in dirs}
+    assert created == {d: [] for d in dirs}
