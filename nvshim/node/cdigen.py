@@ -83,10 +83,13 @@ def generate_spec(
 def stale_reasons(existing: Dict[str, Any], fresh: Dict[str, Any], host: Any) -> List[str]:
     """Why an existing spec no longer describes the node (empty: it is current)."""
     reasons: List[str] = []
+    from nvshim.host.discovery import OWN_VERSION_LIBRARIES
+
     version = host.driver_version()
     for mount in (existing.get("containerEdits") or {}).get("mounts") or []:
         path = str(mount.get("hostPath", ""))
-        if ".so." in path and not path.endswith(f".so.{version}"):
+        own = path.rsplit("/", 1)[-1].startswith(tuple(f"{b}.so" for b in OWN_VERSION_LIBRARIES))
+        if ".so." in path and not own and not path.endswith(f".so.{version}"):
             reasons.append(f"driver is {version} but the spec mounts {path}")
             break
     if existing.get("devices") != fresh.get("devices"):
