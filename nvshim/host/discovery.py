@@ -47,6 +47,7 @@ __all__ = [
     "ESSENTIAL",
     "OWN_VERSION_LIBRARIES",
     "missing_files",
+    "resolve_in",
     "system_libdir",
 ]
 
@@ -278,7 +279,10 @@ class Host:
 
     def device_node(self, container_path: str) -> Optional[DeviceNode]:
         """Stat a device node under the dev root; None when it does not exist."""
-        host = self.dev_path(container_path)
+        resolved = resolve_in(self.dev_root, container_path)  # a link stays in the dev root
+        if resolved is None:
+            return None
+        host = self.dev_path(resolved)
         try:
             st = os.stat(host)
         except FileNotFoundError:
@@ -404,41 +408,8 @@ class Host:
     # -- paths inside the driver root ----------------------------------------------------
 
     def resolve(self, path: str) -> Optional[str]:
-        """``path`` with every link followed inside the driver root, as if chrooted there.
-
-        Absolute link targets and ``..`` stay inside the root (``/etc/alternatives/x`` is
-        the root's, never the host's), so what it returns, under :meth:`host_path`, is a
-        file of the driver root. None when a component does not exist, is not a folder
-        where one is needed, or links loop (more than 40 links, as the kernel allows).
-        """
-        parts = [p for p in path.split("/") if p]
-        done: List[str] = []
-        links = 0
-        while parts:
-            part = parts.pop(0)
-            if part == ".":
-                continue
-            if part == "..":
-                if done:
-                    done.pop()
-                continue
-            current = "/" + "/".join(done + [part])
-            try:
-                target = os.readlink(self.host_path(current))
-            except FileNotFoundError:
-                return None
-            except OSError:  # EINVAL: not a link; ENOTDIR: a file where a folder is needed
-                if parts and not os.path.isdir(self.host_path(current)):
-                    return None
-                done.append(part)
-                continue
-            links += 1
-            if links > 40:
-                return None
-            if target.startswith("/"):
-                done = []
-            parts[0:0] = [p for p in target.split("/") if p]
-        return "/" + "/".join(done)
+        """:func:`resolve_in` the driver root."""
+        return resolve_in(self.driver_root, path)
 
     def _regular_file(self, path: str) -> Optional[str]:
         """The in-root path of the regular file ``path`` names (links followed in the root)."""
@@ -695,18 +666,59 @@ class Host:
         for rel, cap in wanted:
             for run in ("/run", "/var/run"):
                 path = f"{run}/{rel}"
+                resolved = self.resolve(path)
                 try:
-                    st = os.stat(self.host_path(path))
+                    st = os.stat(self.host_path(resolved or path))
                 except OSError:
                     continue
-                if stat.S_ISSOCK(st.st_mode):
-                    out.append(DriverFile(self.host_path(path), path, cap, "ipc"))
+                if resolved is not None and stat.S_ISSOCK(st.st_mode):
+                    out.append(DriverFile(self.host_path(resolved), path, cap, "ipc"))
                     break
         if "compute" in caps:
             path = "/tmp/nvidia-mps"
-            if os.path.isdir(self.host_path(path)):
-                out.append(DriverFile(self.host_path(path), path, "compute", "ipc"))
+            resolved = self.resolve(path)
+            if resolved is not None and os.path.isdir(self.host_path(resolved)):
+                out.append(DriverFile(self.host_path(resolved), path, "compute", "ipc"))
         return tuple(out)
+
+
+def resolve_in(root: str, path: str) -> Optional[str]:
+    """``path`` with every link followed inside ``root``, as if chrooted there.
+
+    Absolute link targets and ``..`` stay inside the root (``/etc/alternatives/x`` is the
+    root's, never the host's), so what it returns, under ``root``, is a file of the root.
+    None when a component does not exist, is not a folder where one is needed, or links
+    loop (more than 40 links, as the kernel allows).
+    """
+    prefix = "" if root == "/" else root
+    parts = [p for p in path.split("/") if p]
+    done: List[str] = []
+    links = 0
+    while parts:
+        part = parts.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        current = prefix + "/" + "/".join(done + [part])
+        try:
+            target = os.readlink(current)
+        except FileNotFoundError:
+            return None
+        except OSError:  # EINVAL: not a link; ENOTDIR: a file where a folder is needed
+            if parts and not os.path.isdir(current):
+                return None
+            done.append(part)
+            continue
+        links += 1
+        if links > 40:
+            return None
+        if target.startswith("/"):
+            done = []
+        parts[0:0] = [p for p in target.split("/") if p]
+    return "/" + "/".join(done)
 
 
 def _mentions(path: str, name: bytes) -> bool:

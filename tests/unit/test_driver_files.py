@@ -328,3 +328,27 @@ def test_cuda_version_is_none_when_libcuda_cannot_answer(tmp_path):
     """A libcuda that does not load (the simulator's stubs) gives no CUDA version, no error."""
     node = make(tmp_path, gpus=1)
     assert Host(node.root).cuda_version() is None
+
+
+def test_device_node_and_socket_links_stay_in_their_roots(tmp_path):
+    """A dev-root /dev/nvidia-uvm that links to /dev/null, or a driver-root persistenced
+    socket that links to a host path, is looked up in its own root, never on the host."""
+    node = make(tmp_path, gpus=1)
+    uvm = f"{node.root}/dev/nvidia-uvm"
+    os.unlink(uvm)
+    os.symlink("/dev/null", uvm)
+    assert not os.path.exists(f"{node.root}/dev/null")
+    host = Host(node.root)
+    assert "/dev/nvidia-uvm" not in {n.path for n in host.control_nodes(["compute"])}
+    run = f"{node.root}/run/nvidia-persistenced"
+    os.makedirs(run, exist_ok=True)
+    if os.path.lexists(f"{run}/socket"):
+        os.unlink(f"{run}/socket")
+    import socket
+
+    outside = socket.socket(socket.AF_UNIX)
+    outside.bind(str(tmp_path / "host.sock"))  # a socket on the host, not in the root
+    os.symlink(str(tmp_path / "host.sock"), f"{run}/socket")
+    assert all(f.host_path.startswith(node.root) for f in host.ipc(["utility", "compute"]))
+    assert "/run/nvidia-persistenced/socket" not in {f.container_path for f in host.ipc(["utility"])}
+    outside.close()
