@@ -13,6 +13,11 @@ the built-in default of ``grants-journal``). A test whose nvshim config grants a
 point ``grants-journal`` into its tmp dir (``tests.helpers.node.write_nvshim_config``
 does). At the end of the session, a record in the node's journal whose bundle lies under
 this session's tmp dir fails the run, naming the bundles.
+
+Guard: tests must never leave driver files on the host. NVIDIA-looking files that appear in
+the host's driver folders (``/usr/bin``, the library folder, ``/lib/firmware/nvidia`` ...)
+between session start and finish fail the run, naming up to five
+(:mod:`tests.helpers.hostguard`; about 15 ms each way).
 """
 
 from __future__ import annotations
@@ -34,7 +39,40 @@ if str(REPO_ROOT) not in sys.path:
 NODE_JOURNAL = Path("/var/lib/nvshim/grants.jsonl")
 
 
+_HOST_FILES = pytest.StashKey[set]()
+
+
+def _host() -> str:
+    """The directory the host guard watches: ``/``, or ``$NVSHIM_TEST_HOST_ROOT`` (the guard's
+    own test points it at a temp dir)."""
+    return os.environ.get("NVSHIM_TEST_HOST_ROOT") or "/"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    from tests.helpers.hostguard import snapshot
+
+    session.config.stash[_HOST_FILES] = snapshot(_host())
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _check_host_files(session)
+    _check_node_journal(session)
+
+
+def _check_host_files(session: pytest.Session) -> None:
+    """Fail the run when driver files appeared on the host during it."""
+    from tests.helpers.hostguard import guard_message, new_files, snapshot
+
+    before = session.config.stash.get(_HOST_FILES, None)
+    if before is None:
+        return
+    new = new_files(before, snapshot(_host()))
+    if new:
+        sys.stderr.write(f"\n{guard_message(new)}\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _check_node_journal(session: pytest.Session) -> None:
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is None or not NODE_JOURNAL.exists():
         return
