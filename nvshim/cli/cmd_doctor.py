@@ -34,7 +34,8 @@ __all__ = ["doctor"]
 def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_config: str,
            crio_config: str, driver_root: Optional[str], dev_root: Optional[str],
            trampoline: str) -> None:
-    """Check this node: config, containerd, Docker, CRI-O, runtimes, GPUs, CDI specs, runtime.
+    """Check this node: config, containerd, Docker, CRI-O, runtimes, GPUs, driver files, CDI
+    specs, runtime.
 
     Prints one line per finding (ok, warn, FAIL, skip), each problem with its fix.
     Exits 1 when any check fails. The classic pitfall it catches: nvshim as
