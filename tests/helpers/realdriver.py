@@ -96,6 +96,7 @@ __all__ = [
     "debian_sources_list",
     "driver_packages",
     "driver_programs",
+    "ldcache_entry",
     "make_cuda_image_rootfs",
     "make_driver_root",
     "parse_probe",
@@ -418,7 +419,7 @@ def make_driver_root(dest: Path, packages: DriverPackages, layout: str, *,
             shutil.rmtree(staging, ignore_errors=True)
     _write_ld_so_conf(dest)
     update_ld_cache(dest)
-    cached = _ldcache_entry(dest, "libcuda.so.1")
+    cached = ldcache_entry(dest, "libcuda.so.1")
     if cached != f"{_LIBDIR}/libcuda.so.1":
         raise AssertionError(f"{dest}/etc/ld.so.cache maps libcuda.so.1 to {cached}, "
                              f"not {_LIBDIR}/libcuda.so.1")
@@ -439,8 +440,9 @@ def _write_ld_so_conf(root: Path) -> None:
         "# Multiarch support\n" + "".join(d + "\n" for d in _MULTIARCH_DIRS))
 
 
-def _ldcache_entry(root: Path, soname: str) -> Optional[str]:
-    """The path ``<root>/etc/ld.so.cache`` gives for ``soname`` (x86-64), or None."""
+def ldcache_entry(root: Path, soname: str) -> Optional[str]:
+    """The path ``<root>/etc/ld.so.cache`` gives for ``soname`` (x86-64), or None (read with
+    the host's ``ldconfig -C <cache> -p``)."""
     out = subprocess.run(["/sbin/ldconfig", "-C", str(root / "etc" / "ld.so.cache"), "-p"],
                          check=True, capture_output=True, text=True).stdout
     for line in out.splitlines():
@@ -788,14 +790,14 @@ def make_cuda_image_rootfs(dest: Path, programs: Iterable[Path], needs: Iterable
     (confd / "nvidia.conf").write_text("/usr/local/nvidia/lib\n/usr/local/nvidia/lib64\n")
     update_ld_cache(root)
     for soname in (*image_libraries, *cuda_libraries):
-        if _ldcache_entry(root, soname) is None:
+        if ldcache_entry(root, soname) is None:
             raise AssertionError(f"{root}/etc/ld.so.cache has no {soname}")
     return root
 
 
 def _host_library(soname: str) -> str:
     """The host's path of ``soname`` (from its ld.so.cache)."""
-    path = _ldcache_entry(Path("/"), soname)
+    path = ldcache_entry(Path("/"), soname)
     if path is None:
         raise AssertionError(f"the host has no {soname} to copy into the test image")
     return path
