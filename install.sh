@@ -127,6 +127,8 @@ apt_install runc busybox-static
 "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
 if [ "$DEV" = 1 ]; then
     apt_install crun containerd podman umoci skopeo docker.io
+    # the real-driver tests compile their C probe (tests/probe/cudaprobe.c) at test time
+    apt_install gcc libc6-dev
 fi
 
 # --- venv and package ------------------------------------------------------------------
