@@ -21,7 +21,10 @@ __all__ = ["FLAT", "RECURSIVE", "guard_message", "new_files", "nvidia_looking", 
 
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 #: Folders whose own entries are listed (not their subfolders): big, driver files at the top.
-FLAT = ("usr/bin", "usr/sbin", LIBDIR, f"{LIBDIR}/vdpau", f"{LIBDIR}/gbm", "etc/alternatives")
+#: ``dev``: the real driver's libraries and nvidia-smi, run as root on the host, make
+#: ``/dev/nvidiactl``, ``/dev/nvidia0`` … when missing (a probe run outside a container).
+FLAT = ("usr/bin", "usr/sbin", LIBDIR, f"{LIBDIR}/vdpau", f"{LIBDIR}/gbm", "etc/alternatives",
+        "dev")
 #: Folders walked to the bottom: small, driver files in subfolders (``icd.d/``, ``<version>/``).
 RECURSIVE = (f"{LIBDIR}/nvidia", "usr/lib/firmware/nvidia", "lib/firmware/nvidia",
              "usr/lib/xorg/modules", "usr/share/glvnd", "usr/share/vulkan", "usr/share/egl",
