@@ -452,33 +452,13 @@ def ldcache_entry(root: Path, soname: str) -> Optional[str]:
     return None
 
 
-def resolve_in_root(root: Path, path: str, hops: int = 40) -> Optional[str]:
+def resolve_in_root(root: Path, path: str) -> Optional[str]:
     """``path`` with every symlink followed as if ``root`` were ``/`` (absolute targets stay
-    inside); the final path (root-relative, absolute form) or None when it does not exist."""
-    parts = [p for p in path.split("/") if p]
-    done: List[str] = []
-    while parts:
-        part = parts.pop(0)
-        if part == ".":
-            continue
-        if part == "..":
-            if done:
-                done.pop()
-            continue
-        here = root.joinpath(*done, part)
-        if here.is_symlink():
-            hops -= 1
-            if hops < 0:
-                return None
-            target = os.readlink(here)
-            if target.startswith("/"):
-                done = []
-            parts = [p for p in target.split("/") if p] + parts
-            continue
-        if not os.path.lexists(here):
-            return None
-        done.append(part)
-    return "/" + "/".join(done)
+    inside): nvshim's own walk (:func:`nvshim.host.discovery.resolve_in`, unit-tested on its
+    own), so the fixture's alternatives and the tests' expectations agree with a chroot."""
+    from nvshim.host.discovery import resolve_in
+
+    return resolve_in(str(root), path)
 
 
 _SLAVE_CALL = re.compile(r"\$\((add_slave|add_multiarch_slave)\s+([^)$]*)\)")
@@ -780,12 +760,8 @@ def make_cuda_image_rootfs(dest: Path, programs: Iterable[Path], needs: Iterable
     for dep in needed:
         if Path(dep).name != Path(LOADER).name and not (cudadir / Path(dep).name).exists():
             _copy_library(dep, libdir)
+    _write_ld_so_conf(root)
     confd = root / "etc" / "ld.so.conf.d"
-    confd.mkdir(parents=True, exist_ok=True)
-    (root / "etc" / "ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
-    (confd / "libc.conf").write_text("/usr/local/lib\n")
-    (confd / "x86_64-linux-gnu.conf").write_text(
-        "# Multiarch support\n" + "".join(d + "\n" for d in _MULTIARCH_DIRS))
     (confd / "000_cuda.conf").write_text(CUDA_IMAGE_CUDA_LIBDIR + "\n")
     (confd / "nvidia.conf").write_text("/usr/local/nvidia/lib\n/usr/local/nvidia/lib64\n")
     update_ld_cache(root)
