@@ -51,9 +51,8 @@ def hook_for_libraries(libraries: Sequence[Any], hook_command: Sequence[str],
         return None
     from nvshim.runtime.hookargs import build_hook_args
 
-    folders = tuple(dict.fromkeys(
-        folder for lib in libraries
-        for folder in (lib.container_path.rsplit("/", 1)[0],) if not folder.endswith("/vdpau")))
+    parents = (lib.container_path.rsplit("/", 1)[0] for lib in libraries)
+    folders = tuple(dict.fromkeys(p for p in parents if not p.endswith("/vdpau")))
     version = next((lib.container_path.rsplit("/libcuda.so.", 1)[1] for lib in libraries
                     if "/libcuda.so." in lib.container_path), None)
     args = tuple(hook_command) + tuple(
