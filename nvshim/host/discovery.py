@@ -541,35 +541,29 @@ class Host:
         candidates.extend(os.path.join(d, "vdpau", filename) for d in LIB_DIRS[:2])
         return list(dict.fromkeys(candidates))
 
-    def _library(self, base: str, filename: str, capability: str) -> Optional[Library]:
-        for candidate in self._library_paths(base, filename):
-            resolved = self._regular_file(candidate)
-            if resolved is None:
-                continue
-            from nvshim.host.elf import read_soname
+    def _library_at(self, base: str, resolved: str, capability: str) -> Library:
+        """The :class:`Library` whose file is ``resolved`` (an in-root path, links followed)."""
+        from nvshim.host.elf import read_soname
 
-            host = self.host_path(resolved)
-            container = resolved
-            if base == "libvdpau_nvidia":  # libvdpau looks in <libdir>/vdpau/ only
-                container = f"{system_libdir(os.path.dirname(resolved))}/vdpau/{filename}"
-            return Library(base, host, container, read_soname(host), capability)
-        return None
+        host = self.host_path(resolved)
+        directory, filename = resolved.rsplit("/", 1)
+        container = resolved
+        if base == "libvdpau_nvidia":  # libvdpau looks in <libdir>/vdpau/ only
+            container = f"{system_libdir(directory)}/vdpau/{filename}"
+        return Library(base, host, container, read_soname(host), capability)
 
     def find_library(self, base: str, capability: str) -> Optional[Library]:
         """Locate ``<base>.so.<driver version>`` (or, for the libraries the driver ships
-        with their own version, the file behind ``<base>.so.<n>``) inside the driver root.
+        with their own version, the file behind their SONAME) inside the driver root.
 
         The file mounted is the one every link resolves to in the root; its container
         path is where it lies there (VDPAU's is moved into ``<libdir>/vdpau/``).
         """
-        own = OWN_VERSION_LIBRARIES.get(base)
-        if own is None:
-            return self._library(base, f"{base}.so.{self.driver_version()}", capability)
-        for candidate in self._library_paths(base, own):
+        name = OWN_VERSION_LIBRARIES.get(base) or f"{base}.so.{self.driver_version()}"
+        for candidate in self._library_paths(base, name):
             resolved = self._regular_file(candidate)
             if resolved is not None:
-                filename = resolved.rsplit("/", 1)[1]
-                return self._library(base, filename, capability)
+                return self._library_at(base, resolved, capability)
         return None
 
     def libraries(self, capabilities: Iterable[str]) -> Tuple[Library, ...]:

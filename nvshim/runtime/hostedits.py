@@ -113,8 +113,8 @@ def _capabilities_of(basename: str) -> Tuple[str, ...]:
     for cap, _, paths in DATA_FILES:
         for path in paths:
             name = path.rsplit("/", 1)[1]
-            versioned = name.endswith("{version}")  # libglxserver_nvidia.so.{version}
-            if basename == name or (versioned and basename.startswith(name[:-9])):
+            stem, versioned, _ = name.partition("{version}")  # libglxserver_nvidia.so.{…}
+            if basename == name or (versioned and basename.startswith(stem)):
                 owners.append(cap)
     return tuple(dict.fromkeys(owners))
 
