@@ -87,6 +87,7 @@ class Config:
     annotation_prefixes: Tuple[str, ...] = ("cdi.k8s.io/",)
     cdi_spec_dirs: Tuple[str, ...] = DEFAULT_CDI_SPEC_DIRS
     default_kind: str = "nvidia.com/gpu"
+    stale_cdi_spec: str = "warn"
     supported_driver_capabilities: Tuple[str, ...] = ALL_CAPABILITIES
     disable_require: bool = False
     disable_device_node_modification: bool = True
