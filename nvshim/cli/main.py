@@ -6,8 +6,6 @@ stderr and exit code 1.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from typing import List, Optional
 
@@ -28,57 +26,6 @@ def cli() -> None:
     command inspects what it would do, manages CDI specs, configures containerd and
     diagnoses a node.
     """
-
-
-_CONFIG_FILE = click.option(
-    "--config", "config_file", default=None,
-    help="Config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
-_FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-                       show_default=True)
-
-
-# --- inspect ------------------------------------------------------------------------------
-
-
-@cli.command()
-@click.option("--bundle", "-b", "bundle", default=".", show_default=True,
-              type=click.Path(file_okay=False), help="OCI bundle directory (holds config.json).")
-@click.option("--driver-root", default=None,
-              help="Driver root to discover GPUs under (default: from config).")
-@click.option("--dev-root", default=None, help="Where /dev/nvidia* live (default: driver root).")
-@click.option("--config", "config_file", default=None,
-              help="nvshim config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
-@_FORMAT
-def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
-            config_file: Optional[str], fmt: str) -> None:
-    """Show what nvshim-runtime would do to a bundle, without writing anything.
-
-    Prints where the request came from, what was granted or refused and why, the
-    edits, where the node plan came from (its cache or discovery), who makes the SONAME
-    links and ld.so.cache (nvshim-runtime before runc, or the createContainer hook, and
-    why), and a unified diff of config.json. Exits 1 with the runtime's error line when
-    the runtime would fail.
-    """
-    from nvshim._record import replace
-    from nvshim.config import load_config
-    from nvshim.runtime.create import plan_create
-    from nvshim.runtime.inspection import plan_diff, plan_summary, render_text
-
-    config = load_config(config_file, required=config_file is not None)
-    if driver_root is not None:
-        config = replace(config, driver_root=driver_root, dev_root=dev_root)
-    elif dev_root is not None:
-        config = replace(config, dev_root=dev_root)
-    plan = plan_create(os.path.abspath(bundle), config)
-    if fmt == "json":
-        summary = plan_summary(plan, config)
-        summary["diff"] = plan_diff(plan)
-        click.echo(json.dumps(summary, indent=2))
-        return
-    click.echo(render_text(plan, config))
-    diff = plan_diff(plan)
-    if diff:
-        click.echo(diff, nl=False)
 
 
 # --- sim ----------------------------------------------------------------------------------
@@ -159,85 +106,6 @@ def demo(keep: bool) -> None:
         sys.exit(1)
 
 
-# --- config -------------------------------------------------------------------------------
-
-
-@cli.group("config")
-def config_group() -> None:
-    """nvshim's own configuration file."""
-
-
-@config_group.command("compile")
-@_CONFIG_FILE
-def config_compile(config_file: Optional[str]) -> None:
-    """Validate the YAML config and write the JSON copy the runtime's hot path reads.
-
-    Also rebuilds, next to it, the node plan cache (what discovery finds on this node)
-    and the index of the CDI spec dirs; creates check both with stat and rebuild them
-    when stale.
-    """
-    from nvshim.runtime.compile import compile_node
-
-    out, plan, index = compile_node(config_file)
-    click.echo(f"wrote {out}", err=True)
-    click.echo(f"node plan: {plan}", err=True)
-    click.echo(f"CDI index: {index}", err=True)
-
-
-@config_group.command("show")
-@_CONFIG_FILE
-def config_show(config_file: Optional[str]) -> None:
-    """Validate the config and print the effective values (defaults filled in) as YAML."""
-    import yaml
-
-    from nvshim.config import load_config
-
-    config = load_config(config_file, required=config_file is not None)
-    click.echo(f"# effective config from {config.source or 'built-in defaults'}")
-    click.echo(yaml.safe_dump(config.to_mapping(), sort_keys=False).rstrip())
-
-
-# --- grants -------------------------------------------------------------------------------
-
-
-@cli.command()
-@_CONFIG_FILE
-@click.option("--journal", default=None, type=click.Path(dir_okay=False),
-              help="Grant journal to read (default: config grants-journal).")
-@_FORMAT
-@click.option("--prometheus", "prom_file", default=None, type=click.Path(dir_okay=False),
-              help="Also write a node-exporter textfile-collector file here (atomically).")
-def grants(config_file: Optional[str], journal: Optional[str], fmt: str,
-           prom_file: Optional[str]) -> None:
-    """Which live container holds which GPU, from the runtime's grant journal.
-
-    A grant is live while its container exists (`runc/crun --root R state ID`). A GPU held
-    by two live containers is flagged as a CONFLICT unless every one of those grants named
-    time-slicing replicas (<uuid>::N); then the command exits 1.
-    """
-    from nvshim.config import load_config
-    from nvshim.errors import ConfigError
-    from nvshim.runtime.holders import (
-        conflicts,
-        live_grants,
-        render_json,
-        render_prometheus,
-        render_table,
-    )
-
-    path = journal or load_config(config_file).grants_journal
-    if not path:
-        raise ConfigError("grants-journal is off (null) in the config; pass --journal FILE")
-    holders = live_grants(path)
-    if prom_file:
-        from nvshim.files import write_atomic
-
-        write_atomic(prom_file, render_prometheus(holders).encode(), default_mode=0o644)
-    click.echo(render_json(holders) if fmt == "json" else render_table(holders))
-    if conflicts(holders):
-        sys.exit(1)
-
-
 # --- hook ---------------------------------------------------------------------------------
 
 
@@ -257,10 +125,16 @@ def hook(args: List[str]) -> None:
 
 def _add_commands() -> None:
     from nvshim.cli.cmd_cdi import cdi
+    from nvshim.cli.cmd_config import config_group
     from nvshim.cli.cmd_doctor import doctor
+    from nvshim.cli.cmd_grants import grants
+    from nvshim.cli.cmd_inspect import inspect
     from nvshim.cli.cmd_runtime import runtime
     from nvshim.cli.cmd_system import system
+    cli.add_command(inspect)
     cli.add_command(cdi)
+    cli.add_command(config_group)
+    cli.add_command(grants)
     cli.add_command(runtime)
     cli.add_command(system)
     cli.add_command(doctor)

@@ -1,0 +1,49 @@
+"""``nvshim config``: validate, compile and show nvshim's own configuration file."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+from nvshim.cli.options import CONFIG_FILE
+
+__all__ = ["config_group"]
+
+
+# --- config -------------------------------------------------------------------------------
+
+
+@click.group("config")
+def config_group() -> None:
+    """nvshim's own configuration file."""
+
+
+@config_group.command("compile")
+@CONFIG_FILE
+def config_compile(config_file: Optional[str]) -> None:
+    """Validate the YAML config and write the JSON copy the runtime's hot path reads.
+
+    Also rebuilds, next to it, the node plan cache (what discovery finds on this node)
+    and the index of the CDI spec dirs; creates check both with stat and rebuild them
+    when stale.
+    """
+    from nvshim.runtime.compile import compile_node
+
+    out, plan, index = compile_node(config_file)
+    click.echo(f"wrote {out}", err=True)
+    click.echo(f"node plan: {plan}", err=True)
+    click.echo(f"CDI index: {index}", err=True)
+
+
+@config_group.command("show")
+@CONFIG_FILE
+def config_show(config_file: Optional[str]) -> None:
+    """Validate the config and print the effective values (defaults filled in) as YAML."""
+    import yaml
+
+    from nvshim.config import load_config
+
+    config = load_config(config_file, required=config_file is not None)
+    click.echo(f"# effective config from {config.source or 'built-in defaults'}")
+    click.echo(yaml.safe_dump(config.to_mapping(), sort_keys=False).rstrip())

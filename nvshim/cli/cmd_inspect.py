@@ -1,0 +1,57 @@
+"""``nvshim inspect``: what nvshim-runtime would do to a bundle, without writing anything."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import click
+
+from nvshim.cli.options import FORMAT
+
+__all__ = ["inspect"]
+
+
+# --- inspect ------------------------------------------------------------------------------
+
+
+@click.command()
+@click.option("--bundle", "-b", "bundle", default=".", show_default=True,
+              type=click.Path(file_okay=False), help="OCI bundle directory (holds config.json).")
+@click.option("--driver-root", default=None,
+              help="Driver root to discover GPUs under (default: from config).")
+@click.option("--dev-root", default=None, help="Where /dev/nvidia* live (default: driver root).")
+@click.option("--config", "config_file", default=None,
+              help="nvshim config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
+@FORMAT
+def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
+            config_file: Optional[str], fmt: str) -> None:
+    """Show what nvshim-runtime would do to a bundle, without writing anything.
+
+    Prints where the request came from, what was granted or refused and why, the
+    edits, where the node plan came from (its cache or discovery), who makes the SONAME
+    links and ld.so.cache (nvshim-runtime before runc, or the createContainer hook, and
+    why), and a unified diff of config.json. Exits 1 with the runtime's error line when
+    the runtime would fail.
+    """
+    from nvshim._record import replace
+    from nvshim.config import load_config
+    from nvshim.runtime.create import plan_create
+    from nvshim.runtime.inspection import plan_diff, plan_summary, render_text
+
+    config = load_config(config_file, required=config_file is not None)
+    if driver_root is not None:
+        config = replace(config, driver_root=driver_root, dev_root=dev_root)
+    elif dev_root is not None:
+        config = replace(config, dev_root=dev_root)
+    plan = plan_create(os.path.abspath(bundle), config)
+    if fmt == "json":
+        summary = plan_summary(plan, config)
+        summary["diff"] = plan_diff(plan)
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(render_text(plan, config))
+    diff = plan_diff(plan)
+    if diff:
+        click.echo(diff, nl=False)

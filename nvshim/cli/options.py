@@ -1,0 +1,13 @@
+"""Options several commands share, so each spells them the same way."""
+
+from __future__ import annotations
+
+import click
+
+__all__ = ["CONFIG_FILE", "FORMAT"]
+
+CONFIG_FILE = click.option(
+    "--config", "config_file", default=None,
+    help="Config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
+FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+                   show_default=True)
