@@ -17,23 +17,28 @@ __all__ = ["inspect"]
 
 
 @click.command()
-@click.option("--bundle", "-b", "bundle", default=".", show_default=True,
+@click.option("--bundle", "-b", "bundle", default=".", show_default=True, metavar="DIR",
               type=click.Path(file_okay=False), help="OCI bundle directory (holds config.json).")
-@click.option("--driver-root", default=None,
+@click.option("--driver-root", default=None, metavar="DIR", type=click.Path(file_okay=False),
               help="Driver root to discover GPUs under (default: from config).")
-@click.option("--dev-root", default=None, help="Where /dev/nvidia* live (default: driver root).")
-@click.option("--config", "config_file", default=None,
+@click.option("--dev-root", default=None, metavar="DIR", type=click.Path(file_okay=False),
+              help="Where /dev/nvidia* live (default: driver root).")
+@click.option("--config", "config_file", default=None, metavar="FILE",
+              type=click.Path(dir_okay=False),
               help="nvshim config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
+@click.option("--no-diff", "no_diff", is_flag=True,
+              help="Leave out the unified diff of config.json (text and JSON).")
 @FORMAT
 def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
-            config_file: Optional[str], fmt: str) -> None:
+            config_file: Optional[str], no_diff: bool, fmt: str) -> None:
     """Show what nvshim-runtime would do to a bundle, without writing anything.
 
-    Prints where the request came from, what was granted or refused and why, the
-    edits, where the node plan came from (its cache or discovery), who makes the SONAME
+    First a summary: where the request came from, the GPUs granted (index and UUID), the
+    capabilities, how many device nodes, mounts and hooks are added, who makes the SONAME
     links and ld.so.cache (nvshim-runtime before runc, or the createContainer hook, and
-    why), and a unified diff of config.json. Exits 1 with the runtime's error line when
-    the runtime would fail.
+    why), where the node plan came from, warnings and notes. Then the details (one line
+    per hook, no script bodies), then a unified diff of config.json (--no-diff leaves it
+    out). Exits 1 with the runtime's error line when the runtime would fail.
     """
     from nvshim._record import replace
     from nvshim.config import load_config
@@ -46,12 +51,14 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
     elif dev_root is not None:
         config = replace(config, dev_root=dev_root)
     plan = plan_create(os.path.abspath(bundle), config)
+    diff = "" if no_diff else plan_diff(plan)
     if fmt == "json":
         summary = plan_summary(plan, config)
-        summary["diff"] = plan_diff(plan)
+        if not no_diff:
+            summary["diff"] = diff
         click.echo(json.dumps(summary, indent=2))
         return
     click.echo(render_text(plan, config))
-    diff = plan_diff(plan)
     if diff:
+        click.echo()
         click.echo(diff, nl=False)

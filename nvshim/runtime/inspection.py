@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any, Dict, List
 
 if TYPE_CHECKING:
     from nvshim.config import Config
+    from nvshim.edits import Hook
     from nvshim.runtime.create import Plan
 
-__all__ = ["env_set", "plan_summary", "plan_diff", "render_text"]
+__all__ = ["env_set", "plan_summary", "plan_diff", "hook_line", "render_summary",
+           "render_details", "render_text"]
 
 
 def _env(spec: Any) -> List[str]:
@@ -59,6 +61,7 @@ def plan_summary(plan: Plan, config: Config) -> Dict[str, Any]:
         # a MIG device brings its parent GPU's node: one node, listed once
         "device_nodes": sorted({n.path for n in plan.edits.device_nodes}),
         "notes": list(plan.notes),
+        "warnings": list(dict.fromkeys(plan.log_warnings)),
         "missing_files": list(plan.missing),
         "env_set": env,
         "edits": plan.applied_edits().to_cdi(),
@@ -89,8 +92,51 @@ def plan_diff(plan: Plan) -> str:
     )
 
 
-def render_text(plan: Plan, config: Config) -> str:
-    """The summary as aligned ``label:  value`` lines (no diff, no trailing newline)."""
+def _plural(n: int, word: str, words: str = "") -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {words or word + 's'}"
+
+
+def _arg(arg: str) -> str:
+    """One hook argument as a shell would read it; a script (a multi-line argument) as
+    ``<script, N lines>`` instead of its body."""
+    import shlex
+
+    if "\n" in arg:
+        return f"<script, {arg.count(chr(10)) + 1} lines>"
+    return shlex.quote(arg)
+
+
+def hook_line(hook: Hook) -> str:
+    """A hook in one line: ``createContainer: PATH ARGS…`` with scripts elided; for nvshim's
+    own hook, what it does (SONAME links, ld.so.cache folders) instead of its long argv."""
+    from nvshim.runtime.hookargs import (
+        is_nvshim_hook,
+        parse_hook_args,
+        parse_host_driver_version,
+    )
+
+    if is_nvshim_hook(hook):
+        links, folders = parse_hook_args(hook.args)
+        what = f"{_plural(len(links), 'SONAME link')}, ld.so.cache of {', '.join(folders) or '-'}"
+        version = parse_host_driver_version(hook.args)
+        if version:
+            what += f", CUDA compat check against driver {version}"
+        return f"{hook.hook_name}: nvshim hook ({hook.path}): {what}"
+    return " ".join([f"{hook.hook_name}: {hook.path}", *(_arg(a) for a in hook.args[1:])])
+
+
+def _rootwork_line(plan: Plan) -> str:
+    if plan.rootwork_by == "runtime":
+        return f"by nvshim-runtime before runc, in {plan.rootwork_why}"
+    if plan.rootwork_by == "nobody":
+        return f"none ({plan.rootwork_why})"
+    return f"by the createContainer hook ({plan.rootwork_why})"
+
+
+def render_summary(plan: Plan, config: Config) -> List[str]:
+    """What an operator asks first, one screen for a node's worth of GPUs: where the request
+    came from, what was granted (index and UUID), the capabilities, how many edits, who makes
+    the SONAME links, where the node plan came from, warnings and notes."""
     summary = plan_summary(plan, config)
     request = plan.request
     out: List[str] = []
@@ -107,45 +153,65 @@ def render_text(plan: Plan, config: Config) -> str:
         out.append("verified:      no: the kubelet was unreachable, claims trusted")
     files_only = "  (driver files only)" if request.driver_files and not request.devices else ""
     out.append(f"requested:     {', '.join(summary['requested']) or '-'}{files_only}")
-    if request.injects:
-        out.append(f"capabilities:  {', '.join(summary['capabilities'])}")
-    if plan.gpus:
-        out.append("granted GPUs:")
-        for g in plan.gpus:
-            out.append(f"  {g.index}  /dev/nvidia{g.minor}  {g.uuid}  {g.pci_bus_id}  {g.model}")
+    label = "granted GPUs:"
+    for g in plan.gpus:
+        out.append(f"{label:<15}{g.index}  {g.uuid}")
+        label = ""
     for p, m in plan.migs:
         out.append(f"granted MIG:   {p.index}:{m.index}  {m.uuid}")
     if plan.cdi_names:
         out.append(f"CDI devices:   {', '.join(plan.cdi_names)}")
-    if summary["device_nodes"]:
-        out.append(f"device nodes:  {' '.join(summary['device_nodes'])}")
-    mounts = [m.container_path for m in plan.edits.mounts]
-    if mounts:
-        out.append(f"mounts:        {len(mounts)} driver files")
-        out.extend(f"  {m}" for m in mounts)
-    if plan.missing:
-        out.append(f"missing:       {', '.join(plan.missing)}: expected for the requested "
-                   "capabilities, not found under the driver root")
+    if request.injects:
+        out.append(f"capabilities:  {', '.join(summary['capabilities'])}")
+    edits = plan.applied_edits()
+    if plan.changed:
+        counts = [_plural(len(summary["device_nodes"]), "device node"),
+                  _plural(len(edits.mounts), "mount"), _plural(len(edits.hooks), "hook"),
+                  _plural(len(summary["env_set"]), "env entry", "env entries")]
+        out.append(f"edits:         {', '.join(counts)}")
+    if plan.rootwork_by:
+        out.append(f"in-root work:  {_rootwork_line(plan)}")
     if plan.plan_source:
         out.append(f"node plan:     {plan.plan_source}")
     if plan.cdi_source:
         out.append(f"CDI registry:  {plan.cdi_source}")
-    if plan.rootwork_by == "runtime":
-        out.append(f"in-root work:  by nvshim-runtime before runc, in {plan.rootwork_why}")
-    elif plan.rootwork_by == "nobody":
-        out.append(f"in-root work:  none ({plan.rootwork_why})")
-    elif plan.rootwork_by:
-        out.append(f"in-root work:  by the createContainer hook ({plan.rootwork_why})")
-    for hook in plan.applied_edits().hooks:
-        out.append(f"hook:          {hook.hook_name}: {' '.join(hook.args)}")
-    for note in plan.notes:
-        out.append(f"note:          {note}")
-    for entry in summary["env_set"]:
+    if plan.missing:
+        out.append(f"missing:       {', '.join(plan.missing)}: expected for the requested "
+                   "capabilities, not found under the driver root")
+    out.extend(f"warning:       {w}" for w in summary["warnings"])
+    out.extend(f"note:          {n}" for n in plan.notes if n not in summary["warnings"])
+    rewrite = "would be rewritten" if plan.changed else "unchanged (byte-identical)"
+    out.append(f"config.json:   {rewrite}")
+    return out
+
+
+def render_details(plan: Plan) -> List[str]:
+    """The edits one by one: each granted GPU's node, bus id and model, the device nodes,
+    the mounts, one line per hook (no script bodies) and the env entries set."""
+    request = plan.request
+    edits = plan.applied_edits()
+    out: List[str] = []
+    for g in plan.gpus:
+        out.append(f"{'GPU ' + str(g.index) + ':':<15}/dev/nvidia{g.minor}  {g.pci_bus_id}  "
+                   f"{g.model}".rstrip())
+    nodes = sorted({n.path for n in plan.edits.device_nodes})
+    if nodes:
+        out.append(f"device nodes:  {' '.join(nodes)}")
+    if edits.mounts:
+        out.append(f"mounts:        {_plural(len(edits.mounts), 'driver file')}")
+        out.extend(f"  {m.container_path}" for m in edits.mounts)
+    out.extend(f"hook:          {hook_line(h)}" for h in edits.hooks)
+    for entry in env_set(plan):
         why = ""
         if entry == "NVIDIA_VISIBLE_DEVICES=void":
             why = (" (image value stripped)" if request.set_void else
                    " (after injection, so nothing downstream injects again)")
         out.append(f"env:           {entry}{why}")
-    rewrite = "would be rewritten" if plan.changed else "unchanged (byte-identical)"
-    out.append(f"config.json:   {rewrite}")
-    return "\n".join(out)
+    return out
+
+
+def render_text(plan: Plan, config: Config) -> str:
+    """The summary, a blank line and the details (no diff, no trailing newline); the
+    details are left out when there are none."""
+    details = render_details(plan)
+    return "\n".join(render_summary(plan, config) + ([""] + details if details else []))

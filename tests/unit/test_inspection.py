@@ -1,4 +1,4 @@
-"""runtime/inspection: what `nvshim inspect` shows of a create plan, as library functions."""
+"""runtime/inspection and `nvshim inspect`: what the command shows of a create plan."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from nvshim.cli.cmd_inspect import inspect
 from nvshim.config import Config
 from nvshim.runtime.create import plan_create
 from nvshim.runtime.inspection import env_set, plan_diff, plan_summary, render_text
@@ -45,8 +47,9 @@ def test_a_granted_gpu_is_summarised_rendered_and_diffed(tmp_path: Path) -> None
     json.dumps(summary)  # plain JSON values only
     lines = render_text(plan, config).splitlines()
     assert lines[0] == f"bundle:        {bundle / 'config.json'}"
-    assert f"  1  /dev/nvidia{gpu.minor}  {gpu.uuid}  {gpu.pci_bus_id}  {gpu.model}" in lines
-    assert lines[-1] == "config.json:   would be rewritten"
+    assert f"granted GPUs:  1  {gpu.uuid}" in lines
+    assert f"GPU 1:         /dev/nvidia{gpu.minor}  {gpu.pci_bus_id}  {gpu.model}" in lines
+    assert "config.json:   would be rewritten" in lines
     diff = plan_diff(plan)
     assert diff.startswith("--- config.json\n+++ config.json (after nvshim)\n")
     assert f'"/dev/nvidia{gpu.minor}"' in diff
@@ -64,3 +67,92 @@ def test_a_bundle_that_asks_for_nothing_shows_no_change(tmp_path: Path) -> None:
     text = render_text(plan, config)
     assert "requested:     -" in text.splitlines()
     assert text.endswith("config.json:   unchanged (byte-identical)")
+
+
+# --- the command: a summary that fits a screen, details, the diff ---------------------------
+
+
+def run_inspect(*args: str) -> str:
+    """``nvshim inspect ARGS`` (the click command itself); its stdout, after exit 0."""
+    res = CliRunner().invoke(inspect, list(args))
+    assert res.exit_code == 0, res.output
+    return res.stdout
+
+
+@pytest.fixture
+def one_gpu(tmp_path: Path) -> dict:
+    """A simulated node with one GPU, its config file and a bundle asking for GPU 0."""
+    from nvshim.host.sim import create_node
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root (mknod)")
+    sim = create_node(str(tmp_path / "node"), gpus=1)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"driver-root: {sim.root}\n")
+    bundle = bundle_with(tmp_path, ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0"])
+    return {"gpu": sim.gpus[0], "args": ["--bundle", str(bundle), "--config", str(config)],
+            "bundle": bundle}
+
+
+def test_one_gpu_without_the_diff_fits_a_screen_summary_first(one_gpu: dict) -> None:
+    """For one GPU, `inspect --no-diff` is at most 40 lines (it was 40 before its 280-line
+    diff, the hook script inlined); the summary comes first: the GPU by index and UUID,
+    the capabilities, the counts of edits, who does the in-root work, where the node plan
+    came from, and whether config.json changes, before any detail line."""
+    text = run_inspect(*one_gpu["args"], "--no-diff")
+    lines = text.splitlines()
+    assert len(lines) <= 40, text
+    summary = lines[:lines.index("")]
+    labels = [line.split(":", 1)[0] for line in summary]
+    assert labels[:4] == ["bundle", "config", "request from", "requested"]
+    assert f"granted GPUs:  0  {one_gpu['gpu'].uuid}" in summary
+    assert "capabilities:  compute, utility" in summary
+    edits = next(line for line in summary if line.startswith("edits:"))
+    assert edits.startswith("edits:         4 device nodes, ") and ", 1 hook, 1 env entry" in edits
+    assert "in-root work:  by nvshim-runtime before runc, in " in text.split("\n\n")[0]
+    assert any(line.startswith("node plan:     discovery") for line in summary)
+    assert summary[-1] == "config.json:   would be rewritten"
+    assert "device nodes:" not in labels and "mounts" not in labels  # those are details
+
+
+def test_the_hook_is_one_line_without_its_script(one_gpu: dict) -> None:
+    """The params hook is named by its path and arguments on one line, its shell script
+    elided (`<script, N lines>`), never inlined; so is nvshim's own hook, which the text
+    describes (its SONAME links and ld.so.cache folder) instead of listing its argv."""
+    text = run_inspect(*one_gpu["args"], "--no-diff")
+    hooks = [line for line in text.splitlines() if line.startswith("hook:")]
+    assert hooks == [f"hook:          createContainer: /bin/sh -c <script, 8 lines> nvshim-params "
+                     f"{one_gpu['bundle']}/rootfs {one_gpu['bundle']}/.nvshim-nvidia-params"]
+    assert "mount --bind" not in text and "cd -P" not in text
+    spec = json.loads((one_gpu["bundle"] / "config.json").read_text())
+    spec["root"]["path"] = "no-such-rootfs"  # the runtime cannot do the work: the hook does
+    (one_gpu["bundle"] / "config.json").write_text(json.dumps(spec))
+    text = run_inspect(*one_gpu["args"], "--no-diff")
+    hooks = [line for line in text.splitlines() if line.startswith("hook:")]
+    assert len(hooks) == 2 and "nvshim hook (" in hooks[0], hooks
+    assert "SONAME links, ld.so.cache of /usr/lib/x86_64-linux-gnu" in hooks[0]
+    assert "sys.path" not in text and "--link" not in text
+
+
+def test_no_diff_leaves_the_diff_out_of_text_and_json(one_gpu: dict) -> None:
+    """By default the text ends with the unified diff of config.json and the JSON has it
+    under "diff"; `--no-diff` leaves both out."""
+    full = run_inspect(*one_gpu["args"])
+    assert "\n\n--- config.json\n+++ config.json (after nvshim)\n@@ " in full
+    short = run_inspect(*one_gpu["args"], "--no-diff")
+    assert full.startswith(short)
+    assert not [x for x in short.splitlines() if x.startswith(("---", "+++", "@@", "+ ", "- "))]
+    doc = json.loads(run_inspect(*one_gpu["args"], "--format", "json"))
+    assert doc["diff"].startswith("--- config.json\n") and '"/dev/nvidia0"' in doc["diff"]
+    doc = json.loads(run_inspect(*one_gpu["args"], "--format", "json", "--no-diff"))
+    assert "diff" not in doc and doc["granted_gpus"][0]["uuid"] == one_gpu["gpu"].uuid
+
+
+def test_inspect_help_shows_dir_and_file_metavars() -> None:
+    """`inspect --help` names what each path option takes: DIR for the bundle, driver and
+    dev roots, FILE for the config (they showed TEXT), and documents --no-diff."""
+    res = CliRunner().invoke(inspect, ["--help"], terminal_width=200)
+    assert res.exit_code == 0
+    for option in ("--bundle DIR", "--driver-root DIR", "--dev-root DIR", "--config FILE",
+                   "--no-diff"):
+        assert option in res.stdout, res.stdout
