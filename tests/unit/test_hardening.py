@@ -31,11 +31,11 @@ def nvshim_cli(*args: str, env: dict | None = None, cwd: str | None = None) -> s
 @pytest.mark.parametrize("args", [[], ["runtime"], ["cdi", "transform"]])
 def test_a_group_without_a_command_prints_its_help_not_an_error_line(args: list) -> None:
     """`nvshim` (or a group) without a command printed its whole help as the error line
-    "nvshim: Usage: …" (click 8.2 raises for it); now the help itself, on stderr, exit 1."""
+    "nvshim: Usage: …" (click 8.2 raises for it); now the help itself, on stdout, exit 0
+    (as git and kubectl do)."""
     out = nvshim_cli(*args)
-    assert out.returncode == 1 and out.stdout == ""
-    assert out.stderr.startswith(f"Usage: nvshim {' '.join(args)}".rstrip() + " [OPTIONS]")
-    assert "nvshim: " not in out.stderr.splitlines()[0]
+    assert out.returncode == 0 and out.stderr == ""
+    assert out.stdout.startswith(f"Usage: nvshim {' '.join(args)}".rstrip() + " [OPTIONS]")
 
 
 def test_15_sim_creates_large_nodes_with_valid_minors_and_bus_ids(tmp_path: Path) -> None:
@@ -440,11 +440,11 @@ def test_16_debug_log_records_carry_the_container_id(node: dict, tmp_path: Path)
 
 
 def test_16_no_stray_shell_artifacts_at_the_repo_root() -> None:
-    """No file like `=12.4` (an unquoted `pip install x>=12.4`) is tracked at the repo root."""
-    res = subprocess.run(["git", "-C", str(REPO), "ls-files"], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip("not a git checkout")
-    assert [n for n in res.stdout.splitlines() if n[:1] in "=<>"] == []
+    """No file like `=12.4` (an unquoted `pip install x>=12.4`) sits at the repo root.
+
+    Reads the directory, not `git ls-files`: the README's test command must pass where
+    git is not installed (install.sh --dev does not install it)."""
+    assert [n for n in os.listdir(REPO) if n[:1] in "=<>"] == []
 
 
 def test_01_compiling_twice_leaves_one_source_link_and_no_temp_files(tmp_path: Path) -> None:

@@ -99,6 +99,9 @@ def test_create_through_python_hands_runc_default_sigpipe(tmp_path, caller_ignor
     runtime.write_text(f"#!/bin/sh\ncat /proc/$$/status > {status}\n")
 
     def ignore() -> None:
+        # set SIGHUP both ways: under nohup the test runner itself ignores it, and the
+        # child would inherit that
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         for name in caller_ignores:
             signal.signal(getattr(signal, name), signal.SIG_IGN)
 
