@@ -25,9 +25,9 @@ __all__ = ["doctor"]
 @click.option("--crio-config", default="/etc/crio/crio.conf", show_default=True,
               type=click.Path(dir_okay=False),
               help="CRI-O's main config file (its crio.conf.d/ drop-ins are read too).")
-@click.option("--driver-root", default=None, type=click.Path(file_okay=False),
+@click.option("--driver-root", default=None, type=click.Path(file_okay=False), metavar="DIR",
               help="Driver root to discover GPUs under (default: from the config).")
-@click.option("--dev-root", default=None, type=click.Path(file_okay=False),
+@click.option("--dev-root", default=None, type=click.Path(file_okay=False), metavar="DIR",
               help="Where /dev/nvidia* live (default: the driver root).")
 @click.option("--trampoline", default=DEFAULT_TRAMPOLINE, show_default=True,
               type=click.Path(dir_okay=False), help="The installed nvshim-runtime to check.")
@@ -38,9 +38,10 @@ def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_
     specs, runtime.
 
     Prints one line per finding (ok, warn, FAIL, skip), each problem with its fix.
-    Exits 1 when any check fails. The classic pitfall it catches: nvshim as
-    containerd's default runtime while require-allocation is off, which gives pods
-    that request no GPU every GPU of the node (checked for Docker and CRI-O too).
+    Exits 1 when any check fails. The classic pitfall it catches: a default runtime
+    that grants GPUs from the image's env -- NVIDIA's runtime, or nvshim while
+    require-allocation is off -- which gives containers that request no GPU every GPU
+    of the node (for containerd, Docker and CRI-O).
     """
     kwargs: Dict[str, Any] = {
         "containerd_config": containerd_config,
@@ -52,6 +53,7 @@ def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_
     }
     if config_file is not None:
         kwargs["config_path"] = config_file
+        kwargs["config_required"] = True
     findings = run_checks(DoctorOptions(**kwargs))
     click.echo(render_json(findings) if fmt == "json" else render_text(findings))
     # sys.exit, not ctx.exit: `nvshim` runs click with standalone_mode=False, where

@@ -11,7 +11,8 @@ them all in a fixed order, :func:`render_text` / :func:`render_json` format the 
 The checks, by name:
 
 ``config``
-    nvshim's YAML config validates (a :class:`~nvshim.errors.ConfigError` is a failure).
+    nvshim's YAML config validates (a :class:`~nvshim.errors.ConfigError` is a failure);
+    a config named by ``--config`` must exist (no file at the default path means defaults).
 ``compiled-config``
     ``<stem>.compiled.json`` exists and matches the YAML (hash and nvshim version), and the
     trampoline's ``<stem>.runtimes`` is not older than the YAML and lists the same runtimes.
@@ -24,9 +25,10 @@ The checks, by name:
 ``containerd-runtime-binary``
     the nvshim handler's ``options.BinaryName`` is an executable file.
 ``default-runtime``
-    the pitfall: nvshim as containerd's default runtime with require-allocation off.
+    the pitfall: NVIDIA's runtime as containerd's default runtime (it grants GPUs from the
+    image's env), or nvshim as the default with require-allocation off.
 ``docker`` / ``crio``
-    the same three questions for Docker's daemon.json and CRI-O's config and drop-ins.
+    the same questions for Docker's daemon.json and CRI-O's config and drop-ins.
 ``dev-char-links``
     every NVIDIA device node under the dev root has its ``/dev/char/<major>:<minor>``
     link (systemd re-applies device rules by those on ``daemon-reload``).
@@ -34,7 +36,7 @@ The checks, by name:
     require-allocation on, but it trusts claims a pod can write itself (``envvar-uuids``,
     ``volume-mounts``, ``cdi-annotations``) without ``verify-with: kubelet``.
 ``gpus``
-    discovery finds GPUs under the driver root.
+    discovery finds GPUs under the driver root; the line lists them and their MIG devices.
 ``driver-files``
     the driver's files are the loaded module's version (a skew fails), and the
     ``compute`` and ``utility`` files (libcuda, libnvidia-ml, nvidia-smi) exist; other
@@ -85,7 +87,7 @@ _LABELS = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip"}
 def run_checks(options: DoctorOptions) -> List[Finding]:
     """Every check, in a fixed order (see the module docstring)."""
     findings: List[Finding] = []
-    config_finding, config = check_config(options.config_path)
+    config_finding, config = check_config(options.config_path, options.config_required)
     findings.append(config_finding)
     findings.append(check_compiled_config(options.config_path, config))
     usable = config if config is not None else Config()

@@ -13,14 +13,13 @@ from typing import Optional, Tuple
 
 from nvshim import __version__
 from nvshim.config import (
-    DEFAULT_CONFIG_PATH,
     Config,
     compiled_path,
     load_config,
     runtimes_path,
 )
 from nvshim.errors import NvshimError
-from nvshim.node.findings import Finding
+from nvshim.node.findings import Finding, compile_command
 
 __all__ = [
     "check_config",
@@ -31,17 +30,17 @@ __all__ = [
 ]
 
 
-def _compile_fix(path: str) -> str:
-    flag = "" if path == DEFAULT_CONFIG_PATH else f" --config {path}"
-    return f"nvshim config compile{flag}"
-
-
-def check_config(path: str) -> Tuple[Finding, Optional[Config]]:
-    """Load nvshim's config; the finding, and the config (None when it is invalid)."""
+def check_config(path: str, required: bool = False) -> Tuple[Finding, Optional[Config]]:
+    """Load nvshim's config; the finding, and the config (None when it is invalid, or
+    missing while ``required``: named by ``--config``, as ``nvshim config show`` needs it)."""
     try:
-        config = load_config(path)
+        config = load_config(path, required=required)
     except NvshimError as exc:
-        return Finding("config", "fail", str(exc), f"fix {path}, then {_compile_fix(path)}"), None
+        if not os.path.exists(path):
+            fix = f"create {path}, or name an existing config with --config"
+        else:
+            fix = f"correct {path}, then {compile_command(path)}"
+        return Finding("config", "fail", str(exc), fix), None
     if config.source is None:
         return Finding("config", "ok", f"no {path}: built-in defaults"), config
     mode = "on" if config.require_allocation else "off"
@@ -61,11 +60,11 @@ def check_compiled_config(path: str, config: Optional[Config]) -> Finding:
     """The compiled JSON copy and the trampoline's runtime list are current for ``path``."""
     name = "compiled-config"
     if config is None:
-        return Finding(name, "skip", f"{path} is invalid: nothing to compare")
+        return Finding(name, "skip", f"{path} did not load: nothing to compare")
     data = _read_bytes(path)
     if data is None:
         return Finding(name, "ok", f"no {path}: nothing to compile")
-    fix = _compile_fix(path)
+    fix = compile_command(path)
     compiled = compiled_path(path)
     raw = _read_bytes(compiled)
     if raw is None:
@@ -137,7 +136,7 @@ def check_allocation_trust(config: Optional[Config], path: str) -> Finding:
     """require-allocation that still believes claims a pod can forge."""
     name = "allocation-trust"
     if config is None:
-        return Finding(name, "skip", f"{path} is invalid: nothing to check")
+        return Finding(name, "skip", f"{path} did not load: nothing to check")
     if not config.require_allocation:
         return Finding(name, "skip", "require-allocation is off: every claim is granted anyway")
     if config.verify_with == "kubelet":

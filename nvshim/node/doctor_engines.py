@@ -7,20 +7,34 @@ carries the main file's CRI table), ``containerd-runtime-binary`` (the nvshim ha
 
 Docker and CRI-O give one finding each, ``docker`` / ``crio``: ``skip`` when the engine has
 no config on this node; ``fail`` when the config does not parse, an nvshim runtime points
-at a missing or non-executable binary, or nvshim is the engine's default runtime while
-require-allocation is off (the pitfall: containers that asked for no GPU get every GPU
-from a CUDA image's ``NVIDIA_VISIBLE_DEVICES=all``); ``warn`` when no nvshim runtime is
-registered; ``ok`` otherwise.
+at a missing or non-executable binary, or the default runtime is the pitfall; ``warn``
+when no nvshim runtime is registered; ``ok`` otherwise.
+
+The pitfall, for every engine: the default runtime grants GPUs from the image's env, so
+containers that asked for no GPU get every GPU from a CUDA image's
+``NVIDIA_VISIBLE_DEVICES=all``. It is either NVIDIA's runtime as the default (what
+``nvidia-ctk runtime configure --set-as-default`` writes; recognised by its binary's name,
+or by the handler names NVIDIA's tools use; :func:`~nvshim.node.findings.is_nvidia_runtime`),
+whatever nvshim's config says, or nvshim as the default while require-allocation is off.
+The fix for both: nvshim with require-allocation as the default, or a plain runtime
+(runc) as the default and GPU runtimes picked per container.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nvshim.config import Config
 from nvshim.errors import NvshimError
-from nvshim.node.findings import DEFAULT_TRAMPOLINE, DoctorOptions, Finding, is_nvshim
+from nvshim.node.findings import (
+    DEFAULT_TRAMPOLINE,
+    DoctorOptions,
+    Finding,
+    compile_command,
+    is_nvidia_runtime,
+    is_nvshim,
+)
 
 if TYPE_CHECKING:
     from nvshim.node.containerd_read import EffectiveRuntimes
@@ -53,6 +67,37 @@ def _binary_problems(ours: Mapping[str, Optional[str]], noun: str, key: str,
     return problems
 
 
+def _configure(engine: str, path: str, default: str) -> str:
+    """The ``nvshim runtime configure`` command for ``engine``'s config at ``path``."""
+    flag = "" if path == default else f" --config {path}"
+    return f"nvshim runtime configure --runtime {engine}{flag}"
+
+
+def _nvshim_as_default(configure: str, options: DoctorOptions) -> str:
+    """How to make nvshim the default safely: require-allocation first, then configure
+    with --set-as-default (which reads the config $NVSHIM_CONFIG names, or the default)."""
+    from nvshim.config import config_path
+
+    path = options.config_path
+    env = "" if path == config_path() else f"NVSHIM_CONFIG={path} "
+    return (f"set require-allocation: true in {path}, then {compile_command(path)} and "
+            f"{env}{configure} --set-as-default")
+
+
+def _nvidia_default(check: str, engine: str, default: str, binary: Optional[str],
+                    fix: str) -> Finding:
+    """The pitfall with NVIDIA's runtime as ``engine``'s default (``binary`` its path)."""
+    runs = f" ({binary})" if binary else ""
+    return Finding(
+        check, "fail",
+        f'{engine}\'s default runtime "{default}" is NVIDIA\'s runtime{runs}: every container '
+        "that names no runtime runs through it, and it grants GPUs from the image's env, so "
+        "containers that request no GPU get every GPU from CUDA images' "
+        "NVIDIA_VISIBLE_DEVICES=all",
+        fix,
+    )
+
+
 # --------------------------------------------------------------------------- containerd
 
 
@@ -77,12 +122,12 @@ def check_containerd_config(path: str) -> Tuple[Finding, Optional[EffectiveRunti
     try:
         effective = read_handlers(path)
     except NvshimError as exc:
-        fix = f"fix {path}: containerd will not start with it"
+        fix = f"correct {path}: containerd will not start with it"
         return Finding(name, "fail", str(exc), fix), None
     if effective.problems:
         return Finding(
             name, "warn", "; ".join(effective.problems),
-            f"fix or remove the import in {path}",
+            f"create the missing file, or take its import out of {path}",
         ), effective
     handlers = ", ".join(sorted(effective.handlers)) or "none"
     return Finding(
@@ -118,6 +163,12 @@ def check_drop_in_drift(path: str) -> Optional[Finding]:
     )
 
 
+def _configure_containerd(path: str) -> str:
+    from nvshim.node.containerd_toml import DEFAULT_CONFIG
+
+    return _configure("containerd", path, DEFAULT_CONFIG)
+
+
 def check_runtime_binary(effective: EffectiveRuntimes, options: DoctorOptions) -> Finding:
     """The nvshim handler's BinaryName exists and is executable."""
     name = "containerd-runtime-binary"
@@ -126,7 +177,7 @@ def check_runtime_binary(effective: EffectiveRuntimes, options: DoctorOptions) -
         return Finding(
             name, "warn",
             f"containerd config {effective.config_path} has no nvshim runtime handler",
-            "nvshim runtime configure --runtime containerd",
+            _configure_containerd(effective.config_path),
         )
     bad = _binary_problems(ours, "handler", "BinaryName",
                            "has no options.BinaryName, so containerd runs plain runc")
@@ -143,10 +194,20 @@ def check_runtime_binary(effective: EffectiveRuntimes, options: DoctorOptions) -
 def check_default_runtime(
     effective: EffectiveRuntimes, config: Optional[Config], options: DoctorOptions
 ) -> Finding:
-    """The pitfall: nvshim is containerd's default runtime but require-allocation is off."""
+    """The pitfall: containerd's default runtime is NVIDIA's, or nvshim with
+    require-allocation off."""
     name = "default-runtime"
     default = effective.default_runtime_name
     ours = _nvshim_handlers(effective, options)
+    if default in effective.handlers and is_nvidia_runtime(
+            default, effective.handlers[default], options):
+        configure = _configure_containerd(effective.config_path)
+        return _nvidia_default(
+            name, "containerd", default, effective.handlers[default],
+            f"{_nvshim_as_default(configure, options)}; or make runc the default again "
+            f"(default_runtime_name in {effective.config_path} or its drop-ins) and "
+            "select GPU runtimes by RuntimeClass",
+        )
     if default not in ours:
         if default not in effective.handlers and default != "runc":
             return Finding(
@@ -160,7 +221,7 @@ def check_default_runtime(
         )
     if config is None:
         return Finding(
-            name, "skip", "containerd's default runtime is nvshim; nvshim's config is invalid"
+            name, "skip", "containerd's default runtime is nvshim; nvshim's config did not load"
         )
     if config.require_allocation:
         return Finding(
@@ -173,8 +234,9 @@ def check_default_runtime(
         name, "fail",
         f"containerd's default runtime is nvshim{which} but require-allocation is off: pods that "
         "request no GPU get every GPU from CUDA images' NVIDIA_VISIBLE_DEVICES=all",
-        f"set require-allocation: true in {options.config_path} (then nvshim config compile), "
-        "or make runc the default and use RuntimeClass nvshim",
+        f"set require-allocation: true in {options.config_path} (then "
+        f"{compile_command(options.config_path)}), or make runc the default and use "
+        "RuntimeClass nvshim",
     )
 
 
@@ -184,17 +246,26 @@ def check_default_runtime(
 def _check(
     check: str,
     engine: str,
-    path: str,
+    where: str,
     handlers: Mapping[str, Optional[str]],
     default: Optional[str],
     key: str,
     config: Optional[Config],
     options: DoctorOptions,
+    configure: str,
+    plain_default: str,
 ) -> Finding:
+    """Docker's or CRI-O's finding; ``where`` names the files read, ``configure`` is the
+    ``nvshim runtime configure`` command, ``plain_default`` how to make runc the default."""
+    if default is not None and default in handlers and is_nvidia_runtime(
+            default, handlers[default], options):
+        return _nvidia_default(
+            check, engine, default, handlers[default],
+            f"{_nvshim_as_default(configure, options)}; or {plain_default}",
+        )
     ours = {n: b for n, b in handlers.items() if is_nvshim(n, b, options)}
-    configure = f"nvshim runtime configure --runtime {check}"
     if not ours:
-        return Finding(check, "warn", f"{path} has no nvshim runtime", configure)
+        return Finding(check, "warn", f"{where} has no nvshim runtime", configure)
     problems = _binary_problems(ours, "runtime", key)
     if problems:
         return Finding(check, "fail", "; ".join(problems) + f": {engine} cannot start it",
@@ -202,38 +273,51 @@ def _check(
     if default in ours:
         if config is None:
             return Finding(check, "skip", f"{engine}'s default runtime is nvshim; nvshim's "
-                           "config is invalid")
+                           "config did not load")
         if not config.require_allocation:
             return Finding(
                 check, "fail",
                 f"{engine}'s default runtime is nvshim but require-allocation is off: "
                 "containers that request no GPU get every GPU from CUDA images' "
                 "NVIDIA_VISIBLE_DEVICES=all",
-                f"set require-allocation: true in {options.config_path} (then nvshim config "
-                f"compile), or {configure} without --set-as-default",
+                f"set require-allocation: true in {options.config_path} (then "
+                f"{compile_command(options.config_path)}), or {configure} without "
+                "--set-as-default",
             )
     names = ", ".join(f"{n} ({b})" for n, b in sorted(ours.items()))
-    return Finding(check, "ok", f"{path}: nvshim runtime {names}; default "
+    return Finding(check, "ok", f"{where}: nvshim runtime {names}; default "
                    f"{default or 'the engine default'}")
 
 
 def check_docker(path: str, config: Optional[Config], options: DoctorOptions) -> Finding:
     """Docker's daemon.json: nvshim runtime present, its path executable, the default pitfall."""
-    from nvshim.node.docker import read_runtimes
+    from nvshim.node.docker import DEFAULT_CONFIG, read_runtimes
 
     if not os.path.exists(path):
         return Finding("docker", "skip", f"no Docker config at {path}")
     try:
         seen = read_runtimes(path)
     except NvshimError as exc:
-        return Finding("docker", "fail", str(exc), f"fix {path}: dockerd will not start with it")
+        return Finding("docker", "fail", str(exc),
+                       f"correct {path}: dockerd will not start with it")
     return _check("docker", "Docker", path, seen.runtimes, seen.default_runtime, "path",
-                  config, options)
+                  config, options, _configure("docker", path, DEFAULT_CONFIG),
+                  f'take "default-runtime" out of {path} (Docker then runs runc) and pick a '
+                  "GPU runtime per container with docker run --runtime")
+
+
+def _crio_files(path: str, drop_in_dir: str, files: Sequence[str]) -> str:
+    """The CRI-O files read, said truthfully: ``crio.conf + 1 drop-in``."""
+    count = sum(1 for f in files if f != path)
+    drop_ins = f"{count} drop-in{'' if count == 1 else 's'}"
+    if path not in files:
+        return f"{drop_ins} in {drop_in_dir} (no {path})"
+    return f"{path} (no drop-ins)" if count == 0 else f"{path} + {drop_ins}"
 
 
 def check_crio(path: str, config: Optional[Config], options: DoctorOptions) -> Finding:
     """CRI-O's config and drop-ins: the same three questions."""
-    from nvshim.node.crio import BUILTIN_DEFAULT_RUNTIMES, read_handlers
+    from nvshim.node.crio import BUILTIN_DEFAULT_RUNTIMES, DEFAULT_CONFIG, read_handlers
 
     drop_ins = os.path.join(os.path.dirname(path), "crio.conf.d")
     if not os.path.exists(path) and not os.path.isdir(drop_ins):
@@ -241,12 +325,19 @@ def check_crio(path: str, config: Optional[Config], options: DoctorOptions) -> F
     try:
         seen = read_handlers(path, drop_ins)
     except NvshimError as exc:
-        return Finding("crio", "fail", str(exc), "fix the file: crio will not start with it")
+        return Finding("crio", "fail", str(exc),
+                       f"correct the file named (in {path} or {drop_ins}): crio will not "
+                       "start with it")
     default = seen.default_runtime
     if default is None:
         # no file names one: CRI-O's own default (runc, or crun in newer releases) counts,
-        # and a handler of that name that runs nvshim-runtime is the same pitfall
+        # and a handler of that name that runs nvshim-runtime or NVIDIA's runtime is the
+        # same pitfall
         default = next((name for name in BUILTIN_DEFAULT_RUNTIMES if name in seen.handlers
-                        and is_nvshim(name, seen.handlers[name], options)), None)
-    return _check("crio", "CRI-O", f"{path} (+{len(seen.files)} file(s))", seen.handlers,
-                  default, "runtime_path", config, options)
+                        and (is_nvshim(name, seen.handlers[name], options)
+                             or is_nvidia_runtime(name, seen.handlers[name], options))), None)
+    return _check("crio", "CRI-O", _crio_files(path, drop_ins, seen.files), seen.handlers,
+                  default, "runtime_path", config, options,
+                  _configure("crio", path, DEFAULT_CONFIG),
+                  f"make runc the default again (default_runtime in {path} or a drop-in in "
+                  f"{drop_ins}) and select GPU runtimes by RuntimeClass")

@@ -1,7 +1,7 @@
 """``nvshim doctor``'s checks of the host: GPUs, CDI specs and ``/dev/char`` links.
 
 ``gpus``
-    discovery finds GPUs under the driver root.
+    discovery finds GPUs under the driver root; the line lists them and their MIG devices.
 ``driver-files``
     the driver's files are the loaded module's version, and hold what each capability
     needs (libcuda, libnvidia-ml, nvidia-smi …).
@@ -61,10 +61,15 @@ def check_gpus(host: Host, config_file: str) -> Finding:
     except NvshimError:
         version = ", driver version unknown"
     listing = ", ".join(f"{g.index}=/dev/nvidia{g.minor}" for g in gpus)
+    migs = [
+        f"{len(g.mig)} MIG device{'' if len(g.mig) == 1 else 's'} on GPU {g.index} ("
+        + ", ".join(f"{m.gpu_index}:{m.index} {m.profile}".rstrip() for m in g.mig) + ")"
+        for g in gpus if g.mig
+    ]
     return Finding(
         "gpus", "ok",
         f"{len(gpus)} GPU(s) via {host.gpu_source or 'procfs'} under {host.driver_root}"
-        f"{version}: {listing}",
+        f"{version}: {listing}" + "".join(f"; {m}" for m in migs),
     )
 
 

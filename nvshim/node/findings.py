@@ -1,7 +1,7 @@
 """The doctor's vocabulary: a :class:`Finding`, the options saying where to look, and how
-a containerd handler is recognised as nvshim. Shared by :mod:`nvshim.node.doctor` and the
-checks in :mod:`nvshim.node.doctor_config`, :mod:`nvshim.node.doctor_engines` and
-:mod:`nvshim.node.doctor_host`.
+an engine's runtime is recognised as nvshim's or as NVIDIA's own. Shared by
+:mod:`nvshim.node.doctor` and the checks in :mod:`nvshim.node.doctor_config`,
+:mod:`nvshim.node.doctor_engines` and :mod:`nvshim.node.doctor_host`.
 """
 
 from __future__ import annotations
@@ -10,12 +10,22 @@ import os
 from typing import Dict, Optional
 
 from nvshim._record import dataclass, field
-from nvshim.config import config_path
+from nvshim.config import DEFAULT_CONFIG_PATH, config_path
 
 #: Finding statuses; ``skip`` = the check does not apply to this node.
 STATUSES = ("ok", "warn", "fail", "skip")
 DEFAULT_TRAMPOLINE = "/usr/local/bin/nvshim-runtime"
 RUNTIME_BASENAME = "nvshim-runtime"
+#: Basenames of NVIDIA's runtime binaries (``nvidia-ctk runtime configure`` writes the first;
+#: ``.cdi``/``.legacy`` force a mode).
+NVIDIA_RUNTIME_BASENAMES = (
+    "nvidia-container-runtime",
+    "nvidia-container-runtime.cdi",
+    "nvidia-container-runtime.legacy",
+    "nvidia-container-runtime-experimental",
+)
+#: Handler names NVIDIA's tools give its runtime (nvidia-ctk; the GPU operator adds the others).
+NVIDIA_RUNTIME_NAMES = ("nvidia", "nvidia-cdi", "nvidia-legacy")
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,8 @@ class DoctorOptions:
     """What to look at. Every path is overridable so tests can point at temp files."""
 
     config_path: str = field(default_factory=config_path)
+    config_required: bool = False
+    """The config was named explicitly (``--config``): a missing file fails, not defaults."""
     containerd_config: str = "/etc/containerd/config.toml"
     docker_config: str = "/etc/docker/daemon.json"
     crio_config: str = "/etc/crio/crio.conf"
@@ -53,7 +65,15 @@ class DoctorOptions:
     """The containerd handler name that means nvshim (besides a BinaryName of nvshim-runtime)."""
 
 
+def compile_command(path: str) -> str:
+    """``nvshim config compile`` for the config at ``path`` (``--config`` unless the default)."""
+    flag = "" if path == DEFAULT_CONFIG_PATH else f" --config {path}"
+    return f"nvshim config compile{flag}"
+
+
 def is_nvshim(name: str, binary: Optional[str], options: DoctorOptions) -> bool:
+    """The runtime ``name`` (running ``binary``) is nvshim: its handler name, or a binary
+    named nvshim-runtime or the installed trampoline."""
     if name == options.handler_name:
         return True
     if binary is None:
@@ -61,3 +81,12 @@ def is_nvshim(name: str, binary: Optional[str], options: DoctorOptions) -> bool:
     if os.path.basename(binary) == RUNTIME_BASENAME:
         return True
     return os.path.realpath(binary) == os.path.realpath(options.trampoline)
+
+
+def is_nvidia_runtime(name: str, binary: Optional[str], options: DoctorOptions) -> bool:
+    """The runtime ``name`` (running ``binary``) is NVIDIA's, which grants GPUs from the
+    image's env: a binary named like NVIDIA's (whatever the handler's name), or one of
+    NVIDIA's handler names when it does not run nvshim."""
+    if binary is not None and os.path.basename(binary) in NVIDIA_RUNTIME_BASENAMES:
+        return True
+    return name in NVIDIA_RUNTIME_NAMES and not is_nvshim(name, binary, options)

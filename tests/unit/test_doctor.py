@@ -25,8 +25,8 @@ from nvshim.runtime.trampoline import render, runtimes_path
 PITFALL = (
     "FAIL  default-runtime: containerd's default runtime is nvshim but require-allocation is "
     "off: pods that request no GPU get every GPU from CUDA images' NVIDIA_VISIBLE_DEVICES=all"
-    " — fix: set require-allocation: true in {config} (then nvshim config compile), or make "
-    "runc the default and use RuntimeClass nvshim"
+    " — fix: set require-allocation: true in {config} (then nvshim config compile --config "
+    "{config}), or make runc the default and use RuntimeClass nvshim"
 )
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="simulated nodes need root (mknod)")
@@ -432,3 +432,79 @@ def test_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert rc == 0
     for option in ("--format", "--containerd-config", "--config", "--driver-root", "--trampoline"):
         assert option in out
+
+
+# --------------------------------------------------------------------------- wrong paths, wording
+
+
+def test_a_missing_config_named_by_option_fails_like_config_show(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`doctor --config <missing>` fails the config check naming the path, as `config show
+    --config <missing>` does; without --config a missing file still means built-in defaults."""
+    missing = tmp_path / "etc" / "nvshim.yaml"
+    rc, out, _ = run_cli(doctor_args(missing, tmp_path / "absent.toml", tmp_path), capsys)
+    assert rc == 1
+    assert f"FAIL  config: config {missing} does not exist — fix: create {missing}, or name an " \
+           "existing config with --config" in out.splitlines()
+    assert f"skip  compiled-config: {missing} did not load: nothing to compare" in out.splitlines()
+    rc, _, err = run_cli(["config", "show", "--config", str(missing)], capsys)
+    assert rc == 1 and str(missing) in err
+    implicit = doctor.run_checks(DoctorOptions(
+        config_path=str(missing), containerd_config=str(tmp_path / "absent.toml"),
+        trampoline=str(tmp_path / "none"), driver_root=str(tmp_path)))
+    assert by_check(implicit, "config")[0] == Finding(
+        "config", "ok", f"no {missing}: built-in defaults")
+
+
+def test_no_fix_reads_fix_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Over broken configs of every kind (nvshim's, containerd's TOML and a missing import,
+    daemon.json, crio.conf) every problem line has a fix and none reads "fix: fix"."""
+    bad_config = tmp_path / "config.yaml"
+    bad_config.write_text("require-allocation: maybe\n")
+    bad_toml = tmp_path / "bad.toml"
+    bad_toml.write_text("version = 2\n[plugins\n")
+    lost_import = tmp_path / "imports.toml"
+    lost_import.write_text(f'version = 2\nimports = ["{tmp_path}/gone.toml"]\n')
+    bad_json = tmp_path / "daemon.json"
+    bad_json.write_text("{")
+    (tmp_path / "crio").mkdir()
+    bad_crio = tmp_path / "crio" / "crio.conf"
+    bad_crio.write_text("[crio\n")
+    seen = set()
+    for ctrd in (bad_toml, lost_import):
+        _, out, _ = run_cli(doctor_args(bad_config, ctrd, tmp_path, "--docker-config",
+                                        str(bad_json), "--crio-config", str(bad_crio)), capsys)
+        for line in out.splitlines():
+            assert "fix: fix" not in line, line
+            if line.startswith(("FAIL", "warn")):
+                assert " — fix: " in line, line
+                seen.add(line[:6] + line[6:].split(":")[0])
+    assert {"FAIL  config", "FAIL  containerd-config", "warn  containerd-config", "FAIL  docker",
+            "FAIL  crio"} <= seen, seen
+
+
+@needs_root
+def test_gpus_line_lists_mig_devices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A node whose GPU 0 is MIG-enabled: the gpus line counts and names its MIG devices."""
+    from nvshim.host.sim import create_node
+
+    node = create_node(str(tmp_path / "node"), gpus=2, mig=True)
+    config = write_config(tmp_path / "etc", compile=False, driver_root=node.root,
+                          nvml_facts=node.nvml_facts, cdi_spec_dirs=[str(tmp_path / "cdi")])
+    _, out, _ = run_cli(doctor_args(config, tmp_path / "absent.toml", tmp_path), capsys)
+    line = next(x for x in out.splitlines() if x.startswith("ok    gpus: "))
+    assert line == (f"ok    gpus: 2 GPU(s) via procfs under {node.root}, driver 550.54.15: "
+                    "0=/dev/nvidia0, 1=/dev/nvidia1; 2 MIG devices on GPU 0 (0:0 3g.40gb, "
+                    "0:1 3g.40gb)")
+
+
+def test_help_shows_file_and_dir_metavars(capsys: pytest.CaptureFixture[str]) -> None:
+    """Options taking a file show FILE, those taking a directory DIR."""
+    rc, out, _ = run_cli(["doctor", "--help"], capsys)
+    assert rc == 0
+    words = out.split()
+    for option, metavar in (("--config", "FILE"), ("--containerd-config", "FILE"),
+                            ("--docker-config", "FILE"), ("--crio-config", "FILE"),
+                            ("--trampoline", "FILE"), ("--driver-root", "DIR"),
+                            ("--dev-root", "DIR")):
+        assert words[words.index(option) + 1] == metavar, option

@@ -132,3 +132,22 @@ def test_dev_char_links_warn_then_ok(tmp_path: Path) -> None:
     assert check_dev_char_links(node.dev_root, systemd=False).status == "skip"
     create_dev_char_symlinks(node.dev_root)
     assert check_dev_char_links(node.dev_root, systemd=True).status == "ok"
+
+
+def test_crio_line_counts_the_main_file_apart_from_drop_ins(tmp_path: Path) -> None:
+    """The crio line says "crio.conf + 1 drop-in", not "(+2 file(s))", for one drop-in
+    beside crio.conf; a lone crio.conf has no drop-ins; drop-ins alone name their folder."""
+    binary = fake_runtime(tmp_path / "bin")
+    conf = tmp_path / "crio.conf"
+    conf.write_text(f'[crio.runtime.runtimes.nvshim]\nruntime_path = "{binary}"\n')
+    alone = check_crio(str(conf), Config(), options(tmp_path))
+    assert alone.status == "ok" and alone.message.startswith(f"{conf} (no drop-ins): ")
+    drop_ins = tmp_path / "crio.conf.d"
+    drop_ins.mkdir()
+    (drop_ins / "10-a.toml").write_text('[crio.runtime]\nlog_level = "info"\n')
+    one = check_crio(str(conf), Config(), options(tmp_path))
+    assert one.message.startswith(f"{conf} + 1 drop-in: nvshim runtime nvshim ({binary})")
+    conf.unlink()
+    (drop_ins / "20-b.toml").write_text(f'[crio.runtime.runtimes.nvshim]\nruntime_path = "{binary}"\n')
+    two = check_crio(str(conf), Config(), options(tmp_path))
+    assert two.message.startswith(f"2 drop-ins in {drop_ins} (no {conf}): ")
