@@ -1,6 +1,9 @@
 """Who holds which GPU now: the grant journal's live records, GPUs held twice, and their
 renderings for ``nvshim grants`` (table, JSON, Prometheus textfile).
 
+:func:`read_journal` reads the journal as ``nvshim grants`` needs it: the records, and the
+numbers of the lines that are not records (the runtime's own reader skips them silently).
+
 Kept out of :mod:`nvshim.runtime.grants`, which every GPU create imports to append its
 record: none of this runs at create, and its record type alone cost the create path
 an import-time dataclass. A grant is live while its container exists
@@ -9,16 +12,87 @@ an import-time dataclass. A grant is live while its container exists
 
 from __future__ import annotations
 
+import os
+
 from nvshim import _jsonc
 from nvshim._record import dataclass
-from nvshim.runtime.grants import Grant, container_exists, read_grants
+from nvshim.errors import HostError
+from nvshim.runtime.grants import Grant, container_exists
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Sequence, Tuple
+    from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["Holder", "live_grants", "conflicts", "render_table", "render_json",
-           "render_prometheus"]
+__all__ = ["Journal", "Holder", "read_journal", "gpu_indices", "live_grants", "conflicts",
+           "render_table", "render_json", "render_prometheus"]
+
+
+@dataclass(frozen=True)
+class Journal:
+    """What a grant journal holds: its records in order, and the (1-based) numbers of the
+    lines that are not records: garbage, foreign JSON, another record version, or a last
+    line cut short by a crash."""
+
+    path: str
+    grants: Tuple[Grant, ...]
+    unreadable: Tuple[int, ...]
+
+
+def _record(raw: bytes) -> Optional[Grant]:
+    try:
+        doc = _jsonc.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: nested past the limit
+        return None
+    return Grant.from_doc(doc) if isinstance(doc, dict) else None
+
+
+def read_journal(path: str) -> Optional[Journal]:
+    """The journal at ``path``, or None when there is no file there.
+
+    Raises HostError when it cannot be read or is not a regular file (a FIFO would block
+    the reader until a writer came); blank lines are neither records nor unreadable.
+    """
+    from nvshim.runtime.grants import _not_a_file  # the writer's refusal, in its words
+
+    try:
+        # O_NONBLOCK: a FIFO at the path is refused below instead of waiting for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise HostError(f"cannot read the grant journal {path}: {exc.strerror}") from exc
+    try:
+        why = _not_a_file(path, fd)
+        if why is not None:
+            raise HostError(f"cannot read the grant journal: {why}")
+        with open(fd, "rb", closefd=False) as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise HostError(f"cannot read the grant journal {path}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
+    grants: List[Grant] = []
+    unreadable: List[int] = []
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        grant = _record(raw)
+        if grant is None:
+            unreadable.append(number)
+        else:
+            grants.append(grant)
+    return Journal(path, tuple(grants), tuple(unreadable))
+
+
+def gpu_indices(host: Any) -> Dict[str, str]:
+    """UUID → index as nvidia-smi numbers the node's devices (PCI bus order, as discovery):
+    ``"0"`` for a GPU, ``"0:1"`` for MIG device 1 of GPU 0."""
+    out: Dict[str, str] = {}
+    for gpu in host.gpus():
+        out[gpu.uuid] = str(gpu.index)
+        for mig in gpu.mig:
+            out[mig.uuid] = f"{gpu.index}:{mig.index}"
+    return out
 
 
 @dataclass(frozen=True)
@@ -53,10 +127,10 @@ def _state(grant: Grant, timeout: float) -> Tuple[str, int]:
         return "unknown", 0
 
 
-def live_grants(path: str, timeout: float = 5.0) -> List[Holder]:
+def live_grants(grants: Sequence[Grant], timeout: float = 5.0) -> List[Holder]:
     """The newest record per container that still exists and is not stopped."""
     latest: Dict[Tuple[str, str], Grant] = {}
-    for grant in read_grants(path):
+    for grant in grants:
         key = (grant.root, grant.container_id)
         latest.pop(key, None)
         latest[key] = grant
@@ -89,17 +163,26 @@ def _who(g: Grant) -> str:
     return "-"
 
 
-def render_table(holders: Sequence[Holder]) -> str:
-    """One row per (GPU, container); a GPU held twice without sharing is marked CONFLICT."""
+def _index_order(index: str) -> Tuple[int, ...]:
+    """``"10"`` after ``"2"``, ``"0:1"`` after ``"0"``; an unknown index (``?``) last."""
+    parts = index.split(":")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else (1 << 30,)
+
+
+def render_table(holders: Sequence[Holder], indices: Optional[Mapping[str, str]] = None) -> str:
+    """One row per (GPU, container): the GPU's index on this node (``?`` when it has no such
+    GPU now) and UUID; a GPU held twice without sharing is marked CONFLICT."""
+    indices = indices or {}
     clash = conflicts(holders)
-    rows = [("GPU", "CONTAINER", "POD", "SOURCE", "VERIFIED", "STATUS", "NOTE")]
+    rows = [("GPU", "UUID", "CONTAINER", "POD", "SOURCE", "VERIFIED", "STATUS", "NOTE")]
     for h in holders:
         g = h.grant
         for gpu in g.gpus:
             note = "CONFLICT: held by another live container" if gpu in clash else (
                 "shared (replica)" if g.shared else "")
-            rows.append((gpu, g.container_id, _who(g), g.source, g.verified, h.status, note))
-    rows[1:] = sorted(rows[1:])
+            rows.append((indices.get(gpu, "?"), gpu, g.container_id, _who(g), g.source,
+                         g.verified, h.status, note))
+    rows[1:] = sorted(rows[1:], key=lambda r: (_index_order(r[0]), r))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     if clash:
@@ -110,12 +193,17 @@ def render_table(holders: Sequence[Holder]) -> str:
     return "\n".join(lines)
 
 
-def render_json(holders: Sequence[Holder]) -> str:
+def render_json(holders: Sequence[Holder], indices: Optional[Mapping[str, str]] = None) -> str:
+    """``{"grants": [...], "conflicts": {uuid: [container ids]}}``; each grant's
+    ``gpu_indices`` lines up with its ``gpus`` (null for a UUID this node does not have)."""
+    indices = indices or {}
     clash = conflicts(holders)
     doc = {
         "grants": [
             {"container_id": h.grant.container_id, "status": h.status, "pid": h.pid,
-             "gpus": list(h.grant.gpus), "source": h.grant.source, "verified": h.grant.verified,
+             "gpus": list(h.grant.gpus),
+             "gpu_indices": [indices.get(gpu) for gpu in h.grant.gpus],
+             "source": h.grant.source, "verified": h.grant.verified,
              "shared": h.grant.shared, "namespace": h.grant.namespace, "pod": h.grant.pod,
              "pod_uid": h.grant.pod_uid, "container": h.grant.container,
              "bundle": h.grant.bundle, "root": h.grant.root, "time": h.grant.time}

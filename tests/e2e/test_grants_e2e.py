@@ -50,7 +50,7 @@ def grants(nvshim_bin: str, s: Dict[str, Any], *extra: str) -> "subprocess.Compl
 def test_two_containers_on_one_gpu_are_flagged_until_one_is_deleted(
     runc: Runc, setup: Dict[str, Any], nvshim_bin: str, tmp_path: Path,
 ) -> None:
-    """Two live containers granted GPU 0 are a conflict (exit 1, in JSON, table and textfile); deleting one clears it."""
+    """Two live containers granted GPU 0 are a conflict (exit 1, in JSON, table and textfile), each row naming GPU 0 by index and UUID; deleting one clears it."""
     gpu0 = setup["node"].gpus[0].uuid
     create(runc, setup, "holder-a", "0")
     create(runc, setup, "holder-b", gpu0)
@@ -60,11 +60,13 @@ def test_two_containers_on_one_gpu_are_flagged_until_one_is_deleted(
     assert doc["conflicts"] == {gpu0: ["holder-a", "holder-b"]}
     assert {g["container_id"]: g["status"] for g in doc["grants"]} == {
         "holder-a": "created", "holder-b": "created"}
+    assert [g["gpu_indices"] for g in doc["grants"]] == [["0"], ["0"]]  # as nvidia-smi numbers it
     prom = (tmp_path / "g.prom").read_text()
     assert prom.count(f'nvshim_gpu_grants{{gpu="{gpu0}"') == 2
     assert f'nvshim_gpu_grant_conflicts{{gpu="{gpu0}"}} 2' in prom
     table = grants(nvshim_bin, setup)
     assert "CONFLICT" in table.stdout and table.returncode == 1
+    assert [row.split()[:2] for row in table.stdout.splitlines()[1:3]] == [["0", gpu0]] * 2
 
     assert runc.delete("holder-b", force=True).rc == 0
     res = grants(nvshim_bin, setup, "--format", "json")

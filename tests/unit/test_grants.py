@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Optional, Sequence
 
 import pytest
 
@@ -219,17 +219,127 @@ def test_prometheus_text_has_one_sample_per_gpu_and_container() -> None:
     assert "nvshim_gpu_grant_conflicts{" not in text
 
 
-def test_grants_help_and_json_of_an_empty_journal(tmp_path: Path) -> None:
-    """`nvshim grants --help` documents its options; an absent journal lists no grants, exit 0."""
-    res = subprocess.run([sys.executable, "-m", "nvshim.cli.main", "grants", "--help"],
-                         capture_output=True, text=True, timeout=60, check=False)
+def nvshim_grants(*args: str, env: Optional[dict] = None) -> "subprocess.CompletedProcess[str]":
+    """``nvshim grants ARGS`` as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "nvshim.cli.main", "grants", *args],
+                          capture_output=True, text=True, timeout=60, check=False, env=env)
+
+
+def test_grants_help_names_file_metavars() -> None:
+    """`nvshim grants --help` documents its options, each path option taking a FILE."""
+    res = nvshim_grants("--help")
     assert res.returncode == 0
-    for flag in ("--journal", "--format", "--prometheus", "--config"):
-        assert flag in res.stdout
-    res = subprocess.run([sys.executable, "-m", "nvshim.cli.main", "grants", "--journal",
-                          str(tmp_path / "none.jsonl"), "--format", "json"],
-                         capture_output=True, text=True, timeout=60, check=False)
-    assert res.returncode == 0 and json.loads(res.stdout) == {"grants": [], "conflicts": {}}
+    for flag in ("--journal FILE", "--format", "--prometheus FILE", "--config FILE"):
+        assert flag in res.stdout, res.stdout
+
+
+def test_a_missing_journal_named_with_journal_is_an_error(tmp_path: Path) -> None:
+    """`grants --journal <missing>` printed an empty list and exited 0 (a typo looked like
+    "no GPU is held"); now one line naming the path, exit 1, nothing on stdout."""
+    missing = tmp_path / "none.jsonl"
+    for fmt in ("text", "json"):
+        res = nvshim_grants("--journal", str(missing), "--format", fmt)
+        assert res.returncode == 1 and res.stdout == ""
+        assert res.stderr == f"nvshim: grant journal {missing} does not exist\n"
+
+
+def test_the_configured_journal_not_yet_written_means_no_grants(tmp_path: Path) -> None:
+    """The config's grants-journal that does not exist yet (no GPU granted on this node so
+    far) is no error: stderr says so, stdout has the header or the empty JSON, exit 0."""
+    journal = tmp_path / "grants.jsonl"
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(f"grants-journal: {journal}\ndriver-root: {tmp_path}\n")
+    res = nvshim_grants("--config", str(cfg), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == {"grants": [], "conflicts": {}}
+    assert res.stderr == f"nvshim: no grants yet: {journal} does not exist (nvshim-runtime " \
+                         "creates it at the first GPU grant)\n"
+    res = nvshim_grants("--config", str(cfg))
+    assert res.returncode == 0 and res.stdout.split() == [
+        "GPU", "UUID", "CONTAINER", "POD", "SOURCE", "VERIFIED", "STATUS", "NOTE"]
+
+
+def test_a_journal_of_garbage_is_an_error_naming_its_lines(tmp_path: Path) -> None:
+    """A non-empty file with no grant record in it (the wrong file passed as --journal)
+    showed only a header, exit 0; now one line naming the file and its unreadable lines."""
+    path = tmp_path / "grants.jsonl"
+    path.write_text("garbage\n\n{\"v\": 1}\nnot json either")  # line 4 has no newline
+    res = nvshim_grants("--journal", str(path))
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr == (f"nvshim: {path} holds no grant record, only 3 unreadable lines "
+                          "(1,3-4): is it the grant journal?\n")
+    path.write_text("\n\n")  # blank lines: an empty journal, not garbage
+    res = nvshim_grants("--journal", str(path), "--format", "json")
+    assert res.returncode == 0 and res.stderr == ""
+    assert json.loads(res.stdout) == {"grants": [], "conflicts": {}}
+
+
+def test_a_missing_config_named_with_config_is_an_error(tmp_path: Path) -> None:
+    """`grants --config <missing>` read the defaults instead (as `config show` no longer
+    does): one line naming the file, exit 1."""
+    journal = tmp_path / "grants.jsonl"
+    journal.write_bytes(b"")
+    missing = tmp_path / "none.yaml"
+    res = nvshim_grants("--config", str(missing), "--journal", str(journal))
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr == f"nvshim: config {missing} does not exist\n"
+
+
+def fake_runtime(tmp_path: Path) -> str:
+    """A runtime whose ``state`` says every container is running (pid 4242)."""
+    path = tmp_path / "fake-runc"
+    path.write_text('#!/bin/sh\necho \'{"status": "running", "pid": 4242}\'\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def live_grant(tmp_path: Path, cid: str, gpus: Sequence[str]) -> bytes:
+    """A journal line for container ``cid`` holding ``gpus``, which the fake runtime keeps
+    live (its state directory exists under the root)."""
+    root = tmp_path / "runc-root"
+    (root / cid).mkdir(parents=True, exist_ok=True)
+    return Grant(time=time.time(), container_id=cid, root=str(root),
+                 runtime=fake_runtime(tmp_path), bundle=f"/b/{cid}", source="envvar-uuids",
+                 gpus=tuple(gpus)).to_line()
+
+
+def test_unreadable_lines_among_records_are_skipped_with_a_warning(tmp_path: Path) -> None:
+    """Records are listed; the lines that are not records are counted and numbered in one
+    warning on stderr naming the journal (they were skipped without a word)."""
+    path = tmp_path / "grants.jsonl"
+    path.write_bytes(b"garbage\n" + live_grant(tmp_path, "c1", [UUID_A]) + b"[1]\n"
+                     + b"{not json\n" + live_grant(tmp_path, "c2", [UUID_B]))
+    res = nvshim_grants("--journal", str(path), "--format", "json",
+                        env=dict(os.environ, NVSHIM_CONFIG=str(tmp_path / "none.yaml")))
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == f"nvshim: warning: {path}: skipped 3 unreadable lines (1,3-4)\n"
+    doc = json.loads(res.stdout)
+    assert [(g["container_id"], g["status"], g["pid"]) for g in doc["grants"]] == [
+        ("c1", "running", 4242), ("c2", "running", 4242)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the simulated GPU node needs root (mknod)")
+def test_grants_show_each_gpus_index_on_this_node(tmp_path: Path) -> None:
+    """Each granted GPU is shown by its index as nvidia-smi numbers it, beside its UUID (the
+    table showed UUIDs only): the text's GPU column and JSON's gpu_indices, aligned with
+    gpus; a UUID the node does not have (any more) is `?` / null."""
+    from nvshim.host.sim import create_node
+
+    node = create_node(str(tmp_path / "node"), gpus=3)
+    g1, g2 = node.gpus[1].uuid, node.gpus[2].uuid
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(f"driver-root: {node.root}\ngrants-journal: {tmp_path / 'grants.jsonl'}\n")
+    (tmp_path / "grants.jsonl").write_bytes(
+        live_grant(tmp_path, "two", [g2, g1]) + live_grant(tmp_path, "gone", [UUID_A]))
+    res = nvshim_grants("--config", str(cfg), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    doc = {g["container_id"]: g for g in json.loads(res.stdout)["grants"]}
+    assert doc["two"]["gpus"] == [g2, g1] and doc["two"]["gpu_indices"] == ["2", "1"]
+    assert doc["gone"]["gpu_indices"] == [None]
+    res = nvshim_grants("--config", str(cfg))
+    assert res.returncode == 0, res.stderr
+    rows = [line.split()[:3] for line in res.stdout.splitlines()[1:]]
+    assert rows == [["1", g1, "two"], ["2", g2, "two"], ["?", UUID_A, "gone"]]
 
 
 def test_a_fifo_as_journal_is_refused_by_writer_and_reader(tmp_path: Path) -> None:
