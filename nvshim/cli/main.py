@@ -109,18 +109,42 @@ def demo(keep: bool) -> None:
 # --- hook ---------------------------------------------------------------------------------
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                               "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def hook(args: List[str]) -> None:
+class _HookCommand(click.Command):
+    """A command whose ``--help`` is click's but whose arguments reach the callback as
+    ``argv``, unparsed: ``nvshim hook``'s arguments are read by the hook's own parser, the
+    one a runc-run hook meets, so both accept and refuse exactly the same."""
+
+    def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
+        if any(a in ctx.help_option_names for a in args):  # as the hook's parser does
+            click.echo(ctx.get_help(), color=ctx.color)
+            ctx.exit()
+        ctx.params["argv"] = list(args)
+        return []
+
+
+def _hook_options() -> List[click.Parameter]:
+    """The hook's options, from its own table, for ``nvshim hook --help``."""
+    from nvshim.runtime.hookargs import HOOK_OPTIONS
+
+    return [click.Option([flag], metavar=metavar, multiple=repeatable,
+                         help=f"{text[0].upper()}{text[1:]}." + (" Repeatable." if repeatable
+                                                                 else ""))
+            for flag, metavar, text, repeatable in HOOK_OPTIONS]
+
+
+@cli.command(cls=_HookCommand, params=_hook_options())
+def hook(argv: List[str]) -> None:
     """Run the createContainer hook (SONAME links, ld.so.cache) — what runc calls.
 
-    The runtime adds it as `<python> -I -m nvshim.hook …`; this is the same code, for
-    running by hand. `nvshim hook --help` shows its options.
+    Makes the driver library symlinks and updates the ld.so.cache inside the container
+    rootfs; reads the OCI state on stdin. The runtime adds it as `<python> -I -S -c …`
+    (the nvshim.hook module); a CDI spec made with `nvshim cdi generate --hook-path PATH`
+    runs it as `PATH hook …`. Same code, same arguments; errors are one `nvshim hook: …`
+    line and exit 1.
     """
     from nvshim.hook import main as hook_main
 
-    sys.exit(hook_main(list(args)))
+    sys.exit(hook_main(argv))
 
 
 def _add_commands() -> None:

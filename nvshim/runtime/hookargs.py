@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 __all__ = [
     "SEP",
     "HOOK_MODULE",
+    "HOOK_DESCRIPTION",
+    "HOOK_OPTIONS",
     "hook_command",
     "runs_nvshim_hook",
     "is_nvshim_hook",
@@ -42,6 +44,22 @@ SEP = "::"
 #: The module a hook command names (``-m nvshim.hook`` or ``-c`` boot code importing it):
 #: written into CDI specs, so it never changes.
 HOOK_MODULE = "nvshim.hook"
+
+#: What the hook does, and its options as (flag, metavar, help, repeatable): the hook's
+#: parser (:func:`parse_hook_cli`) and ``nvshim hook --help`` both read them.
+HOOK_DESCRIPTION = (
+    "OCI createContainer hook: make driver library symlinks and update the ld.so.cache "
+    "inside the container rootfs. Reads the OCI state on stdin."
+)
+HOOK_OPTIONS = (
+    ("--link", f"TARGET{SEP}LINK", "create symlink LINK (container path) pointing to TARGET",
+     True),
+    ("--folder", "DIR",
+     "container directory holding injected libraries (added to the ld.so.cache)", True),
+    ("--host-driver-version", "VERSION",
+     "the host driver's version: a newer CUDA compat libcuda in the image "
+     "(/usr/local/cuda/compat) then goes first in the ld.so.cache", False),
+)
 
 
 def hook_command() -> Tuple[str, ...]:
@@ -169,32 +187,12 @@ def parse_hook_cli(argv: Sequence[str]) -> Any:
         def error(self, message: str) -> NoReturn:
             raise UsageError(message)
 
-    parser = Parser(
-        prog=f"python -I -m {HOOK_MODULE}",
-        description="OCI createContainer hook: make driver library symlinks and update "
-        "the ld.so.cache inside the container rootfs. Reads the OCI state on stdin.",
-    )
-    parser.add_argument(
-        "--link",
-        action="append",
-        default=[],
-        metavar=f"TARGET{SEP}LINK",
-        help="create symlink LINK (container path) pointing to TARGET",
-    )
-    parser.add_argument(
-        "--folder",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="container directory holding injected libraries (added to the ld.so.cache)",
-    )
-    parser.add_argument(
-        "--host-driver-version",
-        default=None,
-        metavar="VERSION",
-        help="the host driver's version: a newer CUDA compat libcuda in the image "
-        "(/usr/local/cuda/compat) then goes first in the ld.so.cache",
-    )
+    parser = Parser(prog=f"python -I -m {HOOK_MODULE}", description=HOOK_DESCRIPTION)
+    for flag, metavar, text, repeatable in HOOK_OPTIONS:
+        if repeatable:
+            parser.add_argument(flag, action="append", default=[], metavar=metavar, help=text)
+        else:
+            parser.add_argument(flag, default=None, metavar=metavar, help=text)
     ns = parser.parse_args(list(argv))
     ns.link = [_parse_link(v) for v in ns.link]
     for folder in ns.folder:

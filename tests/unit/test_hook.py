@@ -151,6 +151,69 @@ def test_bad_arguments_are_one_line_and_exit_1(
     assert message in err
 
 
+def nvshim_hook(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                argv: list[str], state: dict[str, Any], cwd: Path) -> tuple[int, str, str]:
+    """``nvshim hook ARGV`` through the nvshim command: (exit code, stdout, stderr)."""
+    from nvshim.cli.main import main as nvshim_main
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(state)))
+    monkeypatch.chdir(cwd)
+    with pytest.raises(SystemExit) as info:
+        nvshim_main(["hook", *argv])
+    out, err = capsys.readouterr()
+    return int(info.value.code or 0), out, err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], ["--folder", LIBDIR, "--help"]])
+def test_nvshim_hook_help_is_the_clis_and_lists_the_hooks_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+) -> None:
+    """`nvshim hook --help` is click's help like every other command's, named `nvshim hook`,
+    with each option the hook's parser takes and its metavar (it was argparse's usage of
+    `python -I -m nvshim.hook`)."""
+    from nvshim.runtime.hookargs import HOOK_OPTIONS
+
+    bundle, rootfs = make_bundle(tmp_path)
+    code, out, err = nvshim_hook(monkeypatch, capsys, argv, runc_state(bundle), rootfs)
+    assert (code, err) == (0, "")
+    assert out.startswith("Usage: nvshim hook [OPTIONS]\n") and "usage:" not in out
+    assert "python -I -m" not in out and "Options:" in out
+    for flag, metavar, _, _ in HOOK_OPTIONS:
+        assert f"{flag} {metavar}" in out
+    assert not (rootfs / "etc" / "ld.so.cache").exists()
+
+
+def test_nvshim_hook_does_what_the_hook_module_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`nvshim hook ARGS` (a CDI spec made with --hook-path runs it so) writes the same
+    links and cache as the hook module runc starts."""
+    by_module, module_root = make_bundle(tmp_path / "module")
+    rc, err = run_hook(monkeypatch, capsys, default_args(), runc_state(by_module), module_root)
+    assert (rc, err) == (0, "")
+    by_cli, cli_root = make_bundle(tmp_path / "cli")
+    assert nvshim_hook(monkeypatch, capsys, default_args(), runc_state(by_cli), cli_root) == \
+        (0, "", "")
+    assert snapshot(cli_root) == snapshot(module_root)
+    assert (cli_root / LIBDIR.lstrip("/") / "libcuda.so.1").is_symlink()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--link", "no-separator"], ["--bogus"], ["--folder", "relative"], ["stray"]],
+)
+def test_nvshim_hook_refuses_as_the_hook_module_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+) -> None:
+    """Bad arguments to `nvshim hook` meet the hook's own parser: the same one line."""
+    bundle, rootfs = make_bundle(tmp_path)
+    rc, err = run_hook(monkeypatch, capsys, argv, runc_state(bundle), rootfs)
+    assert rc == 1 and err.startswith("nvshim hook: ") and err.count("\n") == 1
+    assert nvshim_hook(monkeypatch, capsys, argv, runc_state(bundle), rootfs) == (1, "", err)
+
+
 @pytest.mark.parametrize(
     "state, message",
     [
