@@ -21,7 +21,8 @@ _FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json"]), d
                        help="One line per path, or a JSON object {outcomes, notes}.")
 _DRY_RUN = click.option("--dry-run", is_flag=True,
                         help="Say what would be created; create nothing.")
-_DEV_ROOT = click.option("--dev-root", default=None, type=click.Path(file_okay=False),
+_DEV_ROOT = click.option("--dev-root", default=None, metavar="DIR",
+                         type=click.Path(file_okay=False),
                          help="Root under which dev/ is written [default: the driver root].")
 
 
@@ -42,7 +43,8 @@ def system() -> None:
 
 
 @system.command("create-device-nodes")
-@click.option("--driver-root", default="/", show_default=True, type=click.Path(file_okay=False),
+@click.option("--driver-root", default="/", show_default=True, metavar="DIR",
+              type=click.Path(file_okay=False),
               help="Root of the host whose /proc/devices and /proc/driver/nvidia are read.")
 @_DEV_ROOT
 @_DRY_RUN
@@ -67,7 +69,8 @@ def create_device_nodes_command(driver_root: str, dev_root: str, dry_run: bool,
 
 
 @system.command("create-dev-char-symlinks")
-@click.option("--dev-root", default="/", show_default=True, type=click.Path(file_okay=False),
+@click.option("--dev-root", default="/", show_default=True, metavar="DIR",
+              type=click.Path(file_okay=False),
               help="Root under which dev/ is read and dev/char/ written.")
 @_DRY_RUN
 @_FORMAT

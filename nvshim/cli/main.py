@@ -37,7 +37,7 @@ def sim() -> None:
 
 
 @sim.command("create")
-@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
 @click.option("--gpus", default=2, show_default=True, type=click.IntRange(0, 1024),
               help="Number of GPUs, 0-1024 (a real driver handles up to 32; more are for scale "
                    "tests).")
@@ -46,8 +46,8 @@ def sim() -> None:
 @click.option("--shuffle-minors", is_flag=True,
               help="Device minors not in PCI order (as on real nodes).")
 @click.option("--mig", is_flag=True, help="Make GPU 0 MIG-enabled with two MIG devices.")
-@click.option("--dev-root", default=None, type=click.Path(file_okay=False),
-              help="Create the /dev nodes under this directory instead of DIRECTORY.")
+@click.option("--dev-root", default=None, metavar="DIR", type=click.Path(file_okay=False),
+              help="Create the /dev nodes under this DIR, not in the node's DIR.")
 @click.option("--imex-channels", default=0, show_default=True, type=click.IntRange(0, 2048),
               help="IMEX channel nodes /dev/nvidia-caps-imex-channels/channel0..N-1.")
 @click.option("--nvswitches", default=0, show_default=True, type=click.IntRange(0, 64),
@@ -61,11 +61,11 @@ def sim() -> None:
               help="Build only the kernel side (/dev nodes, /proc/devices, /proc/driver/nvidia "
                    "with --driver-version as the kernel module's version): no driver libraries, "
                    "ld.so.cache or ld.so.conf, programs or firmware, so that real driver "
-                   "user-space files (e.g. from Debian's packages) can be put under DIRECTORY.")
+                   "user-space files (e.g. from Debian's packages) can be put under DIR.")
 def sim_create(directory: str, gpus: int, driver_version: str, shuffle_minors: bool,
                mig: bool, dev_root: Optional[str], imex_channels: int, nvswitches: int,
                gds: bool, mofed: bool, gdrcopy: bool, no_driver_files: bool) -> None:
-    """Build a driver root a real GPU host would have, in DIRECTORY.
+    """Build a driver root a real GPU host would have, in DIR.
 
     Device nodes (mknod), /proc/devices and /proc/driver/nvidia files, versioned driver
     libraries with SONAME links and an ld.so.cache, and a clearly labelled simulated

@@ -183,6 +183,15 @@ def test_dev_char_links_wrong_dev_root_and_no_nodes(tmp_path: Path,
     assert rc == 0 and out == "" and "nothing to link" in err
 
 
+def test_help_shows_dir_for_the_roots() -> None:
+    """--driver-root and --dev-root take directories and say DIR."""
+    runner = CliRunner()
+    nodes = runner.invoke(system, ["create-device-nodes", "--help"], terminal_width=200)
+    links = runner.invoke(system, ["create-dev-char-symlinks", "--help"], terminal_width=200)
+    assert "--driver-root DIR " in nodes.output and "--dev-root DIR " in nodes.output
+    assert "--dev-root DIR " in links.output and "DIRECTORY" not in nodes.output + links.output
+
+
 @pytest.mark.parametrize("damage", ["minor", "major", "uid"])
 def test_numbers_linux_cannot_have_are_one_line_errors(
         node: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str) -> None:
