@@ -3,8 +3,9 @@
 Two ways in, one result:
 
 * the checked path parses the YAML and validates it against ``config/nvshim.schema.json``
-  with jsonschema; a bad key or type is one line naming the key, the file and what is
-  allowed;
+  with jsonschema; every unknown key and bad value is found in one pass and reported in
+  one line naming the file, each key and what is allowed (with the key or value a near
+  miss probably meant);
 * the hot path reads ``<stem>.compiled.json`` next to the YAML, written by
   ``nvshim config compile``; it holds the validated values and the YAML text it came
   from, so an edited YAML is noticed and the checked path is taken instead.
@@ -24,7 +25,7 @@ from nvshim.errors import ConfigError
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import Any, BinaryIO, Dict, Mapping, Optional, Tuple
+    from typing import Any, BinaryIO, Dict, List, Mapping, Optional, Tuple
 
 __all__ = [
     "Config",
@@ -39,6 +40,7 @@ __all__ = [
     "cdi_index_path",
     "load_config",
     "parse_config_text",
+    "describe_problems",
     "expanded_size",
     "read_bytes",
     "compiled_matches",
@@ -322,27 +324,6 @@ def _schema() -> Dict[str, Any]:
     raise ConfigError("config schema is missing from the nvshim installation")
 
 
-def _describe_allowed(schema: Mapping[str, Any]) -> str:
-    import json
-
-    if "enum" in schema:
-        return "one of " + ", ".join(json.dumps(v) for v in schema["enum"])
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        return " or ".join(kind)
-    if kind == "array":
-        items = schema.get("items", {})
-        inner = _describe_allowed(items) if items else "values"
-        return f"a list of {inner}" + (" (at least one)" if schema.get("minItems") else "")
-    if kind == "string" and schema.get("pattern") == "^/":
-        return "an absolute path"
-    return f"a {kind}" if kind else "a valid value"
-
-
-class _DuplicateKey(ValueError):
-    """A mapping names one key twice (YAML itself would keep the last silently)."""
-
-
 #: More values than any nvshim config holds (the shipped one has about 40).
 _MAX_VALUES = 100_000
 
@@ -355,7 +336,8 @@ def expanded_size(value: Any, limit: int) -> int:
     of nested ``&anchor``/``*alias`` pairs (a "billion laughs") decode in microseconds into
     a tree of billions of values, and whatever then walks the tree (a schema validator,
     an error message quoting a value) never finishes. Each distinct list or mapping is
-    visited once here, so counting costs what the document's text does.
+    visited once here, so counting costs what the document's text does. A collection
+    that holds itself (``&a [*a]``) is endless, so counts as more than ``limit``.
     """
     return _size(value, limit, {})
 
@@ -366,6 +348,7 @@ def _size(value: Any, limit: int, seen: Dict[int, int]) -> int:
     known = seen.get(id(value))
     if known is not None:
         return known
+    seen[id(value)] = limit + 1  # met again inside itself: a YAML alias to its own anchor
     total = 1
     for item in value.values() if isinstance(value, dict) else value:
         total += _size(item, limit, seen)
@@ -375,11 +358,91 @@ def _size(value: Any, limit: int, seen: Dict[int, int]) -> int:
     return total
 
 
-def _unique_key_loader(yaml: Any) -> Any:
-    """yaml's SafeLoader, refusing a key given twice in one mapping.
+def _quote(value: Any, limit: int = 120) -> str:
+    """A value as a message shows it: JSON where it is JSON, cut to ``limit`` characters
+    (one long value must not push the other problems out of a message)."""
+    import json
+
+    try:
+        text = json.dumps(value)
+    except TypeError:  # YAML has dates, sets and binary values that JSON has not
+        text = (str(value) if isinstance(value, (list, dict, set))
+                else f"{value} (a {type(value).__name__})")
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _describe_allowed(schema: Mapping[str, Any], plural: bool = False) -> str:
+    """What ``schema`` accepts, in words: ``an absolute path or null``, ``one of "a", "b"``
+    (``plural``: what each item of a list must be)."""
+    import json
+
+    if "enum" in schema:
+        values = ", ".join(json.dumps(v) for v in schema["enum"])
+        return f"values from {values}" if plural else f"one of {values}"
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind] if kind else []
+    words = [_describe_type(k, schema, plural) for k in kinds]
+    return " or ".join(words) if words else ("valid values" if plural else "a valid value")
+
+
+#: How the schema's patterns read in a message (one, several).
+_PATTERN_WORDS = {
+    "^/": ("an absolute path", "absolute paths"),
+    "^[^\\s]+$": ("a string without spaces", "strings without spaces"),
+}
+
+
+def _describe_type(kind: str, schema: Mapping[str, Any], plural: bool) -> str:
+    def noun(one: str, many: str) -> str:
+        return many if plural else one
+
+    if kind == "null":
+        return "null"
+    if kind == "string":
+        pattern = schema.get("pattern")
+        if pattern in _PATTERN_WORDS:
+            return noun(*_PATTERN_WORDS[pattern])
+        if pattern:
+            return noun(f"a string matching {pattern}", f"strings matching {pattern}")
+        if schema.get("minLength"):
+            return noun("a non-empty string", "non-empty strings")
+        return noun("a string", "strings")
+    if kind in ("integer", "number"):
+        text = noun("an integer", "integers") if kind == "integer" else noun("a number", "numbers")
+        bounds = [f"{word} {schema[limit]}" for limit, word in (
+            ("exclusiveMinimum", "above"), ("minimum", "at least"),
+            ("exclusiveMaximum", "below"), ("maximum", "at most")) if limit in schema]
+        return ", ".join([text, " and ".join(bounds)]) if bounds else text
+    if kind == "array":
+        items = schema.get("items")
+        text = noun("a list", "lists") + " of " + (
+            _describe_allowed(items, plural=True) if items else "values")
+        least = schema.get("minItems", 0)
+        if least:
+            text += " (at least one)" if least == 1 else f" (at least {least})"
+        return text
+    if kind == "object":
+        return noun("a mapping", "mappings")
+    return noun(f"a {kind}", f"{kind}s")
+
+
+def _did_you_mean(word: Any, choices: Any) -> str:
+    """`` (did you mean "x"?)`` when ``word`` is a near miss of one of ``choices``, else ""."""
+    import difflib
+
+    if not isinstance(word, str):
+        return ""
+    strings = [c for c in choices if isinstance(c, str)]
+    close = difflib.get_close_matches(word, strings, n=1) or difflib.get_close_matches(
+        word.lower(), strings, n=1)
+    return f' (did you mean "{close[0]}"?)' if close else ""
+
+
+def _unique_key_loader(yaml: Any, duplicates: List[str]) -> Any:
+    """yaml's SafeLoader, noting in ``duplicates`` each key given twice in one mapping.
 
     ``require-allocation: true`` followed later by ``require-allocation: false`` is a
-    mistake either way; silently keeping one of them hides it.
+    mistake either way; silently keeping one of them (what YAML does) hides it.
     """
 
     class UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]
@@ -393,29 +456,26 @@ def _unique_key_loader(yaml: Any) -> Any:
                 except TypeError:  # an unhashable key: SafeLoader reports it itself
                     continue
                 if first is not None:
-                    raise _DuplicateKey(
+                    duplicates.append(
                         f'line {line}: duplicate key "{key}" (first on line {first})')
-                seen[key] = line
+                else:
+                    seen[key] = line
             return super().construct_mapping(node, deep=deep)
 
     return UniqueKeyLoader
 
 
-def parse_config_text(data: bytes, path: str) -> Config:
-    """Checked path: YAML → mapping → jsonschema → :class:`Config`."""
-    import json
-
+def _load_yaml(data: bytes, path: str, duplicates: List[str]) -> Dict[Any, Any]:
+    """The YAML's top-level mapping; a file YAML cannot read at all is one ConfigError."""
     import yaml
 
     try:
-        doc = yaml.load(data, Loader=_unique_key_loader(yaml)) if data.strip() else {}
-    except _DuplicateKey as exc:
-        raise ConfigError(f"config {path} {exc}") from exc
+        doc = yaml.load(data, Loader=_unique_key_loader(yaml, duplicates)) if data.strip() else {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
+        where = f" line {mark.line + 1}:" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"config {path}{where}: {problem}") from exc
+        raise ConfigError(f"config {path}:{where} {problem}") from exc
     except RecursionError as exc:  # yaml composes nested collections recursively
         raise ConfigError(f"config {path}: invalid YAML: nested too deeply") from exc
     except ValueError as exc:
@@ -432,32 +492,71 @@ def parse_config_text(data: bytes, path: str) -> Config:
         # values: validating or printing them would never end
         raise ConfigError(f"config {path}: more than {_MAX_VALUES} values once YAML aliases "
                           "are expanded")
+    return doc
+
+
+def _key_problems(doc: Mapping[Any, Any]) -> List[str]:
+    """Everything wrong with the keys and values of ``doc``, in the document's order: each
+    unknown key (with the key it may have meant) and each value the schema refuses (with
+    what it allows)."""
+    import jsonschema
 
     schema = _schema()
     props: Mapping[str, Any] = schema["properties"]
-    for key in doc:
-        if key not in props:
-            allowed = ", ".join(sorted(props))
-            raise ConfigError(f'config {path}: unknown key "{key}" (allowed: {allowed})')
-
-    import jsonschema
-
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
-    if errors:
-        err = errors[0]
+    known = {key: value for key, value in doc.items() if key in props}
+    by_key: Dict[str, List[Any]] = {}
+    for err in jsonschema.Draft202012Validator(schema).iter_errors(known):
         parts = list(err.absolute_path)
-        key = str(parts[0]) if parts else "?"
-        sub = "".join(f"[{p}]" for p in parts[1:])
-        key_schema: Mapping[str, Any] = props.get(key, {})
-        target = key_schema.get("items", key_schema) if sub else key_schema
-        if err.validator == "uniqueItems":
-            allowed = "a list without duplicates"
-        else:
-            allowed = _describe_allowed(target)
-        raise ConfigError(
-            f'config {path}: "{key}{sub}" is {json.dumps(err.instance)}, must be {allowed}'
-        )
+        by_key.setdefault(str(parts[0]) if parts else "", []).append(err)
+    problems: List[str] = []
+    listed_allowed = False
+    for key in [*doc, *(k for k in by_key if k not in doc)]:
+        if key not in props and key != "":
+            hint = _did_you_mean(str(key), props)
+            if not hint and not listed_allowed:  # the whole list once is enough
+                hint = f" (allowed: {', '.join(sorted(props))})"
+                listed_allowed = True
+            problems.append(f'unknown key "{key}"{hint}')
+            continue
+        for err in sorted(by_key.get(key, []), key=lambda e: list(e.absolute_path)[1:]):
+            problems.append(_value_problem(err, props))
+    return problems
+
+
+def _value_problem(err: Any, props: Mapping[str, Any]) -> str:
+    """One jsonschema error as ``"key[i]" is VALUE, must be WHAT``."""
+    parts = list(err.absolute_path)
+    key = str(parts[0]) if parts else "?"
+    sub = "".join(f"[{p}]" for p in parts[1:])
+    key_schema: Mapping[str, Any] = props.get(key, {})
+    target = key_schema.get("items", key_schema) if sub else key_schema
+    if err.validator == "uniqueItems":
+        allowed = "a list without duplicates"
+    else:
+        allowed = _describe_allowed(target)
+    hint = _did_you_mean(err.instance, target["enum"]) if err.validator == "enum" else ""
+    return f'"{key}{sub}" is {_quote(err.instance)}, must be {allowed}{hint}'
+
+
+def describe_problems(path: str, problems: List[str]) -> str:
+    """One line for any number of problems: ``config PATH: P`` or
+    ``config PATH: N problems: P1; P2`` (a terminal and containerd's log show one line)."""
+    if len(problems) == 1:
+        return f"config {path}: {problems[0]}"
+    return f"config {path}: {len(problems)} problems: " + "; ".join(problems)
+
+
+def parse_config_text(data: bytes, path: str) -> Config:
+    """Checked path: YAML → mapping → jsonschema → :class:`Config`.
+
+    Every problem is found in one pass (keys given twice, unknown keys, values of the wrong
+    type or out of range) and reported in one ConfigError.
+    """
+    duplicates: List[str] = []
+    doc = _load_yaml(data, path, duplicates)
+    problems = duplicates + _key_problems(doc)
+    if problems:
+        raise ConfigError(describe_problems(path, problems))
     return Config.from_mapping(doc, path)
 
 

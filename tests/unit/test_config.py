@@ -42,8 +42,17 @@ def test_schema_copies_identical():
     [
         ("bogus: 1\n", 'unknown key "bogus" \\(allowed: accept-all-from-mounts, accept-envvar-when-unprivileged'),
         ("require-allocation: yes-please\n", '"require-allocation" is "yes-please", must be a boolean'),
-        ("runtimes: runc\n", '"runtimes" is "runc", must be a list of a string'),
-        ("runtimes: []\n", '"runtimes" is \\[\\], must be a list of a string \\(at least one\\)'),
+        ("runtimes: runc\n", '"runtimes" is "runc", must be a list of strings without spaces'),
+        ("runtimes: []\n", '"runtimes" is \\[\\], must be a list of strings without spaces \\(at least one\\)'),
+        ("runtimes: [run c]\n", '"runtimes\\[0\\]" is "run c", must be a string without spaces$'),
+        ("kubelet-timeout: 0\n", '"kubelet-timeout" is 0, must be a number, above 0 and at most 30$'),
+        ("grants-journal-max-bytes: 5\n", '"grants-journal-max-bytes" is 5, must be an integer, at least 65536$'),
+        ("dev-root: 5\n", '"dev-root" is 5, must be an absolute path or null$'),
+        ("default-kind: gpu\n", '"default-kind" is "gpu", must be a string matching'),
+        # a YAML date is no JSON value: quoting it in the message raised a TypeError
+        ("driver-root: 2024-01-01\n", '"driver-root" is 2024-01-01 \\(a date\\), must be an absolute path$'),
+        # an alias inside its own anchor is an endless value: it raised a RecursionError
+        ("runtimes: &a [runc, *a]\n", "more than 100000 values once YAML aliases are expanded"),
         ("on-missing-allocation: drop\n", '"on-missing-allocation" is "drop", must be one of "strip", "fail"'),
         ("allocation-sources: [volume-mounts, magic]\n", '"allocation-sources\\[1\\]" is "magic", must be one of "volume-mounts"'),
         ("driver-root: relative/path\n", '"driver-root" is "relative/path", must be an absolute path'),
@@ -139,3 +148,104 @@ def test_a_fifo_cache_is_not_used_and_does_not_block(tmp_path):
     os.mkfifo(fifo)
     assert read_trusted_cache(str(fifo), "node plan cache") == (
         None, "node plan cache is not a regular file")
+
+
+def test_every_problem_is_reported_in_one_pass(tmp_path):
+    """A config with several mistakes names them all, in the file's order, in one line:
+    the count first, then each problem (a terminal and containerd's log show one line)."""
+    path = write(tmp_path, "require-allocation: maybe\n"
+                           "bogus: 1\n"
+                           "on-missing-allocation: drop\n"
+                           "allocation-sources: [volume-mounts, magic, kubelet, nope]\n"
+                           "debug-log: /tmp/x\n"
+                           "debug-log: /tmp/y\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert "\n" not in message
+    prefix = f"config {path}: 6 problems: "
+    assert message.startswith(prefix), message
+    assert message[len(prefix):].split("; ") == [
+        'line 6: duplicate key "debug-log" (first on line 5)',
+        '"require-allocation" is "maybe", must be a boolean',
+        'unknown key "bogus" (allowed: ' + ", ".join(sorted(Config().to_mapping())) + ")",
+        '"on-missing-allocation" is "drop", must be one of "strip", "fail"',
+        '"allocation-sources[1]" is "magic", must be one of "volume-mounts", "cdi-annotations", '
+        '"envvar-uuids", "privileged", "kubelet"',
+        '"allocation-sources[3]" is "nope", must be one of "volume-mounts", "cdi-annotations", '
+        '"envvar-uuids", "privileged", "kubelet"',
+    ]
+
+
+@pytest.mark.parametrize(
+    "text,problem",
+    [
+        ("require-alocation: true\n",
+         'unknown key "require-alocation" (did you mean "require-allocation"?)'),
+        ("require_allocation: true\n",
+         'unknown key "require_allocation" (did you mean "require-allocation"?)'),
+        ("Driver-Root: /\n", 'unknown key "Driver-Root" (did you mean "driver-root"?)'),
+        ("on-missing-allocation: strp\n",
+         '"on-missing-allocation" is "strp", must be one of "strip", "fail" '
+         '(did you mean "strip"?)'),
+        ("on-missing-allocation: STRIP\n",
+         '"on-missing-allocation" is "STRIP", must be one of "strip", "fail" '
+         '(did you mean "strip"?)'),
+        ("allocation-sources: [volume-mount]\n",
+         '"allocation-sources[0]" is "volume-mount", must be one of "volume-mounts", '
+         '"cdi-annotations", "envvar-uuids", "privileged", "kubelet" (did you mean "volume-mounts"?)'),
+        ("supported-driver-capabilities: [compte]\n",
+         '"supported-driver-capabilities[0]" is "compte", must be one of "compute", "compat32", '
+         '"graphics", "utility", "video", "display", "ngx", "all" (did you mean "compute"?)'),
+    ],
+)
+def test_a_near_miss_says_what_was_meant(tmp_path, text, problem):
+    """A misspelled key or value is named with the key or value it is close to."""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"config {path}: {problem}"
+
+
+def test_the_allowed_keys_are_listed_once(tmp_path):
+    """Several unknown keys that resemble no key: the allowed keys are listed after the first
+    only, so the other problems still fit the message."""
+    path = write(tmp_path, "bogus: 1\nzzz: 2\nrequire-alocation: true\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert message.count("(allowed: ") == 1
+    assert message.endswith('; unknown key "zzz"; unknown key "require-alocation" '
+                            '(did you mean "require-allocation"?)'), message
+
+
+def test_a_config_with_several_problems_is_one_line_in_runcs_log(tmp_path):
+    """The runtime reports a config with several problems as one runc-style JSON record in
+    --log (and one plain line on stderr), naming each problem."""
+    import subprocess
+    import sys
+
+    from tests.helpers.bundle import make_bundle, make_rootfs
+
+    cfg = write(tmp_path, "runtimes: [/bin/true]\nrequire-alocation: true\n"
+                          "on-missing-allocation: strp\n")
+    bundle = make_bundle(tmp_path / "b", make_rootfs(tmp_path / "rootfs"), ["true"],
+                         env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    before = (bundle / "config.json").read_bytes()
+    log = tmp_path / "log.json"
+    res = subprocess.run([sys.executable, "-I", "-c",
+                          "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+                          "from nvshim.runtime.main import main; main()", REPO,
+                          "--log", str(log), "--log-format", "json", "create", "--bundle",
+                          str(bundle), "c0"],
+                         capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": cfg})
+    assert res.returncode == 1
+    problems = (f'config {cfg}: 2 problems: unknown key "require-alocation" (did you mean '
+                f'"require-allocation"?); "on-missing-allocation" is "strp", must be one of '
+                f'"strip", "fail" (did you mean "strip"?)')
+    assert res.stderr == f"nvshim: {problems}\n"
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(records) == 1 and records[0]["level"] == "error"
+    assert problems in records[0]["msg"]
+    assert (bundle / "config.json").read_bytes() == before
