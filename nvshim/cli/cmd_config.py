@@ -6,7 +6,7 @@ from typing import Optional
 
 import click
 
-from nvshim.cli.options import CONFIG_FILE
+from nvshim.cli.options import CONFIG_FILE, FORMAT
 
 __all__ = ["config_group"]
 
@@ -26,7 +26,8 @@ def config_compile(config_file: Optional[str]) -> None:
 
     Also rebuilds, next to it, the node plan cache (what discovery finds on this node)
     and the index of the CDI spec dirs; creates check both with stat and rebuild them
-    when stale.
+    when stale. Refuses (and writes nothing) when driver-root or dev-root is not a
+    directory on this node.
     """
     from nvshim.runtime.compile import compile_node
 
@@ -38,12 +39,23 @@ def config_compile(config_file: Optional[str]) -> None:
 
 @config_group.command("show")
 @CONFIG_FILE
-def config_show(config_file: Optional[str]) -> None:
-    """Validate the config and print the effective values (defaults filled in) as YAML."""
-    import yaml
+@FORMAT
+def config_show(config_file: Optional[str], fmt: str) -> None:
+    """Validate the config and print the effective values (defaults filled in).
 
+    text: YAML, after a comment naming the file the values came from. json: one object,
+    {"source": FILE or null for the built-in defaults, "config": {KEY: VALUE, ...}}.
+    """
     from nvshim.config import load_config
 
     config = load_config(config_file, required=config_file is not None)
+    if fmt == "json":
+        import json
+
+        click.echo(json.dumps({"source": config.source, "config": config.to_mapping()},
+                              indent=2))
+        return
+    import yaml
+
     click.echo(f"# effective config from {config.source or 'built-in defaults'}")
     click.echo(yaml.safe_dump(config.to_mapping(), sort_keys=False).rstrip())

@@ -7,7 +7,7 @@ import click
 __all__ = ["CONFIG_FILE", "FORMAT"]
 
 CONFIG_FILE = click.option(
-    "--config", "config_file", default=None,
+    "--config", "config_file", default=None, type=click.Path(dir_okay=False), metavar="FILE",
     help="Config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
 FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
                    show_default=True)

@@ -11,13 +11,16 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 
 from nvshim import __version__
 from nvshim.cdi import index as cdiindex
 from nvshim.config import (
+    Config,
     cdi_index_path,
     compiled_path,
     config_path,
+    describe_problems,
     load_config,
     parse_config_text,
     prefixes_path,
@@ -58,6 +61,7 @@ def compile_config(path: Optional[str] = None) -> str:
     if data is None:
         raise ConfigError(f"config {path} does not exist; nothing to compile")
     config = parse_config_text(data, path)
+    _check_roots(config, path)
     doc = {
         "nvshim-version": __version__,
         "source": path,
@@ -84,6 +88,29 @@ def compile_config(path: Optional[str] = None) -> str:
         os.utime(target, ns=(source.st_atime_ns, source.st_mtime_ns))
     _link_source(path)
     return out
+
+
+def _check_roots(config: Config, path: str) -> None:
+    """Refuse a ``driver-root`` or ``dev-root`` that is not a directory on this node.
+
+    Checked here, once, and not at every create: a typo in either would otherwise show
+    only at the first GPU container, as "this node has no GPUs".
+    """
+    problems = []
+    for key, root in (("driver-root", config.driver_root), ("dev-root", config.dev_root)):
+        if root is None:
+            continue
+        try:
+            if stat.S_ISDIR(os.stat(root).st_mode):
+                continue
+            what = "is not a directory"
+        except FileNotFoundError:
+            what = "does not exist on this node"
+        except OSError as exc:
+            what = f"cannot be read: {exc.strerror}"
+        problems.append(f'"{key}" is {json.dumps(root)}, which {what}')
+    if problems:
+        raise ConfigError(describe_problems(path, problems))
 
 
 def _link_source(path: str) -> None:
