@@ -157,8 +157,10 @@ def render_summary(plan: Plan, config: Config) -> List[str]:
     for g in plan.gpus:
         out.append(f"{label:<15}{g.index}  {g.uuid}")
         label = ""
+    label = "granted MIG:"
     for p, m in plan.migs:
-        out.append(f"granted MIG:   {p.index}:{m.index}  {m.uuid}")
+        out.append(f"{label:<15}{p.index}:{m.index}  {m.uuid}")
+        label = ""
     if plan.cdi_names:
         out.append(f"CDI devices:   {', '.join(plan.cdi_names)}")
     if request.injects:

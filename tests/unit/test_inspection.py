@@ -156,3 +156,23 @@ def test_inspect_help_shows_dir_and_file_metavars() -> None:
     for option in ("--bundle DIR", "--driver-root DIR", "--dev-root DIR", "--config FILE",
                    "--no-diff"):
         assert option in res.stdout, res.stdout
+
+
+@needs_root
+def test_every_granted_gpu_and_mig_device_has_one_summary_line(tmp_path: Path) -> None:
+    """`all` on a MIG node: one summary line per GPU (index, UUID) and per MIG device
+    (gpu:mig, UUID), each list labelled once, in index order."""
+    from nvshim.host.sim import create_node
+
+    sim = create_node(str(tmp_path / "node"), gpus=2, mig=True)
+    bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"])
+    config = Config(driver_root=sim.root, nvml_facts=sim.nvml_facts)
+    lines = render_text(plan_create(str(bundle), config), config).splitlines()
+    migs = sim.gpus[0].mig
+    start = lines.index(f"granted GPUs:  0  {sim.gpus[0].uuid}")
+    assert lines[start:start + 2 + len(migs)] == [
+        f"granted GPUs:  0  {sim.gpus[0].uuid}",
+        f"               1  {sim.gpus[1].uuid}",
+        *(f"{'granted MIG:' if i == 0 else '':<15}0:{i}  {m.uuid}"  # ordered by (gi, ci)
+          for i, m in enumerate(sorted(migs, key=lambda m: (m.gi, m.ci)))),
+    ]
