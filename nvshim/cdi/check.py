@@ -5,6 +5,11 @@ names, versions, duplicates): :func:`check_semantics` lists every problem of a d
 document and never raises, whatever its shape. What it accepts, :mod:`nvshim.cdi.load`
 converts without checking again. The JSON-schema layer on top is :mod:`nvshim.cdi.schema`.
 
+One rule is stricter than the reference implementation: container paths (``deviceNodes``
+``path``, mounts' ``containerPath``) and hook ``path`` must be absolute, as CDI's SPEC.md
+and the OCI runtime spec require. A spec breaking it is refused by ``cdi validate`` and
+skipped at create alike (a runtime could not use it as written).
+
 Standard library only: every spec a CDI create loads is checked.
 """
 
@@ -126,6 +131,14 @@ class _Checker:
         elif not bounds[0] <= value <= bounds[1]:
             self.add(where, f"{value} is out of range {bounds[0]}..{bounds[1]}")
 
+    def absolute(self, path: Optional[str], where: str, label: str) -> None:
+        """A container path or hook path must be absolute (CDI's SPEC.md and the OCI runtime
+        spec say so; the reference implementation does not check, runc warns or fails)."""
+        if not path or path.startswith("/"):
+            return
+        hint = f" (did you mean {_jsonc.dumps('/' + path)}?)" if label == "container path" else ""
+        self.add(where, f"{label} {_jsonc.dumps(path)} is not absolute{hint}")
+
     def strings(self, value: Any, where: str) -> None:
         for item_path, item in self.list_(value, where):
             self.string(item, item_path)
@@ -240,7 +253,8 @@ class _Checker:
         if not self.mapping(node, where, _NODE_KEYS):
             return
         if self.required(node, "path", where):
-            self.string(node["path"], f"{where}.path", required=True)
+            path = self.string(node["path"], f"{where}.path", required=True)
+            self.absolute(path, f"{where}.path", "container path")
         self.string(node.get("hostPath"), f"{where}.hostPath")
         dtype = self.string(node.get("type"), f"{where}.type")
         if dtype is not None and dtype not in _DEVICE_TYPES:
@@ -261,7 +275,9 @@ class _Checker:
             return
         for key in ("hostPath", "containerPath"):
             if self.required(mount, key, where):
-                self.string(mount[key], f"{where}.{key}", required=True)
+                path = self.string(mount[key], f"{where}.{key}", required=True)
+                if key == "containerPath":
+                    self.absolute(path, f"{where}.{key}", "container path")
         self.string(mount.get("type"), f"{where}.type")
         self.strings(mount.get("options"), f"{where}.options")
 
@@ -276,7 +292,8 @@ class _Checker:
                     f'unknown hook name "{name}": expected one of {", ".join(HOOK_NAMES)}',
                 )
         if self.required(hook, "path", where):
-            self.string(hook["path"], f"{where}.path", required=True)
+            path = self.string(hook["path"], f"{where}.path", required=True)
+            self.absolute(path, f"{where}.path", "hook path")
         self.strings(hook.get("args"), f"{where}.args")
         self.env(hook.get("env"), f"{where}.env")
         self.integer(hook.get("timeout"), f"{where}.timeout", _INT64)

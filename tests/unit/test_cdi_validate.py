@@ -147,6 +147,9 @@ INVALID = [
     _case("hook-empty-path", HEAD + DEV0 + "containerEdits:\n  hooks:\n"
           '    - {hookName: poststop, path: ""}\n',
           ["$.containerEdits.hooks[0].path: must not be empty"]),
+    _case("hook-relative-path", HEAD + DEV0 + "containerEdits:\n  hooks:\n"
+          "    - {hookName: createContainer, path: nvshim, args: [nvshim, hook]}\n",
+          ['$.containerEdits.hooks[0].path: hook path "nvshim" is not absolute'], schema=False),
     _case("hook-timeout-string", HEAD + DEV0 + "containerEdits:\n  hooks:\n"
           '    - {hookName: poststop, path: /x, timeout: "5"}\n',
           ["$.containerEdits.hooks[0].timeout: must be an integer, got a string"]),
@@ -171,12 +174,20 @@ INVALID = [
     _case("node-uid-negative", HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
           "    - {path: /dev/nvidia0, uid: -1}\n",
           ["$.containerEdits.deviceNodes[0].uid: -1 is out of range 0..4294967295"]),
+    _case("node-relative-path", HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
+          "    - {path: dev/nvidia0, hostPath: /dev/nvidia0}\n",
+          ['$.containerEdits.deviceNodes[0].path: container path "dev/nvidia0" is not absolute '
+           '(did you mean "/dev/nvidia0"?)'], schema=False),
     _case("node-list-is-string", HEAD + DEV0 + "containerEdits:\n  deviceNodes: /dev/nvidia0\n",
           ["$.containerEdits.deviceNodes: must be a list, got a string"]),
     # --- mounts, gids, net, rdt, annotations
     _case("mount-no-container-path", HEAD + DEV0 + "containerEdits:\n  mounts:\n"
           "    - {hostPath: /a, options: [ro, bind]}\n",
           ["$.containerEdits.mounts[0].containerPath: required field is missing"]),
+    _case("mount-relative-container-path", HEAD + DEV0 + "containerEdits:\n  mounts:\n"
+          "    - {hostPath: /usr/lib/libcuda.so.1, containerPath: usr/lib/libcuda.so.1}\n",
+          ['$.containerEdits.mounts[0].containerPath: container path "usr/lib/libcuda.so.1" '
+           'is not absolute (did you mean "/usr/lib/libcuda.so.1"?)'], schema=False),
     _case("mount-options-string", HEAD + DEV0 + "containerEdits:\n  mounts:\n"
           "    - {hostPath: /a, containerPath: /a, options: ro}\n",
           ["$.containerEdits.mounts[0].options: must be a list, got a string"]),
@@ -352,7 +363,7 @@ FULL_SPEC = {
         "env": ["A=", "B=c=d"],
         "additionalGids": [0, 44],
         "deviceNodes": [
-            {"path": "dev/relative", "type": "p"},
+            {"path": "/dev/pipe", "type": "p"},
             {"path": "/dev/x", "type": "b", "major": 8, "minor": 0, "fileMode": 438,
              "permissions": "", "uid": 0, "gid": 0},
         ],
@@ -658,7 +669,7 @@ def test_dump_unknown_format() -> None:
 # CLI
 
 CLI_CASES = ["kind-no-slash", "duplicate-devices", "yaml-duplicate-key", "several",
-             "version-too-low-digit-name", "json-syntax"]
+             "version-too-low-digit-name", "json-syntax", "node-relative-path"]
 
 
 @pytest.mark.parametrize(
@@ -777,17 +788,18 @@ def test_validate_spec_never_raises(raw: Any) -> None:
 
 def _edits_strategy() -> Any:
     text = st.text(alphabet="abc/=_.x01", min_size=1, max_size=6)
+    absolute = text.map(lambda t: "/" + t)  # container and hook paths must be absolute
     env = st.builds(lambda k, v: f"{k}={v}", st.text(alphabet="ABC_", min_size=1, max_size=4),
                     st.text(max_size=4))
-    node = st.builds(DeviceNode, path=text, host_path=st.none() | text,
+    node = st.builds(DeviceNode, path=absolute, host_path=st.none() | text,
                      type=st.sampled_from([None, "c", "b", "p", "u"]),
                      major=st.none() | st.integers(0, 300), minor=st.none() | st.integers(0, 300),
                      permissions=st.sampled_from([None, "rw", "rwm", "m"]))
-    mount = st.builds(Mount, host_path=text, container_path=text,
+    mount = st.builds(Mount, host_path=text, container_path=absolute,
                       type=st.sampled_from([None, "bind", "tmpfs"]),
                       options=st.lists(text, max_size=3).map(tuple))
     hook = st.builds(Hook, hook_name=st.sampled_from(["prestart", "createContainer", "poststop"]),
-                     path=text, args=st.lists(text, max_size=2).map(tuple),
+                     path=absolute, args=st.lists(text, max_size=2).map(tuple),
                      env=st.lists(env, max_size=2).map(tuple))
     return st.builds(
         Edits,
