@@ -21,15 +21,26 @@ from nvshim.errors import CdiProblem, CdiSpecError
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from typing import Any, Dict, List, Mapping, Tuple
+    from typing import Any, BinaryIO, Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["MAX_SPEC_BYTES", "read_document", "parse_spec", "load_spec_file"]
+__all__ = [
+    "MAX_SPEC_BYTES",
+    "STDIN",
+    "read_document",
+    "decode_document",
+    "read_input_document",
+    "parse_spec",
+    "load_spec_file",
+]
 
 #: The largest spec file read (a spec for a full 8-GPU MIG node is well under 1 MiB).
 MAX_SPEC_BYTES = 16 << 20
 #: The most values a YAML spec may expand to: what a spec file of MAX_SPEC_BYTES could
 #: hold without aliases (every value, "1," or "[]", takes at least two bytes).
 MAX_SPEC_VALUES = MAX_SPEC_BYTES // 2 + 1
+_IS_A_DIRECTORY = "is a directory, not a spec file"
+#: How problems of a spec read from standard input (a path of ``-``) name it.
+STDIN = "<stdin>"
 
 
 def _json_constant(name: str) -> Any:
@@ -127,7 +138,10 @@ def _read_bytes(path: str) -> bytes:
     spec dirs runs inside ``nvshim-runtime create`` as well as the CLI.
     """
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise CdiSpecError([CdiProblem(path, "$", _IS_A_DIRECTORY)])
+        if not stat.S_ISREG(mode):
             raise CdiSpecError([CdiProblem(path, "$", "not a regular file")])
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
@@ -154,13 +168,60 @@ def _read_bytes(path: str) -> bytes:
     return b"".join(chunks)
 
 
+def _not_a_spec_name(path: str, ext: str) -> CdiSpecError:
+    """The error for a name without .json/.yaml: what the path is, if it is not a file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        return CdiSpecError([CdiProblem(path, "$", f"cannot read: {exc.strerror}")])
+    if stat.S_ISDIR(mode):
+        return CdiSpecError([CdiProblem(path, "$", _IS_A_DIRECTORY)])
+    reason = f'unknown extension "{ext}": CDI spec files end in .json or .yaml'
+    return CdiSpecError([CdiProblem(path, "$", reason)])
+
+
 def read_document(path: str) -> Any:
     """Read and strictly decode one spec file into a mapping (CdiSpecError if not)."""
     ext = os.path.splitext(path)[1]
     if ext not in SPEC_EXTENSIONS:
-        reason = f'unknown extension "{ext}": CDI spec files end in .json or .yaml'
-        raise CdiSpecError([CdiProblem(path, "$", reason)])
-    data = _read_bytes(path)
+        raise _not_a_spec_name(path, ext)
+    return decode_document(_read_bytes(path), path, ext)
+
+
+def _sniff_format(data: bytes) -> str:
+    """How a spec read without a name (stdin) is decoded: ``.json`` when its first
+    non-blank character is ``{``, else ``.yaml``."""
+    return ".json" if data.lstrip()[:1] == b"{" else ".yaml"
+
+
+def _read_stream(stream: BinaryIO) -> bytes:
+    try:
+        data = stream.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise CdiSpecError([CdiProblem(STDIN, "$", f"cannot read: {exc.strerror}")]) from exc
+    if len(data) > MAX_SPEC_BYTES:
+        reason = f"larger than {MAX_SPEC_BYTES >> 20} MiB: not a CDI spec"
+        raise CdiSpecError([CdiProblem(STDIN, "$", reason)])
+    return data
+
+
+def read_input_document(path: str, stdin: Optional[BinaryIO] = None) -> Tuple[Any, str, str]:
+    """A spec named on the command line: (the document, its format ``json``/``yaml``, the
+    name its problems carry). ``-`` reads ``stdin`` (problems name :data:`STDIN`; JSON if
+    it starts with ``{``, else YAML; None: stdin is closed); else as :func:`read_document`.
+    """
+    if path == "-":
+        if stdin is None:
+            raise CdiSpecError([CdiProblem(STDIN, "$", "cannot read: standard input is closed")])
+        data = _read_stream(stdin)
+        ext = _sniff_format(data)
+        return decode_document(data, STDIN, ext), ext[1:], STDIN
+    return read_document(path), "json" if path.endswith(".json") else "yaml", path
+
+
+def decode_document(data: bytes, path: str, ext: str) -> Any:
+    """Strictly decode the bytes of a spec (``ext`` ``.json`` or ``.yaml``) into a mapping;
+    problems name ``path``."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

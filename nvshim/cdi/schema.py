@@ -12,13 +12,13 @@ from _collections_abc import Mapping  # loaded by os at start-up; collections.ab
 
 from nvshim import _jsonc
 from nvshim.cdi.check import check_semantics, key_path
-from nvshim.cdi.load import read_document
+from nvshim.cdi.load import read_input_document
 from nvshim.cdi.model import NO_FILE
 from nvshim.errors import CdiError, CdiProblem, CdiSpecError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from typing import Any, List, Sequence
+    from typing import Any, BinaryIO, List, Optional, Sequence
 
     import jsonschema
 
@@ -118,10 +118,11 @@ def validate_spec(raw: Any, path: str = NO_FILE) -> List[CdiProblem]:
     return semantic + extra
 
 
-def validate_file(path: str) -> List[CdiProblem]:
-    """Every problem of one spec file; decoding errors are one problem each."""
+def validate_file(path: str, stdin: Optional[BinaryIO] = None) -> List[CdiProblem]:
+    """Every problem of one spec file (``-``: ``stdin``, when given); decoding errors are
+    one problem each."""
     try:
-        raw = read_document(path)
+        raw, _, label = read_input_document(path, stdin)
     except CdiSpecError as exc:
         return exc.problems
-    return validate_spec(raw, path)
+    return validate_spec(raw, label)

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Mapping, Tuple
 
 from nvshim.errors import UsageError
 
-__all__ = ["transform_root", "read_spec_document"]
+__all__ = ["transform_root"]
 
 
 def _move(path: str, old: str, new: str) -> str:
@@ -90,9 +90,3 @@ def transform_root(spec: Mapping[str, Any], old: str, new: str,
                 if isinstance(hook, dict):
                     move(hook, "path")
     return out, changed
-
-
-def read_spec_document(path: str) -> Dict[str, Any]:
-    from nvshim.cdi.load import read_document
-
-    return dict(read_document(path))

@@ -6,11 +6,14 @@ The group is exported as :data:`cdi`; other commands (``generate``) attach to it
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import sys
+from typing import Any, BinaryIO, Dict, Optional, Tuple
 
 import click
 
+from nvshim.cli.options import FORMAT
 from nvshim.config import DEFAULT_CDI_SPEC_DIRS
+from nvshim.errors import CdiProblem
 from nvshim.node.cdigen import STRATEGIES
 
 __all__ = ["cdi"]
@@ -21,21 +24,35 @@ def cdi() -> None:
     """Work with CDI (Container Device Interface) spec files."""
 
 
+def _problem_json(problem: CdiProblem) -> Dict[str, str]:
+    return {"file": problem.path, "json_path": problem.json_path, "message": problem.message}
+
+
+def _echo_json(doc: Any) -> None:
+    from nvshim import _jsonc
+
+    click.echo(_jsonc.dumps(doc, indent=2, ensure_ascii=False))
+
+
 @cdi.command(name="list")
 @click.option(
     "--spec-dir",
     "spec_dirs",
     multiple=True,
+    type=click.Path(exists=True, file_okay=False),
     metavar="DIR",
-    help="Directory to scan, lowest priority first (repeatable). "
+    help="Directory to scan, lowest priority first (repeatable; must exist). "
     "Default: the config's cdi-spec-dirs "
     f"({', '.join(DEFAULT_CDI_SPEC_DIRS)} unless configured).",
 )
-def list_devices(spec_dirs: Tuple[str, ...]) -> None:
+@FORMAT
+def list_devices(spec_dirs: Tuple[str, ...], fmt: str) -> None:
     """Print every resolvable qualified device name, one per line.
 
     Files that fail to load and conflicting devices are reported on stderr as
-    warnings; they do not change the exit status.
+    warnings; they do not change the exit status. When no device is found, stderr says
+    which directories were searched. --format json prints one document: the
+    directories, each device (name, kind, device name, spec file) and the problems.
     """
     if not spec_dirs:
         from nvshim.config import load_config
@@ -45,45 +62,79 @@ def list_devices(spec_dirs: Tuple[str, ...]) -> None:
     from nvshim.cdi.registry import load_registry
 
     registry = load_registry(spec_dirs)
+    if fmt == "json":
+        devices = []
+        for name in registry.names():
+            resolved = registry.devices[name]
+            devices.append({"name": name, "kind": resolved.spec.kind,
+                            "device": resolved.device.name, "spec_file": resolved.spec.path})
+        _echo_json({"spec_dirs": list(registry.spec_dirs), "devices": devices,
+                    "problems": [_problem_json(p) for p in registry.problems]})
+        return
     for problem in registry.problems:
         click.echo(f"warning: {problem}", err=True)
     for name in registry.names():
         click.echo(name)
+    if not registry.devices:
+        searched = ", ".join(registry.spec_dirs) or "no spec directories (cdi-spec-dirs is empty)"
+        click.echo(f"no CDI devices found in {searched}", err=True)
 
 
 @cdi.command()
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
-def validate(files: Tuple[str, ...]) -> None:
-    """Check CDI spec files against the schema and CDI's rules.
+@FORMAT
+def validate(files: Tuple[str, ...], fmt: str) -> None:
+    """Check CDI spec files against the schema and CDI's rules (`-` reads stdin).
 
     Prints one line per problem (`<file>: <json path>: <message>`) and a summary on
-    stderr; exits 1 if any file has a problem.
+    stderr; exits 1 if any file has a problem. --format json prints one document
+    instead: per file, whether it is ok and its problems.
     """
+    from nvshim.cdi.load import STDIN
     from nvshim.cdi.schema import validate_file
 
-    total = 0
-    for path in files:
-        for problem in validate_file(path):
-            click.echo(str(problem))
-            total += 1
-    click.echo(
-        f"{len(files)} file{'s' if len(files) != 1 else ''}, "
-        f"{total} problem{'s' if total != 1 else ''}",
-        err=True,
-    )
+    results = [(STDIN if path == "-" else path, validate_file(path, _stdin()))
+               for path in files]
+    total = sum(len(problems) for _, problems in results)
+    if fmt == "json":
+        _echo_json({
+            "files": [{"file": path, "ok": not problems,
+                       "problems": [_problem_json(p) for p in problems]}
+                      for path, problems in results],
+            "ok": not total,
+        })
+    else:
+        for _, problems in results:
+            for problem in problems:
+                click.echo(str(problem))
+        click.echo(
+            f"{len(files)} file{'s' if len(files) != 1 else ''}, "
+            f"{total} problem{'s' if total != 1 else ''}",
+            err=True,
+        )
     if total:
         click.get_current_context().exit(1)
+
+
+def _stdin() -> Optional[BinaryIO]:
+    """Standard input's bytes; None when it is closed (``cmd <&-``: Python has no stdin)."""
+    return sys.stdin.buffer if sys.stdin is not None else None
 
 
 # --- generate ---------------------------------------------------------------------------
 
 
 @cdi.command()
-@click.option("--driver-root", default=None, help="Driver root (default: from config, usually /).")
-@click.option("--dev-root", default=None, help="Where /dev/nvidia* are (default: driver root).")
-@click.option("--output", "-o", default=None,
+@click.option("--driver-root", default=None, metavar="DIR",
+              type=click.Path(exists=True, file_okay=False),
+              help="Driver root (default: from config, usually /).")
+@click.option("--dev-root", default=None, metavar="DIR",
+              type=click.Path(exists=True, file_okay=False),
+              help="Where /dev/nvidia* are (default: driver root).")
+@click.option("--output", "-o", default=None, metavar="FILE",
+              type=click.Path(dir_okay=False, allow_dash=True),
               help="Write here atomically (mode 0644; .json or .yaml picks the format). "
-                   "Default: stdout.")
+                   "Default (or -): stdout.")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
               help="Output format for stdout (default yaml; --output uses its extension).")
 @click.option("--vendor", default="nvidia.com", show_default=True, help="CDI vendor.")
@@ -102,6 +153,7 @@ def validate(files: Tuple[str, ...]) -> None:
                    "its hook then runs as `PATH hook …` instead of naming this nvshim's venv "
                    "interpreter, so the spec works where nvshim is installed elsewhere.")
 @click.option("--check", "check_file", default=None, metavar="FILE",
+              type=click.Path(dir_okay=False),
               help="Do not write: exit 1 with the reasons if FILE is stale for this node.")
 def generate(driver_root: Optional[str], dev_root: Optional[str], output: Optional[str],
              fmt: Optional[str], vendor: str, class_: str, strategies: Tuple[str, ...],
@@ -125,7 +177,7 @@ def generate(driver_root: Optional[str], dev_root: Optional[str], output: Option
         check_current(check_file, spec, host)
         click.echo(f"{check_file}: current", err=True)
         return
-    if output:
+    if output and output != "-":
         write_spec(output, spec)
         return
     click.echo(dump_spec(spec, fmt or "yaml"), nl=False)
@@ -135,19 +187,25 @@ def generate(driver_root: Optional[str], dev_root: Optional[str], output: Option
 
 
 @click.command("root")
-@click.option("--from", "old", required=True, help="The root the spec's paths are under now.")
-@click.option("--to", "new", required=True, help="The root they should be under.")
+@click.option("--from", "old", required=True, metavar="DIR",
+              help="The root the spec's paths are under now.")
+@click.option("--to", "new", required=True, metavar="DIR",
+              help="The root they should be under.")
 @click.option("--relative-to", type=click.Choice(["host", "container"]), default="host",
               show_default=True,
               help="Which paths move: host paths (hostPath, hook path) or container paths.")
-@click.option("--input", "input_file", required=True, type=click.Path(dir_okay=False),
-              help="The spec file to read (.yaml or .json).")
-@click.option("--output", "-o", default=None, type=click.Path(dir_okay=False),
-              help="Write here atomically (.json or .yaml picks the format); default stdout.")
+@click.option("--input", "input_file", required=True, metavar="FILE",
+              type=click.Path(dir_okay=False, allow_dash=True),
+              help="The spec file to read (.yaml or .json); - reads stdin (JSON if it "
+                   "starts with {, else YAML).")
+@click.option("--output", "-o", default=None, metavar="FILE",
+              type=click.Path(dir_okay=False, allow_dash=True),
+              help="Write here atomically (.json or .yaml picks the format); default "
+                   "(or -): stdout.")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
               help="Format for stdout (default: the input's).")
-def root_command(old: str, new: str, relative_to: str, input_file: str, output: str,
-                 fmt: str) -> None:
+def root_command(old: str, new: str, relative_to: str, input_file: str,
+                 output: Optional[str], fmt: Optional[str]) -> None:
     """Rewrite a spec's paths from the root --from to the root --to.
 
     For driver containers: e.g. --from /run/nvidia/driver --to / turns a spec written on
@@ -156,19 +214,20 @@ def root_command(old: str, new: str, relative_to: str, input_file: str, output: 
     on stderr how many paths moved.
     """
     from nvshim.cdi.check import check_semantics
-    from nvshim.cdi.transform import read_spec_document, transform_root
+    from nvshim.cdi.load import read_input_document
+    from nvshim.cdi.transform import transform_root
     from nvshim.cdi.write import dump_spec, write_spec
     from nvshim.errors import CdiError
 
-    spec, changed = transform_root(read_spec_document(input_file), old, new, relative_to)
-    problems = check_semantics(spec, input_file)
+    document, input_format, label = read_input_document(input_file, _stdin())
+    spec, changed = transform_root(document, old, new, relative_to)
+    problems = check_semantics(spec, label)
     if problems:
         raise CdiError(f"transformed spec is invalid: {problems[0]}")
-    if output:
+    if output and output != "-":
         write_spec(output, spec)
     else:
-        default = "json" if input_file.endswith(".json") else "yaml"
-        click.echo(dump_spec(spec, fmt or default), nl=False)
+        click.echo(dump_spec(spec, fmt or input_format), nl=False)
     click.echo(f"moved {changed} path{'s' if changed != 1 else ''} from {old} to {new}",
                err=True)
 
