@@ -7,6 +7,7 @@ from typing import List
 
 import click
 
+from nvshim.cli.output import info
 from nvshim.host.system import (
     Outcome,
     create_dev_char_symlinks,
@@ -34,7 +35,7 @@ def _report(outcomes: List[Outcome], notes: List[str], fmt: str) -> None:
     for outcome in outcomes:
         click.echo(f"{outcome.action:<12} {outcome.path} {outcome.detail}")
     for note in notes:
-        click.echo(f"nvshim: note: {note}", err=True)
+        info(f"nvshim: note: {note}")
 
 
 @click.group("system")

@@ -1,31 +1,42 @@
 """``nvshim``: inspect bundles, manage CDI specs, configure containerd, diagnose a node.
 
 Every command reports failure the same way: one line ``nvshim: <what went wrong>`` on
-stderr and exit code 1.
+stderr and exit code 1 (``nvshim --debug`` puts the Python traceback before it). A group
+run without a command prints its help on stdout and exits 0.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+import traceback
+from typing import List, NoReturn, Optional
 
 import click
 
 from nvshim import __version__
-from nvshim.errors import NvshimError
+from nvshim.cli.output import Output, settings
+from nvshim.errors import NvshimError, one_line
 
 __all__ = ["main", "cli"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-q", "--quiet", is_flag=True,
+              help="No informational lines on stderr (wrote …, notes); errors and warnings "
+                   "still print.")
+@click.option("--debug", is_flag=True,
+              help="On a failure, print the Python traceback before the one error line.")
 @click.version_option(__version__, prog_name="nvshim")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context, quiet: bool, debug: bool) -> None:
     """nvshim: give containers NVIDIA GPUs, readably.
 
     nvshim-runtime is the OCI runtime (set it as containerd's BinaryName); this
     command inspects what it would do, manages CDI specs, configures containerd and
     diagnoses a node.
     """
+    out = ctx.ensure_object(Output)
+    out.quiet, out.debug = quiet, debug
 
 
 # --- sim ----------------------------------------------------------------------------------
@@ -78,6 +89,8 @@ def sim_create(directory: str, gpus: int, driver_version: str, shuffle_minors: b
                        shuffle_minors=shuffle_minors, mig=mig, dev_root=dev_root,
                        imex_channels=imex_channels, nvswitches=nvswitches, gds=gds,
                        mofed=mofed, gdrcopy=gdrcopy, driver_files=not no_driver_files)
+    if settings().quiet:  # the node is the result; the listing is what it holds
+        return
     side = "" if node.driver_files else ", kernel side only"
     click.echo(f"simulated node in {node.root} (driver {node.driver_version}{side}):")
     for g in node.gpus:
@@ -98,12 +111,53 @@ def demo(keep: bool) -> None:
 
     Builds the node and a busybox bundle in a temp dir, runs NVIDIA_VISIBLE_DEVICES=1,
     =0,2, =all and =void, shows what each container saw, and cleans up. Needs root,
-    runc and busybox-static (install.sh installs them).
+    runc and busybox-static (install.sh installs them). With nvshim --quiet, only the
+    last line, unless a container misbehaved or --keep is given.
     """
     from nvshim.node.demo import run_demo
 
-    if run_demo(click.echo, keep=keep):
+    if not settings().quiet:
+        failures = run_demo(click.echo, keep=keep)
+    else:
+        lines: List[str] = []
+        failures = run_demo(lines.append, keep=keep)
+        for line in lines if failures or keep else lines[-1:]:
+            click.echo(line)
+    if failures:
         sys.exit(1)
+
+
+# --- completion ---------------------------------------------------------------------------
+
+_COMPLETE_VAR = "_NVSHIM_COMPLETE"
+
+
+@cli.command()
+@click.argument("shell", metavar="SHELL", type=click.Choice(["bash", "zsh", "fish"]))
+@click.pass_context
+def completion(ctx: click.Context, shell: str) -> None:
+    """Print the shell completion script for bash, zsh or fish.
+
+    It completes commands, options and their choices; it runs `nvshim` (found on PATH)
+    with _NVSHIM_COMPLETE set to ask what fits.
+
+    \b
+    Install it for your user, then open a new shell:
+      bash  nvshim completion bash > ~/.local/share/bash-completion/completions/nvshim
+            (needs bash-completion; for all users: /etc/bash_completion.d/nvshim)
+      zsh   nvshim completion zsh > ~/.zfunc/_nvshim
+            (in ~/.zshrc: fpath+=~/.zfunc before autoload -Uz compinit && compinit)
+      fish  nvshim completion fish > ~/.config/fish/completions/nvshim.fish
+    Or for the running shell only: eval "$(nvshim completion bash)" (zsh: after compinit).
+    """
+    from click.shell_completion import get_completion_class
+
+    cls = get_completion_class(shell)
+    if cls is None:  # click.Choice lets only the shells click knows through
+        raise click.BadParameter(f"no completion for {shell}", param_hint="SHELL")
+    # the script `_NVSHIM_COMPLETE=bash_source nvshim` prints, ending in a line break
+    source = cls(ctx.find_root().command, {}, "nvshim", _COMPLETE_VAR).source()
+    click.echo(source, nl=not source.endswith("\n"))
 
 
 # --- hook ---------------------------------------------------------------------------------
@@ -164,30 +218,44 @@ def _add_commands() -> None:
     cli.add_command(doctor)
 
 
+def _fail(message: str, exc: BaseException, out: Output, code: int = 1) -> NoReturn:
+    """One ``nvshim: …`` line on stderr (after the traceback under ``--debug``); exit."""
+    if out.debug:
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    click.echo(f"nvshim: {message}", err=True)
+    sys.exit(code)
+
+
 _NO_COMMAND = getattr(click.exceptions, "NoArgsIsHelpError", None)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
     """Console entry point: one line on stderr and exit 1 for any nvshim failure."""
     _add_commands()
+    out = Output()
     try:
-        rc = cli.main(args=argv, prog_name="nvshim", standalone_mode=False)
+        rc = cli.main(args=argv, prog_name="nvshim", complete_var=_COMPLETE_VAR,
+                      standalone_mode=False, obj=out)
     except NvshimError as exc:
-        click.echo(f"nvshim: {exc}", err=True)
-        sys.exit(exc.exit_code)
+        _fail(str(exc), exc, out, exc.exit_code)
     except click.exceptions.Abort:
         click.echo("nvshim: aborted", err=True)
         sys.exit(1)
     except click.ClickException as exc:
         if _NO_COMMAND is not None and isinstance(exc, _NO_COMMAND) and exc.ctx is not None:
-            # a group run without a command: its help, not "nvshim: Usage: …" (click >= 8.2
+            # a group run without a command: its help, as git and kubectl do (click >= 8.2
             # raises this where 8.1 printed the help itself)
-            click.echo(exc.ctx.get_help(), err=True)
-            sys.exit(1)
-        click.echo(f"nvshim: {exc.format_message()}", err=True)
+            click.echo(exc.ctx.get_help(), color=exc.ctx.color)
+            sys.exit(0)
+        # one line, also where click lists choices on lines of their own
+        message = " ".join(line.strip() for line in exc.format_message().splitlines())
+        click.echo(f"nvshim: {message}", err=True)
         sys.exit(1 if exc.exit_code == 2 else exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except Exception as exc:  # a bug in nvshim: still one line, the traceback on request
+        hint = "" if out.debug else " (nvshim --debug shows the traceback)"
+        _fail(f"internal error: {type(exc).__name__}: {one_line(str(exc))}{hint}", exc, out)
     # with standalone_mode=False, click returns ctx.exit(N)'s code instead of exiting
     sys.exit(rc if isinstance(rc, int) else 0)
 

@@ -183,6 +183,22 @@ def test_dev_char_links_wrong_dev_root_and_no_nodes(tmp_path: Path,
     assert rc == 0 and out == "" and "nothing to link" in err
 
 
+def test_quiet_drops_the_notes_not_the_outcomes_or_errors(
+        node: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`nvshim --quiet system …` prints no notes on stderr; the outcome lines (the result)
+    and a one-line error still print."""
+    (tmp_path / "empty" / "dev").mkdir(parents=True)
+    empty = ["system", "create-dev-char-symlinks", "--dev-root", str(tmp_path / "empty")]
+    assert run_cli(["--quiet", *empty], capsys) == (0, "", "")
+    assert "nothing to link" in run_cli(empty, capsys)[2]
+    rc, out, err = run_cli(["--quiet", "system", "create-dev-char-symlinks", "--dev-root",
+                            node.root], capsys)
+    assert rc == 0 and err == "" and "/dev/char/" in out
+    rc, _, err = run_cli(["--quiet", "system", "create-dev-char-symlinks", "--dev-root",
+                          str(tmp_path / "nope")], capsys)
+    assert rc == 1 and err.count("\n") == 1 and "wrong --dev-root" in err
+
+
 def test_help_shows_dir_for_the_roots() -> None:
     """--driver-root and --dev-root take directories and say DIR."""
     runner = CliRunner()
