@@ -15,7 +15,8 @@ from the device plugin's answer) through to the runtime. The pod's annotations o
 name are let through only with ``pod_cdi_annotations``: anyone who can create a pod can
 write them, and in the container's spec they look the same as the device plugin's.
 
-For versions 2 and 3 the handler goes into a drop-in file that the main file imports.
+For versions 2 and 3 the handler goes into a drop-in file that the main file imports, by
+default ``conf.d/99-nvshim.toml`` beside the main file (:func:`default_drop_in`).
 containerd before 2.1 *replaces* a plugin's table with the one from an import instead of
 merging them, so the drop-in holds a copy of the main file's whole CRI table plus the
 handler. ``drop_in=""`` writes everything into the main file instead; version 1 files are
@@ -49,8 +50,10 @@ from nvshim.node.containerd_toml import (
     DEFAULT_DROP_IN,
     DEFAULT_NAME,
     DEFAULT_RUNTIME_NAME,
+    DROP_IN_NAME,
     cri_keys,
     cri_label,
+    default_drop_in,
     detect_version,
     dump_toml,
     ensure_table,
@@ -79,6 +82,7 @@ from nvshim.node.engine_files import (
 __all__ = [
     "DEFAULT_CONFIG",
     "DEFAULT_DROP_IN",
+    "DROP_IN_NAME",
     "DEFAULT_NAME",
     "DEFAULT_BINARY",
     "CDI_ANNOTATIONS",
@@ -88,6 +92,7 @@ __all__ = [
     "FileChange",
     "ConfigureResult",
     "backup_path",
+    "default_drop_in",
     "plan_configure",
     "configure",
 ]
@@ -214,6 +219,44 @@ def _imports_cover(doc: Any, config_path: str, drop_in: str) -> bool:
     return False
 
 
+def _other_nvshim_imports(doc: Any, config_path: str, drop_in: str) -> List[str]:
+    """Imports of another ``99-nvshim.toml`` than ``drop_in``: an earlier nvshim put the
+    drop-in of every ``--config`` in /etc/containerd/conf.d, wherever the config was."""
+    return [
+        resolved
+        for entry in import_entries(doc, config_path)
+        if isinstance(entry, str)
+        for resolved in (resolve_import(entry, config_path),)
+        if os.path.basename(resolved) == DROP_IN_NAME and resolved != drop_in
+    ]
+
+
+def _resolve_drop_in(drop_in: Optional[str], version: int, config_path: str) -> str:
+    """The drop-in to write as an absolute path, or ``""`` for "edit the main file in place".
+
+    ``None`` means :func:`default_drop_in` of ``config_path`` (version 1: in place); a
+    version 1 file cannot take a drop-in, and the drop-in cannot be the main file itself.
+    """
+    if version == 1:
+        if drop_in:
+            raise UsageError(
+                f'{config_path} is a version 1 containerd config, which cannot take the drop-in '
+                f'"{drop_in}": pass --drop-in "" to edit it in place, or convert it to version 2'
+            )
+        return ""
+    if drop_in is None:
+        return default_drop_in(config_path)
+    if not drop_in:
+        return ""
+    drop_in = os.path.abspath(drop_in)
+    if drop_in == os.path.abspath(config_path):
+        raise UsageError(
+            f'drop-in "{drop_in}" is the main config itself: pass --drop-in "" to edit it '
+            "in place"
+        )
+    return drop_in
+
+
 def _drop_in_header(config_path: str, name: str) -> str:
     return (
         "# Written by `nvshim runtime configure`; `nvshim runtime configure --revert` removes it.\n"
@@ -241,8 +284,9 @@ def plan_configure(
     """Compute the new texts of the main file and drop-in; pure, writes nothing.
 
     ``main_text``/``drop_in_text`` are the current contents (``None``: no such file).
-    ``drop_in=None`` means the default drop-in for versions 2 and 3 (version 1: in place);
-    ``""`` means in place. The result's ``files`` list the drop-in (if any) first.
+    ``drop_in=None`` means ``conf.d/99-nvshim.toml`` beside ``config_path`` for versions 2
+    and 3 (version 1: in place); ``""`` means in place. The result's ``files`` list the
+    drop-in (if any) first.
     """
     import tomlkit
 
@@ -256,22 +300,7 @@ def plan_configure(
     version = detect_version(doc, config_path)
     plugins_key, cri_key = cri_keys(version)
     where = cri_label(version)
-    if version == 1:
-        if drop_in:
-            raise UsageError(
-                f'{config_path} is a version 1 containerd config, which cannot take the drop-in '
-                f'"{drop_in}": pass --drop-in "" to edit it in place, or convert it to version 2'
-            )
-        drop_in = ""
-    elif drop_in is None:
-        drop_in = DEFAULT_DROP_IN
-    if drop_in:
-        drop_in = os.path.abspath(drop_in)
-        if drop_in == os.path.abspath(config_path):
-            raise UsageError(
-                f'drop-in "{drop_in}" is the main config itself: pass --drop-in "" to edit it '
-                "in place"
-            )
+    drop_in = _resolve_drop_in(drop_in, version, config_path)
 
     if not drop_in:
         if empty:
@@ -320,6 +349,12 @@ def plan_configure(
     drop_doc[plugins_key] = plugins
     drop_after = dump_toml(drop_doc, None, drop_in, warnings)
 
+    for other in _other_nvshim_imports(doc, config_path, drop_in):
+        warnings.append(
+            f"{config_path} also imports {other}, an nvshim drop-in from an earlier run; "
+            f"{drop_in}, imported after it, now holds the handler: pass --drop-in {other} to "
+            "keep using that one instead"
+        )
     if empty:
         doc["version"] = version
     if not _imports_cover(doc, config_path, drop_in):
@@ -365,10 +400,8 @@ def configure(
     config_path = os.path.abspath(config_path)
     main_text = read_text(config_path)
     doc_version = detect_version(parse_toml(main_text or "", config_path), config_path)
-    planned_drop_in = drop_in
-    if planned_drop_in is None and doc_version != 1:
-        planned_drop_in = DEFAULT_DROP_IN
-    drop_in_text = read_text(planned_drop_in) if planned_drop_in else None
+    drop_in = _resolve_drop_in(drop_in, doc_version, config_path)
+    drop_in_text = read_text(drop_in) if drop_in else None
     plan = plan_configure(
         main_text,
         drop_in_text,

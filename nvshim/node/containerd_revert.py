@@ -1,7 +1,10 @@
 """Take nvshim out of containerd's config again (``runtime configure --revert``).
 
 With the backup ``<config>.nvshim-orig.json`` that configure saved, every file still as
-nvshim wrote it gets its original bytes back and a drop-in nvshim created is removed. A
+nvshim wrote it gets its original bytes back and a drop-in nvshim created is removed,
+wherever it was (the backup names it). Without a backup the drop-in looked for is
+``--drop-in``, else the one configure writes by default: ``conf.d/99-nvshim.toml`` beside
+the main file. A
 main file edited by hand since, or a config without a backup, gets a structural revert:
 only nvshim's entries (its handler, a ``default_runtime_name`` naming it, its import,
 ``enable_cdi``/``cdi_spec_dirs`` it added) are taken out, comments and layout kept.
@@ -17,10 +20,10 @@ from typing import Any, List, Mapping, Optional, Tuple
 from nvshim.node.containerd_toml import (
     BACKUP_FORMAT,
     DEFAULT_CONFIG,
-    DEFAULT_DROP_IN,
     DEFAULT_NAME,
     cri_keys,
     cri_label,
+    default_drop_in,
     detect_version,
     dump_toml,
     import_entries,
@@ -128,6 +131,12 @@ def _prune(doc: Any, keys: Tuple[str, ...], original: Optional[Any]) -> None:
         del parent[keys[depth - 1]]
 
 
+def _drop_in_path(drop_in: Optional[str], config_path: str) -> str:
+    """The drop-in a revert without backup looks at: ``drop_in``, else configure's default
+    beside ``config_path``."""
+    return os.path.abspath(drop_in) if drop_in else default_drop_in(config_path)
+
+
 def plan_revert(
     current: Mapping[str, Optional[str]],
     backup: Optional[Mapping[str, Any]],
@@ -174,7 +183,7 @@ def plan_revert(
     version = detect_version(doc, config_path)
     managed: Tuple[str, ...] = ()
     if version != 1 and drop_in != "":
-        managed = (os.path.abspath(drop_in or DEFAULT_DROP_IN),)
+        managed = (_drop_in_path(drop_in, config_path),)
     if now is not None:
         _strip(doc, path=config_path, name=name, drop_ins=managed, original=None, warnings=warnings)
         after = dump_toml(doc, now, config_path, warnings)
@@ -218,7 +227,7 @@ def revert(
     if backup is not None:
         paths += list(backup["files"])
     elif drop_in != "":
-        paths.append(os.path.abspath(drop_in or DEFAULT_DROP_IN))
+        paths.append(_drop_in_path(drop_in, config_path))
     current = {path: read_text(path) for path in dict.fromkeys(paths)}
     plan = plan_revert(current, backup, config_path=config_path, name=name, drop_in=drop_in)
     if dry_run:

@@ -23,6 +23,7 @@ from nvshim.node.engine_files import BOM
 __all__ = [
     "DEFAULT_CONFIG",
     "DEFAULT_DROP_IN",
+    "DROP_IN_NAME",
     "DEFAULT_NAME",
     "DEFAULT_BINARY",
     "DEFAULT_RUNTIME_NAME",
@@ -43,10 +44,13 @@ __all__ = [
     "cri_label",
     "import_entries",
     "resolve_import",
+    "default_drop_in",
 ]
 
 DEFAULT_CONFIG = "/etc/containerd/config.toml"
-DEFAULT_DROP_IN = "/etc/containerd/conf.d/99-nvshim.toml"
+#: The drop-in's file name, in ``conf.d`` beside the main config (see :func:`default_drop_in`).
+DROP_IN_NAME = "99-nvshim.toml"
+DEFAULT_DROP_IN = "/etc/containerd/conf.d/" + DROP_IN_NAME
 DEFAULT_NAME = "nvshim"
 DEFAULT_BINARY = "/usr/local/bin/nvshim-runtime"
 #: containerd's own default runtime handler when no file names one.
@@ -218,3 +222,13 @@ def resolve_import(entry: str, config_path: str) -> str:
     if os.path.isabs(entry):
         return os.path.normpath(entry)
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(config_path)), entry))
+
+
+def default_drop_in(config_path: str) -> str:
+    """Where nvshim's drop-in goes for the main config ``config_path``: ``conf.d/99-nvshim.toml``
+    beside it (install.sh's rule too), so a config outside /etc never writes /etc/containerd.
+
+    The path is taken as given, not through symlinks: a config.toml linked to a managed
+    copy elsewhere keeps its drop-in in the directory containerd reads it from.
+    """
+    return os.path.join(os.path.dirname(os.path.abspath(config_path)), "conf.d", DROP_IN_NAME)

@@ -3,7 +3,8 @@
 ``nvshim runtime configure --runtime crio`` lands here. CRI-O reads ``/etc/crio/crio.conf``
 and then every file of ``/etc/crio/crio.conf.d/`` in lexical order, each overriding single
 keys of the ones before, so nvshim needs no copy of the main file: its drop-in
-``99-nvshim.toml`` holds only ::
+``99-nvshim.toml`` (by default in ``crio.conf.d`` beside the main file, as install.sh puts
+it: :func:`default_drop_in`) holds only ::
 
     [crio.runtime]                       # only with --set-as-default
     default_runtime = "nvshim"
@@ -60,6 +61,7 @@ __all__ = [
     "HANDLER_KEYS",
     "CrioRuntimes",
     "configure",
+    "default_drop_in",
     "plan_configure",
     "plan_revert",
     "read_handlers",
@@ -67,7 +69,9 @@ __all__ = [
 ]
 
 DEFAULT_CONFIG = "/etc/crio/crio.conf"
-DEFAULT_DROP_IN = "/etc/crio/crio.conf.d/99-nvshim.toml"
+_DROP_IN_DIR = "crio.conf.d"
+_DROP_IN_NAME = "99-nvshim.toml"
+DEFAULT_DROP_IN = f"/etc/crio/{_DROP_IN_DIR}/{_DROP_IN_NAME}"
 DEFAULT_NAME = "nvshim"
 DEFAULT_BINARY = "/usr/local/bin/nvshim-runtime"
 DEFAULT_RUNTIME_ROOT = "/run/runc"
@@ -98,12 +102,24 @@ class CrioRuntimes:
     files: Tuple[str, ...]
 
 
-def _drop_in_path(drop_in: Optional[str]) -> str:
-    """The drop-in as an absolute path: the default for None; "" is refused (containerd's
-    "edit the main file in place" has no CRI-O counterpart: its main file is only read)."""
+def _drop_in_dir(config_path: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(config_path)), _DROP_IN_DIR)
+
+
+def default_drop_in(config_path: str) -> str:
+    """Where nvshim's drop-in goes for the main config ``config_path``:
+    ``crio.conf.d/99-nvshim.toml`` beside it (install.sh's rule too), so a config outside
+    /etc never writes /etc/crio."""
+    return os.path.join(_drop_in_dir(config_path), _DROP_IN_NAME)
+
+
+def _drop_in_path(drop_in: Optional[str], config_path: str) -> str:
+    """The drop-in as an absolute path: :func:`default_drop_in` for None; "" is refused
+    (containerd's "edit the main file in place" has no CRI-O counterpart: its main file is
+    only read)."""
     if drop_in == "":
         raise UsageError("CRI-O is configured through a drop-in: --drop-in cannot be empty")
-    return os.path.abspath(drop_in if drop_in is not None else DEFAULT_DROP_IN)
+    return os.path.abspath(drop_in) if drop_in is not None else default_drop_in(config_path)
 
 
 def _parse(text: Optional[str], path: str) -> Dict[str, Any]:
@@ -169,23 +185,22 @@ def plan_configure(
     drop_in_text: Optional[str] = None,
     *,
     config_path: str = DEFAULT_CONFIG,
-    drop_in: str = DEFAULT_DROP_IN,
+    drop_in: Optional[str] = None,
     name: str = DEFAULT_NAME,
     binary: str = DEFAULT_BINARY,
     set_as_default: bool = False,
     force: bool = False,
     require_allocation: bool = False,
 ) -> ConfigureOutcome:
-    """The drop-in's new text; pure. The main file is only read (runc's handler settings)."""
+    """The drop-in's new text; pure. The main file is only read (runc's handler settings).
+    ``drop_in=None``: :func:`default_drop_in` of ``config_path``."""
     check_handler_name(name)
     check_binary(binary)
     warnings = default_runtime_guard(name, set_as_default, force, require_allocation)
-    if not drop_in:
-        raise UsageError("CRI-O is configured through a drop-in: --drop-in cannot be empty")
-    drop_in = os.path.abspath(drop_in)
+    drop_in = _drop_in_path(drop_in, config_path)
     if drop_in == os.path.abspath(config_path):
         raise UsageError(f'drop-in "{drop_in}" is the main config itself: name a file in '
-                         f"{os.path.dirname(config_path)}/crio.conf.d")
+                         f"{_drop_in_dir(config_path)}")
     main = _parse(main_text, config_path)
     _parse(drop_in_text, drop_in)  # an unreadable drop-in is reported before it is replaced
     runtime = _table(main, ("crio", "runtime"), config_path) or {}
@@ -218,7 +233,7 @@ def configure(
 ) -> ConfigureOutcome:
     """Write the drop-in; its original bytes (or absence) go to the backup first."""
     config_path = os.path.abspath(config_path)
-    drop_in = _drop_in_path(drop_in)
+    drop_in = _drop_in_path(drop_in, config_path)
     plan = plan_configure(
         read_text(config_path, "CRI-O config"),
         read_text(drop_in, "CRI-O drop-in"),
@@ -249,7 +264,7 @@ def plan_revert(
 
     if backup is not None:
         return plan_restore(current, backup, main_path=config_path, strip=keep)
-    drop_in = _drop_in_path(drop_in)
+    drop_in = _drop_in_path(drop_in, config_path)
     warnings = [f"no backup {backup_path(config_path)}: removing {drop_in} if it holds "
                 f'runtime "{name}"']
     text = current.get(drop_in)
@@ -280,7 +295,7 @@ def revert(
     config_path = os.path.abspath(config_path)
     backup_file = backup_path(config_path)
     backup = load_backup(backup_file, _BACKUP_FORMAT)
-    paths = [config_path, _drop_in_path(drop_in)]
+    paths = [config_path, _drop_in_path(drop_in, config_path)]
     if backup is not None:
         paths += list(backup["files"])
     current = {path: read_text(path, "CRI-O config") for path in dict.fromkeys(paths)}
@@ -293,7 +308,7 @@ def revert(
 def read_handlers(config_path: str = DEFAULT_CONFIG,
                   drop_in_dir: Optional[str] = None) -> CrioRuntimes:
     """The handlers CRI-O sees: the main file, then each drop-in (sorted), key by key."""
-    directory = drop_in_dir or os.path.join(os.path.dirname(config_path), "crio.conf.d")
+    directory = drop_in_dir or _drop_in_dir(config_path)
     paths = [config_path]
     try:
         paths += [os.path.join(directory, entry) for entry in sorted(os.listdir(directory))

@@ -206,6 +206,32 @@ def test_dry_run_output_is_what_containerd_loads(containerd_bin: str, tmp_path: 
     assert handler["options"]["BinaryName"] == "/usr/local/bin/nvshim-runtime"
 
 
+def test_config_alone_puts_the_drop_in_beside_it_and_containerd_loads_it(
+    containerd_bin: str, tmp_path: Path
+) -> None:
+    """--config without --drop-in: the drop-in lands in conf.d beside the config (not in the
+    live /etc/containerd/conf.d), the import points there, containerd loads the handler
+    through it, and --revert without --drop-in restores the directory."""
+    config = tmp_path / "config.toml"
+    config.write_text(COMMENTED)
+    before = _snapshot(tmp_path)
+    drop_in = tmp_path / "conf.d" / "99-nvshim.toml"
+    dry = _nvshim("--config", str(config), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert f"# --- {drop_in} ---" in dry.stdout.splitlines()  # before anything is written
+    done = _nvshim("--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert drop_in.is_file()
+    assert tomlkit.parse(config.read_text()).unwrap()["imports"] == [str(drop_in)]
+    merged = _dump(containerd_bin, config)
+    assert merged["plugins"][CRI]["containerd"]["runtimes"]["nvshim"]["options"][
+        "BinaryName"] == "/usr/local/bin/nvshim-runtime"
+    assert merged["plugins"][CRI]["sandbox_image"] == "mirror.local/pause:3.6"
+    done = _nvshim("--config", str(config), "--revert")
+    assert done.returncode == 0, done.stderr
+    assert _snapshot(tmp_path) == before and not drop_in.parent.exists()
+
+
 def test_version_3_structure_and_revert(containerd_bin: str, tmp_path: Path) -> None:
     """A version 3 file gets a version 3 drop-in under io.containerd.cri.v1.runtime (structure only: containerd 1.6 lacks that plugin) and reverts byte-exactly."""
     config = tmp_path / "config.toml"

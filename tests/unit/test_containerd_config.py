@@ -144,6 +144,15 @@ def test_missing_or_empty_config_gets_version_import_and_drop_in(text: Optional[
     }
 
 
+def test_the_default_drop_in_sits_beside_the_config() -> None:
+    """A config outside /etc/containerd gets its drop-in in conf.d beside it (install.sh's
+    rule), imported by that path; it went to /etc/containerd/conf.d whatever the config."""
+    files = _by_path(_plan(None, config_path="/srv/k3s/etc/config.toml"))
+    assert list(files) == ["/srv/k3s/etc/conf.d/99-nvshim.toml", "/srv/k3s/etc/config.toml"]
+    assert _data(files["/srv/k3s/etc/config.toml"])["imports"] == [
+        "/srv/k3s/etc/conf.d/99-nvshim.toml"]
+
+
 def test_default_config_clones_runc_and_copies_whole_cri_table() -> None:
     """With `containerd config default`, the drop-in copies the CRI table and clones every runc option."""
     original = _default_config()

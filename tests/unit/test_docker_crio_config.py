@@ -267,6 +267,13 @@ def _crio_drop_in(main: Optional[str] = None, **kwargs: Any) -> Any:
     return tomllib.loads(plan.files[0].after or "")
 
 
+def test_crio_default_drop_in_sits_beside_the_config() -> None:
+    """A crio.conf outside /etc/crio gets its drop-in in crio.conf.d beside it (install.sh's
+    rule), not in /etc/crio/crio.conf.d."""
+    plan = crio.plan_configure(None, None, config_path="/srv/crio/crio.conf")
+    assert [change.path for change in plan.files] == ["/srv/crio/crio.conf.d/99-nvshim.toml"]
+
+
 @pytest.mark.parametrize("main", [None, "", CRIO_CONF])
 def test_crio_drop_in_uses_only_documented_keys(main: Optional[str]) -> None:
     """The drop-in's handler table has only documented keys, with documented types."""
