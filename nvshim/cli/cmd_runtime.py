@@ -2,20 +2,24 @@
 
 A thin shell over :mod:`nvshim.node.containerd` (and ``containerd_revert``),
 :mod:`nvshim.node.docker` and :mod:`nvshim.node.crio`: it turns flags into one call,
-prints the files (``--dry-run``) or a one-line summary to stderr, and lets
-:class:`NvshimError` propagate to the ``nvshim`` entry point, which prints
+prints the files (``--dry-run``, with where each goes on stderr) or a one-line summary to
+stderr, or with ``--format json`` one document saying what is (or would be) written where,
+and lets :class:`NvshimError` propagate to the ``nvshim`` entry point, which prints
 ``nvshim: <message>`` and exits 1.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Optional
+import json
+import os
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import click
 
+from nvshim.cli.options import FORMAT
 from nvshim.errors import UsageError
 from nvshim.node import containerd, containerd_revert, crio, docker
-from nvshim.node.engine_files import BACKUP_SUFFIX, FileChange
+from nvshim.node.engine_files import BACKUP_SUFFIX, FileChange, backup_path
 
 __all__ = ["runtime", "configure_command"]
 
@@ -64,6 +68,57 @@ def _join(paths: Iterable[str]) -> str:
     return ", ".join(paths)
 
 
+def _action(change: FileChange) -> str:
+    if change.before == change.after:
+        return "unchanged"
+    if change.before is None:
+        return "create"
+    return "remove" if change.after is None else "modify"
+
+
+def _file_rows(files: Sequence[FileChange], config_path: str, backup_file: str,
+               backup_action: Optional[str], saved: bool) -> List[Dict[str, Any]]:
+    """One row per file touched: ``path``, ``role`` (config, drop-in, backup), ``action``
+    (create, modify, remove, unchanged), ``backup`` (the file that keeps its original bytes:
+    ``saved`` for configure, where they go; else where a revert took them from) and
+    ``content`` (the text written; null for a removal and for the backup itself)."""
+    rows: List[Dict[str, Any]] = []
+    for change in files:
+        action = _action(change)
+        rows.append({
+            "path": change.path,
+            "role": "config" if change.path == config_path else "drop-in",
+            "action": action,
+            "backup": backup_file if saved and action != "unchanged" else None,
+            "content": change.after,
+        })
+    if backup_action is not None:
+        rows.append({"path": backup_file, "role": "backup", "action": backup_action,
+                     "backup": None, "content": None})
+    return rows
+
+
+_ROLE_TEXT = {
+    "config": "main config",
+    "drop-in": "drop-in",
+    "backup": "backup of the originals, for --revert",
+}
+
+
+def _print_plan(rows: Iterable[Dict[str, Any]]) -> None:
+    """The ``--dry-run`` summary on stderr: what a real run would do to which path."""
+    click.echo("dry run: nothing written; a real run would:", err=True)
+    for row in rows:
+        role = _ROLE_TEXT[row["role"]]
+        if row["role"] == "backup" and row["action"] == "remove":
+            role = "backup, no longer needed"
+        click.echo(f"  {row['action']:<9} {row['path']} ({role})", err=True)
+
+
+def _emit_json(document: Dict[str, Any]) -> None:
+    click.echo(json.dumps(document, indent=2))
+
+
 @click.group("runtime")
 def runtime() -> None:
     """Register nvshim-runtime with a container engine."""
@@ -82,21 +137,26 @@ def runtime() -> None:
     "--config",
     "config_path",
     default=None,
+    metavar="FILE",
     type=click.Path(dir_okay=False),
     help=(
         "The engine's main config file [default: containerd "
         f"{containerd.DEFAULT_CONFIG}, docker {docker.DEFAULT_CONFIG}, crio "
         f"{crio.DEFAULT_CONFIG}]. containerd's and Docker's are created if missing; "
-        "CRI-O's is only read (runc's handler settings) and anchors the backup."
+        "CRI-O's is only read (runc's handler settings). The backup "
+        f"FILE{BACKUP_SUFFIX} and, without --drop-in, the drop-in go beside it."
     ),
 )
 @click.option(
     "--drop-in",
     default=None,
+    metavar="FILE",
     type=click.Path(dir_okay=False),
     help=(
-        f"containerd and CRI-O: the drop-in file for the handler [default: containerd "
-        f"{containerd.DEFAULT_DROP_IN}, crio {crio.DEFAULT_DROP_IN}]. containerd's is "
+        "containerd and CRI-O: the drop-in file for the handler [default: beside --config: "
+        f"containerd <dir>/conf.d/{containerd.DROP_IN_NAME}, so "
+        f"{containerd.DEFAULT_DROP_IN}; crio <dir>/crio.conf.d/99-nvshim.toml, so "
+        f"{crio.DEFAULT_DROP_IN}]. containerd's is "
         "imported from the main file and holds a copy of its whole CRI table, as containerd "
         '< 2.1 replaces plugin tables from imports; --drop-in "" edits the main file in '
         "place (version 1 configs always are). Docker has no drop-ins."
@@ -105,6 +165,7 @@ def runtime() -> None:
 @click.option(
     "--name",
     default=containerd.DEFAULT_NAME,
+    metavar="NAME",
     show_default=True,
     help=(
         "Runtime name (containerd/CRI-O: the handler a RuntimeClass names; docker: "
@@ -116,6 +177,8 @@ def runtime() -> None:
 @click.option(
     "--binary",
     default=containerd.DEFAULT_BINARY,
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
     show_default=True,
     help=(
         "Absolute path of nvshim-runtime (containerd: options.BinaryName; docker: "
@@ -151,7 +214,8 @@ def runtime() -> None:
     "--dry-run",
     is_flag=True,
     help=(
-        "Print the resulting files to stdout, each after a '# --- <path> ---' line; "
+        "Print the resulting files to stdout, each after a '# --- <path> ---' line, and "
+        "on stderr what a real run would do to each path (main config, drop-in, backup); "
         "write nothing."
     ),
 )
@@ -164,6 +228,7 @@ def runtime() -> None:
         "backup, remove only nvshim's runtime, a default naming it, and its drop-in."
     ),
 )
+@FORMAT
 @click.pass_context
 def configure_command(
     ctx: click.Context,
@@ -178,6 +243,7 @@ def configure_command(
     pod_cdi_annotations: bool,
     dry_run: bool,
     revert: bool,
+    fmt: str,
 ) -> None:
     """Add an nvshim runtime to containerd's, Docker's or CRI-O's config, or take it out.
 
@@ -189,9 +255,39 @@ def configure_command(
     runtime_type "oci" with runc's runtime_root and monitor (conmon) settings.
     Comments and layout are kept where the format allows; every write is atomic and the
     original bytes are saved for --revert. Restart the engine afterwards.
+
+    Every file goes beside --config: the drop-in unless --drop-in names another, and the
+    backup always. --format json prints one object instead of the text: {engine,
+    operation, dry_run, config, name, files: [{path, role, action, backup, content}],
+    written, warnings}; role is config, drop-in or backup; action is create, modify,
+    remove or unchanged; backup is the file that keeps (or gave back) the original bytes.
     """
     if config_path is None:
         config_path = _DEFAULT_CONFIGS[engine]
+    config_path = os.path.abspath(config_path)
+    backup_file = backup_path(config_path)
+    as_json = fmt == "json"
+
+    def report(operation: str, files: Sequence[FileChange], warnings: Sequence[str],
+               backup_action: Optional[str], saved: bool, written: Sequence[str]) -> None:
+        rows = _file_rows(files, config_path, backup_file, backup_action, saved)
+        if as_json:
+            _emit_json({
+                "engine": engine,
+                "operation": operation,
+                "dry_run": dry_run,
+                "config": config_path,
+                "name": name,
+                "files": rows,
+                "written": list(written),
+                "warnings": list(warnings),
+            })
+        else:
+            _warn(warnings)
+            if dry_run:
+                _print_files(files)
+                _print_plan(rows)
+
     if drop_in is not None and engine == "docker":
         raise UsageError("--drop-in applies to containerd and crio: Docker has no drop-ins")
     if enable_cdi and engine == "crio":
@@ -214,7 +310,7 @@ def configure_command(
         if conflicting:
             raise UsageError(
                 f"--revert cannot be combined with {_join(conflicting)}: it takes only "
-                "--runtime, --config, --drop-in, --name and --dry-run"
+                "--runtime, --config, --drop-in, --name, --dry-run and --format"
             )
         if engine == "docker":
             result = docker.revert(config_path, name=name, dry_run=dry_run)
@@ -224,10 +320,10 @@ def configure_command(
             result = containerd_revert.revert(
                 config_path, name=name, drop_in=drop_in, dry_run=dry_run
             )
-        _warn(result.warnings)
-        if dry_run:
-            _print_files(result.files)
-            click.echo("dry run: nothing written", err=True)
+        written = () if dry_run else result.restored + result.edited + result.removed
+        report("revert", result.files, result.warnings,
+               "remove" if result.used_backup else None, result.used_backup, written)
+        if dry_run or as_json:
             return
         done = []
         if result.restored:
@@ -252,6 +348,7 @@ def configure_command(
         "require_allocation": require_allocation,
         "dry_run": dry_run,
     }
+    backup_existed = os.path.lexists(backup_file)
     result_c: Any
     if engine == "docker":
         result_c = docker.configure(config_path, enable_cdi=enable_cdi, **common)
@@ -262,11 +359,15 @@ def configure_command(
             config_path, drop_in=drop_in, enable_cdi=enable_cdi,
             pod_cdi_annotations=pod_cdi_annotations, **common
         )
-    _warn(result_c.warnings)
-    if dry_run:
-        _print_files(result_c.files)
-        click.echo("dry run: nothing written", err=True)
-    elif result_c.written:
+    changed = any(change.changed for change in result_c.files)
+    backup_action = None
+    if changed:  # for a real run: as it was before the write
+        backup_action = "modify" if backup_existed else "create"
+    report("configure", result_c.files, result_c.warnings, backup_action, True,
+           result_c.written)
+    if dry_run or as_json:
+        return
+    if result_c.written:
         click.echo(
             f'wrote {_join(result_c.written)}; {_RESTART[engine]} to use runtime "{name}"',
             err=True,
