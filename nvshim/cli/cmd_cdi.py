@@ -12,6 +12,7 @@ from typing import Any, BinaryIO, Dict, Optional, Tuple
 import click
 
 from nvshim.cli.options import FORMAT
+from nvshim.cli.output import info
 from nvshim.config import DEFAULT_CDI_SPEC_DIRS
 from nvshim.errors import CdiProblem
 from nvshim.node.cdigen import STRATEGIES
@@ -107,11 +108,8 @@ def validate(files: Tuple[str, ...], fmt: str) -> None:
         for _, problems in results:
             for problem in problems:
                 click.echo(str(problem))
-        click.echo(
-            f"{len(files)} file{'s' if len(files) != 1 else ''}, "
-            f"{total} problem{'s' if total != 1 else ''}",
-            err=True,
-        )
+        info(f"{len(files)} file{'s' if len(files) != 1 else ''}, "
+             f"{total} problem{'s' if total != 1 else ''}")
     if total:
         click.get_current_context().exit(1)
 
@@ -175,7 +173,7 @@ def generate(driver_root: Optional[str], dev_root: Optional[str], output: Option
                                    driver_capabilities, gpu_source, hook_path)
     if check_file:
         check_current(check_file, spec, host)
-        click.echo(f"{check_file}: current", err=True)
+        info(f"{check_file}: current")
         return
     if output and output != "-":
         write_spec(output, spec)
@@ -228,8 +226,7 @@ def root_command(old: str, new: str, relative_to: str, input_file: str,
         write_spec(output, spec)
     else:
         click.echo(dump_spec(spec, fmt or input_format), nl=False)
-    click.echo(f"moved {changed} path{'s' if changed != 1 else ''} from {old} to {new}",
-               err=True)
+    info(f"moved {changed} path{'s' if changed != 1 else ''} from {old} to {new}")
 
 
 @click.group("transform")

@@ -7,6 +7,7 @@ from typing import Optional
 import click
 
 from nvshim.cli.options import CONFIG_FILE, FORMAT
+from nvshim.cli.output import info
 
 __all__ = ["config_group"]
 
@@ -32,9 +33,9 @@ def config_compile(config_file: Optional[str]) -> None:
     from nvshim.runtime.compile import compile_node
 
     out, plan, index = compile_node(config_file)
-    click.echo(f"wrote {out}", err=True)
-    click.echo(f"node plan: {plan}", err=True)
-    click.echo(f"CDI index: {index}", err=True)
+    info(f"wrote {out}")
+    info(f"node plan: {plan}")
+    info(f"CDI index: {index}")
 
 
 @config_group.command("show")

@@ -258,3 +258,23 @@ def test_directories_show_dir_and_files_show_file(capsys: pytest.CaptureFixture[
     code, out, _ = run_cli(["sim", "create", "--help"], capsys)
     assert code == 0 and "Usage: nvshim sim create [OPTIONS] DIR" in out
     assert "--dev-root DIR" in out and "DIRECTORY" not in out
+
+
+def test_quiet_config_compile_and_cdi_validate_print_no_progress_lines(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The `wrote …` lines of config compile and the count line of cdi validate are
+    informational: gone under --quiet, there without it."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"driver-root: {tmp_path}\ncdi-spec-dirs: [{tmp_path}/cdi]\n"
+                      "grants-journal: null\n")
+    code, out, err = run_cli(["--quiet", "config", "compile", "--config", str(config)], capsys)
+    assert (code, out, err) == (0, "", "")
+    code, _, err = run_cli(["config", "compile", "--config", str(config)], capsys)
+    assert code == 0 and "wrote " in err
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": '
+                    '[{"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}]}')
+    code, out, err = run_cli(["--quiet", "cdi", "validate", str(spec)], capsys)
+    assert (code, out, err) == (0, "", "")
+    code, _, err = run_cli(["cdi", "validate", str(spec)], capsys)
+    assert code == 0 and "1 file, 0 problems" in err
