@@ -3,9 +3,9 @@
 A thin shell over :mod:`nvshim.node.containerd` (and ``containerd_revert``),
 :mod:`nvshim.node.docker` and :mod:`nvshim.node.crio`: it turns flags into one call,
 prints the files (``--dry-run``, with where each goes on stderr) or a one-line summary to
-stderr, or with ``--format json`` one document saying what is (or would be) written where,
-and lets :class:`NvshimError` propagate to the ``nvshim`` entry point, which prints
-``nvshim: <message>`` and exits 1.
+stderr (both dropped by ``nvshim --quiet``; warnings never are), or with ``--format json``
+one document saying what is (or would be) written where, and lets :class:`NvshimError`
+propagate to the ``nvshim`` entry point, which prints ``nvshim: <message>`` and exits 1.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import click
 
 from nvshim.cli.options import FORMAT
+from nvshim.cli.output import info
 from nvshim.errors import UsageError
 from nvshim.node import containerd, containerd_revert, crio, docker
 from nvshim.node.engine_files import BACKUP_SUFFIX, FileChange, backup_path
@@ -107,12 +108,12 @@ _ROLE_TEXT = {
 
 def _print_plan(rows: Iterable[Dict[str, Any]]) -> None:
     """The ``--dry-run`` summary on stderr: what a real run would do to which path."""
-    click.echo("dry run: nothing written; a real run would:", err=True)
+    info("dry run: nothing written; a real run would:")
     for row in rows:
         role = _ROLE_TEXT[row["role"]]
         if row["role"] == "backup" and row["action"] == "remove":
             role = "backup, no longer needed"
-        click.echo(f"  {row['action']:<9} {row['path']} ({role})", err=True)
+        info(f"  {row['action']:<9} {row['path']} ({role})")
 
 
 def _emit_json(document: Dict[str, Any]) -> None:
@@ -334,9 +335,9 @@ def configure_command(
             done.append("removed " + _join(result.removed))
         if done:
             restart = f"restart {'dockerd' if engine == 'docker' else engine}"
-            click.echo("; ".join(done) + f"; {restart} to drop the runtime", err=True)
+            info("; ".join(done) + f"; {restart} to drop the runtime")
         else:
-            click.echo(f"nothing to revert in {config_path}", err=True)
+            info(f"nothing to revert in {config_path}")
         return
 
     require_allocation = _require_allocation() if set_as_default else False
@@ -368,11 +369,6 @@ def configure_command(
     if dry_run or as_json:
         return
     if result_c.written:
-        click.echo(
-            f'wrote {_join(result_c.written)}; {_RESTART[engine]} to use runtime "{name}"',
-            err=True,
-        )
+        info(f'wrote {_join(result_c.written)}; {_RESTART[engine]} to use runtime "{name}"')
     else:
-        click.echo(
-            f'{result_c.handler_file} already has runtime "{name}"; nothing written', err=True
-        )
+        info(f'{result_c.handler_file} already has runtime "{name}"; nothing written')

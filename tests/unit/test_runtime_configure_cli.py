@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 from click.testing import CliRunner
@@ -234,3 +234,29 @@ def test_help_shows_file_and_name_metavars() -> None:
                    "--format [text|json]"):
         assert option in result.output
     assert "TEXT" not in result.output and "PATH" not in result.output
+
+
+def _main(args: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, str, str]:
+    """``nvshim ARGS`` through the console entry point: (exit code, stdout, stderr)."""
+    from nvshim.cli.main import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    out, err = capsys.readouterr()
+    return (exc.value.code if isinstance(exc.value.code, int) else 1), out, err
+
+
+def test_quiet_drops_the_summary_but_not_warnings(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`nvshim --quiet runtime configure` prints no "wrote …" line and no dry-run summary;
+    a warning still prints, and the files are written."""
+    config = tmp_path / "daemon.json"
+    config.write_text('{"default-runtime": "nvshim"}\n')
+    args = ["--quiet", "runtime", "configure", "--runtime", "docker", "--config", str(config)]
+    code, out, err = _main([*args, "--dry-run"], capsys)
+    assert code == 0 and out.startswith(f"# --- {config} ---\n")
+    assert err.startswith("nvshim: warning: removed") and err.count("\n") == 1
+    code, out, err = _main(args, capsys)
+    assert code == 0 and out == ""
+    assert err.startswith("nvshim: warning: removed") and err.count("\n") == 1
+    assert "nvshim" in json.loads(config.read_text())["runtimes"]
