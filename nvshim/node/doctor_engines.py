@@ -151,10 +151,10 @@ def check_drop_in_drift(path: str) -> Optional[Finding]:
     for drop_in, keys in drift:
         shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
         lines.append(f"{drop_in} has a stale copy of {path}: {shown} differ")
-    from nvshim.node.containerd_toml import DEFAULT_DROP_IN
+    from nvshim.node.containerd_toml import default_drop_in
 
     first = drift[0][0]
-    flag = "" if first == DEFAULT_DROP_IN else f" --drop-in {first}"
+    flag = "" if first == default_drop_in(path) else f" --drop-in {first}"
     return Finding(
         "containerd-drop-in", "fail",
         "; ".join(lines) + " (containerd before 2.1 uses the drop-in's table, not the main file's)",
