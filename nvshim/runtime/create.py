@@ -20,7 +20,7 @@ import os
 from nvshim._record import dataclass, field
 from nvshim.config import Config
 from nvshim.edits import Edits
-from nvshim.errors import HostError, RequestError, SpecError
+from nvshim.errors import CdiError, HostError, RequestError, SpecError
 from nvshim.runtime.apply import apply_edits
 from nvshim.runtime.hostedits import driver_edits, gpu_edits, mig_edits, skew_message
 from nvshim.runtime.request import (
@@ -35,7 +35,7 @@ TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["Plan", "plan_create", "commit"]
+__all__ = ["Plan", "plan_create", "commit", "describe_config"]
 
 
 @dataclass
@@ -235,7 +235,10 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
         if log is not None:
             log.event("cdi", source=plan.cdi_source)
 
-        edits = edits + resolve_devices(registry, cdi_names)
+        try:
+            edits = edits + resolve_devices(registry, cdi_names)
+        except CdiError as exc:
+            raise CdiError(f"{exc} ({describe_config(config)})") from exc
         edits = restrict_to_capabilities(_fill_device_nodes(edits), request.capabilities)
         plan.cdi_names = cdi_names
 
@@ -337,14 +340,13 @@ def _node_edits(
     from nvshim.runtime.tokens import select_gpus
 
     try:
-        chosen_refs, chosen_migs = select_gpus(tokens, refs) if tokens else ((), ())
+        chosen_refs, chosen_migs = (select_gpus(tokens, refs, _looked_under(config, host))
+                                    if tokens else ((), ()))
     except RequestError as exc:
-        if refs or host.driver_root == "/":
+        if refs or os.path.isdir(host.driver_root):
             raise
-        # no GPU at all under a configured driver root: most likely the root is wrong
-        where = ("does not exist" if not os.path.isdir(host.driver_root)
-                 else "holds no NVIDIA GPU")
-        raise RequestError(f"{exc} (config driver-root {host.driver_root} {where})") from None
+        # no GPU at all under a driver root that is not there: most likely a typo
+        raise RequestError(f"{exc}; driver root {host.driver_root} does not exist") from None
     by_index = {g.index: g for g in gpus}
     chosen = tuple(by_index[r.index] for r in chosen_refs)
     migs: List[Tuple[Any, Any]] = []
@@ -381,6 +383,22 @@ def _node_edits(
     for parent, mig in migs:
         edits = edits + mig_edits(parent, mig)
     return edits
+
+
+def describe_config(config: Config) -> str:
+    """Which configuration a create used, for error lines: ``config <file>``, or the
+    built-in defaults and the file that was looked for (podman, for one, does not pass
+    ``NVSHIM_CONFIG`` on to the runtime)."""
+    if config.source:
+        return f"config {config.source}"
+    from nvshim.config import config_path
+
+    return f"built-in defaults: no config {config_path()}"
+
+
+def _looked_under(config: Config, host: Any) -> str:
+    """Where a create looked for GPUs: ``under driver root / (config /etc/nvshim/config.yaml)``."""
+    return f"under driver root {host.driver_root} ({describe_config(config)})"
 
 
 def _gpus_of_nodes(host: Any, edits: Edits) -> Tuple[Tuple[Any, ...], Tuple[Tuple[Any, Any], ...]]:

@@ -138,12 +138,14 @@ def _node_summary(gpus: Sequence[GpuRef]) -> str:
 
 
 def select_gpus(
-    tokens: Sequence[str], gpus: Sequence[GpuRef]
+    tokens: Sequence[str], gpus: Sequence[GpuRef], where: str = ""
 ) -> Tuple[Tuple[GpuRef, ...], Tuple[MigRef, ...]]:
     """Map request tokens (not CDI names) onto GPUs and MIG devices, in request order.
 
     ``all`` selects every GPU (a MIG-enabled GPU brings its MIG devices). Unknown tokens
-    raise one error naming the token and what the node has.
+    raise one error naming the token, what the node has and ``where`` that was looked up
+    (e.g. ``under driver root / (config /etc/nvshim/config.yaml)``), placed right after
+    the node's devices.
     """
     if tuple(tokens) == ("all",):
         return tuple(gpus), tuple(m for g in gpus for m in g.mig)
@@ -179,9 +181,12 @@ def select_gpus(
             chosen_mig.setdefault(mig.uuid, mig)
         else:
             summary = _node_summary(gpus)
+            hint = ""
             if _mig_uuid(token) or pair is not None:
                 summary += f" and MIG devices {', '.join(sorted(mig_by_pair)) or 'none'}"
                 if not mig_by_pair:  # their UUIDs come from NVML (or config nvml-facts)
-                    summary += " (MIG devices are named by NVML; without it, config nvml-facts)"
-            raise RequestError(f'unknown device "{token}": {summary}')
+                    hint = "; MIG devices are named by NVML or, without it, by config nvml-facts"
+            if where:
+                summary += f" {where}"
+            raise RequestError(f'unknown device "{token}": {summary}{hint}')
     return tuple(chosen.values()), tuple(chosen_mig.values())

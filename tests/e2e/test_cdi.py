@@ -146,7 +146,8 @@ def test_unknown_cdi_name_fails_and_keeps_bytes(
     runc: Runc, rootfs: Path, tmp_path: Path, cdi_env: Dict[str, str], nvshim_runtime_bin: str,
 ) -> None:
     """NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=9 fails create with exit 1, one error naming the
-    device and the spec directories searched, and config.json byte-identical."""
+    device, the spec directories searched and the config that named them, and config.json
+    byte-identical."""
     bundle = make_bundle(tmp_path / "b", rootfs, ["true"], env=["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=9"])
     spec = bundle / "config.json"
     before = spec.read_bytes()
@@ -157,6 +158,7 @@ def test_unknown_cdi_name_fails_and_keeps_bytes(
     assert len(res.log_errors) == 1, res.describe()
     for text in (res.log_errors[0], res.stderr):
         assert "nvidia.com/gpu=9" in text and spec_dir in text, res.describe()
+        assert f"(config {cdi_env['NVSHIM_CONFIG']})" in text, res.describe()
     assert "Traceback" not in res.stderr
 
 
@@ -188,3 +190,4 @@ def test_fifo_and_device_in_spec_dir_do_not_hang_create(
                             timeout=30).check()
     minor = node.gpus[0].minor
     assert seen_devices(res.stdout) == {f"/dev/nvidia{minor}": (195, minor), **CONTROL}, res.describe()
+

@@ -116,11 +116,13 @@ def test_run_command_is_modified_too(runc, node, rootfs, tmp_path, nvshim_runtim
 
 
 @pytest.mark.parametrize("damage", ["truncated", "truncated-before-request", "unknown-device"])
-def test_errors_leave_file_and_report_twice(engine, rootfs, tmp_path, nvshim_runtime_bin, damage):
+def test_errors_leave_file_and_report_twice(engine, node, rootfs, tmp_path, nvshim_runtime_bin,
+                                            damage):
     """A failing create exits 1, appends one JSON error line to --log, prints one stderr line,
     and leaves config.json byte-identical. A spec cut off before it could ask for a GPU is
-    runc's to reject (the trampoline hands it over untouched); anything else is nvshim's."""
-    driver, env, _ = engine
+    runc's to reject (the trampoline hands it over untouched); anything else is nvshim's. An
+    unknown device names the driver root and the config file looked at."""
+    driver, env, cfg = engine
     bundle = make_bundle(tmp_path / "b", rootfs, ["true"], env=["NVIDIA_VISIBLE_DEVICES=7"])
     spec = bundle / "config.json"
     raw = spec.read_bytes()
@@ -132,7 +134,8 @@ def test_errors_leave_file_and_report_twice(engine, rootfs, tmp_path, nvshim_run
         spec.write_bytes(raw[:raw.index(b'"env"')])
         expected = ""  # runc's own words ("unexpected EOF" / "error loading config.json")
     else:
-        expected = 'unknown device "7": this node has GPUs 0-3'
+        expected = (f'unknown device "7": this node has GPUs 0-3 under driver root {node.root} '
+                    f"(config {cfg})")
     before = spec.read_bytes()
     log = tmp_path / "log.json"
     res = driver.create(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env, log=log)

@@ -283,8 +283,27 @@ def test_unknown_tokens(token, message):
 def test_unknown_mig_on_a_node_without_named_mig_devices_points_at_nvml_facts():
     """No MIG device known at all: the error says where MIG names come from."""
     plain = tuple(g for g in GPUS if not g.mig)
-    with pytest.raises(RequestError, match="MIG devices none .*config nvml-facts"):
+    with pytest.raises(RequestError, match="MIG devices none; .*config nvml-facts$"):
         select_gpus(("0:0",), plain)
+
+
+@pytest.mark.parametrize(
+    "token,gpus,message",
+    [
+        ("7", GPUS, 'unknown device "7": this node has GPUs 0-3 under driver root /r (config /c.yaml)'),
+        ("0", (), 'unknown device "0": this node has no GPUs under driver root /r (config /c.yaml)'),
+        ("0:5", GPUS, 'unknown device "0:5": this node has GPUs 0-3 and MIG devices 1:0 under '
+                      "driver root /r (config /c.yaml)"),
+        ("0:0", (), 'unknown device "0:0": this node has no GPUs and MIG devices none under '
+                    "driver root /r (config /c.yaml); MIG devices are named by NVML or, "
+                    "without it, by config nvml-facts"),
+    ],
+)
+def test_unknown_tokens_say_where_they_were_looked_up(token, gpus, message):
+    """The caller's ``where`` (driver root and config) follows what the node has, before any hint."""
+    with pytest.raises(RequestError) as info:
+        select_gpus((token,), gpus, "under driver root /r (config /c.yaml)")
+    assert str(info.value) == message
 
 
 def test_unknown_on_empty_node():

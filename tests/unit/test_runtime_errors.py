@@ -133,14 +133,18 @@ def test_create_in_a_removed_directory_says_so_in_one_line(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("kind", ["missing", "empty"])
-def test_a_gpu_request_on_a_wrong_driver_root_names_the_root(tmp_path: Path, kind: str) -> None:
+def test_a_gpu_request_on_a_wrong_driver_root_names_the_root(
+        tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A careless ``driver-root`` (a typo, a node not built yet) must not read like a node
-    without GPUs: the one line names the configured root and what is wrong with it."""
+    without GPUs: the one line names the root looked under, the config (here none: the
+    built-in defaults and the file looked for) and, when the root is missing, says so."""
     from nvshim.config import Config
     from nvshim.errors import RequestError
     from nvshim.runtime.create import plan_create
     from tests.helpers.bundle import make_bundle, make_rootfs
 
+    absent = tmp_path / "absent.yaml"
+    monkeypatch.setenv("NVSHIM_CONFIG", str(absent))
     bundle = make_bundle(tmp_path / "b", make_rootfs(tmp_path / "rootfs"), ["true"],
                          env={"NVIDIA_VISIBLE_DEVICES": "0"})
     root = tmp_path / "driver"
@@ -149,16 +153,16 @@ def test_a_gpu_request_on_a_wrong_driver_root_names_the_root(tmp_path: Path, kin
     before = (bundle / "config.json").read_bytes()
     with pytest.raises(RequestError) as info:
         plan_create(str(bundle), Config(driver_root=str(root)))
-    message = str(info.value)
-    assert "\n" not in message
-    assert message.startswith('unknown device "0": this node has no GPUs')
-    what = "does not exist" if kind == "missing" else "holds no NVIDIA GPU"
-    assert f"(config driver-root {root} {what})" in message
+    expected = (f'unknown device "0": this node has no GPUs under driver root {root} '
+                f"(built-in defaults: no config {absent})")
+    if kind == "missing":
+        expected += f"; driver root {root} does not exist"
+    assert str(info.value) == expected
     assert (bundle / "config.json").read_bytes() == before
 
 
-def test_a_gpu_request_on_the_host_root_keeps_the_plain_message(tmp_path: Path) -> None:
-    """On ``driver-root: /`` (the default) "no GPUs" is the whole truth: no root is named."""
+def test_a_gpu_request_on_the_host_root_names_root_and_config(tmp_path: Path) -> None:
+    """On ``driver-root: /`` too, "no GPUs" says where it looked and which config said so."""
     from nvshim.config import Config
     from nvshim.errors import RequestError
     from nvshim.runtime.create import plan_create
@@ -168,5 +172,58 @@ def test_a_gpu_request_on_the_host_root_keeps_the_plain_message(tmp_path: Path) 
         pytest.skip("this host has NVIDIA GPUs")
     bundle = make_bundle(tmp_path / "b", make_rootfs(tmp_path / "rootfs"), ["true"],
                          env={"NVIDIA_VISIBLE_DEVICES": "0"})
-    with pytest.raises(RequestError, match=r'^unknown device "0": this node has no GPUs$'):
-        plan_create(str(bundle), Config(driver_root="/"))
+    cfg = tmp_path / "config.yaml"
+    with pytest.raises(RequestError) as info:
+        plan_create(str(bundle), Config(driver_root="/", source=str(cfg)))
+    assert str(info.value) == ('unknown device "0": this node has no GPUs under driver root / '
+                               f"(config {cfg})")
+
+
+def _runtime_create(runtime: str, bundle: Path, log: Path,
+                    environ: dict) -> "subprocess.CompletedProcess[str]":
+    """``nvshim-runtime --log LOG --log-format json create --bundle BUNDLE c0``."""
+    return subprocess.run(
+        [runtime, "--log", str(log), "--log-format", "json", "create", "--bundle", str(bundle),
+         "c0"],
+        capture_output=True, text=True, timeout=60,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **environ})
+
+
+@pytest.mark.parametrize("configured", [True, False])
+def test_unknown_device_from_the_runtime_names_config_and_driver_root(
+        tmp_path: Path, configured: bool, nvshim_runtime_bin: str) -> None:
+    """``nvshim-runtime create`` asking for a GPU the node lacks: the stderr line and the
+    ``--log`` JSON error line both name the driver root looked under and the config used —
+    or, when the config file is absent (podman passes no NVSHIM_CONFIG), the built-in
+    defaults and the file looked for; config.json stays byte-identical."""
+    import json
+
+    from tests.helpers.bundle import make_bundle, make_rootfs
+
+    cfg = tmp_path / "cfg" / "config.yaml"
+    if configured:
+        if os.geteuid() != 0:
+            pytest.skip("a simulated node needs root (mknod)")
+        from nvshim.host.sim import create_node
+
+        node = create_node(str(tmp_path / "node"), gpus=1)
+        cfg.parent.mkdir()
+        cfg.write_text(f"driver-root: {node.root}\nruntimes: [/bin/true]\n"
+                       f"grants-journal: {tmp_path / 'grants.jsonl'}\n")
+        expected = (f'unknown device "1": this node has GPUs 0 under driver root {node.root} '
+                    f"(config {cfg})")
+    else:
+        if os.path.exists("/proc/driver/nvidia/gpus") and os.listdir("/proc/driver/nvidia/gpus"):
+            pytest.skip("this host has NVIDIA GPUs")
+        expected = ('unknown device "1": this node has no GPUs under driver root / '
+                    f"(built-in defaults: no config {cfg})")
+    bundle = make_bundle(tmp_path / "b", make_rootfs(tmp_path / "rootfs"), ["true"],
+                         env={"NVIDIA_VISIBLE_DEVICES": "1"})
+    before = (bundle / "config.json").read_bytes()
+    log = tmp_path / "runc.log"
+    res = _runtime_create(nvshim_runtime_bin, bundle, log, {"NVSHIM_CONFIG": str(cfg)})
+    assert res.returncode == 1, res.stderr
+    assert res.stderr == f"nvshim: {expected}\n"
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["level"], r["msg"]) for r in records] == [("error", f"nvshim: {expected}")]
+    assert (bundle / "config.json").read_bytes() == before
