@@ -21,6 +21,10 @@ imported only when a YAML spec changed) and written atomically for the next crea
 missing, corrupt or unwritable index is never trusted and never fails a create, nor is
 one that others could have written (it carries hooks and mounts: the config's ownership
 and mode rule applies). It is also written by ``nvshim config compile``.
+
+:func:`stale_specs` says which of the specs a create injects from no longer describe the
+node (another driver's libraries, device nodes the node lacks or numbers differently):
+a few string checks and one ``stat`` per injected device node, on the specs used only.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
 
     from nvshim.cdi.model import Registry
 
-__all__ = ["FORMAT", "build", "load", "registry_for", "refresh"]
+__all__ = ["FORMAT", "build", "load", "registry_for", "refresh", "stale_specs"]
 
 FORMAT = 1
 
@@ -200,3 +204,73 @@ def registry_for(spec_dirs: Sequence[str], names: Sequence[str], index_path: Opt
 def refresh(spec_dirs: Sequence[str], index_path: str) -> str:
     """Rebuild and write the index (``nvshim config compile``)."""
     return _save(index_path, build(spec_dirs))
+
+
+#: Driver libraries whose file is always named ``<prefix><driver version>``: a spec that
+#: mounts one of another version was made for another driver.
+_DRIVER_VERSIONED = ("libcuda.so.", "libnvidia-ml.so.")
+
+
+def _is_version(text: str) -> bool:
+    """``550.54.15``, ``550.54``: numbers with dots (``libcuda.so.1``, a link, is not one)."""
+    parts = text.split(".")
+    return len(parts) > 1 and all(p.isascii() and p.isdigit() for p in parts)
+
+
+def _spec_mismatch(edits: Sequence[Any], driver_version: Optional[str]) -> List[str]:
+    """Why one spec's injected ``edits`` (its own and its devices') do not match the node
+    (empty: they do)."""
+    import stat
+
+    reasons: List[str] = []
+    if driver_version is not None:
+        for mount in (m for e in edits for m in e.mounts):
+            name = mount.host_path.rsplit("/", 1)[-1]
+            version = next((name[len(p):] for p in _DRIVER_VERSIONED if name.startswith(p)), "")
+            if _is_version(version) and version != driver_version:
+                reasons.append(f"it mounts {name}, the node's driver is {driver_version}")
+                break
+    missing: List[str] = []
+    for node in dict.fromkeys(n for e in edits for n in e.device_nodes):
+        try:
+            st = os.stat(node.source)
+        except (FileNotFoundError, NotADirectoryError):
+            missing.append(node.source)
+            continue
+        except OSError:
+            continue  # cannot tell (no permission): runc will say
+        if node.major is None or node.minor is None:
+            continue
+        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+            continue
+        actual = (os.major(st.st_rdev), os.minor(st.st_rdev))
+        if actual != (node.major, node.minor):
+            reasons.append(f"{node.source} is {actual[0]}:{actual[1]} on the node, "
+                           f"{node.major}:{node.minor} in the spec")
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3
+                                          else "")
+        reasons.append(f"{shown} {'does' if len(missing) == 1 else 'do'} not exist")
+    return reasons
+
+
+def stale_specs(registry: Registry, names: Sequence[str],
+                driver_version: Optional[str]) -> List[str]:
+    """One line per spec file that ``names`` inject from and that no longer matches the
+    node: a driver-versioned library (``libcuda.so.<v>``, ``libnvidia-ml.so.<v>``) of
+    another version than ``driver_version`` (None: not compared), or an injected device
+    node that does not exist or has other numbers. Names the registry lacks are skipped
+    (resolving them reports them)."""
+    used: Dict[str, List[Any]] = {}
+    for name in dict.fromkeys(names):
+        resolved = registry.devices.get(name)
+        if resolved is None:
+            continue
+        used.setdefault(resolved.spec.path, [resolved.spec.edits]).append(resolved.device.edits)
+    lines = []
+    for path, edits in used.items():
+        reasons = _spec_mismatch(edits, driver_version)
+        if reasons:
+            lines.append(f"CDI spec {path} does not match this node ({'; '.join(reasons)}): "
+                         f"regenerate it with nvshim cdi generate --output {path}")
+    return lines

@@ -239,6 +239,7 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
             edits = edits + resolve_devices(registry, cdi_names)
         except CdiError as exc:
             raise CdiError(f"{exc} ({describe_config(config)})") from exc
+        _check_cdi_specs(plan, registry, cdi_names, config)
         edits = restrict_to_capabilities(_fill_device_nodes(edits), request.capabilities)
         plan.cdi_names = cdi_names
 
@@ -267,6 +268,24 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
         log.event("edits", edits=plan.applied_edits().to_cdi())
     plan.new_spec = apply_edits(spec, plan.applied_edits())
     return plan
+
+
+def _check_cdi_specs(plan: Plan, registry: Any, names: Sequence[str], config: Config) -> None:
+    """Say when a spec these CDI names inject from was made for another driver or other
+    device nodes (``stale-cdi-spec``: a warning in runc's ``--log`` and a note, or a
+    refusal). Cheap: string checks and one stat per injected device node."""
+    from nvshim.cdi.index import stale_specs
+
+    try:
+        version: Optional[str] = plan.host.driver_version()
+    except HostError:
+        version = None  # no driver under the root: there is nothing to compare with
+    for line in stale_specs(registry, names, version):
+        if config.stale_cdi_spec == "refuse":
+            raise CdiError(f"{line} (stale-cdi-spec: refuse)")
+        warning = f"{line}; injected anyway (stale-cdi-spec: warn)"
+        plan.notes.append(warning)
+        plan.log_warnings.append(warning)
 
 
 def _refuse_host_root(spec: Dict[str, Any], bundle: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, Set, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 import pytest
 
@@ -191,3 +191,110 @@ def test_fifo_and_device_in_spec_dir_do_not_hang_create(
     minor = node.gpus[0].minor
     assert seen_devices(res.stdout) == {f"/dev/nvidia{minor}": (195, minor), **CONTROL}, res.describe()
 
+
+OLD_VERSION = "535.104.05"
+
+
+def _stale_spec(kind: str, node: Any, spec_text: str, tmp_path: Path) -> Tuple[str, str]:
+    """(spec text, device to ask for) of a spec that no longer describes ``node``:
+    ``driver``: made when the node ran driver 535 (its libraries are still on disk, under
+    another root); ``gpus``: the node's own spec plus a GPU 7 whose /dev/nvidia7 it lacks."""
+    import yaml
+
+    from nvshim.host.sim import create_node
+    from nvshim.runtime.hookargs import hook_command
+
+    if kind == "driver":
+        old = create_node(str(tmp_path / "old-node"), gpus=2, driver_version=OLD_VERSION)
+        return dump_spec(generate_spec(Host(old.root), hook_command=hook_command()), "yaml"), "0"
+    doc = yaml.safe_load(spec_text)
+    doc["devices"].append({"name": "7", "containerEdits": {"deviceNodes": [{
+        "path": "/dev/nvidia7", "hostPath": f"{node.root}/dev/nvidia7", "type": "c",
+        "major": 195, "minor": 7}]}})
+    return dump_spec(doc, "yaml"), "7"
+
+
+def _stale_env(tmp_path: Path, node: Any, text: str, policy: str) -> Dict[str, str]:
+    spec_dir = tmp_path / "cdi"
+    spec_dir.mkdir()
+    (spec_dir / "nvidia.yaml").write_text(text)
+    cfg = write_nvshim_config(tmp_path / "cfg", {
+        "driver-root": node.root, "runtimes": ["runc"], "cdi-spec-dirs": [str(spec_dir)],
+        "stale-cdi-spec": policy,
+    })
+    compile_node(str(cfg))
+    return {"NVSHIM_CONFIG": str(cfg), "PATH": PATH_ENV}
+
+
+def _warnings(res: Any) -> List[str]:
+    return [str(x.get("msg")) for x in res.log_lines if x.get("level") == "warning"]
+
+
+@pytest.mark.parametrize("kind", ["driver", "gpus"])
+def test_create_from_a_stale_spec_warns_in_the_log(
+    runc: Runc, node: Any, spec_text: str, rootfs: Path, tmp_path: Path, nvshim_runtime_bin: str,
+    kind: str,
+) -> None:
+    """A create that injects from a spec made for another driver (libcuda.so.535…) or naming a
+    GPU node the node lacks (/dev/nvidia7) writes one warning line to runc's --log naming
+    the spec and why, and the container is still created (stale-cdi-spec: warn, the default);
+    ``nvshim inspect`` shows the same line among its warnings and notes."""
+    from nvshim.config import load_config
+    from nvshim.runtime.create import plan_create
+    from nvshim.runtime.inspection import plan_summary
+
+    text, device = _stale_spec(kind, node, spec_text, tmp_path)
+    env = _stale_env(tmp_path, node, text, "warn")
+    bundle = make_bundle(tmp_path / "b", rootfs, ["true"],
+                         env=[f"NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu={device}"])
+    config = load_config(env["NVSHIM_CONFIG"])
+    inspected = plan_summary(plan_create(str(bundle), config), config)
+    cid = unique_id()
+    res = runc.create(bundle, cid, runtime=nvshim_runtime_bin, env=env, log=tmp_path / "log.json")
+    assert res.rc == 0, res.describe()
+    assert runc.state(cid, env=env).json()["status"] == "created"
+    why = (f"it mounts libcuda.so.{OLD_VERSION}, the node's driver is {VERSION}" if kind == "driver"
+           else f"{node.root}/dev/nvidia7 does not exist")
+    assert _warnings(res) == [
+        f"nvshim: CDI spec {tmp_path}/cdi/nvidia.yaml does not match this node ({why}): "
+        f"regenerate it with nvshim cdi generate --output {tmp_path}/cdi/nvidia.yaml; "
+        "injected anyway (stale-cdi-spec: warn)"], res.describe()
+    assert res.log_errors == [] and res.stdout == ""
+    line = _warnings(res)[0][len("nvshim: "):]
+    assert inspected["warnings"] == [line] and line in inspected["notes"]
+
+
+@pytest.mark.parametrize("kind", ["driver", "gpus"])
+def test_create_from_a_stale_spec_is_refused_when_configured(
+    runc: Runc, node: Any, spec_text: str, rootfs: Path, tmp_path: Path, nvshim_runtime_bin: str,
+    kind: str,
+) -> None:
+    """Under stale-cdi-spec: refuse the same create exits 1 with one line (stderr and --log)
+    naming the spec and the setting, and config.json stays byte-identical."""
+    text, device = _stale_spec(kind, node, spec_text, tmp_path)
+    env = _stale_env(tmp_path, node, text, "refuse")
+    bundle = make_bundle(tmp_path / "b", rootfs, ["true"],
+                         env=[f"NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu={device}"])
+    before = (bundle / "config.json").read_bytes()
+    res = runc.create(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env,
+                      log=tmp_path / "log.json")
+    assert res.rc == 1, res.describe()
+    assert (bundle / "config.json").read_bytes() == before
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and res.log_errors == lines, res.describe()
+    assert lines[0].startswith(f"nvshim: CDI spec {tmp_path}/cdi/nvidia.yaml does not match "
+                               "this node (")
+    assert lines[0].endswith("(stale-cdi-spec: refuse)"), lines
+    assert _warnings(res) == []
+
+
+def test_create_from_a_current_spec_warns_nothing(
+    runc: Runc, rootfs: Path, tmp_path: Path, cdi_env: Dict[str, str], nvshim_runtime_bin: str,
+) -> None:
+    """The node's own spec (every GPU, the driver's libraries, own-versioned ones too) gives no
+    stale-spec warning."""
+    bundle = make_bundle(tmp_path / "b", rootfs, ["true"], env=["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=all"])
+    res = runc.create(bundle, unique_id(), runtime=nvshim_runtime_bin, env=cdi_env,
+                      log=tmp_path / "log.json")
+    assert res.rc == 0, res.describe()
+    assert _warnings(res) == [] and res.log_errors == [], res.describe()

@@ -131,3 +131,41 @@ def test_index_others_could_write_is_not_trusted(tmp_path):
     assert "not trusted" in source
     assert all(d.device.edits.env != ("G=planted",) for d in reg.devices.values())
     assert os.stat(index).st_mode & 0o777 == 0o644
+
+
+def _gpu_spec(libs: list, nodes: list) -> dict:
+    """An nvidia.com/gpu spec: ``libs`` mounted by the spec, one device per (name, node)."""
+    return {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+            "containerEdits": {"mounts": [{"hostPath": p, "containerPath": p} for p in libs]},
+            "devices": [{"name": name, "containerEdits": {"deviceNodes": [node]}}
+                        for name, node in nodes]}
+
+
+def test_stale_specs_names_the_used_spec_and_every_reason(tmp_path):
+    """Another driver's libcuda/libnvidia-ml, a missing device node and one numbered otherwise
+    make the spec a device is injected from stale; SONAME links, own-versioned libraries and
+    the node's own version do not, and neither do specs (or devices) not injected."""
+    lib = "/usr/lib/x86_64-linux-gnu"
+    null = {"path": "/dev/nvnull", "hostPath": "/dev/null", "type": "c", "major": 1, "minor": 3}
+    odd = dict(null, minor=5)
+    gone = {"path": "/dev/nvidia7", "hostPath": str(tmp_path / "dev" / "nvidia7"), "type": "c",
+            "major": 195, "minor": 7}
+    put(tmp_path / "cdi", "old.yaml", _gpu_spec(
+        [f"{lib}/libcuda.so.1", f"{lib}/libnvidia-egl-wayland.so.1.1.13",
+         f"{lib}/libnvidia-ml.so.535.104.05"], [("0", null), ("1", odd), ("7", gone)]))
+    put(tmp_path / "cdi", "ok.json", dict(_gpu_spec([f"{lib}/libcuda.so.550.54.15"],
+                                                    [("x", null)]), kind="acme.com/gpu"))
+    reg = load_registry([str(tmp_path / "cdi")])
+    old = str(tmp_path / "cdi" / "old.yaml")
+    head = f"CDI spec {old} does not match this node ("
+    tail = f"): regenerate it with nvshim cdi generate --output {old}"
+    version = "it mounts libnvidia-ml.so.535.104.05, the node's driver is 550.54.15"
+
+    assert cdiindex.stale_specs(reg, ["acme.com/gpu=x"], "550.54.15") == []
+    assert cdiindex.stale_specs(reg, ["nvidia.com/gpu=0"], "550.54.15") == [head + version + tail]
+    assert cdiindex.stale_specs(reg, ["nvidia.com/gpu=0"], "535.104.05") == []
+    assert cdiindex.stale_specs(reg, ["nvidia.com/gpu=0"], None) == []
+    assert cdiindex.stale_specs(reg, ["nvidia.com/gpu=1", "nvidia.com/gpu=7",
+                                      "nvidia.com/gpu=9"], "535.104.05") == [
+        head + f"/dev/null is 1:3 on the node, 1:5 in the spec; {gone['hostPath']} does not exist"
+        + tail]
