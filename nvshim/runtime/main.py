@@ -93,6 +93,22 @@ def _cwd() -> str:
         raise HostError(f"no --bundle and no current directory: {exc.strerror}") from exc
 
 
+def _absolute(path: str) -> str:
+    """``path`` (``--bundle``) made absolute against the current directory, so that the
+    debug log and every message name the bundle wherever they are read. ``.`` components
+    are dropped; ``..`` ones are kept: past a symlink only the kernel knows where they
+    lead, and runc reads config.json the kernel's way."""
+    if not path.startswith("/"):
+        from nvshim.errors import HostError
+
+        try:
+            path = f"{os.getcwd()}/{path}"
+        except OSError as exc:
+            raise HostError(f"--bundle {path} is relative and there is no current "
+                            f"directory: {exc.strerror}") from exc
+    return "/" + "/".join(part for part in path.split("/") if part and part != ".")
+
+
 def _load_config(inv: Invocation) -> Config:
     from nvshim.config import load_config
     from nvshim.errors import NvshimError
@@ -158,7 +174,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                 raise UsageError(f"{inv.command}: {inv.error}")
             from nvshim.runtime.create import commit, plan_create
 
-            bundle = inv.bundle or _cwd()
+            bundle = _absolute(inv.bundle) if inv.bundle else _cwd()
             plan = plan_create(bundle, config, log=log, save_cache=True)
             for warning in plan.log_warnings:
                 _warn(warning, inv)

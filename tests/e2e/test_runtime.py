@@ -275,6 +275,32 @@ def test_unopenable_debug_log_is_a_log_warning_not_container_stderr(runc, node, 
     assert [(x["level"], "cannot open debug-log" in x["msg"]) for x in lines] == [("warning", True)]
 
 
+@pytest.mark.parametrize("given", [".", "b", "./b/."])
+def test_debug_log_names_a_relative_bundle_absolute(runc, node, rootfs, tmp_path,
+                                                    nvshim_runtime_bin, given):
+    """``--bundle .`` (or any relative bundle, as a person or a script gives it): the
+    container gets its GPU, and every record of the debug log names the bundle, and the
+    rootfs the runtime wrote, by absolute path; they used to be logged as given."""
+    debug = tmp_path / "debug.log"
+    cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["runc"],
+                                                 "debug-log": str(debug)})
+    compile_node(str(cfg))
+    env = {"NVSHIM_CONFIG": str(cfg), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    bundle = make_bundle(tmp_path / "b", rootfs, ["sh", "-c", "ls /dev | grep -c nvidiactl"],
+                         env=["NVIDIA_VISIBLE_DEVICES=0"])
+    cwd = bundle if given == "." else tmp_path
+    res = subprocess.run([nvshim_runtime_bin, "--root", str(runc.root_dir), "run", "--bundle",
+                          given, unique_id()], env=env, capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, cwd=cwd, timeout=60)
+    assert (res.returncode, res.stdout, res.stderr) == (0, "1\n", ""), res
+    records = [json.loads(line) for line in debug.read_text().splitlines()]
+    bundles = [r["bundle"] for r in records if "bundle" in r]
+    assert [r["event"] for r in records if "bundle" in r] == ["request", "create"], records
+    assert bundles == [str(bundle)] * 2, records
+    rootfs_events = [r for r in records if r["event"] == "rootfs"]
+    assert [(r["by"], r["detail"]) for r in rootfs_events] == [("runtime", str(bundle / "rootfs"))]
+
+
 def test_crun_hooks_get_default_sigpipe_through_nvshim(crun, crunw, node, rootfs, tmp_path,
                                                        nvshim_runtime_bin):
     """A prestart hook under crun sees the same ignored signals with and without nvshim in
