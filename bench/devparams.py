@@ -84,7 +84,7 @@ def main() -> int:
                     times[arm].append(took)
         shutil.rmtree(root, ignore_errors=True)
     on, off = times["on"], times["off"]
-    diffs = [a - b for a, b in zip(on, off)]
+    diffs = [a - b for a, b in zip(on, off, strict=True)]
     print(f"pairs: {len(on)}")
     print(f"run with the hook (on):   median {statistics.median(on):7.1f} ms")
     print(f"run without it (off):     median {statistics.median(off):7.1f} ms")

@@ -107,8 +107,8 @@ def main() -> int:
         for i in range(args.runs):
             for mode in (MODES if i % 2 == 0 else MODES[::-1]):
                 samples[mode].append(create(mode))
-        diffs = [k - n for k, n in zip(samples["kubelet"], samples["none"])]
-        ckpt_diffs = [k - n for k, n in zip(samples["checkpoint"], samples["none"])]
+        diffs = [k - n for k, n in zip(samples["kubelet"], samples["none"], strict=True)]
+        ckpt_diffs = [k - n for k, n in zip(samples["checkpoint"], samples["none"], strict=True)]
 
         imports = []
         for _ in range(args.runs):

@@ -119,9 +119,9 @@ def paired(name: str, pairs: int,
             b = baseline(i)
         base.append(b)
         subj.append(s)
-    ratios = [s[0] / b[0] for b, s in zip(base, subj)]
-    diffs = [s[0] - b[0] for b, s in zip(base, subj)]
-    cpu_diffs = [s[1] - b[1] for b, s in zip(base, subj)]
+    ratios = [s[0] / b[0] for b, s in zip(base, subj, strict=True)]
+    diffs = [s[0] - b[0] for b, s in zip(base, subj, strict=True)]
+    cpu_diffs = [s[1] - b[1] for b, s in zip(base, subj, strict=True)]
     return {
         "case": name,
         "runc_ms": summary([b[0] for b in base]),

@@ -133,7 +133,7 @@ def _path_match(pattern: str, path: str) -> bool:
     path_parts = path.split("/")
     if len(pattern_parts) != len(path_parts):
         return False
-    return all(fnmatch.fnmatchcase(p, q) for q, p in zip(pattern_parts, path_parts))
+    return all(fnmatch.fnmatchcase(p, q) for q, p in zip(pattern_parts, path_parts, strict=True))
 
 
 def _build_handler(cri: Any, name: str, binary: str, where: str,

@@ -77,8 +77,9 @@ def _faithful(doc: Any, path: str, warnings: Optional[List[str]]) -> str:
     header lacks the outer table's name, which would put nvshim's handler at the top level
     where containerd never looks, while configure reported success.
     """
-    import tomlkit
     import tomllib
+
+    import tomlkit
 
     text = tomlkit.dumps(doc)
     meant = plain(doc)

@@ -184,7 +184,7 @@ def render_table(holders: Sequence[Holder], indices: Optional[Mapping[str, str]]
                          g.verified, h.status, note))
     rows[1:] = sorted(rows[1:], key=lambda r: (_index_order(r[0]), r))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     if clash:
         lines.append("")
         for gpu, hs in sorted(clash.items()):

@@ -52,7 +52,7 @@ python() {
 }
 
 # 1. The command and, for create/run, the bundle, in runc's or crun's grammar: parsed
-#    exactly as nvshim/_argv.py does (its docstring explains the rules).
+#    exactly as nvshim/runtime/argv.py does (its docstring explains the rules).
 # crun's long options (argp accepts an unambiguous prefix): name:effect
 gopts='cgroup-manager:value debug:bool log:value log-format:value root:value rootless:value
 systemd-cgroup:bool help:help usage:help version:version program-name:value HANG:bool'
@@ -214,7 +214,7 @@ if [ -e "$conf" ]; then
     [ "$fresh" = 1 ] || python "$@"
 fi
 
-# 3. create/run: Python only when config.json can ask for something (see nvshim/_trampoline.py).
+# 3. create/run: Python only when config.json can ask for something (nvshim/runtime/trampoline.py).
 if [ "$decision" = modify ]; then
     [ "$err" = 0 ] || python "$@"
     spec=${bundle:-.}/config.json

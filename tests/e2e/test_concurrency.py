@@ -68,7 +68,7 @@ def test_fifty_parallel_gpu_creates(tmp_path: Path, base_rootfs: Path) -> None:
         with ThreadPoolExecutor(max_workers=CONTAINERS) as pool:
             created = dict(zip(bundles, pool.map(
                 lambda cid: r.create(bundles[cid], cid, runtime=runtime, env=env,
-                                     timeout=300), bundles)))
+                                     timeout=300), bundles), strict=True))
         failed = [res.describe() for res in created.values() if res.rc != 0]
         assert failed == [], "\n\n".join(failed[:3])
 

@@ -176,7 +176,7 @@ def test_default_config_clones_runc_and_copies_whole_cri_table() -> None:
     main_after = files["/etc/containerd/config.toml"]
     assert main_after is not None
     changed = [
-        (a, b) for a, b in zip(original.splitlines(), main_after.splitlines()) if a != b
+        (a, b) for a, b in zip(original.splitlines(), main_after.splitlines(), strict=False) if a != b
     ]
     assert changed == [("imports = []", f'imports = ["{containerd.DEFAULT_DROP_IN}"]')]
 

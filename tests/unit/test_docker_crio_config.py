@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 import stat
+import tomllib
 from pathlib import Path
 from typing import Any, List, Optional
 
 import pytest
-import tomllib
 from click.testing import CliRunner
 
 from nvshim.cli.cmd_runtime import runtime

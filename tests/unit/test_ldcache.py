@@ -80,7 +80,7 @@ def test_host_cache_order_is_descending_libcmp() -> None:
     """The host ldconfig wrote its entries in descending _dl_cache_libcmp order, as we sort."""
     keys = [libcmp_key(e.key) for e in read_ldcache(HOST_CACHE)]
     assert keys, "the host cache is empty"
-    assert all(a >= b for a, b in zip(keys, keys[1:]))
+    assert all(a >= b for a, b in zip(keys, keys[1:], strict=False))
 
 
 @needs_host_cache
@@ -261,7 +261,7 @@ def test_any_entries_round_trip(entries: list[tuple[str, str]], layout: str) -> 
     parsed = parse_ldcache(build_ldcache(entries, layout))
     assert sorted(pairs_of(parsed)) == sorted(entries)
     keys = [libcmp_key(e.key) for e in parsed]
-    assert all(a >= b for a, b in zip(keys, keys[1:]))
+    assert all(a >= b for a, b in zip(keys, keys[1:], strict=False))
 
 
 @settings(max_examples=300, deadline=None)

@@ -83,7 +83,7 @@ def make_node(
                     "compute_capability": cc,
                     "mig": [],
                 }
-                for g, (cc, brand) in zip(records, gpus)
+                for g, (cc, brand) in zip(records, gpus, strict=True)
             ],
         }
         if cuda is not None:
