@@ -93,7 +93,8 @@ def test_nothing_extra_unless_asked(runc: Any, node: Any, rootfs: Path, tmp_path
     res = run(runc, rootfs, tmp_path, nvshim_runtime_bin, env_for(tmp_path, node),
               {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_GDS": "disabled"}).check()
     assert extras_seen(res.stdout) == [], res.stdout
-    assert "/dev/nvidia0" in seen(res.stdout) or any("/dev/nvidia" in p for p in seen(res.stdout))
+    gpus = {p for p in seen(res.stdout) if p.startswith("/dev/nvidia") and p[11:].isdigit()}
+    assert gpus == {f"/dev/nvidia{node.gpus[0].minor}"}, res.stdout  # GPU 0, no other
 
 
 def test_features_need_a_gpu_grant(runc: Any, node: Any, rootfs: Path, tmp_path: Path,

@@ -50,6 +50,7 @@ def test_06_crun_grammar_gets_the_gpu(argv, crun_env, node, rootfs, tmp_path, nv
     assert res.returncode == 0, res.stderr
     seen = set(res.stdout.split())
     assert f"nvidia{node.gpus[1].minor}" in seen and "nvidiactl" in seen, res.stdout
+    assert {n for n in seen if n[6:].isdigit()} == {f"nvidia{node.gpus[1].minor}"}, res.stdout
 
 
 def test_06_crun_config_file_is_refused_not_ignored(crun_env, rootfs, tmp_path, nvshim_runtime_bin):

@@ -107,12 +107,14 @@ def test_void_injects_nothing_and_keeps_bytes(engine, rootfs, tmp_path, nvshim_r
 
 
 def test_run_command_is_modified_too(runc, node, rootfs, tmp_path, nvshim_runtime_bin):
-    """`run` gets GPUs as well (the reference leaves run untouched; we don't)."""
+    """`run` gets GPUs as well (the reference leaves run untouched; we don't): GPU 3 and
+    no other GPU (an "all GPUs" injection must not pass)."""
     cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["runc"]})
     env = {"NVSHIM_CONFIG": str(cfg), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     bundle = make_bundle(tmp_path / "b", rootfs, ["sh", "-c", PROBE], env=["NVIDIA_VISIBLE_DEVICES=3"])
     res = runc.run(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env).check()
-    assert f"nvidia{node.gpus[3].minor}" in nodes_seen(res.stdout)
+    gpu_nodes = {n for n in nodes_seen(res.stdout) if n[6:].isdigit()}
+    assert gpu_nodes == {f"nvidia{node.gpus[3].minor}"}, res.describe()
 
 
 @pytest.mark.parametrize("damage", ["truncated", "truncated-before-request", "unknown-device"])

@@ -42,6 +42,8 @@ def test_a_granted_gpu_is_summarised_rendered_and_diffed(tmp_path: Path) -> None
     assert [g["index"] for g in summary["granted_gpus"]] == [1]
     assert summary["granted_gpus"][0]["minor"] == gpu.minor
     assert f"/dev/nvidia{gpu.minor}" in summary["device_nodes"]
+    assert [p for p in summary["device_nodes"] if p[len("/dev/nvidia"):].isdigit()] == [
+        f"/dev/nvidia{gpu.minor}"]  # and no other GPU's node
     assert summary["changes_config"] is True
     assert summary["env_set"] == env_set(plan) == ["NVIDIA_VISIBLE_DEVICES=void"]
     json.dumps(summary)  # plain JSON values only
