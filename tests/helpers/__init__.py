@@ -1,4 +1,4 @@
-"""Helpers shared by the e2e tests: rootfs/bundle builders and container-engine runners.
+"""Helpers shared by the tests (mostly e2e): rootfs/bundle builders and container-engine runners.
 
 One module per engine, plus what they share:
 
@@ -17,6 +17,8 @@ One module per engine, plus what they share:
 * :mod:`tests.helpers.podman` — podman 4.3.1 and CDI specs where it reads them.
 * :mod:`tests.helpers.docker` — a private dockerd 20.10 in its own mount namespace.
 * :mod:`tests.helpers.podresources` — a kubelet PodResources gRPC server.
+* :mod:`tests.helpers.commands` — ``nvshim`` from this checkout in a fresh process, and a
+  rendered ``nvshim-runtime`` trampoline beside a compiled config and a recorder runtime.
 
 The pytest fixtures that wrap these live in ``tests/conftest.py`` and ``tests/e2e/conftest.py``.
 """

@@ -1,0 +1,50 @@
+"""nvshim's two commands run as separate processes, as a user and as an engine run them.
+
+* :func:`nvshim_cli` runs ``nvshim ARGS`` from this checkout in a fresh ``python -I`` (exit
+  code, stdout and stderr as the user sees them, nothing shared with the test's process).
+* :func:`make_trampoline_world` renders the ``nvshim-runtime`` sh trampoline for this
+  interpreter beside a compiled config whose only runtime is a recorder, for tests that
+  start the runtime the way containerd does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+__all__ = ["make_trampoline_world", "nvshim_cli"]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def nvshim_cli(*args: str, env: Optional[Dict[str, str]] = None,
+               cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+    """``nvshim ARGS`` from this checkout, as a user runs it."""
+    return subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+                           "from nvshim.cli.main import main; main()", str(REPO), *args],
+                          capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+
+
+def make_trampoline_world(tmp_path: Path) -> Dict[str, Any]:
+    """The trampoline rendered for this interpreter, a compiled config and a recorder runtime.
+
+    Keys: ``tramp`` (the script), ``config`` (``etc/config.yaml``, compiled), ``runtime`` (the
+    recorder, which writes its argv to ``<tmp>/rec``), ``tmp`` and ``env`` (PATH and
+    NVSHIM_CONFIG to run the trampoline with)."""
+    from nvshim.runtime.compile import compile_node
+    from nvshim.runtime.trampoline import render
+
+    runtime = tmp_path / "fake-runc"
+    runtime.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path / 'rec'}\n")
+    runtime.chmod(0o755)
+    config = tmp_path / "etc" / "config.yaml"
+    config.parent.mkdir()
+    config.write_text(f"runtimes: [{runtime}]\n")
+    compile_node(str(config))
+    tramp = tmp_path / "nvshim-runtime"
+    tramp.write_text(render(sys.executable))
+    tramp.chmod(0o755)
+    return {"tramp": tramp, "config": config, "runtime": runtime, "tmp": tmp_path,
+            "env": {"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": str(config)}}
