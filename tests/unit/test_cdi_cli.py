@@ -19,6 +19,9 @@ from nvshim.cdi.write import dump_spec
 from nvshim.cli.cmd_cdi import cdi as cdi_group
 from nvshim.cli.main import main
 from nvshim.errors import CdiError
+from tests.helpers.commands import nvshim_cli
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _spec(kind: str = "nvidia.com/gpu", names: tuple = ("0",), path: str = "/dev/nvidia0",
@@ -293,3 +296,16 @@ def test_dash_with_stdin_closed_is_one_clear_line(capsys: pytest.CaptureFixture,
     assert err == "nvshim: <stdin>: $: cannot read: standard input is closed\n"
     rc, out, _ = _nvshim(capsys, "cdi", "validate", "-")
     assert (rc, out) == (1, "<stdin>: $: cannot read: standard input is closed\n")
+
+
+def test_cdi_list_reads_the_configs_cdi_spec_dirs(tmp_path: Path) -> None:
+    """Issue 12 item 12: `nvshim cdi list` without --spec-dir lists the devices of the config's
+    cdi-spec-dirs, as the runtime resolves them."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "nvidia.yaml").write_text((REPO / "cdi-specs" / "examples" / "nvidia-2gpu.yaml").read_text())
+    config = tmp_path / "config.yaml"
+    config.write_text(f"cdi-spec-dirs: [{specs}]\n")
+    res = nvshim_cli("cdi", "list", env=dict(os.environ, NVSHIM_CONFIG=str(config)))
+    assert res.returncode == 0, res.stderr
+    assert "nvidia.com/gpu=0" in res.stdout.splitlines()

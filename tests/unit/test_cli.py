@@ -16,6 +16,7 @@ import pytest
 
 from nvshim.cli import main as cli_main
 from nvshim.cli.main import cli, main
+from tests.helpers.commands import nvshim_cli
 
 REPO = Path(__file__).resolve().parents[2]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
@@ -61,6 +62,17 @@ def test_every_group_without_a_command_prints_its_help(capsys: pytest.CaptureFix
         code, out, err = run_cli(list(path), capsys)
         assert (code, err) == (0, ""), path
         assert out.startswith(f"Usage: nvshim {' '.join(path)}".rstrip() + " [OPTIONS]"), path
+
+
+@needs_root
+@pytest.mark.parametrize("args", [[], ["runtime"], ["cdi", "transform"]])
+def test_a_group_without_a_command_prints_its_help_not_an_error_line(args: list) -> None:
+    """Issue 11 defect hunt (CLI): `nvshim` (or a group) without a command printed its whole help as
+    the error line "nvshim: Usage: …" (click 8.2 raises for it); now the help itself, on stdout,
+    exit 0 (as git and kubectl do)."""
+    out = nvshim_cli(*args)
+    assert out.returncode == 0 and out.stderr == ""
+    assert out.stdout.startswith(f"Usage: nvshim {' '.join(args)}".rstrip() + " [OPTIONS]")
 
 
 def test_a_flag_without_a_command_is_still_a_usage_error(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
 from nvshim.config import Config, compiled_path, load_config
 from nvshim.errors import ConfigError
 from nvshim.runtime.compile import compile_config
+from tests.helpers.commands import nvshim_cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -98,6 +100,17 @@ def test_aliases_within_reason_still_work(tmp_path):
     assert load_config(path).runtimes == ("crun", "runc")
 
 
+def test_duplicate_yaml_key_is_refused(tmp_path: Path) -> None:
+    """Issue 12 item 8: a key given twice (`require-allocation: true` then `false`) is an error
+    naming the key and both lines."""
+    path = tmp_path / "config.yaml"
+    path.write_text("require-allocation: true\ndebug-log: /tmp/x\nrequire-allocation: false\n")
+    with pytest.raises(ConfigError, match=r'line 3: duplicate key "require-allocation" \(first on line 1\)'):
+        load_config(str(path))
+    res = nvshim_cli("config", "show", "--config", str(path))
+    assert res.returncode == 1 and res.stderr.count("\n") == 1 and "duplicate key" in res.stderr
+
+
 def test_compiled_cache_is_used_and_invalidated(tmp_path):
     """The compiled copy is read while it matches the YAML and ignored once the YAML changes."""
     path = write(tmp_path, "require-allocation: true\n")
@@ -113,6 +126,25 @@ def test_compiled_cache_is_used_and_invalidated(tmp_path):
     write(tmp_path, "require-allocation: false\n")
     cfg = load_config(path)
     assert cfg.require_allocation is False and cfg.runtimes == ("runc", "crun")
+
+
+def test_compiling_twice_leaves_one_source_link_and_no_temp_files(tmp_path: Path) -> None:
+    """Issue 12 item 1: compile twice: the lists, the compiled copy, the CDI index and one hard link
+    to the YAML, nothing else."""
+    from nvshim.config import compiled_lists_fresh, source_link_path
+    from nvshim.runtime.compile import compile_node
+
+    config = tmp_path / "config.yaml"
+    config.write_text("runtimes: [runc]\n")
+    compile_node(str(config))
+    compile_node(str(config))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "config.annotation-prefixes", "config.cdi-index.json", "config.compiled.json",
+        "config.runtimes", "config.source-link", "config.yaml"]
+    assert os.path.samefile(config, source_link_path(str(config)))
+    assert compiled_lists_fresh(str(config))
+    config.write_text("runtimes: [crun]\n")
+    assert not compiled_lists_fresh(str(config))
 
 
 def test_env_override(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import List, Tuple
 
@@ -10,6 +11,7 @@ import pytest
 
 from nvshim.cli.main import main
 from nvshim.config import Config
+from tests.helpers.commands import nvshim_cli
 
 
 def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, str, str]:
@@ -78,6 +80,22 @@ def test_a_missing_config_file_fails_in_one_line(tmp_path: Path, command: str,
     assert (code, out) == (1, "")
     assert err.count("\n") == 1 and err.startswith(f"nvshim: config {missing} does not exist")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_explicitly_named_missing_config_is_an_error(tmp_path: Path) -> None:
+    """Issue 12 item 10: `nvshim config show --config /nonexistent` (and inspect) fail in one line
+    instead of showing defaults."""
+    missing = str(tmp_path / "nonexistent.yaml")
+    res = nvshim_cli("config", "show", "--config", missing)
+    assert res.returncode == 1, res.stdout
+    assert res.stderr == f"nvshim: config {missing} does not exist\n"
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "config.json").write_text("{}")
+    res = nvshim_cli("inspect", "--bundle", str(tmp_path / "b"), "--config", missing)
+    assert res.returncode == 1 and res.stderr == f"nvshim: config {missing} does not exist\n"
+    # the runtime's default (NVSHIM_CONFIG unset/missing) still means defaults
+    env = dict(os.environ, NVSHIM_CONFIG=missing)
+    assert nvshim_cli("config", "show", env=env).returncode == 0
 
 
 @pytest.mark.parametrize("command", ["compile", "show"])

@@ -881,3 +881,58 @@ def test_cli_error_is_nvshim_error(etc: Path) -> None:
     result = _invoke(["configure", "--config", str(etc / "config.toml")])
     assert isinstance(result.exception, NvshimError)
     assert str(etc / "config.toml") in str(result.exception)
+
+
+# --- a drop-in's copy of the CRI table drifts from the main file -----------------------------
+
+MAIN_TOML = '''version = 2
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "registry.k8s.io/pause:3.6"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          SystemdCgroup = true
+'''
+
+
+@pytest.mark.parametrize("extra", [{}, {"enable_cdi": True},
+                                   {"set_as_default": True, "require_allocation": True}])
+def test_doctor_finds_a_stale_drop_in_and_configure_resyncs_it(tmp_path: Path, extra: dict) -> None:
+    """Issue 12 item 11: after `runtime configure` with a drop-in, an edit of the main file's CRI
+    table (sandbox_image) is shadowed by the drop-in's copy: doctor fails naming the key and the
+    fix, and running configure again copies the table anew (doctor quiet again)."""
+    from nvshim.node import doctor, doctor_engines
+    from nvshim.node.containerd import configure
+    from nvshim.node.containerd_read import drop_in_drift
+    from nvshim.node.findings import DoctorOptions
+
+    main_file = tmp_path / "config.toml"
+    main_file.write_text(MAIN_TOML)
+    drop_in = tmp_path / "conf.d" / "99-nvshim.toml"
+    binary = tmp_path / "nvshim-runtime"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    args = dict(drop_in=str(drop_in), binary=str(binary), **extra)
+    configure(str(main_file), **args)
+    assert drop_in_drift(str(main_file)) == []  # nvshim's own additions are not drift
+    assert doctor_engines.check_drop_in_drift(str(main_file)) is None
+
+    main_file.write_text(main_file.read_text().replace("pause:3.6", "pause:3.9"))  # an operator edit
+    drift = drop_in_drift(str(main_file))
+    assert drift == [(str(drop_in), ['plugins."io.containerd.grpc.v1.cri".sandbox_image'])]
+    finding = doctor_engines.check_drop_in_drift(str(main_file))
+    assert finding is not None and finding.status == "fail"
+    assert "sandbox_image" in finding.message
+    # the drop-in sits where configure puts it for this config (beside it): no --drop-in
+    assert finding.fix == (f"nvshim runtime configure --runtime containerd --config {main_file} "
+                           "(copies the table again)")
+    options = DoctorOptions(config_path=str(tmp_path / "none.yaml"),
+                            containerd_config=str(main_file))
+    assert any(f.check == "containerd-drop-in" and f.status == "fail" for f in doctor.run_checks(options))
+
+    configure(str(main_file), **args)  # the fix doctor names
+    assert drop_in_drift(str(main_file)) == []
+    assert 'sandbox_image = "registry.k8s.io/pause:3.9"' in drop_in.read_text()

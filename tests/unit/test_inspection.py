@@ -13,6 +13,7 @@ from nvshim.cli.cmd_inspect import inspect
 from nvshim.config import Config
 from nvshim.runtime.create import plan_create
 from nvshim.runtime.inspection import env_set, plan_diff, plan_summary, render_text
+from tests.helpers.commands import nvshim_cli
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod)")
 
@@ -178,3 +179,25 @@ def test_every_granted_gpu_and_mig_device_has_one_summary_line(tmp_path: Path) -
         *(f"{'granted MIG:' if i == 0 else '':<15}0:{i}  {m.uuid}"  # ordered by (gi, ci)
           for i, m in enumerate(sorted(migs, key=lambda m: (m.gi, m.ci)))),
     ]
+
+
+@needs_root
+def test_inspect_reports_the_void_env_and_each_node_once(tmp_path: Path) -> None:
+    """Issue 12 item 14: `nvshim inspect` says the env becomes NVIDIA_VISIBLE_DEVICES=void (text and
+    JSON set_void) and lists /dev/nvidia0 once for `all` on a MIG node, as config.json will have it."""
+    from nvshim.host.sim import create_node
+
+    sim = create_node(str(tmp_path / "node"), gpus=2, mig=True)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"driver-root: {sim.root}\n")
+    bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"])
+    res = nvshim_cli("inspect", "--bundle", str(bundle), "--config", str(config), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["set_void"] is True and summary["env_set"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    nodes = summary["device_nodes"]
+    assert len(nodes) == len(set(nodes)) and nodes.count("/dev/nvidia0") == 1
+    text = nvshim_cli("inspect", "--bundle", str(bundle), "--config", str(config))
+    assert "env:           NVIDIA_VISIBLE_DEVICES=void (after injection" in text.stdout
+    line = next(x for x in text.stdout.splitlines() if x.startswith("device nodes:"))
+    assert line.split().count("/dev/nvidia0") == 1

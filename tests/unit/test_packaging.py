@@ -6,6 +6,7 @@ index), from a copy of the source tree.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -65,3 +66,12 @@ def test_wheel_ships_every_package_data_file_and_entry_point(
     text = zipfile.ZipFile(wheel).read(entry).decode()
     assert "nvshim = nvshim.cli.main:main" in text
     assert "nvshim-runtime = nvshim.runtime.main:main" in text
+
+
+def test_no_stray_shell_artifacts_at_the_repo_root() -> None:
+    """Issue 12 item 16: no file like `=12.4` (an unquoted `pip install x>=12.4`) sits at the repo
+    root.
+
+    Reads the directory, not `git ls-files`: the README's test command must pass where git is not
+    installed (install.sh --dev does not install it)."""
+    assert [n for n in os.listdir(REPO) if n[:1] in "=<>"] == []

@@ -29,6 +29,7 @@ from nvshim.host.sim import (
     load_node,
     mig_cap_minor,
 )
+from tests.helpers.commands import nvshim_cli
 
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
 VERSION = "550.54.15"
@@ -515,6 +516,23 @@ def test_no_mig_files_without_mig(tmp_path: Path) -> None:
     assert all(not g.mig for g in made.gpus)
 
 
+@needs_root
+def test_sim_create_says_which_config_makes_its_mig_devices_visible(tmp_path: Path) -> None:
+    """Issue 14: `nvshim sim create --mig` ends with the driver-root and nvml-facts lines to
+    configure; with those, discovery names the MIG devices it printed (without nvml-facts it
+    cannot)."""
+    res = nvshim_cli("sim", "create", str(tmp_path / "n"), "--gpus", "2", "--mig")
+    assert res.returncode == 0, res.stderr
+    last = res.stdout.splitlines()[-1]
+    root, facts = str(tmp_path / "n"), str(tmp_path / "n" / "nvml-facts.json")
+    assert last == f"use it with config driver-root: {root} and nvml-facts: {facts}"
+    from nvshim.host.discovery import Host
+
+    printed = {line.split()[-2] for line in res.stdout.splitlines() if line.startswith("    MIG ")}
+    assert printed and {m.uuid for g in Host(root, nvml_facts=facts).gpus() for m in g.mig} == printed
+    assert [m for g in Host(root).gpus() for m in g.mig] == []
+
+
 # -- metadata and arguments --------------------------------------------------------------
 
 
@@ -581,3 +599,22 @@ def test_bad_arguments_are_usage_errors(tmp_path: Path, kwargs: dict, message: s
     with pytest.raises(UsageError, match=message):
         create_node(str(tmp_path / "n"), **kwargs)
     assert not (tmp_path / "n").exists()
+
+
+@needs_root
+def test_sim_creates_large_nodes_with_valid_minors_and_bus_ids(tmp_path: Path) -> None:
+    """Issue 12 item 15: `nvshim sim create --gpus 256` builds a node discovery reads back: 256
+    GPUs, distinct minors that skip nvidia-modeset (254) and nvidiactl (255), valid ascending PCI
+    bus ids."""
+    res = nvshim_cli("sim", "create", str(tmp_path / "n"), "--gpus", "256")
+    assert res.returncode == 0, res.stderr
+    from nvshim.host.discovery import Host
+
+    gpus = Host(str(tmp_path / "n")).gpus()
+    assert len(gpus) == 256
+    minors = [g.minor for g in gpus]
+    assert len(set(minors)) == 256 and not {254, 255} & set(minors)
+    assert [g.index for g in gpus] == list(range(256))
+    buses = [g.pci_bus_id for g in gpus]
+    assert buses == sorted(buses) and all(len(b) == 12 for b in buses)
+    assert nvshim_cli("sim", "create", str(tmp_path / "m"), "--gpus", "64", "--mig").returncode == 0

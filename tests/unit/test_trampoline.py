@@ -14,8 +14,9 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Sequence
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,6 +26,10 @@ from nvshim.config import source_link_path
 from nvshim.runtime.argv import parse_argv
 from nvshim.runtime.compile import compile_node
 from nvshim.runtime.trampoline import prefixes_path, render, runtimes_path
+from tests.helpers.commands import make_trampoline_world, nvshim_cli
+
+REPO = Path(__file__).resolve().parents[2]
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (ownership, setpriv)")
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -591,3 +596,99 @@ def test_passthrough_keeps_the_callers_fds(world: Dict[str, Path], shell: List[s
     assert res.returncode == 0, res.stderr
     assert rec.read_text() == "".join(f"{n}={files[n]}\n" for n in files) + "stdin-data"
     assert not (world["tmp"] / "py.argv").exists()
+
+
+# ----------------------------------------------------------------------------- config trust
+
+
+@pytest.fixture
+def tramp_world(tmp_path: Path) -> Dict[str, Any]:
+    """The trampoline rendered for this interpreter, a compiled config and a recorder runtime."""
+    return make_trampoline_world(tmp_path)
+
+
+@needs_root
+@pytest.mark.parametrize("target", ["yaml", "compiled", "runtimes", "prefixes", "directory", "owner"])
+def test_config_writable_by_others_is_refused(tramp_world: dict, target: str) -> None:
+    """Issue 12 item 9: a config.yaml, compiled copy or trampoline list that group/others can write
+    (or a non-root user owns), or a directory others can replace it in, fails every Python command
+    in one line."""
+    from nvshim.config import compiled_path
+
+    config = tramp_world["config"]
+    path = {"yaml": config, "compiled": Path(compiled_path(str(config))),
+            "runtimes": Path(runtimes_path(str(config))), "prefixes": Path(prefixes_path(str(config))),
+            "directory": config.parent, "owner": config}[target]
+    if target == "owner":
+        os.chown(path, 65534, -1)
+        expected = f"config {path} is owned by uid 65534, not root"
+    elif target == "directory":
+        path.chmod(0o777)
+        expected = f"config directory {path} can be written by others"
+    else:
+        path.chmod(0o666)
+        expected = f"config {path} is writable by group or others (mode 0666)"
+    env = dict(os.environ, NVSHIM_CONFIG=str(config))
+    res = nvshim_cli("config", "show", env=env)
+    assert res.returncode == 1 and res.stderr.splitlines() == [f"nvshim: {expected}" + res.stderr.split(expected, 1)[1].rstrip("\n")]
+    bundle = tramp_world["tmp"] / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text('{"process":{"env":["NVIDIA_VISIBLE_DEVICES=void"]}}')
+    res = subprocess.run([str(tramp_world["tramp"]), "create", "--bundle", str(bundle), "id"],
+                         env=tramp_world["env"], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 1 and len(res.stderr.splitlines()) == 1 and expected in res.stderr
+    assert not (tramp_world["tmp"] / "rec").exists()
+    if target == "directory":
+        path.chmod(0o1777)  # sticky, like /tmp: others cannot replace root's files
+        assert nvshim_cli("config", "show", env=env).returncode == 0
+
+
+@needs_root
+def test_trampoline_never_execs_a_runtime_list_written_by_another_user(tramp_world: dict) -> None:
+    """Issue 12 item 9: a .runtimes list made world-writable and then rewritten by another user
+    (nobody) is not exec'd by the trampoline: the passthrough goes to Python, which refuses the
+    list."""
+    import tempfile
+
+    etc = Path(tempfile.mkdtemp(prefix="nvshim-12-09-", dir="/tmp"))  # reachable for nobody
+    try:
+        etc.chmod(0o755)
+        config = etc / "config.yaml"
+        config.write_text(f"runtimes: [{tramp_world['runtime']}]\n")
+        compile_node(str(config))
+        listing = Path(runtimes_path(str(config)))
+        evil = etc / "evil"
+        evil.write_text(f"#!/bin/sh\ntouch {etc}/pwned\n")
+        evil.chmod(0o755)
+        listing.chmod(0o666)
+        wrote = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh",
+                                "-c", f"printf '%s\\n' {evil} > {listing}"], capture_output=True, text=True)
+        assert wrote.returncode == 0, wrote.stderr
+        assert listing.read_text() == f"{evil}\n"
+        env = dict(tramp_world["env"], NVSHIM_CONFIG=str(config))
+        res = subprocess.run([str(tramp_world["tramp"]), "state", "x"], env=env,
+                             capture_output=True, text=True, timeout=30)
+        assert not (etc / "pwned").exists()
+        assert res.returncode == 1 and "writable by group or others" in res.stderr, res.stderr
+        assert len(res.stderr.splitlines()) == 1
+    finally:
+        shutil.rmtree(etc)
+
+
+# ----------------------------------------------------------------------------- --version
+
+
+@pytest.mark.parametrize("flag", ["--version", "-v"])
+def test_version_shows_nvshim_then_the_runtime(tramp_world: dict, flag: str) -> None:
+    """Issue 12 item 16: `nvshim-runtime --version` prints nvshim's version, then execs the
+    low-level runtime's --version."""
+    from nvshim import __version__
+
+    runtime = tramp_world["runtime"]
+    runtime.write_text("#!/bin/sh\necho \"runc version 9.9.9 ($*)\"\n")
+    compile_node(str(tramp_world["config"]))
+    for script in ([str(tramp_world["tramp"])], [sys.executable, "-I", "-m", "nvshim.runtime.main"]):
+        res = subprocess.run([*script, flag], env=tramp_world["env"], capture_output=True,
+                             text=True, timeout=30, cwd=str(REPO))
+        assert res.returncode == 0, res.stderr
+        assert res.stdout == f"nvshim-runtime version {__version__}\n\nrunc version 9.9.9 ({flag})\n"
