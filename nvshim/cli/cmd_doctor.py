@@ -41,7 +41,9 @@ def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_
     Exits 1 when any check fails. The classic pitfall it catches: a default runtime
     that grants GPUs from the image's env -- NVIDIA's runtime, or nvshim while
     require-allocation is off -- which gives containers that request no GPU every GPU
-    of the node (for containerd, Docker and CRI-O).
+    of the node (for containerd, Docker and CRI-O). It also says whether the engine
+    (containerd's enable_cdi, asking `containerd --version` when the config leaves it
+    open; CRI-O always) or nvshim injects CDI devices, and warns when both would.
     """
     kwargs: Dict[str, Any] = {
         "containerd_config": containerd_config,

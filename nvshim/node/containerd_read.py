@@ -1,8 +1,10 @@
-"""What containerd will see: its runtime handlers after imports, and stale drop-in copies.
+"""What containerd will see: its runtime handlers and CDI switch after imports, its
+version, and stale drop-in copies.
 
-Read-only views of containerd's config for ``nvshim doctor``: :func:`read_handlers`
-merges the main file and its imports the way containerd does; :func:`drop_in_drift` finds
-nvshim drop-ins whose copy of the CRI table no longer matches the main file's.
+Read-only views of containerd for ``nvshim doctor``: :func:`read_handlers` merges the main
+file and its imports the way containerd does; :func:`containerd_version` asks the binary
+which release it is (the default of ``enable_cdi`` depends on it); :func:`drop_in_drift`
+finds nvshim drop-ins whose copy of the CRI table no longer matches the main file's.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ import copy
 import glob
 import json
 import os
+import re
+import shutil
+import subprocess
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from nvshim._record import dataclass, field
@@ -30,7 +35,7 @@ from nvshim.node.containerd_toml import (
 )
 from nvshim.node.engine_files import parse_toml, read_text
 
-__all__ = ["EffectiveRuntimes", "read_handlers", "drop_in_drift"]
+__all__ = ["EffectiveRuntimes", "read_handlers", "containerd_version", "drop_in_drift"]
 
 
 @dataclass(frozen=True)
@@ -38,8 +43,12 @@ class EffectiveRuntimes:
     """The CRI runtime handlers containerd sees once imports are merged.
 
     ``handlers`` maps a handler name to its ``options.BinaryName`` (``None`` when unset or
-    empty). ``default_runtime_name`` is containerd's own default, ``runc``, when no file
-    sets it. ``problems`` lists imports that could not be read.
+    empty), ``container_annotations`` a handler name to the annotation patterns it passes
+    from the CRI request into config.json. ``default_runtime_name`` is containerd's own
+    default, ``runc``, when no file sets it. ``enable_cdi`` and ``cdi_spec_dirs`` are the
+    CRI table's values, ``None`` when unset (containerd's default then applies, which
+    depends on its version); ``cri_file`` is the file whose CRI table counts (``None``:
+    no file has one). ``problems`` lists imports that could not be read.
     """
 
     config_path: str
@@ -49,6 +58,10 @@ class EffectiveRuntimes:
     handlers: Mapping[str, Optional[str]]
     files: Tuple[str, ...]
     problems: Tuple[str, ...] = field(default=())
+    container_annotations: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
+    enable_cdi: Optional[bool] = None
+    cdi_spec_dirs: Optional[Tuple[str, ...]] = None
+    cri_file: Optional[str] = None
 
 
 def read_handlers(config_path: str = DEFAULT_CONFIG) -> EffectiveRuntimes:
@@ -66,6 +79,7 @@ def read_handlers(config_path: str = DEFAULT_CONFIG) -> EffectiveRuntimes:
     seen: List[str] = []
     problems: List[str] = []
     cri: Any = None
+    cri_file: Optional[str] = None
     while pending:
         path = pending.pop(0)
         if path in seen:
@@ -82,7 +96,7 @@ def read_handlers(config_path: str = DEFAULT_CONFIG) -> EffectiveRuntimes:
         file_version = detect_version(file_doc, path) if path != seen[0] else version
         table = lookup(file_doc, cri_keys(file_version), path)
         if table is not None:
-            cri = table
+            cri, cri_file = table, path
         for entry in import_entries(file_doc, path):
             if not isinstance(entry, str):
                 problems.append(f"{path}: import {json.dumps(entry)} is not a string")
@@ -93,18 +107,27 @@ def read_handlers(config_path: str = DEFAULT_CONFIG) -> EffectiveRuntimes:
             else:
                 pending.append(resolved)
     handlers: Dict[str, Optional[str]] = {}
+    passed: Dict[str, Tuple[str, ...]] = {}
     default = DEFAULT_RUNTIME_NAME
+    enable_cdi: Optional[bool] = None
+    spec_dirs: Optional[Tuple[str, ...]] = None
     if cri is not None:
         runtimes = lookup(cri, ("containerd", "runtimes"), "")
         for handler_name, handler in (runtimes or {}).items():
             options = handler.get("options") if is_table(handler) else None
             binary = plain(options.get("BinaryName")) if isinstance(options, Mapping) else None
             handlers[str(handler_name)] = binary if isinstance(binary, str) and binary else None
+            patterns = plain(handler.get("container_annotations")) if is_table(handler) else None
+            passed[str(handler_name)] = _strings(patterns)
         containerd_table = lookup(cri, ("containerd",), "")
         if containerd_table is not None:
             value = plain(containerd_table.get("default_runtime_name"))
             if isinstance(value, str) and value:
                 default = value
+        switch = plain(cri.get("enable_cdi"))
+        enable_cdi = switch if isinstance(switch, bool) else None
+        if "cdi_spec_dirs" in cri:
+            spec_dirs = _strings(plain(cri["cdi_spec_dirs"]))
     return EffectiveRuntimes(
         config_path=config_path,
         version=version,
@@ -113,7 +136,43 @@ def read_handlers(config_path: str = DEFAULT_CONFIG) -> EffectiveRuntimes:
         handlers=handlers,
         files=tuple(seen),
         problems=tuple(problems),
+        container_annotations=passed,
+        enable_cdi=enable_cdi,
+        cdi_spec_dirs=spec_dirs,
+        cri_file=cri_file,
     )
+
+
+def _strings(value: Any) -> Tuple[str, ...]:
+    """The strings of a TOML list (anything else: none)."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(item for item in value if isinstance(item, str))
+
+
+_VERSION = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
+
+
+def containerd_version(binary: str = "containerd") -> Optional[Tuple[int, int, str]]:
+    """``(major, minor, text)`` of the containerd that ``binary`` (a name looked up on PATH,
+    or a path) runs, from ``containerd --version``; ``None`` when it is not installed or
+    does not say (the text: ``1.7.13``, ``2.0.0``, Debian's ``1.6.20~ds1``)."""
+    found = shutil.which(binary)
+    if found is None:
+        return None
+    try:
+        done = subprocess.run([found, "--version"], capture_output=True, text=True,
+                              timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    words = done.stdout.split()
+    # "containerd github.com/containerd/containerd/v2 v2.0.0 <commit>": the first word
+    # after the module path that reads as a version
+    for word in words[1:]:
+        match = _VERSION.match(word)
+        if match:
+            return int(match.group(1)), int(match.group(2)), word.lstrip("v")
+    return None
 
 
 _DROP_IN_MARK = "Written by `nvshim runtime configure`"

@@ -94,12 +94,14 @@ _BACKUP_FORMAT = "nvshim-crio-backup/1"
 
 @dataclass(frozen=True)
 class CrioRuntimes:
-    """The handlers CRI-O sees once drop-ins are merged: name → runtime_path, the default."""
+    """The handlers CRI-O sees once drop-ins are merged: name → runtime_path, the default;
+    and ``cdi_spec_dirs`` (``None`` when no file sets it)."""
 
     config_path: str
     handlers: Mapping[str, Optional[str]]
     default_runtime: Optional[str]
     files: Tuple[str, ...]
+    cdi_spec_dirs: Optional[Tuple[str, ...]] = None
 
 
 def _drop_in_dir(config_path: str) -> str:
@@ -319,6 +321,7 @@ def read_handlers(config_path: str = DEFAULT_CONFIG,
         raise ConfigError(f"cannot list {directory}: {exc.strerror}") from exc
     handlers: Dict[str, Optional[str]] = {}
     default: Optional[str] = None
+    spec_dirs: Optional[Tuple[str, ...]] = None
     seen = []
     for path in paths:
         text = read_text(path, "CRI-O config")
@@ -329,6 +332,8 @@ def read_handlers(config_path: str = DEFAULT_CONFIG,
         runtime = _table(data, ("crio", "runtime"), path) or {}
         if isinstance(runtime.get("default_runtime"), str) and runtime["default_runtime"]:
             default = runtime["default_runtime"]
+        if isinstance(runtime.get("cdi_spec_dirs"), list):
+            spec_dirs = tuple(d for d in runtime["cdi_spec_dirs"] if isinstance(d, str))
         for handler_name, table in (_table(data, ("crio", "runtime", "runtimes"), path)
                                     or {}).items():
             value = table.get("runtime_path") if isinstance(table, dict) else None
@@ -337,4 +342,4 @@ def read_handlers(config_path: str = DEFAULT_CONFIG,
             else:
                 handlers.setdefault(handler_name, None)
     return CrioRuntimes(config_path=config_path, handlers=handlers, default_runtime=default,
-                        files=tuple(seen))
+                        files=tuple(seen), cdi_spec_dirs=spec_dirs)

@@ -1,7 +1,8 @@
 """``nvshim doctor``: check a node and explain each finding in one line, with a fix.
 
-Every check is a function that reads what it needs (files, PATH, the driver root) and
-returns :class:`~nvshim.node.findings.Finding` values; nothing is written. The checks live
+Every check is a function that reads what it needs (files, PATH, the driver root, the
+version containerd reports) and returns :class:`~nvshim.node.findings.Finding` values;
+nothing is written. The checks live
 by subject in :mod:`nvshim.node.doctor_config` (nvshim's own files),
 :mod:`nvshim.node.doctor_engines` (containerd, Docker, CRI-O) and
 :mod:`nvshim.node.doctor_host` (GPUs, CDI specs, device links). :func:`run_checks` runs
@@ -29,6 +30,12 @@ The checks, by name:
     image's env), or nvshim as the default with require-allocation off.
 ``docker`` / ``crio``
     the same questions for Docker's daemon.json and CRI-O's config and drop-ins.
+``cdi-injection``
+    which path injects CDI devices, one line per engine found: containerd itself
+    (``enable_cdi``; its default depends on the version, so ``containerd --version`` is
+    asked when the config does not set it), CRI-O itself (always), or nvshim; a warning
+    when the engine and nvshim would both inject the devices a ``cdi.k8s.io/``
+    annotation names.
 ``dev-char-links``
     every NVIDIA device node under the dev root has its ``/dev/char/<major>:<minor>``
     link (systemd re-applies device rules by those on ``daemon-reload``).
@@ -63,6 +70,7 @@ from nvshim.node.doctor_config import (
     check_trampoline,
 )
 from nvshim.node.doctor_engines import (
+    check_cdi_injection,
     check_containerd_config,
     check_crio,
     check_default_runtime,
@@ -103,6 +111,7 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
         findings.append(check_default_runtime(effective, config, options))
     findings.append(check_docker(options.docker_config, config, options))
     findings.append(check_crio(options.crio_config, config, options))
+    findings.extend(check_cdi_injection(effective, config, options))
     findings.append(check_allocation_trust(config, options.config_path))
 
     host = host_for(usable, options)

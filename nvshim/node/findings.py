@@ -55,6 +55,9 @@ class DoctorOptions:
     config_required: bool = False
     """The config was named explicitly (``--config``): a missing file fails, not defaults."""
     containerd_config: str = "/etc/containerd/config.toml"
+    containerd_binary: str = "containerd"
+    """Asked for its version (a name looked up on PATH, or a path) when the default of
+    ``enable_cdi`` depends on it."""
     docker_config: str = "/etc/docker/daemon.json"
     crio_config: str = "/etc/crio/crio.conf"
     driver_root: Optional[str] = None
