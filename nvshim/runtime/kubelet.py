@@ -16,6 +16,13 @@ IMEX channels: a resource matching ``kubelet-resource-prefixes`` whose name (aft
 last ``/``) contains ``imex`` (``nvidia.com/imex-channel``, ``nvidia.com/imex``) holds IMEX
 channels, not GPUs; its device ids ``N`` or ``channelN`` name channel ``N`` (other ids are
 skipped). They never count as GPU ids, so a channel ``0`` is not GPU 0.
+
+DRA: ``List`` also names each container's ``dynamic_resources`` (Kubernetes Dynamic
+Resource Allocation): the claims the kubelet prepared for it, each device with its driver,
+pool, device name and CDI device names. They are recorded whatever the driver (the checks
+in :mod:`nvshim.runtime.allocation` decide what a claim proves) and are never filtered by
+``kubelet-resource-prefixes``, which name device-plugin resources. The checkpoint is the
+device manager's and has no DRA claims.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ from nvshim.runtime.request import (
 __all__ = [
     "Identity",
     "Allocation",
+    "Claim",
+    "ClaimDevice",
     "KubeletUnreachable",
     "identity_of",
     "ask_kubelet",
@@ -60,6 +69,33 @@ class KubeletUnreachable(HostError):
 
 
 @dataclass(frozen=True)
+class ClaimDevice:
+    """One device of a DRA claim: ``driver``/``pool``/``device`` name it at the DRA level,
+    ``cdi_devices`` are the fully qualified CDI names the engine injects for it."""
+
+    driver: str
+    pool: str
+    device: str
+    cdi_devices: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A DRA resource claim the kubelet prepared for a container."""
+
+    namespace: str
+    name: str
+    devices: Tuple[ClaimDevice, ...] = ()
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def cdi_devices(self) -> Tuple[str, ...]:
+        return tuple(dict.fromkeys(n for d in self.devices for n in d.cdi_devices))
+
+
+@dataclass(frozen=True)
 class Allocation:
     """The device ids the kubelet gave this container, and whom it gave other ids to."""
 
@@ -72,9 +108,25 @@ class Allocation:
     """The IMEX channels the kubelet gave this container (resources named ``*imex*``)."""
     imex_others: Mapping[int, str] = field(default_factory=dict)
     """IMEX channel → the other container holding it (when known)."""
+    claims: Tuple[Claim, ...] = ()
+    """The DRA claims the kubelet lists for this container, every driver's (the API only)."""
+    cdi_others: Mapping[str, str] = field(default_factory=dict)
+    """CDI device name of another container's DRA claim → that container."""
+
+    @property
+    def cdi_devices(self) -> Tuple[str, ...]:
+        """The CDI device names of this container's DRA claims, in the kubelet's order."""
+        return tuple(dict.fromkeys(n for c in self.claims for n in c.cdi_devices))
 
 
 # --- PodResources messages (field numbers from kubelet's pkg/apis/podresources/v1/api.proto)
+
+Devices = List[Tuple[str, Tuple[str, ...]]]
+"""(resource name, device ids) per ContainerDevices."""
+ContainerRecord = Tuple[str, Devices, Tuple[Claim, ...]]
+"""(container name, device-plugin devices, DRA claims)."""
+PodRecord = Tuple[str, str, List[ContainerRecord]]
+"""(pod name, namespace, containers)."""
 
 
 def _container_devices(buf: bytes) -> Tuple[str, Tuple[str, ...]]:
@@ -83,13 +135,29 @@ def _container_devices(buf: bytes) -> Tuple[str, Tuple[str, ...]]:
     return _proto.first_str(f, 1), tuple(_proto.all_str(f, 2))
 
 
-def _container(buf: bytes) -> Tuple[str, List[Tuple[str, Tuple[str, ...]]]]:
-    """ContainerResources{name = 1, repeated devices = 2, ...}."""
+def _claim_device(buf: bytes) -> ClaimDevice:
+    """ClaimResource{repeated CDIDevice cdi_devices = 1, driver_name = 2, pool_name = 3,
+    device_name = 4, optional share_id = 5}; CDIDevice{name = 1}."""
     f = _proto.decode(buf)
-    return _proto.first_str(f, 1), [_container_devices(b) for b in _proto.all_bytes(f, 2)]
+    names = tuple(_proto.first_str(_proto.decode(b), 1) for b in _proto.all_bytes(f, 1))
+    return ClaimDevice(_proto.first_str(f, 2), _proto.first_str(f, 3), _proto.first_str(f, 4),
+                       tuple(n for n in names if n))
 
 
-PodRecord = Tuple[str, str, List[Tuple[str, List[Tuple[str, Tuple[str, ...]]]]]]
+def _claim(buf: bytes) -> Claim:
+    """DynamicResource{claim_name = 2, claim_namespace = 3, repeated claim_resources = 4}
+    (1 was class_name, removed in Kubernetes 1.31)."""
+    f = _proto.decode(buf)
+    return Claim(_proto.first_str(f, 3), _proto.first_str(f, 2),
+                 tuple(_claim_device(b) for b in _proto.all_bytes(f, 4)))
+
+
+def _container(buf: bytes) -> ContainerRecord:
+    """ContainerResources{name = 1, repeated devices = 2, cpu_ids = 3, memory = 4,
+    repeated dynamic_resources = 5}."""
+    f = _proto.decode(buf)
+    return (_proto.first_str(f, 1), [_container_devices(b) for b in _proto.all_bytes(f, 2)],
+            tuple(_claim(b) for b in _proto.all_bytes(f, 5)))
 
 
 def _pod(buf: bytes) -> PodRecord:
@@ -112,13 +180,26 @@ def encode_list_response(pods: Sequence[PodRecord]) -> bytes:
 def _encode_pod(pod: PodRecord) -> bytes:
     name, namespace, containers = pod
     out = _proto.string_field(1, name) + _proto.string_field(2, namespace)
-    for cname, devices in containers:
+    for cname, devices, claims in containers:
         inner = _proto.string_field(1, cname)
         for resource, ids in devices:
             dev = _proto.string_field(1, resource)
-            dev += b"".join(_proto.string_field(2, i) for i in ids)
+            # repeated: an empty id is an element, written (string_field skips proto3 defaults)
+            dev += b"".join(_proto.bytes_field(2, i.encode("utf-8")) for i in ids)
             inner += _proto.bytes_field(2, dev)
+        inner += b"".join(_proto.bytes_field(5, _encode_claim(c)) for c in claims)
         out += _proto.bytes_field(3, inner)
+    return out
+
+
+def _encode_claim(claim: Claim) -> bytes:
+    out = _proto.string_field(2, claim.name) + _proto.string_field(3, claim.namespace)
+    for device in claim.devices:
+        inner = b"".join(_proto.bytes_field(1, _proto.string_field(1, n))
+                         for n in device.cdi_devices)
+        inner += (_proto.string_field(2, device.driver) + _proto.string_field(3, device.pool)
+                  + _proto.string_field(4, device.device))
+        out += _proto.bytes_field(4, inner)
     return out
 
 
@@ -142,6 +223,17 @@ class _Collect:
         self.others: Dict[str, str] = {}
         self.imex: List[int] = []
         self.imex_others: Dict[int, str] = {}
+        self.claims: List[Claim] = []
+        self.cdi_others: Dict[str, str] = {}
+
+    def add_claims(self, claims: Sequence[Claim], mine: bool, holder: str) -> None:
+        """DRA claims: every driver's (no prefix filter: they are not device-plugin resources)."""
+        if mine:
+            self.claims.extend(claims)
+            return
+        for claim in claims:
+            for name in claim.cdi_devices:
+                self.cdi_others.setdefault(name, holder)
 
     def add(self, resource: str, ids: Sequence[str], mine: bool, holder: str) -> None:
         if not any(resource.startswith(p) for p in self.prefixes):
@@ -165,17 +257,20 @@ class _Collect:
 
     def allocation(self, via: str) -> Allocation:
         return Allocation(tuple(dict.fromkeys(self.mine)), via, self.others,
-                          tuple(dict.fromkeys(self.imex)), self.imex_others)
+                          tuple(dict.fromkeys(self.imex)), self.imex_others,
+                          tuple(dict.fromkeys(self.claims)), self.cdi_others)
 
 
 def _from_pods(pods: Sequence[PodRecord], who: Identity, prefixes: Sequence[str],
                via: str) -> Allocation:
     found = _Collect(prefixes)
     for name, namespace, containers in pods:
-        for cname, devices in containers:
+        for cname, devices, claims in containers:
             mine = (namespace, name, cname) == (who.namespace, who.pod, who.container)
+            holder = f"{namespace}/{name}/{cname}"
             for resource, ids in devices:
-                found.add(resource, ids, mine, f"{namespace}/{name}/{cname}")
+                found.add(resource, ids, mine, holder)
+            found.add_claims(claims, mine, holder)
     return found.allocation(via)
 
 
@@ -267,7 +362,8 @@ def ask_kubelet(who: Identity, config: Any, *, fresh: bool = False) -> Allocatio
     can only be this container's own. The checkpoint proves grants; it never has the last
     word on a refusal: with ``fresh`` (a claim the checkpoint did not cover), or when it has
     no entry for the container, the PodResources API is asked, and the checkpoint answers
-    only when the socket does not.
+    only when the socket does not. DRA claims are the API's alone (the checkpoint is the
+    device manager's): a GPU only a claim covers is such a refusal, asked again with ``fresh``.
     """
     prefixes = tuple(config.kubelet_resource_prefixes)
     saved = None

@@ -1,8 +1,8 @@
 """Just enough of the protobuf wire format for the kubelet's PodResources messages.
 
 Encoding: length-delimited fields (strings, nested messages). Decoding: every wire type,
-so fields a newer kubelet adds (topology, cpu_ids, memory, dynamic_resources) are skipped,
-never misread. Malformed input raises :class:`ProtoError`.
+so fields nvshim does not read (topology, cpu_ids, memory, a claim's share_id, whatever a
+newer kubelet adds) are skipped, never misread. Malformed input raises :class:`ProtoError`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from nvshim.config import Config
 from nvshim.errors import RequestError
 from nvshim.runtime.create import plan_create
 from nvshim.runtime.kubelet import decode_list_response
-from tests.helpers.podresources import PodResourcesServer
+from tests.helpers.podresources import DraClaim, DraDevice, PodResourcesServer, dra
 
 GPU = "nvidia.com/gpu"
 
@@ -85,7 +85,7 @@ def test_codec_reads_protobuf_runtime_messages_and_skips_newer_fields(kubelet: P
     kubelet.set([("ns", "p", {"c": {GPU: ["GPU-a", "GPU-b::2"], "example.com/nic": ["n0"]}})])
     wire = kubelet._list(None, None).SerializeToString()
     assert decode_list_response(wire) == [
-        ("p", "ns", [("c", [(GPU, ("GPU-a", "GPU-b::2")), ("example.com/nic", ("n0",))])])]
+        ("p", "ns", [("c", [(GPU, ("GPU-a", "GPU-b::2")), ("example.com/nic", ("n0",))], ())])]
 
 
 def test_allocated_gpu_is_granted(node: Any, tmp_path: Path, kubelet: PodResourcesServer) -> None:
@@ -567,3 +567,102 @@ def test_grpc_logging_never_reaches_the_container_stderr(tmp_path: Path) -> None
         server.stop()
     assert res.stdout.splitlines() == ["['p']", "DEBUG all"]  # the environment runc gets
     assert res.stderr == "after\n"
+
+
+# --- DRA claims (PodResources dynamic_resources) ------------------------------------------
+
+
+def test_codec_reads_dra_claims_and_encodes_them_back(kubelet: PodResourcesServer) -> None:
+    """dynamic_resources as protobuf encodes them (share_id included) decode to claims with
+    driver, pool, device and CDI names; encode_list_response writes the same message back."""
+    from nvshim.runtime.kubelet import Claim, ClaimDevice, encode_list_response
+    from tests.helpers.podresources import _M
+
+    kubelet.set([("ns", "p", {"c": {GPU: ["GPU-a"]}, "side": {}}, {
+        "c": [DraClaim("ns", "gpus", [
+            DraDevice("gpu.nvidia.com", "node-1", "gpu-0", ["k8s.gpu.nvidia.com/claim=u1-gpu-0"],
+                      share_id="3f1c"),
+            DraDevice("gpu.nvidia.com", "node-1", "gpu-1", ["a.com/x=1", "a.com/x=2"])]),
+            DraClaim("other-ns", "nic", [DraDevice("nic.example.com", "p2", "eth1")])],
+        "side": [dra("shared", "nvidia.com/gpu=3", namespace="ns")]})])
+    message = kubelet._list(None, None)
+    pods = decode_list_response(message.SerializeToString())
+    assert pods == [("p", "ns", [
+        ("c", [(GPU, ("GPU-a",))], (
+            Claim("ns", "gpus", (
+                ClaimDevice("gpu.nvidia.com", "node-1", "gpu-0",
+                            ("k8s.gpu.nvidia.com/claim=u1-gpu-0",)),
+                ClaimDevice("gpu.nvidia.com", "node-1", "gpu-1", ("a.com/x=1", "a.com/x=2")))),
+            Claim("other-ns", "nic", (ClaimDevice("nic.example.com", "p2", "eth1"),)))),
+        ("side", [], (Claim("ns", "shared", (
+            ClaimDevice("gpu.nvidia.com", "node-1", "gpu-0", ("nvidia.com/gpu=3",)),)),)),
+    ])]
+    assert pods[0][2][0][2][0].cdi_devices == (
+        "k8s.gpu.nvidia.com/claim=u1-gpu-0", "a.com/x=1", "a.com/x=2")
+    again = _M["ListPodResourcesResponse"].FromString(encode_list_response(pods))
+    for pod in message.pod_resources:  # what nvshim does not read is not written back
+        for c in pod.containers:
+            del c.cpu_ids[:]
+            del c.memory[:]
+            for d in c.devices:
+                d.ClearField("topology")
+            for r in c.dynamic_resources:
+                for res in r.claim_resources:
+                    res.ClearField("share_id")
+    assert again == message
+
+
+def _pod_records() -> Any:
+    """Strategy: ListPodResourcesResponse contents as decode_list_response returns them."""
+    from hypothesis import strategies as st
+
+    from nvshim.runtime.kubelet import Claim, ClaimDevice
+
+    text = st.text(max_size=8)
+    names = st.text(min_size=1, max_size=8)  # a CDIDevice always has a name
+    device = st.builds(ClaimDevice, text, text, text, st.tuples(names) | st.tuples(names, names))
+    claim = st.builds(Claim, text, text, st.lists(device, max_size=2).map(tuple))
+    devices = st.lists(st.tuples(text, st.lists(text, max_size=3).map(tuple)), max_size=2)
+    container = st.tuples(text, devices, st.lists(claim, max_size=2).map(tuple))
+    return st.lists(st.tuples(text, text, st.lists(container, max_size=2)), max_size=2)
+
+
+def test_codec_round_trips_any_pods_with_claims() -> None:
+    """decode_list_response(encode_list_response(pods)) == pods, claims included."""
+    from hypothesis import given, settings
+
+    from nvshim.runtime.kubelet import encode_list_response
+
+    @settings(max_examples=200, deadline=None, derandomize=True)
+    @given(_pod_records())
+    def round_trip(pods: Any) -> None:
+        assert decode_list_response(encode_list_response(pods)) == pods
+
+    round_trip()
+
+
+def _identity(container: str = "main") -> Any:
+    from nvshim.runtime.kubelet import Identity
+
+    return Identity("team-a", "mine", "uid-mine", container)
+
+
+def test_allocation_lists_this_containers_claims_of_every_driver(
+        node: Any, tmp_path: Path, kubelet: PodResourcesServer) -> None:
+    """ask_kubelet records this container's DRA claims whatever their driver (no resource
+    prefix applies) and maps the CDI names of other containers' claims to their holders."""
+    from nvshim.runtime.kubelet import ask_kubelet
+
+    kubelet.set([("team-a", "mine", {"main": {GPU: [node.gpus[0].uuid]}, "side": {}},
+                  {"main": [dra("gpus", "nvidia.com/gpu=1"),
+                            dra("nic", "nic.example.com/vf=0", driver="nic.example.com")],
+                   "side": [dra("side", "nvidia.com/gpu=2")]}),
+                 ("team-b", "victim", {}, {"train": [dra("t", "nvidia.com/gpu=3",
+                                                         namespace="team-b")]})])
+    allocation = ask_kubelet(_identity(), config(node, tmp_path))
+    assert allocation.ids == (node.gpus[0].uuid,) and allocation.via == "podresources"
+    assert [str(c) for c in allocation.claims] == ["team-a/gpus", "team-a/nic"]
+    assert allocation.claims[1].devices[0].driver == "nic.example.com"
+    assert allocation.cdi_devices == ("nvidia.com/gpu=1", "nic.example.com/vf=0")
+    assert dict(allocation.cdi_others) == {"nvidia.com/gpu=2": "team-a/mine/side",
+                                           "nvidia.com/gpu=3": "team-b/victim/train"}
