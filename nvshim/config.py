@@ -90,6 +90,7 @@ class Config:
     cdi_spec_dirs: Tuple[str, ...] = DEFAULT_CDI_SPEC_DIRS
     default_kind: str = "nvidia.com/gpu"
     stale_cdi_spec: str = "warn"
+    engine_grants: str = "exclusive"
     supported_driver_capabilities: Tuple[str, ...] = ALL_CAPABILITIES
     disable_require: bool = False
     disable_device_node_modification: bool = True
