@@ -5,8 +5,10 @@ plan); :func:`commit` writes the new config.json atomically when it differs.
 Discovery is not touched for a container that asks for nothing.
 
 This module sequences the road; each step's rules live with their job and load only when
-the spec needs them: reading config.json (:mod:`~nvshim.runtime.specjson`), the request
-(:mod:`~nvshim.runtime.request`, :mod:`~nvshim.runtime.tokens`), require-allocation's
+the spec needs them: reading config.json (:mod:`~nvshim.runtime.specjson`), what the engine
+already injected (:mod:`~nvshim.runtime.engine`, only for a spec listing character
+devices), the request (:mod:`~nvshim.runtime.request`, :mod:`~nvshim.runtime.tokens`),
+require-allocation's
 kubelet check (:mod:`~nvshim.runtime.allocation`), the edits
 (:mod:`~nvshim.runtime.hostedits`, :mod:`~nvshim.runtime.extras`), the hook's command
 line (:mod:`~nvshim.runtime.hookargs`) and the in-root work
@@ -88,13 +90,34 @@ class Plan:
     """Things an operator must hear about even though create goes on (runc --log warnings)."""
     params: Optional[Tuple[str, bytes]] = None
     """(bundle file, content): the ``ModifyDeviceFiles: 0`` copy the params hook binds."""
+    engine_gpus: Tuple[Any, ...] = ()
+    """Whole GPUs the engine already injected into config.json (:mod:`nvshim.runtime.engine`)."""
+    engine_migs: Tuple[Tuple[Any, Any], ...] = ()
+    """(parent GPU, MIG device) pairs the engine already injected."""
+    engine_imex: Tuple[int, ...] = ()
+    """IMEX channels the engine already injected."""
+    engine_hooks: Any = None
+    """The in-root hooks of the engine's spec (:class:`nvshim.runtime.engine.EngineHooks`)."""
+    base: Optional[Dict[str, Any]] = None
+    """The spec the edits are applied to, when it is not ``spec``: without the engine's
+    hooks whose binary this node lacks (nvshim does their work)."""
 
     @property
     def granted_uuids(self) -> Tuple[str, ...]:
         """UUIDs of every GPU and MIG device granted (the grant journal records these)."""
         out = [g.uuid for g in self.gpus] + [m.uuid for _, m in self.migs]
         out += [g.uuid for g in self.cdi_gpus] + [m.uuid for _, m in self.cdi_migs]
+        out += [g.uuid for g in self.engine_gpus] + [m.uuid for _, m in self.engine_migs]
         return tuple(dict.fromkeys(out))
+
+    @property
+    def grant_source(self) -> str:
+        """The journal's source: the request's, ``+engine`` when the engine injected GPUs
+        besides what another source granted."""
+        source = self.request.source
+        if (self.engine_gpus or self.engine_migs) and source != "engine":
+            return f"{source}+engine"
+        return source
 
     def applied_edits(self) -> Edits:
         """The edits config.json gets: without nvshim's hook when the runtime does its work
@@ -110,6 +133,10 @@ class Plan:
     @property
     def changed(self) -> bool:
         return self.new_spec is not None and self.new_spec != self.spec
+
+    def render(self) -> Dict[str, Any]:
+        """The new config.json: :meth:`applied_edits` applied to :attr:`base` (pure)."""
+        return apply_edits(self.spec if self.base is None else self.base, self.applied_edits())
 
     def new_bytes(self) -> bytes:
         """The new config.json in the layout of the original (see nvshim.runtime.specjson)."""
@@ -155,6 +182,17 @@ def _in_file(exc: SpecError, spec_path: str) -> SpecError:
 def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
           spec_path: str, raw: bytes, spec: Dict[str, Any]) -> Plan:
     view = image_view(spec)
+    plan_source = ""
+    if view.char_devices and not view.sandbox and not view.privileged_with_devices:
+        # GPUs the engine injected (CDI, DRA), by number; a privileged container's are the
+        # host's every device, no grant
+        from nvshim._record import replace
+        from nvshim.runtime.engine import find_engine_grant
+
+        held, host, plan_source = find_engine_grant(view.char_devices, config, host, save_cache)
+        if held is not None:
+            view = replace(view, engine=held)
+    engine: Any = view.engine
     identity: Any = identity_of(view.annotations)
     allocation: Any = None
     verified = "none"
@@ -166,7 +204,6 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
         identity, allocation, verified, early_notes = policy.ask_kubelet_if_needed(view, config)
         pod = policy.pod_annotations(bundle, view, config)
     kubelet_ids = allocation.ids if allocation is not None else None
-    plan_source = ""
     if kubelet_ids and "kubelet" in config.allocation_sources:
         # the kubelet source grants these ids as GPUs: only those that are GPUs of this node
         if host is None:
@@ -187,6 +224,15 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
     plan.notes.extend(early_notes)
     if verified == "unreachable":
         plan.log_warnings.extend(early_notes)
+    hooks: Any = None
+    if engine is not None:
+        plan.host = host
+        plan.engine_gpus, plan.engine_migs, plan.engine_imex = engine.gpus, engine.migs, engine.imex
+        plan.notes.extend(engine.notes)
+        from nvshim.runtime.engine import engine_hooks
+
+        hooks = plan.engine_hooks = engine_hooks(spec)
+        plan.notes.extend(hooks.notes)
     plan.notes.extend(request.notes)
     if log is not None:
         log.event(
@@ -196,16 +242,28 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
             devices=list(request.devices),
             capabilities=list(request.capabilities),
             notes=list(request.notes),
+            **({"engine": [g.uuid for g in plan.engine_gpus]
+                + [m.uuid for _, m in plan.engine_migs],
+                "engine_imex": list(plan.engine_imex)} if engine is not None else {}),
         )
+    if engine is not None and plan.allocation is not None:
+        from nvshim.runtime.allocation import check_engine_allocated
+
+        check_engine_allocated(plan, host, config)
 
     extras = _extras(view, config, request)
     if extras is not None:
+        if engine is not None and engine.imex and config.engine_grants == "exclusive":
+            from nvshim.runtime.engine import without_env_channels
+
+            extras = without_env_channels(extras, engine, view.get("NVIDIA_IMEX_CHANNELS"))
         plan.notes.extend(extras.notes)
         if extras.imex_channels and plan.allocation is not None:
             from nvshim.runtime.allocation import check_imex_allocated
 
             check_imex_allocated(plan, extras, config)
-    if not request.injects and not extras:
+    replacing = hooks is not None and bool(hooks.replaced)
+    if not request.injects and not extras and not replacing:
         if request.set_void:
             plan.new_spec = apply_edits(spec, Edits(env=(f"{VISIBLE_DEVICES}=void",)))
         return plan
@@ -244,13 +302,13 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
         plan.cdi_names = cdi_names
 
     tokens = request.gpu_tokens
+    params = False
     if tokens or (request.driver_files and not cdi_names):
         edits = edits + _node_edits(host, request, tokens, plan, config)
-        if config.disable_device_node_modification:
-            edits = edits + _params_edits(plan, bundle, host.driver_root)
+        params = config.disable_device_node_modification
     if cdi_names and (config.grants_journal or plan.allocation is not None):
         plan.cdi_gpus, plan.cdi_migs = _gpus_of_nodes(host, edits)
-    if plan.allocation is not None and request.source != "kubelet":
+    if plan.allocation is not None and request.source not in ("kubelet", "engine"):
         from nvshim.runtime.allocation import check_allocated
 
         check_allocated(plan, host, config)
@@ -261,12 +319,19 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
         edits = edits + extras_edits(host, extras, plan.notes)
         if request.set_void:
             edits = edits + Edits(env=(f"{VISIBLE_DEVICES}=void",))
+    if hooks is not None:
+        from nvshim.runtime.engine import fit_edits
+
+        edits, plan.base = fit_edits(spec, edits, hooks)
+        params = params or (hooks.params and config.disable_device_node_modification)
+    if params:
+        edits = edits + _params_edits(plan, bundle, host.driver_root)
     plan.edits = edits
     plan.bundle = bundle
     _decide_rootwork(plan)
     if log is not None:
         log.event("edits", edits=plan.applied_edits().to_cdi())
-    plan.new_spec = apply_edits(spec, plan.applied_edits())
+    plan.new_spec = plan.render()
     return plan
 
 
@@ -343,7 +408,12 @@ def _decide_rootwork(plan: Plan) -> None:
     from nvshim.runtime import rootwork
 
     info = getattr(plan.host, "elf_info", rootwork.elf_info)
-    work = rootwork.work_from_hooks(plan.edits.hooks, plan.edits.mounts, info)
+    mounts = plan.edits.mounts
+    if plan.view is not None and plan.view.engine is not None:
+        from nvshim.runtime.engine import spec_mounts
+
+        mounts = mounts + spec_mounts(plan.spec)  # the libraries the engine mounts
+    work = rootwork.work_from_hooks(plan.edits.hooks, mounts, info)
     if work is None:
         return
     plan.rootwork = work
@@ -426,14 +496,10 @@ def _gpus_of_nodes(host: Any, edits: Edits) -> Tuple[Tuple[Any, ...], Tuple[Tupl
     A MIG device is granted when all its capability nodes are; its parent's node then
     belongs to the MIG device, not to a whole-GPU grant.
     """
-    numbers = {(n.major, n.minor) for n in edits.device_nodes}
-    gpus = host.gpus()
-    migs = [(g, m) for g in gpus for m in g.mig
-            if m.cap_nodes and all((c.major, c.minor) in numbers for c in m.cap_nodes)]
-    mig_parents = {g.index for g, _ in migs}
-    whole = tuple(g for g in gpus if g.node is not None and g.index not in mig_parents
-                  and (g.node.major, g.node.minor) in numbers)
-    return whole, tuple(migs)
+    from nvshim.runtime.engine import gpus_of_numbers
+
+    numbers = {(n.major, n.minor or 0) for n in edits.device_nodes if n.major is not None}
+    return gpus_of_numbers(host.gpus(), numbers)
 
 
 def _fill_device_nodes(edits: Edits) -> Edits:
@@ -488,7 +554,7 @@ def commit(plan: Plan, log: Any = None) -> bool:
         except rootwork.Fallback as exc:
             plan.rootwork_by, plan.rootwork_why = "hook", exc.reason
             try:
-                plan.new_spec = apply_edits(plan.spec, plan.applied_edits())
+                plan.new_spec = plan.render()
             except SpecError as error:  # e.g. hooks of the wrong type, met only now
                 named = _in_file(error, plan.spec_path)
                 if named is error:

@@ -58,6 +58,16 @@ def plan_summary(plan: Plan, config: Config) -> Dict[str, Any]:
             {"device": f"{p.index}:{m.index}", "uuid": m.uuid} for p, m in plan.migs
         ],
         "cdi_devices": list(plan.cdi_names),
+        # what the engine injected before nvshim ran (CDI, DRA): the container holds it
+        "engine_gpus": [
+            {"index": g.index, "minor": g.minor, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id}
+            for g in plan.engine_gpus
+        ],
+        "engine_mig": [
+            {"device": f"{p.index}:{m.index}", "uuid": m.uuid} for p, m in plan.engine_migs
+        ],
+        "engine_imex_channels": list(plan.engine_imex),
+        "engine_hooks_replaced": [hook_line(h) for h in _replaced(plan)],
         # a MIG device brings its parent GPU's node: one node, listed once
         "device_nodes": sorted({n.path for n in plan.edits.device_nodes}),
         "notes": list(plan.notes),
@@ -90,6 +100,16 @@ def plan_diff(plan: Plan) -> str:
     return "".join(
         difflib.unified_diff(before, after, "config.json", "config.json (after nvshim)")
     )
+
+
+def _replaced(plan: Plan) -> List[Hook]:
+    """The engine's hooks dropped from config.json (their binary is not on this node;
+    nvshim does their work)."""
+    from nvshim.edits import Hook
+
+    found = plan.engine_hooks.replaced if plan.engine_hooks is not None else ()
+    return [Hook(name, str(h.get("path")), tuple(str(a) for a in h.get("args") or ()))
+            for name, h in found]
 
 
 def _plural(n: int, word: str, words: str = "") -> str:
@@ -161,6 +181,16 @@ def render_summary(plan: Plan, config: Config) -> List[str]:
     for p, m in plan.migs:
         out.append(f"{label:<15}{p.index}:{m.index}  {m.uuid}")
         label = ""
+    label = "engine GPUs:"
+    for g in plan.engine_gpus:
+        out.append(f"{label:<15}{g.index}  {g.uuid}")
+        label = ""
+    label = "engine MIG:"
+    for p, m in plan.engine_migs:
+        out.append(f"{label:<15}{p.index}:{m.index}  {m.uuid}")
+        label = ""
+    if plan.engine_imex:
+        out.append(f"engine IMEX:   {', '.join(map(str, plan.engine_imex))}")
     if plan.cdi_names:
         out.append(f"CDI devices:   {', '.join(plan.cdi_names)}")
     if request.injects:
@@ -170,6 +200,9 @@ def render_summary(plan: Plan, config: Config) -> List[str]:
         counts = [_plural(len(summary["device_nodes"]), "device node"),
                   _plural(len(edits.mounts), "mount"), _plural(len(edits.hooks), "hook"),
                   _plural(len(summary["env_set"]), "env entry", "env entries")]
+        if summary["engine_hooks_replaced"]:
+            counts.append(f"{len(summary['engine_hooks_replaced'])} of the engine's hooks "
+                          "replaced")
         out.append(f"edits:         {', '.join(counts)}")
     if plan.rootwork_by:
         out.append(f"in-root work:  {_rootwork_line(plan)}")
@@ -203,6 +236,7 @@ def render_details(plan: Plan) -> List[str]:
         out.append(f"mounts:        {_plural(len(edits.mounts), 'driver file')}")
         out.extend(f"  {m.container_path}" for m in edits.mounts)
     out.extend(f"hook:          {hook_line(h)}" for h in edits.hooks)
+    out.extend(f"replaced:      {hook_line(h)} (not on this node)" for h in _replaced(plan))
     for entry in env_set(plan):
         why = ""
         if entry == "NVIDIA_VISIBLE_DEVICES=void":

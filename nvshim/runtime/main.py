@@ -75,7 +75,7 @@ def _record_grant(plan: Plan, config: Config, inv: Invocation, bundle: str,
     grant = Grant(
         time=time.time(), container_id=inv.container_id or "", bundle=os.path.abspath(bundle),
         root=os.path.abspath(inv.root) if inv.root else default_root(runtime), runtime=runtime,
-        source=plan.request.source, gpus=plan.granted_uuids, shared=plan.request.shared,
+        source=plan.grant_source, gpus=plan.granted_uuids, shared=plan.request.shared,
         verified=plan.verified, namespace=who.namespace if who else "",
         pod=who.pod if who else "", pod_uid=who.pod_uid if who else "",
         container=who.container if who else "",

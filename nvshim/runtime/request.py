@@ -66,6 +66,13 @@ class ImageView:
     """``CAP_SYS_ADMIN`` in the bounding set: the reference's test of a privileged container."""
     all_devices_allowed: bool = False
     """The device cgroup lets the container open every device (:func:`_allows_all_devices`)."""
+    char_devices: Tuple[Tuple[int, int, str], ...] = ()
+    """(major, minor, path) of each character device in ``linux.devices``: what the engine
+    may have injected (:mod:`nvshim.runtime.engine` matches them against the node)."""
+    engine: Any = None
+    """The GPUs, MIG devices and IMEX channels the engine already injected
+    (:class:`nvshim.runtime.engine.EngineGrant`), set by create once ``char_devices`` are
+    matched against the node; None when the spec holds none."""
 
     @property
     def privileged_with_devices(self) -> bool:
@@ -163,13 +170,31 @@ def image_view(spec: Any) -> ImageView:
         isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
     ):
         raise SpecError("config.json: annotations must be an object of strings")
+    linux = spec.get("linux")
     return ImageView(
         env=env,
         mounts=tuple(mounts),
         annotations=annotations,
         privileged=CAP_SYS_ADMIN in bounding,
-        all_devices_allowed=_allows_all_devices(spec.get("linux")),
+        all_devices_allowed=_allows_all_devices(linux),
+        char_devices=_char_devices(linux),
     )
+
+
+def _char_devices(linux: Any) -> Tuple[Tuple[int, int, str], ...]:
+    """(major, minor, path) of the ``c``/``u`` entries of ``linux.devices``; entries of
+    another shape are runc's to refuse, not a device nvshim could recognise."""
+    devices = linux.get("devices") if isinstance(linux, dict) else None
+    if not isinstance(devices, list) or not devices:
+        return ()
+    out = []
+    for dev in devices:
+        if not isinstance(dev, dict) or dev.get("type") not in ("c", "u"):
+            continue
+        major, minor, path = dev.get("major"), dev.get("minor"), dev.get("path")
+        if type(major) is int and type(minor) is int and isinstance(path, str):
+            out.append((major, minor, path))
+    return tuple(out)
 
 
 def _allows_all_devices(linux: Any) -> bool:
@@ -331,6 +356,8 @@ def claims_gpus(view: ImageView, config: Any) -> bool:
     """
     if view.sandbox:
         return False
+    if view.engine is not None:  # what the engine injected is a claim the kubelet must back
+        return True
     env_tokens = _env_tokens(view)
     if env_tokens or (env_tokens is None and view.legacy_image):
         return True
@@ -369,6 +396,31 @@ def resolve_request(view: ImageView, config: Any,
             return Request(source, (), True, False, tuple(notes), caps, shared)
         return Request(source, devices, True, False, tuple(notes), caps, shared)
 
+    # GPUs the engine injected (CDI, DRA) are the container's grant: image env never widens
+    # them (engine-grants: exclusive), and they stand where no other source grants anything.
+    engine: Any = view.engine if view.engine is not None and view.engine.holds_gpus else None
+    exclusive = engine is not None and config.engine_grants == "exclusive"
+    image_gpus = (env_set and env_tokens != ("none",)) or (
+        env_tokens is None and view.legacy_image)
+    shown = view.get(VISIBLE_DEVICES)
+    image_what = (f"{VISIBLE_DEVICES}={shown}" if shown is not None
+                  else "legacy CUDA image (all GPUs)")
+
+    def held(why: str = "") -> Request:
+        """The engine's grant: no device for nvshim to add, and the driver files of the
+        capabilities the image asks for (the engine's spec may carry only device nodes)."""
+        if why and image_gpus:
+            notes.append(f"{image_what} adds no GPU: the engine injected {engine.summary} "
+                         f"into config.json, which is the container's grant; {why}")
+        if env_set or view.get(DRIVER_CAPABILITIES) or (env_tokens is None
+                                                        and view.legacy_image):
+            return grant("engine", ())
+        return Request("engine", notes=tuple(notes), capabilities=())
+
+    def nothing() -> Request:
+        return held() if engine is not None else Request(
+            "none", notes=tuple(notes), capabilities=())
+
     mount_ids, mount_notes = _mount_ids(view)
     notes.extend(mount_notes)
     mount_raw = device_mount_ids(view)
@@ -385,18 +437,20 @@ def resolve_request(view: ImageView, config: Any,
             if env_set:
                 notes.append(f"{VISIBLE_DEVICES} ignored: CDI annotations take precedence")
             return grant("cdi-annotations", annotation_ids)
+        if exclusive:
+            return held("image env never widens an engine grant (engine-grants: exclusive)")
         if env_tokens is None and view.legacy_image:
             notes.append("legacy CUDA image (CUDA_VERSION set, no NVIDIA_REQUIRE_CUDA): all GPUs")
             return grant("legacy-image", ("all",))
         if not env_set:
-            return Request("none", notes=tuple(notes), capabilities=())
+            return nothing()
         assert env_tokens is not None
         if not view.privileged and not config.accept_envvar_when_unprivileged:
             notes.append(
                 f"{VISIBLE_DEVICES} ignored: container is unprivileged and "
                 "accept-envvar-when-unprivileged is off"
             )
-            return Request("none", notes=tuple(notes), capabilities=())
+            return nothing()
         return grant("env", env_tokens, env_raw)
 
     # require-allocation: only a device plugin's allocation grants GPUs.
@@ -434,10 +488,16 @@ def resolve_request(view: ImageView, config: Any,
             return grant(source, mount_ids, mount_raw)
         if source == "cdi-annotations" and annotation_ids:
             return grant(source, annotation_ids)
+        if exclusive:
+            continue  # the two below are image env: it never widens an engine grant
         if source == "envvar-uuids" and env_tokens and _all_uuids(env_tokens):
             return grant(source, env_tokens, env_raw)
         if source == "privileged" and env_tokens and view.privileged_with_devices:
             return grant(source, env_tokens, env_raw)
+    if engine is not None:
+        # nvshim cannot take back what the engine injected, and need not: it is an allocation
+        return held("image env never widens an engine grant (engine-grants: exclusive)"
+                    if exclusive else "require-allocation takes no GPU from image env")
     tried = ", ".join(config.allocation_sources)
     image_asks = env_set or (env_tokens is None and view.legacy_image)
     if env_set and "privileged" in config.allocation_sources and view.privileged \

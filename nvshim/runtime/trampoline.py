@@ -7,7 +7,8 @@ checks both on hundreds of argv vectors); every other command is exec'd straight
 low-level runtime.
 
 For create/run it also skips Python when ``config.json`` cannot ask for anything: a spec
-that contains none of ``NVIDIA_``, ``CUDA_VERSION``, ``nvidia-container-devices``, an
+that contains none of ``NVIDIA_``, ``CUDA_VERSION``, ``nvidia-container-devices``,
+``/dev/nvidia`` (a GPU the engine injected itself: :mod:`nvshim.runtime.engine`), an
 annotation prefix, or a ``\\u``/``\\/`` JSON escape that could hide one requests no GPU,
 and nvshim would leave it byte-identical anyway. On a node where nvshim is containerd's
 default runtime that is every pod without a GPU. Such creates leave no debug-log record.
@@ -227,10 +228,10 @@ if [ "$decision" = modify ]; then
     # -D skip: a FIFO or device swapped in after the -f test is not read (never hangs).
     if [ -e "$conf" ]; then
         "$grep" -q -s -D skip -F -e NVIDIA_ -e CUDA_VERSION -e nvidia-container-devices \
-            -e '\u' -e '\/' -f "$prefixes" -- "$spec" </dev/null
+            -e /dev/nvidia -e '\u' -e '\/' -f "$prefixes" -- "$spec" </dev/null
     else
         "$grep" -q -s -D skip -F -e NVIDIA_ -e CUDA_VERSION -e nvidia-container-devices \
-            -e '\u' -e '\/' -e cdi.k8s.io/ -- "$spec" </dev/null
+            -e /dev/nvidia -e '\u' -e '\/' -e cdi.k8s.io/ -- "$spec" </dev/null
     fi
     [ $? = 1 ] || python "$@"
 fi
