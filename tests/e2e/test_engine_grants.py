@@ -1,0 +1,223 @@
+"""e2e: GPUs the engine already injected (CDI by containerd 1.7+/CRI-O/podman, DRA), through
+nvshim-runtime and real runc, and through podman's own CDI injection.
+
+containerd here is 1.6 (no CDI), so its 1.7 injection is reproduced on the bundle
+(:func:`tests.helpers.engineinject.inject_like_engine`: ``linux.devices`` for GPU 1,
+nvidiactl and the UVM nodes, their cgroup allow rules, the driver mounts, the hooks, with or
+without the spec's ``NVIDIA_VISIBLE_DEVICES=void`` line); podman 4.3.1 injects for real.
+Every container's image env says ``NVIDIA_VISIBLE_DEVICES=all``; what counts is what the
+process inside sees, what ``nvshim inspect`` says and what the grant journal records.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+import yaml
+
+from nvshim.host.discovery import Host
+from nvshim.node.cdigen import generate_spec
+from nvshim.runtime.compile import compile_node
+from nvshim.runtime.hookargs import hook_command
+from tests.helpers.bundle import make_bundle, write_config
+from tests.helpers.common import require_root, unique_id
+from tests.helpers.engineinject import inject_like_engine, nvidia_style_hooks
+from tests.helpers.node import write_nvshim_config
+from tests.helpers.podman import Podman, installed_cdi_spec
+from tests.helpers.runc import Runc
+
+pytestmark = pytest.mark.e2e
+
+VERSION = "550.54.15"
+LIB_DIR = "/usr/lib/x86_64-linux-gnu"
+PATH_ENV = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PROBE = (
+    "for n in /dev/nvidia*; do [ -c \"$n\" ] && stat -c 'DEV %n %t:%T' \"$n\"; done; "
+    "for n in /dev/nvidia[0-9]*; do head -c0 $n 2>&1 | sed 's/^/OPEN: /'; done; "
+    f"[ -L {LIB_DIR}/libcuda.so.1 ] && echo LINK-OK; "
+    f"grep -c NVSHIM-SIM {LIB_DIR}/libcuda.so.{VERSION} >/dev/null && echo LIB-READABLE"
+)
+CONTROL = {"/dev/nvidiactl": (195, 255), "/dev/nvidia-uvm": (510, 0),
+           "/dev/nvidia-uvm-tools": (510, 1)}
+
+
+def seen_devices(output: str) -> Dict[str, Tuple[int, int]]:
+    """{path: (major, minor)} from the probe's DEV lines."""
+    return {m.group(1): (int(m.group(2), 16), int(m.group(3), 16))
+            for m in re.finditer(r"^DEV (\S+) ([0-9a-f]+):([0-9a-f]+)$", output, re.M)}
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A simulated 2-GPU node whose minors are swapped (GPU 1 is /dev/nvidia0)."""
+    require_root()
+    from nvshim.host.sim import create_node
+
+    return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=2, shuffle_minors=True,
+                       driver_version=VERSION)
+
+
+@pytest.fixture(scope="module")
+def cdi_spec(node: Any) -> Dict[str, Any]:
+    """The node's CDI spec as ``nvshim cdi generate`` writes it (nvshim's hook, void line)."""
+    spec: Dict[str, Any] = generate_spec(Host(node.root), hook_command=hook_command())
+    return spec
+
+
+def gpu1_only(node: Any) -> Dict[str, Tuple[int, int]]:
+    minor = node.gpus[1].minor
+    return {f"/dev/nvidia{minor}": (195, minor), **CONTROL}
+
+
+def config_env(tmp_path: Path, node: Any, **settings: Any) -> Dict[str, str]:
+    cfg = write_nvshim_config(tmp_path / "etc", {
+        "runtimes": ["runc"], "driver-root": node.root,
+        "debug-log": str(tmp_path / "debug.jsonl"), **settings})
+    compile_node(str(cfg))
+    return {"PATH": PATH_ENV, "NVSHIM_CONFIG": str(cfg)}
+
+
+def journal(env: Dict[str, str]) -> List[Dict[str, Any]]:
+    path = Path(env["NVSHIM_CONFIG"]).parent / "grants.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def engine_bundle(tmp_path: Path, rootfs: Path, cdi: Dict[str, Any], names: List[str],
+                  void: bool, args: List[str], name: str = "bundle") -> Path:
+    """A bundle running ``args`` with image env NVIDIA_VISIBLE_DEVICES=all, into which the
+    CDI devices ``names`` were injected as containerd 1.7 injects them."""
+    bundle = make_bundle(tmp_path / name, rootfs, args, env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    spec = json.loads((bundle / "config.json").read_text())
+    write_config(bundle, inject_like_engine(spec, cdi, names, void=void))
+    return bundle
+
+
+def inspect(nvshim_bin: str, bundle: Path, env: Dict[str, str]) -> str:
+    res = subprocess.run([nvshim_bin, "inspect", "--bundle", str(bundle), "--no-diff"],
+                         capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+@pytest.mark.parametrize("require", [False, True], ids=["require-allocation off", "on"])
+@pytest.mark.parametrize("void", [True, False], ids=["void line", "no void line"])
+def test_containerd_injected_gpu_is_all_the_container_sees(
+        runc: Runc, node: Any, cdi_spec: Dict[str, Any], base_rootfs: Path, tmp_path: Path,
+        nvshim_runtime_bin: str, nvshim_bin: str, require: bool, void: bool) -> None:
+    """An NVIDIA-generated spec for nvidia.com/gpu=1, injected as containerd 1.7 does, whose
+    nvidia-cdi-hook is not on this node: the container sees GPU 1's node (opens it: the
+    cgroup allows it) and the control nodes, no other GPU; nvshim made the links the hook
+    would have; inspect, the debug log and the grant journal name the engine's grant."""
+    gpu = node.gpus[1]
+    absent = str(tmp_path / "absent" / "nvidia-cdi-hook")
+    cdi = nvidia_style_hooks(cdi_spec, absent)
+    bundle = engine_bundle(tmp_path, base_rootfs, cdi, ["1"], void, ["sh", "-c", PROBE])
+    env = config_env(tmp_path, node, **{"require-allocation": require})
+    shown = inspect(nvshim_bin, bundle, env).splitlines()
+    assert "request from:  engine" in shown
+    assert f"engine GPUs:   1  {gpu.uuid}" in shown
+    assert (f"note:          GPU 1 ({gpu.uuid}) was injected by the engine "
+            f"(/dev/nvidia{gpu.minor} in config.json): the container holds it") in shown
+
+    res = runc.run(bundle, unique_id("engine"), runtime=nvshim_runtime_bin, env=env)
+    assert res.rc == 0, res.describe()
+    assert seen_devices(res.stdout) == gpu1_only(node), res.describe()
+    assert "No such device or address" in res.stdout, res.describe()  # ENXIO: allowed
+    assert "LINK-OK" in res.stdout and "LIB-READABLE" in res.stdout, res.describe()
+    assert [(g["source"], g["gpus"]) for g in journal(env)] == [("engine", [gpu.uuid])]
+    events = [json.loads(line) for line in (tmp_path / "debug.jsonl").read_text().splitlines()]
+    request = next(e for e in events if e["event"] == "request")
+    assert (request["source"], request["engine"]) == ("engine", [gpu.uuid])
+
+
+def test_nvshims_own_spec_without_void_line_gets_no_second_gpu(
+        runc: Runc, node: Any, cdi_spec: Dict[str, Any], base_rootfs: Path, tmp_path: Path,
+        nvshim_runtime_bin: str) -> None:
+    """nvshim's own spec (its hook runnable here) injected without the void line: image env
+    NVIDIA_VISIBLE_DEVICES=all still gets GPU 1 alone, its driver files mounted once."""
+    bundle = engine_bundle(tmp_path, base_rootfs, cdi_spec, ["1"], False, ["sh", "-c", PROBE])
+    env = config_env(tmp_path, node)
+    res = runc.run(bundle, unique_id("engine"), runtime=nvshim_runtime_bin, env=env)
+    assert res.rc == 0, res.describe()
+    assert seen_devices(res.stdout) == gpu1_only(node), res.describe()
+    assert "LINK-OK" in res.stdout and "LIB-READABLE" in res.stdout, res.describe()
+    spec = json.loads((bundle / "config.json").read_text())
+    destinations = [m["destination"] for m in spec["mounts"]]
+    assert len(destinations) == len(set(destinations))
+
+
+def test_grants_flags_an_engine_grant_and_a_device_plugin_grant_of_one_gpu(
+        runc: Runc, node: Any, cdi_spec: Dict[str, Any], base_rootfs: Path, tmp_path: Path,
+        nvshim_runtime_bin: str, nvshim_bin: str) -> None:
+    """GPU 0 injected by the engine into one live container and granted to another through a
+    device-plugin mount: `nvshim grants` names both sources and flags GPU 0 (exit 1)."""
+    gpu0 = node.gpus[0].uuid
+    env = config_env(tmp_path, node)
+    held = engine_bundle(tmp_path, base_rootfs, cdi_spec, ["0"], True, ["sleep", "30"],
+                         name="by-engine")
+    assert runc.create(held, "by-engine", runtime=nvshim_runtime_bin, env=env).rc == 0
+    plugin = make_bundle(tmp_path / "by-plugin", base_rootfs, ["sleep", "30"], mounts=[
+        {"source": "/dev/null", "destination": f"/var/run/nvidia-container-devices/{gpu0}",
+         "type": "bind", "options": ["bind", "ro"]}])
+    res = runc.create(plugin, "by-plugin", runtime=nvshim_runtime_bin, env=env)
+    assert res.rc == 0, res.describe()
+    out = subprocess.run([nvshim_bin, "grants", "--format", "json"], capture_output=True,
+                         text=True, timeout=60, env=env, check=False)
+    assert out.returncode == 1, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["conflicts"] == {gpu0: ["by-engine", "by-plugin"]}
+    assert {g["container_id"]: g["source"] for g in doc["grants"]} == {
+        "by-engine": "engine", "by-plugin": "volume-mounts"}
+
+
+# --- podman's own CDI injection -----------------------------------------------------------
+
+
+def write_wrapper(path: Path, config: str, runtime: str) -> Path:
+    """podman drops NVSHIM_CONFIG: a --runtime wrapper sets it (as the README says)."""
+    path.write_text(f"#!/bin/sh\nexport NVSHIM_CONFIG={config}\nexec {runtime} \"$@\"\n")
+    path.chmod(0o755)
+    return path
+
+
+def generated_spec(nvshim_bin: str, node: Any, void: bool) -> str:
+    """`nvshim cdi generate` for the node (cdiVersion 0.5.0: podman 4.3.1 reads it), without
+    its NVIDIA_VISIBLE_DEVICES=void line when ``void`` is False."""
+    res = subprocess.run([nvshim_bin, "cdi", "generate", "--driver-root", node.root],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    doc = yaml.safe_load(res.stdout)
+    assert doc["cdiVersion"] == "0.5.0"
+    if not void:
+        env = doc["containerEdits"]["env"]
+        env.remove("NVIDIA_VISIBLE_DEVICES=void")
+        if not env:
+            del doc["containerEdits"]["env"]
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+@pytest.mark.parametrize("void", [True, False], ids=["void line", "no void line"])
+def test_podman_cdi_injection_is_the_engines_grant(
+        podman: Podman, node: Any, rootfs: Path, tmp_path: Path, nvshim_runtime_bin: str,
+        nvshim_bin: str, void: bool) -> None:
+    """podman --device nvidia.com/gpu=1 -e NVIDIA_VISIBLE_DEVICES=all with nvshim as its
+    runtime: only GPU 1's node exists in the container, and the journal records the grant
+    as the engine's."""
+    env = config_env(tmp_path, node)
+    wrapper = write_wrapper(tmp_path / "nvshim-runtime-sim", env["NVSHIM_CONFIG"],
+                            nvshim_runtime_bin)
+    with installed_cdi_spec(generated_spec(nvshim_bin, node, void),
+                            f"nvshim-e2e-{unique_id()}.yaml"):
+        res = podman.podman_run(rootfs, ["sh", "-c", PROBE], devices=["nvidia.com/gpu=1"],
+                                env={"NVIDIA_VISIBLE_DEVICES": "all"}, runtime=wrapper,
+                                podman_env={"PATH": PATH_ENV})
+    assert res.rc == 0, res.describe()
+    assert seen_devices(res.stdout) == gpu1_only(node), res.describe()
+    assert [(g["source"], g["gpus"]) for g in journal(env)] == [
+        ("engine", [node.gpus[1].uuid])]
+
