@@ -5,7 +5,9 @@ claim must be told apart from the pod's own annotations (a default create never 
 it). :func:`ask_kubelet_if_needed` fetches what the kubelet allocated to this CRI
 container, :func:`pod_annotations` reads the pod sandbox's spec, and
 :func:`check_allocated` / :func:`check_imex_allocated` refuse any granted GPU, MIG device
-or IMEX channel the kubelet's record lacks.
+or IMEX channel the kubelet's record lacks. :func:`check_engine_allocated` does the same
+for the devices the engine injected itself (CDI through containerd 1.7+/CRI-O, Kubernetes
+DRA): the kubelet lists them as device-plugin ids, or as the CDI devices of a DRA claim.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from nvshim.runtime.tokens import parse_visible_devices, select_gpus
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Sequence, Tuple
+    from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
     from nvshim.config import Config
     from nvshim.runtime.request import ImageView
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     Plan = Any  # nvshim.runtime.create.Plan (create imports this module: no import back)
 
 __all__ = ["ask_kubelet_if_needed", "pod_annotations", "check_allocated",
-           "check_imex_allocated", "node_gpu_ids"]
+           "check_imex_allocated", "check_engine_allocated", "node_gpu_ids"]
 
 
 def ask_kubelet_if_needed(view: ImageView, config: Config) -> Tuple[Any, Any, str, List[str]]:
@@ -175,6 +177,152 @@ def _refusal(plan: Plan, host: Any) -> Optional[str]:
         return (f"{what} {label} ({uuid}) is not this container's allocation: {why} "
                 f"(claimed through {plan.request.source}, checked via {allocation.via})")
     return None
+
+
+def check_engine_allocated(plan: Plan, host: Any, config: Config) -> None:
+    """Every GPU, MIG device and IMEX channel the engine injected (``plan.engine_gpus``,
+    ``plan.engine_migs``, ``plan.engine_imex``) must be listed by the kubelet for this
+    container.
+
+    Listed means: named by one of its device-plugin ids (as for :func:`check_allocated` and
+    :func:`check_imex_allocated`), or injected by a CDI device of one of its DRA claims, the
+    CDI names resolved through ``cdi-spec-dirs`` and matched to the node's devices by
+    number (the engine injected from those specs). The claims are read only when the
+    device-plugin ids do not cover everything. A refusal read from the checkpoint, which
+    has no DRA claims, is asked again of the PodResources API.
+    """
+    refused = _engine_refusal(plan, host, config)
+    if refused and plan.allocation.via == "checkpoint":
+        from nvshim.runtime.kubelet import ask_kubelet
+
+        plan.allocation = ask_kubelet(plan.identity, config, fresh=True)
+        refused = _engine_refusal(plan, host, config)
+    if refused:
+        raise RequestError(refused)
+    plan.notes.append("everything the engine injected is in the kubelet's record "
+                      f"({plan.allocation.via})")
+
+
+def _engine_refusal(plan: Plan, host: Any, config: Config) -> Optional[str]:
+    """The line refusing the first engine-injected device the kubelet does not list for
+    this container; None when it lists all of them.
+
+    Devices are keyed by UUID (GPUs, MIG devices: a MIG device is also covered by its
+    whole parent GPU) or ``channelN`` (IMEX channels)."""
+    allocation = plan.allocation
+    gpus = host.gpus()
+    mine = _allowed(gpus, allocation.ids)
+    mine_keys = set(mine) | {f"channel{c}" for c in allocation.imex}
+    granted = [(f"GPU {g.index}", g.uuid, g.uuid) for g in plan.engine_gpus]
+    granted += [(f"MIG device {p.index}:{m.index}", m.uuid, p.uuid)
+                for p, m in plan.engine_migs]
+    granted += [(f"IMEX channel {c}", f"channel{c}", f"channel{c}")
+                for c in plan.engine_imex]
+    unlisted = [g for g in granted if g[1] not in mine_keys and g[2] not in mine_keys]
+    if not unlisted:
+        return None
+    by_name = _cdi_devices_of(host, config, allocation.cdi_devices)
+    claimed = {key for found in by_name.values() if not isinstance(found, str)
+               for _, key in found}
+    theirs = {u: allocation.others[i] for u, i in _allowed(gpus, list(allocation.others)).items()}
+    theirs.update((f"channel{c}", holder) for c, holder in allocation.imex_others.items())
+    for label, key, parent in unlisted:
+        if key in claimed or parent in claimed:
+            continue
+        holder = theirs.get(key) or theirs.get(parent) or _claim_holder(
+            host, config, allocation.cdi_others, (key, parent))
+        if holder:
+            why = f"the kubelet gave it to {holder}"
+        else:
+            listed = _listing(gpus, mine, allocation, by_name)
+            why = f"the kubelet listed {listed} for {plan.identity}"
+        shown = label if key.startswith("channel") else f"{label} ({key})"
+        return (f"{shown}, injected by the engine, is not this container's allocation: "
+                f"{why} (checked via {allocation.via})")
+    return None
+
+
+def _cdi_devices_of(host: Any, config: Config,
+                    names: Sequence[str]) -> Dict[str, Any]:
+    """CDI name → ((label, key) of each GPU, MIG device and IMEX channel of this node it
+    injects), or the reason it injects none that can be known (not in ``cdi-spec-dirs``).
+
+    Resolved as a create resolves CDI names (the spec index), one name at a time so that
+    each is judged on its own, and matched to the node by device numbers as the engine's
+    injection is (:mod:`nvshim.runtime.engine`); a device node the spec gives without
+    numbers has its host node's (as CDI fills them in), one it cannot stat matches nothing.
+    """
+    if not names:
+        return {}
+    from nvshim.cdi import index as cdiindex
+    from nvshim.cdi.registry import resolve_devices
+    from nvshim.config import cdi_index_path, config_path
+    from nvshim.errors import CdiError
+    from nvshim.host.discovery import Host
+    from nvshim.runtime.engine import gpus_of_numbers, nvidia_majors
+
+    searched = ", ".join(config.cdi_spec_dirs) or "no cdi-spec-dirs"
+    try:
+        registry, _ = cdiindex.registry_for(
+            config.cdi_spec_dirs, names, cdi_index_path(config.source or config_path()), False)
+    except CdiError as exc:
+        return {name: f"not resolved: {exc}" for name in names}
+    probe = Host("/", "/")  # CDI hostPaths are absolute host paths
+    gpus = host.gpus()
+    imex_major = (nvidia_majors(config.driver_root) or (None, None, None))[2]
+    out: Dict[str, Any] = {}
+    for name in names:
+        try:
+            nodes = resolve_devices(registry, [name]).device_nodes
+        except CdiError:
+            out[name] = f"not in cdi-spec-dirs {searched}"
+            continue
+        numbers = set()
+        for node in nodes:
+            if node.major is None:
+                node = probe.device_node(node.source) or node
+            if node.major is not None and node.minor is not None:
+                numbers.add((node.major, node.minor))
+        whole, migs = gpus_of_numbers(gpus, numbers)
+        out[name] = tuple((f"GPU {g.index}", g.uuid) for g in whole) + tuple(
+            (f"MIG device {p.index}:{m.index}", m.uuid) for p, m in migs) + tuple(
+            (f"IMEX channel {minor}", f"channel{minor}")
+            for major, minor in sorted(numbers) if major == imex_major)
+    return out
+
+
+def _claim_holder(host: Any, config: Config, cdi_others: Mapping[str, str],
+                  keys: Sequence[str]) -> str:
+    """The other container whose DRA claim injects one of ``keys``; "" when none does
+    (only asked on a refusal: it resolves the other containers' CDI names)."""
+    for name, found in _cdi_devices_of(host, config, list(cdi_others)).items():
+        if not isinstance(found, str) and any(key in keys for _, key in found):
+            return cdi_others[name]
+    return ""
+
+
+def _listing(gpus: Sequence[Any], mine: Dict[str, str], allocation: Any,
+             by_name: Dict[str, Any]) -> str:
+    """What the kubelet lists for the container, for a refusal: its device-plugin GPUs
+    (and IMEX channels), then each DRA claim with its CDI devices and what they inject."""
+    by_uuid = {g.uuid: g for g in gpus}
+    parts = [", ".join(f"GPU {by_uuid[u].index}" if u in by_uuid else u for u in mine)
+             or "no device-plugin GPU"]
+    if allocation.imex:
+        parts.append(f"IMEX channels {', '.join(map(str, allocation.imex))}")
+    if not allocation.claims:
+        parts.append("no DRA claim")
+    for claim in allocation.claims:
+        devices = []
+        for name in claim.cdi_devices:
+            found = by_name.get(name, "")
+            if isinstance(found, str):
+                shown = found or "not resolved"
+            else:
+                shown = ", ".join(label for label, _ in found) or "no GPU of this node"
+            devices.append(f"{name}: {shown}")
+        parts.append(f"DRA claim {claim} ({'; '.join(devices) or 'no CDI device'})")
+    return ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def check_imex_allocated(plan: Plan, extras: Any, config: Config) -> None:

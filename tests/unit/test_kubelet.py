@@ -666,3 +666,222 @@ def test_allocation_lists_this_containers_claims_of_every_driver(
     assert allocation.cdi_devices == ("nvidia.com/gpu=1", "nic.example.com/vf=0")
     assert dict(allocation.cdi_others) == {"nvidia.com/gpu=2": "team-a/mine/side",
                                            "nvidia.com/gpu=3": "team-b/victim/train"}
+
+
+# --- GPUs the engine injected (check_engine_allocated) --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cdi_dir(node: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """nvshim's CDI spec for the 4-GPU node: what the engine injects ``nvidia.com/gpu=N`` from."""
+    from click.testing import CliRunner
+
+    from nvshim.cli.cmd_cdi import generate
+
+    out = tmp_path_factory.mktemp("cdi")
+    res = CliRunner().invoke(generate, ["--driver-root", node.root, "--output",
+                                        str(out / "nvidia.yaml")])
+    assert res.exit_code == 0, res.output
+    return str(out)
+
+
+def engine_plan(cfg: Config, gpus: Any = (), migs: Any = (), imex: Any = ()) -> Any:
+    """The fields of a create plan check_engine_allocated reads, the allocation asked of
+    the kubelet as a create asks it."""
+    from types import SimpleNamespace
+
+    from nvshim.runtime.kubelet import ask_kubelet
+
+    who = _identity()
+    return SimpleNamespace(identity=who, allocation=ask_kubelet(who, cfg), engine_gpus=tuple(gpus),
+                           engine_migs=tuple(migs), engine_imex=tuple(imex), notes=[])
+
+
+def check_engine(cfg: Config, gpus: Any = (), migs: Any = (), imex: Any = ()) -> Any:
+    """check_engine_allocated for GPUs (indices), MIG devices ((GPU, MIG) indices) and IMEX
+    channels the engine injected; the plan it checked."""
+    from nvshim.runtime.allocation import check_engine_allocated
+    from nvshim.runtime.plancache import host_for
+
+    host, _ = host_for(cfg, False)
+    by_index = {g.index: g for g in host.gpus()}
+    plan = engine_plan(cfg, [by_index[i] for i in gpus],
+                       [(by_index[g], by_index[g].mig[m]) for g, m in migs], imex)
+    check_engine_allocated(plan, host, cfg)
+    return plan
+
+
+@pytest.mark.parametrize("listed", ["device-plugin", "dra"])
+def test_engine_gpu_the_kubelet_lists_is_accepted(node: Any, tmp_path: Path, cdi_dir: str,
+                                                  kubelet: PodResourcesServer,
+                                                  listed: str) -> None:
+    """A GPU the engine injected is accepted when the kubelet lists it for this container:
+    as a device-plugin UUID, or as the CDI device of one of its DRA claims."""
+    gpu = node.gpus[2]
+    if listed == "device-plugin":
+        kubelet.set([("team-a", "mine", {"main": {GPU: [gpu.uuid]}})])
+    else:
+        kubelet.set([("team-a", "mine", {}, {"main": [dra("gpu", "nvidia.com/gpu=2")]})])
+    plan = check_engine(config(node, tmp_path, cdi_spec_dirs=(cdi_dir,)), gpus=[2])
+    assert plan.notes == ["everything the engine injected is in the kubelet's record (podresources)"]
+
+
+def test_engine_gpu_the_kubelet_did_not_list_is_refused(node: Any, tmp_path: Path, cdi_dir: str,
+                                                        kubelet: PodResourcesServer) -> None:
+    """An engine-injected GPU that neither the device-plugin ids nor the claims' CDI devices
+    name is refused with one line naming the GPU and what the kubelet listed."""
+    kubelet.set([("team-a", "mine", {"main": {GPU: [node.gpus[0].uuid]}},
+                  {"main": [dra("gpu", "nvidia.com/gpu=2")]})])
+    with pytest.raises(RequestError) as info:
+        check_engine(config(node, tmp_path, cdi_spec_dirs=(cdi_dir,)), gpus=[2, 1])
+    assert str(info.value) == (
+        f"GPU 1 ({node.gpus[1].uuid}), injected by the engine, is not this container's "
+        "allocation: the kubelet listed GPU 0 and DRA claim team-a/gpu (nvidia.com/gpu=2: "
+        "GPU 2) for team-a/mine/main (checked via podresources)")
+
+
+def test_engine_gpu_with_nothing_listed_is_refused(node: Any, tmp_path: Path, cdi_dir: str,
+                                                   kubelet: PodResourcesServer) -> None:
+    """A container the kubelet lists nothing for gets its engine-injected GPU refused."""
+    kubelet.set([("team-a", "mine", {"main": {}})])
+    with pytest.raises(RequestError, match=r"^GPU 3 \(GPU-[^)]*\), injected by the engine, is not "
+                       r"this container's allocation: the kubelet listed no device-plugin GPU "
+                       r"and no DRA claim for team-a/mine/main \(checked via podresources\)$"):
+        check_engine(config(node, tmp_path, cdi_spec_dirs=(cdi_dir,)), gpus=[3])
+
+
+@pytest.mark.parametrize("how", ["device-plugin", "dra"])
+def test_engine_gpu_of_another_container_names_its_holder(node: Any, tmp_path: Path,
+                                                          cdi_dir: str,
+                                                          kubelet: PodResourcesServer,
+                                                          how: str) -> None:
+    """An engine-injected GPU the kubelet gave another container, by device plugin or DRA
+    claim, is refused naming that container."""
+    victim = node.gpus[1]
+    held = ({"train": {GPU: [victim.uuid]}}, {}) if how == "device-plugin" else (
+        {}, {"train": [dra("t", "nvidia.com/gpu=1", namespace="team-b")]})
+    kubelet.set([("team-b", "victim", *held), ("team-a", "mine", {"main": {}})])
+    with pytest.raises(RequestError) as info:
+        check_engine(config(node, tmp_path, cdi_spec_dirs=(cdi_dir,)), gpus=[1])
+    assert str(info.value) == (
+        f"GPU 1 ({victim.uuid}), injected by the engine, is not this container's allocation: "
+        "the kubelet gave it to team-b/victim/train (checked via podresources)")
+
+
+def test_claim_cdi_device_outside_cdi_spec_dirs_proves_nothing(
+        node: Any, tmp_path: Path, cdi_dir: str, kubelet: PodResourcesServer) -> None:
+    """A claim whose CDI device no spec in cdi-spec-dirs defines cannot be matched to a GPU:
+    the engine GPU is refused, the line saying where nvshim looked; a claim of another
+    driver's device (a NIC) does not cover a GPU either."""
+    kubelet.set([("team-a", "mine", {}, {"main": [
+        dra("gpu", "k8s.gpu.nvidia.com/claim=u1-gpu-0"),
+        dra("nic", "nic.example.com/vf=0", driver="nic.example.com")]})])
+    empty = tmp_path / "empty-cdi"
+    empty.mkdir()
+    with pytest.raises(RequestError) as info:
+        check_engine(config(node, tmp_path, cdi_spec_dirs=(str(empty), cdi_dir)), gpus=[0])
+    assert ("the kubelet listed no device-plugin GPU, DRA claim team-a/gpu "
+            f"(k8s.gpu.nvidia.com/claim=u1-gpu-0: not in cdi-spec-dirs {empty}, {cdi_dir}) and "
+            f"DRA claim team-a/nic (nic.example.com/vf=0: not in cdi-spec-dirs {empty}, "
+            f"{cdi_dir}) for team-a/mine/main") in str(info.value)
+
+
+def test_engine_gpu_only_a_claim_covers_is_asked_of_the_api_past_the_checkpoint(
+        node: Any, tmp_path: Path, cdi_dir: str, kubelet: PodResourcesServer) -> None:
+    """The checkpoint (device manager only, no DRA) lists GPU 0 for this container and is
+    the allocation first; GPU 2 that only a DRA claim covers is asked again of the API and
+    accepted; with the API down the checkpoint's answer refuses it."""
+    kubelet.set([("team-a", "mine", {"main": {GPU: [node.gpus[0].uuid]}},
+                  {"main": [dra("gpu", "nvidia.com/gpu=2")]})])
+    ckpt = _checkpoint(tmp_path, [("uid-mine", "main", [node.gpus[0].uuid])])
+    cfg = config(node, tmp_path, cdi_spec_dirs=(cdi_dir,), kubelet_checkpoint=ckpt)
+    assert engine_plan(cfg).allocation.via == "checkpoint"
+    plan = check_engine(cfg, gpus=[0, 2])
+    assert plan.allocation.via == "podresources" and kubelet.calls["List"] == 1
+    down = config(node, tmp_path, cdi_spec_dirs=(cdi_dir,), kubelet_checkpoint=ckpt,
+                  kubelet_socket=str(tmp_path / "absent.sock"))
+    with pytest.raises(RequestError, match=r"^GPU 2 .*listed GPU 0 and no DRA claim .*"
+                       r"checked via checkpoint\)$"):
+        check_engine(down, gpus=[0, 2])
+
+
+def test_engine_mig_device_is_matched_by_its_claims_mig_caps(
+        tmp_path: Path, kubelet: PodResourcesServer) -> None:
+    """A MIG device the engine injected is accepted when a claim's CDI device is that MIG
+    device; another MIG device of the same GPU is refused, named as a MIG device."""
+    if os.geteuid() != 0:
+        pytest.skip("the simulated GPU node needs root (mknod)")
+    from click.testing import CliRunner
+
+    from nvshim.cli.cmd_cdi import generate
+    from nvshim.host.sim import create_node
+
+    node = create_node(str(tmp_path / "mig-node"), gpus=2, mig=True)
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    node_config = tmp_path / "node.yaml"  # MIG UUIDs: what NVML would say, from nvml-facts
+    node_config.write_text(f"driver-root: {node.root}\nnvml-facts: {node.nvml_facts}\n")
+    res = CliRunner().invoke(generate, ["--output", str(cdi / "nvidia.yaml")],
+                             env={"NVSHIM_CONFIG": str(node_config)})
+    assert res.exit_code == 0, res.output
+    kubelet.set([("team-a", "mine", {}, {"main": [dra("mig", "nvidia.com/gpu=0:0")]})])
+    cfg = config(node, tmp_path, cdi_spec_dirs=(str(cdi),))
+    assert check_engine(cfg, migs=[(0, 0)]).notes
+    other = node.gpus[0].mig[1]
+    with pytest.raises(RequestError, match=rf"^MIG device 0:1 \({other.uuid}\), injected by the "
+                       r"engine, .*DRA claim team-a/mig \(nvidia.com/gpu=0:0: MIG device 0:0\)"):
+        check_engine(cfg, migs=[(0, 1)])
+    with pytest.raises(RequestError, match=r"^GPU 0 .*injected by the engine"):
+        check_engine(cfg, gpus=[0])  # a claim of one MIG device is not its whole GPU
+
+
+@pytest.fixture(scope="module")
+def imex_cdi(imex_node: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """nvshim's CDI spec of the IMEX node's channels (nvidia.com/imex-channel=N)."""
+    from click.testing import CliRunner
+
+    from nvshim.cli.cmd_cdi import generate
+
+    out = tmp_path_factory.mktemp("imex-cdi")
+    res = CliRunner().invoke(generate, ["--driver-root", imex_node.root, "--class",
+                                        "imex-channel", "--output", str(out / "imex.yaml")])
+    assert res.exit_code == 0, res.output
+    return str(out)
+
+
+@pytest.mark.parametrize("listed", ["device-plugin", "dra"])
+def test_engine_imex_channel_the_kubelet_lists_is_accepted(imex_node: Any, tmp_path: Path,
+                                                           imex_cdi: str,
+                                                           kubelet: PodResourcesServer,
+                                                           listed: str) -> None:
+    """An IMEX channel the engine injected is accepted when the kubelet lists it for this
+    container: under an imex device-plugin resource, or as a DRA claim's CDI device
+    (matched by the channel node's numbers)."""
+    if listed == "device-plugin":
+        kubelet.set([("team-a", "mine", {"main": {IMEX: ["channel2"]}})])
+    else:
+        kubelet.set([("team-a", "mine", {}, {"main": [
+            dra("domain", "nvidia.com/imex-channel=2", driver="compute-domain.nvidia.com")]})])
+    plan = check_engine(config(imex_node, tmp_path, cdi_spec_dirs=(imex_cdi,)), imex=[2])
+    assert plan.notes == ["everything the engine injected is in the kubelet's record (podresources)"]
+
+
+def test_engine_imex_channel_the_kubelet_did_not_list_is_refused(imex_node: Any, tmp_path: Path,
+                                                                 imex_cdi: str,
+                                                                 kubelet: PodResourcesServer) -> None:
+    """An engine-injected IMEX channel no claim or device-plugin id covers is refused,
+    naming the channel and what the kubelet listed; one another pod holds names its holder."""
+    kubelet.set([("team-b", "victim", {"train": {IMEX: ["3"]}}),
+                 ("team-a", "mine", {"main": {IMEX: ["0"]}},
+                  {"main": [dra("domain", "nvidia.com/imex-channel=1")]})])
+    cfg = config(imex_node, tmp_path, cdi_spec_dirs=(imex_cdi,))
+    with pytest.raises(RequestError) as info:
+        check_engine(cfg, imex=[1, 2])
+    assert str(info.value) == (
+        "IMEX channel 2, injected by the engine, is not this container's allocation: the "
+        "kubelet listed no device-plugin GPU, IMEX channels 0 and DRA claim team-a/domain "
+        "(nvidia.com/imex-channel=1: IMEX channel 1) for team-a/mine/main (checked via "
+        "podresources)")
+    with pytest.raises(RequestError, match=r"^IMEX channel 3, injected by the engine, is not "
+                       r"this container's allocation: the kubelet gave it to team-b/victim/train"):
+        check_engine(cfg, imex=[3])
