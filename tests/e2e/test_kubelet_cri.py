@@ -34,7 +34,7 @@ from tests.helpers.cri import (
     spec_annotations,
 )
 from tests.helpers.node import write_nvshim_config
-from tests.helpers.podresources import PodResourcesServer
+from tests.helpers.podresources import PodResourcesServer, dra
 
 pytestmark = pytest.mark.e2e
 
@@ -139,13 +139,13 @@ def pod(n: Node, name: str, namespace: str = "team-a", handler: str = "nvshim",
 
 def start(n: Node, p: Tuple[str, bytes, Path], env: Optional[Mapping[str, str]] = None,
           mounts: Sequence[Tuple[str, str]] = (), name: str = "main",
-          listing: str = "/dev") -> str:
+          listing: str = "/dev", devices: Sequence[Tuple[str, str]] = ()) -> str:
     """Create and start a container that lists ``listing``, prints END and stays up; its CRI id."""
     assert n.cri is not None
     sandbox, config, _ = p
     cid = n.cri.create_container(sandbox, config, name, "docker.io/nvshim-test/busybox:1",
                                  ["sh", "-c", f"ls {listing}; echo END; exec sleep 1000"],
-                                 env=env, mounts=mounts)
+                                 env=env, mounts=mounts, devices=devices)
     n.cri.start_container(cid)
     return cid
 
@@ -330,3 +330,57 @@ def test_two_pods_claiming_one_unshared_gpu_are_flagged(cri: Node) -> None:
     assert rc == 1
     holders = {g["container_id"]: g["pod"] for g in doc["grants"]}
     assert sorted(holders[c] for c in doc["conflicts"][gpu.uuid]) == ["dup-a", "dup-b"]
+
+
+# --- GPUs the engine injected (DRA, engine-side CDI) ----------------------------------------
+
+
+def injected(n: Node, gpu: Any) -> Tuple[str, str]:
+    """(host path, container path) of a GPU's device node: containerd puts it in the spec
+    (``linux.devices`` by the host node's numbers, and its cgroup rule) before nvshim runs,
+    as containerd 1.7 does for the CDI devices the kubelet names for a DRA claim."""
+    return os.path.join(n.sim.root, f"dev/nvidia{gpu.minor}"), f"/dev/nvidia{gpu.minor}"
+
+
+def test_engine_gpu_listed_under_a_dra_claim_is_accepted(cri: Node) -> None:
+    """A GPU the engine injected that the kubelet lists under this container's DRA claim
+    (its CDI device nvidia.com/gpu=N) starts with that GPU alone, image env "all"
+    notwithstanding, and is journaled as verified by the kubelet."""
+    gpu = cri.sim.gpus[2]
+    cri.kubelet.set([("team-a", "drapod", {}, {"main": [dra("gpu", f"nvidia.com/gpu={gpu.index}")]})])
+    p = pod(cri, "drapod")
+    start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": "all"}, devices=[injected(cri, gpu)])
+    assert gpu_minors(cri, p) == [gpu.minor]
+    rc, doc = grants(cri)
+    mine = [g for g in doc["grants"] if g["pod"] == "drapod"]
+    assert rc == 0 and [(g["gpus"], g["verified"]) for g in mine] == [([gpu.uuid], "kubelet")]
+
+
+def test_engine_gpu_the_kubelet_did_not_list_is_refused(cri: Node) -> None:
+    """A GPU the engine injected into a CUDA image's container (NVIDIA_VISIBLE_DEVICES=all)
+    that the kubelet does not list for it is refused: the container does not start, the
+    error naming the GPU and the claim the kubelet did list."""
+    gpu = cri.sim.gpus[1]
+    cri.kubelet.set([("team-a", "draforged", {}, {"main": [dra("gpu", "nvidia.com/gpu=0")]})])
+    p = pod(cri, "draforged")
+    with pytest.raises(CriError) as info:
+        start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": "all"}, devices=[injected(cri, gpu)])
+    assert (f"nvshim: GPU 1 ({gpu.uuid}), injected by the engine, is not this container's "
+            "allocation: the kubelet listed no device-plugin GPU and DRA claim team-a/gpu "
+            "(nvidia.com/gpu=0: GPU 0) for team-a/draforged/main (checked via podresources)"
+            ) in info.value.details
+
+
+def test_engine_gpu_of_another_pods_dra_claim_is_refused_naming_it(cri: Node) -> None:
+    """An engine-injected GPU that the kubelet lists under another pod's DRA claim is refused,
+    the error naming that pod's container."""
+    gpu = cri.sim.gpus[3]
+    cri.kubelet.set([("team-b", "owner", {}, {"train": [dra("t", "nvidia.com/gpu=3",
+                                                            namespace="team-b")]}),
+                     ("team-a", "drathief", {"main": {}})])
+    p = pod(cri, "drathief")
+    with pytest.raises(CriError) as info:
+        start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": "all"}, devices=[injected(cri, gpu)])
+    assert (f"nvshim: GPU 3 ({gpu.uuid}), injected by the engine, is not this container's "
+            "allocation: the kubelet gave it to team-b/owner/train (checked via podresources)"
+            ) in info.value.details

@@ -138,8 +138,10 @@ def sandbox_config(name: str, namespace: str, uid: str, log_dir: str, cgroup_par
 
 def container_config(name: str, image: str, command: Sequence[str], env: Mapping[str, str],
                      mounts: Sequence[Tuple[str, str]], log_path: str,
-                     annotations: Mapping[str, str]) -> bytes:
-    """ContainerConfig{metadata=1, image=2, command=3, envs=6, mounts=7, annotations=10, log_path=11}."""
+                     annotations: Mapping[str, str],
+                     devices: Sequence[Tuple[str, str]] = ()) -> bytes:
+    """ContainerConfig{metadata=1, image=2, command=3, envs=6, mounts=7, devices=8,
+    annotations=10, log_path=11}."""
     out = _msg(1, _proto.string_field(1, name)) + _msg(2, _proto.string_field(1, image))
     out += b"".join(_proto.string_field(3, c) for c in command)
     for k, v in env.items():
@@ -147,6 +149,9 @@ def container_config(name: str, image: str, command: Sequence[str], env: Mapping
     for host, container in mounts:  # Mount{container_path=1, host_path=2, readonly=3}
         out += _msg(7, _proto.string_field(1, container) + _proto.string_field(2, host)
                     + _varint_field(3, 1))
+    for host, container in devices:  # Device{container_path=1, host_path=2, permissions=3}
+        out += _msg(8, _proto.string_field(1, container) + _proto.string_field(2, host)
+                    + _proto.string_field(3, "rwm"))
     out += _map(10, annotations) + _proto.string_field(11, log_path)
     return out
 
@@ -186,10 +191,13 @@ class CriClient:
     def create_container(self, sandbox: str, pod_config: bytes, name: str, image: str,
                          command: Sequence[str], env: Optional[Mapping[str, str]] = None,
                          mounts: Sequence[Tuple[str, str]] = (),
-                         annotations: Optional[Mapping[str, str]] = None) -> str:
-        """CreateContainer (containerd writes the OCI spec; no runtime runs yet) → container id."""
+                         annotations: Optional[Mapping[str, str]] = None,
+                         devices: Sequence[Tuple[str, str]] = ()) -> str:
+        """CreateContainer (containerd writes the OCI spec; no runtime runs yet) → container id.
+        ``devices``: (host path, container path) of device nodes containerd puts in the spec
+        (``linux.devices`` and a cgroup rule), as it does for CDI devices it injects."""
         config = container_config(name, image, command, env or {}, mounts, f"{name}.log",
-                                  annotations or {})
+                                  annotations or {}, devices)
         request = _proto.string_field(1, sandbox) + _msg(2, config) + _msg(3, pod_config)
         return _first_string(self.call("CreateContainer", request))
 
