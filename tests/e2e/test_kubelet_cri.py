@@ -373,14 +373,14 @@ def test_engine_gpu_the_kubelet_did_not_list_is_refused(cri: Node) -> None:
 
 def test_engine_gpu_of_another_pods_dra_claim_is_refused_naming_it(cri: Node) -> None:
     """An engine-injected GPU that the kubelet lists under another pod's DRA claim is refused,
-    the error naming that pod's container."""
+    the error naming that pod's container, in a container whose env names no GPU at all."""
     gpu = cri.sim.gpus[3]
     cri.kubelet.set([("team-b", "owner", {}, {"train": [dra("t", "nvidia.com/gpu=3",
                                                             namespace="team-b")]}),
                      ("team-a", "drathief", {"main": {}})])
     p = pod(cri, "drathief")
     with pytest.raises(CriError) as info:
-        start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": "all"}, devices=[injected(cri, gpu)])
+        start(cri, p, devices=[injected(cri, gpu)])
     assert (f"nvshim: GPU 3 ({gpu.uuid}), injected by the engine, is not this container's "
             "allocation: the kubelet gave it to team-b/owner/train (checked via podresources)"
             ) in info.value.details
