@@ -82,6 +82,11 @@ def plan_summary(plan: Plan, config: Config) -> Dict[str, Any]:
         "container": str(plan.identity) if plan.identity else None,
         "verified": plan.verified,
         "kubelet_allocation": list(plan.allocation.ids) if plan.allocation else None,
+        "kubelet_claims": [
+            {"claim": str(c), "devices": [
+                {"driver": d.driver, "pool": d.pool, "device": d.device,
+                 "cdi_devices": list(d.cdi_devices)} for d in c.devices]}
+            for c in plan.allocation.claims] if plan.allocation else None,
     }
     summary["granted_indices"] = describe_indices([g.index for g in plan.gpus])
     summary["set_void"] = "NVIDIA_VISIBLE_DEVICES=void" in env
@@ -167,8 +172,11 @@ def render_summary(plan: Plan, config: Config) -> List[str]:
         out.append(f"container:     {plan.identity}")
     out.append(f"request from:  {summary['source']}")
     if plan.allocation is not None:
+        listed = list(plan.allocation.ids) + [
+            f"DRA claim {c} ({', '.join(c.cdi_devices) or 'no CDI device'})"
+            for c in plan.allocation.claims]
         out.append(f"verified:      kubelet ({plan.allocation.via}): allocated "
-                   f"{', '.join(plan.allocation.ids) or 'no GPU'}")
+                   f"{', '.join(listed) or 'no GPU'}")
     elif plan.verified == "unreachable":
         out.append("verified:      no: the kubelet was unreachable, claims trusted")
     files_only = "  (driver files only)" if request.driver_files and not request.devices else ""

@@ -265,6 +265,33 @@ def test_inspect_shows_the_kubelet_check(node: Any, tmp_path: Path, kubelet: Pod
     assert "verified:      kubelet (podresources): allocated " + gpu.uuid in out
 
 
+def test_inspect_shows_the_dra_claims_the_kubelet_listed(
+        node: Any, tmp_path: Path, kubelet: PodResourcesServer,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The DRA claims the kubelet lists for the container are named by inspect with their
+    CDI devices (text and JSON), beside the device-plugin ids."""
+    from nvshim.cli.main import main
+
+    gpu = node.gpus[0]
+    kubelet.set([("team-a", "mine", {"main": {GPU: [gpu.uuid]}},
+                  {"main": [dra("gpu", "nvidia.com/gpu=1")]})])
+    cfg_path = tmp_path / "config.yaml"
+    cfg_path.write_text(
+        f"require-allocation: true\nverify-with: kubelet\ndriver-root: {node.root}\n"
+        f"kubelet-socket: {tmp_path}/kubelet.sock\nkubelet-checkpoint: null\n")
+    b = bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}"])
+    with pytest.raises(SystemExit):
+        main(["inspect", "--bundle", b, "--config", str(cfg_path), "--no-diff"])
+    out = capsys.readouterr().out
+    assert f"allocated {gpu.uuid}, DRA claim team-a/gpu (nvidia.com/gpu=1)" in out, out
+    with pytest.raises(SystemExit):
+        main(["inspect", "--bundle", b, "--config", str(cfg_path), "--format", "json"])
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["kubelet_claims"] == [{"claim": "team-a/gpu", "devices": [
+        {"driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-0",
+         "cdi_devices": ["nvidia.com/gpu=1"]}]}]
+
+
 def test_pod_annotation_is_told_from_the_device_plugins(node: Any, tmp_path: Path) -> None:
     """Under require-allocation a cdi.k8s.io annotation also in the pod sandbox's spec is the pod's and grants nothing; the device plugin's does."""
     tasks = tmp_path / "io.containerd.runtime.v2.task" / "k8s.io"
