@@ -199,7 +199,11 @@ def runtime() -> None:
         "Turn on the engine's own CDI support. containerd: <cri>.enable_cdi = true, and "
         "cdi_spec_dirs = [" + ", ".join(f'"{d}"' for d in containerd.CDI_SPEC_DIRS) + "] "
         "unless set; docker: features.cdi = true "
-        "(Docker 25 and later). CRI-O reads CDI specs without a switch."
+        "(Docker 25 and later). CRI-O reads CDI specs without a switch. The engine then "
+        "injects the devices cdi.k8s.io annotations name itself: take cdi-annotations out "
+        "of nvshim's allocation-sources (or cdi.k8s.io/ out of annotation-prefixes) so "
+        "nvshim counts them as an engine grant instead of injecting them again "
+        "(nvshim doctor's cdi-injection check)."
     ),
 )
 @click.option(
