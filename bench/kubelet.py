@@ -123,7 +123,7 @@ def main() -> int:
 
         import grpc
 
-        from nvshim.runtime.kubelet import LIST_METHOD, decode_list_response
+        from nvshim.runtime.allocation.kubelet import LIST_METHOD, decode_list_response
 
         calls = []
         with grpc.insecure_channel(f"unix://{work / 'kubelet.sock'}") as channel:

@@ -74,12 +74,14 @@ class Plan:
     """The request view of config.json (:class:`nvshim.runtime.request.ImageView`), parsed once."""
 
     identity: Any = None
-    """The Kubernetes container (:class:`nvshim.runtime.kubelet.Identity`) of a CRI container."""
+    """The Kubernetes container (:class:`nvshim.runtime.allocation.kubelet.Identity`) of a CRI
+    container."""
     verified: str = "none"
     """``kubelet`` (every GPU checked against its record), ``unreachable`` (claims
     trusted), ``none``."""
     allocation: Any = None
-    """What the kubelet allocated (:class:`nvshim.runtime.kubelet.Allocation`), if asked."""
+    """What the kubelet allocated (:class:`nvshim.runtime.allocation.kubelet.Allocation`), if
+    asked."""
     cdi_gpus: Tuple[Any, ...] = ()
     """Whole GPUs the granted CDI devices bring (by their device nodes)."""
     cdi_migs: Tuple[Tuple[Any, Any], ...] = ()
@@ -199,7 +201,7 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
     early_notes: List[str] = []
     pod: Optional[Dict[str, str]] = None
     if _needs_allocation_module(view, config):
-        from nvshim.runtime import allocation as policy
+        from nvshim.runtime.allocation import policy
 
         identity, allocation, verified, early_notes = policy.ask_kubelet_if_needed(view, config)
         pod = policy.pod_annotations(bundle, view, config)
@@ -247,7 +249,7 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
                 "engine_imex": list(plan.engine_imex)} if engine is not None else {}),
         )
     if engine is not None and plan.allocation is not None:
-        from nvshim.runtime.allocation import check_engine_allocated
+        from nvshim.runtime.allocation.policy import check_engine_allocated
 
         check_engine_allocated(plan, host, config)
 
@@ -259,7 +261,7 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
             extras = without_env_channels(extras, engine, view.get("NVIDIA_IMEX_CHANNELS"))
         plan.notes.extend(extras.notes)
         if extras.imex_channels and plan.allocation is not None:
-            from nvshim.runtime.allocation import check_imex_allocated
+            from nvshim.runtime.allocation.policy import check_imex_allocated
 
             check_imex_allocated(plan, extras, config)
     replacing = hooks is not None and bool(hooks.replaced)
@@ -309,7 +311,7 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
     if cdi_names and (config.grants_journal or plan.allocation is not None):
         plan.cdi_gpus, plan.cdi_migs = _gpus_of_nodes(host, edits)
     if plan.allocation is not None and request.source not in ("kubelet", "engine"):
-        from nvshim.runtime.allocation import check_allocated
+        from nvshim.runtime.allocation.policy import check_allocated
 
         check_allocated(plan, host, config)
 

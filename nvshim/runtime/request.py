@@ -372,10 +372,10 @@ def resolve_request(view: ImageView, config: Any,
     ``kubelet_ids`` are the device ids the kubelet allocated to this container (None when
     it was not asked): the ``kubelet`` allocation source grants them. Whether a claim from
     another source is inside them is checked once the claim is mapped onto GPUs
-    (``nvshim.runtime.allocation.check_allocated``). ``pod_annotations`` are the annotations of the
-    container's pod sandbox spec, when known: under require-allocation an annotation the
-    container carries with the same key and value came from the pod (which any pod author
-    can write), not from the device plugin, and is no allocation.
+    (``nvshim.runtime.allocation.policy.check_allocated``). ``pod_annotations`` are the
+    annotations of the container's pod sandbox spec, when known: under require-allocation
+    an annotation the container carries with the same key and value came from the pod
+    (which any pod author can write), not from the device plugin, and is no allocation.
     """
     if view.sandbox:
         return Request(source="sandbox", notes=("CRI sandbox container: passed through",))

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import grpc
 
-from nvshim.runtime import podresources as _proto
+from nvshim.runtime.allocation import podresources as _proto
 from tests.helpers.containerd import containerd_private_config
 
 __all__ = ["CriClient", "cri_containerd_config", "import_image", "IMAGE", "CriError"]

@@ -651,8 +651,8 @@ def test_crun_argv(world: Dict[str, Path], tokens: List[str]) -> None:
 @given(st.binary(max_size=200))
 def test_podresources_codec_never_crashes(data: bytes) -> None:
     """Any bytes from the kubelet socket decode to pods or raise ProtoError, nothing else."""
-    from nvshim.runtime.kubelet import decode_list_response
-    from nvshim.runtime.podresources import ProtoError
+    from nvshim.runtime.allocation.kubelet import decode_list_response
+    from nvshim.runtime.allocation.podresources import ProtoError
 
     try:
         pods = decode_list_response(data)

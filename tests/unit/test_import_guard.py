@@ -129,7 +129,7 @@ def test_create_with_one_gpu_loads_no_heavy_module(tmp_path: Path, rootfs: Path)
     assert "/dev/nvidia0" in paths  # the GPU path really ran
     modules = imported_modules(res.stderr)
     assert forbidden_in(modules) == [], report(modules)
-    assert "grpc" not in modules and "nvshim.runtime.kubelet" not in modules, report(modules)
+    assert "grpc" not in modules and "nvshim.runtime.allocation.kubelet" not in modules, report(modules)
     assert "nvshim.runtime.grants" in modules, report(modules)  # the grant was journaled
     assert "nvshim.runtime.extras" not in modules, report(modules)  # no IMEX/NVSwitch/GDS asked for
     # the journal's readers (nvshim grants) and require-allocation's checks never load here
@@ -170,7 +170,7 @@ def test_grpc_loads_only_when_the_kubelet_is_asked(tmp_path: Path, rootfs: Path)
     assert "grpc" not in seen["plain"] and "grpc" not in seen["cri-none"]
     # grpc is imported while fd 2 points at /dev/null (its C core must not log into the
     # container's stderr), so -X importtime cannot show it: the List call proves it ran.
-    assert "nvshim.runtime.kubelet" in seen["cri-gpu"] and server.calls["List"] == 1
+    assert "nvshim.runtime.allocation.kubelet" in seen["cri-gpu"] and server.calls["List"] == 1
     assert all(forbidden_in(m) == [] for m in seen.values())
 
 

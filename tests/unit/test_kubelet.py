@@ -18,8 +18,8 @@ import pytest
 
 from nvshim.config import Config
 from nvshim.errors import RequestError
+from nvshim.runtime.allocation.kubelet import decode_list_response
 from nvshim.runtime.create import plan_create
-from nvshim.runtime.kubelet import decode_list_response
 from tests.helpers.podresources import DraClaim, DraDevice, PodResourcesServer, dra
 
 GPU = "nvidia.com/gpu"
@@ -517,7 +517,7 @@ def test_imex_channels_from_the_checkpoint(imex_node: Any, tmp_path: Path) -> No
 
 def test_imex_id_with_a_trailing_newline_names_no_channel(tmp_path: Path) -> None:
     """A kubelet IMEX id "1<newline>" is skipped like any id that is not N or channelN."""
-    from nvshim.runtime.kubelet import Identity, read_checkpoint
+    from nvshim.runtime.allocation.kubelet import Identity, read_checkpoint
 
     ckpt = tmp_path / "kubelet_internal_checkpoint"
     ckpt.write_text(json.dumps({"Data": {"PodDeviceEntries": [
@@ -559,7 +559,7 @@ def test_a_damaged_checkpoint_is_no_checkpoint(tmp_path: Path, text: str) -> Non
     """A checkpoint whose Data is not an object (or nested past the recursion limit) made
     read_checkpoint raise AttributeError/RecursionError, an 'internal error' line on every
     verified create; it is now treated like a missing checkpoint (the API is asked)."""
-    from nvshim.runtime.kubelet import Identity, read_checkpoint
+    from nvshim.runtime.allocation.kubelet import Identity, read_checkpoint
 
     path = tmp_path / "kubelet_internal_checkpoint"
     path.write_text(text)
@@ -580,7 +580,7 @@ def test_grpc_logging_never_reaches_the_container_stderr(tmp_path: Path) -> None
         server.set([("ns", "p", {"main": {"nvidia.com/gpu": ["GPU-1"]}})])
         code = (
             "import sys\n"
-            "from nvshim.runtime.kubelet import _ask_podresources\n"
+            "from nvshim.runtime.allocation.kubelet import _ask_podresources\n"
             f"pods = _ask_podresources({str(tmp_path / 'kubelet.sock')!r}, 10.0)\n"
             "print(sorted(p[0] for p in pods))\n"
             "import os\n"
@@ -602,7 +602,7 @@ def test_grpc_logging_never_reaches_the_container_stderr(tmp_path: Path) -> None
 def test_codec_reads_dra_claims_and_encodes_them_back(kubelet: PodResourcesServer) -> None:
     """dynamic_resources as protobuf encodes them (share_id included) decode to claims with
     driver, pool, device and CDI names; encode_list_response writes the same message back."""
-    from nvshim.runtime.kubelet import Claim, ClaimDevice, encode_list_response
+    from nvshim.runtime.allocation.kubelet import Claim, ClaimDevice, encode_list_response
     from tests.helpers.podresources import _M
 
     kubelet.set([("ns", "p", {"c": {GPU: ["GPU-a"]}, "side": {}}, {
@@ -643,7 +643,7 @@ def _pod_records() -> Any:
     """Strategy: ListPodResourcesResponse contents as decode_list_response returns them."""
     from hypothesis import strategies as st
 
-    from nvshim.runtime.kubelet import Claim, ClaimDevice
+    from nvshim.runtime.allocation.kubelet import Claim, ClaimDevice
 
     text = st.text(max_size=8)
     names = st.text(min_size=1, max_size=8)  # a CDIDevice always has a name
@@ -658,7 +658,7 @@ def test_codec_round_trips_any_pods_with_claims() -> None:
     """decode_list_response(encode_list_response(pods)) == pods, claims included."""
     from hypothesis import given, settings
 
-    from nvshim.runtime.kubelet import encode_list_response
+    from nvshim.runtime.allocation.kubelet import encode_list_response
 
     @settings(max_examples=200, deadline=None, derandomize=True)
     @given(_pod_records())
@@ -669,7 +669,7 @@ def test_codec_round_trips_any_pods_with_claims() -> None:
 
 
 def _identity(container: str = "main") -> Any:
-    from nvshim.runtime.kubelet import Identity
+    from nvshim.runtime.allocation.kubelet import Identity
 
     return Identity("team-a", "mine", "uid-mine", container)
 
@@ -678,7 +678,7 @@ def test_allocation_lists_this_containers_claims_of_every_driver(
         node: Any, tmp_path: Path, kubelet: PodResourcesServer) -> None:
     """ask_kubelet records this container's DRA claims whatever their driver (no resource
     prefix applies) and maps the CDI names of other containers' claims to their holders."""
-    from nvshim.runtime.kubelet import ask_kubelet
+    from nvshim.runtime.allocation.kubelet import ask_kubelet
 
     kubelet.set([("team-a", "mine", {"main": {GPU: [node.gpus[0].uuid]}, "side": {}},
                   {"main": [dra("gpus", "nvidia.com/gpu=1"),
@@ -717,7 +717,7 @@ def engine_plan(cfg: Config, gpus: Any = (), migs: Any = (), imex: Any = ()) -> 
     the kubelet as a create asks it."""
     from types import SimpleNamespace
 
-    from nvshim.runtime.kubelet import ask_kubelet
+    from nvshim.runtime.allocation.kubelet import ask_kubelet
 
     who = _identity()
     return SimpleNamespace(identity=who, allocation=ask_kubelet(who, cfg), engine_gpus=tuple(gpus),
@@ -727,7 +727,7 @@ def engine_plan(cfg: Config, gpus: Any = (), migs: Any = (), imex: Any = ()) -> 
 def check_engine(cfg: Config, gpus: Any = (), migs: Any = (), imex: Any = ()) -> Any:
     """check_engine_allocated for GPUs (indices), MIG devices ((GPU, MIG) indices) and IMEX
     channels the engine injected; the plan it checked."""
-    from nvshim.runtime.allocation import check_engine_allocated
+    from nvshim.runtime.allocation.policy import check_engine_allocated
     from nvshim.runtime.plancache import host_for
 
     host, _ = host_for(cfg, False)

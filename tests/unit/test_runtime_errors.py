@@ -97,7 +97,7 @@ def test_a_key_twice_in_one_object_is_a_spec_error(raw: bytes) -> None:
 
 @pytest.mark.parametrize("data", [b"\x08", b"\x80" * 11, b"\x0a\x05ab", b"\x0b", b"\x00"])
 def test_a_malformed_kubelet_message_is_a_host_error(data: bytes) -> None:
-    from nvshim.runtime.podresources import decode
+    from nvshim.runtime.allocation.podresources import decode
 
     with pytest.raises(HostError):
         decode(data)

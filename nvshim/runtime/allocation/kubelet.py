@@ -7,8 +7,9 @@ and ``grpc`` is imported inside :func:`_ask_podresources`.
 The PodResources API (kubelet ``v1``, unix socket, gRPC service ``v1.PodResourcesLister``)
 is the authority, asked with ``List``: every kubelet since 1.20 serves it (``Get`` needs a feature
 gate on older ones), and its answer also names the container a disputed GPU went to. The messages
-are few and small, so they are encoded and decoded here (:mod:`nvshim.runtime.podresources`)
-rather than generated: no protobuf runtime to import. The device manager's checkpoint file
+are few and small, so they are encoded and decoded here
+(:mod:`nvshim.runtime.allocation.podresources`) rather than generated: no protobuf runtime to
+import. The device manager's checkpoint file
 (root-written JSON, keyed by pod UID) is read first and grants what it lists for this
 container without a gRPC call; see :func:`ask_kubelet` for why that is safe.
 
@@ -33,7 +34,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nvshim._record import dataclass, field
 from nvshim.errors import HostError
-from nvshim.runtime import podresources as _proto
+from nvshim.runtime.allocation import podresources as _proto
 from nvshim.runtime.request import (
     CONTAINER_NAME,
     SANDBOX_NAME,

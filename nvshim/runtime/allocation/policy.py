@@ -48,7 +48,7 @@ def ask_kubelet_if_needed(view: ImageView, config: Config) -> Tuple[Any, Any, st
     if not (config.require_allocation and wants
             and (claims_gpus(view, config) or _claims_imex(view))):
         return identity, None, "none", []
-    from nvshim.runtime.kubelet import KubeletUnreachable, ask_kubelet
+    from nvshim.runtime.allocation.kubelet import KubeletUnreachable, ask_kubelet
 
     if identity is None:
         return None, None, "none", [
@@ -143,7 +143,7 @@ def check_allocated(plan: Plan, host: Any, config: Config) -> None:
     """
     refused = _refusal(plan, host)
     if refused and plan.allocation.via == "checkpoint":
-        from nvshim.runtime.kubelet import ask_kubelet
+        from nvshim.runtime.allocation.kubelet import ask_kubelet
 
         plan.allocation = ask_kubelet(plan.identity, config, fresh=True)
         refused = _refusal(plan, host)
@@ -193,7 +193,7 @@ def check_engine_allocated(plan: Plan, host: Any, config: Config) -> None:
     """
     refused = _engine_refusal(plan, host, config)
     if refused and plan.allocation.via == "checkpoint":
-        from nvshim.runtime.kubelet import ask_kubelet
+        from nvshim.runtime.allocation.kubelet import ask_kubelet
 
         plan.allocation = ask_kubelet(plan.identity, config, fresh=True)
         refused = _engine_refusal(plan, host, config)
@@ -328,13 +328,14 @@ def _listing(gpus: Sequence[Any], mine: Dict[str, str], allocation: Any,
 def check_imex_allocated(plan: Plan, extras: Any, config: Config) -> None:
     """Every granted IMEX channel must be in the kubelet's record for this container.
 
-    The kubelet lists a channel under a resource named ``*imex*`` (see nvshim.runtime.kubelet);
+    The kubelet lists a channel under a resource named ``*imex*`` (see
+    nvshim.runtime.allocation.kubelet);
     a channel it gave no one, or gave another container, is refused. As for GPUs, a
     refusal read from the checkpoint is asked again of the PodResources API.
     """
     refused = _imex_refusal(plan, extras)
     if refused and plan.allocation.via == "checkpoint":
-        from nvshim.runtime.kubelet import ask_kubelet
+        from nvshim.runtime.allocation.kubelet import ask_kubelet
 
         plan.allocation = ask_kubelet(plan.identity, config, fresh=True)
         refused = _imex_refusal(plan, extras)
