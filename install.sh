@@ -155,7 +155,7 @@ install_file() {  # install_file MODE DEST < content
 
 mkdir -p "$BINDIR"
 # Both default to $ETCDIR/config.yaml: an install with NVSHIM_ETCDIR never reads /etc/nvshim.
-"$VENV/bin/python3" -I -c 'import sys; from nvshim.runtime.trampoline import render; sys.stdout.write(render(sys.argv[1], config=sys.argv[2]))' \
+"$VENV/bin/python3" -I -c 'import sys; from nvshim.node.trampoline import render; sys.stdout.write(render(sys.argv[1], config=sys.argv[2]))' \
     "$VENV/bin/python3" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim-runtime" 0755
 "$VENV/bin/python3" -I -c 'import json, sys; print(f"#!{sys.argv[1]} -I\nimport os\nos.environ.setdefault(\"NVSHIM_CONFIG\", {json.dumps(sys.argv[2])})\nfrom nvshim.cli.main import main\nmain()")' \
     "$VENV/bin/python3" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim" 0755

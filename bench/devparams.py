@@ -44,7 +44,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from nvshim.host.sim import create_node
-    from nvshim.runtime.compile import compile_config
+    from nvshim.node.compile import compile_config
     from tests.helpers.bundle import make_bundle, make_rootfs
 
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-params-") as tmp:

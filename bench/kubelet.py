@@ -48,7 +48,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from nvshim.host.sim import create_node
-    from nvshim.runtime.compile import compile_config
+    from nvshim.node.compile import compile_config
     from tests.helpers.podresources import PodResourcesServer
 
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-kubelet-") as tmp:

@@ -30,7 +30,7 @@ def config_compile(config_file: Optional[str]) -> None:
     when stale. Refuses (and writes nothing) when driver-root or dev-root is not a
     directory on this node.
     """
-    from nvshim.runtime.compile import compile_node
+    from nvshim.node.compile import compile_node
 
     out, plan, index = compile_node(config_file)
     info(f"wrote {out}")

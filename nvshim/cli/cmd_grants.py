@@ -34,7 +34,7 @@ def _indices(config: Config) -> Dict[str, str]:
     """UUID → index on this node (the plan cache, else discovery, as create sees it); empty,
     with a warning, when the node cannot be read: the holders are still worth showing."""
     from nvshim.errors import NvshimError
-    from nvshim.runtime.holders import gpu_indices
+    from nvshim.node.holders import gpu_indices
     from nvshim.runtime.plancache import host_for
 
     try:
@@ -70,7 +70,7 @@ def grants(config_file: Optional[str], journal: Optional[str], fmt: str,
     """
     from nvshim.config import load_config
     from nvshim.errors import ConfigError, HostError
-    from nvshim.runtime.holders import (
+    from nvshim.node.holders import (
         conflicts,
         live_grants,
         read_journal,

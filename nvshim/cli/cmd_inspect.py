@@ -42,8 +42,8 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
     """
     from nvshim._record import replace
     from nvshim.config import load_config
+    from nvshim.node.inspection import plan_diff, plan_summary, render_text
     from nvshim.runtime.create import plan_create
-    from nvshim.runtime.inspection import plan_diff, plan_summary, render_text
 
     config = load_config(config_file, required=config_file is not None)
     if driver_root is not None:

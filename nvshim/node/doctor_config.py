@@ -166,7 +166,7 @@ def check_allocation_trust(config: Optional[Config], path: str) -> Finding:
 
 def check_trampoline(path: str) -> Finding:
     """The installed ``nvshim-runtime`` is the trampoline this nvshim would install."""
-    from nvshim.runtime.trampoline import render
+    from nvshim.node.trampoline import render
 
     name = "trampoline"
     fix = "re-run nvshim's install.sh"

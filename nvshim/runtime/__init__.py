@@ -1,20 +1,22 @@
-"""The create road: the only code ``nvshim-runtime create`` runs.
+"""The create road: only code ``nvshim-runtime create`` can run.
 
 Owns, by job:
 
-- the entry: ``argv`` (the runtime's argv grammar), ``trampoline`` (its sh front), ``main``;
+- the entry: ``argv`` (the runtime's argv grammar), ``main``;
 - the request: ``request`` (what config.json asks for), ``tokens`` (the device-token
-  grammar, tokens onto GPUs), ``constraints`` (the NVIDIA_REQUIRE_* grammar),
-  ``requirements`` (their facts and verdict), ``allocation`` (require-allocation's kubelet
-  check and pod annotations), ``kubelet`` and ``podresources`` (asking the kubelet);
+  grammar, tokens onto GPUs), ``engine`` (what the engine already injected),
+  ``constraints`` (the NVIDIA_REQUIRE_* grammar), ``requirements`` (their facts and
+  verdict); require-allocation's checks live in the ``allocation`` sub-package (``policy``,
+  ``kubelet``, ``podresources``), loaded only when a create must ask the kubelet;
 - the edits: ``create`` (plan and commit), ``hostedits``, ``extras``, ``apply``,
   ``specjson`` (reading and writing config.json);
 - the in-root work and its hook fallback: ``rootwork``, ``hookargs`` (the hook's command
   line), ``devparams``;
-- node caches: ``plancache``, ``compile``; the grant journal: ``grants`` (append at
-  create); runc-style error logs: ``logs``;
-- off the create path, read only by the ``nvshim`` command: ``holders`` (who holds which
-  GPU now, for ``nvshim grants``), ``inspection`` (what ``nvshim inspect`` shows of a plan).
+- the node plan cache a create reads: ``plancache``; the grant journal: ``grants`` (append
+  at create); runc-style error logs and the debug log: ``logs``.
+
+What a create never runs lives elsewhere: the trampoline's renderer, ``nvshim config
+compile``, the journal's readers and ``nvshim inspect``'s views are in :mod:`nvshim.node`.
 
 May import: :mod:`nvshim.cdi`, :mod:`nvshim.host` and the base modules (``errors``,
 ``_record``, ``_jsonc``, ``files``, ``config``, ``edits``). Must not import

@@ -2,7 +2,7 @@
 
 The runtime appends a record at ``create`` (:func:`append_grant`), before it execs runc;
 nothing is written on passthrough commands, so whether a grant is still live is decided
-when the journal is read (:func:`nvshim.runtime.holders.live_grants`): the container's state
+when the journal is read (:func:`nvshim.node.holders.live_grants`): the container's state
 directory under the runtime's ``--root`` and ``<runtime> state``.
 
 Crash safety: a record is one ``write()`` of one whole line to an ``O_APPEND`` file.

@@ -19,7 +19,7 @@ from nvshim.cdi.schema import validate_spec
 from nvshim.cdi.write import dump_spec
 from nvshim.host.discovery import Host
 from nvshim.node.cdigen import generate_spec
-from nvshim.runtime.compile import compile_node
+from nvshim.node.compile import compile_node
 from tests.helpers.bundle import make_bundle
 from tests.helpers.common import require_root, unique_id
 from tests.helpers.node import write_nvshim_config
@@ -240,8 +240,8 @@ def test_create_from_a_stale_spec_warns_in_the_log(
     the spec and why, and the container is still created (stale-cdi-spec: warn, the default);
     ``nvshim inspect`` shows the same line among its warnings and notes."""
     from nvshim.config import load_config
+    from nvshim.node.inspection import plan_summary
     from nvshim.runtime.create import plan_create
-    from nvshim.runtime.inspection import plan_summary
 
     text, device = _stale_spec(kind, node, spec_text, tmp_path)
     env = _stale_env(tmp_path, node, text, "warn")

@@ -12,7 +12,7 @@ from typing import Any, Dict
 import pytest
 
 from nvshim.host.elf import build_shared_object
-from nvshim.runtime.compile import compile_node
+from nvshim.node.compile import compile_node
 from tests.e2e.test_security import rootwork_by, work_by
 from tests.helpers.bundle import ld_probe_args, make_bundle, parse_ld_probe
 from tests.helpers.common import require_root, unique_id

@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from nvshim.runtime.compile import compile_node
+from nvshim.node.compile import compile_node
 from tests.helpers.common import make_env_wrapper, require_root
 from tests.helpers.docker import Dockerd
 from tests.helpers.node import write_nvshim_config

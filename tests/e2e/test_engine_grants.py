@@ -22,7 +22,7 @@ import yaml
 
 from nvshim.host.discovery import Host
 from nvshim.node.cdigen import generate_spec
-from nvshim.runtime.compile import compile_node
+from nvshim.node.compile import compile_node
 from nvshim.runtime.hookargs import hook_command
 from tests.helpers.bundle import make_bundle, write_config
 from tests.helpers.common import require_root, unique_id

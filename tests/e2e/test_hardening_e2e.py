@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from nvshim.runtime.compile import compile_node
+from nvshim.node.compile import compile_node
 from tests.helpers.bundle import make_bundle
 from tests.helpers.common import require_root, unique_id
 from tests.helpers.node import write_nvshim_config

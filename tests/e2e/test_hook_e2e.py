@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from nvshim.runtime.compile import compile_node
+from nvshim.node.compile import compile_node
 from tests.helpers.bundle import ld_probe_command, make_bundle, parse_ld_probe
 from tests.helpers.common import require_root, unique_id
 from tests.helpers.node import write_nvshim_config

@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import pytest
 
-from nvshim.runtime.compile import compile_node
+from nvshim.node.compile import compile_node
 from tests.helpers.common import remove_cgroup_tree, require_binary, require_root, unique_id
 from tests.helpers.containerd import Containerd
 from tests.helpers.cri import (

@@ -17,8 +17,8 @@ import pytest
 
 from nvshim.config import load_config, plan_path
 from nvshim.host.elf import build_shared_object
+from nvshim.node.compile import compile_node
 from nvshim.runtime import plancache
-from nvshim.runtime.compile import compile_node
 from tests.helpers.bundle import make_bundle, read_config
 from tests.helpers.common import require_root, unique_id
 from tests.helpers.node import write_nvshim_config

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from nvshim.runtime.compile import compile_node
+from nvshim.node.compile import compile_node
 from tests.helpers.common import require_root
 from tests.helpers.node import write_nvshim_config
 from tests.helpers.podman import Podman

@@ -30,7 +30,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import pytest
 
-from nvshim.runtime.compile import compile_node
+from nvshim.node.compile import compile_node
 from tests.helpers.bundle import copy_rootfs, make_bundle
 from tests.helpers.common import RunResult, require_root, unique_id
 from tests.helpers.node import write_nvshim_config

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterator, List, Mapping
 
 import pytest
 
-from nvshim.runtime.compile import compile_node
+from nvshim.node.compile import compile_node
 from tests.helpers.common import make_env_wrapper, unique_id
 from tests.helpers.containerd import Containerd
 from tests.helpers.node import write_nvshim_config

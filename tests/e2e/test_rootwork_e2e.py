@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from nvshim.runtime.compile import compile_node
+from nvshim.node.compile import compile_node
 from tests.helpers.bundle import ld_probe_command, make_bundle, parse_ld_probe, read_config
 from tests.helpers.common import require_root, unique_id
 from tests.helpers.node import make_mount_targets, read_only_bind, rootwork_by, write_nvshim_config

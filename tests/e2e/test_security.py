@@ -18,7 +18,7 @@ from typing import Dict, Iterator, Tuple
 
 import pytest
 
-from nvshim.runtime.compile import compile_node
+from nvshim.node.compile import compile_node
 from tests.helpers.bundle import make_bundle, read_config
 from tests.helpers.common import require_root, unique_id
 from tests.helpers.node import make_mount_targets, read_only_bind, rootwork_by, write_nvshim_config

@@ -20,7 +20,7 @@ from typing import Iterator, List
 import pytest
 
 from nvshim.host.discovery import Host
-from nvshim.runtime.compile import compile_node
+from nvshim.node.compile import compile_node
 from tests.helpers.bundle import make_bundle, make_glibc_rootfs
 from tests.helpers.common import RunResult, require_binary, require_root, unique_id
 from tests.helpers.node import write_nvshim_config

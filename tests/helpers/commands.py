@@ -33,8 +33,8 @@ def make_trampoline_world(tmp_path: Path) -> Dict[str, Any]:
     Keys: ``tramp`` (the script), ``config`` (``etc/config.yaml``, compiled), ``runtime`` (the
     recorder, which writes its argv to ``<tmp>/rec``), ``tmp`` and ``env`` (PATH and
     NVSHIM_CONFIG to run the trampoline with)."""
-    from nvshim.runtime.compile import compile_node
-    from nvshim.runtime.trampoline import render
+    from nvshim.node.compile import compile_node
+    from nvshim.node.trampoline import render
 
     runtime = tmp_path / "fake-runc"
     runtime.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path / 'rec'}\n")

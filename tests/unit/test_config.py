@@ -10,7 +10,7 @@ import pytest
 
 from nvshim.config import Config, compiled_path, load_config
 from nvshim.errors import ConfigError
-from nvshim.runtime.compile import compile_config
+from nvshim.node.compile import compile_config
 from tests.helpers.commands import nvshim_cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -132,7 +132,7 @@ def test_compiling_twice_leaves_one_source_link_and_no_temp_files(tmp_path: Path
     """Issue 12 item 1: compile twice: the lists, the compiled copy, the CDI index and one hard link
     to the YAML, nothing else."""
     from nvshim.config import compiled_lists_fresh, source_link_path
-    from nvshim.runtime.compile import compile_node
+    from nvshim.node.compile import compile_node
 
     config = tmp_path / "config.yaml"
     config.write_text("runtimes: [runc]\n")

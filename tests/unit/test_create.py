@@ -33,7 +33,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> dict:
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
     from nvshim.host.sim import create_node
-    from nvshim.runtime.compile import compile_node
+    from nvshim.node.compile import compile_node
 
     base = tmp_path_factory.mktemp("create")
     sim = create_node(str(base / "node"), gpus=2)
@@ -401,7 +401,7 @@ def test_world_writable_plan_cache_is_ignored_and_rewritten(node: dict, tmp_path
     can write (and did: a firmware entry now points at /etc/hostname) is not used; the create
     discovers live, and the cache is rewritten with mode 0644."""
     from nvshim.config import plan_path
-    from nvshim.runtime.compile import compile_node
+    from nvshim.node.compile import compile_node
 
     cfg = tmp_path / "etc" / "config.yaml"
     cfg.parent.mkdir()

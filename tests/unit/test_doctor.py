@@ -17,10 +17,10 @@ from nvshim.cli.main import main
 from nvshim.config import Config, compiled_path
 from nvshim.host.discovery import Host
 from nvshim.node import doctor, doctor_config, doctor_engines, doctor_host
+from nvshim.node.compile import compile_node
 from nvshim.node.findings import DoctorOptions, Finding
-from nvshim.runtime.compile import compile_node
+from nvshim.node.trampoline import render, runtimes_path
 from nvshim.runtime.hookargs import hook_command
-from nvshim.runtime.trampoline import render, runtimes_path
 
 PITFALL = (
     "FAIL  default-runtime: containerd's default runtime is nvshim but require-allocation is "

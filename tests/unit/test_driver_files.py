@@ -171,8 +171,8 @@ def test_doctor_fails_a_version_skew_and_missing_default_files(tmp_path):
 
 def test_inspect_lists_missing_files_of_the_requested_capabilities(tmp_path):
     """inspect (text and JSON) names the essential files a container's capabilities lack."""
+    from nvshim.node.inspection import plan_summary, render_text
     from nvshim.runtime.create import plan_create
-    from nvshim.runtime.inspection import plan_summary, render_text
 
     node = make(tmp_path, gpus=1)
     os.unlink(f"{node.root}/usr/bin/nvidia-smi")

@@ -15,9 +15,9 @@ from nvshim._record import replace
 from nvshim.config import Config
 from nvshim.errors import RequestError
 from nvshim.host.discovery import Gpu, Host
+from nvshim.node.inspection import plan_summary, render_text
 from nvshim.runtime.create import plan_create
 from nvshim.runtime.engine import EngineGrant, engine_hooks
-from nvshim.runtime.inspection import plan_summary, render_text
 from nvshim.runtime.request import claims_gpus, image_view, resolve_request
 from tests.helpers.bundle import copy_rootfs, default_spec, make_rootfs
 from tests.helpers.engineinject import inject_like_engine, nvidia_style_hooks
@@ -398,8 +398,8 @@ def test_the_trampoline_hands_an_engine_injected_spec_to_python(tmp_path: Path, 
     import subprocess
     import sys
 
-    from nvshim.runtime.compile import compile_node
-    from nvshim.runtime.trampoline import render
+    from nvshim.node.compile import compile_node
+    from nvshim.node.trampoline import render
 
     recorder = tmp_path / "fake-runc"
     recorder.write_text("#!/bin/sh\nexit 0\n")

@@ -56,7 +56,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Path]]
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
     from nvshim.host.sim import create_node
-    from nvshim.runtime.compile import compile_node
+    from nvshim.node.compile import compile_node
 
     base = tmp_path_factory.mktemp("fuzz")
     node = create_node(str(base / "node"), gpus=GPUS)

@@ -19,8 +19,8 @@ from typing import List, Optional, Sequence
 
 import pytest
 
+from nvshim.node.holders import Holder, conflicts, render_prometheus, render_table
 from nvshim.runtime.grants import Grant, append_grant, read_grants
-from nvshim.runtime.holders import Holder, conflicts, render_prometheus, render_table
 
 UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
@@ -167,7 +167,7 @@ def test_kill_9_of_the_runtime_during_create(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
     from nvshim.host.sim import create_node
-    from nvshim.runtime.compile import compile_node
+    from nvshim.node.compile import compile_node
     from tests.helpers.bundle import make_bundle, make_rootfs
 
     node = create_node(str(tmp_path / "node"), gpus=2)

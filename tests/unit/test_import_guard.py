@@ -54,7 +54,7 @@ def run_python(args: Sequence[str], env: Dict[str, str], cwd: Path) -> subproces
 def run_like_trampoline(args: Sequence[str], env: Dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     """The runtime started exactly as the installed trampoline starts it (``-I -S``, explicit
     sys.path), with ``-X importtime``."""
-    from nvshim.runtime.trampoline import default_paths
+    from nvshim.node.trampoline import default_paths
 
     boot = (f"import sys; sys.path[0:0] = {json.dumps(default_paths())}; "
             "from nvshim.runtime.main import main; main()")
@@ -133,7 +133,7 @@ def test_create_with_one_gpu_loads_no_heavy_module(tmp_path: Path, rootfs: Path)
     assert "nvshim.runtime.grants" in modules, report(modules)  # the grant was journaled
     assert "nvshim.runtime.extras" not in modules, report(modules)  # no IMEX/NVSwitch/GDS asked for
     # the journal's readers (nvshim grants) and require-allocation's checks never load here
-    assert "nvshim.runtime.holders" not in modules, report(modules)
+    assert "nvshim.node.holders" not in modules, report(modules)
     assert "nvshim.runtime.allocation" not in modules, report(modules)
 
 

@@ -1,4 +1,4 @@
-"""runtime/inspection and `nvshim inspect`: what the command shows of a create plan."""
+"""node/inspection and `nvshim inspect`: what the command shows of a create plan."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from nvshim.cli.cmd_inspect import inspect
 from nvshim.config import Config
+from nvshim.node.inspection import env_set, plan_diff, plan_summary, render_text
 from nvshim.runtime.create import plan_create
-from nvshim.runtime.inspection import env_set, plan_diff, plan_summary, render_text
 from tests.helpers.commands import nvshim_cli
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod)")

@@ -104,7 +104,7 @@ def test_a_malformed_kubelet_message_is_a_host_error(data: bytes) -> None:
 
 
 def test_an_unsafe_trampoline_path_is_a_usage_error() -> None:
-    from nvshim.runtime.trampoline import render
+    from nvshim.node.trampoline import render
 
     with pytest.raises(UsageError, match="interpreter path must be absolute"):
         render("python3")

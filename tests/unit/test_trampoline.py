@@ -1,4 +1,4 @@
-"""The sh trampoline (``nvshim/_trampoline.py``) against the Python argv parser.
+"""The sh trampoline (``nvshim/node/trampoline.py``) against the Python argv parser.
 
 The trampoline decides "create/run → Python, anything else → runc" in POSIX sh; the runtime
 decides the same thing with :func:`nvshim.runtime.argv.parse_argv`. These tests run the rendered
@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nvshim.config import source_link_path
+from nvshim.node.compile import compile_node
+from nvshim.node.trampoline import prefixes_path, render, runtimes_path
 from nvshim.runtime.argv import parse_argv
-from nvshim.runtime.compile import compile_node
-from nvshim.runtime.trampoline import prefixes_path, render, runtimes_path
 from tests.helpers.commands import make_trampoline_world, nvshim_cli
 
 REPO = Path(__file__).resolve().parents[2]

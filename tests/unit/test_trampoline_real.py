@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nvshim.runtime.compile import compile_node
-from nvshim.runtime.trampoline import render
+from nvshim.node.compile import compile_node
+from nvshim.node.trampoline import render
 
 
 def setup(tmp_path: Path, env_list):

@@ -215,7 +215,7 @@ if [ -e "$conf" ]; then
     [ "$fresh" = 1 ] || python "$@"
 fi
 
-# 3. create/run: Python only when config.json can ask for something (nvshim/runtime/trampoline.py).
+# 3. create/run: Python only when config.json can ask for something (nvshim/node/trampoline.py).
 if [ "$decision" = modify ]; then
     [ "$err" = 0 ] || python "$@"
     spec=${bundle:-.}/config.json

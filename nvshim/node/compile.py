@@ -54,7 +54,7 @@ def compile_config(path: Optional[str] = None) -> str:
     """Validate ``path`` and write its compiled copy atomically; return the copy's path.
 
     The node plan cache and the CDI index next to it are the runtime's:
-    :func:`nvshim.runtime.compile.compile_node` writes all three.
+    :func:`nvshim.node.compile.compile_node` writes all three.
     """
     path = path or config_path()
     data = read_bytes(path)
