@@ -12,6 +12,7 @@ __all__ = [
     "NvshimError",
     "UsageError",
     "SpecError",
+    "SPEC_FILE",
     "RequestError",
     "HostError",
     "ConfigError",
@@ -47,7 +48,25 @@ class UsageError(NvshimError):
 
 
 class SpecError(NvshimError):
-    """The OCI bundle's config.json cannot be read or has the wrong shape."""
+    """The OCI bundle's config.json cannot be read or has the wrong shape.
+
+    ``file`` is the file the problem is in, when the error is about one: the message is
+    ``<file>: <detail>``. The pure readers of a spec, which see a dict and no path, say
+    :data:`SPEC_FILE`; create names the bundle's own file with :meth:`in_file`.
+    """
+
+    def __init__(self, detail: str, file: "str | None" = None) -> None:
+        super().__init__(f"{file}: {detail}" if file else detail)
+        self.detail = detail
+        self.file = file
+
+    def in_file(self, path: str) -> "SpecError":
+        """The same error about ``path`` (a new one: raise it ``from`` this one)."""
+        return SpecError(self.detail, path)
+
+
+#: The file a spec error is in when the reader saw only the decoded spec.
+SPEC_FILE = "config.json"
 
 
 class RequestError(NvshimError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import posixpath
 
 from nvshim.edits import HOOK_NAMES, DeviceNode, Edits
-from nvshim.errors import SpecError
+from nvshim.errors import SPEC_FILE, SpecError
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def _obj(parent: Dict[str, Any], key: str, where: str) -> Dict[str, Any]:
         value = {}
         parent[key] = value
     if not isinstance(value, dict):
-        raise SpecError(f"config.json: {where} must be an object")
+        raise SpecError(f"{where} must be an object", SPEC_FILE)
     return value
 
 
@@ -47,7 +47,7 @@ def _list(parent: Dict[str, Any], key: str, where: str) -> List[Any]:
         value = []
         parent[key] = value
     if not isinstance(value, list):
-        raise SpecError(f"config.json: {where} must be a list")
+        raise SpecError(f"{where} must be a list", SPEC_FILE)
     return value
 
 
@@ -104,7 +104,7 @@ def _depth(mount: Any) -> int:
 def apply_edits(spec: Dict[str, Any], edits: Edits) -> Dict[str, Any]:
     """Return a copy of ``spec`` with ``edits`` applied (``spec`` is left untouched)."""
     if not isinstance(spec, dict):
-        raise SpecError("config.json: top level must be a JSON object")
+        raise SpecError("top level must be a JSON object", SPEC_FILE)
     out: Dict[str, Any] = _copy(spec)
     if not edits:
         return out

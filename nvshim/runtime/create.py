@@ -22,7 +22,7 @@ import os
 from nvshim._record import dataclass, field
 from nvshim.config import Config
 from nvshim.edits import Edits
-from nvshim.errors import CdiError, HostError, RequestError, SpecError
+from nvshim.errors import SPEC_FILE, CdiError, HostError, RequestError, SpecError
 from nvshim.runtime.apply import apply_edits
 from nvshim.runtime.hostedits import driver_edits, gpu_edits, mig_edits, skew_message
 from nvshim.runtime.request import (
@@ -166,19 +166,10 @@ def plan_create(
     try:
         return _plan(bundle, config, host, _live(log), save_cache, spec_path, raw, spec)
     except SpecError as exc:
-        named = _in_file(exc, spec_path)
-        if named is exc:
+        if exc.file != SPEC_FILE:
             raise
-        raise named from exc
-
-
-def _in_file(exc: SpecError, spec_path: str) -> SpecError:
-    """``exc`` with its ``config.json:`` (the pure readers' word for the file) made the
-    bundle's path, so that the line says which container's spec is wrong."""
-    text = str(exc)
-    if not text.startswith("config.json: "):
-        return exc
-    return SpecError(f"{spec_path}: {text[len('config.json: '):]}")
+        # the pure readers' "config.json" made this bundle's: which container's spec is wrong
+        raise exc.in_file(spec_path) from exc
 
 
 def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
@@ -558,10 +549,9 @@ def commit(plan: Plan, log: Any = None) -> bool:
             try:
                 plan.new_spec = plan.render()
             except SpecError as error:  # e.g. hooks of the wrong type, met only now
-                named = _in_file(error, plan.spec_path)
-                if named is error:
+                if error.file != SPEC_FILE:
                     raise
-                raise named from error
+                raise error.in_file(plan.spec_path) from error
         if log is not None:
             log.event("rootfs", by=plan.rootwork_by, detail=plan.rootwork_why,
                       warnings=list(plan.warnings))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import posixpath
 
 from nvshim._record import dataclass
-from nvshim.errors import RequestError, SpecError
+from nvshim.errors import SPEC_FILE, RequestError, SpecError
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
@@ -135,19 +135,19 @@ def _str_list(value: Any, where: str) -> List[str]:
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise SpecError(f"config.json: {where} must be a list of strings")
+        raise SpecError(f"{where} must be a list of strings", SPEC_FILE)
     return value
 
 
 def image_view(spec: Any) -> ImageView:
     """Read the request-relevant parts of an OCI spec; SpecError on wrong shapes."""
     if not isinstance(spec, dict):
-        raise SpecError("config.json: top level must be a JSON object")
+        raise SpecError("top level must be a JSON object", SPEC_FILE)
     process = spec.get("process")
     if process is None:
         process = {}
     if not isinstance(process, dict):
-        raise SpecError("config.json: process must be an object")
+        raise SpecError("process must be an object", SPEC_FILE)
     env: Dict[str, str] = {}
     for entry in _str_list(process.get("env"), "process.env"):
         name, _, value = entry.partition("=")
@@ -156,20 +156,20 @@ def image_view(spec: Any) -> ImageView:
     bounding: List[str] = []
     if caps is not None:
         if not isinstance(caps, dict):
-            raise SpecError("config.json: process.capabilities must be an object")
+            raise SpecError("process.capabilities must be an object", SPEC_FILE)
         bounding = _str_list(caps.get("bounding"), "process.capabilities.bounding")
     mounts = spec.get("mounts")
     if mounts is None:
         mounts = []
     if not isinstance(mounts, list) or not all(isinstance(m, dict) for m in mounts):
-        raise SpecError("config.json: mounts must be a list of objects")
+        raise SpecError("mounts must be a list of objects", SPEC_FILE)
     annotations = spec.get("annotations")
     if annotations is None:
         annotations = {}
     if not isinstance(annotations, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
     ):
-        raise SpecError("config.json: annotations must be an object of strings")
+        raise SpecError("annotations must be an object of strings", SPEC_FILE)
     linux = spec.get("linux")
     return ImageView(
         env=env,

@@ -47,7 +47,7 @@ import errno
 import os
 import stat
 
-from nvshim.errors import HostError, NvshimError, SpecError
+from nvshim.errors import SPEC_FILE, HostError, NvshimError, SpecError
 from nvshim.host import inroot as _inroot
 from nvshim.host.ldcache import (
     HWCAP_EXTENSION,
@@ -227,7 +227,7 @@ def rootfs_path(spec: Mapping[str, Any], bundle: str) -> Optional[str]:
     if not isinstance(path, str) or not path:
         return None
     if "\0" in path:
-        raise SpecError(f"config.json: root.path {path!r} contains a NUL byte")
+        raise SpecError(f"root.path {path!r} contains a NUL byte", SPEC_FILE)
     return os.path.normpath(os.path.join(bundle, path))
 
 
