@@ -45,12 +45,19 @@ __all__ = [
     "read_bytes",
     "compiled_matches",
     "ALL_CAPABILITIES",
+    "DEFAULT_CAPABILITIES",
     "DEFAULT_CDI_SPEC_DIRS",
 ]
 
 DEFAULT_CONFIG_PATH = "/etc/nvshim/config.yaml"
 
+#: Every driver capability (NVIDIA_DRIVER_CAPABILITIES), sorted: the one list of them. The
+#: config schema's enum and discovery's per-capability tables are kept equal to it by
+#: tests/unit/test_capabilities.py.
 ALL_CAPABILITIES = ("compat32", "compute", "display", "graphics", "ngx", "utility", "video")
+#: What a container granted a GPU gets when NVIDIA_DRIVER_CAPABILITIES is unset or empty
+#: (and what ``nvshim cdi generate`` puts in a spec by default).
+DEFAULT_CAPABILITIES = ("compute", "utility")
 
 #: Where CDI specs live (CDI's own default), lowest priority first: a later directory
 #: overrides. The default of ``cdi-spec-dirs``, of ``nvshim cdi list`` and of the spec

@@ -13,7 +13,7 @@ import click
 
 from nvshim.cli.options import FORMAT
 from nvshim.cli.output import info
-from nvshim.config import DEFAULT_CDI_SPEC_DIRS
+from nvshim.config import DEFAULT_CAPABILITIES, DEFAULT_CDI_SPEC_DIRS
 from nvshim.errors import CdiProblem
 from nvshim.node.cdigen import STRATEGIES
 
@@ -142,7 +142,7 @@ def _stdin() -> Optional[BinaryIO]:
 @click.option("--device-name-strategy", "strategies", multiple=True, default=STRATEGIES,
               show_default=True, type=click.Choice(STRATEGIES),
               help="How devices are named: index (0, 0:1) and/or uuid (GPU-…, MIG-…).")
-@click.option("--driver-capabilities", default="compute,utility", show_default=True,
+@click.option("--driver-capabilities", default=",".join(DEFAULT_CAPABILITIES), show_default=True,
               help="Which driver files the spec injects (NVIDIA_DRIVER_CAPABILITIES syntax).")
 @click.option("--gpu-source", type=click.Choice(["auto", "procfs", "nvml"]), default="auto",
               show_default=True, help="Where GPUs are read from.")

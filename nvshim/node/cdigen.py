@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from nvshim.config import DEFAULT_CAPABILITIES
 from nvshim.edits import DeviceNode, Edits
 from nvshim.errors import CdiError, UsageError
 from nvshim.runtime.hostedits import driver_edits, gpu_edits, mig_edits
@@ -41,7 +42,7 @@ def generate_spec(
     vendor: str = "nvidia.com",
     class_: str = "gpu",
     strategies: Sequence[str] = STRATEGIES,
-    capabilities: Sequence[str] = ("compute", "utility"),
+    capabilities: Sequence[str] = DEFAULT_CAPABILITIES,
     hook_command: Sequence[str] = (),
     gpu_method: str = "auto",
 ) -> Dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import posixpath
 
 from nvshim._record import dataclass
+from nvshim.config import ALL_CAPABILITIES, DEFAULT_CAPABILITIES
 from nvshim.errors import SPEC_FILE, RequestError, SpecError
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
@@ -51,8 +52,6 @@ SANDBOX_UID = "io.kubernetes.cri.sandbox-uid"
 CONTAINER_NAME = "io.kubernetes.cri.container-name"
 
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
-
-DEFAULT_CAPABILITIES = ("compute", "utility")
 
 
 @dataclass(frozen=True)
@@ -228,7 +227,7 @@ def parse_capabilities(value: Optional[str], supported: Sequence[str],
     default too. ``all`` = every supported capability. An unknown or unsupported name is
     an error naming it.
     """
-    known = ("compat32", "compute", "display", "graphics", "ngx", "utility", "video")
+    known = ALL_CAPABILITIES
     supported_set = set(known) if "all" in supported else set(supported)
     if value is None and legacy:
         return tuple(sorted(supported_set))

@@ -1,7 +1,7 @@
 """NVIDIA_DRIVER_CAPABILITIES → which driver files and device nodes a container gets.
 
 The expected sets are written out from the reference facts (nvidia-toolkit.md §2.4 and §3)
-and restricted to what a simulated node ships (``nvshim.host.sim.SIM_LIBRARIES`` plus
+and restricted to what a simulated node ships (``nvshim.sim.model.SIM_LIBRARIES`` plus
 ``vdpau/libvdpau_nvidia``); they are not computed by the code under test. Each case runs
 the whole create plan (``plan_create``) on a bundle and reads the rewritten config.json.
 """
@@ -78,7 +78,7 @@ def node(tmp_path_factory):
     """A simulated 2-GPU node (minors shuffled, so GPU 0 is not /dev/nvidia0)."""
     if os.geteuid() != 0:
         pytest.skip("creating a simulated node needs root (mknod)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=2, shuffle_minors=True)
 
@@ -190,3 +190,29 @@ def test_unsupported_capability_is_an_error(node, tmp_path):
     config = Config(driver_root=node.root, nvml_facts=node.nvml_facts, supported_driver_capabilities=("compute", "utility"))
     with pytest.raises(RequestError, match='"graphics"'):
         plan_create(str(bundle), config)
+
+
+def test_the_capability_list_has_one_owner() -> None:
+    """config.ALL_CAPABILITIES is the one list of driver capabilities and DEFAULT_CAPABILITIES
+    the one default: the request grammar, discovery's tables, the config schema's enum, and
+    cdi generate's default (function and CLI) all say the same."""
+    import inspect as pyinspect
+
+    from nvshim.cli.cmd_cdi import generate
+    from nvshim.config import ALL_CAPABILITIES, DEFAULT_CAPABILITIES
+    from nvshim.host.discovery import LIBRARIES, LIBRARY_SETS
+    from nvshim.node.cdigen import generate_spec
+    from nvshim.runtime.request import parse_capabilities
+
+    assert parse_capabilities("all", ("all",), False) == ALL_CAPABILITIES
+    assert parse_capabilities(None, ("all",), False) == DEFAULT_CAPABILITIES
+    assert set(LIBRARY_SETS) == set(LIBRARIES) == set(ALL_CAPABILITIES)
+    root = Path(__file__).resolve().parents[2]
+    for schema in (root / "config/nvshim.schema.json", root / "nvshim/data/config-schema.json"):
+        doc = json.loads(schema.read_text())
+        enum = doc["properties"]["supported-driver-capabilities"]["items"]["enum"]
+        assert sorted(enum) == sorted([*ALL_CAPABILITIES, "all"]), schema
+    default = pyinspect.signature(generate_spec).parameters["capabilities"].default
+    assert default == DEFAULT_CAPABILITIES
+    option = next(p for p in generate.params if p.name == "driver_capabilities")
+    assert option.default == ",".join(DEFAULT_CAPABILITIES)
