@@ -43,8 +43,8 @@ def main() -> int:
     parser.add_argument("--runtime", default="/usr/local/bin/nvshim-runtime")
     args = parser.parse_args()
 
-    from nvshim.host.sim import create_node
     from nvshim.node.compile import compile_config
+    from nvshim.sim.build import create_node
     from tests.helpers.bundle import make_bundle, make_rootfs
 
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-params-") as tmp:

@@ -47,8 +47,8 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=110)
     args = parser.parse_args()
 
-    from nvshim.host.sim import create_node
     from nvshim.node.compile import compile_config
+    from nvshim.sim.build import create_node
     from tests.helpers.podresources import PodResourcesServer
 
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-kubelet-") as tmp:

@@ -165,7 +165,7 @@ class Bench:
         return [tool, "--root", str(self.root), *args]
 
     def setup(self) -> None:
-        from nvshim.host.sim import create_node
+        from nvshim.sim.build import create_node
         from tests.helpers.bundle import make_bundle, make_rootfs
 
         rootfs = make_rootfs(self.work / "rootfs")
@@ -344,7 +344,7 @@ def case_shim(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
 
 
 def case_cdi(b: Bench, repeats: int) -> Dict[str, Any]:
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     probe = subprocess.run(b.nvshim_cli + ["cdi", "generate", "--help"], capture_output=True,
                            text=True)

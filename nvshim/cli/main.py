@@ -83,7 +83,7 @@ def sim_create(directory: str, gpus: int, driver_version: str, shuffle_minors: b
     nvidia-smi; optionally IMEX channels, NVSwitch, GDS, MOFED and gdrcopy devices.
     With --no-driver-files, only the kernel side: put real driver user space beside it.
     """
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     node = create_node(directory, gpus=gpus, driver_version=driver_version,
                        shuffle_minors=shuffle_minors, mig=mig, dev_root=dev_root,

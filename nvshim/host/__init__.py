@@ -4,9 +4,8 @@ Owns: discovery of GPUs and driver files (``discovery``, ``devices``, ``mig``); 
 the facts only it knows, with the ``nvml-facts`` file for nodes NVML cannot describe
 (``nvml``); the ELF and ``ld.so.cache`` codecs (``elf``, ``ldcache``); file access confined
 to a container rootfs (``inroot``); CUDA forward compatibility (``cudacompat``); device
-node creation (``system``); and the simulated GPU node tests and demos run on (``sim``:
-build and load; ``simnode``: its records, plan and file writers; ``simkernel``: device
-nodes and procfs; ``simdriver``: libraries, programs, firmware, sockets).
+node creation (``system``). The simulated GPU node tests and demos run on is not here: it
+is :mod:`nvshim.sim`, which builds on these modules and which none of them imports.
 
 May import only the base modules (``errors``, ``_record``, ``_jsonc``, ``files``,
 ``config``, ``edits``). Production modules never read what only the simulator writes.

@@ -2,7 +2,7 @@
 
 :func:`read_soname` is used by discovery (it reads a few hundred bytes with ``pread``, so a
 30 MB libcuda costs the same as a stub). :func:`build_shared_object` writes the stub
-libraries of a simulated node (:mod:`nvshim.host.sim`) without a compiler: one read-write
+libraries of a simulated node (:mod:`nvshim.sim.build`) without a compiler: one read-write
 ``PT_LOAD`` segment holding the dynamic string table, an empty symbol table, a one-bucket
 ``DT_HASH`` and the ``PT_DYNAMIC`` array, plus ``PT_GNU_STACK`` so the loader keeps the
 stack non-executable. glibc's ``dlopen`` loads it and ``ldconfig`` reads its SONAME. The

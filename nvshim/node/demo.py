@@ -147,8 +147,8 @@ def _read(path: str) -> bytes:
 
 def run_demo(echo: Callable[[str], None] = print, keep: bool = False) -> int:
     """Run the demo; returns the number of containers that did not behave as expected."""
-    from nvshim.host.sim import create_node
     from nvshim.node.compile import compile_node
+    from nvshim.sim.build import create_node
 
     runc, busybox = _preflight()
     runtime = _runtime_binary()

@@ -60,7 +60,7 @@ def seen_libraries(output: str) -> Set[str]:
 def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A simulated 2-GPU node whose minors are swapped (GPU 1 is /dev/nvidia0)."""
     require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     sim = create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=2, shuffle_minors=True,
                       driver_version=VERSION)
@@ -201,8 +201,8 @@ def _stale_spec(kind: str, node: Any, spec_text: str, tmp_path: Path) -> Tuple[s
     another root); ``gpus``: the node's own spec plus a GPU 7 whose /dev/nvidia7 it lacks."""
     import yaml
 
-    from nvshim.host.sim import create_node
     from nvshim.runtime.hookargs import hook_command
+    from nvshim.sim.build import create_node
 
     if kind == "driver":
         old = create_node(str(tmp_path / "old-node"), gpus=2, driver_version=OLD_VERSION)

@@ -42,7 +42,7 @@ def test_spec_with_hook_path_runs_the_installed_nvshim(runc: Any, glibc_rootfs: 
     """A spec from `cdi generate --hook-path <nvshim>` names no venv interpreter, and its hook
     (`nvshim hook …`, run by runc) still makes the SONAME link in the container."""
     require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2)
     spec_dir = tmp_path / "cdi"
@@ -65,7 +65,7 @@ def test_transformed_spec_works_from_the_new_root(runc: Any, rootfs: Path, tmp_p
     """A spec generated for a driver under A, moved with `cdi transform root --from A --to B`,
     gives a container GPU and libraries from B (A is gone)."""
     require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     old = tmp_path / "driver-old"
     node = create_node(str(old), gpus=2)
@@ -91,7 +91,7 @@ def test_mps_dir_mount_carries_host_submounts(runc: Any, rootfs: Path, tmp_path:
     """The MPS pipe directory is mounted rbind: a filesystem mounted below it on the host
     is visible in the container (a plain bind would show an empty directory)."""
     require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=1)
     sub = Path(node.root) / "tmp" / "nvidia-mps" / "pipes"

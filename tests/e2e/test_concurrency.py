@@ -41,7 +41,7 @@ def test_fifty_parallel_gpu_creates(tmp_path: Path, base_rootfs: Path) -> None:
     require_root()
     runc_bin = require_binary("runc")
     runtime = installed_runtime()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=GPUS)
     cfg = tmp_path / "nvshim" / "config.yaml"

@@ -27,7 +27,7 @@ DRIVER_LIBDIR = "/usr/lib/x86_64-linux-gnu"
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=1,
                        driver_version="550.54.15")

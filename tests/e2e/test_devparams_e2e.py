@@ -37,7 +37,7 @@ PROBE = ("cat /proc/driver/nvidia/params; "
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=1)
 

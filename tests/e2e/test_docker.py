@@ -61,7 +61,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterat
     require_root()
     if not (TRAMPOLINE.is_file() and os.access(TRAMPOLINE, os.X_OK)):
         pytest.skip(f"{TRAMPOLINE} is not installed (run ./install.sh --dev)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     base = tmp_path_factory.mktemp("docker")
     node = create_node(str(base / "node"), gpus=4, shuffle_minors=True)

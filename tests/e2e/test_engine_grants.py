@@ -56,7 +56,7 @@ def seen_devices(output: str) -> Dict[str, Tuple[int, int]]:
 def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A simulated 2-GPU node whose minors are swapped (GPU 1 is /dev/nvidia0)."""
     require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=2, shuffle_minors=True,
                        driver_version=VERSION)

@@ -38,7 +38,7 @@ DEVICE_LIST = "/var/run/nvidia-container-devices"
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=2, imex_channels=3,
                        nvswitches=2, gds=True, mofed=True, gdrcopy=True)

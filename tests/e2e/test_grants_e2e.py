@@ -23,7 +23,7 @@ from tests.helpers.runc import Runc
 
 @pytest.fixture
 def setup(tmp_path: Path, runc: Runc, base_rootfs: Path, nvshim_runtime_bin: str) -> Dict[str, Any]:
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2)
     cfg = write_nvshim_config(tmp_path / "etc", {

@@ -26,7 +26,7 @@ PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 def node(tmp_path_factory):
     """A simulated 2-GPU node."""
     require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=2, shuffle_minors=True)
 

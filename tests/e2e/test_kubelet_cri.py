@@ -79,7 +79,7 @@ def node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterato
     require_binary("runc")
     if not (TRAMPOLINE.is_file() and os.access(TRAMPOLINE, os.X_OK)):
         pytest.skip(f"{TRAMPOLINE} is not installed (run ./install.sh --dev)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     base = tmp_path_factory.mktemp("cri")
     sim = create_node(str(base / "node"), gpus=4, shuffle_minors=True, imex_channels=3)

@@ -33,7 +33,7 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 def node(tmp_path):
     """A fresh simulated 2-GPU node per test (tests change it)."""
     require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path / "node"), gpus=2)
 
@@ -114,7 +114,7 @@ def test_gpu_removed_and_added_is_seen_by_the_next_create(node, cfg, rootfs, tmp
 def test_driver_version_change_is_seen_by_the_next_create(node, cfg, rootfs, tmp_path, nvshim_runtime_bin):
     """A new driver (the node rebuilt with another version at the same path) gets its own
     libraries mounted on the next create, not the cached old ones."""
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     assert create(nvshim_runtime_bin, fresh_bundle(tmp_path, rootfs, "b1", "0"), cfg).returncode == 0
     assert any(s.endswith("libcuda.so.550.54.15") for s in mount_sources(tmp_path / "b1"))

@@ -37,7 +37,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A simulated node with 4 GPUs whose minors are not their indices."""
     if os.geteuid() != 0:
         pytest.skip("simulated nodes need root (mknod)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     sim = create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=4, shuffle_minors=True)
     assert sim.gpus[2].minor != 2, "shuffle_minors left GPU 2 on minor 2: the test proves nothing"

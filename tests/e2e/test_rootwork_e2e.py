@@ -33,7 +33,7 @@ PROBE = f"readlink {LIBDIR}/libcuda.so.1; {ld_probe_command('libcuda.so.1')}"
 def node(tmp_path_factory):
     """A simulated 2-GPU node."""
     require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=2)
 

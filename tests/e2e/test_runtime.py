@@ -34,7 +34,7 @@ PROBE = (
 def node(tmp_path_factory):
     """A simulated 4-GPU node whose device minors are not in PCI order."""
     require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=4, shuffle_minors=True)
 

@@ -26,7 +26,7 @@ cover those files with placed copies.
 Driver roots
 ------------
 :func:`make_driver_root` unpacks the packages (``dpkg-deb -x``) under a simulated node's
-kernel side (``nvshim.host.sim.create_node(driver_files=False)``: ``/dev/nvidia*`` and
+kernel side (``nvshim.sim.build.create_node(driver_files=False)``: ``/dev/nvidia*`` and
 ``/proc/driver/nvidia/*`` for ``kernel_version``) in one of two layouts:
 
 * ``"debian"`` — as the packages install: libraries in
@@ -396,7 +396,7 @@ def make_driver_root(dest: Path, packages: DriverPackages, layout: str, *,
                      kernel_version: Optional[str] = None, gpus: int = 1) -> DriverRoot:
     """Build a driver root at ``dest`` (new): simulated kernel side for ``kernel_version``
     (default: the files' version) with ``gpus`` GPUs, the packages' files in ``layout``."""
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {', '.join(LAYOUTS)}")

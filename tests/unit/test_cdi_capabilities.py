@@ -20,7 +20,7 @@ HOOK = ("/opt/nvshim/venv/bin/python3", "-I", "-m", "nvshim.hook")
 def setup(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("needs root (mknod)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     base = tmp_path_factory.mktemp("cdicaps")
     node = create_node(str(base / "node"), gpus=2)

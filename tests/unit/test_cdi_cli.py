@@ -269,7 +269,7 @@ def test_generate_refuses_a_missing_root(tmp_path: Path, capsys: pytest.CaptureF
 @pytest.mark.skipif(os.geteuid() != 0, reason="simulated nodes need root (mknod)")
 def test_generate_output_dash_is_stdout(tmp_path: Path) -> None:
     """`cdi generate -o -` prints the spec instead of writing a file named "-"."""
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=1)
     cwd = os.getcwd()

@@ -41,7 +41,7 @@ def _example_node(**kwargs: Any) -> Iterator[str]:
     """A fresh simulated node at EXAMPLE_ROOT, held under a lock and removed afterwards."""
     if os.geteuid() != 0:
         pytest.skip("building a simulated GPU node needs root (mknod)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     with open(EXAMPLE_ROOT + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -34,7 +34,7 @@ def _require_root() -> None:
 def two_gpu(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A simulated 2-GPU node whose minors are shuffled."""
     _require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path_factory.mktemp("gen") / "n2"), gpus=2, shuffle_minors=True)
 
@@ -43,7 +43,7 @@ def two_gpu(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def mig_node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A simulated 1-GPU node with MIG enabled (GPU instances 1 and 2)."""
     _require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path_factory.mktemp("gen") / "mig"), gpus=1, mig=True)
 
@@ -170,7 +170,7 @@ def test_procfs_under_non_root_driver_root(two_gpu: Any, nvshim_bin: str) -> Non
 def test_zero_gpus_is_one_line_error(tmp_path: Path, nvshim_bin: str) -> None:
     """A node without GPUs gives exit 1 and a single error line naming the driver root."""
     _require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "n0"), gpus=0)
     res = _nvshim(nvshim_bin, "cdi", "generate", "--driver-root", node.root)
@@ -184,7 +184,7 @@ def test_check_current_then_stale_after_upgrade(tmp_path: Path, nvshim_bin: str)
     """--check says current for a fresh spec, and after the node's driver is upgraded exits 1
     naming the new driver version and the old library."""
     _require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     root = tmp_path / "node"
     create_node(str(root), gpus=2, driver_version="550.54.15")
@@ -205,7 +205,7 @@ def test_check_current_then_stale_after_upgrade(tmp_path: Path, nvshim_bin: str)
 def test_stale_reasons_names_new_devices(two_gpu: Any, tmp_path: Path) -> None:
     """A spec from a 2-GPU node checked against a 3-GPU node lists the device names that differ."""
     _require_root()
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     old = generate_spec(Host(two_gpu.root), hook_command=HOOK)
     bigger = create_node(str(tmp_path / "n3"), gpus=3, shuffle_minors=True)

@@ -91,7 +91,7 @@ def test_transform_cli(tmp_path: Path) -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="simulated nodes need root (mknod)")
 def test_generate_hook_path(tmp_path: Path) -> None:
     """--hook-path makes the spec's hook `PATH hook …`, naming no venv interpreter."""
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=1)
     result = CliRunner().invoke(generate, ["--driver-root", node.root, "--format", "json",

@@ -32,8 +32,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A simulated 2-GPU node, a compiled config naming it and a recorder as the low-level runtime."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.host.sim import create_node
     from nvshim.node.compile import compile_node
+    from nvshim.sim.build import create_node
 
     base = tmp_path_factory.mktemp("create")
     sim = create_node(str(base / "node"), gpus=2)

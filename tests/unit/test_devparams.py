@@ -23,7 +23,7 @@ PARAMS = "proc/driver/nvidia/params"
 def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path_factory.mktemp("params") / "n"), gpus=2)
 

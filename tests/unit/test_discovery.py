@@ -18,7 +18,7 @@ def _root():
 
 
 def make(tmp_path, **kw):
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path / "node"), **kw)
 

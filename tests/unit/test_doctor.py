@@ -103,7 +103,7 @@ def sim(tmp_path: Path) -> Any:
     """A simulated node with 2 GPUs (needs root)."""
     if os.geteuid() != 0:
         pytest.skip("simulated nodes need root (mknod)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path / "node"), gpus=2)
 
@@ -351,7 +351,7 @@ def test_cdi_specs_are_listed_by_the_registry_rule(tmp_path: Path) -> None:
 @needs_root
 def test_cdi_spec_stale_for_driver_fails_current_passes_broken_warns(tmp_path: Path) -> None:
     """A spec of another driver version fails naming the file; a current one passes; junk warns."""
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     old = create_node(str(tmp_path / "old"), gpus=2, driver_version="535.104.05")
     new = create_node(str(tmp_path / "new"), gpus=2)
@@ -486,7 +486,7 @@ def test_no_fix_reads_fix_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 @needs_root
 def test_gpus_line_lists_mig_devices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A node whose GPU 0 is MIG-enabled: the gpus line counts and names its MIG devices."""
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2, mig=True)
     config = write_config(tmp_path / "etc", compile=False, driver_root=node.root,

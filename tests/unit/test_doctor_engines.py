@@ -120,9 +120,9 @@ def test_run_checks_includes_docker_and_crio(tmp_path: Path) -> None:
 @pytest.mark.skipif(__import__("os").geteuid() != 0, reason="simulated nodes need root")
 def test_dev_char_links_warn_then_ok(tmp_path: Path) -> None:
     """Nodes without /dev/char links warn with the fix; after the command, ok."""
-    from nvshim.host.sim import create_node
     from nvshim.host.system import create_dev_char_symlinks
     from nvshim.node.doctor_host import check_dev_char_links
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2)
     finding = check_dev_char_links(node.dev_root, systemd=True)

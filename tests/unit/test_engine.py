@@ -110,7 +110,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A 2-GPU node with swapped minors (GPU 1 is /dev/nvidia0) and 4 IMEX channels."""
     if os.geteuid() != 0:
         pytest.skip("the simulated node needs root (mknod)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=2,
                        shuffle_minors=True, imex_channels=4)
@@ -316,7 +316,7 @@ def test_an_injected_mig_device_is_held_as_a_mig_device(tmp_path: Path,
                                                         base_rootfs: Path) -> None:
     """The parent's node plus both capability nodes of MIG device 0:1 are that MIG device,
     not a whole GPU 0."""
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     sim = create_node(str(tmp_path / "mig"), gpus=1, mig=True)
     config = Config(driver_root=sim.root, nvml_facts=sim.nvml_facts)

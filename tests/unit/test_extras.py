@@ -108,7 +108,7 @@ def node(tmp_path: Path) -> Any:
     if os.geteuid() != 0:
         pytest.skip("simulated nodes need root (mknod)")
     from nvshim.host.discovery import Host
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     sim = create_node(str(tmp_path / "node"), gpus=1, imex_channels=3, nvswitches=1, gds=True,
                       mofed=True, gdrcopy=True)
@@ -140,7 +140,7 @@ def test_missing_channel_and_missing_feature(node: Any, tmp_path: Path) -> None:
                                            r"this node has channels 0, 1, 2"):
         extras_edits(node, Extras(imex_channels=(9,), imex_source="env"))
     from nvshim.host.discovery import Host
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     bare = Host(create_node(str(tmp_path / "bare"), gpus=1).root)
     notes: List[str] = []
@@ -157,7 +157,7 @@ def test_imex_cdi_spec(node: Any, tmp_path: Path) -> None:
         "/dev/nvidia-caps-imex-channels/channel1"
     assert validate_spec(spec) == []
     from nvshim.host.discovery import Host
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     with pytest.raises(CdiError, match="no IMEX channels"):
         generate_imex_spec(Host(create_node(str(tmp_path / "bare"), gpus=1).root))

@@ -55,8 +55,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Path]]
     """A simulated 4-GPU node, a compiled config pointing at it, a bundle dir and a recorder runtime."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.host.sim import create_node
     from nvshim.node.compile import compile_node
+    from nvshim.sim.build import create_node
 
     base = tmp_path_factory.mktemp("fuzz")
     node = create_node(str(base / "node"), gpus=GPUS)

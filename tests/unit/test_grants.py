@@ -166,8 +166,8 @@ def test_kill_9_of_the_runtime_during_create(tmp_path: Path) -> None:
     """``nvshim-runtime create`` on a GPU request, SIGKILLed at 40 points from start to end: whole records only."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.host.sim import create_node
     from nvshim.node.compile import compile_node
+    from nvshim.sim.build import create_node
     from tests.helpers.bundle import make_bundle, make_rootfs
 
     node = create_node(str(tmp_path / "node"), gpus=2)
@@ -323,7 +323,7 @@ def test_grants_show_each_gpus_index_on_this_node(tmp_path: Path) -> None:
     """Each granted GPU is shown by its index as nvidia-smi numbers it, beside its UUID (the
     table showed UUIDs only): the text's GPU column and JSON's gpu_indices, aligned with
     gpus; a UUID the node does not have (any more) is `?` / null."""
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=3)
     g1, g2 = node.gpus[1].uuid, node.gpus[2].uuid

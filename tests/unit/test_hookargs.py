@@ -88,9 +88,9 @@ def test_a_cdi_device_keeps_the_cuda_compat_check(tmp_path: Path) -> None:
     from nvshim.cdi.write import write_spec
     from nvshim.config import Config
     from nvshim.host.discovery import Host
-    from nvshim.host.sim import create_node
     from nvshim.node.cdigen import generate_spec
     from nvshim.runtime.create import plan_create
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=1)
     host = Host(node.root)

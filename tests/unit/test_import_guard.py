@@ -114,7 +114,7 @@ def test_create_with_one_gpu_loads_no_heavy_module(tmp_path: Path, rootfs: Path)
     """create with NVIDIA_VISIBLE_DEVICES=0 on a simulated node injects the GPU and imports none of the heavy modules."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2)
     bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"],
@@ -141,7 +141,7 @@ def test_grpc_loads_only_when_the_kubelet_is_asked(tmp_path: Path, rootfs: Path)
     """verify-with: kubelet imports grpc for a CRI container claiming a GPU, and for nothing else."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
     from tests.helpers.podresources import PodResourcesServer
 
     node = create_node(str(tmp_path / "node"), gpus=1)
@@ -180,7 +180,7 @@ def test_gpu_create_imports_nothing_but_startup_modules_and_nvshim(tmp_path: Pat
     makes the SONAME links itself."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2)
     bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"})
@@ -215,7 +215,7 @@ def test_cdi_name_create_with_a_yaml_spec_imports_no_yaml(tmp_path: Path, rootfs
     from the CDI index: no yaml, and none of the slow modules either."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2)
     spec_dir = tmp_path / "cdi"

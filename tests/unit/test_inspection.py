@@ -31,7 +31,7 @@ def bundle_with(tmp_path: Path, env: list) -> Path:
 def test_a_granted_gpu_is_summarised_rendered_and_diffed(tmp_path: Path) -> None:
     """A request for GPU 1 of two: the summary grants index 1 by its minor, the text lists it
     and says config.json would be rewritten, and the diff adds its device node."""
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     sim = create_node(str(tmp_path / "node"), gpus=2)
     gpu = sim.gpus[1]
@@ -85,7 +85,7 @@ def run_inspect(*args: str) -> str:
 @pytest.fixture
 def one_gpu(tmp_path: Path) -> dict:
     """A simulated node with one GPU, its config file and a bundle asking for GPU 0."""
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     if os.geteuid() != 0:
         pytest.skip("needs root (mknod)")
@@ -165,7 +165,7 @@ def test_inspect_help_shows_dir_and_file_metavars() -> None:
 def test_every_granted_gpu_and_mig_device_has_one_summary_line(tmp_path: Path) -> None:
     """`all` on a MIG node: one summary line per GPU (index, UUID) and per MIG device
     (gpu:mig, UUID), each list labelled once, in index order."""
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     sim = create_node(str(tmp_path / "node"), gpus=2, mig=True)
     bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"])
@@ -185,7 +185,7 @@ def test_every_granted_gpu_and_mig_device_has_one_summary_line(tmp_path: Path) -
 def test_inspect_reports_the_void_env_and_each_node_once(tmp_path: Path) -> None:
     """Issue 12 item 14: `nvshim inspect` says the env becomes NVIDIA_VISIBLE_DEVICES=void (text and
     JSON set_void) and lists /dev/nvidia0 once for `all` on a MIG node, as config.json will have it."""
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     sim = create_node(str(tmp_path / "node"), gpus=2, mig=True)
     config = tmp_path / "config.yaml"

@@ -29,7 +29,7 @@ GPU = "nvidia.com/gpu"
 def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path_factory.mktemp("node") / "n"), gpus=4, shuffle_minors=True)
 
@@ -217,7 +217,7 @@ def test_forged_none_mount_gets_no_driver_files_or_extras(tmp_path: Path,
                                                           kubelet: PodResourcesServer) -> None:
     """A pod the kubelet gave no GPU, mounting /dev/null at .../none, gets no control nodes,
     driver files or GDS/MOFED devices: "none" holds no GPU the kubelet check could refuse."""
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     extra = create_node(str(tmp_path / "n"), gpus=2, gds=True, mofed=True)
     kubelet.set([("team-b", "victim", {"train": {GPU: [extra.gpus[0].uuid]}}),
@@ -233,7 +233,7 @@ def test_mig_device_allocated_by_the_kubelet_is_granted_and_its_parent_is_not(
     """A MIG UUID in the kubelet's record grants that MIG device; a claim of its whole parent GPU is refused."""
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "mig-node"), gpus=2, mig=True)
     mig = node.gpus[0].mig[1]
@@ -337,7 +337,7 @@ def test_cdi_mig_device_is_checked_as_a_mig_device(tmp_path: Path,
     from click.testing import CliRunner
 
     from nvshim.cli.cmd_cdi import generate
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "mig-node"), gpus=2, mig=True)
     cdi_dir = tmp_path / "cdi"
@@ -429,7 +429,7 @@ IMEX = "nvidia.com/imex-channel"
 def imex_node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     if os.geteuid() != 0:
         pytest.skip("the simulated GPU node needs root (mknod)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path_factory.mktemp("imex") / "n"), gpus=2, imex_channels=4)
 
@@ -841,7 +841,7 @@ def test_engine_mig_device_is_matched_by_its_claims_mig_caps(
     from click.testing import CliRunner
 
     from nvshim.cli.cmd_cdi import generate
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "mig-node"), gpus=2, mig=True)
     cdi = tmp_path / "cdi"

@@ -28,7 +28,7 @@ def node(tmp_path_factory):
     """A simulated 2-GPU node, MIG enabled on GPU 0, minors shuffled."""
     if os.geteuid() != 0:
         pytest.skip("creating a simulated node needs root (mknod)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     made = create_node(
         str(tmp_path_factory.mktemp("sim") / "node"), gpus=2, mig=True, shuffle_minors=True

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 def mig_node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     if os.geteuid() != 0:
         pytest.skip("creating a simulated node needs root (mknod)")
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=2, mig=True)
 
@@ -45,14 +45,13 @@ def test_production_code_never_names_the_simulator() -> None:
     offenders = []
     for path in sorted((REPO / "nvshim").rglob("*.py")):
         rel = path.relative_to(REPO).as_posix()
-        if rel.startswith("nvshim/host/sim") or rel.startswith("nvshim/cli/"):
+        if rel.startswith("nvshim/sim/") or rel.startswith("nvshim/cli/"):
             continue  # the simulator itself; the CLI's `nvshim sim` command runs it
         if rel in ("nvshim/node/demo.py",):
             continue  # the demo builds a simulated node on purpose
         text = path.read_text()
         for needle in ("nvshim-sim.json", "nvml-facts.json", "SIM_METADATA",
-                       "from nvshim.host.sim import", "import nvshim.host.sim",
-                       "from nvshim.host import sim"):
+                       "from nvshim.sim", "import nvshim.sim", "from nvshim import sim"):
             if needle in text:
                 offenders.append(f"{rel}: {needle}")
     assert offenders == []

@@ -4,7 +4,7 @@ Nodes are directory trees: a driver root with ``proc/driver/nvidia/version`` and
 ``nvml-facts`` file (what NVML would say) that the :class:`nvshim.host.discovery.Host` is
 given, as a config's ``nvml-facts`` key gives it.
 GPU records are built directly (discovery of GPUs is tested elsewhere); one test builds a
-full simulated node with :func:`nvshim.host.sim.create_node` when running as root.
+full simulated node with :func:`nvshim.sim.build.create_node` when running as root.
 """
 
 from __future__ import annotations
@@ -698,10 +698,10 @@ def test_evaluate_requirement_on_plain_facts() -> None:
 # -- the real simulated node and laziness ------------------------------------------------
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="nvshim.host.sim.create_node needs root for mknod")
+@pytest.mark.skipif(os.geteuid() != 0, reason="nvshim.sim.build.create_node needs root for mknod")
 def test_simulated_node_metadata(tmp_path: Path) -> None:
-    """Facts come from the metadata nvshim.host.sim writes, for GPUs found by discovery."""
-    sim = pytest.importorskip("nvshim.host.sim")
+    """Facts come from the metadata nvshim.sim.build writes, for GPUs found by discovery."""
+    sim = pytest.importorskip("nvshim.sim.build")
     root = tmp_path / "node"
     sim.create_node(str(root), gpus=2, cuda_version="12.4", model="NVIDIA A100-SXM4-80GB")
     host = Host(str(root), nvml_facts=str(root / "nvml-facts.json"))

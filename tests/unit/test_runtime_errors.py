@@ -204,7 +204,7 @@ def test_unknown_device_from_the_runtime_names_config_and_driver_root(
     if configured:
         if os.geteuid() != 0:
             pytest.skip("a simulated node needs root (mknod)")
-        from nvshim.host.sim import create_node
+        from nvshim.sim.build import create_node
 
         node = create_node(str(tmp_path / "node"), gpus=1)
         cfg.parent.mkdir()

@@ -17,7 +17,7 @@ import pytest
 from nvshim.errors import HostError, UsageError
 from nvshim.host.elf import build_shared_object, read_soname
 from nvshim.host.ldcache import read_ldcache
-from nvshim.host.sim import (
+from nvshim.sim.build import (
     CAPS_MAJOR,
     NVIDIA_MAJOR,
     SIM_LIBRARIES,
@@ -561,7 +561,7 @@ def test_non_empty_root_is_refused(tmp_path: Path) -> None:
 def test_non_root_is_refused(tmp_path: Path) -> None:
     """Run as an unprivileged user, create_node fails with a HostError naming the need for root."""
     code = (
-        "import sys; from nvshim.host.sim import create_node; from nvshim.errors import HostError\n"
+        "import sys; from nvshim.sim.build import create_node; from nvshim.errors import HostError\n"
         "try:\n    create_node(sys.argv[1])\nexcept HostError as e:\n    print(e)\n"
     )
     repo = str(Path(__file__).resolve().parents[2])

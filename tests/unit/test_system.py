@@ -43,7 +43,7 @@ def char_nodes(dev: Path) -> Dict[str, Tuple[int, int, int]]:
 
 @pytest.fixture
 def node(tmp_path: Path) -> Any:
-    from nvshim.host.sim import create_node
+    from nvshim.sim.build import create_node
 
     return create_node(str(tmp_path / "node"), gpus=3, shuffle_minors=True, mig=True)
 

@@ -1,8 +1,8 @@
 """The simulated node's model: its records, constants and plan, and the tree's file writers.
 
 :func:`plan_gpus` decides what a node of given arguments has (minors, UUIDs, PCI bus ids,
-MIG devices and their capability minors); :mod:`nvshim.host.simkernel` and
-:mod:`nvshim.host.simdriver` write it, :mod:`nvshim.host.sim` puts it together.
+MIG devices and their capability minors); :mod:`nvshim.sim.kernel` and
+:mod:`nvshim.sim.driver` write it, :mod:`nvshim.sim.build` puts it together.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from nvshim.host.simnode import (
+from nvshim.sim.model import (
     CAPS_MAJOR,
     CI_SLOTS,
     GDRDRV_MAJOR,

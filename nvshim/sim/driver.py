@@ -11,7 +11,7 @@ import socket
 
 from nvshim.host.elf import build_shared_object
 from nvshim.host.ldcache import build_ldcache
-from nvshim.host.simnode import (
+from nvshim.sim.model import (
     DRIVER_BINARIES,
     LIB_DIR,
     SimNode,

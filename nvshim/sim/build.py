@@ -9,12 +9,12 @@
   510, ``nvidia-caps`` 237), ``proc/driver/nvidia/version``, ``params`` and
   ``gpus/<pci bus id>/information`` in the kernel module's formats; with MIG,
   ``proc/driver/nvidia-caps/mig-minors`` and ``proc/driver/nvidia/capabilities/...``
-  access files (:mod:`nvshim.host.simkernel`).
+  access files (:mod:`nvshim.sim.kernel`).
 * the driver branch's libraries in ``usr/lib/x86_64-linux-gnu/`` (``lib<X>.so.<version>``,
   each a tiny loadable ELF with the real SONAME and a ``NVSHIM-SIM <file> <version>`` marker
   string, plus SONAME links and ``.so`` links for libcuda/libnvidia-ml), ``vdpau/``,
   ``etc/ld.so.cache`` listing the links (new layout), ``etc/ld.so.conf``
-  (:mod:`nvshim.host.simdriver`, as the next item).
+  (:mod:`nvshim.sim.driver`, as the next item).
 * ``usr/bin/nvidia-smi`` (a POSIX sh script labelled ``SIMULATED nvidia-smi (nvshim sim)``
   that lists the GPUs whose ``/dev/nvidia<minor>`` it can see; ``NVSHIM_SIM_DEV``
   overrides ``/dev``), labelled stubs of the other driver binaries, GSP firmware files,
@@ -50,9 +50,9 @@ PCI bus ids use the procfs form ``0000:18:00.0`` (4-digit domain, lower case); N
 form is ``00000000:18:00.0``. The tree is deterministic for a given set of arguments; GPU
 ``i``'s UUID depends only on ``seed`` and ``i``. Creating it needs root (``mknod``).
 
-This module builds and loads a node; the model and its plan are :mod:`nvshim.host.simnode`,
-the writers :mod:`nvshim.host.simkernel` (``dev/``, ``proc/``) and
-:mod:`nvshim.host.simdriver` (libraries, programs, firmware, sockets).
+This module builds and loads a node; the model and its plan are :mod:`nvshim.sim.model`,
+the writers :mod:`nvshim.sim.kernel` (``dev/``, ``proc/``) and
+:mod:`nvshim.sim.driver` (libraries, programs, firmware, sockets).
 """
 
 from __future__ import annotations
@@ -64,14 +64,14 @@ from typing import Any
 
 from nvshim.errors import HostError, UsageError
 from nvshim.host.nvml import FACTS_FORMAT
-from nvshim.host.simdriver import (
+from nvshim.sim.driver import (
     write_binaries,
     write_daemon_files,
     write_firmware,
     write_libraries,
 )
-from nvshim.host.simkernel import write_devices, write_procfs
-from nvshim.host.simnode import (
+from nvshim.sim.kernel import write_devices, write_procfs
+from nvshim.sim.model import (
     CAPS_MAJOR,
     NVIDIA_MAJOR,
     NVML_FACTS_FILE,
