@@ -193,8 +193,10 @@ def test_gpu_create_imports_nothing_but_startup_modules_and_nvshim(tmp_path: Pat
     modules = imported_modules(res.stderr)
     assert "nvshim.runtime.plancache" in modules, report(modules)
     assert slow_in(modules) == [], report(modules)
-    # the create road stays inside its packages: never node administration or the CLI
-    outside = [m for m in modules if m.startswith(("nvshim.node", "nvshim.cli"))]
+    # the create road stays inside its packages: never node administration, the CLI or the
+    # simulator, nor require-allocation's package when nothing asks for it
+    outside = [m for m in modules
+               if m.startswith(("nvshim.node", "nvshim.cli", "nvshim.sim", "nvshim.runtime.allocation"))]
     assert outside == [], report(modules)
     # debug-log is off: its module is not even imported (nor its events built)
     assert "nvshim.runtime.logs" not in modules, report(modules)

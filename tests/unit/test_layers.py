@@ -190,13 +190,52 @@ def test_heavy_libraries_are_imported_lazily_below_node(package: str) -> None:
     assert eager == []
 
 
+def layout_sections(layout: str) -> Dict[str, str]:
+    """The README layout block cut at each line that starts with a path: that path (as
+    ``nvshim/runtime/``) → its line and the indented lines under it."""
+    sections: Dict[str, str] = {}
+    key = ""
+    for line in layout.splitlines():
+        if line and not line[0].isspace():
+            key = line.split()[0]
+        sections[key] = sections.get(key, "") + line + "\n"
+    return sections
+
+
+def missing_from_layout(layout: str, paths: List[str]) -> List[str]:
+    """The module paths (``nvshim/sim/model.py``) the layout does not name under their own
+    package's heading (a sub-package's folder named there too)."""
+    sections = layout_sections(layout)
+    missing = []
+    for path in paths:
+        key = max((k for k in sections if k.startswith("nvshim") and path.startswith(k)),
+                  key=len, default="")
+        *folders, name = path[len(key):].split("/")
+        text = sections.get(key, "")
+        if not key or name not in text or any(f"{f}/" not in text for f in folders):
+            missing.append(path)
+    return missing
+
+
+def test_layout_check_sees_a_module_under_another_heading() -> None:
+    """A module is looked for under its own package's heading, not anywhere in the block."""
+    layout = ("nvshim/cdi/   x\n  model.py   specs\nnvshim/sim/   y\n  build.py\n"
+              "nvshim/runtime/\n  allocation/\n    policy.py\n")
+    assert missing_from_layout(layout, ["nvshim/sim/model.py", "nvshim/cdi/model.py",
+                                        "nvshim/runtime/allocation/policy.py",
+                                        "nvshim/runtime/policy.py"]) == ["nvshim/sim/model.py"]
+    assert missing_from_layout("nvshim/runtime/\n  policy.py\n",
+                               ["nvshim/runtime/allocation/policy.py"]) != []
+
+
 def test_readme_layout_names_every_module_and_the_architecture_every_package() -> None:
-    """The README's layout block and docs/architecture.md describe the tree as it is."""
+    """The README's layout block names every module under its package's heading, and
+    docs/architecture.md names every package."""
     readme = (PACKAGE.parent / "README.md").read_text()
     layout = readme.split("## Layout", 1)[1].split("```", 2)[1]
-    missing = [str(p.relative_to(PACKAGE.parent)) for p in sorted(PACKAGE.rglob("*.py"))
-               if p.name != "__init__.py" and p.name not in layout]
-    assert missing == []
+    paths = [str(p.relative_to(PACKAGE.parent)) for p in sorted(PACKAGE.rglob("*.py"))
+             if p.name != "__init__.py"]
+    assert missing_from_layout(layout, paths) == []
     packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
     architecture = (PACKAGE.parent / "docs" / "architecture.md").read_text()
     assert [p for p in packages if f"`{p}/`" not in architecture] == []
