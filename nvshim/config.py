@@ -31,6 +31,7 @@ __all__ = [
     "Config",
     "DEFAULT_CONFIG_PATH",
     "config_path",
+    "describe_config",
     "compiled_path",
     "runtimes_path",
     "prefixes_path",
@@ -131,6 +132,15 @@ class Config:
 def config_path(environ: Optional[Mapping[str, str]] = None) -> str:
     env = os.environ if environ is None else environ
     return env.get("NVSHIM_CONFIG") or DEFAULT_CONFIG_PATH
+
+
+def describe_config(config: Config) -> str:
+    """Which configuration a create used, for error lines: ``config <file>``, or the
+    built-in defaults and the file that was looked for (podman, for one, does not pass
+    ``NVSHIM_CONFIG`` on to the runtime)."""
+    if config.source:
+        return f"config {config.source}"
+    return f"built-in defaults: no config {config_path()}"
 
 
 def _compiled(path: str, suffix: str) -> str:

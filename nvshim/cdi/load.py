@@ -15,7 +15,7 @@ import stat
 
 from nvshim import _jsonc
 from nvshim.cdi.check import check_semantics, type_name
-from nvshim.cdi.model import NO_FILE, SPEC_EXTENSIONS, CdiDevice, Spec
+from nvshim.cdi.model import NO_FILE, SPEC_EXTENSIONS, UNAPPLIED_EDITS, CdiDevice, Spec
 from nvshim.edits import Edits
 from nvshim.errors import CdiProblem, CdiSpecError
 
@@ -250,7 +250,8 @@ def parse_spec(raw: Mapping[str, Any], path: str = NO_FILE) -> Spec:
     if problems:
         raise CdiSpecError(problems)
     devices = tuple(
-        CdiDevice(name=device["name"], edits=Edits.from_cdi(device["containerEdits"]))
+        CdiDevice(name=device["name"], edits=Edits.from_cdi(device["containerEdits"]),
+                  unapplied=_unapplied(device["containerEdits"]))
         for device in raw["devices"]
     )
     kind = raw["kind"]
@@ -264,7 +265,20 @@ def parse_spec(raw: Mapping[str, Any], path: str = NO_FILE) -> Spec:
         devices=devices,
         edits=Edits.from_cdi(raw.get("containerEdits")),
         raw=raw,
+        unapplied=_unapplied(raw.get("containerEdits")),
     )
+
+
+def _unapplied(edits: Optional[Mapping[str, Any]]) -> Tuple[str, ...]:
+    """The :data:`~nvshim.cdi.model.UNAPPLIED_EDITS` fields ``edits`` (a checked
+    ``containerEdits``) sets, as CDI counts them: any intelRdt object (even ``{}``: CDI
+    would set the container's ``linux.intelRdt``), a non-empty netDevices list."""
+    if not edits:
+        return ()
+    found = [key for key in UNAPPLIED_EDITS if edits.get(key)]
+    if edits.get("intelRdt") is not None and "intelRdt" not in found:
+        found.insert(0, "intelRdt")
+    return tuple(found)
 
 
 def load_spec_file(path: str) -> Spec:

@@ -15,7 +15,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
     from nvshim.errors import CdiProblem
 
-__all__ = ["NO_FILE", "SPEC_EXTENSIONS", "CdiDevice", "Spec", "ResolvedDevice", "Registry"]
+__all__ = ["NO_FILE", "SPEC_EXTENSIONS", "UNAPPLIED_EDITS", "CdiDevice", "Spec",
+           "ResolvedDevice", "Registry"]
 
 #: Where a problem that concerns no particular file is reported.
 NO_FILE = "<spec>"
@@ -23,13 +24,20 @@ NO_FILE = "<spec>"
 #: The file name endings of CDI spec files; other files of a spec directory are ignored.
 SPEC_EXTENSIONS = (".json", ".yaml")
 
+#: ``containerEdits`` fields :class:`~nvshim.edits.Edits` does not model, so nvshim-runtime
+#: cannot apply them: a create injecting edits that set one is refused
+#: (:func:`nvshim.cdi.registry.refuse_unapplied`), never run without them.
+UNAPPLIED_EDITS = ("intelRdt", "netDevices")
+
 
 @dataclass(frozen=True)
 class CdiDevice:
-    """A device of a spec: its unqualified name and its own edits."""
+    """A device of a spec: its unqualified name and its own edits. ``unapplied``: the
+    :data:`UNAPPLIED_EDITS` fields its ``containerEdits`` set."""
 
     name: str
     edits: Edits
+    unapplied: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,8 @@ class Spec:
     devices: Tuple[CdiDevice, ...]
     edits: Edits
     raw: Mapping[str, Any] = field(compare=False, repr=False)
+    unapplied: Tuple[str, ...] = ()
+    """The :data:`UNAPPLIED_EDITS` fields the spec-level ``containerEdits`` set."""
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,10 @@ resolve requested ``vendor/class=device`` names into one :class:`~nvshim.edits.E
 :func:`spec_files` lists a directory's spec files (the rule every scan uses: the
 registry, the index, ``nvshim doctor``); :func:`build_registry` applies CDI's rules to
 specs already loaded (a full scan, :func:`load_registry`, or the index's selection);
-:func:`resolve_devices` merges the edits of the requested names.
+:func:`resolve_devices` merges the edits of the requested names;
+:func:`refuse_unapplied` refuses names whose edits set a field nvshim cannot apply, and
+:func:`fill_device_nodes` gives device nodes their host node's type and numbers (the
+steps of a create's :func:`nvshim.runtime.hostedits.inject_cdi`).
 """
 
 from __future__ import annotations
@@ -16,15 +19,17 @@ from nvshim.cdi.model import SPEC_EXTENSIONS, Registry, ResolvedDevice
 from nvshim.cdi.names import qualified_name
 from nvshim.config import DEFAULT_CDI_SPEC_DIRS
 from nvshim.edits import Edits
-from nvshim.errors import CdiError, CdiProblem, CdiSpecError
+from nvshim.errors import CdiError, CdiProblem, CdiSpecError, HostError, RequestError
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
     from nvshim.cdi.model import Spec
+    from nvshim.host.discovery import Host
 
-__all__ = ["spec_files", "load_registry", "build_registry", "resolve_devices"]
+__all__ = ["spec_files", "load_registry", "build_registry", "resolve_devices",
+           "refuse_unapplied", "fill_device_nodes"]
 
 
 def spec_files(directory: str, problems: List[CdiProblem]) -> List[str]:
@@ -141,3 +146,58 @@ def resolve_devices(registry: Registry, names: Sequence[str]) -> Edits:
             edits = edits + resolved.spec.edits
         edits = edits + resolved.device.edits
     return edits
+
+
+def refuse_unapplied(registry: Registry, names: Sequence[str]) -> None:
+    """CdiError when the edits ``names`` inject (their specs' and their own) set a
+    ``containerEdits`` field nvshim cannot apply (:data:`~nvshim.cdi.model.UNAPPLIED_EDITS`):
+    the container would run without what its spec gives it. Names the registry lacks are
+    skipped (:func:`resolve_devices` reports them)."""
+    for name in dict.fromkeys(names):
+        resolved = registry.devices.get(name)
+        if resolved is None:
+            continue
+        for fields, where in ((resolved.spec.unapplied, "its spec's containerEdits"),
+                              (resolved.device.unapplied, "its containerEdits")):
+            if fields:
+                raise CdiError(
+                    f"CDI device {name}: {where} set {' and '.join(fields)} "
+                    f"({resolved.spec.path}), which nvshim-runtime cannot apply (it applies "
+                    "env, deviceNodes, mounts, hooks and additionalGids): let the engine "
+                    "inject CDI devices (containerd 1.7+ enable_cdi, CRI-O, podman --device) "
+                    "or drop the field from the spec")
+
+
+def fill_device_nodes(edits: Edits, host: Host) -> Edits:
+    """``edits`` whose device nodes without type or major get them, and their file mode
+    when unset, from the host node their ``hostPath`` names (as CDI does), stat'ed through
+    ``host``: CDI host paths are absolute, so ``host`` is one of the machine's ``/``.
+
+    A host node that does not exist is a :class:`HostError`; one of another type than the
+    spec says, a :class:`RequestError`.
+    """
+    from nvshim._record import replace
+
+    nodes = []
+    for node in edits.device_nodes:
+        if node.type is not None and (node.major is not None or node.type == "p"):
+            nodes.append(node)
+            continue
+        stat_node = host.device_node(node.source)
+        if stat_node is None:
+            raise HostError(f'CDI device node host path "{node.source}" does not exist')
+        if node.type is not None and node.type != stat_node.type:
+            raise RequestError(
+                f'CDI device node {node.path}: type "{node.type}" does not match the host '
+                f'node {node.source} ("{stat_node.type}")'
+            )
+        nodes.append(
+            replace(
+                node,
+                type=stat_node.type,
+                major=stat_node.major,
+                minor=stat_node.minor,
+                file_mode=node.file_mode if node.file_mode is not None else stat_node.file_mode,
+            )
+        )
+    return replace(edits, device_nodes=tuple(nodes))

@@ -20,11 +20,17 @@ from __future__ import annotations
 import os
 
 from nvshim._record import dataclass, field
-from nvshim.config import Config
+from nvshim.config import Config, describe_config
 from nvshim.edits import Edits
-from nvshim.errors import SPEC_FILE, CdiError, HostError, RequestError, SpecError
+from nvshim.errors import SPEC_FILE, RequestError, SpecError
 from nvshim.runtime.apply import apply_edits
-from nvshim.runtime.hostedits import driver_edits, gpu_edits, mig_edits, skew_message
+from nvshim.runtime.hostedits import (
+    driver_edits,
+    gpu_edits,
+    inject_cdi,
+    mig_edits,
+    skew_message,
+)
 from nvshim.runtime.request import (
     VISIBLE_DEVICES,
     Request,
@@ -37,7 +43,7 @@ TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["Plan", "plan_create", "commit", "describe_config"]
+__all__ = ["Plan", "plan_create", "commit"]
 
 
 @dataclass
@@ -274,24 +280,13 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
     edits = Edits()
     cdi_names = request.cdi_names
     if cdi_names:
-        from nvshim.cdi import index as cdiindex
-        from nvshim.cdi.registry import resolve_devices
-        from nvshim.config import cdi_index_path, config_path
-        from nvshim.runtime.hostedits import restrict_to_capabilities
-
-        registry, plan.cdi_source = cdiindex.registry_for(
-            config.cdi_spec_dirs, cdi_names, cdi_index_path(config.source or config_path()),
-            save_cache,
-        )
+        cdi = inject_cdi(cdi_names, config, request.capabilities, host, save_cache)
+        plan.cdi_source = cdi.source
         if log is not None:
-            log.event("cdi", source=plan.cdi_source)
-
-        try:
-            edits = edits + resolve_devices(registry, cdi_names)
-        except CdiError as exc:
-            raise CdiError(f"{exc} ({describe_config(config)})") from exc
-        _check_cdi_specs(plan, registry, cdi_names, config)
-        edits = restrict_to_capabilities(_fill_device_nodes(edits), request.capabilities)
+            log.event("cdi", source=cdi.source)
+        plan.notes.extend(cdi.warnings)
+        plan.log_warnings.extend(cdi.warnings)
+        edits = cdi.edits
         plan.cdi_names = cdi_names
 
     tokens = request.gpu_tokens
@@ -326,24 +321,6 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
         log.event("edits", edits=plan.applied_edits().to_cdi())
     plan.new_spec = plan.render()
     return plan
-
-
-def _check_cdi_specs(plan: Plan, registry: Any, names: Sequence[str], config: Config) -> None:
-    """Say when a spec these CDI names inject from was made for another driver or other
-    device nodes (``stale-cdi-spec``: a warning in runc's ``--log`` and a note, or a
-    refusal). Cheap: string checks and one stat per injected device node."""
-    from nvshim.cdi.index import stale_specs
-
-    try:
-        version: Optional[str] = plan.host.driver_version()
-    except HostError:
-        version = None  # no driver under the root: there is nothing to compare with
-    for line in stale_specs(registry, names, version):
-        if config.stale_cdi_spec == "refuse":
-            raise CdiError(f"{line} (stale-cdi-spec: refuse)")
-        warning = f"{line}; injected anyway (stale-cdi-spec: warn)"
-        plan.notes.append(warning)
-        plan.log_warnings.append(warning)
 
 
 def _refuse_host_root(spec: Dict[str, Any], bundle: str) -> None:
@@ -467,17 +444,6 @@ def _node_edits(
     return edits
 
 
-def describe_config(config: Config) -> str:
-    """Which configuration a create used, for error lines: ``config <file>``, or the
-    built-in defaults and the file that was looked for (podman, for one, does not pass
-    ``NVSHIM_CONFIG`` on to the runtime)."""
-    if config.source:
-        return f"config {config.source}"
-    from nvshim.config import config_path
-
-    return f"built-in defaults: no config {config_path()}"
-
-
 def _looked_under(config: Config, host: Any) -> str:
     """Where a create looked for GPUs: ``under driver root / (config /etc/nvshim/config.yaml)``."""
     return f"under driver root {host.driver_root} ({describe_config(config)})"
@@ -493,37 +459,6 @@ def _gpus_of_nodes(host: Any, edits: Edits) -> Tuple[Tuple[Any, ...], Tuple[Tupl
 
     numbers = {(n.major, n.minor or 0) for n in edits.device_nodes if n.major is not None}
     return gpus_of_numbers(host.gpus(), numbers)
-
-
-def _fill_device_nodes(edits: Edits) -> Edits:
-    """CDI device nodes without type/major get them from the host node (as CDI does)."""
-    from nvshim._record import replace
-    from nvshim.host.discovery import Host
-
-    probe = Host("/", "/")  # CDI hostPaths are absolute host paths
-    nodes = []
-    for node in edits.device_nodes:
-        if node.type is not None and (node.major is not None or node.type == "p"):
-            nodes.append(node)
-            continue
-        stat_node = probe.device_node(node.source)
-        if stat_node is None:
-            raise HostError(f'CDI device node host path "{node.source}" does not exist')
-        if node.type is not None and node.type != stat_node.type:
-            raise RequestError(
-                f'CDI device node {node.path}: type "{node.type}" does not match the host '
-                f'node {node.source} ("{stat_node.type}")'
-            )
-        nodes.append(
-            replace(
-                node,
-                type=stat_node.type,
-                major=stat_node.major,
-                minor=stat_node.minor,
-                file_mode=node.file_mode if node.file_mode is not None else stat_node.file_mode,
-            )
-        )
-    return replace(edits, device_nodes=tuple(nodes))
 
 
 def _live(log: Any) -> Any:
