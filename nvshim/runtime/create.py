@@ -33,9 +33,11 @@ from nvshim.runtime.hostedits import (
 )
 from nvshim.runtime.request import (
     VISIBLE_DEVICES,
+    Claim,
     Request,
     identity_of,
     image_view,
+    read_claim,
     resolve_request,
 )
 
@@ -191,17 +193,18 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
         held, host, plan_source = find_engine_grant(view.char_devices, config, host, save_cache)
         if held is not None:
             view = replace(view, engine=held)
+    claim = read_claim(view, config)
     engine: Any = view.engine
     identity: Any = identity_of(view.annotations)
     allocation: Any = None
     verified = "none"
     early_notes: List[str] = []
     pod: Optional[Dict[str, str]] = None
-    if _needs_allocation_module(view, config):
+    if _needs_allocation_module(claim, config):
         from nvshim.runtime.allocation import policy
 
-        identity, allocation, verified, early_notes = policy.ask_kubelet_if_needed(view, config)
-        pod = policy.pod_annotations(bundle, view, config)
+        identity, allocation, verified, early_notes = policy.ask_kubelet_if_needed(claim, config)
+        pod = policy.pod_annotations(bundle, claim, config)
     kubelet_ids = allocation.ids if allocation is not None else None
     if kubelet_ids and "kubelet" in config.allocation_sources:
         # the kubelet source grants these ids as GPUs: only those that are GPUs of this node
@@ -213,7 +216,7 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
         early_notes = early_notes + [
             f'kubelet device id "{i}" names no GPU of this node (another resource\'s '
             "device): not granted" for i in others]
-    request = resolve_request(view, config, kubelet_ids, pod)
+    request = resolve_request(claim, config, kubelet_ids, pod)
     plan = Plan(spec_path, raw, spec, request, capabilities=request.capabilities)
     plan.plan_source = plan_source
     if plan_source and log is not None:
@@ -250,7 +253,7 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
 
         check_engine_allocated(plan, host, config)
 
-    extras = _extras(view, config, request)
+    extras = _extras(claim, config, request)
     if extras is not None:
         if engine is not None and engine.imex and config.engine_grants == "exclusive":
             from nvshim.runtime.engine import without_env_channels
@@ -342,15 +345,14 @@ def _refuse_host_root(spec: Dict[str, Any], bundle: str) -> None:
                        f"driver files into the host (bundle {where})")
 
 
-def _needs_allocation_module(view: Any, config: Config) -> bool:
+def _needs_allocation_module(claim: Claim, config: Config) -> bool:
     """Whether require-allocation must ask the kubelet or read the pod's annotations
-    (:mod:`nvshim.runtime.allocation`, not imported otherwise); cheap."""
-    if not config.require_allocation or view.sandbox:
+    (:mod:`nvshim.runtime.allocation.policy`, not imported otherwise); cheap."""
+    if not config.require_allocation or claim.view.sandbox:
         return False
     if config.verify_with == "kubelet" or "kubelet" in config.allocation_sources:
         return True
-    prefixes = config.annotation_prefixes
-    return any(any(k.startswith(p) for p in prefixes) for k in view.annotations)
+    return bool(claim.annotation_keys)
 
 
 def _params_edits(plan: Plan, bundle: str, driver_root: str) -> Edits:
@@ -504,18 +506,11 @@ def commit(plan: Plan, log: Any = None) -> bool:
     return True
 
 
-#: The env names nvshim.runtime.extras reads (a test keeps this equal to its own lists).
-EXTRAS_ENV = ("NVIDIA_IMEX_CHANNELS", "NVIDIA_NVSWITCH", "NVIDIA_GDS", "NVIDIA_MOFED",
-              "NVIDIA_GDRCOPY")
-
-
-def _extras(view: Any, config: Config, request: Request) -> Any:
+def _extras(claim: Claim, config: Config, request: Request) -> Any:
     """IMEX channels and NVSwitch/GDS/MOFED/gdrcopy devices asked for (see nvshim.runtime.extras);
     None, without importing that module, when the spec names none of them."""
-    if not any(name in view.env for name in EXTRAS_ENV) and not any(
-        "/imex/" in str(m.get("destination", "")) for m in view.mounts
-    ):
+    if not claim.asks_for_extras:
         return None
     from nvshim.runtime.extras import resolve_extras
 
-    return resolve_extras(view, config, request)
+    return resolve_extras(claim, config, request)

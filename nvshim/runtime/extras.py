@@ -24,7 +24,7 @@ the env counts only through the ``privileged`` allocation source (a privileged c
 and the mounts only through ``volume-mounts``. A lone ``all`` in the env is ignored, as the
 reference does. Channel numbers are 0 to 2^20-1 and must exist on the node.
 
-:func:`resolve_extras` is pure (the spec's view and config in, a record out);
+:func:`resolve_extras` is pure (the claim and config in, a record out);
 :func:`extras_edits` reads the node (device nodes are stat'ed under the dev root).
 """
 
@@ -32,32 +32,28 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from nvshim._record import dataclass, field
 from nvshim.edits import IPC_BIND, RO_BIND, DeviceNode, Edits, Mount
 from nvshim.errors import HostError, RequestError
+from nvshim.runtime.request import FEATURE_ENV, IMEX_ENV
+
+if TYPE_CHECKING:
+    from nvshim.config import Config
+    from nvshim.runtime.request import Claim, Request
 
 __all__ = [
     "FEATURE_ENV",
     "IMEX_DIR",
     "IMEX_ENV",
     "Extras",
-    "asks_for_extras",
     "extras_edits",
     "generate_imex_spec",
     "imex_channels",
     "resolve_extras",
 ]
 
-#: feature name → the variable that enables it with ``enabled``
-FEATURE_ENV: Dict[str, str] = {
-    "nvswitch": "NVIDIA_NVSWITCH",
-    "gds": "NVIDIA_GDS",
-    "mofed": "NVIDIA_MOFED",
-    "gdrcopy": "NVIDIA_GDRCOPY",
-}
-IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
 IMEX_DIR = "/dev/nvidia-caps-imex-channels"
 MAX_IMEX_CHANNEL = 2**20 - 1
 _CHANNEL = re.compile(r"(?:channel)?([0-9]{1,7})")  # fullmatch: "$" would take "1\n"
@@ -78,20 +74,7 @@ class Extras:
         return bool(self.features or self.imex_channels)
 
 
-def _imex_mount_ids(view: Any) -> List[str]:
-    from nvshim.runtime.request import device_mount_ids
-
-    return [i[len("imex/"):] for i in device_mount_ids(view) if i.startswith("imex/")]
-
-
-def asks_for_extras(view: Any) -> bool:
-    """Whether the spec names any of these at all (a cheap test before :func:`resolve_extras`)."""
-    env = view.env
-    return (IMEX_ENV in env or any(name in env for name in FEATURE_ENV.values())
-            or bool(_imex_mount_ids(view)))
-
-
-def _parse_channels(tokens: List[str], where: str) -> Tuple[int, ...]:
+def _parse_channels(tokens: Sequence[str], where: str) -> Tuple[int, ...]:
     channels: Dict[int, None] = {}
     for token in tokens:
         match = _CHANNEL.fullmatch(token)
@@ -116,8 +99,10 @@ def _env_channels(value: str, notes: List[str]) -> Tuple[int, ...]:
     return _parse_channels(tokens, IMEX_ENV)
 
 
-def resolve_extras(view: Any, config: Any, request: Any) -> Extras:
-    """Decide the extras for a container whose GPU request resolved to ``request``; pure."""
+def resolve_extras(claim: Claim, config: Config, request: Request) -> Extras:
+    """Decide the extras for a container that claims ``claim`` and whose GPU request
+    resolved to ``request``; pure."""
+    view = claim.view
     if view.sandbox:
         return Extras()
     notes: List[str] = []
@@ -133,8 +118,8 @@ def resolve_extras(view: Any, config: Any, request: Any) -> Extras:
 
     channels: Tuple[int, ...] = ()
     source = ""
-    mount_ids = _imex_mount_ids(view)
-    env_value = view.get(IMEX_ENV)
+    mount_ids = claim.imex_mount_ids
+    env_value = claim.imex_env
     mounts_ok = not config.require_allocation or "volume-mounts" in config.allocation_sources
     if mount_ids and mounts_ok:
         channels, source = _parse_channels(mount_ids, "device-plugin mounts"), "volume-mounts"

@@ -5,10 +5,14 @@ filesystem. Three steps:
 
 1. :func:`image_view` reads env (last entry wins), mounts, annotations and privilege
    from the spec;
-2. :func:`resolve_request` picks the source of the request (device-plugin mounts, CDI
+2. :func:`read_claim` parses, once, everything the container claims (device tokens of
+   NVIDIA_VISIBLE_DEVICES, device-plugin mount ids, CDI annotation ids, IMEX channels,
+   the feature env): the :class:`Claim` every consumer reads (require-allocation, the
+   request, the extras), with cheap properties for "does it claim anything?";
+3. :func:`resolve_request` picks the source of the request (device-plugin mounts, CDI
    annotations, ``NVIDIA_VISIBLE_DEVICES``, a legacy CUDA image) under the configured
    policy, including require-allocation, and records every decision;
-3. :func:`nvshim.runtime.tokens.select_gpus` maps the request's tokens onto the node's
+4. :func:`nvshim.runtime.tokens.select_gpus` maps the request's tokens onto the node's
    GPUs (pure too: the GPU records come from discovery). The token grammar lives there,
    imported only when a container names a device.
 """
@@ -27,11 +31,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ImageView",
+    "Claim",
     "Request",
     "image_view",
+    "read_claim",
     "parse_capabilities",
     "resolve_request",
-    "claims_gpus",
+    "FEATURE_ENV",
+    "IMEX_ENV",
     "VISIBLE_DEVICES",
     "DEVICE_LIST_DIR",
     "device_mount_ids",
@@ -52,6 +59,17 @@ SANDBOX_UID = "io.kubernetes.cri.sandbox-uid"
 CONTAINER_NAME = "io.kubernetes.cri.container-name"
 
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
+
+#: The devices next to the GPUs (:mod:`nvshim.runtime.extras`): feature name → the variable
+#: that enables it with ``enabled``, and the IMEX channels' variable. Here, not there: a
+#: create reads them to know whether that module is needed at all.
+FEATURE_ENV: Dict[str, str] = {
+    "nvswitch": "NVIDIA_NVSWITCH",
+    "gds": "NVIDIA_GDS",
+    "mofed": "NVIDIA_MOFED",
+    "gdrcopy": "NVIDIA_GDRCOPY",
+}
+IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,93 @@ class ImageView:
     def sandbox(self) -> bool:
         """A CRI pod sandbox (pause) container: never a GPU container."""
         return self.annotations.get(SANDBOX_ANNOTATION) == "sandbox"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Everything config.json claims, parsed once by :func:`read_claim`.
+
+    Require-allocation (whether to ask the kubelet, the pod's annotations), the request
+    and the extras read these fields and properties; none parses the spec again. A CRI
+    sandbox claims nothing (every field empty).
+    """
+
+    view: ImageView
+    env_tokens: Optional[Tuple[str, ...]] = None
+    """NVIDIA_VISIBLE_DEVICES as device tokens; None when it is unset."""
+    mount_raw: Tuple[str, ...] = ()
+    """The raw ids of the device plugin's ``/dev/null`` mounts (:func:`device_mount_ids`)."""
+    mount_ids: Tuple[str, ...] = ()
+    """Their device tokens (GPU ids, CDI names; IMEX channels left out)."""
+    mount_notes: Tuple[str, ...] = ()
+    """What reading the mounts decided (an IMEX mount is no GPU, a bad CDI mount name)."""
+    annotation_keys: Tuple[str, ...] = ()
+    """The annotations under ``annotation-prefixes``, sorted."""
+    annotation_ids: Tuple[str, ...] = ()
+    """Their device tokens."""
+    imex_mount_ids: Tuple[str, ...] = ()
+    """The channels of the device plugin's ``imex/<N>`` mounts, as written."""
+    imex_env: Optional[str] = None
+    """NVIDIA_IMEX_CHANNELS; None when unset."""
+    feature_env: Tuple[str, ...] = ()
+    """The :data:`FEATURE_ENV` variables the spec sets (to anything)."""
+
+    @property
+    def image_asks(self) -> bool:
+        """The image env asks for GPUs: NVIDIA_VISIBLE_DEVICES names one, or a legacy
+        CUDA image leaves it unset."""
+        if self.env_tokens is None:
+            return self.view.legacy_image and not self.view.sandbox
+        return bool(self.env_tokens)
+
+    @property
+    def claims_gpus(self) -> bool:
+        """Whether the container names any GPU (env, legacy image, mounts, annotations), or
+        holds one the engine injected: decides if the kubelet must be asked (a container
+        that claims nothing gets nothing)."""
+        if self.view.sandbox:
+            return False
+        return (self.view.engine is not None or self.image_asks or bool(self.mount_ids)
+                or bool(self.annotation_ids))
+
+    @property
+    def claims_imex(self) -> bool:
+        """Whether the container names an IMEX channel (device-plugin mount or env)."""
+        return bool(self.imex_mount_ids) or bool(self.imex_env and self.imex_env.strip())
+
+    @property
+    def asks_for_extras(self) -> bool:
+        """Whether the spec names any IMEX channel or feature at all: only then is
+        :mod:`nvshim.runtime.extras` loaded."""
+        return self.imex_env is not None or bool(self.feature_env or self.imex_mount_ids)
+
+
+def read_claim(view: ImageView, config: Any) -> Claim:
+    """Parse what ``view`` claims under ``config``'s annotation prefixes (see :class:`Claim`).
+
+    The token grammar is imported only when a value has tokens to parse: a create whose
+    spec names no device never loads it.
+    """
+    if view.sandbox:
+        return Claim(view)
+    visible = view.get(VISIBLE_DEVICES)
+    mount_raw = tuple(device_mount_ids(view))
+    mount_ids, mount_notes = _mount_ids(mount_raw)
+    keys = tuple(k for k in sorted(view.annotations)
+                 if any(k.startswith(p) for p in config.annotation_prefixes))
+    env = view.env
+    return Claim(
+        view,
+        env_tokens=None if visible is None else _parse_tokens(visible),
+        mount_raw=mount_raw,
+        mount_ids=mount_ids,
+        mount_notes=mount_notes,
+        annotation_keys=keys,
+        annotation_ids=_annotation_ids(view, keys),
+        imex_mount_ids=tuple(i[len("imex/"):] for i in mount_raw if i.startswith("imex/")),
+        imex_env=env.get(IMEX_ENV),
+        feature_env=tuple(v for v in FEATURE_ENV.values() if v in env),
+    )
 
 
 @dataclass(frozen=True)
@@ -302,11 +407,12 @@ def _all_uuids(tokens: Sequence[str]) -> bool:
 # --- allocation sources -------------------------------------------------------------------
 
 
-def _mount_ids(view: ImageView) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
-    """Device ids from the device plugin's volume-mounts strategy, and notes."""
+def _mount_ids(raw: Sequence[str]) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """Device tokens from the device plugin's volume-mounts strategy (``raw``: the mounts'
+    ids), and notes."""
     ids: Dict[str, None] = {}
     notes: List[str] = []
-    for ident in device_mount_ids(view):
+    for ident in raw:
         dest = f"{DEVICE_LIST_DIR}/{ident}"
         if ident.startswith("imex/"):
             notes.append(f"volume mount {dest}: IMEX channel, not a GPU")
@@ -329,41 +435,17 @@ def _mount_ids(view: ImageView) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     return _parse_tokens(",".join(ids)), tuple(notes)
 
 
-def _annotation_ids(view: ImageView, prefixes: Sequence[str],
-                    skip: Sequence[str] = ()) -> Tuple[str, ...]:
+def _annotation_ids(view: ImageView, keys: Sequence[str]) -> Tuple[str, ...]:
+    """The device tokens of the annotations ``keys``, in that order."""
     names: List[str] = []
-    for key in sorted(view.annotations):
-        if any(key.startswith(p) for p in prefixes) and key not in skip:
-            names.extend(v.strip() for v in view.annotations[key].split(",") if v.strip())
+    for key in keys:
+        names.extend(v.strip() for v in view.annotations[key].split(",") if v.strip())
     if not names:
         return ()
     return _parse_tokens(",".join(names))
 
 
-def _env_tokens(view: ImageView) -> Optional[Tuple[str, ...]]:
-    """Tokens of NVIDIA_VISIBLE_DEVICES; None when it is unset."""
-    value = view.get(VISIBLE_DEVICES)
-    if value is None:
-        return None
-    return _parse_tokens(value)
-
-
-def claims_gpus(view: ImageView, config: Any) -> bool:
-    """Whether the container names any GPU (env, legacy image, mounts, annotations).
-
-    Decides if the kubelet must be asked: a container that claims nothing gets nothing.
-    """
-    if view.sandbox:
-        return False
-    if view.engine is not None:  # what the engine injected is a claim the kubelet must back
-        return True
-    env_tokens = _env_tokens(view)
-    if env_tokens or (env_tokens is None and view.legacy_image):
-        return True
-    return bool(_mount_ids(view)[0] or _annotation_ids(view, config.annotation_prefixes))
-
-
-def resolve_request(view: ImageView, config: Any,
+def resolve_request(claim: Claim, config: Any,
                     kubelet_ids: Optional[Sequence[str]] = None,
                     pod_annotations: Optional[Mapping[str, str]] = None) -> Request:
     """Decide what the container gets, and why (see the module docstring).
@@ -376,10 +458,11 @@ def resolve_request(view: ImageView, config: Any,
     an annotation the container carries with the same key and value came from the pod
     (which any pod author can write), not from the device plugin, and is no allocation.
     """
+    view = claim.view
     if view.sandbox:
         return Request(source="sandbox", notes=("CRI sandbox container: passed through",))
 
-    env_tokens = _env_tokens(view)
+    env_tokens = claim.env_tokens
     env_set = env_tokens is not None and env_tokens != ()
     notes: List[str] = []
 
@@ -399,8 +482,7 @@ def resolve_request(view: ImageView, config: Any,
     # them (engine-grants: exclusive), and they stand where no other source grants anything.
     engine: Any = view.engine if view.engine is not None and view.engine.holds_gpus else None
     exclusive = engine is not None and config.engine_grants == "exclusive"
-    image_gpus = (env_set and env_tokens != ("none",)) or (
-        env_tokens is None and view.legacy_image)
+    image_gpus = claim.image_asks and env_tokens != ("none",)
     shown = view.get(VISIBLE_DEVICES)
     image_what = (f"{VISIBLE_DEVICES}={shown}" if shown is not None
                   else "legacy CUDA image (all GPUs)")
@@ -411,8 +493,7 @@ def resolve_request(view: ImageView, config: Any,
         if why and image_gpus:
             notes.append(f"{image_what} adds no GPU: the engine injected {engine.summary} "
                          f"into config.json, which is the container's grant; {why}")
-        if env_set or view.get(DRIVER_CAPABILITIES) or (env_tokens is None
-                                                        and view.legacy_image):
+        if claim.image_asks or view.get(DRIVER_CAPABILITIES):
             return grant("engine", ())
         return Request("engine", notes=tuple(notes), capabilities=())
 
@@ -420,10 +501,10 @@ def resolve_request(view: ImageView, config: Any,
         return held() if engine is not None else Request(
             "none", notes=tuple(notes), capabilities=())
 
-    mount_ids, mount_notes = _mount_ids(view)
-    notes.extend(mount_notes)
-    mount_raw = device_mount_ids(view)
-    annotation_ids = _annotation_ids(view, config.annotation_prefixes)
+    mount_ids = claim.mount_ids
+    notes.extend(claim.mount_notes)
+    mount_raw = claim.mount_raw
+    annotation_ids = claim.annotation_ids
     env_raw = [view.get(VISIBLE_DEVICES) or ""]
 
     if not config.require_allocation:
@@ -454,13 +535,14 @@ def resolve_request(view: ImageView, config: Any,
 
     # require-allocation: only a device plugin's allocation grants GPUs.
     if annotation_ids and pod_annotations:
-        from_pod = [k for k in sorted(view.annotations)
-                    if any(k.startswith(p) for p in config.annotation_prefixes)
-                    and pod_annotations.get(k) == view.annotations[k]]
+        from_pod = [k for k in claim.annotation_keys
+                    if pod_annotations.get(k) == view.annotations[k]]
         if from_pod:
             notes.extend(f"annotation {k} ignored: it is the pod's (the sandbox spec has it), "
                          "which any pod author can write" for k in from_pod)
-            annotation_ids = _annotation_ids(view, config.annotation_prefixes, from_pod)
+            # the container's own annotations, parsed without the pod's (a rare path)
+            annotation_ids = _annotation_ids(
+                view, [k for k in claim.annotation_keys if k not in from_pod])
     if mount_ids and not config.accept_all_from_mounts:
         # "all", and the CDI spelling of it (cdi/nvidia.com/gpu/all): every GPU at once
         for token in [t for t in mount_ids if _names_all(t)]:
@@ -498,7 +580,7 @@ def resolve_request(view: ImageView, config: Any,
         return held("image env never widens an engine grant (engine-grants: exclusive)"
                     if exclusive else "require-allocation takes no GPU from image env")
     tried = ", ".join(config.allocation_sources)
-    image_asks = env_set or (env_tokens is None and view.legacy_image)
+    image_asks = claim.image_asks
     if env_set and "privileged" in config.allocation_sources and view.privileged \
             and not view.all_devices_allowed:
         notes.append("privileged source not taken: the container has CAP_SYS_ADMIN but its "

@@ -12,7 +12,7 @@ import pytest
 
 from nvshim.config import Config
 from nvshim.errors import RequestError
-from nvshim.runtime.request import image_view, resolve_request
+from nvshim.runtime.request import image_view, read_claim, resolve_request
 
 UUID = "GPU-11111111-2222-3333-4444-555555555552"
 
@@ -73,9 +73,9 @@ def test_allocation_matrix(source, privilege, require, on_missing):
     outcome, devices = expected(source, privilege, require, on_missing)
     if outcome == "fail":
         with pytest.raises(RequestError, match="no device-plugin allocation was found"):
-            resolve_request(image_view(spec), config)
+            resolve_request(read_claim(image_view(spec), config), config)
         return
-    req = resolve_request(image_view(spec), config)
+    req = resolve_request(read_claim(image_view(spec), config), config)
     assert req.devices == devices
     assert req.injects == (outcome == "grant")
     assert req.set_void == (outcome == "strip")

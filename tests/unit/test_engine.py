@@ -18,7 +18,7 @@ from nvshim.host.discovery import Gpu, Host
 from nvshim.node.inspection import plan_summary, render_text
 from nvshim.runtime.create import plan_create
 from nvshim.runtime.engine import EngineGrant, engine_hooks
-from nvshim.runtime.request import claims_gpus, image_view, resolve_request
+from nvshim.runtime.request import image_view, read_claim, resolve_request
 from tests.helpers.bundle import copy_rootfs, default_spec, make_rootfs
 from tests.helpers.engineinject import inject_like_engine, nvidia_style_hooks
 
@@ -87,7 +87,7 @@ def test_image_env_never_widens_an_engine_grant(case: str, env: List[str], extra
     """With GPU 1 already in the spec, each way of asking gets the expected source and
     devices: image env (all, indices, UUIDs, a legacy image) adds none and says so once, in
     every mode; device-plugin allocations and engine-grants: additive behave as before."""
-    req = resolve_request(held_view(env, **extra), config)
+    req = resolve_request(read_claim(held_view(env, **extra), config), config)
     assert (req.source, req.devices, req.driver_files) == (source, devices, files)
     assert not req.set_void  # nvshim cannot un-inject what the engine put there
     widening = [n for n in req.notes if "adds no GPU" in n]
@@ -98,8 +98,8 @@ def test_image_env_never_widens_an_engine_grant(case: str, env: List[str], extra
 
 def test_an_engine_grant_is_a_claim_the_kubelet_is_asked_about() -> None:
     """A spec holding engine GPUs and no env claims GPUs (so verify-with asks the kubelet)."""
-    assert not claims_gpus(image_view({"process": {"env": []}}), Config())
-    assert claims_gpus(held_view([]), Config())
+    assert not read_claim(image_view({"process": {"env": []}}), Config()).claims_gpus
+    assert read_claim(held_view([]), Config()).claims_gpus
 
 
 # --- the create road on a simulated node ----------------------------------------------------

@@ -12,8 +12,15 @@ import pytest
 from nvshim.cdi.schema import validate_spec
 from nvshim.config import Config
 from nvshim.errors import CdiError, RequestError
-from nvshim.runtime.extras import Extras, extras_edits, generate_imex_spec, resolve_extras
-from nvshim.runtime.request import image_view, resolve_request
+from nvshim.runtime.extras import (
+    FEATURE_ENV,
+    IMEX_ENV,
+    Extras,
+    extras_edits,
+    generate_imex_spec,
+    resolve_extras,
+)
+from nvshim.runtime.request import image_view, read_claim, resolve_request
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 IMEX_MOUNT = "/var/run/nvidia-container-devices/imex/"
@@ -27,8 +34,8 @@ def decide(env: Dict[str, str], config: Config, mounts: Optional[List[str]] = No
         "mounts": [{"destination": IMEX_MOUNT + m, "source": "/dev/null"} for m in mounts or []],
         "linux": {"resources": {"devices": [{"allow": privileged, "access": "rwm"}]}},
     }
-    view = image_view(spec)
-    return resolve_extras(view, config, resolve_request(view, config))
+    claim = read_claim(image_view(spec), config)
+    return resolve_extras(claim, config, resolve_request(claim, config))
 
 
 OPEN = Config()
@@ -94,8 +101,8 @@ def test_imex_sources_and_require_allocation() -> None:
     sys_admin_only = image_view({"process": {"env": ["NVIDIA_IMEX_CHANNELS=0"], "capabilities": {
         "bounding": ["CAP_SYS_ADMIN"]}}, "linux": {"resources": {"devices": [
             {"allow": False, "access": "rwm"}]}}})
-    assert resolve_extras(sys_admin_only, STRICT,
-                          resolve_request(sys_admin_only, STRICT)).imex_channels == ()
+    claim = read_claim(sys_admin_only, STRICT)
+    assert resolve_extras(claim, STRICT, resolve_request(claim, STRICT)).imex_channels == ()
     assert decide({}, STRICT, mounts=["1", "2"]).imex_channels == (1, 2)
     no_mounts = Config(require_allocation=True, allocation_sources=("envvar-uuids",))
     assert decide({}, no_mounts, mounts=["1"]).imex_channels == ()
@@ -163,9 +170,24 @@ def test_imex_cdi_spec(node: Any, tmp_path: Path) -> None:
         generate_imex_spec(Host(create_node(str(tmp_path / "bare"), gpus=1).root))
 
 
-def test_create_quick_check_names_every_variable() -> None:
-    """create.py decides whether to import nvshim.runtime.extras from its own list of names."""
-    from nvshim.runtime.create import EXTRAS_ENV
-    from nvshim.runtime.extras import FEATURE_ENV, IMEX_ENV
+@pytest.mark.parametrize("env,mounts,asks", [
+    ({"NVIDIA_IMEX_CHANNELS": ""}, [], True),
+    ({"NVIDIA_NVSWITCH": "enabled"}, [], True),
+    ({"NVIDIA_GDS": "x"}, [], True),
+    ({"NVIDIA_MOFED": "enabled"}, [], True),
+    ({"NVIDIA_GDRCOPY": "enabled"}, [], True),
+    ({}, ["3"], True),
+    ({"NVIDIA_VISIBLE_DEVICES": "0"}, [], False),
+])
+def test_the_claim_says_whether_extras_are_asked_for(env: Dict[str, str], mounts: List[str],
+                                                     asks: bool) -> None:
+    """create loads nvshim.runtime.extras only when the claim names an IMEX channel or a
+    feature variable (FEATURE_ENV, IMEX_ENV: the claim's own names, re-exported here)."""
+    from nvshim.runtime.request import FEATURE_ENV as CLAIMED
+    from nvshim.runtime.request import IMEX_ENV as CLAIMED_IMEX
 
-    assert set(EXTRAS_ENV) == {IMEX_ENV, *FEATURE_ENV.values()}
+    assert (FEATURE_ENV, IMEX_ENV) == (CLAIMED, CLAIMED_IMEX)
+    spec: Dict[str, Any] = {
+        "process": {"env": [f"{k}={v}" for k, v in env.items()]},
+        "mounts": [{"destination": IMEX_MOUNT + m, "source": "/dev/null"} for m in mounts]}
+    assert read_claim(image_view(spec), OPEN).asks_for_extras is asks

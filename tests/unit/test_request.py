@@ -7,7 +7,13 @@ import pytest
 from nvshim.config import Config
 from nvshim.errors import RequestError, SpecError
 from nvshim.host.devices import GpuRef, MigRef, normalize_pci
-from nvshim.runtime.request import image_view, parse_capabilities, resolve_request
+from nvshim.runtime.request import (
+    DEVICE_LIST_DIR,
+    image_view,
+    parse_capabilities,
+    read_claim,
+    resolve_request,
+)
 from nvshim.runtime.tokens import describe_indices, parse_visible_devices, select_gpus
 
 U0 = "GPU-11111111-2222-3333-4444-555555555550"
@@ -53,6 +59,11 @@ def test_visible_devices_grammar(value, expected):
     assert parse_visible_devices(value) == expected
 
 
+def request_of(view, config):
+    """The request create resolves: from the claim read once off the view."""
+    return resolve_request(read_claim(view, config), config)
+
+
 def spec(env=None, mounts=None, annotations=None, caps=None, devices=None):
     process = {"env": env or []}
     if caps is not None:
@@ -68,7 +79,7 @@ def spec(env=None, mounts=None, annotations=None, caps=None, devices=None):
 def test_last_env_entry_wins():
     """With two NVIDIA_VISIBLE_DEVICES entries the last one counts, as in runc."""
     view = image_view(spec(["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=1"]))
-    assert resolve_request(view, Config()).devices == ("1",)
+    assert request_of(view, Config()).devices == ("1",)
 
 
 @pytest.mark.parametrize(
@@ -89,7 +100,7 @@ def test_last_env_entry_wins():
 )
 def test_env_sources(env, source, devices, driver_files):
     """Unset/empty/void ask for nothing, none asks for driver files, legacy images mean all."""
-    req = resolve_request(image_view(spec(env)), Config())
+    req = request_of(image_view(spec(env)), Config())
     assert (req.source, req.devices, req.driver_files) == (source, devices, driver_files)
 
 
@@ -99,7 +110,7 @@ def test_privileged_and_accept_flag(privileged, accept):
     """Unprivileged env requests are honoured only when accept-envvar-when-unprivileged is on."""
     caps = ["CAP_SYS_ADMIN"] if privileged else ["CAP_CHOWN"]
     view = image_view(spec(["NVIDIA_VISIBLE_DEVICES=0"], caps=caps))
-    req = resolve_request(view, Config(accept_envvar_when_unprivileged=accept))
+    req = request_of(view, Config(accept_envvar_when_unprivileged=accept))
     assert req.devices == (("0",) if privileged or accept else ())
     if not (privileged or accept):
         assert any("unprivileged" in n for n in req.notes)
@@ -108,7 +119,7 @@ def test_privileged_and_accept_flag(privileged, accept):
 def test_sandbox_passes_through():
     """A CRI sandbox container is never a GPU container, whatever its env says."""
     s = spec(["NVIDIA_VISIBLE_DEVICES=all"], annotations={"io.kubernetes.cri.container-type": "sandbox"})
-    req = resolve_request(image_view(s), Config())
+    req = request_of(image_view(s), Config())
     assert req.source == "sandbox" and not req.injects
 
 
@@ -164,7 +175,7 @@ ALLOCATION = [
 @pytest.mark.parametrize("name,kw,config,source,devices,set_void", ALLOCATION, ids=[a[0] for a in ALLOCATION])
 def test_allocation_sources(name, kw, config, source, devices, set_void):
     """require-allocation grants GPUs only from device-plugin allocations, never image env alone."""
-    req = resolve_request(image_view(spec(**kw)), config)
+    req = request_of(image_view(spec(**kw)), config)
     assert (req.source, req.devices, req.set_void) == (source, devices, set_void)
     if set_void:
         assert any("require-allocation" in n for n in req.notes)
@@ -173,7 +184,7 @@ def test_allocation_sources(name, kw, config, source, devices, set_void):
 def test_sys_admin_alone_is_noted():
     """A container with SYS_ADMIN but a restricted device cgroup is told why the privileged
     source did not take it."""
-    req = resolve_request(image_view(spec(["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIV, devices=DENY_ALL)), REQ)
+    req = request_of(image_view(spec(["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIV, devices=DENY_ALL)), REQ)
     assert any("does not allow every device" in n for n in req.notes)
 
 
@@ -207,9 +218,9 @@ def test_all_devices_allowed(rules, allowed):
 def test_missing_allocation_fail_mode():
     """on-missing-allocation: fail turns a stripped image request into an error naming the sources."""
     with pytest.raises(RequestError, match="no device-plugin allocation was found .tried volume-mounts, cdi-annotations, envvar-uuids, privileged."):
-        resolve_request(image_view(spec(["NVIDIA_VISIBLE_DEVICES=all"])), REQ_FAIL)
+        request_of(image_view(spec(["NVIDIA_VISIBLE_DEVICES=all"])), REQ_FAIL)
     # a container that asks for nothing is not a failure
-    assert not resolve_request(image_view(spec([])), REQ_FAIL).injects
+    assert not request_of(image_view(spec([])), REQ_FAIL).injects
 
 
 @pytest.mark.parametrize(
@@ -360,7 +371,7 @@ def test_capabilities(value, legacy, expected):
 def test_capabilities_are_not_judged_for_a_container_granted_nothing(env, config):
     """A container that gets no GPU runs as with runc: its image's capability list, however
     wrong or unsupported on this node, is not an error (require-allocation strips instead)."""
-    req = resolve_request(image_view(spec(env)), config)
+    req = request_of(image_view(spec(env)), config)
     assert not req.injects and req.capabilities == ()
     assert req.set_void == (config.require_allocation)
 
@@ -371,3 +382,51 @@ def test_unknown_capability():
         parse_capabilities("compute,gaming", ALL7, False)
     with pytest.raises(RequestError, match='"video" is not supported'):
         parse_capabilities("video", ("compute", "utility"), False)
+
+
+def test_the_claim_is_parsed_once_into_fields_every_consumer_reads():
+    """read_claim parses env tokens, mount ids, annotation ids, IMEX ids and the feature env
+    once; its properties answer "does it claim GPUs / IMEX / extras?" without parsing."""
+    mounts = [{"source": "/dev/null", "destination": f"{DEVICE_LIST_DIR}/{i}"}
+              for i in ("GPU-aaaaaaaa-0000-0000-0000-000000000000::2", "imex/3", "cdi/x")]
+    claim = read_claim(image_view(spec(
+        ["NVIDIA_VISIBLE_DEVICES=1, 0,1", "NVIDIA_IMEX_CHANNELS= ", "NVIDIA_GDS=enabled"],
+        mounts=mounts, annotations={"cdi.k8s.io/b": "acme.com/d=2", "cdi.k8s.io/a": "acme.com/d=1",
+                                    "other/a": "x"})), Config())
+    assert claim.env_tokens == ("1", "0")
+    assert claim.mount_raw == ("GPU-aaaaaaaa-0000-0000-0000-000000000000::2", "imex/3", "cdi/x")
+    assert claim.mount_ids == ("GPU-aaaaaaaa-0000-0000-0000-000000000000",)
+    assert len(claim.mount_notes) == 2  # the IMEX mount is no GPU; cdi/x is no CDI name
+    assert claim.annotation_keys == ("cdi.k8s.io/a", "cdi.k8s.io/b")
+    assert claim.annotation_ids == ("acme.com/d=1", "acme.com/d=2")
+    assert (claim.imex_mount_ids, claim.imex_env, claim.feature_env) == (("3",), " ", ("NVIDIA_GDS",))
+    assert claim.claims_gpus and claim.claims_imex and claim.asks_for_extras
+
+
+@pytest.mark.parametrize("env,mounts,gpus,imex,extras", [
+    ([], [], False, False, False),
+    (["NVIDIA_VISIBLE_DEVICES="], [], False, False, False),
+    (["NVIDIA_VISIBLE_DEVICES=void"], [], False, False, False),
+    (["NVIDIA_VISIBLE_DEVICES=none"], [], True, False, False),
+    (["CUDA_VERSION=12.4"], [], True, False, False),
+    (["CUDA_VERSION=12.4", "NVIDIA_VISIBLE_DEVICES="], [], False, False, False),
+    (["NVIDIA_IMEX_CHANNELS= "], [], False, False, True),
+    (["NVIDIA_IMEX_CHANNELS=0"], [], False, True, True),
+    # an /imex/ path that is no device-plugin mount is no IMEX claim
+    ([], [{"source": "/dev/null", "destination": "/opt/imex/0"}], False, False, False),
+    ([], [{"source": "/dev/null", "destination": f"{DEVICE_LIST_DIR}/imex/0"}], False, True, True),
+    ([], [{"source": "/dev/null", "destination": f"{DEVICE_LIST_DIR}/0"}], True, False, False),
+])
+def test_claim_properties(env, mounts, gpus, imex, extras):
+    """Each way of (not) claiming a GPU, an IMEX channel or an extra reads as such."""
+    claim = read_claim(image_view(spec(env, mounts=mounts)), Config())
+    assert (claim.claims_gpus, claim.claims_imex, claim.asks_for_extras) == (gpus, imex, extras)
+
+
+def test_a_sandbox_claims_nothing():
+    """A CRI sandbox's claim is empty whatever its env says."""
+    claim = read_claim(image_view(spec(["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_GDS=enabled"],
+                                       annotations={"io.kubernetes.cri.container-type": "sandbox",
+                                                    "cdi.k8s.io/x": "a.com/b=c"})), Config())
+    assert claim.env_tokens is None and claim.annotation_keys == ()
+    assert not (claim.claims_gpus or claim.claims_imex or claim.asks_for_extras)

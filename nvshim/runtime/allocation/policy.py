@@ -16,11 +16,7 @@ import os
 
 from nvshim import _jsonc
 from nvshim.errors import RequestError
-from nvshim.runtime.request import (
-    SANDBOX_ANNOTATION,
-    claims_gpus,
-    identity_of,
-)
+from nvshim.runtime.request import SANDBOX_ANNOTATION, identity_of
 from nvshim.runtime.tokens import parse_visible_devices, select_gpus
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
@@ -28,7 +24,7 @@ if TYPE_CHECKING:
     from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
     from nvshim.config import Config
-    from nvshim.runtime.request import ImageView
+    from nvshim.runtime.request import Claim
 
     Plan = Any  # nvshim.runtime.create.Plan (create imports this module: no import back)
 
@@ -36,17 +32,17 @@ __all__ = ["ask_kubelet_if_needed", "pod_annotations", "check_allocated",
            "check_imex_allocated", "check_engine_allocated", "node_gpu_ids"]
 
 
-def ask_kubelet_if_needed(view: ImageView, config: Config) -> Tuple[Any, Any, str, List[str]]:
+def ask_kubelet_if_needed(claim: Claim, config: Config) -> Tuple[Any, Any, str, List[str]]:
     """(identity, allocation, verified, notes): the kubelet's record when config needs it.
 
     Asked only under require-allocation with ``verify-with: kubelet`` or the ``kubelet``
     source, for a CRI container that claims a GPU or an IMEX channel. Unreachable:
     ``kubelet-unreachable`` decides (fail the create, or trust the claims and say so).
     """
-    identity = identity_of(view.annotations)
+    identity = identity_of(claim.view.annotations)
     wants = config.verify_with == "kubelet" or "kubelet" in config.allocation_sources
     if not (config.require_allocation and wants
-            and (claims_gpus(view, config) or _claims_imex(view))):
+            and (claim.claims_gpus or claim.claims_imex)):
         return identity, None, "none", []
     from nvshim.runtime.allocation.kubelet import KubeletUnreachable, ask_kubelet
 
@@ -66,7 +62,7 @@ def ask_kubelet_if_needed(view: ImageView, config: Config) -> Tuple[Any, Any, st
         ]
 
 
-def pod_annotations(bundle: str, view: ImageView, config: Config) -> Optional[Dict[str, str]]:
+def pod_annotations(bundle: str, claim: Claim, config: Config) -> Optional[Dict[str, str]]:
     """The annotations of this CRI container's pod sandbox spec; None when unknown.
 
     containerd copies a pod's pass-through annotations into the sandbox's spec and into
@@ -75,12 +71,9 @@ def pod_annotations(bundle: str, view: ImageView, config: Config) -> Optional[Di
     directory named by ``io.kubernetes.cri.sandbox-id``. Read only under
     require-allocation for a container that carries an annotation claim.
     """
-    if not config.require_allocation or view.sandbox:
-        return None
-    prefixes = config.annotation_prefixes
-    if not any(any(k.startswith(p) for p in prefixes) for k in view.annotations):
-        return None
-    sandbox_id = view.annotations.get("io.kubernetes.cri.sandbox-id", "")
+    if not config.require_allocation or not claim.annotation_keys:
+        return None  # (a sandbox's claim has no annotation keys)
+    sandbox_id = claim.view.annotations.get("io.kubernetes.cri.sandbox-id", "")
     if not sandbox_id or "/" in sandbox_id or sandbox_id in (".", ".."):
         return None
     path = os.path.join(os.path.dirname(os.path.abspath(bundle)), sandbox_id, "config.json")
@@ -359,14 +352,3 @@ def _imex_refusal(plan: Plan, extras: Any) -> Optional[str]:
         return (f"IMEX channel {channel} is not this container's allocation: {why} "
                 f"(claimed through {extras.imex_source}, checked via {allocation.via})")
     return None
-
-
-
-
-def _claims_imex(view: ImageView) -> bool:
-    """Whether the container names an IMEX channel (device-plugin mount or env); cheap."""
-    if view.sandbox:
-        return False
-    value = view.get("NVIDIA_IMEX_CHANNELS")
-    return bool(value and value.strip()) or any(
-        "/imex/" in str(m.get("destination", "")) for m in view.mounts)
