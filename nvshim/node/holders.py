@@ -12,11 +12,8 @@ an import-time dataclass. A grant is live while its container exists
 
 from __future__ import annotations
 
-import os
-
 from nvshim import _jsonc
 from nvshim._record import dataclass
-from nvshim.errors import HostError
 from nvshim.runtime.grants import Grant, container_exists
 
 TYPE_CHECKING = False
@@ -38,45 +35,23 @@ class Journal:
     unreadable: Tuple[int, ...]
 
 
-def _record(raw: bytes) -> Optional[Grant]:
-    try:
-        doc = _jsonc.loads(raw)
-    except (ValueError, RecursionError):  # RecursionError: nested past the limit
-        return None
-    return Grant.from_doc(doc) if isinstance(doc, dict) else None
-
-
 def read_journal(path: str) -> Optional[Journal]:
     """The journal at ``path``, or None when there is no file there.
 
     Raises HostError when it cannot be read or is not a regular file (a FIFO would block
     the reader until a writer came); blank lines are neither records nor unreadable.
     """
-    from nvshim.runtime.grants import _not_a_file  # the writer's refusal, in its words
+    from nvshim.runtime.grants import parse_record, read_journal_bytes
 
-    try:
-        # O_NONBLOCK: a FIFO at the path is refused below instead of waiting for a writer
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
+    data = read_journal_bytes(path)
+    if data is None:
         return None
-    except OSError as exc:
-        raise HostError(f"cannot read the grant journal {path}: {exc.strerror}") from exc
-    try:
-        why = _not_a_file(path, fd)
-        if why is not None:
-            raise HostError(f"cannot read the grant journal: {why}")
-        with open(fd, "rb", closefd=False) as fh:
-            data = fh.read()
-    except OSError as exc:
-        raise HostError(f"cannot read the grant journal {path}: {exc.strerror}") from exc
-    finally:
-        os.close(fd)
     grants: List[Grant] = []
     unreadable: List[int] = []
     for number, raw in enumerate(data.split(b"\n"), 1):
         if not raw.strip():
             continue
-        grant = _record(raw)
+        grant = parse_record(raw)
         if grant is None:
             unreadable.append(number)
         else:

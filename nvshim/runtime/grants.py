@@ -34,7 +34,7 @@ from nvshim.errors import HostError
 # only by the code that reads, compacts or queries (typing+json+subprocess ~10 ms here).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+    from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 __all__ = [
     "Grant",
@@ -212,12 +212,16 @@ def _compact(path: str) -> None:
 # --- reading ------------------------------------------------------------------------------
 
 
-def _lines(path: str) -> Iterator[bytes]:
+def read_journal_bytes(path: str) -> Optional[bytes]:
+    """The journal file's bytes; None when there is no file at ``path``.
+
+    HostError when it cannot be read or is not a regular file: a FIFO would block the
+    reader until a writer came, so the open is non-blocking and the type is checked first.
+    """
     try:
-        # O_NONBLOCK: a FIFO at the path is refused below instead of waiting for a writer
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
-        return
+        return None
     except OSError as exc:
         raise HostError(f"cannot read the grant journal {path}: {exc.strerror}") from exc
     try:
@@ -225,31 +229,30 @@ def _lines(path: str) -> Iterator[bytes]:
         if why is not None:
             raise HostError(f"cannot read the grant journal: {why}")
         with open(fd, "rb", closefd=False) as fh:
-            data = fh.read()
+            return fh.read()
     except OSError as exc:
         raise HostError(f"cannot read the grant journal {path}: {exc.strerror}") from exc
     finally:
         os.close(fd)
-    parts = data.split(b"\n")
-    # The last part has no newline: a record cut short by a crash (or empty). Skip it.
-    yield from parts[:-1]
+
+
+def parse_record(raw: bytes) -> Optional[Grant]:
+    """One journal line as a grant; None for a line that is not a record (torn, foreign)."""
+    try:
+        doc = _jsonc.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: nested past the limit
+        return None
+    return Grant.from_doc(doc) if isinstance(doc, dict) else None
 
 
 def read_grants(path: str) -> List[Grant]:
     """Every whole, well-formed record in order; torn or foreign lines are skipped."""
-    out: List[Grant] = []
-    for raw in _lines(path):
-        if not raw.strip():
-            continue
-        try:
-            doc = _jsonc.loads(raw)
-        except (ValueError, RecursionError):  # RecursionError: nested past the limit
-            continue
-        if isinstance(doc, dict):
-            grant = Grant.from_doc(doc)
-            if grant is not None:
-                out.append(grant)
-    return out
+    data = read_journal_bytes(path)
+    if data is None:
+        return []
+    # the last part has no newline: a record cut short by a crash (or empty); skip it
+    records = (parse_record(raw) for raw in data.split(b"\n")[:-1] if raw.strip())
+    return [g for g in records if g is not None]
 
 
 def container_exists(grant: Grant) -> bool:
