@@ -2,6 +2,8 @@
 
 * :func:`nvshim_cli` runs ``nvshim ARGS`` from this checkout in a fresh ``python -I`` (exit
   code, stdout and stderr as the user sees them, nothing shared with the test's process).
+* :func:`run_cli` runs ``nvshim ARGS`` in this process through the console entry point, for
+  tests that read its output with pytest's ``capsys``.
 * :func:`make_trampoline_world` renders the ``nvshim-runtime`` sh trampoline for this
   interpreter beside a compiled config whose only runtime is a recorder, for tests that
   start the runtime the way containerd does.
@@ -12,9 +14,11 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["make_trampoline_world", "nvshim_cli"]
+import pytest
+
+__all__ = ["make_trampoline_world", "nvshim_cli", "run_cli"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,3 +52,14 @@ def make_trampoline_world(tmp_path: Path) -> Dict[str, Any]:
     tramp.chmod(0o755)
     return {"tramp": tramp, "config": config, "runtime": runtime, "tmp": tmp_path,
             "env": {"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": str(config)}}
+
+
+def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, str, str]:
+    """``nvshim ARGS`` in-process through the console entry point: (exit code, out, err)."""
+    from nvshim.cli.main import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    out, err = capsys.readouterr()
+    code = exc.value.code
+    return (code if isinstance(code, int) else 1), out, err

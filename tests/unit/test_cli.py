@@ -15,20 +15,13 @@ import click
 import pytest
 
 from nvshim.cli import main as cli_main
-from nvshim.cli.main import cli, main
-from tests.helpers.commands import nvshim_cli
+from nvshim.cli.main import cli
+from tests.helpers.commands import nvshim_cli, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
 
 
-def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, str, str]:
-    """``nvshim ARGS`` in-process through the console entry point: (exit code, out, err)."""
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    out, err = capsys.readouterr()
-    code = exc.value.code
-    return (code if isinstance(code, int) else 1), out, err
 
 
 def groups(group: click.Group, path: Tuple[str, ...] = ()) -> Iterator[Tuple[str, ...]]:

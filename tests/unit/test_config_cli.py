@@ -5,21 +5,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import List, Tuple
+from typing import List
 
 import pytest
 
-from nvshim.cli.main import main
 from nvshim.config import Config
-from tests.helpers.commands import nvshim_cli
-
-
-def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    out, err = capsys.readouterr()
-    code = exc.value.code
-    return (code if isinstance(code, int) else 1), out, err
+from tests.helpers.commands import nvshim_cli, run_cli
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 from nvshim.cdi.write import write_spec
-from nvshim.cli.main import main
 from nvshim.config import Config, compiled_path
 from nvshim.host.discovery import Host
 from nvshim.node import doctor, doctor_config, doctor_engines, doctor_host
@@ -21,6 +20,7 @@ from nvshim.node.compile import compile_node
 from nvshim.node.findings import DoctorOptions, Finding
 from nvshim.node.trampoline import render, runtimes_path
 from nvshim.runtime.hookargs import hook_command
+from tests.helpers.commands import run_cli
 
 PITFALL = (
     "FAIL  default-runtime: containerd's default runtime is nvshim but require-allocation is "
@@ -79,13 +79,6 @@ def containerd_config(path: Path, binary: Optional[Path], default: Optional[str]
     return path
 
 
-def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, str, str]:
-    """``nvshim <args>`` in-process: (exit code, stdout, stderr)."""
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    out, err = capsys.readouterr()
-    code = exc.value.code
-    return (code if isinstance(code, int) else 1), out, err
 
 
 def doctor_args(config: Path, ctrd: Path, tmp_path: Path, *extra: str) -> List[str]:

@@ -9,25 +9,19 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Tuple
 
 import pytest
 from click.testing import CliRunner
 
 from nvshim.cli.cmd_system import system
-from nvshim.cli.main import main
 from nvshim.errors import HostError
 from nvshim.host.system import plan_device_nodes, read_proc_devices
+from tests.helpers.commands import run_cli
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
 
 
-def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    out, err = capsys.readouterr()
-    code = exc.value.code
-    return (code if isinstance(code, int) else 1), out, err
 
 
 def char_nodes(dev: Path) -> Dict[str, Tuple[int, int, int]]:
