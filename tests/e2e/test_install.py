@@ -137,7 +137,7 @@ echo "--- real containerd config"; cat /etc/containerd/config.toml 2>/dev/null |
 """
 
 
-def test_13_moved_install_never_reads_etc_nvshim_nor_touches_real_containerd(tmp_path):
+def test_moved_install_never_reads_etc_nvshim_nor_touches_real_containerd(tmp_path):
     """Issue 12 item 13: with NVSHIM_PREFIX/BINDIR/ETCDIR/CONTAINERD_CONFIG moved, install,
     the installed commands and uninstall use only the moved paths: a poisoned /etc/nvshim is
     never read, the real /etc/containerd is untouched and containerd is not restarted."""

@@ -436,7 +436,7 @@ def test_yaml_newer_than_runtimes_falls_back_to_python(world: Dict[str, Path]) -
 
 
 @pytest.mark.parametrize("how", ["older-mtime-copy", "same-mtime-new-inode", "rewritten-in-place"])
-def test_12_01_yaml_replaced_by_an_older_file_falls_back_to_python(world: Dict[str, Path], how: str) -> None:
+def test_yaml_replaced_by_an_older_file_falls_back_to_python(world: Dict[str, Path], how: str) -> None:
     """Issue 12 item 1: a YAML replaced by `cp -p`/`rsync -t`/`tar x` (an *older* mtime), or by
     another file with the very same mtime, or rewritten in place, is stale: Python decides, not the old list."""
     config = world["config"]
@@ -458,8 +458,8 @@ def test_12_01_yaml_replaced_by_an_older_file_falls_back_to_python(world: Dict[s
     assert not (world["tmp"] / "rt.argv").exists()
 
 
-def test_12_01_compile_marks_the_lists_fresh_for_the_trampoline(world: Dict[str, Path]) -> None:
-    """After `nvshim config compile` the trampoline trusts the lists (no Python for passthrough)."""
+def test_compile_marks_the_lists_fresh_for_the_trampoline(world: Dict[str, Path]) -> None:
+    """Issue 12 item 1: after `nvshim config compile` the trampoline trusts the lists (no Python for passthrough)."""
     world["config"].write_text(f"runtimes: [{world['runtime']}]\n")
     compile_node(str(world["config"]))
     res = run_tramp(world, ["state", "x"], {})

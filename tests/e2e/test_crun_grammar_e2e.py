@@ -1,4 +1,5 @@
-"""Issue 12, end to end: crun's own argv grammar through nvshim-runtime with real crun."""
+"""crun's own argv grammar through nvshim-runtime with real crun, end to end (issue 12
+item 6; the parser is nvshim.runtime.argv, its unit tests test_argv.py)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def crun_env(tmp_path, node, crunw):
     ["--cgroup-manager=cgroupfs", "run", "--bund", "{b}", "{id}"],
     ["run", "-b{b}", "{id}"],
 ], ids=["global-value", "prefix", "attached-short"])
-def test_06_crun_grammar_gets_the_gpu(argv, crun_env, node, rootfs, tmp_path, nvshim_runtime_bin):
+def test_crun_grammar_gets_the_gpu(argv, crun_env, node, rootfs, tmp_path, nvshim_runtime_bin):
     """Issue 12 item 6: crun argv forms runc does not have (`--cgroup-manager VALUE`, `--bund`,
     `-bDIR`) still reach nvshim: the container sees the GPU it asked for."""
     bundle = make_bundle(tmp_path / "b", rootfs, ["sh", "-c", LIST_NODES],
@@ -53,7 +54,7 @@ def test_06_crun_grammar_gets_the_gpu(argv, crun_env, node, rootfs, tmp_path, nv
     assert {n for n in seen if n[6:].isdigit()} == {f"nvidia{node.gpus[1].minor}"}, res.stdout
 
 
-def test_06_crun_config_file_is_refused_not_ignored(crun_env, rootfs, tmp_path, nvshim_runtime_bin):
+def test_crun_config_file_is_refused_not_ignored(crun_env, rootfs, tmp_path, nvshim_runtime_bin):
     """Issue 12 item 6: `create -f FILE` (crun reads FILE, not config.json) fails in one line;
     neither file is touched and crun never runs."""
     bundle = make_bundle(tmp_path / "b", rootfs, ["true"], env=["NVIDIA_VISIBLE_DEVICES=0"])
