@@ -16,7 +16,7 @@ from nvshim.errors import SPEC_FILE, SpecError
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import Any, Dict, List
+    from typing import Any, Dict, List  # Any: config.json's JSON values, kept as they are
 
 __all__ = ["apply_edits", "set_env"]
 

@@ -200,23 +200,29 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
     verified = "none"
     early_notes: List[str] = []
     pod: Optional[Dict[str, str]] = None
+    found: Any = None
+    kubelet_tokens: Tuple[str, ...] = ()
+    kubelet_ids: Tuple[str, ...] = ()
     if _needs_allocation_module(claim, config):
         from nvshim.runtime.allocation import policy
 
-        identity, allocation, verified, early_notes = policy.ask_kubelet_if_needed(claim, config)
+        found = policy.ask_kubelet_if_needed(claim, config)
+        identity, allocation, verified = found.identity, found.allocation, found.verified
+        early_notes = list(found.notes)
         pod = policy.pod_annotations(bundle, claim, config)
-    kubelet_ids = allocation.ids if allocation is not None else None
-    if kubelet_ids and "kubelet" in config.allocation_sources:
-        # the kubelet source grants these ids as GPUs: only those that are GPUs of this node
-        if host is None:
-            from nvshim.runtime.plancache import host_for
+        if allocation is not None and allocation.ids \
+                and "kubelet" in config.allocation_sources:
+            # the kubelet source grants these ids as GPUs: only those that are GPUs of this node
+            if host is None:
+                from nvshim.runtime.plancache import host_for
 
-            host, plan_source = host_for(config, save_cache)
-        kubelet_ids, others = policy.node_gpu_ids(kubelet_ids, host.gpus())
-        early_notes = early_notes + [
-            f'kubelet device id "{i}" names no GPU of this node (another resource\'s '
-            "device): not granted" for i in others]
-    request = resolve_request(claim, config, kubelet_ids, pod)
+                host, plan_source = host_for(config, save_cache)
+            found = policy.with_named(found, host.gpus())
+            kubelet_tokens, kubelet_ids = found.named.gpu_tokens, found.named.gpu_ids
+            early_notes = early_notes + [
+                f'kubelet device id "{i}" names no GPU of this node (another resource\'s '
+                "device): not granted" for i in found.named.other_ids]
+    request = resolve_request(claim, config, pod, kubelet_tokens, kubelet_ids)
     plan = Plan(spec_path, raw, spec, request, capabilities=request.capabilities)
     plan.plan_source = plan_source
     if plan_source and log is not None:
@@ -251,19 +257,23 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
     if engine is not None and plan.allocation is not None:
         from nvshim.runtime.allocation.policy import check_engine_allocated
 
-        check_engine_allocated(plan, host, config)
+        found, note = check_engine_allocated(found, host, engine, config)
+        plan.allocation = found.allocation
+        plan.notes.append(note)
 
     extras = _extras(claim, config, request)
     if extras is not None:
         if engine is not None and engine.imex and config.engine_grants == "exclusive":
-            from nvshim.runtime.engine import without_env_channels
+            from nvshim.runtime.extras import without_env_channels
 
-            extras = without_env_channels(extras, engine, view.get("NVIDIA_IMEX_CHANNELS"))
+            extras = without_env_channels(extras, engine, claim.imex_env)
         plan.notes.extend(extras.notes)
         if extras.imex_channels and plan.allocation is not None:
             from nvshim.runtime.allocation.policy import check_imex_allocated
 
-            check_imex_allocated(plan, extras, config)
+            found, note = check_imex_allocated(found, extras, config)
+            plan.allocation = found.allocation
+            plan.notes.append(note)
     replacing = hooks is not None and bool(hooks.replaced)
     if not request.injects and not extras and not replacing:
         if request.set_void:
@@ -302,12 +312,17 @@ def _plan(bundle: str, config: Config, host: Any, log: Any, save_cache: bool,
     if plan.allocation is not None and request.source not in ("kubelet", "engine"):
         from nvshim.runtime.allocation.policy import check_allocated
 
-        check_allocated(plan, host, config)
+        found, note = check_allocated(found, host, plan.gpus + plan.cdi_gpus,
+                                      plan.migs + plan.cdi_migs, request.source, config)
+        plan.allocation = found.allocation
+        plan.notes.append(note)
 
     if extras:
         from nvshim.runtime.extras import extras_edits
 
-        edits = edits + extras_edits(host, extras, plan.notes)
+        more = extras_edits(host, extras)
+        edits = edits + more.edits
+        plan.notes.extend(more.notes)
         if request.set_void:
             edits = edits + Edits(env=(f"{VISIBLE_DEVICES}=void",))
     if hooks is not None:

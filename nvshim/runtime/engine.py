@@ -34,6 +34,15 @@ TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
+    from nvshim.config import Config
+    from nvshim.edits import DeviceNode
+    from nvshim.host.devices import MigDevice
+    from nvshim.host.discovery import Gpu, Host
+
+    #: A decoded config.json object: JSON values of any shape (Any: nvshim keeps what it
+    #: does not edit, unknown fields included, so the dict is never typed further).
+    SpecDict = Dict[str, Any]
+
 __all__ = [
     "EngineGrant",
     "EngineHooks",
@@ -43,7 +52,6 @@ __all__ = [
     "gpus_of_numbers",
     "nvidia_majors",
     "spec_mounts",
-    "without_env_channels",
     "without_hooks",
     "without_present",
 ]
@@ -62,8 +70,8 @@ class EngineGrant:
     IMEX channel numbers whose device nodes the engine put in config.json, and one note per
     device saying so."""
 
-    gpus: Tuple[Any, ...] = ()
-    migs: Tuple[Tuple[Any, Any], ...] = ()
+    gpus: Tuple[Gpu, ...] = ()
+    migs: Tuple[Tuple[Gpu, MigDevice], ...] = ()
     imex: Tuple[int, ...] = ()
     notes: Tuple[str, ...] = ()
 
@@ -114,16 +122,16 @@ def nvidia_majors(driver_root: str) -> Optional[Tuple[Optional[int], Optional[in
     return gpu, majors.get(_CAPS_NAME), majors.get(_IMEX_NAME)
 
 
-def gpus_of_numbers(gpus: Sequence[Any], numbers: Set[Tuple[int, int]],
+def gpus_of_numbers(gpus: Sequence[Gpu], numbers: Set[Tuple[int, int]],
                     gpu_major: Optional[int] = None, caps_major: Optional[int] = None,
-                    ) -> Tuple[Tuple[Any, ...], Tuple[Tuple[Any, Any], ...]]:
+                    ) -> Tuple[Tuple[Gpu, ...], Tuple[Tuple[Gpu, MigDevice], ...]]:
     """(whole GPUs, (parent, MIG device) pairs) whose device numbers are in ``numbers``.
 
     A GPU is its ``/dev/nvidia<minor>`` (major ``gpu_major``, else its node's); a MIG device
     is held when both its capability nodes are (major ``caps_major``, else the node's), and
     its parent's node then belongs to the MIG device, not to a whole-GPU grant.
     """
-    def cap(c: Any) -> Tuple[int, int]:
+    def cap(c: DeviceNode) -> Tuple[Optional[int], Optional[int]]:
         return (caps_major if caps_major is not None else c.major, c.minor)
 
     migs = [(g, m) for g in gpus for m in g.mig
@@ -139,8 +147,9 @@ def gpus_of_numbers(gpus: Sequence[Any], numbers: Set[Tuple[int, int]],
     return tuple(whole), tuple(migs)
 
 
-def find_engine_grant(devices: Sequence[Tuple[int, int, str]], config: Any, host: Any,
-                      save_cache: bool) -> Tuple[Optional[EngineGrant], Any, str]:
+def find_engine_grant(devices: Sequence[Tuple[int, int, str]], config: Config,
+                      host: Optional[Host], save_cache: bool,
+                      ) -> Tuple[Optional[EngineGrant], Optional[Host], str]:
     """(the engine's grant or None, the host (loaded only when needed), where its plan came
     from (``""``: not loaded here)).
 
@@ -160,10 +169,14 @@ def find_engine_grant(devices: Sequence[Tuple[int, int, str]], config: Any, host
         host, source = host_for(config, save_cache)
     gpu_major, caps_major, imex_major = majors if majors is not None else (None, None, None)
     numbers = {(major, minor) for major, minor, _ in devices}
-    path_of = {(major, minor): path for major, minor, path in reversed(devices)}
+    path_of: Dict[Tuple[Optional[int], Optional[int]], str] = {
+        (major, minor): path for major, minor, path in reversed(devices)}
     gpus, migs = gpus_of_numbers(host.gpus(), numbers, gpu_major, caps_major)
 
-    def number(major: Optional[int], node: Any) -> Tuple[int, int]:
+    def number(major: Optional[int],
+               node: Optional[DeviceNode]) -> Tuple[Optional[int], Optional[int]]:
+        if node is None:  # never for a GPU gpus_of_numbers matched: it had a node
+            return (None, None)
         return (major if major is not None else node.major, node.minor)
 
     notes = [f"GPU {g.index} ({g.uuid}) was injected by the engine "
@@ -189,20 +202,6 @@ def find_engine_grant(devices: Sequence[Tuple[int, int, str]], config: Any, host
     return EngineGrant(gpus, migs, tuple(dict.fromkeys(imex)), tuple(notes)), host, source
 
 
-def without_env_channels(extras: Any, grant: EngineGrant, value: Optional[str]) -> Any:
-    """``extras`` (:class:`nvshim.runtime.extras.Extras`) without the IMEX channels image env
-    (``value`` of NVIDIA_IMEX_CHANNELS) asked for beside the engine's, and a note saying so:
-    image env never widens an engine grant (engine-grants: exclusive)."""
-    if extras.imex_source != "env":
-        return extras
-    from nvshim._record import replace
-
-    note = (f"NVIDIA_IMEX_CHANNELS={value} adds no IMEX channel: the engine injected channel "
-            f"{', '.join(map(str, grant.imex))} into config.json, which is the container's "
-            "grant; image env never widens an engine grant (engine-grants: exclusive)")
-    return replace(extras, imex_channels=(), imex_source="", notes=(*extras.notes, note))
-
-
 # --------------------------------------------------------------------------- the spec's edits
 
 
@@ -211,7 +210,7 @@ def _destination(dest: str) -> str:
     return posixpath.normpath("/" + dest.lstrip("/"))
 
 
-def without_present(edits: Edits, spec: Dict[str, Any]) -> Edits:
+def without_present(edits: Edits, spec: SpecDict) -> Edits:
     """``edits`` without the mounts and device nodes the spec already has (the engine's):
     a mount at a destination the spec mounts, a device node at a path ``linux.devices``
     lists (so no second cgroup rule either)."""
@@ -231,7 +230,7 @@ def without_present(edits: Edits, spec: Dict[str, Any]) -> Edits:
     )
 
 
-def spec_mounts(spec: Dict[str, Any]) -> Tuple[Mount, ...]:
+def spec_mounts(spec: SpecDict) -> Tuple[Mount, ...]:
     """The spec's bind mounts as edits :class:`~nvshim.edits.Mount` (the in-root work plans
     the libraries the engine mounts from their host files, as it does nvshim's own)."""
     out = []
@@ -262,7 +261,7 @@ class EngineHooks:
     """
 
     runnable: bool = False
-    replaced: Tuple[Tuple[str, Dict[str, Any]], ...] = ()
+    replaced: Tuple[Tuple[str, SpecDict], ...] = ()
     links: Tuple[Tuple[str, str], ...] = ()
     folders: Tuple[str, ...] = ()
     host_driver_version: Optional[str] = None
@@ -270,7 +269,7 @@ class EngineHooks:
     notes: Tuple[str, ...] = ()
 
 
-def _nvidia_command(hook: Dict[str, Any]) -> Optional[Tuple[str, List[str]]]:
+def _nvidia_command(hook: SpecDict) -> Optional[Tuple[str, List[str]]]:
     """(command, its arguments) of an ``nvidia-cdi-hook CMD …`` or ``nvidia-ctk hook CMD …``
     hook; None for any other."""
     args = hook.get("args")
@@ -298,11 +297,11 @@ def _flag_values(args: Sequence[str], flag: str) -> List[str]:
     return out
 
 
-def _runnable(path: Any) -> bool:
+def _runnable(path: object) -> bool:
     return isinstance(path, str) and os.path.isfile(path) and os.access(path, os.X_OK)
 
 
-def engine_hooks(spec: Dict[str, Any]) -> EngineHooks:
+def engine_hooks(spec: SpecDict) -> EngineHooks:
     """Classify the spec's createContainer hooks (see :class:`EngineHooks`); stat only."""
     from nvshim.runtime.hookargs import (
         parse_hook_args,
@@ -315,7 +314,7 @@ def engine_hooks(spec: Dict[str, Any]) -> EngineHooks:
     if not isinstance(listed, list):
         return EngineHooks()
     runnable = False
-    replaced: List[Tuple[str, Dict[str, Any]]] = []
+    replaced: List[Tuple[str, SpecDict]] = []
     links: List[Tuple[str, str]] = []
     folders: List[str] = []
     version: Optional[str] = None
@@ -377,8 +376,7 @@ def replacement_hook(hooks: EngineHooks, hook_command: Sequence[str]) -> Optiona
     return Hook("createContainer", hook_command[0], args, HOOK_ENV)
 
 
-def without_hooks(spec: Dict[str, Any],
-                  replaced: Sequence[Tuple[str, Dict[str, Any]]]) -> Dict[str, Any]:
+def without_hooks(spec: SpecDict, replaced: Sequence[Tuple[str, SpecDict]]) -> SpecDict:
     """A copy of ``spec`` whose hook lists lack the ``replaced`` entries (compared by value;
     ``spec`` is left untouched). The lists it does not touch are shared, not copied."""
     if not replaced:
@@ -392,8 +390,8 @@ def without_hooks(spec: Dict[str, Any],
     return out
 
 
-def fit_edits(spec: Dict[str, Any], edits: Edits,
-              hooks: EngineHooks) -> Tuple[Edits, Optional[Dict[str, Any]]]:
+def fit_edits(spec: SpecDict, edits: Edits,
+              hooks: EngineHooks) -> Tuple[Edits, Optional[SpecDict]]:
     """(``edits`` fitted to a spec the engine injected into, the spec to apply them to when
     it is not ``spec``).
 

@@ -34,13 +34,15 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
-from nvshim._record import dataclass, field
+from nvshim._record import dataclass, field, replace
 from nvshim.edits import IPC_BIND, RO_BIND, DeviceNode, Edits, Mount
 from nvshim.errors import HostError, RequestError
 from nvshim.runtime.request import FEATURE_ENV, IMEX_ENV
 
 if TYPE_CHECKING:
     from nvshim.config import Config
+    from nvshim.host.discovery import Host
+    from nvshim.runtime.engine import EngineGrant
     from nvshim.runtime.request import Claim, Request
 
 __all__ = [
@@ -48,10 +50,12 @@ __all__ = [
     "IMEX_DIR",
     "IMEX_ENV",
     "Extras",
+    "ExtrasEdits",
     "extras_edits",
     "generate_imex_spec",
     "imex_channels",
     "resolve_extras",
+    "without_env_channels",
 ]
 
 IMEX_DIR = "/dev/nvidia-caps-imex-channels"
@@ -145,7 +149,19 @@ def resolve_extras(claim: Claim, config: Config, request: Request) -> Extras:
     return Extras(tuple(features), channels, source, tuple(notes))
 
 
-def _list_dev(host: Any, directory: str) -> List[str]:
+def without_env_channels(extras: Extras, grant: EngineGrant, value: Optional[str]) -> Extras:
+    """``extras`` without the IMEX channels image env
+    (``value`` of NVIDIA_IMEX_CHANNELS) asked for beside the engine's, and a note saying so:
+    image env never widens an engine grant (engine-grants: exclusive)."""
+    if extras.imex_source != "env":
+        return extras
+    note = (f"NVIDIA_IMEX_CHANNELS={value} adds no IMEX channel: the engine injected channel "
+            f"{', '.join(map(str, grant.imex))} into config.json, which is the container's "
+            "grant; image env never widens an engine grant (engine-grants: exclusive)")
+    return replace(extras, imex_channels=(), imex_source="", notes=(*extras.notes, note))
+
+
+def _list_dev(host: Host, directory: str) -> List[str]:
     path = host.dev_path(directory)
     try:
         return sorted(os.listdir(path))
@@ -155,7 +171,7 @@ def _list_dev(host: Any, directory: str) -> List[str]:
         raise HostError(f"cannot list {path}: {exc.strerror}") from exc
 
 
-def imex_channels(host: Any) -> Tuple[int, ...]:
+def imex_channels(host: Host) -> Tuple[int, ...]:
     """The IMEX channel numbers whose nodes exist under the host's dev root."""
     found = []
     for name in _list_dev(host, IMEX_DIR):
@@ -165,7 +181,7 @@ def imex_channels(host: Any) -> Tuple[int, ...]:
     return tuple(sorted(found))
 
 
-def _nodes(host: Any, paths: List[str]) -> Tuple[DeviceNode, ...]:
+def _nodes(host: Host, paths: List[str]) -> Tuple[DeviceNode, ...]:
     out = []
     for path in paths:
         node = host.device_node(path)
@@ -174,7 +190,7 @@ def _nodes(host: Any, paths: List[str]) -> Tuple[DeviceNode, ...]:
     return tuple(out)
 
 
-def _feature_edits(host: Any, feature: str) -> Edits:
+def _feature_edits(host: Host, feature: str) -> Edits:
     if feature == "nvswitch":
         names = [n for n in _list_dev(host, "/dev") if _NVSWITCH.match(n)]
         nodes = _nodes(host, [f"/dev/{n}" for n in names])
@@ -198,7 +214,15 @@ def _feature_edits(host: Any, feature: str) -> Edits:
     return Edits(device_nodes=_nodes(host, ["/dev/gdrdrv"]))
 
 
-def extras_edits(host: Any, extras: Extras, notes: Optional[List[str]] = None) -> Edits:
+@dataclass(frozen=True)
+class ExtrasEdits:
+    """What :func:`extras_edits` gives: the edits, and a note per feature the node lacks."""
+
+    edits: Edits = field(default_factory=Edits)
+    notes: Tuple[str, ...] = ()
+
+
+def extras_edits(host: Host, extras: Extras) -> ExtrasEdits:
     """The device nodes (and mounts) for ``extras`` on ``host``.
 
     A requested IMEX channel the node lacks is a :class:`RequestError`; a feature whose
@@ -216,15 +240,17 @@ def extras_edits(host: Any, extras: Extras, notes: Optional[List[str]] = None) -
                 )
         edits = edits + Edits(device_nodes=_nodes(
             host, [f"{IMEX_DIR}/channel{c}" for c in extras.imex_channels]))
+    notes = []
     for feature in extras.features:
         found = _feature_edits(host, feature)
-        if not found.device_nodes and notes is not None:
+        if not found.device_nodes:
             notes.append(f"{FEATURE_ENV[feature]}=enabled: this node has no {feature} devices")
         edits = edits + found
-    return edits
+    return ExtrasEdits(edits, tuple(notes))
 
 
-def generate_imex_spec(host: Any, vendor: str = "nvidia.com") -> Dict[str, Any]:
+def generate_imex_spec(host: Host, vendor: str = "nvidia.com") -> Dict[str, Any]:
+    # Any: a CDI spec document, JSON values of every shape
     """A CDI spec of kind ``<vendor>/imex-channel``: one device per channel on the node."""
     from nvshim.cdi.write import spec_to_dict
     from nvshim.errors import CdiError

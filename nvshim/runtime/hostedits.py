@@ -13,13 +13,15 @@ from nvshim.edits import HOOK_ENV, IPC_BIND, RO_BIND, DeviceNode, Edits, Hook, M
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import Any, Optional, Sequence, Tuple
+    from typing import Optional, Sequence, Tuple
 
     from nvshim.config import Config
-    from nvshim.host.discovery import Host
+    from nvshim.host.devices import MigDevice
+    from nvshim.host.discovery import DriverFile, Gpu, Host, Library
 
 
-def hook_links(libraries: Sequence[Any], files: Sequence[Any] = ()) -> Tuple[Tuple[str, str], ...]:
+def hook_links(libraries: Sequence[Library],
+               files: Sequence[DriverFile] = ()) -> Tuple[Tuple[str, str], ...]:
     """The links the container needs, as (target, link) pairs: SONAME (and ``libcuda.so``)
     links beside each library; GBM's ``<libdir>/gbm/nvidia-drm_gbm.so`` to the allocator
     when graphics libraries come with it; ``libglxserver_nvidia.so`` beside the Xorg module."""
@@ -49,8 +51,8 @@ def hook_links(libraries: Sequence[Any], files: Sequence[Any] = ()) -> Tuple[Tup
     return tuple(links)
 
 
-def hook_for_libraries(libraries: Sequence[Any], hook_command: Sequence[str],
-                       files: Sequence[Any] = ()) -> Optional[Hook]:
+def hook_for_libraries(libraries: Sequence[Library], hook_command: Sequence[str],
+                       files: Sequence[DriverFile] = ()) -> Optional[Hook]:
     """The one createContainer hook: the links (:func:`hook_links`) and ld.so.cache
     entries for the injected library folders (``vdpau/`` is a plugin folder, not one)."""
     if not libraries or not hook_command:
@@ -68,8 +70,8 @@ def hook_for_libraries(libraries: Sequence[Any], hook_command: Sequence[str],
 
 def driver_edits(
     control_nodes: Sequence[DeviceNode],
-    libraries: Sequence[Any],
-    files: Sequence[Any],
+    libraries: Sequence[Library],
+    files: Sequence[DriverFile],
     hook_command: Sequence[str] = (),
     env: Sequence[str] = ("NVIDIA_VISIBLE_DEVICES=void",),
 ) -> Edits:
@@ -98,12 +100,12 @@ def skew_message(module: str, files: str) -> str:
             "until it is reloaded (reboot the node, or unload and load the nvidia modules)")
 
 
-def gpu_edits(gpu: Any) -> Edits:
+def gpu_edits(gpu: Gpu) -> Edits:
     """What one full GPU adds: its ``/dev/nvidia<minor>`` node."""
     return Edits(device_nodes=(gpu.node,)) if gpu.node is not None else Edits()
 
 
-def mig_edits(parent: Any, mig: Any) -> Edits:
+def mig_edits(parent: Gpu, mig: MigDevice) -> Edits:
     """What one MIG device adds: the parent's node and its GI/CI access capability nodes."""
     nodes = ((parent.node,) if parent.node is not None else ()) + tuple(mig.cap_nodes)
     return Edits(device_nodes=nodes)

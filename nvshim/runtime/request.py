@@ -29,6 +29,9 @@ TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+    from nvshim.config import Config
+    from nvshim.runtime.engine import EngineGrant
+
 __all__ = [
     "ImageView",
     "Claim",
@@ -77,7 +80,7 @@ class ImageView:
     """What config.json says about devices. Built by :func:`image_view`."""
 
     env: Mapping[str, str]
-    mounts: Tuple[Mapping[str, Any], ...]
+    mounts: Tuple[Mapping[str, Any], ...]  # Any: the spec's mount objects, JSON as written
     annotations: Mapping[str, str]
     privileged: bool
     """``CAP_SYS_ADMIN`` in the bounding set: the reference's test of a privileged container."""
@@ -86,7 +89,7 @@ class ImageView:
     char_devices: Tuple[Tuple[int, int, str], ...] = ()
     """(major, minor, path) of each character device in ``linux.devices``: what the engine
     may have injected (:mod:`nvshim.runtime.engine` matches them against the node)."""
-    engine: Any = None
+    engine: Optional[EngineGrant] = None
     """The GPUs, MIG devices and IMEX channels the engine already injected
     (:class:`nvshim.runtime.engine.EngineGrant`), set by create once ``char_devices`` are
     matched against the node; None when the spec holds none."""
@@ -171,7 +174,7 @@ class Claim:
         return self.imex_env is not None or bool(self.feature_env or self.imex_mount_ids)
 
 
-def read_claim(view: ImageView, config: Any) -> Claim:
+def read_claim(view: ImageView, config: Config) -> Claim:
     """Parse what ``view`` claims under ``config``'s annotation prefixes (see :class:`Claim`).
 
     The token grammar is imported only when a value has tokens to parse: a create whose
@@ -235,7 +238,7 @@ class Request:
         return self.driver_files or bool(self.devices)
 
 
-def _str_list(value: Any, where: str) -> List[str]:
+def _str_list(value: object, where: str) -> List[str]:
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -243,7 +246,7 @@ def _str_list(value: Any, where: str) -> List[str]:
     return value
 
 
-def image_view(spec: Any) -> ImageView:
+def image_view(spec: object) -> ImageView:
     """Read the request-relevant parts of an OCI spec; SpecError on wrong shapes."""
     if not isinstance(spec, dict):
         raise SpecError("top level must be a JSON object", SPEC_FILE)
@@ -285,7 +288,7 @@ def image_view(spec: Any) -> ImageView:
     )
 
 
-def _char_devices(linux: Any) -> Tuple[Tuple[int, int, str], ...]:
+def _char_devices(linux: object) -> Tuple[Tuple[int, int, str], ...]:
     """(major, minor, path) of the ``c``/``u`` entries of ``linux.devices``; entries of
     another shape are runc's to refuse, not a device nvshim could recognise."""
     devices = linux.get("devices") if isinstance(linux, dict) else None
@@ -301,7 +304,7 @@ def _char_devices(linux: Any) -> Tuple[Tuple[int, int, str], ...]:
     return tuple(out)
 
 
-def _allows_all_devices(linux: Any) -> bool:
+def _allows_all_devices(linux: object) -> bool:
     """Whether ``linux.resources.devices`` ends up allowing every device (rules apply in
     order, the last match wins): an allow rule for all types and numbers with read and
     write access, and no deny rule after it. Anything malformed counts as no."""
@@ -445,14 +448,17 @@ def _annotation_ids(view: ImageView, keys: Sequence[str]) -> Tuple[str, ...]:
     return _parse_tokens(",".join(names))
 
 
-def resolve_request(claim: Claim, config: Any,
-                    kubelet_ids: Optional[Sequence[str]] = None,
-                    pod_annotations: Optional[Mapping[str, str]] = None) -> Request:
+def resolve_request(claim: Claim, config: Config,
+                    pod_annotations: Optional[Mapping[str, str]] = None,
+                    kubelet_tokens: Sequence[str] = (),
+                    kubelet_ids: Sequence[str] = ()) -> Request:
     """Decide what the container gets, and why (see the module docstring).
 
-    ``kubelet_ids`` are the device ids the kubelet allocated to this container (None when
-    it was not asked): the ``kubelet`` allocation source grants them. Whether a claim from
-    another source is inside them is checked once the claim is mapped onto GPUs
+    ``kubelet_ids`` are the device ids the kubelet allocated to this container that name
+    GPUs of this node, and ``kubelet_tokens`` their device tokens (both from
+    :class:`nvshim.runtime.allocation.policy.KubeletIds`, parsed once; empty when the
+    kubelet was not asked): the ``kubelet`` allocation source grants them. Whether a claim
+    from another source is inside them is checked once the claim is mapped onto GPUs
     (``nvshim.runtime.allocation.policy.check_allocated``). ``pod_annotations`` are the
     annotations of the container's pod sandbox spec, when known: under require-allocation
     an annotation the container carries with the same key and value came from the pod
@@ -480,7 +486,7 @@ def resolve_request(claim: Claim, config: Any,
 
     # GPUs the engine injected (CDI, DRA) are the container's grant: image env never widens
     # them (engine-grants: exclusive), and they stand where no other source grants anything.
-    engine: Any = view.engine if view.engine is not None and view.engine.holds_gpus else None
+    engine = view.engine if view.engine is not None and view.engine.holds_gpus else None
     exclusive = engine is not None and config.engine_grants == "exclusive"
     image_gpus = claim.image_asks and env_tokens != ("none",)
     shown = view.get(VISIBLE_DEVICES)
@@ -490,7 +496,7 @@ def resolve_request(claim: Claim, config: Any,
     def held(why: str = "") -> Request:
         """The engine's grant: no device for nvshim to add, and the driver files of the
         capabilities the image asks for (the engine's spec may carry only device nodes)."""
-        if why and image_gpus:
+        if why and image_gpus and engine is not None:  # (why: only said of an engine grant)
             notes.append(f"{image_what} adds no GPU: the engine injected {engine.summary} "
                          f"into config.json, which is the container's grant; {why}")
         if claim.image_asks or view.get(DRIVER_CAPABILITIES):
@@ -561,10 +567,9 @@ def resolve_request(claim: Claim, config: Any,
     if annotation_ids == ("none",):
         notes.append("CDI annotation naming none ignored: no device plugin allocates it")
         annotation_ids = ()
-    kubelet_tokens = _parse_tokens(",".join(kubelet_ids)) if kubelet_ids else ()
     for source in config.allocation_sources:
         if source == "kubelet" and kubelet_tokens:
-            return grant(source, kubelet_tokens, list(kubelet_ids or ()))
+            return grant(source, tuple(kubelet_tokens), kubelet_ids)
         if source == "volume-mounts" and mount_ids:
             return grant(source, mount_ids, mount_raw)
         if source == "cdi-annotations" and annotation_ids:

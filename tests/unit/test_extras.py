@@ -125,7 +125,7 @@ def node(tmp_path: Path) -> Any:
 def test_edits_per_feature(node: Any) -> None:
     """Each feature brings exactly its class's nodes (stat'ed: type, major, minor)."""
     def paths(**kw: Any) -> List[str]:
-        return sorted(n.path for n in extras_edits(node, Extras(**kw)).device_nodes)
+        return sorted(n.path for n in extras_edits(node, Extras(**kw)).edits.device_nodes)
 
     assert paths(features=("gdrcopy",)) == ["/dev/gdrdrv"]
     assert paths(features=("gds",)) == [f"/dev/nvidia-fs{i}" for i in range(4)]
@@ -134,10 +134,10 @@ def test_edits_per_feature(node: Any) -> None:
                                           "/dev/infiniband/umad0", "/dev/infiniband/uverbs0"]
     assert paths(imex_channels=(2, 0)) == ["/dev/nvidia-caps-imex-channels/channel0",
                                            "/dev/nvidia-caps-imex-channels/channel2"]
-    gds = extras_edits(node, Extras(features=("gds",)))
+    gds = extras_edits(node, Extras(features=("gds",))).edits
     assert [m.container_path for m in gds.mounts] == ["/etc/cufile.json"]
     assert "ro" in gds.mounts[0].options
-    node_rec = extras_edits(node, Extras(features=("gdrcopy",))).device_nodes[0]
+    node_rec = extras_edits(node, Extras(features=("gdrcopy",))).edits.device_nodes[0]
     assert (node_rec.type, node_rec.major, node_rec.minor) == ("c", 509, 0)
 
 
@@ -150,9 +150,9 @@ def test_missing_channel_and_missing_feature(node: Any, tmp_path: Path) -> None:
     from nvshim.sim.build import create_node
 
     bare = Host(create_node(str(tmp_path / "bare"), gpus=1).root)
-    notes: List[str] = []
-    assert not extras_edits(bare, Extras(features=("gds",)), notes)
-    assert notes == ["NVIDIA_GDS=enabled: this node has no gds devices"]
+    got = extras_edits(bare, Extras(features=("gds",)))
+    assert not got.edits
+    assert got.notes == ("NVIDIA_GDS=enabled: this node has no gds devices",)
 
 
 def test_imex_cdi_spec(node: Any, tmp_path: Path) -> None:

@@ -155,6 +155,55 @@ def test_kubelet_source_skips_ids_of_other_nvidia_resources(node: Any, tmp_path:
     assert plan.gpus == () and not plan.request.injects and plan.request.set_void
 
 
+def test_kubelet_ids_are_parsed_once_per_create(node: Any, tmp_path: Path,
+                                                 kubelet: PodResourcesServer,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each device id the kubelet lists is parsed once, into the map of the node's GPUs it
+    names (KubeletIds), and the kubelet source grants from that map: the ids are not parsed
+    again to build the request or to tell GPUs from other resources."""
+    import nvshim.runtime.allocation.policy as policy
+    import nvshim.runtime.tokens as tokens
+
+    parsed: List[str] = []
+    real = tokens.parse_visible_devices
+
+    def counting(value: str) -> Any:
+        parsed.append(value)
+        return real(value)
+
+    monkeypatch.setattr(tokens, "parse_visible_devices", counting)
+    monkeypatch.setattr(policy, "parse_visible_devices", counting)
+    gpu, nic = f"{node.gpus[2].uuid}::1", "0000:3b:00.2"
+    kubelet.set([("team-a", "mine", {"main": {GPU: [gpu], "nvidia.com/sriov_rdma": [nic]}})])
+    cfg = config(node, tmp_path, allocation_sources=("kubelet",), verify_with="kubelet")
+    plan = plan_create(bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"]), cfg)
+    assert [g.index for g in plan.gpus] == [2] and plan.request.shared
+    assert sorted(v for v in parsed if node.gpus[2].uuid in v or nic in v) == sorted([gpu, nic])
+
+
+def test_kubelet_ids_name_the_nodes_devices() -> None:
+    """KubeletIds: which ids name GPUs or MIG devices of the node (by UUID), their tokens
+    once each, and which ids are another resource's."""
+    from nvshim.host.devices import GpuRef, MigRef
+    from nvshim.runtime.allocation.policy import name_ids
+
+    class G:  # the discovery record's one method name_ids reads
+        def __init__(self, ref: GpuRef) -> None:
+            self._ref = ref
+
+        def ref(self) -> GpuRef:
+            return self._ref
+
+    u0, u1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111"
+    m1 = "MIG-22222222-2222-2222-2222-222222222222"
+    gpus = [G(GpuRef(0, u0, "0000:18:00.0")), G(GpuRef(1, u1, "0000:3b:00.0", (MigRef(1, 0, m1),)))]
+    named = name_ids([f"{u0}::1", f"{u0}::2", "1:0", "0000:3b:00.2", "all"], gpus)  # type: ignore[arg-type]
+    assert named.gpu_ids == (f"{u0}::1", f"{u0}::2", "1:0")
+    assert named.other_ids == ("0000:3b:00.2", "all")
+    assert named.gpu_tokens == (u0, "1:0")
+    assert named.by_uuid == {u0: f"{u0}::1", m1: "1:0"}
+
+
 def test_kubelet_down_fails_by_default(node: Any, tmp_path: Path) -> None:
     """No socket, no checkpoint: the claim fails with a line naming what was tried."""
     with pytest.raises(RequestError, match=r"cannot ask the kubelet what team-a/mine/main was "
@@ -712,30 +761,31 @@ def cdi_dir(node: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(out)
 
 
-def engine_plan(cfg: Config, gpus: Any = (), migs: Any = (), imex: Any = ()) -> Any:
-    """The fields of a create plan check_engine_allocated reads, the allocation asked of
-    the kubelet as a create asks it."""
-    from types import SimpleNamespace
-
+def engine_plan(cfg: Config) -> Any:
+    """The kubelet's record check_engine_allocated checks against, asked as a create asks it."""
     from nvshim.runtime.allocation.kubelet import ask_kubelet
+    from nvshim.runtime.allocation.policy import Verification
 
     who = _identity()
-    return SimpleNamespace(identity=who, allocation=ask_kubelet(who, cfg), engine_gpus=tuple(gpus),
-                           engine_migs=tuple(migs), engine_imex=tuple(imex), notes=[])
+    return Verification(who, ask_kubelet(who, cfg), "kubelet")
 
 
 def check_engine(cfg: Config, gpus: Any = (), migs: Any = (), imex: Any = ()) -> Any:
     """check_engine_allocated for GPUs (indices), MIG devices ((GPU, MIG) indices) and IMEX
-    channels the engine injected; the plan it checked."""
+    channels the engine injected; what it returned (``allocation``: the record it checked
+    against, ``notes``: its note)."""
+    from types import SimpleNamespace
+
     from nvshim.runtime.allocation.policy import check_engine_allocated
+    from nvshim.runtime.engine import EngineGrant
     from nvshim.runtime.plancache import host_for
 
     host, _ = host_for(cfg, False)
     by_index = {g.index: g for g in host.gpus()}
-    plan = engine_plan(cfg, [by_index[i] for i in gpus],
-                       [(by_index[g], by_index[g].mig[m]) for g, m in migs], imex)
-    check_engine_allocated(plan, host, cfg)
-    return plan
+    engine = EngineGrant(tuple(by_index[i] for i in gpus),
+                         tuple((by_index[g], by_index[g].mig[m]) for g, m in migs), tuple(imex))
+    found, note = check_engine_allocated(engine_plan(cfg), host, engine, cfg)
+    return SimpleNamespace(allocation=found.allocation, notes=[note])
 
 
 @pytest.mark.parametrize("listed", ["device-plugin", "dra"])

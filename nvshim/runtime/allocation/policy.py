@@ -15,25 +15,124 @@ from __future__ import annotations
 import os
 
 from nvshim import _jsonc
+from nvshim._record import dataclass, replace
 from nvshim.errors import RequestError
 from nvshim.runtime.request import SANDBOX_ANNOTATION, identity_of
 from nvshim.runtime.tokens import parse_visible_devices, select_gpus
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+    from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
     from nvshim.config import Config
-    from nvshim.runtime.request import Claim
+    from nvshim.host.devices import GpuRef, MigDevice
+    from nvshim.host.discovery import Gpu, Host
+    from nvshim.runtime.allocation.kubelet import Allocation
+    from nvshim.runtime.engine import EngineGrant
+    from nvshim.runtime.extras import Extras
+    from nvshim.runtime.request import Claim, Identity
 
-    Plan = Any  # nvshim.runtime.create.Plan (create imports this module: no import back)
+    #: What a CDI name injects on this node: (label, key) of each GPU, MIG device and IMEX
+    #: channel, or why that cannot be known.
+    Found = Union[str, Tuple[Tuple[str, str], ...]]
 
-__all__ = ["ask_kubelet_if_needed", "pod_annotations", "check_allocated",
-           "check_imex_allocated", "check_engine_allocated", "node_gpu_ids"]
+__all__ = ["KubeletIds", "Verification", "ask_kubelet_if_needed", "pod_annotations",
+           "name_ids", "with_named", "check_allocated", "check_imex_allocated",
+           "check_engine_allocated"]
 
 
-def ask_kubelet_if_needed(claim: Claim, config: Config) -> Tuple[Any, Any, str, List[str]]:
-    """(identity, allocation, verified, notes): the kubelet's record when config needs it.
+@dataclass(frozen=True)
+class KubeletIds:
+    """The device ids the kubelet lists for a container, each parsed once and matched to
+    this node's GPUs and MIG devices (:func:`name_ids`); every check reads this."""
+
+    ids: Tuple[str, ...] = ()
+    tokens: Tuple[Tuple[str, ...], ...] = ()
+    """Per id, its device tokens (the NVIDIA_VISIBLE_DEVICES grammar)."""
+    uuids: Tuple[Tuple[str, ...], ...] = ()
+    """Per id, the UUIDs of the GPUs and MIG devices it names on this node; ``()`` for an
+    id that names none (another resource's device, an SR-IOV NIC's PCI address, …)."""
+
+    @property
+    def gpu_ids(self) -> Tuple[str, ...]:
+        """The ids that name GPUs or MIG devices of this node.
+
+        ``kubelet-resource-prefixes`` (``nvidia.com/``) also takes in NVIDIA's other
+        resources, such as the network operator's SR-IOV NICs: their ids are not GPUs.
+        """
+        return tuple(i for i, named in zip(self.ids, self.uuids, strict=True) if named)
+
+    @property
+    def other_ids(self) -> Tuple[str, ...]:
+        """The ids that name no GPU of this node."""
+        return tuple(i for i, named in zip(self.ids, self.uuids, strict=True) if not named)
+
+    @property
+    def gpu_tokens(self) -> Tuple[str, ...]:
+        """The device tokens of :attr:`gpu_ids`, in order, repeats collapsed: what the
+        ``kubelet`` allocation source grants."""
+        return tuple(dict.fromkeys(t for tokens, named in zip(self.tokens, self.uuids, strict=True)
+                                   if named for t in tokens))
+
+    @property
+    def by_uuid(self) -> Dict[str, str]:
+        """UUID → the first id naming it, for every GPU and MIG device the ids name."""
+        out: Dict[str, str] = {}
+        for ident, named in zip(self.ids, self.uuids, strict=True):
+            for uuid in named:
+                out.setdefault(uuid, ident)
+        return out
+
+
+def name_ids(ids: Sequence[str], gpus: Sequence[Gpu]) -> KubeletIds:
+    """Parse each kubelet device id once and match it to the node's ``gpus``."""
+    refs = tuple(g.ref() for g in gpus)
+    tokens = tuple(parse_visible_devices(ident) for ident in ids)
+    return KubeletIds(tuple(ids), tokens, tuple(_devices_of(t, refs) for t in tokens))
+
+
+def _devices_of(tokens: Tuple[str, ...], refs: Sequence[GpuRef]) -> Tuple[str, ...]:
+    """UUIDs of the GPUs and MIG devices one id's ``tokens`` name on this node."""
+    if not tokens or tokens[0] in ("all", "none"):
+        return ()
+    try:
+        chosen, migs = select_gpus(tokens, refs)
+    except RequestError:
+        return ()
+    return tuple(r.uuid for r in chosen) + tuple(m.uuid for m in migs)
+
+
+def _holders(allocation: Allocation, gpus: Sequence[Gpu]) -> Dict[str, str]:
+    """UUID → the other container the kubelet gave it to (parsed only for a refusal)."""
+    return {uuid: allocation.others[i]
+            for uuid, i in name_ids(list(allocation.others), gpus).by_uuid.items()}
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What require-allocation knows of the kubelet's record for one container
+    (:func:`ask_kubelet_if_needed`; the checks return a new one when they ask again)."""
+
+    identity: Optional[Identity] = None
+    """The Kubernetes container of a CRI container."""
+    allocation: Optional[Allocation] = None
+    """What the kubelet allocated, when asked and reachable."""
+    verified: str = "none"
+    """``kubelet`` (every GPU checked against its record), ``unreachable`` (claims
+    trusted), ``none``."""
+    notes: Tuple[str, ...] = ()
+    named: Optional[KubeletIds] = None
+    """The allocation's ids matched to this node, once a check or the ``kubelet`` source
+    needed them (:func:`with_named`)."""
+
+    @property
+    def warnings(self) -> Tuple[str, ...]:
+        """What an operator must hear though create goes on: claims trusted unverified."""
+        return self.notes if self.verified == "unreachable" else ()
+
+
+def ask_kubelet_if_needed(claim: Claim, config: Config) -> Verification:
+    """The kubelet's record when config needs it.
 
     Asked only under require-allocation with ``verify-with: kubelet`` or the ``kubelet``
     source, for a CRI container that claims a GPU or an IMEX channel. Unreachable:
@@ -43,23 +142,39 @@ def ask_kubelet_if_needed(claim: Claim, config: Config) -> Tuple[Any, Any, str, 
     wants = config.verify_with == "kubelet" or "kubelet" in config.allocation_sources
     if not (config.require_allocation and wants
             and (claim.claims_gpus or claim.claims_imex)):
-        return identity, None, "none", []
+        return Verification(identity)
     from nvshim.runtime.allocation.kubelet import KubeletUnreachable, ask_kubelet
 
     if identity is None:
-        return None, None, "none", [
+        return Verification(notes=(
             "not a CRI container (no io.kubernetes.cri.* annotations): the kubelet has no "
-            "record of it, claims are judged by allocation-sources alone"
-        ]
+            "record of it, claims are judged by allocation-sources alone",))
     try:
-        return identity, ask_kubelet(identity, config), "kubelet", []
+        return Verification(identity, ask_kubelet(identity, config), "kubelet")
     except KubeletUnreachable as exc:
         if config.kubelet_unreachable == "fail":
             raise RequestError(
                 f"{exc}; refusing the claim (kubelet-unreachable: fail)") from exc
-        return identity, None, "unreachable", [
-            f"{exc}; GPU claims trusted unverified (kubelet-unreachable: trust-claims)"
-        ]
+        return Verification(identity, None, "unreachable", (
+            f"{exc}; GPU claims trusted unverified (kubelet-unreachable: trust-claims)",))
+
+
+def with_named(found: Verification, gpus: Sequence[Gpu]) -> Verification:
+    """``found`` with its allocation's ids matched to the node's ``gpus``: done once, kept
+    until the allocation is asked again."""
+    if found.named is not None or found.allocation is None:
+        return found
+    return replace(found, named=name_ids(found.allocation.ids, gpus))
+
+
+def _asked_again(found: Verification, config: Config) -> Verification:
+    """``found`` with the PodResources API's answer, which has the last word over the
+    checkpoint's (and names the container holding a disputed device)."""
+    from nvshim.runtime.allocation.kubelet import ask_kubelet
+
+    assert found.identity is not None
+    return replace(found, allocation=ask_kubelet(found.identity, config, fresh=True),
+                   named=None)
 
 
 def pod_annotations(bundle: str, claim: Claim, config: Config) -> Optional[Dict[str, str]]:
@@ -89,76 +204,42 @@ def pod_annotations(bundle: str, claim: Claim, config: Config) -> Optional[Dict[
     return {k: v for k, v in notes.items() if isinstance(k, str) and isinstance(v, str)}
 
 
-def _devices_of(ident: str, refs: Sequence[Any]) -> Tuple[str, ...]:
-    """UUIDs of the GPUs and MIG devices one kubelet device id names on this node; ``()`` for
-    an id that names none (another resource's device, an SR-IOV NIC's PCI address, …)."""
-    tokens = parse_visible_devices(ident)
-    if not tokens or tokens[0] in ("all", "none"):
-        return ()
-    try:
-        chosen, migs = select_gpus(tokens, refs)
-    except RequestError:
-        return ()
-    return tuple(r.uuid for r in chosen) + tuple(m.uuid for m in migs)
-
-
-def _allowed(gpus: Sequence[Any], ids: Sequence[str]) -> Dict[str, str]:
-    """UUID → id for every GPU/MIG device the device ids name (unknown ids are skipped)."""
-    refs = tuple(g.ref() for g in gpus)
-    out: Dict[str, str] = {}
-    for ident in ids:
-        for uuid in _devices_of(ident, refs):
-            out.setdefault(uuid, ident)
-    return out
-
-
-def node_gpu_ids(ids: Sequence[str],
-                 gpus: Sequence[Any]) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
-    """(the kubelet device ids that name GPUs or MIG devices of this node, the others).
-
-    ``kubelet-resource-prefixes`` (``nvidia.com/``) also takes in NVIDIA's other resources,
-    such as the network operator's SR-IOV NICs: their ids are not GPUs, as
-    :func:`check_allocated` already treats them.
-    """
-    refs = tuple(g.ref() for g in gpus)
-    kept: List[str] = []
-    others: List[str] = []
-    for ident in ids:
-        (kept if _devices_of(ident, refs) else others).append(ident)
-    return tuple(kept), tuple(others)
-
-
-def check_allocated(plan: Plan, host: Any, config: Config) -> None:
-    """Every granted GPU and MIG device must be in the kubelet's record for this container.
+def check_allocated(found: Verification, host: Host, gpus: Sequence[Gpu],
+                    migs: Sequence[Tuple[Gpu, MigDevice]], source: str,
+                    config: Config) -> Tuple[Verification, str]:
+    """(the record checked against, the note saying so) when every granted GPU (``gpus``)
+    and MIG device (``migs``, with their parents) is in the kubelet's record for this
+    container; else RequestError naming the first that is not, and who holds it.
 
     A refusal read from the checkpoint is asked again of the PodResources API, which has the
     last word (and names the container that holds the GPU).
     """
-    refused = _refusal(plan, host)
-    if refused and plan.allocation.via == "checkpoint":
-        from nvshim.runtime.allocation.kubelet import ask_kubelet
-
-        plan.allocation = ask_kubelet(plan.identity, config, fresh=True)
-        refused = _refusal(plan, host)
+    found = with_named(found, host.gpus())
+    refused = _refusal(found, host, gpus, migs, source)
+    if refused and found.allocation is not None and found.allocation.via == "checkpoint":
+        found = with_named(_asked_again(found, config), host.gpus())
+        refused = _refusal(found, host, gpus, migs, source)
     if refused:
         raise RequestError(refused)
-    plan.notes.append(f"every granted GPU is in the kubelet's record ({plan.allocation.via})")
+    assert found.allocation is not None
+    return found, f"every granted GPU is in the kubelet's record ({found.allocation.via})"
 
 
-def _refusal(plan: Plan, host: Any) -> Optional[str]:
+def _refusal(found: Verification, host: Host, gpus: Sequence[Gpu],
+             migs: Sequence[Tuple[Gpu, MigDevice]], source: str) -> Optional[str]:
     """The line refusing the first granted device the allocation lacks; None when all are in it."""
-    allocation = plan.allocation
-    gpus = host.gpus()
-    mine = _allowed(gpus, allocation.ids)
-    theirs = {uuid: allocation.others[i]
-              for uuid, i in _allowed(gpus, list(allocation.others)).items()}
-    by_uuid = {g.uuid: g for g in gpus}
-    granted = [(g.index, g.uuid, g.uuid) for g in plan.gpus + plan.cdi_gpus]
-    granted += [(f"{p.index}:{m.index}", m.uuid, p.uuid) for p, m in plan.migs + plan.cdi_migs]
+    allocation, named = found.allocation, found.named
+    assert allocation is not None and named is not None
+    node = host.gpus()
+    mine = named.by_uuid
+    by_uuid = {g.uuid: g for g in node}
+    granted = [(str(g.index), g.uuid, g.uuid) for g in gpus]
+    granted += [(f"{p.index}:{m.index}", m.uuid, p.uuid) for p, m in migs]
     for label, uuid, parent in granted:
         if uuid in mine or parent in mine:
             continue
         what = "GPU" if uuid == parent else "MIG device"
+        theirs = _holders(allocation, node)
         holder = theirs.get(uuid) or theirs.get(parent)
         if holder:
             why = f"the kubelet gave it to {holder}"
@@ -166,16 +247,17 @@ def _refusal(plan: Plan, host: Any) -> Optional[str]:
             own = ", ".join(
                 f"GPU {by_uuid[u].index}" if u in by_uuid else u for u in mine
             ) or "no GPU"
-            why = f"the kubelet allocated {own} to {plan.identity}"
+            why = f"the kubelet allocated {own} to {found.identity}"
         return (f"{what} {label} ({uuid}) is not this container's allocation: {why} "
-                f"(claimed through {plan.request.source}, checked via {allocation.via})")
+                f"(claimed through {source}, checked via {allocation.via})")
     return None
 
 
-def check_engine_allocated(plan: Plan, host: Any, config: Config) -> None:
-    """Every GPU, MIG device and IMEX channel the engine injected (``plan.engine_gpus``,
-    ``plan.engine_migs``, ``plan.engine_imex``) must be listed by the kubelet for this
-    container.
+def check_engine_allocated(found: Verification, host: Host, engine: EngineGrant,
+                           config: Config) -> Tuple[Verification, str]:
+    """(the record checked against, the note saying so) when every GPU, MIG device and
+    IMEX channel the engine injected (``engine``) is listed by the kubelet for this
+    container; else RequestError naming the first that is not.
 
     Listed means: named by one of its device-plugin ids (as for :func:`check_allocated` and
     :func:`check_imex_allocated`), or injected by a CDI device of one of its DRA claims, the
@@ -184,40 +266,40 @@ def check_engine_allocated(plan: Plan, host: Any, config: Config) -> None:
     device-plugin ids do not cover everything. A refusal read from the checkpoint, which
     has no DRA claims, is asked again of the PodResources API.
     """
-    refused = _engine_refusal(plan, host, config)
-    if refused and plan.allocation.via == "checkpoint":
-        from nvshim.runtime.allocation.kubelet import ask_kubelet
-
-        plan.allocation = ask_kubelet(plan.identity, config, fresh=True)
-        refused = _engine_refusal(plan, host, config)
+    found = with_named(found, host.gpus())
+    refused = _engine_refusal(found, host, engine, config)
+    if refused and found.allocation is not None and found.allocation.via == "checkpoint":
+        found = with_named(_asked_again(found, config), host.gpus())
+        refused = _engine_refusal(found, host, engine, config)
     if refused:
         raise RequestError(refused)
-    plan.notes.append("everything the engine injected is in the kubelet's record "
-                      f"({plan.allocation.via})")
+    assert found.allocation is not None
+    return found, ("everything the engine injected is in the kubelet's record "
+                   f"({found.allocation.via})")
 
 
-def _engine_refusal(plan: Plan, host: Any, config: Config) -> Optional[str]:
+def _engine_refusal(found: Verification, host: Host, engine: EngineGrant,
+                    config: Config) -> Optional[str]:
     """The line refusing the first engine-injected device the kubelet does not list for
     this container; None when it lists all of them.
 
     Devices are keyed by UUID (GPUs, MIG devices: a MIG device is also covered by its
     whole parent GPU) or ``channelN`` (IMEX channels)."""
-    allocation = plan.allocation
+    allocation, named = found.allocation, found.named
+    assert allocation is not None and named is not None
     gpus = host.gpus()
-    mine = _allowed(gpus, allocation.ids)
+    mine = named.by_uuid
     mine_keys = set(mine) | {f"channel{c}" for c in allocation.imex}
-    granted = [(f"GPU {g.index}", g.uuid, g.uuid) for g in plan.engine_gpus]
-    granted += [(f"MIG device {p.index}:{m.index}", m.uuid, p.uuid)
-                for p, m in plan.engine_migs]
-    granted += [(f"IMEX channel {c}", f"channel{c}", f"channel{c}")
-                for c in plan.engine_imex]
+    granted = [(f"GPU {g.index}", g.uuid, g.uuid) for g in engine.gpus]
+    granted += [(f"MIG device {p.index}:{m.index}", m.uuid, p.uuid) for p, m in engine.migs]
+    granted += [(f"IMEX channel {c}", f"channel{c}", f"channel{c}") for c in engine.imex]
     unlisted = [g for g in granted if g[1] not in mine_keys and g[2] not in mine_keys]
     if not unlisted:
         return None
     by_name = _cdi_devices_of(host, config, allocation.cdi_devices)
-    claimed = {key for found in by_name.values() if not isinstance(found, str)
-               for _, key in found}
-    theirs = {u: allocation.others[i] for u, i in _allowed(gpus, list(allocation.others)).items()}
+    claimed = {key for found_ in by_name.values() if not isinstance(found_, str)
+               for _, key in found_}
+    theirs = _holders(allocation, gpus)
     theirs.update((f"channel{c}", holder) for c, holder in allocation.imex_others.items())
     for label, key, parent in unlisted:
         if key in claimed or parent in claimed:
@@ -228,15 +310,14 @@ def _engine_refusal(plan: Plan, host: Any, config: Config) -> Optional[str]:
             why = f"the kubelet gave it to {holder}"
         else:
             listed = _listing(gpus, mine, allocation, by_name)
-            why = f"the kubelet listed {listed} for {plan.identity}"
+            why = f"the kubelet listed {listed} for {found.identity}"
         shown = label if key.startswith("channel") else f"{label} ({key})"
         return (f"{shown}, injected by the engine, is not this container's allocation: "
                 f"{why} (checked via {allocation.via})")
     return None
 
 
-def _cdi_devices_of(host: Any, config: Config,
-                    names: Sequence[str]) -> Dict[str, Any]:
+def _cdi_devices_of(host: Host, config: Config, names: Sequence[str]) -> Dict[str, Found]:
     """CDI name → ((label, key) of each GPU, MIG device and IMEX channel of this node it
     injects), or the reason it injects none that can be known (not in ``cdi-spec-dirs``).
 
@@ -263,7 +344,7 @@ def _cdi_devices_of(host: Any, config: Config,
     probe = Host("/", "/")  # CDI hostPaths are absolute host paths
     gpus = host.gpus()
     imex_major = (nvidia_majors(config.driver_root) or (None, None, None))[2]
-    out: Dict[str, Any] = {}
+    out: Dict[str, Found] = {}
     for name in names:
         try:
             nodes = resolve_devices(registry, [name]).device_nodes
@@ -284,7 +365,7 @@ def _cdi_devices_of(host: Any, config: Config,
     return out
 
 
-def _claim_holder(host: Any, config: Config, cdi_others: Mapping[str, str],
+def _claim_holder(host: Host, config: Config, cdi_others: Mapping[str, str],
                   keys: Sequence[str]) -> str:
     """The other container whose DRA claim injects one of ``keys``; "" when none does
     (only asked on a refusal: it resolves the other containers' CDI names)."""
@@ -294,8 +375,8 @@ def _claim_holder(host: Any, config: Config, cdi_others: Mapping[str, str],
     return ""
 
 
-def _listing(gpus: Sequence[Any], mine: Dict[str, str], allocation: Any,
-             by_name: Dict[str, Any]) -> str:
+def _listing(gpus: Sequence[Gpu], mine: Dict[str, str], allocation: Allocation,
+             by_name: Dict[str, Found]) -> str:
     """What the kubelet lists for the container, for a refusal: its device-plugin GPUs
     (and IMEX channels), then each DRA claim with its CDI devices and what they inject."""
     by_uuid = {g.uuid: g for g in gpus}
@@ -318,28 +399,30 @@ def _listing(gpus: Sequence[Any], mine: Dict[str, str], allocation: Any,
     return ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def check_imex_allocated(plan: Plan, extras: Any, config: Config) -> None:
-    """Every granted IMEX channel must be in the kubelet's record for this container.
+def check_imex_allocated(found: Verification, extras: Extras,
+                         config: Config) -> Tuple[Verification, str]:
+    """(the record checked against, the note saying so) when every granted IMEX channel is
+    in the kubelet's record for this container; else RequestError naming the first that is
+    not.
 
     The kubelet lists a channel under a resource named ``*imex*`` (see
     nvshim.runtime.allocation.kubelet);
     a channel it gave no one, or gave another container, is refused. As for GPUs, a
     refusal read from the checkpoint is asked again of the PodResources API.
     """
-    refused = _imex_refusal(plan, extras)
-    if refused and plan.allocation.via == "checkpoint":
-        from nvshim.runtime.allocation.kubelet import ask_kubelet
-
-        plan.allocation = ask_kubelet(plan.identity, config, fresh=True)
-        refused = _imex_refusal(plan, extras)
+    refused = _imex_refusal(found, extras)
+    if refused and found.allocation is not None and found.allocation.via == "checkpoint":
+        found = _asked_again(found, config)
+        refused = _imex_refusal(found, extras)
     if refused:
         raise RequestError(refused)
-    plan.notes.append(
-        f"every granted IMEX channel is in the kubelet's record ({plan.allocation.via})")
+    assert found.allocation is not None
+    return found, f"every granted IMEX channel is in the kubelet's record ({found.allocation.via})"
 
 
-def _imex_refusal(plan: Plan, extras: Any) -> Optional[str]:
-    allocation = plan.allocation
+def _imex_refusal(found: Verification, extras: Extras) -> Optional[str]:
+    allocation = found.allocation
+    assert allocation is not None
     for channel in extras.imex_channels:
         if channel in allocation.imex:
             continue
@@ -348,7 +431,7 @@ def _imex_refusal(plan: Plan, extras: Any) -> Optional[str]:
             why = f"the kubelet gave it to {holder}"
         else:
             own = ", ".join(map(str, allocation.imex)) or "none"
-            why = f"the kubelet allocated IMEX channels {own} to {plan.identity}"
+            why = f"the kubelet allocated IMEX channels {own} to {found.identity}"
         return (f"IMEX channel {channel} is not this container's allocation: {why} "
                 f"(claimed through {extras.imex_source}, checked via {allocation.via})")
     return None
