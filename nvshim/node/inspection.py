@@ -71,11 +71,11 @@ def plan_summary(plan: Plan, config: Config) -> Dict[str, Any]:
         # a MIG device brings its parent GPU's node: one node, listed once
         "device_nodes": sorted({n.path for n in plan.edits.device_nodes}),
         "notes": list(plan.notes),
-        "warnings": list(dict.fromkeys(plan.log_warnings)),
-        "missing_files": list(plan.missing),
+        "warnings": list(dict.fromkeys(plan.warnings)),
+        "missing_files": list(plan.grant.missing),
         "env_set": env,
         "edits": plan.applied_edits().to_cdi(),
-        "rootfs_work": {"by": plan.rootwork_by or None, "detail": plan.rootwork_why or None},
+        "rootfs_work": {"by": plan.rootfs.by or None, "detail": plan.rootfs.why or None},
         "node_plan": plan.plan_source or None,
         "cdi_registry": plan.cdi_source or None,
         "changes_config": plan.changed,
@@ -112,7 +112,7 @@ def _replaced(plan: Plan) -> List[Hook]:
     nvshim does their work)."""
     from nvshim.edits import Hook
 
-    found = plan.engine_hooks.replaced if plan.engine_hooks is not None else ()
+    found = plan.grant.engine_hooks.replaced if plan.grant.engine_hooks is not None else ()
     return [Hook(name, str(h.get("path")), tuple(str(a) for a in h.get("args") or ()))
             for name, h in found]
 
@@ -151,11 +151,11 @@ def hook_line(hook: Hook) -> str:
 
 
 def _rootwork_line(plan: Plan) -> str:
-    if plan.rootwork_by == "runtime":
-        return f"by nvshim-runtime before runc, in {plan.rootwork_why}"
-    if plan.rootwork_by == "nobody":
-        return f"none ({plan.rootwork_why})"
-    return f"by the createContainer hook ({plan.rootwork_why})"
+    if plan.rootfs.by == "runtime":
+        return f"by nvshim-runtime before runc, in {plan.rootfs.why}"
+    if plan.rootfs.by == "nobody":
+        return f"none ({plan.rootfs.why})"
+    return f"by the createContainer hook ({plan.rootfs.why})"
 
 
 def render_summary(plan: Plan, config: Config) -> List[str]:
@@ -212,14 +212,14 @@ def render_summary(plan: Plan, config: Config) -> List[str]:
             counts.append(f"{len(summary['engine_hooks_replaced'])} of the engine's hooks "
                           "replaced")
         out.append(f"edits:         {', '.join(counts)}")
-    if plan.rootwork_by:
+    if plan.rootfs.by:
         out.append(f"in-root work:  {_rootwork_line(plan)}")
     if plan.plan_source:
         out.append(f"node plan:     {plan.plan_source}")
     if plan.cdi_source:
         out.append(f"CDI registry:  {plan.cdi_source}")
-    if plan.missing:
-        out.append(f"missing:       {', '.join(plan.missing)}: expected for the requested "
+    if plan.grant.missing:
+        out.append(f"missing:       {', '.join(plan.grant.missing)}: expected for the requested "
                    "capabilities, not found under the driver root")
     out.extend(f"warning:       {w}" for w in summary["warnings"])
     out.extend(f"note:          {n}" for n in plan.notes if n not in summary["warnings"])

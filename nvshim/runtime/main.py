@@ -176,15 +176,15 @@ def main(argv: Optional[List[str]] = None) -> None:
 
             bundle = _absolute(inv.bundle) if inv.bundle else _cwd()
             plan = plan_create(bundle, config, log=log, save_cache=True)
-            for warning in plan.log_warnings:
+            for warning in plan.warnings:
                 _warn(warning, inv)
                 if log is not None:
                     log.event("warning", bundle=bundle, message=warning)
             if config.grants_journal and plan.granted_uuids:
                 _record_grant(plan, config, inv, bundle, runtime)
-            written = commit(plan, log)
+            done = commit(plan, log)
             if log is not None:
-                log.event("create", bundle=bundle, rewritten=written)
+                log.event("create", bundle=bundle, rewritten=done.written)
         except NvshimError as exc:
             if log is not None:
                 log.error("create failed", error=str(exc))

@@ -83,7 +83,7 @@ def test_compile_writes_a_valid_plan_and_creates_use_it(node, cfg, rootfs, tmp_p
     live = plan_create(str(bundle), config)
     assert live.plan_source.startswith("discovery (no plan cache")
     assert cached.new_spec == live.new_spec
-    assert cached.rootwork.planned == live.rootwork.planned
+    assert cached.rootfs.work.planned == live.rootfs.work.planned
 
 
 def test_gpu_removed_and_added_is_seen_by_the_next_create(node, cfg, rootfs, tmp_path, nvshim_runtime_bin):

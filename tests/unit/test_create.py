@@ -434,3 +434,64 @@ def test_debug_log_records_carry_the_container_id(node: dict, tmp_path: Path) ->
     records = [json.loads(line) for line in debug.read_text().splitlines()]
     assert {r["event"] for r in records} >= {"request", "create"}
     assert all(r.get("id") == "ctr-12-16" for r in records), records
+
+
+# --- the road as values: a frozen plan, and commit returning what it did ---------------------
+
+
+def _planned(node: dict, tmp_path: Path):
+    """plan_create for a one-GPU container whose rootfs the runtime can write (links and
+    ld.so.cache done before runc)."""
+    from nvshim.config import load_config
+    from nvshim.runtime.create import plan_create
+    from tests.helpers.bundle import make_rootfs
+
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    make_rootfs(bundle / "rootfs")
+    (bundle / "config.json").write_text(json.dumps(
+        {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+         "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"], "args": ["sh"], "cwd": "/"}}))
+    config = load_config(str(node["config"]))
+    return bundle, plan_create(str(bundle), config)
+
+
+def test_the_plan_is_one_frozen_value_built_from_the_stages_records(node: dict,
+                                                                     tmp_path: Path) -> None:
+    """plan_create returns a frozen Plan whose claim, request, grant and rootfs decision are
+    frozen records too; notes and warnings are tuples (two channels), nothing to append to."""
+    from nvshim._record import FrozenInstanceError
+
+    _, plan = _planned(node, tmp_path)
+    assert [g.index for g in plan.gpus] == [0] and plan.grant.gpus == plan.gpus
+    assert plan.rootfs.by == "runtime" and plan.rootfs.work is not None
+    assert isinstance(plan.notes, tuple) and isinstance(plan.warnings, tuple)
+    for record, name in ((plan, "new_spec"), (plan.grant, "edits"), (plan.rootfs, "by"),
+                         (plan.claim, "env_tokens"), (plan.request, "devices")):
+        with pytest.raises(FrozenInstanceError):
+            setattr(record, name, None)
+
+
+def test_commit_returns_the_hook_fallback_and_leaves_the_plan_as_it_was(node: dict,
+                                                                       tmp_path: Path) -> None:
+    """A rootfs that cannot be opened by the time commit runs: commit returns the new
+    decision (the createContainer hook does the work) and the config.json it wrote with the
+    hook, while the plan still says what was planned."""
+    import shutil
+
+    from nvshim.runtime.create import commit
+    from nvshim.runtime.hookargs import is_nvshim_hook
+
+    bundle, plan = _planned(node, tmp_path)
+    planned_hooks = plan.new_spec.get("hooks", {}).get("createContainer", [])
+    shutil.rmtree(bundle / "rootfs")
+    done = commit(plan)
+    assert done.written and done.rootfs.by == "hook"
+    assert done.rootfs.why.startswith(f"cannot open the rootfs {bundle}/rootfs")
+    assert plan.rootfs.by == "runtime" and plan.new_spec.get("hooks", {}).get(
+        "createContainer", []) == planned_hooks
+    written = json.loads((bundle / "config.json").read_text())
+    assert written == done.new_spec
+    assert any(is_nvshim_hook(h) for h in plan.grant.edits.hooks)
+    assert any("nvshim.hook" in " ".join(h.get("args", []))
+               for h in written["hooks"]["createContainer"])

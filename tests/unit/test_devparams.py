@@ -70,7 +70,7 @@ def test_gpu_create_plans_the_sh_hook_and_writes_the_copy(node: Any, tmp_path: P
     assert hook.hook_name == "createContainer" and hook.path == "/bin/sh"
     assert hook.args[-2:] == (os.path.join(b, "rootfs"), copy)
     assert not any("python" in a for a in hook.args) and hook.env
-    assert commit(plan)
+    assert commit(plan).written
     assert Path(copy).read_bytes() == modified_params(node.root)
     assert os.stat(copy).st_mode & 0o777 == 0o444
     spec = json.loads(Path(b, "config.json").read_text())
@@ -92,14 +92,14 @@ def test_hook_gets_absolute_paths_for_a_relative_bundle(node: Any, tmp_path: Pat
 def test_no_gpu_no_hook_no_copy(node: Any, tmp_path: Path, env: List[str]) -> None:
     b = bundle(tmp_path, env)
     plan = plan_create(b, Config(driver_root=node.root, grants_journal=None))
-    assert params_hooks(plan) == [] and plan.params is None
+    assert params_hooks(plan) == [] and plan.grant.params is None
 
 
 def test_config_off_means_no_hook(node: Any, tmp_path: Path) -> None:
     b = bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=0"])
     cfg = Config(driver_root=node.root, grants_journal=None, disable_device_node_modification=False)
     plan = plan_create(b, cfg)
-    assert params_hooks(plan) == [] and plan.params is None
+    assert params_hooks(plan) == [] and plan.grant.params is None
 
 
 def _run_hook(rootfs: Path, copy: Path) -> "subprocess.CompletedProcess[str]":

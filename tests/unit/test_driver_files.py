@@ -139,9 +139,9 @@ def test_version_skew_injects_the_files_version_and_says_so(tmp_path):
     plan = plan_create(str(bundle), Config(driver_root=node.root, nvml_facts=node.nvml_facts))
     mounts = {m["destination"] for m in plan.new_spec["mounts"]}
     assert f"{LIBDIR}/libcuda.so.{VERSION}" in mounts
-    assert len(plan.log_warnings) == 1
-    assert "kernel module is 550.40.07" in plan.log_warnings[0]
-    assert f"files are {VERSION}" in plan.log_warnings[0]
+    assert len(plan.warnings) == 1
+    assert "kernel module is 550.40.07" in plan.warnings[0]
+    assert f"files are {VERSION}" in plan.warnings[0]
 
 
 def test_doctor_fails_a_version_skew_and_missing_default_files(tmp_path):

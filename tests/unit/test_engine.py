@@ -266,9 +266,9 @@ def test_hooks_whose_binary_is_missing_are_replaced_by_nvshims_work(
     assert plan.new_spec is not None
     paths = [h["path"] for h in plan.new_spec.get("hooks", {}).get("createContainer", [])]
     assert missing not in paths
-    assert plan.rootwork_by == "runtime"
-    assert ("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so") in plan.rootwork.links
-    assert "/usr/lib/x86_64-linux-gnu" in plan.rootwork.folders
+    assert plan.rootfs.by == "runtime"
+    assert ("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so") in plan.rootfs.work.links
+    assert "/usr/lib/x86_64-linux-gnu" in plan.rootfs.work.folders
     assert any(f"{missing} update-ldcache is not on this node" in n for n in plan.notes)
 
 
@@ -286,7 +286,7 @@ def test_runnable_hooks_are_left_to_do_their_work(tmp_path: Path, node: Any,
                               nvidia_style_hooks(cdi_spec, str(binary)), ["1"], void=False)
     assert engine_hooks(spec).runnable
     plan = plan_create(str(bundle_of(tmp_path, spec, base_rootfs)), Config(driver_root=node.root))
-    assert plan.rootwork is None and plan.base is None
+    assert plan.rootfs.work is None and plan.grant.base is None
     assert plan.new_spec is not None
     assert [h["path"] for h in plan.new_spec["hooks"]["createContainer"]
             if "nvidia-cdi-hook" in h["path"]] == [str(binary)] * 2

@@ -108,7 +108,7 @@ def test_a_cdi_device_keeps_the_cuda_compat_check(tmp_path: Path) -> None:
     assert len(hooks) == 1 and any("libcuda" in a for a in hooks[0].args)
     assert parse_host_driver_version(spec["containerEdits"]["hooks"][0]["args"]) == version
     assert parse_host_driver_version(hooks[0].args) == version
-    assert plan.rootwork is not None and plan.rootwork.host_driver_version == version
+    assert plan.rootfs.work is not None and plan.rootfs.work.host_driver_version == version
 
 
 def test_the_hooks_parser_refuses_what_the_builder_never_writes() -> None:

@@ -218,7 +218,7 @@ def test_kubelet_down_trust_claims_grants_and_warns(node: Any, tmp_path: Path) -
                        config(node, tmp_path, kubelet_unreachable="trust-claims"))
     assert [g.index for g in plan.gpus] == [0]
     assert plan.verified == "unreachable"
-    assert any("trust-claims" in w for w in plan.log_warnings)
+    assert any("trust-claims" in w for w in plan.warnings)
 
 
 def test_checkpoint_answers_when_the_socket_does_not(node: Any, tmp_path: Path) -> None:
