@@ -9,7 +9,7 @@ module for anything run with this directory on ``sys.path``.)
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List  # Any: the JSON summary's values
 
 if TYPE_CHECKING:
     from nvshim.config import Config
@@ -20,7 +20,7 @@ __all__ = ["env_set", "plan_summary", "plan_diff", "hook_line", "render_summary"
            "render_details", "render_text"]
 
 
-def _env(spec: Any) -> List[str]:
+def _env(spec: object) -> List[str]:
     process = spec.get("process") if isinstance(spec, dict) else None
     entries = process.get("env") if isinstance(process, dict) else None
     return [e for e in entries if isinstance(e, str)] if isinstance(entries, list) else []
