@@ -25,6 +25,10 @@ at the end, from the stages' records:
 Messages go on two channels, in the order the stages speak: notes (every decision, shown
 by ``inspect``) and warnings (what an operator must hear though the create goes on: sent
 to runc's ``--log``; each warning is a note too).
+
+One module past the ~400-line mark on purpose: the road and the records it builds are one
+thing, and every create imports it; records of their own module would cost every create
+one more import.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ filesystem. Three steps:
 4. :func:`nvshim.runtime.tokens.select_gpus` maps the request's tokens onto the node's
    GPUs (pure too: the GPU records come from discovery). The token grammar lives there,
    imported only when a container names a device.
+
+Longer than most modules because the view, the claim and the request are one reading of
+one spec, and every create imports it: split, each create would pay one more import.
 """
 
 from __future__ import annotations
