@@ -9,11 +9,13 @@ module for anything run with this directory on ``sys.path``.)
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Any, Dict, List  # Any: the JSON summary's values
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple  # Any: the JSON summary's values
 
 if TYPE_CHECKING:
     from nvshim.config import Config
     from nvshim.edits import Hook
+    from nvshim.host.devices import MigDevice
+    from nvshim.host.discovery import Gpu
     from nvshim.runtime.create import Plan
 
 __all__ = ["env_set", "plan_summary", "plan_diff", "hook_line", "render_summary",
@@ -35,6 +37,15 @@ def env_set(plan: Plan) -> List[str]:
     return [e for e in _env(plan.new_spec) if e not in before]
 
 
+def _gpus_json(gpus: Sequence[Gpu]) -> List[Dict[str, Any]]:
+    return [{"index": g.index, "minor": g.minor, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id}
+            for g in gpus]
+
+
+def _migs_json(migs: Sequence[Tuple[Gpu, MigDevice]]) -> List[Dict[str, Any]]:
+    return [{"device": f"{p.index}:{m.index}", "uuid": m.uuid} for p, m in migs]
+
+
 def plan_summary(plan: Plan, config: Config) -> Dict[str, Any]:
     """The plan as plain JSON values: the request, what was granted, the edits, who does the
     in-root work, where the node plan and CDI registry came from."""
@@ -50,22 +61,12 @@ def plan_summary(plan: Plan, config: Config) -> Dict[str, Any]:
         "requested": list(req.devices),
         "driver_files": req.driver_files,
         "capabilities": list(req.capabilities) if req.injects else [],
-        "granted_gpus": [
-            {"index": g.index, "minor": g.minor, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id}
-            for g in plan.gpus
-        ],
-        "granted_mig": [
-            {"device": f"{p.index}:{m.index}", "uuid": m.uuid} for p, m in plan.migs
-        ],
+        "granted_gpus": _gpus_json(plan.gpus),
+        "granted_mig": _migs_json(plan.migs),
         "cdi_devices": list(plan.cdi_names),
         # what the engine injected before nvshim ran (CDI, DRA): the container holds it
-        "engine_gpus": [
-            {"index": g.index, "minor": g.minor, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id}
-            for g in plan.engine_gpus
-        ],
-        "engine_mig": [
-            {"device": f"{p.index}:{m.index}", "uuid": m.uuid} for p, m in plan.engine_migs
-        ],
+        "engine_gpus": _gpus_json(plan.engine_gpus),
+        "engine_mig": _migs_json(plan.engine_migs),
         "engine_imex_channels": list(plan.engine_imex),
         "engine_hooks_replaced": [hook_line(h) for h in _replaced(plan)],
         # a MIG device brings its parent GPU's node: one node, listed once

@@ -2,6 +2,8 @@
 
 * :func:`nvshim_cli` runs ``nvshim ARGS`` from this checkout in a fresh ``python -I`` (exit
   code, stdout and stderr as the user sees them, nothing shared with the test's process).
+* :func:`fake_runtime` writes an executable stand-in for nvshim-runtime (for configs that
+  must name one that can be run).
 * :func:`run_cli` runs ``nvshim ARGS`` in this process through the console entry point, for
   tests that read its output with pytest's ``capsys``.
 * :func:`make_trampoline_world` renders the ``nvshim-runtime`` sh trampoline for this
@@ -18,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-__all__ = ["make_trampoline_world", "nvshim_cli", "run_cli"]
+__all__ = ["fake_runtime", "make_trampoline_world", "nvshim_cli", "run_cli"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,3 +65,12 @@ def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, s
     out, err = capsys.readouterr()
     code = exc.value.code
     return (code if isinstance(code, int) else 1), out, err
+
+
+def fake_runtime(directory: Path) -> Path:
+    """An executable stand-in for nvshim-runtime (doctor only checks that it can be run)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "nvshim-runtime"
+    path.write_text('#!/bin/sh\nexec runc "$@"\n')
+    path.chmod(0o755)
+    return path

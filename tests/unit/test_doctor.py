@@ -20,7 +20,7 @@ from nvshim.node.compile import compile_node
 from nvshim.node.findings import DoctorOptions, Finding
 from nvshim.node.trampoline import render, runtimes_path
 from nvshim.runtime.hookargs import hook_command
-from tests.helpers.commands import run_cli
+from tests.helpers.commands import fake_runtime, run_cli
 
 PITFALL = (
     "FAIL  default-runtime: containerd's default runtime is nvshim but require-allocation is "
@@ -46,14 +46,6 @@ def write_config(directory: Path, compile: bool = True, **settings: Any) -> Path
         compile_node(str(path))
     return path
 
-
-def fake_runtime(directory: Path) -> Path:
-    """An executable stand-in for nvshim-runtime (doctor only checks that it can be run)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "nvshim-runtime"
-    path.write_text("#!/bin/sh\nexec runc \"$@\"\n")
-    path.chmod(0o755)
-    return path
 
 
 def containerd_config(path: Path, binary: Optional[Path], default: Optional[str] = None,

@@ -14,15 +14,7 @@ import yaml
 from nvshim.cli.main import main
 from nvshim.node import containerd, doctor
 from nvshim.node.findings import DoctorOptions, Finding
-
-
-def fake_runtime(directory: Path) -> Path:
-    """An executable stand-in for nvshim-runtime."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "nvshim-runtime"
-    path.write_text('#!/bin/sh\nexec runc "$@"\n')
-    path.chmod(0o755)
-    return path
+from tests.helpers.commands import fake_runtime
 
 
 def fake_containerd(tmp_path: Path, answer: str) -> Path:

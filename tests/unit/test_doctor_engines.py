@@ -12,14 +12,7 @@ from nvshim.config import Config
 from nvshim.node import doctor
 from nvshim.node.doctor_engines import check_crio, check_docker
 from nvshim.node.findings import DoctorOptions
-
-
-def fake_runtime(directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "nvshim-runtime"
-    path.write_text('#!/bin/sh\nexec runc "$@"\n')
-    path.chmod(0o755)
-    return path
+from tests.helpers.commands import fake_runtime
 
 
 def options(tmp_path: Path) -> DoctorOptions:
