@@ -182,22 +182,14 @@ def render_summary(plan: Plan, config: Config) -> List[str]:
         out.append("verified:      no: the kubelet was unreachable, claims trusted")
     files_only = "  (driver files only)" if request.driver_files and not request.devices else ""
     out.append(f"requested:     {', '.join(summary['requested']) or '-'}{files_only}")
-    label = "granted GPUs:"
-    for g in plan.gpus:
-        out.append(f"{label:<15}{g.index}  {g.uuid}")
-        label = ""
-    label = "granted MIG:"
-    for p, m in plan.migs:
-        out.append(f"{label:<15}{p.index}:{m.index}  {m.uuid}")
-        label = ""
-    label = "engine GPUs:"
-    for g in plan.engine_gpus:
-        out.append(f"{label:<15}{g.index}  {g.uuid}")
-        label = ""
-    label = "engine MIG:"
-    for p, m in plan.engine_migs:
-        out.append(f"{label:<15}{p.index}:{m.index}  {m.uuid}")
-        label = ""
+    for label, rows in (
+        ("granted GPUs:", [f"{g.index}  {g.uuid}" for g in plan.gpus]),
+        ("granted MIG:", [f"{p.index}:{m.index}  {m.uuid}" for p, m in plan.migs]),
+        ("engine GPUs:", [f"{g.index}  {g.uuid}" for g in plan.engine_gpus]),
+        ("engine MIG:", [f"{p.index}:{m.index}  {m.uuid}" for p, m in plan.engine_migs]),
+    ):
+        # the label on the first row only
+        out.extend(f"{label if i == 0 else '':<15}{row}" for i, row in enumerate(rows))
     if plan.engine_imex:
         out.append(f"engine IMEX:   {', '.join(map(str, plan.engine_imex))}")
     if plan.cdi_names:
