@@ -47,7 +47,7 @@ def config_show(config_file: Optional[str], fmt: str) -> None:
     text: YAML, after a comment naming the file the values came from. json: one object,
     {"source": FILE or null for the built-in defaults, "config": {KEY: VALUE, ...}}.
     """
-    from nvshim.config import load_config
+    from nvshim.config import config_path, load_config
 
     config = load_config(config_file, required=config_file is not None)
     if fmt == "json":
@@ -58,5 +58,7 @@ def config_show(config_file: Optional[str], fmt: str) -> None:
         return
     import yaml
 
-    click.echo(f"# effective config from {config.source or 'built-in defaults'}")
+    # without a file, name the one looked for: $NVSHIM_CONFIG may name one that is not there
+    where = config.source or f"built-in defaults (no config {config_path()})"
+    click.echo(f"# effective config from {where}")
     click.echo(yaml.safe_dump(config.to_mapping(), sort_keys=False).rstrip())

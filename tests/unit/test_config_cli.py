@@ -141,3 +141,13 @@ def test_help_shows_config_as_a_file(command: List[str],
     if command == ["config", "show"]:
         assert "--format [text|json]" in out
 
+
+def test_show_names_the_missing_file_it_looked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --config, a $NVSHIM_CONFIG that names no file means the built-in defaults;
+    the header says which file was looked for, so a typo in the variable shows."""
+    missing = tmp_path / "typo.yaml"
+    monkeypatch.setenv("NVSHIM_CONFIG", str(missing))
+    code, out, _ = run_cli(["config", "show"], capsys)
+    assert code == 0
+    assert out.splitlines()[0] == f"# effective config from built-in defaults (no config {missing})"
