@@ -200,7 +200,9 @@ def inject_cdi(names: Sequence[str], config: Config, capabilities: Sequence[str]
 
     The registry comes from the spec index (only the names' kinds loaded; written back
     when stale and ``save``); unknown names are one :class:`CdiError` naming the config;
-    edits setting a field nvshim cannot apply are refused; a spec made for another
+    edits setting a field nvshim cannot apply are refused; so is a spec that would
+    bind-mount a file this node does not have (the old driver's libraries after an upgrade:
+    runc would fail on it), whatever ``stale-cdi-spec`` says; a spec made for another
     driver or other device nodes than ``node``'s is said or refused (``stale-cdi-spec``);
     device nodes get their type and numbers from the host nodes, stat'ed through
     ``paths`` (a :class:`~nvshim.host.discovery.Host` of the machine's ``/``, since CDI
@@ -219,6 +221,10 @@ def inject_cdi(names: Sequence[str], config: Config, capabilities: Sequence[str]
     except CdiError as exc:
         raise CdiError(f"{exc} ({describe_config(config)})") from exc
     refuse_unapplied(registry, names)
+    edits = restrict_to_capabilities(edits, capabilities)
+    missing = cdiindex.missing_mounts(registry, names, edits.mounts)
+    if missing is not None:  # runc would fail on it anyway, with a worse message
+        raise CdiError(_missing_message(config, *missing))
     try:
         version: Optional[str] = node.driver_version()
     except HostError:
@@ -232,5 +238,27 @@ def inject_cdi(names: Sequence[str], config: Config, capabilities: Sequence[str]
         from nvshim.host.discovery import Host
 
         paths = Host("/", "/")
-    edits = restrict_to_capabilities(fill_device_nodes(edits, paths), capabilities)
-    return CdiInjection(edits, source, tuple(warnings))
+    return CdiInjection(fill_device_nodes(edits, paths), source, tuple(warnings))
+
+
+def _missing_message(config: Config, spec: str, missing: Sequence[str]) -> str:
+    """The one line for a spec that mounts files the node no longer has, with its fix:
+    ``nvshim cdi refresh`` when the config's ``cdi-refresh`` keeps the spec."""
+    import shlex
+
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    kept = False
+    for entry in config.cdi_refresh:
+        try:
+            args = shlex.split(entry)
+        except ValueError:
+            continue  # nvshim cdi refresh says what is wrong with the entry
+        for i, arg in enumerate(args):
+            value = arg.split("=", 1)[1] if arg.startswith("--output=") else (
+                args[i + 1] if arg in ("--output", "-o") and i + 1 < len(args) else None)
+            kept = kept or value == spec
+    fix = ("run nvshim cdi refresh" if kept else
+           f"regenerate it with nvshim cdi generate --output {spec} (or list it under "
+           "cdi-refresh and run nvshim cdi refresh)")
+    return (f"CDI spec {spec} mounts {missing[0]}, which this node does not have{more}: "
+            f"the spec is older than the driver; {fix}")
