@@ -125,8 +125,15 @@ REFRESH_RULE=99-nvshim-cdi-refresh.rules
 
 systemd_runs() { [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; }
 
+mkdir_recorded() {  # mkdir -p DIR, recording each folder it makes (removed at uninstall)
+    [ -d "$1" ] && return 0
+    mkdir_recorded "$(dirname "$1")"
+    mkdir "$1"
+    record "refresh-dir $1"
+}
+
 put_if_changed() {  # put_if_changed DEST < content: true when DEST was (re)written
-    mkdir -p "$(dirname "$1")"
+    mkdir_recorded "$(dirname "$1")"
     tmp="$1.tmp.$$"
     cat > "$tmp"
     record "file $1"
@@ -209,6 +216,9 @@ uninstall_cdi_refresh() {  # before the manifest's files go: disable, remove, re
     fi
     grep -E "^file .*/($REFRESH\.path|$REFRESH\.service|$REFRESH_RULE)\$" "$MANIFEST" \
         | while read -r _ path; do rm -f "$path"; done
+    sed -n 's/^refresh-dir //p' "$MANIFEST" | sort -r | while read -r dir; do
+        rmdir "$dir" 2>/dev/null || true  # deepest first; one holding others' files stays
+    done
     if grep -qx "systemd-enabled $REFRESH" "$MANIFEST" && systemd_runs; then
         systemctl daemon-reload
         command -v udevadm >/dev/null 2>&1 && udevadm control --reload-rules || true

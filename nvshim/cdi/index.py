@@ -41,11 +41,20 @@ from nvshim.errors import CdiError, CdiProblem, CdiSpecError, NvshimError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+    from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
     from nvshim.cdi.model import Registry
 
-__all__ = ["FORMAT", "build", "load", "missing_mounts", "registry_for", "refresh", "stale_specs"]
+__all__ = [
+    "FORMAT",
+    "build",
+    "load",
+    "missing_mounts",
+    "regenerate_fix",
+    "registry_for",
+    "refresh",
+    "stale_specs",
+]
 
 FORMAT = 1
 
@@ -256,13 +265,18 @@ def _spec_mismatch(edits: Sequence[Any], driver_version: Optional[str]) -> List[
     return reasons
 
 
-def stale_specs(registry: Registry, names: Sequence[str],
-                driver_version: Optional[str]) -> List[str]:
+def regenerate_fix(path: str) -> str:
+    """How to make the spec at ``path`` current again, when nothing keeps it."""
+    return f"regenerate it with nvshim cdi generate --output {path}"
+
+
+def stale_specs(registry: Registry, names: Sequence[str], driver_version: Optional[str],
+                fix: Callable[[str], str] = regenerate_fix) -> List[str]:
     """One line per spec file that ``names`` inject from and that no longer matches the
     node: a driver-versioned library (``libcuda.so.<v>``, ``libnvidia-ml.so.<v>``) of
     another version than ``driver_version`` (None: not compared), or an injected device
-    node that does not exist or has other numbers. Names the registry lacks are skipped
-    (resolving them reports them)."""
+    node that does not exist or has other numbers; ``fix(spec path)`` ends it. Names the
+    registry lacks are skipped (resolving them reports them)."""
     used: Dict[str, List[Any]] = {}
     for name in dict.fromkeys(names):
         resolved = registry.devices.get(name)
@@ -274,7 +288,7 @@ def stale_specs(registry: Registry, names: Sequence[str],
         reasons = _spec_mismatch(edits, driver_version)
         if reasons:
             lines.append(f"CDI spec {path} does not match this node ({'; '.join(reasons)}): "
-                         f"regenerate it with nvshim cdi generate --output {path}")
+                         f"{fix(path)}")
     return lines
 
 

@@ -224,13 +224,16 @@ def inject_cdi(names: Sequence[str], config: Config, capabilities: Sequence[str]
     edits = restrict_to_capabilities(edits, capabilities)
     missing = cdiindex.missing_mounts(registry, names, edits.mounts)
     if missing is not None:  # runc would fail on it anyway, with a worse message
-        raise CdiError(_missing_message(config, *missing))
+        spec, files = missing
+        more = f" (and {len(files) - 1} more)" if len(files) > 1 else ""
+        raise CdiError(f"CDI spec {spec} mounts {files[0]}, which this node does not have"
+                       f"{more}: the spec is older than the driver; {refresh_fix(config, spec)}")
     try:
         version: Optional[str] = node.driver_version()
     except HostError:
         version = None  # no driver under the root: there is nothing to compare with
     warnings = []
-    for line in cdiindex.stale_specs(registry, names, version):
+    for line in cdiindex.stale_specs(registry, names, version, lambda p: refresh_fix(config, p)):
         if config.stale_cdi_spec == "refuse":
             raise CdiError(f"{line} (stale-cdi-spec: refuse)")
         warnings.append(f"{line}; injected anyway (stale-cdi-spec: warn)")
@@ -241,24 +244,26 @@ def inject_cdi(names: Sequence[str], config: Config, capabilities: Sequence[str]
     return CdiInjection(fill_device_nodes(edits, paths), source, tuple(warnings))
 
 
-def _missing_message(config: Config, spec: str, missing: Sequence[str]) -> str:
-    """The one line for a spec that mounts files the node no longer has, with its fix:
-    ``nvshim cdi refresh`` when the config's ``cdi-refresh`` keeps the spec."""
+def refresh_fix(config: Config, spec: str) -> str:
+    """How to make the spec at ``spec`` current: ``run nvshim cdi refresh`` when the config's
+    ``cdi-refresh`` keeps it, else regenerate it with ``nvshim cdi generate --output``.
+    Only a failing or warning create calls it (shlex costs an import)."""
     import shlex
 
-    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-    kept = False
+    from nvshim.cdi.index import regenerate_fix
+
     for entry in config.cdi_refresh:
         try:
             args = shlex.split(entry)
         except ValueError:
             continue  # nvshim cdi refresh says what is wrong with the entry
         for i, arg in enumerate(args):
-            value = arg.split("=", 1)[1] if arg.startswith("--output=") else (
-                args[i + 1] if arg in ("--output", "-o") and i + 1 < len(args) else None)
-            kept = kept or value == spec
-    fix = ("run nvshim cdi refresh" if kept else
-           f"regenerate it with nvshim cdi generate --output {spec} (or list it under "
-           "cdi-refresh and run nvshim cdi refresh)")
-    return (f"CDI spec {spec} mounts {missing[0]}, which this node does not have{more}: "
-            f"the spec is older than the driver; {fix}")
+            if arg in ("--output", "-o"):
+                value = args[i + 1] if i + 1 < len(args) else None
+            elif arg.startswith("--output="):
+                value = arg.split("=", 1)[1]
+            else:
+                value = arg[2:] if arg.startswith("-o") else None
+            if value == spec:
+                return "run nvshim cdi refresh"
+    return regenerate_fix(spec)

@@ -85,9 +85,7 @@ def test_create_mounting_a_file_the_node_lost_fails_before_runc(
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and res.log_errors == lines, res.describe()
     spec = upgraded["spec"]
-    fix = ("run nvshim cdi refresh" if kept else
-           f"regenerate it with nvshim cdi generate --output {spec} (or list it under "
-           "cdi-refresh and run nvshim cdi refresh)")
+    fix = "run nvshim cdi refresh" if kept else f"regenerate it with nvshim cdi generate --output {spec}"
     assert re.fullmatch(
         f"nvshim: CDI spec {re.escape(str(spec))} mounts "
         f"{re.escape(upgraded['root'])}/{LIBDIR}/lib[a-z-]+\\.so\\.{re.escape(OLD)}, which this "
