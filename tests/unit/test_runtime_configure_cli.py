@@ -141,7 +141,8 @@ def test_an_earlier_drop_in_in_etc_is_named(tmp_path: Path) -> None:
     for it gets a warning naming that file and the --drop-in that keeps using it."""
     config = tmp_path / "config.toml"
     config.write_text(f'version = 2\nimports = ["{containerd.DEFAULT_DROP_IN}"]\n')
-    warnings = _json(["--config", str(config), "--dry-run"])["warnings"]
+    warnings = [w for w in _json(["--config", str(config), "--dry-run"])["warnings"]
+                if "does not exist" not in w]  # that import is missing here, said apart
     assert len(warnings) == 1
     assert f"also imports {containerd.DEFAULT_DROP_IN}" in warnings[0]
     assert f"--drop-in {containerd.DEFAULT_DROP_IN}" in warnings[0]
