@@ -165,7 +165,7 @@ def load_chain(config_path: str, main_doc: Any, *, drop_in: str = "",
                 if path == drop_in:
                     files.append(Loaded(path, None, depth))
                     continue
-                problems.append(f"import {path} does not exist (containerd will not start)")
+                problems.append(f"import {path} does not exist")
                 continue
             doc = parse_toml(text, path)
         files.append(Loaded(path, text, depth))
