@@ -389,6 +389,24 @@ def identity_of(annotations: Mapping[str, str]) -> Optional[Identity]:
     return Identity(namespace, pod, annotations.get(SANDBOX_UID, ""), container)
 
 
+def management_pod(annotations: Mapping[str, str], patterns: Sequence[str]) -> Optional[str]:
+    """The ``management-pods`` entry (``<namespace>/<pod>[/<container>]``, pod and container
+    globs) that the CRI container with these annotations matches; None when none does or it
+    is not a CRI container. The namespace is compared literally."""
+    identity = identity_of(annotations)
+    if identity is None or not patterns:
+        return None
+    from fnmatch import fnmatchcase
+
+    for pattern in patterns:
+        namespace, _, rest = pattern.partition("/")
+        pod, _, container = rest.partition("/")
+        if namespace == identity.namespace and fnmatchcase(identity.pod, pod) and (
+                not container or fnmatchcase(identity.container, container)):
+            return pattern
+    return None
+
+
 def _parse_tokens(value: str) -> Tuple[str, ...]:
     """:func:`nvshim.runtime.tokens.parse_visible_devices`, importing the grammar on first
     use: a create whose spec names no device never loads it."""
@@ -542,7 +560,16 @@ def resolve_request(claim: Claim, config: Config,
             return nothing()
         return grant("env", env_tokens, env_raw)
 
-    # require-allocation: only a device plugin's allocation grants GPUs.
+    # require-allocation: only a device plugin's allocation grants GPUs -- and whatever a
+    # management pod (the device plugin itself) asks for.
+    if env_set and engine is None and config.management_pods:
+        entry = management_pod(view.annotations, config.management_pods)
+        if entry is not None:
+            assert env_tokens is not None
+            notes.append(f"{VISIBLE_DEVICES} granted without an allocation: "
+                         f"{identity_of(view.annotations)} matches management-pods entry "
+                         f'"{entry}"')
+            return grant("management-pod", env_tokens, env_raw)
     if annotation_ids and pod_annotations:
         from_pod = [k for k in claim.annotation_keys
                     if pod_annotations.get(k) == view.annotations[k]]
