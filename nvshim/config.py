@@ -80,6 +80,7 @@ class Config:
     allocation_sources: Tuple[str, ...] = (
         "volume-mounts",
         "cdi-annotations",
+        "docker-gpus",
         "envvar-uuids",
         "privileged",
     )
