@@ -80,7 +80,9 @@ def _record_grant(plan: Plan, config: Config, inv: Invocation, bundle: str,
         pod=who.pod if who else "", pod_uid=who.pod_uid if who else "",
         container=who.container if who else "",
     )
-    append_grant(config.grants_journal, grant, config.grants_journal_max_bytes)
+    warning = append_grant(config.grants_journal, grant, config.grants_journal_max_bytes)
+    if warning is not None:
+        _warn(warning, inv)
 
 
 def _cwd() -> str:
