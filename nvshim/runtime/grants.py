@@ -136,7 +136,7 @@ def _not_a_file(path: str, fd: int) -> Optional[str]:
     return f"{path} is {kind}"
 
 
-def _open_journal(path: str) -> int:
+def _open_journal(path: str, what: str = "grant") -> int:
     directory = os.path.dirname(path) or "."
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
@@ -146,18 +146,18 @@ def _open_journal(path: str) -> int:
                      0o644)
     except OSError as exc:
         raise HostError(
-            f"cannot record the grant in {path}: {exc.strerror} "
+            f"cannot record the {what} in {path}: {exc.strerror} "
             "(config grants-journal; null turns the record off)"
         ) from exc
     why = _not_a_file(path, fd)
     if why is not None:
         os.close(fd)
-        raise HostError(f"cannot record the grant: {why} "
+        raise HostError(f"cannot record the {what}: {why} "
                         "(config grants-journal must name a regular file; null turns it off)")
     return fd
 
 
-def _lock_directory(path: str) -> int:
+def _lock_directory(path: str, what: str = "grant") -> int:
     """A flock'ed fd of the journal's directory: the lock every append and compaction of
     this version holds. The directory stays while compaction renames a new journal over
     the old one, so a waiting writer never finds it has waited on a replaced file."""
@@ -169,7 +169,7 @@ def _lock_directory(path: str) -> int:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise HostError(
-            f"cannot record the grant in {path}: {exc.strerror} "
+            f"cannot record the {what} in {path}: {exc.strerror} "
             "(config grants-journal; null turns the record off)"
         ) from exc
     try:
@@ -180,7 +180,7 @@ def _lock_directory(path: str) -> int:
     return fd
 
 
-def _lock_current(path: str) -> int:
+def _lock_current(path: str, what: str = "grant") -> int:
     """A flock'ed fd of the journal that is still the file at ``path`` (not a compacted one).
 
     Under the directory lock only a writer of an older nvshim (which locks the file alone)
@@ -188,7 +188,7 @@ def _lock_current(path: str) -> int:
     import fcntl
 
     for _ in range(100):
-        fd = _open_journal(path)
+        fd = _open_journal(path, what)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # released by close(), before runc is exec'd
             if os.fstat(fd).st_ino == os.stat(path).st_ino:
@@ -199,11 +199,11 @@ def _lock_current(path: str) -> int:
             os.close(fd)
             raise
         os.close(fd)
-    raise HostError(f"cannot record the grant in {path}: the file keeps being replaced")
+    raise HostError(f"cannot record the {what} in {path}: the file keeps being replaced")
 
 
 def append_line(path: str, line: bytes, max_bytes: int,
-                compact: Callable[[str], bool]) -> Optional[str]:
+                compact: Callable[[str], bool], what: str = "grant") -> Optional[str]:
     """Append one whole line to the journal at ``path`` under its locks; first, when the
     file is past ``max_bytes``, ``compact(path)`` (True: it replaced the file).
 
@@ -212,9 +212,9 @@ def append_line(path: str, line: bytes, max_bytes: int,
     Every fd is closed exactly once, whatever fails."""
     warning: Optional[str] = None
     try:
-        lock = _lock_directory(path)
+        lock = _lock_directory(path, what)
         try:
-            fd = _lock_current(path)
+            fd = _lock_current(path, what)
             try:
                 size = os.fstat(fd).st_size
                 if size > max_bytes:
@@ -225,7 +225,7 @@ def append_line(path: str, line: bytes, max_bytes: int,
                         why = exc.strerror if isinstance(exc, OSError) else str(exc)
                         warning = f"cannot compact {path} (record appended): {why}"
                     if replaced:
-                        new_fd = _lock_current(path)  # fd stays ours until this succeeds
+                        new_fd = _lock_current(path, what)  # fd stays ours until this succeeds
                         os.close(fd)
                         fd = new_fd
                         size = os.fstat(fd).st_size
@@ -233,13 +233,13 @@ def append_line(path: str, line: bytes, max_bytes: int,
                     line = b"\n" + line  # end a line a crash cut short; the reader skips it
                 written = os.write(fd, line)
                 if written != len(line):
-                    raise HostError(f"cannot record the grant in {path}: short write")
+                    raise HostError(f"cannot record the {what} in {path}: short write")
             finally:
                 os.close(fd)
         finally:
             os.close(lock)
     except OSError as exc:
-        raise HostError(f"cannot record the grant in {path}: {exc.strerror}") from exc
+        raise HostError(f"cannot record the {what} in {path}: {exc.strerror}") from exc
     return warning
 
 
