@@ -78,7 +78,7 @@ if TYPE_CHECKING:
     Migs = Tuple[Tuple[Gpu, MigDevice], ...]
     """(parent GPU, MIG device) pairs."""
 
-__all__ = ["Plan", "Grant", "RootfsDecision", "Committed", "plan_create", "commit"]
+__all__ = ["Plan", "Grant", "RootfsDecision", "Committed", "plan_create", "commit", "REWRITTEN"]
 
 #: The env entry that keeps anything downstream from injecting again (or strips a request).
 _VOID = Edits(env=(f"{VISIBLE_DEVICES}=void",))
@@ -680,7 +680,25 @@ def commit(plan: Plan, log: Optional[DebugLog] = None) -> Committed:
 
     if plan.grant.params is not None:
         write_atomic(plan.grant.params[0], plan.grant.params[1], 0o444, durable=False)
+    new_spec = _marked(new_spec, plan)
     # No fsync: config.json is the engine's, regenerated for every create (bundles live in
     # /run for containerd); the rename makes the write atomic for runc, which reads it next.
     write_atomic(plan.spec_path, plan.new_bytes(new_spec), durable=False)
     return Committed(rootfs, new_spec, True, warnings)
+
+
+#: The annotation a config.json nvshim-runtime rewrote carries (value: the grant's source,
+#: ``stripped``, or the request's source): ``nvshim inspect`` reads a live bundle by it
+#: instead of planning the rewritten spec again. Nothing in create trusts it.
+REWRITTEN = "nvshim.rewritten"
+
+
+def _marked(spec: SpecDict, plan: Plan) -> SpecDict:
+    """``spec`` with the :data:`REWRITTEN` annotation (unless its annotations are not an
+    object: then as it is)."""
+    annotations = spec.get("annotations")
+    if annotations is not None and not isinstance(annotations, dict):
+        return spec
+    mark = plan.grant_source if plan.granted_uuids else (
+        "stripped" if plan.request.set_void else plan.request.source)
+    return dict(spec, annotations=dict(annotations or {}, **{REWRITTEN: mark}))
