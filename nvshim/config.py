@@ -89,6 +89,7 @@ class Config:
     management_pods: Tuple[str, ...] = ()
     verify_with: str = "none"
     kubelet_unreachable: str = "fail"
+    unidentified_containers: str = "fail"
     kubelet_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     kubelet_checkpoint: Optional[str] = (
         "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
