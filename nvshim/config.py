@@ -217,8 +217,8 @@ def check_trusted(path: str, st: os.stat_result) -> None:
 
     nvshim-runtime runs as root and executes the runtimes these files name, so when
     running as root each file nvshim reads or the trampoline trusts must be owned by root
-    and writable by its owner only; its directory must be owned by root and must not let
-    others replace it (not group/other-writable, unless sticky like /tmp).
+    and writable by its owner only, and no directory its lookup goes through (ancestors,
+    and past a symlink its target's) may let others replace it (:mod:`nvshim._trust`).
     """
     euid = os.geteuid()
     if euid != 0:
@@ -233,17 +233,22 @@ def check_trusted(path: str, st: os.stat_result) -> None:
             f"config {path} is writable by group or others (mode {st.st_mode & 0o7777:04o}): "
             f"nvshim-runtime runs as root and executes what it names; run chmod go-w {path}"
         )
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        dst = os.stat(directory)
+    from nvshim._trust import replaceable_by_others
+
+    try:  # every directory the lookup goes through, the ones past a symlink too
+        weak = replaceable_by_others(path)
     except OSError as exc:
-        raise ConfigError(f"cannot stat config directory {directory}: {exc.strerror}") from exc
-    if dst.st_uid != 0 or (dst.st_mode & 0o022 and not dst.st_mode & 0o1000):
+        raise ConfigError(f"cannot look up config {path}: {exc.strerror}") from exc
+    if weak is not None:
+        where, wst, what = weak
+        via = "" if os.path.dirname(os.path.abspath(path)) == where else f" (on the way to {path})"
+        if what == "entry":  # another user's directory or symlink in a sticky one (/tmp)
+            raise ConfigError(f"config path {where}{via} is owned by uid {wst.st_uid} in a "
+                              f"directory others can write: run chown root {where}")
         raise ConfigError(
-            f"config directory {directory} can be written by others (uid {dst.st_uid}, mode "
-            f"{dst.st_mode & 0o7777:04o}), so {os.path.basename(path)} could be replaced: "
-            f"run chmod go-w {directory}"
-        )
+            f"config directory {where}{via} can be written by others (uid {wst.st_uid}, mode "
+            f"{wst.st_mode & 0o7777:04o}), so {os.path.basename(path)} could be replaced: "
+            f"run {'chmod go-w' if wst.st_uid == 0 else 'chown root'} {where}")
 
 
 def read_trusted_cache(path: str, what: str) -> Tuple[Optional[Any], str]:
