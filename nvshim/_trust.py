@@ -21,7 +21,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import List, Optional, Tuple
 
-__all__ = ["replaceable_by_others"]
+__all__ = ["replaceable_by_others", "lookup_problem"]
 
 _MAX_LINKS = 40  # the kernel's limit on symlinks followed in one lookup
 
@@ -41,9 +41,10 @@ def replaceable_by_others(path: str) -> Optional[Tuple[str, os.stat_result, str]
     user other than root could change; None when every step is root's alone.
 
     ``what`` is ``directory`` (a directory of the chain others can write, or that root does
-    not own) or ``entry`` (a directory or symlink in a sticky directory that another user
-    owns). The last component is not judged (the caller checks the file it opened); an
-    ``OSError`` of a lookup (a component gone meanwhile, a symlink loop) is raised.
+    not own), ``entry`` (a directory or symlink in a sticky directory that another user
+    owns), ``a symlink loop`` (more than 40 symlinks) or ``not a directory`` (a component the lookup
+    must pass through). The last component is not judged (the caller checks the file it
+    opened); an ``OSError`` of ``lstat``/``readlink`` (a component gone meanwhile) is raised.
     """
     pending: List[str] = [p for p in reversed(os.path.abspath(path).split("/")) if p]
     current = "/"
@@ -70,7 +71,7 @@ def replaceable_by_others(path: str) -> Optional[Tuple[str, os.stat_result, str]
                 return step, st, "entry"
             links += 1
             if links > _MAX_LINKS:
-                raise OSError(40, os.strerror(40), path)  # ELOOP
+                return step, st, "a symlink loop"
             target = os.readlink(step)
             if target.startswith("/"):
                 current = "/"
@@ -80,8 +81,29 @@ def replaceable_by_others(path: str) -> Optional[Tuple[str, os.stat_result, str]
         if not pending:
             return None
         if not stat.S_ISDIR(st.st_mode):
-            raise NotADirectoryError(20, os.strerror(20), step)
+            return step, st, "not a directory"
         if _weak_directory(st):
             return step, st, "directory"
         current, current_st = step, st
     return None
+
+
+def lookup_problem(path: str, noun: str) -> str:
+    """The one-line refusal of :func:`replaceable_by_others`' finding for ``path`` (a
+    ``noun``: ``config``), with the command that fixes it; "" when the lookup is root's."""
+    try:
+        weak = replaceable_by_others(path)
+    except OSError as exc:
+        return f"cannot look up {noun} {path}: {exc.strerror}"
+    if weak is None:
+        return ""
+    where, st, what = weak
+    if what in ("a symlink loop", "not a directory"):
+        return f"cannot look up {noun} {path}: {where} is {what}"
+    via = "" if os.path.dirname(os.path.abspath(path)) == where else f" (on the way to {path})"
+    if what == "entry":  # another user's directory or symlink in a sticky one (/tmp)
+        return (f"{noun} path {where}{via} is owned by uid {st.st_uid} in a directory others "
+                f"can write: run chown root {where}")
+    return (f"{noun} directory {where}{via} can be written by others (uid {st.st_uid}, mode "
+            f"{st.st_mode & 0o7777:04o}), so {os.path.basename(path)} could be replaced: "
+            f"run {'chmod go-w' if st.st_uid == 0 else 'chown root'} {where}")

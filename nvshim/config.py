@@ -10,7 +10,8 @@ Two ways in, one result:
   ``nvshim config compile``; it holds the validated values and the YAML text it came
   from, so an edited YAML is noticed and the checked path is taken instead.
 
-A missing file means defaults. The runtime never writes the compiled file itself; the
+A missing file means defaults, except to a create whose config was named
+(:func:`config_named`): that fails. The runtime never writes the compiled file itself; the
 only file a create may write next to it is the node plan cache (:mod:`nvshim.runtime.plancache`).
 """
 
@@ -31,6 +32,7 @@ __all__ = [
     "Config",
     "DEFAULT_CONFIG_PATH",
     "config_path",
+    "config_named",
     "describe_config",
     "compiled_path",
     "runtimes_path",
@@ -132,9 +134,24 @@ class Config:
         return cls(**kwargs)
 
 
+#: Set by the installed trampoline's boot (install.sh always writes the config it embeds):
+#: then :data:`DEFAULT_CONFIG_PATH` is a named config, see :func:`config_named`.
+DEFAULT_CONFIG_NAMED = False
+
+
 def config_path(environ: Optional[Mapping[str, str]] = None) -> str:
     env = os.environ if environ is None else environ
     return env.get("NVSHIM_CONFIG") or DEFAULT_CONFIG_PATH
+
+
+def config_named(environ: Optional[Mapping[str, str]] = None) -> str:
+    """Who named the config a create must find (``NVSHIM_CONFIG``, the installed
+    ``nvshim-runtime``); "" when it is only the default path looked for, where a missing
+    file means the built-in defaults (podman or runc without any config)."""
+    env = os.environ if environ is None else environ
+    if env.get("NVSHIM_CONFIG"):
+        return "NVSHIM_CONFIG"
+    return "the installed nvshim-runtime" if DEFAULT_CONFIG_NAMED else ""
 
 
 def describe_config(config: Config) -> str:
@@ -233,22 +250,11 @@ def check_trusted(path: str, st: os.stat_result) -> None:
             f"config {path} is writable by group or others (mode {st.st_mode & 0o7777:04o}): "
             f"nvshim-runtime runs as root and executes what it names; run chmod go-w {path}"
         )
-    from nvshim._trust import replaceable_by_others
+    from nvshim._trust import lookup_problem
 
-    try:  # every directory the lookup goes through, the ones past a symlink too
-        weak = replaceable_by_others(path)
-    except OSError as exc:
-        raise ConfigError(f"cannot look up config {path}: {exc.strerror}") from exc
-    if weak is not None:
-        where, wst, what = weak
-        via = "" if os.path.dirname(os.path.abspath(path)) == where else f" (on the way to {path})"
-        if what == "entry":  # another user's directory or symlink in a sticky one (/tmp)
-            raise ConfigError(f"config path {where}{via} is owned by uid {wst.st_uid} in a "
-                              f"directory others can write: run chown root {where}")
-        raise ConfigError(
-            f"config directory {where}{via} can be written by others (uid {wst.st_uid}, mode "
-            f"{wst.st_mode & 0o7777:04o}), so {os.path.basename(path)} could be replaced: "
-            f"run {'chmod go-w' if wst.st_uid == 0 else 'chown root'} {where}")
+    problem = lookup_problem(path, "config")  # the ancestors, and past a symlink its target's
+    if problem:
+        raise ConfigError(problem)
 
 
 def read_trusted_cache(path: str, what: str) -> Tuple[Optional[Any], str]:
