@@ -13,7 +13,9 @@ that contains none of ``NVIDIA_``, ``CUDA_VERSION``, ``nvidia-container-devices`
 when Docker named no device), an annotation prefix, or a ``\\u``/``\\/`` JSON escape that
 could hide one requests no GPU, and nvshim would leave it byte-identical anyway. On a node
 where nvshim is containerd's default runtime that is every pod without a GPU. Such creates
-leave no debug-log record.
+leave no debug-log record. A create whose config file is missing always reaches Python,
+which fails it: the config the script embeds is *named* (install.sh writes it), and a named
+config that is missing never means the built-in defaults (:func:`nvshim.config.config_named`).
 
 The low-level runtime list and the annotation prefixes come from ``<config stem>.runtimes``
 and ``.annotation-prefixes``, written by ``nvshim config compile`` next to the compiled
@@ -218,7 +220,9 @@ if [ -e "$conf" ]; then
 fi
 
 # 3. create/run: Python only when config.json can ask for something (nvshim/node/trampoline.py).
+#    Without the config, always: a missing config fails the create (fail closed).
 if [ "$decision" = modify ]; then
+    [ -e "$conf" ] || python "$@"
     [ "$err" = 0 ] || python "$@"
     spec=${bundle:-.}/config.json
     # Missing, a directory, a FIFO, a device: Python says so in one line (it never blocks).
@@ -228,15 +232,9 @@ if [ "$decision" = modify ]; then
     [ -x "$grep" ] || python "$@"
     # -s: no message of grep's own (a vanished file is exit 2: Python reports it);
     # -D skip: a FIFO or device swapped in after the -f test is not read (never hangs).
-    if [ -e "$conf" ]; then
-        "$grep" -q -s -D skip -F -e NVIDIA_ -e CUDA_VERSION -e nvidia-container-devices \
-            -e /dev/nvidia -e nvidia-container-runtime-hook -e '\u' -e '\/' \
-            -f "$prefixes" -- "$spec" </dev/null
-    else
-        "$grep" -q -s -D skip -F -e NVIDIA_ -e CUDA_VERSION -e nvidia-container-devices \
-            -e /dev/nvidia -e nvidia-container-runtime-hook -e '\u' -e '\/' \
-            -e cdi.k8s.io/ -- "$spec" </dev/null
-    fi
+    "$grep" -q -s -D skip -F -e NVIDIA_ -e CUDA_VERSION -e nvidia-container-devices \
+        -e /dev/nvidia -e nvidia-container-runtime-hook -e '\u' -e '\/' \
+        -f "$prefixes" -- "$spec" </dev/null
     [ $? = 1 ] || python "$@"
 fi
 
@@ -314,9 +312,11 @@ def render(python: str, paths: Optional[Sequence[str]] = None,
             raise UnsafeValue(f"sys.path entry must be absolute and plain: {path!r}")
     import json
 
-    # double-quoted list: the code sits inside single quotes in the script
-    default = "" if config == DEFAULT_CONFIG_PATH else (
-        f"import nvshim.config as c; c.DEFAULT_CONFIG_PATH = {json.dumps(config)}; ")
+    # double-quoted list: the code sits inside single quotes in the script. The embedded
+    # config is named (install.sh writes it): missing, it fails a create (config_named).
+    default = "import nvshim.config as c; c.DEFAULT_CONFIG_NAMED = True; " + (
+        "" if config == DEFAULT_CONFIG_PATH
+        else f"c.DEFAULT_CONFIG_PATH = {json.dumps(config)}; ")
     boot = (f"import sys; sys.path[0:0] = {json.dumps(entries)}; {default}"
             "from nvshim.runtime.main import main; main()")
     from nvshim import __version__

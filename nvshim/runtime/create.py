@@ -152,7 +152,8 @@ class Plan:
     """The Kubernetes container of a CRI container."""
     verified: str = "none"
     """``kubelet`` (every GPU checked against its record), ``unreachable`` (claims
-    trusted), ``none``."""
+    trusted), ``unidentified`` (not a CRI container, judged by allocation-sources),
+    ``none``."""
     allocation: Optional[Allocation] = None
     """What the kubelet allocated, if asked."""
     notes: Tuple[str, ...] = ()

@@ -79,7 +79,8 @@ class Grant:
     shared: bool = False
     """The allocation named time-slicing replicas (``UUID::N``): sharing is intended."""
     verified: str = "none"
-    """``kubelet`` (checked against its record), ``none``, or ``unreachable`` (trusted)."""
+    """``kubelet`` (checked against its record), ``none``, ``unreachable`` (trusted) or
+    ``unidentified`` (not a CRI container: judged by allocation-sources)."""
     namespace: str = ""
     pod: str = ""
     pod_uid: str = ""

@@ -158,13 +158,23 @@ def _absolute(path: str) -> str:
 
 
 def _load_config(inv: Invocation) -> Config:
-    from nvshim.config import load_config
+    """The config; a create whose named config is missing fails (fail closed: the built-in
+    defaults have require-allocation off). Other commands go on with the defaults, so that
+    containers can still be stopped and deleted."""
+    from nvshim.config import config_named, config_path, load_config
     from nvshim.errors import NvshimError
 
     try:
-        return load_config()
+        config = load_config()
     except NvshimError as exc:
         _fail(str(exc), inv)
+    if config.source is None and inv.modifies:
+        named = config_named()
+        if named:
+            _fail(f"config {config_path()} does not exist (named by {named}): nvshim-runtime "
+                  "creates no container with the built-in defaults (require-allocation off) "
+                  "in its place; restore it, or name the config that exists", inv)
+    return config
 
 
 def _restore_locale_env() -> None:

@@ -384,3 +384,14 @@ def test_engine_gpu_of_another_pods_dra_claim_is_refused_naming_it(cri: Node) ->
     assert (f"nvshim: GPU 3 ({gpu.uuid}), injected by the engine, is not this container's "
             "allocation: the kubelet gave it to team-b/owner/train (checked via podresources)"
             ) in info.value.details
+
+
+def test_container_with_an_empty_name_is_refused(cri: Node) -> None:
+    """A container containerd's CRI creates with an empty name has no kubelet identity: its claim on another pod's GPU fails to start, never trusted unverified."""
+    victim = cri.sim.gpus[1]
+    cri.kubelet.set([("team-b", "victim", {"train": {GPU: [victim.uuid]}})])
+    p = pod(cri, "noname")
+    with pytest.raises(CriError) as info:
+        start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": victim.uuid}, name="")
+    assert ("nvshim: the container's kubelet identity is unusable: containerd made it but "
+            "io.kubernetes.cri.container-name is missing or empty") in info.value.details

@@ -16,8 +16,14 @@ import os
 
 from nvshim import _jsonc
 from nvshim._record import dataclass, replace
+from nvshim.config import describe_config
 from nvshim.errors import RequestError
-from nvshim.runtime.request import SANDBOX_ANNOTATION, identity_of
+from nvshim.runtime.identity import (
+    CRIO_ANNOTATIONS,
+    SANDBOX_ANNOTATION,
+    cri_engine,
+    read_identity,
+)
 from nvshim.runtime.tokens import parse_visible_devices, select_gpus
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
@@ -119,7 +125,8 @@ class Verification:
     """What the kubelet allocated, when asked and reachable."""
     verified: str = "none"
     """``kubelet`` (every GPU checked against its record), ``unreachable`` (claims
-    trusted), ``none``."""
+    trusted), ``unidentified`` (not a CRI container: claims judged by allocation-sources),
+    ``none``."""
     notes: Tuple[str, ...] = ()
     named: Optional[KubeletIds] = None
     """The allocation's ids matched to this node, once a check or the ``kubelet`` source
@@ -128,7 +135,7 @@ class Verification:
     @property
     def warnings(self) -> Tuple[str, ...]:
         """What an operator must hear though create goes on: claims trusted unverified."""
-        return self.notes if self.verified == "unreachable" else ()
+        return self.notes if self.verified in ("unreachable", "unidentified") else ()
 
 
 def ask_kubelet_if_needed(claim: Claim, config: Config) -> Verification:
@@ -138,17 +145,15 @@ def ask_kubelet_if_needed(claim: Claim, config: Config) -> Verification:
     source, for a CRI container that claims a GPU or an IMEX channel. Unreachable:
     ``kubelet-unreachable`` decides (fail the create, or trust the claims and say so).
     """
-    identity = identity_of(claim.view.annotations)
+    identity, problem = read_identity(claim.view.annotations)
     wants = config.verify_with == "kubelet" or "kubelet" in config.allocation_sources
     if not (config.require_allocation and wants
             and (claim.claims_gpus or claim.claims_imex)):
         return Verification(identity)
+    if identity is None:
+        return _unidentified(problem, config)
     from nvshim.runtime.allocation.kubelet import KubeletUnreachable, ask_kubelet
 
-    if identity is None:
-        return Verification(notes=(
-            "not a CRI container (no io.kubernetes.cri.* annotations): the kubelet has no "
-            "record of it, claims are judged by allocation-sources alone",))
     try:
         return Verification(identity, ask_kubelet(identity, config), "kubelet")
     except KubeletUnreachable as exc:
@@ -157,6 +162,29 @@ def ask_kubelet_if_needed(claim: Claim, config: Config) -> Verification:
                 f"{exc}; refusing the claim (kubelet-unreachable: fail)") from exc
         return Verification(identity, None, "unreachable", (
             f"{exc}; GPU claims trusted unverified (kubelet-unreachable: trust-claims)",))
+
+
+def _unidentified(problem: str, config: Config) -> Verification:
+    """A container claiming GPUs that the kubelet cannot be asked about: refused under
+    ``verify-with: kubelet`` when a CRI engine made it (``problem``: its identity is not
+    usable) or when ``unidentified-containers: fail``; else judged by allocation-sources,
+    with a warning (``verified: unidentified``). Without verify (the ``kubelet`` source
+    alone) it only gets nothing from that source."""
+    what = f"the container's kubelet identity is unusable: {problem}" if problem else (
+        "not a CRI container (neither containerd's io.kubernetes.cri.* nor CRI-O's "
+        "io.kubernetes.cri-o.* annotations): the kubelet has no record of it")
+    if config.verify_with != "kubelet":
+        return Verification(notes=(f"{what}; the kubelet allocation source grants nothing",))
+    if problem:
+        raise RequestError(f"{what}; refusing its GPU claims (verify-with: kubelet in "
+                           f"{describe_config(config)})")
+    if config.unidentified_containers == "fail":
+        raise RequestError(f"{what}, so verify-with: kubelet cannot check its GPU claims; "
+                           f"refusing them (unidentified-containers: fail in "
+                           f"{describe_config(config)})")
+    return Verification(None, None, "unidentified", (
+        f"{what}; GPU claims judged by allocation-sources alone, unverified "
+        "(unidentified-containers: allocation-sources)",))
 
 
 def with_named(found: Verification, gpus: Sequence[Gpu]) -> Verification:
@@ -178,7 +206,8 @@ def _asked_again(found: Verification, config: Config) -> Verification:
 
 
 def pod_annotations(bundle: str, claim: Claim, config: Config) -> Optional[Dict[str, str]]:
-    """The annotations of this CRI container's pod sandbox spec; None when unknown.
+    """The annotations of this CRI container's pod sandbox spec; None when unknown (under
+    CRI-O: :func:`_crio_pod_annotations`).
 
     containerd copies a pod's pass-through annotations into the sandbox's spec and into
     every container's; the device plugin's (container) annotations only into the
@@ -188,6 +217,8 @@ def pod_annotations(bundle: str, claim: Claim, config: Config) -> Optional[Dict[
     """
     if not config.require_allocation or not claim.annotation_keys:
         return None  # (a sandbox's claim has no annotation keys)
+    if cri_engine(claim.view.annotations) == "cri-o":
+        return _crio_pod_annotations(claim)
     sandbox_id = claim.view.annotations.get("io.kubernetes.cri.sandbox-id", "")
     if not sandbox_id or "/" in sandbox_id or sandbox_id in (".", ".."):
         return None
@@ -202,6 +233,23 @@ def pod_annotations(bundle: str, claim: Claim, config: Config) -> Optional[Dict[
             or notes.get("io.kubernetes.cri.sandbox-id") != sandbox_id:
         return None
     return {k: v for k, v in notes.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _crio_pod_annotations(claim: Claim) -> Dict[str, str]:
+    """Under CRI-O: the annotation claims that are not the kubelet's container annotations.
+
+    CRI-O copies every pod annotation into each container's spec, and records the kubelet's
+    own container annotations (the device plugin's among them) as JSON under
+    ``io.kubernetes.cri-o.Annotations``, a key no user input overwrites. A claim whose key
+    and value that record lacks was written by the pod (no record at all: every claim is)."""
+    notes = claim.view.annotations
+    try:
+        kubelet = _jsonc.loads(notes.get(CRIO_ANNOTATIONS, ""))
+    except (ValueError, RecursionError):
+        kubelet = None
+    if not isinstance(kubelet, dict):
+        kubelet = {}
+    return {k: notes[k] for k in claim.annotation_keys if kubelet.get(k) != notes[k]}
 
 
 def check_allocated(found: Verification, host: Host, gpus: Sequence[Gpu],
