@@ -125,10 +125,18 @@ class Verification:
     """The allocation's ids matched to this node, once a check or the ``kubelet`` source
     needed them (:func:`with_named`)."""
 
+    privileged: bool = False
+    """A privileged container (every device allowed): its GPUs are not checked, it holds
+    every GPU node already (its IMEX channels are, when it names some)."""
+
     @property
     def warnings(self) -> Tuple[str, ...]:
         """What an operator must hear though create goes on: claims trusted unverified."""
         return self.notes if self.verified == "unreachable" else ()
+
+
+_PRIVILEGED = ("privileged container: it holds every GPU node already (its device cgroup "
+               "allows all), so its GPUs are not checked against the kubelet's record")
 
 
 def ask_kubelet_if_needed(claim: Claim, config: Config) -> Verification:
@@ -143,10 +151,10 @@ def ask_kubelet_if_needed(claim: Claim, config: Config) -> Verification:
     if not (config.require_allocation and wants
             and (claim.claims_gpus or claim.claims_imex)):
         return Verification(identity)
-    if claim.view.privileged_with_devices:
-        return Verification(identity, verified="privileged", notes=(
-            "privileged container: it holds every device node already (its device cgroup "
-            "allows all), so the kubelet's record is not asked and no claim is refused",))
+    privileged = claim.view.privileged_with_devices
+    if privileged and not claim.claims_imex:
+        return Verification(identity, verified="privileged", notes=(_PRIVILEGED,),
+                            privileged=True)
     from nvshim.runtime.allocation.kubelet import KubeletUnreachable, ask_kubelet
 
     if identity is None:
@@ -154,7 +162,8 @@ def ask_kubelet_if_needed(claim: Claim, config: Config) -> Verification:
             "not a CRI container (no io.kubernetes.cri.* annotations): the kubelet has no "
             "record of it, claims are judged by allocation-sources alone",))
     try:
-        return Verification(identity, ask_kubelet(identity, config), "kubelet")
+        return Verification(identity, ask_kubelet(identity, config), "kubelet",
+                            privileged=privileged)
     except KubeletUnreachable as exc:
         if config.kubelet_unreachable == "fail":
             raise RequestError(
@@ -239,7 +248,10 @@ def check_granted(found: Verification, host: Host, gpus: Sequence[Gpu],
     from ``request`` is in the kubelet's record: every GPU and MIG device
     (:func:`check_allocated`) and every device node of each CDI name it injects
     (:func:`nvshim.runtime.allocation.cdinames.cdi_refusal`); else RequestError naming
-    the first that is not, the container and the record."""
+    the first that is not, the container and the record. A privileged container's GPUs
+    are not checked: failing it would protect nothing (it holds every GPU node)."""
+    if found.privileged:
+        return replace(found, verified="privileged"), (_PRIVILEGED,)
     found, note = check_allocated(found, host, gpus, migs, request.source, config)
     names = request.cdi_names
     if not names:
