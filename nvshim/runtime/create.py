@@ -217,8 +217,7 @@ class Plan:
     @property
     def grant_source(self) -> str:
         """The journal's source: the request's, ``+engine`` when the engine injected GPUs
-        besides what another source granted (``privileged``: what a privileged container
-        holds)."""
+        besides what another source granted (``+privileged``: a privileged container's)."""
         source, engine = self.request.source, self.grant.engine
         extra = "privileged" if engine is not None and engine.privileged else "engine"
         if (self.engine_gpus or self.engine_migs) and source != extra:
@@ -306,11 +305,10 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         # GPUs the engine injected (CDI, DRA), by number; a privileged container's are the
         # host's every device: held and journaled, no grant
         from nvshim._record import replace
-        from nvshim.runtime import engine as engines
+        from nvshim.runtime.engine import find_engine_grant
 
-        find = (engines.privileged_holding if view.privileged_with_devices
-                else engines.find_engine_grant)
-        engine, host, plan_source = find(view.char_devices, config, host, save_cache)
+        engine, host, plan_source = find_engine_grant(
+            view.char_devices, config, host, save_cache, view.privileged_with_devices)
         if engine is not None and not engine.privileged:
             view = replace(view, engine=engine)
     claim = read_claim(view, config)

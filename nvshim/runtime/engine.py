@@ -162,14 +162,17 @@ def gpus_of_numbers(gpus: Sequence[Gpu], numbers: Set[Tuple[int, int]],
 
 
 def find_engine_grant(devices: Sequence[Tuple[int, int, str]], config: Config,
-                      host: Optional[Host], save_cache: bool,
+                      host: Optional[Host], save_cache: bool, privileged: bool = False,
                       ) -> Tuple[Optional[EngineGrant], Optional[Host], str]:
     """(the engine's grant or None, the host (loaded only when needed), where its plan came
     from (``""``: not loaded here)).
 
     ``devices`` are the spec's (major, minor, path) character devices. When
-    ``/proc/devices`` names no NVIDIA major among them the node plan is not loaded.
+    ``/proc/devices`` names no NVIDIA major among them the node plan is not loaded. A
+    ``privileged`` container's are the host's: :func:`privileged_holding` answers.
     """
+    if privileged:
+        return privileged_holding(devices, config, host, save_cache)
     majors = nvidia_majors(config.driver_root)
     if majors is not None:
         wanted = {m for m in majors if m is not None}

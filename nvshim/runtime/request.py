@@ -675,7 +675,6 @@ def resolve_request(claim: Claim, config: Config,
             f"{what} ignored: require-allocation is on and no device-plugin allocation was found "
             f"(tried {tried})"
         )
-    # (a privileged container is stripped, never failed: it holds every GPU node already)
     if config.on_missing_allocation == "fail" and image_asks and not view.privileged_with_devices:
         raise RequestError(
             f"require-allocation: the image asks for GPUs but no device-plugin allocation was "
