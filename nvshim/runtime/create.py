@@ -218,10 +218,11 @@ class Plan:
     @property
     def grant_source(self) -> str:
         """The journal's source: the request's, ``+engine`` when the engine injected GPUs
-        besides what another source granted."""
-        source = self.request.source
-        if (self.engine_gpus or self.engine_migs) and source != "engine":
-            return f"{source}+engine"
+        besides what another source granted (``+privileged``: a privileged container's)."""
+        source, engine = self.request.source, self.grant.engine
+        extra = "privileged" if engine is not None and engine.privileged else "engine"
+        if (self.engine_gpus or self.engine_migs) and source != extra:
+            return extra if source == "none" else f"{source}+{extra}"
         return source
 
     def applied_edits(self, rootfs: Optional[RootfsDecision] = None) -> Edits:
@@ -301,15 +302,15 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
                   for h in view.docker_hooks]
     plan_source = ""
     engine: Optional[EngineGrant] = None
-    if view.char_devices and not view.sandbox and not view.privileged_with_devices:
+    if view.char_devices and not view.sandbox:
         # GPUs the engine injected (CDI, DRA), by number; a privileged container's are the
-        # host's every device, no grant
+        # host's every device: held and journaled, no grant
         from nvshim._record import replace
         from nvshim.runtime.engine import find_engine_grant
 
-        engine, host, plan_source = find_engine_grant(view.char_devices, config, host,
-                                                      save_cache)
-        if engine is not None:
+        engine, host, plan_source = find_engine_grant(
+            view.char_devices, config, host, save_cache, view.privileged_with_devices)
+        if engine is not None and not engine.privileged:
             view = replace(view, engine=engine)
     claim = read_claim(view, config)
 
@@ -432,11 +433,11 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         cdi_gpus, cdi_migs = _gpus_of_nodes(host, edits)
     if found is not None and found.allocation is not None \
             and request.source not in ("kubelet", "engine"):
-        from nvshim.runtime.allocation.policy import check_allocated
+        from nvshim.runtime.allocation.policy import check_granted
 
-        found, note = check_allocated(found, host, node.gpus + cdi_gpus, node.migs + cdi_migs,
-                                      request.source, config)
-        notes.append(note)
+        found, said = check_granted(found, host, node.gpus + cdi_gpus, node.migs + cdi_migs,
+                                    request, config)
+        notes += said
 
     if extras:
         from nvshim.runtime.extras import extras_edits

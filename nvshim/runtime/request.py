@@ -644,7 +644,7 @@ def resolve_request(claim: Claim, config: Config,
             f"{what} ignored: require-allocation is on and no device-plugin allocation was found "
             f"(tried {tried})"
         )
-    if config.on_missing_allocation == "fail" and image_asks:
+    if config.on_missing_allocation == "fail" and image_asks and not view.privileged_with_devices:
         raise RequestError(
             f"require-allocation: the image asks for GPUs but no device-plugin allocation was "
             f"found (tried {tried}); request nvidia.com/gpu in the pod spec"

@@ -36,14 +36,14 @@ if TYPE_CHECKING:
     from nvshim.runtime.allocation.kubelet import Allocation
     from nvshim.runtime.engine import EngineGrant
     from nvshim.runtime.extras import Extras
-    from nvshim.runtime.request import Claim, Identity
+    from nvshim.runtime.request import Claim, Identity, Request
 
     #: What a CDI name injects on this node: (label, key) of each GPU, MIG device and IMEX
     #: channel, or why that cannot be known.
     Found = Union[str, Tuple[Tuple[str, str], ...]]
 
 __all__ = ["KubeletIds", "Verification", "ask_kubelet_if_needed", "pod_annotations",
-           "name_ids", "with_named", "check_allocated", "check_imex_allocated",
+           "name_ids", "with_named", "check_allocated", "check_granted", "check_imex_allocated",
            "check_engine_allocated"]
 
 
@@ -126,16 +126,24 @@ class Verification:
     verified: str = "none"
     """``kubelet`` (every GPU checked against its record), ``unreachable`` (claims
     trusted), ``unidentified`` (not a CRI container: claims judged by allocation-sources),
-    ``none``."""
+    ``privileged`` (a privileged container: not asked), ``none``."""
     notes: Tuple[str, ...] = ()
     named: Optional[KubeletIds] = None
     """The allocation's ids matched to this node, once a check or the ``kubelet`` source
     needed them (:func:`with_named`)."""
 
+    privileged: bool = False
+    """A privileged container (every device allowed): its GPUs are not checked, it holds
+    every GPU node already (its IMEX channels are, when it names some)."""
+
     @property
     def warnings(self) -> Tuple[str, ...]:
         """What an operator must hear though create goes on: claims trusted unverified."""
         return self.notes if self.verified in ("unreachable", "unidentified") else ()
+
+
+_PRIVILEGED = ("privileged container: it holds every GPU node already (its device cgroup "
+               "allows all), so its GPUs are not checked against the kubelet's record")
 
 
 def ask_kubelet_if_needed(claim: Claim, config: Config) -> Verification:
@@ -150,12 +158,17 @@ def ask_kubelet_if_needed(claim: Claim, config: Config) -> Verification:
     if not (config.require_allocation and wants
             and (claim.claims_gpus or claim.claims_imex)):
         return Verification(identity)
+    privileged = claim.view.privileged_with_devices
+    if privileged and not claim.claims_imex:
+        return Verification(identity, verified="privileged", notes=(_PRIVILEGED,),
+                            privileged=True)
     if identity is None:
         return _unidentified(problem, config)
     from nvshim.runtime.allocation.kubelet import KubeletUnreachable, ask_kubelet
 
     try:
-        return Verification(identity, ask_kubelet(identity, config), "kubelet")
+        return Verification(identity, ask_kubelet(identity, config), "kubelet",
+                            privileged=privileged)
     except KubeletUnreachable as exc:
         if config.kubelet_unreachable == "fail":
             raise RequestError(
@@ -223,10 +236,13 @@ def pod_annotations(bundle: str, claim: Claim, config: Config) -> Optional[Dict[
     if not sandbox_id or "/" in sandbox_id or sandbox_id in (".", ".."):
         return None
     path = os.path.join(os.path.dirname(os.path.abspath(bundle)), sandbox_id, "config.json")
+    from nvshim.errors import SpecError
+    from nvshim.runtime.specjson import runc_keys
+
     try:
         with open(path, "rb") as fh:
-            spec = _jsonc.loads(fh.read())
-    except (OSError, ValueError):
+            spec = runc_keys(_jsonc.loads(fh.read()))  # its keys as runc reads them
+    except (OSError, ValueError, SpecError):
         return None
     notes = spec.get("annotations") if isinstance(spec, dict) else None
     if not isinstance(notes, dict) or notes.get(SANDBOX_ANNOTATION) != "sandbox" \
@@ -271,6 +287,36 @@ def check_allocated(found: Verification, host: Host, gpus: Sequence[Gpu],
         raise RequestError(refused)
     assert found.allocation is not None
     return found, f"every granted GPU is in the kubelet's record ({found.allocation.via})"
+
+
+def check_granted(found: Verification, host: Host, gpus: Sequence[Gpu],
+                  migs: Sequence[Tuple[Gpu, MigDevice]], request: Request,
+                  config: Config) -> Tuple[Verification, Tuple[str, ...]]:
+    """(the record checked against, the notes saying so) when everything nvshim grants
+    from ``request`` is in the kubelet's record: every GPU and MIG device
+    (:func:`check_allocated`) and every device node of each CDI name it injects
+    (:func:`nvshim.runtime.allocation.cdinames.cdi_refusal`); else RequestError naming
+    the first that is not, the container and the record. A privileged container's GPUs
+    are not checked: failing it would protect nothing (it holds every GPU node)."""
+    if found.privileged:
+        return replace(found, verified="privileged"), (_PRIVILEGED,)
+    found, note = check_allocated(found, host, gpus, migs, request.source, config)
+    names = request.cdi_names
+    if not names:
+        return found, (note,)
+    from nvshim.runtime.allocation.cdinames import cdi_refusal, resolve_names
+
+    resolved = resolve_names(host, config, names)
+    assert found.allocation is not None
+    refused = cdi_refusal(found.identity, found.allocation, names, resolved, request.source)
+    if refused and found.allocation.via == "checkpoint":
+        found = with_named(_asked_again(found, config), host.gpus())
+        assert found.allocation is not None
+        refused = cdi_refusal(found.identity, found.allocation, names, resolved, request.source)
+    if refused:
+        raise RequestError(refused)
+    return found, (note, "every device node of the CDI devices "
+                   f"{', '.join(names)} is in the kubelet's record")
 
 
 def _refusal(found: Verification, host: Host, gpus: Sequence[Gpu],
@@ -367,50 +413,12 @@ def _engine_refusal(found: Verification, host: Host, engine: EngineGrant,
 
 def _cdi_devices_of(host: Host, config: Config, names: Sequence[str]) -> Dict[str, Found]:
     """CDI name → ((label, key) of each GPU, MIG device and IMEX channel of this node it
-    injects), or the reason it injects none that can be known (not in ``cdi-spec-dirs``).
+    injects), or the reason it injects none that can be known (not in ``cdi-spec-dirs``);
+    see :func:`nvshim.runtime.allocation.cdinames.resolve_names`."""
+    from nvshim.runtime.allocation.cdinames import resolve_names
 
-    Resolved as a create resolves CDI names (the spec index), one name at a time so that
-    each is judged on its own, and matched to the node by device numbers as the engine's
-    injection is (:mod:`nvshim.runtime.engine`); a device node the spec gives without
-    numbers has its host node's (as CDI fills them in), one it cannot stat matches nothing.
-    """
-    if not names:
-        return {}
-    from nvshim.cdi import index as cdiindex
-    from nvshim.cdi.registry import resolve_devices
-    from nvshim.config import cdi_index_path, config_path
-    from nvshim.errors import CdiError
-    from nvshim.host.discovery import Host
-    from nvshim.runtime.engine import gpus_of_numbers, nvidia_majors
-
-    searched = ", ".join(config.cdi_spec_dirs) or "no cdi-spec-dirs"
-    try:
-        registry, _ = cdiindex.registry_for(
-            config.cdi_spec_dirs, names, cdi_index_path(config.source or config_path()), False)
-    except CdiError as exc:
-        return {name: f"not resolved: {exc}" for name in names}
-    probe = Host("/", "/")  # CDI hostPaths are absolute host paths
-    gpus = host.gpus()
-    imex_major = (nvidia_majors(config.driver_root) or (None, None, None))[2]
-    out: Dict[str, Found] = {}
-    for name in names:
-        try:
-            nodes = resolve_devices(registry, [name]).device_nodes
-        except CdiError:
-            out[name] = f"not in cdi-spec-dirs {searched}"
-            continue
-        numbers = set()
-        for node in nodes:
-            if node.major is None:
-                node = probe.device_node(node.source) or node
-            if node.major is not None and node.minor is not None:
-                numbers.add((node.major, node.minor))
-        whole, migs = gpus_of_numbers(gpus, numbers)
-        out[name] = tuple((f"GPU {g.index}", g.uuid) for g in whole) + tuple(
-            (f"MIG device {p.index}:{m.index}", m.uuid) for p, m in migs) + tuple(
-            (f"IMEX channel {minor}", f"channel{minor}")
-            for major, minor in sorted(numbers) if major == imex_major)
-    return out
+    return {name: found if isinstance(found, str) else found.found
+            for name, found in resolve_names(host, config, names).items()}
 
 
 def _claim_holder(host: Host, config: Config, cdi_others: Mapping[str, str],
