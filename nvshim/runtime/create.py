@@ -692,7 +692,7 @@ def commit(plan: Plan, log: Optional[DebugLog] = None) -> Committed:
 #: The annotation a config.json nvshim-runtime rewrote carries (value: the grant's source,
 #: ``stripped``, or the request's source): ``nvshim inspect`` reads a live bundle by it
 #: instead of planning the rewritten spec again. Nothing in create trusts it.
-REWRITTEN = "nvshim.rewritten"
+REWRITTEN = "nvshim.io/rewritten"
 
 
 def _marked(spec: SpecDict, plan: Plan) -> SpecDict:
