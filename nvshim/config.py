@@ -85,6 +85,7 @@ class Config:
         "privileged",
     )
     on_missing_allocation: str = "strip"
+    require_allocation_features: Tuple[str, ...] = ("gds", "gdrcopy")
     accept_all_from_mounts: bool = False
     management_pods: Tuple[str, ...] = ()
     verify_with: str = "none"
