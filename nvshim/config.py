@@ -39,6 +39,7 @@ __all__ = [
     "source_link_path",
     "compiled_lists_fresh",
     "cdi_index_path",
+    "check_trusted",
     "load_config",
     "parse_config_text",
     "describe_problems",
@@ -213,35 +214,37 @@ def compiled_matches(doc: Any, data: bytes) -> bool:
     )
 
 
-def check_trusted(path: str, st: os.stat_result) -> None:
+def check_trusted(path: str, st: os.stat_result, what: str = "config") -> None:
     """Refuse a config file others could have written (like sshd's StrictModes, sudo).
 
     nvshim-runtime runs as root and executes the runtimes these files name, so when
     running as root each file nvshim reads or the trampoline trusts must be owned by root
     and writable by its owner only; its directory must be owned by root and must not let
-    others replace it (not group/other-writable, unless sticky like /tmp).
+    others replace it (not group/other-writable, unless sticky like /tmp). ``what`` names
+    the kind of file in the message: the same rule holds CDI spec files, whose hooks run as
+    root on the host (:mod:`nvshim.cdi.load`).
     """
     euid = os.geteuid()
     if euid != 0:
         return  # the rule protects root; a user's own nvshim reads what that user may read
     if st.st_uid != 0:
         raise ConfigError(
-            f"config {path} is owned by uid {st.st_uid}, not root: nvshim-runtime runs as "
+            f"{what} {path} is owned by uid {st.st_uid}, not root: nvshim-runtime runs as "
             f"root and executes what it names; run chown root {path}"
         )
     if st.st_mode & 0o022:
         raise ConfigError(
-            f"config {path} is writable by group or others (mode {st.st_mode & 0o7777:04o}): "
+            f"{what} {path} is writable by group or others (mode {st.st_mode & 0o7777:04o}): "
             f"nvshim-runtime runs as root and executes what it names; run chmod go-w {path}"
         )
     directory = os.path.dirname(os.path.abspath(path))
     try:
         dst = os.stat(directory)
     except OSError as exc:
-        raise ConfigError(f"cannot stat config directory {directory}: {exc.strerror}") from exc
+        raise ConfigError(f"cannot stat {what} directory {directory}: {exc.strerror}") from exc
     if dst.st_uid != 0 or (dst.st_mode & 0o022 and not dst.st_mode & 0o1000):
         raise ConfigError(
-            f"config directory {directory} can be written by others (uid {dst.st_uid}, mode "
+            f"{what} directory {directory} can be written by others (uid {dst.st_uid}, mode "
             f"{dst.st_mode & 0o7777:04o}), so {os.path.basename(path)} could be replaced: "
             f"run chmod go-w {directory}"
         )

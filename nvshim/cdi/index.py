@@ -22,6 +22,15 @@ missing, corrupt or unwritable index is never trusted and never fails a create, 
 one that others could have written (it carries hooks and mounts: the config's ownership
 and mode rule applies). It is also written by ``nvshim config compile``.
 
+Spec files are held to the same rule (:mod:`nvshim.cdi.load`): a spec others could have
+written is recorded with its problem and the device names it declares, never with its
+content. A create cannot be fooled by a spec changed after the index was written: a JSON
+spec is read again at create and judged on the descriptor it is read from; a YAML spec's
+recorded document stands only while the file's and its directory's ``stat`` signatures
+(inode, owner, group, mode, size, mtime, ctime: a chown or chmod changes them) still match,
+and an entry is reused in a rebuild only when both do, so every verdict is made again
+once either changed.
+
 :func:`stale_specs` says which of the specs a create injects from no longer describe the
 node (another driver's libraries, device nodes the node lacks or numbers differently):
 a few string checks and one ``stat`` per injected device node, on the specs used only.
@@ -34,7 +43,7 @@ from __future__ import annotations
 import os
 
 from nvshim import _jsonc
-from nvshim.cdi.load import load_spec_file, parse_spec, read_document
+from nvshim.cdi.load import UntrustedProblem, load_spec_file, parse_spec, read_document
 from nvshim.cdi.names import parse_qualified_name
 from nvshim.cdi.registry import build_registry, spec_files
 from nvshim.errors import CdiError, CdiProblem, CdiSpecError, NvshimError
@@ -56,7 +65,7 @@ __all__ = [
     "stale_specs",
 ]
 
-FORMAT = 1
+FORMAT = 2  # 2: trust verdicts; signatures carry owner and group
 
 
 def _sig(path: str) -> Optional[List[int]]:
@@ -66,7 +75,8 @@ def _sig(path: str) -> Optional[List[int]]:
         st = os.stat(path)
     except OSError:
         return None
-    return [st.st_ino, st.st_dev, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    return [st.st_ino, st.st_dev, st.st_mode, st.st_uid, st.st_gid, st.st_size,
+            st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _key(spec_dirs: Sequence[str]) -> Dict[str, Any]:
@@ -83,10 +93,13 @@ def _entry(path: str, sig: Optional[List[int]]) -> Dict[str, Any]:
     """What the index records about one spec file (parses it: yaml for a .yaml file)."""
     entry: Dict[str, Any] = {"path": path, "sig": sig, "kind": None, "problems": [], "doc": None}
     try:
-        raw = read_document(path)
+        raw = read_document(path, check_trust=True)
         spec = parse_spec(raw, path)
     except CdiSpecError as exc:
         entry["problems"] = _problems(exc.problems)
+        untrusted = [p for p in exc.problems if isinstance(p, UntrustedProblem)]
+        if untrusted:
+            entry["untrusted"] = list(untrusted[0].devices)
         return entry
     entry["kind"] = spec.kind
     if path.endswith(".yaml"):
@@ -100,10 +113,16 @@ def _entry(path: str, sig: Optional[List[int]]) -> Dict[str, Any]:
 
 
 def build(spec_dirs: Sequence[str], old: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """The index of ``spec_dirs``; entries of ``old`` whose file is unchanged are reused."""
-    reuse: Dict[Tuple[str, str], Dict[str, Any]] = {}
-    for entry in (old or {}).get("entries", ()):
-        reuse[(entry["path"], _jsonc.dumps(entry["sig"]))] = entry
+    """The index of ``spec_dirs``; entries of ``old`` whose file and directory are
+    unchanged are reused (a trust verdict depends on both)."""
+    reuse: Dict[Tuple[str, str, str], Dict[str, Any]] = {}
+    try:
+        old_dirs = (old or {}).get("dirs", [])
+        for entry in (old or {}).get("entries", ()):
+            dir_sig = old_dirs[entry["rank"]]["sig"]
+            reuse[(entry["path"], _jsonc.dumps(entry["sig"]), _jsonc.dumps(dir_sig))] = entry
+    except (KeyError, IndexError, TypeError):
+        reuse = {}  # a malformed old index: parse everything again
     dirs = []
     entries = []
     for rank, directory in enumerate(spec_dirs):
@@ -113,7 +132,8 @@ def build(spec_dirs: Sequence[str], old: Optional[Dict[str, Any]] = None) -> Dic
         dirs.append({"dir": directory, "sig": dir_sig, "problems": _problems(problems)})
         for path in files:
             sig = _sig(path)
-            entry = reuse.get((path, _jsonc.dumps(sig))) or _entry(path, sig)
+            entry = (reuse.get((path, _jsonc.dumps(sig), _jsonc.dumps(dir_sig)))
+                     or _entry(path, sig))
             entries.append(dict(entry, rank=rank))
     return {"format": FORMAT, "key": _key(spec_dirs), "dirs": dirs, "entries": entries}
 
@@ -170,16 +190,20 @@ def _loaded(doc: Dict[str, Any], kinds: Set[str]) -> Iterable[Tuple[int, Any, Li
         if d["problems"]:
             yield rank, None, [CdiProblem(*p) for p in d["problems"]]
         for entry in by_rank.get(rank, ()):
+            if entry.get("untrusted") is not None:
+                path, _, message = entry["problems"][0]
+                yield rank, None, [UntrustedProblem(path, message, entry["untrusted"])]
+                continue
             if entry["problems"]:
                 yield rank, None, [CdiProblem(*p) for p in entry["problems"]]
                 continue
             if entry["kind"] not in kinds:
                 continue  # cannot hold a requested device: not loaded
             try:
-                if entry["doc"] is not None:
+                if entry["doc"] is not None:  # trusted when indexed, unchanged since
                     yield rank, parse_spec(entry["doc"], entry["path"]), []
-                else:
-                    yield rank, load_spec_file(entry["path"]), []
+                else:  # read now, and judged on what is read
+                    yield rank, load_spec_file(entry["path"], check_trust=True), []
             except CdiSpecError as exc:
                 yield rank, None, exc.problems
 
