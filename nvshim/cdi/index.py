@@ -32,8 +32,9 @@ and an entry is reused in a rebuild only when both do, so every verdict is made 
 once either changed.
 
 :func:`stale_specs` says which of the specs a create injects from no longer describe the
-node (another driver's libraries, device nodes the node lacks or numbers differently):
-a few string checks and one ``stat`` per injected device node, on the specs used only.
+node (another driver's files, by :mod:`nvshim.cdi.stale`'s rule; device nodes the node
+lacks or numbers differently): string checks, one ``stat`` per mount that is no library
+(two ``readlink`` for a folder) and per injected device node, on the specs used only.
 :func:`missing_mounts` finds the files a create would bind-mount from a spec that the
 node no longer has (one ``stat`` per injected bind mount): runc would fail on them.
 """
@@ -46,6 +47,7 @@ from nvshim import _jsonc
 from nvshim.cdi.load import UntrustedProblem, load_spec_file, parse_spec, read_document
 from nvshim.cdi.names import parse_qualified_name
 from nvshim.cdi.registry import build_registry, spec_files
+from nvshim.cdi.stale import stale_reasons
 from nvshim.errors import CdiError, CdiProblem, CdiSpecError, NvshimError
 
 TYPE_CHECKING = False
@@ -241,30 +243,17 @@ def refresh(spec_dirs: Sequence[str], index_path: str) -> str:
     return _save(index_path, build(spec_dirs))
 
 
-#: Driver libraries whose file is always named ``<prefix><driver version>``: a spec that
-#: mounts one of another version was made for another driver.
-_DRIVER_VERSIONED = ("libcuda.so.", "libnvidia-ml.so.")
-
-
-def _is_version(text: str) -> bool:
-    """``550.54.15``, ``550.54``: numbers with dots (``libcuda.so.1``, a link, is not one)."""
-    parts = text.split(".")
-    return len(parts) > 1 and all(p.isascii() and p.isdigit() for p in parts)
-
-
 def _spec_mismatch(edits: Sequence[Any], driver_version: Optional[str]) -> List[str]:
     """Why one spec's injected ``edits`` (its own and its devices') do not match the node
-    (empty: they do)."""
+    (empty: they do): driver files of another version (:func:`nvshim.cdi.stale.stale_reasons`),
+    device nodes missing or numbered otherwise."""
     import stat
 
     reasons: List[str] = []
     if driver_version is not None:
-        for mount in (m for e in edits for m in e.mounts):
-            name = mount.host_path.rsplit("/", 1)[-1]
-            version = next((name[len(p):] for p in _DRIVER_VERSIONED if name.startswith(p)), "")
-            if _is_version(version) and version != driver_version:
-                reasons.append(f"it mounts {name}, the node's driver is {driver_version}")
-                break
+        reasons += [why for why, _ in stale_reasons([m for e in edits for m in e.mounts],
+                                                     [h for e in edits for h in e.hooks],
+                                                     driver_version)]
     missing: List[str] = []
     for node in dict.fromkeys(n for e in edits for n in e.device_nodes):
         try:
@@ -297,8 +286,9 @@ def regenerate_fix(path: str) -> str:
 def stale_specs(registry: Registry, names: Sequence[str], driver_version: Optional[str],
                 fix: Callable[[str], str] = regenerate_fix) -> List[str]:
     """One line per spec file that ``names`` inject from and that no longer matches the
-    node: a driver-versioned library (``libcuda.so.<v>``, ``libnvidia-ml.so.<v>``) of
-    another version than ``driver_version`` (None: not compared), or an injected device
+    node: a driver file of another version than ``driver_version`` (None: not compared;
+    any NVIDIA library named for a driver version, a library folder mounted whole, GSP
+    firmware, a hook's ``--host-driver-version``), or an injected device
     node that does not exist or has other numbers; ``fix(spec path)`` ends it. Names the
     registry lacks are skipped (resolving them reports them)."""
     used: Dict[str, List[Any]] = {}
