@@ -41,6 +41,7 @@ __all__ = [
     "source_link_path",
     "compiled_lists_fresh",
     "cdi_index_path",
+    "check_trusted",
     "load_config",
     "parse_config_text",
     "describe_problems",
@@ -87,6 +88,7 @@ class Config:
         "privileged",
     )
     on_missing_allocation: str = "strip"
+    require_allocation_features: Tuple[str, ...] = ("gds", "gdrcopy")
     accept_all_from_mounts: bool = False
     management_pods: Tuple[str, ...] = ()
     verify_with: str = "none"
@@ -230,30 +232,32 @@ def compiled_matches(doc: Any, data: bytes) -> bool:
     )
 
 
-def check_trusted(path: str, st: os.stat_result) -> None:
+def check_trusted(path: str, st: os.stat_result, what: str = "config") -> None:
     """Refuse a config file others could have written (like sshd's StrictModes, sudo).
 
     nvshim-runtime runs as root and executes the runtimes these files name, so when
     running as root each file nvshim reads or the trampoline trusts must be owned by root
     and writable by its owner only, and no directory its lookup goes through (ancestors,
     and past a symlink its target's) may let others replace it (:mod:`nvshim._trust`).
+    ``what`` names the kind of file in the message: the same rule holds CDI spec files,
+    whose hooks run as root on the host (:mod:`nvshim.cdi.load`).
     """
     euid = os.geteuid()
     if euid != 0:
         return  # the rule protects root; a user's own nvshim reads what that user may read
     if st.st_uid != 0:
         raise ConfigError(
-            f"config {path} is owned by uid {st.st_uid}, not root: nvshim-runtime runs as "
+            f"{what} {path} is owned by uid {st.st_uid}, not root: nvshim-runtime runs as "
             f"root and executes what it names; run chown root {path}"
         )
     if st.st_mode & 0o022:
         raise ConfigError(
-            f"config {path} is writable by group or others (mode {st.st_mode & 0o7777:04o}): "
+            f"{what} {path} is writable by group or others (mode {st.st_mode & 0o7777:04o}): "
             f"nvshim-runtime runs as root and executes what it names; run chmod go-w {path}"
         )
     from nvshim._trust import lookup_problem
 
-    problem = lookup_problem(path, "config")  # the ancestors, and past a symlink its target's
+    problem = lookup_problem(path, what)  # the ancestors, and past a symlink its target's
     if problem:
         raise ConfigError(problem)
 

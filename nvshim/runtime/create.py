@@ -42,6 +42,7 @@ from nvshim.errors import SPEC_FILE, RequestError, SpecError
 from nvshim.runtime.apply import apply_edits
 from nvshim.runtime.hostedits import (
     driver_edits,
+    engine_stale,
     gpu_edits,
     inject_cdi,
     mig_edits,
@@ -347,6 +348,10 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         notes += engine.notes
         hooks = engine_hooks(spec)
         notes += hooks.notes
+        assert host is not None  # the engine's grant was matched against it
+        stale = engine_stale(spec, config, host)
+        notes += stale
+        warnings += stale
     notes += request.notes
     if log is not None:
         log.event(
