@@ -142,18 +142,18 @@ def _spec_of(config: Config, host_path: str) -> str:
     return ""
 
 
-def engine_stale(spec: Dict[str, Any], config: Config, driver_version: Optional[str],
-                 fix: Callable[[str], str]) -> Tuple[str, ...]:
+def engine_stale(spec: Dict[str, Any], mounts: Sequence[Mount], config: Config,
+                 driver_version: Optional[str], fix: Callable[[str], str]) -> Tuple[str, ...]:
     # Any: a decoded config.json
     """The ``stale-cdi-spec`` verdict on what the engine injected into config.json itself
-    (its CDI mounts and hooks) before nvshim ran: one warning line under ``warn``, a
-    :class:`~nvshim.errors.CdiError` under ``refuse``; () when it matches the node
+    (``mounts``, the spec's own as the runtime reads them, and its hooks) before nvshim
+    ran: one warning line under ``warn``, a :class:`~nvshim.errors.CdiError` under
+    ``refuse``; () when it matches the node
     (``driver_version`` None: no driver to compare with). ``fix(spec path)`` ends the line
     when the spec is found in the config's spec dirs."""
     if driver_version is None:
         return ()
     from nvshim.edits import Hook
-    from nvshim.runtime.engine import spec_mounts
 
     hooks = []
     for entries in (spec.get("hooks") or {}).values() if isinstance(spec.get("hooks"),
@@ -162,7 +162,7 @@ def engine_stale(spec: Dict[str, Any], config: Config, driver_version: Optional[
             args = entry.get("args") if isinstance(entry, dict) else None
             if isinstance(args, list) and all(isinstance(a, str) for a in args):
                 hooks.append(Hook("createContainer", str(entry.get("path")), tuple(args)))
-    reasons = stale_reasons(spec_mounts(spec), hooks, driver_version)
+    reasons = stale_reasons(mounts, hooks, driver_version)
     if not reasons:
         return ()
     why = "; ".join(r for r, _ in reasons)

@@ -251,12 +251,13 @@ def engine_stale(spec: Dict[str, Any], config: Config, node: Host) -> Tuple[str,
     lines (:func:`nvshim.cdi.stale.engine_stale`; a CdiError under ``refuse``)."""
     from nvshim.cdi.stale import engine_stale as judge
     from nvshim.errors import HostError
+    from nvshim.runtime.engine import spec_mounts
 
     try:
         version: Optional[str] = node.driver_version()
     except HostError:
         version = None  # no driver under the root: there is nothing to compare with
-    return judge(spec, config, version, lambda p: refresh_fix(config, p))
+    return judge(spec, spec_mounts(spec), config, version, lambda p: refresh_fix(config, p))
 
 
 def refresh_fix(config: Config, spec: str) -> str:
