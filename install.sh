@@ -254,9 +254,8 @@ install_payload() {
     # the commands, rendered for PREFIX, BINDIR and ETCDIR by the installed interpreter itself
     # (both default to $ETCDIR/config.yaml: an install with NVSHIM_ETCDIR never reads /etc/nvshim)
     "$PREFIX/bin/python3" -I -S -c 'import sys; p, cfg = sys.argv[2:4]; sys.path[0:0] = [sys.argv[1]]
-from nvshim.node.prefix import launch_argv
-from nvshim.node.trampoline import render
-sys.stdout.write(render(p + "/bin/python3", [sys.argv[1]], cfg, launch=launch_argv(p)))' \
+from nvshim.node.prefix import render_runtime
+sys.stdout.write(render_runtime(p, cfg))' \
         "$PREFIX/site" "$PREFIX" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim-runtime" 0755
     "$PREFIX/bin/python3" -I -S -c 'import sys; p, cfg = sys.argv[2:4]; sys.path[0:0] = [sys.argv[1]]
 from nvshim.node.prefix import render_cli

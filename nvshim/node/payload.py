@@ -25,17 +25,18 @@ import subprocess
 import sys
 from typing import Dict, Iterator, List, Optional, Sequence
 
+from nvshim._preload import FILE_NAME as PRELOAD_FILE
+from nvshim._preload import dumps as preload_dumps
 from nvshim.node.prefix import (
     FILE_LIST,
     INTERPRETER,
     LAUNCHER,
     LIBDIR,
     PACKAGES,
-    launch_argv,
     loader_name,
     render_cli,
+    render_runtime,
 )
-from nvshim.node.trampoline import render
 
 __all__ = ["build", "main", "STDLIB_DROPPED", "DYNLOAD_DROPPED", "PayloadError"]
 
@@ -188,8 +189,41 @@ def _walk_dirs(root: str, starts: Sequence[str]) -> List[str]:
     return out
 
 
+#: nvshim's subpackages a create never imports: not in the preload file
+PRELOAD_SKIPPED = ("cli", "node", "sim", "data")
+#: the pure-Python standard-library modules a GPU create imports (the others it uses are
+#: frozen or built in): served from the preload file too
+PRELOAD_STDLIB = ("__future__", "struct")
+
+
+def _preload(root: str, prefix: str, stdlib: str) -> None:
+    """site/nvshim.preload: the code of nvshim's runtime modules (:mod:`nvshim._preload`)
+    and of :data:`PRELOAD_STDLIB`, compiled for their installed paths."""
+    site = os.path.join(root, PACKAGES)
+    modules = {}
+    for name in PRELOAD_STDLIB:
+        path = os.path.join(stdlib, name + ".py")
+        origin = prefix + path[len(root):]
+        with open(path, "rb") as f:
+            modules[name] = (False, origin, compile(f.read(), origin, "exec", dont_inherit=True))
+    for path in sorted(_walk_files(os.path.join(site, "nvshim"))):
+        rel = os.path.relpath(path, site)
+        parts = rel[:-len(".py")].split(os.sep) if rel.endswith(".py") else []
+        if len(parts) < 2 or parts[1] in PRELOAD_SKIPPED or parts[1] == "_preload":
+            continue  # nvshim itself and _preload are imported before the file is read
+        is_package = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if is_package else parts)
+        origin = f"{prefix}/{PACKAGES}/{rel}"
+        with open(path, "rb") as f:
+            code = compile(f.read(), origin, "exec", dont_inherit=True)
+        modules[name] = (is_package, origin, code)
+    with open(os.path.join(site, PRELOAD_FILE), "wb") as f:
+        f.write(preload_dumps(modules))
+
+
 def _smoke(root: str, dest: str) -> None:
     code = ("import sys; sys.path[0:0] = [sys.argv[1]]; import importlib; "
+            "import nvshim._preload as p; assert p.install(sys.argv[1] + '/' + p.FILE_NAME); "
             f"[importlib.import_module(m) for m in {list(SMOKE_IMPORTS)!r}]; "
             "assert sys.prefix == sys.argv[2], sys.prefix; print(sys.version)")
     _run([os.path.join(root, LAUNCHER), "-I", "-S", "-c", code,
@@ -241,14 +275,13 @@ def build(dest: str, src: str, prefix: str, bindir: str, etcdir: str) -> str:
     _bundle_libraries(root)
     _launcher(root)
     _compile(root, prefix.rstrip("/"))
+    _preload(root, prefix.rstrip("/"), stdlib)
     _smoke(root, dest)
 
-    site = f"{prefix.rstrip('/')}/{PACKAGES}"
     config = f"{etcdir.rstrip('/')}/config.yaml"
-    python = f"{prefix.rstrip('/')}/{LAUNCHER}"
     bindir_path = dest + bindir.rstrip("/")
     _write(os.path.join(bindir_path, "nvshim-runtime"),
-           render(python, [site], config, launch=launch_argv(prefix.rstrip("/"))), 0o755)
+           render_runtime(prefix.rstrip("/"), config), 0o755)
     _write(os.path.join(bindir_path, "nvshim"), render_cli(prefix.rstrip("/"), config), 0o755)
     with open(os.path.join(src, "install.sh")) as f:
         installer = f.read()
