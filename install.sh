@@ -202,7 +202,7 @@ install_file() {  # install_file DEST MODE < content
 writable() {  # writable DIR: DIR exists (created if need be) and a file can be made in it
     mkdir -p "$1" 2>/dev/null || return 1
     probe="$1/.nvshim-write-test.$$"
-    { : > "$probe"; } 2>/dev/null || return 1
+    touch "$probe" 2>/dev/null || return 1  # not ': >': a special builtin's failed redirection exits sh
     rm -f "$probe"
 }
 
@@ -225,8 +225,9 @@ install_payload() {
         [ -e "$payload/$entry" ] || die "payload $from is incomplete: $payload/$entry is missing"
     done < "$payload/$FILE_LIST"
     # the commands are /bin/sh scripts: a node root without a working /bin/sh cannot run them
-    [ -x /bin/sh ] || die "/bin/sh not found: nvshim-runtime and nvshim are /bin/sh scripts, this node has no shell to run them"
-    /bin/sh -c : 2>/dev/null || die "/bin/sh does not run on this node (a missing C library?): nvshim-runtime and nvshim are /bin/sh scripts"
+    if [ ! -f /bin/sh ] || [ ! -x /bin/sh ] || ! /bin/sh -c : 2>/dev/null; then
+        die "no usable /bin/sh on this node (missing, or its C library is): nvshim-runtime and nvshim are /bin/sh scripts"
+    fi
     out=$("$payload/bin/python3" -I -S -c 'import sys; sys.path[0:0] = [sys.argv[1]]; import nvshim.runtime.main, nvshim.cli.main' "$payload/site" 2>&1) \
         || die "the payload's interpreter does not run here ($payload/bin/python3): $(printf '%s\n' "$out" | tail -n 1)"
     for dir in "$BINDIR" "$(dirname "$PREFIX")" "$(dirname "$ETCDIR")"; do

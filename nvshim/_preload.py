@@ -4,14 +4,16 @@ A GPU create imports ~27 of nvshim's modules; through the path finder each costs
 directory lookups, a stat, an open and a read. The payload (:mod:`nvshim.node.payload`)
 writes their code into one file, ``nvshim.preload`` beside the package: the interpreter's
 magic number, the length of an index, the index (marshalled ``{module: (is_package,
-source path, offset, size)}``) and each module's marshalled code. :func:`install` reads
+source path relative to the file's folder, offset, size)}``) and each module's
+marshalled code. :func:`install` reads
 the index and puts a finder first on ``sys.meta_path`` that serves exactly those modules,
 each read with one ``pread`` and unmarshalled only when imported, with the ``__file__``,
 ``__path__`` and ``__spec__.origin`` the path finder would give. Anything else (a module
 not in the file, a file written by another interpreter) goes to the usual finders.
 
 The file is built with the sources and interpreter it ships with and never changed in
-place; its descriptor is close-on-exec (nothing reaches runc).
+place; its descriptor is close-on-exec (nothing reaches runc). Relative source paths keep
+it right wherever install.sh puts the prefix.
 """
 
 from __future__ import annotations
@@ -36,16 +38,20 @@ _MAGIC_NUMBER: bytes = sys.modules["_frozen_importlib_external"].MAGIC_NUMBER
 class _Finder:
     """Meta path finder and loader for the modules of one preload file."""
 
-    def __init__(self, fd: int, index: Dict[str, Tuple[bool, str, int, int]]) -> None:
+    def __init__(self, fd: int, index: Dict[str, Tuple[bool, str, int, int]], base: str) -> None:
         self.fd = fd
         self.index = index
+        self.base = base
 
     def find_spec(self, name: str, path: Optional[Sequence[str]] = None,
                   target: Any = None) -> Any:
         entry = self.index.get(name)
         if entry is None:
             return None
-        is_package, origin, _, _ = entry
+        is_package, relative, _, _ = entry
+        origin = f"{self.base}/{relative}"
+        if relative.startswith("../"):
+            origin = os.path.normpath(origin)
         spec = _bootstrap.ModuleSpec(name, self, origin=origin, is_package=is_package)
         spec.has_location = True  # __file__ = origin, as the path finder sets it
         if is_package:
@@ -79,13 +85,14 @@ def install(path: str) -> bool:
     except (OSError, ValueError, EOFError, TypeError):
         os.close(fd)
         return False
-    sys.meta_path.insert(0, _Finder(fd, index))
+    sys.meta_path.insert(0, _Finder(fd, index, os.path.dirname(os.path.abspath(path))))
     return True
 
 
 def dumps(modules: Dict[str, Tuple[bool, str, Any]]) -> bytes:
-    """The preload file for ``{module: (is_package, source path, code object)}``: the
-    magic number, the index's offset, each module's code, the index."""
+    """The preload file for ``{module: (is_package, source path relative to the file's
+    folder, code object)}``: the magic number, the index's offset, each module's code, the
+    index."""
     body = bytearray()
     index: Dict[str, Tuple[bool, str, int, int]] = {}
     for name, (pkg, origin, code) in modules.items():

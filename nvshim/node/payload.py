@@ -50,7 +50,7 @@ class PayloadError(Exception):
 STDLIB_DROPPED = frozenset({
     "test", "idlelib", "tkinter", "turtledemo", "turtle.py", "ensurepip", "lib2to3",
     "pydoc_data", "distutils", "venv", "sqlite3", "dbm", "curses", "unittest",
-    "site-packages", "dist-packages", "__phello__", "__pycache__",
+    "site-packages", "dist-packages", "__phello__", "__pycache__", "EXTERNALLY-MANAGED",
 })
 
 #: extension modules dropped: tests, GUIs and terminals, and ssl/hashlib (they drag in
@@ -116,7 +116,10 @@ def _copy_tree(src: str, dest: str, skip: Sequence[str] = ()) -> None:
         return [n for n in names if n == "__pycache__" or (top and n in skip)
                 or n.endswith((".pyc", ".pyo"))]
 
-    shutil.copytree(src, dest, ignore=ignore, symlinks=False, dirs_exist_ok=True)
+    # copyfile, not copy2: modules are not commands (Debian ships some stdlib files +x with a
+    # #!/usr/bin/env python3 line; here they are plain 0644 files)
+    shutil.copytree(src, dest, ignore=ignore, symlinks=False, dirs_exist_ok=True,
+                    copy_function=shutil.copyfile)
 
 
 def _install_packages(src: str, site: str, tmp: str) -> None:
@@ -126,6 +129,9 @@ def _install_packages(src: str, site: str, tmp: str) -> None:
     _run([sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", site, src],
          f"pip install {src} --target {site}", env)
     shutil.rmtree(os.path.join(site, "bin"), ignore_errors=True)  # console scripts: ours differ
+    for path in _walk_files(site):
+        if path.endswith(".py"):
+            os.chmod(path, 0o644)  # a module, not a command
 
 
 def _bundle_libraries(root: str) -> None:
@@ -205,7 +211,8 @@ def _preload(root: str, prefix: str, stdlib: str) -> None:
         path = os.path.join(stdlib, name + ".py")
         origin = prefix + path[len(root):]
         with open(path, "rb") as f:
-            modules[name] = (False, origin, compile(f.read(), origin, "exec", dont_inherit=True))
+            code = compile(f.read(), origin, "exec", dont_inherit=True)
+        modules[name] = (False, os.path.relpath(path, site), code)
     for path in sorted(_walk_files(os.path.join(site, "nvshim"))):
         rel = os.path.relpath(path, site)
         parts = rel[:-len(".py")].split(os.sep) if rel.endswith(".py") else []
@@ -216,7 +223,7 @@ def _preload(root: str, prefix: str, stdlib: str) -> None:
         origin = f"{prefix}/{PACKAGES}/{rel}"
         with open(path, "rb") as f:
             code = compile(f.read(), origin, "exec", dont_inherit=True)
-        modules[name] = (is_package, origin, code)
+        modules[name] = (is_package, rel, code)
     with open(os.path.join(site, PRELOAD_FILE), "wb") as f:
         f.write(preload_dumps(modules))
 
@@ -225,7 +232,9 @@ def _smoke(root: str, dest: str) -> None:
     code = ("import sys; sys.path[0:0] = [sys.argv[1]]; import importlib; "
             "import nvshim._preload as p; assert p.install(sys.argv[1] + '/' + p.FILE_NAME); "
             f"[importlib.import_module(m) for m in {list(SMOKE_IMPORTS)!r}]; "
-            "assert sys.prefix == sys.argv[2], sys.prefix; print(sys.version)")
+            "assert sys.prefix == sys.argv[2], sys.prefix; "
+            "import nvshim.runtime.hookargs as h; assert h.__file__.startswith(sys.argv[1]), h; "
+            "print(sys.version)")
     _run([os.path.join(root, LAUNCHER), "-I", "-S", "-c", code,
           os.path.join(root, PACKAGES), root], f"the bundled interpreter in {dest}")
 
