@@ -156,6 +156,53 @@ def test_installed_files_name_only_the_prefix(payload, tmp_path):
     assert tree(tmp_path / "bin") == ()
 
 
+FAKE_NVML = r"""
+#include <pthread.h>
+#include <dlfcn.h>
+int nvmlInit_v2(void) { return pthread_self() != 0 && dlerror() == 0 ? 0 : 1; }
+"""
+
+MAPS = r"""
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+assert lib.nvmlInit_v2() == 0
+for line in open("/proc/self/maps"):
+    path = line.split()[-1]
+    if path.startswith("/") and ".so" in path:
+        print(path)
+"""
+
+
+def test_a_node_library_loads_against_the_bundled_glibc(payload, tmp_path):
+    """A node library that needs libpthread and libdl (as libnvidia-ml does), dlopen'ed by
+    the bundled interpreter through ctypes (as pynvml does), gets the payload's glibc: every
+    C library piece mapped in the process comes from the prefix, none from the node."""
+    require_root()
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.fail("gcc is needed (install.sh --dev installs it)")
+    source = tmp_path / "fake.c"
+    source.write_text(FAKE_NVML)
+    lib = tmp_path / "libnvidia-ml.so.1"
+    # linked to the files, as a library built before glibc 2.34 is (DT_NEEDED on both)
+    stubs = [subprocess.run([gcc, f"-print-file-name={name}"], capture_output=True, text=True,
+                            check=True).stdout.strip() for name in ("libpthread.so.0", "libdl.so.2")]
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(lib), str(source),
+                    "-Wl,--no-as-needed", *stubs], check=True)
+    needed = subprocess.run(["ldd", str(lib)], capture_output=True, text=True).stdout
+    assert "libpthread.so.0" in needed and "libdl.so.2" in needed, needed
+    launcher = payload / "opt" / "nvshim" / "bin" / "python3"
+    res = subprocess.run([str(launcher), "-I", "-S", "-c", MAPS, str(lib)], capture_output=True,
+                         text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr
+    mapped = set(res.stdout.split())
+    glibc = {p for p in mapped if re.search(r"/(ld-linux[^/]*|lib(c|m|pthread|dl|rt)\.so[^/]*)$", p)}
+    assert {os.path.basename(p) for p in glibc} >= {"libc.so.6", "libpthread.so.0", "libdl.so.2"}
+    lib_dir = f"{payload}/opt/nvshim/lib/"
+    assert all(p.startswith(lib_dir) for p in glibc), sorted(glibc)
+    assert str(lib) in mapped
+
+
 def fails_cleanly(res: subprocess.CompletedProcess, t: Path, message: str) -> None:
     """One line naming the problem, exit 1, and nothing installed under ``t``."""
     assert res.returncode == 1, res.stdout + res.stderr
