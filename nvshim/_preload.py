@@ -2,7 +2,7 @@
 
 A GPU create imports ~27 of nvshim's modules; through the path finder each costs a few
 directory lookups, a stat, an open and a read. The payload (:mod:`nvshim.node.payload`)
-writes their code into one file, ``nvshim.preload`` beside the package: the interpreter's
+writes their code into one file, ``nvshim-preload.bin`` beside the package: the interpreter's
 magic number, the length of an index, the index (marshalled ``{module: (is_package,
 source path relative to the file's folder, offset, size)}``) and each module's
 marshalled code. :func:`install` reads
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["install", "dumps", "FILE_NAME"]
 
-FILE_NAME = "nvshim.preload"
+FILE_NAME = "nvshim-preload.bin"
 
 # the import system's own classes, without importing importlib (not frozen: ~0.3 ms)
 _bootstrap = sys.modules["_frozen_importlib"]

@@ -37,6 +37,7 @@ from nvshim.node.prefix import (
     render_cli,
     render_runtime,
 )
+from nvshim.runtime.hookargs import HOOK_MODULE
 
 __all__ = ["build", "main", "STDLIB_DROPPED", "DYNLOAD_DROPPED", "PayloadError"]
 
@@ -66,7 +67,7 @@ GLIBC_FAMILY = ("libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "libr
                 "libutil.so.1", "libresolv.so.2", "libanl.so.1", "libgcc_s.so.1")
 
 #: what the smoke test imports with the bundled interpreter: every dependency's top module
-SMOKE_IMPORTS = ("nvshim.runtime.main", "nvshim.cli.main", "nvshim.hook", "click", "structlog",
+SMOKE_IMPORTS = ("nvshim.runtime.main", "nvshim.cli.main", HOOK_MODULE, "click", "structlog",
                  "pynvml", "jsonschema", "yaml", "tomlkit", "grpc", "ctypes", "json")
 
 
@@ -203,7 +204,7 @@ PRELOAD_STDLIB = ("__future__", "struct")
 
 
 def _preload(root: str, prefix: str, stdlib: str) -> None:
-    """site/nvshim.preload: the code of nvshim's runtime modules (:mod:`nvshim._preload`)
+    """site/nvshim-preload.bin: the code of nvshim's runtime modules (:mod:`nvshim._preload`)
     and of :data:`PRELOAD_STDLIB`, compiled for their installed paths."""
     site = os.path.join(root, PACKAGES)
     modules = {}

@@ -67,7 +67,7 @@ def test_runtime_trampoline_names_only_the_prefix() -> None:
     assert text.count(f"exec {launch} -I -S -X ") == 2
     paths = set(re.findall(r"/[\w./-]*(?:python|site|preload)[\w./-]*", text))
     assert paths and all(p.startswith(f"{PREFIX}/") for p in paths), paths
-    assert f'"{PREFIX}/site/nvshim.preload"' in text and f'["{PREFIX}/site"]' in text
+    assert f'"{PREFIX}/site/nvshim-preload.bin"' in text and f'["{PREFIX}/site"]' in text
     assert not re.search(r"python3\.\d", text) and "venv" not in text
 
 
@@ -90,7 +90,7 @@ def test_runtime_trampoline_execs_the_loader_with_argv_and_env_untouched(tmp_pat
     assert argv[:5] == launch_argv(str(prefix))[1:]
     assert argv[5:10] == ["-I", "-S", "-X", "nvshim-lc-ctype-unset", "-c"]
     assert argv[11:] == ["create", "--bundle", str(bundle), "c1"]
-    assert f"p.install(\"{prefix}/site/nvshim.preload\")" in argv[10]
+    assert f"p.install(\"{prefix}/site/nvshim-preload.bin\")" in argv[10]
     got = dict(line.split("=", 1) for line in (prefix / "env").read_text().splitlines()
                if "=" in line)
     assert not any(k.startswith("LD_") or k.startswith("PYTHON") for k in got), got
