@@ -80,11 +80,13 @@ class Config:
     allocation_sources: Tuple[str, ...] = (
         "volume-mounts",
         "cdi-annotations",
+        "docker-gpus",
         "envvar-uuids",
         "privileged",
     )
     on_missing_allocation: str = "strip"
     accept_all_from_mounts: bool = False
+    management_pods: Tuple[str, ...] = ()
     verify_with: str = "none"
     kubelet_unreachable: str = "fail"
     kubelet_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -96,6 +98,7 @@ class Config:
     grants_journal_max_bytes: int = 1048576
     annotation_prefixes: Tuple[str, ...] = ("cdi.k8s.io/",)
     cdi_spec_dirs: Tuple[str, ...] = DEFAULT_CDI_SPEC_DIRS
+    cdi_refresh: Tuple[str, ...] = ()
     default_kind: str = "nvidia.com/gpu"
     stale_cdi_spec: str = "warn"
     engine_grants: str = "exclusive"
