@@ -76,13 +76,15 @@ def install(path: str) -> bool:
         fd = os.open(path, os.O_RDONLY)  # close-on-exec (PEP 446)
     except OSError:
         return False
+    index = None
     try:
         head = os.pread(fd, _HEAD, 0)
-        if len(head) != _HEAD or head[:len(_MAGIC_NUMBER)] != _MAGIC_NUMBER:
-            raise ValueError(path)
-        start = int.from_bytes(head[len(_MAGIC_NUMBER):], "little")
-        index = marshal.loads(os.pread(fd, os.fstat(fd).st_size - start, start))
+        if len(head) == _HEAD and head[:len(_MAGIC_NUMBER)] == _MAGIC_NUMBER:
+            start = int.from_bytes(head[len(_MAGIC_NUMBER):], "little")
+            index = marshal.loads(os.pread(fd, os.fstat(fd).st_size - start, start))
     except (OSError, ValueError, EOFError, TypeError):
+        index = None  # a truncated or foreign file: the usual finders serve everything
+    if not isinstance(index, dict):
         os.close(fd)
         return False
     sys.meta_path.insert(0, _Finder(fd, index, os.path.dirname(os.path.abspath(path))))

@@ -27,6 +27,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 from nvshim._preload import FILE_NAME as PRELOAD_FILE
 from nvshim._preload import dumps as preload_dumps
+from nvshim.errors import HostError
 from nvshim.node.prefix import (
     FILE_LIST,
     INTERPRETER,
@@ -42,8 +43,8 @@ from nvshim.runtime.hookargs import HOOK_MODULE
 __all__ = ["build", "main", "STDLIB_DROPPED", "DYNLOAD_DROPPED", "PayloadError"]
 
 
-class PayloadError(Exception):
-    """The payload cannot be built; the message is one line naming what and where."""
+class PayloadError(HostError):
+    """The payload cannot be built on this machine; one line naming what and where."""
 
 
 #: standard-library packages and modules no nvshim code path imports (tests, GUIs,

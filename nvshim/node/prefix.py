@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 import platform
 
+from nvshim.errors import HostError
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import List, Optional
@@ -60,7 +62,8 @@ def loader_name(machine: Optional[str] = None) -> str:
     try:
         return _LOADERS[machine]
     except KeyError:
-        raise ValueError(f"no self-contained runtime for machine {machine!r}") from None
+        raise HostError(f"no self-contained runtime for machine {machine!r}: "
+                        f"only {', '.join(sorted(_LOADERS))}") from None
 
 
 def launch_argv(prefix: str, machine: Optional[str] = None) -> List[str]:
@@ -79,7 +82,7 @@ def installed_prefix(python: str) -> Optional[str]:
     prefix = python[: -len(suffix)]
     try:
         words = launch_argv(prefix)
-    except ValueError:
+    except HostError:
         return None
     if not (os.path.isfile(words[0]) and os.path.isfile(words[-1])):
         return None
@@ -87,8 +90,10 @@ def installed_prefix(python: str) -> Optional[str]:
 
 
 def _check_plain(value: str, what: str) -> None:
+    from nvshim.node.trampoline import UnsafeValue
+
     if not value.startswith("/") or any(c in value for c in " \t\n'\"$`\\"):
-        raise ValueError(f"{what} must be absolute and plain: {value!r}")
+        raise UnsafeValue(f"{what} must be absolute and plain: {value!r}")
 
 
 def render_runtime(prefix: str, config: Optional[str] = None,

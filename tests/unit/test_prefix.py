@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import nvshim
+from nvshim.errors import HostError
 from nvshim.node.doctor_config import check_trampoline
 from nvshim.node.prefix import (
     installed_prefix,
@@ -53,7 +54,7 @@ def test_launch_words_are_the_loader_line() -> None:
         LOADER, "--library-path", f"{PREFIX}/lib", "--argv0", f"{PREFIX}/bin/python3",
         f"{PREFIX}/libexec/python3"]
     assert loader_name("aarch64") == "ld-linux-aarch64.so.1"
-    with pytest.raises(ValueError):
+    with pytest.raises(HostError, match="no self-contained runtime for machine 'sparc'"):
         loader_name("sparc")
 
 
