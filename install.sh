@@ -70,7 +70,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-if [ -n "$PAYLOAD" ] && { [ -n "$FROM" ] || [ "$DEV" = 1 ] || [ "$UNINSTALL" = 1 ]; }; then
+if [ -n "$PAYLOAD" ] && { [ -n "$FROM" ] || [ "$DEV$UNINSTALL$CONTAINERD$DOCKER$CRIO$DEFAULT" != 000000 ]; }; then
     die "--payload only builds: it goes with no other option"
 fi
 [ "$DEV" = 1 ] && [ -n "$FROM" ] && die "--dev builds a venv from this checkout: it does not go with --from"
