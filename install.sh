@@ -88,7 +88,8 @@ build_payload() {  # build_payload DIR: the payload for PREFIX/BINDIR/ETCDIR int
         apt_install python3-pip
     fi
     mkdir -p "$1" || die "cannot create the payload directory $1"
-    "$PYTHON" -I -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from nvshim.node.payload import main; main(sys.argv[1:])' \
+    # -B: no __pycache__ in the checkout (the payload writes only under DIR)
+    "$PYTHON" -I -B -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from nvshim.node.payload import main; main(sys.argv[1:])' \
         "$SRC" --dest "$1" --src "$SRC" --prefix "$PREFIX" --bindir "$BINDIR" --etcdir "$ETCDIR"
 }
 

@@ -125,10 +125,18 @@ def _copy_tree(src: str, dest: str, skip: Sequence[str] = ()) -> None:
 
 
 def _install_packages(src: str, site: str, tmp: str) -> None:
+    """nvshim and its dependencies into ``site``, built from a copy of the sources in
+    ``tmp`` (pip builds in the tree it is given: build/ and *.egg-info stay out of ``src``)."""
+    copy = os.path.join(tmp, "src")
+    os.makedirs(copy)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copyfile(os.path.join(src, name), os.path.join(copy, name))
+    shutil.copytree(os.path.join(src, "nvshim"), os.path.join(copy, "nvshim"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
     env = dict(os.environ, TMPDIR=tmp, PIP_DISABLE_PIP_VERSION_CHECK="1",
                PIP_NO_CACHE_DIR="1", PIP_NO_WARN_SCRIPT_LOCATION="1")
     env.pop("PYTHONPATH", None)
-    _run([sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", site, src],
+    _run([sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", site, copy],
          f"pip install {src} --target {site}", env)
     shutil.rmtree(os.path.join(site, "bin"), ignore_errors=True)  # console scripts: ours differ
     for path in _walk_files(site):
