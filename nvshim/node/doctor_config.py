@@ -175,11 +175,12 @@ def check_trampoline(path: str) -> Finding:
     if data is None:
         return Finding(name, "skip", f"{path} is not installed")
     text = data.decode(errors="replace")
-    python = None
+    python = config = None
     for line in text.splitlines():
-        if line.startswith("py="):
+        if line.startswith("py=") and python is None:
             python = line[len("py="):].strip()
-            break
+        elif line.startswith("conf=${NVSHIM_CONFIG:-") and line.endswith("}") and config is None:
+            config = line[len("conf=${NVSHIM_CONFIG:-"):-1]  # the install's config default
     if python is None:
         return Finding(name, "warn", f"{path} is not nvshim's sh trampoline (no py= line)", fix)
     if not os.access(path, os.X_OK):
@@ -191,7 +192,8 @@ def check_trampoline(path: str) -> Finding:
         )
     try:
         prefix = installed_prefix(python)
-        expected = render(python) if prefix is None else render_runtime(prefix)
+        expected = (render(python, config=config) if prefix is None
+                    else render_runtime(prefix, config))
     except ValueError as exc:
         return Finding(name, "warn", f"{path}: {exc}", fix)
     if text != expected:

@@ -127,14 +127,16 @@ def test_installed_prefix_needs_the_loader_and_the_interpreter(tmp_path: Path) -
 
 
 def test_doctor_accepts_the_self_contained_trampoline(tmp_path: Path) -> None:
-    """nvshim doctor's trampoline check recognises a prefix's trampoline as current, and
-    still flags an edited one."""
+    """nvshim doctor's trampoline check recognises a prefix's trampoline as current, also
+    for an install whose config is not /etc/nvshim's (NVSHIM_ETCDIR), and still flags an
+    edited one."""
     prefix = fake_prefix(tmp_path / "p")
     trampoline = tmp_path / "nvshim-runtime"
-    trampoline.write_text(render_runtime(str(prefix)))
-    trampoline.chmod(0o755)
-    finding = check_trampoline(str(trampoline))
-    assert finding.status == "ok", finding
+    for config in (None, f"{tmp_path}/etc/nvshim/config.yaml"):
+        trampoline.write_text(render_runtime(str(prefix), config))
+        trampoline.chmod(0o755)
+        finding = check_trampoline(str(trampoline))
+        assert finding.status == "ok", finding
     trampoline.write_text(trampoline.read_text() + "# edited\n")
     assert check_trampoline(str(trampoline)).status == "warn"
 
