@@ -45,6 +45,19 @@ def _indices(config: Config) -> Dict[str, str]:
         return {}
 
 
+def _show_denied(journal: str, fmt: str) -> None:
+    from nvshim.node.denied import render_denied_json, render_denied_table
+    from nvshim.runtime.denials import denials_path, read_denials
+
+    path = denials_path(journal)
+    records = read_denials(path)
+    if records is None:
+        click.echo(f"nvshim: no denials yet: {path} does not exist (nvshim-runtime creates it "
+                   "at the first container it strips or refuses)", err=True)
+        records = []
+    click.echo(render_denied_json(records) if fmt == "json" else render_denied_table(records))
+
+
 @click.command()
 @CONFIG_FILE
 @click.option("--journal", default=None, metavar="FILE", type=click.Path(dir_okay=False),
@@ -53,8 +66,11 @@ def _indices(config: Config) -> Dict[str, str]:
 @click.option("--prometheus", "prom_file", default=None, metavar="FILE",
               type=click.Path(dir_okay=False),
               help="Also write a node-exporter textfile-collector file here (atomically).")
+@click.option("--denied", is_flag=True,
+              help="Show the containers denied GPUs instead (stripped or refused, and why), "
+                   "from the denial journal beside the grant journal.")
 def grants(config_file: Optional[str], journal: Optional[str], fmt: str,
-           prom_file: Optional[str]) -> None:
+           prom_file: Optional[str], denied: bool) -> None:
     """Which live container holds which GPU, from the runtime's grant journal.
 
     Each GPU is shown by its index on this node (as nvidia-smi numbers it; ? when the
@@ -67,6 +83,11 @@ def grants(config_file: Optional[str], journal: Optional[str], fmt: str,
     yet means no GPU was granted on this node (said on stderr, exit 0). Lines that are
     not grant records are skipped with a warning naming them; a journal with such lines
     and no record at all is an error.
+
+    --denied lists, oldest first, every container that asked for GPUs and got none: its
+    request stripped (created without them) or its create refused, with the reason the
+    runtime gave and what it asked. They are kept in the grant journal's sibling
+    (grants.jsonl -> grants.denied.jsonl), newest half kept past grants-journal-max-bytes.
     """
     from nvshim.config import load_config
     from nvshim.errors import ConfigError, HostError
@@ -84,6 +105,9 @@ def grants(config_file: Optional[str], journal: Optional[str], fmt: str,
     if not path:
         raise ConfigError(f"grants-journal is off (null) in {config.source or 'the config'}; "
                           "pass --journal FILE")
+    if denied:
+        _show_denied(path, fmt)
+        return
     doc = read_journal(path)
     if doc is None and journal is not None:
         raise HostError(f"grant journal {path} does not exist")

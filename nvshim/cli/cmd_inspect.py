@@ -39,6 +39,11 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
     why), where the node plan came from, warnings and notes. Then the details (one line
     per hook, no script bodies), then a unified diff of config.json (--no-diff leaves it
     out). Exits 1 with the runtime's error line when the runtime would fail.
+
+    A live bundle, whose config.json nvshim-runtime already rewrote (it carries the
+    nvshim.rewritten annotation), is not planned again: inspect says so and shows the
+    grant journal's and the denial journal's latest records for the bundle (what was
+    granted, or stripped or refused and why) and the device nodes config.json holds.
     """
     from nvshim._record import replace
     from nvshim.config import load_config
@@ -50,6 +55,15 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
         config = replace(config, driver_root=driver_root, dev_root=dev_root)
     elif dev_root is not None:
         config = replace(config, dev_root=dev_root)
+    from nvshim.node.inspection import live_summary, render_live, rewritten_mark
+    from nvshim.runtime.specjson import read_spec
+
+    spec_path, _, spec = read_spec(os.path.abspath(bundle))
+    mark = rewritten_mark(spec)
+    if mark is not None:  # a live bundle: its spec is nvshim's output, not the engine's
+        live = live_summary(spec_path, spec, mark, config)
+        click.echo(json.dumps(live, indent=2) if fmt == "json" else render_live(live))
+        return
     plan = plan_create(os.path.abspath(bundle), config)
     diff = "" if no_diff else plan_diff(plan)
     if fmt == "json":

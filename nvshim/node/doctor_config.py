@@ -15,6 +15,8 @@ from nvshim import __version__
 from nvshim.config import (
     Config,
     compiled_path,
+    config_named,
+    config_path,
     load_config,
     runtimes_path,
 )
@@ -42,6 +44,12 @@ def check_config(path: str, required: bool = False) -> Tuple[Finding, Optional[C
             fix = f"correct {path}, then {compile_command(path)}"
         return Finding("config", "fail", str(exc), fix), None
     if config.source is None:
+        named = config_named() if path == config_path() else ""
+        if named:  # the runtime fails every create without it (fail closed)
+            return Finding(
+                "config", "fail", f"no {path}, named by {named}: nvshim-runtime fails every "
+                "create without it (it never falls back to the built-in defaults)",
+                f"restore {path} (install.sh writes it), then {compile_command(path)}"), config
         return Finding("config", "ok", f"no {path}: built-in defaults"), config
     mode = "on" if config.require_allocation else "off"
     return Finding("config", "ok", f"{path} is valid (require-allocation {mode})"), config

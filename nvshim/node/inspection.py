@@ -9,7 +9,7 @@ module for anything run with this directory on ``sys.path``.)
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple  # Any: the JSON summary's values
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple  # Any: JSON values
 
 if TYPE_CHECKING:
     from nvshim.config import Config
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from nvshim.runtime.create import Plan
 
 __all__ = ["env_set", "plan_summary", "plan_diff", "hook_line", "render_summary",
-           "render_details", "render_text"]
+           "render_details", "render_text", "rewritten_mark", "live_summary", "render_live"]
 
 
 def _env(spec: object) -> List[str]:
@@ -180,6 +180,8 @@ def render_summary(plan: Plan, config: Config) -> List[str]:
                    f"{', '.join(listed) or 'no GPU'}")
     elif plan.verified == "unreachable":
         out.append("verified:      no: the kubelet was unreachable, claims trusted")
+    elif plan.verified == "unidentified":
+        out.append("verified:      no: not a CRI container, claims judged by allocation-sources")
     files_only = "  (driver files only)" if request.driver_files and not request.devices else ""
     out.append(f"requested:     {', '.join(summary['requested']) or '-'}{files_only}")
     for label, rows in (
@@ -252,3 +254,103 @@ def render_text(plan: Plan, config: Config) -> str:
     details are left out when there are none."""
     details = render_details(plan)
     return "\n".join(render_summary(plan, config) + ([""] + details if details else []))
+
+
+# --- a live bundle: config.json already rewritten by nvshim-runtime --------------------------
+
+
+def rewritten_mark(spec: object) -> Optional[str]:
+    """The value of nvshim's :data:`~nvshim.runtime.create.REWRITTEN` annotation in a
+    config.json; None when nvshim-runtime has not rewritten it."""
+    from nvshim.runtime.create import REWRITTEN
+
+    annotations = spec.get("annotations") if isinstance(spec, dict) else None
+    mark = annotations.get(REWRITTEN) if isinstance(annotations, dict) else None
+    return mark if isinstance(mark, str) else None
+
+
+def _latest_for(records: Sequence[Any], bundle: str) -> Any:
+    found = [r for r in records if r.bundle == bundle]
+    return max(found, key=lambda r: r.time) if found else None
+
+
+def live_summary(spec_path: str, spec: Dict[str, Any], mark: str,
+                 config: Config) -> Dict[str, Any]:
+    """What a live bundle holds, from the journals rather than a new plan: the latest
+    grant and denial records of this bundle, its identity and the device nodes in it."""
+    import os
+
+    from nvshim.errors import HostError
+    from nvshim.runtime.denials import denials_path, read_denials
+    from nvshim.runtime.grants import read_grants
+    from nvshim.runtime.request import identity_of
+
+    bundle = os.path.dirname(spec_path)
+    grant = denial = None
+    problems: List[str] = []
+    if config.grants_journal:
+        try:
+            grant = _latest_for(read_grants(config.grants_journal), bundle)
+        except HostError as exc:
+            problems.append(str(exc))
+        try:
+            denial = _latest_for(read_denials(denials_path(config.grants_journal)) or [], bundle)
+        except HostError as exc:
+            problems.append(str(exc))
+    annotations = spec.get("annotations")
+    identity = identity_of(annotations) if isinstance(annotations, dict) else None
+    linux = spec.get("linux")
+    devices = linux.get("devices") if isinstance(linux, dict) else None
+    nodes = sorted({str(d.get("path")) for d in devices if isinstance(d, dict)}) \
+        if isinstance(devices, list) else []
+    return {
+        "bundle_config": spec_path,
+        "config_file": config.source,
+        "rewritten_by_nvshim": True,
+        "mark": mark,
+        "container": str(identity) if identity else None,
+        "journal": config.grants_journal,
+        "journal_problems": problems,
+        "grant": None if grant is None else {
+            "container_id": grant.container_id, "time": grant.time, "gpus": list(grant.gpus),
+            "source": grant.source, "verified": grant.verified, "shared": grant.shared,
+            "root": grant.root, "runtime": grant.runtime},
+        "denial": None if denial is None else {
+            "container_id": denial.container_id, "time": denial.time, "action": denial.action,
+            "reason": denial.reason, "asked": list(denial.asked)},
+        "device_nodes": nodes,
+    }
+
+
+def render_live(summary: Dict[str, Any]) -> str:
+    """The live bundle in text: that it was rewritten, the journal's records for it, the
+    device nodes config.json holds now."""
+    import time
+
+    def when(t: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+    out = [f"bundle:        {summary['bundle_config']}",
+           f"config:        {summary['config_file'] or '(defaults)'}"]
+    if summary["container"]:
+        out.append(f"container:     {summary['container']}")
+    grant, denial = summary["grant"], summary["denial"]
+    if grant is not None:
+        out.extend(f"granted:       {uuid}  (source {grant['source']}, verified "
+                   f"{grant['verified']})" for uuid in grant["gpus"])
+        out.append(f"journal:       grant of container {grant['container_id']} at "
+                   f"{when(grant['time'])} in {summary['journal']}")
+    if denial is not None:
+        out.append(f"denied:        {denial['action']}: asked {', '.join(denial['asked']) or '-'}")
+        out.append(f"reason:        {denial['reason']}")
+        out.append(f"journal:       denial of container {denial['container_id']} at "
+                   f"{when(denial['time'])}")
+    if grant is None and denial is None:
+        where = summary["journal"] or "nowhere (grants-journal is off)"
+        out.append(f"journal:       no record of this bundle in {where}")
+    out.extend(f"warning:       {p}" for p in summary["journal_problems"])
+    out.append(f"device nodes:  {' '.join(summary['device_nodes']) or '-'}")
+    out.append(f"nvshim mark:   {summary['mark']}")
+    out.append("config.json:   already rewritten by nvshim-runtime (live bundle): not planned "
+               "again")
+    return "\n".join(out)

@@ -78,7 +78,7 @@ if TYPE_CHECKING:
     Migs = Tuple[Tuple[Gpu, MigDevice], ...]
     """(parent GPU, MIG device) pairs."""
 
-__all__ = ["Plan", "Grant", "RootfsDecision", "Committed", "plan_create", "commit"]
+__all__ = ["Plan", "Grant", "RootfsDecision", "Committed", "plan_create", "commit", "REWRITTEN"]
 
 #: The env entry that keeps anything downstream from injecting again (or strips a request).
 _VOID = Edits(env=(f"{VISIBLE_DEVICES}=void",))
@@ -152,7 +152,8 @@ class Plan:
     """The Kubernetes container of a CRI container."""
     verified: str = "none"
     """``kubelet`` (every GPU checked against its record), ``unreachable`` (claims
-    trusted), ``none``."""
+    trusted), ``unidentified`` (not a CRI container, judged by allocation-sources),
+    ``none``."""
     allocation: Optional[Allocation] = None
     """What the kubelet allocated, if asked."""
     notes: Tuple[str, ...] = ()
@@ -217,10 +218,11 @@ class Plan:
     @property
     def grant_source(self) -> str:
         """The journal's source: the request's, ``+engine`` when the engine injected GPUs
-        besides what another source granted."""
-        source = self.request.source
-        if (self.engine_gpus or self.engine_migs) and source != "engine":
-            return f"{source}+engine"
+        besides what another source granted (``+privileged``: a privileged container's)."""
+        source, engine = self.request.source, self.grant.engine
+        extra = "privileged" if engine is not None and engine.privileged else "engine"
+        if (self.engine_gpus or self.engine_migs) and source != extra:
+            return extra if source == "none" else f"{source}+{extra}"
         return source
 
     def applied_edits(self, rootfs: Optional[RootfsDecision] = None) -> Edits:
@@ -300,15 +302,15 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
                   for h in view.docker_hooks]
     plan_source = ""
     engine: Optional[EngineGrant] = None
-    if view.char_devices and not view.sandbox and not view.privileged_with_devices:
+    if view.char_devices and not view.sandbox:
         # GPUs the engine injected (CDI, DRA), by number; a privileged container's are the
-        # host's every device, no grant
+        # host's every device: held and journaled, no grant
         from nvshim._record import replace
         from nvshim.runtime.engine import find_engine_grant
 
-        engine, host, plan_source = find_engine_grant(view.char_devices, config, host,
-                                                      save_cache)
-        if engine is not None:
+        engine, host, plan_source = find_engine_grant(
+            view.char_devices, config, host, save_cache, view.privileged_with_devices)
+        if engine is not None and not engine.privileged:
             view = replace(view, engine=engine)
     claim = read_claim(view, config)
 
@@ -431,11 +433,11 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         cdi_gpus, cdi_migs = _gpus_of_nodes(host, edits)
     if found is not None and found.allocation is not None \
             and request.source not in ("kubelet", "engine"):
-        from nvshim.runtime.allocation.policy import check_allocated
+        from nvshim.runtime.allocation.policy import check_granted
 
-        found, note = check_allocated(found, host, node.gpus + cdi_gpus, node.migs + cdi_migs,
-                                      request.source, config)
-        notes.append(note)
+        found, said = check_granted(found, host, node.gpus + cdi_gpus, node.migs + cdi_migs,
+                                    request, config)
+        notes += said
 
     if extras:
         from nvshim.runtime.extras import extras_edits
@@ -680,7 +682,25 @@ def commit(plan: Plan, log: Optional[DebugLog] = None) -> Committed:
 
     if plan.grant.params is not None:
         write_atomic(plan.grant.params[0], plan.grant.params[1], 0o444, durable=False)
+    new_spec = _marked(new_spec, plan)
     # No fsync: config.json is the engine's, regenerated for every create (bundles live in
     # /run for containerd); the rename makes the write atomic for runc, which reads it next.
     write_atomic(plan.spec_path, plan.new_bytes(new_spec), durable=False)
     return Committed(rootfs, new_spec, True, warnings)
+
+
+#: The annotation a config.json nvshim-runtime rewrote carries (value: the grant's source,
+#: ``stripped``, or the request's source): ``nvshim inspect`` reads a live bundle by it
+#: instead of planning the rewritten spec again. Nothing in create trusts it.
+REWRITTEN = "nvshim.rewritten"
+
+
+def _marked(spec: SpecDict, plan: Plan) -> SpecDict:
+    """``spec`` with the :data:`REWRITTEN` annotation (unless its annotations are not an
+    object: then as it is)."""
+    annotations = spec.get("annotations")
+    if annotations is not None and not isinstance(annotations, dict):
+        return spec
+    mark = plan.grant_source if plan.granted_uuids else (
+        "stripped" if plan.request.set_void else plan.request.source)
+    return dict(spec, annotations=dict(annotations or {}, **{REWRITTEN: mark}))

@@ -6,12 +6,19 @@ when the journal is read (:func:`nvshim.node.holders.live_grants`): the containe
 directory under the runtime's ``--root`` and ``<runtime> state``.
 
 Crash safety: a record is one ``write()`` of one whole line to an ``O_APPEND`` file.
-Appends hold a ``flock`` on the journal only for that write (never across the exec of
-runc). A killed writer (kill -9, OOM) cannot tear the line: once ``write()`` returns it is
-in the page cache. A line cut short by a power loss is skipped by the reader, and the next
-append first ends it with a newline so a later record is never glued onto it. Bounded: when
-the file passes ``grants-journal-max-bytes`` the appender rewrites it (temp file, fsync,
-rename) with only the records of containers that still exist.
+Appends hold a ``flock`` on the journal's directory, and one on the journal (what older
+nvshims lock), only for that write (never across the exec of runc). A killed writer
+(kill -9, OOM) cannot tear the line: once ``write()`` returns it is in the page cache. A
+line cut short by a power loss is skipped by the reader, and the next append first ends it
+with a newline so a later record is never glued onto it.
+
+Bounded: when the file passes ``grants-journal-max-bytes`` the appender rewrites it (temp
+file, fsync, rename) with only the records of containers that still exist or are younger
+than two minutes, when that drops at least a quarter of it; a journal that cannot shrink
+(a burst of creates, all young) is appended to as it is and compacted once they age.
+Compaction never fails a create: the lock is the directory's, which a rename never
+replaces, so no writer waits on a stale file, and a compaction that cannot write (disk
+full) leaves the file as it was and the record is appended to it.
 
 The append is not fsynced (≈ 0.3 ms on a quiet disk, 2-8 ms under I/O load, on every GPU
 create). The journal answers one question, which GPUs live containers hold, and liveness
@@ -34,7 +41,7 @@ from nvshim.errors import HostError
 # only by the code that reads, compacts or queries (typing+json+subprocess ~10 ms here).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Mapping, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 __all__ = [
     "Grant",
@@ -72,11 +79,17 @@ class Grant:
     shared: bool = False
     """The allocation named time-slicing replicas (``UUID::N``): sharing is intended."""
     verified: str = "none"
-    """``kubelet`` (checked against its record), ``none``, or ``unreachable`` (trusted)."""
+    """``kubelet`` (checked against its record), ``none``, ``unreachable`` (trusted),
+    ``unidentified`` (not a CRI container: judged by allocation-sources) or ``privileged``
+    (a privileged container, which holds every device: not asked)."""
     namespace: str = ""
     pod: str = ""
     pod_uid: str = ""
     container: str = ""
+    claims: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    """(``namespace/claim``, the UUIDs it brings) of each DRA claim the kubelet listed for
+    the container that injects a granted GPU: one GPU held through one shared claim by
+    several containers is no conflict. Written only when there are some."""
 
     def to_line(self) -> bytes:
         doc = {
@@ -86,6 +99,8 @@ class Grant:
             "verified": self.verified, "namespace": self.namespace, "pod": self.pod,
             "pod_uid": self.pod_uid, "container": self.container,
         }
+        if self.claims:
+            doc["claims"] = {claim: list(uuids) for claim, uuids in self.claims}
         ordered = dict(sorted(doc.items()))  # json.dumps(sort_keys=True) of a flat record
         return (_jsonc.dumps(ordered, separators=(",", ":")) + "\n").encode()
 
@@ -101,11 +116,17 @@ class Grant:
             strings = {k: doc.get(k, "") for k in ("namespace", "pod", "pod_uid", "container")}
             if not all(isinstance(v, str) for v in strings.values()):
                 return None
+            claims = doc.get("claims") or {}
+            if not isinstance(claims, dict) or not all(
+                    isinstance(v, list) and all(isinstance(u, str) for u in v)
+                    for v in claims.values()):
+                return None
             grant = cls(
                 time=float(doc["t"]), container_id=str(doc["id"]), root=str(doc["root"]),
                 runtime=str(doc["runtime"]), bundle=str(doc.get("bundle", "")),
                 source=str(doc["source"]), gpus=tuple(gpus), shared=bool(doc.get("shared")),
                 verified=str(doc.get("verified", "none")), **strings,
+                claims=tuple((str(c), tuple(u)) for c, u in claims.items()),
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -129,7 +150,7 @@ def _not_a_file(path: str, fd: int) -> Optional[str]:
     return f"{path} is {kind}"
 
 
-def _open_journal(path: str) -> int:
+def _open_journal(path: str, what: str = "grant") -> int:
     directory = os.path.dirname(path) or "."
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
@@ -139,23 +160,49 @@ def _open_journal(path: str) -> int:
                      0o644)
     except OSError as exc:
         raise HostError(
-            f"cannot record the grant in {path}: {exc.strerror} "
+            f"cannot record the {what} in {path}: {exc.strerror} "
             "(config grants-journal; null turns the record off)"
         ) from exc
     why = _not_a_file(path, fd)
     if why is not None:
         os.close(fd)
-        raise HostError(f"cannot record the grant: {why} "
+        raise HostError(f"cannot record the {what}: {why} "
                         "(config grants-journal must name a regular file; null turns it off)")
     return fd
 
 
-def _lock_current(path: str) -> int:
-    """A flock'ed fd of the journal that is still the file at ``path`` (not a compacted one)."""
+def _lock_directory(path: str, what: str = "grant") -> int:
+    """A flock'ed fd of the journal's directory: the lock every append and compaction of
+    this version holds. The directory stays while compaction renames a new journal over
+    the old one, so a waiting writer never finds it has waited on a replaced file."""
+    import fcntl
+
+    directory = os.path.dirname(path) or "."
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise HostError(
+            f"cannot record the {what} in {path}: {exc.strerror} "
+            "(config grants-journal; null turns the record off)"
+        ) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released by close(), before runc is exec'd
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _lock_current(path: str, what: str = "grant") -> int:
+    """A flock'ed fd of the journal that is still the file at ``path`` (not a compacted one).
+
+    Under the directory lock only a writer of an older nvshim (which locks the file alone)
+    can replace it between the open and the lock, so the loop ends at once in practice."""
     import fcntl
 
     for _ in range(100):
-        fd = _open_journal(path)
+        fd = _open_journal(path, what)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # released by close(), before runc is exec'd
             if os.fstat(fd).st_ino == os.stat(path).st_ino:
@@ -166,47 +213,83 @@ def _lock_current(path: str) -> int:
             os.close(fd)
             raise
         os.close(fd)
-    raise HostError(f"cannot record the grant in {path}: the file keeps being replaced")
+    raise HostError(f"cannot record the {what} in {path}: the file keeps being replaced")
 
 
-def append_grant(path: str, grant: Grant, max_bytes: int) -> None:
-    """Append one record (one write, no fsync: see the module docstring); compact the
-    journal first when it is too big."""
-    line = grant.to_line()
+def append_line(path: str, line: bytes, max_bytes: int,
+                compact: Callable[[str], bool], what: str = "grant") -> Optional[str]:
+    """Append one whole line to the journal at ``path`` under its locks; first, when the
+    file is past ``max_bytes``, ``compact(path)`` (True: it replaced the file).
+
+    A compaction that fails (disk full, a read-only directory) never fails the append:
+    its error comes back as a warning and the line is appended to the file as it is.
+    Every fd is closed exactly once, whatever fails."""
+    warning: Optional[str] = None
     try:
-        fd = _lock_current(path)
+        lock = _lock_directory(path, what)
         try:
-            size = os.fstat(fd).st_size
-            if size > max_bytes:
-                _compact(path)
-                os.close(fd)
-                fd = _lock_current(path)
+            fd = _lock_current(path, what)
+            try:
                 size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                line = b"\n" + line  # end a line a crash cut short; the reader skips it
-            written = os.write(fd, line)
-            if written != len(line):
-                raise HostError(f"cannot record the grant in {path}: short write")
+                if size > max_bytes:
+                    try:
+                        replaced = compact(path)
+                    except (HostError, OSError, ValueError) as exc:
+                        replaced = False
+                        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+                        warning = f"cannot compact {path} (record appended): {why}"
+                    if replaced:
+                        new_fd = _lock_current(path, what)  # fd stays ours until this succeeds
+                        os.close(fd)
+                        fd = new_fd
+                        size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    line = b"\n" + line  # end a line a crash cut short; the reader skips it
+                written = os.write(fd, line)
+                if written != len(line):
+                    raise HostError(f"cannot record the {what} in {path}: short write")
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
+            os.close(lock)
     except OSError as exc:
-        raise HostError(f"cannot record the grant in {path}: {exc.strerror}") from exc
+        raise HostError(f"cannot record the {what} in {path}: {exc.strerror}") from exc
+    return warning
 
 
-def _compact(path: str) -> None:
-    """Rewrite the journal (lock held) with the records of existing containers or new ones."""
+def append_grant(path: str, grant: Grant, max_bytes: int) -> Optional[str]:
+    """Append one record (one write, no fsync: see the module docstring); compact the
+    journal first when it is too big. Returns a warning when the compaction failed (the
+    record is appended all the same), else None."""
+    return append_line(path, grant.to_line(), max_bytes, _compact)
+
+
+#: A compaction rewrites the journal only when it drops at least this share of its bytes:
+#: one that cannot shrink (every record live or young) leaves the file in place, so the
+#: appends of a burst are not each a rewrite, an fsync and a new inode.
+_MIN_SHRINK = 4
+
+
+def _compact(path: str) -> bool:
+    """Rewrite the journal (locks held) with the records of existing containers or new
+    ones; False (nothing written) when that would not shrink it by a quarter."""
     import time
 
     from nvshim.files import write_atomic
 
+    data = read_journal_bytes(path) or b""
     now = time.time()
     latest: Dict[Tuple[str, str], Grant] = {}
-    for g in read_grants(path):
+    for g in _records(data):
         key = (g.root, g.container_id)
         latest.pop(key, None)
         if now - g.time < _YOUNG_S or container_exists(g):
             latest[key] = g
-    write_atomic(path, b"".join(g.to_line() for g in latest.values()))
+    kept = b"".join(g.to_line() for g in latest.values())
+    if len(data) - len(kept) < len(data) // _MIN_SHRINK:
+        return False
+    write_atomic(path, kept)
+    return True
 
 
 # --- reading ------------------------------------------------------------------------------
@@ -245,14 +328,16 @@ def parse_record(raw: bytes) -> Optional[Grant]:
     return Grant.from_doc(doc) if isinstance(doc, dict) else None
 
 
-def read_grants(path: str) -> List[Grant]:
-    """Every whole, well-formed record in order; torn or foreign lines are skipped."""
-    data = read_journal_bytes(path)
-    if data is None:
-        return []
+def _records(data: bytes) -> List[Grant]:
     # the last part has no newline: a record cut short by a crash (or empty); skip it
     records = (parse_record(raw) for raw in data.split(b"\n")[:-1] if raw.strip())
     return [g for g in records if g is not None]
+
+
+def read_grants(path: str) -> List[Grant]:
+    """Every whole, well-formed record in order; torn or foreign lines are skipped."""
+    data = read_journal_bytes(path)
+    return [] if data is None else _records(data)
 
 
 def container_exists(grant: Grant) -> bool:

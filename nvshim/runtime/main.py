@@ -19,7 +19,7 @@ from nvshim.runtime.argv import Invocation, parse_argv  # noqa: E402 - after gc.
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import List, NoReturn, Optional, Sequence
+    from typing import List, NoReturn, Optional, Sequence, Tuple
 
     from nvshim.config import Config
     from nvshim.runtime.create import Plan
@@ -72,15 +72,68 @@ def _record_grant(plan: Plan, config: Config, inv: Invocation, bundle: str,
 
     runtime = runtime or config.runtimes[0]
     who = plan.identity
+    claims: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    if plan.allocation is not None and plan.allocation.claims and plan.host is not None:
+        from nvshim.runtime.allocation.cdinames import claim_gpus
+
+        claims = claim_gpus(plan.host, config, plan.allocation, plan.granted_uuids)
     grant = Grant(
         time=time.time(), container_id=inv.container_id or "", bundle=os.path.abspath(bundle),
         root=os.path.abspath(inv.root) if inv.root else default_root(runtime), runtime=runtime,
         source=plan.grant_source, gpus=plan.granted_uuids, shared=plan.request.shared,
         verified=plan.verified, namespace=who.namespace if who else "",
         pod=who.pod if who else "", pod_uid=who.pod_uid if who else "",
-        container=who.container if who else "",
+        container=who.container if who else "", claims=claims,
     )
-    append_grant(config.grants_journal, grant, config.grants_journal_max_bytes)
+    warning = append_grant(config.grants_journal, grant, config.grants_journal_max_bytes)
+    if warning is not None:
+        _warn(warning, inv)
+
+
+def _record_denial(config: Config, inv: Invocation, bundle: str, runtime: Optional[str],
+                   action: str, reason: str, plan: Optional[Plan] = None) -> None:
+    """Append to the denial journal (beside the grant journal) that this container was
+    ``stripped`` of the GPUs it asked for or ``refused``; a record that cannot be written
+    is a warning, never the create's failure."""
+    import time
+
+    from nvshim.errors import NvshimError
+    from nvshim.runtime.denials import (
+        Denial,
+        append_denial,
+        asked_of,
+        denials_path,
+        identity_fields,
+    )
+    from nvshim.runtime.grants import default_root
+
+    assert config.grants_journal
+    claim = plan.claim if plan is not None else None
+    identity = plan.identity if plan is not None else None
+    if plan is None:  # a refusal: the spec is read again for who asked what (never written)
+        from nvshim.runtime.request import identity_of, image_view, read_claim
+        from nvshim.runtime.specjson import read_spec
+
+        try:
+            view = image_view(read_spec(bundle)[2])
+            identity = identity_of(view.annotations)
+            claim = read_claim(view, config)
+        except NvshimError:
+            pass
+    runtime = runtime or config.runtimes[0]
+    denial = Denial(
+        time=time.time(), container_id=inv.container_id or "", bundle=bundle,
+        root=os.path.abspath(inv.root) if inv.root else default_root(runtime), runtime=runtime,
+        action=action, reason=reason, asked=asked_of(claim) if claim is not None else (),
+        **identity_fields(identity),
+    )
+    try:
+        warning = append_denial(denials_path(config.grants_journal), denial,
+                                config.grants_journal_max_bytes)
+    except NvshimError as exc:
+        warning = str(exc)
+    if warning is not None:
+        _warn(warning, inv)
 
 
 def _cwd() -> str:
@@ -110,13 +163,23 @@ def _absolute(path: str) -> str:
 
 
 def _load_config(inv: Invocation) -> Config:
-    from nvshim.config import load_config
+    """The config; a create whose named config is missing fails (fail closed: the built-in
+    defaults have require-allocation off). Other commands go on with the defaults, so that
+    containers can still be stopped and deleted."""
+    from nvshim.config import config_named, config_path, load_config
     from nvshim.errors import NvshimError
 
     try:
-        return load_config()
+        config = load_config()
     except NvshimError as exc:
         _fail(str(exc), inv)
+    if config.source is None and inv.modifies:
+        named = config_named()
+        if named:
+            _fail(f"config {config_path()} does not exist (named by {named}): nvshim-runtime "
+                  "creates no container with the built-in defaults (require-allocation off) "
+                  "in its place; restore it, or name the config that exists", inv)
+    return config
 
 
 def _restore_locale_env() -> None:
@@ -167,6 +230,7 @@ def main(argv: Optional[List[str]] = None) -> None:
 
             log = open_debug_log(config.debug_log, lambda message: _warn(message, inv),
                                  id=inv.container_id)
+        bundle: Optional[str] = None
         try:
             if inv.error:
                 from nvshim.errors import UsageError
@@ -182,12 +246,25 @@ def main(argv: Optional[List[str]] = None) -> None:
                     log.event("warning", bundle=bundle, message=warning)
             if config.grants_journal and plan.granted_uuids:
                 _record_grant(plan, config, inv, bundle, runtime)
+            elif config.grants_journal and plan.request.source == "none" \
+                    and plan.claim.claims_gpus:  # cheap: a container asking nothing stops here
+                from nvshim.runtime.denials import strip_reason
+
+                stripped = strip_reason(plan)
+                if stripped is not None:
+                    if log is not None:
+                        log.event("stripped", bundle=bundle, reason=stripped)
+                    _record_denial(config, inv, bundle, runtime, "stripped", stripped, plan)
             done = commit(plan, log)
             if log is not None:
                 log.event("create", bundle=bundle, rewritten=done.written)
         except NvshimError as exc:
             if log is not None:
                 log.error("create failed", error=str(exc))
+            from nvshim.errors import RequestError
+
+            if isinstance(exc, RequestError) and config.grants_journal and bundle is not None:
+                _record_denial(config, inv, bundle, runtime, "refused", str(exc))
             _fail(str(exc), inv)
         except Exception as exc:  # noqa: BLE001 - last resort: one line, never a traceback
             if log is not None:

@@ -570,7 +570,9 @@ def test_lone_surrogates_round_trip(world: Dict[str, Path], value: str, key: str
     raw = json.dumps(spec).encode()  # ensure_ascii: surrogates become \\udxxx escapes
     out, after = check(world, raw)
     if out.exec is not None:
-        assert json.loads(after)["annotations"] == {"x-note": value, key: "v"}
+        kept = dict(json.loads(after)["annotations"])
+        kept.pop("nvshim.rewritten", None)  # nvshim's mark on a config.json it rewrote
+        assert kept == {"x-note": value, key: "v"}
 
 
 NUMBER_LITERALS = st.builds(

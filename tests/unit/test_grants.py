@@ -138,6 +138,83 @@ def test_concurrent_appends_with_compaction_lose_nothing(tmp_path: Path) -> None
     well_formed(path)
 
 
+def _young_records(path: Path, count: int) -> None:
+    """``count`` young records of containers that do not exist: compaction keeps them all."""
+    path.write_bytes(b"".join(
+        Grant(time=time.time(), container_id=f"young-{i}", root="/nonexistent", runtime="runc",
+              bundle="/b" * 40, source="env", gpus=(UUID_A,)).to_line() for i in range(count)))
+
+
+def test_200_concurrent_appends_to_a_journal_that_cannot_shrink_all_succeed(tmp_path: Path) -> None:
+    """Issue 28 item 8: 200 concurrent appends (40 processes) to a journal past max-bytes whose
+    records are all young, so no compaction can shrink it, every one succeed and are kept;
+    they failed with "the file keeps being replaced" and "Bad file descriptor"."""
+    path = tmp_path / "grants.jsonl"
+    _young_records(path, 400)
+    assert path.stat().st_size > 65536
+    code = (
+        "import sys, time\n"
+        "from nvshim.runtime.grants import Grant, append_grant\n"
+        "from nvshim.errors import HostError\n"
+        "failed = []\n"
+        "while time.time() < float(sys.argv[3]):\n"  # all start together, as a burst does
+        "    time.sleep(0.001)\n"
+        "for i in range(5):\n"
+        "    g = Grant(time=time.time(), container_id=f'{sys.argv[2]}-{i}', root='/nonexistent',"
+        " runtime='runc', bundle='/b' * 40, source='env', gpus=('GPU-x',))\n"
+        "    try:\n"
+        "        warning = append_grant(sys.argv[1], g, 65536)\n"
+        "    except HostError as exc:\n"
+        "        failed.append(str(exc))\n"
+        "    else:\n"
+        "        assert warning is None, warning\n"
+        "print('\\n'.join(failed), end='')\n"
+    )
+    start = str(time.time() + 5)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), f"w{n}", start],
+                              stdout=subprocess.PIPE, text=True) for n in range(40)]
+    errors = [p.communicate(timeout=300)[0] for p in procs]
+    assert "".join(errors) == ""
+    assert [p.returncode for p in procs] == [0] * 40
+    ids = {g.container_id for g in read_grants(str(path))}
+    assert {f"w{n}-{i}" for n in range(40) for i in range(5)} <= ids
+    assert len(ids) == 600
+    well_formed(path)
+
+
+def test_a_journal_that_cannot_shrink_is_not_rewritten(tmp_path: Path) -> None:
+    """Past max-bytes with every record young, an append leaves the file in place (same
+    inode, no rewrite) and adds its line: a burst is not one rewrite per create."""
+    path = tmp_path / "grants.jsonl"
+    _young_records(path, 400)
+    inode = path.stat().st_ino
+    assert append_grant(str(path), grant("next"), 65536) is None
+    assert path.stat().st_ino == inode
+    assert [g.container_id for g in read_grants(str(path))][-1] == "next"
+    assert len(read_grants(str(path))) == 401
+
+
+def test_a_compaction_that_cannot_write_still_appends_the_record(tmp_path: Path, monkeypatch) -> None:
+    """A compaction that fails (its new file cannot be written: disk full) never fails the
+    create: the record is appended to the journal as it is, and a warning says why."""
+    import nvshim.files
+    from nvshim.errors import HostError
+
+    path = tmp_path / "grants.jsonl"
+    for i in range(20):
+        append_grant(str(path), grant(f"old{i}", t=time.time() - 3600), 1 << 20)
+
+    def disk_full(target: str, data: bytes, **_: object) -> None:
+        raise HostError(f"cannot write {target}: No space left on device")
+
+    monkeypatch.setattr(nvshim.files, "write_atomic", disk_full)
+    warning = append_grant(str(path), grant("new"), 512)
+    assert warning == (f"cannot compact {path} (record appended): cannot write {path}: "
+                       "No space left on device")
+    assert [g.container_id for g in read_grants(str(path))] == [f"old{i}" for i in range(20)] + ["new"]
+    well_formed(path)
+
+
 def test_kill_9_of_a_writer_never_leaves_a_corrupt_line(tmp_path: Path) -> None:
     """A writer appending in a loop is SIGKILLed 40 times at random moments; the journal stays whole lines."""
     path = tmp_path / "grants.jsonl"

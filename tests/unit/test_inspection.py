@@ -201,3 +201,73 @@ def test_inspect_reports_the_void_env_and_each_node_once(tmp_path: Path) -> None
     assert "env:           NVIDIA_VISIBLE_DEVICES=void (after injection" in text.stdout
     line = next(x for x in text.stdout.splitlines() if x.startswith("device nodes:"))
     assert line.split().count("/dev/nvidia0") == 1
+
+
+# --- a live bundle: config.json already rewritten by nvshim-runtime --------------------------
+
+
+def _runtime_create(config: Path, bundle: Path, cid: str) -> None:
+    """``nvshim-runtime create`` of ``bundle`` as containerd runs it (runtime /bin/true)."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-I", "-m", "nvshim.runtime.main", "--root",
+                          str(bundle.parent / "state"), "create", "--bundle", str(bundle), cid],
+                         capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(config)})
+    assert res.returncode == 0, res.stderr
+
+
+@needs_root
+def test_a_live_granted_bundle_shows_the_journals_grant_not_an_engine_grant(tmp_path: Path) -> None:
+    """Issue 28 item 14: `inspect` on a bundle nvshim-runtime already rewrote (a GPU granted)
+    says so and shows the grant journal's record for it; it read the device node nvshim
+    had added as "injected by the engine"."""
+    from nvshim.sim.build import create_node
+
+    sim = create_node(str(tmp_path / "node"), gpus=2)
+    gpu = sim.gpus[1]
+    config = tmp_path / "config.yaml"
+    config.write_text(f"runtimes: [/bin/true]\ndriver-root: {sim.root}\n"
+                      f"grants-journal: {tmp_path}/grants.jsonl\n")
+    bundle = bundle_with(tmp_path, ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=1"])
+    _runtime_create(config, bundle, "live-1")
+    text = run_inspect("--bundle", str(bundle), "--config", str(config))
+    lines = text.splitlines()
+    assert "engine" not in text, text
+    assert "config.json:   already rewritten by nvshim-runtime (live bundle): not planned again" in lines
+    assert f"granted:       {gpu.uuid}  (source env, verified none)" in lines
+    assert "journal:       grant of container live-1" in "\n".join(lines)
+    doc = json.loads(run_inspect("--bundle", str(bundle), "--config", str(config),
+                                 "--format", "json"))
+    assert doc["rewritten_by_nvshim"] is True
+    assert doc["grant"]["gpus"] == [gpu.uuid] and doc["grant"]["container_id"] == "live-1"
+    assert doc["denial"] is None
+
+
+@needs_root
+def test_a_live_stripped_bundle_shows_the_denial_not_request_none(tmp_path: Path) -> None:
+    """Issue 28 item 14: `inspect` on a pod's bundle whose request require-allocation
+    stripped says it was rewritten and shows the denial record with its reason, where it
+    said "request from: none"."""
+    from nvshim.sim.build import create_node
+
+    sim = create_node(str(tmp_path / "node"), gpus=1)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"runtimes: [/bin/true]\ndriver-root: {sim.root}\nrequire-allocation: true\n"
+                      f"grants-journal: {tmp_path}/grants.jsonl\n")
+    bundle = bundle_with(tmp_path, ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["annotations"] = {"io.kubernetes.cri.sandbox-name": "p",
+                           "io.kubernetes.cri.sandbox-namespace": "ns",
+                           "io.kubernetes.cri.container-name": "c"}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    _runtime_create(config, bundle, "live-2")
+    text = run_inspect("--bundle", str(bundle), "--config", str(config))
+    assert "request from:  none" not in text, text
+    lines = text.splitlines()
+    assert "config.json:   already rewritten by nvshim-runtime (live bundle): not planned again" in lines
+    assert "container:     ns/p/c" in lines
+    assert "denied:        stripped: asked NVIDIA_VISIBLE_DEVICES=0" in lines
+    assert any(line.startswith("reason:        NVIDIA_VISIBLE_DEVICES=0 ignored: "
+                               "require-allocation is on") for line in lines), text
