@@ -174,6 +174,7 @@ def check_allocation_trust(config: Optional[Config], path: str) -> Finding:
 
 def check_trampoline(path: str) -> Finding:
     """The installed ``nvshim-runtime`` is the trampoline this nvshim would install."""
+    from nvshim.node.prefix import installed_prefix, render_runtime
     from nvshim.node.trampoline import render
 
     name = "trampoline"
@@ -182,11 +183,12 @@ def check_trampoline(path: str) -> Finding:
     if data is None:
         return Finding(name, "skip", f"{path} is not installed")
     text = data.decode(errors="replace")
-    python = None
+    python = config = None
     for line in text.splitlines():
-        if line.startswith("py="):
+        if line.startswith("py=") and python is None:
             python = line[len("py="):].strip()
-            break
+        elif line.startswith("conf=${NVSHIM_CONFIG:-") and line.endswith("}") and config is None:
+            config = line[len("conf=${NVSHIM_CONFIG:-"):-1]  # the install's config default
     if python is None:
         return Finding(name, "warn", f"{path} is not nvshim's sh trampoline (no py= line)", fix)
     if not os.access(path, os.X_OK):
@@ -197,7 +199,9 @@ def check_trampoline(path: str) -> Finding:
             fix,
         )
     try:
-        expected = render(python)
+        prefix = installed_prefix(python)
+        expected = (render(python, config=config) if prefix is None
+                    else render_runtime(prefix, config))
     except ValueError as exc:
         return Finding(name, "warn", f"{path}: {exc}", fix)
     if text != expected:
