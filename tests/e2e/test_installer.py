@@ -365,3 +365,41 @@ def test_missing_containerd_config_is_one_line_and_writes_nothing(tmp_path: Path
     assert done.stderr.startswith(f"install.sh: containerd config {missing} does not exist: ")
     assert "NVSHIM_CONTAINERD_CONFIG" in done.stderr
     assert sorted(p.name for p in tmp_path.rglob("*")) == []
+
+
+def test_seeded_template_is_created_then_removed_on_uninstall(tmp_path: Path) -> None:
+    """k3s/RKE2 layout: with the .tmpl missing, NVSHIM_CONTAINERD_CONFIG_SEED copies the
+    generated config.toml to it before adding the handler, and --uninstall removes the copy
+    again, leaving the generated file as it was."""
+    require_root()
+    agent = tmp_path / "k3s" / "agent" / "etc" / "containerd"
+    agent.mkdir(parents=True)
+    generated = agent / "config.toml"
+    generated.write_bytes(containerd_private_config(tmp_path / "ctrd").encode()
+                          + CRI_TABLE.format(base=tmp_path / "ctrd").encode())
+    before = generated.read_bytes()
+    template = agent / "config.toml.tmpl"
+    (tmp_path / "bin").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVSHIM_")}
+    env.update(NVSHIM_PREFIX=str(tmp_path / "opt"), NVSHIM_BINDIR=str(tmp_path / "bin"),
+               NVSHIM_ETCDIR=str(tmp_path / "etc" / "nvshim"), NVSHIM_SKIP_APT="1",
+               NVSHIM_CONTAINERD_CONFIG=str(template),
+               NVSHIM_CONTAINERD_CONFIG_SEED=str(generated), NVSHIM_RESTART_MODE="none")
+
+    def install(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", str(REPO / "install.sh"), *args], env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    done = install("--containerd")
+    assert done.returncode == 0, done.stderr
+    assert f"seeded {template} from {generated}" in done.stderr
+    assert "did not restart containerd (NVSHIM_RESTART_MODE=none)" in done.stderr
+    text = template.read_text()
+    assert text.startswith(before.decode().split("[grpc]")[0].split("\n")[0])
+    assert str(agent / "conf.d" / "99-nvshim.toml") in text  # imports the drop-in
+    assert generated.read_bytes() == before
+    gone = install("--uninstall")
+    assert gone.returncode == 0, gone.stderr
+    assert not template.exists() and not (agent / "conf.d" / "99-nvshim.toml").exists()
+    assert generated.read_bytes() == before
+    assert sorted(p.name for p in agent.iterdir()) == ["config.toml"]
