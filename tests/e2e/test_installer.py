@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -34,37 +33,11 @@ REPO = Path(__file__).resolve().parents[2]
 INSTALLER = REPO / "deploy" / "installer.sh"
 _RUN_CONTAINERD = Path("/run/containerd")
 
-# Until install.sh has --from (the self-contained payload), a payload is the source tree
-# and an install.sh that drops "--from DIR" and runs the tree's own install.sh.
-_ADAPTER = r"""#!/bin/sh
-here=$(cd "$(dirname "$0")" && pwd)
-skip=0
-for a in "$@"; do
-    shift
-    if [ "$skip" = 1 ]; then skip=0; continue; fi
-    if [ "$a" = --from ]; then skip=1; continue; fi
-    set -- "$@" "$a"
-done
-exec sh "$here/src/install.sh" "$@"
-"""
-
-
 def build_payload(dest: Path) -> Path:
-    """The image's /payload for these tests: ``install.sh --payload`` where install.sh has it,
-    else the source tree behind an install.sh that accepts (and drops) ``--from``."""
-    if "--payload" in (REPO / "install.sh").read_text():
-        subprocess.run(["sh", str(REPO / "install.sh"), "--payload", str(dest)], check=True,
-                       capture_output=True, timeout=900)
-        return dest
-    src = dest / "src"
-    src.mkdir(parents=True)
-    for name in ("install.sh", "pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, src / name)
-    for tree in ("nvshim", "config"):
-        shutil.copytree(REPO / tree, src / tree,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    shutil.copytree(REPO / "config", dest / "config")
-    (dest / "install.sh").write_text(_ADAPTER)
+    """The image's /payload: ``install.sh --payload`` (nvshim's self-contained runtime)."""
+    done = subprocess.run(["sh", str(REPO / "install.sh"), "--payload", str(dest)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
     return dest
 
 
