@@ -51,8 +51,9 @@ PAUSE = "registry.k8s.io/pause:3.9"  # the node config's sandbox_image
 GPU = "nvidia.com/gpu"
 DEVICES = "/var/run/nvidia-container-devices"
 LISTING = 'ls /dev/nvidia[0-9]* 2>/dev/null || echo "no GPU devices"; echo "NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES"'
-NVSHIM_PATHS = ("/opt", "/usr/local/bin", "/etc/nvshim", "/etc/cdi")
-"""The node's directories nvshim's installer writes besides containerd's config."""
+NVSHIM_PATHS = ("/opt", "/usr/local/bin", "/etc/nvshim", "/etc/cdi", "/var/lib/nvshim")
+"""The node's own directories nvshim's installer may write besides containerd's config; any
+other write to the node's /etc and /var lands in their overlays' upper dirs, compared too."""
 
 
 def files_under(root: Path) -> Dict[str, bytes]:
@@ -67,6 +68,14 @@ def files_under(root: Path) -> Dict[str, bytes]:
     return out
 
 
+def node_files(node: K8sNode) -> Dict[str, Dict[str, bytes]]:
+    """What the node has written where nvshim could write: containerd's config dir, the
+    directories of :data:`NVSHIM_PATHS`, and the /etc and /var overlays' upper dirs."""
+    out = {p: files_under(node.path(p)) for p in ("/etc/containerd", *NVSHIM_PATHS)}
+    out.update({f"{p} (overlay)": files_under(node.upper(p)) for p in ("/etc", "/var")})
+    return out
+
+
 class Cluster:
     """The node, its kubelet stand-ins and what was there before the DaemonSet ran."""
 
@@ -76,7 +85,7 @@ class Cluster:
         self.kubelet = kubelet
         self.podresources = podresources
         self.template = template
-        self.before = {p: files_under(node.path(p)) for p in ("/etc/containerd", *NVSHIM_PATHS)}
+        self.before = node_files(node)
         self.installer: RunningPod | None = None
 
 
@@ -185,9 +194,9 @@ def test_sigterm_reverts_the_node(cluster: Cluster) -> None:
     assert stopped_in < grace, f"the installer ignored SIGTERM (killed after {stopped_in:.1f}s)"
     assert 137 not in codes.values(), codes  # 128 + SIGKILL
     cluster.node.wait_containerd()
-    after = {p: files_under(cluster.node.path(p)) for p in ("/etc/containerd", *NVSHIM_PATHS)}
+    after = node_files(cluster.node)
     assert after["/etc/containerd"] == cluster.before["/etc/containerd"]
-    for p in NVSHIM_PATHS:
+    for p in after:
         assert after[p] == cluster.before[p], f"left in {p}: {sorted(set(after[p]) - set(cluster.before[p]))}"
     probe = SandboxSpec("after", "default", "uid-after", "/var/log/pods/after",
                         cluster.node.cgroup_parent + "/after")

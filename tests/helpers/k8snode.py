@@ -105,6 +105,13 @@ class K8sNode:
             raise ValueError(f"{node_path} is not in one of the node's own directories")
         return self.base / "fs" / best.strip("/") / os.path.relpath(node_path, best)
 
+    def upper(self, node_path: str) -> Path:
+        """Where the node's writes to ``node_path`` (``/etc`` or ``/var``, an overlay over the
+        host's) land: its overlay's upper directory."""
+        if node_path not in _OVERLAID:
+            raise ValueError(f"{node_path} is not one of the node's overlays {_OVERLAID}")
+        return self.base / "overlay" / node_path.strip("/")
+
     @property
     def socket(self) -> str:
         """containerd's CRI socket as the test reaches it."""
@@ -130,7 +137,7 @@ class K8sNode:
             binds.append([str(src), p])
         overlays = []
         for p in _OVERLAID:
-            upper, work = self.base / "overlay" / p.strip("/"), self.base / "work" / p.strip("/")
+            upper, work = self.upper(p), self.base / "work" / p.strip("/")
             upper.mkdir(parents=True)
             work.mkdir(parents=True)
             overlays.append([p, str(upper), str(work)])
