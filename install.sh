@@ -27,6 +27,23 @@
 # NVSHIM_CRIO_CONFIG (/etc/crio/crio.conf), NVSHIM_CRIO_DROP_IN
 # (<crio config dir>/crio.conf.d/99-nvshim.toml). NVSHIM_SKIP_APT=1 skips packages.
 # NVSHIM_PYTHON (/usr/bin/python3) is the interpreter a payload bundles (CPython 3.11+).
+#
+# Restarting the engine after its config changed (and after --uninstall's revert):
+#   NVSHIM_RESTART_MODE     auto (default): systemctl restart, only for the engine's system config
+#                           and only when systemd runs it, else say so; systemd: systemctl restart
+#                           NVSHIM_RESTART_UNIT; signal (containerd): NVSHIM_RESTART_SIGNAL to the
+#                           process that owns NVSHIM_CONTAINERD_SOCKET, its supervisor restarts it;
+#                           none: the operator restarts it
+#   NVSHIM_RESTART_UNIT     the systemd unit (default: the engine's name; k3s: k3s or k3s-agent,
+#                           RKE2: rke2-server or rke2-agent, microk8s: snap.microk8s.daemon-containerd)
+#   NVSHIM_CONTAINERD_SOCKET  containerd's socket (/run/containerd/containerd.sock)
+#   NVSHIM_RESTART_SIGNAL   SIGHUP;  NVSHIM_RESTART_TIMEOUT  60 (seconds containerd has to answer)
+#   NVSHIM_CONTAINERD_CONFIG_SEED  a file copied to a missing containerd config first (k3s/RKE2:
+#                           the generated config.toml beside config.toml.tmpl); uninstall removes it
+# With systemd or signal, containerd must answer on its socket before the change and again after
+# the restart; when it does not come back, the previous config is put back byte for byte,
+# containerd restarted again, and install.sh fails with one line naming the config and the socket.
+# A missing containerd config is an error, not created (an empty file means containerd's defaults).
 set -eu
 
 PREFIX=${NVSHIM_PREFIX:-/opt/nvshim}
@@ -38,6 +55,12 @@ CONTAINERD_DROP_IN=${NVSHIM_CONTAINERD_DROP_IN:-$(dirname "$CONTAINERD_CONFIG")/
 DOCKER_CONFIG=${NVSHIM_DOCKER_CONFIG:-/etc/docker/daemon.json}
 CRIO_CONFIG=${NVSHIM_CRIO_CONFIG:-/etc/crio/crio.conf}
 CRIO_DROP_IN=${NVSHIM_CRIO_DROP_IN:-$(dirname "$CRIO_CONFIG")/crio.conf.d/99-nvshim.toml}
+RESTART_MODE=${NVSHIM_RESTART_MODE:-auto}
+RESTART_UNIT=${NVSHIM_RESTART_UNIT:-}
+RESTART_SIGNAL=${NVSHIM_RESTART_SIGNAL:-SIGHUP}
+RESTART_TIMEOUT=${NVSHIM_RESTART_TIMEOUT:-60}
+CONTAINERD_SOCKET=${NVSHIM_CONTAINERD_SOCKET:-/run/containerd/containerd.sock}
+CONTAINERD_CONFIG_SEED=${NVSHIM_CONTAINERD_CONFIG_SEED:-}
 VENV=$PREFIX/venv
 MANIFEST=$PREFIX/install-manifest
 SRC=$(cd "$(dirname "$0")" && pwd)
@@ -90,6 +113,26 @@ build_payload() {  # build_payload DIR: the payload for PREFIX/BINDIR/ETCDIR int
 }
 
 FILE_LIST=payload-files
+
+# --- engine restart settings, checked before anything is written -----------------------
+case $RESTART_MODE in
+    auto|systemd|signal|none) ;;
+    *) die "NVSHIM_RESTART_MODE=$RESTART_MODE is not one of auto, systemd, signal, none" ;;
+esac
+case $RESTART_TIMEOUT in
+    ''|*[!0-9]*) die "NVSHIM_RESTART_TIMEOUT=$RESTART_TIMEOUT is not a whole number of seconds" ;;
+esac
+if [ "$CONTAINERD" = 1 ] && [ "$UNINSTALL" = 0 ] && [ ! -e "$CONTAINERD_CONFIG" ]; then
+    # containerd runs on built-in defaults without a file; writing one where this node's
+    # containerd does not look (k3s, RKE2, microk8s keep theirs elsewhere) would change nothing
+    # and look done, so a missing file is the operator's call
+    if [ -z "$CONTAINERD_CONFIG_SEED" ]; then
+        die "containerd config $CONTAINERD_CONFIG does not exist: set NVSHIM_CONTAINERD_CONFIG to the file this node's containerd reads (k3s/RKE2: config.toml.tmpl with NVSHIM_CONTAINERD_CONFIG_SEED, see deploy/README.md), or create it (an empty file means containerd's defaults)"
+    fi
+    [ -f "$CONTAINERD_CONFIG_SEED" ] \
+        || die "NVSHIM_CONTAINERD_CONFIG_SEED $CONTAINERD_CONFIG_SEED is not a file (it was to seed the missing containerd config $CONTAINERD_CONFIG)"
+fi
+
 # --- manifest: one line per thing this script added ("file PATH", "pkg NAME", ...) ---
 # (read with the shell alone: a node may have nothing but /bin/sh and coreutils)
 record() {
@@ -123,7 +166,8 @@ uninstall() {
         [ -n "${drop_in:-}" ] && set -- "$@" --drop-in "$drop_in"
         NVSHIM_CONFIG="$ETCDIR/config.yaml" run_nvshim "runtime" "configure" "$@" \
             || say "could not revert $cfg; see the message above"
-        restart_engine "$engine" "$cfg"
+        restart_engine "$engine" "$cfg" \
+            || say "reverted $cfg, but $engine did not come back after the restart: see the message above"
     done < "$MANIFEST"
     # files we wrote, only if unchanged since (an edited config stays, and we say so)
     pkgs=
@@ -159,12 +203,29 @@ uninstall() {
     say "nvshim uninstalled"
 }
 
-restart_engine() {  # restart_engine containerd|docker|crio CONFIG
-    unit=$1
-    case $unit:$2 in
+restart_engine() {  # restart_engine containerd|docker|crio CONFIG: fails when it does not come back
+    unit=${RESTART_UNIT:-$1}
+    case $RESTART_MODE in
+        none)
+            say "did not restart $1 (NVSHIM_RESTART_MODE=none): restart it to load $2"
+            return 0 ;;
+        systemd|signal)
+            if [ "$1" = containerd ]; then
+                "$BINDIR/nvshim" runtime restart --mode "$RESTART_MODE" --unit "$unit" \
+                    --socket "$CONTAINERD_SOCKET" --signal "$RESTART_SIGNAL" --timeout "$RESTART_TIMEOUT"
+                return
+            fi
+            if [ "$RESTART_MODE" = signal ]; then
+                say "did not restart $1: NVSHIM_RESTART_MODE=signal restarts containerd only; restart $1 to load $2"
+                return 0
+            fi
+            systemctl restart "$unit" && say "restarted $unit"
+            return ;;
+    esac
+    case $1:$2 in  # auto
         containerd:/etc/containerd/config.toml|docker:/etc/docker/daemon.json|crio:/etc/crio/crio.conf) ;;
         *)  # a moved config (a test install) is not what the system's engine reads
-            say "did not restart $unit: $2 is not its system config; restart it yourself if something reads it"
+            say "did not restart $1: $2 is not its system config; restart it yourself if something reads it"
             return 0 ;;
     esac
     if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1 \
@@ -327,18 +388,79 @@ record "file $ETCDIR/config.source-link"
 record "file $ETCDIR/config.cdi-index.json"  # the index of the CDI spec dirs
 
 # --- container engines ---------------------------------------------------------------
+# The engine's files as they were before this run (a copy, or a mark that the file was absent),
+# to put back byte for byte when the engine does not come back with the new ones.
+SNAP=""
+snapshot_files() {  # snapshot_files FILE...
+    SNAP=$(mktemp -d "${TMPDIR:-/tmp}/nvshim-install.XXXXXX")
+    n=0
+    for f in "$@"; do
+        n=$((n + 1))
+        printf '%s\n' "$f" > "$SNAP/$n.path"
+        if [ -e "$f" ]; then cp -p "$f" "$SNAP/$n.bytes"; fi
+        if [ ! -d "$(dirname "$f")" ]; then : > "$SNAP/$n.nodir"; fi
+    done
+}
+restore_files() {
+    for p in "$SNAP"/*.path; do
+        n=${p%.path}
+        f=$(cat "$p")
+        if [ -e "$n.bytes" ]; then
+            cp -p "$n.bytes" "$f.nvshim-restore.$$" && mv -f "$f.nvshim-restore.$$" "$f"
+        else
+            rm -f "$f"
+            if [ -e "$n.nodir" ]; then rmdir "$(dirname "$f")" 2>/dev/null || true; fi
+        fi
+    done
+}
+
 configure_engine() {  # configure_engine ENGINE CONFIG [DROP-IN]
     set -- "$1" "$2" "${3:-}"
     engine=$1 cfg=$2 drop_in=$3
+    waits=0
+    if [ "$engine" = containerd ] && [ "$RESTART_MODE" != auto ] && [ "$RESTART_MODE" != none ]; then
+        waits=1  # containerd must answer now: a wrong socket fails before anything is written
+        "$BINDIR/nvshim" runtime restart --check --socket "$CONTAINERD_SOCKET" \
+            --signal "$RESTART_SIGNAL" || exit 1
+    fi
+    snapshot_files "$cfg" "$cfg.nvshim-orig.json" ${drop_in:+"$drop_in"}
+    seeded=""
+    if [ ! -e "$cfg" ] && [ "$engine" = containerd ] && [ -n "$CONTAINERD_CONFIG_SEED" ]; then
+        mkdir -p "$(dirname "$cfg")"
+        cp "$CONTAINERD_CONFIG_SEED" "$cfg"
+        chmod 0644 "$cfg"
+        seeded="file $cfg $(sha "$cfg")"  # revert gives these bytes back; uninstall then removes it
+        say "seeded $cfg from $CONTAINERD_CONFIG_SEED"
+    fi
     set -- --runtime "$engine" --config "$cfg" --binary "$BINDIR/nvshim-runtime"
     [ -n "$drop_in" ] && set -- "$@" --drop-in "$drop_in"
     [ "$DEFAULT" = 1 ] && set -- "$@" --set-as-default
     out=$(NVSHIM_CONFIG="$ETCDIR/config.yaml" "$BINDIR/nvshim" runtime configure "$@" 2>&1) \
-        || { printf '%s\n' "$out" >&2; exit 1; }
+        || { printf '%s\n' "$out" >&2; restore_files; exit 1; }
     printf '%s\n' "$out" >&2
-    record "$engine $cfg${drop_in:+ $drop_in}"
     # restart only when something was written (a DaemonSet re-run must not bounce the engine)
-    case $out in *"nothing written"*|*"already"*) ;; *) restart_engine "$engine" "$cfg" ;; esac
+    case $out in
+        *"nothing written"*|*"already"*) ;;
+        *)
+            if ! why=$(restart_engine "$engine" "$cfg" 2>&1); then
+                restore_files
+                rm -rf "$SNAP"
+                up="restarted" down="failed again"
+                if [ "$waits" = 1 ]; then
+                    up="answers again on $CONTAINERD_SOCKET" down="still does not answer on $CONTAINERD_SOCKET"
+                fi
+                if restart_engine "$engine" "$cfg" >/dev/null 2>&1; then
+                    back="it $up"
+                else
+                    back="it $down (the previous config does not start it either: see its log)"
+                fi
+                die "$engine did not come back with $cfg (${why#nvshim: }); put back the previous $cfg and restarted $engine: $back"
+            fi
+            [ -n "$why" ] && printf '%s\n' "$why" >&2 ;;
+    esac
+    rm -rf "$SNAP"
+    record "$engine $cfg${drop_in:+ $drop_in}"
+    if [ -n "$seeded" ]; then record "$seeded"; fi
 }
 if [ "$CONTAINERD" = 1 ]; then configure_engine containerd "$CONTAINERD_CONFIG" "$CONTAINERD_DROP_IN"; fi
 if [ "$DOCKER" = 1 ]; then configure_engine docker "$DOCKER_CONFIG"; fi
