@@ -35,7 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import grpc
 import yaml
@@ -66,6 +66,8 @@ __all__ = [
     "sandbox_spec",
     "with_env",
 ]
+
+T = TypeVar("T")
 
 # the kubelet's defaults for an unprivileged container (pkg/securitycontext)
 MASKED_PATHS = ("/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys",
@@ -319,7 +321,7 @@ class Kubelet:
         """RuntimeClass name → handler (what the API server's RuntimeClass objects say)."""
         self.memory_capacity = _memory_capacity()
 
-    def _retry(self, what: str, call: Any, timeout: float = 90) -> Any:
+    def _retry(self, what: str, call: Callable[[], T], timeout: float = 90) -> T:
         """``call()``, again while containerd is away (the installer restarts it)."""
         deadline = time.monotonic() + timeout
         while True:
@@ -406,7 +408,7 @@ class Kubelet:
             log_dir.joinpath(c["name"]).mkdir(parents=True, exist_ok=True)
             cs = container_spec(pod, c, who, volumes, self.configmaps, self.memory_capacity,
                                 (allocations or {}).get(c["name"], ()))
-            cid: str = self._retry("CreateContainer",
+            cid = self._retry("CreateContainer",
                                    lambda: self.cri.create(sandbox_id, config, cs))
             self._retry("StartContainer", lambda: self.cri.start_container(cid))
             return cid
