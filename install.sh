@@ -436,7 +436,7 @@ configure_engine() {  # configure_engine ENGINE CONFIG [DROP-IN]
     [ -n "$drop_in" ] && set -- "$@" --drop-in "$drop_in"
     [ "$DEFAULT" = 1 ] && set -- "$@" --set-as-default
     out=$(NVSHIM_CONFIG="$ETCDIR/config.yaml" "$BINDIR/nvshim" runtime configure "$@" 2>&1) \
-        || { printf '%s\n' "$out" >&2; restore_files; exit 1; }
+        || { printf '%s\n' "$out" >&2; restore_files; rm -rf "$SNAP"; exit 1; }
     printf '%s\n' "$out" >&2
     # restart only when something was written (a DaemonSet re-run must not bounce the engine)
     case $out in
@@ -454,7 +454,9 @@ configure_engine() {  # configure_engine ENGINE CONFIG [DROP-IN]
                 else
                     back="it $down (the previous config does not start it either: see its log)"
                 fi
-                die "$engine did not come back with $cfg (${why#nvshim: }); put back the previous $cfg and restarted $engine: $back"
+                why=$(printf '%s\n' "$why" | sed '/^[[:space:]]*$/d' | tail -n 1)
+                why=${why#nvshim: }
+                die "$engine did not come back with $cfg (${why#"$engine "}); put back the previous config and restarted $engine: $back"
             fi
             [ -n "$why" ] && printf '%s\n' "$why" >&2 ;;
     esac

@@ -1,5 +1,6 @@
 """``nvshim runtime configure``: register nvshim-runtime with containerd, Docker or CRI-O;
-``nvshim runtime restart``: restart containerd and wait until it answers (:mod:`nvshim.node.engine_restart`).
+``nvshim runtime restart``: restart containerd and wait until it answers
+(:mod:`nvshim.node.engine_restart`).
 
 A thin shell over :mod:`nvshim.node.containerd` (and ``containerd_revert``),
 :mod:`nvshim.node.docker` and :mod:`nvshim.node.crio`: it turns flags into one call,

@@ -29,7 +29,7 @@ import stat
 import struct
 import subprocess
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from nvshim.errors import HostError, UsageError
 
@@ -87,7 +87,7 @@ def answers(path: str, timeout: float) -> bool:
     import grpc  # ~85 ms: only the installer's restart pays it
 
     with grpc.insecure_channel(f"unix://{path}") as channel:
-        call = channel.unary_unary(_VERSION_METHOD)
+        call: Any = channel.unary_unary(_VERSION_METHOD)  # raw bytes both ways
         try:
             call(b"", timeout=timeout)
         except grpc.RpcError:
@@ -158,7 +158,7 @@ def restart_containerd(mode: str, socket_path: str = DEFAULT_SOCKET, *,
         if pid is None:
             how = f"nothing owned {socket_path} to signal; waited for its supervisor"
         else:
-            how = f"{sig.name} to pid {pid}, the owner of {socket_path}"
+            how = f"{sig.name} to pid {pid}"
             started = _start_time(pid)
             try:
                 os.kill(pid, sig)
@@ -167,8 +167,10 @@ def restart_containerd(mode: str, socket_path: str = DEFAULT_SOCKET, *,
             if not _wait(lambda: _start_time(pid) != started, deadline):
                 raise HostError(f"containerd (pid {pid}) did not exit within {timeout:g}s "
                                 f"of {sig.name}: {socket_path} still answers from it")
-    left = lambda: max(0.5, min(2.0, deadline - time.monotonic()))  # noqa: E731
-    if not _wait(lambda: answers(socket_path, left()), deadline):
+    def answered() -> bool:
+        return answers(socket_path, max(0.5, min(2.0, deadline - time.monotonic())))
+
+    if not _wait(answered, deadline):
         raise HostError(f"containerd did not answer on {socket_path} within {timeout:g}s "
                         f"after the restart ({how})")
     return f"restarted containerd ({how}); it answers on {socket_path}"
