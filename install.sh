@@ -1,16 +1,24 @@
 #!/bin/sh
-# Install nvshim on a Debian/Ubuntu machine (run as root). Idempotent: running it again
-# brings the installation up to date and changes nothing that is already right.
+# Install nvshim (run as root). Idempotent: running it again brings the installation up to
+# date and changes nothing that is already right.
 #
-#   ./install.sh                      install nvshim (venv in /opt/nvshim, commands in /usr/local/bin)
-#   ./install.sh --dev                also install the test dependencies and container engines
+#   ./install.sh                      build nvshim's self-contained runtime (its own Python and C
+#                                     library, in /opt/nvshim) and install it: the commands
+#                                     nvshim and nvshim-runtime in /usr/local/bin
+#   ./install.sh --payload DIR        only build it, into DIR: DIR/opt/nvshim, DIR/usr/local/bin,
+#                                     DIR/install.sh, DIR/config/config.yaml (no root needed)
+#   sh DIR/install.sh --from DIR      install a payload built earlier; the node needs /bin/sh and
+#                                     coreutils, no python3 (sh DIR/install.sh alone does the same)
+#   ./install.sh --dev                instead a venv in /opt/nvshim/venv with this checkout
+#                                     editable, the test dependencies and container engines
 #   ./install.sh --containerd         also register nvshim as a containerd runtime handler
 #   ./install.sh --docker             also register it as a Docker runtime (/etc/docker/daemon.json)
 #   ./install.sh --crio               also register it as a CRI-O runtime handler (drop-in)
 #   ./install.sh --containerd --set-as-default
 #                                     ... and make it the engine's default runtime (refused unless
 #                                     /etc/nvshim/config.yaml has require-allocation: true)
-#   ./install.sh --uninstall          remove exactly what earlier runs added
+#   ./install.sh --uninstall          remove exactly what earlier runs added, and the prefix
+#                                     (also: sh /opt/nvshim/install.sh --uninstall)
 #
 # Paths can be moved for testing: NVSHIM_PREFIX (/opt/nvshim), NVSHIM_BINDIR
 # (/usr/local/bin), NVSHIM_ETCDIR (/etc/nvshim), NVSHIM_CONTAINERD_CONFIG
@@ -18,6 +26,7 @@
 # dir>/conf.d/99-nvshim.toml), NVSHIM_DOCKER_CONFIG (/etc/docker/daemon.json),
 # NVSHIM_CRIO_CONFIG (/etc/crio/crio.conf), NVSHIM_CRIO_DROP_IN
 # (<crio config dir>/crio.conf.d/99-nvshim.toml). NVSHIM_SKIP_APT=1 skips packages.
+# NVSHIM_PYTHON (/usr/bin/python3) is the interpreter a payload bundles (CPython 3.11+).
 set -eu
 
 PREFIX=${NVSHIM_PREFIX:-/opt/nvshim}
@@ -34,54 +43,115 @@ MANIFEST=$PREFIX/install-manifest
 SRC=$(cd "$(dirname "$0")" && pwd)
 PYTHON=${NVSHIM_PYTHON:-/usr/bin/python3}
 
-DEV=0 CONTAINERD=0 DOCKER=0 CRIO=0 DEFAULT=0 UNINSTALL=0
-for arg in "$@"; do
-    case $arg in
+DEV=0 CONTAINERD=0 DOCKER=0 CRIO=0 DEFAULT=0 UNINSTALL=0 PAYLOAD= FROM=
+
+say() { printf 'install.sh: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+while [ $# -gt 0 ]; do
+    case $1 in
         --dev) DEV=1 ;;
         --containerd) CONTAINERD=1 ;;
         --docker) DOCKER=1 ;;
         --crio) CRIO=1 ;;
         --set-as-default) DEFAULT=1 ;;
         --uninstall) UNINSTALL=1 ;;
+        --payload|--from)
+            [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a directory (see --help)"
+            if [ "$1" = --payload ]; then PAYLOAD=$2; else FROM=$2; fi
+            shift ;;
+        --payload=*) PAYLOAD=${1#*=} ;;
+        --from=*) FROM=${1#*=} ;;
         -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "install.sh: unknown option $arg (see --help)" >&2; exit 1 ;;
+        *) die "unknown option $1 (see --help)" ;;
     esac
+    shift
 done
+if [ -n "$PAYLOAD" ] && { [ -n "$FROM" ] || [ "$DEV" = 1 ] || [ "$UNINSTALL" = 1 ]; }; then
+    die "--payload only builds: it goes with no other option"
+fi
+[ "$DEV" = 1 ] && [ -n "$FROM" ] && die "--dev builds a venv from this checkout: it does not go with --from"
+# run from a payload (DIR/install.sh) with no --from: install that payload
+if [ -z "$FROM$PAYLOAD" ] && [ "$DEV" = 0 ] && [ -f "$SRC/.nvshim-payload" ]; then FROM=$SRC; fi
 
-say() { printf 'install.sh: %s\n' "$*" >&2; }
-die() { say "$*"; exit 1; }
+# --- the self-contained runtime (nvshim/node/prefix.py has its layout) ----------------
+build_payload() {  # build_payload DIR: the payload for PREFIX/BINDIR/ETCDIR into DIR
+    [ -f "$SRC/nvshim/node/payload.py" ] \
+        || die "no nvshim sources in $SRC: run the checkout's install.sh, or install a payload with --from DIR"
+    "$PYTHON" -I -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+        || die "$PYTHON cannot build the self-contained runtime: it needs CPython 3.11 or newer (set NVSHIM_PYTHON)"
+    if ! "$PYTHON" -I -m pip --version >/dev/null 2>&1; then
+        [ "$(id -u)" = 0 ] || die "$PYTHON has no pip: install python3-pip"
+        apt_install python3-pip
+    fi
+    mkdir -p "$1" || die "cannot create the payload directory $1"
+    "$PYTHON" -I -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from nvshim.node.payload import main; main(sys.argv[1:])' \
+        "$SRC" --dest "$1" --src "$SRC" --prefix "$PREFIX" --bindir "$BINDIR" --etcdir "$ETCDIR"
+}
 
-[ "$(id -u)" = 0 ] || die "run as root (it writes $PREFIX, $BINDIR and $ETCDIR)"
-
+FILE_LIST=payload-files
 # --- manifest: one line per thing this script added ("file PATH", "pkg NAME", ...) ---
-record() { mkdir -p "$PREFIX"; grep -qxF "$*" "$MANIFEST" 2>/dev/null || echo "$*" >> "$MANIFEST"; }
+# (read with the shell alone: a node may have nothing but /bin/sh and coreutils)
+record() {
+    mkdir -p "$PREFIX"
+    if [ -f "$MANIFEST" ]; then
+        while IFS= read -r line; do [ "$line" = "$*" ] && return 0; done < "$MANIFEST"
+    fi
+    echo "$*" >> "$MANIFEST"
+}
 
 sha() { sha256sum "$1" | cut -d' ' -f1; }
+
+# nvshim's own command, whichever way it is installed (the self-contained prefix or --dev's venv)
+run_nvshim() {
+    if [ -f "$PREFIX/$FILE_LIST" ] && [ -x "$PREFIX/bin/python3" ]; then
+        "$PREFIX/bin/python3" -I -S -c 'import sys; sys.path[0:0] = [sys.argv.pop(1)]; sys.argv[0] = "nvshim"; from nvshim.cli.main import main; main()' \
+            "$PREFIX/site" "$@"
+    else
+        "$VENV/bin/nvshim" "$@"
+    fi
+}
+have_nvshim() { { [ -f "$PREFIX/$FILE_LIST" ] && [ -x "$PREFIX/bin/python3" ]; } || [ -x "$VENV/bin/nvshim" ]; }
 
 uninstall() {
     [ -f "$MANIFEST" ] || { say "nothing to uninstall ($MANIFEST not found)"; exit 0; }
     # engine configs: "ENGINE CONFIG [DROP-IN]" lines, reverted to their original bytes
-    grep -E '^(containerd|docker|crio) ' "$MANIFEST" | while read -r engine cfg drop_in; do
-        [ -x "$VENV/bin/nvshim" ] || continue
+    while read -r engine cfg drop_in; do
+        case $engine in containerd|docker|crio) ;; *) continue ;; esac
+        have_nvshim || continue
         set -- --runtime "$engine" --config "$cfg" --revert
         [ -n "${drop_in:-}" ] && set -- "$@" --drop-in "$drop_in"
-        NVSHIM_CONFIG="$ETCDIR/config.yaml" "$VENV/bin/nvshim" "runtime" "configure" "$@" \
+        NVSHIM_CONFIG="$ETCDIR/config.yaml" run_nvshim "runtime" "configure" "$@" \
             || say "could not revert $cfg; see the message above"
         restart_engine "$engine" "$cfg"
-    done
+    done < "$MANIFEST"
     # files we wrote, only if unchanged since (an edited config stays, and we say so)
-    grep '^file ' "$MANIFEST" | while read -r _ path sum; do
+    pkgs=
+    while read -r kind path sum; do
+        case $kind in
+            pkg) pkgs="$pkgs$path "; continue ;;
+            file) ;;
+            *) continue ;;
+        esac
         if [ ! -e "$path" ]; then continue; fi
         if [ -n "${sum:-}" ] && [ "$(sha "$path")" != "$sum" ]; then
             say "kept $path: it was changed after installation"
             continue
         fi
         rm -f "$path"
-    done
+    done < "$MANIFEST"
     rmdir "$ETCDIR" 2>/dev/null || true
-    pkgs=$(sed -n 's/^pkg //p' "$MANIFEST" | tr '\n' ' ')
     if [ -n "$pkgs" ]; then
         say "left installed: $pkgs(added by install.sh; other runtimes may use them — apt-get remove them if not)"
+    fi
+    # the self-contained runtime: every top-level entry its file list names (this script too:
+    # sh keeps reading the open file)
+    if [ -f "$PREFIX/$FILE_LIST" ]; then
+        while IFS= read -r entry; do
+            top=${entry%%/*}
+            case $top in ''|.|..) continue ;; esac
+            [ -e "$PREFIX/$top" ] && rm -rf "${PREFIX:?}/$top"
+        done < "$PREFIX/$FILE_LIST"
     fi
     rm -rf "$VENV"
     rm -f "$MANIFEST"
@@ -105,8 +175,6 @@ restart_engine() {  # restart_engine containerd|docker|crio CONFIG
     fi
 }
 
-if [ "$UNINSTALL" = 1 ]; then uninstall; exit 0; fi
-
 # --- packages ------------------------------------------------------------------------
 APT_UPDATED=0
 apt_install() {
@@ -123,29 +191,7 @@ apt_install() {
     for pkg in $missing; do record "pkg $pkg"; done
 }
 
-apt_install runc busybox-static
-"$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
-if [ "$DEV" = 1 ]; then
-    apt_install crun containerd podman umoci skopeo docker.io
-    # the real-driver tests compile their C probe (tests/probe/cudaprobe.c) at test time
-    apt_install gcc libc6-dev
-fi
-
-# --- venv and package ------------------------------------------------------------------
-if [ ! -x "$VENV/bin/python3" ]; then
-    "$PYTHON" -m venv "$VENV"
-    record "dir $VENV"
-fi
-"$VENV/bin/python3" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
-if [ "$DEV" = 1 ]; then
-    # editable, so the tests and the installed commands run the checkout's code
-    "$VENV/bin/python3" -m pip install -q --disable-pip-version-check -e "$SRC[test]"
-else
-    "$VENV/bin/python3" -m pip install -q --disable-pip-version-check "$SRC"
-fi
-
-# --- commands: absolute interpreter, -I (containerd's PATH and env are not ours) --------
-install_file() {  # install_file MODE DEST < content
+install_file() {  # install_file DEST MODE < content
     tmp="$1.tmp.$$"
     cat > "$tmp"
     chmod "$2" "$tmp"
@@ -153,17 +199,119 @@ install_file() {  # install_file MODE DEST < content
     record "file $1"
 }
 
-mkdir -p "$BINDIR"
-# Both default to $ETCDIR/config.yaml: an install with NVSHIM_ETCDIR never reads /etc/nvshim.
-"$VENV/bin/python3" -I -c 'import sys; from nvshim.node.trampoline import render; sys.stdout.write(render(sys.argv[1], config=sys.argv[2]))' \
-    "$VENV/bin/python3" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim-runtime" 0755
-"$VENV/bin/python3" -I -c 'import json, sys; print(f"#!{sys.argv[1]} -I\nimport os\nos.environ.setdefault(\"NVSHIM_CONFIG\", {json.dumps(sys.argv[2])})\nfrom nvshim.cli.main import main\nmain()")' \
-    "$VENV/bin/python3" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim" 0755
+writable() {  # writable DIR: DIR exists (created if need be) and a file can be made in it
+    mkdir -p "$1" 2>/dev/null || return 1
+    probe="$1/.nvshim-write-test.$$"
+    { : > "$probe"; } 2>/dev/null || return 1
+    rm -f "$probe"
+}
+
+# install_payload DIR: check everything first (nothing is written when a check fails), then
+# put DIR's prefix in place of PREFIX in one rename and write the commands for PREFIX
+install_payload() {
+    from=$(cd "$1" 2>/dev/null && pwd) || die "payload $1: no such directory"
+    meta=$from/.nvshim-payload
+    [ -f "$meta" ] || die "$from is not an nvshim payload: $meta is missing (build one with install.sh --payload DIR)"
+    built=
+    while IFS='=' read -r key value; do
+        [ "$key" = prefix ] && built=$value
+    done < "$meta"
+    case $built in /?*) ;; *) die "$meta names no prefix (prefix=/…)" ;; esac
+    payload=$from$built
+    for piece in "$from/config/config.yaml" "$payload/$FILE_LIST"; do
+        [ -f "$piece" ] || die "payload $from is incomplete: $piece is missing"
+    done
+    while IFS= read -r entry; do
+        [ -e "$payload/$entry" ] || die "payload $from is incomplete: $payload/$entry is missing"
+    done < "$payload/$FILE_LIST"
+    # the commands are /bin/sh scripts: a node root without a working /bin/sh cannot run them
+    [ -x /bin/sh ] || die "/bin/sh not found: nvshim-runtime and nvshim are /bin/sh scripts, this node has no shell to run them"
+    /bin/sh -c : 2>/dev/null || die "/bin/sh does not run on this node (a missing C library?): nvshim-runtime and nvshim are /bin/sh scripts"
+    out=$("$payload/bin/python3" -I -S -c 'import sys; sys.path[0:0] = [sys.argv[1]]; import nvshim.runtime.main, nvshim.cli.main' "$payload/site" 2>&1) \
+        || die "the payload's interpreter does not run here ($payload/bin/python3): $(printf '%s\n' "$out" | tail -n 1)"
+    for dir in "$BINDIR" "$(dirname "$PREFIX")" "$(dirname "$ETCDIR")"; do
+        writable "$dir" || die "cannot write $dir (read-only file system?): nothing installed"
+    done
+    if [ -e "$PREFIX" ] && [ ! -f "$MANIFEST" ] && [ ! -f "$PREFIX/$FILE_LIST" ] \
+        && [ -n "$(ls -A "$PREFIX" 2>/dev/null)" ]; then
+        die "$PREFIX exists and is not nvshim's: move it or set NVSHIM_PREFIX"
+    fi
+
+    new="$PREFIX.new.$$" old="$PREFIX.old.$$"
+    rm -rf "$new" "$old"
+    # cp -R, not -a: the files become root's whoever built the payload
+    cp -R "$payload" "$new" || { rm -rf "$new"; die "could not copy $payload to $new"; }
+    if [ -d "$PREFIX" ]; then
+        # what the payload does not bring (the manifest, --dev's venv) stays in the prefix
+        for entry in "$PREFIX"/* "$PREFIX"/.[!.]*; do
+            [ -e "$entry" ] || continue
+            [ -e "$new/${entry##*/}" ] || mv "$entry" "$new/"
+        done
+        mv "$PREFIX" "$old" || { rm -rf "$new"; die "cannot replace $PREFIX (a mount point?)"; }
+    fi
+    mv "$new" "$PREFIX"
+    rm -rf "$old"
+    # the commands, rendered for PREFIX, BINDIR and ETCDIR by the installed interpreter itself
+    # (both default to $ETCDIR/config.yaml: an install with NVSHIM_ETCDIR never reads /etc/nvshim)
+    "$PREFIX/bin/python3" -I -S -c 'import sys; p, cfg = sys.argv[2:4]; sys.path[0:0] = [sys.argv[1]]
+from nvshim.node.prefix import launch_argv
+from nvshim.node.trampoline import render
+sys.stdout.write(render(p + "/bin/python3", [sys.argv[1]], cfg, launch=launch_argv(p)))' \
+        "$PREFIX/site" "$PREFIX" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim-runtime" 0755
+    "$PREFIX/bin/python3" -I -S -c 'import sys; p, cfg = sys.argv[2:4]; sys.path[0:0] = [sys.argv[1]]
+from nvshim.node.prefix import render_cli
+sys.stdout.write(render_cli(p, cfg))' \
+        "$PREFIX/site" "$PREFIX" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim" 0755
+    CONFIG_SRC=$from/config/config.yaml
+}
+
+if [ -n "$PAYLOAD" ]; then
+    build_payload "$PAYLOAD"
+    say "built nvshim's self-contained runtime in $PAYLOAD (install it with: sh $PAYLOAD/install.sh --from $PAYLOAD)"
+    exit 0
+fi
+
+[ "$(id -u)" = 0 ] || die "run as root (it writes $PREFIX, $BINDIR and $ETCDIR)"
+
+if [ "$UNINSTALL" = 1 ]; then uninstall; exit 0; fi
+
+CONFIG_SRC=$SRC/config/config.yaml
+if [ -n "$FROM" ]; then
+    # a node: no packages, no build; runc comes with its container engine
+    install_payload "$FROM"
+elif [ "$DEV" = 0 ]; then
+    apt_install runc busybox-static
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    build_payload "$work/payload"
+    install_payload "$work/payload"
+else
+    apt_install runc busybox-static
+    "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
+    apt_install crun containerd podman umoci skopeo docker.io
+    # the real-driver tests compile their C probe (tests/probe/cudaprobe.c) at test time
+    apt_install gcc libc6-dev
+
+    # --- venv with the checkout editable (the tests and the commands run its code) -----
+    if [ ! -x "$VENV/bin/python3" ]; then
+        "$PYTHON" -m venv "$VENV"
+        record "dir $VENV"
+    fi
+    "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
+    "$VENV/bin/python3" -m pip install -q --disable-pip-version-check -e "$SRC[test]"
+
+    # --- commands: absolute interpreter, -I (containerd's PATH and env are not ours) ----
+    mkdir -p "$BINDIR"
+    "$VENV/bin/python3" -I -c 'import sys; from nvshim.node.trampoline import render; sys.stdout.write(render(sys.argv[1], config=sys.argv[2]))' \
+        "$VENV/bin/python3" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim-runtime" 0755
+    "$VENV/bin/python3" -I -c 'import json, sys; print(f"#!{sys.argv[1]} -I\nimport os\nos.environ.setdefault(\"NVSHIM_CONFIG\", {json.dumps(sys.argv[2])})\nfrom nvshim.cli.main import main\nmain()")' \
+        "$VENV/bin/python3" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim" 0755
+fi
 
 # --- config --------------------------------------------------------------------------
 mkdir -p "$ETCDIR"
 if [ ! -e "$ETCDIR/config.yaml" ]; then
-    cp "$SRC/config/config.yaml" "$ETCDIR/config.yaml"
+    cp "$CONFIG_SRC" "$ETCDIR/config.yaml"
     chmod 0644 "$ETCDIR/config.yaml"
     record "file $ETCDIR/config.yaml $(sha "$ETCDIR/config.yaml")"
     say "wrote $ETCDIR/config.yaml"
@@ -194,4 +342,5 @@ if [ "$CONTAINERD" = 1 ]; then configure_engine containerd "$CONTAINERD_CONFIG" 
 if [ "$DOCKER" = 1 ]; then configure_engine docker "$DOCKER_CONFIG"; fi
 if [ "$CRIO" = 1 ]; then configure_engine crio "$CRIO_CONFIG" "$CRIO_DROP_IN"; fi
 
-say "installed nvshim $("$VENV/bin/python3" -I -c 'import nvshim; print(nvshim.__version__)') ($BINDIR/nvshim, $BINDIR/nvshim-runtime)"
+version=$("$BINDIR/nvshim" --version)
+say "installed nvshim ${version##* } ($BINDIR/nvshim, $BINDIR/nvshim-runtime)"

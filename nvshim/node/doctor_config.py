@@ -166,6 +166,7 @@ def check_allocation_trust(config: Optional[Config], path: str) -> Finding:
 
 def check_trampoline(path: str) -> Finding:
     """The installed ``nvshim-runtime`` is the trampoline this nvshim would install."""
+    from nvshim.node.prefix import bundled_launch
     from nvshim.node.trampoline import render
 
     name = "trampoline"
@@ -189,7 +190,7 @@ def check_trampoline(path: str) -> Finding:
             fix,
         )
     try:
-        expected = render(python)
+        expected = render(python, launch=bundled_launch(python))
     except ValueError as exc:
         return Finding(name, "warn", f"{path}: {exc}", fix)
     if text != expected:

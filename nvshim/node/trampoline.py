@@ -47,9 +47,9 @@ conf=${NVSHIM_CONFIG:-@CONFIG@}
 # not stop it); -X tells nvshim what the caller's LC_CTYPE was, so runc gets that back.
 python() {
     if [ -n "${LC_CTYPE+set}" ]; then
-        exec "$py" -I -S -X "nvshim-lc-ctype=$LC_CTYPE" -c @BOOT@ "$@"
+        exec @LAUNCH@ -I -S -X "nvshim-lc-ctype=$LC_CTYPE" -c @BOOT@ "$@"
     fi
-    exec "$py" -I -S -X nvshim-lc-ctype-unset -c @BOOT@ "$@"
+    exec @LAUNCH@ -I -S -X nvshim-lc-ctype-unset -c @BOOT@ "$@"
 }
 
 # 1. The command and, for create/run, the bundle, in runc's or crun's grammar: parsed
@@ -286,7 +286,7 @@ def default_paths() -> List[str]:
 
 
 def render(python: str, paths: Optional[Sequence[str]] = None,
-           config: Optional[str] = None) -> str:
+           config: Optional[str] = None, launch: Optional[Sequence[str]] = None) -> str:
     """The trampoline script for an nvshim installed in ``python``'s environment.
 
     Python starts with ``-I -S``: ``site`` (and an editable install's import finder) costs
@@ -304,6 +304,13 @@ def render(python: str, paths: Optional[Sequence[str]] = None,
     config = config or DEFAULT_CONFIG_PATH
     if not _plain(config):
         raise UnsafeValue(f"config path must be absolute and plain: {config!r}")
+    words = ['"$py"']
+    if launch:
+        words = list(launch)
+        for word in words:
+            option = word.startswith("--") and word[2:].replace("-", "").isalnum()
+            if not (_plain(word) or option):
+                raise UnsafeValue(f"launch words must be absolute paths or options: {word!r}")
     entries = list(default_paths() if paths is None else paths)
     for path in entries:
         if not _plain(path):
@@ -320,4 +327,5 @@ def render(python: str, paths: Optional[Sequence[str]] = None,
     if not all(c.isalnum() or c in ".+-" for c in __version__):
         raise UnsafeValue(f"version must be plain: {__version__!r}")
     return (_TEMPLATE.replace("@PYTHON@", python).replace("@BOOT@", f"'{boot}'")
-            .replace("@VERSION@", __version__).replace("@CONFIG@", config))
+            .replace("@VERSION@", __version__).replace("@CONFIG@", config)
+            .replace("@LAUNCH@", " ".join(words)))

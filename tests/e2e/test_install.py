@@ -43,7 +43,9 @@ def test_install_is_idempotent_and_uninstall_is_exact(tmp_path):
     runtime = tmp_path / "bin" / "nvshim-runtime"
     cli = tmp_path / "bin" / "nvshim"
     assert runtime.read_text().startswith("#!/bin/sh") and os.access(runtime, os.X_OK)
-    assert cli.read_text().startswith(f"#!{tmp_path}/opt/venv/bin/python3 -I\n")
+    # the self-contained runtime: the command execs the prefix's own loader and interpreter
+    assert cli.read_text().startswith("#!/bin/sh\n")
+    assert f"exec {tmp_path}/opt/lib/ld-linux-x86-64.so.2 --library-path {tmp_path}/opt/lib " in cli.read_text()
     cfg = tmp_path / "etc" / "nvshim" / "config.yaml"
     assert cfg.read_text() == (REPO / "config" / "config.yaml").read_text()
     assert (tmp_path / "etc" / "nvshim" / "config.compiled.json").exists()
