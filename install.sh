@@ -289,6 +289,8 @@ else
     apt_install runc busybox-static
     "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
     apt_install crun containerd podman umoci skopeo docker.io
+    # the node-root tests build Debian 11/12/13 trees (tests/helpers/noderoot.py)
+    apt_install mmdebstrap debian-archive-keyring
     # the real-driver tests compile their C probe (tests/probe/cudaprobe.c) at test time
     apt_install gcc libc6-dev
 

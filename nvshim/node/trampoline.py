@@ -225,13 +225,14 @@ if [ "$decision" = modify ]; then
     [ -x "$grep" ] || grep=/bin/grep
     [ -x "$grep" ] || python "$@"
     # -s: no message of grep's own (a vanished file is exit 2: Python reports it);
-    # -D skip: a FIFO or device swapped in after the -f test is not read (never hangs).
+    # -D skip: a FIFO or device swapped in after the -f test is not read (never hangs);
+    # 2>/dev/null: nor its loader's (a node whose C library broke: 127, Python decides).
     if [ -e "$conf" ]; then
         "$grep" -q -s -D skip -F -e NVIDIA_ -e CUDA_VERSION -e nvidia-container-devices \
-            -e /dev/nvidia -e '\u' -e '\/' -f "$prefixes" -- "$spec" </dev/null
+            -e /dev/nvidia -e '\u' -e '\/' -f "$prefixes" -- "$spec" </dev/null 2>/dev/null
     else
         "$grep" -q -s -D skip -F -e NVIDIA_ -e CUDA_VERSION -e nvidia-container-devices \
-            -e /dev/nvidia -e '\u' -e '\/' -e cdi.k8s.io/ -- "$spec" </dev/null
+            -e /dev/nvidia -e '\u' -e '\/' -e cdi.k8s.io/ -- "$spec" </dev/null 2>/dev/null
     fi
     [ $? = 1 ] || python "$@"
 fi

@@ -184,6 +184,7 @@ def build_root(recipe: Recipe, base: Path) -> NodeRoot:
     if mmdebstrap is None:
         raise NodeRootError("mmdebstrap is not installed (./install.sh --dev installs it)")
     staging = Path(tempfile.mkdtemp(prefix=f".build-{recipe.name}-", dir=base))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide the tree from the node's other users
     try:
         tree = staging / "root"
         argv = [mmdebstrap, "--quiet", "--mode=root", "--variant=essential",
