@@ -12,7 +12,8 @@
 #   ./install.sh --dev                instead a venv in /opt/nvshim/venv with this checkout
 #                                     editable, the test dependencies and container engines
 #   ./install.sh --containerd         also register nvshim as a containerd runtime handler
-#   ./install.sh --docker             also register it as a Docker runtime (/etc/docker/daemon.json)
+#   ./install.sh --docker             also register it as a Docker runtime (/etc/docker/daemon.json),
+#                                     and nvidia-container-runtime-hook beside nvshim-runtime (--gpus)
 #   ./install.sh --crio               also register it as a CRI-O runtime handler (drop-in)
 #   ./install.sh --containerd --set-as-default
 #                                     ... and make it the engine's default runtime (refused unless
@@ -341,7 +342,13 @@ configure_engine() {  # configure_engine ENGINE CONFIG [DROP-IN]
     case $out in *"nothing written"*|*"already"*) ;; *) restart_engine "$engine" "$cfg" ;; esac
 }
 if [ "$CONTAINERD" = 1 ]; then configure_engine containerd "$CONTAINERD_CONFIG" "$CONTAINERD_DROP_IN"; fi
-if [ "$DOCKER" = 1 ]; then configure_engine docker "$DOCKER_CONFIG"; fi
+if [ "$DOCKER" = 1 ]; then
+    configure_engine docker "$DOCKER_CONFIG"
+    # docker run --gpus: configure put nvshim's nvidia-container-runtime-hook beside
+    # nvshim-runtime, unless dockerd's PATH had one already (NVIDIA's: kept, and it said so)
+    hook=$BINDIR/nvidia-container-runtime-hook
+    if grep -qs "^# nvshim's stand-in" "$hook"; then record "file $hook $(sha "$hook")"; fi
+fi
 if [ "$CRIO" = 1 ]; then configure_engine crio "$CRIO_CONFIG" "$CRIO_DROP_IN"; fi
 
 version=$("$BINDIR/nvshim" --version)

@@ -80,11 +80,13 @@ class Config:
     allocation_sources: Tuple[str, ...] = (
         "volume-mounts",
         "cdi-annotations",
+        "docker-gpus",
         "envvar-uuids",
         "privileged",
     )
     on_missing_allocation: str = "strip"
     accept_all_from_mounts: bool = False
+    management_pods: Tuple[str, ...] = ()
     verify_with: str = "none"
     kubelet_unreachable: str = "fail"
     kubelet_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"

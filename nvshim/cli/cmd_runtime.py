@@ -88,7 +88,8 @@ def _file_rows(files: Sequence[FileChange], config_path: str, backup_file: str,
         action = _action(change)
         rows.append({
             "path": change.path,
-            "role": "config" if change.path == config_path else "drop-in",
+            "role": ("config" if change.path == config_path else "hook"
+                     if os.path.basename(change.path) == docker.GPUS_HOOK else "drop-in"),
             "action": action,
             "backup": backup_file if saved and action != "unchanged" else None,
             "content": change.after,
@@ -102,6 +103,7 @@ def _file_rows(files: Sequence[FileChange], config_path: str, backup_file: str,
 _ROLE_TEXT = {
     "config": "main config",
     "drop-in": "drop-in",
+    "hook": "nvshim's stand-in for docker run --gpus",
     "backup": "backup of the originals, for --revert",
 }
 
@@ -256,7 +258,10 @@ def configure_command(
     options.BinaryName = nvshim-runtime, the container's cdi.k8s.io/* annotations (the
     device plugin's) passed through; the pod's only with --pod-cdi-annotations.
     Docker: runtimes.<name>.path in daemon.json, other keys and their order kept
-    (docker run --runtime nvshim). CRI-O: [crio.runtime.runtimes.<name>] in a drop-in,
+    (docker run --runtime nvshim), and, unless dockerd's search path has one already
+    (NVIDIA's is kept), nvshim's nvidia-container-runtime-hook beside --binary, which lets
+    dockerd offer docker run --gpus (nvshim-runtime removes it from the containers it runs;
+    it fails the others in one line). CRI-O: [crio.runtime.runtimes.<name>] in a drop-in,
     runtime_type "oci" with runc's runtime_root and monitor (conmon) settings.
     Comments and layout are kept where the format allows; every write is atomic and the
     original bytes are saved for --revert. Restart the engine afterwards.
@@ -264,8 +269,9 @@ def configure_command(
     Every file goes beside --config: the drop-in unless --drop-in names another, and the
     backup always. --format json prints one object instead of the text: {engine,
     operation, dry_run, config, name, files: [{path, role, action, backup, content}],
-    written, warnings}; role is config, drop-in or backup; action is create, modify,
-    remove or unchanged; backup is the file that keeps (or gave back) the original bytes.
+    written, warnings}; role is config, drop-in, hook (Docker's --gpus) or backup; action
+    is create, modify, remove or unchanged; backup is the file that keeps (or gave back) the
+    original bytes.
     """
     if config_path is None:
         config_path = _DEFAULT_CONFIGS[engine]
@@ -373,6 +379,10 @@ def configure_command(
     if dry_run or as_json:
         return
     if result_c.written:
-        info(f'wrote {_join(result_c.written)}; {_RESTART[engine]} to use runtime "{name}"')
+        restart = _RESTART[engine]
+        if any(os.path.basename(p) == docker.GPUS_HOOK for p in result_c.written):
+            restart = (f"restart dockerd (it looks for {docker.GPUS_HOOK} only when it starts: "
+                       "SIGHUP is not enough)")
+        info(f'wrote {_join(result_c.written)}; {restart} to use runtime "{name}"')
     else:
         info(f'{result_c.handler_file} already has runtime "{name}"; nothing written')

@@ -18,9 +18,15 @@ write them, and in the container's spec they look the same as the device plugin'
 For versions 2 and 3 the handler goes into a drop-in file that the main file imports, by
 default ``conf.d/99-nvshim.toml`` beside the main file (:func:`default_drop_in`).
 containerd before 2.1 *replaces* a plugin's table with the one from an import instead of
-merging them, so the drop-in holds a copy of the main file's whole CRI table plus the
-handler. ``drop_in=""`` writes everything into the main file instead; version 1 files are
-always edited in place. Files are edited with tomlkit, so comments and layout survive.
+merging them, so the drop-in holds the CRI table of every file containerd loads before it
+-- the main file and the imports ahead of it in containerd's order
+(:mod:`nvshim.node.containerd_chain`; on a node ``nvidia-ctk runtime configure`` set up,
+``conf.d/99-nvidia.toml`` with its ``nvidia``, ``nvidia-cdi``, ``nvidia-legacy``
+handlers) -- merged key by key, plus the handler: no handler an earlier file declares is
+lost. Run again, it copies what those files hold then. A file loaded after the drop-in
+that has its own CRI table would hide the handler: configure warns. ``drop_in=""``
+writes everything into the main file instead; version 1 files are always edited in place.
+Files are edited with tomlkit, so comments and layout survive.
 
 Before the first write the original bytes of every file it touches (or their absence) are
 saved in ``<config>.nvshim-orig.json``; :mod:`nvshim.node.containerd_revert` puts them back
@@ -34,12 +40,20 @@ will see after imports (for ``nvshim doctor``) in :mod:`nvshim.node.containerd_r
 
 from __future__ import annotations
 
-import fnmatch
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from nvshim._record import dataclass
 from nvshim.errors import ConfigError, UsageError
+from nvshim.node.containerd_chain import (
+    Chain,
+    Loaded,
+    covers,
+    cri_tables,
+    load_chain,
+    merged_cri,
+    position,
+)
 from nvshim.node.containerd_toml import (
     BACKUP_FORMAT,
     CDI_ANNOTATIONS,
@@ -127,15 +141,6 @@ def _merge_list(existing: Any, extra: Tuple[str, ...], where: str) -> List[Any]:
             merged.append(value)
     return merged
 
-def _path_match(pattern: str, path: str) -> bool:
-    """Go's ``filepath.Match``: ``*`` does not cross ``/``."""
-    pattern_parts = pattern.split("/")
-    path_parts = path.split("/")
-    if len(pattern_parts) != len(path_parts):
-        return False
-    return all(fnmatch.fnmatchcase(p, q) for q, p in zip(pattern_parts, path_parts, strict=True))
-
-
 def _build_handler(cri: Any, name: str, binary: str, where: str,
                    pod_cdi_annotations: bool = False) -> Dict[str, Any]:
     """The handler table: the runc (or default) handler's copy pointed at ``binary``."""
@@ -210,15 +215,6 @@ def _apply_to_cri(
 
 
 
-def _imports_cover(doc: Any, config_path: str, drop_in: str) -> bool:
-    for entry in import_entries(doc, config_path):
-        if isinstance(entry, str):
-            resolved = resolve_import(entry, config_path)
-            if resolved == drop_in or _path_match(resolved, drop_in):
-                return True
-    return False
-
-
 def _other_nvshim_imports(doc: Any, config_path: str, drop_in: str) -> List[str]:
     """Imports of another ``99-nvshim.toml`` than ``drop_in``: an earlier nvshim put the
     drop-in of every ``--config`` in /etc/containerd/conf.d, wherever the config was."""
@@ -257,14 +253,32 @@ def _resolve_drop_in(drop_in: Optional[str], version: int, config_path: str) -> 
     return drop_in
 
 
-def _drop_in_header(config_path: str, name: str) -> str:
-    return (
-        "# Written by `nvshim runtime configure`; `nvshim runtime configure --revert` removes it.\n"
-        f"# A copy of the whole CRI plugin table of {config_path} plus the runtime handler\n"
-        f'# "{name}": containerd before 2.1 replaces a plugin\'s table from an import instead\n'
-        "# of merging it, so a partial table here would drop the main file's CRI settings.\n"
-        "# Run the command again after editing that table in the main file.\n"
+def _drop_in_header(config_path: str, name: str, sources: Sequence[str]) -> str:
+    head = ("# Written by `nvshim runtime configure`; `nvshim runtime configure --revert` "
+            "removes it.\n")
+    if not sources:
+        return head + (
+            f'# The runtime handler "{name}": {config_path} and the files containerd loads\n'
+            "# before this one have no CRI plugin table. Run the command again after adding one.\n"
+        )
+    listed = "".join(f"#   {path}\n" for path in sources)
+    return head + (
+        "# The CRI plugin tables of the files containerd loads before this one, merged:\n"
+        f"{listed}"
+        f'# plus the runtime handler "{name}". containerd before 2.1 replaces a plugin\'s\n'
+        "# table from an import instead of merging it, so a partial table here would drop\n"
+        "# their CRI settings and runtime handlers. Run the command again after editing them.\n"
     )
+
+
+def _hidden_by(tables: Sequence[Tuple[str, Any]], where: str, name: str, drop_in: str,
+               noun: str) -> List[str]:
+    """Warnings for files loaded after the handler's file that carry their own CRI table."""
+    return [
+        f"{path}, loaded after {drop_in}, has its own {where} table: containerd before "
+        f'2.1 uses that one, without the runtime "{name}"; {noun}'
+        for path, _ in tables
+    ]
 
 
 def plan_configure(
@@ -280,13 +294,15 @@ def plan_configure(
     enable_cdi: bool = False,
     require_allocation: bool = False,
     pod_cdi_annotations: bool = False,
+    chain: Optional[Chain] = None,
 ) -> ConfigureResult:
     """Compute the new texts of the main file and drop-in; pure, writes nothing.
 
     ``main_text``/``drop_in_text`` are the current contents (``None``: no such file).
     ``drop_in=None`` means ``conf.d/99-nvshim.toml`` beside ``config_path`` for versions 2
-    and 3 (version 1: in place); ``""`` means in place. The result's ``files`` list the
-    drop-in (if any) first.
+    and 3 (version 1: in place); ``""`` means in place. ``chain`` is what containerd loads
+    (:func:`~nvshim.node.containerd_chain.load_chain` with this drop-in); without it, the
+    main file and the drop-in alone. The result's ``files`` list the drop-in (if any) first.
     """
     import tomlkit
 
@@ -302,7 +318,16 @@ def plan_configure(
     where = cri_label(version)
     drop_in = _resolve_drop_in(drop_in, version, config_path)
 
+    if chain is None:
+        chain = Chain((Loaded(os.path.abspath(config_path), "", 0),)
+                      + ((Loaded(drop_in, drop_in_text, 1),) if drop_in else ()))
+    warnings += chain.problems
+    at = position(chain, drop_in or os.path.abspath(config_path))
+    later = cri_tables(chain.files[at + 1:], doc, version)
+
     if not drop_in:
+        warnings += _hidden_by(later, where, name, config_path,
+                               "pass --drop-in to put the handler in a file loaded after it")
         if empty:
             doc["version"] = version
         plugins_table = ensure_table(doc, plugins_key, f"{config_path}: plugins")
@@ -327,8 +352,11 @@ def plan_configure(
             warnings=tuple(warnings),
         )
 
-    source = lookup(doc, (plugins_key, cri_key), config_path)
-    cri_copy: Dict[str, Any] = plain(source) if source is not None else {}
+    before = cri_tables(chain.files[:at], doc, version)
+    cri_copy: Dict[str, Any] = merged_cri(before)
+    warnings += _hidden_by(later, where, name, drop_in,
+                           "rename it to sort before the drop-in, or pass a --drop-in that "
+                           "containerd loads after it")
     _apply_to_cri(
         cri_copy,
         name=name,
@@ -340,7 +368,7 @@ def plan_configure(
         pod_cdi_annotations=pod_cdi_annotations,
     )
     drop_doc = tomlkit.document()
-    for line in _drop_in_header(config_path, name).splitlines():
+    for line in _drop_in_header(config_path, name, [p for p, _ in before]).splitlines():
         drop_doc.add(tomlkit.comment(line[2:]))
     drop_doc.add(tomlkit.nl())
     drop_doc["version"] = version
@@ -357,7 +385,7 @@ def plan_configure(
         )
     if empty:
         doc["version"] = version
-    if not _imports_cover(doc, config_path, drop_in):
+    if not covers(import_entries(doc, config_path), os.path.abspath(config_path), drop_in):
         if "imports" in doc:
             doc["imports"].append(drop_in)
         else:
@@ -399,9 +427,11 @@ def configure(
     """
     config_path = os.path.abspath(config_path)
     main_text = read_text(config_path)
-    doc_version = detect_version(parse_toml(main_text or "", config_path), config_path)
+    main_doc = parse_toml(main_text or "", config_path)
+    doc_version = detect_version(main_doc, config_path)
     drop_in = _resolve_drop_in(drop_in, doc_version, config_path)
     drop_in_text = read_text(drop_in) if drop_in else None
+    chain = load_chain(config_path, main_doc, drop_in=drop_in)
     plan = plan_configure(
         main_text,
         drop_in_text,
@@ -414,6 +444,7 @@ def configure(
         enable_cdi=enable_cdi,
         require_allocation=require_allocation,
         pod_cdi_annotations=pod_cdi_annotations,
+        chain=chain,
     )
     if dry_run:
         return plan

@@ -10,8 +10,6 @@ finds nvshim drop-ins whose copy of the CRI table no longer matches the main fil
 from __future__ import annotations
 
 import copy
-import glob
-import json
 import os
 import re
 import shutil
@@ -19,19 +17,23 @@ import subprocess
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from nvshim._record import dataclass, field
+from nvshim.node.containerd_chain import (
+    cri_tables,
+    effective_cri,
+    load_chain,
+    merged_cri,
+    position,
+)
 from nvshim.node.containerd_toml import (
     CDI_SPEC_DIRS,
     CRI_PLUGINS,
     DEFAULT_CONFIG,
     DEFAULT_RUNTIME_NAME,
-    cri_keys,
     cri_label,
     detect_version,
-    import_entries,
     is_table,
     lookup,
     plain,
-    resolve_import,
 )
 from nvshim.node.engine_files import parse_toml, read_text
 
@@ -48,7 +50,9 @@ class EffectiveRuntimes:
     default, ``runc``, when no file sets it. ``enable_cdi`` and ``cdi_spec_dirs`` are the
     CRI table's values, ``None`` when unset (containerd's default then applies, which
     depends on its version); ``cri_file`` is the file whose CRI table counts (``None``:
-    no file has one). ``problems`` lists imports that could not be read.
+    no file has one). ``problems`` lists imports that could not be read. ``declared`` maps
+    every handler name that some file's CRI table holds to those files, in load order: a
+    name there but not in ``handlers`` is one containerd lost.
     """
 
     config_path: str
@@ -62,63 +66,40 @@ class EffectiveRuntimes:
     enable_cdi: Optional[bool] = None
     cdi_spec_dirs: Optional[Tuple[str, ...]] = None
     cri_file: Optional[str] = None
+    declared: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
 
 
-def read_handlers(config_path: str = DEFAULT_CONFIG) -> EffectiveRuntimes:
-    """The handlers containerd sees: the main file, then its imports, in containerd's order.
+def read_handlers(config_path: str = DEFAULT_CONFIG, merge: bool = False) -> EffectiveRuntimes:
+    """The handlers containerd sees: the main file, then its imports, in containerd's order
+    (:mod:`nvshim.node.containerd_chain`).
 
-    Imports are resolved like containerd does (relative to the importing file, globs
-    sorted, each file once, imports of imports too); a later file's CRI table replaces an
-    earlier one whole, as containerd before 2.1 does.
+    A later file's CRI table replaces an earlier one whole, as containerd before 2.1 does;
+    ``merge`` merges them key by key instead, as 2.1 and later do. ``declared`` names, per
+    handler, the files whose CRI table declares it.
     """
     text = read_text(config_path)
     doc = parse_toml(text or "", config_path)
     version = detect_version(doc, config_path)
     cri_key = CRI_PLUGINS[version]
-    pending = [os.path.abspath(config_path)]
-    seen: List[str] = []
-    problems: List[str] = []
-    cri: Any = None
-    cri_file: Optional[str] = None
-    while pending:
-        path = pending.pop(0)
-        if path in seen:
-            continue
-        seen.append(path)
-        if path == os.path.abspath(config_path):
-            file_doc = doc
-        else:
-            file_text = read_text(path)
-            if file_text is None:
-                problems.append(f"import {path} does not exist")
-                continue
-            file_doc = parse_toml(file_text, path)
-        file_version = detect_version(file_doc, path) if path != seen[0] else version
-        table = lookup(file_doc, cri_keys(file_version), path)
-        if table is not None:
-            cri, cri_file = table, path
-        for entry in import_entries(file_doc, path):
-            if not isinstance(entry, str):
-                problems.append(f"{path}: import {json.dumps(entry)} is not a string")
-                continue
-            resolved = resolve_import(entry, path)
-            if glob.has_magic(resolved):
-                pending += sorted(glob.glob(resolved))
-            else:
-                pending.append(resolved)
+    chain = load_chain(config_path, doc)
+    tables = cri_tables(chain.files, doc, version)
+    cri_file, cri = effective_cri(tables, merge)
+    declared: Dict[str, Tuple[str, ...]] = {}
+    for path, table in tables:
+        for handler_name in _runtimes(table):
+            declared[handler_name] = declared.get(handler_name, ()) + (path,)
     handlers: Dict[str, Optional[str]] = {}
     passed: Dict[str, Tuple[str, ...]] = {}
     default = DEFAULT_RUNTIME_NAME
     enable_cdi: Optional[bool] = None
     spec_dirs: Optional[Tuple[str, ...]] = None
-    if cri is not None:
-        runtimes = lookup(cri, ("containerd", "runtimes"), "")
-        for handler_name, handler in (runtimes or {}).items():
+    if cri_file is not None:
+        for handler_name, handler in _runtimes(cri).items():
             options = handler.get("options") if is_table(handler) else None
             binary = plain(options.get("BinaryName")) if isinstance(options, Mapping) else None
-            handlers[str(handler_name)] = binary if isinstance(binary, str) and binary else None
+            handlers[handler_name] = binary if isinstance(binary, str) and binary else None
             patterns = plain(handler.get("container_annotations")) if is_table(handler) else None
-            passed[str(handler_name)] = _strings(patterns)
+            passed[handler_name] = _strings(patterns)
         containerd_table = lookup(cri, ("containerd",), "")
         if containerd_table is not None:
             value = plain(containerd_table.get("default_runtime_name"))
@@ -134,13 +115,21 @@ def read_handlers(config_path: str = DEFAULT_CONFIG) -> EffectiveRuntimes:
         cri_plugin=cri_key,
         default_runtime_name=default,
         handlers=handlers,
-        files=tuple(seen),
-        problems=tuple(problems),
+        files=tuple(f.path for f in chain.files),
+        problems=chain.problems,
         container_annotations=passed,
         enable_cdi=enable_cdi,
         cdi_spec_dirs=spec_dirs,
         cri_file=cri_file,
+        declared=declared,
     )
+
+
+def _runtimes(cri: Mapping[str, Any]) -> Dict[str, Any]:
+    """The ``containerd.runtimes`` table of a plain CRI table (empty when it has none)."""
+    containerd_table = cri.get("containerd")
+    runtimes = containerd_table.get("runtimes") if isinstance(containerd_table, dict) else None
+    return {str(k): v for k, v in runtimes.items()} if isinstance(runtimes, dict) else {}
 
 
 def _strings(value: Any) -> Tuple[str, ...]:
@@ -226,13 +215,15 @@ def _without_nvshim(drop: Dict[str, Any], main: Dict[str, Any]) -> Dict[str, Any
 
 
 def drop_in_drift(config_path: str = DEFAULT_CONFIG) -> List[Tuple[str, List[str]]]:
-    """Differences between the main file's CRI table and the copy in nvshim's drop-ins.
+    """Differences between the CRI tables containerd loads before each nvshim drop-in
+    (merged, as configure copies them) and that drop-in's copy.
 
-    containerd before 2.1 uses the drop-in's table instead of the main file's, so a
-    setting edited in the main file after ``runtime configure`` (``sandbox_image``, a
-    registry mirror) is silently not used. One (drop-in path, dotted keys) pair per
-    drop-in whose copy differs once nvshim's own additions are set aside; empty when
-    they agree. ``runtime configure`` run again re-copies the table.
+    containerd before 2.1 uses the drop-in's table instead of theirs, so a setting edited
+    in the main file after ``runtime configure`` (``sandbox_image``, a registry mirror) or
+    a handler another tool added to its own drop-in since (``nvidia-ctk runtime
+    configure``) is silently not used. One (drop-in path, dotted keys) pair per drop-in
+    whose copy differs once nvshim's own additions are set aside; empty when they agree.
+    ``runtime configure`` run again re-copies the tables.
     """
     text = read_text(config_path)
     if text is None:
@@ -241,22 +232,18 @@ def drop_in_drift(config_path: str = DEFAULT_CONFIG) -> List[Tuple[str, List[str
     version = detect_version(doc, config_path)
     if version == 1:
         return []
-    keys = cri_keys(version)
-    main_table = lookup(doc, keys, config_path)
-    main = plain(main_table) if main_table is not None else {}
+    chain = load_chain(config_path, doc)
     out: List[Tuple[str, List[str]]] = []
-    for entry in import_entries(doc, config_path):
-        if not isinstance(entry, str):
+    for loaded in chain.files[1:]:
+        if loaded.text is None or _DROP_IN_MARK not in loaded.text:
             continue
-        resolved = resolve_import(entry, config_path)
-        for path in (sorted(glob.glob(resolved)) if glob.has_magic(resolved) else [resolved]):
-            drop_text = read_text(path)
-            if drop_text is None or _DROP_IN_MARK not in drop_text:
-                continue
-            drop_table = lookup(parse_toml(drop_text, path), keys, path)
-            if drop_table is None:
-                continue
-            differ = _diff_keys(main, _without_nvshim(plain(drop_table), main), cri_label(version))
-            if differ:
-                out.append((path, differ))
+        drop_table = cri_tables((loaded,), doc, version)
+        if not drop_table:
+            continue
+        at = position(chain, loaded.path)
+        before = merged_cri(cri_tables(chain.files[:at], doc, version))
+        differ = _diff_keys(before, _without_nvshim(drop_table[0][1], before),
+                            cri_label(version))
+        if differ:
+            out.append((loaded.path, differ))
     return out

@@ -6,6 +6,18 @@ file ``/etc/docker/daemon.json`` gets ``runtimes.<name>.path`` (and, with
 file is a JSON object whose other keys, and their order, are kept; it is written back with
 the indentation it had (4 spaces for a new file, as ``nvidia-ctk`` writes it).
 
+``docker run --gpus`` needs a program named ``nvidia-container-runtime-hook`` on dockerd's
+PATH when dockerd starts (else: ``could not select device driver "" with capabilities:
+[[gpu]]``); dockerd then adds it to the spec as a prestart hook and appends
+``NVIDIA_VISIBLE_DEVICES``/``NVIDIA_DRIVER_CAPABILITIES`` to the env. ``configure`` writes
+nvshim's stand-in of that name beside ``--binary`` (:func:`gpus_hook_script`) unless one is
+already on dockerd's PATH (NVIDIA's: kept, never replaced; a warning says so).
+nvshim-runtime removes the hook from every ``--gpus`` container it runs and grants what
+the env names (:mod:`nvshim.runtime.request`, source ``docker-gpus``); the stand-in runs
+only for a container that did not go through nvshim (``--runtime runc --gpus all``) and
+fails it with one line instead of letting it start without GPUs. It is one more file of the
+backup: ``--revert`` removes it while it is still nvshim's.
+
 Byte-exact revert, the backup and the default-runtime guard are shared with the other
 engines through :mod:`nvshim.node.engine_files`. dockerd re-reads ``runtimes`` and
 ``default-runtime`` on ``SIGHUP``, but only keys present in the file: after a revert that
@@ -20,7 +32,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nvshim._record import dataclass
 from nvshim.errors import ConfigError, UsageError
@@ -42,8 +54,12 @@ __all__ = [
     "DEFAULT_BINARY",
     "DEFAULT_CONFIG",
     "DEFAULT_NAME",
+    "DOCKERD_PATH",
+    "GPUS_HOOK",
     "DockerRuntimes",
     "configure",
+    "gpus_hook_script",
+    "is_gpus_hook",
     "plan_configure",
     "plan_revert",
     "read_runtimes",
@@ -58,6 +74,65 @@ _BACKUP_FORMAT = "nvshim-docker-backup/1"
 # Docker takes any runtime name; one that also works as a RuntimeClass handler and a path
 # component keeps `docker run --runtime NAME` unambiguous.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
+
+#: The program dockerd must find on its PATH to offer ``docker run --gpus``.
+GPUS_HOOK = "nvidia-container-runtime-hook"
+#: The PATH systemd gives dockerd (its default for services): where it looks for GPUS_HOOK.
+DOCKERD_PATH: Tuple[str, ...] = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin",
+                                 "/sbin", "/bin")
+#: The stand-in's second line (install.sh greps it to record the file in its manifest).
+_HOOK_MARK = "# nvshim's stand-in, written by: nvshim runtime configure --runtime docker"
+
+
+def gpus_hook_script(name: str) -> str:
+    """nvshim's ``nvidia-container-runtime-hook``: fails the container it runs for, in one
+    line naming the runtime ``name`` that ``--gpus`` needs."""
+    line = (f"nvshim: docker run --gpus needs --runtime {name} (or {name} as Docker's "
+            f"default runtime): this container's runtime is not {name}, so it would start "
+            "without GPUs")
+    return (
+        "#!/bin/sh\n"
+        f"{_HOOK_MARK}\n"
+        "# dockerd offers docker run --gpus only when a program of this name is on its PATH\n"
+        "# when it starts, and adds it to each --gpus container as a prestart hook.\n"
+        f"# nvshim-runtime removes that hook and gives the container its GPUs itself; this\n"
+        "# runs only for a container started by another runtime, and fails it rather than\n"
+        "# let it start without GPUs. nvshim runtime configure --revert removes this file.\n"
+        f"echo '{line.replace(chr(39), chr(39) + chr(92) + chr(39) + chr(39))}' >&2\n"
+        "exit 1\n"
+    )
+
+
+def is_gpus_hook(text: Optional[str]) -> bool:
+    """Whether ``text`` is a stand-in hook nvshim wrote (any runtime name, any version)."""
+    return text is not None and text.startswith("#!/bin/sh\n" + _HOOK_MARK + "\n")
+
+
+def _hook_text(path: str) -> Tuple[bool, Optional[str]]:
+    """(something is at ``path``, its text when it is nvshim's stand-in). NVIDIA's hook is a
+    binary: read as bytes, never decoded whole."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(1 << 16)
+    except FileNotFoundError:
+        return os.path.lexists(path), None
+    except OSError:
+        return True, None
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return True, None
+    return True, text if is_gpus_hook(text) else None
+
+
+def _find_foreign_hook(hook_path: str, search: Sequence[str]) -> Optional[str]:
+    """The first ``nvidia-container-runtime-hook`` that is not nvshim's, at ``hook_path`` or
+    in a directory of ``search`` (dockerd's PATH); None when there is none."""
+    for path in [hook_path] + [os.path.join(d, GPUS_HOOK) for d in search]:
+        exists, ours = _hook_text(path)
+        if exists and ours is None:
+            return path
+    return None
 
 
 @dataclass(frozen=True)
@@ -147,8 +222,14 @@ def plan_configure(
     force: bool = False,
     enable_cdi: bool = False,
     require_allocation: bool = False,
+    hook_path: Optional[str] = None,
+    hook_now: Optional[str] = None,
+    foreign_hook: Optional[str] = None,
+    search: Sequence[str] = DOCKERD_PATH,
 ) -> ConfigureOutcome:
-    """The new daemon.json text for ``text`` (``None``: no file); pure, writes nothing."""
+    """The new daemon.json text for ``text`` (``None``: no file), and nvshim's
+    ``--gpus`` hook at ``hook_path`` (``hook_now``: nvshim's hook there now, if any) unless
+    ``foreign_hook`` names one that is not nvshim's on dockerd's PATH (``search``); pure."""
     _check_arguments(name, binary)
     warnings = default_runtime_guard(name, set_as_default, force, require_allocation)
     data = _load(text, config_path)
@@ -176,10 +257,21 @@ def plan_configure(
             features = data["features"] = {}
         features["cdi"] = True
     after = text if data == before and text is not None else _dumps(data, text)
+    files = [FileChange(config_path, text, after)]
+    if foreign_hook is not None:
+        warnings.append(f"kept {foreign_hook} (not nvshim's): it lets dockerd offer docker run "
+                        f"--gpus; nvshim-runtime removes its hook from the containers it runs "
+                        "and gives them their GPUs itself")
+    elif hook_path is not None:
+        files.append(FileChange(hook_path, hook_now, gpus_hook_script(name), 0o755))
+        where = os.path.dirname(hook_path)
+        if where not in search:
+            warnings.append(f"dockerd looks for {GPUS_HOOK} on its PATH ({':'.join(search)} "
+                            f"under systemd): docker run --gpus works only if it has {where}")
     return ConfigureOutcome(
         engine="docker",
         handler_file=config_path,
-        files=(FileChange(config_path, text, after),),
+        files=tuple(files),
         written=(),
         warnings=tuple(warnings),
     )
@@ -195,9 +287,14 @@ def configure(
     enable_cdi: bool = False,
     require_allocation: bool = False,
     dry_run: bool = False,
+    search: Sequence[str] = DOCKERD_PATH,
 ) -> ConfigureOutcome:
-    """Add the runtime to daemon.json; the first write saves the original bytes."""
+    """Add the runtime to daemon.json and nvshim's ``--gpus`` hook beside ``binary`` (unless
+    one not nvshim's is there or on dockerd's PATH, ``search``); the first write saves the
+    original bytes."""
     config_path = os.path.abspath(config_path)
+    hook_path = os.path.join(os.path.dirname(binary), GPUS_HOOK) if os.path.isabs(binary) \
+        else None
     plan = plan_configure(
         read_text(config_path, "Docker daemon.json"),
         config_path=config_path,
@@ -207,6 +304,10 @@ def configure(
         force=force,
         enable_cdi=enable_cdi,
         require_allocation=require_allocation,
+        hook_path=hook_path,
+        hook_now=_hook_text(hook_path)[1] if hook_path is not None else None,
+        foreign_hook=_find_foreign_hook(hook_path, search) if hook_path is not None else None,
+        search=search,
     )
     return carry_out(plan, config_path, _BACKUP_FORMAT, dry_run)
 
@@ -260,14 +361,16 @@ def plan_revert(
 
     if backup is not None:
         return plan_restore(current, backup, main_path=config_path, strip=strip)
-    warnings = [f'no backup {backup_path(config_path)}: removing only runtime "{name}" and '
-                "a default-runtime naming it"]
+    warnings = [f'no backup {backup_path(config_path)}: removing only runtime "{name}", '
+                f"a default-runtime naming it and nvshim's {GPUS_HOOK} beside it"]
     now = current.get(config_path)
     files: Tuple[FileChange, ...] = ()
     if now is not None:
         after = strip(config_path, now, None, warnings)
         if after != now:
             files = (FileChange(config_path, now, after),)
+    files += tuple(FileChange(path, text, None) for path, text in current.items()
+                   if path != config_path and is_gpus_hook(text))
     return RevertResult(
         files=files,
         restored=(),
@@ -286,7 +389,18 @@ def revert(
     backup_file = backup_path(config_path)
     backup = load_backup(backup_file, _BACKUP_FORMAT)
     paths = [config_path] + (list(backup["files"]) if backup is not None else [])
-    current = {path: read_text(path, "Docker daemon.json") for path in dict.fromkeys(paths)}
+    current: Dict[str, Optional[str]] = {}
+    for path in dict.fromkeys(paths):
+        # the hook's text only while it is nvshim's: one put there since (NVIDIA's) stays
+        current[path] = (_hook_text(path)[1] if os.path.basename(path) == GPUS_HOOK
+                         else read_text(path, "Docker daemon.json"))
+    if backup is None:
+        entry = (_table(_load(current[config_path], config_path), "runtimes", config_path)
+                 or {}).get(name)
+        binary = entry.get("path") if isinstance(entry, dict) else None
+        if isinstance(binary, str) and os.path.isabs(binary):
+            hook = os.path.join(os.path.dirname(binary), GPUS_HOOK)
+            current[hook] = _hook_text(hook)[1]
     plan = plan_revert(current, backup, config_path=config_path, name=name)
     if not dry_run:
         apply_restore(plan, backup, backup_file)

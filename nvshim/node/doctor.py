@@ -4,7 +4,8 @@ Every check is a function that reads what it needs (files, PATH, the driver root
 version containerd reports) and returns :class:`~nvshim.node.findings.Finding` values;
 nothing is written. The checks live
 by subject in :mod:`nvshim.node.doctor_config` (nvshim's own files),
-:mod:`nvshim.node.doctor_engines` (containerd, Docker, CRI-O) and
+:mod:`nvshim.node.doctor_engines` (containerd, Docker, CRI-O),
+:mod:`nvshim.node.doctor_handlers` (containerd's handlers across its files) and
 :mod:`nvshim.node.doctor_host` (GPUs, CDI specs, device links). :func:`run_checks` runs
 them all in a fixed order, :func:`render_text` / :func:`render_json` format the result and
 :func:`exit_code` is 1 when any finding failed.
@@ -22,7 +23,12 @@ The checks, by name:
 ``containerd-config``
     containerd's config parses and its imports exist; no config at all is ``skip``.
 ``containerd-drop-in``
-    nvshim's drop-in still carries the main file's CRI table (only when it does not).
+    nvshim's drop-in still carries the CRI tables of the files loaded before it (only
+    when it does not).
+``containerd-handlers``
+    every runtime handler that containerd's main file or a drop-in declares is in the
+    config containerd uses (before 2.1 a later file's CRI table hides an earlier one's
+    handlers); the fix re-runs configure with the flags nvshim's drop-in was written with.
 ``containerd-runtime-binary``
     the nvshim handler's ``options.BinaryName`` is an executable file.
 ``default-runtime``
@@ -78,6 +84,7 @@ from nvshim.node.doctor_engines import (
     check_drop_in_drift,
     check_runtime_binary,
 )
+from nvshim.node.doctor_handlers import check_lost_handlers
 from nvshim.node.doctor_host import (
     check_cdi_specs,
     check_dev_char_links,
@@ -104,9 +111,10 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     containerd_finding, effective = check_containerd_config(options.containerd_config)
     findings.append(containerd_finding)
     if effective is not None:
-        drift = check_drop_in_drift(options.containerd_config)
+        drift = check_drop_in_drift(options.containerd_config, options)
         if drift is not None:
             findings.append(drift)
+        findings.append(check_lost_handlers(effective, options))
         findings.append(check_runtime_binary(effective, options))
         findings.append(check_default_runtime(effective, config, options))
     findings.append(check_docker(options.docker_config, config, options))

@@ -2,8 +2,9 @@
 
 containerd gives several findings: ``containerd-config`` (the config parses, its imports
 exist; no config at all is ``skip``), ``containerd-drop-in`` (nvshim's drop-in still
-carries the main file's CRI table), ``containerd-runtime-binary`` (the nvshim handler's
-``options.BinaryName`` is an executable file) and ``default-runtime`` (the pitfall below).
+carries the CRI tables of the files loaded before it), ``containerd-runtime-binary`` (the
+nvshim handler's ``options.BinaryName`` is an executable file) and ``default-runtime`` (the
+pitfall below); ``containerd-handlers`` is :mod:`nvshim.node.doctor_handlers`'.
 
 Docker and CRI-O give one finding each, ``docker`` / ``crio``: ``skip`` when the engine has
 no config on this node; ``fail`` when the config does not parse, an nvshim runtime points
@@ -153,8 +154,9 @@ def check_containerd_config(path: str) -> Tuple[Finding, Optional[EffectiveRunti
     ), effective
 
 
-def check_drop_in_drift(path: str) -> Optional[Finding]:
-    """nvshim's drop-in still carries the main file's CRI table (None: no nvshim drop-in)."""
+def check_drop_in_drift(path: str, options: Optional[DoctorOptions] = None) -> Optional[Finding]:
+    """nvshim's drop-in still carries the CRI tables of the files loaded before it (None:
+    no nvshim drop-in, or it does)."""
     from nvshim.node.containerd_read import drop_in_drift
 
     try:
@@ -166,16 +168,17 @@ def check_drop_in_drift(path: str) -> Optional[Finding]:
     lines = []
     for drop_in, keys in drift:
         shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
-        lines.append(f"{drop_in} has a stale copy of {path}: {shown} differ")
-    from nvshim.node.containerd_toml import default_drop_in
+        lines.append(f"{drop_in} has a stale copy of the CRI tables loaded before it: "
+                     f"{shown} differ")
+    from nvshim.node.containerd_read import read_handlers
+    from nvshim.node.doctor_handlers import reconfigure_command
 
-    first = drift[0][0]
-    flag = "" if first == default_drop_in(path) else f" --drop-in {first}"
+    command = reconfigure_command(path, drift[0][0], read_handlers(path).version,
+                                  options or DoctorOptions(containerd_config=path))
     return Finding(
         "containerd-drop-in", "fail",
-        "; ".join(lines) + " (containerd before 2.1 uses the drop-in's table, not the main file's)",
-        f"nvshim runtime configure --runtime containerd --config {path}{flag} "
-        "(copies the table again)",
+        "; ".join(lines) + " (containerd before 2.1 uses the drop-in's table, not theirs)",
+        f"{command} (copies the tables again)",
     )
 
 

@@ -71,6 +71,8 @@ class FileChange:
     path: str
     before: Optional[str]
     after: Optional[str]
+    mode: int = 0o644
+    """The mode of a file created (an existing file keeps its own)."""
 
     @property
     def changed(self) -> bool:
@@ -288,7 +290,7 @@ def write_changes(backup_file: str, fmt: str, changes: Sequence[FileChange]) -> 
             if change.after is None:
                 remove_file(change.path)
             else:
-                write_text(change.path, change.after)
+                write_text(change.path, change.after, change.mode)
             done.append(change)
     except HostError as exc:
         left = _undo(done, created)

@@ -8,10 +8,12 @@ low-level runtime.
 
 For create/run it also skips Python when ``config.json`` cannot ask for anything: a spec
 that contains none of ``NVIDIA_``, ``CUDA_VERSION``, ``nvidia-container-devices``,
-``/dev/nvidia`` (a GPU the engine injected itself: :mod:`nvshim.runtime.engine`), an
-annotation prefix, or a ``\\u``/``\\/`` JSON escape that could hide one requests no GPU,
-and nvshim would leave it byte-identical anyway. On a node where nvshim is containerd's
-default runtime that is every pod without a GPU. Such creates leave no debug-log record.
+``/dev/nvidia`` (a GPU the engine injected itself: :mod:`nvshim.runtime.engine`),
+``nvidia-container-runtime-hook`` (``docker run --gpus``'s hook, which nvshim removes even
+when Docker named no device), an annotation prefix, or a ``\\u``/``\\/`` JSON escape that
+could hide one requests no GPU, and nvshim would leave it byte-identical anyway. On a node
+where nvshim is containerd's default runtime that is every pod without a GPU. Such creates
+leave no debug-log record.
 
 The low-level runtime list and the annotation prefixes come from ``<config stem>.runtimes``
 and ``.annotation-prefixes``, written by ``nvshim config compile`` next to the compiled
@@ -229,10 +231,12 @@ if [ "$decision" = modify ]; then
     # 2>/dev/null: nor its loader's (a node whose C library broke: 127, Python decides).
     if [ -e "$conf" ]; then
         "$grep" -q -s -D skip -F -e NVIDIA_ -e CUDA_VERSION -e nvidia-container-devices \
-            -e /dev/nvidia -e '\u' -e '\/' -f "$prefixes" -- "$spec" </dev/null 2>/dev/null
+            -e /dev/nvidia -e nvidia-container-runtime-hook -e '\u' -e '\/' \
+            -f "$prefixes" -- "$spec" </dev/null 2>/dev/null
     else
         "$grep" -q -s -D skip -F -e NVIDIA_ -e CUDA_VERSION -e nvidia-container-devices \
-            -e /dev/nvidia -e '\u' -e '\/' -e cdi.k8s.io/ -- "$spec" </dev/null 2>/dev/null
+            -e /dev/nvidia -e nvidia-container-runtime-hook -e '\u' -e '\/' \
+            -e cdi.k8s.io/ -- "$spec" </dev/null 2>/dev/null
     fi
     [ $? = 1 ] || python "$@"
 fi

@@ -53,6 +53,7 @@ from nvshim.runtime.request import (
     Request,
     identity_of,
     image_view,
+    management_pod,
     read_claim,
     resolve_request,
 )
@@ -289,6 +290,14 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
     warnings: List[str] = []
 
     view = image_view(spec)
+    out = spec  # the spec the edits go onto: without Docker's --gpus hook
+    if view.docker_hooks:
+        from nvshim.runtime.engine import without_hooks
+
+        out = without_hooks(spec, [("prestart", h) for h in view.docker_hooks])
+        notes += [f"docker run --gpus: Docker's prestart hook {h['path']} removed from "
+                  "config.json (nvshim gives the container its GPUs itself)"
+                  for h in view.docker_hooks]
     plan_source = ""
     engine: Optional[EngineGrant] = None
     if view.char_devices and not view.sandbox and not view.privileged_with_devices:
@@ -381,8 +390,9 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
 
     replacing = hooks is not None and bool(hooks.replaced)
     if not request.injects and not extras and not replacing:
-        return plan(Grant(engine=engine, engine_hooks=hooks),
-                    apply_edits(spec, _VOID) if request.set_void else None,
+        bare = None if out is spec else out
+        return plan(Grant(engine=engine, engine_hooks=hooks, base=bare),
+                    apply_edits(out, _VOID) if request.set_void else bare,
                     host=host if engine is not None else None)
     _refuse_host_root(spec, bundle)
 
@@ -435,11 +445,12 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         notes += more.notes
         if request.set_void:
             edits = edits + _VOID
-    base: Optional[SpecDict] = None
+    base: Optional[SpecDict] = None if out is spec else out
     if hooks is not None:
         from nvshim.runtime.engine import fit_edits
 
-        edits, base = fit_edits(spec, edits, hooks)
+        edits, fitted = fit_edits(out, edits, hooks)
+        base = base if fitted is None else fitted
         params = params or (hooks.params and config.disable_device_node_modification)
     copy: Optional[Tuple[str, bytes]] = None
     if params:
@@ -483,6 +494,9 @@ def _needs_allocation_module(claim: Claim, config: Config) -> bool:
     (:mod:`nvshim.runtime.allocation.policy`, not imported otherwise); cheap."""
     if not config.require_allocation or claim.view.sandbox:
         return False
+    if config.management_pods and management_pod(claim.view.annotations,
+                                                 config.management_pods) is not None:
+        return False  # granted what it asks for: no allocation to verify
     if config.verify_with == "kubelet" or "kubelet" in config.allocation_sources:
         return True
     return bool(claim.annotation_keys)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import posixpath
 
 from nvshim._record import dataclass
-from nvshim.config import ALL_CAPABILITIES, DEFAULT_CAPABILITIES
+from nvshim.config import ALL_CAPABILITIES, DEFAULT_CAPABILITIES, describe_config
 from nvshim.errors import SPEC_FILE, RequestError, SpecError
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
@@ -51,6 +51,7 @@ __all__ = [
     "SANDBOX_ANNOTATION",
     "Identity",
     "identity_of",
+    "DOCKER_HOOK",
 ]
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -65,6 +66,9 @@ SANDBOX_UID = "io.kubernetes.cri.sandbox-uid"
 CONTAINER_NAME = "io.kubernetes.cri.container-name"
 
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
+#: The prestart hook ``docker run --gpus`` adds (Docker's ``nvidia`` device driver): its
+#: path's basename, with ``args[1] == "prestart"``.
+DOCKER_HOOK = "nvidia-container-runtime-hook"
 
 #: The devices next to the GPUs (:mod:`nvshim.runtime.extras`): feature name → the variable
 #: that enables it with ``enabled``, and the IMEX channels' variable. Here, not there: a
@@ -96,6 +100,14 @@ class ImageView:
     """The GPUs, MIG devices and IMEX channels the engine already injected
     (:class:`nvshim.runtime.engine.EngineGrant`), set by create once ``char_devices`` are
     matched against the node; None when the spec holds none."""
+    docker_hooks: Tuple[Dict[str, Any], ...] = ()
+    """The ``prestart`` hooks ``docker run --gpus`` added (:func:`_docker_hooks`): Docker's
+    request for the GPUs its ``NVIDIA_VISIBLE_DEVICES`` names (``docker-gpus``)."""
+
+    @property
+    def docker_gpus(self) -> bool:
+        """The spec is a ``docker run --gpus`` container's."""
+        return bool(self.docker_hooks)
 
     @property
     def privileged_with_devices(self) -> bool:
@@ -288,7 +300,27 @@ def image_view(spec: object) -> ImageView:
         privileged=CAP_SYS_ADMIN in bounding,
         all_devices_allowed=_allows_all_devices(linux),
         char_devices=_char_devices(linux),
+        docker_hooks=_docker_hooks(spec.get("hooks"), annotations),
     )
+
+
+def _docker_hooks(hooks: object, annotations: Mapping[str, str]) -> Tuple[Dict[str, Any], ...]:
+    """The ``prestart`` hooks whose path is named :data:`DOCKER_HOOK` and whose ``args[1]`` is
+    ``prestart``: what dockerd adds for ``--gpus``, besides ``NVIDIA_VISIBLE_DEVICES`` (and
+    ``NVIDIA_DRIVER_CAPABILITIES``) appended to the env. Images and pods cannot add hooks;
+    an OCI hooks.d entry (CRI-O, podman) can put the same hook into every container, so a
+    spec with Kubernetes (``io.kubernetes.*``) or podman (``io.container.manager``)
+    annotations is never Docker's request: Docker runs no pod with ``--gpus``."""
+    prestart = hooks.get("prestart") if isinstance(hooks, dict) else None
+    if not isinstance(prestart, list) or not prestart:
+        return ()
+    found = tuple(h for h in prestart if isinstance(h, dict) and isinstance(h.get("path"), str)
+                  and posixpath.basename(h["path"]) == DOCKER_HOOK
+                  and isinstance(h.get("args"), list) and h["args"][1:2] == ["prestart"])
+    if found and any(k.startswith("io.kubernetes.") or k == "io.container.manager"
+                     for k in annotations):
+        return ()
+    return found
 
 
 def _char_devices(linux: object) -> Tuple[Tuple[int, int, str], ...]:
@@ -387,6 +419,24 @@ def identity_of(annotations: Mapping[str, str]) -> Optional[Identity]:
     if not pod or not namespace or not container:
         return None
     return Identity(namespace, pod, annotations.get(SANDBOX_UID, ""), container)
+
+
+def management_pod(annotations: Mapping[str, str], patterns: Sequence[str]) -> Optional[str]:
+    """The ``management-pods`` entry (``<namespace>/<pod>[/<container>]``, pod and container
+    globs) that the CRI container with these annotations matches; None when none does or it
+    is not a CRI container. The namespace is compared literally."""
+    identity = identity_of(annotations)
+    if identity is None or not patterns:
+        return None
+    from fnmatch import fnmatchcase
+
+    for pattern in patterns:
+        namespace, _, rest = pattern.partition("/")
+        pod, _, container = rest.partition("/")
+        if namespace == identity.namespace and fnmatchcase(identity.pod, pod) and (
+                not container or fnmatchcase(identity.container, container)):
+            return pattern
+    return None
 
 
 def _parse_tokens(value: str) -> Tuple[str, ...]:
@@ -516,6 +566,12 @@ def resolve_request(claim: Claim, config: Config,
     annotation_ids = claim.annotation_ids
     env_raw = [view.get(VISIBLE_DEVICES) or ""]
 
+    # docker run --gpus: the engine's request (Docker appends its NVIDIA_VISIBLE_DEVICES
+    # last, so it is the value read), taken from the CLI's user, never from the image
+    docker = view.docker_gpus
+    if docker and not env_set:
+        notes.append("docker run --gpus named no device (count 0): no GPU")
+
     if not config.require_allocation:
         if mount_ids:
             if env_set:
@@ -526,6 +582,8 @@ def resolve_request(claim: Claim, config: Config,
             if env_set:
                 notes.append(f"{VISIBLE_DEVICES} ignored: CDI annotations take precedence")
             return grant("cdi-annotations", annotation_ids)
+        if docker and env_tokens:
+            return grant("docker-gpus", env_tokens, env_raw)
         if exclusive:
             return held("image env never widens an engine grant (engine-grants: exclusive)")
         if env_tokens is None and view.legacy_image:
@@ -542,7 +600,16 @@ def resolve_request(claim: Claim, config: Config,
             return nothing()
         return grant("env", env_tokens, env_raw)
 
-    # require-allocation: only a device plugin's allocation grants GPUs.
+    # require-allocation: only a device plugin's allocation grants GPUs -- and whatever a
+    # management pod (the device plugin itself) asks for.
+    if env_set and engine is None and config.management_pods:
+        entry = management_pod(view.annotations, config.management_pods)
+        if entry is not None:
+            assert env_tokens is not None
+            notes.append(f"{VISIBLE_DEVICES} granted without an allocation: "
+                         f"{identity_of(view.annotations)} matches management-pods entry "
+                         f'"{entry}"')
+            return grant("management-pod", env_tokens, env_raw)
     if annotation_ids and pod_annotations:
         from_pod = [k for k in claim.annotation_keys
                     if pod_annotations.get(k) == view.annotations[k]]
@@ -577,6 +644,8 @@ def resolve_request(claim: Claim, config: Config,
             return grant(source, mount_ids, mount_raw)
         if source == "cdi-annotations" and annotation_ids:
             return grant(source, annotation_ids)
+        if source == "docker-gpus" and docker and env_tokens:
+            return grant(source, env_tokens, env_raw)
         if exclusive:
             continue  # the two below are image env: it never widens an engine grant
         if source == "envvar-uuids" and env_tokens and _all_uuids(env_tokens):
@@ -588,6 +657,11 @@ def resolve_request(claim: Claim, config: Config,
         return held("image env never widens an engine grant (engine-grants: exclusive)"
                     if exclusive else "require-allocation takes no GPU from image env")
     tried = ", ".join(config.allocation_sources)
+    if docker and env_tokens:  # asked by the CLI's user: refused aloud, never stripped
+        raise RequestError(
+            f"docker run --gpus asks for GPUs ({VISIBLE_DEVICES}={view.get(VISIBLE_DEVICES)}) "
+            f"but require-allocation is on and docker-gpus is not in allocation-sources "
+            f"(tried {tried}): add it there in {describe_config(config)}")
     image_asks = claim.image_asks
     if env_set and "privileged" in config.allocation_sources and view.privileged \
             and not view.all_devices_allowed:

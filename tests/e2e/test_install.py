@@ -80,8 +80,9 @@ def test_install_is_idempotent_and_uninstall_is_exact(tmp_path):
 
 
 def test_install_registers_docker_and_crio_and_uninstall_restores_bytes(tmp_path):
-    """--docker writes runtimes.nvshim into daemon.json, --crio the CRI-O drop-in; --uninstall
-    puts daemon.json back byte for byte and removes the drop-in."""
+    """--docker writes runtimes.nvshim into daemon.json and the --gpus hook, --crio the CRI-O
+    drop-in; --uninstall puts daemon.json back byte for byte and removes the hook and the
+    drop-in."""
     require_root()
     import json
     (tmp_path / "bin").mkdir()
@@ -107,6 +108,11 @@ def test_install_registers_docker_and_crio_and_uninstall_restores_bytes(tmp_path
     runtime = str(tmp_path / "bin" / "nvshim-runtime")
     assert json.loads(daemon_json.read_text()) == {
         "log-level": "warn", "runtimes": {"nvshim": {"path": runtime}}}
+    # docker run --gpus: nvshim's nvidia-container-runtime-hook beside nvshim-runtime, in the
+    # manifest (uninstall's snapshot check below sees it go)
+    hook = tmp_path / "bin" / "nvidia-container-runtime-hook"
+    assert os.access(hook, os.X_OK) and "docker run --gpus" in hook.read_text()
+    assert f"file {hook} " in (tmp_path / "opt" / "install-manifest").read_text()
     drop_in = etc / "crio" / "crio.conf.d" / "99-nvshim.toml"
     assert f'runtime_path = "{runtime}"' in drop_in.read_text()
     assert "restart it yourself" in done.stderr

@@ -203,9 +203,9 @@ def test_every_problem_is_reported_in_one_pass(tmp_path):
         'unknown key "bogus" (allowed: ' + ", ".join(sorted(Config().to_mapping())) + ")",
         '"on-missing-allocation" is "drop", must be one of "strip", "fail"',
         '"allocation-sources[1]" is "magic", must be one of "volume-mounts", "cdi-annotations", '
-        '"envvar-uuids", "privileged", "kubelet"',
+        '"envvar-uuids", "privileged", "kubelet", "docker-gpus"',
         '"allocation-sources[3]" is "nope", must be one of "volume-mounts", "cdi-annotations", '
-        '"envvar-uuids", "privileged", "kubelet"',
+        '"envvar-uuids", "privileged", "kubelet", "docker-gpus"',
     ]
 
 
@@ -225,7 +225,7 @@ def test_every_problem_is_reported_in_one_pass(tmp_path):
          '(did you mean "strip"?)'),
         ("allocation-sources: [volume-mount]\n",
          '"allocation-sources[0]" is "volume-mount", must be one of "volume-mounts", '
-         '"cdi-annotations", "envvar-uuids", "privileged", "kubelet" (did you mean "volume-mounts"?)'),
+         '"cdi-annotations", "envvar-uuids", "privileged", "kubelet", "docker-gpus" (did you mean "volume-mounts"?)'),
         ("supported-driver-capabilities: [compte]\n",
          '"supported-driver-capabilities[0]" is "compte", must be one of "compute", "compat32", '
          '"graphics", "utility", "video", "display", "ngx", "all" (did you mean "compute"?)'),

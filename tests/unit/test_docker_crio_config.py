@@ -175,11 +175,13 @@ def test_docker_revert_restores_bytes_and_mode(tmp_path: Path, original: Optiona
         etc.mkdir(parents=True)
         config.write_text(original)
         config.chmod(0o600)
-    docker.configure(str(config), binary=BINARY)
-    docker.configure(str(config), binary=BINARY, set_as_default=True, force=True)
+    binary = str(tmp_path / "bin" / "nvshim-runtime")  # the --gpus hook goes beside it
+    docker.configure(str(config), binary=binary)
+    docker.configure(str(config), binary=binary, set_as_default=True, force=True)
     assert json.loads(config.read_text())["default-runtime"] == "nvshim"
     result = docker.revert(str(config))
     assert result.used_backup
+    assert not (tmp_path / "bin").exists(), "the hook and the folder made for it are gone"
     if original is None:
         assert not config.exists()
         assert not etc.exists(), "the directories configure created are gone too"
@@ -193,7 +195,8 @@ def test_docker_revert_after_hand_edit_removes_only_ours(tmp_path: Path) -> None
     """An edit made after configure survives revert; nvshim's runtime and default go."""
     config = tmp_path / "daemon.json"
     config.write_text(DAEMON_JSON)
-    docker.configure(str(config), binary=BINARY, set_as_default=True, force=True, enable_cdi=True)
+    docker.configure(str(config), binary=str(tmp_path / "nvshim-runtime"), set_as_default=True,
+                     force=True, enable_cdi=True)
     data = json.loads(config.read_text())
     data["debug"] = True
     config.write_text(json.dumps(data, indent=2))
@@ -245,10 +248,12 @@ def test_cli_docker_dry_run_and_write(tmp_path: Path) -> None:
     assert result.exception is None, result.exception
     assert result.stdout.startswith(f"# --- {config} ---\n{{\n")
     assert not config.exists()
-    result = _invoke(["configure", "--runtime", "docker", "--config", str(config)])
+    binary = str(tmp_path / "nvshim-runtime")
+    result = _invoke(["configure", "--runtime", "docker", "--config", str(config),
+                      "--binary", binary])
     assert result.exception is None
     assert "restart dockerd" in result.stderr
-    assert json.loads(config.read_text())["runtimes"]["nvshim"]["path"] == BINARY
+    assert json.loads(config.read_text())["runtimes"]["nvshim"]["path"] == binary
 
 
 def test_cli_docker_refuses_drop_in(tmp_path: Path) -> None:

@@ -178,7 +178,7 @@ def test_all_devices_allowed(rules, allowed):
 
 def test_missing_allocation_fail_mode():
     """on-missing-allocation: fail turns a stripped image request into an error naming the sources."""
-    with pytest.raises(RequestError, match="no device-plugin allocation was found .tried volume-mounts, cdi-annotations, envvar-uuids, privileged."):
+    with pytest.raises(RequestError, match="no device-plugin allocation was found .tried volume-mounts, cdi-annotations, docker-gpus, envvar-uuids, privileged."):
         request_of(image_view(spec(["NVIDIA_VISIBLE_DEVICES=all"])), REQ_FAIL)
     # a container that asks for nothing is not a failure
     assert not request_of(image_view(spec([])), REQ_FAIL).injects
