@@ -11,12 +11,13 @@ process sees, what the node's files are, or the one line a broken node gets.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 import pytest
 
@@ -118,13 +119,16 @@ class Node:
 
 
 @pytest.fixture(scope="module", params=list(ROOTS))
-def node(request: Any, payload: Path, tmp_path_factory: pytest.TempPathFactory) -> Node:
-    """Each node root, with the payload installed inside it by its own install.sh."""
+def node(request: Any, payload: Path, tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[Node]:
+    """Each node root, with the payload installed inside it by its own install.sh (the copy
+    is removed afterwards: 70–170 MB each)."""
     root = _root(request.param)
     tmp = tmp_path_factory.mktemp(root.name)
     tree = tmp / "node"
     _prepare(root, tree, payload)
-    return Node(root, tree, _install(tree), tmp)
+    yield Node(root, tree, _install(tree), tmp)
+    shutil.rmtree(tree, ignore_errors=True)
 
 
 def _node_pythons(tree: Path) -> List[str]:
@@ -157,11 +161,10 @@ def test_each_root_is_the_node_it_stands_for(name: str, tmp_path: Path) -> None:
                 "debian13": glibc > host}
     assert expected[name], (name, glibc, host)
     assert (python_files(root.path) != []) == ROOTS[name].python
-    tree = copy_root(root, tmp_path / "node")
-    rootfs = make_rootfs(tmp_path / "rootfs")
-    make_bundle(tree / "var/lib/b", rootfs, ["sh", "-c", "echo hello from $(hostname)"])
-    res = on_node(tree, ["runc", "--root", "/run/runc", "run", "--bundle", "/var/lib/b",
-                         unique_id()])
+    bundle = make_bundle(tmp_path / "b", make_rootfs(tmp_path / "rootfs"),
+                         ["sh", "-c", "echo hello from $(hostname)"])
+    res = on_node(root.path, ["runc", "--root", "/run/runc", "run", "--bundle", "/mnt",
+                              unique_id()], binds={"/mnt": bundle}, read_only=True)
     assert (res.rc, res.stdout) == (0, "hello from nvshim-e2e\n"), res.describe()
 
 
@@ -222,7 +225,9 @@ def test_runtime_brings_its_own_c_library(node: Node) -> None:
 
 def test_the_nodes_python_is_never_run_and_removing_it_changes_nothing(node: Node) -> None:
     """A node python3 that records being run is never run by a GPU create, the CLI or the
-    hook; after every python3 file is removed from the node, the same container sees the same."""
+    hook; the CDI spec generated on the node names only nvshim's interpreter in its hooks;
+    after every python3 file is removed from the node, the same container sees the same and
+    the same spec is generated."""
     minors = _sim(node)["minors"]
     bundle = node.bundle(["NVIDIA_VISIBLE_DEVICES=1"], ["sh", "-c", PROBE])
     marker = node.tree / "var/tmp/node-python-ran"
@@ -233,10 +238,15 @@ def test_the_nodes_python_is_never_run_and_removing_it_changes_nothing(node: Nod
             path.write_text(f"#!/bin/sh\necho \"$0 $*\" >> /{marker.relative_to(node.tree)}\n"
                             "exit 1\n")
             path.chmod(0o755)
+    generate = ["/usr/local/bin/nvshim", "cdi", "generate", "--format", "json"]
     before = node.run(bundle)
-    show = on_node(node.tree, ["/usr/local/bin/nvshim", "config", "show"])
-    assert show.rc == 0, show.describe()
+    spec = on_node(node.tree, generate)
+    assert spec.rc == 0, spec.describe()
     assert not marker.exists(), marker.read_text()
+    hooks = [h for d in json.loads(spec.stdout)["devices"] for h in
+             d["containerEdits"].get("hooks", [])] + json.loads(spec.stdout)["containerEdits"]["hooks"]
+    assert hooks and {h["path"] for h in hooks} == {"/opt/nvshim/bin/python3"}
+    assert not any("site-packages" in a or "python3." in a for h in hooks for a in h["args"])
     for found in _node_pythons(node.tree):
         path = node.tree / found.lstrip("/")
         if os.path.isdir(path) and not os.path.islink(path):
@@ -248,17 +258,20 @@ def test_the_nodes_python_is_never_run_and_removing_it_changes_nothing(node: Nod
     assert before.rc == after.rc == 0, before.describe() + after.describe()
     assert f"nvidia{minors[1]}" in _seen(after.stdout)
     assert after.stdout == before.stdout
+    assert on_node(node.tree, generate).stdout == spec.stdout
 
 
 # ----------------------------------------------------------------------------- broken nodes
 
 
 @pytest.fixture
-def broken(payload: Path, tmp_path: Path) -> Path:
-    """A fresh Debian 12 node root (no python3) with the payload and a simulated node."""
+def broken(payload: Path, tmp_path: Path) -> Iterator[Path]:
+    """A fresh Debian 12 node root (no python3) with the payload and a simulated node, to
+    break (removed afterwards)."""
     tree = tmp_path / "node"
     _prepare(_root("debian12-nopython"), tree, payload)
-    return tree
+    yield tree
+    shutil.rmtree(tree, ignore_errors=True)
 
 
 def _nothing_installed(tree: Path) -> None:

@@ -40,6 +40,8 @@ namespace (``unshare -m -p -f --kill-child``), the root bind-mounted on itself (
 (cgroups, for runc) and ``/dev`` bound in, a tmpfs on ``/run``, then ``chroot``. Nothing it
 mounts is seen outside, and every process it started is gone when it returns (PID 1 of the
 namespace exits last). The environment is exactly the ``env`` given (default: a node's PATH).
+Host directories can be bound into the node (``binds``) and the tree made read-only for the
+call (``read_only``), so a cached root runs as it is, untouched.
 """
 
 from __future__ import annotations
@@ -286,8 +288,11 @@ def copy_root(root: NodeRoot, dest: Path) -> Path:
 
 _ON_NODE = r"""
 set -e
-r=$1; shift
+r=$1; ro=$2; shift 2
 mount --bind "$r" "$r"
+while [ "$1" != -- ]; do mount --bind "$1" "$r$2"; shift 2; done
+shift
+if [ "$ro" = 1 ]; then mount -o remount,bind,ro "$r"; fi
 mount -t proc proc "$r/proc"
 mount --rbind /sys "$r/sys"
 mount --rbind /dev "$r/dev"
@@ -297,14 +302,27 @@ exec chroot "$r" "$@"
 
 
 def on_node(tree: Path, argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
+            binds: Optional[Mapping[str, Path]] = None, read_only: bool = False,
             timeout: float = 300, stdin: Optional[str] = None) -> RunResult:
     """Run ``argv`` inside ``tree`` as on the node (see the module docstring); the node's
-    programs, its C library, its runc. ``env`` is the whole environment (default: PATH)."""
+    programs, its C library, its runc. ``env`` is the whole environment (default: PATH).
+
+    ``binds`` maps a directory on the node (it must exist in ``tree``) to a host directory
+    bound there; ``read_only`` makes the rest of the tree read-only (a cached root can then
+    be run without a copy: nothing it does reaches the tree).
+    """
     for tool in ("unshare", "mount", "chroot"):
         if shutil.which(tool) is None:
             raise NodeRootError(f"{tool} is not installed: running on a node root needs it")
+    pairs: List[str] = []
+    for inside, host_dir in (binds or {}).items():
+        if not (tree / inside.lstrip("/")).is_dir():
+            raise NodeRootError(f"cannot bind {host_dir} to {inside}: no such directory in "
+                                f"{tree}")
+        pairs += [str(host_dir), inside]
     host = ["unshare", "-m", "-p", "-f", "--kill-child", "--propagation", "private",
-            "sh", "-c", _ON_NODE, "on-node", str(tree), *argv]
+            "sh", "-c", _ON_NODE, "on-node", str(tree), "1" if read_only else "0", *pairs, "--",
+            *argv]
     environment = dict(env) if env is not None else {"PATH": NODE_PATH}
     environment.setdefault("PATH", NODE_PATH)  # the host's sh, mount and chroot need one too
     proc = subprocess.run(host, env=environment, capture_output=True, text=True, timeout=timeout,
