@@ -27,6 +27,8 @@
 # dir>/conf.d/99-nvshim.toml), NVSHIM_DOCKER_CONFIG (/etc/docker/daemon.json),
 # NVSHIM_CRIO_CONFIG (/etc/crio/crio.conf), NVSHIM_CRIO_DROP_IN
 # (<crio config dir>/crio.conf.d/99-nvshim.toml). NVSHIM_SKIP_APT=1 skips packages.
+# NVSHIM_SYSTEMD_DIR, NVSHIM_UDEV_DIR: where the CDI refresh units and udev rule go
+# (default: /etc/systemd/system and /etc/udev/rules.d, only where systemd runs).
 # NVSHIM_PYTHON (/usr/bin/python3) is the interpreter a payload bundles (CPython 3.11+).
 set -eu
 
@@ -126,6 +128,7 @@ uninstall() {
             || say "could not revert $cfg; see the message above"
         restart_engine "$engine" "$cfg"
     done < "$MANIFEST"
+    uninstall_cdi_refresh
     # files we wrote, only if unchanged since (an edited config stays, and we say so)
     pkgs=
     while read -r kind path sum; do
@@ -176,6 +179,123 @@ restart_engine() {  # restart_engine containerd|docker|crio CONFIG
     fi
 }
 
+# --- CDI refresh when the driver changes ----------------------------------------------------
+# `nvshim cdi refresh` brings the CDI specs the config's cdi-refresh lists, the node plan and
+# the CDI index up to date with the driver. Where systemd runs, for a system install
+# ($ETCDIR is /etc/nvshim), install.sh writes and enables:
+#   nvshim-cdi-refresh.path      PathChanged on /lib/modules/%v/modules.dep(.bin), the files
+#                                `nvshim cdi refresh --print-watch-paths` names (the driver's
+#                                libcuda.so.1 folders, the config) and $BINDIR/nvshim
+#   nvshim-cdi-refresh.service   oneshot `nvshim cdi refresh`, at boot too, when the nvidia
+#                                module is loaded; Restart=on-failure, at most 10 starts/10 min
+#   99-nvshim-cdi-refresh.rules  (where udev runs) starts the service when nvidia is loaded
+# NVSHIM_SYSTEMD_DIR / NVSHIM_UDEV_DIR write the files elsewhere (tests; nothing is enabled
+# then). Without systemd, run `nvshim cdi refresh --watch` (e.g. in the DaemonSet's container).
+REFRESH=nvshim-cdi-refresh
+REFRESH_RULE=99-nvshim-cdi-refresh.rules
+
+systemd_runs() { [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; }
+
+mkdir_recorded() {  # mkdir -p DIR, recording each folder it makes (removed at uninstall)
+    [ -d "$1" ] && return 0
+    mkdir_recorded "$(dirname "$1")"
+    mkdir "$1"
+    record "refresh-dir $1"
+}
+
+put_if_changed() {  # put_if_changed DEST < content: true when DEST was (re)written
+    mkdir_recorded "$(dirname "$1")"
+    tmp="$1.tmp.$$"
+    cat > "$tmp"
+    record "file $1"
+    if cmp -s "$tmp" "$1"; then rm -f "$tmp"; return 1; fi
+    chmod 0644 "$tmp"
+    mv -f "$tmp" "$1"
+}
+
+install_cdi_refresh() {
+    units=${NVSHIM_SYSTEMD_DIR:-} rules=${NVSHIM_UDEV_DIR:-} system=0
+    if [ -z "$units" ] && [ "$ETCDIR" = /etc/nvshim ] && systemd_runs; then
+        units=/etc/systemd/system system=1
+        [ -z "$rules" ] && [ -d /run/udev ] && rules=/etc/udev/rules.d
+    fi
+    if [ -z "$units" ]; then
+        say "no systemd units for CDI refresh (systemd does not run here, or this is not a system install): run '$BINDIR/nvshim cdi refresh --watch' to follow driver changes"
+        return 0
+    fi
+    watched=$("$BINDIR/nvshim" cdi refresh --config "$ETCDIR/config.yaml" --print-watch-paths) \
+        || die "cannot list the driver's files for $REFRESH.path (see the message above)"
+    changed=0
+    {
+        echo "# Written by nvshim's install.sh: start $REFRESH.service when the NVIDIA driver changes."
+        echo "[Unit]"
+        echo "Description=Watch the NVIDIA driver for nvshim's CDI refresh"
+        echo
+        echo "[Path]"
+        echo "PathChanged=/lib/modules/%v/modules.dep"
+        echo "PathChanged=/lib/modules/%v/modules.dep.bin"
+        # procfs is not watchable; the running kernel's modules.dep is named by %v above
+        printf '%s\n' "$watched" "$BINDIR/nvshim" | grep -v -e '/proc/' -e '^/lib/modules/' \
+            | sed -e 's/%/%%/g' -e 's/^/PathChanged=/'
+        echo "Unit=$REFRESH.service"
+        echo
+        echo "[Install]"
+        echo "WantedBy=multi-user.target"
+    } | put_if_changed "$units/$REFRESH.path" && changed=1
+    {
+        echo "# Written by nvshim's install.sh: regenerate nvshim's CDI specs, node plan and CDI index."
+        echo "[Unit]"
+        echo "Description=Refresh nvshim's CDI specs, node plan and CDI index for the NVIDIA driver"
+        echo "ConditionPathExists=|/sys/module/nvidia"
+        echo "ConditionPathExists=|/sys/module/nvidia_current"
+        echo "StartLimitIntervalSec=600"
+        echo "StartLimitBurst=10"
+        echo
+        echo "[Service]"
+        echo "Type=oneshot"
+        echo "ExecStart=$BINDIR/nvshim cdi refresh --config $ETCDIR/config.yaml"
+        echo "Restart=on-failure"
+        echo "RestartSec=15"
+        echo
+        echo "[Install]"
+        echo "WantedBy=multi-user.target"
+    } | sed -e 's/%/%%/g' | put_if_changed "$units/$REFRESH.service" && changed=1
+    if [ -n "$rules" ]; then
+        systemctl=$(command -v systemctl || echo /usr/bin/systemctl)
+        {
+            echo "# Written by nvshim's install.sh: refresh nvshim's CDI specs when the NVIDIA module is loaded."
+            echo "ACTION==\"add\", SUBSYSTEM==\"module\", KERNEL==\"nvidia|nvidia_current\", RUN+=\"$systemctl --no-block start $REFRESH.service\""
+        } | put_if_changed "$rules/$REFRESH_RULE" \
+            && [ "$system" = 1 ] && command -v udevadm >/dev/null 2>&1 \
+            && udevadm control --reload-rules || true
+    fi
+    if [ "$system" = 1 ]; then
+        [ "$changed" = 1 ] && systemctl daemon-reload
+        systemctl enable --quiet "$REFRESH.service" "$REFRESH.path"
+        systemctl start "$REFRESH.path"
+        systemctl start --no-block "$REFRESH.service"
+        record "systemd-enabled $REFRESH"
+        say "enabled $REFRESH.path and $REFRESH.service (driver changes refresh the CDI specs, node plan and CDI index)"
+    else
+        say "wrote $units/$REFRESH.path and $REFRESH.service${rules:+ and $rules/$REFRESH_RULE} (not enabled: not the system's directories)"
+    fi
+}
+
+uninstall_cdi_refresh() {  # before the manifest's files go: disable, remove, reload
+    if grep -qx "systemd-enabled $REFRESH" "$MANIFEST" && systemd_runs; then
+        systemctl disable --now --quiet "$REFRESH.path" "$REFRESH.service" 2>/dev/null || true
+    fi
+    grep -E "^file .*/($REFRESH\.path|$REFRESH\.service|$REFRESH_RULE)\$" "$MANIFEST" \
+        | while read -r _ path; do rm -f "$path"; done
+    sed -n 's/^refresh-dir //p' "$MANIFEST" | sort -r | while read -r dir; do
+        rmdir "$dir" 2>/dev/null || true  # deepest first; one holding others' files stays
+    done
+    if grep -qx "systemd-enabled $REFRESH" "$MANIFEST" && systemd_runs; then
+        systemctl daemon-reload
+        command -v udevadm >/dev/null 2>&1 && udevadm control --reload-rules || true
+    fi
+}
+
 # --- packages ------------------------------------------------------------------------
 APT_UPDATED=0
 apt_install() {
@@ -203,7 +323,7 @@ install_file() {  # install_file DEST MODE < content
 writable() {  # writable DIR: DIR exists (created if need be) and a file can be made in it
     mkdir -p "$1" 2>/dev/null || return 1
     probe="$1/.nvshim-write-test.$$"
-    { : > "$probe"; } 2>/dev/null || return 1
+    touch "$probe" 2>/dev/null || return 1  # not ': >': a special builtin's failed redirection exits sh
     rm -f "$probe"
 }
 
@@ -226,8 +346,9 @@ install_payload() {
         [ -e "$payload/$entry" ] || die "payload $from is incomplete: $payload/$entry is missing"
     done < "$payload/$FILE_LIST"
     # the commands are /bin/sh scripts: a node root without a working /bin/sh cannot run them
-    [ -x /bin/sh ] || die "/bin/sh not found: nvshim-runtime and nvshim are /bin/sh scripts, this node has no shell to run them"
-    /bin/sh -c : 2>/dev/null || die "/bin/sh does not run on this node (a missing C library?): nvshim-runtime and nvshim are /bin/sh scripts"
+    if [ ! -f /bin/sh ] || [ ! -x /bin/sh ] || ! /bin/sh -c : 2>/dev/null; then
+        die "no usable /bin/sh on this node (missing, or its C library is): nvshim-runtime and nvshim are /bin/sh scripts"
+    fi
     out=$("$payload/bin/python3" -I -S -c 'import sys; sys.path[0:0] = [sys.argv[1]]; import nvshim.runtime.main, nvshim.cli.main' "$payload/site" 2>&1) \
         || die "the payload's interpreter does not run here ($payload/bin/python3): $(printf '%s\n' "$out" | tail -n 1)"
     for dir in "$BINDIR" "$(dirname "$PREFIX")" "$(dirname "$ETCDIR")"; do
@@ -255,9 +376,8 @@ install_payload() {
     # the commands, rendered for PREFIX, BINDIR and ETCDIR by the installed interpreter itself
     # (both default to $ETCDIR/config.yaml: an install with NVSHIM_ETCDIR never reads /etc/nvshim)
     "$PREFIX/bin/python3" -I -S -c 'import sys; p, cfg = sys.argv[2:4]; sys.path[0:0] = [sys.argv[1]]
-from nvshim.node.prefix import launch_argv
-from nvshim.node.trampoline import render
-sys.stdout.write(render(p + "/bin/python3", [sys.argv[1]], cfg, launch=launch_argv(p)))' \
+from nvshim.node.prefix import render_runtime
+sys.stdout.write(render_runtime(p, cfg))' \
         "$PREFIX/site" "$PREFIX" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim-runtime" 0755
     "$PREFIX/bin/python3" -I -S -c 'import sys; p, cfg = sys.argv[2:4]; sys.path[0:0] = [sys.argv[1]]
 from nvshim.node.prefix import render_cli
@@ -326,6 +446,7 @@ record "file $ETCDIR/config.annotation-prefixes"
 record "file $ETCDIR/config.plan.json"  # the node plan cache (written when a driver is found)
 record "file $ETCDIR/config.source-link"
 record "file $ETCDIR/config.cdi-index.json"  # the index of the CDI spec dirs
+install_cdi_refresh  # see "CDI refresh when the driver changes" above
 
 # --- container engines ---------------------------------------------------------------
 configure_engine() {  # configure_engine ENGINE CONFIG [DROP-IN]

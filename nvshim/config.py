@@ -98,6 +98,7 @@ class Config:
     grants_journal_max_bytes: int = 1048576
     annotation_prefixes: Tuple[str, ...] = ("cdi.k8s.io/",)
     cdi_spec_dirs: Tuple[str, ...] = DEFAULT_CDI_SPEC_DIRS
+    cdi_refresh: Tuple[str, ...] = ()
     default_kind: str = "nvidia.com/gpu"
     stale_cdi_spec: str = "warn"
     engine_grants: str = "exclusive"

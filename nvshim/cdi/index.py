@@ -25,6 +25,8 @@ and mode rule applies). It is also written by ``nvshim config compile``.
 :func:`stale_specs` says which of the specs a create injects from no longer describe the
 node (another driver's libraries, device nodes the node lacks or numbers differently):
 a few string checks and one ``stat`` per injected device node, on the specs used only.
+:func:`missing_mounts` finds the files a create would bind-mount from a spec that the
+node no longer has (one ``stat`` per injected bind mount): runc would fail on them.
 """
 
 from __future__ import annotations
@@ -39,11 +41,20 @@ from nvshim.errors import CdiError, CdiProblem, CdiSpecError, NvshimError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+    from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
     from nvshim.cdi.model import Registry
 
-__all__ = ["FORMAT", "build", "load", "registry_for", "refresh", "stale_specs"]
+__all__ = [
+    "FORMAT",
+    "build",
+    "load",
+    "missing_mounts",
+    "regenerate_fix",
+    "registry_for",
+    "refresh",
+    "stale_specs",
+]
 
 FORMAT = 1
 
@@ -254,13 +265,18 @@ def _spec_mismatch(edits: Sequence[Any], driver_version: Optional[str]) -> List[
     return reasons
 
 
-def stale_specs(registry: Registry, names: Sequence[str],
-                driver_version: Optional[str]) -> List[str]:
+def regenerate_fix(path: str) -> str:
+    """How to make the spec at ``path`` current again, when nothing keeps it."""
+    return f"regenerate it with nvshim cdi generate --output {path}"
+
+
+def stale_specs(registry: Registry, names: Sequence[str], driver_version: Optional[str],
+                fix: Callable[[str], str] = regenerate_fix) -> List[str]:
     """One line per spec file that ``names`` inject from and that no longer matches the
     node: a driver-versioned library (``libcuda.so.<v>``, ``libnvidia-ml.so.<v>``) of
     another version than ``driver_version`` (None: not compared), or an injected device
-    node that does not exist or has other numbers. Names the registry lacks are skipped
-    (resolving them reports them)."""
+    node that does not exist or has other numbers; ``fix(spec path)`` ends it. Names the
+    registry lacks are skipped (resolving them reports them)."""
     used: Dict[str, List[Any]] = {}
     for name in dict.fromkeys(names):
         resolved = registry.devices.get(name)
@@ -272,5 +288,45 @@ def stale_specs(registry: Registry, names: Sequence[str],
         reasons = _spec_mismatch(edits, driver_version)
         if reasons:
             lines.append(f"CDI spec {path} does not match this node ({'; '.join(reasons)}): "
-                         f"regenerate it with nvshim cdi generate --output {path}")
+                         f"{fix(path)}")
     return lines
+
+
+def _binds(mount: Any) -> bool:
+    """Whether a CDI mount is a bind mount of a host file (its source must exist)."""
+    return (mount.host_path.startswith("/")
+            and (mount.type in (None, "", "bind", "rbind")
+                 or "bind" in mount.options or "rbind" in mount.options))
+
+
+def missing_mounts(registry: Registry, names: Sequence[str],
+                   injected: Sequence[Any]) -> Optional[Tuple[str, List[str]]]:
+    """(spec file, its missing host paths) for the first spec that ``names`` inject from
+    and that bind-mounts a file the node does not have; None when every source exists.
+
+    Only the ``injected`` mounts count (what is left once the container's capabilities cut
+    the spec's files): a missing file the container would not get fails nothing.
+    """
+    wanted = {m.host_path for m in injected if _binds(m)}
+    if not wanted:
+        return None
+    checked: Set[str] = set()
+    for name in dict.fromkeys(names):
+        resolved = registry.devices.get(name)
+        if resolved is None:
+            continue
+        missing: List[str] = []
+        for mount in (*resolved.spec.edits.mounts, *resolved.device.edits.mounts):
+            path = mount.host_path
+            if path not in wanted or path in checked:
+                continue
+            checked.add(path)
+            try:
+                os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                missing.append(path)
+            except OSError:
+                continue  # cannot tell (no permission, a loop): runc will say
+        if missing:
+            return resolved.spec.path, missing
+    return None

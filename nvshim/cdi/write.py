@@ -86,19 +86,38 @@ def _format_for(path: str) -> str:
     return ext[1:]
 
 
-def write_spec(path: str, spec: Mapping[str, Any]) -> None:
-    """Write ``spec`` to ``path`` atomically, format from the extension.
+def write_spec(path: str, spec: Mapping[str, Any]) -> bool:
+    """Write ``spec`` to ``path`` atomically, format from the extension; whether it changed.
 
-    The directory is created (0755) if needed; a new file gets mode 0644 (an existing
-    file keeps its mode). Readers never see a partial file: the temporary file's name
-    does not end in .json/.yaml, so registries ignore it.
+    A file that already holds exactly these bytes is left alone (same inode and mtime: the
+    CDI index and engines' caches stay valid). The directory is created (0755) if needed;
+    a new file gets mode 0644 (an existing file keeps its mode). Readers never see a
+    partial file: the temporary file's name does not end in .json/.yaml, so registries
+    ignore it.
     """
     from nvshim.files import write_atomic
 
-    text = dump_spec(spec, _format_for(path))
+    data = dump_spec(spec, _format_for(path)).encode("utf-8")
+    if _holds(path, data):
+        return False
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
     except OSError as exc:
         raise CdiError(f"cannot create CDI spec directory {directory}: {exc.strerror}") from exc
-    write_atomic(path, text.encode("utf-8"), default_mode=0o644)
+    write_atomic(path, data, default_mode=0o644)
+    return True
+
+
+def _holds(path: str, data: bytes) -> bool:
+    """Whether ``path`` is a regular file with exactly ``data`` (never blocks on a FIFO)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False  # missing or unreadable: the write reports a real problem
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        return fh.read(len(data) + 1) == data

@@ -1,4 +1,4 @@
-"""``nvshim cdi …``: list resolvable CDI devices and validate spec files.
+"""``nvshim cdi …``: list resolvable CDI devices, validate, generate and refresh spec files.
 
 The group is exported as :data:`cdi`; other commands (``generate``) attach to it with
 ``@cdi.command()``. Output rules: results on stdout, warnings and summaries on stderr.
@@ -7,11 +7,11 @@ The group is exported as :data:`cdi`; other commands (``generate``) attach to it
 from __future__ import annotations
 
 import sys
-from typing import Any, BinaryIO, Dict, Optional, Tuple
+from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 
 import click
 
-from nvshim.cli.options import FORMAT
+from nvshim.cli.options import CONFIG_FILE, FORMAT
 from nvshim.cli.output import info
 from nvshim.config import DEFAULT_CAPABILITIES, DEFAULT_CDI_SPEC_DIRS
 from nvshim.errors import CdiProblem
@@ -179,6 +179,104 @@ def generate(driver_root: Optional[str], dev_root: Optional[str], output: Option
         write_spec(output, spec)
         return
     click.echo(dump_spec(spec, fmt or "yaml"), nl=False)
+
+
+# --- refresh ----------------------------------------------------------------------------
+
+#: generate's options a cdi-refresh entry may not give: the config names the roots, and an
+#: entry writes its spec (it neither checks one nor prints one).
+_NOT_IN_REFRESH = ("--driver-root", "--dev-root", "--check", "--format", "--help")
+
+
+@cdi.command()
+@CONFIG_FILE
+@click.option("--watch", is_flag=True,
+              help="Keep running: refresh now, then whenever the driver changes (polls the "
+                   "--print-watch-paths files), until SIGTERM or SIGINT (exit 0). For nodes "
+                   "without systemd, e.g. a DaemonSet's container.")
+@click.option("--interval", type=click.FloatRange(min=0.01), default=10.0, show_default=True,
+              metavar="SECONDS", help="How often --watch polls.")
+@click.option("--print-watch-paths", is_flag=True,
+              help="Print the files whose change means the driver changed, one per line "
+                   "(what --watch polls and install.sh's nvshim-cdi-refresh.path watches), "
+                   "and exit.")
+def refresh(config_file: Optional[str], watch: bool, interval: float,
+            print_watch_paths: bool) -> None:
+    """Bring everything nvshim derives from the driver up to date, in one go.
+
+    Regenerates each CDI spec the config's cdi-refresh lists (an entry is the options of
+    `nvshim cdi generate`, --output required), then the compiled config, the node plan
+    cache and the CDI index when stale. Atomic writes, only of what changed: a second run
+    writes nothing. Exits 1 with one line, writing nothing, when the driver is not there
+    yet or an entry cannot be made. Prints on stderr what it rewrote.
+    """
+    from nvshim.config import load_config
+    from nvshim.node import cdirefresh
+
+    def load() -> Tuple[Any, List[Any]]:
+        config = load_config(config_file, required=True)
+        return config, _refresh_targets(config)
+
+    if print_watch_paths:
+        config, _ = load()
+        for path in cdirefresh.watch_paths(config):
+            click.echo(path)
+        return
+    if watch:
+        cdirefresh.watch(load, interval, lambda line: click.echo(line, err=True))
+        return
+    config, targets = load()
+    done = cdirefresh.refresh_node(config, targets)
+    for line in done.written:
+        info(line)
+    if not done.written:
+        specs = f"{done.specs} CDI spec{'s' if done.specs != 1 else ''}"
+        info(f"nothing to refresh: {specs}, the node plan and the CDI index are current "
+             f"for driver {done.version}")
+
+
+def _refresh_targets(config: Any) -> List[Any]:
+    """The config's cdi-refresh entries, parsed by `generate`'s own options."""
+    import os
+    import shlex
+
+    from nvshim import _jsonc
+    from nvshim.config import describe_config
+    from nvshim.errors import ConfigError
+    from nvshim.node.cdirefresh import Target
+
+    targets: List[Any] = []
+    seen: Dict[str, int] = {}
+    for i, entry in enumerate(config.cdi_refresh):
+        where = f'{describe_config(config)}: "cdi-refresh[{i}]" is {_jsonc.dumps(entry)}'
+        try:
+            args = shlex.split(entry)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {_sentence(str(exc))}") from None
+        banned = [a for a in args if a.split("=", 1)[0] in _NOT_IN_REFRESH]
+        if banned:
+            raise ConfigError(f"{where}: {banned[0].split('=', 1)[0]} cannot be used here "
+                              "(driver-root and dev-root come from the config)")
+        try:
+            params = generate.make_context("generate", args).params
+        except click.ClickException as exc:
+            raise ConfigError(f"{where}: {_sentence(exc.format_message())}") from None
+        output = params["output"]
+        if not output or output == "-" or not os.path.isabs(output):
+            raise ConfigError(f"{where}: needs --output with an absolute path")
+        if output in seen:
+            raise ConfigError(f"{where}: {output} is also cdi-refresh[{seen[output]}]'s output")
+        seen[output] = i
+        targets.append(Target(entry, output, params["class_"], params["vendor"],
+                              tuple(params["strategies"]), params["driver_capabilities"],
+                              params["gpu_source"], params["hook_path"]))
+    return targets
+
+
+def _sentence(message: str) -> str:
+    """A library's message in nvshim's style: lower-case start, no trailing period."""
+    message = message.replace(". Did you mean", "; did you mean").rstrip(".")
+    return message[:1].lower() + message[1:]
 
 
 # --- transform --------------------------------------------------------------------------

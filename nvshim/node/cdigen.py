@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from nvshim.config import DEFAULT_CAPABILITIES
+from nvshim.config import DEFAULT_CAPABILITIES, Config
 from nvshim.edits import DeviceNode, Edits
 from nvshim.errors import CdiError, UsageError
 from nvshim.runtime.hostedits import driver_edits, gpu_edits, mig_edits
@@ -107,17 +107,20 @@ def stale_reasons(existing: Dict[str, Any], fresh: Dict[str, Any], host: Any) ->
 
 def generate_for_node(driver_root: Optional[str], dev_root: Optional[str], class_: str,
                       vendor: str, strategies: Sequence[str], driver_capabilities: str,
-                      gpu_source: str, hook_path: Optional[str]) -> Tuple[Dict[str, Any], Any]:
+                      gpu_source: str, hook_path: Optional[str],
+                      config: Optional[Config] = None) -> Tuple[Dict[str, Any], Any]:
     """The spec ``nvshim cdi generate`` writes for this node, and the host it describes.
 
     ``class_`` ``imex-channel`` gives the node's IMEX channels instead of its GPUs.
+    ``config`` (default: the node's) gives the driver root, dev root and nvml-facts file.
     """
     from nvshim.config import ALL_CAPABILITIES, load_config
     from nvshim.host.discovery import Host
     from nvshim.runtime.hookargs import hook_command
     from nvshim.runtime.request import parse_capabilities
 
-    config = load_config()
+    if config is None:
+        config = load_config()
     root = driver_root or config.driver_root
     host = Host(root, dev_root or (None if driver_root else config.dev_root),
                 None if driver_root else config.nvml_facts)

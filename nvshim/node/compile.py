@@ -36,6 +36,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Optional, Tuple
 
+__all__ = ["compile_node", "compile_config", "compiled_fresh"]
+
 
 def compile_node(path: Optional[str] = None) -> Tuple[str, str, str]:
     """Compile the config at ``path`` (default: the node's), then its plan cache and CDI index.
@@ -48,6 +50,22 @@ def compile_node(path: Optional[str] = None) -> Tuple[str, str, str]:
     plan = refresh(config)
     index = cdiindex.refresh(config.cdi_spec_dirs, cdi_index_path(config.source or config_path()))
     return out, plan, index
+
+
+def compiled_fresh(path: str) -> bool:
+    """Whether ``path``'s compiled copy and the trampoline's lists were made from the YAML
+    as it is now (by this nvshim): compiling again would write the same."""
+    from nvshim.config import compiled_lists_fresh, compiled_matches
+
+    data = read_bytes(path)
+    raw = read_bytes(compiled_path(path)) if data is not None else None
+    if data is None or raw is None:
+        return False
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return False
+    return compiled_matches(doc, data) and compiled_lists_fresh(path)
 
 
 def compile_config(path: Optional[str] = None) -> str:

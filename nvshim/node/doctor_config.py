@@ -166,7 +166,7 @@ def check_allocation_trust(config: Optional[Config], path: str) -> Finding:
 
 def check_trampoline(path: str) -> Finding:
     """The installed ``nvshim-runtime`` is the trampoline this nvshim would install."""
-    from nvshim.node.prefix import bundled_launch
+    from nvshim.node.prefix import installed_prefix, render_runtime
     from nvshim.node.trampoline import render
 
     name = "trampoline"
@@ -190,7 +190,8 @@ def check_trampoline(path: str) -> Finding:
             fix,
         )
     try:
-        expected = render(python, launch=bundled_launch(python))
+        prefix = installed_prefix(python)
+        expected = render(python) if prefix is None else render_runtime(prefix)
     except ValueError as exc:
         return Finding(name, "warn", f"{path}: {exc}", fix)
     if text != expected:

@@ -25,17 +25,19 @@ import subprocess
 import sys
 from typing import Dict, Iterator, List, Optional, Sequence
 
+from nvshim._preload import FILE_NAME as PRELOAD_FILE
+from nvshim._preload import dumps as preload_dumps
 from nvshim.node.prefix import (
     FILE_LIST,
     INTERPRETER,
     LAUNCHER,
     LIBDIR,
     PACKAGES,
-    launch_argv,
     loader_name,
     render_cli,
+    render_runtime,
 )
-from nvshim.node.trampoline import render
+from nvshim.runtime.hookargs import HOOK_MODULE
 
 __all__ = ["build", "main", "STDLIB_DROPPED", "DYNLOAD_DROPPED", "PayloadError"]
 
@@ -49,7 +51,7 @@ class PayloadError(Exception):
 STDLIB_DROPPED = frozenset({
     "test", "idlelib", "tkinter", "turtledemo", "turtle.py", "ensurepip", "lib2to3",
     "pydoc_data", "distutils", "venv", "sqlite3", "dbm", "curses", "unittest",
-    "site-packages", "dist-packages", "__phello__", "__pycache__",
+    "site-packages", "dist-packages", "__phello__", "__pycache__", "EXTERNALLY-MANAGED",
 })
 
 #: extension modules dropped: tests, GUIs and terminals, and ssl/hashlib (they drag in
@@ -65,7 +67,7 @@ GLIBC_FAMILY = ("libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "libr
                 "libutil.so.1", "libresolv.so.2", "libanl.so.1", "libgcc_s.so.1")
 
 #: what the smoke test imports with the bundled interpreter: every dependency's top module
-SMOKE_IMPORTS = ("nvshim.runtime.main", "nvshim.cli.main", "nvshim.hook", "click", "structlog",
+SMOKE_IMPORTS = ("nvshim.runtime.main", "nvshim.cli.main", HOOK_MODULE, "click", "structlog",
                  "pynvml", "jsonschema", "yaml", "tomlkit", "grpc", "ctypes", "json")
 
 
@@ -115,7 +117,10 @@ def _copy_tree(src: str, dest: str, skip: Sequence[str] = ()) -> None:
         return [n for n in names if n == "__pycache__" or (top and n in skip)
                 or n.endswith((".pyc", ".pyo"))]
 
-    shutil.copytree(src, dest, ignore=ignore, symlinks=False, dirs_exist_ok=True)
+    # copyfile, not copy2: modules are not commands (Debian ships some stdlib files +x with a
+    # #!/usr/bin/env python3 line; here they are plain 0644 files)
+    shutil.copytree(src, dest, ignore=ignore, symlinks=False, dirs_exist_ok=True,
+                    copy_function=shutil.copyfile)
 
 
 def _install_packages(src: str, site: str, tmp: str) -> None:
@@ -125,6 +130,9 @@ def _install_packages(src: str, site: str, tmp: str) -> None:
     _run([sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", site, src],
          f"pip install {src} --target {site}", env)
     shutil.rmtree(os.path.join(site, "bin"), ignore_errors=True)  # console scripts: ours differ
+    for path in _walk_files(site):
+        if path.endswith(".py"):
+            os.chmod(path, 0o644)  # a module, not a command
 
 
 def _bundle_libraries(root: str) -> None:
@@ -188,10 +196,46 @@ def _walk_dirs(root: str, starts: Sequence[str]) -> List[str]:
     return out
 
 
+#: nvshim's subpackages a create never imports: not in the preload file
+PRELOAD_SKIPPED = ("cli", "node", "sim", "data")
+#: the pure-Python standard-library modules a GPU create imports (the others it uses are
+#: frozen or built in): served from the preload file too
+PRELOAD_STDLIB = ("__future__", "struct")
+
+
+def _preload(root: str, prefix: str, stdlib: str) -> None:
+    """site/nvshim-preload.bin: the code of nvshim's runtime modules (:mod:`nvshim._preload`)
+    and of :data:`PRELOAD_STDLIB`, compiled for their installed paths."""
+    site = os.path.join(root, PACKAGES)
+    modules = {}
+    for name in PRELOAD_STDLIB:
+        path = os.path.join(stdlib, name + ".py")
+        origin = prefix + path[len(root):]
+        with open(path, "rb") as f:
+            code = compile(f.read(), origin, "exec", dont_inherit=True)
+        modules[name] = (False, os.path.relpath(path, site), code)
+    for path in sorted(_walk_files(os.path.join(site, "nvshim"))):
+        rel = os.path.relpath(path, site)
+        parts = rel[:-len(".py")].split(os.sep) if rel.endswith(".py") else []
+        if len(parts) < 2 or parts[1] in PRELOAD_SKIPPED or parts[1] == "_preload":
+            continue  # nvshim itself and _preload are imported before the file is read
+        is_package = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if is_package else parts)
+        origin = f"{prefix}/{PACKAGES}/{rel}"
+        with open(path, "rb") as f:
+            code = compile(f.read(), origin, "exec", dont_inherit=True)
+        modules[name] = (is_package, rel, code)
+    with open(os.path.join(site, PRELOAD_FILE), "wb") as f:
+        f.write(preload_dumps(modules))
+
+
 def _smoke(root: str, dest: str) -> None:
     code = ("import sys; sys.path[0:0] = [sys.argv[1]]; import importlib; "
+            "import nvshim._preload as p; assert p.install(sys.argv[1] + '/' + p.FILE_NAME); "
             f"[importlib.import_module(m) for m in {list(SMOKE_IMPORTS)!r}]; "
-            "assert sys.prefix == sys.argv[2], sys.prefix; print(sys.version)")
+            "assert sys.prefix == sys.argv[2], sys.prefix; "
+            "import nvshim.runtime.hookargs as h; assert h.__file__.startswith(sys.argv[1]), h; "
+            "print(sys.version)")
     _run([os.path.join(root, LAUNCHER), "-I", "-S", "-c", code,
           os.path.join(root, PACKAGES), root], f"the bundled interpreter in {dest}")
 
@@ -241,14 +285,13 @@ def build(dest: str, src: str, prefix: str, bindir: str, etcdir: str) -> str:
     _bundle_libraries(root)
     _launcher(root)
     _compile(root, prefix.rstrip("/"))
+    _preload(root, prefix.rstrip("/"), stdlib)
     _smoke(root, dest)
 
-    site = f"{prefix.rstrip('/')}/{PACKAGES}"
     config = f"{etcdir.rstrip('/')}/config.yaml"
-    python = f"{prefix.rstrip('/')}/{LAUNCHER}"
     bindir_path = dest + bindir.rstrip("/")
     _write(os.path.join(bindir_path, "nvshim-runtime"),
-           render(python, [site], config, launch=launch_argv(prefix.rstrip("/"))), 0o755)
+           render_runtime(prefix.rstrip("/"), config), 0o755)
     _write(os.path.join(bindir_path, "nvshim"), render_cli(prefix.rstrip("/"), config), 0o755)
     with open(os.path.join(src, "install.sh")) as f:
         installer = f.read()

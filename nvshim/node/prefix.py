@@ -36,7 +36,8 @@ __all__ = [
     "FILE_LIST",
     "loader_name",
     "launch_argv",
-    "bundled_launch",
+    "installed_prefix",
+    "render_runtime",
     "render_cli",
 ]
 
@@ -69,9 +70,9 @@ def launch_argv(prefix: str, machine: Optional[str] = None) -> List[str]:
             "--argv0", f"{prefix}/{LAUNCHER}", f"{prefix}/{INTERPRETER}"]
 
 
-def bundled_launch(python: str) -> Optional[List[str]]:
-    """:func:`launch_argv` when ``python`` is an installed prefix's launcher, else None
-    (a venv's or the system's interpreter starts by itself)."""
+def installed_prefix(python: str) -> Optional[str]:
+    """The prefix whose launcher ``python`` is, when that prefix is installed (its loader
+    and interpreter are there); None for any other interpreter (a venv's, the system's)."""
     suffix = "/" + LAUNCHER
     if not python.endswith(suffix):
         return None
@@ -82,12 +83,24 @@ def bundled_launch(python: str) -> Optional[List[str]]:
         return None
     if not (os.path.isfile(words[0]) and os.path.isfile(words[-1])):
         return None
-    return words
+    return prefix
 
 
 def _check_plain(value: str, what: str) -> None:
     if not value.startswith("/") or any(c in value for c in " \t\n'\"$`\\"):
         raise ValueError(f"{what} must be absolute and plain: {value!r}")
+
+
+def render_runtime(prefix: str, config: Optional[str] = None,
+                   machine: Optional[str] = None) -> str:
+    """The ``nvshim-runtime`` trampoline for a prefix: its Python started through the
+    bundled loader, nvshim's runtime modules served from the preload file."""
+    from nvshim._preload import FILE_NAME
+    from nvshim.node.trampoline import render
+
+    site = f"{prefix}/{PACKAGES}"
+    return render(f"{prefix}/{LAUNCHER}", [site], config, launch=launch_argv(prefix, machine),
+                  preload=f"{site}/{FILE_NAME}")
 
 
 def render_cli(prefix: str, config: str, machine: Optional[str] = None) -> str:

@@ -291,7 +291,8 @@ def default_paths() -> List[str]:
 
 
 def render(python: str, paths: Optional[Sequence[str]] = None,
-           config: Optional[str] = None, launch: Optional[Sequence[str]] = None) -> str:
+           config: Optional[str] = None, launch: Optional[Sequence[str]] = None,
+           preload: Optional[str] = None) -> str:
     """The trampoline script for an nvshim installed in ``python``'s environment.
 
     Python starts with ``-I -S``: ``site`` (and an editable install's import finder) costs
@@ -325,7 +326,12 @@ def render(python: str, paths: Optional[Sequence[str]] = None,
     # double-quoted list: the code sits inside single quotes in the script
     default = "" if config == DEFAULT_CONFIG_PATH else (
         f"import nvshim.config as c; c.DEFAULT_CONFIG_PATH = {json.dumps(config)}; ")
-    boot = (f"import sys; sys.path[0:0] = {json.dumps(entries)}; {default}"
+    first = ""
+    if preload is not None:
+        if not _plain(preload):
+            raise UnsafeValue(f"preload path must be absolute and plain: {preload!r}")
+        first = f"import nvshim._preload as p; p.install({json.dumps(preload)}); "
+    boot = (f"import sys; sys.path[0:0] = {json.dumps(entries)}; {first}{default}"
             "from nvshim.runtime.main import main; main()")
     from nvshim import __version__
 

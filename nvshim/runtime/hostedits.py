@@ -200,7 +200,9 @@ def inject_cdi(names: Sequence[str], config: Config, capabilities: Sequence[str]
 
     The registry comes from the spec index (only the names' kinds loaded; written back
     when stale and ``save``); unknown names are one :class:`CdiError` naming the config;
-    edits setting a field nvshim cannot apply are refused; a spec made for another
+    edits setting a field nvshim cannot apply are refused; so is a spec that would
+    bind-mount a file this node does not have (the old driver's libraries after an upgrade:
+    runc would fail on it), whatever ``stale-cdi-spec`` says; a spec made for another
     driver or other device nodes than ``node``'s is said or refused (``stale-cdi-spec``);
     device nodes get their type and numbers from the host nodes, stat'ed through
     ``paths`` (a :class:`~nvshim.host.discovery.Host` of the machine's ``/``, since CDI
@@ -219,12 +221,19 @@ def inject_cdi(names: Sequence[str], config: Config, capabilities: Sequence[str]
     except CdiError as exc:
         raise CdiError(f"{exc} ({describe_config(config)})") from exc
     refuse_unapplied(registry, names)
+    edits = restrict_to_capabilities(edits, capabilities)
+    missing = cdiindex.missing_mounts(registry, names, edits.mounts)
+    if missing is not None:  # runc would fail on it anyway, with a worse message
+        spec, files = missing
+        more = f" (and {len(files) - 1} more)" if len(files) > 1 else ""
+        raise CdiError(f"CDI spec {spec} mounts {files[0]}, which this node does not have"
+                       f"{more}: the spec is older than the driver; {refresh_fix(config, spec)}")
     try:
         version: Optional[str] = node.driver_version()
     except HostError:
         version = None  # no driver under the root: there is nothing to compare with
     warnings = []
-    for line in cdiindex.stale_specs(registry, names, version):
+    for line in cdiindex.stale_specs(registry, names, version, lambda p: refresh_fix(config, p)):
         if config.stale_cdi_spec == "refuse":
             raise CdiError(f"{line} (stale-cdi-spec: refuse)")
         warnings.append(f"{line}; injected anyway (stale-cdi-spec: warn)")
@@ -232,5 +241,29 @@ def inject_cdi(names: Sequence[str], config: Config, capabilities: Sequence[str]
         from nvshim.host.discovery import Host
 
         paths = Host("/", "/")
-    edits = restrict_to_capabilities(fill_device_nodes(edits, paths), capabilities)
-    return CdiInjection(edits, source, tuple(warnings))
+    return CdiInjection(fill_device_nodes(edits, paths), source, tuple(warnings))
+
+
+def refresh_fix(config: Config, spec: str) -> str:
+    """How to make the spec at ``spec`` current: ``run nvshim cdi refresh`` when the config's
+    ``cdi-refresh`` keeps it, else regenerate it with ``nvshim cdi generate --output``.
+    Only a failing or warning create calls it (shlex costs an import)."""
+    import shlex
+
+    from nvshim.cdi.index import regenerate_fix
+
+    for entry in config.cdi_refresh:
+        try:
+            args = shlex.split(entry)
+        except ValueError:
+            continue  # nvshim cdi refresh says what is wrong with the entry
+        for i, arg in enumerate(args):
+            if arg in ("--output", "-o"):
+                value = args[i + 1] if i + 1 < len(args) else None
+            elif arg.startswith("--output="):
+                value = arg.split("=", 1)[1]
+            else:
+                value = arg[2:] if arg.startswith("-o") else None
+            if value == spec:
+                return "run nvshim cdi refresh"
+    return regenerate_fix(spec)

@@ -27,7 +27,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "nvshim"
 
 #: Base modules in their own order: each may import only those before it.
-BASE = ("nvshim", "nvshim.errors", "nvshim._record", "nvshim._jsonc", "nvshim.files",
+BASE = ("nvshim", "nvshim._preload", "nvshim.errors", "nvshim._record", "nvshim._jsonc", "nvshim.files",
         "nvshim.edits", "nvshim.config")
 #: The packages each package may import besides its own and the base modules (the
 #: "may import" column of docs/architecture.md's packages table).
