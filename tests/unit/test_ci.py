@@ -77,3 +77,11 @@ def test_requires_python_is_what_ci_tests() -> None:
     assert classifiers == [f"Programming Language :: Python :: 3.{m}" for m in minors]
     assert pyproject["tool"]["ruff"]["target-version"] == f"py3{minors[0]}"
     assert pyproject["tool"]["mypy"]["python_version"] == f"3.{minors[0]}"
+
+
+def test_a_failing_check_fails_ci_before_the_other_pythons() -> None:
+    """ruff, mypy or the suite failing ends .ci/run with that status: the README's && line is
+    no longer the script's last, and set -e does not stop an && list."""
+    lines = (REPO / ".ci" / "run").read_text().splitlines()
+    suite = next(line for line in lines if "-m ruff check" in line)
+    assert suite.rstrip().endswith("|| exit $?")
