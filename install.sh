@@ -472,8 +472,8 @@ else
     apt_install runc busybox-static
     "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
     apt_install crun containerd podman umoci skopeo docker.io
-    # the DaemonSet test builds the installer image on a Debian root it makes (no registry)
-    apt_install mmdebstrap
+    # the node-root tests (tests/helpers/noderoot.py) and the DaemonSet test build Debian roots
+    apt_install mmdebstrap debian-archive-keyring
     # the real-driver tests compile their C probe (tests/probe/cudaprobe.c) at test time
     apt_install gcc libc6-dev
 

@@ -256,13 +256,14 @@ if [ "$decision" = modify ]; then
     [ -x "$grep" ] || grep=/bin/grep
     [ -x "$grep" ] || python "$@"
     # -s: no message of grep's own (a vanished file is exit 2: Python reports it);
-    # -D skip: a FIFO or device swapped in after the -f test is not read (never hangs).
+    # -D skip: a FIFO or device swapped in after the -f test is not read (never hangs);
+    # 2>/dev/null: nor its loader's (a node whose C library broke: 127, Python decides).
     # One grep -E (a second grep would cost every pod ~1 ms more); the last pattern is a
     # device number the NVIDIA driver may own, under any key case and any line breaks
     # (nvshim/node/trampoline.py says why it is enough). LC_ALL=C: bytes, in every locale.
     LC_ALL=C "$grep" -q -s -D skip -E -e NVIDIA_ -e CUDA_VERSION \
         -e nvidia-container-devices -e /dev/nvidia -e nvidia-container-runtime-hook \
-        -e '\\u' -e '\\/' -e @MAJOR@ -f "$prefixes" -- "$spec" </dev/null
+        -e '\\u' -e '\\/' -e @MAJOR@ -f "$prefixes" -- "$spec" </dev/null 2>/dev/null
     [ $? = 1 ] || python "$@"
 fi
 
