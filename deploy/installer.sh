@@ -132,8 +132,8 @@ uninstall_node() {
     fi
     rc=0
     if [ -f "$HOST_ROOT$STAGE/install.sh" ]; then
-        say "uninstalling: sh $STAGE/install.sh --uninstall"
-        on_node sh "$STAGE/install.sh" --uninstall || rc=1
+        say "uninstalling: sh $STAGE/install.sh --uninstall --purge"
+        on_node sh "$STAGE/install.sh" --uninstall --purge || rc=1
     fi
     cur=$HOST_ROOT$ETCDIR/config.yaml
     if [ -e "$cur" ]; then
