@@ -24,6 +24,7 @@ __all__ = [
     "BINARIES",
     "DATA_FILES",
     "ESSENTIAL",
+    "FILE_SETS",
     "LIB_DIRS",
     "LIBRARIES",
     "LIBRARY_SETS",
@@ -33,6 +34,7 @@ __all__ = [
     "Library",
     "missing_files",
     "system_libdir",
+    "with_implied",
 ]
 
 #: Driver libraries per capability (library base names; the file is ``<base>.so.<version>``).
@@ -90,10 +92,14 @@ OWN_VERSION_LIBRARIES: Dict[str, str] = {
 DATA_FILES: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = (
     ("graphics", "", ("/etc/glvnd/egl_vendor.d/10_nvidia.json",
                       "/usr/share/glvnd/egl_vendor.d/10_nvidia.json")),
-    ("graphics", "", ("/etc/vulkan/icd.d/nvidia_icd.json",
-                      "/usr/share/vulkan/icd.d/nvidia_icd.json")),
-    ("graphics", "", ("/etc/vulkan/implicit_layer.d/nvidia_layers.json",
-                      "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json")),
+    # Vulkan's JSONs go to /etc/vulkan wherever the host has them, as the reference puts
+    # them: the loader reads /etc before /usr/share, and an image's own
+    # /usr/share/vulkan/icd.d/nvidia_icd.json is left visible (docs/real-gpu.md)
+    ("graphics", "/etc/vulkan/icd.d/nvidia_icd.json",
+     ("/etc/vulkan/icd.d/nvidia_icd.json", "/usr/share/vulkan/icd.d/nvidia_icd.json")),
+    ("graphics", "/etc/vulkan/implicit_layer.d/nvidia_layers.json",
+     ("/etc/vulkan/implicit_layer.d/nvidia_layers.json",
+      "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json")),
     ("graphics", "", ("/etc/egl/egl_external_platform.d/10_nvidia_wayland.json",
                       "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json")),
     ("graphics", "", ("/etc/egl/egl_external_platform.d/15_nvidia_gbm.json",
@@ -101,19 +107,23 @@ DATA_FILES: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = (
     ("graphics", "", ("/usr/share/nvidia/nvoptix.bin",
                       "/usr/lib/x86_64-linux-gnu/nvidia/current/nvoptix.bin")),
     ("compute", "", ("/etc/OpenCL/vendors/nvidia.icd",)),
-    ("display", "/usr/lib/xorg/modules/drivers/nvidia_drv.so",
+    # the Xorg modules come with graphics (display implies it), as the reference's graphics
+    # modifier mounts them: a GLX-capable X server in the container (Xvfb, Xorg) needs them
+    ("graphics", "/usr/lib/xorg/modules/drivers/nvidia_drv.so",
      ("/usr/lib/xorg/modules/drivers/nvidia_drv.so",
       "/usr/lib64/xorg/modules/drivers/nvidia_drv.so",
       "/usr/lib/x86_64-linux-gnu/nvidia/xorg/nvidia_drv.so",
       "/usr/lib/nvidia/nvidia_drv.so",  # Debian's alternatives link
       "/usr/lib/nvidia/current/nvidia_drv.so")),
-    ("display", "/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
+    ("graphics", "/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
      ("/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
       "/usr/lib64/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
       "/usr/lib/x86_64-linux-gnu/nvidia/xorg/libglxserver_nvidia.so.{version}",
       "/usr/lib/nvidia/current/libglxserver_nvidia.so.{version}")),
     ("display", "", ("/etc/X11/xorg.conf.d/10-nvidia.conf",
                      "/usr/share/X11/xorg.conf.d/10-nvidia.conf")),
+    ("display", "", ("/etc/X11/xorg.conf.d/nvidia-drm-outputclass.conf",
+                     "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf")),
 )
 
 #: What a capability cannot work without (library base names and file names): reported
@@ -138,6 +148,19 @@ LIBRARY_SETS: Dict[str, Tuple[str, ...]] = {
     "ngx": ("ngx",),
     "compat32": (),
 }
+
+#: Capabilities whose driver files (data files, programs) another one brings: display
+#: is an X server's, which needs graphics' too.
+FILE_SETS: Dict[str, Tuple[str, ...]] = {"display": ("graphics",)}
+
+
+def with_implied(capabilities: Iterable[str]) -> Tuple[str, ...]:
+    """``capabilities`` and those whose files they bring (:data:`FILE_SETS`), sorted."""
+    caps = set(capabilities)
+    for cap in tuple(caps):
+        caps.update(FILE_SETS.get(cap, ()))
+    return tuple(sorted(caps))
+
 
 #: Driver binaries per capability.
 BINARIES: Dict[str, Tuple[str, ...]] = {
@@ -168,6 +191,9 @@ class Library:
     container_path: str
     soname: Optional[str]
     capability: str
+    dev_link: Optional[str] = None
+    """The unversioned link (``libnvidia-ml.so``) the driver folder has beside the file,
+    which the container gets too (linking with ``-lnvidia-ml``); None when it has none."""
 
 
 @dataclass(frozen=True)
@@ -225,7 +251,9 @@ class DriverFileFinder(Roots):
         container = resolved
         if base == "libvdpau_nvidia":  # libvdpau looks in <libdir>/vdpau/ only
             container = f"{system_libdir(directory)}/vdpau/{filename}"
-        return Library(base, host, container, read_soname(host), capability)
+        soname = read_soname(host)
+        return Library(base, host, container, soname, capability,
+                       _dev_link(host.rsplit("/", 1)[0], soname or filename))
 
     def find_library(self, base: str, capability: str) -> Optional[Library]:
         """Locate ``<base>.so.<driver version>`` (or, for the libraries the driver ships
@@ -315,14 +343,15 @@ class DriverFileFinder(Roots):
         return self.binaries(caps) + self.data_files(caps) + self.firmware()
 
     def driver_files(self, capabilities: Iterable[str]) -> Tuple[DriverFile, ...]:
-        """What a container of ``capabilities`` gets besides libraries and device nodes."""
+        """What a container of ``capabilities`` gets besides libraries and device nodes
+        (``display``'s includes ``graphics``'s: :data:`FILE_SETS`)."""
         caps = tuple(capabilities)
-        return self.files(caps) + self.ipc(caps)
+        return self.files(with_implied(caps)) + self.ipc(caps)
 
     def missing(self, capabilities: Iterable[str]) -> Tuple[str, ...]:
         """:func:`missing_files` of what this node has for ``capabilities``."""
         caps = tuple(capabilities)
-        return missing_files(caps, self.libraries(caps), self.files(caps))
+        return missing_files(caps, self.libraries(caps), self.files(with_implied(caps)))
 
     def ipc(self, capabilities: Iterable[str]) -> Tuple[DriverFile, ...]:
         caps = set(capabilities)
@@ -349,6 +378,16 @@ class DriverFileFinder(Roots):
             if resolved is not None and os.path.isdir(self.host_path(resolved)):
                 out.append(DriverFile(self.host_path(resolved), path, "compute", "ipc"))
         return tuple(out)
+
+
+def _dev_link(host_directory: str, name: str) -> Optional[str]:
+    """``libx.so`` when ``name`` (``libx.so.1``) has that unversioned link in the folder (as
+    the reference: only where the driver's folder has one, a link and not a file)."""
+    cut = name.find(".so.")
+    if cut < 0:
+        return None
+    link = name[: cut + 3]
+    return link if os.path.islink(f"{host_directory}/{link}") else None
 
 
 def missing_files(capabilities: Iterable[str], libraries: Iterable[Library],

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 __all__ = ["CachedHost", "FORMAT", "build", "host_for", "load", "refresh"]
 
 #: Bumped whenever the document's shape changes.
-FORMAT = 2
+FORMAT = 3
 
 # --------------------------------------------------------------------------- records
 
