@@ -38,12 +38,12 @@ from nvshim.host.driverfiles import (
     missing_files,
     system_libdir,
 )
-from nvshim.host.gpus import CONTROL_NODES, Gpu, GpuFinder
+from nvshim.host.gpus import CONTROL_NODES, Gpu, GpuFinder, drm_capabilities
 from nvshim.host.roots import resolve_in
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import Dict, Optional, Tuple
+    from typing import Dict, Iterable, Optional, Tuple
 
 __all__ = [
     "Host",
@@ -126,3 +126,18 @@ class Host(GpuFinder, DriverFileFinder):
         from nvshim.host import versions
 
         return versions.cuda_version(self)
+
+    # -- what a capability asked for and did not find ---------------------------------
+
+    def missing(self, capabilities: Iterable[str]) -> Tuple[str, ...]:
+        """The essential driver files (:func:`missing_files`) and, for the capabilities that
+        get them, the DRM card and render nodes (:func:`nvshim.host.drm.missing_drm`) this
+        node lacks for ``capabilities``: ``doctor`` names them."""
+        caps = tuple(capabilities)
+        out = DriverFileFinder.missing(self, caps)
+        asking = drm_capabilities(caps)
+        if asking:
+            from nvshim.host.drm import missing_drm
+
+            out += missing_drm(asking, ((gpu.index, self.drm(gpu)) for gpu in self.gpus()))
+        return out

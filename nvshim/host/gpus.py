@@ -22,7 +22,10 @@ TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
     from typing import Dict, Iterable, List, Optional, Tuple
 
-__all__ = ["CONTROL_NODES", "Gpu", "GpuFinder"]
+    from nvshim.host.drm import DrmNodes
+
+__all__ = ["CONTROL_NODES", "DRM_CAPABILITIES", "Gpu", "GpuFinder", "drm_capabilities",
+           "wants_drm"]
 
 #: Control device nodes and the capability that needs each (None = always).
 CONTROL_NODES: Tuple[Tuple[str, Optional[str]], ...] = (
@@ -31,6 +34,20 @@ CONTROL_NODES: Tuple[Tuple[str, Optional[str]], ...] = (
     ("/dev/nvidia-uvm-tools", "compute"),
     ("/dev/nvidia-modeset", "display"),
 )
+
+#: The capabilities that get each granted GPU's DRM nodes (:mod:`nvshim.host.drm`), as the
+#: reference's graphics modifier gives them.
+DRM_CAPABILITIES = ("graphics", "display")
+
+
+def drm_capabilities(capabilities: Iterable[str]) -> Tuple[str, ...]:
+    """Those of ``capabilities`` that get the GPUs' DRM nodes, sorted."""
+    return tuple(sorted({cap for cap in capabilities if cap in DRM_CAPABILITIES}))
+
+
+def wants_drm(capabilities: Iterable[str]) -> bool:
+    """Whether ``capabilities`` get the GPUs' DRM nodes (no DRM lookup otherwise)."""
+    return any(cap in DRM_CAPABILITIES for cap in capabilities)
 
 
 @dataclass(frozen=True)
@@ -196,3 +213,10 @@ class GpuFinder(Roots):
         from nvshim.host import mig
 
         return mig.discover_mig(self, index, minor)
+
+    def drm(self, gpu: Gpu) -> DrmNodes:
+        """The GPU's DRM nodes and by-path links (:func:`nvshim.host.drm.find_drm`); asked
+        only for the capabilities that get them."""
+        from nvshim.host.drm import find_drm
+
+        return find_drm(self, gpu.pci_bus_id)

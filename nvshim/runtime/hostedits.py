@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from nvshim.config import Config
     from nvshim.host.devices import MigDevice
     from nvshim.host.discovery import DriverFile, Gpu, Host, Library
+    from nvshim.host.drm import DrmNodes
 
 
 #: Links the reference makes whatever the driver folder has, by library: (the target — the
@@ -121,9 +122,11 @@ def skew_message(module: str, files: str) -> str:
             "until it is reloaded (reboot the node, or unload and load the nvidia modules)")
 
 
-def gpu_edits(gpu: Gpu) -> Edits:
-    """What one full GPU adds: its ``/dev/nvidia<minor>`` node."""
-    return Edits(device_nodes=(gpu.node,)) if gpu.node is not None else Edits()
+def gpu_edits(gpu: Gpu, drm: Optional[DrmNodes] = None) -> Edits:
+    """What one full GPU adds: its ``/dev/nvidia<minor>`` node, and its DRM card and render
+    nodes when the capabilities get them (``drm``: :meth:`~nvshim.host.gpus.GpuFinder.drm`)."""
+    nodes = ((gpu.node,) if gpu.node is not None else ()) + (drm.nodes if drm else ())
+    return Edits(device_nodes=nodes) if nodes else Edits()
 
 
 def mig_edits(parent: Gpu, mig: MigDevice) -> Edits:
@@ -156,13 +159,16 @@ def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits
     kept), and prune hook ``--link`` pairs whose target is no longer injected.
     """
     from nvshim.host.discovery import CONTROL_NODES, LIBRARY_SETS
+    from nvshim.host.gpus import wants_drm
 
     caps = set(capabilities)
     allowed_sets = {s for cap in caps for s in LIBRARY_SETS.get(cap, ())} | caps
     node_needs = {path: need for path, need in CONTROL_NODES}
+    drm = wants_drm(caps)
     nodes = tuple(
         n for n in edits.device_nodes
-        if node_needs.get(n.path) is None or node_needs[n.path] in caps
+        if (node_needs.get(n.path) is None or node_needs[n.path] in caps)
+        and (drm or not n.path.startswith("/dev/dri/"))
     )
     mounts = []
     for m in edits.mounts:
