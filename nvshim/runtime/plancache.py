@@ -50,10 +50,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+    from nvshim.host.drm import DrmNodes
+
 __all__ = ["CachedHost", "FORMAT", "build", "host_for", "load", "refresh"]
 
 #: Bumped whenever the document's shape changes.
-FORMAT = 2
+FORMAT = 3
 
 # --------------------------------------------------------------------------- records
 
@@ -100,6 +102,7 @@ class CachedHost(Host):
         )
         self._libs: Dict[str, Optional[Dict[str, Any]]] = doc["libraries"]
         self._files = tuple(DriverFile(**f) for f in doc["files"])
+        self._drm: Dict[str, Dict[str, Any]] = doc["drm"]
         self.elf: Dict[str, Tuple[int, Optional[str]]] = {
             path: (flags, soname) for path, flags, soname in doc["elf"]
         }
@@ -124,6 +127,15 @@ class CachedHost(Host):
             return super().find_library(base, capability)
         found = self._libs[base]
         return None if found is None else Library(capability=capability, **found)
+
+    def drm(self, gpu: Gpu) -> DrmNodes:
+        found = self._drm.get(gpu.pci_bus_id)
+        if found is None:
+            return super().drm(gpu)
+        from nvshim.host.drm import DrmNodes
+
+        return DrmNodes(tuple(DeviceNode(**n) for n in found["nodes"]),
+                        tuple((target, link) for target, link in found["links"]))
 
     def module_version(self) -> Optional[str]:
         return self._module
@@ -185,6 +197,10 @@ def _watched(host: Host, doc: Dict[str, Any]) -> List[str]:
             pass  # no MIG directory: its absence is watched
         for mig in gpu["mig"]:
             paths += [n["host_path"] for n in mig["cap_nodes"]]
+        drm = doc["drm"].get(gpu["pci_bus_id"], {"nodes": []})
+        paths.append(dp(f"/sys/bus/pci/devices/{gpu['pci_bus_id']}/drm"))
+        paths += [n["host_path"] for n in drm["nodes"]]
+    paths += [dp("/dev/dri"), dp("/dev/dri/by-path")]
     found = [lib["host_path"] for lib in doc["libraries"].values() if lib is not None]
     found += [f["host_path"] for f in doc["files"]]
     # the folders the files lie in (links resolved): an upgrade replaces files there
@@ -231,6 +247,8 @@ def build(host: Host) -> Dict[str, Any]:
         ],
         "libraries": libraries,
         "files": [_pack(f) for f in host.files(sorted(LIBRARY_SETS))],
+        "drm": {g.pci_bus_id: {"nodes": [_pack(n) for n in drm.nodes], "links": drm.links}
+                for g in gpus for drm in (host.drm(g),)},
     }
     doc["elf"] = [[lib["host_path"], *elf_info(lib["host_path"])]
                   for lib in libraries.values() if lib is not None]

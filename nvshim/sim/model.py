@@ -53,6 +53,7 @@ NVIDIA_FS_MAJOR = 241
 GDRDRV_MAJOR = 509
 INFINIBAND_MAJOR = 231  # infiniband_verbs / infiniband_mad (fixed by the kernel)
 MISC_MAJOR = 10
+DRM_MAJOR = 226  # /dev/dri/card<n> (minor n) and renderD<128+n>
 SIM_FILE = "nvshim-sim.json"
 NVML_FACTS_FILE = "nvml-facts.json"
 #: The NVIDIA driver handles at most 32 GPUs per node (NV_MAX_DEVICES); a simulated node
@@ -178,6 +179,8 @@ class SimNode:
     gds: bool = False
     mofed: bool = False
     gdrcopy: bool = False
+    #: False for headless GPUs (no nvidia-drm module): no /dev/dri, no sysfs drm folder.
+    drm: bool = True
     #: False when only the kernel side was built (``--no-driver-files``).
     driver_files: bool = True
 
