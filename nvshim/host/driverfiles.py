@@ -210,6 +210,7 @@ class DriverFileFinder(Roots):
     """Finds the driver's files of a capability under the driver root."""
 
     _ldcache: Optional[Dict[str, str]]
+    _ldcache32: Optional[Dict[str, str]] = None
 
     if TYPE_CHECKING:
         def driver_version(self) -> str:
@@ -269,7 +270,32 @@ class DriverFileFinder(Roots):
                 return self._library_at(base, resolved, capability)
         return None
 
+    def find_library32(self, base: str) -> Optional[Library]:
+        """The 32-bit (i386) copy of ``base`` in the root, a ``compat32`` :class:`Library`,
+        or None (the rules: :mod:`nvshim.host.compat32`)."""
+        from nvshim.host import compat32
+
+        if self._ldcache32 is None:
+            self._ldcache32 = compat32.ldcache32(self.host_path("/etc/ld.so.cache"))
+        name = OWN_VERSION_LIBRARIES.get(base) or f"{base}.so.{self.driver_version()}"
+        for candidate in compat32.candidates32(self.resolve, self._ldcache32, base, name):
+            resolved = self._regular_file(candidate)
+            if resolved is not None and compat32.is_i386_elf(self.host_path(resolved)):
+                return self._library_at(base, resolved, compat32.CAPABILITY)
+        return None
+
+    def libraries32(self, capabilities: Iterable[str]) -> Tuple[Library, ...]:
+        """The 32-bit libraries ``capabilities`` ask for that the root has (none without
+        ``compat32``; the node plan cache answers :meth:`find_library32`)."""
+        from nvshim.host.compat32 import bases32
+
+        found = (self.find_library32(b) for b in bases32(capabilities, LIBRARIES, LIBRARY_SETS))
+        return tuple(lib for lib in found if lib is not None)
+
     def libraries(self, capabilities: Iterable[str]) -> Tuple[Library, ...]:
+        """The 64-bit libraries of ``capabilities``, then (with ``compat32``) the 32-bit
+        copies (:mod:`nvshim.host.compat32`)."""
+        capabilities = tuple(capabilities)
         wanted: Dict[str, str] = {}
         for cap in sorted(capabilities):
             for libset in LIBRARY_SETS.get(cap, ()):
@@ -280,6 +306,8 @@ class DriverFileFinder(Roots):
             lib = self.find_library(base, cap)
             if lib is not None:
                 found.append(lib)
+        if "compat32" in capabilities:
+            found += self.libraries32(capabilities)
         return tuple(found)
 
     def binaries(self, capabilities: Iterable[str]) -> Tuple[DriverFile, ...]:
@@ -394,12 +422,20 @@ def missing_files(capabilities: Iterable[str], libraries: Iterable[Library],
                   files: Iterable[DriverFile]) -> Tuple[str, ...]:
     """The essential files (:data:`ESSENTIAL`) of ``capabilities`` that ``libraries`` and
     ``files`` lack, as ``"libcuda (compute)"``: a container asking for those capabilities
-    would get a driver it cannot use."""
-    have = {lib.base for lib in libraries}
+    would get a driver it cannot use. With ``compat32`` the 32-bit copies of the other
+    capabilities' essential libraries count too (``"libcuda (compat32)"``)."""
+    libraries = tuple(libraries)
+    caps = sorted(set(capabilities))
+    have = {lib.base for lib in libraries if lib.capability != "compat32"}
     have |= {f.container_path.rsplit("/", 1)[1] for f in files}
     out: List[str] = []
-    for cap in sorted(set(capabilities)):
+    for cap in caps:
         out += [f"{name} ({cap})" for name in ESSENTIAL.get(cap, ()) if name not in have]
+    if "compat32" in caps:
+        have32 = {lib.base for lib in libraries if lib.capability == "compat32"}
+        wanted = dict.fromkeys(name for cap in caps for name in ESSENTIAL.get(cap, ())
+                               if name.startswith("lib"))
+        out += [f"{name} (compat32)" for name in wanted if name not in have32]
     return tuple(out)
 
 

@@ -53,7 +53,7 @@ def hook_links(libraries: Sequence[Library],
             links.append((target, f"{directory}/{extra[1]}"))
         if lib.dev_link and lib.dev_link != lib.soname:
             links.append((lib.soname or filename, f"{directory}/{lib.dev_link}"))
-        if lib.base == "libnvidia-allocator" and lib.soname:
+        if lib.base == "libnvidia-allocator" and lib.soname and lib.capability != "compat32":
             allocator = f"{directory}/{lib.soname}"
         graphics = graphics or lib.capability == "graphics"
     if allocator is not None and graphics:
@@ -152,7 +152,8 @@ def _capabilities_of(basename: str) -> Tuple[str, ...]:
 
 
 def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits:
-    """Drop driver files and nodes of capabilities the container did not ask for.
+    """Drop driver files and nodes of capabilities the container did not ask for (a known
+    driver library in a 32-bit folder also needs ``compat32``).
 
     CDI specs carry every driver file they were generated with; the reference injects all
     of them. We keep only what NVIDIA_DRIVER_CAPABILITIES selects (unknown files are
@@ -170,12 +171,16 @@ def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits
         if (node_needs.get(n.path) is None or node_needs[n.path] in caps)
         and (drm or not n.path.startswith("/dev/dri/"))
     )
+    from nvshim.host.compat32 import is_lib32_path
+
     mounts = []
     for m in edits.mounts:
         owners = _capabilities_of(m.container_path.rsplit("/", 1)[-1])
+        if owners and "compat32" not in caps and is_lib32_path(m.container_path):
+            continue  # a 32-bit copy: only compat32 asks for those
         if not owners or any(owner in allowed_sets for owner in owners):
             mounts.append(m)
-    present = {m.container_path.rsplit("/", 1)[-1] for m in mounts}
+    present = {m.container_path for m in mounts}
     from nvshim.runtime.hookargs import runs_nvshim_hook
 
     hooks = []
@@ -188,21 +193,27 @@ def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits
 
 
 def _prune_hook(hook: Hook, present: set[str]) -> Tuple[Hook, ...]:
-    """nvshim's hook without links to files that are not injected (none left: no hook)."""
+    """nvshim's hook without links to files that are not injected (``present``: the
+    container paths mounted; none left: no hook). Compared by path, not name: a 64-bit and
+    a 32-bit library share their file names."""
+    import posixpath
+
     from nvshim.runtime.hookargs import parse_hook_args, with_links
 
     links, _ = parse_hook_args(hook.args)
-    names = set(present)
+    paths = set(present)
     kept: list[Tuple[str, str]] = []
     changed = True
     while changed:  # a link may point at another link (libcuda.so -> libcuda.so.1)
         changed = False
         for target, link in links:
-            if (target, link) not in kept and target.rsplit("/", 1)[-1] in names:
+            # the file the link names: a relative target lies beside the link
+            path = posixpath.normpath(posixpath.join(posixpath.dirname(link), target))
+            if (target, link) not in kept and path in paths:
                 kept.append((target, link))
-                names.add(link.rsplit("/", 1)[-1])
+                paths.add(link)
                 changed = True
-    if not any(n for n in present if ".so" in n):
+    if not any(".so" in p.rsplit("/", 1)[-1] for p in present):
         return ()
     kept_sorted = [pair for pair in links if pair in kept]
     return (Hook(hook.hook_name, hook.path, tuple(with_links(hook.args, kept_sorted)),

@@ -14,7 +14,9 @@
   each a tiny loadable ELF with the real SONAME and a ``NVSHIM-SIM <file> <version>`` marker
   string, plus SONAME links and ``.so`` links for libcuda/libnvidia-ml), ``vdpau/``,
   ``etc/ld.so.cache`` listing the links (new layout), ``etc/ld.so.conf``
-  (:mod:`nvshim.sim.driver`, as the next item).
+  (:mod:`nvshim.sim.driver`, as the next item); the 32-bit copies of libcuda, NVML, the
+  GL/EGL and video libraries … (ELF32 i386 stubs, ``SIM_LIBRARIES32``) in
+  ``usr/lib/i386-linux-gnu/`` with their SONAME links and i386 cache entries.
 * ``usr/bin/nvidia-smi`` (a POSIX sh script labelled ``SIMULATED nvidia-smi (nvshim sim)``
   that lists the GPUs whose ``/dev/nvidia<minor>`` it can see; ``NVSHIM_SIM_DEV``
   overrides ``/dev``), labelled stubs of the other driver binaries, GSP firmware files,
