@@ -84,14 +84,14 @@ def check_oci_hooks(options: DoctorOptions) -> Finding:
     for _, path in sorted(files.items()):
         doc = _load(path)
         hook = doc.get("hook") if doc is not None else None
-        if not isinstance(hook, dict) or not isinstance(hook.get("path"), str):
+        if doc is None or not isinstance(hook, dict) or not isinstance(hook.get("path"), str):
             continue  # not a 1.0.0 hook file: podman and CRI-O say so themselves
         env = parse_env(hook.get("env"))
         followed = follow(hook["path"], env, options.trampoline, hook=True)
         if followed.kind != "nvidia":
             continue
-        when = doc.get("when") if isinstance(doc.get("when"), dict) else {}
-        limited = _conditions(when)
+        when = doc.get("when")
+        limited = _conditions(when if isinstance(when, dict) else {})
         policy = nvidia_env_policy(dict(followed.env), options.nvidia_config)
         runs = " → ".join([hook["path"], *followed.chain[1:]])
         scope = ("every container podman and CRI-O start (\"always\": true)" if limited is None
