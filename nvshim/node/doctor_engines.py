@@ -18,7 +18,11 @@ containers that asked for no GPU get every GPU from a CUDA image's
 or by the handler names NVIDIA's tools use; :func:`~nvshim.node.findings.is_nvidia_runtime`),
 whatever nvshim's config says, or nvshim as the default while require-allocation is off.
 The fix for both: nvshim with require-allocation as the default, or a plain runtime
-(runc) as the default and GPU runtimes picked per container.
+(runc) as the default and GPU runtimes picked per container. Each runtime is followed to
+what it runs (:mod:`nvshim.node.doctor_reach`): NVIDIA's runtime behind a wrapper counts,
+NVIDIA's own ``accept-nvidia-visible-devices-envvar-when-unprivileged = false`` lifts the
+pitfall, nvshim is judged by the config its binary reads, and fixes keep the flags the
+runtime was registered with.
 
 ``cdi-injection`` (one finding per engine found, containerd and CRI-O) says which path
 injects CDI devices: the engine itself -- containerd with ``enable_cdi`` (1.7 and later;
@@ -42,7 +46,12 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 from nvshim._record import dataclass
 from nvshim.config import DEFAULT_CDI_SPEC_DIRS, Config
 from nvshim.errors import NvshimError
-from nvshim.node.doctor_reach import default_config, kept_flags, nvidia_default
+from nvshim.node.doctor_reach import (
+    binary_problems,
+    default_config,
+    kept_flags,
+    nvidia_default,
+)
 from nvshim.node.findings import (
     DEFAULT_TRAMPOLINE,
     DoctorOptions,
@@ -65,24 +74,6 @@ __all__ = [
     "check_cdi_injection",
     "EngineCdi",
 ]
-
-
-def _binary_problems(ours: Mapping[str, Optional[str]], noun: str, key: str,
-                     unset: str = "") -> List[str]:
-    """One line per runtime whose binary (its ``key``) is unset, relative, missing or not
-    executable; ``unset`` says what an unset one means (default: ``has no <key>``)."""
-    problems = []
-    for name, binary in sorted(ours.items()):
-        who = f'{noun} "{name}"'
-        if binary is None:
-            problems.append(f"{who} {unset or f'has no {key}'}")
-        elif not os.path.isabs(binary):
-            problems.append(f"{who} {key} {binary} is not an absolute path")
-        elif not os.path.isfile(binary):
-            problems.append(f"{who} {key} {binary} does not exist")
-        elif not os.access(binary, os.X_OK):
-            problems.append(f"{who} {key} {binary} is not executable")
-    return problems
 
 
 def _configure(engine: str, path: str, default: str) -> str:
@@ -206,7 +197,7 @@ def check_runtime_binary(effective: EffectiveRuntimes, options: DoctorOptions) -
             f"containerd config {effective.config_path} has no nvshim runtime handler",
             _configure_containerd(effective.config_path),
         )
-    bad = _binary_problems(ours, "handler", "BinaryName",
+    bad = binary_problems(ours, "handler", "BinaryName",
                            "has no options.BinaryName, so containerd runs plain runc")
     good = [f'handler "{handler}" runs {binary}' for handler, binary in sorted(ours.items())]
     if bad:
@@ -299,7 +290,7 @@ def _check(
             return nvidia
     if not ours:
         return Finding(check, "warn", f"{where} has no nvshim runtime", configure)
-    problems = _binary_problems(ours, "runtime", key)
+    problems = binary_problems(ours, "runtime", key)
     if problems:
         return Finding(check, "fail", "; ".join(problems) + f": {engine} cannot start it",
                        f"install nvshim (./install.sh), or re-run "

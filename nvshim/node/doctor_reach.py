@@ -42,6 +42,7 @@ __all__ = [
     "default_config",
     "kept_flags",
     "config_readers",
+    "binary_problems",
 ]
 
 _CHECK = "handler-config"
@@ -153,6 +154,24 @@ def kept_flags(ours: Mapping[str, Optional[str]], default: Optional[str],
     flags = "" if name == DEFAULT_NAME else f" --name {name}"
     flags += f" --binary {path}" if path and path != DEFAULT_BINARY else ""
     return flags + (" --set-as-default" if default == name else "")
+
+
+def binary_problems(ours: Mapping[str, Optional[str]], noun: str, key: str,
+                     unset: str = "") -> List[str]:
+    """One line per runtime whose binary (its ``key``) is unset, relative, missing or not
+    executable; ``unset`` says what an unset one means (default: ``has no <key>``)."""
+    problems = []
+    for name, binary in sorted(ours.items()):
+        who = f'{noun} "{name}"'
+        if binary is None:
+            problems.append(f"{who} {unset or f'has no {key}'}")
+        elif not os.path.isabs(binary):
+            problems.append(f"{who} {key} {binary} is not an absolute path")
+        elif not os.path.isfile(binary):
+            problems.append(f"{who} {key} {binary} does not exist")
+        elif not os.access(binary, os.X_OK):
+            problems.append(f"{who} {key} {binary} is not executable")
+    return problems
 
 
 def runtimes_problem(config: Config, options: DoctorOptions) -> Optional[str]:
