@@ -1,9 +1,16 @@
 #!/bin/sh
-# Install nvshim on a Debian/Ubuntu machine (run as root). Idempotent: running it again
-# brings the installation up to date and changes nothing that is already right.
+# Install nvshim (run as root). Idempotent: running it again brings the installation up to
+# date and changes nothing that is already right.
 #
-#   ./install.sh                      install nvshim (venv in /opt/nvshim, commands in /usr/local/bin)
-#   ./install.sh --dev                also install the test dependencies and container engines
+#   ./install.sh                      build nvshim's self-contained runtime (its own Python and C
+#                                     library, in /opt/nvshim) and install it: the commands
+#                                     nvshim and nvshim-runtime in /usr/local/bin
+#   ./install.sh --payload DIR        only build it, into DIR: DIR/opt/nvshim, DIR/usr/local/bin,
+#                                     DIR/install.sh, DIR/config/config.yaml (no root needed)
+#   sh DIR/install.sh --from DIR      install a payload built earlier; the node needs /bin/sh and
+#                                     coreutils, no python3 (sh DIR/install.sh alone does the same)
+#   ./install.sh --dev                instead a venv in /opt/nvshim/venv with this checkout
+#                                     editable, the test dependencies and container engines
 #   ./install.sh --containerd         also register nvshim as a containerd runtime handler
 #   ./install.sh --docker             also register it as a Docker runtime (/etc/docker/daemon.json),
 #                                     and nvidia-container-runtime-hook beside nvshim-runtime (--gpus)
@@ -11,7 +18,8 @@
 #   ./install.sh --containerd --set-as-default
 #                                     ... and make it the engine's default runtime (refused unless
 #                                     /etc/nvshim/config.yaml has require-allocation: true)
-#   ./install.sh --uninstall          remove exactly what earlier runs added
+#   ./install.sh --uninstall          remove exactly what earlier runs added, and the prefix
+#                                     (also: sh /opt/nvshim/install.sh --uninstall)
 #
 # Paths can be moved for testing: NVSHIM_PREFIX (/opt/nvshim), NVSHIM_BINDIR
 # (/usr/local/bin), NVSHIM_ETCDIR (/etc/nvshim), NVSHIM_CONTAINERD_CONFIG
@@ -21,6 +29,24 @@
 # (<crio config dir>/crio.conf.d/99-nvshim.toml). NVSHIM_SKIP_APT=1 skips packages.
 # NVSHIM_SYSTEMD_DIR, NVSHIM_UDEV_DIR: where the CDI refresh units and udev rule go
 # (default: /etc/systemd/system and /etc/udev/rules.d, only where systemd runs).
+# NVSHIM_PYTHON (/usr/bin/python3) is the interpreter a payload bundles (CPython 3.11+).
+#
+# Restarting the engine after its config changed (and after --uninstall's revert):
+#   NVSHIM_RESTART_MODE     auto (default): systemctl restart, only for the engine's system config
+#                           and only when systemd runs it, else say so; systemd: systemctl restart
+#                           NVSHIM_RESTART_UNIT; signal (containerd): NVSHIM_RESTART_SIGNAL to the
+#                           process that owns NVSHIM_CONTAINERD_SOCKET, its supervisor restarts it;
+#                           none: the operator restarts it
+#   NVSHIM_RESTART_UNIT     the systemd unit (default: the engine's name; k3s: k3s or k3s-agent,
+#                           RKE2: rke2-server or rke2-agent, microk8s: snap.microk8s.daemon-containerd)
+#   NVSHIM_CONTAINERD_SOCKET  containerd's socket (/run/containerd/containerd.sock)
+#   NVSHIM_RESTART_SIGNAL   SIGHUP;  NVSHIM_RESTART_TIMEOUT  60 (seconds containerd has to answer)
+#   NVSHIM_CONTAINERD_CONFIG_SEED  a file copied to a missing containerd config first (k3s/RKE2:
+#                           the generated config.toml beside config.toml.tmpl); uninstall removes it
+# With systemd or signal, containerd must answer on its socket before the change and again after
+# the restart; when it does not come back, the previous config is put back byte for byte,
+# containerd restarted again, and install.sh fails with one line naming the config and the socket.
+# A missing containerd config is an error, not created (an empty file means containerd's defaults).
 set -eu
 
 PREFIX=${NVSHIM_PREFIX:-/opt/nvshim}
@@ -32,60 +58,148 @@ CONTAINERD_DROP_IN=${NVSHIM_CONTAINERD_DROP_IN:-$(dirname "$CONTAINERD_CONFIG")/
 DOCKER_CONFIG=${NVSHIM_DOCKER_CONFIG:-/etc/docker/daemon.json}
 CRIO_CONFIG=${NVSHIM_CRIO_CONFIG:-/etc/crio/crio.conf}
 CRIO_DROP_IN=${NVSHIM_CRIO_DROP_IN:-$(dirname "$CRIO_CONFIG")/crio.conf.d/99-nvshim.toml}
+RESTART_MODE=${NVSHIM_RESTART_MODE:-auto}
+RESTART_UNIT=${NVSHIM_RESTART_UNIT:-}
+RESTART_SIGNAL=${NVSHIM_RESTART_SIGNAL:-SIGHUP}
+RESTART_TIMEOUT=${NVSHIM_RESTART_TIMEOUT:-60}
+CONTAINERD_SOCKET=${NVSHIM_CONTAINERD_SOCKET:-/run/containerd/containerd.sock}
+CONTAINERD_CONFIG_SEED=${NVSHIM_CONTAINERD_CONFIG_SEED:-}
 VENV=$PREFIX/venv
 MANIFEST=$PREFIX/install-manifest
 SRC=$(cd "$(dirname "$0")" && pwd)
 PYTHON=${NVSHIM_PYTHON:-/usr/bin/python3}
 
-DEV=0 CONTAINERD=0 DOCKER=0 CRIO=0 DEFAULT=0 UNINSTALL=0
-for arg in "$@"; do
-    case $arg in
+DEV=0 CONTAINERD=0 DOCKER=0 CRIO=0 DEFAULT=0 UNINSTALL=0 PAYLOAD= FROM=
+
+say() { printf 'install.sh: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+while [ $# -gt 0 ]; do
+    case $1 in
         --dev) DEV=1 ;;
         --containerd) CONTAINERD=1 ;;
         --docker) DOCKER=1 ;;
         --crio) CRIO=1 ;;
         --set-as-default) DEFAULT=1 ;;
         --uninstall) UNINSTALL=1 ;;
+        --payload|--from)
+            [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a directory (see --help)"
+            if [ "$1" = --payload ]; then PAYLOAD=$2; else FROM=$2; fi
+            shift ;;
+        --payload=*) PAYLOAD=${1#*=} ;;
+        --from=*) FROM=${1#*=} ;;
         -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "install.sh: unknown option $arg (see --help)" >&2; exit 1 ;;
+        *) die "unknown option $1 (see --help)" ;;
     esac
+    shift
 done
+if [ -n "$PAYLOAD" ] && { [ -n "$FROM" ] || [ "$DEV$UNINSTALL$CONTAINERD$DOCKER$CRIO$DEFAULT" != 000000 ]; }; then
+    die "--payload only builds: it goes with no other option"
+fi
+[ "$DEV" = 1 ] && [ -n "$FROM" ] && die "--dev builds a venv from this checkout: it does not go with --from"
+# run from a payload (DIR/install.sh) with no --from: install that payload
+if [ -z "$FROM$PAYLOAD" ] && [ "$DEV" = 0 ] && [ -f "$SRC/.nvshim-payload" ]; then FROM=$SRC; fi
 
-say() { printf 'install.sh: %s\n' "$*" >&2; }
-die() { say "$*"; exit 1; }
+# --- the self-contained runtime (nvshim/node/prefix.py has its layout) ----------------
+build_payload() {  # build_payload DIR: the payload for PREFIX/BINDIR/ETCDIR into DIR
+    [ -f "$SRC/nvshim/node/payload.py" ] \
+        || die "no nvshim sources in $SRC: run the checkout's install.sh, or install a payload with --from DIR"
+    "$PYTHON" -I -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+        || die "$PYTHON cannot build the self-contained runtime: it needs CPython 3.11 or newer (set NVSHIM_PYTHON)"
+    if ! "$PYTHON" -I -m pip --version >/dev/null 2>&1; then
+        [ "$(id -u)" = 0 ] || die "$PYTHON has no pip: install python3-pip"
+        apt_install python3-pip
+    fi
+    mkdir -p "$1" || die "cannot create the payload directory $1"
+    # -B: no __pycache__ in the checkout (the payload writes only under DIR)
+    "$PYTHON" -I -B -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from nvshim.node.payload import main; main(sys.argv[1:])' \
+        "$SRC" --dest "$1" --src "$SRC" --prefix "$PREFIX" --bindir "$BINDIR" --etcdir "$ETCDIR"
+}
 
-[ "$(id -u)" = 0 ] || die "run as root (it writes $PREFIX, $BINDIR and $ETCDIR)"
+FILE_LIST=payload-files
+# --- engine restart settings, checked before anything is written -----------------------
+case $RESTART_MODE in
+    auto|systemd|signal|none) ;;
+    *) die "NVSHIM_RESTART_MODE=$RESTART_MODE is not one of auto, systemd, signal, none" ;;
+esac
+case $RESTART_TIMEOUT in
+    ''|*[!0-9]*) die "NVSHIM_RESTART_TIMEOUT=$RESTART_TIMEOUT is not a whole number of seconds" ;;
+esac
+if [ "$CONTAINERD" = 1 ] && [ "$UNINSTALL" = 0 ] && [ ! -e "$CONTAINERD_CONFIG" ]; then
+    # containerd runs on built-in defaults without a file; writing one where this node's
+    # containerd does not look (k3s, RKE2, microk8s keep theirs elsewhere) would change nothing
+    # and look done, so a missing file is the operator's call
+    if [ -z "$CONTAINERD_CONFIG_SEED" ]; then
+        die "containerd config $CONTAINERD_CONFIG does not exist: set NVSHIM_CONTAINERD_CONFIG to the file this node's containerd reads (k3s/RKE2: config.toml.tmpl with NVSHIM_CONTAINERD_CONFIG_SEED, see deploy/README.md), or create it (an empty file means containerd's defaults)"
+    fi
+    [ -f "$CONTAINERD_CONFIG_SEED" ] \
+        || die "NVSHIM_CONTAINERD_CONFIG_SEED $CONTAINERD_CONFIG_SEED is not a file (it was to seed the missing containerd config $CONTAINERD_CONFIG)"
+fi
 
 # --- manifest: one line per thing this script added ("file PATH", "pkg NAME", ...) ---
-record() { mkdir -p "$PREFIX"; grep -qxF "$*" "$MANIFEST" 2>/dev/null || echo "$*" >> "$MANIFEST"; }
+# (read with the shell alone: a node may have nothing but /bin/sh and coreutils)
+record() {
+    mkdir -p "$PREFIX"
+    if [ -f "$MANIFEST" ]; then
+        while IFS= read -r line; do [ "$line" = "$*" ] && return 0; done < "$MANIFEST"
+    fi
+    echo "$*" >> "$MANIFEST"
+}
 
 sha() { sha256sum "$1" | cut -d' ' -f1; }
+
+# nvshim's own command, whichever way it is installed (the self-contained prefix or --dev's venv)
+run_nvshim() {
+    if [ -f "$PREFIX/$FILE_LIST" ] && [ -x "$PREFIX/bin/python3" ]; then
+        "$PREFIX/bin/python3" -I -S -c 'import sys; sys.path[0:0] = [sys.argv.pop(1)]; sys.argv[0] = "nvshim"; from nvshim.cli.main import main; main()' \
+            "$PREFIX/site" "$@"
+    else
+        "$VENV/bin/nvshim" "$@"
+    fi
+}
+have_nvshim() { { [ -f "$PREFIX/$FILE_LIST" ] && [ -x "$PREFIX/bin/python3" ]; } || [ -x "$VENV/bin/nvshim" ]; }
 
 uninstall() {
     [ -f "$MANIFEST" ] || { say "nothing to uninstall ($MANIFEST not found)"; exit 0; }
     # engine configs: "ENGINE CONFIG [DROP-IN]" lines, reverted to their original bytes
-    grep -E '^(containerd|docker|crio) ' "$MANIFEST" | while read -r engine cfg drop_in; do
-        [ -x "$VENV/bin/nvshim" ] || continue
+    while read -r engine cfg drop_in; do
+        case $engine in containerd|docker|crio) ;; *) continue ;; esac
+        have_nvshim || continue
         set -- --runtime "$engine" --config "$cfg" --revert
         [ -n "${drop_in:-}" ] && set -- "$@" --drop-in "$drop_in"
-        NVSHIM_CONFIG="$ETCDIR/config.yaml" "$VENV/bin/nvshim" "runtime" "configure" "$@" \
+        NVSHIM_CONFIG="$ETCDIR/config.yaml" run_nvshim "runtime" "configure" "$@" \
             || say "could not revert $cfg; see the message above"
-        restart_engine "$engine" "$cfg"
-    done
+        restart_engine "$engine" "$cfg" </dev/null \
+            || say "reverted $cfg, but $engine did not come back after the restart: see the message above"
+    done < "$MANIFEST"
     uninstall_cdi_refresh
     # files we wrote, only if unchanged since (an edited config stays, and we say so)
-    grep '^file ' "$MANIFEST" | while read -r _ path sum; do
+    pkgs=
+    while read -r kind path sum; do
+        case $kind in
+            pkg) pkgs="$pkgs$path "; continue ;;
+            file) ;;
+            *) continue ;;
+        esac
         if [ ! -e "$path" ]; then continue; fi
         if [ -n "${sum:-}" ] && [ "$(sha "$path")" != "$sum" ]; then
             say "kept $path: it was changed after installation"
             continue
         fi
         rm -f "$path"
-    done
+    done < "$MANIFEST"
     rmdir "$ETCDIR" 2>/dev/null || true
-    pkgs=$(sed -n 's/^pkg //p' "$MANIFEST" | tr '\n' ' ')
     if [ -n "$pkgs" ]; then
         say "left installed: $pkgs(added by install.sh; other runtimes may use them — apt-get remove them if not)"
+    fi
+    # the self-contained runtime: every top-level entry its file list names (this script too:
+    # sh keeps reading the open file)
+    if [ -f "$PREFIX/$FILE_LIST" ]; then
+        while IFS= read -r entry; do
+            top=${entry%%/*}
+            case $top in ''|.|..) continue ;; esac
+            [ -e "$PREFIX/$top" ] && rm -rf "${PREFIX:?}/$top"
+        done < "$PREFIX/$FILE_LIST"
     fi
     rm -rf "$VENV"
     rm -f "$MANIFEST"
@@ -93,12 +207,30 @@ uninstall() {
     say "nvshim uninstalled"
 }
 
-restart_engine() {  # restart_engine containerd|docker|crio CONFIG
-    unit=$1
-    case $unit:$2 in
+restart_engine() {  # restart_engine containerd|docker|crio CONFIG: fails when it does not come back
+    unit=${RESTART_UNIT:-$1}
+    case $RESTART_MODE in
+        none)
+            say "did not restart $1 (NVSHIM_RESTART_MODE=none): restart it to load $2"
+            return 0 ;;
+        systemd|signal)
+            if [ "$1" = containerd ]; then
+                run_nvshim runtime restart --mode "$RESTART_MODE" --unit "$unit" \
+                    --socket "$CONTAINERD_SOCKET" --signal "$RESTART_SIGNAL" --timeout "$RESTART_TIMEOUT" \
+                    </dev/null
+                return
+            fi
+            if [ "$RESTART_MODE" = signal ]; then
+                say "did not restart $1: NVSHIM_RESTART_MODE=signal restarts containerd only; restart $1 to load $2"
+                return 0
+            fi
+            systemctl restart "$unit" </dev/null && say "restarted $unit"
+            return ;;
+    esac
+    case $1:$2 in  # auto
         containerd:/etc/containerd/config.toml|docker:/etc/docker/daemon.json|crio:/etc/crio/crio.conf) ;;
         *)  # a moved config (a test install) is not what the system's engine reads
-            say "did not restart $unit: $2 is not its system config; restart it yourself if something reads it"
+            say "did not restart $1: $2 is not its system config; restart it yourself if something reads it"
             return 0 ;;
     esac
     if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1 \
@@ -226,8 +358,6 @@ uninstall_cdi_refresh() {  # before the manifest's files go: disable, remove, re
     fi
 }
 
-if [ "$UNINSTALL" = 1 ]; then uninstall; exit 0; fi
-
 # --- packages ------------------------------------------------------------------------
 APT_UPDATED=0
 apt_install() {
@@ -244,29 +374,7 @@ apt_install() {
     for pkg in $missing; do record "pkg $pkg"; done
 }
 
-apt_install runc busybox-static
-"$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
-if [ "$DEV" = 1 ]; then
-    apt_install crun containerd podman umoci skopeo docker.io
-    # the real-driver tests compile their C probe (tests/probe/cudaprobe.c) at test time
-    apt_install gcc libc6-dev
-fi
-
-# --- venv and package ------------------------------------------------------------------
-if [ ! -x "$VENV/bin/python3" ]; then
-    "$PYTHON" -m venv "$VENV"
-    record "dir $VENV"
-fi
-"$VENV/bin/python3" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
-if [ "$DEV" = 1 ]; then
-    # editable, so the tests and the installed commands run the checkout's code
-    "$VENV/bin/python3" -m pip install -q --disable-pip-version-check -e "$SRC[test]"
-else
-    "$VENV/bin/python3" -m pip install -q --disable-pip-version-check "$SRC"
-fi
-
-# --- commands: absolute interpreter, -I (containerd's PATH and env are not ours) --------
-install_file() {  # install_file MODE DEST < content
+install_file() {  # install_file DEST MODE < content
     tmp="$1.tmp.$$"
     cat > "$tmp"
     chmod "$2" "$tmp"
@@ -274,17 +382,121 @@ install_file() {  # install_file MODE DEST < content
     record "file $1"
 }
 
-mkdir -p "$BINDIR"
-# Both default to $ETCDIR/config.yaml: an install with NVSHIM_ETCDIR never reads /etc/nvshim.
-"$VENV/bin/python3" -I -c 'import sys; from nvshim.node.trampoline import render; sys.stdout.write(render(sys.argv[1], config=sys.argv[2]))' \
-    "$VENV/bin/python3" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim-runtime" 0755
-"$VENV/bin/python3" -I -c 'import json, sys; print(f"#!{sys.argv[1]} -I\nimport os\nos.environ.setdefault(\"NVSHIM_CONFIG\", {json.dumps(sys.argv[2])})\nfrom nvshim.cli.main import main\nmain()")' \
-    "$VENV/bin/python3" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim" 0755
+writable() {  # writable DIR: DIR exists (created if need be) and a file can be made in it
+    mkdir -p "$1" 2>/dev/null || return 1
+    probe="$1/.nvshim-write-test.$$"
+    touch "$probe" 2>/dev/null || return 1  # not ': >': a special builtin's failed redirection exits sh
+    rm -f "$probe"
+}
+
+# install_payload DIR: check everything first (nothing is written when a check fails), then
+# put DIR's prefix in place of PREFIX in one rename and write the commands for PREFIX
+install_payload() {
+    from=$(cd "$1" 2>/dev/null && pwd) || die "payload $1: no such directory"
+    meta=$from/.nvshim-payload
+    [ -f "$meta" ] || die "$from is not an nvshim payload: $meta is missing (build one with install.sh --payload DIR)"
+    built=
+    while IFS='=' read -r key value; do
+        [ "$key" = prefix ] && built=$value
+    done < "$meta"
+    case $built in /?*) ;; *) die "$meta names no prefix (prefix=/…)" ;; esac
+    payload=$from$built
+    for piece in "$from/config/config.yaml" "$payload/$FILE_LIST"; do
+        [ -f "$piece" ] || die "payload $from is incomplete: $piece is missing"
+    done
+    while IFS= read -r entry; do
+        [ -e "$payload/$entry" ] || die "payload $from is incomplete: $payload/$entry is missing"
+    done < "$payload/$FILE_LIST"
+    # the commands are /bin/sh scripts: a node root without a working /bin/sh cannot run them
+    if [ ! -f /bin/sh ] || [ ! -x /bin/sh ] || ! /bin/sh -c : 2>/dev/null; then
+        die "no usable /bin/sh on this node (missing, or its C library is): nvshim-runtime and nvshim are /bin/sh scripts"
+    fi
+    out=$("$payload/bin/python3" -I -S -c 'import sys; sys.path[0:0] = [sys.argv[1]]; import nvshim.runtime.main, nvshim.cli.main' "$payload/site" 2>&1) \
+        || die "the payload's interpreter does not run here ($payload/bin/python3): $(printf '%s\n' "$out" | tail -n 1)"
+    for dir in "$BINDIR" "$(dirname "$PREFIX")" "$(dirname "$ETCDIR")"; do
+        writable "$dir" || die "cannot write $dir (read-only file system?): nothing installed"
+    done
+    if [ -e "$PREFIX" ] && [ ! -f "$MANIFEST" ] && [ ! -f "$PREFIX/$FILE_LIST" ] \
+        && [ -n "$(ls -A "$PREFIX" 2>/dev/null)" ]; then
+        die "$PREFIX exists and is not nvshim's: move it or set NVSHIM_PREFIX"
+    fi
+
+    new="$PREFIX.new.$$" old="$PREFIX.old.$$"
+    rm -rf "$new" "$old"
+    # cp -R, not -a: the files become root's whoever built the payload
+    cp -R "$payload" "$new" || { rm -rf "$new"; die "could not copy $payload to $new"; }
+    if [ -d "$PREFIX" ]; then
+        # what the payload does not bring (the manifest, --dev's venv) stays in the prefix
+        for entry in "$PREFIX"/* "$PREFIX"/.[!.]*; do
+            [ -e "$entry" ] || continue
+            [ -e "$new/${entry##*/}" ] || mv "$entry" "$new/"
+        done
+        mv "$PREFIX" "$old" || { rm -rf "$new"; die "cannot replace $PREFIX (a mount point?)"; }
+    fi
+    mv "$new" "$PREFIX"
+    rm -rf "$old"
+    # the commands, rendered for PREFIX, BINDIR and ETCDIR by the installed interpreter itself
+    # (both default to $ETCDIR/config.yaml: an install with NVSHIM_ETCDIR never reads /etc/nvshim)
+    "$PREFIX/bin/python3" -I -S -c 'import sys; p, cfg = sys.argv[2:4]; sys.path[0:0] = [sys.argv[1]]
+from nvshim.node.prefix import render_runtime
+sys.stdout.write(render_runtime(p, cfg))' \
+        "$PREFIX/site" "$PREFIX" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim-runtime" 0755
+    "$PREFIX/bin/python3" -I -S -c 'import sys; p, cfg = sys.argv[2:4]; sys.path[0:0] = [sys.argv[1]]
+from nvshim.node.prefix import render_cli
+sys.stdout.write(render_cli(p, cfg))' \
+        "$PREFIX/site" "$PREFIX" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim" 0755
+    CONFIG_SRC=$from/config/config.yaml
+}
+
+if [ -n "$PAYLOAD" ]; then
+    build_payload "$PAYLOAD"
+    say "built nvshim's self-contained runtime in $PAYLOAD (install it with: sh $PAYLOAD/install.sh --from $PAYLOAD)"
+    exit 0
+fi
+
+[ "$(id -u)" = 0 ] || die "run as root (it writes $PREFIX, $BINDIR and $ETCDIR)"
+
+if [ "$UNINSTALL" = 1 ]; then uninstall; exit 0; fi
+
+CONFIG_SRC=$SRC/config/config.yaml
+if [ -n "$FROM" ]; then
+    # a node: no packages, no build; runc comes with its container engine
+    install_payload "$FROM"
+elif [ "$DEV" = 0 ]; then
+    apt_install runc busybox-static
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    build_payload "$work/payload"
+    install_payload "$work/payload"
+else
+    apt_install runc busybox-static
+    "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
+    apt_install crun containerd podman umoci skopeo docker.io
+    # the node-root tests (tests/helpers/noderoot.py) and the DaemonSet test build Debian roots
+    apt_install mmdebstrap debian-archive-keyring
+    # the real-driver tests compile their C probe (tests/probe/cudaprobe.c) at test time
+    apt_install gcc libc6-dev
+
+    # --- venv with the checkout editable (the tests and the commands run its code) -----
+    if [ ! -x "$VENV/bin/python3" ]; then
+        "$PYTHON" -m venv "$VENV"
+        record "dir $VENV"
+    fi
+    "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
+    "$VENV/bin/python3" -m pip install -q --disable-pip-version-check -e "$SRC[test]"
+
+    # --- commands: absolute interpreter, -I (containerd's PATH and env are not ours) ----
+    mkdir -p "$BINDIR"
+    "$VENV/bin/python3" -I -c 'import sys; from nvshim.node.trampoline import render; sys.stdout.write(render(sys.argv[1], config=sys.argv[2]))' \
+        "$VENV/bin/python3" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim-runtime" 0755
+    "$VENV/bin/python3" -I -c 'import json, sys; print(f"#!{sys.argv[1]} -I\nimport os\nos.environ.setdefault(\"NVSHIM_CONFIG\", {json.dumps(sys.argv[2])})\nfrom nvshim.cli.main import main\nmain()")' \
+        "$VENV/bin/python3" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim" 0755
+fi
 
 # --- config --------------------------------------------------------------------------
 mkdir -p "$ETCDIR"
 if [ ! -e "$ETCDIR/config.yaml" ]; then
-    cp "$SRC/config/config.yaml" "$ETCDIR/config.yaml"
+    cp "$CONFIG_SRC" "$ETCDIR/config.yaml"
     chmod 0644 "$ETCDIR/config.yaml"
     record "file $ETCDIR/config.yaml $(sha "$ETCDIR/config.yaml")"
     say "wrote $ETCDIR/config.yaml"
@@ -299,18 +511,81 @@ record "file $ETCDIR/config.cdi-index.json"  # the index of the CDI spec dirs
 install_cdi_refresh  # see "CDI refresh when the driver changes" above
 
 # --- container engines ---------------------------------------------------------------
+# The engine's files as they were before this run (a copy, or a mark that the file was absent),
+# to put back byte for byte when the engine does not come back with the new ones.
+SNAP=""
+snapshot_files() {  # snapshot_files FILE...
+    SNAP=$(mktemp -d "${TMPDIR:-/tmp}/nvshim-install.XXXXXX")
+    n=0
+    for f in "$@"; do
+        n=$((n + 1))
+        printf '%s\n' "$f" > "$SNAP/$n.path"
+        if [ -e "$f" ]; then cp -p "$f" "$SNAP/$n.bytes"; fi
+        if [ ! -d "$(dirname "$f")" ]; then : > "$SNAP/$n.nodir"; fi
+    done
+}
+restore_files() {
+    for p in "$SNAP"/*.path; do
+        n=${p%.path}
+        f=$(cat "$p")
+        if [ -e "$n.bytes" ]; then
+            cp -p "$n.bytes" "$f.nvshim-restore.$$" && mv -f "$f.nvshim-restore.$$" "$f"
+        else
+            rm -f "$f"
+            if [ -e "$n.nodir" ]; then rmdir "$(dirname "$f")" 2>/dev/null || true; fi
+        fi
+    done
+}
+
 configure_engine() {  # configure_engine ENGINE CONFIG [DROP-IN]
     set -- "$1" "$2" "${3:-}"
     engine=$1 cfg=$2 drop_in=$3
+    waits=0
+    if [ "$engine" = containerd ] && [ "$RESTART_MODE" != auto ] && [ "$RESTART_MODE" != none ]; then
+        waits=1  # containerd must answer now: a wrong socket fails before anything is written
+        run_nvshim runtime restart --check --socket "$CONTAINERD_SOCKET" \
+            --signal "$RESTART_SIGNAL" || exit 1
+    fi
+    snapshot_files "$cfg" "$cfg.nvshim-orig.json" ${drop_in:+"$drop_in"}
+    seeded=""
+    if [ ! -e "$cfg" ] && [ "$engine" = containerd ] && [ -n "$CONTAINERD_CONFIG_SEED" ]; then
+        mkdir -p "$(dirname "$cfg")"
+        cp "$CONTAINERD_CONFIG_SEED" "$cfg"
+        chmod 0644 "$cfg"
+        seeded="file $cfg $(sha "$cfg")"  # revert gives these bytes back; uninstall then removes it
+        say "seeded $cfg from $CONTAINERD_CONFIG_SEED"
+    fi
     set -- --runtime "$engine" --config "$cfg" --binary "$BINDIR/nvshim-runtime"
     [ -n "$drop_in" ] && set -- "$@" --drop-in "$drop_in"
     [ "$DEFAULT" = 1 ] && set -- "$@" --set-as-default
     out=$(NVSHIM_CONFIG="$ETCDIR/config.yaml" "$BINDIR/nvshim" runtime configure "$@" 2>&1) \
-        || { printf '%s\n' "$out" >&2; exit 1; }
+        || { printf '%s\n' "$out" >&2; restore_files; rm -rf "$SNAP"; exit 1; }
     printf '%s\n' "$out" >&2
-    record "$engine $cfg${drop_in:+ $drop_in}"
     # restart only when something was written (a DaemonSet re-run must not bounce the engine)
-    case $out in *"nothing written"*|*"already"*) ;; *) restart_engine "$engine" "$cfg" ;; esac
+    case $out in
+        *"nothing written"*|*"already"*) ;;
+        *)
+            if ! why=$(restart_engine "$engine" "$cfg" 2>&1); then
+                restore_files
+                rm -rf "$SNAP"
+                up="restarted" down="failed again"
+                if [ "$waits" = 1 ]; then
+                    up="answers again on $CONTAINERD_SOCKET" down="still does not answer on $CONTAINERD_SOCKET"
+                fi
+                if restart_engine "$engine" "$cfg" >/dev/null 2>&1; then
+                    back="it $up"
+                else
+                    back="it $down (the previous config does not start it either: see its log)"
+                fi
+                why=$(printf '%s\n' "$why" | sed '/^[[:space:]]*$/d' | tail -n 1)
+                why=${why#nvshim: }
+                die "$engine did not come back with $cfg (${why#"$engine "}); put back the previous config and restarted $engine: $back"
+            fi
+            [ -n "$why" ] && printf '%s\n' "$why" >&2 ;;
+    esac
+    rm -rf "$SNAP"
+    record "$engine $cfg${drop_in:+ $drop_in}"
+    if [ -n "$seeded" ]; then record "$seeded"; fi
 }
 if [ "$CONTAINERD" = 1 ]; then configure_engine containerd "$CONTAINERD_CONFIG" "$CONTAINERD_DROP_IN"; fi
 if [ "$DOCKER" = 1 ]; then
@@ -322,4 +597,5 @@ if [ "$DOCKER" = 1 ]; then
 fi
 if [ "$CRIO" = 1 ]; then configure_engine crio "$CRIO_CONFIG" "$CRIO_DROP_IN"; fi
 
-say "installed nvshim $("$VENV/bin/python3" -I -c 'import nvshim; print(nvshim.__version__)') ($BINDIR/nvshim, $BINDIR/nvshim-runtime)"
+version=$("$BINDIR/nvshim" --version)
+say "installed nvshim ${version##* } ($BINDIR/nvshim, $BINDIR/nvshim-runtime)"

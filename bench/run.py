@@ -34,6 +34,11 @@ Cases:
   the driver's 32 GPUs come straight from the simulator (scale only). When the command is
   missing the case says so and ``nvshim inspect`` on the 1-GPU bundle is timed instead.
 
+``--runtime`` given twice (say today's venv trampoline, then the self-contained one that
+``install.sh --from`` installs) adds, for each ``shim stage`` bundle, the two runtimes
+against each other in alternating pairs (``A vs B``: the first runtime in the runc
+column), and each one's own ``shim stage`` row; the other cases use the first.
+
 Nothing here asserts on time; this is a measurement, not a test.
 """
 
@@ -343,6 +348,20 @@ def case_shim(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
     return result
 
 
+def case_versus(b: Bench, pairs: int, key: str, other: str) -> Dict[str, Any]:
+    """Two nvshim-runtimes' shim stage (no-op low-level runtime) against each other."""
+    def run(tool: str) -> Sample:
+        b.restore(key)
+        ms, _, cpu = timed([tool, "create", "--bundle", str(b.bundles[key]), b.cid("vs")],
+                           env=b.noop_env)
+        return ms, cpu
+
+    result = paired(f"shim stage gpu={key}: A vs B", pairs, lambda i: run(b.runtime),
+                    lambda i: run(other))
+    b.restore(key)
+    return result
+
+
 def case_cdi(b: Bench, repeats: int) -> Dict[str, Any]:
     from nvshim.sim.build import create_node
 
@@ -418,6 +437,9 @@ def print_table(results: Dict[str, Any]) -> None:
     print(f"\n{results['pairs']} alternating pairs; ms: median [min-max]; ratio, +ms: median "
           "of per-pair wall-time ratios and differences; +cpu ms: of per-pair CPU-time "
           "differences")
+    if any(r["case"].endswith("A vs B") for r in results["cases"]):
+        print(f"A vs B: A = {results['machine']['nvshim_runtime']} in the runc column, "
+              f"B = {results['machine']['nvshim_runtime_b']} in the nvshim-runtime column")
     head = (f"{'case':30} {'runc':>24} {'nvshim-runtime':>24} {'ratio':>7} {'+ms':>7} "
             f"{'+cpu ms':>8}")
     print(head)
@@ -450,20 +472,26 @@ def print_table(results: Dict[str, Any]) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=30, help="pairs per case (default 30)")
-    parser.add_argument("--runtime", default=DEFAULT_RUNTIME,
-                        help=f"nvshim-runtime under test (default {DEFAULT_RUNTIME})")
+    parser.add_argument("--runtime", action="append", default=[],
+                        help=f"nvshim-runtime under test (default {DEFAULT_RUNTIME}); given "
+                        "twice, also the two against each other (A = the first)")
     parser.add_argument("--runc", default=shutil.which("runc") or "/usr/sbin/runc")
     parser.add_argument("--cases", default="state,delete,create,shim,cdi",
                         help="comma-separated subset of state,delete,create,shim,cdi")
     parser.add_argument("--cdi-repeats", type=int, default=5)
     parser.add_argument("--out", default=str(REPO / "bench" / "results.json"))
     args = parser.parse_args(argv)
+    runtimes: List[str] = args.runtime or [DEFAULT_RUNTIME]
+    if len(runtimes) > 2:
+        print("bench/run.py: --runtime at most twice", file=sys.stderr)
+        return 1
+    args.runtime = runtimes[0]
 
     if os.geteuid() != 0:
         print("bench/run.py: needs root (runc containers, mknod for the simulated node)",
               file=sys.stderr)
         return 1
-    for path in (args.runtime, args.runc):
+    for path in (*runtimes, args.runc):
         if not os.access(path, os.X_OK):
             print(f"bench/run.py: {path} is not executable", file=sys.stderr)
             return 1
@@ -473,15 +501,24 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     results: Dict[str, Any] = {"pairs": args.pairs,
                                "machine": machine(args.runc, args.runtime), "cases": []}
+    if len(runtimes) == 2:
+        results["machine"]["nvshim_runtime_b"] = runtimes[1]
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-") as tmp:
         b = Bench(Path(tmp), args.runtime, args.runc, nvshim_cli)
         try:
             b.setup()
             # warm caches (page cache, pyc) once per tool; not recorded
-            for tool in (b.runc, b.runtime):
-                cid = b.cid("warm")
-                b.create(tool, "1", cid)
-                b.delete(tool, cid)
+            if wanted & {"state", "delete", "create"}:
+                for tool in (b.runc, *runtimes):
+                    cid = b.cid("warm")
+                    b.create(tool, "1", cid)
+                    b.delete(tool, cid)
+            else:  # no container is started (a run under chrt may not move into a cgroup)
+                for tool in runtimes:
+                    b.restore("1")
+                    timed([tool, "create", "--bundle", str(b.bundles["1"]), b.cid("warm")],
+                          env=b.noop_env)
+                b.restore("1")
             if "state" in wanted:
                 results["cases"].append(case_state(b, args.pairs))
             if "delete" in wanted:
@@ -496,6 +533,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                     if key not in b.bundles:
                         continue
                     results["cases"].append(case_shim(b, args.pairs, key))
+                    if len(runtimes) == 2:
+                        b.runtime = runtimes[1]
+                        row = case_shim(b, args.pairs, key)
+                        row["case"] += " (B)"
+                        results["cases"].append(row)
+                        b.runtime = runtimes[0]
+                        results["cases"].append(case_versus(b, args.pairs, key, runtimes[1]))
             if "cdi" in wanted:
                 results["cdi_generate"] = case_cdi(b, args.cdi_repeats)
         finally:

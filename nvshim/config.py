@@ -10,7 +10,8 @@ Two ways in, one result:
   ``nvshim config compile``; it holds the validated values and the YAML text it came
   from, so an edited YAML is noticed and the checked path is taken instead.
 
-A missing file means defaults. The runtime never writes the compiled file itself; the
+A missing file means defaults, except to a create whose config was named
+(:func:`config_named`): that fails. The runtime never writes the compiled file itself; the
 only file a create may write next to it is the node plan cache (:mod:`nvshim.runtime.plancache`).
 """
 
@@ -31,6 +32,7 @@ __all__ = [
     "Config",
     "DEFAULT_CONFIG_PATH",
     "config_path",
+    "config_named",
     "describe_config",
     "compiled_path",
     "runtimes_path",
@@ -39,6 +41,7 @@ __all__ = [
     "source_link_path",
     "compiled_lists_fresh",
     "cdi_index_path",
+    "check_trusted",
     "load_config",
     "parse_config_text",
     "describe_problems",
@@ -85,10 +88,12 @@ class Config:
         "privileged",
     )
     on_missing_allocation: str = "strip"
+    require_allocation_features: Tuple[str, ...] = ("gds", "gdrcopy")
     accept_all_from_mounts: bool = False
     management_pods: Tuple[str, ...] = ()
     verify_with: str = "none"
     kubelet_unreachable: str = "fail"
+    unidentified_containers: str = "fail"
     kubelet_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     kubelet_checkpoint: Optional[str] = (
         "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
@@ -132,9 +137,24 @@ class Config:
         return cls(**kwargs)
 
 
+#: Set by the installed trampoline's boot (install.sh always writes the config it embeds):
+#: then :data:`DEFAULT_CONFIG_PATH` is a named config, see :func:`config_named`.
+DEFAULT_CONFIG_NAMED = False
+
+
 def config_path(environ: Optional[Mapping[str, str]] = None) -> str:
     env = os.environ if environ is None else environ
     return env.get("NVSHIM_CONFIG") or DEFAULT_CONFIG_PATH
+
+
+def config_named(environ: Optional[Mapping[str, str]] = None) -> str:
+    """Who named the config a create must find (``NVSHIM_CONFIG``, the installed
+    ``nvshim-runtime``); "" when it is only the default path looked for, where a missing
+    file means the built-in defaults (podman or runc without any config)."""
+    env = os.environ if environ is None else environ
+    if env.get("NVSHIM_CONFIG"):
+        return "NVSHIM_CONFIG"
+    return "the installed nvshim-runtime" if DEFAULT_CONFIG_NAMED else ""
 
 
 def describe_config(config: Config) -> str:
@@ -212,38 +232,34 @@ def compiled_matches(doc: Any, data: bytes) -> bool:
     )
 
 
-def check_trusted(path: str, st: os.stat_result) -> None:
+def check_trusted(path: str, st: os.stat_result, what: str = "config") -> None:
     """Refuse a config file others could have written (like sshd's StrictModes, sudo).
 
     nvshim-runtime runs as root and executes the runtimes these files name, so when
     running as root each file nvshim reads or the trampoline trusts must be owned by root
-    and writable by its owner only; its directory must be owned by root and must not let
-    others replace it (not group/other-writable, unless sticky like /tmp).
+    and writable by its owner only, and no directory its lookup goes through (ancestors,
+    and past a symlink its target's) may let others replace it (:mod:`nvshim._trust`).
+    ``what`` names the kind of file in the message: the same rule holds CDI spec files,
+    whose hooks run as root on the host (:mod:`nvshim.cdi.load`).
     """
     euid = os.geteuid()
     if euid != 0:
         return  # the rule protects root; a user's own nvshim reads what that user may read
     if st.st_uid != 0:
         raise ConfigError(
-            f"config {path} is owned by uid {st.st_uid}, not root: nvshim-runtime runs as "
+            f"{what} {path} is owned by uid {st.st_uid}, not root: nvshim-runtime runs as "
             f"root and executes what it names; run chown root {path}"
         )
     if st.st_mode & 0o022:
         raise ConfigError(
-            f"config {path} is writable by group or others (mode {st.st_mode & 0o7777:04o}): "
+            f"{what} {path} is writable by group or others (mode {st.st_mode & 0o7777:04o}): "
             f"nvshim-runtime runs as root and executes what it names; run chmod go-w {path}"
         )
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        dst = os.stat(directory)
-    except OSError as exc:
-        raise ConfigError(f"cannot stat config directory {directory}: {exc.strerror}") from exc
-    if dst.st_uid != 0 or (dst.st_mode & 0o022 and not dst.st_mode & 0o1000):
-        raise ConfigError(
-            f"config directory {directory} can be written by others (uid {dst.st_uid}, mode "
-            f"{dst.st_mode & 0o7777:04o}), so {os.path.basename(path)} could be replaced: "
-            f"run chmod go-w {directory}"
-        )
+    from nvshim._trust import lookup_problem
+
+    problem = lookup_problem(path, what)  # the ancestors, and past a symlink its target's
+    if problem:
+        raise ConfigError(problem)
 
 
 def read_trusted_cache(path: str, what: str) -> Tuple[Optional[Any], str]:

@@ -22,9 +22,19 @@ missing, corrupt or unwritable index is never trusted and never fails a create, 
 one that others could have written (it carries hooks and mounts: the config's ownership
 and mode rule applies). It is also written by ``nvshim config compile``.
 
+Spec files are held to the same rule (:mod:`nvshim.cdi.load`): a spec others could have
+written is recorded with its problem and the device names it declares, never with its
+content. A create cannot be fooled by a spec changed after the index was written: a JSON
+spec is read again at create and judged on the descriptor it is read from; a YAML spec's
+recorded document stands only while the file's and its directory's ``stat`` signatures
+(inode, owner, group, mode, size, mtime, ctime: a chown or chmod changes them) still match,
+and an entry is reused in a rebuild only when both do, so every verdict is made again
+once either changed.
+
 :func:`stale_specs` says which of the specs a create injects from no longer describe the
-node (another driver's libraries, device nodes the node lacks or numbers differently):
-a few string checks and one ``stat`` per injected device node, on the specs used only.
+node (another driver's files, by :mod:`nvshim.cdi.stale`'s rule; device nodes the node
+lacks or numbers differently): string checks, one ``stat`` per mount that is no library
+(two ``readlink`` for a folder) and per injected device node, on the specs used only.
 :func:`missing_mounts` finds the files a create would bind-mount from a spec that the
 node no longer has (one ``stat`` per injected bind mount): runc would fail on them.
 """
@@ -34,9 +44,10 @@ from __future__ import annotations
 import os
 
 from nvshim import _jsonc
-from nvshim.cdi.load import load_spec_file, parse_spec, read_document
+from nvshim.cdi.load import UntrustedProblem, load_spec_file, parse_spec, read_document
 from nvshim.cdi.names import parse_qualified_name
 from nvshim.cdi.registry import build_registry, spec_files
+from nvshim.cdi.stale import stale_reasons
 from nvshim.errors import CdiError, CdiProblem, CdiSpecError, NvshimError
 
 TYPE_CHECKING = False
@@ -56,7 +67,7 @@ __all__ = [
     "stale_specs",
 ]
 
-FORMAT = 1
+FORMAT = 2  # 2: trust verdicts; signatures carry owner and group
 
 
 def _sig(path: str) -> Optional[List[int]]:
@@ -66,7 +77,8 @@ def _sig(path: str) -> Optional[List[int]]:
         st = os.stat(path)
     except OSError:
         return None
-    return [st.st_ino, st.st_dev, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    return [st.st_ino, st.st_dev, st.st_mode, st.st_uid, st.st_gid, st.st_size,
+            st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _key(spec_dirs: Sequence[str]) -> Dict[str, Any]:
@@ -83,10 +95,13 @@ def _entry(path: str, sig: Optional[List[int]]) -> Dict[str, Any]:
     """What the index records about one spec file (parses it: yaml for a .yaml file)."""
     entry: Dict[str, Any] = {"path": path, "sig": sig, "kind": None, "problems": [], "doc": None}
     try:
-        raw = read_document(path)
+        raw = read_document(path, check_trust=True)
         spec = parse_spec(raw, path)
     except CdiSpecError as exc:
         entry["problems"] = _problems(exc.problems)
+        untrusted = [p for p in exc.problems if isinstance(p, UntrustedProblem)]
+        if untrusted:
+            entry["untrusted"] = list(untrusted[0].devices)
         return entry
     entry["kind"] = spec.kind
     if path.endswith(".yaml"):
@@ -100,10 +115,16 @@ def _entry(path: str, sig: Optional[List[int]]) -> Dict[str, Any]:
 
 
 def build(spec_dirs: Sequence[str], old: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """The index of ``spec_dirs``; entries of ``old`` whose file is unchanged are reused."""
-    reuse: Dict[Tuple[str, str], Dict[str, Any]] = {}
-    for entry in (old or {}).get("entries", ()):
-        reuse[(entry["path"], _jsonc.dumps(entry["sig"]))] = entry
+    """The index of ``spec_dirs``; entries of ``old`` whose file and directory are
+    unchanged are reused (a trust verdict depends on both)."""
+    reuse: Dict[Tuple[str, str, str], Dict[str, Any]] = {}
+    try:
+        old_dirs = (old or {}).get("dirs", [])
+        for entry in (old or {}).get("entries", ()):
+            dir_sig = old_dirs[entry["rank"]]["sig"]
+            reuse[(entry["path"], _jsonc.dumps(entry["sig"]), _jsonc.dumps(dir_sig))] = entry
+    except (KeyError, IndexError, TypeError):
+        reuse = {}  # a malformed old index: parse everything again
     dirs = []
     entries = []
     for rank, directory in enumerate(spec_dirs):
@@ -113,7 +134,8 @@ def build(spec_dirs: Sequence[str], old: Optional[Dict[str, Any]] = None) -> Dic
         dirs.append({"dir": directory, "sig": dir_sig, "problems": _problems(problems)})
         for path in files:
             sig = _sig(path)
-            entry = reuse.get((path, _jsonc.dumps(sig))) or _entry(path, sig)
+            entry = (reuse.get((path, _jsonc.dumps(sig), _jsonc.dumps(dir_sig)))
+                     or _entry(path, sig))
             entries.append(dict(entry, rank=rank))
     return {"format": FORMAT, "key": _key(spec_dirs), "dirs": dirs, "entries": entries}
 
@@ -170,16 +192,20 @@ def _loaded(doc: Dict[str, Any], kinds: Set[str]) -> Iterable[Tuple[int, Any, Li
         if d["problems"]:
             yield rank, None, [CdiProblem(*p) for p in d["problems"]]
         for entry in by_rank.get(rank, ()):
+            if entry.get("untrusted") is not None:
+                path, _, message = entry["problems"][0]
+                yield rank, None, [UntrustedProblem(path, message, entry["untrusted"])]
+                continue
             if entry["problems"]:
                 yield rank, None, [CdiProblem(*p) for p in entry["problems"]]
                 continue
             if entry["kind"] not in kinds:
                 continue  # cannot hold a requested device: not loaded
             try:
-                if entry["doc"] is not None:
+                if entry["doc"] is not None:  # trusted when indexed, unchanged since
                     yield rank, parse_spec(entry["doc"], entry["path"]), []
-                else:
-                    yield rank, load_spec_file(entry["path"]), []
+                else:  # read now, and judged on what is read
+                    yield rank, load_spec_file(entry["path"], check_trust=True), []
             except CdiSpecError as exc:
                 yield rank, None, exc.problems
 
@@ -217,30 +243,17 @@ def refresh(spec_dirs: Sequence[str], index_path: str) -> str:
     return _save(index_path, build(spec_dirs))
 
 
-#: Driver libraries whose file is always named ``<prefix><driver version>``: a spec that
-#: mounts one of another version was made for another driver.
-_DRIVER_VERSIONED = ("libcuda.so.", "libnvidia-ml.so.")
-
-
-def _is_version(text: str) -> bool:
-    """``550.54.15``, ``550.54``: numbers with dots (``libcuda.so.1``, a link, is not one)."""
-    parts = text.split(".")
-    return len(parts) > 1 and all(p.isascii() and p.isdigit() for p in parts)
-
-
 def _spec_mismatch(edits: Sequence[Any], driver_version: Optional[str]) -> List[str]:
     """Why one spec's injected ``edits`` (its own and its devices') do not match the node
-    (empty: they do)."""
+    (empty: they do): driver files of another version (:func:`nvshim.cdi.stale.stale_reasons`),
+    device nodes missing or numbered otherwise."""
     import stat
 
     reasons: List[str] = []
     if driver_version is not None:
-        for mount in (m for e in edits for m in e.mounts):
-            name = mount.host_path.rsplit("/", 1)[-1]
-            version = next((name[len(p):] for p in _DRIVER_VERSIONED if name.startswith(p)), "")
-            if _is_version(version) and version != driver_version:
-                reasons.append(f"it mounts {name}, the node's driver is {driver_version}")
-                break
+        reasons += [why for why, _ in stale_reasons([m for e in edits for m in e.mounts],
+                                                     [h for e in edits for h in e.hooks],
+                                                     driver_version)]
     missing: List[str] = []
     for node in dict.fromkeys(n for e in edits for n in e.device_nodes):
         try:
@@ -273,8 +286,9 @@ def regenerate_fix(path: str) -> str:
 def stale_specs(registry: Registry, names: Sequence[str], driver_version: Optional[str],
                 fix: Callable[[str], str] = regenerate_fix) -> List[str]:
     """One line per spec file that ``names`` inject from and that no longer matches the
-    node: a driver-versioned library (``libcuda.so.<v>``, ``libnvidia-ml.so.<v>``) of
-    another version than ``driver_version`` (None: not compared), or an injected device
+    node: a driver file of another version than ``driver_version`` (None: not compared;
+    any NVIDIA library named for a driver version, a library folder mounted whole, GSP
+    firmware, a hook's ``--host-driver-version``), or an injected device
     node that does not exist or has other numbers; ``fix(spec path)`` ends it. Names the
     registry lacks are skipped (resolving them reports them)."""
     used: Dict[str, List[Any]] = {}

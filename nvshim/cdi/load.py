@@ -6,6 +6,14 @@ or non-mapping document are errors); :func:`parse_spec` runs the checker and con
 what it accepted; :func:`load_spec_file` does both. Every failure is a
 :class:`~nvshim.errors.CdiSpecError` naming the file. ``yaml`` is imported only when a
 ``.yaml`` file is read: a create that loads JSON specs needs only the standard library.
+
+A spec's hooks run as root on the host and its mounts and device nodes go into
+containers, so a scan of the spec dirs (``check_trust``) holds each file to the config
+files' rule (:func:`nvshim.config.check_trusted`: owned by root, writable by root only, in
+a directory others cannot write). The check is made on the file descriptor the bytes are
+read from, so a spec swapped between a ``stat`` and the read is judged as what was read.
+A refused spec is one :class:`UntrustedProblem`, which also carries the device names the
+file declares, so that a create asking for one of them can say why it is missing.
 """
 
 from __future__ import annotations
@@ -21,11 +29,12 @@ from nvshim.errors import CdiProblem, CdiSpecError
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from typing import Any, BinaryIO, Dict, List, Mapping, Optional, Tuple
+    from typing import Any, BinaryIO, Dict, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = [
     "MAX_SPEC_BYTES",
     "STDIN",
+    "UntrustedProblem",
     "read_document",
     "decode_document",
     "read_input_document",
@@ -130,8 +139,51 @@ def _decode_yaml(text: str, path: str) -> Any:
         raise CdiSpecError([CdiProblem(path, "$", f"invalid YAML: {exc}")]) from exc
 
 
-def _read_bytes(path: str) -> bytes:
-    """The bytes of the regular file ``path``, at most :data:`MAX_SPEC_BYTES`.
+class UntrustedProblem(CdiProblem):
+    """A spec file the trust rule refuses (``message`` says which rule and the fix);
+    ``devices``: the qualified device names the file declares, none when it cannot be
+    decoded. It is skipped as any broken spec is."""
+
+    __slots__ = ("devices",)
+
+    devices: Tuple[str, ...]
+
+    def __init__(self, path: str, message: str, devices: Sequence[str] = ()) -> None:
+        super().__init__(path, "$", message)
+        object.__setattr__(self, "devices", tuple(devices))
+
+
+def _declared(data: bytes, path: str, ext: str) -> Tuple[str, ...]:
+    """The qualified device names a spec's bytes declare (best effort: none when they do
+    not decode); only to name an untrusted spec, never to inject from it."""
+    try:
+        raw = decode_document(data, path, ext)
+    except CdiSpecError:
+        return ()
+    kind = raw.get("kind")
+    devices = raw.get("devices")
+    if not isinstance(kind, str) or not isinstance(devices, list):
+        return ()
+    return tuple(f"{kind}={d['name']}" for d in devices
+                 if isinstance(d, dict) and isinstance(d.get("name"), str))
+
+
+def _check_trust(path: str, info: os.stat_result, data: bytes, ext: str) -> None:
+    """CdiSpecError (one :class:`UntrustedProblem`) when the file read (``info``: its fstat)
+    or its directory fails the config files' trust rule."""
+    from nvshim.config import check_trusted
+    from nvshim.errors import ConfigError
+
+    try:
+        check_trusted(path, info, "CDI spec")
+    except ConfigError as exc:
+        raise CdiSpecError([UntrustedProblem(path, str(exc), _declared(data, path, ext))]) \
+            from exc
+
+
+def _read_bytes(path: str) -> Tuple[bytes, os.stat_result]:
+    """The bytes of the regular file ``path``, at most :data:`MAX_SPEC_BYTES`, and the
+    ``fstat`` of the descriptor they were read from.
 
     Anything else in a spec directory (a FIFO, a symlink to ``/dev/zero`` or a tty) is a
     problem, never read: reading it would block forever or never end, and a scan of the
@@ -165,7 +217,7 @@ def _read_bytes(path: str) -> bytes:
         raise CdiSpecError([CdiProblem(path, "$", f"cannot read: {exc.strerror}")]) from exc
     finally:
         os.close(fd)
-    return b"".join(chunks)
+    return b"".join(chunks), info
 
 
 def _not_a_spec_name(path: str, ext: str) -> CdiSpecError:
@@ -180,12 +232,16 @@ def _not_a_spec_name(path: str, ext: str) -> CdiSpecError:
     return CdiSpecError([CdiProblem(path, "$", reason)])
 
 
-def read_document(path: str) -> Any:
-    """Read and strictly decode one spec file into a mapping (CdiSpecError if not)."""
+def read_document(path: str, check_trust: bool = False) -> Any:
+    """Read and strictly decode one spec file into a mapping (CdiSpecError if not);
+    ``check_trust``: refuse a file others could have written (the spec dirs' scans)."""
     ext = os.path.splitext(path)[1]
     if ext not in SPEC_EXTENSIONS:
         raise _not_a_spec_name(path, ext)
-    return decode_document(_read_bytes(path), path, ext)
+    data, info = _read_bytes(path)
+    if check_trust:
+        _check_trust(path, info, data, ext)
+    return decode_document(data, path, ext)
 
 
 def _sniff_format(data: bytes) -> str:
@@ -281,10 +337,11 @@ def _unapplied(edits: Optional[Mapping[str, Any]]) -> Tuple[str, ...]:
     return tuple(found)
 
 
-def load_spec_file(path: str) -> Spec:
+def load_spec_file(path: str, check_trust: bool = False) -> Spec:
     """Read, strictly decode and check one spec file (``.json`` or ``.yaml``).
 
     Duplicate keys, an empty document, a non-mapping document, and any semantic problem
-    are errors: raises :class:`CdiSpecError` (a :class:`CdiError`).
+    are errors: raises :class:`CdiSpecError` (a :class:`CdiError`); so is, with
+    ``check_trust``, a file others could have written (an :class:`UntrustedProblem`).
     """
-    return parse_spec(read_document(path), path)
+    return parse_spec(read_document(path, check_trust), path)

@@ -70,13 +70,16 @@ class Registry:
     """Every resolvable device of a set of spec directories.
 
     ``devices`` maps qualified names to their definition after priority and conflict
-    rules; ``problems`` lists files that were skipped and conflicts, in scan order.
+    rules; ``problems`` lists files that were skipped and conflicts, in scan order;
+    ``untrusted`` maps each name a skipped, untrusted spec file declares to that file's
+    problem (why a create cannot have it, when no trusted spec defines it).
     """
 
     spec_dirs: Tuple[str, ...]
     devices: Dict[str, ResolvedDevice] = field(default_factory=dict)
     specs: List[Spec] = field(default_factory=list)
     problems: List[CdiProblem] = field(default_factory=list)
+    untrusted: Dict[str, CdiProblem] = field(default_factory=dict)
 
     def names(self) -> List[str]:
         """All resolvable qualified device names, sorted."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from nvshim.cdi.load import load_spec_file
+from nvshim.cdi.load import UntrustedProblem, load_spec_file
 from nvshim.cdi.model import SPEC_EXTENSIONS, Registry, ResolvedDevice
 from nvshim.cdi.names import qualified_name
 from nvshim.config import DEFAULT_CDI_SPEC_DIRS
@@ -66,8 +66,10 @@ def load_registry(spec_dirs: Sequence[str] = DEFAULT_CDI_SPEC_DIRS) -> Registry:
 
     Directories are scanned in order, non-recursively, files in name order; a later
     directory has higher priority and silently overrides. A file that fails to load is
-    skipped and recorded in ``problems``. A device defined in two files of the same
-    directory is a conflict: recorded, and the device is dropped entirely.
+    skipped and recorded in ``problems``, and so is a file others could have written (the
+    config files' trust rule, :func:`nvshim.cdi.load.load_spec_file`). A device defined in
+    two files of the same directory is a conflict: recorded, and the device is dropped
+    entirely.
     """
     return build_registry(spec_dirs, _scan_specs(spec_dirs))
 
@@ -81,7 +83,7 @@ def _scan_specs(spec_dirs: Sequence[str]) -> Iterable[Tuple[int, Optional[Spec],
             yield rank, None, problems
         for path in files:
             try:
-                yield rank, load_spec_file(path), []
+                yield rank, load_spec_file(path, check_trust=True), []
             except CdiSpecError as exc:
                 yield rank, None, exc.problems
 
@@ -95,6 +97,10 @@ def build_registry(spec_dirs: Sequence[str],
     conflicted: set[str] = set()
     for rank, spec, problems in loaded:
         registry.problems.extend(problems)
+        for problem in problems:
+            if isinstance(problem, UntrustedProblem):
+                for name in problem.devices:
+                    registry.untrusted.setdefault(name, problem)
         if spec is None:
             continue
         path = spec.path
@@ -125,10 +131,16 @@ def resolve_devices(registry: Registry, names: Sequence[str]) -> Edits:
 
     Names are taken in order (repeats collapsed); the first time a spec is met its
     spec-level edits are added, then each device's own. If any name is unknown nothing
-    is resolved: raises :class:`CdiError` listing all of them and the directories searched.
+    is resolved: raises :class:`CdiError` listing all of them and the directories searched,
+    or, for a name only an untrusted spec file declares, naming that file and the rule.
     """
     unique = list(dict.fromkeys(names))
     missing = [name for name in unique if name not in registry.devices]
+    for name in missing:
+        untrusted = registry.untrusted.get(name)
+        if untrusted is not None:
+            raise CdiError(f"CDI device {name} is defined only by CDI spec {untrusted.path}, "
+                           f"which nvshim does not trust and skips: {untrusted.message}")
     if missing:
         searched = ", ".join(registry.spec_dirs) or "no spec directories"
         hint = ""

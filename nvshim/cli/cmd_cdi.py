@@ -50,8 +50,10 @@ def _echo_json(doc: Any) -> None:
 def list_devices(spec_dirs: Tuple[str, ...], fmt: str) -> None:
     """Print every resolvable qualified device name, one per line.
 
-    Files that fail to load and conflicting devices are reported on stderr as
-    warnings; they do not change the exit status. When no device is found, stderr says
+    Files that fail to load, files others could have written (run as root: a spec or
+    its directory not owned by root, or writable by group or others; nvshim-runtime skips
+    them too) and conflicting devices are reported on stderr as warnings; they do not
+    change the exit status. When no device is found, stderr says
     which directories were searched. --format json prints one document: the
     directories, each device (name, kind, device name, spec file) and the problems.
     """

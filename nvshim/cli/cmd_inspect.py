@@ -41,7 +41,7 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
     out). Exits 1 with the runtime's error line when the runtime would fail.
 
     A live bundle, whose config.json nvshim-runtime already rewrote (it carries the
-    nvshim.rewritten annotation), is not planned again: inspect says so and shows the
+    nvshim.io/rewritten annotation), is not planned again: inspect says so and shows the
     grant journal's and the denial journal's latest records for the bundle (what was
     granted, or stripped or refused and why) and the device nodes config.json holds.
     """

@@ -1,4 +1,6 @@
-"""``nvshim runtime configure``: register nvshim-runtime with containerd, Docker or CRI-O.
+"""``nvshim runtime configure``: register nvshim-runtime with containerd, Docker or CRI-O;
+``nvshim runtime restart``: restart containerd and wait until it answers
+(:mod:`nvshim.node.engine_restart`).
 
 A thin shell over :mod:`nvshim.node.containerd` (and ``containerd_revert``),
 :mod:`nvshim.node.docker` and :mod:`nvshim.node.crio`: it turns flags into one call,
@@ -19,10 +21,10 @@ import click
 from nvshim.cli.options import FORMAT
 from nvshim.cli.output import info
 from nvshim.errors import UsageError
-from nvshim.node import containerd, containerd_revert, crio, docker
+from nvshim.node import containerd, containerd_revert, crio, docker, engine_restart
 from nvshim.node.engine_files import BACKUP_SUFFIX, FileChange, backup_path
 
-__all__ = ["runtime", "configure_command"]
+__all__ = ["runtime", "configure_command", "restart_command"]
 
 _SET_AS_DEFAULT_HELP = (
     "Also make it the engine's default runtime (containerd: "
@@ -386,3 +388,52 @@ def configure_command(
         info(f'wrote {_join(result_c.written)}; {restart} to use runtime "{name}"')
     else:
         info(f'{result_c.handler_file} already has runtime "{name}"; nothing written')
+
+
+@runtime.command("restart")
+@click.option(
+    "--runtime",
+    "engine",
+    type=click.Choice(["containerd"]),
+    default="containerd",
+    show_default=True,
+    help="Engine to restart (containerd only: Docker and CRI-O are restarted with systemctl).",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["systemd", "signal", "none"]),
+    default="systemd",
+    show_default=True,
+    help=(
+        "systemd: systemctl restart UNIT. signal: send --signal to the process that owns "
+        "--socket; its supervisor must start containerd again. none: restart nothing "
+        "(the operator does)."
+    ),
+)
+@click.option("--unit", default="containerd", show_default=True, metavar="UNIT",
+              help="The systemd unit for --mode systemd (k3s: k3s or k3s-agent; RKE2: "
+                   "rke2-server or rke2-agent; microk8s: snap.microk8s.daemon-containerd).")
+@click.option("--socket", "socket_path", default=engine_restart.DEFAULT_SOCKET,
+              show_default=True, metavar="PATH", help="containerd's gRPC socket.")
+@click.option("--signal", "signal_name", default="SIGHUP", show_default=True, metavar="SIG",
+              help="The signal for --mode signal (containerd exits on SIGHUP and SIGTERM).")
+@click.option("--timeout", type=click.FloatRange(min=0.5), default=60.0, show_default=True,
+              metavar="SECONDS", help="How long to wait for the socket to answer again.")
+@click.option("--check", is_flag=True,
+              help="Restart nothing: only check that containerd answers on --socket now "
+                   "(fails, naming the socket, when it does not).")
+def restart_command(engine: str, mode: str, unit: str, socket_path: str, signal_name: str,
+                    timeout: float, check: bool) -> None:
+    """Restart containerd so it loads its changed config; wait until its socket answers.
+
+    After --mode systemd or signal, containerd's own Version call must answer on --socket
+    within --timeout seconds, or the command fails with one line naming the socket
+    (install.sh then puts the previous config back). Prints one line on stderr.
+    """
+    del engine  # one choice today; the option keeps the command line like configure's
+    if check:
+        engine_restart.parse_signal(signal_name)
+        info(engine_restart.check_answers(socket_path))
+        return
+    info(engine_restart.restart_containerd(mode, socket_path, unit=unit,
+                                           signal_name=signal_name, timeout=timeout))

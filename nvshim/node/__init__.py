@@ -3,6 +3,7 @@
 Owns: configuring containerd (``containerd`` configure, ``containerd_revert``,
 ``containerd_read`` what containerd sees, ``containerd_toml`` the shared TOML vocabulary),
 Docker (``docker``) and CRI-O (``crio``), with shared backup/revert in ``engine_files``;
+restarting containerd and waiting until its socket answers (``engine_restart``);
 the installed ``nvshim-runtime`` sh script (``trampoline`` renders it, install.sh writes
 it); compiling the config with the node plan cache and CDI index a create reads
 (``compile``); generating the node's CDI spec (``cdigen``); reading the grant journal

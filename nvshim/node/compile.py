@@ -99,8 +99,12 @@ def compile_config(path: Optional[str] = None) -> str:
         source = os.stat(path)
     except OSError as exc:
         raise ConfigError(f"cannot stat config {path}: {exc.strerror}") from exc
+    from nvshim.node.trampoline import ere_literal
+
+    # the prefixes as grep -E literals: the trampoline's one grep is -E
+    prefixes = tuple(ere_literal(p) for p in config.annotation_prefixes)
     for target, values in ((runtimes_path(path), config.runtimes),
-                           (prefixes_path(path), config.annotation_prefixes)):
+                           (prefixes_path(path), prefixes)):
         write_atomic(target, "".join(f"{v}\n" for v in values).encode(), default_mode=0o644)
         os.chmod(target, 0o644)  # generated: never keep a looser mode found on an old copy
         os.utime(target, ns=(source.st_atime_ns, source.st_mtime_ns))

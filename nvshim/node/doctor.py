@@ -58,6 +58,9 @@ The checks, by name:
     every ``nvidia.com`` CDI spec in ``cdi-spec-dirs`` still describes this node (driver
     version, devices, driver files); broken spec files and unlistable spec dirs are
     reported too.
+``cdi-spec-trust``
+    every spec file of ``cdi-spec-dirs`` passes the config files' trust rule; one a create
+    skips (owned by another uid, writable by others, in a directory others can write) fails.
 ``trampoline``
     the installed ``nvshim-runtime`` sh trampoline is what this nvshim renders.
 """
@@ -86,6 +89,7 @@ from nvshim.node.doctor_engines import (
 )
 from nvshim.node.doctor_handlers import check_lost_handlers
 from nvshim.node.doctor_host import (
+    check_cdi_spec_trust,
     check_cdi_specs,
     check_dev_char_links,
     check_driver_files,
@@ -126,6 +130,7 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     findings.append(check_gpus(host, options.config_path))
     findings.append(check_driver_files(host, usable.supported_driver_capabilities))
     findings.extend(check_cdi_specs(host, usable.cdi_spec_dirs))
+    findings.extend(check_cdi_spec_trust(usable.cdi_spec_dirs))
     findings.append(check_dev_char_links(host.dev_root))
     findings.append(check_trampoline(options.trampoline))
     return findings

@@ -15,6 +15,8 @@ from nvshim import __version__
 from nvshim.config import (
     Config,
     compiled_path,
+    config_named,
+    config_path,
     load_config,
     runtimes_path,
 )
@@ -42,6 +44,12 @@ def check_config(path: str, required: bool = False) -> Tuple[Finding, Optional[C
             fix = f"correct {path}, then {compile_command(path)}"
         return Finding("config", "fail", str(exc), fix), None
     if config.source is None:
+        named = config_named() if path == config_path() else ""
+        if named:  # the runtime fails every create without it (fail closed)
+            return Finding(
+                "config", "fail", f"no {path}, named by {named}: nvshim-runtime fails every "
+                "create without it (it never falls back to the built-in defaults)",
+                f"restore {path} (install.sh writes it), then {compile_command(path)}"), config
         return Finding("config", "ok", f"no {path}: built-in defaults"), config
     mode = "on" if config.require_allocation else "off"
     return Finding("config", "ok", f"{path} is valid (require-allocation {mode})"), config
@@ -166,6 +174,7 @@ def check_allocation_trust(config: Optional[Config], path: str) -> Finding:
 
 def check_trampoline(path: str) -> Finding:
     """The installed ``nvshim-runtime`` is the trampoline this nvshim would install."""
+    from nvshim.node.prefix import installed_prefix, render_runtime
     from nvshim.node.trampoline import render
 
     name = "trampoline"
@@ -174,11 +183,12 @@ def check_trampoline(path: str) -> Finding:
     if data is None:
         return Finding(name, "skip", f"{path} is not installed")
     text = data.decode(errors="replace")
-    python = None
+    python = config = None
     for line in text.splitlines():
-        if line.startswith("py="):
+        if line.startswith("py=") and python is None:
             python = line[len("py="):].strip()
-            break
+        elif line.startswith("conf=${NVSHIM_CONFIG:-") and line.endswith("}") and config is None:
+            config = line[len("conf=${NVSHIM_CONFIG:-"):-1]  # the install's config default
     if python is None:
         return Finding(name, "warn", f"{path} is not nvshim's sh trampoline (no py= line)", fix)
     if not os.access(path, os.X_OK):
@@ -189,7 +199,9 @@ def check_trampoline(path: str) -> Finding:
             fix,
         )
     try:
-        expected = render(python)
+        prefix = installed_prefix(python)
+        expected = (render(python, config=config) if prefix is None
+                    else render_runtime(prefix, config))
     except ValueError as exc:
         return Finding(name, "warn", f"{path}: {exc}", fix)
     if text != expected:

@@ -10,6 +10,11 @@
     version, devices, driver files); broken spec files, and spec dirs that cannot be
     listed, are reported too. Files are listed by the CDI registry's own rule
     (:func:`nvshim.cdi.registry.spec_files`).
+``cdi-spec-trust``
+    every spec file of ``cdi-spec-dirs`` passes the config files' trust rule (owned by
+    root, writable by root only, in a directory others cannot write): a spec that fails
+    it is skipped by every create (its hooks would run as root on the host), so each is a
+    failure naming the file and the rule.
 ``dev-char-links``
     every NVIDIA device node under the dev root has its ``/dev/char/<major>:<minor>``
     link (systemd re-applies device rules by those on ``daemon-reload``).
@@ -27,7 +32,7 @@ from nvshim.host.discovery import Host
 from nvshim.node.findings import DoctorOptions, Finding
 
 __all__ = ["host_for", "check_gpus", "check_driver_files", "check_cdi_specs",
-           "check_dev_char_links"]
+           "check_cdi_spec_trust", "check_dev_char_links"]
 
 _INDEXED = re.compile(r"^[0-9]+(:[0-9]+)?$")
 
@@ -185,6 +190,44 @@ def check_cdi_specs(host: Host, spec_dirs: Sequence[str]) -> List[Finding]:
             f"no nvidia.com CDI specs in {', '.join(spec_dirs) or '(no directories)'} "
             "(nvshim-runtime does not need them)",
         ))
+    return findings
+
+
+def check_cdi_spec_trust(spec_dirs: Sequence[str]) -> List[Finding]:
+    """One failure per spec file of ``spec_dirs`` that the config files' trust rule
+    refuses (:func:`nvshim.config.check_trusted`, as a create's scan applies it), else one
+    ok; ``skip`` when not root (the rule protects root only)."""
+    from nvshim.cdi.registry import spec_files
+    from nvshim.config import check_trusted
+    from nvshim.errors import ConfigError
+
+    name = "cdi-spec-trust"
+    where = ", ".join(spec_dirs) or "(no directories)"
+    if os.geteuid() != 0:
+        return [Finding(name, "skip", "not running as root: nvshim-runtime (root) refuses CDI "
+                        "specs others could have written; run doctor as root to check them")]
+    findings: List[Finding] = []
+    count = 0
+    for directory in spec_dirs:
+        for path in spec_files(directory, []):  # unlistable dirs: the cdi-specs check says
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue  # gone or unreadable: the cdi-specs check says
+            count += 1
+            try:
+                check_trusted(path, st, "CDI spec")
+            except ConfigError as exc:
+                findings.append(Finding(
+                    name, "fail",
+                    f"{exc}; nvshim-runtime skips it (its hooks would run as root on the "
+                    "host), so its devices cannot be injected",
+                    f"chown root {path} {directory} && chmod go-w {path} {directory}, after "
+                    f"checking who wrote {path} (or remove it)"))
+    if not findings:
+        plural = "" if count == 1 else "s"
+        findings.append(Finding(name, "ok", f"{count} CDI spec file{plural} in {where}: each "
+                                "owned by root and writable by root only"))
     return findings
 
 

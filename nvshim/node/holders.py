@@ -18,9 +18,10 @@ from nvshim.runtime.grants import Grant, container_exists
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+    from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 __all__ = ["Journal", "Holder", "read_journal", "gpu_indices", "live_grants", "conflicts",
+           "shared_claims",
            "render_table", "render_json", "render_prometheus"]
 
 
@@ -117,16 +118,49 @@ def live_grants(grants: Sequence[Grant], timeout: float = 5.0) -> List[Holder]:
     return out
 
 
+def shared_claims(gpu: str, holders: Sequence[Holder]) -> List[str]:
+    """The DRA claims (``namespace/claim``) through which every one of ``holders`` got
+    ``gpu``, as the kubelet listed them for each."""
+    common: Optional[Set[str]] = None
+    for h in holders:
+        mine = {claim for claim, uuids in h.grant.claims if gpu in uuids}
+        common = mine if common is None else common & mine
+    return sorted(common or ())
+
+
 def conflicts(holders: Sequence[Holder]) -> Dict[str, List[Holder]]:
-    """GPUs held by more than one live container where not every grant is a replica grant."""
+    """GPUs held by more than one live container where not every grant is a replica grant
+    and not every holder got it through one DRA claim the kubelet listed for each.
+
+    A privileged container (source ``privileged``) holds every device by privilege: it is
+    listed, never counted as a conflict (a node's privileged GPU system pods would flag
+    every GPU and teach operators to ignore CONFLICT)."""
     by_gpu: Dict[str, List[Holder]] = {}
     for h in holders:
+        if h.grant.source.split("+")[-1] == "privileged":
+            continue
         for gpu in h.grant.gpus:
             by_gpu.setdefault(gpu, []).append(h)
     return {
         gpu: hs for gpu, hs in by_gpu.items()
-        if len(hs) > 1 and not all(h.grant.shared for h in hs)
+        if len(hs) > 1 and not all(h.grant.shared for h in hs) and not shared_claims(gpu, hs)
     }
+
+
+def _note(gpu: str, holder: Holder, holders: Sequence[Holder],
+          clash: Mapping[str, List[Holder]]) -> str:
+    """The table's NOTE for one (GPU, holder) row."""
+    g = holder.grant
+    if gpu in clash:
+        return "CONFLICT: held by another live container"
+    if g.source.split("+")[-1] == "privileged":
+        return "privileged (holds every device)"
+    if g.shared:
+        return "shared (replica)"
+    others = [h for h in holders if gpu in h.grant.gpus and h.grant.claims
+              and h.grant.source.split("+")[-1] != "privileged"]
+    claims = shared_claims(gpu, others) if len(others) > 1 else []
+    return f"shared (DRA claim {', '.join(claims)})" if claims else ""
 
 
 # --- rendering ----------------------------------------------------------------------------
@@ -153,8 +187,7 @@ def render_table(holders: Sequence[Holder], indices: Optional[Mapping[str, str]]
     for h in holders:
         g = h.grant
         for gpu in g.gpus:
-            note = "CONFLICT: held by another live container" if gpu in clash else (
-                "shared (replica)" if g.shared else "")
+            note = _note(gpu, h, holders, clash)
             rows.append((indices.get(gpu, "?"), gpu, g.container_id, _who(g), g.source,
                          g.verified, h.status, note))
     rows[1:] = sorted(rows[1:], key=lambda r: (_index_order(r[0]), r))
@@ -181,7 +214,8 @@ def render_json(holders: Sequence[Holder], indices: Optional[Mapping[str, str]] 
              "source": h.grant.source, "verified": h.grant.verified,
              "shared": h.grant.shared, "namespace": h.grant.namespace, "pod": h.grant.pod,
              "pod_uid": h.grant.pod_uid, "container": h.grant.container,
-             "bundle": h.grant.bundle, "root": h.grant.root, "time": h.grant.time}
+             "bundle": h.grant.bundle, "root": h.grant.root, "time": h.grant.time,
+             "claims": {claim: list(uuids) for claim, uuids in h.grant.claims}}
             for h in holders
         ],
         "conflicts": {gpu: [h.grant.container_id for h in hs] for gpu, hs in sorted(clash.items())},

@@ -180,6 +180,8 @@ def render_summary(plan: Plan, config: Config) -> List[str]:
                    f"{', '.join(listed) or 'no GPU'}")
     elif plan.verified == "unreachable":
         out.append("verified:      no: the kubelet was unreachable, claims trusted")
+    elif plan.verified == "unidentified":
+        out.append("verified:      no: not a CRI container, claims judged by allocation-sources")
     files_only = "  (driver files only)" if request.driver_files and not request.devices else ""
     out.append(f"requested:     {', '.join(summary['requested']) or '-'}{files_only}")
     for label, rows in (

@@ -42,6 +42,7 @@ from nvshim.errors import SPEC_FILE, RequestError, SpecError
 from nvshim.runtime.apply import apply_edits
 from nvshim.runtime.hostedits import (
     driver_edits,
+    engine_stale,
     gpu_edits,
     inject_cdi,
     mig_edits,
@@ -152,7 +153,8 @@ class Plan:
     """The Kubernetes container of a CRI container."""
     verified: str = "none"
     """``kubelet`` (every GPU checked against its record), ``unreachable`` (claims
-    trusted), ``none``."""
+    trusted), ``unidentified`` (not a CRI container, judged by allocation-sources),
+    ``none``."""
     allocation: Optional[Allocation] = None
     """What the kubelet allocated, if asked."""
     notes: Tuple[str, ...] = ()
@@ -217,10 +219,11 @@ class Plan:
     @property
     def grant_source(self) -> str:
         """The journal's source: the request's, ``+engine`` when the engine injected GPUs
-        besides what another source granted."""
-        source = self.request.source
-        if (self.engine_gpus or self.engine_migs) and source != "engine":
-            return f"{source}+engine"
+        besides what another source granted (``+privileged``: a privileged container's)."""
+        source, engine = self.request.source, self.grant.engine
+        extra = "privileged" if engine is not None and engine.privileged else "engine"
+        if (self.engine_gpus or self.engine_migs) and source != extra:
+            return extra if source == "none" else f"{source}+{extra}"
         return source
 
     def applied_edits(self, rootfs: Optional[RootfsDecision] = None) -> Edits:
@@ -300,15 +303,15 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
                   for h in view.docker_hooks]
     plan_source = ""
     engine: Optional[EngineGrant] = None
-    if view.char_devices and not view.sandbox and not view.privileged_with_devices:
+    if view.char_devices and not view.sandbox:
         # GPUs the engine injected (CDI, DRA), by number; a privileged container's are the
-        # host's every device, no grant
+        # host's every device: held and journaled, no grant
         from nvshim._record import replace
         from nvshim.runtime.engine import find_engine_grant
 
-        engine, host, plan_source = find_engine_grant(view.char_devices, config, host,
-                                                      save_cache)
-        if engine is not None:
+        engine, host, plan_source = find_engine_grant(
+            view.char_devices, config, host, save_cache, view.privileged_with_devices)
+        if engine is not None and not engine.privileged:
             view = replace(view, engine=engine)
     claim = read_claim(view, config)
 
@@ -345,6 +348,10 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         notes += engine.notes
         hooks = engine_hooks(spec)
         notes += hooks.notes
+        assert host is not None  # the engine's grant was matched against it
+        stale = engine_stale(spec, config, host)
+        notes += stale
+        warnings += stale
     notes += request.notes
     if log is not None:
         log.event(
@@ -431,11 +438,11 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         cdi_gpus, cdi_migs = _gpus_of_nodes(host, edits)
     if found is not None and found.allocation is not None \
             and request.source not in ("kubelet", "engine"):
-        from nvshim.runtime.allocation.policy import check_allocated
+        from nvshim.runtime.allocation.policy import check_granted
 
-        found, note = check_allocated(found, host, node.gpus + cdi_gpus, node.migs + cdi_migs,
-                                      request.source, config)
-        notes.append(note)
+        found, said = check_granted(found, host, node.gpus + cdi_gpus, node.migs + cdi_migs,
+                                    request, config)
+        notes += said
 
     if extras:
         from nvshim.runtime.extras import extras_edits
@@ -690,7 +697,7 @@ def commit(plan: Plan, log: Optional[DebugLog] = None) -> Committed:
 #: The annotation a config.json nvshim-runtime rewrote carries (value: the grant's source,
 #: ``stripped``, or the request's source): ``nvshim inspect`` reads a live bundle by it
 #: instead of planning the rewritten spec again. Nothing in create trusts it.
-REWRITTEN = "nvshim.rewritten"
+REWRITTEN = "nvshim.io/rewritten"
 
 
 def _marked(spec: SpecDict, plan: Plan) -> SpecDict:

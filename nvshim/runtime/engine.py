@@ -45,9 +45,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EngineGrant",
+    "char_majors",
     "EngineHooks",
     "engine_hooks",
     "find_engine_grant",
+    "privileged_holding",
     "fit_edits",
     "gpus_of_numbers",
     "nvidia_majors",
@@ -74,6 +76,10 @@ class EngineGrant:
     migs: Tuple[Tuple[Gpu, MigDevice], ...] = ()
     imex: Tuple[int, ...] = ()
     notes: Tuple[str, ...] = ()
+    privileged: bool = False
+    """A privileged container's: every host device is in its spec and its device cgroup
+    allows all (:func:`privileged_holding`). It is journaled, not a grant: the request,
+    verification and the engine's rules ignore it."""
 
     @property
     def holds_gpus(self) -> bool:
@@ -108,16 +114,24 @@ def _char_majors(text: str) -> Dict[str, int]:
     return majors
 
 
-def nvidia_majors(driver_root: str) -> Optional[Tuple[Optional[int], Optional[int], Optional[int]]]:
-    """(GPU, nvidia-caps, IMEX channel) majors from ``<driver_root>/proc/devices`` (None for
-    a driver not loaded); None when that file cannot be read (then the node plan decides)."""
+def char_majors(driver_root: str) -> Optional[Dict[str, int]]:
+    """Character device name → major from ``<driver_root>/proc/devices``; None when that
+    file cannot be read."""
     path = os.path.join(driver_root, "proc/devices")
     try:
         with open(path, "rb") as fh:
             text = fh.read(1 << 16).decode("ascii", "replace")
     except OSError:
         return None
-    majors = _char_majors(text)
+    return _char_majors(text)
+
+
+def nvidia_majors(driver_root: str) -> Optional[Tuple[Optional[int], Optional[int], Optional[int]]]:
+    """(GPU, nvidia-caps, IMEX channel) majors from ``<driver_root>/proc/devices`` (None for
+    a driver not loaded); None when that file cannot be read (then the node plan decides)."""
+    majors = char_majors(driver_root)
+    if majors is None:
+        return None
     gpu = next((majors[n] for n in _GPU_NAMES if n in majors), None)
     return gpu, majors.get(_CAPS_NAME), majors.get(_IMEX_NAME)
 
@@ -148,14 +162,17 @@ def gpus_of_numbers(gpus: Sequence[Gpu], numbers: Set[Tuple[int, int]],
 
 
 def find_engine_grant(devices: Sequence[Tuple[int, int, str]], config: Config,
-                      host: Optional[Host], save_cache: bool,
+                      host: Optional[Host], save_cache: bool, privileged: bool = False,
                       ) -> Tuple[Optional[EngineGrant], Optional[Host], str]:
     """(the engine's grant or None, the host (loaded only when needed), where its plan came
     from (``""``: not loaded here)).
 
     ``devices`` are the spec's (major, minor, path) character devices. When
-    ``/proc/devices`` names no NVIDIA major among them the node plan is not loaded.
+    ``/proc/devices`` names no NVIDIA major among them the node plan is not loaded. A
+    ``privileged`` container's are the host's: :func:`privileged_holding` answers.
     """
+    if privileged:
+        return privileged_holding(devices, config, host, save_cache)
     majors = nvidia_majors(config.driver_root)
     if majors is not None:
         wanted = {m for m in majors if m is not None}
@@ -200,6 +217,36 @@ def find_engine_grant(devices: Sequence[Tuple[int, int, str]], config: Config,
     if not (gpus or migs or imex):
         return None, host, source
     return EngineGrant(gpus, migs, tuple(dict.fromkeys(imex)), tuple(notes)), host, source
+
+
+def privileged_holding(devices: Sequence[Tuple[int, int, str]], config: Config,
+                       host: Optional[Host], save_cache: bool,
+                       ) -> Tuple[Optional[EngineGrant], Optional[Host], str]:
+    """(what a privileged container holds: the whole GPUs whose nodes its spec lists, or
+    None, the host, where its plan came from), as :func:`find_engine_grant` answers.
+
+    Engines copy every host device into a privileged container's spec; the journal shows
+    it holding those GPUs (source ``privileged``), so ``nvshim grants`` sees it.
+    """
+    majors = nvidia_majors(config.driver_root)
+    if majors is not None and not any(d[0] == majors[0] for d in devices):
+        return None, host, ""
+    source = ""
+    if host is None:
+        from nvshim.runtime.plancache import host_for
+
+        host, source = host_for(config, save_cache)
+    gpu_major = majors[0] if majors is not None else None
+    numbers = {(major, minor) for major, minor, _ in devices}
+    held = tuple(g for g in host.gpus() if g.node is not None and (
+        gpu_major if gpu_major is not None else g.node.major, g.minor) in numbers)
+    if not held:
+        return None, host, source
+    word = "GPU" if len(held) == 1 else "GPUs"
+    note = (f"privileged container: its spec lists the host's devices, {word} "
+            f"{', '.join(str(g.index) for g in held)} among them, and its device cgroup allows "
+            "every device: it holds them (journaled as source privileged)")
+    return EngineGrant(gpus=held, notes=(note,), privileged=True), host, source
 
 
 # --------------------------------------------------------------------------- the spec's edits

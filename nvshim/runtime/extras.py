@@ -10,15 +10,21 @@ IMEX channels   ``NVIDIA_IMEX_CHANNELS=0,3``    ``/dev/nvidia-caps-imex-channels
                 device plugin's ``/dev/null``
                 mounts ``.../imex/<N>``
 NVSwitch        ``NVIDIA_NVSWITCH=enabled``     ``/dev/nvidia-nvswitchctl``,
-                                                ``/dev/nvidia-nvswitch<N>``, the fabric
-                                                manager socket
+                                                ``/dev/nvidia-nvswitch<N>``
 GDS             ``NVIDIA_GDS=enabled``          ``/dev/nvidia-fs*``, ``/etc/cufile.json`` (ro)
-MOFED           ``NVIDIA_MOFED=enabled``        ``/dev/infiniband/*``
+MOFED           ``NVIDIA_MOFED=enabled``        ``/dev/infiniband/uverbs*``,
+                                                ``/dev/infiniband/rdma_cm``
 gdrcopy         ``NVIDIA_GDRCOPY=enabled``      ``/dev/gdrdrv``
 ==============  ==============================  =============================================
 
-Never otherwise. The feature flags apply only to containers that were granted GPUs (or
-driver files), so require-allocation's decision covers them. IMEX channels are scarce and
+Never otherwise, and no more: the sets are the reference's (its MOFED discoverer takes the
+verbs nodes and rdma_cm, never ``umad*`` or ``issm*``, with which a process can act as the
+fabric's subnet manager; its NVSwitch discoverer the switch nodes; the fabric manager's
+socket comes with the ``utility`` capability, not with this flag). The feature flags apply
+only to containers that were granted GPUs (or driver files); under require-allocation
+only those in ``require-allocation-features`` (default GDS and gdrcopy): no allocation
+covers the node's NICs or switches, so a pod holding one GPU must not reach them all by
+setting a variable. IMEX channels are scarce and
 allocated like GPUs: the device plugin's mounts win over the env; under require-allocation
 the env counts only through the ``privileged`` allocation source (a privileged container),
 and the mounts only through ``volume-mounts``. A lone ``all`` in the env is ignored, as the
@@ -35,7 +41,7 @@ import re
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from nvshim._record import dataclass, field, replace
-from nvshim.edits import IPC_BIND, RO_BIND, DeviceNode, Edits, Mount
+from nvshim.edits import RO_BIND, DeviceNode, Edits, Mount
 from nvshim.errors import HostError, RequestError
 from nvshim.runtime.request import FEATURE_ENV, IMEX_ENV
 
@@ -63,6 +69,10 @@ MAX_IMEX_CHANNEL = 2**20 - 1
 _CHANNEL = re.compile(r"(?:channel)?([0-9]{1,7})")  # fullmatch: "$" would take "1\n"
 _NVSWITCH = re.compile(r"^nvidia-nvswitch([0-9]+|ctl)$")
 _NVIDIA_FS = re.compile(r"^nvidia-fs[0-9]*$")
+#: The InfiniBand nodes MOFED gives (the reference's set): verbs and the RDMA connection
+#: manager; ``umad<N>`` and ``issm<N>`` (management datagrams, the subnet manager's port)
+#: never.
+_MOFED = re.compile(r"^(uverbs[0-9]+|rdma_cm)$")
 
 
 @dataclass(frozen=True)
@@ -115,10 +125,14 @@ def resolve_extras(claim: Claim, config: Config, request: Request) -> Extras:
         value = view.get(variable)
         if value is None or value.strip().lower() != "enabled":
             continue
-        if request.injects:
-            features.append(name)
-        else:
+        if not request.injects:
             notes.append(f"{variable}=enabled ignored: the container was granted no GPU")
+        elif config.require_allocation and name not in config.require_allocation_features:
+            notes.append(f"{variable}=enabled ignored: require-allocation is on and {name} is "
+                         "not in require-allocation-features (no allocation covers the "
+                         f"node's {name} devices)")
+        else:
+            features.append(name)
 
     channels: Tuple[int, ...] = ()
     source = ""
@@ -193,14 +207,7 @@ def _nodes(host: Host, paths: List[str]) -> Tuple[DeviceNode, ...]:
 def _feature_edits(host: Host, feature: str) -> Edits:
     if feature == "nvswitch":
         names = [n for n in _list_dev(host, "/dev") if _NVSWITCH.match(n)]
-        nodes = _nodes(host, [f"/dev/{n}" for n in names])
-        mounts = []
-        for run in ("/run", "/var/run"):
-            socket_path = f"{run}/nvidia-fabricmanager/socket"
-            if os.path.exists(host.host_path(socket_path)):
-                mounts.append(Mount(host.host_path(socket_path), socket_path, None, IPC_BIND))
-                break
-        return Edits(device_nodes=nodes, mounts=tuple(mounts))
+        return Edits(device_nodes=_nodes(host, [f"/dev/{n}" for n in names]))
     if feature == "gds":
         names = [n for n in _list_dev(host, "/dev") if _NVIDIA_FS.match(n)]
         cufile: Tuple[Mount, ...] = ()
@@ -209,7 +216,7 @@ def _feature_edits(host: Host, feature: str) -> Edits:
                             RO_BIND),)
         return Edits(device_nodes=_nodes(host, [f"/dev/{n}" for n in names]), mounts=cufile)
     if feature == "mofed":
-        names = _list_dev(host, "/dev/infiniband")
+        names = [n for n in _list_dev(host, "/dev/infiniband") if _MOFED.match(n)]
         return Edits(device_nodes=_nodes(host, [f"/dev/infiniband/{n}" for n in names]))
     return Edits(device_nodes=_nodes(host, ["/dev/gdrdrv"]))
 

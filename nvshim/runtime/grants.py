@@ -79,11 +79,17 @@ class Grant:
     shared: bool = False
     """The allocation named time-slicing replicas (``UUID::N``): sharing is intended."""
     verified: str = "none"
-    """``kubelet`` (checked against its record), ``none``, or ``unreachable`` (trusted)."""
+    """``kubelet`` (checked against its record), ``none``, ``unreachable`` (trusted),
+    ``unidentified`` (not a CRI container: judged by allocation-sources) or ``privileged``
+    (a privileged container, which holds every device: not asked)."""
     namespace: str = ""
     pod: str = ""
     pod_uid: str = ""
     container: str = ""
+    claims: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    """(``namespace/claim``, the UUIDs it brings) of each DRA claim the kubelet listed for
+    the container that injects a granted GPU: one GPU held through one shared claim by
+    several containers is no conflict. Written only when there are some."""
 
     def to_line(self) -> bytes:
         doc = {
@@ -93,6 +99,8 @@ class Grant:
             "verified": self.verified, "namespace": self.namespace, "pod": self.pod,
             "pod_uid": self.pod_uid, "container": self.container,
         }
+        if self.claims:
+            doc["claims"] = {claim: list(uuids) for claim, uuids in self.claims}
         ordered = dict(sorted(doc.items()))  # json.dumps(sort_keys=True) of a flat record
         return (_jsonc.dumps(ordered, separators=(",", ":")) + "\n").encode()
 
@@ -108,11 +116,17 @@ class Grant:
             strings = {k: doc.get(k, "") for k in ("namespace", "pod", "pod_uid", "container")}
             if not all(isinstance(v, str) for v in strings.values()):
                 return None
+            claims = doc.get("claims") or {}
+            if not isinstance(claims, dict) or not all(
+                    isinstance(v, list) and all(isinstance(u, str) for u in v)
+                    for v in claims.values()):
+                return None
             grant = cls(
                 time=float(doc["t"]), container_id=str(doc["id"]), root=str(doc["root"]),
                 runtime=str(doc["runtime"]), bundle=str(doc.get("bundle", "")),
                 source=str(doc["source"]), gpus=tuple(gpus), shared=bool(doc.get("shared")),
                 verified=str(doc.get("verified", "none")), **strings,
+                claims=tuple((str(c), tuple(u)) for c, u in claims.items()),
             )
         except (KeyError, TypeError, ValueError):
             return None

@@ -13,7 +13,7 @@ from nvshim.edits import HOOK_ENV, IPC_BIND, RO_BIND, DeviceNode, Edits, Hook, M
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import Optional, Sequence, Tuple
+    from typing import Any, Dict, Optional, Sequence, Tuple
 
     from nvshim.config import Config
     from nvshim.host.devices import MigDevice
@@ -242,6 +242,22 @@ def inject_cdi(names: Sequence[str], config: Config, capabilities: Sequence[str]
 
         paths = Host("/", "/")
     return CdiInjection(fill_device_nodes(edits, paths), source, tuple(warnings))
+
+
+def engine_stale(spec: Dict[str, Any], config: Config, node: Host) -> Tuple[str, ...]:
+    # Any: a decoded config.json
+    """``stale-cdi-spec`` on what the engine injected itself (its CDI mounts and hooks in
+    ``spec``, config.json as the engine wrote it), against ``node``'s driver: the warning
+    lines (:func:`nvshim.cdi.stale.engine_stale`; a CdiError under ``refuse``)."""
+    from nvshim.cdi.stale import engine_stale as judge
+    from nvshim.errors import HostError
+    from nvshim.runtime.engine import spec_mounts
+
+    try:
+        version: Optional[str] = node.driver_version()
+    except HostError:
+        version = None  # no driver under the root: there is nothing to compare with
+    return judge(spec, spec_mounts(spec), config, version, lambda p: refresh_fix(config, p))
 
 
 def refresh_fix(config: Config, spec: str) -> str:

@@ -19,7 +19,7 @@ from nvshim.runtime.argv import Invocation, parse_argv  # noqa: E402 - after gc.
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import List, NoReturn, Optional, Sequence
+    from typing import List, NoReturn, Optional, Sequence, Tuple
 
     from nvshim.config import Config
     from nvshim.runtime.create import Plan
@@ -72,13 +72,18 @@ def _record_grant(plan: Plan, config: Config, inv: Invocation, bundle: str,
 
     runtime = runtime or config.runtimes[0]
     who = plan.identity
+    claims: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    if plan.allocation is not None and plan.allocation.claims and plan.host is not None:
+        from nvshim.runtime.allocation.cdinames import claim_gpus
+
+        claims = claim_gpus(plan.host, config, plan.allocation, plan.granted_uuids)
     grant = Grant(
         time=time.time(), container_id=inv.container_id or "", bundle=os.path.abspath(bundle),
         root=os.path.abspath(inv.root) if inv.root else default_root(runtime), runtime=runtime,
         source=plan.grant_source, gpus=plan.granted_uuids, shared=plan.request.shared,
         verified=plan.verified, namespace=who.namespace if who else "",
         pod=who.pod if who else "", pod_uid=who.pod_uid if who else "",
-        container=who.container if who else "",
+        container=who.container if who else "", claims=claims,
     )
     warning = append_grant(config.grants_journal, grant, config.grants_journal_max_bytes)
     if warning is not None:
@@ -158,13 +163,23 @@ def _absolute(path: str) -> str:
 
 
 def _load_config(inv: Invocation) -> Config:
-    from nvshim.config import load_config
+    """The config; a create whose named config is missing fails (fail closed: the built-in
+    defaults have require-allocation off). Other commands go on with the defaults, so that
+    containers can still be stopped and deleted."""
+    from nvshim.config import config_named, config_path, load_config
     from nvshim.errors import NvshimError
 
     try:
-        return load_config()
+        config = load_config()
     except NvshimError as exc:
         _fail(str(exc), inv)
+    if config.source is None and inv.modifies:
+        named = config_named()
+        if named:
+            _fail(f"config {config_path()} does not exist (named by {named}): nvshim-runtime "
+                  "creates no container with the built-in defaults (require-allocation off) "
+                  "in its place; restore it, or name the config that exists", inv)
+    return config
 
 
 def _restore_locale_env() -> None:

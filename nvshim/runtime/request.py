@@ -27,6 +27,17 @@ import posixpath
 from nvshim._record import dataclass
 from nvshim.config import ALL_CAPABILITIES, DEFAULT_CAPABILITIES, describe_config
 from nvshim.errors import SPEC_FILE, RequestError, SpecError
+from nvshim.runtime.identity import (  # the one reader of a CRI container's identity
+    CONTAINER_NAME,
+    SANDBOX_ANNOTATION,
+    SANDBOX_NAME,
+    SANDBOX_NAMESPACE,
+    SANDBOX_UID,
+    Identity,
+    identity_of,
+    is_sandbox,
+    management_pod,
+)
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
@@ -49,21 +60,19 @@ __all__ = [
     "DEVICE_LIST_DIR",
     "device_mount_ids",
     "SANDBOX_ANNOTATION",
+    "SANDBOX_NAME",
+    "SANDBOX_NAMESPACE",
+    "SANDBOX_UID",
+    "CONTAINER_NAME",
     "Identity",
     "identity_of",
+    "management_pod",
     "DOCKER_HOOK",
 ]
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
 DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
-SANDBOX_ANNOTATION = "io.kubernetes.cri.container-type"
-# Set by containerd's CRI plugin on every container it creates (after any pass-through
-# annotation, so its values win over a pod annotation of the same key).
-SANDBOX_NAME = "io.kubernetes.cri.sandbox-name"
-SANDBOX_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
-SANDBOX_UID = "io.kubernetes.cri.sandbox-uid"
-CONTAINER_NAME = "io.kubernetes.cri.container-name"
 
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
 #: The prestart hook ``docker run --gpus`` adds (Docker's ``nvidia`` device driver): its
@@ -126,8 +135,9 @@ class ImageView:
 
     @property
     def sandbox(self) -> bool:
-        """A CRI pod sandbox (pause) container: never a GPU container."""
-        return self.annotations.get(SANDBOX_ANNOTATION) == "sandbox"
+        """A CRI pod sandbox (pause) container (containerd's or CRI-O's): never a GPU
+        container."""
+        return is_sandbox(self.annotations)
 
 
 @dataclass(frozen=True)
@@ -398,47 +408,6 @@ def parse_capabilities(value: Optional[str], supported: Sequence[str],
     return tuple(sorted(wanted))
 
 
-@dataclass(frozen=True)
-class Identity:
-    """Which Kubernetes container a CRI container is."""
-
-    namespace: str
-    pod: str
-    pod_uid: str
-    container: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.pod}/{self.container}"
-
-
-def identity_of(annotations: Mapping[str, str]) -> Optional[Identity]:
-    """The container's identity from containerd's CRI annotations; None when not a CRI container."""
-    pod = annotations.get(SANDBOX_NAME)
-    namespace = annotations.get(SANDBOX_NAMESPACE)
-    container = annotations.get(CONTAINER_NAME)
-    if not pod or not namespace or not container:
-        return None
-    return Identity(namespace, pod, annotations.get(SANDBOX_UID, ""), container)
-
-
-def management_pod(annotations: Mapping[str, str], patterns: Sequence[str]) -> Optional[str]:
-    """The ``management-pods`` entry (``<namespace>/<pod>[/<container>]``, pod and container
-    globs) that the CRI container with these annotations matches; None when none does or it
-    is not a CRI container. The namespace is compared literally."""
-    identity = identity_of(annotations)
-    if identity is None or not patterns:
-        return None
-    from fnmatch import fnmatchcase
-
-    for pattern in patterns:
-        namespace, _, rest = pattern.partition("/")
-        pod, _, container = rest.partition("/")
-        if namespace == identity.namespace and fnmatchcase(identity.pod, pod) and (
-                not container or fnmatchcase(identity.container, container)):
-            return pattern
-    return None
-
-
 def _parse_tokens(value: str) -> Tuple[str, ...]:
     """:func:`nvshim.runtime.tokens.parse_visible_devices`, importing the grammar on first
     use: a create whose spec names no device never loads it."""
@@ -614,7 +583,7 @@ def resolve_request(claim: Claim, config: Config,
         from_pod = [k for k in claim.annotation_keys
                     if pod_annotations.get(k) == view.annotations[k]]
         if from_pod:
-            notes.extend(f"annotation {k} ignored: it is the pod's (the sandbox spec has it), "
+            notes.extend(f"annotation {k} ignored: it is the pod's, not the device plugin's, "
                          "which any pod author can write" for k in from_pod)
             # the container's own annotations, parsed without the pod's (a rare path)
             annotation_ids = _annotation_ids(
@@ -675,7 +644,7 @@ def resolve_request(claim: Claim, config: Config,
             f"{what} ignored: require-allocation is on and no device-plugin allocation was found "
             f"(tried {tried})"
         )
-    if config.on_missing_allocation == "fail" and image_asks:
+    if config.on_missing_allocation == "fail" and image_asks and not view.privileged_with_devices:
         raise RequestError(
             f"require-allocation: the image asks for GPUs but no device-plugin allocation was "
             f"found (tried {tried}); request nvidia.com/gpu in the pod spec"

@@ -16,7 +16,14 @@ way. So:
 * a key twice in one object is refused with one line: Go decodes the second copy of an
   object *into* the first (``"process"`` twice: runc takes ``user`` from the first and
   ``env`` from the second), Python keeps only the last, so a rewrite would silently drop
-  what runc would have used (a ``process.user`` lost makes the container run as root).
+  what runc would have used (a ``process.user`` lost makes the container run as root);
+* keys are read as runc reads them (:func:`runc_keys`): Go's encoding/json matches an
+  object's key to a struct field case-insensitively (``"Linux"`` is ``linux``, and the
+  Kelvin sign U+212A and long s U+017F fold to ``k`` and ``s``), so a key spelled
+  another way is renamed to the field's name, and two keys of one object naming the same
+  field are refused like a key twice (runc would merge them; verification and the journal
+  would see one while runc applied both). Map-valued fields (``annotations``,
+  ``linux.sysctl``) keep their keys: Go matches those exactly.
 
 Plain integers and floats that round-trip (every number containerd, podman and runc
 write) stay ``int``/``float``: the request and apply code read them as numbers, and the
@@ -39,7 +46,7 @@ if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["NumberLiteral", "MAX_DEPTH", "BOM", "decode_spec", "encode_spec", "dumps",
-           "SpecDepthError", "SpecDuplicateKeyError", "read_spec"]
+           "SpecDepthError", "SpecDuplicateKeyError", "read_spec", "runc_keys"]
 
 BOM = b"\xef\xbb\xbf"
 
@@ -126,8 +133,109 @@ _HOOKS = {"parse_int": _parse_int, "parse_float": _parse_float, "parse_constant"
 _NOT_OPENERS = bytes(b for b in range(256) if b not in b"[{")
 
 
+# --------------------------------------------------------------------------- runc's key matching
+
+#: The OCI runtime-spec structs as runc decodes them (runtime-spec's Go types): field name →
+#: None (a value nvshim does not descend into), the struct it holds, or ``[struct]`` for a
+#: list of them. Maps (annotations, sysctl, unified, rdma) are leaves: Go matches map keys
+#: exactly.
+_HOOK: Dict[str, Any] = dict.fromkeys(("path", "args", "env", "timeout"))
+_SCHEMA: Dict[str, Any] = {
+    **dict.fromkeys(("ociVersion", "hostname", "domainname", "annotations", "solaris",
+                     "windows", "vm", "zos")),
+    "process": {
+        **dict.fromkeys(("terminal", "consoleSize", "args", "commandLine", "env", "cwd",
+                         "rlimits", "noNewPrivileges", "apparmorProfile", "oomScoreAdj",
+                         "scheduler", "selinuxLabel", "ioPriority", "execCPUAffinity")),
+        "user": dict.fromkeys(("uid", "gid", "umask", "additionalGids", "username")),
+        "capabilities": dict.fromkeys(("bounding", "effective", "inheritable", "permitted",
+                                       "ambient")),
+    },
+    "root": dict.fromkeys(("path", "readonly")),
+    "mounts": [dict.fromkeys(("destination", "type", "source", "options", "uidMappings",
+                              "gidMappings"))],
+    "hooks": {name: [_HOOK] for name in ("prestart", "createRuntime", "createContainer",
+                                         "startContainer", "poststart", "poststop")},
+    "linux": {
+        **dict.fromkeys(("uidMappings", "gidMappings", "sysctl", "cgroupsPath", "namespaces",
+                         "seccomp", "rootfsPropagation", "maskedPaths", "readonlyPaths",
+                         "mountLabel", "intelRdt", "personality", "timeOffsets")),
+        "devices": [dict.fromkeys(("path", "type", "major", "minor", "fileMode", "uid",
+                                   "gid"))],
+        "resources": {
+            **dict.fromkeys(("memory", "cpu", "pids", "blockIO", "hugepageLimits", "network",
+                             "rdma", "unified")),
+            "devices": [dict.fromkeys(("allow", "type", "major", "minor", "access"))],
+        },
+    },
+}
+
+
+def _fold(key: str) -> str:
+    """``key`` as Go's case-insensitive field match sees it (simple case folding: ASCII
+    letters, and the two non-ASCII letters that fold onto ASCII ones)."""
+    if not key.isascii():
+        key = key.replace("\u212a", "k").replace("\u017f", "s")
+    return key.lower()
+
+
+_FOLDED: Dict[int, Dict[str, str]] = {}
+
+
+def _folded(schema: Dict[str, Any]) -> Dict[str, str]:
+    """folded name → field name of one struct of :data:`_SCHEMA` (built once per process)."""
+    table = _FOLDED.get(id(schema))
+    if table is None:
+        table = _FOLDED[id(schema)] = {_fold(name): name for name in schema}
+    return table
+
+
+def _struct_keys(obj: Dict[str, Any], schema: Dict[str, Any], where: str) -> Dict[str, Any]:
+    """``obj`` with runc's field names (a new dict when one is renamed), its structs too;
+    ``where`` names it in a refusal (``""``: the top level)."""
+    renamed: Optional[Dict[str, str]] = None
+    for key in obj:
+        if key not in schema:
+            name = _folded(schema).get(_fold(key))
+            if name is not None:
+                renamed = renamed or {}
+                renamed[key] = name
+    if renamed:
+        seen: Dict[str, str] = {}
+        for key in obj:
+            name = renamed.get(key, key)
+            if name in seen:
+                raise SpecDuplicateKeyError(
+                    f'keys "{seen[name]}" and "{key}" of {where or "the top level"} both name '
+                    f'"{name}" (runc matches keys case-insensitively and would merge them)')
+            seen[name] = key
+        obj = {renamed.get(k, k): v for k, v in obj.items()}
+    for name, sub in schema.items():
+        value = obj.get(name)
+        if sub is None or value is None:
+            continue
+        inner = f"{where}.{name}" if where else name
+        if isinstance(sub, dict):
+            if isinstance(value, dict):
+                obj[name] = _struct_keys(value, sub, inner)
+        elif isinstance(value, list):
+            obj[name] = [_struct_keys(v, sub[0], f"{inner}[{i}]") if isinstance(v, dict)
+                         else v for i, v in enumerate(value)]
+    return obj
+
+
+def runc_keys(doc: Any) -> Any:
+    """``doc`` (a decoded config.json) with every key of the OCI structs nvshim reads named
+    as runc will read it (see the module docstring); SpecDuplicateKeyError when two keys of
+    one object name the same field. Objects are rebuilt only where a key is renamed."""
+    if not isinstance(doc, dict):
+        return doc
+    return _struct_keys(doc, _SCHEMA, "")
+
+
 def decode_spec(raw: bytes) -> Any:
-    """Decode config.json bytes (UTF-8, optional BOM).
+    """Decode config.json bytes (UTF-8, optional BOM), keys read as runc reads them
+    (:func:`runc_keys`).
 
     Raises UnicodeDecodeError, ValueError (invalid JSON), :class:`SpecDepthError` or
     :class:`SpecDuplicateKeyError`.
@@ -145,7 +253,7 @@ def decode_spec(raw: bytes) -> Any:
     # A document with fewer brackets than the limit cannot be deeper: skip the walk.
     if len(raw.translate(None, _NOT_OPENERS)) > MAX_DEPTH and _too_deep(doc, MAX_DEPTH):
         raise SpecDepthError(f"nested deeper than {MAX_DEPTH} levels")
-    return doc
+    return runc_keys(doc)
 
 
 def encode_spec(spec: Any, original: bytes) -> bytes:

@@ -82,6 +82,7 @@ def test_all_features_and_one_imex_channel(runc: Any, node: Any, rootfs: Path, t
         assert path in devs, res.describe()
     assert "/dev/nvidia-caps-imex-channels/channel0" not in devs
     assert "/dev/nvidia-caps-imex-channels/channel2" not in devs
+    assert "/dev/infiniband/umad0" not in devs and "/dev/infiniband/issm0" not in devs, devs
     assert "NVSHIM-SIM" in res.stdout and "FM-SOCKET" in res.stdout
     opened = [line for line in res.stdout.splitlines() if line.startswith("OPEN: ")]
     assert len(opened) == 5 and all("No such device or address" in x for x in opened), opened
@@ -124,6 +125,27 @@ def test_require_allocation_governs_imex_channels(runc: Any, node: Any, rootfs: 
                     mounts=[mount]).check()
     assert extras_seen(allocated.stdout) == ["/dev/nvidia-caps-imex-channels/channel2"], \
         allocated.stdout
+
+
+def test_require_allocation_keeps_fabric_devices_out(runc: Any, node: Any, rootfs: Path,
+                                                    tmp_path: Path,
+                                                    nvshim_runtime_bin: str) -> None:
+    """Under require-allocation a container holding one allocated GPU gets no InfiniBand or
+    NVSwitch node from NVIDIA_MOFED/NVIDIA_NVSWITCH=enabled in its env; with
+    require-allocation-features: [mofed] it gets the verbs node and rdma_cm, never umad or
+    issm, and still no NVSwitch."""
+    uuid = node.gpus[0].uuid
+    flags = {"NVIDIA_VISIBLE_DEVICES": uuid, "NVIDIA_MOFED": "enabled",
+             "NVIDIA_NVSWITCH": "enabled"}
+    strict = run(runc, rootfs, tmp_path, nvshim_runtime_bin,
+                 env_for(tmp_path, node, require_allocation=True), flags).check()
+    assert f"/dev/nvidia{node.gpus[0].minor}" in seen(strict.stdout), strict.describe()
+    assert extras_seen(strict.stdout) == [], strict.stdout
+    allowed = run(runc, rootfs, tmp_path, nvshim_runtime_bin,
+                  env_for(tmp_path, node, require_allocation=True,
+                          require_allocation_features=["mofed"]), flags).check()
+    assert extras_seen(allowed.stdout) == ["/dev/infiniband/rdma_cm",
+                                           "/dev/infiniband/uverbs0"], allowed.stdout
 
 
 def test_unknown_imex_channel_fails_with_one_line(runc: Any, node: Any, rootfs: Path,

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 from tests.helpers.common import require_root
+from tests.helpers.payload import payload_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,7 +26,10 @@ def run_install(tmp: Path, *args: str) -> subprocess.CompletedProcess:
                NVSHIM_ETCDIR=str(tmp / "etc" / "nvshim"), NVSHIM_SKIP_APT="1",
                # a test install never points at the real /etc/containerd
                NVSHIM_CONTAINERD_CONFIG=str(tmp / "etc" / "containerd" / "config.toml"))
-    return subprocess.run(["sh", str(REPO / "install.sh"), *args], env=env,
+    # the cached self-contained payload (plain install.sh, which builds one first, is
+    # test_moved_install_never_reads_etc_nvshim_nor_touches_real_containerd's)
+    source = [] if "--uninstall" in args else ["--from", str(payload_dir())]
+    return subprocess.run(["sh", str(REPO / "install.sh"), *source, *args], env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -43,7 +47,9 @@ def test_install_is_idempotent_and_uninstall_is_exact(tmp_path):
     runtime = tmp_path / "bin" / "nvshim-runtime"
     cli = tmp_path / "bin" / "nvshim"
     assert runtime.read_text().startswith("#!/bin/sh") and os.access(runtime, os.X_OK)
-    assert cli.read_text().startswith(f"#!{tmp_path}/opt/venv/bin/python3 -I\n")
+    # the self-contained runtime: the command execs the prefix's own loader and interpreter
+    assert cli.read_text().startswith("#!/bin/sh\n")
+    assert f"exec {tmp_path}/opt/lib/ld-linux-x86-64.so.2 --library-path {tmp_path}/opt/lib " in cli.read_text()
     cfg = tmp_path / "etc" / "nvshim" / "config.yaml"
     assert cfg.read_text() == (REPO / "config" / "config.yaml").read_text()
     assert (tmp_path / "etc" / "nvshim" / "config.compiled.json").exists()
@@ -98,7 +104,8 @@ def test_install_registers_docker_and_crio_and_uninstall_restores_bytes(tmp_path
                NVSHIM_DOCKER_CONFIG=str(daemon_json), NVSHIM_CRIO_CONFIG=str(crio_conf))
 
     def install(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["sh", str(REPO / "install.sh"), *args], env=env,
+        source = [] if "--uninstall" in args else ["--from", str(payload_dir())]
+        return subprocess.run(["sh", str(REPO / "install.sh"), *source, *args], env=env,
                               capture_output=True, text=True, timeout=600)
 
     done = install("--docker", "--crio")

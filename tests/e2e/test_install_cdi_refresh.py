@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from tests.helpers.common import require_root
+from tests.helpers.payload import payload_dir
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = "nvshim-cdi-refresh"
@@ -38,7 +39,9 @@ def install(tmp: Path, *args: str) -> subprocess.CompletedProcess:
                NVSHIM_CONTAINERD_CONFIG=str(tmp / "etc" / "containerd" / "config.toml"),
                NVSHIM_SYSTEMD_DIR=str(tmp / "etc" / "systemd" / "system"),
                NVSHIM_UDEV_DIR=str(tmp / "etc" / "udev" / "rules.d"))
-    return subprocess.run(["sh", str(REPO / "install.sh"), *args], env=env,
+    # the cached self-contained payload (plain install.sh would build one each time)
+    source = [] if "--uninstall" in args else ["--from", str(payload_dir())]
+    return subprocess.run(["sh", str(REPO / "install.sh"), *source, *args], env=env,
                           capture_output=True, text=True, timeout=600)
 
 

@@ -406,6 +406,58 @@ def test_engine_gpu_of_another_pods_dra_claim_is_refused_naming_it(cri: Node) ->
             ) in info.value.details
 
 
+def test_container_with_an_empty_name_is_refused(cri: Node) -> None:
+    """A container containerd's CRI creates with an empty name has no kubelet identity: its claim on another pod's GPU fails to start, never trusted unverified."""
+    victim = cri.sim.gpus[1]
+    cri.kubelet.set([("team-b", "victim", {"train": {GPU: [victim.uuid]}})])
+    p = pod(cri, "noname")
+    with pytest.raises(CriError) as info:
+        start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": victim.uuid}, name="")
+    assert ("nvshim: the container's kubelet identity is unusable: containerd made it but "
+            "io.kubernetes.cri.container-name is missing or empty") in info.value.details
+
+
+# --- every device a claim injects, shared DRA claims ------------------------------------------
+
+
+def test_an_imex_channel_named_by_a_cdi_mount_is_refused(cri: Node) -> None:
+    """A hostPath /dev/null at .../cdi/nvidia.com/imex-channel/2 (a CDI name that injects
+    no GPU) is held to the kubelet's record: the channel is another pod's, the container
+    does not start, the error naming the channel, the CDI name and the holder."""
+    from nvshim.cdi.write import write_spec
+    from nvshim.host.discovery import Host
+    from nvshim.runtime.extras import generate_imex_spec
+
+    write_spec(str(cri.base / "cdi" / "imex.json"), generate_imex_spec(Host(cri.sim.root)))
+    cri.kubelet.set([("team-b", "owner", {"train": {IMEX: ["2"]}}),
+                     ("team-a", "cdiimex", {"main": {}})])
+    p = pod(cri, "cdiimex")
+    with pytest.raises(CriError) as info:
+        start(cri, p, mounts=[("/dev/null", f"{DEVICES}/cdi/{IMEX}/2")], listing=IMEX_DIR)
+    assert (f'nvshim: IMEX channel 2 (CDI device "{IMEX}=2") is not this container\'s '
+            "allocation: the kubelet gave it to team-b/owner/train (claimed through "
+            "volume-mounts, checked via podresources)") in info.value.details
+
+
+def test_one_dra_claim_listed_for_two_pods_is_shared_not_a_conflict(cri: Node) -> None:
+    """The engine injected GPU 2 into two pods whose containers the kubelet lists with the
+    same DRA claim: both start with it, and nvshim grants reports it shared through that
+    claim, exit 0, no conflict."""
+    gpu = cri.sim.gpus[2]
+    claim = dra("shared", f"nvidia.com/gpu={gpu.index}")
+    cri.kubelet.set([("team-a", "sha", {}, {"main": [claim]}),
+                     ("team-a", "shb", {}, {"main": [claim]})])
+    pa, pb = pod(cri, "sha"), pod(cri, "shb")
+    start(cri, pa, devices=[injected(cri, gpu)])
+    start(cri, pb, devices=[injected(cri, gpu)])
+    assert gpu_minors(cri, pa) == gpu_minors(cri, pb) == [gpu.minor]
+    rc, doc = grants(cri)
+    assert rc == 0 and gpu.uuid not in doc["conflicts"]
+    mine = sorted((g["pod"], g["claims"]) for g in doc["grants"] if gpu.uuid in g["gpus"])
+    assert mine == [("sha", {"team-a/shared": [gpu.uuid]}),
+                    ("shb", {"team-a/shared": [gpu.uuid]})]
+
+
 # --- containerd 1.7 injects CDI devices itself (enable_cdi) ---------------------------------
 
 CONTAINERD_17 = pytest.mark.parametrize("node", ["1.7"], indirect=True, ids=["containerd-1.7"])

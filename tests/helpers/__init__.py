@@ -17,6 +17,8 @@ One module per engine, plus what they share:
 * :mod:`tests.helpers.podman` — podman 4.3.1 and CDI specs where it reads them.
 * :mod:`tests.helpers.docker` — a private dockerd 20.10 in its own mount namespace.
 * :mod:`tests.helpers.podresources` — a kubelet PodResources gRPC server.
+* :mod:`tests.helpers.noderoot` — Debian 11/12/13 node roots (mmdebstrap, cached) and running
+  a command on one (private namespaces, chroot) with the root's own runc.
 * :mod:`tests.helpers.commands` — ``nvshim`` from this checkout in a fresh process, and a
   rendered ``nvshim-runtime`` trampoline beside a compiled config and a recorder runtime.
 

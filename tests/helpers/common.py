@@ -11,6 +11,9 @@ running a command and capturing it as a :class:`RunResult`, and runtime stand-in
   :func:`remove_cgroup_tree` are the teardown tools of the engine modules
   (:mod:`tests.helpers.runc`, :mod:`tests.helpers.containerd`, :mod:`tests.helpers.podman`,
   :mod:`tests.helpers.docker`).
+* :func:`cache_dir` / :func:`locked`: where slow things a test needs (downloaded packages,
+  built node roots) are kept between runs, and the flock two pytest processes build them
+  under.
 * :func:`make_env_wrapper` bakes env into a script for engines that do not pass the caller's
   env to the runtime (containerd and dockerd pass their daemon's); :func:`make_failing_runtime`
   writes a runtime that fails every command as runc would.
@@ -19,6 +22,7 @@ running a command and capturing it as a :class:`RunResult`, and runtime stand-in
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import json
 import os
@@ -34,6 +38,7 @@ from typing import (
     Callable,
     Dict,
     Iterable,
+    Iterator,
     List,
     Mapping,
     Optional,
@@ -50,6 +55,7 @@ __all__ = [
     "RunResult",
     "env_dict",
     "execute",
+    "locked",
     "make_env_wrapper",
     "make_failing_runtime",
     "mounts_under",
@@ -59,6 +65,7 @@ __all__ = [
     "require_root",
     "stdio_paths",
     "terminate_pids",
+    "cache_dir",
     "unique_id",
     "wait_until",
 ]
@@ -84,6 +91,27 @@ def require_binary(name: str) -> str:
     if path is None:
         pytest.skip(f"{name} is not installed (not found on PATH)")
     return path
+
+
+def cache_dir(name: str, env_var: str) -> Path:
+    """Where the tests keep ``name`` between runs: ``$<env_var>`` when set, else
+    ``${XDG_CACHE_HOME:-~/.cache}/nvshim-tests/<name>`` (created by whoever fills it)."""
+    explicit = os.environ.get(env_var)
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "nvshim-tests" / name
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (created if missing) for the ``with`` body."""
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def unique_id(prefix: str = "t") -> str:

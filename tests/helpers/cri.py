@@ -23,6 +23,7 @@ import io
 import json
 import tarfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -31,7 +32,10 @@ import grpc
 from nvshim.runtime.allocation import podresources as _proto
 from tests.helpers.containerd import containerd_private_config
 
-__all__ = ["CriClient", "cri_containerd_config", "import_image", "IMAGE", "CriError"]
+__all__ = ["CriClient", "cri_containerd_config", "import_image", "IMAGE", "CriError",
+           "ContainerSpec", "ContainerState", "CriMount", "Namespaces", "Resources",
+           "SandboxSpec", "SecurityContext", "image_archive", "CONTAINER", "NODE", "POD",
+           "CREATED", "RUNNING", "EXITED", "UNKNOWN"]
 
 IMAGE = "docker.io/nvshim-test/busybox:1"
 _SERVICE = "/runtime.v1.RuntimeService/"
@@ -80,8 +84,9 @@ def _tar_bytes(files: Sequence[Tuple[str, bytes]]) -> bytes:
     return buf.getvalue()
 
 
-def image_archive(rootfs: Path, name: str = IMAGE) -> bytes:
-    """A docker-archive (``docker save`` layout) of ``rootfs`` as one layer, tagged ``name``."""
+def image_archive(rootfs: Path, name: str = IMAGE, env: Sequence[str] = ()) -> bytes:
+    """A docker-archive (``docker save`` layout) of ``rootfs`` as one layer, tagged ``name``,
+    whose config sets PATH and ``env`` (``K=V``), as an image's ``ENV`` lines do."""
     layer_buf = io.BytesIO()
     with tarfile.open(fileobj=layer_buf, mode="w") as tar:
         for path in sorted(rootfs.rglob("*")):
@@ -90,11 +95,13 @@ def image_archive(rootfs: Path, name: str = IMAGE) -> bytes:
     diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
     config = json.dumps({
         "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["sleep", "100000"]},
+        "config": {"Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", *env],
+                   "Cmd": ["sleep", "100000"]},
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
     }).encode()
     config_name = hashlib.sha256(config).hexdigest() + ".json"
-    manifest = json.dumps([{"Config": config_name, "RepoTags": [name.split("/", 1)[1]],
+    tag = name[len("docker.io/"):] if name.startswith("docker.io/") else name
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [tag],
                             "Layers": ["layer/layer.tar"]}]).encode()
     return _tar_bytes([(config_name, config), ("layer/layer.tar", layer),
                        ("manifest.json", manifest)])
@@ -164,6 +171,165 @@ def container_config(name: str, image: str, command: Sequence[str], env: Mapping
     return out
 
 
+# ------------------------------------------------------------- the kubelet's full messages
+
+POD, CONTAINER, NODE = 0, 1, 2  # NamespaceMode
+CREATED, RUNNING, EXITED, UNKNOWN = 0, 1, 2, 3  # ContainerState
+
+
+@dataclass(frozen=True)
+class CriMount:
+    """Mount{container_path=1, host_path=2, readonly=3, propagation=5}."""
+
+    container_path: str
+    host_path: str
+    readonly: bool = False
+    propagation: int = 0  # PRIVATE, HOST_TO_CONTAINER, BIDIRECTIONAL
+
+
+@dataclass(frozen=True)
+class Namespaces:
+    """NamespaceOption{network=1, pid=2, ipc=3} (POD / CONTAINER / NODE)."""
+
+    network: int = POD
+    pid: int = CONTAINER
+    ipc: int = POD
+
+    def encode(self) -> bytes:
+        return (_varint_field(1, self.network) + _varint_field(2, self.pid)
+                + _varint_field(3, self.ipc))
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """PodSandboxConfig, the fields a kubelet fills for a Linux pod."""
+
+    name: str
+    namespace: str
+    uid: str
+    log_directory: str
+    cgroup_parent: str
+    namespaces: Namespaces = Namespaces()
+    hostname: str = ""
+    privileged: bool = False
+    run_as_user: Optional[int] = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        """PodSandboxConfig{metadata=1, hostname=2, log_directory=3, labels=6,
+        annotations=7, linux=8{cgroup_parent=1, security_context=2{namespace_options=1,
+        run_as_user=3, privileged=6}}}."""
+        metadata = (_proto.string_field(1, self.name) + _proto.string_field(2, self.uid)
+                    + _proto.string_field(3, self.namespace))
+        security = _msg(1, self.namespaces.encode()) + _varint_field(6, int(self.privileged))
+        if self.run_as_user is not None:
+            security += _msg(3, _varint_field(1, self.run_as_user))
+        linux = _proto.string_field(1, self.cgroup_parent) + _msg(2, security)
+        return (_msg(1, metadata) + _proto.string_field(2, self.hostname)
+                + _proto.string_field(3, self.log_directory) + _map(6, self.labels)
+                + _map(7, self.annotations) + _msg(8, linux))
+
+
+@dataclass(frozen=True)
+class SecurityContext:
+    """LinuxContainerSecurityContext."""
+
+    namespaces: Namespaces = Namespaces()
+    privileged: bool = False
+    run_as_user: Optional[int] = None
+    run_as_group: Optional[int] = None
+    readonly_rootfs: bool = False
+    no_new_privs: bool = False
+    add_capabilities: Sequence[str] = ()
+    drop_capabilities: Sequence[str] = ()
+    masked_paths: Sequence[str] = ()
+    readonly_paths: Sequence[str] = ()
+
+    def encode(self) -> bytes:
+        """{capabilities=1{add=1, drop=2}, privileged=2, namespace_options=3, run_as_user=5,
+        readonly_rootfs=7, no_new_privs=11, run_as_group=12, masked_paths=13,
+        readonly_paths=14}."""
+        caps = (b"".join(_proto.string_field(1, c) for c in self.add_capabilities)
+                + b"".join(_proto.string_field(2, c) for c in self.drop_capabilities))
+        out = (_msg(1, caps) if caps else b"") + _varint_field(2, int(self.privileged))
+        out += _msg(3, self.namespaces.encode())
+        if self.run_as_user is not None:
+            out += _msg(5, _varint_field(1, self.run_as_user))
+        out += _varint_field(7, int(self.readonly_rootfs))
+        out += _varint_field(11, int(self.no_new_privs))
+        if self.run_as_group is not None:
+            out += _msg(12, _varint_field(1, self.run_as_group))
+        out += b"".join(_proto.string_field(13, p) for p in self.masked_paths)
+        out += b"".join(_proto.string_field(14, p) for p in self.readonly_paths)
+        return out
+
+
+@dataclass(frozen=True)
+class Resources:
+    """LinuxContainerResources{cpu_period=1, cpu_quota=2, cpu_shares=3,
+    memory_limit_in_bytes=4, oom_score_adj=5}."""
+
+    cpu_period: int = 0
+    cpu_quota: int = 0
+    cpu_shares: int = 0
+    memory_limit: int = 0
+    oom_score_adj: int = 0
+
+    def encode(self) -> bytes:
+        oom = self.oom_score_adj  # int64: a negative value is ten bytes of two's complement
+        return (_varint_field(1, self.cpu_period) + _varint_field(2, self.cpu_quota)
+                + _varint_field(3, self.cpu_shares) + _varint_field(4, self.memory_limit)
+                + _varint_field(5, oom if oom >= 0 else oom + (1 << 64)))
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """ContainerConfig, the fields a kubelet fills for a Linux container."""
+
+    name: str
+    image: str
+    command: Sequence[str] = ()
+    args: Sequence[str] = ()
+    working_dir: str = ""
+    envs: Sequence[Tuple[str, str]] = ()
+    mounts: Sequence[CriMount] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    log_path: str = ""
+    security: SecurityContext = SecurityContext()
+    resources: Resources = Resources()
+
+    def encode(self) -> bytes:
+        """ContainerConfig{metadata=1, image=2, command=3, args=4, working_dir=5, envs=6,
+        mounts=7, labels=9, annotations=10, log_path=11, linux=15{resources=1,
+        security_context=2}}."""
+        out = _msg(1, _proto.string_field(1, self.name)) + _msg(2, _proto.string_field(1, self.image))
+        out += b"".join(_proto.string_field(3, c) for c in self.command)
+        out += b"".join(_proto.string_field(4, a) for a in self.args)
+        out += _proto.string_field(5, self.working_dir)
+        for k, v in self.envs:
+            out += _msg(6, _proto.string_field(1, k) + _proto.string_field(2, v))
+        for m in self.mounts:
+            out += _msg(7, _proto.string_field(1, m.container_path)
+                        + _proto.string_field(2, m.host_path)
+                        + _varint_field(3, int(m.readonly)) + _varint_field(5, m.propagation))
+        out += _map(9, self.labels) + _map(10, self.annotations)
+        out += _proto.string_field(11, self.log_path)
+        out += _msg(15, _msg(1, self.resources.encode()) + _msg(2, self.security.encode()))
+        return out
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """What ContainerStatus says: state=3, exit_code=7, reason=10, message=11."""
+
+    state: int
+    exit_code: int
+    reason: str
+    message: str
+
+
 def _first_string(data: bytes) -> str:
     return _proto.first_str(_proto.decode(data), 1)
 
@@ -215,6 +381,48 @@ class CriClient:
     def start_container(self, container: str) -> None:
         """StartContainer: the shim runs the runtime's create and start (nvshim runs here)."""
         self.call("StartContainer", _proto.string_field(1, container))
+
+    def run_sandbox(self, spec: SandboxSpec, handler: str = "") -> Tuple[str, bytes]:
+        """RunPodSandbox for a full :class:`SandboxSpec` → (sandbox id, the config sent)."""
+        config = spec.encode()
+        reply = self.call("RunPodSandbox", _msg(1, config) + _proto.string_field(2, handler))
+        sandbox = _first_string(reply)
+        self.sandboxes.append(sandbox)
+        return sandbox, config
+
+    def create(self, sandbox: str, pod_config: bytes, spec: ContainerSpec) -> str:
+        """CreateContainer for a full :class:`ContainerSpec` → container id."""
+        request = _proto.string_field(1, sandbox) + _msg(2, spec.encode()) + _msg(3, pod_config)
+        return _first_string(self.call("CreateContainer", request))
+
+    def status(self, container: str) -> ContainerState:
+        """ContainerStatus{container_id=1} → its state, exit code, reason and message."""
+        reply = _proto.decode(self.call("ContainerStatus", _proto.string_field(1, container)))
+        status = _proto.decode(_proto.all_bytes(reply, 1)[-1])
+
+        def number(n: int) -> int:
+            values = [v for v in status.get(n, []) if isinstance(v, int)]
+            value = values[-1] if values else 0
+            return value - (1 << 64) if value >= 1 << 63 else value
+
+        return ContainerState(number(3), number(7), _proto.first_str(status, 10),
+                              _proto.first_str(status, 11))
+
+    def stop_container(self, container: str, timeout: int) -> None:
+        """StopContainer{container_id=1, timeout=2}: SIGTERM (the image's stop signal), then
+        SIGKILL after ``timeout`` seconds."""
+        self.call("StopContainer", _proto.string_field(1, container) + _varint_field(2, timeout))
+
+    def exec_sync(self, container: str, cmd: Sequence[str], timeout: int = 10
+                  ) -> Tuple[int, str, str]:
+        """ExecSync{container_id=1, cmd=2, timeout=3} → (exit code, stdout, stderr)."""
+        request = (_proto.string_field(1, container)
+                   + b"".join(_proto.string_field(2, c) for c in cmd) + _varint_field(3, timeout))
+        reply = _proto.decode(self.call("ExecSync", request))
+        codes = [v for v in reply.get(3, []) if isinstance(v, int)]
+        out = b"".join(_proto.all_bytes(reply, 1)).decode(errors="replace")
+        err = b"".join(_proto.all_bytes(reply, 2)).decode(errors="replace")
+        return (codes[-1] if codes else 0), out, err
 
     def wait_log(self, log_dir: Path, name: str, marker: str, timeout: float = 60) -> str:
         """The container's stdout lines (CRI log format stripped) once ``marker`` appears."""

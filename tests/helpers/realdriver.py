@@ -58,8 +58,6 @@ child process) which CUDA version it implements.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import re
 import shlex
@@ -70,9 +68,10 @@ import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from tests.helpers.bundle import LOADER, _host_dependencies, update_ld_cache
+from tests.helpers.common import cache_dir, locked
 
 __all__ = [
     "CACHE_ENV",
@@ -168,11 +167,7 @@ class DriverPackages:
 
 
 def _cache_base() -> Path:
-    explicit = os.environ.get(CACHE_ENV)
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "nvshim-tests" / "debian-nvidia"
+    return cache_dir("debian-nvidia", CACHE_ENV)
 
 
 def upstream_version(debian_version: str) -> str:
@@ -214,21 +209,11 @@ def driver_packages(names: Sequence[str] = COMPUTE_PACKAGES,
     except OSError as exc:
         raise DownloadError(f"cannot create the driver package cache {base}: {exc.strerror}"
                             ) from exc
-    with _locked(base / ".lock"):
+    with locked(base / ".lock"):
         found = _cached(base, names)  # another process may have fetched it meanwhile
         if found is not None:
             return found
         return _download(base, names)
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _download(base: Path, names: Sequence[str]) -> DriverPackages:

@@ -172,7 +172,8 @@ def test_spec_files_of_a_missing_dir_and_a_file(tmp_path: Path) -> None:
 # the create path loads only what resolution needs
 
 RESOLUTION = {"nvshim.cdi", "nvshim.cdi.names", "nvshim.cdi.model", "nvshim.cdi.version",
-              "nvshim.cdi.check", "nvshim.cdi.load", "nvshim.cdi.registry", "nvshim.cdi.index"}
+              "nvshim.cdi.check", "nvshim.cdi.load", "nvshim.cdi.registry", "nvshim.cdi.index",
+              "nvshim.cdi.stale"}
 
 
 def test_cdi_name_create_loads_only_the_resolution_modules(tmp_path: Path) -> None:

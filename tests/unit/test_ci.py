@@ -39,8 +39,49 @@ def test_ci_runs_the_suite_with_stdin_closed_and_sighup_ignored() -> None:
     """As ``nohup cmd </dev/null`` would: stdin not a terminal, SIGHUP ignored and
     inherited by every process the tests start."""
     script = (REPO / ".ci" / "run").read_text()
-    test_line = next(line for line in script.splitlines() if "pytest" in line)
-    assert "</dev/null" in test_line.replace(" ", "")
     lines = script.splitlines()
+    test_lines = [i for i, line in enumerate(lines) if "-m pytest" in line]
+    assert len(test_lines) == 2  # the whole suite, and the unit tests on each claimed CPython
+    for i in test_lines:
+        assert "</dev/null" in lines[i].replace(" ", "")
     trap = next(i for i, line in enumerate(lines) if line.strip() == "trap '' HUP")
-    assert trap < lines.index(test_line)
+    assert trap < min(test_lines)
+
+
+def _claimed_minors() -> list[int]:
+    """The 3.x minors pyproject's requires-python admits, from its ``>=3.A,<3.B`` bounds."""
+    import tomllib
+
+    spec = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    match = re.fullmatch(r">=3\.(\d+),<3\.(\d+)", spec.replace(" ", ""))
+    assert match, f"requires-python {spec!r} is not of the form >=3.A,<3.B"
+    return list(range(int(match.group(1)), int(match.group(2))))
+
+
+def test_requires_python_is_what_ci_tests() -> None:
+    """requires-python claims exactly the CPythons from the oldest to the newest that .ci/run
+    runs the unit tests on; the classifiers list each of them; ruff and mypy check for the
+    oldest."""
+    import tomllib
+
+    minors = _claimed_minors()
+    script = (REPO / ".ci" / "run").read_text()
+    claimed = re.search(r'^CLAIMED_PYTHONS="([^"]*)"$', script, re.M)
+    assert claimed, ".ci/run has no CLAIMED_PYTHONS line"
+    assert claimed.group(1).split() == [f"3.{minors[0]}", f"3.{minors[-1]}"]
+    assert re.search(r'for version in \$CLAIMED_PYTHONS; do unit_tests_on "\$version"; done',
+                     script)
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    classifiers = [c for c in pyproject["project"]["classifiers"]
+                   if c.startswith("Programming Language :: Python :: 3.")]
+    assert classifiers == [f"Programming Language :: Python :: 3.{m}" for m in minors]
+    assert pyproject["tool"]["ruff"]["target-version"] == f"py3{minors[0]}"
+    assert pyproject["tool"]["mypy"]["python_version"] == f"3.{minors[0]}"
+
+
+def test_a_failing_check_fails_ci_before_the_other_pythons() -> None:
+    """ruff, mypy or the suite failing ends .ci/run with that status: the README's && line is
+    no longer the script's last, and set -e does not stop an && list."""
+    lines = (REPO / ".ci" / "run").read_text().splitlines()
+    suite = next(line for line in lines if "-m ruff check" in line)
+    assert suite.rstrip().endswith("|| exit $?")

@@ -112,7 +112,7 @@ def test_lone_surrogate_in_an_untouched_field_round_trips(node: dict, tmp_path: 
     after = (bundle / "config.json").read_bytes()
     assert b'"x":"a\\ud800b","y":"\\udfff"' in after
     assert json.loads(after)["annotations"] == {"x": "a\ud800b", "y": "\udfff",
-                                                "nvshim.rewritten": "env"}
+                                                "nvshim.io/rewritten": "env"}
 
 
 def test_utf8_bom_is_kept_on_rewrite(node: dict, tmp_path: Path) -> None:

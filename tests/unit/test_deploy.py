@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import posixpath
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
@@ -83,30 +85,113 @@ def test_examples_use_the_runtimeclass() -> None:
             assert "nvidia.com/gpu" not in resources.get(section, {})
 
 
-def test_daemonset_runs_on_gpu_nodes_where_runtimeclass_schedules() -> None:
-    """The installer and the RuntimeClass target the same GPU nodes and tolerate the GPU taint."""
-    pod = _one("DaemonSet", "nvshim-installer")["spec"]["template"]["spec"]
+def _installer_defaults() -> Dict[str, str]:
+    """``NVSHIM_X`` → its default in deploy/installer.sh (``VAR=${NVSHIM_X:-default}``)."""
+    text = (DEPLOY / "installer.sh").read_text()
+    return {m.group(1): m.group(2)
+            for m in re.finditer(r"^[A-Z_]+=\$\{(NVSHIM_[A-Z_]+):?-([^}]*)\}", text, re.M)}
+
+
+def _installer_pod() -> Dict[str, Any]:
+    return dict(_one("DaemonSet", "nvshim-installer")["spec"]["template"]["spec"])
+
+
+def _matches(term: Dict[str, Any], labels: Dict[str, str]) -> bool:
+    """One nodeSelectorTerm (In / NotIn expressions, ANDed) against a node's labels."""
+    for expr in term["matchExpressions"]:
+        present = expr["key"] in labels and labels[expr["key"]] in expr["values"]
+        if (expr["operator"] == "In") != present:
+            return False
+    return True
+
+
+def _schedules_on(labels: Dict[str, str]) -> bool:
+    terms = _installer_pod()["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {e["operator"] for t in terms for e in t["matchExpressions"]} <= {"In", "NotIn"}
+    return any(_matches(term, labels) for term in terms)  # terms are ORed
+
+
+@pytest.mark.parametrize("labels, scheduled", [
+    ({"nvidia.com/gpu.present": "true"}, True),
+    ({"feature.node.kubernetes.io/pci-10de.present": "true"}, True),
+    ({"nvshim.io/install": "true"}, True),
+    ({"nvidia.com/gpu.present": "true", "nvshim.io/install": "false"}, False),
+    ({"feature.node.kubernetes.io/pci-10de.present": "true", "nvshim.io/install": "false"}, False),
+    ({"nvidia.com/gpu.present": "false"}, False),
+    ({}, False),
+])
+def test_daemonset_schedules_by_gfd_nfd_or_a_plain_label(labels: Dict[str, str],
+                                                          scheduled: bool) -> None:
+    """The installer lands on nodes GFD, NFD or a hand-set nvshim.io/install=true marks as
+    GPU nodes, without needing GFD or NFD, and never where nvshim.io/install=false."""
+    assert "nodeSelector" not in _installer_pod()
+    assert _schedules_on(labels) is scheduled
+
+
+def test_runtimeclass_nodes_get_the_installer() -> None:
+    """Every node the RuntimeClass sends pods to runs the installer, and both tolerate the
+    GPU taint."""
     scheduling = _one("RuntimeClass", "nvshim")["scheduling"]
-    assert pod["nodeSelector"] == scheduling["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert _schedules_on(dict(scheduling["nodeSelector"]))
     taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-    assert taint in pod["tolerations"] and taint in scheduling["tolerations"]
+    assert taint in _installer_pod()["tolerations"] and taint in scheduling["tolerations"]
 
 
-def test_daemonset_privilege_only_where_needed() -> None:
-    """Only the install init container is privileged; the long-running one is not; images are the marked placeholder."""
-    pod = _one("DaemonSet", "nvshim-installer")["spec"]["template"]["spec"]
-    assert pod["hostPID"] is True
-    (install,) = pod["initContainers"]
-    assert install["securityContext"]["privileged"] is True
-    assert "install.sh --containerd" in install["args"][0]
-    assert "nsenter -t 1" in install["args"][0]
-    for container in pod["containers"]:
-        context = container["securityContext"]
-        assert context["privileged"] is False and context["allowPrivilegeEscalation"] is False
-    for container in _containers(pod):
-        assert container["resources"]["limits"]["memory"]
-        assert container["image"] == "ghcr.io/example/nvshim:0.1.0"
-    assert "PLACEHOLDER image" in (DEPLOY / "daemonset.yaml").read_text()
+def test_daemonset_runs_the_installer_entrypoint_privileged_with_the_ci_image() -> None:
+    """One long-running privileged hostPID container runs deploy/installer.sh from the image CI
+    builds (no placeholder registry left), ready only once installed, with time to uninstall."""
+    pod = _installer_pod()
+    assert pod["hostPID"] is True and "initContainers" not in pod
+    (installer,) = pod["containers"]
+    assert installer["securityContext"]["privileged"] is True
+    assert installer["command"] == ["/bin/sh", "/usr/local/bin/nvshim-installer"]
+    assert installer["image"] == "localhost/nvshim-installer:0.1.0"
+    assert installer["resources"]["limits"]["memory"]
+    for path in DEPLOY.rglob("*"):
+        if path.is_file():
+            assert "ghcr.io/example" not in path.read_text(), path
+    defaults = _installer_defaults()
+    assert installer["readinessProbe"]["exec"]["command"] == [
+        "test", "-e", defaults["NVSHIM_READY_FILE"]]
+    env = {e["name"]: e["value"] for e in installer["env"]}
+    timeout = int(env.get("NVSHIM_RESTART_TIMEOUT", "60"))
+    # an install in flight (two restart waits when containerd does not come back), then the
+    # uninstall's restart wait
+    assert pod["terminationGracePeriodSeconds"] >= 3 * timeout + 60
+
+
+def test_daemonset_env_names_settings_the_installer_reads() -> None:
+    """Every NVSHIM_* variable the DaemonSet sets is read by installer.sh (or passed on to
+    install.sh, which reads it) and documented in deploy/README.md: a typo cannot hide."""
+    (installer,) = _installer_pod()["containers"]
+    entrypoint = (DEPLOY / "installer.sh").read_text()
+    install_sh = (DEPLOY.parent / "install.sh").read_text()
+    readme = (DEPLOY / "README.md").read_text()
+    for name in (e["name"] for e in installer["env"]):
+        assert name in entrypoint, name
+        assert name in _installer_defaults() or f"${{{name}" in install_sh, name
+        assert f"`{name}`" in readme, name
+
+
+def test_daemonset_mounts_where_the_installer_looks() -> None:
+    """The hostPath, ConfigMap and state mounts sit where installer.sh's defaults expect them:
+    the node's stage and /etc/nvshim under /host, the ConfigMap's file, the ready file."""
+    pod = _installer_pod()
+    (installer,) = pod["containers"]
+    defaults = _installer_defaults()
+    mounts = {m["name"]: m["mountPath"] for m in installer["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    host = defaults["NVSHIM_HOST_ROOT"]
+    assert host == "/host"
+    stage_dir = posixpath.dirname(defaults["NVSHIM_STAGE"])
+    for name, node_path in (("host-stage", stage_dir), ("host-etc-nvshim", defaults["NVSHIM_ETCDIR"])):
+        assert volumes[name]["hostPath"]["path"] == node_path
+        assert mounts[name] == host + node_path
+    assert mounts["config"] == posixpath.dirname(defaults["NVSHIM_CONFIGMAP_FILE"])
+    assert volumes["config"]["configMap"]["name"] == "nvshim-config"
+    assert mounts["state"] == posixpath.dirname(defaults["NVSHIM_READY_FILE"])
+    assert "emptyDir" in volumes["state"]
 
 
 def test_namespaced_objects_live_in_the_namespace() -> None:

@@ -221,14 +221,17 @@ def test_a_spec_without_nvidia_devices_loads_no_node_plan(tmp_path: Path, node: 
 def test_a_privileged_containers_devices_are_no_grant(tmp_path: Path, node: Any,
                                                       base_rootfs: Path) -> None:
     """A privileged container (SYS_ADMIN, every device allowed) lists the host's devices,
-    GPUs included: that is no engine grant."""
+    GPUs included: that is no engine grant (the request is none, image env is not held to
+    it), but what it holds, journaled as source privileged."""
     spec = image_spec([])
     spec["process"]["capabilities"]["bounding"].append("CAP_SYS_ADMIN")
     spec["linux"]["resources"]["devices"] = [{"allow": True, "access": "rwm"}]
     spec["linux"]["devices"] = [{"path": f"/dev/nvidia{g.minor}", "type": "c", "major": 195,
                                  "minor": g.minor} for g in node.gpus]
     plan = plan_create(str(bundle_of(tmp_path, spec, base_rootfs)), Config(driver_root=node.root))
-    assert plan.engine_gpus == () and plan.request.source == "none"
+    assert plan.request.source == "none" and plan.view.engine is None
+    assert plan.grant.engine is not None and plan.grant.engine.privileged
+    assert plan.grant_source == "privileged"
 
 
 @needs_root

@@ -64,10 +64,28 @@ def test_feature_flags(env: Dict[str, str], features: tuple) -> None:
 
 def test_features_follow_require_allocation() -> None:
     """An image's =all stripped by require-allocation brings no features either."""
-    extras = decide({"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_MOFED": "enabled"}, STRICT)
+    extras = decide({"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_GDS": "enabled"}, STRICT)
     assert extras.features == () and any("granted no GPU" in n for n in extras.notes)
-    granted = decide({"NVIDIA_VISIBLE_DEVICES": UUID, "NVIDIA_MOFED": "enabled"}, STRICT)
-    assert granted.features == ("mofed",)
+    granted = decide({"NVIDIA_VISIBLE_DEVICES": UUID, "NVIDIA_GDS": "enabled"}, STRICT)
+    assert granted.features == ("gds",)
+
+
+def test_fabric_flags_are_off_under_require_allocation_unless_configured() -> None:
+    """Under require-allocation a container holding one GPU gets no MOFED or NVSwitch
+    devices from its own env (no allocation covers them), with a note naming the key that
+    allows them; require-allocation-features turns each on; GDS and gdrcopy stay on."""
+    env = {"NVIDIA_VISIBLE_DEVICES": UUID, **{v: "enabled" for v in FEATURE_ENV.values()}}
+    strict = decide(env, STRICT)
+    assert strict.features == ("gds", "gdrcopy")
+    assert [n for n in strict.notes if "require-allocation-features" in n] == [
+        "NVIDIA_NVSWITCH=enabled ignored: require-allocation is on and nvswitch is not in "
+        "require-allocation-features (no allocation covers the node's nvswitch devices)",
+        "NVIDIA_MOFED=enabled ignored: require-allocation is on and mofed is not in "
+        "require-allocation-features (no allocation covers the node's mofed devices)",
+    ]
+    allowed = Config(require_allocation=True, require_allocation_features=("mofed",))
+    assert decide(env, allowed).features == ("mofed",)
+    assert decide(env, OPEN).features == ("nvswitch", "gds", "mofed", "gdrcopy")
 
 
 @pytest.mark.parametrize(
@@ -130,8 +148,7 @@ def test_edits_per_feature(node: Any) -> None:
     assert paths(features=("gdrcopy",)) == ["/dev/gdrdrv"]
     assert paths(features=("gds",)) == [f"/dev/nvidia-fs{i}" for i in range(4)]
     assert paths(features=("nvswitch",)) == ["/dev/nvidia-nvswitch0", "/dev/nvidia-nvswitchctl"]
-    assert paths(features=("mofed",)) == ["/dev/infiniband/issm0", "/dev/infiniband/rdma_cm",
-                                          "/dev/infiniband/umad0", "/dev/infiniband/uverbs0"]
+    assert paths(features=("mofed",)) == ["/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs0"]
     assert paths(imex_channels=(2, 0)) == ["/dev/nvidia-caps-imex-channels/channel0",
                                            "/dev/nvidia-caps-imex-channels/channel2"]
     gds = extras_edits(node, Extras(features=("gds",))).edits
@@ -139,6 +156,21 @@ def test_edits_per_feature(node: Any) -> None:
     assert "ro" in gds.mounts[0].options
     node_rec = extras_edits(node, Extras(features=("gdrcopy",))).edits.device_nodes[0]
     assert (node_rec.type, node_rec.major, node_rec.minor) == ("c", 509, 0)
+
+
+def test_fabric_features_give_what_the_reference_gives(node: Any) -> None:
+    """MOFED is the verbs nodes and rdma_cm only (never umad, nor issm, which lets a process
+    act as the subnet manager); NVSwitch is its device nodes only (the fabric manager's
+    socket comes with the utility capability, as in the reference)."""
+    ib = node.dev_path("/dev/infiniband")
+    assert sorted(os.listdir(ib)) == ["issm0", "rdma_cm", "umad0", "uverbs0"]
+    mofed = extras_edits(node, Extras(features=("mofed",))).edits
+    assert sorted(n.path for n in mofed.device_nodes) == ["/dev/infiniband/rdma_cm",
+                                                          "/dev/infiniband/uverbs0"]
+    nvswitch = extras_edits(node, Extras(features=("nvswitch",))).edits
+    assert nvswitch.mounts == ()
+    assert sorted(n.path for n in nvswitch.device_nodes) == ["/dev/nvidia-nvswitch0",
+                                                             "/dev/nvidia-nvswitchctl"]
 
 
 def test_missing_channel_and_missing_feature(node: Any, tmp_path: Path) -> None:

@@ -571,7 +571,7 @@ def test_lone_surrogates_round_trip(world: Dict[str, Path], value: str, key: str
     out, after = check(world, raw)
     if out.exec is not None:
         kept = dict(json.loads(after)["annotations"])
-        kept.pop("nvshim.rewritten", None)  # nvshim's mark on a config.json it rewrote
+        kept.pop("nvshim.io/rewritten", None)  # nvshim's mark on a config.json it rewrote
         assert kept == {"x-note": value, key: "v"}
 
 

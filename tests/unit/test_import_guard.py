@@ -147,6 +147,8 @@ def test_grpc_loads_only_when_the_kubelet_is_asked(tmp_path: Path, rootfs: Path)
     node = create_node(str(tmp_path / "node"), gpus=1)
     env = compiled_config(tmp_path, node.root, extra=(
         f"require-allocation: true\nverify-with: kubelet\nkubelet-checkpoint: null\n"
+        # "plain" (no CRI engine made it) is judged, not refused: grpc must not load for it
+        f"unidentified-containers: allocation-sources\n"
         f"kubelet-socket: {tmp_path}/kubelet.sock\n"))
     server = PodResourcesServer(str(tmp_path / "kubelet.sock")).start()
     server.set([("ns", "p", {"c": {"nvidia.com/gpu": [node.gpus[0].uuid]}})])

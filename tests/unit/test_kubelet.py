@@ -244,14 +244,6 @@ def test_container_claiming_nothing_does_not_ask_the_kubelet(node: Any, tmp_path
     assert not plan.request.injects and kubelet.calls["List"] == 0
 
 
-def test_non_cri_container_is_not_verified(node: Any, tmp_path: Path) -> None:
-    """Without containerd's CRI annotations there is no kubelet record: noted, judged by allocation-sources."""
-    plan = plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={node.gpus[0].uuid}"],
-                              annotations={}), config(node, tmp_path))
-    assert [g.index for g in plan.gpus] == [0]
-    assert any("not a CRI container" in n for n in plan.notes)
-
-
 def test_mount_all_needs_accept_all_from_mounts(node: Any, tmp_path: Path) -> None:
     """Under require-allocation a mount named "all" grants nothing unless accept-all-from-mounts is on."""
     cfg = config(node, tmp_path, verify_with="none")

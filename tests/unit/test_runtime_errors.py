@@ -37,7 +37,7 @@ ALLOWED = {("runtime/specjson.py", "TypeError"), ("cdi/load.py", "ValueError"),
 #: (_jsonc's fallback to the json package, config's duplicate-key hook for yaml and its
 #: not-a-regular-file signal) and
 #: dataclasses' FrozenInstanceError, which records mirror.
-INTERNAL = {"nvshim._jsonc._Fallback", "nvshim.config._DuplicateKey", "nvshim.config._NotAFile",
+INTERNAL = {"nvshim._jsonc._Fallback", "nvshim.node.cdirefresh._Stop", "nvshim.config._DuplicateKey", "nvshim.config._NotAFile",
             "nvshim._record.FrozenInstanceError"}
 BUILTIN = {"ValueError", "OSError", "KeyError", "TypeError", "RuntimeError", "Exception",
            "IndexError", "LookupError", "IOError", "FileNotFoundError", "PermissionError"}
@@ -194,8 +194,9 @@ def test_unknown_device_from_the_runtime_names_config_and_driver_root(
         tmp_path: Path, configured: bool, nvshim_runtime_bin: str) -> None:
     """``nvshim-runtime create`` asking for a GPU the node lacks: the stderr line and the
     ``--log`` JSON error line both name the driver root looked under and the config used —
-    or, when the config file is absent (podman passes no NVSHIM_CONFIG), the built-in
-    defaults and the file looked for; config.json stays byte-identical."""
+    or, when the config NVSHIM_CONFIG names is absent, that file and who named it (a named
+    config that is missing fails closed, never the built-in defaults); config.json stays
+    byte-identical."""
     import json
 
     from tests.helpers.bundle import make_bundle, make_rootfs
@@ -215,8 +216,9 @@ def test_unknown_device_from_the_runtime_names_config_and_driver_root(
     else:
         if os.path.exists("/proc/driver/nvidia/gpus") and os.listdir("/proc/driver/nvidia/gpus"):
             pytest.skip("this host has NVIDIA GPUs")
-        expected = ('unknown device "1": this node has no GPUs under driver root / '
-                    f"(built-in defaults: no config {cfg})")
+        expected = (f"config {cfg} does not exist (named by NVSHIM_CONFIG): nvshim-runtime "
+                    "creates no container with the built-in defaults (require-allocation off) "
+                    "in its place; restore it, or name the config that exists")
     bundle = make_bundle(tmp_path / "b", make_rootfs(tmp_path / "rootfs"), ["true"],
                          env={"NVIDIA_VISIBLE_DEVICES": "1"})
     before = (bundle / "config.json").read_bytes()

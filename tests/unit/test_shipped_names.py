@@ -24,8 +24,9 @@ SHIPPED_FILES = ("README.md", "BENCHMARKS.md", "install.sh", "pyproject.toml")
 SUFFIXES = {".py", ".sh", ".md", ".yaml", ".yml", ".toml", ".json", ".txt", ""}
 
 PATH_NAME = re.compile(r"\bnvshim/[A-Za-z0-9_/]+\.py\b")
-# a dotted name not inside a longer word or path (runtimes.nvshim.path, 99-nvshim.toml)
-DOTTED_NAME = re.compile(r"(?<![\w.\-/])nvshim(?:\.[A-Za-z_]\w*)+")
+# a dotted name not inside a longer word or path (runtimes.nvshim.path, 99-nvshim.toml),
+# nor the Kubernetes label domain nvshim.io/ (nvshim.io/install=true)
+DOTTED_NAME = re.compile(r"(?<![\w.\-/])nvshim(?!\.io/)(?:\.[A-Za-z_]\w*)+")
 # file names that look dotted: nvshim.toml, nvshim.yaml, nvshim.schema.json …
 FILE_SUFFIX = re.compile(r"\.(toml|ya?ml|json|conf|log|prom|fish|bash|zsh|sh|dev|md|txt)$")
 

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from nvshim._record import dataclass, field
 from nvshim.errors import HostError
 from nvshim.runtime.allocation import podresources as _proto
-from nvshim.runtime.request import (
+from nvshim.runtime.identity import (
     CONTAINER_NAME,
     SANDBOX_NAME,
     SANDBOX_NAMESPACE,

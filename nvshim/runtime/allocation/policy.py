@@ -16,8 +16,14 @@ import os
 
 from nvshim import _jsonc
 from nvshim._record import dataclass, replace
+from nvshim.config import describe_config
 from nvshim.errors import RequestError
-from nvshim.runtime.request import SANDBOX_ANNOTATION, identity_of
+from nvshim.runtime.identity import (
+    CRIO_ANNOTATIONS,
+    SANDBOX_ANNOTATION,
+    cri_engine,
+    read_identity,
+)
 from nvshim.runtime.tokens import parse_visible_devices, select_gpus
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
@@ -30,14 +36,14 @@ if TYPE_CHECKING:
     from nvshim.runtime.allocation.kubelet import Allocation
     from nvshim.runtime.engine import EngineGrant
     from nvshim.runtime.extras import Extras
-    from nvshim.runtime.request import Claim, Identity
+    from nvshim.runtime.request import Claim, Identity, Request
 
     #: What a CDI name injects on this node: (label, key) of each GPU, MIG device and IMEX
     #: channel, or why that cannot be known.
     Found = Union[str, Tuple[Tuple[str, str], ...]]
 
 __all__ = ["KubeletIds", "Verification", "ask_kubelet_if_needed", "pod_annotations",
-           "name_ids", "with_named", "check_allocated", "check_imex_allocated",
+           "name_ids", "with_named", "check_allocated", "check_granted", "check_imex_allocated",
            "check_engine_allocated"]
 
 
@@ -119,16 +125,25 @@ class Verification:
     """What the kubelet allocated, when asked and reachable."""
     verified: str = "none"
     """``kubelet`` (every GPU checked against its record), ``unreachable`` (claims
-    trusted), ``none``."""
+    trusted), ``unidentified`` (not a CRI container: claims judged by allocation-sources),
+    ``privileged`` (a privileged container: not asked), ``none``."""
     notes: Tuple[str, ...] = ()
     named: Optional[KubeletIds] = None
     """The allocation's ids matched to this node, once a check or the ``kubelet`` source
     needed them (:func:`with_named`)."""
 
+    privileged: bool = False
+    """A privileged container (every device allowed): its GPUs are not checked, it holds
+    every GPU node already (its IMEX channels are, when it names some)."""
+
     @property
     def warnings(self) -> Tuple[str, ...]:
         """What an operator must hear though create goes on: claims trusted unverified."""
-        return self.notes if self.verified == "unreachable" else ()
+        return self.notes if self.verified in ("unreachable", "unidentified") else ()
+
+
+_PRIVILEGED = ("privileged container: it holds every GPU node already (its device cgroup "
+               "allows all), so its GPUs are not checked against the kubelet's record")
 
 
 def ask_kubelet_if_needed(claim: Claim, config: Config) -> Verification:
@@ -138,25 +153,51 @@ def ask_kubelet_if_needed(claim: Claim, config: Config) -> Verification:
     source, for a CRI container that claims a GPU or an IMEX channel. Unreachable:
     ``kubelet-unreachable`` decides (fail the create, or trust the claims and say so).
     """
-    identity = identity_of(claim.view.annotations)
+    identity, problem = read_identity(claim.view.annotations)
     wants = config.verify_with == "kubelet" or "kubelet" in config.allocation_sources
     if not (config.require_allocation and wants
             and (claim.claims_gpus or claim.claims_imex)):
         return Verification(identity)
+    privileged = claim.view.privileged_with_devices
+    if privileged and not claim.claims_imex:
+        return Verification(identity, verified="privileged", notes=(_PRIVILEGED,),
+                            privileged=True)
+    if identity is None:
+        return _unidentified(problem, config)
     from nvshim.runtime.allocation.kubelet import KubeletUnreachable, ask_kubelet
 
-    if identity is None:
-        return Verification(notes=(
-            "not a CRI container (no io.kubernetes.cri.* annotations): the kubelet has no "
-            "record of it, claims are judged by allocation-sources alone",))
     try:
-        return Verification(identity, ask_kubelet(identity, config), "kubelet")
+        return Verification(identity, ask_kubelet(identity, config), "kubelet",
+                            privileged=privileged)
     except KubeletUnreachable as exc:
         if config.kubelet_unreachable == "fail":
             raise RequestError(
                 f"{exc}; refusing the claim (kubelet-unreachable: fail)") from exc
         return Verification(identity, None, "unreachable", (
             f"{exc}; GPU claims trusted unverified (kubelet-unreachable: trust-claims)",))
+
+
+def _unidentified(problem: str, config: Config) -> Verification:
+    """A container claiming GPUs that the kubelet cannot be asked about: refused under
+    ``verify-with: kubelet`` when a CRI engine made it (``problem``: its identity is not
+    usable) or when ``unidentified-containers: fail``; else judged by allocation-sources,
+    with a warning (``verified: unidentified``). Without verify (the ``kubelet`` source
+    alone) it only gets nothing from that source."""
+    what = f"the container's kubelet identity is unusable: {problem}" if problem else (
+        "not a CRI container (neither containerd's io.kubernetes.cri.* nor CRI-O's "
+        "io.kubernetes.cri-o.* annotations): the kubelet has no record of it")
+    if config.verify_with != "kubelet":
+        return Verification(notes=(f"{what}; the kubelet allocation source grants nothing",))
+    if problem:
+        raise RequestError(f"{what}; refusing its GPU claims (verify-with: kubelet in "
+                           f"{describe_config(config)})")
+    if config.unidentified_containers == "fail":
+        raise RequestError(f"{what}, so verify-with: kubelet cannot check its GPU claims; "
+                           f"refusing them (unidentified-containers: fail in "
+                           f"{describe_config(config)})")
+    return Verification(None, None, "unidentified", (
+        f"{what}; GPU claims judged by allocation-sources alone, unverified "
+        "(unidentified-containers: allocation-sources)",))
 
 
 def with_named(found: Verification, gpus: Sequence[Gpu]) -> Verification:
@@ -178,7 +219,8 @@ def _asked_again(found: Verification, config: Config) -> Verification:
 
 
 def pod_annotations(bundle: str, claim: Claim, config: Config) -> Optional[Dict[str, str]]:
-    """The annotations of this CRI container's pod sandbox spec; None when unknown.
+    """The annotations of this CRI container's pod sandbox spec; None when unknown (under
+    CRI-O: :func:`_crio_pod_annotations`).
 
     containerd copies a pod's pass-through annotations into the sandbox's spec and into
     every container's; the device plugin's (container) annotations only into the
@@ -188,20 +230,42 @@ def pod_annotations(bundle: str, claim: Claim, config: Config) -> Optional[Dict[
     """
     if not config.require_allocation or not claim.annotation_keys:
         return None  # (a sandbox's claim has no annotation keys)
+    if cri_engine(claim.view.annotations) == "cri-o":
+        return _crio_pod_annotations(claim)
     sandbox_id = claim.view.annotations.get("io.kubernetes.cri.sandbox-id", "")
     if not sandbox_id or "/" in sandbox_id or sandbox_id in (".", ".."):
         return None
     path = os.path.join(os.path.dirname(os.path.abspath(bundle)), sandbox_id, "config.json")
+    from nvshim.errors import SpecError
+    from nvshim.runtime.specjson import runc_keys
+
     try:
         with open(path, "rb") as fh:
-            spec = _jsonc.loads(fh.read())
-    except (OSError, ValueError):
+            spec = runc_keys(_jsonc.loads(fh.read()))  # its keys as runc reads them
+    except (OSError, ValueError, SpecError):
         return None
     notes = spec.get("annotations") if isinstance(spec, dict) else None
     if not isinstance(notes, dict) or notes.get(SANDBOX_ANNOTATION) != "sandbox" \
             or notes.get("io.kubernetes.cri.sandbox-id") != sandbox_id:
         return None
     return {k: v for k, v in notes.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _crio_pod_annotations(claim: Claim) -> Dict[str, str]:
+    """Under CRI-O: the annotation claims that are not the kubelet's container annotations.
+
+    CRI-O copies every pod annotation into each container's spec, and records the kubelet's
+    own container annotations (the device plugin's among them) as JSON under
+    ``io.kubernetes.cri-o.Annotations``, a key no user input overwrites. A claim whose key
+    and value that record lacks was written by the pod (no record at all: every claim is)."""
+    notes = claim.view.annotations
+    try:
+        kubelet = _jsonc.loads(notes.get(CRIO_ANNOTATIONS, ""))
+    except (ValueError, RecursionError):
+        kubelet = None
+    if not isinstance(kubelet, dict):
+        kubelet = {}
+    return {k: notes[k] for k in claim.annotation_keys if kubelet.get(k) != notes[k]}
 
 
 def check_allocated(found: Verification, host: Host, gpus: Sequence[Gpu],
@@ -223,6 +287,36 @@ def check_allocated(found: Verification, host: Host, gpus: Sequence[Gpu],
         raise RequestError(refused)
     assert found.allocation is not None
     return found, f"every granted GPU is in the kubelet's record ({found.allocation.via})"
+
+
+def check_granted(found: Verification, host: Host, gpus: Sequence[Gpu],
+                  migs: Sequence[Tuple[Gpu, MigDevice]], request: Request,
+                  config: Config) -> Tuple[Verification, Tuple[str, ...]]:
+    """(the record checked against, the notes saying so) when everything nvshim grants
+    from ``request`` is in the kubelet's record: every GPU and MIG device
+    (:func:`check_allocated`) and every device node of each CDI name it injects
+    (:func:`nvshim.runtime.allocation.cdinames.cdi_refusal`); else RequestError naming
+    the first that is not, the container and the record. A privileged container's GPUs
+    are not checked: failing it would protect nothing (it holds every GPU node)."""
+    if found.privileged:
+        return replace(found, verified="privileged"), (_PRIVILEGED,)
+    found, note = check_allocated(found, host, gpus, migs, request.source, config)
+    names = request.cdi_names
+    if not names:
+        return found, (note,)
+    from nvshim.runtime.allocation.cdinames import cdi_refusal, resolve_names
+
+    resolved = resolve_names(host, config, names)
+    assert found.allocation is not None
+    refused = cdi_refusal(found.identity, found.allocation, names, resolved, request.source)
+    if refused and found.allocation.via == "checkpoint":
+        found = with_named(_asked_again(found, config), host.gpus())
+        assert found.allocation is not None
+        refused = cdi_refusal(found.identity, found.allocation, names, resolved, request.source)
+    if refused:
+        raise RequestError(refused)
+    return found, (note, "every device node of the CDI devices "
+                   f"{', '.join(names)} is in the kubelet's record")
 
 
 def _refusal(found: Verification, host: Host, gpus: Sequence[Gpu],
@@ -319,50 +413,12 @@ def _engine_refusal(found: Verification, host: Host, engine: EngineGrant,
 
 def _cdi_devices_of(host: Host, config: Config, names: Sequence[str]) -> Dict[str, Found]:
     """CDI name → ((label, key) of each GPU, MIG device and IMEX channel of this node it
-    injects), or the reason it injects none that can be known (not in ``cdi-spec-dirs``).
+    injects), or the reason it injects none that can be known (not in ``cdi-spec-dirs``);
+    see :func:`nvshim.runtime.allocation.cdinames.resolve_names`."""
+    from nvshim.runtime.allocation.cdinames import resolve_names
 
-    Resolved as a create resolves CDI names (the spec index), one name at a time so that
-    each is judged on its own, and matched to the node by device numbers as the engine's
-    injection is (:mod:`nvshim.runtime.engine`); a device node the spec gives without
-    numbers has its host node's (as CDI fills them in), one it cannot stat matches nothing.
-    """
-    if not names:
-        return {}
-    from nvshim.cdi import index as cdiindex
-    from nvshim.cdi.registry import resolve_devices
-    from nvshim.config import cdi_index_path, config_path
-    from nvshim.errors import CdiError
-    from nvshim.host.discovery import Host
-    from nvshim.runtime.engine import gpus_of_numbers, nvidia_majors
-
-    searched = ", ".join(config.cdi_spec_dirs) or "no cdi-spec-dirs"
-    try:
-        registry, _ = cdiindex.registry_for(
-            config.cdi_spec_dirs, names, cdi_index_path(config.source or config_path()), False)
-    except CdiError as exc:
-        return {name: f"not resolved: {exc}" for name in names}
-    probe = Host("/", "/")  # CDI hostPaths are absolute host paths
-    gpus = host.gpus()
-    imex_major = (nvidia_majors(config.driver_root) or (None, None, None))[2]
-    out: Dict[str, Found] = {}
-    for name in names:
-        try:
-            nodes = resolve_devices(registry, [name]).device_nodes
-        except CdiError:
-            out[name] = f"not in cdi-spec-dirs {searched}"
-            continue
-        numbers = set()
-        for node in nodes:
-            if node.major is None:
-                node = probe.device_node(node.source) or node
-            if node.major is not None and node.minor is not None:
-                numbers.add((node.major, node.minor))
-        whole, migs = gpus_of_numbers(gpus, numbers)
-        out[name] = tuple((f"GPU {g.index}", g.uuid) for g in whole) + tuple(
-            (f"MIG device {p.index}:{m.index}", m.uuid) for p, m in migs) + tuple(
-            (f"IMEX channel {minor}", f"channel{minor}")
-            for major, minor in sorted(numbers) if major == imex_major)
-    return out
+    return {name: found if isinstance(found, str) else found.found
+            for name, found in resolve_names(host, config, names).items()}
 
 
 def _claim_holder(host: Host, config: Config, cdi_others: Mapping[str, str],

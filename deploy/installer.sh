@@ -1,0 +1,167 @@
+#!/bin/sh
+# nvshim-installer: the entrypoint of the nvshim-installer DaemonSet's container (POSIX sh).
+#
+# 1. Install. Copies the image's payload (NVSHIM_PAYLOAD, /payload: opt/nvshim, usr/local/bin,
+#    install.sh, config/) to the node's NVSHIM_STAGE (/var/lib/nvshim-installer/payload) and the
+#    ConfigMap's config.yaml (NVSHIM_CONFIGMAP_FILE, /config/config.yaml) to the node's
+#    $NVSHIM_ETCDIR/config.yaml (/etc/nvshim), both through the hostPath mounts the container
+#    sees under NVSHIM_HOST_ROOT (/host). Then runs `sh STAGE/install.sh --from STAGE
+#    --containerd` on the node, in PID 1's namespaces (NVSHIM_NODE_EXEC, default
+#    "nsenter -t 1 -m -u -i -n -p --": hence hostPID and privileged), with an explicit env: PATH,
+#    NVSHIM_SKIP_APT=1 and those of the NVSHIM_* settings below that are set. install.sh
+#    restarts containerd (NVSHIM_RESTART_MODE systemd, signal or none) and, when containerd does
+#    not come back, puts its previous config back. Success: NVSHIM_READY_FILE appears (the
+#    readiness probe). Failure: one line, the pod stays up and not ready (no restart loop that
+#    bounces containerd); a ConfigMap change, or deleting the pod, tries again.
+# 2. Watch. Every NVSHIM_WATCH_INTERVAL seconds (10) it compares the mounted config.yaml with the
+#    last one it saw (the kubelet swaps a ConfigMap volume's files through its ..data symlink).
+#    A new one goes to the node and `nvshim config compile` runs there; containerd is not
+#    restarted, its config did not change. One nvshim refuses stays out: the previous config is
+#    put back and recompiled, and one line says why.
+# 3. SIGTERM (DaemonSet deleted, pod rolled or evicted): uninstall. `STAGE/install.sh --uninstall`
+#    puts containerd's config back byte for byte, restarts containerd the same way and removes
+#    nvshim's files; then the config.yaml written from the ConfigMap and STAGE go too.
+#    NVSHIM_KEEP_ON_EXIT=true leaves everything installed (e.g. to roll a new image without a
+#    window where the node has no nvshim handler).
+#
+# Passed to install.sh when set: NVSHIM_PREFIX, NVSHIM_BINDIR, NVSHIM_ETCDIR,
+# NVSHIM_CONTAINERD_CONFIG, NVSHIM_CONTAINERD_DROP_IN, NVSHIM_CONTAINERD_SOCKET,
+# NVSHIM_CONTAINERD_CONFIG_SEED, NVSHIM_RESTART_MODE, NVSHIM_RESTART_UNIT,
+# NVSHIM_RESTART_SIGNAL, NVSHIM_RESTART_TIMEOUT (see install.sh --help and deploy/README.md).
+# NVSHIM_SET_AS_DEFAULT=true adds --set-as-default. Every path above is the node's path.
+set -u
+
+HOST_ROOT=${NVSHIM_HOST_ROOT-/host}
+NODE_EXEC=${NVSHIM_NODE_EXEC-nsenter -t 1 -m -u -i -n -p --}
+PAYLOAD=${NVSHIM_PAYLOAD:-/payload}
+STAGE=${NVSHIM_STAGE:-/var/lib/nvshim-installer/payload}
+CONFIGMAP_FILE=${NVSHIM_CONFIGMAP_FILE:-/config/config.yaml}
+READY_FILE=${NVSHIM_READY_FILE:-/run/nvshim-installer/ready}
+WATCH_INTERVAL=${NVSHIM_WATCH_INTERVAL:-10}
+KEEP_ON_EXIT=${NVSHIM_KEEP_ON_EXIT:-false}
+SET_AS_DEFAULT=${NVSHIM_SET_AS_DEFAULT:-false}
+ETCDIR=${NVSHIM_ETCDIR:-/etc/nvshim}
+BINDIR=${NVSHIM_BINDIR:-/usr/local/bin}
+NODE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+PASS="NVSHIM_PREFIX NVSHIM_BINDIR NVSHIM_ETCDIR NVSHIM_CONTAINERD_CONFIG NVSHIM_CONTAINERD_DROP_IN
+NVSHIM_CONTAINERD_SOCKET NVSHIM_CONTAINERD_CONFIG_SEED NVSHIM_RESTART_MODE NVSHIM_RESTART_UNIT
+NVSHIM_RESTART_SIGNAL NVSHIM_RESTART_TIMEOUT"
+# what this container remembers (an emptyDir beside the ready file: kept across container restarts)
+STATE=$(dirname "$READY_FILE")
+SEEN=$STATE/configmap-seen.yaml        # the ConfigMap's config.yaml as last looked at
+APPLIED=$STATE/configmap-applied.yaml  # the bytes this installer last put on the node
+
+say() { printf 'nvshim-installer: %s\n' "$*" >&2; }
+
+case $KEEP_ON_EXIT in true|false) ;; *) say "NVSHIM_KEEP_ON_EXIT=$KEEP_ON_EXIT is neither true nor false"; exit 1 ;; esac
+case $SET_AS_DEFAULT in true|false) ;; *) say "NVSHIM_SET_AS_DEFAULT=$SET_AS_DEFAULT is neither true nor false"; exit 1 ;; esac
+case $WATCH_INTERVAL in ''|*[!0-9]*|0) say "NVSHIM_WATCH_INTERVAL=$WATCH_INTERVAL is not a whole number of seconds above 0"; exit 1 ;; esac
+
+on_node() {  # on_node CMD...: run CMD on the node, with PATH, NVSHIM_SKIP_APT=1 and the set settings
+    for name in $PASS; do
+        eval "isset=\${$name+x} value=\${$name-}"
+        if [ -n "$isset" ]; then set -- "$name=$value" "$@"; fi
+    done
+    # shellcheck disable=SC2086  # NODE_EXEC is a command line (empty: this mount namespace)
+    $NODE_EXEC env -i PATH="$NODE_PATH" NVSHIM_SKIP_APT=1 "$@"
+}
+
+last_line() { printf '%s\n' "$1" | sed '/^[[:space:]]*$/d' | tail -n 1; }
+
+stage_payload() {
+    [ -f "$PAYLOAD/install.sh" ] || { say "no payload in the image: $PAYLOAD/install.sh not found"; return 1; }
+    mkdir -p "$(dirname "$HOST_ROOT$STAGE")" \
+        && rm -rf "$HOST_ROOT$STAGE.new" && cp -a "$PAYLOAD" "$HOST_ROOT$STAGE.new" \
+        && rm -rf "$HOST_ROOT$STAGE" && mv "$HOST_ROOT$STAGE.new" "$HOST_ROOT$STAGE" \
+        || { say "could not copy $PAYLOAD to the node's $STAGE (under $HOST_ROOT)"; return 1; }
+}
+
+put_config() {  # put_config: the ConfigMap's config.yaml → the node's ETCDIR/config.yaml (atomic)
+    cp "$CONFIGMAP_FILE" "$SEEN" || return 1
+    [ -n "$(cat "$SEEN")" ] || { say "the ConfigMap's config.yaml ($CONFIGMAP_FILE) is empty: not used"; return 1; }
+    mkdir -p "$HOST_ROOT$ETCDIR" && cp "$SEEN" "$HOST_ROOT$ETCDIR/.config.yaml.new" \
+        && chmod 0644 "$HOST_ROOT$ETCDIR/.config.yaml.new" \
+        && mv -f "$HOST_ROOT$ETCDIR/.config.yaml.new" "$HOST_ROOT$ETCDIR/config.yaml" \
+        && cp "$SEEN" "$APPLIED" \
+        || { say "could not write the node's $ETCDIR/config.yaml (under $HOST_ROOT)"; return 1; }
+}
+
+INSTALLED=false
+install_node() {
+    rm -f "$READY_FILE"
+    stage_payload || return 1
+    if [ -f "$CONFIGMAP_FILE" ]; then
+        put_config || return 1
+    else
+        say "no ConfigMap config at $CONFIGMAP_FILE: the node keeps its own $ETCDIR/config.yaml (or gets the payload's)"
+    fi
+    set -- --from "$STAGE" --containerd
+    if [ "$SET_AS_DEFAULT" = true ]; then set -- "$@" --set-as-default; fi
+    say "installing: sh $STAGE/install.sh $*"
+    if ! on_node sh "$STAGE/install.sh" "$@"; then
+        say "install failed (the line above says why); this pod stays not ready: fix it, then change the ConfigMap or delete the pod to try again"
+        return 1
+    fi
+    INSTALLED=true
+    : > "$READY_FILE"
+    say "installed; watching $CONFIGMAP_FILE every ${WATCH_INTERVAL}s"
+}
+
+apply_config() {  # the ConfigMap changed: new config.yaml on the node, compiled; refused → the old one
+    cur=$HOST_ROOT$ETCDIR/config.yaml old=$HOST_ROOT$ETCDIR/.config.yaml.old
+    rm -f "$old"
+    if [ -e "$cur" ]; then cp -p "$cur" "$old" || return 1; fi
+    put_config || return 1
+    if out=$(on_node "$BINDIR/nvshim" config compile --config "$ETCDIR/config.yaml" 2>&1); then
+        rm -f "$old"
+        say "applied the ConfigMap's new config.yaml to $ETCDIR/config.yaml (compiled; containerd not restarted)"
+        return 0
+    fi
+    if [ -e "$old" ]; then
+        mv -f "$old" "$cur" && cp "$cur" "$APPLIED"
+        on_node "$BINDIR/nvshim" config compile --config "$ETCDIR/config.yaml" >/dev/null 2>&1
+    fi
+    say "kept the previous $ETCDIR/config.yaml: the ConfigMap's new config.yaml was refused: $(last_line "$out")"
+}
+
+uninstall_node() {
+    rm -f "$READY_FILE"
+    if [ "$KEEP_ON_EXIT" = true ]; then
+        say "stopping; nvshim stays installed on this node (NVSHIM_KEEP_ON_EXIT=true)"
+        return 0
+    fi
+    rc=0
+    if [ -f "$HOST_ROOT$STAGE/install.sh" ]; then
+        say "uninstalling: sh $STAGE/install.sh --uninstall"
+        on_node sh "$STAGE/install.sh" --uninstall || rc=1
+    fi
+    cur=$HOST_ROOT$ETCDIR/config.yaml
+    if [ -e "$cur" ]; then
+        if [ -e "$APPLIED" ] && cmp -s "$cur" "$APPLIED"; then
+            rm -f "$cur"
+        else
+            say "kept $ETCDIR/config.yaml: it is not what this installer wrote there"
+        fi
+    fi
+    rm -rf "$HOST_ROOT$STAGE" "$HOST_ROOT$STAGE.new"
+    # the hostPath dirs themselves, when empty (removed on the node: here they are mount points)
+    on_node rmdir "$ETCDIR" "$(dirname "$STAGE")" 2>/dev/null
+    if [ "$rc" = 0 ]; then say "uninstalled nvshim from this node"; fi
+    return "$rc"
+}
+
+STOP=false sleeper=""
+trap 'STOP=true; if [ -n "$sleeper" ]; then kill "$sleeper" 2>/dev/null; fi' TERM INT
+mkdir -p "$STATE" || exit 1
+install_node
+while [ "$STOP" = false ]; do
+    sleep "$WATCH_INTERVAL" &
+    sleeper=$!
+    wait "$sleeper"
+    sleeper=""
+    [ "$STOP" = false ] || break
+    if [ -f "$CONFIGMAP_FILE" ] && ! cmp -s "$CONFIGMAP_FILE" "$SEEN"; then
+        if [ "$INSTALLED" = true ]; then apply_config; else install_node; fi
+    fi
+done
+uninstall_node
