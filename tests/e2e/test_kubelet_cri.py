@@ -461,16 +461,20 @@ def test_one_dra_claim_listed_for_two_pods_is_shared_not_a_conflict(cri: Node) -
 # --- containerd 1.7 injects CDI devices itself (enable_cdi) ---------------------------------
 
 CONTAINERD_17 = pytest.mark.parametrize("node", ["1.7"], indirect=True, ids=["containerd-1.7"])
-VIA = pytest.mark.parametrize("via", ["CDI_devices", "annotation"])
+VIA = pytest.mark.parametrize("via", ["CDI_devices", "annotation", "both"])
 
 
 def cdi_claim(via: str, name: str) -> Dict[str, Any]:
     """How the kubelet hands containerd a CDI device: the CRI ContainerConfig's CDI_devices
-    field (DRA, the device plugin's cdi-cri strategy) or a ``cdi.k8s.io/`` container
-    annotation (the device plugin's cdi-annotations strategy, DRA before Kubernetes 1.28)."""
-    if via == "CDI_devices":
-        return {"cdi_devices": [name]}
-    return {"annotations": {"cdi.k8s.io/nvidia-device-plugin_main": name}}
+    field (DRA since Kubernetes 1.28, the device plugin's cdi-cri strategy), a ``cdi.k8s.io/``
+    container annotation (the device plugin's cdi-annotations strategy, DRA in 1.27), or
+    both (DRA in 1.28-1.31: containerd 1.7 then injects from the field)."""
+    out: Dict[str, Any] = {}
+    if via != "annotation":
+        out["cdi_devices"] = [name]
+    if via != "CDI_devices":
+        out["annotations"] = {"cdi.k8s.io/gpu.nvidia.com_claim-uid": name}
+    return out
 
 
 @CONTAINERD_17
@@ -478,10 +482,10 @@ def cdi_claim(via: str, name: str) -> Dict[str, Any]:
 @pytest.mark.parametrize("allocation", ["device-plugin", "dra"])
 def test_cdi_device_containerd_injects_for_the_kubelets_allocation_is_granted(
         cri: Node, via: str, allocation: str) -> None:
-    """The CDI device the kubelet allocated, injected by containerd 1.7 itself (CDI_devices or
-    a cdi.k8s.io/ annotation; device plugin or DRA claim): the container sees that GPU alone,
-    image env "all" notwithstanding, and the journal holds the engine's grant verified by the
-    kubelet."""
+    """The CDI device the kubelet allocated, injected by containerd 1.7 itself (CDI_devices, a
+    cdi.k8s.io/ annotation or both; device plugin or DRA claim): the container sees that GPU
+    alone, image env "all" notwithstanding, and the journal holds the engine's grant (with
+    the annotation's claim beside it) verified by the kubelet."""
     gpu = cri.sim.gpus[2]
     name = f"cdi-{via.lower().replace('_', '')}-{allocation}"
     if allocation == "dra":
@@ -495,8 +499,9 @@ def test_cdi_device_containerd_injects_for_the_kubelets_allocation_is_granted(
     assert gpu_minors(cri, p) == [gpu.minor]
     rc, doc = grants(cri)
     mine = [g for g in doc["grants"] if g["pod"] == name]
+    source = "engine" if via == "CDI_devices" else "cdi-annotations+engine"
     assert rc == 0 and [(g["source"], g["gpus"], g["verified"], g["container"])
-                        for g in mine] == [("engine", [gpu.uuid], "kubelet", "main")]
+                        for g in mine] == [(source, [gpu.uuid], "kubelet", "main")]
 
 
 @CONTAINERD_17

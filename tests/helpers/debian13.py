@@ -7,7 +7,7 @@ configuration (its own sources list: the machine's Debian archive with suite ``t
 component main; its own lists and archives, :func:`tests.helpers.realdriver._apt_options`)
 and unpacks them with ``dpkg-deb -x`` into ``<cache>/<set>/root``, once, under an flock on
 ``<cache>/.lock``; ``root`` appears with one rename when the set is complete. The cache is
-``$NVSHIM_TESTS_CACHE/debian13``, else ``${XDG_CACHE_HOME:-~/.cache}/nvshim-tests/debian13``.
+``$NVSHIM_TESTS_DEBIAN13_CACHE``, else ``${XDG_CACHE_HOME:-~/.cache}/nvshim-tests/debian13``.
 Nothing of the machine's apt configuration, /usr, /etc or /lib is touched.
 
 * containerd 1.7 (:func:`containerd_17_dir`): static Go binaries; the directory holds
@@ -37,14 +37,8 @@ from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
 
 import pytest
 
-from tests.helpers.common import require_binary
-from tests.helpers.realdriver import (
-    DownloadError,
-    _apt_options,
-    _locked,
-    _run,
-    debian_sources_list,
-)
+from tests.helpers.common import cache_dir, locked, require_binary
+from tests.helpers.realdriver import DownloadError, _apt_options, _run, debian_sources_list
 
 __all__ = [
     "containerd_17_dir",
@@ -56,19 +50,13 @@ __all__ = [
 ]
 
 SUITE = "trixie"
+CACHE_ENV = "NVSHIM_TESTS_DEBIAN13_CACHE"
+"""Where the Debian 13 package sets are kept (default: ~/.cache/nvshim-tests/debian13)."""
 _LIBDIR = "usr/lib/x86_64-linux-gnu"
 _LOADER = "ld-linux-x86-64.so.2"
 _RUNTIMES = ("runc", "crun", "libc6", "patchelf", "libstdc++6", "libgcc-s1")
 
 T = TypeVar("T")
-
-
-def _cache() -> Path:
-    base = os.environ.get("NVSHIM_TESTS_CACHE")
-    if base:
-        return Path(base) / "debian13"
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "nvshim-tests" / "debian13"
 
 
 def _sources() -> str:
@@ -96,7 +84,7 @@ def debian13_root(name: str, packages: Sequence[str],
     ``root`` (the path it will have). Raises :class:`DownloadError` (one line) when apt or
     dpkg-deb fails.
     """
-    base = cache or _cache()
+    base = cache or cache_dir("debian13", CACHE_ENV)
     root = base / name / "root"
     if root.is_dir():
         return root
@@ -104,7 +92,7 @@ def debian13_root(name: str, packages: Sequence[str],
         (base / name).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DownloadError(f"cannot create the Debian 13 cache {base}: {exc.strerror}") from exc
-    with _locked(base / ".lock"):
+    with locked(base / ".lock"):
         if root.is_dir():  # another process fetched it meanwhile
             return root
         apt_dir = base / ".apt"
