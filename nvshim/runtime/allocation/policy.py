@@ -340,7 +340,8 @@ def _refusal(found: Verification, host: Host, gpus: Sequence[Gpu],
             continue
         what = "GPU" if uuid == parent else "MIG device"
         theirs = _holders(allocation, node)
-        holder = theirs.get(uuid) or theirs.get(parent)
+        holder = theirs.get(uuid) or theirs.get(parent) or _claim_holder(
+            host, config, allocation.cdi_others, (uuid, parent))
         if holder:
             why = f"the kubelet gave it to {holder}"
         else:
