@@ -15,6 +15,7 @@ containerd returns from StartContainer (nvshim's line from runc's --log), and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -80,16 +81,14 @@ class Node:
         self.current.write_text(str(path))
 
 
-@pytest.fixture(scope="module", params=["1.6", "1.7"], ids=lambda v: f"containerd-{v}")
-def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-         base_rootfs: Path) -> Iterator[Node]:
-    require_root()
-    bin_dir, runc = containerd_node_engines(request.param)
-    from nvshim.sim.build import create_node
-
-    base = tmp_path_factory.mktemp("cri")
-    sim = create_node(str(base / "node"), gpus=4, shuffle_minors=True, imex_channels=3)
-    n = Node(base, sim, request.param, runc)
+@contextlib.contextmanager
+def cri_node(base: Path, sim: Any, version: str, rootfs: Path) -> Iterator[Node]:
+    """A running :class:`Node` under ``base`` for the simulated node ``sim``: containerd
+    ``version`` ("1.6", or "1.7" with its CDI injection reading ``base/cdi``), nvshim's
+    handlers ``nvshim`` and ``nvshim-podcdi`` (this checkout's runtime), the busybox image
+    from ``rootfs``, ``base/cdi/nvidia.yaml`` from ``nvshim cdi generate``."""
+    bin_dir, runc = containerd_node_engines(version)
+    n = Node(base, sim, version, runc)
     (base / "cdi").mkdir()
     gen = subprocess.run([shutil.which("nvshim") or "nvshim", "cdi", "generate", "--driver-root",
                           sim.root, "--output", str(base / "cdi" / "nvidia.yaml")],
@@ -105,7 +104,7 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
     config = base / "containerd.toml"
     config.write_text(cri_containerd_config(
-        base, cdi_spec_dirs=[str(base / "cdi")] if request.param != "1.6" else ()))
+        base, cdi_spec_dirs=[str(base / "cdi")] if version != "1.6" else ()))
     nvshim = [shutil.which("nvshim") or "nvshim", "runtime", "configure", "--runtime",
               "containerd", "--config", str(config), "--drop-in", "", "--binary", str(wrapper)]
     for extra in ([], ["--name", "nvshim-podcdi", "--pod-cdi-annotations"]):
@@ -116,7 +115,7 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
                               bin_dir=bin_dir)
     try:
         n.containerd.start()
-        import_image(n.containerd, base_rootfs, base)
+        import_image(n.containerd, rootfs, base)
         n.cri = CriClient(n.containerd.address)
         yield n
     finally:
@@ -126,6 +125,18 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             n.containerd.stop()
         n.kubelet.stop()
         remove_cgroup_tree(n.cgroup)
+
+
+@pytest.fixture(scope="module", params=["1.6", "1.7"], ids=lambda v: f"containerd-{v}")
+def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+         base_rootfs: Path) -> Iterator[Node]:
+    require_root()
+    from nvshim.sim.build import create_node
+
+    base = tmp_path_factory.mktemp("cri")
+    sim = create_node(str(base / "node"), gpus=4, shuffle_minors=True, imex_channels=3)
+    with cri_node(base, sim, request.param, base_rootfs) as n:
+        yield n
 
 
 @pytest.fixture
