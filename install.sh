@@ -19,7 +19,10 @@
 #                                     ... and make it the engine's default runtime (refused unless
 #                                     /etc/nvshim/config.yaml has require-allocation: true)
 #   ./install.sh --uninstall          remove exactly what earlier runs added, and the prefix
-#                                     (also: sh /opt/nvshim/install.sh --uninstall)
+#                                     (also: sh /opt/nvshim/install.sh --uninstall); the
+#                                     grant and denial journals stay (running containers
+#                                     still hold what they record)
+#   ./install.sh --uninstall --purge  ... and remove those journals too
 #
 # Paths can be moved for testing: NVSHIM_PREFIX (/opt/nvshim), NVSHIM_BINDIR
 # (/usr/local/bin), NVSHIM_ETCDIR (/etc/nvshim), NVSHIM_CONTAINERD_CONFIG
@@ -69,7 +72,7 @@ MANIFEST=$PREFIX/install-manifest
 SRC=$(cd "$(dirname "$0")" && pwd)
 PYTHON=${NVSHIM_PYTHON:-/usr/bin/python3}
 
-DEV=0 CONTAINERD=0 DOCKER=0 CRIO=0 DEFAULT=0 UNINSTALL=0 PAYLOAD= FROM=
+DEV=0 CONTAINERD=0 DOCKER=0 CRIO=0 DEFAULT=0 UNINSTALL=0 PURGE=0 PAYLOAD= FROM=
 
 say() { printf 'install.sh: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
@@ -82,6 +85,7 @@ while [ $# -gt 0 ]; do
         --crio) CRIO=1 ;;
         --set-as-default) DEFAULT=1 ;;
         --uninstall) UNINSTALL=1 ;;
+        --purge) PURGE=1 ;;
         --payload|--from)
             [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a directory (see --help)"
             if [ "$1" = --payload ]; then PAYLOAD=$2; else FROM=$2; fi
@@ -96,6 +100,7 @@ done
 if [ -n "$PAYLOAD" ] && { [ -n "$FROM" ] || [ "$DEV$UNINSTALL$CONTAINERD$DOCKER$CRIO$DEFAULT" != 000000 ]; }; then
     die "--payload only builds: it goes with no other option"
 fi
+[ "$PURGE" = 1 ] && [ "$UNINSTALL" = 0 ] && die "--purge goes with --uninstall"
 [ "$DEV" = 1 ] && [ -n "$FROM" ] && die "--dev builds a venv from this checkout: it does not go with --from"
 # run from a payload (DIR/install.sh) with no --from: install that payload
 if [ -z "$FROM$PAYLOAD" ] && [ "$DEV" = 0 ] && [ -f "$SRC/.nvshim-payload" ]; then FROM=$SRC; fi
@@ -173,6 +178,12 @@ uninstall() {
             || say "reverted $cfg, but $engine did not come back after the restart: see the message above"
     done < "$MANIFEST"
     uninstall_cdi_refresh
+    # --purge: the journals the config names (read while nvshim and its config are still here)
+    journal=
+    if [ "$PURGE" = 1 ] && have_nvshim; then
+        journal=$(run_nvshim config show --config "$ETCDIR/config.yaml" --format json 2>/dev/null </dev/null \
+            | sed -n 's/^ *"grants-journal": "\(\/[^"]*\)",\{0,1\}$/\1/p')
+    fi
     # files we wrote, only if unchanged since (an edited config stays, and we say so)
     pkgs=
     while read -r kind path sum; do
@@ -200,6 +211,14 @@ uninstall() {
             case $top in ''|.|..) continue ;; esac
             [ -e "$PREFIX/$top" ] && rm -rf "${PREFIX:?}/$top"
         done < "$PREFIX/$FILE_LIST"
+    fi
+    if [ -n "$journal" ]; then
+        # the grant journal and the denial journal beside it (x.jsonl -> x.denied.jsonl)
+        rm -f "$journal" "${journal%.*}.denied.jsonl"
+        rmdir "$(dirname "$journal")" 2>/dev/null || true
+        say "purged the grant and denial journals ($journal)"
+    elif [ "$PURGE" = 0 ]; then
+        say "kept the grant and denial journals (--purge removes them)"
     fi
     rm -rf "$VENV"
     rm -f "$MANIFEST"

@@ -18,6 +18,10 @@
 #    A new one goes to the node and `nvshim config compile` runs there; containerd is not
 #    restarted, its config did not change. One nvshim refuses stays out: the previous config is
 #    put back and recompiled, and one line says why.
+#    On a node without systemd (NVSHIM_CDI_REFRESH=auto, the default) it also runs
+#    `nvshim cdi refresh --watch` there, which regenerates the CDI specs the config's
+#    cdi-refresh lists, the node plan and the CDI index when the driver changes (where systemd
+#    runs, install.sh's nvshim-cdi-refresh.path does it); `watch` runs it anyway, `off` never.
 # 3. SIGTERM (DaemonSet deleted, pod rolled or evicted): uninstall. `STAGE/install.sh --uninstall`
 #    puts containerd's config back byte for byte, restarts containerd the same way and removes
 #    nvshim's files; then the config.yaml written from the ConfigMap and STAGE go too.
@@ -40,6 +44,7 @@ READY_FILE=${NVSHIM_READY_FILE:-/run/nvshim-installer/ready}
 WATCH_INTERVAL=${NVSHIM_WATCH_INTERVAL:-10}
 KEEP_ON_EXIT=${NVSHIM_KEEP_ON_EXIT:-false}
 SET_AS_DEFAULT=${NVSHIM_SET_AS_DEFAULT:-false}
+CDI_REFRESH=${NVSHIM_CDI_REFRESH:-auto}
 ETCDIR=${NVSHIM_ETCDIR:-/etc/nvshim}
 BINDIR=${NVSHIM_BINDIR:-/usr/local/bin}
 NODE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -55,6 +60,7 @@ say() { printf 'nvshim-installer: %s\n' "$*" >&2; }
 
 case $KEEP_ON_EXIT in true|false) ;; *) say "NVSHIM_KEEP_ON_EXIT=$KEEP_ON_EXIT is neither true nor false"; exit 1 ;; esac
 case $SET_AS_DEFAULT in true|false) ;; *) say "NVSHIM_SET_AS_DEFAULT=$SET_AS_DEFAULT is neither true nor false"; exit 1 ;; esac
+case $CDI_REFRESH in auto|watch|off) ;; *) say "NVSHIM_CDI_REFRESH=$CDI_REFRESH is none of auto, watch, off"; exit 1 ;; esac
 case $WATCH_INTERVAL in ''|*[!0-9]*|0) say "NVSHIM_WATCH_INTERVAL=$WATCH_INTERVAL is not a whole number of seconds above 0"; exit 1 ;; esac
 
 on_node() {  # on_node CMD...: run CMD on the node, with PATH, NVSHIM_SKIP_APT=1 and the set settings
@@ -103,6 +109,7 @@ install_node() {
         return 1
     fi
     INSTALLED=true
+    start_refresher
     : > "$READY_FILE"
     say "installed; watching $CONFIGMAP_FILE every ${WATCH_INTERVAL}s"
 }
@@ -124,16 +131,43 @@ apply_config() {  # the ConfigMap changed: new config.yaml on the node, compiled
     say "kept the previous $ETCDIR/config.yaml: the ConfigMap's new config.yaml was refused: $(last_line "$out")"
 }
 
+# The driver watcher's node-side pid (the process nsenter forks into the node's PID namespace
+# writes it, then execs nvshim): stopping nsenter alone would not reach it.
+REFRESH_PID=$(dirname "$STAGE")/cdi-refresh.pid
+refresher=""
+
+start_refresher() {
+    [ -z "$refresher" ] || return 0
+    case $CDI_REFRESH in
+        off) return 0 ;;
+        auto) if on_node test -d /run/systemd/system; then return 0; fi ;;
+    esac
+    # shellcheck disable=SC2016  # $$, $0, $1 are the node-side sh's
+    on_node sh -c 'echo $$ > "$1" && exec "$0" cdi refresh --watch --interval "$2"' \
+        "$BINDIR/nvshim" "$REFRESH_PID" "$WATCH_INTERVAL" &
+    refresher=$!
+    say "following driver changes: nvshim cdi refresh --watch every ${WATCH_INTERVAL}s (NVSHIM_CDI_REFRESH=$CDI_REFRESH)"
+}
+
+stop_refresher() {
+    [ -n "$refresher" ] || return 0
+    # shellcheck disable=SC2016
+    on_node sh -c 'pid=$(cat "$0" 2>/dev/null) && kill "$pid" 2>/dev/null; rm -f "$0"' "$REFRESH_PID"
+    wait "$refresher" 2>/dev/null
+    refresher=""
+}
+
 uninstall_node() {
     rm -f "$READY_FILE"
+    stop_refresher
     if [ "$KEEP_ON_EXIT" = true ]; then
         say "stopping; nvshim stays installed on this node (NVSHIM_KEEP_ON_EXIT=true)"
         return 0
     fi
     rc=0
     if [ -f "$HOST_ROOT$STAGE/install.sh" ]; then
-        say "uninstalling: sh $STAGE/install.sh --uninstall"
-        on_node sh "$STAGE/install.sh" --uninstall || rc=1
+        say "uninstalling: sh $STAGE/install.sh --uninstall --purge"
+        on_node sh "$STAGE/install.sh" --uninstall --purge || rc=1
     fi
     cur=$HOST_ROOT$ETCDIR/config.yaml
     if [ -e "$cur" ]; then

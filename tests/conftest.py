@@ -9,8 +9,8 @@ Fixtures:
 * ``nvshim_bin`` (session) -> str: the same for ``nvshim`` (``$NVSHIM_BIN``).
 
 Guard: tests must never write the node's grant journal (``/var/lib/nvshim/grants.jsonl``,
-the built-in default of ``grants-journal``). A test whose nvshim config grants a GPU must
-point ``grants-journal`` into its tmp dir (``tests.helpers.node.write_nvshim_config``
+the built-in default of ``grants-journal``) nor the denial journal beside it. A test whose
+nvshim config grants, strips or refuses a GPU must point ``grants-journal`` into its tmp dir (``tests.helpers.node.write_nvshim_config``
 does). At the end of the session, a record in the node's journal whose bundle lies under
 this session's tmp dir fails the run, naming the bundles.
 
@@ -74,19 +74,23 @@ def _check_host_files(session: pytest.Session) -> None:
 
 def _check_node_journal(session: pytest.Session) -> None:
     factory = getattr(session.config, "_tmp_path_factory", None)
-    if factory is None or not NODE_JOURNAL.exists():
+    if factory is None or not NODE_JOURNAL.parent.is_dir():
         return
     try:
         base = str(factory.getbasetemp())
     except (OSError, ValueError):
         return
+    from nvshim.runtime.denials import denials_path, read_denials
     from nvshim.runtime.grants import read_grants
 
-    leaked = sorted({g.bundle for g in read_grants(str(NODE_JOURNAL))
-                     if g.bundle.startswith(base + "/")})
+    leaked = sorted({g.bundle for g in read_grants(str(NODE_JOURNAL)) or ()
+                     if g.bundle.startswith(base + "/")}
+                    | {d.bundle for d in read_denials(denials_path(str(NODE_JOURNAL))) or ()
+                       if d.bundle.startswith(base + "/")})
     if leaked:
         sys.stderr.write(
-            f"\nFAILED: tests wrote {len(leaked)} grant(s) to the node's journal {NODE_JOURNAL}; "
+            f"\nFAILED: tests wrote {len(leaked)} record(s) to the node's grant or denial journal "
+            f"beside {NODE_JOURNAL}; "
             "set grants-journal in their nvshim config (bundles: " + ", ".join(leaked[:5]) + ")\n")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

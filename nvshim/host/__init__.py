@@ -1,6 +1,7 @@
 """Facts about this machine: GPUs, MIG devices, driver files, and safe access to a rootfs.
 
-Owns: discovery of GPUs and driver files (``discovery``, ``devices``, ``mig``); NVML and
+Owns: discovery of GPUs and driver files (``discovery``, the seam, joining ``roots``,
+``gpus``, ``driverfiles`` and ``versions``; ``devices``, ``mig``); NVML and
 the facts only it knows, with the ``nvml-facts`` file for nodes NVML cannot describe
 (``nvml``); the ELF and ``ld.so.cache`` codecs (``elf``, ``ldcache``); file access confined
 to a container rootfs (``inroot``); CUDA forward compatibility (``cudacompat``); device

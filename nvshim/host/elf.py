@@ -36,12 +36,19 @@ _DT_STRSZ = 10
 _DT_SYMENT = 11
 _DT_SONAME = 14
 _EM_X86_64 = 62
+_EM_386 = 3
 _ET_DYN = 3
 
 _EHDR64 = struct.Struct("<16sHHIQQQIHHHHHH")
 _PHDR64 = struct.Struct("<IIQQQQQQ")
 _DYN64 = struct.Struct("<qQ")
 _SYM64_SIZE = 24
+# What build_shared_object packs, per ELF class: the ELF header, a program header, a
+# dynamic entry (ELF32: the same fields as ELF64, words of 4 bytes, p_flags moved last).
+_BUILD = {
+    1: (struct.Struct("<16sHHIIIIIHHHHHH"), struct.Struct("<IIIIIIII"), struct.Struct("<iI")),
+    2: (_EHDR64, _PHDR64, _DYN64),
+}
 
 # Per ELF class (1 = 32-bit, 2 = 64-bit): program header format, dynamic entry format, offsets
 # of e_phoff and of e_phentsize (e_phnum follows it) in the ELF header.
@@ -55,12 +62,17 @@ def _align(offset: int, to: int) -> int:
     return (offset + to - 1) & ~(to - 1)
 
 
-def build_shared_object(soname: str, marker: str = "", needed: Sequence[str] = ()) -> bytes:
+def build_shared_object(soname: str, marker: str = "", needed: Sequence[str] = (),
+                        i386: bool = False) -> bytes:
     """Return a minimal ELF64 x86-64 shared object whose DT_SONAME is ``soname``.
 
     ``marker`` is stored as a readable NUL-terminated string (``grep`` finds it); each
-    name in ``needed`` becomes a DT_NEEDED entry.
+    name in ``needed`` becomes a DT_NEEDED entry. ``i386``: an ELF32 i386 object instead
+    (the 32-bit libraries of a simulated node), laid out the same way.
     """
+    elf_class = 1 if i386 else 2
+    ehdr, phdr, dyn = _BUILD[elf_class]
+    sym_size = 16 if i386 else _SYM64_SIZE
     strtab = bytearray(b"\0")
     name_at = {}
     for text in (soname, *needed, marker):
@@ -68,9 +80,9 @@ def build_shared_object(soname: str, marker: str = "", needed: Sequence[str] = (
             name_at[text] = len(strtab)
             strtab += text.encode() + b"\0"
     phnum = 3
-    strtab_at = _EHDR64.size + phnum * _PHDR64.size
+    strtab_at = ehdr.size + phnum * phdr.size
     symtab_at = _align(strtab_at + len(strtab), 8)
-    hash_at = symtab_at + _SYM64_SIZE
+    hash_at = symtab_at + sym_size
     dynamic_at = _align(hash_at + 16, 8)
     dynamic = [(_DT_NEEDED, name_at[name]) for name in needed]
     dynamic += [
@@ -78,31 +90,38 @@ def build_shared_object(soname: str, marker: str = "", needed: Sequence[str] = (
         (_DT_STRTAB, strtab_at),
         (_DT_SYMTAB, symtab_at),
         (_DT_STRSZ, len(strtab)),
-        (_DT_SYMENT, _SYM64_SIZE),
+        (_DT_SYMENT, sym_size),
         (_DT_SONAME, name_at[soname]),
         (_DT_NULL, 0),
     ]
-    dynamic_size = len(dynamic) * _DYN64.size
+    dynamic_size = len(dynamic) * dyn.size
     total = dynamic_at + dynamic_size
-    ident = b"\x7fELF" + bytes([2, 1, 1, 0, 0]) + bytes(7)  # 64-bit, LSB, v1, SysV ABI
+    ident = b"\x7fELF" + bytes([elf_class, 1, 1, 0, 0]) + bytes(7)  # LSB, v1, SysV ABI
     out = bytearray(total)
-    _EHDR64.pack_into(
-        out, 0, ident, _ET_DYN, _EM_X86_64, 1, 0, _EHDR64.size, 0, 0,
-        _EHDR64.size, _PHDR64.size, phnum, 64, 0, 0,
+    ehdr.pack_into(
+        out, 0, ident, _ET_DYN, _EM_386 if i386 else _EM_X86_64, 1, 0, ehdr.size, 0, 0,
+        ehdr.size, phdr.size, phnum, 40 if i386 else 64, 0, 0,
     )  # fmt: skip
-    phdrs = [
-        (_PT_LOAD, _PF_R | _PF_W, 0, 0, 0, total, total, 0x1000),
-        (_PT_DYNAMIC, _PF_R | _PF_W, dynamic_at, dynamic_at, dynamic_at, dynamic_size,
-         dynamic_size, 8),
-        (_PT_GNU_STACK, _PF_R | _PF_W, 0, 0, 0, 0, 0, 16),
-    ]  # fmt: skip
-    for i, phdr in enumerate(phdrs):
-        _PHDR64.pack_into(out, _EHDR64.size + i * _PHDR64.size, *phdr)
+    rw = _PF_R | _PF_W
+    if i386:  # p_type, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz, p_flags, p_align
+        phdrs = [
+            (_PT_LOAD, 0, 0, 0, total, total, rw, 0x1000),
+            (_PT_DYNAMIC, dynamic_at, dynamic_at, dynamic_at, dynamic_size, dynamic_size, rw, 4),
+            (_PT_GNU_STACK, 0, 0, 0, 0, 0, rw, 16),
+        ]
+    else:  # p_type, p_flags, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz, p_align
+        phdrs = [
+            (_PT_LOAD, rw, 0, 0, 0, total, total, 0x1000),
+            (_PT_DYNAMIC, rw, dynamic_at, dynamic_at, dynamic_at, dynamic_size, dynamic_size, 8),
+            (_PT_GNU_STACK, rw, 0, 0, 0, 0, 0, 16),
+        ]
+    for i, fields in enumerate(phdrs):
+        phdr.pack_into(out, ehdr.size + i * phdr.size, *fields)
     out[strtab_at : strtab_at + len(strtab)] = strtab
     # Symbol 0 is the all-zero null symbol; hash: nbucket=1, nchain=1, bucket[0]=chain[0]=0.
     struct.pack_into("<IIII", out, hash_at, 1, 1, 0, 0)
     for i, (tag, value) in enumerate(dynamic):
-        _DYN64.pack_into(out, dynamic_at + i * _DYN64.size, tag, value)
+        dyn.pack_into(out, dynamic_at + i * dyn.size, tag, value)
     return bytes(out)
 
 

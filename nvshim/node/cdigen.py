@@ -54,11 +54,14 @@ def generate_spec(
             raise UsageError(f'unknown device name strategy "{s}": expected index or uuid')
     if not strategies:
         raise UsageError("at least one device name strategy is needed (index, uuid)")
+    from nvshim.host.gpus import wants_drm
+
     gpus = host.gpus(gpu_method)
     devices: List[Tuple[str, Edits]] = []
     all_nodes: List[DeviceNode] = []
+    drm = wants_drm(capabilities)
     for gpu in gpus:
-        edits = gpu_edits(gpu)
+        edits = gpu_edits(gpu, host.drm(gpu) if drm else None)
         all_nodes.extend(edits.device_nodes)
         if "index" in strategies:
             devices.append((str(gpu.index), edits))

@@ -608,13 +608,21 @@ def _node_grant(host: Host, request: Request, tokens: Sequence[str], claim: Clai
     warnings = (skew_message(*skew),) if skew is not None else ()
     libraries, files = host.libraries(caps), host.driver_files(caps)
     from nvshim.host.discovery import missing_files
+    from nvshim.host.gpus import drm_capabilities
 
     edits = driver_edits(host.control_nodes(caps), libraries, files, hook_command())
+    missing = missing_files(caps, libraries, files)
+    drm = drm_capabilities(caps)  # DRM nodes only for the capabilities that get them
     for gpu in chosen:
-        edits = edits + gpu_edits(gpu)
+        nodes = host.drm(gpu) if drm else None
+        edits = edits + gpu_edits(gpu, nodes)
+        if nodes is not None:  # a headless GPU: the container starts, inspect says so
+            from nvshim.host.drm import missing_drm
+
+            missing += missing_drm(drm, ((gpu.index, nodes),))
     for parent, mig in migs:
         edits = edits + mig_edits(parent, mig)
-    return _NodeGrant(chosen, tuple(migs), edits, missing_files(caps, libraries, files),
+    return _NodeGrant(chosen, tuple(migs), edits, missing,
                       (*notes, *warnings), warnings)
 
 

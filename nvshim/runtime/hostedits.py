@@ -18,13 +18,28 @@ if TYPE_CHECKING:
     from nvshim.config import Config
     from nvshim.host.devices import MigDevice
     from nvshim.host.discovery import DriverFile, Gpu, Host, Library
+    from nvshim.host.drm import DrmNodes
+
+
+#: Links the reference makes whatever the driver folder has, by library: (the target — the
+#: library's ``file`` or its ``soname`` —, the link's name beside it).
+EXTRA_LINKS = {
+    "libcuda": ("soname", "libcuda.so"),  # many programs dlopen libcuda.so
+    "libGLX_nvidia": ("file", "libGLX_indirect.so.0"),  # glvnd's indirect GLX (Xvfb, VNC)
+    "libnvidia-opticalflow": ("soname", "libnvidia-opticalflow.so"),  # what the SDK opens
+    "libnvidia-vulkan-producer": ("file", "libnvidia-vulkan-producer.so"),
+}
 
 
 def hook_links(libraries: Sequence[Library],
                files: Sequence[DriverFile] = ()) -> Tuple[Tuple[str, str], ...]:
-    """The links the container needs, as (target, link) pairs: SONAME (and ``libcuda.so``)
-    links beside each library; GBM's ``<libdir>/gbm/nvidia-drm_gbm.so`` to the allocator
-    when graphics libraries come with it; ``libglxserver_nvidia.so`` beside the Xorg module."""
+    """The links the container needs, as (target, link) pairs: SONAME links beside each
+    library, and the unversioned ``.so`` link where the driver's folder has one
+    (:attr:`~nvshim.host.driverfiles.Library.dev_link`); the links the reference always
+    makes (:data:`EXTRA_LINKS`: ``libcuda.so``, ``libGLX_indirect.so.0``,
+    ``libnvidia-opticalflow.so``, ``libnvidia-vulkan-producer.so``); GBM's
+    ``<libdir>/gbm/nvidia-drm_gbm.so`` to the allocator when graphics libraries come with
+    it; ``libglxserver_nvidia.so`` beside the Xorg module."""
     links: list[Tuple[str, str]] = []
     allocator = None
     graphics = False
@@ -32,9 +47,13 @@ def hook_links(libraries: Sequence[Library],
         directory, filename = lib.container_path.rsplit("/", 1)
         if lib.soname and lib.soname != filename:
             links.append((filename, f"{directory}/{lib.soname}"))
-            if lib.base == "libcuda":
-                links.append((lib.soname, f"{directory}/libcuda.so"))
-        if lib.base == "libnvidia-allocator" and lib.soname:
+        extra = EXTRA_LINKS.get(lib.base)
+        if extra is not None:
+            target = {"file": filename, "soname": lib.soname or filename}[extra[0]]
+            links.append((target, f"{directory}/{extra[1]}"))
+        if lib.dev_link and lib.dev_link != lib.soname:
+            links.append((lib.soname or filename, f"{directory}/{lib.dev_link}"))
+        if lib.base == "libnvidia-allocator" and lib.soname and lib.capability != "compat32":
             allocator = f"{directory}/{lib.soname}"
         graphics = graphics or lib.capability == "graphics"
     if allocator is not None and graphics:
@@ -48,7 +67,10 @@ def hook_links(libraries: Sequence[Library],
         directory, filename = f.container_path.rsplit("/", 1)
         if filename.startswith("libglxserver_nvidia.so."):
             links.append((filename, f"{directory}/libglxserver_nvidia.so"))
-    return tuple(links)
+    made: dict[str, str] = {}
+    for target, link in links:  # one target per link: the first (libcuda.so's is the SONAME)
+        made.setdefault(link, target)
+    return tuple((target, link) for link, target in made.items())
 
 
 def hook_for_libraries(libraries: Sequence[Library], hook_command: Sequence[str],
@@ -100,9 +122,11 @@ def skew_message(module: str, files: str) -> str:
             "until it is reloaded (reboot the node, or unload and load the nvidia modules)")
 
 
-def gpu_edits(gpu: Gpu) -> Edits:
-    """What one full GPU adds: its ``/dev/nvidia<minor>`` node."""
-    return Edits(device_nodes=(gpu.node,)) if gpu.node is not None else Edits()
+def gpu_edits(gpu: Gpu, drm: Optional[DrmNodes] = None) -> Edits:
+    """What one full GPU adds: its ``/dev/nvidia<minor>`` node, and its DRM card and render
+    nodes when the capabilities get them (``drm``: :meth:`~nvshim.host.gpus.GpuFinder.drm`)."""
+    nodes = ((gpu.node,) if gpu.node is not None else ()) + (drm.nodes if drm else ())
+    return Edits(device_nodes=nodes) if nodes else Edits()
 
 
 def mig_edits(parent: Gpu, mig: MigDevice) -> Edits:
@@ -128,27 +152,35 @@ def _capabilities_of(basename: str) -> Tuple[str, ...]:
 
 
 def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits:
-    """Drop driver files and nodes of capabilities the container did not ask for.
+    """Drop driver files and nodes of capabilities the container did not ask for (a known
+    driver library in a 32-bit folder also needs ``compat32``).
 
     CDI specs carry every driver file they were generated with; the reference injects all
     of them. We keep only what NVIDIA_DRIVER_CAPABILITIES selects (unknown files are
     kept), and prune hook ``--link`` pairs whose target is no longer injected.
     """
     from nvshim.host.discovery import CONTROL_NODES, LIBRARY_SETS
+    from nvshim.host.gpus import wants_drm
 
     caps = set(capabilities)
     allowed_sets = {s for cap in caps for s in LIBRARY_SETS.get(cap, ())} | caps
     node_needs = {path: need for path, need in CONTROL_NODES}
+    drm = wants_drm(caps)
     nodes = tuple(
         n for n in edits.device_nodes
-        if node_needs.get(n.path) is None or node_needs[n.path] in caps
+        if (node_needs.get(n.path) is None or node_needs[n.path] in caps)
+        and (drm or not n.path.startswith("/dev/dri/"))
     )
+    from nvshim.host.compat32 import is_lib32_path
+
     mounts = []
     for m in edits.mounts:
         owners = _capabilities_of(m.container_path.rsplit("/", 1)[-1])
+        if owners and "compat32" not in caps and is_lib32_path(m.container_path):
+            continue  # a 32-bit copy: only compat32 asks for those
         if not owners or any(owner in allowed_sets for owner in owners):
             mounts.append(m)
-    present = {m.container_path.rsplit("/", 1)[-1] for m in mounts}
+    present = {m.container_path for m in mounts}
     from nvshim.runtime.hookargs import runs_nvshim_hook
 
     hooks = []
@@ -161,21 +193,27 @@ def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits
 
 
 def _prune_hook(hook: Hook, present: set[str]) -> Tuple[Hook, ...]:
-    """nvshim's hook without links to files that are not injected (none left: no hook)."""
+    """nvshim's hook without links to files that are not injected (``present``: the
+    container paths mounted; none left: no hook). Compared by path, not name: a 64-bit and
+    a 32-bit library share their file names."""
+    import posixpath
+
     from nvshim.runtime.hookargs import parse_hook_args, with_links
 
     links, _ = parse_hook_args(hook.args)
-    names = set(present)
+    paths = set(present)
     kept: list[Tuple[str, str]] = []
     changed = True
     while changed:  # a link may point at another link (libcuda.so -> libcuda.so.1)
         changed = False
         for target, link in links:
-            if (target, link) not in kept and target.rsplit("/", 1)[-1] in names:
+            # the file the link names: a relative target lies beside the link
+            path = posixpath.normpath(posixpath.join(posixpath.dirname(link), target))
+            if (target, link) not in kept and path in paths:
                 kept.append((target, link))
-                names.add(link.rsplit("/", 1)[-1])
+                paths.add(link)
                 changed = True
-    if not any(n for n in present if ".so" in n):
+    if not any(".so" in p.rsplit("/", 1)[-1] for p in present):
         return ()
     kept_sorted = [pair for pair in links if pair in kept]
     return (Hook(hook.hook_name, hook.path, tuple(with_links(hook.args, kept_sorted)),

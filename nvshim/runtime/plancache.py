@@ -21,6 +21,12 @@ longer knows, unreadable JSON) is stale: the plan is rebuilt by discovery, never
 and a create never fails because of the cache (a cache that cannot be written is simply
 not written). IPC sockets come and go with their daemons and are always looked up live.
 
+The 32-bit libraries ``compat32`` asks for (:mod:`nvshim.host.compat32`) are a section of
+their own (``libraries32``, ``elf32``, ``watch32``): found when the plan is built, but
+their paths are stat'ed only by a create that asks for ``compat32``, so a
+``compute,utility`` create checks no more paths than before. A stale section is
+rediscovered live for that create (the rest of the plan still answers).
+
 Writes go through :func:`nvshim.files.write_atomic` (a temp file per process, then
 rename), so parallel first creates each write a complete file and the last rename wins.
 """
@@ -50,10 +56,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+    from nvshim.host.drm import DrmNodes
+
 __all__ = ["CachedHost", "FORMAT", "build", "host_for", "load", "refresh"]
 
 #: Bumped whenever the document's shape changes.
-FORMAT = 2
+FORMAT = 3
 
 # --------------------------------------------------------------------------- records
 
@@ -100,9 +108,14 @@ class CachedHost(Host):
         )
         self._libs: Dict[str, Optional[Dict[str, Any]]] = doc["libraries"]
         self._files = tuple(DriverFile(**f) for f in doc["files"])
+        self._drm: Dict[str, Dict[str, Any]] = doc["drm"]
         self.elf: Dict[str, Tuple[int, Optional[str]]] = {
             path: (flags, soname) for path, flags, soname in doc["elf"]
         }
+        self._libs32: Dict[str, Optional[Dict[str, Any]]] = doc["libraries32"]
+        self._watch32: Optional[List[Any]] = doc["watch32"]  # None once checked and fresh
+        self._elf32: List[Any] = doc["elf32"]
+        self._stale32 = False
         # A record shape the document does not match raises TypeError/KeyError here.
         for lib in self._libs.values():
             if lib is not None:
@@ -124,6 +137,28 @@ class CachedHost(Host):
             return super().find_library(base, capability)
         found = self._libs[base]
         return None if found is None else Library(capability=capability, **found)
+
+    def drm(self, gpu: Gpu) -> DrmNodes:
+        found = self._drm.get(gpu.pci_bus_id)
+        if found is None:
+            return super().drm(gpu)
+        from nvshim.host.drm import DrmNodes
+
+        return DrmNodes(tuple(DeviceNode(**n) for n in found["nodes"]),
+                        tuple((target, link) for target, link in found["links"]))
+
+    def find_library32(self, base: str) -> Optional[Library]:
+        """The 32-bit library from the plan, its ``watch32`` paths stat'ed on first use (a
+        stale section, or a base it does not list, is looked up live)."""
+        if self._watch32 is not None:
+            self._stale32 = any(_stat(path) != sig for path, sig in self._watch32)
+            self._watch32 = None
+            if not self._stale32:
+                self.elf.update((path, (flags, soname)) for path, flags, soname in self._elf32)
+        if self._stale32 or base not in self._libs32:
+            return super().find_library32(base)
+        found = self._libs32[base]
+        return None if found is None else Library(capability="compat32", **found)
 
     def module_version(self) -> Optional[str]:
         return self._module
@@ -185,9 +220,24 @@ def _watched(host: Host, doc: Dict[str, Any]) -> List[str]:
             pass  # no MIG directory: its absence is watched
         for mig in gpu["mig"]:
             paths += [n["host_path"] for n in mig["cap_nodes"]]
+        drm = doc["drm"].get(gpu["pci_bus_id"], {"nodes": []})
+        paths.append(dp(f"/sys/bus/pci/devices/{gpu['pci_bus_id']}/drm"))
+        paths += [n["host_path"] for n in drm["nodes"]]
+    paths += [dp("/dev/dri"), dp("/dev/dri/by-path")]
     found = [lib["host_path"] for lib in doc["libraries"].values() if lib is not None]
     found += [f["host_path"] for f in doc["files"]]
     # the folders the files lie in (links resolved): an upgrade replaces files there
+    paths += found + [path.rsplit("/", 1)[0] for path in found]
+    return list(dict.fromkeys(paths))
+
+
+def _watched32(host: Host, libraries32: Dict[str, Optional[Dict[str, Any]]]) -> List[str]:
+    """The paths the 32-bit section depends on: the i386 folders and the files found."""
+    from nvshim.host.compat32 import LIB32_DIRS
+
+    hp = host.host_path
+    paths = [hp(d) for d in LIB32_DIRS] + [hp(f"{d}/vdpau") for d in LIB32_DIRS[:3]]
+    found = [lib["host_path"] for lib in libraries32.values() if lib is not None]
     paths += found + [path.rsplit("/", 1)[0] for path in found]
     return list(dict.fromkeys(paths))
 
@@ -217,6 +267,14 @@ def build(host: Host) -> Dict[str, Any]:
             libraries[base] = None if lib is None else {
                 k: v for k, v in _pack(lib).items() if k != "capability"
             }
+    from nvshim.host.compat32 import bases32
+
+    libraries32: Dict[str, Optional[Dict[str, Any]]] = {}
+    for base in bases32(LIBRARY_SETS, LIBRARIES, LIBRARY_SETS):
+        lib = host.find_library32(base)
+        libraries32[base] = None if lib is None else {
+            k: v for k, v in _pack(lib).items() if k != "capability"
+        }
     doc: Dict[str, Any] = {
         "format": FORMAT,
         "driver-version": version,
@@ -231,10 +289,16 @@ def build(host: Host) -> Dict[str, Any]:
         ],
         "libraries": libraries,
         "files": [_pack(f) for f in host.files(sorted(LIBRARY_SETS))],
+        "drm": {g.pci_bus_id: {"nodes": [_pack(n) for n in drm.nodes], "links": drm.links}
+                for g in gpus for drm in (host.drm(g),)},
     }
     doc["elf"] = [[lib["host_path"], *elf_info(lib["host_path"])]
                   for lib in libraries.values() if lib is not None]
     doc["watch"] = [[path, _stat(path)] for path in _watched(host, doc)]
+    doc["libraries32"] = libraries32
+    doc["elf32"] = [[lib["host_path"], *elf_info(lib["host_path"])]
+                    for lib in libraries32.values() if lib is not None]
+    doc["watch32"] = [[path, _stat(path)] for path in _watched32(host, libraries32)]
     return doc
 
 

@@ -14,7 +14,9 @@
   each a tiny loadable ELF with the real SONAME and a ``NVSHIM-SIM <file> <version>`` marker
   string, plus SONAME links and ``.so`` links for libcuda/libnvidia-ml), ``vdpau/``,
   ``etc/ld.so.cache`` listing the links (new layout), ``etc/ld.so.conf``
-  (:mod:`nvshim.sim.driver`, as the next item).
+  (:mod:`nvshim.sim.driver`, as the next item); the 32-bit copies of libcuda, NVML, the
+  GL/EGL and video libraries … (ELF32 i386 stubs, ``SIM_LIBRARIES32``) in
+  ``usr/lib/i386-linux-gnu/`` with their SONAME links and i386 cache entries.
 * ``usr/bin/nvidia-smi`` (a POSIX sh script labelled ``SIMULATED nvidia-smi (nvshim sim)``
   that lists the GPUs whose ``/dev/nvidia<minor>`` it can see; ``NVSHIM_SIM_DEV``
   overrides ``/dev``), labelled stubs of the other driver binaries, GSP firmware files,
@@ -70,7 +72,7 @@ from nvshim.sim.driver import (
     write_firmware,
     write_libraries,
 )
-from nvshim.sim.kernel import write_devices, write_procfs
+from nvshim.sim.kernel import write_devices, write_drm, write_procfs
 from nvshim.sim.model import (
     CAPS_MAJOR,
     NVIDIA_MAJOR,
@@ -140,6 +142,7 @@ def create_node(
     mofed: bool = False,
     gdrcopy: bool = False,
     driver_files: bool = True,
+    drm: bool = True,
 ) -> SimNode:
     """Build a simulated GPU node under ``root`` and describe it (see the module doc).
 
@@ -151,7 +154,9 @@ def create_node(
     ``nvswitches`` ``dev/nvidia-nvswitchctl``, ``nvidia-nvswitch0..N-1`` and the fabric
     manager socket; ``gds`` ``dev/nvidia-fs0..3`` and ``etc/cufile.json``; ``mofed``
     ``dev/infiniband/{uverbs0,umad0,issm0,rdma_cm}``; ``gdrcopy`` ``dev/gdrdrv``; each with
-    its ``proc/devices`` line. ``cuda_version`` is the newest CUDA the driver supports
+    its ``proc/devices`` line. ``drm`` (default) gives each GPU nvidia-drm's card and render
+    nodes with their by-path links and sysfs folder (:func:`~nvshim.sim.kernel.write_drm`);
+    ``drm=False`` is a headless node. ``cuda_version`` is the newest CUDA the driver supports
     (``nvml-facts.json``, ``nvidia-smi``); None takes the driver branch's
     (:func:`cuda_for_driver`), as the libraries follow the branch
     (:func:`libraries_for_driver`: 535 and older have no libnvidia-gpucomp).
@@ -187,10 +192,12 @@ def create_node(
         mofed=mofed,
         gdrcopy=gdrcopy,
         driver_files=driver_files,
+        drm=drm,
     )
     try:
         os.makedirs(root, exist_ok=True)
         write_devices(node)
+        write_drm(node)
         write_procfs(node)
         if driver_files:
             write_libraries(node)
@@ -220,6 +227,7 @@ def _to_json(node: SimNode, seed: int) -> dict[str, Any]:
         "cuda_version": node.cuda_version,
         "dev_root": node.dev_root,
         "driver_files": node.driver_files,
+        "drm": node.drm,
         "gpus": [
             {
                 "index": gpu.index,
@@ -294,6 +302,7 @@ def load_node(root: str) -> SimNode:
             driver_version=str(meta["driver_version"]),
             cuda_version=str(meta["cuda_version"]),
             driver_files=bool(meta.get("driver_files", True)),
+            drm=bool(meta.get("drm", True)),
             gpus=tuple(
                 SimGpu(
                     index=int(g["index"]),

@@ -10,10 +10,12 @@ import os
 import socket
 
 from nvshim.host.elf import build_shared_object
-from nvshim.host.ldcache import build_ldcache
+from nvshim.host.ldcache import FLAG_ELF_LIBC6, CacheEntry, build_ldcache
 from nvshim.sim.model import (
     DRIVER_BINARIES,
+    LIB32_DIR,
     LIB_DIR,
+    SIM_LIBRARIES32,
     SimNode,
     write_bytes,
     write_text,
@@ -25,12 +27,17 @@ _SMI_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
                            "data", "sim-nvidia-smi.sh")
 
 
-def _library(directory: str, base: str, suffix: str | None, version: str) -> str:
+def _library(directory: str, base: str, suffix: str | None, version: str,
+             i386: bool = False) -> str:
     """Write ``<base>.so.<version>`` and its SONAME link; return the SONAME."""
     file_name = f"{base}.so.{version}"
     soname = f"{base}{suffix}" if suffix else file_name
-    marker = f"NVSHIM-SIM {file_name} {version}"
-    write_bytes(os.path.join(directory, file_name), build_shared_object(soname, marker), 0o644)
+    marker = f"NVSHIM-SIM {'i386 ' if i386 else ''}{file_name} {version}"
+    # An i386 library names libc.so.6, as NVIDIA's do: ldconfig then flags it libc6 (3)
+    # rather than plain ELF (1), as the cache written below says.
+    needed = ("libc.so.6",) if i386 else ()
+    write_bytes(os.path.join(directory, file_name),
+                build_shared_object(soname, marker, needed, i386=i386), 0o644)
     if soname != file_name:
         os.symlink(file_name, os.path.join(directory, soname))
     return soname
@@ -38,21 +45,27 @@ def _library(directory: str, base: str, suffix: str | None, version: str) -> str
 
 def write_libraries(node: SimNode) -> None:
     """The driver branch's libraries (:attr:`SimNode.libraries`) with their links, the vdpau
-    one, ld.so.cache/conf."""
+    one, ld.so.cache/conf; the 32-bit copies (:data:`SIM_LIBRARIES32`) in :data:`LIB32_DIR`,
+    listed in the cache as i386 entries."""
     libdir = os.path.join(node.root, LIB_DIR)
+    libdir32 = os.path.join(node.root, LIB32_DIR)
     os.makedirs(libdir, exist_ok=True)
-    cache: list[tuple[str, str]] = []
+    cache: list[tuple[str, str] | CacheEntry] = []
     for base, suffix, dev_link in node.libraries:
         soname = _library(libdir, base, suffix, node.driver_version)
         cache.append((soname, f"/{LIB_DIR}/{soname}"))
         if dev_link:
             os.symlink(soname, os.path.join(libdir, f"{base}.so"))
             cache.append((f"{base}.so", f"/{LIB_DIR}/{base}.so"))
+        if base in SIM_LIBRARIES32:
+            soname = _library(libdir32, base, suffix, node.driver_version, i386=True)
+            cache.append(CacheEntry(soname, f"/{LIB32_DIR}/{soname}", FLAG_ELF_LIBC6))
     _library(os.path.join(libdir, "vdpau"), "libvdpau_nvidia", ".so.1", node.driver_version)
     etc = os.path.join(node.root, "etc")
     write_bytes(os.path.join(etc, "ld.so.cache"), build_ldcache(cache, "new"))
     write_text(os.path.join(etc, "ld.so.conf"), "include /etc/ld.so.conf.d/*.conf\n")
     write_text(os.path.join(etc, "ld.so.conf.d", "x86_64-linux-gnu.conf"), f"/{LIB_DIR}\n")
+    write_text(os.path.join(etc, "ld.so.conf.d", "i386-linux-gnu.conf"), f"/{LIB32_DIR}\n")
 
 
 _STUB = """#!/bin/sh

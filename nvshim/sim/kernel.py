@@ -11,6 +11,7 @@ import os
 from nvshim.sim.model import (
     CAPS_MAJOR,
     CI_SLOTS,
+    DRM_MAJOR,
     GDRDRV_MAJOR,
     GI_SLOTS,
     IMEX_MAJOR,
@@ -27,7 +28,7 @@ from nvshim.sim.model import (
     write_text,
 )
 
-__all__ = ["write_devices", "write_procfs"]
+__all__ = ["write_devices", "write_drm", "write_procfs"]
 
 
 def write_devices(node: SimNode) -> None:
@@ -64,6 +65,28 @@ def write_devices(node: SimNode) -> None:
         mknod(os.path.join(ib, "rdma_cm"), MISC_MAJOR, 58, 0o666)
     if node.gdrcopy:
         mknod(os.path.join(dev, "gdrdrv"), GDRDRV_MAJOR, 0, 0o666)
+
+
+def write_drm(node: SimNode) -> None:
+    """What nvidia-drm shows for each GPU (none when ``node.drm`` is False): the card and
+    render nodes ``<dev_root>/dev/dri/card<i>`` (226:<i>) and ``renderD<128+i>`` (226:128+i),
+    udev's ``dev/dri/by-path/pci-<bus id>-{card,render}`` links to them, and sysfs's
+    ``<dev_root>/sys/bus/pci/devices/<bus id>/drm/{card<i>,renderD<128+i>}`` folders (each
+    with its ``dev`` file), where discovery finds which nodes belong to which GPU."""
+    if not node.drm:
+        return
+    dri = os.path.join(node.dev_root, "dev", "dri")
+    for gpu in node.gpus:
+        card, render = f"card{gpu.index}", f"renderD{128 + gpu.index}"
+        mknod(os.path.join(dri, card), DRM_MAJOR, gpu.index, 0o660)
+        mknod(os.path.join(dri, render), DRM_MAJOR, 128 + gpu.index, 0o666)
+        by_path = os.path.join(dri, "by-path")
+        os.makedirs(by_path, exist_ok=True)
+        os.symlink(f"../{card}", os.path.join(by_path, f"pci-{gpu.pci_bus_id}-card"))
+        os.symlink(f"../{render}", os.path.join(by_path, f"pci-{gpu.pci_bus_id}-render"))
+        sysfs = os.path.join(node.dev_root, "sys", "bus", "pci", "devices", gpu.pci_bus_id, "drm")
+        write_text(os.path.join(sysfs, card, "dev"), f"{DRM_MAJOR}:{gpu.index}\n")
+        write_text(os.path.join(sysfs, render, "dev"), f"{DRM_MAJOR}:{128 + gpu.index}\n")
 
 
 def _information(gpu: SimGpu, driver_version: str) -> str:
@@ -111,6 +134,8 @@ def _proc_devices(node: SimNode) -> str:
         char.append((INFINIBAND_MAJOR, "infiniband_verbs"))
     if node.gdrcopy:
         char.append((GDRDRV_MAJOR, "gdrdrv"))
+    if node.drm:
+        char.append((DRM_MAJOR, "drm"))
     lines = ["Character devices:"] + [f"{major:3d} {name}" for major, name in sorted(char)]
     lines += ["", "Block devices:", "  7 loop", "254 virtblk"]
     return "\n".join(lines) + "\n"

@@ -23,11 +23,13 @@ __all__ = [
     "DRIVER_BINARIES",
     "GI_SLOTS",
     "LIBRARY_SINCE_BRANCH",
+    "LIB32_DIR",
     "LIB_DIR",
     "NVIDIA_MAJOR",
     "NVML_FACTS_FILE",
     "SIM_FILE",
     "SIM_LIBRARIES",
+    "SIM_LIBRARIES32",
     "UVM_MAJOR",
     "SimGpu",
     "SimMig",
@@ -53,6 +55,7 @@ NVIDIA_FS_MAJOR = 241
 GDRDRV_MAJOR = 509
 INFINIBAND_MAJOR = 231  # infiniband_verbs / infiniband_mad (fixed by the kernel)
 MISC_MAJOR = 10
+DRM_MAJOR = 226  # /dev/dri/card<n> (minor n) and renderD<128+n>
 SIM_FILE = "nvshim-sim.json"
 NVML_FACTS_FILE = "nvml-facts.json"
 #: The NVIDIA driver handles at most 32 GPUs per node (NV_MAX_DEVICES); a simulated node
@@ -62,6 +65,9 @@ MAX_GPUS = 1024
 #: Minors of /dev/nvidia-modeset and /dev/nvidiactl: GPU minors skip them.
 _RESERVED_MINORS = (254, 255)
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
+#: Where the 32-bit (i386) copies go: a multiarch node's folder, as NVIDIA's installer
+#: lays them out there.
+LIB32_DIR = "usr/lib/i386-linux-gnu"
 
 #: (library base name, SONAME suffix or None when the SONAME is the versioned file name,
 #: whether a ``.so`` development link exists); a node has those of its driver branch
@@ -86,6 +92,25 @@ SIM_LIBRARIES: tuple[tuple[str, str | None, bool], ...] = (
     ("libEGL_nvidia", ".so.0", False),
     ("libnvidia-ngx", ".so.1", False),
     ("libnvidia-fbc", ".so.1", False),
+)
+#: The libraries of :data:`SIM_LIBRARIES` the driver also ships as 32-bit (i386) copies
+#: (no NVML-only, debugger, config or NGX one, as NVIDIA's installer): ELF32 stubs in
+#: :data:`LIB32_DIR` with i386 ld.so.cache entries, for ``compat32``.
+SIM_LIBRARIES32: tuple[str, ...] = (
+    "libcuda",
+    "libnvidia-ml",
+    "libnvidia-ptxjitcompiler",
+    "libnvidia-nvvm",
+    "libnvidia-allocator",
+    "libnvidia-opencl",
+    "libnvidia-encode",
+    "libnvcuvid",
+    "libnvidia-eglcore",
+    "libnvidia-glcore",
+    "libnvidia-tls",
+    "libGLX_nvidia",
+    "libEGL_nvidia",
+    "libnvidia-fbc",
 )
 #: The first driver branch that ships a library of :data:`SIM_LIBRARIES` (the others are in
 #: every branch the simulator knows): 535 and older have no libnvidia-gpucomp.
@@ -178,6 +203,8 @@ class SimNode:
     gds: bool = False
     mofed: bool = False
     gdrcopy: bool = False
+    #: False for headless GPUs (no nvidia-drm module): no /dev/dri, no sysfs drm folder.
+    drm: bool = True
     #: False when only the kernel side was built (``--no-driver-files``).
     driver_files: bool = True
 

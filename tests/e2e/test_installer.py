@@ -280,9 +280,15 @@ def test_signal_mode_install_configmap_watch_keep_and_uninstall(node: Node) -> N
         try:
             pod.wait_for("installed; watching")
             assert daemon.pid() == installed_pid  # nothing to write: containerd not bounced
+            # no systemd here: the entrypoint follows driver changes itself
+            pidfile = node.stage.parent / "cdi-refresh.pid"
+            watcher = int(pidfile.read_text())
+            argv = Path(f"/proc/{watcher}/cmdline").read_bytes().split(b"\0")
+            assert [b"cdi", b"refresh", b"--watch"] == argv[argv.index(b"cdi"):][:3], argv
             assert pod.terminate() == 0, pod.text()
         finally:
             pod.kill()
+        assert not Path(f"/proc/{watcher}").exists() and not pidfile.exists()
         assert "uninstalled nvshim from this node" in pod.text()
         assert node.containerd_config.read_bytes() == node.original
         assert node.nvshim_files() == []

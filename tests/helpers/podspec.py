@@ -322,13 +322,17 @@ class Kubelet:
         self.memory_capacity = _memory_capacity()
 
     def _retry(self, what: str, call: Callable[[], T], timeout: float = 90) -> T:
-        """``call()``, again while containerd is away (the installer restarts it)."""
+        """``call()``, again while containerd is away (the installer restarts it): its socket
+        gone (UNAVAILABLE), or back before its CRI plugin ("server is not initialized yet")."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 return call()
             except CriError as exc:
-                if exc.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                away = exc.code == grpc.StatusCode.UNAVAILABLE or (
+                    exc.code == grpc.StatusCode.UNKNOWN
+                    and "server is not initialized yet" in exc.details)
+                if not away or time.monotonic() > deadline:
                     raise
             time.sleep(0.3)
 

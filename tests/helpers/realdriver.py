@@ -132,6 +132,9 @@ GRAPHICS_PACKAGES: Tuple[str, ...] = COMPUTE_PACKAGES + (
     "nvidia-vdpau-driver",
     "libnvidia-encode1",
     "libnvcuvid1",
+    "libnvidia-fbc1",  # 0.2 MB each: their unversioned .so links and optical flow's link
+    "libnvidia-opticalflow1",
+    "libnvidia-ngx1",  # 2.4 MB
 )
 LAYOUTS = ("flat", "debian")
 

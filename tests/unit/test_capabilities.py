@@ -48,14 +48,18 @@ NGX_LIBS = {"libnvidia-ngx"}
 UTILITY_BINS = {"nvidia-smi", "nvidia-debugdump", "nvidia-persistenced"}
 COMPUTE_BINS = {"nvidia-cuda-mps-control", "nvidia-cuda-mps-server"}
 COMPUTE_NODES = {"nvidia-uvm", "nvidia-uvm-tools"}
+# GPU 0's DRM card and render nodes (the simulator numbers them by GPU index): graphics and
+# display get them, as the reference's graphics modifier gives them
+DRM_NODES = {"card0", "renderD128"}
 
-# (libraries, binaries, control nodes besides nvidiactl) per single capability (§2.4).
+# (libraries, binaries, device nodes besides nvidiactl and the GPU's) per single capability
+# (§2.4).
 PER_CAP: Dict[str, Tuple[set, set, set]] = {
     "utility": (UTILITY_LIBS, UTILITY_BINS, set()),
     "compute": (COMPUTE_LIBS, COMPUTE_BINS, COMPUTE_NODES),
     "video": (VIDEO_LIBS | COMPUTE_LIBS, set(), set()),
-    "graphics": (GRAPHICS_LIBS, set(), set()),
-    "display": (GRAPHICS_LIBS, set(), {"nvidia-modeset"}),
+    "graphics": (GRAPHICS_LIBS, set(), DRM_NODES),
+    "display": (GRAPHICS_LIBS, set(), {"nvidia-modeset"} | DRM_NODES),
     "ngx": (NGX_LIBS, set(), set()),
     "compat32": (set(), set(), set()),
 }
@@ -140,7 +144,7 @@ def injected(
     ],
 )
 def test_capability_selects_files_and_nodes(node, tmp_path, value, caps):
-    """Each capability value injects exactly its libraries, binaries and control nodes (unset/empty = compute,utility)."""
+    """Each capability value injects exactly its libraries, binaries, control nodes and (graphics, display) GPU 0's DRM nodes (unset/empty = compute,utility)."""
     assert injected(node, tmp_path, value) == expected(caps)
 
 

@@ -193,8 +193,9 @@ def place(root: str, path: str, text: str = "{}\n") -> None:
 
 
 def test_graphics_display_and_opencl_files_follow_their_capability(tmp_path):
-    """EGL vendor, Vulkan ICD/layer, EGL platform JSONs and nvoptix.bin come with graphics;
-    the OpenCL ICD with compute; the Xorg modules and xorg.conf with display; in CDI specs too."""
+    """EGL vendor, Vulkan ICD/layer (under /etc/vulkan, wherever the host has them), EGL
+    platform JSONs, nvoptix.bin and the Xorg modules come with graphics; the OpenCL ICD with
+    compute; xorg.conf with display, which brings graphics' files too; in CDI specs too."""
     from nvshim.node.cdigen import generate_spec
 
     node = make(tmp_path, gpus=1)
@@ -215,22 +216,27 @@ def test_graphics_display_and_opencl_files_follow_their_capability(tmp_path):
     def paths(caps):
         return {f.container_path for f in host.data_files(caps)}
 
-    assert paths(["graphics"]) == set(graphics)
+    xorg = {"/usr/lib/xorg/modules/drivers/nvidia_drv.so",
+            f"/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{VERSION}"}
+    in_container = (set(graphics) - {"/usr/share/vulkan/implicit_layer.d/nvidia_layers.json"}
+                    | {"/etc/vulkan/implicit_layer.d/nvidia_layers.json"})
+    assert paths(["graphics"]) == in_container | xorg
     assert paths(["compute"]) == {"/etc/OpenCL/vendors/nvidia.icd"}
-    assert paths(["display"]) == {
-        "/usr/lib/xorg/modules/drivers/nvidia_drv.so",
-        f"/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{VERSION}",
-        "/usr/share/X11/xorg.conf.d/10-nvidia.conf"}
+    assert paths(["display"]) == {"/usr/share/X11/xorg.conf.d/10-nvidia.conf"}
+    display = {f.container_path for f in host.driver_files(["display"]) if f.kind == "data"}
+    assert display == in_container | xorg | {"/usr/share/X11/xorg.conf.d/10-nvidia.conf"}
     assert paths(["utility"]) == set()
-    drv = {f.container_path: f for f in host.data_files(["display"])}
+    drv = {f.container_path: f for f in host.data_files(["graphics"])}
     assert drv["/usr/lib/xorg/modules/drivers/nvidia_drv.so"].host_path == \
         f"{node.root}/usr/lib/nvidia/current/nvidia_drv.so"
-    links = hook_links((), host.data_files(["display"]))
+    assert drv["/etc/vulkan/implicit_layer.d/nvidia_layers.json"].host_path == \
+        f"{node.root}/usr/share/vulkan/implicit_layer.d/nvidia_layers.json"
+    links = hook_links((), host.data_files(["graphics"]))
     assert (f"libglxserver_nvidia.so.{VERSION}",
             "/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so") in links
     spec = generate_spec(host, "nvidia.com", "gpu", ("index",), ("graphics", "compute"))
     mounted = {m["containerPath"] for m in spec["containerEdits"]["mounts"]}
-    assert set(graphics) | {"/etc/OpenCL/vendors/nvidia.icd"} <= mounted
+    assert in_container | xorg | {"/etc/OpenCL/vendors/nvidia.icd"} <= mounted
 
 
 def test_egl_platform_libraries_keep_their_own_version(tmp_path):

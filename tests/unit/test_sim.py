@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from nvshim.errors import HostError, UsageError
+from nvshim.host.compat32 import is_i386_elf
 from nvshim.host.elf import build_shared_object, read_soname
-from nvshim.host.ldcache import read_ldcache
+from nvshim.host.ldcache import FLAG_ELF_LIBC6, FLAG_X8664_LIBC6, read_ldcache
 from nvshim.sim.build import (
     CAPS_MAJOR,
     NVIDIA_MAJOR,
@@ -29,6 +30,7 @@ from nvshim.sim.build import (
     load_node,
     mig_cap_minor,
 )
+from nvshim.sim.model import LIB32_DIR, SIM_LIBRARIES32
 from tests.helpers.commands import nvshim_cli
 
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
@@ -218,36 +220,46 @@ def test_dlopen_loads_a_simulated_library(node: SimNode) -> None:
 
 @needs_root
 def test_ld_so_cache_lists_the_links(node: SimNode) -> None:
-    """etc/ld.so.cache maps every SONAME link and .so link to its /usr/lib/x86_64-linux-gnu path."""
+    """etc/ld.so.cache maps every SONAME link and .so link to its /usr/lib/x86_64-linux-gnu
+    path (x86-64 entries), and each 32-bit SONAME to /usr/lib/i386-linux-gnu (i386 entries)."""
     entries = read_ldcache(str(Path(node.root) / "etc/ld.so.cache"))
-    got = {e.key: e.value for e in entries}
-    want = {}
+    got = {e.key: e.value for e in entries if e.flags == FLAG_X8664_LIBC6}
+    got32 = {e.key: e.value for e in entries if e.flags == FLAG_ELF_LIBC6}
+    assert len(got) + len(got32) == len(entries)
+    want, want32 = {}, {}
     for base, suffix, dev in SIM_LIBRARIES:
         soname = f"{base}{suffix}" if suffix else f"{base}.so.{VERSION}"
         want[soname] = f"/{LIB_DIR}/{soname}"
         if dev:
             want[f"{base}.so"] = f"/{LIB_DIR}/{base}.so"
+        if base in SIM_LIBRARIES32:
+            want32[soname] = f"/{LIB32_DIR}/{soname}"
     assert got == want
-    for key, value in got.items():
+    assert got32 == want32 and "libcuda.so.1" in got32
+    for key, value in [*got.items(), *got32.items()]:
         assert read_soname(str(Path(node.root) / value.lstrip("/"))) in (key, key + ".1")
+    for value in got32.values():
+        assert is_i386_elf(str(Path(node.root) / value.lstrip("/"))), value
 
 
 @needs_root
 @pytest.mark.skipif(not os.path.exists(LDCONFIG), reason="no ldconfig binary")
 def test_real_ldconfig_agrees_with_the_sim_cache(node: SimNode, tmp_path: Path) -> None:
-    """glibc's ldconfig over the library dir finds the same names, in the same order, as our cache."""
-    libdir = f"{node.root}/{LIB_DIR}"
+    """glibc's ldconfig over the 64-bit and 32-bit library dirs finds the same names, with
+    the same flags, in the same order, as our cache."""
+    libdirs = (f"{node.root}/{LIB_DIR}", f"{node.root}/{LIB32_DIR}")
     conf = tmp_path / "ld.so.conf"
-    conf.write_text(libdir + "\n")
+    conf.write_text("".join(d + "\n" for d in libdirs))
     cache = tmp_path / "ld.so.cache"
     subprocess.run([LDCONFIG, "-X", "-f", str(conf), "-C", str(cache)], check=True)
     theirs = [
-        (e.key, e.value[len(node.root) :])
+        (e.key, e.value[len(node.root) :], e.flags)
         for e in read_ldcache(str(cache))
-        if e.value.startswith(libdir + "/")
+        if e.value.startswith(tuple(d + "/" for d in libdirs))
     ]
-    ours = [(e.key, e.value) for e in read_ldcache(f"{node.root}/etc/ld.so.cache")]
+    ours = [(e.key, e.value, e.flags) for e in read_ldcache(f"{node.root}/etc/ld.so.cache")]
     assert theirs == ours
+    assert any(flags == FLAG_ELF_LIBC6 for _, _, flags in theirs)
 
 
 def test_read_soname_of_host_libc_and_non_elf(tmp_path: Path) -> None:

@@ -37,9 +37,12 @@ def char_nodes(dev: Path) -> Dict[str, Tuple[int, int, int]]:
 
 @pytest.fixture
 def node(tmp_path: Path) -> Any:
+    """A node whose /dev holds the NVIDIA driver's nodes only: no nvidia-drm (its /dev/dri
+    nodes are the kernel's DRM subsystem's, which nvidia-modprobe never makes)."""
     from nvshim.sim.build import create_node
 
-    return create_node(str(tmp_path / "node"), gpus=3, shuffle_minors=True, mig=True)
+    return create_node(str(tmp_path / "node"), gpus=3, shuffle_minors=True, mig=True,
+                       drm=False)
 
 
 def test_read_proc_devices_takes_only_character_devices() -> None:
