@@ -75,8 +75,15 @@ def test_podman_drops_nvshim_config_and_the_error_names_the_default(
         pytest.skip(f"this host's default config does not load: {exc}")
     cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["runc"]})
     compile_node(str(cfg))
+    # the default config journals its refusal in the node's /var/lib/nvshim: the runtime runs
+    # in a mount namespace of its own where /var/lib is an empty tmpfs (its env untouched)
+    isolated = tmp_path / "isolated-runtime"
+    isolated.write_text("#!/bin/sh\nexec /usr/bin/unshare -m /bin/sh -c "
+                        "'/bin/mount -t tmpfs nvshim-test /var/lib && exec \"$0\" \"$@\"' "
+                        f"{nvshim_runtime_bin} \"$@\"\n")
+    isolated.chmod(0o755)
     res = podman.podman_run(rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "97"},
-                            runtime=nvshim_runtime_bin,
+                            runtime=isolated,
                             podman_env={"PATH": PATH_ENV, "NVSHIM_CONFIG": str(cfg)})
     assert res.rc != 0, res.describe()
     used = (f"(config {DEFAULT_CONFIG_PATH})" if default.source
