@@ -283,7 +283,7 @@ def live_summary(spec_path: str, spec: Dict[str, Any], mark: str,
     from nvshim.errors import HostError
     from nvshim.runtime.denials import denials_path, read_denials
     from nvshim.runtime.grants import read_grants
-    from nvshim.runtime.request import identity_of
+    from nvshim.runtime.identity import identity_of
 
     bundle = os.path.dirname(spec_path)
     grant = denial = None

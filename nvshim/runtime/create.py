@@ -9,7 +9,7 @@ This module sequences the road. Each stage returns what it decides, a frozen rec
 value, or raises; nothing writes into a shared plan, and the :class:`Plan` is built once,
 at the end, from the stages' records:
 
-- the claim: what config.json claims, parsed once (:func:`~nvshim.runtime.request.read_claim`),
+- the claim: what config.json claims, parsed once (:func:`~nvshim.runtime.claim.read_claim`),
   with the GPUs the engine already injected (:mod:`~nvshim.runtime.engine`, only for a
   spec listing character devices);
 - require-allocation's record of the kubelet
@@ -40,6 +40,7 @@ from nvshim.config import Config, describe_config
 from nvshim.edits import Edits, Hook
 from nvshim.errors import SPEC_FILE, RequestError, SpecError
 from nvshim.runtime.apply import apply_edits
+from nvshim.runtime.claim import VISIBLE_DEVICES, Claim, image_view, read_claim
 from nvshim.runtime.hostedits import (
     driver_edits,
     engine_stale,
@@ -48,16 +49,7 @@ from nvshim.runtime.hostedits import (
     mig_edits,
     skew_message,
 )
-from nvshim.runtime.request import (
-    VISIBLE_DEVICES,
-    Claim,
-    Request,
-    identity_of,
-    image_view,
-    management_pod,
-    read_claim,
-    resolve_request,
-)
+from nvshim.runtime.request import Request, resolve_request
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
@@ -67,10 +59,11 @@ if TYPE_CHECKING:
     from nvshim.host.discovery import Gpu, Host
     from nvshim.runtime.allocation.kubelet import Allocation
     from nvshim.runtime.allocation.policy import Verification
+    from nvshim.runtime.claim import ImageView
     from nvshim.runtime.engine import EngineGrant, EngineHooks
     from nvshim.runtime.extras import Extras
+    from nvshim.runtime.identity import Identity
     from nvshim.runtime.logs import DebugLog
-    from nvshim.runtime.request import Identity, ImageView
     from nvshim.runtime.rootwork import RootWork
 
     #: A decoded config.json object: JSON values of any shape (Any: nvshim keeps what it
@@ -389,7 +382,7 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
              host: Optional[Host] = None) -> Plan:
         """The plan, built once from the stages' records."""
         return Plan(spec_path, raw, spec, claim, request, grant, rootfs or RootfsDecision(),
-                    found.identity if found is not None else identity_of(view.annotations),
+                    found.identity if found is not None else view.identity,
                     found.verified if found is not None else "none",
                     found.allocation if found is not None else None,
                     tuple(notes), tuple(warnings), plan_source, cdi_source, host, bundle,
@@ -501,8 +494,7 @@ def _needs_allocation_module(claim: Claim, config: Config) -> bool:
     (:mod:`nvshim.runtime.allocation.policy`, not imported otherwise); cheap."""
     if not config.require_allocation or claim.view.sandbox:
         return False
-    if config.management_pods and management_pod(claim.view.annotations,
-                                                 config.management_pods) is not None:
+    if claim.view.management_pod(config.management_pods) is not None:
         return False  # granted what it asks for: no allocation to verify
     if config.verify_with == "kubelet" or "kubelet" in config.allocation_sources:
         return True
