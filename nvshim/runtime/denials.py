@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from typing import Any, List, Mapping, Optional, Tuple
 
     from nvshim.runtime.claim import Claim
-    from nvshim.runtime.create import Plan
     from nvshim.runtime.identity import Identity
+    from nvshim.runtime.plan import Plan
 
 __all__ = ["Denial", "denials_path", "append_denial", "read_denials", "asked_of",
            "strip_reason", "identity_fields", "DENIAL_VERSION"]

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from typing import List, NoReturn, Optional, Sequence, Tuple
 
     from nvshim.config import Config
-    from nvshim.runtime.create import Plan
+    from nvshim.runtime.plan import Plan
 
 __all__ = ["main", "find_runtime"]
 
