@@ -10,6 +10,13 @@ by group or others without the sticky bit; in a sticky, world-writable directory
 an entry (directory or symlink) that root does not own.
 
 Costs one ``lstat`` per component (a few microseconds each): cheap enough for every create.
+
+The rule nvshim holds its files to is here too (:func:`check_trusted`, like sshd's
+StrictModes): when running as root, every file a create reads (the config, its compiled
+copy, the trampoline's lists, the node plan cache, the CDI index, CDI spec files) must be
+root's, writable by root only, and reached through directories only root can change.
+:func:`read_bytes` and :func:`read_trusted_cache` open such files without blocking on a
+FIFO and check them on the open descriptor.
 """
 
 from __future__ import annotations
@@ -17,11 +24,14 @@ from __future__ import annotations
 import os
 import stat
 
+from nvshim.errors import ConfigError
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional, Tuple
+    from typing import Any, BinaryIO, List, Optional, Tuple
 
-__all__ = ["replaceable_by_others", "lookup_problem"]
+__all__ = ["replaceable_by_others", "lookup_problem", "check_trusted", "read_bytes",
+           "read_trusted_cache"]
 
 _MAX_LINKS = 40  # the kernel's limit on symlinks followed in one lookup
 
@@ -107,3 +117,84 @@ def lookup_problem(path: str, noun: str) -> str:
     return (f"{noun} directory {where}{via} can be written by others (uid {st.st_uid}, mode "
             f"{st.st_mode & 0o7777:04o}), so {os.path.basename(path)} could be replaced: "
             f"run {'chmod go-w' if st.st_uid == 0 else 'chown root'} {where}")
+
+
+def check_trusted(path: str, st: os.stat_result, what: str = "config") -> None:
+    """Refuse a config file others could have written (like sshd's StrictModes, sudo).
+
+    nvshim-runtime runs as root and executes the runtimes these files name, so when
+    running as root each file nvshim reads or the trampoline trusts must be owned by root
+    and writable by its owner only, and no directory its lookup goes through (ancestors,
+    and past a symlink its target's) may let others replace it (:func:`lookup_problem`).
+    ``what`` names the kind of file in the message: the same rule holds CDI spec files,
+    whose hooks run as root on the host (:mod:`nvshim.cdi.load`).
+    """
+    euid = os.geteuid()
+    if euid != 0:
+        return  # the rule protects root; a user's own nvshim reads what that user may read
+    if st.st_uid != 0:
+        raise ConfigError(
+            f"{what} {path} is owned by uid {st.st_uid}, not root: nvshim-runtime runs as "
+            f"root and executes what it names; run chown root {path}"
+        )
+    if st.st_mode & 0o022:
+        raise ConfigError(
+            f"{what} {path} is writable by group or others (mode {st.st_mode & 0o7777:04o}): "
+            f"nvshim-runtime runs as root and executes what it names; run chmod go-w {path}"
+        )
+    problem = lookup_problem(path, what)  # the ancestors, and past a symlink its target's
+    if problem:
+        raise ConfigError(problem)
+
+
+def read_trusted_cache(path: str, what: str) -> Tuple[Optional[Any], str]:
+    """(the parsed JSON, "") of a cache nvshim keeps beside the config (node plan, CDI
+    index), else (None, why not): missing, unreadable, not trusted like the config (a cache
+    names host files and hooks that go into containers), or not JSON. Never raises: a
+    cache that cannot be used is rebuilt, it never fails a create."""
+    from nvshim._jsonc import loads
+
+    try:
+        with _open_file(path) as fh:
+            try:
+                check_trusted(path, os.fstat(fh.fileno()))
+            except ConfigError as exc:
+                return None, f"{what} not trusted: {exc}"
+            raw = fh.read()
+    except _NotAFile:
+        return None, f"{what} is not a regular file"
+    except FileNotFoundError:
+        return None, f"no {what}"
+    except OSError as exc:
+        return None, f"{what} unreadable: {exc.strerror}"
+    try:
+        return loads(raw), ""
+    except (ValueError, RecursionError):
+        return None, f"{what} is not valid JSON"
+
+
+class _NotAFile(Exception):
+    """Internal: the path is a FIFO, a device, a socket or a directory."""
+
+
+def _open_file(path: str) -> BinaryIO:
+    """``open(path, "rb")`` that refuses anything but a regular file, without blocking: a
+    FIFO at a config path would otherwise hang every create waiting for a writer."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _NotAFile(path)
+    return open(fd, "rb")
+
+
+def read_bytes(path: str) -> Optional[bytes]:
+    try:
+        with _open_file(path) as fh:
+            check_trusted(path, os.fstat(fh.fileno()))
+            return fh.read()
+    except _NotAFile:
+        raise ConfigError(f"cannot read config {path}: not a regular file") from None
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc

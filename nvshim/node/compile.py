@@ -14,20 +14,20 @@ import os
 import stat
 
 from nvshim import __version__
+from nvshim._trust import read_bytes
 from nvshim.cdi import index as cdiindex
 from nvshim.config import (
     Config,
     cdi_index_path,
     compiled_path,
     config_path,
-    describe_problems,
     load_config,
     parse_config_text,
     prefixes_path,
-    read_bytes,
     runtimes_path,
     source_link_path,
 )
+from nvshim.configcheck import describe_problems
 from nvshim.errors import ConfigError
 from nvshim.files import write_atomic
 from nvshim.runtime.plancache import refresh

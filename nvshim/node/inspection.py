@@ -1,6 +1,6 @@
 """What ``nvshim inspect`` shows of a create plan: a summary, its text form and the diff.
 
-Reads a :class:`~nvshim.runtime.create.Plan` (what create would do to a bundle) and the
+Reads a :class:`~nvshim.runtime.plan.Plan` (what create would do to a bundle) and the
 config it was made with; writes nothing. Not on the create path: only the ``nvshim``
 command imports it. (Not named ``inspect``: that would shadow the standard library's
 module for anything run with this directory on ``sys.path``.)
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from nvshim.edits import Hook
     from nvshim.host.devices import MigDevice
     from nvshim.host.discovery import Gpu
-    from nvshim.runtime.create import Plan
+    from nvshim.runtime.plan import Plan
 
 __all__ = ["env_set", "plan_summary", "plan_diff", "hook_line", "render_summary",
            "render_details", "render_text", "rewritten_mark", "live_summary", "render_live"]
@@ -289,7 +289,7 @@ def live_summary(spec_path: str, spec: Dict[str, Any], mark: str,
     from nvshim.errors import HostError
     from nvshim.runtime.denials import denials_path, read_denials
     from nvshim.runtime.grants import read_grants
-    from nvshim.runtime.request import identity_of
+    from nvshim.runtime.identity import identity_of
 
     bundle = os.path.dirname(spec_path)
     grant = denial = None

@@ -3,12 +3,14 @@
 Owns, by job:
 
 - the entry: ``argv`` (the runtime's argv grammar), ``main``;
-- the request: ``request`` (what config.json asks for), ``tokens`` (the device-token
+- the request: ``claim`` (what config.json claims), ``identity`` (which Kubernetes
+  container it is), ``request`` (what it may get), ``tokens`` (the device-token
   grammar, tokens onto GPUs), ``engine`` (what the engine already injected),
   ``constraints`` (the NVIDIA_REQUIRE_* grammar), ``requirements`` (their facts and
   verdict); require-allocation's checks live in the ``allocation`` sub-package (``policy``,
   ``kubelet``, ``podresources``), loaded only when a create must ask the kubelet;
-- the edits: ``create`` (plan and commit), ``hostedits``, ``extras``, ``apply``,
+- the edits: ``create`` (the stages and commit), ``plan`` (the stages' records),
+  ``hostedits``, ``extras``, ``apply``,
   ``specjson`` (reading and writing config.json);
 - the in-root work and its hook fallback: ``rootwork`` (who does it, and the plan),
   ``rootcache`` (the container's ld.so.cache), ``appprofile`` (the EGL application

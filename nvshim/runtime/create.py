@@ -7,71 +7,55 @@ nothing.
 
 This module sequences the road. Each stage returns what it decides, a frozen record or a
 value, or raises; nothing writes into a shared plan, and the :class:`Plan` is built once,
-at the end, from the stages' records:
+at the end, from the stages' records (:mod:`nvshim.runtime.plan` holds the records):
 
-- the claim: what config.json claims, parsed once (:func:`~nvshim.runtime.request.read_claim`),
+- the claim: what config.json claims, parsed once (:func:`~nvshim.runtime.claim.read_claim`),
   with the GPUs the engine already injected (:mod:`~nvshim.runtime.engine`, only for a
   spec listing character devices);
 - require-allocation's record of the kubelet
   (:class:`~nvshim.runtime.allocation.policy.Verification`, only when it is needed);
 - the request: the source and the devices (:func:`~nvshim.runtime.request.resolve_request`);
-- the grant (:class:`Grant`): GPUs and MIG devices (:mod:`~nvshim.runtime.tokens`), CDI
+- the grant (:class:`~nvshim.runtime.plan.Grant`): GPUs and MIG devices by device token
+  (:func:`~nvshim.runtime.hostedits.inject_gpus`, over :mod:`~nvshim.runtime.tokens`), CDI
   devices (:func:`~nvshim.runtime.hostedits.inject_cdi`), the engine's devices, the
   extras (:mod:`~nvshim.runtime.extras`), the edits that give them
   (:mod:`~nvshim.runtime.hostedits`) and the params copy (:mod:`~nvshim.runtime.devparams`);
-- the rootfs decision (:class:`RootfsDecision`): who makes the SONAME links, the
-  ld.so.cache and the EGL application profile (:mod:`~nvshim.runtime.rootwork`).
+- the rootfs decision (:class:`~nvshim.runtime.plan.RootfsDecision`): who makes the SONAME
+  links, the ld.so.cache and the EGL application profile (:mod:`~nvshim.runtime.rootwork`).
 
 Messages go on two channels, in the order the stages speak: notes (every decision, shown
 by ``inspect``) and warnings (what an operator must hear though the create goes on: sent
 to runc's ``--log``; each warning is a note too).
 
-One module past the ~400-line mark on purpose: the road and the records it builds are one
-thing, and every create imports it; records of their own module would cost every create
-one more import.
+What only some creates run lives where it is imported only for them: the engine's grant
+(:mod:`~nvshim.runtime.engine`, a spec with character devices or Docker's ``--gpus``
+hook), require-allocation (:mod:`~nvshim.runtime.allocation`), the extras, the
+requirements, the debug log.
 """
 
 from __future__ import annotations
 
 import os
 
-from nvshim._record import dataclass, field
-from nvshim.config import Config, describe_config
 from nvshim.edits import Edits, Hook
 from nvshim.errors import SPEC_FILE, RequestError, SpecError
-from nvshim.runtime.apply import apply_edits
-from nvshim.runtime.hostedits import (
-    driver_edits,
-    engine_stale,
-    gpu_edits,
-    inject_cdi,
-    mig_edits,
-    skew_message,
-)
-from nvshim.runtime.request import (
-    VISIBLE_DEVICES,
-    Claim,
-    Request,
-    identity_of,
-    image_view,
-    management_pod,
-    read_claim,
-    resolve_request,
-)
+from nvshim.runtime.claim import VISIBLE_DEVICES, image_view, read_claim
+from nvshim.runtime.plan import Committed, Grant, Plan, RootfsDecision, applied_edits
+from nvshim.runtime.request import resolve_request
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Sequence, Tuple
+    from typing import Any, Dict, List, Optional, Tuple
 
+    from nvshim.config import Config
     from nvshim.host.devices import MigDevice
     from nvshim.host.discovery import Gpu, Host
-    from nvshim.runtime.allocation.kubelet import Allocation
     from nvshim.runtime.allocation.policy import Verification
+    from nvshim.runtime.claim import Claim
     from nvshim.runtime.engine import EngineGrant, EngineHooks
     from nvshim.runtime.extras import Extras
     from nvshim.runtime.logs import DebugLog
-    from nvshim.runtime.request import Identity, ImageView
-    from nvshim.runtime.rootwork import RootWork
+    from nvshim.runtime.request import Request
 
     #: A decoded config.json object: JSON values of any shape (Any: nvshim keeps what it
     #: does not edit, unknown fields included, so the dict is never typed further).
@@ -79,196 +63,10 @@ if TYPE_CHECKING:
     Migs = Tuple[Tuple[Gpu, MigDevice], ...]
     """(parent GPU, MIG device) pairs."""
 
-__all__ = ["Plan", "Grant", "RootfsDecision", "Committed", "plan_create", "commit", "REWRITTEN"]
+__all__ = ["plan_create", "commit", "REWRITTEN"]
 
 #: The env entry that keeps anything downstream from injecting again (or strips a request).
 _VOID = Edits(env=(f"{VISIBLE_DEVICES}=void",))
-
-
-@dataclass(frozen=True)
-class Grant:
-    """What the container is given, and the edits that give it."""
-
-    gpus: Tuple[Gpu, ...] = ()
-    """Whole GPUs granted by device token (index, UUID, PCI bus id, ``all``)."""
-    migs: Migs = ()
-    """MIG devices granted by device token."""
-    cdi_names: Tuple[str, ...] = ()
-    """The CDI devices injected by nvshim."""
-    cdi_gpus: Tuple[Gpu, ...] = ()
-    """Whole GPUs the granted CDI devices bring (by their device nodes)."""
-    cdi_migs: Migs = ()
-    """MIG devices the granted CDI devices bring (by their MIG caps)."""
-    engine: Optional[EngineGrant] = None
-    """The GPUs, MIG devices and IMEX channels the engine already injected into config.json."""
-    engine_hooks: Optional[EngineHooks] = None
-    """The in-root hooks of the engine's spec."""
-    edits: Edits = field(default_factory=Edits)
-    """Everything added to config.json (nvshim's hook included: see :meth:`Plan.applied_edits`)."""
-    base: Optional[SpecDict] = None
-    """The spec the edits are applied to, when it is not config.json as read: without the
-    engine's hooks whose binary this node lacks (nvshim does their work)."""
-    params: Optional[Tuple[str, bytes]] = None
-    """(bundle file, content): the ``ModifyDeviceFiles: 0`` copy the params hook binds."""
-    missing: Tuple[str, ...] = ()
-    """Essential driver files of the requested capabilities the node lacks (``inspect``)."""
-
-    @property
-    def uuids(self) -> Tuple[str, ...]:
-        """UUIDs of every GPU and MIG device granted, from any source, once each: by
-        token, then CDI, then the engine's."""
-        engine = self.engine
-        out = [g.uuid for g in self.gpus] + [m.uuid for _, m in self.migs]
-        out += [g.uuid for g in self.cdi_gpus] + [m.uuid for _, m in self.cdi_migs]
-        if engine is not None:
-            out += [g.uuid for g in engine.gpus] + [m.uuid for _, m in engine.migs]
-        return tuple(dict.fromkeys(out))
-
-
-@dataclass(frozen=True)
-class RootfsDecision:
-    """Who makes the SONAME links and the ld.so.cache inside the rootfs, and why."""
-
-    work: Optional[RootWork] = None
-    """The work (:class:`nvshim.runtime.rootwork.RootWork`); None: there is none."""
-    by: str = ""
-    """``runtime`` (before runc), ``hook`` (createContainer), ``nobody`` (the rootfs is the
-    host's /), ``""`` (there is no work)."""
-    why: str = ""
-    """``runtime``: the rootfs written; ``hook``, ``nobody``: why the runtime does not."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What create would do to one bundle: the stages' records, and the new config.json."""
-
-    spec_path: str
-    original: bytes
-    spec: SpecDict
-    claim: Claim
-    request: Request
-    grant: Grant = field(default_factory=Grant)
-    rootfs: RootfsDecision = field(default_factory=RootfsDecision)
-    identity: Optional[Identity] = None
-    """The Kubernetes container of a CRI container."""
-    verified: str = "none"
-    """``kubelet`` (every GPU checked against its record), ``unreachable`` (claims
-    trusted), ``unidentified`` (not a CRI container, judged by allocation-sources),
-    ``none``."""
-    allocation: Optional[Allocation] = None
-    """What the kubelet allocated, if asked."""
-    notes: Tuple[str, ...] = ()
-    """Every decision, in the order made (``inspect`` shows them)."""
-    warnings: Tuple[str, ...] = ()
-    """What an operator must hear though create goes on (runc ``--log``); notes too."""
-    plan_source: str = ""
-    """Where the node's plan came from: the plan cache, or discovery (and why)."""
-    cdi_source: str = ""
-    """Where the CDI registry came from: the spec index, or a scan (and why)."""
-    host: Optional[Host] = None
-    bundle: str = ""
-    new_spec: Optional[SpecDict] = None
-    """config.json after create; None when it is left as it is."""
-
-    # the grant's devices and edits, read by inspect, the journal and the tests
-    @property
-    def view(self) -> ImageView:
-        return self.claim.view
-
-    @property
-    def gpus(self) -> Tuple[Gpu, ...]:
-        return self.grant.gpus
-
-    @property
-    def migs(self) -> Migs:
-        return self.grant.migs
-
-    @property
-    def cdi_names(self) -> Tuple[str, ...]:
-        return self.grant.cdi_names
-
-    @property
-    def cdi_gpus(self) -> Tuple[Gpu, ...]:
-        return self.grant.cdi_gpus
-
-    @property
-    def cdi_migs(self) -> Migs:
-        return self.grant.cdi_migs
-
-    @property
-    def engine_gpus(self) -> Tuple[Gpu, ...]:
-        return self.grant.engine.gpus if self.grant.engine is not None else ()
-
-    @property
-    def engine_migs(self) -> Migs:
-        return self.grant.engine.migs if self.grant.engine is not None else ()
-
-    @property
-    def engine_imex(self) -> Tuple[int, ...]:
-        return self.grant.engine.imex if self.grant.engine is not None else ()
-
-    @property
-    def edits(self) -> Edits:
-        return self.grant.edits
-
-    @property
-    def granted_uuids(self) -> Tuple[str, ...]:
-        """UUIDs of every GPU and MIG device granted (the grant journal records these)."""
-        return self.grant.uuids
-
-    @property
-    def grant_source(self) -> str:
-        """The journal's source: the request's, ``+engine`` when the engine injected GPUs
-        besides what another source granted (``+privileged``: a privileged container's)."""
-        source, engine = self.request.source, self.grant.engine
-        extra = "privileged" if engine is not None and engine.privileged else "engine"
-        if (self.engine_gpus or self.engine_migs) and source != extra:
-            return extra if source == "none" else f"{source}+{extra}"
-        return source
-
-    def applied_edits(self, rootfs: Optional[RootfsDecision] = None) -> Edits:
-        """The edits config.json gets under ``rootfs`` (this plan's decision by default):
-        without nvshim's hook when the runtime does its work or nobody does (the rootfs is
-        the host's /)."""
-        return _applied(self.grant.edits, (rootfs or self.rootfs).by)
-
-    @property
-    def changed(self) -> bool:
-        return self.new_spec is not None and self.new_spec != self.spec
-
-    def render(self, rootfs: Optional[RootfsDecision] = None) -> SpecDict:
-        """The new config.json under ``rootfs`` (this plan's decision by default): the
-        applied edits on :attr:`Grant.base` or the spec (pure)."""
-        base = self.spec if self.grant.base is None else self.grant.base
-        return apply_edits(base, self.applied_edits(rootfs))
-
-    def new_bytes(self, new_spec: Optional[SpecDict] = None) -> bytes:
-        """``new_spec`` (this plan's by default) in the layout of the original (see
-        nvshim.runtime.specjson)."""
-        from nvshim.runtime.specjson import encode_spec
-
-        spec = self.new_spec if new_spec is None else new_spec
-        assert spec is not None
-        return encode_spec(spec, self.original)
-
-
-def _applied(edits: Edits, by: str) -> Edits:
-    """``edits`` without nvshim's hook when the in-root work is done ``by`` the runtime
-    (but for its ``/dev`` links: runc makes ``/dev`` after the runtime) or by nobody."""
-    if by not in ("runtime", "nobody"):
-        return edits
-    from nvshim._record import replace
-    from nvshim.runtime.hookargs import dev_links_only, is_nvshim_hook
-
-    hooks: List[Hook] = []
-    for hook in edits.hooks:
-        if not is_nvshim_hook(hook):
-            hooks.append(hook)
-        elif by == "runtime":
-            args = dev_links_only(hook.args)
-            if args is not None:
-                hooks.append(replace(hook, args=tuple(args)))
-    return replace(edits, hooks=tuple(hooks))
 
 
 def plan_create(
@@ -357,6 +155,8 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         hooks = engine_hooks(spec)
         notes += hooks.notes
         assert host is not None  # the engine's grant was matched against it
+        from nvshim.runtime.hostedits import engine_stale
+
         stale = engine_stale(spec, config, host)
         notes += stale
         warnings += stale
@@ -397,7 +197,7 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
              host: Optional[Host] = None) -> Plan:
         """The plan, built once from the stages' records."""
         return Plan(spec_path, raw, spec, claim, request, grant, rootfs or RootfsDecision(),
-                    found.identity if found is not None else identity_of(view.annotations),
+                    found.identity if found is not None else view.identity,
                     found.verified if found is not None else "none",
                     found.allocation if found is not None else None,
                     tuple(notes), tuple(warnings), plan_source, cdi_source, host, bundle,
@@ -406,10 +206,17 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
     replacing = hooks is not None and bool(hooks.replaced)
     if not request.injects and not extras and not replacing:
         bare = None if out is spec else out
-        return plan(Grant(engine=engine, engine_hooks=hooks, base=bare),
-                    apply_edits(out, _VOID) if request.set_void else bare,
+        new_spec = bare
+        if request.set_void:
+            from nvshim.runtime.apply import apply_edits
+
+            new_spec = apply_edits(out, _VOID)
+        return plan(Grant(engine=engine, engine_hooks=hooks, base=bare), new_spec,
                     host=host if engine is not None else None)
     _refuse_host_root(spec, bundle)
+    # what gives the container anything: not loaded for a create that gets nothing
+    from nvshim.runtime.apply import apply_edits
+    from nvshim.runtime.hostedits import GpuInjection, gpus_of_edits, inject_cdi, inject_gpus
 
     if host is None:
         from nvshim.runtime.plancache import host_for
@@ -431,10 +238,10 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         edits = cdi.edits
 
     tokens = request.gpu_tokens
-    node = _NodeGrant()
+    node = GpuInjection()
     params = False
     if tokens or (request.driver_files and not cdi_names):
-        node = _node_grant(host, request, tokens, claim, config)
+        node = inject_gpus(host, request, tokens, claim, config)
         notes += node.notes
         warnings += node.warnings
         edits = edits + node.edits
@@ -443,7 +250,7 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
     cdi_migs: Migs = ()
     if cdi_names and (config.grants_journal or (found is not None
                                                 and found.allocation is not None)):
-        cdi_gpus, cdi_migs = _gpus_of_nodes(host, edits)
+        cdi_gpus, cdi_migs = gpus_of_edits(host, edits)
     if found is not None and found.allocation is not None \
             and request.source not in ("kubelet", "engine"):
         from nvshim.runtime.allocation.policy import check_granted
@@ -478,7 +285,7 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
     grant = Grant(node.gpus, node.migs, cdi_names, cdi_gpus, cdi_migs, engine, hooks, edits,
                   base, copy, node.missing)
     rootfs = _decide_rootwork(spec, bundle, host, grant)
-    applied = _applied(edits, rootfs.by)
+    applied = applied_edits(edits, rootfs.by)
     if log is not None:
         log.event("edits", edits=applied.to_cdi())
     return plan(grant, apply_edits(spec if base is None else base, applied), rootfs,
@@ -509,8 +316,7 @@ def _needs_allocation_module(claim: Claim, config: Config) -> bool:
     (:mod:`nvshim.runtime.allocation.policy`, not imported otherwise); cheap."""
     if not config.require_allocation or claim.view.sandbox:
         return False
-    if config.management_pods and management_pod(claim.view.annotations,
-                                                 config.management_pods) is not None:
+    if claim.view.management_pod(config.management_pods) is not None:
         return False  # granted what it asks for: no allocation to verify
     if config.verify_with == "kubelet" or "kubelet" in config.allocation_sources:
         return True
@@ -567,111 +373,10 @@ def _decide_rootwork(spec: SpecDict, bundle: str, host: Host, grant: Grant) -> R
     return RootfsDecision(work, by, why)
 
 
-@dataclass(frozen=True)
-class _NodeGrant:
-    """What the node's GPUs give a container asking by device token (or for driver files)."""
-
-    gpus: Tuple[Gpu, ...] = ()
-    migs: Migs = ()
-    edits: Edits = field(default_factory=Edits)
-    missing: Tuple[str, ...] = ()
-    notes: Tuple[str, ...] = ()
-    warnings: Tuple[str, ...] = ()
-
-
-def _node_grant(host: Host, request: Request, tokens: Sequence[str], claim: Claim,
-                config: Config) -> _NodeGrant:
-    """The GPUs and MIG devices ``tokens`` name on this node, and their edits (discovery's,
-    shared with ``nvshim cdi generate``); the requirements checked against them."""
-    gpus = host.gpus()
-    refs = tuple(g.ref() for g in gpus)
-    from nvshim.runtime.tokens import select_gpus
-
-    try:
-        chosen_refs, chosen_migs = (select_gpus(tokens, refs, _looked_under(config, host))
-                                    if tokens else ((), ()))
-    except RequestError as exc:
-        if refs or os.path.isdir(host.driver_root):
-            raise
-        # no GPU at all under a driver root that is not there: most likely a typo
-        raise RequestError(f"{exc}; driver root {host.driver_root} does not exist") from None
-    by_index = {g.index: g for g in gpus}
-    chosen = tuple(by_index[r.index] for r in chosen_refs)
-    migs = []
-    for m in chosen_migs:
-        parent = by_index[m.gpu_index]
-        migs.append((parent, next(x for x in parent.mig if x.uuid == m.uuid)))
-
-    notes: List[str] = []
-    caps = request.capabilities
-    env = claim.view.env
-    if "CUDA_VERSION" in env or any(name.startswith("NVIDIA_REQUIRE_") for name in env):
-        # only then can there be a requirement (the module costs ~2 ms to import)
-        from nvshim.runtime.requirements import check_requirements
-
-        selected = chosen + tuple(parent for parent, _ in migs)
-        check_requirements(claim.view, host, selected, notes, config.disable_require)
-
-    from nvshim.runtime.hookargs import hook_command  # a create naming no device never loads it
-
-    skew = host.version_skew()
-    warnings = (skew_message(*skew),) if skew is not None else ()
-    libraries, files = host.libraries(caps), host.driver_files(caps)
-    from nvshim.host.discovery import missing_files
-    from nvshim.host.gpus import drm_capabilities
-
-    drm = drm_capabilities(caps)  # DRM nodes only for the capabilities that get them
-    nodes_of = {gpu.index: host.drm(gpu) for gpu in chosen} if drm else {}
-    dev_links = tuple(link for nodes in nodes_of.values() for link in nodes.links)
-    edits = driver_edits(host.control_nodes(caps), libraries, files, hook_command(),
-                         dev_links=dev_links, egl_profile=bool(drm))
-    missing = missing_files(caps, libraries, files)
-    for gpu in chosen:
-        nodes = nodes_of.get(gpu.index)
-        edits = edits + gpu_edits(gpu, nodes)
-        if nodes is not None:  # a headless GPU: the container starts, inspect says so
-            from nvshim.host.drm import missing_drm
-
-            missing += missing_drm(drm, ((gpu.index, nodes),))
-    for parent, mig in migs:
-        edits = edits + mig_edits(parent, mig)
-    return _NodeGrant(chosen, tuple(migs), edits, missing,
-                      (*notes, *warnings), warnings)
-
-
-def _looked_under(config: Config, host: Host) -> str:
-    """Where a create looked for GPUs: ``under driver root / (config /etc/nvshim/config.yaml)``."""
-    return f"under driver root {host.driver_root} ({describe_config(config)})"
-
-
-def _gpus_of_nodes(host: Host, edits: Edits) -> Tuple[Tuple[Gpu, ...], Migs]:
-    """(whole GPUs, (parent, MIG device) pairs) whose device nodes the edits inject.
-
-    A MIG device is granted when all its capability nodes are; its parent's node then
-    belongs to the MIG device, not to a whole-GPU grant.
-    """
-    from nvshim.runtime.engine import gpus_of_numbers
-
-    numbers = {(n.major, n.minor or 0) for n in edits.device_nodes if n.major is not None}
-    return gpus_of_numbers(host.gpus(), numbers)
-
-
 def _live(log: Optional[DebugLog]) -> Optional[DebugLog]:
     """``log`` when it records anything, else None: a disabled debug log (the default) must
     not cost the arguments of its events (the edits' CDI form, lists) on every create."""
     return log if log is not None and log.enabled else None
-
-
-@dataclass(frozen=True)
-class Committed:
-    """What :func:`commit` did: the rootfs decision it ended with (the plan's, or ``hook``
-    when the rootfs turned out not to be writable), the config.json it wrote, whether it
-    wrote one, and the in-root work's warnings."""
-
-    rootfs: RootfsDecision
-    new_spec: Optional[SpecDict]
-    written: bool
-    warnings: Tuple[str, ...] = ()
 
 
 def commit(plan: Plan, log: Optional[DebugLog] = None) -> Committed:

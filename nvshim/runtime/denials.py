@@ -24,8 +24,9 @@ TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
     from typing import Any, List, Mapping, Optional, Tuple
 
-    from nvshim.runtime.create import Plan
-    from nvshim.runtime.request import Claim, Identity
+    from nvshim.runtime.claim import Claim
+    from nvshim.runtime.identity import Identity
+    from nvshim.runtime.plan import Plan
 
 __all__ = ["Denial", "denials_path", "append_denial", "read_denials", "asked_of",
            "strip_reason", "identity_fields", "DENIAL_VERSION"]
@@ -99,7 +100,7 @@ class Denial:
 
 def asked_of(claim: Claim) -> Tuple[str, ...]:
     """What a claim asks for, one entry per way of asking (the journal's ``asked``)."""
-    from nvshim.runtime.request import VISIBLE_DEVICES
+    from nvshim.runtime.claim import VISIBLE_DEVICES
 
     view = claim.view
     out: List[str] = []

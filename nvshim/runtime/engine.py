@@ -11,7 +11,7 @@ Recognised by number, never by path text: a character device in ``linux.devices`
 major is the NVIDIA driver's (``/proc/devices`` under the driver root: ``nvidia-frontend``
 or ``nvidia``, ``nvidia-caps``, ``nvidia-caps-imex-channels``) and whose minor is one of
 the node's GPUs, both capabilities of a MIG device, or an IMEX channel. Loaded only for a
-spec with character devices (:attr:`~nvshim.runtime.request.ImageView.char_devices`); one
+spec with character devices (:attr:`~nvshim.runtime.claim.ImageView.char_devices`); one
 read of ``/proc/devices`` decides whether the node plan is needed at all.
 
 Also here, because only such specs need it: which edits the spec already carries

@@ -43,13 +43,14 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 from nvshim._record import dataclass, field, replace
 from nvshim.edits import RO_BIND, DeviceNode, Edits, Mount
 from nvshim.errors import HostError, RequestError
-from nvshim.runtime.request import FEATURE_ENV, IMEX_ENV
+from nvshim.runtime.claim import FEATURE_ENV, IMEX_ENV
 
 if TYPE_CHECKING:
     from nvshim.config import Config
     from nvshim.host.discovery import Host
+    from nvshim.runtime.claim import Claim
     from nvshim.runtime.engine import EngineGrant
-    from nvshim.runtime.request import Claim, Request
+    from nvshim.runtime.request import Request
 
 __all__ = [
     "FEATURE_ENV",

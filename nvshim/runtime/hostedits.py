@@ -3,22 +3,33 @@
 Runtime injection and ``nvshim cdi generate`` both build their edits here, so a container
 created from a CDI spec and one created from the node's env get the same files; and a
 create's CDI names become edits here too, in one call (:func:`inject_cdi`), cut to the
-capabilities the container asked for (:func:`restrict_to_capabilities`).
+capabilities the container asked for (:func:`restrict_to_capabilities`), and so do its
+device tokens (:func:`inject_gpus`: the node's GPUs and MIG devices they name, the driver
+files of the capabilities asked for, the requirements checked against those GPUs).
 """
 
 from __future__ import annotations
 
-from nvshim._record import dataclass
+import os
+
+from nvshim._record import dataclass, field
+from nvshim.config import describe_config
 from nvshim.edits import HOOK_ENV, IPC_BIND, RO_BIND, DeviceNode, Edits, Hook, Mount
+from nvshim.errors import RequestError
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import Any, Dict, Optional, Sequence, Tuple
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
     from nvshim.config import Config
     from nvshim.host.devices import MigDevice
     from nvshim.host.discovery import DriverFile, Gpu, Host, Library
     from nvshim.host.drm import DrmNodes
+
+    Migs = Tuple[Tuple[Gpu, MigDevice], ...]
+    """(parent GPU, MIG device) pairs."""
+    from nvshim.runtime.claim import Claim
+    from nvshim.runtime.request import Request
 
 
 #: Links the reference makes whatever the driver folder has, by library: (the target — the
@@ -261,7 +272,7 @@ def inject_cdi(names: Sequence[str], config: Config, capabilities: Sequence[str]
     """
     from nvshim.cdi import index as cdiindex
     from nvshim.cdi.registry import fill_device_nodes, refuse_unapplied, resolve_devices
-    from nvshim.config import cdi_index_path, config_path, describe_config
+    from nvshim.config import cdi_index_path, config_path
     from nvshim.errors import CdiError, HostError
 
     registry, source = cdiindex.registry_for(
@@ -333,3 +344,96 @@ def refresh_fix(config: Config, spec: str) -> str:
             if value == spec:
                 return "run nvshim cdi refresh"
     return regenerate_fix(spec)
+
+
+# --- a create's device tokens: the node's GPUs and MIG devices ----------------------------
+
+
+@dataclass(frozen=True)
+class GpuInjection:
+    """What the node's GPUs give a container asking by device token (or for driver files):
+    :func:`inject_gpus`'s answer."""
+
+    gpus: Tuple[Gpu, ...] = ()
+    migs: Migs = ()
+    edits: Edits = field(default_factory=Edits)
+    missing: Tuple[str, ...] = ()
+    notes: Tuple[str, ...] = ()
+    warnings: Tuple[str, ...] = ()
+
+
+def inject_gpus(host: Host, request: Request, tokens: Sequence[str], claim: Claim,
+                config: Config) -> GpuInjection:
+    """The GPUs and MIG devices ``tokens`` name on this node, and their edits (discovery's,
+    shared with ``nvshim cdi generate``); the requirements checked against them."""
+    gpus = host.gpus()
+    refs = tuple(g.ref() for g in gpus)
+    from nvshim.runtime.tokens import select_gpus
+
+    try:
+        chosen_refs, chosen_migs = (select_gpus(tokens, refs, _looked_under(config, host))
+                                    if tokens else ((), ()))
+    except RequestError as exc:
+        if refs or os.path.isdir(host.driver_root):
+            raise
+        # no GPU at all under a driver root that is not there: most likely a typo
+        raise RequestError(f"{exc}; driver root {host.driver_root} does not exist") from None
+    by_index = {g.index: g for g in gpus}
+    chosen = tuple(by_index[r.index] for r in chosen_refs)
+    migs = []
+    for m in chosen_migs:
+        parent = by_index[m.gpu_index]
+        migs.append((parent, next(x for x in parent.mig if x.uuid == m.uuid)))
+
+    notes: List[str] = []
+    caps = request.capabilities
+    env = claim.view.env
+    if "CUDA_VERSION" in env or any(name.startswith("NVIDIA_REQUIRE_") for name in env):
+        # only then can there be a requirement (the module costs ~2 ms to import)
+        from nvshim.runtime.requirements import check_requirements
+
+        selected = chosen + tuple(parent for parent, _ in migs)
+        check_requirements(claim.view, host, selected, notes, config.disable_require)
+
+    from nvshim.runtime.hookargs import hook_command  # a create naming no device never loads it
+
+    skew = host.version_skew()
+    warnings = (skew_message(*skew),) if skew is not None else ()
+    libraries, files = host.libraries(caps), host.driver_files(caps)
+    from nvshim.host.discovery import missing_files
+    from nvshim.host.gpus import drm_capabilities
+
+    drm = drm_capabilities(caps)  # DRM nodes only for the capabilities that get them
+    nodes_of = {gpu.index: host.drm(gpu) for gpu in chosen} if drm else {}
+    dev_links = tuple(link for nodes in nodes_of.values() for link in nodes.links)
+    edits = driver_edits(host.control_nodes(caps), libraries, files, hook_command(),
+                         dev_links=dev_links, egl_profile=bool(drm))
+    missing = missing_files(caps, libraries, files)
+    for gpu in chosen:
+        nodes = nodes_of.get(gpu.index)
+        edits = edits + gpu_edits(gpu, nodes)
+        if nodes is not None:  # a headless GPU: the container starts, inspect says so
+            from nvshim.host.drm import missing_drm
+
+            missing += missing_drm(drm, ((gpu.index, nodes),))
+    for parent, mig in migs:
+        edits = edits + mig_edits(parent, mig)
+    return GpuInjection(chosen, tuple(migs), edits, missing,
+                      (*notes, *warnings), warnings)
+
+
+def _looked_under(config: Config, host: Host) -> str:
+    """Where a create looked for GPUs: ``under driver root / (config /etc/nvshim/config.yaml)``."""
+    return f"under driver root {host.driver_root} ({describe_config(config)})"
+
+
+def gpus_of_edits(host: Host, edits: Edits) -> Tuple[Tuple[Gpu, ...], Migs]:
+    """(whole GPUs, (parent, MIG device) pairs) whose device nodes the edits inject.
+
+    A MIG device is granted when all its capability nodes are; its parent's node then
+    belongs to the MIG device, not to a whole-GPU grant.
+    """
+    from nvshim.runtime.engine import gpus_of_numbers
+
+    numbers = {(n.major, n.minor or 0) for n in edits.device_nodes if n.major is not None}
+    return gpus_of_numbers(host.gpus(), numbers)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from typing import List, NoReturn, Optional, Sequence, Tuple
 
     from nvshim.config import Config
-    from nvshim.runtime.create import Plan
+    from nvshim.runtime.plan import Plan
 
 __all__ = ["main", "find_runtime"]
 
@@ -111,12 +111,12 @@ def _record_denial(config: Config, inv: Invocation, bundle: str, runtime: Option
     claim = plan.claim if plan is not None else None
     identity = plan.identity if plan is not None else None
     if plan is None:  # a refusal: the spec is read again for who asked what (never written)
-        from nvshim.runtime.request import identity_of, image_view, read_claim
+        from nvshim.runtime.claim import image_view, read_claim
         from nvshim.runtime.specjson import read_spec
 
         try:
             view = image_view(read_spec(bundle)[2])
-            identity = identity_of(view.annotations)
+            identity = view.identity
             claim = read_claim(view, config)
         except NvshimError:
             pass

@@ -40,7 +40,7 @@ from nvshim.runtime.constraints import (
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from nvshim.host.discovery import Gpu, Host
     from nvshim.host.nvml import NvmlFacts
-    from nvshim.runtime.request import ImageView
+    from nvshim.runtime.claim import ImageView
 
 __all__ = [
     "Fact",
@@ -241,7 +241,7 @@ def check_requirements(
     """Raise RequestError when the container's requirements are unmet on this node.
 
     ``view`` is the request view create already parsed from config.json
-    (:func:`nvshim.runtime.request.image_view`); its env is the only input read here.
+    (:func:`nvshim.runtime.claim.image_view`); its env is the only input read here.
     ``gpus`` are the selected GPUs (a MIG device's parent counts). Appends one note per
     decision to ``notes``. A container without requirements reads nothing.
     """

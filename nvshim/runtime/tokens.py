@@ -4,8 +4,8 @@ mapping tokens onto the node's GPUs.
 :func:`parse_visible_devices` turns one value into normalised tokens (indices, GPU/MIG
 UUIDs, PCI bus ids, ``<gpu>:<mig>``, CDI names, ``all``/``none``);
 :func:`select_gpus` maps them onto the GPU records discovery built. Pure: no filesystem.
-Loaded only when a container names a device: :mod:`nvshim.runtime.request` imports it
-lazily, so a create that asks for nothing never does.
+Loaded only when a container names a device: :mod:`nvshim.runtime.claim` and
+:mod:`nvshim.runtime.request` import it lazily, so a create that asks for nothing never does.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ import pytest
 
 from nvshim.config import Config
 from nvshim.errors import RequestError
-from nvshim.runtime.request import image_view, read_claim, resolve_request
+from nvshim.runtime.claim import image_view, read_claim
+from nvshim.runtime.request import resolve_request
 
 UUID = "GPU-11111111-2222-3333-4444-555555555552"
 

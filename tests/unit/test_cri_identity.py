@@ -18,8 +18,13 @@ import pytest
 
 from nvshim.errors import RequestError
 from nvshim.runtime.create import plan_create
-from nvshim.runtime.identity import Identity, cri_engine, is_sandbox, read_identity
-from nvshim.runtime.request import management_pod
+from nvshim.runtime.identity import (
+    Identity,
+    cri_engine,
+    is_sandbox,
+    management_pod,
+    read_identity,
+)
 from tests.helpers.podresources import PodResourcesServer
 from tests.unit import test_kubelet as _kubelet_tests
 from tests.unit.test_kubelet import GPU, bundle, config, cri
@@ -195,3 +200,18 @@ def test_crio_pod_annotation_is_no_cdi_allocation(node: Any, tmp_path: Path) -> 
     plan = plan_create(bundle(tmp_path, [], allocated), cfg)
     assert plan.request.source == "cdi-annotations"
     assert plan.request.devices == ("nvidia.com/gpu=1",)
+
+
+def test_every_identity_key_starts_with_the_prefix_that_gates_loading_it() -> None:
+    """Every annotation key nvshim.runtime.identity reads starts with claim.KUBERNETES_PREFIX:
+    a spec without such a key is no sandbox and has no identity, so a create never imports
+    that module for it."""
+    from nvshim.runtime import identity
+    from nvshim.runtime.claim import KUBERNETES_PREFIX, image_view
+
+    keys = [getattr(identity, name) for name in identity.__all__ if name.isupper()]
+    assert keys and all(k.startswith(KUBERNETES_PREFIX) for k in keys), keys
+    plain = image_view({"annotations": {"org.example/x": "sandbox"}})
+    assert (plain.cri, plain.sandbox, plain.identity) == (False, False, None)
+    sandbox = image_view({"annotations": {identity.SANDBOX_ANNOTATION: "sandbox"}})
+    assert sandbox.cri and sandbox.sandbox

@@ -24,8 +24,9 @@ import pytest
 from nvshim.config import Config
 from nvshim.errors import RequestError
 from nvshim.node import docker
+from nvshim.runtime.claim import image_view, read_claim
 from nvshim.runtime.create import plan_create
-from nvshim.runtime.request import image_view, read_claim, resolve_request
+from nvshim.runtime.request import resolve_request
 from tests.helpers.bundle import copy_rootfs, default_spec, make_rootfs
 
 HOOK = {"path": "/usr/local/bin/nvidia-container-runtime-hook",

@@ -16,9 +16,10 @@ from nvshim.config import Config
 from nvshim.errors import RequestError
 from nvshim.host.discovery import Gpu, Host
 from nvshim.node.inspection import plan_summary, render_text
+from nvshim.runtime.claim import image_view, read_claim
 from nvshim.runtime.create import plan_create
 from nvshim.runtime.engine import EngineGrant, engine_hooks
-from nvshim.runtime.request import image_view, read_claim, resolve_request
+from nvshim.runtime.request import resolve_request
 from tests.helpers.bundle import copy_rootfs, default_spec, make_rootfs
 from tests.helpers.engineinject import inject_like_engine, nvidia_style_hooks
 

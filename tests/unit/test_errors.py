@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nvshim.errors import SPEC_FILE, NvshimError, SpecError
-from nvshim.runtime.request import image_view
+from nvshim.runtime.claim import image_view
 
 
 def test_spec_error_builds_its_message_from_its_file() -> None:

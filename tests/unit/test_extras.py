@@ -12,6 +12,7 @@ import pytest
 from nvshim.cdi.schema import validate_spec
 from nvshim.config import Config
 from nvshim.errors import CdiError, RequestError
+from nvshim.runtime.claim import image_view, read_claim
 from nvshim.runtime.extras import (
     FEATURE_ENV,
     IMEX_ENV,
@@ -20,7 +21,7 @@ from nvshim.runtime.extras import (
     generate_imex_spec,
     resolve_extras,
 )
-from nvshim.runtime.request import image_view, read_claim, resolve_request
+from nvshim.runtime.request import resolve_request
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 IMEX_MOUNT = "/var/run/nvidia-container-devices/imex/"
@@ -215,8 +216,8 @@ def test_the_claim_says_whether_extras_are_asked_for(env: Dict[str, str], mounts
                                                      asks: bool) -> None:
     """create loads nvshim.runtime.extras only when the claim names an IMEX channel or a
     feature variable (FEATURE_ENV, IMEX_ENV: the claim's own names, re-exported here)."""
-    from nvshim.runtime.request import FEATURE_ENV as CLAIMED
-    from nvshim.runtime.request import IMEX_ENV as CLAIMED_IMEX
+    from nvshim.runtime.claim import FEATURE_ENV as CLAIMED
+    from nvshim.runtime.claim import IMEX_ENV as CLAIMED_IMEX
 
     assert (FEATURE_ENV, IMEX_ENV) == (CLAIMED, CLAIMED_IMEX)
     spec: Dict[str, Any] = {

@@ -107,6 +107,11 @@ def test_create_without_gpu_request_loads_no_heavy_module(tmp_path: Path, rootfs
     assert "nvshim.runtime.tokens" not in modules, report(modules)
     assert "nvshim.runtime.allocation" not in modules, report(modules)
     assert "nvshim.runtime.hookargs" not in modules, report(modules)
+    # nothing is given: the edits' builders and their applier stay unloaded, and a spec no
+    # CRI engine annotated never loads the Kubernetes identity reader
+    assert "nvshim.runtime.hostedits" not in modules, report(modules)
+    assert "nvshim.runtime.apply" not in modules, report(modules)
+    assert "nvshim.runtime.identity" not in modules, report(modules)
     assert (bundle / "config.json").read_bytes() == before
 
 
@@ -195,6 +200,8 @@ def test_gpu_create_imports_nothing_but_startup_modules_and_nvshim(tmp_path: Pat
     modules = imported_modules(res.stderr)
     assert "nvshim.runtime.plancache" in modules, report(modules)
     assert slow_in(modules) == [], report(modules)
+    # a spec no CRI engine annotated (runc, Docker, podman) has no Kubernetes identity to read
+    assert "nvshim.runtime.identity" not in modules, report(modules)
     # the create road stays inside its packages: never node administration, the CLI or the
     # simulator, nor require-allocation's package when nothing asks for it
     outside = [m for m in modules

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nvshim.runtime.request import management_pod
+from nvshim.runtime.identity import management_pod
 
 CRI = "io.kubernetes.cri."
 

@@ -8,13 +8,8 @@ import pytest
 
 from nvshim.config import Config
 from nvshim.errors import RequestError, SpecError
-from nvshim.runtime.request import (
-    DEVICE_LIST_DIR,
-    image_view,
-    parse_capabilities,
-    read_claim,
-    resolve_request,
-)
+from nvshim.runtime.claim import DEVICE_LIST_DIR, image_view, read_claim
+from nvshim.runtime.request import parse_capabilities, resolve_request
 
 U0 = "GPU-11111111-2222-3333-4444-555555555550"
 U1 = "GPU-11111111-2222-3333-4444-555555555551"

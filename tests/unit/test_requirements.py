@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from nvshim.errors import HostError, RequestError
 from nvshim.host.discovery import Gpu, Host
 from nvshim.host.nvml import BRANDS
+from nvshim.runtime.claim import ImageView, image_view
 from nvshim.runtime.constraints import (
     OPERATORS,
     compare_versions,
@@ -30,7 +31,6 @@ from nvshim.runtime.constraints import (
     parse_requirement,
     parse_version,
 )
-from nvshim.runtime.request import ImageView, image_view
 from nvshim.runtime.requirements import (
     Fact,
     Facts,
@@ -718,7 +718,7 @@ def test_simulated_node_metadata(tmp_path: Path) -> None:
 _PROBE = """
 import json, sys
 from nvshim.host.discovery import Host
-from nvshim.runtime.request import ImageView, image_view
+from nvshim.runtime.claim import ImageView, image_view
 from nvshim.runtime.requirements import check_requirements
 notes = []
 env = json.loads(sys.argv[2])

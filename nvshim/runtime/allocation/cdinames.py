@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from nvshim.config import Config
     from nvshim.host.discovery import Host
     from nvshim.runtime.allocation.kubelet import Allocation
-    from nvshim.runtime.request import Identity
+    from nvshim.runtime.identity import Identity
 
 __all__ = ["NameDevices", "resolve_names", "cdi_refusal", "claim_gpus", "DRM_MAJOR"]
 

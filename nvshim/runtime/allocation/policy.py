@@ -34,9 +34,11 @@ if TYPE_CHECKING:
     from nvshim.host.devices import GpuRef, MigDevice
     from nvshim.host.discovery import Gpu, Host
     from nvshim.runtime.allocation.kubelet import Allocation
+    from nvshim.runtime.claim import Claim
     from nvshim.runtime.engine import EngineGrant
     from nvshim.runtime.extras import Extras
-    from nvshim.runtime.request import Claim, Identity, Request
+    from nvshim.runtime.identity import Identity
+    from nvshim.runtime.request import Request
 
     #: What a CDI name injects on this node: (label, key) of each GPU, MIG device and IMEX
     #: channel, or why that cannot be known.
