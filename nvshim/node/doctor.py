@@ -92,7 +92,6 @@ from nvshim.node.doctor_config import (
     check_trampoline,
 )
 from nvshim.node.doctor_engines import (
-    check_cdi_injection,
     check_containerd_config,
     check_crio,
     check_default_runtime,
@@ -110,6 +109,7 @@ from nvshim.node.doctor_host import (
     check_gpus,
     host_for,
 )
+from nvshim.node.doctor_injection import check_cdi_injection
 from nvshim.node.doctor_reach import check_handler_configs, config_readers, engine_runtimes
 from nvshim.node.findings import DoctorOptions, Finding
 

@@ -24,27 +24,15 @@ NVIDIA's own ``accept-nvidia-visible-devices-envvar-when-unprivileged = false`` 
 pitfall, nvshim is judged by the config its binary reads, and fixes keep the flags the
 runtime was registered with.
 
-``cdi-injection`` (one finding per engine found, containerd and CRI-O) says which path
-injects CDI devices: the engine itself -- containerd with ``enable_cdi`` (1.7 and later;
-unset, it is off in 1.7 and on in 2.x, so doctor asks ``containerd --version`` when the
-config does not settle it), CRI-O always -- from the devices that ``cdi.k8s.io/``
-annotations and the CRI ``CDIDevices`` field (DRA claims) name, or nvshim. It warns when
-both would inject the devices an annotation names: the engine's CDI is on, nvshim's
-handler receives the annotation (containerd: its ``container_annotations``; CRI-O passes
-every one), and nvshim's config reads it (``annotation-prefixes`` covering
-``cdi.k8s.io/``, and ``cdi-annotations`` in ``allocation-sources`` or require-allocation
-off). The fix stops nvshim reading them (it then counts the devices the engine injected
-as an engine grant), or turns containerd's CDI off. Docker and podman (CDI devices
-named with ``--device``) are not checked.
+``cdi-injection`` is :mod:`nvshim.node.doctor_injection`'s.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Mapping, Optional, Sequence, Tuple
 
-from nvshim._record import dataclass
-from nvshim.config import DEFAULT_CDI_SPEC_DIRS, Config
+from nvshim.config import Config
 from nvshim.errors import NvshimError
 from nvshim.node.doctor_reach import (
     binary_problems,
@@ -71,8 +59,6 @@ __all__ = [
     "check_default_runtime",
     "check_docker",
     "check_crio",
-    "check_cdi_injection",
-    "EngineCdi",
 ]
 
 
@@ -342,6 +328,11 @@ def _crio_files(path: str, drop_in_dir: str, files: Sequence[str]) -> str:
     return f"{path} (no drop-ins)" if count == 0 else f"{path} + {drop_ins}"
 
 
+def _crio_drop_ins(path: str) -> str:
+    """CRI-O's drop-in directory for the main config ``path``."""
+    return os.path.join(os.path.dirname(path), "crio.conf.d")
+
+
 def check_crio(path: str, config: Optional[Config], options: DoctorOptions) -> Finding:
     """CRI-O's config and drop-ins: the same three questions."""
     from nvshim.node.crio import BUILTIN_DEFAULT_RUNTIMES, DEFAULT_CONFIG, read_handlers
@@ -371,235 +362,3 @@ def check_crio(path: str, config: Optional[Config], options: DoctorOptions) -> F
 
 
 # --------------------------------------------------------------------------- CDI injection
-
-#: The annotation namespace of CDI requests (device plugins' CDI strategy, the kubelet).
-CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
-_CHECK_CDI = "cdi-injection"
-
-
-@dataclass(frozen=True)
-class EngineCdi:
-    """Whether an engine injects CDI devices itself, as its config and version say.
-
-    ``injects`` is ``None`` when that depends on a version doctor could not learn; ``why``
-    says where the answer came from. ``hands_over``: nvshim's runtime receives the
-    container's ``cdi.k8s.io/`` annotations; ``hand_off`` says how, or why not.
-    ``switch`` is where the engine's ``enable_cdi`` goes ("" when it has no switch).
-    """
-
-    engine: str
-    injects: Optional[bool]
-    why: str
-    spec_dirs: Tuple[str, ...]
-    hands_over: bool
-    hand_off: str
-    switch: str = ""
-
-
-def _may_match_namespace(pattern: str, namespace: str = CDI_ANNOTATION_PREFIX) -> bool:
-    """Whether containerd's annotation pattern (Go ``path.Match``: ``*`` and ``?`` never
-    match ``/``) can match some key under ``namespace``."""
-    cut = min((i for i, c in enumerate(pattern) if c in "*?[\\"), default=len(pattern))
-    literal, rest = pattern[:cut], pattern[cut:]
-    if literal.startswith(namespace):
-        return True
-    if not rest or not namespace.startswith(literal):
-        return False  # a plain key outside the namespace, or a literal that leaves it
-    # the wildcards cannot match the namespace's "/": the pattern must spell it
-    return "/" not in namespace[len(literal):] or "/" in rest
-
-
-def _containerd_cdi(effective: Optional[EffectiveRuntimes],
-                    options: DoctorOptions) -> Optional[EngineCdi]:
-    """containerd's CDI injection; None when there is neither a config nor a binary.
-
-    ``enable_cdi`` as set; unset, containerd's default: on in 2.x (a version 3 config is
-    2.x's), off in 1.7. Before 1.7 containerd has no CDI, whatever the config says: the
-    binary is asked unless a version 3 config or ``enable_cdi = false`` settles it."""
-    from nvshim.node.containerd_read import containerd_version
-    from nvshim.node.containerd_toml import cri_label
-
-    path = options.containerd_config
-    explicit = effective.enable_cdi if effective is not None else None
-    version = None
-    if effective is None or (effective.version < 3 and explicit is not False):
-        version = containerd_version(options.containerd_binary)
-        if effective is None and version is None:
-            return None
-    if effective is not None:
-        config_version = effective.version
-    else:
-        config_version = 3 if version is not None and version[0] >= 2 else 2
-    where = (effective.cri_file if effective is not None else None) or path
-    injects: Optional[bool]
-    if version is not None and version[:2] < (1, 7):
-        injects = False
-        ignored = f", enable_cdi = true in {where} is ignored" if explicit else ""
-        why = f"containerd {version[2]} has no CDI support{ignored}"
-    elif explicit is not None:
-        injects = explicit
-        why = f"enable_cdi = {'true' if explicit else 'false'} in {where}"
-    elif config_version == 3:
-        injects = True
-        why = f"{path} is a version 3 config, containerd 2.x's, where enable_cdi defaults to true"
-    elif version is None:
-        injects = None
-        why = (f"enable_cdi is unset in {where}: off by default in containerd 1.7, on in 2.x, "
-               f"and `{options.containerd_binary} --version` did not say which runs here")
-    else:
-        major, _, text = version
-        injects = major >= 2
-        unset = "enable_cdi is unset" if effective is not None else f"no {path}"
-        state = "turns CDI on" if injects else "leaves CDI off"
-        why = f"{unset}: containerd {text} {state} by default"
-    spec_dirs = DEFAULT_CDI_SPEC_DIRS
-    ours: List[str] = []
-    passing: List[str] = []
-    if effective is not None:
-        if effective.cdi_spec_dirs is not None:
-            spec_dirs = effective.cdi_spec_dirs
-        ours = sorted(_nvshim_handlers(effective, options))
-        passing = [h for h in ours if any(
-            _may_match_namespace(p) for p in effective.container_annotations.get(h, ()))]
-    named = ", ".join(f'"{h}"' for h in (passing or ours))
-    if passing:
-        hand_off = f"nvshim's handler {named} passes them on through container_annotations"
-    elif ours:
-        hand_off = (f"nvshim's handler {named} is not passed {CDI_ANNOTATION_PREFIX}* "
-                    "annotations: none of its container_annotations covers them")
-    else:
-        hand_off = "no containerd runtime handler runs nvshim"
-    return EngineCdi("containerd", injects, why, spec_dirs, bool(passing), hand_off,
-                     f"{cri_label(config_version)} of {where}")
-
-
-def _crio_drop_ins(path: str) -> str:
-    """CRI-O's drop-in directory for the main config ``path``."""
-    return os.path.join(os.path.dirname(path), "crio.conf.d")
-
-
-def _crio_cdi(options: DoctorOptions) -> Optional[EngineCdi]:
-    """CRI-O's CDI injection (always on); None when CRI-O has no config or it does not
-    load (the ``crio`` finding says so)."""
-    from nvshim.node.crio import read_handlers
-
-    path = options.crio_config
-    drop_ins = _crio_drop_ins(path)
-    if not os.path.exists(path) and not os.path.isdir(drop_ins):
-        return None
-    try:
-        seen = read_handlers(path, drop_ins)
-    except NvshimError:
-        return None
-    spec_dirs = seen.cdi_spec_dirs if seen.cdi_spec_dirs is not None else DEFAULT_CDI_SPEC_DIRS
-    ours = sorted(n for n, b in seen.handlers.items() if is_nvshim(n, b, options))
-    if ours:
-        named = ", ".join(f'"{n}"' for n in ours)
-        hand_off = f"CRI-O passes every container annotation on to nvshim's runtime {named}"
-    else:
-        hand_off = "no CRI-O runtime runs nvshim"
-    return EngineCdi("CRI-O", True, "CRI-O's CDI has no off switch", spec_dirs, bool(ours),
-                     hand_off)
-
-
-def _nvshim_reads(config: Config, path: str) -> Tuple[bool, str, str]:
-    """Whether nvshim injects the devices ``cdi.k8s.io/`` annotations name, why (or why
-    not), and the change to its config at ``path`` that stops it."""
-    prefixes = [p for p in config.annotation_prefixes
-                if p.startswith(CDI_ANNOTATION_PREFIX) or CDI_ANNOTATION_PREFIX.startswith(p)]
-    if not prefixes:
-        return False, f"nvshim's annotation-prefixes do not cover {CDI_ANNOTATION_PREFIX}", ""
-    shown = ", ".join(f'"{p}"' for p in prefixes)
-    if not config.require_allocation:
-        return (True, f"nvshim's require-allocation is off, so every annotation under {shown} "
-                "is a request", f"take {shown} out of annotation-prefixes in {path}")
-    if "cdi-annotations" in config.allocation_sources:
-        return (True, "cdi-annotations is in nvshim's allocation-sources",
-                f"take cdi-annotations out of allocation-sources in {path}")
-    return False, "cdi-annotations is not in nvshim's allocation-sources", ""
-
-
-def _same_dirs(a: Sequence[str], b: Sequence[str]) -> bool:
-    """Whether two CDI spec dir lists share a directory (``/var/run`` links to ``/run``)."""
-    return bool({os.path.realpath(d) for d in a} & {os.path.realpath(d) for d in b})
-
-
-def _injection_finding(e: EngineCdi, config: Optional[Config],
-                       options: DoctorOptions) -> Finding:
-    """One engine's line: who injects the CDI devices a container is given, and whether
-    the engine and nvshim both would."""
-    dirs = ", ".join(e.spec_dirs) or "no directory"
-    named = f"the CDI devices that {CDI_ANNOTATION_PREFIX} annotations"
-    engine_line = (f"{e.engine} injects {named} and CRI CDIDevices (DRA claims) name, "
-                   f"from {dirs} ({e.why})")
-    if config is None:
-        return Finding(_CHECK_CDI, "skip", f"{engine_line if e.injects else e.why}; nvshim's "
-                       "config did not load: cannot tell whether nvshim injects them too")
-    path = options.config_path
-    reads, reason, nvshim_fix = _nvshim_reads(config, path)
-    # why nvshim does not inject what the engine hands it (when it does not)
-    why_not = e.hand_off if reads else reason
-    if e.injects is False:
-        if reads and e.hands_over:
-            own = ", ".join(config.cdi_spec_dirs) or "no directory"
-            return Finding(_CHECK_CDI, "ok", f"nvshim injects {named} name, from {own}; "
-                           f"{e.engine} injects none ({e.why}), so CRI CDIDevices (DRA "
-                           "claims) get no devices")
-        return Finding(_CHECK_CDI, "ok", f"no one injects {named} name: {e.engine}'s CDI is "
-                       f"off ({e.why}) and {why_not}")
-    if not (reads and e.hands_over):
-        if e.injects is None:
-            return Finding(_CHECK_CDI, "ok", f"{e.why}; either way nvshim does not inject "
-                           f"{named} name ({why_not})")
-        return Finding(_CHECK_CDI, "ok", f"{engine_line}; nvshim does not inject them again "
-                       f"({why_not}) and counts what {e.engine} injected as an engine grant")
-    compile_it = compile_command(path)
-    if e.injects is None:
-        return Finding(
-            _CHECK_CDI, "warn",
-            f"{e.why}: on containerd 2.x both containerd and nvshim inject {named} name "
-            f"({e.hand_off}; {reason})",
-            f"set enable_cdi in {e.switch} explicitly: false for nvshim alone, or true and "
-            f"{nvshim_fix} (then {compile_it})",
-        )
-    if _same_dirs(e.spec_dirs, config.cdi_spec_dirs):
-        again = "from the same CDI spec dirs"
-    else:
-        again = f"from its own cdi-spec-dirs, {', '.join(config.cdi_spec_dirs) or 'none'},"
-    fix = (f"{nvshim_fix}, then {compile_it}: nvshim then counts the devices {e.engine} "
-           "injected as an engine grant")
-    if e.switch:
-        fix += f"; or set enable_cdi = false in {e.switch} so that only nvshim injects"
-    return Finding(
-        _CHECK_CDI, "warn",
-        f"{e.engine} injects {named} name, from {dirs} ({e.why}), and nvshim injects them "
-        f"again {again} ({e.hand_off}; {reason}): two injections of one request, recorded "
-        "as nvshim's cdi-annotations grant rather than the engine's",
-        fix,
-    )
-
-
-def check_cdi_injection(effective: Optional[EffectiveRuntimes], config: Optional[Config],
-                        options: DoctorOptions) -> List[Finding]:
-    """Which path injects CDI devices on this node -- containerd's (``enable_cdi``, 1.7
-    and later, on by default in 2.x), CRI-O's (always on) or nvshim's -- one finding per
-    engine found; a warning when the engine and nvshim would both inject the devices a
-    ``cdi.k8s.io/`` annotation names. ``effective`` is containerd's config as read (None:
-    there is none, or it did not load)."""
-    findings: List[Finding] = []
-    path = options.containerd_config
-    if effective is None and os.path.exists(path):
-        findings.append(Finding(_CHECK_CDI, "skip", f"{path} did not load: cannot tell "
-                                "whether containerd injects CDI devices"))
-    else:
-        containerd = _containerd_cdi(effective, options)
-        if containerd is not None:
-            findings.append(_injection_finding(containerd, config, options))
-    crio = _crio_cdi(options)
-    if crio is not None:
-        findings.append(_injection_finding(crio, config, options))
-    if not findings:
-        findings.append(Finding(_CHECK_CDI, "skip", f"no containerd ({path}, or "
-                                f"{options.containerd_binary} on PATH) and no CRI-O config "
-                                f"({options.crio_config}): no engine injects CDI devices"))
-    return findings

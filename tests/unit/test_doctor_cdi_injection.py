@@ -240,7 +240,7 @@ def test_doctor_cli_prints_the_line(tmp_path: Path, capsys: pytest.CaptureFixtur
 ])
 def test_annotation_pattern_reaches_the_cdi_namespace(pattern: str, matches: bool) -> None:
     """containerd's pass-through patterns (Go path.Match: * stops at /) that reach cdi.k8s.io/."""
-    from nvshim.node.doctor_engines import _may_match_namespace
+    from nvshim.node.doctor_injection import _may_match_namespace
 
     assert _may_match_namespace(pattern) is matches
 
