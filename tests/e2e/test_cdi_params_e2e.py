@@ -38,7 +38,8 @@ DRIVER_FILE = "FakeDriverFile: 1\nModifyDeviceFiles: 1\n"
 FAKE_DRIVER = (
     "b=$(sed -n 's/.*\"bundle\" *: *\"\\([^\"]*\\)\".*/\\1/p'); "
     "r=$(tr -d '\\n' < \"$b/config.json\" "
-    "| sed -n 's/.*\"root\" *: *{ *\"path\" *: *\"\\([^\"]*\\)\".*/\\1/p'); "
+    "| sed -n 's/.*\"root\"[[:space:]]*:[[:space:]]*{[[:space:]]*\"path\"[[:space:]]*:"
+    "[[:space:]]*\"\\([^\"]*\\)\".*/\\1/p'); "
     'case "$r" in /*) ;; *) r="$b/$r" ;; esac; '
     'mount -t tmpfs -o mode=755 tmpfs "$r/proc/driver" && mkdir "$r/proc/driver/nvidia" && '
     "printf '" + DRIVER_FILE.replace("\n", "\\n") + "' > \"$r/proc/driver/nvidia/params\""
@@ -214,3 +215,27 @@ def test_spec_hook_command_names_only_nvshims_install(nvshim_bin: str, node: Any
     assert {"hookName": "createContainer", "path": "/opt/x/bin/nvshim",
             "args": ["/opt/x/bin/nvshim", "params-hook", "--params", str(host_params(node))],
             "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"]} in hooks
+
+
+def test_runtime_cdi_name_uses_the_runtimes_hook_not_the_specs(
+        runc: Any, nvshim_runtime_bin: str, nvshim_bin: str, node: Any, rootfs: Path,
+        tmp_path: Path) -> None:
+    """NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0 through nvshim-runtime from a generated spec:
+    the runtime leaves the spec's params hook out and adds its own, and the container reads
+    ModifyDeviceFiles: 0."""
+    spec_dir = tmp_path / "cdi"
+    spec_dir.mkdir()
+    (spec_dir / "nvidia.yaml").write_text(dump_spec(generated(nvshim_bin, node, tmp_path),
+                                                    "yaml"))
+    cfg = write_nvshim_config(tmp_path / "cfg-cdi", {
+        "driver-root": node.root, "runtimes": ["runc"], "cdi-spec-dirs": [str(spec_dir)]})
+    compile_node(str(cfg))
+    bundle = make_bundle(tmp_path / "b", rootfs, ["sh", "-c", PROBE],
+                         env=["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0"])
+    res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin,
+                            env={"NVSHIM_CONFIG": str(cfg), "PATH": PATH}).check()
+    assert res.stdout.startswith(zeroed(node)), res.describe()
+    config = read_config(bundle)
+    assert params_hooks(config) == []
+    args = [" ".join(h["args"]) for h in config["hooks"]["createContainer"]]
+    assert sum("nvshim-params" in a for a in args) == 1, args
