@@ -94,9 +94,12 @@ def transform_root(spec: Mapping[str, Any], old: str, new: str,
                 if isinstance(hook, dict):
                     move(hook, "path")
                     args = hook.get("args")
-                    for i in range(1, len(args) if isinstance(args, list) else 0):
+                    if not isinstance(args, list):
+                        continue
+                    for i in range(1, len(args)):
                         if args[i - 1] == _HOST_FILE_FLAG:  # nvshim's params hook reads it
-                            holder = {"v": args[i]}
-                            move(holder, "v")
-                            args[i] = holder["v"]
+                            moved = _move(args[i], old, new)
+                            if moved != args[i]:
+                                args[i] = moved
+                                changed += 1
     return out, changed
