@@ -2,12 +2,12 @@
 
 Shared by the two createContainer hooks (:mod:`nvshim.hook`, the links and ld.so.cache;
 :mod:`nvshim.params_hook`, ``ModifyDeviceFiles: 0``) so that neither imports the other's
-machinery. Standard library ``os`` and ``json`` only: both hooks start on every create.
+machinery. Standard library ``os`` and ``json`` only, ``json`` (≈ 10 ms with ``re``) when a
+state is parsed: the params hook that finds nothing to do never parses it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 
 from nvshim.errors import SpecError
@@ -30,6 +30,8 @@ def container_root(state: Mapping[str, Any]) -> str:
         raise SpecError(f"oci state: bundle must be an absolute path, got {bundle!r}")
     root = state.get("root")
     if root is None:
+        import json
+
         config_path = os.path.join(bundle, "config.json")
         try:
             with open(config_path, "rb") as handle:
@@ -48,6 +50,8 @@ def container_root(state: Mapping[str, Any]) -> str:
 
 def read_state(stream: IO[str]) -> Mapping[str, Any]:
     """The OCI state JSON object on ``stream`` (the hook's stdin)."""
+    import json
+
     try:
         state = json.load(stream)
     except ValueError as exc:

@@ -46,7 +46,7 @@ from nvshim.runtime.hookargs import PARAMS_HOOK_COMMAND, parse_params_cli
 
 TYPE_CHECKING = False  # typing costs ~4-6 ms to import; annotations only
 if TYPE_CHECKING:
-    from typing import Any, Optional, Sequence
+    from typing import Optional, Sequence
 
 __all__ = ["main", "show_params"]
 
@@ -209,12 +209,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.umask(0o077)
     try:
         host_params = parse_params_cli(sys.argv[1:] if argv is None else argv)
-        state: Any = read_state(sys.stdin)
+        state = sys.stdin.read()  # read whatever happens: runc writes it all
         text = _host_params(host_params)
         content = None if text is None else without_modification(text)
         if content is None:
             return 0  # no driver, or device-node modification is off already
-        rootfs = container_root(state)
+        import io
+
+        rootfs = container_root(read_state(io.StringIO(state)))
         if _is_host_root(rootfs):
             sys.stderr.write(f"{_PREFIX}warning: the container rootfs {rootfs} is the "
                              "host's /: nothing is mounted\n")
