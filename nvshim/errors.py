@@ -15,6 +15,8 @@ __all__ = [
     "SPEC_FILE",
     "RequestError",
     "HostError",
+    "host_error",
+    "os_reason",
     "ConfigError",
     "CdiError",
     "CdiProblem",
@@ -75,6 +77,20 @@ class RequestError(NvshimError):
 
 class HostError(NvshimError):
     """The host (driver root, device nodes, low-level runtime) is not as needed."""
+
+
+def os_reason(exc: OSError) -> str:
+    """The reason an OSError gives (its strerror), starting lower-case."""
+    text = exc.strerror or str(exc)
+    return text[:1].lower() + text[1:]
+
+
+def host_error(action: str, exc: OSError) -> HostError:
+    """The one-line HostError for ``exc``: what was being done, the file, the reason."""
+    reason = os_reason(exc)
+    if exc.filename and str(exc.filename) not in action:
+        return HostError(f"{action}: {exc.filename}: {reason}")
+    return HostError(f"{action}: {reason}")
 
 
 class ConfigError(NvshimError):

@@ -8,7 +8,12 @@ with the OCI state on stdin and only the hook entry's own environment. It:
 
 1. makes each ``--link TARGET::LINK`` symlink in the rootfs (no-op when it already points
    to TARGET, otherwise replaced atomically);
-2. writes ``/etc/ld.so.conf.d/00-nvshim.conf`` listing the ``--folder`` directories (so a
+2. makes each ``--dev-link TARGET::LINK`` under ``/dev`` whose TARGET is a character
+   device the container has (a GPU's ``/dev/dri/by-path`` links: ``/dev`` is runc's tmpfs,
+   so only a hook can; kept even when the runtime did the rest);
+3. with ``--egl-profile``, writes the EGL application profile naming the container's
+   ``/dev/nvidia<N>`` GPUs (:mod:`nvshim.runtime.appprofile`);
+4. writes ``/etc/ld.so.conf.d/00-nvshim.conf`` listing the ``--folder`` directories (so a
    later ``ldconfig`` in the container keeps them), creates ``/etc/ld.so.conf`` with an
    ``include`` line if the image has none, and rewrites ``/etc/ld.so.cache`` with the
    image's entries plus every library found in those folders.
@@ -37,17 +42,15 @@ import os
 import sys
 
 from nvshim._ocistate import container_root, read_state
-from nvshim.errors import HostError, NvshimError
+from nvshim.errors import HostError, NvshimError, host_error
 from nvshim.host import inroot as _inroot
 from nvshim.runtime.hookargs import build_hook_args, parse_hook_cli
+from nvshim.runtime.rootcache import LDCACHE, LDCONF, LDCONF_DROPIN, update_ldcache
 from nvshim.runtime.rootwork import (
-    LDCACHE,
-    LDCONF,
-    LDCONF_DROPIN,
+    apply_dev_links,
     apply_links,
-    host_error,
     is_host_root,
-    update_ldcache,
+    write_egl_profile,
 )
 
 # typing costs ~4-6 ms to import; annotations only (mypy treats TYPE_CHECKING as true).
@@ -134,9 +137,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _apply(root: _inroot.RootFd, rootfs: str, args: Any) -> None:
-    """Make the links and update the cache (the part that writes into the rootfs)."""
+    """Make the links, the ``/dev`` links and the EGL profile, and update the cache (the
+    part that writes into the rootfs)."""
     with root:
         apply_links(root, rootfs, args.link)
+        if args.dev_link:
+            apply_dev_links(root, rootfs, args.dev_link)
+        if args.egl_profile:
+            from nvshim.runtime.appprofile import minors_in_dev
+
+            minors = minors_in_dev(root)
+            if minors:
+                write_egl_profile(root, rootfs, minors)
         if args.folder:
             for line in update_ldcache(root, args.folder, None, args.host_driver_version):
                 sys.stderr.write(f"{_PREFIX}warning: {line}\n")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import click
 
 from nvshim.node.doctor import exit_code, render_json, render_text, run_checks
-from nvshim.node.findings import DEFAULT_TRAMPOLINE, DoctorOptions
+from nvshim.node.doctor_follow import NVIDIA_CONFIG
+from nvshim.node.findings import DEFAULT_HOOKS_DIRS, DEFAULT_TRAMPOLINE, DoctorOptions
 
 __all__ = ["doctor"]
 
@@ -31,9 +33,24 @@ __all__ = ["doctor"]
               help="Where /dev/nvidia* live (default: the driver root).")
 @click.option("--trampoline", default=DEFAULT_TRAMPOLINE, show_default=True,
               type=click.Path(dir_okay=False), help="The installed nvshim-runtime to check.")
+@click.option("--nvidia-config", default=NVIDIA_CONFIG, show_default=True,
+              type=click.Path(dir_okay=False),
+              help="NVIDIA's runtime config, read for accept-nvidia-visible-devices-envvar-"
+                   "when-unprivileged (unless the runtime's env names another: "
+                   "NVIDIA_CTK_CONFIG_FILE_PATH, XDG_CONFIG_HOME).")
+@click.option("--hooks-dir", "hooks_dirs", multiple=True, type=click.Path(file_okay=False),
+              metavar="DIR",
+              help="OCI hook directory of podman and CRI-O, lowest precedence first; "
+                   f"repeatable [default: {', '.join(DEFAULT_HOOKS_DIRS)}].")
+@click.option("--runtime-binary", "runtime_binaries", multiple=True,
+              type=click.Path(dir_okay=False), metavar="FILE",
+              help="A runtime an engine runs that no config doctor reads names (podman "
+                   "--runtime FILE, ctr --runc-binary FILE): followed, like the engines' "
+                   "runtimes, to the nvshim config it reads. Repeatable.")
 def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_config: str,
            crio_config: str, driver_root: Optional[str], dev_root: Optional[str],
-           trampoline: str) -> None:
+           trampoline: str, nvidia_config: str, hooks_dirs: Tuple[str, ...],
+           runtime_binaries: Tuple[str, ...]) -> None:
     """Check this node: config, containerd, Docker, CRI-O, runtimes, GPUs, driver files, CDI
     specs, runtime.
 
@@ -44,6 +61,15 @@ def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_
     of the node (for containerd, Docker and CRI-O). It also says whether the engine
     (containerd's enable_cdi, asking `containerd --version` when the config leaves it
     open; CRI-O always) or nvshim injects CDI devices, and warns when both would.
+
+    Each engine's runtime is followed to what it runs -- wrapper scripts (their
+    NVSHIM_CONFIG and exec lines), nvshim's trampoline (the config it embeds), CRI-O's
+    monitor_env -- and judged by the config IT reads (handler-config): NVIDIA's runtime
+    behind a wrapper is NVIDIA's runtime, and it is no pitfall where its own config sets
+    accept-nvidia-visible-devices-envvar-when-unprivileged = false. NVIDIA's OCI hook in
+    podman's/CRI-O's hooks.d (oci-hooks) and nvshim runtimes: that lead to NVIDIA's runtime
+    are caught too. Every fix that re-runs nvshim runtime configure keeps the flags the
+    runtime was registered with (--name, --binary, --set-as-default, ...).
     """
     kwargs: Dict[str, Any] = {
         "containerd_config": containerd_config,
@@ -52,7 +78,11 @@ def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_
         "driver_root": driver_root,
         "dev_root": dev_root,
         "trampoline": trampoline,
+        "nvidia_config": nvidia_config,
+        "runtime_binaries": tuple(os.path.abspath(b) for b in runtime_binaries),
     }
+    if hooks_dirs:
+        kwargs["hooks_dirs"] = tuple(hooks_dirs)
     if config_file is not None:
         kwargs["config_path"] = config_file
         kwargs["config_required"] = True

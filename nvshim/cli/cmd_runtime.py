@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import click
 
@@ -22,7 +22,12 @@ from nvshim.cli.options import FORMAT
 from nvshim.cli.output import info
 from nvshim.errors import UsageError
 from nvshim.node import containerd, containerd_revert, crio, docker, engine_restart
-from nvshim.node.engine_files import BACKUP_SUFFIX, FileChange, backup_path
+from nvshim.node.engine_files import (
+    BACKUP_SUFFIX,
+    FileChange,
+    backup_path,
+    default_runtime_guard,
+)
 
 __all__ = ["runtime", "configure_command", "restart_command"]
 
@@ -46,11 +51,19 @@ _RESTART = {
 }
 
 
-def _require_allocation() -> bool:
-    """nvshim's ``require-allocation`` setting (a broken config is a ConfigError)."""
-    from nvshim.config import load_config
+def _require_allocation(binary: str) -> Tuple[bool, str]:
+    """The ``require-allocation`` setting of the config the runtime ``binary`` will read, and
+    that config's path: the one an installed trampoline embeds, or a wrapper's
+    ``NVSHIM_CONFIG`` (:func:`nvshim.node.doctor_follow.follow`); when the binary does not
+    say, ``$NVSHIM_CONFIG`` or the default. A broken config is a ConfigError; a named one that
+    is missing too (the runtime fails every create without it)."""
+    from nvshim.config import config_path, load_config
+    from nvshim.node.doctor_follow import follow
 
-    return load_config().require_allocation
+    followed = follow(binary, None, binary)
+    path = followed.config if followed.kind == "nvshim" and followed.config else config_path()
+    named = followed.named if followed.config else bool(os.environ.get("NVSHIM_CONFIG"))
+    return load_config(path, required=named).require_allocation, path
 
 
 def _warn(lines: Iterable[str]) -> None:
@@ -352,7 +365,12 @@ def configure_command(
             info(f"nothing to revert in {config_path}")
         return
 
-    require_allocation = _require_allocation() if set_as_default else False
+    require_allocation = False
+    if set_as_default:
+        require_allocation, read = _require_allocation(binary)
+        if not force:  # refused here, naming the config the runtime reads
+            default_runtime_guard(name, True, False, require_allocation,
+                                  f"{read}, the config {binary} reads")
     common: Dict[str, Any] = {
         "name": name,
         "binary": binary,

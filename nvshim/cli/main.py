@@ -180,7 +180,7 @@ def _hook_options() -> List[click.Parameter]:
     """The hook's options, from its own table, for ``nvshim hook --help``."""
     from nvshim.runtime.hookargs import HOOK_OPTIONS
 
-    return [click.Option([flag], metavar=metavar, multiple=repeatable,
+    return [click.Option([flag], metavar=metavar, multiple=repeatable, is_flag=metavar is None,
                          help=f"{text[0].upper()}{text[1:]}." + (" Repeatable." if repeatable
                                                                  else ""))
             for flag, metavar, text, repeatable in HOOK_OPTIONS]
@@ -191,10 +191,11 @@ def hook(argv: List[str]) -> None:
     """Run the createContainer hook (SONAME links, ld.so.cache) — what runc calls.
 
     Makes the driver library symlinks and updates the ld.so.cache inside the container
-    rootfs; reads the OCI state on stdin. The runtime adds it as `<python> -I -S -c …`
-    (the nvshim.hook module); a CDI spec made with `nvshim cdi generate --hook-path PATH`
-    runs it as `PATH hook …`. Same code, same arguments; errors are one `nvshim hook: …`
-    line and exit 1.
+    rootfs; for graphics, the /dev/dri/by-path links of the GPUs the container has and the
+    EGL application profile naming them; reads the OCI state on stdin. The runtime adds it
+    as `<python> -I -S -c …` (the nvshim.hook module); a CDI spec made with
+    `nvshim cdi generate --hook-path PATH` runs it as `PATH hook …`. Same code, same
+    arguments; errors are one `nvshim hook: …` line and exit 1.
     """
     from nvshim.hook import main as hook_main
 

@@ -4,6 +4,10 @@ Spec-level ``containerEdits`` hold what every GPU needs
 (:func:`nvshim.runtime.hostedits.driver_edits`: control nodes, driver libraries and binaries,
 the hook, ``NVIDIA_VISIBLE_DEVICES=void``); each device holds what it adds
 (:func:`~nvshim.runtime.hostedits.gpu_edits`, :func:`~nvshim.runtime.hostedits.mig_edits`).
+With graphics or display the one hook also carries every GPU's ``/dev/dri/by-path`` links
+(``--dev-link``: made for the DRM nodes the container got) and ``--egl-profile`` (the EGL
+application profile of the ``/dev/nvidia<N>`` it got): which devices a container gets is
+known only when it starts, so the hook reads it from the container's ``/dev``.
 So a container that gets ``nvidia.com/gpu=1`` from this spec sees exactly what
 ``NVIDIA_VISIBLE_DEVICES=1`` gives through nvshim-runtime, ``ModifyDeviceFiles: 0``
 included: the spec-level edits carry nvshim's params hook
@@ -66,9 +70,12 @@ def generate_spec(
     gpus = host.gpus(gpu_method)
     devices: List[Tuple[str, Edits]] = []
     all_nodes: List[DeviceNode] = []
+    dev_links: List[Tuple[str, str]] = []
     drm = wants_drm(capabilities)
     for gpu in gpus:
-        edits = gpu_edits(gpu, host.drm(gpu) if drm else None)
+        nodes = host.drm(gpu) if drm else None
+        dev_links += nodes.links if nodes is not None else ()
+        edits = gpu_edits(gpu, nodes)
         all_nodes.extend(edits.device_nodes)
         if "index" in strategies:
             devices.append((str(gpu.index), edits))
@@ -86,8 +93,11 @@ def generate_spec(
         devices.append(("all", Edits(device_nodes=_dedupe_nodes(all_nodes))))
     if not devices:
         raise CdiError(f"no GPUs found under {host.driver_root}: nothing to put in a CDI spec")
+    # one hook for every device: each GPU's by-path links (the hook makes those whose node
+    # the container got) and the EGL profile (of the /dev/nvidia<N> it got)
     common = driver_edits(host.control_nodes(capabilities), host.libraries(capabilities),
-                          host.driver_files(capabilities), hook_command)
+                          host.driver_files(capabilities), hook_command,
+                          dev_links=dev_links, egl_profile=drm)
     if params_command:
         import os
 

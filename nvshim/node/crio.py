@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from nvshim._record import dataclass
+from nvshim._record import dataclass, field
 from nvshim.errors import ConfigError, UsageError
 from nvshim.node.engine_files import (
     ConfigureOutcome,
@@ -102,6 +102,8 @@ class CrioRuntimes:
     default_runtime: Optional[str]
     files: Tuple[str, ...]
     cdi_spec_dirs: Optional[Tuple[str, ...]] = None
+    envs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Each handler's ``monitor_env`` (conmon's environment, which the runtime inherits)."""
 
 
 def _drop_in_dir(config_path: str) -> str:
@@ -322,6 +324,7 @@ def read_handlers(config_path: str = DEFAULT_CONFIG,
     handlers: Dict[str, Optional[str]] = {}
     default: Optional[str] = None
     spec_dirs: Optional[Tuple[str, ...]] = None
+    envs: Dict[str, Dict[str, str]] = {}
     seen = []
     for path in paths:
         text = read_text(path, "CRI-O config")
@@ -341,5 +344,9 @@ def read_handlers(config_path: str = DEFAULT_CONFIG,
                 handlers[handler_name] = value
             else:
                 handlers.setdefault(handler_name, None)
+            if isinstance(table, dict) and isinstance(table.get("monitor_env"), list):
+                envs[handler_name] = {
+                    k: v for k, _, v in (e.partition("=") for e in table["monitor_env"]
+                                         if isinstance(e, str) and "=" in e)}
     return CrioRuntimes(config_path=config_path, handlers=handlers, default_runtime=default,
-                        files=tuple(seen), cdi_spec_dirs=spec_dirs)
+                        files=tuple(seen), cdi_spec_dirs=spec_dirs, envs=envs)

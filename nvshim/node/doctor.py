@@ -63,11 +63,24 @@ The checks, by name:
     skips (owned by another uid, writable by others, in a directory others can write) fails.
 ``trampoline``
     the installed ``nvshim-runtime`` sh trampoline is what this nvshim renders.
+``handler-config``
+    the config each engine runtime that leads to nvshim-runtime reads -- through wrapper
+    scripts, the trampoline's embedded path, CRI-O's ``monitor_env``, and the
+    ``--runtime-binary`` ones -- exists, loads, does not chain into NVIDIA's runtime
+    (``runtimes:``), and has require-allocation on where a pod can pick it by RuntimeClass
+    (:mod:`nvshim.node.doctor_reach`). ``default-runtime``, ``docker`` and ``crio`` judge
+    a default runtime by the config it reads, and NVIDIA's runtime by its own
+    ``accept-nvidia-visible-devices-envvar-when-unprivileged``. A ``config`` that no runtime
+    found reads is not failed for being missing.
+``oci-hooks``
+    NVIDIA's hook in podman's and CRI-O's hooks.d, for every container (``"always": true``)
+    or a matching few (:mod:`nvshim.node.doctor_hooks`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import List, Sequence
 
 from nvshim.config import Config
@@ -88,6 +101,7 @@ from nvshim.node.doctor_engines import (
     check_runtime_binary,
 )
 from nvshim.node.doctor_handlers import check_lost_handlers
+from nvshim.node.doctor_hooks import check_oci_hooks
 from nvshim.node.doctor_host import (
     check_cdi_spec_trust,
     check_cdi_specs,
@@ -96,6 +110,7 @@ from nvshim.node.doctor_host import (
     check_gpus,
     host_for,
 )
+from nvshim.node.doctor_reach import check_handler_configs, config_readers, engine_runtimes
 from nvshim.node.findings import DoctorOptions, Finding
 
 __all__ = ["run_checks", "render_text", "render_json", "exit_code"]
@@ -107,10 +122,19 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     """Every check, in a fixed order (see the module docstring)."""
     findings: List[Finding] = []
     config_finding, config = check_config(options.config_path, options.config_required)
+    runtimes = engine_runtimes(options)
+    readers = config_readers(runtimes, options)
+    if (config_finding.status == "fail" and config is not None and readers
+            and not any(os.path.realpath(r) == os.path.realpath(options.config_path)
+                        for r in readers)):
+        # missing but named (NVSHIM_CONFIG): no runtime found reads it, so no create fails
+        config_finding = Finding(
+            "config", "skip", f"no {options.config_path}, and no engine runtime found reads "
+            f"it: they read {', '.join(readers)} (handler-config)")
     findings.append(config_finding)
     findings.append(check_compiled_config(options.config_path, config))
     usable = config if config is not None else Config()
-    findings.append(check_runtimes(usable))
+    findings.append(check_runtimes(usable, options))
 
     containerd_finding, effective = check_containerd_config(options.containerd_config)
     findings.append(containerd_finding)
@@ -133,6 +157,8 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     findings.extend(check_cdi_spec_trust(usable.cdi_spec_dirs))
     findings.append(check_dev_char_links(host.dev_root))
     findings.append(check_trampoline(options.trampoline))
+    findings.extend(check_handler_configs(runtimes, config, options))
+    findings.append(check_oci_hooks(options))
     return findings
 
 

@@ -21,7 +21,7 @@ from nvshim.config import (
     runtimes_path,
 )
 from nvshim.errors import NvshimError
-from nvshim.node.findings import Finding, compile_command
+from nvshim.node.findings import DoctorOptions, Finding, compile_command
 
 __all__ = [
     "check_config",
@@ -116,10 +116,22 @@ def check_compiled_config(path: str, config: Optional[Config]) -> Finding:
     return Finding(name, "ok", f"{compiled} and {listing} match {path}")
 
 
-def check_runtimes(config: Config) -> Finding:
-    """At least one configured low-level runtime can be executed."""
+def check_runtimes(config: Config, options: Optional[DoctorOptions] = None) -> Finding:
+    """At least one configured low-level runtime can be executed, and none leads to NVIDIA's
+    runtime (which would grant again, from the env and mounts nvshim refused) or back to
+    nvshim-runtime."""
+    from nvshim.node.doctor_reach import runtimes_problem
     from nvshim.runtime.main import find_runtime
 
+    source = config.source or "the built-in defaults"
+    chained = runtimes_problem(config, options or DoctorOptions())
+    if chained is not None:
+        return Finding(
+            "runtimes", "fail",
+            f"runtimes in {source} hand every container on to another GPU runtime: {chained}; "
+            "it grants GPUs again from the env and mounts nvshim refused",
+            f"list runc or crun (or their absolute paths) under runtimes: in {source}, then "
+            f"{compile_command(source)}")
     path_env = os.environ.get("PATH")
     for name in config.runtimes:
         # the runtime's own lookup: doctor names exactly the binary a create would exec
@@ -127,7 +139,6 @@ def check_runtimes(config: Config) -> Finding:
         if found is not None:
             return Finding("runtimes", "ok", f"low-level runtime {name} found at {found}")
     where = ", ".join(config.runtimes)
-    source = config.source or "the built-in defaults"
     return Finding(
         "runtimes", "fail",
         f"none of the configured runtimes ({where}) is an executable on PATH or an absolute path: "

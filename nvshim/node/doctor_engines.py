@@ -18,7 +18,11 @@ containers that asked for no GPU get every GPU from a CUDA image's
 or by the handler names NVIDIA's tools use; :func:`~nvshim.node.findings.is_nvidia_runtime`),
 whatever nvshim's config says, or nvshim as the default while require-allocation is off.
 The fix for both: nvshim with require-allocation as the default, or a plain runtime
-(runc) as the default and GPU runtimes picked per container.
+(runc) as the default and GPU runtimes picked per container. Each runtime is followed to
+what it runs (:mod:`nvshim.node.doctor_reach`): NVIDIA's runtime behind a wrapper counts,
+NVIDIA's own ``accept-nvidia-visible-devices-envvar-when-unprivileged = false`` lifts the
+pitfall, nvshim is judged by the config its binary reads, and fixes keep the flags the
+runtime was registered with.
 
 ``cdi-injection`` (one finding per engine found, containerd and CRI-O) says which path
 injects CDI devices: the engine itself -- containerd with ``enable_cdi`` (1.7 and later;
@@ -42,6 +46,12 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 from nvshim._record import dataclass
 from nvshim.config import DEFAULT_CDI_SPEC_DIRS, Config
 from nvshim.errors import NvshimError
+from nvshim.node.doctor_reach import (
+    binary_problems,
+    default_config,
+    kept_flags,
+    nvidia_default,
+)
 from nvshim.node.findings import (
     DEFAULT_TRAMPOLINE,
     DoctorOptions,
@@ -66,53 +76,27 @@ __all__ = [
 ]
 
 
-def _binary_problems(ours: Mapping[str, Optional[str]], noun: str, key: str,
-                     unset: str = "") -> List[str]:
-    """One line per runtime whose binary (its ``key``) is unset, relative, missing or not
-    executable; ``unset`` says what an unset one means (default: ``has no <key>``)."""
-    problems = []
-    for name, binary in sorted(ours.items()):
-        who = f'{noun} "{name}"'
-        if binary is None:
-            problems.append(f"{who} {unset or f'has no {key}'}")
-        elif not os.path.isabs(binary):
-            problems.append(f"{who} {key} {binary} is not an absolute path")
-        elif not os.path.isfile(binary):
-            problems.append(f"{who} {key} {binary} does not exist")
-        elif not os.access(binary, os.X_OK):
-            problems.append(f"{who} {key} {binary} is not executable")
-    return problems
-
-
 def _configure(engine: str, path: str, default: str) -> str:
     """The ``nvshim runtime configure`` command for ``engine``'s config at ``path``."""
     flag = "" if path == default else f" --config {path}"
     return f"nvshim runtime configure --runtime {engine}{flag}"
 
 
-def _nvshim_as_default(configure: str, options: DoctorOptions) -> str:
-    """How to make nvshim the default safely: require-allocation first, then configure
-    with --set-as-default (which reads the config $NVSHIM_CONFIG names, or the default)."""
+def _nvshim_as_default(configure: str, options: DoctorOptions,
+                       binary: Optional[str] = None) -> str:
+    """How to make nvshim the default safely: require-allocation first, in the config the
+    runtime ``configure`` registers (``binary``, default the trampoline) reads, then
+    configure with --set-as-default (whose guard reads that config: $NVSHIM_CONFIG, or the
+    default, when no binary is installed)."""
     from nvshim.config import config_path
+    from nvshim.node.doctor_follow import follow
 
-    path = options.config_path
-    env = "" if path == config_path() else f"NVSHIM_CONFIG={path} "
+    followed = follow(binary or options.trampoline, None, options.trampoline)
+    path = followed.config if followed.kind == "nvshim" and followed.config and (
+        binary is not None or os.path.exists(options.trampoline)) else options.config_path
+    env = "" if path == config_path() or followed.named else f"NVSHIM_CONFIG={path} "
     return (f"set require-allocation: true in {path}, then {compile_command(path)} and "
             f"{env}{configure} --set-as-default")
-
-
-def _nvidia_default(check: str, engine: str, default: str, binary: Optional[str],
-                    fix: str) -> Finding:
-    """The pitfall with NVIDIA's runtime as ``engine``'s default (``binary`` its path)."""
-    runs = f" ({binary})" if binary else ""
-    return Finding(
-        check, "fail",
-        f'{engine}\'s default runtime "{default}" is NVIDIA\'s runtime{runs}: every container '
-        "that names no runtime runs through it, and it grants GPUs from the image's env, so "
-        "containers that request no GPU get every GPU from CUDA images' "
-        "NVIDIA_VISIBLE_DEVICES=all",
-        fix,
-    )
 
 
 # --------------------------------------------------------------------------- containerd
@@ -188,6 +172,21 @@ def _configure_containerd(path: str) -> str:
     return _configure("containerd", path, DEFAULT_CONFIG)
 
 
+def _containerd_configure(effective: EffectiveRuntimes, options: DoctorOptions,
+                          binary: Optional[str] = None) -> str:
+    """``nvshim runtime configure`` for containerd with the flags nvshim's handler was
+    written with (read back from its drop-in), ``binary`` replacing its BinaryName."""
+    from nvshim.node.doctor_handlers import is_nvshim_drop_in, reconfigure_command
+
+    for handler in sorted(_nvshim_handlers(effective, options)):
+        for path in effective.declared.get(handler, ()):
+            if path != effective.config_path and is_nvshim_drop_in(path):
+                return reconfigure_command(effective.config_path, path, effective.version,
+                                           options, binary=binary)
+    command = _configure_containerd(effective.config_path)
+    return command + (f" --binary {binary}" if binary and binary != DEFAULT_TRAMPOLINE else "")
+
+
 def check_runtime_binary(effective: EffectiveRuntimes, options: DoctorOptions) -> Finding:
     """The nvshim handler's BinaryName exists and is executable."""
     name = "containerd-runtime-binary"
@@ -198,14 +197,14 @@ def check_runtime_binary(effective: EffectiveRuntimes, options: DoctorOptions) -
             f"containerd config {effective.config_path} has no nvshim runtime handler",
             _configure_containerd(effective.config_path),
         )
-    bad = _binary_problems(ours, "handler", "BinaryName",
+    bad = binary_problems(ours, "handler", "BinaryName",
                            "has no options.BinaryName, so containerd runs plain runc")
     good = [f'handler "{handler}" runs {binary}' for handler, binary in sorted(ours.items())]
     if bad:
         return Finding(
             name, "fail", "; ".join(bad) + ": its containers get no GPUs or fail to start",
-            f"install nvshim (./install.sh), or re-run nvshim runtime configure "
-            f"--binary {DEFAULT_TRAMPOLINE}",
+            f"install nvshim (./install.sh), or re-run "
+            f"{_containerd_configure(effective, options, DEFAULT_TRAMPOLINE)}",
         )
     return Finding(name, "ok", "; ".join(good))
 
@@ -218,15 +217,15 @@ def check_default_runtime(
     name = "default-runtime"
     default = effective.default_runtime_name
     ours = _nvshim_handlers(effective, options)
-    if default in effective.handlers and is_nvidia_runtime(
-            default, effective.handlers[default], options):
-        configure = _configure_containerd(effective.config_path)
-        return _nvidia_default(
-            name, "containerd", default, effective.handlers[default],
-            f"{_nvshim_as_default(configure, options)}; or make runc the default again "
-            f"(default_runtime_name in {effective.config_path} or its drop-ins) and "
-            "select GPU runtimes by RuntimeClass",
-        )
+    if default in effective.handlers:
+        ours_binary = next(iter(ours.values()), None) if ours else None
+        nvidia = nvidia_default(
+            name, "containerd", default, effective.handlers[default], {}, options,
+            f"{_nvshim_as_default(_containerd_configure(effective, options), options, ours_binary)}"
+            f"; or make runc the default again (default_runtime_name in "
+            f"{effective.config_path} or its drop-ins) and select GPU runtimes by RuntimeClass")
+        if nvidia is not None:
+            return nvidia
     if default not in ours:
         if default not in effective.handlers and default != "runc":
             return Finding(
@@ -238,23 +237,25 @@ def check_default_runtime(
             name, "ok",
             f'containerd\'s default runtime is "{default}"; GPU pods select nvshim by RuntimeClass',
         )
+    path, config, reads = default_config(effective.handlers[default], {}, config, options)
     if config is None:
         return Finding(
-            name, "skip", "containerd's default runtime is nvshim; nvshim's config did not load"
+            name, "skip", f"containerd's default runtime is nvshim; {path}, the config it "
+            "reads, did not load"
         )
     if config.require_allocation:
         return Finding(
             name, "ok",
-            "containerd's default runtime is nvshim and require-allocation is on: "
+            f"containerd's default runtime is nvshim and require-allocation is on{reads}: "
             "only device-plugin allocations grant GPUs",
         )
     which = "" if default == "nvshim" else f' (handler "{default}")'
     return Finding(
         name, "fail",
-        f"containerd's default runtime is nvshim{which} but require-allocation is off: pods that "
-        "request no GPU get every GPU from CUDA images' NVIDIA_VISIBLE_DEVICES=all",
-        f"set require-allocation: true in {options.config_path} (then "
-        f"{compile_command(options.config_path)}), or make runc the default and use "
+        f"containerd's default runtime is nvshim{which} but require-allocation is off{reads}: "
+        "pods that request no GPU get every GPU from CUDA images' NVIDIA_VISIBLE_DEVICES=all",
+        f"set require-allocation: true in {path} (then "
+        f"{compile_command(path)}), or make runc the default and use "
         "RuntimeClass nvshim",
     )
 
@@ -273,34 +274,41 @@ def _check(
     options: DoctorOptions,
     configure: str,
     plain_default: str,
+    envs: Mapping[str, Mapping[str, str]],
 ) -> Finding:
     """Docker's or CRI-O's finding; ``where`` names the files read, ``configure`` is the
-    ``nvshim runtime configure`` command, ``plain_default`` how to make runc the default."""
-    if default is not None and default in handlers and is_nvidia_runtime(
-            default, handlers[default], options):
-        return _nvidia_default(
-            check, engine, default, handlers[default],
-            f"{_nvshim_as_default(configure, options)}; or {plain_default}",
-        )
-    ours = {n: b for n, b in handlers.items() if is_nvshim(n, b, options)}
+    ``nvshim runtime configure`` command, ``plain_default`` how to make runc the default,
+    ``envs`` each runtime's environment (CRI-O's monitor_env)."""
+    ours = {n: b for n, b in handlers.items() if is_nvshim(n, b, options, envs.get(n))}
+    kept = configure + kept_flags(ours, default)
+    if default is not None and default in handlers:
+        nvidia = nvidia_default(
+            check, engine, default, handlers[default], envs.get(default, {}), options,
+            f"{_nvshim_as_default(kept, options, next(iter(ours.values()), None))}; "
+            f"or {plain_default}")
+        if nvidia is not None:
+            return nvidia
     if not ours:
         return Finding(check, "warn", f"{where} has no nvshim runtime", configure)
-    problems = _binary_problems(ours, "runtime", key)
+    problems = binary_problems(ours, "runtime", key)
     if problems:
         return Finding(check, "fail", "; ".join(problems) + f": {engine} cannot start it",
-                       f"install nvshim (./install.sh), or re-run {configure}")
+                       f"install nvshim (./install.sh), or re-run "
+                       f"{configure + kept_flags(ours, default, DEFAULT_TRAMPOLINE)}")
     if default in ours:
-        if config is None:
-            return Finding(check, "skip", f"{engine}'s default runtime is nvshim; nvshim's "
-                           "config did not load")
-        if not config.require_allocation:
+        path, loaded, reads = default_config(ours[default], envs.get(default, {}), config,
+                                              options)
+        if loaded is None:
+            return Finding(check, "skip", f"{engine}'s default runtime is nvshim; {path}, "
+                           "the config it reads, did not load")
+        if not loaded.require_allocation:
             return Finding(
                 check, "fail",
-                f"{engine}'s default runtime is nvshim but require-allocation is off: "
+                f"{engine}'s default runtime is nvshim but require-allocation is off{reads}: "
                 "containers that request no GPU get every GPU from CUDA images' "
                 "NVIDIA_VISIBLE_DEVICES=all",
-                f"set require-allocation: true in {options.config_path} (then "
-                f"{compile_command(options.config_path)}), or {configure} without "
+                f"set require-allocation: true in {path} (then "
+                f"{compile_command(path)}), or {configure + kept_flags(ours, None)} without "
                 "--set-as-default",
             )
     names = ", ".join(f"{n} ({b})" for n, b in sorted(ours.items()))
@@ -322,7 +330,7 @@ def check_docker(path: str, config: Optional[Config], options: DoctorOptions) ->
     return _check("docker", "Docker", path, seen.runtimes, seen.default_runtime, "path",
                   config, options, _configure("docker", path, DEFAULT_CONFIG),
                   f'take "default-runtime" out of {path} (Docker then runs runc) and pick a '
-                  "GPU runtime per container with docker run --runtime")
+                  "GPU runtime per container with docker run --runtime", {})
 
 
 def _crio_files(path: str, drop_in_dir: str, files: Sequence[str]) -> str:
@@ -359,7 +367,7 @@ def check_crio(path: str, config: Optional[Config], options: DoctorOptions) -> F
                   default, "runtime_path", config, options,
                   _configure("crio", path, DEFAULT_CONFIG),
                   f"make runc the default again (default_runtime in {path} or a drop-in in "
-                  f"{drop_ins}) and select GPU runtimes by RuntimeClass")
+                  f"{drop_ins}) and select GPU runtimes by RuntimeClass", seen.envs)
 
 
 # --------------------------------------------------------------------------- CDI injection

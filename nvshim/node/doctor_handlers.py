@@ -30,7 +30,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvshim.node.containerd_read import EffectiveRuntimes
 
-__all__ = ["check_lost_handlers", "reconfigure_command"]
+__all__ = ["check_lost_handlers", "reconfigure_command", "is_nvshim_drop_in"]
 
 _CHECK = "containerd-handlers"
 _DROP_IN_MARK = "Written by `nvshim runtime configure`"
@@ -63,13 +63,15 @@ def _nvshim_handler(cri: Dict[str, Any], options: DoctorOptions
 
 
 def reconfigure_command(config_path: str, drop_in: str, version: int,
-                        options: DoctorOptions, before: Optional[Dict[str, Any]] = None) -> str:
+                        options: DoctorOptions, before: Optional[Dict[str, Any]] = None,
+                        binary: Optional[str] = None) -> str:
     """``nvshim runtime configure`` for containerd with the flags nvshim's ``drop_in`` was
     written with, so that running it changes nothing but the tables copied.
 
     ``before`` is the merged CRI table of the files loaded ahead of the drop-in (what
     configure copies): ``--enable-cdi`` is named only when the drop-in's ``enable_cdi``
-    did not come from there.
+    did not come from there. ``binary`` replaces the handler's BinaryName (a fix for a
+    missing one).
     """
     from nvshim.node.containerd_toml import (
         CDI_ANNOTATIONS,
@@ -90,8 +92,9 @@ def reconfigure_command(config_path: str, drop_in: str, version: int,
         name, handler = found
         if name != DEFAULT_NAME:
             flags.append(f"--name {name}")
-        binary = (handler.get("options") or {}).get("BinaryName")
-        if isinstance(binary, str) and binary != DEFAULT_BINARY:
+        written = (handler.get("options") or {}).get("BinaryName")
+        binary = binary or (written if isinstance(written, str) else None)
+        if binary is not None and binary != DEFAULT_BINARY:
             flags.append(f"--binary {binary}")
         if (cri.get("containerd") or {}).get("default_runtime_name") == name:
             flags.append("--set-as-default")
@@ -103,7 +106,8 @@ def reconfigure_command(config_path: str, drop_in: str, version: int,
     return " ".join(["nvshim runtime configure --runtime containerd", *flags])
 
 
-def _is_nvshim_drop_in(path: str) -> bool:
+def is_nvshim_drop_in(path: str) -> bool:
+    """The file at ``path`` is a drop-in ``nvshim runtime configure`` wrote."""
     from nvshim.node.engine_files import read_text
 
     text = read_text(path)
@@ -139,7 +143,7 @@ def check_lost_handlers(effective: EffectiveRuntimes, options: DoctorOptions) ->
                "has a CRI plugin table of its own without them, and containerd before 2.1 "
                "uses only the last file's table; pods whose RuntimeClass names them fail "
                "to start")
-    if _is_nvshim_drop_in(hider):
+    if is_nvshim_drop_in(hider):
         from nvshim.node.containerd_chain import cri_tables, load_chain, merged_cri, position
         from nvshim.node.engine_files import parse_toml, read_text
 

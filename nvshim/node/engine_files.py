@@ -423,19 +423,22 @@ def set_as_default_pitfall(name: str) -> str:
 
 
 def default_runtime_guard(
-    name: str, set_as_default: bool, force: bool, require_allocation: bool
+    name: str, set_as_default: bool, force: bool, require_allocation: bool, config: str = ""
 ) -> List[str]:
     """Refuse making ``name`` an engine's default runtime while require-allocation is off.
 
     The same rule for every engine: with ``force`` the refusal becomes a warning (returned).
+    ``config`` names the config that was read (default: "nvshim's config").
     """
     if not set_as_default or require_allocation:
         return []
     if not force:
+        where = f"in {config}" if config else "in nvshim's config"
         raise UsageError(
             f'refusing to make "{name}" the default runtime while require-allocation is '
-            f"off in nvshim's config: {set_as_default_pitfall(name)}; set "
-            "require-allocation: true or pass --force"
+            f"off {where}: {set_as_default_pitfall(name)}; set "
+            f"require-allocation: true{' in ' + config.split(',')[0] if config else ''} "
+            "or pass --force"
         )
     return [
         f'"{name}" is the default runtime while require-allocation is off: '

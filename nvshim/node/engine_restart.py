@@ -120,6 +120,18 @@ def _start_time(pid: int) -> Optional[str]:
     return fields[19] if len(fields) > 19 else None
 
 
+def _ignores(pid: int, sig: signals.Signals) -> bool:
+    """Whether process ``pid`` ignores ``sig`` (its ``SigIgn`` mask in /proc)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("SigIgn:"):
+                    return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 def _wait(done: Callable[[], bool], deadline: float) -> bool:
     while True:
         if done():
@@ -159,6 +171,11 @@ def restart_containerd(mode: str, socket_path: str = DEFAULT_SOCKET, *,
             how = f"nothing owned {socket_path} to signal; waited for its supervisor"
         else:
             how = f"{sig.name} to pid {pid}"
+            if sig != signals.SIGTERM and _ignores(pid, sig):
+                # started under nohup (or by something that ignores it): the signal would do
+                # nothing, and the wait below would time out; SIGTERM stops containerd cleanly
+                how = f"SIGTERM to pid {pid} (it ignores {sig.name})"
+                sig = signals.SIGTERM
             started = _start_time(pid)
             try:
                 os.kill(pid, sig)

@@ -7,7 +7,7 @@ an engine's runtime is recognised as nvshim's or as NVIDIA's own. Shared by
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional
+from typing import Dict, Mapping, Optional, Tuple
 
 from nvshim._record import dataclass, field
 from nvshim.config import DEFAULT_CONFIG_PATH, config_path
@@ -24,6 +24,9 @@ NVIDIA_RUNTIME_BASENAMES = (
     "nvidia-container-runtime.legacy",
     "nvidia-container-runtime-experimental",
 )
+#: Where podman and CRI-O read OCI hook files, lowest precedence first (a file of the same
+#: name in a later directory masks an earlier one's).
+DEFAULT_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")
 #: Handler names NVIDIA's tools give its runtime (nvidia-ctk; the GPU operator adds the others).
 NVIDIA_RUNTIME_NAMES = ("nvidia", "nvidia-cdi", "nvidia-legacy")
 
@@ -66,6 +69,12 @@ class DoctorOptions:
     trampoline: str = DEFAULT_TRAMPOLINE
     handler_name: str = "nvshim"
     """The containerd handler name that means nvshim (besides a BinaryName of nvshim-runtime)."""
+    nvidia_config: str = "/etc/nvidia-container-runtime/config.toml"
+    """NVIDIA's runtime config, unless the runtime's env names another."""
+    hooks_dirs: Tuple[str, ...] = DEFAULT_HOOKS_DIRS
+    """OCI hook directories (podman, CRI-O), lowest precedence first."""
+    runtime_binaries: Tuple[str, ...] = ()
+    """Runtimes an engine runs that no config doctor reads names (``podman --runtime``)."""
 
 
 def compile_command(path: str) -> str:
@@ -74,22 +83,31 @@ def compile_command(path: str) -> str:
     return f"nvshim config compile{flag}"
 
 
-def is_nvshim(name: str, binary: Optional[str], options: DoctorOptions) -> bool:
-    """The runtime ``name`` (running ``binary``) is nvshim: its handler name, or a binary
-    named nvshim-runtime or the installed trampoline."""
+def is_nvshim(name: str, binary: Optional[str], options: DoctorOptions,
+              env: Optional[Mapping[str, str]] = None) -> bool:
+    """The runtime ``name`` (running ``binary`` with ``env``) is nvshim: its handler name,
+    the installed trampoline, or a binary that leads to nvshim-runtime (by its name, its
+    content, or through wrapper scripts: :func:`nvshim.node.doctor_follow.follow`)."""
     if name == options.handler_name:
         return True
     if binary is None:
         return False
-    if os.path.basename(binary) == RUNTIME_BASENAME:
+    if os.path.realpath(binary) == os.path.realpath(options.trampoline):
         return True
-    return os.path.realpath(binary) == os.path.realpath(options.trampoline)
+    from nvshim.node.doctor_follow import follow
+
+    return follow(binary, env, options.trampoline).kind == "nvshim"
 
 
-def is_nvidia_runtime(name: str, binary: Optional[str], options: DoctorOptions) -> bool:
+def is_nvidia_runtime(name: str, binary: Optional[str], options: DoctorOptions,
+                      env: Optional[Mapping[str, str]] = None) -> bool:
     """The runtime ``name`` (running ``binary``) is NVIDIA's, which grants GPUs from the
-    image's env: a binary named like NVIDIA's (whatever the handler's name), or one of
-    NVIDIA's handler names when it does not run nvshim."""
-    if binary is not None and os.path.basename(binary) in NVIDIA_RUNTIME_BASENAMES:
-        return True
-    return name in NVIDIA_RUNTIME_NAMES and not is_nvshim(name, binary, options)
+    image's env: a binary that leads to NVIDIA's (its name, or a wrapper script that execs
+    it), whatever the handler's name, or one of NVIDIA's handler names when it does not run
+    nvshim."""
+    if binary is not None:
+        from nvshim.node.doctor_follow import follow
+
+        if follow(binary, env, options.trampoline).kind == "nvidia":
+            return True
+    return name in NVIDIA_RUNTIME_NAMES and not is_nvshim(name, binary, options, env)

@@ -137,6 +137,7 @@ def hook_line(hook: Hook) -> str:
     own hook, what it does (SONAME links, ld.so.cache folders) instead of its long argv."""
     from nvshim.runtime.hookargs import (
         is_nvshim_hook,
+        parse_graphics_args,
         parse_hook_args,
         parse_host_driver_version,
     )
@@ -147,6 +148,11 @@ def hook_line(hook: Hook) -> str:
         version = parse_host_driver_version(hook.args)
         if version:
             what += f", CUDA compat check against driver {version}"
+        dev_links, egl = parse_graphics_args(hook.args)
+        if dev_links:
+            what += f", {_plural(len(dev_links), '/dev/dri/by-path link')}"
+        if egl:
+            what += ", EGL application profile"
         return f"{hook.hook_name}: nvshim hook ({hook.path}): {what}"
     return " ".join([f"{hook.hook_name}: {hook.path}", *(_arg(a) for a in hook.args[1:])])
 

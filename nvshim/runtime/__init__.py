@@ -10,8 +10,9 @@ Owns, by job:
   ``kubelet``, ``podresources``), loaded only when a create must ask the kubelet;
 - the edits: ``create`` (plan and commit), ``hostedits``, ``extras``, ``apply``,
   ``specjson`` (reading and writing config.json);
-- the in-root work and its hook fallback: ``rootwork``, ``hookargs`` (the hook's command
-  line), ``devparams``;
+- the in-root work and its hook fallback: ``rootwork`` (who does it, and the plan),
+  ``rootcache`` (the container's ld.so.cache), ``appprofile`` (the EGL application
+  profile), ``hookargs`` (the hook's command line), ``devparams``;
 - the node plan cache a create reads: ``plancache``; the grant journal: ``grants`` (append
   at create); runc-style error logs and the debug log: ``logs``.
 

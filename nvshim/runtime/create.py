@@ -19,8 +19,8 @@ at the end, from the stages' records:
   devices (:func:`~nvshim.runtime.hostedits.inject_cdi`), the engine's devices, the
   extras (:mod:`~nvshim.runtime.extras`), the edits that give them
   (:mod:`~nvshim.runtime.hostedits`) and the params copy (:mod:`~nvshim.runtime.devparams`);
-- the rootfs decision (:class:`RootfsDecision`): who makes the SONAME links and the
-  ld.so.cache (:mod:`~nvshim.runtime.rootwork`).
+- the rootfs decision (:class:`RootfsDecision`): who makes the SONAME links, the
+  ld.so.cache and the EGL application profile (:mod:`~nvshim.runtime.rootwork`).
 
 Messages go on two channels, in the order the stages speak: notes (every decision, shown
 by ``inspect``) and warnings (what an operator must hear though the create goes on: sent
@@ -253,14 +253,22 @@ class Plan:
 
 
 def _applied(edits: Edits, by: str) -> Edits:
-    """``edits`` without nvshim's hook when the in-root work is done ``by`` the runtime or
-    by nobody."""
+    """``edits`` without nvshim's hook when the in-root work is done ``by`` the runtime
+    (but for its ``/dev`` links: runc makes ``/dev`` after the runtime) or by nobody."""
     if by not in ("runtime", "nobody"):
         return edits
     from nvshim._record import replace
-    from nvshim.runtime.hookargs import is_nvshim_hook
+    from nvshim.runtime.hookargs import dev_links_only, is_nvshim_hook
 
-    return replace(edits, hooks=tuple(h for h in edits.hooks if not is_nvshim_hook(h)))
+    hooks: List[Hook] = []
+    for hook in edits.hooks:
+        if not is_nvshim_hook(hook):
+            hooks.append(hook)
+        elif by == "runtime":
+            args = dev_links_only(hook.args)
+            if args is not None:
+                hooks.append(replace(hook, args=tuple(args)))
+    return replace(edits, hooks=tuple(hooks))
 
 
 def plan_create(
@@ -547,15 +555,17 @@ def _decide_rootwork(spec: SpecDict, bundle: str, host: Host, grant: Grant) -> R
     """Who makes the SONAME links and the ld.so.cache: the runtime (now) or the hook."""
     from nvshim.runtime import rootwork
     from nvshim.runtime.plancache import CachedHost
+    from nvshim.runtime.rootcache import elf_info
 
     # the plan cache knows the driver libraries' ELF facts; live discovery reads them
-    info = host.elf_info if isinstance(host, CachedHost) else rootwork.elf_info
+    info = host.elf_info if isinstance(host, CachedHost) else elf_info
     mounts = grant.edits.mounts
     if grant.engine is not None:
         from nvshim.runtime.engine import spec_mounts
 
         mounts = mounts + spec_mounts(spec)  # the libraries the engine mounts
-    work = rootwork.work_from_hooks(grant.edits.hooks, mounts, info)
+    work = rootwork.work_from_hooks(grant.edits.hooks, mounts, info, grant.edits.device_nodes,
+                                    spec if grant.base is None else grant.base)
     if work is None:
         return RootfsDecision()
     by, why = rootwork.decide(spec, bundle, work)
@@ -615,11 +625,14 @@ def _node_grant(host: Host, request: Request, tokens: Sequence[str], claim: Clai
     from nvshim.host.discovery import missing_files
     from nvshim.host.gpus import drm_capabilities
 
-    edits = driver_edits(host.control_nodes(caps), libraries, files, hook_command())
-    missing = missing_files(caps, libraries, files)
     drm = drm_capabilities(caps)  # DRM nodes only for the capabilities that get them
+    nodes_of = {gpu.index: host.drm(gpu) for gpu in chosen} if drm else {}
+    dev_links = tuple(link for nodes in nodes_of.values() for link in nodes.links)
+    edits = driver_edits(host.control_nodes(caps), libraries, files, hook_command(),
+                         dev_links=dev_links, egl_profile=bool(drm))
+    missing = missing_files(caps, libraries, files)
     for gpu in chosen:
-        nodes = host.drm(gpu) if drm else None
+        nodes = nodes_of.get(gpu.index)
         edits = edits + gpu_edits(gpu, nodes)
         if nodes is not None:  # a headless GPU: the container starts, inspect says so
             from nvshim.host.drm import missing_drm

@@ -294,7 +294,7 @@ def spec_mounts(spec: SpecDict) -> Tuple[Mount, ...]:
 
 #: NVIDIA's hook commands nvshim does itself (links, ld.so.cache, CUDA compat, params).
 _NVIDIA_WORK = ("create-symlinks", "update-ldcache", "enable-cuda-compat",
-                "disable-device-node-modification")
+                "disable-device-node-modification", "update-application-profile")
 
 
 @dataclass(frozen=True)
@@ -303,9 +303,11 @@ class EngineHooks:
 
     ``runnable``: a hook that makes the links and ld.so.cache is there and its binary is on
     this node. ``replaced``: (hook list, OCI hook) of those whose binary is not, to drop from
-    config.json; their work becomes ``links``, ``folders``, ``host_driver_version`` and
-    ``params`` (``ModifyDeviceFiles: 0``), and ``notes`` say so. nvshim's own params hook
-    (a generated spec's) is always replaced: the runtime's sh hook does the same, cheaper.
+    config.json; their work becomes ``links`` (those under ``/dev`` made by the hook),
+    ``folders``, ``host_driver_version``, ``params`` (``ModifyDeviceFiles: 0``) and
+    ``egl_profile`` (the EGL application profile), and ``notes`` say so. nvshim's own
+    params hook (a generated spec's) is always replaced: the runtime's sh hook does the
+    same, cheaper.
     """
 
     runnable: bool = False
@@ -315,6 +317,7 @@ class EngineHooks:
     host_driver_version: Optional[str] = None
     params: bool = False
     notes: Tuple[str, ...] = ()
+    egl_profile: bool = False
 
 
 def _nvidia_command(hook: SpecDict) -> Optional[Tuple[str, List[str]]]:
@@ -352,6 +355,7 @@ def _runnable(path: object) -> bool:
 def engine_hooks(spec: SpecDict) -> EngineHooks:
     """Classify the spec's createContainer hooks (see :class:`EngineHooks`); stat only."""
     from nvshim.runtime.hookargs import (
+        parse_graphics_args,
         parse_hook_args,
         parse_host_driver_version,
         runs_nvshim_hook,
@@ -368,6 +372,7 @@ def engine_hooks(spec: SpecDict) -> EngineHooks:
     folders: List[str] = []
     version: Optional[str] = None
     params = False
+    egl = False
     notes: List[str] = []
     for hook in listed:
         if not isinstance(hook, dict):
@@ -387,8 +392,10 @@ def engine_hooks(spec: SpecDict) -> EngineHooks:
                 runnable = True
                 continue
             more_links, more_folders = parse_hook_args(args)
-            links += more_links
+            dev_links, more_egl = parse_graphics_args(args)
+            links += more_links + dev_links
             folders += more_folders
+            egl = egl or more_egl
             version = version or parse_host_driver_version(args)
             replaced.append(("createContainer", hook))
             notes.append(f"config.json's nvshim hook {path} is not on this node: nvshim "
@@ -413,22 +420,28 @@ def engine_hooks(spec: SpecDict) -> EngineHooks:
             version = version or next(iter(_flag_values(rest, "--host-driver-version")), None)
         elif name == "disable-device-node-modification":
             params = True
+        elif name == "update-application-profile":
+            egl = True
         what = "does it instead" if name in _NVIDIA_WORK else "drops it"
         notes.append(f"config.json's hook {path} {name} is not on this node: nvshim {what}")
     return EngineHooks(runnable, tuple(replaced), tuple(dict.fromkeys(links)),
-                       tuple(dict.fromkeys(folders)), version, params, tuple(notes))
+                       tuple(dict.fromkeys(folders)), version, params, tuple(notes), egl)
 
 
 def replacement_hook(hooks: EngineHooks, hook_command: Sequence[str]) -> Optional[Hook]:
-    """nvshim's hook doing the replaced hooks' links and ld.so.cache (None: no such work);
-    :mod:`nvshim.runtime.rootwork` then decides whether the runtime does it instead."""
-    if not (hooks.links or hooks.folders):
+    """nvshim's hook doing the replaced hooks' links, ld.so.cache and EGL profile (None: no
+    such work); :mod:`nvshim.runtime.rootwork` then decides whether the runtime does it
+    instead (links under ``/dev``, such as the DRM by-path ones, stay the hook's)."""
+    if not (hooks.links or hooks.folders or hooks.egl_profile):
         return None
     from nvshim.edits import HOOK_ENV
     from nvshim.runtime.hookargs import build_hook_args
 
+    dev = [(t, link) for t, link in hooks.links if link.startswith("/dev/")]
+    root = [(t, link) for t, link in hooks.links if not link.startswith("/dev/")]
     args = tuple(hook_command) + tuple(
-        build_hook_args(hooks.links, hooks.folders, hooks.host_driver_version))
+        build_hook_args(root, hooks.folders, hooks.host_driver_version, dev,
+                        hooks.egl_profile))
     return Hook("createContainer", hook_command[0], args, HOOK_ENV)
 
 

@@ -1,10 +1,10 @@
 """The createContainer hooks' command lines, shared by the runtime (which writes them) and
 the hooks (which parse them): how a hook starts nvshim (:func:`hook_command`), the
 arguments after it (:func:`build_hook_args`, :func:`parse_hook_args`,
-:func:`parse_host_driver_version`), how to tell nvshim's hook from any other
-(:func:`is_nvshim_hook`) and how to rewrite its links (:func:`with_links`). The one
-owner of this format: edit builders, the in-root work and the hook itself read it only
-through these functions.
+:func:`parse_host_driver_version`, :func:`parse_graphics_args`), how to tell nvshim's
+hook from any other (:func:`is_nvshim_hook`) and how to rewrite it (:func:`with_links`,
+:func:`dev_links_only`). The one owner of this format: edit builders, the in-root work and
+the hook itself read it only through these functions.
 
 The second hook, ``ModifyDeviceFiles: 0`` for generated CDI specs
 (:data:`PARAMS_HOOK_MODULE`, :func:`params_hook_args`, :func:`runs_params_hook`), is its
@@ -46,7 +46,10 @@ __all__ = [
     "parse_hook_args",
     "parse_hook_cli",
     "parse_host_driver_version",
+    "parse_graphics_args",
+    "dev_links_only",
     "check_link",
+    "check_dev_link",
     "check_folder",
 ]
 
@@ -60,8 +63,10 @@ HOOK_MODULE = "nvshim.hook"
 #: parser (:func:`parse_hook_cli`) and ``nvshim hook --help`` both read them.
 HOOK_DESCRIPTION = (
     "OCI createContainer hook: make driver library symlinks and update the ld.so.cache "
-    "inside the container rootfs. Reads the OCI state on stdin."
+    "inside the container rootfs; for graphics, the /dev/dri/by-path links and the EGL "
+    "application profile. Reads the OCI state on stdin."
 )
+#: A flag's metavar None: it takes no value.
 HOOK_OPTIONS = (
     ("--link", f"TARGET{SEP}LINK", "create symlink LINK (container path) pointing to TARGET",
      True),
@@ -70,6 +75,12 @@ HOOK_OPTIONS = (
     ("--host-driver-version", "VERSION",
      "the host driver's version: a newer CUDA compat libcuda in the image "
      "(/usr/local/cuda/compat) then goes first in the ld.so.cache", False),
+    ("--dev-link", f"TARGET{SEP}LINK",
+     "create symlink LINK under /dev pointing to TARGET when TARGET is a character device "
+     "in the container's /dev (a GPU's /dev/dri/by-path links)", True),
+    ("--egl-profile", None,
+     "write the EGL application profile (EGLVisibleDGPUDevices) naming the container's "
+     "/dev/nvidia<N> GPUs", False),
 )
 
 
@@ -146,12 +157,26 @@ def split_hook_argv(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
     return args[:start], args[start:]
 
 
-def with_links(argv: Sequence[str], links: Sequence[Tuple[str, str]]) -> List[str]:
+def with_links(argv: Sequence[str], links: Sequence[Tuple[str, str]],
+               graphics: bool = True) -> List[str]:
     """nvshim's hook argv with its ``--link`` pairs replaced by ``links`` (folders and the
-    host driver version kept)."""
+    host driver version kept; the ``/dev`` links and the EGL profile too unless not
+    ``graphics``)."""
     head, _ = split_hook_argv(argv)
     _, folders = parse_hook_args(argv)
-    return head + build_hook_args(links, folders, parse_host_driver_version(argv))
+    dev_links, egl = parse_graphics_args(argv) if graphics else ([], False)
+    return head + build_hook_args(links, folders, parse_host_driver_version(argv), dev_links,
+                                  egl)
+
+
+def dev_links_only(argv: Sequence[str]) -> Optional[List[str]]:
+    """nvshim's hook argv doing only its ``/dev`` links (None when it has none): what the
+    hook still does when the runtime did the rest in the rootfs, since ``/dev`` is runc's
+    tmpfs, made after the runtime ran."""
+    dev_links, _ = parse_graphics_args(argv)
+    if not dev_links:
+        return None
+    return split_hook_argv(argv)[0] + build_hook_args((), (), None, dev_links)
 
 
 def check_link(target: str, link: str) -> None:
@@ -165,15 +190,25 @@ def check_link(target: str, link: str) -> None:
         raise UsageError(f"--link {target}{SEP}{link}: the link must be an absolute path")
 
 
+def check_dev_link(target: str, link: str) -> None:
+    check_link(target, link)
+    if not link.startswith("/dev/"):
+        raise UsageError(f"--dev-link {target}{SEP}{link}: the link must be under /dev")
+
+
 def check_folder(folder: str) -> None:
     if not folder.startswith("/"):
         raise UsageError(f"--folder {folder}: must be an absolute container path")
 
 
 def build_hook_args(links: Sequence[Tuple[str, str]], folders: Sequence[str],
-                    host_driver_version: Optional[str] = None) -> List[str]:
+                    host_driver_version: Optional[str] = None,
+                    dev_links: Sequence[Tuple[str, str]] = (),
+                    egl_profile: bool = False) -> List[str]:
     """The hook arguments after ``-m nvshim.hook`` for *links* (target, link) and *folders*;
-    *host_driver_version* turns on the CUDA forward-compatibility check (nvshim.host.cudacompat).
+    *host_driver_version* turns on the CUDA forward-compatibility check (nvshim.host.cudacompat);
+    *dev_links* are made under ``/dev`` for the device nodes the container has, and
+    *egl_profile* writes the EGL application profile (:mod:`nvshim.runtime.appprofile`).
 
     The inverse of this module's parser: ``main`` accepts exactly what this returns.
     """
@@ -186,7 +221,30 @@ def build_hook_args(links: Sequence[Tuple[str, str]], folders: Sequence[str],
     for target, link in links:
         check_link(target, link)
         args += ["--link", f"{target}{SEP}{link}"]
+    for target, link in dev_links:
+        check_dev_link(target, link)
+        args += ["--dev-link", f"{target}{SEP}{link}"]
+    if egl_profile:
+        args.append("--egl-profile")
     return args
+
+
+def _scan(argv: Sequence[str]) -> List[Tuple[str, Optional[str]]]:
+    """(option, value) of a full hook argv's arguments after the one naming the module, as
+    :func:`build_hook_args` wrote them (a flag's value is None; anything else is skipped)."""
+    rest = split_hook_argv(argv)[1]
+    takes = {flag: metavar is not None for flag, metavar, _, _ in HOOK_OPTIONS}
+    out: List[Tuple[str, Optional[str]]] = []
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        if takes.get(arg) is False:
+            out.append((arg, None))
+        elif takes.get(arg) and i + 1 < len(rest):
+            out.append((arg, rest[i + 1]))
+            i += 1
+        i += 1
+    return out
 
 
 def parse_hook_args(argv: Sequence[str]) -> Tuple[List[Tuple[str, str]], List[str]]:
@@ -195,31 +253,41 @@ def parse_hook_args(argv: Sequence[str]) -> Tuple[List[Tuple[str, str]], List[st
     The arguments start after the one naming ``nvshim.hook`` (``-m nvshim.hook`` or the
     ``-c`` boot code importing it); anything else is ignored here (the hook rejects it).
     """
-    rest = split_hook_argv(argv)[1]
     links: List[Tuple[str, str]] = []
     folders: List[str] = []
-    for i in range(0, len(rest) - 1, 2):
-        if rest[i] == "--link":
-            target, sep, link = rest[i + 1].partition(SEP)
+    for option, value in _scan(argv):
+        if option == "--link" and value is not None:
+            target, sep, link = value.partition(SEP)
             if sep:
                 links.append((target, link))
-        elif rest[i] == "--folder":
-            folders.append(rest[i + 1])
+        elif option == "--folder" and value is not None:
+            folders.append(value)
     return links, folders
 
 
 def parse_host_driver_version(argv: Sequence[str]) -> Optional[str]:
     """The ``--host-driver-version`` of a full hook argv, or None."""
-    args = list(argv)
-    for i in range(len(args) - 1):
-        if args[i] == "--host-driver-version":
-            return args[i + 1]
-    return None
+    return next((v for o, v in _scan(argv) if o == "--host-driver-version"), None)
+
+
+def parse_graphics_args(argv: Sequence[str]) -> Tuple[List[Tuple[str, str]], bool]:
+    """(``--dev-link`` pairs, whether ``--egl-profile``) of a full hook argv."""
+    dev_links: List[Tuple[str, str]] = []
+    egl = False
+    for option, value in _scan(argv):
+        if option == "--dev-link" and value is not None:
+            target, sep, link = value.partition(SEP)
+            if sep:
+                dev_links.append((target, link))
+        elif option == "--egl-profile":
+            egl = True
+    return dev_links, egl
 
 
 def parse_hook_cli(argv: Sequence[str]) -> Any:
     """The hook's own strict parser (``python -m nvshim.hook ARGS``): an argparse namespace
-    with ``link`` [(target, link)], ``folder`` [dir] and ``host_driver_version``.
+    with ``link`` [(target, link)], ``folder`` [dir], ``host_driver_version``,
+    ``dev_link`` [(target, link)] and ``egl_profile``.
 
     Accepts exactly what :func:`build_hook_args` writes; anything else is a UsageError.
     argparse is imported here, never on the create path.
@@ -234,20 +302,23 @@ def parse_hook_cli(argv: Sequence[str]) -> Any:
 
     parser = Parser(prog=f"python -I -m {HOOK_MODULE}", description=HOOK_DESCRIPTION)
     for flag, metavar, text, repeatable in HOOK_OPTIONS:
-        if repeatable:
+        if metavar is None:
+            parser.add_argument(flag, action="store_true", help=text)
+        elif repeatable:
             parser.add_argument(flag, action="append", default=[], metavar=metavar, help=text)
         else:
             parser.add_argument(flag, default=None, metavar=metavar, help=text)
     ns = parser.parse_args(list(argv))
     ns.link = [_parse_link(v) for v in ns.link]
+    ns.dev_link = [_parse_link(v, "--dev-link") for v in ns.dev_link]
     for folder in ns.folder:
         check_folder(folder)
     return ns
 
 
-def _parse_link(value: str) -> Tuple[str, str]:
+def _parse_link(value: str, flag: str = "--link") -> Tuple[str, str]:
     target, sep, link = value.partition(SEP)
     if not sep:
-        raise UsageError(f"--link {value}: expected TARGET{SEP}LINK")
-    check_link(target, link)
+        raise UsageError(f"{flag} {value}: expected TARGET{SEP}LINK")
+    (check_dev_link if flag == "--dev-link" else check_link)(target, link)
     return target, link

@@ -74,10 +74,14 @@ def hook_links(libraries: Sequence[Library],
 
 
 def hook_for_libraries(libraries: Sequence[Library], hook_command: Sequence[str],
-                       files: Sequence[DriverFile] = ()) -> Optional[Hook]:
+                       files: Sequence[DriverFile] = (),
+                       dev_links: Sequence[Tuple[str, str]] = (),
+                       egl_profile: bool = False) -> Optional[Hook]:
     """The one createContainer hook: the links (:func:`hook_links`) and ld.so.cache
-    entries for the injected library folders (``vdpau/`` is a plugin folder, not one)."""
-    if not libraries or not hook_command:
+    entries for the injected library folders (``vdpau/`` is a plugin folder, not one);
+    for graphics, the GPUs' ``/dev/dri/by-path`` links (``dev_links``, made for the nodes
+    the container has) and the EGL application profile (``egl_profile``)."""
+    if not hook_command or not (libraries or dev_links or egl_profile):
         return None
     from nvshim.runtime.hookargs import build_hook_args
 
@@ -86,7 +90,8 @@ def hook_for_libraries(libraries: Sequence[Library], hook_command: Sequence[str]
     version = next((lib.container_path.rsplit("/libcuda.so.", 1)[1] for lib in libraries
                     if "/libcuda.so." in lib.container_path), None)
     args = tuple(hook_command) + tuple(
-        build_hook_args(hook_links(libraries, files), folders, version))
+        build_hook_args(hook_links(libraries, files), folders, version, dev_links,
+                        egl_profile))
     return Hook("createContainer", hook_command[0], args, HOOK_ENV)
 
 
@@ -96,17 +101,20 @@ def driver_edits(
     files: Sequence[DriverFile],
     hook_command: Sequence[str] = (),
     env: Sequence[str] = ("NVIDIA_VISIBLE_DEVICES=void",),
+    dev_links: Sequence[Tuple[str, str]] = (),
+    egl_profile: bool = False,
 ) -> Edits:
     """What every GPU container of a node needs: control nodes, driver files, the hook.
 
     ``libraries`` are :class:`nvshim.host.discovery.Library`, ``files`` are
     :class:`nvshim.host.discovery.DriverFile`; both carry host and container paths.
+    ``dev_links`` and ``egl_profile``: see :func:`hook_for_libraries` (graphics, display).
     """
     mounts = [Mount(lib.host_path, lib.container_path, None, RO_BIND) for lib in libraries]
     for f in files:
         options = IPC_BIND if f.kind == "ipc" else RO_BIND
         mounts.append(Mount(f.host_path, f.container_path, None, options))
-    hook = hook_for_libraries(libraries, hook_command, files)
+    hook = hook_for_libraries(libraries, hook_command, files, dev_links, egl_profile)
     return Edits(
         env=tuple(env),
         device_nodes=tuple(control_nodes),
@@ -157,7 +165,8 @@ def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits
 
     CDI specs carry every driver file they were generated with; the reference injects all
     of them. We keep only what NVIDIA_DRIVER_CAPABILITIES selects (unknown files are
-    kept), and prune hook ``--link`` pairs whose target is no longer injected.
+    kept), and prune hook ``--link`` pairs whose target is no longer injected (and the
+    hook's ``/dev`` links and EGL profile unless graphics or display is asked for).
     """
     from nvshim.host.discovery import CONTROL_NODES, LIBRARY_SETS
     from nvshim.host.gpus import wants_drm
@@ -188,17 +197,18 @@ def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits
         if not runs_nvshim_hook(hook.args):
             hooks.append(hook)
             continue
-        hooks.extend(_prune_hook(hook, present))
+        hooks.extend(_prune_hook(hook, present, drm))
     return Edits(edits.env, nodes, tuple(mounts), tuple(hooks), edits.additional_gids)
 
 
-def _prune_hook(hook: Hook, present: set[str]) -> Tuple[Hook, ...]:
+def _prune_hook(hook: Hook, present: set[str], graphics: bool) -> Tuple[Hook, ...]:
     """nvshim's hook without links to files that are not injected (``present``: the
-    container paths mounted; none left: no hook). Compared by path, not name: a 64-bit and
-    a 32-bit library share their file names."""
+    container paths mounted; nothing left to do: no hook), and without its ``/dev`` links
+    and EGL profile unless ``graphics``. Compared by path, not name: a 64-bit and a 32-bit
+    library share their file names."""
     import posixpath
 
-    from nvshim.runtime.hookargs import parse_hook_args, with_links
+    from nvshim.runtime.hookargs import parse_graphics_args, parse_hook_args, with_links
 
     links, _ = parse_hook_args(hook.args)
     paths = set(present)
@@ -213,11 +223,13 @@ def _prune_hook(hook: Hook, present: set[str]) -> Tuple[Hook, ...]:
                 kept.append((target, link))
                 paths.add(link)
                 changed = True
-    if not any(".so" in p.rsplit("/", 1)[-1] for p in present):
+    dev_links, egl = parse_graphics_args(hook.args)
+    if not any(".so" in p.rsplit("/", 1)[-1] for p in present) and not (
+            graphics and (dev_links or egl)):
         return ()
     kept_sorted = [pair for pair in links if pair in kept]
-    return (Hook(hook.hook_name, hook.path, tuple(with_links(hook.args, kept_sorted)),
-                 hook.env, hook.timeout),)
+    return (Hook(hook.hook_name, hook.path,
+                 tuple(with_links(hook.args, kept_sorted, graphics)), hook.env, hook.timeout),)
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,7 @@ class CachedHost(Host):
         known = self.elf.get(path)
         if known is not None:
             return known
-        from nvshim.runtime.rootwork import elf_info
+        from nvshim.runtime.rootcache import elf_info
 
         return elf_info(path)
 
@@ -253,7 +253,7 @@ def _stat(path: str) -> Optional[List[int]]:
 
 def build(host: Host) -> Dict[str, Any]:
     """Run discovery for every capability and return the plan document (HostError as is)."""
-    from nvshim.runtime.rootwork import elf_info
+    from nvshim.runtime.rootcache import elf_info
 
     version = host.driver_version()
     module = host.module_version()

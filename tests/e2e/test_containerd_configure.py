@@ -257,9 +257,10 @@ def test_refusal_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     """--set-as-default without require-allocation exits 1 with one ``nvshim:`` line and writes nothing."""
     config = tmp_path / "config.toml"
     nvshim_config = tmp_path / "nvshim.yaml"
+    nvshim_config.write_text("require-allocation: false\n")
     done = subprocess.run(
         [sys.executable, "-m", "nvshim.cli.main", "runtime", "configure", "--config", str(config),
-         "--set-as-default"],
+         "--set-as-default", "--binary", "/nonexistent/nvshim-runtime"],  # no config embedded
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -267,4 +268,5 @@ def test_refusal_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("nvshim: refusing")
-    assert list(tmp_path.iterdir()) == []
+    assert f"require-allocation is off in {nvshim_config}, the config " in done.stderr
+    assert list(tmp_path.iterdir()) == [nvshim_config]

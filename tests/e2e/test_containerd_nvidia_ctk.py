@@ -7,7 +7,7 @@ nvidia-ctk writes ``imports = ["<dir>/conf.d/*.toml"]`` into the main file and i
 whole CRI table. containerd 1.6 and 1.7 replace an earlier file's CRI table with a later
 one's, so nvshim's ``99-nvshim.toml`` (sorting after it) must carry NVIDIA's handlers too.
 containerd 1.6 is the machine's; 1.7 is Debian 13's, fetched into a cache
-(:mod:`tests.helpers.containerd17`). ``config dump`` starts no daemon and writes nothing.
+(:mod:`tests.helpers.debian13`). ``config dump`` starts no daemon and writes nothing.
 """
 
 from __future__ import annotations
@@ -42,13 +42,9 @@ def containerd_bin(request: pytest.FixtureRequest) -> str:
     """The machine's containerd 1.6, and Debian 13's 1.7 from the test cache."""
     if request.param == "1.6":
         return require_binary("containerd")
-    from tests.helpers.containerd17 import containerd_17
-    from tests.helpers.realdriver import DownloadError
+    from tests.helpers.debian13 import containerd_17_dir, engine_or_skip
 
-    try:
-        return containerd_17()
-    except DownloadError as exc:  # no Debian mirror reachable: nothing to test 1.7 with
-        pytest.skip(f"containerd 1.7 unavailable: {exc}")
+    return str(engine_or_skip(containerd_17_dir, "containerd 1.7") / "containerd")
 
 
 def _nvshim(*args: str) -> subprocess.CompletedProcess:

@@ -4,8 +4,9 @@ runtime under require-allocation + verify-with: kubelet, through containerd's re
 The node is set up as on a GPU Operator node: ``nvidia-ctk runtime configure`` shapes
 (``imports = [".../conf.d/*.toml"]``, ``conf.d/99-nvidia.toml`` with ``nvidia``,
 ``nvidia-cdi``, ``nvidia-legacy``), then ``nvshim runtime configure --set-as-default``
-writes its drop-in. A private containerd 1.6 loads those files and runs pods over its CRI
-socket as the kubelet does. The device plugin asks for ``NVIDIA_VISIBLE_DEVICES=all`` and
+writes its drop-in. A private containerd (the machine's 1.6, and Debian 13's 1.7 with runc
+1.1.15 under nvshim: :mod:`tests.helpers.debian13`) loads those files and runs pods over its
+CRI socket as the kubelet does. The device plugin asks for ``NVIDIA_VISIBLE_DEVICES=all`` and
 is allocated nothing; ``management-pods: [kube-system/nvidia-device-plugin-*]`` grants it
 what it asks for, matched on the ``io.kubernetes.cri.*`` annotations containerd writes.
 A pod elsewhere with the same name and env gets nothing. The runtime is this checkout's,
@@ -28,6 +29,7 @@ from tests.helpers.common import remove_cgroup_tree, require_binary, require_roo
 from tests.helpers.containerd import Containerd
 from tests.helpers.containerd_samples import NVIDIA_HANDLERS, nvidia_ctk_drop_in, nvidia_ctk_main
 from tests.helpers.cri import CriClient, cri_containerd_config, import_image
+from tests.helpers.debian13 import containerd_node_engines
 
 pytestmark = pytest.mark.e2e
 
@@ -36,16 +38,17 @@ LIBDIR = "/usr/lib/x86_64-linux-gnu"
 PLUGIN = "kube-system/nvidia-device-plugin-*"
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterator[Node]:
+@pytest.fixture(scope="module", params=["1.6", "1.7"], ids=lambda v: f"containerd-{v}")
+def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+         base_rootfs: Path) -> Iterator[Node]:
     require_root()
-    require_binary("containerd")
+    bin_dir, nvshim_runc = containerd_node_engines(request.param)
     runc = require_binary("runc")
     from nvshim.sim.build import create_node
 
     base = tmp_path_factory.mktemp("mgmt")
     sim = create_node(str(base / "node"), gpus=3)
-    n = Node(base, sim)
+    n = Node(base, sim, request.param, nvshim_runc)
     (base / "cdi").mkdir()
     n.config(management_pods=[PLUGIN])
     tramp = base / "trampoline"
@@ -71,7 +74,8 @@ def node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterato
         cwd=REPO, capture_output=True, text=True, timeout=60,
         env={"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": n.current.read_text()})
     assert configure.returncode == 0, configure.stderr
-    n.containerd = Containerd(ctrd, namespace="k8s.io", config_text=config.read_text())
+    n.containerd = Containerd(ctrd, namespace="k8s.io", config_text=config.read_text(),
+                              bin_dir=bin_dir)
     try:
         n.containerd.start()
         import_image(n.containerd, base_rootfs, base)

@@ -1,10 +1,12 @@
 """e2e: GPUs the engine already injected (CDI by containerd 1.7+/CRI-O/podman, DRA), through
 nvshim-runtime and real runc, and through podman's own CDI injection.
 
-containerd here is 1.6 (no CDI), so its 1.7 injection is reproduced on the bundle
+containerd 1.7's injection runs twice: reproduced on a bundle run by runc
 (:func:`tests.helpers.engineinject.inject_like_engine`: ``linux.devices`` for GPU 1,
 nvidiactl and the UVM nodes, their cgroup allow rules, the driver mounts, the hooks, with or
-without the spec's ``NVIDIA_VISIBLE_DEVICES=void`` line); podman 4.3.1 injects for real.
+without the spec's ``NVIDIA_VISIBLE_DEVICES=void`` line), and for real by Debian 13's
+containerd 1.7 (``enable_cdi``) from the CRI ``CDI_devices`` field, with Debian 13's runc
+1.1.15 under nvshim (:mod:`tests.helpers.debian13`); podman 4.3.1 injects for real.
 Every container's image env says ``NVIDIA_VISIBLE_DEVICES=all``; what counts is what the
 process inside sees, what ``nvshim inspect`` says and what the grant journal records.
 """
@@ -12,10 +14,11 @@ process inside sees, what ``nvshim inspect`` says and what the grant journal rec
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 import yaml
@@ -104,49 +107,118 @@ def inspect(nvshim_bin: str, bundle: Path, env: Dict[str, str]) -> str:
     return res.stdout
 
 
+@pytest.fixture(scope="module")
+def containerd_17(node: Any, base_rootfs: Path,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Debian 13's containerd 1.7 over the module's node, injecting the CDI devices of the
+    specs in ``<base>/cdi`` itself; nvshim (this checkout) runs Debian 13's runc 1.1.15."""
+    from tests.e2e.test_kubelet_cri import cri_node
+
+    with cri_node(tmp_path_factory.mktemp("cri17"), node, "1.7", base_rootfs) as n:
+        yield n
+
+
+@pytest.fixture
+def cri17(containerd_17: Any) -> Iterator[Any]:
+    """containerd 1.7's node for one test; its pods removed afterwards."""
+    from tests.helpers.cri import CriClient
+
+    yield containerd_17
+    containerd_17.cri.remove_pods()
+    containerd_17.cri = CriClient(containerd_17.containerd.address)
+
+
+def through_containerd_17(n: Any, cdi: Dict[str, Any], void: bool, name: str,
+                          devices: List[str]) -> Tuple[str, Dict[str, Any]]:
+    """Run PROBE in a CRI container of a new pod ``name`` whose CDI_devices are ``devices``
+    and image env NVIDIA_VISIBLE_DEVICES=all, containerd injecting them from ``cdi`` (its
+    NVIDIA_VISIBLE_DEVICES=void line dropped unless ``void``): the container's output and
+    its config.json as the runtime left it."""
+    cdi = json.loads(json.dumps(cdi))
+    if not void:
+        edits = cdi["containerEdits"]
+        edits["env"] = [e for e in edits.get("env", []) if e != "NVIDIA_VISIBLE_DEVICES=void"]
+    spec = n.base / "cdi" / "nvidia.yaml"  # replaces the generated spec: one nvidia.com/gpu
+    spec.with_suffix(".tmp").write_text(yaml.safe_dump(cdi))
+    os.replace(spec.with_suffix(".tmp"), spec)
+    logs = n.base / "logs" / name
+    sandbox, config = n.cri.run_pod(name, "team-a", f"uid-{name}", logs,
+                                    f"/{n.cgroup}/{name}", "nvshim")
+    cid = n.cri.create_container(sandbox, config, "main", "docker.io/nvshim-test/busybox:1",
+                                 ["sh", "-c", PROBE + "; echo END; exec sleep 1000"],
+                                 env={"NVIDIA_VISIBLE_DEVICES": "all"}, cdi_devices=devices)
+    n.cri.start_container(cid)
+    out = str(n.cri.wait_log(logs, "main", "END"))
+    [config_json] = n.base.glob(f"state/io.containerd.runtime.v2.task/*/{cid}/config.json")
+    return out, json.loads(config_json.read_text())
+
+
+@pytest.mark.parametrize("engine", ["simulated", "containerd-1.7"])
 @pytest.mark.parametrize("require", [False, True], ids=["require-allocation off", "on"])
 @pytest.mark.parametrize("void", [True, False], ids=["void line", "no void line"])
 def test_containerd_injected_gpu_is_all_the_container_sees(
         runc: Runc, node: Any, cdi_spec: Dict[str, Any], base_rootfs: Path, tmp_path: Path,
-        nvshim_runtime_bin: str, nvshim_bin: str, require: bool, void: bool) -> None:
-    """An NVIDIA-generated spec for nvidia.com/gpu=1, injected as containerd 1.7 does, whose
-    nvidia-cdi-hook is not on this node: the container sees GPU 1's node (opens it: the
-    cgroup allows it) and the control nodes, no other GPU; nvshim made the links the hook
-    would have; inspect, the debug log and the grant journal name the engine's grant."""
+        nvshim_runtime_bin: str, nvshim_bin: str, require: bool, void: bool, engine: str,
+        request: pytest.FixtureRequest) -> None:
+    """An NVIDIA-generated spec for nvidia.com/gpu=1, injected as containerd 1.7 does (on a
+    bundle, and by containerd 1.7 itself from CDI_devices), whose nvidia-cdi-hook is not on
+    this node: the container sees GPU 1's node (opens it: the cgroup allows it) and the
+    control nodes, no other GPU; nvshim made the links the hook would have; inspect, the
+    debug log and the grant journal name the engine's grant."""
     gpu = node.gpus[1]
     absent = str(tmp_path / "absent" / "nvidia-cdi-hook")
     cdi = nvidia_style_hooks(cdi_spec, absent)
-    bundle = engine_bundle(tmp_path, base_rootfs, cdi, ["1"], void, ["sh", "-c", PROBE])
-    env = config_env(tmp_path, node, **{"require-allocation": require})
-    shown = inspect(nvshim_bin, bundle, env).splitlines()
-    assert "request from:  engine" in shown
-    assert f"engine GPUs:   1  {gpu.uuid}" in shown
-    assert (f"note:          GPU 1 ({gpu.uuid}) was injected by the engine "
-            f"(/dev/nvidia{gpu.minor} in config.json): the container holds it") in shown
+    if engine == "containerd-1.7":
+        n = request.getfixturevalue("cri17")
+        debug = tmp_path / "debug.jsonl"
+        n.config(require_allocation=require, verify_with="none", debug_log=str(debug))
+        name = f"eg-{'void' if void else 'novoid'}-{'req' if require else 'noreq'}"
+        stdout, _ = through_containerd_17(n, cdi, void, name, ["nvidia.com/gpu=1"])
+        records = [json.loads(line) for line in (n.base / "grants.jsonl").read_text().splitlines()]
+        records = [r for r in records if r["pod"] == name]
+    else:
+        bundle = engine_bundle(tmp_path, base_rootfs, cdi, ["1"], void, ["sh", "-c", PROBE])
+        env = config_env(tmp_path, node, **{"require-allocation": require})
+        debug = tmp_path / "debug.jsonl"
+        shown = inspect(nvshim_bin, bundle, env).splitlines()
+        assert "request from:  engine" in shown
+        assert f"engine GPUs:   1  {gpu.uuid}" in shown
+        assert (f"note:          GPU 1 ({gpu.uuid}) was injected by the engine "
+                f"(/dev/nvidia{gpu.minor} in config.json): the container holds it") in shown
+        res = runc.run(bundle, unique_id("engine"), runtime=nvshim_runtime_bin, env=env)
+        assert res.rc == 0, res.describe()
+        stdout = res.stdout
+        records = journal(env)
+    assert seen_devices(stdout) == gpu1_only(node), stdout
+    assert "No such device or address" in stdout, stdout  # ENXIO: allowed
+    assert "LINK-OK" in stdout and "LIB-READABLE" in stdout, stdout
+    assert [(g["source"], g["gpus"]) for g in records] == [("engine", [gpu.uuid])]
+    events = [json.loads(line) for line in debug.read_text().splitlines()]
+    request_ = next(e for e in events if e["event"] == "request" and e.get("engine"))
+    assert (request_["source"], request_["engine"]) == ("engine", [gpu.uuid])
 
-    res = runc.run(bundle, unique_id("engine"), runtime=nvshim_runtime_bin, env=env)
-    assert res.rc == 0, res.describe()
-    assert seen_devices(res.stdout) == gpu1_only(node), res.describe()
-    assert "No such device or address" in res.stdout, res.describe()  # ENXIO: allowed
-    assert "LINK-OK" in res.stdout and "LIB-READABLE" in res.stdout, res.describe()
-    assert [(g["source"], g["gpus"]) for g in journal(env)] == [("engine", [gpu.uuid])]
-    events = [json.loads(line) for line in (tmp_path / "debug.jsonl").read_text().splitlines()]
-    request = next(e for e in events if e["event"] == "request")
-    assert (request["source"], request["engine"]) == ("engine", [gpu.uuid])
 
-
+@pytest.mark.parametrize("engine", ["simulated", "containerd-1.7"])
 def test_nvshims_own_spec_without_void_line_gets_no_second_gpu(
         runc: Runc, node: Any, cdi_spec: Dict[str, Any], base_rootfs: Path, tmp_path: Path,
-        nvshim_runtime_bin: str) -> None:
-    """nvshim's own spec (its hook runnable here) injected without the void line: image env
-    NVIDIA_VISIBLE_DEVICES=all still gets GPU 1 alone, its driver files mounted once."""
-    bundle = engine_bundle(tmp_path, base_rootfs, cdi_spec, ["1"], False, ["sh", "-c", PROBE])
-    env = config_env(tmp_path, node)
-    res = runc.run(bundle, unique_id("engine"), runtime=nvshim_runtime_bin, env=env)
-    assert res.rc == 0, res.describe()
-    assert seen_devices(res.stdout) == gpu1_only(node), res.describe()
-    assert "LINK-OK" in res.stdout and "LIB-READABLE" in res.stdout, res.describe()
-    spec = json.loads((bundle / "config.json").read_text())
+        nvshim_runtime_bin: str, engine: str, request: pytest.FixtureRequest) -> None:
+    """nvshim's own spec (its hook runnable here) injected without the void line (on a
+    bundle, and by containerd 1.7 itself): image env NVIDIA_VISIBLE_DEVICES=all still gets
+    GPU 1 alone, its driver files mounted once."""
+    if engine == "containerd-1.7":
+        n = request.getfixturevalue("cri17")
+        n.config(require_allocation=False, verify_with="none")
+        stdout, spec = through_containerd_17(n, cdi_spec, False, "own-spec", ["nvidia.com/gpu=1"])
+    else:
+        bundle = engine_bundle(tmp_path, base_rootfs, cdi_spec, ["1"], False,
+                               ["sh", "-c", PROBE])
+        env = config_env(tmp_path, node)
+        res = runc.run(bundle, unique_id("engine"), runtime=nvshim_runtime_bin, env=env)
+        assert res.rc == 0, res.describe()
+        stdout = res.stdout
+        spec = json.loads((bundle / "config.json").read_text())
+    assert seen_devices(stdout) == gpu1_only(node), stdout
+    assert "LINK-OK" in stdout and "LIB-READABLE" in stdout, stdout
     destinations = [m["destination"] for m in spec["mounts"]]
     assert len(destinations) == len(set(destinations))
 

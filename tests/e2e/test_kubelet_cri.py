@@ -1,8 +1,10 @@
 """e2e: verify-with: kubelet through containerd's real CRI path, as the kubelet drives it.
 
-A private containerd 1.6 with its CRI plugin (host-network pods, no CNI, a locally imported
-busybox image as pause and workload image) gets nvshim's runtime handlers from
-``nvshim runtime configure`` itself; the test calls RunPodSandbox / CreateContainer /
+Every test runs on two nodes: the machine's containerd 1.6 with runc 1.1.5 (Debian 12), and
+Debian 13's containerd 1.7 with CDI injection on (``enable_cdi``, reading nvshim's CDI spec
+dir) and runc 1.1.15 under nvshim (:mod:`tests.helpers.debian13`). A private containerd with
+its CRI plugin (host-network pods, no CNI, a locally imported busybox image as pause and
+workload image) gets nvshim's runtime handlers from ``nvshim runtime configure`` itself; the test calls RunPodSandbox / CreateContainer /
 StartContainer over containerd's CRI gRPC socket exactly as the kubelet would, so the
 container's spec, annotations included, is what containerd writes. A PodResources server
 (tests/helpers/podresources.py, real gRPC, protobuf messages) plays the kubelet's
@@ -13,17 +15,20 @@ containerd returns from StartContainer (nvshim's line from runc's --log), and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import pytest
 
 from nvshim.node.compile import compile_node
+from nvshim.node.trampoline import render
 from tests.helpers.common import remove_cgroup_tree, require_binary, require_root, unique_id
 from tests.helpers.containerd import Containerd
 from tests.helpers.cri import (
@@ -33,23 +38,27 @@ from tests.helpers.cri import (
     import_image,
     spec_annotations,
 )
+from tests.helpers.debian13 import containerd_node_engines
 from tests.helpers.node import write_nvshim_config
 from tests.helpers.podresources import PodResourcesServer, dra
 
 pytestmark = pytest.mark.e2e
 
-TRAMPOLINE = Path("/usr/local/bin/nvshim-runtime")
 GPU = "nvidia.com/gpu"
 DEVICES = "/var/run/nvidia-container-devices"
 GPU_NODE = re.compile(r"^nvidia([0-9]+)$")
 
 
 class Node:
-    """Everything one module of tests shares: containerd, the kubelet stand-in, the GPU node."""
+    """Everything one module of tests shares: containerd, the kubelet stand-in, the GPU node.
+    ``version``: containerd's ("1.6" or "1.7"); ``runc``: the runc nvshim runs."""
 
-    def __init__(self, base: Path, sim: Any) -> None:
+    def __init__(self, base: Path, sim: Any, version: str = "1.6",
+                 runc: Optional[str] = None) -> None:
         self.base = base
         self.sim = sim
+        self.version = version
+        self.runc = runc or require_binary("runc")
         self.kubelet = PodResourcesServer(str(base / "kubelet.sock")).start()
         self.current = base / "current-config"
         self.containerd: Optional[Containerd] = None
@@ -60,7 +69,7 @@ class Node:
         """Make the runtime use an nvshim config with these settings from now on."""
         name = f"cfg-{len(list(self.base.glob('cfg-*')))}"
         values: Dict[str, Any] = {
-            "runtimes": [require_binary("runc")], "driver-root": self.sim.root,
+            "runtimes": [self.runc], "driver-root": self.sim.root,
             "require-allocation": True, "verify-with": "kubelet",
             "kubelet-socket": str(self.base / "kubelet.sock"), "kubelet-checkpoint": None,
             "grants-journal": str(self.base / "grants.jsonl"),
@@ -72,40 +81,41 @@ class Node:
         self.current.write_text(str(path))
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterator[Node]:
-    require_root()
-    require_binary("containerd")
-    require_binary("runc")
-    if not (TRAMPOLINE.is_file() and os.access(TRAMPOLINE, os.X_OK)):
-        pytest.skip(f"{TRAMPOLINE} is not installed (run ./install.sh --dev)")
-    from nvshim.sim.build import create_node
-
-    base = tmp_path_factory.mktemp("cri")
-    sim = create_node(str(base / "node"), gpus=4, shuffle_minors=True, imex_channels=3)
-    n = Node(base, sim)
+@contextlib.contextmanager
+def cri_node(base: Path, sim: Any, version: str, rootfs: Path) -> Iterator[Node]:
+    """A running :class:`Node` under ``base`` for the simulated node ``sim``: containerd
+    ``version`` ("1.6", or "1.7" with its CDI injection reading ``base/cdi``), nvshim's
+    handlers ``nvshim`` and ``nvshim-podcdi`` (this checkout's runtime), the busybox image
+    from ``rootfs``, ``base/cdi/nvidia.yaml`` from ``nvshim cdi generate``."""
+    bin_dir, runc = containerd_node_engines(version)
+    n = Node(base, sim, version, runc)
     (base / "cdi").mkdir()
     gen = subprocess.run([shutil.which("nvshim") or "nvshim", "cdi", "generate", "--driver-root",
                           sim.root, "--output", str(base / "cdi" / "nvidia.yaml")],
                          capture_output=True, text=True, timeout=60, check=False)
     assert gen.returncode == 0, gen.stderr
     n.config()
+    tramp = base / "trampoline"  # this checkout's nvshim, as install.sh renders it
+    tramp.write_text(render(sys.executable))
+    tramp.chmod(0o755)
     wrapper = base / "nvshim-runtime"
-    wrapper.write_text(f'#!/bin/sh\nNVSHIM_CONFIG=$(cat {n.current}) exec {TRAMPOLINE} "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\nNVSHIM_CONFIG=$(cat {n.current}) exec {tramp} "$@"\n')
     wrapper.chmod(0o755)
 
     config = base / "containerd.toml"
-    config.write_text(cri_containerd_config(base))
+    config.write_text(cri_containerd_config(
+        base, cdi_spec_dirs=[str(base / "cdi")] if version != "1.6" else ()))
     nvshim = [shutil.which("nvshim") or "nvshim", "runtime", "configure", "--runtime",
               "containerd", "--config", str(config), "--drop-in", "", "--binary", str(wrapper)]
     for extra in ([], ["--name", "nvshim-podcdi", "--pod-cdi-annotations"]):
         res = subprocess.run(nvshim + extra, capture_output=True, text=True, timeout=60,
                              check=False)
         assert res.returncode == 0, res.stderr
-    n.containerd = Containerd(base, namespace="k8s.io", config_text=config.read_text())
+    n.containerd = Containerd(base, namespace="k8s.io", config_text=config.read_text(),
+                              bin_dir=bin_dir)
     try:
         n.containerd.start()
-        import_image(n.containerd, base_rootfs, base)
+        import_image(n.containerd, rootfs, base)
         n.cri = CriClient(n.containerd.address)
         yield n
     finally:
@@ -115,6 +125,18 @@ def node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterato
             n.containerd.stop()
         n.kubelet.stop()
         remove_cgroup_tree(n.cgroup)
+
+
+@pytest.fixture(scope="module", params=["1.6", "1.7"], ids=lambda v: f"containerd-{v}")
+def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+         base_rootfs: Path) -> Iterator[Node]:
+    require_root()
+    from nvshim.sim.build import create_node
+
+    base = tmp_path_factory.mktemp("cri")
+    sim = create_node(str(base / "node"), gpus=4, shuffle_minors=True, imex_channels=3)
+    with cri_node(base, sim, request.param, base_rootfs) as n:
+        yield n
 
 
 @pytest.fixture
@@ -139,13 +161,16 @@ def pod(n: Node, name: str, namespace: str = "team-a", handler: str = "nvshim",
 
 def start(n: Node, p: Tuple[str, bytes, Path], env: Optional[Mapping[str, str]] = None,
           mounts: Sequence[Tuple[str, str]] = (), name: str = "main",
-          listing: str = "/dev", devices: Sequence[Tuple[str, str]] = ()) -> str:
+          listing: str = "/dev", devices: Sequence[Tuple[str, str]] = (),
+          annotations: Optional[Mapping[str, str]] = None,
+          cdi_devices: Sequence[str] = ()) -> str:
     """Create and start a container that lists ``listing``, prints END and stays up; its CRI id."""
     assert n.cri is not None
     sandbox, config, _ = p
     cid = n.cri.create_container(sandbox, config, name, "docker.io/nvshim-test/busybox:1",
                                  ["sh", "-c", f"ls {listing}; echo END; exec sleep 1000"],
-                                 env=env, mounts=mounts, devices=devices)
+                                 env=env, mounts=mounts, devices=devices,
+                                 annotations=annotations, cdi_devices=cdi_devices)
     n.cri.start_container(cid)
     return cid
 
@@ -156,9 +181,9 @@ def gpu_minors(n: Node, p: Tuple[str, bytes, Path], name: str = "main") -> List[
     return sorted(int(m.group(1)) for m in (GPU_NODE.match(x) for x in out.split()) if m)
 
 
-def grants(n: Node) -> Tuple[int, Dict[str, Any]]:
+def grants(n: Node, *flags: str) -> Tuple[int, Dict[str, Any]]:
     res = subprocess.run([shutil.which("nvshim") or "nvshim", "grants", "--journal",
-                          str(n.base / "grants.jsonl"), "--format", "json"],
+                          str(n.base / "grants.jsonl"), "--format", "json", *flags],
                          capture_output=True, text=True, timeout=60, check=False)
     return res.returncode, json.loads(res.stdout)
 
@@ -279,8 +304,14 @@ def test_pod_annotation_claim_is_refused(cri: Node) -> None:
     with pytest.raises(CriError) as info:
         cri.cri.start_container(cid)
     gpu = cri.sim.gpus[0]
-    assert (f"GPU 0 ({gpu.uuid}) is not this container's allocation: the kubelet allocated no "
-            "GPU to team-a/annotated2/second (claimed through cdi-annotations") in info.value.details
+    if cri.version == "1.6":  # nvshim injects what the annotation names
+        said = (f"GPU 0 ({gpu.uuid}) is not this container's allocation: the kubelet allocated"
+                " no GPU to team-a/annotated2/second (claimed through cdi-annotations")
+    else:  # containerd 1.7 (enable_cdi) injected it before nvshim ran
+        said = (f"GPU 0 ({gpu.uuid}), injected by the engine, is not this container's "
+                "allocation: the kubelet listed no device-plugin GPU and no DRA claim for "
+                "team-a/annotated2/second (checked via podresources)")
+    assert said in info.value.details
 
 
 def test_pod_annotation_is_no_allocation_even_without_the_kubelet(cri: Node) -> None:
@@ -436,3 +467,76 @@ def test_one_dra_claim_listed_for_two_pods_is_shared_not_a_conflict(cri: Node) -
     mine = sorted((g["pod"], g["claims"]) for g in doc["grants"] if gpu.uuid in g["gpus"])
     assert mine == [("sha", {"team-a/shared": [gpu.uuid]}),
                     ("shb", {"team-a/shared": [gpu.uuid]})]
+
+
+# --- containerd 1.7 injects CDI devices itself (enable_cdi) ---------------------------------
+
+CONTAINERD_17 = pytest.mark.parametrize("node", ["1.7"], indirect=True, ids=["containerd-1.7"])
+VIA = pytest.mark.parametrize("via", ["CDI_devices", "annotation", "both"])
+
+
+def cdi_claim(via: str, name: str) -> Dict[str, Any]:
+    """How the kubelet hands containerd a CDI device: the CRI ContainerConfig's CDI_devices
+    field (DRA since Kubernetes 1.28, the device plugin's cdi-cri strategy), a ``cdi.k8s.io/``
+    container annotation (the device plugin's cdi-annotations strategy, DRA in 1.27), or
+    both (DRA in 1.28-1.31: containerd 1.7 then injects from the field)."""
+    out: Dict[str, Any] = {}
+    if via != "annotation":
+        out["cdi_devices"] = [name]
+    if via != "CDI_devices":
+        out["annotations"] = {"cdi.k8s.io/gpu.nvidia.com_claim-uid": name}
+    return out
+
+
+@CONTAINERD_17
+@VIA
+@pytest.mark.parametrize("allocation", ["device-plugin", "dra"])
+def test_cdi_device_containerd_injects_for_the_kubelets_allocation_is_granted(
+        cri: Node, via: str, allocation: str) -> None:
+    """The CDI device the kubelet allocated, injected by containerd 1.7 itself (CDI_devices, a
+    cdi.k8s.io/ annotation or both; device plugin or DRA claim): the container sees that GPU
+    alone, image env "all" notwithstanding, and the journal holds the engine's grant (with
+    the annotation's claim beside it) verified by the kubelet."""
+    gpu = cri.sim.gpus[2]
+    name = f"cdi-{via.lower().replace('_', '')}-{allocation}"
+    if allocation == "dra":
+        device = f"nvidia.com/gpu={gpu.index}"
+        cri.kubelet.set([("team-a", name, {}, {"main": [dra("gpu", device)]})])
+    else:
+        device = f"nvidia.com/gpu={gpu.uuid}"
+        cri.kubelet.set([("team-a", name, {"main": {GPU: [gpu.uuid]}})])
+    p = pod(cri, name)
+    start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": "all"}, **cdi_claim(via, device))
+    assert gpu_minors(cri, p) == [gpu.minor]
+    rc, doc = grants(cri)
+    mine = [g for g in doc["grants"] if g["pod"] == name]
+    source = "engine" if via == "CDI_devices" else "cdi-annotations+engine"
+    assert rc == 0 and [(g["source"], g["gpus"], g["verified"], g["container"])
+                        for g in mine] == [(source, [gpu.uuid], "kubelet", "main")]
+
+
+@CONTAINERD_17
+@VIA
+def test_cdi_device_containerd_injects_outside_the_kubelets_record_is_refused(
+        cri: Node, via: str) -> None:
+    """A CDI device the kubelet did not allocate to this container (another pod's DRA
+    claim), injected by containerd 1.7 itself: the container does not start, containerd's
+    error carries one nvshim line naming the GPU, this container and the holder, and
+    ``nvshim grants --denied`` records the refusal."""
+    gpu = cri.sim.gpus[3]
+    name = f"cdithief-{via.lower().replace('_', '')}"
+    cri.kubelet.set([("team-b", "owner", {}, {"train": [dra("t", f"nvidia.com/gpu={gpu.index}",
+                                                            namespace="team-b")]}),
+                     ("team-a", name, {"main": {}})])
+    p = pod(cri, name)
+    with pytest.raises(CriError) as info:
+        start(cri, p, **cdi_claim(via, f"nvidia.com/gpu={gpu.index}"))
+    said = info.value.details
+    assert (f"nvshim: GPU 3 ({gpu.uuid}), injected by the engine, is not this container's "
+            "allocation: the kubelet gave it to team-b/owner/train (checked via podresources)"
+            ) in said
+    assert said.count("nvshim:") == 1 and "\n" not in said and "Traceback" not in said
+    _, doc = grants(cri, "--denied")
+    mine = [d for d in doc["denied"] if d["pod"] == name]
+    assert [(d["action"], d["container"]) for d in mine] == [("refused", "main")]
+    assert gpu.uuid in mine[0]["reason"]

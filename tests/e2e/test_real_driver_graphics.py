@@ -12,6 +12,8 @@ docs/real-gpu.md's table says, per capability, what is injected beside NVIDIA's 
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from pathlib import Path
 from typing import Dict, List
@@ -20,7 +22,7 @@ import pytest
 
 from nvshim.host.discovery import Host
 from nvshim.node.cdigen import generate_spec
-from nvshim.runtime.hookargs import parse_hook_args
+from nvshim.runtime.hookargs import hook_command, parse_graphics_args, parse_hook_args
 from nvshim.runtime.hostedits import hook_links
 from tests.e2e.test_real_driver import (  # noqa: F401  (fixtures, used by name)
     compute_packages,
@@ -28,6 +30,7 @@ from tests.e2e.test_real_driver import (  # noqa: F401  (fixtures, used by name)
     gpu_env,
     graphics_packages,
     graphics_root,
+    node_config,
     probe,
     probe_rootfs,
     root_file,
@@ -36,7 +39,7 @@ from tests.e2e.test_real_driver import (  # noqa: F401  (fixtures, used by name)
     show_script,
     shown,
 )
-from tests.helpers.realdriver import DriverRoot
+from tests.helpers.realdriver import LAYOUTS, DriverPackages, DriverRoot, make_driver_root
 
 pytestmark = pytest.mark.e2e
 
@@ -170,3 +173,99 @@ def test_container_sees_graphics_and_display_files(runc, nvshim_runtime_bin, tmp
     got = shown(res.stdout).get(OUTPUTCLASS)
     assert got is not None and got[1] == sha256(root_file(graphics_root, OUTPUTCLASS)), \
         res.describe()
+
+
+# ------------------------------------------------- the EGL application profile, by-path links
+
+PROFILE = "/etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf"
+PROFILE_PROBE = (f"printf 'PROFILE '; cat {PROFILE} 2>/dev/null; echo; "
+                 "for l in /dev/dri/by-path/*; do [ -L \"$l\" ] && "
+                 "echo \"LINK $l $(readlink $l) $(stat -L -c %t:%T $l)\"; done")
+
+
+@pytest.fixture(scope="module", params=LAYOUTS)
+def graphics_root2(request: pytest.FixtureRequest, graphics_packages: DriverPackages,
+                   tmp_path_factory: pytest.TempPathFactory) -> DriverRoot:
+    """A two-GPU driver root (with nvidia-drm's nodes) with the graphics packages."""
+    return make_driver_root(tmp_path_factory.mktemp(f"graphics2-{request.param}") / "root",
+                            graphics_packages, request.param, gpus=2)
+
+
+def _profile(*minors: int) -> str:
+    mask = sum(1 << m for m in minors)
+    return ('{"profiles":[{"name":"_container_","settings":["EGLVisibleDGPUDevices",'
+            f'{mask:#x}]}}],"rules":[{{"pattern":[],"profile":"_container_"}}]}}')
+
+
+def _gpu1(root: DriverRoot) -> Dict[str, object]:
+    """GPU 1's minor and its by-path links as the container should see them."""
+    gpu = next(g for g in Host(str(root.root)).gpus() if g.index == 1)
+    bus = gpu.pci_bus_id
+    return {"minor": gpu.node.minor if gpu.node else None, "links": {
+        f"/dev/dri/by-path/pci-{bus}-card": ("../card1", "e2:1"),
+        f"/dev/dri/by-path/pci-{bus}-render": ("../renderD129", "e2:81")}}
+
+
+def _seen(output: str) -> Dict[str, object]:
+    profile = re.search(r"^PROFILE (.*)$", output, re.M)
+    links = {m[0]: (m[1], m[2]) for m in re.findall(r"^LINK (\S+) (\S+) (\S+)$", output, re.M)}
+    return {"profile": profile.group(1) if profile else "", "links": links}
+
+
+def test_edits_ask_for_the_profile_and_the_by_path_links(graphics_root2):
+    """On real files, graphics: the runtime's hook and a generated CDI spec's hook carry
+    --egl-profile and the GPUs' by-path links (the spec every GPU's, for the hook to pick
+    those the container got); compute,utility: neither."""
+    host = Host(str(graphics_root2.root))
+    spec = generate_spec(host, capabilities=ALL_CAPS, hook_command=HOOK)
+    (hook,) = spec["containerEdits"]["hooks"]
+    dev_links, egl = parse_graphics_args(hook["args"])
+    assert egl
+    wanted = {link for g in host.gpus() for link in host.drm(g).links}
+    assert len(wanted) == 4 and set(dev_links) == wanted
+    plain = generate_spec(host, capabilities=("compute", "utility"), hook_command=HOOK)
+    assert parse_graphics_args(plain["containerEdits"]["hooks"][0]["args"]) == ([], False)
+
+
+@pytest.mark.parametrize("via", ["index", "cdi"])
+def test_container_sees_the_profile_and_links_of_its_gpu_only(
+        runc, nvshim_runtime_bin, tmp_path, graphics_root2, probe_rootfs, via):
+    """GPU 1 with graphics, by index (the runtime's injection) or by the CDI name from
+    nvshim cdi generate's spec: the container's 10-container.conf names GPU 1's minor only
+    (the reference's bytes) and /dev/dri/by-path has GPU 1's card and render links,
+    resolving to its nodes (226:1, 226:129), and none of GPU 0's."""
+    from nvshim.cdi.write import write_spec
+
+    settings: Dict[str, object] = {}
+    if via == "cdi":
+        spec = generate_spec(Host(str(graphics_root2.root)), capabilities=ALL_CAPS,
+                             hook_command=hook_command())
+        write_spec(str(tmp_path / "cdi" / "nvidia.json"), spec)
+        settings["cdi-spec-dirs"] = [str(tmp_path / "cdi")]
+    cfg = node_config(tmp_path, graphics_root2, **settings)
+    visible = "1" if via == "index" else "nvidia.com/gpu=1"
+    res = run_container(runc, nvshim_runtime_bin, tmp_path, graphics_root2, probe_rootfs,
+                        PROFILE_PROBE, [f"NVIDIA_VISIBLE_DEVICES={visible}",
+                                        "NVIDIA_DRIVER_CAPABILITIES=graphics,compute,utility"],
+                        cfg=cfg).check()
+    want = _gpu1(graphics_root2)
+    seen = _seen(res.stdout)
+    assert seen["profile"] == _profile(int(str(want["minor"]))), res.describe()
+    assert seen["links"] == want["links"], res.describe()
+    assert json.loads(re.sub(r"0x[0-9a-f]+", "0", str(seen["profile"])))["rules"] == [
+        {"pattern": [], "profile": "_container_"}]
+
+
+def test_the_opencl_icd_comes_with_compute_not_with_graphics_alone(graphics_root):
+    """/etc/OpenCL/vendors/nvidia.icd names libnvidia-opencl.so.1, a compute library: compute
+    gets it (with or without graphics), graphics alone does not (its library would not be
+    there), in the runtime's files and in a generated CDI spec cut to graphics."""
+    host = Host(str(graphics_root.root))
+    icd = "/etc/OpenCL/vendors/nvidia.icd"
+    assert (graphics_root.root / icd.lstrip("/")).is_file()
+    assert icd in {f.container_path for f in host.driver_files(["compute"])}
+    assert icd in {f.container_path for f in host.driver_files(["compute", "graphics"])}
+    assert icd not in {f.container_path for f in host.driver_files(["graphics"])}
+    assert icd not in {f.container_path for f in host.driver_files(["display"])}
+    spec = generate_spec(host, capabilities=("graphics",), hook_command=HOOK)
+    assert icd not in {m["containerPath"] for m in spec["containerEdits"]["mounts"]}

@@ -1,5 +1,8 @@
 """The spine, end to end: nvshim-runtime → runc/crun on a simulated GPU node.
 
+runc and crun are the machine's (Debian 12: runc 1.1.5, crun 1.8.1) and Debian 13's (runc
+1.1.15, crun 1.21, as nodes run today: :mod:`tests.helpers.debian13`).
+
 Every assertion is about what the process inside the container sees (its /dev, opening a
 node, reading and writing a library), or about what the runtime leaves on disk.
 """
@@ -39,15 +42,28 @@ def node(tmp_path_factory):
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=4, shuffle_minors=True)
 
 
-@pytest.fixture(params=["runc", "crun"])
+@pytest.fixture(params=["runc", "crun", "runc-1.1.15", "crun-1.21"])
 def engine(request, tmp_path, node, crunw):
-    """(Runc-like driver, nvshim env) for runc, and for crun through its wrapper."""
+    """(Runc-like driver, nvshim env) for runc, and for crun through its wrapper; the
+    machine's and Debian 13's."""
+    from tests.helpers.debian13 import crun_debian13, engine_or_skip, runc_debian13
+    from tests.helpers.runc import Runc, make_crun_wrapper
+
     if request.param == "runc":
         low = "runc"
         driver = request.getfixturevalue("runc")
-    else:
+    elif request.param == "crun":
         low = str(crunw)
         driver = request.getfixturevalue("crun")
+    elif request.param == "runc-1.1.15":
+        low = engine_or_skip(runc_debian13, "runc 1.1.15")
+        driver = Runc(tmp_path / "runc-root", low)
+        request.addfinalizer(driver.cleanup)
+    else:
+        crun = engine_or_skip(crun_debian13, "crun 1.21")
+        low = str(make_crun_wrapper(tmp_path, crun))
+        driver = Runc(tmp_path / "crun-root", low)
+        request.addfinalizer(driver.cleanup)
     cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": [low]})
     compile_node(str(cfg))
     env = {"NVSHIM_CONFIG": str(cfg), "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}

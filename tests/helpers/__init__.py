@@ -10,7 +10,9 @@ One module per engine, plus what they share:
 * :mod:`tests.helpers.bundle` builds busybox (and glibc-loader) root filesystems and OCI
   bundles with a tab-indented ``config.json`` like ``runc spec`` writes.
 * :mod:`tests.helpers.runc` — runc and crun (crun through a mount-namespace wrapper).
-* :mod:`tests.helpers.containerd` — a private containerd 1.6 daemon driven with ``ctr``;
+* :mod:`tests.helpers.debian13` — Debian 13's containerd 1.7, runc 1.1.15 and crun 1.21,
+  fetched once into a cache with a private apt configuration.
+* :mod:`tests.helpers.containerd` — a private containerd (1.6, or 1.7) driven with ``ctr``;
   :mod:`tests.helpers.cri` — its CRI plugin driven over gRPC as the kubelet does;
   :mod:`tests.helpers.containerd_samples` — containerd configs for the
   ``nvshim runtime configure`` tests.

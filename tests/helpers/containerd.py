@@ -1,15 +1,16 @@
-"""A private containerd 1.6 daemon driven through ``ctr``.
+"""A private containerd daemon (the machine's 1.6, or Debian 13's 1.7) driven through ``ctr``.
 
 * :func:`containerd_private_config` — the config (version 2) that keeps a test daemon off the
   host's: own root, state, sockets and opt dir; :mod:`tests.helpers.cri` builds its CRI
   daemon's config on it.
 * :class:`Containerd` — the daemon (own root/state/sockets/opt dir, unique namespace,
-  ``restrict_oom_score_adj = true``) and :meth:`Containerd.ctr_run`, which runs
+  ``restrict_oom_score_adj = true``; ``bin_dir`` picks another containerd, its shim and
+  ctr: :func:`tests.helpers.debian13.containerd_17_dir`) and :meth:`Containerd.ctr_run`, which runs
   ``ctr run --rm --rootfs --runc-binary X --runc-root <private> --fifo-dir <private>``.
   The runtime runs with the daemon's env, not ctr's: see
   :func:`~tests.helpers.common.make_env_wrapper`.
 
-What a session leaves behind: containerd 1.6 always creates ``/run/containerd/s`` for shim
+What a session leaves behind: containerd 1.6 and 1.7 always create ``/run/containerd/s`` for shim
 sockets (not configurable); the sockets go with their shims and :meth:`Containerd.stop`
 removes ``/run/containerd/s`` and ``/run/containerd`` again when it created them and they are
 empty. The cgroup ctr puts containers under (``/<namespace>``) is removed at stop.
@@ -18,6 +19,7 @@ empty. The cgroup ctr puts containers under (``/<namespace>``) is removed at sto
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,12 +77,15 @@ _RUN_CONTAINERD = Path("/run/containerd")
 
 @dataclass
 class Containerd:
-    """A private containerd 1.6 daemon under ``base`` (call :meth:`start`, then :meth:`stop`)."""
+    """A private containerd daemon under ``base`` (call :meth:`start`, then :meth:`stop`)."""
 
     base: Path
     namespace: str = field(default_factory=lambda: unique_id("nvshim-e2e"))
     config_text: Optional[str] = None
     """The daemon's whole config (default: the private one above, for ``ctr run``)."""
+    bin_dir: Optional[Path] = None
+    """Where ``containerd``, ``containerd-shim-runc-v2`` and ``ctr`` come from (default: PATH,
+    the machine's 1.6). It goes first on the daemon's PATH: containerd finds its shim there."""
     pid: Optional[int] = None
     _proc: Optional["subprocess.Popen[bytes]"] = None
     _created_run_dirs: List[Path] = field(default_factory=list)
@@ -105,8 +110,13 @@ class Containerd:
 
     def start(self, timeout: float = 30) -> None:
         """Write the config, start the daemon, wait until ``ctr version`` answers."""
-        binary = require_binary("containerd")
-        require_binary("ctr")
+        if self.bin_dir is None:
+            binary = require_binary("containerd")
+            require_binary("ctr")
+            env = None
+        else:
+            binary = str(self.bin_dir / "containerd")
+            env = {**os.environ, "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '')}"}
         if len(self.address) > 100:
             raise AssertionError(f"containerd socket path too long: {self.address}")
         for d in (self.base, self.runc_root, self.fifo_dir, self.base / "cni" / "net.d"):
@@ -121,7 +131,7 @@ class Containerd:
             self._proc = subprocess.Popen(
                 [binary, "--config", str(config)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                start_new_session=True,
+                start_new_session=True, env=env,
             )
         self.pid = self._proc.pid
 
@@ -137,8 +147,9 @@ class Containerd:
 
     def ctr(self, *args: PathLike, timeout: float = 60, env: EnvArg = None) -> RunResult:
         """``ctr --address A --namespace NS *args``."""
+        ctr = str(self.bin_dir / "ctr") if self.bin_dir is not None else "ctr"
         return execute(
-            ["ctr", "--address", self.address, "--namespace", self.namespace, *args],
+            [ctr, "--address", self.address, "--namespace", self.namespace, *args],
             env=env, timeout=timeout,
         )
 

@@ -1,8 +1,10 @@
 """Drive containerd's CRI plugin as the kubelet does: RunPodSandbox, CreateContainer, StartContainer.
 
-* :func:`cri_containerd_config` — a private containerd 1.6 config whose CRI plugin runs host-
-  network pods without CNI, uses a locally imported image as its sandbox (pause) image, and
-  gets nvshim's runtime handler from ``nvshim runtime configure`` itself.
+* :func:`cri_containerd_config` — a private containerd (1.6 or 1.7) config whose CRI plugin
+  runs host-network pods without CNI, uses a locally imported image as its sandbox (pause)
+  image, and gets nvshim's runtime handler from ``nvshim runtime configure`` itself; with
+  ``cdi_spec_dirs`` (containerd 1.7) it injects CDI devices itself (``enable_cdi``), those a
+  container's ``cdi.k8s.io/`` annotations and its CRI ``CDI_devices`` name.
 * :func:`import_image` — a busybox image (docker-archive tar built here from the host's
   busybox-static rootfs; there is no registry) imported into the ``k8s.io`` namespace.
 * :class:`CriClient` — the ``runtime.v1.RuntimeService`` calls a kubelet makes, over gRPC on
@@ -50,11 +52,15 @@ class CriError(Exception):
         self.details = details
 
 
-def cri_containerd_config(base: Path, sandbox_image: str = IMAGE) -> str:
-    """The containerd config text (version 2) with CRI set up for host-network test pods."""
+def cri_containerd_config(base: Path, sandbox_image: str = IMAGE,
+                          cdi_spec_dirs: Sequence[str] = ()) -> str:
+    """The containerd config text (version 2) with CRI set up for host-network test pods;
+    ``cdi_spec_dirs``: containerd 1.7's own CDI injection on, reading only these dirs."""
+    cdi = (f"    enable_cdi = true\n    cdi_spec_dirs = {json.dumps(list(cdi_spec_dirs))}\n"
+           if cdi_spec_dirs else "")
     return containerd_private_config(base) + f"""\
   [plugins."io.containerd.grpc.v1.cri"]
-    sandbox_image = "{sandbox_image}"
+{cdi}    sandbox_image = "{sandbox_image}"
     restrict_oom_score_adj = true
     disable_apparmor = true
     [plugins."io.containerd.grpc.v1.cri".cni]
@@ -146,9 +152,10 @@ def sandbox_config(name: str, namespace: str, uid: str, log_dir: str, cgroup_par
 def container_config(name: str, image: str, command: Sequence[str], env: Mapping[str, str],
                      mounts: Sequence[Tuple[str, str]], log_path: str,
                      annotations: Mapping[str, str],
-                     devices: Sequence[Tuple[str, str]] = ()) -> bytes:
+                     devices: Sequence[Tuple[str, str]] = (),
+                     cdi_devices: Sequence[str] = ()) -> bytes:
     """ContainerConfig{metadata=1, image=2, command=3, envs=6, mounts=7, devices=8,
-    annotations=10, log_path=11}."""
+    annotations=10, log_path=11, CDI_devices=17{name=1}} (cri-api ``api.proto``)."""
     out = _msg(1, _proto.string_field(1, name)) + _msg(2, _proto.string_field(1, image))
     out += b"".join(_proto.string_field(3, c) for c in command)
     for k, v in env.items():
@@ -160,6 +167,7 @@ def container_config(name: str, image: str, command: Sequence[str], env: Mapping
         out += _msg(8, _proto.string_field(1, container) + _proto.string_field(2, host)
                     + _proto.string_field(3, "rwm"))
     out += _map(10, annotations) + _proto.string_field(11, log_path)
+    out += b"".join(_msg(17, _proto.string_field(1, name)) for name in cdi_devices)
     return out
 
 
@@ -358,12 +366,15 @@ class CriClient:
                          command: Sequence[str], env: Optional[Mapping[str, str]] = None,
                          mounts: Sequence[Tuple[str, str]] = (),
                          annotations: Optional[Mapping[str, str]] = None,
-                         devices: Sequence[Tuple[str, str]] = ()) -> str:
+                         devices: Sequence[Tuple[str, str]] = (),
+                         cdi_devices: Sequence[str] = ()) -> str:
         """CreateContainer (containerd writes the OCI spec; no runtime runs yet) → container id.
         ``devices``: (host path, container path) of device nodes containerd puts in the spec
-        (``linux.devices`` and a cgroup rule), as it does for CDI devices it injects."""
+        (``linux.devices`` and a cgroup rule), as it does for CDI devices it injects.
+        ``cdi_devices``: fully qualified CDI names, as the kubelet sends a DRA claim's or a
+        device plugin's (``cdi-cri``) devices; containerd 1.7 injects them itself."""
         config = container_config(name, image, command, env or {}, mounts, f"{name}.log",
-                                  annotations or {}, devices)
+                                  annotations or {}, devices, cdi_devices)
         request = _proto.string_field(1, sandbox) + _msg(2, config) + _msg(3, pod_config)
         return _first_string(self.call("CreateContainer", request))
 

@@ -71,6 +71,9 @@ class _Init:
             os.kill(self.containerd, signum)
 
     def run(self) -> int:
+        # a node's init hands its daemons default dispositions: a test run under nohup (CI)
+        # must not leave containerd ignoring the installer's SIGHUP
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, self.term)
         signal.signal(signal.SIGINT, self.term)
         signal.signal(signal.SIGALRM, lambda n, f: self.signal(signal.SIGKILL))

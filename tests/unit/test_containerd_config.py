@@ -854,12 +854,19 @@ def test_cli_writes_and_summarises(etc: Path) -> None:
 
 
 def test_cli_set_as_default_refused_by_config(etc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The command reads require-allocation from nvshim's config: off refuses, on allows."""
+    """With no runtime installed at --binary, the command reads require-allocation from the
+    config $NVSHIM_CONFIG names: off refuses, on allows."""
     nvshim_config = etc.parent / "nvshim.yaml"
     monkeypatch.setenv("NVSHIM_CONFIG", str(nvshim_config))
-    args = ["configure", "--config", str(etc / "config.toml"), "--drop-in", "", "--set-as-default"]
+    args = ["configure", "--config", str(etc / "config.toml"), "--drop-in", "", "--set-as-default",
+            "--binary", str(etc.parent / "not-installed" / "nvshim-runtime")]
+    result = _invoke(args)  # named but missing: an error naming it
+    assert isinstance(result.exception, NvshimError)
+    assert str(nvshim_config) in str(result.exception)
+    nvshim_config.write_text("require-allocation: false\n")
     result = _invoke(args)
     assert isinstance(result.exception, UsageError)
+    assert f"off in {nvshim_config}, the config " in str(result.exception)
     assert not (etc / "config.toml").exists()
     pytest.importorskip("nvshim.config")
     nvshim_config.write_text("require-allocation: true\n")

@@ -26,8 +26,11 @@ CRI = 'plugins."io.containerd.grpc.v1.cri"'
 PITFALL = (
     "is NVIDIA's runtime ({binary}): every container that names no runtime runs through it, "
     "and it grants GPUs from the image's env, so containers that request no GPU get every GPU "
-    "from CUDA images' NVIDIA_VISIBLE_DEVICES=all"
+    "from CUDA images' NVIDIA_VISIBLE_DEVICES=all (no {nvidia}: "
+    "accept-nvidia-visible-devices-envvar-when-unprivileged defaults to true)"
 )
+SWITCH = ("; or set accept-nvidia-visible-devices-envvar-when-unprivileged = false in {nvidia} "
+          "(NVIDIA's own switch; GPUs then come from device-plugin mounts or CDI only)")
 
 
 @pytest.fixture(autouse=True)
@@ -95,12 +98,18 @@ def run_doctor(tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str],
     """``nvshim doctor`` in-process, looking only at ``engines``' files (others absent)."""
     absent = tmp_path / "absent"
     args = ["doctor", "--config", str(config), "--trampoline", str(absent / "trampoline"),
-            "--driver-root", str(absent / "driver")]
+            "--driver-root", str(absent / "driver"), "--nvidia-config", str(nvidia_toml(tmp_path)),
+            "--hooks-dir", str(absent / "hooks.d")]
     for engine in ("containerd", "docker", "crio"):
         args += [f"--{engine}-config", str(engines.get(engine, absent / engine / "config"))]
     with pytest.raises(SystemExit) as exc:
         main(args)
     return int(exc.value.code or 0), capsys.readouterr().out.splitlines()
+
+
+def nvidia_toml(tmp_path: Path) -> Path:
+    """Where these tests' NVIDIA runtime config goes (absent unless a test writes it)."""
+    return tmp_path / "nvidia-container-runtime" / "config.toml"
 
 
 def fail_line(lines: List[str], check: str) -> str:
@@ -121,12 +130,12 @@ def test_containerd_with_nvidia_as_default_fails_with_the_fix(
     assert rc == 1
     assert fail_line(lines, "default-runtime") == (
         "FAIL  default-runtime: containerd's default runtime \"nvidia\" "
-        + PITFALL.format(binary=NVIDIA_CTK_BINARY)
+        + PITFALL.format(binary=NVIDIA_CTK_BINARY, nvidia=nvidia_toml(tmp_path))
         + f" — fix: set require-allocation: true in {config}, then nvshim config compile "
         f"--config {config} and NVSHIM_CONFIG={config} nvshim runtime configure --runtime "
         f"containerd --config {ctrd} --set-as-default; or make runc the default again "
         f"(default_runtime_name in {ctrd} or its drop-ins) and select GPU runtimes by "
-        "RuntimeClass"
+        "RuntimeClass" + SWITCH.format(nvidia=nvidia_toml(tmp_path))
     )
 
 
@@ -141,12 +150,12 @@ def test_docker_with_nvidia_as_default_fails_with_the_fix(
     assert rc == 1
     assert fail_line(lines, "docker") == (
         "FAIL  docker: Docker's default runtime \"nvidia\" "
-        + PITFALL.format(binary="nvidia-container-runtime")
+        + PITFALL.format(binary="nvidia-container-runtime", nvidia=nvidia_toml(tmp_path))
         + f" — fix: set require-allocation: true in {config}, then nvshim config compile "
         f"--config {config} and NVSHIM_CONFIG={config} nvshim runtime configure --runtime "
         f"docker --config {daemon} --set-as-default; or take \"default-runtime\" out of "
         f"{daemon} (Docker then runs runc) and pick a GPU runtime per container with "
-        "docker run --runtime"
+        "docker run --runtime" + SWITCH.format(nvidia=nvidia_toml(tmp_path))
     )
 
 
@@ -161,12 +170,12 @@ def test_crio_with_nvidia_as_default_fails_with_the_fix(
     assert rc == 1
     assert fail_line(lines, "crio") == (
         "FAIL  crio: CRI-O's default runtime \"nvidia\" "
-        + PITFALL.format(binary=NVIDIA_CTK_BINARY)
+        + PITFALL.format(binary=NVIDIA_CTK_BINARY, nvidia=nvidia_toml(tmp_path))
         + f" — fix: set require-allocation: true in {config}, then nvshim config compile "
         f"--config {config} and NVSHIM_CONFIG={config} nvshim runtime configure --runtime "
         f"crio --config {crio} --set-as-default; or make runc the default again "
         f"(default_runtime in {crio} or a drop-in in {crio.parent / 'crio.conf.d'}) and "
-        "select GPU runtimes by RuntimeClass"
+        "select GPU runtimes by RuntimeClass" + SWITCH.format(nvidia=nvidia_toml(tmp_path))
     )
 
 
@@ -217,8 +226,9 @@ def _containerd(tmp_path: Path, default: str, handlers: List[Tuple[str, Optional
     ("runc", [("runc", "/usr/bin/nvidia-container-runtime.legacy")], "fail"),
     # NVIDIA's runtime registered but not the default: GPU pods choose it by RuntimeClass
     ("runc", [("runc", None), ("nvidia", NVIDIA_CTK_BINARY)], "ok"),
-    # nvshim under NVIDIA's handler name, require-allocation on: nvshim, not the pitfall
-    ("nvidia", [("nvidia", "/usr/local/bin/nvshim-runtime")], "ok"),
+    # nvshim under NVIDIA's handler name (a binary doctor knows by its name only, so judged
+    # by doctor's config), require-allocation on: nvshim, not the pitfall
+    ("nvidia", [("nvidia", "/nonexistent/bin/nvshim-runtime")], "ok"),
 ], ids=["operator", "cdi-variant", "legacy-name", "experimental", "runc-handler", "not-default",
         "nvshim-named-nvidia"])
 def test_containerd_default_recognised_by_binary_or_name(

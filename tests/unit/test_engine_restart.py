@@ -141,6 +141,29 @@ def test_signal_mode_signals_the_owner_and_waits_for_it_to_go(tmp_path: Path) ->
         owner.wait()
 
 
+def test_an_owner_that_ignores_sighup_gets_sigterm(tmp_path: Path) -> None:
+    """A containerd started under nohup ignores SIGHUP (Go keeps an inherited ignore): the
+    restart sends SIGTERM instead, says so, and the process goes."""
+    path = tmp_path / "nohup.sock"
+    code = ("import signal, socket, sys, time\n"
+            "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+            "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(1)\n"
+            "print('up', flush=True); time.sleep(60)\n")
+    owner = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE)
+    try:
+        assert owner.stdout is not None and owner.stdout.readline() == b"up\n"
+        reaper = threading.Thread(target=owner.wait, daemon=True)  # as a supervisor would
+        reaper.start()
+        with pytest.raises(HostError, match=rf"\(SIGTERM to pid {owner.pid} \(it ignores "
+                                            r"SIGHUP\)\)"):
+            engine_restart.restart_containerd("signal", str(path), timeout=1)
+        reaper.join(5)
+        assert owner.returncode == -signal.SIGTERM
+    finally:
+        owner.kill()
+        owner.wait()
+
+
 def test_cli_check_is_one_line_and_exit_1(tmp_path: Path) -> None:
     """`nvshim runtime restart --check` on a socket nothing answers on: one line, exit 1."""
     path = str(tmp_path / "c.sock")

@@ -158,7 +158,7 @@ def test_image_cache_over_the_size_bound_is_one_clear_line(
     """An image ld.so.cache of up to LDCACHE_MAX_BYTES is read; one byte more fails in one
     line naming the file before anything is parsed (millions of tiny entries would cost a
     create tens of seconds and gigabytes), and the image's file is left as it was."""
-    from nvshim.runtime.rootwork import LDCACHE_MAX_BYTES
+    from nvshim.runtime.rootcache import LDCACHE_MAX_BYTES
 
     bundle, rootfs = make_bundle(tmp_path)
     old = build_ldcache([CacheEntry("libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1", X86_64)])
@@ -183,7 +183,7 @@ def test_runtime_does_not_scan_a_folder_with_more_image_libraries_than_the_bound
     minute) it opens none of them, still lists the planned driver files and the image's own
     cache entries, and returns one warning line saying why."""
     from nvshim.host import inroot
-    from nvshim.runtime.rootwork import MAX_FOLDER_LIBS, update_ldcache
+    from nvshim.runtime.rootcache import MAX_FOLDER_LIBS, update_ldcache
 
     _, rootfs = make_bundle(tmp_path)
     libdir = rootfs / LIBDIR.lstrip("/")

@@ -147,6 +147,29 @@ def test_a_gpu_by_cdi_name_is_still_checked_as_a_gpu(node: Any, tmp_path: Path,
     assert "/dev/nvidiactl" in node_paths(plan)
 
 
+
+@pytest.mark.parametrize("by", ["index", "uuid"])
+def test_a_cdi_annotation_for_the_containers_own_dra_claim_is_granted(
+        node: Any, tmp_path: Path, kubelet: PodResourcesServer, by: str) -> None:
+    """A kubelet before 1.32 also passes a DRA claim's CDI devices as cdi.k8s.io/
+    annotations: the GPU the container's own claim lists is granted (not checked against
+    the device-plugin ids alone), and another pod's claim's GPU is refused naming it."""
+    gpu = node.gpus[1]
+    name = f"{GPU}={gpu.index if by == 'index' else gpu.uuid}"
+    notes = {**cri(), "cdi.k8s.io/gpu.nvidia.com_claim-uid": name}
+    kubelet.set([("team-a", "mine", {}, {"main": [dra("gpu", name)]})])
+    plan = plan_create(bundle(tmp_path, [], annotations=notes), config(node, tmp_path))
+    assert [g.uuid for g in plan.cdi_gpus] == [gpu.uuid]
+    assert (plan.request.source, plan.verified) == ("cdi-annotations", "kubelet")
+    kubelet.set([("team-b", "owner", {}, {"train": [dra("t", name, namespace="team-b")]}),
+                 ("team-a", "mine", {"main": {}})])
+    with pytest.raises(RequestError) as info:
+        plan_create(bundle(tmp_path, [], annotations=notes), config(node, tmp_path))
+    assert str(info.value) == (
+        f"GPU 1 ({gpu.uuid}) is not this container's allocation: the kubelet gave it to "
+        "team-b/owner/train (claimed through cdi-annotations, checked via podresources)")
+
+
 # --- item: privileged containers --------------------------------------------------------------
 
 

@@ -28,7 +28,7 @@ from nvshim.runtime.tokens import parse_visible_devices, select_gpus
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
-    from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
+    from typing import Dict, Mapping, Optional, Sequence, Set, Tuple, Union
 
     from nvshim.config import Config
     from nvshim.host.devices import GpuRef, MigDevice
@@ -273,16 +273,19 @@ def check_allocated(found: Verification, host: Host, gpus: Sequence[Gpu],
                     config: Config) -> Tuple[Verification, str]:
     """(the record checked against, the note saying so) when every granted GPU (``gpus``)
     and MIG device (``migs``, with their parents) is in the kubelet's record for this
-    container; else RequestError naming the first that is not, and who holds it.
+    container: named by one of its device-plugin ids, or injected by a CDI device of one of
+    its DRA claims (a kubelet before 1.32 also hands a claim's CDI devices over as
+    ``cdi.k8s.io/`` annotations); else RequestError naming the first that is not, and who
+    holds it.
 
     A refusal read from the checkpoint is asked again of the PodResources API, which has the
     last word (and names the container that holds the GPU).
     """
     found = with_named(found, host.gpus())
-    refused = _refusal(found, host, gpus, migs, source)
+    refused = _refusal(found, host, gpus, migs, source, config)
     if refused and found.allocation is not None and found.allocation.via == "checkpoint":
         found = with_named(_asked_again(found, config), host.gpus())
-        refused = _refusal(found, host, gpus, migs, source)
+        refused = _refusal(found, host, gpus, migs, source, config)
     if refused:
         raise RequestError(refused)
     assert found.allocation is not None
@@ -320,7 +323,8 @@ def check_granted(found: Verification, host: Host, gpus: Sequence[Gpu],
 
 
 def _refusal(found: Verification, host: Host, gpus: Sequence[Gpu],
-             migs: Sequence[Tuple[Gpu, MigDevice]], source: str) -> Optional[str]:
+             migs: Sequence[Tuple[Gpu, MigDevice]], source: str,
+             config: Config) -> Optional[str]:
     """The line refusing the first granted device the allocation lacks; None when all are in it."""
     allocation, named = found.allocation, found.named
     assert allocation is not None and named is not None
@@ -329,12 +333,15 @@ def _refusal(found: Verification, host: Host, gpus: Sequence[Gpu],
     by_uuid = {g.uuid: g for g in node}
     granted = [(str(g.index), g.uuid, g.uuid) for g in gpus]
     granted += [(f"{p.index}:{m.index}", m.uuid, p.uuid) for p, m in migs]
-    for label, uuid, parent in granted:
-        if uuid in mine or parent in mine:
+    unlisted = [g for g in granted if g[1] not in mine and g[2] not in mine]
+    claimed = _claimed(host, config, allocation) if unlisted and allocation.claims else set()
+    for label, uuid, parent in unlisted:
+        if uuid in claimed or parent in claimed:
             continue
         what = "GPU" if uuid == parent else "MIG device"
         theirs = _holders(allocation, node)
-        holder = theirs.get(uuid) or theirs.get(parent)
+        holder = theirs.get(uuid) or theirs.get(parent) or _claim_holder(
+            host, config, allocation.cdi_others, (uuid, parent))
         if holder:
             why = f"the kubelet gave it to {holder}"
         else:
@@ -391,8 +398,7 @@ def _engine_refusal(found: Verification, host: Host, engine: EngineGrant,
     if not unlisted:
         return None
     by_name = _cdi_devices_of(host, config, allocation.cdi_devices)
-    claimed = {key for found_ in by_name.values() if not isinstance(found_, str)
-               for _, key in found_}
+    claimed = _keys_of(by_name)
     theirs = _holders(allocation, gpus)
     theirs.update((f"channel{c}", holder) for c, holder in allocation.imex_others.items())
     for label, key, parent in unlisted:
@@ -419,6 +425,17 @@ def _cdi_devices_of(host: Host, config: Config, names: Sequence[str]) -> Dict[st
 
     return {name: found if isinstance(found, str) else found.found
             for name, found in resolve_names(host, config, names).items()}
+
+
+def _keys_of(by_name: Mapping[str, Found]) -> Set[str]:
+    """The keys (UUID, ``channelN``) of every device the resolved CDI names inject."""
+    return {key for found in by_name.values() if not isinstance(found, str)
+            for _, key in found}
+
+
+def _claimed(host: Host, config: Config, allocation: Allocation) -> Set[str]:
+    """The keys of the devices the CDI devices of the container's DRA claims inject."""
+    return _keys_of(_cdi_devices_of(host, config, allocation.cdi_devices))
 
 
 def _claim_holder(host: Host, config: Config, cdi_others: Mapping[str, str],

@@ -1,0 +1,315 @@
+"""The container's ld.so.cache: the image's entries merged with the injected libraries'.
+
+A container that gets driver libraries needs them in its ``/etc/ld.so.cache`` (the
+loader reads the cache, not the folders) and ``/etc/ld.so.conf.d/00-nvshim.conf`` naming
+their folders, so that a later ``ldconfig`` in the container keeps them. This module
+writes both inside the rootfs, through :mod:`nvshim.host.inroot` (nothing the image
+controls is executed or followed out of the root), for the runtime before runc and for
+the hook (:mod:`nvshim.runtime.rootwork` decides which).
+
+The cache is the image's own, entry for entry (glibc-hwcaps entries and empty names
+dropped), plus an entry for each library of the injected folders: its name, and its
+SONAME when that differs. What runc will mount there (not there yet when the runtime runs)
+is described by the plan (:data:`Planned`: flags and SONAME read from the host files,
+:func:`elf_info`); the image's own files are read in the root.
+
+Start-up matters (this runs on every GPU create): ``os`` and nvshim's in-root and
+ld.so.cache modules only.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvshim.errors import NvshimError, host_error
+from nvshim.host import inroot as _inroot
+from nvshim.host.ldcache import (
+    HWCAP_EXTENSION,
+    CacheEntry,
+    build_ldcache,
+    cache_flags,
+    parse_ldcache,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+    #: name in a folder → (cache flags, SONAME or None); a SONAME only for regular files
+    Planned = Dict[str, Tuple[int, Optional[str]]]
+
+__all__ = [
+    "LDCACHE",
+    "LDCACHE_MAX_BYTES",
+    "LDCONF",
+    "LDCONF_DROPIN",
+    "MAX_FOLDER_LIBS",
+    "elf_info",
+    "lib_name",
+    "update_ldcache",
+]
+
+LDCACHE = "/etc/ld.so.cache"
+LDCONF = "/etc/ld.so.conf"
+LDCONF_DROPIN = "/etc/ld.so.conf.d/00-nvshim.conf"
+_LDCONF_DEFAULT = b"include /etc/ld.so.conf.d/*.conf\n"
+#: The largest image ld.so.cache read. Real caches are tens to a few hundred KiB; each entry
+#: costs ~10 µs and ~1 KB to parse, merge and sort, so inroot's general 64 MiB bound let an
+#: image hold every GPU create of it for ~40 s and ~1.8 GB (2 million tiny entries).
+LDCACHE_MAX_BYTES = 4 << 20
+
+#: The most image libraries one folder's scan opens. Real library folders hold a few
+#: thousand; each costs an open, an ELF header and a SONAME read (~50 us) and a cache entry,
+#: so an image with a million lib*.so files held every GPU create of it for about a minute.
+#: Past the bound the image's own files are left to its own ld.so.cache (merged as always).
+MAX_FOLDER_LIBS = 16384
+
+
+def elf_info(path: str) -> Tuple[Optional[int], Optional[str]]:
+    """(cache flags, DT_SONAME) of the host file ``path``; (None, None) if not a library."""
+    from nvshim.host.elf import read_soname_fd
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None, None
+    try:
+        flags = _elf_flags(os.pread(fd, 20, 0))
+        if flags is None:
+            return None, None
+        try:
+            return flags, read_soname_fd(fd, path)
+        except NvshimError:
+            return flags, None
+    except OSError:
+        return None, None
+    finally:
+        os.close(fd)
+
+
+def lib_name(name: str) -> bool:
+    """Names ldconfig considers: ``lib*`` or ``ld-*`` with ``.so`` in them."""
+    return name.startswith(("lib", "ld-")) and ".so" in name
+
+
+def _elf_flags(header: bytes) -> Optional[int]:
+    """Cache flags for an ELF file header, or None if not an ELF library we can label."""
+    if len(header) < 20 or header[:4] != b"\x7fELF":
+        return None
+    machine = int.from_bytes(header[18:20], "little" if header[5] == 1 else "big")
+    return cache_flags(header[4], machine)
+
+
+def _soname(fd: int, head: bytes = b"") -> Optional[str]:
+    """The DT_SONAME of the open (in-root) ELF file *fd*, or None (also when unreadable);
+    *head*: what was already read from its offset 0."""
+    from nvshim.host.elf import read_soname_fd  # only needed for regular files, not links
+
+    try:
+        return read_soname_fd(fd, head=head)
+    except NvshimError:
+        return None
+
+
+def _folder_entries(root: _inroot.RootFd, folder: str,
+                    planned: Optional[Planned] = None,
+                    warnings: Optional[List[str]] = None,
+                    limit: Optional[int] = None) -> List[CacheEntry]:
+    """Cache entries for the libraries in container directory *folder*.
+
+    Every ``lib*.so*`` name that is (or links, in the root, to) an ELF library gets an
+    entry for itself; a regular file whose SONAME differs from its name also gets one for
+    the SONAME (pointing at the SONAME link if the folder has it, else at the file).
+    Names in *planned* are files runc will mount there (or links to them): their flags and
+    SONAME come from the plan, not from the rootfs. More than *limit* of the image's own
+    are not opened at all (a line in *warnings* says so).
+
+    An image's library folder holds hundreds of libraries, so the folder is resolved in
+    the root once and read below that fd: one ``getdents`` for the names and their types,
+    each regular file opened directly in the folder (never through a symlink) and read
+    once, and a link whose target is a name in the same folder (``libz.so.1 ->
+    libz.so.1.2.13``, nearly all of them) answered from that file. Only a link pointing
+    elsewhere is resolved from the root, as before.
+    """
+    planned = planned or {}
+    dfd = _inroot.open_dir(root, folder)
+    if dfd is None and not planned:
+        return []
+    try:
+        if dfd is None:  # only the planned names: nothing of the image's to read
+            return _scan_folder(root, folder, -1, {}, planned, warnings, limit)
+        return _scan_folder(root, folder, dfd, _inroot.dir_kinds(dfd), planned, warnings,
+                            limit)
+    finally:
+        if dfd is not None:
+            os.close(dfd)
+
+
+def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
+                 kinds: Mapping[str, str], planned: Planned,
+                 warnings: Optional[List[str]], limit: Optional[int]) -> List[CacheEntry]:
+    names = list(kinds)
+    present = set(names) | set(planned)
+    base = folder.rstrip("/") or ""
+    out: List[CacheEntry] = []
+    image_libs = 0
+    if limit is not None and len(names) > limit:  # fewer names cannot be more libraries
+        image_libs = sum(1 for name in names if name not in planned and lib_name(name))
+    scan_image = limit is None or image_libs <= limit
+    if not scan_image and warnings is not None:
+        warnings.append(f"{folder} holds {image_libs} of the image's libraries, more than the "
+                        f"{limit} read: only the image's own ld.so.cache lists them")
+    read: Dict[str, Optional[Tuple[int, Optional[str]]]] = {}
+
+    def regular(name: str) -> Optional[Tuple[int, Optional[str]]]:
+        """(flags, SONAME) of the regular file *name* of the folder; None: not a library."""
+        if name not in read:
+            read[name] = None
+            try:
+                fd = _inroot.open_in_dir(dfd, name, f"{base}/{name}")
+            except OSError:
+                return None
+            try:
+                head = os.pread(fd, 4096, 0)  # the ELF header and, nearly always, the
+                flags = _elf_flags(head[:20])  # program headers: two reads fewer
+                if flags is not None:
+                    read[name] = (flags, _soname(fd, head))
+            finally:
+                os.close(fd)
+        return read[name]
+
+    def link_flags(name: str, path: str) -> Optional[int]:
+        """The flags of the library the link *name* leads to, None if it leads to none."""
+        target = name
+        for _ in range(_inroot.MAX_SYMLINKS):
+            try:
+                target = os.readlink(target, dir_fd=dfd)
+            except OSError:
+                return None
+            if "/" in target:
+                break  # elsewhere in the root: resolved from the root below
+            kind = kinds.get(target)
+            if kind == "file":
+                got = regular(target)
+                return None if got is None else got[0]
+            if kind != "link":
+                return None  # dangling, ".", "..", a directory, a FIFO: not a library
+        else:
+            return None  # a loop
+        try:
+            fd = _inroot.open_file(root, path)
+        except OSError:
+            return None
+        try:
+            return _elf_flags(os.pread(fd, 20, 0))
+        finally:
+            os.close(fd)
+
+    for name in sorted(present):
+        if not lib_name(name):
+            continue
+        path = f"{base}/{name}"
+        known = planned.get(name)
+        if known is not None:
+            flags, soname = known
+            out.append(CacheEntry(name, path, flags))
+            if soname and soname != name and "/" not in soname:
+                value = f"{base}/{soname}" if soname in present else path
+                out.append(CacheEntry(soname, value, flags))
+            continue
+        if not scan_image:
+            continue
+        kind = kinds.get(name)
+        if kind == "file":
+            got = regular(name)
+            if got is None:
+                continue
+            flags, soname = got
+            out.append(CacheEntry(name, path, flags))
+            if soname and soname != name and "/" not in soname:
+                value = f"{base}/{soname}" if soname in present else path
+                out.append(CacheEntry(soname, value, flags))
+        elif kind == "link":
+            link = link_flags(name, path)
+            if link is not None:
+                out.append(CacheEntry(name, path, link))
+    return out
+
+
+def _merge(existing: Sequence[CacheEntry], added: Sequence[CacheEntry]) -> List[CacheEntry]:
+    """*added* plus the *existing* entries they do not replace (same name and flags).
+
+    glibc-hwcaps entries (hwcap bit 62) are dropped: their subdirectory table is not
+    rewritten, and ld.so falls back to the baseline entry of the same library. So are
+    entries with an empty name or path (an image's cache can hold them; no lookup ever
+    matches one, and :func:`build_ldcache` cannot write them).
+    """
+    # entries are (key, value, flags, hwcap) tuples: index, not attribute, per entry
+    replaced = {(e[0], e[2]) for e in added}
+    seen = set()
+    out: List[CacheEntry] = []
+    for entry in list(added) + [
+        e
+        for e in existing
+        if not e[3] & HWCAP_EXTENSION and e[0] and e[1] and (e[0], e[2]) not in replaced
+    ]:
+        if entry not in seen:  # the whole tuple: same name, path, flags and hwcap
+            seen.add(entry)
+            out.append(entry)
+    return out
+
+
+def update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
+                   planned: Optional[Mapping[str, Planned]] = None,
+                   host_driver_version: Optional[str] = None) -> List[str]:
+    """Make *folders* known to the container's dynamic loader; return warning lines.
+
+    Writes the ld.so.conf drop-in (and ``/etc/ld.so.conf`` if missing), then the cache:
+    the image's entries plus :func:`_folder_entries` of each folder. Files are rewritten
+    only when their content changes. OSError becomes :class:`HostError` (cause kept).
+    With *host_driver_version*, an image's newer CUDA compat directory goes first
+    (:mod:`nvshim.host.cudacompat`).
+
+    With *planned* (the runtime, which runs as host root in the engine's cgroup) a folder
+    holding more than :data:`MAX_FOLDER_LIBS` of the image's libraries is not scanned; the
+    hook (``planned`` None) runs in the container's cgroup, where the image pays for its
+    own folders, and cannot tell the mounted driver files from the image's: it scans all.
+    """
+    if host_driver_version:
+        from nvshim.host.cudacompat import compat_folder
+
+        compat = compat_folder(root, host_driver_version)
+        if compat is not None and compat not in folders:
+            folders = (compat, *folders)
+    try:
+        return _update_ldcache(root, folders, planned or {},
+                               MAX_FOLDER_LIBS if planned is not None else None)
+    except OSError as exc:
+        raise host_error(f"cannot update the ld.so.cache in {root.path}", exc) from exc
+
+
+def _update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
+                    planned: Mapping[str, Planned], limit: Optional[int]) -> List[str]:
+    warnings: List[str] = []
+    dropin = "".join(f"{folder}\n" for folder in folders).encode()
+    dropin = b"# driver libraries injected by nvshim\n" + dropin
+    if _inroot.read_file(root, LDCONF_DROPIN) != dropin:
+        _inroot.write_file_atomic(root, LDCONF_DROPIN, dropin, 0o644, durable=False)
+    if _inroot.read_file(root, LDCONF) is None:
+        _inroot.write_file_atomic(root, LDCONF, _LDCONF_DEFAULT, 0o644, durable=False)
+
+    old = _inroot.read_file(root, LDCACHE, LDCACHE_MAX_BYTES)
+    existing: Sequence[CacheEntry] = ()
+    if old:
+        try:
+            existing = parse_ldcache(old)
+        except NvshimError as exc:
+            warnings.append(f"ignoring the image's {LDCACHE}: {exc}")
+    added: List[CacheEntry] = []
+    for folder in folders:
+        added += _folder_entries(root, folder, planned.get(folder), warnings, limit)
+    layout = "compat" if old and old.startswith(b"ld.so-1.7.0") else "new"
+    data = build_ldcache(_merge(existing, added), layout)
+    if data != old:
+        _inroot.write_file_atomic(root, LDCACHE, data, 0o644, durable=False)
+    return warnings
