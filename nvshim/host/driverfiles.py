@@ -179,7 +179,19 @@ LIB_DIRS = (
     "/lib",
 )
 
-BIN_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin")
+BIN_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin", "/usr/local/nvidia/bin")
+"""Where the driver's programs are looked for, in order. ``/usr/local/nvidia/bin``: the
+driver installers that keep the driver out of ``/usr`` (GKE/COS, this layout's GPU machines)
+put the programs there and a wrapper script in ``/usr/bin`` that execs them by that path."""
+
+
+def _is_elf(path: str) -> bool:
+    """Whether ``path`` starts like an ELF file (a program, not a script)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == b"\x7fELF"
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -316,12 +328,15 @@ class DriverFileFinder(Roots):
         out = []
         for cap in sorted(capabilities):
             for name in BINARIES.get(cap, ()):
-                for directory in BIN_DIRS:
-                    path = f"{directory}/{name}"
-                    resolved = self._regular_file(path)
-                    if resolved is not None:
-                        out.append(DriverFile(self.host_path(resolved), path, cap, "binary"))
-                        break
+                found = [(directory, resolved) for directory in BIN_DIRS
+                         if (resolved := self._regular_file(f"{directory}/{name}")) is not None]
+                if not found:
+                    continue
+                # a wrapper script that execs the program by a host path would fail in the
+                # container: the program itself (ELF), at the first place the name was found
+                program = next((r for _, r in found if _is_elf(self.host_path(r))), found[0][1])
+                at = found[0][0] if found[0][0] != "/usr/local/nvidia/bin" else "/usr/bin"
+                out.append(DriverFile(self.host_path(program), f"{at}/{name}", cap, "binary"))
         return tuple(out)
 
     def data_files(self, capabilities: Iterable[str]) -> Tuple[DriverFile, ...]:

@@ -16,7 +16,7 @@ An engine names a program (containerd's ``options.BinaryName``, Docker's ``path`
   ``NAME=value`` lines change the environment and its ``exec`` line names the next program
   (``exec env NAME=value PROGRAM "$@"`` too), which is followed in turn;
 - NVIDIA's runtime or its legacy hook, recognised by the binary's name
-  (:data:`~nvshim.node.findings.NVIDIA_RUNTIME_BASENAMES`, :data:`NVIDIA_HOOK_BASENAMES`;
+  (:data:`NVIDIA_RUNTIME_BASENAMES`, :data:`NVIDIA_HOOK_BASENAMES`;
   nvshim's own ``docker run --gpus`` stand-in of the hook's name is not NVIDIA's);
 - anything else (runc, crun, a wrapper doctor cannot read).
 
@@ -33,10 +33,16 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from nvshim._record import dataclass
 from nvshim.config import DEFAULT_CONFIG_PATH
-from nvshim.node.findings import (
-    DEFAULT_TRAMPOLINE,
-    NVIDIA_RUNTIME_BASENAMES,
-    RUNTIME_BASENAME,
+
+DEFAULT_TRAMPOLINE = "/usr/local/bin/nvshim-runtime"
+RUNTIME_BASENAME = "nvshim-runtime"
+#: Basenames of NVIDIA's runtime binaries (``nvidia-ctk runtime configure`` writes the first;
+#: ``.cdi``/``.legacy`` force a mode).
+NVIDIA_RUNTIME_BASENAMES = (
+    "nvidia-container-runtime",
+    "nvidia-container-runtime.cdi",
+    "nvidia-container-runtime.legacy",
+    "nvidia-container-runtime-experimental",
 )
 
 __all__ = [

@@ -14,16 +14,11 @@ from nvshim.config import DEFAULT_CONFIG_PATH, config_path
 
 #: Finding statuses; ``skip`` = the check does not apply to this node.
 STATUSES = ("ok", "warn", "fail", "skip")
-DEFAULT_TRAMPOLINE = "/usr/local/bin/nvshim-runtime"
-RUNTIME_BASENAME = "nvshim-runtime"
-#: Basenames of NVIDIA's runtime binaries (``nvidia-ctk runtime configure`` writes the first;
-#: ``.cdi``/``.legacy`` force a mode).
-NVIDIA_RUNTIME_BASENAMES = (
-    "nvidia-container-runtime",
-    "nvidia-container-runtime.cdi",
-    "nvidia-container-runtime.legacy",
-    "nvidia-container-runtime-experimental",
+# where the installed trampoline is: doctor_follow owns it (it tells runtimes apart)
+from nvshim.node.doctor_follow import (  # noqa: E402 - after findings' own constants
+    DEFAULT_TRAMPOLINE as DEFAULT_TRAMPOLINE,
 )
+
 #: Where podman and CRI-O read OCI hook files, lowest precedence first (a file of the same
 #: name in a later directory masks an earlier one's).
 DEFAULT_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")

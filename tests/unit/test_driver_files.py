@@ -87,6 +87,23 @@ def test_debian_layout_is_resolved_inside_the_driver_root(tmp_path):
     assert Host(node.root).missing(["compute", "utility"]) == ()
 
 
+def test_a_wrapper_script_gives_way_to_the_program_it_runs(tmp_path):
+    """A driver kept under /usr/local/nvidia (GKE/COS installers; seen on a real H100 node):
+    /usr/bin/nvidia-smi is a script that execs /usr/local/nvidia/bin/nvidia-smi, a path the
+    container lacks; the ELF program is mounted at /usr/bin/nvidia-smi instead."""
+    node = make(tmp_path, gpus=1)
+    real = Path(node.root, "usr/local/nvidia/bin/nvidia-smi")
+    real.parent.mkdir(parents=True)
+    shutil.copy("/bin/true", real)  # an ELF program
+    wrapper = Path(node.root, "usr/bin/nvidia-smi")
+    wrapper.write_text("#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi \"$@\"\n")
+    smi = [f for f in Host(node.root).binaries(["utility"]) if f.container_path.endswith("/nvidia-smi")]
+    assert [(f.host_path, f.container_path) for f in smi] == [(str(real), "/usr/bin/nvidia-smi")]
+    os.unlink(wrapper)  # only under /usr/local/nvidia/bin: still where a container's PATH finds it
+    smi = [f for f in Host(node.root).binaries(["utility"]) if f.container_path.endswith("/nvidia-smi")]
+    assert [(f.host_path, f.container_path) for f in smi] == [(str(real), "/usr/bin/nvidia-smi")]
+
+
 def test_a_link_out_of_the_root_never_reaches_the_host(tmp_path):
     """A driver-root link whose absolute target exists only on the host (or that climbs out
     with ..) is not injected: the host's file never becomes a driver file."""
