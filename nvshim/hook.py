@@ -38,11 +38,11 @@ and exit status 1, which runc reports as the create failure.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
-from nvshim.errors import HostError, NvshimError, SpecError, host_error
+from nvshim._ocistate import container_root, read_state
+from nvshim.errors import HostError, NvshimError, host_error
 from nvshim.host import inroot as _inroot
 from nvshim.runtime.hookargs import build_hook_args, parse_hook_cli
 from nvshim.runtime.rootcache import LDCACHE, LDCONF, LDCONF_DROPIN, update_ldcache
@@ -56,7 +56,7 @@ from nvshim.runtime.rootwork import (
 # typing costs ~4-6 ms to import; annotations only (mypy treats TYPE_CHECKING as true).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Any, Mapping, Optional, Sequence
+    from typing import Any, Optional, Sequence
 
 __all__ = [
     "LDCACHE",
@@ -69,43 +69,6 @@ __all__ = [
 ]
 
 _PREFIX = "nvshim hook: "
-
-
-def container_root(state: Mapping[str, Any]) -> str:
-    """The rootfs path for OCI *state*: its ``root`` (crun), else ``root.path`` of the config.
-
-    A relative path is joined to the bundle, whatever the cwd is (runc: the rootfs; crun:
-    the bundle).
-    """
-    bundle = state.get("bundle")
-    if not isinstance(bundle, str) or not bundle.startswith("/"):
-        raise SpecError(f"oci state: bundle must be an absolute path, got {bundle!r}")
-    root = state.get("root")
-    if root is None:
-        config_path = os.path.join(bundle, "config.json")
-        try:
-            with open(config_path, "rb") as handle:
-                config = json.load(handle)
-        except (OSError, ValueError) as exc:
-            raise SpecError(f"cannot read {config_path}: {exc}") from exc
-        spec_root = config.get("root") if isinstance(config, dict) else None
-        root = spec_root.get("path") if isinstance(spec_root, dict) else None
-        where = f"{config_path} root.path"
-    else:
-        where = "oci state root"
-    if not isinstance(root, str) or not root or "\0" in root:
-        raise SpecError(f"{where} must be a non-empty string without NUL bytes, got {root!r}")
-    return os.path.join(bundle, root)  # an absolute root replaces the bundle
-
-
-def _read_state(stream: IO[str]) -> Mapping[str, Any]:
-    try:
-        state = json.load(stream)
-    except ValueError as exc:
-        raise SpecError(f"cannot parse the oci state on stdin: {exc}") from exc
-    if not isinstance(state, dict):
-        raise SpecError("the oci state on stdin must be a json object")
-    return state
 
 
 # mount(2) flags and the statvfs(3) flags they correspond to.
@@ -147,7 +110,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.umask(0o022)
     try:
         args = parse_hook_cli(sys.argv[1:] if argv is None else argv)
-        rootfs = container_root(_read_state(sys.stdin))
+        rootfs = container_root(read_state(sys.stdin))
         if is_host_root(rootfs):  # runc runs hooks before its pivot_root fails on it
             sys.stderr.write(f"{_PREFIX}warning: the container rootfs {rootfs} is the host's /: "
                              "nothing is written in it\n")

@@ -5,9 +5,10 @@ the host; a spec generated inside that container says ``/usr/lib/...``, one gene
 host says ``/run/nvidia/driver/usr/lib/...``. ``transform root --from A --to B`` rewrites
 every path that is ``A`` or below it so that it is under ``B`` instead:
 
-* ``--relative-to host`` (default): ``hostPath`` of mounts and device nodes, and hook
-  ``path`` (a device node without ``hostPath`` whose ``path`` moves gets a ``hostPath``,
-  so its container path stays);
+* ``--relative-to host`` (default): ``hostPath`` of mounts and device nodes, hook
+  ``path``, and the host file after a hook's ``--params`` (nvshim's params hook reads the
+  driver's ``proc/driver/nvidia/params`` there); a device node without ``hostPath`` whose
+  ``path`` moves gets a ``hostPath``, so its container path stays;
 * ``--relative-to container``: ``containerPath`` of mounts and ``path`` of device nodes.
 
 Paths are compared by components (``/run/nvidia/driver2`` is not under ``/run/nvidia/driver``).
@@ -23,6 +24,9 @@ from typing import Any, Dict, List, Mapping, Tuple
 from nvshim.errors import UsageError
 
 __all__ = ["transform_root"]
+
+#: The hook flag whose value is a host file (nvshim.runtime.hookargs.params_hook_args).
+_HOST_FILE_FLAG = "--params"
 
 
 def _move(path: str, old: str, new: str) -> str:
@@ -89,4 +93,13 @@ def transform_root(spec: Mapping[str, Any], old: str, new: str,
             for hook in edits.get("hooks") or []:
                 if isinstance(hook, dict):
                     move(hook, "path")
+                    args = hook.get("args")
+                    if not isinstance(args, list):
+                        continue
+                    for i in range(1, len(args)):
+                        if args[i - 1] == _HOST_FILE_FLAG:  # nvshim's params hook reads it
+                            moved = _move(args[i], old, new)
+                            if moved != args[i]:
+                                args[i] = moved
+                                changed += 1
     return out, changed

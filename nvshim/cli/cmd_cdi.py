@@ -150,8 +150,9 @@ def _stdin() -> Optional[BinaryIO]:
               show_default=True, help="Where GPUs are read from.")
 @click.option("--hook-path", default=None, metavar="PATH",
               help="Absolute path of an `nvshim` command on the hosts that will use the spec; "
-                   "its hook then runs as `PATH hook …` instead of naming this nvshim's venv "
-                   "interpreter, so the spec works where nvshim is installed elsewhere.")
+                   "its hooks then run as `PATH hook …` and `PATH params-hook …` instead of "
+                   "naming this nvshim's venv interpreter, so the spec works where nvshim is "
+                   "installed elsewhere.")
 @click.option("--check", "check_file", default=None, metavar="FILE",
               type=click.Path(dir_okay=False),
               help="Do not write: exit 1 with the reasons if FILE is stale for this node.")

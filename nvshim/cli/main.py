@@ -202,6 +202,24 @@ def hook(argv: List[str]) -> None:
     sys.exit(hook_main(argv))
 
 
+@cli.command("params-hook", cls=_HookCommand, params=[
+    click.Option(["--params"], metavar="PATH",
+                 help="The host's /proc/driver/nvidia/params (under the driver root).")])
+def params_hook(argv: List[str]) -> None:
+    """Run the createContainer hook that shows ModifyDeviceFiles: 0 — what runc calls.
+
+    When the host's params say ModifyDeviceFiles: 1, binds a read-only copy saying 0 over
+    the container's /proc/driver/nvidia/params (on a tmpfs of its own; nothing is written
+    on the host or in the image); otherwise does nothing. Reads the OCI state on stdin.
+    `nvshim cdi generate` puts it in every spec as `<python> -I -S -c …` (the
+    nvshim.params_hook module), or as `PATH params-hook …` with --hook-path; nvshim-runtime
+    does the same with its own copy instead. Errors are one line and exit 1.
+    """
+    from nvshim.params_hook import main as params_main
+
+    sys.exit(params_main(argv))
+
+
 def _add_commands() -> None:
     from nvshim.cli.cmd_cdi import cdi
     from nvshim.cli.cmd_config import config_group

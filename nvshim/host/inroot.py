@@ -55,6 +55,7 @@ __all__ = [
     "real_path",
     "list_dir",
     "open_dir",
+    "open_dir_plain",
     "dir_kinds",
     "open_in_dir",
     "lstat",
@@ -399,6 +400,32 @@ def open_dir(root: Root, container_path: str) -> Optional[int]:
         return resolve_dir(root, container_path)
     except FileNotFoundError:
         return None
+
+
+def open_dir_plain(root: Root, container_path: str) -> Optional[int]:
+    """An ``O_PATH`` fd of directory *container_path* in *root* reached without a single
+    symlink (``..`` refused too), or None when a component is missing, a symlink or not a
+    directory: for a target that must be exactly the path it names (a mount point under the
+    container's ``/proc``), where even a link resolved inside the root would be wrong."""
+    parts = _components(container_path)
+    fd = os.dup(_root_fd(root))
+    try:
+        for name in parts:
+            if name == "..":
+                return None
+            try:
+                nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    return None
+                raise OSError(exc.errno, exc.strerror, container_path) from None
+            os.close(fd)
+            fd = nxt
+        out, fd = fd, -1
+        return out
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def dir_kinds(dir_fd: int) -> Dict[str, str]:

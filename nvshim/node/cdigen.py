@@ -9,7 +9,10 @@ With graphics or display the one hook also carries every GPU's ``/dev/dri/by-pat
 application profile of the ``/dev/nvidia<N>`` it got): which devices a container gets is
 known only when it starts, so the hook reads it from the container's ``/dev``.
 So a container that gets ``nvidia.com/gpu=1`` from this spec sees exactly what
-``NVIDIA_VISIBLE_DEVICES=1`` gives through nvshim-runtime.
+``NVIDIA_VISIBLE_DEVICES=1`` gives through nvshim-runtime, ``ModifyDeviceFiles: 0``
+included: the spec-level edits carry nvshim's params hook
+(:func:`nvshim.runtime.devparams.spec_hook`, run by :mod:`nvshim.params_hook`) where the
+runtime writes its bundle copy, unless ``disable-device-node-modification`` is off.
 """
 
 from __future__ import annotations
@@ -49,8 +52,12 @@ def generate_spec(
     capabilities: Sequence[str] = DEFAULT_CAPABILITIES,
     hook_command: Sequence[str] = (),
     gpu_method: str = "auto",
+    params_command: Sequence[str] = (),
 ) -> Dict[str, Any]:
-    """Build the spec document for ``host`` (a :class:`nvshim.host.discovery.Host`)."""
+    """Build the spec document for ``host`` (a :class:`nvshim.host.discovery.Host`).
+
+    ``params_command`` (empty: none) starts the params hook, which reads the host's
+    ``<driver root>/proc/driver/nvidia/params`` at container start."""
     from nvshim.cdi.write import spec_to_dict
 
     for s in strategies:
@@ -91,6 +98,13 @@ def generate_spec(
     common = driver_edits(host.control_nodes(capabilities), host.libraries(capabilities),
                           host.driver_files(capabilities), hook_command,
                           dev_links=dev_links, egl_profile=drm)
+    if params_command:
+        import os
+
+        from nvshim.runtime.devparams import PARAMS, spec_hook
+
+        host_params = os.path.join(os.path.abspath(host.driver_root), PARAMS)
+        common = common + Edits(hooks=(spec_hook(params_command, host_params),))
     return spec_to_dict(f"{vendor}/{class_}", devices, common)
 
 
@@ -114,7 +128,7 @@ def stale_reasons(existing: Dict[str, Any], fresh: Dict[str, Any], host: Any) ->
         else:
             reasons.append("device nodes differ from the node's")
     if existing.get("containerEdits") != fresh.get("containerEdits") and not reasons:
-        reasons.append("driver files or control nodes differ from the node's")
+        reasons.append("driver files, control nodes or hooks differ from the node's")
     return reasons
 
 
@@ -129,7 +143,7 @@ def generate_for_node(driver_root: Optional[str], dev_root: Optional[str], class
     """
     from nvshim.config import ALL_CAPABILITIES, load_config
     from nvshim.host.discovery import Host
-    from nvshim.runtime.hookargs import hook_command
+    from nvshim.runtime.hookargs import PARAMS_HOOK_COMMAND, PARAMS_HOOK_MODULE, hook_command
     from nvshim.runtime.request import parse_capabilities
 
     if config is None:
@@ -143,11 +157,15 @@ def generate_for_node(driver_root: Optional[str], dev_root: Optional[str], class
 
         return generate_imex_spec(host, vendor), host
     hook: Tuple[str, ...] = hook_command()
+    params: Tuple[str, ...] = hook_command(PARAMS_HOOK_MODULE)
     if hook_path is not None:
         if not hook_path.startswith("/"):
             raise UsageError(f'--hook-path "{hook_path}" is not an absolute path')
-        hook = (hook_path, "hook")
-    return generate_spec(host, vendor, class_, strategies, caps, hook, gpu_source), host
+        hook, params = (hook_path, "hook"), (hook_path, PARAMS_HOOK_COMMAND)
+    if not config.disable_device_node_modification:
+        params = ()
+    return generate_spec(host, vendor, class_, strategies, caps, hook, gpu_source,
+                         params), host
 
 
 def check_current(check_file: str, spec: Dict[str, Any], host: Any) -> None:

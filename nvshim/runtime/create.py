@@ -240,6 +240,11 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
     tokens = request.gpu_tokens
     node = GpuInjection()
     params = False
+    if cdi_names:  # a generated spec's params hook: the runtime's own does it cheaper
+        from nvshim.runtime.devparams import without_spec_hooks
+
+        edits, params = without_spec_hooks(edits)
+        params = params and config.disable_device_node_modification
     if tokens or (request.driver_files and not cdi_names):
         node = inject_gpus(host, request, tokens, claim, config)
         notes += node.notes

@@ -26,22 +26,39 @@ fork+execs, ≈ 1.8 ms of every GPU create, and the path test already keeps the 
 inside the rootfs).
 
 Added only when ``disable-device-node-modification`` is on (default), the container gets
-GPUs or driver files through nvshim's own discovery, and the host's params exist and say
-``ModifyDeviceFiles: 1``; otherwise nothing is added and nothing is read but that file.
+GPUs or driver files through nvshim's own discovery or a CDI spec, and the host's params
+exist and say ``ModifyDeviceFiles: 1``; otherwise nothing is added and nothing is read but
+that file.
+
+Generated CDI specs. A spec used by podman, containerd or CRI-O directly has no runtime
+to write the bundle copy, so ``nvshim cdi generate`` gives it :func:`spec_hook`: nvshim's
+own params hook (:mod:`nvshim.params_hook`), which reads the host's params at container
+start and does the same with a copy on a tmpfs of its own. When nvshim-runtime meets that
+hook (a CDI name it injects, or a spec an engine injected) it takes it out and adds the
+sh hook above instead: the same result for a few ms instead of a Python start.
 """
 
 from __future__ import annotations
 
 import os
 
-from nvshim.edits import Hook
+from nvshim.edits import Edits, Hook
 
 # typing and re are not on the GPU create path (tests/unit/test_import_guard.py).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional
+    from typing import Optional, Sequence, Tuple
 
-__all__ = ["PARAMS", "BUNDLE_FILE", "HOOK_SCRIPT", "modified_params", "params_hook"]
+__all__ = [
+    "PARAMS",
+    "BUNDLE_FILE",
+    "HOOK_SCRIPT",
+    "modified_params",
+    "without_modification",
+    "params_hook",
+    "spec_hook",
+    "without_spec_hooks",
+]
 
 PARAMS = "proc/driver/nvidia/params"
 BUNDLE_FILE = ".nvshim-nvidia-params"
@@ -68,6 +85,12 @@ def modified_params(driver_root: str) -> Optional[bytes]:
             text = fh.read(65536)
     except OSError:
         return None
+    return without_modification(text)
+
+
+def without_modification(text: bytes) -> Optional[bytes]:
+    """``text`` (a params file's) with ``ModifyDeviceFiles: 1`` set to 0; None when it has
+    no such line (modification off already: nothing to hide)."""
     lines = text.split(b"\n")
     hit = False
     for i, line in enumerate(lines):
@@ -80,3 +103,26 @@ def params_hook(rootfs: str, copy: str) -> Hook:
     """The createContainer hook that binds ``copy`` over the container's params."""
     return Hook("createContainer", "/bin/sh",
                 ("sh", "-c", HOOK_SCRIPT, "nvshim-params", rootfs, copy), _HOOK_ENV)
+
+
+def spec_hook(command: Sequence[str], host_params: str) -> Hook:
+    """The params hook a generated CDI spec carries: ``command`` (:func:`~nvshim.runtime.
+    hookargs.hook_command` of :data:`~nvshim.runtime.hookargs.PARAMS_HOOK_MODULE`, or
+    ``nvshim params-hook`` with ``--hook-path``) reading ``host_params`` at container start."""
+    from nvshim.edits import HOOK_ENV
+    from nvshim.runtime.hookargs import params_hook_args
+
+    args = tuple(command) + tuple(params_hook_args(host_params))
+    return Hook("createContainer", command[0], args, HOOK_ENV)
+
+
+def without_spec_hooks(edits: Edits) -> Tuple[Edits, bool]:
+    """(``edits`` without the params hooks a CDI spec brought, whether it had any): the
+    runtime then adds its own (:func:`params_hook`) when the host's params say 1."""
+    from nvshim._record import replace
+    from nvshim.runtime.hookargs import runs_params_hook
+
+    kept = tuple(h for h in edits.hooks if not runs_params_hook(h.args))
+    if len(kept) == len(edits.hooks):
+        return edits, False
+    return replace(edits, hooks=kept), True

@@ -305,7 +305,9 @@ class EngineHooks:
     this node. ``replaced``: (hook list, OCI hook) of those whose binary is not, to drop from
     config.json; their work becomes ``links`` (those under ``/dev`` made by the hook),
     ``folders``, ``host_driver_version``, ``params`` (``ModifyDeviceFiles: 0``) and
-    ``egl_profile`` (the EGL application profile), and ``notes`` say so.
+    ``egl_profile`` (the EGL application profile), and ``notes`` say so. nvshim's own
+    params hook (a generated spec's) is always replaced: the runtime's sh hook does the
+    same, cheaper.
     """
 
     runnable: bool = False
@@ -357,6 +359,7 @@ def engine_hooks(spec: SpecDict) -> EngineHooks:
         parse_hook_args,
         parse_host_driver_version,
         runs_nvshim_hook,
+        runs_params_hook,
     )
 
     hooks = spec.get("hooks")
@@ -376,6 +379,13 @@ def engine_hooks(spec: SpecDict) -> EngineHooks:
             continue
         args = hook.get("args")
         path = hook.get("path")
+        if isinstance(args, list) and all(isinstance(a, str) for a in args) \
+                and runs_params_hook(args):
+            replaced.append(("createContainer", hook))
+            params = True
+            notes.append(f"config.json's nvshim params hook {path}: nvshim shows "
+                         "ModifyDeviceFiles: 0 with its own hook instead")
+            continue
         if isinstance(args, list) and all(isinstance(a, str) for a in args) \
                 and runs_nvshim_hook(args):
             if _runnable(path):

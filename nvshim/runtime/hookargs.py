@@ -1,10 +1,16 @@
-"""The createContainer hook's command line, shared by the runtime (which writes it) and
-the hook (which parses it): how the hook starts nvshim (:func:`hook_command`), the
+"""The createContainer hooks' command lines, shared by the runtime (which writes them) and
+the hooks (which parse them): how a hook starts nvshim (:func:`hook_command`), the
 arguments after it (:func:`build_hook_args`, :func:`parse_hook_args`,
 :func:`parse_host_driver_version`, :func:`parse_graphics_args`), how to tell nvshim's
 hook from any other (:func:`is_nvshim_hook`) and how to rewrite it (:func:`with_links`,
 :func:`dev_links_only`). The one owner of this format: edit builders, the in-root work and
 the hook itself read it only through these functions.
+
+The second hook, ``ModifyDeviceFiles: 0`` for generated CDI specs
+(:data:`PARAMS_HOOK_MODULE`, :func:`params_hook_args`, :func:`runs_params_hook`), is its
+own entry point with its own module name, which never contains :data:`HOOK_MODULE`: the
+link pruning, the engine's hook replacement and the in-root decision never take it for
+the links hook.
 
 Kept apart from :mod:`nvshim.hook` so that building a hook entry on the create path does
 not import the hook's own machinery (argparse, the ld.so.cache codec, in-root file ops).
@@ -26,7 +32,12 @@ __all__ = [
     "HOOK_MODULE",
     "HOOK_DESCRIPTION",
     "HOOK_OPTIONS",
+    "PARAMS_HOOK_MODULE",
+    "PARAMS_HOOK_COMMAND",
     "hook_command",
+    "params_hook_args",
+    "parse_params_cli",
+    "runs_params_hook",
     "runs_nvshim_hook",
     "is_nvshim_hook",
     "split_hook_argv",
@@ -73,20 +84,28 @@ HOOK_OPTIONS = (
 )
 
 
-def hook_command() -> Tuple[str, ...]:
+#: The params hook's module (:mod:`nvshim.params_hook`) and its ``nvshim`` command (the
+#: ``--hook-path`` form): written into CDI specs, so they never change.
+PARAMS_HOOK_MODULE = "nvshim.params_hook"
+PARAMS_HOOK_COMMAND = "params-hook"
+
+
+def hook_command(module: str = HOOK_MODULE) -> Tuple[str, ...]:
     """How a hook starts nvshim: this interpreter by absolute path, isolated, without site.
 
     ``-I`` ignores PYTHON* variables, the user site and the current directory (the hook's
     cwd is the container rootfs); ``-S`` skips site (5-30 ms per start), so the directory
     holding nvshim is put on ``sys.path`` explicitly — the hook needs nothing else. The
     hook entry also carries an explicit env: nothing of the image's environment reaches it.
+    ``module`` is the hook's (:data:`HOOK_MODULE` or :data:`PARAMS_HOOK_MODULE`); both paths
+    the command names lie in nvshim's own install (its prefix's interpreter and package).
     """
     from nvshim import _jsonc  # the create path has it already; the hook process does not
 
     parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     boot = (
         f"import sys; sys.path[0:0] = {_jsonc.dumps([parent])}; "
-        f"from {HOOK_MODULE} import main; sys.exit(main())"
+        f"from {module} import main; sys.exit(main())"
     )
     return (os.path.abspath(sys.executable), "-I", "-S", "-c", boot)
 
@@ -94,6 +113,32 @@ def hook_command() -> Tuple[str, ...]:
 def runs_nvshim_hook(argv: Sequence[str]) -> bool:
     """Whether a hook's argv starts nvshim's hook (one argument names :data:`HOOK_MODULE`)."""
     return any(HOOK_MODULE in a for a in argv)
+
+
+def runs_params_hook(argv: Sequence[str]) -> bool:
+    """Whether a hook's argv starts nvshim's params hook: an argument names
+    :data:`PARAMS_HOOK_MODULE`, or the second is :data:`PARAMS_HOOK_COMMAND` (``nvshim
+    params-hook``, a ``--hook-path`` spec's form)."""
+    args = list(argv)
+    return (any(PARAMS_HOOK_MODULE in a for a in args)
+            or (len(args) > 1 and args[1] == PARAMS_HOOK_COMMAND))
+
+
+def params_hook_args(host_params: str) -> List[str]:
+    """The params hook's arguments: the host's params file it reads at container start."""
+    if not host_params.startswith("/"):
+        raise UsageError(f"--params {host_params}: must be an absolute host path")
+    return ["--params", host_params]
+
+
+def parse_params_cli(argv: Sequence[str]) -> str:
+    """The host params path of the params hook's own arguments (what
+    :func:`params_hook_args` writes, nothing else); a UsageError otherwise."""
+    args = list(argv)
+    if len(args) != 2 or args[0] != "--params":
+        raise UsageError(f"expected --params PATH, got {' '.join(args) or 'no arguments'}")
+    params_hook_args(args[1])
+    return args[1]
 
 
 def is_nvshim_hook(hook: Any) -> bool:

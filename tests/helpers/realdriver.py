@@ -21,7 +21,8 @@ atomically. The driver version is read from libcuda1's ``Version`` field
 Package sets: :data:`COMPUTE_PACKAGES` (~12 MB: libcuda, NVML, nvidia-smi, MPS …) and
 :data:`GRAPHICS_PACKAGES` (those plus GLX/EGL/Vulkan/OpenCL/VDPAU/NVENC/Xorg pieces, ~20 MB).
 The biggest packages (OptiX, RT core, GL/EGL core, GSP firmware) are left out: unit tests
-cover those files with placed copies.
+cover those files with placed copies. The i386 set (``<package>:i386``, compat32) is in
+:mod:`tests.helpers.realdriver32`; asking for one turns i386 on for that apt run only.
 
 Driver roots
 ------------
@@ -34,16 +35,19 @@ kernel side (``nvshim.sim.build.create_node(driver_files=False)``: ``/dev/nvidia
   ``/usr/lib/nvidia/current/``, and the update-alternatives links their postinst scripts
   would make (absolute, through ``<root>/etc/alternatives/``), derived from the
   ``add_slave``/``add_multiarch_slave`` lines of the downloaded ``nvidia-alternative`` (and
-  ``glx-alternative-nvidia``) maintainer scripts, x86_64 triplet only — e.g.
+  ``glx-alternative-nvidia``) maintainer scripts, x86_64 and i386 triplets — e.g.
   ``/usr/lib/x86_64-linux-gnu/libcuda.so.1 → /etc/alternatives/nvidia--libcuda.so.1-x86_64-
-  linux-gnu → /usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1``.
+  linux-gnu → /usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1``, and the same for
+  the i386 triplet where the i386 packages are there.
 * ``"flat"`` — where NVIDIA's ``.run`` installer puts the same files: every library in
-  ``/usr/lib/x86_64-linux-gnu/`` with relative SONAME links, programs in ``/usr/bin``, VDPAU in
+  ``/usr/lib/x86_64-linux-gnu/`` (i386: ``/usr/lib/i386-linux-gnu/``) with relative SONAME links, programs in ``/usr/bin``, VDPAU in
   ``vdpau/``, ``gbm/nvidia-drm_gbm.so → ../libnvidia-allocator.so.1``, Xorg modules in
   ``/usr/lib/xorg/modules/{drivers,extensions}``, Vulkan JSONs in ``/etc/vulkan``.
 
-Both get Debian's ``/etc/ld.so.conf`` and an ``/etc/ld.so.cache`` from ``ldconfig -r``,
-checked to map ``libcuda.so.1`` to ``/usr/lib/x86_64-linux-gnu/libcuda.so.1``.
+Both get Debian's ``/etc/ld.so.conf`` (x86_64 and i386 multiarch folders) and an
+``/etc/ld.so.cache`` from ``ldconfig -r``, checked to map ``libcuda.so.1`` to
+``/usr/lib/x86_64-linux-gnu/libcuda.so.1`` (and its i386 entry to
+``/usr/lib/i386-linux-gnu/libcuda.so.1`` when the i386 packages are there).
 
 Containers
 ----------
@@ -76,6 +80,7 @@ from tests.helpers.common import cache_dir, locked
 __all__ = [
     "CACHE_ENV",
     "COMPUTE_PACKAGES",
+    "CONTAINER_PACKAGES",
     "CUDA_IMAGE_CUDA_LIBDIR",
     "GRAPHICS_PACKAGES",
     "LAYOUTS",
@@ -137,13 +142,20 @@ GRAPHICS_PACKAGES: Tuple[str, ...] = COMPUTE_PACKAGES + (
     "libnvidia-ngx1",  # 2.4 MB
 )
 LAYOUTS = ("flat", "debian")
+CONTAINER_PACKAGES: Tuple[str, ...] = ("libc6:i386",)
+"""Packages a test container needs, never laid into a driver root (the i386 loader and C
+library a 32-bit probe runs on; see :mod:`tests.helpers.realdriver32`)."""
 
 _VERSION_PACKAGE = "libcuda1"  # its upstream version is the driver's
 _ALTERNATIVES_PACKAGES = ("nvidia-alternative", "glx-alternative-nvidia")  # in this order
 _COMPONENTS = "main contrib non-free non-free-firmware"
 _TRIPLET = "x86_64-linux-gnu"
+_TRIPLET32 = "i386-linux-gnu"
 _LIBDIR = f"/usr/lib/{_TRIPLET}"
 _DEBIAN_LIBDIR = f"{_LIBDIR}/nvidia/current"
+_LIBDIR32 = f"/usr/lib/{_TRIPLET32}"
+_DEBIAN_LIBDIR32 = f"{_LIBDIR32}/nvidia/current"
+_MULTIARCH_DIRS32 = ("/usr/local/lib/i386-linux-gnu", "/lib/i386-linux-gnu", _LIBDIR32)
 _MULTIARCH_DIRS = ("/usr/local/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", _LIBDIR)
 
 PROBE_SOURCE = Path(__file__).resolve().parent.parent / "probe" / "cudaprobe.c"
@@ -187,6 +199,11 @@ def _version_key(text: str) -> Tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text))
 
 
+def _deb_name(name: str) -> str:
+    """The cache's file for package ``name`` (``libcuda1:i386`` → ``libcuda1_i386.deb``)."""
+    return name.replace(":", "_") + ".deb"
+
+
 def _cached(base: Path, names: Sequence[str]) -> Optional[DriverPackages]:
     """The newest version directory under ``base`` holding every package in ``names``."""
     if not base.is_dir():
@@ -194,7 +211,7 @@ def _cached(base: Path, names: Sequence[str]) -> Optional[DriverPackages]:
     versions = sorted((d for d in base.iterdir() if d.is_dir() and not d.name.startswith(".")),
                       key=lambda d: _version_key(d.name), reverse=True)
     for vdir in versions:
-        debs = {n: vdir / f"{n}.deb" for n in names}
+        debs = {n: vdir / _deb_name(n) for n in names}
         if all(p.is_file() for p in debs.values()):
             return DriverPackages(vdir.name, debs)
     return None
@@ -224,8 +241,9 @@ def _download(base: Path, names: Sequence[str]) -> DriverPackages:
     for sub in ("lists/partial", "archives/partial", "cache"):
         (apt_dir / sub).mkdir(parents=True, exist_ok=True)
     sources = apt_dir / "sources.list"
-    sources.write_text(debian_sources_list())
-    options = _apt_options(apt_dir)
+    i386 = any(n.endswith(":i386") for n in names)
+    sources.write_text(debian_sources_list(i386=i386))
+    options = _apt_options(apt_dir, i386)
     _run(["apt-get", *options, "update"], "apt-get update (private sources list "
          f"{sources})")
     staging = Path(tempfile.mkdtemp(prefix=".download-", dir=base))
@@ -234,7 +252,9 @@ def _download(base: Path, names: Sequence[str]) -> DriverPackages:
              f"apt-get download {' '.join(names)}", cwd=staging)
         by_name: Dict[str, Path] = {}
         for deb in staging.glob("*.deb"):
-            by_name[_deb_field(deb, "Package")] = deb
+            arch = _deb_field(deb, "Architecture")
+            suffix = ":i386" if arch == "i386" else ""
+            by_name[_deb_field(deb, "Package") + suffix] = deb
         missing = [n for n in names if n not in by_name]
         if missing:
             raise DownloadError(f"apt-get download gave no .deb for {', '.join(missing)}")
@@ -242,14 +262,15 @@ def _download(base: Path, names: Sequence[str]) -> DriverPackages:
         vdir = base / version
         vdir.mkdir(exist_ok=True)
         for name in names:
-            os.replace(by_name[name], vdir / f"{name}.deb")  # atomic: readers never see half
+            os.replace(by_name[name], vdir / _deb_name(name))  # atomic: never seen half
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return DriverPackages(version, {n: vdir / f"{n}.deb" for n in names})
+    return DriverPackages(version, {n: vdir / _deb_name(n) for n in names})
 
 
-def _apt_options(apt_dir: Path) -> List[str]:
-    """apt-get options that keep every file apt writes under ``apt_dir``."""
+def _apt_options(apt_dir: Path, i386: bool = False) -> List[str]:
+    """apt-get options that keep every file apt writes under ``apt_dir``; with ``i386``,
+    i386 is an extra architecture of this apt run only (no ``dpkg --add-architecture``)."""
     settings = {
         "Dir::Etc::SourceList": apt_dir / "sources.list",
         "Dir::Etc::SourceParts": apt_dir / "no-such-dir",
@@ -266,16 +287,23 @@ def _apt_options(apt_dir: Path) -> List[str]:
     for key, value in settings.items():
         if value != "":
             options += ["-o", f"{key}={value}"]
+    if i386:
+        options += ["-o", "APT::Architectures::=amd64", "-o", "APT::Architectures::=i386"]
     return options
 
 
-def debian_sources_list(etc: Path = Path("/etc/apt")) -> str:
+def debian_sources_list(etc: Path = Path("/etc/apt"), i386: bool = False) -> str:
     """A one-line-style sources list: the machine's Debian archives with every component.
 
     Reads deb822 ``sources.list.d/*.sources`` and one-line ``sources.list`` /
     ``sources.list.d/*.list``; keeps ``deb`` entries whose URI ends in ``/debian`` or
     ``/debian-security`` (their suites and Signed-By), and lists ``main contrib non-free
     non-free-firmware`` for each.
+
+    With ``i386`` those lines say ``arch=amd64`` and each entry gets an ``arch=i386`` line
+    of its own with ``contrib non-free`` only — plus ``main`` for the release suite (the
+    one without a ``-``: libc6:i386): a mirror's ``bookworm-security main`` i386 index
+    failed with a size mismatch, and apt then drops the whole suite, driver included.
     """
     entries: List[Tuple[str, str, str]] = []  # (uri, suite, signed-by)
     for path in sorted((etc / "sources.list.d").glob("*.sources")):
@@ -288,10 +316,16 @@ def debian_sources_list(etc: Path = Path("/etc/apt")) -> str:
     for uri, suite, signed_by in entries:
         if uri.rstrip("/").rsplit("/", 1)[-1] not in ("debian", "debian-security"):
             continue
-        opts = f"[signed-by={signed_by}] " if signed_by else ""
-        line = f"deb {opts}{uri} {suite} {_COMPONENTS}\n"
-        if line not in lines:
-            lines.append(line)
+        keyring = [f"signed-by={signed_by}"] if signed_by else []
+        wanted = [(keyring + ["arch=amd64"] if i386 else keyring, _COMPONENTS)]
+        if i386:
+            wanted.append((keyring + ["arch=i386"],
+                           "contrib non-free" if "-" in suite else "main contrib non-free"))
+        for opts, components in wanted:
+            shown = f"[{' '.join(opts)}] " if opts else ""
+            line = f"deb {shown}{uri} {suite} {components}\n"
+            if line not in lines:
+                lines.append(line)
     if not lines:
         raise DownloadError(f"no Debian archive (…/debian, …/debian-security) in {etc}/sources.list"
                             " or sources.list.d: cannot locate the driver packages")
@@ -374,6 +408,17 @@ class DriverRoot:
         return self.libdir / f"{base}.so.{self.version}"
 
     @property
+    def libdir32(self) -> Path:
+        """The directory holding the real i386 ``lib*.so.<version>`` files (when the root
+        was made with the i386 packages)."""
+        rel = _DEBIAN_LIBDIR32 if self.layout == "debian" else _LIBDIR32
+        return self.root / rel.lstrip("/")
+
+    def library32(self, base: str) -> Path:
+        """The real i386 file ``<base>.so.<version>``."""
+        return self.libdir32 / f"{base}.so.{self.version}"
+
+    @property
     def nvidia_smi(self) -> Path:
         """The real nvidia-smi program of this root."""
         rel = "usr/lib/nvidia/current/nvidia-smi" if self.layout == "debian" else "usr/bin/nvidia-smi"
@@ -393,14 +438,15 @@ def make_driver_root(dest: Path, packages: DriverPackages, layout: str, *,
     cuda = cuda_version_text(cuda_driver_version_of_debs(packages))
     node = create_node(str(dest), gpus=gpus, driver_version=kernel, cuda_version=cuda,
                        driver_files=False)
+    debs = [deb for name, deb in packages.debs.items() if name not in CONTAINER_PACKAGES]
     if layout == "debian":
-        for deb in packages.debs.values():
+        for deb in debs:
             _extract(deb, dest)
         _debian_alternatives(dest, packages)
     else:
         staging = Path(tempfile.mkdtemp(prefix=dest.name + ".debs-", dir=dest.parent))
         try:
-            for deb in packages.debs.values():
+            for deb in debs:
                 _extract(deb, staging)
             _lay_out_flat(staging, dest)
         finally:
@@ -411,6 +457,11 @@ def make_driver_root(dest: Path, packages: DriverPackages, layout: str, *,
     if cached != f"{_LIBDIR}/libcuda.so.1":
         raise AssertionError(f"{dest}/etc/ld.so.cache maps libcuda.so.1 to {cached}, "
                              f"not {_LIBDIR}/libcuda.so.1")
+    if "libcuda1:i386" in packages.debs:
+        cached = ldcache_entry(dest, "libcuda.so.1", i386=True)
+        if cached != f"{_LIBDIR32}/libcuda.so.1":
+            raise AssertionError(f"{dest}/etc/ld.so.cache maps the i386 libcuda.so.1 to "
+                                 f"{cached}, not {_LIBDIR32}/libcuda.so.1")
     return DriverRoot(dest, layout, packages.version, kernel, tuple(g.uuid for g in node.gpus))
 
 
@@ -419,23 +470,26 @@ def _extract(deb: Path, dest: Path) -> None:
 
 
 def _write_ld_so_conf(root: Path) -> None:
-    """Debian's /etc/ld.so.conf: the multiarch directories (not nvidia/current)."""
+    """Debian's /etc/ld.so.conf: the multiarch directories (not nvidia/current), i386's
+    too (libc6:i386's file, on every node with the 32-bit driver)."""
     confd = root / "etc" / "ld.so.conf.d"
     confd.mkdir(parents=True, exist_ok=True)
     (root / "etc" / "ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
     (confd / "libc.conf").write_text("/usr/local/lib\n")
     (confd / "x86_64-linux-gnu.conf").write_text(
         "# Multiarch support\n" + "".join(d + "\n" for d in _MULTIARCH_DIRS))
+    (confd / "i386-linux-gnu.conf").write_text(
+        "# Multiarch support\n" + "".join(d + "\n" for d in _MULTIARCH_DIRS32))
 
 
-def ldcache_entry(root: Path, soname: str) -> Optional[str]:
-    """The path ``<root>/etc/ld.so.cache`` gives for ``soname`` (x86-64), or None (read with
-    the host's ``ldconfig -C <cache> -p``)."""
+def ldcache_entry(root: Path, soname: str, i386: bool = False) -> Optional[str]:
+    """The path ``<root>/etc/ld.so.cache`` gives for ``soname`` (x86-64; with ``i386``, the
+    i386 entry: ``(libc6)``), or None (read with the host's ``ldconfig -C <cache> -p``)."""
     out = subprocess.run(["/sbin/ldconfig", "-C", str(root / "etc" / "ld.so.cache"), "-p"],
                          check=True, capture_output=True, text=True).stdout
     for line in out.splitlines():
         m = re.match(rf"^\s*{re.escape(soname)} \(([^)]*)\) => (\S+)$", line)
-        if m and "x86-64" in m.group(1):
+        if m and ((m.group(1) == "libc6") if i386 else ("x86-64" in m.group(1))):
             return m.group(2)
     return None
 
@@ -470,7 +524,8 @@ class Alternative:
 def alternatives_links(postinst: str) -> List[Alternative]:
     """The links a postinst would hand update-alternatives, in order: the ``--install``
     master, then every ``add_slave`` / ``add_multiarch_slave`` call with literal arguments
-    (x86_64 triplet only)."""
+    (a multiarch one for the x86_64 and the i386 triplet: the script loops over every
+    triplet, and the i386 packages install beside the x86_64 ones)."""
     prefix_match = _PREFIX.search(postinst)
     prefix = prefix_match.group(1) if prefix_match else ""
     guards = [(m.start(2), m.end(2), m.group(1)) for m in _IF_FILE.finditer(postinst)]
@@ -487,10 +542,11 @@ def alternatives_links(postinst: str) -> List[Alternative]:
         elif kind == "add_multiarch_slave" and len(args) >= 5:
             target_dir, target_sub, file, source_dir, source_sub = args[:5]
             source_file = args[6] if len(args) > 6 and args[6] else file
-            out.append(Alternative(f"{target_dir}/{_TRIPLET}/{target_sub}{file}",
-                                   f"{prefix}{file}-{_TRIPLET}",
-                                   f"{source_dir}/{_TRIPLET}/{source_sub}{source_file}",
-                                   requires))
+            for triplet in (_TRIPLET, _TRIPLET32):
+                out.append(Alternative(f"{target_dir}/{triplet}/{target_sub}{file}",
+                                       f"{prefix}{file}-{triplet}",
+                                       f"{source_dir}/{triplet}/{source_sub}{source_file}",
+                                       requires))
     return out
 
 
@@ -523,14 +579,15 @@ def _debian_alternatives(root: Path, packages: DriverPackages) -> None:
 def _flat_destination(path: str) -> Optional[str]:
     """Where NVIDIA's installer puts the file Debian ships at ``path`` (None: not at all)."""
     name = path.rsplit("/", 1)[-1]
-    for libdir in (_DEBIAN_LIBDIR, _LIBDIR):
+    for libdir, flat in ((_DEBIAN_LIBDIR, _LIBDIR), (_LIBDIR, _LIBDIR),
+                         (_DEBIAN_LIBDIR32, _LIBDIR32), (_LIBDIR32, _LIBDIR32)):
         rest = path[len(libdir) + 1:] if path.startswith(libdir + "/") else ""
         if rest and "/" not in rest:
             if name.startswith("libvdpau_nvidia."):
-                return f"{_LIBDIR}/vdpau/{name}"
+                return f"{flat}/vdpau/{name}"
             if name == "nvidia-drm_gbm.so":
                 return None  # made by _lay_out_flat as the installer makes it
-            return f"{_LIBDIR}/{name}"
+            return f"{flat}/{name}"
     if path == "/usr/lib/nvidia/current/nvidia-smi" or path.startswith(("/usr/bin/",
                                                                          "/usr/sbin/")):
         return f"/usr/bin/{name}"

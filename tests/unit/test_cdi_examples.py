@@ -1,8 +1,8 @@
 """The example specs in cdi-specs/examples/ are what ``nvshim cdi generate`` makes today.
 
 Each example is regenerated from a fresh simulated node at a fixed path
-(:data:`EXAMPLE_ROOT`, so the host paths in the files are stable) with a fixed hook
-command, and compared byte for byte with the committed file. With
+(:data:`EXAMPLE_ROOT`, so the host paths in the files are stable) with fixed hook
+commands (the links hook and the params hook), and compared byte for byte with the committed file. With
 ``NVSHIM_REGENERATE_EXAMPLES=1`` the files are rewritten instead (see cdi-specs/README.md).
 Building a simulated node needs root.
 """
@@ -27,6 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "cdi-specs" / "examples"
 EXAMPLE_ROOT = "/tmp/nvshim-example-node"
 HOOK = ("/opt/nvshim/venv/bin/python3", "-I", "-m", "nvshim.hook")
+PARAMS_HOOK = ("/opt/nvshim/venv/bin/python3", "-I", "-m", "nvshim.params_hook")
 REGENERATE = os.environ.get("NVSHIM_REGENERATE_EXAMPLES") == "1"
 
 # file name -> create_node keyword arguments
@@ -55,7 +56,8 @@ def _example_node(**kwargs: Any) -> Iterator[str]:
 def _generate(name: str) -> str:
     with _example_node(**NODES[name]) as root:
         facts = f"{root}/nvml-facts.json"
-        return dump_spec(generate_spec(Host(root, nvml_facts=facts), hook_command=HOOK), "yaml")
+        return dump_spec(generate_spec(Host(root, nvml_facts=facts), hook_command=HOOK,
+                                       params_command=PARAMS_HOOK), "yaml")
 
 
 @pytest.mark.parametrize("name", sorted(NODES))

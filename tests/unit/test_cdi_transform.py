@@ -103,3 +103,16 @@ def test_generate_hook_path(tmp_path: Path) -> None:
     assert "venv" not in json.dumps(hooks) and "python" not in json.dumps(hooks)
     bad = CliRunner().invoke(generate, ["--driver-root", node.root, "--hook-path", "nvshim"])
     assert bad.exit_code != 0
+
+
+def test_transform_moves_the_params_hooks_host_file() -> None:
+    """The host file after nvshim's params hook's --params moves with the driver root (it
+    is the driver's proc/driver/nvidia/params); other hook arguments stay."""
+    spec = json.loads(json.dumps(SPEC))
+    spec["containerEdits"]["hooks"].append({
+        "hookName": "createContainer", "path": "/usr/bin/nvshim",
+        "args": ["nvshim", "params-hook", "--params", f"{DRIVER}/proc/driver/nvidia/params"]})
+    out, _ = transform_root(spec, DRIVER, "/")
+    assert out["containerEdits"]["hooks"][-1]["args"] == [
+        "nvshim", "params-hook", "--params", "/proc/driver/nvidia/params"]
+    assert spec["containerEdits"]["hooks"][-1]["args"][-1].startswith(DRIVER)

@@ -3,10 +3,11 @@ itself back through another.
 
 Layers, bottom to top (docs/architecture.md draws them):
 
-    base modules (errors, _record, _jsonc, files, _trust, edits, configcheck, config)
+    base modules (errors, _record, _jsonc, files, _trust, _ocistate, edits, configcheck, config)
       <- host  <- cdi  <- runtime  <- node  <- cli
          host  <- sim  <- node, cli          (the simulated node: never below node)
-                          runtime  <- hook   (the createContainer hook's fixed entry name)
+                          runtime  <- hook, params_hook   (the createContainer hooks' fixed
+                                                           entry names)
 
 A module may import its own package and the packages :data:`MAY_IMPORT` lists for it
 (with the base modules), never one above: ``runtime`` (what a create runs) imports
@@ -28,7 +29,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "nvshim"
 
 #: Base modules in their own order: each may import only those before it.
 BASE = ("nvshim", "nvshim._preload", "nvshim.errors", "nvshim._record", "nvshim._jsonc", "nvshim.files",
-        "nvshim._trust", "nvshim.edits", "nvshim.configcheck", "nvshim.config")
+        "nvshim._trust", "nvshim._ocistate", "nvshim.edits", "nvshim.configcheck", "nvshim.config")
 #: The packages each package may import besides its own and the base modules (the
 #: "may import" column of docs/architecture.md's packages table).
 MAY_IMPORT = {
@@ -37,8 +38,9 @@ MAY_IMPORT = {
     "cdi": ("host",),
     "runtime": ("cdi", "host"),
     "hook": ("runtime", "host"),
+    "params_hook": ("runtime", "host"),
     "node": ("runtime", "sim", "cdi", "host"),
-    "cli": ("node", "runtime", "sim", "cdi", "host", "hook"),
+    "cli": ("node", "runtime", "sim", "cdi", "host", "hook", "params_hook"),
 }
 HEAVY = ("click", "structlog", "yaml", "jsonschema", "pynvml", "tomlkit")
 
