@@ -38,7 +38,7 @@ from nvshim.node.prefix import (
     render_cli,
     render_runtime,
 )
-from nvshim.runtime.hookargs import HOOK_MODULE
+from nvshim.runtime.hookargs import HOOK_MODULE, PARAMS_HOOK_MODULE
 
 __all__ = ["build", "main", "STDLIB_DROPPED", "DYNLOAD_DROPPED", "PayloadError"]
 
@@ -68,7 +68,8 @@ GLIBC_FAMILY = ("libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "libr
                 "libutil.so.1", "libresolv.so.2", "libanl.so.1", "libgcc_s.so.1")
 
 #: what the smoke test imports with the bundled interpreter: every dependency's top module
-SMOKE_IMPORTS = ("nvshim.runtime.main", "nvshim.cli.main", HOOK_MODULE, "click", "structlog",
+SMOKE_IMPORTS = ("nvshim.runtime.main", "nvshim.cli.main", HOOK_MODULE, PARAMS_HOOK_MODULE,
+                 "click", "structlog",
                  "pynvml", "jsonschema", "yaml", "tomlkit", "grpc", "ctypes", "json")
 
 
