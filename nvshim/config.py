@@ -260,7 +260,10 @@ def _from_compiled(path: str, data: bytes) -> Optional[Config]:
     values = doc.get("config")
     if not isinstance(values, dict):
         return None
-    return Config.from_mapping(values, path)
+    try:
+        return Config.from_mapping(values, path)
+    except TypeError:  # written by an nvshim with other keys (an upgrade under way): stale
+        return None
 
 
 def parse_config_text(data: bytes, path: str) -> Config:

@@ -128,6 +128,19 @@ def test_compiled_cache_is_used_and_invalidated(tmp_path):
     assert cfg.require_allocation is False and cfg.runtimes == ("runc", "crun")
 
 
+def test_a_compiled_copy_from_another_nvshim_is_stale_not_a_crash(tmp_path):
+    """A compiled copy whose config holds a key this nvshim does not know (written by a newer
+    one with the same version string, mid-upgrade) is ignored: the YAML is read instead, no
+    TypeError traceback."""
+    path = write(tmp_path, "require-allocation: true\n")
+    out = compile_config(path)
+    doc = json.load(open(out))
+    doc["config"]["a-key-from-a-newer-nvshim"] = True
+    open(out, "w").write(json.dumps(doc))
+    cfg = load_config(path)
+    assert cfg.require_allocation is True and cfg.source == path
+
+
 def test_compiling_twice_leaves_one_source_link_and_no_temp_files(tmp_path: Path) -> None:
     """Issue 12 item 1: compile twice: the lists, the compiled copy, the CDI index and one hard link
     to the YAML, nothing else."""
