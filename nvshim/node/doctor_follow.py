@@ -120,6 +120,18 @@ def parse_env(entries: object) -> Dict[str, str]:
     return env
 
 
+def _assign(key: str, value: str, shell: Dict[str, str], env: Dict[str, str]) -> bool:
+    """``key=value`` in the script's ``shell`` variables; False (and ``key`` forgotten in
+    both ``shell`` and ``env``) when the value cannot be known (:func:`_expand`)."""
+    expanded = _expand(value, shell)
+    if expanded is None:
+        shell.pop(key, None)
+        env.pop(key, None)
+        return False
+    shell[key] = expanded
+    return True
+
+
 def _expand(word: str, variables: Mapping[str, str]) -> Optional[str]:
     """``word`` with ``$NAME``/``${NAME}``/``${NAME:-word}`` expanded; None when it holds any
     other ``$`` or a backquote (doctor would be guessing)."""
@@ -198,27 +210,16 @@ def _wrapper_step(text: str, env: Dict[str, str]) -> Optional[str]:
                 key, eq, value = word.partition("=")
                 if not _NAME.match(key):
                     continue
-                if eq:
-                    expanded = _expand(value, shell)
-                    if expanded is None:
-                        env.pop(key, None)
-                        shell.pop(key, None)
-                        continue
-                    shell[key] = expanded
+                if eq and not _assign(key, value, shell, env):
+                    continue
                 if key in shell:
                     env[key] = shell[key]
             continue
         if all("=" in w and _NAME.match(w.partition("=")[0]) for w in words):
             for word in words:  # NAME=value: exported only when NAME already was
                 key, _, value = word.partition("=")
-                expanded = _expand(value, shell)
-                if expanded is None:
-                    shell.pop(key, None)
-                    env.pop(key, None)
-                    continue
-                shell[key] = expanded
-                if key in env:
-                    env[key] = expanded
+                if _assign(key, value, shell, env) and key in env:
+                    env[key] = shell[key]
             continue
         if words[0] != "exec":
             continue
