@@ -24,11 +24,10 @@ from typing import Any, Iterator, List
 import pytest
 
 from nvshim.node.trampoline import render
-from tests.e2e.test_kubelet_cri import Node, pod, start
-from tests.helpers.common import remove_cgroup_tree, require_binary, require_root
-from tests.helpers.containerd import Containerd
+from tests.e2e.test_kubelet_cri import Node, pod, serving, start
+from tests.helpers.common import require_binary, require_root
 from tests.helpers.containerd_samples import NVIDIA_HANDLERS, nvidia_ctk_drop_in, nvidia_ctk_main
-from tests.helpers.cri import CriClient, cri_containerd_config, import_image
+from tests.helpers.cri import cri_containerd_config
 from tests.helpers.debian13 import containerd_node_engines
 
 pytestmark = pytest.mark.e2e
@@ -74,20 +73,8 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         cwd=REPO, capture_output=True, text=True, timeout=60,
         env={"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": n.current.read_text()})
     assert configure.returncode == 0, configure.stderr
-    n.containerd = Containerd(ctrd, namespace="k8s.io", config_text=config.read_text(),
-                              bin_dir=bin_dir)
-    try:
-        n.containerd.start()
-        import_image(n.containerd, base_rootfs, base)
-        n.cri = CriClient(n.containerd.address)
+    with serving(n, ctrd, config.read_text(), bin_dir, base_rootfs):
         yield n
-    finally:
-        if n.cri is not None:
-            n.cri.remove_pods()
-        if n.containerd is not None:
-            n.containerd.stop()
-        n.kubelet.stop()
-        remove_cgroup_tree(n.cgroup)
 
 
 def _seen(n: Node, p: Any) -> List[str]:

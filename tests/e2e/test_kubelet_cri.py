@@ -111,7 +111,17 @@ def cri_node(base: Path, sim: Any, version: str, rootfs: Path) -> Iterator[Node]
         res = subprocess.run(nvshim + extra, capture_output=True, text=True, timeout=60,
                              check=False)
         assert res.returncode == 0, res.stderr
-    n.containerd = Containerd(base, namespace="k8s.io", config_text=config.read_text(),
+    with serving(n, base, config.read_text(), bin_dir, rootfs):
+        yield n
+
+
+@contextlib.contextmanager
+def serving(n: Node, base: Path, config_text: str, bin_dir: Optional[Path],
+            rootfs: Path) -> Iterator[Node]:
+    """``n`` with containerd running ``config_text`` under ``base`` (binaries from
+    ``bin_dir``), the busybox image from ``rootfs`` imported and a CRI client; on the way
+    out every pod removed, containerd, the fake kubelet and the cgroups gone."""
+    n.containerd = Containerd(base, namespace="k8s.io", config_text=config_text,
                               bin_dir=bin_dir)
     try:
         n.containerd.start()

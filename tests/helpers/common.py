@@ -232,6 +232,14 @@ class RunResult:
             + "".join(json.dumps(x) + "\n" for x in self.log_lines)
         )
 
+    def refusal(self) -> str:
+        """The one line of a refused create: exit 1, one stderr line, the same as the one
+        error line in runc's ``--log`` (what podman and containerd each show)."""
+        assert self.rc == 1, self.describe()
+        lines = self.stderr.splitlines()
+        assert len(lines) == 1 and self.log_errors == lines, self.describe()
+        return lines[0]
+
     def check(self) -> "RunResult":
         """Return self when rc is 0, else raise AssertionError with :meth:`describe`."""
         if self.rc != 0:

@@ -6,6 +6,7 @@ come back) is pinned by tests/e2e/test_installer.py; these pin the parts around 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -118,50 +119,47 @@ def test_signal_with_nothing_coming_back_names_the_socket(tmp_path: Path) -> Non
         f"(nothing owned {path} to signal; waited for its supervisor)")
 
 
-def test_signal_mode_signals_the_owner_and_waits_for_it_to_go(tmp_path: Path) -> None:
-    """The socket's owner gets the signal; it must exit before an answer counts (this one
-    is not gRPC, so the wait then times out naming the socket)."""
-    path = tmp_path / "owner.sock"
-    code = ("import socket, sys, time\n"
-            "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(1)\n"
+@contextlib.contextmanager
+def owner_of(path: Path, ignore_sighup: bool = False) -> Iterator["subprocess.Popen[bytes]"]:
+    """A process listening on ``path`` (not gRPC), reaped as a supervisor would reap it,
+    killed on the way out; ``ignore_sighup``: started as under nohup."""
+    code = ("import signal, socket, sys, time\n"
+            + ("signal.signal(signal.SIGHUP, signal.SIG_IGN)\n" if ignore_sighup else "")
+            + "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(1)\n"
             "print('up', flush=True); time.sleep(60)\n")
     owner = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE)
     try:
         assert owner.stdout is not None and owner.stdout.readline() == b"up\n"
-        reaper = threading.Thread(target=owner.wait, daemon=True)  # as a supervisor would
+        reaper = threading.Thread(target=owner.wait, daemon=True)
         reaper.start()
+        yield owner
+        reaper.join(5)
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def test_signal_mode_signals_the_owner_and_waits_for_it_to_go(tmp_path: Path) -> None:
+    """The socket's owner gets the signal; it must exit before an answer counts (this one
+    is not gRPC, so the wait then times out naming the socket)."""
+    path = tmp_path / "owner.sock"
+    with owner_of(path) as owner:
         with pytest.raises(HostError, match=f"did not answer on {path} within 1s after the "
                                             rf"restart \(SIGTERM to pid {owner.pid}\)"):
             engine_restart.restart_containerd("signal", str(path), signal_name="TERM",
                                               timeout=1)
-        reaper.join(5)
-        assert owner.returncode == -signal.SIGTERM
-    finally:
-        owner.kill()
-        owner.wait()
+    assert owner.returncode == -signal.SIGTERM
 
 
 def test_an_owner_that_ignores_sighup_gets_sigterm(tmp_path: Path) -> None:
     """A containerd started under nohup ignores SIGHUP (Go keeps an inherited ignore): the
     restart sends SIGTERM instead, says so, and the process goes."""
     path = tmp_path / "nohup.sock"
-    code = ("import signal, socket, sys, time\n"
-            "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
-            "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(1)\n"
-            "print('up', flush=True); time.sleep(60)\n")
-    owner = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE)
-    try:
-        assert owner.stdout is not None and owner.stdout.readline() == b"up\n"
-        reaper = threading.Thread(target=owner.wait, daemon=True)  # as a supervisor would
-        reaper.start()
+    with owner_of(path, ignore_sighup=True) as owner:
         with pytest.raises(HostError, match=rf"\(SIGTERM to pid {owner.pid} \(it ignores "
                                             r"SIGHUP\)\)"):
             engine_restart.restart_containerd("signal", str(path), timeout=1)
-        reaper.join(5)
-        assert owner.returncode == -signal.SIGTERM
-    finally:
-        owner.kill()
-        owner.wait()
+    assert owner.returncode == -signal.SIGTERM
 
 
 def test_cli_check_is_one_line_and_exit_1(tmp_path: Path) -> None:
