@@ -33,21 +33,24 @@ def nvshim_cli(*args: str, env: Optional[Dict[str, str]] = None,
                           capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
 
 
-def make_trampoline_world(tmp_path: Path) -> Dict[str, Any]:
+def make_trampoline_world(tmp_path: Path, record: Optional[str] = None,
+                          config_extra: str = "") -> Dict[str, Any]:
     """The trampoline rendered for this interpreter, a compiled config and a recorder runtime.
 
-    Keys: ``tramp`` (the script), ``config`` (``etc/config.yaml``, compiled), ``runtime`` (the
-    recorder, which writes its argv to ``<tmp>/rec``), ``tmp`` and ``env`` (PATH and
-    NVSHIM_CONFIG to run the trampoline with)."""
+    Keys: ``tramp`` (the script), ``config`` (``etc/config.yaml``, compiled, with
+    ``config_extra`` lines), ``runtime`` (the recorder: it writes its argv to ``<tmp>/rec``,
+    or runs the sh line ``record``), ``tmp`` and ``env`` (PATH and NVSHIM_CONFIG to run the
+    trampoline with)."""
     from nvshim.node.compile import compile_node
     from nvshim.node.trampoline import render
 
     runtime = tmp_path / "fake-runc"
-    runtime.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path / 'rec'}\n")
+    body = record if record is not None else f"printf '%s\\n' \"$@\" > {tmp_path / 'rec'}"
+    runtime.write_text(f"#!/bin/sh\n{body}\n")
     runtime.chmod(0o755)
     config = tmp_path / "etc" / "config.yaml"
     config.parent.mkdir()
-    config.write_text(f"runtimes: [{runtime}]\n")
+    config.write_text(f"runtimes: [{runtime}]\n{config_extra}")
     compile_node(str(config))
     tramp = tmp_path / "nvshim-runtime"
     tramp.write_text(render(sys.executable))

@@ -15,7 +15,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -176,25 +175,15 @@ def test_the_hook_goes_even_when_no_gpu_is_granted(tmp_path: Path, node: Any,
 def test_the_trampoline_hands_a_spec_with_only_dockers_hook_to_python(tmp_path: Path) -> None:
     """A spec whose only trace of --gpus is Docker's hook (no NVIDIA_ env: --gpus 0 on a
     plain image) reaches nvshim, which takes the hook out before the runtime runs."""
-    from nvshim.node.compile import compile_node
-    from nvshim.node.trampoline import render
+    from tests.helpers.commands import make_trampoline_world
 
-    recorder = tmp_path / "fake-runc"
-    recorder.write_text(f"#!/bin/sh\ncp \"$3/config.json\" {tmp_path / 'seen.json'}\n")
-    recorder.chmod(0o755)
-    config = tmp_path / "etc" / "config.yaml"
-    config.parent.mkdir()
-    config.write_text(f"runtimes: [{recorder}]\ngrants-journal: null\n")
-    compile_node(str(config))
-    tramp = tmp_path / "nvshim-runtime"
-    tramp.write_text(render(sys.executable))
-    tramp.chmod(0o755)
+    world = make_trampoline_world(tmp_path, record=f'cp "$3/config.json" {tmp_path / "seen.json"}',
+                                  config_extra="grants-journal: null\n")
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     (bundle / "config.json").write_text(json.dumps(docker_spec([], ["PATH=/bin"]), indent="\t"))
-    done = subprocess.run([str(tramp), "create", "--bundle", str(bundle), "x"],
-                          env={"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": str(config)},
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run([str(world["tramp"]), "create", "--bundle", str(bundle), "x"],
+                          env=world["env"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     seen = json.loads((tmp_path / "seen.json").read_text())
     assert seen["hooks"]["prestart"] == [SETKEY]
