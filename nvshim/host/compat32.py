@@ -26,7 +26,7 @@ images ``/usr/lib/i386-linux-gnu``, others ``/usr/lib32`` or ``/usr/lib``); nvsh
 host's path for both word sizes, as CDI does for 64-bit, and the cache makes either found.
 
 The records are :class:`~nvshim.host.driverfiles.Library` with capability ``compat32``,
-found by :meth:`~nvshim.host.driverfiles.DriverFileFinder.find_library32` with these rules.
+found by :func:`~nvshim.host.driverfiles.find_library32` with these rules.
 Nothing here runs unless a container asks for ``compat32``: a ``compute,utility`` create
 never reads an i386 cache entry or folder. The node plan cache keeps the answer
 (:mod:`nvshim.runtime.plancache`, section ``libraries32``, checked only when asked).

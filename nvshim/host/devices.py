@@ -1,7 +1,9 @@
 """Small records naming a GPU or a MIG device, shared by discovery and request matching.
 
 Kept apart so that :mod:`nvshim.runtime.request` (which matches tokens onto GPUs) and
-:mod:`nvshim.host.discovery` (which finds them) need not import each other.
+:mod:`nvshim.host.discovery` (which finds them) need not import each other, and so that a
+create answered by the node plan cache builds its :class:`Gpu` records without loading
+the finders (:mod:`nvshim.host.gpus`).
 """
 
 from __future__ import annotations
@@ -67,3 +69,22 @@ def normalize_pci(bus_id: str) -> Optional[str]:
     return "%04x:%02x:%02x.%s" % (int(domain, 16), int(bus, 16), int(dev, 16), fn)
 
 
+@dataclass(frozen=True)
+class Gpu:
+    """One full GPU as discovery sees it."""
+
+    index: int
+    minor: int
+    uuid: str
+    pci_bus_id: str
+    model: str
+    node: Optional[DeviceNode] = None
+    mig: Tuple[MigDevice, ...] = field(default=())
+
+    def ref(self) -> GpuRef:
+        return GpuRef(
+            self.index,
+            self.uuid,
+            self.pci_bus_id,
+            tuple(MigRef(m.gpu_index, m.index, m.uuid) for m in self.mig),
+        )

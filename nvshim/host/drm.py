@@ -7,10 +7,10 @@ opening ``/dev/dri/renderD*``). Which nodes belong to which GPU is what sysfs sa
 ``/dev/dri/by-path/pci-<bus id>-{card,render}`` links to them. All of it is read under the
 dev root (``/sys`` is the kernel's, like ``/dev``).
 
-Only the capabilities in :data:`nvshim.host.gpus.DRM_CAPABILITIES` get them, as with the reference's
-graphics modifier; a GPU without them (headless, no nvidia-drm module) gets none, and
-``doctor``/``inspect`` say so (:func:`missing_drm`). Loaded only when such a capability is
-asked for and the node plan cache does not answer.
+Only the capabilities in :data:`nvshim.host.capabilities.DRM_CAPABILITIES` get them, as
+with the reference's graphics modifier; a GPU without them (headless, no nvidia-drm module)
+gets none, and ``doctor``/``inspect`` say so (:func:`missing_drm`). Loaded only when such a
+capability is asked for and the node plan cache does not answer.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def sysfs_folder(pci_bus_id: str) -> str:
 
 def find_drm(host: Any, pci_bus_id: str) -> DrmNodes:
     """The DRM nodes of the GPU at ``pci_bus_id`` that exist under ``host``'s dev root (a
-    :class:`~nvshim.host.gpus.GpuFinder`), with the by-path links udev made to them (a
+    :class:`~nvshim.host.discovery.Host`), with the by-path links udev made to them (a
     node or link that is not there is left out)."""
     try:
         names = sorted(os.listdir(host.dev_path(sysfs_folder(pci_bus_id))))
@@ -79,7 +79,7 @@ def missing_drm(asking: Sequence[str],
                 gpus: Iterable[Tuple[int, DrmNodes]]) -> Tuple[str, ...]:
     """``"/dev/dri render node of GPU 0 (graphics)"`` for each (index, nodes) of a GPU
     lacking a card or render node that the capabilities ``asking`` for them
-    (:func:`nvshim.host.gpus.drm_capabilities`) get (empty when none asks)."""
+    (:func:`nvshim.host.capabilities.drm_capabilities`) get (empty when none asks)."""
     if not asking:
         return ()
     out = []

@@ -1,10 +1,9 @@
 """The driver's versions: the userspace files', the kernel module's, and the CUDA version
 libcuda supports.
 
-Functions of a :class:`~nvshim.host.driverfiles.DriverFileFinder` (the
-:class:`~nvshim.host.discovery.Host`), which calls them through its methods of the same
-names and imports this module only then: a create answered by the node plan cache reads
-no version and never loads it.
+Functions of the :class:`~nvshim.host.discovery.Host`, which calls them through its
+methods of the same names and imports this module only then: a create answered by the
+node plan cache reads no version and never loads it.
 """
 
 from __future__ import annotations
@@ -12,13 +11,13 @@ from __future__ import annotations
 import os
 
 from nvshim.errors import HostError
-from nvshim.host.driverfiles import LIB_DIRS
+from nvshim.host.capabilities import LIB_DIRS
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
     from typing import Optional
 
-    from nvshim.host.driverfiles import DriverFileFinder
+    from nvshim.host import Roots
 
 __all__ = ["cuda_version", "files_version", "module_version"]
 
@@ -27,7 +26,7 @@ __all__ = ["cuda_version", "files_version", "module_version"]
 _VERSION_PATTERN = r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9]+(?:\.[0-9]+)+)"
 
 
-def module_version(host: DriverFileFinder) -> Optional[str]:
+def module_version(host: Roots) -> Optional[str]:
     """The loaded kernel module's version (``/proc/driver/nvidia/version``), or None."""
     import re
 
@@ -36,7 +35,7 @@ def module_version(host: DriverFileFinder) -> Optional[str]:
     return match.group(1) if match else None
 
 
-def files_version(host: DriverFileFinder) -> Optional[str]:
+def files_version(host: Roots) -> Optional[str]:
     """The version of the driver's userspace files, or None when there are none.
 
     As the reference does: the suffix of ``libcuda.so.<version>``, else of
@@ -65,12 +64,12 @@ def files_version(host: DriverFileFinder) -> Optional[str]:
     return None
 
 
-def cuda_version(host: DriverFileFinder) -> Optional[str]:
+def cuda_version(host: Roots) -> Optional[str]:
     """The newest CUDA version libcuda says it supports (``12.2``), or None.
 
     ``cuDriverGetVersion`` answers without a GPU or a loaded module. The library is
     loaded in a child process (``python -I``, empty environment, 10 s): a driver
-    library never runs inside nvshim ithost. Callers keep the answer (the node plan
+    library never runs inside nvshim itself. Callers keep the answer (the node plan
     cache stores it), so it runs once per driver, never on an ordinary create.
     """
     try:

@@ -65,7 +65,7 @@ def generate_spec(
             raise UsageError(f'unknown device name strategy "{s}": expected index or uuid')
     if not strategies:
         raise UsageError("at least one device name strategy is needed (index, uuid)")
-    from nvshim.host.gpus import wants_drm
+    from nvshim.host.capabilities import wants_drm
 
     gpus = host.gpus(gpu_method)
     devices: List[Tuple[str, Edits]] = []

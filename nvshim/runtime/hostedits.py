@@ -70,7 +70,7 @@ def hook_links(libraries: Sequence[Library],
     if allocator is not None and graphics:
         import posixpath
 
-        from nvshim.host.discovery import system_libdir
+        from nvshim.host.capabilities import system_libdir
 
         gbm = f"{system_libdir(allocator.rsplit('/', 1)[0])}/gbm"
         links.append((posixpath.relpath(allocator, gbm), f"{gbm}/nvidia-drm_gbm.so"))
@@ -143,7 +143,7 @@ def skew_message(module: str, files: str) -> str:
 
 def gpu_edits(gpu: Gpu, drm: Optional[DrmNodes] = None) -> Edits:
     """What one full GPU adds: its ``/dev/nvidia<minor>`` node, and its DRM card and render
-    nodes when the capabilities get them (``drm``: :meth:`~nvshim.host.gpus.GpuFinder.drm`)."""
+    nodes when the capabilities get them (``drm``: :meth:`~nvshim.host.discovery.Host.drm`)."""
     nodes = ((gpu.node,) if gpu.node is not None else ()) + (drm.nodes if drm else ())
     return Edits(device_nodes=nodes) if nodes else Edits()
 
@@ -156,7 +156,7 @@ def mig_edits(parent: Gpu, mig: MigDevice) -> Edits:
 
 def _capabilities_of(basename: str) -> Tuple[str, ...]:
     """The library sets or capabilities a driver file belongs to (none: not a known one)."""
-    from nvshim.host.discovery import BINARIES, DATA_FILES, LIBRARIES
+    from nvshim.host.capabilities import BINARIES, DATA_FILES, LIBRARIES
 
     owners = [libset for libset, bases in LIBRARIES.items()
               if any(basename.startswith(base + ".so") for base in bases)]
@@ -179,8 +179,7 @@ def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits
     kept), and prune hook ``--link`` pairs whose target is no longer injected (and the
     hook's ``/dev`` links and EGL profile unless graphics or display is asked for).
     """
-    from nvshim.host.discovery import CONTROL_NODES, LIBRARY_SETS
-    from nvshim.host.gpus import wants_drm
+    from nvshim.host.capabilities import CONTROL_NODES, LIBRARY_SETS, wants_drm
 
     caps = set(capabilities)
     allowed_sets = {s for cap in caps for s in LIBRARY_SETS.get(cap, ())} | caps
@@ -400,8 +399,7 @@ def inject_gpus(host: Host, request: Request, tokens: Sequence[str], claim: Clai
     skew = host.version_skew()
     warnings = (skew_message(*skew),) if skew is not None else ()
     libraries, files = host.libraries(caps), host.driver_files(caps)
-    from nvshim.host.discovery import missing_files
-    from nvshim.host.gpus import drm_capabilities
+    from nvshim.host.capabilities import drm_capabilities, missing_files
 
     drm = drm_capabilities(caps)  # DRM nodes only for the capabilities that get them
     nodes_of = {gpu.index: host.drm(gpu) for gpu in chosen} if drm else {}
