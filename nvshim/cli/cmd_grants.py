@@ -23,7 +23,7 @@ _SHOWN_LINES = 10
 
 def _unreadable(numbers: Sequence[int]) -> str:
     """``3 unreadable lines (1-2,7)``: the count, and the first line numbers as ranges."""
-    from nvshim.runtime.tokens import describe_indices
+    from nvshim.host.devices import describe_indices
 
     shown = describe_indices(list(numbers[:_SHOWN_LINES]))
     more = ",…" if len(numbers) > _SHOWN_LINES else ""

@@ -49,7 +49,7 @@ def _migs_json(migs: Sequence[Tuple[Gpu, MigDevice]]) -> List[Dict[str, Any]]:
 def plan_summary(plan: Plan, config: Config) -> Dict[str, Any]:
     """The plan as plain JSON values: the request, what was granted, the edits, who does the
     in-root work, where the node plan and CDI registry came from."""
-    from nvshim.runtime.tokens import describe_indices
+    from nvshim.host.devices import describe_indices
 
     req = plan.request
     env = env_set(plan)

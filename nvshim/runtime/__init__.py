@@ -4,8 +4,8 @@ Owns, by job:
 
 - the entry: ``argv`` (the runtime's argv grammar), ``main``;
 - the request: ``claim`` (what config.json claims), ``identity`` (which Kubernetes
-  container it is), ``request`` (what it may get), ``tokens`` (the device-token
-  grammar, tokens onto GPUs), ``engine`` (what the engine already injected),
+  container it is), ``request`` (what it may get; the device-token grammar it reads with
+  is :mod:`nvshim.host.devices`'), ``engine`` (what the engine already injected),
   ``constraints`` (the NVIDIA_REQUIRE_* grammar), ``requirements`` (their facts and
   verdict); require-allocation's checks live in the ``allocation`` sub-package (``policy``,
   ``kubelet``, ``podresources``), loaded only when a create must ask the kubelet;

@@ -15,7 +15,7 @@ What the container is then allowed to get is decided in :mod:`nvshim.runtime.req
 Which Kubernetes container it is (and whether it is a management pod) is
 :mod:`nvshim.runtime.identity`'s to read, imported only for a spec some CRI engine or
 the kubelet wrote (:data:`KUBERNETES_PREFIX`): a Docker, podman or plain runc create
-never loads it. The token grammar (:mod:`nvshim.runtime.tokens`) is imported only when
+never loads it. The token grammar (:mod:`nvshim.host.devices`) is imported only when
 a value has tokens to parse.
 """
 
@@ -355,9 +355,9 @@ def _allows_all_devices(linux: object) -> bool:
 
 
 def _parse_tokens(value: str) -> Tuple[str, ...]:
-    """:func:`nvshim.runtime.tokens.parse_visible_devices`, importing the grammar on first
+    """:func:`nvshim.host.devices.parse_visible_devices`, importing the grammar on first
     use: a create whose spec names no device never loads it."""
-    from nvshim.runtime.tokens import parse_visible_devices
+    from nvshim.host.devices import parse_visible_devices
 
     return parse_visible_devices(value)
 

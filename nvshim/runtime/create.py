@@ -16,7 +16,7 @@ at the end, from the stages' records (:mod:`nvshim.runtime.plan` holds the recor
   (:class:`~nvshim.runtime.allocation.policy.Verification`, only when it is needed);
 - the request: the source and the devices (:func:`~nvshim.runtime.request.resolve_request`);
 - the grant (:class:`~nvshim.runtime.plan.Grant`): GPUs and MIG devices by device token
-  (:func:`~nvshim.runtime.hostedits.inject_gpus`, over :mod:`~nvshim.runtime.tokens`), CDI
+  (:func:`~nvshim.runtime.hostedits.inject_gpus`, over :mod:`~nvshim.host.devices`), CDI
   devices (:func:`~nvshim.runtime.hostedits.inject_cdi`), the engine's devices, the
   extras (:mod:`~nvshim.runtime.extras`), the edits that give them
   (:mod:`~nvshim.runtime.hostedits`) and the params copy (:mod:`~nvshim.runtime.devparams`);

@@ -367,7 +367,7 @@ def inject_gpus(host: Host, request: Request, tokens: Sequence[str], claim: Clai
     shared with ``nvshim cdi generate``); the requirements checked against them."""
     gpus = host.gpus()
     refs = tuple(g.ref() for g in gpus)
-    from nvshim.runtime.tokens import select_gpus
+    from nvshim.host.devices import select_gpus
 
     try:
         chosen_refs, chosen_migs = (select_gpus(tokens, refs, _looked_under(config, host))

@@ -9,7 +9,7 @@ filesystem.
   GPUs the engine injected) under the configured policy, including require-allocation and
   its ``management-pods``, and records every decision as a note;
 - :func:`parse_capabilities` reads NVIDIA_DRIVER_CAPABILITIES, only for a grant;
-- :func:`nvshim.runtime.tokens.select_gpus` then maps the request's tokens onto the node's
+- :func:`nvshim.host.devices.select_gpus` then maps the request's tokens onto the node's
   GPUs (pure too: the GPU records come from discovery). The token grammar lives there,
   imported only when a container names a device.
 """
@@ -57,13 +57,13 @@ class Request:
 
     @property
     def cdi_names(self) -> Tuple[str, ...]:
-        from nvshim.runtime.tokens import is_qualified
+        from nvshim.host.devices import is_qualified
 
         return tuple(d for d in self.devices if is_qualified(d))
 
     @property
     def gpu_tokens(self) -> Tuple[str, ...]:
-        from nvshim.runtime.tokens import is_qualified
+        from nvshim.host.devices import is_qualified
 
         return tuple(d for d in self.devices if not is_qualified(d))
 
@@ -112,13 +112,13 @@ def parse_capabilities(value: Optional[str], supported: Sequence[str],
 
 def _names_all(token: str) -> bool:
     """``all``, or a CDI name of a device called ``all`` (``nvidia.com/gpu=all``)."""
-    from nvshim.runtime.tokens import is_qualified
+    from nvshim.host.devices import is_qualified
 
     return token == "all" or (is_qualified(token) and token.partition("=")[2] == "all")
 
 
 def _all_uuids(tokens: Sequence[str]) -> bool:
-    from nvshim.runtime.tokens import all_uuids
+    from nvshim.host.devices import all_uuids
 
     return all_uuids(tokens)
 
@@ -149,7 +149,7 @@ def resolve_request(claim: Claim, config: Config,
     notes: List[str] = []
 
     def grant(source: str, devices: Tuple[str, ...], raw: Sequence[str] = ()) -> Request:
-        from nvshim.runtime.tokens import names_replicas
+        from nvshim.host.devices import names_replicas
 
         # parsed only for a grant: a container granted nothing behaves as with runc, whatever
         # its image says about capabilities (or a node supports)

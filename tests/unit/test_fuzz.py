@@ -26,8 +26,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from nvshim.host.devices import parse_visible_devices
 from nvshim.runtime import main as nvshim_runtime
-from nvshim.runtime.tokens import parse_visible_devices
 
 GPUS = 4
 NODE_DEVICES = {f"/dev/nvidia{i}" for i in range(GPUS)}

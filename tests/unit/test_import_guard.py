@@ -104,7 +104,7 @@ def test_create_without_gpu_request_loads_no_heavy_module(tmp_path: Path, rootfs
     assert forbidden_in(modules) == [], report(modules)
     assert "nvshim.host.discovery" not in modules, report(modules)
     # no device named: the token grammar and the require-allocation checks stay unloaded
-    assert "nvshim.runtime.tokens" not in modules, report(modules)
+    assert "nvshim.host.devices" not in modules, report(modules)
     assert "nvshim.runtime.allocation" not in modules, report(modules)
     assert "nvshim.runtime.hookargs" not in modules, report(modules)
     # nothing is given: the edits' builders and their applier stay unloaded, and a spec no

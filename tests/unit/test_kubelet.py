@@ -161,8 +161,8 @@ def test_kubelet_ids_are_parsed_once_per_create(node: Any, tmp_path: Path,
     """Each device id the kubelet lists is parsed once, into the map of the node's GPUs it
     names (KubeletIds), and the kubelet source grants from that map: the ids are not parsed
     again to build the request or to tell GPUs from other resources."""
+    import nvshim.host.devices as tokens
     import nvshim.runtime.allocation.policy as policy
-    import nvshim.runtime.tokens as tokens
 
     parsed: List[str] = []
     real = tokens.parse_visible_devices

@@ -1,4 +1,4 @@
-"""runtime/tokens.py's token grammars are string checks; each must accept exactly what the regular
+"""host/devices.py's token grammars are string checks; each must accept exactly what the regular
 expression it replaced (kept here as the specification) accepts."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from nvshim.runtime import tokens as grammar
+from nvshim.host import devices as grammar
 
 UUID_BODY = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 GPU_UUID = re.compile(r"GPU-" + UUID_BODY, re.IGNORECASE)

@@ -1,13 +1,19 @@
 """The device-token grammar (NVIDIA_VISIBLE_DEVICES and the ids device plugins hand over)
-and tokens onto this node's GPUs and MIG devices: nvshim.runtime.tokens."""
+and tokens onto this node's GPUs and MIG devices: nvshim.host.devices."""
 
 from __future__ import annotations
 
 import pytest
 
 from nvshim.errors import RequestError
-from nvshim.host.devices import GpuRef, MigRef, normalize_pci
-from nvshim.runtime.tokens import describe_indices, parse_visible_devices, select_gpus
+from nvshim.host.devices import (
+    GpuRef,
+    MigRef,
+    describe_indices,
+    normalize_pci,
+    parse_visible_devices,
+    select_gpus,
+)
 
 U0 = "GPU-11111111-2222-3333-4444-555555555550"
 U1 = "GPU-11111111-2222-3333-4444-555555555551"

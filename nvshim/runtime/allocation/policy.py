@@ -18,13 +18,13 @@ from nvshim import _jsonc
 from nvshim._record import dataclass, replace
 from nvshim.config import describe_config
 from nvshim.errors import RequestError
+from nvshim.host.devices import parse_visible_devices, select_gpus
 from nvshim.runtime.identity import (
     CRIO_ANNOTATIONS,
     SANDBOX_ANNOTATION,
     cri_engine,
     read_identity,
 )
-from nvshim.runtime.tokens import parse_visible_devices, select_gpus
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
