@@ -29,6 +29,12 @@ SLOW = ("re", "typing", "enum", "json", "copy", "contextlib", "collections", "fu
         "dataclasses", "argparse", "weakref", "inspect", "ctypes", "hashlib")
 
 
+#: How many nvshim modules a 1-GPU ``compute,utility`` create may load (plan cache fresh,
+#: no debug log): each costs 70-250 µs of every GPU create. 27 before issue 29 split the
+#: large modules (eeebd37); the splits must not raise it.
+GPU_CREATE_MODULES = 27
+
+
 def imported_modules(stderr: str) -> List[str]:
     """Module names from ``-X importtime`` lines (``import time: self | cumulative | name``)."""
     names = []
@@ -209,6 +215,13 @@ def test_gpu_create_imports_nothing_but_startup_modules_and_nvshim(tmp_path: Pat
     assert outside == [], report(modules)
     # debug-log is off: its module is not even imported (nor its events built)
     assert "nvshim.runtime.logs" not in modules, report(modules)
+    # the plan cache answers: the finders (GPUs, driver files, versions) never load
+    finders = [m for m in modules if m in ("nvshim.host.gpus", "nvshim.host.driverfiles",
+                                           "nvshim.host.versions", "nvshim.host.drm",
+                                           "nvshim.host.compat32", "nvshim.host.elf")]
+    assert finders == [], report(modules)
+    ours = [m for m in modules if m == "nvshim" or m.startswith("nvshim.")]
+    assert len(ours) <= GPU_CREATE_MODULES, report(modules)
 
 
 def test_gpu_create_with_the_debug_log_on_imports_no_heavy_module(tmp_path: Path, rootfs: Path) -> None:
