@@ -14,7 +14,8 @@ Owns, by job:
   ``specjson`` (reading and writing config.json);
 - the in-root work and its hook fallback: ``rootwork`` (who does it, and the plan),
   ``rootcache`` (the container's ld.so.cache), ``appprofile`` (the EGL application
-  profile), ``hookargs`` (the hook's command line), ``devparams``;
+  profile), ``hookargs`` (the hooks' command lines and the ``ModifyDeviceFiles: 0``
+  hook);
 - the node plan cache a create reads: ``plancache``; the grant journal: ``grants`` (append
   at create); runc-style error logs and the debug log: ``logs``.
 
