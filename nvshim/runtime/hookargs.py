@@ -260,9 +260,10 @@ def build_hook_args(links: Sequence[Tuple[str, str]], folders: Sequence[str],
                     dev_links: Sequence[Tuple[str, str]] = (),
                     egl_profile: bool = False) -> List[str]:
     """The hook arguments after ``-m nvshim.hook`` for *links* (target, link) and *folders*;
-    *host_driver_version* turns on the CUDA forward-compatibility check (nvshim.host.cudacompat);
-    *dev_links* are made under ``/dev`` for the device nodes the container has, and
-    *egl_profile* writes the EGL application profile (:mod:`nvshim.runtime.appprofile`).
+    *host_driver_version* turns on the CUDA forward-compatibility check
+    (:func:`nvshim.runtime.rootcache.compat_folder`); *dev_links* are made under ``/dev`` for
+    the device nodes the container has, and *egl_profile* writes the EGL application profile
+    (:mod:`nvshim.runtime.appprofile`).
 
     The inverse of this module's parser: ``main`` accepts exactly what this returns.
     """
