@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 
-from nvshim.edits import Edits, Hook
+from nvshim.edits import Edits, Hook, apply_edits
 from nvshim.errors import SPEC_FILE, RequestError, SpecError
 from nvshim.runtime.claim import VISIBLE_DEVICES, image_view, read_claim
 from nvshim.runtime.plan import Committed, Grant, Plan, RootfsDecision, applied_edits
@@ -209,14 +209,11 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         bare = None if out is spec else out
         new_spec = bare
         if request.set_void:
-            from nvshim.runtime.apply import apply_edits
-
             new_spec = apply_edits(out, _VOID)
         return plan(Grant(engine=engine, engine_hooks=hooks, base=bare), new_spec,
                     host=host if engine is not None else None)
     _refuse_host_root(spec, bundle)
     # what gives the container anything: not loaded for a create that gets nothing
-    from nvshim.runtime.apply import apply_edits
     from nvshim.runtime.hostedits import GpuInjection, gpus_of_edits, inject_cdi, inject_gpus
 
     if host is None:
