@@ -11,7 +11,7 @@ in, one result:
   validates it against ``config/nvshim.schema.json`` with jsonschema; every unknown key
   and bad value is found in one pass and reported in one line.
 
-Every file is read under the trust rule of :mod:`nvshim._trust` (owned by root, writable
+Every file is read under the trust rule of :mod:`nvshim.files` (owned by root, writable
 by root only, in directories only root can change).
 
 A missing file means defaults, except to a create whose config was named
@@ -25,8 +25,8 @@ import os
 
 from nvshim import __version__
 from nvshim._record import dataclass, fields
-from nvshim._trust import check_trusted, read_bytes
 from nvshim.errors import ConfigError
+from nvshim.files import check_trusted, read_bytes
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:

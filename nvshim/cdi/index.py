@@ -161,7 +161,7 @@ def _fresh(doc: Any, spec_dirs: Sequence[str]) -> str:
 def load(path: str, spec_dirs: Sequence[str]) -> Tuple[Optional[Dict[str, Any]], str]:
     """(the index document, "") when ``path`` holds a fresh index; else (the document if
     it could be read — for incremental rebuilds — or None, why it is not usable)."""
-    from nvshim._trust import read_trusted_cache
+    from nvshim.files import read_trusted_cache
 
     doc, why = read_trusted_cache(path, "CDI index")
     if why:

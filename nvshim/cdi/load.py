@@ -9,7 +9,7 @@ what it accepted; :func:`load_spec_file` does both. Every failure is a
 
 A spec's hooks run as root on the host and its mounts and device nodes go into
 containers, so a scan of the spec dirs (``check_trust``) holds each file to the config
-files' rule (:func:`nvshim._trust.check_trusted`: owned by root, writable by root only, in
+files' rule (:func:`nvshim.files.check_trusted`: owned by root, writable by root only, in
 a directory others cannot write). The check is made on the file descriptor the bytes are
 read from, so a spec swapped between a ``stat`` and the read is judged as what was read.
 A refused spec is one :class:`UntrustedProblem`, which also carries the device names the
@@ -171,8 +171,8 @@ def _declared(data: bytes, path: str, ext: str) -> Tuple[str, ...]:
 def _check_trust(path: str, info: os.stat_result, data: bytes, ext: str) -> None:
     """CdiSpecError (one :class:`UntrustedProblem`) when the file read (``info``: its fstat)
     or its directory fails the config files' trust rule."""
-    from nvshim._trust import check_trusted
     from nvshim.errors import ConfigError
+    from nvshim.files import check_trusted
 
     try:
         check_trusted(path, info, "CDI spec")

@@ -11,7 +11,7 @@ known only when it starts, so the hook reads it from the container's ``/dev``.
 So a container that gets ``nvidia.com/gpu=1`` from this spec sees exactly what
 ``NVIDIA_VISIBLE_DEVICES=1`` gives through nvshim-runtime, ``ModifyDeviceFiles: 0``
 included: the spec-level edits carry nvshim's params hook
-(:func:`nvshim.runtime.devparams.spec_hook`, run by :mod:`nvshim.params_hook`) where the
+(:func:`nvshim.runtime.hookargs.spec_hook`, run by :mod:`nvshim.params_hook`) where the
 runtime writes its bundle copy, unless ``disable-device-node-modification`` is off.
 """
 
@@ -101,7 +101,7 @@ def generate_spec(
     if params_command:
         import os
 
-        from nvshim.runtime.devparams import PARAMS, spec_hook
+        from nvshim.runtime.hookargs import PARAMS, spec_hook
 
         host_params = os.path.join(os.path.abspath(host.driver_root), PARAMS)
         common = common + Edits(hooks=(spec_hook(params_command, host_params),))

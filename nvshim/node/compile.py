@@ -14,7 +14,6 @@ import os
 import stat
 
 from nvshim import __version__
-from nvshim._trust import read_bytes
 from nvshim.cdi import index as cdiindex
 from nvshim.config import (
     Config,
@@ -29,7 +28,7 @@ from nvshim.config import (
 )
 from nvshim.configcheck import describe_problems
 from nvshim.errors import ConfigError
-from nvshim.files import write_atomic
+from nvshim.files import read_bytes, write_atomic
 from nvshim.runtime.plancache import refresh
 
 TYPE_CHECKING = False

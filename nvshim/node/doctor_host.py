@@ -195,11 +195,11 @@ def check_cdi_specs(host: Host, spec_dirs: Sequence[str]) -> List[Finding]:
 
 def check_cdi_spec_trust(spec_dirs: Sequence[str]) -> List[Finding]:
     """One failure per spec file of ``spec_dirs`` that the config files' trust rule
-    refuses (:func:`nvshim._trust.check_trusted`, as a create's scan applies it), else one
+    refuses (:func:`nvshim.files.check_trusted`, as a create's scan applies it), else one
     ok; ``skip`` when not root (the rule protects root only)."""
-    from nvshim._trust import check_trusted
     from nvshim.cdi.registry import spec_files
     from nvshim.errors import ConfigError
+    from nvshim.files import check_trusted
 
     name = "cdi-spec-trust"
     where = ", ".join(spec_dirs) or "(no directories)"

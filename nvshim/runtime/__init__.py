@@ -10,11 +10,12 @@ Owns, by job:
   verdict); require-allocation's checks live in the ``allocation`` sub-package (``policy``,
   ``kubelet``, ``podresources``), loaded only when a create must ask the kubelet;
 - the edits: ``create`` (the stages and commit), ``plan`` (the stages' records),
-  ``hostedits``, ``extras``, ``apply``,
-  ``specjson`` (reading and writing config.json);
+  ``hostedits``, ``extras``, ``specjson`` (reading and writing config.json); applying
+  them to the spec is :func:`nvshim.edits.apply_edits`, beside the records;
 - the in-root work and its hook fallback: ``rootwork`` (who does it, and the plan),
   ``rootcache`` (the container's ld.so.cache), ``appprofile`` (the EGL application
-  profile), ``hookargs`` (the hook's command line), ``devparams``;
+  profile), ``hookargs`` (the hooks' command lines and the ``ModifyDeviceFiles: 0``
+  hook);
 - the node plan cache a create reads: ``plancache``; the grant journal: ``grants`` (append
   at create); runc-style error logs and the debug log: ``logs``.
 

@@ -19,7 +19,8 @@ at the end, from the stages' records (:mod:`nvshim.runtime.plan` holds the recor
   (:func:`~nvshim.runtime.hostedits.inject_gpus`, over :mod:`~nvshim.host.devices`), CDI
   devices (:func:`~nvshim.runtime.hostedits.inject_cdi`), the engine's devices, the
   extras (:mod:`~nvshim.runtime.extras`), the edits that give them
-  (:mod:`~nvshim.runtime.hostedits`) and the params copy (:mod:`~nvshim.runtime.devparams`);
+  (:mod:`~nvshim.runtime.hostedits`) and the params copy
+  (:func:`~nvshim.runtime.hookargs.params_hook`);
 - the rootfs decision (:class:`~nvshim.runtime.plan.RootfsDecision`): who makes the SONAME
   links, the ld.so.cache and the EGL application profile (:mod:`~nvshim.runtime.rootwork`).
 
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import os
 
-from nvshim.edits import Edits, Hook
+from nvshim.edits import Edits, Hook, apply_edits
 from nvshim.errors import SPEC_FILE, RequestError, SpecError
 from nvshim.runtime.claim import VISIBLE_DEVICES, image_view, read_claim
 from nvshim.runtime.plan import Committed, Grant, Plan, RootfsDecision, applied_edits
@@ -208,14 +209,11 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         bare = None if out is spec else out
         new_spec = bare
         if request.set_void:
-            from nvshim.runtime.apply import apply_edits
-
             new_spec = apply_edits(out, _VOID)
         return plan(Grant(engine=engine, engine_hooks=hooks, base=bare), new_spec,
                     host=host if engine is not None else None)
     _refuse_host_root(spec, bundle)
     # what gives the container anything: not loaded for a create that gets nothing
-    from nvshim.runtime.apply import apply_edits
     from nvshim.runtime.hostedits import GpuInjection, gpus_of_edits, inject_cdi, inject_gpus
 
     if host is None:
@@ -241,7 +239,7 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
     node = GpuInjection()
     params = False
     if cdi_names:  # a generated spec's params hook: the runtime's own does it cheaper
-        from nvshim.runtime.devparams import without_spec_hooks
+        from nvshim.runtime.hookargs import without_spec_hooks
 
         edits, params = without_spec_hooks(edits)
         params = params and config.disable_device_node_modification
@@ -341,10 +339,10 @@ def _extras(claim: Claim, config: Config, request: Request) -> Optional[Extras]:
 def _params(spec: SpecDict, bundle: str,
             driver_root: str) -> Optional[Tuple[Hook, Tuple[str, bytes]]]:
     """(the hook showing ``ModifyDeviceFiles: 0``, (the bundle file it binds, its content))
-    when the host's params say 1 (:mod:`nvshim.runtime.devparams`); None otherwise."""
-    from nvshim.runtime import devparams
+    when the host's params say 1 (:mod:`nvshim.runtime.hookargs`); None otherwise."""
+    from nvshim.runtime.hookargs import BUNDLE_FILE, modified_params, params_hook
 
-    content = devparams.modified_params(driver_root)
+    content = modified_params(driver_root)
     if content is None:
         return None
     from nvshim.runtime.rootwork import rootfs_path
@@ -353,8 +351,8 @@ def _params(spec: SpecDict, bundle: str,
     rootfs = rootfs_path(spec, os.path.abspath(bundle))
     if rootfs is None:
         return None
-    copy = os.path.join(os.path.abspath(bundle), devparams.BUNDLE_FILE)
-    return devparams.params_hook(rootfs, copy), (copy, content)
+    copy = os.path.join(os.path.abspath(bundle), BUNDLE_FILE)
+    return params_hook(rootfs, copy), (copy, content)
 
 
 def _decide_rootwork(spec: SpecDict, bundle: str, host: Host, grant: Grant) -> RootfsDecision:

@@ -13,7 +13,7 @@ read these records; pure, nothing here touches the filesystem.
 from __future__ import annotations
 
 from nvshim._record import dataclass, field
-from nvshim.edits import Edits
+from nvshim.edits import Edits, apply_edits
 
 TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
 if TYPE_CHECKING:
@@ -191,8 +191,6 @@ class Plan:
     def render(self, rootfs: Optional[RootfsDecision] = None) -> SpecDict:
         """The new config.json under ``rootfs`` (this plan's decision by default): the
         applied edits on :attr:`Grant.base` or the spec (pure)."""
-        from nvshim.runtime.apply import apply_edits
-
         base = self.spec if self.grant.base is None else self.grant.base
         return apply_edits(base, self.applied_edits(rootfs))
 

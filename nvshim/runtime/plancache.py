@@ -319,7 +319,7 @@ def _key(driver_root: str, dev_root: str, nvml_facts: Optional[str]) -> Dict[str
 def load(path: str, driver_root: str, dev_root: str,
          nvml_facts: Optional[str] = None) -> Tuple[Optional[CachedHost], str]:
     """The cached host when ``path`` holds a valid, fresh plan; else (None, why not)."""
-    from nvshim._trust import read_trusted_cache
+    from nvshim.files import read_trusted_cache
 
     doc, why = read_trusted_cache(path, "plan cache")
     if why:

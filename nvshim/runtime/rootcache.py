@@ -1,4 +1,6 @@
-"""The container's ld.so.cache: the image's entries merged with the injected libraries'.
+"""The container's ld.so.cache: the image's entries merged with the injected libraries',
+and an image's CUDA forward-compatibility folder put first when it is newer than the
+host driver (:func:`compat_folder`).
 
 A container that gets driver libraries needs them in its ``/etc/ld.so.cache`` (the
 loader reads the cache, not the folders) and ``/etc/ld.so.conf.d/00-nvshim.conf`` naming
@@ -15,6 +17,22 @@ is described by the plan (:data:`Planned`: flags and SONAME read from the host f
 
 Start-up matters (this runs on every GPU create): ``os`` and nvshim's in-root and
 ld.so.cache modules only.
+
+CUDA forward compatibility: an image's newer ``libcuda`` goes before the host driver's.
+
+A CUDA image built for a newer CUDA than the host driver supports can ship the CUDA
+forward-compatibility package: ``/usr/local/cuda/compat/libcuda.so.<version>`` (with its
+``libcuda.so.1`` link and friends), made to run on an older kernel driver. When the image
+has exactly one ``libcuda.so.<major>.<minor>[.<patch>]`` there and its major version is
+higher than the host driver's, that directory is put first in the container's loader
+configuration (``/etc/ld.so.conf.d/00-nvshim.conf`` and the ld.so.cache), so
+``libcuda.so.1`` resolves to the compat library; otherwise the host driver's libcuda stays
+first (an older or equal compat library would only shadow the real driver). The reference
+reads an ELF note of the compat library first and falls back to this major comparison;
+nvshim uses the comparison alone.
+
+Everything is read inside the container rootfs through :mod:`nvshim.host.inroot`: the image
+controls this directory, so its symlinks cannot lead the check (or the cache) outside.
 """
 
 from __future__ import annotations
@@ -39,11 +57,14 @@ if TYPE_CHECKING:
     Planned = Dict[str, Tuple[int, Optional[str]]]
 
 __all__ = [
+    "COMPAT_DIR",
     "LDCACHE",
     "LDCACHE_MAX_BYTES",
     "LDCONF",
     "LDCONF_DROPIN",
     "MAX_FOLDER_LIBS",
+    "compat_folder",
+    "driver_major",
     "elf_info",
     "lib_name",
     "update_ldcache",
@@ -259,6 +280,38 @@ def _merge(existing: Sequence[CacheEntry], added: Sequence[CacheEntry]) -> List[
     return out
 
 
+# CUDA forward compatibility: the image's compat folder first
+
+COMPAT_DIR = "/usr/local/cuda/compat"
+# compiled only for an image that has the compat dir (re costs ~6 ms to import per create)
+_COMPAT_LIBCUDA = r"^libcuda\.so\.([0-9]+)\.[0-9]+(?:\.[0-9]+)?$"
+
+
+def driver_major(version: str) -> Optional[int]:
+    """``550`` for ``550.54.15``; None when ``version`` does not start with a number."""
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def compat_folder(root: _inroot.RootFd, host_driver_version: str) -> Optional[str]:
+    """:data:`COMPAT_DIR` when the image's compat libcuda is newer than the host driver."""
+    host = driver_major(host_driver_version)
+    if host is None:
+        return None
+    try:
+        names = _inroot.list_dir(root, COMPAT_DIR)
+    except OSError:
+        return None  # not a directory, a symlink loop, unreadable: no compat package
+    if not names:
+        return None
+    import re
+
+    majors = [int(m.group(1)) for m in (re.match(_COMPAT_LIBCUDA, n) for n in names) if m]
+    if len(majors) != 1 or majors[0] <= host:
+        return None
+    return COMPAT_DIR
+
+
 def update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
                    planned: Optional[Mapping[str, Planned]] = None,
                    host_driver_version: Optional[str] = None) -> List[str]:
@@ -268,7 +321,7 @@ def update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
     the image's entries plus :func:`_folder_entries` of each folder. Files are rewritten
     only when their content changes. OSError becomes :class:`HostError` (cause kept).
     With *host_driver_version*, an image's newer CUDA compat directory goes first
-    (:mod:`nvshim.host.cudacompat`).
+    (:func:`compat_folder`).
 
     With *planned* (the runtime, which runs as host root in the engine's cgroup) a folder
     holding more than :data:`MAX_FOLDER_LIBS` of the image's libraries is not scanned; the
@@ -276,8 +329,6 @@ def update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
     own folders, and cannot tell the mounted driver files from the image's: it scans all.
     """
     if host_driver_version:
-        from nvshim.host.cudacompat import compat_folder
-
         compat = compat_folder(root, host_driver_version)
         if compat is not None and compat not in folders:
             folders = (compat, *folders)

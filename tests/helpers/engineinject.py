@@ -4,7 +4,7 @@
 reference library does (spec-level edits once, then each device's; env replaced by name,
 ``linux.devices`` plus one cgroup allow rule per node, mounts appended and sorted by depth,
 hooks appended), written here in plain Python so that tests of nvshim never build their
-input with nvshim's own :func:`~nvshim.runtime.apply.apply_edits`.
+input with nvshim's own :func:`~nvshim.edits.apply_edits`.
 :func:`nvidia_style_hooks` turns nvshim's hook in a spec into the ``nvidia-cdi-hook`` hooks
 NVIDIA's ``nvidia-ctk cdi generate`` writes (create-symlinks, update-ldcache).
 """

@@ -7,8 +7,7 @@ import copy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvshim.edits import DeviceNode, Edits, Hook, Mount
-from nvshim.runtime.apply import apply_edits
+from nvshim.edits import DeviceNode, Edits, Hook, Mount, apply_edits
 
 
 def base_spec():

@@ -1,5 +1,5 @@
 """CDI spec files and their directories are held to the config files' trust rule
-(:func:`nvshim._trust.check_trusted`): a spec others could have written is skipped by every
+(:func:`nvshim.files.check_trusted`): a spec others could have written is skipped by every
 scan (the registry, the index a create reads), named by ``nvshim cdi list`` and ``nvshim
 doctor``, and a create asking for a device only such a spec has fails in one line naming
 the spec and the rule. The index records its verdicts so that a spec changed after

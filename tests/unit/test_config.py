@@ -187,7 +187,7 @@ def test_a_fifo_config_is_refused_without_waiting(tmp_path):
 def test_a_fifo_cache_is_not_used_and_does_not_block(tmp_path):
     """A FIFO where the node plan cache or the CDI index lives is 'not a regular file':
     the create rebuilds instead of waiting."""
-    from nvshim._trust import read_trusted_cache
+    from nvshim.files import read_trusted_cache
 
     fifo = tmp_path / "config.plan.json"
     os.mkfifo(fifo)

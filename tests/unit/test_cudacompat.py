@@ -1,4 +1,5 @@
-"""nvshim.host.cudacompat: when an image's compat libcuda goes first (tables on temp rootfs trees)."""
+"""CUDA forward compatibility (nvshim.runtime.rootcache): when an image's compat libcuda goes
+first (tables on temp rootfs trees)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import List, Optional
 import pytest
 
 from nvshim.host import inroot as _inroot
-from nvshim.host.cudacompat import COMPAT_DIR, compat_folder, driver_major
 from nvshim.runtime.hookargs import build_hook_args, parse_host_driver_version
+from nvshim.runtime.rootcache import COMPAT_DIR, compat_folder, driver_major
 
 
 def rootfs_with(tmp_path: Path, names: List[str]) -> Path:

@@ -113,10 +113,9 @@ def test_create_without_gpu_request_loads_no_heavy_module(tmp_path: Path, rootfs
     assert "nvshim.host.devices" not in modules, report(modules)
     assert "nvshim.runtime.allocation" not in modules, report(modules)
     assert "nvshim.runtime.hookargs" not in modules, report(modules)
-    # nothing is given: the edits' builders and their applier stay unloaded, and a spec no
-    # CRI engine annotated never loads the Kubernetes identity reader
+    # nothing is given: the edits' builders stay unloaded, and a spec no CRI engine
+    # annotated never loads the Kubernetes identity reader
     assert "nvshim.runtime.hostedits" not in modules, report(modules)
-    assert "nvshim.runtime.apply" not in modules, report(modules)
     assert "nvshim.runtime.identity" not in modules, report(modules)
     assert (bundle / "config.json").read_bytes() == before
 

@@ -37,7 +37,7 @@ ALLOWED = {("runtime/specjson.py", "TypeError"), ("cdi/load.py", "ValueError"),
 #: (_jsonc's fallback to the json package, config's duplicate-key hook for yaml and its
 #: not-a-regular-file signal) and
 #: dataclasses' FrozenInstanceError, which records mirror.
-INTERNAL = {"nvshim._jsonc._Fallback", "nvshim.node.cdirefresh._Stop", "nvshim.config._DuplicateKey", "nvshim._trust._NotAFile",
+INTERNAL = {"nvshim._jsonc._Fallback", "nvshim.node.cdirefresh._Stop", "nvshim.config._DuplicateKey", "nvshim.files._NotAFile",
             "nvshim._record.FrozenInstanceError"}
 BUILTIN = {"ValueError", "OSError", "KeyError", "TypeError", "RuntimeError", "Exception",
            "IndexError", "LookupError", "IOError", "FileNotFoundError", "PermissionError"}
