@@ -25,7 +25,9 @@ The 32-bit libraries ``compat32`` asks for (:mod:`nvshim.host.compat32`) are a s
 their own (``libraries32``, ``elf32``, ``watch32``): found when the plan is built, but
 their paths are stat'ed only by a create that asks for ``compat32``, so a
 ``compute,utility`` create checks no more paths than before. A stale section is
-rediscovered live for that create (the rest of the plan still answers).
+rediscovered live for that create (the rest of the plan still answers). The GPUs' DRM
+nodes and by-path links (``drm``, ``watchdrm``) are kept the same way: stat'ed only by a
+create that asks for ``graphics`` or ``display``.
 
 Writes go through :func:`nvshim.files.write_atomic` (a temp file per process, then
 rename), so parallel first creates each write a complete file and the last rename wins.
@@ -61,7 +63,7 @@ if TYPE_CHECKING:
 __all__ = ["CachedHost", "FORMAT", "build", "host_for", "load", "refresh"]
 
 #: Bumped whenever the document's shape changes.
-FORMAT = 3
+FORMAT = 4
 
 # --------------------------------------------------------------------------- records
 
@@ -109,6 +111,8 @@ class CachedHost(Host):
         self._libs: Dict[str, Optional[Dict[str, Any]]] = doc["libraries"]
         self._files = tuple(DriverFile(**f) for f in doc["files"])
         self._drm: Dict[str, Dict[str, Any]] = doc["drm"]
+        self._watchdrm: Optional[List[Any]] = doc["watchdrm"]  # None once checked and fresh
+        self._staledrm = False
         self.elf: Dict[str, Tuple[int, Optional[str]]] = {
             path: (flags, soname) for path, flags, soname in doc["elf"]
         }
@@ -139,8 +143,13 @@ class CachedHost(Host):
         return None if found is None else Library(capability=capability, **found)
 
     def drm(self, gpu: Gpu) -> DrmNodes:
+        """The GPU's DRM nodes from the plan, its ``watchdrm`` paths stat'ed on first use (a
+        stale section, or a GPU it does not list, is looked up live)."""
+        if self._watchdrm is not None:
+            self._staledrm = any(_stat(path) != sig for path, sig in self._watchdrm)
+            self._watchdrm = None
         found = self._drm.get(gpu.pci_bus_id)
-        if found is None:
+        if found is None or self._staledrm:
             return super().drm(gpu)
         from nvshim.host.drm import DrmNodes
 
@@ -220,14 +229,22 @@ def _watched(host: Host, doc: Dict[str, Any]) -> List[str]:
             pass  # no MIG directory: its absence is watched
         for mig in gpu["mig"]:
             paths += [n["host_path"] for n in mig["cap_nodes"]]
-        drm = doc["drm"].get(gpu["pci_bus_id"], {"nodes": []})
-        paths.append(dp(f"/sys/bus/pci/devices/{gpu['pci_bus_id']}/drm"))
-        paths += [n["host_path"] for n in drm["nodes"]]
-    paths += [dp("/dev/dri"), dp("/dev/dri/by-path")]
     found = [lib["host_path"] for lib in doc["libraries"].values() if lib is not None]
     found += [f["host_path"] for f in doc["files"]]
     # the folders the files lie in (links resolved): an upgrade replaces files there
     paths += found + [path.rsplit("/", 1)[0] for path in found]
+    return list(dict.fromkeys(paths))
+
+
+def _watcheddrm(host: Host, doc: Dict[str, Any]) -> List[str]:
+    """The paths the DRM section depends on: each GPU's sysfs ``drm`` folder and nodes, and
+    ``/dev/dri`` with its ``by-path`` links."""
+    dp = host.dev_path
+    paths = []
+    for gpu in doc["gpus"]:
+        paths.append(dp(f"/sys/bus/pci/devices/{gpu['pci_bus_id']}/drm"))
+        paths += [n["host_path"] for n in doc["drm"].get(gpu["pci_bus_id"], {"nodes": []})["nodes"]]
+    paths += [dp("/dev/dri"), dp("/dev/dri/by-path")]
     return list(dict.fromkeys(paths))
 
 
@@ -295,6 +312,7 @@ def build(host: Host) -> Dict[str, Any]:
     doc["elf"] = [[lib["host_path"], *elf_info(lib["host_path"])]
                   for lib in libraries.values() if lib is not None]
     doc["watch"] = [[path, _stat(path)] for path in _watched(host, doc)]
+    doc["watchdrm"] = [[path, _stat(path)] for path in _watcheddrm(host, doc)]
     doc["libraries32"] = libraries32
     doc["elf32"] = [[lib["host_path"], *elf_info(lib["host_path"])]
                     for lib in libraries32.values() if lib is not None]

@@ -1,0 +1,60 @@
+"""The node plan cache's DRM section (issue 29): the GPUs' card and render nodes are found
+when the plan is built, but stat'ed only by a create that asks for graphics or display, so
+a compute,utility create checks no more paths than before DRM nodes existed."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import nvshim
+from nvshim.host.discovery import Host
+from nvshim.runtime.plancache import CachedHost, build, load
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the simulated node needs root (mknod)")
+
+
+def _plan(tmp_path: Path, root: str) -> str:
+    doc = build(Host(root))
+    doc["key"] = {"nvshim-version": nvshim.__version__, "driver-root": root, "dev-root": root,
+                  "nvml-facts": None}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_drm_paths_are_a_section_of_their_own(tmp_path: Path) -> None:
+    from nvshim.sim.build import create_node
+
+    node = create_node(str(tmp_path / "node"), gpus=2)
+    doc = json.loads(Path(_plan(tmp_path, node.root)).read_text())
+    assert not any("/dev/dri" in p or "/drm" in p for p, _ in doc["watch"])
+    watched = [p for p, _ in doc["watchdrm"]]
+    assert f"{node.root}/dev/dri/by-path" in watched
+    assert sum(p.startswith(f"{node.root}/dev/dri/card") for p in watched) == 2
+    assert sum(p.startswith(f"{node.root}/dev/dri/renderD") for p in watched) == 2
+
+
+def test_a_changed_drm_node_leaves_compute_fresh_and_graphics_sees_it(tmp_path: Path) -> None:
+    """A render node that goes keeps the plan fresh for everything but DRM; the DRM
+    lookup of that create sees the change (looked up live), and the untouched GPU's nodes
+    are right too."""
+    from nvshim.sim.build import create_node
+
+    node = create_node(str(tmp_path / "node"), gpus=2)
+    plan = _plan(tmp_path, node.root)
+    cached, why = load(plan, node.root, node.root)
+    assert isinstance(cached, CachedHost), why
+    gpu0, gpu1 = cached.gpus()
+    before = {g.index: [n.path for n in cached.drm(g).nodes] for g in (gpu0, gpu1)}
+    render1 = next(p for p in before[1] if "renderD" in p)
+    os.unlink(node.root + render1)
+
+    cached, why = load(plan, node.root, node.root)
+    assert isinstance(cached, CachedHost), why  # compute,utility: still answered by the plan
+    assert [n.path for n in cached.drm(gpu1).nodes] == [p for p in before[1] if p != render1]
+    assert [n.path for n in cached.drm(gpu0).nodes] == before[0]
+    assert cached.gpus() == (gpu0, gpu1)
