@@ -7,7 +7,7 @@ specs already loaded (a full scan, :func:`load_registry`, or the index's selecti
 :func:`resolve_devices` merges the edits of the requested names;
 :func:`refuse_unapplied` refuses names whose edits set a field nvshim cannot apply, and
 :func:`fill_device_nodes` gives device nodes their host node's type and numbers (the
-steps of a create's :func:`nvshim.runtime.hostedits.inject_cdi`).
+steps of a create's :func:`nvshim.runtime.cdiedits.inject_cdi`).
 """
 
 from __future__ import annotations

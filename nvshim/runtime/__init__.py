@@ -10,8 +10,9 @@ Owns, by job:
   verdict); require-allocation's checks live in the ``allocation`` sub-package (``policy``,
   ``kubelet``, ``podresources``), loaded only when a create must ask the kubelet;
 - the edits: ``create`` (the stages and commit), ``plan`` (the stages' records),
-  ``hostedits``, ``extras``, ``specjson`` (reading and writing config.json); applying
-  them to the spec is :func:`nvshim.edits.apply_edits`, beside the records;
+  ``hostedits`` (device tokens), ``cdiedits`` (CDI names), ``extras``, ``specjson``
+  (reading and writing config.json); applying them to the spec is
+  :func:`nvshim.edits.apply_edits`, beside the records;
 - the in-root work and its hook fallback: ``rootwork`` (who does it, and the plan),
   ``rootcache`` (the container's ld.so.cache), ``appprofile`` (the EGL application
   profile), ``hookargs`` (the hooks' command lines and the ``ModifyDeviceFiles: 0``

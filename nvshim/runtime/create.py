@@ -17,7 +17,7 @@ at the end, from the stages' records (:mod:`nvshim.runtime.plan` holds the recor
 - the request: the source and the devices (:func:`~nvshim.runtime.request.resolve_request`);
 - the grant (:class:`~nvshim.runtime.plan.Grant`): GPUs and MIG devices by device token
   (:func:`~nvshim.runtime.hostedits.inject_gpus`, over :mod:`~nvshim.host.devices`), CDI
-  devices (:func:`~nvshim.runtime.hostedits.inject_cdi`), the engine's devices, the
+  devices (:func:`~nvshim.runtime.cdiedits.inject_cdi`), the engine's devices, the
   extras (:mod:`~nvshim.runtime.extras`), the edits that give them
   (:mod:`~nvshim.runtime.hostedits`) and the params copy
   (:func:`~nvshim.runtime.hookargs.params_hook`);
@@ -156,7 +156,7 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         hooks = engine_hooks(spec)
         notes += hooks.notes
         assert host is not None  # the engine's grant was matched against it
-        from nvshim.runtime.hostedits import engine_stale
+        from nvshim.runtime.cdiedits import engine_stale
 
         stale = engine_stale(spec, config, host)
         notes += stale
@@ -214,7 +214,7 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
                     host=host if engine is not None else None)
     _refuse_host_root(spec, bundle)
     # what gives the container anything: not loaded for a create that gets nothing
-    from nvshim.runtime.hostedits import GpuInjection, gpus_of_edits, inject_cdi, inject_gpus
+    from nvshim.runtime.hostedits import GpuInjection, gpus_of_edits, inject_gpus
 
     if host is None:
         from nvshim.runtime.plancache import host_for
@@ -227,6 +227,8 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
     cdi_source = ""
     cdi_names = request.cdi_names
     if cdi_names:
+        from nvshim.runtime.cdiedits import inject_cdi
+
         cdi = inject_cdi(cdi_names, config, request.capabilities, host, save_cache)
         cdi_source = cdi.source
         if log is not None:

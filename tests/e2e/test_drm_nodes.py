@@ -17,7 +17,7 @@ import pytest
 from nvshim.host.discovery import Host
 from nvshim.node.cdigen import generate_spec
 from nvshim.node.compile import compile_node
-from nvshim.runtime.hostedits import restrict_to_capabilities
+from nvshim.runtime.cdiedits import restrict_to_capabilities
 from tests.helpers.bundle import make_bundle
 from tests.helpers.common import require_root, unique_id
 from tests.helpers.node import write_nvshim_config

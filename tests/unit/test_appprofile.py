@@ -181,8 +181,8 @@ def test_only_graphics_and_display_ask_for_the_profile(tmp_path: Path, caps: str
 def test_restricting_a_cdi_hook_to_compute_drops_the_profile_and_dev_links() -> None:
     """A generated spec's hook carries --egl-profile and --dev-link; injected for
     compute,utility it keeps its libraries' work but neither of those."""
+    from nvshim.runtime.cdiedits import restrict_to_capabilities
     from nvshim.runtime.hookargs import parse_graphics_args, parse_hook_args
-    from nvshim.runtime.hostedits import restrict_to_capabilities
 
     lib = "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
     hook = _hook(links=[("libcuda.so.550.54.15", "/usr/lib/x86_64-linux-gnu/libcuda.so.1")],

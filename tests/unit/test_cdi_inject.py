@@ -1,4 +1,4 @@
-"""A create's CDI names become edits in one call (hostedits.inject_cdi): resolved from the
+"""A create's CDI names become edits in one call (cdiedits.inject_cdi): resolved from the
 spec index, checked against what nvshim can apply and against the node, device nodes filled
 through the host seam, driver files cut to the capabilities asked for."""
 
@@ -13,8 +13,8 @@ import pytest
 from nvshim.config import Config
 from nvshim.errors import CdiError, HostError
 from nvshim.host.discovery import Host
+from nvshim.runtime.cdiedits import inject_cdi
 from nvshim.runtime.create import plan_create
-from nvshim.runtime.hostedits import inject_cdi
 
 NULL = {"path": "/dev/nvnull", "hostPath": "/dev/null"}  # a real node on every machine
 

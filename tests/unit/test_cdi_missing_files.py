@@ -13,7 +13,7 @@ import pytest
 from nvshim.config import Config
 from nvshim.errors import CdiError
 from nvshim.host.discovery import Host
-from nvshim.runtime.hostedits import inject_cdi, refresh_fix
+from nvshim.runtime.cdiedits import inject_cdi, refresh_fix
 
 
 def config_for(tmp_path: Path, **kw: Any) -> Config:

@@ -19,7 +19,7 @@ from nvshim.config import Config
 from nvshim.edits import Hook, Mount
 from nvshim.errors import CdiError
 from nvshim.host.discovery import Host
-from nvshim.runtime.hostedits import inject_cdi
+from nvshim.runtime.cdiedits import inject_cdi
 
 OLD, NEW = "535.104.05", "550.54.15"
 LIB = "/usr/lib/x86_64-linux-gnu"

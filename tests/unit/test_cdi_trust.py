@@ -21,7 +21,7 @@ from nvshim.cli.cmd_cdi import cdi as cdi_group
 from nvshim.config import Config
 from nvshim.errors import CdiError
 from nvshim.host.discovery import Host
-from nvshim.runtime.hostedits import inject_cdi
+from nvshim.runtime.cdiedits import inject_cdi
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the trust rule protects root only")
 

@@ -20,7 +20,8 @@ from nvshim.host.compat32 import LIB32_DIRS, is_i386_elf
 from nvshim.host.discovery import Host
 from nvshim.host.elf import build_shared_object
 from nvshim.host.ldcache import FLAG_ELF_LIBC6, CacheEntry, build_ldcache, read_ldcache
-from nvshim.runtime.hostedits import driver_edits, hook_links, restrict_to_capabilities
+from nvshim.runtime.cdiedits import restrict_to_capabilities
+from nvshim.runtime.hostedits import driver_edits, hook_links
 
 VERSION = "550.54.15"
 LIB32 = "/usr/lib/i386-linux-gnu"
