@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from typing import Any, BinaryIO, List, Optional, Tuple
 
 __all__ = ["replaceable_by_others", "lookup_problem", "check_trusted", "read_bytes",
-           "read_trusted_cache", "write_atomic", "remove_stale_temps"]
+           "read_trusted_cache", "write_atomic", "remove_stale_temps", "stat_signature"]
 
 _MAX_LINKS = 40  # the kernel's limit on symlinks followed in one lookup
 
@@ -296,3 +296,15 @@ def write_atomic(path: str, data: bytes, default_mode: int = 0o644, durable: boo
         pass  # some filesystems refuse fsync on directories; the data is already durable
     finally:
         os.close(dfd)
+
+
+def stat_signature(path: str) -> Optional[List[int]]:
+    """What ``stat`` says of ``path`` that changes when it is replaced or written (inode,
+    device, mode, device number, links, size, modification and change times); None when
+    it does not exist. The node plan cache compares these to see that nothing changed."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return [st.st_ino, st.st_dev, st.st_mode, st.st_rdev, st.st_nlink, st.st_size,
+            st.st_mtime_ns, st.st_ctime_ns]

@@ -17,8 +17,8 @@ Owns, by job:
   ``rootcache`` (the container's ld.so.cache), ``appprofile`` (the EGL application
   profile), ``hookargs`` (the hooks' command lines and the ``ModifyDeviceFiles: 0``
   hook);
-- the node plan cache a create reads: ``plancache``; the grant journal: ``grants`` (append
-  at create); runc-style error logs and the debug log: ``logs``.
+- the node plan cache a create reads: ``plancache`` (``planbuild`` writes it); the grant
+  journal: ``grants`` (append at create); runc-style error logs and the debug log: ``logs``.
 
 What a create never runs lives elsewhere: the trampoline's renderer, ``nvshim config
 compile``, the journal's readers and ``nvshim inspect``'s views are in :mod:`nvshim.node`.

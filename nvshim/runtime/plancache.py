@@ -29,30 +29,20 @@ rediscovered live for that create (the rest of the plan still answers). The GPUs
 nodes and by-path links (``drm``, ``watchdrm``) are kept the same way: stat'ed only by a
 create that asks for ``graphics`` or ``display``.
 
-Writes go through :func:`nvshim.files.write_atomic` (a temp file per process, then
-rename), so parallel first creates each write a complete file and the last rename wins.
+Building and writing a plan is :mod:`nvshim.runtime.planbuild`'s, loaded only when one is
+written: a create the plan answers loads this module alone. Writes go through
+:func:`nvshim.files.write_atomic` (a temp file per process, then rename), so parallel first
+creates each write a complete file and the last rename wins.
 """
 
 from __future__ import annotations
 
 import os
 
-from nvshim import _jsonc
 from nvshim.edits import DeviceNode
-from nvshim.errors import NvshimError
+from nvshim.files import stat_signature
 from nvshim.host.devices import MigDevice
-from nvshim.host.discovery import (
-    BIN_DIRS,
-    CONTROL_NODES,
-    DATA_FILES,
-    LIB_DIRS,
-    LIBRARIES,
-    LIBRARY_SETS,
-    DriverFile,
-    Gpu,
-    Host,
-    Library,
-)
+from nvshim.host.discovery import DriverFile, Gpu, Host, Library
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -60,7 +50,7 @@ if TYPE_CHECKING:
 
     from nvshim.host.drm import DrmNodes
 
-__all__ = ["CachedHost", "FORMAT", "build", "host_for", "load", "refresh"]
+__all__ = ["CachedHost", "FORMAT", "host_for", "load", "refresh", "stamp"]
 
 #: Bumped whenever the document's shape changes.
 FORMAT = 4
@@ -68,19 +58,8 @@ FORMAT = 4
 # --------------------------------------------------------------------------- records
 
 
-def _pack(record: Any) -> Dict[str, Any]:
-    return {f.name: getattr(record, f.name) for f in record.__record_fields__}
-
-
 def _node(d: Optional[Dict[str, Any]]) -> Optional[DeviceNode]:
     return None if d is None else DeviceNode(**d)
-
-
-def _pack_gpu(gpu: Gpu) -> Dict[str, Any]:
-    out = _pack(gpu)
-    out["node"] = None if gpu.node is None else _pack(gpu.node)
-    out["mig"] = [dict(_pack(m), cap_nodes=[_pack(n) for n in m.cap_nodes]) for m in gpu.mig]
-    return out
 
 
 def _unpack_gpu(d: Dict[str, Any]) -> Gpu:
@@ -146,7 +125,7 @@ class CachedHost(Host):
         """The GPU's DRM nodes from the plan, its ``watchdrm`` paths stat'ed on first use (a
         stale section, or a GPU it does not list, is looked up live)."""
         if self._watchdrm is not None:
-            self._staledrm = any(_stat(path) != sig for path, sig in self._watchdrm)
+            self._staledrm = any(stat_signature(path) != sig for path, sig in self._watchdrm)
             self._watchdrm = None
         found = self._drm.get(gpu.pci_bus_id)
         if found is None or self._staledrm:
@@ -160,7 +139,7 @@ class CachedHost(Host):
         """The 32-bit library from the plan, its ``watch32`` paths stat'ed on first use (a
         stale section, or a base it does not list, is looked up live)."""
         if self._watch32 is not None:
-            self._stale32 = any(_stat(path) != sig for path, sig in self._watch32)
+            self._stale32 = any(stat_signature(path) != sig for path, sig in self._watch32)
             self._watch32 = None
             if not self._stale32:
                 self.elf.update((path, (flags, soname)) for path, flags, soname in self._elf32)
@@ -189,141 +168,6 @@ class CachedHost(Host):
         return elf_info(path)
 
 
-# --------------------------------------------------------------------------- build
-
-
-def _watched(host: Host, doc: Dict[str, Any]) -> List[str]:
-    """Every host path whose state the document depends on (present or absent)."""
-    hp, dp = host.host_path, host.dev_path
-    paths = [
-        hp("/proc/driver/nvidia/version"),
-        hp("/proc/driver/nvidia/gpus"),
-        hp("/proc/driver/nvidia/capabilities"),
-        hp("/proc/driver/nvidia-caps/mig-minors"),
-        hp("/etc/ld.so.cache"),
-        dp("/dev/nvidia-caps"),
-        hp(f"/lib/firmware/nvidia/{doc['driver-version']}"),
-    ]
-    if host.nvml_facts is not None:
-        paths.append(host.nvml_facts)  # MIG UUIDs come from it when NVML cannot answer
-    paths += [hp(d) for d in LIB_DIRS] + [hp(f"{LIB_DIRS[0]}/vdpau")]
-    paths += [hp(d) for d in BIN_DIRS]
-    # Debian's alternatives: a switched link changes this folder, not the files behind it
-    paths.append(hp("/etc/alternatives"))
-    version = doc["driver-version"]
-    paths += [hp(candidate.format(version=version).rsplit("/", 1)[0])
-              for _, _, candidates in DATA_FILES for candidate in candidates]
-    paths += [dp(path) for path, _ in CONTROL_NODES]
-    gpus_dir = hp("/proc/driver/nvidia/gpus")
-    try:
-        paths += [os.path.join(gpus_dir, e, "information") for e in sorted(os.listdir(gpus_dir))]
-    except OSError:
-        pass  # no procfs GPUs: the directory's own (absent) state is watched
-    for gpu in doc["gpus"]:
-        paths.append(gpu["node"]["host_path"] if gpu["node"] else dp(f"/dev/nvidia{gpu['minor']}"))
-        mig_dir = hp(f"/proc/driver/nvidia/capabilities/gpu{gpu['minor']}/mig")
-        paths.append(mig_dir)
-        try:
-            paths += [os.path.join(mig_dir, e) for e in sorted(os.listdir(mig_dir))]
-        except OSError:
-            pass  # no MIG directory: its absence is watched
-        for mig in gpu["mig"]:
-            paths += [n["host_path"] for n in mig["cap_nodes"]]
-    found = [lib["host_path"] for lib in doc["libraries"].values() if lib is not None]
-    found += [f["host_path"] for f in doc["files"]]
-    # the folders the files lie in (links resolved): an upgrade replaces files there
-    paths += found + [path.rsplit("/", 1)[0] for path in found]
-    return list(dict.fromkeys(paths))
-
-
-def _watcheddrm(host: Host, doc: Dict[str, Any]) -> List[str]:
-    """The paths the DRM section depends on: each GPU's sysfs ``drm`` folder and nodes, and
-    ``/dev/dri`` with its ``by-path`` links."""
-    dp = host.dev_path
-    paths = []
-    for gpu in doc["gpus"]:
-        paths.append(dp(f"/sys/bus/pci/devices/{gpu['pci_bus_id']}/drm"))
-        paths += [n["host_path"] for n in doc["drm"].get(gpu["pci_bus_id"], {"nodes": []})["nodes"]]
-    paths += [dp("/dev/dri"), dp("/dev/dri/by-path")]
-    return list(dict.fromkeys(paths))
-
-
-def _watched32(host: Host, libraries32: Dict[str, Optional[Dict[str, Any]]]) -> List[str]:
-    """The paths the 32-bit section depends on: the i386 folders and the files found."""
-    from nvshim.host.compat32 import LIB32_DIRS
-
-    hp = host.host_path
-    paths = [hp(d) for d in LIB32_DIRS] + [hp(f"{d}/vdpau") for d in LIB32_DIRS[:3]]
-    found = [lib["host_path"] for lib in libraries32.values() if lib is not None]
-    paths += found + [path.rsplit("/", 1)[0] for path in found]
-    return list(dict.fromkeys(paths))
-
-
-def _stat(path: str) -> Optional[List[int]]:
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return [st.st_ino, st.st_dev, st.st_mode, st.st_rdev, st.st_nlink, st.st_size,
-            st.st_mtime_ns, st.st_ctime_ns]
-
-
-def build(host: Host) -> Dict[str, Any]:
-    """Run discovery for every capability and return the plan document (HostError as is)."""
-    from nvshim.runtime.rootcache import elf_info
-
-    version = host.driver_version()
-    module = host.module_version()
-    gpus = host.gpus()
-    if host.gpu_source != "procfs":
-        raise _NotCacheable(f"GPUs come from {host.gpu_source}, not procfs")
-    libraries: Dict[str, Optional[Dict[str, Any]]] = {}
-    for libset, bases in LIBRARIES.items():
-        for base in bases:
-            lib = host.find_library(base, libset)
-            libraries[base] = None if lib is None else {
-                k: v for k, v in _pack(lib).items() if k != "capability"
-            }
-    from nvshim.host.compat32 import bases32
-
-    libraries32: Dict[str, Optional[Dict[str, Any]]] = {}
-    for base in bases32(LIBRARY_SETS, LIBRARIES, LIBRARY_SETS):
-        lib = host.find_library32(base)
-        libraries32[base] = None if lib is None else {
-            k: v for k, v in _pack(lib).items() if k != "capability"
-        }
-    doc: Dict[str, Any] = {
-        "format": FORMAT,
-        "driver-version": version,
-        "module-version": module,
-        "cuda-version": host.cuda_version(),
-        "gpu-source": host.gpu_source,
-        "gpus": [_pack_gpu(g) for g in gpus],
-        "control-nodes": [
-            [path, need, None if node is None else _pack(node)]
-            for path, need in CONTROL_NODES
-            for node in (host.device_node(path),)
-        ],
-        "libraries": libraries,
-        "files": [_pack(f) for f in host.files(sorted(LIBRARY_SETS))],
-        "drm": {g.pci_bus_id: {"nodes": [_pack(n) for n in drm.nodes], "links": drm.links}
-                for g in gpus for drm in (host.drm(g),)},
-    }
-    doc["elf"] = [[lib["host_path"], *elf_info(lib["host_path"])]
-                  for lib in libraries.values() if lib is not None]
-    doc["watch"] = [[path, _stat(path)] for path in _watched(host, doc)]
-    doc["watchdrm"] = [[path, _stat(path)] for path in _watcheddrm(host, doc)]
-    doc["libraries32"] = libraries32
-    doc["elf32"] = [[lib["host_path"], *elf_info(lib["host_path"])]
-                    for lib in libraries32.values() if lib is not None]
-    doc["watch32"] = [[path, _stat(path)] for path in _watched32(host, libraries32)]
-    return doc
-
-
-class _NotCacheable(NvshimError):
-    """This node's plan must be discovered live (e.g. GPUs only NVML can list)."""
-
-
 # --------------------------------------------------------------------------- load/save
 
 
@@ -332,6 +176,12 @@ def _key(driver_root: str, dev_root: str, nvml_facts: Optional[str]) -> Dict[str
 
     return {"nvshim-version": __version__, "driver-root": driver_root, "dev-root": dev_root,
             "nvml-facts": nvml_facts}
+
+
+def stamp(host: Host) -> Dict[str, Any]:
+    """What marks a plan as this nvshim's for ``host``'s roots: its format and key
+    (:func:`nvshim.runtime.planbuild.save` adds it; :func:`load` checks it)."""
+    return {"format": FORMAT, "key": _key(host.driver_root, host.dev_root, host.nvml_facts)}
 
 
 def load(path: str, driver_root: str, dev_root: str,
@@ -348,7 +198,7 @@ def load(path: str, driver_root: str, dev_root: str,
         return None, "plan cache is for another driver root, nvml-facts file or nvshim version"
     try:
         for watched, sig in doc["watch"]:
-            if _stat(watched) != sig:
+            if stat_signature(watched) != sig:
                 return None, f"plan cache is stale: {watched} changed"
     except OSError as exc:
         return None, f"plan cache is stale: {exc.filename}: {exc.strerror}"
@@ -358,37 +208,6 @@ def load(path: str, driver_root: str, dev_root: str,
         return CachedHost(driver_root, dev_root, doc, nvml_facts), "plan cache"
     except (TypeError, ValueError, KeyError, AttributeError):
         return None, "plan cache is malformed"
-
-
-def _fixed(host: Host) -> List[Optional[List[int]]]:
-    """The state of the paths every plan depends on, whatever the node has."""
-    hp = host.host_path
-    return [_stat(p) for p in (hp("/proc/driver/nvidia/version"), hp("/proc/driver/nvidia/gpus"),
-                               hp("/etc/ld.so.cache"), *(hp(d) for d in LIB_DIRS))]
-
-
-def _save(path: str, host: Host) -> Tuple[Optional[Dict[str, Any]], str]:
-    """Build and write the plan; (the document or None, what happened). Never raises
-    NvshimError: a node whose plan cannot be built or written is discovered live."""
-    from nvshim.files import write_atomic
-
-    before = _fixed(host)
-    try:
-        doc = build(host)
-    except NvshimError as exc:
-        return None, f"not cached: {exc}"
-    if _fixed(host) != before:
-        return None, "not cached: the node changed during discovery"
-    doc["key"] = _key(host.driver_root, host.dev_root, host.nvml_facts)
-    try:
-        write_atomic(path, (_jsonc.dumps(doc, separators=(",", ":")) + "\n").encode(),
-                     default_mode=0o644)
-        os.chmod(path, 0o644)  # never keep a looser mode found on an old copy
-    except OSError as exc:
-        return doc, f"not cached: cannot chmod {path}: {exc.strerror}"
-    except NvshimError as exc:
-        return doc, f"not cached: {exc}"
-    return doc, f"cache written to {path}"
 
 
 def host_for(config: Any, save: bool) -> Tuple[Host, str]:
@@ -408,7 +227,9 @@ def host_for(config: Any, save: bool) -> Tuple[Host, str]:
         return live, f"discovery ({why})"
     if not os.path.isdir(os.path.dirname(path) or "."):
         return live, f"discovery ({why}; no directory for {path})"
-    doc, outcome = _save(path, live)
+    from nvshim.runtime.planbuild import save as build_and_save
+
+    doc, outcome = build_and_save(path, live, stamp(live))
     if doc is not None:
         return (CachedHost(live.driver_root, live.dev_root, doc, live.nvml_facts),
                 f"discovery ({why}; {outcome})")
@@ -420,4 +241,7 @@ def refresh(config: Any) -> str:
     from nvshim.config import config_path, plan_path
 
     path = plan_path(config.source or config_path())
-    return _save(path, Host(config.driver_root, config.dev_root, config.nvml_facts))[1]
+    from nvshim.runtime.planbuild import save as build_and_save
+
+    host = Host(config.driver_root, config.dev_root, config.nvml_facts)
+    return build_and_save(path, host, stamp(host))[1]

@@ -195,13 +195,13 @@ def test_plan_cache_answers_compat32_and_checks_its_paths_only_when_asked(tmp_pa
     """The plan cache holds the 32-bit section: a compute,utility create's plan stays fresh
     when an i386 file changes (its paths are not checked), a compat32 lookup sees the change
     (rediscovered live) and otherwise answers from the plan."""
-    from nvshim.runtime.plancache import CachedHost, build, load
+    from nvshim.runtime.planbuild import build
+    from nvshim.runtime.plancache import CachedHost, load, stamp
 
     root = make(tmp_path)
     host = Host(root)
     doc = build(host)
-    doc["key"] = {"nvshim-version": __import__("nvshim").__version__, "driver-root": root,
-                  "dev-root": root, "nvml-facts": None}
+    doc.update(stamp(host))
     assert doc["libraries32"]["libcuda"]["container_path"] == f"{LIB32}/libcuda.so.{VERSION}"
     assert doc["libraries32"]["libnvidia-cfg"] is None
     assert all(path.startswith(root) for path, _ in doc["watch32"])

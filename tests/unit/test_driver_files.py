@@ -329,14 +329,14 @@ def test_cuda_version_comes_from_libcuda_without_nvml_or_facts(tmp_path):
     """No NVML, no nvml-facts file: a CUDA image's requirement is judged by libcuda's own
     cuDriverGetVersion, asked once and kept in the plan cache."""
     from nvshim.errors import RequestError
-    from nvshim.runtime import plancache
+    from nvshim.runtime import planbuild
     from nvshim.runtime.create import plan_create
 
     node = make(tmp_path, gpus=1, driver_version="535.104.05")
     build_libcuda(Path(node.root + LIBDIR), "535.104.05", 12020)
     host = Host(node.root)
     assert host.cuda_version() == "12.2"
-    doc = plancache.build(host)
+    doc = planbuild.build(host)
     assert doc["cuda-version"] == "12.2"
     config = Config(driver_root=node.root)  # no nvml-facts
     env = ["NVIDIA_VISIBLE_DEVICES=0", "CUDA_VERSION=12.0.0"]

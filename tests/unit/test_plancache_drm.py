@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-import nvshim
 from nvshim.host.discovery import Host
-from nvshim.runtime.plancache import CachedHost, build, load
+from nvshim.runtime.planbuild import build
+from nvshim.runtime.plancache import CachedHost, load, stamp
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the simulated node needs root (mknod)")
 
 
 def _plan(tmp_path: Path, root: str) -> str:
-    doc = build(Host(root))
-    doc["key"] = {"nvshim-version": nvshim.__version__, "driver-root": root, "dev-root": root,
-                  "nvml-facts": None}
+    host = Host(root)
+    doc = build(host)
+    doc.update(stamp(host))
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))
     return str(path)
