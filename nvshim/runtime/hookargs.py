@@ -395,7 +395,6 @@ HOOK_SCRIPT = (
     'mount --bind -o ro -- "$src" "$PWD/params" || {\n'
     '  echo "nvshim: cannot bind ModifyDeviceFiles: 0 over $PWD/params" >&2; exit 1; }\n'
 )
-_HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C")
 
 
 def modified_params(driver_root: str) -> Optional[bytes]:
@@ -422,10 +421,10 @@ def without_modification(text: bytes) -> Optional[bytes]:
 
 def params_hook(rootfs: str, copy: str) -> Hook:
     """The createContainer hook that binds ``copy`` over the container's params."""
-    from nvshim.edits import Hook
+    from nvshim.edits import HOOK_ENV, Hook
 
     return Hook("createContainer", "/bin/sh",
-                ("sh", "-c", HOOK_SCRIPT, "nvshim-params", rootfs, copy), _HOOK_ENV)
+                ("sh", "-c", HOOK_SCRIPT, "nvshim-params", rootfs, copy), HOOK_ENV)
 
 
 def spec_hook(command: Sequence[str], host_params: str) -> Hook:
