@@ -27,7 +27,7 @@ from nvshim.runtime.identity import (
 )
 from tests.helpers.podresources import PodResourcesServer
 from tests.unit import test_kubelet as _kubelet_tests
-from tests.unit.test_kubelet import GPU, bundle, config, cri
+from tests.unit.test_kubelet import GPU, bundle, cdi_config, config, cri
 
 node = _kubelet_tests.node  # the fixtures: the simulated node, the PodResources server
 kubelet = _kubelet_tests.kubelet
@@ -181,16 +181,7 @@ def test_crio_management_pod_gets_what_it_asks_for(node: Any, tmp_path: Path) ->
 
 def test_crio_pod_annotation_is_no_cdi_allocation(node: Any, tmp_path: Path) -> None:
     """Under CRI-O a cdi.k8s.io/ annotation the pod wrote (absent from CRI-O's record of the kubelet's container annotations) grants nothing; the device plugin's does."""
-    from click.testing import CliRunner
-
-    from nvshim.cli.cmd_cdi import generate
-
-    cdi_dir = tmp_path / "cdi"
-    cdi_dir.mkdir()
-    res = CliRunner().invoke(generate, ["--driver-root", node.root, "--output",
-                                        str(cdi_dir / "nvidia.yaml")])
-    assert res.exit_code == 0, res.output
-    cfg = config(node, tmp_path, verify_with="none", cdi_spec_dirs=(str(cdi_dir),))
+    cfg = cdi_config(node, tmp_path)
     claim = {"cdi.k8s.io/claim": "nvidia.com/gpu=1"}
     forged = crio(pod_annotations=claim)
     plan = plan_create(bundle(tmp_path, [], forged), cfg)

@@ -75,6 +75,20 @@ def config(node: Any, tmp_path: Path, **kw: Any) -> Config:
     return Config(**base)
 
 
+def cdi_config(node: Any, tmp_path: Path) -> Config:
+    """:func:`config` (verify-with none) whose spec dir holds the node's generated CDI spec."""
+    from click.testing import CliRunner
+
+    from nvshim.cli.cmd_cdi import generate
+
+    cdi_dir = tmp_path / "cdi"
+    cdi_dir.mkdir()
+    res = CliRunner().invoke(generate, ["--driver-root", node.root, "--output",
+                                        str(cdi_dir / "nvidia.yaml")])
+    assert res.exit_code == 0, res.output
+    return config(node, tmp_path, verify_with="none", cdi_spec_dirs=(str(cdi_dir),))
+
+
 def mount(ident: str) -> Dict[str, Any]:
     return {"source": "/dev/null", "destination": f"/var/run/nvidia-container-devices/{ident}",
             "type": "bind", "options": ["bind", "ro"]}
@@ -342,16 +356,7 @@ def test_pod_annotation_is_told_from_the_device_plugins(node: Any, tmp_path: Pat
     (sandbox / "config.json").write_text(json.dumps({"annotations": {
         "io.kubernetes.cri.container-type": "sandbox", "io.kubernetes.cri.sandbox-id": "sandbox123",
         **pod_claim}}))
-    cdi_dir = tmp_path / "cdi"
-    cdi_dir.mkdir()
-    from click.testing import CliRunner
-
-    from nvshim.cli.cmd_cdi import generate
-
-    res = CliRunner().invoke(generate, ["--driver-root", node.root, "--output",
-                                        str(cdi_dir / "nvidia.yaml")])
-    assert res.exit_code == 0, res.output
-    cfg = config(node, tmp_path, verify_with="none", cdi_spec_dirs=(str(cdi_dir),))
+    cfg = cdi_config(node, tmp_path)
 
     def container(annotations: Dict[str, str]) -> Any:
         b = tasks / f"c{time.monotonic_ns()}"
