@@ -18,14 +18,25 @@
 #   ./install.sh --containerd --set-as-default
 #                                     ... and make it the engine's default runtime (refused unless
 #                                     /etc/nvshim/config.yaml has require-allocation: true)
-#   ./install.sh --uninstall          remove exactly what earlier runs added, and the prefix
-#                                     (also: sh /opt/nvshim/install.sh --uninstall); the
-#                                     grant and denial journals stay (running containers
+#   ./install.sh --uninstall          remove exactly what earlier runs added, and the prefix;
+#                                     the grant and denial journals stay (running containers
 #                                     still hold what they record)
-#   ./install.sh --uninstall --purge  ... and remove those journals too
+#   ./install.sh --uninstall --purge  ... and remove those journals too: only the files and
+#                                     folders nvshim's config named when install.sh ran and that
+#                                     did not exist then (recorded in the manifest), never a
+#                                     path a config names later
 #
-# Paths can be moved for testing: NVSHIM_PREFIX (/opt/nvshim), NVSHIM_BINDIR
-# (/usr/local/bin), NVSHIM_ETCDIR (/etc/nvshim), NVSHIM_CONTAINERD_CONFIG
+# The installed copy, sh /opt/nvshim/install.sh, does every option above but --dev and
+# --payload (they build from a checkout): --containerd, --docker, --crio, --set-as-default,
+# --from DIR, --uninstall [--purge], or nothing (recompile the config). It keeps the
+# installed runtime; pass the NVSHIM_* settings the install used.
+#
+# NVSHIM_BINDIR (/usr/local/bin): where the two commands go. Supported: on a node whose /usr
+# is read-only (Container-Optimized OS, Bottlerocket, Flatcar, Talos) set it to a writable
+# directory outside NVSHIM_PREFIX, e.g. /opt/bin; the engines' configs name the runtime by
+# its full path, doctor looks there (the installed nvshim command carries the setting) and
+# --uninstall removes the folder again when it made it and it is empty.
+# Paths can also be moved: NVSHIM_PREFIX (/opt/nvshim), NVSHIM_ETCDIR (/etc/nvshim), NVSHIM_CONTAINERD_CONFIG
 # (/etc/containerd/config.toml), NVSHIM_CONTAINERD_DROP_IN (<containerd config
 # dir>/conf.d/99-nvshim.toml), NVSHIM_DOCKER_CONFIG (/etc/docker/daemon.json),
 # NVSHIM_CRIO_CONFIG (/etc/crio/crio.conf), NVSHIM_CRIO_DROP_IN
@@ -45,12 +56,22 @@
 #   NVSHIM_CONTAINERD_SOCKET  containerd's socket (/run/containerd/containerd.sock)
 #   NVSHIM_RESTART_SIGNAL   SIGHUP;  NVSHIM_RESTART_TIMEOUT  60 (seconds containerd has to answer)
 #   NVSHIM_CONTAINERD_CONFIG_SEED  a file copied to a missing containerd config first (k3s/RKE2:
-#                           the generated config.toml beside config.toml.tmpl); uninstall removes it
+#                           the generated config.toml beside config.toml.tmpl, less its
+#                           "DO NOT EDIT" header lines); uninstall removes it
 # With systemd or signal, containerd must answer on its socket before the change and again after
 # the restart; when it does not come back, the previous config is put back byte for byte,
 # containerd restarted again, and install.sh fails with one line naming the config and the socket.
 # A missing containerd config is an error, not created (an empty file means containerd's defaults).
+#
+# A default runtime's config: with --set-as-default the config is compiled with
+# `nvshim config compile --default-runtime`: refused (nothing changed, one line) unless it has
+# require-allocation: true (a file of only comments counts as empty), and marked
+# (config.default-runtime) so every later compile refuses the same.
+#
+# Every file and folder it writes gets an explicit mode (umask 022, then chmod); the manifest
+# ($NVSHIM_PREFIX/install-manifest) is read only when root owns it and no one else can write it.
 set -eu
+umask 022
 
 PREFIX=${NVSHIM_PREFIX:-/opt/nvshim}
 BINDIR=${NVSHIM_BINDIR:-/usr/local/bin}
@@ -71,6 +92,12 @@ VENV=$PREFIX/venv
 MANIFEST=$PREFIX/install-manifest
 SRC=$(cd "$(dirname "$0")" && pwd)
 PYTHON=${NVSHIM_PYTHON:-/usr/bin/python3}
+
+# run from the installed prefix (sh /opt/nvshim/install.sh): no sources, no payload beside it
+INSTALLED_COPY=0
+if [ -f "$SRC/payload-files" ] && [ -x "$SRC/bin/python3" ] && [ ! -f "$SRC/.nvshim-payload" ]; then
+    INSTALLED_COPY=1
+fi
 
 DEV=0 CONTAINERD=0 DOCKER=0 CRIO=0 DEFAULT=0 UNINSTALL=0 PURGE=0 PAYLOAD= FROM=
 
@@ -102,6 +129,12 @@ if [ -n "$PAYLOAD" ] && { [ -n "$FROM" ] || [ "$DEV$UNINSTALL$CONTAINERD$DOCKER$
 fi
 [ "$PURGE" = 1 ] && [ "$UNINSTALL" = 0 ] && die "--purge goes with --uninstall"
 [ "$DEV" = 1 ] && [ -n "$FROM" ] && die "--dev builds a venv from this checkout: it does not go with --from"
+if [ "$INSTALLED_COPY" = 1 ] && { [ "$DEV" = 1 ] || [ -n "$PAYLOAD" ]; }; then
+    die "--dev and --payload build from nvshim's sources: run them from a checkout's install.sh, not the installed copy $SRC/install.sh"
+fi
+case $BINDIR in
+    "$PREFIX"|"$PREFIX"/*) die "NVSHIM_BINDIR=$BINDIR is inside NVSHIM_PREFIX=$PREFIX, which an install replaces: pick a folder outside it (e.g. /opt/bin)" ;;
+esac
 # run from a payload (DIR/install.sh) with no --from: install that payload
 if [ -z "$FROM$PAYLOAD" ] && [ "$DEV" = 0 ] && [ -f "$SRC/.nvshim-payload" ]; then FROM=$SRC; fi
 
@@ -143,12 +176,34 @@ fi
 
 # --- manifest: one line per thing this script added ("file PATH", "pkg NAME", ...) ---
 # (read with the shell alone: a node may have nothing but /bin/sh and coreutils)
+# trusted only when root owns it and only root can write it (and the prefix holding it):
+# a line in it makes --uninstall delete a path as root
+check_trusted() {  # check_trusted PATH: dies unless PATH is root's and not group/other-writable
+    [ -e "$1" ] || return 0
+    owner=$(stat -c %u "$1") mode=$(stat -c %a "$1")
+    case $owner:$mode in
+        0:*[2367]?|0:*[2367]) ;;
+        0:*) return 0 ;;
+    esac
+    die "$1 is not trusted (owner uid $owner, mode $mode): it must be root's and writable by root only; check its lines, then chown root $1 && chmod go-w $1"
+}
+MANIFEST_CHECKED=0
+check_manifest() {
+    [ "$MANIFEST_CHECKED" = 1 ] && return 0
+    check_trusted "$PREFIX"
+    check_trusted "$MANIFEST"
+    check_trusted "$PREFIX/$FILE_LIST"
+    MANIFEST_CHECKED=1
+}
+
 record() {
-    mkdir -p "$PREFIX"
+    [ -d "$PREFIX" ] || mkdir -m 0755 -p "$PREFIX"
+    check_manifest
     if [ -f "$MANIFEST" ]; then
         while IFS= read -r line; do [ "$line" = "$*" ] && return 0; done < "$MANIFEST"
     fi
     echo "$*" >> "$MANIFEST"
+    chmod 0644 "$MANIFEST"
 }
 
 sha() { sha256sum "$1" | cut -d' ' -f1; }
@@ -166,6 +221,7 @@ have_nvshim() { { [ -f "$PREFIX/$FILE_LIST" ] && [ -x "$PREFIX/bin/python3" ]; }
 
 uninstall() {
     [ -f "$MANIFEST" ] || { say "nothing to uninstall ($MANIFEST not found)"; exit 0; }
+    check_manifest
     # engine configs: "ENGINE CONFIG [DROP-IN]" lines, reverted to their original bytes
     while read -r engine cfg drop_in; do
         case $engine in containerd|docker|crio) ;; *) continue ;; esac
@@ -178,12 +234,6 @@ uninstall() {
             || say "reverted $cfg, but $engine did not come back after the restart: see the message above"
     done < "$MANIFEST"
     uninstall_cdi_refresh
-    # --purge: the journals the config names (read while nvshim and its config are still here)
-    journal=
-    if [ "$PURGE" = 1 ] && have_nvshim; then
-        journal=$(run_nvshim config show --config "$ETCDIR/config.yaml" --format json 2>/dev/null </dev/null \
-            | sed -n 's/^ *"grants-journal": "\(\/[^"]*\)",\{0,1\}$/\1/p')
-    fi
     # files we wrote, only if unchanged since (an edited config stays, and we say so)
     pkgs=
     while read -r kind path sum; do
@@ -212,18 +262,46 @@ uninstall() {
             [ -e "$PREFIX/$top" ] && rm -rf "${PREFIX:?}/$top"
         done < "$PREFIX/$FILE_LIST"
     fi
-    if [ -n "$journal" ]; then
-        # the grant journal and the denial journal beside it (x.jsonl -> x.denied.jsonl)
-        rm -f "$journal" "${journal%.*}.denied.jsonl"
-        rmdir "$(dirname "$journal")" 2>/dev/null || true
-        say "purged the grant and denial journals ($journal)"
-    elif [ "$PURGE" = 0 ]; then
+    if [ "$PURGE" = 1 ]; then
+        purge_journals
+    elif grep -q '^journal ' "$MANIFEST"; then
         say "kept the grant and denial journals (--purge removes them)"
     fi
+    # the folders install.sh made for the commands (NVSHIM_BINDIR), deepest first, if empty
+    sed -n 's/^bindir-dir //p' "$MANIFEST" | sort -r | while IFS= read -r dir; do
+        rmdir "$dir" 2>/dev/null || true
+    done
     rm -rf "$VENV"
     rm -f "$MANIFEST"
     rmdir "$PREFIX" 2>/dev/null || true
     say "nvshim uninstalled"
+}
+
+# --- grant and denial journals --------------------------------------------------------
+# The runtime creates them at the first grant or denial. install.sh records the paths nvshim
+# names for them (`nvshim config paths`, the same function the runtime uses) only when they
+# do not exist yet, with the folders that do not; --purge removes exactly those: regular
+# files (never a link), folders only when empty. A journal the config names later, or one
+# that was there before, is not nvshim's to delete.
+record_journals() {
+    paths=$("$BINDIR/nvshim" config paths --config "$ETCDIR/config.yaml" </dev/null) \
+        || die "cannot ask nvshim where its journals are (see the message above)"
+    printf '%s\n' "$paths" | while read -r key path; do
+        case $key in grants-journal|denied-journal) ;; *) continue ;; esac
+        [ -e "$path" ] || [ -L "$path" ] || record "journal $path"
+        missing_dirs "$(dirname "$path")" | sort | while IFS= read -r dir; do
+            record "journal-dir $dir"
+        done
+    done
+}
+
+purge_journals() {
+    sed -n 's/^journal //p' "$MANIFEST" | while IFS= read -r path; do
+        if [ -f "$path" ] && [ ! -L "$path" ]; then rm -f "$path" && say "purged $path"; fi
+    done
+    sed -n 's/^journal-dir //p' "$MANIFEST" | sort -r | while IFS= read -r dir; do
+        [ -d "$dir" ] && [ ! -L "$dir" ] && rmdir "$dir" 2>/dev/null || true
+    done
 }
 
 restart_engine() {  # restart_engine containerd|docker|crio CONFIG: fails when it does not come back
@@ -280,7 +358,7 @@ systemd_runs() { [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2
 mkdir_recorded() {  # mkdir -p DIR, recording each folder it makes (removed at uninstall)
     [ -d "$1" ] && return 0
     mkdir_recorded "$(dirname "$1")"
-    mkdir "$1"
+    mkdir -m 0755 "$1"
     record "refresh-dir $1"
 }
 
@@ -401,8 +479,13 @@ install_file() {  # install_file DEST MODE < content
     record "file $1"
 }
 
+missing_dirs() {  # missing_dirs DIR: DIR and its ancestors that do not exist, one a line
+    d=$1
+    while [ ! -e "$d" ] && [ "$d" != / ] && [ "$d" != . ]; do printf '%s\n' "$d"; d=$(dirname "$d"); done
+}
+
 writable() {  # writable DIR: DIR exists (created if need be) and a file can be made in it
-    mkdir -p "$1" 2>/dev/null || return 1
+    mkdir -m 0755 -p "$1" 2>/dev/null || return 1
     probe="$1/.nvshim-write-test.$$"
     touch "$probe" 2>/dev/null || return 1  # not ': >': a special builtin's failed redirection exits sh
     rm -f "$probe"
@@ -432,7 +515,9 @@ install_payload() {
     fi
     out=$("$payload/bin/python3" -I -S -c 'import sys; sys.path[0:0] = [sys.argv[1]]; import nvshim.runtime.main, nvshim.cli.main' "$payload/site" 2>&1) \
         || die "the payload's interpreter does not run here ($payload/bin/python3): $(printf '%s\n' "$out" | tail -n 1)"
-    for dir in "$BINDIR" "$(dirname "$PREFIX")" "$(dirname "$ETCDIR")"; do
+    new_bindirs=$(missing_dirs "$BINDIR")
+    writable "$BINDIR" || die "cannot write $BINDIR (read-only file system?): nothing installed; on a node with a read-only /usr, set NVSHIM_BINDIR to a writable folder (e.g. /opt/bin; see install.sh --help)"
+    for dir in "$(dirname "$PREFIX")" "$(dirname "$ETCDIR")"; do
         writable "$dir" || die "cannot write $dir (read-only file system?): nothing installed"
     done
     if [ -e "$PREFIX" ] && [ ! -f "$MANIFEST" ] && [ ! -f "$PREFIX/$FILE_LIST" ] \
@@ -442,8 +527,10 @@ install_payload() {
 
     new="$PREFIX.new.$$" old="$PREFIX.old.$$"
     rm -rf "$new" "$old"
-    # cp -R, not -a: the files become root's whoever built the payload
+    # cp -R, not -a: the files become root's whoever built the payload; no one else may
+    # write any of it (the modes the payload brings, less group and other write)
     cp -R "$payload" "$new" || { rm -rf "$new"; die "could not copy $payload to $new"; }
+    chmod -R go-w "$new" && chmod 0755 "$new"
     if [ -d "$PREFIX" ]; then
         # what the payload does not bring (the manifest, --dev's venv) stays in the prefix
         for entry in "$PREFIX"/* "$PREFIX"/.[!.]*; do
@@ -454,6 +541,9 @@ install_payload() {
     fi
     mv "$new" "$PREFIX"
     rm -rf "$old"
+    printf '%s\n' "$new_bindirs" | sort | while IFS= read -r dir; do
+        [ -n "$dir" ] && record "bindir-dir $dir"
+    done
     # the commands, rendered for PREFIX, BINDIR and ETCDIR by the installed interpreter itself
     # (both default to $ETCDIR/config.yaml: an install with NVSHIM_ETCDIR never reads /etc/nvshim)
     "$PREFIX/bin/python3" -I -S -c 'import sys; p, cfg = sys.argv[2:4]; sys.path[0:0] = [sys.argv[1]]
@@ -462,8 +552,8 @@ sys.stdout.write(render_runtime(p, cfg))' \
         "$PREFIX/site" "$PREFIX" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim-runtime" 0755
     "$PREFIX/bin/python3" -I -S -c 'import sys; p, cfg = sys.argv[2:4]; sys.path[0:0] = [sys.argv[1]]
 from nvshim.node.prefix import render_cli
-sys.stdout.write(render_cli(p, cfg))' \
-        "$PREFIX/site" "$PREFIX" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim" 0755
+sys.stdout.write(render_cli(p, cfg, bindir=sys.argv[4]))' \
+        "$PREFIX/site" "$PREFIX" "$ETCDIR/config.yaml" "$BINDIR" | install_file "$BINDIR/nvshim" 0755
     CONFIG_SRC=$from/config/config.yaml
 }
 
@@ -481,6 +571,11 @@ CONFIG_SRC=$SRC/config/config.yaml
 if [ -n "$FROM" ]; then
     # a node: no packages, no build; runc comes with its container engine
     install_payload "$FROM"
+elif [ "$INSTALLED_COPY" = 1 ]; then
+    # the installed copy: the runtime stays as it is; the config, the journals' record and
+    # the engines are brought up to date
+    [ -x "$BINDIR/nvshim" ] || die "$BINDIR/nvshim is not installed: set NVSHIM_BINDIR (and the other NVSHIM_* settings) as the install did"
+    CONFIG_SRC=
 elif [ "$DEV" = 0 ]; then
     apt_install runc busybox-static
     work=$(mktemp -d)
@@ -513,14 +608,24 @@ else
 fi
 
 # --- config --------------------------------------------------------------------------
-mkdir -p "$ETCDIR"
+[ -d "$ETCDIR" ] || mkdir -m 0755 -p "$ETCDIR"
 if [ ! -e "$ETCDIR/config.yaml" ]; then
+    [ -n "$CONFIG_SRC" ] || die "no $ETCDIR/config.yaml, and the installed copy brings none: write one (see config/config.yaml in nvshim's sources) or install a payload with --from DIR"
     cp "$CONFIG_SRC" "$ETCDIR/config.yaml"
     chmod 0644 "$ETCDIR/config.yaml"
     record "file $ETCDIR/config.yaml $(sha "$ETCDIR/config.yaml")"
     say "wrote $ETCDIR/config.yaml"
 fi
-"$BINDIR/nvshim" config compile --config "$ETCDIR/config.yaml"
+# a default runtime reads this config: compile refuses it unless require-allocation is on
+# and marks it, so every later compile (the DaemonSet's ConfigMap apply too) refuses the same
+set -- --config "$ETCDIR/config.yaml"
+[ "$DEFAULT" = 1 ] && set -- "$@" --default-runtime
+if ! out=$("$BINDIR/nvshim" config compile "$@" 2>&1 </dev/null); then
+    out=$(printf '%s\n' "$out" | sed '/^[[:space:]]*$/d' | tail -n 1)
+    die "kept the previous config: ${out#nvshim: }"
+fi
+[ -n "$out" ] && printf '%s\n' "$out" >&2
+record "file $ETCDIR/config.default-runtime"  # the mark (--set-as-default), when written
 record "file $ETCDIR/config.compiled.json"
 record "file $ETCDIR/config.runtimes"
 record "file $ETCDIR/config.annotation-prefixes"
@@ -528,6 +633,7 @@ record "file $ETCDIR/config.plan.json"  # the node plan cache (written when a dr
 record "file $ETCDIR/config.source-link"
 record "file $ETCDIR/config.cdi-index.json"  # the index of the CDI spec dirs
 install_cdi_refresh  # see "CDI refresh when the driver changes" above
+record_journals  # see "grant and denial journals" above
 
 # --- container engines ---------------------------------------------------------------
 # The engine's files as they were before this run (a copy, or a mark that the file was absent),
@@ -568,8 +674,10 @@ configure_engine() {  # configure_engine ENGINE CONFIG [DROP-IN]
     snapshot_files "$cfg" "$cfg.nvshim-orig.json" ${drop_in:+"$drop_in"}
     seeded=""
     if [ ! -e "$cfg" ] && [ "$engine" = containerd ] && [ -n "$CONTAINERD_CONFIG_SEED" ]; then
-        mkdir -p "$(dirname "$cfg")"
-        cp "$CONTAINERD_CONFIG_SEED" "$cfg"
+        [ -d "$(dirname "$cfg")" ] || mkdir -m 0755 -p "$(dirname "$cfg")"
+        # k3s/RKE2 head their generated file with "# File generated by k3s. DO NOT EDIT. Use
+        # config.toml.tmpl instead.": the template is the file to edit, so not there
+        { grep -v '^#.*DO NOT EDIT' "$CONTAINERD_CONFIG_SEED" || true; } > "$cfg"
         chmod 0644 "$cfg"
         seeded="file $cfg $(sha "$cfg")"  # revert gives these bytes back; uninstall then removes it
         say "seeded $cfg from $CONTAINERD_CONFIG_SEED"

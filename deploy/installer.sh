@@ -15,9 +15,13 @@
 #    bounces containerd); a ConfigMap change, or deleting the pod, tries again.
 # 2. Watch. Every NVSHIM_WATCH_INTERVAL seconds (10) it compares the mounted config.yaml with the
 #    last one it saw (the kubelet swaps a ConfigMap volume's files through its ..data symlink).
-#    A new one goes to the node and `nvshim config compile` runs there; containerd is not
-#    restarted, its config did not change. One nvshim refuses stays out: the previous config is
-#    put back and recompiled, and one line says why.
+#    A new one is checked on the node first (`nvshim config compile --check`, with
+#    --default-runtime when NVSHIM_SET_AS_DEFAULT=true or the node's config carries install.sh's
+#    default-runtime mark: require-allocation must be on), then replaces the node's config and
+#    `nvshim config compile` runs there; containerd is not restarted, its config did not
+#    change. One nvshim refuses never reaches the node's config.yaml: the previous one stays,
+#    and one line says why. A ConfigMap config.yaml that is empty or holds only comments (read
+#    as the built-in defaults) is refused the same way, at install and at every change.
 #    On a node without systemd (NVSHIM_CDI_REFRESH=auto, the default) it also runs
 #    `nvshim cdi refresh --watch` there, which regenerates the CDI specs the config's
 #    cdi-refresh lists, the node plan and the CDI index when the driver changes (where systemd
@@ -82,14 +86,35 @@ stage_payload() {
         || { say "could not copy $PAYLOAD to the node's $STAGE (under $HOST_ROOT)"; return 1; }
 }
 
+NEW_CONFIG=$ETCDIR/.config.yaml.new  # the node's path of a ConfigMap config being checked
+
 put_config() {  # put_config: the ConfigMap's config.yaml → the node's ETCDIR/config.yaml (atomic)
     cp "$CONFIGMAP_FILE" "$SEEN" || return 1
-    [ -n "$(cat "$SEEN")" ] || { say "the ConfigMap's config.yaml ($CONFIGMAP_FILE) is empty: not used"; return 1; }
-    mkdir -p "$HOST_ROOT$ETCDIR" && cp "$SEEN" "$HOST_ROOT$ETCDIR/.config.yaml.new" \
-        && chmod 0644 "$HOST_ROOT$ETCDIR/.config.yaml.new" \
-        && mv -f "$HOST_ROOT$ETCDIR/.config.yaml.new" "$HOST_ROOT$ETCDIR/config.yaml" \
-        && cp "$SEEN" "$APPLIED" \
+    # nothing but comments, blank lines and document markers: YAML reads no document, which
+    # nvshim would take as the built-in defaults (require-allocation off): refused like empty
+    if ! grep -q -v -e '^[[:space:]]*#' -e '^[[:space:]]*$' -e '^---[[:space:]]*$' \
+        -e '^\.\.\.[[:space:]]*$' "$SEEN"; then
+        say "kept the previous $ETCDIR/config.yaml: the ConfigMap's config.yaml ($CONFIGMAP_FILE) is empty or holds only comments: not used"
+        return 1
+    fi
+    mkdir -p "$HOST_ROOT$ETCDIR" && cp "$SEEN" "$HOST_ROOT$NEW_CONFIG" \
+        && chmod 0644 "$HOST_ROOT$NEW_CONFIG" \
+        || { say "could not write the node's $NEW_CONFIG (under $HOST_ROOT)"; return 1; }
+    check_config || { rm -f "$HOST_ROOT$NEW_CONFIG"; return 1; }
+    mv -f "$HOST_ROOT$NEW_CONFIG" "$HOST_ROOT$ETCDIR/config.yaml" && cp "$SEEN" "$APPLIED" \
         || { say "could not write the node's $ETCDIR/config.yaml (under $HOST_ROOT)"; return 1; }
+}
+
+check_config() {  # nvshim on the node (once installed) checks the new config before it is used
+    on_node test -x "$BINDIR/nvshim" || return 0  # first install: install.sh checks it
+    set -- config compile --check --config "$NEW_CONFIG"
+    if [ "$SET_AS_DEFAULT" = true ] || [ -e "$HOST_ROOT$ETCDIR/config.default-runtime" ]; then
+        set -- "$@" --default-runtime  # a default runtime reads it: require-allocation on
+    fi
+    out=$(on_node "$BINDIR/nvshim" "$@" 2>&1) && return 0
+    out=$(last_line "$out")
+    say "kept the previous $ETCDIR/config.yaml: the ConfigMap's new config.yaml was refused: ${out#nvshim: }"
+    return 1
 }
 
 INSTALLED=false
@@ -118,7 +143,7 @@ apply_config() {  # the ConfigMap changed: new config.yaml on the node, compiled
     cur=$HOST_ROOT$ETCDIR/config.yaml old=$HOST_ROOT$ETCDIR/.config.yaml.old
     rm -f "$old"
     if [ -e "$cur" ]; then cp -p "$cur" "$old" || return 1; fi
-    put_config || return 1
+    put_config || { rm -f "$old"; return 1; }
     if out=$(on_node "$BINDIR/nvshim" config compile --config "$ETCDIR/config.yaml" 2>&1); then
         rm -f "$old"
         say "applied the ConfigMap's new config.yaml to $ETCDIR/config.yaml (compiled; containerd not restarted)"

@@ -43,6 +43,7 @@ __all__ = [
     "prefixes_path",
     "plan_path",
     "source_link_path",
+    "default_mark_path",
     "compiled_lists_fresh",
     "cdi_index_path",
     "load_config",
@@ -194,6 +195,11 @@ def runtimes_path(path: str) -> str:
 def prefixes_path(path: str) -> str:
     """The annotation prefixes the sh trampoline greps for (one per line), written by compile."""
     return _compiled(path, ".annotation-prefixes")
+
+
+def default_mark_path(path: str) -> str:
+    """The mark that a default runtime reads ``path`` (:mod:`nvshim.node.configguard`)."""
+    return _compiled(path, ".default-runtime")
 
 
 def source_link_path(path: str) -> str:

@@ -22,20 +22,57 @@ def config_group() -> None:
 
 @config_group.command("compile")
 @CONFIG_FILE
-def config_compile(config_file: Optional[str]) -> None:
+@click.option("--default-runtime", is_flag=True,
+              help="A default runtime reads this config: refuse it unless require-allocation "
+                   "is on (a file of only comments too), and mark it so every later compile "
+                   "does the same (install.sh --set-as-default).")
+@click.option("--check", is_flag=True,
+              help="Only validate (with the same refusals), write nothing.")
+def config_compile(config_file: Optional[str], default_runtime: bool, check: bool) -> None:
     """Validate the YAML config and write the JSON copy the runtime's hot path reads.
 
     Also rebuilds, next to it, the node plan cache (what discovery finds on this node)
     and the index of the CDI spec dirs; creates check both with stat and rebuild them
     when stale. Refuses (and writes nothing) when driver-root or dev-root is not a
-    directory on this node.
+    directory on this node, and, when a default runtime reads the config (--default-runtime,
+    or the config.default-runtime mark beside it), when require-allocation is off or the
+    file holds no settings.
     """
-    from nvshim.node.compile import compile_node
+    from nvshim.node.compile import check_config, compile_node
 
-    out, plan, index = compile_node(config_file)
+    if check:
+        path = check_config(config_file, default_runtime)[0]
+        info(f"config {path} is valid")
+        return
+    out, plan, index = compile_node(config_file, default_runtime)
     info(f"wrote {out}")
     info(f"node plan: {plan}")
     info(f"CDI index: {index}")
+
+
+@config_group.command("paths")
+@CONFIG_FILE
+def config_paths(config_file: Optional[str]) -> None:
+    """Print the files this config makes nvshim write, one "KEY PATH" line each.
+
+    grants-journal and denied-journal (absent when grants-journal is null), then the
+    files compile writes beside the config. install.sh records them from here.
+    """
+    from nvshim import config as cfg
+    from nvshim.runtime.denials import denials_path
+
+    config = cfg.load_config(config_file, required=config_file is not None)
+    path = config.source or cfg.config_path()
+    lines = []
+    if config.grants_journal:
+        lines += [f"grants-journal {config.grants_journal}",
+                  f"denied-journal {denials_path(config.grants_journal)}"]
+    lines += [f"compiled {cfg.compiled_path(path)}", f"runtimes {cfg.runtimes_path(path)}",
+              f"annotation-prefixes {cfg.prefixes_path(path)}", f"plan {cfg.plan_path(path)}",
+              f"source-link {cfg.source_link_path(path)}",
+              f"cdi-index {cfg.cdi_index_path(path)}",
+              f"default-runtime-mark {cfg.default_mark_path(path)}"]
+    click.echo("\n".join(lines))
 
 
 @config_group.command("show")

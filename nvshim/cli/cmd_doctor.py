@@ -10,6 +10,7 @@ import click
 
 from nvshim.node.doctor import exit_code, render_json, render_text, run_checks
 from nvshim.node.doctor_follow import NVIDIA_CONFIG
+from nvshim.node.doctor_install import default_trampoline
 from nvshim.node.findings import DEFAULT_HOOKS_DIRS, DEFAULT_TRAMPOLINE, DoctorOptions
 
 __all__ = ["doctor"]
@@ -31,8 +32,9 @@ __all__ = ["doctor"]
               help="Driver root to discover GPUs under (default: from the config).")
 @click.option("--dev-root", default=None, type=click.Path(file_okay=False), metavar="DIR",
               help="Where /dev/nvidia* live (default: the driver root).")
-@click.option("--trampoline", default=DEFAULT_TRAMPOLINE, show_default=True,
-              type=click.Path(dir_okay=False), help="The installed nvshim-runtime to check.")
+@click.option("--trampoline", default=None, type=click.Path(dir_okay=False),
+              help="The installed nvshim-runtime to check [default: $NVSHIM_BINDIR/"
+                   f"nvshim-runtime, else {DEFAULT_TRAMPOLINE}].")
 @click.option("--nvidia-config", default=NVIDIA_CONFIG, show_default=True,
               type=click.Path(dir_okay=False),
               help="NVIDIA's runtime config, read for accept-nvidia-visible-devices-envvar-"
@@ -49,7 +51,7 @@ __all__ = ["doctor"]
                    "runtimes, to the nvshim config it reads. Repeatable.")
 def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_config: str,
            crio_config: str, driver_root: Optional[str], dev_root: Optional[str],
-           trampoline: str, nvidia_config: str, hooks_dirs: Tuple[str, ...],
+           trampoline: Optional[str], nvidia_config: str, hooks_dirs: Tuple[str, ...],
            runtime_binaries: Tuple[str, ...]) -> None:
     """Check this node: config, containerd, Docker, CRI-O, runtimes, GPUs, driver files, CDI
     specs, runtime.
@@ -77,7 +79,7 @@ def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_
         "crio_config": crio_config,
         "driver_root": driver_root,
         "dev_root": dev_root,
-        "trampoline": trampoline,
+        "trampoline": trampoline or default_trampoline(),
         "nvidia_config": nvidia_config,
         "runtime_binaries": tuple(os.path.abspath(b) for b in runtime_binaries),
     }

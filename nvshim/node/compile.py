@@ -35,16 +35,16 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Optional, Tuple
 
-__all__ = ["compile_node", "compile_config", "compiled_fresh"]
+__all__ = ["compile_node", "compile_config", "compiled_fresh", "check_config"]
 
 
-def compile_node(path: Optional[str] = None) -> Tuple[str, str, str]:
+def compile_node(path: Optional[str] = None, default_runtime: bool = False) -> Tuple[str, str, str]:
     """Compile the config at ``path`` (default: the node's), then its plan cache and CDI index.
 
     Returns what each step reports: the compiled copy's path, the plan cache's status, the
-    index's status.
+    index's status. ``default_runtime``: see :func:`compile_config`.
     """
-    out = compile_config(path)
+    out = compile_config(path, default_runtime)
     config = load_config(path)
     plan = refresh(config)
     index = cdiindex.refresh(config.cdi_spec_dirs, cdi_index_path(config.source or config_path()))
@@ -67,18 +67,42 @@ def compiled_fresh(path: str) -> bool:
     return compiled_matches(doc, data) and compiled_lists_fresh(path)
 
 
-def compile_config(path: Optional[str] = None) -> str:
-    """Validate ``path`` and write its compiled copy atomically; return the copy's path.
+def check_config(path: Optional[str] = None,
+                 default_runtime: bool = False) -> Tuple[str, bytes, Config]:
+    """Validate ``path`` as compile would, writing nothing: (path, its bytes, the config).
 
-    The node plan cache and the CDI index next to it are the runtime's:
-    :func:`nvshim.node.compile.compile_node` writes all three.
+    A config a default runtime reads (``default_runtime``, or the mark beside it) must have
+    require-allocation on and hold settings (:mod:`nvshim.node.configguard`).
     """
+    from nvshim.node.configguard import guard_default, marked_default
+
     path = path or config_path()
     data = read_bytes(path)
     if data is None:
         raise ConfigError(f"config {path} does not exist; nothing to compile")
     config = parse_config_text(data, path)
     _check_roots(config, path)
+    if marked_default(path):
+        guard_default(path, data, config)
+    elif default_runtime:
+        guard_default(path, data, config, "--default-runtime")
+    return path, data, config
+
+
+def compile_config(path: Optional[str] = None, default_runtime: bool = False) -> str:
+    """Validate ``path`` and write its compiled copy atomically; return the copy's path.
+
+    ``default_runtime``: a default runtime reads ``path`` (install.sh --set-as-default):
+    refused unless require-allocation is on, and the mark beside it written so every later
+    compile applies the same guard. A refused config writes nothing.
+    The node plan cache and the CDI index next to it are the runtime's:
+    :func:`nvshim.node.compile.compile_node` writes all three.
+    """
+    path, data, config = check_config(path, default_runtime)
+    if default_runtime:
+        from nvshim.node.configguard import write_mark
+
+        write_mark(path)
     doc = {
         "nvshim-version": __version__,
         "source": path,

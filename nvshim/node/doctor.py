@@ -110,6 +110,7 @@ from nvshim.node.doctor_host import (
     host_for,
 )
 from nvshim.node.doctor_injection import check_cdi_injection
+from nvshim.node.doctor_install import check_default_mark
 from nvshim.node.doctor_reach import check_handler_configs, config_readers, engine_runtimes
 from nvshim.node.findings import DoctorOptions, Finding
 
@@ -133,6 +134,7 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
             f"it: they read {', '.join(readers)} (handler-config)")
     findings.append(config_finding)
     findings.append(check_compiled_config(options.config_path, config))
+    findings.append(check_default_mark(options.config_path))
     usable = config if config is not None else Config()
     findings.append(check_runtimes(usable, options))
 

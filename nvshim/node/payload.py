@@ -73,12 +73,27 @@ SMOKE_IMPORTS = ("nvshim.runtime.main", "nvshim.cli.main", HOOK_MODULE, PARAMS_H
                  "pynvml", "jsonschema", "yaml", "tomlkit", "grpc", "ctypes", "json")
 
 
+#: pip's lines that only say an error happened elsewhere (its last line is one of them)
+_PIP_WRAPPERS = ("error: subprocess-exited-with-error", "error: metadata-generation-failed",
+                 "note: This error originates from a subprocess")
+
+
+def first_error(output: str, status: int) -> str:
+    """The line of a failed command's output that says what went wrong: the first
+    ``ERROR:``/``error:`` line that is not one of pip's wrappers (pip ends with "This error
+    originates from a subprocess", naming nothing), else the last line."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    for line in lines:
+        if line.lower().startswith("error") and not line.startswith(_PIP_WRAPPERS):
+            return line
+    return lines[-1] if lines else f"exit status {status}"
+
+
 def _run(argv: Sequence[str], what: str, env: Optional[Dict[str, str]] = None) -> str:
     res = subprocess.run(list(argv), capture_output=True, text=True, env=env)
     if res.returncode != 0:
-        lines = (res.stderr or res.stdout).strip().splitlines()
-        tail = lines[-1] if lines else f"exit status {res.returncode}"
-        raise PayloadError(f"{what} failed: {tail}")
+        raise PayloadError(f"{what} failed: "
+                           f"{first_error(res.stderr or res.stdout, res.returncode)}")
     return res.stdout
 
 
@@ -302,7 +317,8 @@ def build(dest: str, src: str, prefix: str, bindir: str, etcdir: str) -> str:
     bindir_path = dest + bindir.rstrip("/")
     _write(os.path.join(bindir_path, "nvshim-runtime"),
            render_runtime(prefix.rstrip("/"), config), 0o755)
-    _write(os.path.join(bindir_path, "nvshim"), render_cli(prefix.rstrip("/"), config), 0o755)
+    _write(os.path.join(bindir_path, "nvshim"),
+           render_cli(prefix.rstrip("/"), config, bindir=bindir), 0o755)
     with open(os.path.join(src, "install.sh")) as f:
         installer = f.read()
     _write(os.path.join(dest, "install.sh"), installer, 0o755)
