@@ -542,7 +542,7 @@ install_payload() {
     mv "$new" "$PREFIX"
     rm -rf "$old"
     printf '%s\n' "$new_bindirs" | sort | while IFS= read -r dir; do
-        [ -n "$dir" ] && record "bindir-dir $dir"
+        if [ -n "$dir" ]; then record "bindir-dir $dir"; fi
     done
     # the commands, rendered for PREFIX, BINDIR and ETCDIR by the installed interpreter itself
     # (both default to $ETCDIR/config.yaml: an install with NVSHIM_ETCDIR never reads /etc/nvshim)

@@ -183,3 +183,180 @@ def test_moved_install_never_reads_etc_nvshim_nor_touches_real_containerd(tmp_pa
     assert ctrd.read_text() == DEBIAN_CONFIG  # uninstall restored the moved config's bytes
     tramp = tmp_path / "bin" / "nvshim-runtime"
     assert not tramp.exists()
+
+
+def _env(tmp: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVSHIM_")}
+    env.update(NVSHIM_PREFIX=str(tmp / "opt"), NVSHIM_BINDIR=str(tmp / "bin"),
+               NVSHIM_ETCDIR=str(tmp / "etc" / "nvshim"), NVSHIM_SKIP_APT="1",
+               NVSHIM_CONTAINERD_CONFIG=str(tmp / "etc" / "containerd" / "config.toml"),
+               NVSHIM_DOCKER_CONFIG=str(tmp / "etc" / "docker" / "daemon.json"),
+               NVSHIM_RESTART_MODE="none")
+    env.update(extra)
+    return env
+
+
+def _sh(env: dict, *argv: str, script: str = str(REPO / "install.sh"),
+        umask: str = "") -> subprocess.CompletedProcess:
+    pre = f"umask {umask}; " if umask else ""
+    return subprocess.run(["sh", "-c", pre + 'exec sh "$@"', "sh", script, *argv], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _loose(path: Path) -> bool:
+    st = path.lstat()
+    return not path.is_symlink() and bool(st.st_mode & 0o022)
+
+
+def test_umask_000_installs_nothing_writable_by_others_and_an_open_manifest_is_refused(tmp_path):
+    """install.sh pins its umask: under umask 000 every file and folder it installs is
+    writable by root only (the manifest 0644); a manifest others could write is refused by
+    --uninstall with one line, and nothing is removed."""
+    require_root()
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "etc").mkdir()
+    done = _sh(_env(tmp_path), "--from", str(payload_dir()), umask="000")
+    assert done.returncode == 0, done.stderr
+    manifest = tmp_path / "opt" / "install-manifest"
+    assert manifest.stat().st_mode & 0o777 == 0o644
+    ours = [tmp_path / "opt", tmp_path / "etc" / "nvshim", tmp_path / "bin"]
+    loose = [str(p) for top in ours for p in [top, *top.rglob("*")] if _loose(p)]
+    assert loose == [], loose[:10]
+
+    manifest.chmod(0o666)
+    before = snapshot(tmp_path)
+    gone = _sh(_env(tmp_path), "--uninstall")
+    assert gone.returncode == 1
+    assert gone.stderr.count("\n") == 1, gone.stderr
+    assert f"{manifest} is not trusted" in gone.stderr and "mode 666" in gone.stderr
+    assert snapshot(tmp_path) == before
+    manifest.chmod(0o644)
+    assert _sh(_env(tmp_path), "--uninstall").returncode == 0
+
+
+def test_purge_removes_only_the_journals_recorded_at_install(tmp_path):
+    """--uninstall --purge removes the grant and denial journals nvshim's config named at
+    install time (the denial path as nvshim derives it, in a folder whose name has a dot),
+    and never a file a config names later."""
+    require_root()
+    from nvshim.runtime.denials import denials_path
+
+    (tmp_path / "bin").mkdir()
+    etc = tmp_path / "etc" / "nvshim"
+    etc.mkdir(parents=True)
+    journal = tmp_path / "var" / "lib" / "nv.shim" / "grants"
+    config = etc / "config.yaml"
+    config.write_text(f"grants-journal: {journal}\n")
+    done = _sh(_env(tmp_path), "--from", str(payload_dir()))
+    assert done.returncode == 0, done.stderr
+    denied = Path(denials_path(str(journal)))
+    assert denied.name == "grants.denied.jsonl"
+    journal.parent.mkdir(parents=True)  # what the runtime does at the first grant / denial
+    journal.write_text("{}\n")
+    denied.write_text("{}\n")
+    # someone points the config at another file: purge must not take it
+    victim = tmp_path / "victim.jsonl"
+    victim.write_text("precious\n")
+    (tmp_path / "victim.denied.jsonl").write_text("precious\n")
+    config.write_text(f"grants-journal: {victim}\n")
+    gone = _sh(_env(tmp_path), "--uninstall", "--purge")
+    assert gone.returncode == 0, gone.stderr
+    assert not journal.exists() and not denied.exists()
+    assert not (tmp_path / "var").exists()  # the folders it recorded, when empty
+    assert victim.read_text() == "precious\n"
+    assert (tmp_path / "victim.denied.jsonl").read_text() == "precious\n"
+
+
+CONFIG_OFF = "require-allocation: false\n"
+CONFIG_COMMENTS = "# require-allocation: true\n# (everything commented out)\n\n"
+
+
+def test_set_as_default_refuses_require_allocation_off_everywhere(tmp_path):
+    """install.sh --set-as-default refuses a config with require-allocation off or holding
+    only comments (one line, the engine config untouched); after a good one, every later
+    run and nvshim config compile refuse an edit that turns it off, the compiled copy
+    stays, doctor fails in one line naming the file, and uninstall removes the mark."""
+    require_root()
+    (tmp_path / "bin").mkdir()
+    etc = tmp_path / "etc" / "nvshim"
+    etc.mkdir(parents=True)
+    ctrd = tmp_path / "etc" / "containerd" / "config.toml"
+    ctrd.parent.mkdir()
+    ctrd.write_text("")
+    config = etc / "config.yaml"
+    env = _env(tmp_path)
+    journal = f"grants-journal: {tmp_path}/journal/grants.jsonl\n"
+    for text, why in ((CONFIG_OFF, "has require-allocation off"),
+                      (CONFIG_COMMENTS, "holds no settings")):
+        config.write_text(text)
+        done = _sh(env, "--from", str(payload_dir()), "--containerd", "--set-as-default")
+        assert done.returncode == 1
+        lines = [line for line in done.stderr.splitlines() if "kept the previous" in line]
+        assert len(lines) == 1 and why in lines[0] and str(config) in lines[0], done.stderr
+        assert ctrd.read_text() == "" and not (ctrd.parent / "conf.d").exists()
+    config.write_text("require-allocation: true\n" + journal)
+    done = _sh(env, "--from", str(payload_dir()), "--containerd", "--set-as-default")
+    assert done.returncode == 0, done.stderr
+    mark = etc / "config.default-runtime"
+    assert mark.exists()
+    compiled = (etc / "config.compiled.json").read_bytes()
+
+    config.write_text(CONFIG_OFF + journal)
+    again = _sh(env, "--from", str(payload_dir()))
+    assert again.returncode == 1 and "kept the previous config" in again.stderr, again.stderr
+    cli = str(tmp_path / "bin" / "nvshim")
+    comp = subprocess.run([cli, "config", "compile"], env=env, capture_output=True, text=True)
+    assert comp.returncode == 1 and "require-allocation off: refused" in comp.stderr
+    assert (etc / "config.compiled.json").read_bytes() == compiled
+    doc = subprocess.run([cli, "doctor", "--format", "json", "--containerd-config", str(ctrd)],
+                         env=env, capture_output=True, text=True)
+    import json
+    found = [f for f in json.loads(doc.stdout) if f["check"] == "default-runtime-config"]
+    assert found and found[0]["status"] == "fail", doc.stdout
+    assert str(config) in found[0]["message"] and "\n" not in found[0]["message"]
+    assert f"set require-allocation: true in {config}" in found[0]["fix"]
+
+    config.write_text("require-allocation: true\n" + journal)
+    gone = _sh(env, "--uninstall")
+    assert gone.returncode == 0, gone.stderr
+    assert not mark.exists() and ctrd.read_text() == ""
+
+
+def test_installed_copy_and_a_moved_bin_dir(tmp_path):
+    """sh PREFIX/install.sh --docker works from the installed copy (--dev says it needs a
+    checkout); a missing NVSHIM_BINDIR is created, doctor finds the trampoline there, and
+    uninstall removes the folders it made; an unwritable bin dir names NVSHIM_BINDIR."""
+    require_root()
+    import json
+
+    bindir = tmp_path / "node" / "opt" / "bin"
+    (tmp_path / "etc" / "docker").mkdir(parents=True)
+    daemon_json = tmp_path / "etc" / "docker" / "daemon.json"
+    daemon_json.write_text("{}\n")
+    env = _env(tmp_path, NVSHIM_BINDIR=str(bindir))
+    done = _sh(env, "--from", str(payload_dir()))
+    assert done.returncode == 0, done.stderr
+    copy = str(tmp_path / "opt" / "install.sh")
+    docker = _sh(env, "--docker", script=copy)
+    assert docker.returncode == 0, docker.stderr
+    assert json.loads(daemon_json.read_text())["runtimes"]["nvshim"] == {
+        "path": f"{bindir}/nvshim-runtime"}
+    dev = _sh(env, "--dev", script=copy)
+    assert dev.returncode == 1 and dev.stderr.count("\n") == 1 and "checkout" in dev.stderr
+
+    doc = subprocess.run([str(bindir / "nvshim"), "doctor", "--format", "json"],
+                         env={k: v for k, v in env.items() if k != "NVSHIM_BINDIR"},
+                         capture_output=True, text=True)
+    tramp = [f for f in json.loads(doc.stdout) if f["check"] == "trampoline"][0]
+    assert tramp["status"] == "ok" and f"{bindir}/nvshim-runtime" in tramp["message"], tramp
+
+    gone = _sh(env, "--uninstall", script=copy)
+    assert gone.returncode == 0, gone.stderr
+    assert daemon_json.read_text() == "{}\n"
+    assert not (tmp_path / "node").exists()
+
+    (tmp_path / "ro").write_text("a file where a folder should be\n")
+    bad = _sh(_env(tmp_path, NVSHIM_BINDIR=str(tmp_path / "ro" / "bin")),
+              "--from", str(payload_dir()))
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "cannot write" in bad.stderr and "NVSHIM_BINDIR" in bad.stderr
