@@ -39,14 +39,15 @@ MARK_TEXT = ("# Written by nvshim config compile --default-runtime (install.sh -
 
 
 def is_blank(data: bytes) -> bool:
-    """Whether the YAML holds no document at all: empty, or only comments, blank lines
-    and document markers (what the config reads as the built-in defaults)."""
+    """Whether the YAML holds nothing: empty, or only comments, blank lines and document
+    markers, or a lone null (what the config reads as the built-in defaults)."""
     import yaml
 
     try:
-        return yaml.compose(data, Loader=yaml.SafeLoader) is None
+        node = yaml.compose(data, Loader=yaml.SafeLoader)
     except yaml.YAMLError:
         return False  # not blank: the parse reports it
+    return node is None or node.tag == "tag:yaml.org,2002:null"
 
 
 def marked_default(path: str) -> bool:

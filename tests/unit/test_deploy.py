@@ -212,3 +212,41 @@ def test_configmap_is_a_valid_nvshim_config_with_require_allocation() -> None:
     config = config_module.parse_config_text(text.encode(), "deploy/configmap.yaml")
     assert config.require_allocation is True
     assert config.verify_with == "kubelet" and config.kubelet_unreachable == "fail"
+
+
+def test_configmap_ships_the_device_plugin_management_pods_entry_commented() -> None:
+    """configmap.yaml carries the NVIDIA device plugin's management-pods entry commented out
+    (uncommented it is valid and names the plugin's pods), and deploy/README.md documents
+    the key."""
+    config_module = pytest.importorskip("nvshim.config")
+    text = _one("ConfigMap", "nvshim-config")["data"]["config.yaml"]
+    commented = [line for line in text.splitlines()
+                 if line.lstrip().startswith("# management-pods:")]
+    assert len(commented) == 1, text
+    entry = commented[0].lstrip()[2:]
+    config = config_module.parse_config_text((text + entry + "\n").encode(), "configmap")
+    assert config.management_pods == ("kube-system/nvidia-device-plugin-*",)
+    assert config_module.parse_config_text(text.encode(), "configmap").management_pods == ()
+    assert "`management-pods`" in (DEPLOY / "README.md").read_text()
+
+
+def test_bin_dir_is_a_documented_daemonset_setting() -> None:
+    """NVSHIM_BINDIR (read-only /usr nodes) is set in the DaemonSet's env, passed on by the
+    installer, documented in deploy/README.md and supported by install.sh's --help."""
+    (installer,) = _installer_pod()["containers"]
+    env = {e["name"]: e["value"] for e in installer["env"]}
+    assert env["NVSHIM_BINDIR"] == "/usr/local/bin"
+    assert "NVSHIM_BINDIR" in (DEPLOY / "installer.sh").read_text().split("PASS=")[1][:80]
+    help_text = (DEPLOY.parent / "install.sh").read_text().split("\nset -eu")[0]
+    assert "for testing" not in help_text and "read-only" in help_text
+
+
+def test_containerfile_build_args_have_defaults_and_the_build_flags_are_documented() -> None:
+    """The builder's PIP_* build arguments have empty defaults (no "missing build argument"
+    warnings), and the Containerfile and deploy/README.md give the podman flags the tests
+    build with (--isolation=chroot --network=host)."""
+    containerfile = (DEPLOY / "Containerfile").read_text()
+    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CERT"):
+        assert f"ARG {name}=\n" in containerfile, name
+    for text in (containerfile, (DEPLOY / "README.md").read_text()):
+        assert "--isolation=chroot --network=host" in text
