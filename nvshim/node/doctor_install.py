@@ -32,12 +32,12 @@ def default_trampoline(environ: Optional[Mapping[str, str]] = None) -> str:
 
 def check_default_mark(path: str) -> Finding:
     """The config install.sh --set-as-default marked still passes the default-runtime guard."""
-    from nvshim.node.compile import check_config
-
     name = "default-runtime-config"
     mark = default_mark_path(path)
     if not os.path.lexists(mark):
         return Finding(name, "skip", f"no {mark}: install.sh did not make nvshim a default runtime")
+    from nvshim.node.compile import check_config  # only with the mark: doctor stays quick
+
     try:
         check_config(path)
     except NvshimError as exc:

@@ -235,12 +235,14 @@ def installer_image_archive(name: str, repo: Path = REPO) -> BuildResult:
             _run("podman import", podman.argv("import", str(base.archive), BASE_NAME), 600, log)
             seconds["import"] = time.monotonic() - started
             started = time.monotonic()
+            mark = log.stat().st_size if log.exists() else 0
             _run("podman build", podman.argv(
                 "build", "--isolation=chroot", "--network=host", "--pull=never",
                 "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096",
                 "--build-arg", f"BASE={BASE_NAME}", *_pip_build_args(), "-f", "deploy/Containerfile",
                 "-t", name, "."), 1800, log, cwd=repo)
             seconds["build"] = time.monotonic() - started
+            _no_build_arg_warnings(log, mark)
             started = time.monotonic()
             _run("podman save", podman.argv("save", "--format", "docker-archive", "-o",
                                             str(tmp), name), 600, log)
@@ -250,6 +252,17 @@ def installer_image_archive(name: str, repo: Path = REPO) -> BuildResult:
             tmp.unlink(missing_ok=True)
             podman.close()
         return BuildResult(dest, name, cached=False, seconds=seconds, size=image_size(dest))
+
+
+def _no_build_arg_warnings(log: Path, start: int) -> None:
+    """A build that warns about a build argument (buildah: 'missing "PIP_CERT" build
+    argument') fails: the Containerfile gives every ARG a default."""
+    with open(log, "rb") as fh:
+        fh.seek(start)
+        text = fh.read().decode(errors="replace")
+    warned = [ln.strip() for ln in text.splitlines() if "build argument" in ln]
+    if warned:
+        raise BuildError(f"podman build warned about build arguments: {warned[0]}")
 
 
 def image_size(archive: Path) -> int:
