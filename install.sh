@@ -609,7 +609,9 @@ fi
 
 # --- config --------------------------------------------------------------------------
 [ -d "$ETCDIR" ] || mkdir -p "$ETCDIR"  # 0755: umask 022
+kept="kept the previous config"
 if [ ! -e "$ETCDIR/config.yaml" ]; then
+    kept="refused the default config it wrote"
     [ -n "$CONFIG_SRC" ] || die "no $ETCDIR/config.yaml, and the installed copy brings none: write one (see config/config.yaml in nvshim's sources) or install a payload with --from DIR"
     cp "$CONFIG_SRC" "$ETCDIR/config.yaml"
     chmod 0644 "$ETCDIR/config.yaml"
@@ -622,7 +624,7 @@ set -- --config "$ETCDIR/config.yaml"
 [ "$DEFAULT" = 1 ] && set -- "$@" --default-runtime
 if ! out=$("$BINDIR/nvshim" config compile "$@" 2>&1 </dev/null); then
     out=$(printf '%s\n' "$out" | sed '/^[[:space:]]*$/d' | tail -n 1)
-    die "kept the previous config: ${out#nvshim: }"
+    die "$kept: ${out#nvshim: }"
 fi
 [ -n "$out" ] && printf '%s\n' "$out" >&2
 record "file $ETCDIR/config.default-runtime"  # the mark (--set-as-default), when written
