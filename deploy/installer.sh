@@ -202,6 +202,7 @@ uninstall_node() {
             say "kept $ETCDIR/config.yaml: it is not what this installer wrote there"
         fi
     fi
+    rm -f "$HOST_ROOT$NEW_CONFIG"  # a check cut short by the signal
     rm -rf "$HOST_ROOT$STAGE" "$HOST_ROOT$STAGE.new"
     # the hostPath dirs themselves, when empty (removed on the node: here they are mount points)
     on_node rmdir "$ETCDIR" "$(dirname "$STAGE")" 2>/dev/null
