@@ -277,17 +277,21 @@ uninstall() {
     say "nvshim uninstalled"
 }
 
-# --- grant and denial journals --------------------------------------------------------
-# The runtime creates them at the first grant or denial. install.sh records the paths nvshim
-# names for them (`nvshim config paths`, the same function the runtime uses) only when they
-# do not exist yet, with the folders that do not; --purge removes exactly those: regular
-# files (never a link), folders only when empty. A journal the config names later, or one
-# that was there before, is not nvshim's to delete.
-record_journals() {
+# --- the files nvshim writes beside its config, and the grant and denial journals ------
+# `nvshim config paths` names them (the same functions the runtime and compile use). The
+# compiled copies, caches and the default-runtime mark are recorded as files (removed at
+# uninstall). The runtime creates the journals at the first grant or denial: their paths are
+# recorded only when they do not exist yet, with the folders that do not; --purge removes
+# exactly those: regular files (never a link), folders only when empty. A journal the config
+# names later, or one that was there before, is not nvshim's to delete.
+record_config_paths() {
     paths=$("$BINDIR/nvshim" config paths --config "$ETCDIR/config.yaml" </dev/null) \
-        || die "cannot ask nvshim where its journals are (see the message above)"
+        || die "cannot ask nvshim which files its config makes it write (see the message above)"
     printf '%s\n' "$paths" | while read -r key path; do
-        case $key in grants-journal|denied-journal) ;; *) continue ;; esac
+        case $key in
+            grants-journal|denied-journal) ;;
+            *) record "file $path"; continue ;;
+        esac
         [ -e "$path" ] || [ -L "$path" ] || record "journal $path"
         missing_dirs "$(dirname "$path")" | sort | while IFS= read -r dir; do
             record "journal-dir $dir"
@@ -627,15 +631,10 @@ if ! out=$("$BINDIR/nvshim" config compile "$@" 2>&1 </dev/null); then
     die "$kept: ${out#nvshim: }"
 fi
 [ -n "$out" ] && printf '%s\n' "$out" >&2
-record "file $ETCDIR/config.default-runtime"  # the mark (--set-as-default), when written
-record "file $ETCDIR/config.compiled.json"
-record "file $ETCDIR/config.runtimes"
-record "file $ETCDIR/config.annotation-prefixes"
-record "file $ETCDIR/config.plan.json"  # the node plan cache (written when a driver is found)
-record "file $ETCDIR/config.source-link"
-record "file $ETCDIR/config.cdi-index.json"  # the index of the CDI spec dirs
+# the compiled copy, the trampoline's lists, the node plan cache, the CDI index, the
+# default-runtime mark; the journals (see "the files nvshim writes beside its config" above)
+record_config_paths
 install_cdi_refresh  # see "CDI refresh when the driver changes" above
-record_journals  # see "grant and denial journals" above
 
 # --- container engines ---------------------------------------------------------------
 # The engine's files as they were before this run (a copy, or a mark that the file was absent),
