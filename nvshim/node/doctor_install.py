@@ -36,12 +36,24 @@ def check_default_mark(path: str) -> Finding:
     mark = default_mark_path(path)
     if not os.path.lexists(mark):
         return Finding(name, "skip", f"no {mark}: install.sh did not make nvshim a default runtime")
-    from nvshim.node.compile import check_config  # only with the mark: doctor stays quick
+    from nvshim.config import load_config
+    from nvshim.files import read_bytes
+    from nvshim.node.configguard import guard_default
 
     try:
-        check_config(path)
+        data = read_bytes(path)
+        config = load_config(path)
+    except NvshimError:
+        return Finding(name, "skip", f"{path} did not load (see the config check)")
+    if data is None:
+        return Finding(name, "fail", f"{path} does not exist, and nvshim is a default runtime "
+                       f"({mark}): the built-in defaults have require-allocation off",
+                       f"write {path} with require-allocation: true, then "
+                       f"{compile_command(path)}")
+    try:
+        guard_default(path, data, config)
     except NvshimError as exc:
-        return Finding(name, "fail", str(exc).split(": refused,")[0] + f" under a default "
+        return Finding(name, "fail", str(exc).split(": refused,")[0] + f", under a default "
                        f"runtime ({mark})", f"set require-allocation: true in {path}, then "
                        f"{compile_command(path)}")
     return Finding(name, "ok", f"{path} has require-allocation on ({mark})")
