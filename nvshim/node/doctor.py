@@ -5,7 +5,8 @@ version containerd reports) and returns :class:`~nvshim.node.findings.Finding` v
 nothing is written. The checks live
 by subject in :mod:`nvshim.node.doctor_config` (nvshim's own files),
 :mod:`nvshim.node.doctor_engines` (containerd, Docker, CRI-O),
-:mod:`nvshim.node.doctor_handlers` (containerd's handlers across its files) and
+:mod:`nvshim.node.doctor_handlers` (containerd's handlers across its files),
+:mod:`nvshim.node.doctor_install` (what install.sh set up) and
 :mod:`nvshim.node.doctor_host` (GPUs, CDI specs, device links). :func:`run_checks` runs
 them all in a fixed order, :func:`render_text` / :func:`render_json` format the result and
 :func:`exit_code` is 1 when any finding failed.
@@ -18,6 +19,10 @@ The checks, by name:
 ``compiled-config``
     ``<stem>.compiled.json`` exists and matches the YAML (hash and nvshim version), and the
     trampoline's ``<stem>.runtimes`` is not older than the YAML and lists the same runtimes.
+``default-runtime-config``
+    where ``install.sh --set-as-default`` left its mark (``<stem>.default-runtime``), the
+    config has require-allocation on and holds settings (:mod:`nvshim.node.doctor_install`);
+    ``skip`` without the mark.
 ``runtimes``
     at least one of ``runtimes`` (runc, crun, an absolute path) is an executable.
 ``containerd-config``
@@ -62,7 +67,8 @@ The checks, by name:
     every spec file of ``cdi-spec-dirs`` passes the config files' trust rule; one a create
     skips (owned by another uid, writable by others, in a directory others can write) fails.
 ``trampoline``
-    the installed ``nvshim-runtime`` sh trampoline is what this nvshim renders.
+    the installed ``nvshim-runtime`` sh trampoline (in ``$NVSHIM_BINDIR``, which the
+    installed ``nvshim`` command carries, else ``/usr/local/bin``) is what this nvshim renders.
 ``handler-config``
     the config each engine runtime that leads to nvshim-runtime reads -- through wrapper
     scripts, the trampoline's embedded path, CRI-O's ``monitor_env``, and the
