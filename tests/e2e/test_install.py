@@ -210,8 +210,8 @@ def _loose(path: Path) -> bool:
 
 def test_umask_000_installs_nothing_writable_by_others_and_an_open_manifest_is_refused(tmp_path):
     """install.sh pins its umask: under umask 000 every file and folder it installs is
-    writable by root only (the manifest 0644); a manifest others could write is refused by
-    --uninstall with one line, and nothing is removed."""
+    writable by root only (the manifest 0644); a manifest, or the payload's file list,
+    others could write is refused by --uninstall with one line, and nothing is removed."""
     require_root()
     (tmp_path / "bin").mkdir()
     (tmp_path / "etc").mkdir()
@@ -231,13 +231,19 @@ def test_umask_000_installs_nothing_writable_by_others_and_an_open_manifest_is_r
     assert f"{manifest} is not trusted" in gone.stderr and "mode 666" in gone.stderr
     assert snapshot(tmp_path) == before
     manifest.chmod(0o644)
+    listing = tmp_path / "opt" / "payload-files"
+    listing.chmod(0o646)
+    gone = _sh(_env(tmp_path), "--uninstall")
+    assert gone.returncode == 1 and f"{listing} is not trusted" in gone.stderr, gone.stderr
+    assert snapshot(tmp_path) == before
+    listing.chmod(0o644)
     assert _sh(_env(tmp_path), "--uninstall").returncode == 0
 
 
 def test_purge_removes_only_the_journals_recorded_at_install(tmp_path):
     """--uninstall --purge removes the grant and denial journals nvshim's config named at
     install time (the denial path as nvshim derives it, in a folder whose name has a dot),
-    and never a file a config names later."""
+    never a file a config names later, and never follows a link put at a recorded path."""
     require_root()
     from nvshim.runtime.denials import denials_path
 
@@ -251,9 +257,12 @@ def test_purge_removes_only_the_journals_recorded_at_install(tmp_path):
     assert done.returncode == 0, done.stderr
     denied = Path(denials_path(str(journal)))
     assert denied.name == "grants.denied.jsonl"
+    assert f"journal {denied}" in (tmp_path / "opt" / "install-manifest").read_text()
     journal.parent.mkdir(parents=True)  # what the runtime does at the first grant / denial
     journal.write_text("{}\n")
-    denied.write_text("{}\n")
+    linked = tmp_path / "linked-target"
+    linked.write_text("precious\n")
+    denied.symlink_to(linked)
     # someone points the config at another file: purge must not take it
     victim = tmp_path / "victim.jsonl"
     victim.write_text("precious\n")
@@ -261,8 +270,10 @@ def test_purge_removes_only_the_journals_recorded_at_install(tmp_path):
     config.write_text(f"grants-journal: {victim}\n")
     gone = _sh(_env(tmp_path), "--uninstall", "--purge")
     assert gone.returncode == 0, gone.stderr
-    assert not journal.exists() and not denied.exists()
-    assert not (tmp_path / "var").exists()  # the folders it recorded, when empty
+    assert not journal.exists() and denied.is_symlink()  # a link is not nvshim's journal
+    assert linked.read_text() == "precious\n"
+    denied.unlink()
+    assert sorted(p.name for p in journal.parent.iterdir()) == []
     assert victim.read_text() == "precious\n"
     assert (tmp_path / "victim.denied.jsonl").read_text() == "precious\n"
 
