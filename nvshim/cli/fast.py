@@ -17,9 +17,12 @@ multiple, choices, defaults), and the top-level help to click's rendering of it.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from nvshim import __version__
+
+TYPE_CHECKING = False  # typing alone costs about the interpreter's start (BENCHMARKS.md)
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["serve", "FORMS", "TOP_HELP", "HELP_WIDTH", "COMPLETE_VAR"]
 
@@ -27,15 +30,23 @@ __all__ = ["serve", "FORMS", "TOP_HELP", "HELP_WIDTH", "COMPLETE_VAR"]
 COMPLETE_VAR = "_NVSHIM_COMPLETE"
 
 
-class Opt(NamedTuple):
-    """One option of a served form: ``dest`` in the parsed values; a flag takes no value."""
+class Opt:
+    """One option of a served form: ``dest`` in the parsed values; a flag takes no value.
+    (A plain class: NamedTuple would import typing, which costs what this module saves.)"""
 
-    dest: str
-    flag: bool = False
-    multiple: bool = False
-    choices: Tuple[str, ...] = ()
-    is_dir: bool = False  # click.Path(exists=True, file_okay=False): an existing directory
-    not_dir: bool = False  # click.Path(dir_okay=False): anything but a directory
+    __slots__ = ("dest", "flag", "multiple", "choices", "is_dir", "not_dir")
+
+    def __init__(self, dest: str, flag: bool = False, multiple: bool = False,
+                 choices: Tuple[str, ...] = (), is_dir: bool = False,
+                 not_dir: bool = False) -> None:
+        self.dest = dest
+        self.flag = flag
+        self.multiple = multiple
+        self.choices = choices
+        #: click.Path(exists=True, file_okay=False): an existing directory
+        self.is_dir = is_dir
+        #: click.Path(dir_okay=False): anything but a directory
+        self.not_dir = not_dir
 
 
 _FORMAT = Opt("fmt", choices=("text", "json"))

@@ -13,12 +13,14 @@ operators run in loops), and only for every other form loads the click applicati
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, List, Optional
 
 from nvshim.cli.report import fail, internal_error
 from nvshim.errors import NvshimError
 
+TYPE_CHECKING = False  # typing alone costs about the interpreter's start (BENCHMARKS.md)
 if TYPE_CHECKING:
+    from typing import Any, List, Optional
+
     import click
 
 __all__ = ["main"]  # and cli, through __getattr__

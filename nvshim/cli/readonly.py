@@ -10,11 +10,12 @@ the one-line failures.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
-
 from nvshim.cli.report import err, out
 
+TYPE_CHECKING = False  # typing alone costs about the interpreter's start (BENCHMARKS.md)
 if TYPE_CHECKING:
+    from typing import Any, Dict, Optional, Sequence
+
     from nvshim.config import Config
     from nvshim.errors import CdiProblem
 
@@ -124,14 +125,20 @@ def echo_json(doc: Any) -> None:
 
 def cdi_list(spec_dirs: Sequence[str], fmt: str) -> int:
     """``nvshim cdi list``: every resolvable qualified device name."""
-    if not spec_dirs:
-        from nvshim.config import load_config
+    if spec_dirs:
+        from nvshim.cdi.registry import load_registry
 
-        # the directories the runtime resolves CDI names from, so the list matches it
-        spec_dirs = load_config().cdi_spec_dirs
-    from nvshim.cdi.registry import load_registry
+        registry = load_registry(spec_dirs)
+    else:
+        from nvshim.cdi.index import registry_for
+        from nvshim.config import cdi_index_path, config_path, load_config
 
-    registry = load_registry(spec_dirs)
+        # the directories the runtime resolves CDI names from, through the same CDI index
+        # (a YAML spec unchanged since it was indexed is not parsed again), so the list
+        # matches what a create resolves
+        config = load_config()
+        index = cdi_index_path(config.source or config_path())
+        registry, _ = registry_for(config.cdi_spec_dirs, None, index, save=False)
     if fmt == "json":
         devices = []
         for name in registry.names():
@@ -159,11 +166,20 @@ def cdi_check(check_file: str, quiet: bool, driver_root: Optional[str],
               driver_capabilities: str, gpu_source: str, hook_path: Optional[str]) -> int:
     """``nvshim cdi generate --check FILE``: 0 when FILE is what generate would write now;
     a stale one raises the reasons."""
+    import os
+
+    from nvshim.cdi.index import indexed_document
+    from nvshim.config import cdi_index_path, config_path, load_config
     from nvshim.node.cdigen import check_current, generate_for_node
 
+    config = load_config()
     spec, host = generate_for_node(driver_root, dev_root, class_, vendor, tuple(strategies),
-                                   driver_capabilities, gpu_source, hook_path)
-    check_current(check_file, spec, host)
+                                   driver_capabilities, gpu_source, hook_path, config)
+    # a spec in the config's spec dirs is decoded already in a fresh CDI index: a YAML one
+    # is then compared without importing yaml
+    existing = indexed_document(os.path.abspath(check_file), config.cdi_spec_dirs,
+                                cdi_index_path(config.source or config_path()))
+    check_current(check_file, spec, host, existing)
     if not quiet:
         err(f"{check_file}: current")
     return 0

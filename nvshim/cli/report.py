@@ -5,9 +5,12 @@ stderr, and a failure as one ``nvshim: …`` line (the traceback before it under
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
 
 from nvshim.errors import one_line
+
+TYPE_CHECKING = False  # typing alone costs about the interpreter's start (BENCHMARKS.md)
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 __all__ = ["out", "err", "fail", "internal_error"]
 

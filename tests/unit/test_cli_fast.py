@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import click
 import pytest
@@ -179,3 +179,87 @@ def test_a_served_failure_is_one_line(capsys: pytest.CaptureFixture[str]) -> Non
     assert code == 1 and out == "" and err == (
         "nvshim: grant journal /nonexistent/nvshim/grants.jsonl does not exist\n")
 
+
+
+def _spec_dirs(tmp_path: Path) -> Tuple[Path, Path]:
+    """A config naming two spec dirs: YAML and JSON specs, a broken one and one others could
+    have written (skipped with a warning); compiled, so its CDI index exists."""
+    low, high = tmp_path / "low", tmp_path / "high"
+    for d in (low, high):
+        d.mkdir()
+    (low / "a.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n"
+                                "- name: '0'\n  containerEdits:\n    deviceNodes:\n"
+                                "    - {path: /dev/nvidia0, hostPath: /dev/null}\n")
+    (high / "b.json").write_text(json.dumps({
+        "cdiVersion": "0.5.0", "kind": "example.com/net",
+        "devices": [{"name": "eth", "containerEdits": {"env": ["A=1"]}}]}))
+    (high / "broken.yaml").write_text("cdiVersion: [\n")
+    (high / "loose.yaml").write_text("cdiVersion: 0.5.0\nkind: x.com/y\ndevices: []\n")
+    for f in (low / "a.yaml", high / "b.json", high / "broken.yaml"):
+        os.chmod(f, 0o644)
+    os.chmod(high / "loose.yaml", 0o666)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"cdi-spec-dirs: [{low}, {high}]\n")
+    os.chmod(config, 0o644)
+    return config, tmp_path
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_cdi_list_of_the_configs_dirs_through_the_index_reads_as_a_full_scan(
+        fmt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cdi list` (the config's dirs, through the compiled CDI index) prints what
+    `cdi list --spec-dir …` (a full scan of the same dirs) prints, before and after compile."""
+    config, tmp = _spec_dirs(tmp_path)
+    monkeypatch.setenv("NVSHIM_CONFIG", str(config))
+    scan = _run(main, ["cdi", "list", "--format", fmt, "--spec-dir", f"{tmp}/low",
+                       "--spec-dir", f"{tmp}/high"], capsys)
+    assert _run(main, ["cdi", "list", "--format", fmt], capsys) == scan  # no index yet
+    assert _run(main, ["config", "compile", "--config", str(config)], capsys)[0] == 0
+    assert list(tmp.glob("*.cdi-index.json")), "compile writes the index"
+    assert _run(main, ["cdi", "list", "--format", fmt], capsys) == scan
+    assert "nvidia.com/gpu=0" in scan[1] and "loose.yaml" in scan[1 if fmt == "json" else 2]
+
+
+def _modules_after(args: List[str], env: Dict[str, str]) -> List[str]:
+    code = ("import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit as e:\n    sys.stderr.write(f'EXIT {e.code}\\n')\n"
+            "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
+            "if m in ('yaml', 'click', 'typing'))))")
+    res = subprocess.run([sys.executable, "-I", "-c", code, *args], capture_output=True,
+                         text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+                                                   **env})
+    assert "EXIT 0" in res.stderr, res.stderr
+    return res.stderr.rsplit("LOADED", 1)[1].split()
+
+
+def test_cdi_list_with_a_fresh_index_parses_no_yaml(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """With the config compiled, `cdi list` reads its YAML specs from the index: yaml is
+    never imported (it costs more than the rest of the command)."""
+    config, _ = _spec_dirs(tmp_path)
+    assert _run(main, ["config", "compile", "--config", str(config)], capsys)[0] == 0
+    assert "yaml" not in _modules_after(["cdi", "list"], {"NVSHIM_CONFIG": str(config)})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the simulated node needs mknod (root)")
+def test_generate_check_of_an_indexed_spec_parses_no_yaml(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`cdi generate --check` of the config's own YAML spec, current and indexed, says current
+    without importing yaml or typing; once the spec changes it reads the file and says stale."""
+    node, spec_dir = tmp_path / "node", tmp_path / "cdi"
+    spec_dir.mkdir()
+    config = tmp_path / "config.yaml"
+    config.write_text(f"driver-root: {node}\ncdi-spec-dirs: [{spec_dir}]\n")
+    os.chmod(config, 0o644)
+    assert _run(main, ["--quiet", "sim", "create", str(node), "--gpus", "2"], capsys)[0] == 0
+    spec = spec_dir / "nvidia.yaml"
+    assert _run(main, ["cdi", "generate", "--driver-root", str(node), "--output", str(spec)],
+                capsys)[0] == 0
+    assert _run(main, ["config", "compile", "--config", str(config)], capsys)[0] == 0
+    env = {"NVSHIM_CONFIG": str(config)}
+    args = ["cdi", "generate", "--check", str(spec), "--driver-root", str(node)]
+    assert _modules_after(args, env) == []
+    spec.write_text(spec.read_text().replace("550.54.15", "550.54.14"))  # another driver
+    code, _, err = _run(main, args, capsys)
+    assert code == 1 and "is stale" in err
