@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FORMAT",
     "build",
+    "indexed_document",
     "load",
     "missing_mounts",
     "regenerate_fix",
@@ -183,8 +184,10 @@ def _save(path: str, doc: Dict[str, Any]) -> str:
     return f"written to {path}"
 
 
-def _loaded(doc: Dict[str, Any], kinds: Set[str]) -> Iterable[Tuple[int, Any, List[CdiProblem]]]:
-    """(rank, spec or None, problems) in scan order, loading only specs of ``kinds``."""
+def _loaded(doc: Dict[str, Any], kinds: Optional[Set[str]],
+            ) -> Iterable[Tuple[int, Any, List[CdiProblem]]]:
+    """(rank, spec or None, problems) in scan order, loading only specs of ``kinds`` (every
+    spec: None)."""
     by_rank: Dict[int, List[Dict[str, Any]]] = {}
     for entry in doc["entries"]:
         by_rank.setdefault(entry["rank"], []).append(entry)
@@ -199,7 +202,7 @@ def _loaded(doc: Dict[str, Any], kinds: Set[str]) -> Iterable[Tuple[int, Any, Li
             if entry["problems"]:
                 yield rank, None, [CdiProblem(*p) for p in entry["problems"]]
                 continue
-            if entry["kind"] not in kinds:
+            if kinds is not None and entry["kind"] not in kinds:
                 continue  # cannot hold a requested device: not loaded
             try:
                 if entry["doc"] is not None:  # trusted when indexed, unchanged since
@@ -210,17 +213,24 @@ def _loaded(doc: Dict[str, Any], kinds: Set[str]) -> Iterable[Tuple[int, Any, Li
                 yield rank, None, exc.problems
 
 
-def registry_for(spec_dirs: Sequence[str], names: Sequence[str], index_path: Optional[str],
-                 save: bool) -> Tuple[Registry, str]:
-    """The registry for resolving ``names`` (only their kinds' specs loaded), and where it
-    came from. ``index_path`` None: no index (a full scan, as ``load_registry``)."""
+def _kinds(names: Sequence[str]) -> Set[str]:
+    """The CDI kinds ``names`` ask for (a malformed name none: resolve_devices reports it)."""
     kinds = set()
     for name in names:
         try:
             vendor, class_, _ = parse_qualified_name(name)
         except CdiError:
-            continue  # resolve_devices reports it as unresolvable
+            continue
         kinds.add(f"{vendor}/{class_}")
+    return kinds
+
+
+def registry_for(spec_dirs: Sequence[str], names: Optional[Sequence[str]],
+                 index_path: Optional[str], save: bool) -> Tuple[Registry, str]:
+    """The registry for resolving ``names`` (only their kinds' specs loaded; every spec for
+    None, as ``nvshim cdi list`` shows them), and where it came from. ``index_path`` None: no
+    index (a full scan, as ``load_registry``)."""
+    kinds = None if names is None else _kinds(names)
     if index_path is None:
         doc, why = None, "no CDI index location"
     else:
@@ -236,6 +246,19 @@ def registry_for(spec_dirs: Sequence[str], names: Sequence[str], index_path: Opt
     if doc is None:  # load() gives a document whenever it gives no reason not to use one
         raise CdiError(f"{index_path}: CDI index unreadable")
     return build_registry(spec_dirs, _loaded(doc, kinds)), source
+
+
+def indexed_document(path: str, spec_dirs: Sequence[str], index_path: str) -> Optional[Any]:
+    """The decoded document of spec file ``path`` as a fresh index records it (a YAML spec
+    read without yaml), or None: no fresh index, the file not in it, or recorded with a
+    problem or without its document (JSON specs, YAML-only values): then read the file."""
+    doc, why = load(index_path, spec_dirs)
+    if why or doc is None:
+        return None
+    for entry in doc["entries"]:
+        if entry["path"] == path and not entry["problems"]:
+            return entry["doc"]
+    return None
 
 
 def refresh(spec_dirs: Sequence[str], index_path: str) -> str:

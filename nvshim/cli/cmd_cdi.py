@@ -12,9 +12,9 @@ from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 import click
 
 from nvshim.cli.options import CONFIG_FILE, FORMAT
-from nvshim.cli.output import info
+from nvshim.cli.output import info, settings
+from nvshim.cli.readonly import echo_json, problem_json
 from nvshim.config import DEFAULT_CAPABILITIES, DEFAULT_CDI_SPEC_DIRS
-from nvshim.errors import CdiProblem
 from nvshim.node.cdigen import STRATEGIES
 
 __all__ = ["cdi"]
@@ -23,16 +23,6 @@ __all__ = ["cdi"]
 @click.group(name="cdi")
 def cdi() -> None:
     """Work with CDI (Container Device Interface) spec files."""
-
-
-def _problem_json(problem: CdiProblem) -> Dict[str, str]:
-    return {"file": problem.path, "json_path": problem.json_path, "message": problem.message}
-
-
-def _echo_json(doc: Any) -> None:
-    from nvshim import _jsonc
-
-    click.echo(_jsonc.dumps(doc, indent=2, ensure_ascii=False))
 
 
 @cdi.command(name="list")
@@ -57,30 +47,9 @@ def list_devices(spec_dirs: Tuple[str, ...], fmt: str) -> None:
     which directories were searched. --format json prints one document: the
     directories, each device (name, kind, device name, spec file) and the problems.
     """
-    if not spec_dirs:
-        from nvshim.config import load_config
+    from nvshim.cli.readonly import cdi_list
 
-        # the directories the runtime resolves CDI names from, so the list matches it
-        spec_dirs = load_config().cdi_spec_dirs
-    from nvshim.cdi.registry import load_registry
-
-    registry = load_registry(spec_dirs)
-    if fmt == "json":
-        devices = []
-        for name in registry.names():
-            resolved = registry.devices[name]
-            devices.append({"name": name, "kind": resolved.spec.kind,
-                            "device": resolved.device.name, "spec_file": resolved.spec.path})
-        _echo_json({"spec_dirs": list(registry.spec_dirs), "devices": devices,
-                    "problems": [_problem_json(p) for p in registry.problems]})
-        return
-    for problem in registry.problems:
-        click.echo(f"warning: {problem}", err=True)
-    for name in registry.names():
-        click.echo(name)
-    if not registry.devices:
-        searched = ", ".join(registry.spec_dirs) or "no spec directories (cdi-spec-dirs is empty)"
-        click.echo(f"no CDI devices found in {searched}", err=True)
+    cdi_list(spec_dirs, fmt)
 
 
 @cdi.command()
@@ -100,9 +69,9 @@ def validate(files: Tuple[str, ...], fmt: str) -> None:
                for path in files]
     total = sum(len(problems) for _, problems in results)
     if fmt == "json":
-        _echo_json({
+        echo_json({
             "files": [{"file": path, "ok": not problems,
-                       "problems": [_problem_json(p) for p in problems]}
+                       "problems": [problem_json(p) for p in problems]}
                       for path, problems in results],
             "ok": not total,
         })
@@ -169,15 +138,17 @@ def generate(driver_root: Optional[str], dev_root: Optional[str], output: Option
     podman 4.x accepts). Works from procfs under any driver root, and with NVML on a
     real host.
     """
-    from nvshim.cdi.write import dump_spec, write_spec
-    from nvshim.node.cdigen import check_current, generate_for_node
-
-    spec, host = generate_for_node(driver_root, dev_root, class_, vendor, strategies,
-                                   driver_capabilities, gpu_source, hook_path)
     if check_file:
-        check_current(check_file, spec, host)
-        info(f"{check_file}: current")
+        from nvshim.cli.readonly import cdi_check
+
+        cdi_check(check_file, settings().quiet, driver_root, dev_root, class_, vendor,
+                  strategies, driver_capabilities, gpu_source, hook_path)
         return
+    from nvshim.cdi.write import dump_spec, write_spec
+    from nvshim.node.cdigen import generate_for_node
+
+    spec, _ = generate_for_node(driver_root, dev_root, class_, vendor, strategies,
+                                driver_capabilities, gpu_source, hook_path)
     if output and output != "-":
         write_spec(output, spec)
         return

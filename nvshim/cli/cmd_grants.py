@@ -3,59 +3,13 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Dict, Optional, Sequence
+from typing import Optional
 
 import click
 
 from nvshim.cli.options import CONFIG_FILE, FORMAT
 
-if TYPE_CHECKING:
-    from nvshim.config import Config
-
 __all__ = ["grants"]
-
-
-# --- grants -------------------------------------------------------------------------------
-
-#: Unreadable line numbers a warning lists before it says "…".
-_SHOWN_LINES = 10
-
-
-def _unreadable(numbers: Sequence[int]) -> str:
-    """``3 unreadable lines (1-2,7)``: the count, and the first line numbers as ranges."""
-    from nvshim.host.devices import describe_indices
-
-    shown = describe_indices(list(numbers[:_SHOWN_LINES]))
-    more = ",…" if len(numbers) > _SHOWN_LINES else ""
-    return f"{len(numbers)} unreadable line{'s' if len(numbers) > 1 else ''} ({shown}{more})"
-
-
-def _indices(config: Config) -> Dict[str, str]:
-    """UUID → index on this node (the plan cache, else discovery, as create sees it); empty,
-    with a warning, when the node cannot be read: the holders are still worth showing."""
-    from nvshim.errors import NvshimError
-    from nvshim.node.holders import gpu_indices
-    from nvshim.runtime.plancache import host_for
-
-    try:
-        host, _ = host_for(config, save=False)
-        return gpu_indices(host)
-    except NvshimError as exc:
-        click.echo(f"nvshim: warning: GPU indices unknown: {exc}", err=True)
-        return {}
-
-
-def _show_denied(journal: str, fmt: str) -> None:
-    from nvshim.node.denied import render_denied_json, render_denied_table
-    from nvshim.runtime.denials import denials_path, read_denials
-
-    path = denials_path(journal)
-    records = read_denials(path)
-    if records is None:
-        click.echo(f"nvshim: no denials yet: {path} does not exist (nvshim-runtime creates it "
-                   "at the first container it strips or refuses)", err=True)
-        records = []
-    click.echo(render_denied_json(records) if fmt == "json" else render_denied_table(records))
 
 
 @click.command()
@@ -89,42 +43,8 @@ def grants(config_file: Optional[str], journal: Optional[str], fmt: str,
     runtime gave and what it asked. They are kept in the grant journal's sibling
     (grants.jsonl -> grants.denied.jsonl), newest half kept past grants-journal-max-bytes.
     """
-    from nvshim.config import load_config
-    from nvshim.errors import ConfigError, HostError
-    from nvshim.node.holders import (
-        conflicts,
-        live_grants,
-        read_journal,
-        render_json,
-        render_prometheus,
-        render_table,
-    )
+    from nvshim.cli.readonly import grants as run_grants
 
-    config = load_config(config_file, required=config_file is not None)
-    path = journal or config.grants_journal
-    if not path:
-        raise ConfigError(f"grants-journal is off (null) in {config.source or 'the config'}; "
-                          "pass --journal FILE")
-    if denied:
-        _show_denied(path, fmt)
-        return
-    doc = read_journal(path)
-    if doc is None and journal is not None:
-        raise HostError(f"grant journal {path} does not exist")
-    if doc is None:
-        click.echo(f"nvshim: no grants yet: {path} does not exist (nvshim-runtime creates it "
-                   "at the first GPU grant)", err=True)
-    elif doc.unreadable and not doc.grants:
-        raise HostError(f"{path} holds no grant record, only {_unreadable(doc.unreadable)}: "
-                        "is it the grant journal?")
-    elif doc.unreadable:
-        click.echo(f"nvshim: warning: {path}: skipped {_unreadable(doc.unreadable)}", err=True)
-    holders = live_grants(doc.grants if doc is not None else ())
-    indices = _indices(config) if holders else {}
-    if prom_file:
-        from nvshim.files import write_atomic
-
-        write_atomic(prom_file, render_prometheus(holders).encode(), default_mode=0o644)
-    click.echo(render_json(holders, indices) if fmt == "json" else render_table(holders, indices))
-    if conflicts(holders):
-        sys.exit(1)
+    rc = run_grants(config_file, journal, fmt, prom_file, denied)
+    if rc:
+        sys.exit(rc)

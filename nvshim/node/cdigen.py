@@ -17,12 +17,14 @@ runtime writes its bundle copy, unless ``disable-device-node-modification`` is o
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
-
 from nvshim.config import DEFAULT_CAPABILITIES, Config
 from nvshim.edits import DeviceNode, Edits
 from nvshim.errors import CdiError, UsageError
 from nvshim.runtime.hostedits import driver_edits, gpu_edits, mig_edits
+
+TYPE_CHECKING = False  # typing is most of `cdi generate --check`'s imports (BENCHMARKS.md)
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = [
     "generate_spec",
@@ -168,11 +170,14 @@ def generate_for_node(driver_root: Optional[str], dev_root: Optional[str], class
                          params), host
 
 
-def check_current(check_file: str, spec: Dict[str, Any], host: Any) -> None:
-    """Raise :class:`CdiError` naming why ``check_file`` differs from ``spec`` (stale)."""
-    from nvshim.cdi.load import load_spec_file
+def check_current(check_file: str, spec: Dict[str, Any], host: Any,
+                  existing: Optional[Any] = None) -> None:
+    """Raise :class:`CdiError` naming why ``check_file`` differs from ``spec`` (stale);
+    ``existing``: its document already decoded (from the CDI index), else it is read."""
+    if existing is None:
+        from nvshim.cdi.load import load_spec_file
 
-    existing = load_spec_file(check_file).raw
+        existing = load_spec_file(check_file).raw
     reasons = stale_reasons(dict(existing), spec, host)
     if reasons:
         raise CdiError(f"{check_file} is stale: {'; '.join(reasons)}; "
