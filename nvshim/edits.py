@@ -338,6 +338,8 @@ def _depth(mount: Any) -> int:
     return posixpath.normpath(dest).count("/")
 
 
+# Long on purpose: the one function that applies edits to a spec (no second applier to
+# drift); each kind of edit is a short block, in the spec's order.
 def apply_edits(spec: Dict[str, Any], edits: Edits) -> Dict[str, Any]:
     """Return a copy of ``spec`` with ``edits`` applied (``spec`` is left untouched)."""
     if not isinstance(spec, dict):

@@ -148,6 +148,8 @@ def _make_dir(parent: int, name: str, mode: int) -> None:
         os.close(fd)
 
 
+# Long on purpose: the confined walk (one openat per component, every symlink resolved
+# inside the root) kept whole, so its safety is read in one place.
 def _walk(
     root: int,
     container_path: str,

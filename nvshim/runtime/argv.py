@@ -173,6 +173,8 @@ def _crun_cluster(body: str) -> Optional[Tuple[str, Optional[str]]]:
     return effect
 
 
+# Long on purpose: one loop over argv, the same state machine as the trampoline's sh loop,
+# which the differential test compares with it decision by decision.
 def parse_argv(argv: List[str]) -> Invocation:
     """Find the command, bundle and log settings in ``argv`` (without argv[0])."""
     globals_: Dict[str, str] = {}

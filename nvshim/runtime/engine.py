@@ -352,6 +352,8 @@ def _runnable(path: object) -> bool:
     return isinstance(path, str) and os.path.isfile(path) and os.access(path, os.X_OK)
 
 
+# Long on purpose: one pass over the createContainer hooks, each sorted into one field of
+# EngineHooks; the cases are the reasons, side by side.
 def engine_hooks(spec: SpecDict) -> EngineHooks:
     """Classify the spec's createContainer hooks (see :class:`EngineHooks`); stat only."""
     from nvshim.runtime.hookargs import (

@@ -207,6 +207,8 @@ def _restore_ignored_signals() -> None:
     _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
 
 
+# Long on purpose: the runtime's entry read top to bottom, every way out (exec the runtime,
+# fail in one line with config.json untouched) in the order a create meets it.
 def main(argv: Optional[List[str]] = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     inv = parse_argv(args)

@@ -166,6 +166,8 @@ def _folder_entries(root: _inroot.RootFd, folder: str,
             os.close(dfd)
 
 
+# Long on purpose: one pass over a folder's entries, as ldconfig makes it; its steps share
+# the folder's counters and the image's limit, and split they would read it twice.
 def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
                  kinds: Mapping[str, str], planned: Planned,
                  warnings: Optional[List[str]], limit: Optional[int]) -> List[CacheEntry]:
