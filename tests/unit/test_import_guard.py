@@ -6,7 +6,9 @@ GPU request), the Python passthrough and the createContainer hook must never loa
 grpc (~75 ms) loads only when ``verify-with: kubelet`` must ask the kubelet.
 Each test runs ``python -I -X importtime -m nvshim.runtime.main ...`` exactly as the trampoline
 does, with a compiled config whose low-level runtime is ``/bin/true`` (so nothing is
-started), and reads the interpreter's own import log from stderr.
+started), and reads the interpreter's own import log from stderr. What the allowed
+modules cost is a budget in time, measured on the shipped runtime by
+tests/e2e/test_import_budget.py.
 """
 
 from __future__ import annotations
@@ -27,12 +29,6 @@ FORBIDDEN = ("click", "structlog", "yaml", "jsonschema", "pynvml", "tomlkit")
 #: the interpreter's start-up modules, struct, errno, _json and nvshim's hot modules.
 SLOW = ("re", "typing", "enum", "json", "copy", "contextlib", "collections", "functools",
         "dataclasses", "argparse", "weakref", "inspect", "ctypes", "hashlib")
-
-
-#: How many nvshim modules a 1-GPU ``compute,utility`` create may load (plan cache fresh,
-#: no debug log): each costs 70-250 µs of every GPU create. 27 before issue 29 split the
-#: large modules (eeebd37); the splits must not raise it.
-GPU_CREATE_MODULES = 27
 
 
 def imported_modules(stderr: str) -> List[str]:
@@ -219,8 +215,8 @@ def test_gpu_create_imports_nothing_but_startup_modules_and_nvshim(tmp_path: Pat
                                            "nvshim.host.versions", "nvshim.host.drm",
                                            "nvshim.host.compat32", "nvshim.host.elf")]
     assert finders == [], report(modules)
-    ours = [m for m in modules if m == "nvshim" or m.startswith("nvshim.")]
-    assert len(ours) <= GPU_CREATE_MODULES, report(modules)
+    # what the modules it does load cost, in time on the shipped runtime, not in a count:
+    # tests/e2e/test_import_budget.py
 
 
 def test_gpu_create_with_the_debug_log_on_imports_no_heavy_module(tmp_path: Path, rootfs: Path) -> None:
