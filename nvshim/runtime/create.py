@@ -24,7 +24,7 @@ at the end, from the stages' records (:mod:`nvshim.runtime.plan` holds the recor
   devices (:func:`~nvshim.runtime.cdiedits.inject_cdi`), the engine's devices, the
   extras (:mod:`~nvshim.runtime.extras`), the edits that give them
   (:mod:`~nvshim.runtime.hostedits`) and the params copy
-  (:func:`~nvshim.runtime.hookargs.params_hook`);
+  (:func:`~nvshim.runtime.devparams.params_hook`);
 - the rootfs decision (:class:`~nvshim.runtime.plan.RootfsDecision`): who makes the SONAME
   links, the ld.so.cache and the EGL application profile (:mod:`~nvshim.runtime.rootwork`).
 
@@ -339,7 +339,7 @@ def _cdi_stage(request: Request, config: Config, host: Host, save_cache: bool,
     if not request.cdi_names:
         return Edits(), "", [], False
     from nvshim.runtime.cdiedits import inject_cdi
-    from nvshim.runtime.hookargs import without_spec_hooks
+    from nvshim.runtime.devparams import without_spec_hooks
 
     cdi = inject_cdi(request.cdi_names, config, request.capabilities, host, save_cache)
     if log is not None:
@@ -415,8 +415,8 @@ def _extras(claim: Claim, config: Config, request: Request) -> Optional[Extras]:
 def _params(spec: SpecDict, bundle: str,
             driver_root: str) -> Optional[Tuple[Hook, Tuple[str, bytes]]]:
     """(the hook showing ``ModifyDeviceFiles: 0``, (the bundle file it binds, its content))
-    when the host's params say 1 (:mod:`nvshim.runtime.hookargs`); None otherwise."""
-    from nvshim.runtime.hookargs import BUNDLE_FILE, modified_params, params_hook
+    when the host's params say 1 (:mod:`nvshim.runtime.devparams`); None otherwise."""
+    from nvshim.runtime.devparams import BUNDLE_FILE, modified_params, params_hook
 
     content = modified_params(driver_root)
     if content is None:

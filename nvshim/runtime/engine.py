@@ -356,12 +356,12 @@ def _runnable(path: object) -> bool:
 # EngineHooks; the cases are the reasons, side by side.
 def engine_hooks(spec: SpecDict) -> EngineHooks:
     """Classify the spec's createContainer hooks (see :class:`EngineHooks`); stat only."""
+    from nvshim.runtime.devparams import runs_params_hook
     from nvshim.runtime.hookargs import (
         parse_graphics_args,
         parse_hook_args,
         parse_host_driver_version,
         runs_nvshim_hook,
-        runs_params_hook,
     )
 
     hooks = spec.get("hooks")

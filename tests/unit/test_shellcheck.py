@@ -48,7 +48,7 @@ def rendered_scripts() -> Dict[str, str]:
     from nvshim.node.docker import gpus_hook_script
     from nvshim.node.prefix import render_cli, render_runtime
     from nvshim.node.trampoline import render
-    from nvshim.runtime.hookargs import params_hook
+    from nvshim.runtime.devparams import params_hook
 
     hook = params_hook("/run/bundle/rootfs", "/run/bundle/.nvshim-nvidia-params")
     scripts = {
