@@ -219,6 +219,25 @@ def test_gpu_create_imports_nothing_but_startup_modules_and_nvshim(tmp_path: Pat
     # tests/e2e/test_import_budget.py
 
 
+def test_cuda_image_create_imports_no_typing(tmp_path: Path, rootfs: Path) -> None:
+    """A 1-GPU create of a CUDA image (CUDA_VERSION and NVIDIA_REQUIRE_CUDA set, so the
+    requirements are checked) does not import typing: every real CUDA image takes this path."""
+    if os.geteuid() != 0:
+        pytest.skip("the simulated GPU node needs root (mknod)")
+    from nvshim.sim.build import create_node
+
+    node = create_node(str(tmp_path / "node"), gpus=2)
+    bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"],
+                         env={"NVIDIA_VISIBLE_DEVICES": "0", "CUDA_VERSION": "12.2.0",
+                              "NVIDIA_REQUIRE_CUDA": "cuda>=12.0"})
+    env = compiled_config(tmp_path, node.root, f"nvml-facts: {node.nvml_facts}\n")
+    res = run_like_trampoline(["create", "--bundle", str(bundle), "c3"], env, bundle)
+    assert res.returncode == 0, res.stderr[-2000:]
+    modules = imported_modules(res.stderr)
+    assert "nvshim.runtime.requirements" in modules, report(modules)
+    assert "typing" not in modules, report(modules)
+
+
 def test_gpu_create_with_the_debug_log_on_imports_no_heavy_module(tmp_path: Path, rootfs: Path) -> None:
     """Issue 28 item 14: with debug-log on, a 1-GPU create writes its records without
     importing structlog (~60 ms of every GPU create) or any of the slow modules."""
