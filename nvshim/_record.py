@@ -1,9 +1,10 @@
 """Value classes without ``dataclasses``: the subset nvshim uses, at a fraction of the cost.
 
-``dataclasses`` costs ~13 ms to import (it pulls in ``inspect``) and ~1 ms per class,
-because it generates each ``__init__``/``__eq__``/``__repr__`` with ``exec``. nvshim's
-create path defines about twenty value classes and runs once per container start, so
-that was ~30 ms of every GPU container's create. This module gives the same behaviour for
+``dataclasses`` is a costly import (it pulls in ``inspect``) and costs again per class,
+because it generates each ``__init__``/``__eq__``/``__repr__`` with ``exec`` (both in
+BENCHMARKS.md, figures). nvshim's create path defines about twenty value classes and runs
+once per container start, so every GPU container's create paid both. This module gives
+the same behaviour for
 what we use — ``@dataclass`` / ``@dataclass(frozen=True)``, ``field(default=…,
 default_factory=…, compare=…, repr=…)``, ``fields()``, ``replace()``, ``__post_init__``
 and ``__match_args__`` — with plain shared methods and no code generation.
@@ -24,7 +25,7 @@ do, unlike ``dataclasses``:
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Any, Optional, Tuple, TypeVar
 

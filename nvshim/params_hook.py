@@ -43,7 +43,7 @@ from nvshim.errors import HostError, NvshimError
 from nvshim.host import inroot
 from nvshim.runtime.devparams import PARAMS_HOOK_COMMAND, parse_params_cli, without_modification
 
-TYPE_CHECKING = False  # typing costs ~4-6 ms to import; annotations only
+TYPE_CHECKING = False  # typing: annotations only (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Optional, Sequence
 

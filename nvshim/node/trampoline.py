@@ -1,7 +1,7 @@
 """The installed ``nvshim-runtime``: a POSIX sh trampoline in front of Python.
 
-CPython needs ~15 ms to start; runc's passthrough commands (start, state, kill, delete,
-exec …) must not pay that on every call. The trampoline decides "create/run or not" and
+CPython's start (BENCHMARKS.md) is a cost runc's passthrough commands (start, state, kill,
+delete, exec …) must not pay on every call. The trampoline decides "create/run or not" and
 finds the bundle exactly as :func:`nvshim.runtime.argv.parse_argv` does (a differential test
 checks both on hundreds of argv vectors); every other command is exec'd straight to the
 low-level runtime.
@@ -263,7 +263,7 @@ if [ "$decision" = modify ]; then
     # -s: no message of grep's own (a vanished file is exit 2: Python reports it);
     # -D skip: a FIFO or device swapped in after the -f test is not read (never hangs);
     # 2>/dev/null: nor its loader's (a node whose C library broke: 127, Python decides).
-    # One grep -E (a second grep would cost every pod ~1 ms more); the last pattern is a
+    # One grep -E (a second grep would cost every pod one more fork+exec); the last is a
     # device number the NVIDIA driver may own, under any key case and any line breaks
     # (nvshim/node/trampoline.py says why it is enough). LC_ALL=C: bytes, in every locale.
     LC_ALL=C "$grep" -q -s -D skip -E -e NVIDIA_ -e CUDA_VERSION \

@@ -48,7 +48,7 @@ from nvshim.runtime.claim import VISIBLE_DEVICES, image_view, read_claim
 from nvshim.runtime.plan import Committed, Grant, Plan, RootfsDecision, applied_edits
 from nvshim.runtime.request import resolve_request
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 

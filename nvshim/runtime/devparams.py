@@ -22,8 +22,8 @@ and ``params`` there is a regular file, not a symlink: an image symlink on the w
 would resolve on the host before ``pivot_root``, makes it bind nothing. The mount happens
 in the container's mount namespace only. Only sh builtins decide: the one command the hook
 runs is ``mount`` (a ``stat -f`` procfs test and an ``rm`` of the copy cost two more
-fork+execs, ≈ 1.8 ms of every GPU create, and the path test already keeps the target
-inside the rootfs).
+fork+execs on every GPU create (BENCHMARKS.md, bench/devparams.py), and the path test
+already keeps the target inside the rootfs).
 
 Added only when ``disable-device-node-modification`` is on (default), the container gets
 GPUs or driver files through nvshim's own discovery or a CDI spec, and the host's params

@@ -30,7 +30,7 @@ import posixpath
 from nvshim._record import dataclass
 from nvshim.edits import Edits, Hook, Mount
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 

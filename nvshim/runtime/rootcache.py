@@ -285,7 +285,7 @@ def _merge(existing: Sequence[CacheEntry], added: Sequence[CacheEntry]) -> List[
 # CUDA forward compatibility: the image's compat folder first
 
 COMPAT_DIR = "/usr/local/cuda/compat"
-# compiled only for an image that has the compat dir (re costs ~6 ms to import per create)
+# compiled only for an image that has the compat dir (re's import cost: BENCHMARKS.md, figures)
 _COMPAT_LIBCUDA = r"^libcuda\.so\.([0-9]+)\.[0-9]+(?:\.[0-9]+)?$"
 
 
