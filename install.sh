@@ -154,7 +154,7 @@ build_payload() {  # build_payload DIR: the payload for PREFIX/BINDIR/ETCDIR int
         "$SRC" --dest "$1" --src "$SRC" --prefix "$PREFIX" --bindir "$BINDIR" --etcdir "$ETCDIR"
 }
 
-FILE_LIST=payload-files
+FILE_LIST="payload-files"
 # --- engine restart settings, checked before anything is written -----------------------
 case $RESTART_MODE in
     auto|systemd|signal|none) ;;
@@ -594,6 +594,8 @@ else
     apt_install mmdebstrap debian-archive-keyring
     # the real-driver tests compile their C probe (tests/probe/cudaprobe.c) at test time
     apt_install gcc libc6-dev
+    # tests/unit/test_shellcheck.py checks every shell file, generated ones included
+    apt_install shellcheck
 
     # --- venv with the checkout editable (the tests and the commands run its code) -----
     if [ ! -x "$VENV/bin/python3" ]; then
@@ -601,7 +603,7 @@ else
         record "dir $VENV"
     fi
     "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
-    "$VENV/bin/python3" -m pip install -q --disable-pip-version-check -e "$SRC[test]"
+    "$VENV/bin/python3" -m pip install -q --disable-pip-version-check -e "${SRC}[test]"
 
     # --- commands: absolute interpreter, -I (containerd's PATH and env are not ours) ----
     mkdir -p "$BINDIR"

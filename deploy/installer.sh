@@ -70,6 +70,7 @@ case $WATCH_INTERVAL in ''|*[!0-9]*|0) say "NVSHIM_WATCH_INTERVAL=$WATCH_INTERVA
 on_node() {  # on_node CMD...: run CMD on the node, with PATH, NVSHIM_SKIP_APT=1 and the set settings
     for name in $PASS; do
         eval "isset=\${$name+x} value=\${$name-}"
+        # shellcheck disable=SC2154 # isset and value are assigned by the eval above
         if [ -n "$isset" ]; then set -- "$name=$value" "$@"; fi
     done
     # shellcheck disable=SC2086  # NODE_EXEC is a command line (empty: this mount namespace)

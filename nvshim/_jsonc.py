@@ -1,6 +1,6 @@
 """JSON on the create path without the ``json`` package: CPython's ``_json`` directly.
 
-``import json`` costs ~7 ms on this VM, nearly all of it ``re`` (compiled at import for
+``import json`` is costly (BENCHMARKS.md, figures), nearly all of it ``re`` (compiled at import for
 the decoder's whitespace and number patterns), which pulls in ``enum``, ``functools`` and
 ``collections`` — as much as the rest of a GPU create's imports together. The parsing and
 string escaping are done by the ``_json`` accelerator module either way; this module calls

@@ -2,8 +2,8 @@
 
 Shared by the two createContainer hooks (:mod:`nvshim.hook`, the links and ld.so.cache;
 :mod:`nvshim.params_hook`, ``ModifyDeviceFiles: 0``) so that neither imports the other's
-machinery. Standard library ``os`` and ``json`` only, ``json`` (≈ 10 ms with ``re``) when a
-state is parsed: the params hook that finds nothing to do never parses it.
+machinery. Standard library ``os`` and ``json`` only, ``json`` (costly, with ``re``:
+BENCHMARKS.md) when a state is parsed: the params hook that finds nothing to do never parses it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 
 from nvshim.errors import SpecError
 
-TYPE_CHECKING = False  # typing costs ~4-6 ms to import; annotations only
+TYPE_CHECKING = False  # typing: annotations only (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import IO, Any, Mapping
 

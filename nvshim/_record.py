@@ -1,17 +1,31 @@
 """Value classes without ``dataclasses``: the subset nvshim uses, at a fraction of the cost.
 
-``dataclasses`` costs ~13 ms to import (it pulls in ``inspect``) and ~1 ms per class,
-because it generates each ``__init__``/``__eq__``/``__repr__`` with ``exec``. nvshim's
-create path defines about twenty value classes and runs once per container start, so
-that was ~30 ms of every GPU container's create. This module gives the same behaviour for
+``dataclasses`` is a costly import (it pulls in ``inspect``) and costs again per class,
+because it generates each ``__init__``/``__eq__``/``__repr__`` with ``exec`` (both in
+BENCHMARKS.md, figures). nvshim's create path defines about twenty value classes and runs
+once per container start, so every GPU container's create paid both. This module gives
+the same behaviour for
 what we use — ``@dataclass`` / ``@dataclass(frozen=True)``, ``field(default=…,
-default_factory=…, compare=…, repr=…)``, ``fields()``, ``replace()`` and
-``__post_init__`` — with plain shared methods and no code generation.
+default_factory=…, compare=…, repr=…)``, ``fields()``, ``replace()``, ``__post_init__``
+and ``__match_args__`` — with plain shared methods and no code generation.
+
+tests/unit/test_record.py runs the same probes on classes made by both. What it does not
+do, unlike ``dataclasses``:
+
+- ``dataclasses.is_dataclass``, ``asdict`` and ``astuple`` do not know a record (use
+  ``fields`` and ``replace`` from here);
+- no ``order``, ``eq=False``, ``unsafe_hash``, ``init=False``/``kw_only`` fields,
+  ``InitVar`` or ``slots``;
+- a mutable default (``= []``) and a field without a default after one with are accepted,
+  not refused;
+- a class's own ``__init__`` and ``__eq__`` (and a frozen record's ``__hash__``) are
+  replaced, where ``dataclasses`` keeps them; ``__repr__`` is kept by both;
+- ``repr`` names the class by ``__name__``, not ``__qualname__``.
 """
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Any, Optional, Tuple, TypeVar
 
@@ -136,9 +150,17 @@ def _make(cls: Any, frozen: bool) -> Any:
                 delattr(cls, name)
             else:
                 setattr(cls, name, f.default)
-        flds = [old for old in flds if old.name != name] + [f]
+        # an inherited field redefined keeps its place, as in dataclasses
+        names = [old.name for old in flds]
+        if name in names:
+            flds[names.index(name)] = f
+        else:
+            flds.append(f)
     cls.__record_fields__ = tuple(flds)
     cls.__init__ = _init
+    if "__match_args__" not in cls.__dict__:
+        # setattr: mypy refuses an assignment to __match_args__ even on Any
+        setattr(cls, "__match_args__", tuple(f.name for f in flds))  # noqa: B010
     cls.__eq__ = _eq
     if "__repr__" not in cls.__dict__:
         cls.__repr__ = _repr

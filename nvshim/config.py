@@ -28,7 +28,7 @@ from nvshim._record import dataclass, fields
 from nvshim.errors import ConfigError
 from nvshim.files import check_trusted, read_bytes
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -228,8 +228,8 @@ def compiled_lists_fresh(path: str) -> bool:
 def compiled_matches(doc: Any, data: bytes) -> bool:
     """Whether a compiled document was made from exactly these YAML bytes (and this nvshim).
 
-    The YAML text itself is stored and compared: cheaper than hashing (hashlib is ~5 ms to
-    import on the create path) and just as exact.
+    The YAML text itself is stored and compared: cheaper than hashing (hashlib is a costly
+    import on the create path: BENCHMARKS.md, figures) and just as exact.
     """
     return (
         isinstance(doc, dict)

@@ -25,7 +25,7 @@ from _collections_abc import Mapping  # loaded by os at start-up; collections.ab
 from nvshim._record import dataclass, field
 from nvshim.errors import SPEC_FILE, SpecError
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     # Any: config.json's JSON values, kept as they are
     from typing import Any, Dict, List, Optional, Tuple
@@ -259,8 +259,8 @@ HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C")
 # applying edits to an OCI spec
 
 def _copy(value: Any) -> Any:
-    """A deep copy of decoded JSON (dicts, lists, scalars); ``copy.deepcopy`` costs ~4 ms
-    to import (weakref) on the create path and is slower on such trees."""
+    """A deep copy of decoded JSON (dicts, lists, scalars); ``copy.deepcopy`` costs an
+    import on the create path and is slower on such trees (BENCHMARKS.md, figures)."""
     if isinstance(value, dict):
         return {k: _copy(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -338,6 +338,8 @@ def _depth(mount: Any) -> int:
     return posixpath.normpath(dest).count("/")
 
 
+# Long on purpose: the one function that applies edits to a spec (no second applier to
+# drift); each kind of edit is a short block, in the spec's order.
 def apply_edits(spec: Dict[str, Any], edits: Edits) -> Dict[str, Any]:
     """Return a copy of ``spec`` with ``edits`` applied (``spec`` is left untouched)."""
     if not isinstance(spec, dict):

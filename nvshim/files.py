@@ -245,7 +245,7 @@ def write_atomic(path: str, data: bytes, default_mode: int = 0o644, durable: boo
 
     Readers see the old bytes or the new bytes, never a mix; a crash leaves at most a
     ``.<name>.nvshim-*`` temp file behind, never a truncated target. ``durable=False``
-    skips the two fsyncs (file and directory, ~2-8 ms on this VM) for files that are
+    skips the two fsyncs (file and directory: BENCHMARKS.md, figures) for files that are
     rewritten by every create anyway (a bundle's config.json): atomicity is the rename's,
     only surviving a power loss is given up.
     """

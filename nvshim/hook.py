@@ -53,7 +53,7 @@ from nvshim.runtime.rootwork import (
     write_egl_profile,
 )
 
-# typing costs ~4-6 ms to import; annotations only (mypy treats TYPE_CHECKING as true).
+# typing: annotations only (cost: BENCHMARKS.md, figures) (mypy treats TYPE_CHECKING as true).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Optional, Sequence

@@ -1,7 +1,7 @@
 """``ModifyDeviceFiles: 0`` for containers made from a generated CDI spec: the params hook.
 
 ``nvshim cdi generate`` gives every spec this createContainer hook (see
-:mod:`nvshim.runtime.hookargs` for why the container must not see ``1``). podman,
+:mod:`nvshim.runtime.devparams` for why the container must not see ``1``). podman,
 containerd and CRI-O run it themselves, through runc or crun, with no nvshim-runtime to
 write a copy into the bundle; so, as the reference's ``disable-device-node-modification``
 does, the hook makes its own copy at container start:
@@ -26,7 +26,7 @@ read-only bind over ``/proc/driver/nvidia/params`` in the container's mount name
 entry carries an explicit env (:data:`nvshim.edits.HOOK_ENV`), and only ``os``, ``sys``,
 ``json`` and ``ctypes`` are imported, never the links hook's machinery
 (:mod:`nvshim.hook`): the runtime's hook handling tells the two apart by module name
-(:func:`nvshim.runtime.hookargs.runs_params_hook`). Errors are one ``nvshim params-hook:
+(:func:`nvshim.runtime.devparams.runs_params_hook`). Errors are one ``nvshim params-hook:
 …`` line and exit 1, which fails the create: a container must not run believing it may
 make device nodes when the hook could not say otherwise.
 """
@@ -41,9 +41,9 @@ import sys
 from nvshim._ocistate import container_root, read_state
 from nvshim.errors import HostError, NvshimError
 from nvshim.host import inroot
-from nvshim.runtime.hookargs import PARAMS_HOOK_COMMAND, parse_params_cli, without_modification
+from nvshim.runtime.devparams import PARAMS_HOOK_COMMAND, parse_params_cli, without_modification
 
-TYPE_CHECKING = False  # typing costs ~4-6 ms to import; annotations only
+TYPE_CHECKING = False  # typing: annotations only (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Optional, Sequence
 

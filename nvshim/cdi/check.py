@@ -24,7 +24,7 @@ from nvshim.cdi.version import version_error
 from nvshim.edits import HOOK_NAMES
 from nvshim.errors import CdiProblem
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any, Dict, List, Optional, Sequence, Tuple
 

@@ -2,7 +2,8 @@
 let alone YAML-parsing, every spec on every create.
 
 Without it a create that asks for ``nvidia.com/gpu=0`` loads every file of every spec
-directory, and imports PyYAML (~40 ms) as soon as one of them is a ``.yaml`` — which the
+directory, and imports PyYAML (costly: BENCHMARKS.md) as soon as one of them is a
+``.yaml`` — which the
 README's own example writes. The index (``<config stem>.cdi-index.json``, next to the
 compiled config) records, per spec file in CDI scan order: its ``stat`` signature, its
 kind or the problems that made it unloadable, and for a YAML file its decoded document

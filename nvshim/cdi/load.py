@@ -27,7 +27,7 @@ from nvshim.cdi.model import NO_FILE, SPEC_EXTENSIONS, UNAPPLIED_EDITS, CdiDevic
 from nvshim.edits import Edits
 from nvshim.errors import CdiProblem, CdiSpecError
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any, BinaryIO, Dict, List, Mapping, Optional, Sequence, Tuple
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from nvshim import _jsonc
 from nvshim.errors import CdiError
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Optional, Tuple
 

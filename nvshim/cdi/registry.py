@@ -21,7 +21,7 @@ from nvshim.config import DEFAULT_CDI_SPEC_DIRS
 from nvshim.edits import Edits
 from nvshim.errors import CdiError, CdiProblem, CdiSpecError, HostError, RequestError
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import stat
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 

@@ -25,7 +25,7 @@ from nvshim.errors import UsageError
 
 __all__ = ["transform_root"]
 
-#: The hook flag whose value is a host file (nvshim.runtime.hookargs.params_hook_args).
+#: The hook flag whose value is a host file (nvshim.runtime.devparams.params_hook_args).
 _HOST_FILE_FLAG = "--params"
 
 

@@ -26,7 +26,7 @@ import os
 
 from nvshim.errors import HostError
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Dict, List, Optional
 

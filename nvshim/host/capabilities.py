@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from nvshim._record import dataclass
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Dict, Iterable, List, Optional, Tuple
 

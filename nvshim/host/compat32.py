@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import os
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 

@@ -114,7 +114,7 @@ class Gpu:
 
 
 # The token grammars below are plain string checks, not regular expressions: ``re``
-# (with enum, functools, collections) costs ~6 ms to import on every GPU create.
+# (with enum, functools, collections) is a costly import on every GPU create (BENCHMARKS.md).
 def _digits(text: str) -> bool:
     """``[0-9]+``: ASCII digits only (str.isdigit alone accepts other scripts' digits)."""
     return text.isascii() and text.isdigit()

@@ -51,7 +51,7 @@ from nvshim.host.capabilities import (
 )
 from nvshim.host.devices import Gpu, MigDevice
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Dict, Iterable, List, Optional, Tuple
 

@@ -24,7 +24,7 @@ from nvshim.errors import HostError
 from nvshim.host import resolve_in
 from nvshim.host.devices import Gpu, MigDevice, normalize_pci
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Dict, List, Optional, Tuple
 

@@ -20,7 +20,7 @@ component at a time from a directory fd of the root:
 
 Why not ``openat2(RESOLVE_IN_ROOT)`` via ctypes: it needs Linux 5.6 and is often hidden
 by seccomp (ENOSYS/EPERM), so this walk must exist and be right anyway; a second path
-would double what has to be tested. ``import ctypes`` also measured ~3.5 ms here, in a
+would double what has to be tested. ``import ctypes`` is also costly (BENCHMARKS.md), in a
 hook that runs on every container create. The remaining gap versus openat2 — a process
 renaming directories of this rootfs while we walk — does not apply: during
 createContainer the container's own process is still parked in runc's init.
@@ -41,7 +41,7 @@ import errno
 import os
 import stat
 
-# typing costs ~4-6 ms to import and the hook runs on every create: annotations only
+# typing is costly (BENCHMARKS.md) and the hook runs on every create: annotations only
 # (mypy treats a name TYPE_CHECKING as true).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -148,6 +148,8 @@ def _make_dir(parent: int, name: str, mode: int) -> None:
         os.close(fd)
 
 
+# Long on purpose: the confined walk (one openat per component, every symlink resolved
+# inside the root) kept whole, so its safety is read in one place.
 def _walk(
     root: int,
     container_path: str,

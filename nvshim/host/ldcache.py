@@ -36,7 +36,7 @@ import struct
 
 from nvshim.errors import HostError
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from typing import Optional, Union

@@ -18,7 +18,7 @@ import re
 
 from nvshim.errors import HostError
 
-TYPE_CHECKING = False  # typing costs ~4 ms: discovery imports this module on a create
+TYPE_CHECKING = False  # typing: discovery imports this module on a create (BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 

@@ -29,7 +29,7 @@ class NvmlUnavailable(HostError):
 class nvml:  # noqa: N801 - used as ``with nvml(...) as pynvml``, like a function
     """An initialised pynvml for the ``with`` body, shut down after; failures are HostError.
 
-    A class rather than ``@contextmanager``: ``contextlib`` costs ~1 ms to import on the
+    A class rather than ``@contextmanager``: ``contextlib`` is an import (BENCHMARKS.md) on the
     create path, which never uses NVML.
     """
 

@@ -13,7 +13,7 @@ import os
 from nvshim.errors import HostError
 from nvshim.host.capabilities import LIB_DIRS
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Optional
 
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = ["cuda_version", "files_version", "module_version"]
 
-# Compiled on first use: ``re`` costs ~6 ms to import, and a create with a fresh node plan
-# cache never reads the version.
+# Compiled on first use: ``re`` is a costly import (BENCHMARKS.md), and a create with a
+# fresh node plan cache never reads the version.
 _VERSION_PATTERN = r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9]+(?:\.[0-9]+)+)"
 
 

@@ -12,7 +12,7 @@ An engine names a program (containerd's ``options.BinaryName``, Docker's ``path`
 - the pip entry point ``nvshim-runtime`` (a Python script importing
   ``nvshim.runtime.main``): ``$NVSHIM_CONFIG``, else ``/etc/nvshim/config.yaml``, whose
   absence means the built-in defaults;
-- a shell wrapper, such as the README's for podman: its ``export NAME=value`` /
+- a shell wrapper, such as docs/engines.md's for podman: its ``export NAME=value`` /
   ``NAME=value`` lines change the environment and its ``exec`` line names the next program
   (``exec env NAME=value PROGRAM "$@"`` too), which is followed in turn;
 - NVIDIA's runtime or its legacy hook, recognised by the binary's name

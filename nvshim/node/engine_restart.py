@@ -84,7 +84,7 @@ def answers(path: str, timeout: float) -> bool:
             return False
     except OSError:
         return False
-    import grpc  # ~85 ms: only the installer's restart pays it
+    import grpc  # costly (BENCHMARKS.md, figures): only the installer's restart pays it
 
     with grpc.insecure_channel(f"unix://{path}") as channel:
         call: Any = channel.unary_unary(_VERSION_METHOD)  # raw bytes both ways

@@ -15,8 +15,8 @@ Owns, by job:
   :func:`nvshim.edits.apply_edits`, beside the records;
 - the in-root work and its hook fallback: ``rootwork`` (who does it, and the plan),
   ``rootcache`` (the container's ld.so.cache), ``appprofile`` (the EGL application
-  profile), ``hookargs`` (the hooks' command lines and the ``ModifyDeviceFiles: 0``
-  hook);
+  profile), ``hookargs`` (the links hook's command line), ``devparams`` (the
+  ``ModifyDeviceFiles: 0`` hook and its command line);
 - the node plan cache a create reads: ``plancache`` (``planbuild`` writes it); the grant
   journal: ``grants`` (append at create); runc-style error logs and the debug log: ``logs``.
 

@@ -25,7 +25,7 @@ instead of config.json) is refused for the same reason.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Dict, FrozenSet, List, Optional, Tuple
 
@@ -71,7 +71,7 @@ _CMD_LONG: Dict[str, str] = {**_RUNC_CMD, **dict(_CRUN_CMD_LONG)}
 
 
 class Invocation:
-    """What one runtime call asks for (a plain class: ``NamedTuple`` costs ~1 ms to define)."""
+    """What one runtime call asks for (a plain class: ``NamedTuple`` needs typing)."""
 
     __slots__ = ("command", "bundle", "log", "log_format", "error", "root", "container_id",
                  "version", "help")
@@ -173,6 +173,8 @@ def _crun_cluster(body: str) -> Optional[Tuple[str, Optional[str]]]:
     return effect
 
 
+# Long on purpose: one loop over argv, the same state machine as the trampoline's sh loop,
+# which the differential test compares with it decision by decision.
 def parse_argv(argv: List[str]) -> Invocation:
     """Find the command, bundle and log settings in ``argv`` (without argv[0])."""
     globals_: Dict[str, str] = {}

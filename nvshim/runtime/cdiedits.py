@@ -16,7 +16,7 @@ from nvshim._record import dataclass
 from nvshim.config import describe_config
 from nvshim.edits import Edits, Hook
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Any, Dict, Optional, Sequence, Tuple
 

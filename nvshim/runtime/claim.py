@@ -26,7 +26,7 @@ import posixpath
 from nvshim._record import dataclass
 from nvshim.errors import SPEC_FILE, SpecError
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 

@@ -41,10 +41,14 @@ node's facts and judges these requirements against them.
 from __future__ import annotations
 
 import re
-from typing import List, Mapping, Optional, Sequence, Tuple
 
 from nvshim._record import dataclass
 from nvshim.errors import HostError, RequestError
+
+# typing stays off the create path: every CUDA image (CUDA_VERSION) reaches this module
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Mapping, Optional, Sequence, Tuple
 
 __all__ = [
     "DISABLE_REQUIRE",

@@ -7,7 +7,11 @@ nothing.
 
 This module sequences the road. Each stage returns what it decides, a frozen record or a
 value, or raises; nothing writes into a shared plan, and the :class:`Plan` is built once,
-at the end, from the stages' records (:mod:`nvshim.runtime.plan` holds the records):
+at the end, from the stages' records (:mod:`nvshim.runtime.plan` holds the records).
+``_plan`` calls them in this order, one function each: ``_claim_stage``,
+``_kubelet_stage``, :func:`~nvshim.runtime.request.resolve_request`, ``_engine_stage``,
+``_extras_stage``, then, for a container that gets anything, ``_grant_stage`` (with
+``_cdi_stage`` and ``_check_grant``) and ``_decide_rootwork``:
 
 - the claim: what config.json claims, parsed once (:func:`~nvshim.runtime.claim.read_claim`),
   with the GPUs the engine already injected (:mod:`~nvshim.runtime.engine`, only for a
@@ -20,7 +24,7 @@ at the end, from the stages' records (:mod:`nvshim.runtime.plan` holds the recor
   devices (:func:`~nvshim.runtime.cdiedits.inject_cdi`), the engine's devices, the
   extras (:mod:`~nvshim.runtime.extras`), the edits that give them
   (:mod:`~nvshim.runtime.hostedits`) and the params copy
-  (:func:`~nvshim.runtime.hookargs.params_hook`);
+  (:func:`~nvshim.runtime.devparams.params_hook`);
 - the rootfs decision (:class:`~nvshim.runtime.plan.RootfsDecision`): who makes the SONAME
   links, the ld.so.cache and the EGL application profile (:mod:`~nvshim.runtime.rootwork`).
 
@@ -44,7 +48,7 @@ from nvshim.runtime.claim import VISIBLE_DEVICES, image_view, read_claim
 from nvshim.runtime.plan import Committed, Grant, Plan, RootfsDecision, applied_edits
 from nvshim.runtime.request import resolve_request
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
@@ -55,6 +59,7 @@ if TYPE_CHECKING:
     from nvshim.runtime.claim import Claim
     from nvshim.runtime.engine import EngineGrant, EngineHooks
     from nvshim.runtime.extras import Extras
+    from nvshim.runtime.hostedits import GpuInjection
     from nvshim.runtime.logs import DebugLog
     from nvshim.runtime.request import Request
 
@@ -94,13 +99,89 @@ def plan_create(
         raise exc.in_file(spec_path) from exc
 
 
+class _Node:
+    """The node's :class:`Host`, looked up at most once per create and only when a stage
+    needs it (the plan cache, else discovery); ``source`` says where its plan came from
+    (``""``: given by the caller, or not looked up)."""
+
+    __slots__ = ("config", "save_cache", "host", "source")
+
+    def __init__(self, config: Config, save_cache: bool, host: Optional[Host]) -> None:
+        self.config, self.save_cache, self.host, self.source = config, save_cache, host, ""
+
+    def get(self) -> Host:
+        if self.host is None:
+            from nvshim.runtime.plancache import host_for
+
+            self.host, self.source = host_for(self.config, self.save_cache)
+        return self.host
+
+
 def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[DebugLog],
           save_cache: bool, spec_path: str, raw: bytes, spec: SpecDict) -> Plan:
-    notes: List[str] = []  # the two channels, filled from what each stage returns
-    warnings: List[str] = []
+    """The road's stages in order. Each takes the records the stages before it returned
+    and returns its own with what it said (notes; warnings are notes too); only this
+    function collects what they said, and the :class:`Plan` is built once, at the end."""
+    node = _Node(config, save_cache, host)
+    claim, out, engine, notes = _claim_stage(spec, config, node)
+    found, pod, kubelet_tokens, kubelet_ids, said = _kubelet_stage(bundle, claim, config, node)
+    notes += said
+    warnings = list(found.warnings) if found is not None else []
+    request = resolve_request(claim, config, pod, kubelet_tokens, kubelet_ids)
+    if node.source and log is not None:
+        log.event("plan", source=node.source)
+    hooks, said, stale = _engine_stage(spec, config, node.host, engine)
+    notes += said + list(request.notes)
+    warnings += stale
+    if log is not None:
+        _log_request(log, bundle, request, engine)
+    if engine is not None and found is not None and found.allocation is not None:
+        from nvshim.runtime.allocation.policy import check_engine_allocated
 
+        assert node.host is not None  # the engine's grant was matched against it
+        found, note = check_engine_allocated(found, node.host, engine, config)
+        notes.append(note)
+    extras, found, said = _extras_stage(claim, config, request, engine, found)
+    notes += said
+
+    grant = Grant(engine=engine, engine_hooks=hooks, base=None if out is spec else out)
+    rootfs, cdi_source = RootfsDecision(), ""
+    plan_host = node.host if engine is not None else None
+    new_spec = grant.base
+    if request.injects or extras or (hooks is not None and bool(hooks.replaced)):
+        _refuse_host_root(spec, bundle)
+        looked = node.host is None
+        plan_host = node.get()
+        if looked and log is not None:
+            log.event("plan", source=node.source)
+        grant, found, cdi_source, said, warned = _grant_stage(
+            bundle, spec, claim, config, request, extras, grant, found, plan_host, save_cache,
+            log)
+        notes += said
+        warnings += warned
+        rootfs = _decide_rootwork(spec, bundle, plan_host, grant)
+        applied = applied_edits(grant.edits, rootfs.by)
+        if log is not None:
+            log.event("edits", edits=applied.to_cdi())
+        new_spec = apply_edits(spec if grant.base is None else grant.base, applied)
+    elif request.set_void:
+        new_spec = apply_edits(out, _VOID)
+    return Plan(spec_path, raw, spec, claim, request, grant, rootfs,
+                found.identity if found is not None else claim.view.identity,
+                found.verified if found is not None else "none",
+                found.allocation if found is not None else None,
+                tuple(notes), tuple(warnings), node.source, cdi_source, plan_host, bundle,
+                new_spec)
+
+
+def _claim_stage(spec: SpecDict, config: Config, node: _Node
+                 ) -> Tuple[Claim, SpecDict, Optional[EngineGrant], List[str]]:
+    """(the claim, the spec the edits go onto, the engine's grant, notes): what config.json
+    claims, parsed once, with the GPUs the engine already injected (CDI, DRA) and without
+    Docker's ``--gpus`` hook (nvshim gives those GPUs itself)."""
+    notes: List[str] = []
     view = image_view(spec)
-    out = spec  # the spec the edits go onto: without Docker's --gpus hook
+    out = spec
     if view.docker_hooks:
         from nvshim.runtime.engine import without_hooks
 
@@ -108,7 +189,6 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         notes += [f"docker run --gpus: Docker's prestart hook {h['path']} removed from "
                   "config.json (nvshim gives the container its GPUs itself)"
                   for h in view.docker_hooks]
-    plan_source = ""
     engine: Optional[EngineGrant] = None
     if view.char_devices and not view.sandbox:
         # GPUs the engine injected (CDI, DRA), by number; a privileged container's are the
@@ -116,154 +196,114 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         from nvshim._record import replace
         from nvshim.runtime.engine import find_engine_grant
 
-        engine, host, plan_source = find_engine_grant(
-            view.char_devices, config, host, save_cache, view.privileged_with_devices)
+        engine, node.host, node.source = find_engine_grant(
+            view.char_devices, config, node.host, node.save_cache, view.privileged_with_devices)
         if engine is not None and not engine.privileged:
             view = replace(view, engine=engine)
-    claim = read_claim(view, config)
+    return read_claim(view, config), out, engine, notes
 
-    found: Optional[Verification] = None  # require-allocation's record of the kubelet
-    pod: Optional[Dict[str, str]] = None
-    kubelet_tokens: Tuple[str, ...] = ()
-    kubelet_ids: Tuple[str, ...] = ()
-    if _needs_allocation_module(claim, config):
-        from nvshim.runtime.allocation import policy
 
-        found = policy.ask_kubelet_if_needed(claim, config)
-        pod = policy.pod_annotations(bundle, claim, config)
-        notes += found.notes
-        warnings += found.warnings
-        if found.allocation is not None and found.allocation.ids \
-                and "kubelet" in config.allocation_sources:
-            # the kubelet source grants these ids as GPUs: only those that are GPUs of this node
-            if host is None:
-                from nvshim.runtime.plancache import host_for
+def _kubelet_stage(bundle: str, claim: Claim, config: Config, node: _Node
+                   ) -> Tuple[Optional[Verification], Optional[Dict[str, str]],
+                              Tuple[str, ...], Tuple[str, ...], List[str]]:
+    """(require-allocation's record of the kubelet, the pod's annotations, the kubelet's
+    GPU tokens and ids for the ``kubelet`` source, notes); nothing, without importing
+    :mod:`nvshim.runtime.allocation`, when require-allocation needs neither."""
+    if not _needs_allocation_module(claim, config):
+        return None, None, (), (), []
+    from nvshim.runtime.allocation import policy
 
-                host, plan_source = host_for(config, save_cache)
-            found = policy.with_named(found, host.gpus())
-            assert found.named is not None
-            kubelet_tokens, kubelet_ids = found.named.gpu_tokens, found.named.gpu_ids
-            notes += [f'kubelet device id "{i}" names no GPU of this node (another '
-                      "resource's device): not granted" for i in found.named.other_ids]
-    request = resolve_request(claim, config, pod, kubelet_tokens, kubelet_ids)
-    if plan_source and log is not None:
-        log.event("plan", source=plan_source)
-    hooks: Optional[EngineHooks] = None
-    if engine is not None:
-        from nvshim.runtime.engine import engine_hooks
+    found = policy.ask_kubelet_if_needed(claim, config)
+    pod = policy.pod_annotations(bundle, claim, config)
+    notes = list(found.notes)
+    if found.allocation is None or not found.allocation.ids \
+            or "kubelet" not in config.allocation_sources:
+        return found, pod, (), (), notes
+    # the kubelet source grants these ids as GPUs: only those that are GPUs of this node
+    found = policy.with_named(found, node.get().gpus())
+    assert found.named is not None
+    notes += [f'kubelet device id "{i}" names no GPU of this node (another '
+              "resource's device): not granted" for i in found.named.other_ids]
+    return found, pod, found.named.gpu_tokens, found.named.gpu_ids, notes
 
-        notes += engine.notes
-        hooks = engine_hooks(spec)
-        notes += hooks.notes
-        assert host is not None  # the engine's grant was matched against it
-        from nvshim.runtime.cdiedits import engine_stale
 
-        stale = engine_stale(spec, config, host)
-        notes += stale
-        warnings += stale
-    notes += request.notes
-    if log is not None:
-        log.event(
-            "request",
-            bundle=bundle,
-            source=request.source,
-            devices=list(request.devices),
-            capabilities=list(request.capabilities),
-            notes=list(request.notes),
-            **({"engine": [g.uuid for g in engine.gpus] + [m.uuid for _, m in engine.migs],
-                "engine_imex": list(engine.imex)} if engine is not None else {}),
-        )
-    if engine is not None and found is not None and found.allocation is not None:
-        from nvshim.runtime.allocation.policy import check_engine_allocated
+def _engine_stage(spec: SpecDict, config: Config, host: Optional[Host],
+                  engine: Optional[EngineGrant]
+                  ) -> Tuple[Optional[EngineHooks], List[str], List[str]]:
+    """(the in-root hooks of the engine's spec, notes, warnings): what the engine's grant
+    brings besides its devices, and whether the CDI spec it injected from is stale."""
+    if engine is None:
+        return None, [], []
+    from nvshim.runtime.cdiedits import engine_stale
+    from nvshim.runtime.engine import engine_hooks
 
-        assert host is not None  # the engine's grant was matched against it
-        found, note = check_engine_allocated(found, host, engine, config)
+    hooks = engine_hooks(spec)
+    assert host is not None  # the engine's grant was matched against it
+    stale = list(engine_stale(spec, config, host))
+    return hooks, list(engine.notes) + list(hooks.notes) + stale, stale
+
+
+def _log_request(log: DebugLog, bundle: str, request: Request,
+                 engine: Optional[EngineGrant]) -> None:
+    log.event(
+        "request",
+        bundle=bundle,
+        source=request.source,
+        devices=list(request.devices),
+        capabilities=list(request.capabilities),
+        notes=list(request.notes),
+        **({"engine": [g.uuid for g in engine.gpus] + [m.uuid for _, m in engine.migs],
+            "engine_imex": list(engine.imex)} if engine is not None else {}),
+    )
+
+
+def _extras_stage(claim: Claim, config: Config, request: Request,
+                  engine: Optional[EngineGrant], found: Optional[Verification]
+                  ) -> Tuple[Optional[Extras], Optional[Verification], List[str]]:
+    """(IMEX channels and NVSwitch/GDS/MOFED/gdrcopy devices asked for, the kubelet's
+    record after checking the channels, notes); None without importing
+    :mod:`nvshim.runtime.extras` when the spec names none of them."""
+    if not claim.asks_for_extras:
+        return None, found, []
+    from nvshim.runtime.extras import resolve_extras
+
+    extras = resolve_extras(claim, config, request)
+    if engine is not None and engine.imex and config.engine_grants == "exclusive":
+        from nvshim.runtime.extras import without_env_channels
+
+        extras = without_env_channels(extras, engine, claim.imex_env)
+    notes = list(extras.notes)
+    if extras.imex_channels and found is not None and found.allocation is not None:
+        from nvshim.runtime.allocation.policy import check_imex_allocated
+
+        found, note = check_imex_allocated(found, extras, config)
         notes.append(note)
+    return extras, found, notes
 
-    extras = _extras(claim, config, request)
-    if extras is not None:
-        if engine is not None and engine.imex and config.engine_grants == "exclusive":
-            from nvshim.runtime.extras import without_env_channels
 
-            extras = without_env_channels(extras, engine, claim.imex_env)
-        notes += extras.notes
-        if extras.imex_channels and found is not None and found.allocation is not None:
-            from nvshim.runtime.allocation.policy import check_imex_allocated
-
-            found, note = check_imex_allocated(found, extras, config)
-            notes.append(note)
-
-    def plan(grant: Grant, new_spec: Optional[SpecDict],
-             rootfs: Optional[RootfsDecision] = None, cdi_source: str = "",
-             host: Optional[Host] = None) -> Plan:
-        """The plan, built once from the stages' records."""
-        return Plan(spec_path, raw, spec, claim, request, grant, rootfs or RootfsDecision(),
-                    found.identity if found is not None else view.identity,
-                    found.verified if found is not None else "none",
-                    found.allocation if found is not None else None,
-                    tuple(notes), tuple(warnings), plan_source, cdi_source, host, bundle,
-                    new_spec)
-
-    replacing = hooks is not None and bool(hooks.replaced)
-    if not request.injects and not extras and not replacing:
-        bare = None if out is spec else out
-        new_spec = bare
-        if request.set_void:
-            new_spec = apply_edits(out, _VOID)
-        return plan(Grant(engine=engine, engine_hooks=hooks, base=bare), new_spec,
-                    host=host if engine is not None else None)
-    _refuse_host_root(spec, bundle)
+def _grant_stage(bundle: str, spec: SpecDict, claim: Claim, config: Config, request: Request,
+                 extras: Optional[Extras], held: Grant, found: Optional[Verification],
+                 host: Host, save_cache: bool, log: Optional[DebugLog]
+                 ) -> Tuple[Grant, Optional[Verification], str, List[str], List[str]]:
+    """(the grant, the kubelet's record after checking it, where the CDI registry came
+    from, notes, warnings): the edits of the CDI names, of the device tokens and of the
+    extras, fitted to what the engine injected, and the params hook. ``held`` is what the
+    stages before gave: the engine's grant and hooks, the spec without Docker's hook."""
     # what gives the container anything: not loaded for a create that gets nothing
-    from nvshim.runtime.hostedits import GpuInjection, gpus_of_edits, inject_gpus
+    from nvshim.runtime.hostedits import GpuInjection, inject_gpus
 
-    if host is None:
-        from nvshim.runtime.plancache import host_for
-
-        host, plan_source = host_for(config, save_cache)
-        if log is not None:
-            log.event("plan", source=plan_source)
-
-    edits = Edits()
-    cdi_source = ""
-    cdi_names = request.cdi_names
-    if cdi_names:
-        from nvshim.runtime.cdiedits import inject_cdi
-
-        cdi = inject_cdi(cdi_names, config, request.capabilities, host, save_cache)
-        cdi_source = cdi.source
-        if log is not None:
-            log.event("cdi", source=cdi.source)
-        notes += cdi.warnings
-        warnings += cdi.warnings
-        edits = cdi.edits
-
+    edits, cdi_source, warnings, params = _cdi_stage(request, config, host, save_cache, log)
+    notes = list(warnings)
     tokens = request.gpu_tokens
     node = GpuInjection()
-    params = False
-    if cdi_names:  # a generated spec's params hook: the runtime's own does it cheaper
-        from nvshim.runtime.hookargs import without_spec_hooks
-
-        edits, params = without_spec_hooks(edits)
-        params = params and config.disable_device_node_modification
-    if tokens or (request.driver_files and not cdi_names):
+    if tokens or (request.driver_files and not request.cdi_names):
         node = inject_gpus(host, request, tokens, claim, config)
         notes += node.notes
         warnings += node.warnings
         edits = edits + node.edits
         params = config.disable_device_node_modification
-    cdi_gpus: Tuple[Gpu, ...] = ()
-    cdi_migs: Migs = ()
-    if cdi_names and (config.grants_journal or (found is not None
-                                                and found.allocation is not None)):
-        cdi_gpus, cdi_migs = gpus_of_edits(host, edits)
-    if found is not None and found.allocation is not None \
-            and request.source not in ("kubelet", "engine"):
-        from nvshim.runtime.allocation.policy import check_granted
-
-        found, said = check_granted(found, host, node.gpus + cdi_gpus, node.migs + cdi_migs,
-                                    request, config)
-        notes += said
-
+    found, cdi_gpus, cdi_migs, said = _check_grant(found, host, request, config, node, edits)
+    notes += said
     if extras:
         from nvshim.runtime.extras import extras_edits
 
@@ -272,29 +312,63 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         notes += more.notes
         if request.set_void:
             edits = edits + _VOID
-    base: Optional[SpecDict] = None if out is spec else out
+    base, hooks = held.base, held.engine_hooks
     if hooks is not None:
         from nvshim.runtime.engine import fit_edits
 
-        edits, fitted = fit_edits(out, edits, hooks)
+        edits, fitted = fit_edits(spec if base is None else base, edits, hooks)
         base = base if fitted is None else fitted
         params = params or (hooks.params and config.disable_device_node_modification)
     copy: Optional[Tuple[str, bytes]] = None
-    if params:
-        shown = _params(spec, bundle, host.driver_root)
-        if shown is not None:
-            hook, copy = shown
-            edits = edits + Edits(hooks=(hook,))
-            notes.append("the container's /proc/driver/nvidia/params will say "
-                         "ModifyDeviceFiles: 0")
-    grant = Grant(node.gpus, node.migs, cdi_names, cdi_gpus, cdi_migs, engine, hooks, edits,
-                  base, copy, node.missing)
-    rootfs = _decide_rootwork(spec, bundle, host, grant)
-    applied = applied_edits(edits, rootfs.by)
+    shown = _params(spec, bundle, host.driver_root) if params else None
+    if shown is not None:
+        hook, copy = shown
+        edits = edits + Edits(hooks=(hook,))
+        notes.append("the container's /proc/driver/nvidia/params will say "
+                     "ModifyDeviceFiles: 0")
+    grant = Grant(node.gpus, node.migs, request.cdi_names, cdi_gpus, cdi_migs, held.engine,
+                  hooks, edits, base, copy, node.missing)
+    return grant, found, cdi_source, notes, warnings
+
+
+def _cdi_stage(request: Request, config: Config, host: Host, save_cache: bool,
+               log: Optional[DebugLog]) -> Tuple[Edits, str, List[str], bool]:
+    """(the edits of the create's CDI names, cut to the capabilities asked for; where the
+    registry came from; its warnings; whether a generated spec's params hook was dropped,
+    since the runtime's own does it cheaper)."""
+    if not request.cdi_names:
+        return Edits(), "", [], False
+    from nvshim.runtime.cdiedits import inject_cdi
+    from nvshim.runtime.devparams import without_spec_hooks
+
+    cdi = inject_cdi(request.cdi_names, config, request.capabilities, host, save_cache)
     if log is not None:
-        log.event("edits", edits=applied.to_cdi())
-    return plan(grant, apply_edits(spec if base is None else base, applied), rootfs,
-                cdi_source, host)
+        log.event("cdi", source=cdi.source)
+    edits, params = without_spec_hooks(cdi.edits)
+    return edits, cdi.source, list(cdi.warnings), params and config.disable_device_node_modification
+
+
+def _check_grant(found: Optional[Verification], host: Host, request: Request, config: Config,
+                 node: GpuInjection, edits: Edits
+                 ) -> Tuple[Optional[Verification], Tuple[Gpu, ...], Migs, List[str]]:
+    """(the kubelet's record after checking the grant, the GPUs and MIG devices the CDI
+    names bring, notes): under require-allocation every granted GPU must be the
+    container's allocation."""
+    cdi_gpus: Tuple[Gpu, ...] = ()
+    cdi_migs: Migs = ()
+    allocated = found is not None and found.allocation is not None
+    if request.cdi_names and (config.grants_journal or allocated):
+        from nvshim.runtime.hostedits import gpus_of_edits
+
+        cdi_gpus, cdi_migs = gpus_of_edits(host, edits)
+    if not allocated or request.source in ("kubelet", "engine"):
+        return found, cdi_gpus, cdi_migs, []
+    from nvshim.runtime.allocation.policy import check_granted
+
+    assert found is not None
+    found, said = check_granted(found, host, node.gpus + cdi_gpus, node.migs + cdi_migs,
+                                request, config)
+    return found, cdi_gpus, cdi_migs, list(said)
 
 
 def _refuse_host_root(spec: SpecDict, bundle: str) -> None:
@@ -341,8 +415,8 @@ def _extras(claim: Claim, config: Config, request: Request) -> Optional[Extras]:
 def _params(spec: SpecDict, bundle: str,
             driver_root: str) -> Optional[Tuple[Hook, Tuple[str, bytes]]]:
     """(the hook showing ``ModifyDeviceFiles: 0``, (the bundle file it binds, its content))
-    when the host's params say 1 (:mod:`nvshim.runtime.hookargs`); None otherwise."""
-    from nvshim.runtime.hookargs import BUNDLE_FILE, modified_params, params_hook
+    when the host's params say 1 (:mod:`nvshim.runtime.devparams`); None otherwise."""
+    from nvshim.runtime.devparams import BUNDLE_FILE, modified_params, params_hook
 
     content = modified_params(driver_root)
     if content is None:

@@ -20,7 +20,7 @@ import os
 from nvshim import _jsonc
 from nvshim._record import dataclass
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Any, List, Mapping, Optional, Tuple
 

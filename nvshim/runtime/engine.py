@@ -30,7 +30,7 @@ import posixpath
 from nvshim._record import dataclass
 from nvshim.edits import Edits, Hook, Mount
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -352,14 +352,16 @@ def _runnable(path: object) -> bool:
     return isinstance(path, str) and os.path.isfile(path) and os.access(path, os.X_OK)
 
 
+# Long on purpose: one pass over the createContainer hooks, each sorted into one field of
+# EngineHooks; the cases are the reasons, side by side.
 def engine_hooks(spec: SpecDict) -> EngineHooks:
     """Classify the spec's createContainer hooks (see :class:`EngineHooks`); stat only."""
+    from nvshim.runtime.devparams import runs_params_hook
     from nvshim.runtime.hookargs import (
         parse_graphics_args,
         parse_hook_args,
         parse_host_driver_version,
         runs_nvshim_hook,
-        runs_params_hook,
     )
 
     hooks = spec.get("hooks")

@@ -20,8 +20,8 @@ Compaction never fails a create: the lock is the directory's, which a rename nev
 replaces, so no writer waits on a stale file, and a compaction that cannot write (disk
 full) leaves the file as it was and the record is appended to it.
 
-The append is not fsynced (≈ 0.3 ms on a quiet disk, 2-8 ms under I/O load, on every GPU
-create). The journal answers one question, which GPUs live containers hold, and liveness
+The append is not fsynced (an fsync on every GPU create: its cost in BENCHMARKS.md,
+figures). The journal answers one question, which GPUs live containers hold, and liveness
 is decided when it is read; a record that only a power loss can lose is the record of a
 container that the same power loss killed (its process, and its state under ``/run``), so
 it could never be reported live. Compaction, which replaces records that are not new,
@@ -38,7 +38,7 @@ from nvshim._record import dataclass
 from nvshim.errors import HostError
 
 # Appending a grant is on every GPU create: typing, json, subprocess and time are imported
-# only by the code that reads, compacts or queries (typing+json+subprocess ~10 ms here).
+# only by the code that reads, compacts or queries (their cost: BENCHMARKS.md, figures).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple

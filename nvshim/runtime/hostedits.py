@@ -17,7 +17,7 @@ from nvshim.config import describe_config
 from nvshim.edits import HOOK_ENV, IPC_BIND, RO_BIND, DeviceNode, Edits, Hook, Mount
 from nvshim.errors import RequestError
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import List, Optional, Sequence, Tuple
 
@@ -197,7 +197,7 @@ def inject_gpus(host: Host, request: Request, tokens: Sequence[str], claim: Clai
     caps = request.capabilities
     env = claim.view.env
     if "CUDA_VERSION" in env or any(name.startswith("NVIDIA_REQUIRE_") for name in env):
-        # only then can there be a requirement (the module costs ~2 ms to import)
+        # only then can there be a requirement (the module's import cost: BENCHMARKS.md, figures)
         from nvshim.runtime.requirements import check_requirements
 
         selected = chosen + tuple(parent for parent, _ in migs)

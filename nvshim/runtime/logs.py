@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Optional
 
@@ -66,8 +66,8 @@ class DebugLog:
     UTC ``timestamp`` with microseconds, the ``pid`` and the bound context, exactly what
     structlog's ``JSONRenderer(sort_keys=True)`` behind ``add_log_level`` and
     ``TimeStamper(fmt="iso", utc=True)`` wrote. Written here without structlog, whose
-    import cost every GPU create ~60 ms while the log was on (``_jsonc`` and ``time``
-    are already loaded by a create)."""
+    import cost every GPU create tens of ms while the log was on (BENCHMARKS.md;
+    ``_jsonc`` and ``time`` are already loaded by a create)."""
 
     def __init__(self, fd: Optional[int] = None, context: Optional[Dict[str, Any]] = None) -> None:
         self._fd = fd

@@ -11,13 +11,13 @@ import gc
 import os
 import sys
 
-# A create lives ~15 ms and leaves almost no reference cycles; the cyclic collector ran 5
-# times in each (≈ 0.6 ms) while the modules loaded. Memory is freed at exec/exit anyway.
+# A create is one short process with almost no reference cycles; the cyclic collector ran
+# 5 times in each while the modules loaded. Memory is freed at exec/exit anyway.
 gc.disable()
 
 from nvshim.runtime.argv import Invocation, parse_argv  # noqa: E402 - after gc.disable()
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import List, NoReturn, Optional, Sequence, Tuple
 
@@ -199,7 +199,8 @@ def _restore_ignored_signals() -> None:
     signal stays ignored across exec, and crun's hooks inherited it. Callers (containerd's
     Go shim, conmon) leave both at their default, which the runtime gets back; which of
     them a caller had ignored cannot be known once CPython has started (reading it in the
-    trampoline costs ~1 ms per create), so a caller that ignores them deliberately is not
+    trampoline costs a fork per create: BENCHMARKS.md), so a caller that ignores them
+    deliberately is not
     mirrored. Other signals are CPython's to leave alone, and it does."""
     import _signal  # type: ignore[import-not-found]  # C module; signal.py imports enum
 
@@ -207,6 +208,8 @@ def _restore_ignored_signals() -> None:
     _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
 
 
+# Long on purpose: the runtime's entry read top to bottom, every way out (exec the runtime,
+# fail in one line with config.json untouched) in the order a create meets it.
 def main(argv: Optional[List[str]] = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     inv = parse_argv(args)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from nvshim._record import dataclass, field
 from nvshim.edits import Edits, apply_edits
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Any, Dict, Optional, Tuple
 

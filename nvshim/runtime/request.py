@@ -26,12 +26,13 @@ from nvshim.runtime.claim import (
     annotation_ids_of,
 )
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import List, Mapping, Optional, Sequence, Tuple
 
     from nvshim.config import Config
     from nvshim.runtime.claim import Claim
+    from nvshim.runtime.engine import EngineGrant
 
 __all__ = ["Request", "parse_capabilities", "resolve_request"]
 
@@ -139,100 +140,144 @@ def resolve_request(claim: Claim, config: Config,
     annotations of the container's pod sandbox spec, when known: under require-allocation
     an annotation the container carries with the same key and value came from the pod
     (which any pod author can write), not from the device plugin, and is no allocation.
+
+    The stages below each take the claim, the config and the notes said so far, and return
+    the :class:`Request` or ``None`` (not decided yet).
     """
     view = claim.view
     if view.sandbox:
         return Request(source="sandbox", notes=("CRI sandbox container: passed through",))
-
-    env_tokens = claim.env_tokens
-    env_set = env_tokens is not None and env_tokens != ()
-    notes: List[str] = []
-
-    def grant(source: str, devices: Tuple[str, ...], raw: Sequence[str] = ()) -> Request:
-        from nvshim.host.devices import names_replicas
-
-        # parsed only for a grant: a container granted nothing behaves as with runc, whatever
-        # its image says about capabilities (or a node supports)
-        caps = parse_capabilities(view.get(DRIVER_CAPABILITIES),
-                                  config.supported_driver_capabilities, view.legacy_image)
-        shared = names_replicas(raw)
-        if devices == ("none",):
-            return Request(source, (), True, False, tuple(notes), caps, shared)
-        return Request(source, devices, True, False, tuple(notes), caps, shared)
-
-    # GPUs the engine injected (CDI, DRA) are the container's grant: image env never widens
-    # them (engine-grants: exclusive), and they stand where no other source grants anything.
-    engine = view.engine if view.engine is not None and view.engine.holds_gpus else None
-    exclusive = engine is not None and config.engine_grants == "exclusive"
-    image_gpus = claim.image_asks and env_tokens != ("none",)
-    shown = view.get(VISIBLE_DEVICES)
-    image_what = (f"{VISIBLE_DEVICES}={shown}" if shown is not None
-                  else "legacy CUDA image (all GPUs)")
-
-    def held(why: str = "") -> Request:
-        """The engine's grant: no device for nvshim to add, and the driver files of the
-        capabilities the image asks for (the engine's spec may carry only device nodes)."""
-        if why and image_gpus and engine is not None:  # (why: only said of an engine grant)
-            notes.append(f"{image_what} adds no GPU: the engine injected {engine.summary} "
-                         f"into config.json, which is the container's grant; {why}")
-        if claim.image_asks or view.get(DRIVER_CAPABILITIES):
-            return grant("engine", ())
-        return Request("engine", notes=tuple(notes), capabilities=())
-
-    def nothing() -> Request:
-        return held() if engine is not None else Request(
-            "none", notes=tuple(notes), capabilities=())
-
-    mount_ids = claim.mount_ids
-    notes.extend(claim.mount_notes)
-    mount_raw = claim.mount_raw
-    annotation_ids = claim.annotation_ids
-    env_raw = [view.get(VISIBLE_DEVICES) or ""]
-
+    notes = list(claim.mount_notes)
     # docker run --gpus: the engine's request (Docker appends its NVIDIA_VISIBLE_DEVICES
     # last, so it is the value read), taken from the CLI's user, never from the image
-    docker = view.docker_gpus
-    if docker and not env_set:
+    if view.docker_gpus and not _env_set(claim):
         notes.append("docker run --gpus named no device (count 0): no GPU")
-
     if not config.require_allocation:
-        if mount_ids:
-            if env_set:
-                notes.append(
-                    f"{VISIBLE_DEVICES} ignored: device-plugin volume mounts take precedence")
-            return grant("volume-mounts", mount_ids, mount_raw)
-        if annotation_ids:
-            if env_set:
-                notes.append(f"{VISIBLE_DEVICES} ignored: CDI annotations take precedence")
-            return grant("cdi-annotations", annotation_ids)
-        if docker and env_tokens:
-            return grant("docker-gpus", env_tokens, env_raw)
-        if exclusive:
-            return held("image env never widens an engine grant (engine-grants: exclusive)")
-        if env_tokens is None and view.legacy_image:
-            notes.append("legacy CUDA image (CUDA_VERSION set, no NVIDIA_REQUIRE_CUDA): all GPUs")
-            return grant("legacy-image", ("all",))
-        if not env_set:
-            return nothing()
-        assert env_tokens is not None
-        if not view.privileged and not config.accept_envvar_when_unprivileged:
-            notes.append(
-                f"{VISIBLE_DEVICES} ignored: container is unprivileged and "
-                "accept-envvar-when-unprivileged is off"
-            )
-            return nothing()
-        return grant("env", env_tokens, env_raw)
-
+        return _without_allocation(claim, config, notes)
     # require-allocation: only a device plugin's allocation grants GPUs -- and whatever a
     # management pod (the device plugin itself) asks for.
-    if env_set and engine is None and config.management_pods:
-        entry = view.management_pod(config.management_pods)
-        if entry is not None:
-            assert env_tokens is not None
-            notes.append(f"{VISIBLE_DEVICES} granted without an allocation: "
-                         f"{view.identity} matches management-pods entry "
-                         f'"{entry}"')
-            return grant("management-pod", env_tokens, env_raw)
+    return (_management_pod(claim, config, notes)
+            or _allocated(claim, config, notes, pod_annotations, kubelet_tokens, kubelet_ids)
+            or _not_allocated(claim, config, notes))
+
+
+# -- what every stage reads of the claim (cheap properties, no state) ----------------------
+
+def _env_set(claim: Claim) -> bool:
+    """NVIDIA_VISIBLE_DEVICES names something (not unset, not empty or void)."""
+    return claim.env_tokens is not None and claim.env_tokens != ()
+
+
+def _env_raw(claim: Claim) -> List[str]:
+    return [claim.view.get(VISIBLE_DEVICES) or ""]
+
+
+def _engine(claim: Claim) -> Optional[EngineGrant]:
+    """The GPUs the engine injected (CDI, DRA), when it injected any: the container's grant."""
+    engine = claim.view.engine
+    return engine if engine is not None and engine.holds_gpus else None
+
+
+def _exclusive(claim: Claim, config: Config) -> bool:
+    """Image env never widens the engine's grant (engine-grants: exclusive)."""
+    return _engine(claim) is not None and config.engine_grants == "exclusive"
+
+
+# -- the outcomes -------------------------------------------------------------------------
+
+def _grant(claim: Claim, config: Config, notes: List[str], source: str,
+           devices: Tuple[str, ...], raw: Sequence[str] = ()) -> Request:
+    from nvshim.host.devices import names_replicas
+
+    view = claim.view
+    # parsed only for a grant: a container granted nothing behaves as with runc, whatever
+    # its image says about capabilities (or a node supports)
+    caps = parse_capabilities(view.get(DRIVER_CAPABILITIES),
+                              config.supported_driver_capabilities, view.legacy_image)
+    shared = names_replicas(raw)
+    if devices == ("none",):
+        return Request(source, (), True, False, tuple(notes), caps, shared)
+    return Request(source, devices, True, False, tuple(notes), caps, shared)
+
+
+def _held(claim: Claim, config: Config, notes: List[str], why: str = "") -> Request:
+    """The engine's grant: no device for nvshim to add, and the driver files of the
+    capabilities the image asks for (the engine's spec may carry only device nodes)."""
+    view, engine = claim.view, _engine(claim)
+    image_gpus = claim.image_asks and claim.env_tokens != ("none",)
+    if why and image_gpus and engine is not None:  # (why: only said of an engine grant)
+        shown = view.get(VISIBLE_DEVICES)
+        image_what = (f"{VISIBLE_DEVICES}={shown}" if shown is not None
+                      else "legacy CUDA image (all GPUs)")
+        notes.append(f"{image_what} adds no GPU: the engine injected {engine.summary} "
+                     f"into config.json, which is the container's grant; {why}")
+    if claim.image_asks or view.get(DRIVER_CAPABILITIES):
+        return _grant(claim, config, notes, "engine", ())
+    return Request("engine", notes=tuple(notes), capabilities=())
+
+
+def _nothing(claim: Claim, config: Config, notes: List[str]) -> Request:
+    if _engine(claim) is not None:
+        return _held(claim, config, notes)
+    return Request("none", notes=tuple(notes), capabilities=())
+
+
+# -- the stages ---------------------------------------------------------------------------
+
+def _without_allocation(claim: Claim, config: Config, notes: List[str]) -> Request:
+    """require-allocation off: the first source that names devices, in precedence order."""
+    view, env_tokens, env_set = claim.view, claim.env_tokens, _env_set(claim)
+    if claim.mount_ids:
+        if env_set:
+            notes.append(
+                f"{VISIBLE_DEVICES} ignored: device-plugin volume mounts take precedence")
+        return _grant(claim, config, notes, "volume-mounts", claim.mount_ids, claim.mount_raw)
+    if claim.annotation_ids:
+        if env_set:
+            notes.append(f"{VISIBLE_DEVICES} ignored: CDI annotations take precedence")
+        return _grant(claim, config, notes, "cdi-annotations", claim.annotation_ids)
+    if view.docker_gpus and env_tokens:
+        return _grant(claim, config, notes, "docker-gpus", env_tokens, _env_raw(claim))
+    if _exclusive(claim, config):
+        return _held(claim, config, notes,
+                     "image env never widens an engine grant (engine-grants: exclusive)")
+    if env_tokens is None and view.legacy_image:
+        notes.append("legacy CUDA image (CUDA_VERSION set, no NVIDIA_REQUIRE_CUDA): all GPUs")
+        return _grant(claim, config, notes, "legacy-image", ("all",))
+    if not env_set:
+        return _nothing(claim, config, notes)
+    assert env_tokens is not None
+    if not view.privileged and not config.accept_envvar_when_unprivileged:
+        notes.append(
+            f"{VISIBLE_DEVICES} ignored: container is unprivileged and "
+            "accept-envvar-when-unprivileged is off"
+        )
+        return _nothing(claim, config, notes)
+    return _grant(claim, config, notes, "env", env_tokens, _env_raw(claim))
+
+
+def _management_pod(claim: Claim, config: Config, notes: List[str]) -> Optional[Request]:
+    """A management pod (the device plugin itself) gets what its env asks for."""
+    if not (_env_set(claim) and _engine(claim) is None and config.management_pods):
+        return None
+    view = claim.view
+    entry = view.management_pod(config.management_pods)
+    if entry is None:
+        return None
+    assert claim.env_tokens is not None
+    notes.append(f"{VISIBLE_DEVICES} granted without an allocation: "
+                 f"{view.identity} matches management-pods entry "
+                 f'"{entry}"')
+    return _grant(claim, config, notes, "management-pod", claim.env_tokens, _env_raw(claim))
+
+
+def _claimed_allocations(claim: Claim, notes: List[str],
+                         pod_annotations: Optional[Mapping[str, str]], accept_all: bool
+                         ) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """(mount ids, annotation ids) without what is no allocation: the pod's own
+    annotations, and "all" or "none" by mount or annotation, which any pod can fake."""
+    view = claim.view
+    mount_ids, annotation_ids = claim.mount_ids, claim.annotation_ids
     if annotation_ids and pod_annotations:
         from_pod = [k for k in claim.annotation_keys
                     if pod_annotations.get(k) == view.annotations[k]]
@@ -242,7 +287,7 @@ def resolve_request(claim: Claim, config: Config,
             # the container's own annotations, parsed without the pod's (a rare path)
             annotation_ids = annotation_ids_of(
                 view, [k for k in claim.annotation_keys if k not in from_pod])
-    if mount_ids and not config.accept_all_from_mounts:
+    if mount_ids and not accept_all:
         # "all", and the CDI spelling of it (cdi/nvidia.com/gpu/all): every GPU at once
         for token in [t for t in mount_ids if _names_all(t)]:
             what = "all" if token == "all" else f"<CDI device {token}>"
@@ -260,33 +305,53 @@ def resolve_request(claim: Claim, config: Config,
     if annotation_ids == ("none",):
         notes.append("CDI annotation naming none ignored: no device plugin allocates it")
         annotation_ids = ()
+    return mount_ids, annotation_ids
+
+
+def _allocated(claim: Claim, config: Config, notes: List[str],
+               pod_annotations: Optional[Mapping[str, str]],
+               kubelet_tokens: Sequence[str], kubelet_ids: Sequence[str]) -> Optional[Request]:
+    """The first of ``allocation-sources`` that names devices; the engine's grant when none
+    does; None when neither (:func:`_not_allocated` says why)."""
+    mount_ids, annotation_ids = _claimed_allocations(claim, notes, pod_annotations,
+                                                     config.accept_all_from_mounts)
+    view, env_tokens = claim.view, claim.env_tokens
+    exclusive = _exclusive(claim, config)
     for source in config.allocation_sources:
         if source == "kubelet" and kubelet_tokens:
-            return grant(source, tuple(kubelet_tokens), kubelet_ids)
+            return _grant(claim, config, notes, source, tuple(kubelet_tokens), kubelet_ids)
         if source == "volume-mounts" and mount_ids:
-            return grant(source, mount_ids, mount_raw)
+            return _grant(claim, config, notes, source, mount_ids, claim.mount_raw)
         if source == "cdi-annotations" and annotation_ids:
-            return grant(source, annotation_ids)
-        if source == "docker-gpus" and docker and env_tokens:
-            return grant(source, env_tokens, env_raw)
+            return _grant(claim, config, notes, source, annotation_ids)
+        if source == "docker-gpus" and view.docker_gpus and env_tokens:
+            return _grant(claim, config, notes, source, env_tokens, _env_raw(claim))
         if exclusive:
             continue  # the two below are image env: it never widens an engine grant
         if source == "envvar-uuids" and env_tokens and _all_uuids(env_tokens):
-            return grant(source, env_tokens, env_raw)
+            return _grant(claim, config, notes, source, env_tokens, _env_raw(claim))
         if source == "privileged" and env_tokens and view.privileged_with_devices:
-            return grant(source, env_tokens, env_raw)
-    if engine is not None:
+            return _grant(claim, config, notes, source, env_tokens, _env_raw(claim))
+    if _engine(claim) is not None:
         # nvshim cannot take back what the engine injected, and need not: it is an allocation
-        return held("image env never widens an engine grant (engine-grants: exclusive)"
-                    if exclusive else "require-allocation takes no GPU from image env")
+        return _held(claim, config, notes,
+                     "image env never widens an engine grant (engine-grants: exclusive)"
+                     if exclusive else "require-allocation takes no GPU from image env")
+    return None
+
+
+def _not_allocated(claim: Claim, config: Config, notes: List[str]) -> Request:
+    """No allocation: ``docker run --gpus`` refused aloud, an image's request stripped (or,
+    with ``on-missing-allocation: fail``, refused)."""
+    view, env_tokens = claim.view, claim.env_tokens
     tried = ", ".join(config.allocation_sources)
-    if docker and env_tokens:  # asked by the CLI's user: refused aloud, never stripped
+    if view.docker_gpus and env_tokens:  # asked by the CLI's user: refused aloud, never stripped
         raise RequestError(
             f"docker run --gpus asks for GPUs ({VISIBLE_DEVICES}={view.get(VISIBLE_DEVICES)}) "
             f"but require-allocation is on and docker-gpus is not in allocation-sources "
             f"(tried {tried}): add it there in {describe_config(config)}")
     image_asks = claim.image_asks
-    if env_set and "privileged" in config.allocation_sources and view.privileged \
+    if _env_set(claim) and "privileged" in config.allocation_sources and view.privileged \
             and not view.all_devices_allowed:
         notes.append("privileged source not taken: the container has CAP_SYS_ADMIN but its "
                      "device cgroup does not allow every device (a pod can add SYS_ADMIN "
@@ -304,4 +369,3 @@ def resolve_request(claim: Claim, config: Config,
             f"found (tried {tried}); request nvidia.com/gpu in the pod spec"
         )
     return Request("none", set_void=image_asks, notes=tuple(notes), capabilities=())
-

@@ -21,8 +21,6 @@ holds. ``NVIDIA_DISABLE_REQUIRE`` (a Go boolean true) or the config key
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
-
 from nvshim._record import dataclass, field
 from nvshim.errors import HostError, RequestError
 from nvshim.runtime.constraints import (
@@ -37,7 +35,11 @@ from nvshim.runtime.constraints import (
     requirement_vars,
 )
 
+# typing stays off the create path: every CUDA image (CUDA_VERSION) reaches this module
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
     from nvshim.host.discovery import Gpu, Host
     from nvshim.host.nvml import NvmlFacts
     from nvshim.runtime.claim import ImageView

@@ -166,6 +166,8 @@ def _folder_entries(root: _inroot.RootFd, folder: str,
             os.close(dfd)
 
 
+# Long on purpose: one pass over a folder's entries, as ldconfig makes it; its steps share
+# the folder's counters and the image's limit, and split they would read it twice.
 def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
                  kinds: Mapping[str, str], planned: Planned,
                  warnings: Optional[List[str]], limit: Optional[int]) -> List[CacheEntry]:
@@ -283,7 +285,7 @@ def _merge(existing: Sequence[CacheEntry], added: Sequence[CacheEntry]) -> List[
 # CUDA forward compatibility: the image's compat folder first
 
 COMPAT_DIR = "/usr/local/cuda/compat"
-# compiled only for an image that has the compat dir (re costs ~6 ms to import per create)
+# compiled only for an image that has the compat dir (re's import cost: BENCHMARKS.md, figures)
 _COMPAT_LIBCUDA = r"^libcuda\.so\.([0-9]+)\.[0-9]+(?:\.[0-9]+)?$"
 
 

@@ -38,7 +38,7 @@ import stat
 from nvshim import _jsonc
 from nvshim.errors import SpecError
 
-# On every GPU create: json (with re, enum …) and typing cost ~10 ms to import here.
+# On every GPU create: json (with re, enum …) and typing are costly imports (BENCHMARKS.md).
 # nvshim._jsonc drives the same C decoder/encoder; re is imported only for the rare
 # number literal or lone surrogate.
 TYPE_CHECKING = False

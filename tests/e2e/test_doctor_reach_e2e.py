@@ -1,4 +1,4 @@
-"""``nvshim doctor`` names the config a real engine's runtime reads: podman runs the README's
+"""``nvshim doctor`` names the config a real engine's runtime reads: podman runs docs/engines.md's
 wrapper (``export NVSHIM_CONFIG=…; exec nvshim-runtime "$@"``) around an installed trampoline
 that embeds another config, and the config doctor says the wrapper reads is the one whose
 settings the container got and whose grant journal recorded it.
@@ -61,7 +61,7 @@ def handler_config(tmp_path: Path, capsys: pytest.CaptureFixture[str], given: Pa
 def test_doctor_names_the_config_podmans_wrapper_makes_the_runtime_read(
         podman: Podman, node: Any, rootfs: Path, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    """Through the README's wrapper podman's container gets GPU 1 under the wrapper's config
+    """Through docs/engines.md's wrapper podman's container gets GPU 1 under the wrapper's config
     (require-allocation off; its journal records the grant), and doctor says the wrapper reads
     that config; through the trampoline alone the GPU is stripped under the embedded config
     (require-allocation on), which doctor names for it."""

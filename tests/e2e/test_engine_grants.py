@@ -251,7 +251,7 @@ def test_grants_flags_an_engine_grant_and_a_device_plugin_grant_of_one_gpu(
 
 
 def write_wrapper(path: Path, config: str, runtime: str) -> Path:
-    """podman drops NVSHIM_CONFIG: a --runtime wrapper sets it (as the README says)."""
+    """podman drops NVSHIM_CONFIG: a --runtime wrapper sets it (as docs/engines.md says)."""
     path.write_text(f"#!/bin/sh\nexport NVSHIM_CONFIG={config}\nexec {runtime} \"$@\"\n")
     path.chmod(0o755)
     return path

@@ -36,7 +36,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def write_wrapper(path: Path, config: Path, runtime: str) -> Path:
-    """The README's wrapper: set NVSHIM_CONFIG, then exec nvshim-runtime with podman's argv."""
+    """docs/engines.md's wrapper: set NVSHIM_CONFIG, then exec nvshim-runtime with podman's argv."""
     path.write_text(f"#!/bin/sh\nexport NVSHIM_CONFIG={config}\nexec {runtime} \"$@\"\n")
     path.chmod(0o755)
     return path

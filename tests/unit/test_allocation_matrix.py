@@ -1,6 +1,6 @@
 """Every request source × privilege × require-allocation × on-missing-allocation.
 
-Expectations follow the README's rules, written out per case rather than computed by
+Expectations follow docs/kubernetes.md's rules, written out per case rather than computed by
 the code under test.
 """
 

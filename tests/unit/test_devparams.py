@@ -14,7 +14,7 @@ import pytest
 
 from nvshim.config import Config
 from nvshim.runtime.create import plan_create
-from nvshim.runtime.hookargs import BUNDLE_FILE, modified_params
+from nvshim.runtime.devparams import BUNDLE_FILE, modified_params
 
 PARAMS = "proc/driver/nvidia/params"
 
@@ -105,7 +105,7 @@ def test_config_off_means_no_hook(node: Any, tmp_path: Path) -> None:
 def _run_hook(rootfs: Path, copy: Path) -> "subprocess.CompletedProcess[str]":
     """The hook's script, run as runc would (explicit env), in a private mount namespace;
     afterwards the same namespace prints what the container's params path shows."""
-    from nvshim.runtime.hookargs import HOOK_SCRIPT
+    from nvshim.runtime.devparams import HOOK_SCRIPT
 
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare(1) for a private mount namespace")
@@ -166,7 +166,7 @@ def test_hook_binds_under_a_rootfs_path_with_host_symlinks(tmp_path: Path) -> No
 
 def test_hook_runs_no_command_but_mount() -> None:
     """Only sh builtins decide (stat and rm were two fork+execs per GPU create)."""
-    from nvshim.runtime.hookargs import HOOK_SCRIPT
+    from nvshim.runtime.devparams import HOOK_SCRIPT
 
     words = {line.split()[0] for line in HOOK_SCRIPT.splitlines() if line.strip()}
     assert "stat" not in HOOK_SCRIPT and "rm " not in HOOK_SCRIPT and "$(" not in HOOK_SCRIPT

@@ -97,7 +97,7 @@ def line(lines: List[str], check: str) -> str:
 
 
 def test_follow_reads_the_readme_wrapper_and_the_trampoline(tmp_path: Path) -> None:
-    """The README's podman wrapper (export NVSHIM_CONFIG, exec nvshim-runtime) leads to the
+    """docs/engines.md's podman wrapper (export NVSHIM_CONFIG, exec nvshim-runtime) leads to the
     trampoline and the wrapper's config; the trampoline alone reads the config it embeds."""
     from nvshim.node.doctor_follow import follow
 
@@ -274,7 +274,7 @@ def test_crio_monitor_env_names_the_config(tmp_path: Path) -> None:
 def test_readme_podman_wrapper_no_false_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """The installed nvshim CLI names /etc/nvshim/config.yaml (NVSHIM_CONFIG); on a node whose
-    runtimes all use the README's wrapper and its config, that file's absence fails no
+    runtimes all use docs/engines.md's wrapper and its config, that file's absence fails no
     create, and the wrapper's config (require-allocation on) is what Docker's default is
     judged by: no FAIL (main failed both config and docker)."""
     monkeypatch.setenv("NVSHIM_CONFIG", str(tmp_path / "etc" / "config.yaml"))

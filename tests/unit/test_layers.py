@@ -193,7 +193,7 @@ def test_heavy_libraries_are_imported_lazily_below_node(package: str) -> None:
 
 
 def layout_sections(layout: str) -> Dict[str, str]:
-    """The README layout block cut at each line that starts with a path: that path (as
+    """The module layout block cut at each line that starts with a path: that path (as
     ``nvshim/runtime/``) → its line and the indented lines under it."""
     sections: Dict[str, str] = {}
     key = ""
@@ -230,15 +230,14 @@ def test_layout_check_sees_a_module_under_another_heading() -> None:
                                ["nvshim/runtime/allocation/policy.py"]) != []
 
 
-def test_readme_layout_names_every_module_and_the_architecture_every_package() -> None:
-    """The README's layout block names every module under its package's heading, and
-    docs/architecture.md names every package."""
-    readme = (PACKAGE.parent / "README.md").read_text()
-    layout = readme.split("## Layout", 1)[1].split("```", 2)[1]
+def test_architecture_names_every_module_and_every_package() -> None:
+    """docs/architecture.md's module block names every module under its package's heading,
+    and its package table every package."""
+    architecture = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    layout = architecture.split("## Modules", 1)[1].split("```", 2)[1]
     paths = [str(p.relative_to(PACKAGE.parent)) for p in sorted(PACKAGE.rglob("*.py"))
              if p.name != "__init__.py"]
     assert missing_from_layout(layout, paths) == []
     packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
-    architecture = (PACKAGE.parent / "docs" / "architecture.md").read_text()
     assert [p for p in packages if f"`{p}/`" not in architecture] == []
     assert [p for p in packages if f"nvshim/{p}/" not in layout] == []

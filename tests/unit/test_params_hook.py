@@ -19,8 +19,8 @@ import pytest
 from nvshim.edits import Edits, Hook, Mount
 from nvshim.runtime import hookargs
 from nvshim.runtime.cdiedits import restrict_to_capabilities
+from nvshim.runtime.devparams import spec_hook, without_modification, without_spec_hooks
 from nvshim.runtime.engine import engine_hooks
-from nvshim.runtime.hookargs import spec_hook, without_modification, without_spec_hooks
 
 HOST = "/run/nvidia/driver/proc/driver/nvidia/params"
 REPO = Path(__file__).resolve().parents[2]

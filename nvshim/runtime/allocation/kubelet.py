@@ -356,9 +356,10 @@ def ask_kubelet(who: Identity, config: Any, *, fresh: bool = False) -> Allocatio
     """This container's GPU device ids and IMEX channels: the checkpoint when it has them,
     else the PodResources API.
 
-    The checkpoint is read first (a small JSON file, ~1 ms): when it lists devices for this
+    The checkpoint is read first (a small JSON file): when it lists devices for this
     very container (pod UID and container name) they are its allocation, and no gRPC call is
-    made — ``import grpc`` alone costs ~85 ms. The kubelet writes those entries when it
+    made — ``import grpc`` alone is costly (BENCHMARKS.md). The kubelet writes those
+    entries when it
     allocates, before the container is created, and a pod UID is never reused, so an entry
     can only be this container's own. The checkpoint proves grants; it never has the last
     word on a refusal: with ``fresh`` (a claim the checkpoint did not cover), or when it has

@@ -26,7 +26,7 @@ from nvshim.runtime.identity import (
     read_identity,
 )
 
-TYPE_CHECKING = False  # typing costs ~4 ms to import on the create path
+TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from typing import Dict, Mapping, Optional, Sequence, Set, Tuple, Union
 
