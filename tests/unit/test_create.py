@@ -496,3 +496,34 @@ def test_commit_returns_the_hook_fallback_and_leaves_the_plan_as_it_was(node: di
     assert any(is_nvshim_hook(h) for h in plan.grant.edits.hooks)
     assert any("nvshim.hook" in " ".join(h.get("args", []))
                for h in written["hooks"]["createContainer"])
+
+
+# --- config.json is read up to a bound ------------------------------------------------------
+
+
+def test_a_config_json_over_the_size_bound_is_one_line_and_byte_identical(
+        node: dict, tmp_path: Path) -> None:
+    """A config.json one byte over MAX_SPEC_BYTES (16 MiB; a 200 MB one cost 1.5 GB and 12 s)
+    fails the create in one line naming the file and the limit, without being read whole,
+    config.json byte-identical and runc not run; one at the bound is created as always; the
+    other reader of config.json (`nvshim inspect`) refuses it with the same line."""
+    from nvshim.runtime.specjson import MAX_SPEC_BYTES
+
+    head = GPU_SPEC + b',"annotations":{"pad":"'
+    at_bound = head + b"x" * (MAX_SPEC_BYTES - len(head) - 3) + b'"}}'
+    assert len(at_bound) == MAX_SPEC_BYTES
+    bundle = make_bundle(tmp_path, at_bound, "at-bound")
+    res = runtime_create(node, bundle)
+    assert res.returncode == 0, res.stderr
+    over = head + b"x" * (MAX_SPEC_BYTES - len(head) - 2) + b'"}}'
+    bundle = make_bundle(tmp_path, over, "over")
+    (node["base"] / "recorded").unlink(missing_ok=True)
+    res = runtime_create(node, bundle)
+    assert res.returncode == 1
+    spec = bundle / "config.json"
+    assert res.stderr.decode() == (f"nvshim: cannot read {spec}: larger than the "
+                                   f"{MAX_SPEC_BYTES} bytes nvshim reads (16 MiB)\n")
+    assert spec.read_bytes() == over and not (node["base"] / "recorded").exists()
+    out = nvshim_cli("inspect", "--bundle", str(bundle), "--config", str(node["config"]))
+    assert out.returncode == 1 and out.stderr.endswith("larger than the "
+                                                        f"{MAX_SPEC_BYTES} bytes nvshim reads (16 MiB)\n")
