@@ -527,3 +527,41 @@ def test_a_config_json_over_the_size_bound_is_one_line_and_byte_identical(
     out = nvshim_cli("inspect", "--bundle", str(bundle), "--config", str(node["config"]))
     assert out.returncode == 1 and out.stderr.endswith("larger than the "
                                                         f"{MAX_SPEC_BYTES} bytes nvshim reads (16 MiB)\n")
+
+
+def test_an_image_ld_so_cache_over_4_mib_is_merged_by_the_hook(node: dict,
+                                                                tmp_path: Path) -> None:
+    """An image whose /etc/ld.so.cache lists ~60,000 libraries (over the runtime's 4 MiB)
+    no longer fails the GPU create: the runtime leaves the cache to the createContainer
+    hook (in the container's cgroup) and says why, and the hook's cache keeps every image
+    entry beside the driver's."""
+    from nvshim.host.ldcache import FLAG_X8664_LIBC6, CacheEntry, build_ldcache, parse_ldcache
+    from nvshim.runtime.create import commit
+    import shutil
+
+    from nvshim.host import inroot
+    from nvshim.runtime.rootcache import LDCACHE_MAX_BYTES, update_ldcache
+
+    bundle, plan = _planned(node, tmp_path)
+    entries = [CacheEntry(f"libimage{i}.so.1", f"/opt/image/lib/libimage{i}.so.1.0.{i}",
+                          FLAG_X8664_LIBC6) for i in range(60_000)]
+    image_cache = build_ldcache(entries)
+    assert len(image_cache) > LDCACHE_MAX_BYTES
+    cache = bundle / "rootfs" / "etc" / "ld.so.cache"
+    cache.write_bytes(image_cache)
+    done = commit(plan)
+    assert done.written and done.rootfs.by == "hook"
+    assert done.rootfs.why == (f"the image's /etc/ld.so.cache is larger than the "
+                               f"{LDCACHE_MAX_BYTES} bytes nvshim-runtime reads (merged by the "
+                               "createContainer hook, in the container's cgroup)")
+    assert cache.read_bytes() == image_cache
+    assert plan.rootfs.work is not None
+    for mount in plan.grant.edits.mounts:  # what runc mounts before the hook runs
+        target = bundle / "rootfs" / mount.container_path.lstrip("/")
+        if str(target.parent).endswith(tuple(plan.rootfs.work.folders)) and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(mount.host_path, target)
+    with inroot.open_root(str(bundle / "rootfs")) as root:  # what the hook then does
+        update_ldcache(root, plan.rootfs.work.folders)
+    merged = {e.key for e in parse_ldcache(cache.read_bytes())}
+    assert {"libimage0.so.1", "libimage59999.so.1", "libcuda.so.1"} <= merged
