@@ -535,11 +535,11 @@ def test_an_image_ld_so_cache_over_4_mib_is_merged_by_the_hook(node: dict,
     no longer fails the GPU create: the runtime leaves the cache to the createContainer
     hook (in the container's cgroup) and says why, and the hook's cache keeps every image
     entry beside the driver's."""
-    from nvshim.host.ldcache import FLAG_X8664_LIBC6, CacheEntry, build_ldcache, parse_ldcache
-    from nvshim.runtime.create import commit
     import shutil
 
     from nvshim.host import inroot
+    from nvshim.host.ldcache import FLAG_X8664_LIBC6, CacheEntry, build_ldcache, parse_ldcache
+    from nvshim.runtime.create import commit
     from nvshim.runtime.rootcache import LDCACHE_MAX_BYTES, update_ldcache
 
     bundle, plan = _planned(node, tmp_path)
