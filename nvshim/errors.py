@@ -24,13 +24,25 @@ __all__ = [
 ]
 
 
-def one_line(text: str, limit: int = 2000) -> str:
-    """``text`` on one line (any line break becomes a space), cut to ``limit`` characters."""
-    several = len(text.splitlines()) > 1 or text.endswith(("\n", "\r"))
-    flat = " ".join(text.splitlines()) if several else text
-    if len(flat) > limit:
-        flat = f"{flat[:limit]}… ({len(flat) - limit} more characters)"
-    return flat
+def one_line(text: str, limit: "int | None" = 2000) -> str:
+    """``text`` as nvshim shows or journals a value it does not control: on one line, with
+    every character :meth:`str.isprintable` rejects escaped the way ``repr`` writes it
+    (``\\n``, ``\\r``, ``\\t``, ``\\x1b``, ``\\x85``, ``\\u2028``, ``\\u202e``, ``\\ud800``: C0
+    and C1 controls, DEL, line and paragraph separators, bidi and other format characters,
+    lone surrogates), and past ``limit`` characters cut to ``limit`` with
+    ``… (N more characters)`` at the end.
+
+    The one helper for container-controlled text in the journals, the tables and error
+    lines, so that no value can forge a line (or a column) of what an operator reads. A
+    backslash is kept as it is, so the helper is idempotent: what it returns, it returns
+    unchanged (a record journaled escaped and shown again is not escaped twice).
+    """
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if limit is not None and len(text) > limit:
+        keep = max(limit - 40, 0)  # the marker below is at most 40 characters
+        text = f"{text[:keep]}… ({len(text) - keep} more characters)"[:limit]
+    return text
 
 
 class NvshimError(Exception):

@@ -42,7 +42,7 @@ import os
 import sys
 
 from nvshim._ocistate import container_root, read_state
-from nvshim.errors import HostError, NvshimError, host_error
+from nvshim.errors import HostError, NvshimError, host_error, one_line
 from nvshim.host import inroot as _inroot
 from nvshim.runtime.hookargs import build_hook_args, parse_hook_cli
 from nvshim.runtime.rootcache import LDCACHE, LDCONF, LDCONF_DROPIN, update_ldcache
@@ -151,7 +151,7 @@ def _apply(root: _inroot.RootFd, rootfs: str, args: Any) -> None:
                 write_egl_profile(root, rootfs, minors)
         if args.folder:
             for line in update_ldcache(root, args.folder, None, args.host_driver_version):
-                sys.stderr.write(f"{_PREFIX}warning: {line}\n")
+                sys.stderr.write(f"{_PREFIX}warning: {one_line(line)}\n")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,11 @@ def grants(config_file: Optional[str], journal: Optional[str], fmt: str,
     --denied lists, oldest first, every container that asked for GPUs and got none: its
     request stripped (created without them) or its create refused, with the reason the
     runtime gave and what it asked. They are kept in the grant journal's sibling
-    (grants.jsonl -> grants.denied.jsonl), newest half kept past grants-journal-max-bytes.
+    (grants.jsonl -> grants.denied.jsonl); past grants-journal-max-bytes every tenant
+    (namespace) keeps its newest records first, so one tenant cannot push out the others.
+
+    Every value a container controls is shown with its control characters escaped
+    (\\n, \\r, \\x1b, \\u202e ...): no record can add a line or a column.
     """
     from nvshim.cli.readonly import grants as run_grants
 

@@ -10,6 +10,8 @@ import json
 import time
 from typing import TYPE_CHECKING, List, Sequence
 
+from nvshim.errors import one_line
+
 if TYPE_CHECKING:
     from nvshim.runtime.denials import Denial
 
@@ -22,18 +24,20 @@ def _when(t: float) -> str:
 
 def render_denied_table(denials: Sequence[Denial]) -> str:
     """One row per record, oldest first: when, the container id, the pod's container,
-    stripped or refused, what it asked; the reason on the line below each row (it is long)."""
+    stripped or refused, what it asked; the reason on the line below each row (it is long).
+    Every value is :func:`~nvshim.errors.one_line` (escaped, cut): a record cannot add a
+    line or a column, whoever wrote the journal."""
     rows = [("TIME", "CONTAINER", "POD", "ACTION", "ASKED")]
     for d in denials:
         pod = f"{d.namespace}/{d.pod}/{d.container}" if d.pod else "-"
-        rows.append((_when(d.time), d.container_id or "-", pod, d.action,
-                     ", ".join(d.asked) or "-"))
+        rows.append((_when(d.time), one_line(d.container_id or "-"), one_line(pod),
+                     one_line(d.action), one_line(", ".join(d.asked) or "-")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines: List[str] = []
     for n, row in enumerate(rows):
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         if n:
-            lines.append(f"  reason: {denials[n - 1].reason}")
+            lines.append(f"  reason: {one_line(denials[n - 1].reason)}")
     return "\n".join(lines)
 
 

@@ -90,6 +90,7 @@ import os
 from typing import List, Sequence
 
 from nvshim.config import Config
+from nvshim.errors import one_line
 from nvshim.node.doctor_config import (
     check_allocation_trust,
     check_compiled_config,
@@ -177,7 +178,9 @@ def render_text(findings: Sequence[Finding]) -> str:
         line = f"{_LABELS[f.status]:<6}{f.check}: {f.message}"
         if f.fix and f.status in ("warn", "fail"):
             line += f" — fix: {f.fix}"
-        lines.append(" ".join(line.split("\n")))
+        # our own line breaks read as spaces; any other control character (a file's text
+        # holding ESC or \r) is escaped: a finding is one line of what the operator reads
+        lines.append(one_line(" ".join(line.split("\n")), None))
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from nvshim import _jsonc
 from nvshim._record import dataclass
+from nvshim.errors import one_line
 from nvshim.runtime.grants import Grant, container_exists
 
 TYPE_CHECKING = False
@@ -183,21 +184,24 @@ def render_table(holders: Sequence[Holder], indices: Optional[Mapping[str, str]]
     GPU now) and UUID; a GPU held twice without sharing is marked CONFLICT."""
     indices = indices or {}
     clash = conflicts(holders)
-    rows = [("GPU", "UUID", "CONTAINER", "POD", "SOURCE", "VERIFIED", "STATUS", "NOTE")]
+    rows: List[Tuple[str, ...]] = [
+        ("GPU", "UUID", "CONTAINER", "POD", "SOURCE", "VERIFIED", "STATUS", "NOTE")]
     for h in holders:
         g = h.grant
         for gpu in g.gpus:
             note = _note(gpu, h, holders, clash)
-            rows.append((indices.get(gpu, "?"), gpu, g.container_id, _who(g), g.source,
-                         g.verified, h.status, note))
+            row = (indices.get(gpu, "?"), gpu, g.container_id, _who(g), g.source,
+                   g.verified, h.status, note)
+            rows.append(tuple(one_line(c) for c in row))  # no record adds a line or column
     rows[1:] = sorted(rows[1:], key=lambda r: (_index_order(r[0]), r))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     if clash:
         lines.append("")
         for gpu, hs in sorted(clash.items()):
-            lines.append(f"conflict: {gpu} is held by {len(hs)} live containers without "
-                         "time-slicing: " + ", ".join(h.grant.container_id for h in hs))
+            lines.append(one_line(f"conflict: {gpu} is held by {len(hs)} live containers "
+                                  "without time-slicing: "
+                                  + ", ".join(h.grant.container_id for h in hs), None))
     return "\n".join(lines)
 
 

@@ -259,7 +259,15 @@ def render_text(plan: Plan, config: Config) -> str:
     """The summary, a blank line and the details (no diff, no trailing newline); the
     details are left out when there are none."""
     details = render_details(plan)
-    return "\n".join(render_summary(plan, config) + ([""] + details if details else []))
+    return _shown(render_summary(plan, config) + ([""] + details if details else []))
+
+
+def _shown(lines: Sequence[str]) -> str:
+    """The lines joined, each :func:`~nvshim.errors.one_line` (escaped, cut): a value from
+    the bundle or a journal (an env value, an annotation, a reason) adds no line."""
+    from nvshim.errors import one_line
+
+    return "\n".join(one_line(line) for line in lines)
 
 
 # --- a live bundle: config.json already rewritten by nvshim-runtime --------------------------
@@ -359,4 +367,4 @@ def render_live(summary: Dict[str, Any]) -> str:
     out.append(f"nvshim mark:   {summary['mark']}")
     out.append("config.json:   already rewritten by nvshim-runtime (live bundle): not planned "
                "again")
-    return "\n".join(out)
+    return _shown(out)

@@ -9,8 +9,20 @@ asked, and who it is. ``nvshim grants --denied`` shows them.
 The file is the grant journal's sibling: ``grants.jsonl`` → ``grants.denied.jsonl`` in the
 same directory (:func:`denials_path`), written the grant journal's way (one ``write()`` of
 one whole line under the directory's ``flock``, not fsynced; see
-:mod:`nvshim.runtime.grants`). It is a history, not a state: past
-``grants-journal-max-bytes`` the appender keeps the newest half of it.
+:mod:`nvshim.runtime.grants`). It is a history, not a state, bounded so that no tenant
+can erase the others' records:
+
+- what the container controls is :func:`~nvshim.runtime.grants.journaled` (escaped, and
+  cut: names to 253 characters, the reason to 1024, each of at most :data:`ASKED_MAX`
+  asked entries to :data:`ASKED_ENTRY_MAX`), so one record stays a few KiB whatever the
+  pod's env, annotations or mounts hold;
+- past ``grants-journal-max-bytes`` the appender rewrites it (:func:`compact_denials`)
+  keeping records in turns: the newest record of every tenant (a Kubernetes namespace, or
+  a container id outside Kubernetes), then every tenant's second newest, and so on,
+  while they fit in half the limit; and the first :data:`KEEP_RECORDS` records of that
+  order whatever their size. A tenant denied again and again pushes out only its own
+  older records: the others keep at least ``KEEP_RECORDS // 2`` (32) of theirs, or all of
+  them when they have fewer.
 """
 
 from __future__ import annotations
@@ -22,17 +34,26 @@ from nvshim._record import dataclass
 
 TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
-    from typing import Any, List, Mapping, Optional, Tuple
+    from typing import Any, Dict, List, Mapping, Optional, Tuple
 
     from nvshim.runtime.claim import Claim
     from nvshim.runtime.identity import Identity
     from nvshim.runtime.plan import Plan
 
 __all__ = ["Denial", "denials_path", "append_denial", "read_denials", "asked_of",
-           "strip_reason", "identity_fields", "DENIAL_VERSION"]
+           "strip_reason", "identity_fields", "compact_denials", "DENIAL_VERSION",
+           "ASKED_MAX", "ASKED_ENTRY_MAX", "KEEP_RECORDS"]
 
 DENIAL_VERSION = 1
 _SUFFIX = ".denied.jsonl"
+#: The most ``asked`` entries a record keeps (one per way of asking: the env, each
+#: device-plugin volume mount, each CDI annotation); the last says how many more there were.
+ASKED_MAX = 16
+#: The longest ``asked`` entry a record keeps (eight GPU UUIDs in one env value fit).
+ASKED_ENTRY_MAX = 512
+#: Compaction keeps the first this many records of its fair order whatever their size:
+#: every other tenant keeps at least half of them (see the module docstring).
+KEEP_RECORDS = 64
 
 
 def denials_path(grants_journal: str) -> str:
@@ -63,12 +84,19 @@ class Denial:
     container: str = ""
 
     def to_line(self) -> bytes:
+        """The record's JSON line, what the container controls (its reason, what it asked,
+        its pod's names) :func:`~nvshim.runtime.grants.journaled`: escaped and cut."""
+        from nvshim.runtime.grants import VALUE_MAX, journaled
+
+        asked = [journaled(a, ASKED_ENTRY_MAX) for a in self.asked[:ASKED_MAX]]
+        if len(self.asked) > ASKED_MAX:
+            asked[-1] = f"… and {len(self.asked) - ASKED_MAX + 1} more"
         doc = {
             "v": DENIAL_VERSION, "t": round(self.time, 3), "id": self.container_id,
             "root": self.root, "runtime": self.runtime, "bundle": self.bundle,
-            "action": self.action, "reason": self.reason, "asked": list(self.asked),
-            "namespace": self.namespace, "pod": self.pod, "pod_uid": self.pod_uid,
-            "container": self.container,
+            "action": self.action, "reason": journaled(self.reason, VALUE_MAX),
+            "asked": asked, "namespace": journaled(self.namespace), "pod": journaled(self.pod),
+            "pod_uid": journaled(self.pod_uid), "container": journaled(self.container),
         }
         return (_jsonc.dumps(dict(sorted(doc.items())), separators=(",", ":")) + "\n").encode()
 
@@ -90,6 +118,12 @@ class Denial:
                        reason=str(doc["reason"]), asked=tuple(asked), **strings)
         except (KeyError, TypeError, ValueError):
             return None
+
+    @property
+    def tenant(self) -> str:
+        """Whose share of the journal the record is in: the Kubernetes namespace, else the
+        container id (a tenant can make any number of pods: per-pod shares would be none)."""
+        return f"namespace {self.namespace}" if self.pod else f"container {self.container_id}"
 
     @property
     def who(self) -> str:
@@ -127,33 +161,65 @@ def strip_reason(plan: Plan) -> Optional[str]:
     return "; ".join(ignored) or "no GPU granted"
 
 
-def _keep_newest_half(max_bytes: int) -> Any:
+def compact_denials(data: bytes, budget: int) -> bytes:
+    """The denial journal ``data`` after a compaction: its records in turns, the newest of
+    every tenant first (newest tenants first), then each one's second newest, and so on,
+    kept while they fit in ``budget`` bytes, and at least the first :data:`KEEP_RECORDS`
+    of that order whatever their size; written back oldest first, each as this version
+    writes it (a record journaled uncut by an older nvshim is cut now). Lines that are no
+    record (a torn last line, a foreign one) go."""
+    records = [(d.to_line(), d) for d in (_parse(raw) for raw in data.split(b"\n")[:-1])
+               if d is not None]
+    depth: Dict[str, int] = {}
+    order: List[Tuple[int, int]] = []  # (turn, -position): a tenant's n-th newest: turn n
+    for position in range(len(records) - 1, -1, -1):
+        tenant = records[position][1].tenant
+        turn = depth[tenant] = depth.get(tenant, -1) + 1
+        order.append((turn, -position))
+    order.sort()
+    kept: List[int] = []
+    size = 0
+    for n, (_, negative) in enumerate(order):
+        size += len(records[-negative][0])
+        if n >= KEEP_RECORDS and size > budget:
+            break
+        kept.append(-negative)
+    return b"".join(records[i][0] for i in sorted(kept))
+
+
+def _keep_in_turns(max_bytes: int) -> Any:
     def compact(path: str) -> bool:
         from nvshim.files import write_atomic
         from nvshim.runtime.grants import read_journal_bytes
 
         data = read_journal_bytes(path) or b""
-        lines = data.split(b"\n")[:-1]  # a torn last line goes
-        kept: List[bytes] = []
-        size = 0
-        for line in reversed(lines):
-            if size + len(line) + 1 > max_bytes // 2:
-                break
-            kept.append(line + b"\n")
-            size += len(line) + 1
-        write_atomic(path, b"".join(reversed(kept)))
+        kept = compact_denials(data, max_bytes // 2)
+        if len(data) - len(kept) < len(data) // 4:
+            return False  # cannot shrink by a quarter (every record is protected): append
+        write_atomic(path, kept)
         return True
 
     return compact
 
 
 def append_denial(path: str, denial: Denial, max_bytes: int) -> Optional[str]:
-    """Append one record; past ``max_bytes`` keep the newest half first. Returns a
-    warning when that failed (the record is appended all the same)."""
+    """Append one record; past ``max_bytes`` compact the journal first
+    (:func:`compact_denials`, to half of it). Returns a warning when that failed (the record
+    is appended all the same); HostError when the record cannot be appended."""
     from nvshim.runtime.grants import append_line
 
-    return append_line(path, denial.to_line(), max_bytes, _keep_newest_half(max_bytes),
+    return append_line(path, denial.to_line(), max_bytes, _keep_in_turns(max_bytes),
                        "denial")
+
+
+def _parse(raw: bytes) -> Optional[Denial]:
+    if not raw.strip():
+        return None
+    try:
+        doc = _jsonc.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return Denial.from_doc(doc) if isinstance(doc, dict) else None
 
 
 def read_denials(path: str) -> Optional[List[Denial]]:
@@ -163,18 +229,8 @@ def read_denials(path: str) -> Optional[List[Denial]]:
     data = read_journal_bytes(path)
     if data is None:
         return None
-    out: List[Denial] = []
-    for raw in data.split(b"\n")[:-1]:
-        if not raw.strip():
-            continue
-        try:
-            doc = _jsonc.loads(raw)
-        except (ValueError, RecursionError):
-            continue
-        denial = Denial.from_doc(doc) if isinstance(doc, dict) else None
-        if denial is not None:
-            out.append(denial)
-    return out
+    records = (_parse(raw) for raw in data.split(b"\n")[:-1])
+    return [d for d in records if d is not None]
 
 
 def identity_fields(identity: Optional[Identity]) -> Mapping[str, str]:

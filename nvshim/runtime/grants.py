@@ -35,7 +35,7 @@ import stat
 
 from nvshim import _jsonc
 from nvshim._record import dataclass
-from nvshim.errors import HostError
+from nvshim.errors import HostError, one_line
 
 # Appending a grant is on every GPU create: typing, json, subprocess and time are imported
 # only by the code that reads, compacts or queries (their cost: BENCHMARKS.md, figures).
@@ -50,6 +50,9 @@ __all__ = [
     "container_exists",
     "default_root",
     "RECORD_VERSION",
+    "NAME_MAX",
+    "VALUE_MAX",
+    "journaled",
 ]
 
 RECORD_VERSION = 1
@@ -57,6 +60,20 @@ RECORD_VERSION = 1
 #: directory yet (the runtime journals before runc creates it).
 _YOUNG_S = 120.0
 _DEFAULT_ROOTS = {"runc": "/run/runc", "crun": "/run/crun"}
+
+#: The longest name a record keeps (a pod, namespace, container, UID, GPU, claim): a
+#: Kubernetes object name's own limit, so the kubelet's names are never cut.
+NAME_MAX = 253
+#: The longest other container-controlled text a record keeps (a denial's reason).
+VALUE_MAX = 1024
+
+
+def journaled(text: str, limit: int = NAME_MAX) -> str:
+    """What a record keeps of a value the container controls (its pod's names, what it
+    asked, a reason quoting its env): escaped and cut by :func:`nvshim.errors.one_line`,
+    so that no container can forge a line of the journal's readers or fill the journal
+    with one value."""
+    return one_line(text, limit)
 
 
 def default_root(runtime: str) -> str:
@@ -92,15 +109,20 @@ class Grant:
     several containers is no conflict. Written only when there are some."""
 
     def to_line(self) -> bytes:
+        """The record's JSON line. What the container controls (the pod's names, the GPU
+        and claim names it led to) is :func:`journaled`; the engine's values (id, root,
+        runtime, bundle: liveness is read from them) are written as given."""
         doc = {
             "v": RECORD_VERSION, "t": round(self.time, 3), "id": self.container_id,
             "root": self.root, "runtime": self.runtime, "bundle": self.bundle,
-            "source": self.source, "gpus": list(self.gpus), "shared": self.shared,
-            "verified": self.verified, "namespace": self.namespace, "pod": self.pod,
-            "pod_uid": self.pod_uid, "container": self.container,
+            "source": self.source, "gpus": [journaled(g) for g in self.gpus],
+            "shared": self.shared, "verified": self.verified,
+            "namespace": journaled(self.namespace), "pod": journaled(self.pod),
+            "pod_uid": journaled(self.pod_uid), "container": journaled(self.container),
         }
         if self.claims:
-            doc["claims"] = {claim: list(uuids) for claim, uuids in self.claims}
+            doc["claims"] = {journaled(claim): [journaled(u) for u in uuids]
+                             for claim, uuids in self.claims}
         ordered = dict(sorted(doc.items()))  # json.dumps(sort_keys=True) of a flat record
         return (_jsonc.dumps(ordered, separators=(",", ":")) + "\n").encode()
 

@@ -44,8 +44,11 @@ def _log_line(level: str, text: str, log: str, log_format: Optional[str]) -> Non
 
 
 def report_error(message: str, log: Optional[str], log_format: Optional[str]) -> None:
-    """Write one error line to runc's ``--log`` (JSON or text) and one to stderr."""
-    text = f"nvshim: {message}"
+    """Write one error line to runc's ``--log`` (JSON or text) and one to stderr, the
+    container's values in it escaped and cut (:func:`nvshim.errors.one_line`)."""
+    from nvshim.errors import one_line
+
+    text = f"nvshim: {one_line(message)}"
     if log:
         _log_line("error", text, log, log_format)
     sys.stderr.write(text + "\n")
@@ -53,9 +56,12 @@ def report_error(message: str, log: Optional[str], log_format: Optional[str]) ->
 
 
 def report_warning(message: str, log: Optional[str], log_format: Optional[str]) -> None:
-    """One warning line in runc's ``--log`` only: during create stderr is the container's."""
+    """One warning line in runc's ``--log`` only: during create stderr is the container's.
+    Escaped and cut like an error line."""
     if log:
-        _log_line("warning", f"nvshim: {message}", log, log_format)
+        from nvshim.errors import one_line
+
+        _log_line("warning", f"nvshim: {one_line(message)}", log, log_format)
 
 
 class DebugLog:

@@ -93,8 +93,9 @@ def _record_grant(plan: Plan, config: Config, inv: Invocation, bundle: str,
 def _record_denial(config: Config, inv: Invocation, bundle: str, runtime: Optional[str],
                    action: str, reason: str, plan: Optional[Plan] = None) -> None:
     """Append to the denial journal (beside the grant journal) that this container was
-    ``stripped`` of the GPUs it asked for or ``refused``; a record that cannot be written
-    is a warning, never the create's failure."""
+    ``stripped`` of the GPUs it asked for or ``refused``. Record or fail, as for a grant:
+    HostError when the record cannot be written (a stripped create then fails; a refusal's
+    error line says its record is missing). A compaction that failed is a warning."""
     import time
 
     from nvshim.errors import NvshimError
@@ -127,11 +128,8 @@ def _record_denial(config: Config, inv: Invocation, bundle: str, runtime: Option
         action=action, reason=reason, asked=asked_of(claim) if claim is not None else (),
         **identity_fields(identity),
     )
-    try:
-        warning = append_denial(denials_path(config.grants_journal), denial,
-                                config.grants_journal_max_bytes)
-    except NvshimError as exc:
-        warning = str(exc)
+    warning = append_denial(denials_path(config.grants_journal), denial,
+                            config.grants_journal_max_bytes)
     if warning is not None:
         _warn(warning, inv)
 
@@ -266,9 +264,13 @@ def main(argv: Optional[List[str]] = None) -> None:
                 log.error("create failed", error=str(exc))
             from nvshim.errors import RequestError
 
+            message = str(exc)
             if isinstance(exc, RequestError) and config.grants_journal and bundle is not None:
-                _record_denial(config, inv, bundle, runtime, "refused", str(exc))
-            _fail(str(exc), inv)
+                try:
+                    _record_denial(config, inv, bundle, runtime, "refused", message)
+                except NvshimError as unrecorded:
+                    message = f"{message} (not recorded: {unrecorded})"
+            _fail(message, inv)
         except Exception as exc:  # noqa: BLE001 - last resort: one line, never a traceback
             if log is not None:
                 log.error("create failed", error=repr(exc))

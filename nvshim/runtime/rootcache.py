@@ -37,6 +37,7 @@ controls this directory, so its symlinks cannot lead the check (or the cache) ou
 
 from __future__ import annotations
 
+import errno
 import os
 
 from nvshim.errors import NvshimError, host_error
@@ -60,6 +61,8 @@ __all__ = [
     "COMPAT_DIR",
     "LDCACHE",
     "LDCACHE_MAX_BYTES",
+    "LDCACHE_HOOK_MAX_BYTES",
+    "LargeImageCache",
     "LDCONF",
     "LDCONF_DROPIN",
     "MAX_FOLDER_LIBS",
@@ -74,10 +77,21 @@ LDCACHE = "/etc/ld.so.cache"
 LDCONF = "/etc/ld.so.conf"
 LDCONF_DROPIN = "/etc/ld.so.conf.d/00-nvshim.conf"
 _LDCONF_DEFAULT = b"include /etc/ld.so.conf.d/*.conf\n"
-#: The largest image ld.so.cache read. Real caches are tens to a few hundred KiB; each entry
-#: costs ~10 µs and ~1 KB to parse, merge and sort, so inroot's general 64 MiB bound let an
-#: image hold every GPU create of it for ~40 s and ~1.8 GB (2 million tiny entries).
+#: The largest image ld.so.cache the runtime reads (host root, in the engine's cgroup).
+#: Caches are tens to a few hundred KiB, a few MiB for images with tens of thousands of
+#: libraries; each entry costs ~10 µs and ~1 KB to parse, merge and sort, so inroot's
+#: general 64 MiB bound let an image hold every GPU create of it for ~40 s and ~1.8 GB
+#: (2 million tiny entries). A larger cache is the createContainer hook's
+#: (:class:`LargeImageCache`).
 LDCACHE_MAX_BYTES = 4 << 20
+#: The largest image ld.so.cache the hook reads: it runs in the container's cgroup, so an
+#: image with a large cache pays for it in its own memory and start-up, not the engine's.
+LDCACHE_HOOK_MAX_BYTES = 64 << 20
+
+
+class LargeImageCache(NvshimError):
+    """The image's ld.so.cache is larger than the runtime reads: the createContainer hook
+    merges it (a signal :func:`nvshim.runtime.rootwork.prepare` turns into its fallback)."""
 
 #: The most image libraries one folder's scan opens. Real library folders hold a few
 #: thousand; each costs an open, an ELF header and a SONAME read (~50 us) and a cache entry,
@@ -326,9 +340,11 @@ def update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
     (:func:`compat_folder`).
 
     With *planned* (the runtime, which runs as host root in the engine's cgroup) a folder
-    holding more than :data:`MAX_FOLDER_LIBS` of the image's libraries is not scanned; the
+    holding more than :data:`MAX_FOLDER_LIBS` of the image's libraries is not scanned, and
+    an image cache over :data:`LDCACHE_MAX_BYTES` raises :class:`LargeImageCache`; the
     hook (``planned`` None) runs in the container's cgroup, where the image pays for its
-    own folders, and cannot tell the mounted driver files from the image's: it scans all.
+    own folders and cache: it scans all, and reads a cache of up to
+    :data:`LDCACHE_HOOK_MAX_BYTES`.
     """
     if host_driver_version:
         compat = compat_folder(root, host_driver_version)
@@ -351,7 +367,15 @@ def _update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
     if _inroot.read_file(root, LDCONF) is None:
         _inroot.write_file_atomic(root, LDCONF, _LDCONF_DEFAULT, 0o644, durable=False)
 
-    old = _inroot.read_file(root, LDCACHE, LDCACHE_MAX_BYTES)
+    bound = LDCACHE_MAX_BYTES if limit is not None else LDCACHE_HOOK_MAX_BYTES
+    try:
+        old = _inroot.read_file(root, LDCACHE, bound)
+    except OSError as exc:
+        if exc.errno == errno.EFBIG and bound < LDCACHE_HOOK_MAX_BYTES:
+            raise LargeImageCache(
+                f"the image's {LDCACHE} is larger than the {bound} bytes nvshim-runtime reads "
+                "(merged by the createContainer hook, in the container's cgroup)") from exc
+        raise
     existing: Sequence[CacheEntry] = ()
     if old:
         try:

@@ -18,7 +18,8 @@ code and the same guarantees (every path resolved inside the rootfs by
     as the fallback when the host cannot write the rootfs: a read-only mount (a read-only
     bind, squashfs), ``EROFS``/``EACCES``/``EPERM`` at the attempt, a rootfs that is a
     symlink, or a mount in config.json that covers a path we would write (the container
-    would not see what was written underneath it).
+    would not see what was written underneath it); and for an image ld.so.cache larger
+    than the runtime reads (the hook merges it in the container's cgroup).
 ``nobody`` (:data:`NOBODY`)
     a rootfs that is the host's ``/`` (by any path or symlink): its files are the host's,
     and neither process writes them.
@@ -53,6 +54,7 @@ from nvshim.runtime.rootcache import (
     LDCACHE,
     LDCONF,
     LDCONF_DROPIN,
+    LargeImageCache,
     elf_info,
     lib_name,
     update_ldcache,
@@ -328,6 +330,8 @@ def prepare(rootfs: str, work: RootWork) -> List[str]:
             if not work.folders:
                 return []
             return update_ldcache(root, work.folders, work.planned, work.host_driver_version)
+        except LargeImageCache as exc:
+            raise Fallback(str(exc)) from exc
         except HostError as exc:
             cause = exc.__cause__
             if isinstance(cause, OSError) and cause.errno in _NOT_WRITABLE:

@@ -45,13 +45,19 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["NumberLiteral", "MAX_DEPTH", "BOM", "decode_spec", "encode_spec", "dumps",
-           "SpecDepthError", "SpecDuplicateKeyError", "read_spec", "runc_keys"]
+__all__ = ["NumberLiteral", "MAX_DEPTH", "MAX_SPEC_BYTES", "BOM", "decode_spec", "encode_spec",
+           "dumps", "SpecDepthError", "SpecDuplicateKeyError", "read_spec", "runc_keys"]
 
 BOM = b"\xef\xbb\xbf"
 
 #: Deepest nesting nvshim handles (objects and arrays); deeper specs fail with one line.
 MAX_DEPTH = 200
+
+#: The largest config.json nvshim reads; a larger one fails the create in one line, before
+#: it is read whole. Engines write tens of KiB (a pod's whole spec is under etcd's 1.5 MiB);
+#: a 200 MB config.json held a create for 12 s and 1.5 GB, while reading and decoding 16 MiB
+#: of env entries takes 0.4 s and 70 MB here, and a larger file is refused in 0.2 s.
+MAX_SPEC_BYTES = 16 << 20
 
 #: Python refuses int() of longer digit strings (sys.get_int_max_str_digits, 4300).
 _INT_DIGITS = 4000
@@ -335,7 +341,8 @@ def read_spec(bundle: str) -> Tuple[str, bytes, Dict[str, Any]]:
 
 
 def _read_regular(path: str) -> bytes:
-    """The bytes of ``path`` if it is a regular file; never blocks on a FIFO or device."""
+    """The bytes of ``path`` if it is a regular file of at most :data:`MAX_SPEC_BYTES`;
+    never blocks on a FIFO or device."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except FileNotFoundError as exc:
@@ -348,8 +355,12 @@ def _read_regular(path: str) -> bytes:
             kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
             raise SpecError(f"cannot read {path}: {kind}")
         with open(fd, "rb", closefd=False) as fh:
-            return fh.read()
+            raw = fh.read(MAX_SPEC_BYTES + 1)  # never more, even if it grows meanwhile
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
     finally:
         os.close(fd)
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(f"cannot read {path}: larger than the {MAX_SPEC_BYTES} bytes nvshim "
+                        f"reads ({MAX_SPEC_BYTES >> 20} MiB)")
+    return raw

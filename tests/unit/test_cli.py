@@ -178,7 +178,8 @@ def test_an_unexpected_error_is_one_line_and_its_traceback_under_debug(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A bug (an exception that is no NvshimError) is one `internal error` line naming the
-    exception, exit 1, and how to see more; --debug shows the traceback."""
+    exception (a line break in it escaped), exit 1, and how to see more; --debug shows the
+    traceback."""
     def broken(*args: object, **kwargs: object) -> None:
         raise ValueError("boom\nsecond line")
 
@@ -186,11 +187,11 @@ def test_an_unexpected_error_is_one_line_and_its_traceback_under_debug(
     args = ["system", "create-dev-char-symlinks", "--dev-root", str(tmp_path)]
     code, out, err = run_cli(args, capsys)
     assert (code, out) == (1, "")
-    assert err == ("nvshim: internal error: ValueError: boom second line "
+    assert err == ("nvshim: internal error: ValueError: boom\\nsecond line "
                    "(nvshim --debug shows the traceback)\n")
     code, _, err = run_cli(["--debug", *args], capsys)
     assert code == 1 and "Traceback (most recent call last):" in err and "in broken" in err
-    assert err.splitlines()[-1] == "nvshim: internal error: ValueError: boom second line"
+    assert err.splitlines()[-1] == "nvshim: internal error: ValueError: boom\\nsecond line"
 
 
 @needs_root

@@ -496,3 +496,72 @@ def test_commit_returns_the_hook_fallback_and_leaves_the_plan_as_it_was(node: di
     assert any(is_nvshim_hook(h) for h in plan.grant.edits.hooks)
     assert any("nvshim.hook" in " ".join(h.get("args", []))
                for h in written["hooks"]["createContainer"])
+
+
+# --- config.json is read up to a bound ------------------------------------------------------
+
+
+def test_a_config_json_over_the_size_bound_is_one_line_and_byte_identical(
+        node: dict, tmp_path: Path) -> None:
+    """A config.json one byte over MAX_SPEC_BYTES (16 MiB; a 200 MB one cost 1.5 GB and 12 s)
+    fails the create in one line naming the file and the limit, without being read whole,
+    config.json byte-identical and runc not run; one at the bound is created as always; the
+    other reader of config.json (`nvshim inspect`) refuses it with the same line."""
+    from nvshim.runtime.specjson import MAX_SPEC_BYTES
+
+    head = GPU_SPEC + b',"annotations":{"pad":"'
+    at_bound = head + b"x" * (MAX_SPEC_BYTES - len(head) - 3) + b'"}}'
+    assert len(at_bound) == MAX_SPEC_BYTES
+    bundle = make_bundle(tmp_path, at_bound, "at-bound")
+    res = runtime_create(node, bundle)
+    assert res.returncode == 0, res.stderr
+    over = head + b"x" * (MAX_SPEC_BYTES - len(head) - 2) + b'"}}'
+    bundle = make_bundle(tmp_path, over, "over")
+    (node["base"] / "recorded").unlink(missing_ok=True)
+    res = runtime_create(node, bundle)
+    assert res.returncode == 1
+    spec = bundle / "config.json"
+    assert res.stderr.decode() == (f"nvshim: cannot read {spec}: larger than the "
+                                   f"{MAX_SPEC_BYTES} bytes nvshim reads (16 MiB)\n")
+    assert spec.read_bytes() == over and not (node["base"] / "recorded").exists()
+    out = nvshim_cli("inspect", "--bundle", str(bundle), "--config", str(node["config"]))
+    assert out.returncode == 1 and out.stderr.endswith("larger than the "
+                                                        f"{MAX_SPEC_BYTES} bytes nvshim reads (16 MiB)\n")
+
+
+def test_an_image_ld_so_cache_over_4_mib_is_merged_by_the_hook(node: dict,
+                                                                tmp_path: Path) -> None:
+    """An image whose /etc/ld.so.cache lists ~60,000 libraries (over the runtime's 4 MiB)
+    no longer fails the GPU create: the runtime leaves the cache to the createContainer
+    hook (in the container's cgroup) and says why, and the hook's cache keeps every image
+    entry beside the driver's."""
+    import shutil
+
+    from nvshim.host import inroot
+    from nvshim.host.ldcache import FLAG_X8664_LIBC6, CacheEntry, build_ldcache, parse_ldcache
+    from nvshim.runtime.create import commit
+    from nvshim.runtime.rootcache import LDCACHE_MAX_BYTES, update_ldcache
+
+    bundle, plan = _planned(node, tmp_path)
+    entries = [CacheEntry(f"libimage{i}.so.1", f"/opt/image/lib/libimage{i}.so.1.0.{i}",
+                          FLAG_X8664_LIBC6) for i in range(60_000)]
+    image_cache = build_ldcache(entries)
+    assert len(image_cache) > LDCACHE_MAX_BYTES
+    cache = bundle / "rootfs" / "etc" / "ld.so.cache"
+    cache.write_bytes(image_cache)
+    done = commit(plan)
+    assert done.written and done.rootfs.by == "hook"
+    assert done.rootfs.why == (f"the image's /etc/ld.so.cache is larger than the "
+                               f"{LDCACHE_MAX_BYTES} bytes nvshim-runtime reads (merged by the "
+                               "createContainer hook, in the container's cgroup)")
+    assert cache.read_bytes() == image_cache
+    assert plan.rootfs.work is not None
+    for mount in plan.grant.edits.mounts:  # what runc mounts before the hook runs
+        target = bundle / "rootfs" / mount.container_path.lstrip("/")
+        if str(target.parent).endswith(tuple(plan.rootfs.work.folders)) and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(mount.host_path, target)
+    with inroot.open_root(str(bundle / "rootfs")) as root:  # what the hook then does
+        update_ldcache(root, plan.rootfs.work.folders)
+    merged = {e.key for e in parse_ldcache(cache.read_bytes())}
+    assert {"libimage0.so.1", "libimage59999.so.1", "libcuda.so.1"} <= merged

@@ -500,3 +500,11 @@ def test_help_shows_file_and_dir_metavars(capsys: pytest.CaptureFixture[str]) ->
                             ("--trampoline", "FILE"), ("--driver-root", "DIR"),
                             ("--dev-root", "DIR")):
         assert words[words.index(option) + 1] == metavar, option
+
+
+def test_text_format_escapes_control_characters_of_a_finding() -> None:
+    """A finding quoting a file's text (ESC, \\r, a bidi override, U+2028) is one line with
+    them escaped; its own line breaks read as spaces."""
+    findings = [Finding("a", "warn", "wrapper line \x1b[2K\rok\u202e\u2028", "fix\nit")]
+    assert doctor.render_text(findings).split("\n") == [
+        "warn  a: wrapper line \\x1b[2K\\rok\\u202e\\u2028 — fix: fix it"]

@@ -27,3 +27,28 @@ def test_spec_error_in_file_names_another_file_without_touching_text() -> None:
     # a detail that itself starts with "config.json: " is kept as it is
     tricky = SpecError("config.json: x", SPEC_FILE).in_file("/b/config.json")
     assert str(tricky) == "/b/config.json: config.json: x"
+
+
+def test_one_line_escapes_every_control_character_and_is_idempotent() -> None:
+    """The one helper for container-controlled text escapes C0/C1 controls, DEL, ESC, line
+    and paragraph separators, bidi controls and lone surrogates as repr does, keeps
+    backslashes and printable text, cuts past its limit, and changes nothing it returned."""
+    from nvshim.errors import one_line
+
+    hostile = "a\nb\rc\td\x1b[31me\x7f\x85\u2028\u2029\u202e\u2066\u200f\ud800\\n é 日本"
+    shown = one_line(hostile)
+    assert shown == ("a\\nb\\rc\\td\\x1b[31me\\x7f\\x85\\u2028\\u2029\\u202e\\u2066\\u200f"
+                     "\\ud800\\n é 日本")
+    assert shown.isprintable() and one_line(shown) == shown
+    cut = one_line("v" * 300_000 + "\n", 253)
+    assert len(cut) <= 253 and cut.endswith("more characters)") and one_line(cut, 253) == cut
+    assert one_line("x" * 5000, None) == "x" * 5000
+
+
+def test_an_error_quoting_a_container_value_is_one_escaped_line() -> None:
+    """An NvshimError quoting a value the container wrote (ESC, CR, a bidi override) prints
+    it escaped, on one line."""
+    from nvshim.errors import RequestError
+
+    text = str(RequestError('unknown device "0\r\x1b[2Kgranted\u202e"'))
+    assert text == 'unknown device "0\\r\\x1b[2Kgranted\\u202e"'

@@ -444,3 +444,48 @@ def test_a_directory_as_journal_is_refused_by_the_writer(tmp_path: Path) -> None
     (tmp_path / "grants.jsonl").mkdir()
     with pytest.raises(HostError, match="cannot record the grant"):
         append_grant(str(tmp_path / "grants.jsonl"), grant("c1"), 1 << 20)
+
+
+#: What a container controls, as an attack writes it: a line break that forges a row, a
+#: carriage return, an ANSI colour, a C1 NEL, a Unicode line separator, a bidi override.
+HOSTILE = "x\n0  GPU-forged  granted\r\x1b[32mok\x1b[0m\x85\u2028\u202e"
+
+
+def printable_lines(text: str) -> List[str]:
+    lines = text.split("\n")
+    assert all(line.isprintable() for line in lines), [ln for ln in lines if not ln.isprintable()]
+    return lines
+
+
+def test_a_grant_record_caps_and_escapes_what_the_container_controls(tmp_path: Path) -> None:
+    """A grant's pod names (annotations: a container run by hand can write any) are escaped
+    and cut to 253 characters before they are journaled, so a record stays small and
+    parses back without a control character; the engine's id, root and bundle stay exact."""
+    path = tmp_path / "grants.jsonl"
+    big = Grant(time=time.time(), container_id="c1", root="/run/runc", runtime="runc",
+                bundle="/b/c1", source="envvar-uuids", gpus=(UUID_A,), namespace=HOSTILE,
+                pod="p" * 300_000 + HOSTILE, pod_uid=HOSTILE, container=HOSTILE,
+                claims=((HOSTILE * 1000, (UUID_A,)),))
+    append_grant(str(path), big, 1 << 20)
+    assert path.stat().st_size < 2048
+    [got] = read_grants(str(path))
+    assert (got.container_id, got.root, got.bundle, got.gpus) == ("c1", "/run/runc", "/b/c1",
+                                                                  (UUID_A,))
+    for value in (got.namespace, got.pod, got.pod_uid, got.container, got.claims[0][0]):
+        assert value.isprintable() and len(value) <= 253
+    assert got.namespace.startswith("x\\n0  GPU-forged  granted\\r\\x1b[32m")
+    assert got.pod.startswith("ppp") and got.pod.endswith("more characters)")
+
+
+def test_the_grants_table_escapes_every_value_of_a_record(tmp_path: Path) -> None:
+    """`nvshim grants` prints each record on its own row whatever its values hold (a record
+    written by hand or by an older nvshim): control characters, line separators and bidi
+    overrides are escaped, never printed."""
+    forged = Grant(time=time.time(), container_id="c\rid", root="/r", runtime="runc",
+                   bundle="/b", source="env\x1b[2K", gpus=(UUID_A,), namespace="ns",
+                   pod=HOSTILE, container="main")
+    table = render_table([Holder(forged, "running", 1), Holder(grant("b"), "running", 2)])
+    lines = printable_lines(table)
+    assert len(lines) == 5  # header, two rows, blank, the conflict line
+    assert "x\\n0  GPU-forged  granted\\r\\x1b[32mok\\x1b[0m\\x85\\u2028\\u202e" in lines[1] + lines[2]
+    assert "c\\rid" in lines[-1]

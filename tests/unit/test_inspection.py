@@ -271,3 +271,34 @@ def test_a_live_stripped_bundle_shows_the_denial_not_request_none(tmp_path: Path
     assert "denied:        stripped: asked NVIDIA_VISIBLE_DEVICES=0" in lines
     assert any(line.startswith("reason:        NVIDIA_VISIBLE_DEVICES=0 ignored: "
                                "require-allocation is on") for line in lines), text
+
+
+HOSTILE = "0\n0  GPU-forged  granted\r\x1b[32mok\x1b[0m\x85\u2028\u202e"
+
+
+@needs_root
+def test_inspect_escapes_what_the_bundle_and_the_journal_hold(tmp_path: Path) -> None:
+    """`inspect` of a bundle whose NVIDIA_VISIBLE_DEVICES and pod name hold line breaks, ESC,
+    NEL, U+2028 and a bidi override prints them escaped, one line each: planned, and live
+    (from the denial record the create left)."""
+    from nvshim.sim.build import create_node
+
+    sim = create_node(str(tmp_path / "node"), gpus=1)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"runtimes: [/bin/true]\ndriver-root: {sim.root}\nrequire-allocation: true\n"
+                      f"grants-journal: {tmp_path}/grants.jsonl\n")
+    bundle = bundle_with(tmp_path, ["PATH=/bin", f"NVIDIA_VISIBLE_DEVICES={HOSTILE}"])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["annotations"] = {"io.kubernetes.cri.sandbox-name": HOSTILE,
+                           "io.kubernetes.cri.sandbox-namespace": "ns",
+                           "io.kubernetes.cri.container-name": "c"}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    shown = "0\\n0  GPU-forged  granted\\r\\x1b[32mok\\x1b[0m\\x85\\u2028\\u202e"
+    for live in (False, True):
+        if live:
+            _runtime_create(config, bundle, "live-3")
+        text = run_inspect("--bundle", str(bundle), "--config", str(config), "--no-diff")
+        lines = text.rstrip("\n").split("\n")
+        assert all(line.isprintable() for line in lines), text
+        assert f"container:     ns/{shown}/c" in lines
+        assert any(shown in line for line in lines if line.startswith(("note:", "reason:")))

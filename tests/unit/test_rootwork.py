@@ -152,26 +152,28 @@ def test_image_cache_entries_with_an_empty_name_are_dropped(
     check_injected(rootfs)
 
 
-def test_image_cache_over_the_size_bound_is_one_clear_line(
+def test_image_cache_over_the_hooks_size_bound_is_one_clear_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """An image ld.so.cache of up to LDCACHE_MAX_BYTES is read; one byte more fails in one
-    line naming the file before anything is parsed (millions of tiny entries would cost a
-    create tens of seconds and gigabytes), and the image's file is left as it was."""
-    from nvshim.runtime.rootcache import LDCACHE_MAX_BYTES
+    """The hook reads an image ld.so.cache of up to LDCACHE_HOOK_MAX_BYTES (past the
+    runtime's 4 MiB: the runtime hands such a cache to it); one byte more fails in one line
+    naming the file before anything is parsed (millions of tiny entries would cost a create
+    tens of seconds and gigabytes), and the image's file is left as it was."""
+    from nvshim.runtime.rootcache import LDCACHE_HOOK_MAX_BYTES, LDCACHE_MAX_BYTES
 
     bundle, rootfs = make_bundle(tmp_path)
     old = build_ldcache([CacheEntry("libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1", X86_64)])
-    at_bound = old + b"\0" * (LDCACHE_MAX_BYTES - len(old))  # trailing bytes ld.so ignores
-    (rootfs / "etc/ld.so.cache").write_bytes(at_bound)
+    over_runtime = old + b"\0" * (LDCACHE_MAX_BYTES + 1 - len(old))  # bytes ld.so ignores
+    (rootfs / "etc/ld.so.cache").write_bytes(over_runtime)
     assert run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs) == (0, "")
     assert cache_of(rootfs)[("libz.so.1", X86_64)] == "/lib/x86_64-linux-gnu/libz.so.1"
 
+    at_bound = old + b"\0" * (LDCACHE_HOOK_MAX_BYTES - len(old))
     (rootfs / "etc/ld.so.cache").write_bytes(at_bound + b"\0")
     rc, err = run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs)
     assert rc == 1
     assert err == (f"nvshim hook: cannot update the ld.so.cache in {rootfs}: /etc/ld.so.cache: "
-                   f"larger than {LDCACHE_MAX_BYTES} bytes\n")
+                   f"larger than {LDCACHE_HOOK_MAX_BYTES} bytes\n")
     assert (rootfs / "etc/ld.so.cache").read_bytes() == at_bound + b"\0"
 
 
