@@ -221,6 +221,7 @@ def params_hook(argv: List[str]) -> None:
 
 
 def _add_commands() -> None:
+    from nvshim.cli.cmd_agent import agent
     from nvshim.cli.cmd_cdi import cdi
     from nvshim.cli.cmd_config import config_group
     from nvshim.cli.cmd_doctor import doctor
@@ -235,6 +236,7 @@ def _add_commands() -> None:
     cli.add_command(runtime)
     cli.add_command(system)
     cli.add_command(doctor)
+    cli.add_command(agent)
 
 
 def _fail(message: str, exc: BaseException, out: Output, code: int = 1) -> NoReturn:
