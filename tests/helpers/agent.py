@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,9 +14,15 @@ from typing import Iterator, List, Optional
 from tests.helpers.common import wait_until
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 def nvshim_bin() -> List[str]:
-    exe = os.environ.get("NVSHIM_BIN") or shutil.which("nvshim")
-    return [exe] if exe else [sys.executable, "-m", "nvshim.cli.main"]
+    """``$NVSHIM_BIN``, else this checkout's ``nvshim`` run by this interpreter."""
+    exe = os.environ.get("NVSHIM_BIN")
+    return [exe] if exe else [sys.executable, "-I", "-c",
+                              "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+                              "from nvshim.cli.main import main; main()", str(REPO)]
 
 
 class AgentProcess:
