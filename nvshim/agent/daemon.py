@@ -57,7 +57,15 @@ class Agent:
     def handle(self, request: Request, fds: List[int], peer: Peer) -> Tuple[str, str]:
         if request.op == "ready":
             ok, why = self.readiness()
-            return ("ready", "") if ok else ("not-ready", why)
+            if not ok:
+                return "not-ready", why
+            import json
+
+            config, generation = self.state.current()
+            return "ready", json.dumps({"config": self.state.config_path,
+                                        "generation": generation,
+                                        "serving": config is not None,
+                                        "nri": self.nri_socket or "none"})
         from nvshim.agent.create import serve_create
 
         return serve_create(self.state, request, fds[0], peer)

@@ -16,8 +16,9 @@ Request fields: ``MAGIC``, the operation, then per operation:
 
 Reply fields: ``MAGIC``, a status, a message. Statuses: ``ok`` (config.json is written:
 exec the runtime), ``refused`` (the create's refusal: the message is its one line),
-``fallback`` (not served: run the in-process create; the message says why), ``ready``,
-``not-ready``.
+``fallback`` (not served: run the in-process create; the message says why), ``ready``
+(the message: a JSON object with the ``config`` path, its ``generation``, whether the agent
+is ``serving`` creates, the ``nri`` socket or ``none``), ``not-ready`` (the message: why).
 
 :func:`parse_request` is the only reader of client bytes: it never raises anything but
 :class:`ProtocolError` (a property test feeds it arbitrary bytes).

@@ -13,7 +13,6 @@ from typing import Iterator, List, Optional
 
 from tests.helpers.common import wait_until
 
-
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from nvshim.agent.protocol import (
     parse_request,
 )
 from nvshim.agent.server import ask
+from nvshim.agent.state import generation_of
 from tests.helpers.agent import AgentProcess, nvshim_bin, running_agent
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,11 +44,15 @@ def _ready(sock: Path) -> "tuple[str, str]":
 @needs_root
 def test_agent_answers_ready_and_removes_its_socket_on_sigterm(tmp_path: Path,
                                                                config: Path) -> None:
-    """With --nri-socket none the agent is ready once its socket serves; SIGTERM stops it
-    with exit 0 and removes the socket it created."""
+    """With --nri-socket none the agent is ready once its socket serves (saying which
+    config and generation it serves); SIGTERM stops it with exit 0 and removes the socket
+    it created."""
     agent = AgentProcess(tmp_path / "a.sock", config, tmp_path / "a.log").start()
     try:
-        assert _ready(agent.socket) == ("ready", "")
+        status, message = _ready(agent.socket)
+        assert status == "ready"
+        assert json.loads(message) == {"config": str(config), "generation": generation_of(
+            str(config)), "serving": True, "nri": "none"}
         assert (agent.socket.stat().st_mode & 0o777) == 0o600
         probe = subprocess.run(nvshim_bin() + ["agent", "--socket", str(agent.socket),
                                                "--ready"], capture_output=True, text=True)
@@ -112,7 +118,7 @@ def test_agent_answers_bad_requests_in_one_line_and_keeps_serving(tmp_path: Path
                         MAGIC + b"\0create\0" + b"x" * (MAX_MESSAGE + 10) + b"\0"):
             status, message = parse_reply(ask(str(agent.socket), payload))
             assert status == "fallback" and "\n" not in message
-        assert _ready(agent.socket) == ("ready", "")
+        assert _ready(agent.socket)[0] == "ready"
         assert "Traceback" not in agent.log.read_text()
 
 

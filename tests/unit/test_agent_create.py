@@ -352,3 +352,54 @@ def test_client_without_an_agent_exits_2(tmp_path: Path, client: Path) -> None:
     assert (res.returncode, res.stderr) == (2, "")
     res = subprocess.run([str(client)], capture_output=True, text=True)
     assert (res.returncode, res.stderr) == (2, "")
+
+
+# --- inspect and doctor ---------------------------------------------------------------
+
+
+def _nvshim(*args: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess[str]:
+    from tests.helpers.agent import nvshim_bin
+
+    return subprocess.run(nvshim_bin() + list(args), capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_inspect_says_which_path_served_a_create(world: World) -> None:
+    """``nvshim inspect`` on a live bundle names the path that served its create: the
+    agent's fast path, or nvshim-runtime's own Python."""
+    py = world.bundle("py")
+    assert world.create(py).returncode == 0
+    agent = world.agent()
+    try:
+        ag = world.bundle("ag")
+        assert world.create(ag).returncode == 0
+    finally:
+        agent.stop()
+    shown = {b.name: _nvshim("inspect", "--config", str(world.config), "--bundle", str(b),
+                             "--format", "json") for b in (py, ag)}
+    assert json.loads(shown["ag"].stdout)["served_by"] == "agent"
+    assert json.loads(shown["py"].stdout)["served_by"] == "nvshim-runtime"
+    text = _nvshim("inspect", "--config", str(world.config), "--bundle", str(ag)).stdout
+    assert "served by:     the nvshim agent (fast path)" in text
+
+
+def test_doctor_says_whether_the_agent_is_reachable(world: World) -> None:
+    """doctor's agent check: warn without an agent (creates start Python), ok with one
+    serving this config and a trampoline that has the client, warn for another config."""
+    from nvshim.node.doctor_agent import check_agent
+
+    sock, conf, tramp = str(world.socket), str(world.config), str(world.tramp)
+    finding = check_agent(sock, conf, tramp)
+    assert finding.status == "warn" and "GPU creates start Python" in finding.message
+    agent = world.agent()
+    try:
+        finding = check_agent(sock, conf, tramp)
+        assert finding.status == "ok" and "GPU creates go through it" in finding.message
+        other = check_agent(sock, str(world.tmp / "other.yaml"), tramp)
+        assert other.status == "warn" and f"serves config {conf}" in other.message
+        out = _nvshim("doctor", "--config", conf, "--agent-socket", sock, "--trampoline",
+                      tramp, "--format", "json")
+        (mine,) = [f for f in json.loads(out.stdout) if f["check"] == "agent"]
+        assert mine["status"] == "ok"
+    finally:
+        agent.stop()
