@@ -18,7 +18,8 @@ _FIX = ("start the agent: systemctl enable --now nvshim-agent (install.sh writes
 
 def check_agent(socket_path: str, config_path: str, trampoline: str) -> Finding:
     """ok when an agent answers ready on ``socket_path`` serving ``config_path`` as it is
-    now and the installed trampoline has the client; warn otherwise (creates still work,
+    now and the installed trampoline has the client; skip when no agent runs (a node may
+    go without one); warn for one that is there but not serving (creates still work,
     through Python: the message says which path GPU creates take)."""
     from nvshim.agent.protocol import MAGIC, ProtocolError, parse_reply
     from nvshim.agent.server import ask
@@ -26,8 +27,8 @@ def check_agent(socket_path: str, config_path: str, trampoline: str) -> Finding:
 
     name = "agent"
     slow = "GPU creates start Python in nvshim-runtime (correct, ~10 ms slower each)"
-    if not os.path.exists(socket_path):
-        return Finding(name, "warn", f"no node agent on {socket_path}: {slow}", _FIX)
+    if not os.path.exists(socket_path):  # a node without an agent: valid, only slower
+        return Finding(name, "skip", f"no node agent on {socket_path}: {slow}; {_FIX}", _FIX)
     try:
         status, message = parse_reply(ask(socket_path, MAGIC + b"\0ready\0", timeout=3.0))
     except (OSError, ProtocolError) as exc:

@@ -384,13 +384,14 @@ def test_inspect_says_which_path_served_a_create(world: World) -> None:
 
 
 def test_doctor_says_whether_the_agent_is_reachable(world: World) -> None:
-    """doctor's agent check: warn without an agent (creates start Python), ok with one
-    serving this config and a trampoline that has the client, warn for another config."""
+    """doctor's agent check: skip without an agent (creates start Python, said with the
+    fix), ok with one serving this config and a trampoline that has the client, warn for
+    an agent serving another config."""
     from nvshim.node.doctor_agent import check_agent
 
     sock, conf, tramp = str(world.socket), str(world.config), str(world.tramp)
     finding = check_agent(sock, conf, tramp)
-    assert finding.status == "warn" and "GPU creates start Python" in finding.message
+    assert finding.status == "skip" and "GPU creates start Python" in finding.message
     agent = world.agent()
     try:
         finding = check_agent(sock, conf, tramp)
