@@ -1,0 +1,159 @@
+"""e2e: GPU creates through the node agent's fast path, and through the in-process fallback
+when the agent is gone, with real runc, crun and containerd's CRI.
+
+The runtime is this checkout's trampoline rendered with a private agent socket and the C
+client built from this checkout; the agent is a real ``nvshim agent`` process. What is
+asserted is what the container sees (its GPU device nodes) and which path served the
+create (config.json's ``nvshim.io/served-by``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Tuple
+
+import pytest
+
+from nvshim.node.compile import compile_node
+from nvshim.node.trampoline import render
+from tests.helpers.agent import AgentProcess
+from tests.helpers.bundle import make_bundle
+from tests.helpers.common import require_binary, require_root, unique_id
+from tests.helpers.runc import Runc
+
+pytestmark = pytest.mark.e2e
+
+LISTING = ["sh", "-c", "ls -1 /dev"]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from nvshim.agent.client import build_client
+    from nvshim.errors import HostError
+
+    try:
+        return Path(build_client(str(tmp_path_factory.mktemp("client") / "nvshim-agent-client")))
+    except HostError as exc:
+        pytest.skip(str(exc))
+
+
+def _gpus(out: str) -> List[str]:
+    return sorted(x for x in out.split() if re.fullmatch(r"nvidia[0-9]+", x))
+
+
+def _served_by(bundle: Path) -> str:
+    notes = json.loads((bundle / "config.json").read_text()).get("annotations", {})
+    return str(notes.get("nvshim.io/served-by", "runtime"))
+
+
+@pytest.mark.parametrize("engine", ["runc", "crun"])
+def test_gpu_container_through_the_agent_and_through_the_fallback(
+        engine: str, tmp_path: Path, base_rootfs: Path, client: Path, crunw: Path) -> None:
+    """With the agent up the create is the agent's and the container sees exactly its GPU;
+    after SIGKILL to the agent the next create falls back to the in-process create and the
+    container still sees exactly its GPU (never an unedited config.json)."""
+    require_root()
+    from nvshim.sim.build import create_node
+
+    low = require_binary("runc") if engine == "runc" else str(crunw)
+    node = create_node(str(tmp_path / "node"), gpus=2)
+    cfg = tmp_path / "etc" / "config.yaml"
+    cfg.parent.mkdir()
+    cfg.write_text(f"runtimes: [{low}]\ndriver-root: {node.root}\n"
+                   f"grants-journal: {tmp_path}/grants.jsonl\n")
+    compile_node(str(cfg))
+    sock = tmp_path / "agent.sock"
+    tramp = tmp_path / "nvshim-runtime"
+    tramp.write_text(render(sys.executable, agent_socket=str(sock), client=str(client)))
+    tramp.chmod(0o755)
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "NVSHIM_CONFIG": str(cfg)}
+    r = Runc(tmp_path / "root", tramp, env=env)
+    agent = AgentProcess(sock, cfg, tmp_path / "agent.log").start()
+    seen: Dict[str, Tuple[str, List[str]]] = {}
+    try:
+        for step, gpu in (("agent", 1), ("fallback", 0)):
+            if step == "fallback":
+                assert agent.proc is not None
+                agent.proc.send_signal(signal.SIGKILL)
+                agent.proc.wait(10)
+            bundle = make_bundle(tmp_path / step, base_rootfs, LISTING,
+                                 env={"NVIDIA_VISIBLE_DEVICES": str(gpu)})
+            res = r.run_detached(bundle, unique_id(step))
+            assert res.rc == 0, res.describe()
+            seen[step] = (_served_by(bundle), _gpus(res.stdout))
+    finally:
+        agent.stop()
+        r.cleanup()
+    assert seen == {"agent": ("agent", [f"nvidia{node.gpus[1].minor}"]),
+                    "fallback": ("runtime", [f"nvidia{node.gpus[0].minor}"])}
+
+
+# --- containerd's CRI -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cri_node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path,
+             client: Path) -> Iterator[Any]:
+    """containerd 1.6's CRI with nvshim's handler running the trampoline rendered for the
+    agent's socket; the node's config under require-allocation, verify-with kubelet."""
+    require_root()
+    from nvshim.sim.build import create_node
+    from tests.e2e.test_kubelet_cri import Node, serving
+    from tests.helpers.cri import cri_containerd_config
+
+    base = tmp_path_factory.mktemp("agentcri")
+    sim = create_node(str(base / "node"), gpus=2)
+    n = Node(base, sim, "1.6", require_binary("runc"))
+    (base / "cdi").mkdir()
+    n.config()
+    tramp = base / "trampoline"
+    tramp.write_text(render(sys.executable, agent_socket=str(base / "agent.sock"),
+                            client=str(client)))
+    tramp.chmod(0o755)
+    wrapper = base / "nvshim-runtime"
+    wrapper.write_text(f'#!/bin/sh\nNVSHIM_CONFIG=$(cat {n.current}) exec {tramp} "$@"\n')
+    wrapper.chmod(0o755)
+    config = base / "containerd.toml"
+    config.write_text(cri_containerd_config(base))
+    res = subprocess.run([shutil.which("nvshim") or "nvshim", "runtime", "configure",
+                          "--runtime", "containerd", "--config", str(config), "--drop-in", "",
+                          "--binary", str(wrapper)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    with serving(n, base, config.read_text(), None, base_rootfs):
+        yield n
+
+
+def test_cri_pod_through_the_agent_and_through_the_fallback(cri_node: Any) -> None:
+    """Through containerd's CRI: a pod whose GPU the kubelet allocated gets exactly that GPU
+    with its create served by the agent; with the agent killed, the next pod's create runs
+    in-process and it gets exactly its GPU too."""
+    from tests.e2e.test_kubelet_cri import GPU, gpu_minors, pod, start
+    from tests.helpers.cri import spec_annotations
+
+    n = cri_node
+    sock = n.base / "agent.sock"
+    agent = AgentProcess(sock, Path(n.current.read_text()), n.base / "agent.log").start()
+    served: Dict[str, str] = {}
+    try:
+        for step, gpu in (("agent", n.sim.gpus[1]), ("fallback", n.sim.gpus[0])):
+            if step == "fallback":
+                assert agent.proc is not None
+                agent.proc.send_signal(signal.SIGKILL)
+                agent.proc.wait(10)
+            name = f"pod-{step}"
+            n.kubelet.set([("team-a", name, {"main": {GPU: [gpu.uuid]}})])
+            p = pod(n, name)
+            cid = start(n, p, env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+            assert gpu_minors(n, p) == [gpu.minor]
+            served[step] = spec_annotations(n.base / "state", cid).get(
+                "nvshim.io/served-by", "runtime")
+    finally:
+        agent.stop()
+    assert served == {"agent": "agent", "fallback": "runtime"}
