@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
