@@ -60,7 +60,17 @@ def _absolute(path: str, cwd: str) -> str:
 
 def serve_create(state: AgentState, request: Request, bundle_fd: int,
                  peer: Peer) -> Tuple[str, str]:
-    """(status, message) for one create (see the module docstring)."""
+    """(status, message) for one create (see the module docstring); a create not served
+    is logged with the reason (the caller's create runs in-process)."""
+    status, message = _serve(state, request, bundle_fd, peer)
+    if status == "fallback":
+        state.log.info("create not served", pid=peer.pid, bundle=request.bundle,
+                       reason=message)
+    return status, message
+
+
+def _serve(state: AgentState, request: Request, bundle_fd: int,
+           peer: Peer) -> Tuple[str, str]:
     arrived = time.monotonic()
     state.reload_if_changed()
     config, generation = state.current()
@@ -104,7 +114,6 @@ def serve_create(state: AgentState, request: Request, bundle_fd: int,
     try:
         failure = create(inv, config, request.runtime, request.cwd, in_time, "agent")
     except Abandoned:
-        state.log.warning("create abandoned", bundle=bundle, after_s=DEADLINE)
         return "fallback", f"not planned within {DEADLINE:g} s"
     if failure is not None:
         report_error(failure, inv.log, inv.log_format, stderr=False)

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -157,3 +157,113 @@ def test_cri_pod_through_the_agent_and_through_the_fallback(cri_node: Any) -> No
     finally:
         agent.stop()
     assert served == {"agent": "agent", "fallback": "runtime"}
+
+
+# --- podman and Docker --------------------------------------------------------------------
+
+
+class _Node:
+    """A 2-GPU node, its config (with a debug log that says which path served each create),
+    the trampoline for a private agent socket, and a wrapper naming the config (podman and
+    dockerd pass the runtime their own environment, not the caller's)."""
+
+    def __init__(self, base: Path, client: Path) -> None:
+        from nvshim.sim.build import create_node
+
+        self.base = base
+        self.sim = create_node(str(base / "node"), gpus=2)
+        self.config = base / "etc" / "config.yaml"
+        self.config.parent.mkdir()
+        self.debug = base / "debug.log"
+        self.config.write_text(f"runtimes: [runc]\ndriver-root: {self.sim.root}\n"
+                               f"grants-journal: {base}/grants.jsonl\n"
+                               f"debug-log: {self.debug}\n")
+        compile_node(str(self.config))
+        self.socket = base / "agent.sock"
+        tramp = base / "trampoline"
+        tramp.write_text(render(sys.executable, agent_socket=str(self.socket),
+                                client=str(client)))
+        tramp.chmod(0o755)
+        self.wrapper = base / "nvshim-runtime"
+        self.wrapper.write_text(f'#!/bin/sh\nNVSHIM_CONFIG={self.config} exec {tramp} "$@"\n')
+        self.wrapper.chmod(0o755)
+
+    def last_served_by(self) -> str:
+        events = [json.loads(line) for line in self.debug.read_text().splitlines()]
+        return str([e for e in events if e.get("event") == "create"][-1]["served_by"])
+
+
+def _both_paths(node: _Node, run: Any,
+                prefix: Optional[List[str]] = None) -> Dict[str, Tuple[str, List[str]]]:
+    """``run(gpu)`` (the container's ``ls /dev``) with the agent up (started after
+    ``prefix``), then after SIGKILL."""
+    agent = AgentProcess(node.socket, node.config, node.base / "agent.log",
+                         prefix=prefix).start()
+    seen: Dict[str, Tuple[str, List[str]]] = {}
+    try:
+        for step, gpu in (("agent", 1), ("fallback", 0)):
+            if step == "fallback":
+                assert agent.proc is not None
+                agent.proc.send_signal(signal.SIGKILL)
+                agent.proc.wait(10)
+            out = run(gpu)
+            seen[step] = (node.last_served_by(), _gpus(out))
+    finally:
+        agent.stop()
+    return seen
+
+
+def test_podman_through_the_agent_and_through_the_fallback(tmp_path: Path, rootfs: Path,
+                                                            podman: Any, client: Path) -> None:
+    """podman --runtime (the trampoline): the agent serves the create with the agent up, the
+    in-process create without it; each container sees exactly its GPU."""
+    node = _Node(tmp_path, client)
+
+    def run(gpu: int) -> str:
+        res = podman.podman_run(rootfs, LISTING, env={"NVIDIA_VISIBLE_DEVICES": str(gpu)},
+                                runtime=node.wrapper)
+        assert res.rc == 0, res.describe()
+        return str(res.stdout)
+
+    assert _both_paths(node, run) == {
+        "agent": ("agent", [f"nvidia{node.sim.gpus[1].minor}"]),
+        "fallback": ("runtime", [f"nvidia{node.sim.gpus[0].minor}"])}
+
+
+def test_docker_through_the_agent_and_through_the_fallback(
+        tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path, client: Path) -> None:
+    """docker run --runtime nvshim: an agent in another mount namespace than dockerd's
+    serves nothing (the in-process create runs); one in dockerd's serves the create; after
+    SIGKILL the in-process create runs again; each container sees exactly its GPU."""
+    require_root()
+    require_binary("dockerd")
+    from tests.helpers.docker import Dockerd
+
+    tmp_path = tmp_path_factory.mktemp("dk")  # short: dockerd's socket paths must fit
+    node = _Node(tmp_path, client)
+    daemon_json = tmp_path / "etc-docker" / "daemon.json"
+    daemon_json.parent.mkdir()
+    daemon_json.write_text(json.dumps({"runtimes": {"nvshim": {"path": str(node.wrapper)}}}))
+    dockerd = Dockerd(daemon_json, tmp_path)
+    try:
+        dockerd.start()
+        dockerd.import_rootfs(base_rootfs, "nvshim-e2e/agent:local", env=["PATH=/bin:/usr/bin"])
+
+        def run(gpu: int) -> str:
+            res = dockerd.run("nvshim-e2e/agent:local", LISTING, runtime="nvshim",
+                              env={"NVIDIA_VISIBLE_DEVICES": str(gpu)})
+            assert res.rc == 0, res.describe()
+            return str(res.stdout)
+
+        # the test's dockerd has a mount namespace of its own
+        elsewhere = _both_paths(node, run)
+        pid = int(dockerd.pidfile.read_text())
+        node.socket.unlink(missing_ok=True)  # the killed agent's
+        seen = _both_paths(node, run, prefix=["nsenter", "-t", str(pid), "-m", "--"])
+    finally:
+        dockerd.stop()
+    assert elsewhere == {"agent": ("runtime", [f"nvidia{node.sim.gpus[1].minor}"]),
+                         "fallback": ("runtime", [f"nvidia{node.sim.gpus[0].minor}"])}
+    assert "the caller is in another mount namespace" in (tmp_path / "agent.log").read_text()
+    assert seen == {"agent": ("agent", [f"nvidia{node.sim.gpus[1].minor}"]),
+                    "fallback": ("runtime", [f"nvidia{node.sim.gpus[0].minor}"])}

@@ -26,9 +26,11 @@ def nvshim_bin() -> List[str]:
 
 class AgentProcess:
     def __init__(self, socket: Path, config: Optional[Path], log: Path,
-                 nri_socket: str = "none", env: Optional[dict] = None) -> None:
+                 nri_socket: str = "none", env: Optional[dict] = None,
+                 prefix: Optional[List[str]] = None) -> None:
+        """``prefix``: words before the command (``nsenter -t PID -m --``)."""
         self.socket, self.config, self.log = socket, config, log
-        args = nvshim_bin() + ["agent", "--socket", str(socket), "--nri-socket", nri_socket]
+        args = list(prefix or []) + nvshim_bin() + ["agent", "--socket", str(socket), "--nri-socket", nri_socket]
         if config is not None:
             args += ["--config", str(config)]
         self.args = args
