@@ -237,8 +237,9 @@ def test_two_hundred_concurrent_creates_through_one_agent(world: World) -> None:
 
 def test_agent_killed_mid_creates_each_completes_or_fails_in_one_line(world: World) -> None:
     """SIGKILL to the agent in the middle of 50 concurrent creates: each create completes
-    (through the agent or the in-process fallback) or fails in one line; no config.json is
-    partial; the journal holds only whole records."""
+    (through the agent or the in-process fallback) or fails in one line; every config.json
+    is whole JSON (a temp file the killed agent left is never config.json); the journal
+    holds only whole records."""
     bundles = [world.bundle(f"k{i}", visible=str(i % 2)) for i in range(50)]
     agent = world.agent()
     started = threading.Event()
@@ -263,7 +264,9 @@ def test_agent_killed_mid_creates_each_completes_or_fails_in_one_line(world: Wor
     assert sum(r.returncode == 0 for r in results) >= 45
     for b in bundles:
         spec(b)  # whole JSON
-        assert not list(b.glob(".config.json.nvshim-*"))
+        # a temp file only the killed agent may have left (the next write removes it)
+        assert {p.name for p in b.glob(".config.json.nvshim-*")} <= {
+            f".config.json.nvshim-{agent.proc.pid}"}
     from nvshim.runtime.grants import read_grants
 
     journal = world.tmp / "grants.jsonl"
