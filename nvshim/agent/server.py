@@ -1,9 +1,11 @@
 """The agent's Unix socket: bound, peers checked (root only), one thread per request.
 
 A ``SOCK_SEQPACKET`` socket (:mod:`nvshim.agent.protocol`): each request is one message
-and may carry a descriptor. The socket file is created mode 0600 in a 0755 directory and
-removed on stop when it is still the one this process bound. A peer that is not uid 0
-(``SO_PEERCRED``) is answered ``fallback`` and its request is not parsed.
+and may carry a descriptor. On stop the socket goes first (new creates run in-process),
+then the requests in flight get up to 10 s to finish. The socket file is created mode 0600
+in a 0755 directory and removed on stop when it is still the one this process bound. A
+peer that is not uid 0 (``SO_PEERCRED``) is answered ``fallback`` and its request is not
+parsed.
 """
 
 from __future__ import annotations
@@ -125,6 +127,24 @@ class AgentServer:
         finally:
             self.serving = False
             self.close()
+            self.drain()
+
+    def drain(self, timeout: float = 10.0) -> bool:
+        """Wait up to ``timeout`` s for the requests in flight (a create is left to finish,
+        not cut mid-way); True when none is left."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        taken = 0
+        try:
+            while taken < MAX_THREADS:
+                if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    return False
+                taken += 1
+            return True
+        finally:
+            for _ in range(taken):
+                self._slots.release()
 
     def close(self) -> None:
         """Stop listening; remove the socket file when it is still ours."""

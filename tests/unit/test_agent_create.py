@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nvshim.agent.protocol import Request, encode_reply, parse_request
 from tests.helpers.agent import AgentProcess
@@ -307,7 +309,8 @@ def _fake_agent(path: Path, reply: Optional[bytes]) -> Tuple[threading.Thread, L
 def _run_client(client: Path, sock: Path, bundle: Path, config: Path,
                 *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(client), str(sock), "0.1.0", str(config), "/usr/bin/runc",
-                           str(bundle), *argv], capture_output=True, text=True, timeout=30)
+                           str(bundle), *argv], capture_output=True, text=True,
+                          errors="replace", timeout=30)
 
 
 @pytest.mark.parametrize("reply,rc,stderr", [
@@ -407,3 +410,45 @@ def test_doctor_says_whether_the_agent_is_reachable(world: World) -> None:
         assert mine["status"] == "ok"
     finally:
         agent.stop()
+
+
+def test_sigterm_lets_creates_in_flight_finish(world: World) -> None:
+    """SIGTERM during 20 concurrent creates: the agent removes its socket, lets the creates
+    it took finish, and exits 0; every create completes (the rest in-process)."""
+    bundles = [world.bundle(f"t{i}") for i in range(20)]
+    agent = world.agent()
+    assert agent.proc is not None
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        futures = [pool.submit(world.create, b) for b in bundles]
+        futures[0].result()
+        agent.proc.send_signal(signal.SIGTERM)
+        results = [f.result() for f in futures]
+    assert agent.proc.wait(30) == 0
+    assert [r.stderr for r in results if r.returncode != 0] == []
+    assert all(spec(b)["linux"]["devices"] for b in bundles)
+    assert not world.socket.exists()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.binary(max_size=64) | st.builds(
+    lambda status, msg: b"nvshim-agent 1\0" + status + b"\0" + msg + b"\0",
+    st.sampled_from([b"ok", b"refused", b"fallback", b"ready", b"OK", b""]),
+    st.binary(max_size=32)))
+def test_client_reply_parser_fuzzed(client: Path, tmp_path_factory: pytest.TempPathFactory,
+                                    reply: bytes) -> None:
+    """Any reply bytes: exit 0 only for a well-formed ``ok``, 1 only for a well-formed
+    ``refused`` (its message on stderr), 2 for everything else."""
+    tmp = tmp_path_factory.mktemp("fz")
+    (tmp / "b").mkdir()
+    thread, _ = _fake_agent(tmp / "s", reply)
+    res = _run_client(client, tmp / "s", tmp / "b", tmp / "c", "create", "x")
+    thread.join(10)
+    fields = reply.split(b"\0")
+    well_formed = len(fields) == 4 and fields[0] == b"nvshim-agent 1" and fields[3] == b""
+    expected = 2
+    if well_formed and fields[1] == b"ok":
+        expected = 0
+    elif well_formed and fields[1] == b"refused":
+        expected = 1
+    assert res.returncode == expected
+    assert (res.stderr != "") == (expected == 1)
