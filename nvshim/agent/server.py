@@ -54,10 +54,13 @@ def peer_of(conn: socket.socket) -> Peer:
     return Peer(pid, uid, gid)
 
 
-def _bind(path: str) -> socket.socket:
-    """A listening socket at ``path``; a stale socket file is replaced, a live one (another
-    agent answering) or any other file is an error."""
-    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+def _bind(path: str) -> Tuple[socket.socket, Optional[str]]:
+    """A listening socket at ``path`` and the directory made for it (None: it was there);
+    a stale socket file is replaced, a live one (another agent answering) or any other file
+    is an error."""
+    folder = os.path.dirname(path) or "."
+    made = None if os.path.isdir(folder) else folder
+    os.makedirs(folder, mode=0o755, exist_ok=True)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -85,7 +88,7 @@ def _bind(path: str) -> socket.socket:
         os.umask(old)
     os.chmod(path, 0o600)
     sock.listen(BACKLOG)
-    return sock
+    return sock, made
 
 
 class AgentServer:
@@ -95,7 +98,7 @@ class AgentServer:
         self.path = path
         self.handler = handler
         self.log = log
-        self.sock = _bind(path)
+        self.sock, self._made = _bind(path)
         self._ino = os.stat(path).st_ino
         self._slots = threading.BoundedSemaphore(MAX_THREADS)
         self.serving = False
@@ -147,13 +150,19 @@ class AgentServer:
                 self._slots.release()
 
     def close(self) -> None:
-        """Stop listening; remove the socket file when it is still ours."""
+        """Stop listening; remove the socket file when it is still ours, and the directory
+        made for it when nothing else is in it."""
         self.sock.close()
         try:
             if os.lstat(self.path).st_ino == self._ino:
                 os.unlink(self.path)
         except OSError:
             pass
+        if self._made is not None:
+            try:
+                os.rmdir(self._made)
+            except OSError:
+                pass  # not empty (another process's files) or gone: left as it is
 
     def _serve_one(self, conn: socket.socket) -> None:
         fds: List[int] = []
