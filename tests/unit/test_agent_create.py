@@ -452,3 +452,36 @@ def test_client_reply_parser_fuzzed(client: Path, tmp_path_factory: pytest.TempP
         expected = 1
     assert res.returncode == expected
     assert (res.stderr != "") == (expected == 1)
+
+
+def test_agent_plan_cache_sees_a_gpu_removed_and_added(world: World) -> None:
+    """The agent's in-memory plan is dropped exactly when the on-disk plan cache is: GPU 1
+    removed (procfs entry and device node), then added back, changes what
+    NVIDIA_VISIBLE_DEVICES=all gets on the very next agent-served create."""
+    import shutil
+
+    def nodes(b: Path) -> List[str]:
+        return sorted(d["path"] for d in spec(b)["linux"]["devices"]
+                      if d["path"][len("/dev/nvidia"):].isdigit())
+
+    gpus_dir = Path(world.node.root, "proc/driver/nvidia/gpus")
+    entries = sorted(gpus_dir.iterdir())
+    dev = Path(world.node.root, "dev/nvidia1")
+    st = dev.stat()
+    agent = world.agent()
+    try:
+        seen = []
+        for step in ("both", "gone", "back"):
+            if step == "gone":
+                shutil.move(str(entries[1]), world.tmp / "gpu1")
+                dev.unlink()
+            elif step == "back":
+                shutil.move(str(world.tmp / "gpu1"), entries[1])
+                os.mknod(dev, st.st_mode, st.st_rdev)
+            b = world.bundle(step, visible="all")
+            assert world.create(b).returncode == 0
+            seen.append((served_by(b), nodes(b)))
+    finally:
+        agent.stop()
+    assert seen == [("agent", ["/dev/nvidia0", "/dev/nvidia1"]), ("agent", ["/dev/nvidia0"]),
+                    ("agent", ["/dev/nvidia0", "/dev/nvidia1"])]
