@@ -215,7 +215,7 @@ def _receive(conn: socket.socket) -> Tuple[bytes, List[int]]:
 
 
 def ask(path: str, payload: bytes, fds: Optional[List[int]] = None,
-        timeout: float = 5.0) -> bytes:
+        timeout: float = 10.0) -> bytes:
     """Send one request to the agent at ``path``; its reply (for the CLI and tests)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
