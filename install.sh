@@ -44,6 +44,7 @@
 # NVSHIM_SYSTEMD_DIR, NVSHIM_UDEV_DIR: where the CDI refresh units and udev rule go
 # (default: /etc/systemd/system and /etc/udev/rules.d, only where systemd runs).
 # NVSHIM_PYTHON (/usr/bin/python3) is the interpreter a payload bundles (CPython 3.11+).
+# NVSHIM_AGENT_NRI_SOCKET (none): the NRI socket nvshim-agent.service registers with.
 #
 # Restarting the engine after its config changed (and after --uninstall's revert):
 #   NVSHIM_RESTART_MODE     auto (default): systemctl restart, only for the engine's system config
@@ -233,6 +234,7 @@ uninstall() {
         restart_engine "$engine" "$cfg" </dev/null \
             || say "reverted $cfg, but $engine did not come back after the restart: see the message above"
     done < "$MANIFEST"
+    uninstall_agent_unit  # first: uninstall_cdi_refresh removes the units' folders
     uninstall_cdi_refresh
     # files we wrote, only if unchanged since (an edited config stays, and we say so)
     pkgs=
@@ -459,6 +461,64 @@ uninstall_cdi_refresh() {  # before the manifest's files go: disable, remove, re
     fi
 }
 
+# --- the node agent (nvshim agent: the runtime's fast path for GPU creates) -----------
+# Where systemd runs and this is the system's install, nvshim-agent.service runs the agent
+# in the host's mount namespace; nvshim-runtime's trampoline hands GPU creates to it through
+# nvshim-agent-client and starts Python itself whenever the agent is not there (docs/agent.md).
+AGENT_UNIT=nvshim-agent
+install_agent_client() {  # the --dev venv's client (a payload carries its own)
+    client=$VENV/libexec/nvshim-agent-client
+    if "$VENV/bin/python3" -I -m nvshim.agent.client "$client"; then
+        record "file $client"
+    else
+        say "no $client (see above): GPU creates start Python, as without an agent"
+    fi
+}
+install_agent_unit() {
+    units=${NVSHIM_SYSTEMD_DIR:-} system=0
+    if [ -z "$units" ] && [ "$ETCDIR" = /etc/nvshim ] && systemd_runs; then
+        units=/etc/systemd/system system=1
+    fi
+    if [ -z "$units" ]; then
+        say "no systemd unit for the node agent (systemd does not run here, or this is not a system install): run '$BINDIR/nvshim agent' to give GPU creates the fast path"
+        return 0
+    fi
+    changed=0
+    {
+        echo "# Written by nvshim's install.sh: nvshim's node agent (GPU creates without a Python start)."
+        echo "[Unit]"
+        echo "Description=nvshim node agent"
+        echo "After=local-fs.target"
+        echo
+        echo "[Service]"
+        echo "Type=simple"
+        echo "ExecStart=$BINDIR/nvshim agent --config $ETCDIR/config.yaml --socket /run/nvshim/agent.sock --nri-socket ${NVSHIM_AGENT_NRI_SOCKET:-none}"
+        echo "Restart=always"
+        echo "RestartSec=2"
+        echo
+        echo "[Install]"
+        echo "WantedBy=multi-user.target"
+    } | sed -e 's/%/%%/g' | put_if_changed "$units/$AGENT_UNIT.service" && changed=1
+    if [ "$system" = 1 ]; then
+        [ "$changed" = 1 ] && systemctl daemon-reload
+        systemctl enable --quiet "$AGENT_UNIT.service"
+        if [ "$changed" = 1 ]; then systemctl restart "$AGENT_UNIT.service"; else systemctl start "$AGENT_UNIT.service"; fi
+        record "systemd-enabled $AGENT_UNIT"
+        say "enabled $AGENT_UNIT.service (GPU creates go through the node agent)"
+    else
+        say "wrote $units/$AGENT_UNIT.service (not enabled: not the system's directories)"
+    fi
+}
+uninstall_agent_unit() {  # before the manifest's files go: stop, disable, remove, reload
+    if grep -qx "systemd-enabled $AGENT_UNIT" "$MANIFEST" && systemd_runs; then
+        systemctl disable --now --quiet "$AGENT_UNIT.service" 2>/dev/null || true
+    fi
+    grep -E "^file .*/$AGENT_UNIT\.service\$" "$MANIFEST" | while read -r _ path; do rm -f "$path"; done
+    if grep -qx "systemd-enabled $AGENT_UNIT" "$MANIFEST" && systemd_runs; then
+        systemctl daemon-reload
+    fi
+}
+
 # --- packages ------------------------------------------------------------------------
 APT_UPDATED=0
 apt_install() {
@@ -604,6 +664,7 @@ else
     fi
     "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
     "$VENV/bin/python3" -m pip install -q --disable-pip-version-check -e "${SRC}[test]"
+    install_agent_client
 
     # --- commands: absolute interpreter, -I (containerd's PATH and env are not ours) ----
     mkdir -p "$BINDIR"
@@ -637,6 +698,7 @@ fi
 # default-runtime mark; the journals (see "the files nvshim writes beside its config" above)
 record_config_paths
 install_cdi_refresh  # see "CDI refresh when the driver changes" above
+install_agent_unit  # see "the node agent" above
 
 # --- container engines ---------------------------------------------------------------
 # The engine's files as they were before this run (a copy, or a mark that the file was absent),

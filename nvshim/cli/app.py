@@ -23,6 +23,7 @@ from nvshim.errors import NvshimError
 #: The commands in a module of their own: name -> (module, attribute). A run loads only the
 #: one it names; the group's help (which lists them all) loads every one.
 LAZY_COMMANDS: Dict[str, Tuple[str, str]] = {
+    "agent": ("nvshim.cli.cmd_agent", "agent"),
     "cdi": ("nvshim.cli.cmd_cdi", "cdi"),
     "config": ("nvshim.cli.cmd_config", "config_group"),
     "doctor": ("nvshim.cli.cmd_doctor", "doctor"),

@@ -49,10 +49,13 @@ __all__ = ["doctor"]
               help="A runtime an engine runs that no config doctor reads names (podman "
                    "--runtime FILE, ctr --runc-binary FILE): followed, like the engines' "
                    "runtimes, to the nvshim config it reads. Repeatable.")
+@click.option("--agent-socket", default="/run/nvshim/agent.sock", show_default=True,
+              metavar="PATH", help="The node agent's socket (nvshim agent): whether GPU creates "
+                                   "go through it or start Python.")
 def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_config: str,
            crio_config: str, driver_root: Optional[str], dev_root: Optional[str],
            trampoline: Optional[str], nvidia_config: str, hooks_dirs: Tuple[str, ...],
-           runtime_binaries: Tuple[str, ...]) -> None:
+           runtime_binaries: Tuple[str, ...], agent_socket: str) -> None:
     """Check this node: config, containerd, Docker, CRI-O, runtimes, GPUs, driver files, CDI
     specs, runtime.
 
@@ -82,6 +85,7 @@ def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_
         "trampoline": trampoline or default_trampoline(),
         "nvidia_config": nvidia_config,
         "runtime_binaries": tuple(os.path.abspath(b) for b in runtime_binaries),
+        "agent_socket": agent_socket,
     }
     if hooks_dirs:
         kwargs["hooks_dirs"] = tuple(hooks_dirs)

@@ -43,7 +43,8 @@ def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
     A live bundle, whose config.json nvshim-runtime already rewrote (it carries the
     nvshim.io/rewritten annotation), is not planned again: inspect says so and shows the
     grant journal's and the denial journal's latest records for the bundle (what was
-    granted, or stripped or refused and why) and the device nodes config.json holds.
+    granted, or stripped or refused and why), the device nodes config.json holds, and
+    which path served the create: the node agent's fast path or nvshim-runtime's own Python.
     """
     from nvshim._record import replace
     from nvshim.config import load_config

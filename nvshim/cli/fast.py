@@ -102,6 +102,7 @@ Options:
   -h, --help   Show this message and exit.
 
 Commands:
+  agent        Run the node agent in the foreground until SIGTERM or SIGINT.
   cdi          Work with CDI (Container Device Interface) spec files.
   completion   Print the shell completion script for bash, zsh or fish.
   config       nvshim's own configuration file.

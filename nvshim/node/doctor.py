@@ -168,6 +168,9 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     findings.append(check_trampoline(options.trampoline))
     findings.extend(check_handler_configs(runtimes, config, options))
     findings.append(check_oci_hooks(options))
+    from nvshim.node.doctor_agent import check_agent
+
+    findings.append(check_agent(options.agent_socket, options.config_path, options.trampoline))
     return findings
 
 

@@ -70,6 +70,8 @@ class DoctorOptions:
     """OCI hook directories (podman, CRI-O), lowest precedence first."""
     runtime_binaries: Tuple[str, ...] = ()
     """Runtimes an engine runs that no config doctor reads names (``podman --runtime``)."""
+    agent_socket: str = "/run/nvshim/agent.sock"
+    """The node agent's socket (:mod:`nvshim.node.doctor_agent`)."""
 
 
 def compile_command(path: str) -> str:

@@ -317,11 +317,17 @@ def live_summary(spec_path: str, spec: Dict[str, Any], mark: str,
     devices = linux.get("devices") if isinstance(linux, dict) else None
     nodes = sorted({str(d.get("path")) for d in devices if isinstance(d, dict)}) \
         if isinstance(devices, list) else []
+    from nvshim.runtime.create import SERVED_BY
+
+    served = annotations.get(SERVED_BY) if isinstance(annotations, dict) else None
     return {
         "bundle_config": spec_path,
         "config_file": config.source,
         "rewritten_by_nvshim": True,
         "mark": mark,
+        # which path served the create: the resident agent's fast path or the runtime's
+        # own Python (the annotation is only written by the agent)
+        "served_by": served if served == "agent" else "nvshim-runtime",
         "container": str(identity) if identity else None,
         "journal": config.grants_journal,
         "journal_problems": problems,
@@ -365,6 +371,8 @@ def render_live(summary: Dict[str, Any]) -> str:
     out.extend(f"warning:       {p}" for p in summary["journal_problems"])
     out.append(f"device nodes:  {' '.join(summary['device_nodes']) or '-'}")
     out.append(f"nvshim mark:   {summary['mark']}")
+    served = summary.get("served_by", "nvshim-runtime")
+    out.append(f"served by:     {'the nvshim agent (fast path)' if served == 'agent' else served}")
     out.append("config.json:   already rewritten by nvshim-runtime (live bundle): not planned "
                "again")
     return _shown(out)

@@ -272,6 +272,28 @@ def _write(path: str, text: str, mode: int) -> None:
     os.chmod(path, mode)
 
 
+def _agent_client(root: str) -> None:
+    """``libexec/nvshim-agent-client`` (:mod:`nvshim.agent.client`), static, on x86-64 (the
+    machine it is measured and tested on; arm64 is the next target). Without a C compiler
+    the payload is built without it, said on stderr: its trampoline then starts Python for
+    every GPU create, as without an agent."""
+    import platform
+
+    from nvshim.agent.client import CLIENT_NAME, build_client
+
+    if platform.machine() != "x86_64":
+        sys.stderr.write(f"install.sh: payload: no {CLIENT_NAME} for {platform.machine()} "
+                         "(x86-64 only): GPU creates start Python\n")
+        return
+    try:
+        build_client(os.path.join(root, "libexec", CLIENT_NAME))
+    except HostError as exc:
+        if "no C compiler" not in str(exc):
+            raise PayloadError(str(exc)) from exc
+        sys.stderr.write(f"install.sh: payload: {exc}: built without it, GPU creates start "
+                         "Python\n")
+
+
 def build(dest: str, src: str, prefix: str, bindir: str, etcdir: str) -> str:
     """Build the payload for ``prefix``/``bindir``/``etcdir`` into ``dest``; returns the
     prefix's directory inside it."""
@@ -325,6 +347,7 @@ def build(dest: str, src: str, prefix: str, bindir: str, etcdir: str) -> str:
     _write(os.path.join(root, "install.sh"), installer, 0o755)
     with open(os.path.join(src, "config", "config.yaml")) as f:
         _write(os.path.join(dest, "config", "config.yaml"), f.read(), 0o644)
+    _agent_client(root)
     files = sorted(os.path.relpath(p, root) for p in _walk_files(root))
     _write(os.path.join(root, FILE_LIST), "".join(f + "\n" for f in files + [FILE_LIST]), 0o644)
     from nvshim import __version__

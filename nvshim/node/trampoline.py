@@ -49,7 +49,7 @@ from nvshim.config import prefixes_path, runtimes_path  # the files the script r
 from nvshim.errors import UsageError
 
 __all__ = ["render", "runtimes_path", "prefixes_path", "default_paths", "UnsafeValue",
-           "MAJOR_PATTERN", "ere_literal"]
+           "MAJOR_PATTERN", "ere_literal", "DEFAULT_AGENT_SOCKET"]
 
 #: grep -E: a ``major`` key whose value is (or may be, past a line break) 195 or a dynamic
 #: major (see the module docstring).
@@ -102,7 +102,7 @@ prefix() {
         esac
     done
 }
-cmd= sub=0 skip= dd=0 bundle= err=0 ver=0
+cmd= sub=0 skip= dd=0 bundle= err=0 ver=0 agent=0
 for a in "$@"; do
     if [ -n "$skip" ]; then
         [ "$skip" = bundle ] && bundle=$a
@@ -269,7 +269,7 @@ if [ "$decision" = modify ]; then
     LC_ALL=C "$grep" -q -s -D skip -E -e NVIDIA_ -e CUDA_VERSION \
         -e nvidia-container-devices -e /dev/nvidia -e nvidia-container-runtime-hook \
         -e '\\u' -e '\\/' -e @MAJOR@ -f "$prefixes" -- "$spec" </dev/null 2>/dev/null
-    [ $? = 1 ] || python "$@"
+    [ $? = 1 ] || agent=1
 fi
 
 # 4. Hand over to the first low-level runtime found. The list is read on stdin inside the
@@ -296,6 +296,7 @@ runc
 crun
 DEFAULTS
 fi
+@AGENT@
 if [ -n "$found" ]; then
     [ "$ver" = 0 ] || printf 'nvshim-runtime version %s\n\n' @VERSION@
     exec "$found" "$@"
@@ -303,6 +304,27 @@ fi
 # Nothing found: let Python report it (one line on stderr and in runc's --log).
 python "$@"
 """
+
+
+#: What stands for ``@AGENT@``: a create that needs nvshim asks the resident agent first
+#: (:mod:`nvshim.agent`, ``docs/agent.md``). The client's exit status: 0 config.json is
+#: edited (go on to exec the runtime), 1 the agent refused the create (its line is out),
+#: anything else (no agent, no client, a timeout, another version or config): Python.
+_AGENT_BLOCK = r"""# 4b. A create that needs nvshim: the resident agent (nvshim agent) edits
+#     config.json through a small client when it serves this very config; otherwise, or when
+#     anything fails on the way, Python does it here (docs/agent.md). Never runc unedited.
+if [ "$agent" = 1 ]; then
+    sock=${NVSHIM_AGENT_SOCKET:-@SOCKET@} rc=2
+    if [ -n "$found" ] && [ -S "$sock" ] && [ -x @CLIENT@ ]; then
+        @CLIENT@ "$sock" @VERSION@ "$conf" "$found" "$bundle" "$@" </dev/null
+        rc=$?
+    fi
+    [ "$rc" = 1 ] && exit 1
+    [ "$rc" = 0 ] || python "$@"
+fi"""
+
+#: The agent's socket the trampoline tries (``nvshim agent``'s default).
+DEFAULT_AGENT_SOCKET = "/run/nvshim/agent.sock"
 
 
 def _plain(path: str) -> bool:
@@ -323,7 +345,8 @@ def default_paths() -> List[str]:
 
 def render(python: str, paths: Optional[Sequence[str]] = None,
            config: Optional[str] = None, launch: Optional[Sequence[str]] = None,
-           preload: Optional[str] = None) -> str:
+           preload: Optional[str] = None, agent_socket: Optional[str] = None,
+           client: Optional[str] = None) -> str:
     """The trampoline script for an nvshim installed in ``python``'s environment.
 
     Python starts with ``-I -S``: ``site`` (and an editable install's import finder) costs
@@ -370,7 +393,17 @@ def render(python: str, paths: Optional[Sequence[str]] = None,
 
     if not all(c.isalnum() or c in ".+-" for c in __version__):
         raise UnsafeValue(f"version must be plain: {__version__!r}")
-    return (_TEMPLATE.replace("@PYTHON@", python).replace("@BOOT@", f"'{boot}'")
+    agent_socket = agent_socket or DEFAULT_AGENT_SOCKET
+    if client is None:
+        from nvshim.agent.client import client_path
+
+        client = client_path(python)
+    for value, what in ((agent_socket, "agent socket"), (client, "agent client")):
+        if not _plain(value):
+            raise UnsafeValue(f"{what} path must be absolute and plain: {value!r}")
+    agent = _AGENT_BLOCK.replace("@SOCKET@", agent_socket).replace("@CLIENT@", client)
+    return (_TEMPLATE.replace("@AGENT@", agent).replace("@PYTHON@", python)
+            .replace("@BOOT@", f"'{boot}'")
             .replace("@VERSION@", __version__).replace("@CONFIG@", config)
             .replace("@MAJOR@", f"'{MAJOR_PATTERN}'")
             .replace("@LAUNCH@", " ".join(words)))

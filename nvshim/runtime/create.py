@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     Migs = Tuple[Tuple[Gpu, MigDevice], ...]
     """(parent GPU, MIG device) pairs."""
 
-__all__ = ["plan_create", "commit", "REWRITTEN"]
+__all__ = ["plan_create", "commit", "REWRITTEN", "SERVED_BY"]
 
 #: The env entry that keeps anything downstream from injecting again (or strips a request).
 _VOID = Edits(env=(f"{VISIBLE_DEVICES}=void",))
@@ -458,7 +458,7 @@ def _live(log: Optional[DebugLog]) -> Optional[DebugLog]:
     return log if log is not None and log.enabled else None
 
 
-def commit(plan: Plan, log: Optional[DebugLog] = None) -> Committed:
+def commit(plan: Plan, log: Optional[DebugLog] = None, served_by: str = "runtime") -> Committed:
     """Do the in-root work (when the runtime does it), then write config.json atomically.
 
     Writes nothing when config.json would not change. When the rootfs turns out not to be
@@ -492,7 +492,7 @@ def commit(plan: Plan, log: Optional[DebugLog] = None) -> Committed:
 
     if plan.grant.params is not None:
         write_atomic(plan.grant.params[0], plan.grant.params[1], 0o444, durable=False)
-    new_spec = _marked(new_spec, plan)
+    new_spec = _marked(new_spec, plan, served_by)
     # No fsync: config.json is the engine's, regenerated for every create (bundles live in
     # /run for containerd); the rename makes the write atomic for runc, which reads it next.
     write_atomic(plan.spec_path, plan.new_bytes(new_spec), durable=False)
@@ -504,13 +504,20 @@ def commit(plan: Plan, log: Optional[DebugLog] = None) -> Committed:
 #: instead of planning the rewritten spec again. Nothing in create trusts it.
 REWRITTEN = "nvshim.io/rewritten"
 
+#: Set to ``agent`` when the resident agent's fast path (:mod:`nvshim.agent`) rewrote it;
+#: absent when nvshim-runtime's own Python did: ``nvshim inspect`` shows which.
+SERVED_BY = "nvshim.io/served-by"
 
-def _marked(spec: SpecDict, plan: Plan) -> SpecDict:
-    """``spec`` with the :data:`REWRITTEN` annotation (unless its annotations are not an
-    object: then as it is)."""
+
+def _marked(spec: SpecDict, plan: Plan, served_by: str = "runtime") -> SpecDict:
+    """``spec`` with the :data:`REWRITTEN` and :data:`SERVED_BY` annotations (unless its
+    annotations are not an object: then as it is)."""
     annotations = spec.get("annotations")
     if annotations is not None and not isinstance(annotations, dict):
         return spec
     mark = plan.grant_source if plan.granted_uuids else (
         "stripped" if plan.request.set_void else plan.request.source)
-    return dict(spec, annotations=dict(annotations or {}, **{REWRITTEN: mark}))
+    marks = {REWRITTEN: mark}
+    if served_by != "runtime":  # the runtime's own rewrite stays as it always was
+        marks[SERVED_BY] = served_by
+    return dict(spec, annotations=dict(annotations or {}, **marks))

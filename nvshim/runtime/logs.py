@@ -43,16 +43,19 @@ def _log_line(level: str, text: str, log: str, log_format: Optional[str]) -> Non
         sys.stderr.write(f"nvshim: cannot write to --log {log}: {exc.strerror}\n")
 
 
-def report_error(message: str, log: Optional[str], log_format: Optional[str]) -> None:
-    """Write one error line to runc's ``--log`` (JSON or text) and one to stderr, the
-    container's values in it escaped and cut (:func:`nvshim.errors.one_line`)."""
+def report_error(message: str, log: Optional[str], log_format: Optional[str],
+                 stderr: bool = True) -> None:
+    """Write one error line to runc's ``--log`` (JSON or text) and one to stderr (unless
+    not ``stderr``: the agent's client prints that one), the container's values in it
+    escaped and cut (:func:`nvshim.errors.one_line`)."""
     from nvshim.errors import one_line
 
     text = f"nvshim: {one_line(message)}"
     if log:
         _log_line("error", text, log, log_format)
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
+    if stderr:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
 
 
 def report_warning(message: str, log: Optional[str], log_format: Optional[str]) -> None:

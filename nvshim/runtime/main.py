@@ -19,12 +19,12 @@ from nvshim.runtime.argv import Invocation, parse_argv  # noqa: E402 - after gc.
 
 TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
-    from typing import List, NoReturn, Optional, Sequence, Tuple
+    from typing import Callable, List, NoReturn, Optional, Sequence, Tuple
 
     from nvshim.config import Config
     from nvshim.runtime.plan import Plan
 
-__all__ = ["main", "find_runtime"]
+__all__ = ["main", "find_runtime", "create"]
 
 
 def find_runtime(candidates: Sequence[str], path_env: Optional[str]) -> Optional[str]:
@@ -144,11 +144,13 @@ def _cwd() -> str:
         raise HostError(f"no --bundle and no current directory: {exc.strerror}") from exc
 
 
-def _absolute(path: str) -> str:
+def _absolute(path: str, cwd: Optional[str] = None) -> str:
     """``path`` (``--bundle``) made absolute against the current directory, so that the
     debug log and every message name the bundle wherever they are read. ``.`` components
     are dropped; ``..`` ones are kept: past a symlink only the kernel knows where they
     lead, and runc reads config.json the kernel's way."""
+    if not path.startswith("/") and cwd is not None:
+        path = f"{cwd}/{path}"
     if not path.startswith("/"):
         from nvshim.errors import HostError
 
@@ -206,8 +208,78 @@ def _restore_ignored_signals() -> None:
     _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
 
 
-# Long on purpose: the runtime's entry read top to bottom, every way out (exec the runtime,
-# fail in one line with config.json untouched) in the order a create meets it.
+def create(inv: Invocation, config: Config, runtime: Optional[str],
+           cwd: Optional[str] = None,
+           before_writes: Optional[Callable[[], None]] = None,
+           served_by: str = "runtime") -> Optional[str]:
+    """Plan and commit a create/run: None when done, else the one-line failure (its
+    denial recorded; the caller reports it). Warnings go to ``inv.log``.
+
+    ``cwd`` is the caller's working directory (default this process's): a relative
+    ``--bundle`` is resolved against it. ``before_writes`` runs once the plan is made and
+    before the journal, the rootfs or config.json is written; it may raise
+    :class:`nvshim.errors.Abandoned`, which propagates. ``served_by`` names who did it
+    (the runtime, the agent) in config.json's annotation and the debug log.
+    """
+    from nvshim.errors import Abandoned, NvshimError
+
+    log = None  # the debug log (off by default: then neither imported nor fed)
+    if config.debug_log:
+        from nvshim.runtime.logs import open_debug_log
+
+        log = open_debug_log(config.debug_log, lambda message: _warn(message, inv),
+                             id=inv.container_id)
+    bundle: Optional[str] = None
+    try:
+        if inv.error:
+            from nvshim.errors import UsageError
+
+            raise UsageError(f"{inv.command}: {inv.error}")
+        from nvshim.runtime.create import commit, plan_create
+
+        bundle = _absolute(inv.bundle, cwd) if inv.bundle else (cwd or _cwd())
+        plan = plan_create(bundle, config, log=log, save_cache=True)
+        if before_writes is not None:
+            before_writes()
+        for warning in plan.warnings:
+            _warn(warning, inv)
+            if log is not None:
+                log.event("warning", bundle=bundle, message=warning)
+        if config.grants_journal and plan.granted_uuids:
+            _record_grant(plan, config, inv, bundle, runtime)
+        elif config.grants_journal and plan.request.source == "none" \
+                and plan.claim.claims_gpus:  # cheap: a container asking nothing stops here
+            from nvshim.runtime.denials import strip_reason
+
+            stripped = strip_reason(plan)
+            if stripped is not None:
+                if log is not None:
+                    log.event("stripped", bundle=bundle, reason=stripped)
+                _record_denial(config, inv, bundle, runtime, "stripped", stripped, plan)
+        done = commit(plan, log, served_by)
+        if log is not None:
+            log.event("create", bundle=bundle, rewritten=done.written, served_by=served_by)
+    except Abandoned:
+        raise
+    except NvshimError as exc:
+        if log is not None:
+            log.error("create failed", error=str(exc))
+        from nvshim.errors import RequestError
+
+        message = str(exc)
+        if isinstance(exc, RequestError) and config.grants_journal and bundle is not None:
+            try:  # record or fail: the refusal fails anyway, and says it went unrecorded
+                _record_denial(config, inv, bundle, runtime, "refused", message)
+            except NvshimError as unrecorded:
+                message = f"{message} (not recorded: {unrecorded})"
+        return message
+    except Exception as exc:  # noqa: BLE001 - last resort: one line, never a traceback
+        if log is not None:
+            log.error("create failed", error=repr(exc))
+        return f"internal error: {type(exc).__name__}: {exc}"
+    return None
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     inv = parse_argv(args)
@@ -223,58 +295,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         )
 
     if inv.modifies:
-        from nvshim.errors import NvshimError
-
-        log = None  # the debug log (off by default: then neither imported nor fed)
-        if config.debug_log:
-            from nvshim.runtime.logs import open_debug_log
-
-            log = open_debug_log(config.debug_log, lambda message: _warn(message, inv),
-                                 id=inv.container_id)
-        bundle: Optional[str] = None
-        try:
-            if inv.error:
-                from nvshim.errors import UsageError
-
-                raise UsageError(f"{inv.command}: {inv.error}")
-            from nvshim.runtime.create import commit, plan_create
-
-            bundle = _absolute(inv.bundle) if inv.bundle else _cwd()
-            plan = plan_create(bundle, config, log=log, save_cache=True)
-            for warning in plan.warnings:
-                _warn(warning, inv)
-                if log is not None:
-                    log.event("warning", bundle=bundle, message=warning)
-            if config.grants_journal and plan.granted_uuids:
-                _record_grant(plan, config, inv, bundle, runtime)
-            elif config.grants_journal and plan.request.source == "none" \
-                    and plan.claim.claims_gpus:  # cheap: a container asking nothing stops here
-                from nvshim.runtime.denials import strip_reason
-
-                stripped = strip_reason(plan)
-                if stripped is not None:
-                    if log is not None:
-                        log.event("stripped", bundle=bundle, reason=stripped)
-                    _record_denial(config, inv, bundle, runtime, "stripped", stripped, plan)
-            done = commit(plan, log)
-            if log is not None:
-                log.event("create", bundle=bundle, rewritten=done.written)
-        except NvshimError as exc:
-            if log is not None:
-                log.error("create failed", error=str(exc))
-            from nvshim.errors import RequestError
-
-            message = str(exc)
-            if isinstance(exc, RequestError) and config.grants_journal and bundle is not None:
-                try:
-                    _record_denial(config, inv, bundle, runtime, "refused", message)
-                except NvshimError as unrecorded:
-                    message = f"{message} (not recorded: {unrecorded})"
-            _fail(message, inv)
-        except Exception as exc:  # noqa: BLE001 - last resort: one line, never a traceback
-            if log is not None:
-                log.error("create failed", error=repr(exc))
-            _fail(f"internal error: {type(exc).__name__}: {exc}", inv)
+        failure = create(inv, config, runtime)
+        if failure is not None:
+            _fail(failure, inv)
 
     if inv.version:
         # like nvidia-container-runtime: our version first, then the low-level runtime's

@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 
     from nvshim.host.drm import DrmNodes
 
-__all__ = ["CachedHost", "FORMAT", "host_for", "load", "refresh", "stamp"]
+__all__ = ["CachedHost", "FORMAT", "host_for", "load", "refresh", "stamp", "PlanMemo",
+           "use_memo"]
 
 #: Bumped whenever the document's shape changes.
 FORMAT = 4
@@ -184,12 +185,61 @@ def stamp(host: Host) -> Dict[str, Any]:
     return {"format": FORMAT, "key": _key(host.driver_root, host.dev_root, host.nvml_facts)}
 
 
+class PlanMemo:
+    """A resident process's parsed copy of the plan file (the agent's; a create has none).
+
+    Reused only while ``stat`` says the file is the one parsed (:func:`stat_signature`)
+    and it is still trusted as the runtime requires; every other check :func:`load` makes
+    (format, key, the watched paths) runs on it as on a freshly read file, so the copy is
+    dropped exactly when the runtime would drop the file. ``lock`` serialises the
+    rebuilds of a multi-threaded process (the writes' temp file is per process).
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.RLock()
+        self.entry: Optional[Tuple[str, List[int], Any]] = None
+
+
+#: Set by :func:`use_memo` in a resident process; None on the runtime's path.
+_MEMO: Optional[PlanMemo] = None
+
+
+def use_memo(memo: Optional[PlanMemo]) -> None:
+    """Keep the parsed plan in ``memo`` from now on (None: read the file each time)."""
+    global _MEMO
+    _MEMO = memo
+
+
+def _read(path: str) -> Tuple[Optional[Any], str]:
+    """The plan document at ``path``, through the memo when one is in use."""
+    from nvshim.files import check_trusted, read_trusted_cache
+
+    memo = _MEMO
+    if memo is None:
+        return read_trusted_cache(path, "plan cache")
+    sig = stat_signature(path)
+    entry = memo.entry
+    if sig is not None and entry is not None and entry[0] == path and entry[1] == sig:
+        from nvshim.errors import ConfigError
+
+        try:
+            check_trusted(path, os.stat(path))
+        except ConfigError as exc:
+            return None, f"plan cache not trusted: {exc}"
+        except OSError as exc:
+            return None, f"plan cache unreadable: {exc.strerror}"
+        return entry[2], ""
+    doc, why = read_trusted_cache(path, "plan cache")
+    memo.entry = None if why or sig is None else (path, sig, doc)
+    return doc, why
+
+
 def load(path: str, driver_root: str, dev_root: str,
          nvml_facts: Optional[str] = None) -> Tuple[Optional[CachedHost], str]:
     """The cached host when ``path`` holds a valid, fresh plan; else (None, why not)."""
-    from nvshim.files import read_trusted_cache
-
-    doc, why = read_trusted_cache(path, "plan cache")
+    doc, why = _read(path)
     if why:
         return None, why
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -216,6 +266,13 @@ def host_for(config: Any, save: bool) -> Tuple[Host, str]:
     A fresh cache gives a :class:`CachedHost`; otherwise discovery runs and, with
     ``save``, the plan is rebuilt and written for the next create.
     """
+    if _MEMO is not None:
+        with _MEMO.lock:
+            return _host_for(config, save)
+    return _host_for(config, save)
+
+
+def _host_for(config: Any, save: bool) -> Tuple[Host, str]:
     from nvshim.config import config_path, plan_path
 
     live = Host(config.driver_root, config.dev_root, config.nvml_facts)

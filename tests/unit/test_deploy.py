@@ -96,6 +96,25 @@ def _installer_pod() -> Dict[str, Any]:
     return dict(_one("DaemonSet", "nvshim-installer")["spec"]["template"]["spec"])
 
 
+def _container(pod: Dict[str, Any], name: str) -> Dict[str, Any]:
+    (found,) = [c for c in pod["containers"] if c["name"] == name]
+    return dict(found)
+
+
+def test_daemonset_runs_the_node_agent_in_the_nodes_mount_namespace() -> None:
+    """A second container runs `nvshim agent` as installed on the node, entered into the
+    node's mount namespace (the agent serves only creates that resolve paths as it does),
+    without NRI, and is ready when `nvshim agent --ready` says so."""
+    agent = _container(_installer_pod(), "agent")
+    script = " ".join(agent["args"])
+    assert "exec nsenter -t 1 -m -u -i -n -- /usr/local/bin/nvshim agent" in script
+    assert "--nri-socket none" in script and "--socket /run/nvshim/agent.sock" in script
+    assert agent["readinessProbe"]["exec"]["command"][-3:] == [
+        "--socket", "/run/nvshim/agent.sock", "--ready"]
+    assert agent["securityContext"]["privileged"] is True
+    assert agent["image"] == _container(_installer_pod(), "installer")["image"]
+
+
 def _matches(term: Dict[str, Any], labels: Dict[str, str]) -> bool:
     """One nodeSelectorTerm (In / NotIn expressions, ANDed) against a node's labels."""
     for expr in term["matchExpressions"]:
@@ -143,7 +162,8 @@ def test_daemonset_runs_the_installer_entrypoint_privileged_with_the_ci_image() 
     builds (no placeholder registry left), ready only once installed, with time to uninstall."""
     pod = _installer_pod()
     assert pod["hostPID"] is True and "initContainers" not in pod
-    (installer,) = pod["containers"]
+    installer = _container(pod, "installer")
+    assert [c["name"] for c in pod["containers"]] == ["installer", "agent"]
     assert installer["securityContext"]["privileged"] is True
     assert installer["command"] == ["/bin/sh", "/usr/local/bin/nvshim-installer"]
     assert installer["image"] == "localhost/nvshim-installer:0.1.0"
@@ -164,7 +184,7 @@ def test_daemonset_runs_the_installer_entrypoint_privileged_with_the_ci_image() 
 def test_daemonset_env_names_settings_the_installer_reads() -> None:
     """Every NVSHIM_* variable the DaemonSet sets is read by installer.sh (or passed on to
     install.sh, which reads it) and documented in deploy/README.md: a typo cannot hide."""
-    (installer,) = _installer_pod()["containers"]
+    installer = _container(_installer_pod(), "installer")
     entrypoint = (DEPLOY / "installer.sh").read_text()
     install_sh = (DEPLOY.parent / "install.sh").read_text()
     readme = (DEPLOY / "README.md").read_text()
@@ -178,7 +198,7 @@ def test_daemonset_mounts_where_the_installer_looks() -> None:
     """The hostPath, ConfigMap and state mounts sit where installer.sh's defaults expect them:
     the node's stage and /etc/nvshim under /host, the ConfigMap's file, the ready file."""
     pod = _installer_pod()
-    (installer,) = pod["containers"]
+    installer = _container(pod, "installer")
     defaults = _installer_defaults()
     mounts = {m["name"]: m["mountPath"] for m in installer["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}

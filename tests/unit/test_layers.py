@@ -4,7 +4,7 @@ itself back through another.
 Layers, bottom to top (docs/architecture.md draws them):
 
     base modules (errors, _record, _jsonc, files, _ocistate, edits, configcheck, config)
-      <- host  <- cdi  <- runtime  <- node  <- cli
+      <- host  <- cdi  <- runtime  <- agent  <- node  <- cli
          host  <- sim  <- node, cli          (the simulated node: never below node)
                           runtime  <- hook, params_hook   (the createContainer hooks' fixed
                                                            entry names)
@@ -39,8 +39,9 @@ MAY_IMPORT = {
     "runtime": ("cdi", "host"),
     "hook": ("runtime", "host"),
     "params_hook": ("runtime", "host"),
-    "node": ("runtime", "sim", "cdi", "host"),
-    "cli": ("node", "runtime", "sim", "cdi", "host", "hook", "params_hook"),
+    "agent": ("runtime", "cdi", "host"),
+    "node": ("agent", "runtime", "sim", "cdi", "host"),
+    "cli": ("node", "agent", "runtime", "sim", "cdi", "host", "hook", "params_hook"),
 }
 HEAVY = ("click", "structlog", "yaml", "jsonschema", "pynvml", "tomlkit")
 

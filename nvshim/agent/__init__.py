@@ -1,0 +1,10 @@
+"""``nvshim agent``: the resident node process.
+
+One process per node holds what every create would otherwise load afresh (the config,
+the node plan) and serves the runtime's creates over a Unix socket
+(:mod:`nvshim.agent.server`, protocol in ``docs/agent.md``); the NRI plugin (the ``nri``
+module of this package, issue 33) lives in the same process. Nothing here runs on the
+runtime's own path: the agent pays its imports (structlog among them) once.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,159 @@
+"""``nvshim agent``'s life: load, bind, serve, (register with NRI), stop on SIGTERM/SIGINT.
+
+Ready (the ``ready`` request, the DaemonSet's readiness probe) means: the agent socket
+serves and, when NRI is asked for, the plugin is registered with the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any, Callable, List, Optional, Tuple
+
+from nvshim.agent.protocol import Request
+from nvshim.agent.server import AgentServer, Peer
+from nvshim.agent.state import AgentState
+
+__all__ = ["Agent", "run_agent", "DEFAULT_SOCKET", "DEFAULT_NRI_SOCKET"]
+
+DEFAULT_SOCKET = "/run/nvshim/agent.sock"
+DEFAULT_NRI_SOCKET = "/var/run/nri/nri.sock"
+
+
+class Agent:
+    """The daemon: its state, its socket, its NRI thread and whether it is ready."""
+
+    def __init__(self, state: AgentState, socket_path: str, nri_socket: Optional[str]) -> None:
+        self.state = state
+        self.log = state.log
+        self.socket_path = socket_path
+        self.nri_socket = nri_socket
+        self.stop = threading.Event()
+        self.registered = threading.Event()
+        self.nri_error = ""
+        self.server: Optional[AgentServer] = None
+
+    # --- readiness --------------------------------------------------------------------
+
+    def on_registered(self, registered: bool) -> None:
+        """The NRI plugin's news: registered with the engine (True) or not any more."""
+        if registered:
+            self.registered.set()
+        else:
+            self.registered.clear()
+        self.log.info("nri registration", registered=registered)
+
+    def readiness(self) -> Tuple[bool, str]:
+        if self.server is None or not self.server.serving:
+            return False, "agent socket not serving"
+        if self.nri_socket is not None and not self.registered.is_set():
+            why = f": {self.nri_error}" if self.nri_error else ""
+            return False, f"not registered with the engine's NRI socket {self.nri_socket}{why}"
+        return True, ""
+
+    # --- requests ---------------------------------------------------------------------
+
+    def handle(self, request: Request, fds: List[int], peer: Peer) -> Tuple[str, str]:
+        if request.op == "ready":
+            ok, why = self.readiness()
+            if not ok:
+                return "not-ready", why
+            import json
+
+            config, generation = self.state.current()
+            return "ready", json.dumps({"config": self.state.config_path,
+                                        "generation": generation,
+                                        "serving": config is not None,
+                                        "nri": self.nri_socket or "none"})
+        from nvshim.agent.create import serve_create
+
+        return serve_create(self.state, request, fds[0], peer)
+
+    # --- life -------------------------------------------------------------------------
+
+    def _start_nri(self) -> None:
+        assert self.nri_socket is not None
+        path = self.nri_socket
+
+        def run() -> None:
+            try:
+                # by name, only when NRI is asked for: the plugin is this package's nri
+                # module (issue 33), which a build may not have
+                import importlib
+
+                run_nri = importlib.import_module(".nri", __package__).run_nri
+            except (ImportError, AttributeError) as exc:
+                self.nri_error = f"this nvshim has no NRI plugin ({exc})"
+                self.log.error("nri unavailable", error=self.nri_error)
+                return
+            try:
+                run_nri(self.state, path, self.stop, self.on_registered)
+            except Exception as exc:  # noqa: BLE001 - the socket keeps serving; not ready
+                self.nri_error = f"{type(exc).__name__}: {exc}"
+                self.log.error("nri plugin stopped", error=self.nri_error)
+            finally:
+                self.registered.clear()
+
+        threading.Thread(target=run, name="nri", daemon=True).start()
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; 0 after a clean stop."""
+        self.server = AgentServer(self.socket_path, self.handle, self.log)
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        previous: List[Tuple[int, Any]] = []
+
+        def stopping(signum: int, _frame: Any) -> None:
+            self.stop.set()
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous.append((signum, signal.signal(signum, stopping)))
+        old_wake = signal.set_wakeup_fd(wake_w)
+        try:
+            if self.nri_socket is not None:
+                self._start_nri()
+            self.log.info("agent serving", socket=self.socket_path,
+                          nri_socket=self.nri_socket or "none", config=self.state.config_path,
+                          generation=self.state.generation)
+            self.server.serve(self.stop, wake_r, self.state.reload_if_changed)
+        finally:
+            signal.set_wakeup_fd(old_wake)
+            for number, handler in previous:
+                signal.signal(number, handler)
+            os.close(wake_r)
+            os.close(wake_w)
+        self.log.info("agent stopped", socket=self.socket_path)
+        return 0
+
+
+def _warm_up() -> None:
+    """Import what a create uses now, not on the first create (and undo the runtime
+    entry's ``gc.disable()``, which suits a 15 ms process, not a resident one)."""
+    import gc
+
+    import nvshim.runtime.create  # noqa: F401
+    import nvshim.runtime.main  # noqa: F401
+    import nvshim.runtime.plancache  # noqa: F401
+
+    gc.enable()
+
+
+def run_agent(config_file: Optional[str], socket_path: str, nri_socket: Optional[str],
+              log: Any = None, started: Optional[Callable[[Agent], None]] = None) -> int:
+    """``nvshim agent``: build the state, serve; ``nri_socket`` None is ``--nri-socket none``."""
+    from nvshim.agent.logs import configure
+    from nvshim.runtime.plancache import use_memo
+
+    log = log if log is not None else configure()
+    _warm_up()
+    state = AgentState(config_file, log)
+    use_memo(state.plan_memo)
+    agent = Agent(state, socket_path, nri_socket)
+    if started is not None:
+        started(agent)
+    try:
+        return agent.run()
+    finally:
+        use_memo(None)
+
+

@@ -1,0 +1,70 @@
+"""A real ``nvshim agent`` process for tests: started on a socket in a tmp dir, stopped
+by the test that started it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+from tests.helpers.common import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def nvshim_bin() -> List[str]:
+    """``$NVSHIM_BIN``, else this checkout's ``nvshim`` run by this interpreter."""
+    exe = os.environ.get("NVSHIM_BIN")
+    return [exe] if exe else [sys.executable, "-I", "-c",
+                              "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+                              "from nvshim.cli.main import main; main()", str(REPO)]
+
+
+class AgentProcess:
+    def __init__(self, socket: Path, config: Optional[Path], log: Path,
+                 nri_socket: str = "none", env: Optional[dict] = None,
+                 prefix: Optional[List[str]] = None) -> None:
+        """``prefix``: words before the command (``nsenter -t PID -m --``)."""
+        self.socket, self.config, self.log = socket, config, log
+        args = list(prefix or []) + nvshim_bin() + ["agent", "--socket", str(socket), "--nri-socket", nri_socket]
+        if config is not None:
+            args += ["--config", str(config)]
+        self.args = args
+        self.env = env
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+
+    def start(self) -> "AgentProcess":
+        with open(self.log, "ab") as err:
+            self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=err,
+                                         env=self.env)
+        proc = self.proc
+        wait_until(lambda: self.socket.exists() or proc.poll() is not None, 60,
+                   f"the agent's socket {self.socket}")
+        assert self.proc.poll() is None, self.log.read_text()
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+@contextlib.contextmanager
+def running_agent(tmp: Path, config: Optional[Path], name: str = "agent",
+                  nri_socket: str = "none") -> Iterator[AgentProcess]:
+    agent = AgentProcess(tmp / f"{name}.sock", config, tmp / f"{name}.log", nri_socket)
+    agent.start()
+    try:
+        yield agent
+    finally:
+        agent.stop()
