@@ -21,7 +21,6 @@ TYPE_CHECKING = False  # typing alone costs about the interpreter's start (BENCH
 if TYPE_CHECKING:
     from typing import Any, List, Optional
 
-    import click
 
 __all__ = ["main"]  # and cli, through __getattr__
 
@@ -46,13 +45,14 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    """``cli``, the click group, for callers that drive it (tests' CliRunner, completion)."""
-    if name == "cli":
-        from nvshim.cli.app import cli
+    """The click application's names (``cli``, the group; ``sim``, ``hook`` …) for callers
+    that drive it (tests' CliRunner, completion): loaded from :mod:`nvshim.cli.app`."""
+    from nvshim.cli import app
 
-        group: click.Group = cli
-        return group
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        return getattr(app, name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
 
 if __name__ == "__main__":

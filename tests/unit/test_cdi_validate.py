@@ -435,8 +435,8 @@ def test_non_utf8_file_is_one_problem(tmp_path: Path) -> None:
 
 
 def test_problem_str_is_one_line() -> None:
-    """A Problem prints as <file>: <json path>: <message>, newlines folded."""
-    assert str(CdiProblem("a.yaml", "$.kind", "bad\nkind")) == "a.yaml: $.kind: bad kind"
+    """A Problem prints as <file>: <json path>: <message> on one line, a newline escaped."""
+    assert str(CdiProblem("a.yaml", "$.kind", "bad\nkind")) == "a.yaml: $.kind: bad\\nkind"
 
 
 # --------------------------------------------------------------------------------------

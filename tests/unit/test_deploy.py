@@ -102,15 +102,20 @@ def _container(pod: Dict[str, Any], name: str) -> Dict[str, Any]:
 
 
 def test_daemonset_runs_the_node_agent_in_the_nodes_mount_namespace() -> None:
-    """A second container runs `nvshim agent` as installed on the node, entered into the
-    node's mount namespace (the agent serves only creates that resolve paths as it does),
-    without NRI, and is ready when `nvshim agent --ready` says so."""
+    """A second container runs `nvshim agent` as installed on the node (in the installer's
+    bin dir), entered into the node's mount namespace (the agent serves only creates that
+    resolve paths as it does), without NRI, and is ready when `nvshim agent --ready` says so."""
     agent = _container(_installer_pod(), "agent")
     script = " ".join(agent["args"])
-    assert "exec nsenter -t 1 -m -u -i -n -- /usr/local/bin/nvshim agent" in script
+    assert 'exec nsenter -t 1 -m -u -i -n -- "$NVSHIM_BINDIR/nvshim" agent' in script
     assert "--nri-socket none" in script and "--socket /run/nvshim/agent.sock" in script
-    assert agent["readinessProbe"]["exec"]["command"][-3:] == [
-        "--socket", "/run/nvshim/agent.sock", "--ready"]
+    assert agent["readinessProbe"]["exec"]["command"][-1].endswith(
+        '"$NVSHIM_BINDIR/nvshim" agent --socket /run/nvshim/agent.sock --ready')
+    # the command where the installer container put it (a moved bin dir: read-only /usr)
+    env = {e["name"]: e["value"] for e in agent["env"]}
+    installer = _container(_installer_pod(), "installer")
+    assert env["NVSHIM_BINDIR"] == {e["name"]: e["value"] for e in installer["env"]}[
+        "NVSHIM_BINDIR"]
     assert agent["securityContext"]["privileged"] is True
     assert agent["image"] == _container(_installer_pod(), "installer")["image"]
 
@@ -253,7 +258,7 @@ def test_configmap_ships_the_device_plugin_management_pods_entry_commented() -> 
 def test_bin_dir_is_a_documented_daemonset_setting() -> None:
     """NVSHIM_BINDIR (read-only /usr nodes) is set in the DaemonSet's env, passed on by the
     installer, documented in deploy/README.md and supported by install.sh's --help."""
-    (installer,) = _installer_pod()["containers"]
+    installer = _container(_installer_pod(), "installer")
     env = {e["name"]: e["value"] for e in installer["env"]}
     assert env["NVSHIM_BINDIR"] == "/usr/local/bin"
     assert "NVSHIM_BINDIR" in (DEPLOY / "installer.sh").read_text().split("PASS=")[1][:80]
