@@ -110,7 +110,7 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
                   for h in view.docker_hooks]
     plan_source = ""
     engine: Optional[EngineGrant] = None
-    if view.char_devices and not view.sandbox:
+    if view.char_devices:
         # GPUs the engine injected (CDI, DRA), by number; a privileged container's are the
         # host's every device: held and journaled, no grant
         from nvshim._record import replace
@@ -119,6 +119,13 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         engine, host, plan_source = find_engine_grant(
             view.char_devices, config, host, save_cache, view.privileged_with_devices)
         if engine is not None and not engine.privileged:
+            if view.sandbox:  # a pause container never holds a GPU: the marker is forged
+                from nvshim.errors import RequestError
+
+                raise RequestError(
+                    f"a CRI sandbox (pause) container holds {engine.summary or 'an IMEX channel'}"
+                    " the engine injected; a sandbox never holds NVIDIA devices, so its "
+                    "sandbox annotations are not its engine's: refusing it")
             view = replace(view, engine=engine)
     claim = read_claim(view, config)
 
