@@ -35,6 +35,12 @@ leave no debug-log record. A create whose config file is missing always reaches 
 which fails it: the config the script embeds is *named* (install.sh writes it), and a named
 config that is missing never means the built-in defaults (:func:`nvshim.config.config_named`).
 
+Before the hand-over the runtime found and each directory above it must be owned by root
+(``test -O``, no fork); otherwise Python starts, and refuses a runtime others could write
+(:func:`nvshim.files.executable_problem`). A root-owned runtime or directory that root made
+writable by others is not seen here (mode bits need a fork): Python refuses it on every
+create that reaches it, and ``nvshim doctor`` reports it.
+
 The low-level runtime list and the annotation prefixes come from ``<config stem>.runtimes``
 and ``.annotation-prefixes``, written by ``nvshim config compile`` next to the compiled
 config (one entry per line, read without word splitting or globbing). They carry the
@@ -295,6 +301,15 @@ else
 runc
 crun
 DEFAULTS
+fi
+if [ -n "$found" ] && [ -O / ]; then
+    # As root: the runtime and every directory above it must be root's (no fork: test -O),
+    # else Python judges it (nvshim.files.executable_problem) and refuses what others own.
+    d=$found
+    while [ -n "$d" ]; do
+        [ -O "$d" ] || python "$@"
+        d=${d%/*}
+    done
 fi
 if [ -n "$found" ]; then
     [ "$ver" = 0 ] || printf 'nvshim-runtime version %s\n\n' @VERSION@

@@ -399,6 +399,10 @@ def commit(plan: Plan, log: Optional[DebugLog] = None) -> Committed:
     and holds the config.json written with the hook.
     """
     log = _live(log)
+    from nvshim.files import check_executable
+
+    for hook in plan.grant.edits.hooks:  # nvshim's, the params hook, CDI specs': run as root
+        check_executable(hook.path, "hook")
     rootfs, new_spec = plan.rootfs, plan.new_spec
     warnings: Tuple[str, ...] = ()
     if rootfs.by == "runtime":
