@@ -154,3 +154,36 @@ def test_a_cdi_hook_others_could_write_fails_the_create(tmp_path: Path, how: str
     assert words in res.stderr, res.stderr
     assert (b / "config.json").read_bytes() == before
     assert not (runtime.parent / "ran").exists()
+
+
+def test_doctor_names_each_untrusted_program_and_its_fix(tmp_path: Path) -> None:
+    """doctor's executable-trust check fails once per untrusted runtime and CDI spec hook, in one line naming the file, what names it and the fix; root-only ones are ok."""
+    from nvshim.config import Config
+    from nvshim.node.doctor import render_text
+    from nvshim.node.doctor_exec import check_executables
+
+    runtime = program(tmp_path / "bin", "runc")
+    hook = program(tmp_path / "hooks", "hook")
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    spec = cdi / "acme.json"
+    spec.write_text(json.dumps({
+        "cdiVersion": "0.5.0", "kind": "acme.com/dev",
+        "devices": [{"name": "x", "containerEdits": {
+            "hooks": [{"hookName": "createContainer", "path": str(hook)}]}}]}))
+    config = Config(runtimes=(str(runtime),), cdi_spec_dirs=(str(cdi),),
+                    source=str(tmp_path / "config.yaml"))
+    assert [f.status for f in check_executables(config)] == ["ok"]
+    untrust(runtime, "owner")
+    untrust(hook, "dir")
+    findings = check_executables(config)
+    assert [(f.check, f.status) for f in findings] == [("executable-trust", "fail")] * 2
+    first, second = findings
+    assert first.message.startswith(f"program {runtime} is owned by uid {NOBODY}, not root")
+    assert f"(runtimes: in {config.source})" in first.message
+    assert first.fix.startswith(f"chown root {runtime}")
+    assert second.message.startswith(f"program {hook} would run as root, but ")
+    assert f"(a hook of CDI spec {spec})" in second.message
+    assert second.fix.startswith(f"chmod go-w {hook.parent}")
+    lines = render_text(findings).splitlines()
+    assert len(lines) == 2 and all(line.startswith("FAIL  executable-trust: ") for line in lines)
