@@ -37,9 +37,10 @@ config that is missing never means the built-in defaults (:func:`nvshim.config.c
 
 Before the hand-over the runtime found and each directory above it must be owned by root
 (``test -O``, no fork); otherwise Python starts, and refuses a runtime others could write
-(:func:`nvshim.files.executable_problem`). A root-owned runtime or directory that root made
-writable by others is not seen here (mode bits need a fork): Python refuses it on every
-create that reaches it, and ``nvshim doctor`` reports it.
+(:func:`nvshim.files.executable_problem`). Modes need a fork, so they are checked where the
+list is made: ``nvshim config compile`` writes no list naming a runtime others could write.
+One whose mode root loosens after compile is refused by every create that reaches Python
+and reported by ``nvshim doctor``.
 
 The low-level runtime list and the annotation prefixes come from ``<config stem>.runtimes``
 and ``.annotation-prefixes``, written by ``nvshim config compile`` next to the compiled

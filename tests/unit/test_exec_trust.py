@@ -187,3 +187,27 @@ def test_doctor_names_each_untrusted_program_and_its_fix(tmp_path: Path) -> None
     assert second.fix.startswith(f"chmod go-w {hook.parent}")
     lines = render_text(findings).splitlines()
     assert len(lines) == 2 and all(line.startswith("FAIL  executable-trust: ") for line in lines)
+
+
+@pytest.mark.parametrize("how", ["mode", "dir"])
+def test_compile_refuses_a_runtime_others_could_write_so_the_trampoline_never_execs_it(
+        tmp_path: Path, how: str) -> None:
+    """nvshim config compile refuses a runtimes: entry others could write (a root-owned 0777 one, or one in a 0777 directory: modes the sh trampoline cannot see) in one line and writes no list, so the trampoline hands even a passthrough to Python, which refuses it."""
+    from nvshim.config import runtimes_path
+    from nvshim.errors import ConfigError
+    from nvshim.node.compile import compile_node
+
+    (tmp_path / "w").mkdir()
+    world = make_trampoline_world(tmp_path / "w")
+    runtime = program(tmp_path / "bin", "runc")
+    words = untrust(runtime, how)
+    Path(runtimes_path(str(world["config"]))).unlink()
+    Path(world["config"]).write_text(f"runtimes: [{runtime}]\n")
+    with pytest.raises(ConfigError) as info:
+        compile_node(str(world["config"]))
+    assert words in str(info.value) and "\n" not in str(info.value)
+    assert not Path(runtimes_path(str(world["config"]))).exists()
+    res = subprocess.run([str(world["tramp"]), "state", "x"], env=world["env"],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 1 and words in res.stderr, res.stderr
+    assert not (runtime.parent / "ran").exists()
