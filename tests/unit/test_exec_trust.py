@@ -211,3 +211,38 @@ def test_compile_refuses_a_runtime_others_could_write_so_the_trampoline_never_ex
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 1 and words in res.stderr, res.stderr
     assert not (runtime.parent / "ran").exists()
+
+
+def test_nvshims_own_hook_from_an_interpreter_others_could_replace_fails_the_create(
+        tmp_path: Path) -> None:
+    """A GPU create whose own hook would run an interpreter reached through a directory others can write (a 0777 dir holding the python link) fails in one line naming it; config.json stays byte-identical."""
+    import sysconfig
+
+    from nvshim.sim.build import create_node
+
+    node = create_node(str(tmp_path / "node"), gpus=1)
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    python = open_dir / "python3"
+    python.symlink_to(os.path.realpath(sys.executable))
+    open_dir.chmod(0o777)
+    runtime = program(tmp_path / "bin", "runc")
+    config = tmp_path / "etc" / "config.yaml"
+    config.parent.mkdir()
+    config.write_text(f"runtimes: [{runtime}]\ndriver-root: {node.root}\ngrants-journal: null\n")
+    (tmp_path / "bundle" / "rootfs").mkdir(parents=True)
+    b = tmp_path / "bundle"
+    (b / "config.json").write_text(json.dumps({
+        "process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0"]},
+        "root": {"path": "rootfs", "readonly": True}}, indent=1))
+    before = (b / "config.json").read_bytes()
+    paths = [str(REPO), sysconfig.get_paths()["purelib"]]
+    boot = (f"import sys; sys.path[0:0] = {paths!r}; "
+            "from nvshim.runtime.main import main; main()")
+    res = subprocess.run([str(python), "-I", "-S", "-c", boot, "create", "--bundle", str(b), "x"],
+                         env={"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": str(config)},
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and len(res.stderr.splitlines()) == 1, res.stderr
+    assert res.stderr.startswith(f"nvshim: hook {python} would run as root"), res.stderr
+    assert (b / "config.json").read_bytes() == before
+    assert not (runtime.parent / "ran").exists()
