@@ -22,6 +22,8 @@ The rule nvshim holds its files to is here too (:func:`check_trusted`, like sshd
 StrictModes): when running as root, every file a create reads (the config, its compiled
 copy, the trampoline's lists, the node plan cache, the CDI index, CDI spec files) must be
 root's, writable by root only, and reached through directories only root can change.
+So must every program it runs as root or lets runc run because of its config or a CDI
+spec it loaded (:func:`executable_problem`: the low-level runtime, the hooks it adds).
 :func:`read_bytes` and :func:`read_trusted_cache` open such files without blocking on a
 FIFO and check them on the open descriptor.
 """
@@ -37,7 +39,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, BinaryIO, List, Optional, Tuple
 
-__all__ = ["replaceable_by_others", "lookup_problem", "check_trusted", "read_bytes",
+__all__ = ["replaceable_by_others", "lookup_problem", "check_trusted", "executable_problem",
+           "check_executable", "read_bytes",
            "read_trusted_cache", "write_atomic", "remove_stale_temps", "stat_signature"]
 
 _MAX_LINKS = 40  # the kernel's limit on symlinks followed in one lookup
@@ -150,6 +153,36 @@ def check_trusted(path: str, st: os.stat_result, what: str = "config") -> None:
             f"nvshim-runtime runs as root and executes what it names; run chmod go-w {path}"
         )
     problem = lookup_problem(path, what)  # the ancestors, and past a symlink its target's
+    if problem:
+        raise ConfigError(problem)
+
+
+def executable_problem(path: str, what: str) -> str:
+    """The one-line refusal of a program nvshim runs as root, or puts in config.json for
+    runc to run as root (a ``what``: ``runtime``, ``hook``), that someone but root could
+    have written or replaced; "" when it is root's alone, when not running as root (the
+    rule protects root, as :func:`check_trusted`), or when it does not exist (exec and
+    runc say that). The rule is the config files': owned by root, writable by root only,
+    reached through directories only root can change (:func:`lookup_problem`)."""
+    if os.geteuid() != 0:
+        return ""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    if st.st_uid != 0:
+        return (f"{what} {path} is owned by uid {st.st_uid}, not root: it would run as root; "
+                f"run chown root {path}")
+    if st.st_mode & 0o022:
+        return (f"{what} {path} is writable by group or others (mode {st.st_mode & 0o7777:04o}): "
+                f"it would run as root; run chmod go-w {path}")
+    problem = lookup_problem(path, what)
+    return f"{what} {path} would run as root, but {problem}" if problem else ""
+
+
+def check_executable(path: str, what: str) -> None:
+    """:func:`executable_problem` as a :class:`ConfigError`."""
+    problem = executable_problem(path, what)
     if problem:
         raise ConfigError(problem)
 

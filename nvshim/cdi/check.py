@@ -259,8 +259,13 @@ class _Checker:
         dtype = self.string(node.get("type"), f"{where}.type")
         if dtype is not None and dtype not in _DEVICE_TYPES:
             self.add(f"{where}.type", f'device type "{dtype}" is not one of b, c, u, p')
-        for key in ("major", "minor"):
-            self.integer(node.get(key), f"{where}.{key}", _INT64)
+        for key in ("major", "minor"):  # runc keeps the low 32 bits: only these mean it
+            value = node.get(key)
+            if type(value) is int and not _UINT32[0] <= value <= _UINT32[1]:
+                self.add(f"{where}.{key}", f"{value} is out of range 0..{_UINT32[1]} (runc keeps "
+                         f"the low 32 bits: it would use {value % (_UINT32[1] + 1)})")
+            else:
+                self.integer(value, f"{where}.{key}", _UINT32)
         for key in ("fileMode", "uid", "gid"):
             self.integer(node.get(key), f"{where}.{key}", _UINT32)
         perms = self.string(node.get("permissions"), f"{where}.permissions")

@@ -82,6 +82,7 @@ def check_config(path: Optional[str] = None,
         raise ConfigError(f"config {path} does not exist; nothing to compile")
     config = parse_config_text(data, path)
     _check_roots(config, path)
+    _check_runtimes(config, path)
     if marked_default(path):
         guard_default(path, data, config)
     elif default_runtime:
@@ -156,6 +157,21 @@ def _check_roots(config: Config, path: str) -> None:
         problems.append(f'"{key}" is {json.dumps(root)}, which {what}')
     if problems:
         raise ConfigError(describe_problems(path, problems))
+
+
+def _check_runtimes(config: Config, path: str) -> None:
+    """Refuse a ``runtimes:`` entry, as found on this PATH, that others could have written
+    (:func:`nvshim.files.executable_problem`): the sh trampoline execs the compiled list's
+    runtimes after checking only who owns them (modes need a fork), so a list is never
+    written for one Python would refuse."""
+    from nvshim.files import executable_problem
+    from nvshim.runtime.main import find_runtime
+
+    for name in config.runtimes:
+        found = find_runtime((name,), os.environ.get("PATH"))
+        problem = executable_problem(found, "runtime") if found is not None else ""
+        if problem:
+            raise ConfigError(f"{problem} (runtimes: in {path})")
 
 
 def _link_source(path: str) -> None:

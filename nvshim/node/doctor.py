@@ -25,6 +25,11 @@ The checks, by name:
     ``skip`` without the mark.
 ``runtimes``
     at least one of ``runtimes`` (runc, crun, an absolute path) is an executable.
+``executable-trust``
+    every program nvshim runs as root or lets runc run because of its config or a CDI spec
+    (runtimes, CDI spec hooks, its own hook's interpreter, its Docker ``--gpus`` stand-in)
+    passes the config files' trust rule; one failure per program others could write
+    (:mod:`nvshim.node.doctor_exec`).
 ``containerd-config``
     containerd's config parses and its imports exist; no config at all is ``skip``.
 ``containerd-drop-in``
@@ -106,6 +111,7 @@ from nvshim.node.doctor_engines import (
     check_drop_in_drift,
     check_runtime_binary,
 )
+from nvshim.node.doctor_exec import check_executables
 from nvshim.node.doctor_handlers import check_lost_handlers
 from nvshim.node.doctor_hooks import check_oci_hooks
 from nvshim.node.doctor_host import (
@@ -144,6 +150,7 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     findings.append(check_default_mark(options.config_path))
     usable = config if config is not None else Config()
     findings.append(check_runtimes(usable, options))
+    findings.extend(check_executables(usable))
 
     containerd_finding, effective = check_containerd_config(options.containerd_config)
     findings.append(containerd_finding)

@@ -20,7 +20,11 @@ rule; runc refuses any other number form), so :data:`MAJOR_PATTERN` sends to Pyt
 spec with ``"major"`` (any letter case: runc matches keys case-insensitively; an escaped
 key holds a ``\\u``) followed by 195 (the NVIDIA driver's fixed major) or a major the
 kernel hands out dynamically (234-254, 384-511: ``nvidia-uvm``, ``nvidia-caps``, the IMEX
-channels), or by a line break before the number (grep reads line by line). Pods without a
+channels), or by a line break before the number (grep reads line by line), or by a number of ten
+digits or more, either sign: runc keeps a device number's low 32 bits, so ``195 + 2**32``
+is 195 to it; Python refuses every number outside 0..2^32-1
+(:func:`nvshim.runtime.claim.image_view`), and a number of nine digits or fewer is below
+2^32 (a negative one is, in 32 bits, above every NVIDIA major). Pods without a
 GPU carry the fixed majors of ``/dev/null``, ttys and ``/dev/fuse`` only, and stay on the
 fast path; a pod with another driver's dynamic-major device pays the Python start, which
 leaves its spec untouched. The whole test is one ``grep -E`` (measured: as fast as the
@@ -30,6 +34,13 @@ where nvshim is containerd's default runtime that is every pod without a GPU. Su
 leave no debug-log record. A create whose config file is missing always reaches Python,
 which fails it: the config the script embeds is *named* (install.sh writes it), and a named
 config that is missing never means the built-in defaults (:func:`nvshim.config.config_named`).
+
+Before the hand-over the runtime found and each directory above it must be owned by root
+(``test -O``, no fork); otherwise Python starts, and refuses a runtime others could write
+(:func:`nvshim.files.executable_problem`). Modes need a fork, so they are checked where the
+list is made: ``nvshim config compile`` writes no list naming a runtime others could write.
+One whose mode root loosens after compile is refused by every create that reaches Python
+and reported by ``nvshim doctor``.
 
 The low-level runtime list and the annotation prefixes come from ``<config stem>.runtimes``
 and ``.annotation-prefixes``, written by ``nvshim config compile`` next to the compiled
@@ -52,9 +63,10 @@ __all__ = ["render", "runtimes_path", "prefixes_path", "default_paths", "UnsafeV
            "MAJOR_PATTERN", "ere_literal", "DEFAULT_AGENT_SOCKET"]
 
 #: grep -E: a ``major`` key whose value is (or may be, past a line break) 195 or a dynamic
-#: major (see the module docstring).
-MAJOR_PATTERN = ('"[Mm][Aa][Jj][Oo][Rr]"[[:space:]]*(:[[:space:]]*(195|23[4-9]|24[0-9]|'
-                 '25[0-4]|38[4-9]|39[0-9]|4[0-9][0-9]|50[0-9]|51[01])([^0-9]|$)|:?[[:space:]]*$)')
+#: major, or is outside 32 bits (see the module docstring).
+MAJOR_PATTERN = ('"[Mm][Aa][Jj][Oo][Rr]"[[:space:]]*(:[[:space:]]*((195|23[4-9]|24[0-9]|'
+                 '25[0-4]|38[4-9]|39[0-9]|4[0-9][0-9]|50[0-9]|51[01])([^0-9]|$)|-?[0-9]{10})'
+                 '|:?[[:space:]]*$)')
 
 
 def ere_literal(text: str) -> str:
@@ -295,6 +307,15 @@ else
 runc
 crun
 DEFAULTS
+fi
+if [ -n "$found" ] && [ -O / ]; then
+    # As root: the runtime and every directory above it must be root's (no fork: test -O),
+    # else Python judges it (nvshim.files.executable_problem) and refuses what others own.
+    d=$found
+    while [ -n "$d" ]; do
+        [ -O "$d" ] || python "$@"
+        d=${d%/*}
+    done
 fi
 @AGENT@
 if [ -n "$found" ]; then

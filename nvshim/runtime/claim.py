@@ -284,6 +284,7 @@ def image_view(spec: object) -> ImageView:
     ):
         raise SpecError("annotations must be an object of strings", SPEC_FILE)
     linux = spec.get("linux")
+    _check_device_numbers(linux)
     return ImageView(
         env=env,
         mounts=tuple(mounts),
@@ -312,6 +313,41 @@ def _docker_hooks(hooks: object, annotations: Mapping[str, str]) -> Tuple[Dict[s
                      for k in annotations):
         return ()
     return found
+
+
+#: runc reads a device's ``major``/``minor`` as int64 and keeps the low 32 bits
+#: (``uint32(n)`` for mknod, ``int32(n)`` in the cgroup v2 filter): only 0..2^32-1 mean
+#: what they say (and -1, the cgroup rules' wildcard).
+_DEVICE_NUMBERS = 1 << 32
+
+
+def _check_device_numbers(linux: object) -> None:
+    """Refuse a ``major``/``minor`` of ``linux.devices`` or ``linux.resources.devices``
+    that runc would not use as written: outside 0..2^32-1 it keeps the low 32 bits, so
+    ``195 + 2**32`` is the GPU major 195 to runc and another number to every reader here
+    (the engine's grant, verification, the journal). -1 is a cgroup rule's wildcard.
+    Values of other types are runc's to refuse."""
+    if not isinstance(linux, dict):
+        return
+    resources = linux.get("resources")
+    for where, entries, wildcard in (
+            ("linux.devices", linux.get("devices"), False),
+            ("linux.resources.devices",
+             resources.get("devices") if isinstance(resources, dict) else None, True)):
+        if not isinstance(entries, list):
+            continue
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                continue
+            for key in ("major", "minor"):
+                value = entry.get(key)
+                if type(value) is not int or 0 <= value < _DEVICE_NUMBERS \
+                        or (wildcard and value == -1):
+                    continue
+                raise SpecError(
+                    f"{where}[{i}].{key} is {value}: device numbers are 0-{_DEVICE_NUMBERS - 1}"
+                    f"{' (or -1 in a cgroup rule)' if wildcard else ''}; runc would use "
+                    f"{value % _DEVICE_NUMBERS} (its low 32 bits), so it is refused", SPEC_FILE)
 
 
 def _char_devices(linux: object) -> Tuple[Tuple[int, int, str], ...]:

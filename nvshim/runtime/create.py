@@ -190,7 +190,7 @@ def _claim_stage(spec: SpecDict, config: Config, node: _Node
                   "config.json (nvshim gives the container its GPUs itself)"
                   for h in view.docker_hooks]
     engine: Optional[EngineGrant] = None
-    if view.char_devices and not view.sandbox:
+    if view.char_devices:
         # GPUs the engine injected (CDI, DRA), by number; a privileged container's are the
         # host's every device: held and journaled, no grant
         from nvshim._record import replace
@@ -199,6 +199,13 @@ def _claim_stage(spec: SpecDict, config: Config, node: _Node
         engine, node.host, node.source = find_engine_grant(
             view.char_devices, config, node.host, node.save_cache, view.privileged_with_devices)
         if engine is not None and not engine.privileged:
+            if view.sandbox:  # a pause container never holds a GPU: the marker is forged
+                from nvshim.errors import RequestError
+
+                raise RequestError(
+                    f"a CRI sandbox (pause) container holds {engine.summary or 'an IMEX channel'}"
+                    " the engine injected; a sandbox never holds NVIDIA devices, so its "
+                    "sandbox annotations are not its engine's: refusing it")
             view = replace(view, engine=engine)
     return read_claim(view, config), out, engine, notes
 
@@ -466,6 +473,10 @@ def commit(plan: Plan, log: Optional[DebugLog] = None, served_by: str = "runtime
     and holds the config.json written with the hook.
     """
     log = _live(log)
+    from nvshim.files import check_executable
+
+    for hook in plan.grant.edits.hooks:  # nvshim's, the params hook, CDI specs': run as root
+        check_executable(hook.path, "hook")
     rootfs, new_spec = plan.rootfs, plan.new_spec
     warnings: Tuple[str, ...] = ()
     if rootfs.by == "runtime":

@@ -48,6 +48,7 @@ __all__ = [
     "SANDBOX_UID",
     "CONTAINER_NAME",
     "CRIO_CONTAINER_TYPE",
+    "CRIO_SANDBOX_ID",
     "CRIO_LABELS",
     "CRIO_ANNOTATIONS",
     "POD_NAME_LABEL",
@@ -66,6 +67,8 @@ CONTAINER_NAME = "io.kubernetes.cri.container-name"
 
 #: CRI-O: ``sandbox`` or ``container`` on everything it creates.
 CRIO_CONTAINER_TYPE = "io.kubernetes.cri-o.ContainerType"
+#: CRI-O: the sandbox's id, on everything it creates.
+CRIO_SANDBOX_ID = "io.kubernetes.cri-o.SandboxID"
 #: CRI-O: the kubelet's container labels, as a JSON object.
 CRIO_LABELS = "io.kubernetes.cri-o.Labels"
 #: CRI-O: the kubelet's container annotations (the device plugin's among them), as JSON.
@@ -77,6 +80,11 @@ POD_UID_LABEL = "io.kubernetes.pod.uid"
 CONTAINER_NAME_LABEL = "io.kubernetes.container.name"
 
 _CRIO_KEYS = (POD_NAMESPACE_LABEL, POD_NAME_LABEL, POD_UID_LABEL, CONTAINER_NAME_LABEL)
+#: The kubelet's labels on every pod sandbox (a sandbox has no container name).
+_CRIO_SANDBOX_LABELS = (POD_NAMESPACE_LABEL, POD_NAME_LABEL, POD_UID_LABEL)
+#: What containerd's CRI plugin writes on every pod sandbox besides the marker.
+_CONTAINERD_SANDBOX_KEYS = (CONTAINERD_PREFIX + "sandbox-id", SANDBOX_NAME, SANDBOX_NAMESPACE,
+                            SANDBOX_UID)
 
 
 @dataclass(frozen=True)
@@ -104,13 +112,22 @@ def cri_engine(annotations: Mapping[str, str]) -> str:
 
 
 def is_sandbox(annotations: Mapping[str, str]) -> bool:
-    """A CRI pod sandbox (pause) container, by its engine's own marker: never a GPU
-    container. A spec with both engines' keys is no sandbox (it is judged, not skipped)."""
+    """A CRI pod sandbox (pause) container, by its engine's own marker *and* the rest of
+    the identity that engine writes on every sandbox: never a GPU container. The marker
+    alone is one annotation (``docker``/``podman --annotation``), so it counts only with
+    containerd's sandbox id, name, namespace and UID, or CRI-O's sandbox id and the
+    kubelet's pod labels (name, namespace, UID) in its ``Labels`` JSON. A spec with both
+    engines' keys is no sandbox (it is judged, not skipped)."""
     engine = cri_engine(annotations)
     if engine == "containerd":
-        return annotations.get(SANDBOX_ANNOTATION) == "sandbox"
+        return annotations.get(SANDBOX_ANNOTATION) == "sandbox" and all(
+            annotations.get(k) for k in _CONTAINERD_SANDBOX_KEYS)
     if engine == "cri-o":
-        return annotations.get(CRIO_CONTAINER_TYPE) == "sandbox"
+        if annotations.get(CRIO_CONTAINER_TYPE) != "sandbox" \
+                or not annotations.get(CRIO_SANDBOX_ID) or CRIO_LABELS not in annotations:
+            return False
+        labels, why = _crio_labels(annotations)
+        return not why and all(labels.get(k) for k in _CRIO_SANDBOX_LABELS)
     return False
 
 

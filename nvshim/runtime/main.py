@@ -293,6 +293,11 @@ def main(argv: Optional[List[str]] = None) -> None:
             f"(config runtimes) on PATH={os.environ.get('PATH', '')}",
             inv,
         )
+    from nvshim.files import executable_problem  # loaded with the config already
+
+    untrusted = executable_problem(runtime, "runtime")
+    if untrusted:  # every command: it would run as root, as would a create's runc
+        _fail(f"{untrusted} (runtimes: in {config.source or 'the built-in defaults'})", inv)
 
     if inv.modifies:
         failure = create(inv, config, runtime)

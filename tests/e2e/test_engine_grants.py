@@ -293,3 +293,27 @@ def test_podman_cdi_injection_is_the_engines_grant(
     assert [(g["source"], g["gpus"]) for g in journal(env)] == [
         ("engine", [node.gpus[1].uuid])]
 
+
+
+@pytest.mark.parametrize("marker", ["io.kubernetes.cri-o.ContainerType",
+                                    "io.kubernetes.cri.container-type"])
+def test_podman_sandbox_annotation_does_not_pass_an_engine_gpu(
+        podman: Podman, node: Any, rootfs: Path, tmp_path: Path, nvshim_runtime_bin: str,
+        nvshim_bin: str, marker: str) -> None:
+    """podman --annotation <CRI sandbox marker>=sandbox --device nvidia.com/gpu=1 under
+    require-allocation with unidentified-containers: fail is refused, not passed through
+    as a pod sandbox, and the refusal is journaled."""
+    env = config_env(tmp_path, node, **{"require-allocation": True, "verify-with": "kubelet",
+                                        "unidentified-containers": "fail"})
+    wrapper = write_wrapper(tmp_path / "nvshim-runtime-sim", env["NVSHIM_CONFIG"],
+                            nvshim_runtime_bin)
+    with installed_cdi_spec(generated_spec(nvshim_bin, node, True),
+                            f"nvshim-e2e-{unique_id()}.yaml"):
+        res = podman.podman_run(rootfs, ["sh", "-c", PROBE], devices=["nvidia.com/gpu=1"],
+                                annotations={marker: "sandbox"}, runtime=wrapper,
+                                podman_env={"PATH": PATH_ENV})
+    assert res.rc != 0 and "DEV " not in res.stdout, res.describe()
+    assert "nvshim: " in res.stderr and "refusing" in res.stderr, res.describe()
+    denied = Path(env["NVSHIM_CONFIG"]).parent / "grants.denied.jsonl"
+    assert [d["action"] for d in map(json.loads, denied.read_text().splitlines())] == [
+        "refused"]

@@ -294,3 +294,21 @@ def test_env_wrapper_carries_env_to_runtime_under_containerd(
     wrapper = make_env_wrapper(tmp_path / "wrapped", spy, {"NVSHIM_CONFIG": "/x/it's.yaml"})
     containerd.ctr_run(rootfs, unique_id("envw"), ["true"], runc_binary=wrapper).check()
     assert set(seen.read_text().splitlines()) == {"/x/it's.yaml"}
+
+
+def test_podman_image_commands_leave_nothing_in_var_lib_containers(
+        podman: Podman, base_rootfs: Path, tmp_path: Path) -> None:
+    """podman import and save through the helper (image copies, which write containers/image's
+    blob info cache for root whatever --root says) change nothing under /var/lib/containers."""
+    from tests.helpers.hostguard import snapshot
+
+    tar = tmp_path / "rootfs.tar"
+    shutil.make_archive(str(tar)[:-4], "tar", base_rootfs)
+    before = snapshot("/")
+    name = f"localhost/nvshim-harness/{unique_id('img')}:1"
+    podman.podman("import", str(tar), name).check()
+    podman.podman("save", "--format", "docker-archive", "-o", str(tmp_path / "out.tar"),
+                  name).check()
+    podman.podman("rmi", name).check()
+    assert (tmp_path / "out.tar").stat().st_size > 0
+    assert [p for p in sorted(snapshot("/") - before) if "/var/lib/containers" in p] == []

@@ -169,7 +169,11 @@ def test_sandbox_container_passes_through_byte_identical(
     assert (spy_dir / "before.json").read_bytes() != (spy_dir / "after.json").read_bytes()
 
     res = run(containerd, ctr_ids, rootfs, wrapper, env,
-              annotations={"io.kubernetes.cri.container-type": "sandbox"})
+              annotations={"io.kubernetes.cri.container-type": "sandbox",
+                           "io.kubernetes.cri.sandbox-id": "0123abcd",
+                           "io.kubernetes.cri.sandbox-name": "pod",
+                           "io.kubernetes.cri.sandbox-namespace": "team-a",
+                           "io.kubernetes.cri.sandbox-uid": "uid-pod"})
     assert res.rc == 0, res.describe()
     assert env_of(res.stdout)["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert gpu_nodes(res.stdout) == []

@@ -15,8 +15,9 @@ inputs: the base by the mmdebstrap command line, the image by the base's key plu
 the build context holds (:data:`CONTEXT_INPUTS`, minus ``.containerignore``'s caches). A
 cache hit runs neither mmdebstrap nor podman. Builds run under an flock on
 ``<cache>/.lock`` (two pytest processes build once); each archive is renamed into place
-atomically. podman runs with private storage under a temp dir removed afterwards, so
-nothing is left in ``/var/lib/containers``. :class:`BuildResult` says what it cost
+atomically. podman runs with private storage under a temp dir removed afterwards, and its
+image cache in an overlay of ``/var/lib`` there (:func:`tests.helpers.podman.private_image_cache`),
+so nothing is left in ``/var/lib/containers``. :class:`BuildResult` says what it cost
 (seconds per step, image size) for the closing note; failures raise :class:`BuildError`
 with one line naming the step and podman's last words.
 """
@@ -169,9 +170,13 @@ class _Podman:
         self.runroot = Path(tempfile.mkdtemp(prefix="nvshim-imgrun-", dir="/tmp"))
 
     def argv(self, *args: str) -> List[str]:
-        return ["podman", "--root", str(self.base / "root"), "--runroot", str(self.runroot),
-                "--tmpdir", str(self.base / "tmp"), "--cgroup-manager", "cgroupfs",
-                "--events-backend", "file", "--storage-driver", "overlay", *args]
+        from tests.helpers.podman import private_image_cache  # /var/lib/containers/cache
+
+        return private_image_cache(
+            ["podman", "--root", str(self.base / "root"), "--runroot", str(self.runroot),
+             "--tmpdir", str(self.base / "tmp"), "--cgroup-manager", "cgroupfs",
+             "--events-backend", "file", "--storage-driver", "overlay", *args],
+            self.base / "var-lib")
 
     def close(self) -> None:
         subprocess.run(self.argv("system", "reset", "--force"), capture_output=True,

@@ -5,6 +5,12 @@
   (``--rootfs``, ``--network none``, the ulimits this VM needs).
 * :func:`installed_cdi_spec` puts a CDI spec in :data:`CDI_DIR` for the duration of a block.
 
+* :func:`private_image_cache` runs a podman (or skopeo) command as root in a private mount
+  namespace whose ``/var/lib`` is an overlay writing into the test's directory: the image
+  library keeps its blob info cache in ``/var/lib/containers/cache`` whatever ``--root``
+  says (``import``, ``save``, ``build``, ``pull``, ``skopeo copy``). :meth:`Podman.podman`
+  runs its image commands that way.
+
 What a session leaves behind: podman passes no ``--root`` to its runtime, so runc/crun use
 ``/run/runc``/``/run/crun``, which :meth:`Podman.cleanup` removes again when it created them
 and they are empty; the ``--cgroup-parent`` cgroups are removed there too. Storage lives under
@@ -36,13 +42,37 @@ from tests.helpers.common import (
     wait_until,
 )
 
-__all__ = ["CDI_DIR", "Podman", "installed_cdi_spec"]
+__all__ = ["CDI_DIR", "IMAGE_COMMANDS", "Podman", "installed_cdi_spec", "private_image_cache"]
 
 CDI_DIR = Path("/var/run/cdi")
 """A directory podman 4.3.1 reads CDI specs from (the other is /etc/cdi)."""
 
 
 _DEFAULT_STATE_DIRS = (Path("/run/runc"), Path("/run/crun"))
+
+#: podman commands that copy images (and so write containers/image's blob info cache).
+IMAGE_COMMANDS = frozenset(("build", "commit", "import", "load", "pull", "push", "save"))
+
+# Refuses to mount (exit 97) unless its mount namespace is not the caller's ($1).
+_PRIVATE_VAR_LIB = (
+    '[ "$(readlink /proc/self/ns/mnt)" != "$1" ] || exit 97; '
+    'mount -t overlay nvshim-tests -o "lowerdir=/var/lib,upperdir=$2/upper,workdir=$2/work" '
+    '/var/lib || exit 98; shift 2; exec "$@"')
+
+
+def private_image_cache(argv: Sequence[PathLike], scratch: PathLike) -> List[str]:
+    """``argv`` (podman or skopeo, as root) in a private mount namespace in which ``/var/lib``
+    is an overlay whose writes land in ``scratch`` (its ``upper``/``work`` are made here):
+    containers/image writes ``/var/lib/containers/cache/blob-info-cache-v1.boltdb`` for
+    root whatever ``--root`` says. As another user ``argv`` is returned unchanged (the
+    cache is then under ``$HOME``)."""
+    if os.geteuid() != 0:
+        return [str(a) for a in argv]
+    for sub in ("upper", "work"):
+        Path(scratch, sub).mkdir(parents=True, exist_ok=True)
+    return [require_binary("unshare"), "-m", "--propagation", "private", "sh", "-c",
+            _PRIVATE_VAR_LIB, "sh", os.readlink("/proc/self/ns/mnt"), str(scratch),
+            *map(str, argv)]
 
 
 @dataclass
@@ -89,7 +119,10 @@ class Podman:
         argv = [require_binary("podman"), *self.global_args(runtime)]
         if log_level:
             argv += ["--log-level", log_level]
-        return execute([*argv, *args], env=env, timeout=timeout, cwd=self.base)
+        argv += list(map(str, args))
+        if args and str(args[0]) in IMAGE_COMMANDS:
+            argv = private_image_cache(argv, self.base / "var-lib")
+        return execute(argv, env=env, timeout=timeout, cwd=self.base)
 
     def podman_run(
         self,

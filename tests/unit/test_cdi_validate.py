@@ -171,6 +171,14 @@ INVALID = [
     _case("node-major-string", HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
           '    - {path: /dev/nvidia0, type: c, major: "195", minor: 0}\n',
           ["$.containerEdits.deviceNodes[0].major: must be an integer, got a string"]),
+    _case("node-major-outside-32-bits", HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
+          "    - {path: /dev/gpu1, type: c, major: 4294967491, minor: 1}\n",
+          ["$.containerEdits.deviceNodes[0].major: 4294967491 is out of range 0..4294967295 "
+           "(runc keeps the low 32 bits: it would use 195)"], schema=False),
+    _case("node-minor-negative", HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
+          "    - {path: /dev/gpu1, type: c, major: 195, minor: -1}\n",
+          ["$.containerEdits.deviceNodes[0].minor: -1 is out of range 0..4294967295 "
+           "(runc keeps the low 32 bits: it would use 4294967295)"], schema=False),
     _case("node-uid-negative", HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
           "    - {path: /dev/nvidia0, uid: -1}\n",
           ["$.containerEdits.deviceNodes[0].uid: -1 is out of range 0..4294967295"]),

@@ -204,5 +204,60 @@ def test_every_identity_key_starts_with_the_prefix_that_gates_loading_it() -> No
     assert keys and all(k.startswith(KUBERNETES_PREFIX) for k in keys), keys
     plain = image_view({"annotations": {"org.example/x": "sandbox"}})
     assert (plain.cri, plain.sandbox, plain.identity) == (False, False, None)
-    sandbox = image_view({"annotations": {identity.SANDBOX_ANNOTATION: "sandbox"}})
+    sandbox = image_view({"annotations": containerd_sandbox()})
     assert sandbox.cri and sandbox.sandbox
+
+
+# --- the sandbox marker counts only with its engine's identity ------------------------------
+
+
+def containerd_sandbox(**kw: str) -> Dict[str, str]:
+    """What containerd's CRI plugin writes on a pod sandbox: the marker, its id and the pod's
+    name, namespace and UID (no container name)."""
+    out = {k: v for k, v in cri(**kw).items() if k != "io.kubernetes.cri.container-name"}
+    out["io.kubernetes.cri.container-type"] = "sandbox"
+    return out
+
+
+@pytest.mark.parametrize("annotations", [
+    {"io.kubernetes.cri.container-type": "sandbox"},
+    {"io.kubernetes.cri-o.ContainerType": "sandbox"},
+    {k: v for k, v in containerd_sandbox().items() if k != "io.kubernetes.cri.sandbox-uid"},
+    {**containerd_sandbox(), "io.kubernetes.cri.sandbox-id": ""},
+    {k: v for k, v in crio(kind="sandbox").items() if k != "io.kubernetes.cri-o.Labels"},
+    {k: v for k, v in crio(kind="sandbox").items() if k != "io.kubernetes.cri-o.SandboxID"},
+    crio(kind="sandbox", uid=""),
+], ids=["containerd-marker-alone", "crio-marker-alone", "containerd-no-uid",
+        "containerd-empty-id", "crio-no-labels", "crio-no-sandbox-id", "crio-empty-uid"])
+def test_a_sandbox_marker_without_its_engines_identity_is_no_sandbox(
+        annotations: Dict[str, str]) -> None:
+    """A sandbox marker (docker/podman --annotation) without the rest of that engine's sandbox identity makes no sandbox."""
+    assert not is_sandbox(annotations)
+
+
+def test_a_sandbox_with_its_engines_identity_is_one() -> None:
+    """containerd's and CRI-O's pause containers, as each engine writes them, are sandboxes."""
+    assert is_sandbox(containerd_sandbox()) and is_sandbox(crio(kind="sandbox"))
+
+
+def gpu_device(node: Any, index: int) -> Dict[str, Any]:
+    """GPU ``index``'s node in linux.devices, as an engine's CDI injection writes it."""
+    minor = node.gpus[index].minor
+    return {"path": f"/dev/nvidia{minor}", "type": "c", "major": 195, "minor": minor}
+
+
+@pytest.mark.parametrize("annotations", [
+    {"io.kubernetes.cri.container-type": "sandbox"},
+    {"io.kubernetes.cri-o.ContainerType": "sandbox"},
+    containerd_sandbox(),
+], ids=["containerd-marker", "crio-marker", "containerd-identity"])
+def test_a_sandbox_marker_never_passes_an_engine_injected_gpu(
+        node: Any, tmp_path: Path, annotations: Dict[str, str]) -> None:
+    """A container marked sandbox that holds a GPU the engine injected is judged, not passed through: refused under unidentified-containers: fail, or as no pause container."""
+    path = bundle(tmp_path, [], annotations)
+    spec = json.loads(Path(path, "config.json").read_text())
+    spec["linux"] = {"devices": [gpu_device(node, 1)]}
+    Path(path, "config.json").write_text(json.dumps(spec))
+    with pytest.raises(RequestError) as info:
+        plan_create(path, config(node, tmp_path, unidentified_containers="fail"))
+    assert "\n" not in str(info.value)

@@ -83,7 +83,7 @@ def test_the_message_names_up_to_five_paths() -> None:
     """The failing line names the count and the first five paths, then how many more."""
     new = [f"/usr/bin/nvidia-{i}" for i in range(7)]
     message = guard_message(new)
-    assert message.startswith("FAILED: the tests left 7 NVIDIA-looking file(s) in the host's ")
+    assert message.startswith("FAILED: the tests left 7 file(s) on the host ")
     assert message.endswith(", ".join(new[:5]) + " and 2 more")
     assert "\n" not in message
 
@@ -105,7 +105,25 @@ def test_a_session_that_leaves_a_driver_file_fails(tmp_path: Path, leaves: bool,
         env={**os.environ, "NVSHIM_TEST_HOST_ROOT": str(host)})
     assert res.returncode == rc, res.stdout + res.stderr
     assert "1 passed" in res.stdout
-    found = "NVIDIA-looking file(s) in the host's driver folders" in res.stderr
+    found = "file(s) on the host (NVIDIA-looking ones" in res.stderr
     assert found is leaves, res.stderr
     if leaves:
         assert "/usr/bin/nvidia-smi" in res.stderr
+
+
+def test_podman_state_under_var_lib_containers_is_found_new_or_rewritten(tmp_path: Path) -> None:
+    """A file podman or skopeo writes under /var/lib/containers (the blob info cache, which
+    ignores --root) is left on the host when it appears or is rewritten during the run,
+    whatever its name; one untouched since the snapshot is not."""
+    host = tmp_path / "host"
+    cache = host / "var/lib/containers/cache"
+    cache.mkdir(parents=True)
+    (cache / "old.boltdb").write_text("")
+    (cache / "blob-info-cache-v1.boltdb").write_text("")
+    os.utime(cache / "blob-info-cache-v1.boltdb", ns=(1, 1))
+    before = snapshot(str(host))
+    (cache / "blob-info-cache-v1.boltdb").write_text("x")
+    (host / "var/lib/containers/storage").mkdir()
+    new = new_files(before, snapshot(str(host)))
+    assert [n.split(" ")[0] for n in new] == [
+        "/var/lib/containers/cache/blob-info-cache-v1.boltdb", "/var/lib/containers/storage"]

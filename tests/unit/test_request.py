@@ -72,9 +72,15 @@ def test_privileged_and_accept_flag(privileged, accept):
         assert any("unprivileged" in n for n in req.notes)
 
 
+#: What containerd's CRI plugin writes on a pod sandbox: the marker counts only with the rest.
+SANDBOX = {"io.kubernetes.cri.container-type": "sandbox", "io.kubernetes.cri.sandbox-id": "5b1e",
+           "io.kubernetes.cri.sandbox-name": "pod", "io.kubernetes.cri.sandbox-namespace": "ns",
+           "io.kubernetes.cri.sandbox-uid": "uid"}
+
+
 def test_sandbox_passes_through():
     """A CRI sandbox container is never a GPU container, whatever its env says."""
-    s = spec(["NVIDIA_VISIBLE_DEVICES=all"], annotations={"io.kubernetes.cri.container-type": "sandbox"})
+    s = spec(["NVIDIA_VISIBLE_DEVICES=all"], annotations=SANDBOX)
     req = request_of(image_view(s), Config())
     assert req.source == "sandbox" and not req.injects
 
@@ -288,7 +294,7 @@ def test_claim_properties(env, mounts, gpus, imex, extras):
 def test_a_sandbox_claims_nothing():
     """A CRI sandbox's claim is empty whatever its env says."""
     claim = read_claim(image_view(spec(["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_GDS=enabled"],
-                                       annotations={"io.kubernetes.cri.container-type": "sandbox",
-                                                    "cdi.k8s.io/x": "a.com/b=c"})), Config())
+                                       annotations={**SANDBOX, "cdi.k8s.io/x": "a.com/b=c"})),
+                       Config())
     assert claim.env_tokens is None and claim.annotation_keys == ()
     assert not (claim.claims_gpus or claim.claims_imex or claim.asks_for_extras)

@@ -57,12 +57,17 @@ FUSE = {"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}
     json.dumps(pod([GPU1])).replace('"major": 195', '"major":\n195'),
     json.dumps(pod([GPU1])).replace('"major": 195', '"major"\r\n :195'),
     json.dumps(pod([{**GPU1, "major": 511}])),
+    json.dumps(pod([{**GPU1, "major": 195 + 2**32}])),
+    json.dumps(pod([{**GPU1, "major": 195 - 2**32}])),
+    json.dumps(pod([FUSE], [{"allow": True, "type": "c", "major": 195 + 2**33, "access": "rw"}])),
 ], ids=["gpu1", "dri-card1-tabs", "dynamic-major", "cgroup-rule-only", "key-case",
-        "value-next-line", "key-alone-on-its-line", "major-511"])
+        "value-next-line", "key-alone-on-its-line", "major-511", "major-195-plus-2-32",
+        "major-negative-alias", "cgroup-rule-alias"])
 def test_a_spec_holding_a_gpu_by_number_reaches_python(world: Dict[str, Path],  # noqa: F811
                                                        text: str) -> None:
-    """A device numbered like an NVIDIA node (195, or a dynamic major) anywhere in the spec,
-    at any path, in any layout or key case, sends the create to Python."""
+    """A device numbered like an NVIDIA node (195, or a dynamic major, or a number outside
+    32 bits whose low 32 bits runc keeps) anywhere in the spec, at any path, in any layout
+    or key case, sends the create to Python."""
     assert create(world, text)
 
 
