@@ -47,6 +47,8 @@ def main(argv: Optional[List[str]] = None) -> None:
 def __getattr__(name: str) -> Any:
     """The click application's names (``cli``, the group; ``sim``, ``hook`` …) for callers
     that drive it (tests' CliRunner, completion): loaded from :mod:`nvshim.cli.app`."""
+    if name.startswith("__"):  # the import system asks (__path__ …): nothing to load
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from nvshim.cli import app
 
     try:
