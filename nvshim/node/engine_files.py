@@ -45,6 +45,7 @@ __all__ = [
     "write_changes",
     "carry_out",
     "plan_restore",
+    "plan_revert_one",
     "apply_restore",
     "set_as_default_pitfall",
     "default_runtime_guard",
@@ -82,13 +83,20 @@ class FileChange:
 
 @dataclass(frozen=True)
 class ConfigureOutcome:
-    """What an engine's ``configure`` did (or, with ``dry_run``, would do)."""
+    """What an engine's ``configure`` did (or, with ``dry_run``, would do): the one result
+    type of every engine (:mod:`nvshim.node.engines`)."""
 
     engine: str
     handler_file: str
     files: Tuple[FileChange, ...]
     written: Tuple[str, ...]
     warnings: Tuple[str, ...] = ()
+    handlers: Tuple[str, ...] = ()
+    """The nvshim runtimes ``handler_file`` holds afterwards, this one included, sorted."""
+    version: Optional[int] = None
+    """containerd: the config version (1, 2, 3); other engines: None."""
+    cri_plugin: Optional[str] = None
+    """containerd: the CRI plugin table written; other engines: None."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,9 @@ class RevertResult:
     removed: Tuple[str, ...]
     used_backup: bool
     warnings: Tuple[str, ...] = ()
+    kept_backup: bool = False
+    """Only one runtime was taken out (others configure added stay): the backup stays, for
+    their revert, with the new texts' hashes."""
 
 
 def backup_path(config_path: str) -> str:
@@ -390,6 +401,50 @@ def plan_restore(
     )
 
 
+#: ``others(path, now, original) -> names``: the runtimes configure added to one file (in
+#: ``now``, not in ``original``), less the one being reverted.
+OthersFn = Callable[[str, Optional[str], Optional[str]], Sequence[str]]
+#: ``strip_one(path, now, original, warnings) -> text``: ``now`` without the one runtime
+#: (and a default naming it), everything shared with the other runtimes kept; None: remove.
+StripOneFn = Callable[[str, str, Optional[str], List[str]], Optional[str]]
+
+
+def plan_revert_one(
+    current: Mapping[str, Optional[str]],
+    backup: Mapping[str, Any],
+    *,
+    name: str,
+    others: OthersFn,
+    strip_one: StripOneFn,
+) -> Optional[RevertResult]:
+    """Reverting ``name`` while the backup's files still hold other runtimes configure
+    added (``--name``): take out only ``name``'s entries and keep the backup for the others;
+    None when no other runtime is left, so the whole backup is restored. Pure."""
+    entries: Mapping[str, Any] = backup["files"]
+    left = sorted({other for path in entries
+                   for other in others(path, current.get(path), entries[path].get("original"))})
+    if not left:
+        return None
+    warnings: List[str] = []
+    files: List[FileChange] = []
+    for path in entries:
+        now = current.get(path)
+        if now is None:
+            continue
+        after = strip_one(path, now, entries[path].get("original"), warnings)
+        if after != now:
+            files.append(FileChange(path, now, after))
+    return RevertResult(
+        files=tuple(files),
+        restored=(),
+        edited=tuple(c.path for c in files if c.after is not None),
+        removed=tuple(c.path for c in files if c.after is None),
+        used_backup=True,
+        warnings=tuple(warnings),
+        kept_backup=True,
+    )
+
+
 def apply_restore(
     plan: RevertResult, backup: Optional[Mapping[str, Any]], backup_file: str
 ) -> None:
@@ -404,6 +459,12 @@ def apply_restore(
             mode = backup["files"][change.path].get("mode")
         write_text(change.path, change.after, mode if isinstance(mode, int) else 0o644)
     if backup is None:
+        return
+    if plan.kept_backup:  # the other runtimes' revert still needs it, with the new texts
+        for change in plan.files:
+            if change.path in backup["files"]:
+                backup["files"][change.path]["written_sha256"] = sha256(change.after)
+        write_text(backup_file, json.dumps(backup, indent=2, sort_keys=True) + "\n", 0o600)
         return
     remove_file(backup_file)
     for directory in reversed(backup.get("created_dirs", [])):
