@@ -47,8 +47,11 @@ __all__ = ["doctor"]
               help="A runtime an engine runs that no config doctor reads names (podman "
                    "--runtime FILE, ctr --runc-binary FILE): followed, like the engines' "
                    "runtimes, to the nvshim config it reads. Repeatable.")
-def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_config: str,
-           crio_config: str, driver_root: Optional[str], dev_root: Optional[str],
+@click.option("--verbose", "-v", is_flag=True,
+              help="Also print each finding's details (the programs followed, why it "
+                   "matters) on an indented line below it; JSON always has them (detail).")
+def doctor(fmt: str, verbose: bool, config_file: Optional[str], containerd_config: str,
+           docker_config: str, crio_config: str, driver_root: Optional[str], dev_root: Optional[str],
            trampoline: str, nvidia_config: str, hooks_dirs: Tuple[str, ...],
            runtime_binaries: Tuple[str, ...]) -> None:
     """Check this node: config, containerd, Docker, CRI-O, runtimes, GPUs, driver files, CDI
@@ -87,7 +90,7 @@ def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_
         kwargs["config_path"] = config_file
         kwargs["config_required"] = True
     findings = run_checks(DoctorOptions(**kwargs))
-    click.echo(render_json(findings) if fmt == "json" else render_text(findings))
+    click.echo(render_json(findings) if fmt == "json" else render_text(findings, verbose))
     # sys.exit, not ctx.exit: `nvshim` runs click with standalone_mode=False, where
     # click turns ctx.exit(1) into a return value and the entry point would exit 0.
     sys.exit(exit_code(findings))

@@ -162,14 +162,17 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     return findings
 
 
-def render_text(findings: Sequence[Finding]) -> str:
-    """One line per finding: ``ok    check: message`` / ``FAIL  check: message — fix: …``."""
+def render_text(findings: Sequence[Finding], verbose: bool = False) -> str:
+    """One line per finding: ``ok    check: message`` / ``FAIL  check: message — fix: …``;
+    ``verbose`` adds a finding's ``detail`` on an indented line below it."""
     lines = []
     for f in findings:
         line = f"{_LABELS[f.status]:<6}{f.check}: {f.message}"
         if f.fix and f.status in ("warn", "fail"):
             line += f" — fix: {f.fix}"
         lines.append(" ".join(line.split("\n")))
+        if verbose and f.detail:
+            lines.append("      " + " ".join(f.detail.split("\n")))
     return "\n".join(lines)
 
 
