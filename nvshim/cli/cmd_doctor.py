@@ -51,9 +51,9 @@ __all__ = ["doctor"]
               help="Also print each finding's details (the programs followed, why it "
                    "matters) on an indented line below it; JSON always has them (detail).")
 def doctor(fmt: str, verbose: bool, config_file: Optional[str], containerd_config: str,
-           docker_config: str, crio_config: str, driver_root: Optional[str], dev_root: Optional[str],
-           trampoline: str, nvidia_config: str, hooks_dirs: Tuple[str, ...],
-           runtime_binaries: Tuple[str, ...]) -> None:
+           docker_config: str, crio_config: str, driver_root: Optional[str],
+           dev_root: Optional[str], trampoline: str, nvidia_config: str,
+           hooks_dirs: Tuple[str, ...], runtime_binaries: Tuple[str, ...]) -> None:
     """Check this node: config, containerd, Docker, CRI-O, runtimes, GPUs, driver files, CDI
     specs, runtime.
 
