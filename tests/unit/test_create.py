@@ -496,3 +496,15 @@ def test_commit_returns_the_hook_fallback_and_leaves_the_plan_as_it_was(node: di
     assert any(is_nvshim_hook(h) for h in plan.grant.edits.hooks)
     assert any("nvshim.hook" in " ".join(h.get("args", []))
                for h in written["hooks"]["createContainer"])
+
+
+def test_a_granted_container_sees_void_and_its_grant_is_named_elsewhere(node: dict,
+                                                                         tmp_path: Path) -> None:
+    """Issue 37.7's decision: a granted container's NVIDIA_VISIBLE_DEVICES is void (as in
+    NVIDIA's CDI mode and generated specs), never the ids, so a committed image or a nested
+    runtime cannot re-request them (docs/container-env.md)."""
+    _, plan = _planned(node, tmp_path)
+    env = plan.new_spec["process"]["env"]
+    assert [e for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")] == [
+        "NVIDIA_VISIBLE_DEVICES=void"]
+    assert [g.index for g in plan.grant.gpus] == [0]
