@@ -153,7 +153,7 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     host = host_for(usable, options)
     findings.append(check_gpus(host, options.config_path))
     findings.append(check_driver_files(host, usable.supported_driver_capabilities))
-    findings.extend(check_cdi_specs(host, usable.cdi_spec_dirs))
+    findings.extend(check_cdi_specs(host, usable.cdi_spec_dirs, usable))
     findings.extend(check_cdi_spec_trust(usable.cdi_spec_dirs))
     findings.append(check_dev_char_links(host.dev_root))
     findings.append(check_trampoline(options.trampoline))
