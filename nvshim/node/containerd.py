@@ -489,4 +489,4 @@ def configure(
         chain=chain,
     )
     # the drop-in before the main file that imports it
-    return carry_out(plan, config_path, BACKUP_FORMAT, dry_run)
+    return carry_out(plan, config_path, BACKUP_FORMAT, dry_run, name)

@@ -266,7 +266,7 @@ def configure(
         force=force,
         require_allocation=require_allocation,
     )
-    return carry_out(plan, config_path, _BACKUP_FORMAT, dry_run)
+    return carry_out(plan, config_path, _BACKUP_FORMAT, dry_run, name)
 
 
 def plan_revert(

@@ -313,7 +313,7 @@ def configure(
         foreign_hook=_find_foreign_hook(hook_path, search) if hook_path is not None else None,
         search=search,
     )
-    return carry_out(plan, config_path, _BACKUP_FORMAT, dry_run)
+    return carry_out(plan, config_path, _BACKUP_FORMAT, dry_run, name)
 
 
 def _strip(data: Dict[str, Any], name: str, original: Optional[Dict[str, Any]],

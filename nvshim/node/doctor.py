@@ -92,6 +92,7 @@ from nvshim.node.doctor_config import (
     check_trampoline,
 )
 from nvshim.node.doctor_engines import (
+    check_configured_runtimes,
     check_containerd_config,
     check_crio,
     check_default_runtime,
@@ -145,6 +146,7 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
         findings.append(check_lost_handlers(effective, options))
         findings.append(check_runtime_binary(effective, options))
         findings.append(check_default_runtime(effective, config, options))
+    findings.extend(check_configured_runtimes(options))
     findings.append(check_docker(options.docker_config, config, options))
     findings.append(check_crio(options.crio_config, config, options))
     findings.extend(check_cdi_injection(effective, config, options))

@@ -24,7 +24,7 @@ import stat
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nvshim._record import dataclass
-from nvshim.errors import ConfigError, HostError, UsageError
+from nvshim.errors import ConfigError, HostError, NvshimError, UsageError
 
 if TYPE_CHECKING:
     from tomlkit.toml_document import TOMLDocument
@@ -36,6 +36,7 @@ __all__ = [
     "ConfigureOutcome",
     "RevertResult",
     "backup_path",
+    "configured_handlers",
     "read_text",
     "parse_toml",
     "sha256",
@@ -112,6 +113,21 @@ class RevertResult:
     kept_backup: bool = False
     """Only one runtime was taken out (others configure added stay): the backup stays, for
     their revert, with the new texts' hashes."""
+    reverted: str = ""
+    """With ``kept_backup``: the runtime taken out."""
+
+
+def configured_handlers(config_path: str) -> Tuple[str, ...]:
+    """The runtimes ``nvshim runtime configure`` recorded in ``config_path``'s backup (any
+    engine's format); () without a backup or when it does not read."""
+    try:
+        text = read_text(backup_path(config_path), "backup file")
+        data = json.loads(text) if text is not None else None
+    except (NvshimError, ValueError, RecursionError):
+        return ()
+    handlers = data.get("handlers") if isinstance(data, dict) else None
+    return tuple(h for h in handlers if isinstance(h, str)) if isinstance(handlers, list) \
+        else ()
 
 
 def backup_path(config_path: str) -> str:
@@ -263,13 +279,17 @@ def load_backup(path: str, fmt: str) -> Optional[Dict[str, Any]]:
             if entry.get(key) is not None and (
                     not isinstance(entry[key], kind) or isinstance(entry[key], bool)):
                 raise ConfigError(f"{where}.{key} is not {what}")
+    handlers = data.setdefault("handlers", [])
+    if not isinstance(handlers, list) or not all(isinstance(h, str) for h in handlers):
+        raise ConfigError(f"{path}: invalid backup: handlers is not a list of names")
     dirs = data.setdefault("created_dirs", [])
     if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
         raise ConfigError(f"{path}: invalid backup: created_dirs is not a list of paths")
     return data
 
 
-def write_changes(backup_file: str, fmt: str, changes: Sequence[FileChange]) -> Tuple[str, ...]:
+def write_changes(backup_file: str, fmt: str, changes: Sequence[FileChange],
+                  handler: str = "") -> Tuple[str, ...]:
     """Write ``changes`` in order, first recording their originals in ``backup_file``.
 
     A file already in the backup keeps its first original, so configure run twice still
@@ -288,6 +308,8 @@ def write_changes(backup_file: str, fmt: str, changes: Sequence[FileChange]) -> 
             change.path, {"original": change.before, "mode": _mode(change.path)}
         )
         entry["written_sha256"] = sha256(change.after)
+    if handler:  # doctor checks that the engine still loads every runtime named here
+        backup["handlers"] = sorted(set(backup.get("handlers", [])) | {handler})
     created: List[str] = []
     for change in changes + [FileChange(backup_file, None, "")]:
         created += _make_parents(change.path)
@@ -332,14 +354,15 @@ def _undo(done: Sequence[FileChange], created: Sequence[str]) -> List[str]:
 
 
 def carry_out(plan: ConfigureOutcome, config_path: str, fmt: str,
-              dry_run: bool) -> ConfigureOutcome:
+              dry_run: bool, name: str = "") -> ConfigureOutcome:
     """``plan`` as planned (``dry_run``), or written after backing up the originals next to
-    ``config_path``: the one tail of every engine's ``configure``."""
+    ``config_path`` (and recording the runtime ``name`` there, for doctor): the one tail of
+    every engine's ``configure``."""
     if dry_run:
         return plan
     from nvshim._record import replace
 
-    written = write_changes(backup_path(config_path), fmt, plan.files)
+    written = write_changes(backup_path(config_path), fmt, plan.files, name)
     result: ConfigureOutcome = replace(plan, written=written)
     return result
 
@@ -442,6 +465,7 @@ def plan_revert_one(
         used_backup=True,
         warnings=tuple(warnings),
         kept_backup=True,
+        reverted=name,
     )
 
 
@@ -461,10 +485,12 @@ def apply_restore(
     if backup is None:
         return
     if plan.kept_backup:  # the other runtimes' revert still needs it, with the new texts
+        kept = json.loads(json.dumps(backup))
         for change in plan.files:
-            if change.path in backup["files"]:
-                backup["files"][change.path]["written_sha256"] = sha256(change.after)
-        write_text(backup_file, json.dumps(backup, indent=2, sort_keys=True) + "\n", 0o600)
+            if change.path in kept["files"]:
+                kept["files"][change.path]["written_sha256"] = sha256(change.after)
+        kept["handlers"] = [h for h in kept.get("handlers", []) if h != plan.reverted]
+        write_text(backup_file, json.dumps(kept, indent=2, sort_keys=True) + "\n", 0o600)
         return
     remove_file(backup_file)
     for directory in reversed(backup.get("created_dirs", [])):

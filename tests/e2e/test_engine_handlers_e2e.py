@@ -113,3 +113,30 @@ def test_crio_second_handler_keeps_the_first(tmp_path: Path) -> None:
     assert handlers.get("nvshim") == BINARY and "nvshim-ra" not in handlers
     _ok("--runtime", "crio", "--config", str(config), "--revert")
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["crio.conf"]
+
+
+def test_doctor_notices_a_configured_handler_containerd_lost(containerd_bin: str,
+                                                             tmp_path: Path) -> None:
+    """doctor fails when containerd no longer loads a handler runtime configure recorded."""
+    config = tmp_path / "config.toml"
+    config.write_text(DEBIAN_CONFIG)
+    _ok("--config", str(config), "--binary", BINARY)
+    _ok("--config", str(config), "--name", "nvshim-ra", "--binary", BINARY_RA)
+    drop_in = tmp_path / "conf.d" / "99-nvshim.toml"
+    doc = tomlkit.parse(drop_in.read_text())
+    del doc["plugins"][CRI]["containerd"]["runtimes"]["nvshim"]  # as the old configure did
+    drop_in.write_text(tomlkit.dumps(doc))
+    assert "nvshim" not in _handlers(containerd_bin, config)
+
+    def configured() -> list:
+        done = subprocess.run(
+            [sys.executable, "-m", "nvshim.cli.main", "doctor", "--format", "json",
+             "--containerd-config", str(config), "--docker-config", str(tmp_path / "none"),
+             "--crio-config", str(tmp_path / "none")], cwd=REPO, capture_output=True, text=True)
+        return [f for f in json.loads(done.stdout) if f["check"] == "configured"]
+
+    found = configured()
+    assert [f["status"] for f in found] == ["fail"], found
+    assert 'runtime "nvshim" ' in found[0]["message"], found
+    _ok("--config", str(config), "--binary", BINARY)
+    assert configured() == []
