@@ -238,7 +238,9 @@ def runtime() -> None:
     help=(
         "Undo an earlier configure: restore the original bytes saved in "
         f"<config>{BACKUP_SUFFIX} (and remove a drop-in that did not exist); without that "
-        "backup, remove only nvshim's runtime, a default naming it, and its drop-in."
+        "backup, remove only nvshim's runtime, a default naming it, and its drop-in. While "
+        "other runtimes configured into the same files remain (--name), only runtime NAME "
+        "is taken out and the backup stays for them."
     ),
 )
 @FORMAT
@@ -272,12 +274,16 @@ def configure_command(
     Comments and layout are kept where the format allows; every write is atomic and the
     original bytes are saved for --revert. Restart the engine afterwards.
 
-    Every file goes beside --config: the drop-in unless --drop-in names another, and the
-    backup always. --format json prints one object instead of the text: {engine,
-    operation, dry_run, config, name, files: [{path, role, action, backup, content}],
-    written, warnings}; role is config, drop-in, hook (Docker's --gpus) or backup; action
-    is create, modify, remove or unchanged; backup is the file that keeps (or gave back) the
-    original bytes.
+    Runtimes of other names that nvshim configured into the same file stay: configure
+    with a second --name adds it beside the first (the summary names the ones kept), and
+    --revert --name takes out that one only. Every file goes beside --config: the drop-in
+    unless --drop-in names another, and the backup always (which records the runtimes
+    written, so nvshim doctor notices one the engine no longer loads).
+
+    --format json prints one object instead of the text: {engine, operation, dry_run,
+    config, name, files: [{path, role, action, backup, content}], written, warnings};
+    role is config, drop-in, hook (Docker's --gpus) or backup; action is create, modify,
+    remove or unchanged; backup is the file that keeps (or gave back) the original bytes.
     """
     chosen = engines.engine(engine)
     if config_path is None:
