@@ -25,6 +25,10 @@ The checks, by name:
 ``containerd-drop-in``
     nvshim's drop-in still carries the CRI tables of the files loaded before it (only
     when it does not).
+``configured``
+    every runtime ``nvshim runtime configure`` recorded in an engine's backup
+    (``<config>.nvshim-orig.json``) is one that engine still loads (only when one is not:
+    another tool or a hand edit took it out).
 ``containerd-handlers``
     every runtime handler that containerd's main file or a drop-in declares is in the
     config containerd uses (before 2.1 a later file's CRI table hides an earlier one's
