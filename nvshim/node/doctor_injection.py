@@ -257,10 +257,12 @@ def _injection_finding(e: EngineCdi, config: Optional[Config],
         fix += f"; or set enable_cdi = false in {e.switch} so that only nvshim injects"
     return Finding(
         _CHECK_CDI, "warn",
-        f"{e.engine} injects {named} name, from {dirs} ({e.why}), and nvshim injects them "
-        f"again {again} ({e.hand_off}; {reason}): two injections of one request, recorded "
-        "as nvshim's cdi-annotations grant rather than the engine's",
+        f"{e.engine} and nvshim both inject the devices {CDI_ANNOTATION_PREFIX} annotations "
+        f"name: {reason}",
         fix,
+        detail=f"{e.engine} injects {named} name, from {dirs} ({e.why}), and nvshim injects "
+               f"them again {again} ({e.hand_off}; {reason}): two injections of one request, "
+               "recorded as nvshim's cdi-annotations grant rather than the engine's",
     )
 
 
