@@ -302,9 +302,13 @@ def _spec_mismatch(edits: Sequence[Any], driver_version: Optional[str]) -> List[
     return reasons
 
 
-def regenerate_fix(path: str) -> str:
-    """How to make the spec at ``path`` current again, when nothing keeps it."""
-    return f"regenerate it with nvshim cdi generate --output {path}"
+def regenerate_fix(path: str, driver_root: str = "") -> str:
+    """How to make the spec at ``path`` current again, when nothing keeps it: the one fix
+    text of every check (the create's ``stale-cdi-spec`` line, doctor, ``cdi generate
+    --check``; :func:`nvshim.runtime.cdiedits.refresh_fix` picks between it and ``run nvshim
+    cdi refresh``). ``driver_root``: one the config does not name ("" when it does)."""
+    root = f" --driver-root {driver_root}" if driver_root else ""
+    return f"regenerate it with nvshim cdi generate{root} --output {path}"
 
 
 def stale_specs(registry: Registry, names: Sequence[str], driver_version: Optional[str],

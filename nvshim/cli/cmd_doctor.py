@@ -52,10 +52,13 @@ __all__ = ["doctor"]
 @click.option("--agent-socket", default="/run/nvshim/agent.sock", show_default=True,
               metavar="PATH", help="The node agent's socket (nvshim agent): whether GPU creates "
                                    "go through it or start Python.")
+@click.option("--verbose", "-v", is_flag=True,
+              help="Also print each finding's details (the programs followed, why it "
+                   "matters) on an indented line below it; JSON always has them (detail).")
 def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_config: str,
            crio_config: str, driver_root: Optional[str], dev_root: Optional[str],
            trampoline: Optional[str], nvidia_config: str, hooks_dirs: Tuple[str, ...],
-           runtime_binaries: Tuple[str, ...], agent_socket: str) -> None:
+           runtime_binaries: Tuple[str, ...], agent_socket: str, verbose: bool) -> None:
     """Check this node: config, containerd, Docker, CRI-O, runtimes, GPUs, driver files, CDI
     specs, runtime.
 
@@ -93,7 +96,7 @@ def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_
         kwargs["config_path"] = config_file
         kwargs["config_required"] = True
     findings = run_checks(DoctorOptions(**kwargs))
-    click.echo(render_json(findings) if fmt == "json" else render_text(findings))
+    click.echo(render_json(findings) if fmt == "json" else render_text(findings, verbose))
     # sys.exit, not ctx.exit: `nvshim` runs click with standalone_mode=False, where
     # click turns ctx.exit(1) into a return value and the entry point would exit 0.
     sys.exit(exit_code(findings))

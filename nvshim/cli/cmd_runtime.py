@@ -2,8 +2,8 @@
 ``nvshim runtime restart``: restart containerd and wait until it answers
 (:mod:`nvshim.node.engine_restart`).
 
-A thin shell over :mod:`nvshim.node.containerd` (and ``containerd_revert``),
-:mod:`nvshim.node.docker` and :mod:`nvshim.node.crio`: it turns flags into one call,
+A thin shell over the engine interface :mod:`nvshim.node.engines` (containerd, Docker,
+CRI-O alike, no per-engine branch here): it turns flags into one call,
 prints the files (``--dry-run``, with where each goes on stderr) or a one-line summary to
 stderr (both dropped by ``nvshim --quiet``; warnings never are), or with ``--format json``
 one document saying what is (or would be) written where, and lets :class:`NvshimError`
@@ -18,10 +18,11 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import click
 
+from nvshim._record import replace
 from nvshim.cli.options import FORMAT
 from nvshim.cli.output import info
 from nvshim.errors import UsageError
-from nvshim.node import containerd, containerd_revert, crio, docker, engine_restart
+from nvshim.node import containerd, crio, docker, engine_restart, engines
 from nvshim.node.engine_files import (
     BACKUP_SUFFIX,
     FileChange,
@@ -39,16 +40,6 @@ _SET_AS_DEFAULT_HELP = (
     "NVIDIA_VISIBLE_DEVICES=all, which would give them every GPU on the node. "
     "Refused unless nvshim's config has require-allocation: true, or --force is given."
 )
-_DEFAULT_CONFIGS = {
-    "containerd": containerd.DEFAULT_CONFIG,
-    "docker": docker.DEFAULT_CONFIG,
-    "crio": crio.DEFAULT_CONFIG,
-}
-_RESTART = {
-    "containerd": "restart containerd",
-    "docker": "restart dockerd (or send it SIGHUP)",
-    "crio": "restart crio (or send it SIGHUP)",
-}
 
 
 def _require_allocation(binary: str) -> Tuple[bool, str]:
@@ -146,7 +137,7 @@ def runtime() -> None:
 @click.option(
     "--runtime",
     "engine",
-    type=click.Choice(["containerd", "docker", "crio"]),
+    type=click.Choice(list(engines.ENGINES)),
     default="containerd",
     show_default=True,
     help="Container engine whose config to edit.",
@@ -247,7 +238,9 @@ def runtime() -> None:
     help=(
         "Undo an earlier configure: restore the original bytes saved in "
         f"<config>{BACKUP_SUFFIX} (and remove a drop-in that did not exist); without that "
-        "backup, remove only nvshim's runtime, a default naming it, and its drop-in."
+        "backup, remove only nvshim's runtime, a default naming it, and its drop-in. While "
+        "other runtimes configured into the same files remain (--name), only runtime NAME "
+        "is taken out and the backup stays for them."
     ),
 )
 @FORMAT
@@ -281,15 +274,20 @@ def configure_command(
     Comments and layout are kept where the format allows; every write is atomic and the
     original bytes are saved for --revert. Restart the engine afterwards.
 
-    Every file goes beside --config: the drop-in unless --drop-in names another, and the
-    backup always. --format json prints one object instead of the text: {engine,
-    operation, dry_run, config, name, files: [{path, role, action, backup, content}],
-    written, warnings}; role is config, drop-in, hook (Docker's --gpus) or backup; action
-    is create, modify, remove or unchanged; backup is the file that keeps (or gave back) the
-    original bytes.
+    Runtimes of other names that nvshim configured into the same file stay: configure
+    with a second --name adds it beside the first (the summary names the ones kept), and
+    --revert --name takes out that one only. Every file goes beside --config: the drop-in
+    unless --drop-in names another, and the backup always (which records the runtimes
+    written, so nvshim doctor notices one the engine no longer loads).
+
+    --format json prints one object instead of the text: {engine, operation, dry_run,
+    config, name, files: [{path, role, action, backup, content}], written, warnings};
+    role is config, drop-in, hook (Docker's --gpus) or backup; action is create, modify,
+    remove or unchanged; backup is the file that keeps (or gave back) the original bytes.
     """
+    chosen = engines.engine(engine)
     if config_path is None:
-        config_path = _DEFAULT_CONFIGS[engine]
+        config_path = chosen.default_config
     config_path = os.path.abspath(config_path)
     backup_file = backup_path(config_path)
     as_json = fmt == "json"
@@ -314,13 +312,10 @@ def configure_command(
                 _print_files(files)
                 _print_plan(rows)
 
-    if drop_in is not None and engine == "docker":
-        raise UsageError("--drop-in applies to containerd and crio: Docker has no drop-ins")
-    if enable_cdi and engine == "crio":
-        raise UsageError("--enable-cdi applies to containerd and docker: CRI-O reads CDI "
-                         "specs without a switch")
-    if pod_cdi_annotations and engine != "containerd":
-        raise UsageError("--pod-cdi-annotations applies to containerd only")
+    options = engines.ConfigureOptions(
+        name=name, binary=binary, drop_in=drop_in, set_as_default=set_as_default, force=force,
+        enable_cdi=enable_cdi, pod_cdi_annotations=pod_cdi_annotations, dry_run=dry_run)
+    chosen.check(options)
     if revert:
         conflicting = [
             flag
@@ -338,17 +333,11 @@ def configure_command(
                 f"--revert cannot be combined with {_join(conflicting)}: it takes only "
                 "--runtime, --config, --drop-in, --name, --dry-run and --format"
             )
-        if engine == "docker":
-            result = docker.revert(config_path, name=name, dry_run=dry_run)
-        elif engine == "crio":
-            result = crio.revert(config_path, drop_in=drop_in, name=name, dry_run=dry_run)
-        else:
-            result = containerd_revert.revert(
-                config_path, name=name, drop_in=drop_in, dry_run=dry_run
-            )
+        result = chosen.revert(config_path, name=name, drop_in=drop_in, dry_run=dry_run)
         written = () if dry_run else result.restored + result.edited + result.removed
         report("revert", result.files, result.warnings,
-               "remove" if result.used_backup else None, result.used_backup, written)
+               "remove" if result.used_backup and not result.kept_backup else None,
+               result.used_backup, written)
         if dry_run or as_json:
             return
         done = []
@@ -359,53 +348,38 @@ def configure_command(
         if result.removed:
             done.append("removed " + _join(result.removed))
         if done:
-            restart = f"restart {'dockerd' if engine == 'docker' else engine}"
-            info("; ".join(done) + f"; {restart} to drop the runtime")
+            info("; ".join(done) + f"; restart {chosen.process} to drop the runtime")
         else:
             info(f"nothing to revert in {config_path}")
         return
 
-    require_allocation = False
     if set_as_default:
         require_allocation, read = _require_allocation(binary)
         if not force:  # refused here, naming the config the runtime reads
             default_runtime_guard(name, True, False, require_allocation,
                                   f"{read}, the config {binary} reads")
-    common: Dict[str, Any] = {
-        "name": name,
-        "binary": binary,
-        "set_as_default": set_as_default,
-        "force": force,
-        "require_allocation": require_allocation,
-        "dry_run": dry_run,
-    }
+        options = replace(options, require_allocation=require_allocation)
     backup_existed = os.path.lexists(backup_file)
-    result_c: Any
-    if engine == "docker":
-        result_c = docker.configure(config_path, enable_cdi=enable_cdi, **common)
-    elif engine == "crio":
-        result_c = crio.configure(config_path, drop_in=drop_in, **common)
-    else:
-        result_c = containerd.configure(
-            config_path, drop_in=drop_in, enable_cdi=enable_cdi,
-            pod_cdi_annotations=pod_cdi_annotations, **common
-        )
-    changed = any(change.changed for change in result_c.files)
+    outcome = chosen.configure(config_path, options)
+    changed = any(change.changed for change in outcome.files)
     backup_action = None
     if changed:  # for a real run: as it was before the write
         backup_action = "modify" if backup_existed else "create"
-    report("configure", result_c.files, result_c.warnings, backup_action, True,
-           result_c.written)
+    report("configure", outcome.files, outcome.warnings, backup_action, True,
+           outcome.written)
     if dry_run or as_json:
         return
-    if result_c.written:
-        restart = _RESTART[engine]
-        if any(os.path.basename(p) == docker.GPUS_HOOK for p in result_c.written):
-            restart = (f"restart dockerd (it looks for {docker.GPUS_HOOK} only when it starts: "
-                       "SIGHUP is not enough)")
-        info(f'wrote {_join(result_c.written)}; {restart} to use runtime "{name}"')
+    others = [other for other in outcome.handlers if other != name]
+    holding = ""
+    if others:  # say that the runtimes configured before are still there
+        listed = ", ".join(f'"{n}"' for n in others)
+        noun = "runtimes" if len(others) > 1 else "runtime"
+        holding = f" ({outcome.handler_file} also keeps {noun} {listed})"
+    if outcome.written:
+        info(f"wrote {_join(outcome.written)}{holding}; {chosen.restart_hint(outcome.written)} "
+             f'to use runtime "{name}"')
     else:
-        info(f'{result_c.handler_file} already has runtime "{name}"; nothing written')
+        info(f'{outcome.handler_file} already has runtime "{name}"{holding}; nothing written')
 
 
 @runtime.command("restart")

@@ -179,7 +179,7 @@ def cdi_check(check_file: str, quiet: bool, driver_root: Optional[str],
     # is then compared without importing yaml
     existing = indexed_document(os.path.abspath(check_file), config.cdi_spec_dirs,
                                 cdi_index_path(config.source or config_path()))
-    check_current(check_file, spec, host, existing)
+    check_current(check_file, spec, host, config, existing)
     if not quiet:
         err(f"{check_file}: current")
     return 0

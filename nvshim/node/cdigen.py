@@ -17,6 +17,8 @@ runtime writes its bundle copy, unless ``disable-device-node-modification`` is o
 
 from __future__ import annotations
 
+import re
+
 from nvshim.config import DEFAULT_CAPABILITIES, Config
 from nvshim.edits import DeviceNode, Edits
 from nvshim.errors import CdiError, UsageError
@@ -29,6 +31,9 @@ if TYPE_CHECKING:
 __all__ = [
     "generate_spec",
     "stale_reasons",
+    "staleness",
+    "fresh_like",
+    "strategies_of",
     "generate_for_node",
     "check_current",
     "STRATEGIES",
@@ -37,6 +42,7 @@ __all__ = [
 
 STRATEGIES = ("index", "uuid")
 IMEX_CLASS = "imex-channel"
+_INDEXED = re.compile(r"^[0-9]+(:[0-9]+)?$")
 
 
 def _dedupe_nodes(nodes: Sequence[DeviceNode]) -> Tuple[DeviceNode, ...]:
@@ -170,15 +176,81 @@ def generate_for_node(driver_root: Optional[str], dev_root: Optional[str], class
                          params), host
 
 
+def strategies_of(raw: Any) -> Tuple[str, ...]:
+    """The device name strategies a spec's device names show (index, uuid)."""
+    names = [str(d.get("name", "")) for d in raw.get("devices") or [] if isinstance(d, dict)]
+    found: List[str] = []
+    if any(_INDEXED.match(n) for n in names):
+        found.append("index")
+    if any(n.startswith(("GPU-", "MIG-")) for n in names):
+        found.append("uuid")
+    return tuple(found) or STRATEGIES
+
+
+def _hook_path_of(raw: Any) -> Optional[str]:
+    """The ``--hook-path`` a spec was generated with: its hook runs ``PATH hook …``."""
+    hooks = (raw.get("containerEdits") or {}).get("hooks") or []
+    for hook in hooks if isinstance(hooks, list) else ():
+        args = hook.get("args") if isinstance(hook, dict) else None
+        if isinstance(args, list) and len(args) > 1 and args[1] == "hook" \
+                and args[0] == hook.get("path"):
+            return str(args[0])
+    return None
+
+
+def _has_params_hook(raw: Any) -> bool:
+    from nvshim.runtime.hookargs import runs_params_hook
+
+    hooks = (raw.get("containerEdits") or {}).get("hooks") or []
+    return any(isinstance(h, dict) and isinstance(h.get("args"), list)
+               and runs_params_hook([str(a) for a in h["args"]]) for h in hooks)
+
+
+def fresh_like(existing: Dict[str, Any], host: Any) -> Dict[str, Any]:
+    """The spec ``nvshim cdi generate`` would write now in place of ``existing``: its kind,
+    its naming strategies, its hook command (``--hook-path``) and its params hook or none
+    (``disable-device-node-modification``, a choice, not staleness)."""
+    from nvshim.runtime.hookargs import PARAMS_HOOK_COMMAND, PARAMS_HOOK_MODULE, hook_command
+
+    vendor, _, class_ = str(existing.get("kind") or "nvidia.com/gpu").partition("/")
+    if class_ == IMEX_CLASS:
+        from nvshim.runtime.extras import generate_imex_spec
+
+        return generate_imex_spec(host, vendor)
+    hook: Tuple[str, ...] = hook_command()
+    params: Tuple[str, ...] = hook_command(PARAMS_HOOK_MODULE)
+    hook_path = _hook_path_of(existing)
+    if hook_path is not None:
+        hook, params = (hook_path, "hook"), (hook_path, PARAMS_HOOK_COMMAND)
+    if not _has_params_hook(existing):
+        params = ()  # written without it (disable-device-node-modification off): not stale
+    return generate_spec(host, vendor, class_ or "gpu", strategies_of(existing),
+                         hook_command=hook, params_command=params)
+
+
+def staleness(existing: Dict[str, Any], host: Any,
+              fresh: Optional[Dict[str, Any]] = None) -> List[str]:
+    """The one staleness judgement of a spec file (doctor's ``cdi-specs`` and ``cdi generate
+    --check``): why ``existing`` no longer describes ``host``, against ``fresh`` (default:
+    :func:`fresh_like`, what ``cdi generate`` would write now); empty when current."""
+    return stale_reasons(existing, fresh if fresh is not None else fresh_like(existing, host),
+                         host)
+
+
 def check_current(check_file: str, spec: Dict[str, Any], host: Any,
-                  existing: Optional[Any] = None) -> None:
-    """Raise :class:`CdiError` naming why ``check_file`` differs from ``spec`` (stale);
+                  config: Optional[Config] = None, existing: Optional[Any] = None) -> None:
+    """Raise :class:`CdiError` naming why ``check_file`` differs from ``spec`` (stale),
+    ending with the fix every check gives (:func:`nvshim.runtime.cdiedits.refresh_fix`);
     ``existing``: its document already decoded (from the CDI index), else it is read."""
+    from nvshim.config import load_config
+    from nvshim.runtime.cdiedits import refresh_fix
+
     if existing is None:
         from nvshim.cdi.load import load_spec_file
 
         existing = load_spec_file(check_file).raw
-    reasons = stale_reasons(dict(existing), spec, host)
+    config = config if config is not None else load_config()
+    reasons = staleness(dict(existing), host, spec)
     if reasons:
         raise CdiError(f"{check_file} is stale: {'; '.join(reasons)}; "
-                       "regenerate it with nvshim cdi generate")
+                       f"{refresh_fix(config, check_file, host.driver_root)}")

@@ -43,7 +43,6 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from nvshim._record import dataclass
 from nvshim.errors import ConfigError, UsageError
 from nvshim.node.containerd_chain import (
     Chain,
@@ -73,6 +72,7 @@ from nvshim.node.containerd_toml import (
     ensure_table,
     has_keys,
     import_entries,
+    is_nvshim_handler,
     is_table,
     lookup,
     plain,
@@ -82,15 +82,16 @@ from nvshim.node.containerd_toml import (
 )
 from nvshim.node.engine_files import (
     BACKUP_SUFFIX,
+    ConfigureOutcome,
     FileChange,
     backup_path,
+    carry_out,
     check_binary,
     check_default_takeover,
     check_handler_name,
     default_runtime_guard,
     parse_toml,
     read_text,
-    write_changes,
 )
 
 __all__ = [
@@ -115,16 +116,8 @@ _RUNC_TYPE = "io.containerd.runc.v2"
 _LEGACY_LINUX_TYPE = "io.containerd.runtime.v1.linux"
 
 
-@dataclass(frozen=True)
-class ConfigureResult:
-    """What :func:`configure` did (or, with ``dry_run``, would do)."""
-
-    version: int
-    cri_plugin: str
-    handler_file: str
-    files: Tuple[FileChange, ...]
-    written: Tuple[str, ...]
-    warnings: Tuple[str, ...] = ()
+#: containerd's configure returns the one result type of every engine.
+ConfigureResult = ConfigureOutcome
 
 
 # --------------------------------------------------------------------------- configure
@@ -253,22 +246,66 @@ def _resolve_drop_in(drop_in: Optional[str], version: int, config_path: str) -> 
     return drop_in
 
 
-def _drop_in_header(config_path: str, name: str, sources: Sequence[str]) -> str:
+def _drop_in_header(config_path: str, names: Sequence[str], sources: Sequence[str]) -> str:
+    """The drop-in's opening comment; ``names`` are the nvshim handlers it holds."""
+    name = '", "'.join(names)
+    handler = "handlers" if len(names) > 1 else "handler"
     head = ("# Written by `nvshim runtime configure`; `nvshim runtime configure --revert` "
             "removes it.\n")
     if not sources:
         return head + (
-            f'# The runtime handler "{name}": {config_path} and the files containerd loads\n'
+            f'# The runtime {handler} "{name}": {config_path} and the files containerd loads\n'
             "# before this one have no CRI plugin table. Run the command again after adding one.\n"
         )
     listed = "".join(f"#   {path}\n" for path in sources)
     return head + (
         "# The CRI plugin tables of the files containerd loads before this one, merged:\n"
         f"{listed}"
-        f'# plus the runtime handler "{name}". containerd before 2.1 replaces a plugin\'s\n'
+        f'# plus the runtime {handler} "{name}". containerd before 2.1 replaces a plugin\'s\n'
         "# table from an import instead of merging it, so a partial table here would drop\n"
         "# their CRI settings and runtime handlers. Run the command again after editing them.\n"
     )
+
+
+def _keep_from_drop_in(cri: Dict[str, Any], text: Optional[str], path: str, version: int,
+                       name: str) -> List[str]:
+    """Put into ``cri`` (the earlier files' merged CRI table) what the drop-in now holds
+    beyond it -- the other nvshim handlers configured into it (``--name``; a copied handler
+    its file no longer declares is not kept), a default_runtime_name
+    naming one, ``enable_cdi``/``cdi_spec_dirs`` -- so configuring one handler never
+    removes another; the names of those handlers, sorted."""
+    if not text:
+        return []
+    drop = parse_toml(text, path)
+    table = lookup(drop, cri_keys(detect_version(drop, path)), path)
+    if not is_table(table):
+        return []
+    table = plain(table)
+    runtimes = lookup(table, ("containerd", "runtimes"), path) or {}
+    inherited = lookup(cri, ("containerd", "runtimes"), "") or {}
+    kept = sorted(n for n in runtimes if n != name and n not in inherited
+                  and is_nvshim_handler(runtimes[n]))
+    if kept:
+        where = f"{cri_label(version)}.containerd"
+        containerd_table = ensure_table(cri, "containerd", where)
+        into = ensure_table(containerd_table, "runtimes", f"{where}.runtimes")
+        for other in kept:
+            into[other] = runtimes[other]
+        default = lookup(table, ("containerd",), path).get("default_runtime_name")
+        if default in kept:
+            containerd_table["default_runtime_name"] = default
+    for key in ("enable_cdi", "cdi_spec_dirs"):
+        if key in table and key not in cri:
+            cri[key] = table[key]
+    return kept
+
+
+def _nvshim_names(doc: Any, version: int, path: str, name: str) -> List[str]:
+    """``name`` and the other handlers in ``doc`` that run an nvshim-runtime (edited in
+    place, the main file holds every handler configure put there)."""
+    runtimes = lookup(doc, cri_keys(version) + ("containerd", "runtimes"), path) or {}
+    names = {name} | {str(n) for n, table in runtimes.items() if is_nvshim_handler(plain(table))}
+    return sorted(names)
 
 
 def _hidden_by(tables: Sequence[Tuple[str, Any]], where: str, name: str, drop_in: str,
@@ -344,6 +381,8 @@ def plan_configure(
         )
         main_after = dump_toml(doc, main_text, config_path, warnings)
         return ConfigureResult(
+            engine="containerd",
+            handlers=tuple(sorted(_nvshim_names(doc, version, config_path, name))),
             version=version,
             cri_plugin=cri_key,
             handler_file=config_path,
@@ -354,6 +393,7 @@ def plan_configure(
 
     before = cri_tables(chain.files[:at], doc, version)
     cri_copy: Dict[str, Any] = merged_cri(before)
+    kept = _keep_from_drop_in(cri_copy, drop_in_text, drop_in, version, name)
     warnings += _hidden_by(later, where, name, drop_in,
                            "rename it to sort before the drop-in, or pass a --drop-in that "
                            "containerd loads after it")
@@ -368,7 +408,7 @@ def plan_configure(
         pod_cdi_annotations=pod_cdi_annotations,
     )
     drop_doc = tomlkit.document()
-    for line in _drop_in_header(config_path, name, [p for p, _ in before]).splitlines():
+    for line in _drop_in_header(config_path, kept + [name], [p for p, _ in before]).splitlines():
         drop_doc.add(tomlkit.comment(line[2:]))
     drop_doc.add(tomlkit.nl())
     drop_doc["version"] = version
@@ -392,6 +432,8 @@ def plan_configure(
             doc["imports"] = [drop_in]
     main_after = dump_toml(doc, main_text, config_path, warnings)
     return ConfigureResult(
+        engine="containerd",
+        handlers=tuple(sorted(kept + [name])),
         version=version,
         cri_plugin=cri_key,
         handler_file=drop_in,
@@ -446,15 +488,5 @@ def configure(
         pod_cdi_annotations=pod_cdi_annotations,
         chain=chain,
     )
-    if dry_run:
-        return plan
     # the drop-in before the main file that imports it
-    written = write_changes(backup_path(config_path), BACKUP_FORMAT, plan.files)
-    return ConfigureResult(
-        version=plan.version,
-        cri_plugin=plan.cri_plugin,
-        handler_file=plan.handler_file,
-        files=plan.files,
-        written=written,
-        warnings=plan.warnings,
-    )
+    return carry_out(plan, config_path, BACKUP_FORMAT, dry_run, name)

@@ -10,7 +10,6 @@ finds nvshim drop-ins whose copy of the CRI table no longer matches the main fil
 from __future__ import annotations
 
 import copy
-import os
 import re
 import shutil
 import subprocess
@@ -31,6 +30,7 @@ from nvshim.node.containerd_toml import (
     DEFAULT_RUNTIME_NAME,
     cri_label,
     detect_version,
+    is_nvshim_handler,
     is_table,
     lookup,
     plain,
@@ -177,10 +177,7 @@ def _diff_keys(before: Any, after: Any, prefix: str) -> List[str]:
     return [] if before == after else [prefix]
 
 
-def _is_nvshim_handler(handler: Any) -> bool:
-    options = handler.get("options") if isinstance(handler, dict) else None
-    binary = options.get("BinaryName") if isinstance(options, dict) else None
-    return isinstance(binary, str) and os.path.basename(binary).startswith("nvshim")
+_is_nvshim_handler = is_nvshim_handler
 
 
 def _without_nvshim(drop: Dict[str, Any], main: Dict[str, Any]) -> Dict[str, Any]:

@@ -15,7 +15,7 @@ only nvshim's entries (its handler, a ``default_runtime_name`` naming it, its im
 from __future__ import annotations
 
 import os
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, Collection, List, Mapping, Optional, Tuple
 
 from nvshim.node.containerd_toml import (
     BACKUP_FORMAT,
@@ -27,6 +27,7 @@ from nvshim.node.containerd_toml import (
     detect_version,
     dump_toml,
     import_entries,
+    is_nvshim_handler,
     is_table,
     lookup,
     plain,
@@ -40,6 +41,7 @@ from nvshim.node.engine_files import (
     load_backup,
     parse_toml,
     plan_restore,
+    plan_revert_one,
     read_text,
 )
 
@@ -55,12 +57,14 @@ def _strip(
     drop_ins: Tuple[str, ...],
     original: Optional[Any],
     warnings: List[str],
+    shared: bool = True,
 ) -> None:
     """Remove nvshim's entries from ``doc`` in place.
 
     With ``original`` (the document before configure) known, everything it lacked is
     removed and changed values are put back; without it, only the handler named ``name``,
-    a default runtime naming it, and imports of ``drop_ins`` go.
+    a default runtime naming it, and imports of ``drop_ins`` go. ``shared=False`` (other
+    nvshim runtimes stay): no warning about ``enable_cdi``, which they share.
     """
     version = detect_version(doc, path)
     plugins_key, cri_key = cri_keys(version)
@@ -93,7 +97,7 @@ def _strip(
             for key in ("enable_cdi", "cdi_spec_dirs"):
                 if key in cri and (orig_cri is None or key not in orig_cri):
                     del cri[key]
-        elif "enable_cdi" in cri:
+        elif "enable_cdi" in cri and shared:
             warnings.append(f"left {where}.enable_cdi in {path}: without a backup nvshim cannot "
                             "tell who set it")
         _prune(doc, (plugins_key, cri_key, "containerd", "runtimes"), original)
@@ -144,8 +148,13 @@ def plan_revert(
     config_path: str = DEFAULT_CONFIG,
     name: str = DEFAULT_NAME,
     drop_in: Optional[str] = None,
+    inherited: Collection[str] = (),
 ) -> RevertResult:
     """Compute what revert leaves in each file; pure.
+
+    When the backup's files still hold runtimes other than ``name`` that configure added
+    (``inherited``: the handlers the drop-in copies from the files loaded before it), only
+    ``name`` is taken out and the backup stays for them.
 
     ``current`` maps every file involved (the main file, drop-ins, the backup's files) to
     its text. A file still as nvshim wrote it gets its original text back; a main file
@@ -154,6 +163,32 @@ def plan_revert(
     if backup is not None:
         entries: Mapping[str, Any] = backup["files"]
         config_abs = os.path.abspath(config_path)
+
+        def names(path: str, text: Optional[str]) -> List[str]:
+            doc = parse_toml(text or "", path)
+            table = lookup(doc, cri_keys(detect_version(doc, path)) + ("containerd", "runtimes"),
+                           path)
+            return [str(n) for n in table if is_nvshim_handler(plain(table[n]))] if (
+                table is not None) else []
+
+        def others(path: str, now: Optional[str], original: Optional[str]) -> List[str]:
+            if now is None:
+                return []
+            skip = {name} | set(names(path, original))
+            if os.path.abspath(path) != config_abs:
+                skip |= set(inherited)  # the drop-in's copies of the earlier files' handlers
+            return [n for n in names(path, now) if n not in skip]
+
+        def strip_one(path: str, now: str, original: Optional[str],
+                      warnings: List[str]) -> Optional[str]:
+            doc = parse_toml(now, path)
+            _strip(doc, path=path, name=name, drop_ins=(), original=None, warnings=warnings,
+                   shared=False)
+            return dump_toml(doc, now, path, warnings)
+
+        one = plan_revert_one(current, backup, name=name, others=others, strip_one=strip_one)
+        if one is not None:
+            return one
         drop_ins = tuple(os.path.abspath(p) for p in entries if os.path.abspath(p) != config_abs)
 
         def strip(path: str, now: str, original: Optional[str], warnings: List[str]) -> str:
@@ -212,6 +247,29 @@ def plan_revert(
     )
 
 
+def _inherited(config_path: str, current: Mapping[str, Optional[str]],
+               backup: Optional[Mapping[str, Any]]) -> List[str]:
+    """The handlers of the files containerd loads before nvshim's drop-ins (which copy them)."""
+    from nvshim.node.containerd_chain import cri_tables, load_chain, merged_cri, position
+
+    text = current.get(config_path)
+    if backup is None or text is None:
+        return []
+    doc = parse_toml(text, config_path)
+    version = detect_version(doc, config_path)
+    if version == 1:
+        return []
+    names: List[str] = []
+    for drop_in in backup["files"]:
+        if os.path.abspath(drop_in) == config_path:
+            continue
+        chain = load_chain(config_path, doc, drop_in=os.path.abspath(drop_in))
+        before = merged_cri(cri_tables(chain.files[:position(chain, os.path.abspath(drop_in))],
+                                       doc, version))
+        names += list(lookup(before, ("containerd", "runtimes"), "") or {})
+    return names
+
+
 def revert(
     config_path: str = DEFAULT_CONFIG,
     *,
@@ -229,7 +287,8 @@ def revert(
     elif drop_in != "":
         paths.append(_drop_in_path(drop_in, config_path))
     current = {path: read_text(path) for path in dict.fromkeys(paths)}
-    plan = plan_revert(current, backup, config_path=config_path, name=name, drop_in=drop_in)
+    plan = plan_revert(current, backup, config_path=config_path, name=name, drop_in=drop_in,
+                       inherited=_inherited(config_path, current, backup))
     if dry_run:
         return plan
     # the main file first, so it never imports a missing drop-in

@@ -233,3 +233,11 @@ def default_drop_in(config_path: str) -> str:
     copy elsewhere keeps its drop-in in the directory containerd reads it from.
     """
     return os.path.join(os.path.dirname(os.path.abspath(config_path)), "conf.d", DROP_IN_NAME)
+
+
+def is_nvshim_handler(handler: Any) -> bool:
+    """Whether a plain handler table runs an nvshim-runtime (``options.BinaryName``'s file
+    name starts with ``nvshim``): one that ``runtime configure`` wrote."""
+    options = handler.get("options") if isinstance(handler, dict) else None
+    binary = options.get("BinaryName") if isinstance(options, dict) else None
+    return isinstance(binary, str) and os.path.basename(binary).startswith("nvshim")

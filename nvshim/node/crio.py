@@ -50,6 +50,7 @@ from nvshim.node.engine_files import (
     load_backup,
     parse_toml,
     plan_restore,
+    plan_revert_one,
     read_text,
 )
 
@@ -158,26 +159,31 @@ def _handler(main: Mapping[str, Any], binary: str, config_path: str) -> Dict[str
     return handler
 
 
-def _render(handler: Mapping[str, Any], name: str, set_as_default: bool, config_path: str) -> str:
+def _render(handlers: Mapping[str, Mapping[str, Any]], default: Optional[str],
+            config_path: str) -> str:
+    """The drop-in: ``handlers`` (name → table) and, when set, ``default_runtime``."""
     import tomlkit
 
+    names = '", "'.join(handlers)
     doc = tomlkit.document()
     for line in (
         "Written by `nvshim runtime configure --runtime crio`; `--revert` removes it.",
-        f'The CRI-O runtime handler "{name}": nvshim-runtime, which runs runc. Settings not',
+        f'The CRI-O runtime handler{"s" if len(handlers) > 1 else ""} "{names}": '
+        "nvshim-runtime, which runs runc. Settings not",
         f"here come from {config_path} and the other drop-ins, as CRI-O merges them.",
     ):
         doc.add(tomlkit.comment(line))
     doc.add(tomlkit.nl())
     crio = tomlkit.table(is_super_table=True)
-    runtime = tomlkit.table(is_super_table=not set_as_default)
-    if set_as_default:
-        runtime["default_runtime"] = name
+    runtime = tomlkit.table(is_super_table=default is None)
+    if default is not None:
+        runtime["default_runtime"] = default
     runtimes = tomlkit.table(is_super_table=True)
-    table = tomlkit.table()
-    for key, value in handler.items():
-        table[key] = value
-    runtimes[name] = table
+    for name, handler in handlers.items():
+        table = tomlkit.table()
+        for key, value in handler.items():
+            table[key] = value
+        runtimes[name] = table
     runtime["runtimes"] = runtimes
     crio["runtime"] = runtime
     doc["crio"] = crio
@@ -206,7 +212,13 @@ def plan_configure(
         raise UsageError(f'drop-in "{drop_in}" is the main config itself: name a file in '
                          f"{_drop_in_dir(config_path)}")
     main = _parse(main_text, config_path)
-    _parse(drop_in_text, drop_in)  # an unreadable drop-in is reported before it is replaced
+    # an unreadable drop-in is reported before it is replaced; the handlers configured
+    # into it before (another --name) stay, so configuring one never removes another
+    previous = _parse(drop_in_text, drop_in)
+    kept = {other: table for other, table in sorted(
+        (_table(previous, ("crio", "runtime", "runtimes"), drop_in) or {}).items())
+        if other != name and isinstance(table, dict)}
+    kept_default = (_table(previous, ("crio", "runtime"), drop_in) or {}).get("default_runtime")
     runtime = _table(main, ("crio", "runtime"), config_path) or {}
     default = runtime.get("default_runtime")  # nvshim never edits the main file
     check_default_takeover(name, (default,) if isinstance(default, str) and default
@@ -214,13 +226,18 @@ def plan_configure(
     if not set_as_default and runtime.get("default_runtime") == name:
         warnings.append(f'{config_path} itself sets default_runtime = "{name}"; nvshim leaves '
                         "the main file alone")
-    after = _render(_handler(main, binary, config_path), name, set_as_default, config_path)
+    handlers = dict(kept)
+    handlers[name] = _handler(main, binary, config_path)
+    default_name = name if set_as_default else (
+        kept_default if isinstance(kept_default, str) and kept_default in kept else None)
+    after = _render(handlers, default_name, config_path)
     return ConfigureOutcome(
         engine="crio",
         handler_file=drop_in,
         files=(FileChange(drop_in, drop_in_text, after),),
         written=(),
         warnings=tuple(warnings),
+        handlers=tuple(sorted(handlers)),
     )
 
 
@@ -249,7 +266,7 @@ def configure(
         force=force,
         require_allocation=require_allocation,
     )
-    return carry_out(plan, config_path, _BACKUP_FORMAT, dry_run)
+    return carry_out(plan, config_path, _BACKUP_FORMAT, dry_run, name)
 
 
 def plan_revert(
@@ -266,7 +283,30 @@ def plan_revert(
     def keep(path: str, now: str, original: Optional[str], warnings: List[str]) -> str:
         return now  # the main file is never nvshim's to edit
 
+    def handlers(path: str, text: Optional[str]) -> Dict[str, Any]:
+        return _table(_parse(text, path), ("crio", "runtime", "runtimes"), path) or {}
+
+    def others(path: str, now: Optional[str], original: Optional[str]) -> List[str]:
+        if path == os.path.abspath(config_path) or now is None:
+            return []
+        return sorted(set(handlers(path, now)) - set(handlers(path, original)) - {name})
+
+    def strip_one(path: str, now: str, original: Optional[str],
+                  warnings: List[str]) -> Optional[str]:
+        if path == os.path.abspath(config_path):
+            return now
+        doc = parse_toml(now, path)
+        runtime = doc.get("crio", {}).get("runtime", {})
+        if name in runtime.get("runtimes", {}):
+            del runtime["runtimes"][name]
+        if runtime.get("default_runtime") == name:
+            del runtime["default_runtime"]
+        return doc.as_string()
+
     if backup is not None:
+        one = plan_revert_one(current, backup, name=name, others=others, strip_one=strip_one)
+        if one is not None:
+            return one
         return plan_restore(current, backup, main_path=config_path, strip=keep)
     drop_in = _drop_in_path(drop_in, config_path)
     warnings = [f"no backup {backup_path(config_path)}: removing {drop_in} if it holds "

@@ -47,6 +47,7 @@ from nvshim.node.engine_files import (
     default_runtime_guard,
     load_backup,
     plan_restore,
+    plan_revert_one,
     read_text,
 )
 
@@ -274,6 +275,9 @@ def plan_configure(
         files=tuple(files),
         written=(),
         warnings=tuple(warnings),
+        handlers=tuple(sorted(
+            {name} | {str(n) for n, e in runtimes.items() if isinstance(e, dict) and isinstance(
+                e.get("path"), str) and os.path.basename(e["path"]).startswith("nvshim")})),
     )
 
 
@@ -309,12 +313,14 @@ def configure(
         foreign_hook=_find_foreign_hook(hook_path, search) if hook_path is not None else None,
         search=search,
     )
-    return carry_out(plan, config_path, _BACKUP_FORMAT, dry_run)
+    return carry_out(plan, config_path, _BACKUP_FORMAT, dry_run, name)
 
 
 def _strip(data: Dict[str, Any], name: str, original: Optional[Dict[str, Any]],
-           path: str, warnings: List[str]) -> None:
-    """Take nvshim's entries out of ``data``; with ``original``, put back what it had."""
+           path: str, warnings: List[str], shared: bool = True) -> None:
+    """Take nvshim's entries out of ``data``; with ``original``, put back what it had.
+    ``shared=False``: only runtime ``name`` and a default naming it (``features`` stays for
+    the other runtimes)."""
     runtimes = _table(data, "runtimes", path)
     orig_runtimes = _table(original, "runtimes", path) if original is not None else None
     if runtimes is not None and name in runtimes:
@@ -330,7 +336,7 @@ def _strip(data: Dict[str, Any], name: str, original: Optional[Dict[str, Any]],
             data["default-runtime"] = previous
         else:
             del data["default-runtime"]
-    features = _table(data, "features", path)
+    features = _table(data, "features", path) if shared else None
     if features is not None and "cdi" in features:
         orig_features = _table(original, "features", path) if original is not None else None
         if original is None:
@@ -359,7 +365,27 @@ def plan_revert(
                warnings)
         return now if data == snapshot else _dumps(data, now)
 
+    def others(path: str, now: Optional[str], original: Optional[str]) -> List[str]:
+        if path != config_path or now is None:
+            return []
+        added = set(_table(_load(now, path), "runtimes", path) or {})
+        added -= set(_table(_load(original, path), "runtimes", path) or {})
+        return sorted(str(n) for n in added - {name})
+
+    def strip_one(path: str, now: str, original: Optional[str],
+                  warnings: List[str]) -> Optional[str]:
+        if path != config_path:  # a --gpus hook: only the one naming this runtime goes
+            return original if now == gpus_hook_script(name) else now
+        data = _load(now, path)
+        snapshot = json.loads(json.dumps(data))
+        _strip(data, name, _load(original, path) if original is not None else None, path,
+               warnings, shared=False)
+        return now if data == snapshot else _dumps(data, now)
+
     if backup is not None:
+        one = plan_revert_one(current, backup, name=name, others=others, strip_one=strip_one)
+        if one is not None:
+            return one
         return plan_restore(current, backup, main_path=config_path, strip=strip)
     warnings = [f'no backup {backup_path(config_path)}: removing only runtime "{name}", '
                 f"a default-runtime naming it and nvshim's {GPUS_HOOK} beside it"]

@@ -35,6 +35,10 @@ The checks, by name:
 ``containerd-drop-in``
     nvshim's drop-in still carries the CRI tables of the files loaded before it (only
     when it does not).
+``configured``
+    every runtime ``nvshim runtime configure`` recorded in an engine's backup
+    (``<config>.nvshim-orig.json``) is one that engine still loads (only when one is not:
+    another tool or a hand edit took it out).
 ``containerd-handlers``
     every runtime handler that containerd's main file or a drop-in declares is in the
     config containerd uses (before 2.1 a later file's CRI table hides an earlier one's
@@ -104,6 +108,7 @@ from nvshim.node.doctor_config import (
     check_trampoline,
 )
 from nvshim.node.doctor_engines import (
+    check_configured_runtimes,
     check_containerd_config,
     check_crio,
     check_default_runtime,
@@ -161,6 +166,7 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
         findings.append(check_lost_handlers(effective, options))
         findings.append(check_runtime_binary(effective, options))
         findings.append(check_default_runtime(effective, config, options))
+    findings.extend(check_configured_runtimes(options))
     findings.append(check_docker(options.docker_config, config, options))
     findings.append(check_crio(options.crio_config, config, options))
     findings.extend(check_cdi_injection(effective, config, options))
@@ -169,7 +175,7 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     host = host_for(usable, options)
     findings.append(check_gpus(host, options.config_path))
     findings.append(check_driver_files(host, usable.supported_driver_capabilities))
-    findings.extend(check_cdi_specs(host, usable.cdi_spec_dirs))
+    findings.extend(check_cdi_specs(host, usable.cdi_spec_dirs, usable))
     findings.extend(check_cdi_spec_trust(usable.cdi_spec_dirs))
     findings.append(check_dev_char_links(host.dev_root))
     findings.append(check_trampoline(options.trampoline))
@@ -181,8 +187,9 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     return findings
 
 
-def render_text(findings: Sequence[Finding]) -> str:
-    """One line per finding: ``ok    check: message`` / ``FAIL  check: message — fix: …``."""
+def render_text(findings: Sequence[Finding], verbose: bool = False) -> str:
+    """One line per finding: ``ok    check: message`` / ``FAIL  check: message — fix: …``;
+    ``verbose`` adds a finding's ``detail`` on an indented line below it."""
     lines = []
     for f in findings:
         line = f"{_LABELS[f.status]:<6}{f.check}: {f.message}"
@@ -191,6 +198,8 @@ def render_text(findings: Sequence[Finding]) -> str:
         # our own line breaks read as spaces; any other control character (a file's text
         # holding ESC or \r) is escaped: a finding is one line of what the operator reads
         lines.append(one_line(" ".join(line.split("\n")), None))
+        if verbose and f.detail:
+            lines.append("      " + one_line(" ".join(f.detail.split("\n")), None))
     return "\n".join(lines)
 
 

@@ -30,7 +30,7 @@ runtime was registered with.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Dict, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nvshim.config import Config
 from nvshim.errors import NvshimError
@@ -362,3 +362,38 @@ def check_crio(path: str, config: Optional[Config], options: DoctorOptions) -> F
 
 
 # --------------------------------------------------------------------------- CDI injection
+
+
+def check_configured_runtimes(options: DoctorOptions) -> List[Finding]:
+    """A ``configured`` failure per engine that no longer loads a runtime ``nvshim runtime
+    configure`` recorded in its config's backup (another tool, a hand edit, or an older
+    nvshim rewrote the file without it: pods or containers naming it fail); nothing when
+    every recorded runtime is there. Asks each engine through :mod:`nvshim.node.engines`."""
+    from nvshim.node.engine_files import configured_handlers
+    from nvshim.node.engines import ENGINES, engine
+
+    paths = {"containerd": options.containerd_config, "docker": options.docker_config,
+             "crio": options.crio_config}
+    findings: List[Finding] = []
+    for name in ENGINES:
+        chosen = engine(name)
+        path = paths[name]
+        recorded = configured_handlers(path)
+        if not recorded:
+            continue
+        try:
+            loaded = chosen.runtimes(path)
+        except NvshimError:
+            continue  # that engine's own check says its config does not load
+        missing = [h for h in recorded if h not in loaded]
+        if not missing:
+            continue
+        listed = ", ".join(f'"{h}"' for h in missing)
+        findings.append(Finding(
+            "configured", "fail",
+            f"{name} no longer loads runtime {listed} that nvshim runtime configure wrote to "
+            f"{path}",
+            f"nvshim runtime configure --runtime {name} --config {path} --name NAME "
+            "--binary FILE for each, then restart the engine",
+        ))
+    return findings

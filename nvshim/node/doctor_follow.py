@@ -12,9 +12,13 @@ An engine names a program (containerd's ``options.BinaryName``, Docker's ``path`
 - the pip entry point ``nvshim-runtime`` (a Python script importing
   ``nvshim.runtime.main``): ``$NVSHIM_CONFIG``, else ``/etc/nvshim/config.yaml``, whose
   absence means the built-in defaults;
-- a shell wrapper, such as docs/engines.md's for podman: its ``export NAME=value`` /
-  ``NAME=value`` lines change the environment and its ``exec`` line names the next program
-  (``exec env NAME=value PROGRAM "$@"`` too), which is followed in turn;
+- a shell wrapper, such as docs/engines.md's for podman or the GPU Operator's toolkit
+  container's around NVIDIA's runtime: its ``export NAME=value`` / ``NAME=value`` lines
+  change the environment and its exec line or last command names the next program
+  (``exec PROGRAM``, ``NAME=value … PROGRAM`` inline or over ``\\`` continuation lines, ``exec env
+  NAME=value PROGRAM "$@"``, quoted values too; commands inside ``if``/``case`` are a
+  fallback and skipped), which is followed in turn -- through a wrapper named like
+  NVIDIA's runtime too, whose env says which config NVIDIA's runtime reads;
 - NVIDIA's runtime or its legacy hook, recognised by the binary's name
   (:data:`NVIDIA_RUNTIME_BASENAMES`, :data:`NVIDIA_HOOK_BASENAMES`;
   nvshim's own ``docker run --gpus`` stand-in of the hook's name is not NVIDIA's);
@@ -189,7 +193,9 @@ def _head(path: str) -> Optional[str]:
 def _by_name(path: str, hook: bool) -> Optional[str]:
     """The kind a program's own name (or its symlink target's) gives it, if any (NVIDIA's
     hook's names count for a ``hook``)."""
-    names = {os.path.basename(path), os.path.basename(os.path.realpath(path))}
+    # the toolkit container's binaries behind its wrappers end in .real
+    names = {name[:-5] if name.endswith(".real") else name
+             for name in (os.path.basename(path), os.path.basename(os.path.realpath(path)))}
     if names & set(NVIDIA_RUNTIME_BASENAMES + (NVIDIA_HOOK_BASENAMES if hook else ())):
         return "nvidia"
     if RUNTIME_BASENAME in names:
@@ -197,13 +203,63 @@ def _by_name(path: str, hook: bool) -> Optional[str]:
     return None
 
 
+def _logical_lines(text: str) -> List[str]:
+    """The script's lines after the shebang, ``\\``-newline continuations joined (the GPU
+    Operator's toolkit wrapper puts each ``NAME=value \\`` on a line of its own)."""
+    return text.replace("\\\n", " ").splitlines()[1:]
+
+
+#: Shell words that open and close a compound command: what runs inside one runs only
+#: sometimes (the toolkit wrapper's ``if … exec runc "$@" fi`` when no driver is loaded).
+_OPENERS = frozenset({"if", "case", "while", "until", "for", "{"})
+_CLOSERS = frozenset({"fi", "esac", "done", "}"})
+
+
+def _run_command(words: List[str], shell: Dict[str, str], env: Dict[str, str]) -> Optional[str]:
+    """A command line ``[exec] [env [-i]] NAME=value … PROGRAM args``: the assignments go
+    into ``env`` (the program's environment, not the script's); the program, expanded."""
+    rest = list(words)
+    while rest and (rest[0] == "exec" or os.path.basename(rest[0]) == "env"
+                    or rest[0].startswith("-")
+                    or ("=" in rest[0] and _NAME.match(rest[0].partition("=")[0]))):
+        word = rest.pop(0)
+        if word == "-i":
+            env.clear()
+        elif "=" in word and not word.startswith("-"):
+            key, _, value = word.partition("=")
+            expanded = _expand(value, shell)
+            if expanded is None:
+                env.pop(key, None)
+            else:
+                env[key] = expanded
+    if not rest:
+        return None
+    return _expand(rest[0], shell)
+
+
 def _wrapper_step(text: str, env: Dict[str, str]) -> Optional[str]:
     """Run a wrapper script's simple lines against ``env`` (changed in place); the program
-    its ``exec`` line names, or None when it has none doctor can read."""
+    its last command names, or None when it has none doctor can read.
+
+    Understood: ``export NAME=value``, ``NAME=value`` alone, and the command that runs the
+    runtime -- ``exec PROGRAM``, ``NAME=value … PROGRAM`` (inline, also over ``\\``
+    continuation lines) as the script's last command, ``exec env [-i] NAME=value PROGRAM``
+    -- with quoted values; lines inside ``if``/``case``/loops are a fallback path and
+    skipped."""
     shell: Dict[str, str] = dict(env)  # variables the script sees (exported or not)
-    for raw in text.splitlines()[1:]:
-        words = _words(raw.strip())
+    depth = 0
+    lines = [line for line in _logical_lines(text) if _words(line.strip())]
+    for at, raw in enumerate(lines):
+        words = _words(raw.strip().rstrip(";"))
         if not words:
+            continue
+        if words[0] in _OPENERS:
+            depth += 1
+            continue
+        if words[0] in _CLOSERS:
+            depth = max(0, depth - 1)
+            continue
+        if depth or words[0] in ("then", "else", "elif", "do"):
             continue
         if words[0] == "export":
             for word in words[1:]:
@@ -221,25 +277,9 @@ def _wrapper_step(text: str, env: Dict[str, str]) -> Optional[str]:
                 if _assign(key, value, shell, env) and key in env:
                     env[key] = shell[key]
             continue
-        if words[0] != "exec":
-            continue
-        rest = words[1:]
-        # exec NAME=value … PROGRAM, exec env [-i] NAME=value … PROGRAM
-        while rest and (os.path.basename(rest[0]) == "env" or rest[0].startswith("-")
-                        or ("=" in rest[0] and _NAME.match(rest[0].partition("=")[0]))):
-            word = rest.pop(0)
-            if word == "-i":
-                env.clear()
-            elif "=" in word and not word.startswith("-"):
-                key, _, value = word.partition("=")
-                expanded = _expand(value, shell)
-                if expanded is None:
-                    env.pop(key, None)
-                else:
-                    env[key] = expanded
-        if not rest:
-            return None
-        return _expand(rest[0], shell)
+        if "exec" not in words[:1] and at != len(lines) - 1:
+            continue  # echo, cat …: only exec or the script's last command runs the runtime
+        return _run_command(words, shell, env)
     return None
 
 
@@ -255,6 +295,7 @@ def follow(binary: Optional[str], env: Optional[Mapping[str, str]] = None,
     kind = "unknown"
     config: Optional[str] = None
     named = False
+    through_nvidia = False
     while path is not None and len(chain) < _DEPTH:
         if "/" not in path:
             found = _lookup(path, current_env)
@@ -274,6 +315,13 @@ def follow(binary: Optional[str], env: Optional[Mapping[str, str]] = None,
 
             # nvshim's docker --gpus stand-in carries the name of NVIDIA's hook
             kind = "plain" if is_gpus_hook(text) else "nvidia"
+            if kind == "nvidia" and text is not None and text.startswith("#!"):
+                # a wrapper of NVIDIA's (the GPU Operator's toolkit container): its env
+                # (NVIDIA_CTK_CONFIG_FILE_PATH) is what NVIDIA's runtime reads
+                through_nvidia = True
+                path = _wrapper_step(text, current_env)
+                if path is not None:
+                    continue
             break
         if text is None:
             kind = "missing" if not os.path.lexists(path) else "unknown"
@@ -306,6 +354,8 @@ def follow(binary: Optional[str], env: Optional[Mapping[str, str]] = None,
             continue
         kind = "plain"
         break
+    if through_nvidia and kind in ("missing", "unknown", "plain"):
+        kind = "nvidia"  # NVIDIA's wrapper around a binary doctor cannot name
     if kind == "missing" and os.path.realpath(chain[-1]) == os.path.realpath(trampoline):
         kind = "nvshim"  # the trampoline doctor was told about, not installed (yet)
     if kind == "nvshim" and config is None and current_env.get("NVSHIM_CONFIG"):

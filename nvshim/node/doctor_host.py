@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 from nvshim.config import Config
 from nvshim.errors import CdiProblem, NvshimError
@@ -114,27 +114,23 @@ def check_driver_files(host: Host, capabilities: Sequence[str]) -> Finding:
     return Finding(name, "ok", f"driver {version} files {where} ({module}){tail}")
 
 
-def _strategies(raw: Any) -> Tuple[str, ...]:
-    names = [str(d.get("name", "")) for d in raw.get("devices") or [] if isinstance(d, dict)]
-    found: List[str] = []
-    if any(_INDEXED.match(n) for n in names):
-        found.append("index")
-    if any(n.startswith(("GPU-", "MIG-")) for n in names):
-        found.append("uuid")
-    return tuple(found) or ("index", "uuid")
-
-
-def check_cdi_specs(host: Host, spec_dirs: Sequence[str]) -> List[Finding]:
-    """Every nvidia.com spec in ``spec_dirs`` against a freshly generated one; broken files."""
+def check_cdi_specs(host: Host, spec_dirs: Sequence[str],
+                    config: Optional[Config] = None) -> List[Finding]:
+    """Every nvidia.com spec in ``spec_dirs`` against what ``nvshim cdi generate`` would
+    write now (:func:`nvshim.node.cdigen.staleness`, the judgement ``--check`` makes too,
+    with the create's fix text); broken files. ``config``: the node's (default: built-in
+    defaults, and the fix names the driver root)."""
     from nvshim.cdi.load import load_spec_file
     from nvshim.cdi.registry import spec_files
-    from nvshim.node.cdigen import generate_spec, stale_reasons
-    from nvshim.runtime.hookargs import hook_command
+    from nvshim.node.cdigen import staleness
+    from nvshim.runtime.cdiedits import refresh_fix
 
     name = "cdi-specs"
     findings: List[Finding] = []
-    fresh: Dict[Tuple[str, ...], Any] = {}
-    checked = 0
+    if config is None:
+        config = Config()
+    fix_root = host.driver_root if os.path.abspath(host.driver_root) != os.path.abspath(
+        config.driver_root) else None
     for directory in spec_dirs:
         # the registry's own listing rule: doctor checks exactly the files a create reads
         unlisted: List[CdiProblem] = []
@@ -156,23 +152,9 @@ def check_cdi_specs(host: Host, spec_dirs: Sequence[str]) -> List[Finding]:
                 continue
             if spec.vendor != "nvidia.com":
                 continue
-            checked += 1
-            strategies = _strategies(spec.raw)
-            root = "" if host.driver_root == "/" else f" --driver-root {host.driver_root}"
-            fix = f"nvshim cdi generate{root} --output {path}"
-            if strategies not in fresh:
-                try:
-                    fresh[strategies] = generate_spec(
-                        host, spec.vendor, spec.class_, strategies, hook_command=hook_command()
-                    )
-                except NvshimError as exc:
-                    fresh[strategies] = exc
-            current = fresh[strategies]
-            if isinstance(current, NvshimError):
-                findings.append(Finding(name, "skip", f"cannot check {path}: {current}"))
-                continue
+            fix = refresh_fix(config, path, fix_root)
             try:
-                reasons = stale_reasons(dict(spec.raw), current, host)
+                reasons = staleness(dict(spec.raw), host)
             except NvshimError as exc:
                 findings.append(Finding(name, "skip", f"cannot check {path}: {exc}"))
                 continue

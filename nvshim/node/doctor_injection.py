@@ -54,6 +54,9 @@ class EngineCdi:
     hands_over: bool
     hand_off: str
     switch: str = ""
+    handlers: Tuple[Tuple[str, Optional[str], Tuple[Tuple[str, str], ...]], ...] = ()
+    """(name, binary, env) of each nvshim runtime the annotations reach: each is judged by
+    the config it reads (:func:`nvshim.node.doctor_reach.handler_config`)."""
 
 
 def _may_match_namespace(pattern: str, namespace: str = CDI_ANNOTATION_PREFIX) -> bool:
@@ -129,8 +132,10 @@ def _containerd_cdi(effective: Optional[EffectiveRuntimes],
                     "annotations: none of its container_annotations covers them")
     else:
         hand_off = "no containerd runtime handler runs nvshim"
+    binaries = effective.handlers if effective is not None else {}
     return EngineCdi("containerd", injects, why, spec_dirs, bool(passing), hand_off,
-                     f"{cri_label(config_version)} of {where}")
+                     f"{cri_label(config_version)} of {where}",
+                     tuple((h, binaries.get(h), ()) for h in passing))
 
 
 def _crio_cdi(options: DoctorOptions) -> Optional[EngineCdi]:
@@ -154,7 +159,9 @@ def _crio_cdi(options: DoctorOptions) -> Optional[EngineCdi]:
     else:
         hand_off = "no CRI-O runtime runs nvshim"
     return EngineCdi("CRI-O", True, "CRI-O's CDI has no off switch", spec_dirs, bool(ours),
-                     hand_off)
+                     hand_off, handlers=tuple(
+                         (n, seen.handlers.get(n), tuple(sorted(seen.envs.get(n, {}).items())))
+                         for n in ours))
 
 
 def _nvshim_reads(config: Config, path: str) -> Tuple[bool, str, str]:
@@ -174,6 +181,30 @@ def _nvshim_reads(config: Config, path: str) -> Tuple[bool, str, str]:
     return False, "cdi-annotations is not in nvshim's allocation-sources", ""
 
 
+def _handlers_read(e: EngineCdi, config: Config,
+                   options: DoctorOptions) -> Tuple[bool, str, str, str]:
+    """:func:`_nvshim_reads` for the config each of ``e``'s nvshim runtimes reads (the
+    one answer to "which config does this handler read", as doctor's other checks use it):
+    the first that reads ``cdi.k8s.io/`` annotations, else the first's answer; doctor's own
+    config when no runtime is reached. Also the config's path."""
+    from nvshim.node.doctor_follow import follow
+    from nvshim.node.doctor_reach import handler_config
+
+    answers = []
+    for name, binary, env in e.handlers:
+        path, loaded, _ = handler_config(follow(binary, dict(env), options.trampoline),
+                                         config, options)
+        if loaded is None:
+            continue  # handler-config says why it does not load
+        reads, reason, fix = _nvshim_reads(loaded, path)
+        if len(e.handlers) > 1 or path != options.config_path:
+            reason = f'runtime "{name}" reads {path}: {reason}'
+        answers.append((reads, reason, fix, path))
+    if not answers:
+        return (*_nvshim_reads(config, options.config_path), options.config_path)
+    return next((a for a in answers if a[0]), answers[0])
+
+
 def _same_dirs(a: Sequence[str], b: Sequence[str]) -> bool:
     """Whether two CDI spec dir lists share a directory (``/var/run`` links to ``/run``)."""
     return bool({os.path.realpath(d) for d in a} & {os.path.realpath(d) for d in b})
@@ -190,8 +221,7 @@ def _injection_finding(e: EngineCdi, config: Optional[Config],
     if config is None:
         return Finding(_CHECK_CDI, "skip", f"{engine_line if e.injects else e.why}; nvshim's "
                        "config did not load: cannot tell whether nvshim injects them too")
-    path = options.config_path
-    reads, reason, nvshim_fix = _nvshim_reads(config, path)
+    reads, reason, nvshim_fix, path = _handlers_read(e, config, options)
     # why nvshim does not inject what the engine hands it (when it does not)
     why_not = e.hand_off if reads else reason
     if e.injects is False:
@@ -227,10 +257,12 @@ def _injection_finding(e: EngineCdi, config: Optional[Config],
         fix += f"; or set enable_cdi = false in {e.switch} so that only nvshim injects"
     return Finding(
         _CHECK_CDI, "warn",
-        f"{e.engine} injects {named} name, from {dirs} ({e.why}), and nvshim injects them "
-        f"again {again} ({e.hand_off}; {reason}): two injections of one request, recorded "
-        "as nvshim's cdi-annotations grant rather than the engine's",
+        f"{e.engine} and nvshim both inject the devices {CDI_ANNOTATION_PREFIX} annotations "
+        f"name: {reason}",
         fix,
+        detail=f"{e.engine} injects {named} name, from {dirs} ({e.why}), and nvshim injects "
+               f"them again {again} ({e.hand_off}; {reason}): two injections of one request, "
+               "recorded as nvshim's cdi-annotations grant rather than the engine's",
     )
 
 

@@ -104,23 +104,24 @@ def nvidia_default(check: str, engine: str, default: str, binary: Optional[str],
     if not is_nvidia_runtime(default, binary, options, env):
         return None
     followed = follow(binary, env, options.trampoline) if binary else None
-    runs = f" ({shown(binary, followed)})" if followed is not None else ""
+    runs = shown(binary, followed) if followed is not None else "NVIDIA's runtime"
     policy = nvidia_env_policy(dict(followed.env) if followed else dict(env),
                                options.nvidia_config)
     if not policy.accepts_env:
         return Finding(
             check, "ok",
-            f'{engine}\'s default runtime "{default}" is NVIDIA\'s runtime{runs}, and '
-            f"{policy.path} sets {_ENV_SWITCH} = false: an unprivileged container's "
-            "NVIDIA_VISIBLE_DEVICES grants no GPU, so CUDA images' NVIDIA_VISIBLE_DEVICES=all "
-            "gives containers that request none nothing",
+            f"{engine} default \"{default}\" is NVIDIA's; {policy.path} turns its env grants off",
+            detail=f'"{default}" runs {runs}; {policy.path} sets '
+                   f"{_ENV_SWITCH} = false: an unprivileged container's "
+                   "NVIDIA_VISIBLE_DEVICES grants no GPU, so CUDA images' "
+                   "NVIDIA_VISIBLE_DEVICES=all gives containers that request none nothing",
         )
     seen = (f"{policy.path} does not parse ({policy.problem})" if policy.problem
             else f"{policy.path} leaves {_ENV_SWITCH} at true" if policy.exists
             else f"no {policy.path}: {_ENV_SWITCH} defaults to true")
     return Finding(
         check, "fail",
-        f'{engine}\'s default runtime "{default}" is NVIDIA\'s runtime{runs}: every container '
+        f'{engine}\'s default runtime "{default}" is NVIDIA\'s runtime ({runs}): every container '
         "that names no runtime runs through it, and it grants GPUs from the image's env, so "
         "containers that request no GPU get every GPU from CUDA images' "
         f"NVIDIA_VISIBLE_DEVICES=all ({seen})",

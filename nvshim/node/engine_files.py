@@ -24,7 +24,7 @@ import stat
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nvshim._record import dataclass
-from nvshim.errors import ConfigError, HostError, UsageError
+from nvshim.errors import ConfigError, HostError, NvshimError, UsageError
 
 if TYPE_CHECKING:
     from tomlkit.toml_document import TOMLDocument
@@ -36,6 +36,7 @@ __all__ = [
     "ConfigureOutcome",
     "RevertResult",
     "backup_path",
+    "configured_handlers",
     "read_text",
     "parse_toml",
     "sha256",
@@ -45,6 +46,7 @@ __all__ = [
     "write_changes",
     "carry_out",
     "plan_restore",
+    "plan_revert_one",
     "apply_restore",
     "set_as_default_pitfall",
     "default_runtime_guard",
@@ -82,13 +84,20 @@ class FileChange:
 
 @dataclass(frozen=True)
 class ConfigureOutcome:
-    """What an engine's ``configure`` did (or, with ``dry_run``, would do)."""
+    """What an engine's ``configure`` did (or, with ``dry_run``, would do): the one result
+    type of every engine (:mod:`nvshim.node.engines`)."""
 
     engine: str
     handler_file: str
     files: Tuple[FileChange, ...]
     written: Tuple[str, ...]
     warnings: Tuple[str, ...] = ()
+    handlers: Tuple[str, ...] = ()
+    """The nvshim runtimes ``handler_file`` holds afterwards, this one included, sorted."""
+    version: Optional[int] = None
+    """containerd: the config version (1, 2, 3); other engines: None."""
+    cri_plugin: Optional[str] = None
+    """containerd: the CRI plugin table written; other engines: None."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,24 @@ class RevertResult:
     removed: Tuple[str, ...]
     used_backup: bool
     warnings: Tuple[str, ...] = ()
+    kept_backup: bool = False
+    """Only one runtime was taken out (others configure added stay): the backup stays, for
+    their revert, with the new texts' hashes."""
+    reverted: str = ""
+    """With ``kept_backup``: the runtime taken out."""
+
+
+def configured_handlers(config_path: str) -> Tuple[str, ...]:
+    """The runtimes ``nvshim runtime configure`` recorded in ``config_path``'s backup (any
+    engine's format); () without a backup or when it does not read."""
+    try:
+        text = read_text(backup_path(config_path), "backup file")
+        data = json.loads(text) if text is not None else None
+    except (NvshimError, ValueError, RecursionError):
+        return ()
+    handlers = data.get("handlers") if isinstance(data, dict) else None
+    return tuple(h for h in handlers if isinstance(h, str)) if isinstance(handlers, list) \
+        else ()
 
 
 def backup_path(config_path: str) -> str:
@@ -252,13 +279,17 @@ def load_backup(path: str, fmt: str) -> Optional[Dict[str, Any]]:
             if entry.get(key) is not None and (
                     not isinstance(entry[key], kind) or isinstance(entry[key], bool)):
                 raise ConfigError(f"{where}.{key} is not {what}")
+    handlers = data.setdefault("handlers", [])
+    if not isinstance(handlers, list) or not all(isinstance(h, str) for h in handlers):
+        raise ConfigError(f"{path}: invalid backup: handlers is not a list of names")
     dirs = data.setdefault("created_dirs", [])
     if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
         raise ConfigError(f"{path}: invalid backup: created_dirs is not a list of paths")
     return data
 
 
-def write_changes(backup_file: str, fmt: str, changes: Sequence[FileChange]) -> Tuple[str, ...]:
+def write_changes(backup_file: str, fmt: str, changes: Sequence[FileChange],
+                  handler: str = "") -> Tuple[str, ...]:
     """Write ``changes`` in order, first recording their originals in ``backup_file``.
 
     A file already in the backup keeps its first original, so configure run twice still
@@ -277,6 +308,8 @@ def write_changes(backup_file: str, fmt: str, changes: Sequence[FileChange]) -> 
             change.path, {"original": change.before, "mode": _mode(change.path)}
         )
         entry["written_sha256"] = sha256(change.after)
+    if handler:  # doctor checks that the engine still loads every runtime named here
+        backup["handlers"] = sorted(set(backup.get("handlers", [])) | {handler})
     created: List[str] = []
     for change in changes + [FileChange(backup_file, None, "")]:
         created += _make_parents(change.path)
@@ -321,14 +354,15 @@ def _undo(done: Sequence[FileChange], created: Sequence[str]) -> List[str]:
 
 
 def carry_out(plan: ConfigureOutcome, config_path: str, fmt: str,
-              dry_run: bool) -> ConfigureOutcome:
+              dry_run: bool, name: str = "") -> ConfigureOutcome:
     """``plan`` as planned (``dry_run``), or written after backing up the originals next to
-    ``config_path``: the one tail of every engine's ``configure``."""
+    ``config_path`` (and recording the runtime ``name`` there, for doctor): the one tail of
+    every engine's ``configure``."""
     if dry_run:
         return plan
     from nvshim._record import replace
 
-    written = write_changes(backup_path(config_path), fmt, plan.files)
+    written = write_changes(backup_path(config_path), fmt, plan.files, name)
     result: ConfigureOutcome = replace(plan, written=written)
     return result
 
@@ -390,6 +424,51 @@ def plan_restore(
     )
 
 
+#: ``others(path, now, original) -> names``: the runtimes configure added to one file (in
+#: ``now``, not in ``original``), less the one being reverted.
+OthersFn = Callable[[str, Optional[str], Optional[str]], Sequence[str]]
+#: ``strip_one(path, now, original, warnings) -> text``: ``now`` without the one runtime
+#: (and a default naming it), everything shared with the other runtimes kept; None: remove.
+StripOneFn = Callable[[str, str, Optional[str], List[str]], Optional[str]]
+
+
+def plan_revert_one(
+    current: Mapping[str, Optional[str]],
+    backup: Mapping[str, Any],
+    *,
+    name: str,
+    others: OthersFn,
+    strip_one: StripOneFn,
+) -> Optional[RevertResult]:
+    """Reverting ``name`` while the backup's files still hold other runtimes configure
+    added (``--name``): take out only ``name``'s entries and keep the backup for the others;
+    None when no other runtime is left, so the whole backup is restored. Pure."""
+    entries: Mapping[str, Any] = backup["files"]
+    left = sorted({other for path in entries
+                   for other in others(path, current.get(path), entries[path].get("original"))})
+    if not left:
+        return None
+    warnings: List[str] = []
+    files: List[FileChange] = []
+    for path in entries:
+        now = current.get(path)
+        if now is None:
+            continue
+        after = strip_one(path, now, entries[path].get("original"), warnings)
+        if after != now:
+            files.append(FileChange(path, now, after))
+    return RevertResult(
+        files=tuple(files),
+        restored=(),
+        edited=tuple(c.path for c in files if c.after is not None),
+        removed=tuple(c.path for c in files if c.after is None),
+        used_backup=True,
+        warnings=tuple(warnings),
+        kept_backup=True,
+        reverted=name,
+    )
+
+
 def apply_restore(
     plan: RevertResult, backup: Optional[Mapping[str, Any]], backup_file: str
 ) -> None:
@@ -404,6 +483,14 @@ def apply_restore(
             mode = backup["files"][change.path].get("mode")
         write_text(change.path, change.after, mode if isinstance(mode, int) else 0o644)
     if backup is None:
+        return
+    if plan.kept_backup:  # the other runtimes' revert still needs it, with the new texts
+        kept = json.loads(json.dumps(backup))
+        for change in plan.files:
+            if change.path in kept["files"]:
+                kept["files"][change.path]["written_sha256"] = sha256(change.after)
+        kept["handlers"] = [h for h in kept.get("handlers", []) if h != plan.reverted]
+        write_text(backup_file, json.dumps(kept, indent=2, sort_keys=True) + "\n", 0o600)
         return
     remove_file(backup_file)
     for directory in reversed(backup.get("created_dirs", [])):

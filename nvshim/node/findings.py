@@ -34,15 +34,21 @@ class Finding:
     status: str
     message: str
     fix: str = ""
+    detail: str = ""
+    """What the short ``message`` leaves out (the chain of programs followed, why it
+    matters): shown by ``doctor --verbose`` and in JSON (``detail``, only when set)."""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"unknown finding status {self.status!r}")
 
     def to_dict(self) -> Dict[str, str]:
-        return {
+        out = {
             "check": self.check, "status": self.status, "message": self.message, "fix": self.fix
         }
+        if self.detail:
+            out["detail"] = self.detail
+        return out
 
 
 @dataclass(frozen=True)

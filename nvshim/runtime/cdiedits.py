@@ -12,6 +12,8 @@ records ``nvshim cdi generate`` writes into specs.
 
 from __future__ import annotations
 
+import os
+
 from nvshim._record import dataclass
 from nvshim.config import describe_config
 from nvshim.edits import Edits, Hook
@@ -192,10 +194,12 @@ def engine_stale(spec: Dict[str, Any], config: Config, node: Host) -> Tuple[str,
     return judge(spec, spec_mounts(spec), config, version, lambda p: refresh_fix(config, p))
 
 
-def refresh_fix(config: Config, spec: str) -> str:
+def refresh_fix(config: Config, spec: str, driver_root: Optional[str] = None) -> str:
     """How to make the spec at ``spec`` current: ``run nvshim cdi refresh`` when the config's
-    ``cdi-refresh`` keeps it, else regenerate it with ``nvshim cdi generate --output``.
-    Only a failing or warning create calls it (shlex costs an import)."""
+    ``cdi-refresh`` keeps it, else regenerate it with ``nvshim cdi generate --output`` (with
+    ``--driver-root`` when the checked ``driver_root`` is not the config's). The one fix text
+    of the create, doctor and ``cdi generate --check``. Only a failing or warning create
+    calls it (shlex costs an import)."""
     import shlex
 
     from nvshim.cdi.index import regenerate_fix
@@ -214,4 +218,6 @@ def refresh_fix(config: Config, spec: str) -> str:
                 value = arg[2:] if arg.startswith("-o") else None
             if value == spec:
                 return "run nvshim cdi refresh"
-    return regenerate_fix(spec)
+    other_root = driver_root is not None and os.path.abspath(driver_root) != os.path.abspath(
+        config.driver_root)
+    return regenerate_fix(spec, driver_root if other_root and driver_root else "")

@@ -565,3 +565,15 @@ def test_an_image_ld_so_cache_over_4_mib_is_merged_by_the_hook(node: dict,
         update_ldcache(root, plan.rootfs.work.folders)
     merged = {e.key for e in parse_ldcache(cache.read_bytes())}
     assert {"libimage0.so.1", "libimage59999.so.1", "libcuda.so.1"} <= merged
+
+
+def test_a_granted_container_sees_void_and_its_grant_is_named_elsewhere(node: dict,
+                                                                         tmp_path: Path) -> None:
+    """Issue 37.7's decision: a granted container's NVIDIA_VISIBLE_DEVICES is void (as in
+    NVIDIA's CDI mode and generated specs), never the ids, so a committed image or a nested
+    runtime cannot re-request them (docs/container-env.md)."""
+    _, plan = _planned(node, tmp_path)
+    env = plan.new_spec["process"]["env"]
+    assert [e for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")] == [
+        "NVIDIA_VISIBLE_DEVICES=void"]
+    assert [g.index for g in plan.grant.gpus] == [0]

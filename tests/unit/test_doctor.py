@@ -359,7 +359,8 @@ def test_cdi_spec_stale_for_driver_fails_current_passes_broken_warns(tmp_path: P
     stale_finding = next(f for f in findings if str(stale) in f.message)
     assert stale_finding.status == "fail"
     assert "driver is 550.54.15" in stale_finding.message
-    assert stale_finding.fix == f"nvshim cdi generate --driver-root {new.root} --output {stale}"
+    assert stale_finding.fix == (f"regenerate it with nvshim cdi generate --driver-root {new.root} "
+                                 f"--output {stale}")
 
     stale.unlink()
     broken.unlink()

@@ -71,11 +71,14 @@ def test_containerd_17_with_enable_cdi_and_default_config_warns_with_the_fix(
     ctrd = configured_containerd(tmp_path, "version = 2\n", enable_cdi=True)
     [finding] = injection(options(tmp_path, config, ctrd))
     assert finding.status == "warn", finding
+    assert finding.message == ("containerd and nvshim both inject the devices cdi.k8s.io/ "
+                               "annotations name: nvshim's require-allocation is off, so every "
+                               'annotation under "cdi.k8s.io/" is a request')
     assert "containerd injects the CDI devices that cdi.k8s.io/ annotations name" \
-        in finding.message
-    assert "nvshim injects them again from the same CDI spec dirs" in finding.message
+        in finding.detail
+    assert "nvshim injects them again from the same CDI spec dirs" in finding.detail
     drop_in = tmp_path / "containerd" / "conf.d" / "99-nvshim.toml"
-    assert f"enable_cdi = true in {drop_in}" in finding.message
+    assert f"enable_cdi = true in {drop_in}" in finding.detail
     assert f'take "cdi.k8s.io/" out of annotation-prefixes in {config}' in finding.fix
     assert "counts the devices containerd injected as an engine grant" in finding.fix
     assert f'set enable_cdi = false in plugins."io.containerd.grpc.v1.cri" of {drop_in}' \
@@ -105,7 +108,7 @@ def test_disjoint_spec_dirs_still_warn_naming_nvshims_own(tmp_path: Path) -> Non
     config = nvshim_config(tmp_path, cdi_spec_dirs=[str(tmp_path / "cdi")])
     [finding] = injection(options(tmp_path, config, ctrd))
     assert finding.status == "warn"
-    assert f"from its own cdi-spec-dirs, {tmp_path / 'cdi'}," in finding.message
+    assert f"from its own cdi-spec-dirs, {tmp_path / 'cdi'}," in finding.detail
 
 
 def test_enable_cdi_on_containerd_16_is_ignored(tmp_path: Path) -> None:
@@ -142,9 +145,10 @@ def test_containerd_2_version_3_default_is_the_engine(tmp_path: Path, passed: bo
     ctrd.write_text(f'version = 3\n[{cri}.containerd.runtimes.nvshim]\n{annotations}'
                     f'[{cri}.containerd.runtimes.nvshim.options]\nBinaryName = "{binary}"\n')
     [finding] = injection(options(tmp_path, nvshim_config(tmp_path), ctrd))
-    assert finding.message.startswith("containerd injects the CDI devices")
+    said = finding.detail if passed else finding.message  # a warning keeps its line short
+    assert said.startswith("containerd injects the CDI devices")
     assert "is a version 3 config, containerd 2.x's, where enable_cdi defaults to true" \
-        in finding.message
+        in said
     if passed:
         assert finding.status == "warn" and "annotation-prefixes" in finding.fix
         assert f"set enable_cdi = false in {cri} of {ctrd}" in finding.fix
@@ -170,7 +174,7 @@ def test_version_2_config_without_enable_cdi_asks_the_binary(
     [finding] = injection(opts)
     if injects:
         assert finding.status == "warn"
-        assert "enable_cdi is unset: containerd 2.0.0 turns CDI on by default" in finding.message
+        assert "enable_cdi is unset: containerd 2.0.0 turns CDI on by default" in finding.detail
     else:
         assert finding.status == "ok", finding
         assert finding.message.startswith("nvshim injects the CDI devices")
@@ -200,9 +204,9 @@ def test_crio_config_present_is_the_engine(tmp_path: Path) -> None:
     config = nvshim_config(tmp_path)
     [finding] = injection(options(tmp_path, config, crio=crio))
     assert finding.status == "warn", finding
-    assert finding.message.startswith("CRI-O injects the CDI devices that cdi.k8s.io/ "
-                                      "annotations name, from /var/run/cdi (CRI-O's CDI has "
-                                      "no off switch)")
+    assert finding.detail.startswith("CRI-O injects the CDI devices that cdi.k8s.io/ "
+                                     "annotations name, from /var/run/cdi (CRI-O's CDI has "
+                                     "no off switch)")
     assert "enable_cdi" not in finding.fix
     config = nvshim_config(tmp_path, annotation_prefixes=[])
     [fine] = injection(options(tmp_path, config, crio=crio))
@@ -231,7 +235,8 @@ def test_doctor_cli_prints_the_line(tmp_path: Path, capsys: pytest.CaptureFixtur
               "--trampoline", str(tmp_path / "no-trampoline")])
     out = capsys.readouterr().out
     [line] = [x for x in out.splitlines() if "cdi-injection:" in x]
-    assert line.startswith("warn  cdi-injection: containerd injects") and " — fix: " in line
+    assert line.startswith("warn  cdi-injection: containerd and nvshim both inject") \
+        and " — fix: " in line
 
 
 @pytest.mark.parametrize("pattern, matches", [

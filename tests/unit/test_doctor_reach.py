@@ -118,11 +118,12 @@ def test_follow_reads_the_readme_wrapper_and_the_trampoline(tmp_path: Path) -> N
      "nvidia"),
     (f'exec env FOO=1 {NVIDIA} "$@"\n', "nvidia"),
     ('exec /usr/sbin/runc "$@"\n', "plain"),
-    ('/usr/sbin/runc "$@"\n', "unknown"),
-], ids=["exec", "export-later", "exec-env", "runc", "no-exec"])
+    ('/usr/sbin/runc "$@"\nstatus=$?\n', "unknown"),
+    ('/usr/sbin/runc "$@"\n', "plain"),
+], ids=["exec", "export-later", "exec-env", "runc", "no-exec", "last-command"])
 def test_follow_a_wrapper(tmp_path: Path, body: str, kind: str) -> None:
-    """A wrapper script is followed through its exec line (env assignments included); one
-    without an exec doctor can read is unknown, never guessed."""
+    """A wrapper script is followed through its exec line or its last command (env
+    assignments included); a command with more lines after it is unknown, never guessed."""
     from nvshim.node.doctor_follow import follow
 
     assert follow(str(script(tmp_path / "gpu-runtime", body))).kind == kind
@@ -164,7 +165,8 @@ def test_nvidia_runtime_with_its_env_switch_off_is_ok(tmp_path: Path, via_env: b
     assert effective is not None
     finding = doctor_engines.check_default_runtime(effective, Config(), options)
     assert finding.status == "ok", finding
-    assert f"{toml} sets {SWITCH} = false" in finding.message
+    assert f"{toml} turns its env grants off" in finding.message
+    assert f"{toml} sets {SWITCH} = false" in finding.detail
     toml.write_text(f"{SWITCH} = true\n")
     assert doctor_engines.check_default_runtime(effective, Config(), options).status == "fail"
 
