@@ -11,8 +11,13 @@ needs a feature checks the version it got.
 * containerd 2.1.9 (:func:`containerd_2_dir`): Go binaries needing glibc 2.34 (Debian 12 has
   2.36); the directory holds ``containerd``, ``containerd-shim-runc-v2`` and ``ctr``. Its
   default config is version 3, its CRI plugin ``io.containerd.cri.v1.runtime``.
+* runc 1.3.6 and crun 1.28 (:func:`runc_sid`, :func:`crun_sid`) need glibc 2.38+ and, crun,
+  newer libraries (libjson-c 0.19, libblake3): their set carries sid's ``libc6``,
+  ``libseccomp2``, ``libcap2``, ``libjson-c5``, ``libblake3-0`` and ``libsystemd0``, and
+  :func:`tests.helpers.debian13.own_libc` points both binaries at them, as for Debian 13's.
 
-Cold download: the sid main index ≈ 10 MB (once per set); containerd ≈ 30 MB.
+Cold download: the sid main index ≈ 10 MB (once per set); containerd ≈ 30 MB; runc + crun
+and their libraries ≈ 11 MB.
 
 :func:`engine_or_skip` skips a test whose engine cannot be fetched, naming why, or fails it
 with ``CI`` set.
@@ -23,13 +28,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
-from tests.helpers.debian13 import DebianSuite
+from tests.helpers.debian13 import DebianSuite, own_libc
 
-__all__ = ["SID", "containerd_2_dir", "engine_or_skip"]
+__all__ = ["SID", "containerd_2_dir", "crun_sid", "engine_or_skip", "runc_sid"]
 
 CACHE_ENV = "NVSHIM_TESTS_DEBIANSID_CACHE"
 """Where the sid package sets are kept (default: ~/.cache/nvshim-tests/debiansid)."""
 SID = DebianSuite("sid", "Debian unstable", "debiansid", CACHE_ENV)
+
+_RUNTIMES = ("runc", "crun", "libc6", "patchelf", "libstdc++6", "libgcc-s1",
+             "libseccomp2", "libcap2", "libjson-c5", "libblake3-0", "libsystemd0")
 
 T = TypeVar("T")
 
@@ -37,6 +45,21 @@ T = TypeVar("T")
 def containerd_2_dir(cache: Optional[Path] = None) -> Path:
     """The directory of sid's ``containerd`` (2.1), ``containerd-shim-runc-v2`` and ``ctr``."""
     return SID.root("containerd-2", ["containerd"], cache=cache) / "usr" / "bin"
+
+
+def _runtimes(cache: Optional[Path]) -> Path:
+    return SID.root("runtimes", _RUNTIMES, finish=own_libc, cache=cache)
+
+
+def runc_sid(cache: Optional[Path] = None) -> str:
+    """sid's runc (1.3), runnable here through sid's own libc."""
+    return str(_runtimes(cache) / "usr" / "sbin" / "runc")
+
+
+def crun_sid(cache: Optional[Path] = None) -> str:
+    """sid's crun (1.28), runnable here through sid's libc and libraries (in this VM's cgroup
+    layout only through :func:`tests.helpers.runc.make_crun_wrapper`)."""
+    return str(_runtimes(cache) / "usr" / "bin" / "crun")
 
 
 def engine_or_skip(fetch: Callable[[], T], what: str) -> T:
