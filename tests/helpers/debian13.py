@@ -202,11 +202,16 @@ def engine_or_skip(fetch: Callable[[], T], what: str) -> T:
 def containerd_node_engines(version: str) -> Tuple[Optional[Path], str]:
     """(containerd's bin dir for :class:`~tests.helpers.containerd.Containerd`, the runc under
     nvshim) of a node: "1.6" is the machine's containerd and runc (bin dir None), "1.7"
-    Debian 13's containerd 1.7 and runc 1.1.15; skips (fails under CI) as
+    Debian 13's containerd 1.7 and runc 1.1.15, "2.1" Debian unstable's containerd 2.1 and
+    runc 1.3 (:mod:`tests.helpers.debiansid`); skips (fails under CI) as
     :func:`engine_or_skip` says."""
     if version == "1.6":
         require_binary("containerd")
         return None, require_binary("runc")
+    if version == "2.1":
+        from tests.helpers import debiansid
+
+        return (debiansid.engine_or_skip(debiansid.containerd_2_dir, "containerd 2.1"),
+                debiansid.engine_or_skip(debiansid.runc_sid, "runc 1.3"))
     bin_dir = engine_or_skip(containerd_17_dir, "containerd 1.7")
     return bin_dir, engine_or_skip(runc_debian13, "runc 1.1.15")
-
