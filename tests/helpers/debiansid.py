@@ -15,9 +15,11 @@ needs a feature checks the version it got.
   newer libraries (libjson-c 0.19, libblake3): their set carries sid's ``libc6``,
   ``libseccomp2``, ``libcap2``, ``libjson-c5``, ``libblake3-0`` and ``libsystemd0``, and
   :func:`tests.helpers.debian13.own_libc` points both binaries at them, as for Debian 13's.
+* Docker 28.5.2 (:func:`docker_28_dirs`): ``docker.io`` (dockerd, Go, glibc 2.34 and the
+  machine's libsystemd) and ``docker-cli``; dockerd starts the containerd 2.1 above.
 
 Cold download: the sid main index ≈ 10 MB (once per set); containerd ≈ 30 MB; runc + crun
-and their libraries ≈ 11 MB.
+and their libraries ≈ 11 MB; docker.io + docker-cli ≈ 28 MB.
 
 :func:`engine_or_skip` skips a test whose engine cannot be fetched, naming why, or fails it
 with ``CI`` set.
@@ -26,11 +28,11 @@ with ``CI`` set.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Optional, Tuple, TypeVar
 
 from tests.helpers.debian13 import DebianSuite, own_libc
 
-__all__ = ["SID", "containerd_2_dir", "crun_sid", "engine_or_skip", "runc_sid"]
+__all__ = ["SID", "containerd_2_dir", "crun_sid", "docker_28_dirs", "engine_or_skip", "runc_sid"]
 
 CACHE_ENV = "NVSHIM_TESTS_DEBIANSID_CACHE"
 """Where the sid package sets are kept (default: ~/.cache/nvshim-tests/debiansid)."""
@@ -60,6 +62,13 @@ def crun_sid(cache: Optional[Path] = None) -> str:
     """sid's crun (1.28), runnable here through sid's libc and libraries (in this VM's cgroup
     layout only through :func:`tests.helpers.runc.make_crun_wrapper`)."""
     return str(_runtimes(cache) / "usr" / "bin" / "crun")
+
+
+def docker_28_dirs(cache: Optional[Path] = None) -> Tuple[Path, ...]:
+    """sid's ``dockerd`` (28.5), ``docker`` client and containerd 2.1: the directories to put
+    first on dockerd's PATH (:class:`tests.helpers.docker.Dockerd`'s ``bin_dirs``)."""
+    root = SID.root("docker-28", ["docker.io", "docker-cli"], cache=cache)
+    return root / "usr" / "sbin", root / "usr" / "bin", containerd_2_dir(cache)
 
 
 def engine_or_skip(fetch: Callable[[], T], what: str) -> T:
