@@ -168,15 +168,17 @@ def containerd_17_dir(cache: Optional[Path] = None) -> Path:
 
 
 def own_libc(tree: Path, root: Path,
-             binaries: Sequence[str] = ("usr/sbin/runc", "usr/bin/crun")) -> None:
+             binaries: Sequence[str] = ("usr/sbin/runc", "usr/bin/crun"),
+             flags: Sequence[str] = ()) -> None:
     """Point ``binaries``' ELF interpreter and run path at the set's own libc (the set
-    carries ``libc6`` and ``patchelf``; patchelf runs through that libc's loader)."""
+    carries ``libc6`` and ``patchelf``; patchelf runs through that libc's loader) with
+    patchelf's extra ``flags``."""
     libdir = root / _LIBDIR
     here = tree / _LIBDIR
     patchelf = [str(here / _LOADER), "--library-path", str(here), str(tree / "usr/bin/patchelf")]
     for binary in binaries:
-        _run([*patchelf, "--set-interpreter", str(libdir / _LOADER), "--set-rpath", str(libdir),
-              str(tree / binary)], f"patchelf {binary}")
+        _run([*patchelf, *flags, "--set-interpreter", str(libdir / _LOADER), "--set-rpath",
+              str(libdir), str(tree / binary)], f"patchelf {binary}")
 
 
 def _runtimes(cache: Optional[Path]) -> Path:

@@ -17,9 +17,19 @@ needs a feature checks the version it got.
   :func:`tests.helpers.debian13.own_libc` points both binaries at them, as for Debian 13's.
 * Docker 28.5.2 (:func:`docker_28_dirs`): ``docker.io`` (dockerd, Go, glibc 2.34 and the
   machine's libsystemd) and ``docker-cli``; dockerd starts the containerd 2.1 above.
+* podman 5.8.6 (:func:`podman_5`) needs glibc 2.38+, gpgme 2 (libgpgme45, libassuan9, a newer
+  libgpg-error0), libsubid6 and libseccomp 2.6: its set carries sid's, and its other
+  libraries (libsystemd, libselinux, PAM …) are the machine's, found through the loader's
+  default paths. podman is patched with a DT_RPATH (``--force-rpath``: it also serves
+  gpgme's and libsubid's own dependencies, which a DT_RUNPATH would not) and ``--no-sort``
+  (patchelf's default section sorting makes this Go binary segfault at start). podman 5
+  refuses to start without netavark, even for ``--network none``: the set carries sid's
+  (patched alike) and a containers.conf override naming it. It runs the machine's conmon
+  (2.1.6) and, here, the sid runc under nvshim.
 
 Cold download: the sid main index ≈ 10 MB (once per set); containerd ≈ 30 MB; runc + crun
-and their libraries ≈ 11 MB; docker.io + docker-cli ≈ 28 MB.
+and their libraries ≈ 11 MB; docker.io + docker-cli ≈ 28 MB; podman, netavark and their
+libraries ≈ 33 MB.
 
 :func:`engine_or_skip` skips a test whose engine cannot be fetched, naming why, or fails it
 with ``CI`` set.
@@ -28,11 +38,12 @@ with ``CI`` set.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional, Tuple, TypeVar
+from typing import Callable, Dict, Optional, Tuple, TypeVar
 
 from tests.helpers.debian13 import DebianSuite, own_libc
 
-__all__ = ["SID", "containerd_2_dir", "crun_sid", "docker_28_dirs", "engine_or_skip", "runc_sid"]
+__all__ = ["SID", "containerd_2_dir", "crun_sid", "docker_28_dirs", "engine_or_skip", "podman_5",
+           "runc_sid"]
 
 CACHE_ENV = "NVSHIM_TESTS_DEBIANSID_CACHE"
 """Where the sid package sets are kept (default: ~/.cache/nvshim-tests/debiansid)."""
@@ -40,6 +51,11 @@ SID = DebianSuite("sid", "Debian unstable", "debiansid", CACHE_ENV)
 
 _RUNTIMES = ("runc", "crun", "libc6", "patchelf", "libstdc++6", "libgcc-s1",
              "libseccomp2", "libcap2", "libjson-c5", "libblake3-0", "libsystemd0")
+
+_PODMAN = ("podman", "netavark", "libc6", "patchelf", "libstdc++6", "libgcc-s1", "libgpgme45", "libassuan9",
+           "libgpg-error0", "libsubid6", "libseccomp2", "libsqlite3-0")
+
+PODMAN_CONF = "etc/containers/nvshim-tests.conf"
 
 T = TypeVar("T")
 
@@ -69,6 +85,24 @@ def docker_28_dirs(cache: Optional[Path] = None) -> Tuple[Path, ...]:
     first on dockerd's PATH (:class:`tests.helpers.docker.Dockerd`'s ``bin_dirs``)."""
     root = SID.root("docker-28", ["docker.io", "docker-cli"], cache=cache)
     return root / "usr" / "sbin", root / "usr" / "bin", containerd_2_dir(cache)
+
+
+def _podman_finish(tree: Path, root: Path) -> None:
+    own_libc(tree, root, binaries=["usr/bin/podman", "usr/lib/podman/netavark"],
+             flags=["--force-rpath", "--no-sort"])
+    conf = tree / PODMAN_CONF
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text(f'[engine]\nhelper_binaries_dir = ["{root}/usr/lib/podman"]\n')
+
+
+def podman_5(cache: Optional[Path] = None) -> Tuple[str, Dict[str, str]]:
+    """sid's podman (5.8), runnable here through sid's libc and libraries, and the env it
+    needs: ``CONTAINERS_CONF_OVERRIDE`` naming the set's netavark (podman 5 requires one,
+    even for ``--network none``), and the cgroup v1 deprecation warning off."""
+    root = SID.root("podman-5", _PODMAN, cache=cache, finish=_podman_finish)
+    return str(root / "usr" / "bin" / "podman"), {
+        "CONTAINERS_CONF_OVERRIDE": str(root / PODMAN_CONF),
+        "PODMAN_IGNORE_CGROUPSV1_WARNING": "1"}
 
 
 def engine_or_skip(fetch: Callable[[], T], what: str) -> T:

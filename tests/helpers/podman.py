@@ -58,6 +58,14 @@ class Podman:
     runroot: Path = field(init=False)
     """``--runroot``: podman refuses one longer than 50 characters, so it is a short
     ``/tmp/nvshim-podrun-*`` directory (removed by :meth:`cleanup`), not under ``base``."""
+    binary: Optional[str] = None
+    """The podman binary (None: podman on PATH; Debian unstable's:
+    :func:`tests.helpers.debiansid.podman_5`)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Added to podman's environment on every call (a podman 5's containers.conf override)."""
+    cdi_spec_dirs: Sequence[PathLike] = ()
+    """``--cdi-spec-dir`` of every call (podman 5; 4.3.1 lacks the flag and reads
+    :data:`CDI_DIR`)."""
     _absent_state_dirs: List[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -71,6 +79,7 @@ class Podman:
     def global_args(self, runtime: Optional[PathLike] = None) -> List[str]:
         """The global flags every call gets."""
         rt = runtime or self.runtime or require_binary("runc")
+        cdi = [arg for d in self.cdi_spec_dirs for arg in ("--cdi-spec-dir", str(d))]
         return [
             "--root", str(self.base / "root"),
             "--runroot", str(self.runroot),
@@ -79,6 +88,7 @@ class Podman:
             "--events-backend", "file",
             "--storage-driver", "overlay",
             "--runtime", str(rt),
+            *cdi,
         ]
 
     def podman(self, *args: PathLike, runtime: Optional[PathLike] = None,
@@ -86,9 +96,11 @@ class Podman:
                timeout: float = 120) -> RunResult:
         """``podman <global flags> [--log-level L] *args``; ``env`` is podman's (and so the
         runtime's) environment."""
-        argv = [require_binary("podman"), *self.global_args(runtime)]
+        argv = [self.binary or require_binary("podman"), *self.global_args(runtime)]
         if log_level:
             argv += ["--log-level", log_level]
+        if self.env:
+            env = {**(env_dict(env) or os.environ), **self.env}
         return execute([*argv, *args], env=env, timeout=timeout, cwd=self.base)
 
     def podman_run(
