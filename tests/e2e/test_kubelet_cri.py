@@ -3,7 +3,8 @@
 Every test runs on two nodes: the machine's containerd 1.6 with runc 1.1.5 (Debian 12), and
 Debian 13's containerd 1.7 with CDI injection on (``enable_cdi``, reading nvshim's CDI spec
 dir) and runc 1.1.15 under nvshim (:mod:`tests.helpers.debian13`). Debian unstable's
-containerd 2.1 (runc 1.3, CDI on, NRI's socket kept private; :mod:`tests.helpers.debiansid`)
+containerd 2.1 (a version 3 config, runc 1.3, CDI on, NRI's socket kept private;
+:mod:`tests.helpers.debiansid`)
 runs the CDI tests and two others (``EVERY_NODE``). A private containerd with
 its CRI plugin (host-network pods, no CNI, a locally imported busybox image as pause and
 workload image) gets nvshim's runtime handlers from ``nvshim runtime configure`` itself; the test calls RunPodSandbox / CreateContainer /
@@ -106,8 +107,8 @@ def cri_node(base: Path, sim: Any, version: str, rootfs: Path) -> Iterator[Node]
 
     config = base / "containerd.toml"
     config.write_text(cri_containerd_config(
-        base, cdi_spec_dirs=[str(base / "cdi")] if version != "1.6" else ())
-        + (private_nri(base) if version == "2.1" else ""))
+        base, cdi_spec_dirs=[str(base / "cdi")] if version != "1.6" else (),
+        version=3 if version == "2.1" else 2) + (private_nri(base) if version == "2.1" else ""))
     nvshim = [shutil.which("nvshim") or "nvshim", "runtime", "configure", "--runtime",
               "containerd", "--config", str(config), "--drop-in", "", "--binary", str(wrapper)]
     for extra in ([], ["--name", "nvshim-podcdi", "--pod-cdi-annotations"]):
