@@ -21,7 +21,13 @@ import tomlkit
 
 from nvshim.node.compile import compile_node
 from tests.helpers.common import require_binary, require_root
-from tests.helpers.debiansid import containerd_2_dir, engine_or_skip, podman_5, runc_sid
+from tests.helpers.debiansid import (
+    PODMAN_5_HOST_PATHS,
+    containerd_2_dir,
+    engine_or_skip,
+    podman_5,
+    runc_sid,
+)
 from tests.helpers.node import write_nvshim_config
 from tests.helpers.podman import Podman
 
@@ -96,7 +102,8 @@ def podman5(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[Podman, 
     gen = _nvshim("cdi", "generate", "--driver-root", node.root, "--output",
                   str(cdi / "nvidia.yaml"))
     assert gen.returncode == 0, gen.stderr
-    podman = Podman(base / "storage", binary=binary, env=env, cdi_spec_dirs=[cdi])
+    podman = Podman(base / "storage", binary=binary, env=env, cdi_spec_dirs=[cdi],
+                    host_paths=PODMAN_5_HOST_PATHS)
     try:
         yield podman, node, base
     finally:

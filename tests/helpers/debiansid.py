@@ -43,7 +43,7 @@ from typing import Callable, Dict, Optional, Tuple, TypeVar
 from tests.helpers.debian13 import DebianSuite, own_libc
 
 __all__ = ["SID", "containerd_2_dir", "crun_sid", "docker_28_dirs", "engine_or_skip", "podman_5",
-           "runc_sid"]
+           "PODMAN_5_HOST_PATHS", "runc_sid"]
 
 CACHE_ENV = "NVSHIM_TESTS_DEBIANSID_CACHE"
 """Where the sid package sets are kept (default: ~/.cache/nvshim-tests/debiansid)."""
@@ -56,6 +56,10 @@ _PODMAN = ("podman", "netavark", "libc6", "patchelf", "libstdc++6", "libgcc-s1",
            "libgpg-error0", "libsubid6", "libseccomp2", "libsqlite3-0")
 
 PODMAN_CONF = "etc/containers/nvshim-tests.conf"
+PODMAN_5_HOST_PATHS = (Path("/run/containers/networks"), Path("/run/containers"),
+                       Path("/run/lock/netavark.lock"))
+"""What rootful podman 5 creates on the host even for ``--network none`` (netavark's run dir
+is fixed for root): :class:`tests.helpers.podman.Podman`'s ``host_paths``."""
 
 T = TypeVar("T")
 

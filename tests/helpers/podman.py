@@ -66,12 +66,17 @@ class Podman:
     cdi_spec_dirs: Sequence[PathLike] = ()
     """``--cdi-spec-dir`` of every call (podman 5; 4.3.1 lacks the flag and reads
     :data:`CDI_DIR`)."""
+    host_paths: Sequence[Path] = ()
+    """Host files and folders this podman creates where no flag moves them (podman 5's
+    netavark run dir and lock): :meth:`cleanup` removes those that did not exist before, a
+    folder only when empty, in the order given (deepest first)."""
     _absent_state_dirs: List[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # podman passes no --root, so runc/crun keep state in their default dirs; remember
         # which of those did not exist yet so cleanup() can remove them again (when empty).
-        self._absent_state_dirs = [d for d in _DEFAULT_STATE_DIRS if not d.exists()]
+        self._absent_state_dirs = [d for d in (*_DEFAULT_STATE_DIRS, *self.host_paths)
+                                   if not os.path.lexists(d)]
         self.base = Path(self.base)
         self.base.mkdir(parents=True, exist_ok=True)
         self.runroot = Path(tempfile.mkdtemp(prefix="nvshim-podrun-", dir="/tmp"))
@@ -158,7 +163,10 @@ class Podman:
         remove_cgroup_tree(self.cgroup_parent)
         for d in self._absent_state_dirs:
             with contextlib.suppress(OSError):
-                d.rmdir()
+                if d.is_dir() and not d.is_symlink():
+                    d.rmdir()
+                else:
+                    d.unlink()
         if self.runroot.exists() and not mounts_under(self.runroot):
             shutil.rmtree(self.runroot, ignore_errors=True)
 
