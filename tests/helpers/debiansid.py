@@ -29,7 +29,8 @@ needs a feature checks the version it got.
 
 Cold download: the sid main index ≈ 10 MB (once per set); containerd ≈ 30 MB; runc + crun
 and their libraries ≈ 11 MB; docker.io + docker-cli ≈ 28 MB; podman, netavark and their
-libraries ≈ 33 MB.
+libraries ≈ 33 MB. All four sets fetched and unpacked cold: 44 s on this 2-core machine
+(containerd 17 s, runtimes 6, Docker 12, podman 8), ≈ 400 MB on disk.
 
 :func:`engine_or_skip` skips a test whose engine cannot be fetched, naming why, or fails it
 with ``CI`` set.
@@ -42,8 +43,8 @@ from typing import Callable, Dict, Optional, Tuple, TypeVar
 
 from tests.helpers.debian13 import DebianSuite, own_libc
 
-__all__ = ["SID", "containerd_2_dir", "crun_sid", "docker_28_dirs", "engine_or_skip", "podman_5",
-           "PODMAN_5_HOST_PATHS", "runc_sid"]
+__all__ = ["PODMAN_5_HOST_PATHS", "SID", "containerd_2_dir", "crun_sid", "docker_28_dirs",
+           "engine_or_skip", "podman_5", "runc_sid"]
 
 CACHE_ENV = "NVSHIM_TESTS_DEBIANSID_CACHE"
 """Where the sid package sets are kept (default: ~/.cache/nvshim-tests/debiansid)."""
@@ -52,8 +53,8 @@ SID = DebianSuite("sid", "Debian unstable", "debiansid", CACHE_ENV)
 _RUNTIMES = ("runc", "crun", "libc6", "patchelf", "libstdc++6", "libgcc-s1",
              "libseccomp2", "libcap2", "libjson-c5", "libblake3-0", "libsystemd0")
 
-_PODMAN = ("podman", "netavark", "libc6", "patchelf", "libstdc++6", "libgcc-s1", "libgpgme45", "libassuan9",
-           "libgpg-error0", "libsubid6", "libseccomp2", "libsqlite3-0")
+_PODMAN = ("podman", "netavark", "libc6", "patchelf", "libstdc++6", "libgcc-s1", "libgpgme45",
+           "libassuan9", "libgpg-error0", "libsubid6", "libseccomp2", "libsqlite3-0")
 
 PODMAN_CONF = "etc/containers/nvshim-tests.conf"
 PODMAN_5_HOST_PATHS = (Path("/run/containers/networks"), Path("/run/containers"),
