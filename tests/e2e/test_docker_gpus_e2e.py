@@ -1,4 +1,6 @@
-"""e2e: ``docker run --gpus`` with nvshim as Docker's runtime (Debian's docker.io 20.10).
+"""e2e: ``docker run --gpus`` with nvshim as Docker's runtime: Debian 12's docker.io 20.10
+and Debian unstable's Docker 28.5 (:mod:`tests.helpers.debiansid`; also its native CDI,
+``--device nvidia.com/gpu=N``).
 
 A private dockerd (tests/helpers/docker.py) reads a ``daemon.json`` that ``nvshim runtime
 configure --runtime docker`` wrote twice: runtime ``nvshim`` (require-allocation off) and
@@ -21,7 +23,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -63,10 +65,20 @@ def configure(*args: str, nvshim_config: Path) -> subprocess.CompletedProcess:
          *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterator[Any]:
-    """The simulated node, both runtimes registered by configure, dockerd started."""
+@pytest.fixture(scope="module", params=["20.10", "28"], ids=lambda v: f"docker-{v}")
+def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+          base_rootfs: Path) -> Iterator[Any]:
+    """The simulated node, both runtimes registered by configure, dockerd started: Debian 12's
+    docker.io 20.10 over runc 1.1.5, or Debian unstable's 28.5 with its containerd 2.1 over
+    runc 1.3 (:mod:`tests.helpers.debiansid`; skipped, under CI failed, when unavailable)."""
     require_root()
+    bin_dirs: Tuple[Path, ...] = ()
+    low = "runc"
+    if request.param == "28":
+        from tests.helpers import debiansid
+
+        bin_dirs = debiansid.engine_or_skip(debiansid.docker_28_dirs, "Docker 28")
+        low = debiansid.engine_or_skip(debiansid.runc_sid, "runc 1.3")
     if shutil.which(GPUS_HOOK, path=os.pathsep.join(DOCKERD_PATH)):
         pytest.skip(f"this host has its own {GPUS_HOOK} on dockerd's PATH: configure keeps it")
     from nvshim.node.trampoline import render
@@ -80,11 +92,19 @@ def setup(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterat
     tramp.chmod(0o755)
     daemon_json = base / "etc-docker" / "daemon.json"
     daemon_json.parent.mkdir()
-    daemon_json.write_text('{\n  "log-level": "warn"\n}\n')
+    settings: Dict[str, Any] = {"log-level": "warn"}
+    if request.param == "28":  # native CDI, reading only nvshim's spec for this node
+        settings["cdi-spec-dirs"] = [str(base / "cdi")]
+        gen = subprocess.run(
+            [sys.executable, "-m", "nvshim.cli.main", "cdi", "generate", "--driver-root",
+             node.root, "--output", str(base / "cdi" / "nvidia.yaml")],
+            cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert gen.returncode == 0, gen.stderr
+    daemon_json.write_text(json.dumps(settings, indent=2) + "\n")
     dirs = {}
     for name, require in (("nvshim", False), ("nvshim-strict", True)):
         config = write_nvshim_config(base / name, {
-            "require-allocation": require, "driver-root": node.root, "runtimes": ["runc"]})
+            "require-allocation": require, "driver-root": node.root, "runtimes": [low]})
         compile_node(str(config))
         wrapper = make_env_wrapper(base / name / "nvshim-runtime", tramp,
                                    {"NVSHIM_CONFIG": str(config)})
@@ -96,13 +116,13 @@ def setup(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterat
         dirs[name] = base / name
     # dockerd finds the default runtime's stand-in first on its PATH
     env = dict(os.environ, PATH=f"{dirs['nvshim-strict']}:{os.environ.get('PATH', '/usr/bin')}")
-    dockerd = Dockerd(daemon_json, base, env=env)
+    dockerd = Dockerd(daemon_json, base, env=env, bin_dirs=bin_dirs)
     try:
         dockerd.start()
         dockerd.import_rootfs(base_rootfs, IMAGE, env=[
             "PATH=/bin:/usr/bin", "NVIDIA_VISIBLE_DEVICES=all",
             "NVIDIA_DRIVER_CAPABILITIES=compute,utility"])
-        yield {"node": node, "dockerd": dockerd, "dirs": dirs}
+        yield {"node": node, "dockerd": dockerd, "dirs": dirs, "version": request.param}
     finally:
         dockerd.stop()
 
@@ -169,8 +189,9 @@ def test_runc_with_gpus_fails_with_nvshims_line(setup: Any) -> None:
 
 
 def test_the_created_spec_has_no_nvidia_hook(setup: Any) -> None:
-    """The config.json runc got for a --gpus container holds Docker's own prestart hook but
-    not nvidia-container-runtime-hook, and GPU 1's node."""
+    """The config.json runc got for a --gpus container holds no nvidia-container-runtime-hook
+    (20.10: beside Docker's own prestart hook; 28 with --network none adds none), and GPU
+    1's node."""
     dockerd = setup["dockerd"]
     started = dockerd.docker("run", "-d", "--network", "none", "--gpus", "device=1", IMAGE,
                              "sleep", "60")
@@ -180,10 +201,24 @@ def test_the_created_spec_has_no_nvidia_hook(setup: Any) -> None:
         bundles = list((dockerd.base / "exec").glob(f"containerd/**/{cid}/config.json"))
         assert len(bundles) == 1, list((dockerd.base / "exec").rglob("config.json"))
         spec = json.loads(bundles[0].read_text())
-        prestart = spec["hooks"]["prestart"]
-        assert prestart and not [h for h in prestart if GPUS_HOOK in h["path"]], prestart
+        hooks = spec.get("hooks", {})
+        assert hooks.get("prestart") or setup["version"] != "20.10", hooks
+        assert not [h for kind in hooks.values() for h in kind if GPUS_HOOK in h["path"]], hooks
         minors = [d["minor"] for d in spec["linux"]["devices"] if d["path"].startswith(
             "/dev/nvidia") and d["major"] == 195]
         assert setup["node"].gpus[1].minor in minors
     finally:
         dockerd.docker("rm", "-f", cid)
+
+
+@pytest.mark.parametrize("setup", ["28"], indirect=True, ids=["docker-28"])
+def test_docker_28_native_cdi_device_is_exactly_that_gpu(setup: Any) -> None:
+    """Docker 28's own CDI injection (``--device nvidia.com/gpu=1``, nvshim's generated spec)
+    under require-allocation: the container sees GPU 1 alone though the image says all, and
+    nvshim's journal records it as the engine's grant."""
+    node = setup["node"]
+    seen = run(setup, "--device", "nvidia.com/gpu=1")
+    assert seen["minors"] == [node.gpus[1].minor], seen
+    journal = setup["dirs"]["nvshim-strict"] / "grants.jsonl"
+    grants = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert [(g["source"], g["gpus"]) for g in grants][-1:] == [("engine", [node.gpus[1].uuid])]

@@ -2,7 +2,10 @@
 
 Every test runs on two nodes: the machine's containerd 1.6 with runc 1.1.5 (Debian 12), and
 Debian 13's containerd 1.7 with CDI injection on (``enable_cdi``, reading nvshim's CDI spec
-dir) and runc 1.1.15 under nvshim (:mod:`tests.helpers.debian13`). A private containerd with
+dir) and runc 1.1.15 under nvshim (:mod:`tests.helpers.debian13`). Debian unstable's
+containerd 2.1 (a version 3 config, runc 1.3, CDI on, NRI's socket kept private;
+:mod:`tests.helpers.debiansid`)
+runs the CDI tests and two others (``EVERY_NODE``). A private containerd with
 its CRI plugin (host-network pods, no CNI, a locally imported busybox image as pause and
 workload image) gets nvshim's runtime handlers from ``nvshim runtime configure`` itself; the test calls RunPodSandbox / CreateContainer /
 StartContainer over containerd's CRI gRPC socket exactly as the kubelet would, so the
@@ -30,7 +33,7 @@ import pytest
 from nvshim.node.compile import compile_node
 from nvshim.node.trampoline import render
 from tests.helpers.common import remove_cgroup_tree, require_binary, require_root, unique_id
-from tests.helpers.containerd import Containerd
+from tests.helpers.containerd import Containerd, private_nri
 from tests.helpers.cri import (
     CriClient,
     CriError,
@@ -104,7 +107,8 @@ def cri_node(base: Path, sim: Any, version: str, rootfs: Path) -> Iterator[Node]
 
     config = base / "containerd.toml"
     config.write_text(cri_containerd_config(
-        base, cdi_spec_dirs=[str(base / "cdi")] if version != "1.6" else ()))
+        base, cdi_spec_dirs=[str(base / "cdi")] if version != "1.6" else (),
+        version=3 if version == "2.1" else 2) + (private_nri(base) if version == "2.1" else ""))
     nvshim = [shutil.which("nvshim") or "nvshim", "runtime", "configure", "--runtime",
               "containerd", "--config", str(config), "--drop-in", "", "--binary", str(wrapper)]
     for extra in ([], ["--name", "nvshim-podcdi", "--pod-cdi-annotations"]):
@@ -198,6 +202,13 @@ def grants(n: Node, *flags: str) -> Tuple[int, Dict[str, Any]]:
     return res.returncode, json.loads(res.stdout)
 
 
+EVERY_NODE = pytest.mark.parametrize("node", ["1.6", "1.7", "2.1"], indirect=True,
+                                     ids=["containerd-1.6", "containerd-1.7", "containerd-2.1"])
+"""containerd 1.6, 1.7 and Debian unstable's 2.1 (the others run on 1.6 and 1.7, 2.1 runs
+those of the CDI section below besides)."""
+
+
+@EVERY_NODE
 def test_real_allocation_is_granted_and_journaled(cri: Node) -> None:
     """The GPU the kubelet allocated (device plugin env) is granted: only its node, recorded with the pod's identity."""
     gpu = cri.sim.gpus[2]
@@ -293,6 +304,7 @@ def test_kubelet_down_trust_claims_grants_and_records_it(cri: Node) -> None:
     assert [g["verified"] for g in doc["grants"] if g["pod"] == "trusting"] == ["unreachable"]
 
 
+@EVERY_NODE
 def test_pod_annotation_claim_is_refused(cri: Node) -> None:
     """A pod's cdi.k8s.io annotation grants nothing: the default handler does not pass it, a handler that does gets it recognised as the pod's; a CDI annotation outside the kubelet's record is refused."""
     claim = {"cdi.k8s.io/claim": "nvidia.com/gpu=0"}
@@ -317,7 +329,7 @@ def test_pod_annotation_claim_is_refused(cri: Node) -> None:
     if cri.version == "1.6":  # nvshim injects what the annotation names
         said = (f"GPU 0 ({gpu.uuid}) is not this container's allocation: the kubelet allocated"
                 " no GPU to team-a/annotated2/second (claimed through cdi-annotations")
-    else:  # containerd 1.7 (enable_cdi) injected it before nvshim ran
+    else:  # containerd 1.7 or 2.1 (enable_cdi) injected it before nvshim ran
         said = (f"GPU 0 ({gpu.uuid}), injected by the engine, is not this container's "
                 "allocation: the kubelet listed no device-plugin GPU and no DRA claim for "
                 "team-a/annotated2/second (checked via podresources)")
@@ -479,9 +491,10 @@ def test_one_dra_claim_listed_for_two_pods_is_shared_not_a_conflict(cri: Node) -
                     ("shb", {"team-a/shared": [gpu.uuid]})]
 
 
-# --- containerd 1.7 injects CDI devices itself (enable_cdi) ---------------------------------
+# --- containerd 1.7 and 2.1 inject CDI devices themselves (enable_cdi) ----------------------
 
-CONTAINERD_17 = pytest.mark.parametrize("node", ["1.7"], indirect=True, ids=["containerd-1.7"])
+CONTAINERD_17 = pytest.mark.parametrize("node", ["1.7", "2.1"], indirect=True,
+                                        ids=["containerd-1.7", "containerd-2.1"])
 VIA = pytest.mark.parametrize("via", ["CDI_devices", "annotation", "both"])
 
 

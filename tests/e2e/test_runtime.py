@@ -42,27 +42,31 @@ def node(tmp_path_factory):
     return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=4, shuffle_minors=True)
 
 
-@pytest.fixture(params=["runc", "crun", "runc-1.1.15", "crun-1.21"])
+@pytest.fixture(params=["runc", "crun", "runc-1.1.15", "crun-1.21", "runc-1.3", "crun-1.28"])
 def engine(request, tmp_path, node, crunw):
     """(Runc-like driver, nvshim env) for runc, and for crun through its wrapper; the
-    machine's and Debian 13's."""
-    from tests.helpers.debian13 import crun_debian13, engine_or_skip, runc_debian13
+    machine's, Debian 13's and Debian unstable's."""
+    from tests.helpers import debian13, debiansid
     from tests.helpers.runc import Runc, make_crun_wrapper
 
+    fetched = {
+        "runc-1.1.15": (debian13.engine_or_skip, debian13.runc_debian13),
+        "crun-1.21": (debian13.engine_or_skip, debian13.crun_debian13),
+        "runc-1.3": (debiansid.engine_or_skip, debiansid.runc_sid),
+        "crun-1.28": (debiansid.engine_or_skip, debiansid.crun_sid),
+    }
     if request.param == "runc":
         low = "runc"
         driver = request.getfixturevalue("runc")
     elif request.param == "crun":
         low = str(crunw)
         driver = request.getfixturevalue("crun")
-    elif request.param == "runc-1.1.15":
-        low = engine_or_skip(runc_debian13, "runc 1.1.15")
-        driver = Runc(tmp_path / "runc-root", low)
-        request.addfinalizer(driver.cleanup)
     else:
-        crun = engine_or_skip(crun_debian13, "crun 1.21")
-        low = str(make_crun_wrapper(tmp_path, crun))
-        driver = Runc(tmp_path / "crun-root", low)
+        or_skip, fetch = fetched[request.param]
+        low = or_skip(fetch, request.param.replace("-", " "))
+        if request.param.startswith("crun"):
+            low = str(make_crun_wrapper(tmp_path, low))
+        driver = Runc(tmp_path / "low-root", low)
         request.addfinalizer(driver.cleanup)
     cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": [low]})
     compile_node(str(cfg))

@@ -11,13 +11,16 @@ One module per engine, plus what they share:
   bundles with a tab-indented ``config.json`` like ``runc spec`` writes.
 * :mod:`tests.helpers.runc` — runc and crun (crun through a mount-namespace wrapper).
 * :mod:`tests.helpers.debian13` — Debian 13's containerd 1.7, runc 1.1.15 and crun 1.21,
-  fetched once into a cache with a private apt configuration.
+  fetched once into a cache with a private apt configuration (its
+  :class:`~tests.helpers.debian13.DebianSuite`); :mod:`tests.helpers.debiansid` — the same
+  for Debian unstable's newest engines (containerd 2.1, runc 1.3, crun 1.28, Docker 28.5,
+  podman 5.8).
 * :mod:`tests.helpers.containerd` — a private containerd (1.6, or 1.7) driven with ``ctr``;
   :mod:`tests.helpers.cri` — its CRI plugin driven over gRPC as the kubelet does;
   :mod:`tests.helpers.containerd_samples` — containerd configs for the
   ``nvshim runtime configure`` tests.
-* :mod:`tests.helpers.podman` — podman 4.3.1 and CDI specs where it reads them.
-* :mod:`tests.helpers.docker` — a private dockerd 20.10 in its own mount namespace.
+* :mod:`tests.helpers.podman` — podman 4.3.1 (or another: 5.8) and CDI specs where it reads them.
+* :mod:`tests.helpers.docker` — a private dockerd 20.10 (or 28.5) in its own mount namespace.
 * :mod:`tests.helpers.podresources` — a kubelet PodResources gRPC server.
 * :mod:`tests.helpers.noderoot` — Debian 11/12/13 node roots (mmdebstrap, cached) and running
   a command on one (private namespaces, chroot) with the root's own runc.

@@ -40,7 +40,7 @@ from tests.helpers.common import (
     wait_until,
 )
 
-__all__ = ["Containerd", "containerd_private_config"]
+__all__ = ["Containerd", "containerd_private_config", "private_nri"]
 
 
 def containerd_private_config(base: PathLike) -> str:
@@ -61,6 +61,15 @@ state = "{base}/state"
 [plugins]
   [plugins."io.containerd.internal.v1.opt"]
     path = "{base}/opt"
+"""
+
+
+def private_nri(base: PathLike) -> str:
+    """A plugin table (to append inside ``[plugins]``) that moves NRI's socket under ``base``:
+    containerd 2 runs NRI by default and would otherwise leave ``/var/run/nri/nri.sock``."""
+    return f"""\
+  [plugins."io.containerd.nri.v1.nri"]
+    socket_path = "{base}/nri.sock"
 """
 
 

@@ -53,11 +53,29 @@ class CriError(Exception):
 
 
 def cri_containerd_config(base: Path, sandbox_image: str = IMAGE,
-                          cdi_spec_dirs: Sequence[str] = ()) -> str:
-    """The containerd config text (version 2) with CRI set up for host-network test pods;
-    ``cdi_spec_dirs``: containerd 1.7's own CDI injection on, reading only these dirs."""
+                          cdi_spec_dirs: Sequence[str] = (), version: int = 2) -> str:
+    """The containerd config text with CRI set up for host-network test pods;
+    ``cdi_spec_dirs``: containerd 1.7+'s own CDI injection on, reading only these dirs.
+    ``version`` 3 (containerd 2) splits CRI into ``io.containerd.cri.v1.images`` (the sandbox
+    image) and ``io.containerd.cri.v1.runtime`` (the rest), as containerd 2's own default does."""
     cdi = (f"    enable_cdi = true\n    cdi_spec_dirs = {json.dumps(list(cdi_spec_dirs))}\n"
            if cdi_spec_dirs else "")
+    if version == 3:
+        runtime = "io.containerd.cri.v1.runtime"
+        return containerd_private_config(base).replace("version = 2", "version = 3", 1) + f"""\
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{sandbox_image}"
+  [plugins."{runtime}"]
+{cdi}    restrict_oom_score_adj = true
+    disable_apparmor = true
+    [plugins."{runtime}".cni]
+      bin_dir = "{base}/cni/bin"
+      conf_dir = "{base}/cni/net.d"
+    [plugins."{runtime}".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."{runtime}".containerd.runtimes.runc.options]
+        Root = "{base}/runc-root"
+"""
     return containerd_private_config(base) + f"""\
   [plugins."io.containerd.grpc.v1.cri"]
 {cdi}    sandbox_image = "{sandbox_image}"

@@ -1,9 +1,9 @@
-"""A private Docker daemon (Debian's docker.io 20.10) for e2e tests.
+"""A private Docker daemon (Debian's docker.io 20.10, or Debian unstable's 28.5) for e2e tests.
 
 :class:`Dockerd` starts ``dockerd`` with its own ``--data-root``, ``--exec-root``, unix
 socket, pidfile and ``--cgroup-parent``, no iptables, no bridge, no IP forwarding; it runs
-its own containerd (dockerd 20.10 starts one under ``<exec-root>/containerd`` when
-``--containerd`` is not given). dockerd 20.10 always writes its trust key to
+its own containerd (dockerd starts one under ``<exec-root>/containerd`` when
+``--containerd`` is not given; 28.5 starts the containerd 2.1 first on its PATH). dockerd 20.10 always writes its trust key to
 ``/etc/docker/key.json`` and creates ``/run/docker/plugins``; neither path can be moved by
 a flag, so the daemon runs in a private mount namespace in which private directories are
 bind-mounted over ``/etc/docker`` and ``/run/docker``: nothing of the host's changes.
@@ -51,15 +51,27 @@ def docker_client() -> str:
 
 
 class Dockerd:
-    """A private dockerd; :meth:`start` it with a ``daemon.json`` path, :meth:`stop` it."""
+    """A private dockerd; :meth:`start` it with a ``daemon.json`` path, :meth:`stop` it.
+    ``bin_dirs``: the directories of another dockerd, docker client and containerd (Debian
+    unstable's: :func:`tests.helpers.debiansid.docker_28_dirs`), first on dockerd's PATH."""
 
     def __init__(self, config_file: Path, base: Path,
-                 env: Optional[Mapping[str, str]] = None) -> None:
-        self.binary = require_binary("dockerd")
-        self.client = docker_client()
-        require_binary("containerd")
-        self.config_file = Path(config_file)
+                 env: Optional[Mapping[str, str]] = None,
+                 bin_dirs: Sequence[Path] = ()) -> None:
         self.env = dict(os.environ if env is None else env)
+        if bin_dirs:  # another dockerd, docker and the containerd it starts: first on PATH
+            self.env["PATH"] = os.pathsep.join([*map(str, bin_dirs), self.env.get("PATH", "")])
+            found = {name: shutil.which(name, path=os.pathsep.join(map(str, bin_dirs)))
+                     for name in ("dockerd", "docker", "containerd")}
+            missing = [name for name, path in found.items() if path is None]
+            if missing:
+                raise AssertionError(f"{', '.join(missing)} not in {list(map(str, bin_dirs))}")
+            self.binary, self.client = str(found["dockerd"]), str(found["docker"])
+        else:
+            self.binary = require_binary("dockerd")
+            self.client = docker_client()
+            require_binary("containerd")
+        self.config_file = Path(config_file)
         # under pytest's tmp dir (concurrent host-file checks skip it); unix socket paths are
         # limited to 108 bytes, so the base must stay short
         self.base = Path(tempfile.mkdtemp(prefix="dk", dir=str(base)))

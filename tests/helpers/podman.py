@@ -88,12 +88,25 @@ class Podman:
     runroot: Path = field(init=False)
     """``--runroot``: podman refuses one longer than 50 characters, so it is a short
     ``/tmp/nvshim-podrun-*`` directory (removed by :meth:`cleanup`), not under ``base``."""
+    binary: Optional[str] = None
+    """The podman binary (None: podman on PATH; Debian unstable's:
+    :func:`tests.helpers.debiansid.podman_5`)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Added to podman's environment on every call (a podman 5's containers.conf override)."""
+    cdi_spec_dirs: Sequence[PathLike] = ()
+    """``--cdi-spec-dir`` of every call (podman 5; 4.3.1 lacks the flag and reads
+    :data:`CDI_DIR`)."""
+    host_paths: Sequence[Path] = ()
+    """Host files and folders this podman creates where no flag moves them (podman 5's
+    netavark run dir and lock): :meth:`cleanup` removes those that did not exist before, a
+    folder only when empty, in the order given (deepest first)."""
     _absent_state_dirs: List[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # podman passes no --root, so runc/crun keep state in their default dirs; remember
         # which of those did not exist yet so cleanup() can remove them again (when empty).
-        self._absent_state_dirs = [d for d in _DEFAULT_STATE_DIRS if not d.exists()]
+        self._absent_state_dirs = [d for d in (*_DEFAULT_STATE_DIRS, *self.host_paths)
+                                   if not os.path.lexists(d)]
         self.base = Path(self.base)
         self.base.mkdir(parents=True, exist_ok=True)
         self.runroot = Path(tempfile.mkdtemp(prefix="nvshim-podrun-", dir="/tmp"))
@@ -101,6 +114,7 @@ class Podman:
     def global_args(self, runtime: Optional[PathLike] = None) -> List[str]:
         """The global flags every call gets."""
         rt = runtime or self.runtime or require_binary("runc")
+        cdi = [arg for d in self.cdi_spec_dirs for arg in ("--cdi-spec-dir", str(d))]
         return [
             "--root", str(self.base / "root"),
             "--runroot", str(self.runroot),
@@ -109,6 +123,7 @@ class Podman:
             "--events-backend", "file",
             "--storage-driver", "overlay",
             "--runtime", str(rt),
+            *cdi,
         ]
 
     def podman(self, *args: PathLike, runtime: Optional[PathLike] = None,
@@ -116,12 +131,14 @@ class Podman:
                timeout: float = 120) -> RunResult:
         """``podman <global flags> [--log-level L] *args``; ``env`` is podman's (and so the
         runtime's) environment."""
-        argv = [require_binary("podman"), *self.global_args(runtime)]
+        argv = [self.binary or require_binary("podman"), *self.global_args(runtime)]
         if log_level:
             argv += ["--log-level", log_level]
         argv += list(map(str, args))
         if args and str(args[0]) in IMAGE_COMMANDS:
             argv = private_image_cache(argv, self.base / "var-lib")
+        if self.env:
+            env = {**(env_dict(env) or os.environ), **self.env}
         return execute(argv, env=env, timeout=timeout, cwd=self.base)
 
     def podman_run(
@@ -179,7 +196,10 @@ class Podman:
         remove_cgroup_tree(self.cgroup_parent)
         for d in self._absent_state_dirs:
             with contextlib.suppress(OSError):
-                d.rmdir()
+                if d.is_dir() and not d.is_symlink():
+                    d.rmdir()
+                else:
+                    d.unlink()
         if self.runroot.exists() and not mounts_under(self.runroot):
             shutil.rmtree(self.runroot, ignore_errors=True)
 

@@ -219,7 +219,7 @@ class Runc:
 def make_crun_wrapper(dir: PathLike, crun: Optional[str] = None) -> Path:
     """Write ``<dir>/crunw``: crun in a private mount ns without /sys/fs/cgroup/unified.
 
-    crun (1.8.1, and 1.21) refuses this VM's cgroup "hybrid" layout (the unified hierarchy
+    crun (1.8.1, 1.21 and 1.28) refuses this VM's cgroup "hybrid" layout (the unified hierarchy
     holds ``hugetlb``); hiding it in a private mount namespace gives crun a pure v1 view and
     changes nothing for the rest of the machine. Accepts the same CLI as crun. ``crun``: the
     binary (default: crun on PATH).
