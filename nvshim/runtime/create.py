@@ -94,8 +94,18 @@ def plan_create(
         raise exc.in_file(spec_path) from exc
 
 
+def plan_spec(spec: SpecDict, config: Config, pod: Optional[Dict[str, str]],
+              label: str, host: Optional[Host] = None) -> Plan:
+    """The same road for a spec that is not in a bundle yet: what the NRI plugin
+    (:mod:`nvshim.agent.nri`) sees at CreateContainer. ``pod``: the pod's annotations as
+    the engine reported them (no sandbox bundle to read); ``label`` names the container in
+    errors. With no ``root.path`` the in-root work is the createContainer hook's."""
+    return _plan("", config, host, None, False, label, b"", spec, pod)
+
+
 def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[DebugLog],
-          save_cache: bool, spec_path: str, raw: bytes, spec: SpecDict) -> Plan:
+          save_cache: bool, spec_path: str, raw: bytes, spec: SpecDict,
+          pod_override: Optional[Dict[str, str]] = None) -> Plan:
     notes: List[str] = []  # the two channels, filled from what each stage returns
     warnings: List[str] = []
 
@@ -130,7 +140,8 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         from nvshim.runtime.allocation import policy
 
         found = policy.ask_kubelet_if_needed(claim, config)
-        pod = policy.pod_annotations(bundle, claim, config)
+        pod = (policy.pod_annotations(bundle, claim, config) if pod_override is None
+               else pod_override)
         notes += found.notes
         warnings += found.warnings
         if found.allocation is not None and found.allocation.ids \
