@@ -21,6 +21,7 @@ from nvshim.agent.nri.proto import (
     read_string,
     read_strings,
     string_field,
+    strings_field,
     varint_field,
 )
 
@@ -93,7 +94,7 @@ class Mount:
     def encode(self) -> bytes:
         return (string_field(1, self.destination) + string_field(2, self.type)
                 + string_field(3, self.source)
-                + b"".join(string_field(4, o) for o in self.options))
+                + strings_field(4, self.options))
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,8 @@ class Hook:
     timeout: Optional[int] = None
 
     def encode(self) -> bytes:
-        out = (string_field(1, self.path) + b"".join(string_field(2, a) for a in self.args)
-               + b"".join(string_field(3, e) for e in self.env))
+        out = (string_field(1, self.path) + strings_field(2, self.args)
+               + strings_field(3, self.env))
         if self.timeout is not None:
             out += message_field(4, varint_field(1, self.timeout))
         return out

@@ -25,6 +25,7 @@ __all__ = [
     "bytes_field",
     "string_field",
     "message_field",
+    "strings_field",
     "map_field",
     "read_string",
     "read_strings",
@@ -124,6 +125,11 @@ def bytes_field(number: int, value: bytes) -> bytes:
 def string_field(number: int, value: str) -> bytes:
     """A string field; nothing when empty."""
     return bytes_field(number, value.encode())
+
+
+def strings_field(number: int, values: Iterable[str]) -> bytes:
+    """A repeated string field: every element written, empty ones included."""
+    return b"".join(message_field(number, v.encode()) for v in values)
 
 
 def message_field(number: int, value: bytes) -> bytes:
