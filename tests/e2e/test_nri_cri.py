@@ -1,0 +1,210 @@
+"""e2e: the agent's NRI plugin in Debian 13's containerd 1.7.24, through its real CRI.
+
+containerd runs with NRI on (``io.containerd.nri.v1.nri``, ``disable = false``, a socket
+in the test's tmp dir), CRI pods on host network, the busybox image imported locally.
+``nvshim agent --nri-socket`` registers as the plugin; pods are created over containerd's
+CRI socket as the kubelet does. The handler ``nvidia`` is nvshim's own runtime with
+``require-allocation: false``, standing in for NVIDIA's (it grants from env exactly as
+NVIDIA's does); the default handler ``runc`` is plain runc. What is asserted is what the
+container sees (``ls /dev``), the error containerd returns, and ``nvshim grants``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import pytest
+
+from nvshim.node.compile import compile_node
+from nvshim.node.trampoline import render
+from tests.helpers.agent import AgentProcess
+from tests.helpers.common import remove_cgroup_tree, require_root, unique_id, wait_until
+from tests.helpers.containerd import Containerd
+from tests.helpers.cri import CriClient, cri_containerd_config, import_image
+from tests.helpers.debian13 import containerd_node_engines
+from tests.helpers.node import write_nvshim_config
+
+pytestmark = pytest.mark.e2e
+
+GPU_NODE = re.compile(r"^nvidia([0-9]+)$")
+
+
+def nri_section(base: Path) -> str:
+    return f"""\
+  [plugins."io.containerd.nri.v1.nri"]
+    disable = false
+    socket_path = "{base}/nri.sock"
+    plugin_path = "{base}/nri-plugins"
+    plugin_config_path = "{base}/nri-conf"
+"""
+
+
+class NriNode:
+    def __init__(self, base: Path, sim: Any) -> None:
+        self.base, self.sim = base, sim
+        self.cgroup = unique_id("nvshim-nri")
+        self.containerd: Optional[Containerd] = None
+        self.cri: Optional[CriClient] = None
+        self.agent: Optional[AgentProcess] = None
+
+    def write_config(self, name: str, **settings: Any) -> Path:
+        values: Dict[str, Any] = {
+            "runtimes": [self.runc], "driver-root": self.sim.root,
+            "grants-journal": str(self.base / "grants.jsonl"),
+            "cdi-spec-dirs": [str(self.base / "cdi")],
+        }
+        values.update({k.replace("_", "-"): v for k, v in settings.items()})
+        path = write_nvshim_config(self.base / name, values)
+        compile_node(str(path))
+        return path
+
+    runc = "runc"
+
+
+@contextlib.contextmanager
+def nri_node(base: Path, sim: Any, rootfs: Path) -> Iterator[NriNode]:
+    bin_dir, runc = containerd_node_engines("1.7")
+    n = NriNode(base, sim)
+    n.runc = runc
+    (base / "cdi").mkdir()
+    nvidia_cfg = n.write_config("nvidia-like", require_allocation=False)
+    tramp = base / "trampoline"
+    tramp.write_text(render(sys.executable))
+    tramp.chmod(0o755)
+    wrapper = base / "nvidia-runtime"
+    wrapper.write_text(f'#!/bin/sh\nNVSHIM_CONFIG={nvidia_cfg} exec {tramp} "$@"\n')
+    wrapper.chmod(0o755)
+    config = base / "containerd.toml"
+    config.write_text(cri_containerd_config(base) + nri_section(base))
+    res = subprocess.run([shutil.which("nvshim") or "nvshim", "runtime", "configure",
+                          "--runtime", "containerd", "--config", str(config), "--drop-in", "",
+                          "--binary", str(wrapper), "--name", "nvidia"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    agent_cfg = n.write_config(
+        "agent", require_allocation=True, nri_inject=True, nri_guard=True, nri_verify=True,
+        nri_gpu_handlers=["nvidia"], nri_nvshim_handlers=[],
+        nri_runtime_root=str(base / "runc-root" / "k8s.io"))
+    n.containerd = Containerd(base, namespace="k8s.io", config_text=config.read_text(),
+                              bin_dir=bin_dir)
+    try:
+        n.containerd.start()
+        import_image(n.containerd, rootfs, base)
+        n.cri = CriClient(n.containerd.address)
+        n.agent = AgentProcess(base / "agent.sock", agent_cfg, base / "agent.log",
+                               str(base / "nri.sock")).start()
+        wait_until(lambda: "nri registered" in (base / "agent.log").read_text(), 20,
+                   "the agent's NRI registration")
+        yield n
+    finally:
+        if n.cri is not None:
+            n.cri.remove_pods()
+        if n.agent is not None and n.agent.proc is not None:
+            n.agent.stop()
+        if n.containerd is not None:
+            n.containerd.stop()
+        remove_cgroup_tree(n.cgroup)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterator[NriNode]:
+    require_root()
+    from nvshim.sim.build import create_node
+
+    base = tmp_path_factory.mktemp("nri")
+    sim = create_node(str(base / "node"), gpus=3)
+    with nri_node(base, sim, base_rootfs) as n:
+        yield n
+
+
+def run(n: NriNode, name: str, handler: str = "", env: Optional[Dict[str, str]] = None,
+        annotations: Optional[Dict[str, str]] = None) -> Tuple[str, Path]:
+    """A pod ``name`` whose container lists /dev, prints END and sleeps; (its id, logs)."""
+    assert n.cri is not None
+    logs = n.base / "logs" / name
+    sandbox, config = n.cri.run_pod(name, "team-a", f"uid-{name}", logs,
+                                    f"/{n.cgroup}/{name}", handler, None)
+    cid = n.cri.create_container(sandbox, config, "main", "docker.io/nvshim-test/busybox:1",
+                                 ["sh", "-c", "ls /dev; echo VIS=$NVIDIA_VISIBLE_DEVICES; "
+                                  "echo END; exec sleep 1000"],
+                                 env=env, annotations=annotations)
+    n.cri.start_container(cid)
+    return cid, logs
+
+
+def seen(n: NriNode, logs: Path) -> Tuple[List[int], str]:
+    assert n.cri is not None
+    out = n.cri.wait_log(logs, "main", "END")
+    minors = sorted(int(m.group(1)) for m in (GPU_NODE.match(x) for x in out.split()) if m)
+    vis = next((w[4:] for w in out.split() if w.startswith("VIS=")), "")
+    return minors, vis
+
+
+def journal(n: NriNode, *flags: str) -> List[Dict[str, Any]]:
+    """The records ``nvshim grants`` (``--denied``: its denials) shows, as JSON."""
+    res = subprocess.run([shutil.which("nvshim") or "nvshim", "grants", "--journal",
+                          str(n.base / "grants.jsonl"), "--format", "json", *flags],
+                         capture_output=True, text=True, timeout=60, check=False)
+    doc = json.loads(res.stdout or "{}")
+    if isinstance(doc, list):
+        return doc
+    return next((v for v in doc.values() if isinstance(v, list)), [])
+
+
+def test_inject_under_plain_runc(node: NriNode) -> None:
+    """A pod under plain runc whose allocation (device-plugin UUID env) names a GPU gets that GPU's device node from the plugin alone, journaled with its pod."""
+    gpu = node.sim.gpus[1]
+    _cid, logs = run(node, "inject", env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+    minors, _vis = seen(node, logs)
+    assert minors == [gpu.minor]
+    mine = [g for g in journal(node) if g.get("pod") == "inject"]
+    assert len(mine) == 1 and mine[0]["gpus"] == [gpu.uuid], mine
+
+
+def test_guard_under_nvidia_like_runtime(node: NriNode) -> None:
+    """An unallocated pod saying NVIDIA_VISIBLE_DEVICES=all under the NVIDIA-like handler gets no GPU: the plugin set void, and a denial is journaled."""
+    _cid, logs = run(node, "guard", handler="nvidia", env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    minors, vis = seen(node, logs)
+    assert (minors, vis) == ([], "void")
+    denials = [d for d in journal(node, "--denied") if d.get("pod") == "guard"]
+    assert denials and denials[0]["action"] == "stripped", denials
+
+
+def test_nvidia_like_runtime_alone_grants_env(node: NriNode) -> None:
+    """Control: the same handler without the guard's void (a GPU allocated by UUID) injects what the env names, so the guard test's empty /dev is the plugin's doing."""
+    gpu = node.sim.gpus[2]
+    _cid, logs = run(node, "nvidia-alloc", handler="nvidia",
+                     env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+    minors, _vis = seen(node, logs)
+    assert minors == [gpu.minor]
+    assert not [g for g in journal(node)
+                if g.get("pod") == "nvidia-alloc" and str(g.get("source", "")).startswith("nri:")]
+
+
+def test_no_claim_no_adjustment(node: NriNode) -> None:
+    """A pod that names no GPU under plain runc is created as it is: no device, no env."""
+    _cid, logs = run(node, "plain")
+    assert seen(node, logs) == ([], "")
+
+
+def test_agent_down_fails_open(node: NriNode) -> None:
+    """With the agent stopped, containerd creates the container without the plugin (fail open); restarted, the agent registers again and guards."""
+    assert node.agent is not None
+    node.agent.stop()
+    _cid, logs = run(node, "open", env={"NVIDIA_VISIBLE_DEVICES": node.sim.gpus[0].uuid})
+    assert seen(node, logs) == ([], node.sim.gpus[0].uuid)
+    log = node.base / "agent.log"
+    before = log.read_text().count("nri registered")
+    node.agent.start()
+    wait_until(lambda: log.read_text().count("nri registered") > before, 20, "re-registration")
+    _cid, logs = run(node, "back", handler="nvidia", env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    assert seen(node, logs) == ([], "void")
+
+
