@@ -4,7 +4,8 @@ Multiplexer frame (NRI ``pkg/net/multiplex``): connection id (u32 big-endian), p
 length (u32 big-endian, at most :data:`MAX_FRAME`), payload. Connection
 :data:`PLUGIN_CONN` carries the *Plugin* service, which the engine calls and this side
 serves; :data:`RUNTIME_CONN` the *Runtime* service this side calls (RegisterPlugin). Each
-connection is a byte stream: a ttrpc message may span frames, or share one.
+connection is a byte stream: a ttrpc message may span frames, or share one. Frames this
+side writes are at most :data:`WRITE_CHUNK` bytes, as the engine's reader needs.
 
 ttrpc message: a 10-byte header (payload length u32 BE, stream id u32 BE, type u8: 1
 request, 2 response; flags u8) and a protobuf payload of at most :data:`MAX_MESSAGE`:
@@ -56,6 +57,10 @@ __all__ = [
 
 MAX_FRAME = 16 << 20
 MAX_MESSAGE = 4 << 20
+#: The largest frame this side writes. NRI's multiplexer hands each frame to one ``Read``
+#: of the connection and fails it with ENOMEM when the reader's buffer is smaller: Go
+#: ttrpc reads through a 4096-byte ``bufio.Reader`` (and writes frames of at most that).
+WRITE_CHUNK = 4096
 PLUGIN_CONN = 1
 RUNTIME_CONN = 2
 REQUEST, RESPONSE = 1, 2
@@ -151,7 +156,9 @@ class Session:
     # --- writing ---------------------------------------------------------------------
 
     def send(self, conn: int, stream: int, kind: int, payload: bytes) -> None:
-        data = frame(conn, ttrpc_message(stream, kind, payload))
+        message = ttrpc_message(stream, kind, payload)
+        data = b"".join(frame(conn, message[i:i + WRITE_CHUNK])
+                        for i in range(0, len(message), WRITE_CHUNK))
         with self._write:
             self.sock.sendall(data)
 
