@@ -27,9 +27,10 @@ from nvshim.node.trampoline import render
 from tests.helpers.agent import AgentProcess
 from tests.helpers.common import remove_cgroup_tree, require_root, unique_id, wait_until
 from tests.helpers.containerd import Containerd
-from tests.helpers.cri import CriClient, cri_containerd_config, import_image
+from tests.helpers.cri import CriClient, CriError, cri_containerd_config, import_image
 from tests.helpers.debian13 import containerd_node_engines
 from tests.helpers.node import write_nvshim_config
+from tests.helpers.podresources import PodResourcesServer
 
 pytestmark = pytest.mark.e2e
 
@@ -53,6 +54,7 @@ class NriNode:
         self.containerd: Optional[Containerd] = None
         self.cri: Optional[CriClient] = None
         self.agent: Optional[AgentProcess] = None
+        self.kubelet: Optional[PodResourcesServer] = None
 
     def write_config(self, name: str, **settings: Any) -> Path:
         values: Dict[str, Any] = {
@@ -66,6 +68,16 @@ class NriNode:
         return path
 
     runc = "runc"
+
+    def configure(self, **settings: Any) -> None:
+        """Rewrite the agent's config (it reloads at the next CreateContainer)."""
+        values: Dict[str, Any] = dict(
+            require_allocation=True, nri_inject=True, nri_guard=True, nri_verify=True,
+            nri_gpu_handlers=["nvidia"], nri_nvshim_handlers=[],
+            nri_runtime_root=str(self.base / "runc-root" / "k8s.io"),
+            kubelet_socket=str(self.base / "kubelet.sock"), kubelet_checkpoint=None)
+        values.update(settings)
+        self.write_config("agent", **values)
 
 
 @contextlib.contextmanager
@@ -81,17 +93,22 @@ def nri_node(base: Path, sim: Any, rootfs: Path) -> Iterator[NriNode]:
     wrapper = base / "nvidia-runtime"
     wrapper.write_text(f'#!/bin/sh\nNVSHIM_CONFIG={nvidia_cfg} exec {tramp} "$@"\n')
     wrapper.chmod(0o755)
+    gen = subprocess.run([shutil.which("nvshim") or "nvshim", "cdi", "generate", "--driver-root",
+                          sim.root, "--output", str(base / "cdi" / "nvidia.yaml")],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert gen.returncode == 0, gen.stderr
     config = base / "containerd.toml"
-    config.write_text(cri_containerd_config(base) + nri_section(base))
+    config.write_text(cri_containerd_config(base, cdi_spec_dirs=[str(base / "cdi")])
+                      + nri_section(base))
     res = subprocess.run([shutil.which("nvshim") or "nvshim", "runtime", "configure",
                           "--runtime", "containerd", "--config", str(config), "--drop-in", "",
                           "--binary", str(wrapper), "--name", "nvidia"],
                          capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0, res.stderr
-    agent_cfg = n.write_config(
-        "agent", require_allocation=True, nri_inject=True, nri_guard=True, nri_verify=True,
-        nri_gpu_handlers=["nvidia"], nri_nvshim_handlers=[],
-        nri_runtime_root=str(base / "runc-root" / "k8s.io"))
+    n.configure()
+    agent_cfg = base / "agent" / "config.yaml"
+    kubelet = PodResourcesServer(str(base / "kubelet.sock")).start()
+    n.kubelet = kubelet
     n.containerd = Containerd(base, namespace="k8s.io", config_text=config.read_text(),
                               bin_dir=bin_dir)
     try:
@@ -110,11 +127,12 @@ def nri_node(base: Path, sim: Any, rootfs: Path) -> Iterator[NriNode]:
             n.agent.stop()
         if n.containerd is not None:
             n.containerd.stop()
+        kubelet.stop()
         remove_cgroup_tree(n.cgroup)
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterator[NriNode]:
+def module_node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterator[NriNode]:
     require_root()
     from nvshim.sim.build import create_node
 
@@ -124,8 +142,16 @@ def node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterato
         yield n
 
 
+@pytest.fixture
+def node(module_node: NriNode) -> Iterator[NriNode]:
+    """The module's node with the agent's default test config."""
+    module_node.configure()
+    yield module_node
+
+
 def run(n: NriNode, name: str, handler: str = "", env: Optional[Dict[str, str]] = None,
-        annotations: Optional[Dict[str, str]] = None) -> Tuple[str, Path]:
+        annotations: Optional[Dict[str, str]] = None,
+        cdi_devices: Tuple[str, ...] = ()) -> Tuple[str, Path]:
     """A pod ``name`` whose container lists /dev, prints END and sleeps; (its id, logs)."""
     assert n.cri is not None
     logs = n.base / "logs" / name
@@ -134,7 +160,7 @@ def run(n: NriNode, name: str, handler: str = "", env: Optional[Dict[str, str]] 
     cid = n.cri.create_container(sandbox, config, "main", "docker.io/nvshim-test/busybox:1",
                                  ["sh", "-c", "ls /dev; echo VIS=$NVIDIA_VISIBLE_DEVICES; "
                                   "echo END; exec sleep 1000"],
-                                 env=env, annotations=annotations)
+                                 env=env, annotations=annotations, cdi_devices=cdi_devices)
     n.cri.start_container(cid)
     return cid, logs
 
@@ -208,3 +234,17 @@ def test_agent_down_fails_open(node: NriNode) -> None:
     assert seen(node, logs) == ([], "void")
 
 
+
+
+def test_verify_refuses_engine_injected_cdi_device(node: NriNode) -> None:
+    """A CDI device containerd injected (device-plugin CDI annotation) that the kubelet's record does not hold fails CreateContainer with one line naming the pod and the GPU, journaled as refused."""
+    node.configure(verify_with="kubelet")
+    assert node.kubelet is not None
+    node.kubelet.set([("team-a", "verify", {"main": {}})])
+    with pytest.raises(CriError) as info:
+        run(node, "verify", annotations={"cdi.k8s.io/nvidia-device-plugin": "nvidia.com/gpu=0"})
+    said = info.value.details
+    assert "nvshim: pod team-a/verify container main:" in said, said
+    assert node.sim.gpus[0].uuid in said, said
+    denials = [d for d in journal(node, "--denied") if d.get("pod") == "verify"]
+    assert denials and denials[0]["action"] == "refused", denials
