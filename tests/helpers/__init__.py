@@ -11,7 +11,9 @@ One module per engine, plus what they share:
   bundles with a tab-indented ``config.json`` like ``runc spec`` writes.
 * :mod:`tests.helpers.runc` — runc and crun (crun through a mount-namespace wrapper).
 * :mod:`tests.helpers.debian13` — Debian 13's containerd 1.7, runc 1.1.15 and crun 1.21,
-  fetched once into a cache with a private apt configuration.
+  fetched once into a cache with a private apt configuration (its
+  :class:`~tests.helpers.debian13.DebianSuite`); :mod:`tests.helpers.debiansid` — the same
+  for Debian unstable's newest engines (containerd 2.1).
 * :mod:`tests.helpers.containerd` — a private containerd (1.6, or 1.7) driven with ``ctr``;
   :mod:`tests.helpers.cri` — its CRI plugin driven over gRPC as the kubelet does;
   :mod:`tests.helpers.containerd_samples` — containerd configs for the

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
 
@@ -41,15 +42,17 @@ from tests.helpers.common import cache_dir, locked, require_binary
 from tests.helpers.realdriver import DownloadError, _apt_options, _run, debian_sources_list
 
 __all__ = [
+    "DebianSuite",
+    "TRIXIE",
     "containerd_17_dir",
     "containerd_node_engines",
     "crun_debian13",
     "debian13_root",
     "engine_or_skip",
+    "own_libc",
     "runc_debian13",
 ]
 
-SUITE = "trixie"
 CACHE_ENV = "NVSHIM_TESTS_DEBIAN13_CACHE"
 """Where the Debian 13 package sets are kept (default: ~/.cache/nvshim-tests/debian13)."""
 _LIBDIR = "usr/lib/x86_64-linux-gnu"
@@ -59,65 +62,104 @@ _RUNTIMES = ("runc", "crun", "libc6", "patchelf", "libstdc++6", "libgcc-s1")
 T = TypeVar("T")
 
 
-def _sources() -> str:
-    """The machine's Debian archive (not -security) with suite trixie, main only."""
-    lines: List[str] = []
-    for line in debian_sources_list().splitlines():
-        words = line.split()
-        uri = next(w for w in words[1:] if "://" in w)
-        if uri.rstrip("/").endswith("/debian"):
-            opts = " ".join(w for w in words[1:] if w.startswith("["))
-            entry = f"deb {opts + ' ' if opts else ''}{uri} {SUITE} main\n"
-            if entry not in lines:
-                lines.append(entry)
-    if not lines:
-        raise DownloadError("no Debian archive (…/debian) in /etc/apt to fetch Debian 13 from")
-    return "".join(lines)
+@dataclass(frozen=True)
+class DebianSuite:
+    """One Debian suite's packages, fetched and unpacked through a private apt configuration.
+
+    ``suite`` is apt's name for it (``trixie``, ``sid``), ``label`` what messages call it;
+    its sets live under :func:`~tests.helpers.common.cache_dir` ``(cache_name, cache_env)``,
+    each suite with its own apt lists.
+    """
+
+    suite: str
+    label: str
+    cache_name: str
+    cache_env: str
+
+    def sources(self) -> str:
+        """The machine's Debian archive (not -security) with this suite, main only."""
+        lines: List[str] = []
+        for line in debian_sources_list().splitlines():
+            words = line.split()
+            uri = next(w for w in words[1:] if "://" in w)
+            if uri.rstrip("/").endswith("/debian"):
+                opts = " ".join(w for w in words[1:] if w.startswith("["))
+                entry = f"deb {opts + ' ' if opts else ''}{uri} {self.suite} main\n"
+                if entry not in lines:
+                    lines.append(entry)
+        if not lines:
+            raise DownloadError(f"no Debian archive (…/debian) in /etc/apt to fetch "
+                                f"{self.label} from")
+        return "".join(lines)
+
+    def root(self, name: str, packages: Sequence[str],
+             finish: Optional[Callable[[Path, Path], None]] = None,
+             cache: Optional[Path] = None) -> Path:
+        """``<cache>/<name>/root``: this suite's ``packages`` unpacked there (fetched on
+        first use).
+
+        ``finish(staging, root)`` runs on the unpacked tree ``staging`` before it is renamed
+        to ``root`` (the path it will have). Raises :class:`DownloadError` (one line) when
+        apt or dpkg-deb fails.
+        """
+        base = cache or cache_dir(self.cache_name, self.cache_env)
+        root = base / name / "root"
+        if root.is_dir():
+            return root
+        try:
+            (base / name).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DownloadError(f"cannot create the {self.label} cache {base}: "
+                                f"{exc.strerror}") from exc
+        with locked(base / ".lock"):
+            if root.is_dir():  # another process fetched it meanwhile
+                return root
+            apt_dir = base / ".apt"
+            for sub in ("lists/partial", "archives/partial", "cache"):
+                (apt_dir / sub).mkdir(parents=True, exist_ok=True)
+            (apt_dir / "sources.list").write_text(self.sources())
+            options = _apt_options(apt_dir)
+            staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=base / name))
+            try:
+                _run(["apt-get", *options, "update"], f"apt-get update ({self.suite})")
+                _run(["apt-get", *options, "download", *packages],
+                     f"apt-get download {' '.join(packages)} ({self.suite})", cwd=staging)
+                debs = sorted(staging.glob("*.deb"))
+                if len(debs) != len(packages):
+                    raise DownloadError(f"apt-get download {' '.join(packages)} ({self.suite}) "
+                                        f"gave {len(debs)} packages")
+                tree = staging / "root"
+                for deb in debs:
+                    _run(["dpkg-deb", "-x", str(deb), str(tree)], f"dpkg-deb -x {deb.name}")
+                if finish is not None:
+                    finish(tree, root)
+                os.replace(tree, root)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        return root
+
+    def engine_or_skip(self, fetch: Callable[[], T], what: str) -> T:
+        """``fetch()``; when it cannot download, skip the test naming why — or fail under CI."""
+        try:
+            return fetch()
+        except DownloadError as exc:
+            reason = f"{what} from {self.label} unavailable: {exc}"
+            if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+                pytest.fail(f"{reason} (CI is set: a missing engine fails the run)",
+                            pytrace=False)
+            pytest.skip(reason)
+
+
+TRIXIE = DebianSuite("trixie", "Debian 13", "debian13", CACHE_ENV)
+SUITE = TRIXIE.suite
 
 
 def debian13_root(name: str, packages: Sequence[str],
                   finish: Optional[Callable[[Path, Path], None]] = None,
                   cache: Optional[Path] = None) -> Path:
-    """``<cache>/<name>/root``: Debian 13's ``packages`` unpacked there (fetched on first use).
-
-    ``finish(staging, root)`` runs on the unpacked tree ``staging`` before it is renamed to
-    ``root`` (the path it will have). Raises :class:`DownloadError` (one line) when apt or
-    dpkg-deb fails.
-    """
-    base = cache or cache_dir("debian13", CACHE_ENV)
-    root = base / name / "root"
-    if root.is_dir():
-        return root
-    try:
-        (base / name).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DownloadError(f"cannot create the Debian 13 cache {base}: {exc.strerror}") from exc
-    with locked(base / ".lock"):
-        if root.is_dir():  # another process fetched it meanwhile
-            return root
-        apt_dir = base / ".apt"
-        for sub in ("lists/partial", "archives/partial", "cache"):
-            (apt_dir / sub).mkdir(parents=True, exist_ok=True)
-        (apt_dir / "sources.list").write_text(_sources())
-        options = _apt_options(apt_dir)
-        staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=base / name))
-        try:
-            _run(["apt-get", *options, "update"], f"apt-get update ({SUITE})")
-            _run(["apt-get", *options, "download", *packages],
-                 f"apt-get download {' '.join(packages)} ({SUITE})", cwd=staging)
-            debs = sorted(staging.glob("*.deb"))
-            if len(debs) != len(packages):
-                raise DownloadError(f"apt-get download {' '.join(packages)} ({SUITE}) gave "
-                                    f"{len(debs)} packages")
-            tree = staging / "root"
-            for deb in debs:
-                _run(["dpkg-deb", "-x", str(deb), str(tree)], f"dpkg-deb -x {deb.name}")
-            if finish is not None:
-                finish(tree, root)
-            os.replace(tree, root)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return root
+    """``<cache>/<name>/root``: Debian 13's ``packages`` unpacked there
+    (:meth:`DebianSuite.root`)."""
+    return TRIXIE.root(name, packages, finish=finish, cache=cache)
 
 
 def containerd_17_dir(cache: Optional[Path] = None) -> Path:
@@ -125,18 +167,20 @@ def containerd_17_dir(cache: Optional[Path] = None) -> Path:
     return debian13_root("containerd-1.7", ["containerd"], cache=cache) / "usr" / "bin"
 
 
-def _own_libc(tree: Path, root: Path) -> None:
-    """Point runc's and crun's ELF interpreter and run path at the set's own libc."""
+def own_libc(tree: Path, root: Path,
+             binaries: Sequence[str] = ("usr/sbin/runc", "usr/bin/crun")) -> None:
+    """Point ``binaries``' ELF interpreter and run path at the set's own libc (the set
+    carries ``libc6`` and ``patchelf``; patchelf runs through that libc's loader)."""
     libdir = root / _LIBDIR
     here = tree / _LIBDIR
     patchelf = [str(here / _LOADER), "--library-path", str(here), str(tree / "usr/bin/patchelf")]
-    for binary in ("usr/sbin/runc", "usr/bin/crun"):
+    for binary in binaries:
         _run([*patchelf, "--set-interpreter", str(libdir / _LOADER), "--set-rpath", str(libdir),
               str(tree / binary)], f"patchelf {binary}")
 
 
 def _runtimes(cache: Optional[Path]) -> Path:
-    return debian13_root("runtimes", _RUNTIMES, finish=_own_libc, cache=cache)
+    return debian13_root("runtimes", _RUNTIMES, finish=own_libc, cache=cache)
 
 
 def runc_debian13(cache: Optional[Path] = None) -> str:
@@ -152,13 +196,7 @@ def crun_debian13(cache: Optional[Path] = None) -> str:
 
 def engine_or_skip(fetch: Callable[[], T], what: str) -> T:
     """``fetch()``; when it cannot download, skip the test naming why — or fail under CI."""
-    try:
-        return fetch()
-    except DownloadError as exc:
-        reason = f"{what} from Debian 13 unavailable: {exc}"
-        if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
-            pytest.fail(f"{reason} (CI is set: a missing engine fails the run)", pytrace=False)
-        pytest.skip(reason)
+    return TRIXIE.engine_or_skip(fetch, what)
 
 
 def containerd_node_engines(version: str) -> Tuple[Optional[Path], str]:
