@@ -1,6 +1,7 @@
-"""e2e: the agent's NRI plugin in Debian 13's containerd 1.7.24, through its real CRI.
+"""e2e: the agent's NRI plugin in containerd 1.7.24 (Debian 13, NRI v0.6) and 2.1.9 (Debian
+unstable), through their real CRI.
 
-containerd runs with NRI on (``io.containerd.nri.v1.nri``, ``disable = false``, a socket
+containerd (the same version 2 config for both; 2.1 migrates it) runs with NRI on (``io.containerd.nri.v1.nri``, ``disable = false``, a socket
 in the test's tmp dir), CRI pods on host network, the busybox image imported locally.
 ``nvshim agent --nri-socket`` registers as the plugin; pods are created over containerd's
 CRI socket as the kubelet does. The handler ``nvidia`` is nvshim's own runtime with
@@ -29,6 +30,7 @@ from tests.helpers.common import remove_cgroup_tree, require_root, unique_id, wa
 from tests.helpers.containerd import Containerd
 from tests.helpers.cri import CriClient, CriError, cri_containerd_config, import_image
 from tests.helpers.debian13 import containerd_node_engines
+from tests.helpers.debiansid import containerd_2_dir, engine_or_skip
 from tests.helpers.node import write_nvshim_config
 from tests.helpers.podresources import PodResourcesServer
 
@@ -81,8 +83,10 @@ class NriNode:
 
 
 @contextlib.contextmanager
-def nri_node(base: Path, sim: Any, rootfs: Path) -> Iterator[NriNode]:
-    bin_dir, runc = containerd_node_engines("1.7")
+def nri_node(base: Path, sim: Any, rootfs: Path, version: str) -> Iterator[NriNode]:
+    bin_dir, runc = containerd_node_engines("1.7")  # (Debian 13's runc for both)
+    if version == "2.1":
+        bin_dir = engine_or_skip(containerd_2_dir, "containerd 2.1")
     n = NriNode(base, sim)
     n.runc = runc
     (base / "cdi").mkdir()
@@ -131,14 +135,15 @@ def nri_node(base: Path, sim: Any, rootfs: Path) -> Iterator[NriNode]:
         remove_cgroup_tree(n.cgroup)
 
 
-@pytest.fixture(scope="module")
-def module_node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterator[NriNode]:
+@pytest.fixture(scope="module", params=["1.7", "2.1"], ids=lambda v: f"containerd-{v}")
+def module_node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                base_rootfs: Path) -> Iterator[NriNode]:
     require_root()
     from nvshim.sim.build import create_node
 
     base = tmp_path_factory.mktemp("nri")
     sim = create_node(str(base / "node"), gpus=3)
-    with nri_node(base, sim, base_rootfs) as n:
+    with nri_node(base, sim, base_rootfs, request.param) as n:
         yield n
 
 
