@@ -215,3 +215,54 @@ def test_replies_are_cut_into_frames_the_engine_can_read(engine: FakeEngine) -> 
         sizes.append(size)
         data = data[8 + size:]
     assert s == 1 and max(sizes) <= 4096 and len(sizes) > 1
+
+
+def test_run_nri_refuses_a_socket_not_served_by_root(tmp_path: Any) -> None:
+    """An NRI socket whose server is not root (nor the agent's user) is refused: one log line, no registration."""
+    import os
+    import time
+
+    if os.getuid() != 0:
+        pytest.skip("needs root to serve the socket as another user")
+    from nvshim.agent.nri import run_nri
+
+    path = str(tmp_path / "nri.sock")
+    pid = os.fork()
+    if pid == 0:  # the child: nobody's server, accepting and holding connections
+        try:
+            srv = socket.socket(socket.AF_UNIX)
+            srv.bind(path)  # as root; the peer credentials are those at listen()
+            os.setgid(65534)
+            os.setuid(65534)
+            srv.listen(4)
+            held = []
+            while True:
+                held.append(srv.accept()[0])
+        finally:
+            os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+        class State:
+            log = Log()
+            config = None
+
+        stop = threading.Event()
+        registered: List[bool] = []
+        t = threading.Thread(target=run_nri, args=(State(), path, stop, registered.append))
+        t.start()
+        deadline = time.monotonic() + 10
+        refused = []
+        while not refused and time.monotonic() < deadline:
+            time.sleep(0.01)
+            refused = [line for line in State.log.lines if line[1] == "nri peer refused"]
+        stop.set()
+        t.join(15)
+        assert not t.is_alive()
+        assert refused and refused[0][0] == "error" and refused[0][2]["uid"] == 65534
+        assert registered == []
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
