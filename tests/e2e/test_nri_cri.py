@@ -70,6 +70,7 @@ class NriNode:
         return path
 
     runc = "runc"
+    version = "1.7"
 
     def configure(self, **settings: Any) -> None:
         """Rewrite the agent's config (it reloads at the next CreateContainer)."""
@@ -89,6 +90,7 @@ def nri_node(base: Path, sim: Any, rootfs: Path, version: str) -> Iterator[NriNo
         bin_dir = engine_or_skip(containerd_2_dir, "containerd 2.1")
     n = NriNode(base, sim)
     n.runc = runc
+    n.version = version
     (base / "cdi").mkdir()
     nvidia_cfg = n.write_config("nvidia-like", require_allocation=False)
     tramp = base / "trampoline"
@@ -253,3 +255,36 @@ def test_verify_refuses_engine_injected_cdi_device(node: NriNode) -> None:
     assert node.sim.gpus[0].uuid in said, said
     denials = [d for d in journal(node, "--denied") if d.get("pod") == "verify"]
     assert denials and denials[0]["action"] == "refused", denials
+
+
+def test_agent_restart_during_50_creates(node: NriNode) -> None:
+    """The agent restarted while 50 GPU pods are created: no create fails, no container is journaled twice, every journal line is whole."""
+    if node.version != "1.7":
+        pytest.skip("one engine is enough for the restart burst (CI time)")
+    from concurrent.futures import ThreadPoolExecutor
+
+    assert node.cri is not None and node.agent is not None
+    cri, gpu = node.cri, node.sim.gpus[0]
+    done: List[str] = []
+
+    def one(i: int) -> str:
+        name = f"burst{i}"
+        sandbox, config = cri.run_pod(name, "team-a", f"uid-{name}", node.base / "logs" / name,
+                                      f"/{node.cgroup}/{name}", "", None)
+        cid = cri.create_container(sandbox, config, "main", "docker.io/nvshim-test/busybox:1",
+                                   ["true"], env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+        done.append(cid)
+        return cid
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(one, i) for i in range(50)]
+        wait_until(lambda: len(done) >= 10, 120, "the first ten creates")
+        node.agent.stop()
+        node.agent.start()
+        ids = [f.result() for f in futures]  # a failed create raises here
+    assert len(set(ids)) == 50
+    lines = (node.base / "grants.jsonl").read_bytes().split(b"\n")
+    records = [json.loads(line) for line in lines if line.strip()]
+    burst = [r["id"] for r in records if str(r.get("pod", "")).startswith("burst")]
+    assert len(burst) == len(set(burst)) and set(burst) <= set(ids)
+    cri.remove_pods()
