@@ -95,12 +95,13 @@ def plan_create(
 
 
 def plan_spec(spec: SpecDict, config: Config, pod: Optional[Dict[str, str]],
-              label: str, host: Optional[Host] = None) -> Plan:
+              label: str, host: Optional[Host] = None, save_cache: bool = False) -> Plan:
     """The same road for a spec that is not in a bundle yet: what the NRI plugin
     (:mod:`nvshim.agent.nri`) sees at CreateContainer. ``pod``: the pod's annotations as
     the engine reported them (no sandbox bundle to read); ``label`` names the container in
-    errors. With no ``root.path`` the in-root work is the createContainer hook's."""
-    return _plan("", config, host, None, False, label, b"", spec, pod)
+    errors. With no ``root.path`` the in-root work is the createContainer hook's;
+    ``save_cache``: rebuild a missing or stale node plan cache, as the runtime does."""
+    return _plan("", config, host, None, save_cache, label, b"", spec, pod)
 
 
 def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[DebugLog],

@@ -139,6 +139,7 @@ def decide(config: Config, pod: Pod, container: Container, log: Any,
         return Adjustment()
     if not (config.nri_inject or config.nri_guard or config.nri_verify):
         return Adjustment()
+    started = time.perf_counter()
     spec = spec_of(pod, container)
     from nvshim._record import replace
     from nvshim.runtime.create import plan_spec
@@ -146,7 +147,8 @@ def decide(config: Config, pod: Pod, container: Container, log: Any,
     planned = replace(config, require_allocation=True) if config.nri_guard else config
     label = f"nri:{pod.namespace}/{pod.name}/{container.name}"
     try:
-        plan = plan_spec(spec, planned, dict(pod.annotations), label)
+        plan = plan_spec(spec, planned, dict(pod.annotations), label,
+                         save_cache=journal)
     except RequestError as exc:
         if not config.nri_verify:
             log.warning("nri refusal not enforced (nri-verify: false)", who=_who(pod, container),
@@ -173,7 +175,8 @@ def decide(config: Config, pod: Pod, container: Container, log: Any,
         adjust = adjustment_of(spec, plan.new_spec)
         if journal:
             _grant(config, pod, container, plan)
-        log.info("nri inject", who=_who(pod, container), gpus=list(plan.granted_uuids))
+        log.info("nri inject", who=_who(pod, container), gpus=list(plan.granted_uuids),
+                 plan=plan.plan_source, ms=round((time.perf_counter() - started) * 1e3, 2))
         return adjust
     return Adjustment()
 
