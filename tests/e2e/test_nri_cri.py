@@ -181,3 +181,24 @@ def test_agent_restart_during_50_creates(node: NriNode) -> None:
     burst = [r["id"] for r in records if str(r.get("pod", "")).startswith("burst")]
     assert len(burst) == len(set(burst)) and set(burst) <= set(ids)
     cri.remove_pods()
+
+
+def test_doctor_sees_the_registered_agent(node: NriNode) -> None:
+    """doctor's nri check says ok while the agent is registered on containerd's NRI socket, and gives the fix once it is gone."""
+    from nvshim.node.doctor_nri import check_nri
+
+    assert node.containerd is not None and node.agent is not None
+    binary = str(node.containerd.bin_dir / "containerd") if node.containerd.bin_dir else "containerd"
+    config, sock = str(node.base / "containerd.toml"), str(node.base / "agent.sock")
+    found = check_nri(config, binary, sock)
+    assert found.status == "ok", found
+    log = node.base / "agent.log"
+    before = log.read_text().count("nri registered")
+    node.agent.stop()
+    try:
+        found = check_nri(config, binary, sock)
+        assert found.status == "skip" and "nvshim agent --nri-socket" in found.fix, found
+    finally:
+        node.agent.start()
+        wait_until(lambda: log.read_text().count("nri registered") > before, 20,
+                   "re-registration")
