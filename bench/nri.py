@@ -71,7 +71,7 @@ def main() -> int:
                     time.sleep(0.002)
                 ready.append((time.perf_counter() - t0) * 1e3)
 
-            def rounds(mode: str, env: Dict[str, str], handler: str = "") -> None:
+            def rounds(mode: str, env: Dict[str, str], handler: str = "runc") -> None:
                 name = f"{mode}-{len(times[mode])}"
                 sandbox, config = cri.run_pod(name, "bench", f"uid-{name}", base / "logs" / name,
                                               f"/{n.cgroup}/{name}", handler, None)

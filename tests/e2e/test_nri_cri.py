@@ -23,10 +23,11 @@ import pytest
 
 from tests.helpers.common import require_root, wait_until
 from tests.helpers.cri import CriError
-from tests.helpers.nri import NriNode, nri_node
+from tests.helpers.nri import CUDA_LIKE, NriNode, nri_node
 
 pytestmark = pytest.mark.e2e
 
+BUSYBOX = "docker.io/nvshim-test/busybox:1"
 GPU_NODE = re.compile(r"^nvidia([0-9]+)$")
 
 
@@ -49,15 +50,15 @@ def node(module_node: NriNode) -> Iterator[NriNode]:
     yield module_node
 
 
-def run(n: NriNode, name: str, handler: str = "", env: Optional[Dict[str, str]] = None,
+def run(n: NriNode, name: str, handler: str = "runc", env: Optional[Dict[str, str]] = None,
         annotations: Optional[Dict[str, str]] = None,
-        cdi_devices: Tuple[str, ...] = ()) -> Tuple[str, Path]:
+        cdi_devices: Tuple[str, ...] = (), image: str = BUSYBOX) -> Tuple[str, Path]:
     """A pod ``name`` whose container lists /dev, prints END and sleeps; (its id, logs)."""
     assert n.cri is not None
     logs = n.base / "logs" / name
     sandbox, config = n.cri.run_pod(name, "team-a", f"uid-{name}", logs,
                                     f"/{n.cgroup}/{name}", handler, None)
-    cid = n.cri.create_container(sandbox, config, "main", "docker.io/nvshim-test/busybox:1",
+    cid = n.cri.create_container(sandbox, config, "main", image,
                                  ["sh", "-c", "ls /dev; echo VIS=$NVIDIA_VISIBLE_DEVICES; "
                                   "echo END; exec sleep 1000"],
                                  env=env, annotations=annotations, cdi_devices=cdi_devices)
@@ -94,9 +95,9 @@ def test_inject_under_plain_runc(node: NriNode) -> None:
     assert len(mine) == 1 and mine[0]["gpus"] == [gpu.uuid], mine
 
 
-def test_guard_under_nvidia_like_runtime(node: NriNode) -> None:
-    """An unallocated pod saying NVIDIA_VISIBLE_DEVICES=all under the NVIDIA-like handler gets no GPU: the plugin set void, and a denial is journaled."""
-    _cid, logs = run(node, "guard", handler="nvidia", env={"NVIDIA_VISIBLE_DEVICES": "all"})
+def test_guard_under_nvidia_like_default_runtime(node: NriNode) -> None:
+    """An unallocated pod whose image says NVIDIA_VISIBLE_DEVICES=all, under the NVIDIA-like default runtime, gets no GPU: the plugin set void, and a denial is journaled."""
+    _cid, logs = run(node, "guard", handler="", image=CUDA_LIKE)
     minors, vis = seen(node, logs)
     assert (minors, vis) == ([], "void")
     denials = [d for d in journal(node, "--denied") if d.get("pod") == "guard"]
@@ -121,19 +122,27 @@ def test_no_claim_no_adjustment(node: NriNode) -> None:
 
 
 def test_agent_down_fails_open(node: NriNode) -> None:
-    """With the agent stopped, containerd creates the container without the plugin (fail open); restarted, the agent registers again and guards."""
+    """With the agent stopped, containerd creates the container without the plugin (fail open: the CUDA-like image under the NVIDIA-like default gets every GPU); restarted, the agent registers again and guards."""
     assert node.agent is not None
     node.agent.stop()
-    _cid, logs = run(node, "open", env={"NVIDIA_VISIBLE_DEVICES": node.sim.gpus[0].uuid})
-    assert seen(node, logs) == ([], node.sim.gpus[0].uuid)
-    log = node.base / "agent.log"
-    before = log.read_text().count("nri registered")
-    node.agent.start()
-    wait_until(lambda: log.read_text().count("nri registered") > before, 20, "re-registration")
-    _cid, logs = run(node, "back", handler="nvidia", env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    try:
+        fail_open(node)
+    finally:
+        log = node.base / "agent.log"
+        before = log.read_text().count("nri registered")
+        node.agent.start()
+        wait_until(lambda: log.read_text().count("nri registered") > before, 20,
+                   "re-registration")
+    _cid, logs = run(node, "back", handler="", image=CUDA_LIKE)
     assert seen(node, logs) == ([], "void")
 
 
+def fail_open(node: NriNode) -> None:
+    """The creates of test_agent_down_fails_open while no plugin is registered."""
+    _cid, logs = run(node, "open", env={"NVIDIA_VISIBLE_DEVICES": node.sim.gpus[0].uuid})
+    assert seen(node, logs) == ([], node.sim.gpus[0].uuid)
+    _cid, logs = run(node, "open-all", handler="", image=CUDA_LIKE)
+    assert seen(node, logs)[0] == sorted(g.minor for g in node.sim.gpus)
 
 
 def test_verify_refuses_engine_injected_cdi_device(node: NriNode) -> None:
@@ -163,7 +172,7 @@ def test_agent_restart_during_50_creates(node: NriNode) -> None:
     def one(i: int) -> str:
         name = f"burst{i}"
         sandbox, config = cri.run_pod(name, "team-a", f"uid-{name}", node.base / "logs" / name,
-                                      f"/{node.cgroup}/{name}", "", None)
+                                      f"/{node.cgroup}/{name}", "runc", None)
         cid = cri.create_container(sandbox, config, "main", "docker.io/nvshim-test/busybox:1",
                                    ["true"], env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
         done.append(cid)

@@ -3,7 +3,9 @@
 :func:`nri_node` runs containerd 1.7.24 (Debian 13) or 2.1.9 (Debian unstable) with its CRI
 (host-network pods, the busybox image imported), NRI on with its socket in ``base``, CDI
 on reading ``base/cdi`` (nvshim's generated spec for the simulated node), a handler
-``nvidia`` that is nvshim's runtime with ``require-allocation: false`` (NVIDIA's stand-in),
+``nvidia`` that is nvshim's runtime with ``require-allocation: false`` (NVIDIA's stand-in)
+and containerd's default runtime (``runc`` stays a handler), the busybox image and one
+saying ``NVIDIA_VISIBLE_DEVICES=all`` (:data:`CUDA_LIKE`),
 a PodResources server as the kubelet, and the agent registered as the plugin. On the way
 out: pods removed, agent, containerd and the kubelet stopped, cgroups gone.
 """
@@ -22,13 +24,16 @@ from nvshim.node.trampoline import render
 from tests.helpers.agent import AgentProcess
 from tests.helpers.common import remove_cgroup_tree, unique_id, wait_until
 from tests.helpers.containerd import Containerd
-from tests.helpers.cri import CriClient, cri_containerd_config, import_image
+from tests.helpers.cri import CriClient, cri_containerd_config, image_archive, import_image
 from tests.helpers.debian13 import containerd_node_engines
 from tests.helpers.debiansid import containerd_2_dir, engine_or_skip
 from tests.helpers.node import write_nvshim_config
 from tests.helpers.podresources import PodResourcesServer
 
-__all__ = ["NriNode", "nri_node", "nri_section"]
+__all__ = ["NriNode", "nri_node", "nri_section", "CUDA_LIKE"]
+
+#: An image whose config says ``NVIDIA_VISIBLE_DEVICES=all``, as CUDA images do.
+CUDA_LIKE = "docker.io/nvshim-test/cuda-like:1"
 
 
 def nri_section(base: Path) -> str:
@@ -68,7 +73,7 @@ class NriNode:
         """Rewrite the agent's config (it reloads at the next CreateContainer)."""
         values: Dict[str, Any] = dict(
             require_allocation=True, nri_inject=True, nri_guard=True, nri_verify=True,
-            nri_gpu_handlers=["nvidia"], nri_nvshim_handlers=[],
+            nri_gpu_handlers=["nvidia", ""], nri_nvshim_handlers=[],
             nri_runtime_root=str(self.base / "runc-root" / "k8s.io"),
             kubelet_socket=str(self.base / "kubelet.sock"), kubelet_checkpoint=None)
         values.update(settings)
@@ -100,7 +105,8 @@ def nri_node(base: Path, sim: Any, rootfs: Path, version: str) -> Iterator[NriNo
                       + nri_section(base))
     res = subprocess.run([shutil.which("nvshim") or "nvshim", "runtime", "configure",
                           "--runtime", "containerd", "--config", str(config), "--drop-in", "",
-                          "--binary", str(wrapper), "--name", "nvidia"],
+                          "--binary", str(wrapper), "--name", "nvidia", "--set-as-default",
+                          "--force"],  # unsafe on purpose: NVIDIA's default, stood in
                          capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0, res.stderr
     n.configure()
@@ -112,6 +118,10 @@ def nri_node(base: Path, sim: Any, rootfs: Path, version: str) -> Iterator[NriNo
     try:
         n.containerd.start()
         import_image(n.containerd, rootfs, base)
+        archive = base / "cuda-like-image.tar"  # an image saying NVIDIA_VISIBLE_DEVICES=all
+        archive.write_bytes(image_archive(rootfs, CUDA_LIKE, ["NVIDIA_VISIBLE_DEVICES=all"]))
+        res = n.containerd.ctr("images", "import", str(archive), timeout=120)
+        assert res.rc == 0, res.describe()
         n.cri = CriClient(n.containerd.address)
         n.agent = AgentProcess(base / "agent.sock", agent_cfg, base / "agent.log",
                                str(base / "nri.sock")).start()
