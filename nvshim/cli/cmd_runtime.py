@@ -252,6 +252,15 @@ def runtime() -> None:
 )
 @FORMAT
 @click.pass_context
+@click.option(
+    "--enable-nri",
+    is_flag=True,
+    help=(
+        "containerd 1.7 (config version 2): turn on NRI ([plugins.\"io.containerd.nri.v1.nri\"] "
+        "disable = false), which nvshim agent's NRI plugin needs (docs/nri.md); containerd "
+        "2.x runs NRI by default and nothing changes. Reverted with the handler."
+    ),
+)
 def configure_command(
     ctx: click.Context,
     engine: str,
@@ -263,6 +272,7 @@ def configure_command(
     force: bool,
     enable_cdi: bool,
     pod_cdi_annotations: bool,
+    enable_nri: bool,
     dry_run: bool,
     revert: bool,
     fmt: str,
@@ -321,6 +331,9 @@ def configure_command(
                          "specs without a switch")
     if pod_cdi_annotations and engine != "containerd":
         raise UsageError("--pod-cdi-annotations applies to containerd only")
+    if enable_nri and engine != "containerd":
+        raise UsageError("--enable-nri applies to containerd only (CRI-O: [crio.nri] "
+                         "enable_nri = true)")
     if revert:
         conflicting = [
             flag
@@ -329,6 +342,7 @@ def configure_command(
                 ("--force", "force"),
                 ("--enable-cdi", "enable_cdi"),
                 ("--pod-cdi-annotations", "pod_cdi_annotations"),
+                ("--enable-nri", "enable_nri"),
                 ("--binary", "binary"),
             )
             if ctx.get_parameter_source(param) is not click.core.ParameterSource.DEFAULT
@@ -388,7 +402,7 @@ def configure_command(
     else:
         result_c = containerd.configure(
             config_path, drop_in=drop_in, enable_cdi=enable_cdi,
-            pod_cdi_annotations=pod_cdi_annotations, **common
+            pod_cdi_annotations=pod_cdi_annotations, enable_nri=enable_nri, **common
         )
     changed = any(change.changed for change in result_c.files)
     backup_action = None
