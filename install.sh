@@ -181,8 +181,8 @@ uninstall() {
         restart_engine "$engine" "$cfg" </dev/null \
             || say "reverted $cfg, but $engine did not come back after the restart: see the message above"
     done < "$MANIFEST"
+    uninstall_agent_unit  # first: uninstall_cdi_refresh removes the units' folders
     uninstall_cdi_refresh
-    uninstall_agent_unit
     # --purge: the journals the config names (read while nvshim and its config are still here)
     journal=
     if [ "$PURGE" = 1 ] && have_nvshim; then

@@ -34,6 +34,12 @@ Cases:
   the driver's 32 GPUs come straight from the simulator (scale only). When the command is
   missing the case says so and ``nvshim inspect`` on the 1-GPU bundle is timed instead.
 
+``--agent`` puts the node agent's fast path first: this checkout's trampoline, rendered for a
+private agent socket with the C client built from this checkout, and two ``nvshim agent``
+processes (the config's, and the no-op config's for the shim stage) started for the run;
+the runtime given (default the installed one: today's in-process create) becomes B, so the
+``A vs B`` rows compare the fast path with it.
+
 ``--runtime`` given twice (say today's venv trampoline, then the self-contained one that
 ``install.sh --from`` installs) adds, for each ``shim stage`` bundle, the two runtimes
 against each other in alternating pairs (``A vs B``: the first runtime in the runc
@@ -316,6 +322,39 @@ def case_delete(b: Bench, pairs: int) -> Dict[str, Any]:
                   lambda i: run(b.runc), lambda i: run(b.runtime))
 
 
+def start_agent(config: Path, sock: Path, log: Path) -> "subprocess.Popen[bytes]":
+    """``nvshim agent`` (this checkout's) for ``config`` on ``sock``, once it serves."""
+    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+            "from nvshim.cli.main import main; main()")
+    with open(log, "ab") as err:
+        proc = subprocess.Popen([sys.executable, "-I", "-c", code, str(REPO), "agent",
+                                 "--config", str(config), "--socket", str(sock),
+                                 "--nri-socket", "none"], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"bench: the agent did not start: {log.read_text()[-500:]}")
+        time.sleep(0.05)
+    return proc
+
+
+def _agent_runtime(b: Bench) -> Tuple[str, List["subprocess.Popen[bytes]"]]:
+    """The fast path's trampoline for ``b`` and its two agents (config and no-op config)."""
+    from nvshim.agent.client import build_client
+    from nvshim.node.trampoline import render
+
+    client = build_client(str(b.work / "nvshim-agent-client"))
+    sock, noop_sock = b.work / "agent.sock", b.work / "agent-noop.sock"
+    tramp = b.work / "nvshim-runtime-agent"
+    tramp.write_text(render(sys.executable, agent_socket=str(sock), client=client))
+    tramp.chmod(0o755)
+    agents = [start_agent(b.work / "nvshim" / "config.yaml", sock, b.work / "agent.log"),
+              start_agent(b.work / "nvshim" / "noop.yaml", noop_sock, b.work / "agent-noop.log")]
+    b.noop_env["NVSHIM_AGENT_SOCKET"] = str(noop_sock)
+    return str(tramp), agents
+
+
 def case_create(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
     parts: Dict[str, List[float]] = {"runc": [], "nvshim": []}
 
@@ -480,8 +519,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="comma-separated subset of state,delete,create,shim,cdi")
     parser.add_argument("--cdi-repeats", type=int, default=5)
     parser.add_argument("--out", default=str(REPO / "bench" / "results.json"))
+    parser.add_argument("--agent", action="store_true",
+                        help="A = the node agent's fast path (this checkout), B = --runtime")
     args = parser.parse_args(argv)
     runtimes: List[str] = args.runtime or [DEFAULT_RUNTIME]
+    if args.agent and len(runtimes) > 1:
+        print("bench/run.py: --agent takes at most one --runtime (B)", file=sys.stderr)
+        return 1
     if len(runtimes) > 2:
         print("bench/run.py: --runtime at most twice", file=sys.stderr)
         return 1
@@ -505,8 +549,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         results["machine"]["nvshim_runtime_b"] = runtimes[1]
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-") as tmp:
         b = Bench(Path(tmp), args.runtime, args.runc, nvshim_cli)
+        agents: List[subprocess.Popen[bytes]] = []
         try:
             b.setup()
+            if args.agent:
+                fast, agents = _agent_runtime(b)
+                runtimes = [fast, *runtimes]
+                args.runtime = b.runtime = fast
+                results["machine"]["nvshim_runtime"] = fast
+                results["machine"]["nvshim_runtime_b"] = runtimes[1]
             # warm caches (page cache, pyc) once per tool; not recorded
             if wanted & {"state", "delete", "create"}:
                 for tool in (b.runc, *runtimes):
@@ -544,6 +595,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 results["cdi_generate"] = case_cdi(b, args.cdi_repeats)
         finally:
             b.cleanup()
+            for agent in agents:
+                agent.terminate()
+                agent.wait(30)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print_table(results)
     print(f"\nwrote {args.out}")

@@ -15,6 +15,7 @@ __all__ = [
     "SPEC_FILE",
     "RequestError",
     "HostError",
+    "Abandoned",
     "host_error",
     "os_reason",
     "ConfigError",
@@ -77,6 +78,11 @@ class RequestError(NvshimError):
 
 class HostError(NvshimError):
     """The host (driver root, device nodes, low-level runtime) is not as needed."""
+
+
+class Abandoned(NvshimError):
+    """A create stopped before anything was written because it is done elsewhere (the
+    node agent past its deadline: the caller's own create runs instead); no failure."""
 
 
 def os_reason(exc: OSError) -> str:

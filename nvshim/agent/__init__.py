@@ -2,9 +2,9 @@
 
 One process per node holds what every create would otherwise load afresh (the config,
 the node plan) and serves the runtime's creates over a Unix socket
-(:mod:`nvshim.agent.server`, protocol in ``docs/agent.md``); the NRI plugin
-(``nvshim.agent.nri``) lives in the same process. Nothing here runs on the runtime's own
-path: the agent pays its imports (structlog among them) once.
+(:mod:`nvshim.agent.server`, protocol in ``docs/agent.md``); the NRI plugin (the ``nri``
+module of this package, issue 33) lives in the same process. Nothing here runs on the
+runtime's own path: the agent pays its imports (structlog among them) once.
 """
 
 __all__: list[str] = []

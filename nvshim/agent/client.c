@@ -5,7 +5,9 @@
  * waits for the reply. Exit 0: config.json is edited, exec RUNTIME; 1: the agent
  * refused the create (its one line is on stderr); 2: not served, for any reason
  * (no agent, a timeout, another version): run the in-process create instead.
- * Touches no descriptor it did not open: the caller's fds pass on to runc. */
+ * Touches no descriptor it did not open: the caller's fds pass on to runc.
+ * Why C (measured, docs/agent.md): a whole round trip with this client costs ~0.5 ms more
+ * than exec'ing /bin/true; the interpreter's bare start alone costs ~12 ms more. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>

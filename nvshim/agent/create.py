@@ -104,8 +104,9 @@ def _serve(state: AgentState, request: Request, bundle_fd: int,
         inv.log = _absolute(inv.log, request.cwd)
     if inv.root:
         inv.root = _absolute(inv.root, request.cwd)
+    from nvshim.errors import Abandoned
     from nvshim.runtime.logs import report_error
-    from nvshim.runtime.main import Abandoned, create
+    from nvshim.runtime.main import create
 
     def in_time() -> None:
         if time.monotonic() - arrived > DEADLINE:

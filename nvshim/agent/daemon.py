@@ -78,10 +78,11 @@ class Agent:
 
         def run() -> None:
             try:
-                # by name: the plugin is another package of this build (nvshim.agent.nri)
+                # by name, only when NRI is asked for: the plugin is this package's nri
+                # module (issue 33), which a build may not have
                 import importlib
 
-                run_nri = importlib.import_module("nvshim.agent.nri").run_nri
+                run_nri = importlib.import_module(".nri", __package__).run_nri
             except (ImportError, AttributeError) as exc:
                 self.nri_error = f"this nvshim has no NRI plugin ({exc})"
                 self.log.error("nri unavailable", error=self.nri_error)

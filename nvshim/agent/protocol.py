@@ -30,6 +30,8 @@ import os
 from dataclasses import dataclass
 from typing import Tuple
 
+from nvshim.errors import NvshimError
+
 __all__ = ["MAGIC", "MAX_MESSAGE", "MAX_FIELDS", "OPS", "STATUSES", "Request",
            "ProtocolError", "parse_request", "encode_request", "encode_reply", "parse_reply"]
 
@@ -44,7 +46,7 @@ STATUSES = ("ok", "refused", "fallback", "ready", "not-ready")
 _CREATE_FIXED = 6  # version, config, generation, runtime, cwd, bundle
 
 
-class ProtocolError(ValueError):
+class ProtocolError(NvshimError):
     """A request the agent will not read (one line, said back as ``fallback``)."""
 
 

@@ -1,9 +1,11 @@
 """The agent's Unix socket: bound, peers checked (root only), one thread per request.
 
 A ``SOCK_SEQPACKET`` socket (:mod:`nvshim.agent.protocol`): each request is one message
-and may carry a descriptor. The socket file is created mode 0600 in a 0755 directory and
-removed on stop when it is still the one this process bound. A peer that is not uid 0
-(``SO_PEERCRED``) is answered ``fallback`` and its request is not parsed.
+and may carry a descriptor. On stop the socket goes first (new creates run in-process),
+then the requests in flight get up to 10 s to finish. The socket file is created mode 0600
+in a 0755 directory and removed on stop when it is still the one this process bound. A
+peer that is not uid 0 (``SO_PEERCRED``) is answered ``fallback`` and its request is not
+parsed.
 """
 
 from __future__ import annotations
@@ -52,10 +54,13 @@ def peer_of(conn: socket.socket) -> Peer:
     return Peer(pid, uid, gid)
 
 
-def _bind(path: str) -> socket.socket:
-    """A listening socket at ``path``; a stale socket file is replaced, a live one (another
-    agent answering) or any other file is an error."""
-    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+def _bind(path: str) -> Tuple[socket.socket, Optional[str]]:
+    """A listening socket at ``path`` and the directory made for it (None: it was there);
+    a stale socket file is replaced, a live one (another agent answering) or any other file
+    is an error."""
+    folder = os.path.dirname(path) or "."
+    made = None if os.path.isdir(folder) else folder
+    os.makedirs(folder, mode=0o755, exist_ok=True)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -83,7 +88,7 @@ def _bind(path: str) -> socket.socket:
         os.umask(old)
     os.chmod(path, 0o600)
     sock.listen(BACKLOG)
-    return sock
+    return sock, made
 
 
 class AgentServer:
@@ -93,7 +98,7 @@ class AgentServer:
         self.path = path
         self.handler = handler
         self.log = log
-        self.sock = _bind(path)
+        self.sock, self._made = _bind(path)
         self._ino = os.stat(path).st_ino
         self._slots = threading.BoundedSemaphore(MAX_THREADS)
         self.serving = False
@@ -125,15 +130,39 @@ class AgentServer:
         finally:
             self.serving = False
             self.close()
+            self.drain()
+
+    def drain(self, timeout: float = 10.0) -> bool:
+        """Wait up to ``timeout`` s for the requests in flight (a create is left to finish,
+        not cut mid-way); True when none is left."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        taken = 0
+        try:
+            while taken < MAX_THREADS:
+                if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    return False
+                taken += 1
+            return True
+        finally:
+            for _ in range(taken):
+                self._slots.release()
 
     def close(self) -> None:
-        """Stop listening; remove the socket file when it is still ours."""
+        """Stop listening; remove the socket file when it is still ours, and the directory
+        made for it when nothing else is in it."""
         self.sock.close()
         try:
             if os.lstat(self.path).st_ino == self._ino:
                 os.unlink(self.path)
         except OSError:
             pass
+        if self._made is not None:
+            try:
+                os.rmdir(self._made)
+            except OSError:
+                pass  # not empty (another process's files) or gone: left as it is
 
     def _serve_one(self, conn: socket.socket) -> None:
         fds: List[int] = []
@@ -186,7 +215,7 @@ def _receive(conn: socket.socket) -> Tuple[bytes, List[int]]:
 
 
 def ask(path: str, payload: bytes, fds: Optional[List[int]] = None,
-        timeout: float = 5.0) -> bytes:
+        timeout: float = 10.0) -> bytes:
     """Send one request to the agent at ``path``; its reply (for the CLI and tests)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from nvshim.config import Config
     from nvshim.runtime.plan import Plan
 
-__all__ = ["main", "find_runtime", "create", "Abandoned"]
+__all__ = ["main", "find_runtime", "create"]
 
 
 def find_runtime(candidates: Sequence[str], path_env: Optional[str]) -> Optional[str]:
@@ -209,11 +209,6 @@ def _restore_ignored_signals() -> None:
     _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
 
 
-class Abandoned(Exception):
-    """Raised by :func:`create`'s ``before_writes`` to stop before anything is written
-    (the agent past its deadline: the caller's own create runs instead)."""
-
-
 def create(inv: Invocation, config: Config, runtime: Optional[str],
            cwd: Optional[str] = None,
            before_writes: Optional[Callable[[], None]] = None,
@@ -224,10 +219,10 @@ def create(inv: Invocation, config: Config, runtime: Optional[str],
     ``cwd`` is the caller's working directory (default this process's): a relative
     ``--bundle`` is resolved against it. ``before_writes`` runs once the plan is made and
     before the journal, the rootfs or config.json is written; it may raise
-    :class:`Abandoned`, which propagates. ``served_by`` names who did it (the runtime, the
-    agent) in config.json's annotation and the debug log.
+    :class:`nvshim.errors.Abandoned`, which propagates. ``served_by`` names who did it
+    (the runtime, the agent) in config.json's annotation and the debug log.
     """
-    from nvshim.errors import NvshimError
+    from nvshim.errors import Abandoned, NvshimError
 
     log = None  # the debug log (off by default: then neither imported nor fed)
     if config.debug_log:
@@ -265,6 +260,8 @@ def create(inv: Invocation, config: Config, runtime: Optional[str],
         done = commit(plan, log, served_by)
         if log is not None:
             log.event("create", bundle=bundle, rewritten=done.written, served_by=served_by)
+    except Abandoned:
+        raise
     except NvshimError as exc:
         if log is not None:
             log.error("create failed", error=str(exc))
@@ -273,8 +270,6 @@ def create(inv: Invocation, config: Config, runtime: Optional[str],
         if isinstance(exc, RequestError) and config.grants_journal and bundle is not None:
             _record_denial(config, inv, bundle, runtime, "refused", str(exc))
         return str(exc)
-    except Abandoned:
-        raise
     except Exception as exc:  # noqa: BLE001 - last resort: one line, never a traceback
         if log is not None:
             log.error("create failed", error=repr(exc))

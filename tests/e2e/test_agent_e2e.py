@@ -52,16 +52,33 @@ def _served_by(bundle: Path) -> str:
     return str(notes.get("nvshim.io/served-by", "runtime"))
 
 
-@pytest.mark.parametrize("engine", ["runc", "crun"])
+def _low_runtime(engine: str, crunw: Path, tmp_path: Path) -> str:
+    """The machine's runc or crun (1.1.5, 1.8.1), or Debian 13's (1.1.15, 1.21)."""
+    from tests.helpers.debian13 import crun_debian13, engine_or_skip, runc_debian13
+    from tests.helpers.runc import make_crun_wrapper
+
+    if engine == "runc":
+        return require_binary("runc")
+    if engine == "crun":
+        return str(crunw)
+    if engine == "runc-debian13":
+        return str(engine_or_skip(runc_debian13, "runc 1.1.15"))
+    crun = engine_or_skip(crun_debian13, "crun 1.21")
+    (tmp_path / "crunw13").mkdir()
+    return str(make_crun_wrapper(tmp_path / "crunw13", crun))
+
+
+@pytest.mark.parametrize("engine", ["runc", "crun", "runc-debian13", "crun-debian13"])
 def test_gpu_container_through_the_agent_and_through_the_fallback(
         engine: str, tmp_path: Path, base_rootfs: Path, client: Path, crunw: Path) -> None:
     """With the agent up the create is the agent's and the container sees exactly its GPU;
     after SIGKILL to the agent the next create falls back to the in-process create and the
-    container still sees exactly its GPU (never an unedited config.json)."""
+    container still sees exactly its GPU (never an unedited config.json); on this machine's
+    runc and crun and on Debian 13's."""
     require_root()
     from nvshim.sim.build import create_node
 
-    low = require_binary("runc") if engine == "runc" else str(crunw)
+    low = _low_runtime(engine, crunw, tmp_path)
     node = create_node(str(tmp_path / "node"), gpus=2)
     cfg = tmp_path / "etc" / "config.yaml"
     cfg.parent.mkdir()
@@ -98,19 +115,22 @@ def test_gpu_container_through_the_agent_and_through_the_fallback(
 # --- containerd's CRI -------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cri_node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path,
-             client: Path) -> Iterator[Any]:
-    """containerd 1.6's CRI with nvshim's handler running the trampoline rendered for the
-    agent's socket; the node's config under require-allocation, verify-with kubelet."""
+@pytest.fixture(scope="module", params=["1.6", "1.7"], ids=lambda v: f"containerd-{v}")
+def cri_node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+             base_rootfs: Path, client: Path) -> Iterator[Any]:
+    """containerd's CRI (the machine's 1.6; Debian 13's 1.7 with runc 1.1.15) with nvshim's
+    handler running the trampoline rendered for the agent's socket; the node's config under
+    require-allocation, verify-with kubelet."""
     require_root()
     from nvshim.sim.build import create_node
     from tests.e2e.test_kubelet_cri import Node, serving
     from tests.helpers.cri import cri_containerd_config
+    from tests.helpers.debian13 import containerd_node_engines
 
+    bin_dir, runc = containerd_node_engines(request.param)
     base = tmp_path_factory.mktemp("agentcri")
     sim = create_node(str(base / "node"), gpus=2)
-    n = Node(base, sim, "1.6", require_binary("runc"))
+    n = Node(base, sim, request.param, runc)
     (base / "cdi").mkdir()
     n.config()
     tramp = base / "trampoline"
@@ -126,7 +146,7 @@ def cri_node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path,
                           "--runtime", "containerd", "--config", str(config), "--drop-in", "",
                           "--binary", str(wrapper)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
-    with serving(n, base, config.read_text(), None, base_rootfs):
+    with serving(n, base, config.read_text(), bin_dir, base_rootfs):
         yield n
 
 

@@ -43,7 +43,7 @@ class AgentProcess:
                                          stdout=subprocess.DEVNULL, stderr=err,
                                          env=self.env)
         proc = self.proc
-        wait_until(lambda: self.socket.exists() or proc.poll() is not None, 20,
+        wait_until(lambda: self.socket.exists() or proc.poll() is not None, 60,
                    f"the agent's socket {self.socket}")
         assert self.proc.poll() is None, self.log.read_text()
         return self

@@ -46,8 +46,8 @@ def test_agent_answers_ready_and_removes_its_socket_on_sigterm(tmp_path: Path,
                                                                config: Path) -> None:
     """With --nri-socket none the agent is ready once its socket serves (saying which
     config and generation it serves); SIGTERM stops it with exit 0 and removes the socket
-    it created."""
-    agent = AgentProcess(tmp_path / "a.sock", config, tmp_path / "a.log").start()
+    and the folder it created for it."""
+    agent = AgentProcess(tmp_path / "run" / "a.sock", config, tmp_path / "a.log").start()
     try:
         status, message = _ready(agent.socket)
         assert status == "ready"
@@ -60,6 +60,7 @@ def test_agent_answers_ready_and_removes_its_socket_on_sigterm(tmp_path: Path,
     finally:
         assert agent.stop(signal.SIGTERM) == 0
     assert not agent.socket.exists()
+    assert not (tmp_path / "run").exists()  # the folder it made for the socket
     assert '"agent stopped"' in agent.log.read_text()
 
 

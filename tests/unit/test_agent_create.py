@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nvshim.agent.protocol import Request, encode_reply, parse_request
 from tests.helpers.agent import AgentProcess
@@ -237,8 +239,9 @@ def test_two_hundred_concurrent_creates_through_one_agent(world: World) -> None:
 
 def test_agent_killed_mid_creates_each_completes_or_fails_in_one_line(world: World) -> None:
     """SIGKILL to the agent in the middle of 50 concurrent creates: each create completes
-    (through the agent or the in-process fallback) or fails in one line; no config.json is
-    partial; the journal holds only whole records."""
+    (through the agent or the in-process fallback) or fails in one line; every config.json
+    is whole JSON (a temp file the killed agent left is never config.json); the journal
+    holds only whole records."""
     bundles = [world.bundle(f"k{i}", visible=str(i % 2)) for i in range(50)]
     agent = world.agent()
     started = threading.Event()
@@ -263,7 +266,9 @@ def test_agent_killed_mid_creates_each_completes_or_fails_in_one_line(world: Wor
     assert sum(r.returncode == 0 for r in results) >= 45
     for b in bundles:
         spec(b)  # whole JSON
-        assert not list(b.glob(".config.json.nvshim-*"))
+        # a temp file only the killed agent may have left (the next write removes it)
+        assert {p.name for p in b.glob(".config.json.nvshim-*")} <= {
+            f".config.json.nvshim-{agent.proc.pid}"}
     from nvshim.runtime.grants import read_grants
 
     journal = world.tmp / "grants.jsonl"
@@ -304,7 +309,8 @@ def _fake_agent(path: Path, reply: Optional[bytes]) -> Tuple[threading.Thread, L
 def _run_client(client: Path, sock: Path, bundle: Path, config: Path,
                 *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(client), str(sock), "0.1.0", str(config), "/usr/bin/runc",
-                           str(bundle), *argv], capture_output=True, text=True, timeout=30)
+                           str(bundle), *argv], capture_output=True, text=True,
+                          errors="replace", timeout=30)
 
 
 @pytest.mark.parametrize("reply,rc,stderr", [
@@ -404,3 +410,78 @@ def test_doctor_says_whether_the_agent_is_reachable(world: World) -> None:
         assert mine["status"] == "ok"
     finally:
         agent.stop()
+
+
+def test_sigterm_lets_creates_in_flight_finish(world: World) -> None:
+    """SIGTERM during 20 concurrent creates: the agent removes its socket, lets the creates
+    it took finish, and exits 0; every create completes (the rest in-process)."""
+    bundles = [world.bundle(f"t{i}") for i in range(20)]
+    agent = world.agent()
+    assert agent.proc is not None
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        futures = [pool.submit(world.create, b) for b in bundles]
+        futures[0].result()
+        agent.proc.send_signal(signal.SIGTERM)
+        results = [f.result() for f in futures]
+    assert agent.proc.wait(30) == 0
+    assert [r.stderr for r in results if r.returncode != 0] == []
+    assert all(spec(b)["linux"]["devices"] for b in bundles)
+    assert not world.socket.exists()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.binary(max_size=64) | st.builds(
+    lambda status, msg: b"nvshim-agent 1\0" + status + b"\0" + msg + b"\0",
+    st.sampled_from([b"ok", b"refused", b"fallback", b"ready", b"OK", b""]),
+    st.binary(max_size=32)))
+def test_client_reply_parser_fuzzed(client: Path, tmp_path_factory: pytest.TempPathFactory,
+                                    reply: bytes) -> None:
+    """Any reply bytes: exit 0 only for a well-formed ``ok``, 1 only for a well-formed
+    ``refused`` (its message on stderr), 2 for everything else."""
+    tmp = tmp_path_factory.mktemp("fz")
+    (tmp / "b").mkdir()
+    thread, _ = _fake_agent(tmp / "s", reply)
+    res = _run_client(client, tmp / "s", tmp / "b", tmp / "c", "create", "x")
+    thread.join(10)
+    fields = reply.split(b"\0")
+    well_formed = len(fields) == 4 and fields[0] == b"nvshim-agent 1" and fields[3] == b""
+    expected = 2
+    if well_formed and fields[1] == b"ok":
+        expected = 0
+    elif well_formed and fields[1] == b"refused":
+        expected = 1
+    assert res.returncode == expected
+    assert (res.stderr != "") == (expected == 1)
+
+
+def test_agent_plan_cache_sees_a_gpu_removed_and_added(world: World) -> None:
+    """The agent's in-memory plan is dropped exactly when the on-disk plan cache is: GPU 1
+    removed (procfs entry and device node), then added back, changes what
+    NVIDIA_VISIBLE_DEVICES=all gets on the very next agent-served create."""
+    import shutil
+
+    def nodes(b: Path) -> List[str]:
+        return sorted(d["path"] for d in spec(b)["linux"]["devices"]
+                      if d["path"][len("/dev/nvidia"):].isdigit())
+
+    gpus_dir = Path(world.node.root, "proc/driver/nvidia/gpus")
+    entries = sorted(gpus_dir.iterdir())
+    dev = Path(world.node.root, "dev/nvidia1")
+    st = dev.stat()
+    agent = world.agent()
+    try:
+        seen = []
+        for step in ("both", "gone", "back"):
+            if step == "gone":
+                shutil.move(str(entries[1]), world.tmp / "gpu1")
+                dev.unlink()
+            elif step == "back":
+                shutil.move(str(world.tmp / "gpu1"), entries[1])
+                os.mknod(dev, st.st_mode, st.st_rdev)
+            b = world.bundle(step, visible="all")
+            assert world.create(b).returncode == 0
+            seen.append((served_by(b), nodes(b)))
+    finally:
+        agent.stop()
+    assert seen == [("agent", ["/dev/nvidia0", "/dev/nvidia1"]), ("agent", ["/dev/nvidia0"]),
+                    ("agent", ["/dev/nvidia0", "/dev/nvidia1"])]
