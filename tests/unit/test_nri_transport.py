@@ -266,3 +266,9 @@ def test_run_nri_refuses_a_socket_not_served_by_root(tmp_path: Any) -> None:
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
+
+
+def test_split_synchronize_is_acknowledged() -> None:
+    """A SynchronizeRequest with more=true is answered more=true (the engine closes a plugin that does not), the last one more=false."""
+    assert proto.read_int(proto.by_number(api.encode_sync_reply(proto.varint_field(3, 1))), 2) == 1
+    assert api.encode_sync_reply(proto.message_field(1, b"")) == b""

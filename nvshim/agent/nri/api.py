@@ -41,6 +41,7 @@ __all__ = [
     "decode_configure",
     "decode_state_change",
     "encode_register",
+    "encode_sync_reply",
     "encode_configure_reply",
     "encode_create_reply",
     "event_mask",
@@ -253,6 +254,13 @@ def decode_configure(data: bytes) -> Dict[str, str]:
     v = by_number(data)
     return {"runtime": read_string(v, 2), "version": read_string(v, 3),
             "nri": read_string(v, 6)}
+
+
+def encode_sync_reply(request: bytes) -> bytes:
+    """The SynchronizeResponse to ``request``: no updates, and ``more`` (2) echoing the
+    request's ``more`` (3), as a plugin that takes a state split over several messages
+    must (the engine closes one that does not)."""
+    return varint_field(2, read_int(by_number(request), 3))
 
 
 def encode_register(name: str, index: str) -> bytes:

@@ -43,6 +43,7 @@ from nvshim.agent.nri.api import (
     decode_pod_container,
     encode_configure_reply,
     encode_create_reply,
+    encode_sync_reply,
     event_mask,
 )
 from nvshim.agent.nri.transport import UNIMPLEMENTED, RpcError
@@ -250,7 +251,9 @@ class Plugin:
             self.configured = decode_configure(body)
             self.log.info("nri configured", **self.configured)
             return encode_configure_reply(event_mask(Event.CREATE_CONTAINER))
-        if method in ("Synchronize", "Shutdown", "StateChange", "UpdateContainer",
+        if method == "Synchronize":
+            return encode_sync_reply(body)
+        if method in ("Shutdown", "StateChange", "UpdateContainer",
                       "StopContainer", "RunPodSandbox", "StopPodSandbox",
                       "RemovePodSandbox", "PostCreateContainer", "StartContainer",
                       "PostStartContainer", "PostUpdateContainer", "RemoveContainer",
