@@ -211,3 +211,46 @@ def test_doctor_sees_the_registered_agent(node: NriNode) -> None:
         node.agent.start()
         wait_until(lambda: log.read_text().count("nri registered") > before, 20,
                    "re-registration")
+
+
+INROOT = ("ls /usr/lib/x86_64-linux-gnu/; grep -c libcuda.so.1 /etc/ld.so.cache; "
+          "echo END; exec sleep 1000")
+
+
+def inroot(node: NriNode, name: str, readonly: bool) -> List[str]:
+    """What INROOT prints in a GPU container under plain runc (``readonly``: its rootfs)."""
+    from tests.helpers.cri import NODE, ContainerSpec, Namespaces, SecurityContext
+
+    assert node.cri is not None
+    logs = node.base / "logs" / name
+    sandbox, config = node.cri.run_pod(name, "team-a", f"uid-{name}", logs,
+                                       f"/{node.cgroup}/{name}", "runc", None)
+    spec = ContainerSpec("main", BUSYBOX, ["sh", "-c", INROOT], log_path="main.log",
+                         envs=[("NVIDIA_VISIBLE_DEVICES", node.sim.gpus[0].uuid)],
+                         security=SecurityContext(namespaces=Namespaces(network=NODE),
+                                                  readonly_rootfs=readonly))
+    node.cri.start_container(node.cri.create(sandbox, config, spec))
+    out: List[str] = node.cri.wait_log(logs, "main", "END").split()
+    return out
+
+
+@pytest.mark.parametrize("mode", ["hook", "start"])
+def test_inject_in_root_work(node: NriNode, mode: str) -> None:
+    """Under plain runc the injected driver's SONAME links and ld.so.cache are in the container, made by nvshim's createContainer hook (nri-inroot: hook) or by the agent through /proc/<pid>/root at StartContainer (start)."""
+    node.configure(nri_inroot=mode)
+    out = inroot(node, f"inroot-{mode}", readonly=False)
+    assert "libcuda.so.1" in out, out
+    assert out[out.index("END") - 1] != "0", out  # ld.so.cache names libcuda.so.1
+    if mode == "start":
+        assert '"nri in-root work"' in (node.base / "agent.log").read_text()
+
+
+def test_read_only_rootfs(node: NriNode) -> None:
+    """A read-only rootfs gets the links and cache from the hook (nri-inroot: hook); under start the container still starts, without them, and the agent logs one error line."""
+    node.configure(nri_inroot="hook")
+    out = inroot(node, "ro-hook", readonly=True)
+    assert "libcuda.so.1" in out and out[out.index("END") - 1] != "0", out
+    node.configure(nri_inroot="start")
+    out = inroot(node, "ro-start", readonly=True)
+    assert "libcuda.so.1" not in out and "libcuda.so.550.54.15" in out, out
+    assert '"nri in-root work not done"' in (node.base / "agent.log").read_text()

@@ -41,6 +41,7 @@ from nvshim.agent.nri.api import (
     Pod,
     decode_configure,
     decode_pod_container,
+    decode_state_change,
     encode_configure_reply,
     encode_create_reply,
     encode_sync_reply,
@@ -132,9 +133,10 @@ def _who(pod: Pod, container: Container) -> str:
 
 
 def decide(config: Config, pod: Pod, container: Container, log: Any,
-           journal: bool = True) -> Adjustment:
+           journal: bool = True, later: Optional[Dict[str, Any]] = None) -> Adjustment:
     """The adjustment for ``container`` of ``pod`` (see the module docstring); RpcError
-    for a refusal."""
+    for a refusal. With ``nri-inroot: start`` the in-root work is left out of the
+    adjustment and put in ``later`` under the container's id, for :func:`start_work`."""
     handler = pod.runtime_handler
     if handler in config.nri_nvshim_handlers:
         return Adjustment()
@@ -173,7 +175,14 @@ def decide(config: Config, pod: Pod, container: Container, log: Any,
         return _guard(config, container, plan.claim.annotation_keys)
     if plan.granted_uuids and config.nri_inject and handler not in config.nri_gpu_handlers:
         assert plan.new_spec is not None
-        adjust = adjustment_of(spec, plan.new_spec)
+        new_spec = plan.new_spec
+        work = plan.rootfs.work
+        if config.nri_inroot == "start" and work is not None and later is not None:
+            from nvshim.runtime.plan import RootfsDecision
+
+            new_spec = plan.render(RootfsDecision(work, "runtime", "/proc/<pid>/root"))
+            later[container.id] = work
+        adjust = adjustment_of(spec, new_spec)
         if journal:
             _grant(config, pod, container, plan)
         log.info("nri inject", who=_who(pod, container), gpus=list(plan.granted_uuids),
@@ -229,6 +238,24 @@ def _deny(config: Config, pod: Pod, container: Container, action: str, reason: s
         pass
 
 
+def start_work(work: Any, pid: int, who: str, log: Any) -> None:
+    """The in-root work of ``nri-inroot: start``, in the container's root as its process
+    ``pid`` sees it (before its program runs). A rootfs that cannot be written (read-only)
+    is one error line: the container starts without the links and cache."""
+    from nvshim.runtime import rootwork
+
+    started = time.perf_counter()
+    try:
+        # the trailing slash: prepare opens its rootfs O_NOFOLLOW, and /proc/<pid>/root is
+        # a (magic) symlink to be followed
+        warnings = rootwork.prepare(f"/proc/{pid}/root/", work)
+    except (rootwork.Fallback, NvshimError) as exc:
+        log.error("nri in-root work not done", who=who, error=str(exc))
+        return
+    log.info("nri in-root work", who=who, warnings=list(warnings),
+             ms=round((time.perf_counter() - started) * 1e3, 2))
+
+
 class Plugin:
     """The Plugin service: Configure, Synchronize, CreateContainer, the rest answered."""
 
@@ -236,6 +263,8 @@ class Plugin:
         self.state = state
         self.log = state.log
         self.configured: Dict[str, str] = {}
+        self.later: Dict[str, Any] = {}
+        """In-root work waiting for its container's start (``nri-inroot: start``)."""
 
     def handle(self, method: str, body: bytes) -> bytes:
         if method == "CreateContainer":
@@ -246,17 +275,30 @@ class Plugin:
                 self.log.warning("nri create not adjusted: no config",
                                  error=self.state.config_error)
                 return b""
-            return encode_create_reply(decide(config, pod, container, self.log))
+            return encode_create_reply(decide(config, pod, container, self.log,
+                                              later=self.later))
         if method == "Configure":
             self.configured = decode_configure(body)
             self.log.info("nri configured", **self.configured)
-            return encode_configure_reply(event_mask(Event.CREATE_CONTAINER))
+            return encode_configure_reply(event_mask(
+                Event.CREATE_CONTAINER, Event.START_CONTAINER, Event.REMOVE_CONTAINER))
+        if method in ("StateChange", "StartContainer", "RemoveContainer"):
+            if method == "StateChange":
+                event, pod, container = decode_state_change(body)
+            else:
+                pod, container = decode_pod_container(body)
+                event = (Event.START_CONTAINER if method == "StartContainer"
+                         else Event.REMOVE_CONTAINER)
+            work = self.later.pop(container.id, None)
+            if work is not None and event == Event.START_CONTAINER and container.pid:
+                start_work(work, container.pid, _who(pod, container), self.log)
+            return b""
         if method == "Synchronize":
             return encode_sync_reply(body)
-        if method in ("Shutdown", "StateChange", "UpdateContainer",
+        if method in ("Shutdown", "UpdateContainer",
                       "StopContainer", "RunPodSandbox", "StopPodSandbox",
-                      "RemovePodSandbox", "PostCreateContainer", "StartContainer",
-                      "PostStartContainer", "PostUpdateContainer", "RemoveContainer",
+                      "RemovePodSandbox", "PostCreateContainer",
+                      "PostStartContainer", "PostUpdateContainer",
                       "UpdatePodSandbox", "PostUpdatePodSandbox"):
             return b""
         raise RpcError(f"method {method} is not implemented by nvshim", UNIMPLEMENTED)
