@@ -13,6 +13,7 @@ blocks, alternating:
 - ``handler``: no plugin, the same container under nvshim's runtime handler (``nvidia``,
   the runtime path injecting the same GPU), for comparison;
 - ``inject``: the agent injecting that GPU (device nodes, driver mounts, the hook);
+- ``inject_start``: the same with ``nri-inroot: start`` (in-root work at StartContainer);
 - ``guard``: the agent with only the guard on, an unallocated ``NVIDIA_VISIBLE_DEVICES=all``
   under runc (the plugin answers with ``void``).
 
@@ -46,7 +47,8 @@ def main() -> int:
     from tests.helpers.bundle import make_rootfs
     from tests.helpers.nri import nri_node
 
-    times: Dict[str, List[float]] = {"none": [], "handler": [], "inject": [], "guard": []}
+    times: Dict[str, List[float]] = {"none": [], "handler": [], "inject": [],
+                                     "inject_start": [], "guard": []}
     ready: List[float] = []
     rss_kb = 0
     handling: List[float] = []
@@ -89,6 +91,8 @@ def main() -> int:
                 rounds("handler", {"NVIDIA_VISIBLE_DEVICES": gpu.uuid}, "nvidia")
                 restart()
                 rounds("inject", {"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+                restart(nri_inroot="start")
+                rounds("inject_start", {"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
                 restart(nri_inject=False)
                 rounds("guard", {"NVIDIA_VISIBLE_DEVICES": "all"})
             assert n.agent.proc is not None
@@ -102,6 +106,7 @@ def main() -> int:
         "containerd": args.version, "runs_per_mode": len(times["none"]),
         "create_start_ms": {k: round(v, 2) for k, v in med.items()},
         "added_ms": {"inject": round(med["inject"] - med["none"], 2),
+                     "inject_start": round(med["inject_start"] - med["none"], 2),
                      "runtime_handler": round(med["handler"] - med["none"], 2),
                      "guard": round(med["guard"] - med["none"], 2)},
         "plugin_inject_handling_ms": round(statistics.median(handling), 2) if handling else None,
