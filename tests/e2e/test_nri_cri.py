@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import pytest
 
 from tests.helpers.common import require_root, wait_until
-from tests.helpers.cri import CriError
+from tests.helpers.cri import CriClient, CriError
 from tests.helpers.nri import CUDA_LIKE, NriNode, nri_node
 
 pytestmark = pytest.mark.e2e
@@ -189,7 +189,9 @@ def test_agent_restart_during_50_creates(node: NriNode) -> None:
     records = [json.loads(line) for line in lines if line.strip()]
     burst = [r["id"] for r in records if str(r.get("pod", "")).startswith("burst")]
     assert len(burst) == len(set(burst)) and set(burst) <= set(ids)
-    cri.remove_pods()
+    cri.remove_pods()  # closes the client's channel: a new one for the tests after this
+    assert node.containerd is not None
+    node.cri = CriClient(node.containerd.address)
 
 
 def test_doctor_sees_the_registered_agent(node: NriNode) -> None:

@@ -56,6 +56,8 @@ __all__ = ["Plugin", "spec_of", "adjustment_of", "decide"]
 #: The env entry that keeps every GPU runtime from injecting anything.
 VOID = "void"
 _CRI = "io.kubernetes.cri."
+#: In-root work kept for containers not started yet (``nri-inroot: start``), at most.
+_LATER_MAX = 4096
 
 
 def spec_of(pod: Pod, container: Container) -> Dict[str, Any]:
@@ -181,6 +183,8 @@ def decide(config: Config, pod: Pod, container: Container, log: Any,
             from nvshim.runtime.plan import RootfsDecision
 
             new_spec = plan.render(RootfsDecision(work, "runtime", "/proc/<pid>/root"))
+            if len(later) >= _LATER_MAX:  # starts or removals missed (a reconnect): oldest out
+                del later[next(iter(later))]
             later[container.id] = work
         adjust = adjustment_of(spec, new_spec)
         if journal:
