@@ -15,6 +15,8 @@
 #   ./install.sh --docker             also register it as a Docker runtime (/etc/docker/daemon.json),
 #                                     and nvidia-container-runtime-hook beside nvshim-runtime (--gpus)
 #   ./install.sh --crio               also register it as a CRI-O runtime handler (drop-in)
+#   ./install.sh --containerd --nri   ... and turn on containerd 1.7's NRI (same drop-in, restart
+#                                     and revert) for nvshim agent's NRI plugin; 2.x: nothing changes
 #   ./install.sh --containerd --set-as-default
 #                                     ... and make it the engine's default runtime (refused unless
 #                                     /etc/nvshim/config.yaml has require-allocation: true)
@@ -100,7 +102,7 @@ if [ -f "$SRC/payload-files" ] && [ -x "$SRC/bin/python3" ] && [ ! -f "$SRC/.nvs
     INSTALLED_COPY=1
 fi
 
-DEV=0 CONTAINERD=0 DOCKER=0 CRIO=0 DEFAULT=0 UNINSTALL=0 PURGE=0 PAYLOAD= FROM=
+DEV=0 CONTAINERD=0 DOCKER=0 CRIO=0 DEFAULT=0 NRI=0 UNINSTALL=0 PURGE=0 PAYLOAD= FROM=
 
 say() { printf 'install.sh: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
@@ -112,6 +114,7 @@ while [ $# -gt 0 ]; do
         --docker) DOCKER=1 ;;
         --crio) CRIO=1 ;;
         --set-as-default) DEFAULT=1 ;;
+        --nri) NRI=1 ;;
         --uninstall) UNINSTALL=1 ;;
         --purge) PURGE=1 ;;
         --payload|--from)
@@ -750,6 +753,7 @@ configure_engine() {  # configure_engine ENGINE CONFIG [DROP-IN]
     set -- --runtime "$engine" --config "$cfg" --binary "$BINDIR/nvshim-runtime"
     [ -n "$drop_in" ] && set -- "$@" --drop-in "$drop_in"
     [ "$DEFAULT" = 1 ] && set -- "$@" --set-as-default
+    [ "$NRI" = 1 ] && [ "$engine" = containerd ] && set -- "$@" --enable-nri
     out=$(NVSHIM_CONFIG="$ETCDIR/config.yaml" "$BINDIR/nvshim" runtime configure "$@" 2>&1) \
         || { printf '%s\n' "$out" >&2; restore_files; rm -rf "$SNAP"; exit 1; }
     printf '%s\n' "$out" >&2

@@ -108,6 +108,13 @@ class Config:
     default_kind: str = "nvidia.com/gpu"
     stale_cdi_spec: str = "warn"
     engine_grants: str = "exclusive"
+    nri_inject: bool = False
+    nri_guard: bool = True
+    nri_verify: bool = True
+    nri_inroot: str = "hook"
+    nri_gpu_handlers: Tuple[str, ...] = ("nvidia", "nvidia-cdi", "nvidia-legacy")
+    nri_nvshim_handlers: Tuple[str, ...] = ("nvshim",)
+    nri_runtime_root: str = "/run/containerd/runc/k8s.io"
     supported_driver_capabilities: Tuple[str, ...] = ALL_CAPABILITIES
     disable_require: bool = False
     disable_device_node_modification: bool = True

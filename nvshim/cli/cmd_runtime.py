@@ -245,6 +245,15 @@ def runtime() -> None:
 )
 @FORMAT
 @click.pass_context
+@click.option(
+    "--enable-nri",
+    is_flag=True,
+    help=(
+        "containerd 1.7 (config version 2): turn on NRI ([plugins.\"io.containerd.nri.v1.nri\"] "
+        "disable = false), which nvshim agent's NRI plugin needs (docs/nri.md); containerd "
+        "2.x runs NRI by default and nothing changes. Reverted with the handler."
+    ),
+)
 def configure_command(
     ctx: click.Context,
     engine: str,
@@ -256,6 +265,7 @@ def configure_command(
     force: bool,
     enable_cdi: bool,
     pod_cdi_annotations: bool,
+    enable_nri: bool,
     dry_run: bool,
     revert: bool,
     fmt: str,
@@ -314,7 +324,8 @@ def configure_command(
 
     options = engines.ConfigureOptions(
         name=name, binary=binary, drop_in=drop_in, set_as_default=set_as_default, force=force,
-        enable_cdi=enable_cdi, pod_cdi_annotations=pod_cdi_annotations, dry_run=dry_run)
+        enable_cdi=enable_cdi, pod_cdi_annotations=pod_cdi_annotations, enable_nri=enable_nri,
+        dry_run=dry_run)
     chosen.check(options)
     if revert:
         conflicting = [
@@ -324,6 +335,7 @@ def configure_command(
                 ("--force", "force"),
                 ("--enable-cdi", "enable_cdi"),
                 ("--pod-cdi-annotations", "pod_cdi_annotations"),
+                ("--enable-nri", "enable_nri"),
                 ("--binary", "binary"),
             )
             if ctx.get_parameter_source(param) is not click.core.ParameterSource.DEFAULT

@@ -208,6 +208,35 @@ def _apply_to_cri(
 
 
 
+#: containerd's NRI plugin table (containerd 1.7 has it off by default, 2.x on).
+NRI_PLUGIN = "io.containerd.nri.v1.nri"
+
+
+def _enable_nri(plugins: Any, main_plugins: Any, version: int, warnings: List[str]) -> None:
+    """``--enable-nri``: ``disable = false`` in ``plugins``' NRI table, for a version 2
+    config (containerd 1.7). The table is copied from ``main_plugins`` (the main file's) so
+    that a drop-in, which replaces the whole plugin table, keeps its other keys. Version 3
+    (containerd 2.x, NRI on by default) is left unchanged; version 1 has no NRI."""
+    if version != 2:
+        warnings.append(
+            "--enable-nri: nothing changed: " + (
+                "containerd 2.x (config version 3) runs NRI by default" if version == 3 else
+                "a version 1 config is containerd 1.6 or older, which has no NRI"))
+        return
+    import tomlkit
+
+    current = main_plugins.get(NRI_PLUGIN) if hasattr(main_plugins, "get") else None
+    if plugins is main_plugins and current is not None:
+        if plain(current.get("disable")) is not False:
+            set_key(current, "disable", False)
+        return
+    table = tomlkit.table()
+    for key, value in (plain(current) or {}).items():
+        table[key] = value
+    table["disable"] = False
+    plugins[NRI_PLUGIN] = table
+
+
 def _other_nvshim_imports(doc: Any, config_path: str, drop_in: str) -> List[str]:
     """Imports of another ``99-nvshim.toml`` than ``drop_in``: an earlier nvshim put the
     drop-in of every ``--config`` in /etc/containerd/conf.d, wherever the config was."""
@@ -332,6 +361,7 @@ def plan_configure(
     require_allocation: bool = False,
     pod_cdi_annotations: bool = False,
     chain: Optional[Chain] = None,
+    enable_nri: bool = False,
 ) -> ConfigureResult:
     """Compute the new texts of the main file and drop-in; pure, writes nothing.
 
@@ -379,6 +409,8 @@ def plan_configure(
             warnings=warnings,
             pod_cdi_annotations=pod_cdi_annotations,
         )
+        if enable_nri:
+            _enable_nri(plugins_table, plugins_table, version, warnings)
         main_after = dump_toml(doc, main_text, config_path, warnings)
         return ConfigureResult(
             engine="containerd",
@@ -414,6 +446,8 @@ def plan_configure(
     drop_doc["version"] = version
     plugins = tomlkit.table(is_super_table=True)
     plugins[cri_key] = cri_copy
+    if enable_nri:
+        _enable_nri(plugins, doc.get(plugins_key) or {}, version, warnings)
     drop_doc[plugins_key] = plugins
     drop_after = dump_toml(drop_doc, None, drop_in, warnings)
 
@@ -461,6 +495,7 @@ def configure(
     require_allocation: bool = False,
     dry_run: bool = False,
     pod_cdi_annotations: bool = False,
+    enable_nri: bool = False,
 ) -> ConfigureResult:
     """Add the runtime handler to containerd's config; see the module docstring.
 
@@ -487,6 +522,7 @@ def configure(
         require_allocation=require_allocation,
         pod_cdi_annotations=pod_cdi_annotations,
         chain=chain,
+        enable_nri=enable_nri,
     )
     # the drop-in before the main file that imports it
     return carry_out(plan, config_path, BACKUP_FORMAT, dry_run, name)

@@ -184,6 +184,10 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     from nvshim.node.doctor_agent import check_agent
 
     findings.append(check_agent(options.agent_socket, options.config_path, options.trampoline))
+    from nvshim.node.doctor_nri import check_nri
+
+    findings.append(check_nri(options.containerd_config, options.containerd_binary,
+                              options.agent_socket, options.crio_config))
     return findings
 
 

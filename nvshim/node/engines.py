@@ -33,6 +33,7 @@ class ConfigureOptions:
     force: bool = False
     enable_cdi: bool = False
     pod_cdi_annotations: bool = False
+    enable_nri: bool = False
     require_allocation: bool = False
     dry_run: bool = False
 
@@ -52,7 +53,8 @@ class Engine:
     def check(self, options: ConfigureOptions) -> None:
         """A UsageError for an option this engine does not take."""
         given = {"--drop-in": options.drop_in is not None, "--enable-cdi": options.enable_cdi,
-                 "--pod-cdi-annotations": options.pod_cdi_annotations}
+                 "--pod-cdi-annotations": options.pod_cdi_annotations,
+                 "--enable-nri": options.enable_nri}
         for flag, why in self.refuses:
             if given[flag]:
                 raise UsageError(f"{flag} applies to {why}")
@@ -93,7 +95,8 @@ class _Containerd(Engine):
             config_path, name=options.name, binary=options.binary, drop_in=options.drop_in,
             set_as_default=options.set_as_default, force=options.force,
             enable_cdi=options.enable_cdi, require_allocation=options.require_allocation,
-            dry_run=options.dry_run, pod_cdi_annotations=options.pod_cdi_annotations)
+            dry_run=options.dry_run, pod_cdi_annotations=options.pod_cdi_annotations,
+            enable_nri=options.enable_nri)
 
     def revert(self, config_path: str, *, name: str, drop_in: Optional[str],
                dry_run: bool) -> RevertResult:
@@ -113,7 +116,8 @@ class _Docker(Engine):
     process = "dockerd"
     restart = "restart dockerd (or send it SIGHUP)"
     refuses = (("--drop-in", "containerd and crio: Docker has no drop-ins"),
-               ("--pod-cdi-annotations", "containerd only"))
+               ("--pod-cdi-annotations", "containerd only"),
+               ("--enable-nri", "containerd only (CRI-O: [crio.nri] enable_nri = true)"))
 
     def __init__(self) -> None:
         from nvshim.node.docker import DEFAULT_CONFIG
@@ -157,7 +161,8 @@ class _Crio(Engine):
     restart = "restart crio (or send it SIGHUP)"
     refuses = (("--enable-cdi", "containerd and docker: CRI-O reads CDI specs without a "
                 "switch"),
-               ("--pod-cdi-annotations", "containerd only"))
+               ("--pod-cdi-annotations", "containerd only"),
+               ("--enable-nri", "containerd only (CRI-O: [crio.nri] enable_nri = true)"))
 
     def __init__(self) -> None:
         from nvshim.node.crio import DEFAULT_CONFIG

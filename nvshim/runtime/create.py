@@ -117,14 +117,26 @@ class _Node:
         return self.host
 
 
+def plan_spec(spec: SpecDict, config: Config, pod: Optional[Dict[str, str]],
+              label: str, host: Optional[Host] = None, save_cache: bool = False) -> Plan:
+    """The same road for a spec that is not in a bundle yet: what the NRI plugin
+    (:mod:`nvshim.agent.nri`) sees at CreateContainer. ``pod``: the pod's annotations as
+    the engine reported them (no sandbox bundle to read); ``label`` names the container in
+    errors. With no ``root.path`` the in-root work is the createContainer hook's;
+    ``save_cache``: rebuild a missing or stale node plan cache, as the runtime does."""
+    return _plan("", config, host, None, save_cache, label, b"", spec, pod)
+
+
 def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[DebugLog],
-          save_cache: bool, spec_path: str, raw: bytes, spec: SpecDict) -> Plan:
+          save_cache: bool, spec_path: str, raw: bytes, spec: SpecDict,
+          pod_override: Optional[Dict[str, str]] = None) -> Plan:
     """The road's stages in order. Each takes the records the stages before it returned
     and returns its own with what it said (notes; warnings are notes too); only this
     function collects what they said, and the :class:`Plan` is built once, at the end."""
     node = _Node(config, save_cache, host)
     claim, out, engine, notes = _claim_stage(spec, config, node)
-    found, pod, kubelet_tokens, kubelet_ids, said = _kubelet_stage(bundle, claim, config, node)
+    found, pod, kubelet_tokens, kubelet_ids, said = _kubelet_stage(bundle, claim, config, node,
+                                                                   pod_override)
     notes += said
     warnings = list(found.warnings) if found is not None else []
     request = resolve_request(claim, config, pod, kubelet_tokens, kubelet_ids)
@@ -210,18 +222,22 @@ def _claim_stage(spec: SpecDict, config: Config, node: _Node
     return read_claim(view, config), out, engine, notes
 
 
-def _kubelet_stage(bundle: str, claim: Claim, config: Config, node: _Node
+def _kubelet_stage(bundle: str, claim: Claim, config: Config, node: _Node,
+                   pod_override: Optional[Dict[str, str]] = None
                    ) -> Tuple[Optional[Verification], Optional[Dict[str, str]],
                               Tuple[str, ...], Tuple[str, ...], List[str]]:
     """(require-allocation's record of the kubelet, the pod's annotations, the kubelet's
     GPU tokens and ids for the ``kubelet`` source, notes); nothing, without importing
-    :mod:`nvshim.runtime.allocation`, when require-allocation needs neither."""
+    :mod:`nvshim.runtime.allocation`, when require-allocation needs neither.
+    ``pod_override``: the pod's annotations as the NRI engine reported them (no sandbox
+    bundle to read them from)."""
     if not _needs_allocation_module(claim, config):
         return None, None, (), (), []
     from nvshim.runtime.allocation import policy
 
     found = policy.ask_kubelet_if_needed(claim, config)
-    pod = policy.pod_annotations(bundle, claim, config)
+    pod = (policy.pod_annotations(bundle, claim, config) if pod_override is None
+           else pod_override)
     notes = list(found.notes)
     if found.allocation is None or not found.allocation.ids \
             or "kubelet" not in config.allocation_sources:

@@ -1,0 +1,258 @@
+"""e2e: the agent's NRI plugin in containerd 1.7.24 (Debian 13, NRI v0.6) and 2.1.9 (Debian
+unstable), through their real CRI.
+
+containerd (the same version 2 config for both; 2.1 migrates it) runs with NRI on (``io.containerd.nri.v1.nri``, ``disable = false``, a socket
+in the test's tmp dir), CRI pods on host network, the busybox image imported locally.
+``nvshim agent --nri-socket`` registers as the plugin; pods are created over containerd's
+CRI socket as the kubelet does. The handler ``nvidia`` is nvshim's own runtime with
+``require-allocation: false``, standing in for NVIDIA's (it grants from env exactly as
+NVIDIA's does); the default handler ``runc`` is plain runc. What is asserted is what the
+container sees (``ls /dev``), the error containerd returns, and ``nvshim grants``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import pytest
+
+from tests.helpers.common import require_root, wait_until
+from tests.helpers.cri import CriClient, CriError
+from tests.helpers.nri import CUDA_LIKE, NriNode, nri_node
+
+pytestmark = pytest.mark.e2e
+
+BUSYBOX = "docker.io/nvshim-test/busybox:1"
+GPU_NODE = re.compile(r"^nvidia([0-9]+)$")
+
+
+@pytest.fixture(scope="module", params=["1.7", "2.1"], ids=lambda v: f"containerd-{v}")
+def module_node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                base_rootfs: Path) -> Iterator[NriNode]:
+    require_root()
+    from nvshim.sim.build import create_node
+
+    base = tmp_path_factory.mktemp("nri")
+    sim = create_node(str(base / "node"), gpus=3)
+    with nri_node(base, sim, base_rootfs, request.param) as n:
+        yield n
+
+
+@pytest.fixture
+def node(module_node: NriNode) -> Iterator[NriNode]:
+    """The module's node with the agent's default test config."""
+    module_node.configure()
+    yield module_node
+
+
+def run(n: NriNode, name: str, handler: str = "runc", env: Optional[Dict[str, str]] = None,
+        annotations: Optional[Dict[str, str]] = None,
+        cdi_devices: Tuple[str, ...] = (), image: str = BUSYBOX) -> Tuple[str, Path]:
+    """A pod ``name`` whose container lists /dev, prints END and sleeps; (its id, logs)."""
+    assert n.cri is not None
+    logs = n.base / "logs" / name
+    sandbox, config = n.cri.run_pod(name, "team-a", f"uid-{name}", logs,
+                                    f"/{n.cgroup}/{name}", handler, None)
+    cid = n.cri.create_container(sandbox, config, "main", image,
+                                 ["sh", "-c", "ls /dev; echo VIS=$NVIDIA_VISIBLE_DEVICES; "
+                                  "echo END; exec sleep 1000"],
+                                 env=env, annotations=annotations, cdi_devices=cdi_devices)
+    n.cri.start_container(cid)
+    return cid, logs
+
+
+def seen(n: NriNode, logs: Path) -> Tuple[List[int], str]:
+    assert n.cri is not None
+    out = n.cri.wait_log(logs, "main", "END")
+    minors = sorted(int(m.group(1)) for m in (GPU_NODE.match(x) for x in out.split()) if m)
+    vis = next((w[4:] for w in out.split() if w.startswith("VIS=")), "")
+    return minors, vis
+
+
+def journal(n: NriNode, *flags: str) -> List[Dict[str, Any]]:
+    """The records ``nvshim grants`` (``--denied``: its denials) shows, as JSON."""
+    res = subprocess.run([shutil.which("nvshim") or "nvshim", "grants", "--journal",
+                          str(n.base / "grants.jsonl"), "--format", "json", *flags],
+                         capture_output=True, text=True, timeout=60, check=False)
+    doc = json.loads(res.stdout or "{}")
+    if isinstance(doc, list):
+        return doc
+    return next((v for v in doc.values() if isinstance(v, list)), [])
+
+
+def test_inject_under_plain_runc(node: NriNode) -> None:
+    """A pod under plain runc whose allocation (device-plugin UUID env) names a GPU gets that GPU's device node from the plugin alone, journaled with its pod."""
+    gpu = node.sim.gpus[1]
+    _cid, logs = run(node, "inject", env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+    minors, _vis = seen(node, logs)
+    assert minors == [gpu.minor]
+    mine = [g for g in journal(node) if g.get("pod") == "inject"]
+    assert len(mine) == 1 and mine[0]["gpus"] == [gpu.uuid], mine
+
+
+def test_guard_under_nvidia_like_default_runtime(node: NriNode) -> None:
+    """An unallocated pod whose image says NVIDIA_VISIBLE_DEVICES=all, under the NVIDIA-like default runtime, gets no GPU: the plugin set void, and a denial is journaled."""
+    _cid, logs = run(node, "guard", handler="", image=CUDA_LIKE)
+    minors, vis = seen(node, logs)
+    assert (minors, vis) == ([], "void")
+    denials = [d for d in journal(node, "--denied") if d.get("pod") == "guard"]
+    assert denials and denials[0]["action"] == "stripped", denials
+
+
+def test_nvidia_like_runtime_alone_grants_env(node: NriNode) -> None:
+    """Control: the same handler without the guard's void (a GPU allocated by UUID) injects what the env names, so the guard test's empty /dev is the plugin's doing."""
+    gpu = node.sim.gpus[2]
+    _cid, logs = run(node, "nvidia-alloc", handler="nvidia",
+                     env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+    minors, _vis = seen(node, logs)
+    assert minors == [gpu.minor]
+    assert not [g for g in journal(node)
+                if g.get("pod") == "nvidia-alloc" and str(g.get("source", "")).startswith("nri:")]
+
+
+def test_no_claim_no_adjustment(node: NriNode) -> None:
+    """A pod that names no GPU under plain runc is created as it is: no device, no env."""
+    _cid, logs = run(node, "plain")
+    assert seen(node, logs) == ([], "")
+
+
+def test_agent_down_fails_open(node: NriNode) -> None:
+    """With the agent stopped, containerd creates the container without the plugin (fail open: the CUDA-like image under the NVIDIA-like default gets every GPU); restarted, the agent registers again and guards."""
+    assert node.agent is not None
+    node.agent.stop()
+    try:
+        fail_open(node)
+    finally:
+        log = node.base / "agent.log"
+        before = log.read_text().count("nri registered")
+        node.agent.start()
+        wait_until(lambda: log.read_text().count("nri registered") > before, 20,
+                   "re-registration")
+    _cid, logs = run(node, "back", handler="", image=CUDA_LIKE)
+    assert seen(node, logs) == ([], "void")
+
+
+def fail_open(node: NriNode) -> None:
+    """The creates of test_agent_down_fails_open while no plugin is registered."""
+    _cid, logs = run(node, "open", env={"NVIDIA_VISIBLE_DEVICES": node.sim.gpus[0].uuid})
+    assert seen(node, logs) == ([], node.sim.gpus[0].uuid)
+    _cid, logs = run(node, "open-all", handler="", image=CUDA_LIKE)
+    assert seen(node, logs)[0] == sorted(g.minor for g in node.sim.gpus)
+
+
+def test_verify_refuses_engine_injected_cdi_device(node: NriNode) -> None:
+    """A CDI device containerd injected (device-plugin CDI annotation) that the kubelet's record does not hold fails CreateContainer with one line naming the pod and the GPU, journaled as refused."""
+    node.configure(verify_with="kubelet")
+    assert node.kubelet is not None
+    node.kubelet.set([("team-a", "verify", {"main": {}})])
+    with pytest.raises(CriError) as info:
+        run(node, "verify", annotations={"cdi.k8s.io/nvidia-device-plugin": "nvidia.com/gpu=0"})
+    said = info.value.details
+    assert "nvshim: pod team-a/verify container main:" in said, said
+    assert node.sim.gpus[0].uuid in said, said
+    denials = [d for d in journal(node, "--denied") if d.get("pod") == "verify"]
+    assert denials and denials[0]["action"] == "refused", denials
+
+
+def test_agent_restart_during_50_creates(node: NriNode) -> None:
+    """The agent restarted while 50 GPU pods are created: no create fails, no container is journaled twice, every journal line is whole."""
+    if node.version != "1.7":
+        pytest.skip("one engine is enough for the restart burst (CI time)")
+    from concurrent.futures import ThreadPoolExecutor
+
+    assert node.cri is not None and node.agent is not None
+    cri, gpu = node.cri, node.sim.gpus[0]
+    done: List[str] = []
+
+    def one(i: int) -> str:
+        name = f"burst{i}"
+        sandbox, config = cri.run_pod(name, "team-a", f"uid-{name}", node.base / "logs" / name,
+                                      f"/{node.cgroup}/{name}", "runc", None)
+        cid = cri.create_container(sandbox, config, "main", "docker.io/nvshim-test/busybox:1",
+                                   ["true"], env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+        done.append(cid)
+        return cid
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(one, i) for i in range(50)]
+        wait_until(lambda: len(done) >= 10, 120, "the first ten creates")
+        node.agent.stop()
+        node.agent.start()
+        ids = [f.result() for f in futures]  # a failed create raises here
+    assert len(set(ids)) == 50
+    lines = (node.base / "grants.jsonl").read_bytes().split(b"\n")
+    records = [json.loads(line) for line in lines if line.strip()]
+    burst = [r["id"] for r in records if str(r.get("pod", "")).startswith("burst")]
+    assert len(burst) == len(set(burst)) and set(burst) <= set(ids)
+    cri.remove_pods()  # closes the client's channel: a new one for the tests after this
+    assert node.containerd is not None
+    node.cri = CriClient(node.containerd.address)
+
+
+def test_doctor_sees_the_registered_agent(node: NriNode) -> None:
+    """doctor's nri check says ok while the agent is registered on containerd's NRI socket, and gives the fix once it is gone."""
+    from nvshim.node.doctor_nri import check_nri
+
+    assert node.containerd is not None and node.agent is not None
+    binary = str(node.containerd.bin_dir / "containerd") if node.containerd.bin_dir else "containerd"
+    config, sock = str(node.base / "containerd.toml"), str(node.base / "agent.sock")
+    found = check_nri(config, binary, sock)
+    assert found.status == "ok", found
+    log = node.base / "agent.log"
+    before = log.read_text().count("nri registered")
+    node.agent.stop()
+    try:
+        found = check_nri(config, binary, sock)
+        assert found.status == "skip" and "nvshim agent --nri-socket" in found.fix, found
+    finally:
+        node.agent.start()
+        wait_until(lambda: log.read_text().count("nri registered") > before, 20,
+                   "re-registration")
+
+
+INROOT = ("ls /usr/lib/x86_64-linux-gnu/; grep -c libcuda.so.1 /etc/ld.so.cache; "
+          "echo END; exec sleep 1000")
+
+
+def inroot(node: NriNode, name: str, readonly: bool) -> List[str]:
+    """What INROOT prints in a GPU container under plain runc (``readonly``: its rootfs)."""
+    from tests.helpers.cri import NODE, ContainerSpec, Namespaces, SecurityContext
+
+    assert node.cri is not None
+    logs = node.base / "logs" / name
+    sandbox, config = node.cri.run_pod(name, "team-a", f"uid-{name}", logs,
+                                       f"/{node.cgroup}/{name}", "runc", None)
+    spec = ContainerSpec("main", BUSYBOX, ["sh", "-c", INROOT], log_path="main.log",
+                         envs=[("NVIDIA_VISIBLE_DEVICES", node.sim.gpus[0].uuid)],
+                         security=SecurityContext(namespaces=Namespaces(network=NODE),
+                                                  readonly_rootfs=readonly))
+    node.cri.start_container(node.cri.create(sandbox, config, spec))
+    out: List[str] = node.cri.wait_log(logs, "main", "END").split()
+    return out
+
+
+@pytest.mark.parametrize("mode", ["hook", "start"])
+def test_inject_in_root_work(node: NriNode, mode: str) -> None:
+    """Under plain runc the injected driver's SONAME links and ld.so.cache are in the container, made by nvshim's createContainer hook (nri-inroot: hook) or by the agent through /proc/<pid>/root at StartContainer (start)."""
+    node.configure(nri_inroot=mode)
+    out = inroot(node, f"inroot-{mode}", readonly=False)
+    assert "libcuda.so.1" in out, out
+    assert out[out.index("END") - 1] != "0", out  # ld.so.cache names libcuda.so.1
+    if mode == "start":
+        assert '"nri in-root work"' in (node.base / "agent.log").read_text()
+
+
+def test_read_only_rootfs(node: NriNode) -> None:
+    """A read-only rootfs gets the links and cache from the hook (nri-inroot: hook); under start the container still starts, without them, and the agent logs one error line."""
+    node.configure(nri_inroot="hook")
+    out = inroot(node, "ro-hook", readonly=True)
+    assert "libcuda.so.1" in out and out[out.index("END") - 1] != "0", out
+    node.configure(nri_inroot="start")
+    out = inroot(node, "ro-start", readonly=True)
+    assert "libcuda.so.1" not in out and "libcuda.so.550.54.15" in out, out
+    assert '"nri in-root work not done"' in (node.base / "agent.log").read_text()
