@@ -38,7 +38,10 @@ ALLOWED = {("runtime/specjson.py", "TypeError"), ("cdi/load.py", "ValueError"),
 #: not-a-regular-file signal) and
 #: dataclasses' FrozenInstanceError, which records mirror.
 INTERNAL = {"nvshim._jsonc._Fallback", "nvshim.node.cdirefresh._Stop", "nvshim.config._DuplicateKey", "nvshim.files._NotAFile",
-            "nvshim._record.FrozenInstanceError"}
+            "nvshim._record.FrozenInstanceError",
+            # the NRI transport's own: caught in the plugin's loop, one log line or an error
+            # reply to the engine, never a user's error
+            "nvshim.agent.nri.proto.WireError", "nvshim.agent.nri.transport.RpcError"}
 BUILTIN = {"ValueError", "OSError", "KeyError", "TypeError", "RuntimeError", "Exception",
            "IndexError", "LookupError", "IOError", "FileNotFoundError", "PermissionError"}
 
