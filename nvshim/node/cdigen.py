@@ -11,7 +11,7 @@ known only when it starts, so the hook reads it from the container's ``/dev``.
 So a container that gets ``nvidia.com/gpu=1`` from this spec sees exactly what
 ``NVIDIA_VISIBLE_DEVICES=1`` gives through nvshim-runtime, ``ModifyDeviceFiles: 0``
 included: the spec-level edits carry nvshim's params hook
-(:func:`nvshim.runtime.hookargs.spec_hook`, run by :mod:`nvshim.params_hook`) where the
+(:func:`nvshim.runtime.devparams.spec_hook`, run by :mod:`nvshim.params_hook`) where the
 runtime writes its bundle copy, unless ``disable-device-node-modification`` is off.
 """
 
@@ -109,7 +109,7 @@ def generate_spec(
     if params_command:
         import os
 
-        from nvshim.runtime.hookargs import PARAMS, spec_hook
+        from nvshim.runtime.devparams import PARAMS, spec_hook
 
         host_params = os.path.join(os.path.abspath(host.driver_root), PARAMS)
         common = common + Edits(hooks=(spec_hook(params_command, host_params),))
@@ -151,7 +151,8 @@ def generate_for_node(driver_root: Optional[str], dev_root: Optional[str], class
     """
     from nvshim.config import ALL_CAPABILITIES, load_config
     from nvshim.host.discovery import Host
-    from nvshim.runtime.hookargs import PARAMS_HOOK_COMMAND, PARAMS_HOOK_MODULE, hook_command
+    from nvshim.runtime.devparams import PARAMS_HOOK_COMMAND, PARAMS_HOOK_MODULE
+    from nvshim.runtime.hookargs import hook_command
     from nvshim.runtime.request import parse_capabilities
 
     if config is None:
@@ -199,7 +200,7 @@ def _hook_path_of(raw: Any) -> Optional[str]:
 
 
 def _has_params_hook(raw: Any) -> bool:
-    from nvshim.runtime.hookargs import runs_params_hook
+    from nvshim.runtime.devparams import runs_params_hook
 
     hooks = (raw.get("containerEdits") or {}).get("hooks") or []
     return any(isinstance(h, dict) and isinstance(h.get("args"), list)
@@ -210,7 +211,8 @@ def fresh_like(existing: Dict[str, Any], host: Any) -> Dict[str, Any]:
     """The spec ``nvshim cdi generate`` would write now in place of ``existing``: its kind,
     its naming strategies, its hook command (``--hook-path``) and its params hook or none
     (``disable-device-node-modification``, a choice, not staleness)."""
-    from nvshim.runtime.hookargs import PARAMS_HOOK_COMMAND, PARAMS_HOOK_MODULE, hook_command
+    from nvshim.runtime.devparams import PARAMS_HOOK_COMMAND, PARAMS_HOOK_MODULE
+    from nvshim.runtime.hookargs import hook_command
 
     vendor, _, class_ = str(existing.get("kind") or "nvidia.com/gpu").partition("/")
     if class_ == IMEX_CLASS:

@@ -38,7 +38,8 @@ from nvshim.node.prefix import (
     render_cli,
     render_runtime,
 )
-from nvshim.runtime.hookargs import HOOK_MODULE, PARAMS_HOOK_MODULE
+from nvshim.runtime.devparams import PARAMS_HOOK_MODULE
+from nvshim.runtime.hookargs import HOOK_MODULE
 
 __all__ = ["build", "main", "STDLIB_DROPPED", "DYNLOAD_DROPPED", "PayloadError"]
 

@@ -294,30 +294,3 @@ def _parse_link(value: str, flag: str = "--link") -> Tuple[str, str]:
         raise UsageError(f"{flag} {value}: expected TARGET{SEP}LINK")
     (check_dev_link if flag == "--dev-link" else check_link)(target, link)
     return target, link
-
-
-def __getattr__(name: str) -> Any:
-    """The ``ModifyDeviceFiles: 0`` names that moved to :mod:`nvshim.runtime.devparams`,
-    still importable from here for code written before the split, loaded only when asked."""
-    if name in _MOVED:
-        from nvshim.runtime import devparams
-
-        return getattr(devparams, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_MOVED = frozenset({
-    "PARAMS_HOOK_MODULE",
-    "PARAMS_HOOK_COMMAND",
-    "params_hook_args",
-    "parse_params_cli",
-    "runs_params_hook",
-    "PARAMS",
-    "BUNDLE_FILE",
-    "HOOK_SCRIPT",
-    "modified_params",
-    "without_modification",
-    "params_hook",
-    "spec_hook",
-    "without_spec_hooks",
-})

@@ -17,7 +17,7 @@ from typing import Any, List
 import pytest
 
 from nvshim.edits import Edits, Hook, Mount
-from nvshim.runtime import hookargs
+from nvshim.runtime import devparams, hookargs
 from nvshim.runtime.cdiedits import restrict_to_capabilities
 from nvshim.runtime.devparams import spec_hook, without_modification, without_spec_hooks
 from nvshim.runtime.engine import engine_hooks
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def params_spec_hook() -> Hook:
-    return spec_hook(hookargs.hook_command(hookargs.PARAMS_HOOK_MODULE), HOST)
+    return spec_hook(hookargs.hook_command(devparams.PARAMS_HOOK_MODULE), HOST)
 
 
 def test_params_hook_is_never_taken_for_the_links_hook() -> None:
@@ -35,12 +35,12 @@ def test_params_hook_is_never_taken_for_the_links_hook() -> None:
     hook's, whose pruning and replacement must not touch it; the links hook is not a params
     hook."""
     hook = params_spec_hook()
-    assert hookargs.runs_params_hook(hook.args)
+    assert devparams.runs_params_hook(hook.args)
     assert not hookargs.runs_nvshim_hook(hook.args)
     assert not hookargs.is_nvshim_hook(hook)
-    assert hookargs.runs_params_hook(("/opt/nvshim/bin/nvshim", "params-hook", "--params", HOST))
+    assert devparams.runs_params_hook(("/opt/nvshim/bin/nvshim", "params-hook", "--params", HOST))
     links = hookargs.hook_command() + ("--folder", "/usr/lib")
-    assert hookargs.runs_nvshim_hook(links) and not hookargs.runs_params_hook(links)
+    assert hookargs.runs_nvshim_hook(links) and not devparams.runs_params_hook(links)
 
 
 def test_spec_hook_names_nvshims_interpreter_and_an_explicit_env() -> None:
@@ -61,7 +61,7 @@ def test_params_cli_accepts_only_what_the_spec_writes(argv: List[str]) -> None:
     from nvshim.errors import UsageError
 
     with pytest.raises(UsageError):
-        hookargs.parse_params_cli(argv)
+        devparams.parse_params_cli(argv)
 
 
 def test_only_the_modify_line_changes() -> None:
