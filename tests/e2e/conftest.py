@@ -14,6 +14,8 @@ Engines:
 * ``crunw`` (session) -> Path of the crun mount-namespace wrapper.
 * ``crun`` (function) -> ``Runc`` whose default runtime is ``crunw``.
 * ``containerd`` (session) -> started private ``Containerd``; stopped at session end.
+* ``containerd_bin`` (module, two params) -> the containerd binary: the machine's 1.6, Debian
+  13's 1.7 (a module may define its own).
 * ``podman`` (session) -> ``Podman`` with private storage; cleaned at session end.
 """
 
@@ -117,3 +119,13 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
         yield p
     finally:
         p.cleanup()
+
+
+@pytest.fixture(scope="module", params=["1.6", "1.7"])
+def containerd_bin(request: pytest.FixtureRequest) -> str:
+    """The machine's containerd 1.6, and Debian 13's 1.7 from the test cache."""
+    if request.param == "1.6":
+        return require_binary("containerd")
+    from tests.helpers.debian13 import containerd_17_dir, engine_or_skip
+
+    return str(engine_or_skip(containerd_17_dir, "containerd 1.7") / "containerd")

@@ -21,7 +21,6 @@ from typing import Any, Dict
 import pytest
 import tomlkit
 
-from tests.helpers.common import require_binary
 from tests.helpers.containerd_samples import (
     NVIDIA_HANDLERS,
     OPERATOR_TOOLKIT,
@@ -37,14 +36,6 @@ CRI = "io.containerd.grpc.v1.cri"
 BINARY = "/opt/nvshim/bin/nvshim-runtime"
 
 
-@pytest.fixture(scope="module", params=["1.6", "1.7"])
-def containerd_bin(request: pytest.FixtureRequest) -> str:
-    """The machine's containerd 1.6, and Debian 13's 1.7 from the test cache."""
-    if request.param == "1.6":
-        return require_binary("containerd")
-    from tests.helpers.debian13 import containerd_17_dir, engine_or_skip
-
-    return str(engine_or_skip(containerd_17_dir, "containerd 1.7") / "containerd")
 
 
 def _nvshim(*args: str) -> subprocess.CompletedProcess:

@@ -18,7 +18,6 @@ from typing import Any, Dict
 import pytest
 import tomlkit
 
-from tests.helpers.common import require_binary
 from tests.helpers.containerd_samples import DEBIAN_CONFIG
 
 pytestmark = pytest.mark.e2e
@@ -29,14 +28,6 @@ BINARY = "/opt/nvshim/bin/nvshim-runtime"
 BINARY_RA = "/opt/nvshim-ra/bin/nvshim-runtime"
 
 
-@pytest.fixture(scope="module", params=["1.6", "1.7"])
-def containerd_bin(request: pytest.FixtureRequest) -> str:
-    """The machine's containerd 1.6, and Debian 13's 1.7 from the test cache."""
-    if request.param == "1.6":
-        return require_binary("containerd")
-    from tests.helpers.debian13 import containerd_17_dir, engine_or_skip
-
-    return str(engine_or_skip(containerd_17_dir, "containerd 1.7") / "containerd")
 
 
 def _nvshim(*args: str) -> subprocess.CompletedProcess:
