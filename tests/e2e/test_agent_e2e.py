@@ -1,5 +1,7 @@
 """e2e: GPU creates through the node agent's fast path, and through the in-process fallback
-when the agent is gone, with real runc, crun and containerd's CRI.
+when the agent is gone, with real runc, crun, podman, Docker and containerd's CRI: the
+machine's (Debian 12), Debian 13's and Debian unstable's (runc 1.3.6, crun 1.28, podman
+5.8.6, Docker 28.5.2, containerd 2.1.9: :mod:`tests.helpers.debiansid`).
 
 The runtime is this checkout's trampoline rendered with a private agent socket and the C
 client built from this checkout; the agent is a real ``nvshim agent`` process. What is
@@ -63,13 +65,13 @@ def _low_runtime(engine: str, crunw: Path, tmp_path: Path) -> str:
         return require_binary("runc")
     if engine == "crun":
         return str(crunw)
-    or_skip, fetch = {
-        "runc-debian13": (debian13.engine_or_skip, debian13.runc_debian13),
-        "crun-debian13": (debian13.engine_or_skip, debian13.crun_debian13),
-        "runc-sid": (debiansid.engine_or_skip, debiansid.runc_sid),
-        "crun-sid": (debiansid.engine_or_skip, debiansid.crun_sid),
+    or_skip, fetch, what = {
+        "runc-debian13": (debian13.engine_or_skip, debian13.runc_debian13, "runc 1.1.15"),
+        "crun-debian13": (debian13.engine_or_skip, debian13.crun_debian13, "crun 1.21"),
+        "runc-sid": (debiansid.engine_or_skip, debiansid.runc_sid, "runc 1.3"),
+        "crun-sid": (debiansid.engine_or_skip, debiansid.crun_sid, "crun 1.28"),
     }[engine]
-    low = str(or_skip(fetch, engine))
+    low = str(or_skip(fetch, what))
     if engine.startswith("runc"):
         return low
     (tmp_path / "crunw-low").mkdir()
