@@ -1,5 +1,7 @@
 """e2e: GPU creates through the node agent's fast path, and through the in-process fallback
-when the agent is gone, with real runc, crun and containerd's CRI.
+when the agent is gone, with real runc, crun, podman, Docker and containerd's CRI: the
+machine's (Debian 12), Debian 13's and Debian unstable's (runc 1.3.6, crun 1.28, podman
+5.8.6, Docker 28.5.2, containerd 2.1.9: :mod:`tests.helpers.debiansid`).
 
 The runtime is this checkout's trampoline rendered with a private agent socket and the C
 client built from this checkout; the agent is a real ``nvshim agent`` process. What is
@@ -10,6 +12,7 @@ create (config.json's ``nvshim.io/served-by``).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -22,7 +25,7 @@ import pytest
 
 from nvshim.node.compile import compile_node
 from nvshim.node.trampoline import render
-from tests.helpers.agent import AgentProcess
+from tests.helpers.agent import AgentProcess, nvshim_bin
 from tests.helpers.bundle import make_bundle
 from tests.helpers.common import require_binary, require_root, unique_id
 from tests.helpers.runc import Runc
@@ -53,28 +56,36 @@ def _served_by(bundle: Path) -> str:
 
 
 def _low_runtime(engine: str, crunw: Path, tmp_path: Path) -> str:
-    """The machine's runc or crun (1.1.5, 1.8.1), or Debian 13's (1.1.15, 1.21)."""
-    from tests.helpers.debian13 import crun_debian13, engine_or_skip, runc_debian13
+    """The machine's runc or crun (1.1.5, 1.8.1), Debian 13's (1.1.15, 1.21) or Debian
+    unstable's (1.3.6, 1.28; each with its suite's own glibc)."""
+    from tests.helpers import debian13, debiansid
     from tests.helpers.runc import make_crun_wrapper
 
     if engine == "runc":
         return require_binary("runc")
     if engine == "crun":
         return str(crunw)
-    if engine == "runc-debian13":
-        return str(engine_or_skip(runc_debian13, "runc 1.1.15"))
-    crun = engine_or_skip(crun_debian13, "crun 1.21")
-    (tmp_path / "crunw13").mkdir()
-    return str(make_crun_wrapper(tmp_path / "crunw13", crun))
+    or_skip, fetch, what = {
+        "runc-debian13": (debian13.engine_or_skip, debian13.runc_debian13, "runc 1.1.15"),
+        "crun-debian13": (debian13.engine_or_skip, debian13.crun_debian13, "crun 1.21"),
+        "runc-sid": (debiansid.engine_or_skip, debiansid.runc_sid, "runc 1.3"),
+        "crun-sid": (debiansid.engine_or_skip, debiansid.crun_sid, "crun 1.28"),
+    }[engine]
+    low = str(or_skip(fetch, what))
+    if engine.startswith("runc"):
+        return low
+    (tmp_path / "crunw-low").mkdir()
+    return str(make_crun_wrapper(tmp_path / "crunw-low", low))
 
 
-@pytest.mark.parametrize("engine", ["runc", "crun", "runc-debian13", "crun-debian13"])
+@pytest.mark.parametrize("engine", ["runc", "crun", "runc-debian13", "crun-debian13",
+                                    "runc-sid", "crun-sid"])
 def test_gpu_container_through_the_agent_and_through_the_fallback(
         engine: str, tmp_path: Path, base_rootfs: Path, client: Path, crunw: Path) -> None:
     """With the agent up the create is the agent's and the container sees exactly its GPU;
     after SIGKILL to the agent the next create falls back to the in-process create and the
     container still sees exactly its GPU (never an unedited config.json); on this machine's
-    runc and crun and on Debian 13's."""
+    runc and crun, on Debian 13's and on Debian unstable's (runc 1.3, crun 1.28)."""
     require_root()
     from nvshim.sim.build import create_node
 
@@ -115,15 +126,17 @@ def test_gpu_container_through_the_agent_and_through_the_fallback(
 # --- containerd's CRI -------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=["1.6", "1.7"], ids=lambda v: f"containerd-{v}")
+@pytest.fixture(scope="module", params=["1.6", "1.7", "2.1"], ids=lambda v: f"containerd-{v}")
 def cri_node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
              base_rootfs: Path, client: Path) -> Iterator[Any]:
-    """containerd's CRI (the machine's 1.6; Debian 13's 1.7 with runc 1.1.15) with nvshim's
-    handler running the trampoline rendered for the agent's socket; the node's config under
-    require-allocation, verify-with kubelet."""
+    """containerd's CRI (the machine's 1.6; Debian 13's 1.7 with runc 1.1.15; Debian
+    unstable's 2.1 with runc 1.3, its version 3 config) with nvshim's handler running the
+    trampoline rendered for the agent's socket; the node's config under require-allocation,
+    verify-with kubelet."""
     require_root()
     from nvshim.sim.build import create_node
     from tests.e2e.test_kubelet_cri import Node, serving
+    from tests.helpers.containerd import private_nri
     from tests.helpers.cri import cri_containerd_config
     from tests.helpers.debian13 import containerd_node_engines
 
@@ -141,7 +154,9 @@ def cri_node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     wrapper.write_text(f'#!/bin/sh\nNVSHIM_CONFIG=$(cat {n.current}) exec {tramp} "$@"\n')
     wrapper.chmod(0o755)
     config = base / "containerd.toml"
-    config.write_text(cri_containerd_config(base))
+    v2 = request.param == "2.1"
+    config.write_text(cri_containerd_config(base, version=3 if v2 else 2)
+                      + (private_nri(base) if v2 else ""))
     res = subprocess.run([shutil.which("nvshim") or "nvshim", "runtime", "configure",
                           "--runtime", "containerd", "--config", str(config), "--drop-in", "",
                           "--binary", str(wrapper)], capture_output=True, text=True, timeout=60)
@@ -187,7 +202,8 @@ class _Node:
     the trampoline for a private agent socket, and a wrapper naming the config (podman and
     dockerd pass the runtime their own environment, not the caller's)."""
 
-    def __init__(self, base: Path, client: Path) -> None:
+    def __init__(self, base: Path, client: Path, low: str = "runc") -> None:
+        """``low``: the runc under nvshim."""
         from nvshim.sim.build import create_node
 
         self.base = base
@@ -195,7 +211,7 @@ class _Node:
         self.config = base / "etc" / "config.yaml"
         self.config.parent.mkdir()
         self.debug = base / "debug.log"
-        self.config.write_text(f"runtimes: [runc]\ndriver-root: {self.sim.root}\n"
+        self.config.write_text(f"runtimes: [{low}]\ndriver-root: {self.sim.root}\n"
                                f"grants-journal: {base}/grants.jsonl\n"
                                f"debug-log: {self.debug}\n")
         compile_node(str(self.config))
@@ -233,11 +249,35 @@ def _both_paths(node: _Node, run: Any,
     return seen
 
 
-def test_podman_through_the_agent_and_through_the_fallback(tmp_path: Path, rootfs: Path,
-                                                            podman: Any, client: Path) -> None:
-    """podman --runtime (the trampoline): the agent serves the create with the agent up, the
-    in-process create without it; each container sees exactly its GPU."""
-    node = _Node(tmp_path, client)
+@pytest.fixture(params=["4", "5.8"], ids=lambda v: f"podman-{v}")
+def podman_engine(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[Any, str]]:
+    """(podman, the runc under nvshim): the machine's podman 4.3 over runc 1.1.5, or Debian
+    unstable's podman 5.8 over its runc 1.3."""
+    if request.param == "4":
+        yield request.getfixturevalue("podman"), "runc"
+        return
+    require_root()
+    require_binary("conmon")
+    from tests.helpers import debiansid
+    from tests.helpers.podman import Podman
+
+    binary, env = debiansid.engine_or_skip(debiansid.podman_5, "podman 5.8")
+    low = debiansid.engine_or_skip(debiansid.runc_sid, "runc 1.3")
+    podman = Podman(tmp_path_factory.mktemp("podman5"), binary=binary, env=env,
+                    host_paths=debiansid.PODMAN_5_HOST_PATHS)
+    try:
+        yield podman, low
+    finally:
+        podman.cleanup()
+
+
+def test_podman_through_the_agent_and_through_the_fallback(
+        tmp_path: Path, rootfs: Path, podman_engine: Tuple[Any, str], client: Path) -> None:
+    """podman --runtime (the trampoline), podman 4 and 5.8: the agent serves the create with
+    the agent up, the in-process create without it; each container sees exactly its GPU."""
+    podman, low = podman_engine
+    node = _Node(tmp_path, client, low)
 
     def run(gpu: int) -> str:
         res = podman.podman_run(rootfs, LISTING, env={"NVIDIA_VISIBLE_DEVICES": str(gpu)},
@@ -250,40 +290,80 @@ def test_podman_through_the_agent_and_through_the_fallback(tmp_path: Path, rootf
         "fallback": ("runtime", [f"nvidia{node.sim.gpus[0].minor}"])}
 
 
+DOCKER_FORMS = {"20.10": ["env"], "28": ["gpus", "cdi"]}
+"""How each Docker asks for GPU N: ``-e NVIDIA_VISIBLE_DEVICES=N``; ``--gpus device=N``
+(dockerd's ``nvidia`` driver: nvshim's hook stand-in on dockerd's PATH); its native CDI
+``--device nvidia.com/gpu=N`` (nvshim's spec in ``cdi-spec-dirs``)."""
+
+
+@pytest.mark.parametrize("version", list(DOCKER_FORMS), ids=lambda v: f"docker-{v}")
 def test_docker_through_the_agent_and_through_the_fallback(
-        tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path, client: Path) -> None:
-    """docker run --runtime nvshim: an agent in another mount namespace than dockerd's
-    serves nothing (the in-process create runs); one in dockerd's serves the create; after
-    SIGKILL the in-process create runs again; each container sees exactly its GPU."""
+        version: str, tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path,
+        client: Path) -> None:
+    """docker run --runtime nvshim (Debian 12's 20.10 with NVIDIA_VISIBLE_DEVICES; Debian
+    unstable's 28.5 with --gpus and its native CDI): an agent in another mount namespace than
+    dockerd's serves nothing (the in-process create runs); one in dockerd's serves the
+    create; after SIGKILL the in-process create runs again; each container sees exactly its
+    GPU."""
     require_root()
-    require_binary("dockerd")
+    from nvshim.node.docker import DOCKERD_PATH, GPUS_HOOK
+    from tests.e2e.test_docker_gpus_e2e import configure
+    from tests.helpers import debiansid
     from tests.helpers.docker import Dockerd
 
+    bin_dirs: Tuple[Path, ...] = ()
+    low = "runc"
+    if version == "28":
+        bin_dirs = debiansid.engine_or_skip(debiansid.docker_28_dirs, "Docker 28")
+        low = debiansid.engine_or_skip(debiansid.runc_sid, "runc 1.3")
+        if shutil.which(GPUS_HOOK, path=os.pathsep.join(DOCKERD_PATH)):
+            pytest.skip(f"this host has its own {GPUS_HOOK} on dockerd's PATH")
+    else:
+        require_binary("dockerd")
     tmp_path = tmp_path_factory.mktemp("dk")  # short: dockerd's socket paths must fit
-    node = _Node(tmp_path, client)
+    node = _Node(tmp_path, client, low)
     daemon_json = tmp_path / "etc-docker" / "daemon.json"
     daemon_json.parent.mkdir()
-    daemon_json.write_text(json.dumps({"runtimes": {"nvshim": {"path": str(node.wrapper)}}}))
-    dockerd = Dockerd(daemon_json, tmp_path)
+    daemon_json.write_text("{}")
+    if "cdi" in DOCKER_FORMS[version]:
+        daemon_json.write_text(json.dumps({"cdi-spec-dirs": [str(tmp_path / "cdi")]}))
+        gen = subprocess.run([*nvshim_bin(), "cdi", "generate", "--driver-root", node.sim.root,
+                              "--output", str(tmp_path / "cdi" / "nvidia.yaml")],
+                             capture_output=True, text=True, timeout=120)
+        assert gen.returncode == 0, gen.stderr
+    # runtime nvshim, and nvshim's hook stand-in beside the wrapper (dockerd's --gpus)
+    done = configure("--config", str(daemon_json), "--name", "nvshim", "--binary",
+                     str(node.wrapper), nvshim_config=node.config)
+    assert done.returncode == 0, done.stderr
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ.get('PATH', '/usr/bin')}")
+    dockerd = Dockerd(daemon_json, tmp_path, env=env, bin_dirs=bin_dirs)
+
+    def runner(form: str) -> Any:
+        def run(gpu: int) -> str:
+            ask = {"env": ["-e", f"NVIDIA_VISIBLE_DEVICES={gpu}"],
+                   "gpus": ["--gpus", f"device={gpu}"],
+                   "cdi": ["--device", f"nvidia.com/gpu={gpu}"]}[form]
+            res = dockerd.docker("run", "--rm", "--network", "none", "--runtime", "nvshim",
+                                 *ask, "nvshim-e2e/agent:local", *LISTING)
+            assert res.rc == 0, res.describe()
+            return str(res.stdout)
+        return run
+
+    seen: Dict[str, Dict[str, Tuple[str, List[str]]]] = {}
     try:
         dockerd.start()
         dockerd.import_rootfs(base_rootfs, "nvshim-e2e/agent:local", env=["PATH=/bin:/usr/bin"])
-
-        def run(gpu: int) -> str:
-            res = dockerd.run("nvshim-e2e/agent:local", LISTING, runtime="nvshim",
-                              env={"NVIDIA_VISIBLE_DEVICES": str(gpu)})
-            assert res.rc == 0, res.describe()
-            return str(res.stdout)
-
         # the test's dockerd has a mount namespace of its own
-        elsewhere = _both_paths(node, run)
+        elsewhere = _both_paths(node, runner(DOCKER_FORMS[version][0]))
         pid = int(dockerd.pidfile.read_text())
-        node.socket.unlink(missing_ok=True)  # the killed agent's
-        seen = _both_paths(node, run, prefix=["nsenter", "-t", str(pid), "-m", "--"])
+        for form in DOCKER_FORMS[version]:
+            node.socket.unlink(missing_ok=True)  # the killed agent's
+            seen[form] = _both_paths(node, runner(form),
+                                     prefix=["nsenter", "-t", str(pid), "-m", "--"])
     finally:
         dockerd.stop()
-    assert elsewhere == {"agent": ("runtime", [f"nvidia{node.sim.gpus[1].minor}"]),
-                         "fallback": ("runtime", [f"nvidia{node.sim.gpus[0].minor}"])}
+    both = {"agent": ("agent", [f"nvidia{node.sim.gpus[1].minor}"]),
+            "fallback": ("runtime", [f"nvidia{node.sim.gpus[0].minor}"])}
+    assert elsewhere == {"agent": ("runtime", both["agent"][1]), "fallback": both["fallback"]}
     assert "the caller is in another mount namespace" in (tmp_path / "agent.log").read_text()
-    assert seen == {"agent": ("agent", [f"nvidia{node.sim.gpus[1].minor}"]),
-                    "fallback": ("runtime", [f"nvidia{node.sim.gpus[0].minor}"])}
+    assert seen == {form: both for form in DOCKER_FORMS[version]}
