@@ -207,8 +207,9 @@ class RunResult:
     stdout: str
     stderr: str
     log_lines: Tuple[Dict[str, Any], ...] = ()
-    """JSON lines the runtime appended to its ``--log`` file during this call (a line that is
-    not JSON appears as ``{"raw": line}``)."""
+    """JSON records the runtime appended to its ``--log`` file during this call, one a line or
+    pretty-printed over several (crun 1.28); a line that is not JSON appears as
+    ``{"raw": line}``."""
 
     @property
     def output(self) -> str:
@@ -262,16 +263,24 @@ def _read_log(path: Optional[Path], offset: int) -> Tuple[Dict[str, Any], ...]:
     with open(path, "rb") as f:
         f.seek(offset)
         text = f.read().decode(errors="replace")
+    # a stream of JSON values: runc and nvshim write one a line, crun 1.28 its own errors
+    # pretty-printed over several lines; what is no JSON counts line by line as raw
+    decoder = json.JSONDecoder()
     lines: List[Dict[str, Any]] = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
+    pos, end = 0, len(text)
+    while True:
+        while pos < end and text[pos].isspace():
+            pos += 1
+        if pos >= end:
+            return tuple(lines)
         try:
-            obj = json.loads(line)
+            obj, after = decoder.raw_decode(text, pos)
         except ValueError:
-            obj = {"raw": line}
-        lines.append(obj if isinstance(obj, dict) else {"raw": line})
-    return tuple(lines)
+            after = text.find("\n", pos)
+            after = end if after < 0 else after
+            obj = None
+        lines.append(obj if isinstance(obj, dict) else {"raw": text[pos:after]})
+        pos = after
 
 
 def execute(
