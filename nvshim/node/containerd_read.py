@@ -10,6 +10,7 @@ finds nvshim drop-ins whose copy of the CRI table no longer matches the main fil
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
 import subprocess
@@ -35,7 +36,7 @@ from nvshim.node.containerd_toml import (
     lookup,
     plain,
 )
-from nvshim.node.engine_files import parse_toml, read_text
+from nvshim.node.engine_files import read_text, read_toml
 
 __all__ = ["EffectiveRuntimes", "read_handlers", "containerd_version", "drop_in_drift"]
 
@@ -78,7 +79,7 @@ def read_handlers(config_path: str = DEFAULT_CONFIG, merge: bool = False) -> Eff
     handler, the files whose CRI table declares it.
     """
     text = read_text(config_path)
-    doc = parse_toml(text or "", config_path)
+    doc = read_toml(text or "", config_path)
     version = detect_version(doc, config_path)
     cri_key = CRI_PLUGINS[version]
     chain = load_chain(config_path, doc)
@@ -142,13 +143,30 @@ def _strings(value: Any) -> Tuple[str, ...]:
 _VERSION = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
 
 
+#: ``containerd --version``'s answers in this process, by the binary's path and identity
+#: (device, inode, size, mtime): doctor's checks ask it up to three times (~25 ms each).
+_VERSIONS: Dict[Tuple[str, int, int, int, int], Optional[Tuple[int, int, str]]] = {}
+
+
 def containerd_version(binary: str = "containerd") -> Optional[Tuple[int, int, str]]:
     """``(major, minor, text)`` of the containerd that ``binary`` (a name looked up on PATH,
     or a path) runs, from ``containerd --version``; ``None`` when it is not installed or
-    does not say (the text: ``1.7.13``, ``2.0.0``, Debian's ``1.6.20~ds1``)."""
+    does not say (the text: ``1.7.13``, ``2.0.0``, Debian's ``1.6.20~ds1``). Asked once per
+    binary and process while the file stays the same."""
     found = shutil.which(binary)
     if found is None:
         return None
+    try:
+        st = os.stat(found)
+    except OSError:
+        return None
+    key = (found, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _VERSIONS:
+        _VERSIONS[key] = _ask_version(found)
+    return _VERSIONS[key]
+
+
+def _ask_version(found: str) -> Optional[Tuple[int, int, str]]:
     try:
         done = subprocess.run([found, "--version"], capture_output=True, text=True,
                               timeout=10, check=False)
@@ -225,7 +243,7 @@ def drop_in_drift(config_path: str = DEFAULT_CONFIG) -> List[Tuple[str, List[str
     text = read_text(config_path)
     if text is None:
         return []
-    doc = parse_toml(text, config_path)
+    doc = read_toml(text, config_path)
     version = detect_version(doc, config_path)
     if version == 1:
         return []

@@ -384,13 +384,13 @@ def nvidia_env_policy(env: Mapping[str, str], default: str = NVIDIA_CONFIG) -> N
         os.path.join(env["XDG_CONFIG_HOME"], "nvidia-container-runtime", "config.toml")
         if env.get("XDG_CONFIG_HOME") else default)
     from nvshim.errors import NvshimError
-    from nvshim.node.engine_files import parse_toml, read_text
+    from nvshim.node.engine_files import read_text, read_toml
 
     try:
         text = read_text(path, "NVIDIA runtime config")
         if text is None:
             return NvidiaEnvPolicy(True, path, False)
-        doc = parse_toml(text, path).unwrap()
+        doc = read_toml(text, path)
     except NvshimError as exc:
         return NvidiaEnvPolicy(True, path, True, str(exc))
     value = doc.get("accept-nvidia-visible-devices-envvar-when-unprivileged", True)
