@@ -281,3 +281,37 @@ def test_generate_check_of_an_indexed_spec_parses_no_yaml(tmp_path: Path,
     spec.write_text(spec.read_text().replace("550.54.15", "550.54.14"))  # another driver
     code, _, err = _run(main, args, capsys)
     assert code == 1 and "is stale" in err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the simulated node needs mknod (root)")
+def test_doctor_reads_indexed_yaml_specs_without_yaml(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """With the config compiled, doctor judges the config's YAML spec from the CDI index:
+    the same findings as before compile, and yaml is never imported."""
+    node, spec_dir = tmp_path / "node", tmp_path / "cdi"
+    spec_dir.mkdir()
+    config = tmp_path / "config.yaml"
+    config.write_text(f"driver-root: {node}\ncdi-spec-dirs: [{spec_dir}]\n")
+    os.chmod(config, 0o644)
+    assert _run(main, ["--quiet", "sim", "create", str(node), "--gpus", "2"], capsys)[0] == 0
+    assert _run(main, ["cdi", "generate", "--driver-root", str(node), "--output",
+                       str(spec_dir / "nvidia.yaml")], capsys)[0] == 0
+    args = ["doctor", "--format", "json", "--config", str(config),
+            *[a.replace("{tmp}", str(tmp_path)) for a in DOCTOR_FILES]]
+    before = _run(main, args, capsys)
+    assert _run(main, ["config", "compile", "--config", str(config)], capsys)[0] == 0
+    after = _run(main, args, capsys)
+
+    def specs(result: Tuple[int, str, str]) -> List[Any]:
+        return [f for f in json.loads(result[1]) if f["check"] in ("cdi-specs",
+                                                                    "executable-trust")]
+    assert specs(after) == specs(before)
+    assert any("nvidia.yaml is current" in f["message"] for f in specs(after)), after
+    code = ("import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit:\n    pass\n"
+            "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
+            "if m in ('yaml', 'click', 'tomlkit', 'pynvml'))))")
+    res = subprocess.run([sys.executable, "-I", "-c", code, *args], capture_output=True,
+                         text=True, cwd=REPO, env={"PYTHONPATH": str(REPO),
+                                                   "PATH": "/usr/bin:/bin"})
+    assert res.stderr.rsplit("LOADED", 1)[1].split() == [], res.stderr
