@@ -16,7 +16,6 @@ back (or the file removed when it did not exist); a secondary file (drop-in) cha
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import re
@@ -205,6 +204,8 @@ def read_toml(text: str, path: str) -> Dict[str, Any]:
 
 def sha256(text: Optional[str]) -> Optional[str]:
     """Hex SHA-256 of ``text`` as UTF-8; ``None`` for ``None``."""
+    import hashlib
+
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
