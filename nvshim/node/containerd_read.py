@@ -143,16 +143,13 @@ def _strings(value: Any) -> Tuple[str, ...]:
 _VERSION = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
 
 
-#: ``containerd --version``'s answers in this process, by the binary's path and identity
-#: (device, inode, size, mtime): doctor's checks ask it up to three times (~25 ms each).
-_VERSIONS: Dict[Tuple[str, int, int, int, int], Optional[Tuple[int, int, str]]] = {}
+#: ``containerd --version``'s answers in this process (or the process still answering), by
+#: the binary's path and identity (device, inode, size, mtime): doctor's checks ask it up
+#: to three times (~25 ms each).
+_VERSIONS: Dict[Tuple[str, int, int, int, int], Any] = {}
 
 
-def containerd_version(binary: str = "containerd") -> Optional[Tuple[int, int, str]]:
-    """``(major, minor, text)`` of the containerd that ``binary`` (a name looked up on PATH,
-    or a path) runs, from ``containerd --version``; ``None`` when it is not installed or
-    does not say (the text: ``1.7.13``, ``2.0.0``, Debian's ``1.6.20~ds1``). Asked once per
-    binary and process while the file stays the same."""
+def _version_key(binary: str) -> Optional[Tuple[str, int, int, int, int]]:
     found = shutil.which(binary)
     if found is None:
         return None
@@ -160,19 +157,49 @@ def containerd_version(binary: str = "containerd") -> Optional[Tuple[int, int, s
         st = os.stat(found)
     except OSError:
         return None
-    key = (found, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    if key not in _VERSIONS:
-        _VERSIONS[key] = _ask_version(found)
-    return _VERSIONS[key]
+    return found, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def _ask_version(found: str) -> Optional[Tuple[int, int, str]]:
+def start_version(binary: str = "containerd") -> None:
+    """Start asking ``binary --version`` in the background, for a later
+    :func:`containerd_version` (doctor starts it first: the answer comes while it reads
+    files)."""
+    key = _version_key(binary)
+    if key is None or key in _VERSIONS:
+        return
     try:
-        done = subprocess.run([found, "--version"], capture_output=True, text=True,
-                              timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
+        _VERSIONS[key] = subprocess.Popen([key[0], "--version"], stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          text=True)
+    except OSError:
+        _VERSIONS[key] = None
+
+
+def containerd_version(binary: str = "containerd") -> Optional[Tuple[int, int, str]]:
+    """``(major, minor, text)`` of the containerd that ``binary`` (a name looked up on PATH,
+    or a path) runs, from ``containerd --version``; ``None`` when it is not installed or
+    does not say (the text: ``1.7.13``, ``2.0.0``, Debian's ``1.6.20~ds1``). Asked once per
+    binary and process while the file stays the same."""
+    key = _version_key(binary)
+    if key is None:
         return None
-    words = done.stdout.split()
+    if key not in _VERSIONS:
+        start_version(binary)
+    answer = _VERSIONS[key]
+    if isinstance(answer, subprocess.Popen):
+        answer = _VERSIONS[key] = _read_version(answer)
+    version: Optional[Tuple[int, int, str]] = answer
+    return version
+
+
+def _read_version(proc: subprocess.Popen[str]) -> Optional[Tuple[int, int, str]]:
+    try:
+        stdout, _ = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return None
+    words = stdout.split()
     # "containerd github.com/containerd/containerd/v2 v2.0.0 <commit>": the first word
     # after the module path that reads as a version
     for word in words[1:]:

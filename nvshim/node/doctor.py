@@ -101,6 +101,7 @@ from typing import List, Sequence
 from nvshim.cdi.index import spec_reader
 from nvshim.config import Config, cdi_index_path
 from nvshim.errors import one_line
+from nvshim.node.containerd_read import start_version
 from nvshim.node.doctor_config import (
     check_allocation_trust,
     check_compiled_config,
@@ -141,6 +142,8 @@ _LABELS = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip"}
 def run_checks(options: DoctorOptions) -> List[Finding]:
     """Every check, in a fixed order (see the module docstring)."""
     findings: List[Finding] = []
+    # containerd --version (a Go program's start) answers while the checks read files
+    start_version(options.containerd_binary)
     config_finding, config = check_config(options.config_path, options.config_required)
     runtimes = engine_runtimes(options)
     readers = config_readers(runtimes, options)
