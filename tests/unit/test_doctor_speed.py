@@ -34,3 +34,23 @@ def test_no_containerd_has_no_version(tmp_path: Path) -> None:
     """A binary that is not there: no process, no version."""
     containerd_read.start_version(str(tmp_path / "none"))
     assert containerd_read.containerd_version(str(tmp_path / "none")) is None
+
+
+def test_no_driver_no_pynvml() -> None:
+    """GPU discovery on driver root / of a host without a loaded NVIDIA driver finds none by
+    procfs and never imports pynvml (NVML could not answer)."""
+    import subprocess
+    import sys
+
+    from nvshim.host import gpus
+
+    if gpus._driver_loaded():
+        import pytest
+
+        pytest.skip("this host has an NVIDIA driver: NVML is asked")
+    code = ("import sys\nfrom nvshim.host.discovery import Host\n"
+            "from nvshim.host.gpus import find_gpus\n"
+            "print(find_gpus(Host('/'), 'auto'), 'pynvml' in sys.modules)")
+    res = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert res.stdout.split() == ["((),", "'procfs')", "False"], res.stderr
