@@ -27,10 +27,13 @@ is ``serving`` creates, the ``nri`` socket or ``none``), ``not-ready`` (the mess
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Tuple
 
+from nvshim._record import dataclass  # dataclasses imports inspect: doctor loads this module
 from nvshim.errors import NvshimError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Tuple
 
 __all__ = ["MAGIC", "MAX_MESSAGE", "MAX_FIELDS", "OPS", "STATUSES", "Request",
            "ProtocolError", "parse_request", "encode_request", "encode_reply", "parse_reply"]

@@ -55,7 +55,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-    from nvshim.cdi.model import Registry
+    from nvshim.cdi.model import Registry, Spec
 
 __all__ = [
     "FORMAT",
@@ -65,6 +65,7 @@ __all__ = [
     "missing_mounts",
     "regenerate_fix",
     "registry_for",
+    "spec_reader",
     "refresh",
     "stale_specs",
 ]
@@ -260,6 +261,36 @@ def indexed_document(path: str, spec_dirs: Sequence[str], index_path: str) -> Op
         if entry["path"] == path and not entry["problems"]:
             return entry["doc"]
     return None
+
+
+def spec_reader(spec_dirs: Sequence[str], index_path: Optional[str]
+                ) -> Callable[[str], Spec]:
+    """:func:`~nvshim.cdi.load.load_spec_file` for several readers of the same spec files
+    (doctor's checks): each file loaded once, a YAML spec that a fresh index records with
+    its document parsed from that document (without yaml, which costs more than the rest
+    of doctor); every other file read as ``load_spec_file`` reads it, with its errors."""
+    documents: Dict[str, Any] = {}
+    if index_path is not None:
+        doc, why = load(index_path, spec_dirs)
+        if not why and doc is not None:
+            documents = {e["path"]: e["doc"] for e in doc["entries"]
+                         if not e["problems"] and e["doc"] is not None}
+    loaded: Dict[str, Any] = {}
+
+    def read(path: str) -> Spec:
+        if path not in loaded:
+            try:
+                loaded[path] = (parse_spec(documents[path], path) if path in documents
+                                else load_spec_file(path))
+            except CdiSpecError as exc:
+                loaded[path] = exc
+        result = loaded[path]
+        if isinstance(result, CdiSpecError):
+            raise result
+        spec: Spec = result
+        return spec
+
+    return read
 
 
 def refresh(spec_dirs: Sequence[str], index_path: str) -> str:

@@ -1,17 +1,16 @@
-"""``nvshim doctor``: the click shell over :mod:`nvshim.node.doctor`."""
+"""``nvshim doctor``: the click shell over :func:`nvshim.cli.readonly.doctor` (which
+:mod:`nvshim.cli.fast` calls without click)."""
 
 from __future__ import annotations
 
-import os
 import sys
-from typing import Any, Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import click
 
-from nvshim.node.doctor import exit_code, render_json, render_text, run_checks
+from nvshim.cli import readonly
 from nvshim.node.doctor_follow import NVIDIA_CONFIG
-from nvshim.node.doctor_install import default_trampoline
-from nvshim.node.findings import DEFAULT_HOOKS_DIRS, DEFAULT_TRAMPOLINE, DoctorOptions
+from nvshim.node.findings import DEFAULT_HOOKS_DIRS, DEFAULT_TRAMPOLINE
 
 __all__ = ["doctor"]
 
@@ -79,24 +78,8 @@ def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_
     are caught too. Every fix that re-runs nvshim runtime configure keeps the flags the
     runtime was registered with (--name, --binary, --set-as-default, ...).
     """
-    kwargs: Dict[str, Any] = {
-        "containerd_config": containerd_config,
-        "docker_config": docker_config,
-        "crio_config": crio_config,
-        "driver_root": driver_root,
-        "dev_root": dev_root,
-        "trampoline": trampoline or default_trampoline(),
-        "nvidia_config": nvidia_config,
-        "runtime_binaries": tuple(os.path.abspath(b) for b in runtime_binaries),
-        "agent_socket": agent_socket,
-    }
-    if hooks_dirs:
-        kwargs["hooks_dirs"] = tuple(hooks_dirs)
-    if config_file is not None:
-        kwargs["config_path"] = config_file
-        kwargs["config_required"] = True
-    findings = run_checks(DoctorOptions(**kwargs))
-    click.echo(render_json(findings) if fmt == "json" else render_text(findings, verbose))
     # sys.exit, not ctx.exit: `nvshim` runs click with standalone_mode=False, where
     # click turns ctx.exit(1) into a return value and the entry point would exit 0.
-    sys.exit(exit_code(findings))
+    sys.exit(readonly.doctor(fmt, config_file, containerd_config, docker_config, crio_config,
+                             driver_root, dev_root, trampoline, nvidia_config, hooks_dirs,
+                             runtime_binaries, agent_socket, verbose))

@@ -1,5 +1,6 @@
 """``nvshim`` without click, for the forms operators run in loops, scripts and health checks:
-``--version``, the top-level help, ``grants``, ``cdi list`` and ``cdi generate --check``.
+``--version``, the top-level help, ``grants``, ``cdi list``, ``cdi generate --check`` and
+``doctor``.
 
 Importing click and the command modules costs several times the interpreter's own start
 (BENCHMARKS.md, "The CLI"); these forms need neither. :func:`serve` answers a form it knows
@@ -34,11 +35,11 @@ class Opt:
     """One option of a served form: ``dest`` in the parsed values; a flag takes no value.
     (A plain class: NamedTuple would import typing, which costs what this module saves.)"""
 
-    __slots__ = ("dest", "flag", "multiple", "choices", "is_dir", "not_dir")
+    __slots__ = ("dest", "flag", "multiple", "choices", "is_dir", "not_dir", "not_file")
 
     def __init__(self, dest: str, flag: bool = False, multiple: bool = False,
                  choices: Tuple[str, ...] = (), is_dir: bool = False,
-                 not_dir: bool = False) -> None:
+                 not_dir: bool = False, not_file: bool = False) -> None:
         self.dest = dest
         self.flag = flag
         self.multiple = multiple
@@ -47,6 +48,26 @@ class Opt:
         self.is_dir = is_dir
         #: click.Path(dir_okay=False): anything but a directory
         self.not_dir = not_dir
+        #: click.Path(file_okay=False) without exists: anything but a regular file
+        self.not_file = not_file
+
+    def refuses(self, value: str) -> bool:
+        """Whether click would refuse VALUE for this option (then click answers)."""
+        if self.choices and value not in self.choices:
+            return True
+        if not (self.is_dir or self.not_dir or self.not_file):
+            return False
+        try:
+            st = os.stat(value)
+        except OSError:
+            return self.is_dir  # click.Path(exists=True) only
+        import stat
+
+        # click.Path's checks, readable=True included
+        return (self.is_dir and not stat.S_ISDIR(st.st_mode)) \
+            or (self.not_file and stat.S_ISREG(st.st_mode)) \
+            or (self.not_dir and stat.S_ISDIR(st.st_mode)) \
+            or not os.access(value, os.R_OK)
 
 
 _FORMAT = Opt("fmt", choices=("text", "json"))
@@ -79,6 +100,26 @@ FORMS: Dict[Tuple[str, ...], Tuple[Dict[str, Opt], Dict[str, Any]]] = {
         "strategies": ("index", "uuid"),
         "driver_capabilities": "compute,utility", "gpu_source": "auto", "hook_path": None,
         "check_file": None}),
+    ("doctor",): ({
+        "--format": _FORMAT,
+        "--config": Opt("config_file", not_dir=True),
+        "--containerd-config": Opt("containerd_config", not_dir=True),
+        "--docker-config": Opt("docker_config", not_dir=True),
+        "--crio-config": Opt("crio_config", not_dir=True),
+        "--driver-root": Opt("driver_root", not_file=True),
+        "--dev-root": Opt("dev_root", not_file=True),
+        "--trampoline": Opt("trampoline", not_dir=True),
+        "--nvidia-config": Opt("nvidia_config", not_dir=True),
+        "--hooks-dir": Opt("hooks_dirs", multiple=True, not_file=True),
+        "--runtime-binary": Opt("runtime_binaries", multiple=True, not_dir=True),
+        "--agent-socket": Opt("agent_socket"),
+        "--verbose": Opt("verbose", flag=True),
+        "-v": Opt("verbose", flag=True),
+    }, {"fmt": "text", "config_file": None, "containerd_config": "/etc/containerd/config.toml",
+        "docker_config": "/etc/docker/daemon.json", "crio_config": "/etc/crio/crio.conf",
+        "driver_root": None, "dev_root": None, "trampoline": None,
+        "nvidia_config": "/etc/nvidia-container-runtime/config.toml", "hooks_dirs": (),
+        "runtime_binaries": (), "agent_socket": "/run/nvshim/agent.sock", "verbose": False}),
 }
 
 #: The width click renders help at on a terminal of 80 columns or more (and off a terminal).
@@ -159,8 +200,7 @@ def parse(args: Sequence[str], options: Dict[str, Opt],
             i += 2
         else:
             return None
-        if (opt.choices and value not in opt.choices) or (opt.is_dir and not os.path.isdir(value)) \
-                or (opt.not_dir and os.path.isdir(value)):
+        if opt.refuses(value):
             return None
         given.setdefault(opt.dest, []).append(value)
     for dest, seen in given.items():
@@ -201,6 +241,13 @@ def _run(path: Tuple[str, ...], values: Dict[str, Any]) -> Optional[int]:
                                values["prom_file"], values["denied"])
     if path == ("cdi", "list"):
         return readonly.cdi_list(values["spec_dirs"], values["fmt"])
+    if path == ("doctor",):
+        return readonly.doctor(values["fmt"], values["config_file"], values["containerd_config"],
+                               values["docker_config"], values["crio_config"],
+                               values["driver_root"], values["dev_root"], values["trampoline"],
+                               values["nvidia_config"], values["hooks_dirs"],
+                               values["runtime_binaries"], values["agent_socket"],
+                               values["verbose"])
     if values["check_file"] is None:  # generate writes a spec: click's path
         return None
     return readonly.cdi_check(values["check_file"], False, values["driver_root"],

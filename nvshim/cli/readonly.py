@@ -1,11 +1,11 @@
-"""The bodies of the read-only commands operators run in loops: ``grants``, ``cdi list`` and
-``cdi generate --check``, without click.
+"""The bodies of the read-only commands operators run in loops: ``grants``, ``cdi list``,
+``cdi generate --check`` and ``doctor``, without click.
 
 Both ways of running them call these functions: the click commands (:mod:`cmd_grants`,
-:mod:`cmd_cdi`) after click parsed the options, and :mod:`nvshim.cli.fast` for the plain forms,
-which never imports click. They print through :mod:`nvshim.cli.report` (results on stdout,
-warnings and notes on stderr), return the exit status, and raise :class:`NvshimError` for
-the one-line failures.
+:mod:`cmd_cdi`, :mod:`cmd_doctor`) after click parsed the options, and :mod:`nvshim.cli.fast`
+for the plain forms, which never imports click. They print through :mod:`nvshim.cli.report`
+(results on stdout, warnings and notes on stderr), return the exit status, and raise
+:class:`NvshimError` for the one-line failures.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from nvshim.cli.report import err, out
 
 TYPE_CHECKING = False  # typing alone costs about the interpreter's start (BENCHMARKS.md)
 if TYPE_CHECKING:
-    from typing import Any, Dict, Optional, Sequence
+    from typing import Any, Dict, Optional, Sequence, Tuple
 
     from nvshim.config import Config
     from nvshim.errors import CdiProblem
 
-__all__ = ["grants", "cdi_list", "cdi_check", "echo_json", "problem_json"]
+__all__ = ["grants", "cdi_list", "cdi_check", "doctor", "echo_json", "problem_json"]
 
 #: Unreadable line numbers a warning lists before it says "…".
 _SHOWN_LINES = 10
@@ -183,3 +183,38 @@ def cdi_check(check_file: str, quiet: bool, driver_root: Optional[str],
     if not quiet:
         err(f"{check_file}: current")
     return 0
+
+
+# --- doctor -------------------------------------------------------------------------------
+
+
+def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_config: str,
+           crio_config: str, driver_root: Optional[str], dev_root: Optional[str],
+           trampoline: Optional[str], nvidia_config: str, hooks_dirs: Tuple[str, ...],
+           runtime_binaries: Tuple[str, ...], agent_socket: str, verbose: bool) -> int:
+    """``nvshim doctor``: one line per finding; 1 when any check failed."""
+    import os
+
+    from nvshim.node.doctor import exit_code, render_json, render_text, run_checks
+    from nvshim.node.doctor_install import default_trampoline
+    from nvshim.node.findings import DoctorOptions
+
+    kwargs: Dict[str, Any] = {
+        "containerd_config": containerd_config,
+        "docker_config": docker_config,
+        "crio_config": crio_config,
+        "driver_root": driver_root,
+        "dev_root": dev_root,
+        "trampoline": trampoline or default_trampoline(),
+        "nvidia_config": nvidia_config,
+        "runtime_binaries": tuple(os.path.abspath(b) for b in runtime_binaries),
+        "agent_socket": agent_socket,
+    }
+    if hooks_dirs:
+        kwargs["hooks_dirs"] = tuple(hooks_dirs)
+    if config_file is not None:
+        kwargs["config_path"] = config_file
+        kwargs["config_required"] = True
+    findings = run_checks(DoctorOptions(**kwargs))
+    out(render_json(findings) if fmt == "json" else render_text(findings, verbose))
+    return exit_code(findings)

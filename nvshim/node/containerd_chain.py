@@ -31,7 +31,7 @@ from nvshim.node.containerd_toml import (
     lookup,
     plain,
 )
-from nvshim.node.engine_files import parse_toml, read_text
+from nvshim.node.engine_files import read_text, read_toml
 
 __all__ = [
     "Loaded",
@@ -167,7 +167,7 @@ def load_chain(config_path: str, main_doc: Any, *, drop_in: str = "",
                     continue
                 problems.append(f"import {path} does not exist")
                 continue
-            doc = parse_toml(text, path)
+            doc = read_toml(text, path)
         files.append(Loaded(path, text, depth))
         entries = import_entries(doc, path)
         if path == main and drop_in and not covers(entries, main, drop_in):
@@ -210,7 +210,7 @@ def cri_tables(files: Sequence[Loaded], main_doc: Any, main_version: int
         elif loaded.text is None:
             continue
         else:
-            doc = parse_toml(loaded.text, loaded.path)
+            doc = read_toml(loaded.text, loaded.path)
         key = _cri_key(doc, loaded.path, main_version)
         table = lookup(doc, ("plugins", key), loaded.path)
         if table is not None:

@@ -10,6 +10,7 @@ finds nvshim drop-ins whose copy of the CRI table no longer matches the main fil
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
 import subprocess
@@ -35,7 +36,7 @@ from nvshim.node.containerd_toml import (
     lookup,
     plain,
 )
-from nvshim.node.engine_files import parse_toml, read_text
+from nvshim.node.engine_files import read_text, read_toml
 
 __all__ = ["EffectiveRuntimes", "read_handlers", "containerd_version", "drop_in_drift"]
 
@@ -78,7 +79,7 @@ def read_handlers(config_path: str = DEFAULT_CONFIG, merge: bool = False) -> Eff
     handler, the files whose CRI table declares it.
     """
     text = read_text(config_path)
-    doc = parse_toml(text or "", config_path)
+    doc = read_toml(text or "", config_path)
     version = detect_version(doc, config_path)
     cri_key = CRI_PLUGINS[version]
     chain = load_chain(config_path, doc)
@@ -142,19 +143,63 @@ def _strings(value: Any) -> Tuple[str, ...]:
 _VERSION = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
 
 
-def containerd_version(binary: str = "containerd") -> Optional[Tuple[int, int, str]]:
-    """``(major, minor, text)`` of the containerd that ``binary`` (a name looked up on PATH,
-    or a path) runs, from ``containerd --version``; ``None`` when it is not installed or
-    does not say (the text: ``1.7.13``, ``2.0.0``, Debian's ``1.6.20~ds1``)."""
+#: ``containerd --version``'s answers in this process (or the process still answering), by
+#: the binary's path and identity (device, inode, size, mtime): doctor's checks ask it up
+#: to three times (~25 ms each).
+_VERSIONS: Dict[Tuple[str, int, int, int, int], Any] = {}
+
+
+def _version_key(binary: str) -> Optional[Tuple[str, int, int, int, int]]:
     found = shutil.which(binary)
     if found is None:
         return None
     try:
-        done = subprocess.run([found, "--version"], capture_output=True, text=True,
-                              timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
+        st = os.stat(found)
+    except OSError:
         return None
-    words = done.stdout.split()
+    return found, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def start_version(binary: str = "containerd") -> None:
+    """Start asking ``binary --version`` in the background, for a later
+    :func:`containerd_version` (doctor starts it first: the answer comes while it reads
+    files)."""
+    key = _version_key(binary)
+    if key is None or key in _VERSIONS:
+        return
+    try:
+        _VERSIONS[key] = subprocess.Popen([key[0], "--version"], stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          text=True)
+    except OSError:
+        _VERSIONS[key] = None
+
+
+def containerd_version(binary: str = "containerd") -> Optional[Tuple[int, int, str]]:
+    """``(major, minor, text)`` of the containerd that ``binary`` (a name looked up on PATH,
+    or a path) runs, from ``containerd --version``; ``None`` when it is not installed or
+    does not say (the text: ``1.7.13``, ``2.0.0``, Debian's ``1.6.20~ds1``). Asked once per
+    binary and process while the file stays the same."""
+    key = _version_key(binary)
+    if key is None:
+        return None
+    if key not in _VERSIONS:
+        start_version(binary)
+    answer = _VERSIONS[key]
+    if isinstance(answer, subprocess.Popen):
+        answer = _VERSIONS[key] = _read_version(answer)
+    version: Optional[Tuple[int, int, str]] = answer
+    return version
+
+
+def _read_version(proc: subprocess.Popen[str]) -> Optional[Tuple[int, int, str]]:
+    try:
+        stdout, _ = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return None
+    words = stdout.split()
     # "containerd github.com/containerd/containerd/v2 v2.0.0 <commit>": the first word
     # after the module path that reads as a version
     for word in words[1:]:
@@ -225,7 +270,7 @@ def drop_in_drift(config_path: str = DEFAULT_CONFIG) -> List[Tuple[str, List[str
     text = read_text(config_path)
     if text is None:
         return []
-    doc = parse_toml(text, config_path)
+    doc = read_toml(text, config_path)
     version = detect_version(doc, config_path)
     if version == 1:
         return []

@@ -52,6 +52,7 @@ from nvshim.node.engine_files import (
     plan_restore,
     plan_revert_one,
     read_text,
+    read_toml,
 )
 
 __all__ = [
@@ -128,8 +129,7 @@ def _drop_in_path(drop_in: Optional[str], config_path: str) -> str:
 
 
 def _parse(text: Optional[str], path: str) -> Dict[str, Any]:
-    data: Dict[str, Any] = parse_toml(text or "", path).unwrap()
-    return data
+    return read_toml(text or "", path)
 
 
 def _table(data: Any, keys: Tuple[str, ...], path: str) -> Optional[Dict[str, Any]]:

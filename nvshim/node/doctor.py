@@ -98,8 +98,10 @@ import json
 import os
 from typing import List, Sequence
 
-from nvshim.config import Config
+from nvshim.cdi.index import spec_reader
+from nvshim.config import Config, cdi_index_path
 from nvshim.errors import one_line
+from nvshim.node.containerd_read import start_version
 from nvshim.node.doctor_config import (
     check_allocation_trust,
     check_compiled_config,
@@ -140,6 +142,8 @@ _LABELS = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip"}
 def run_checks(options: DoctorOptions) -> List[Finding]:
     """Every check, in a fixed order (see the module docstring)."""
     findings: List[Finding] = []
+    # containerd --version (a Go program's start) answers while the checks read files
+    start_version(options.containerd_binary)
     config_finding, config = check_config(options.config_path, options.config_required)
     runtimes = engine_runtimes(options)
     readers = config_readers(runtimes, options)
@@ -154,8 +158,11 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     findings.append(check_compiled_config(options.config_path, config))
     findings.append(check_default_mark(options.config_path))
     usable = config if config is not None else Config()
+    # the spec files two checks read, each loaded once; YAML ones from a fresh CDI index
+    load_spec = spec_reader(usable.cdi_spec_dirs,
+                            cdi_index_path(usable.source or options.config_path))
     findings.append(check_runtimes(usable, options))
-    findings.extend(check_executables(usable))
+    findings.extend(check_executables(usable, load_spec))
 
     containerd_finding, effective = check_containerd_config(options.containerd_config)
     findings.append(containerd_finding)
@@ -175,7 +182,7 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     host = host_for(usable, options)
     findings.append(check_gpus(host, options.config_path))
     findings.append(check_driver_files(host, usable.supported_driver_capabilities))
-    findings.extend(check_cdi_specs(host, usable.cdi_spec_dirs, usable))
+    findings.extend(check_cdi_specs(host, usable.cdi_spec_dirs, usable, load_spec))
     findings.extend(check_cdi_spec_trust(usable.cdi_spec_dirs))
     findings.append(check_dev_char_links(host.dev_root))
     findings.append(check_trampoline(options.trampoline))

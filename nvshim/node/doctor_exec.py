@@ -12,17 +12,21 @@ dockerd's PATH. One failure per program, naming it and the fix; ``skip`` when no
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from nvshim.config import Config
 from nvshim.node.findings import Finding
+
+if TYPE_CHECKING:
+    from nvshim.cdi.model import Spec
 
 __all__ = ["check_executables", "executables"]
 
 NAME = "executable-trust"
 
 
-def executables(config: Config) -> List[Tuple[str, str]]:
+def executables(config: Config, load_spec: Optional[Callable[[str], Spec]] = None
+                ) -> List[Tuple[str, str]]:
     """(program, what names it) for every program nvshim would run as root on this node
     because of ``config`` or a CDI spec it loads; each program once, first naming kept."""
     from nvshim.node.docker import DOCKERD_PATH, GPUS_HOOK, is_gpus_hook
@@ -35,7 +39,7 @@ def executables(config: Config) -> List[Tuple[str, str]]:
         found = find_runtime((name,), os.environ.get("PATH"))
         if found is not None:
             out.setdefault(found, f"runtimes: in {source}")
-    for path, spec in _spec_hooks(config.cdi_spec_dirs):
+    for path, spec in _spec_hooks(config.cdi_spec_dirs, load_spec):
         out.setdefault(path, f"a hook of CDI spec {spec}")
     out.setdefault(hook_command()[0], "nvshim's own hook")
     for directory in DOCKERD_PATH:
@@ -50,18 +54,21 @@ def executables(config: Config) -> List[Tuple[str, str]]:
     return list(out.items())
 
 
-def _spec_hooks(spec_dirs: Tuple[str, ...]) -> List[Tuple[str, str]]:
+def _spec_hooks(spec_dirs: Tuple[str, ...], load_spec: Optional[Callable[[str], Spec]] = None
+                ) -> List[Tuple[str, str]]:
     """(hook path, spec file) of every hook (spec-level and per device) of the CDI spec
-    files in ``spec_dirs`` that load; broken ones are the ``cdi-specs`` check's."""
+    files in ``spec_dirs`` that load; broken ones are the ``cdi-specs`` check's.
+    ``load_spec``: how a file is loaded (default: ``load_spec_file``)."""
     from nvshim.cdi.load import load_spec_file
     from nvshim.cdi.registry import spec_files
     from nvshim.errors import NvshimError
 
+    read = load_spec_file if load_spec is None else load_spec
     out = []
     for directory in spec_dirs:
         for path in spec_files(directory, []):
             try:
-                spec = load_spec_file(path)
+                spec = read(path)
             except NvshimError:
                 continue
             for edits in (spec.edits, *(d.edits for d in spec.devices)):
@@ -69,7 +76,8 @@ def _spec_hooks(spec_dirs: Tuple[str, ...]) -> List[Tuple[str, str]]:
     return out
 
 
-def check_executables(config: Config) -> List[Finding]:
+def check_executables(config: Config, load_spec: Optional[Callable[[str], Spec]] = None
+                      ) -> List[Finding]:
     """One failure per program of :func:`executables` that the trust rule refuses, else
     one ok; ``skip`` when not root (the rule protects root only)."""
     from nvshim.files import executable_problem
@@ -78,7 +86,7 @@ def check_executables(config: Config) -> List[Finding]:
         return [Finding(NAME, "skip", "not running as root: nvshim-runtime (root) refuses "
                         "runtimes and hooks others could write; run doctor as root to check "
                         "them")]
-    found = executables(config)
+    found = executables(config, load_spec)
     findings = []
     for path, named in found:
         problem = executable_problem(path, "program")

@@ -39,12 +39,12 @@ _DROP_IN_MARK = "Written by `nvshim runtime configure`"
 def _plain_cri(path: str, version: int) -> Optional[Dict[str, Any]]:
     """The CRI table of the file at ``path`` as plain values (None: none, unreadable)."""
     from nvshim.node.containerd_chain import Loaded, cri_tables
-    from nvshim.node.engine_files import parse_toml, read_text
+    from nvshim.node.engine_files import read_text
 
     text = read_text(path)
     if text is None:
         return None
-    tables = cri_tables((Loaded(path, text, 1),), parse_toml("", path), version)
+    tables = cri_tables((Loaded(path, text, 1),), {}, version)
     return tables[0][1] if tables else None
 
 
@@ -145,11 +145,11 @@ def check_lost_handlers(effective: EffectiveRuntimes, options: DoctorOptions) ->
                "to start")
     if is_nvshim_drop_in(hider):
         from nvshim.node.containerd_chain import cri_tables, load_chain, merged_cri, position
-        from nvshim.node.engine_files import parse_toml, read_text
+        from nvshim.node.engine_files import read_text, read_toml
 
         before: Optional[Dict[str, Any]] = None
         try:
-            doc = parse_toml(read_text(effective.config_path) or "", effective.config_path)
+            doc = read_toml(read_text(effective.config_path) or "", effective.config_path)
             chain = load_chain(effective.config_path, doc)
             at = position(chain, hider)
             before = merged_cri(cri_tables(chain.files[:at], doc, effective.version))

@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import os
 import re
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 from nvshim.config import Config
 from nvshim.errors import CdiProblem, NvshimError
 from nvshim.host.discovery import Host
 from nvshim.node.findings import DoctorOptions, Finding
+
+if TYPE_CHECKING:
+    from nvshim.cdi.model import Spec
 
 __all__ = ["host_for", "check_gpus", "check_driver_files", "check_cdi_specs",
            "check_cdi_spec_trust", "check_dev_char_links"]
@@ -114,17 +117,19 @@ def check_driver_files(host: Host, capabilities: Sequence[str]) -> Finding:
     return Finding(name, "ok", f"driver {version} files {where} ({module}){tail}")
 
 
-def check_cdi_specs(host: Host, spec_dirs: Sequence[str],
-                    config: Optional[Config] = None) -> List[Finding]:
+def check_cdi_specs(host: Host, spec_dirs: Sequence[str], config: Optional[Config] = None,
+                    load_spec: Optional[Callable[[str], Spec]] = None) -> List[Finding]:
     """Every nvidia.com spec in ``spec_dirs`` against what ``nvshim cdi generate`` would
     write now (:func:`nvshim.node.cdigen.staleness`, the judgement ``--check`` makes too,
     with the create's fix text); broken files. ``config``: the node's (default: built-in
-    defaults, and the fix names the driver root)."""
+    defaults, and the fix names the driver root); ``load_spec``: how a file is loaded
+    (default: ``load_spec_file``)."""
     from nvshim.cdi.load import load_spec_file
     from nvshim.cdi.registry import spec_files
     from nvshim.node.cdigen import staleness
     from nvshim.runtime.cdiedits import refresh_fix
 
+    read = load_spec_file if load_spec is None else load_spec
     name = "cdi-specs"
     findings: List[Finding] = []
     if config is None:
@@ -143,7 +148,7 @@ def check_cdi_specs(host: Host, spec_dirs: Sequence[str],
             ))
         for path in paths:
             try:
-                spec = load_spec_file(path)
+                spec = read(path)
             except NvshimError as exc:
                 findings.append(Finding(
                     name, "warn", f"broken CDI spec: {exc}",

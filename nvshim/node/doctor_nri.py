@@ -25,12 +25,24 @@ _ON = f'[plugins."{NRI_PLUGIN}"] disable = false'
 
 
 def _toml(path: str) -> Optional[Any]:
-    import tomlkit
+    """The file as plain values (None: unreadable, not TOML); read with the stdlib's tomllib,
+    tomlkit only for a text tomllib refuses (what tomlkit alone accepts reads as before)."""
+    import tomllib
 
     try:
         with open(path, encoding="utf-8") as f:
-            return tomlkit.parse(f.read()).unwrap()
+            text = f.read()
     except (OSError, ValueError):
+        return None
+    try:
+        return tomllib.loads(text)
+    except ValueError:
+        pass
+    import tomlkit
+
+    try:
+        return tomlkit.parse(text).unwrap()
+    except ValueError:
         return None
 
 

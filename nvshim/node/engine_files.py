@@ -16,7 +16,6 @@ back (or the file removed when it did not exist); a secondary file (drop-in) cha
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import re
@@ -39,6 +38,7 @@ __all__ = [
     "configured_handlers",
     "read_text",
     "parse_toml",
+    "read_toml",
     "sha256",
     "write_text",
     "remove_file",
@@ -183,8 +183,29 @@ def parse_toml(text: str, path: str) -> TOMLDocument:
         raise ConfigError(f"{path}: invalid TOML: {message}") from exc
 
 
+def read_toml(text: str, path: str) -> Dict[str, Any]:
+    """``text`` as plain Python (dicts, lists), for reading only: nothing is written back.
+
+    The stdlib's ``tomllib`` parses it (its import and parse cost a fraction of tomlkit's,
+    which keeps comments and layout for the files configure edits); a text ``tomllib``
+    refuses goes to :func:`parse_toml`, so a broken file fails with the same ConfigError,
+    and one only tomlkit accepts reads as before. A leading byte order mark is skipped.
+    """
+    if not text.strip():
+        return {}
+    import tomllib
+
+    try:
+        return tomllib.loads(text[1:] if text.startswith(BOM) else text)
+    except tomllib.TOMLDecodeError:
+        doc: Dict[str, Any] = parse_toml(text, path).unwrap()
+        return doc
+
+
 def sha256(text: Optional[str]) -> Optional[str]:
     """Hex SHA-256 of ``text`` as UTF-8; ``None`` for ``None``."""
+    import hashlib
+
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 

@@ -22,7 +22,6 @@ nvshim's (a hook, ``nvshim cdi generate``'s hook command) names the stable launc
 from __future__ import annotations
 
 import os
-import platform
 
 from nvshim.errors import HostError
 
@@ -60,7 +59,7 @@ _LOADERS = {
 
 def loader_name(machine: Optional[str] = None) -> str:
     """The dynamic loader's file name for ``machine`` (default: this one's)."""
-    machine = machine or platform.machine()
+    machine = machine or os.uname().machine  # platform.machine(), without its import
     try:
         return _LOADERS[machine]
     except KeyError:

@@ -22,6 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 #: generate's options the fast form leaves to click: with them it writes or prints a spec
 GENERATE_CLICK_ONLY = {"--output", "-o", "--format"}
 
+#: doctor's engine configs and trampoline, none of them there: the host's are not read
+DOCTOR_FILES = [f"--{name}={{tmp}}/none.{name}" for name in (
+    "containerd-config", "docker-config", "crio-config", "nvidia-config", "trampoline")]
+
 
 def _command(path: Tuple[str, ...]) -> click.Command:
     command: Any = app.cli
@@ -51,21 +55,22 @@ def test_the_top_level_help_is_clicks_at_80_columns(capsys: pytest.CaptureFixtur
 
 @pytest.mark.parametrize("path", sorted(fast.FORMS))
 def test_each_forms_table_agrees_with_its_click_declaration(path: Tuple[str, ...]) -> None:
-    """Flags, destinations, flag-ness, multiple, choices, path rules and defaults of every
-    option the fast form parses are the click command's; generate leaves only
-    --output/--format to click."""
+    """Flags (short ones too), destinations, flag-ness, multiple, choices, path rules and
+    defaults of every option the fast form parses are the click command's; generate leaves
+    only --output/--format to click."""
     options, defaults = fast.FORMS[path]
     command = _command(path)
     seen = set()
     for param in command.params:
         if not isinstance(param, click.Option):
             continue
-        flags = [f for f in param.opts if f in options]
+        flags = [f for f in param.opts + param.secondary_opts if f in options]
         if not flags:
             assert path == ("cdi", "generate") and set(param.opts) <= GENERATE_CLICK_ONLY | {
                 "--help"}, (path, param.opts)
             continue
-        assert flags == [f for f in param.opts if f.startswith("--")], (path, param.opts)
+        # every spelling click takes is served (or none is); short flags only where given
+        assert flags == param.opts, (path, param.opts)
         for flag in flags:
             opt = options[flag]
             seen.add(flag)
@@ -77,6 +82,8 @@ def test_each_forms_table_agrees_with_its_click_declaration(path: Tuple[str, ...
             is_path = isinstance(param.type, click.Path)
             assert opt.is_dir == (is_path and param.type.exists and not param.type.file_okay), flag
             assert opt.not_dir == (is_path and not param.type.dir_okay and not opt.is_dir), flag
+            assert opt.not_file == (is_path and not param.type.file_okay
+                                    and not param.type.exists), flag
             default = param.get_default(click.Context(command), call=True)
             if param.multiple:  # without a default (None, or click 8.3's UNSET) it is ()
                 want = tuple(default) if isinstance(default, (tuple, list)) else ()
@@ -95,12 +102,18 @@ def test_each_forms_table_agrees_with_its_click_declaration(path: Tuple[str, ...
     ["cdi", "list", "--spec-dir", "{tmp}/cdi"],
     ["cdi", "list", "--spec-dir", "{tmp}/cdi", "--format", "json"],
     ["cdi", "list", "--spec-dir", "{tmp}/empty"],
+    ["doctor", *DOCTOR_FILES],
+    ["doctor", "--format", "json", *DOCTOR_FILES],
+    ["doctor", "-v", "--driver-root", "{tmp}/empty", "--hooks-dir", "{tmp}/empty",
+     "--hooks-dir={tmp}/cdi", "--runtime-binary", "{tmp}/runc", *DOCTOR_FILES],
+    ["doctor", "--verbose", "--config", "{tmp}/none.yaml", *DOCTOR_FILES],
 ])
 def test_a_fast_form_answers_as_click_does(args: List[str], tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Exit status, stdout and stderr of the fast form equal click's run of the same
-    arguments (journals present and absent, a spec dir with a device and an empty one)."""
+    arguments (journals present and absent, a spec dir with a device and an empty one,
+    doctor on engine configs of the tmp dir, with and without a config that exists)."""
     monkeypatch.setenv("COLUMNS", str(fast.HELP_WIDTH))
     (tmp_path / "empty").mkdir()
     (tmp_path / "cdi").mkdir()
@@ -127,6 +140,10 @@ def test_a_fast_form_answers_as_click_does(args: List[str], tmp_path: Path,
     ["grants", "--denied=1"],                    # a flag given a value
     ["cdi", "list", "--spec-dir"],               # an option without its value
     ["cdi", "generate"],                         # generate without --check writes a spec
+    ["doctor", "--driver-root", "/etc/hostname"],  # a file where a directory is due
+    ["doctor", "--config", "/"],                 # a directory where a file is due
+    ["doctor", "-vv"],                           # short flags bundled
+    ["doctor", "--format", "yaml"],              # a choice click refuses
 ])
 def test_other_forms_are_left_to_click(args: List[str]) -> None:
     """serve() answers None (without printing) for anything click must judge or run."""
@@ -156,7 +173,8 @@ def test_completion_is_clicks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("args", [["--version"], ["--help"], ["grants", "--journal", "/nonexistent/j"],
-                                  ["cdi", "list", "--spec-dir", "/"]])
+                                  ["cdi", "list", "--spec-dir", "/"],
+                                  ["doctor", "--containerd-config", "/nonexistent/c.toml"]])
 def test_a_fast_form_imports_no_click(args: List[str]) -> None:
     """The served forms load neither click nor a click command module."""
     code = ("import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
@@ -263,3 +281,37 @@ def test_generate_check_of_an_indexed_spec_parses_no_yaml(tmp_path: Path,
     spec.write_text(spec.read_text().replace("550.54.15", "550.54.14"))  # another driver
     code, _, err = _run(main, args, capsys)
     assert code == 1 and "is stale" in err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the simulated node needs mknod (root)")
+def test_doctor_reads_indexed_yaml_specs_without_yaml(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """With the config compiled, doctor judges the config's YAML spec from the CDI index:
+    the same findings as before compile, and yaml is never imported."""
+    node, spec_dir = tmp_path / "node", tmp_path / "cdi"
+    spec_dir.mkdir()
+    config = tmp_path / "config.yaml"
+    config.write_text(f"driver-root: {node}\ncdi-spec-dirs: [{spec_dir}]\n")
+    os.chmod(config, 0o644)
+    assert _run(main, ["--quiet", "sim", "create", str(node), "--gpus", "2"], capsys)[0] == 0
+    assert _run(main, ["cdi", "generate", "--driver-root", str(node), "--output",
+                       str(spec_dir / "nvidia.yaml")], capsys)[0] == 0
+    args = ["doctor", "--format", "json", "--config", str(config),
+            *[a.replace("{tmp}", str(tmp_path)) for a in DOCTOR_FILES]]
+    before = _run(main, args, capsys)
+    assert _run(main, ["config", "compile", "--config", str(config)], capsys)[0] == 0
+    after = _run(main, args, capsys)
+
+    def specs(result: Tuple[int, str, str]) -> List[Any]:
+        return [f for f in json.loads(result[1]) if f["check"] in ("cdi-specs",
+                                                                    "executable-trust")]
+    assert specs(after) == specs(before)
+    assert any("nvidia.yaml is current" in f["message"] for f in specs(after)), after
+    code = ("import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit:\n    pass\n"
+            "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
+            "if m in ('yaml', 'click', 'tomlkit', 'pynvml'))))")
+    res = subprocess.run([sys.executable, "-I", "-c", code, *args], capture_output=True,
+                         text=True, cwd=REPO, env={"PYTHONPATH": str(REPO),
+                                                   "PATH": "/usr/bin:/bin"})
+    assert res.stderr.rsplit("LOADED", 1)[1].split() == [], res.stderr
