@@ -76,7 +76,7 @@ def spec_of(pod: Pod, container: Container) -> Dict[str, Any]:
                for d in container.devices]
     hooks: Dict[str, List[Dict[str, Any]]] = {}
     for kind, found in container.hooks.items():
-        hooks[kind] = [h.to_oci() for h in found]
+        hooks[kind] = [_hook_json(h) for h in found]
     spec: Dict[str, Any] = {
         "ociVersion": "1.0.2",
         "process": {"args": list(container.args), "env": list(container.env)},
@@ -88,6 +88,18 @@ def spec_of(pod: Pod, container: Container) -> Dict[str, Any]:
     if hooks:
         spec["hooks"] = hooks
     return spec
+
+
+def _hook_json(hook: Hook) -> Dict[str, Any]:
+    """An NRI hook as the OCI spec writes it."""
+    out: Dict[str, Any] = {"path": hook.path}
+    if hook.args:
+        out["args"] = list(hook.args)
+    if hook.env:
+        out["env"] = list(hook.env)
+    if hook.timeout is not None:
+        out["timeout"] = hook.timeout
+    return out
 
 
 def adjustment_of(before: Dict[str, Any], after: Dict[str, Any]) -> Adjustment:
