@@ -113,9 +113,13 @@ def test_reconfigure_command_keeps_the_operators_flags(tmp_path: Path) -> None:
     config = _nvidia_node(tmp_path)
     drop_in = tmp_path / "conf.d" / "50-gpu.toml"
     containerd.configure(str(config), drop_in=str(drop_in), name="gpu", binary="/o/nvshim-runtime",
-                         set_as_default=True, force=True, enable_cdi=True,
-                         pod_cdi_annotations=True)
+                         set_as_default=True, force=True, pod_cdi_annotations=True)
     command = reconfigure_command(str(config), str(drop_in), 2, DoctorOptions())
     assert command == (f"nvshim runtime configure --runtime containerd --config {config} "
                        f"--drop-in {drop_in} --name gpu --binary /o/nvshim-runtime "
-                       "--set-as-default --pod-cdi-annotations --enable-cdi")
+                       "--set-as-default --pod-cdi-annotations")
+    # with containerd's own CDI on, the handler is passed no cdi.k8s.io/ annotations at all
+    containerd.configure(str(config), drop_in=str(drop_in), name="gpu", binary="/o/nvshim-runtime",
+                         set_as_default=True, force=True, enable_cdi=True)
+    command = reconfigure_command(str(config), str(drop_in), 2, DoctorOptions())
+    assert command.endswith("--binary /o/nvshim-runtime --set-as-default --enable-cdi"), command

@@ -35,12 +35,22 @@ def nvshim_config(tmp_path: Path, **settings: Any) -> Path:
 
 def configured_containerd(tmp_path: Path, main_text: str, enable_cdi: bool) -> Path:
     """containerd's config with nvshim's handler as ``nvshim runtime configure`` writes it
-    (it passes ``cdi.k8s.io/*`` container annotations to nvshim)."""
+    with containerd's CDI off (it passes ``cdi.k8s.io/*`` container annotations to nvshim);
+    ``enable_cdi``: then turned on by hand in the drop-in, as an operator (or an older
+    configure) would -- containerd and nvshim both handed the annotations."""
+    import tomlkit
+
     path = tmp_path / "containerd" / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(main_text)
-    containerd.configure(str(path), binary=str(fake_runtime(tmp_path / "bin")),
-                         enable_cdi=enable_cdi)
+    containerd.configure(str(path), binary=str(fake_runtime(tmp_path / "bin")))
+    if enable_cdi:
+        drop_in = path.parent / "conf.d" / "99-nvshim.toml"
+        doc = tomlkit.parse(drop_in.read_text())
+        cri = doc["plugins"]["io.containerd.grpc.v1.cri"]
+        cri["enable_cdi"] = True
+        cri["cdi_spec_dirs"] = ["/etc/cdi", "/var/run/cdi"]
+        drop_in.write_text(tomlkit.dumps(doc))
     return path
 
 
