@@ -293,12 +293,19 @@ def check_handler_configs(runtimes: Sequence[Runtime], doctor_config: Optional[C
         open_to_pods = [r.runtime.label() for r in group
                         if r.runtime.cri and not r.runtime.default]
         if not config.require_allocation and open_to_pods:
+            # the shipped default, on purpose: nvshim as a default runtime is refused (and
+            # FAILs in default-runtime) while it is off; one line says so, the rest is detail
             findings.append(Finding(
                 _CHECK, "warn",
-                f"{reads}: require-allocation is off, so any pod that names "
-                f"{', '.join(open_to_pods)} by RuntimeClass gets the GPUs its own env or "
-                "image names (NVIDIA_VISIBLE_DEVICES=all: every GPU), allocated or not",
-                f"set require-allocation: true in {path}, then {compile_command(path)}"))
+                "require-allocation is off (the default while nvshim is not the default "
+                "runtime)",
+                f"require-allocation: true in {path}",
+                detail=f"{reads}: require-allocation is off, so any pod that names "
+                       f"{', '.join(open_to_pods)} by RuntimeClass gets the GPUs its own env "
+                       "or image names (NVIDIA_VISIBLE_DEVICES=all: every GPU), allocated or "
+                       "not; pods that name no such RuntimeClass never reach nvshim. Where "
+                       f"pods must not pick their GPUs: set require-allocation: true in {path}, "
+                       f"then {compile_command(path)}"))
             continue
         mode = "on" if config.require_allocation else "off"
         source = "" if config.source is not None else " (built-in defaults: no such file)"

@@ -235,14 +235,19 @@ def test_runtime_class_with_require_allocation_off_warns(
     config = nvshim_config(tmp_path / "etc" / "config.yaml", False)
     tramp = trampoline(tmp_path / "bin" / "nvshim-runtime", config)
     ctrd = containerd_toml(tmp_path / "c.toml", "runc", {"runc": None, "nvshim": str(tramp)})
-    _, lines = doctor(tmp_path, capsys, config=config, containerd=ctrd)
+    _, lines = doctor(tmp_path, capsys, "--verbose", config=config, containerd=ctrd)
     assert line(lines, "default-runtime").startswith("ok    ")
     assert line(lines, "handler-config") == (
-        f'warn  handler-config: containerd handler "nvshim" runs {tramp}, which reads {config}: '
+        "warn  handler-config: require-allocation is off (the default while nvshim is not the "
+        f"default runtime) — fix: require-allocation: true in {config}")
+    detail = lines[lines.index(line(lines, "handler-config")) + 1]
+    assert detail == (
+        f'      containerd handler "nvshim" runs {tramp}, which reads {config}: '
         'require-allocation is off, so any pod that names containerd handler "nvshim" by '
         "RuntimeClass gets the GPUs its own env or image names (NVIDIA_VISIBLE_DEVICES=all: "
-        "every GPU), allocated or not — fix: set require-allocation: true in "
-        f"{config}, then nvshim config compile --config {config}")
+        "every GPU), allocated or not; pods that name no such RuntimeClass never reach nvshim. "
+        f"Where pods must not pick their GPUs: set require-allocation: true in {config}, "
+        f"then nvshim config compile --config {config}")
 
 
 def test_default_handler_judged_by_the_config_its_trampoline_embeds(
