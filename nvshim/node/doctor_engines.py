@@ -238,11 +238,12 @@ def check_default_runtime(
     which = "" if default == "nvshim" else f' (handler "{default}")'
     return Finding(
         name, "fail",
-        f"containerd's default runtime is nvshim{which} but require-allocation is off{reads}: "
-        "pods that request no GPU get every GPU from CUDA images' NVIDIA_VISIBLE_DEVICES=all",
-        f"set require-allocation: true in {path} (then "
-        f"{compile_command(path)}), or make runc the default and use "
-        "RuntimeClass nvshim",
+        "containerd's default is nvshim, require-allocation off: pods asking no GPU get all GPUs",
+        f"require-allocation: true in {path}",
+        detail=f"containerd's default runtime is nvshim{which} but require-allocation is "
+               f"off{reads}: pods that request no GPU get every GPU from CUDA images' "
+               f"NVIDIA_VISIBLE_DEVICES=all. Fix: set require-allocation: true in {path} (then "
+               f"{compile_command(path)}), or make runc the default and use RuntimeClass nvshim",
     )
 
 
@@ -290,12 +291,14 @@ def _check(
         if not loaded.require_allocation:
             return Finding(
                 check, "fail",
-                f"{engine}'s default runtime is nvshim but require-allocation is off{reads}: "
-                "containers that request no GPU get every GPU from CUDA images' "
-                "NVIDIA_VISIBLE_DEVICES=all",
-                f"set require-allocation: true in {path} (then "
-                f"{compile_command(path)}), or {configure + kept_flags(ours, None)} without "
-                "--set-as-default",
+                f"{engine}'s default is nvshim, require-allocation off: containers asking no GPU "
+                "get all GPUs",
+                f"require-allocation: true in {path}",
+                detail=f"{engine}'s default runtime is nvshim but require-allocation is "
+                       f"off{reads}: containers that request no GPU get every GPU from CUDA "
+                       "images' NVIDIA_VISIBLE_DEVICES=all. Fix: set require-allocation: true "
+                       f"in {path} (then {compile_command(path)}), or "
+                       f"{configure + kept_flags(ours, None)} without --set-as-default",
             )
     names = ", ".join(f"{n} ({b})" for n, b in sorted(ours.items()))
     return Finding(check, "ok", f"{where}: nvshim runtime {names}; default "

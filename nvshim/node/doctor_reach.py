@@ -119,14 +119,16 @@ def nvidia_default(check: str, engine: str, default: str, binary: Optional[str],
     seen = (f"{policy.path} does not parse ({policy.problem})" if policy.problem
             else f"{policy.path} leaves {_ENV_SWITCH} at true" if policy.exists
             else f"no {policy.path}: {_ENV_SWITCH} defaults to true")
+    full_fix = (f"{fix}; or set {_ENV_SWITCH} = false in {policy.path} (NVIDIA's own "
+                "switch; GPUs then come from device-plugin mounts or CDI only)")
     return Finding(
         check, "fail",
-        f'{engine}\'s default runtime "{default}" is NVIDIA\'s runtime ({runs}): every container '
-        "that names no runtime runs through it, and it grants GPUs from the image's env, so "
-        "containers that request no GPU get every GPU from CUDA images' "
-        f"NVIDIA_VISIBLE_DEVICES=all ({seen})",
-        f"{fix}; or set {_ENV_SWITCH} = false in {policy.path} (NVIDIA's own switch; "
-        "GPUs then come from device-plugin mounts or CDI only)",
+        f'{engine}\'s default "{default}" is NVIDIA\'s runtime: pods asking no GPU get every GPU',
+        "make runc the default (more: --verbose)",
+        detail=f'{engine}\'s default runtime "{default}" is NVIDIA\'s runtime ({runs}): every '
+               "container that names no runtime runs through it, and it grants GPUs from the "
+               "image's env, so containers that request no GPU get every GPU from CUDA images' "
+               f"NVIDIA_VISIBLE_DEVICES=all ({seen}). Fix: {full_fix}",
     )
 
 

@@ -23,10 +23,8 @@ from nvshim.runtime.hookargs import hook_command
 from tests.helpers.commands import fake_runtime, run_cli
 
 PITFALL = (
-    "FAIL  default-runtime: containerd's default runtime is nvshim but require-allocation is "
-    "off: pods that request no GPU get every GPU from CUDA images' NVIDIA_VISIBLE_DEVICES=all"
-    " — fix: set require-allocation: true in {config} (then nvshim config compile --config "
-    "{config}), or make runc the default and use RuntimeClass nvshim"
+    "FAIL  default-runtime: containerd's default is nvshim, require-allocation off: pods asking "
+    "no GPU get all GPUs — fix: require-allocation: true in {config}"
 )
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="simulated nodes need root (mknod)")
@@ -145,7 +143,7 @@ def test_pitfall_in_every_config_version(tmp_path: Path, version: int) -> None:
     _, effective = doctor_engines.check_containerd_config(str(ctrd))
     finding = doctor_engines.check_default_runtime(effective, Config(require_allocation=False), options)
     assert finding.status == "fail"
-    assert "require-allocation is off" in finding.message
+    assert "require-allocation is off" in finding.detail
 
 
 def test_pitfall_through_drop_in_and_other_handler_name(tmp_path: Path) -> None:
@@ -159,7 +157,7 @@ def test_pitfall_through_drop_in_and_other_handler_name(tmp_path: Path) -> None:
     _, effective = doctor_engines.check_containerd_config(str(main_file))
     bad = doctor_engines.check_default_runtime(effective, Config(require_allocation=False), options)
     good = doctor_engines.check_default_runtime(effective, Config(require_allocation=True), options)
-    assert bad.status == "fail" and 'handler "gpu"' in bad.message
+    assert bad.status == "fail" and 'handler "gpu"' in bad.detail
     assert good.status == "ok"
 
 

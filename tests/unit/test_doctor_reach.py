@@ -138,12 +138,14 @@ def test_wrapper_around_nvidia_runtime_as_default_fails(tmp_path: Path,
     pitfall, named with the chain (main said ok: the binary's name is not NVIDIA's)."""
     wrapper = script(tmp_path / "bin" / "gpu-runtime", f'exec {NVIDIA} "$@"\n')
     ctrd = containerd_toml(tmp_path / "containerd.toml", "gpu", {"gpu": str(wrapper)})
-    rc, lines = doctor(tmp_path, capsys, config=nvshim_config(tmp_path / "n.yaml", True),
-                       containerd=ctrd)
+    rc, lines = doctor(tmp_path, capsys, "--verbose",
+                       config=nvshim_config(tmp_path / "n.yaml", True), containerd=ctrd)
     assert rc == 1
-    assert line(lines, "default-runtime").startswith(
-        f'FAIL  default-runtime: containerd\'s default runtime "gpu" is NVIDIA\'s runtime '
-        f"({wrapper} → {NVIDIA}): ")
+    found = line(lines, "default-runtime")
+    assert found.startswith('FAIL  default-runtime: containerd\'s default "gpu" is NVIDIA\'s '
+                            "runtime: ")
+    assert lines[lines.index(found) + 1].startswith(
+        f'      containerd\'s default runtime "gpu" is NVIDIA\'s runtime ({wrapper} → {NVIDIA}): ')
 
 
 @pytest.mark.parametrize("via_env", [False, True], ids=["default-path", "ctk-env"])
@@ -257,11 +259,13 @@ def test_default_handler_judged_by_the_config_its_trampoline_embeds(
     embedded = nvshim_config(tmp_path / "etc" / "config.yaml", False)
     tramp = trampoline(tmp_path / "bin" / "nvshim-runtime", embedded)
     ctrd = containerd_toml(tmp_path / "c.toml", "nvshim", {"nvshim": str(tramp)})
-    rc, lines = doctor(tmp_path, capsys, config=nvshim_config(tmp_path / "given.yaml", True),
-                       containerd=ctrd)
+    rc, lines = doctor(tmp_path, capsys, "--verbose",
+                       config=nvshim_config(tmp_path / "given.yaml", True), containerd=ctrd)
     assert rc == 1
-    assert line(lines, "default-runtime").startswith(
-        "FAIL  default-runtime: containerd's default runtime is nvshim but require-allocation is "
+    found = line(lines, "default-runtime")
+    assert found.endswith(f"— fix: require-allocation: true in {embedded}"), found
+    assert lines[lines.index(found) + 1].startswith(
+        "      containerd's default runtime is nvshim but require-allocation is "
         f"off in {embedded} (the config {tramp} reads): ")
 
 
