@@ -111,8 +111,7 @@ def check_driver_files(host: Host, capabilities: Sequence[str]) -> Finding:
         )
     module = "the loaded module's" if host.module_version() else "no module loaded"
     tail = f"; not found: {', '.join(others)}" if others else ""
-    return Finding(name, "ok", f"driver {version} files {where} ({module})",
-                   detail=tail[2:])
+    return Finding(name, "ok", f"driver {version} files {where} ({module}){tail}")
 
 
 def check_cdi_specs(host: Host, spec_dirs: Sequence[str],
