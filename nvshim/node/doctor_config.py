@@ -176,10 +176,12 @@ def check_allocation_trust(config: Optional[Config], path: str) -> Finding:
                        ", ".join(config.allocation_sources))
     return Finding(
         name, "warn",
-        f"require-allocation trusts claims a pod can write itself ({', '.join(forgeable)}): a pod "
-        "that sets NVIDIA_VISIBLE_DEVICES=GPU-<uuid> or mounts a hostPath under "
-        "/var/run/nvidia-container-devices gets another tenant's GPU",
-        f"set verify-with: kubelet in {path} (then nvshim config compile)",
+        f"require-allocation trusts claims a pod can write itself: {', '.join(forgeable)}",
+        f"verify-with: kubelet in {path}",
+        detail=f"require-allocation trusts claims a pod can write itself ({', '.join(forgeable)})"
+               ": a pod that sets NVIDIA_VISIBLE_DEVICES=GPU-<uuid> or mounts a hostPath under "
+               "/var/run/nvidia-container-devices gets another tenant's GPU. Fix: set "
+               f"verify-with: kubelet in {path} (then nvshim config compile)",
     )
 
 

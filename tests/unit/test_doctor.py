@@ -169,8 +169,9 @@ def test_allocation_trust_warns_about_forgeable_sources_with_the_fix(tmp_path: P
     config = write_config(tmp_path / "etc", require_allocation=True)
     finding = doctor_config.check_allocation_trust(Config(require_allocation=True), str(config))
     assert finding.status == "warn"
-    assert "(volume-mounts, cdi-annotations, envvar-uuids)" in finding.message
-    assert finding.fix == f"set verify-with: kubelet in {config} (then nvshim config compile)"
+    assert finding.message.endswith(": volume-mounts, cdi-annotations, envvar-uuids")
+    assert finding.fix == f"verify-with: kubelet in {config}"
+    assert f"set verify-with: kubelet in {config} (then nvshim config compile)" in finding.detail
     socket = tmp_path / "kubelet.sock"
     socket.touch()
     ok = doctor_config.check_allocation_trust(

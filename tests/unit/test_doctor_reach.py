@@ -190,12 +190,17 @@ def test_nvidia_oci_hook_always_fails(tmp_path: Path, capsys: pytest.CaptureFixt
     NVIDIA's hook: FAIL naming the file, with the fix masking it from the later directory."""
     hooks = hook_file(tmp_path / "usr-hooks.d", "oci-nvidia-hook.json",
                       {"always": True, "commands": [".*"]})
-    rc, lines = doctor(tmp_path, capsys, config=nvshim_config(tmp_path / "n.yaml", True))
+    rc, lines = doctor(tmp_path, capsys, "--verbose",
+                       config=nvshim_config(tmp_path / "n.yaml", True))
     assert rc == 1
     found = line(lines, "oci-hooks")
-    assert found.startswith(f"FAIL  oci-hooks: {hooks} adds NVIDIA's hook {NVIDIA_HOOK} to "
-                            "every container podman and CRI-O start")
-    assert f"mask it with a file of the same name in {tmp_path / 'etc-hooks.d'}" in found
+    assert found == (f"FAIL  oci-hooks: {hooks} adds NVIDIA's hook: containers asking no GPU get "
+                     f"every GPU, past nvshim — fix: mask it in {tmp_path / 'etc-hooks.d'} "
+                     "(how: --verbose)")
+    detail = lines[lines.index(found) + 1]
+    assert detail.startswith(f"      {hooks} adds NVIDIA's hook {NVIDIA_HOOK} to every "
+                             "container podman and CRI-O start")
+    assert f"mask it with a file of the same name in {tmp_path / 'etc-hooks.d'}" in detail
 
 
 def test_oci_hooks_masked_limited_or_switched_off(tmp_path: Path,
