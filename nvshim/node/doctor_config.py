@@ -41,8 +41,9 @@ def check_config(path: str, required: bool = False) -> Tuple[Finding, Optional[C
         if not os.path.exists(path):
             fix = f"create {path}, or name an existing config with --config"
         else:
-            fix = f"correct {path}, then {compile_command(path)}"
-        return Finding("config", "fail", str(exc), fix), None
+            fix = f"correct {path}"
+        return Finding("config", "fail", str(exc), fix,
+                       detail=f"{fix}, then {compile_command(path)}"), None
     if config.source is None:
         named = config_named() if path == config_path() else ""
         if named:  # the runtime fails every create without it (fail closed)
@@ -128,10 +129,12 @@ def check_runtimes(config: Config, options: Optional[DoctorOptions] = None) -> F
     if chained is not None:
         return Finding(
             "runtimes", "fail",
-            f"runtimes in {source} hand every container on to another GPU runtime: {chained}; "
-            "it grants GPUs again from the env and mounts nvshim refused",
-            f"list runc or crun (or their absolute paths) under runtimes: in {source}, then "
-            f"{compile_command(source)}")
+            f"runtimes in {source} hand every container on to another GPU runtime",
+            f"list runc or crun under runtimes: in {source}",
+            detail=f"runtimes in {source} hand every container on to another GPU runtime: "
+                   f"{chained}; it grants GPUs again from the env and mounts nvshim refused. "
+                   "Fix: list runc or crun (or their absolute paths) under runtimes: in "
+                   f"{source}, then {compile_command(source)}")
     path_env = os.environ.get("PATH")
     for name in config.runtimes:
         # the runtime's own lookup: doctor names exactly the binary a create would exec
@@ -219,9 +222,8 @@ def check_trampoline(path: str) -> Finding:
         return Finding(name, "warn", f"{path}: {exc}", fix)
     if text != expected:
         return Finding(
-            name, "warn",
-            f"{path} differs from the trampoline this nvshim ({__version__}) renders: "
-            "installed by another version or edited",
-            fix,
+            name, "warn", f"{path} is not the trampoline this nvshim renders", fix,
+            detail=f"{path} differs from the trampoline this nvshim ({__version__}) renders: "
+                   "installed by another version or edited",
         )
     return Finding(name, "ok", f"{path} is current (python {python})")

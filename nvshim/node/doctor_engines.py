@@ -147,8 +147,10 @@ def check_drop_in_drift(path: str, options: Optional[DoctorOptions] = None) -> O
                                   options or DoctorOptions(containerd_config=path))
     return Finding(
         "containerd-drop-in", "fail",
-        "; ".join(lines) + " (containerd before 2.1 uses the drop-in's table, not theirs)",
-        f"{command} (copies the tables again)",
+        f"{drift[0][0]} has a stale copy of the CRI tables loaded before it",
+        "re-run nvshim runtime configure (--verbose: the command)",
+        detail="; ".join(lines) + " (containerd before 2.1 uses the drop-in's table, not "
+               f"theirs). Fix: {command} (copies the tables again)",
     )
 
 
@@ -179,9 +181,9 @@ def check_runtime_binary(effective: EffectiveRuntimes, options: DoctorOptions) -
     ours = _nvshim_handlers(effective, options)
     if not ours:
         return Finding(
-            name, "warn",
-            f"containerd config {effective.config_path} has no nvshim runtime handler",
+            name, "warn", "containerd has no nvshim runtime handler",
             _configure_containerd(effective.config_path),
+            detail=f"no runtime handler in {effective.config_path} or its imports runs nvshim",
         )
     bad = binary_problems(ours, "handler", "BinaryName",
                            "has no options.BinaryName, so containerd runs plain runc")
@@ -314,8 +316,8 @@ def check_docker(path: str, config: Optional[Config], options: DoctorOptions) ->
     try:
         seen = read_runtimes(path)
     except NvshimError as exc:
-        return Finding("docker", "fail", str(exc),
-                       f"correct {path}: dockerd will not start with it")
+        return Finding("docker", "fail", f"{path} does not parse: dockerd will not start",
+                       f"correct {path}", detail=str(exc))
     return _check("docker", "Docker", path, seen.runtimes, seen.default_runtime, "path",
                   config, options, _configure("docker", path, DEFAULT_CONFIG),
                   f'take "default-runtime" out of {path} (Docker then runs runc) and pick a '
@@ -346,9 +348,9 @@ def check_crio(path: str, config: Optional[Config], options: DoctorOptions) -> F
     try:
         seen = read_handlers(path, drop_ins)
     except NvshimError as exc:
-        return Finding("crio", "fail", str(exc),
-                       f"correct the file named (in {path} or {drop_ins}): crio will not "
-                       "start with it")
+        return Finding("crio", "fail", "a CRI-O config file does not parse: crio will not start",
+                       "correct the file --verbose names", detail=f"{exc} (in {path} or "
+                                                                  f"{drop_ins})")
     default = seen.default_runtime
     if default is None:
         # no file names one: CRI-O's own default (runc, or crun in newer releases) counts,

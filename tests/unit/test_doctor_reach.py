@@ -228,10 +228,13 @@ def test_runtimes_chaining_into_nvidia_runtime_fails(tmp_path: Path,
     container on to it, which grants again what nvshim refused: runtimes FAILs."""
     wrapper = script(tmp_path / "bin" / "low", f'exec {NVIDIA} "$@"\n')
     config = nvshim_config(tmp_path / "n.yaml", True, runtimes=[str(wrapper), "runc"])
-    rc, lines = doctor(tmp_path, capsys, config=config)
+    rc, lines = doctor(tmp_path, capsys, "--verbose", config=config)
     assert rc == 1
-    assert line(lines, "runtimes").startswith(
-        f"FAIL  runtimes: runtimes in {config} hand every container on to another GPU runtime: "
+    found = line(lines, "runtimes")
+    assert found == (f"FAIL  runtimes: runtimes in {config} hand every container on to another "
+                     f"GPU runtime — fix: list runc or crun under runtimes: in {config}")
+    assert lines[lines.index(found) + 1].startswith(
+        f"      runtimes in {config} hand every container on to another GPU runtime: "
         f"{wrapper} → {NVIDIA} is NVIDIA's runtime")
 
 
