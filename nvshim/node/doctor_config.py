@@ -93,7 +93,8 @@ def check_compiled_config(path: str, config: Optional[Config]) -> Finding:
     from nvshim.config import compiled_matches
 
     if not compiled_matches(doc, data):
-        return Finding(name, "warn", f"{path} changed since it was compiled into {compiled}", fix)
+        return Finding(name, "warn", f"{path} changed since it was compiled", fix,
+                       detail=f"{path} changed since it was compiled into {compiled}")
     listing = runtimes_path(path)
     try:
         os.stat(listing)

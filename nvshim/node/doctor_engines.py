@@ -147,8 +147,8 @@ def check_drop_in_drift(path: str, options: Optional[DoctorOptions] = None) -> O
                                   options or DoctorOptions(containerd_config=path))
     return Finding(
         "containerd-drop-in", "fail",
-        f"{drift[0][0]} has a stale copy of the CRI tables loaded before it",
-        "re-run nvshim runtime configure (--verbose: the command)",
+        f"{drift[0][0]} is a stale copy of the CRI tables before it",
+        "re-run runtime configure (--verbose)",
         detail="; ".join(lines) + " (containerd before 2.1 uses the drop-in's table, not "
                f"theirs). Fix: {command} (copies the tables again)",
     )
@@ -190,9 +190,10 @@ def check_runtime_binary(effective: EffectiveRuntimes, options: DoctorOptions) -
     good = [f'handler "{handler}" runs {binary}' for handler, binary in sorted(ours.items())]
     if bad:
         return Finding(
-            name, "fail", "; ".join(bad) + ": its containers get no GPUs or fail to start",
-            f"install nvshim (./install.sh), or re-run "
-            f"{_containerd_configure(effective, options, DEFAULT_TRAMPOLINE)}",
+            name, "fail", "; ".join(bad), "./install.sh, or nvshim runtime configure (--verbose)",
+            detail="; ".join(bad) + ": its containers get no GPUs or fail to start. Fix: install "
+                   "nvshim (./install.sh), or re-run "
+                   f"{_containerd_configure(effective, options, DEFAULT_TRAMPOLINE)}",
         )
     return Finding(name, "ok", "; ".join(good))
 
@@ -240,7 +241,7 @@ def check_default_runtime(
     which = "" if default == "nvshim" else f' (handler "{default}")'
     return Finding(
         name, "fail",
-        "containerd's default is nvshim, require-allocation off: pods asking no GPU get all GPUs",
+        "default runtime nvshim has require-allocation off: CUDA images get every GPU",
         f"require-allocation: true in {path}",
         detail=f"containerd's default runtime is nvshim{which} but require-allocation is "
                f"off{reads}: pods that request no GPU get every GPU from CUDA images' "
@@ -293,8 +294,7 @@ def _check(
         if not loaded.require_allocation:
             return Finding(
                 check, "fail",
-                f"{engine}'s default is nvshim, require-allocation off: containers asking no GPU "
-                "get all GPUs",
+                f"{engine}'s default nvshim has require-allocation off: CUDA images get every GPU",
                 f"require-allocation: true in {path}",
                 detail=f"{engine}'s default runtime is nvshim but require-allocation is "
                        f"off{reads}: containers that request no GPU get every GPU from CUDA "

@@ -110,8 +110,8 @@ def check_oci_hooks(options: DoctorOptions) -> Finding:
                f"nvshim handler); or set {_SWITCH} = false in {policy.path}")
         findings.append(Finding(
             _CHECK, "fail" if limited is None else "warn",
-            f"{path} adds NVIDIA's hook: containers asking no GPU get every GPU, past nvshim",
-            f"mask it in {last} (how: --verbose)" if mask != f"remove {path}" else mask,
+            f"NVIDIA's hook in {os.path.basename(path)}: containers asking no GPU get every GPU",
+            "mask it (--verbose: how)" if mask != f"remove {path}" else "remove it",
             detail=f"{path} adds NVIDIA's hook {runs} to {scope}, whatever runtime runs them: "
                    "it grants GPUs from the container's env, so one that requests no GPU gets "
                    f"every GPU from a CUDA image's NVIDIA_VISIBLE_DEVICES=all, past nvshim "

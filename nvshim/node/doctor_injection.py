@@ -253,8 +253,8 @@ def _injection_finding(e: EngineCdi, config: Optional[Config],
     if e.injects is None:
         where = e.switch.rsplit(" of ", 1)[-1]
         return Finding(
-            _CHECK_CDI, "warn", f"on containerd 2.x {both} (enable_cdi unset)",
-            f"set enable_cdi explicitly in {where} (--verbose)",
+            _CHECK_CDI, "warn", "on containerd 2.x containerd and nvshim both inject CDI "
+            "devices (enable_cdi unset)", "set enable_cdi explicitly (--verbose: where)",
             detail=f"{e.why}: on containerd 2.x both containerd and nvshim inject {named} name "
                    f"({e.hand_off}; {reason}). Fix: set enable_cdi in {e.switch} explicitly: "
                    f"false for nvshim alone, or true and {nvshim_fix} (then {compile_it})",

@@ -276,9 +276,11 @@ def check_handler_configs(runtimes: Sequence[Runtime], doctor_config: Optional[C
         if config is None:
             if not os.path.exists(path):
                 findings.append(Finding(
-                    _CHECK, "fail", f"{reads}: it does not exist, so every create fails",
-                    f"create {path} (install.sh writes it; then {compile_command(path)}), or "
-                    "name an existing config in the wrapper's NVSHIM_CONFIG"))
+                    _CHECK, "fail", f"nvshim reads {path}, which does not exist: every create "
+                    "fails", f"create {path}",
+                    detail=f"{reads}: it does not exist, so every create fails. Fix: create "
+                           f"{path} (install.sh writes it; then {compile_command(path)}), or "
+                           "name an existing config in the wrapper's NVSHIM_CONFIG"))
             else:
                 findings.append(Finding(_CHECK, "fail", f"{reads}: {problem}",
                                         f"correct {path}, then {compile_command(path)}"))

@@ -23,8 +23,8 @@ from nvshim.runtime.hookargs import hook_command
 from tests.helpers.commands import fake_runtime, run_cli
 
 PITFALL = (
-    "FAIL  default-runtime: containerd's default is nvshim, require-allocation off: pods asking "
-    "no GPU get all GPUs — fix: require-allocation: true in {config}"
+    "FAIL  default-runtime: default runtime nvshim has require-allocation off: CUDA images get "
+    "every GPU — fix: require-allocation: true in {config}"
 )
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="simulated nodes need root (mknod)")

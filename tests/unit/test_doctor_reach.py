@@ -194,9 +194,8 @@ def test_nvidia_oci_hook_always_fails(tmp_path: Path, capsys: pytest.CaptureFixt
                        config=nvshim_config(tmp_path / "n.yaml", True))
     assert rc == 1
     found = line(lines, "oci-hooks")
-    assert found == (f"FAIL  oci-hooks: {hooks} adds NVIDIA's hook: containers asking no GPU get "
-                     f"every GPU, past nvshim — fix: mask it in {tmp_path / 'etc-hooks.d'} "
-                     "(how: --verbose)")
+    assert found == ("FAIL  oci-hooks: NVIDIA's hook in oci-nvidia-hook.json: containers asking "
+                     "no GPU get every GPU — fix: mask it (--verbose: how)")
     detail = lines[lines.index(found) + 1]
     assert detail.startswith(f"      {hooks} adds NVIDIA's hook {NVIDIA_HOOK} to every "
                              "container podman and CRI-O start")
@@ -320,11 +319,14 @@ def test_named_config_a_runtime_reads_missing_fails(tmp_path: Path,
     handler-config FAILs naming the file."""
     wrapper = script(tmp_path / "w", "export NVSHIM_CONFIG=/nonexistent/nvshim.yaml\n"
                                      "exec /nonexistent/bin/nvshim-runtime \"$@\"\n")
-    rc, lines = doctor(tmp_path, capsys, "--runtime-binary", str(wrapper),
+    rc, lines = doctor(tmp_path, capsys, "--runtime-binary", str(wrapper), "--verbose",
                        config=nvshim_config(tmp_path / "n.yaml", True))
     assert rc == 1
-    assert line(lines, "handler-config").startswith(
-        f"FAIL  handler-config: runtime {wrapper} runs {wrapper} → /nonexistent/bin/nvshim-runtime"
+    found = line(lines, "handler-config")
+    assert found == ("FAIL  handler-config: nvshim reads /nonexistent/nvshim.yaml, which does not "
+                     "exist: every create fails — fix: create /nonexistent/nvshim.yaml")
+    assert lines[lines.index(found) + 1].startswith(
+        f"      runtime {wrapper} runs {wrapper} → /nonexistent/bin/nvshim-runtime"
         ", which reads /nonexistent/nvshim.yaml: it does not exist, so every create fails")
 
 
@@ -358,7 +360,7 @@ def test_containerd_binary_fix_keeps_the_drop_ins_flags(tmp_path: Path) -> None:
     assert effective is not None
     finding = doctor_engines.check_runtime_binary(effective, options)
     assert finding.status == "fail"
-    assert finding.fix == (
+    assert finding.detail.endswith(
         f"install nvshim (./install.sh), or re-run nvshim runtime configure --runtime containerd "
         f"--config {config} --drop-in {drop_in} --name gpu --set-as-default")
 
