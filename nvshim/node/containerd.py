@@ -11,9 +11,12 @@ without ``version`` as version 1::
 The handler ``<cri>.containerd.runtimes.<name>`` is a copy of the runc handler (all its
 options, ``SystemdCgroup`` included) with ``options.BinaryName`` pointing at
 nvshim-runtime, and it lets the container's ``cdi.k8s.io/*`` annotations (set by the kubelet
-from the device plugin's answer) through to the runtime. The pod's annotations of that
-name are let through only with ``pod_cdi_annotations``: anyone who can create a pod can
-write them, and in the container's spec they look the same as the device plugin's.
+from the device plugin's answer) through to the runtime -- unless containerd injects those
+CDI devices itself (``enable_cdi`` on, ``--enable-cdi``, or unset in a version 3 config):
+then nvshim counts them as an engine grant instead of injecting them again. The pod's
+annotations of that name are let through only with ``pod_cdi_annotations``: anyone who
+can create a pod can write them, and in the container's spec they look the same as the
+device plugin's.
 
 For versions 2 and 3 the handler goes into a drop-in file that the main file imports, by
 default ``conf.d/99-nvshim.toml`` beside the main file (:func:`default_drop_in`).

@@ -229,8 +229,9 @@ def _injection_finding(e: EngineCdi, config: Optional[Config],
     if e.injects is False:
         if reads and e.hands_over:
             own = ", ".join(config.cdi_spec_dirs) or "no directory"
-            return Finding(_CHECK_CDI, "ok", f"nvshim injects the CDI devices {CDI_ANNOTATION_PREFIX}"
-                           f" annotations name; {e.engine}'s CDI is off, DRA claims get none",
+            return Finding(_CHECK_CDI, "ok", "nvshim injects the CDI devices "
+                           f"{CDI_ANNOTATION_PREFIX} annotations name; {e.engine}'s CDI is "
+                           "off, DRA claims get none",
                            detail=f"nvshim injects {named} name, from {own}; {e.engine} "
                                   f"injects none ({e.why}), so CRI CDIDevices (DRA claims) "
                                   "get no devices")
@@ -251,7 +252,6 @@ def _injection_finding(e: EngineCdi, config: Optional[Config],
     compile_it = compile_command(path)
     both = f"{e.engine} and nvshim both inject CDI annotations' devices"
     if e.injects is None:
-        where = e.switch.rsplit(" of ", 1)[-1]
         return Finding(
             _CHECK_CDI, "warn", "on containerd 2.x containerd and nvshim both inject CDI "
             "devices (enable_cdi unset)", "set enable_cdi explicitly (--verbose: where)",
