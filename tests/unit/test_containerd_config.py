@@ -959,13 +959,15 @@ def test_doctor_finds_a_stale_drop_in_and_configure_resyncs_it(tmp_path: Path, e
     assert drift == [(str(drop_in), ['plugins."io.containerd.grpc.v1.cri".sandbox_image'])]
     finding = doctor_engines.check_drop_in_drift(str(main_file))
     assert finding is not None and finding.status == "fail"
-    assert "sandbox_image" in finding.message
+    assert "sandbox_image" in finding.detail
     # the drop-in sits where configure puts it for this config (beside it): no --drop-in;
     # the flags it was written with are kept
     flags = {"enable_cdi": " --enable-cdi", "set_as_default": " --set-as-default"}
     kept = "".join(flags[k] for k in extra if k in flags)
-    assert finding.fix == (f"nvshim runtime configure --runtime containerd --config {main_file} "
-                           f"--binary {binary}{kept} (copies the tables again)")
+    assert finding.fix == "re-run runtime configure (--verbose)"
+    assert finding.detail.endswith(
+        f"Fix: nvshim runtime configure --runtime containerd --config {main_file} "
+        f"--binary {binary}{kept} (copies the tables again)")
     options = DoctorOptions(config_path=str(tmp_path / "none.yaml"),
                             containerd_config=str(main_file))
     assert any(f.check == "containerd-drop-in" and f.status == "fail" for f in doctor.run_checks(options))
