@@ -102,7 +102,18 @@ def _handler_config_missing(tmp: Path) -> Dict[str, Path]:
     return {"containerd": ctrd}
 
 
+def _default_mark_off(tmp: Path) -> Dict[str, Path]:
+    """install.sh --set-as-default's mark, then the config edited to require-allocation off."""
+    from nvshim.node.compile import compile_config
+
+    config = _nvshim(tmp, **{"require-allocation": True})
+    compile_config(str(config), default_runtime=True)
+    config.write_text("# everything commented out\n")
+    return {"config": config}
+
+
 STATES: Dict[str, Callable[[Path], Dict[str, Path]]] = {
+    "default-mark-off": _default_mark_off,
     "readme-install": _readme_install,
     "double-cdi": _double_cdi,
     "unknown-containerd": _unknown_containerd_version,
