@@ -301,8 +301,7 @@ def check_handler_configs(runtimes: Sequence[Runtime], doctor_config: Optional[C
             # FAILs in default-runtime) while it is off; one line says so, the rest is detail
             findings.append(Finding(
                 _CHECK, "warn",
-                "require-allocation is off (the default while nvshim is not the default "
-                "runtime)",
+                "require-allocation is off: the default, as nvshim is not the default runtime",
                 f"require-allocation: true in {path}",
                 detail=f"{reads}: require-allocation is off, so any pod that names "
                        f"{', '.join(open_to_pods)} by RuntimeClass gets the GPUs its own env "

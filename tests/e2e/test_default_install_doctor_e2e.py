@@ -91,8 +91,8 @@ def test_readme_install_on_containerds_default_config(containerd_dir: Path,
     found = json.loads(_run(["doctor", "--format", "json", *common], path, config).stdout)
     warned = [f for f in found if f["status"] not in ("ok", "skip")]
     assert [(f["check"], f["status"]) for f in warned] == [("handler-config", "warn")], warned
-    assert warned[0]["message"] == ("require-allocation is off (the default while nvshim is "
-                                    "not the default runtime)"), warned
+    assert warned[0]["message"] == ("require-allocation is off: the default, as nvshim is "
+                                    "not the default runtime"), warned
     text = _run(["doctor", *common], path, config).stdout
     assert [line for line in text.splitlines()
             if len(line.replace(str(tmp_path), "")) > MAX_LINE] == [], text

@@ -247,8 +247,8 @@ def test_runtime_class_with_require_allocation_off_warns(
     _, lines = doctor(tmp_path, capsys, "--verbose", config=config, containerd=ctrd)
     assert line(lines, "default-runtime").startswith("ok    ")
     assert line(lines, "handler-config") == (
-        "warn  handler-config: require-allocation is off (the default while nvshim is not the "
-        f"default runtime) — fix: require-allocation: true in {config}")
+        "warn  handler-config: require-allocation is off: the default, as nvshim is not the "
+        f"default runtime — fix: require-allocation: true in {config}")
     detail = lines[lines.index(line(lines, "handler-config")) + 1]
     assert detail == (
         f'      containerd handler "nvshim" runs {tramp}, which reads {config}: '
