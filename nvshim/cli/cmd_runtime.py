@@ -208,10 +208,12 @@ def runtime() -> None:
         "cdi_spec_dirs = [" + ", ".join(f'"{d}"' for d in containerd.CDI_SPEC_DIRS) + "] "
         "unless set; docker: features.cdi = true "
         "(Docker 25 and later). CRI-O reads CDI specs without a switch. The engine then "
-        "injects the devices cdi.k8s.io annotations name itself: take cdi-annotations out "
-        "of nvshim's allocation-sources (or cdi.k8s.io/ out of annotation-prefixes) so "
-        "nvshim counts them as an engine grant instead of injecting them again "
-        "(nvshim doctor's cdi-injection check)."
+        "injects the devices cdi.k8s.io annotations name itself, and nvshim counts them as "
+        "an engine grant: containerd's handler is then not passed cdi.k8s.io/* (nor where "
+        "its CDI is already on, or a version 3 config leaves enable_cdi unset); elsewhere "
+        "drop cdi-annotations from nvshim's allocation-sources (or cdi.k8s.io/ from "
+        "annotation-prefixes) so nvshim does not inject them again (nvshim doctor's "
+        "cdi-injection check)."
     ),
 )
 @click.option(
@@ -274,7 +276,9 @@ def configure_command(
 
     containerd: a handler copying the runc handler's options (SystemdCgroup, Root, ...),
     options.BinaryName = nvshim-runtime, the container's cdi.k8s.io/* annotations (the
-    device plugin's) passed through; the pod's only with --pod-cdi-annotations.
+    device plugin's) passed through where containerd's own CDI is off (on, containerd
+    injects those devices and nvshim counts them as an engine grant); the pod's only with
+    --pod-cdi-annotations.
     Docker: runtimes.<name>.path in daemon.json, other keys and their order kept
     (docker run --runtime nvshim), and, unless dockerd's search path has one already
     (NVIDIA's is kept), nvshim's nvidia-container-runtime-hook beside --binary, which lets

@@ -11,9 +11,12 @@ without ``version`` as version 1::
 The handler ``<cri>.containerd.runtimes.<name>`` is a copy of the runc handler (all its
 options, ``SystemdCgroup`` included) with ``options.BinaryName`` pointing at
 nvshim-runtime, and it lets the container's ``cdi.k8s.io/*`` annotations (set by the kubelet
-from the device plugin's answer) through to the runtime. The pod's annotations of that
-name are let through only with ``pod_cdi_annotations``: anyone who can create a pod can
-write them, and in the container's spec they look the same as the device plugin's.
+from the device plugin's answer) through to the runtime -- unless containerd injects those
+CDI devices itself (``enable_cdi`` on, ``--enable-cdi``, or unset in a version 3 config):
+then nvshim counts them as an engine grant instead of injecting them again. The pod's
+annotations of that name are let through only with ``pod_cdi_annotations``: anyone who
+can create a pod can write them, and in the container's spec they look the same as the
+device plugin's.
 
 For versions 2 and 3 the handler goes into a drop-in file that the main file imports, by
 default ``conf.d/99-nvshim.toml`` beside the main file (:func:`default_drop_in`).
@@ -135,8 +138,10 @@ def _merge_list(existing: Any, extra: Tuple[str, ...], where: str) -> List[Any]:
     return merged
 
 def _build_handler(cri: Any, name: str, binary: str, where: str,
-                   pod_cdi_annotations: bool = False) -> Dict[str, Any]:
-    """The handler table: the runc (or default) handler's copy pointed at ``binary``."""
+                   pod_cdi_annotations: bool = False,
+                   cdi_annotations: bool = True) -> Dict[str, Any]:
+    """The handler table: the runc (or default) handler's copy pointed at ``binary``;
+    ``cdi_annotations``: it lets ``cdi.k8s.io/*`` through to nvshim-runtime."""
     runtimes = lookup(cri, ("containerd", "runtimes"), "")
     containerd_table = lookup(cri, ("containerd",), "")
     source = None
@@ -152,7 +157,7 @@ def _build_handler(cri: Any, name: str, binary: str, where: str,
     handler_where = f"{where}.containerd.runtimes.{quote_key(name)}"
     keys = ("container_annotations", "pod_annotations") if pod_cdi_annotations else (
         "container_annotations",)
-    for key in keys:
+    for key in keys if cdi_annotations else ():
         handler[key] = _merge_list(handler.get(key), CDI_ANNOTATIONS, f"{handler_where}.{key}")
     options = handler.get("options")
     if options is None:
@@ -176,9 +181,21 @@ def _apply_to_cri(
     where: str,
     warnings: List[str],
     pod_cdi_annotations: bool = False,
+    version: int = 2,
 ) -> None:
-    """Add the handler (and the default name, CDI switch) to the CRI table ``cri``."""
-    handler = _build_handler(cri, name, binary, where, pod_cdi_annotations)
+    """Add the handler (and the default name, CDI switch) to the CRI table ``cri``.
+
+    Where containerd injects CDI devices itself -- ``enable_cdi`` on (or ``--enable-cdi``),
+    or unset in a version 3 config (containerd 2.x, on by default) -- the handler is not
+    passed ``cdi.k8s.io/*``: containerd injects the devices those annotations name, and
+    nvshim counts them as an engine grant instead of injecting them a second time."""
+    switch = plain(cri.get("enable_cdi"))
+    engine_cdi = enable_cdi or switch is True or (version == 3 and switch is None)
+    if engine_cdi and pod_cdi_annotations:
+        warnings.append("--pod-cdi-annotations: nothing passed: containerd injects the CDI "
+                        f"devices cdi.k8s.io/ annotations name itself (enable_cdi in {where})")
+    handler = _build_handler(cri, name, binary, where, pod_cdi_annotations,
+                             cdi_annotations=not engine_cdi)
     containerd_table = ensure_table(cri, "containerd", f"{where}.containerd")
     runtimes = ensure_table(containerd_table, "runtimes", f"{where}.containerd.runtimes")
     existing = runtimes.get(name)
@@ -408,6 +425,7 @@ def plan_configure(
             where=where,
             warnings=warnings,
             pod_cdi_annotations=pod_cdi_annotations,
+            version=version,
         )
         if enable_nri:
             _enable_nri(plugins_table, plugins_table, version, warnings)
@@ -438,6 +456,7 @@ def plan_configure(
         where=where,
         warnings=warnings,
         pod_cdi_annotations=pod_cdi_annotations,
+        version=version,
     )
     drop_doc = tomlkit.document()
     for line in _drop_in_header(config_path, kept + [name], [p for p, _ in before]).splitlines():

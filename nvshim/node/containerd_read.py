@@ -239,6 +239,11 @@ def _without_nvshim(drop: Dict[str, Any], main: Dict[str, Any]) -> Dict[str, Any
             runtimes[handler_name] = copy.deepcopy(main_runtimes[handler_name])
         else:
             del runtimes[handler_name]
+    # tables left empty by that which no earlier file has (a bare `version = 2` main file)
+    if nvshim_names and not runtimes and "runtimes" not in main.get("containerd", {}):
+        drop.get("containerd", {}).pop("runtimes", None)
+    if "containerd" in drop and not drop["containerd"] and "containerd" not in main:
+        del drop["containerd"]
     containerd_table = drop.get("containerd", {})
     if containerd_table.get("default_runtime_name") in nvshim_names:
         main_default = main.get("containerd", {}).get("default_runtime_name")

@@ -41,8 +41,9 @@ def check_config(path: str, required: bool = False) -> Tuple[Finding, Optional[C
         if not os.path.exists(path):
             fix = f"create {path}, or name an existing config with --config"
         else:
-            fix = f"correct {path}, then {compile_command(path)}"
-        return Finding("config", "fail", str(exc), fix), None
+            fix = f"correct {path}"
+        return Finding("config", "fail", str(exc), fix,
+                       detail=f"{fix}, then {compile_command(path)}"), None
     if config.source is None:
         named = config_named() if path == config_path() else ""
         if named:  # the runtime fails every create without it (fail closed)
@@ -92,7 +93,8 @@ def check_compiled_config(path: str, config: Optional[Config]) -> Finding:
     from nvshim.config import compiled_matches
 
     if not compiled_matches(doc, data):
-        return Finding(name, "warn", f"{path} changed since it was compiled into {compiled}", fix)
+        return Finding(name, "warn", f"{path} changed since it was compiled", fix,
+                       detail=f"{path} changed since it was compiled into {compiled}")
     listing = runtimes_path(path)
     try:
         os.stat(listing)
@@ -128,10 +130,12 @@ def check_runtimes(config: Config, options: Optional[DoctorOptions] = None) -> F
     if chained is not None:
         return Finding(
             "runtimes", "fail",
-            f"runtimes in {source} hand every container on to another GPU runtime: {chained}; "
-            "it grants GPUs again from the env and mounts nvshim refused",
-            f"list runc or crun (or their absolute paths) under runtimes: in {source}, then "
-            f"{compile_command(source)}")
+            f"runtimes in {source} hand every container on to another GPU runtime",
+            f"list runc or crun under runtimes: in {source}",
+            detail=f"runtimes in {source} hand every container on to another GPU runtime: "
+                   f"{chained}; it grants GPUs again from the env and mounts nvshim refused. "
+                   "Fix: list runc or crun (or their absolute paths) under runtimes: in "
+                   f"{source}, then {compile_command(source)}")
     path_env = os.environ.get("PATH")
     for name in config.runtimes:
         # the runtime's own lookup: doctor names exactly the binary a create would exec
@@ -176,10 +180,12 @@ def check_allocation_trust(config: Optional[Config], path: str) -> Finding:
                        ", ".join(config.allocation_sources))
     return Finding(
         name, "warn",
-        f"require-allocation trusts claims a pod can write itself ({', '.join(forgeable)}): a pod "
-        "that sets NVIDIA_VISIBLE_DEVICES=GPU-<uuid> or mounts a hostPath under "
-        "/var/run/nvidia-container-devices gets another tenant's GPU",
-        f"set verify-with: kubelet in {path} (then nvshim config compile)",
+        f"require-allocation trusts claims a pod can write itself: {', '.join(forgeable)}",
+        f"verify-with: kubelet in {path}",
+        detail=f"require-allocation trusts claims a pod can write itself ({', '.join(forgeable)})"
+               ": a pod that sets NVIDIA_VISIBLE_DEVICES=GPU-<uuid> or mounts a hostPath under "
+               "/var/run/nvidia-container-devices gets another tenant's GPU. Fix: set "
+               f"verify-with: kubelet in {path} (then nvshim config compile)",
     )
 
 
@@ -217,9 +223,8 @@ def check_trampoline(path: str) -> Finding:
         return Finding(name, "warn", f"{path}: {exc}", fix)
     if text != expected:
         return Finding(
-            name, "warn",
-            f"{path} differs from the trampoline this nvshim ({__version__}) renders: "
-            "installed by another version or edited",
-            fix,
+            name, "warn", f"{path} is not the trampoline this nvshim renders", fix,
+            detail=f"{path} differs from the trampoline this nvshim ({__version__}) renders: "
+                   "installed by another version or edited",
         )
     return Finding(name, "ok", f"{path} is current (python {python})")

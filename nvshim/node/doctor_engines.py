@@ -147,8 +147,10 @@ def check_drop_in_drift(path: str, options: Optional[DoctorOptions] = None) -> O
                                   options or DoctorOptions(containerd_config=path))
     return Finding(
         "containerd-drop-in", "fail",
-        "; ".join(lines) + " (containerd before 2.1 uses the drop-in's table, not theirs)",
-        f"{command} (copies the tables again)",
+        f"{drift[0][0]} is a stale copy of the CRI tables before it",
+        "re-run runtime configure (--verbose)",
+        detail="; ".join(lines) + " (containerd before 2.1 uses the drop-in's table, not "
+               f"theirs). Fix: {command} (copies the tables again)",
     )
 
 
@@ -179,18 +181,19 @@ def check_runtime_binary(effective: EffectiveRuntimes, options: DoctorOptions) -
     ours = _nvshim_handlers(effective, options)
     if not ours:
         return Finding(
-            name, "warn",
-            f"containerd config {effective.config_path} has no nvshim runtime handler",
+            name, "warn", "containerd has no nvshim runtime handler",
             _configure_containerd(effective.config_path),
+            detail=f"no runtime handler in {effective.config_path} or its imports runs nvshim",
         )
     bad = binary_problems(ours, "handler", "BinaryName",
                            "has no options.BinaryName, so containerd runs plain runc")
     good = [f'handler "{handler}" runs {binary}' for handler, binary in sorted(ours.items())]
     if bad:
         return Finding(
-            name, "fail", "; ".join(bad) + ": its containers get no GPUs or fail to start",
-            f"install nvshim (./install.sh), or re-run "
-            f"{_containerd_configure(effective, options, DEFAULT_TRAMPOLINE)}",
+            name, "fail", "; ".join(bad), "./install.sh, or nvshim runtime configure (--verbose)",
+            detail="; ".join(bad) + ": its containers get no GPUs or fail to start. Fix: install "
+                   "nvshim (./install.sh), or re-run "
+                   f"{_containerd_configure(effective, options, DEFAULT_TRAMPOLINE)}",
         )
     return Finding(name, "ok", "; ".join(good))
 
@@ -238,11 +241,12 @@ def check_default_runtime(
     which = "" if default == "nvshim" else f' (handler "{default}")'
     return Finding(
         name, "fail",
-        f"containerd's default runtime is nvshim{which} but require-allocation is off{reads}: "
-        "pods that request no GPU get every GPU from CUDA images' NVIDIA_VISIBLE_DEVICES=all",
-        f"set require-allocation: true in {path} (then "
-        f"{compile_command(path)}), or make runc the default and use "
-        "RuntimeClass nvshim",
+        "default runtime nvshim has require-allocation off: CUDA images get every GPU",
+        f"require-allocation: true in {path}",
+        detail=f"containerd's default runtime is nvshim{which} but require-allocation is "
+               f"off{reads}: pods that request no GPU get every GPU from CUDA images' "
+               f"NVIDIA_VISIBLE_DEVICES=all. Fix: set require-allocation: true in {path} (then "
+               f"{compile_command(path)}), or make runc the default and use RuntimeClass nvshim",
     )
 
 
@@ -290,12 +294,13 @@ def _check(
         if not loaded.require_allocation:
             return Finding(
                 check, "fail",
-                f"{engine}'s default runtime is nvshim but require-allocation is off{reads}: "
-                "containers that request no GPU get every GPU from CUDA images' "
-                "NVIDIA_VISIBLE_DEVICES=all",
-                f"set require-allocation: true in {path} (then "
-                f"{compile_command(path)}), or {configure + kept_flags(ours, None)} without "
-                "--set-as-default",
+                f"{engine}'s default nvshim has require-allocation off: CUDA images get every GPU",
+                f"require-allocation: true in {path}",
+                detail=f"{engine}'s default runtime is nvshim but require-allocation is "
+                       f"off{reads}: containers that request no GPU get every GPU from CUDA "
+                       "images' NVIDIA_VISIBLE_DEVICES=all. Fix: set require-allocation: true "
+                       f"in {path} (then {compile_command(path)}), or "
+                       f"{configure + kept_flags(ours, None)} without --set-as-default",
             )
     names = ", ".join(f"{n} ({b})" for n, b in sorted(ours.items()))
     return Finding(check, "ok", f"{where}: nvshim runtime {names}; default "
@@ -311,8 +316,8 @@ def check_docker(path: str, config: Optional[Config], options: DoctorOptions) ->
     try:
         seen = read_runtimes(path)
     except NvshimError as exc:
-        return Finding("docker", "fail", str(exc),
-                       f"correct {path}: dockerd will not start with it")
+        return Finding("docker", "fail", f"{path} does not parse: dockerd will not start",
+                       f"correct {path}", detail=str(exc))
     return _check("docker", "Docker", path, seen.runtimes, seen.default_runtime, "path",
                   config, options, _configure("docker", path, DEFAULT_CONFIG),
                   f'take "default-runtime" out of {path} (Docker then runs runc) and pick a '
@@ -343,9 +348,9 @@ def check_crio(path: str, config: Optional[Config], options: DoctorOptions) -> F
     try:
         seen = read_handlers(path, drop_ins)
     except NvshimError as exc:
-        return Finding("crio", "fail", str(exc),
-                       f"correct the file named (in {path} or {drop_ins}): crio will not "
-                       "start with it")
+        return Finding("crio", "fail", "a CRI-O config file does not parse: crio will not start",
+                       "correct the file --verbose names", detail=f"{exc} (in {path} or "
+                                                                  f"{drop_ins})")
     default = seen.default_runtime
     if default is None:
         # no file names one: CRI-O's own default (runc, or crun in newer releases) counts,

@@ -98,22 +98,25 @@ def check_oci_hooks(options: DoctorOptions) -> Finding:
                  else f"the containers that match {limited}")
         if not policy.accepts_env:
             findings.append(Finding(
-                _CHECK, "ok", f"{path} adds NVIDIA's hook {runs} to {scope}, and "
-                f"{policy.path} sets {_SWITCH} = false: an unprivileged container's env "
-                "grants it no GPU"))
+                _CHECK, "ok", f"{path} adds NVIDIA's hook; {policy.path} turns its env grants off",
+                detail=f"{path} adds NVIDIA's hook {runs} to {scope}, and {policy.path} sets "
+                       f"{_SWITCH} = false: an unprivileged container's env grants it no GPU"))
             continue
         last = dirs[-1]
         mask = (f"mask it with a file of the same name in {last} whose \"when\" is "
                 "{\"always\": false}" if os.path.dirname(path) != last
                 else f"remove {path}")
+        fix = (f"{mask} and run GPU containers through nvshim-runtime (podman --runtime, CRI-O's "
+               f"nvshim handler); or set {_SWITCH} = false in {policy.path}")
         findings.append(Finding(
             _CHECK, "fail" if limited is None else "warn",
-            f"{path} adds NVIDIA's hook {runs} to {scope}, whatever runtime runs them: it "
-            "grants GPUs from the container's env, so one that requests no GPU gets every GPU "
-            f"from a CUDA image's NVIDIA_VISIBLE_DEVICES=all, past nvshim ({policy.path}: "
-            f"{_SWITCH} {'is true' if policy.exists else 'defaults to true'})",
-            f"{mask} and run GPU containers through nvshim-runtime (podman --runtime, CRI-O's "
-            f"nvshim handler); or set {_SWITCH} = false in {policy.path}"))
+            f"NVIDIA's hook in {os.path.basename(path)}: containers asking no GPU get every GPU",
+            "mask it (--verbose: how)" if mask != f"remove {path}" else "remove it",
+            detail=f"{path} adds NVIDIA's hook {runs} to {scope}, whatever runtime runs them: "
+                   "it grants GPUs from the container's env, so one that requests no GPU gets "
+                   f"every GPU from a CUDA image's NVIDIA_VISIBLE_DEVICES=all, past nvshim "
+                   f"({policy.path}: {_SWITCH} "
+                   f"{'is true' if policy.exists else 'defaults to true'}). Fix: {fix}"))
     if not findings:
         return Finding(_CHECK, "ok", f"no hook file in {', '.join(dirs)} runs NVIDIA's hook "
                        f"({len(files)} file(s))")
@@ -121,5 +124,6 @@ def check_oci_hooks(options: DoctorOptions) -> Finding:
                  next((f for f in findings if f.status == "warn"), findings[0]))
     if len(findings) == 1:
         return worst
-    others = "; ".join(f.message for f in findings if f is not worst)
-    return Finding(_CHECK, worst.status, f"{worst.message}; also: {others}", worst.fix)
+    others = "; ".join(f.detail or f.message for f in findings if f is not worst)
+    return Finding(_CHECK, worst.status, f"{worst.message} (and {len(findings) - 1} more)",
+                   worst.fix, detail=f"{worst.detail}; also: {others}")

@@ -49,20 +49,17 @@ def host_for(config: Config, options: DoctorOptions) -> Host:
 
 def check_gpus(host: Host, config_file: str) -> Finding:
     """Discovery finds at least one GPU under the driver root."""
-    fix = (
-        "load the NVIDIA driver (nvidia-smi should list GPUs), or set driver-root in "
-        f"{config_file} to the driver's root (/run/nvidia/driver for a containerised driver)"
-    )
+    fix = f"load the NVIDIA driver, or set driver-root in {config_file}"
+    why = ("load the NVIDIA driver (nvidia-smi should list GPUs), or set driver-root in "
+           f"{config_file} to the driver's root (/run/nvidia/driver for a containerised driver)")
     try:
         gpus = host.gpus()
     except NvshimError as exc:
-        return Finding("gpus", "fail", str(exc), fix)
+        return Finding("gpus", "fail", str(exc), fix, detail=why)
     if not gpus:
         return Finding(
-            "gpus", "fail",
-            f"no GPUs found under {host.driver_root} "
-            "(/proc/driver/nvidia/gpus is empty or missing)",
-            fix,
+            "gpus", "fail", f"no GPUs found under {host.driver_root}", fix,
+            detail=f"/proc/driver/nvidia/gpus under {host.driver_root} is empty or missing; {why}",
         )
     try:
         version = f", driver {host.driver_version()}"
@@ -74,10 +71,12 @@ def check_gpus(host: Host, config_file: str) -> Finding:
         + ", ".join(f"{m.gpu_index}:{m.index} {m.profile}".rstrip() for m in g.mig) + ")"
         for g in gpus if g.mig
     ]
+    mig_count = sum(len(g.mig) for g in gpus)
     return Finding(
         "gpus", "ok",
         f"{len(gpus)} GPU(s) via {host.gpu_source or 'procfs'} under {host.driver_root}"
-        f"{version}: {listing}" + "".join(f"; {m}" for m in migs),
+        f"{version}" + (f", {mig_count} MIG device(s)" if migs else ""),
+        detail=listing + "".join(f"; {m}" for m in migs),
     )
 
 
@@ -97,7 +96,8 @@ def check_driver_files(host: Host, capabilities: Sequence[str]) -> Finding:
         skew = host.version_skew()
         missing = host.missing(capabilities)
     except NvshimError as exc:
-        return Finding(name, "skip", f"cannot look at the driver files: {exc}")
+        return Finding(name, "skip", "cannot look at the driver files: no driver version "
+                       f"under {host.driver_root}", detail=str(exc))
     if skew is not None:
         return Finding(name, "fail", skew_message(*skew),
                        "reboot the node (or unload and load the nvidia kernel modules) so the "

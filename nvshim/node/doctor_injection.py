@@ -174,10 +174,10 @@ def _nvshim_reads(config: Config, path: str) -> Tuple[bool, str, str]:
     shown = ", ".join(f'"{p}"' for p in prefixes)
     if not config.require_allocation:
         return (True, f"nvshim's require-allocation is off, so every annotation under {shown} "
-                "is a request", f"take {shown} out of annotation-prefixes in {path}")
+                "is a request", f"drop {shown} from annotation-prefixes in {path}")
     if "cdi-annotations" in config.allocation_sources:
         return (True, "cdi-annotations is in nvshim's allocation-sources",
-                f"take cdi-annotations out of allocation-sources in {path}")
+                f"drop cdi-annotations from allocation-sources in {path}")
     return False, "cdi-annotations is not in nvshim's allocation-sources", ""
 
 
@@ -213,39 +213,51 @@ def _same_dirs(a: Sequence[str], b: Sequence[str]) -> bool:
 def _injection_finding(e: EngineCdi, config: Optional[Config],
                        options: DoctorOptions) -> Finding:
     """One engine's line: who injects the CDI devices a container is given, and whether
-    the engine and nvshim both would."""
+    the engine and nvshim both would. The line stays short; the sources, spec dirs and
+    reasons are its ``detail``."""
     dirs = ", ".join(e.spec_dirs) or "no directory"
     named = f"the CDI devices that {CDI_ANNOTATION_PREFIX} annotations"
     engine_line = (f"{e.engine} injects {named} and CRI CDIDevices (DRA claims) name, "
                    f"from {dirs} ({e.why})")
     if config is None:
-        return Finding(_CHECK_CDI, "skip", f"{engine_line if e.injects else e.why}; nvshim's "
-                       "config did not load: cannot tell whether nvshim injects them too")
+        return Finding(_CHECK_CDI, "skip", "nvshim's config did not load: cannot tell whether "
+                       "nvshim injects CDI devices too",
+                       detail=engine_line if e.injects else e.why)
     reads, reason, nvshim_fix, path = _handlers_read(e, config, options)
     # why nvshim does not inject what the engine hands it (when it does not)
     why_not = e.hand_off if reads else reason
     if e.injects is False:
         if reads and e.hands_over:
             own = ", ".join(config.cdi_spec_dirs) or "no directory"
-            return Finding(_CHECK_CDI, "ok", f"nvshim injects {named} name, from {own}; "
-                           f"{e.engine} injects none ({e.why}), so CRI CDIDevices (DRA "
-                           "claims) get no devices")
-        return Finding(_CHECK_CDI, "ok", f"no one injects {named} name: {e.engine}'s CDI is "
-                       f"off ({e.why}) and {why_not}")
+            return Finding(_CHECK_CDI, "ok", "nvshim injects the CDI devices "
+                           f"{CDI_ANNOTATION_PREFIX} annotations name; {e.engine}'s CDI is "
+                           "off, DRA claims get none",
+                           detail=f"nvshim injects {named} name, from {own}; {e.engine} "
+                                  f"injects none ({e.why}), so CRI CDIDevices (DRA claims) "
+                                  "get no devices")
+        return Finding(_CHECK_CDI, "ok", f"no one injects CDI devices: {e.engine}'s CDI is off "
+                       f"and nvshim takes no {CDI_ANNOTATION_PREFIX} annotations",
+                       detail=f"no one injects {named} name: {e.engine}'s CDI is off "
+                              f"({e.why}) and {why_not}")
     if not (reads and e.hands_over):
         if e.injects is None:
-            return Finding(_CHECK_CDI, "ok", f"{e.why}; either way nvshim does not inject "
-                           f"{named} name ({why_not})")
-        return Finding(_CHECK_CDI, "ok", f"{engine_line}; nvshim does not inject them again "
-                       f"({why_not}) and counts what {e.engine} injected as an engine grant")
+            return Finding(_CHECK_CDI, "ok", f"nvshim does not inject CDI devices; {e.engine} "
+                           "may (its version did not say)",
+                           detail=f"{e.why}; either way nvshim does not inject {named} name "
+                                  f"({why_not})")
+        return Finding(_CHECK_CDI, "ok", f"{e.engine} injects CDI devices (annotations, DRA "
+                       "claims); nvshim counts them as an engine grant",
+                       detail=f"{engine_line}; nvshim does not inject them again ({why_not}) "
+                              f"and counts what {e.engine} injected as an engine grant")
     compile_it = compile_command(path)
+    both = f"{e.engine} and nvshim both inject CDI annotations' devices"
     if e.injects is None:
         return Finding(
-            _CHECK_CDI, "warn",
-            f"{e.why}: on containerd 2.x both containerd and nvshim inject {named} name "
-            f"({e.hand_off}; {reason})",
-            f"set enable_cdi in {e.switch} explicitly: false for nvshim alone, or true and "
-            f"{nvshim_fix} (then {compile_it})",
+            _CHECK_CDI, "warn", "on containerd 2.x containerd and nvshim both inject CDI "
+            "devices (enable_cdi unset)", "set enable_cdi explicitly (--verbose: where)",
+            detail=f"{e.why}: on containerd 2.x both containerd and nvshim inject {named} name "
+                   f"({e.hand_off}; {reason}). Fix: set enable_cdi in {e.switch} explicitly: "
+                   f"false for nvshim alone, or true and {nvshim_fix} (then {compile_it})",
         )
     if _same_dirs(e.spec_dirs, config.cdi_spec_dirs):
         again = "from the same CDI spec dirs"
@@ -256,13 +268,11 @@ def _injection_finding(e: EngineCdi, config: Optional[Config],
     if e.switch:
         fix += f"; or set enable_cdi = false in {e.switch} so that only nvshim injects"
     return Finding(
-        _CHECK_CDI, "warn",
-        f"{e.engine} and nvshim both inject the devices {CDI_ANNOTATION_PREFIX} annotations "
-        f"name: {reason}",
-        fix,
+        _CHECK_CDI, "warn", both, nvshim_fix,
         detail=f"{e.engine} injects {named} name, from {dirs} ({e.why}), and nvshim injects "
                f"them again {again} ({e.hand_off}; {reason}): two injections of one request, "
-               "recorded as nvshim's cdi-annotations grant rather than the engine's",
+               f"recorded as nvshim's cdi-annotations grant rather than the engine's. "
+               f"Fix: {fix}",
     )
 
 
@@ -286,7 +296,8 @@ def check_cdi_injection(effective: Optional[EffectiveRuntimes], config: Optional
     if crio is not None:
         findings.append(_injection_finding(crio, config, options))
     if not findings:
-        findings.append(Finding(_CHECK_CDI, "skip", f"no containerd ({path}, or "
-                                f"{options.containerd_binary} on PATH) and no CRI-O config "
-                                f"({options.crio_config}): no engine injects CDI devices"))
+        findings.append(Finding(_CHECK_CDI, "skip", "no containerd and no CRI-O config: no "
+                                "engine injects CDI devices",
+                                detail=f"no containerd ({path}, or {options.containerd_binary} "
+                                       f"on PATH) and no CRI-O config ({options.crio_config})"))
     return findings

@@ -53,7 +53,9 @@ def check_default_mark(path: str) -> Finding:
     try:
         guard_default(path, data, config)
     except NvshimError as exc:
-        return Finding(name, "fail", str(exc).split(": refused,")[0] + f", under a default "
-                       f"runtime ({mark})", f"set require-allocation: true in {path}, then "
-                       f"{compile_command(path)}")
+        return Finding(name, "fail", f"{path}: require-allocation off under a default runtime",
+                       f"require-allocation: true in {path}",
+                       detail=str(exc).split(": refused,")[0] + f", under a default runtime "
+                              f"({mark}). Fix: set require-allocation: true in {path}, then "
+                              f"{compile_command(path)}")
     return Finding(name, "ok", f"{path} has require-allocation on ({mark})")

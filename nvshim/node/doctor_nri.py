@@ -124,11 +124,14 @@ def check_nri(containerd_config: str, containerd_binary: str, agent_socket: str,
         return Finding(name, "skip", f"{why}: the runtime handler is the only path")
     if not enabled:
         status = "warn" if agent == "not-registered" else "skip"
-        return Finding(name, status, f"containerd's NRI is off ({why}); {detail}",
+        return Finding(name, status, f"containerd's NRI is off; {detail}",
                        f"set {_ON} in {containerd_config} (a drop-in under its imports "
-                       "works) and restart containerd, if the NRI plugin should run")
+                       "works) and restart containerd, if the NRI plugin should run",
+                       detail=f"containerd's NRI is off ({why})")
     if agent == "registered":
-        return Finding(name, "ok", f"containerd's NRI is on ({why}); {detail}")
+        return Finding(name, "ok", f"containerd's NRI is on; {detail}",
+                       detail=f"containerd's NRI is on ({why})")
     status = "warn" if agent == "not-registered" else "skip"
-    return Finding(name, status, f"containerd's NRI is on ({why}) on {socket}, but no nvshim "
-                   f"agent is registered there: {detail}", start.format(socket=socket))
+    return Finding(name, status, f"containerd's NRI is on, but no nvshim agent is registered "
+                   f"there: {detail}", start.format(socket=socket),
+                   detail=f"containerd's NRI is on ({why}) on {socket}")

@@ -119,14 +119,16 @@ def nvidia_default(check: str, engine: str, default: str, binary: Optional[str],
     seen = (f"{policy.path} does not parse ({policy.problem})" if policy.problem
             else f"{policy.path} leaves {_ENV_SWITCH} at true" if policy.exists
             else f"no {policy.path}: {_ENV_SWITCH} defaults to true")
+    full_fix = (f"{fix}; or set {_ENV_SWITCH} = false in {policy.path} (NVIDIA's own "
+                "switch; GPUs then come from device-plugin mounts or CDI only)")
     return Finding(
         check, "fail",
-        f'{engine}\'s default runtime "{default}" is NVIDIA\'s runtime ({runs}): every container '
-        "that names no runtime runs through it, and it grants GPUs from the image's env, so "
-        "containers that request no GPU get every GPU from CUDA images' "
-        f"NVIDIA_VISIBLE_DEVICES=all ({seen})",
-        f"{fix}; or set {_ENV_SWITCH} = false in {policy.path} (NVIDIA's own switch; "
-        "GPUs then come from device-plugin mounts or CDI only)",
+        f'{engine}\'s default "{default}" is NVIDIA\'s runtime: pods asking no GPU get every GPU',
+        "make runc the default (more: --verbose)",
+        detail=f'{engine}\'s default runtime "{default}" is NVIDIA\'s runtime ({runs}): every '
+               "container that names no runtime runs through it, and it grants GPUs from the "
+               "image's env, so containers that request no GPU get every GPU from CUDA images' "
+               f"NVIDIA_VISIBLE_DEVICES=all ({seen}). Fix: {full_fix}",
     )
 
 
@@ -274,9 +276,11 @@ def check_handler_configs(runtimes: Sequence[Runtime], doctor_config: Optional[C
         if config is None:
             if not os.path.exists(path):
                 findings.append(Finding(
-                    _CHECK, "fail", f"{reads}: it does not exist, so every create fails",
-                    f"create {path} (install.sh writes it; then {compile_command(path)}), or "
-                    "name an existing config in the wrapper's NVSHIM_CONFIG"))
+                    _CHECK, "fail", f"nvshim reads {path}, which does not exist: every create "
+                    "fails", f"create {path}",
+                    detail=f"{reads}: it does not exist, so every create fails. Fix: create "
+                           f"{path} (install.sh writes it; then {compile_command(path)}), or "
+                           "name an existing config in the wrapper's NVSHIM_CONFIG"))
             else:
                 findings.append(Finding(_CHECK, "fail", f"{reads}: {problem}",
                                         f"correct {path}, then {compile_command(path)}"))
@@ -293,12 +297,18 @@ def check_handler_configs(runtimes: Sequence[Runtime], doctor_config: Optional[C
         open_to_pods = [r.runtime.label() for r in group
                         if r.runtime.cri and not r.runtime.default]
         if not config.require_allocation and open_to_pods:
+            # the shipped default, on purpose: nvshim as a default runtime is refused (and
+            # FAILs in default-runtime) while it is off; one line says so, the rest is detail
             findings.append(Finding(
                 _CHECK, "warn",
-                f"{reads}: require-allocation is off, so any pod that names "
-                f"{', '.join(open_to_pods)} by RuntimeClass gets the GPUs its own env or "
-                "image names (NVIDIA_VISIBLE_DEVICES=all: every GPU), allocated or not",
-                f"set require-allocation: true in {path}, then {compile_command(path)}"))
+                "require-allocation is off: the default, as nvshim is not the default runtime",
+                f"require-allocation: true in {path}",
+                detail=f"{reads}: require-allocation is off, so any pod that names "
+                       f"{', '.join(open_to_pods)} by RuntimeClass gets the GPUs its own env "
+                       "or image names (NVIDIA_VISIBLE_DEVICES=all: every GPU), allocated or "
+                       "not; pods that name no such RuntimeClass never reach nvshim. Where "
+                       f"pods must not pick their GPUs: set require-allocation: true in {path}, "
+                       f"then {compile_command(path)}"))
             continue
         mode = "on" if config.require_allocation else "off"
         source = "" if config.source is not None else " (built-in defaults: no such file)"

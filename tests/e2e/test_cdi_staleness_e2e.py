@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+import tomlkit
 
 from tests.helpers.common import require_root
 
@@ -95,9 +96,13 @@ def test_cdi_injection_judges_each_handler_by_the_config_it_reads(tmp_path: Path
     config.write_text("version = 2\n")
     for name, binary in (("nvshim", "a"), ("nvshim-ra", "b")):
         done = _nvshim("runtime", "configure", "--config", str(config), "--name", name,
-                       "--binary", str(tmp_path / binary / "nvshim-runtime"), "--enable-cdi",
-                       config=strict)
+                       "--binary", str(tmp_path / binary / "nvshim-runtime"), config=strict)
         assert done.returncode == 0, done.stderr
+    # containerd's CDI turned on by hand afterwards: both handlers keep cdi.k8s.io/*
+    drop_in = config.parent / "conf.d" / "99-nvshim.toml"
+    doc = tomlkit.parse(drop_in.read_text())
+    doc["plugins"]["io.containerd.grpc.v1.cri"]["enable_cdi"] = True
+    drop_in.write_text(tomlkit.dumps(doc))
     done = subprocess.run(
         [sys.executable, "-m", "nvshim.cli.main", "doctor", "--format", "json",
          "--config", str(strict), "--containerd-config", str(config),
@@ -106,4 +111,4 @@ def test_cdi_injection_judges_each_handler_by_the_config_it_reads(tmp_path: Path
         env={"PATH": f"{bindir}:/usr/sbin:/usr/bin:/sbin:/bin"})
     found = [f for f in json.loads(done.stdout) if f["check"] == "cdi-injection"]
     assert [f["status"] for f in found] == ["warn"], found
-    assert '"nvshim"' in found[0]["message"] and str(plain) in found[0]["fix"], found
+    assert '"nvshim"' in found[0]["detail"] and str(plain) in found[0]["fix"], found

@@ -122,7 +122,7 @@ def test_rerun_picks_up_nvidia_ctk_changes(containerd_bin: str, tmp_path: Path) 
                     "--crio-config", str(tmp_path / "none"))
     drift = [f for f in json.loads(stale.stdout) if f["check"] == "containerd-drop-in"]
     assert drift and drift[0]["status"] == "fail", stale.stdout
-    assert f"--binary {BINARY}" in drift[0]["fix"]
+    assert f"--binary {BINARY}" in drift[0]["detail"]
 
     done = _nvshim(*args)
     assert done.returncode == 0, done.stderr

@@ -325,7 +325,8 @@ def test_set_as_default_refuses_require_allocation_off_everywhere(tmp_path):
     found = [f for f in json.loads(doc.stdout) if f["check"] == "default-runtime-config"]
     assert found and found[0]["status"] == "fail", doc.stdout
     assert str(config) in found[0]["message"] and "\n" not in found[0]["message"]
-    assert f"set require-allocation: true in {config}" in found[0]["fix"]
+    assert found[0]["fix"] == f"require-allocation: true in {config}"
+    assert f"set require-allocation: true in {config}" in found[0]["detail"]
 
     config.write_text("require-allocation: true\n" + journal)
     gone = _sh(env, "--uninstall")

@@ -68,7 +68,7 @@ def test_the_mark_makes_every_later_compile_refuse(tmp_path: Path,
 
 def test_doctor_names_the_file_and_the_fix_in_one_line(tmp_path: Path) -> None:
     """doctor's default-runtime-config: skip without the mark; with it, fail in one line
-    naming the config and the mark, the fix naming the file and the compile."""
+    naming the config, the fix naming the file; the mark and the compile in its detail."""
     path = tmp_path / "config.yaml"
     path.write_text(ON)
     assert check_default_mark(str(path)).status == "skip"
@@ -77,9 +77,10 @@ def test_doctor_names_the_file_and_the_fix_in_one_line(tmp_path: Path) -> None:
     path.write_text("# everything commented out\n")
     found = check_default_mark(str(path))
     assert found.status == "fail" and "\n" not in found.message
-    assert str(path) in found.message and "config.default-runtime" in found.message
-    assert found.fix == (f"set require-allocation: true in {path}, then "
-                         f"nvshim config compile --config {path}")
+    assert str(path) in found.message and "config.default-runtime" in found.detail
+    assert found.fix == f"require-allocation: true in {path}"
+    assert found.detail.endswith(f"set require-allocation: true in {path}, then "
+                                 f"nvshim config compile --config {path}")
 
 
 def test_config_paths_names_the_denial_journal_as_the_runtime_does(

@@ -113,9 +113,23 @@ def test_reconfigure_command_keeps_the_operators_flags(tmp_path: Path) -> None:
     config = _nvidia_node(tmp_path)
     drop_in = tmp_path / "conf.d" / "50-gpu.toml"
     containerd.configure(str(config), drop_in=str(drop_in), name="gpu", binary="/o/nvshim-runtime",
-                         set_as_default=True, force=True, enable_cdi=True,
-                         pod_cdi_annotations=True)
+                         set_as_default=True, force=True, pod_cdi_annotations=True)
     command = reconfigure_command(str(config), str(drop_in), 2, DoctorOptions())
     assert command == (f"nvshim runtime configure --runtime containerd --config {config} "
                        f"--drop-in {drop_in} --name gpu --binary /o/nvshim-runtime "
-                       "--set-as-default --pod-cdi-annotations --enable-cdi")
+                       "--set-as-default --pod-cdi-annotations")
+    # with containerd's own CDI on, the handler is passed no cdi.k8s.io/ annotations at all
+    containerd.configure(str(config), drop_in=str(drop_in), name="gpu", binary="/o/nvshim-runtime",
+                         set_as_default=True, force=True, enable_cdi=True)
+    command = reconfigure_command(str(config), str(drop_in), 2, DoctorOptions())
+    assert command.endswith("--binary /o/nvshim-runtime --set-as-default --enable-cdi"), command
+
+
+def test_bare_version_2_main_file_is_no_drift(tmp_path: Path) -> None:
+    """configure on a main file holding only ``version = 2``: its drop-in is no stale copy."""
+    from nvshim.node.containerd_read import drop_in_drift
+
+    config = tmp_path / "config.toml"
+    config.write_text("version = 2\n")
+    containerd.configure(str(config), binary="/o/nvshim-runtime")
+    assert drop_in_drift(str(config)) == []

@@ -210,6 +210,33 @@ def test_pod_annotations_pass_cdi_only_when_asked() -> None:
     assert handler(pod_cdi_annotations=True)["pod_annotations"] == ["cdi.k8s.io/*"]
 
 
+@pytest.mark.parametrize(("text", "kw", "passed"), [
+    ("version = 2\n", {}, ["cdi.k8s.io/*"]),
+    (f"version = 2\n[{CRI2}]\nenable_cdi = false\n", {}, ["cdi.k8s.io/*"]),
+    ("version = 2\n", {"enable_cdi": True}, []),
+    (f"version = 2\n[{CRI2}]\nenable_cdi = true\n", {"pod_cdi_annotations": True}, []),
+    ("version = 3\n", {}, []),
+    ('version = 3\n[plugins."io.containerd.cri.v1.runtime"]\nenable_cdi = false\n', {},
+     ["cdi.k8s.io/*"]),
+], ids=["v2-unset", "v2-off", "v2-enable-cdi", "v2-on-pod", "v3-default-on", "v3-off"])
+def test_cdi_annotations_pass_only_where_containerd_does_not_inject(
+        text: str, kw: Dict[str, Any], passed: List[str]) -> None:
+    """cdi.k8s.io/* reaches nvshim only where containerd's own CDI is off: else both inject."""
+    version = 3 if text.startswith("version = 3") else 2
+    cri = CRI_PLUGINS_BY_VERSION[version]
+    result = _plan(text, **kw)
+    handler = _dig(_data(result.files[0].after), "plugins", cri, "containerd", "runtimes",
+                   "nvshim")
+    assert handler.get("container_annotations", []) == passed
+    assert handler.get("pod_annotations", []) == (passed if kw.get("pod_cdi_annotations")
+                                                  else [])
+    assert any("--pod-cdi-annotations: nothing passed" in w
+               for w in result.warnings) == bool(kw.get("pod_cdi_annotations"))
+
+
+CRI_PLUGINS_BY_VERSION = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+
+
 def test_clone_falls_back_to_default_runtime_entry() -> None:
     """Without a runc handler, the handler named by default_runtime_name is cloned."""
     text = (
@@ -932,13 +959,15 @@ def test_doctor_finds_a_stale_drop_in_and_configure_resyncs_it(tmp_path: Path, e
     assert drift == [(str(drop_in), ['plugins."io.containerd.grpc.v1.cri".sandbox_image'])]
     finding = doctor_engines.check_drop_in_drift(str(main_file))
     assert finding is not None and finding.status == "fail"
-    assert "sandbox_image" in finding.message
+    assert "sandbox_image" in finding.detail
     # the drop-in sits where configure puts it for this config (beside it): no --drop-in;
     # the flags it was written with are kept
     flags = {"enable_cdi": " --enable-cdi", "set_as_default": " --set-as-default"}
     kept = "".join(flags[k] for k in extra if k in flags)
-    assert finding.fix == (f"nvshim runtime configure --runtime containerd --config {main_file} "
-                           f"--binary {binary}{kept} (copies the tables again)")
+    assert finding.fix == "re-run runtime configure (--verbose)"
+    assert finding.detail.endswith(
+        f"Fix: nvshim runtime configure --runtime containerd --config {main_file} "
+        f"--binary {binary}{kept} (copies the tables again)")
     options = DoctorOptions(config_path=str(tmp_path / "none.yaml"),
                             containerd_config=str(main_file))
     assert any(f.check == "containerd-drop-in" and f.status == "fail" for f in doctor.run_checks(options))

@@ -23,10 +23,8 @@ from nvshim.runtime.hookargs import hook_command
 from tests.helpers.commands import fake_runtime, run_cli
 
 PITFALL = (
-    "FAIL  default-runtime: containerd's default runtime is nvshim but require-allocation is "
-    "off: pods that request no GPU get every GPU from CUDA images' NVIDIA_VISIBLE_DEVICES=all"
-    " — fix: set require-allocation: true in {config} (then nvshim config compile --config "
-    "{config}), or make runc the default and use RuntimeClass nvshim"
+    "FAIL  default-runtime: default runtime nvshim has require-allocation off: CUDA images get "
+    "every GPU — fix: require-allocation: true in {config}"
 )
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="simulated nodes need root (mknod)")
@@ -145,7 +143,7 @@ def test_pitfall_in_every_config_version(tmp_path: Path, version: int) -> None:
     _, effective = doctor_engines.check_containerd_config(str(ctrd))
     finding = doctor_engines.check_default_runtime(effective, Config(require_allocation=False), options)
     assert finding.status == "fail"
-    assert "require-allocation is off" in finding.message
+    assert "require-allocation is off" in finding.detail
 
 
 def test_pitfall_through_drop_in_and_other_handler_name(tmp_path: Path) -> None:
@@ -159,7 +157,7 @@ def test_pitfall_through_drop_in_and_other_handler_name(tmp_path: Path) -> None:
     _, effective = doctor_engines.check_containerd_config(str(main_file))
     bad = doctor_engines.check_default_runtime(effective, Config(require_allocation=False), options)
     good = doctor_engines.check_default_runtime(effective, Config(require_allocation=True), options)
-    assert bad.status == "fail" and 'handler "gpu"' in bad.message
+    assert bad.status == "fail" and 'handler "gpu"' in bad.detail
     assert good.status == "ok"
 
 
@@ -171,8 +169,9 @@ def test_allocation_trust_warns_about_forgeable_sources_with_the_fix(tmp_path: P
     config = write_config(tmp_path / "etc", require_allocation=True)
     finding = doctor_config.check_allocation_trust(Config(require_allocation=True), str(config))
     assert finding.status == "warn"
-    assert "(volume-mounts, cdi-annotations, envvar-uuids)" in finding.message
-    assert finding.fix == f"set verify-with: kubelet in {config} (then nvshim config compile)"
+    assert finding.message.endswith(": volume-mounts, cdi-annotations, envvar-uuids")
+    assert finding.fix == f"verify-with: kubelet in {config}"
+    assert f"set verify-with: kubelet in {config} (then nvshim config compile)" in finding.detail
     socket = tmp_path / "kubelet.sock"
     socket.touch()
     ok = doctor_config.check_allocation_trust(
@@ -403,7 +402,7 @@ def test_json_format_parses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     rc, out, _ = run_cli(doctor_args(config, ctrd, tmp_path, "--format", "json"), capsys)
     findings = json.loads(out)
     assert rc == 1
-    assert all(set(f) == {"check", "status", "message", "fix"} for f in findings)
+    assert all(set(f) - {"detail"} == {"check", "status", "message", "fix"} for f in findings)
     assert {"check": "default-runtime", "status": "fail"}.items() <= next(
         f for f in findings if f["check"] == "default-runtime").items()
 
@@ -478,17 +477,20 @@ def test_no_fix_reads_fix_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 @needs_root
 def test_gpus_line_lists_mig_devices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A node whose GPU 0 is MIG-enabled: the gpus line counts and names its MIG devices."""
+    """A node whose GPU 0 is MIG-enabled: the gpus line counts its MIG devices, --verbose names them."""
     from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2, mig=True)
     config = write_config(tmp_path / "etc", compile=False, driver_root=node.root,
                           nvml_facts=node.nvml_facts, cdi_spec_dirs=[str(tmp_path / "cdi")])
-    _, out, _ = run_cli(doctor_args(config, tmp_path / "absent.toml", tmp_path), capsys)
-    line = next(x for x in out.splitlines() if x.startswith("ok    gpus: "))
-    assert line == (f"ok    gpus: 2 GPU(s) via procfs under {node.root}, driver 550.54.15: "
-                    "0=/dev/nvidia0, 1=/dev/nvidia1; 2 MIG devices on GPU 0 (0:0 3g.40gb, "
-                    "0:1 3g.40gb)")
+    _, out, _ = run_cli(doctor_args(config, tmp_path / "absent.toml", tmp_path, "--verbose"),
+                        capsys)
+    lines = out.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("ok    gpus: "))
+    assert lines[at] == (f"ok    gpus: 2 GPU(s) via procfs under {node.root}, driver 550.54.15, "
+                         "2 MIG device(s)")
+    assert lines[at + 1] == ("      0=/dev/nvidia0, 1=/dev/nvidia1; 2 MIG devices on GPU 0 "
+                             "(0:0 3g.40gb, 0:1 3g.40gb)")
 
 
 def test_help_shows_file_and_dir_metavars(capsys: pytest.CaptureFixture[str]) -> None:

@@ -35,12 +35,22 @@ def nvshim_config(tmp_path: Path, **settings: Any) -> Path:
 
 def configured_containerd(tmp_path: Path, main_text: str, enable_cdi: bool) -> Path:
     """containerd's config with nvshim's handler as ``nvshim runtime configure`` writes it
-    (it passes ``cdi.k8s.io/*`` container annotations to nvshim)."""
+    with containerd's CDI off (it passes ``cdi.k8s.io/*`` container annotations to nvshim);
+    ``enable_cdi``: then turned on by hand in the drop-in, as an operator (or an older
+    configure) would -- containerd and nvshim both handed the annotations."""
+    import tomlkit
+
     path = tmp_path / "containerd" / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(main_text)
-    containerd.configure(str(path), binary=str(fake_runtime(tmp_path / "bin")),
-                         enable_cdi=enable_cdi)
+    containerd.configure(str(path), binary=str(fake_runtime(tmp_path / "bin")))
+    if enable_cdi:
+        drop_in = path.parent / "conf.d" / "99-nvshim.toml"
+        doc = tomlkit.parse(drop_in.read_text())
+        cri = doc["plugins"]["io.containerd.grpc.v1.cri"]
+        cri["enable_cdi"] = True
+        cri["cdi_spec_dirs"] = ["/etc/cdi", "/var/run/cdi"]
+        drop_in.write_text(tomlkit.dumps(doc))
     return path
 
 
@@ -71,18 +81,18 @@ def test_containerd_17_with_enable_cdi_and_default_config_warns_with_the_fix(
     ctrd = configured_containerd(tmp_path, "version = 2\n", enable_cdi=True)
     [finding] = injection(options(tmp_path, config, ctrd))
     assert finding.status == "warn", finding
-    assert finding.message == ("containerd and nvshim both inject the devices cdi.k8s.io/ "
-                               "annotations name: nvshim's require-allocation is off, so every "
-                               'annotation under "cdi.k8s.io/" is a request')
+    assert finding.message == "containerd and nvshim both inject CDI annotations' devices"
+    assert ("nvshim's require-allocation is off, so every annotation under \"cdi.k8s.io/\" "
+            "is a request") in finding.detail
     assert "containerd injects the CDI devices that cdi.k8s.io/ annotations name" \
         in finding.detail
     assert "nvshim injects them again from the same CDI spec dirs" in finding.detail
     drop_in = tmp_path / "containerd" / "conf.d" / "99-nvshim.toml"
     assert f"enable_cdi = true in {drop_in}" in finding.detail
-    assert f'take "cdi.k8s.io/" out of annotation-prefixes in {config}' in finding.fix
-    assert "counts the devices containerd injected as an engine grant" in finding.fix
+    assert finding.fix == f'drop "cdi.k8s.io/" from annotation-prefixes in {config}'
+    assert "counts the devices containerd injected as an engine grant" in finding.detail
     assert f'set enable_cdi = false in plugins."io.containerd.grpc.v1.cri" of {drop_in}' \
-        in finding.fix
+        in finding.detail
 
 
 def test_require_allocation_fix_drops_cdi_annotations_from_allocation_sources(
@@ -93,13 +103,13 @@ def test_require_allocation_fix_drops_cdi_annotations_from_allocation_sources(
     config = nvshim_config(tmp_path, require_allocation=True)
     [warned] = injection(options(tmp_path, config, ctrd))
     assert warned.status == "warn"
-    assert f"take cdi-annotations out of allocation-sources in {config}" in warned.fix
+    assert f"drop cdi-annotations from allocation-sources in {config}" in warned.fix
     config = nvshim_config(tmp_path, require_allocation=True,
                            allocation_sources=["volume-mounts", "envvar-uuids"])
     [fine] = injection(options(tmp_path, config, ctrd))
     assert fine.status == "ok", fine
-    assert fine.message.startswith("containerd injects the CDI devices")
-    assert "cdi-annotations is not in nvshim's allocation-sources" in fine.message
+    assert fine.detail.startswith("containerd injects the CDI devices")
+    assert "cdi-annotations is not in nvshim's allocation-sources" in fine.detail
 
 
 def test_disjoint_spec_dirs_still_warn_naming_nvshims_own(tmp_path: Path) -> None:
@@ -118,8 +128,8 @@ def test_enable_cdi_on_containerd_16_is_ignored(tmp_path: Path) -> None:
         tmp_path, "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3")
     [finding] = injection(options(tmp_path, nvshim_config(tmp_path), ctrd, binary=binary))
     assert finding.status == "ok", finding
-    assert finding.message.startswith("nvshim injects the CDI devices")
-    assert "containerd 1.6.20~ds1 has no CDI support, enable_cdi = true in" in finding.message
+    assert finding.detail.startswith("nvshim injects the CDI devices")
+    assert "containerd 1.6.20~ds1 has no CDI support, enable_cdi = true in" in finding.detail
 
 
 def test_enable_cdi_false_says_nvshim_injects(tmp_path: Path) -> None:
@@ -129,9 +139,9 @@ def test_enable_cdi_false_says_nvshim_injects(tmp_path: Path) -> None:
         enable_cdi=False)
     [finding] = injection(options(tmp_path, nvshim_config(tmp_path), ctrd))
     assert finding.status == "ok", finding
-    assert finding.message.startswith("nvshim injects the CDI devices that cdi.k8s.io/ "
-                                      "annotations name, from /etc/cdi, /var/run/cdi")
-    assert f"containerd injects none (enable_cdi = false in {ctrd.parent}" in finding.message
+    assert finding.detail.startswith("nvshim injects the CDI devices that cdi.k8s.io/ "
+                                     "annotations name, from /etc/cdi, /var/run/cdi")
+    assert f"containerd injects none (enable_cdi = false in {ctrd.parent}" in finding.detail
 
 
 @pytest.mark.parametrize("passed", [True, False], ids=["annotations-passed", "not-passed"])
@@ -145,16 +155,16 @@ def test_containerd_2_version_3_default_is_the_engine(tmp_path: Path, passed: bo
     ctrd.write_text(f'version = 3\n[{cri}.containerd.runtimes.nvshim]\n{annotations}'
                     f'[{cri}.containerd.runtimes.nvshim.options]\nBinaryName = "{binary}"\n')
     [finding] = injection(options(tmp_path, nvshim_config(tmp_path), ctrd))
-    said = finding.detail if passed else finding.message  # a warning keeps its line short
+    said = finding.detail  # the line stays short
     assert said.startswith("containerd injects the CDI devices")
     assert "is a version 3 config, containerd 2.x's, where enable_cdi defaults to true" \
         in said
     if passed:
         assert finding.status == "warn" and "annotation-prefixes" in finding.fix
-        assert f"set enable_cdi = false in {cri} of {ctrd}" in finding.fix
+        assert f"set enable_cdi = false in {cri} of {ctrd}" in finding.detail
     else:
         assert finding.status == "ok", finding
-        assert "none of its container_annotations covers them" in finding.message
+        assert "none of its container_annotations covers them" in finding.detail
 
 
 @pytest.mark.parametrize("answer, injects", [
@@ -177,7 +187,7 @@ def test_version_2_config_without_enable_cdi_asks_the_binary(
         assert "enable_cdi is unset: containerd 2.0.0 turns CDI on by default" in finding.detail
     else:
         assert finding.status == "ok", finding
-        assert finding.message.startswith("nvshim injects the CDI devices")
+        assert finding.detail.startswith("nvshim injects the CDI devices")
 
 
 def test_unknown_containerd_version_warns_to_set_enable_cdi(tmp_path: Path) -> None:
@@ -186,8 +196,9 @@ def test_unknown_containerd_version_warns_to_set_enable_cdi(tmp_path: Path) -> N
     ctrd = configured_containerd(tmp_path, "version = 2\n", enable_cdi=False)
     [finding] = injection(options(tmp_path, nvshim_config(tmp_path), ctrd))
     assert finding.status == "warn"
-    assert "off by default in containerd 1.7, on in 2.x" in finding.message
-    assert finding.fix.startswith('set enable_cdi in plugins."io.containerd.grpc.v1.cri" of ')
+    assert "off by default in containerd 1.7, on in 2.x" in finding.detail
+    assert finding.fix == "set enable_cdi explicitly (--verbose: where)"
+    assert 'set enable_cdi in plugins."io.containerd.grpc.v1.cri" of ' in finding.detail
 
 
 def test_crio_config_present_is_the_engine(tmp_path: Path) -> None:
@@ -211,8 +222,8 @@ def test_crio_config_present_is_the_engine(tmp_path: Path) -> None:
     config = nvshim_config(tmp_path, annotation_prefixes=[])
     [fine] = injection(options(tmp_path, config, crio=crio))
     assert fine.status == "ok", fine
-    assert fine.message.startswith("CRI-O injects the CDI devices that cdi.k8s.io/ annotations "
-                                   "and CRI CDIDevices (DRA claims) name, from /var/run/cdi")
+    assert fine.detail.startswith("CRI-O injects the CDI devices that cdi.k8s.io/ annotations "
+                                  "and CRI CDIDevices (DRA claims) name, from /var/run/cdi")
 
 
 def test_no_engine_is_skip(tmp_path: Path) -> None:

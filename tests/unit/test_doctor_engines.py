@@ -57,7 +57,7 @@ def test_docker_default_runtime_pitfall(tmp_path: Path, require_allocation: bool
                            options(tmp_path))
     assert finding.status == status, finding
     if status == "fail":
-        assert "NVIDIA_VISIBLE_DEVICES=all" in finding.message
+        assert "NVIDIA_VISIBLE_DEVICES=all" in finding.detail
 
 
 def test_docker_invalid_json_fails(tmp_path: Path) -> None:
@@ -89,7 +89,7 @@ def test_crio_pitfall_through_the_builtin_default(tmp_path: Path, handler: str) 
     conf = tmp_path / "crio.conf"
     conf.write_text(f'[crio.runtime.runtimes.{handler}]\nruntime_path = "{binary}"\n')
     finding = check_crio(str(conf), Config(), options(tmp_path))
-    assert finding.status == "fail" and "NVIDIA_VISIBLE_DEVICES=all" in finding.message
+    assert finding.status == "fail" and "NVIDIA_VISIBLE_DEVICES=all" in finding.detail
     assert check_crio(str(conf), Config(require_allocation=True), options(tmp_path)).status == "ok"
 
 

@@ -103,7 +103,7 @@ def run_doctor(tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str],
     for engine in ("containerd", "docker", "crio"):
         args += [f"--{engine}-config", str(engines.get(engine, absent / engine / "config"))]
     with pytest.raises(SystemExit) as exc:
-        main(args)
+        main([*args, "--verbose"])
     return int(exc.value.code or 0), capsys.readouterr().out.splitlines()
 
 
@@ -118,6 +118,14 @@ def fail_line(lines: List[str], check: str) -> str:
     return found[0]
 
 
+def detail_line(lines: List[str], check: str) -> str:
+    """The --verbose line under ``check``'s short FAIL line (the whole story and fix)."""
+    found = fail_line(lines, check)
+    assert found.endswith("is NVIDIA's runtime: pods asking no GPU get every GPU — fix: make "
+                          "runc the default (more: --verbose)"), found
+    return lines[lines.index(found) + 1]
+
+
 @pytest.mark.parametrize("require_allocation", [False, True], ids=["ra-off", "ra-on"])
 def test_containerd_with_nvidia_as_default_fails_with_the_fix(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], require_allocation: bool) -> None:
@@ -128,10 +136,10 @@ def test_containerd_with_nvidia_as_default_fails_with_the_fix(
     ctrd = nvidia_ctk_containerd(tmp_path)
     rc, lines = run_doctor(tmp_path, config, capsys, containerd=ctrd)
     assert rc == 1
-    assert fail_line(lines, "default-runtime") == (
-        "FAIL  default-runtime: containerd's default runtime \"nvidia\" "
+    assert detail_line(lines, "default-runtime") == (
+        "      containerd's default runtime \"nvidia\" "
         + PITFALL.format(binary=NVIDIA_CTK_BINARY, nvidia=nvidia_toml(tmp_path))
-        + f" — fix: set require-allocation: true in {config}, then nvshim config compile "
+        + f". Fix: set require-allocation: true in {config}, then nvshim config compile "
         f"--config {config} and NVSHIM_CONFIG={config} nvshim runtime configure --runtime "
         f"containerd --config {ctrd} --set-as-default; or make runc the default again "
         f"(default_runtime_name in {ctrd} or its drop-ins) and select GPU runtimes by "
@@ -148,10 +156,10 @@ def test_docker_with_nvidia_as_default_fails_with_the_fix(
     daemon = nvidia_ctk_docker(tmp_path)
     rc, lines = run_doctor(tmp_path, config, capsys, docker=daemon)
     assert rc == 1
-    assert fail_line(lines, "docker") == (
-        "FAIL  docker: Docker's default runtime \"nvidia\" "
+    assert detail_line(lines, "docker") == (
+        "      Docker's default runtime \"nvidia\" "
         + PITFALL.format(binary="nvidia-container-runtime", nvidia=nvidia_toml(tmp_path))
-        + f" — fix: set require-allocation: true in {config}, then nvshim config compile "
+        + f". Fix: set require-allocation: true in {config}, then nvshim config compile "
         f"--config {config} and NVSHIM_CONFIG={config} nvshim runtime configure --runtime "
         f"docker --config {daemon} --set-as-default; or take \"default-runtime\" out of "
         f"{daemon} (Docker then runs runc) and pick a GPU runtime per container with "
@@ -168,10 +176,10 @@ def test_crio_with_nvidia_as_default_fails_with_the_fix(
     crio = nvidia_ctk_crio(tmp_path)
     rc, lines = run_doctor(tmp_path, config, capsys, crio=crio)
     assert rc == 1
-    assert fail_line(lines, "crio") == (
-        "FAIL  crio: CRI-O's default runtime \"nvidia\" "
+    assert detail_line(lines, "crio") == (
+        "      CRI-O's default runtime \"nvidia\" "
         + PITFALL.format(binary=NVIDIA_CTK_BINARY, nvidia=nvidia_toml(tmp_path))
-        + f" — fix: set require-allocation: true in {config}, then nvshim config compile "
+        + f". Fix: set require-allocation: true in {config}, then nvshim config compile "
         f"--config {config} and NVSHIM_CONFIG={config} nvshim runtime configure --runtime "
         f"crio --config {crio} --set-as-default; or make runc the default again "
         f"(default_runtime in {crio} or a drop-in in {crio.parent / 'crio.conf.d'}) and "
@@ -187,7 +195,7 @@ def test_crio_builtin_default_handler_running_nvidia_runtime_fails(tmp_path: Pat
     options = DoctorOptions(config_path=str(tmp_path / "none.yaml"))
     finding = doctor_engines.check_crio(str(conf), Config(require_allocation=True), options)
     assert finding.status == "fail"
-    assert finding.message.startswith('CRI-O\'s default runtime "runc" is NVIDIA\'s runtime')
+    assert finding.detail.startswith('CRI-O\'s default runtime "runc" is NVIDIA\'s runtime')
 
 
 def test_nvshim_config_env_already_naming_the_config_is_not_repeated(
@@ -200,7 +208,7 @@ def test_nvshim_config_env_already_naming_the_config_is_not_repeated(
     finding = doctor_engines.check_docker(str(daemon), Config(require_allocation=True), options)
     assert finding.status == "fail"
     assert f" and nvshim runtime configure --runtime docker --config {daemon} " \
-           "--set-as-default;" in finding.fix
+           "--set-as-default;" in finding.detail
 
 
 def _containerd(tmp_path: Path, default: str, handlers: List[Tuple[str, Optional[str]]]) -> Path:
@@ -245,7 +253,7 @@ def test_containerd_default_recognised_by_binary_or_name(
                                                    options)
     assert finding.status == status, finding
     if status == "fail":
-        assert f'default runtime "{default}" is NVIDIA\'s runtime' in finding.message
+        assert f'default runtime "{default}" is NVIDIA\'s runtime' in finding.detail
 
 
 @pytest.mark.parametrize("name, binary, expected", [

@@ -138,12 +138,14 @@ def test_wrapper_around_nvidia_runtime_as_default_fails(tmp_path: Path,
     pitfall, named with the chain (main said ok: the binary's name is not NVIDIA's)."""
     wrapper = script(tmp_path / "bin" / "gpu-runtime", f'exec {NVIDIA} "$@"\n')
     ctrd = containerd_toml(tmp_path / "containerd.toml", "gpu", {"gpu": str(wrapper)})
-    rc, lines = doctor(tmp_path, capsys, config=nvshim_config(tmp_path / "n.yaml", True),
-                       containerd=ctrd)
+    rc, lines = doctor(tmp_path, capsys, "--verbose",
+                       config=nvshim_config(tmp_path / "n.yaml", True), containerd=ctrd)
     assert rc == 1
-    assert line(lines, "default-runtime").startswith(
-        f'FAIL  default-runtime: containerd\'s default runtime "gpu" is NVIDIA\'s runtime '
-        f"({wrapper} → {NVIDIA}): ")
+    found = line(lines, "default-runtime")
+    assert found.startswith('FAIL  default-runtime: containerd\'s default "gpu" is NVIDIA\'s '
+                            "runtime: ")
+    assert lines[lines.index(found) + 1].startswith(
+        f'      containerd\'s default runtime "gpu" is NVIDIA\'s runtime ({wrapper} → {NVIDIA}): ')
 
 
 @pytest.mark.parametrize("via_env", [False, True], ids=["default-path", "ctk-env"])
@@ -188,12 +190,16 @@ def test_nvidia_oci_hook_always_fails(tmp_path: Path, capsys: pytest.CaptureFixt
     NVIDIA's hook: FAIL naming the file, with the fix masking it from the later directory."""
     hooks = hook_file(tmp_path / "usr-hooks.d", "oci-nvidia-hook.json",
                       {"always": True, "commands": [".*"]})
-    rc, lines = doctor(tmp_path, capsys, config=nvshim_config(tmp_path / "n.yaml", True))
+    rc, lines = doctor(tmp_path, capsys, "--verbose",
+                       config=nvshim_config(tmp_path / "n.yaml", True))
     assert rc == 1
     found = line(lines, "oci-hooks")
-    assert found.startswith(f"FAIL  oci-hooks: {hooks} adds NVIDIA's hook {NVIDIA_HOOK} to "
-                            "every container podman and CRI-O start")
-    assert f"mask it with a file of the same name in {tmp_path / 'etc-hooks.d'}" in found
+    assert found == ("FAIL  oci-hooks: NVIDIA's hook in oci-nvidia-hook.json: containers asking "
+                     "no GPU get every GPU — fix: mask it (--verbose: how)")
+    detail = lines[lines.index(found) + 1]
+    assert detail.startswith(f"      {hooks} adds NVIDIA's hook {NVIDIA_HOOK} to every "
+                             "container podman and CRI-O start")
+    assert f"mask it with a file of the same name in {tmp_path / 'etc-hooks.d'}" in detail
 
 
 def test_oci_hooks_masked_limited_or_switched_off(tmp_path: Path,
@@ -221,10 +227,13 @@ def test_runtimes_chaining_into_nvidia_runtime_fails(tmp_path: Path,
     container on to it, which grants again what nvshim refused: runtimes FAILs."""
     wrapper = script(tmp_path / "bin" / "low", f'exec {NVIDIA} "$@"\n')
     config = nvshim_config(tmp_path / "n.yaml", True, runtimes=[str(wrapper), "runc"])
-    rc, lines = doctor(tmp_path, capsys, config=config)
+    rc, lines = doctor(tmp_path, capsys, "--verbose", config=config)
     assert rc == 1
-    assert line(lines, "runtimes").startswith(
-        f"FAIL  runtimes: runtimes in {config} hand every container on to another GPU runtime: "
+    found = line(lines, "runtimes")
+    assert found == (f"FAIL  runtimes: runtimes in {config} hand every container on to another "
+                     f"GPU runtime — fix: list runc or crun under runtimes: in {config}")
+    assert lines[lines.index(found) + 1].startswith(
+        f"      runtimes in {config} hand every container on to another GPU runtime: "
         f"{wrapper} → {NVIDIA} is NVIDIA's runtime")
 
 
@@ -235,14 +244,19 @@ def test_runtime_class_with_require_allocation_off_warns(
     config = nvshim_config(tmp_path / "etc" / "config.yaml", False)
     tramp = trampoline(tmp_path / "bin" / "nvshim-runtime", config)
     ctrd = containerd_toml(tmp_path / "c.toml", "runc", {"runc": None, "nvshim": str(tramp)})
-    _, lines = doctor(tmp_path, capsys, config=config, containerd=ctrd)
+    _, lines = doctor(tmp_path, capsys, "--verbose", config=config, containerd=ctrd)
     assert line(lines, "default-runtime").startswith("ok    ")
     assert line(lines, "handler-config") == (
-        f'warn  handler-config: containerd handler "nvshim" runs {tramp}, which reads {config}: '
+        "warn  handler-config: require-allocation is off: the default, as nvshim is not the "
+        f"default runtime — fix: require-allocation: true in {config}")
+    detail = lines[lines.index(line(lines, "handler-config")) + 1]
+    assert detail == (
+        f'      containerd handler "nvshim" runs {tramp}, which reads {config}: '
         'require-allocation is off, so any pod that names containerd handler "nvshim" by '
         "RuntimeClass gets the GPUs its own env or image names (NVIDIA_VISIBLE_DEVICES=all: "
-        "every GPU), allocated or not — fix: set require-allocation: true in "
-        f"{config}, then nvshim config compile --config {config}")
+        "every GPU), allocated or not; pods that name no such RuntimeClass never reach nvshim. "
+        f"Where pods must not pick their GPUs: set require-allocation: true in {config}, "
+        f"then nvshim config compile --config {config}")
 
 
 def test_default_handler_judged_by_the_config_its_trampoline_embeds(
@@ -252,11 +266,13 @@ def test_default_handler_judged_by_the_config_its_trampoline_embeds(
     embedded = nvshim_config(tmp_path / "etc" / "config.yaml", False)
     tramp = trampoline(tmp_path / "bin" / "nvshim-runtime", embedded)
     ctrd = containerd_toml(tmp_path / "c.toml", "nvshim", {"nvshim": str(tramp)})
-    rc, lines = doctor(tmp_path, capsys, config=nvshim_config(tmp_path / "given.yaml", True),
-                       containerd=ctrd)
+    rc, lines = doctor(tmp_path, capsys, "--verbose",
+                       config=nvshim_config(tmp_path / "given.yaml", True), containerd=ctrd)
     assert rc == 1
-    assert line(lines, "default-runtime").startswith(
-        "FAIL  default-runtime: containerd's default runtime is nvshim but require-allocation is "
+    found = line(lines, "default-runtime")
+    assert found.endswith(f"— fix: require-allocation: true in {embedded}"), found
+    assert lines[lines.index(found) + 1].startswith(
+        "      containerd's default runtime is nvshim but require-allocation is "
         f"off in {embedded} (the config {tramp} reads): ")
 
 
@@ -303,11 +319,14 @@ def test_named_config_a_runtime_reads_missing_fails(tmp_path: Path,
     handler-config FAILs naming the file."""
     wrapper = script(tmp_path / "w", "export NVSHIM_CONFIG=/nonexistent/nvshim.yaml\n"
                                      "exec /nonexistent/bin/nvshim-runtime \"$@\"\n")
-    rc, lines = doctor(tmp_path, capsys, "--runtime-binary", str(wrapper),
+    rc, lines = doctor(tmp_path, capsys, "--runtime-binary", str(wrapper), "--verbose",
                        config=nvshim_config(tmp_path / "n.yaml", True))
     assert rc == 1
-    assert line(lines, "handler-config").startswith(
-        f"FAIL  handler-config: runtime {wrapper} runs {wrapper} → /nonexistent/bin/nvshim-runtime"
+    found = line(lines, "handler-config")
+    assert found == ("FAIL  handler-config: nvshim reads /nonexistent/nvshim.yaml, which does not "
+                     "exist: every create fails — fix: create /nonexistent/nvshim.yaml")
+    assert lines[lines.index(found) + 1].startswith(
+        f"      runtime {wrapper} runs {wrapper} → /nonexistent/bin/nvshim-runtime"
         ", which reads /nonexistent/nvshim.yaml: it does not exist, so every create fails")
 
 
@@ -341,7 +360,7 @@ def test_containerd_binary_fix_keeps_the_drop_ins_flags(tmp_path: Path) -> None:
     assert effective is not None
     finding = doctor_engines.check_runtime_binary(effective, options)
     assert finding.status == "fail"
-    assert finding.fix == (
+    assert finding.detail.endswith(
         f"install nvshim (./install.sh), or re-run nvshim runtime configure --runtime containerd "
         f"--config {config} --drop-in {drop_in} --name gpu --set-as-default")
 
