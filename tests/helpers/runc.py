@@ -29,6 +29,11 @@ from tests.helpers.common import (
 __all__ = ["Runc", "make_crun_wrapper"]
 
 
+#: runc 1.1.x's message when its re-exec through a cloned copy of its binary hits EBUSY
+#: (seen under load on Debian 13's runc 1.1.15): the create did not happen, a retry is safe.
+_RUNC_CLONE_RACE = "could not ensure we are a cloned binary"
+
+
 class Runc:
     """A runc-compatible CLI with a private state root.
 
@@ -76,13 +81,23 @@ class Runc:
         timeout: float,
         **kw: Any,
     ) -> RunResult:
-        return execute(
+        res = execute(
             self.argv(*sub, runtime=runtime, log=log),
             env=env if env is not None else self.env,
             log=log,
             timeout=timeout,
             **kw,
         )
+        if res.rc != 0 and sub and str(sub[0]) in ("create", "run") \
+                and _RUNC_CLONE_RACE in res.stderr:
+            # runc 1.1's own transient failure (its re-exec of a cloned copy of itself found
+            # the copy busy): nothing of nvshim's; the container was not made, so once more
+            execute(self.argv("delete", "--force", str(sub[-1]), runtime=runtime),
+                    env=env if env is not None else self.env, timeout=timeout)
+            res = execute(self.argv(*sub, runtime=runtime, log=log),
+                          env=env if env is not None else self.env, log=log, timeout=timeout,
+                          **kw)
+        return res
 
     def run(
         self,
