@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -106,11 +105,7 @@ def test_gpu_container_through_the_agent_and_through_the_fallback(
     agent = AgentProcess(sock, cfg, tmp_path / "agent.log").start()
     seen: Dict[str, Tuple[str, List[str]]] = {}
     try:
-        for step, gpu in (("agent", 1), ("fallback", 0)):
-            if step == "fallback":
-                assert agent.proc is not None
-                agent.proc.send_signal(signal.SIGKILL)
-                agent.proc.wait(10)
+        for step, gpu in agent.then_killed(1, 0):
             bundle = make_bundle(tmp_path / step, base_rootfs, LISTING,
                                  env={"NVIDIA_VISIBLE_DEVICES": str(gpu)})
             res = r.run_detached(bundle, unique_id(step))
@@ -177,11 +172,7 @@ def test_cri_pod_through_the_agent_and_through_the_fallback(cri_node: Any) -> No
     agent = AgentProcess(sock, Path(n.current.read_text()), n.base / "agent.log").start()
     served: Dict[str, str] = {}
     try:
-        for step, gpu in (("agent", n.sim.gpus[1]), ("fallback", n.sim.gpus[0])):
-            if step == "fallback":
-                assert agent.proc is not None
-                agent.proc.send_signal(signal.SIGKILL)
-                agent.proc.wait(10)
+        for step, gpu in agent.then_killed(n.sim.gpus[1], n.sim.gpus[0]):
             name = f"pod-{step}"
             n.kubelet.set([("team-a", name, {"main": {GPU: [gpu.uuid]}})])
             p = pod(n, name)
@@ -237,11 +228,7 @@ def _both_paths(node: _Node, run: Any,
                          prefix=prefix).start()
     seen: Dict[str, Tuple[str, List[str]]] = {}
     try:
-        for step, gpu in (("agent", 1), ("fallback", 0)):
-            if step == "fallback":
-                assert agent.proc is not None
-                agent.proc.send_signal(signal.SIGKILL)
-                agent.proc.wait(10)
+        for step, gpu in agent.then_killed(1, 0):
             out = run(gpu)
             seen[step] = (node.last_served_by(), _gpus(out))
     finally:

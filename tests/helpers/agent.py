@@ -9,9 +9,11 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Tuple, TypeVar
 
 from tests.helpers.common import wait_until
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,6 +49,15 @@ class AgentProcess:
                    f"the agent's socket {self.socket}")
         assert self.proc.poll() is None, self.log.read_text()
         return self
+
+    def then_killed(self, served: T, fallback: T) -> Iterator[Tuple[str, T]]:
+        """``("agent", served)`` while this agent runs; then SIGKILL it and ``("fallback",
+        fallback)``: the two steps of a test that pins both paths."""
+        yield "agent", served
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        yield "fallback", fallback
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         assert self.proc is not None
