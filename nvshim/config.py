@@ -111,7 +111,7 @@ class Config:
     nri_inject: bool = False
     nri_guard: bool = True
     nri_verify: bool = True
-    nri_inroot: str = "hook"
+    nri_inroot: str = "agent"
     nri_gpu_handlers: Tuple[str, ...] = ("nvidia", "nvidia-cdi", "nvidia-legacy")
     nri_nvshim_handlers: Tuple[str, ...] = ("nvshim",)
     nri_runtime_root: str = "/run/containerd/runc/k8s.io"

@@ -33,6 +33,10 @@ class Agent:
         self.registered = threading.Event()
         self.nri_error = ""
         self.server: Optional[AgentServer] = None
+        from nvshim.agent.hookwork import PendingWork
+
+        self.pending = PendingWork(socket_path)
+        """In-root work the NRI plugin planned, waiting for its createContainer hook."""
 
     # --- readiness --------------------------------------------------------------------
 
@@ -66,6 +70,10 @@ class Agent:
                                         "generation": generation,
                                         "serving": config is not None,
                                         "nri": self.nri_socket or "none"})
+        if request.op == "hook":
+            from nvshim.agent.hookwork import serve_hook
+
+            return serve_hook(self.pending, request, fds[0], peer, self.log)
         from nvshim.agent.create import serve_create
 
         return serve_create(self.state, request, fds[0], peer)
@@ -88,7 +96,7 @@ class Agent:
                 self.log.error("nri unavailable", error=self.nri_error)
                 return
             try:
-                run_nri(self.state, path, self.stop, self.on_registered)
+                run_nri(self.state, path, self.stop, self.on_registered, self.pending)
             except Exception as exc:  # noqa: BLE001 - the socket keeps serving; not ready
                 self.nri_error = f"{type(exc).__name__}: {exc}"
                 self.log.error("nri plugin stopped", error=self.nri_error)

@@ -13,6 +13,12 @@ Request fields: ``MAGIC``, the operation, then per operation:
   working directory), then the runtime's argv (one field per argument, at least one).
   Exactly one descriptor rides along (``SCM_RIGHTS``): the bundle directory, opened by
   the caller.
+- ``hook``: the nvshim version the hook entry was written by, then the OCI state the
+  engine gave the createContainer hook on its stdin (one field, no NUL in it). Exactly one
+  descriptor: the caller's ``/`` (``O_PATH``), through which the agent reaches the bundle
+  and the rootfs as the hook sees them (the container's mount namespace, before
+  ``pivot_root``). An agent without this operation answers ``fallback``
+  (:mod:`nvshim.agent.hookwork`).
 
 Reply fields: ``MAGIC``, a status, a message. Statuses: ``ok`` (config.json is written:
 exec the runtime), ``refused`` (the create's refusal: the message is its one line),
@@ -43,7 +49,7 @@ MAGIC = b"nvshim-agent 1"
 MAX_MESSAGE = 65536
 #: Most fields in one request.
 MAX_FIELDS = 4096
-OPS = ("create", "ready")
+OPS = ("create", "ready", "hook")
 STATUSES = ("ok", "refused", "fallback", "ready", "not-ready")
 
 _CREATE_FIXED = 6  # version, config, generation, runtime, cwd, bundle
@@ -65,6 +71,8 @@ class Request:
     cwd: str = ""
     bundle: str = ""
     argv: Tuple[str, ...] = ()
+    state: str = ""
+    """``hook``: the OCI state JSON."""
 
 
 def parse_request(data: bytes, fds: int) -> Request:
@@ -87,6 +95,11 @@ def parse_request(data: bytes, fds: int) -> Request:
         if len(fields) != 2 or fds:
             raise ProtocolError("ready takes no fields and no descriptor")
         return Request(op)
+    if op == "hook":
+        if len(fields) != 4 or fds != 1:
+            raise ProtocolError(f"hook takes 2 fields and the caller's root descriptor: got "
+                                f"{len(fields) - 2} and {fds}")
+        return Request(op, version=os.fsdecode(fields[2]), state=os.fsdecode(fields[3]))
     if fds != 1:
         raise ProtocolError(f"create needs the bundle's descriptor: got {fds}")
     if len(fields) < 2 + _CREATE_FIXED + 1:
@@ -109,6 +122,8 @@ def encode_request(request: Request) -> bytes:
                                             request.generation, request.runtime,
                                             request.cwd, request.bundle)]
         fields += [os.fsencode(a) for a in request.argv]
+    elif request.op == "hook":
+        fields += [os.fsencode(request.version), os.fsencode(request.state)]
     return b"".join(f + b"\0" for f in fields)
 
 

@@ -75,6 +75,7 @@ __all__ = [
     "decide",
     "is_host_root",
     "prepare",
+    "prepare_in",
     "rootfs_path",
     "work_from_hooks",
     "write_egl_profile",
@@ -323,22 +324,29 @@ def prepare(rootfs: str, work: RootWork) -> List[str]:
     except OSError as exc:
         raise Fallback(f"cannot open the rootfs {rootfs}: {os_reason(exc)}") from exc
     with root:
-        try:
-            apply_links(root, rootfs, work.links)
-            if work.gpu_minors:
-                write_egl_profile(root, rootfs, work.gpu_minors)
-            if not work.folders:
-                return []
-            return update_ldcache(root, work.folders, work.planned, work.host_driver_version)
-        except LargeImageCache as exc:
+        return prepare_in(root, work)
+
+
+def prepare_in(root: _inroot.RootFd, work: RootWork) -> List[str]:
+    """:func:`prepare` in an open rootfs (``root.path`` names it in messages): the agent's
+    hook reaches the rootfs through the caller's descriptor, not by a path of its own."""
+    rootfs = root.path
+    try:
+        apply_links(root, rootfs, work.links)
+        if work.gpu_minors:
+            write_egl_profile(root, rootfs, work.gpu_minors)
+        if not work.folders:
+            return []
+        return update_ldcache(root, work.folders, work.planned, work.host_driver_version)
+    except LargeImageCache as exc:
+        raise Fallback(str(exc)) from exc
+    except HostError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, OSError) and cause.errno in _NOT_WRITABLE:
             raise Fallback(str(exc)) from exc
-        except HostError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, OSError) and cause.errno in _NOT_WRITABLE:
-                raise Fallback(str(exc)) from exc
-            if isinstance(cause, OSError) and cause.errno in _FULL:
-                raise HostError(f"the container rootfs is full: {exc}") from exc
-            raise
+        if isinstance(cause, OSError) and cause.errno in _FULL:
+            raise HostError(f"the container rootfs is full: {exc}") from exc
+        raise
 
 
 # --------------------------------------------------------------------------- the work

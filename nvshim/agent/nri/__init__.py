@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 __all__ = ["run_nri", "PLUGIN_NAME", "PLUGIN_INDEX"]
 
@@ -26,14 +26,16 @@ BACKOFF_MAX = 10.0
 
 
 def run_nri(state: Any, nri_socket_path: str, stop: threading.Event,
-            on_registered: Callable[[bool], None]) -> None:
-    """Serve NRI on ``nri_socket_path`` until ``stop`` (see the module docstring)."""
+            on_registered: Callable[[bool], None], pending: Optional[Any] = None) -> None:
+    """Serve NRI on ``nri_socket_path`` until ``stop`` (see the module docstring);
+    ``pending``: the agent's :class:`nvshim.agent.hookwork.PendingWork`, where
+    ``nri-inroot: agent`` leaves the in-root work for the agent's createContainer hook."""
     from nvshim.agent.nri.api import SERVICE_RUNTIME, encode_register
     from nvshim.agent.nri.plugin import Plugin
     from nvshim.agent.nri.transport import RpcError, Session, connect, peer_uid
 
     log = state.log
-    plugin = Plugin(state)
+    plugin = Plugin(state, pending)
     backoff = BACKOFF_MIN
     while not stop.is_set():
         try:

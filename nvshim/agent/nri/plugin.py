@@ -19,8 +19,10 @@ Per container, by its pod's runtime handler (config ``nri-*``):
   stripped (no allocation) gets ``NVIDIA_VISIBLE_DEVICES=void`` and loses its
   ``annotation-prefixes`` annotations and device-list mounts, journaled as ``stripped``;
 - **inject** (``nri-inject``): under a handler not in ``nri-gpu-handlers``, a grant's
-  device nodes, mounts, env and hooks (nvshim's createContainer hook does the in-root work:
-  no rootfs exists at CreateContainer) are the adjustment, journaled as a grant.
+  device nodes, mounts, env and hooks (a createContainer hook does the in-root work: no
+  rootfs exists at CreateContainer; under ``nri-inroot: agent`` the hook is the static
+  client asking this agent, :mod:`nvshim.agent.hookwork`) are the adjustment, journaled
+  as a grant.
 
 nvshim's own failures (a config that does not load, a host it cannot read) never fail a
 create: one log line and no adjustment, as if the plugin were absent.
@@ -136,10 +138,13 @@ def _who(pod: Pod, container: Container) -> str:
 
 
 def decide(config: Config, pod: Pod, container: Container, log: Any,
-           journal: bool = True, later: Optional[Dict[str, Any]] = None) -> Adjustment:
+           journal: bool = True, later: Optional[Dict[str, Any]] = None,
+           pending: Optional[Any] = None) -> Adjustment:
     """The adjustment for ``container`` of ``pod`` (see the module docstring); RpcError
     for a refusal. With ``nri-inroot: start`` the in-root work is left out of the
-    adjustment and put in ``later`` under the container's id, for :func:`start_work`."""
+    adjustment and put in ``later`` under the container's id, for :func:`start_work`;
+    with ``agent`` it waits in ``pending`` (:class:`nvshim.agent.hookwork.PendingWork`)
+    and the hook is the client's (:func:`agent_hook`)."""
     handler = pod.runtime_handler
     if handler in config.nri_nvshim_handlers:
         return Adjustment()
@@ -187,6 +192,8 @@ def decide(config: Config, pod: Pod, container: Container, log: Any,
             if len(later) >= _LATER_MAX:  # starts or removals missed (a reconnect): oldest out
                 del later[next(iter(later))]
             later[container.id] = work
+        elif config.nri_inroot == "agent" and work is not None and pending is not None:
+            new_spec = agent_hook(new_spec, container.id, work, pending)
         adjust = adjustment_of(spec, new_spec)
         if journal:
             _grant(config, pod, container, plan)
@@ -194,6 +201,27 @@ def decide(config: Config, pod: Pod, container: Container, log: Any,
                  plan=plan.plan_source, ms=round((time.perf_counter() - started) * 1e3, 2))
         return adjust
     return Adjustment()
+
+
+def agent_hook(spec: Dict[str, Any], container_id: str, work: Any,
+               pending: Any) -> Dict[str, Any]:
+    """``spec`` whose nvshim createContainer hook is the client's, asking the agent
+    (``nri-inroot: agent``), with ``work`` (and the hook's ``/dev`` links) left in
+    ``pending`` for it; ``spec`` as it is when the client is not here."""
+    from nvshim.runtime.hookargs import parse_graphics_args, runs_nvshim_hook
+
+    hooks = (spec.get("hooks") or {}).get("createContainer") or []
+    ours = [h for h in hooks if runs_nvshim_hook(h.get("args") or ())]
+    if len(ours) != 1:
+        return spec
+    entry = pending.hook_entry(ours[0])
+    if entry is None:
+        return spec
+    dev_links, _egl = parse_graphics_args(ours[0]["args"])
+    pending.put(container_id, work, tuple(dev_links))
+    new_hooks = dict(spec["hooks"])
+    new_hooks["createContainer"] = [entry if h is ours[0] else h for h in hooks]
+    return {**spec, "hooks": new_hooks}
 
 
 def _guard(config: Config, container: Container, keys: Tuple[str, ...]) -> Adjustment:
@@ -264,8 +292,10 @@ def start_work(work: Any, pid: int, who: str, log: Any) -> None:
 class Plugin:
     """The Plugin service: Configure, Synchronize, CreateContainer, the rest answered."""
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: Any, pending: Optional[Any] = None) -> None:
         self.state = state
+        self.pending = pending
+        """Where ``nri-inroot: agent`` leaves in-root work for the agent's hook."""
         self.log = state.log
         self.configured: Dict[str, str] = {}
         self.later: Dict[str, Any] = {}
@@ -281,7 +311,7 @@ class Plugin:
                                  error=self.state.config_error)
                 return b""
             return encode_create_reply(decide(config, pod, container, self.log,
-                                              later=self.later))
+                                              later=self.later, pending=self.pending))
         if method == "Configure":
             self.configured = decode_configure(body)
             self.log.info("nri configured", **self.configured)
@@ -294,6 +324,8 @@ class Plugin:
                 pod, container = decode_pod_container(body)
                 event = (Event.START_CONTAINER if method == "StartContainer"
                          else Event.REMOVE_CONTAINER)
+            if event == Event.REMOVE_CONTAINER and self.pending is not None:
+                self.pending.drop(container.id)  # a create whose hook never ran
             work = self.later.pop(container.id, None)
             if work is not None and event == Event.START_CONTAINER and container.pid:
                 start_work(work, container.pid, _who(pod, container), self.log)

@@ -1,0 +1,180 @@
+"""The agent-served createContainer hook (``nri-inroot: agent``, docs/nri.md).
+
+At CreateContainer the NRI plugin plans a GPU container's in-root work (SONAME links,
+ld.so.cache, EGL profile, ``/dev`` links) but no rootfs exists yet. Instead of nvshim's
+Python hook (an interpreter started inside ``runc create``), the adjustment's
+createContainer hook is the static client (``nvshim-agent-client --hook SOCKET VERSION
+PYTHON-HOOK-ARGV...``), and the plan waits here, keyed by the container's id
+(:class:`PendingWork`). runc runs the hook in the container's mount namespace after its
+mounts and before ``pivot_root`` (a read-only rootfs still writable); the client sends the
+OCI state from its stdin and an ``O_PATH`` descriptor of its ``/`` (protocol ``hook``).
+
+:func:`serve_hook` finds the bundle and the rootfs through that descriptor with
+:func:`nvshim.host.inroot.resolve_dir` (every symlink resolved inside the caller's root:
+what the hook sees, never a path of the agent's own mount namespace), and does the work
+with the runtime's fd-relative, no-symlink writer (:func:`nvshim.runtime.rootwork.prepare_in`).
+Anything else is ``fallback``: the client then execs the Python hook with the same argv
+and the same state on stdin, so the work is done all the same (fails closed): another
+nvshim version, no work waiting for the container (the agent restarted since
+CreateContainer), a state or rootfs it cannot read, a rootfs it cannot write (crun makes
+a read-only rootfs read-only before the hooks; the Python hook remounts it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from nvshim import __version__
+from nvshim.agent.protocol import Request
+from nvshim.agent.server import Peer
+
+__all__ = ["PendingWork", "serve_hook", "HOOK_FLAG", "PENDING_MAX"]
+
+#: The client's first argument in hook mode.
+HOOK_FLAG = "--hook"
+#: Containers whose work waits at once, at most (a hook never run: the oldest goes).
+PENDING_MAX = 4096
+
+DevLinks = Tuple[Tuple[str, str], ...]
+
+
+class PendingWork:
+    """In-root work planned at CreateContainer, waiting for its container's hook."""
+
+    def __init__(self, socket_path: str, client: Optional[str] = None) -> None:
+        from nvshim.agent.client import client_path
+
+        self.socket_path = os.path.abspath(socket_path)
+        self.client = client if client is not None else client_path(sys.executable)
+        self._work: Dict[str, Tuple[Any, DevLinks]] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._work)
+
+    def put(self, container_id: str, work: Any, dev_links: DevLinks = ()) -> None:
+        with self._lock:
+            self._work.pop(container_id, None)
+            if len(self._work) >= PENDING_MAX:  # hooks never run (failed creates): oldest out
+                del self._work[next(iter(self._work))]
+            self._work[container_id] = (work, dev_links)
+
+    def take(self, container_id: str) -> Optional[Tuple[Any, DevLinks]]:
+        with self._lock:
+            return self._work.pop(container_id, None)
+
+    def drop(self, container_id: str) -> None:
+        self.take(container_id)
+
+    def hook_entry(self, hook: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """nvshim's Python hook entry (OCI JSON) as the client's: the same argv after the
+        client's own words, so that the client can exec it; None when the client is not
+        here (a machine it is not built for): the Python hook stays."""
+        if not os.access(self.client, os.X_OK):
+            return None
+        args = [self.client, HOOK_FLAG, self.socket_path, __version__, *hook["args"]]
+        return {**hook, "path": self.client, "args": args}
+
+
+def serve_hook(pending: PendingWork, request: Request, root_fd: int, peer: Peer,
+               log: Any) -> Tuple[str, str]:
+    """(status, message) for one hook request (see the module docstring)."""
+    started = time.perf_counter()
+    cid = ""
+    try:
+        if request.version != __version__:
+            return "fallback", f"hook of nvshim {request.version}, agent {__version__}"
+        cid, bundle, root = _read_state(request.state)
+        item = pending.take(cid)
+        if item is None:
+            return "fallback", (f"no in-root work waits for container {cid} "
+                                "(the agent restarted since its CreateContainer?)")
+        work, dev_links = item
+        warnings = _do(root_fd, bundle, root, work, dev_links)
+    except _NotServed as exc:
+        return "fallback", str(exc)
+    log.info("nri in-root work", id=cid, by="agent hook", pid=peer.pid,
+             warnings=warnings, ms=round((time.perf_counter() - started) * 1e3, 2))
+    return "ok", ""
+
+
+class _NotServed(Exception):
+    """Why the hook falls back to Python (one line)."""
+
+
+def _read_state(text: str) -> Tuple[str, str, Optional[str]]:
+    """(id, bundle, root) of the OCI state (``root``: crun's field, else None)."""
+    try:
+        state = json.loads(text)
+    except ValueError as exc:
+        raise _NotServed(f"cannot parse the oci state: {exc}") from exc
+    if not isinstance(state, dict):
+        raise _NotServed("the oci state is not a json object")
+    cid, bundle, root = state.get("id"), state.get("bundle"), state.get("root")
+    if not isinstance(cid, str) or not cid:
+        raise _NotServed("the oci state has no container id")
+    if not isinstance(bundle, str) or not bundle.startswith("/"):
+        raise _NotServed(f"oci state: bundle must be an absolute path, got {bundle!r}")
+    if root is not None and not (isinstance(root, str) and root):
+        raise _NotServed(f"oci state: root must be a non-empty string, got {root!r}")
+    return cid, bundle, root
+
+
+def _rootfs_of(root_fd: int, bundle: str, root: Optional[str]) -> str:
+    """The rootfs path (the caller's) of the state: its ``root``, else config.json's
+    ``root.path``, read through ``root_fd``; joined to the bundle when relative."""
+    from nvshim.host import inroot
+
+    if root is None:
+        where = f"{bundle}/config.json"
+        try:
+            bundle_fd = inroot.resolve_dir(root_fd, bundle)
+        except OSError as exc:
+            raise _NotServed(f"bundle {bundle}: {exc.strerror}") from exc
+        try:
+            data = inroot.read_file(bundle_fd, "config.json")
+        except OSError as exc:
+            raise _NotServed(f"cannot read {where}: {exc.strerror}") from exc
+        finally:
+            os.close(bundle_fd)
+        try:
+            spec = json.loads(data or b"")
+        except ValueError as exc:
+            raise _NotServed(f"cannot parse {where}: {exc}") from exc
+        spec_root = spec.get("root") if isinstance(spec, dict) else None
+        root = spec_root.get("path") if isinstance(spec_root, dict) else None
+        if not isinstance(root, str) or not root:
+            raise _NotServed(f"{where} has no root.path")
+    if "\0" in root:
+        raise _NotServed("the rootfs path has a NUL byte")
+    return os.path.normpath(os.path.join(bundle, root))
+
+
+def _do(root_fd: int, bundle: str, root: Optional[str], work: Any,
+        dev_links: DevLinks) -> List[str]:
+    """The work in the rootfs the caller sees; its warnings, or _NotServed."""
+    from nvshim.errors import NvshimError
+    from nvshim.host import inroot
+    from nvshim.runtime import rootwork
+
+    rootfs = _rootfs_of(root_fd, bundle, root)
+    try:
+        fd = inroot.resolve_dir(root_fd, rootfs)
+    except OSError as exc:
+        raise _NotServed(f"rootfs {rootfs}: {exc.strerror}") from exc
+    with inroot.RootFd(fd, rootfs) as rootfs_fd:
+        try:
+            held, top = os.fstat(fd), os.fstat(root_fd)
+            if (held.st_dev, held.st_ino) == (top.st_dev, top.st_ino):
+                raise _NotServed(f"the rootfs {rootfs} is the caller's /")  # the hook warns
+            warnings = rootwork.prepare_in(rootfs_fd, work)
+            if dev_links:
+                rootwork.apply_dev_links(rootfs_fd, rootfs, dev_links)
+        except (NvshimError, OSError) as exc:
+            raise _NotServed(str(exc)) from exc
+    return list(warnings)
