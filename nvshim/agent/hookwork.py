@@ -88,15 +88,17 @@ def serve_hook(pending: PendingWork, request: Request, root_fd: int, peer: Peer,
     cid = ""
     try:
         if request.version != __version__:
-            return "fallback", f"hook of nvshim {request.version}, agent {__version__}"
+            raise _NotServed(f"hook of nvshim {request.version}, agent {__version__}")
         cid, bundle, root = _read_state(request.state)
         item = pending.take(cid)
         if item is None:
-            return "fallback", (f"no in-root work waits for container {cid} "
-                                "(the agent restarted since its CreateContainer?)")
+            raise _NotServed(f"no in-root work waits for container {cid} "
+                             "(the agent restarted since its CreateContainer?)")
         work, dev_links = item
         warnings = _do(root_fd, bundle, root, work, dev_links)
     except _NotServed as exc:
+        log.info("nri in-root work not served (the Python hook does it)", id=cid,
+                 pid=peer.pid, reason=str(exc))
         return "fallback", str(exc)
     log.info("nri in-root work", id=cid, by="agent hook", pid=peer.pid,
              warnings=warnings, ms=round((time.perf_counter() - started) * 1e3, 2))

@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -219,8 +220,11 @@ INROOT = ("ls /usr/lib/x86_64-linux-gnu/; grep -c libcuda.so.1 /etc/ld.so.cache;
           "echo END; exec sleep 1000")
 
 
-def inroot(node: NriNode, name: str, readonly: bool) -> List[str]:
-    """What INROOT prints in a GPU container under plain runc (``readonly``: its rootfs)."""
+def inroot(node: NriNode, name: str, readonly: bool,
+           between: Optional[Callable[[], None]] = None) -> Tuple[str, List[str]]:
+    """(the container's id, what INROOT prints in a GPU container under plain runc);
+    ``readonly``: its rootfs; ``between``: run after CreateContainer (the plugin's plan),
+    before StartContainer (``runc create`` and its hooks)."""
     from tests.helpers.cri import NODE, ContainerSpec, Namespaces, SecurityContext
 
     assert node.cri is not None
@@ -231,28 +235,70 @@ def inroot(node: NriNode, name: str, readonly: bool) -> List[str]:
                          envs=[("NVIDIA_VISIBLE_DEVICES", node.sim.gpus[0].uuid)],
                          security=SecurityContext(namespaces=Namespaces(network=NODE),
                                                   readonly_rootfs=readonly))
-    node.cri.start_container(node.cri.create(sandbox, config, spec))
+    cid = node.cri.create(sandbox, config, spec)
+    if between is not None:
+        between()
+    node.cri.start_container(cid)
     out: List[str] = node.cri.wait_log(logs, "main", "END").split()
-    return out
+    return cid, out
 
 
-@pytest.mark.parametrize("mode", ["hook", "start"])
+def has_links(out: List[str]) -> bool:
+    """libcuda.so.1 is in the container and its ld.so.cache names it."""
+    return "libcuda.so.1" in out and out[out.index("END") - 1] != "0"
+
+
+def served_by_agent(node: NriNode, cid: str) -> bool:
+    """The agent's log says its createContainer hook did ``cid``'s in-root work."""
+    return any(f'"id": "{cid}"' in line and '"by": "agent hook"' in line
+               for line in (node.base / "agent.log").read_text().splitlines())
+
+
+@pytest.mark.parametrize("mode", ["agent", "hook", "start"])
 def test_inject_in_root_work(node: NriNode, mode: str) -> None:
-    """Under plain runc the injected driver's SONAME links and ld.so.cache are in the container, made by nvshim's createContainer hook (nri-inroot: hook) or by the agent through /proc/<pid>/root at StartContainer (start)."""
+    """Under plain runc the injected driver's SONAME links and ld.so.cache are in the container, made by the agent asked by the static client as createContainer hook (nri-inroot: agent, the default), by nvshim's Python createContainer hook (hook) or by the agent through /proc/<pid>/root at StartContainer (start)."""
     node.configure(nri_inroot=mode)
-    out = inroot(node, f"inroot-{mode}", readonly=False)
-    assert "libcuda.so.1" in out, out
-    assert out[out.index("END") - 1] != "0", out  # ld.so.cache names libcuda.so.1
+    cid, out = inroot(node, f"inroot-{mode}", readonly=False)
+    assert has_links(out), out
+    assert served_by_agent(node, cid) == (mode == "agent")
     if mode == "start":
         assert '"nri in-root work"' in (node.base / "agent.log").read_text()
 
 
 def test_read_only_rootfs(node: NriNode) -> None:
-    """A read-only rootfs gets the links and cache from the hook (nri-inroot: hook); under start the container still starts, without them, and the agent logs one error line."""
-    node.configure(nri_inroot="hook")
-    out = inroot(node, "ro-hook", readonly=True)
-    assert "libcuda.so.1" in out and out[out.index("END") - 1] != "0", out
+    """A read-only rootfs gets the links and cache from the agent's createContainer hook (nri-inroot: agent: runc runs it before the rootfs is made read-only); under start the container still starts, without them, and the agent logs one error line."""
+    node.configure(nri_inroot="agent")
+    cid, out = inroot(node, "ro-agent", readonly=True)
+    assert has_links(out) and served_by_agent(node, cid), out
     node.configure(nri_inroot="start")
-    out = inroot(node, "ro-start", readonly=True)
+    _cid, out = inroot(node, "ro-start", readonly=True)
     assert "libcuda.so.1" not in out and "libcuda.so.550.54.15" in out, out
     assert '"nri in-root work not done"' in (node.base / "agent.log").read_text()
+
+
+def test_agent_hook_falls_back_to_the_python_hook(node: NriNode) -> None:
+    """nri-inroot: agent fails closed: the agent killed between CreateContainer and the hook (read-only rootfs), or restarted in between (its planned work gone), and the client's Python hook still makes the links and cache."""
+    assert node.agent is not None
+    agent, log = node.agent, node.base / "agent.log"
+
+    def restart(kill: bool) -> Callable[[], None]:
+        def between() -> None:
+            before = log.read_text().count("nri registered")
+            agent.stop(signal.SIGKILL if kill else signal.SIGTERM)
+            if not kill:
+                agent.start()
+                wait_until(lambda: log.read_text().count("nri registered") > before, 20,
+                           "re-registration")
+        return between
+
+    try:
+        cid, out = inroot(node, "fb-killed", readonly=True, between=restart(True))
+        assert has_links(out) and not served_by_agent(node, cid), out
+    finally:
+        before = log.read_text().count("nri registered")
+        agent.start()
+        wait_until(lambda: log.read_text().count("nri registered") > before, 20,
+                   "re-registration")
+    cid, out = inroot(node, "fb-restarted", readonly=False, between=restart(False))
+    assert has_links(out) and not served_by_agent(node, cid), out
+    assert f"no in-root work waits for container {cid}" in log.read_text()
