@@ -53,6 +53,7 @@ class PendingWork:
         self.client = client if client is not None else client_path(sys.executable)
         self._work: Dict[str, Tuple[Any, DevLinks]] = {}
         self._lock = threading.Lock()
+        self._probed: Tuple[Any, bool] = (None, False)
 
     def __len__(self) -> int:
         return len(self._work)
@@ -75,10 +76,32 @@ class PendingWork:
         """nvshim's Python hook entry (OCI JSON) as the client's: the same argv after the
         client's own words, so that the client can exec it; None when the client is not
         here (a machine it is not built for): the Python hook stays."""
-        if not os.access(self.client, os.X_OK):
+        if not self.client_has_hook():
             return None
         args = [self.client, HOOK_FLAG, self.socket_path, __version__, *hook["args"]]
         return {**hook, "path": self.client, "args": args}
+
+    def client_has_hook(self) -> bool:
+        """Whether the client is here and has the ``--hook`` mode: asked once per client
+        file (``--hook`` alone is its usage line, exit 1; a client older than the mode
+        would fail every GPU create's hook instead of falling back)."""
+        try:
+            st = os.stat(self.client)
+        except OSError:
+            return False
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._probed[0] == key:
+            return self._probed[1]
+        import subprocess
+
+        try:
+            res = subprocess.run([self.client, HOOK_FLAG], stdin=subprocess.DEVNULL,
+                                 capture_output=True, timeout=10)
+            ok = res.returncode == 1 and res.stderr.startswith(b"nvshim: usage: ")
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        self._probed = (key, ok)
+        return ok
 
 
 def serve_hook(pending: PendingWork, request: Request, root_fd: int, peer: Peer,

@@ -270,3 +270,18 @@ def test_serve_hook_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     finally:
         os.close(root)
     assert pending.hook_entry({"path": "/p", "args": ["/p"]}) is None  # no client here
+
+
+def test_a_client_without_the_hook_mode_keeps_the_python_hook(tmp_path: Path, sim: Any,
+                                                              client: Path) -> None:
+    """A client that does not answer ``--hook`` with its usage line (one built before the mode) is not put in the adjustment: the Python hook stays and no work waits."""
+    old = tmp_path / "old-client"
+    old.write_text("#!/bin/sh\nexit 2\n")
+    old.chmod(0o755)
+    cfg = replace(Config(driver_root=sim.root, grants_journal=str(tmp_path / "g.jsonl"),
+                         runtimes=("runc",), nri_inject=True), nri_inroot="agent")
+    ctr = Container(id="c2", name="main", env=(f"NVIDIA_VISIBLE_DEVICES={sim.gpus[0].uuid}",))
+    for path, ours in ((old, False), (client, True)):
+        pending = PendingWork(str(tmp_path / "s"), str(path))
+        (hook,) = plugin.decide(cfg, POD, ctr, Log(), pending=pending).hooks["createContainer"]
+        assert (hook.path == str(path), len(pending)) == (ours, int(ours))
