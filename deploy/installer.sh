@@ -36,7 +36,8 @@
 # NVSHIM_CONTAINERD_CONFIG, NVSHIM_CONTAINERD_DROP_IN, NVSHIM_CONTAINERD_SOCKET,
 # NVSHIM_CONTAINERD_CONFIG_SEED, NVSHIM_RESTART_MODE, NVSHIM_RESTART_UNIT,
 # NVSHIM_RESTART_SIGNAL, NVSHIM_RESTART_TIMEOUT (see install.sh --help and deploy/README.md).
-# NVSHIM_SET_AS_DEFAULT=true adds --set-as-default. Every path above is the node's path.
+# NVSHIM_SET_AS_DEFAULT=true adds --set-as-default, NVSHIM_ENABLE_NRI=true adds --nri
+# (containerd 1.7's NRI on, for the agent's NRI plugin). Every path above is the node's path.
 set -u
 
 HOST_ROOT=${NVSHIM_HOST_ROOT-/host}
@@ -48,6 +49,7 @@ READY_FILE=${NVSHIM_READY_FILE:-/run/nvshim-installer/ready}
 WATCH_INTERVAL=${NVSHIM_WATCH_INTERVAL:-10}
 KEEP_ON_EXIT=${NVSHIM_KEEP_ON_EXIT:-false}
 SET_AS_DEFAULT=${NVSHIM_SET_AS_DEFAULT:-false}
+ENABLE_NRI=${NVSHIM_ENABLE_NRI:-false}
 CDI_REFRESH=${NVSHIM_CDI_REFRESH:-auto}
 ETCDIR=${NVSHIM_ETCDIR:-/etc/nvshim}
 BINDIR=${NVSHIM_BINDIR:-/usr/local/bin}
@@ -64,6 +66,7 @@ say() { printf 'nvshim-installer: %s\n' "$*" >&2; }
 
 case $KEEP_ON_EXIT in true|false) ;; *) say "NVSHIM_KEEP_ON_EXIT=$KEEP_ON_EXIT is neither true nor false"; exit 1 ;; esac
 case $SET_AS_DEFAULT in true|false) ;; *) say "NVSHIM_SET_AS_DEFAULT=$SET_AS_DEFAULT is neither true nor false"; exit 1 ;; esac
+case $ENABLE_NRI in true|false) ;; *) say "NVSHIM_ENABLE_NRI=$ENABLE_NRI is neither true nor false"; exit 1 ;; esac
 case $CDI_REFRESH in auto|watch|off) ;; *) say "NVSHIM_CDI_REFRESH=$CDI_REFRESH is none of auto, watch, off"; exit 1 ;; esac
 case $WATCH_INTERVAL in ''|*[!0-9]*|0) say "NVSHIM_WATCH_INTERVAL=$WATCH_INTERVAL is not a whole number of seconds above 0"; exit 1 ;; esac
 
@@ -129,6 +132,7 @@ install_node() {
     fi
     set -- --from "$STAGE" --containerd
     if [ "$SET_AS_DEFAULT" = true ]; then set -- "$@" --set-as-default; fi
+    if [ "$ENABLE_NRI" = true ]; then set -- "$@" --nri; fi
     say "installing: sh $STAGE/install.sh $*"
     if ! on_node sh "$STAGE/install.sh" "$@"; then
         say "install failed (the line above says why); this pod stays not ready: fix it, then change the ConfigMap or delete the pod to try again"

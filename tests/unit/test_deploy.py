@@ -104,11 +104,16 @@ def _container(pod: Dict[str, Any], name: str) -> Dict[str, Any]:
 def test_daemonset_runs_the_node_agent_in_the_nodes_mount_namespace() -> None:
     """A second container runs `nvshim agent` as installed on the node (in the installer's
     bin dir), entered into the node's mount namespace (the agent serves only creates that
-    resolve paths as it does), without NRI, and is ready when `nvshim agent --ready` says so."""
+    resolve paths as it does), its NRI plugin opt-in through NVSHIM_NRI_SOCKET (none by
+    default, the node's NRI socket documented), and is ready when `nvshim agent --ready` says so."""
     agent = _container(_installer_pod(), "agent")
     script = " ".join(agent["args"])
     assert 'exec nsenter -t 1 -m -u -i -n -- "$NVSHIM_BINDIR/nvshim" agent' in script
-    assert "--nri-socket none" in script and "--socket /run/nvshim/agent.sock" in script
+    assert '--nri-socket "$NVSHIM_NRI_SOCKET"' in script
+    assert "--socket /run/nvshim/agent.sock" in script
+    assert {e["name"]: e["value"] for e in agent["env"]}["NVSHIM_NRI_SOCKET"] == "none"
+    readme = (DEPLOY / "README.md").read_text()
+    assert "`NVSHIM_NRI_SOCKET`" in readme and "/var/run/nri/nri.sock" in readme
     assert agent["readinessProbe"]["exec"]["command"][-1].endswith(
         '"$NVSHIM_BINDIR/nvshim" agent --socket /run/nvshim/agent.sock --ready')
     # the command where the installer container put it (a moved bin dir: read-only /usr)
@@ -275,3 +280,13 @@ def test_containerfile_build_args_have_defaults_and_the_build_flags_are_document
         assert f"ARG {name}=\n" in containerfile, name
     for text in (containerfile, (DEPLOY / "README.md").read_text()):
         assert "--isolation=chroot --network=host" in text
+
+
+def test_enable_nri_is_an_installer_setting_passed_as_install_sh_nri() -> None:
+    """NVSHIM_ENABLE_NRI (off by default) makes the installer run install.sh with --nri (containerd 1.7's NRI on through the same drop-in) and is documented."""
+    installer = _container(_installer_pod(), "installer")
+    assert {e["name"]: e["value"] for e in installer["env"]}["NVSHIM_ENABLE_NRI"] == "false"
+    assert _installer_defaults()["NVSHIM_ENABLE_NRI"] == "false"
+    text = (DEPLOY / "installer.sh").read_text()
+    assert 'if [ "$ENABLE_NRI" = true ]; then set -- "$@" --nri; fi' in text
+    assert "`NVSHIM_ENABLE_NRI`" in (DEPLOY / "README.md").read_text()
