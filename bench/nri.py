@@ -12,7 +12,10 @@ blocks, alternating:
 - ``none``: no plugin registered (the agent stopped), the container names a GPU UUID;
 - ``handler``: no plugin, the same container under nvshim's runtime handler (``nvidia``,
   the runtime path injecting the same GPU), for comparison;
-- ``inject``: the agent injecting that GPU (device nodes, driver mounts, the hook);
+- ``inject``: the agent injecting that GPU (device nodes, driver mounts, the hook) with the
+  default ``nri-inroot: agent`` (the static client as createContainer hook, the agent
+  doing the in-root work);
+- ``inject_hook``: the same with ``nri-inroot: hook`` (nvshim's Python createContainer hook);
 - ``inject_start``: the same with ``nri-inroot: start`` (in-root work at StartContainer);
 - ``guard``: the agent with only the guard on, an unallocated ``NVIDIA_VISIBLE_DEVICES=all``
   under runc (the plugin answers with ``void``).
@@ -48,10 +51,11 @@ def main() -> int:
     from tests.helpers.nri import nri_node
 
     times: Dict[str, List[float]] = {"none": [], "handler": [], "inject": [],
-                                     "inject_start": [], "guard": []}
+                                     "inject_hook": [], "inject_start": [], "guard": []}
     ready: List[float] = []
     rss_kb = 0
     handling: List[float] = []
+    hook_ms: List[float] = []
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-nri-") as tmp:
         base = Path(tmp)
         sim = create_node(str(base / "node"), gpus=4)
@@ -91,6 +95,8 @@ def main() -> int:
                 rounds("handler", {"NVIDIA_VISIBLE_DEVICES": gpu.uuid}, "nvidia")
                 restart()
                 rounds("inject", {"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+                restart(nri_inroot="hook")
+                rounds("inject_hook", {"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
                 restart(nri_inroot="start")
                 rounds("inject_start", {"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
                 restart(nri_inject=False)
@@ -101,15 +107,19 @@ def main() -> int:
                               if line.startswith("VmRSS:")))
             handling = [json.loads(line)["ms"] for line in log.read_text().splitlines()
                         if '"nri inject"' in line and '"ms"' in line]
+            hook_ms = [json.loads(line)["ms"] for line in log.read_text().splitlines()
+                       if '"nri in-root work"' in line and '"agent hook"' in line]
     med = {k: statistics.median(v) for k, v in times.items()}
     print(json.dumps({
         "containerd": args.version, "runs_per_mode": len(times["none"]),
         "create_start_ms": {k: round(v, 2) for k, v in med.items()},
         "added_ms": {"inject": round(med["inject"] - med["none"], 2),
+                     "inject_hook": round(med["inject_hook"] - med["none"], 2),
                      "inject_start": round(med["inject_start"] - med["none"], 2),
                      "runtime_handler": round(med["handler"] - med["none"], 2),
                      "guard": round(med["guard"] - med["none"], 2)},
         "plugin_inject_handling_ms": round(statistics.median(handling), 2) if handling else None,
+        "agent_hook_work_ms": round(statistics.median(hook_ms), 2) if hook_ms else None,
         "agent_start_to_registered_ms": round(statistics.median(ready), 1),
         "agent_rss_mb": round(rss_kb / 1024, 1),
     }, indent=2))
