@@ -47,6 +47,9 @@
 # (default: /etc/systemd/system and /etc/udev/rules.d, only where systemd runs).
 # NVSHIM_PYTHON (/usr/bin/python3) is the interpreter a payload bundles (CPython 3.11+).
 # NVSHIM_AGENT_NRI_SOCKET (none): the NRI socket nvshim-agent.service registers with.
+# NVSHIM_AGENT_UNIT (auto): auto writes nvshim-agent.service where systemd runs; off writes none
+# and removes one an earlier install enabled (another process runs the agent: the DaemonSet's
+# agent container, which its installer says with this setting).
 #
 # Restarting the engine after its config changed (and after --uninstall's revert):
 #   NVSHIM_RESTART_MODE     auto (default): systemctl restart, only for the engine's system config
@@ -160,6 +163,10 @@ build_payload() {  # build_payload DIR: the payload for PREFIX/BINDIR/ETCDIR int
 
 FILE_LIST="payload-files"
 # --- engine restart settings, checked before anything is written -----------------------
+case ${NVSHIM_AGENT_UNIT:-auto} in
+    auto|off) ;;
+    *) die "NVSHIM_AGENT_UNIT=$NVSHIM_AGENT_UNIT is neither auto nor off" ;;
+esac
 case $RESTART_MODE in
     auto|systemd|signal|none) ;;
     *) die "NVSHIM_RESTART_MODE=$RESTART_MODE is not one of auto, systemd, signal, none" ;;
@@ -478,6 +485,16 @@ install_agent_client() {  # the --dev venv's client (a payload carries its own)
     fi
 }
 install_agent_unit() {
+    if [ "${NVSHIM_AGENT_UNIT:-auto}" = off ]; then  # one agent per socket: the other one serves
+        if [ -f "$MANIFEST" ] && grep -qE "^file .*/$AGENT_UNIT\.service\$" "$MANIFEST"; then
+            uninstall_agent_unit
+            grep -vE "^(systemd-enabled $AGENT_UNIT|file .*/$AGENT_UNIT\.service)\$" "$MANIFEST" \
+                > "$MANIFEST.new" || true
+            chmod 0644 "$MANIFEST.new" && mv "$MANIFEST.new" "$MANIFEST"
+            say "removed $AGENT_UNIT.service (NVSHIM_AGENT_UNIT=off: another process runs the agent)"
+        fi
+        return 0
+    fi
     units=${NVSHIM_SYSTEMD_DIR:-} system=0
     if [ -z "$units" ] && [ "$ETCDIR" = /etc/nvshim ] && systemd_runs; then
         units=/etc/systemd/system system=1

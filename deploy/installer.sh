@@ -36,7 +36,8 @@
 # NVSHIM_CONTAINERD_CONFIG, NVSHIM_CONTAINERD_DROP_IN, NVSHIM_CONTAINERD_SOCKET,
 # NVSHIM_CONTAINERD_CONFIG_SEED, NVSHIM_RESTART_MODE, NVSHIM_RESTART_UNIT,
 # NVSHIM_RESTART_SIGNAL, NVSHIM_RESTART_TIMEOUT (see install.sh --help and deploy/README.md).
-# NVSHIM_SET_AS_DEFAULT=true adds --set-as-default, NVSHIM_ENABLE_NRI=true adds --nri
+# Always passed: NVSHIM_AGENT_UNIT=off (the agent container below is the node's agent; no
+# nvshim-agent.service beside it). NVSHIM_SET_AS_DEFAULT=true adds --set-as-default, NVSHIM_ENABLE_NRI=true adds --nri
 # (containerd 1.7's NRI on, for the agent's NRI plugin). Every path above is the node's path.
 set -u
 
@@ -77,7 +78,9 @@ on_node() {  # on_node CMD...: run CMD on the node, with PATH, NVSHIM_SKIP_APT=1
         if [ -n "$isset" ]; then set -- "$name=$value" "$@"; fi
     done
     # shellcheck disable=SC2086  # NODE_EXEC is a command line (empty: this mount namespace)
-    $NODE_EXEC env -i PATH="$NODE_PATH" NVSHIM_SKIP_APT=1 "$@"
+    # NVSHIM_AGENT_UNIT=off: this DaemonSet's agent container is the node's agent (a systemd
+    # unit beside it would serve the same socket)
+    $NODE_EXEC env -i PATH="$NODE_PATH" NVSHIM_SKIP_APT=1 NVSHIM_AGENT_UNIT=off "$@"
 }
 
 last_line() { printf '%s\n' "$1" | sed '/^[[:space:]]*$/d' | tail -n 1; }

@@ -47,3 +47,33 @@ def test_install_ships_the_client_and_the_agent_unit(tmp_path: Path) -> None:
     gone = install(tmp_path, "--uninstall")
     assert gone.returncode == 0, gone.stderr
     assert snapshot(tmp_path) == before
+
+
+def test_agent_unit_off_removes_the_unit_an_earlier_install_wrote(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVSHIM_AGENT_UNIT=off (what the DaemonSet's installer passes: its agent container is
+    the node's agent) writes no nvshim-agent.service and takes out the one an earlier install
+    wrote, so two agents never serve one socket; a value other than auto/off installs nothing."""
+    require_root()
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "etc").mkdir()
+    before = snapshot(tmp_path)
+    monkeypatch.setenv("NVSHIM_AGENT_UNIT", "sometimes")
+    refused = install(tmp_path)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines()[-1].endswith(
+        "NVSHIM_AGENT_UNIT=sometimes is neither auto nor off")
+    assert snapshot(tmp_path) == before
+    monkeypatch.delenv("NVSHIM_AGENT_UNIT")
+    assert install(tmp_path).returncode == 0
+    unit = tmp_path / "etc" / "systemd" / "system" / "nvshim-agent.service"
+    assert unit.is_file()
+    monkeypatch.setenv("NVSHIM_AGENT_UNIT", "off")
+    again = install(tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert not unit.exists()
+    assert "removed nvshim-agent.service (NVSHIM_AGENT_UNIT=off" in again.stderr
+    assert "nvshim-agent" not in (tmp_path / "opt" / "install-manifest").read_text()
+    gone = install(tmp_path, "--uninstall")
+    assert gone.returncode == 0, gone.stderr
+    assert snapshot(tmp_path) == before
