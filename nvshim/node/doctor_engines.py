@@ -6,7 +6,9 @@ carries the CRI tables of the files loaded before it), ``containerd-runtime-bina
 nvshim handler's ``options.BinaryName`` is an executable file) and ``default-runtime`` (the
 pitfall below); ``containerd-handlers`` is :mod:`nvshim.node.doctor_handlers`'.
 
-Docker and CRI-O give one finding each, ``docker`` / ``crio``: ``skip`` when the engine has
+Docker and CRI-O give one finding each, ``docker`` / ``crio``, from one check
+(:func:`check_engine`) that asks the engine interface (:mod:`nvshim.node.engines`) what the
+engine loads and how to say it: ``skip`` when the engine has
 no config on this node; ``fail`` when the config does not parse, an nvshim runtime points
 at a missing or non-executable binary, or the default runtime is the pitfall; ``warn``
 when no nvshim runtime is registered; ``ok`` otherwise.
@@ -30,7 +32,7 @@ runtime was registered with.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
 
 from nvshim.config import Config
 from nvshim.errors import NvshimError
@@ -57,6 +59,7 @@ __all__ = [
     "check_drop_in_drift",
     "check_runtime_binary",
     "check_default_runtime",
+    "check_engine",
     "check_docker",
     "check_crio",
 ]
@@ -307,63 +310,43 @@ def _check(
                    f"{default or 'the engine default'}")
 
 
+def check_engine(name: str, path: str, config: Optional[Config],
+                 options: DoctorOptions) -> Finding:
+    """Docker's or CRI-O's finding (the check is named after the engine), asked through
+    :mod:`nvshim.node.engines`: nvshim runtime present, its binary executable, the default
+    pitfall."""
+    from nvshim.node.engines import engine
+
+    chosen = engine(name)
+    if not chosen.present(path):
+        return Finding(name, "skip", f"no {chosen.label} config at {chosen.absent(path)}")
+    try:
+        seen = chosen.read(path)
+    except NvshimError as exc:
+        unparsed = chosen.unparsed(path, str(exc))
+        return Finding(name, "fail", unparsed.message, unparsed.fix, detail=unparsed.detail)
+    default = seen.default
+    if default is None:
+        # no file names one: the engine's own default (CRI-O: runc, or crun in newer
+        # releases) counts, and a runtime of that name that runs nvshim-runtime or NVIDIA's
+        # runtime is the same pitfall
+        default = next((n for n in chosen.builtin_defaults if n in seen.handlers
+                        and (is_nvshim(n, seen.handlers[n], options)
+                             or is_nvidia_runtime(n, seen.handlers[n], options))), None)
+    return _check(name, chosen.label, chosen.where(path, seen), seen.handlers, default,
+                  chosen.binary_key, config, options,
+                  _configure(name, path, chosen.default_config), chosen.plain_default(path),
+                  seen.envs)
+
+
 def check_docker(path: str, config: Optional[Config], options: DoctorOptions) -> Finding:
     """Docker's daemon.json: nvshim runtime present, its path executable, the default pitfall."""
-    from nvshim.node.docker import DEFAULT_CONFIG, read_runtimes
-
-    if not os.path.exists(path):
-        return Finding("docker", "skip", f"no Docker config at {path}")
-    try:
-        seen = read_runtimes(path)
-    except NvshimError as exc:
-        return Finding("docker", "fail", f"{path} does not parse: dockerd will not start",
-                       f"correct {path}", detail=str(exc))
-    return _check("docker", "Docker", path, seen.runtimes, seen.default_runtime, "path",
-                  config, options, _configure("docker", path, DEFAULT_CONFIG),
-                  f'take "default-runtime" out of {path} (Docker then runs runc) and pick a '
-                  "GPU runtime per container with docker run --runtime", {})
-
-
-def _crio_files(path: str, drop_in_dir: str, files: Sequence[str]) -> str:
-    """The CRI-O files read, said truthfully: ``crio.conf + 1 drop-in``."""
-    count = sum(1 for f in files if f != path)
-    drop_ins = f"{count} drop-in{'' if count == 1 else 's'}"
-    if path not in files:
-        return f"{drop_ins} in {drop_in_dir} (no {path})"
-    return f"{path} (no drop-ins)" if count == 0 else f"{path} + {drop_ins}"
-
-
-def _crio_drop_ins(path: str) -> str:
-    """CRI-O's drop-in directory for the main config ``path``."""
-    return os.path.join(os.path.dirname(path), "crio.conf.d")
+    return check_engine("docker", path, config, options)
 
 
 def check_crio(path: str, config: Optional[Config], options: DoctorOptions) -> Finding:
     """CRI-O's config and drop-ins: the same three questions."""
-    from nvshim.node.crio import BUILTIN_DEFAULT_RUNTIMES, DEFAULT_CONFIG, read_handlers
-
-    drop_ins = _crio_drop_ins(path)
-    if not os.path.exists(path) and not os.path.isdir(drop_ins):
-        return Finding("crio", "skip", f"no CRI-O config at {path} or {drop_ins}")
-    try:
-        seen = read_handlers(path, drop_ins)
-    except NvshimError as exc:
-        return Finding("crio", "fail", "a CRI-O config file does not parse: crio will not start",
-                       "correct the file --verbose names", detail=f"{exc} (in {path} or "
-                                                                  f"{drop_ins})")
-    default = seen.default_runtime
-    if default is None:
-        # no file names one: CRI-O's own default (runc, or crun in newer releases) counts,
-        # and a handler of that name that runs nvshim-runtime or NVIDIA's runtime is the
-        # same pitfall
-        default = next((name for name in BUILTIN_DEFAULT_RUNTIMES if name in seen.handlers
-                        and (is_nvshim(name, seen.handlers[name], options)
-                             or is_nvidia_runtime(name, seen.handlers[name], options))), None)
-    return _check("crio", "CRI-O", _crio_files(path, drop_ins, seen.files), seen.handlers,
-                  default, "runtime_path", config, options,
-                  _configure("crio", path, DEFAULT_CONFIG),
-                  f"make runc the default again (default_runtime in {path} or a drop-in in "
-                  f"{drop_ins}) and select GPU runtimes by RuntimeClass", seen.envs)
+    return check_engine("crio", path, config, options)
 
 
 # --------------------------------------------------------------------------- CDI injection
@@ -377,12 +360,10 @@ def check_configured_runtimes(options: DoctorOptions) -> List[Finding]:
     from nvshim.node.engine_files import configured_handlers
     from nvshim.node.engines import ENGINES, engine
 
-    paths = {"containerd": options.containerd_config, "docker": options.docker_config,
-             "crio": options.crio_config}
     findings: List[Finding] = []
     for name in ENGINES:
         chosen = engine(name)
-        path = paths[name]
+        path = options.engine_config(name)
         recorded = configured_handlers(path)
         if not recorded:
             continue

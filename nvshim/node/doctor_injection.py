@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 from nvshim._record import dataclass
 from nvshim.config import DEFAULT_CDI_SPEC_DIRS, Config
 from nvshim.errors import NvshimError
-from nvshim.node.doctor_engines import _crio_drop_ins, _nvshim_handlers
+from nvshim.node.doctor_engines import _nvshim_handlers
 from nvshim.node.findings import DoctorOptions, Finding, compile_command, is_nvshim
 
 if TYPE_CHECKING:
@@ -141,14 +141,13 @@ def _containerd_cdi(effective: Optional[EffectiveRuntimes],
 def _crio_cdi(options: DoctorOptions) -> Optional[EngineCdi]:
     """CRI-O's CDI injection (always on); None when CRI-O has no config or it does not
     load (the ``crio`` finding says so)."""
-    from nvshim.node.crio import read_handlers
+    from nvshim.node.engines import engine
 
-    path = options.crio_config
-    drop_ins = _crio_drop_ins(path)
-    if not os.path.exists(path) and not os.path.isdir(drop_ins):
+    crio, path = engine("crio"), options.crio_config
+    if not crio.present(path):
         return None
     try:
-        seen = read_handlers(path, drop_ins)
+        seen = crio.read(path)
     except NvshimError:
         return None
     spec_dirs = seen.cdi_spec_dirs if seen.cdi_spec_dirs is not None else DEFAULT_CDI_SPEC_DIRS

@@ -196,41 +196,22 @@ def runtimes_problem(config: Config, options: DoctorOptions) -> Optional[str]:
 def engine_runtimes(options: DoctorOptions) -> List[Runtime]:
     """Every runtime the engines' configs name (files that do not load give none: their
     own checks say so), then the ``--runtime-binary`` ones."""
+    from nvshim.node.engines import ENGINES, engine
+
     found: List[Runtime] = []
-    if os.path.exists(options.containerd_config):
-        from nvshim.node.containerd_read import read_handlers as containerd_handlers
-
+    for name in ENGINES:
+        chosen = engine(name)
+        path = options.engine_config(name)
+        if not chosen.present(path):
+            continue
         try:
-            effective = containerd_handlers(options.containerd_config)
+            seen = chosen.read(path)
         except NvshimError:
-            effective = None
-        if effective is not None:
-            found += [Runtime("containerd", name, binary,
-                              default=name == effective.default_runtime_name, cri=True)
-                      for name, binary in sorted(effective.handlers.items())]
-    if os.path.exists(options.docker_config):
-        from nvshim.node.docker import read_runtimes
-
-        try:
-            docker = read_runtimes(options.docker_config)
-        except NvshimError:
-            docker = None
-        if docker is not None:
-            found += [Runtime("Docker", name, binary, default=name == docker.default_runtime)
-                      for name, binary in sorted(docker.runtimes.items())]
-    from nvshim.node.crio import read_handlers as crio_handlers
-
-    crio_drop_ins = os.path.join(os.path.dirname(options.crio_config), "crio.conf.d")
-    if os.path.exists(options.crio_config) or os.path.isdir(crio_drop_ins):
-        try:
-            crio = crio_handlers(options.crio_config, crio_drop_ins)
-        except NvshimError:
-            crio = None
-        if crio is not None:
-            envs = crio.envs
-            found += [Runtime("CRI-O", name, binary, tuple(sorted(envs.get(name, {}).items())),
-                              default=name == crio.default_runtime, cri=True)
-                      for name, binary in sorted(crio.handlers.items())]
+            continue
+        found += [Runtime(chosen.label, runtime, binary,
+                          tuple(sorted(seen.envs.get(runtime, {}).items())),
+                          default=runtime == seen.default, cri=chosen.cri)
+                  for runtime, binary in sorted(seen.handlers.items())]
     found += [Runtime("runtime", os.path.basename(b), b) for b in options.runtime_binaries]
     return found
 

@@ -13,13 +13,14 @@ engine modules (:mod:`nvshim.node.containerd`, :mod:`nvshim.node.docker`,
 
 from __future__ import annotations
 
+import os
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
-from nvshim._record import dataclass
+from nvshim._record import dataclass, field
 from nvshim.errors import UsageError
 from nvshim.node.engine_files import ConfigureOutcome, RevertResult
 
-__all__ = ["ENGINES", "ConfigureOptions", "Engine", "engine"]
+__all__ = ["ENGINES", "ConfigureOptions", "Engine", "EngineRuntimes", "Unparsed", "engine"]
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,45 @@ class ConfigureOptions:
     dry_run: bool = False
 
 
+@dataclass(frozen=True)
+class EngineRuntimes:
+    """What an engine's config makes it load, whichever engine: runtime name → the binary
+    it runs (None when the entry names none), the default runtime (None when no file names
+    one and the engine's own default is not fixed), each runtime's environment, the files
+    read, and the CDI spec directories the engine injects from (None: its default)."""
+
+    handlers: Mapping[str, Optional[str]]
+    default: Optional[str]
+    files: Tuple[str, ...]
+    envs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    cdi_spec_dirs: Optional[Tuple[str, ...]] = None
+
+
+@dataclass(frozen=True)
+class Unparsed:
+    """What doctor says when an engine's config does not parse: message, fix, detail."""
+
+    message: str
+    fix: str
+    detail: str
+
+
 class Engine:
-    """One engine: its name, default config, the options it takes, and four calls."""
+    """One engine: its name, default config, the options it takes, and its calls.
+
+    Besides configure and revert, it answers doctor's questions: whether it has a config
+    at a path (:meth:`present`), which runtimes that config loads (:meth:`read`), and the
+    words doctor's finding uses for it (:attr:`label`, :attr:`binary_key`, ...)."""
 
     name = ""
+    label = ""
+    """The engine as doctor names it (``Docker``, ``CRI-O``)."""
+    cri = False
+    """Any pod can pick one of its runtimes by RuntimeClass (a CRI engine)."""
+    binary_key = ""
+    """The key naming a runtime's binary in its config."""
+    builtin_defaults: Tuple[str, ...] = ()
+    """The runtimes that may be the default when no file names one (the first loaded)."""
     default_config = ""
     process = ""
     """The process to restart (``dockerd``, not ``docker``)."""
@@ -71,6 +107,32 @@ class Engine:
     def runtimes(self, config_path: str) -> Mapping[str, Optional[str]]:
         """The runtimes the engine will load from ``config_path`` (and what it imports or
         merges): name → the binary it runs (None when the entry names none)."""
+        return dict(self.read(config_path).handlers)
+
+    def read(self, config_path: str) -> EngineRuntimes:
+        """What the engine loads from ``config_path`` and the files it imports or merges
+        (an NvshimError when one does not parse)."""
+        raise NotImplementedError
+
+    def present(self, config_path: str) -> bool:
+        """The engine has a config to read at ``config_path``."""
+        return os.path.exists(config_path)
+
+    def absent(self, config_path: str) -> str:
+        """Where doctor looked and found no config."""
+        return config_path
+
+    def where(self, config_path: str, seen: EngineRuntimes) -> str:
+        """The files read, as doctor's finding names them."""
+        return config_path
+
+    def unparsed(self, config_path: str, error: str) -> Unparsed:
+        """Doctor's words for a config that does not parse."""
+        return Unparsed(f"{config_path} does not parse: {self.process} will not start",
+                        f"correct {config_path}", error)
+
+    def plain_default(self, config_path: str) -> str:
+        """How to make a plain runtime (runc) the default again, as doctor's fix says it."""
         raise NotImplementedError
 
     def restart_hint(self, written: Sequence[str]) -> str:
@@ -80,6 +142,9 @@ class Engine:
 
 class _Containerd(Engine):
     name = "containerd"
+    label = "containerd"
+    cri = True
+    binary_key = "BinaryName"
     process = "containerd"
     restart = "restart containerd"
 
@@ -105,14 +170,22 @@ class _Containerd(Engine):
         return containerd_revert.revert(config_path, name=name, drop_in=drop_in,
                                         dry_run=dry_run)
 
-    def runtimes(self, config_path: str) -> Mapping[str, Optional[str]]:
+    def read(self, config_path: str) -> EngineRuntimes:
         from nvshim.node.containerd_read import read_handlers
 
-        return dict(read_handlers(config_path).handlers)
+        seen = read_handlers(config_path)
+        return EngineRuntimes(seen.handlers, seen.default_runtime_name, seen.files,
+                              cdi_spec_dirs=seen.cdi_spec_dirs)
+
+    def plain_default(self, config_path: str) -> str:
+        return (f"make runc the default again (default_runtime_name in {config_path} or its "
+                "drop-ins) and select GPU runtimes by RuntimeClass")
 
 
 class _Docker(Engine):
     name = "docker"
+    label = "Docker"
+    binary_key = "path"
     process = "dockerd"
     restart = "restart dockerd (or send it SIGHUP)"
     refuses = (("--drop-in", "containerd and crio: Docker has no drop-ins"),
@@ -139,14 +212,17 @@ class _Docker(Engine):
 
         return docker.revert(config_path, name=name, dry_run=dry_run)
 
-    def runtimes(self, config_path: str) -> Mapping[str, Optional[str]]:
+    def read(self, config_path: str) -> EngineRuntimes:
         from nvshim.node.docker import read_runtimes
 
-        return dict(read_runtimes(config_path).runtimes)
+        seen = read_runtimes(config_path)
+        return EngineRuntimes(seen.runtimes, seen.default_runtime, (config_path,))
+
+    def plain_default(self, config_path: str) -> str:
+        return (f'take "default-runtime" out of {config_path} (Docker then runs runc) and '
+                "pick a GPU runtime per container with docker run --runtime")
 
     def restart_hint(self, written: Sequence[str]) -> str:
-        import os
-
         from nvshim.node.docker import GPUS_HOOK
 
         if any(os.path.basename(p) == GPUS_HOOK for p in written):
@@ -157,6 +233,9 @@ class _Docker(Engine):
 
 class _Crio(Engine):
     name = "crio"
+    label = "CRI-O"
+    cri = True
+    binary_key = "runtime_path"
     process = "crio"
     restart = "restart crio (or send it SIGHUP)"
     refuses = (("--enable-cdi", "containerd and docker: CRI-O reads CDI specs without a "
@@ -165,9 +244,10 @@ class _Crio(Engine):
                ("--enable-nri", "containerd only (CRI-O: [crio.nri] enable_nri = true)"))
 
     def __init__(self) -> None:
-        from nvshim.node.crio import DEFAULT_CONFIG
+        from nvshim.node.crio import BUILTIN_DEFAULT_RUNTIMES, DEFAULT_CONFIG
 
         self.default_config = DEFAULT_CONFIG
+        self.builtin_defaults = BUILTIN_DEFAULT_RUNTIMES
 
     def configure(self, config_path: str, options: ConfigureOptions) -> ConfigureOutcome:
         from nvshim.node import crio
@@ -183,10 +263,40 @@ class _Crio(Engine):
 
         return crio.revert(config_path, drop_in=drop_in, name=name, dry_run=dry_run)
 
-    def runtimes(self, config_path: str) -> Mapping[str, Optional[str]]:
+    @staticmethod
+    def drop_ins(config_path: str) -> str:
+        """CRI-O's drop-in directory for the main config ``config_path``."""
+        return os.path.join(os.path.dirname(config_path), "crio.conf.d")
+
+    def read(self, config_path: str) -> EngineRuntimes:
         from nvshim.node.crio import read_handlers
 
-        return dict(read_handlers(config_path).handlers)
+        seen = read_handlers(config_path, self.drop_ins(config_path))
+        return EngineRuntimes(seen.handlers, seen.default_runtime, seen.files, seen.envs,
+                              seen.cdi_spec_dirs)
+
+    def present(self, config_path: str) -> bool:
+        return os.path.exists(config_path) or os.path.isdir(self.drop_ins(config_path))
+
+    def absent(self, config_path: str) -> str:
+        return f"{config_path} or {self.drop_ins(config_path)}"
+
+    def where(self, config_path: str, seen: EngineRuntimes) -> str:
+        """The CRI-O files read, said truthfully: ``crio.conf + 1 drop-in``."""
+        count = sum(1 for f in seen.files if f != config_path)
+        drop_ins = f"{count} drop-in{'' if count == 1 else 's'}"
+        if config_path not in seen.files:
+            return f"{drop_ins} in {self.drop_ins(config_path)} (no {config_path})"
+        return f"{config_path} (no drop-ins)" if count == 0 else f"{config_path} + {drop_ins}"
+
+    def unparsed(self, config_path: str, error: str) -> Unparsed:
+        return Unparsed("a CRI-O config file does not parse: crio will not start",
+                        "correct the file --verbose names",
+                        f"{error} (in {config_path} or {self.drop_ins(config_path)})")
+
+    def plain_default(self, config_path: str) -> str:
+        return (f"make runc the default again (default_runtime in {config_path} or a drop-in "
+                f"in {self.drop_ins(config_path)}) and select GPU runtimes by RuntimeClass")
 
 
 ENGINES: Tuple[str, ...] = ("containerd", "docker", "crio")

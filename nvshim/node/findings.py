@@ -79,6 +79,11 @@ class DoctorOptions:
     agent_socket: str = "/run/nvshim/agent.sock"
     """The node agent's socket (:mod:`nvshim.node.doctor_agent`)."""
 
+    def engine_config(self, engine: str) -> str:
+        """The config doctor reads for ``engine`` (one of :data:`nvshim.node.engines.ENGINES`)."""
+        path: str = getattr(self, f"{engine}_config")
+        return path
+
 
 def compile_command(path: str) -> str:
     """``nvshim config compile`` for the config at ``path`` (``--config`` unless the default)."""
