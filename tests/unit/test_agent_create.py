@@ -43,7 +43,7 @@ class World:
 
     def __init__(self, tmp: Path, client: Path) -> None:
         from nvshim.node.compile import compile_node
-        from nvshim.node.trampoline import render
+        from nvshim.node.install.trampoline import render
         from nvshim.sim.build import create_node
 
         self.tmp = tmp
@@ -393,7 +393,7 @@ def test_doctor_says_whether_the_agent_is_reachable(world: World) -> None:
     """doctor's agent check: skip without an agent (creates start Python, said with the
     fix), ok with one serving this config and a trampoline that has the client, warn for
     an agent serving another config."""
-    from nvshim.node.doctor_agent import check_agent
+    from nvshim.node.doctor.agent import check_agent
 
     sock, conf, tramp = str(world.socket), str(world.config), str(world.tramp)
     finding = check_agent(sock, conf, tramp)

@@ -122,7 +122,7 @@ def test_default_spec_dirs_are_written_once_in_config() -> None:
     come from it."""
     from nvshim.cli.cmd_cdi import cdi as cdi_group
     from nvshim.cli.cmd_runtime import runtime
-    from nvshim.node import containerd
+    from nvshim.node.engines import containerd
 
     assert DEFAULT_CDI_SPEC_DIRS == ("/etc/cdi", "/var/run/cdi")
     assert Config().cdi_spec_dirs is DEFAULT_CDI_SPEC_DIRS

@@ -180,7 +180,7 @@ def test_cdi_list_names_the_skipped_spec(tmp_path: Path) -> None:
 def test_doctor_fails_naming_each_untrusted_spec_and_its_fix(tmp_path: Path) -> None:
     """doctor's cdi-spec-trust check fails once per spec the rule refuses (file and
     directory cases), naming it and the fix; a node whose specs are all root's is ok."""
-    from nvshim.node.doctor_host import check_cdi_spec_trust
+    from nvshim.node.doctor.host import check_cdi_spec_trust
 
     etc, run = tmp_path / "etc-cdi", tmp_path / "run-cdi"
     put(etc, "good.json", spec({"ok": "OK=1"}))

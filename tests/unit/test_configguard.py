@@ -11,9 +11,9 @@ from nvshim.config import compiled_path, default_mark_path
 from nvshim.errors import ConfigError
 from nvshim.node.compile import check_config, compile_config
 from nvshim.node.configguard import is_blank
-from nvshim.node.doctor_install import check_default_mark, default_trampoline
-from nvshim.node.payload import first_error
-from nvshim.node.prefix import render_cli
+from nvshim.node.doctor.install import check_default_mark, default_trampoline
+from nvshim.node.install.payload import first_error
+from nvshim.node.install.prefix import render_cli
 from nvshim.runtime.denials import denials_path
 from tests.helpers.commands import run_cli
 

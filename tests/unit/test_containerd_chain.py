@@ -5,12 +5,12 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from nvshim.node import containerd
-from nvshim.node.containerd_chain import go_glob, load_chain
-from nvshim.node.containerd_read import read_handlers
-from nvshim.node.doctor_handlers import check_lost_handlers, reconfigure_command
-from nvshim.node.engine_files import parse_toml
-from nvshim.node.findings import DoctorOptions
+from nvshim.node.doctor.findings import DoctorOptions
+from nvshim.node.doctor.handlers import check_lost_handlers, reconfigure_command
+from nvshim.node.engines import containerd
+from nvshim.node.engines.containerd_chain import go_glob, load_chain
+from nvshim.node.engines.containerd_read import read_handlers
+from nvshim.node.engines.files import parse_toml
 from tests.helpers.containerd_samples import (
     NVIDIA_HANDLERS,
     RUNC_CONFIG,
@@ -127,7 +127,7 @@ def test_reconfigure_command_keeps_the_operators_flags(tmp_path: Path) -> None:
 
 def test_bare_version_2_main_file_is_no_drift(tmp_path: Path) -> None:
     """configure on a main file holding only ``version = 2``: its drop-in is no stale copy."""
-    from nvshim.node.containerd_read import drop_in_drift
+    from nvshim.node.engines.containerd_read import drop_in_drift
 
     config = tmp_path / "config.toml"
     config.write_text("version = 2\n")

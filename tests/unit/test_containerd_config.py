@@ -1,4 +1,4 @@
-"""Unit tests for nvshim.node.containerd and ``nvshim runtime configure`` (no containerd daemon)."""
+"""Unit tests for nvshim.node.engines.containerd and ``nvshim runtime configure`` (no containerd daemon)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 from nvshim.cli.cmd_runtime import runtime
 from nvshim.errors import ConfigError, NvshimError, UsageError
-from nvshim.node import containerd, containerd_read, containerd_revert
-from nvshim.node.engine_files import RevertResult
+from nvshim.node.engines import containerd, containerd_read, containerd_revert
+from nvshim.node.engines.files import RevertResult
 from tests.helpers.containerd_samples import DEBIAN_CONFIG
 
 REPO = Path(__file__).resolve().parents[2]
@@ -772,7 +772,7 @@ _READ_PROBE = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from nvshim.errors import NvshimError
-from nvshim.node import containerd, containerd_read
+from nvshim.node.engines import containerd, containerd_read
 try:
     if sys.argv[2] == "read":
         containerd_read.read_handlers(sys.argv[3])
@@ -938,10 +938,11 @@ def test_doctor_finds_a_stale_drop_in_and_configure_resyncs_it(tmp_path: Path, e
     """Issue 12 item 11: after `runtime configure` with a drop-in, an edit of the main file's CRI
     table (sandbox_image) is shadowed by the drop-in's copy: doctor fails naming the key and the
     fix, and running configure again copies the table anew (doctor quiet again)."""
-    from nvshim.node import doctor, doctor_engines
-    from nvshim.node.containerd import configure
-    from nvshim.node.containerd_read import drop_in_drift
-    from nvshim.node.findings import DoctorOptions
+    from nvshim.node.doctor import checks as doctor
+    from nvshim.node.doctor import engines as doctor_engines
+    from nvshim.node.doctor.findings import DoctorOptions
+    from nvshim.node.engines.containerd import configure
+    from nvshim.node.engines.containerd_read import drop_in_drift
 
     main_file = tmp_path / "config.toml"
     main_file.write_text(MAIN_TOML)

@@ -1,4 +1,4 @@
-"""Unit tests for nvshim.node.docker, nvshim.node.crio and ``nvshim runtime configure --runtime docker|crio``.
+"""Unit tests for nvshim.node.engines.docker, nvshim.node.engines.crio and ``nvshim runtime configure --runtime docker|crio``.
 
 The CRI-O drop-in is checked structurally against the keys crio.conf(5) documents for a
 runtime handler table (CRI-O is not packaged here; Docker's e2e is tests/e2e/test_docker.py).
@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from nvshim.cli.cmd_runtime import runtime
 from nvshim.errors import ConfigError, UsageError
-from nvshim.node import crio, docker
+from nvshim.node.engines import crio, docker
 
 BINARY = "/usr/local/bin/nvshim-runtime"
 

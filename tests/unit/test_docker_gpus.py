@@ -22,7 +22,7 @@ import pytest
 
 from nvshim.config import Config
 from nvshim.errors import RequestError
-from nvshim.node import docker
+from nvshim.node.engines import docker
 from nvshim.runtime.claim import image_view, read_claim
 from nvshim.runtime.create import plan_create
 from nvshim.runtime.request import resolve_request

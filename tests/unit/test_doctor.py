@@ -1,4 +1,4 @@
-"""Unit tests for ``nvshim doctor`` (nvshim.node.doctor and its CLI) on crafted files and sim nodes."""
+"""Unit tests for ``nvshim doctor`` (nvshim.node.doctor.checks and its CLI) on crafted files and sim nodes."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ import yaml
 from nvshim.cdi.write import write_spec
 from nvshim.config import Config, compiled_path
 from nvshim.host.discovery import Host
-from nvshim.node import doctor, doctor_config, doctor_engines, doctor_host
 from nvshim.node.compile import compile_node
-from nvshim.node.findings import DoctorOptions, Finding
-from nvshim.node.trampoline import render, runtimes_path
+from nvshim.node.doctor import checks as doctor
+from nvshim.node.doctor import config as doctor_config
+from nvshim.node.doctor import engines as doctor_engines
+from nvshim.node.doctor import host as doctor_host
+from nvshim.node.doctor.findings import DoctorOptions, Finding
+from nvshim.node.install.trampoline import render, runtimes_path
 from nvshim.runtime.hookargs import hook_command
 from tests.helpers.commands import fake_runtime, run_cli
 

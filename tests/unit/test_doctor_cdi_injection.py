@@ -1,6 +1,6 @@
 """``nvshim doctor``'s ``cdi-injection`` finding: which of the engine (containerd's
 ``enable_cdi``, CRI-O) or nvshim injects CDI devices, and the warning when both would inject
-the devices a ``cdi.k8s.io/`` annotation names (nvshim.node.doctor_engines)."""
+the devices a ``cdi.k8s.io/`` annotation names (nvshim.node.doctor.engines)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from nvshim.cli.main import main
-from nvshim.node import containerd, doctor
-from nvshim.node.findings import DoctorOptions, Finding
+from nvshim.node.doctor import checks as doctor
+from nvshim.node.doctor.findings import DoctorOptions, Finding
+from nvshim.node.engines import containerd
 from tests.helpers.commands import fake_runtime
 
 
@@ -256,7 +257,7 @@ def test_doctor_cli_prints_the_line(tmp_path: Path, capsys: pytest.CaptureFixtur
 ])
 def test_annotation_pattern_reaches_the_cdi_namespace(pattern: str, matches: bool) -> None:
     """containerd's pass-through patterns (Go path.Match: * stops at /) that reach cdi.k8s.io/."""
-    from nvshim.node.doctor_injection import _may_match_namespace
+    from nvshim.node.doctor.injection import _may_match_namespace
 
     assert _may_match_namespace(pattern) is matches
 

@@ -1,4 +1,4 @@
-"""``nvshim doctor`` on Docker's daemon.json and CRI-O's config (nvshim.node.doctor_engines)."""
+"""``nvshim doctor`` on Docker's daemon.json and CRI-O's config (nvshim.node.doctor.engines)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import List
 import pytest
 
 from nvshim.config import Config
-from nvshim.node import doctor
-from nvshim.node.doctor_engines import check_crio, check_docker
-from nvshim.node.findings import DoctorOptions
+from nvshim.node.doctor import checks as doctor
+from nvshim.node.doctor.engines import check_crio, check_docker
+from nvshim.node.doctor.findings import DoctorOptions
 from tests.helpers.commands import fake_runtime
 
 
@@ -114,7 +114,7 @@ def test_run_checks_includes_docker_and_crio(tmp_path: Path) -> None:
 def test_dev_char_links_warn_then_ok(tmp_path: Path) -> None:
     """Nodes without /dev/char links warn with the fix; after the command, ok."""
     from nvshim.host.system import create_dev_char_symlinks
-    from nvshim.node.doctor_host import check_dev_char_links
+    from nvshim.node.doctor.host import check_dev_char_links
     from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2)

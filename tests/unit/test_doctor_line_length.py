@@ -12,9 +12,9 @@ import pytest
 import tomlkit
 import yaml
 
-from nvshim.node import containerd
-from nvshim.node.doctor import render_text, run_checks
-from nvshim.node.findings import DoctorOptions
+from nvshim.node.doctor.checks import render_text, run_checks
+from nvshim.node.doctor.findings import DoctorOptions
+from nvshim.node.engines import containerd
 from tests.helpers.commands import fake_runtime
 from tests.unit.test_doctor import containerd_config, write_config
 from tests.unit.test_doctor_nvidia_default import (

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nvshim.node.doctor_nri import DEFAULT_NRI_SOCKET, check_nri, nri_enabled
+from nvshim.node.doctor.nri import DEFAULT_NRI_SOCKET, check_nri, nri_enabled
 
 ON = '[plugins."io.containerd.nri.v1.nri"]\n  disable = false\n  socket_path = "/x/nri.sock"\n'
 OFF = '[plugins."io.containerd.nri.v1.nri"]\n  disable = true\n'

@@ -18,8 +18,8 @@ import yaml
 
 from nvshim.cli.main import main
 from nvshim.config import Config
-from nvshim.node import doctor_engines
-from nvshim.node.findings import DoctorOptions, is_nvidia_runtime
+from nvshim.node.doctor import engines as doctor_engines
+from nvshim.node.doctor.findings import DoctorOptions, is_nvidia_runtime
 
 NVIDIA_CTK_BINARY = "/usr/bin/nvidia-container-runtime"
 CRI = 'plugins."io.containerd.grpc.v1.cri"'

@@ -20,9 +20,10 @@ from click.testing import CliRunner
 from nvshim.cli.cmd_runtime import runtime
 from nvshim.config import Config
 from nvshim.errors import UsageError
-from nvshim.node import containerd, doctor_engines
-from nvshim.node.findings import DoctorOptions
-from nvshim.node.trampoline import render
+from nvshim.node.doctor import engines as doctor_engines
+from nvshim.node.doctor.findings import DoctorOptions
+from nvshim.node.engines import containerd
+from nvshim.node.install.trampoline import render
 from tests.helpers.commands import run_cli
 
 CRI = 'plugins."io.containerd.grpc.v1.cri"'
@@ -99,7 +100,7 @@ def line(lines: List[str], check: str) -> str:
 def test_follow_reads_the_readme_wrapper_and_the_trampoline(tmp_path: Path) -> None:
     """docs/engines.md's podman wrapper (export NVSHIM_CONFIG, exec nvshim-runtime) leads to the
     trampoline and the wrapper's config; the trampoline alone reads the config it embeds."""
-    from nvshim.node.doctor_follow import follow
+    from nvshim.node.doctor.follow import follow
 
     embedded = tmp_path / "etc" / "config.yaml"
     tramp = trampoline(tmp_path / "bin" / "nvshim-runtime", embedded)
@@ -124,7 +125,7 @@ def test_follow_reads_the_readme_wrapper_and_the_trampoline(tmp_path: Path) -> N
 def test_follow_a_wrapper(tmp_path: Path, body: str, kind: str) -> None:
     """A wrapper script is followed through its exec line or its last command (env
     assignments included); a command with more lines after it is unknown, never guessed."""
-    from nvshim.node.doctor_follow import follow
+    from nvshim.node.doctor.follow import follow
 
     assert follow(str(script(tmp_path / "gpu-runtime", body))).kind == kind
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nvshim.node import containerd_read
+from nvshim.node.engines import containerd_read
 
 
 def _fake_containerd(path: Path, version: str, log: Path) -> None:

@@ -165,7 +165,7 @@ def test_doctor_fails_a_version_skew_and_missing_default_files(tmp_path):
     """doctor's driver-files check: ok on a whole node, FAIL on a skew (both versions named)
     and on a node without libcuda or nvidia-smi (each named with its capability)."""
     from nvshim.config import ALL_CAPABILITIES
-    from nvshim.node.doctor_host import check_driver_files
+    from nvshim.node.doctor.host import check_driver_files
 
     node = make(tmp_path, gpus=1)
     ok = check_driver_files(Host(node.root), ALL_CAPABILITIES)

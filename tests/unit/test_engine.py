@@ -403,7 +403,7 @@ def test_the_trampoline_hands_an_engine_injected_spec_to_python(tmp_path: Path, 
     import sys
 
     from nvshim.node.compile import compile_node
-    from nvshim.node.trampoline import render
+    from nvshim.node.install.trampoline import render
 
     recorder = tmp_path / "fake-runc"
     recorder.write_text("#!/bin/sh\nexit 0\n")

@@ -1,4 +1,4 @@
-"""nvshim.node.engine_restart: who owns a socket, whether containerd answers, restart modes.
+"""nvshim.node.engines.restart: who owns a socket, whether containerd answers, restart modes.
 
 The restart of a real containerd (signal mode under a supervisor, a containerd that does not
 come back) is pinned by tests/e2e/test_installer.py; these pin the parts around it.
@@ -19,7 +19,7 @@ from typing import Iterator
 import pytest
 
 from nvshim.errors import HostError, UsageError
-from nvshim.node import engine_restart
+from nvshim.node.engines import restart as engine_restart
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The engine interface (:mod:`nvshim.node.engines`): containerd, Docker and CRI-O answer
+"""The engine interface (:mod:`nvshim.node.engines.api`): containerd, Docker and CRI-O answer
 configure's and doctor's questions through the same calls and records."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from nvshim.node.engines import ENGINES, EngineRuntimes, engine
+from nvshim.node.engines.api import ENGINES, EngineRuntimes, engine
 
-NODE = Path(__file__).resolve().parents[2] / "nvshim" / "node"
+DOCTOR = Path(__file__).resolve().parents[2] / "nvshim" / "node" / "doctor"
 
 
 def write_config(name: str, tmp_path: Path) -> str:
@@ -55,13 +55,13 @@ def test_every_engine_reads_its_runtimes_into_one_record(name: str, tmp_path: Pa
 
 def test_doctor_asks_engines_through_the_interface() -> None:
     """No doctor module reads Docker's or CRI-O's config through the engine's own module:
-    they ask :func:`nvshim.node.engines.engine` (only Docker's ``--gpus`` hook names, a
+    they ask :func:`nvshim.node.engines.api.engine` (only Docker's ``--gpus`` hook names, a
     Docker-only question, come from its module)."""
     direct = []
-    for module in sorted(NODE.glob("doctor*.py")):
+    for module in sorted(DOCTOR.glob("*.py")):
         for node in ast.walk(ast.parse(module.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module in (
-                    "nvshim.node.docker", "nvshim.node.crio"):
+                    "nvshim.node.engines.docker", "nvshim.node.engines.crio"):
                 direct += [f"{module.name}: {node.module}.{a.name}" for a in node.names
                            if a.name not in ("GPUS_HOOK", "DOCKERD_PATH", "is_gpus_hook")]
     assert direct == []

@@ -16,8 +16,8 @@ import pytest
 
 import nvshim
 from nvshim.errors import HostError
-from nvshim.node.doctor_config import check_trampoline
-from nvshim.node.prefix import (
+from nvshim.node.doctor.config import check_trampoline
+from nvshim.node.install.prefix import (
     installed_prefix,
     launch_argv,
     loader_name,

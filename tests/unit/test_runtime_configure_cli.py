@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from nvshim.cli.cmd_runtime import runtime
 from nvshim.errors import NvshimError
-from nvshim.node import containerd, crio
+from nvshim.node.engines import containerd, crio
 
 LIVE_DIRS = ("/etc/containerd", "/etc/crio", "/etc/docker")
 DROP_INS = {

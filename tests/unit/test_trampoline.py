@@ -1,4 +1,4 @@
-"""The sh trampoline (``nvshim/node/trampoline.py``) against the Python argv parser.
+"""The sh trampoline (``nvshim/node/install/trampoline.py``) against the Python argv parser.
 
 The trampoline decides "create/run → Python, anything else → runc" in POSIX sh; the runtime
 decides the same thing with :func:`nvshim.runtime.argv.parse_argv`. These tests run the rendered
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from nvshim.config import source_link_path
 from nvshim.node.compile import compile_node
-from nvshim.node.trampoline import prefixes_path, render, runtimes_path
+from nvshim.node.install.trampoline import prefixes_path, render, runtimes_path
 from nvshim.runtime.argv import parse_argv
 from tests.helpers.commands import make_trampoline_world, nvshim_cli
 

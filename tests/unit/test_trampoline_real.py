@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nvshim.node.compile import compile_node
-from nvshim.node.trampoline import render
+from nvshim.node.install.trampoline import render
 
 
 def setup(tmp_path: Path, env_list):

@@ -1,8 +1,8 @@
 """Engine config files: read (and parse TOML), write with a byte-exact backup, restore.
 
 ``nvshim runtime configure`` edits containerd's, Docker's and CRI-O's config files; the
-engine modules (:mod:`nvshim.node.containerd`, :mod:`nvshim.node.docker`,
-:mod:`nvshim.node.crio`) compute the new texts, and this module is the one place that
+engine modules (:mod:`nvshim.node.engines.containerd`, :mod:`nvshim.node.engines.docker`,
+:mod:`nvshim.node.engines.crio`) compute the new texts, and this module is the one place that
 writes them and undoes the writes.
 
 Before the first write the original bytes of every file that changes (or its absence), its
@@ -85,7 +85,7 @@ class FileChange:
 @dataclass(frozen=True)
 class ConfigureOutcome:
     """What an engine's ``configure`` did (or, with ``dry_run``, would do): the one result
-    type of every engine (:mod:`nvshim.node.engines`)."""
+    type of every engine (:mod:`nvshim.node.engines.api`)."""
 
     engine: str
     handler_file: str
@@ -169,7 +169,7 @@ def parse_toml(text: str, path: str) -> TOMLDocument:
     """``text`` as a tomlkit document; a ConfigError naming ``path`` when it is not TOML.
 
     A leading UTF-8 byte order mark is skipped, as containerd skips it (it starts with
-    such a file); :func:`nvshim.node.containerd_toml.dump_toml` puts it back.
+    such a file); :func:`nvshim.node.engines.containerd_toml.dump_toml` puts it back.
     """
     import tomlkit
     from tomlkit.exceptions import TOMLKitError

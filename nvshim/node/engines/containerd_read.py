@@ -17,14 +17,14 @@ import subprocess
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from nvshim._record import dataclass, field
-from nvshim.node.containerd_chain import (
+from nvshim.node.engines.containerd_chain import (
     cri_tables,
     effective_cri,
     load_chain,
     merged_cri,
     position,
 )
-from nvshim.node.containerd_toml import (
+from nvshim.node.engines.containerd_toml import (
     CDI_SPEC_DIRS,
     CRI_PLUGINS,
     DEFAULT_CONFIG,
@@ -36,7 +36,7 @@ from nvshim.node.containerd_toml import (
     lookup,
     plain,
 )
-from nvshim.node.engine_files import read_text, read_toml
+from nvshim.node.engines.files import read_text, read_toml
 
 __all__ = ["EffectiveRuntimes", "read_handlers", "containerd_version", "drop_in_drift"]
 
@@ -72,7 +72,7 @@ class EffectiveRuntimes:
 
 def read_handlers(config_path: str = DEFAULT_CONFIG, merge: bool = False) -> EffectiveRuntimes:
     """The handlers containerd sees: the main file, then its imports, in containerd's order
-    (:mod:`nvshim.node.containerd_chain`).
+    (:mod:`nvshim.node.engines.containerd_chain`).
 
     A later file's CRI table replaces an earlier one whole, as containerd before 2.1 does;
     ``merge`` merges them key by key instead, as 2.1 and later do. ``declared`` names, per

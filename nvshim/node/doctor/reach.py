@@ -3,7 +3,7 @@ was given.
 
 Every runtime an engine can run -- containerd's CRI handlers, Docker's ``runtimes``, CRI-O's
 handlers (with their ``monitor_env``), and the binaries named with ``--runtime-binary``
-(``podman --runtime``) -- is followed to what it runs (:mod:`nvshim.node.doctor_follow`):
+(``podman --runtime``) -- is followed to what it runs (:mod:`nvshim.node.doctor.follow`):
 
 ``handler-config`` (one finding per config an nvshim runtime reads)
     the config exists (a named one that is missing fails every create), loads, does not
@@ -14,7 +14,7 @@ handlers (with their ``monitor_env``), and the binaries named with ``--runtime-b
     GPUs its own env names). The line names the runtime, the wrappers and the config.
 
 :func:`nvidia_default` and :func:`handler_config` serve the ``default-runtime``,
-``docker`` and ``crio`` checks (:mod:`nvshim.node.doctor_engines`): NVIDIA's runtime
+``docker`` and ``crio`` checks (:mod:`nvshim.node.doctor.engines`): NVIDIA's runtime
 reached through a wrapper is NVIDIA's runtime, and it is no pitfall when NVIDIA's own
 ``accept-nvidia-visible-devices-envvar-when-unprivileged = false`` is set in the config
 that runtime reads; nvshim as a default is judged by the config *its* binary reads.
@@ -28,8 +28,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from nvshim._record import dataclass
 from nvshim.config import Config
 from nvshim.errors import NvshimError
-from nvshim.node.doctor_follow import Followed, follow, nvidia_env_policy
-from nvshim.node.findings import DoctorOptions, Finding, compile_command, is_nvidia_runtime
+from nvshim.node.doctor.findings import DoctorOptions, Finding, compile_command, is_nvidia_runtime
+from nvshim.node.doctor.follow import Followed, follow, nvidia_env_policy
 
 __all__ = [
     "Runtime",
@@ -148,7 +148,7 @@ def kept_flags(ours: Mapping[str, Optional[str]], default: Optional[str],
                 binary: Optional[str] = None) -> str:
     """The ``--name``/``--binary``/``--set-as-default`` flags nvshim's runtime was registered
     with (``binary`` replacing its path), so that a fix run as printed keeps them."""
-    from nvshim.node.containerd_toml import DEFAULT_BINARY, DEFAULT_NAME
+    from nvshim.node.engines.containerd_toml import DEFAULT_BINARY, DEFAULT_NAME
 
     if not ours:
         return ""
@@ -196,7 +196,7 @@ def runtimes_problem(config: Config, options: DoctorOptions) -> Optional[str]:
 def engine_runtimes(options: DoctorOptions) -> List[Runtime]:
     """Every runtime the engines' configs name (files that do not load give none: their
     own checks say so), then the ``--runtime-binary`` ones."""
-    from nvshim.node.engines import ENGINES, engine
+    from nvshim.node.engines.api import ENGINES, engine
 
     found: List[Runtime] = []
     for name in ENGINES:

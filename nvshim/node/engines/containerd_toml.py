@@ -1,11 +1,11 @@
 """containerd's config as a TOML document: table lookup and edits, versions and imports.
 
-The shared vocabulary of :mod:`nvshim.node.containerd` (configure),
-:mod:`nvshim.node.containerd_revert` and :mod:`nvshim.node.containerd_read`. Documents
-are tomlkit's (parsed by :func:`nvshim.node.engine_files.parse_toml`), so comments and
-layout survive an edit. The CRI plugin's table depends on the config ``version`` (no file
-or an empty one counts as version 2, a file without ``version`` as version 1): see
-:data:`CRI_PLUGINS`.
+The shared vocabulary of :mod:`nvshim.node.engines.containerd` (configure),
+:mod:`nvshim.node.engines.containerd_revert` and
+:mod:`nvshim.node.engines.containerd_read`. Documents are tomlkit's (parsed by
+:func:`nvshim.node.engines.files.parse_toml`), so comments and layout survive an edit.
+The CRI plugin's table depends on the config ``version`` (no file or an empty one counts
+as version 2, a file without ``version`` as version 1): see :data:`CRI_PLUGINS`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 
 from nvshim.config import DEFAULT_CDI_SPEC_DIRS
 from nvshim.errors import ConfigError
-from nvshim.node.engine_files import BOM
+from nvshim.node.engines.files import BOM
 
 __all__ = [
     "DEFAULT_CONFIG",

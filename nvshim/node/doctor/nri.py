@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any, Optional, Tuple
 
-from nvshim.node.findings import Finding
+from nvshim.node.doctor.findings import Finding
 
 __all__ = ["check_nri", "nri_enabled", "NRI_PLUGIN", "DEFAULT_NRI_SOCKET"]
 
@@ -98,7 +98,7 @@ def check_nri(containerd_config: str, containerd_binary: str, agent_socket: str,
     """ok: NRI on and the agent registered; warn: NRI on without the agent registered, or
     an agent started for NRI on an engine whose NRI is off; skip: no engine with NRI, or
     NRI off and no agent asking for it (the runtime handler is the enforcing path)."""
-    from nvshim.node.containerd_read import containerd_version
+    from nvshim.node.engines.containerd_read import containerd_version
 
     name = "nri"
     version = containerd_version(containerd_binary)

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 from nvshim._record import dataclass
 from nvshim.config import DEFAULT_CDI_SPEC_DIRS, Config
 from nvshim.errors import NvshimError
-from nvshim.node.doctor_engines import _nvshim_handlers
-from nvshim.node.findings import DoctorOptions, Finding, compile_command, is_nvshim
+from nvshim.node.doctor.engines import _nvshim_handlers
+from nvshim.node.doctor.findings import DoctorOptions, Finding, compile_command, is_nvshim
 
 if TYPE_CHECKING:
-    from nvshim.node.containerd_read import EffectiveRuntimes
+    from nvshim.node.engines.containerd_read import EffectiveRuntimes
 
 __all__ = ["check_cdi_injection", "EngineCdi", "CDI_ANNOTATION_PREFIX"]
 
@@ -56,7 +56,7 @@ class EngineCdi:
     switch: str = ""
     handlers: Tuple[Tuple[str, Optional[str], Tuple[Tuple[str, str], ...]], ...] = ()
     """(name, binary, env) of each nvshim runtime the annotations reach: each is judged by
-    the config it reads (:func:`nvshim.node.doctor_reach.handler_config`)."""
+    the config it reads (:func:`nvshim.node.doctor.reach.handler_config`)."""
 
 
 def _may_match_namespace(pattern: str, namespace: str = CDI_ANNOTATION_PREFIX) -> bool:
@@ -79,8 +79,8 @@ def _containerd_cdi(effective: Optional[EffectiveRuntimes],
     ``enable_cdi`` as set; unset, containerd's default: on in 2.x (a version 3 config is
     2.x's), off in 1.7. Before 1.7 containerd has no CDI, whatever the config says: the
     binary is asked unless a version 3 config or ``enable_cdi = false`` settles it."""
-    from nvshim.node.containerd_read import containerd_version
-    from nvshim.node.containerd_toml import cri_label
+    from nvshim.node.engines.containerd_read import containerd_version
+    from nvshim.node.engines.containerd_toml import cri_label
 
     path = options.containerd_config
     explicit = effective.enable_cdi if effective is not None else None
@@ -141,7 +141,7 @@ def _containerd_cdi(effective: Optional[EffectiveRuntimes],
 def _crio_cdi(options: DoctorOptions) -> Optional[EngineCdi]:
     """CRI-O's CDI injection (always on); None when CRI-O has no config or it does not
     load (the ``crio`` finding says so)."""
-    from nvshim.node.engines import engine
+    from nvshim.node.engines.api import engine
 
     crio, path = engine("crio"), options.crio_config
     if not crio.present(path):
@@ -186,8 +186,8 @@ def _handlers_read(e: EngineCdi, config: Config,
     one answer to "which config does this handler read", as doctor's other checks use it):
     the first that reads ``cdi.k8s.io/`` annotations, else the first's answer; doctor's own
     config when no runtime is reached. Also the config's path."""
-    from nvshim.node.doctor_follow import follow
-    from nvshim.node.doctor_reach import handler_config
+    from nvshim.node.doctor.follow import follow
+    from nvshim.node.doctor.reach import handler_config
 
     answers = []
     for name, binary, env in e.handlers:

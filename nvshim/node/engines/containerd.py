@@ -23,7 +23,7 @@ default ``conf.d/99-nvshim.toml`` beside the main file (:func:`default_drop_in`)
 containerd before 2.1 *replaces* a plugin's table with the one from an import instead of
 merging them, so the drop-in holds the CRI table of every file containerd loads before it
 -- the main file and the imports ahead of it in containerd's order
-(:mod:`nvshim.node.containerd_chain`; on a node ``nvidia-ctk runtime configure`` set up,
+(:mod:`nvshim.node.engines.containerd_chain`; on a node ``nvidia-ctk runtime configure`` set up,
 ``conf.d/99-nvidia.toml`` with its ``nvidia``, ``nvidia-cdi``, ``nvidia-legacy``
 handlers) -- merged key by key, plus the handler: no handler an earlier file declares is
 lost. Run again, it copies what those files hold then. A file loaded after the drop-in
@@ -32,13 +32,13 @@ writes everything into the main file instead; version 1 files are always edited 
 Files are edited with tomlkit, so comments and layout survive.
 
 Before the first write the original bytes of every file it touches (or their absence) are
-saved in ``<config>.nvshim-orig.json``; :mod:`nvshim.node.containerd_revert` puts them back
+saved in ``<config>.nvshim-orig.json``; :mod:`nvshim.node.engines.containerd_revert` puts them back
 byte for byte (a file edited by hand since, or a config without that backup, gets a
 structural revert instead: only nvshim's entries are removed).
 
 :func:`plan_configure` is pure (text in, text out); :func:`configure` reads and writes the
-files. The TOML vocabulary lives in :mod:`nvshim.node.containerd_toml`; what containerd
-will see after imports (for ``nvshim doctor``) in :mod:`nvshim.node.containerd_read`.
+files. The TOML vocabulary lives in :mod:`nvshim.node.engines.containerd_toml`; what containerd
+will see after imports (for ``nvshim doctor``) in :mod:`nvshim.node.engines.containerd_read`.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from nvshim.errors import ConfigError, UsageError
-from nvshim.node.containerd_chain import (
+from nvshim.node.engines.containerd_chain import (
     Chain,
     Loaded,
     covers,
@@ -56,7 +56,7 @@ from nvshim.node.containerd_chain import (
     merged_cri,
     position,
 )
-from nvshim.node.containerd_toml import (
+from nvshim.node.engines.containerd_toml import (
     BACKUP_FORMAT,
     CDI_ANNOTATIONS,
     CDI_SPEC_DIRS,
@@ -83,7 +83,7 @@ from nvshim.node.containerd_toml import (
     resolve_import,
     set_key,
 )
-from nvshim.node.engine_files import (
+from nvshim.node.engines.files import (
     BACKUP_SUFFIX,
     ConfigureOutcome,
     FileChange,
@@ -385,7 +385,7 @@ def plan_configure(
     ``main_text``/``drop_in_text`` are the current contents (``None``: no such file).
     ``drop_in=None`` means ``conf.d/99-nvshim.toml`` beside ``config_path`` for versions 2
     and 3 (version 1: in place); ``""`` means in place. ``chain`` is what containerd loads
-    (:func:`~nvshim.node.containerd_chain.load_chain` with this drop-in); without it, the
+    (:func:`~nvshim.node.engines.containerd_chain.load_chain` with this drop-in); without it, the
     main file and the drop-in alone. The result's ``files`` list the drop-in (if any) first.
     """
     import tomlkit

@@ -26,7 +26,7 @@ back to the deprecated ``conmon_cgroup``), so conmon runs where runc's does; oth
 
 The main file is never written. The drop-in's original bytes (normally: absent) are kept
 in ``<config>.nvshim-orig.json`` -- outside ``crio.conf.d``, which CRI-O would parse -- for
-a byte-exact :func:`revert`, shared with the other engines (:mod:`nvshim.node.engine_files`).
+a byte-exact :func:`revert`, shared with the other engines (:mod:`nvshim.node.engines.files`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from nvshim._record import dataclass, field
 from nvshim.errors import ConfigError, UsageError
-from nvshim.node.engine_files import (
+from nvshim.node.engines.files import (
     ConfigureOutcome,
     FileChange,
     RevertResult,

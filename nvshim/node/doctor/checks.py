@@ -1,13 +1,13 @@
 """``nvshim doctor``: check a node and explain each finding in one line, with a fix.
 
 Every check is a function that reads what it needs (files, PATH, the driver root, the
-version containerd reports) and returns :class:`~nvshim.node.findings.Finding` values;
+version containerd reports) and returns :class:`~nvshim.node.doctor.findings.Finding` values;
 nothing is written. The checks live
-by subject in :mod:`nvshim.node.doctor_config` (nvshim's own files),
-:mod:`nvshim.node.doctor_engines` (containerd, Docker, CRI-O),
-:mod:`nvshim.node.doctor_handlers` (containerd's handlers across its files),
-:mod:`nvshim.node.doctor_install` (what install.sh set up) and
-:mod:`nvshim.node.doctor_host` (GPUs, CDI specs, device links). :func:`run_checks` runs
+by subject in :mod:`nvshim.node.doctor.config` (nvshim's own files),
+:mod:`nvshim.node.doctor.engines` (containerd, Docker, CRI-O),
+:mod:`nvshim.node.doctor.handlers` (containerd's handlers across its files),
+:mod:`nvshim.node.doctor.install` (what install.sh set up) and
+:mod:`nvshim.node.doctor.host` (GPUs, CDI specs, device links). :func:`run_checks` runs
 them all in a fixed order, :func:`render_text` / :func:`render_json` format the result and
 :func:`exit_code` is 1 when any finding failed.
 
@@ -21,7 +21,7 @@ The checks, by name:
     trampoline's ``<stem>.runtimes`` is not older than the YAML and lists the same runtimes.
 ``default-runtime-config``
     where ``install.sh --set-as-default`` left its mark (``<stem>.default-runtime``), the
-    config has require-allocation on and holds settings (:mod:`nvshim.node.doctor_install`);
+    config has require-allocation on and holds settings (:mod:`nvshim.node.doctor.install`);
     ``skip`` without the mark.
 ``runtimes``
     at least one of ``runtimes`` (runc, crun, an absolute path) is an executable.
@@ -29,7 +29,7 @@ The checks, by name:
     every program nvshim runs as root or lets runc run because of its config or a CDI spec
     (runtimes, CDI spec hooks, its own hook's interpreter, its Docker ``--gpus`` stand-in)
     passes the config files' trust rule; one failure per program others could write
-    (:mod:`nvshim.node.doctor_exec`).
+    (:mod:`nvshim.node.doctor.exec`).
 ``containerd-config``
     containerd's config parses and its imports exist; no config at all is ``skip``.
 ``containerd-drop-in``
@@ -83,13 +83,13 @@ The checks, by name:
     scripts, the trampoline's embedded path, CRI-O's ``monitor_env``, and the
     ``--runtime-binary`` ones -- exists, loads, does not chain into NVIDIA's runtime
     (``runtimes:``), and has require-allocation on where a pod can pick it by RuntimeClass
-    (:mod:`nvshim.node.doctor_reach`). ``default-runtime``, ``docker`` and ``crio`` judge
+    (:mod:`nvshim.node.doctor.reach`). ``default-runtime``, ``docker`` and ``crio`` judge
     a default runtime by the config it reads, and NVIDIA's runtime by its own
     ``accept-nvidia-visible-devices-envvar-when-unprivileged``. A ``config`` that no runtime
     found reads is not failed for being missing.
 ``oci-hooks``
     NVIDIA's hook in podman's and CRI-O's hooks.d, for every container (``"always": true``)
-    or a matching few (:mod:`nvshim.node.doctor_hooks`).
+    or a matching few (:mod:`nvshim.node.doctor.hooks`).
 """
 
 from __future__ import annotations
@@ -101,15 +101,14 @@ from typing import List, Sequence
 from nvshim.cdi.index import spec_reader
 from nvshim.config import Config, cdi_index_path
 from nvshim.errors import one_line
-from nvshim.node.containerd_read import start_version
-from nvshim.node.doctor_config import (
+from nvshim.node.doctor.config import (
     check_allocation_trust,
     check_compiled_config,
     check_config,
     check_runtimes,
     check_trampoline,
 )
-from nvshim.node.doctor_engines import (
+from nvshim.node.doctor.engines import (
     check_configured_runtimes,
     check_containerd_config,
     check_crio,
@@ -118,10 +117,11 @@ from nvshim.node.doctor_engines import (
     check_drop_in_drift,
     check_runtime_binary,
 )
-from nvshim.node.doctor_exec import check_executables
-from nvshim.node.doctor_handlers import check_lost_handlers
-from nvshim.node.doctor_hooks import check_oci_hooks
-from nvshim.node.doctor_host import (
+from nvshim.node.doctor.exec import check_executables
+from nvshim.node.doctor.findings import DoctorOptions, Finding
+from nvshim.node.doctor.handlers import check_lost_handlers
+from nvshim.node.doctor.hooks import check_oci_hooks
+from nvshim.node.doctor.host import (
     check_cdi_spec_trust,
     check_cdi_specs,
     check_dev_char_links,
@@ -129,10 +129,10 @@ from nvshim.node.doctor_host import (
     check_gpus,
     host_for,
 )
-from nvshim.node.doctor_injection import check_cdi_injection
-from nvshim.node.doctor_install import check_default_mark
-from nvshim.node.doctor_reach import check_handler_configs, config_readers, engine_runtimes
-from nvshim.node.findings import DoctorOptions, Finding
+from nvshim.node.doctor.injection import check_cdi_injection
+from nvshim.node.doctor.install import check_default_mark
+from nvshim.node.doctor.reach import check_handler_configs, config_readers, engine_runtimes
+from nvshim.node.engines.containerd_read import start_version
 
 __all__ = ["run_checks", "render_text", "render_json", "exit_code"]
 
@@ -188,10 +188,10 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     findings.append(check_trampoline(options.trampoline))
     findings.extend(check_handler_configs(runtimes, config, options))
     findings.append(check_oci_hooks(options))
-    from nvshim.node.doctor_agent import check_agent
+    from nvshim.node.doctor.agent import check_agent
 
     findings.append(check_agent(options.agent_socket, options.config_path, options.trampoline))
-    from nvshim.node.doctor_nri import check_nri
+    from nvshim.node.doctor.nri import check_nri
 
     findings.append(check_nri(options.containerd_config, options.containerd_binary,
                               options.agent_socket, options.crio_config))

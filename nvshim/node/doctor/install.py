@@ -18,7 +18,7 @@ from typing import Mapping, Optional
 
 from nvshim.config import default_mark_path
 from nvshim.errors import NvshimError
-from nvshim.node.findings import DEFAULT_TRAMPOLINE, Finding, compile_command
+from nvshim.node.doctor.findings import DEFAULT_TRAMPOLINE, Finding, compile_command
 
 __all__ = ["check_default_mark", "default_trampoline"]
 

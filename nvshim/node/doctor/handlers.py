@@ -24,11 +24,11 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from nvshim.errors import NvshimError
-from nvshim.node.findings import DoctorOptions, Finding
+from nvshim.node.doctor.findings import DoctorOptions, Finding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from nvshim.node.containerd_read import EffectiveRuntimes
+    from nvshim.node.engines.containerd_read import EffectiveRuntimes
 
 __all__ = ["check_lost_handlers", "reconfigure_command", "is_nvshim_drop_in"]
 
@@ -38,8 +38,8 @@ _DROP_IN_MARK = "Written by `nvshim runtime configure`"
 
 def _plain_cri(path: str, version: int) -> Optional[Dict[str, Any]]:
     """The CRI table of the file at ``path`` as plain values (None: none, unreadable)."""
-    from nvshim.node.containerd_chain import Loaded, cri_tables
-    from nvshim.node.engine_files import read_text
+    from nvshim.node.engines.containerd_chain import Loaded, cri_tables
+    from nvshim.node.engines.files import read_text
 
     text = read_text(path)
     if text is None:
@@ -51,7 +51,7 @@ def _plain_cri(path: str, version: int) -> Optional[Dict[str, Any]]:
 def _nvshim_handler(cri: Dict[str, Any], options: DoctorOptions
                     ) -> Optional[Tuple[str, Dict[str, Any]]]:
     """(name, table) of the handler in ``cri`` that runs nvshim."""
-    from nvshim.node.findings import is_nvshim
+    from nvshim.node.doctor.findings import is_nvshim
 
     runtimes = (cri.get("containerd") or {}).get("runtimes") or {}
     for name, handler in runtimes.items():
@@ -73,7 +73,7 @@ def reconfigure_command(config_path: str, drop_in: str, version: int,
     did not come from there. ``binary`` replaces the handler's BinaryName (a fix for a
     missing one).
     """
-    from nvshim.node.containerd_toml import (
+    from nvshim.node.engines.containerd_toml import (
         CDI_ANNOTATIONS,
         DEFAULT_BINARY,
         DEFAULT_CONFIG,
@@ -108,7 +108,7 @@ def reconfigure_command(config_path: str, drop_in: str, version: int,
 
 def is_nvshim_drop_in(path: str) -> bool:
     """The file at ``path`` is a drop-in ``nvshim runtime configure`` wrote."""
-    from nvshim.node.engine_files import read_text
+    from nvshim.node.engines.files import read_text
 
     text = read_text(path)
     return text is not None and _DROP_IN_MARK in text
@@ -116,7 +116,7 @@ def is_nvshim_drop_in(path: str) -> bool:
 
 def _merges(options: DoctorOptions) -> Optional[str]:
     """The containerd version text when it merges CRI tables key by key (2.1 and later)."""
-    from nvshim.node.containerd_read import containerd_version
+    from nvshim.node.engines.containerd_read import containerd_version
 
     version = containerd_version(options.containerd_binary)
     if version is not None and version[:2] >= (2, 1):
@@ -144,8 +144,13 @@ def check_lost_handlers(effective: EffectiveRuntimes, options: DoctorOptions) ->
                "uses only the last file's table; pods whose RuntimeClass names them fail "
                "to start")
     if is_nvshim_drop_in(hider):
-        from nvshim.node.containerd_chain import cri_tables, load_chain, merged_cri, position
-        from nvshim.node.engine_files import read_text, read_toml
+        from nvshim.node.engines.containerd_chain import (
+            cri_tables,
+            load_chain,
+            merged_cri,
+            position,
+        )
+        from nvshim.node.engines.files import read_text, read_toml
 
         before: Optional[Dict[str, Any]] = None
         try:
@@ -160,7 +165,7 @@ def check_lost_handlers(effective: EffectiveRuntimes, options: DoctorOptions) ->
         return Finding(_CHECK, "fail", message,
                        f"{command} (its drop-in then carries every earlier file's table), "
                        "then restart containerd")
-    from nvshim.node.containerd_toml import cri_label
+    from nvshim.node.engines.containerd_toml import cri_label
 
     return Finding(_CHECK, "fail", message,
                    f"copy the {cri_label(effective.version)} tables of the files loaded "

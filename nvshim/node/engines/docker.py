@@ -19,7 +19,7 @@ fails it with one line instead of letting it start without GPUs. It is one more 
 backup: ``--revert`` removes it while it is still nvshim's.
 
 Byte-exact revert, the backup and the default-runtime guard are shared with the other
-engines through :mod:`nvshim.node.engine_files`. dockerd re-reads ``runtimes`` and
+engines through :mod:`nvshim.node.engines.files`. dockerd re-reads ``runtimes`` and
 ``default-runtime`` on ``SIGHUP``, but only keys present in the file: after a revert that
 removed them (and for ``features``) dockerd must be restarted.
 
@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nvshim._record import dataclass
 from nvshim.errors import ConfigError, UsageError
-from nvshim.node.engine_files import (
+from nvshim.node.engines.files import (
     ConfigureOutcome,
     FileChange,
     RevertResult,
@@ -356,7 +356,7 @@ def plan_revert(
     name: str = DEFAULT_NAME,
 ) -> RevertResult:
     """What revert leaves in daemon.json; pure (see
-    :func:`nvshim.node.engine_files.plan_restore`)."""
+    :func:`nvshim.node.engines.files.plan_restore`)."""
 
     def strip(path: str, now: str, original: Optional[str], warnings: List[str]) -> str:
         data = _load(now, path)

@@ -1,7 +1,7 @@
 """The doctor's vocabulary: a :class:`Finding`, the options saying where to look, and how
 an engine's runtime is recognised as nvshim's or as NVIDIA's own. Shared by
-:mod:`nvshim.node.doctor` and the checks in :mod:`nvshim.node.doctor_config`,
-:mod:`nvshim.node.doctor_engines` and :mod:`nvshim.node.doctor_host`.
+:mod:`nvshim.node.doctor.checks` and the checks in :mod:`nvshim.node.doctor.config`,
+:mod:`nvshim.node.doctor.engines` and :mod:`nvshim.node.doctor.host`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from nvshim.config import DEFAULT_CONFIG_PATH, config_path
 
 #: Finding statuses; ``skip`` = the check does not apply to this node.
 STATUSES = ("ok", "warn", "fail", "skip")
-# where the installed trampoline is: doctor_follow owns it (it tells runtimes apart)
-from nvshim.node.doctor_follow import (  # noqa: E402 - after findings' own constants
+# where the installed trampoline is: doctor.follow owns it (it tells runtimes apart)
+from nvshim.node.doctor.follow import (  # noqa: E402 - after findings' own constants
     DEFAULT_TRAMPOLINE as DEFAULT_TRAMPOLINE,
 )
 
@@ -77,10 +77,11 @@ class DoctorOptions:
     runtime_binaries: Tuple[str, ...] = ()
     """Runtimes an engine runs that no config doctor reads names (``podman --runtime``)."""
     agent_socket: str = "/run/nvshim/agent.sock"
-    """The node agent's socket (:mod:`nvshim.node.doctor_agent`)."""
+    """The node agent's socket (:mod:`nvshim.node.doctor.agent`)."""
 
     def engine_config(self, engine: str) -> str:
-        """The config doctor reads for ``engine`` (one of :data:`nvshim.node.engines.ENGINES`)."""
+        """The config doctor reads for ``engine`` (one of
+        :data:`nvshim.node.engines.api.ENGINES`)."""
         path: str = getattr(self, f"{engine}_config")
         return path
 
@@ -95,14 +96,14 @@ def is_nvshim(name: str, binary: Optional[str], options: DoctorOptions,
               env: Optional[Mapping[str, str]] = None) -> bool:
     """The runtime ``name`` (running ``binary`` with ``env``) is nvshim: its handler name,
     the installed trampoline, or a binary that leads to nvshim-runtime (by its name, its
-    content, or through wrapper scripts: :func:`nvshim.node.doctor_follow.follow`)."""
+    content, or through wrapper scripts: :func:`nvshim.node.doctor.follow.follow`)."""
     if name == options.handler_name:
         return True
     if binary is None:
         return False
     if os.path.realpath(binary) == os.path.realpath(options.trampoline):
         return True
-    from nvshim.node.doctor_follow import follow
+    from nvshim.node.doctor.follow import follow
 
     return follow(binary, env, options.trampoline).kind == "nvshim"
 
@@ -114,7 +115,7 @@ def is_nvidia_runtime(name: str, binary: Optional[str], options: DoctorOptions,
     it), whatever the handler's name, or one of NVIDIA's handler names when it does not run
     nvshim."""
     if binary is not None:
-        from nvshim.node.doctor_follow import follow
+        from nvshim.node.doctor.follow import follow
 
         if follow(binary, env, options.trampoline).kind == "nvidia":
             return True

@@ -2,7 +2,7 @@
 
 ``DIR<prefix>/`` holds the interpreter that runs this module, its C library and every
 library its ELFs need, a trimmed standard library, nvshim and its dependencies (the
-layout is :mod:`nvshim.node.prefix`'s); ``DIR<bindir>/`` the ``nvshim`` and
+layout is :mod:`nvshim.node.install.prefix`'s); ``DIR<bindir>/`` the ``nvshim`` and
 ``nvshim-runtime`` commands for that prefix; ``DIR/install.sh`` and
 ``DIR/config/config.yaml`` what ``install.sh --from DIR`` needs on a node; and
 ``DIR/.nvshim-payload`` the prefix and bindir the tree was built for.
@@ -28,7 +28,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 from nvshim._preload import FILE_NAME as PRELOAD_FILE
 from nvshim._preload import dumps as preload_dumps
 from nvshim.errors import HostError
-from nvshim.node.prefix import (
+from nvshim.node.install.prefix import (
     FILE_LIST,
     INTERPRETER,
     LAUNCHER,

@@ -4,10 +4,10 @@ containerd gives several findings: ``containerd-config`` (the config parses, its
 exist; no config at all is ``skip``), ``containerd-drop-in`` (nvshim's drop-in still
 carries the CRI tables of the files loaded before it), ``containerd-runtime-binary`` (the
 nvshim handler's ``options.BinaryName`` is an executable file) and ``default-runtime`` (the
-pitfall below); ``containerd-handlers`` is :mod:`nvshim.node.doctor_handlers`'.
+pitfall below); ``containerd-handlers`` is :mod:`nvshim.node.doctor.handlers`'.
 
 Docker and CRI-O give one finding each, ``docker`` / ``crio``, from one check
-(:func:`check_engine`) that asks the engine interface (:mod:`nvshim.node.engines`) what the
+(:func:`check_engine`) that asks the engine interface (:mod:`nvshim.node.engines.api`) what the
 engine loads and how to say it: ``skip`` when the engine has
 no config on this node; ``fail`` when the config does not parse, an nvshim runtime points
 at a missing or non-executable binary, or the default runtime is the pitfall; ``warn``
@@ -17,16 +17,16 @@ The pitfall, for every engine: the default runtime grants GPUs from the image's 
 containers that asked for no GPU get every GPU from a CUDA image's
 ``NVIDIA_VISIBLE_DEVICES=all``. It is either NVIDIA's runtime as the default (what
 ``nvidia-ctk runtime configure --set-as-default`` writes; recognised by its binary's name,
-or by the handler names NVIDIA's tools use; :func:`~nvshim.node.findings.is_nvidia_runtime`),
+or by the handler names NVIDIA's tools use; :func:`~nvshim.node.doctor.findings.is_nvidia_runtime`),
 whatever nvshim's config says, or nvshim as the default while require-allocation is off.
 The fix for both: nvshim with require-allocation as the default, or a plain runtime
 (runc) as the default and GPU runtimes picked per container. Each runtime is followed to
-what it runs (:mod:`nvshim.node.doctor_reach`): NVIDIA's runtime behind a wrapper counts,
+what it runs (:mod:`nvshim.node.doctor.reach`): NVIDIA's runtime behind a wrapper counts,
 NVIDIA's own ``accept-nvidia-visible-devices-envvar-when-unprivileged = false`` lifts the
 pitfall, nvshim is judged by the config its binary reads, and fixes keep the flags the
 runtime was registered with.
 
-``cdi-injection`` is :mod:`nvshim.node.doctor_injection`'s.
+``cdi-injection`` is :mod:`nvshim.node.doctor.injection`'s.
 """
 
 from __future__ import annotations
@@ -36,13 +36,7 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
 
 from nvshim.config import Config
 from nvshim.errors import NvshimError
-from nvshim.node.doctor_reach import (
-    binary_problems,
-    default_config,
-    kept_flags,
-    nvidia_default,
-)
-from nvshim.node.findings import (
+from nvshim.node.doctor.findings import (
     DEFAULT_TRAMPOLINE,
     DoctorOptions,
     Finding,
@@ -50,9 +44,15 @@ from nvshim.node.findings import (
     is_nvidia_runtime,
     is_nvshim,
 )
+from nvshim.node.doctor.reach import (
+    binary_problems,
+    default_config,
+    kept_flags,
+    nvidia_default,
+)
 
 if TYPE_CHECKING:
-    from nvshim.node.containerd_read import EffectiveRuntimes
+    from nvshim.node.engines.containerd_read import EffectiveRuntimes
 
 __all__ = [
     "check_containerd_config",
@@ -78,7 +78,7 @@ def _nvshim_as_default(configure: str, options: DoctorOptions,
     configure with --set-as-default (whose guard reads that config: $NVSHIM_CONFIG, or the
     default, when no binary is installed)."""
     from nvshim.config import config_path
-    from nvshim.node.doctor_follow import follow
+    from nvshim.node.doctor.follow import follow
 
     followed = follow(binary or options.trampoline, None, options.trampoline)
     path = followed.config if followed.kind == "nvshim" and followed.config and (
@@ -107,7 +107,7 @@ def check_containerd_config(path: str) -> Tuple[Finding, Optional[EffectiveRunti
     if not os.path.exists(path):
         message = f"no containerd config at {path}: containerd defaults apply"
         return Finding(name, "skip", message), None
-    from nvshim.node.containerd_read import read_handlers
+    from nvshim.node.engines.containerd_read import read_handlers
 
     try:
         effective = read_handlers(path)
@@ -130,7 +130,7 @@ def check_containerd_config(path: str) -> Tuple[Finding, Optional[EffectiveRunti
 def check_drop_in_drift(path: str, options: Optional[DoctorOptions] = None) -> Optional[Finding]:
     """nvshim's drop-in still carries the CRI tables of the files loaded before it (None:
     no nvshim drop-in, or it does)."""
-    from nvshim.node.containerd_read import drop_in_drift
+    from nvshim.node.engines.containerd_read import drop_in_drift
 
     try:
         drift = drop_in_drift(path)
@@ -143,8 +143,8 @@ def check_drop_in_drift(path: str, options: Optional[DoctorOptions] = None) -> O
         shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
         lines.append(f"{drop_in} has a stale copy of the CRI tables loaded before it: "
                      f"{shown} differ")
-    from nvshim.node.containerd_read import read_handlers
-    from nvshim.node.doctor_handlers import reconfigure_command
+    from nvshim.node.doctor.handlers import reconfigure_command
+    from nvshim.node.engines.containerd_read import read_handlers
 
     command = reconfigure_command(path, drift[0][0], read_handlers(path).version,
                                   options or DoctorOptions(containerd_config=path))
@@ -158,7 +158,7 @@ def check_drop_in_drift(path: str, options: Optional[DoctorOptions] = None) -> O
 
 
 def _configure_containerd(path: str) -> str:
-    from nvshim.node.containerd_toml import DEFAULT_CONFIG
+    from nvshim.node.engines.containerd_toml import DEFAULT_CONFIG
 
     return _configure("containerd", path, DEFAULT_CONFIG)
 
@@ -167,7 +167,7 @@ def _containerd_configure(effective: EffectiveRuntimes, options: DoctorOptions,
                           binary: Optional[str] = None) -> str:
     """``nvshim runtime configure`` for containerd with the flags nvshim's handler was
     written with (read back from its drop-in), ``binary`` replacing its BinaryName."""
-    from nvshim.node.doctor_handlers import is_nvshim_drop_in, reconfigure_command
+    from nvshim.node.doctor.handlers import is_nvshim_drop_in, reconfigure_command
 
     for handler in sorted(_nvshim_handlers(effective, options)):
         for path in effective.declared.get(handler, ()):
@@ -313,9 +313,9 @@ def _check(
 def check_engine(name: str, path: str, config: Optional[Config],
                  options: DoctorOptions) -> Finding:
     """Docker's or CRI-O's finding (the check is named after the engine), asked through
-    :mod:`nvshim.node.engines`: nvshim runtime present, its binary executable, the default
+    :mod:`nvshim.node.engines.api`: nvshim runtime present, its binary executable, the default
     pitfall."""
-    from nvshim.node.engines import engine
+    from nvshim.node.engines.api import engine
 
     chosen = engine(name)
     if not chosen.present(path):
@@ -356,9 +356,9 @@ def check_configured_runtimes(options: DoctorOptions) -> List[Finding]:
     """A ``configured`` failure per engine that no longer loads a runtime ``nvshim runtime
     configure`` recorded in its config's backup (another tool, a hand edit, or an older
     nvshim rewrote the file without it: pods or containers naming it fail); nothing when
-    every recorded runtime is there. Asks each engine through :mod:`nvshim.node.engines`."""
-    from nvshim.node.engine_files import configured_handlers
-    from nvshim.node.engines import ENGINES, engine
+    every recorded runtime is there. Asks each engine through :mod:`nvshim.node.engines.api`."""
+    from nvshim.node.engines.api import ENGINES, engine
+    from nvshim.node.engines.files import configured_handlers
 
     findings: List[Finding] = []
     for name in ENGINES:

@@ -11,8 +11,8 @@ table name.
 
 :func:`load_chain` reads the files (the only I/O here); :func:`cri_tables`,
 :func:`effective_cri` and :func:`merged_cri` are pure. Used by
-:mod:`nvshim.node.containerd` (what nvshim's drop-in must carry so that no earlier
-handler is lost), :mod:`nvshim.node.containerd_read` (what ``nvshim doctor`` sees) and
+:mod:`nvshim.node.engines.containerd` (what nvshim's drop-in must carry so that no earlier
+handler is lost), :mod:`nvshim.node.engines.containerd_read` (what ``nvshim doctor`` sees) and
 its handler check.
 """
 
@@ -24,14 +24,14 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from nvshim._record import dataclass
-from nvshim.node.containerd_toml import (
+from nvshim.node.engines.containerd_toml import (
     CRI_PLUGINS,
     detect_version,
     import_entries,
     lookup,
     plain,
 )
-from nvshim.node.engine_files import read_text, read_toml
+from nvshim.node.engines.files import read_text, read_toml
 
 __all__ = [
     "Loaded",

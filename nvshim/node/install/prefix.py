@@ -2,7 +2,7 @@
 and the ``nvshim`` command install.sh writes for it.
 
 The layout, relative to the prefix (install.sh ``--payload`` builds it with
-:mod:`nvshim.node.payload`; nothing else names these paths)::
+:mod:`nvshim.node.install.payload`; nothing else names these paths)::
 
     bin/python3          the launcher: a stable name (sys.executable, CDI hooks name it)
     libexec/python3      the interpreter itself (an ELF copied from the build machine)
@@ -91,7 +91,7 @@ def installed_prefix(python: str) -> Optional[str]:
 
 
 def _check_plain(value: str, what: str) -> None:
-    from nvshim.node.trampoline import UnsafeValue
+    from nvshim.node.install.trampoline import UnsafeValue
 
     if not value.startswith("/") or any(c in value for c in " \t\n'\"$`\\"):
         raise UnsafeValue(f"{what} must be absolute and plain: {value!r}")
@@ -102,7 +102,7 @@ def render_runtime(prefix: str, config: Optional[str] = None,
     """The ``nvshim-runtime`` trampoline for a prefix: its Python started through the
     bundled loader, nvshim's runtime modules served from the preload file."""
     from nvshim._preload import FILE_NAME
-    from nvshim.node.trampoline import render
+    from nvshim.node.install.trampoline import render
 
     site = f"{prefix}/{PACKAGES}"
     return render(f"{prefix}/{LAUNCHER}", [site], config, launch=launch_argv(prefix, machine),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from nvshim.node.findings import Finding
+from nvshim.node.doctor.findings import Finding
 
 __all__ = ["check_agent", "DEFAULT_AGENT_SOCKET"]
 

@@ -2,7 +2,7 @@
 low-level runtimes it names, whom require-allocation trusts, and the installed trampoline.
 
 Checks ``config``, ``compiled-config``, ``runtimes``, ``allocation-trust`` and
-``trampoline`` (see :mod:`nvshim.node.doctor` for the whole list).
+``trampoline`` (see :mod:`nvshim.node.doctor.checks` for the whole list).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from nvshim.config import (
     runtimes_path,
 )
 from nvshim.errors import NvshimError
-from nvshim.node.findings import DoctorOptions, Finding, compile_command
+from nvshim.node.doctor.findings import DoctorOptions, Finding, compile_command
 
 __all__ = [
     "check_config",
@@ -122,7 +122,7 @@ def check_runtimes(config: Config, options: Optional[DoctorOptions] = None) -> F
     """At least one configured low-level runtime can be executed, and none leads to NVIDIA's
     runtime (which would grant again, from the env and mounts nvshim refused) or back to
     nvshim-runtime."""
-    from nvshim.node.doctor_reach import runtimes_problem
+    from nvshim.node.doctor.reach import runtimes_problem
     from nvshim.runtime.main import find_runtime
 
     source = config.source or "the built-in defaults"
@@ -191,8 +191,8 @@ def check_allocation_trust(config: Optional[Config], path: str) -> Finding:
 
 def check_trampoline(path: str) -> Finding:
     """The installed ``nvshim-runtime`` is the trampoline this nvshim would install."""
-    from nvshim.node.prefix import installed_prefix, render_runtime
-    from nvshim.node.trampoline import render
+    from nvshim.node.install.prefix import installed_prefix, render_runtime
+    from nvshim.node.install.trampoline import render
 
     name = "trampoline"
     fix = "re-run nvshim's install.sh"

@@ -15,7 +15,7 @@ import os
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from nvshim.config import Config
-from nvshim.node.findings import Finding
+from nvshim.node.doctor.findings import Finding
 
 if TYPE_CHECKING:
     from nvshim.cdi.model import Spec
@@ -29,7 +29,7 @@ def executables(config: Config, load_spec: Optional[Callable[[str], Spec]] = Non
                 ) -> List[Tuple[str, str]]:
     """(program, what names it) for every program nvshim would run as root on this node
     because of ``config`` or a CDI spec it loads; each program once, first naming kept."""
-    from nvshim.node.docker import DOCKERD_PATH, GPUS_HOOK, is_gpus_hook
+    from nvshim.node.engines.docker import DOCKERD_PATH, GPUS_HOOK, is_gpus_hook
     from nvshim.runtime.hookargs import hook_command
     from nvshim.runtime.main import find_runtime
 

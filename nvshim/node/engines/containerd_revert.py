@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any, Collection, List, Mapping, Optional, Tuple
 
-from nvshim.node.containerd_toml import (
+from nvshim.node.engines.containerd_toml import (
     BACKUP_FORMAT,
     DEFAULT_CONFIG,
     DEFAULT_NAME,
@@ -33,7 +33,7 @@ from nvshim.node.containerd_toml import (
     plain,
     resolve_import,
 )
-from nvshim.node.engine_files import (
+from nvshim.node.engines.files import (
     FileChange,
     RevertResult,
     apply_restore,
@@ -250,7 +250,7 @@ def plan_revert(
 def _inherited(config_path: str, current: Mapping[str, Optional[str]],
                backup: Optional[Mapping[str, Any]]) -> List[str]:
     """The handlers of the files containerd loads before nvshim's drop-ins (which copy them)."""
-    from nvshim.node.containerd_chain import cri_tables, load_chain, merged_cri, position
+    from nvshim.node.engines.containerd_chain import cri_tables, load_chain, merged_cri, position
 
     text = current.get(config_path)
     if backup is None or text is None:

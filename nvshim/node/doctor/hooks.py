@@ -23,8 +23,8 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional
 
-from nvshim.node.doctor_follow import follow, nvidia_env_policy, parse_env
-from nvshim.node.findings import DoctorOptions, Finding
+from nvshim.node.doctor.findings import DoctorOptions, Finding
+from nvshim.node.doctor.follow import follow, nvidia_env_policy, parse_env
 
 __all__ = ["check_oci_hooks"]
 
@@ -49,7 +49,7 @@ def _hook_files(dirs: List[str]) -> Dict[str, str]:
 
 def _load(path: str) -> Optional[Mapping[str, Any]]:
     from nvshim.errors import NvshimError
-    from nvshim.node.engine_files import read_text
+    from nvshim.node.engines.files import read_text
 
     try:
         text = read_text(path, "OCI hook file")

@@ -7,7 +7,7 @@ An engine names a program (containerd's ``options.BinaryName``, Docker's ``path`
 ``monitor_env``). That program can be
 
 - nvshim's installed trampoline (install.sh's, self-contained under ``/opt/nvshim`` or not:
-  :mod:`nvshim.node.trampoline`), which reads ``$NVSHIM_CONFIG``, else the config path it
+  :mod:`nvshim.node.install.trampoline`), which reads ``$NVSHIM_CONFIG``, else the config path it
   embeds -- a *named* config: missing, every create fails;
 - the pip entry point ``nvshim-runtime`` (a Python script importing
   ``nvshim.runtime.main``): ``$NVSHIM_CONFIG``, else ``/etc/nvshim/config.yaml``, whose
@@ -316,7 +316,7 @@ def follow(binary: Optional[str], env: Optional[Mapping[str, str]] = None,
         named_kind = _by_name(path, hook)
         text = _head(path)
         if named_kind == "nvidia":
-            from nvshim.node.docker import is_gpus_hook
+            from nvshim.node.engines.docker import is_gpus_hook
 
             # nvshim's docker --gpus stand-in carries the name of NVIDIA's hook
             kind = "plain" if is_gpus_hook(text) else "nvidia"
@@ -348,7 +348,7 @@ def follow(binary: Optional[str], env: Optional[Mapping[str, str]] = None,
             kind = "nvshim"
             break
         if text.startswith("#!"):
-            from nvshim.node.docker import is_gpus_hook
+            from nvshim.node.engines.docker import is_gpus_hook
 
             if is_gpus_hook(text):
                 kind = "plain"
@@ -389,7 +389,7 @@ def nvidia_env_policy(env: Mapping[str, str], default: str = NVIDIA_CONFIG) -> N
         os.path.join(env["XDG_CONFIG_HOME"], "nvidia-container-runtime", "config.toml")
         if env.get("XDG_CONFIG_HOME") else default)
     from nvshim.errors import NvshimError
-    from nvshim.node.engine_files import read_text, read_toml
+    from nvshim.node.engines.files import read_text, read_toml
 
     try:
         text = read_text(path, "NVIDIA runtime config")

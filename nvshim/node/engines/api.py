@@ -4,10 +4,10 @@
 through :func:`engine`: each :class:`Engine` configures a runtime, reverts one, reads the
 runtimes the engine will see, and says which of configure's options it takes and how it is
 restarted. Every engine returns the same records,
-:class:`~nvshim.node.engine_files.ConfigureOutcome` and
-:class:`~nvshim.node.engine_files.RevertResult`, so the CLI has no per-engine branches. The
-engine modules (:mod:`nvshim.node.containerd`, :mod:`nvshim.node.docker`,
-:mod:`nvshim.node.crio`) keep their own vocabulary; this module only adapts their calls
+:class:`~nvshim.node.engines.files.ConfigureOutcome` and
+:class:`~nvshim.node.engines.files.RevertResult`, so the CLI has no per-engine branches. The
+engine modules (:mod:`nvshim.node.engines.containerd`, :mod:`nvshim.node.engines.docker`,
+:mod:`nvshim.node.engines.crio`) keep their own vocabulary; this module only adapts their calls
 (as NVIDIA's toolkit does in ``pkg/config/engine/api.go``).
 """
 
@@ -18,7 +18,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from nvshim._record import dataclass, field
 from nvshim.errors import UsageError
-from nvshim.node.engine_files import ConfigureOutcome, RevertResult
+from nvshim.node.engines.files import ConfigureOutcome, RevertResult
 
 __all__ = ["ENGINES", "ConfigureOptions", "Engine", "EngineRuntimes", "Unparsed", "engine"]
 
@@ -149,12 +149,12 @@ class _Containerd(Engine):
     restart = "restart containerd"
 
     def __init__(self) -> None:
-        from nvshim.node.containerd_toml import DEFAULT_CONFIG
+        from nvshim.node.engines.containerd_toml import DEFAULT_CONFIG
 
         self.default_config = DEFAULT_CONFIG
 
     def configure(self, config_path: str, options: ConfigureOptions) -> ConfigureOutcome:
-        from nvshim.node import containerd
+        from nvshim.node.engines import containerd
 
         return containerd.configure(
             config_path, name=options.name, binary=options.binary, drop_in=options.drop_in,
@@ -165,13 +165,13 @@ class _Containerd(Engine):
 
     def revert(self, config_path: str, *, name: str, drop_in: Optional[str],
                dry_run: bool) -> RevertResult:
-        from nvshim.node import containerd_revert
+        from nvshim.node.engines import containerd_revert
 
         return containerd_revert.revert(config_path, name=name, drop_in=drop_in,
                                         dry_run=dry_run)
 
     def read(self, config_path: str) -> EngineRuntimes:
-        from nvshim.node.containerd_read import read_handlers
+        from nvshim.node.engines.containerd_read import read_handlers
 
         seen = read_handlers(config_path)
         return EngineRuntimes(seen.handlers, seen.default_runtime_name, seen.files,
@@ -193,12 +193,12 @@ class _Docker(Engine):
                ("--enable-nri", "containerd only (CRI-O: [crio.nri] enable_nri = true)"))
 
     def __init__(self) -> None:
-        from nvshim.node.docker import DEFAULT_CONFIG
+        from nvshim.node.engines.docker import DEFAULT_CONFIG
 
         self.default_config = DEFAULT_CONFIG
 
     def configure(self, config_path: str, options: ConfigureOptions) -> ConfigureOutcome:
-        from nvshim.node import docker
+        from nvshim.node.engines import docker
 
         return docker.configure(
             config_path, name=options.name, binary=options.binary,
@@ -208,12 +208,12 @@ class _Docker(Engine):
 
     def revert(self, config_path: str, *, name: str, drop_in: Optional[str],
                dry_run: bool) -> RevertResult:
-        from nvshim.node import docker
+        from nvshim.node.engines import docker
 
         return docker.revert(config_path, name=name, dry_run=dry_run)
 
     def read(self, config_path: str) -> EngineRuntimes:
-        from nvshim.node.docker import read_runtimes
+        from nvshim.node.engines.docker import read_runtimes
 
         seen = read_runtimes(config_path)
         return EngineRuntimes(seen.runtimes, seen.default_runtime, (config_path,))
@@ -223,7 +223,7 @@ class _Docker(Engine):
                 "pick a GPU runtime per container with docker run --runtime")
 
     def restart_hint(self, written: Sequence[str]) -> str:
-        from nvshim.node.docker import GPUS_HOOK
+        from nvshim.node.engines.docker import GPUS_HOOK
 
         if any(os.path.basename(p) == GPUS_HOOK for p in written):
             return (f"restart dockerd (it looks for {GPUS_HOOK} only when it starts: "
@@ -244,13 +244,13 @@ class _Crio(Engine):
                ("--enable-nri", "containerd only (CRI-O: [crio.nri] enable_nri = true)"))
 
     def __init__(self) -> None:
-        from nvshim.node.crio import BUILTIN_DEFAULT_RUNTIMES, DEFAULT_CONFIG
+        from nvshim.node.engines.crio import BUILTIN_DEFAULT_RUNTIMES, DEFAULT_CONFIG
 
         self.default_config = DEFAULT_CONFIG
         self.builtin_defaults = BUILTIN_DEFAULT_RUNTIMES
 
     def configure(self, config_path: str, options: ConfigureOptions) -> ConfigureOutcome:
-        from nvshim.node import crio
+        from nvshim.node.engines import crio
 
         return crio.configure(
             config_path, drop_in=options.drop_in, name=options.name, binary=options.binary,
@@ -259,7 +259,7 @@ class _Crio(Engine):
 
     def revert(self, config_path: str, *, name: str, drop_in: Optional[str],
                dry_run: bool) -> RevertResult:
-        from nvshim.node import crio
+        from nvshim.node.engines import crio
 
         return crio.revert(config_path, drop_in=drop_in, name=name, dry_run=dry_run)
 
@@ -269,7 +269,7 @@ class _Crio(Engine):
         return os.path.join(os.path.dirname(config_path), "crio.conf.d")
 
     def read(self, config_path: str) -> EngineRuntimes:
-        from nvshim.node.crio import read_handlers
+        from nvshim.node.engines.crio import read_handlers
 
         seen = read_handlers(config_path, self.drop_ins(config_path))
         return EngineRuntimes(seen.handlers, seen.default_runtime, seen.files, seen.envs,

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 from nvshim.config import Config
 from nvshim.errors import CdiProblem, NvshimError
 from nvshim.host.discovery import Host
-from nvshim.node.findings import DoctorOptions, Finding
+from nvshim.node.doctor.findings import DoctorOptions, Finding
 
 if TYPE_CHECKING:
     from nvshim.cdi.model import Spec
