@@ -242,3 +242,32 @@ def test_architecture_names_every_module_and_every_package() -> None:
     packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
     assert [p for p in packages if f"`{p}/`" not in architecture] == []
     assert [p for p in packages if f"nvshim/{p}/" not in layout] == []
+
+
+#: Unit test files named after a behaviour that spans modules, not after one module.
+BEHAVIOURS = frozenset({
+    "ci", "deploy", "dev_links", "device_numbers", "fuzz", "import_guard", "layers",
+    "management_pods", "missing_config", "packaging", "shellcheck", "shipped_names",
+    "verify_every_device",
+})
+
+
+def test_every_unit_test_file_names_what_it_tests() -> None:
+    """Each ``tests/unit/test_<name>.py`` is named after a module of nvshim or of
+    tests/helpers (``<module>`` or ``<package>_<module>``, either maybe followed by
+    ``_<aspect>``) or after a behaviour :data:`BEHAVIOURS` lists: none after a module that
+    is gone."""
+    names = set()
+    for path in list(PACKAGE.rglob("*.py")) + list((PACKAGE.parent / "tests" / "helpers")
+                                                   .glob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names.add(parts[-1].lstrip("_"))
+        if len(parts) > 1:
+            names.add(f"{parts[-2]}_{parts[-1].lstrip('_')}")
+    unnamed = [
+        path.name for path in sorted((PACKAGE.parent / "tests" / "unit").glob("test_*.py"))
+        if (name := path.stem[len("test_"):]) not in BEHAVIOURS and name not in names
+        and not any(name.startswith(f"{known}_") for known in names)]
+    assert unnamed == [], "name each after the module it tests, or list it in BEHAVIOURS"

@@ -1,6 +1,6 @@
 """Tables for what a container claims and may get: request sources, require-allocation,
 the image view of config.json, capabilities. The device-token grammar and GPU selection
-are in test_tokens.py."""
+are in test_devices.py."""
 
 from __future__ import annotations
 
