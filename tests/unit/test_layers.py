@@ -253,21 +253,36 @@ BEHAVIOURS = frozenset({
 
 
 def test_every_unit_test_file_names_what_it_tests() -> None:
-    """Each ``tests/unit/test_<name>.py`` is named after a module of nvshim or of
-    tests/helpers (``<module>`` or ``<package>_<module>``, either maybe followed by
-    ``_<aspect>``) or after a behaviour :data:`BEHAVIOURS` lists: none after a module that
-    is gone."""
-    names = set()
-    for path in list(PACKAGE.rglob("*.py")) + list((PACKAGE.parent / "tests" / "helpers")
-                                                   .glob("*.py")):
+    """tests/unit mirrors the package: ``tests/unit/<folders>/test_<name>.py`` is named after
+    a module of ``nvshim/<folders>/`` or that package itself (maybe followed by
+    ``_<aspect>``); one at the top after any module of nvshim or of tests/helpers
+    (``<module>`` or ``<package>_<module>``, maybe with an aspect) or a behaviour that
+    :data:`BEHAVIOURS` lists. None is named after a module that is gone, none lies in a
+    folder without a package."""
+    unit = PACKAGE.parent / "tests" / "unit"
+
+    def named(name: str, names: Set[str]) -> bool:
+        return name in names or any(name.startswith(f"{known}_") for known in names)
+
+    everywhere: Set[str] = set()
+    for path in list(PACKAGE.rglob("*.py")) + list((unit.parent / "helpers").glob("*.py")):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
-        names.add(parts[-1].lstrip("_"))
+        everywhere.add(parts[-1].lstrip("_"))
         if len(parts) > 1:
-            names.add(f"{parts[-2]}_{parts[-1].lstrip('_')}")
-    unnamed = [
-        path.name for path in sorted((PACKAGE.parent / "tests" / "unit").glob("test_*.py"))
-        if (name := path.stem[len("test_"):]) not in BEHAVIOURS and name not in names
-        and not any(name.startswith(f"{known}_") for known in names)]
+            everywhere.add(f"{parts[-2]}_{parts[-1].lstrip('_')}")
+    unnamed = []
+    for path in sorted(unit.rglob("test_*.py")):
+        name = path.stem[len("test_"):]
+        folder = path.parent.relative_to(unit)
+        if folder.parts:
+            package = PACKAGE.joinpath(*folder.parts)
+            here = {p.stem.lstrip("_") for p in package.glob("*.py") if p.stem != "__init__"}
+            here |= {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
+            ok = (package / "__init__.py").exists() and named(name, here | {package.name})
+        else:
+            ok = name in BEHAVIOURS or named(name, everywhere)
+        if not ok:
+            unnamed.append(str(path.relative_to(unit)))
     assert unnamed == [], "name each after the module it tests, or list it in BEHAVIOURS"

@@ -249,8 +249,8 @@ if [ -e "$conf" ]; then
     # both lists (equal, not "not newer": cp -p or rsync -t bring older mtimes).
     # Owned by us (root): a file someone else owns or wrote goes to Python, which refuses it.
     # -O, -ef and -nt are not in POSIX.1-2017's test, but every /bin/sh a node has (dash,
-    # bash, busybox ash: tests/unit/test_trampoline.py runs all three) has them, and the
-    # portable way (stat) forks on every passthrough call.
+    # bash, busybox ash: tests/unit/node/install/test_trampoline.py runs all three) has them,
+    # and the portable way (stat) forks on every passthrough call.
     # shellcheck disable=SC3013
     if [ -O "$list" ] && [ -O "$prefixes" ] && [ -O "$conf" ] \
         && [ "$conf" -ef "${conf%.yaml}.source-link" ] \

@@ -20,7 +20,7 @@ from nvshim.cdi.schema import validate_file
 from nvshim.config import DEFAULT_CDI_SPEC_DIRS, Config
 from nvshim.errors import CdiError, CdiProblem, CdiSpecError, NvshimError
 
-PACKAGE = Path(__file__).resolve().parents[2] / "nvshim"
+PACKAGE = Path(__file__).resolve().parents[3] / "nvshim"
 
 
 def _spec(kind: str = "acme.com/fpga", name: str = "f0", env: str = "F=0") -> str:

@@ -22,7 +22,7 @@ from nvshim.cli.cmd_cdi import cdi as cdi_group
 from nvshim.edits import DeviceNode, Edits, Hook, Mount
 from nvshim.errors import CdiError, CdiProblem
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 HEAD = 'cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\n'
 DEV0 = 'devices:\n  - name: "0"\n    containerEdits:\n      env: [A=1]\n'
@@ -733,7 +733,7 @@ def test_cli_validate_refuses_a_yaml_alias_bomb(tmp_path: Path) -> None:
     path.write_text('cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ndevices:\n- name: "0"\n'
                     "  containerEdits:\n    hooks:\n    - hookName: createContainer\n"
                     "      path: /bin/true\n      args: [" + ", ".join(parts) + "]\n")
-    repo = str(Path(__file__).resolve().parents[2])
+    repo = str(Path(__file__).resolve().parents[3])
     out = subprocess.run(
         [sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
          "from nvshim.cli.main import main; main(sys.argv[2:])", repo, "cdi", "validate",

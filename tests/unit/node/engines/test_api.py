@@ -11,7 +11,7 @@ import pytest
 
 from nvshim.node.engines.api import ENGINES, EngineRuntimes, engine
 
-DOCTOR = Path(__file__).resolve().parents[2] / "nvshim" / "node" / "doctor"
+DOCTOR = Path(__file__).resolve().parents[4] / "nvshim" / "node" / "doctor"
 
 
 def write_config(name: str, tmp_path: Path) -> str:

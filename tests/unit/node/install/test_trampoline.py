@@ -28,7 +28,7 @@ from nvshim.node.install.trampoline import prefixes_path, render, runtimes_path
 from nvshim.runtime.argv import parse_argv
 from tests.helpers.commands import make_trampoline_world, nvshim_cli
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (ownership, setpriv)")
 
 # ----------------------------------------------------------------------------- helpers

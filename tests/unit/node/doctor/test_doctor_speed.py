@@ -52,5 +52,5 @@ def test_no_driver_no_pynvml() -> None:
             "from nvshim.host.gpus import find_gpus\n"
             "print(find_gpus(Host('/'), 'auto'), 'pynvml' in sys.modules)")
     res = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+                         env={"PYTHONPATH": str(Path(__file__).resolve().parents[4])})
     assert res.stdout.split() == ["((),", "'procfs')", "False"], res.stderr

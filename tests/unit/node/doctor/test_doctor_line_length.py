@@ -16,13 +16,13 @@ from nvshim.node.doctor.checks import render_text, run_checks
 from nvshim.node.doctor.findings import DoctorOptions
 from nvshim.node.engines import containerd
 from tests.helpers.commands import fake_runtime
-from tests.unit.test_doctor import containerd_config, write_config
-from tests.unit.test_doctor_nvidia_default import (
+from tests.unit.node.doctor.test_doctor import containerd_config, write_config
+from tests.unit.node.doctor.test_doctor_nvidia_default import (
     nvidia_ctk_containerd,
     nvidia_ctk_crio,
     nvidia_ctk_docker,
 )
-from tests.unit.test_doctor_reach import NVIDIA, hook_file, script, trampoline
+from tests.unit.node.doctor.test_reach import NVIDIA, hook_file, script, trampoline
 
 MAX_LINE = 160
 

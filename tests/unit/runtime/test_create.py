@@ -23,7 +23,7 @@ import pytest
 
 from tests.helpers.commands import make_trampoline_world, nvshim_cli
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, ownership)")
 
 

@@ -17,7 +17,7 @@ import pytest
 from nvshim.cli.main import cli
 from tests.helpers.commands import nvshim_cli, run_cli
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
 
 

@@ -373,7 +373,7 @@ def test_import_is_light() -> None:
         [sys.executable, "-I", "-c", code],
         capture_output=True,
         text=True,
-        cwd=str(Path(__file__).resolve().parents[2]),
+        cwd=str(Path(__file__).resolve().parents[3]),
         check=True,
     )
     assert result.stdout.strip() == ""

@@ -5,7 +5,7 @@ CRI-O's keys are those of its source (``pkg/annotations/internal.go``: ``Contain
 ``SandboxID``, ``Labels``…; ``internal/factory/container``: the kubelet's labels written as
 annotations after the pod sandbox's annotations are copied in). The create road
 (:func:`nvshim.runtime.create.plan_create`) runs against the simulated 4-GPU node and the
-real gRPC PodResources server of tests/unit/test_kubelet.py.
+real gRPC PodResources server of tests/unit/runtime/allocation/test_kubelet.py.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from nvshim.runtime.identity import (
     read_identity,
 )
 from tests.helpers.podresources import PodResourcesServer
-from tests.unit import test_kubelet as _kubelet_tests
-from tests.unit.test_kubelet import GPU, bundle, cdi_config, config, cri
+from tests.unit.runtime.allocation import test_kubelet as _kubelet_tests
+from tests.unit.runtime.allocation.test_kubelet import GPU, bundle, cdi_config, config, cri
 
 node = _kubelet_tests.node  # the fixtures: the simulated node, the PodResources server
 kubelet = _kubelet_tests.kubelet

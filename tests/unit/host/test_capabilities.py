@@ -211,7 +211,7 @@ def test_the_capability_list_has_one_owner() -> None:
     assert parse_capabilities("all", ("all",), False) == ALL_CAPABILITIES
     assert parse_capabilities(None, ("all",), False) == DEFAULT_CAPABILITIES
     assert set(LIBRARY_SETS) == set(LIBRARIES) == set(ALL_CAPABILITIES)
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     for schema in (root / "config/nvshim.schema.json", root / "nvshim/data/config-schema.json"):
         doc = json.loads(schema.read_text())
         enum = doc["properties"]["supported-driver-capabilities"]["items"]["enum"]

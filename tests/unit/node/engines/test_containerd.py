@@ -20,7 +20,7 @@ from nvshim.node.engines import containerd, containerd_read, containerd_revert
 from nvshim.node.engines.files import RevertResult
 from tests.helpers.containerd_samples import DEBIAN_CONFIG
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 BINARY = "/usr/local/bin/nvshim-runtime"
 CRI2 = 'plugins."io.containerd.grpc.v1.cri"'
 

@@ -2,7 +2,7 @@
 device number in config.json, and keeps every pod without one off Python.
 
 The trampoline is the rendered sh script with a recorder as its "python" and another as
-its runtime (tests/unit/test_trampoline.py's ``world``): which one ran says which path the
+its runtime (tests/unit/node/install/test_trampoline.py's ``world``): which one ran says which path the
 create took.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Dict
 import pytest
 
 from nvshim.node.compile import compile_node
-from tests.unit.test_trampoline import run_tramp, world  # noqa: F401 - world is a fixture
+from tests.unit.node.install.test_trampoline import run_tramp, world  # noqa: F401 - world is a fixture
 
 
 def create(world: Dict[str, Path], spec: str) -> bool:  # noqa: F811 - the fixture's value

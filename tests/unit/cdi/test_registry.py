@@ -21,7 +21,7 @@ from nvshim.cli.cmd_cdi import cdi as cdi_group
 from nvshim.edits import DeviceNode, Edits
 from nvshim.errors import CdiError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _spec(

@@ -38,7 +38,7 @@ from nvshim.runtime.requirements import (
     evaluate_requirement,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 # -- helpers ---------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import pytest
 from nvshim.cli import app, fast
 from nvshim.cli.main import main
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 #: generate's options the fast form leaves to click: with them it writes or prints a spec
 GENERATE_CLICK_ONLY = {"--output", "-o", "--format"}

@@ -576,7 +576,7 @@ def test_non_root_is_refused(tmp_path: Path) -> None:
         "import sys; from nvshim.sim.build import create_node; from nvshim.errors import HostError\n"
         "try:\n    create_node(sys.argv[1])\nexcept HostError as e:\n    print(e)\n"
     )
-    repo = str(Path(__file__).resolve().parents[2])
+    repo = str(Path(__file__).resolve().parents[3])
     target = tmp_path / "n"
     os.chmod(tmp_path, 0o777)
     try:

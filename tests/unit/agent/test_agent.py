@@ -26,7 +26,7 @@ from nvshim.agent.server import ask
 from nvshim.agent.state import generation_of
 from tests.helpers.agent import AgentProcess, nvshim_bin, running_agent
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the agent serves root peers only")
 
 

@@ -23,7 +23,7 @@ from nvshim.cdi.write import dump_spec
 from nvshim.host.discovery import Host
 from nvshim.node.cdigen import generate_spec
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO_ROOT / "cdi-specs" / "examples"
 EXAMPLE_ROOT = "/tmp/nvshim-example-node"
 HOOK = ("/opt/nvshim/venv/bin/python3", "-I", "-m", "nvshim.hook")

@@ -21,7 +21,7 @@ from nvshim.cli.main import main
 from nvshim.errors import CdiError
 from tests.helpers.commands import nvshim_cli
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _spec(kind: str = "nvidia.com/gpu", names: tuple = ("0",), path: str = "/dev/nvidia0",

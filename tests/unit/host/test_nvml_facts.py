@@ -19,7 +19,7 @@ from nvshim.host.discovery import Host
 from nvshim.host.nvml import FACTS_FORMAT, NvmlFacts
 from nvshim.runtime import plancache
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
