@@ -145,9 +145,9 @@ esac
 # run from a payload (DIR/install.sh) with no --from: install that payload
 if [ -z "$FROM$PAYLOAD" ] && [ "$DEV" = 0 ] && [ -f "$SRC/.nvshim-payload" ]; then FROM=$SRC; fi
 
-# --- the self-contained runtime (nvshim/node/prefix.py has its layout) ----------------
+# --- the self-contained runtime (nvshim/node/install/prefix.py has its layout) ----------------
 build_payload() {  # build_payload DIR: the payload for PREFIX/BINDIR/ETCDIR into DIR
-    [ -f "$SRC/nvshim/node/payload.py" ] \
+    [ -f "$SRC/nvshim/node/install/payload.py" ] \
         || die "no nvshim sources in $SRC: run the checkout's install.sh, or install a payload with --from DIR"
     "$PYTHON" -I -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
         || die "$PYTHON cannot build the self-contained runtime: it needs CPython 3.11 or newer (set NVSHIM_PYTHON)"
@@ -157,7 +157,7 @@ build_payload() {  # build_payload DIR: the payload for PREFIX/BINDIR/ETCDIR int
     fi
     mkdir -p "$1" || die "cannot create the payload directory $1"
     # -B: no __pycache__ in the checkout (the payload writes only under DIR)
-    "$PYTHON" -I -B -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from nvshim.node.payload import main; main(sys.argv[1:])' \
+    "$PYTHON" -I -B -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from nvshim.node.install.payload import main; main(sys.argv[1:])' \
         "$SRC" --dest "$1" --src "$SRC" --prefix "$PREFIX" --bindir "$BINDIR" --etcdir "$ETCDIR"
 }
 
@@ -631,11 +631,11 @@ install_payload() {
     # the commands, rendered for PREFIX, BINDIR and ETCDIR by the installed interpreter itself
     # (both default to $ETCDIR/config.yaml: an install with NVSHIM_ETCDIR never reads /etc/nvshim)
     "$PREFIX/bin/python3" -I -S -c 'import sys; p, cfg = sys.argv[2:4]; sys.path[0:0] = [sys.argv[1]]
-from nvshim.node.prefix import render_runtime
+from nvshim.node.install.prefix import render_runtime
 sys.stdout.write(render_runtime(p, cfg))' \
         "$PREFIX/site" "$PREFIX" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim-runtime" 0755
     "$PREFIX/bin/python3" -I -S -c 'import sys; p, cfg = sys.argv[2:4]; sys.path[0:0] = [sys.argv[1]]
-from nvshim.node.prefix import render_cli
+from nvshim.node.install.prefix import render_cli
 sys.stdout.write(render_cli(p, cfg, bindir=sys.argv[4]))' \
         "$PREFIX/site" "$PREFIX" "$ETCDIR/config.yaml" "$BINDIR" | install_file "$BINDIR/nvshim" 0755
     CONFIG_SRC=$from/config/config.yaml
@@ -688,7 +688,7 @@ else
 
     # --- commands: absolute interpreter, -I (containerd's PATH and env are not ours) ----
     mkdir -p "$BINDIR"
-    "$VENV/bin/python3" -I -c 'import sys; from nvshim.node.trampoline import render; sys.stdout.write(render(sys.argv[1], config=sys.argv[2]))' \
+    "$VENV/bin/python3" -I -c 'import sys; from nvshim.node.install.trampoline import render; sys.stdout.write(render(sys.argv[1], config=sys.argv[2]))' \
         "$VENV/bin/python3" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim-runtime" 0755
     "$VENV/bin/python3" -I -c 'import json, sys; print(f"#!{sys.argv[1]} -I\nimport os\nos.environ.setdefault(\"NVSHIM_CONFIG\", {json.dumps(sys.argv[2])})\nfrom nvshim.cli.main import main\nmain()")' \
         "$VENV/bin/python3" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim" 0755

@@ -72,7 +72,7 @@ class World:
     def __init__(self, work: Path, gpus: int, runc: str) -> None:
         from nvshim.agent.client import build_client
         from nvshim.node.compile import compile_node
-        from nvshim.node.trampoline import render
+        from nvshim.node.install.trampoline import render
         from nvshim.sim.build import create_node
         from tests.helpers.bundle import make_bundle, make_rootfs
 

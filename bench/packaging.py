@@ -85,7 +85,7 @@ def main() -> None:
     if os.geteuid() != 0:
         sys.exit("packaging.py: run as root (the simulated node makes device nodes)")
     from nvshim._preload import FILE_NAME
-    from nvshim.node.prefix import launch_argv
+    from nvshim.node.install.prefix import launch_argv
     from nvshim.sim.build import create_node
     from tests.helpers.bundle import make_bundle, make_rootfs
     from tests.helpers.payload import payload_dir

@@ -342,7 +342,7 @@ def start_agent(config: Path, sock: Path, log: Path) -> "subprocess.Popen[bytes]
 def _agent_runtime(b: Bench) -> Tuple[str, List["subprocess.Popen[bytes]"]]:
     """The fast path's trampoline for ``b`` and its two agents (config and no-op config)."""
     from nvshim.agent.client import build_client
-    from nvshim.node.trampoline import render
+    from nvshim.node.install.trampoline import render
 
     client = build_client(str(b.work / "nvshim-agent-client"))
     sock, noop_sock = b.work / "agent.sock", b.work / "agent-noop.sock"

@@ -1,7 +1,7 @@
 """The self-contained runtime's import shortcut: nvshim's runtime modules from one file.
 
 A GPU create imports ~27 of nvshim's modules; through the path finder each costs a few
-directory lookups, a stat, an open and a read. The payload (:mod:`nvshim.node.payload`)
+directory lookups, a stat, an open and a read. The payload (:mod:`nvshim.node.install.payload`)
 writes their code into one file, ``nvshim-preload.bin`` beside the package: the interpreter's
 magic number, the length of an index, the index (marshalled ``{module: (is_package,
 source path relative to the file's folder, offset, size)}``) and each module's

@@ -58,7 +58,7 @@ DEFAULT_CONFIG_PATH = "/etc/nvshim/config.yaml"
 
 #: Every driver capability (NVIDIA_DRIVER_CAPABILITIES), sorted: the one list of them. The
 #: config schema's enum and discovery's per-capability tables are kept equal to it by
-#: tests/unit/test_capabilities.py.
+#: tests/unit/host/test_capabilities.py.
 ALL_CAPABILITIES = ("compat32", "compute", "display", "graphics", "ngx", "utility", "video")
 #: What a container granted a GPU gets when NVIDIA_DRIVER_CAPABILITIES is unset or empty
 #: (and what ``nvshim cdi generate`` puts in a spec by default).

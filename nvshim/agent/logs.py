@@ -1,5 +1,7 @@
-"""The agent's structured log: JSON lines in a pod or when stderr is not a terminal,
-readable console lines on a terminal (``nvshim agent`` run by hand)."""
+"""The structured log of nvshim's long-running processes, the agent and ``nvshim cdi
+refresh --watch``: JSON lines in a pod or when stderr is not a terminal, readable console
+lines on a terminal (run by hand). The create does not use it (docs/architecture.md,
+"Logging")."""
 
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ def json_wanted(stream: TextIO, environ: Optional[dict[str, str]] = None) -> boo
         return True
 
 
-def configure(stream: Optional[TextIO] = None, level: int = logging.INFO) -> Any:
-    """Configure structlog for this process and return a bound logger."""
+def configure(stream: Optional[TextIO] = None, level: int = logging.INFO,
+              name: str = "nvshim.agent") -> Any:
+    """Configure structlog for this process and return a bound logger called ``name``."""
     out = sys.stderr if stream is None else stream
     renderer: Any = (structlog.processors.JSONRenderer() if json_wanted(out)
                      else structlog.dev.ConsoleRenderer(colors=False))
@@ -41,4 +44,4 @@ def configure(stream: Optional[TextIO] = None, level: int = logging.INFO) -> Any
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
-    return structlog.get_logger("nvshim.agent")
+    return structlog.get_logger(name)

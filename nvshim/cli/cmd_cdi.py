@@ -167,7 +167,8 @@ _NOT_IN_REFRESH = ("--driver-root", "--dev-root", "--check", "--format", "--help
 @click.option("--watch", is_flag=True,
               help="Keep running: refresh now, then whenever the driver changes (polls the "
                    "--print-watch-paths files), until SIGTERM or SIGINT (exit 0). For nodes "
-                   "without systemd, e.g. a DaemonSet's container.")
+                   "without systemd, e.g. a DaemonSet's container. Logs on stderr: JSON lines "
+                   "unless a terminal reads them (or in a pod, always JSON).")
 @click.option("--interval", type=click.FloatRange(min=0.01), default=10.0, show_default=True,
               metavar="SECONDS", help="How often --watch polls.")
 @click.option("--print-watch-paths", is_flag=True,
@@ -197,7 +198,9 @@ def refresh(config_file: Optional[str], watch: bool, interval: float,
             click.echo(path)
         return
     if watch:
-        cdirefresh.watch(load, interval, lambda line: click.echo(line, err=True))
+        from nvshim.agent.logs import configure
+
+        cdirefresh.watch(load, interval, configure(name="nvshim.cdi-refresh"))
         return
     config, targets = load()
     done = cdirefresh.refresh_node(config, targets)

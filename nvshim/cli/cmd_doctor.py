@@ -9,8 +9,8 @@ from typing import Optional, Tuple
 import click
 
 from nvshim.cli import readonly
-from nvshim.node.doctor_follow import NVIDIA_CONFIG
-from nvshim.node.findings import DEFAULT_HOOKS_DIRS, DEFAULT_TRAMPOLINE
+from nvshim.node.doctor.findings import DEFAULT_HOOKS_DIRS, DEFAULT_TRAMPOLINE
+from nvshim.node.doctor.follow import NVIDIA_CONFIG
 
 __all__ = ["doctor"]
 

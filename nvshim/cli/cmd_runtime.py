@@ -1,8 +1,8 @@
 """``nvshim runtime configure``: register nvshim-runtime with containerd, Docker or CRI-O;
 ``nvshim runtime restart``: restart containerd and wait until it answers
-(:mod:`nvshim.node.engine_restart`).
+(:mod:`nvshim.node.engines.restart`).
 
-A thin shell over the engine interface :mod:`nvshim.node.engines` (containerd, Docker,
+A thin shell over the engine interface :mod:`nvshim.node.engines.api` (containerd, Docker,
 CRI-O alike, no per-engine branch here): it turns flags into one call,
 prints the files (``--dry-run``, with where each goes on stderr) or a one-line summary to
 stderr (both dropped by ``nvshim --quiet``; warnings never are), or with ``--format json``
@@ -22,8 +22,10 @@ from nvshim._record import replace
 from nvshim.cli.options import FORMAT
 from nvshim.cli.output import info
 from nvshim.errors import UsageError
-from nvshim.node import containerd, crio, docker, engine_restart, engines
-from nvshim.node.engine_files import (
+from nvshim.node.engines import api as engines
+from nvshim.node.engines import containerd, crio, docker
+from nvshim.node.engines import restart as engine_restart
+from nvshim.node.engines.files import (
     BACKUP_SUFFIX,
     FileChange,
     backup_path,
@@ -45,11 +47,11 @@ _SET_AS_DEFAULT_HELP = (
 def _require_allocation(binary: str) -> Tuple[bool, str]:
     """The ``require-allocation`` setting of the config the runtime ``binary`` will read, and
     that config's path: the one an installed trampoline embeds, or a wrapper's
-    ``NVSHIM_CONFIG`` (:func:`nvshim.node.doctor_follow.follow`); when the binary does not
+    ``NVSHIM_CONFIG`` (:func:`nvshim.node.doctor.follow.follow`); when the binary does not
     say, ``$NVSHIM_CONFIG`` or the default. A broken config is a ConfigError; a named one that
     is missing too (the runtime fails every create without it)."""
     from nvshim.config import config_path, load_config
-    from nvshim.node.doctor_follow import follow
+    from nvshim.node.doctor.follow import follow
 
     followed = follow(binary, None, binary)
     path = followed.config if followed.kind == "nvshim" and followed.config else config_path()

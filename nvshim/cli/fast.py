@@ -11,7 +11,7 @@ and gives its own answer, so what is served here is exactly what click would do,
 same command bodies (:mod:`nvshim.cli.readonly`).
 
 The option tables below repeat, for these commands only, what their click declarations
-say; ``tests/unit/test_cli_fast.py`` holds the two to each other (flags, destinations,
+say; ``tests/unit/cli/test_fast.py`` holds the two to each other (flags, destinations,
 multiple, choices, defaults), and the top-level help to click's rendering of it.
 """
 

@@ -195,9 +195,9 @@ def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_
     """``nvshim doctor``: one line per finding; 1 when any check failed."""
     import os
 
-    from nvshim.node.doctor import exit_code, render_json, render_text, run_checks
-    from nvshim.node.doctor_install import default_trampoline
-    from nvshim.node.findings import DoctorOptions
+    from nvshim.node.doctor.checks import exit_code, render_json, render_text, run_checks
+    from nvshim.node.doctor.findings import DoctorOptions
+    from nvshim.node.doctor.install import default_trampoline
 
     kwargs: Dict[str, Any] = {
         "containerd_config": containerd_config,

@@ -216,13 +216,14 @@ class _Stop(Exception):
 
 
 def watch(load: Callable[[], Tuple[Config, Sequence[Target]]], interval: float,
-          say: Callable[[str], None]) -> None:
+          log: Any) -> None:
     """Refresh now, then whenever :func:`driver_state` changed and held still for one
     ``interval``; return on SIGTERM or SIGINT.
 
     ``load`` gives the config and targets (read again each round: an edited config is
-    followed); ``say`` gets what each refresh wrote and each new error (an error repeated
-    round after round is said once).
+    followed); ``log`` (a structlog logger, :mod:`nvshim.agent.logs`) gets what each
+    refresh wrote as ``info`` events and each new error as an ``error`` event (an error
+    repeated round after round is said once).
     """
     import signal
     import time
@@ -251,12 +252,12 @@ def watch(load: Callable[[], Tuple[Config, Sequence[Target]]], interval: float,
                 if state != done and (done is None or state == previous):
                     result = refresh_node(config, targets)
                     for line in result.written:
-                        say(line)
+                        log.info(line)
                     done = state = result.state
             except NvshimError as exc:
                 error = str(exc)
                 if error != last_error:
-                    say(f"nvshim: {error}")
+                    log.error(error)
             last_error = error
             previous = state if not error else None
             if stopping:

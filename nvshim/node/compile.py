@@ -123,7 +123,7 @@ def compile_config(path: Optional[str] = None, default_runtime: bool = False) ->
         source = os.stat(path)
     except OSError as exc:
         raise ConfigError(f"cannot stat config {path}: {exc.strerror}") from exc
-    from nvshim.node.trampoline import ere_literal
+    from nvshim.node.install.trampoline import ere_literal
 
     # the prefixes as grep -E literals: the trampoline's one grep is -E
     prefixes = tuple(ere_literal(p) for p in config.annotation_prefixes)

@@ -1,7 +1,7 @@
 """Where in a runc or crun argv the command, the bundle and the log file are.
 
 Pure and import-light (nothing beyond builtins): the runtime calls this before it knows
-whether it has anything to do, and the shell trampoline (``nvshim/node/trampoline.py``)
+whether it has anything to do, and the shell trampoline (``nvshim/node/install/trampoline.py``)
 makes the same decision, checked by a differential test.
 
 Two grammars reach nvshim-runtime, and it reads argv so that it finds what either

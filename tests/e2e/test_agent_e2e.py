@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import pytest
 
 from nvshim.node.compile import compile_node
-from nvshim.node.trampoline import render
+from nvshim.node.install.trampoline import render
 from tests.helpers.agent import AgentProcess, nvshim_bin
 from tests.helpers.bundle import make_bundle
 from tests.helpers.common import require_binary, require_root, unique_id
@@ -293,7 +293,7 @@ def test_docker_through_the_agent_and_through_the_fallback(
     create; after SIGKILL the in-process create runs again; each container sees exactly its
     GPU."""
     require_root()
-    from nvshim.node.docker import DOCKERD_PATH, GPUS_HOOK
+    from nvshim.node.engines.docker import DOCKERD_PATH, GPUS_HOOK
     from tests.e2e.test_docker_gpus_e2e import configure
     from tests.helpers import debiansid
     from tests.helpers.docker import Dockerd

@@ -9,6 +9,7 @@ library links are new, as after a package upgrade and a module reload.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -118,7 +119,7 @@ def test_watcher_regenerates_spec_plan_and_index_after_a_driver_swap(
         node: Any, cfg: Path, tmp_path: Path, nvshim_bin: str) -> None:
     """`nvshim cdi refresh --watch` writes the spec at start and, once the node's driver is
     swapped from 550 to 560, the spec, plan and index of the 560 driver, by itself; SIGTERM
-    stops it with exit 0."""
+    stops it with exit 0. Its log (stderr, not a terminal) is structlog's JSON lines."""
     spec = tmp_path / "cdi" / "nvidia.yaml"
     log = (tmp_path / "watch.err").open("w+")
     watcher = subprocess.Popen(
@@ -139,8 +140,11 @@ def test_watcher_regenerates_spec_plan_and_index_after_a_driver_swap(
     said = log.read()
     assert watcher.returncode == 0, said
     assert out == ""
-    assert f"{spec}: regenerated for driver {NEW}" in said, said
     assert "Traceback" not in said
+    records = [json.loads(line) for line in said.splitlines()]
+    assert {"event": f"{spec}: regenerated for driver {NEW}", "level": "info"} in [
+        {"event": r["event"], "level": r["level"]} for r in records], said
+    assert all(r["timestamp"].endswith("Z") for r in records), said
 
 
 def test_refresh_without_a_driver_exits_1_and_writes_nothing(

@@ -50,7 +50,7 @@ def test_readme_install_on_containerds_default_config(containerd_dir: Path,
                                                       tmp_path: Path) -> None:
     """doctor after a default install: ok/skip, and require-allocation's warning in one line."""
     require_root()
-    from nvshim.node.trampoline import render
+    from nvshim.node.install.trampoline import render
     from nvshim.sim.build import create_node
 
     path = f"{containerd_dir}:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -23,7 +23,7 @@ from typing import Any, Iterator, List
 
 import pytest
 
-from nvshim.node.trampoline import render
+from nvshim.node.install.trampoline import render
 from tests.e2e.test_kubelet_cri import Node, pod, serving, start
 from tests.helpers.common import require_binary, require_root
 from tests.helpers.containerd_samples import NVIDIA_HANDLERS, nvidia_ctk_drop_in, nvidia_ctk_main

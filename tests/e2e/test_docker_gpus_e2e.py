@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 import pytest
 
 from nvshim.node.compile import compile_node
-from nvshim.node.docker import DOCKERD_PATH, GPUS_HOOK
+from nvshim.node.engines.docker import DOCKERD_PATH, GPUS_HOOK
 from tests.helpers.common import make_env_wrapper, require_root
 from tests.helpers.docker import Dockerd
 from tests.helpers.node import write_nvshim_config
@@ -81,7 +81,7 @@ def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         low = debiansid.engine_or_skip(debiansid.runc_sid, "runc 1.3")
     if shutil.which(GPUS_HOOK, path=os.pathsep.join(DOCKERD_PATH)):
         pytest.skip(f"this host has its own {GPUS_HOOK} on dockerd's PATH: configure keeps it")
-    from nvshim.node.trampoline import render
+    from nvshim.node.install.trampoline import render
     from nvshim.sim.build import create_node
 
     base = tmp_path_factory.mktemp("dgpus")

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from nvshim.node.compile import compile_node
-from nvshim.node.trampoline import render
+from nvshim.node.install.trampoline import render
 from tests.helpers.commands import run_cli
 from tests.helpers.common import require_root
 from tests.helpers.podman import Podman

@@ -71,7 +71,7 @@ def test_containerd_second_handler_keeps_the_first(containerd_bin: str, tmp_path
 
 def test_docker_second_runtime_keeps_the_first(tmp_path: Path) -> None:
     """A second Docker runtime is added beside the first; reverting one leaves the other."""
-    from nvshim.node.docker import read_runtimes
+    from nvshim.node.engines.docker import read_runtimes
 
     config = tmp_path / "daemon.json"
     original = '{\n    "log-level": "warn"\n}\n'
@@ -91,7 +91,7 @@ def test_docker_second_runtime_keeps_the_first(tmp_path: Path) -> None:
 
 def test_crio_second_handler_keeps_the_first(tmp_path: Path) -> None:
     """A second CRI-O handler is added to nvshim's drop-in beside the first; revert leaves the other."""
-    from nvshim.node.crio import read_handlers
+    from nvshim.node.engines.crio import read_handlers
 
     config = tmp_path / "crio.conf"
     config.write_text('[crio.runtime]\ndefault_runtime = "runc"\n')

@@ -59,7 +59,7 @@ def test_gpu_create_imports_cost_less_than_the_budget(tmp_path: Path) -> None:
     """The modules a 1-GPU create loads on the shipped runtime import in less than BUDGET
     times the interpreter's own bare start (minima of interleaved runs)."""
     from nvshim._preload import FILE_NAME
-    from nvshim.node.prefix import launch_argv
+    from nvshim.node.install.prefix import launch_argv
     from nvshim.sim.build import create_node
 
     prefix = payload_dir() / "opt" / "nvshim"

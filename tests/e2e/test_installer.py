@@ -24,7 +24,7 @@ from typing import Dict, Iterator, List, Optional
 
 import pytest
 
-from nvshim.node import engine_restart
+from nvshim.node.engines import restart as engine_restart
 from nvshim.runtime.allocation import podresources as proto
 from tests.helpers.common import require_binary, require_root, wait_until
 from tests.helpers.containerd import containerd_private_config

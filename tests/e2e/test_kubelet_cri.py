@@ -31,7 +31,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import pytest
 
 from nvshim.node.compile import compile_node
-from nvshim.node.trampoline import render
+from nvshim.node.install.trampoline import render
 from tests.helpers.common import remove_cgroup_tree, require_binary, require_root, unique_id
 from tests.helpers.containerd import Containerd, private_nri
 from tests.helpers.cri import (

@@ -197,7 +197,7 @@ def test_agent_restart_during_50_creates(node: NriNode) -> None:
 
 def test_doctor_sees_the_registered_agent(node: NriNode) -> None:
     """doctor's nri check says ok while the agent is registered on containerd's NRI socket, and gives the fix once it is gone."""
-    from nvshim.node.doctor_nri import check_nri
+    from nvshim.node.doctor.nri import check_nri
 
     assert node.containerd is not None and node.agent is not None
     binary = str(node.containerd.bin_dir / "containerd") if node.containerd.bin_dir else "containerd"

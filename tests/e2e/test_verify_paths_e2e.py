@@ -18,7 +18,7 @@ from typing import Any, Dict, List
 import pytest
 
 from nvshim.node.compile import compile_node
-from nvshim.node.trampoline import render
+from nvshim.node.install.trampoline import render
 from tests.helpers.bundle import char_device, device_rule, make_bundle, write_config
 from tests.helpers.common import require_binary, require_root, unique_id
 from tests.helpers.node import write_nvshim_config

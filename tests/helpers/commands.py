@@ -42,7 +42,7 @@ def make_trampoline_world(tmp_path: Path, record: Optional[str] = None,
     or runs the sh line ``record``), ``tmp`` and ``env`` (PATH and NVSHIM_CONFIG to run the
     trampoline with)."""
     from nvshim.node.compile import compile_node
-    from nvshim.node.trampoline import render
+    from nvshim.node.install.trampoline import render
 
     runtime = tmp_path / "fake-runc"
     body = record if record is not None else f"printf '%s\\n' \"$@\" > {tmp_path / 'rec'}"

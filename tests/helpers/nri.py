@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, Optional
 
 from nvshim.node.compile import compile_node
-from nvshim.node.trampoline import render
+from nvshim.node.install.trampoline import render
 from tests.helpers.agent import AgentProcess
 from tests.helpers.common import remove_cgroup_tree, unique_id, wait_until
 from tests.helpers.containerd import Containerd

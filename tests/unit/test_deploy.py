@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from nvshim.node import containerd
+from nvshim.node.engines import containerd
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 MANIFESTS = sorted(DEPLOY.rglob("*.yaml"))

@@ -159,8 +159,8 @@ def test_a_cdi_hook_others_could_write_fails_the_create(tmp_path: Path, how: str
 def test_doctor_names_each_untrusted_program_and_its_fix(tmp_path: Path) -> None:
     """doctor's executable-trust check fails once per untrusted runtime and CDI spec hook, in one line naming the file, what names it and the fix; root-only ones are ok."""
     from nvshim.config import Config
-    from nvshim.node.doctor import render_text
-    from nvshim.node.doctor_exec import check_executables
+    from nvshim.node.doctor.checks import render_text
+    from nvshim.node.doctor.exec import check_executables
 
     runtime = program(tmp_path / "bin", "runc")
     hook = program(tmp_path / "hooks", "hook")

@@ -56,7 +56,7 @@ def run_python(args: Sequence[str], env: Dict[str, str], cwd: Path) -> subproces
 def run_like_trampoline(args: Sequence[str], env: Dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     """The runtime started exactly as the installed trampoline starts it (``-I -S``, explicit
     sys.path), with ``-X importtime``."""
-    from nvshim.node.trampoline import default_paths
+    from nvshim.node.install.trampoline import default_paths
 
     boot = (f"import sys; sys.path[0:0] = {json.dumps(default_paths())}; "
             "from nvshim.runtime.main import main; main()")

@@ -242,3 +242,47 @@ def test_architecture_names_every_module_and_every_package() -> None:
     packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
     assert [p for p in packages if f"`{p}/`" not in architecture] == []
     assert [p for p in packages if f"nvshim/{p}/" not in layout] == []
+
+
+#: Unit test files named after a behaviour that spans modules, not after one module.
+BEHAVIOURS = frozenset({
+    "ci", "deploy", "dev_links", "device_numbers", "fuzz", "import_guard", "layers",
+    "management_pods", "missing_config", "packaging", "shellcheck", "shipped_names",
+    "verify_every_device",
+})
+
+
+def test_every_unit_test_file_names_what_it_tests() -> None:
+    """tests/unit mirrors the package: ``tests/unit/<folders>/test_<name>.py`` is named after
+    a module of ``nvshim/<folders>/`` or that package itself (maybe followed by
+    ``_<aspect>``); one at the top after any module of nvshim or of tests/helpers
+    (``<module>`` or ``<package>_<module>``, maybe with an aspect) or a behaviour that
+    :data:`BEHAVIOURS` lists. None is named after a module that is gone, none lies in a
+    folder without a package."""
+    unit = PACKAGE.parent / "tests" / "unit"
+
+    def named(name: str, names: Set[str]) -> bool:
+        return name in names or any(name.startswith(f"{known}_") for known in names)
+
+    everywhere: Set[str] = set()
+    for path in list(PACKAGE.rglob("*.py")) + list((unit.parent / "helpers").glob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        everywhere.add(parts[-1].lstrip("_"))
+        if len(parts) > 1:
+            everywhere.add(f"{parts[-2]}_{parts[-1].lstrip('_')}")
+    unnamed = []
+    for path in sorted(unit.rglob("test_*.py")):
+        name = path.stem[len("test_"):]
+        folder = path.parent.relative_to(unit)
+        if folder.parts:
+            package = PACKAGE.joinpath(*folder.parts)
+            here = {p.stem.lstrip("_") for p in package.glob("*.py") if p.stem != "__init__"}
+            here |= {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
+            ok = (package / "__init__.py").exists() and named(name, here | {package.name})
+        else:
+            ok = name in BEHAVIOURS or named(name, everywhere)
+        if not ok:
+            unnamed.append(str(path.relative_to(unit)))
+    assert unnamed == [], "name each after the module it tests, or list it in BEHAVIOURS"

@@ -72,7 +72,7 @@ def test_nvshim_config_naming_a_missing_file_fails_the_create(tmp_path: Path,
 
 def test_installed_trampoline_with_its_config_deleted_fails_every_create(tmp_path: Path) -> None:
     """The trampoline's embedded config deleted: a create asking for nothing (once handed straight to runc) fails in one line naming the file; start and delete still reach runc."""
-    from nvshim.node.trampoline import render
+    from nvshim.node.install.trampoline import render
 
     world = make_trampoline_world(tmp_path)
     config: Path = world["config"]
@@ -110,7 +110,7 @@ def test_unnamed_default_config_missing_means_built_in_defaults(tmp_path: Path) 
 def test_doctor_fails_a_missing_named_config(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """doctor FAILs a config that NVSHIM_CONFIG names but that does not exist (every create would fail), and still says ok for an unnamed default path."""
-    from nvshim.node.doctor_config import check_config
+    from nvshim.node.doctor.config import check_config
 
     missing = tmp_path / "config.yml"
     monkeypatch.setenv("NVSHIM_CONFIG", str(missing))

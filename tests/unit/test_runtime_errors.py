@@ -32,7 +32,7 @@ NOT_CHECKED: set = set()
 #:   code against an unknown status: both are programming errors, not user input.
 ALLOWED = {("runtime/specjson.py", "TypeError"), ("cdi/load.py", "ValueError"),
            ("host/inroot.py", "OSError"), ("host/inroot.py", "FileNotFoundError"),
-           ("_record.py", "TypeError"), ("node/findings.py", "ValueError")}
+           ("_record.py", "TypeError"), ("node/doctor/findings.py", "ValueError")}
 #: Exception classes outside the tree on purpose: internal signals caught in the same module
 #: (_jsonc's fallback to the json package, config's duplicate-key hook for yaml and its
 #: not-a-regular-file signal) and
@@ -107,7 +107,7 @@ def test_a_malformed_kubelet_message_is_a_host_error(data: bytes) -> None:
 
 
 def test_an_unsafe_trampoline_path_is_a_usage_error() -> None:
-    from nvshim.node.trampoline import render
+    from nvshim.node.install.trampoline import render
 
     with pytest.raises(UsageError, match="interpreter path must be absolute"):
         render("python3")

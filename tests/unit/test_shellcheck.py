@@ -45,9 +45,9 @@ def shell_files() -> List[Path]:
 
 def rendered_scripts() -> Dict[str, str]:
     """The sh nvshim writes onto a node or into a spec, as text."""
-    from nvshim.node.docker import gpus_hook_script
-    from nvshim.node.prefix import render_cli, render_runtime
-    from nvshim.node.trampoline import render
+    from nvshim.node.engines.docker import gpus_hook_script
+    from nvshim.node.install.prefix import render_cli, render_runtime
+    from nvshim.node.install.trampoline import render
     from nvshim.runtime.devparams import params_hook
 
     hook = params_hook("/run/bundle/rootfs", "/run/bundle/.nvshim-nvidia-params")

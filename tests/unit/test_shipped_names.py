@@ -39,7 +39,7 @@ def shipped_text() -> Iterator[Tuple[str, int, str]]:
     for path in paths:
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             yield str(path.relative_to(REPO)), number, line
-    from nvshim.node.trampoline import render
+    from nvshim.node.install.trampoline import render
 
     script = render("/opt/nvshim/venv/bin/python")
     for number, line in enumerate(script.splitlines(), 1):

@@ -24,7 +24,7 @@ from nvshim.node.holders import Holder, conflicts, render_table
 from nvshim.runtime.create import plan_create
 from nvshim.runtime.grants import Grant, parse_record
 from tests.helpers.podresources import PodResourcesServer, dra
-from tests.unit.test_kubelet import bundle, cri, mount
+from tests.unit.runtime.allocation.test_kubelet import bundle, cri, mount
 
 GPU = "nvidia.com/gpu"
 IMEX = "nvidia.com/imex-channel"
