@@ -41,7 +41,9 @@ INTERNAL = {"nvshim._jsonc._Fallback", "nvshim.node.cdirefresh._Stop", "nvshim.c
             "nvshim._record.FrozenInstanceError",
             # the NRI transport's own: caught in the plugin's loop, one log line or an error
             # reply to the engine, never a user's error
-            "nvshim.agent.nri.proto.WireError", "nvshim.agent.nri.transport.RpcError"}
+            "nvshim.agent.nri.proto.WireError", "nvshim.agent.nri.transport.RpcError",
+            # the agent hook's "the Python hook does it": a fallback reply, never a user's error
+            "nvshim.agent.hookwork._NotServed"}
 BUILTIN = {"ValueError", "OSError", "KeyError", "TypeError", "RuntimeError", "Exception",
            "IndexError", "LookupError", "IOError", "FileNotFoundError", "PermissionError"}
 
