@@ -198,8 +198,11 @@ class PlanMemo:
     def __init__(self) -> None:
         import threading
 
+        from nvshim.cdi.index import IndexMemo
+
         self.lock = threading.RLock()
         self.entry: Optional[Tuple[str, List[int], Any]] = None
+        self.cdi = IndexMemo()  # the CDI index's, installed with this one
 
 
 #: Set by :func:`use_memo` in a resident process; None on the runtime's path.
@@ -207,9 +210,13 @@ _MEMO: Optional[PlanMemo] = None
 
 
 def use_memo(memo: Optional[PlanMemo]) -> None:
-    """Keep the parsed plan in ``memo`` from now on (None: read the file each time)."""
+    """Keep the parsed plan in ``memo`` from now on (None: read the file each time), and
+    the parsed CDI index in its ``cdi`` (:class:`nvshim.cdi.index.IndexMemo`)."""
     global _MEMO
+    from nvshim.cdi import index as cdiindex
+
     _MEMO = memo
+    cdiindex.use_memo(None if memo is None else memo.cdi)
 
 
 def _read(path: str) -> Tuple[Optional[Any], str]:
