@@ -312,7 +312,8 @@ def print_report(results: Dict[str, Any]) -> None:
               f"{r['lifecycle_ratio']:5.2f}x {r['cpu_added_ms']:+8.1f}")
     agent = subj["nvshim fast"].get("agent_cpu_ms_mean")
     if agent is not None:
-        print(f"the agent's own CPU per fast-path create (mean): {agent:.1f} ms")
+        print(f"the agent's own CPU per fast-path create: {agent:.1f} ms (a mean of clock-tick "
+              "samples: coarse; bench/agent.py measures it precisely)")
     go = subj["go cdi"]
     for name in ("nvshim fast", "nvshim fast cdi", "nvshim in-process"):
         r = subj[name]
