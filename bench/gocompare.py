@@ -3,7 +3,7 @@
 Run as root from the repository root with this checkout's interpreter, once NVIDIA's Go
 runtime is built (below)::
 
-    .venv/bin/python bench/gocompare.py [--rounds 40] [--go-bin /tmp/gort/bin]
+    .venv/bin/python bench/gocompare.py [--rounds 60] [--go-bin /tmp/gort/bin]
         [--out bench/gocompare-results.json]
 
 It reuses ``bench/run.py``'s world (busybox bundles, the simulated 8-GPU node, the compiled
@@ -212,7 +212,7 @@ def report(subjects: List[Subject], agent_ms: List[float]) -> Dict[str, Any]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--go-bin", default=GO_BIN,
                         help="folder with nvidia-container-runtime and nvidia-cdi-hook")
     parser.add_argument("--runc", default=shutil.which("runc") or "/usr/sbin/runc")
