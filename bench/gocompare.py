@@ -9,7 +9,7 @@ runtime is built (below)::
 It reuses ``bench/run.py``'s world (busybox bundles, the simulated 8-GPU node, the compiled
 nvshim config, the CDI spec ``nvshim cdi generate`` wrote for that node) and times, in every
 round and in an order that flips every round, ``create`` then ``delete`` of the 1-GPU bundle
-(``NVIDIA_VISIBLE_DEVICES=0``) through:
+(``NVIDIA_VISIBLE_DEVICES=0``; each subject its own copy) through:
 
 * ``runc``: runc alone (the baseline every other row is compared with, round by round);
 * ``nvshim fast``: this checkout's trampoline with the C client and a running
@@ -84,7 +84,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.run import Bench, machine, start_agent, timed  # noqa: E402
+from bench.run import Bench, _tree, machine, start_agent, timed  # noqa: E402
 
 GO_BIN = "/tmp/gort/bin"
 SUBJECTS = ("runc", "nvshim fast", "nvshim fast cdi", "nvshim in-process", "go cdi")
@@ -157,6 +157,20 @@ def injected(config: Path) -> Dict[str, int]:
             "mounts": len(spec.get("mounts") or []),
             "hooks": sum(len(v) for v in hooks.values()),
             "served_by_agent": int("nvshim.io/served-by" in (spec.get("annotations") or {}))}
+
+
+def own_bundles(b: Bench, keys: Tuple[str, ...]) -> None:
+    """A copy of the 1-GPU bundle per key, so that each subject's creates meet a rootfs
+    only its own earlier creates (and their removal) went through: a directory the other
+    subjects' files came and went in ran slower for the one using it."""
+    from tests.helpers.bundle import make_bundle
+
+    for key in keys:
+        b.bundles[key] = make_bundle(b.work / f"b-{key}", b.work / "rootfs", ["true"],
+                                     env={"NVIDIA_VISIBLE_DEVICES": "0"})
+        b.originals[key] = (b.bundles[key] / "config.json").read_bytes()
+        b.rootfs_paths[key] = _tree(b.bundles[key] / "rootfs")
+        b.bundle_names[key] = set(os.listdir(b.bundles[key]))
 
 
 class Subject:
@@ -238,6 +252,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         agent = None
         try:
             b.setup()
+            own_bundles(b, ("1-fast", "1-in-process", "1-go"))
             client = build_client(str(work / "nvshim-agent-client"))
             sock = work / "agent.sock"
             tramp = work / "nvshim-runtime"
@@ -251,12 +266,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             subjects = [
                 Subject("runc", args.runc, b.env, "1"),
                 Subject("nvshim fast", str(tramp), dict(b.env, NVSHIM_AGENT_SOCKET=str(sock)),
-                        "1"),
+                        "1-fast"),
                 Subject("nvshim fast cdi", str(tramp),
                         dict(b.env, NVSHIM_AGENT_SOCKET=str(sock)), "cdi"),
                 Subject("nvshim in-process", str(tramp), dict(b.env, NVSHIM_AGENT_SOCKET="none"),
-                        "1"),
-                Subject("go cdi", go_runtime, go_env, "1"),
+                        "1-in-process"),
+                Subject("go cdi", go_runtime, go_env, "1-go"),
             ]
             seen: Dict[str, Any] = {}
             for s in subjects:  # warm-up and the check that each one injected
