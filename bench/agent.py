@@ -7,8 +7,11 @@ Run as root from the repository root with this checkout's interpreter::
 
 Everything lives in a temporary directory: a simulated node, compiled configs, the C client
 built from this checkout, this checkout's trampoline rendered for a private agent socket,
-and real ``nvshim agent`` processes. Each figure of the breakdown is the median of
-``--rounds`` interleaved rounds (wall time of the command, fork to exit):
+and real ``nvshim agent`` processes. Each create meets its bundle as an engine makes it
+(config.json restored, nothing an earlier create added beside it or in its rootfs). Each
+figure of the breakdown is the median of ``--rounds`` interleaved rounds, in wall time
+(fork to exit) and CPU time (user + system of the processes timed and what they waited
+for, ``wait4``: steadier than wall time on a busy machine):
 
 * ``sh trampoline``: a create whose spec asks for nothing through the trampoline (no-op
   runtime), minus the no-op runtime alone: the sh that every create pays;
@@ -22,7 +25,15 @@ and real ``nvshim agent`` processes. Each figure of the breakdown is the median 
 * ``runc's extra mounts``: ``runc create`` + ``delete`` of the config.json nvshim wrote (its
   hooks taken out) minus the same for the engine's unedited config.json;
 * ``hooks``: ``runc create`` + ``delete`` of nvshim's config.json with its hooks minus
-  without them.
+  without them (the hooks' CPU is runc init's child's, so mostly not in the CPU column);
+* ``delete``: ``delete`` of a runc-created container through the trampoline minus runc's
+  own (every container pays it once);
+* ``runc``: ``runc create`` + ``delete`` of the engine's config.json, the baseline
+  ``bench/run.py`` divides by (the ≤ 1.10× target leaves a tenth of it for all the rows
+  above that a create pays: fast path, mounts, hooks, delete).
+
+The fast path's CPU adds the agent's own (its ``/proc`` utime + stime over each round's
+fast create: a mean, clock-tick resolution); the client's row counts only the client.
 
 Then the agent's resident memory (VmRSS, VmHWM) after serving creates on a 256-GPU node,
 and 200 creates started at once through one agent (no-op runtime): median and p99 of the
@@ -42,26 +53,39 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.run import start_agent  # noqa: E402
+from bench.run import _tree, start_agent  # noqa: E402
+
+
+def timed(argv: Sequence[str], env: Dict[str, str], check: bool = False) -> Tuple[float, float]:
+    """(wall ms, CPU ms) of ``argv``: CPU is user + system of it and what it waited for
+    (``wait4``); its stderr goes to a file (a created container keeps a pipe open until it
+    starts)."""
+    with tempfile.TemporaryFile() as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        ms = (time.perf_counter() - t) * 1000
+        if check and os.waitstatus_to_exitcode(status) != 0:
+            err.seek(0)
+            raise SystemExit(f"bench: {argv[0]} failed: {err.read().decode()[-300:]}")
+    return ms, (usage.ru_utime + usage.ru_stime) * 1000
 
 
 def wall(argv: Sequence[str], env: Dict[str, str], check: bool = False) -> float:
-    """Wall ms of ``argv``; its stderr goes to a file (a created container keeps a pipe
-    open until it starts)."""
-    with tempfile.TemporaryFile() as err:
-        t = time.perf_counter()
-        res = subprocess.run(list(argv), env=env, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=err)
-        ms = (time.perf_counter() - t) * 1000
-        if check and res.returncode != 0:
-            err.seek(0)
-            raise SystemExit(f"bench: {argv[0]} failed: {err.read().decode()[-300:]}")
-    return ms
+    """Wall ms of ``argv`` (see :func:`timed`)."""
+    return timed(argv, env, check)[0]
+
+
+def agent_cpu_ms(pid: int) -> float:
+    """utime + stime of process ``pid`` (all its threads, finished ones too), in ms."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
 
 
 def median(xs: Sequence[float]) -> float:
@@ -102,6 +126,8 @@ class World:
                                env={"NVIDIA_VISIBLE_DEVICES": "all"}),
         }
         self.originals = {k: (b / "config.json").read_bytes() for k, b in self.bundles.items()}
+        self.names = {k: set(os.listdir(b)) for k, b in self.bundles.items()}
+        self.trees = {k: _tree(b / "rootfs") for k, b in self.bundles.items()}
         self.base_env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
         self.n = 0
 
@@ -110,29 +136,59 @@ class World:
                     NVSHIM_AGENT_SOCKET=str(self.sock) if agent else "none")
 
     def restore(self, key: str) -> None:
+        """The bundle as the engine made it: its config.json, and nothing a create added
+        beside it (the params copy) or in its rootfs (links, ld.so.cache)."""
         (self.bundles[key] / "config.json").write_bytes(self.originals[key])
+        for name in set(os.listdir(self.bundles[key])) - self.names[key]:
+            (self.bundles[key] / name).unlink()
         rootfs = self.bundles[key] / "rootfs"
-        for path in ("etc/ld.so.cache",):
-            (rootfs / path).unlink(missing_ok=True)
+        for path in sorted(_tree(rootfs) - self.trees[key], reverse=True):
+            full = rootfs / path
+            if full.is_dir() and not full.is_symlink():
+                full.rmdir()
+            else:
+                full.unlink()
 
     def cid(self) -> str:
         self.n += 1
         return f"nvba-{os.getpid()}-{self.n}"
 
     def create(self, key: str, env: Dict[str, str], tool: Optional[str] = None) -> float:
+        return self.timed_create(key, env, tool)[0]
+
+    def timed_create(self, key: str, env: Dict[str, str],
+                     tool: Optional[str] = None) -> Tuple[float, float]:
         self.restore(key)
-        return wall([tool or str(self.tramp), "create", "--bundle", str(self.bundles[key]),
-                     self.cid()], env, check=True)
+        return timed([tool or str(self.tramp), "create", "--bundle", str(self.bundles[key]),
+                      self.cid()], env, check=True)
 
 
-def breakdown(w: World, rounds: int) -> Dict[str, float]:
+#: The breakdown's rows: (key, what it is). Each is a median over rounds of the samples,
+#: or a difference of two such medians (see :func:`breakdown`).
+ROWS = (
+    ("sh", "sh trampoline (argv, compiled lists, one grep; no-op runtime)"),
+    ("client", "client + socket round trip (the agent answers at once)"),
+    ("agent", "agent's create (plan, journal, rootfs, config.json; in-process)"),
+    ("fast", "fast path shim stage (the three above, joined)"),
+    ("python", "in-process shim stage (no agent: Python starts)"),
+    ("mounts", "runc's extra mounts and devices (nvshim's config.json, no hooks)"),
+    ("hooks", "hooks (runc runs nvshim's createContainer hooks)"),
+    ("delete", "delete through the trampoline (sh passthrough)"),
+    ("runc", "runc create+delete of the engine's config.json (the baseline)"),
+)
+
+
+def breakdown(w: World, rounds: int, agent_pid: int) -> Dict[str, Dict[str, float]]:
+    """Per row of :data:`ROWS`: ``ms`` (wall) and ``cpu`` (CPU ms of the processes timed;
+    for the fast path the agent's own share is added as a mean: clock ticks)."""
     from nvshim.config import load_config
     from nvshim.runtime.argv import parse_argv
     from nvshim.runtime.main import create
 
-    samples: Dict[str, List[float]] = {k: [] for k in (
+    samples: Dict[str, List[Tuple[float, float]]] = {k: [] for k in (
         "noop", "sh", "client", "agent", "fast", "python", "runc_plain", "runc_edited",
-        "runc_nohooks")}
+        "runc_nohooks", "runc_delete", "tramp_delete")}
+    agent_ms: List[float] = []
     noop_cfg = load_config(str(w.configs["noop"]))
     edited_dir = w.work / "edited"
     shutil.copytree(w.bundles["1"], edited_dir, symlinks=True)
@@ -148,39 +204,59 @@ def breakdown(w: World, rounds: int) -> Dict[str, float]:
     plain = w.bundles["none"]
     root = w.work / "runc-root"
 
-    def runc_pair(bundle: Path) -> float:
+    def runc_pair(bundle: Path) -> Tuple[float, float]:
         cid = w.cid()
-        t = wall([w.runc, "--root", str(root), "create", "--bundle", str(bundle), cid],
-                 w.base_env, check=True)
-        return t + wall([w.runc, "--root", str(root), "delete", "--force", cid], w.base_env)
+        t = timed([w.runc, "--root", str(root), "create", "--bundle", str(bundle), cid],
+                  w.base_env, check=True)
+        d = timed([w.runc, "--root", str(root), "delete", "--force", cid], w.base_env)
+        return t[0] + d[0], t[1] + d[1]
+
+    def delete_by(tool: str) -> Tuple[float, float]:
+        cid = w.cid()
+        timed([w.runc, "--root", str(root), "create", "--bundle", str(plain), cid],
+              w.base_env, check=True)
+        return timed([tool, "--root", str(root), "delete", cid], w.env("runc"), check=True)
 
     version_mismatch = [w.client, str(w.sock), "0.0.0-other", str(w.configs["noop"]),
                         "/bin/true", str(w.bundles["1"]), "create", "--bundle",
                         str(w.bundles["1"]), "x"]
     for _ in range(rounds):
-        samples["noop"].append(wall(["/bin/true", "create", "--bundle", str(plain), "x"],
-                                    w.base_env))
-        samples["sh"].append(w.create("none", w.env("noop")))
-        samples["client"].append(wall(version_mismatch, w.base_env))
+        samples["noop"].append(timed(["/bin/true", "create", "--bundle", str(plain), "x"],
+                                     w.base_env))
+        samples["sh"].append(w.timed_create("none", w.env("noop")))
+        samples["client"].append(timed(version_mismatch, w.base_env))
         w.restore("1")
         inv = parse_argv(["create", "--bundle", str(w.bundles["1"]), w.cid()])
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         assert create(inv, noop_cfg, "/bin/true", None, None, "agent") is None
-        samples["agent"].append((time.perf_counter() - t) * 1000)
-        samples["fast"].append(w.create("1", w.env("noop")))
-        samples["python"].append(w.create("1", w.env("noop", agent=False)))
+        samples["agent"].append(((time.perf_counter() - t) * 1000,
+                                 (time.thread_time() - c) * 1000))
+        before = agent_cpu_ms(agent_pid)
+        samples["fast"].append(w.timed_create("1", w.env("noop")))
+        agent_ms.append(agent_cpu_ms(agent_pid) - before)
+        samples["python"].append(w.timed_create("1", w.env("noop", agent=False)))
         samples["runc_plain"].append(runc_pair(plain))
         samples["runc_edited"].append(runc_pair(nohooks_dir))
         samples["runc_nohooks"].append(runc_pair(edited_dir))
-    m = {k: median(v) for k, v in samples.items()}
+        samples["runc_delete"].append(delete_by(w.runc))
+        samples["tramp_delete"].append(delete_by(str(w.tramp)))
+    m = {k: (median([x[0] for x in v]), median([x[1] for x in v])) for k, v in samples.items()}
+
+    def less(a: str, b: str) -> Dict[str, float]:
+        return {"ms": m[a][0] - m[b][0], "cpu": m[a][1] - m[b][1]}
+
+    fast = less("fast", "noop")
+    fast["cpu"] += statistics.mean(agent_ms)
     return {
-        "sh trampoline": m["sh"] - m["noop"],
-        "client + socket round trip": m["client"],
-        "agent's create (plan, journal, rootfs, config.json)": m["agent"],
-        "fast path shim stage (all of the above, joined)": m["fast"] - m["noop"],
-        "in-process shim stage (no agent: Python starts)": m["python"] - m["noop"],
-        "runc's extra mounts and devices": m["runc_edited"] - m["runc_plain"],
-        "hooks (runc runs nvshim's createContainer hooks)": m["runc_nohooks"] - m["runc_edited"],
+        "sh": less("sh", "noop"),
+        "client": {"ms": m["client"][0], "cpu": m["client"][1]},
+        "agent": {"ms": m["agent"][0], "cpu": m["agent"][1]},
+        "fast": fast,
+        "python": less("python", "noop"),
+        "mounts": less("runc_edited", "runc_plain"),
+        "hooks": less("runc_nohooks", "runc_edited"),
+        "delete": less("tramp_delete", "runc_delete"),
+        "runc": {"ms": m["runc_plain"][0], "cpu": m["runc_plain"][1]},
     }
 
 
@@ -245,7 +321,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             use_memo(PlanMemo())  # this process plays the agent in "agent's create"
             w.create("1", w.env("noop"))  # warm
-            results["breakdown_ms"] = breakdown(w, args.rounds)
+            results["breakdown"] = breakdown(w, args.rounds, agent.pid)
             results["concurrent"] = concurrent(w, args.concurrent)
         finally:
             agent.terminate()
@@ -262,9 +338,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             agent.terminate()
             agent.wait(30)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"where a 1-GPU create's milliseconds go (median of {args.rounds} rounds, ms):")
-    for name, ms in results["breakdown_ms"].items():
-        print(f"  {name:55} {ms:7.2f}")
+    print(f"where a 1-GPU create's milliseconds go (median of {args.rounds} rounds; load "
+          f"{results['load'][0]:.2f} at the start):")
+    print(f"  {'piece':66} {'wall ms':>8} {'cpu ms':>7}")
+    for key, name in ROWS:
+        row = results["breakdown"][key]
+        print(f"  {name:66} {row['ms']:8.2f} {row['cpu']:7.2f}")
     c = results["concurrent"]
     print(f"{c['n']} concurrent creates through one agent: median {c['median_ms']:.1f} ms, "
           f"p99 {c['p99_ms']:.1f} ms (p99/median {c['p99_over_median']:.2f}), "

@@ -37,8 +37,9 @@ Cases:
 ``--agent`` puts the node agent's fast path first: this checkout's trampoline, rendered for a
 private agent socket with the C client built from this checkout, and two ``nvshim agent``
 processes (the config's, and the no-op config's for the shim stage) started for the run;
-the runtime given (default the installed one: today's in-process create) becomes B, so the
-``A vs B`` rows compare the fast path with it.
+the runtime given becomes B (default: the same trampoline for a socket nobody serves, i.e.
+this checkout's in-process create; the installed one is not needed), so the ``A vs B``
+rows compare the fast path with it.
 
 ``--runtime`` given twice (say today's venv trampoline, then the self-contained one that
 ``install.sh --from`` installs) adds, for each ``shim stage`` bundle, the two runtimes
@@ -201,6 +202,7 @@ class Bench:
                              image_root / "usr" / "lib" / "x86_64-linux-gnu", 300)
         self.originals = {k: (b / "config.json").read_bytes() for k, b in self.bundles.items()}
         self.rootfs_paths = {k: _tree(b / "rootfs") for k, b in self.bundles.items()}
+        self.bundle_names = {k: set(os.listdir(b)) for k, b in self.bundles.items()}
         spec_dir = self.work / "cdi"
         subprocess.run(self.nvshim_cli + ["cdi", "generate", "--driver-root", self.node.root,
                                           "--output", str(spec_dir / "nvidia.yaml")],
@@ -223,8 +225,13 @@ class Bench:
         self.config = self.work / "nvshim" / "config.yaml"
 
     def restore(self, key: str) -> None:
-        """config.json as the engine wrote it, and the rootfs without what a create added."""
+        """config.json as the engine wrote it, and the bundle and rootfs without what a
+        create added (the params copy nvshim keeps beside config.json, links, caches): an
+        engine makes a fresh bundle for every container, so a create never replaces a file
+        an earlier create left (replacing one costs an ext4 rename ~1 ms more)."""
         (self.bundles[key] / "config.json").write_bytes(self.originals[key])
+        for name in set(os.listdir(self.bundles[key])) - self.bundle_names[key]:
+            (self.bundles[key] / name).unlink()
         for path, data in self.keep.get(key, {}).items():
             path.write_bytes(data)
         rootfs = self.bundles[key] / "rootfs"
@@ -339,20 +346,25 @@ def start_agent(config: Path, sock: Path, log: Path) -> "subprocess.Popen[bytes]
     return proc
 
 
-def _agent_runtime(b: Bench) -> Tuple[str, List["subprocess.Popen[bytes]"]]:
-    """The fast path's trampoline for ``b`` and its two agents (config and no-op config)."""
+def _agent_runtime(b: Bench) -> Tuple[str, str, List["subprocess.Popen[bytes]"]]:
+    """The fast path's trampoline for ``b``, the same trampoline for a socket nobody serves
+    (the in-process create of this checkout), and the two agents (config and no-op
+    config)."""
     from nvshim.agent.client import build_client
     from nvshim.node.install.trampoline import render
 
     client = build_client(str(b.work / "nvshim-agent-client"))
     sock, noop_sock = b.work / "agent.sock", b.work / "agent-noop.sock"
-    tramp = b.work / "nvshim-runtime-agent"
+    tramp, alone = b.work / "nvshim-runtime-agent", b.work / "nvshim-runtime-no-agent"
     tramp.write_text(render(sys.executable, agent_socket=str(sock), client=client))
-    tramp.chmod(0o755)
+    alone.write_text(render(sys.executable, agent_socket=str(b.work / "no-agent.sock"),
+                            client=client))
+    for path in (tramp, alone):
+        path.chmod(0o755)
     agents = [start_agent(b.work / "nvshim" / "config.yaml", sock, b.work / "agent.log"),
               start_agent(b.work / "nvshim" / "noop.yaml", noop_sock, b.work / "agent-noop.log")]
     b.noop_env["NVSHIM_AGENT_SOCKET"] = str(noop_sock)
-    return str(tramp), agents
+    return str(tramp), str(alone), agents
 
 
 def case_create(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
@@ -522,14 +534,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--agent", action="store_true",
                         help="A = the node agent's fast path (this checkout), B = --runtime")
     args = parser.parse_args(argv)
-    runtimes: List[str] = args.runtime or [DEFAULT_RUNTIME]
+    # with --agent and no --runtime, B is this checkout's own in-process create (below)
+    runtimes: List[str] = args.runtime or ([] if args.agent else [DEFAULT_RUNTIME])
     if args.agent and len(runtimes) > 1:
         print("bench/run.py: --agent takes at most one --runtime (B)", file=sys.stderr)
         return 1
     if len(runtimes) > 2:
         print("bench/run.py: --runtime at most twice", file=sys.stderr)
         return 1
-    args.runtime = runtimes[0]
+    args.runtime = runtimes[0] if runtimes else ""
 
     if os.geteuid() != 0:
         print("bench/run.py: needs root (runc containers, mknod for the simulated node)",
@@ -539,7 +552,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not os.access(path, os.X_OK):
             print(f"bench/run.py: {path} is not executable", file=sys.stderr)
             return 1
-    cli = shutil.which("nvshim") if args.runtime == DEFAULT_RUNTIME else None
+    cli = shutil.which("nvshim") if args.runtime == DEFAULT_RUNTIME else None  # else ours
     nvshim_cli = [cli] if cli else [sys.executable, "-I", "-m", "nvshim.cli.main"]
     wanted = set(args.cases.split(","))
 
@@ -553,8 +566,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             b.setup()
             if args.agent:
-                fast, agents = _agent_runtime(b)
-                runtimes = [fast, *runtimes]
+                fast, alone, agents = _agent_runtime(b)
+                runtimes = [fast, *(runtimes or [alone])]
                 args.runtime = b.runtime = fast
                 results["machine"]["nvshim_runtime"] = fast
                 results["machine"]["nvshim_runtime_b"] = runtimes[1]

@@ -17,6 +17,13 @@ in JSON form. A create then
   (:func:`nvshim.cdi.registry.build_registry`), with the other files' recorded problems in place,
   so errors read exactly as with a full load.
 
+A resident process (the agent) keeps the parsed index and the specs parsed from its YAML
+documents (:class:`IndexMemo`, installed with the plan cache's memo): reused only while
+``stat`` says the index file is the one parsed and it is still trusted; every check above
+(format, key, each directory's and spec file's signature) still runs per create on it,
+so the copy is dropped exactly when a fresh read would be; a JSON spec is read per create
+as always.
+
 A stale index is rebuilt incrementally (only changed files are parsed again, so yaml is
 imported only when a YAML spec changed) and written atomically for the next create; a
 missing, corrupt or unwritable index is never trusted and never fails a create, nor is
@@ -59,6 +66,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FORMAT",
+    "IndexMemo",
     "build",
     "indexed_document",
     "load",
@@ -68,6 +76,7 @@ __all__ = [
     "spec_reader",
     "refresh",
     "stale_specs",
+    "use_memo",
 ]
 
 FORMAT = 2  # 2: trust verdicts; signatures carry owner and group
@@ -161,12 +170,77 @@ def _fresh(doc: Any, spec_dirs: Sequence[str]) -> str:
     return ""
 
 
+class IndexMemo:
+    """A resident process's parsed copy of the CDI index file, and the specs parsed from
+    the YAML documents it records (the agent's; a create has none).
+
+    ``entry`` is (path, the file's :func:`~nvshim.files.stat_signature` when read, the
+    document, {id of an index entry: its parsed :class:`Spec`}): the specs live and die
+    with the document they were parsed from (:func:`~nvshim.cdi.load.parse_spec` reads
+    nothing but its argument, so the same entry always gives the same spec).
+    """
+
+    def __init__(self) -> None:
+        self.entry: Optional[Tuple[str, List[int], Any, Dict[int, Spec]]] = None
+
+
+#: Set by :func:`use_memo` in a resident process; None on the runtime's path.
+_MEMO: Optional[IndexMemo] = None
+
+
+def use_memo(memo: Optional[IndexMemo]) -> None:
+    """Keep the parsed index in ``memo`` from now on (None: read the file each time)."""
+    global _MEMO
+    _MEMO = memo
+
+
+def _read(path: str) -> Tuple[Optional[Any], str]:
+    """The index document at ``path``, through the memo when one is in use (the same
+    verdicts as :func:`~nvshim.files.read_trusted_cache` on the file as it is now)."""
+    from nvshim.files import check_trusted, read_trusted_cache, stat_signature
+
+    memo = _MEMO
+    if memo is None:
+        return read_trusted_cache(path, "CDI index")
+    sig = stat_signature(path)
+    entry = memo.entry
+    if sig is not None and entry is not None and entry[0] == path and entry[1] == sig:
+        from nvshim.errors import ConfigError
+
+        try:
+            check_trusted(path, os.stat(path))
+        except ConfigError as exc:
+            return None, f"CDI index not trusted: {exc}"
+        except OSError as exc:
+            return None, f"CDI index unreadable: {exc.strerror}"
+        return entry[2], ""
+    doc, why = read_trusted_cache(path, "CDI index")
+    memo.entry = None if why or sig is None else (path, sig, doc, {})
+    return doc, why
+
+
+def _parser(doc: Any) -> Callable[[Dict[str, Any]], Spec]:
+    """parse_spec for the recorded documents of index ``doc``'s entries: through the
+    memo when ``doc`` is the memo's document (each entry parsed once), else each time."""
+    memo = _MEMO
+    entry = memo.entry if memo is not None else None
+    if entry is None or entry[2] is not doc:
+        return lambda e: parse_spec(e["doc"], e["path"])
+    specs = entry[3]
+
+    def parse(e: Dict[str, Any]) -> Spec:
+        found = specs.get(id(e))
+        if found is None:
+            found = specs[id(e)] = parse_spec(e["doc"], e["path"])
+        return found
+
+    return parse
+
+
 def load(path: str, spec_dirs: Sequence[str]) -> Tuple[Optional[Dict[str, Any]], str]:
     """(the index document, "") when ``path`` holds a fresh index; else (the document if
     it could be read — for incremental rebuilds — or None, why it is not usable)."""
-    from nvshim.files import read_trusted_cache
-
-    doc, why = read_trusted_cache(path, "CDI index")
+    doc, why = _read(path)
     if why:
         return None, why
     return doc, _fresh(doc, spec_dirs)
@@ -190,6 +264,7 @@ def _loaded(doc: Dict[str, Any], kinds: Optional[Set[str]],
             ) -> Iterable[Tuple[int, Any, List[CdiProblem]]]:
     """(rank, spec or None, problems) in scan order, loading only specs of ``kinds`` (every
     spec: None)."""
+    parse = _parser(doc)
     by_rank: Dict[int, List[Dict[str, Any]]] = {}
     for entry in doc["entries"]:
         by_rank.setdefault(entry["rank"], []).append(entry)
@@ -208,7 +283,7 @@ def _loaded(doc: Dict[str, Any], kinds: Optional[Set[str]],
                 continue  # cannot hold a requested device: not loaded
             try:
                 if entry["doc"] is not None:  # trusted when indexed, unchanged since
-                    yield rank, parse_spec(entry["doc"], entry["path"]), []
+                    yield rank, parse(entry), []
                 else:  # read now, and judged on what is read
                     yield rank, load_spec_file(entry["path"], check_trust=True), []
             except CdiSpecError as exc:

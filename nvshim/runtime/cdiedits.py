@@ -28,8 +28,22 @@ if TYPE_CHECKING:
 __all__ = ["CdiInjection", "engine_stale", "inject_cdi", "refresh_fix", "restrict_to_capabilities"]
 
 
+#: :func:`_capabilities_of`'s answers (a pure function of the name and constant tables): a
+#: resident agent classifies each spec's files once, not on every create.
+_OWNERS: Dict[str, Tuple[str, ...]] = {}
+
+
 def _capabilities_of(basename: str) -> Tuple[str, ...]:
     """The library sets or capabilities a driver file belongs to (none: not a known one)."""
+    found = _OWNERS.get(basename)
+    if found is None:
+        if len(_OWNERS) >= 4096:  # names of many driver versions: start again
+            _OWNERS.clear()
+        found = _OWNERS[basename] = _classify(basename)
+    return found
+
+
+def _classify(basename: str) -> Tuple[str, ...]:
     from nvshim.host.capabilities import BINARIES, DATA_FILES, LIBRARIES
 
     owners = [libset for libset, bases in LIBRARIES.items()

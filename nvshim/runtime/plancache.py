@@ -71,6 +71,20 @@ def _unpack_gpu(d: Dict[str, Any]) -> Gpu:
     return Gpu(**dict(d, node=_node(d["node"]), mig=migs))
 
 
+def _records(doc: Dict[str, Any]) -> Tuple[Any, Any, Any]:
+    """The plan's GPUs, control nodes and driver files as frozen records."""
+    return (tuple(_unpack_gpu(g) for g in doc["gpus"]),
+            tuple((path, need, _node(node)) for path, need, node in doc["control-nodes"]),
+            tuple(DriverFile(**f) for f in doc["files"]))
+
+
+def _check_libraries(libs: Dict[str, Optional[Dict[str, Any]]]) -> None:
+    """A record shape the document does not match raises TypeError/KeyError here."""
+    for lib in libs.values():
+        if lib is not None:
+            Library(capability="", **lib)
+
+
 # --------------------------------------------------------------------------- the host
 
 
@@ -78,18 +92,17 @@ class CachedHost(Host):
     """A :class:`~nvshim.host.discovery.Host` answering from a plan document (IPC stays live)."""
 
     def __init__(self, driver_root: str, dev_root: Optional[str], doc: Dict[str, Any],
-                 nvml_facts: Optional[str] = None) -> None:
+                 nvml_facts: Optional[str] = None,
+                 records: Optional[Tuple[Any, Any, Any]] = None) -> None:
         super().__init__(driver_root, dev_root, nvml_facts)
         self._version = doc["driver-version"]
         self._module: Optional[str] = doc["module-version"]
         self._cuda: Optional[str] = doc["cuda-version"]
-        self._gpus = tuple(_unpack_gpu(g) for g in doc["gpus"])
+        # the frozen records (GPUs, control nodes, driver files): given when a resident
+        # process already made them from this very document (:func:`load`)
+        self._gpus, self._control, self._files = records or _records(doc)
         self.gpu_source = doc["gpu-source"]
-        self._control = tuple(
-            (path, need, _node(node)) for path, need, node in doc["control-nodes"]
-        )
         self._libs: Dict[str, Optional[Dict[str, Any]]] = doc["libraries"]
-        self._files = tuple(DriverFile(**f) for f in doc["files"])
         self._drm: Dict[str, Dict[str, Any]] = doc["drm"]
         self._watchdrm: Optional[List[Any]] = doc["watchdrm"]  # None once checked and fresh
         self._staledrm = False
@@ -100,10 +113,8 @@ class CachedHost(Host):
         self._watch32: Optional[List[Any]] = doc["watch32"]  # None once checked and fresh
         self._elf32: List[Any] = doc["elf32"]
         self._stale32 = False
-        # A record shape the document does not match raises TypeError/KeyError here.
-        for lib in self._libs.values():
-            if lib is not None:
-                Library(capability="", **lib)
+        if records is None:  # checked when the records were made from this document
+            _check_libraries(self._libs)
 
     def gpus(self, method: str = "auto") -> Tuple[Gpu, ...]:
         if method != "auto":
@@ -198,8 +209,13 @@ class PlanMemo:
     def __init__(self) -> None:
         import threading
 
+        from nvshim.cdi.index import IndexMemo
+
         self.lock = threading.RLock()
         self.entry: Optional[Tuple[str, List[int], Any]] = None
+        # (the document, its records): made once per document the memo holds
+        self.records: Optional[Tuple[Any, Tuple[Any, Any, Any]]] = None
+        self.cdi = IndexMemo()  # the CDI index's, installed with this one
 
 
 #: Set by :func:`use_memo` in a resident process; None on the runtime's path.
@@ -207,9 +223,13 @@ _MEMO: Optional[PlanMemo] = None
 
 
 def use_memo(memo: Optional[PlanMemo]) -> None:
-    """Keep the parsed plan in ``memo`` from now on (None: read the file each time)."""
+    """Keep the parsed plan in ``memo`` from now on (None: read the file each time), and
+    the parsed CDI index in its ``cdi`` (:class:`nvshim.cdi.index.IndexMemo`)."""
     global _MEMO
+    from nvshim.cdi import index as cdiindex
+
     _MEMO = memo
+    cdiindex.use_memo(None if memo is None else memo.cdi)
 
 
 def _read(path: str) -> Tuple[Optional[Any], str]:
@@ -255,9 +275,24 @@ def load(path: str, driver_root: str, dev_root: str,
     except (TypeError, ValueError, KeyError):
         return None, "plan cache is malformed"
     try:
-        return CachedHost(driver_root, dev_root, doc, nvml_facts), "plan cache"
+        return CachedHost(driver_root, dev_root, doc, nvml_facts, _memo_records(doc)), \
+            "plan cache"
     except (TypeError, ValueError, KeyError, AttributeError):
         return None, "plan cache is malformed"
+
+
+def _memo_records(doc: Any) -> Optional[Tuple[Any, Any, Any]]:
+    """The records of ``doc`` made once when it is the memo's document (frozen: shared by
+    every create it serves), else None (each :class:`CachedHost` makes its own)."""
+    memo = _MEMO
+    if memo is None or memo.entry is None or memo.entry[2] is not doc:
+        return None
+    held = memo.records
+    if held is None or held[0] is not doc:
+        records = _records(doc)
+        _check_libraries(doc["libraries"])
+        memo.records = held = (doc, records)
+    return held[1]
 
 
 def host_for(config: Any, save: bool) -> Tuple[Host, str]:

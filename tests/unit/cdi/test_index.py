@@ -169,3 +169,27 @@ def test_stale_specs_names_the_used_spec_and_every_reason(tmp_path):
                                       "nvidia.com/gpu=9"], "535.104.05") == [
         head + f"/dev/null is 1:3 on the node, 1:5 in the spec; {gone['hostPath']} does not exist"
         + tail]
+
+
+def test_memo_parses_once_and_sees_an_edited_spec_at_once(tmp_path):
+    """With a resident process's IndexMemo the index and its YAML specs are parsed once and
+    reused while unchanged, and a YAML spec edited afterwards resolves to its new content
+    on the very next call, as without the memo."""
+    dirs = [str(tmp_path / "cdi")]
+    put(tmp_path / "cdi", "a.yaml", spec("nvidia.com/gpu", {"0": "G=old"}))
+    index = str(tmp_path / "index.json")
+    cdiindex.registry_for(dirs, ["nvidia.com/gpu=0"], index, True)  # writes the index
+    cdiindex.use_memo(cdiindex.IndexMemo())
+    try:
+        seen = []
+        for _ in range(2):
+            reg, source = cdiindex.registry_for(dirs, ["nvidia.com/gpu=0"], index, True)
+            assert source == f"CDI index {index}"
+            seen.append(reg.devices["nvidia.com/gpu=0"])
+        assert seen[0].spec is seen[1].spec  # parsed once
+        put(tmp_path / "cdi", "a.yaml", spec("nvidia.com/gpu", {"0": "G=new"}))
+        for _ in range(2):  # the first rebuilds the index, the second reads the new one
+            reg, _ = cdiindex.registry_for(dirs, ["nvidia.com/gpu=0"], index, True)
+            assert reg.devices["nvidia.com/gpu=0"].device.edits.env == ("G=new",)
+    finally:
+        cdiindex.use_memo(None)

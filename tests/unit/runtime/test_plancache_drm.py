@@ -58,3 +58,30 @@ def test_a_changed_drm_node_leaves_compute_fresh_and_graphics_sees_it(tmp_path: 
     assert [n.path for n in cached.drm(gpu1).nodes] == [p for p in before[1] if p != render1]
     assert [n.path for n in cached.drm(gpu0).nodes] == before[0]
     assert cached.gpus() == (gpu0, gpu1)
+
+
+def test_memo_shares_the_records_of_one_plan_and_not_its_drm_check(tmp_path: Path) -> None:
+    """Under a resident process's PlanMemo two creates on an unchanged plan share its frozen
+    GPU records (made once), each still checks the DRM section itself, and a rewritten plan
+    gets records of its own."""
+    from nvshim.runtime.plancache import PlanMemo, use_memo
+    from nvshim.sim.build import create_node
+
+    node = create_node(str(tmp_path / "node"), gpus=2)
+    plan = _plan(tmp_path, node.root)
+    use_memo(PlanMemo())
+    try:
+        first, _ = load(plan, node.root, node.root)
+        second, _ = load(plan, node.root, node.root)
+        assert isinstance(first, CachedHost) and isinstance(second, CachedHost)
+        assert first is not second and first.gpus()[0] is second.gpus()[0]
+        gpu1 = first.gpus()[1]
+        render1 = next(n.path for n in first.drm(gpu1).nodes if "renderD" in n.path)
+        os.unlink(node.root + render1)
+        assert render1 not in [n.path for n in second.drm(gpu1).nodes]  # its own check
+        Path(plan).write_text(Path(plan).read_text() + " ")  # the same plan, another file
+        third, _ = load(plan, node.root, node.root)
+        assert isinstance(third, CachedHost)
+        assert third.gpus() == first.gpus() and third.gpus()[0] is not first.gpus()[0]
+    finally:
+        use_memo(None)
