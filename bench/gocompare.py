@@ -243,7 +243,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                   "docstring for building NVIDIA's runtime)", file=sys.stderr)
             return 1
     from nvshim.agent.client import build_client
-    from nvshim.node.trampoline import render
+    from nvshim.node.install.trampoline import render
 
     results: Dict[str, Any] = {"rounds": args.rounds, "load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="nvshim-gocompare-") as tmp:
