@@ -21,11 +21,13 @@ at /var/run/nvidia-container-devices/<uuid>, and the same GPU in the kubelet's P
 answer) sees exactly its GPU; the one without sees none. Last, the DaemonSet's pod is
 stopped (SIGTERM with its grace period): containerd's config is byte for byte what it was,
 nvshim's files are gone, and the restarted containerd no longer knows the handler.
-The tests of this module run in order on one node.
+The tests of this module run in order on one node; the last one starts a second node whose
+``/usr`` is read-only, for the DaemonSet with ``NVSHIM_BINDIR=/opt/bin`` in both containers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -97,12 +99,16 @@ def node_configmap() -> Dict[str, Dict[str, str]]:
     return {name: {**data, "config.yaml": text}}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterator[Cluster]:
+@contextlib.contextmanager
+def running_cluster(base: Path, base_rootfs: Path, env: Dict[str, str],
+                    read_only_usr: bool = False) -> Iterator[Cluster]:
+    """A node (``read_only_usr``: its /usr read-only) with the images imported, the
+    PodResources server and the kubelet, and the DaemonSet's pod template with ``env`` set in
+    every container (as an operator edits daemonset.yaml); all stopped afterwards."""
     require_root()
     for tool in ("containerd", "ctr", "runc", "podman", "mmdebstrap", "unshare", "nsenter"):
         require_binary(tool)
-    template = with_env(pod_template(DEPLOY / "daemonset.yaml"), {"NVSHIM_RESTART_MODE": "signal"})
+    template = with_env(pod_template(DEPLOY / "daemonset.yaml"), env)
     spec = template["spec"]
     images = {c["image"] for c in [*spec.get("initContainers", []), *spec["containers"]]}
     assert len(images) == 1, f"the DaemonSet runs one image, not {sorted(images)}"
@@ -110,17 +116,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iter
         build = installer_image_archive(images.pop())
     except BuildError as exc:
         pytest.fail(str(exc))
-    base = tmp_path_factory.mktemp("ds")
-    node = K8sNode(base / "n")
+    node = K8sNode(base / "n", read_only_usr=read_only_usr)
     podresources = None
     kubelet = None
     try:
         node.start()
         node.import_image(build.archive)
-        for name, env in ((PAUSE, []), (CUDA_LIKE, ["NVIDIA_VISIBLE_DEVICES=all",
-                                                    "NVIDIA_DRIVER_CAPABILITIES=compute,utility"])):
+        for name, image_env in ((PAUSE, []), (CUDA_LIKE, ["NVIDIA_VISIBLE_DEVICES=all",
+                                                          "NVIDIA_DRIVER_CAPABILITIES=compute,utility"])):
             archive = base / (name.replace("/", "_") + ".tar")
-            archive.write_bytes(image_archive(base_rootfs, name, env))
+            archive.write_bytes(image_archive(base_rootfs, name, image_env))
             node.import_image(archive)
         sock = node.path("/var/lib/kubelet/pod-resources/kubelet.sock")
         sock.parent.mkdir(parents=True)
@@ -134,6 +139,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iter
         node.stop()
         if podresources is not None:
             podresources.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterator[Cluster]:
+    with running_cluster(tmp_path_factory.mktemp("ds"), base_rootfs,
+                         {"NVSHIM_RESTART_MODE": "signal"}) as running:
+        yield running
 
 
 def run_example(cluster: Cluster, example: str, name: str, gpus: List[Any]) -> str:
@@ -203,3 +215,30 @@ def test_sigterm_reverts_the_node(cluster: Cluster) -> None:
     with pytest.raises(CriError) as info:
         cluster.kubelet.cri.run_sandbox(probe, "nvshim")
     assert "nvshim" in info.value.details
+
+
+def test_read_only_usr_node_with_the_bin_dir_set_in_both_containers(
+        tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> None:
+    """On a node whose /usr is read-only, the DaemonSet with NVSHIM_BINDIR=/opt/bin in both
+    containers (deploy/README.md's read-only /usr section) gets Ready, containerd's handler
+    runs /opt/bin/nvshim-runtime, an allocated pod sees exactly its GPU, and stopping the
+    pod leaves the node's files as they were."""
+    env = {"NVSHIM_RESTART_MODE": "signal", "NVSHIM_BINDIR": "/opt/bin"}
+    with running_cluster(tmp_path_factory.mktemp("ds-ro"), base_rootfs, env,
+                         read_only_usr=True) as ro:
+        probe = ro.node.run(["touch", "/usr/local/bin/probe"])
+        assert probe.rc != 0 and "Read-only file system" in probe.stderr, probe.describe()
+        ro.installer = ro.kubelet.run_pod(ro.template, "nvshim-installer-r0usr",
+                                          namespace="nvshim-system")
+        ro.node.wait_containerd()
+        dump = ro.node.run(["containerd", "config", "dump"])
+        assert 'BinaryName = "/opt/bin/nvshim-runtime"' in dump.stdout, dump.describe()
+        gpu = ro.node.sim.gpus[1]
+        out = run_example(ro, "pod-gpu.yaml", "gpu-pod-ro", [gpu])
+        assert re.findall(r"/dev/nvidia(\d+)", out) == [str(gpu.minor)], out
+        codes = ro.kubelet.stop_pod(ro.installer)
+        assert 137 not in codes.values(), codes
+        ro.node.wait_containerd()
+        after = node_files(ro.node)
+        for p in after:
+            assert after[p] == ro.before[p], f"left in {p}: {sorted(set(after[p]) ^ set(ro.before[p]))}"

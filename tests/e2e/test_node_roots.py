@@ -8,13 +8,21 @@ gets the payload that ``install.sh --payload`` builds here (cached per source st
 ``/usr/local/bin/nvshim-runtime`` with the root's own runc, on a simulated 2-GPU node placed in
 the root (``driver-root: /srv/gpu-node``). Every assertion is about what the container's
 process sees, what the node's files are, or the one line a broken node gets.
+
+Last, a node whose ``/usr`` is read-only (COS, Bottlerocket, Flatcar, Talos: the Debian 12 root
+with ``/usr`` bound read-only in the private mount namespace of each call) is set up with the
+commands README.md and deploy/README.md give, word for word: the payload install refused in
+one line naming ``NVSHIM_BINDIR``, then ``NVSHIM_BINDIR=/opt/bin``, doctor, a GPU container
+and ``sh /opt/nvshim/install.sh --uninstall``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +62,10 @@ MAPS = ("import sys; print('\\n'.join(sorted({l.split()[-1] for l in open('/proc
 
 def _root(name: str) -> NodeRoot:
     require_root()
+    if shutil.which("mmdebstrap") is None and os.environ.get("CI", "").lower() not in (
+            "", "0", "false", "no"):
+        pytest.fail("mmdebstrap is not installed (CI is set: the node roots must run; "
+                    "install.sh --dev installs it)", pytrace=False)
     require_binary("mmdebstrap")
     try:
         return node_root(name)
@@ -327,3 +339,95 @@ def test_create_on_a_root_whose_c_library_broke_names_it_in_one_line(broken: Pat
         "/usr/sbin/runc: error while loading shared libraries: "
         "/lib/x86_64-linux-gnu/libc.so.6: file too short"]
     assert (bundle_dir / "config.json").read_bytes() != before  # nvshim planned and edited
+
+
+# ----------------------------------------------------------------------------- read-only /usr
+
+README_PAYLOAD = "/tmp/nvshim-payload"  # README.md's payload folder, on the node
+
+
+def _tree_state(tree: Path) -> Dict[str, Any]:
+    """Every entry under ``tree`` (as on the node): type, mode and owner, and a file's bytes
+    (a hash) or a link's target; a folder's own times are left out."""
+    state: Dict[str, Any] = {}
+    for dirpath, dirs, files in os.walk(tree):
+        for name in dirs + files:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            key = "/" + os.path.relpath(path, tree)
+            if os.path.islink(path):
+                state[key] = ("link", os.readlink(path))
+            elif os.path.isdir(path):
+                state[key] = ("dir", st.st_mode, st.st_uid, st.st_gid)
+            elif stat.S_ISREG(st.st_mode):
+                with open(path, "rb") as fh:
+                    digest = hashlib.file_digest(fh, "sha256").hexdigest()
+                state[key] = ("file", st.st_mode, st.st_uid, st.st_gid, digest)
+            else:  # the simulated node's device nodes and fifos: never opened
+                state[key] = ("special", st.st_mode, st.st_uid, st.st_gid, st.st_rdev)
+    return state
+
+
+def test_read_only_usr_node_word_for_word(payload: Path, tmp_path: Path) -> None:
+    """On a Debian 12 node root (no python3) whose /usr is mounted read-only, README.md's
+    payload install fails in one line naming NVSHIM_BINDIR and writes nothing; with
+    NVSHIM_BINDIR=/opt/bin it installs, doctor finds the trampoline there, containerd's and
+    Docker's configs name it, a GPU container sees exactly its GPU, and uninstall leaves the
+    root as it was but for the grant journal the docs say stays."""
+    from nvshim.sim.build import load_node
+
+    tree = tmp_path / "node"
+    _prepare(_root("debian12-nopython"), tree, payload)
+    os.replace(tree / PAYLOAD.lstrip("/"), tree / README_PAYLOAD.lstrip("/"))
+    (tree / "etc/containerd").mkdir()
+    (tree / "etc/containerd/config.toml").write_text("")  # containerd's defaults
+    bundle = make_bundle(tmp_path / "b", make_rootfs(tmp_path / "rootfs"),
+                         ["sh", "-c", PROBE], env=["NVIDIA_VISIBLE_DEVICES=1"])
+
+    def node(*argv: str) -> RunResult:
+        return on_node(tree, argv, binds={"/mnt": bundle}, read_only_dirs=["/usr"])
+
+    probe = node("sh", "-c", "readlink /proc/self/ns/mnt; touch /usr/local/bin/probe")
+    assert probe.stdout.split() != [os.readlink("/proc/self/ns/mnt")], probe.describe()
+    assert probe.rc == 1 and "Read-only file system" in probe.stderr, probe.describe()
+    before = _tree_state(tree)
+
+    install = ["sh", f"{README_PAYLOAD}/install.sh", "--from", README_PAYLOAD,
+               "--containerd", "--docker"]
+    refused = node(*install)
+    assert refused.rc == 1, refused.describe()
+    assert refused.stderr.splitlines() == [
+        "install.sh: cannot write /usr/local/bin (read-only file system?): nothing installed; "
+        "on a node with a read-only /usr, set NVSHIM_BINDIR to a writable folder (e.g. "
+        "/opt/bin; see install.sh --help)"], refused.describe()
+    assert _tree_state(tree) == before
+
+    installed = node("env", "NVSHIM_BINDIR=/opt/bin", *install)
+    assert installed.rc == 0, installed.describe()
+    assert installed.stderr.splitlines()[-1] == (
+        "install.sh: installed nvshim 0.1.0 (/opt/bin/nvshim, /opt/bin/nvshim-runtime)")
+    doctor = node("/opt/bin/nvshim", "doctor", "--format", "json")
+    found = {f["check"]: (f["status"], f["message"]) for f in json.loads(doctor.stdout)}
+    assert found["trampoline"][0] == "ok" and "/opt/bin/nvshim-runtime" in found["trampoline"][1]
+    assert found["containerd-runtime-binary"] == (
+        "ok", 'handler "nvshim" runs /opt/bin/nvshim-runtime')
+    drop_in = (tree / "etc/containerd/conf.d/99-nvshim.toml").read_text()
+    assert 'BinaryName = "/opt/bin/nvshim-runtime"' in drop_in
+    daemon = json.loads((tree / "etc/docker/daemon.json").read_text())
+    assert daemon["runtimes"]["nvshim"]["path"] == "/opt/bin/nvshim-runtime"
+    assert sorted(p.name for p in (tree / "opt/bin").iterdir()) == [
+        "nvidia-container-runtime-hook", "nvshim", "nvshim-runtime"]
+
+    minors = [g.minor for g in load_node(str(tree / SIM.lstrip("/"))).gpus]
+    res = node("/opt/bin/nvshim-runtime", "--root", "/run/runc", "run", "--bundle", "/mnt",
+               unique_id())
+    assert res.rc == 0, res.describe()
+    assert _seen(res.stdout) == {f"nvidia{minors[1]}", "nvidiactl", "nvidia-uvm",
+                                 "nvidia-uvm-tools"}, res.describe()
+    assert "LIB-READABLE" in res.stdout
+
+    removed = node("sh", "/opt/nvshim/install.sh", "--uninstall")
+    assert removed.rc == 0, removed.describe()
+    after = _tree_state(tree)
+    changed = {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
+    assert changed == {"/var/lib/nvshim", "/var/lib/nvshim/grants.jsonl"}, sorted(changed)

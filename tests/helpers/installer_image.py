@@ -3,9 +3,11 @@
 * :func:`base_image_archive` — a Debian 12 root made by ``mmdebstrap`` from Debian's own
   packages (variant ``minbase``, docs/man/locales left out like ``debian:12-slim``), as a
   tar that ``podman import`` turns into the ``BASE`` the Containerfile builds FROM.
-* :func:`installer_image_archive` — ``podman build -f deploy/Containerfile`` with
-  ``--build-arg BASE=<that import>`` and ``--network=host`` (the builder stage's apt-get and
-  pip reach Debian's and PyPI's mirrors through the host's network and pip config), then
+* :func:`installer_image_archive` — deploy/README.md's build command, word for word
+  (:func:`build_argv`: ``podman build --isolation=chroot --network=host --build-arg
+  BASE=<that import> -f deploy/Containerfile -t NAME .``; the builder stage's apt-get and
+  pip reach Debian's and PyPI's mirrors through the host's network and pip config, passed
+  as the README's ``PIP_*`` build arguments), run with private storage, then
   ``podman save --format docker-archive``: the tar a node's containerd imports
   (``ctr -n k8s.io images import``).
 
@@ -46,6 +48,7 @@ __all__ = [
     "BuildError",
     "BuildResult",
     "base_image_archive",
+    "build_argv",
     "image_size",
     "installer_image_archive",
 ]
@@ -216,6 +219,16 @@ def _pip_build_args() -> List[str]:
     return args
 
 
+def build_argv(name: str, base: Optional[str] = None, extra: Sequence[str] = ()) -> List[str]:
+    """deploy/README.md's ``podman build`` command for image ``name`` (``base``: the ``BASE``
+    build argument, ``extra``: more flags, e.g. pip's build arguments), run in the checkout;
+    tests/unit/test_deploy.py holds the README to it."""
+    argv = ["podman", "build", "--isolation=chroot", "--network=host"]
+    if base is not None:
+        argv += ["--build-arg", f"BASE={base}"]
+    return [*argv, *extra, "-f", "deploy/Containerfile", "-t", name, "."]
+
+
 def installer_image_archive(name: str, repo: Path = REPO) -> BuildResult:
     """The installer image tagged ``name`` as a docker-archive, built from ``repo``'s
     ``deploy/Containerfile`` on the mmdebstrap base, cached by a hash of its inputs."""
@@ -241,11 +254,9 @@ def installer_image_archive(name: str, repo: Path = REPO) -> BuildResult:
             seconds["import"] = time.monotonic() - started
             started = time.monotonic()
             mark = log.stat().st_size if log.exists() else 0
-            _run("podman build", podman.argv(
-                "build", "--isolation=chroot", "--network=host", "--pull=never",
-                "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096",
-                "--build-arg", f"BASE={BASE_NAME}", *_pip_build_args(), "-f", "deploy/Containerfile",
-                "-t", name, "."), 1800, log, cwd=repo)
+            # as the README says; the private storage is what podman.argv adds
+            _run("podman build", podman.argv(*build_argv(name, BASE_NAME, _pip_build_args())[1:]),
+                 1800, log, cwd=repo)
             seconds["build"] = time.monotonic() - started
             _no_build_arg_warnings(log, mark)
             started = time.monotonic()

@@ -9,7 +9,8 @@ config a node's containerd starts with), ``/etc/nvshim``, ``/etc/cdi``, ``/etc/c
 (a bridge network for pods without ``hostNetwork``), ``/opt``, ``/usr/local/bin`` (empty:
 no nvshim), ``/run`` (``/var/run`` is its link), ``/var/lib/{containerd,kubelet,nvshim,cni}``
 and ``/var/log/pods``; ``/etc`` and ``/var`` themselves are overlays whose writes land under
-``base`` too. The simulated driver (:func:`nvshim.sim.build.create_node`) sits at
+``base`` too. With ``read_only_usr`` the node's ``/usr`` (and its ``/usr/local/bin``) is then
+bound read-only, as Container-Optimized OS, Flatcar and Talos mount it. The simulated driver (:func:`nvshim.sim.build.create_node`) sits at
 ``/run/nvidia/driver``, where a containerised driver (GPU operator) puts it. ``/usr``, the
 binaries (containerd, runc, nsenter, CNI plugins) and ``/tmp`` are the host's.
 
@@ -85,9 +86,11 @@ _BOUND = ("/run", "/opt", "/usr/local/bin", "/etc/containerd", "/etc/nvshim", "/
 class K8sNode:
     """The node under ``base`` (call :meth:`start`, then :meth:`stop`)."""
 
-    def __init__(self, base: Path, gpus: int = 4) -> None:
+    def __init__(self, base: Path, gpus: int = 4, read_only_usr: bool = False) -> None:
         self.base = Path(base)
         self.gpus = gpus
+        self.read_only_usr = read_only_usr
+        """``/usr`` (its ``/usr/local/bin`` too) read-only, as on COS, Flatcar or Talos."""
         self.cgroup_parent = "/" + unique_id("nvshim-node")
         """Where the test's kubelet puts pod cgroups (removed by :meth:`stop`)."""
         self.sim: Any = None
@@ -150,6 +153,8 @@ class K8sNode:
         spec = self.base / "node.json"
         spec.write_text(json.dumps({
             "hostname": "gpu-node-1", "overlays": overlays, "binds": binds,
+            "read_only": ["/usr", "/usr/local/bin"] if self.read_only_usr else [],
+            "caller_mnt_ns": os.readlink("/proc/self/ns/mnt"),
             "containerd": [shutil.which("containerd")], "log": str(self.log_path),
             "status": str(self.base / "containerd.status"),
         }))

@@ -4,8 +4,10 @@ Run as ``unshare --pid --mount --net --uts --fork --propagation private --mount-
 python3 -I nodeinit.py SPEC.json``. SPEC holds ``hostname``, ``overlays`` (``[path, upper,
 work]``: an overlayfs over the host's ``path`` whose writes land in ``upper``), ``binds``
 (``[source, path]``: a directory of the test's bound over the node's ``path``, created in
-the node's view first), ``containerd`` (its argv), ``log`` and ``status`` (files of the
-test's).
+the node's view first), ``read_only`` (paths then bound on themselves read-only, in order),
+``containerd`` (its argv), ``log`` and ``status`` (files of the test's), and
+``caller_mnt_ns`` (the launcher's ``/proc/self/ns/mnt``: nothing is mounted unless this
+process's differs).
 
 Then, as systemd would with ``Restart=always``: start containerd, reap every orphan that
 the kernel reparents here (shims, hook processes), and start containerd again whenever it
@@ -34,12 +36,17 @@ def _mount(*args: str) -> None:
 
 
 def _set_up(spec: Dict[str, Any]) -> None:
+    if os.readlink("/proc/self/ns/mnt") == spec["caller_mnt_ns"]:
+        sys.exit("nodeinit: not in a private mount namespace: nothing mounted")
     for path, upper, work in spec["overlays"]:
         _mount("-t", "overlay", "overlay", "-o",
                f"lowerdir={path},upperdir={upper},workdir={work}", path)
     for source, path in spec["binds"]:
         os.makedirs(path, exist_ok=True)  # in an overlay or an earlier bind: the test's dirs
         _mount("--bind", source, path)
+    for path in spec.get("read_only", []):  # with what is bound under it, as COS mounts /usr
+        _mount("--rbind", path, path)
+        _mount("-o", "remount,bind,ro", path)
     subprocess.run(["hostname", spec["hostname"]], check=True)
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
 

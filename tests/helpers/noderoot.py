@@ -41,7 +41,9 @@ namespace (``unshare -m -p -f --kill-child``), the root bind-mounted on itself (
 mounts is seen outside, and every process it started is gone when it returns (PID 1 of the
 namespace exits last). The environment is exactly the ``env`` given (default: a node's PATH).
 Host directories can be bound into the node (``binds``) and the tree made read-only for the
-call (``read_only``), so a cached root runs as it is, untouched.
+call (``read_only``), so a cached root runs as it is, untouched; ``read_only_dirs`` bind node
+folders on themselves read-only (``/usr``, as Container-Optimized OS, Flatcar or Talos mount
+it). The script mounts nothing unless its mount namespace is not the caller's (exit 97).
 """
 
 from __future__ import annotations
@@ -288,8 +290,11 @@ def copy_root(root: NodeRoot, dest: Path) -> Path:
 
 _ON_NODE = r"""
 set -e
-r=$1; ro=$2; shift 2
+[ "$(readlink /proc/self/ns/mnt)" != "$1" ] || { echo "on-node: not in a private mount namespace" >&2; exit 97; }
+r=$2; ro=$3; shift 3
 mount --bind "$r" "$r"
+while [ "$1" != -- ]; do mount --bind "$r$1" "$r$1"; mount -o remount,bind,ro "$r$1"; shift; done
+shift
 while [ "$1" != -- ]; do mount --bind "$1" "$r$2"; shift 2; done
 shift
 if [ "$ro" = 1 ]; then mount -o remount,bind,ro "$r"; fi
@@ -303,13 +308,16 @@ exec chroot "$r" "$@"
 
 def on_node(tree: Path, argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
             binds: Optional[Mapping[str, Path]] = None, read_only: bool = False,
-            timeout: float = 300, stdin: Optional[str] = None) -> RunResult:
+            read_only_dirs: Sequence[str] = (), timeout: float = 300,
+            stdin: Optional[str] = None) -> RunResult:
     """Run ``argv`` inside ``tree`` as on the node (see the module docstring); the node's
     programs, its C library, its runc. ``env`` is the whole environment (default: PATH).
 
     ``binds`` maps a directory on the node (it must exist in ``tree``) to a host directory
     bound there; ``read_only`` makes the rest of the tree read-only (a cached root can then
-    be run without a copy: nothing it does reaches the tree).
+    be run without a copy: nothing it does reaches the tree); ``read_only_dirs`` (node paths,
+    e.g. ``/usr``) are bound on themselves read-only, as COS, Flatcar or Talos mount ``/usr``.
+    The script mounts nothing unless its mount namespace differs from the caller's (exit 97).
     """
     for tool in ("unshare", "mount", "chroot"):
         if shutil.which(tool) is None:
@@ -320,9 +328,12 @@ def on_node(tree: Path, argv: Sequence[str], *, env: Optional[Mapping[str, str]]
             raise NodeRootError(f"cannot bind {host_dir} to {inside}: no such directory in "
                                 f"{tree}")
         pairs += [str(host_dir), inside]
+    for inside in read_only_dirs:
+        if not inside.startswith("/") or not (tree / inside.lstrip("/")).is_dir():
+            raise NodeRootError(f"cannot make {inside} read-only: no such directory in {tree}")
     host = ["unshare", "-m", "-p", "-f", "--kill-child", "--propagation", "private",
-            "sh", "-c", _ON_NODE, "on-node", str(tree), "1" if read_only else "0", *pairs, "--",
-            *argv]
+            "sh", "-c", _ON_NODE, "on-node", os.readlink("/proc/self/ns/mnt"), str(tree),
+            "1" if read_only else "0", *read_only_dirs, "--", *pairs, "--", *argv]
     environment = dict(env) if env is not None else {"PATH": NODE_PATH}
     environment.setdefault("PATH", NODE_PATH)  # the host's sh, mount and chroot need one too
     proc = subprocess.run(host, env=environment, capture_output=True, text=True, timeout=timeout,

@@ -262,13 +262,16 @@ def test_configmap_ships_the_device_plugin_management_pods_entry_commented() -> 
 
 def test_bin_dir_is_a_documented_daemonset_setting() -> None:
     """NVSHIM_BINDIR (read-only /usr nodes) is set in the DaemonSet's env, passed on by the
-    installer, documented in deploy/README.md and supported by install.sh's --help."""
+    installer, documented in deploy/README.md (to be set in both containers) and supported by
+    install.sh's --help."""
     installer = _container(_installer_pod(), "installer")
     env = {e["name"]: e["value"] for e in installer["env"]}
     assert env["NVSHIM_BINDIR"] == "/usr/local/bin"
     assert "NVSHIM_BINDIR" in (DEPLOY / "installer.sh").read_text().split("PASS=")[1][:80]
     help_text = (DEPLOY.parent / "install.sh").read_text().split("\nset -eu")[0]
     assert "for testing" not in help_text and "read-only" in help_text
+    section = (DEPLOY / "README.md").read_text().split("## Nodes with a read-only `/usr`")[1]
+    assert "`installer`'s env and the\n`agent`'s" in section.split("\n## ")[0]
 
 
 def test_containerfile_build_args_have_defaults_and_the_build_flags_are_documented() -> None:
@@ -290,3 +293,25 @@ def test_enable_nri_is_an_installer_setting_passed_as_install_sh_nri() -> None:
     text = (DEPLOY / "installer.sh").read_text()
     assert 'if [ "$ENABLE_NRI" = true ]; then set -- "$@" --nri; fi' in text
     assert "`NVSHIM_ENABLE_NRI`" in (DEPLOY / "README.md").read_text()
+
+
+def _readme_builds() -> List[List[str]]:
+    """Every ``podman build`` command of deploy/README.md, continuation lines joined."""
+    import shlex
+
+    text = re.sub(r"\\\n\s*", "", (DEPLOY / "README.md").read_text())
+    return [shlex.split(m) for m in re.findall(r"^\s*(podman build [^\n]*)$", text, re.M)]
+
+
+def test_readme_build_commands_are_the_ones_the_tests_run() -> None:
+    """Each ``podman build`` in deploy/README.md is, flag for flag, the command
+    tests/helpers/installer_image.py builds the DaemonSet's image with (its ``build_argv``),
+    with or without the ``BASE`` build argument."""
+    from tests.helpers.installer_image import build_argv
+
+    builds = _readme_builds()
+    assert len(builds) == 2, builds
+    for argv in builds:
+        name = argv[argv.index("-t") + 1]
+        base = next((a.split("=", 1)[1] for a in argv if a.startswith("BASE=")), None)
+        assert argv == build_argv(name, base), argv
