@@ -160,6 +160,24 @@ def test_verify_refuses_engine_injected_cdi_device(node: NriNode) -> None:
     assert denials and denials[0]["action"] == "refused", denials
 
 
+def test_verify_holds_cri_cdi_devices_to_the_kubelet(node: NriNode) -> None:
+    """A GPU containerd injected from the CRI ``CDI_devices`` field (a DRA claim's or a
+    ``cdi-cri`` device plugin's names) is held to the kubelet's record like an annotation's:
+    refused in one line naming the pod when the record does not hold it, seen by the
+    container when it does."""
+    node.configure(verify_with="kubelet")
+    assert node.kubelet is not None
+    node.kubelet.set([("team-a", "cri-field", {"main": {}})])
+    with pytest.raises(CriError) as info:
+        run(node, "cri-field", cdi_devices=("nvidia.com/gpu=1",))
+    said = info.value.details
+    assert "nvshim: pod team-a/cri-field container main:" in said, said
+    assert node.sim.gpus[1].uuid in said, said
+    node.kubelet.set([("team-a", "cri-held", {"main": {"nvidia.com/gpu": [node.sim.gpus[1].uuid]}})])
+    _cid, logs = run(node, "cri-held", cdi_devices=("nvidia.com/gpu=1",))
+    assert seen(node, logs)[0] == [node.sim.gpus[1].minor]
+
+
 def test_agent_restart_during_50_creates(node: NriNode) -> None:
     """The agent restarted while 50 GPU pods are created: no create fails, no container is journaled twice, every journal line is whole."""
     if node.version != "1.7":
