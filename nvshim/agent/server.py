@@ -11,6 +11,7 @@ parsed.
 from __future__ import annotations
 
 import array
+import contextlib
 import os
 import select
 import socket
@@ -77,17 +78,26 @@ def _bind(path: str) -> Tuple[socket.socket, Optional[str]]:
             raise HostError(f"agent socket {path}: another agent is serving it")
         finally:
             probe.close()
+    # bound and listening under a temporary name, then linked into place: the path
+    # appears only once it answers (a client that finds it never meets ECONNREFUSED, and
+    # nothing changes its mode after it appeared)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    temp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}")
     old = os.umask(0o177)
     try:
-        sock.bind(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)  # this pid's own leftover (a pid reused after a crash)
+        sock.bind(temp)
+        sock.listen(BACKLOG)
+        os.link(temp, path)  # never replaces: an agent that won a start race keeps its path
+        os.unlink(temp)
     except OSError as exc:
         sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
         raise HostError(f"cannot bind agent socket {path}: {exc.strerror}") from exc
     finally:
         os.umask(old)
-    os.chmod(path, 0o600)
-    sock.listen(BACKLOG)
     return sock, made
 
 
