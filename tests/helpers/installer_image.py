@@ -8,8 +8,8 @@
   BASE=<that import> -f deploy/Containerfile -t NAME .``; the builder stage's apt-get and
   pip reach Debian's and PyPI's mirrors through the host's network and pip config, passed
   as the README's ``PIP_*`` build arguments), run with private storage, then
-  ``podman save --format docker-archive``: the tar a node's containerd imports
-  (``ctr -n k8s.io images import``).
+  ``podman save`` to its standard output (deploy/README.md's pipe; docker-archive, podman's
+  default): the tar a node's containerd imports from stdin (``ctr -n k8s.io images import -``).
 
 Both are cached under ``$NVSHIM_TESTS_IMAGE_CACHE`` (default
 ``${XDG_CACHE_HOME:-~/.cache}/nvshim-tests/installer-image``), keyed by a hash of their
@@ -113,12 +113,15 @@ def _locked(cache: Path) -> Iterator[None]:
 
 
 def _run(step: str, argv: Sequence[str], timeout: float, log: Path,
-         cwd: Optional[Path] = None) -> None:
-    with open(log, "ab") as out:
-        out.write(f"\n$ {' '.join(argv)}\n".encode())
+         cwd: Optional[Path] = None, stdout: Optional[Path] = None) -> None:
+    """``argv``, its output appended to ``log`` (``stdout``: its standard output to that file
+    instead, as a shell's ``> FILE`` or the README's pipe gives it)."""
+    with open(log, "ab") as out, open(stdout or os.devnull, "wb") as to:
+        out.write(f"\n$ {' '.join(argv)}{f' > {stdout}' if stdout else ''}\n".encode())
         out.flush()
         try:
-            rc = subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+            rc = subprocess.run(list(argv), stdin=subprocess.DEVNULL,
+                                stdout=to if stdout else out, stderr=out,
                                 timeout=timeout, cwd=cwd, check=False).returncode
         except subprocess.TimeoutExpired:
             rc = -1
@@ -260,8 +263,9 @@ def installer_image_archive(name: str, repo: Path = REPO) -> BuildResult:
             seconds["build"] = time.monotonic() - started
             _no_build_arg_warnings(log, mark)
             started = time.monotonic()
-            _run("podman save", podman.argv("save", "--format", "docker-archive", "-o",
-                                            str(tmp), name), 600, log)
+            # deploy/README.md's `podman save IMAGE | ctr … import -`: the archive is what
+            # podman writes to a pipe (its default format), imported from stdin by the node
+            _run("podman save", podman.argv("save", name), 600, log, stdout=tmp)
             seconds["save"] = time.monotonic() - started
             os.replace(tmp, dest)
         finally:

@@ -209,8 +209,11 @@ class K8sNode:
         return self.run(["ctr", "--namespace", "k8s.io", *args], timeout=timeout)
 
     def import_image(self, archive: Path) -> None:
-        """``ctr -n k8s.io images import`` (what a pull leaves: an unpacked image)."""
-        res = self.ctr("images", "import", str(archive), timeout=600)
+        """``ctr -n k8s.io images import -`` reading the archive on stdin, as deploy/README.md's
+        ``podman save … | ctr -n k8s.io images import -`` does (what a pull leaves: an
+        unpacked image)."""
+        res = self.run(["sh", "-c", 'exec ctr --namespace k8s.io images import - < "$1"', "sh",
+                        str(archive)], timeout=600)
         if res.rc != 0:
             raise AssertionError(f"importing {archive} into the node failed\n{res.describe()}")
 
