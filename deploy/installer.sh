@@ -62,6 +62,9 @@ NVSHIM_RESTART_SIGNAL NVSHIM_RESTART_TIMEOUT"
 STATE=$(dirname "$READY_FILE")
 SEEN=$STATE/configmap-seen.yaml        # the ConfigMap's config.yaml as last looked at
 APPLIED=$STATE/configmap-applied.yaml  # the bytes this installer last put on the node
+# the node's: bindir= and etcdir= of the install, read by the agent container (whose command
+# names /run/nvshim/node-paths: NVSHIM_NODE_PATHS moves it for tests only)
+NODE_PATHS=${NVSHIM_NODE_PATHS:-/run/nvshim/node-paths}
 
 say() { printf 'nvshim-installer: %s\n' "$*" >&2; }
 
@@ -143,6 +146,13 @@ install_node() {
     fi
     INSTALLED=true
     start_refresher
+    # the agent container runs the nvshim installed here: where it is (one setting, this
+    # container's, on a node with a read-only /usr), in a file on the node's /run that the
+    # agent's command and readiness probe read in the node's mount namespace
+    # shellcheck disable=SC2016 # the inner sh expands its own arguments
+    on_node sh -c 'mkdir -p "${1%/*}" && printf "bindir=%s\netcdir=%s\n" "$2" "$3" > "$1.new" && mv "$1.new" "$1"' \
+        sh "$NODE_PATHS" "$BINDIR" "$ETCDIR" \
+        || say "cannot write $NODE_PATHS on the node: the agent container waits for it"
     : > "$READY_FILE"
     say "installed; watching $CONFIGMAP_FILE every ${WATCH_INTERVAL}s"
 }
@@ -192,6 +202,8 @@ stop_refresher() {
 
 uninstall_node() {
     rm -f "$READY_FILE"
+    # shellcheck disable=SC2016 # the inner sh expands its own arguments
+    on_node sh -c 'rm -f "$1"; rmdir "${1%/*}" 2>/dev/null; true' sh "$NODE_PATHS"
     stop_refresher
     if [ "$KEEP_ON_EXIT" = true ]; then
         say "stopping; nvshim stays installed on this node (NVSHIM_KEEP_ON_EXIT=true)"

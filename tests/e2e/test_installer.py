@@ -126,6 +126,7 @@ class Node:
         self.drop_in = self.containerd_config.parent / "conf.d" / "99-nvshim.toml"
         self.configmap = root / "configmap"
         self.ready = root / "run" / "ready"
+        self.node_paths = root / "run" / "nvshim" / "node-paths"
         self.payload = payload
         self.configmap_revision = 0
         self.ctrd.mkdir(parents=True)
@@ -141,6 +142,7 @@ class Node:
             NVSHIM_HOST_ROOT="", NVSHIM_NODE_EXEC="", NVSHIM_PAYLOAD=str(self.payload),
             NVSHIM_STAGE=str(self.stage), NVSHIM_CONFIGMAP_FILE=str(self.configmap / "config.yaml"),
             NVSHIM_READY_FILE=str(self.ready), NVSHIM_WATCH_INTERVAL="1",
+            NVSHIM_NODE_PATHS=str(self.node_paths),
             NVSHIM_PREFIX=str(self.prefix), NVSHIM_BINDIR=str(self.bin),
             NVSHIM_ETCDIR=str(self.etc), NVSHIM_CONTAINERD_CONFIG=str(self.containerd_config),
             NVSHIM_CONTAINERD_SOCKET=str(self.ctrd / "containerd.sock"),
@@ -248,6 +250,8 @@ def test_signal_mode_install_configmap_watch_keep_and_uninstall(node: Node) -> N
         try:
             pod.wait_for("installed; watching")
             assert node.ready.exists()
+            # where the agent container finds the installed nvshim (one setting)
+            assert node.node_paths.read_text() == f"bindir={node.bin}\netcdir={node.etc}\n"
             installed_pid = daemon.pid()
             assert installed_pid not in (None, first_pid)  # restarted by SIGHUP, back again
             assert "nvshim" in daemon.runtimes() and "runc" in daemon.runtimes()
@@ -294,6 +298,7 @@ def test_signal_mode_install_configmap_watch_keep_and_uninstall(node: Node) -> N
         assert node.containerd_config.read_bytes() == node.original
         assert node.nvshim_files() == []
         assert not node.ready.exists()
+        assert not node.node_paths.exists() and not node.node_paths.parent.exists()
         back = daemon.pid()
         assert back not in (None, installed_pid)  # restarted to drop the handler
         assert "nvshim" not in daemon.runtimes()

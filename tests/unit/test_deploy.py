@@ -108,19 +108,23 @@ def test_daemonset_runs_the_node_agent_in_the_nodes_mount_namespace() -> None:
     default, the node's NRI socket documented), and is ready when `nvshim agent --ready` says so."""
     agent = _container(_installer_pod(), "agent")
     script = " ".join(agent["args"])
-    assert 'exec nsenter -t 1 -m -u -i -n -- "$NVSHIM_BINDIR/nvshim" agent' in script
+    assert 'exec nsenter -t 1 -m -u -i -n -- "$bindir/nvshim" agent' in script
+    assert '--config "$etcdir/config.yaml"' in script
     assert '--nri-socket "$NVSHIM_NRI_SOCKET"' in script
     assert "--socket /run/nvshim/agent.sock" in script
     assert {e["name"]: e["value"] for e in agent["env"]}["NVSHIM_NRI_SOCKET"] == "none"
     readme = (DEPLOY / "README.md").read_text()
     assert "`NVSHIM_NRI_SOCKET`" in readme and "/var/run/nri/nri.sock" in readme
-    assert agent["readinessProbe"]["exec"]["command"][-1].endswith(
-        '"$NVSHIM_BINDIR/nvshim" agent --socket /run/nvshim/agent.sock --ready')
-    # the command where the installer container put it (a moved bin dir: read-only /usr)
-    env = {e["name"]: e["value"] for e in agent["env"]}
-    installer = _container(_installer_pod(), "installer")
-    assert env["NVSHIM_BINDIR"] == {e["name"]: e["value"] for e in installer["env"]}[
-        "NVSHIM_BINDIR"]
+    probe = agent["readinessProbe"]["exec"]["command"]
+    assert probe[:5] == ["nsenter", "-t", "1", "-m", "--"]  # the node's file, the node's nvshim
+    assert probe[-1].endswith('"$b/nvshim" agent --socket /run/nvshim/agent.sock --ready')
+    # the command where the installer container put it (a moved bin dir: read-only /usr),
+    # read from the node-paths file the installer writes on the node (one setting)
+    assert "NVSHIM_BINDIR" not in {e["name"] for e in agent["env"]}
+    assert "nsenter -t 1 -m -- cat /run/nvshim/node-paths" in script
+    installer_sh = (DEPLOY / "installer.sh").read_text()
+    assert "NODE_PATHS=${NVSHIM_NODE_PATHS:-/run/nvshim/node-paths}" in installer_sh
+    assert 'sh "$NODE_PATHS" "$BINDIR" "$ETCDIR"' in installer_sh
     assert agent["securityContext"]["privileged"] is True
     assert agent["image"] == _container(_installer_pod(), "installer")["image"]
 
@@ -262,7 +266,8 @@ def test_configmap_ships_the_device_plugin_management_pods_entry_commented() -> 
 
 def test_bin_dir_is_a_documented_daemonset_setting() -> None:
     """NVSHIM_BINDIR (read-only /usr nodes) is set in the DaemonSet's env, passed on by the
-    installer, documented in deploy/README.md (to be set in both containers) and supported by
+    installer, documented in deploy/README.md (set once: the agent container reads the
+    installer's node-paths file) and supported by
     install.sh's --help."""
     installer = _container(_installer_pod(), "installer")
     env = {e["name"]: e["value"] for e in installer["env"]}
@@ -271,7 +276,7 @@ def test_bin_dir_is_a_documented_daemonset_setting() -> None:
     help_text = (DEPLOY.parent / "install.sh").read_text().split("\nset -eu")[0]
     assert "for testing" not in help_text and "read-only" in help_text
     section = (DEPLOY / "README.md").read_text().split("## Nodes with a read-only `/usr`")[1]
-    assert "`installer`'s env and the\n`agent`'s" in section.split("\n## ")[0]
+    assert "the setting is made once" in section.split("\n## ")[0]
 
 
 def test_containerfile_build_args_have_defaults_and_the_build_flags_are_documented() -> None:
