@@ -29,6 +29,9 @@ PATH_NAME = re.compile(r"\bnvshim/[A-Za-z0-9_/]+\.py\b")
 DOTTED_NAME = re.compile(r"(?<![\w.\-/])nvshim(?!\.io/)(?:\.[A-Za-z_]\w*)+")
 # file names that look dotted: nvshim.toml, nvshim.yaml, nvshim.schema.json …
 FILE_SUFFIX = re.compile(r"\.(toml|ya?ml|json|conf|log|prom|fish|bash|zsh|sh|dev|md|txt)$")
+# names that are meant to be gone from this checkout: bench/trees.py measures older
+# revisions, and imports the trampoline from where a revision before issue 36 had it
+HISTORICAL = {("bench/trees.py", "nvshim.node.trampoline")}
 
 
 def shipped_text() -> Iterator[Tuple[str, int, str]]:
@@ -68,6 +71,8 @@ def stale_names() -> List[str]:
             if not (REPO / name).is_file():
                 stale.append(f"{where}:{number}: {name}")
         for name in DOTTED_NAME.findall(line):
+            if (where, name) in HISTORICAL:
+                continue
             if not FILE_SUFFIX.search(name) and not dotted_exists(name):
                 stale.append(f"{where}:{number}: {name}")
     return stale
