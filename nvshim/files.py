@@ -39,6 +39,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, BinaryIO, List, Optional, Tuple
 
+    #: What a resident process holds of a cache it read (:func:`read_trusted_held`):
+    #: (path, its :func:`stat_signature` when read, the parsed document).
+    Held = Tuple[str, List[int], Any]
+
 __all__ = ["replaceable_by_others", "lookup_problem", "check_trusted", "executable_problem",
            "check_executable", "read_bytes",
            "read_trusted_cache", "write_atomic", "remove_stale_temps", "stat_signature"]
@@ -329,6 +333,25 @@ def write_atomic(path: str, data: bytes, default_mode: int = 0o644, durable: boo
         pass  # some filesystems refuse fsync on directories; the data is already durable
     finally:
         os.close(dfd)
+
+
+def read_trusted_held(path: str, what: str,
+                      held: Optional[Held]) -> Tuple[Optional[Any], str, Optional[Held]]:
+    """:func:`read_trusted_cache` for a resident process (the agent's plan and CDI index
+    memos): ``held``'s document again while ``path``'s :func:`stat_signature` is the one
+    read (its trust checked anew each time, as a read would), else the file read afresh.
+    Returns (the document or None, why not, what to hold from now on)."""
+    sig = stat_signature(path)
+    if sig is not None and held is not None and held[0] == path and held[1] == sig:
+        try:
+            check_trusted(path, os.stat(path))
+        except ConfigError as exc:
+            return None, f"{what} not trusted: {exc}", held
+        except OSError as exc:
+            return None, f"{what} unreadable: {exc.strerror}", held
+        return held[2], "", held
+    doc, why = read_trusted_cache(path, what)
+    return doc, why, (None if why or sig is None else (path, sig, doc))
 
 
 def stat_signature(path: str) -> Optional[List[int]]:

@@ -174,14 +174,16 @@ class IndexMemo:
     """A resident process's parsed copy of the CDI index file, and the specs parsed from
     the YAML documents it records (the agent's; a create has none).
 
-    ``entry`` is (path, the file's :func:`~nvshim.files.stat_signature` when read, the
-    document, {id of an index entry: its parsed :class:`Spec`}): the specs live and die
-    with the document they were parsed from (:func:`~nvshim.cdi.load.parse_spec` reads
-    nothing but its argument, so the same entry always gives the same spec).
+    ``entry`` is what :func:`~nvshim.files.read_trusted_held` holds (path, the file's
+    :func:`~nvshim.files.stat_signature` when read, the document); ``specs`` maps the id
+    of an index entry to its parsed :class:`Spec`: the specs live and die with the
+    document they were parsed from (:func:`~nvshim.cdi.load.parse_spec` reads nothing but
+    its argument, so the same entry always gives the same spec).
     """
 
     def __init__(self) -> None:
-        self.entry: Optional[Tuple[str, List[int], Any, Dict[int, Spec]]] = None
+        self.entry: Optional[Tuple[str, List[int], Any]] = None
+        self.specs: Dict[int, Spec] = {}
 
 
 #: Set by :func:`use_memo` in a resident process; None on the runtime's path.
@@ -197,25 +199,14 @@ def use_memo(memo: Optional[IndexMemo]) -> None:
 def _read(path: str) -> Tuple[Optional[Any], str]:
     """The index document at ``path``, through the memo when one is in use (the same
     verdicts as :func:`~nvshim.files.read_trusted_cache` on the file as it is now)."""
-    from nvshim.files import check_trusted, read_trusted_cache, stat_signature
+    from nvshim.files import read_trusted_cache, read_trusted_held
 
     memo = _MEMO
     if memo is None:
         return read_trusted_cache(path, "CDI index")
-    sig = stat_signature(path)
-    entry = memo.entry
-    if sig is not None and entry is not None and entry[0] == path and entry[1] == sig:
-        from nvshim.errors import ConfigError
-
-        try:
-            check_trusted(path, os.stat(path))
-        except ConfigError as exc:
-            return None, f"CDI index not trusted: {exc}"
-        except OSError as exc:
-            return None, f"CDI index unreadable: {exc.strerror}"
-        return entry[2], ""
-    doc, why = read_trusted_cache(path, "CDI index")
-    memo.entry = None if why or sig is None else (path, sig, doc, {})
+    doc, why, held = read_trusted_held(path, "CDI index", memo.entry)
+    if held is not memo.entry:  # another document: the specs parsed from the old one go
+        memo.entry, memo.specs = held, {}
     return doc, why
 
 
@@ -224,9 +215,9 @@ def _parser(doc: Any) -> Callable[[Dict[str, Any]], Spec]:
     memo when ``doc`` is the memo's document (each entry parsed once), else each time."""
     memo = _MEMO
     entry = memo.entry if memo is not None else None
-    if entry is None or entry[2] is not doc:
+    if memo is None or entry is None or entry[2] is not doc:
         return lambda e: parse_spec(e["doc"], e["path"])
-    specs = entry[3]
+    specs = memo.specs
 
     def parse(e: Dict[str, Any]) -> Spec:
         found = specs.get(id(e))

@@ -234,25 +234,12 @@ def use_memo(memo: Optional[PlanMemo]) -> None:
 
 def _read(path: str) -> Tuple[Optional[Any], str]:
     """The plan document at ``path``, through the memo when one is in use."""
-    from nvshim.files import check_trusted, read_trusted_cache
+    from nvshim.files import read_trusted_cache, read_trusted_held
 
     memo = _MEMO
     if memo is None:
         return read_trusted_cache(path, "plan cache")
-    sig = stat_signature(path)
-    entry = memo.entry
-    if sig is not None and entry is not None and entry[0] == path and entry[1] == sig:
-        from nvshim.errors import ConfigError
-
-        try:
-            check_trusted(path, os.stat(path))
-        except ConfigError as exc:
-            return None, f"plan cache not trusted: {exc}"
-        except OSError as exc:
-            return None, f"plan cache unreadable: {exc.strerror}"
-        return entry[2], ""
-    doc, why = read_trusted_cache(path, "plan cache")
-    memo.entry = None if why or sig is None else (path, sig, doc)
+    doc, why, memo.entry = read_trusted_held(path, "plan cache", memo.entry)
     return doc, why
 
 
