@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple, TypeVar
+from typing import Any, Iterator, List, Optional, Tuple, TypeVar
 
 from tests.helpers.common import wait_until
 
@@ -79,3 +81,30 @@ def running_agent(tmp: Path, config: Optional[Path], name: str = "agent",
         yield agent
     finally:
         agent.stop()
+
+
+def fake_agent(path: Path, reply: Optional[bytes]) -> Tuple[threading.Thread, List[Any]]:
+    """A one-shot agent socket at ``path`` for the C client's tests: records (the request,
+    the stat of each descriptor it got), answers ``reply`` (None: closes without
+    answering)."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    srv.bind(str(path))
+    srv.listen(1)
+    seen: List[Any] = []
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        data, anc, _, _ = conn.recvmsg(70000, socket.CMSG_SPACE(16))
+        fds = [int.from_bytes(p[i:i + 4], sys.byteorder) for _, _, p in anc
+               for i in range(0, len(p), 4)]
+        seen.append((data, [os.fstat(fd) for fd in fds]))
+        for fd in fds:
+            os.close(fd)
+        if reply is not None:
+            conn.send(reply)
+        conn.close()
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t, seen

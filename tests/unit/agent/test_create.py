@@ -6,20 +6,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nvshim.agent.protocol import Request, encode_reply, parse_request
-from tests.helpers.agent import AgentProcess
+from tests.helpers.agent import AgentProcess, fake_agent
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="simulated nodes need mknod")
 pytestmark = needs_root
@@ -280,32 +279,6 @@ def test_agent_killed_mid_creates_each_completes_or_fails_in_one_line(world: Wor
 # --- the C client alone ---------------------------------------------------------------
 
 
-def _fake_agent(path: Path, reply: Optional[bytes]) -> Tuple[threading.Thread, List[Any]]:
-    """A one-shot server: records (request, the stat of the descriptor it got), answers
-    ``reply`` (None: closes without answering)."""
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    srv.bind(str(path))
-    srv.listen(1)
-    seen: List[Any] = []
-
-    def serve() -> None:
-        conn, _ = srv.accept()
-        data, anc, _, _ = conn.recvmsg(70000, socket.CMSG_SPACE(16))
-        fds = [int.from_bytes(p[i:i + 4], sys.byteorder) for _, _, p in anc
-               for i in range(0, len(p), 4)]
-        seen.append((data, [os.fstat(fd) for fd in fds]))
-        for fd in fds:
-            os.close(fd)
-        if reply is not None:
-            conn.send(reply)
-        conn.close()
-        srv.close()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    return t, seen
-
-
 def _run_client(client: Path, sock: Path, bundle: Path, config: Path,
                 *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(client), str(sock), "0.1.0", str(config), "/usr/bin/runc",
@@ -334,7 +307,7 @@ def test_client_sends_the_request_and_maps_the_reply(tmp_path: Path, client: Pat
     bundle.mkdir()
     config = tmp_path / "c.yaml"
     config.write_text("{}\n")
-    thread, seen = _fake_agent(tmp_path / "s", reply)
+    thread, seen = fake_agent(tmp_path / "s", reply)
     res = _run_client(client, tmp_path / "s", bundle, config, "create", "--bundle",
                       str(bundle), "id")
     thread.join(10)
@@ -440,7 +413,7 @@ def test_client_reply_parser_fuzzed(client: Path, tmp_path_factory: pytest.TempP
     ``refused`` (its message on stderr), 2 for everything else."""
     tmp = tmp_path_factory.mktemp("fz")
     (tmp / "b").mkdir()
-    thread, _ = _fake_agent(tmp / "s", reply)
+    thread, _ = fake_agent(tmp / "s", reply)
     res = _run_client(client, tmp / "s", tmp / "b", tmp / "c", "create", "x")
     thread.join(10)
     fields = reply.split(b"\0")

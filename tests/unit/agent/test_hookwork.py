@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -23,6 +21,7 @@ from nvshim.agent.nri import plugin
 from nvshim.agent.nri.api import Container, Pod
 from nvshim.agent.protocol import ProtocolError, Request, encode_request, parse_request
 from nvshim.config import Config
+from tests.helpers.agent import fake_agent
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the agent serves root only")
 POD = Pod("sb", "train", "uid-1", "team-a", {}, "")
@@ -176,30 +175,6 @@ def test_client_hook_usage_and_missing_fallback(client: Path, tmp_path: Path) ->
         "No such file or directory\n", res.stderr
 
 
-def _fake_agent(path: Path, reply: bytes) -> Tuple[threading.Thread, List[Any]]:
-    """A one-shot server: records (request, the stat of each descriptor), answers ``reply``."""
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    srv.bind(str(path))
-    srv.listen(1)
-    seen: List[Any] = []
-
-    def serve() -> None:
-        conn, _ = srv.accept()
-        data, anc, _, _ = conn.recvmsg(70000, socket.CMSG_SPACE(16))
-        fds = [int.from_bytes(p[i:i + 4], sys.byteorder) for _, _, p in anc
-               for i in range(0, len(p), 4)]
-        seen.append((data, [os.fstat(fd) for fd in fds]))
-        for fd in fds:
-            os.close(fd)
-        conn.send(reply)
-        conn.close()
-        srv.close()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    return t, seen
-
-
 def _echo_fallback(tmp_path: Path) -> List[str]:
     script = tmp_path / "fallback"
     script.write_text(f'#!/bin/sh\ncat > {tmp_path}/stdin\necho "$@" > {tmp_path}/args\n')
@@ -216,7 +191,7 @@ def test_client_hook_reply_fuzzed(client: Path, tmp_path_factory: pytest.TempPat
                                   reply: bytes, state: str) -> None:
     """Any reply: exit 0 without the fallback only for a well-formed ``ok``; otherwise the fallback runs with its argv and exactly the state the client read; the request is the agent parser's ``hook`` with the caller's / as its descriptor."""
     tmp = tmp_path_factory.mktemp("hz")
-    thread, seen = _fake_agent(tmp / "s", reply)
+    thread, seen = fake_agent(tmp / "s", reply)
     fallback = _echo_fallback(tmp)
     res = subprocess.run([str(client), "--hook", str(tmp / "s"), "9.9", *fallback],
                          input=state.encode(), capture_output=True, timeout=30)
