@@ -2,12 +2,15 @@
 
 Run as root from the repository root with a venv that has nvshim and the test extras::
 
-    .venv/bin/python bench/nri.py [--runs 15] [--version 1.7|2.1]
+    .venv/bin/python bench/nri.py [--runs 15] [--blocks 2] [--version 1.7|2.1] [--modes guard,...]
 
 It starts containerd (tests/helpers/nri.py: Debian 13's 1.7.24 or sid's 2.1.9, NRI on,
 the real CRI) on a simulated 4-GPU node and times, over the CRI as the kubelet calls it,
 CreateContainer + StartContainer of a busybox container (``true``) under plain runc in
-blocks, alternating:
+blocks of ``--runs``, one block per mode per round, the order reversed every other round,
+each block in a pod of its own that is removed after it (containerd's create slows as the
+containers it holds grow: without the removal the modes run later in a round paid for
+the earlier ones' containers, ≈ 5 ms for the guard):
 
 - ``none``: no plugin registered (the agent stopped), the container names a GPU UUID;
 - ``handler``: no plugin, the same container under nvshim's runtime handler (``nvidia``,
@@ -18,10 +21,15 @@ blocks, alternating:
 - ``inject_hook``: the same with ``nri-inroot: hook`` (nvshim's Python createContainer hook);
 - ``inject_start``: the same with ``nri-inroot: start`` (in-root work at StartContainer);
 - ``guard``: the agent with only the guard on, an unallocated ``NVIDIA_VISIBLE_DEVICES=all``
-  under runc (the plugin answers with ``void``).
+  under runc (the plugin answers with ``void``);
+- ``registered``: the agent registered with all three duties off (it answers every
+  event with no adjustment): what NRI's round trips cost before any decision.
 
 Also the agent's start to registration (process start to its ``nri registered`` line)
-and its resident memory after the rounds. Medians in ms; nothing asserts on time.
+and its resident memory after the rounds. Medians in ms; ``added_ms`` is the difference of
+each mode's median and ``none``'s, ``added_ms_paired_blocks`` the median over rounds of
+each block's median less the ``none`` block's of the same round (steadier when the machine's
+speed drifts). Nothing asserts on time.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+MODES = ("none", "handler", "inject", "inject_hook", "inject_start", "guard", "registered")
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -45,17 +54,25 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--blocks", type=int, default=2)
     parser.add_argument("--version", default="1.7", choices=["1.7", "2.1"])
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma-separated modes to run, of " + ", ".join(MODES)
+                        + " (none, the baseline, always runs)")
     args = parser.parse_args()
+    modes = ["none"] + [m for m in args.modes.split(",") if m and m != "none"]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        parser.error(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(MODES)}")
     from nvshim.sim.build import create_node
     from tests.helpers.bundle import make_rootfs
     from tests.helpers.nri import nri_node
 
-    times: Dict[str, List[float]] = {"none": [], "handler": [], "inject": [],
-                                     "inject_hook": [], "inject_start": [], "guard": []}
+    times: Dict[str, List[float]] = {m: [] for m in modes}
+    block_medians: Dict[str, List[float]] = {m: [] for m in modes}
     ready: List[float] = []
     rss_kb = 0
     handling: List[float] = []
     hook_ms: List[float] = []
+    guard_ms: List[float] = []
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-nri-") as tmp:
         base = Path(tmp)
         sim = create_node(str(base / "node"), gpus=4)
@@ -81,44 +98,66 @@ def main() -> int:
                 name = f"{mode}-{len(times[mode])}"
                 sandbox, config = cri.run_pod(name, "bench", f"uid-{name}", base / "logs" / name,
                                               f"/{n.cgroup}/{name}", handler, None)
-                for i in range(args.runs):
+                # one untimed container first in every block: a just started agent's first
+                # create imports the planning modules, and its start-up work settles
+                for i in range(-1, args.runs):
                     t0 = time.perf_counter()
-                    cid = cri.create_container(sandbox, config, f"c{i}",
+                    cid = cri.create_container(sandbox, config, f"c{i + 1}",
                                                "docker.io/nvshim-test/busybox:1", ["true"],
                                                env=env)
                     cri.start_container(cid)
-                    times[mode].append((time.perf_counter() - t0) * 1e3)
+                    if i >= 0:
+                        times[mode].append((time.perf_counter() - t0) * 1e3)
+                block_medians[mode].append(statistics.median(times[mode][-args.runs:]))
+                # each block on a containerd holding no earlier block's containers: create
+                # time grows with their number, which would favour the modes run first
+                cri.remove_pods(close=False)
 
-            for _ in range(args.blocks):
-                n.agent.stop()
-                rounds("none", {"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
-                rounds("handler", {"NVIDIA_VISIBLE_DEVICES": gpu.uuid}, "nvidia")
+            gpu_env = {"NVIDIA_VISIBLE_DEVICES": gpu.uuid}
+
+            def run_mode(mode: str) -> None:
+                if mode in ("none", "handler"):
+                    assert n.agent is not None
+                    n.agent.stop()
+                    rounds(mode, gpu_env, "nvidia" if mode == "handler" else "runc")
+                elif mode.startswith("inject"):
+                    restart(**({"nri_inroot": mode.split("_")[1]} if "_" in mode else {}))
+                    rounds(mode, gpu_env)
+                elif mode == "guard":
+                    restart(nri_inject=False)
+                    rounds(mode, {"NVIDIA_VISIBLE_DEVICES": "all"})
+                else:  # registered
+                    restart(nri_inject=False, nri_guard=False, nri_verify=False)
+                    rounds(mode, {"NVIDIA_VISIBLE_DEVICES": "all"})
+
+            for block in range(args.blocks):  # the order reversed every other block
+                for mode in (modes if block % 2 == 0 else modes[::-1]):
+                    run_mode(mode)
+            if n.agent.proc is None or n.agent.proc.poll() is not None:
                 restart()
-                rounds("inject", {"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
-                restart(nri_inroot="hook")
-                rounds("inject_hook", {"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
-                restart(nri_inroot="start")
-                rounds("inject_start", {"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
-                restart(nri_inject=False)
-                rounds("guard", {"NVIDIA_VISIBLE_DEVICES": "all"})
             assert n.agent.proc is not None
             status = Path(f"/proc/{n.agent.proc.pid}/status").read_text()
             rss_kb = int(next(line.split()[1] for line in status.splitlines()
                               if line.startswith("VmRSS:")))
             handling = [json.loads(line)["ms"] for line in log.read_text().splitlines()
                         if '"nri inject"' in line and '"ms"' in line]
+            guard_ms = [json.loads(line)["ms"] for line in log.read_text().splitlines()
+                        if '"nri guard"' in line and '"ms"' in line]
             hook_ms = [json.loads(line)["ms"] for line in log.read_text().splitlines()
                        if '"nri in-root work"' in line and '"agent hook"' in line]
     med = {k: statistics.median(v) for k, v in times.items()}
     print(json.dumps({
         "containerd": args.version, "runs_per_mode": len(times["none"]),
         "create_start_ms": {k: round(v, 2) for k, v in med.items()},
-        "added_ms": {"inject": round(med["inject"] - med["none"], 2),
-                     "inject_hook": round(med["inject_hook"] - med["none"], 2),
-                     "inject_start": round(med["inject_start"] - med["none"], 2),
-                     "runtime_handler": round(med["handler"] - med["none"], 2),
-                     "guard": round(med["guard"] - med["none"], 2)},
+        "added_ms": {("runtime_handler" if k == "handler" else k): round(v - med["none"], 2)
+                     for k, v in med.items() if k != "none"},
+        # each block against the no-plugin block of the same round: slow drift cancels
+        "added_ms_paired_blocks": {
+            ("runtime_handler" if k == "handler" else k): round(statistics.median(
+                a - b for a, b in zip(v, block_medians["none"], strict=True)), 2)
+            for k, v in block_medians.items() if k != "none"},
         "plugin_inject_handling_ms": round(statistics.median(handling), 2) if handling else None,
+        "plugin_guard_handling_ms": round(statistics.median(guard_ms), 2) if guard_ms else None,
         "agent_hook_work_ms": round(statistics.median(hook_ms), 2) if hook_ms else None,
         "agent_start_to_registered_ms": round(statistics.median(ready), 1),
         "agent_rss_mb": round(rss_kb / 1024, 1),

@@ -459,8 +459,9 @@ class CriClient:
                 raise AssertionError(f"no {marker!r} in {path} after {timeout}s: {lines[-20:]}")
             time.sleep(0.1)
 
-    def remove_pods(self) -> None:
-        """StopPodSandbox + RemovePodSandbox for every pod this client started."""
+    def remove_pods(self, close: bool = True) -> None:
+        """StopPodSandbox + RemovePodSandbox for every pod this client started; then the
+        channel is closed unless ``close`` is false."""
         for sandbox in self.sandboxes:
             for method in ("StopPodSandbox", "RemovePodSandbox"):
                 try:
@@ -468,7 +469,8 @@ class CriClient:
                 except CriError:
                     pass  # teardown: the containerd stop that follows removes what is left
         self.sandboxes = []
-        self.channel.close()
+        if close:
+            self.channel.close()
 
 
 def spec_annotations(state_dir: Path, container: str) -> Dict[str, str]:
