@@ -37,6 +37,7 @@ __all__ = [
     "Adjustment",
     "decode_pod",
     "decode_container",
+    "decode_event",
     "decode_pod_container",
     "decode_configure",
     "decode_state_change",
@@ -247,6 +248,24 @@ def decode_state_change(data: bytes) -> Tuple[int, Pod, Container]:
     pod = next((decode_pod(p) for p in messages(v, 2)), Pod())
     container = next((decode_container(c) for c in messages(v, 3)), Container())
     return read_int(v, 1), pod, container
+
+
+def decode_event(method: str, data: bytes) -> Tuple[int, str, int]:
+    """(event, container id, container pid) of a StartContainer or RemoveContainer request
+    or a StateChangeEvent, the pod and the rest of the container left undecoded: what the
+    plugin needs to find work it holds for the container, paid on every container's start
+    and removal (:func:`decode_pod_container` and :func:`decode_state_change` for the
+    whole)."""
+    v = by_number(data)
+    if method == "StateChange":
+        event, number = read_int(v, 1), 3
+    else:
+        event = Event.START_CONTAINER if method == "StartContainer" else Event.REMOVE_CONTAINER
+        number = 2
+    for raw in messages(v, number):
+        c = by_number(raw)
+        return event, read_string(c, 1), read_int(c, 12, signed=False)
+    return event, "", 0
 
 
 def decode_configure(data: bytes) -> Dict[str, str]:

@@ -42,6 +42,7 @@ from nvshim.agent.nri.api import (
     Mount,
     Pod,
     decode_configure,
+    decode_event,
     decode_pod_container,
     decode_state_change,
     encode_configure_reply,
@@ -179,7 +180,8 @@ def decide(config: Config, pod: Pod, container: Container, log: Any,
         reason = strip_reason(plan) or "no allocation"
         if journal and plan.claim.claims_gpus:
             _deny(config, pod, container, "stripped", reason, plan)
-        log.info("nri guard", who=_who(pod, container), reason=reason)
+        log.info("nri guard", who=_who(pod, container), reason=reason,
+                 ms=round((time.perf_counter() - started) * 1e3, 2))
         return _guard(config, container, plan.claim.annotation_keys)
     if plan.granted_uuids and config.nri_inject and handler not in config.nri_gpu_handlers:
         assert plan.new_spec is not None
@@ -318,17 +320,16 @@ class Plugin:
             return encode_configure_reply(event_mask(
                 Event.CREATE_CONTAINER, Event.START_CONTAINER, Event.REMOVE_CONTAINER))
         if method in ("StateChange", "StartContainer", "RemoveContainer"):
-            if method == "StateChange":
-                event, pod, container = decode_state_change(body)
-            else:
-                pod, container = decode_pod_container(body)
-                event = (Event.START_CONTAINER if method == "StartContainer"
-                         else Event.REMOVE_CONTAINER)
+            event, cid, pid = decode_event(method, body)
             if event == Event.REMOVE_CONTAINER and self.pending is not None:
-                self.pending.drop(container.id)  # a create whose hook never ran
-            work = self.later.pop(container.id, None)
-            if work is not None and event == Event.START_CONTAINER and container.pid:
-                start_work(work, container.pid, _who(pod, container), self.log)
+                self.pending.drop(cid)  # a create whose hook never ran
+            work = self.later.pop(cid, None)
+            if work is not None and event == Event.START_CONTAINER and pid:
+                if method == "StateChange":
+                    _event, pod, container = decode_state_change(body)
+                else:
+                    pod, container = decode_pod_container(body)
+                start_work(work, pid, _who(pod, container), self.log)
             return b""
         if method == "Synchronize":
             return encode_sync_reply(body)

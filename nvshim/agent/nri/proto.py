@@ -75,18 +75,25 @@ def fields(data: bytes) -> Iterator[Tuple[int, int, Value]]:
     """(number, wire type, value) of each field of the message ``data``, in order."""
     pos, end = 0, len(data)
     while pos < end:
-        key, pos = _read_varint(data, pos)
+        key = data[pos]  # one-byte keys and lengths (most of them) without a call
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = _read_varint(data, pos)
         number, wire = key >> 3, key & 7
         if number == 0:
             raise WireError("field number 0")
         value: Value
-        if wire == VARINT:
-            value, pos = _read_varint(data, pos)
-        elif wire == LENGTH:
-            size, pos = _read_varint(data, pos)
+        if wire == LENGTH:
+            if pos < end and data[pos] < 0x80:
+                size, pos = data[pos], pos + 1
+            else:
+                size, pos = _read_varint(data, pos)
             if size > end - pos:
                 raise WireError(f"field {number}: length {size} past the end of the message")
             value, pos = data[pos:pos + size], pos + size
+        elif wire == VARINT:
+            value, pos = _read_varint(data, pos)
         elif wire == FIXED64:
             if pos + 8 > end:
                 raise WireError(f"field {number}: truncated fixed64")

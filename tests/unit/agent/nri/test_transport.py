@@ -43,6 +43,39 @@ def test_fields_never_raise_anything_but_wire_error(data: bytes) -> None:
         api.decode_pod_container(data)
     except WireError:
         pass
+    for method in ("StateChange", "StartContainer", "RemoveContainer"):
+        try:
+            api.decode_event(method, data)
+        except WireError:
+            pass
+
+
+@given(st.integers(min_value=1, max_value=(1 << 29) - 1), st.binary(max_size=400))
+def test_length_fields_round_trip_at_any_size(number: int, value: bytes) -> None:
+    """A length-delimited field reads back whole whether its key and length take one
+    varint byte (the decoder's inline path) or several."""
+    assert list(proto.fields(proto.message_field(number, value))) == [(number, 2, value)]
+
+
+@given(text, st.integers(min_value=0, max_value=(1 << 32) - 1), st.binary(max_size=300))
+def test_start_remove_and_state_change_decode_the_container_id_and_pid(
+        cid: str, pid: int, rest: bytes) -> None:
+    """decode_event reads the container's id and pid of a StartContainer/RemoveContainer
+    request (container at 2) and a StateChangeEvent (event 1, container at 3) as the whole
+    decode does, the pod and the container's other fields (here any bytes) skipped."""
+    ctr = (proto.string_field(1, cid) + proto.bytes_field(90, rest)
+           + proto.varint_field(12, pid))
+    pod = proto.string_field(2, "p") + proto.bytes_field(91, rest)
+    request = proto.message_field(1, pod) + proto.message_field(2, ctr)
+    _pod, whole = api.decode_pod_container(request)
+    assert (whole.id, whole.pid) == (cid, pid)
+    assert api.decode_event("StartContainer", request) == (api.Event.START_CONTAINER, cid, pid)
+    assert api.decode_event("RemoveContainer", request) == (api.Event.REMOVE_CONTAINER, cid,
+                                                            pid)
+    change = (proto.varint_field(1, api.Event.START_CONTAINER) + proto.message_field(2, pod)
+              + proto.message_field(3, ctr))
+    assert api.decode_event("StateChange", change) == (api.Event.START_CONTAINER, cid, pid)
+    assert api.decode_event("StartContainer", b"") == (api.Event.START_CONTAINER, "", 0)
 
 
 @given(text, text, text, st.dictionaries(text, text, max_size=4), text,
