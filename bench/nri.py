@@ -156,6 +156,7 @@ def main() -> int:
             ("runtime_handler" if k == "handler" else k): round(statistics.median(
                 a - b for a, b in zip(v, block_medians["none"], strict=True)), 2)
             for k, v in block_medians.items() if k != "none"},
+        "block_medians_ms": {k: [round(x, 1) for x in v] for k, v in block_medians.items()},
         "plugin_inject_handling_ms": round(statistics.median(handling), 2) if handling else None,
         "plugin_guard_handling_ms": round(statistics.median(guard_ms), 2) if guard_ms else None,
         "agent_hook_work_ms": round(statistics.median(hook_ms), 2) if hook_ms else None,
