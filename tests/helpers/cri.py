@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import grpc
 
-from nvshim.runtime.allocation import podresources as _proto
+from nvshim import _protobuf as _proto
 from tests.helpers.containerd import containerd_private_config
 
 __all__ = ["CriClient", "cri_containerd_config", "import_image", "IMAGE", "CriError",
@@ -138,18 +138,26 @@ def import_image(containerd: Any, rootfs: Path, work: Path) -> str:
 # --------------------------------------------------------------------------- messages
 
 
-def _varint_field(number: int, value: int) -> bytes:
-    return _proto._varint(number << 3) + _proto._varint(value) if value else b""
+_varint_field = _proto.varint_field
+
+
+def _all_bytes(fields: Mapping[int, List[_proto.Value]], number: int) -> List[bytes]:
+    return [v for v in fields.get(number, []) if isinstance(v, bytes)]
+
+
+def _first_str(fields: Mapping[int, List[_proto.Value]], number: int) -> str:
+    values = _all_bytes(fields, number)
+    return values[-1].decode(errors="replace") if values else ""
 
 
 def _map(number: int, items: Mapping[str, str]) -> bytes:
     return b"".join(
-        _proto.bytes_field(number, _proto.string_field(1, k) + _proto.string_field(2, v))
+        _proto.message_field(number, _proto.string_field(1, k) + _proto.string_field(2, v))
         for k, v in sorted(items.items()))
 
 
 def _msg(number: int, payload: bytes) -> bytes:
-    return _proto.bytes_field(number, payload)
+    return _proto.message_field(number, payload)
 
 
 def sandbox_config(name: str, namespace: str, uid: str, log_dir: str, cgroup_parent: str,
@@ -349,7 +357,7 @@ class ContainerState:
 
 
 def _first_string(data: bytes) -> str:
-    return _proto.first_str(_proto.decode(data), 1)
+    return _first_str(_proto.by_number(data), 1)
 
 
 class CriClient:
@@ -415,16 +423,16 @@ class CriClient:
 
     def status(self, container: str) -> ContainerState:
         """ContainerStatus{container_id=1} → its state, exit code, reason and message."""
-        reply = _proto.decode(self.call("ContainerStatus", _proto.string_field(1, container)))
-        status = _proto.decode(_proto.all_bytes(reply, 1)[-1])
+        reply = _proto.by_number(self.call("ContainerStatus", _proto.string_field(1, container)))
+        status = _proto.by_number(_all_bytes(reply, 1)[-1])
 
         def number(n: int) -> int:
             values = [v for v in status.get(n, []) if isinstance(v, int)]
             value = values[-1] if values else 0
             return value - (1 << 64) if value >= 1 << 63 else value
 
-        return ContainerState(number(3), number(7), _proto.first_str(status, 10),
-                              _proto.first_str(status, 11))
+        return ContainerState(number(3), number(7), _first_str(status, 10),
+                              _first_str(status, 11))
 
     def stop_container(self, container: str, timeout: int) -> None:
         """StopContainer{container_id=1, timeout=2}: SIGTERM (the image's stop signal), then
@@ -436,10 +444,10 @@ class CriClient:
         """ExecSync{container_id=1, cmd=2, timeout=3} → (exit code, stdout, stderr)."""
         request = (_proto.string_field(1, container)
                    + b"".join(_proto.string_field(2, c) for c in cmd) + _varint_field(3, timeout))
-        reply = _proto.decode(self.call("ExecSync", request))
+        reply = _proto.by_number(self.call("ExecSync", request))
         codes = [v for v in reply.get(3, []) if isinstance(v, int)]
-        out = b"".join(_proto.all_bytes(reply, 1)).decode(errors="replace")
-        err = b"".join(_proto.all_bytes(reply, 2)).decode(errors="replace")
+        out = b"".join(_all_bytes(reply, 1)).decode(errors="replace")
+        err = b"".join(_all_bytes(reply, 2)).decode(errors="replace")
         return (codes[-1] if codes else 0), out, err
 
     def wait_log(self, log_dir: Path, name: str, marker: str, timeout: float = 60) -> str:

@@ -498,6 +498,6 @@ class Kubelet:
 
 
 def _sandbox_request(sandbox: str) -> bytes:
-    from nvshim.runtime.allocation import podresources as _proto
+    from nvshim._protobuf import string_field
 
-    return _proto.string_field(1, sandbox)
+    return string_field(1, sandbox)

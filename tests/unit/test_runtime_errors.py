@@ -41,7 +41,7 @@ INTERNAL = {"nvshim._jsonc._Fallback", "nvshim.node.cdirefresh._Stop", "nvshim.c
             "nvshim._record.FrozenInstanceError",
             # the NRI transport's own: caught in the plugin's loop, one log line or an error
             # reply to the engine, never a user's error
-            "nvshim.agent.nri.proto.WireError", "nvshim.agent.nri.transport.RpcError",
+            "nvshim.agent.nri.transport.RpcError",
             # the agent hook's "the Python hook does it": a fallback reply, never a user's error
             "nvshim.agent.hookwork._NotServed"}
 BUILTIN = {"ValueError", "OSError", "KeyError", "TypeError", "RuntimeError", "Exception",
@@ -102,7 +102,7 @@ def test_a_key_twice_in_one_object_is_a_spec_error(raw: bytes) -> None:
 
 @pytest.mark.parametrize("data", [b"\x08", b"\x80" * 11, b"\x0a\x05ab", b"\x0b", b"\x00"])
 def test_a_malformed_kubelet_message_is_a_host_error(data: bytes) -> None:
-    from nvshim.runtime.allocation.podresources import decode
+    from nvshim._protobuf import by_number as decode
 
     with pytest.raises(HostError):
         decode(data)

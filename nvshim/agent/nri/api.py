@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-from nvshim.agent.nri.proto import (
+from nvshim._protobuf import (
     by_number,
     map_field,
     message_field,

@@ -27,7 +27,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Tuple
 
-from nvshim.agent.nri.proto import (
+from nvshim._protobuf import (
     WireError,
     by_number,
     bytes_field,

@@ -7,9 +7,11 @@ and ``grpc`` is imported inside :func:`_ask_podresources`.
 The PodResources API (kubelet ``v1``, unix socket, gRPC service ``v1.PodResourcesLister``)
 is the authority, asked with ``List``: every kubelet since 1.20 serves it (``Get`` needs a feature
 gate on older ones), and its answer also names the container a disputed GPU went to. The messages
-are few and small, so they are encoded and decoded here
-(:mod:`nvshim.runtime.allocation.podresources`) rather than generated: no protobuf runtime to
-import. The device manager's checkpoint file
+are few and small, so they are encoded and decoded here, with nvshim's own wire format
+(:mod:`nvshim._protobuf`, the NRI plugin's too), rather than generated: no protobuf runtime
+to import; their bytes from the socket are read leniently (a field of an unexpected type
+skipped, text not UTF-8 replaced), a malformed message is a
+:class:`~nvshim._protobuf.WireError` (a host error). The device manager's checkpoint file
 (root-written JSON, keyed by pod UID) is read first and grants what it lists for this
 container without a gRPC call; see :func:`ask_kubelet` for why that is safe.
 
@@ -32,9 +34,9 @@ import json
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from nvshim._protobuf import Value, by_number, message_field, string_field
 from nvshim._record import dataclass, field
 from nvshim.errors import HostError
-from nvshim.runtime.allocation import podresources as _proto
 from nvshim.runtime.identity import (
     CONTAINER_NAME,
     SANDBOX_NAME,
@@ -122,6 +124,22 @@ class Allocation:
 
 # --- PodResources messages (field numbers from kubelet's pkg/apis/podresources/v1/api.proto)
 
+Fields = Mapping[int, List[Value]]
+
+
+def _all_bytes(fields: Fields, number: int) -> List[bytes]:
+    return [v for v in fields.get(number, []) if isinstance(v, bytes)]
+
+
+def _all_str(fields: Fields, number: int) -> List[str]:
+    return [v.decode("utf-8", errors="replace") for v in _all_bytes(fields, number)]
+
+
+def _first_str(fields: Fields, number: int) -> str:
+    values = _all_str(fields, number)
+    return values[-1] if values else ""  # proto3: the last occurrence of a scalar wins
+
+
 Devices = List[Tuple[str, Tuple[str, ...]]]
 """(resource name, device ids) per ContainerDevices."""
 ContainerRecord = Tuple[str, Devices, Tuple[Claim, ...]]
@@ -132,75 +150,75 @@ PodRecord = Tuple[str, str, List[ContainerRecord]]
 
 def _container_devices(buf: bytes) -> Tuple[str, Tuple[str, ...]]:
     """ContainerDevices{resource_name = 1, repeated device_ids = 2, topology = 3}."""
-    f = _proto.decode(buf)
-    return _proto.first_str(f, 1), tuple(_proto.all_str(f, 2))
+    f = by_number(buf)
+    return _first_str(f, 1), tuple(_all_str(f, 2))
 
 
 def _claim_device(buf: bytes) -> ClaimDevice:
     """ClaimResource{repeated CDIDevice cdi_devices = 1, driver_name = 2, pool_name = 3,
     device_name = 4, optional share_id = 5}; CDIDevice{name = 1}."""
-    f = _proto.decode(buf)
-    names = tuple(_proto.first_str(_proto.decode(b), 1) for b in _proto.all_bytes(f, 1))
-    return ClaimDevice(_proto.first_str(f, 2), _proto.first_str(f, 3), _proto.first_str(f, 4),
+    f = by_number(buf)
+    names = tuple(_first_str(by_number(b), 1) for b in _all_bytes(f, 1))
+    return ClaimDevice(_first_str(f, 2), _first_str(f, 3), _first_str(f, 4),
                        tuple(n for n in names if n))
 
 
 def _claim(buf: bytes) -> Claim:
     """DynamicResource{claim_name = 2, claim_namespace = 3, repeated claim_resources = 4}
     (1 was class_name, removed in Kubernetes 1.31)."""
-    f = _proto.decode(buf)
-    return Claim(_proto.first_str(f, 3), _proto.first_str(f, 2),
-                 tuple(_claim_device(b) for b in _proto.all_bytes(f, 4)))
+    f = by_number(buf)
+    return Claim(_first_str(f, 3), _first_str(f, 2),
+                 tuple(_claim_device(b) for b in _all_bytes(f, 4)))
 
 
 def _container(buf: bytes) -> ContainerRecord:
     """ContainerResources{name = 1, repeated devices = 2, cpu_ids = 3, memory = 4,
     repeated dynamic_resources = 5}."""
-    f = _proto.decode(buf)
-    return (_proto.first_str(f, 1), [_container_devices(b) for b in _proto.all_bytes(f, 2)],
-            tuple(_claim(b) for b in _proto.all_bytes(f, 5)))
+    f = by_number(buf)
+    return (_first_str(f, 1), [_container_devices(b) for b in _all_bytes(f, 2)],
+            tuple(_claim(b) for b in _all_bytes(f, 5)))
 
 
 def _pod(buf: bytes) -> PodRecord:
     """PodResources{name = 1, namespace = 2, repeated containers = 3}."""
-    f = _proto.decode(buf)
-    containers = [_container(b) for b in _proto.all_bytes(f, 3)]
-    return _proto.first_str(f, 1), _proto.first_str(f, 2), containers
+    f = by_number(buf)
+    containers = [_container(b) for b in _all_bytes(f, 3)]
+    return _first_str(f, 1), _first_str(f, 2), containers
 
 
 def decode_list_response(buf: bytes) -> List[PodRecord]:
     """ListPodResourcesResponse{repeated pod_resources = 1}."""
-    return [_pod(b) for b in _proto.all_bytes(_proto.decode(buf), 1)]
+    return [_pod(b) for b in _all_bytes(by_number(buf), 1)]
 
 
 def encode_list_response(pods: Sequence[PodRecord]) -> bytes:
     """The inverse of :func:`decode_list_response` (test servers speak the real API with it)."""
-    return b"".join(_proto.bytes_field(1, _encode_pod(p)) for p in pods)
+    return b"".join(message_field(1, _encode_pod(p)) for p in pods)
 
 
 def _encode_pod(pod: PodRecord) -> bytes:
     name, namespace, containers = pod
-    out = _proto.string_field(1, name) + _proto.string_field(2, namespace)
+    out = string_field(1, name) + string_field(2, namespace)
     for cname, devices, claims in containers:
-        inner = _proto.string_field(1, cname)
+        inner = string_field(1, cname)
         for resource, ids in devices:
-            dev = _proto.string_field(1, resource)
+            dev = string_field(1, resource)
             # repeated: an empty id is an element, written (string_field skips proto3 defaults)
-            dev += b"".join(_proto.bytes_field(2, i.encode("utf-8")) for i in ids)
-            inner += _proto.bytes_field(2, dev)
-        inner += b"".join(_proto.bytes_field(5, _encode_claim(c)) for c in claims)
-        out += _proto.bytes_field(3, inner)
+            dev += b"".join(message_field(2, i.encode("utf-8")) for i in ids)
+            inner += message_field(2, dev)
+        inner += b"".join(message_field(5, _encode_claim(c)) for c in claims)
+        out += message_field(3, inner)
     return out
 
 
 def _encode_claim(claim: Claim) -> bytes:
-    out = _proto.string_field(2, claim.name) + _proto.string_field(3, claim.namespace)
+    out = string_field(2, claim.name) + string_field(3, claim.namespace)
     for device in claim.devices:
-        inner = b"".join(_proto.bytes_field(1, _proto.string_field(1, n))
+        inner = b"".join(message_field(1, string_field(1, n))
                          for n in device.cdi_devices)
-        inner += (_proto.string_field(2, device.driver) + _proto.string_field(3, device.pool)
-                  + _proto.string_field(4, device.device))
-        out += _proto.bytes_field(4, inner)
+        inner += (string_field(2, device.driver) + string_field(3, device.pool)
+                  + string_field(4, device.device))
+        out += message_field(4, inner)
     return out
 
 

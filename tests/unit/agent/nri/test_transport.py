@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvshim.agent.nri import api, proto, transport
-from nvshim.agent.nri.proto import WireError
+from nvshim import _protobuf as proto
+from nvshim._protobuf import WireError
+from nvshim.agent.nri import api, transport
 
 text = st.text(max_size=20)
 

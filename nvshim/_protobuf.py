@@ -1,11 +1,13 @@
-"""Protocol buffers' wire format, by hand: the few shapes NRI's and ttrpc's messages use.
+"""Protocol buffers' wire format, by hand: the few shapes NRI's and ttrpc's messages
+(:mod:`nvshim.agent.nri`) and the kubelet's PodResources messages
+(:mod:`nvshim.runtime.allocation.kubelet`) use; no protobuf runtime, no generated code.
 
 :func:`fields` splits a message into (field number, wire type, value) triples: varints as
 ints, length-delimited fields as bytes, fixed 32/64-bit fields as ints; every field is
 returned, so a reader takes the numbers it knows and unknown ones are skipped by not being
-asked for. :class:`WireError` (a ValueError) for any malformed input: a truncated varint or
-field, a length past the end, a wire type protobuf does not define (3 and 4, the groups of
-proto2, included: NRI's proto3 messages have none).
+asked for. :class:`WireError` (a HostError and a ValueError) for any malformed input: a
+truncated varint or field, a length past the end, a wire type protobuf does not define (3
+and 4, the groups of proto2, included: NRI's and the kubelet's proto3 messages have none).
 
 The writers (:func:`varint_field`, :func:`bytes_field`, :func:`string_field`,
 :func:`message_field`, :func:`map_field`) emit what a proto3 encoder emits, default values
@@ -16,8 +18,11 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, Iterator, List, Mapping, Tuple, Union
 
+from nvshim.errors import HostError
+
 __all__ = [
     "WireError",
+    "Value",
     "fields",
     "by_number",
     "varint",
@@ -37,8 +42,10 @@ VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
 _MAX_VARINT_BYTES = 10
 
 
-class WireError(ValueError):
-    """A message that is not well-formed protobuf."""
+class WireError(HostError, ValueError):
+    """A message that is not well-formed protobuf (from the kubelet's socket, a host error
+    the create reports in one line; from the engine's NRI socket, one log line or an error
+    reply)."""
 
 
 Value = Union[int, bytes]
