@@ -6,7 +6,8 @@ in the test's tmp dir), CRI pods on host network, the busybox image imported loc
 ``nvshim agent --nri-socket`` registers as the plugin; pods are created over containerd's
 CRI socket as the kubelet does. The handler ``nvidia`` is nvshim's own runtime with
 ``require-allocation: false``, standing in for NVIDIA's (it grants from env exactly as
-NVIDIA's does); the default handler ``runc`` is plain runc. What is asserted is what the
+NVIDIA's does); the default handler ``runc`` is plain runc, the handler ``crun`` Debian
+13's crun 1.21. What is asserted is what the
 container sees (``ls /dev``), the error containerd returns, and ``nvshim grants``.
 """
 
@@ -234,21 +235,23 @@ def test_doctor_sees_the_registered_agent(node: NriNode) -> None:
                    "re-registration")
 
 
-INROOT = ("ls /usr/lib/x86_64-linux-gnu/; grep -c libcuda.so.1 /etc/ld.so.cache; "
+INROOT = ("(: >/.probe) 2>/dev/null && echo RW || echo RO; "
+          "ls /usr/lib/x86_64-linux-gnu/; grep -c libcuda.so.1 /etc/ld.so.cache; "
           "echo END; exec sleep 1000")
 
 
 def inroot(node: NriNode, name: str, readonly: bool,
-           between: Optional[Callable[[], None]] = None) -> Tuple[str, List[str]]:
-    """(the container's id, what INROOT prints in a GPU container under plain runc);
-    ``readonly``: its rootfs; ``between``: run after CreateContainer (the plugin's plan),
-    before StartContainer (``runc create`` and its hooks)."""
+           between: Optional[Callable[[], None]] = None,
+           handler: str = "runc") -> Tuple[str, List[str]]:
+    """(the container's id, what INROOT prints in a GPU container under plain runc, or
+    ``handler``); ``readonly``: its rootfs; ``between``: run after CreateContainer (the
+    plugin's plan), before StartContainer (``runc create`` and its hooks)."""
     from tests.helpers.cri import NODE, ContainerSpec, Namespaces, SecurityContext
 
     assert node.cri is not None
     logs = node.base / "logs" / name
     sandbox, config = node.cri.run_pod(name, "team-a", f"uid-{name}", logs,
-                                       f"/{node.cgroup}/{name}", "runc", None)
+                                       f"/{node.cgroup}/{name}", handler, None)
     spec = ContainerSpec("main", BUSYBOX, ["sh", "-c", INROOT], log_path="main.log",
                          envs=[("NVIDIA_VISIBLE_DEVICES", node.sim.gpus[0].uuid)],
                          security=SecurityContext(namespaces=Namespaces(network=NODE),
@@ -292,6 +295,18 @@ def test_read_only_rootfs(node: NriNode) -> None:
     _cid, out = inroot(node, "ro-start", readonly=True)
     assert "libcuda.so.1" not in out and "libcuda.so.550.54.15" in out, out
     assert '"nri in-root work not done"' in (node.base / "agent.log").read_text()
+
+
+def test_read_only_rootfs_under_crun(node: NriNode) -> None:
+    """Under crun (Debian 13's 1.21 makes a read-only rootfs read-only before the hooks) nri-inroot: agent still gives a readOnlyRootFilesystem container the links and cache: the agent cannot write and says so in one line, the client execs nvshim's Python hook, which does, and the rootfs stays read-only."""
+    node.configure(nri_inroot="agent", runtimes=[node.crunw],
+                   nri_runtime_root=str(node.base / "crun-root" / "k8s.io"))
+    cid, out = inroot(node, "ro-crun", readonly=True, handler="crun")
+    assert has_links(out) and not served_by_agent(node, cid) and out[0] == "RO", out
+    refused = [line for line in (node.base / "agent.log").read_text().splitlines()
+               if f'"id": "{cid}"' in line]
+    assert len(refused) == 1 and "read-only file system" in refused[0], refused
+    assert '"nri in-root work not served (the Python hook does it)"' in refused[0]
 
 
 def test_agent_hook_falls_back_to_the_python_hook(node: NriNode) -> None:

@@ -4,7 +4,9 @@
 (host-network pods, the busybox image imported), NRI on with its socket in ``base``, CDI
 on reading ``base/cdi`` (nvshim's generated spec for the simulated node), a handler
 ``nvidia`` that is nvshim's runtime with ``require-allocation: false`` (NVIDIA's stand-in)
-and containerd's default runtime (``runc`` stays a handler), the busybox image and one
+and containerd's default runtime (``runc`` stays a handler; ``crun`` is a handler running
+Debian 13's crun 1.21 through :func:`~tests.helpers.runc.make_crun_wrapper`), the busybox
+image and one
 saying ``NVIDIA_VISIBLE_DEVICES=all`` (:data:`CUDA_LIKE`),
 a PodResources server as the kubelet, and the agent registered as the plugin. On the way
 out: pods removed, agent, containerd and the kubelet stopped, cgroups gone.
@@ -25,10 +27,11 @@ from tests.helpers.agent import AgentProcess
 from tests.helpers.common import remove_cgroup_tree, unique_id, wait_until
 from tests.helpers.containerd import Containerd
 from tests.helpers.cri import CriClient, cri_containerd_config, image_archive, import_image
-from tests.helpers.debian13 import containerd_node_engines
+from tests.helpers.debian13 import containerd_node_engines, crun_debian13
 from tests.helpers.debiansid import containerd_2_dir, engine_or_skip
 from tests.helpers.node import write_nvshim_config
 from tests.helpers.podresources import PodResourcesServer
+from tests.helpers.runc import make_crun_wrapper
 
 __all__ = ["NriNode", "nri_node", "nri_section", "CUDA_LIKE"]
 
@@ -43,6 +46,18 @@ def nri_section(base: Path) -> str:
     socket_path = "{base}/nri.sock"
     plugin_path = "{base}/nri-plugins"
     plugin_config_path = "{base}/nri-conf"
+"""
+
+
+def crun_handler(base: Path, crunw: Path) -> str:
+    """The CRI handler ``crun``: containerd's runc shim running ``crunw``."""
+    table = '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crun]'
+    return f"""\
+  {table}
+    runtime_type = "io.containerd.runc.v2"
+  {table[:-1]}.options]
+    BinaryName = "{crunw}"
+    Root = "{base}/crun-root"
 """
 
 
@@ -67,6 +82,8 @@ class NriNode:
         return path
 
     runc = "runc"
+    crunw = "crun"
+    """The wrapper running Debian 13's crun (handler ``crun``, its ``--root`` base/crun-root)."""
     version = "1.7"
 
     def configure(self, **settings: Any) -> None:
@@ -87,6 +104,8 @@ def nri_node(base: Path, sim: Any, rootfs: Path, version: str) -> Iterator[NriNo
         bin_dir = engine_or_skip(containerd_2_dir, "containerd 2.1")
     n = NriNode(base, sim)
     n.runc = runc
+    (base / "crunw").mkdir()
+    n.crunw = str(make_crun_wrapper(base / "crunw", crun_debian13()))
     n.version = version
     (base / "cdi").mkdir()
     nvidia_cfg = n.write_config("nvidia-like", require_allocation=False)
@@ -102,7 +121,7 @@ def nri_node(base: Path, sim: Any, rootfs: Path, version: str) -> Iterator[NriNo
     assert gen.returncode == 0, gen.stderr
     config = base / "containerd.toml"
     config.write_text(cri_containerd_config(base, cdi_spec_dirs=[str(base / "cdi")])
-                      + nri_section(base))
+                      + crun_handler(base, Path(n.crunw)) + nri_section(base))
     res = subprocess.run([shutil.which("nvshim") or "nvshim", "runtime", "configure",
                           "--runtime", "containerd", "--config", str(config), "--drop-in", "",
                           "--binary", str(wrapper), "--name", "nvidia", "--set-as-default",
