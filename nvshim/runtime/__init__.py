@@ -8,7 +8,8 @@ Owns, by job:
   is :mod:`nvshim.host.devices`'), ``engine`` (what the engine already injected),
   ``constraints`` (the NVIDIA_REQUIRE_* grammar), ``requirements`` (their facts and
   verdict); require-allocation's checks live in the ``allocation`` sub-package (``policy``,
-  ``kubelet``, ``podresources``), loaded only when a create must ask the kubelet;
+  ``kubelet``; their wire codec is ``nvshim._protobuf``), loaded only when a create must
+  ask the kubelet;
 - the edits: ``create`` (the stages and commit), ``plan`` (the stages' records),
   ``hostedits`` (device tokens), ``cdiedits`` (CDI names), ``extras``, ``specjson``
   (reading and writing config.json); applying them to the spec is

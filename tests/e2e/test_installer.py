@@ -24,8 +24,8 @@ from typing import Dict, Iterator, List, Optional
 
 import pytest
 
+from nvshim import _protobuf as proto
 from nvshim.node.engines import restart as engine_restart
-from nvshim.runtime.allocation import podresources as proto
 from tests.helpers.common import require_binary, require_root, wait_until
 from tests.helpers.containerd import containerd_private_config
 from tests.helpers.payload import payload_dir
@@ -96,8 +96,9 @@ class SupervisedContainerd:
         from tests.helpers.cri import CriClient
 
         reply = CriClient(self.socket, timeout=10).call("Status", b"\x08\x01")
-        info = {proto.first_str(e, 1): proto.first_str(e, 2)
-                for e in (proto.decode(b) for b in proto.all_bytes(proto.decode(reply), 2))}
+        info = {proto.read_string(e, 1): proto.read_string(e, 2)
+                for e in (proto.by_number(b)
+                          for b in proto.messages(proto.by_number(reply), 2))}
         return dict(json.loads(info["config"])["containerd"]["runtimes"])
 
     def stop(self) -> None:

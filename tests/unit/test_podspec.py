@@ -7,7 +7,7 @@ from typing import Any, Dict
 
 import pytest
 
-from nvshim.runtime.allocation import podresources as proto
+from nvshim import _protobuf as proto
 from tests.helpers.cri import CONTAINER, NODE, POD
 from tests.helpers.podspec import (
     MASKED_PATHS,
@@ -107,10 +107,10 @@ def test_env_mounts_and_resources() -> None:
 def test_wire_numbers_of_the_security_context() -> None:
     """ContainerConfig.linux(15).security_context(2) carries run_as_user(5).value(1), readonly_rootfs(7) and privileged(2), as cri-api's api.proto numbers them."""
     c = {"name": "c", "image": "i", "securityContext": {"runAsUser": 7, "readOnlyRootFilesystem": True}}
-    config = proto.decode(container_spec(pod(), c, WHO, {}, {}, 1 << 34).encode())
-    linux = proto.decode(proto.all_bytes(config, 15)[0])
-    sc = proto.decode(proto.all_bytes(linux, 2)[0])
-    assert proto.decode(proto.all_bytes(sc, 5)[0]) == {1: [7]}
+    config = proto.by_number(container_spec(pod(), c, WHO, {}, {}, 1 << 34).encode())
+    linux = proto.by_number(next(iter(proto.messages(config, 15))))
+    sc = proto.by_number(next(iter(proto.messages(linux, 2))))
+    assert proto.by_number(next(iter(proto.messages(sc, 5)))) == {1: [7]}
     assert sc[7] == [1] and 2 not in sc
 
 
