@@ -22,16 +22,16 @@ a read-only rootfs read-only before the hooks; the Python hook remounts it).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from nvshim import __version__
 from nvshim.agent.protocol import Request
 from nvshim.agent.server import Peer
+from nvshim.errors import SpecError
 
 __all__ = ["PendingWork", "serve_hook", "HOOK_FLAG", "PENDING_MAX"]
 
@@ -112,13 +112,13 @@ def serve_hook(pending: PendingWork, request: Request, root_fd: int, peer: Peer,
     try:
         if request.version != __version__:
             raise _NotServed(f"hook of nvshim {request.version}, agent {__version__}")
-        cid, bundle, root = _read_state(request.state)
+        cid, state = _read_state(request.state)
         item = pending.take(cid)
         if item is None:
             raise _NotServed(f"no in-root work waits for container {cid} "
                              "(the agent restarted since its CreateContainer?)")
         work, dev_links = item
-        warnings = _do(root_fd, bundle, root, work, dev_links)
+        warnings = _do(root_fd, state, work, dev_links)
     except _NotServed as exc:
         log.info("nri in-root work not served (the Python hook does it)", id=cid,
                  pid=peer.pid, reason=str(exc))
@@ -132,62 +132,51 @@ class _NotServed(Exception):
     """Why the hook falls back to Python (one line)."""
 
 
-def _read_state(text: str) -> Tuple[str, str, Optional[str]]:
-    """(id, bundle, root) of the OCI state (``root``: crun's field, else None)."""
+def _read_state(text: str) -> Tuple[str, Mapping[str, Any]]:
+    """(id, state) of the OCI state, its bundle checked (:mod:`nvshim._ocistate`)."""
+    from nvshim._ocistate import parse_state, state_bundle
+
     try:
-        state = json.loads(text)
-    except ValueError as exc:
-        raise _NotServed(f"cannot parse the oci state: {exc}") from exc
-    if not isinstance(state, dict):
-        raise _NotServed("the oci state is not a json object")
-    cid, bundle, root = state.get("id"), state.get("bundle"), state.get("root")
-    if not isinstance(cid, str) or not cid:
-        raise _NotServed("the oci state has no container id")
-    if not isinstance(bundle, str) or not bundle.startswith("/"):
-        raise _NotServed(f"oci state: bundle must be an absolute path, got {bundle!r}")
-    if root is not None and not (isinstance(root, str) and root):
-        raise _NotServed(f"oci state: root must be a non-empty string, got {root!r}")
-    return cid, bundle, root
+        state = parse_state(text)
+        cid = state.get("id")
+        if not isinstance(cid, str) or not cid:
+            raise _NotServed("the oci state has no container id")
+        state_bundle(state)
+    except SpecError as exc:
+        raise _NotServed(str(exc)) from exc
+    return cid, state
 
 
-def _rootfs_of(root_fd: int, bundle: str, root: Optional[str]) -> str:
-    """The rootfs path (the caller's) of the state: its ``root``, else config.json's
-    ``root.path``, read through ``root_fd``; joined to the bundle when relative."""
+def _rootfs_of(root_fd: int, state: Mapping[str, Any]) -> str:
+    """The rootfs path (the caller's) of the state (:func:`nvshim._ocistate.container_root`),
+    config.json read through ``root_fd``, never by a path of the agent's own namespace."""
+    from nvshim._ocistate import container_root
     from nvshim.host import inroot
 
-    if root is None:
-        where = f"{bundle}/config.json"
+    def read_config(bundle: str) -> bytes:
         try:
             bundle_fd = inroot.resolve_dir(root_fd, bundle)
         except OSError as exc:
-            raise _NotServed(f"bundle {bundle}: {exc.strerror}") from exc
+            raise SpecError(f"bundle {bundle}: {exc.strerror}") from exc
         try:
-            data = inroot.read_file(bundle_fd, "config.json")
-        except OSError as exc:
-            raise _NotServed(f"cannot read {where}: {exc.strerror}") from exc
+            return inroot.read_file(bundle_fd, "config.json") or b""
         finally:
             os.close(bundle_fd)
-        try:
-            spec = json.loads(data or b"")
-        except ValueError as exc:
-            raise _NotServed(f"cannot parse {where}: {exc}") from exc
-        spec_root = spec.get("root") if isinstance(spec, dict) else None
-        root = spec_root.get("path") if isinstance(spec_root, dict) else None
-        if not isinstance(root, str) or not root:
-            raise _NotServed(f"{where} has no root.path")
-    if "\0" in root:
-        raise _NotServed("the rootfs path has a NUL byte")
-    return os.path.normpath(os.path.join(bundle, root))
+
+    try:
+        return os.path.normpath(container_root(state, read_config))
+    except SpecError as exc:
+        raise _NotServed(str(exc)) from exc
 
 
-def _do(root_fd: int, bundle: str, root: Optional[str], work: Any,
+def _do(root_fd: int, state: Mapping[str, Any], work: Any,
         dev_links: DevLinks) -> List[str]:
     """The work in the rootfs the caller sees; its warnings, or _NotServed."""
     from nvshim.errors import NvshimError
     from nvshim.host import inroot
     from nvshim.runtime import rootwork
 
-    rootfs = _rootfs_of(root_fd, bundle, root)
+    rootfs = _rootfs_of(root_fd, state)
     try:
         fd = inroot.resolve_dir(root_fd, rootfs)
     except OSError as exc:
