@@ -24,7 +24,7 @@ import pytest
 
 from nvshim.node.compile import compile_node
 from nvshim.node.install.trampoline import render
-from tests.helpers.agent import AgentProcess, nvshim_bin
+from tests.helpers.agent import AgentProcess, built_client, nvshim_bin
 from tests.helpers.bundle import make_bundle
 from tests.helpers.common import require_binary, require_root, unique_id
 from tests.helpers.runc import Runc
@@ -36,13 +36,7 @@ LISTING = ["sh", "-c", "ls -1 /dev"]
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nvshim.agent.client import build_client
-    from nvshim.errors import HostError
-
-    try:
-        return Path(build_client(str(tmp_path_factory.mktemp("client") / "nvshim-agent-client")))
-    except HostError as exc:
-        pytest.skip(str(exc))
+    return built_client(tmp_path_factory.mktemp("client"))
 
 
 def _gpus(out: str) -> List[str]:

@@ -20,6 +20,31 @@ T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
 
 
+class RecordingLog:
+    """A structlog-shaped logger that records its calls: ``lines`` of (level, event,
+    fields)."""
+
+    def __init__(self) -> None:
+        self.lines: List[Tuple[str, str, Any]] = []
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda event, **kw: self.lines.append((level, event, kw))
+
+
+def built_client(where: Path) -> Path:
+    """The C client built from this checkout's source into ``where``; the test is
+    skipped where it cannot be built (no C compiler)."""
+    import pytest
+
+    from nvshim.agent.client import build_client
+    from nvshim.errors import HostError
+
+    try:
+        return Path(build_client(str(where / "nvshim-agent-client")))
+    except HostError as exc:
+        pytest.skip(str(exc))
+
+
 def nvshim_bin() -> List[str]:
     """``$NVSHIM_BIN``, else this checkout's ``nvshim`` run by this interpreter."""
     exe = os.environ.get("NVSHIM_BIN")

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nvshim.agent.protocol import Request, encode_reply, parse_request
-from tests.helpers.agent import AgentProcess, fake_agent
+from tests.helpers.agent import AgentProcess, built_client, fake_agent
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="simulated nodes need mknod")
 pytestmark = needs_root
@@ -27,14 +27,7 @@ pytestmark = needs_root
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The C client, built from this checkout's source."""
-    from nvshim.agent.client import build_client
-    from nvshim.errors import HostError
-
-    dest = tmp_path_factory.mktemp("client") / "nvshim-agent-client"
-    try:
-        return Path(build_client(str(dest)))
-    except HostError as exc:
-        pytest.skip(str(exc))
+    return built_client(tmp_path_factory.mktemp("client"))
 
 
 class World:

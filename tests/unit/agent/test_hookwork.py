@@ -21,31 +21,17 @@ from nvshim.agent.nri import plugin
 from nvshim.agent.nri.api import Container, Pod
 from nvshim.agent.protocol import ProtocolError, Request, encode_request, parse_request
 from nvshim.config import Config
-from tests.helpers.agent import fake_agent
+from tests.helpers.agent import RecordingLog as Log
+from tests.helpers.agent import built_client, fake_agent
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the agent serves root only")
 POD = Pod("sb", "train", "uid-1", "team-a", {}, "")
 
 
-class Log:
-    def __init__(self) -> None:
-        self.lines: List[Tuple[str, str, Any]] = []
-
-    def __getattr__(self, level: str) -> Any:
-        return lambda event, **kw: self.lines.append((level, event, kw))
-
-
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The C client, built from this checkout's source."""
-    from nvshim.agent.client import build_client
-    from nvshim.errors import HostError
-
-    dest = tmp_path_factory.mktemp("client") / "nvshim-agent-client"
-    try:
-        return Path(build_client(str(dest)))
-    except HostError as exc:
-        pytest.skip(str(exc))
+    return built_client(tmp_path_factory.mktemp("client"))
 
 
 @pytest.fixture(scope="module")

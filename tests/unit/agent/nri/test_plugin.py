@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, List, Tuple
+from typing import Any
 
 import pytest
 
@@ -13,14 +13,7 @@ from nvshim.agent.nri import plugin
 from nvshim.agent.nri.api import Container, Mount, Pod
 from nvshim.agent.nri.transport import RpcError
 from nvshim.config import Config
-
-
-class Log:
-    def __init__(self) -> None:
-        self.lines: List[Tuple[str, str, Any]] = []
-
-    def __getattr__(self, level: str) -> Any:
-        return lambda event, **kw: self.lines.append((level, event, kw))
+from tests.helpers.agent import RecordingLog as Log
 
 
 @pytest.fixture(scope="module")

@@ -14,18 +14,9 @@ from hypothesis import strategies as st
 from nvshim import _protobuf as proto
 from nvshim._protobuf import WireError
 from nvshim.agent.nri import api, transport
+from tests.helpers.agent import RecordingLog as Log
 
 text = st.text(max_size=20)
-
-
-class Log:
-    """Records log calls: (level, event, fields)."""
-
-    def __init__(self) -> None:
-        self.lines: List[Tuple[str, str, Any]] = []
-
-    def __getattr__(self, level: str) -> Any:
-        return lambda event, **kw: self.lines.append((level, event, kw))
 
 
 @given(st.integers(min_value=-(1 << 63), max_value=(1 << 64) - 1))
