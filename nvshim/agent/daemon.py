@@ -13,7 +13,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from nvshim.agent.protocol import Request
 from nvshim.agent.server import AgentServer, Peer
-from nvshim.agent.state import AgentState
+from nvshim.agent.state import AgentState, install_changed
 
 __all__ = ["Agent", "run_agent", "DEFAULT_SOCKET", "DEFAULT_NRI_SOCKET"]
 
@@ -59,17 +59,26 @@ class Agent:
     # --- requests ---------------------------------------------------------------------
 
     def handle(self, request: Request, fds: List[int], peer: Peer) -> Tuple[str, str]:
+        changed = install_changed()
         if request.op == "ready":
             ok, why = self.readiness()
+            if changed:
+                ok, why = False, changed
             if not ok:
                 return "not-ready", why
             import json
+
+            from nvshim import __version__
 
             config, generation = self.state.current()
             return "ready", json.dumps({"config": self.state.config_path,
                                         "generation": generation,
                                         "serving": config is not None,
-                                        "nri": self.nri_socket or "none"})
+                                        "nri": self.nri_socket or "none",
+                                        "version": __version__})
+        if changed:  # the client does the work itself, on the installed code
+            self.log.error("request not served", op=request.op, reason=changed)
+            return "fallback", changed
         if request.op == "hook":
             from nvshim.agent.hookwork import serve_hook
 
@@ -150,18 +159,21 @@ def run_agent(config_file: Optional[str], socket_path: str, nri_socket: Optional
               log: Any = None, started: Optional[Callable[[Agent], None]] = None) -> int:
     """``nvshim agent``: build the state, serve; ``nri_socket`` None is ``--nri-socket none``."""
     from nvshim.agent.logs import configure
+    from nvshim.runtime.allocation.kubelet import set_resident
     from nvshim.runtime.plancache import use_memo
 
     log = log if log is not None else configure()
     _warm_up()
     state = AgentState(config_file, log)
     use_memo(state.plan_memo)
+    set_resident(True)  # before any thread: the creates' code then changes no process state
     agent = Agent(state, socket_path, nri_socket)
     if started is not None:
         started(agent)
     try:
         return agent.run()
     finally:
+        set_resident(False)
         use_memo(None)
 
 

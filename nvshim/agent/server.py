@@ -13,12 +13,12 @@ from __future__ import annotations
 import array
 import contextlib
 import os
-import select
+import queue
 import socket
 import stat
 import struct
 import threading
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from nvshim.agent.protocol import (
     MAX_MESSAGE,
@@ -33,6 +33,10 @@ __all__ = ["AgentServer", "Peer", "Handler", "peer_of", "ask"]
 
 #: Requests served at once; more wait in the listen backlog.
 MAX_THREADS = 64
+#: How long a connection may stay silent before its request: the client sends it at once.
+REQUEST_WAIT = 2.0
+#: Connections held while their request has not arrived, at most (each is one fd).
+MAX_WAITING = 256
 BACKLOG = 1024
 
 
@@ -110,54 +114,124 @@ class AgentServer:
         self.log = log
         self.sock, self._made = _bind(path)
         self._ino = os.stat(path).st_ino
-        self._slots = threading.BoundedSemaphore(MAX_THREADS)
+        self._queue: "queue.SimpleQueue[socket.socket]" = queue.SimpleQueue()
+        self._workers = 0
+        self._idle = 0
+        self._inflight = 0
+        """Requests handed to the workers and not answered yet (queued or running)."""
+        self._done = threading.Condition()
         self.serving = False
+        self._busy_said = 0.0
 
     def serve(self, stop: threading.Event, wake_fd: Optional[int] = None,
               tick: Optional[Callable[[], object]] = None) -> None:
         """Accept until ``stop`` is set (``wake_fd`` readable wakes the loop at once: the
-        signal handlers write to it); ``tick`` runs about once a second."""
+        signal handlers write to it); ``tick`` runs about once a second.
+
+        A connection gets a worker only once its request has arrived: until then this loop
+        holds it (at most :data:`MAX_WAITING`, each for :data:`REQUEST_WAIT` s), so peers
+        that connect and say nothing never hold up accepting, reloading or stopping."""
+        import selectors
+        import time
+
         self.serving = True
-        waits: List[Any] = [self.sock] + ([wake_fd] if wake_fd is not None else [])
+        waiting: Dict[socket.socket, float] = {}  # connection -> when it must have asked
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.sock, selectors.EVENT_READ)
+            if wake_fd is not None:
+                selector.register(wake_fd, selectors.EVENT_READ)
+            try:
+                while not stop.is_set():
+                    now = time.monotonic()
+                    soonest = min(waiting.values(), default=now + 1.0)
+                    events = selector.select(max(0.0, min(1.0, soonest - now)))
+                    for key, _mask in events:
+                        if key.fileobj is self.sock:
+                            self._accept(selector, waiting)
+                        elif key.fileobj == wake_fd:
+                            with contextlib.suppress(BlockingIOError):
+                                os.read(wake_fd, 512)
+                        elif isinstance(key.fileobj, socket.socket):
+                            conn = key.fileobj
+                            selector.unregister(conn)
+                            del waiting[conn]
+                            self._dispatch(conn)
+                    now = time.monotonic()
+                    for conn in [c for c, deadline in waiting.items() if deadline <= now]:
+                        selector.unregister(conn)  # silent too long: nothing to answer
+                        del waiting[conn]
+                        conn.close()
+                    if tick is not None:
+                        tick()
+            finally:
+                self.serving = False
+                self.close()
+                for conn in waiting:  # never asked: nothing in flight to finish
+                    conn.close()
+                self.drain()
+
+    def _accept(self, selector: Any, waiting: Dict[socket.socket, float]) -> None:
+        """Take one connection into ``waiting`` (closed at once past :data:`MAX_WAITING`)."""
+        import selectors
+        import time
+
         try:
-            while not stop.is_set():
-                ready, _, _ = select.select(waits, [], [], 1.0)
-                if wake_fd is not None and wake_fd in ready:
-                    try:
-                        os.read(wake_fd, 512)
-                    except BlockingIOError:
-                        pass
-                if tick is not None:
-                    tick()
-                if self.sock not in ready or stop.is_set():
-                    continue
-                try:
-                    conn, _ = self.sock.accept()
-                except (BlockingIOError, InterruptedError):
-                    continue
-                self._slots.acquire()
-                threading.Thread(target=self._serve_one, args=(conn,), daemon=True).start()
-        finally:
-            self.serving = False
-            self.close()
-            self.drain()
+            conn, _ = self.sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        if len(waiting) >= MAX_WAITING:
+            self._busy(conn, "too many connections waiting for their request")
+            return
+        waiting[conn] = time.monotonic() + REQUEST_WAIT
+        selector.register(conn, selectors.EVENT_READ)
+
+    def _dispatch(self, conn: socket.socket) -> None:
+        """``conn``, whose request has arrived, to the :data:`MAX_THREADS` workers (queued
+        while they are busy: a burst of creates is served, not refused); closed at once when
+        :data:`MAX_WAITING` more already wait (the client falls back to its own create)."""
+        with self._done:
+            if self._inflight >= MAX_THREADS + MAX_WAITING:
+                full = True
+            else:
+                full = False
+                self._inflight += 1
+        if full:
+            self._busy(conn, "every worker is busy and the queue is full")
+            return
+        with self._done:  # a worker more while none is idle for it, up to MAX_THREADS
+            start = self._queue.qsize() >= self._idle and self._workers < MAX_THREADS
+            if start:
+                self._workers += 1
+        if start:  # daemon threads: a request stuck past drain never holds the exit
+            threading.Thread(target=self._work, daemon=True).start()
+        self._queue.put(conn)
+
+    def _work(self) -> None:
+        """One worker: serve the queued connections, one at a time, for the agent's life."""
+        while True:
+            with self._done:
+                self._idle += 1
+            conn = self._queue.get()
+            with self._done:
+                self._idle -= 1
+            self._serve_one(conn)
+
+    def _busy(self, conn: socket.socket, why: str) -> None:
+        """Close ``conn`` unanswered (its client falls back); said at most every 10 s."""
+        import time
+
+        conn.close()
+        now = time.monotonic()
+        if now - self._busy_said >= 10.0:
+            self._busy_said = now
+            self.log.warning(f"connection refused: {why}", workers=MAX_THREADS,
+                             waiting=MAX_WAITING)
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait up to ``timeout`` s for the requests in flight (a create is left to finish,
         not cut mid-way); True when none is left."""
-        import time
-
-        deadline = time.monotonic() + timeout
-        taken = 0
-        try:
-            while taken < MAX_THREADS:
-                if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                    return False
-                taken += 1
-            return True
-        finally:
-            for _ in range(taken):
-                self._slots.release()
+        with self._done:
+            return self._done.wait_for(lambda: self._inflight == 0, timeout)
 
     def close(self) -> None:
         """Stop listening; remove the socket file when it is still ours, and the directory
@@ -205,7 +279,9 @@ class AgentServer:
             for fd in fds:
                 os.close(fd)
             conn.close()
-            self._slots.release()
+            with self._done:
+                self._inflight -= 1
+                self._done.notify_all()
 
 
 def _receive(conn: socket.socket) -> Tuple[bytes, List[int]]:

@@ -19,7 +19,7 @@ from typing import Any, Optional
 from nvshim.config import Config, config_path, load_config
 from nvshim.errors import NvshimError
 
-__all__ = ["AgentState", "generation_of"]
+__all__ = ["AgentState", "generation_of", "install_changed"]
 
 
 def generation_of(path: str) -> str:
@@ -29,6 +29,27 @@ def generation_of(path: str) -> str:
     except OSError:
         return ""
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
+#: nvshim's package marker, and what ``stat`` said of it when this agent loaded its code.
+_PACKAGE_INIT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "__init__.py")
+_LOADED = generation_of(_PACKAGE_INIT)
+
+
+def install_changed() -> str:
+    """Why this agent's code is no longer the installed nvshim ("" while it is): the
+    package removed (an uninstall) or its files replaced (an upgrade, a reinstall) under
+    the running agent. Such an agent must not serve: its next lazy import would mix the
+    old code with the new."""
+    now = generation_of(_PACKAGE_INIT)
+    if now == _LOADED:
+        return ""
+    if not now:
+        return (f"nvshim's install is gone ({os.path.dirname(_PACKAGE_INIT)}: uninstalled "
+                "under a running agent): stop this agent")
+    return (f"nvshim was reinstalled or upgraded under this running agent "
+            f"({os.path.dirname(_PACKAGE_INIT)}): restart it on the new code")
 
 
 class AgentState:

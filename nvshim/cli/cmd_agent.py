@@ -19,8 +19,10 @@ _DEFAULT_NRI = "/var/run/nri/nri.sock"  # nvshim.agent.daemon.DEFAULT_NRI_SOCKET
 @CONFIG_FILE
 @click.option("--socket", "socket_path", default=_DEFAULT_SOCKET, show_default=True,
               metavar="PATH", help="The agent's own socket, which nvshim-runtime's creates use.")
-@click.option("--nri-socket", default=_DEFAULT_NRI, show_default=True, metavar="PATH",
-              help="The engine's NRI socket to register with as a plugin; 'none' for no NRI.")
+@click.option("--nri-socket", default="none", show_default=True, metavar="PATH",
+              help="The engine's NRI socket to register with as a plugin (containerd's and "
+                   f"CRI-O's usual one: {_DEFAULT_NRI}); 'none', the default everywhere (the "
+                   "unit, the DaemonSet), for no NRI.")
 @click.option("--ready", "check_ready", is_flag=True,
               help="Do not serve: ask the agent on --socket whether it is ready (exit 0) or "
                    "not (one line, exit 1). For readiness probes.")
@@ -29,8 +31,8 @@ def agent(config_file: Optional[str], socket_path: str, nri_socket: str,
     """Run the node agent in the foreground until SIGTERM or SIGINT.
 
     It serves nvshim-runtime's creates on --socket (root peers only; a create the agent
-    cannot serve runs in nvshim-runtime itself, as without an agent) and, unless
-    --nri-socket is 'none', registers with the engine's NRI socket. It is ready once its
+    cannot serve runs in nvshim-runtime itself, as without an agent) and, given
+    --nri-socket PATH, registers with the engine's NRI socket (NRI is opt-in). It is ready once its
     socket serves and, with NRI, once registered. Logs are structured: JSON lines when
     stderr is not a terminal or in a pod, console lines on a terminal.
     """

@@ -41,6 +41,7 @@ __all__ = [
     "read_claim",
     "annotation_ids_of",
     "device_mount_ids",
+    "device_list_id",
     "FEATURE_ENV",
     "IMEX_ENV",
     "VISIBLE_DEVICES",
@@ -438,17 +439,36 @@ def annotation_ids_of(view: ImageView, keys: Sequence[str]) -> Tuple[str, ...]:
 
 
 
+def device_list_id(mount: Mapping[str, Any]) -> Optional[str]:
+    """The raw id of ``mount`` when it is a device-plugin ``/dev/null`` mount under
+    :data:`DEVICE_LIST_DIR` (a GPU id, a replica name, ``cdi/…``, ``imex/<n>``); None for
+    any other mount. The one reader of such mounts, the claim's and the guard's.
+
+    Read as loosely as anything that may act on it: the source cleaned (``/dev//null`` is
+    ``/dev/null``), the destination cleaned and taken from the container's ``/`` when
+    relative (as runc mounts it), and its prefix matched as NVIDIA's runtime matches it,
+    without a separator (``…-devicesall`` is ``all`` to that runtime)."""
+    source, dest = mount.get("source"), mount.get("destination")
+    if not isinstance(source, str) or not isinstance(dest, str) or not source.startswith("/") \
+            or "null" not in source:  # every create reads every mount: no normpath for most
+        return None
+    if posixpath.normpath("/" + source.lstrip("/")) != "/dev/null":
+        return None
+    # posixpath.normpath keeps a leading "//": strip it first
+    clean = posixpath.normpath("/" + dest.lstrip("/"))
+    if not clean.startswith(DEVICE_LIST_DIR):
+        return None
+    ident = clean[len(DEVICE_LIST_DIR):].strip("/")
+    return ident or None
+
+
 def device_mount_ids(view: ImageView) -> List[str]:
     """The raw ids of device-plugin ``/dev/null`` mounts under ``DEVICE_LIST_DIR`` (GPU ids,
-    replica names before normalising, ``cdi/…`` and ``imex/<n>``); the one reader of them."""
-    prefix = DEVICE_LIST_DIR + "/"
-    out = []
+    replica names before normalising, ``cdi/…`` and ``imex/<n>``), in order, each
+    destination once (:func:`device_list_id`)."""
+    out: List[str] = []
     for mount in view.mounts:
-        dest = mount.get("destination")
-        if mount.get("source") == "/dev/null" and isinstance(dest, str):
-            # where the engine mounts it: runc takes a relative destination from the
-            # container's /, and "//x" is "/x" (posixpath.normpath keeps a leading "//")
-            clean = posixpath.normpath("/" + dest.lstrip("/"))
-            if clean.startswith(prefix):
-                out.append(clean[len(prefix):])
+        ident = device_list_id(mount)
+        if ident is not None and ident not in out:
+            out.append(ident)
     return out

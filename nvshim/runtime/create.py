@@ -50,7 +50,7 @@ from nvshim.runtime.request import resolve_request
 
 TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
     from nvshim.config import Config
     from nvshim.host.devices import MigDevice
@@ -140,6 +140,8 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
     notes += said
     warnings = list(found.warnings) if found is not None else []
     request = resolve_request(claim, config, pod, kubelet_tokens, kubelet_ids)
+    if found is not None and found.allocation is not None and not request.shared:
+        request = _shared_by_kubelet(request, found.allocation.ids)
     if node.source and log is not None:
         log.event("plan", source=node.source)
     hooks, said, stale = _engine_stage(spec, config, node.host, engine)
@@ -184,6 +186,21 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
                 found.allocation if found is not None else None,
                 tuple(notes), tuple(warnings), node.source, cdi_source, plan_host, bundle,
                 new_spec)
+
+
+def _shared_by_kubelet(request: Request, ids: Sequence[str]) -> Request:
+    """``request`` marked shared when the kubelet allocated the container time-slicing
+    replicas (``<uuid>::N``): NVIDIA's device plugin hands the container the bare UUID in
+    its env or mounts, so only the kubelet's record says the GPU is shared."""
+    if not request.injects or not ids:
+        return request
+    from nvshim.host.devices import names_replicas
+
+    if not names_replicas(ids):
+        return request
+    from nvshim._record import replace
+
+    return replace(request, shared=True)
 
 
 def _claim_stage(spec: SpecDict, config: Config, node: _Node

@@ -54,16 +54,20 @@ def node(module_node: NriNode) -> Iterator[NriNode]:
 
 def run(n: NriNode, name: str, handler: str = "runc", env: Optional[Dict[str, str]] = None,
         annotations: Optional[Dict[str, str]] = None,
-        cdi_devices: Tuple[str, ...] = (), image: str = BUSYBOX) -> Tuple[str, Path]:
-    """A pod ``name`` whose container lists /dev, prints END and sleeps; (its id, logs)."""
+        cdi_devices: Tuple[str, ...] = (), image: str = BUSYBOX,
+        mounts: Tuple[Tuple[str, str], ...] = (),
+        pod_annotations: Optional[Dict[str, str]] = None) -> Tuple[str, Path]:
+    """A pod ``name`` whose container lists /dev, prints END and sleeps; (its id, logs).
+    ``mounts``: (host path, container path) of each bind mount."""
     assert n.cri is not None
     logs = n.base / "logs" / name
     sandbox, config = n.cri.run_pod(name, "team-a", f"uid-{name}", logs,
-                                    f"/{n.cgroup}/{name}", handler, None)
+                                    f"/{n.cgroup}/{name}", handler, pod_annotations)
     cid = n.cri.create_container(sandbox, config, "main", image,
                                  ["sh", "-c", "ls /dev; echo VIS=$NVIDIA_VISIBLE_DEVICES; "
                                   "echo END; exec sleep 1000"],
-                                 env=env, annotations=annotations, cdi_devices=cdi_devices)
+                                 env=env, annotations=annotations, cdi_devices=cdi_devices,
+                                 mounts=mounts)
     n.cri.start_container(cid)
     return cid, logs
 
@@ -97,6 +101,14 @@ def test_inject_under_plain_runc(node: NriNode) -> None:
     assert len(mine) == 1 and mine[0]["gpus"] == [gpu.uuid], mine
 
 
+def test_injected_volume_mounts_pod_sees_void(node: NriNode) -> None:
+    """A pod under plain runc whose allocation is a device-plugin volume mount (the volume-mounts strategy) gets its GPU from the plugin and sees NVIDIA_VISIBLE_DEVICES=void, as docs/container-env.md says of every container nvshim gave GPUs."""
+    gpu = node.sim.gpus[0]
+    _cid, logs = run(node, "vm-inject",
+                     mounts=(("/dev/null", f"/var/run/nvidia-container-devices/{gpu.uuid}"),))
+    assert seen(node, logs) == ([gpu.minor], "void")
+
+
 def test_guard_under_nvidia_like_default_runtime(node: NriNode) -> None:
     """An unallocated pod whose image says NVIDIA_VISIBLE_DEVICES=all, under the NVIDIA-like default runtime, gets no GPU: the plugin set void, and a denial is journaled."""
     _cid, logs = run(node, "guard", handler="", image=CUDA_LIKE)
@@ -106,15 +118,88 @@ def test_guard_under_nvidia_like_default_runtime(node: NriNode) -> None:
     assert denials and denials[0]["action"] == "stripped", denials
 
 
+def test_guard_refuses_visible_devices_set_twice(node: NriNode) -> None:
+    """An unallocated pod whose image and own env both say NVIDIA_VISIBLE_DEVICES=all (containerd keeps both entries, and NRI voids only the first) is refused in one line naming the pod, never handed every GPU; journaled as refused."""
+    with pytest.raises(CriError) as info:
+        run(node, "twice", handler="", image=CUDA_LIKE, env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    said = info.value.details
+    assert "nvshim: pod team-a/twice container main:" in said, said
+    assert "NVIDIA_VISIBLE_DEVICES is set 2 times" in said, said
+    denials = [d for d in journal(node, "--denied") if d.get("pod") == "twice"]
+    assert denials and denials[0]["action"] == "refused", denials
+
+
+@pytest.mark.parametrize("dest", ["/var/run/nvidia-container-devices/all",
+                                  "/var/run//nvidia-container-devices/all"],
+                         ids=["plain", "double-slash"])
+def test_guard_strips_a_device_list_mount_claim(node: NriNode, dest: str) -> None:
+    """An unallocated pod whose only claim is /dev/null mounted under the device-list directory, under the NVIDIA-like default runtime (which reads such mounts first), gets no GPU: the plugin removed the mount and set void; a denial is journaled."""
+    name = f"mount-{'plain' if '//' not in dest else 'slashes'}"
+    _cid, logs = run(node, name, handler="", mounts=(("/dev/null", dest),))
+    minors, vis = seen(node, logs)
+    assert (minors, vis) == ([], "void")
+    denials = [d for d in journal(node, "--denied") if d.get("pod") == name]
+    assert denials and denials[0]["action"] == "stripped", denials
+
+
+@pytest.fixture(scope="module")
+def nvidia_nri(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """NVIDIA's own NRI plugin (nvidia-container-toolkit v1.20's, the GPU Operator's NRI
+    mode), built from its Go module."""
+    from tests.helpers.gobuild import build_go
+
+    return build_go("nvidia-nri", tmp_path_factory.mktemp("go") / "nvidia-nri")
+
+
+def test_nvidia_nri_plugin_annotation_held_to_the_allocation(node: NriNode,
+                                                            nvidia_nri: Path) -> None:
+    """Beside NVIDIA's own NRI plugin, an unallocated pod annotated nvidia.cdi.k8s.io/pod: nvidia.com/gpu=all is refused by nvshim's plugin in one line naming the annotation (journaled); with nvshim's agent away, containerd 2.1 gives that pod every GPU through NVIDIA's plugin (containerd 1.7's NRI v0.6 drops CDI adjustments). doctor names NVIDIA's plugin by pid: ok beside the registered agent, a failure without it."""
+    assert node.agent is not None
+    annotated = {"nvidia.cdi.k8s.io/pod": "nvidia.com/gpu=all"}
+    log = node.base / "nvidia-nri.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([str(nvidia_nri), str(node.base / "nri.sock"), "20"],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "Started plugin" in log.read_text(), 30,
+                   "NVIDIA's NRI plugin's registration")
+        found = doctor_nri(node)
+        assert found.status == "ok" and f"nvidia-nri (pid {proc.pid})" in found.message, found
+        node.agent.stop()
+        try:
+            found = doctor_nri(node)
+            assert found.status == "fail" and "any pod can take every GPU" in found.message, found
+            _cid, logs = run(node, "nv-alone", pod_annotations=annotated)
+            every = sorted(g.minor for g in node.sim.gpus)
+            assert seen(node, logs)[0] == (every if node.version != "1.7" else [])
+        finally:
+            node.agent.start_registered()
+        with pytest.raises(CriError) as info:
+            run(node, "nv-annotated", pod_annotations=annotated)
+        said = info.value.details
+        assert "nvshim: pod team-a/nv-annotated container main: annotation " \
+            "nvidia.cdi.k8s.io/pod names CDI device nvidia.com/gpu=all" in said, said
+        denials = [d for d in journal(node, "--denied") if d.get("pod") == "nv-annotated"]
+        assert denials and denials[0]["action"] == "refused", denials
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
 def test_nvidia_like_runtime_alone_grants_env(node: NriNode) -> None:
-    """Control: the same handler without the guard's void (a GPU allocated by UUID) injects what the env names, so the guard test's empty /dev is the plugin's doing."""
+    """Control: the same handler without the guard's void (a GPU allocated by UUID) injects what the env names, so the guard test's empty /dev is the plugin's doing; the plugin injected nothing itself but journaled the grant it let through, so nvshim grants names the pod."""
     gpu = node.sim.gpus[2]
     _cid, logs = run(node, "nvidia-alloc", handler="nvidia",
                      env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
     minors, _vis = seen(node, logs)
     assert minors == [gpu.minor]
-    assert not [g for g in journal(node)
-                if g.get("pod") == "nvidia-alloc" and str(g.get("source", "")).startswith("nri:")]
+    # the journal's own lines: the stand-in (nvshim's runtime) journals its grant too, and
+    # nvshim grants shows one row per container
+    lines = (node.base / "grants.jsonl").read_text().splitlines()
+    mine = [r for r in map(json.loads, lines) if r.get("pod") == "nvidia-alloc"]
+    assert not [r for r in mine if str(r.get("source", "")).startswith("nri:")], mine
+    through = [r for r in mine if str(r.get("source", "")).startswith("nri-guard:")]
+    assert len(through) == 1 and through[0]["gpus"] == [gpu.uuid], mine
 
 
 def test_no_claim_no_adjustment(node: NriNode) -> None:
@@ -130,11 +215,7 @@ def test_agent_down_fails_open(node: NriNode) -> None:
     try:
         fail_open(node)
     finally:
-        log = node.base / "agent.log"
-        before = log.read_text().count("nri registered")
-        node.agent.start()
-        wait_until(lambda: log.read_text().count("nri registered") > before, 20,
-                   "re-registration")
+        node.agent.start_registered()
     _cid, logs = run(node, "back", handler="", image=CUDA_LIKE)
     assert seen(node, logs) == ([], "void")
 
@@ -179,6 +260,47 @@ def test_verify_holds_cri_cdi_devices_to_the_kubelet(node: NriNode) -> None:
     assert seen(node, logs)[0] == [node.sim.gpus[1].minor]
 
 
+def test_an_agent_whose_install_breaks_never_fails_a_create(node: NriNode,
+                                                           tmp_path: Path) -> None:
+    """An agent serving from a copy of nvshim whose modules are then deleted (an uninstall or upgrade under it) answers with no adjustment and one log line: a plain pod and a GPU pod under runc start (the GPU pod without its GPU, as with no plugin), first with one module gone (the import fails at the first GPU pod's create), then with the whole package gone."""
+    import sys
+
+    from tests.helpers.agent import AgentProcess
+
+    assert node.agent is not None
+    copy = tmp_path / "site"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "nvshim", copy / "nvshim",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    log = tmp_path / "agent.log"
+    broken = AgentProcess(node.base / "agent.sock", node.base / "agent" / "config.yaml", log,
+                          str(node.base / "nri.sock"))
+    broken.args = [sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+                   "from nvshim.cli.main import main; main()", str(copy)] + broken.args[
+                       broken.args.index("agent"):]
+    node.agent.stop()
+    try:
+        broken.start()
+        wait_until(lambda: "nri registered" in log.read_text(), 20, "the copy's registration")
+        for lazy in ("hookargs", "grants", "denials"):  # imported at a GPU pod's first create
+            (copy / "nvshim" / "runtime" / f"{lazy}.py").unlink()
+        gpu = node.sim.gpus[0]
+        _cid, logs = run(node, "broken-plain")
+        assert seen(node, logs) == ([], "")
+        _cid, logs = run(node, "broken-gpu", env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+        assert seen(node, logs) == ([], gpu.uuid)
+        said = log.read_text()
+        assert "nri create not adjusted: internal error" in said, said
+        assert "ModuleNotFoundError" in said, said
+        shutil.rmtree(copy / "nvshim")
+        _cid, logs = run(node, "gone-gpu", env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+        assert seen(node, logs) == ([], gpu.uuid)
+        assert "nvshim's install is gone" in log.read_text()
+    finally:
+        if broken.proc is not None:
+            broken.stop()
+        node.agent.start_registered()
+
+
 def test_agent_restart_during_50_creates(node: NriNode) -> None:
     """The agent restarted while 50 GPU pods are created: no create fails, no container is journaled twice, every journal line is whole."""
     if node.version != "1.7":
@@ -214,25 +336,60 @@ def test_agent_restart_during_50_creates(node: NriNode) -> None:
     node.cri = CriClient(node.containerd.address)
 
 
+def doctor_nri(node: NriNode) -> Any:
+    """doctor's nri finding for the node's containerd and agent."""
+    from nvshim.node.doctor.nri import check_nri
+
+    assert node.containerd is not None
+    binary = str(node.containerd.bin_dir / "containerd") if node.containerd.bin_dir else "containerd"
+    return check_nri(str(node.base / "containerd.toml"), binary, str(node.base / "agent.sock"))
+
+
+def test_doctor_calls_nvidias_default_guarded_while_the_agent_guards(node: NriNode) -> None:
+    """With NVIDIA's runtime (stood in) as containerd's default, doctor's default-runtime check is ok and names the agent's NRI guard while the agent is registered with nri-guard on, and fails (exit 1, the pitfall) once the agent is stopped."""
+    assert node.agent is not None
+
+    def default_runtime() -> Tuple[int, str]:
+        absent = node.base / "absent"
+        res = subprocess.run(
+            [shutil.which("nvshim") or "nvshim", "doctor", "--config",
+             str(node.base / "agent" / "config.yaml"), "--containerd-config",
+             str(node.base / "containerd.toml"), "--agent-socket", str(node.base / "agent.sock"),
+             "--trampoline", str(absent / "trampoline"), "--driver-root", node.sim.root,
+             "--docker-config", str(absent / "docker"), "--crio-config", str(absent / "crio")],
+            capture_output=True, text=True, timeout=120, check=False)
+        line = next((x for x in res.stdout.splitlines() if " default-runtime: " in x), "")
+        return res.returncode, line
+
+    _rc, line = default_runtime()
+    assert line.startswith("ok    default-runtime: ") and "guarded by the nvshim agent's NRI guard" in line, line
+    node.agent.stop()
+    try:
+        rc, line = default_runtime()
+        assert rc == 1 and line.startswith("FAIL  default-runtime: "), line
+    finally:
+        node.agent.start_registered()
+
+
 def test_doctor_sees_the_registered_agent(node: NriNode) -> None:
-    """doctor's nri check says ok while the agent is registered on containerd's NRI socket, and gives the fix once it is gone."""
+    """doctor's nri check says ok while the agent is registered on containerd's NRI socket, and gives the fix once it is gone; on a node whose config turns nri-inject on, the agent gone is a failure saying GPU pods start without their GPUs."""
     from nvshim.node.doctor.nri import check_nri
 
     assert node.containerd is not None and node.agent is not None
     binary = str(node.containerd.bin_dir / "containerd") if node.containerd.bin_dir else "containerd"
     config, sock = str(node.base / "containerd.toml"), str(node.base / "agent.sock")
+    inject = str(node.base / "agent" / "config.yaml")
     found = check_nri(config, binary, sock)
     assert found.status == "ok", found
-    log = node.base / "agent.log"
-    before = log.read_text().count("nri registered")
+    assert check_nri(config, binary, sock, inject=inject).status == "ok"
     node.agent.stop()
     try:
         found = check_nri(config, binary, sock)
         assert found.status == "skip" and "nvshim agent --nri-socket" in found.fix, found
+        found = check_nri(config, binary, sock, inject=inject)
+        assert found.status == "fail" and "start without their GPUs" in found.message, found
     finally:
-        node.agent.start()
-        wait_until(lambda: log.read_text().count("nri registered") > before, 20,
-                   "re-registration")
+        node.agent.start_registered()
 
 
 INROOT = ("(: >/.probe) 2>/dev/null && echo RW || echo RO; "
@@ -328,10 +485,7 @@ def test_agent_hook_falls_back_to_the_python_hook(node: NriNode) -> None:
         cid, out = inroot(node, "fb-killed", readonly=True, between=restart(True))
         assert has_links(out) and not served_by_agent(node, cid), out
     finally:
-        before = log.read_text().count("nri registered")
-        agent.start()
-        wait_until(lambda: log.read_text().count("nri registered") > before, 20,
-                   "re-registration")
+        agent.start_registered()
     cid, out = inroot(node, "fb-restarted", readonly=False, between=restart(False))
     assert has_links(out) and not served_by_agent(node, cid), out
     assert f"no in-root work waits for container {cid}" in log.read_text()

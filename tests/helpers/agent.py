@@ -77,6 +77,15 @@ class AgentProcess:
         assert self.proc.poll() is None, self.log.read_text()
         return self
 
+    def start_registered(self, timeout: float = 30) -> "AgentProcess":
+        """:meth:`start`, then wait until its log says it registered with the engine's NRI
+        socket once more than before."""
+        before = self.log.read_text().count("nri registered") if self.log.exists() else 0
+        self.start()
+        wait_until(lambda: self.log.read_text().count("nri registered") > before, timeout,
+                   "the agent's NRI registration")
+        return self
+
     def then_killed(self, served: T, fallback: T) -> Iterator[Tuple[str, T]]:
         """``("agent", served)`` while this agent runs; then SIGKILL it and ``("fallback",
         fallback)``: the two steps of a test that pins both paths."""

@@ -27,6 +27,7 @@ __all__ = [
     "read_only_bind",
     "rootwork_by",
     "write_nvshim_config",
+    "runtime_wrapper",
 ]
 
 
@@ -101,3 +102,21 @@ def rootwork_by(debug_log: PathLike) -> List[str]:
         if record.get("event") == "rootfs":
             out.append(record["by"])
     return out
+
+
+def runtime_wrapper(path: Path, config: Path, trampoline: Optional[Path] = None) -> Path:
+    """An executable at ``path`` that runs nvshim's runtime with ``config``: the trampoline
+    install.sh renders (written beside ``path`` once, for this interpreter), as an engine's
+    handler runs it, with ``NVSHIM_CONFIG`` set."""
+    import sys
+
+    from nvshim.node.install.trampoline import render
+
+    if trampoline is None:
+        trampoline = path.parent / "trampoline"
+        if not trampoline.exists():
+            trampoline.write_text(render(sys.executable))
+            trampoline.chmod(0o755)
+    path.write_text(f'#!/bin/sh\nNVSHIM_CONFIG={config} exec {trampoline} "$@"\n')
+    path.chmod(0o755)
+    return path

@@ -17,19 +17,17 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional
 
 from nvshim.node.compile import compile_node
-from nvshim.node.install.trampoline import render
 from tests.helpers.agent import AgentProcess
 from tests.helpers.common import remove_cgroup_tree, unique_id, wait_until
 from tests.helpers.containerd import Containerd
 from tests.helpers.cri import CriClient, cri_containerd_config, image_archive, import_image
 from tests.helpers.debian13 import containerd_node_engines, crun_debian13
 from tests.helpers.debiansid import containerd_2_dir, engine_or_skip
-from tests.helpers.node import write_nvshim_config
+from tests.helpers.node import runtime_wrapper, write_nvshim_config
 from tests.helpers.podresources import PodResourcesServer
 from tests.helpers.runc import make_crun_wrapper
 
@@ -109,12 +107,7 @@ def nri_node(base: Path, sim: Any, rootfs: Path, version: str) -> Iterator[NriNo
     n.version = version
     (base / "cdi").mkdir()
     nvidia_cfg = n.write_config("nvidia-like", require_allocation=False)
-    tramp = base / "trampoline"
-    tramp.write_text(render(sys.executable))
-    tramp.chmod(0o755)
-    wrapper = base / "nvidia-runtime"
-    wrapper.write_text(f'#!/bin/sh\nNVSHIM_CONFIG={nvidia_cfg} exec {tramp} "$@"\n')
-    wrapper.chmod(0o755)
+    wrapper = runtime_wrapper(base / "nvidia-runtime", nvidia_cfg)
     gen = subprocess.run([shutil.which("nvshim") or "nvshim", "cdi", "generate", "--driver-root",
                           sim.root, "--output", str(base / "cdi" / "nvidia.yaml")],
                          capture_output=True, text=True, timeout=60, check=False)

@@ -59,16 +59,24 @@ Pod = Union[Tuple[str, str, Containers],
 _T = descriptor_pb2.FieldDescriptorProto
 
 
+def add_message(f: descriptor_pb2.FileDescriptorProto, name: str,
+                *fields: Tuple[str, int, int, int, str]) -> Any:
+    """Message ``name`` added to ``f`` with ``fields`` (name, number, type, label, the
+    type name of a message field or ""), as a ``.proto`` would declare it; the message."""
+    message = f.message_type.add(name=name)
+    for fname, number, ftype, label, type_name in fields:
+        field = message.field.add(name=fname, number=number, type=ftype, label=label)
+        if type_name:
+            field.type_name = type_name
+    return message
+
+
 def _file() -> descriptor_pb2.FileDescriptorProto:
     f = descriptor_pb2.FileDescriptorProto(name="nvshim_test_podresources_v1.proto",
                                            package="v1", syntax="proto3")
 
     def msg(name: str, *fields: Tuple[str, int, int, int, str]) -> None:
-        m = f.message_type.add(name=name)
-        for fname, number, ftype, label, type_name in fields:
-            field = m.field.add(name=fname, number=number, type=ftype, label=label)
-            if type_name:
-                field.type_name = type_name
+        add_message(f, name, *fields)
 
     opt, rep = _T.LABEL_OPTIONAL, _T.LABEL_REPEATED
     msg("ListPodResourcesRequest")

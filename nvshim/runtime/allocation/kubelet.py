@@ -293,19 +293,34 @@ def _from_pods(pods: Sequence[PodRecord], who: Identity, prefixes: Sequence[str]
     return found.allocation(via)
 
 
+#: Whether this process is resident (``nvshim agent``, set by
+#: :func:`nvshim.agent.daemon.run_agent` before its threads start): see :func:`set_resident`.
+_RESIDENT = [False]
+
+
+def set_resident(resident: bool) -> None:
+    """Say that this process is resident (a daemon serving creates from its threads) or
+    a one-shot create. A resident process's calls leave fd 2 and the environment alone:
+    a thread of a daemon changes no process state, and its fd 2 is its own log, where
+    gRPC's lines belong."""
+    _RESIDENT[0] = resident
+
+
 def _ask_podresources(socket: str, timeout: float) -> Optional[List[PodRecord]]:
     """Every pod's resources from ``List``; None when the kubelet does not answer."""
     import os
 
     if not os.path.exists(socket):
         return None
+    if _RESIDENT[0]:
+        return _list_pods(socket, timeout)
     # gRPC's C core logs to fd 2 (errors always; everything with GRPC_VERBOSITY/GRPC_TRACE
     # in the engine's environment), also from its own threads after the channel is closed.
     # During a create, fd 2 is the container's stderr: the engine hands runc the
     # container's stdio, so a log line would land in the container's log. gRPC reads its
     # settings once, when it starts: it starts with logging off (GRPC_VERBOSITY=NONE, no
     # GRPC_TRACE) and with fd 2 on /dev/null; both are put back before we go on, so runc
-    # gets the environment and stderr we were given.
+    # gets the environment and stderr we were given. Only a one-shot process does this.
     env = {name: os.environ.get(name) for name in ("GRPC_VERBOSITY", "GRPC_TRACE")}
     os.environ["GRPC_VERBOSITY"] = "NONE"
     os.environ.pop("GRPC_TRACE", None)
@@ -313,16 +328,7 @@ def _ask_podresources(socket: str, timeout: float) -> Optional[List[PodRecord]]:
     saved = os.dup(2)  # non-inheritable: never reaches runc
     os.dup2(quiet, 2)
     try:
-        import grpc
-
-        with grpc.insecure_channel(f"unix://{socket}") as channel:
-            lister = channel.unary_unary(LIST_METHOD, request_serializer=_same,
-                                         response_deserializer=decode_list_response)
-            try:
-                listed: List[PodRecord] = lister(b"", timeout=timeout)
-            except grpc.RpcError:
-                return None
-            return listed
+        return _list_pods(socket, timeout)
     finally:
         os.dup2(saved, 2)
         os.close(saved)
@@ -332,6 +338,20 @@ def _ask_podresources(socket: str, timeout: float) -> Optional[List[PodRecord]]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _list_pods(socket: str, timeout: float) -> Optional[List[PodRecord]]:
+    """PodResources ``List`` over gRPC; None when the kubelet does not answer."""
+    import grpc
+
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        lister = channel.unary_unary(LIST_METHOD, request_serializer=_same,
+                                     response_deserializer=decode_list_response)
+        try:
+            listed: List[PodRecord] = lister(b"", timeout=timeout)
+        except grpc.RpcError:
+            return None
+        return listed
 
 
 def _same(data: bytes) -> bytes:

@@ -25,6 +25,7 @@ from nvshim.agent.protocol import (
 from nvshim.agent.server import ask
 from nvshim.agent.state import generation_of
 from tests.helpers.agent import AgentProcess, nvshim_bin, running_agent
+from tests.helpers.common import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the agent serves root peers only")
@@ -51,8 +52,10 @@ def test_agent_answers_ready_and_removes_its_socket_on_sigterm(tmp_path: Path,
     try:
         status, message = _ready(agent.socket)
         assert status == "ready"
+        from nvshim import __version__
+
         assert json.loads(message) == {"config": str(config), "generation": generation_of(
-            str(config)), "serving": True, "nri": "none"}
+            str(config)), "serving": True, "nri": "none", "version": __version__}
         assert (agent.socket.stat().st_mode & 0o777) == 0o600
         probe = subprocess.run(nvshim_bin() + ["agent", "--socket", str(agent.socket),
                                                "--ready"], capture_output=True, text=True)
@@ -189,3 +192,69 @@ def test_parse_request_round_trips_any_create(fields: "list[bytes]") -> None:
     if not req.argv:
         return
     assert parse_request(encode_request(req), 1) == req
+
+
+@needs_root
+def test_idle_peers_never_stall_accepting_or_stopping(tmp_path: Path, config: Path) -> None:
+    """With 70 peers connected and silent (more than the agent's 64 workers), a ready request is still answered within the client's 5 s timeout; with 300 more (past the 256 connections held while their request has not arrived, the rest closed at once with one log line), SIGTERM stops the agent within 5 s: a silent peer holds no worker and is closed at stop."""
+    import socket as sockets
+
+    agent = AgentProcess(tmp_path / "a.sock", config, tmp_path / "a.log").start()
+    idle = []
+    try:
+        for _ in range(70):
+            peer = sockets.socket(sockets.AF_UNIX, sockets.SOCK_SEQPACKET)
+            peer.connect(str(agent.socket))
+            idle.append(peer)
+        status, _message = parse_reply(ask(str(agent.socket), MAGIC + b"\0ready\0", timeout=5.0))
+        assert status == "ready"
+        for _ in range(300):
+            peer = sockets.socket(sockets.AF_UNIX, sockets.SOCK_SEQPACKET)
+            peer.connect(str(agent.socket))
+            idle.append(peer)
+        wait_until(lambda: "too many connections waiting" in agent.log.read_text(), 10,
+                   "the agent's one line about the connections it closed")
+        assert agent.proc is not None
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.proc.wait(timeout=5) == 0
+    finally:
+        for peer in idle:
+            peer.close()
+        if agent.proc is not None and agent.proc.poll() is None:
+            agent.stop()
+    assert agent.log.read_text().count("too many connections waiting for their request") == 1
+
+
+@needs_root
+def test_an_agent_whose_install_is_replaced_stops_serving(tmp_path: Path, config: Path) -> None:
+    """An agent running from an nvshim whose files are then replaced (an upgrade or reinstall under it) says not-ready with the reason and answers every create with fallback (the client's own create runs the installed code), rather than mixing its loaded code with the new files; it says its version while ready."""
+    import shutil
+
+    from nvshim import __version__
+
+    copy = tmp_path / "site"
+    shutil.copytree(REPO / "nvshim", copy / "nvshim", ignore=shutil.ignore_patterns("__pycache__"))
+    agent = AgentProcess(tmp_path / "a.sock", config, tmp_path / "a.log")
+    agent.args = [sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+                  "from nvshim.cli.main import main; main()", str(copy)] + agent.args[
+                      agent.args.index("agent"):]
+    agent.start()
+    try:
+        status, message = _ready(agent.socket)
+        assert status == "ready" and json.loads(message)["version"] == __version__
+        marker = copy / "nvshim" / "__init__.py"
+        fresh = marker.with_suffix(".new")
+        fresh.write_bytes(marker.read_bytes())
+        os.replace(fresh, marker)  # what an install does: new files, not edits
+        status, message = _ready(agent.socket)
+        assert status == "not-ready" and "reinstalled or upgraded" in message, message
+        create = Request("create", __version__, str(config), "0:0:0:0", "/usr/sbin/runc", "/", "/b",
+                         ("runc", "create", "c1"))
+        root = os.open("/", os.O_PATH)
+        try:
+            reply = parse_reply(ask(str(agent.socket), encode_request(create), [root]))
+        finally:
+            os.close(root)
+        assert reply[0] == "fallback" and "reinstalled or upgraded" in reply[1], reply
+    finally:
+        agent.stop()

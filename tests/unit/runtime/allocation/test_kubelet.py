@@ -113,6 +113,20 @@ def test_allocated_gpu_is_granted(node: Any, tmp_path: Path, kubelet: PodResourc
     assert kubelet.calls["List"] == 1
 
 
+def test_a_replica_the_kubelet_allocated_makes_the_grant_shared(
+        node: Any, tmp_path: Path, kubelet: PodResourcesServer) -> None:
+    """NVIDIA's device plugin hands a time-sliced GPU over as its bare UUID (env or mount), the kubelet's record names the replica (<uuid>::1): the grant is marked shared, so nvshim grants does not call two such pods a conflict; a whole-GPU allocation stays unshared."""
+    gpu = node.gpus[1]
+    kubelet.set([("team-a", "mine", {"main": {GPU: [f"{gpu.uuid}::1"]}})])
+    plan = plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}"]),
+                       config(node, tmp_path))
+    assert [g.uuid for g in plan.gpus] == [gpu.uuid] and plan.request.shared
+    kubelet.set([("team-a", "mine", {"main": {GPU: [gpu.uuid]}})])
+    plan = plan_create(bundle(tmp_path, [f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}"]),
+                       config(node, tmp_path))
+    assert [g.uuid for g in plan.gpus] == [gpu.uuid] and not plan.request.shared
+
+
 def test_forged_uuid_env_of_another_pods_gpu_is_refused(node: Any, tmp_path: Path,
                                                         kubelet: PodResourcesServer) -> None:
     """A pod that got no GPU naming another tenant's GPU UUID fails, the error naming the GPU and its holder."""
@@ -959,3 +973,39 @@ def test_engine_imex_channel_the_kubelet_did_not_list_is_refused(imex_node: Any,
     with pytest.raises(RequestError, match=r"^IMEX channel 3, injected by the engine, is not "
                        r"this container's allocation: the kubelet gave it to team-b/victim/train"):
         check_engine(cfg, imex=[3])
+
+
+def test_a_resident_process_asks_the_kubelet_without_changing_process_state(
+        kubelet: PodResourcesServer) -> None:
+    """Eight threads asking the PodResources API at once in a resident process (the agent) leave fd 2 and the gRPC variables of the environment as they were at every moment (sampled while the calls run): a one-shot create may point fd 2 at /dev/null around the call, a daemon's thread may not."""
+    import threading
+
+    from nvshim.runtime.allocation import kubelet as client
+
+    kubelet.set([("team-a", "mine", {"main": {"nvidia.com/gpu": ["GPU-x"]}})])
+    before = (os.readlink("/proc/self/fd/2"), os.environ.get("GRPC_VERBOSITY"))
+    seen = set()
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            seen.add((os.readlink("/proc/self/fd/2"), os.environ.get("GRPC_VERBOSITY")))
+
+    def ask() -> None:
+        for _ in range(5):
+            assert client._ask_podresources(kubelet.socket, 5.0)
+
+    client.set_resident(True)
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        askers = [threading.Thread(target=ask) for _ in range(8)]
+        for t in askers:
+            t.start()
+        for t in askers:
+            t.join()
+    finally:
+        done.set()
+        sampler.join()
+        client.set_resident(False)
+    assert seen == {before}
