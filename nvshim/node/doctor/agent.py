@@ -53,7 +53,8 @@ def check_agent(socket_path: str, config_path: str, trampoline: str) -> Finding:
         return Finding(name, "warn", f"node agent on {socket_path} has not loaded {config_path} "
                        f"as it is now (it reloads on the next create; a config it cannot "
                        f"load is not served): {slow} until then",
-                       f"nvshim config check --config {config_path}")
+                       f"nvshim config show --config {config_path} (it validates the config "
+                       "and says what does not load)")
     try:
         with open(trampoline, encoding="utf-8", errors="replace") as f:
             text = f.read()
@@ -62,6 +63,9 @@ def check_agent(socket_path: str, config_path: str, trampoline: str) -> Finding:
     if trampoline and text and "nvshim-agent-client" not in text:
         return Finding(name, "warn", f"node agent on {socket_path} is ready, but {trampoline} "
                        f"predates the fast path: {slow}", "re-run install.sh")
-    return Finding(name, "ok", f"node agent on {socket_path} is ready for config "
+    version = info.get("version")
+    which = (f" (nvshim {version})" if isinstance(version, str)
+             else " (an older nvshim, which does not say its version)")
+    return Finding(name, "ok", f"node agent on {socket_path}{which} is ready for config "
                    f"{config_path}: GPU creates go through it (nvshim inspect on a live bundle "
                    "says which path served it)")

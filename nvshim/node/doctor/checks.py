@@ -172,7 +172,10 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
             findings.append(drift)
         findings.append(check_lost_handlers(effective, options))
         findings.append(check_runtime_binary(effective, options))
-        findings.append(check_default_runtime(effective, config, options))
+        from nvshim.node.doctor.nri import nri_guard
+
+        findings.append(check_default_runtime(effective, config, options,
+                                              nri_guard(options.agent_socket)))
     findings.extend(check_configured_runtimes(options))
     findings.append(check_docker(options.docker_config, config, options))
     findings.append(check_crio(options.crio_config, config, options))
@@ -193,8 +196,9 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     findings.append(check_agent(options.agent_socket, options.config_path, options.trampoline))
     from nvshim.node.doctor.nri import check_nri
 
+    inject = options.config_path if config is not None and config.nri_inject else ""
     findings.append(check_nri(options.containerd_config, options.containerd_binary,
-                              options.agent_socket, options.crio_config))
+                              options.agent_socket, options.crio_config, inject))
     return findings
 
 

@@ -202,10 +202,13 @@ def check_runtime_binary(effective: EffectiveRuntimes, options: DoctorOptions) -
 
 
 def check_default_runtime(
-    effective: EffectiveRuntimes, config: Optional[Config], options: DoctorOptions
+    effective: EffectiveRuntimes, config: Optional[Config], options: DoctorOptions,
+    guard: Optional[Tuple[str, Tuple[str, ...]]] = None,
 ) -> Finding:
     """The pitfall: containerd's default runtime is NVIDIA's, or nvshim with
-    require-allocation off."""
+    require-allocation off. ``guard``: who strips unallocated pods' claims at
+    CreateContainer (:func:`nvshim.node.doctor.nri.nri_guard`) and the handlers it leaves
+    to nvshim's runtime: NVIDIA's default is then guarded, not the pitfall."""
     name = "default-runtime"
     default = effective.default_runtime_name
     ours = _nvshim_handlers(effective, options)
@@ -217,7 +220,7 @@ def check_default_runtime(
             f"; or make runc the default again (default_runtime_name in "
             f"{effective.config_path} or its drop-ins) and select GPU runtimes by RuntimeClass")
         if nvidia is not None:
-            return nvidia
+            return _guarded(nvidia, default, "NVIDIA's runtime", guard)
     if default not in ours:
         if default not in effective.handlers and default != "runc":
             return Finding(
@@ -242,7 +245,7 @@ def check_default_runtime(
             "only device-plugin allocations grant GPUs",
         )
     which = "" if default == "nvshim" else f' (handler "{default}")'
-    return Finding(
+    return _guarded(Finding(
         name, "fail",
         "default runtime nvshim has require-allocation off: CUDA images get every GPU",
         f"require-allocation: true in {path}",
@@ -250,7 +253,22 @@ def check_default_runtime(
                f"off{reads}: pods that request no GPU get every GPU from CUDA images' "
                f"NVIDIA_VISIBLE_DEVICES=all. Fix: set require-allocation: true in {path} (then "
                f"{compile_command(path)}), or make runc the default and use RuntimeClass nvshim",
-    )
+    ), default, "nvshim with require-allocation off", guard)
+
+
+def _guarded(finding: Finding, default: str, what: str,
+             guard: Optional[Tuple[str, Tuple[str, ...]]]) -> Finding:
+    """``finding`` (the pitfall) as ok when ``guard`` strips what the default handler
+    ``default`` would grant from image env (it is not one the guard leaves to nvshim's
+    runtime); ``finding`` itself otherwise."""
+    if finding.status != "fail" or guard is None or default in guard[1]:
+        return finding
+    return Finding(
+        finding.check, "ok", f'containerd\'s default "{default}" is {what}, guarded by '
+        f"{guard[0]}: pods with no allocation get NVIDIA_VISIBLE_DEVICES=void, and what it "
+        "cannot strip is refused",
+        detail=f"{finding.detail} Guarded while the agent stays registered: an engine "
+        "creates containers without a plugin that is down (the nri check says so).")
 
 
 # --------------------------------------------------------------------------- Docker, CRI-O
