@@ -47,6 +47,8 @@
 # (default: /etc/systemd/system and /etc/udev/rules.d, only where systemd runs).
 # NVSHIM_PYTHON (/usr/bin/python3) is the interpreter a payload bundles (CPython 3.11+).
 # NVSHIM_AGENT_NRI_SOCKET (none): the NRI socket nvshim-agent.service registers with.
+# NVSHIM_KUBELET_SOCKET (/var/lib/kubelet/pod-resources/kubelet.sock): where a kubelet's
+# PodResources socket is; a config written where it exists says verify-with: kubelet.
 # NVSHIM_AGENT_UNIT (auto): auto writes nvshim-agent.service where systemd runs; off writes none
 # and removes one an earlier install enabled (another process runs the agent: the DaemonSet's
 # agent container, which its installer says with this setting).
@@ -135,6 +137,7 @@ if [ -n "$PAYLOAD" ] && { [ -n "$FROM" ] || [ "$DEV$UNINSTALL$CONTAINERD$DOCKER$
     die "--payload only builds: it goes with no other option"
 fi
 [ "$PURGE" = 1 ] && [ "$UNINSTALL" = 0 ] && die "--purge goes with --uninstall"
+[ "$NRI" = 1 ] && [ "$CONTAINERD" = 0 ] && die "--nri turns containerd's NRI on in nvshim's containerd drop-in: it goes with --containerd (CRI-O has NRI on by default from 1.30: [crio.nri] enable_nri = true)"
 [ "$DEV" = 1 ] && [ -n "$FROM" ] && die "--dev builds a venv from this checkout: it does not go with --from"
 if [ "$INSTALLED_COPY" = 1 ] && { [ "$DEV" = 1 ] || [ -n "$PAYLOAD" ]; }; then
     die "--dev and --payload build from nvshim's sources: run them from a checkout's install.sh, not the installed copy $SRC/install.sh"
@@ -245,6 +248,7 @@ uninstall() {
             || say "reverted $cfg, but $engine did not come back after the restart: see the message above"
     done < "$MANIFEST"
     uninstall_agent_unit  # first: uninstall_cdi_refresh removes the units' folders
+    stop_agents ""  # one started by hand, or by a unit systemd does not run here
     uninstall_cdi_refresh
     # files we wrote, only if unchanged since (an edited config stays, and we say so)
     pkgs=
@@ -486,6 +490,9 @@ install_agent_client() {  # the --dev venv's client (a payload carries its own)
 }
 install_agent_unit() {
     if [ "${NVSHIM_AGENT_UNIT:-auto}" = off ]; then  # one agent per socket: the other one serves
+        # an agent still running the code this install replaced (the DaemonSet's agent
+        # container: its kubelet starts it again, on the new code)
+        stop_agents "it ran the code this install replaced"
         if [ -f "$MANIFEST" ] && grep -qE "^file .*/$AGENT_UNIT\.service\$" "$MANIFEST"; then
             uninstall_agent_unit
             grep -vE "^(systemd-enabled $AGENT_UNIT|file .*/$AGENT_UNIT\.service)\$" "$MANIFEST" \
@@ -500,6 +507,7 @@ install_agent_unit() {
         units=/etc/systemd/system system=1
     fi
     if [ -z "$units" ]; then
+        stop_agents "it ran the code this install replaced: start it again ('$BINDIR/nvshim agent')"
         say "no systemd unit for the node agent (systemd does not run here, or this is not a system install): run '$BINDIR/nvshim agent' to give GPU creates the fast path"
         return 0
     fi
@@ -522,7 +530,8 @@ install_agent_unit() {
     if [ "$system" = 1 ]; then
         [ "$changed" = 1 ] && systemctl daemon-reload
         systemctl enable --quiet "$AGENT_UNIT.service"
-        if [ "$changed" = 1 ]; then systemctl restart "$AGENT_UNIT.service"; else systemctl start "$AGENT_UNIT.service"; fi
+        # restarted whether or not the unit changed: the code it runs was just replaced
+        systemctl restart "$AGENT_UNIT.service"
         record "systemd-enabled $AGENT_UNIT"
         say "enabled $AGENT_UNIT.service (GPU creates go through the node agent)"
     else
@@ -537,6 +546,37 @@ uninstall_agent_unit() {  # before the manifest's files go: stop, disable, remov
     if grep -qx "systemd-enabled $AGENT_UNIT" "$MANIFEST" && systemd_runs; then
         systemctl daemon-reload
     fi
+}
+
+running() {  # the process exists and has not exited (a zombie waits for its parent only)
+    [ -r "/proc/$1/status" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
+}
+
+# stop_agents WHY: SIGTERM every `nvshim agent` this prefix runs (its interpreter is in
+# $PREFIX and "agent" is one of its words), then wait up to 10 s for each to go, saying
+# WHY after each stopped. An agent left serving from a removed or replaced prefix would
+# answer the engine's NRI calls and the trampoline with code that is gone or mixed.
+stop_agents() {
+    why=${1:+: $1}
+    stopped=
+    for dir in /proc/[0-9]*; do
+        pid=${dir#/proc/}
+        [ "$pid" = "$$" ] && continue
+        words=$(tr '\0' '\n' < "$dir/cmdline" 2>/dev/null) || continue
+        case $(printf '%s\n' "$words" | head -n 1) in "$PREFIX"/*) ;; *) continue ;; esac
+        printf '%s\n' "$words" | grep -qx agent || continue
+        kill -TERM "$pid" 2>/dev/null && stopped="$stopped $pid"
+    done
+    [ -n "$stopped" ] || return 0
+    for pid in $stopped; do
+        tries=0
+        while running "$pid" && [ "$tries" -lt 100 ]; do sleep 0.1; tries=$((tries + 1)); done
+        if running "$pid"; then
+            say "the node agent (pid $pid) did not stop on SIGTERM within 10 s: stop it by hand"
+        else
+            say "stopped the node agent (pid $pid)$why"
+        fi
+    done
 }
 
 # --- packages ------------------------------------------------------------------------
@@ -676,6 +716,9 @@ else
     apt_install gcc libc6-dev
     # tests/unit/test_shellcheck.py checks every shell file, generated ones included
     apt_install shellcheck
+    # tests/k8s builds runc from its Go module (cgo, seccomp) and makes the cluster's
+    # certificates with openssl (tests/go, tests/helpers/k8s.py)
+    apt_install libseccomp-dev pkg-config openssl
 
     # --- venv with the checkout editable (the tests and the commands run its code) -----
     if [ ! -x "$VENV/bin/python3" ]; then
@@ -702,8 +745,20 @@ if [ ! -e "$ETCDIR/config.yaml" ]; then
     [ -n "$CONFIG_SRC" ] || die "no $ETCDIR/config.yaml, and the installed copy brings none: write one (see config/config.yaml in nvshim's sources) or install a payload with --from DIR"
     cp "$CONFIG_SRC" "$ETCDIR/config.yaml"
     chmod 0644 "$ETCDIR/config.yaml"
+    # a kubelet runs here: its record is what a pod cannot forge (a GPU's UUID written
+    # into a pod's own env is then no allocation)
+    kubelet_socket=${NVSHIM_KUBELET_SOCKET:-/var/lib/kubelet/pod-resources/kubelet.sock}
+    verify=""
+    if [ -S "$kubelet_socket" ] && grep -qx 'verify-with: none' "$ETCDIR/config.yaml"; then
+        sed -i 's/^verify-with: none$/verify-with: kubelet/' "$ETCDIR/config.yaml"
+        if [ -n "${NVSHIM_KUBELET_SOCKET:-}" ]; then
+            escaped=$(printf '%s' "$kubelet_socket" | sed 's/[|&\\]/\\&/g')
+            sed -i "s|^kubelet-socket: .*\$|kubelet-socket: $escaped|" "$ETCDIR/config.yaml"
+        fi
+        verify=" (verify-with: kubelet: the kubelet's PodResources socket is at $kubelet_socket)"
+    fi
     record "file $ETCDIR/config.yaml $(sha "$ETCDIR/config.yaml")"
-    say "wrote $ETCDIR/config.yaml"
+    say "wrote $ETCDIR/config.yaml$verify"
 fi
 # a default runtime reads this config: compile refuses it unless require-allocation is on
 # and marks it, so every later compile (the DaemonSet's ConfigMap apply too) refuses the same
