@@ -13,9 +13,16 @@ OCI state from its stdin and an ``O_PATH`` descriptor of its ``/`` (protocol ``h
 :func:`nvshim.host.inroot.resolve_dir` (every symlink resolved inside the caller's root:
 what the hook sees, never a path of the agent's own mount namespace), and does the work
 with the runtime's fd-relative, no-symlink writer (:func:`nvshim.runtime.rootwork.prepare_in`).
+The work is bound to its container: only a peer (``SO_PEERCRED``'s pid) that runs in the
+cgroup the engine gave the container at CreateContainer (``linux.cgroups_path``, read by
+the kernel from ``/proc/<pid>/cgroup``, never from what the peer sends) may take it, so a
+root process elsewhere on the node cannot name a created-but-not-started container's id
+and have its work written into a tree of its choosing; a peer that fails the check gets
+``fallback`` and the work stays for the container's own hook (:meth:`PendingWork.claim`).
 Anything else is ``fallback``: the client then execs the Python hook with the same argv
 and the same state on stdin, so the work is done all the same (fails closed): another
-nvshim version, no work waiting for the container (the agent restarted since
+nvshim version, a peer outside the container's cgroup (an agent in a cgroup or pid
+namespace of its own sees none), no work waiting for the container (the agent restarted since
 CreateContainer), a state or rootfs it cannot read, a rootfs it cannot write (crun makes
 a read-only rootfs read-only before the hooks; the Python hook remounts it).
 """
@@ -33,7 +40,8 @@ from nvshim.agent.protocol import Request
 from nvshim.agent.server import Peer
 from nvshim.errors import SpecError
 
-__all__ = ["PendingWork", "serve_hook", "HOOK_FLAG", "PENDING_MAX"]
+__all__ = ["PendingWork", "serve_hook", "outside_cgroup", "cgroup_candidates",
+           "cgroup_matches", "HOOK_FLAG", "PENDING_MAX"]
 
 #: The client's first argument in hook mode.
 HOOK_FLAG = "--hook"
@@ -41,6 +49,8 @@ HOOK_FLAG = "--hook"
 PENDING_MAX = 4096
 
 DevLinks = Tuple[Tuple[str, str], ...]
+#: (work, /dev links, the cgroups path the engine gave the container)
+_Item = Tuple[Any, DevLinks, str]
 
 
 class PendingWork:
@@ -51,26 +61,44 @@ class PendingWork:
 
         self.socket_path = os.path.abspath(socket_path)
         self.client = client if client is not None else client_path(sys.executable)
-        self._work: Dict[str, Tuple[Any, DevLinks]] = {}
+        self._work: Dict[str, _Item] = {}
         self._lock = threading.Lock()
         self._probed: Tuple[Any, bool] = (None, False)
 
     def __len__(self) -> int:
         return len(self._work)
 
-    def put(self, container_id: str, work: Any, dev_links: DevLinks = ()) -> None:
+    def put(self, container_id: str, work: Any, dev_links: DevLinks = (),
+            cgroups_path: str = "") -> None:
+        """Leave ``work`` for the container's hook; ``cgroups_path`` is the engine's
+        ``linux.cgroups_path`` for it (without one no peer can claim the work)."""
         with self._lock:
             self._work.pop(container_id, None)
             if len(self._work) >= PENDING_MAX:  # hooks never run (failed creates): oldest out
                 del self._work[next(iter(self._work))]
-            self._work[container_id] = (work, dev_links)
+            self._work[container_id] = (work, dev_links, cgroups_path)
 
-    def take(self, container_id: str) -> Optional[Tuple[Any, DevLinks]]:
+    def claim(self, container_id: str, pid: int) -> Tuple[Any, DevLinks]:
+        """The container's work, taken, for the peer ``pid`` when it runs in the
+        container's cgroup; _NotServed (the work left waiting) otherwise."""
         with self._lock:
-            return self._work.pop(container_id, None)
+            item = self._work.get(container_id)
+        if item is None:
+            raise _NotServed(f"no in-root work waits for container {container_id} "
+                             "(the agent restarted since its CreateContainer?)")
+        work, dev_links, cgroups_path = item
+        why = outside_cgroup(pid, cgroups_path)
+        if why:
+            raise _NotServed(f"the hook for container {container_id} is not its own: {why}")
+        with self._lock:
+            if self._work.get(container_id) is not item:  # taken or replaced meanwhile
+                raise _NotServed(f"no in-root work waits for container {container_id}")
+            del self._work[container_id]
+        return work, dev_links
 
     def drop(self, container_id: str) -> None:
-        self.take(container_id)
+        with self._lock:
+            self._work.pop(container_id, None)
 
     def hook_entry(self, hook: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         """nvshim's Python hook entry (OCI JSON) as the client's: the same argv after the
@@ -113,11 +141,7 @@ def serve_hook(pending: PendingWork, request: Request, root_fd: int, peer: Peer,
         if request.version != __version__:
             raise _NotServed(f"hook of nvshim {request.version}, agent {__version__}")
         cid, state = _read_state(request.state)
-        item = pending.take(cid)
-        if item is None:
-            raise _NotServed(f"no in-root work waits for container {cid} "
-                             "(the agent restarted since its CreateContainer?)")
-        work, dev_links = item
+        work, dev_links = pending.claim(cid, peer.pid)
         warnings = _do(root_fd, state, work, dev_links)
     except _NotServed as exc:
         log.info("nri in-root work not served (the Python hook does it)", id=cid,
@@ -130,6 +154,65 @@ def serve_hook(pending: PendingWork, request: Request, root_fd: int, peer: Peer,
 
 class _NotServed(Exception):
     """Why the hook falls back to Python (one line)."""
+
+
+def cgroup_candidates(cgroups_path: str) -> Tuple[str, ...]:
+    """The cgroup paths (as ``/proc/<pid>/cgroup`` shows them from the root cgroup
+    namespace) a runtime makes of an OCI ``linux.cgroupsPath``: the path itself
+    (cgroupfs), and for systemd's ``slice:prefix:name`` the scope under its expanded slice
+    (``a-b.slice`` is ``/a.slice/a-b.slice``, as runc and crun expand it)."""
+    out = [cgroups_path]
+    parts = cgroups_path.split(":")
+    if len(parts) == 3 and "/" not in cgroups_path:
+        slice_, prefix, name = parts
+        unit = name if name.endswith(".slice") else (
+            f"{prefix}-{name}.scope" if prefix else f"{name}.scope")
+        slice_ = slice_ or "system.slice"
+        tree = ""
+        if slice_ != "-.slice":
+            stem, words = slice_[:-len(".slice")], []
+            for word in stem.split("-"):
+                words.append(word)
+                tree += "/" + "-".join(words) + ".slice"
+        out.append(f"{tree}/{unit}")
+    return tuple(p for p in out if p)
+
+
+def outside_cgroup(pid: int, cgroups_path: str) -> str:
+    """Why process ``pid`` is not in the cgroup ``cgroups_path`` names ("" when it is,
+    in any hierarchy: cgroup v1 lists one line per hierarchy, v2 one). A path the reader
+    sees from a cgroup namespace of its own (``/../..``-prefixed) matches by its tail."""
+    if not cgroups_path:
+        return "the engine gave the container no cgroups path"
+    if pid <= 0:
+        return "the peer is outside the agent's pid namespace"
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        return f"cannot read /proc/{pid}/cgroup: {exc.strerror}"
+    paths = [line.split(":", 2)[-1] for line in lines]
+    if any(cgroup_matches(path, cgroups_path) for path in paths):
+        return ""
+    return f"peer pid {pid} runs in cgroup {paths[0] if paths else '(none)'}, " \
+        f"not {cgroups_path}"
+
+
+def cgroup_matches(path: str, cgroups_path: str) -> bool:
+    """Whether ``path`` (one line of ``/proc/<pid>/cgroup``, past its second colon) is
+    the cgroup a runtime makes of ``cgroups_path`` (:func:`cgroup_candidates`): equal;
+    for a relative ``cgroups_path`` (under the runtime's own cgroup) its tail; for a path
+    seen from another cgroup namespace (``/../../x``) the tail after the ``..``."""
+    tail = path
+    while tail.startswith("/.."):
+        tail = tail[3:]
+    for want in cgroup_candidates(cgroups_path):
+        absolute = want if want.startswith("/") else "/" + want
+        if path == absolute or (want[:1] != "/" and path.endswith(absolute)):
+            return True
+        if tail != path and tail.startswith("/") and absolute.endswith(tail):
+            return True
+    return False
 
 
 def _read_state(text: str) -> Tuple[str, Mapping[str, Any]]:

@@ -151,6 +151,9 @@ class Container:
     devices: Tuple[Device, ...] = ()
     pid: int = 0
     cdi_devices: Tuple[str, ...] = ()
+    #: ``linux.cgroups_path`` as the engine set it (cgroupfs path or systemd
+    #: ``slice:prefix:name``): where the container's processes will run
+    cgroups_path: str = ""
 
 
 @dataclass(frozen=True)
@@ -223,14 +226,18 @@ def decode_container(data: bytes) -> Container:
             if found:
                 hooks[kind] = found
     devices: Tuple[Device, ...] = ()
+    cgroups_path = ""
     for raw in messages(v, 11):
-        devices += tuple(_device(d) for d in messages(by_number(raw), 2))
+        linux = by_number(raw)
+        devices += tuple(_device(d) for d in messages(linux, 2))
+        cgroups_path = read_string(linux, 5) or cgroups_path
     return Container(
         id=read_string(v, 1), pod_sandbox_id=read_string(v, 2), name=read_string(v, 3),
         annotations=read_map(v, 6), args=read_strings(v, 7), env=read_strings(v, 8),
         mounts=tuple(_mount(m) for m in messages(v, 9)), hooks=hooks, devices=devices,
         pid=read_int(v, 12, signed=False),
         cdi_devices=tuple(read_string(by_number(d), 1) for d in messages(v, 20)),
+        cgroups_path=cgroups_path,
     )
 
 

@@ -220,7 +220,7 @@ def decide(config: Config, pod: Pod, container: Container, log: Any,
             new_spec = plan.render(RootfsDecision(work, "runtime", "/proc/<pid>/root"))
             later.put(container.id, work)
         elif config.nri_inroot == "agent" and work is not None and pending is not None:
-            new_spec = agent_hook(new_spec, container.id, work, pending)
+            new_spec = agent_hook(new_spec, container, work, pending)
         adjust = adjustment_of(spec, new_spec)
         if journal:
             _record_grant(config, pod, container, plan, log)
@@ -388,11 +388,12 @@ def _check_nvidia_claim(plan: Any, config: Config,
                     "would inject it from the pod's own annotation")
 
 
-def agent_hook(spec: Dict[str, Any], container_id: str, work: Any,
+def agent_hook(spec: Dict[str, Any], container: Container, work: Any,
                pending: Any) -> Dict[str, Any]:
     """``spec`` whose nvshim createContainer hook is the client's, asking the agent
     (``nri-inroot: agent``), with ``work`` (and the hook's ``/dev`` links) left in
-    ``pending`` for it; ``spec`` as it is when the client is not here."""
+    ``pending`` for it, bound to the container's cgroups path (only a hook that runs
+    there may take it); ``spec`` as it is when the client is not here."""
     from nvshim.runtime.hookargs import parse_graphics_args, runs_nvshim_hook
 
     hooks = (spec.get("hooks") or {}).get("createContainer") or []
@@ -403,7 +404,7 @@ def agent_hook(spec: Dict[str, Any], container_id: str, work: Any,
     if entry is None:
         return spec
     dev_links, _egl = parse_graphics_args(ours[0]["args"])
-    pending.put(container_id, work, tuple(dev_links))
+    pending.put(container.id, work, tuple(dev_links), container.cgroups_path)
     new_hooks = dict(spec["hooks"])
     new_hooks["createContainer"] = [entry if h is ours[0] else h for h in hooks]
     return {**spec, "hooks": new_hooks}

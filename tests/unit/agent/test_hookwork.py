@@ -71,7 +71,10 @@ def world(tmp_path: Path, sim: Any, client: Path) -> Iterator[Dict[str, Any]]:
     pending = PendingWork(str(tmp_path / "agent.sock"), str(client))
     cfg = replace(Config(driver_root=sim.root, grants_journal=str(tmp_path / "grants.jsonl"),
                          runtimes=("runc",), nri_inject=True), nri_inroot="agent")
-    ctr = Container(id="c1", name="main", env=(f"NVIDIA_VISIBLE_DEVICES={sim.gpus[0].uuid}",))
+    # the hook runs as this test's child: in this test's cgroup, as runc's hook runs in the
+    # container's
+    ctr = Container(id="c1", name="main", env=(f"NVIDIA_VISIBLE_DEVICES={sim.gpus[0].uuid}",),
+                    cgroups_path=own_cgroup())
     adj = plugin.decide(cfg, POD, ctr, Log(), pending=pending)
     (hook,) = adj.hooks["createContainer"]
     agent = Agent(tmp_path / "agent.sock", pending)
@@ -81,6 +84,11 @@ def world(tmp_path: Path, sim: Any, client: Path) -> Iterator[Dict[str, Any]]:
                                     "status": "creating", "bundle": str(bundle)})}
     finally:
         agent.close()
+
+
+def own_cgroup() -> str:
+    """This process's cgroup (the first hierarchy's: v2's only one, v1's first)."""
+    return Path("/proc/self/cgroup").read_text().splitlines()[0].split(":", 2)[2]
 
 
 def run_hook(hook: Any, state: str, args: Optional[List[str]] = None,
@@ -122,7 +130,7 @@ def test_hook_falls_back_to_the_python_hook_with_the_same_state(world: Dict[str,
     hook, state = world["hook"], world["state"]
     args = list(hook.args)
     if case == "no work waits":
-        world["pending"].take("c1")
+        world["pending"].drop("c1")
     elif case == "no agent":
         world["agent"].close()
     elif case == "another version":
@@ -140,9 +148,64 @@ def test_hook_falls_back_to_the_python_hook_with_the_same_state(world: Dict[str,
 
 
 @needs_root
+def test_a_hook_outside_the_containers_cgroup_does_not_take_its_work(
+        world: Dict[str, Any], tmp_path: Path) -> None:
+    """A forged hook request (a root process that is not the container's hook: outside the cgroup the engine gave the container at CreateContainer) naming a waiting container's id gets fallback with the reason, the agent writes nothing, and the work stays for the container's own hook, which then takes it."""
+    pending, hook = world["pending"], world["hook"]
+    work = pending._work["c1"]
+    pending._work["c1"] = (work[0], work[1], "/nvshim-test/another-container")
+    forged_root = tmp_path / "forged"
+    (forged_root / "rootfs").mkdir(parents=True)
+    (forged_root / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}}))
+    state = json.loads(world["state"])
+    state["bundle"] = str(forged_root)
+    fallback = _echo_fallback(tmp_path)
+    res = run_hook(hook, json.dumps(state), [*hook.args[:4], *fallback])
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "args").exists()  # the fallback ran: the agent did not serve it
+    assert made(forged_root / "rootfs") == (None, False)
+    (line,) = [kw for _, e, kw in world["agent"].log.lines]
+    assert "is not its own: peer pid" in line["reason"], line
+    assert "not /nvshim-test/another-container" in line["reason"], line
+    assert len(pending) == 1
+    pending._work["c1"] = work  # the container's own hook, in its cgroup
+    res = run_hook(hook, world["state"])
+    assert (res.returncode, res.stderr) == (0, ""), res.stderr
+    assert made(world["bundle"] / "rootfs") == ("libcuda.so.550.54.15", True)
+    assert len(pending) == 0
+
+
+def test_cgroup_binding_reads_cgroupfs_systemd_and_namespaced_paths() -> None:
+    """The cgroups path a runtime is given matches the cgroup the kernel shows: cgroupfs paths as they are, systemd's slice:prefix:name as its expanded slice and scope, a relative path by its tail, a path seen from another cgroup namespace by what follows its ``..``; nothing else, and no path at all never matches."""
+    from nvshim.agent.hookwork import cgroup_candidates, cgroup_matches, outside_cgroup
+
+    pod = "kubepods-besteffort-pod1a2b.slice:cri-containerd:c0ffee"
+    scope = ("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1a2b.slice/"
+             "cri-containerd-c0ffee.scope")
+    assert cgroup_candidates(pod)[1] == scope
+    assert cgroup_candidates("system.slice:docker:abc")[1] == "/system.slice/docker-abc.scope"
+    assert cgroup_candidates("-.slice::x")[1] == "/x.scope"
+    for path, cgroups_path, ok in [
+            (scope, pod, True),
+            ("/kubepods/besteffort/pod1/c1", "/kubepods/besteffort/pod1/c1", True),
+            ("/kubepods/besteffort/pod1/c2", "/kubepods/besteffort/pod1/c1", False),
+            ("/kubepods/besteffort/pod1/c1/x", "/kubepods/besteffort/pod1/c1", False),
+            ("/user.slice/default/c1", "default/c1", True),
+            ("/user.slice/mydefault/c1", "default/c1", False),
+            ("/../../kubepods/pod1/c1", "/kubepods/pod1/c1", True),
+            ("/../../kubepods/pod1/c2", "/kubepods/pod1/c1", False),
+            ("/", "/kubepods/pod1/c1", False)]:
+        assert cgroup_matches(path, cgroups_path) is ok, (path, cgroups_path)
+    assert outside_cgroup(os.getpid(), own_cgroup()) == ""
+    assert outside_cgroup(os.getpid(), "") == "the engine gave the container no cgroups path"
+    assert outside_cgroup(os.getpid(), "/nvshim-test/x").startswith(f"peer pid {os.getpid()} runs")
+    assert outside_cgroup(0, own_cgroup()) == "the peer is outside the agent's pid namespace"
+
+
+@needs_root
 def test_hook_fallback_failure_is_the_hooks_failure(world: Dict[str, Any]) -> None:
     """With no work waiting and a state the Python hook cannot parse, the hook fails with the Python hook's one line (exit 1): never a silent success."""
-    world["pending"].take("c1")
+    world["pending"].drop("c1")
     res = run_hook(world["hook"], "{not json")
     assert res.returncode == 1
     assert res.stderr.startswith("nvshim hook: cannot parse the oci state"), res.stderr
@@ -212,14 +275,14 @@ def test_serve_hook_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     from nvshim.agent.server import Peer
 
     pending = PendingWork(str(tmp_path / "s"), str(tmp_path / "no-client"))
-    pending.put("c", object())
+    pending.put("c", object(), (), own_cgroup())
     root = os.open("/", os.O_PATH | os.O_DIRECTORY)
     try:
         def ask(state: str) -> Tuple[str, str]:
             from nvshim import __version__
 
             return serve_hook(pending, Request("hook", version=__version__, state=state),
-                              root, Peer(1, 0, 0), Log())
+                              root, Peer(os.getpid(), 0, 0), Log())
 
         assert ask("[")[0] == "fallback"
         assert ask('{"bundle": "/x"}') == ("fallback", "the oci state has no container id")
