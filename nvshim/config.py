@@ -121,10 +121,6 @@ class Config:
     source: Optional[str] = None
     """The file these values came from (None = built-in defaults)."""
 
-    @property
-    def effective_dev_root(self) -> str:
-        return self.dev_root or self.driver_root
-
     def to_mapping(self) -> Dict[str, Any]:
         """The YAML-shaped mapping (kebab-case keys) of these values."""
         out: Dict[str, Any] = {}

@@ -1,6 +1,6 @@
 """The fast-path client, ``nvshim-agent-client``: nvshim's only compiled piece.
 
-``client.c`` (beside this module, ~70 lines, documented in ``docs/agent.md``) is built
+``client.c`` (beside this module, about 140 lines, documented in ``docs/agent.md``) is built
 static with the build machine's C compiler when the payload is built (and by
 ``install.sh`` where a compiler is present): the trampoline runs it for a GPU create
 and it costs ~1 ms where starting Python costs ~11 (BENCHMARKS.md). Where it is missing

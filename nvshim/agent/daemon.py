@@ -94,16 +94,8 @@ class Agent:
         path = self.nri_socket
 
         def run() -> None:
-            try:
-                # by name, only when NRI is asked for: the plugin is this package's nri
-                # module (issue 33), which a build may not have
-                import importlib
+            from nvshim.agent.nri import run_nri  # only when NRI is asked for
 
-                run_nri = importlib.import_module(".nri", __package__).run_nri
-            except (ImportError, AttributeError) as exc:
-                self.nri_error = f"this nvshim has no NRI plugin ({exc})"
-                self.log.error("nri unavailable", error=self.nri_error)
-                return
             try:
                 run_nri(self.state, path, self.stop, self.on_registered, self.pending)
             except Exception as exc:  # noqa: BLE001 - the socket keeps serving; not ready

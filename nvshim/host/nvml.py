@@ -182,10 +182,6 @@ class NvmlFacts:
 
     # -- the facts file ------------------------------------------------------------------
 
-    @property
-    def file_label(self) -> str:
-        return self.facts_file or "the nvml-facts file"
-
     def document(self) -> Tuple[Optional[Dict[str, Any]], str]:
         """The facts file's document, or (None, why there is none); HostError if unreadable."""
         if self.facts_file is None:

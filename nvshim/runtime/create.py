@@ -442,16 +442,6 @@ def _needs_allocation_module(claim: Claim, config: Config) -> bool:
     return bool(claim.annotation_keys)
 
 
-def _extras(claim: Claim, config: Config, request: Request) -> Optional[Extras]:
-    """IMEX channels and NVSwitch/GDS/MOFED/gdrcopy devices asked for (see nvshim.runtime.extras);
-    None, without importing that module, when the spec names none of them."""
-    if not claim.asks_for_extras:
-        return None
-    from nvshim.runtime.extras import resolve_extras
-
-    return resolve_extras(claim, config, request)
-
-
 def _params(spec: SpecDict, bundle: str,
             driver_root: str) -> Optional[Tuple[Hook, Tuple[str, bytes]]]:
     """(the hook showing ``ModifyDeviceFiles: 0``, (the bundle file it binds, its content))

@@ -5,8 +5,8 @@ process's own user), registers as plugin ``nvshim`` at index :data:`PLUGIN_INDEX
 the Plugin service (:class:`nvshim.agent.nri.plugin.Plugin`) until the engine goes away,
 and reconnects with a backoff (:data:`BACKOFF_MIN` doubling to :data:`BACKOFF_MAX`) until
 ``stop`` is set. ``on_registered(True)`` once the engine has registered and configured it,
-``on_registered(False)`` whenever the connection is lost. Modules: :mod:`.proto` (the
-protobuf wire format), :mod:`.api` (NRI's messages), :mod:`.transport` (the multiplexer and
+``on_registered(False)`` whenever the connection is lost. Modules: :mod:`.api` (NRI's
+messages, on :mod:`nvshim._protobuf`'s wire format), :mod:`.transport` (the multiplexer and
 ttrpc), :mod:`.plugin` (the decisions).
 """
 

@@ -108,9 +108,6 @@ class Followed:
         """``a`` or ``a → b → c``: the chain, for a message."""
         return " → ".join(self.chain)
 
-    def getenv(self, key: str) -> Optional[str]:
-        return dict(self.env).get(key)
-
 
 def parse_env(entries: object) -> Dict[str, str]:
     """``["NAME=value", …]`` (CRI-O's ``monitor_env``) as a dict; other items are skipped."""
