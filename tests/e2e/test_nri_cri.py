@@ -148,7 +148,8 @@ def nvidia_nri(tmp_path_factory: pytest.TempPathFactory) -> Path:
     mode), built from its Go module."""
     from tests.helpers.gobuild import build_go
 
-    return build_go("nvidia-nri", tmp_path_factory.mktemp("go") / "nvidia-nri")
+    return build_go("nvidia-toolkit", "nvidia-nri",
+                    tmp_path_factory.mktemp("go") / "nvidia-nri")
 
 
 def test_nvidia_nri_plugin_annotation_held_to_the_allocation(node: NriNode,

@@ -43,9 +43,10 @@ def go_binary() -> str:
 def _key(name: str, go: str) -> str:
     """The cache key of group ``name``: its files' bytes and the Go version."""
     digest = hashlib.sha256()
-    for path in sorted((GO_MODULES / name).iterdir()):
+    for path in sorted((GO_MODULES / name).rglob("*")):
         if path.is_file():
-            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+            digest.update(str(path.relative_to(GO_MODULES / name)).encode() + b"\0"
+                          + path.read_bytes() + b"\0")
     version = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True,
                              timeout=60, check=False).stdout.strip()
     digest.update(version.encode())
@@ -78,7 +79,7 @@ def go_programs(name: str, timeout: float = 1800) -> Path:
     return out
 
 
-def build_go(name: str, out: Path, timeout: float = 1800) -> Path:
-    """Group ``name``'s program of the same name (its only one), copied to ``out``."""
-    shutil.copy2(go_programs(name, timeout) / name, out)
+def build_go(name: str, program: str, out: Path, timeout: float = 1800) -> Path:
+    """Group ``name``'s ``program``, copied to ``out``."""
+    shutil.copy2(go_programs(name, timeout) / program, out)
     return out

@@ -2,9 +2,11 @@
 
 The node is set up as a GPU node of the GPU Operator's kind: a simulated node of 4 GPUs
 (``nvshim sim``), nvshim's CDI spec for it in the engine's CDI dirs, containerd with NRI on
-and a handler ``nvidia`` that is the containerd default (``""``), standing in for NVIDIA's
-runtime (nvshim's runtime with ``require-allocation: false``: it grants from env and from
-device-list mounts exactly as NVIDIA's does), ``runc`` as a handler of its own, the
+and a handler ``nvidia`` that is the containerd default (``""``): NVIDIA's own
+``nvidia-container-runtime`` (toolkit v1.20.2, built from its Go module) in CDI mode on
+nvshim's spec, granting from ``NVIDIA_VISIBLE_DEVICES``, CDI annotations and device-list
+mounts (``accept-nvidia-visible-devices-as-volume-mounts``, as the GPU Operator sets it for
+that strategy); ``nvshim`` (nvshim's runtime) and ``runc`` as handlers of their own, the
 RuntimeClasses ``nvidia`` and ``runc``, the busybox image and a CUDA-like one (its ENV says
 ``NVIDIA_VISIBLE_DEVICES=all``) imported, and ``nvshim agent`` registered as the NRI
 guard (``agent`` fixture; a test may stop and start it). Each component's version is
@@ -103,14 +105,8 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
                           str(base / "cdi" / "nvidia.yaml")], capture_output=True, text=True,
                          timeout=120, check=False)
     assert gen.returncode == 0, gen.stderr
-    # NVIDIA's runtime, stood in: nvshim's runtime granting from env and mounts as it does
-    nvidia_cfg = write_nvshim_config(base / "nvidia-like", {
-        "runtimes": [runc], "driver-root": sim.root, "require-allocation": False,
-        "grants-journal": str(base / "grants.jsonl"), "cdi-spec-dirs": [str(base / "cdi")]})
-    from nvshim.node.compile import compile_node
-
-    compile_node(str(nvidia_cfg))
-    wrapper = runtime_wrapper(base / "nvidia-runtime", nvidia_cfg)
+    toolkit = go_programs("nvidia-toolkit")
+    wrapper = nvidia_runtime(base / "nvidia-toolkit", toolkit, runc, base / "cdi")
     cd = base / "containerd"
     cd.mkdir()
     config = cd / "config.toml"
@@ -128,6 +124,8 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         "verify-with": "kubelet", "kubelet-socket": cluster.pod_resources,
         "kubelet-checkpoint": cluster.checkpoint,
         "grants-journal": str(base / "grants.jsonl"), "cdi-spec-dirs": [str(base / "cdi")]})
+    from nvshim.node.compile import compile_node
+
     compile_node(str(nvshim_cfg))
     nvshim_wrapper = runtime_wrapper(base / "nvshim-runtime", nvshim_cfg)
     for name, binary, default in (("nvidia", wrapper, True), ("nvshim", nvshim_wrapper, False)):
@@ -143,7 +141,9 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         cluster.start()
         versions = cluster.versions()
         for tool, argv in (("runc", [runc, "--version"]),
-                           ("crictl", [cluster.crictl_bin, "--version"])):
+                           ("crictl", [cluster.crictl_bin, "--version"]),
+                           ("nvidia-container-runtime",
+                            [str(toolkit / "nvidia-container-runtime"), "--version"])):
             versions[tool] = subprocess.run(argv, capture_output=True, text=True,
                                             timeout=60).stdout.splitlines()[0]
         for component, version in versions.items():
@@ -162,6 +162,37 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         if n.agent is not None and n.agent.proc is not None and n.agent.proc.poll() is None:
             n.agent.stop()
         cluster.stop()
+
+
+def nvidia_runtime(where: Path, toolkit: Path, runc: str, cdi: Path) -> Path:
+    """NVIDIA's runtime as the GPU Operator's CDI mode sets it: its config.toml (found
+    through ``NVIDIA_CTK_CONFIG_FILE_PATH``, which the returned wrapper sets: containerd
+    passes a runtime no env of its own), CDI mode on ``cdi``, runc 1.5 below it."""
+    where.mkdir()
+    config = where / "config.toml"
+    config.write_text(f"""\
+accept-nvidia-visible-devices-as-volume-mounts = true
+accept-nvidia-visible-devices-envvar-when-unprivileged = true
+
+[nvidia-container-runtime]
+mode = "cdi"
+runtimes = ["{runc}"]
+log-level = "info"
+debug = "{where}/nvidia-container-runtime.log"
+
+[nvidia-container-runtime.modes.cdi]
+spec-dirs = ["{cdi}"]
+default-kind = "nvidia.com/gpu"
+annotation-prefixes = ["cdi.k8s.io/"]
+
+[nvidia-ctk]
+path = "{toolkit}/nvidia-ctk"
+""")
+    wrapper = where / "nvidia-container-runtime"
+    wrapper.write_text(f"#!/bin/sh\nNVIDIA_CTK_CONFIG_FILE_PATH={config} "
+                       f'exec {toolkit}/nvidia-container-runtime "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
 
 
 RUNTIME_CLASSES = """\

@@ -1,6 +1,6 @@
 """The default-runtime pitfall on a real cluster, and the agent's guard closing it.
 
-NVIDIA's runtime (stood in, see conftest) is containerd's default; every pod here asks
+NVIDIA's own runtime (toolkit v1.20.2, CDI mode, see conftest) is containerd's default; every pod here asks
 for no ``nvidia.com/gpu``. What is asserted is what the container itself lists in
 ``/dev`` and its ``NVIDIA_VISIBLE_DEVICES``, read back through ``kubectl logs``, or the
 reason the kubelet reports when the create is refused.
@@ -133,7 +133,7 @@ def test_nvidia_nri_annotation_is_held_to_the_allocation(node: Node) -> None:
 
     from tests.helpers.gobuild import go_programs
 
-    plugin = go_programs("nvidia-nri") / "nvidia-nri"
+    plugin = go_programs("nvidia-toolkit") / "nvidia-nri"
     log = node.base / "nvidia-nri.log"
     with open(log, "ab") as out:
         proc = subprocess.Popen([str(plugin), str(node.base / "containerd" / "nri.sock"), "20"],
