@@ -126,6 +126,12 @@ def sim_create(directory: str, gpus: int, driver_version: str, shuffle_minors: b
         click.echo(f"  GPU {g.index}: /dev/nvidia{g.minor}  {g.uuid}  {g.pci_bus_id}  {g.model}")
         for j, m in enumerate(g.mig):
             click.echo(f"    MIG {g.index}:{j}  gi {m.gi} ci {m.ci}  {m.uuid}  {m.profile}")
+    if node.driver_files:
+        from nvshim.sim.libnvml import compiled_library
+
+        built = compiled_library()  # compiled once per process: create_node's build
+        if isinstance(built, str):
+            click.echo(f"its libnvidia-ml is a stub without NVML: {built}")
     click.echo(f"use it with config driver-root: {node.root} and nvml-facts: {node.nvml_facts}")
 
 

@@ -132,7 +132,7 @@ def _gpus_from_procfs(host: Roots) -> Tuple[Gpu, ...]:
 def _gpus_from_nvml(host: Roots) -> Tuple[Gpu, ...]:
     from nvshim.host.nvml import as_text, nvml
 
-    with nvml("NVML query failed") as pynvml:
+    with nvml("NVML query failed", host.driver_root) as pynvml:
         raw = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)

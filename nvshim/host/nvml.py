@@ -12,6 +12,7 @@ requirement checks): pynvml is loaded only when NVML itself is asked.
 
 from __future__ import annotations
 
+import os
 import re
 
 from nvshim import _jsonc
@@ -26,22 +27,70 @@ class NvmlUnavailable(HostError):
     """NVML cannot be used on this host (library missing, or no driver to talk to)."""
 
 
+#: Where a driver root keeps its NVML (NVIDIA's installer, the GPU Operator's driver
+#: container, a simulated node).
+NVML_LIBRARY = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+
+#: The driver root whose NVML pynvml has loaded in this process ("/" for the loader's own).
+_loaded_root: List[str] = []
+
+
+def load_pynvml(driver_root: str) -> Any:
+    """pynvml, its library the driver root's own NVML: the loader's ``libnvidia-ml.so.1``
+    for ``/``, else ``<driver root>/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1`` (links
+    followed inside the root), which describes the driver installed there, as NVIDIA's
+    toolkit loads it. As root the file is held to the config files' trust rule
+    (:func:`nvshim.files.check_trusted`: it runs in this process). NvmlUnavailable when
+    pynvml or the library is missing or not trusted.
+
+    pynvml keeps one library per process (its ``nvmlLib``, and the function pointers it
+    looked up): a different driver root replaces both, under pynvml's own lock."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise NvmlUnavailable("nvidia-ml-py is not installed; cannot query NVML") from exc
+    if _loaded_root == [driver_root]:
+        return pynvml
+    path = None
+    if driver_root != "/":
+        from ctypes import CDLL
+
+        from nvshim.errors import ConfigError
+        from nvshim.files import check_trusted
+        from nvshim.host import resolve_in
+
+        inside = resolve_in(driver_root, NVML_LIBRARY)
+        if inside is None:
+            raise NvmlUnavailable(f"no NVML in the driver root ({driver_root}{NVML_LIBRARY} "
+                                  "does not exist)")
+        path = driver_root.rstrip("/") + inside
+        try:
+            check_trusted(path, os.stat(path), "NVML library")
+            library = CDLL(path)
+        except (ConfigError, OSError) as exc:
+            raise NvmlUnavailable(f"cannot load {path}: {exc}") from exc
+    with pynvml.libLoadLock:
+        pynvml.nvmlLib = library if path is not None else None
+        pynvml._nvmlGetFunctionPointer_cache.clear()  # the old library's pointers
+    _loaded_root[:] = [driver_root]
+    return pynvml
+
+
 class nvml:  # noqa: N801 - used as ``with nvml(...) as pynvml``, like a function
     """An initialised pynvml for the ``with`` body, shut down after; failures are HostError.
+    NVML is the driver root's own (:func:`load_pynvml`).
 
     A class rather than ``@contextmanager``: ``contextlib`` is an import (BENCHMARKS.md) on the
     create path, which never uses NVML.
     """
 
-    def __init__(self, failure: str) -> None:
+    def __init__(self, failure: str, driver_root: str = "/") -> None:
         self.failure = failure
+        self.driver_root = driver_root
         self.pynvml: Any = None
 
     def __enter__(self) -> Any:
-        try:
-            import pynvml
-        except ImportError as exc:
-            raise NvmlUnavailable("nvidia-ml-py is not installed; cannot query NVML") from exc
+        pynvml = load_pynvml(self.driver_root)
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
@@ -118,8 +167,8 @@ class NvmlFacts:
 
     Two sources, in this order:
 
-    1. NVML itself, asked only when the driver root is ``/`` (NVML describes this machine's
-       driver, not a tree under another root); pynvml is imported on first use.
+    1. NVML itself: the driver root's own library (:func:`load_pynvml`, which describes the
+       driver installed there); pynvml is imported on first use.
     2. When NVML cannot answer, the facts file the configuration names (config key
        ``nvml-facts``, default null = none), a JSON document of this shape::
 
@@ -139,11 +188,11 @@ class NvmlFacts:
     """
 
     def __init__(self, driver_root: str, facts_file: Optional[str]) -> None:
-        self.real = driver_root == "/"
+        self.driver_root = driver_root
         self.facts_file = facts_file
-        self.nvml_why = "" if self.real else f"no NVML (the driver root is {driver_root})"
+        self.nvml_why = ""
         self._session: Any = None
-        self._tried = not self.real
+        self._tried = False
         self._doc: Optional[Dict[str, Any]] = None
         self._read = False
 
@@ -160,9 +209,9 @@ class NvmlFacts:
         if not self._tried:
             self._tried = True
             try:
-                import pynvml
-            except ImportError:
-                self.nvml_why = "no NVML: nvidia-ml-py is not installed"
+                pynvml = load_pynvml(self.driver_root)
+            except NvmlUnavailable as exc:
+                self.nvml_why = f"no NVML: {exc}"
                 return None
             try:
                 pynvml.nvmlInit()
@@ -349,8 +398,10 @@ class NvmlFacts:
                         continue  # an empty MIG slot
                     gi = int(nvml.nvmlDeviceGetGpuInstanceId(mh))
                     ci = int(nvml.nvmlDeviceGetComputeInstanceId(mh))
+                    # NVML names a MIG device "<GPU name> MIG <profile>"
+                    name = as_text(nvml.nvmlDeviceGetName(mh))
                     out[(gi, ci)] = (as_text(nvml.nvmlDeviceGetUUID(mh)),
-                                     as_text(nvml.nvmlDeviceGetName(mh)))
+                                     name.rpartition(" MIG ")[2])
         except nvml.NVMLError as exc:
             raise HostError(f"NVML MIG query failed for GPU minor {minor}: {exc}") from exc
         return out

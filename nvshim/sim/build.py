@@ -23,6 +23,9 @@
   the ``run/nvidia-persistenced/socket`` UNIX socket, ``tmp/nvidia-mps``. With
   ``driver_files=False`` (``--no-driver-files``) the libraries, ``ld.so.*``, programs and
   firmware are left out: the tree is the kernel side only, for real user-space files.
+* ``libnvidia-ml.so.<version>`` is a real NVML where the machine has a C compiler: it
+  answers NVML's C ABI (pynvml, go-nvml) from ``nvshim-sim-nvml.txt``, the model written
+  at the root from the same records (:mod:`nvshim.sim.libnvml`); else the stub.
 * ``nvml-facts.json``: what NVML would say and procfs does not (MIG UUIDs, CUDA version,
   compute capability, brand), in the format :class:`nvshim.host.nvml.NvmlFacts` defines.
   Production code reads it only when a config names it (``nvml-facts:
@@ -206,6 +209,9 @@ def create_node(
         write_daemon_files(node)
         write_text(os.path.join(root, SIM_FILE), json.dumps(_to_json(node, seed), indent=2))
         write_text(node.nvml_facts, json.dumps(nvml_facts_document(node), indent=2))
+        from nvshim.sim.libnvml import write_nvml
+
+        write_nvml(node)
     except OSError as exc:
         where = exc.filename or root
         raise HostError(

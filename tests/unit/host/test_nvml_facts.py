@@ -57,15 +57,25 @@ def test_production_code_never_names_the_simulator() -> None:
     assert offenders == []
 
 
-def test_simulated_mig_devices_exist_only_through_the_configured_facts(mig_node: Any) -> None:
-    """procfs lists MIG instances but not their UUIDs: without an nvml-facts file (and no
-    NVML for a driver root other than /) they cannot be named; with it they are."""
-    bare = Host(mig_node.root).gpus()
-    assert [g.mig for g in bare] == [(), ()]
-    named = Host(mig_node.root, nvml_facts=mig_node.nvml_facts).gpus()
+def test_simulated_mig_devices_are_named_by_nvml_or_the_configured_facts(
+        mig_node: Any, tmp_path: Path) -> None:
+    """procfs lists MIG instances but not their UUIDs: they are named by the driver root's
+    own NVML (the simulated node's library), else by the nvml-facts file; with neither
+    (the library a stub without NVML's symbols, no file) they cannot be named."""
+    from nvshim.host.elf import build_shared_object
+    from nvshim.sim.build import create_node
+    from nvshim.sim.model import LIB_DIR
+
     want = [(m.gi, m.ci, m.uuid, m.profile) for m in mig_node.gpus[0].mig]
-    assert [(m.gi, m.ci, m.uuid, m.profile) for m in named[0].mig] == want
-    assert named[1].mig == ()
+    stub_root = tmp_path / "stub"  # the same node (same seed), its NVML a stub
+    create_node(str(stub_root), gpus=2, mig=True)
+    lib = stub_root / LIB_DIR / f"libnvidia-ml.so.{mig_node.driver_version}"
+    lib.write_bytes(build_shared_object("libnvidia-ml.so.1", "stub"))
+    for host in (Host(mig_node.root), Host(str(stub_root), nvml_facts=mig_node.nvml_facts)):
+        named = host.gpus()
+        assert [(m.gi, m.ci, m.uuid, m.profile) for m in named[0].mig] == want
+        assert named[1].mig == ()
+    assert [g.mig for g in Host(str(stub_root)).gpus()] == [(), ()]
 
 
 def test_the_simulator_writes_exactly_the_facts_format(mig_node: Any) -> None:
@@ -91,7 +101,8 @@ def test_no_facts_file_configured_says_so(tmp_path: Path) -> None:
         reasons: list = []
         assert facts.cuda_version(reasons) is None
         assert facts.mig_devices(0) == {}
-    assert reasons == [f"no NVML (the driver root is {tmp_path})", "no nvml-facts file configured"]
+    assert reasons == [f"no NVML: no NVML in the driver root ({tmp_path}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 does "
+                       "not exist)", "no nvml-facts file configured"]
 
 
 def test_missing_facts_file_is_an_unknown_fact(tmp_path: Path) -> None:
@@ -138,7 +149,8 @@ def test_gpu_facts_match_by_uuid_then_minor(tmp_path: Path) -> None:
         assert facts.compute_capability("GPU-bbbb", 1, reasons) == "9.0"
         reasons = []
         assert facts.brand("GPU-cccc", 5, reasons) is None
-    assert reasons == [f"no NVML (the driver root is {tmp_path})", f"{path} does not list GPU-cccc"]
+    assert reasons == [f"no NVML: no NVML in the driver root ({tmp_path}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 does "
+                       "not exist)", f"{path} does not list GPU-cccc"]
 
 
 # -- the config key ----------------------------------------------------------------------

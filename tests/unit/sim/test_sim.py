@@ -531,8 +531,8 @@ def test_no_mig_files_without_mig(tmp_path: Path) -> None:
 @needs_root
 def test_sim_create_says_which_config_makes_its_mig_devices_visible(tmp_path: Path) -> None:
     """Issue 14: `nvshim sim create --mig` ends with the driver-root and nvml-facts lines to
-    configure; with those, discovery names the MIG devices it printed (without nvml-facts it
-    cannot)."""
+    configure; with those, discovery names the MIG devices it printed, and without
+    nvml-facts too, through the node's own NVML (issue 45)."""
     res = nvshim_cli("sim", "create", str(tmp_path / "n"), "--gpus", "2", "--mig")
     assert res.returncode == 0, res.stderr
     last = res.stdout.splitlines()[-1]
@@ -542,7 +542,7 @@ def test_sim_create_says_which_config_makes_its_mig_devices_visible(tmp_path: Pa
 
     printed = {line.split()[-2] for line in res.stdout.splitlines() if line.startswith("    MIG ")}
     assert printed and {m.uuid for g in Host(root, nvml_facts=facts).gpus() for m in g.mig} == printed
-    assert [m for g in Host(root).gpus() for m in g.mig] == []
+    assert {m.uuid for g in Host(root).gpus() for m in g.mig} == printed
 
 
 # -- metadata and arguments --------------------------------------------------------------
