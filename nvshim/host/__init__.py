@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from nvshim.edits import DeviceNode
     from nvshim.host.capabilities import Library
 
-__all__ = ["Roots", "resolve_in"]
+__all__ = ["DRIVER_SIGNS", "Roots", "driver_loaded", "resolve_in"]
 
 
 class Roots:
@@ -94,6 +94,17 @@ class Roots:
         if resolved is None or not os.path.isfile(self.host_path(resolved)):
             return None
         return resolved
+
+
+#: What a loaded NVIDIA driver leaves (its module, its procfs tree; WSL's GPU device): without
+#: any, NVML has no driver to ask, and pynvml (an import of ~ the interpreter's start) is not
+#: loaded for an answer known to be none.
+DRIVER_SIGNS = ("/sys/module/nvidia", "/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg")
+
+
+def driver_loaded() -> bool:
+    """Whether this host has an NVIDIA driver NVML could talk to."""
+    return any(os.path.exists(sign) for sign in DRIVER_SIGNS)
 
 
 def resolve_in(root: str, path: str) -> Optional[str]:

@@ -21,7 +21,7 @@ import stat
 
 from nvshim.edits import DeviceNode
 from nvshim.errors import HostError
-from nvshim.host import resolve_in
+from nvshim.host import driver_loaded, resolve_in
 from nvshim.host.devices import Gpu, MigDevice, normalize_pci
 
 TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
@@ -80,23 +80,12 @@ def find_gpus(host: Roots, method: str) -> Tuple[Tuple[Gpu, ...], str]:
     if method == "nvml":
         return _gpus_from_nvml(host), "nvml"
     found = _gpus_from_procfs(host)
-    if not found and method == "auto" and host.driver_root == "/" and _driver_loaded():
+    if not found and method == "auto" and host.driver_root == "/" and driver_loaded():
         try:
             return _gpus_from_nvml(host), "nvml"
         except HostError:
             pass
     return found, "procfs"
-
-
-#: What a loaded NVIDIA driver leaves (its module, its procfs tree; WSL's GPU device): without
-#: any, NVML has no driver to ask and pynvml (an import of ~ the interpreter's start) is not
-#: loaded for an answer known to be none.
-_DRIVER_SIGNS = ("/sys/module/nvidia", "/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg")
-
-
-def _driver_loaded() -> bool:
-    """Whether this host has an NVIDIA driver NVML could talk to."""
-    return any(os.path.exists(sign) for sign in _DRIVER_SIGNS)
 
 
 def _gpus_from_procfs(host: Roots) -> Tuple[Gpu, ...]:

@@ -39,7 +39,9 @@ def load_pynvml(driver_root: str) -> Any:
     """pynvml, its library the driver root's own NVML: the loader's ``libnvidia-ml.so.1``
     for ``/``, else ``<driver root>/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1`` (links
     followed inside the root), which describes the driver installed there, as NVIDIA's
-    toolkit loads it. As root the file is held to the config files' trust rule
+    toolkit loads it, once this host has a driver loaded (:func:`nvshim.host.driver_loaded`:
+    NVIDIA's NVML initialised as root without one makes ``/dev/nvidiactl``). As root the
+    file is held to the config files' trust rule
     (:func:`nvshim.files.check_trusted`: it runs in this process). NvmlUnavailable when
     pynvml or the library is missing or not trusted.
 
@@ -57,8 +59,14 @@ def load_pynvml(driver_root: str) -> Any:
 
         from nvshim.errors import ConfigError
         from nvshim.files import check_trusted
-        from nvshim.host import resolve_in
+        from nvshim.host import DRIVER_SIGNS, driver_loaded, resolve_in
 
+        if not driver_loaded():
+            # NVIDIA's NVML, initialised as root where no driver is loaded, makes
+            # /dev/nvidiactl on the host itself: a driver root's files alone are not asked
+            raise NvmlUnavailable(f"no NVIDIA driver is loaded on this host (none of "
+                                  f"{', '.join(DRIVER_SIGNS)}): the NVML under "
+                                  f"{driver_root} is not asked")
         inside = resolve_in(driver_root, NVML_LIBRARY)
         if inside is None:
             raise NvmlUnavailable(f"no NVML in the driver root ({driver_root}{NVML_LIBRARY} "

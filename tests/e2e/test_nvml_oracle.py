@@ -9,10 +9,9 @@ is asserted here as exactly that difference, so a new one fails. The files both 
 mount differ by design (nvshim's driver capabilities, NVIDIA's graphics set) and are
 compared by ``bench/refcompare.py``, not here.
 
-NVIDIA's MIG discovery reads the host's ``/proc/driver/nvidia-caps/mig-minors`` whatever
-its ``--driver-root``: for the MIG node the generator runs in a private mount namespace
-(proved so before anything is mounted) with a tmpfs over ``/proc/driver`` holding the
-node's file.
+Both run as on a host whose driver is loaded (:mod:`tests.helpers.driverhost`): nvshim
+asks a driver root's NVML only there, and NVIDIA's MIG discovery reads the host's
+``/proc/driver/nvidia-caps/mig-minors`` whatever its ``--driver-root``.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ import pytest
 import yaml
 
 from tests.helpers.common import require_root
+from tests.helpers.driverhost import as_driver_host
 
 pytestmark = pytest.mark.e2e
 
@@ -45,25 +45,18 @@ def nvidia_spec(ctk: Path, root: str, out: Path, mig: bool) -> Dict[str, List[st
     argv = [str(ctk), "cdi", "generate", "--mode", "nvml", "--driver-root", root,
             "--disable-hooks", "all", "--output", str(out)]
     env = {**os.environ, "LD_LIBRARY_PATH": f"{root}/{LIB}"}
-    if mig:
-        outside = os.readlink("/proc/self/ns/mnt")
-        script = (f'[ "$(readlink /proc/self/ns/mnt)" != "{outside}" ] || '
-                  '{ echo "not in a private mount namespace" >&2; exit 99; }\n'
-                  "mount -t tmpfs -o size=64k tmpfs /proc/driver\n"
-                  "mkdir /proc/driver/nvidia-caps\n"
-                  f"cp {root}/proc/driver/nvidia-caps/mig-minors /proc/driver/nvidia-caps/\n"
-                  'exec "$@"\n')
-        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *argv]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env,
+    res = subprocess.run(as_driver_host(argv, root if mig else None), capture_output=True,
+                         text=True, timeout=300, env=env,
                          check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     return devices(out)
 
 
 def nvshim_spec(root: str, out: Path) -> Dict[str, List[str]]:
-    res = subprocess.run([shutil.which("nvshim") or "nvshim", "cdi", "generate",
-                          "--driver-root", root, "--output", str(out)], capture_output=True,
-                         text=True, timeout=300, check=False)
+    res = subprocess.run(as_driver_host([shutil.which("nvshim") or "nvshim", "cdi",
+                                         "generate", "--driver-root", root, "--output",
+                                         str(out)]),
+                         capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stderr
     return devices(out)
 

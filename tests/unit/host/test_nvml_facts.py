@@ -15,11 +15,15 @@ import pytest
 
 from nvshim.config import Config, load_config
 from nvshim.errors import ConfigError, HostError
-from nvshim.host.discovery import Host
 from nvshim.host.nvml import FACTS_FORMAT, NvmlFacts
 from nvshim.runtime import plancache
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+#: Why NvmlFacts does not ask NVML for a driver root with no driver loaded (none here).
+NO_DRIVER = ("no NVML: no NVIDIA driver is loaded on this host (none of /sys/module/nvidia, "
+             "/proc/driver/nvidia, /dev/nvidiactl, /dev/dxg): the NVML under {} is not asked")
 
 
 @pytest.fixture(scope="module")
@@ -60,22 +64,38 @@ def test_production_code_never_names_the_simulator() -> None:
 def test_simulated_mig_devices_are_named_by_nvml_or_the_configured_facts(
         mig_node: Any, tmp_path: Path) -> None:
     """procfs lists MIG instances but not their UUIDs: they are named by the driver root's
-    own NVML (the simulated node's library), else by the nvml-facts file; with neither
-    (the library a stub without NVML's symbols, no file) they cannot be named."""
+    own NVML (the simulated node's library) on a host whose driver is loaded, else by the
+    nvml-facts file; with neither (this host: no driver; or the library a stub without
+    NVML's symbols) and no file they cannot be named."""
+    import subprocess
+    import sys
+
     from nvshim.host.elf import build_shared_object
     from nvshim.sim.build import create_node
     from nvshim.sim.model import LIB_DIR
+    from tests.helpers.driverhost import as_driver_host
 
-    want = [(m.gi, m.ci, m.uuid, m.profile) for m in mig_node.gpus[0].mig]
+    want = [[m.gi, m.ci, m.uuid, m.profile] for m in mig_node.gpus[0].mig]
     stub_root = tmp_path / "stub"  # the same node (same seed), its NVML a stub
     create_node(str(stub_root), gpus=2, mig=True)
     lib = stub_root / LIB_DIR / f"libnvidia-ml.so.{mig_node.driver_version}"
     lib.write_bytes(build_shared_object("libnvidia-ml.so.1", "stub"))
-    for host in (Host(mig_node.root), Host(str(stub_root), nvml_facts=mig_node.nvml_facts)):
-        named = host.gpus()
-        assert [(m.gi, m.ci, m.uuid, m.profile) for m in named[0].mig] == want
-        assert named[1].mig == ()
-    assert [g.mig for g in Host(str(stub_root)).gpus()] == [(), ()]
+    script = ("import json, sys\nfrom nvshim.host.discovery import Host\n"
+              "facts = sys.argv[2] if len(sys.argv) > 2 else None\n"
+              "print(json.dumps([[[m.gi, m.ci, m.uuid, m.profile] for m in g.mig]\n"
+              "                  for g in Host(sys.argv[1], nvml_facts=facts).gpus()]))")
+
+    def named(root: str, *facts: str, driver: bool = True) -> Any:
+        argv = [sys.executable, "-c", script, root, *facts]
+        res = subprocess.run(as_driver_host(argv) if driver else argv, capture_output=True,
+                             text=True, timeout=120, check=False)
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)
+
+    assert named(mig_node.root) == [want, []]
+    assert named(str(stub_root), mig_node.nvml_facts) == [want, []]
+    assert named(str(stub_root)) == [[], []]
+    assert named(mig_node.root, driver=False) == [[], []]
 
 
 def test_the_simulator_writes_exactly_the_facts_format(mig_node: Any) -> None:
@@ -101,8 +121,7 @@ def test_no_facts_file_configured_says_so(tmp_path: Path) -> None:
         reasons: list = []
         assert facts.cuda_version(reasons) is None
         assert facts.mig_devices(0) == {}
-    assert reasons == [f"no NVML: no NVML in the driver root ({tmp_path}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 does "
-                       "not exist)", "no nvml-facts file configured"]
+    assert reasons == [NO_DRIVER.format(tmp_path), "no nvml-facts file configured"]
 
 
 def test_missing_facts_file_is_an_unknown_fact(tmp_path: Path) -> None:
@@ -149,8 +168,7 @@ def test_gpu_facts_match_by_uuid_then_minor(tmp_path: Path) -> None:
         assert facts.compute_capability("GPU-bbbb", 1, reasons) == "9.0"
         reasons = []
         assert facts.brand("GPU-cccc", 5, reasons) is None
-    assert reasons == [f"no NVML: no NVML in the driver root ({tmp_path}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 does "
-                       "not exist)", f"{path} does not list GPU-cccc"]
+    assert reasons == [NO_DRIVER.format(tmp_path), f"{path} does not list GPU-cccc"]
 
 
 # -- the config key ----------------------------------------------------------------------

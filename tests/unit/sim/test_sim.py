@@ -531,8 +531,9 @@ def test_no_mig_files_without_mig(tmp_path: Path) -> None:
 @needs_root
 def test_sim_create_says_which_config_makes_its_mig_devices_visible(tmp_path: Path) -> None:
     """Issue 14: `nvshim sim create --mig` ends with the driver-root and nvml-facts lines to
-    configure; with those, discovery names the MIG devices it printed, and without
-    nvml-facts too, through the node's own NVML (issue 45)."""
+    configure; with those, discovery names the MIG devices it printed. Without nvml-facts
+    it cannot on a host with no driver loaded: nvshim asks the node's NVML only where one
+    is (tests/unit/sim/test_libnvml.py runs it as on such a host)."""
     res = nvshim_cli("sim", "create", str(tmp_path / "n"), "--gpus", "2", "--mig")
     assert res.returncode == 0, res.stderr
     last = res.stdout.splitlines()[-1]
@@ -542,7 +543,7 @@ def test_sim_create_says_which_config_makes_its_mig_devices_visible(tmp_path: Pa
 
     printed = {line.split()[-2] for line in res.stdout.splitlines() if line.startswith("    MIG ")}
     assert printed and {m.uuid for g in Host(root, nvml_facts=facts).gpus() for m in g.mig} == printed
-    assert {m.uuid for g in Host(root).gpus() for m in g.mig} == printed
+    assert [m for g in Host(root).gpus() for m in g.mig] == []
 
 
 # -- metadata and arguments --------------------------------------------------------------

@@ -42,9 +42,9 @@ def test_no_driver_no_pynvml() -> None:
     import subprocess
     import sys
 
-    from nvshim.host import gpus
+    from nvshim import host
 
-    if gpus._driver_loaded():
+    if host.driver_loaded():
         import pytest
 
         pytest.skip("this host has an NVIDIA driver: NVML is asked")
