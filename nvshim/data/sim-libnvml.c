@@ -26,12 +26,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int nvmlReturn_t;
 enum {
     NVML_SUCCESS = 0, NVML_ERROR_UNINITIALIZED = 1, NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_NOT_FOUND = 6, NVML_ERROR_INSUFFICIENT_SIZE = 7,
-    NVML_ERROR_DRIVER_NOT_LOADED = 9, NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9, NVML_ERROR_TIMEOUT = 10, NVML_ERROR_FUNCTION_NOT_FOUND = 13,
     NVML_ERROR_UNKNOWN = 999,
 };
 
@@ -227,6 +228,7 @@ API const char *nvmlErrorString(nvmlReturn_t result) {
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
     case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
     default: return "Unknown Error";
     }
@@ -590,4 +592,119 @@ API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(
         return NVML_SUCCESS;
     }
     return profile < 32 ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+/* Events: a simulated GPU never has one (no Xid, no ECC error), so a wait sleeps its
+ * timeout and says NVML_ERROR_TIMEOUT, as NVML on a healthy GPU does (NVIDIA's device
+ * plugin's health check waits this way). */
+#define EVENT_SETS 64
+#define SUPPORTED_EVENTS 0xbULL /* single- and double-bit ECC errors, Xid critical errors */
+
+typedef struct { unsigned magic; } sim_event_set;
+typedef sim_event_set *nvmlEventSet_t;
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+static sim_event_set *event_sets[EVENT_SETS];
+
+static int event_set_ours(nvmlEventSet_t set) {
+    int found = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; set && i < EVENT_SETS; i++) found |= event_sets[i] == set;
+    pthread_mutex_unlock(&lock);
+    return found;
+}
+
+API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    READY();
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t ret = NVML_ERROR_UNKNOWN;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < EVENT_SETS; i++)
+        if (!event_sets[i] && (event_sets[i] = calloc(1, sizeof **event_sets))) {
+            event_sets[i]->magic = SIM_MAGIC;
+            *set = event_sets[i];
+            ret = NVML_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&lock);
+    return ret;
+}
+
+API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    READY();
+    nvmlReturn_t ret = NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; set && i < EVENT_SETS; i++)
+        if (event_sets[i] == set) {
+            free(event_sets[i]);
+            event_sets[i] = NULL;
+            ret = NVML_SUCCESS;
+        }
+    pthread_mutex_unlock(&lock);
+    return ret;
+}
+
+API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types) {
+    DEVICE(d);
+    if (!types) return NVML_ERROR_INVALID_ARGUMENT;
+    *types = SUPPORTED_EVENTS;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types,
+                                          nvmlEventSet_t set) {
+    DEVICE(d);
+    if (!event_set_ours(set)) return NVML_ERROR_INVALID_ARGUMENT;
+    return types & ~SUPPORTED_EVENTS ? NVML_ERROR_NOT_SUPPORTED : NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
+                                     unsigned int timeout_ms) {
+    READY();
+    if (!data || !event_set_ours(set)) return NVML_ERROR_INVALID_ARGUMENT;
+    struct timespec t = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0) {
+    }
+    return NVML_ERROR_TIMEOUT;
+}
+API nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data,
+                                  unsigned int timeout_ms) {
+    return nvmlEventSetWait_v2(set, data, timeout_ms);
+}
+
+/* Topology: no NVLink is modelled (its calls are NOT_SUPPORTED, which callers skip); on PCIe
+ * the first half of the GPUs (by index) sits under one CPU and the rest under another, as on
+ * a two-socket server. NVML's levels: 0 the same board, 40 the same CPU, 50 across CPUs. */
+API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b,
+                                                     int *level) {
+    DEVICE(a);
+    if (!ours(b) || !level) return NVML_ERROR_INVALID_ARGUMENT;
+    if (a->is_mig) a = a->parent;
+    if (b->is_mig) b = b->parent;
+    if (a == b) *level = 0;
+    else *level = (a->index * 2 / n_gpus == b->index * 2 / n_gpus) ? 40 : 50;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, int *active) {
+    DEVICE(d);
+    (void)link;
+    if (!active) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t d, unsigned int link,
+                                                     nvmlPciInfo_t *pci) {
+    DEVICE(d);
+    (void)link;
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t d, unsigned int link,
+                                                  nvmlPciInfo_t *pci) {
+    return nvmlDeviceGetNvLinkRemotePciInfo_v2(d, link, pci);
 }

@@ -19,6 +19,7 @@ from nvshim.host.elf import read_soname
 from nvshim.sim.build import create_node
 from nvshim.sim.libnvml import MODEL_FILE, SOURCE, compiled_library
 from nvshim.sim.model import LIB_DIR
+from tests.helpers.driverhost import as_driver_host
 
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc)")
 pytestmark = needs_cc
@@ -79,8 +80,8 @@ print(json.dumps(out))
 
 
 def probe(root: str) -> Dict[str, Any]:
-    res = subprocess.run([sys.executable, "-c", PROBE, root], capture_output=True, text=True,
-                         timeout=120, check=False)
+    res = subprocess.run(as_driver_host([sys.executable, "-c", PROBE, root]),
+                         capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -165,7 +166,7 @@ def test_without_its_model_the_library_says_no_driver(tmp_path: Path) -> None:
 
 
 def test_nvshims_nvml_path_gives_what_procfs_and_the_facts_file_give(tmp_path: Path) -> None:
-    """On a simulated node with MIG, nvshim's discovery through NVML (the driver root's own library) lists the same GPUs as its procfs path, with the same MIG devices (UUID, instance ids, profile), and NVML's CUDA version, compute capabilities and brands are the facts file's: the model is the single source of all three."""
+    """On a simulated node with MIG, run as on a host whose driver is loaded, nvshim's discovery through NVML (the driver root's own library) lists the same GPUs as its procfs path, with the same MIG devices (UUID, instance ids, profile), and NVML's CUDA version, compute capabilities and brands are the facts file's: the model is the single source of all three."""
     node = create_node(str(tmp_path / "node"), gpus=3, mig=True)
     script = r"""
 import json, sys
@@ -190,7 +191,8 @@ with NvmlFacts("/nonexistent-root", facts_file) as f:
 print(json.dumps({"nvml": gpus("nvml"), "procfs": gpus("procfs"), "facts_nvml": nvml,
                   "facts_file": filed, "used": used}))
 """
-    res = subprocess.run([sys.executable, "-c", script, node.root, node.nvml_facts],
+    res = subprocess.run(as_driver_host([sys.executable, "-c", script, node.root,
+                                         node.nvml_facts]),
                          capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)
@@ -250,6 +252,12 @@ int nvmlGpuInstanceGetComputeInstanceProfileInfo(h_t, unsigned, unsigned, cpi_t 
 int nvmlDeviceGetAttributes_v2(h_t, attr_t *);
 int nvmlSystemGetDriverVersion(char *, unsigned); int nvmlSystemGetNVMLVersion(char *, unsigned);
 const char *nvmlErrorString(int);
+int nvmlEventSetCreate(h_t *); int nvmlEventSetFree(h_t);
+int nvmlDeviceGetSupportedEventTypes(h_t, unsigned long long *);
+int nvmlDeviceRegisterEvents(h_t, unsigned long long, h_t);
+int nvmlEventSetWait_v2(h_t, void *, unsigned);
+int nvmlDeviceGetTopologyCommonAncestor(h_t, h_t, int *);
+int nvmlDeviceGetNvLinkState(h_t, unsigned, int *);
 int main(void) {
     char s[96];
     for (int round = 0; round < 2; round++) {
@@ -286,6 +294,17 @@ int main(void) {
                 nvmlGpuInstanceGetInfo(d, &gii);  /* a whole GPU is no instance */
             }
             nvmlDeviceGetUUID((h_t)((char *)d + 1), s, sizeof s);  /* a stray pointer */
+            h_t set = 0, first = 0;
+            unsigned long long types = 0, data[4];
+            int level, on;
+            nvmlDeviceGetHandleByIndex_v2(0, &first);
+            if (nvmlDeviceGetTopologyCommonAncestor(d, first, &level)) return 5;
+            if (nvmlDeviceGetNvLinkState(d, 0, &on) != 3) return 6;
+            if (nvmlEventSetCreate(&set) || nvmlDeviceGetSupportedEventTypes(d, &types)
+                || nvmlDeviceRegisterEvents(d, types, set)
+                || nvmlEventSetWait_v2(set, data, 1) != 10 || nvmlEventSetFree(set)
+                || nvmlEventSetFree(set) != 2 || nvmlDeviceRegisterEvents(d, types, set) != 2)
+                return 7;
         }
         for (int e = 0; e < 1000; e++) strlen(nvmlErrorString(e));
         printf("gpus=%u migs=%u\n", n, migs);
