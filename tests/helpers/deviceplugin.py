@@ -30,7 +30,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from tests.helpers.podresources import add_message
 
-__all__ = ["DevicePlugin", "STRATEGIES", "DEVICE_LIST_DIR"]
+__all__ = ["DevicePlugin", "STRATEGIES", "DEVICE_LIST_DIR", "ask_plugin"]
 
 STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 #: Each server's socket gets a name of its own: gRPC unlinks a stopped server's socket
@@ -245,3 +245,31 @@ class DevicePlugin:
                 key = f"cdi.k8s.io/nvidia-device-plugin_{self._count}"
             return {"annotations": {key: names}}
         return {"cdi_devices": [{"name": f"nvidia.com/gpu={u}"} for u in uuids]}
+
+
+def ask_plugin(socket: Path, allocate: Sequence[str] = (),
+               timeout: float = 30) -> Tuple[List[Tuple[str, str]], Dict[str, Any]]:
+    """What a device plugin serving on ``socket`` says, asked as the kubelet asks it: the
+    first ListAndWatch answer as (device id, health) pairs, and (when ``allocate`` names
+    device ids) the Allocate answer for one container holding them (envs, mounts,
+    annotations, CDI device names)."""
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        watch = channel.unary_stream("/v1beta1.DevicePlugin/ListAndWatch",
+                                     request_serializer=lambda m: m.SerializeToString(),
+                                     response_deserializer=_M["ListAndWatchResponse"].FromString)
+        stream = watch(_M["Empty"](), timeout=timeout)
+        first = next(iter(stream))
+        devices = [(d.ID, d.health) for d in first.devices]
+        stream.cancel()
+        answer: Dict[str, Any] = {}
+        if allocate:
+            call = channel.unary_unary("/v1beta1.DevicePlugin/Allocate",
+                                       request_serializer=lambda m: m.SerializeToString(),
+                                       response_deserializer=_M["AllocateResponse"].FromString)
+            reply = call(_M["AllocateRequest"](container_requests=[{"devices_ids": list(allocate)}]),
+                         timeout=timeout)
+            (c,) = reply.container_responses
+            answer = {"envs": dict(c.envs), "annotations": dict(c.annotations),
+                      "mounts": [(m.container_path, m.host_path) for m in c.mounts],
+                      "cdi_devices": [d.name for d in c.cdi_devices]}
+    return devices, answer
