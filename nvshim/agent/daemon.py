@@ -12,7 +12,7 @@ import threading
 from typing import Any, Callable, List, Optional, Tuple
 
 from nvshim.agent.protocol import Request
-from nvshim.agent.server import AgentServer, Peer
+from nvshim.agent.server import AgentServer, Peer, SocketBusy
 from nvshim.agent.state import AgentState, install_changed
 
 __all__ = ["Agent", "run_agent", "DEFAULT_SOCKET", "DEFAULT_NRI_SOCKET"]
@@ -106,9 +106,27 @@ class Agent:
 
         threading.Thread(target=run, name="nri", daemon=True).start()
 
-    def run(self) -> int:
-        """Serve until SIGTERM/SIGINT; 0 after a clean stop."""
-        self.server = AgentServer(self.socket_path, self.handle, self.log)
+    def _bind(self, wait: bool) -> Optional[AgentServer]:
+        """The server on the socket; with ``wait``, once the agent serving it now has
+        stopped (polled every 0.1 s: a rollout's new agent takes over from the old one
+        within that). None: stopped while waiting."""
+        said = False
+        while True:
+            try:
+                return AgentServer(self.socket_path, self.handle, self.log)
+            except SocketBusy:
+                if not wait:
+                    raise
+            if not said:
+                said = True
+                self.log.info("another agent serves the socket: waiting for it to stop",
+                              socket=self.socket_path)
+            if self.stop.wait(0.1):
+                return None
+
+    def run(self, wait: bool = False) -> int:
+        """Serve until SIGTERM/SIGINT; 0 after a clean stop. ``wait``: when another agent
+        serves the socket, wait for it to stop instead of failing."""
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         previous: List[Tuple[int, Any]] = []
 
@@ -119,6 +137,9 @@ class Agent:
             previous.append((signum, signal.signal(signum, stopping)))
         old_wake = signal.set_wakeup_fd(wake_w)
         try:
+            self.server = self._bind(wait)
+            if self.server is None:
+                return 0
             if self.nri_socket is not None:
                 self._start_nri()
             self.log.info("agent serving", socket=self.socket_path,
@@ -148,8 +169,10 @@ def _warm_up() -> None:
 
 
 def run_agent(config_file: Optional[str], socket_path: str, nri_socket: Optional[str],
-              log: Any = None, started: Optional[Callable[[Agent], None]] = None) -> int:
-    """``nvshim agent``: build the state, serve; ``nri_socket`` None is ``--nri-socket none``."""
+              log: Any = None, started: Optional[Callable[[Agent], None]] = None,
+              wait: bool = False) -> int:
+    """``nvshim agent``: build the state, serve; ``nri_socket`` None is ``--nri-socket none``;
+    ``wait``: ``--wait`` (another agent on the socket is waited for, not an error)."""
     from nvshim.agent.logs import configure
     from nvshim.runtime.allocation.kubelet import set_resident
     from nvshim.runtime.plancache import use_memo
@@ -163,7 +186,7 @@ def run_agent(config_file: Optional[str], socket_path: str, nri_socket: Optional
     if started is not None:
         started(agent)
     try:
-        return agent.run()
+        return agent.run(wait)
     finally:
         set_resident(False)
         use_memo(None)

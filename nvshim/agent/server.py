@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import errno
 import os
 import queue
 import socket
@@ -38,6 +39,10 @@ REQUEST_WAIT = 2.0
 #: Connections held while their request has not arrived, at most (each is one fd).
 MAX_WAITING = 256
 BACKLOG = 1024
+
+
+class SocketBusy(HostError):
+    """Another agent serves the socket's path (or won the race to link it)."""
 
 
 class Peer:
@@ -79,7 +84,7 @@ def _bind(path: str) -> Tuple[socket.socket, Optional[str]]:
         except OSError:
             os.unlink(path)  # nobody listens: a socket a killed agent left
         else:
-            raise HostError(f"agent socket {path}: another agent is serving it")
+            raise SocketBusy(f"agent socket {path}: another agent is serving it")
         finally:
             probe.close()
     # bound and listening under a temporary name, then linked into place: the path
@@ -99,6 +104,8 @@ def _bind(path: str) -> Tuple[socket.socket, Optional[str]]:
         sock.close()
         with contextlib.suppress(OSError):
             os.unlink(temp)
+        if exc.errno == errno.EEXIST:  # another agent linked it between the probe and here
+            raise SocketBusy(f"agent socket {path}: another agent is serving it") from exc
         raise HostError(f"cannot bind agent socket {path}: {exc.strerror}") from exc
     finally:
         os.umask(old)

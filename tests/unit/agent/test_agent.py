@@ -258,3 +258,44 @@ def test_an_agent_whose_install_is_replaced_stops_serving(tmp_path: Path, config
         assert reply[0] == "fallback" and "reinstalled or upgraded" in reply[1], reply
     finally:
         agent.stop()
+
+
+@needs_root
+def test_a_waiting_agent_takes_the_socket_over_when_the_serving_one_stops(
+        tmp_path: Path, config: Path) -> None:
+    """Without --wait a second agent on a served socket fails in one line; with --wait it
+    waits (the first keeps serving: its pid answers), takes the socket over within a
+    second of the first's stop, and a SIGTERM while it waits stops it cleanly (exit 0)."""
+    sock = tmp_path / "run" / "a.sock"
+    first = AgentProcess(sock, config, tmp_path / "first.log").start()
+    try:
+        refused = subprocess.run(nvshim_bin() + ["agent", "--socket", str(sock),
+                                                 "--config", str(config)],
+                                 capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 1
+        assert "another agent is serving it" in refused.stderr.strip().splitlines()[-1]
+        second = AgentProcess(sock, config, tmp_path / "second.log")
+        second.args.append("--wait")
+        assert second.start().proc is not None  # the socket exists: the first's
+        wait_until(lambda: "waiting for it to stop" in second.log.read_text(), 60,
+                   "the second agent to wait")
+        assert _ready(sock)[0] == "ready"
+        assert '"agent serving"' not in second.log.read_text()
+        assert first.stop(signal.SIGTERM) == 0
+        wait_until(lambda: '"agent serving"' in second.log.read_text(), 5,
+                   "the waiting agent to take the socket over")
+        assert _ready(sock)[0] == "ready"
+        assert second.stop(signal.SIGTERM) == 0
+        assert not sock.exists()
+
+        third = AgentProcess(sock, config, tmp_path / "third.log").start()
+        waiter = AgentProcess(sock, config, tmp_path / "waiter.log")
+        waiter.args.append("--wait")
+        waiter.start()
+        wait_until(lambda: "waiting for it to stop" in waiter.log.read_text(), 60,
+                   "the waiter to wait")
+        assert waiter.stop(signal.SIGTERM) == 0
+        assert _ready(sock)[0] == "ready"  # the serving one is untouched
+        assert third.stop(signal.SIGTERM) == 0
+    finally:
+        first.stop(signal.SIGKILL)
