@@ -22,7 +22,9 @@
 #                                     /etc/nvshim/config.yaml has require-allocation: true)
 #   ./install.sh --uninstall          remove exactly what earlier runs added, and the prefix;
 #                                     the grant and denial journals stay (running containers
-#                                     still hold what they record)
+#                                     still hold what they record); while containerd tasks
+#                                     still run through nvshim-runtime it becomes a forwarder
+#                                     to runc, which a later --uninstall removes once none is left
 #   ./install.sh --uninstall --purge  ... and remove those journals too: only the files and
 #                                     folders nvshim's config named when install.sh ran and that
 #                                     did not exist then (recorded in the manifest), never a
@@ -233,8 +235,80 @@ run_nvshim() {
 }
 have_nvshim() { { [ -f "$PREFIX/$FILE_LIST" ] && [ -x "$PREFIX/bin/python3" ]; } || [ -x "$VENV/bin/nvshim" ]; }
 
+# --- containers that still run through nvshim-runtime at uninstall ----------------------
+# containerd's runc shim runs a container's runtime (nvshim-runtime, for the nvshim handler
+# or a default runtime) for every later kill, delete and state, and names it in the task's
+# options.json. Removed, each such container could never be stopped ("fork/exec
+# .../nvshim-runtime: no such file or directory", the pod stuck Terminating until a reboot).
+# So an uninstall that finds any leaves a forwarder in its place that hands every command to
+# the runtime nvshim handed to, and a later --uninstall removes it once none is left.
+FORWARDER_MARK="# nvshim-runtime-forwarder"
+containerd_states() {  # the state folders of the node's containerds (the manifest's configs;
+    echo /run/containerd  # with none left, the ones a forwarder names)
+    echo /run/docker/containerd/daemon
+    f="$BINDIR/nvshim-runtime"
+    if [ -f "$f" ] && sed -n 2p "$f" | grep -qx -- "$FORWARDER_MARK"; then
+        sed -n 's/^# containerd-state: //p' "$f"
+    fi
+    [ -f "$MANIFEST" ] || return 0
+    while read -r engine cfg _rest; do
+        [ "$engine" = containerd ] && [ -f "$cfg" ] || continue
+        # the top-level `state = "..."` (before the first table)
+        sed -n '/^[[:space:]]*\[/q; s/^[[:space:]]*state[[:space:]]*=[[:space:]]*"\([^"]*\)".*/\1/p' "$cfg"
+    done < "$MANIFEST"
+}
+runtime_users() {  # how many containerd tasks name $BINDIR/nvshim-runtime as their runtime
+    n=0
+    for state in $(containerd_states | sort -u); do
+        for options in "$state"/io.containerd.runtime.v2.task/*/*/options.json; do
+            [ -f "$options" ] || continue
+            grep -q -F "\"binary_name\":\"$BINDIR/nvshim-runtime\"" "$options" && n=$((n + 1))
+        done
+    done
+    echo "$n"
+}
+write_forwarder() {  # write_forwarder N: $BINDIR/nvshim-runtime hands every command on
+    target=
+    if [ -f "$ETCDIR/config.runtimes" ]; then
+        while IFS= read -r r; do
+            case $r in
+                /*) [ -x "$r" ] && { target=$r; break; } ;;
+                */*|'') ;;
+                *) p=$(command -v -- "$r" 2>/dev/null) && case $p in /*) target=$p; break ;; esac ;;
+            esac
+        done < "$ETCDIR/config.runtimes"
+    fi
+    [ -n "$target" ] || target=$(command -v runc 2>/dev/null) || target=runc
+    case $target in *"'"*) target=runc ;; esac  # quoted below
+    tmp="$BINDIR/.nvshim-runtime.$$"
+    {
+        echo "#!/bin/sh"
+        echo "$FORWARDER_MARK"
+        echo "# Left by nvshim's install.sh --uninstall ($(date -u +%Y-%m-%dT%H:%M:%SZ)): $1 container(s) created"
+        echo "# through nvshim-runtime still ran, and containerd stops and deletes them through this"
+        echo "# path. nvshim is not installed: every command goes to $target. 'install.sh"
+        echo "# --uninstall' removes this file once no container names it."
+        containerd_states | sort -u | sed 's/^/# containerd-state: /'
+        echo "exec '$target' \"\$@\""
+    } > "$tmp" && chmod 0755 "$tmp" && mv -f "$tmp" "$BINDIR/nvshim-runtime"
+}
+remove_forwarder() {  # an uninstall with nothing installed: a forwarder no task uses goes
+    f="$BINDIR/nvshim-runtime"
+    [ -f "$f" ] && sed -n 2p "$f" | grep -qx -- "$FORWARDER_MARK" || return 1
+    users=$(runtime_users)
+    if [ "$users" = 0 ]; then
+        rm -f "$f"
+        say "removed the forwarder $f: no container runs through it any more"
+    else
+        say "kept the forwarder $f: $users container(s) still run through it"
+    fi
+}
+
 uninstall() {
-    [ -f "$MANIFEST" ] || { say "nothing to uninstall ($MANIFEST not found)"; exit 0; }
+    if [ ! -f "$MANIFEST" ]; then
+        remove_forwarder || say "nothing to uninstall ($MANIFEST not found)"
+        exit 0
+    fi
     check_manifest
     # engine configs: "ENGINE CONFIG [DROP-IN]" lines, reverted to their original bytes
     while read -r engine cfg drop_in; do
@@ -250,6 +324,13 @@ uninstall() {
     uninstall_agent_unit  # first: uninstall_cdi_refresh removes the units' folders
     stop_agents ""  # one started by hand, or by a unit systemd does not run here
     uninstall_cdi_refresh
+    # containers created through nvshim-runtime that still run (see "containers that still
+    # run" above): a forwarder takes its place, written while config.runtimes is there
+    users=$(runtime_users)
+    if [ "$users" != 0 ]; then
+        write_forwarder "$users"
+        say "left $BINDIR/nvshim-runtime as a forwarder to $target: $users container(s) created through it still run, and containerd stops them through it; 'install.sh --uninstall' removes it once they are gone"
+    fi
     # files we wrote, only if unchanged since (an edited config stays, and we say so)
     pkgs=
     while read -r kind path sum; do
@@ -259,6 +340,7 @@ uninstall() {
             *) continue ;;
         esac
         if [ ! -e "$path" ]; then continue; fi
+        [ "$users" != 0 ] && [ "$path" = "$BINDIR/nvshim-runtime" ] && continue
         if [ -n "${sum:-}" ] && [ "$(sha "$path")" != "$sum" ]; then
             say "kept $path: it was changed after installation"
             continue
@@ -661,9 +743,24 @@ install_payload() {
             [ -e "$entry" ] || continue
             [ -e "$new/${entry##*/}" ] || mv "$entry" "$new/"
         done
-        mv "$PREFIX" "$old" || { rm -rf "$new"; die "cannot replace $PREFIX (a mount point?)"; }
+        # one atomic exchange (renameat2 RENAME_EXCHANGE, through the new interpreter): a
+        # create running now (the trampoline starting Python, Python importing lazily) never
+        # meets a missing prefix. Two renames left a gap in which such creates failed with
+        # no log line (python3 not found, a stdlib module missing), measured at 4 of 376
+        # creates over three reinstalls; a file system without the exchange still gets them.
+        if "$new/bin/python3" -I -S -c 'import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD, RENAME_EXCHANGE = -100, 2
+a, b = (p.encode() for p in sys.argv[1:3])
+sys.exit(0 if libc.renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0 else 1)' \
+            "$new" "$PREFIX" 2>/dev/null; then
+            rm -rf "$new"  # the previous prefix, now at this name
+            new=
+        else
+            mv "$PREFIX" "$old" || { rm -rf "$new"; die "cannot replace $PREFIX (a mount point?)"; }
+        fi
     fi
-    mv "$new" "$PREFIX"
+    if [ -n "$new" ]; then mv "$new" "$PREFIX"; fi
     rm -rf "$old"
     printf '%s\n' "$new_bindirs" | sort | while IFS= read -r dir; do
         if [ -n "$dir" ]; then record "bindir-dir $dir"; fi

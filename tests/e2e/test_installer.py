@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -287,7 +288,7 @@ def test_signal_mode_install_configmap_watch_keep_and_uninstall(node: Node) -> N
             pod.wait_for("installed; watching")
             assert daemon.pid() == installed_pid  # nothing to write: containerd not bounced
             # no systemd here: the entrypoint follows driver changes itself
-            pidfile = node.stage.parent / "cdi-refresh.pid"
+            (pidfile,) = node.stage.parent.glob("cdi-refresh.*.pid")  # this pod's
             watcher = int(pidfile.read_text())
             argv = Path(f"/proc/{watcher}/cmdline").read_bytes().split(b"\0")
             assert [b"cdi", b"refresh", b"--watch"] == argv[argv.index(b"cdi"):][:3], argv
@@ -303,6 +304,50 @@ def test_signal_mode_install_configmap_watch_keep_and_uninstall(node: Node) -> N
         back = daemon.pid()
         assert back not in (None, installed_pid)  # restarted to drop the handler
         assert "nvshim" not in daemon.runtimes()
+
+
+def test_a_rollouts_old_pod_leaves_the_new_pods_install_alone(node: Node) -> None:
+    """A rollout as the DaemonSet's maxSurge runs it: a new installer pod installs beside
+    the old one, then the old one gets SIGTERM. It stops without uninstalling (one line
+    says why): containerd keeps the handler and is not restarted, the agent container's
+    node-paths file and the new pod's driver watcher stay. The new pod's SIGTERM then
+    uninstalls everything, containerd's config back byte for byte."""
+    node.set_configmap(CONFIG_V1)
+    run = node.root / "run"
+    with running(node) as daemon:
+        old = Installer(node, node.env(NVSHIM_READY_FILE=str(run / "old" / "ready")))
+        new = None
+        try:
+            old.wait_for("installed; watching")
+            new = Installer(node, node.env(NVSHIM_READY_FILE=str(run / "new" / "ready")))
+            new.wait_for("installed; watching")
+            tokens = {(run / pod / "owner-token").read_text() for pod in ("old", "new")}
+            assert len(tokens) == 2
+            owner = node.stage.parent / "owner"
+            assert owner.read_text() == (run / "new" / "owner-token").read_text()
+            watchers = sorted(node.stage.parent.glob("cdi-refresh.*.pid"))
+            assert len(watchers) == 2
+            installed_pid = daemon.pid()
+
+            assert old.terminate() == 0, old.text()
+            assert "a newer installer pod installed it" in old.text()
+            assert "uninstalling" not in old.text()
+            assert daemon.pid() == installed_pid and "nvshim" in daemon.runtimes()
+            assert node.drop_in.exists() and (node.bin / "nvshim-runtime").exists()
+            assert node.node_paths.exists() and (node.etc / "config.yaml").exists()
+            (left,) = node.stage.parent.glob("cdi-refresh.*.pid")
+            assert (run / "new" / "owner-token").read_text().strip() in left.name
+            assert Path(f"/proc/{int(left.read_text())}").exists()
+
+            assert new.terminate() == 0, new.text()
+            assert "uninstalled nvshim from this node" in new.text()
+        finally:
+            old.kill()
+            if new is not None:
+                new.kill()
+    assert node.containerd_config.read_bytes() == node.original
+    assert node.nvshim_files() == []
+    assert not node.node_paths.exists()
 
 
 def test_containerd_that_does_not_come_back_gets_its_previous_config(node: Node) -> None:
@@ -396,6 +441,123 @@ def test_seeded_template_is_created_then_removed_on_uninstall(tmp_path: Path) ->
     assert not template.exists() and not (agent / "conf.d" / "99-nvshim.toml").exists()
     assert generated.read_bytes() == before
     assert sorted(p.name for p in agent.iterdir()) == ["config.toml"]
+
+
+def test_uninstall_leaves_a_forwarder_while_containers_run_through_nvshim_runtime(
+        tmp_path: Path) -> None:
+    """A containerd task whose shim names nvshim-runtime (its options.json, as containerd's
+    runc shim writes it) still runs at uninstall: nvshim-runtime is replaced by a forwarder
+    to the runtime nvshim handed to (containerd stops and deletes the container through that
+    path), one line says so, and everything else goes. A later --uninstall keeps it while
+    the task is there and removes it once the task is gone."""
+    require_root()
+    ctrd, bindir = tmp_path / "ctrd", tmp_path / "bin"
+    config = tmp_path / "etc" / "containerd" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(containerd_private_config(ctrd) + CRI_TABLE.format(base=ctrd))
+    before = config.read_bytes()
+    bindir.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVSHIM_")}
+    env.update(NVSHIM_PREFIX=str(tmp_path / "opt"), NVSHIM_BINDIR=str(bindir),
+               NVSHIM_ETCDIR=str(tmp_path / "etc" / "nvshim"), NVSHIM_SKIP_APT="1",
+               NVSHIM_CONTAINERD_CONFIG=str(config), NVSHIM_RESTART_MODE="none")
+
+    def install(*args: str) -> subprocess.CompletedProcess:
+        source = [] if "--uninstall" in args else ["--from", str(payload_dir())]
+        return subprocess.run(["sh", str(REPO / "install.sh"), *source, *args], env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    assert install("--containerd").returncode == 0
+    runtime = bindir / "nvshim-runtime"
+    task = ctrd / "state" / "io.containerd.runtime.v2.task" / "k8s.io" / ("c" * 64)
+    task.mkdir(parents=True)
+    (task / "options.json").write_text(json.dumps(
+        {"binary_name": str(runtime), "root": str(ctrd / "runc-root")}, separators=(",", ":")))
+
+    gone = install("--uninstall")
+    assert gone.returncode == 0, gone.stderr
+    said = [line for line in gone.stderr.splitlines() if "forwarder" in line]
+    assert len(said) == 1 and "1 container(s) created through it still run" in said[0], gone.stderr
+    assert config.read_bytes() == before
+    assert sorted(p.name for p in bindir.iterdir()) == ["nvshim-runtime"]
+    assert not (tmp_path / "opt").exists() and not (tmp_path / "etc" / "nvshim").exists()
+    runc = shutil.which("runc")
+    assert runc and f"exec '{runc}' \"$@\"" in runtime.read_text()
+    version = subprocess.run([str(runtime), "--version"], capture_output=True, text=True,
+                             timeout=30)
+    assert version.returncode == 0 and version.stdout.startswith("runc version"), version
+
+    kept = install("--uninstall")
+    assert kept.returncode == 0 and "still run through it" in kept.stderr, kept.stderr
+    assert runtime.exists()
+    shutil.rmtree(task)
+    removed = install("--uninstall")
+    assert removed.returncode == 0 and "removed the forwarder" in removed.stderr, removed.stderr
+    assert list(bindir.iterdir()) == []
+
+
+def test_a_reinstall_fails_no_create_running_beside_it(tmp_path: Path) -> None:
+    """install.sh over an install (an upgrade, a DaemonSet rollout) while creates run through
+    nvshim-runtime's Python path (the config newer than its compiled copies, as while an
+    installer writes it): every create gets to runc (its refusal of this test's bundle,
+    which has no rootfs, is in the --log file), none meets a prefix half gone. With two renames instead
+    of one exchange, some creates failed here in every run, with no log line (python3 not found,
+    a stdlib module missing)."""
+    require_root()
+    import threading
+
+    root = tmp_path / "root"
+    (root / "bin").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVSHIM_")}
+    env.update(NVSHIM_PREFIX=str(root / "opt" / "nvshim"), NVSHIM_BINDIR=str(root / "bin"),
+               NVSHIM_ETCDIR=str(root / "etc" / "nvshim"), NVSHIM_SKIP_APT="1",
+               NVSHIM_AGENT_UNIT="off")
+
+    def install() -> None:
+        done = subprocess.run(["sh", str(REPO / "install.sh"), "--from", str(payload_dir())],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+
+    install()
+    config = root / "etc" / "nvshim" / "config.yaml"
+    # no rootfs: runc refuses the bundle before it mounts or starts anything
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps({
+        "ociVersion": "1.0.2", "process": {"args": ["true"], "cwd": "/", "env": ["PATH=/bin"]},
+        "root": {"path": "no-rootfs"}, "linux": {"namespaces": [{"type": "mount"}]}}))
+    running = threading.Event()
+    running.set()
+    bad: List[str] = []
+    tries = [0]
+
+    def creates(worker: int) -> None:
+        log = tmp_path / f"log.{worker}.json"
+        while running.is_set():
+            tries[0] += 1
+            log.unlink(missing_ok=True)
+            done = subprocess.run([str(root / "bin" / "nvshim-runtime"), "--log", str(log),
+                                   "create", "--bundle", str(bundle), f"c{worker}-{tries[0]}"],
+                                  env={**env, "NVSHIM_CONFIG": str(config)},
+                                  capture_output=True, text=True, timeout=60)
+            said = log.read_text() if log.exists() else ""
+            if "runc create failed: invalid rootfs" not in said:
+                bad.append(f"rc={done.returncode} {done.stderr.strip()[-300:]} log={said[-200:]}")
+
+    workers = [threading.Thread(target=creates, args=(w,)) for w in range(4)]
+    for w in workers:
+        w.start()
+    try:
+        for _ in range(6):
+            os.utime(config)  # newer than config.runtimes: the trampoline starts Python
+            install()
+            os.utime(config)
+    finally:
+        running.clear()
+        for w in workers:
+            w.join(60)
+    print(f"{tries[0]} creates beside 6 reinstalls")
+    assert tries[0] > 30 and bad == [], (tries[0], bad[:5])
 
 
 def test_configmap_turning_require_allocation_off_under_the_default_runtime_is_kept_out(
