@@ -29,8 +29,12 @@
 # 3. SIGTERM (DaemonSet deleted, pod rolled or evicted): uninstall. `STAGE/install.sh --uninstall`
 #    puts containerd's config back byte for byte, restarts containerd the same way and removes
 #    nvshim's files; then the config.yaml written from the ConfigMap and STAGE go too.
-#    NVSHIM_KEEP_ON_EXIT=true leaves everything installed (e.g. to roll a new image without a
-#    window where the node has no nvshim handler).
+#    NVSHIM_KEEP_ON_EXIT=true leaves everything installed.
+#    Only the installer that installed last uninstalls: each pod keeps a token of its own in
+#    its state folder and writes it to the node's $(dirname STAGE)/owner once installed. In a
+#    rollout (the DaemonSet's maxSurge: the new pod installs beside the old one, which is
+#    stopped once the new one is ready) the old pod finds the new pod's token there and
+#    stops without uninstalling, so GPU pods never meet a node without the nvshim handler.
 #
 # Passed to install.sh when set: NVSHIM_PREFIX, NVSHIM_BINDIR, NVSHIM_ETCDIR,
 # NVSHIM_CONTAINERD_CONFIG, NVSHIM_CONTAINERD_DROP_IN, NVSHIM_CONTAINERD_SOCKET,
@@ -65,6 +69,10 @@ APPLIED=$STATE/configmap-applied.yaml  # the bytes this installer last put on th
 # the node's: bindir= and etcdir= of the install, read by the agent container (whose command
 # names /run/nvshim/node-paths: NVSHIM_NODE_PATHS moves it for tests only)
 NODE_PATHS=${NVSHIM_NODE_PATHS:-/run/nvshim/node-paths}
+# this pod's token (kept across its container restarts) and the node's record of the
+# installer that installed last (see 3. above)
+TOKEN_FILE=$STATE/owner-token
+OWNER=$(dirname "$STAGE")/owner
 
 say() { printf 'nvshim-installer: %s\n' "$*" >&2; }
 
@@ -145,6 +153,9 @@ install_node() {
         return 1
     fi
     INSTALLED=true
+    # this pod owns the node's install now: an older installer's SIGTERM leaves it alone
+    printf '%s\n' "$TOKEN" > "$HOST_ROOT$OWNER.new" && mv -f "$HOST_ROOT$OWNER.new" "$HOST_ROOT$OWNER" \
+        || say "cannot write the node's $OWNER: an older installer pod stopping now would uninstall"
     start_refresher
     # the agent container runs the nvshim installed here: where it is (one setting, this
     # container's, on a node with a read-only /usr), in a file on the node's /run that the
@@ -176,7 +187,8 @@ apply_config() {  # the ConfigMap changed: new config.yaml on the node, compiled
 
 # The driver watcher's node-side pid (the process nsenter forks into the node's PID namespace
 # writes it, then execs nvshim): stopping nsenter alone would not reach it.
-REFRESH_PID=$(dirname "$STAGE")/cdi-refresh.pid
+# One per pod: during a rollout the old pod's and the new pod's run side by side.
+REFRESH_PID=""  # set once the token is known
 refresher=""
 
 start_refresher() {
@@ -200,11 +212,20 @@ stop_refresher() {
     refresher=""
 }
 
+owned_elsewhere() {  # another installer pod installed after this one (a rollout's new pod)
+    owner=$(cat "$HOST_ROOT$OWNER" 2>/dev/null) || return 1
+    [ -n "$owner" ] && [ "$owner" != "$TOKEN" ]
+}
+
 uninstall_node() {
     rm -f "$READY_FILE"
+    stop_refresher
+    if owned_elsewhere; then
+        say "stopping; nvshim stays installed: a newer installer pod installed it on this node since (a rollout), and uninstalls it when it stops"
+        return 0
+    fi
     # shellcheck disable=SC2016 # the inner sh expands its own arguments
     on_node sh -c 'rm -f "$1"; rmdir "${1%/*}" 2>/dev/null; true' sh "$NODE_PATHS"
-    stop_refresher
     if [ "$KEEP_ON_EXIT" = true ]; then
         say "stopping; nvshim stays installed on this node (NVSHIM_KEEP_ON_EXIT=true)"
         return 0
@@ -224,6 +245,7 @@ uninstall_node() {
     fi
     rm -f "$HOST_ROOT$NEW_CONFIG"  # a check cut short by the signal
     rm -rf "$HOST_ROOT$STAGE" "$HOST_ROOT$STAGE.new"
+    rm -f "$HOST_ROOT$OWNER"
     # the hostPath dirs themselves, when empty (removed on the node: here they are mount points)
     on_node rmdir "$ETCDIR" "$(dirname "$STAGE")" 2>/dev/null
     if [ "$rc" = 0 ]; then say "uninstalled nvshim from this node"; fi
@@ -233,6 +255,12 @@ uninstall_node() {
 STOP=false sleeper=""
 trap 'STOP=true; if [ -n "$sleeper" ]; then kill "$sleeper" 2>/dev/null; fi' TERM INT
 mkdir -p "$STATE" || exit 1
+if [ ! -s "$TOKEN_FILE" ]; then
+    { cat /proc/sys/kernel/random/uuid > "$TOKEN_FILE.new" && mv -f "$TOKEN_FILE.new" "$TOKEN_FILE"; } \
+        || { say "cannot write $TOKEN_FILE"; exit 1; }
+fi
+TOKEN=$(cat "$TOKEN_FILE") || exit 1
+REFRESH_PID=$(dirname "$STAGE")/cdi-refresh.$TOKEN.pid
 install_node
 while [ "$STOP" = false ]; do
     sleep "$WATCH_INTERVAL" &

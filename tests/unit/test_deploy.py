@@ -108,7 +108,7 @@ def test_daemonset_runs_the_node_agent_in_the_nodes_mount_namespace() -> None:
     default, the node's NRI socket documented), and is ready when `nvshim agent --ready` says so."""
     agent = _container(_installer_pod(), "agent")
     script = " ".join(agent["args"])
-    assert 'exec nsenter -t 1 -m -u -i -n -- "$bindir/nvshim" agent' in script
+    assert 'nsenter -t 1 -m -u -i -n -- "$bindir/nvshim" agent --wait' in script
     assert '--config "$etcdir/config.yaml"' in script
     assert '--nri-socket "$NVSHIM_NRI_SOCKET"' in script
     assert "--socket /run/nvshim/agent.sock" in script
