@@ -68,9 +68,15 @@ class Cluster:
     """
 
     def __init__(self, base: Path, k8s: Path, etcd: Path, containerd: Path,
-                 containerd_config: str) -> None:
+                 containerd_config: str, own_node: bool = False) -> None:
         self.base, self.k8s, self.etcd_dir, self.containerd_dir = base, k8s, etcd, containerd
         self.containerd_config = containerd_config
+        self.own_node = own_node
+        """The node as a DaemonSet sees it (:meth:`_node`): a PID namespace whose PID 1 is
+        the node's init (``nsenter -t 1`` from a hostPID pod enters the node), containerd
+        started again whenever it exits (as systemd's ``Restart=always``), and the paths an
+        installer writes (``/opt``, ``/usr/local``, ``/etc``, ``/run/nvshim``) overlaid so
+        that writes land under ``base``."""
         self.cgroup_root = "/" + unique_id("nvshim-k8s")
         self.procs: Dict[str, subprocess.Popen[bytes]] = {}
         self.ports: Dict[str, int] = {}
@@ -135,9 +141,11 @@ class Cluster:
                 proc.wait(timeout=30)
         self._kill_leftovers()
         remove_cgroup_tree(self.cgroup_root)
-        if (self.base / "made-run-containerd").exists():
-            with _suppress():
-                os.rmdir("/run/containerd")
+        for made, path in (("made-run-containerd", "/run/containerd"),
+                           ("made-run-nvshim", "/run/nvshim")):
+            if (self.base / made).exists():
+                with _suppress():
+                    os.rmdir(path)
         for key, value in self.tunables.items():
             with _suppress():
                 Path("/proc/sys", key).write_text(value)
@@ -349,8 +357,8 @@ mount --bind "{self.device_plugins}" /var/lib/kubelet/device-plugins
 mkdir -p /var/log/containers /var/log/pods
 [ -d /run/containerd ] || {{ mkdir /run/containerd && : > "{self.base}/made-run-containerd"; }}
 mount -t tmpfs -o mode=0711 nvshim-k8s /run/containerd
-PATH="{self.containerd_dir}:$PATH"; export PATH
-containerd --config "{cd}/config.toml" >> "{self.base}/logs/containerd.log" 2>&1 &
+{self._own_node_mounts()}PATH="{self.containerd_dir}:$PATH"; export PATH
+{self._containerd_line(cd)}
 i=0
 while [ ! -S "{self.containerd_socket}" ] && [ "$i" -lt 300 ]; do sleep 0.1; i=$((i+1)); done
 # the kubelet, started again whenever it exits (a test restarts it by killing it)
@@ -363,13 +371,46 @@ while :; do
     sleep 0.5
 done
 """)
-        self._spawn("node", ["unshare", "-m", "--propagation", "private", "sh", str(script)])
+        pid = ["-p", "--fork", "--mount-proc"] if self.own_node else []
+        self._spawn("node", ["unshare", "-m", *pid, "--propagation", "private", "sh",
+                             str(script)])
         wait_until(lambda: self._node_ready(), 180, f"node {NODE} to be Ready")
         inside = _read(self.base / "node.mntns").strip()
         assert inside and inside != outside, "the node ran in the host's mount namespace"
         wait_until(lambda: self._node_ready() and self.kubectl(
             "get", "serviceaccount", "default", check=False, timeout=10).returncode == 0, 60,
             "the default namespace's service account")
+
+    def _own_node_mounts(self) -> str:
+        """The node's init script lines that overlay the installer's paths (own_node)."""
+        if not self.own_node:
+            return ""
+        lines = []
+        for path in ("/opt", "/usr/local", "/etc"):
+            name = path.strip("/").replace("/", "-")
+            upper, work = self.base / "node" / name / "upper", self.base / "node" / name / "work"
+            lines += [f'mkdir -p "{upper}" "{work}"',
+                      f'mount -t overlay nvshim-k8s -o "lowerdir={path},upperdir={upper},'
+                      f'workdir={work}" {path}']
+        # a node nvshim was never installed on: the machine's own install (install.sh --dev
+        # ran before the tests) hidden, in the overlays only
+        lines += ["rm -rf /opt/nvshim /etc/nvshim /usr/local/bin/nvshim /usr/local/bin/nvshim-*"]
+        lines += ['[ -d /run/nvshim ] || { mkdir /run/nvshim && : > '
+                  f'"{self.base}/made-run-nvshim"; }}',
+                  "mount -t tmpfs -o mode=0755 nvshim-k8s /run/nvshim"]
+        return "\n".join(lines) + "\n"
+
+    def _containerd_line(self, cd: Path) -> str:
+        run = f'containerd --config "{cd}/config.toml" >> "{self.base}/logs/containerd.log" 2>&1'
+        if not self.own_node:
+            return run + " &"
+        # started again whenever it exits (an installer's signal restart), each start noted
+        return (f'while :; do echo "start $(date +%s.%N)" >> "{self.base}/containerd.starts"; '
+                f'{run} || :; sleep 0.2; done &')
+
+    def containerd_starts(self) -> int:
+        """How many times the node's containerd has started (own_node)."""
+        return len(_read(self.base / "containerd.starts").splitlines())
 
     def _node_ready(self) -> bool:
         for name in ("node", "apiserver", "controller-manager", "scheduler"):
