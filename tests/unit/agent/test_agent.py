@@ -268,6 +268,7 @@ def test_a_waiting_agent_takes_the_socket_over_when_the_serving_one_stops(
     second of the first's stop, and a SIGTERM while it waits stops it cleanly (exit 0)."""
     sock = tmp_path / "run" / "a.sock"
     first = AgentProcess(sock, config, tmp_path / "first.log").start()
+    started = [first]
     try:
         refused = subprocess.run(nvshim_bin() + ["agent", "--socket", str(sock),
                                                  "--config", str(config)],
@@ -276,6 +277,7 @@ def test_a_waiting_agent_takes_the_socket_over_when_the_serving_one_stops(
         assert "another agent is serving it" in refused.stderr.strip().splitlines()[-1]
         second = AgentProcess(sock, config, tmp_path / "second.log")
         second.args.append("--wait")
+        started.append(second)
         assert second.start().proc is not None  # the socket exists: the first's
         wait_until(lambda: "waiting for it to stop" in second.log.read_text(), 60,
                    "the second agent to wait")
@@ -291,6 +293,7 @@ def test_a_waiting_agent_takes_the_socket_over_when_the_serving_one_stops(
         third = AgentProcess(sock, config, tmp_path / "third.log").start()
         waiter = AgentProcess(sock, config, tmp_path / "waiter.log")
         waiter.args.append("--wait")
+        started += [third, waiter]
         waiter.start()
         wait_until(lambda: "waiting for it to stop" in waiter.log.read_text(), 60,
                    "the waiter to wait")
@@ -298,4 +301,6 @@ def test_a_waiting_agent_takes_the_socket_over_when_the_serving_one_stops(
         assert _ready(sock)[0] == "ready"  # the serving one is untouched
         assert third.stop(signal.SIGTERM) == 0
     finally:
-        first.stop(signal.SIGKILL)
+        for agent in started:
+            if agent.proc is not None:
+                agent.stop(signal.SIGKILL)
