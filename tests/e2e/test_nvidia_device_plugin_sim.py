@@ -1,7 +1,8 @@
 """NVIDIA's k8s-device-plugin (v0.17.4, built from its Go module) on simulated nodes of 1, 8
 and 256 GPUs and one with MIG, asked as the kubelet asks it (ListAndWatch, Allocate over
 its gRPC socket): it lists what the node's model holds and allocates in NVIDIA's
-``envvar`` and ``volume-mounts`` strategies. tests/k8s/test_nvidia_device_plugin.py runs it
+``envvar``, ``volume-mounts`` and ``cdi-annotations`` strategies (the last with a CDI spec
+of its own, for the driver root as it sees it). tests/k8s/test_nvidia_device_plugin.py runs it
 with the real kubelet; this asks it directly, on the node sizes the cluster does not.
 
 The plugin asks the node's libnvidia-ml (``LD_LIBRARY_PATH``) and serves under
@@ -14,7 +15,9 @@ host's ``/proc`` whatever its driver root).
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -33,8 +36,10 @@ def serving(tmp: Path, root: str, strategy: str, mig: str) -> Tuple["subprocess.
     from tests.helpers.gobuild import go_programs
 
     binary = go_programs("nvidia-device-plugin") / "nvidia-device-plugin"
+    hook = go_programs("nvidia-toolkit") / "nvidia-cdi-hook"
     sockets = tmp / "device-plugins"
     sockets.mkdir()
+    (tmp / "cdi").mkdir()
     log = tmp / "plugin.log"
     outside = os.readlink("/proc/self/ns/mnt")
     script = (f'[ "$(readlink /proc/self/ns/mnt)" != "{outside}" ] || '
@@ -46,9 +51,13 @@ def serving(tmp: Path, root: str, strategy: str, mig: str) -> Tuple["subprocess.
               f"cp -a {root}/proc/driver/nvidia {root}/proc/driver/nvidia-caps /proc/driver/\n"
               "mkdir -p /var/lib/kubelet/device-plugins\n"
               f"mount --bind {sockets} /var/lib/kubelet/device-plugins\n"
+              # its CDI spec goes to /var/run/cdi whatever it is told: the test's folder
+              "mount -t tmpfs -o size=64k nvshim-dp /run\n"
+              f"mkdir -p /run/cdi && mount --bind {tmp / 'cdi'} /run/cdi\n"
               'exec "$@"\n')
     argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(binary),
             "--kubelet-socket", "", "--driver-root", root, "--dev-root", root,
+            "--driver-root-ctr-path", root, "--nvidia-cdi-hook-path", str(hook),
             "--device-list-strategy", strategy, "--mig-strategy", mig]
     with open(log, "ab") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
@@ -73,8 +82,9 @@ def stop_after() -> Iterator[List["subprocess.Popen[bytes]"]]:
 
 
 @pytest.mark.parametrize("gpus,mig,strategy", [(1, False, "envvar"), (8, False, "volume-mounts"),
-                                               (256, False, "envvar"), (3, True, "envvar")],
-                         ids=["1-gpu", "8-gpus", "256-gpus", "mig"])
+                                               (256, False, "envvar"), (3, True, "envvar"),
+                                               (8, False, "cdi-annotations")],
+                         ids=["1-gpu", "8-gpus", "256-gpus", "mig", "8-gpus-cdi"])
 def test_nvidias_plugin_lists_and_allocates_the_model(
         tmp_path: Path, stop_after: List["subprocess.Popen[bytes]"], gpus: int, mig: bool,
         strategy: str) -> None:
@@ -95,6 +105,22 @@ def test_nvidias_plugin_lists_and_allocates_the_model(
     assert sorted(devices) == sorted((u, "Healthy") for u in whole)
     if strategy == "envvar":
         assert answer["envs"].get("NVIDIA_VISIBLE_DEVICES") == whole[0], answer
+    elif strategy == "cdi-annotations":
+        # the annotation names its own spec's device; that spec, which nvshim reads like
+        # any other, gives each UUID the device node the model gives it
+        (key, value), = answer["annotations"].items()
+        assert key.startswith("cdi.k8s.io/nvidia-device-plugin_"), answer
+        assert value == f"k8s.device-plugin.nvidia.com/gpu={whole[0]}", answer
+        spec = json.loads((tmp_path / "cdi" / "k8s.device-plugin.nvidia.com-gpu.json").read_text())
+        nodes = {d["name"]: [n["hostPath"] for n in d["containerEdits"]["deviceNodes"]]
+                 for d in spec["devices"]}
+        assert nodes == {g.uuid: [f"{node.root}/dev/nvidia{g.minor}"] for g in node.gpus}
+        listed = subprocess.run([shutil.which("nvshim") or "nvshim", "cdi", "list",
+                                 "--spec-dir", str(tmp_path / "cdi")],
+                                capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        assert sorted(listed.stdout.split()) == sorted(
+            f"k8s.device-plugin.nvidia.com/gpu={u}" for u in whole)
     else:
         assert answer["envs"].get("NVIDIA_VISIBLE_DEVICES") == DEVICE_LIST_DIR, answer
         assert answer["mounts"] == [(f"{DEVICE_LIST_DIR}/{whole[0]}", "/dev/null")], answer

@@ -1,15 +1,15 @@
 """NVIDIA's own k8s-device-plugin (v0.17.4, built from its Go module) on the simulated
-node, registered with the real kubelet, in its ``envvar`` and ``volume-mounts`` device-list
-strategies: what it allocates (the kubelet's checkpoint says) is exactly what a pod sees
-under every handler.
+node, registered with the real kubelet, in its ``envvar``, ``volume-mounts``,
+``cdi-annotations`` and ``cdi-cri`` device-list strategies: what it allocates (the
+kubelet's checkpoint says) is exactly what a pod sees under every handler.
 
 The plugin asks NVML, the simulated node's library (``nvshim sim``'s libnvidia-ml, found
 through ``LD_LIBRARY_PATH``), and puts its socket at ``/var/lib/kubelet/device-plugins/``
-whatever it is told: it runs in a private mount namespace of its own (proved so before
-anything is mounted) where the cluster's device-plugin directory is bound there. Its
-``cdi-annotations`` strategy writes a CDI spec of its own for a driver mounted at
-``/driver-root`` in its container, which this node has not; the tests' own plugin covers
-that strategy (test_allocation.py).
+and its CDI spec at ``/var/run/cdi/`` whatever it is told: it runs in a private mount
+namespace of its own (proved so before anything is mounted) where the cluster's
+device-plugin and CDI folders are bound there. Outside a container, the driver root it
+sees (``--driver-root-ctr-path``) is the node's own, and its spec's hooks are the
+toolkit's ``nvidia-cdi-hook``.
 """
 
 from __future__ import annotations
@@ -49,13 +49,21 @@ class NvidiaDevicePlugin:
         outside = os.readlink("/proc/self/ns/mnt")
         script = (f'[ "$(readlink /proc/self/ns/mnt)" != "{outside}" ] || '
                   '{ echo "not in a private mount namespace: nothing started" >&2; exit 99; }\n'
-                  # the host's /var/lib is never written: a private tmpfs holds the path
+                  # the host's /var/lib and /run are never written: private tmpfs hold the
+                  # paths, and its CDI spec (/var/run/cdi, whatever it is told) lands in the
+                  # cluster's CDI folder, which containerd, nvshim and NVIDIA's runtime read
                   "mount -t tmpfs -o size=64k nvshim-dp /var/lib\n"
                   "mkdir -p /var/lib/kubelet/device-plugins\n"
                   f"mount --bind {plugins} /var/lib/kubelet/device-plugins\n"
+                  "mount -t tmpfs -o size=64k nvshim-dp /run\n"
+                  f"mkdir -p /run/cdi && mount --bind {self.node.base / 'cdi'} /run/cdi\n"
                   'exec "$@"\n')
+        # not in a container: the driver root is where the plugin itself sees it, and the
+        # spec's hooks are the toolkit's nvidia-cdi-hook built beside NVIDIA's runtime
+        hook = go_programs("nvidia-toolkit") / "nvidia-cdi-hook"
         argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
                 str(binary), "--driver-root", sim.root, "--dev-root", sim.root,
+                "--driver-root-ctr-path", sim.root, "--nvidia-cdi-hook-path", str(hook),
                 "--device-list-strategy", self.strategy, "--fail-on-init-error=true"]
         env = {**os.environ, "LD_LIBRARY_PATH": f"{sim.root}/{LIB_DIR}"}
         with open(self.log, "ab") as out:
@@ -71,9 +79,11 @@ class NvidiaDevicePlugin:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+        # the spec it wrote in the CDI strategies: the next tests read that folder too
+        (self.node.base / "cdi" / "k8s.device-plugin.nvidia.com-gpu.json").unlink(missing_ok=True)
 
 
-@pytest.fixture(scope="module", params=["envvar", "volume-mounts"])
+@pytest.fixture(scope="module", params=["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"])
 def nvidia_plugin(request: pytest.FixtureRequest, node: Node) -> Iterator[NvidiaDevicePlugin]:
     dp = NvidiaDevicePlugin(node, request.param).start()
     try:
