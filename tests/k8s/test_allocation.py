@@ -15,7 +15,7 @@ import pytest
 from tests.helpers.common import wait_until
 from tests.helpers.deviceplugin import STRATEGIES, DevicePlugin
 from tests.k8s.conftest import BUSYBOX, Node
-from tests.k8s.test_guard import LIST, seen
+from tests.k8s.test_guard import LIST, grants, seen
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +54,7 @@ def gpu_pod(name: str, count: int = 1, runtime_class: Optional[str] = None) -> s
 @pytest.mark.parametrize("handler", ["nvshim", "runc", "nvidia"])
 def test_an_allocated_pod_sees_exactly_its_gpus(node: Node, plugin: DevicePlugin,
                                                 handler: str) -> None:
-    """A pod limited to one nvidia.com/gpu (then two) sees the device nodes of exactly the GPUs the kubelet allocated to it, in this strategy and under this handler, and NVIDIA_VISIBLE_DEVICES=void; the pod is deleted after, freeing them."""
+    """A pod limited to one nvidia.com/gpu (then two) sees the device nodes of exactly the GPUs the kubelet allocated to it, in this strategy and under this handler, and NVIDIA_VISIBLE_DEVICES=void; nvshim grants names the pod with those GPUs; the pod is deleted after, freeing them."""
     for count in (1, 2):
         name = f"alloc-{plugin.strategy}-{handler}-{count}"
         before = len(plugin.allocations)
@@ -67,4 +67,8 @@ def test_an_allocated_pod_sees_exactly_its_gpus(node: Node, plugin: DevicePlugin
         assert len(allocated) == count, plugin.allocations
         assert minors == sorted(by_uuid[u] for u in allocated), (minors, allocated)
         assert vis == "void"  # docs/container-env.md: every container nvshim gave GPUs
+        # the record names the pod and its GPUs on every path: the runtime's grant, the
+        # agent's injection, and the guard letting NVIDIA's runtime through
+        mine = [g for g in grants(node) if g.get("pod") == name]
+        assert mine and sorted(mine[-1]["gpus"]) == sorted(allocated), (mine, allocated)
         node.cluster.kubectl("delete", "pod", name, "--wait=true", "--timeout=60s")

@@ -59,6 +59,20 @@ def run(node: Node, name: str, **kw: Any) -> str:
     return name
 
 
+def grants(node: Node) -> List[Dict[str, Any]]:
+    """What ``nvshim grants`` says of the node's journal (every grant, JSON)."""
+    import json
+    import shutil
+    import subprocess
+
+    res = subprocess.run([shutil.which("nvshim") or "nvshim", "grants", "--journal",
+                          str(node.base / "grants.jsonl"), "--format", "json"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    doc = json.loads(res.stdout or "{}")
+    return doc if isinstance(doc, list) else next(
+        (v for v in doc.values() if isinstance(v, list)), [])
+
+
 def denials(node: Node, name: str) -> List[Dict[str, Any]]:
     import json
     import shutil

@@ -4,9 +4,7 @@ restart (its device manager and PodResources API come back, its checkpoint stays
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-from typing import Any, Dict, Iterator, List
+from typing import Iterator
 
 import pytest
 
@@ -14,7 +12,7 @@ from tests.helpers.common import wait_until
 from tests.helpers.deviceplugin import DevicePlugin
 from tests.k8s.conftest import Node
 from tests.k8s.test_allocation import gpu_pod
-from tests.k8s.test_guard import seen
+from tests.k8s.test_guard import grants, seen
 
 pytestmark = pytest.mark.e2e
 
@@ -25,15 +23,6 @@ def advertised(node: Node, count: int) -> None:
         return doc["items"][0]["status"].get("allocatable", {}).get("nvidia.com/gpu") == str(count)
 
     wait_until(ready, 60, f"the node to advertise {count} nvidia.com/gpu")
-
-
-def grants(node: Node) -> List[Dict[str, Any]]:
-    res = subprocess.run([shutil.which("nvshim") or "nvshim", "grants", "--journal",
-                          str(node.base / "grants.jsonl"), "--format", "json"],
-                         capture_output=True, text=True, timeout=60, check=False)
-    doc = json.loads(res.stdout or "{}")
-    return doc if isinstance(doc, list) else next(
-        (v for v in doc.values() if isinstance(v, list)), [])
 
 
 @pytest.fixture
