@@ -7,4 +7,9 @@ module of this package, issue 33) lives in the same process. Nothing here runs o
 runtime's own path: the agent pays its imports (structlog among them) once.
 """
 
-__all__: list[str] = []
+__all__ = ["AGENT_SOCKET"]
+
+AGENT_SOCKET = "/run/nvshim/agent.sock"
+"""The node agent's socket: the one default every part uses (the agent, nvshim-runtime's
+trampoline, doctor, the CLI). install.sh's unit and deploy/daemonset.yaml, which cannot
+import it, are held to it by tests/unit/test_deploy.py."""

@@ -7,17 +7,17 @@ from typing import Optional
 
 import click
 
+from nvshim.agent import AGENT_SOCKET
 from nvshim.cli.options import CONFIG_FILE
 
 __all__ = ["agent"]
 
-_DEFAULT_SOCKET = "/run/nvshim/agent.sock"  # nvshim.agent.daemon.DEFAULT_SOCKET
 _DEFAULT_NRI = "/var/run/nri/nri.sock"  # nvshim.agent.daemon.DEFAULT_NRI_SOCKET
 
 
 @click.command("agent")
 @CONFIG_FILE
-@click.option("--socket", "socket_path", default=_DEFAULT_SOCKET, show_default=True,
+@click.option("--socket", "socket_path", default=AGENT_SOCKET, show_default=True,
               metavar="PATH", help="The agent's own socket, which nvshim-runtime's creates use.")
 @click.option("--nri-socket", default="none", show_default=True, metavar="PATH",
               help="The engine's NRI socket to register with as a plugin (containerd's and "

@@ -8,6 +8,7 @@ from typing import Optional, Tuple
 
 import click
 
+from nvshim.agent import AGENT_SOCKET
 from nvshim.cli import readonly
 from nvshim.node.doctor.findings import DEFAULT_HOOKS_DIRS, DEFAULT_TRAMPOLINE
 from nvshim.node.doctor.follow import NVIDIA_CONFIG
@@ -48,7 +49,7 @@ __all__ = ["doctor"]
               help="A runtime an engine runs that no config doctor reads names (podman "
                    "--runtime FILE, ctr --runc-binary FILE): followed, like the engines' "
                    "runtimes, to the nvshim config it reads. Repeatable.")
-@click.option("--agent-socket", default="/run/nvshim/agent.sock", show_default=True,
+@click.option("--agent-socket", default=AGENT_SOCKET, show_default=True,
               metavar="PATH", help="The node agent's socket (nvshim agent): whether GPU creates "
                                    "go through it or start Python.")
 @click.option("--verbose", "-v", is_flag=True,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 
 from nvshim import __version__
+from nvshim.agent import AGENT_SOCKET
 
 TYPE_CHECKING = False  # typing alone costs about the interpreter's start (BENCHMARKS.md)
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ FORMS: Dict[Tuple[str, ...], Tuple[Dict[str, Opt], Dict[str, Any]]] = {
         "docker_config": "/etc/docker/daemon.json", "crio_config": "/etc/crio/crio.conf",
         "driver_root": None, "dev_root": None, "trampoline": None,
         "nvidia_config": "/etc/nvidia-container-runtime/config.toml", "hooks_dirs": (),
-        "runtime_binaries": (), "agent_socket": "/run/nvshim/agent.sock", "verbose": False}),
+        "runtime_binaries": (), "agent_socket": AGENT_SOCKET, "verbose": False}),
 }
 
 #: The width click renders help at on a terminal of 80 columns or more (and off a terminal).

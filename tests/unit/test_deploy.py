@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from nvshim.agent import AGENT_SOCKET
 from nvshim.node.engines import containerd
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -111,13 +112,13 @@ def test_daemonset_runs_the_node_agent_in_the_nodes_mount_namespace() -> None:
     assert 'nsenter -t 1 -m -u -i -n -- "$bindir/nvshim" agent --wait' in script
     assert '--config "$etcdir/config.yaml"' in script
     assert '--nri-socket "$NVSHIM_NRI_SOCKET"' in script
-    assert "--socket /run/nvshim/agent.sock" in script
+    assert f"--socket {AGENT_SOCKET}" in script
     assert {e["name"]: e["value"] for e in agent["env"]}["NVSHIM_NRI_SOCKET"] == "none"
     readme = (DEPLOY / "README.md").read_text()
     assert "`NVSHIM_NRI_SOCKET`" in readme and "/var/run/nri/nri.sock" in readme
     probe = agent["readinessProbe"]["exec"]["command"]
     assert probe[:5] == ["nsenter", "-t", "1", "-m", "--"]  # the node's file, the node's nvshim
-    assert probe[-1].endswith('"$b/nvshim" agent --socket /run/nvshim/agent.sock --ready')
+    assert probe[-1].endswith(f'"$b/nvshim" agent --socket {AGENT_SOCKET} --ready')
     # the command where the installer container put it (a moved bin dir: read-only /usr),
     # read from the node-paths file the installer writes on the node (one setting)
     assert "NVSHIM_BINDIR" not in {e["name"] for e in agent["env"]}
@@ -320,3 +321,11 @@ def test_readme_build_commands_are_the_ones_the_tests_run() -> None:
         name = argv[argv.index("-t") + 1]
         base = next((a.split("=", 1)[1] for a in argv if a.startswith("BASE=")), None)
         assert argv == build_argv(name, base), argv
+
+
+def test_install_sh_unit_serves_the_agents_one_socket() -> None:
+    """install.sh's nvshim-agent.service (shell, which cannot import nvshim) names the
+    socket nvshim.agent.AGENT_SOCKET names, the one every other part uses."""
+    text = (DEPLOY.parent / "install.sh").read_text()
+    (line,) = [x for x in text.splitlines() if "ExecStart=$BINDIR/nvshim agent" in x]
+    assert f"--socket {AGENT_SOCKET} " in line

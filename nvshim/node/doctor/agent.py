@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 
+from nvshim.agent import AGENT_SOCKET
 from nvshim.node.doctor.findings import Finding
 
 __all__ = ["check_agent", "DEFAULT_AGENT_SOCKET"]
 
-DEFAULT_AGENT_SOCKET = "/run/nvshim/agent.sock"
+DEFAULT_AGENT_SOCKET = AGENT_SOCKET
 
 _FIX = ("start the agent: systemctl enable --now nvshim-agent (install.sh writes the unit "
         "where systemd runs; deploy/daemonset.yaml runs it in a pod), or 'nvshim agent'")

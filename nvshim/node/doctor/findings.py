@@ -10,6 +10,7 @@ import os
 from typing import Dict, Mapping, Optional, Tuple
 
 from nvshim._record import dataclass, field
+from nvshim.agent import AGENT_SOCKET
 from nvshim.config import DEFAULT_CONFIG_PATH, config_path
 
 #: Finding statuses; ``skip`` = the check does not apply to this node.
@@ -76,7 +77,7 @@ class DoctorOptions:
     """OCI hook directories (podman, CRI-O), lowest precedence first."""
     runtime_binaries: Tuple[str, ...] = ()
     """Runtimes an engine runs that no config doctor reads names (``podman --runtime``)."""
-    agent_socket: str = "/run/nvshim/agent.sock"
+    agent_socket: str = AGENT_SOCKET
     """The node agent's socket (:mod:`nvshim.node.doctor.agent`)."""
 
     def engine_config(self, engine: str) -> str:

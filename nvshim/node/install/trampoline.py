@@ -56,6 +56,7 @@ from __future__ import annotations
 import os
 from typing import List, Optional, Sequence
 
+from nvshim.agent import AGENT_SOCKET
 from nvshim.config import prefixes_path, runtimes_path  # the files the script reads
 from nvshim.errors import UsageError
 
@@ -345,7 +346,7 @@ if [ "$agent" = 1 ]; then
 fi"""
 
 #: The agent's socket the trampoline tries (``nvshim agent``'s default).
-DEFAULT_AGENT_SOCKET = "/run/nvshim/agent.sock"
+DEFAULT_AGENT_SOCKET = AGENT_SOCKET
 
 
 def _plain(path: str) -> bool:
