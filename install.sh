@@ -243,13 +243,11 @@ have_nvshim() { { [ -f "$PREFIX/$FILE_LIST" ] && [ -x "$PREFIX/bin/python3" ]; }
 # So an uninstall that finds any leaves a forwarder in its place that hands every command to
 # the runtime nvshim handed to, and a later --uninstall removes it once none is left.
 FORWARDER_MARK="# nvshim-runtime-forwarder"
+is_forwarder() { [ -f "$BINDIR/nvshim-runtime" ] && sed -n 2p "$BINDIR/nvshim-runtime" | grep -qx -- "$FORWARDER_MARK"; }
 containerd_states() {  # the state folders of the node's containerds (the manifest's configs;
     echo /run/containerd  # with none left, the ones a forwarder names)
     echo /run/docker/containerd/daemon
-    f="$BINDIR/nvshim-runtime"
-    if [ -f "$f" ] && sed -n 2p "$f" | grep -qx -- "$FORWARDER_MARK"; then
-        sed -n 's/^# containerd-state: //p' "$f"
-    fi
+    if is_forwarder; then sed -n 's/^# containerd-state: //p' "$BINDIR/nvshim-runtime"; fi
     [ -f "$MANIFEST" ] || return 0
     while read -r engine cfg _rest; do
         [ "$engine" = containerd ] && [ -f "$cfg" ] || continue
@@ -267,7 +265,9 @@ runtime_users() {  # how many containerd tasks name $BINDIR/nvshim-runtime as th
     done
     echo "$n"
 }
-write_forwarder() {  # write_forwarder N: $BINDIR/nvshim-runtime hands every command on
+write_forwarder() {  # write_forwarder N: $BINDIR/nvshim-runtime hands every command on, said
+    # the runtime nvshim hands to: config.runtimes' first that resolves, as the trampoline's
+    # pick() does (that script is rendered for the node and cannot be called from here)
     target=
     if [ -f "$ETCDIR/config.runtimes" ]; then
         while IFS= read -r r; do
@@ -291,10 +291,11 @@ write_forwarder() {  # write_forwarder N: $BINDIR/nvshim-runtime hands every com
         containerd_states | sort -u | sed 's/^/# containerd-state: /'
         echo "exec '$target' \"\$@\""
     } > "$tmp" && chmod 0755 "$tmp" && mv -f "$tmp" "$BINDIR/nvshim-runtime"
+    say "left $BINDIR/nvshim-runtime as a forwarder to $target: $1 container(s) created through it still run, and containerd stops them through it; 'install.sh --uninstall' removes it once they are gone"
 }
 remove_forwarder() {  # an uninstall with nothing installed: a forwarder no task uses goes
     f="$BINDIR/nvshim-runtime"
-    [ -f "$f" ] && sed -n 2p "$f" | grep -qx -- "$FORWARDER_MARK" || return 1
+    is_forwarder || return 1
     users=$(runtime_users)
     if [ "$users" = 0 ]; then
         rm -f "$f"
@@ -327,10 +328,7 @@ uninstall() {
     # containers created through nvshim-runtime that still run (see "containers that still
     # run" above): a forwarder takes its place, written while config.runtimes is there
     users=$(runtime_users)
-    if [ "$users" != 0 ]; then
-        write_forwarder "$users"
-        say "left $BINDIR/nvshim-runtime as a forwarder to $target: $users container(s) created through it still run, and containerd stops them through it; 'install.sh --uninstall' removes it once they are gone"
-    fi
+    if [ "$users" != 0 ]; then write_forwarder "$users"; fi
     # files we wrote, only if unchanged since (an edited config stays, and we say so)
     pkgs=
     while read -r kind path sum; do

@@ -82,6 +82,13 @@ case $ENABLE_NRI in true|false) ;; *) say "NVSHIM_ENABLE_NRI=$ENABLE_NRI is neit
 case $CDI_REFRESH in auto|watch|off) ;; *) say "NVSHIM_CDI_REFRESH=$CDI_REFRESH is none of auto, watch, off"; exit 1 ;; esac
 case $WATCH_INTERVAL in ''|*[!0-9]*|0) say "NVSHIM_WATCH_INTERVAL=$WATCH_INTERVAL is not a whole number of seconds above 0"; exit 1 ;; esac
 
+mkdir -p "$STATE" || exit 1
+if [ ! -s "$TOKEN_FILE" ]; then
+    { cat /proc/sys/kernel/random/uuid > "$TOKEN_FILE.new" && mv -f "$TOKEN_FILE.new" "$TOKEN_FILE"; } \
+        || { say "cannot write $TOKEN_FILE"; exit 1; }
+fi
+TOKEN=$(cat "$TOKEN_FILE") || exit 1
+
 on_node() {  # on_node CMD...: run CMD on the node, with PATH, NVSHIM_SKIP_APT=1 and the set settings
     for name in $PASS; do
         eval "isset=\${$name+x} value=\${$name-}"
@@ -188,7 +195,7 @@ apply_config() {  # the ConfigMap changed: new config.yaml on the node, compiled
 # The driver watcher's node-side pid (the process nsenter forks into the node's PID namespace
 # writes it, then execs nvshim): stopping nsenter alone would not reach it.
 # One per pod: during a rollout the old pod's and the new pod's run side by side.
-REFRESH_PID=""  # set once the token is known
+REFRESH_PID=$(dirname "$STAGE")/cdi-refresh.$TOKEN.pid
 refresher=""
 
 start_refresher() {
@@ -254,13 +261,6 @@ uninstall_node() {
 
 STOP=false sleeper=""
 trap 'STOP=true; if [ -n "$sleeper" ]; then kill "$sleeper" 2>/dev/null; fi' TERM INT
-mkdir -p "$STATE" || exit 1
-if [ ! -s "$TOKEN_FILE" ]; then
-    { cat /proc/sys/kernel/random/uuid > "$TOKEN_FILE.new" && mv -f "$TOKEN_FILE.new" "$TOKEN_FILE"; } \
-        || { say "cannot write $TOKEN_FILE"; exit 1; }
-fi
-TOKEN=$(cat "$TOKEN_FILE") || exit 1
-REFRESH_PID=$(dirname "$STAGE")/cdi-refresh.$TOKEN.pid
 install_node
 while [ "$STOP" = false ]; do
     sleep "$WATCH_INTERVAL" &

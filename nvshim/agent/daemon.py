@@ -11,14 +11,12 @@ import signal
 import threading
 from typing import Any, Callable, List, Optional, Tuple
 
-from nvshim.agent import AGENT_SOCKET
 from nvshim.agent.protocol import Request
 from nvshim.agent.server import AgentServer, Peer, SocketBusy
 from nvshim.agent.state import AgentState, install_changed
 
-__all__ = ["Agent", "run_agent", "DEFAULT_SOCKET", "DEFAULT_NRI_SOCKET"]
+__all__ = ["Agent", "run_agent", "DEFAULT_NRI_SOCKET"]
 
-DEFAULT_SOCKET = AGENT_SOCKET
 DEFAULT_NRI_SOCKET = "/var/run/nri/nri.sock"
 
 

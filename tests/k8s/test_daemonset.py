@@ -31,7 +31,8 @@ from typing import Any, Dict, Iterator, List
 import pytest
 import yaml
 
-from tests.helpers.common import require_root, wait_until
+from nvshim.agent import AGENT_SOCKET
+from tests.helpers.common import pids_with_arg, require_root, wait_until
 from tests.k8s.conftest import BUSYBOX, CUDA_LIKE
 from tests.k8s.test_guard import GPU_NODE, LIST, pod
 
@@ -148,17 +149,15 @@ def _installer_ready(node: DsNode, image: str) -> bool:
 
 def agents(node: DsNode) -> List[int]:
     """Processes running ``nvshim agent`` inside this node."""
+    inside = (node.base / "node.mntns").read_text().strip()
     found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-                ns = os.readlink(entry / "ns" / "mnt")
-            except OSError:
-                continue
-            if b"agent" in argv and b"/run/nvshim/agent.sock" in argv and \
-                    ns == (node.base / "node.mntns").read_text().strip():
-                found.append(int(entry.name))
+    for pid in pids_with_arg(AGENT_SOCKET):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"agent" in argv and os.readlink(f"/proc/{pid}/ns/mnt") == inside:
+                found.append(pid)
+        except OSError:
+            continue  # gone meanwhile
     return found
 
 
@@ -313,16 +312,12 @@ def test_install_roll_and_uninstall_with_gpu_pods(ds_node: DsNode) -> None:
 
 
 def containerd_pids(node: DsNode) -> List[int]:
-    out = []
-    binary = str(node.cluster.containerd_dir / "containerd").encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if argv and argv[0] in (b"containerd", binary) and \
-                    str(node.base).encode() in b" ".join(argv):
-                out.append(int(entry.name))
-    return out
-
+    """The node's containerd (its command line names the node's config)."""
+    found = []
+    for pid in pids_with_arg(str(node.config)):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "containerd":
+                found.append(pid)
+        except OSError:
+            continue  # gone meanwhile
+    return found

@@ -6,12 +6,9 @@ from __future__ import annotations
 import json
 import os
 
-from nvshim.agent import AGENT_SOCKET
 from nvshim.node.doctor.findings import Finding
 
-__all__ = ["check_agent", "DEFAULT_AGENT_SOCKET"]
-
-DEFAULT_AGENT_SOCKET = AGENT_SOCKET
+__all__ = ["check_agent"]
 
 _FIX = ("start the agent: systemctl enable --now nvshim-agent (install.sh writes the unit "
         "where systemd runs; deploy/daemonset.yaml runs it in a pod), or 'nvshim agent'")

@@ -61,7 +61,7 @@ from nvshim.config import prefixes_path, runtimes_path  # the files the script r
 from nvshim.errors import UsageError
 
 __all__ = ["render", "runtimes_path", "prefixes_path", "default_paths", "UnsafeValue",
-           "MAJOR_PATTERN", "ere_literal", "DEFAULT_AGENT_SOCKET"]
+           "MAJOR_PATTERN", "ere_literal"]
 
 #: grep -E: a ``major`` key whose value is (or may be, past a line break) 195 or a dynamic
 #: major, or is outside 32 bits (see the module docstring).
@@ -345,10 +345,6 @@ if [ "$agent" = 1 ]; then
     [ "$rc" = 0 ] || python "$@"
 fi"""
 
-#: The agent's socket the trampoline tries (``nvshim agent``'s default).
-DEFAULT_AGENT_SOCKET = AGENT_SOCKET
-
-
 def _plain(path: str) -> bool:
     return path.startswith("/") and not any(c in path for c in " \t\n'\"$`\\")
 
@@ -417,7 +413,7 @@ def render(python: str, paths: Optional[Sequence[str]] = None,
 
     if not all(c.isalnum() or c in ".+-" for c in __version__):
         raise UnsafeValue(f"version must be plain: {__version__!r}")
-    agent_socket = agent_socket or DEFAULT_AGENT_SOCKET
+    agent_socket = agent_socket or AGENT_SOCKET
     if client is None:
         from nvshim.agent.client import client_path
 
