@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import click
@@ -27,6 +28,7 @@ from nvshim.node.engines import containerd, crio, docker
 from nvshim.node.engines import restart as engine_restart
 from nvshim.node.engines.files import (
     BACKUP_SUFFIX,
+    ConfigureOutcome,
     FileChange,
     backup_path,
     default_runtime_guard,
@@ -304,89 +306,136 @@ def configure_command(
     chosen = engines.engine(engine)
     if config_path is None:
         config_path = chosen.default_config
-    config_path = os.path.abspath(config_path)
-    backup_file = backup_path(config_path)
-    as_json = fmt == "json"
-
-    def report(operation: str, files: Sequence[FileChange], warnings: Sequence[str],
-               backup_action: Optional[str], saved: bool, written: Sequence[str]) -> None:
-        rows = _file_rows(files, config_path, backup_file, backup_action, saved)
-        if as_json:
-            _emit_json({
-                "engine": engine,
-                "operation": operation,
-                "dry_run": dry_run,
-                "config": config_path,
-                "name": name,
-                "files": rows,
-                "written": list(written),
-                "warnings": list(warnings),
-            })
-        else:
-            _warn(warnings)
-            if dry_run:
-                _print_files(files)
-                _print_plan(rows)
-
+    target = _Target(engine, os.path.abspath(config_path), name, dry_run, fmt == "json")
     options = engines.ConfigureOptions(
         name=name, binary=binary, drop_in=drop_in, set_as_default=set_as_default, force=force,
         enable_cdi=enable_cdi, pod_cdi_annotations=pod_cdi_annotations, enable_nri=enable_nri,
         dry_run=dry_run)
     chosen.check(options)
     if revert:
-        conflicting = [
-            flag
-            for flag, param in (
-                ("--set-as-default", "set_as_default"),
-                ("--force", "force"),
-                ("--enable-cdi", "enable_cdi"),
-                ("--pod-cdi-annotations", "pod_cdi_annotations"),
-                ("--enable-nri", "enable_nri"),
-                ("--binary", "binary"),
-            )
-            if ctx.get_parameter_source(param) is not click.core.ParameterSource.DEFAULT
-        ]
-        if conflicting:
-            raise UsageError(
-                f"--revert cannot be combined with {_join(conflicting)}: it takes only "
-                "--runtime, --config, --drop-in, --name, --dry-run and --format"
-            )
-        result = chosen.revert(config_path, name=name, drop_in=drop_in, dry_run=dry_run)
-        written = () if dry_run else result.restored + result.edited + result.removed
-        report("revert", result.files, result.warnings,
-               "remove" if result.used_backup and not result.kept_backup else None,
-               result.used_backup, written)
-        if dry_run or as_json:
-            return
-        done = []
-        if result.restored:
-            done.append("restored " + _join(result.restored))
-        if result.edited:
-            done.append("edited " + _join(result.edited))
-        if result.removed:
-            done.append("removed " + _join(result.removed))
-        if done:
-            info("; ".join(done) + f"; restart {chosen.process} to drop the runtime")
-        else:
-            info(f"nothing to revert in {config_path}")
-        return
+        _refuse_with_revert(ctx)
+        _revert(chosen, target, drop_in)
+    else:
+        _configure(chosen, target, options)
 
-    if set_as_default:
-        require_allocation, read = _require_allocation(binary)
-        if not force:  # refused here, naming the config the runtime reads
-            default_runtime_guard(name, True, False, require_allocation,
-                                  f"{read}, the config {binary} reads")
-        options = replace(options, require_allocation=require_allocation)
-    backup_existed = os.path.lexists(backup_file)
-    outcome = chosen.configure(config_path, options)
+
+#: The configure flags --revert refuses: (flag, its parameter).
+_CONFIGURE_ONLY = (
+    ("--set-as-default", "set_as_default"),
+    ("--force", "force"),
+    ("--enable-cdi", "enable_cdi"),
+    ("--pod-cdi-annotations", "pod_cdi_annotations"),
+    ("--enable-nri", "enable_nri"),
+    ("--binary", "binary"),
+)
+
+
+def _refuse_with_revert(ctx: click.Context) -> None:
+    """A UsageError naming the configure-only flags given with ``--revert``."""
+    conflicting = [flag for flag, param in _CONFIGURE_ONLY
+                   if ctx.get_parameter_source(param) is not click.core.ParameterSource.DEFAULT]
+    if conflicting:
+        raise UsageError(
+            f"--revert cannot be combined with {_join(conflicting)}: it takes only "
+            "--runtime, --config, --drop-in, --name, --dry-run and --format"
+        )
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What one configure or revert is about, and how its result is shown."""
+
+    engine: str
+    config_path: str
+    name: str
+    dry_run: bool
+    as_json: bool
+
+    @property
+    def backup_file(self) -> str:
+        return backup_path(self.config_path)
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing more to say after :meth:`report`: a dry run or a JSON document."""
+        return self.dry_run or self.as_json
+
+    def report(self, operation: str, files: Sequence[FileChange], warnings: Sequence[str],
+               backup_action: Optional[str], saved: bool, written: Sequence[str]) -> None:
+        """The JSON document, or the warnings and (dry run) the files and the plan."""
+        rows = _file_rows(files, self.config_path, self.backup_file, backup_action, saved)
+        if self.as_json:
+            _emit_json({
+                "engine": self.engine,
+                "operation": operation,
+                "dry_run": self.dry_run,
+                "config": self.config_path,
+                "name": self.name,
+                "files": rows,
+                "written": list(written),
+                "warnings": list(warnings),
+            })
+        else:
+            _warn(warnings)
+            if self.dry_run:
+                _print_files(files)
+                _print_plan(rows)
+
+
+def _revert(chosen: engines.Engine, target: _Target, drop_in: Optional[str]) -> None:
+    """Take runtime ``target.name`` out, report it, and say in one line what changed."""
+    result = chosen.revert(target.config_path, name=target.name, drop_in=drop_in,
+                           dry_run=target.dry_run)
+    written = () if target.dry_run else result.restored + result.edited + result.removed
+    target.report("revert", result.files, result.warnings,
+                  "remove" if result.used_backup and not result.kept_backup else None,
+                  result.used_backup, written)
+    if target.quiet:
+        return
+    done = []
+    if result.restored:
+        done.append("restored " + _join(result.restored))
+    if result.edited:
+        done.append("edited " + _join(result.edited))
+    if result.removed:
+        done.append("removed " + _join(result.removed))
+    if done:
+        info("; ".join(done) + f"; restart {chosen.process} to drop the runtime")
+    else:
+        info(f"nothing to revert in {target.config_path}")
+
+
+def _configure(chosen: engines.Engine, target: _Target,
+               options: engines.ConfigureOptions) -> None:
+    """Add the runtime (a default only past the require-allocation guard), report it, and
+    say in one line what was written."""
+    if options.set_as_default:
+        options = _guard_default(options)
+    backup_existed = os.path.lexists(target.backup_file)
+    outcome = chosen.configure(target.config_path, options)
     changed = any(change.changed for change in outcome.files)
     backup_action = None
     if changed:  # for a real run: as it was before the write
         backup_action = "modify" if backup_existed else "create"
-    report("configure", outcome.files, outcome.warnings, backup_action, True,
-           outcome.written)
-    if dry_run or as_json:
-        return
+    target.report("configure", outcome.files, outcome.warnings, backup_action, True,
+                  outcome.written)
+    if not target.quiet:
+        info(_configured(chosen, outcome, target.name))
+
+
+def _guard_default(options: engines.ConfigureOptions) -> engines.ConfigureOptions:
+    """``options`` with the runtime's require-allocation; without ``--force`` a default
+    runtime is refused here when it is off, naming the config the runtime reads."""
+    require_allocation, read = _require_allocation(options.binary)
+    if not options.force:
+        default_runtime_guard(options.name, True, False, require_allocation,
+                              f"{read}, the config {options.binary} reads")
+    return replace(options, require_allocation=require_allocation)
+
+
+def _configured(chosen: engines.Engine, outcome: ConfigureOutcome, name: str) -> str:
+    """The summary line of a real configure: what was written (or that nothing was), and
+    the runtimes configured before that the file still holds."""
     others = [other for other in outcome.handlers if other != name]
     holding = ""
     if others:  # say that the runtimes configured before are still there
@@ -394,10 +443,9 @@ def configure_command(
         noun = "runtimes" if len(others) > 1 else "runtime"
         holding = f" ({outcome.handler_file} also keeps {noun} {listed})"
     if outcome.written:
-        info(f"wrote {_join(outcome.written)}{holding}; {chosen.restart_hint(outcome.written)} "
-             f'to use runtime "{name}"')
-    else:
-        info(f'{outcome.handler_file} already has runtime "{name}"{holding}; nothing written')
+        return (f"wrote {_join(outcome.written)}{holding}; "
+                f'{chosen.restart_hint(outcome.written)} to use runtime "{name}"')
+    return f'{outcome.handler_file} already has runtime "{name}"{holding}; nothing written'
 
 
 @runtime.command("restart")
