@@ -172,7 +172,7 @@ def run_agent(config_file: Optional[str], socket_path: str, nri_socket: Optional
               wait: bool = False) -> int:
     """``nvshim agent``: build the state, serve; ``nri_socket`` None is ``--nri-socket none``;
     ``wait``: ``--wait`` (another agent on the socket is waited for, not an error)."""
-    from nvshim.agent.logs import configure
+    from nvshim.logs import configure
     from nvshim.runtime.allocation.kubelet import set_resident
     from nvshim.runtime.plancache import use_memo
 

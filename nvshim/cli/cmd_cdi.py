@@ -198,7 +198,7 @@ def refresh(config_file: Optional[str], watch: bool, interval: float,
             click.echo(path)
         return
     if watch:
-        from nvshim.agent.logs import configure
+        from nvshim.logs import configure
 
         cdirefresh.watch(load, interval, configure(name="nvshim.cdi-refresh"))
         return

@@ -221,7 +221,7 @@ def watch(load: Callable[[], Tuple[Config, Sequence[Target]]], interval: float,
     ``interval``; return on SIGTERM or SIGINT.
 
     ``load`` gives the config and targets (read again each round: an edited config is
-    followed); ``log`` (a structlog logger, :mod:`nvshim.agent.logs`) gets what each
+    followed); ``log`` (a structlog logger, :mod:`nvshim.logs`) gets what each
     refresh wrote as ``info`` events and each new error as an ``error`` event (an error
     repeated round after round is said once).
     """

@@ -3,7 +3,8 @@ itself back through another.
 
 Layers, bottom to top (docs/architecture.md draws them):
 
-    base modules (errors, _protobuf, _record, _jsonc, files, _ocistate, edits, configcheck, config)
+    base modules (errors, logs, _protobuf, _record, _jsonc, files, _ocistate, edits, configcheck,
+                  config)
       <- host  <- cdi  <- runtime  <- agent  <- node  <- cli
          host  <- sim  <- node, cli          (the simulated node: never below node)
                           runtime  <- hook, params_hook   (the createContainer hooks' fixed
@@ -28,7 +29,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "nvshim"
 
 #: Base modules in their own order: each may import only those before it.
-BASE = ("nvshim", "nvshim._preload", "nvshim.errors", "nvshim._protobuf", "nvshim._record", "nvshim._jsonc", "nvshim.files",
+BASE = ("nvshim", "nvshim._preload", "nvshim.errors", "nvshim.logs", "nvshim._protobuf", "nvshim._record", "nvshim._jsonc", "nvshim.files",
         "nvshim._ocistate", "nvshim.edits", "nvshim.configcheck", "nvshim.config")
 #: The packages each package may import besides its own and the base modules (the
 #: "may import" column of docs/architecture.md's packages table).
