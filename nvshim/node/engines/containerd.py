@@ -44,6 +44,7 @@ will see after imports (for ``nvshim doctor``) in :mod:`nvshim.node.engines.cont
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from nvshim.errors import ConfigError, UsageError
@@ -388,8 +389,6 @@ def plan_configure(
     (:func:`~nvshim.node.engines.containerd_chain.load_chain` with this drop-in); without it, the
     main file and the drop-in alone. The result's ``files`` list the drop-in (if any) first.
     """
-    import tomlkit
-
     check_handler_name(name)
     check_binary(binary)
     warnings: List[str] = []
@@ -398,8 +397,9 @@ def plan_configure(
     doc = parse_toml(main_text or "", config_path)
     empty = not has_keys(doc)
     version = detect_version(doc, config_path)
-    plugins_key, cri_key = cri_keys(version)
-    where = cri_label(version)
+    handler = _Handler(name=name, binary=binary, set_as_default=set_as_default,
+                       enable_cdi=enable_cdi, pod_cdi_annotations=pod_cdi_annotations,
+                       enable_nri=enable_nri, version=version)
     drop_in = _resolve_drop_in(drop_in, version, config_path)
 
     if chain is None:
@@ -408,68 +408,77 @@ def plan_configure(
     warnings += chain.problems
     at = position(chain, drop_in or os.path.abspath(config_path))
     later = cri_tables(chain.files[at + 1:], doc, version)
-
     if not drop_in:
-        warnings += _hidden_by(later, where, name, config_path,
-                               "pass --drop-in to put the handler in a file loaded after it")
-        if empty:
-            doc["version"] = version
-        plugins_table = ensure_table(doc, plugins_key, f"{config_path}: plugins")
-        cri = ensure_table(plugins_table, cri_key, where)
-        _apply_to_cri(
-            cri,
-            name=name,
-            binary=binary,
-            set_as_default=set_as_default,
-            enable_cdi=enable_cdi,
-            where=where,
-            warnings=warnings,
-            pod_cdi_annotations=pod_cdi_annotations,
-            version=version,
-        )
-        if enable_nri:
-            _enable_nri(plugins_table, plugins_table, version, warnings)
-        main_after = dump_toml(doc, main_text, config_path, warnings)
-        return ConfigureResult(
-            engine="containerd",
-            handlers=tuple(sorted(_nvshim_names(doc, version, config_path, name))),
-            version=version,
-            cri_plugin=cri_key,
-            handler_file=config_path,
-            files=(FileChange(config_path, main_text, main_after),),
-            written=(),
-            warnings=tuple(warnings),
-        )
-
+        return _plan_in_place(handler, doc, main_text, config_path, empty, later, warnings)
     before = cri_tables(chain.files[:at], doc, version)
+    return _plan_drop_in(handler, doc, main_text, config_path, empty, drop_in, drop_in_text,
+                         before, later, warnings)
+
+
+@dataclass(frozen=True)
+class _Handler:
+    """The handler configure adds: what :func:`_apply_to_cri` writes into a CRI table."""
+
+    name: str
+    binary: str
+    set_as_default: bool
+    enable_cdi: bool
+    pod_cdi_annotations: bool
+    enable_nri: bool
+    version: int
+
+    @property
+    def where(self) -> str:
+        """The CRI table's name in messages."""
+        return cri_label(self.version)
+
+    def apply(self, cri: Any, warnings: List[str]) -> None:
+        _apply_to_cri(cri, name=self.name, binary=self.binary,
+                      set_as_default=self.set_as_default, enable_cdi=self.enable_cdi,
+                      where=self.where, warnings=warnings,
+                      pod_cdi_annotations=self.pod_cdi_annotations, version=self.version)
+
+
+def _plan_in_place(handler: _Handler, doc: Any, main_text: Optional[str], config_path: str,
+                   empty: bool, later: Sequence[Tuple[str, Any]],
+                   warnings: List[str]) -> ConfigureResult:
+    """The handler written into the main file itself (no drop-in)."""
+    warnings += _hidden_by(later, handler.where, handler.name, config_path,
+                           "pass --drop-in to put the handler in a file loaded after it")
+    if empty:
+        doc["version"] = handler.version
+    plugins_key, cri_key = cri_keys(handler.version)
+    plugins_table = ensure_table(doc, plugins_key, f"{config_path}: plugins")
+    handler.apply(ensure_table(plugins_table, cri_key, handler.where), warnings)
+    if handler.enable_nri:
+        _enable_nri(plugins_table, plugins_table, handler.version, warnings)
+    main_after = dump_toml(doc, main_text, config_path, warnings)
+    return ConfigureResult(
+        engine="containerd",
+        handlers=tuple(sorted(_nvshim_names(doc, handler.version, config_path, handler.name))),
+        version=handler.version,
+        cri_plugin=cri_key,
+        handler_file=config_path,
+        files=(FileChange(config_path, main_text, main_after),),
+        written=(),
+        warnings=tuple(warnings),
+    )
+
+
+def _plan_drop_in(handler: _Handler, doc: Any, main_text: Optional[str], config_path: str,
+                  empty: bool, drop_in: str, drop_in_text: Optional[str],
+                  before: Sequence[Tuple[str, Any]], later: Sequence[Tuple[str, Any]],
+                  warnings: List[str]) -> ConfigureResult:
+    """The handler written into the drop-in (a copy of the whole CRI table the files loaded
+    ``before`` it make), and the main file made to import it."""
     cri_copy: Dict[str, Any] = merged_cri(before)
-    kept = _keep_from_drop_in(cri_copy, drop_in_text, drop_in, version, name)
-    warnings += _hidden_by(later, where, name, drop_in,
+    kept = _keep_from_drop_in(cri_copy, drop_in_text, drop_in, handler.version, handler.name)
+    warnings += _hidden_by(later, handler.where, handler.name, drop_in,
                            "rename it to sort before the drop-in, or pass a --drop-in that "
                            "containerd loads after it")
-    _apply_to_cri(
-        cri_copy,
-        name=name,
-        binary=binary,
-        set_as_default=set_as_default,
-        enable_cdi=enable_cdi,
-        where=where,
-        warnings=warnings,
-        pod_cdi_annotations=pod_cdi_annotations,
-        version=version,
-    )
-    drop_doc = tomlkit.document()
-    for line in _drop_in_header(config_path, kept + [name], [p for p, _ in before]).splitlines():
-        drop_doc.add(tomlkit.comment(line[2:]))
-    drop_doc.add(tomlkit.nl())
-    drop_doc["version"] = version
-    plugins = tomlkit.table(is_super_table=True)
-    plugins[cri_key] = cri_copy
-    if enable_nri:
-        _enable_nri(plugins, doc.get(plugins_key) or {}, version, warnings)
-    drop_doc[plugins_key] = plugins
-    drop_after = dump_toml(drop_doc, None, drop_in, warnings)
-
+    handler.apply(cri_copy, warnings)
+    drop_after = _drop_in_text(handler, doc, cri_copy, config_path, drop_in,
+                               kept + [handler.name], [p for p, _ in before], warnings)
     for other in _other_nvshim_imports(doc, config_path, drop_in):
         warnings.append(
             f"{config_path} also imports {other}, an nvshim drop-in from an earlier run; "
@@ -477,7 +486,7 @@ def plan_configure(
             "keep using that one instead"
         )
     if empty:
-        doc["version"] = version
+        doc["version"] = handler.version
     if not covers(import_entries(doc, config_path), os.path.abspath(config_path), drop_in):
         if "imports" in doc:
             doc["imports"].append(drop_in)
@@ -486,9 +495,9 @@ def plan_configure(
     main_after = dump_toml(doc, main_text, config_path, warnings)
     return ConfigureResult(
         engine="containerd",
-        handlers=tuple(sorted(kept + [name])),
-        version=version,
-        cri_plugin=cri_key,
+        handlers=tuple(sorted(kept + [handler.name])),
+        version=handler.version,
+        cri_plugin=cri_keys(handler.version)[1],
         handler_file=drop_in,
         files=(
             FileChange(drop_in, drop_in_text, drop_after),
@@ -497,6 +506,28 @@ def plan_configure(
         written=(),
         warnings=tuple(warnings),
     )
+
+
+def _drop_in_text(handler: _Handler, doc: Any, cri: Dict[str, Any], config_path: str,
+                  drop_in: str, names: List[str], sources: List[str],
+                  warnings: List[str]) -> str:
+    """The drop-in's text: its header comment, the version, and the plugins table holding
+    the CRI table ``cri`` (and, with ``--enable-nri``, NRI's copied from the main file
+    ``doc``)."""
+    import tomlkit
+
+    plugins_key, cri_key = cri_keys(handler.version)
+    drop_doc = tomlkit.document()
+    for line in _drop_in_header(config_path, names, sources).splitlines():
+        drop_doc.add(tomlkit.comment(line[2:]))
+    drop_doc.add(tomlkit.nl())
+    drop_doc["version"] = handler.version
+    plugins = tomlkit.table(is_super_table=True)
+    plugins[cri_key] = cri
+    if handler.enable_nri:
+        _enable_nri(plugins, doc.get(plugins_key) or {}, handler.version, warnings)
+    drop_doc[plugins_key] = plugins
+    return dump_toml(drop_doc, None, drop_in, warnings)
 
 
 # --------------------------------------------------------------------------- file access
