@@ -161,50 +161,65 @@ def plan_revert(
     edited since (or any file without a backup) gets ``_strip``; a drop-in is removed.
     """
     if backup is not None:
-        entries: Mapping[str, Any] = backup["files"]
-        config_abs = os.path.abspath(config_path)
+        return _revert_with_backup(current, backup, config_path, name, inherited)
+    return _revert_without_backup(current, config_path, name, drop_in)
 
-        def names(path: str, text: Optional[str]) -> List[str]:
-            doc = parse_toml(text or "", path)
-            table = lookup(doc, cri_keys(detect_version(doc, path)) + ("containerd", "runtimes"),
-                           path)
-            return [str(n) for n in table if is_nvshim_handler(plain(table[n]))] if (
-                table is not None) else []
 
-        def others(path: str, now: Optional[str], original: Optional[str]) -> List[str]:
-            if now is None:
-                return []
-            skip = {name} | set(names(path, original))
-            if os.path.abspath(path) != config_abs:
-                skip |= set(inherited)  # the drop-in's copies of the earlier files' handlers
-            return [n for n in names(path, now) if n not in skip]
+def _revert_with_backup(current: Mapping[str, Optional[str]], backup: Mapping[str, Any],
+                        config_path: str, name: str,
+                        inherited: Collection[str]) -> RevertResult:
+    """Revert by the backup: runtime ``name`` alone taken out while configure's other
+    runtimes stay in its files, else every file given back its original text (or stripped
+    of nvshim's entries where edited since)."""
+    entries: Mapping[str, Any] = backup["files"]
+    config_abs = os.path.abspath(config_path)
 
-        def strip_one(path: str, now: str, original: Optional[str],
-                      warnings: List[str]) -> Optional[str]:
-            doc = parse_toml(now, path)
-            _strip(doc, path=path, name=name, drop_ins=(), original=None, warnings=warnings,
-                   shared=False)
-            return dump_toml(doc, now, path, warnings)
+    def names(path: str, text: Optional[str]) -> List[str]:
+        doc = parse_toml(text or "", path)
+        table = lookup(doc, cri_keys(detect_version(doc, path)) + ("containerd", "runtimes"),
+                       path)
+        return [str(n) for n in table if is_nvshim_handler(plain(table[n]))] if (
+            table is not None) else []
 
-        one = plan_revert_one(current, backup, name=name, others=others, strip_one=strip_one)
-        if one is not None:
-            return one
-        drop_ins = tuple(os.path.abspath(p) for p in entries if os.path.abspath(p) != config_abs)
+    def others(path: str, now: Optional[str], original: Optional[str]) -> List[str]:
+        if now is None:
+            return []
+        skip = {name} | set(names(path, original))
+        if os.path.abspath(path) != config_abs:
+            skip |= set(inherited)  # the drop-in's copies of the earlier files' handlers
+        return [n for n in names(path, now) if n not in skip]
 
-        def strip(path: str, now: str, original: Optional[str], warnings: List[str]) -> str:
-            doc = parse_toml(now, path)
-            _strip(
-                doc,
-                path=path,
-                name=name,
-                drop_ins=drop_ins,
-                original=parse_toml(original or "", path),
-                warnings=warnings,
-            )
-            return dump_toml(doc, now, path, warnings)
+    def strip_one(path: str, now: str, original: Optional[str],
+                  warnings: List[str]) -> Optional[str]:
+        doc = parse_toml(now, path)
+        _strip(doc, path=path, name=name, drop_ins=(), original=None, warnings=warnings,
+               shared=False)
+        return dump_toml(doc, now, path, warnings)
 
-        return plan_restore(current, backup, main_path=config_path, strip=strip)
+    one = plan_revert_one(current, backup, name=name, others=others, strip_one=strip_one)
+    if one is not None:
+        return one
+    drop_ins = tuple(os.path.abspath(p) for p in entries if os.path.abspath(p) != config_abs)
 
+    def strip(path: str, now: str, original: Optional[str], warnings: List[str]) -> str:
+        doc = parse_toml(now, path)
+        _strip(
+            doc,
+            path=path,
+            name=name,
+            drop_ins=drop_ins,
+            original=parse_toml(original or "", path),
+            warnings=warnings,
+        )
+        return dump_toml(doc, now, path, warnings)
+
+    return plan_restore(current, backup, main_path=config_path, strip=strip)
+
+
+def _revert_without_backup(current: Mapping[str, Optional[str]], config_path: str,
+                           name: str, drop_in: Optional[str]) -> RevertResult:
+    """Revert with no backup: nvshim's entries stripped from the main file, and the
+    drop-in removed where it holds runtime ``name``."""
     warnings: List[str] = []
     files: List[FileChange] = []
     edited: List[str] = []
