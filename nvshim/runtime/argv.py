@@ -27,7 +27,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
-    from typing import Dict, FrozenSet, List, Optional, Tuple
+    from typing import Dict, FrozenSet, List, Optional, Tuple, Union
 
 __all__ = ["Invocation", "parse_argv", "MODIFYING_COMMANDS"]
 
@@ -173,11 +173,25 @@ def _crun_cluster(body: str) -> Optional[Tuple[str, Optional[str]]]:
     return effect
 
 
-# Long on purpose: one loop over argv, the same state machine as the trampoline's sh loop,
-# which the differential test compares with it decision by decision.
+# Two loops, global options then create/run's options: the same state machine as the
+# trampoline's sh loop, which the differential test compares with it decision by decision.
 def parse_argv(argv: List[str]) -> Invocation:
     """Find the command, bundle and log settings in ``argv`` (without argv[0])."""
     globals_: Dict[str, str] = {}
+    found = _read_globals(argv, globals_)
+    if isinstance(found, Invocation):
+        return found
+    command, i = found
+    if command not in MODIFYING_COMMANDS:
+        return Invocation(command, None, globals_.get("log"), globals_.get("log-format"), None)
+    return _read_create(argv, i, command, globals_)
+
+
+def _read_globals(argv: List[str], globals_: Dict[str, str]
+                  ) -> Union[Invocation, Tuple[Optional[str], int]]:
+    """The global options before the command, into ``globals_`` (name → value); then
+    (the command, the index after it), or the whole answer where the options end the call
+    (a version or help option; a value missing at the end)."""
     i = 0
     n = len(argv)
     command: Optional[str] = None
@@ -214,12 +228,32 @@ def parse_argv(argv: List[str]) -> Invocation:
         command = arg
         i += 1
         break
+    return command, i
 
+
+def _short(arg: str, name: str, value: Optional[str]
+           ) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+    """(effect, value, error) of a single-dash create/run option: runc's ``-name`` and
+    crun's clustered short options, an error where the two read it differently."""
+    runc = _RUNC_CMD.get(name)
+    crun = _crun_cluster(arg[1:])
+    if runc is not None and crun is not None and (runc, value) != crun:
+        return None, value, (f"option {arg} means one thing to runc and another to crun: "
+                             "write --bundle/--pid-file/… in full, with two dashes")
+    if runc is not None:
+        return runc, value, None
+    if crun is not None:
+        return crun[0], crun[1], None
+    return None, value, None
+
+
+def _read_create(argv: List[str], i: int, command: str, globals_: Dict[str, str]
+                 ) -> Invocation:
+    """The create/run call whose options start at ``argv[i]``: its bundle, container id,
+    whether it only prints help, or why nvshim cannot read it."""
+    n = len(argv)
     log = globals_.get("log")
     log_format = globals_.get("log-format")
-    if command not in MODIFYING_COMMANDS:
-        return Invocation(command, None, log, log_format, None)
-
     bundle: Optional[str] = None
     error: Optional[str] = None
     container_id: Optional[str] = None
@@ -242,18 +276,9 @@ def parse_argv(argv: List[str]) -> Invocation:
                 error = f"ambiguous option {arg} ({name}): write the full option name"
                 break
         else:
-            runc = _RUNC_CMD.get(name)
-            crun = _crun_cluster(arg[1:])
-            if runc is not None and crun is not None and (runc, value) != crun:
-                error = (f"option {arg} means one thing to runc and another to crun: "
-                         "write --bundle/--pid-file/… in full, with two dashes")
+            effect, value, error = _short(arg, name, value)
+            if error is not None:
                 break
-            if runc is not None:
-                effect = runc
-            elif crun is not None:
-                effect, value = crun
-            else:
-                effect = None
         if effect == "help":
             if value is None or given not in ("help", "h") or value not in _GO_FALSE:
                 # runc/crun print the command's help and create nothing (runc's
