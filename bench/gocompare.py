@@ -26,6 +26,12 @@ round and in an order that flips every round, ``create`` then ``delete`` of the 
   ``disable-device-node-modification``) instead of nvshim's. ``NVIDIA_VISIBLE_DEVICES=0``
   becomes ``nvidia.com/gpu=0`` through ``default-kind``.
 
+Each round also times each runtime's **floor**: runc on the config.json that runtime
+wrote (captured from its checked create below, with the files it added beside it), on a
+fresh rootfs: the device nodes, mounts and hooks it asks for, without the runtime. The
+table gives each floor, its per-round difference to runc, and each runtime's per-round
+difference to its own floor; then nvshim's over-floor time against Go's.
+
 Before the timed rounds, one create of each subject is checked: its config.json must name
 ``/dev/nvidia0`` in ``linux.devices`` and hold the libraries' mounts (the Go runtime really
 injected); the counts of devices, mounts and hooks each subject wrote are printed. Every
@@ -39,33 +45,15 @@ waited for; not the createContainer hooks, which runc's init runs, nor the agent
 agent's own CPU per create is given apart (its ``/proc`` utime+stime, a mean over rounds:
 clock-tick resolution). Nothing here asserts on time.
 
-Building NVIDIA's Go runtime (a benchmark artifact only: never committed, never in tests)
----------------------------------------------------------------------------------------
-From the toolkit's source (a bare mirror of github.com/NVIDIA/nvidia-container-toolkit,
-commit d34b3046; its go.mod asks go 1.25 and it vendors its dependencies) and Debian
-unstable's Go, through a private apt configuration (the machine's apt config untouched)::
-
-    mkdir -p /tmp/aptq/lists/partial /tmp/aptq/cache /tmp/aptq/archives/partial
-    echo 'deb http://deb.debian.org/debian sid main' > /tmp/aptq/sources.list
-    A="-o Dir::Etc::SourceList=/tmp/aptq/sources.list -o Dir::Etc::SourceParts=/dev/null
-       -o Dir::State::Lists=/tmp/aptq/lists -o Dir::Cache=/tmp/aptq/cache
-       -o Dir::Cache::Archives=/tmp/aptq/archives -o Dir::State::Status=/dev/null
-       -o Debug::NoLocking=1"
-    apt-get $A update
-    mkdir -p /tmp/gort/debs /tmp/gort/root /tmp/gort/nct /tmp/gort/bin && cd /tmp/gort/debs
-    apt-get $A download golang-1.27-go golang-1.27-src      # 1.27.3-1 here
-    for d in *.deb; do dpkg-deb -x "$d" /tmp/gort/root; done
-    git -C /work/.mirror/NVIDIA+nvidia-container-toolkit/repo archive HEAD \\
-        | tar -x -C /tmp/gort/nct
-    cd /tmp/gort/nct
-    export GOROOT=/tmp/gort/root/usr/lib/go-1.27 GOCACHE=/tmp/gort/gocache \\
-        GOPATH=/tmp/gort/gopath GOTOOLCHAIN=local GOFLAGS=-mod=vendor GOPROXY=off \\
-        CGO_ENABLED=1 PATH=/tmp/gort/root/usr/lib/go-1.27/bin:$PATH
-    go build -o /tmp/gort/bin/ ./cmd/nvidia-container-runtime ./cmd/nvidia-ctk \\
-        ./cmd/nvidia-cdi-hook
-
-(``CGO_ENABLED=0`` does not build: go-nvml's ``dl`` package and ``internal/cuda`` are cgo
-only; gcc is enough. About 45 s of CPU on two cores.)
+NVIDIA's Go runtime (a benchmark artifact only: never committed)
+----------------------------------------------------------------
+Built from NVIDIA's published Go module, ``github.com/NVIDIA/nvidia-container-toolkit`` at
+the version ``tests/go/nvidia-toolkit/go.mod`` pins (v1.20.x), through the Go module proxy,
+by the tests' helper (:func:`tests.helpers.gobuild.go_programs`, the same build the
+Kubernetes and e2e tests use: ``nvidia-container-runtime``, ``nvidia-ctk`` and
+``nvidia-cdi-hook``, cgo, kept in the helper's cache and built once). It needs Go (``go``
+on PATH or ``/usr/local/go/bin/go``) and gcc. ``--go-bin DIR`` takes a folder holding those
+programs instead.
 """
 
 from __future__ import annotations
@@ -84,10 +72,20 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.run import Bench, _tree, machine, start_agent, timed  # noqa: E402
+from bench.run import Bench, Floor, _tree, machine, start_agent, timed  # noqa: E402
 
-GO_BIN = "/tmp/gort/bin"
 SUBJECTS = ("runc", "nvshim fast", "nvshim fast cdi", "nvshim in-process", "go cdi")
+
+
+def toolkit_bin() -> Path:
+    """NVIDIA's toolkit programs built from the published module (the tests' Go helper)."""
+    from tests.helpers.gobuild import go_programs
+
+    try:
+        return go_programs("nvidia-toolkit")
+    except BaseException as exc:  # pytest.skip (no Go) is a BaseException; a failed build
+        raise SystemExit(f"bench/gocompare.py: cannot build NVIDIA's toolkit from "
+                         f"tests/go/nvidia-toolkit: {str(exc).splitlines()[0]}") from exc
 
 
 def go_spec(nvshim_spec: Path, hook: str, out: Path) -> None:
@@ -126,8 +124,8 @@ def go_spec(nvshim_spec: Path, hook: str, out: Path) -> None:
 
 
 def go_config(path: Path, runc: str, spec_dir: Path, go_bin: str) -> None:
-    """config.toml for ``mode = "cdi"`` (no debug file, log level info: as the reference
-    timings in /work/shared/reference/nvidia-runtime-observed.md were taken)."""
+    """config.toml for ``mode = "cdi"`` (no debug file, log level info: the toolkit's
+    defaults, without the per-call debug log)."""
     path.write_text(
         "[nvidia-container-runtime]\n"
         'mode = "cdi"\n'
@@ -174,52 +172,76 @@ def own_bundles(b: Bench, keys: Tuple[str, ...]) -> None:
 
 
 class Subject:
-    def __init__(self, name: str, tool: str, env: Dict[str, str], key: str) -> None:
-        self.name, self.tool, self.env, self.key = name, tool, env, key
+    """One row: a runtime on its own bundle, or (``floor`` given) runc on the bundle as
+    that runtime's create left it (:class:`bench.run.Floor`)."""
+
+    def __init__(self, name: str, tool: str, env: Dict[str, str], key: str,
+                 floor: Optional[Floor] = None) -> None:
+        self.name, self.tool, self.env, self.key, self.floor = name, tool, env, key, floor
         self.create: List[Tuple[float, float]] = []
         self.delete: List[Tuple[float, float]] = []
+        self.captured: Optional[Floor] = None
 
 
 def run(b: Bench, s: Subject, check: bool = False) -> Optional[Dict[str, int]]:
-    """One create + delete of ``s``'s bundle; with ``check``, what its create wrote."""
-    b.restore(s.key)
+    """One create + delete of ``s``'s bundle; with ``check``, what its create wrote (and
+    the bundle it left, kept as ``s.captured`` for its floor)."""
+    b.restore(s.key, s.floor)
     cid = b.cid("go")
     b.live.append(cid)
     bundle = str(b.bundles[s.key])
     ms, _, cpu = timed(b.rt(s.tool, "create", "--bundle", bundle, cid), env=s.env)
     s.create.append((ms, cpu))
     seen = injected(b.bundles[s.key] / "config.json") if check else None
+    if check:
+        s.captured = b.floor(s.key)
     ms, _, cpu = timed(b.rt(s.tool, "delete", cid), env=s.env)
     b.live.remove(cid)
     s.delete.append((ms, cpu))
     return seen
 
 
-def report(subjects: List[Subject], agent_ms: List[float]) -> Dict[str, Any]:
-    base = subjects[0]
+def _lifecycle(s: Subject) -> Tuple[List[float], List[float], List[float]]:
+    """Per round: create ms, create+delete ms, create+delete CPU ms."""
+    return ([c[0] for c in s.create],
+            [c[0] + d[0] for c, d in zip(s.create, s.delete, strict=True)],
+            [c[1] + d[1] for c, d in zip(s.create, s.delete, strict=True)])
+
+
+def _per_round(xs: List[float], ys: List[float], ratio: bool = False) -> float:
+    """The median over rounds of ``x - y`` (or ``x / y``), each pair from one round."""
+    return statistics.median(x / y if ratio else x - y for x, y in zip(xs, ys, strict=True))
+
+
+def report(subjects: List[Subject], floors: Dict[str, Subject],
+           agent_ms: List[float]) -> Dict[str, Any]:
+    """Each subject against runc (``subjects[0]``) and against its own floor, per round."""
+    b_create, b_life, b_cpu = _lifecycle(subjects[0])
     out: Dict[str, Any] = {}
     for s in subjects:
-        create = [c[0] for c in s.create]
-        life = [c[0] + d[0] for c, d in zip(s.create, s.delete, strict=True)]
-        cpu = [c[1] + d[1] for c, d in zip(s.create, s.delete, strict=True)]
-        b_create = [c[0] for c in base.create]
-        b_life = [c[0] + d[0] for c, d in zip(base.create, base.delete, strict=True)]
-        b_cpu = [c[1] + d[1] for c, d in zip(base.create, base.delete, strict=True)]
-
-        def per_round(xs: List[float], ys: List[float], ratio: bool = False) -> float:
-            return statistics.median(x / y if ratio else x - y
-                                     for x, y in zip(xs, ys, strict=True))
-
+        create, life, cpu = _lifecycle(s)
         out[s.name] = {
             "create_ms": statistics.median(create),
             "lifecycle_ms": statistics.median(life),
-            "create_added_ms": per_round(create, b_create),
-            "lifecycle_added_ms": per_round(life, b_life),
-            "lifecycle_ratio": per_round(life, b_life, ratio=True),
-            "cpu_added_ms": per_round(cpu, b_cpu),
+            "create_added_ms": _per_round(create, b_create),
+            "lifecycle_added_ms": _per_round(life, b_life),
+            "lifecycle_ratio": _per_round(life, b_life, ratio=True),
+            "cpu_added_ms": _per_round(cpu, b_cpu),
             "create_samples": [round(x, 3) for x in create],
             "lifecycle_samples": [round(x, 3) for x in life],
         }
+        floor = floors.get(s.name)
+        if floor is not None:
+            f_create, f_life, f_cpu = _lifecycle(floor)
+            out[s.name].update({
+                "floor_create_ms": statistics.median(f_create),
+                "floor_lifecycle_ms": statistics.median(f_life),
+                "floor_lifecycle_over_runc_ms": _per_round(f_life, b_life),
+                "create_over_floor_ms": _per_round(create, f_create),
+                "lifecycle_over_floor_ms": _per_round(life, f_life),
+                "cpu_over_floor_ms": _per_round(cpu, f_cpu),
+                "floor_lifecycle_samples": [round(x, 3) for x in f_life],
+            })
     out["nvshim fast"]["agent_cpu_ms_mean"] = statistics.mean(agent_ms) if agent_ms else None
     return out
 
@@ -227,20 +249,23 @@ def report(subjects: List[Subject], agent_ms: List[float]) -> Dict[str, Any]:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=60)
-    parser.add_argument("--go-bin", default=GO_BIN,
-                        help="folder with nvidia-container-runtime and nvidia-cdi-hook")
+    parser.add_argument("--go-bin", default=None,
+                        help="folder with nvidia-container-runtime, nvidia-ctk and "
+                        "nvidia-cdi-hook (default: built from NVIDIA's published module, "
+                        "tests/go/nvidia-toolkit)")
     parser.add_argument("--runc", default=shutil.which("runc") or "/usr/sbin/runc")
     parser.add_argument("--out", default=str(REPO / "bench" / "gocompare-results.json"))
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("bench/gocompare.py: needs root", file=sys.stderr)
         return 1
+    if args.go_bin is None:
+        args.go_bin = str(toolkit_bin())
     go_runtime = os.path.join(args.go_bin, "nvidia-container-runtime")
     go_hook = os.path.join(args.go_bin, "nvidia-cdi-hook")
     for path in (go_runtime, go_hook, args.runc):
         if not os.access(path, os.X_OK):
-            print(f"bench/gocompare.py: {path} is not executable (see this script's "
-                  "docstring for building NVIDIA's runtime)", file=sys.stderr)
+            print(f"bench/gocompare.py: {path} is not executable", file=sys.stderr)
             return 1
     from nvshim.agent.client import build_client
     from nvshim.node.install.trampoline import render
@@ -285,15 +310,24 @@ def main(argv: Optional[List[str]] = None) -> int:
                 s.create.clear()
                 s.delete.clear()
             results["injected"] = seen
+            # each runtime's floor: runc on the bundle its checked create left
+            floors = {s.name: Subject(f"floor of {s.name}", args.runc, b.env, s.key,
+                                      s.captured)
+                      for s in subjects[1:] if s.captured is not None}
+            for f in floors.values():  # one untimed create each: the floor must run
+                run(b, f)
+                f.create.clear()
+                f.delete.clear()
+            everyone = subjects + list(floors.values())
             agent_ms: List[float] = []
             for i in range(args.rounds):
-                order = subjects if i % 2 == 0 else subjects[::-1]
+                order = everyone if i % 2 == 0 else everyone[::-1]
                 for s in order:
                     before = agent_cpu_ms(agent.pid) if s.name == "nvshim fast" else 0.0
                     run(b, s)
                     if s.name == "nvshim fast":
                         agent_ms.append(agent_cpu_ms(agent.pid) - before)
-            results["subjects"] = report(subjects, agent_ms)
+            results["subjects"] = report(subjects, floors, agent_ms)
         finally:
             b.cleanup()
             if agent is not None:
@@ -315,16 +349,23 @@ def print_report(results: Dict[str, Any]) -> None:
         print(f"  {name:20} {seen['devices']:3d} devices {seen['mounts']:3d} mounts "
               f"{seen['hooks']:2d} hooks" + ("  (served by the agent)"
                                              if seen["served_by_agent"] else ""))
+    print("floor: runc on the config.json the subject wrote, fresh rootfs (its mounts, "
+          "device nodes and hooks; not the runtime); +ms: over runc, per round; floor +ms: "
+          "the floor over runc; over floor: the subject over its own floor (create+delete)")
     head = (f"{'subject':20} {'create ms':>10} {'create +ms':>11} {'create+delete':>14} "
-            f"{'+ms':>7} {'ratio':>6} {'+cpu ms':>8}")
+            f"{'+ms':>7} {'ratio':>6} {'floor':>7} {'floor +ms':>9} {'over floor':>10} "
+            f"{'+cpu ms':>8}")
     print(head)
     print("-" * len(head))
     subj = results["subjects"]
     for name in SUBJECTS:
         r = subj[name]
+        floor = (f"{r['floor_lifecycle_ms']:7.1f} {r['floor_lifecycle_over_runc_ms']:+9.1f} "
+                 f"{r['lifecycle_over_floor_ms']:+10.1f}" if "floor_lifecycle_ms" in r
+                 else f"{'':7} {'':9} {'':10}")
         print(f"{name:20} {r['create_ms']:10.1f} {r['create_added_ms']:+11.1f} "
               f"{r['lifecycle_ms']:14.1f} {r['lifecycle_added_ms']:+7.1f} "
-              f"{r['lifecycle_ratio']:5.2f}x {r['cpu_added_ms']:+8.1f}")
+              f"{r['lifecycle_ratio']:5.2f}x {floor} {r['cpu_added_ms']:+8.1f}")
     agent = subj["nvshim fast"].get("agent_cpu_ms_mean")
     if agent is not None:
         print(f"the agent's own CPU per fast-path create: {agent:.1f} ms (a mean of clock-tick "
@@ -336,6 +377,12 @@ def print_report(results: Dict[str, Any]) -> None:
         lc = (r["lifecycle_added_ms"] / go["lifecycle_added_ms"]
               if go["lifecycle_added_ms"] else float("nan"))
         print(f"{name + ' / go cdi':32} create added {c:5.2f}x   lifecycle added {lc:5.2f}x")
+    if "lifecycle_over_floor_ms" in go and go["lifecycle_over_floor_ms"]:
+        for name in ("nvshim fast", "nvshim fast cdi", "nvshim in-process"):
+            r = subj[name]
+            if "lifecycle_over_floor_ms" in r:
+                print(f"{name + ' / go cdi':32} lifecycle over own floor "
+                      f"{r['lifecycle_over_floor_ms'] / go['lifecycle_over_floor_ms']:5.2f}x")
 
 
 if __name__ == "__main__":

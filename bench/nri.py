@@ -3,6 +3,7 @@
 Run as root from the repository root with a venv that has nvshim and the test extras::
 
     .venv/bin/python bench/nri.py [--runs 15] [--blocks 2] [--version 1.7|2.1] [--modes guard,...]
+        [--out bench/nri-results.json]
 
 It starts containerd (tests/helpers/nri.py: Debian 13's 1.7.24 or sid's 2.1.9, NRI on,
 the real CRI) on a simulated 4-GPU node and times, over the CRI as the kubelet calls it,
@@ -13,6 +14,11 @@ containers it holds grow: without the removal the modes run later in a round pai
 the earlier ones' containers, ≈ 5 ms for the guard):
 
 - ``none``: no plugin registered (the agent stopped), the container names a GPU UUID;
+- ``floor``: no plugin, the engine injecting that GPU itself from nvshim's CDI spec with
+  its hooks taken out (the same devices and mounts under another kind,
+  ``nvshim-floor.test/gpu``, asked for in the CRI's CDI devices): the NRI floor, what
+  runc pays for the device nodes and mounts whoever injects them; ``inject`` and the
+  others are also given over it (``over_floor_ms_paired_blocks``);
 - ``handler``: no plugin, the same container under nvshim's runtime handler (``nvidia``,
   the runtime path injecting the same GPU), for comparison;
 - ``inject``: the agent injecting that GPU (device nodes, driver mounts, the hook) with the
@@ -29,24 +35,46 @@ Also the agent's start to registration (process start to its ``nri registered`` 
 and its resident memory after the rounds. Medians in ms; ``added_ms`` is the difference of
 each mode's median and ``none``'s, ``added_ms_paired_blocks`` the median over rounds of
 each block's median less the ``none`` block's of the same round (steadier when the machine's
-speed drifts). Nothing asserts on time.
+speed drifts). The JSON is printed and written to ``--out``. Nothing asserts on time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List, Sequence
 
-MODES = ("none", "handler", "inject", "inject_hook", "inject_start", "guard", "registered")
+MODES = ("none", "floor", "handler", "inject", "inject_hook", "inject_start", "guard",
+         "registered")
+#: the kind of the floor's spec (nvshim's spec without its hooks, beside nvshim's own)
+FLOOR_KIND = "nvshim-floor.test/gpu"
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+
+def floor_spec(spec: Path, out: Path) -> None:
+    """nvshim's CDI spec ``spec`` without its hooks, under :data:`FLOOR_KIND`, as ``out``."""
+    import yaml
+
+    doc = yaml.safe_load(spec.read_text())
+    doc["kind"] = FLOOR_KIND
+    for edits in [doc.get("containerEdits") or {}] + [
+            d.get("containerEdits") or {} for d in doc.get("devices") or []]:
+        edits.pop("hooks", None)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def paired_blocks(mine: List[float], base: List[float]) -> float:
+    """The median over rounds of a block's median less ``base``'s block of the same round."""
+    return round(statistics.median(a - b for a, b in zip(mine, base, strict=True)), 2)
 
 
 def main() -> int:
@@ -57,7 +85,9 @@ def main() -> int:
     parser.add_argument("--modes", default=",".join(MODES),
                         help="comma-separated modes to run, of " + ", ".join(MODES)
                         + " (none, the baseline, always runs)")
+    parser.add_argument("--out", default=str(REPO / "bench" / "nri-results.json"))
     args = parser.parse_args()
+    load_before = os.getloadavg()
     modes = ["none"] + [m for m in args.modes.split(",") if m and m != "none"]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
@@ -94,7 +124,8 @@ def main() -> int:
                     time.sleep(0.002)
                 ready.append((time.perf_counter() - t0) * 1e3)
 
-            def rounds(mode: str, env: Dict[str, str], handler: str = "runc") -> None:
+            def rounds(mode: str, env: Dict[str, str], handler: str = "runc",
+                       cdi: Sequence[str] = ()) -> None:
                 name = f"{mode}-{len(times[mode])}"
                 sandbox, config = cri.run_pod(name, "bench", f"uid-{name}", base / "logs" / name,
                                               f"/{n.cgroup}/{name}", handler, None)
@@ -104,7 +135,7 @@ def main() -> int:
                     t0 = time.perf_counter()
                     cid = cri.create_container(sandbox, config, f"c{i + 1}",
                                                "docker.io/nvshim-test/busybox:1", ["true"],
-                                               env=env)
+                                               env=env, cdi_devices=cdi)
                     cri.start_container(cid)
                     if i >= 0:
                         times[mode].append((time.perf_counter() - t0) * 1e3)
@@ -114,12 +145,16 @@ def main() -> int:
                 cri.remove_pods(close=False)
 
             gpu_env = {"NVIDIA_VISIBLE_DEVICES": gpu.uuid}
+            floor_spec(base / "cdi" / "nvidia.yaml", base / "cdi" / "nvshim-floor.json")
 
             def run_mode(mode: str) -> None:
-                if mode in ("none", "handler"):
+                if mode in ("none", "handler", "floor"):
                     assert n.agent is not None
                     n.agent.stop()
-                    rounds(mode, gpu_env, "nvidia" if mode == "handler" else "runc")
+                    if mode == "floor":
+                        rounds(mode, gpu_env, cdi=[f"{FLOOR_KIND}={gpu.uuid}"])
+                    else:
+                        rounds(mode, gpu_env, "nvidia" if mode == "handler" else "runc")
                 elif mode.startswith("inject"):
                     restart(**({"nri_inroot": mode.split("_")[1]} if "_" in mode else {}))
                     rounds(mode, gpu_env)
@@ -146,23 +181,34 @@ def main() -> int:
             hook_ms = [json.loads(line)["ms"] for line in log.read_text().splitlines()
                        if '"nri in-root work"' in line and '"agent hook"' in line]
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(json.dumps({
+    results: Dict[str, Any] = {
         "containerd": args.version, "runs_per_mode": len(times["none"]),
         "create_start_ms": {k: round(v, 2) for k, v in med.items()},
         "added_ms": {("runtime_handler" if k == "handler" else k): round(v - med["none"], 2)
                      for k, v in med.items() if k != "none"},
         # each block against the no-plugin block of the same round: slow drift cancels
         "added_ms_paired_blocks": {
-            ("runtime_handler" if k == "handler" else k): round(statistics.median(
-                a - b for a, b in zip(v, block_medians["none"], strict=True)), 2)
+            ("runtime_handler" if k == "handler" else k): paired_blocks(v, block_medians["none"])
             for k, v in block_medians.items() if k != "none"},
+        # each injecting mode (and the handler) over the floor's block of the same round
+        "over_floor_ms_paired_blocks": {
+            ("runtime_handler" if k == "handler" else k): paired_blocks(
+                v, block_medians["floor"])
+            for k, v in block_medians.items()
+            if "floor" in block_medians and (k.startswith("inject") or k == "handler")},
         "block_medians_ms": {k: [round(x, 1) for x in v] for k, v in block_medians.items()},
         "plugin_inject_handling_ms": round(statistics.median(handling), 2) if handling else None,
         "plugin_guard_handling_ms": round(statistics.median(guard_ms), 2) if guard_ms else None,
         "agent_hook_work_ms": round(statistics.median(hook_ms), 2) if hook_ms else None,
         "agent_start_to_registered_ms": round(statistics.median(ready), 1),
         "agent_rss_mb": round(rss_kb / 1024, 1),
-    }, indent=2))
+        "load_before": load_before, "load_after": os.getloadavg(),
+        "machine": {"nproc": os.cpu_count(), "kernel": platform.release(),
+                    "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+    }
+    text = json.dumps(results, indent=2)
+    print(text)
+    Path(args.out).write_text(text + "\n")
     return 0
 
 

@@ -25,7 +25,11 @@ Cases:
   and rewrites (the cache is restored before each create too); before every create
   (untimed) config.json is restored and everything a previous create added to the rootfs
   (SONAME links, ld.so.cache, mount targets) is removed, so each create meets a fresh
-  rootfs as in real life;
+  rootfs as in real life; each round also times the **floor**, runc on the config.json
+  the runtime wrote (captured from one untimed create, with the files it added beside
+  it) on the same fresh rootfs: the device nodes, mounts and hooks without the runtime.
+  The table gives the floor, its per-round difference to runc (what the injection costs
+  runc) and the runtime's per-round difference to its floor (what the runtime adds);
 * ``shim stage gpu=1|cdi|1+image``: the same creates with the low-level runtime replaced by a
   no-op (config ``runtimes: [/bin/true]``), against ``/bin/true`` alone: what nvshim
   itself costs;
@@ -117,23 +121,42 @@ def summary(samples: Sequence[float]) -> Dict[str, float]:
 
 
 def paired(name: str, pairs: int,
-           baseline: Callable[[int], Sample], subject: Callable[[int], Sample]) -> Dict[str, Any]:
+           baseline: Callable[[int], Sample], subject: Callable[[int], Sample],
+           floor: Optional[Callable[[int], Sample]] = None) -> Dict[str, Any]:
     """Run ``pairs`` pairs (order flipped every pair); per-pair ratio and difference of
-    wall time, and the per-pair difference of CPU time."""
+    wall time, and the per-pair difference of CPU time.
+
+    With ``floor`` (runc on the config.json the subject writes, see :class:`Floor`) each
+    round times it between the two, and the row adds the floor's median, the floor's
+    per-round difference to the baseline (what the injection itself costs runc) and the
+    subject's per-round difference to the floor (what the runtime adds on top)."""
     base: List[Sample] = []
     subj: List[Sample] = []
+    low: List[Sample] = []
     for i in range(pairs):
-        if i % 2 == 0:
-            b = baseline(i)
-            s = subject(i)
-        else:
-            s = subject(i)
-            b = baseline(i)
-        base.append(b)
-        subj.append(s)
+        steps: List[Callable[[int], Sample]] = [baseline, *([floor] if floor else []), subject]
+        got = [step(i) for step in (steps if i % 2 == 0 else steps[::-1])]
+        if i % 2:
+            got.reverse()
+        base.append(got[0])
+        subj.append(got[-1])
+        if floor:
+            low.append(got[1])
     ratios = [s[0] / b[0] for b, s in zip(base, subj, strict=True)]
     diffs = [s[0] - b[0] for b, s in zip(base, subj, strict=True)]
     cpu_diffs = [s[1] - b[1] for b, s in zip(base, subj, strict=True)]
+    extra: Dict[str, Any] = {}
+    if floor:
+        extra = {
+            "floor_ms": summary([f[0] for f in low]),
+            "floor_over_runc_ms_median": statistics.median(
+                f[0] - b[0] for b, f in zip(base, low, strict=True)),
+            "over_floor_ms_median": statistics.median(
+                s[0] - f[0] for f, s in zip(low, subj, strict=True)),
+            "cpu_over_floor_ms_median": statistics.median(
+                s[1] - f[1] for f, s in zip(low, subj, strict=True)),
+            "floor_samples": [round(x[0], 3) for x in low],
+        }
     return {
         "case": name,
         "runc_ms": summary([b[0] for b in base]),
@@ -147,10 +170,25 @@ def paired(name: str, pairs: int,
         "nvshim_samples": [round(x[0], 3) for x in subj],
         "runc_cpu_samples": [round(x[1], 3) for x in base],
         "nvshim_cpu_samples": [round(x[1], 3) for x in subj],
+        **extra,
     }
 
 
 # --------------------------------------------------------------------------- fixtures
+
+
+class Floor:
+    """What a runtime's create left in a bundle for runc: the config.json it wrote and the
+    files it added beside it (nvshim's params copy).
+
+    The floor of a runtime is runc creating this bundle on a fresh rootfs: it pays the
+    device nodes, the mounts and the runtime's own hooks that the config.json names, not
+    the runtime. A runtime's added time over its own floor is what the runtime itself
+    costs; the floor's over plain runc is what the injection costs any runtime."""
+
+    def __init__(self, config: bytes, files: Dict[str, bytes]) -> None:
+        self.config = config
+        self.files = files
 
 
 class Bench:
@@ -224,14 +262,18 @@ class Bench:
             env["NVSHIM_CONFIG"] = str(cfg)
         self.config = self.work / "nvshim" / "config.yaml"
 
-    def restore(self, key: str) -> None:
+    def restore(self, key: str, floor: Optional[Floor] = None) -> None:
         """config.json as the engine wrote it, and the bundle and rootfs without what a
         create added (the params copy nvshim keeps beside config.json, links, caches): an
         engine makes a fresh bundle for every container, so a create never replaces a file
-        an earlier create left (replacing one costs an ext4 rename ~1 ms more)."""
-        (self.bundles[key] / "config.json").write_bytes(self.originals[key])
+        an earlier create left (replacing one costs an ext4 rename more). With ``floor``,
+        the bundle as that runtime's create left it instead, on the same fresh rootfs."""
+        (self.bundles[key] / "config.json").write_bytes(
+            floor.config if floor else self.originals[key])
         for name in set(os.listdir(self.bundles[key])) - self.bundle_names[key]:
             (self.bundles[key] / name).unlink()
+        for name, data in (floor.files if floor else {}).items():
+            (self.bundles[key] / name).write_bytes(data)
         for path, data in self.keep.get(key, {}).items():
             path.write_bytes(data)
         rootfs = self.bundles[key] / "rootfs"
@@ -242,8 +284,16 @@ class Bench:
             else:
                 full.unlink()
 
-    def create(self, tool: str, key: str, cid: str) -> Sample:
-        self.restore(key)
+    def floor(self, key: str) -> Floor:
+        """The bundle ``key`` as the create just run left it (see :class:`Floor`)."""
+        bundle = self.bundles[key]
+        added = set(os.listdir(bundle)) - self.bundle_names[key]
+        return Floor((bundle / "config.json").read_bytes(),
+                     {n: (bundle / n).read_bytes() for n in sorted(added)
+                      if (bundle / n).is_file() and not (bundle / n).is_symlink()})
+
+    def create(self, tool: str, key: str, cid: str, floor: Optional[Floor] = None) -> Sample:
+        self.restore(key, floor)
         self.live.append(cid)
         ms, _, cpu = timed(self.rt(tool, "create", "--bundle", str(self.bundles[key]), cid),
                            env=self.env)
@@ -368,17 +418,25 @@ def _agent_runtime(b: Bench) -> Tuple[str, str, List["subprocess.Popen[bytes]"]]
 
 
 def case_create(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
-    parts: Dict[str, List[float]] = {"runc": [], "nvshim": []}
+    """create+delete of bundle ``key``: runc, the floor (runc on the config.json the
+    runtime wrote, captured from one untimed create first) and the runtime, each round."""
+    parts: Dict[str, List[float]] = {"runc": [], "floor": [], "nvshim": []}
+    cid = b.cid(f"f{key}")
+    b.create(b.runtime, key, cid)
+    floor = b.floor(key)
+    b.delete(b.runtime, cid)
 
-    def run(tool: str, label: str) -> Sample:
+    def run(tool: str, label: str, with_floor: Optional[Floor] = None) -> Sample:
         cid = b.cid(f"c{key}")
-        c = b.create(tool, key, cid)
+        c = b.create(tool, key, cid, with_floor)
         d = b.delete(tool, cid)
         parts[label].append(c[0])
         return c[0] + d[0], c[1] + d[1]
 
     result = paired(f"create+delete gpu={key}", pairs,
-                    lambda i: run(b.runc, "runc"), lambda i: run(b.runtime, "nvshim"))
+                    lambda i: run(b.runc, "runc"), lambda i: run(b.runtime, "nvshim"),
+                    floor=lambda i: run(b.runc, "floor", floor))
+    result["create_only_floor_ms"] = summary(parts["floor"])
     result["create_only_runc_ms"] = summary(parts["runc"])
     result["create_only_nvshim_ms"] = summary(parts["nvshim"])
     b.restore(key)
@@ -491,8 +549,11 @@ def print_table(results: Dict[str, Any]) -> None:
     if any(r["case"].endswith("A vs B") for r in results["cases"]):
         print(f"A vs B: A = {results['machine']['nvshim_runtime']} in the runc column, "
               f"B = {results['machine']['nvshim_runtime_b']} in the nvshim-runtime column")
-    head = (f"{'case':30} {'runc':>24} {'nvshim-runtime':>24} {'ratio':>7} {'+ms':>7} "
-            f"{'+cpu ms':>8}")
+    print("floor: runc on the config.json nvshim-runtime wrote, fresh rootfs (its mounts, "
+          "device nodes and hooks; not the runtime); floor +ms: the floor over runc, "
+          "+ms over floor: nvshim-runtime over its floor, both per round")
+    head = (f"{'case':30} {'runc':>24} {'floor':>24} {'nvshim-runtime':>24} {'ratio':>7} "
+            f"{'+ms':>7} {'floor +ms':>9} {'+ms over floor':>14} {'+cpu ms':>8}")
     print(head)
     print("-" * len(head))
 
@@ -500,11 +561,16 @@ def print_table(results: Dict[str, Any]) -> None:
         return f"{s['median']:7.1f} [{s['min']:.1f}-{s['max']:.1f}]"
 
     for r in results["cases"]:
-        print(f"{r['case']:30} {cell(r['runc_ms']):>24} {cell(r['nvshim_ms']):>24} "
-              f"{r['ratio_median']:6.2f}x {r['overhead_ms_median']:+7.1f} "
+        has_floor = "floor_ms" in r
+        floor = cell(r["floor_ms"]) if has_floor else "(the baseline)"
+        lift = f"{r['floor_over_runc_ms_median']:+9.1f}" if has_floor else f"{'':9}"
+        over = f"{r['over_floor_ms_median']:+14.1f}" if has_floor else f"{'':14}"
+        print(f"{r['case']:30} {cell(r['runc_ms']):>24} {floor:>24} {cell(r['nvshim_ms']):>24} "
+              f"{r['ratio_median']:6.2f}x {r['overhead_ms_median']:+7.1f} {lift} {over} "
               f"{r['cpu_overhead_ms_median']:+8.1f}")
         if "create_only_runc_ms" in r:
             print(f"{'  of which create':30} {cell(r['create_only_runc_ms']):>24} "
+                  f"{cell(r['create_only_floor_ms']):>24} "
                   f"{cell(r['create_only_nvshim_ms']):>24}")
     cdi = results.get("cdi_generate")
     if cdi is None:
