@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Dict, List, Mapping, NoReturn, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from nvshim.agent.nri.api import (
     Adjustment,
@@ -62,7 +63,15 @@ from nvshim.agent.nri.transport import UNIMPLEMENTED, RpcError
 from nvshim.config import Config
 from nvshim.errors import NvshimError, RequestError
 
-__all__ = ["Plugin", "spec_of", "adjustment_of", "decide", "nvidia_cdi_claim"]
+if TYPE_CHECKING:
+    from nvshim.agent.hookwork import PendingWork
+    from nvshim.agent.state import AgentState
+    from nvshim.logs import Log
+    from nvshim.runtime.plan import Plan, SpecDict
+    from nvshim.runtime.rootwork import RootWork
+
+__all__ = ["Plugin", "Verdict", "spec_of", "adjustment_of", "decide", "verify", "guard", "inject",
+           "nvidia_cdi_claim"]
 
 #: The env entry that keeps every GPU runtime from injecting anything.
 VOID = "void"
@@ -71,7 +80,7 @@ _CRI = "io.kubernetes.cri."
 _LATER_MAX = 4096
 
 
-def spec_of(pod: Pod, container: Container) -> Dict[str, Any]:
+def spec_of(pod: Pod, container: Container) -> SpecDict:
     """The OCI spec (the parts a create reads) the engine will write for ``container``.
 
     The identity annotations containerd writes are filled from the pod the engine reported
@@ -85,10 +94,10 @@ def spec_of(pod: Pod, container: Container) -> Dict[str, Any]:
         })
     devices = [{"path": d.path, "type": d.type, "major": d.major, "minor": d.minor}
                for d in container.devices]
-    hooks: Dict[str, List[Dict[str, Any]]] = {}
+    hooks: Dict[str, List[Dict[str, object]]] = {}
     for kind, found in container.hooks.items():
         hooks[kind] = [_hook_json(h) for h in found]
-    spec: Dict[str, Any] = {
+    spec: SpecDict = {
         "ociVersion": "1.0.2",
         "process": {"args": list(container.args), "env": list(container.env)},
         "mounts": [{"destination": m.destination, "type": m.type, "source": m.source,
@@ -101,9 +110,9 @@ def spec_of(pod: Pod, container: Container) -> Dict[str, Any]:
     return spec
 
 
-def _hook_json(hook: Hook) -> Dict[str, Any]:
+def _hook_json(hook: Hook) -> Dict[str, object]:
     """An NRI hook as the OCI spec writes it."""
-    out: Dict[str, Any] = {"path": hook.path}
+    out: Dict[str, object] = {"path": hook.path}
     if hook.args:
         out["args"] = list(hook.args)
     if hook.env:
@@ -113,7 +122,7 @@ def _hook_json(hook: Hook) -> Dict[str, Any]:
     return out
 
 
-def adjustment_of(before: Dict[str, Any], after: Dict[str, Any]) -> Adjustment:
+def adjustment_of(before: SpecDict, after: SpecDict) -> Adjustment:
     """What ``after`` (the planned spec) adds to ``before``, as NRI adjustments."""
     old_env = {e.partition("=")[0]: e for e in before["process"]["env"]}
     env: Dict[str, str] = {}
@@ -146,70 +155,142 @@ def _who(pod: Pod, container: Container) -> str:
     return f"pod {pod.namespace}/{pod.name} container {container.name}"
 
 
-def decide(config: Config, pod: Pod, container: Container, log: Any,
-           journal: bool = True, later: Optional[Later] = None,
-           pending: Optional[Any] = None) -> Adjustment:
+@dataclass(frozen=True)
+class Verdict:
+    """One container's answer: the adjustment, what the journal records of it and the log
+    line that says it. Each duty returns one; :func:`decide` journals it, in one place.
+
+    ``record``: ``""`` (nothing), ``grant`` (injected), ``through`` (a grant let through to
+    a handler that injects GPUs itself), ``stripped`` or ``refused`` (a denial, ``reason``
+    its reason; ``refused`` fails the create)."""
+
+    adjust: Adjustment = field(default_factory=Adjustment)
+    record: str = ""
+    reason: str = ""
+    plan: Optional[Plan] = None
+    level: str = "info"
+    event: str = ""
+    fields: Tuple[Tuple[str, object], ...] = ()
+
+
+#: The verdicts whose log line says how long the decision took.
+_TIMED = frozenset({"grant", "through", "stripped"})
+
+
+def decide(config: Config, pod: Pod, container: Container, log: Log,
+           later: Optional[Later] = None,
+           pending: Optional[PendingWork] = None) -> Adjustment:
     """The adjustment for ``container`` of ``pod`` (see the module docstring); RpcError
-    for a refusal. With ``nri-inroot: start`` the in-root work is left out of the
-    adjustment and put in ``later`` under the container's id, for :func:`start_work`;
-    with ``agent`` it waits in ``pending`` (:class:`nvshim.agent.hookwork.PendingWork`)
+    for a refusal. :func:`verify` plans, :func:`guard` strips, :func:`inject` adds; the
+    verdict is journaled here and nowhere else (record or fail). With ``nri-inroot:
+    start`` the in-root work is left out of the adjustment and put in ``later`` under
+    the container's id, for :func:`start_work`; with ``agent`` it waits in ``pending``
     and the hook is the client's (:func:`agent_hook`)."""
     if not (config.nri_inject or config.nri_guard or config.nri_verify):
         return Adjustment()
-    handler = pod.runtime_handler
-    nvidia = nvidia_cdi_claim(pod.annotations, container.name)
-    ours = handler in config.nri_nvshim_handlers
-    if ours and nvidia is None:
-        return Adjustment()
     started = time.perf_counter()
+    verdict = _verdict(config, pod, container, later, pending)
+    unrecorded = _journal(config, pod, container, verdict)
+    who = _who(pod, container)
+    if verdict.record == "refused":
+        message = f"nvshim: {who}: {verdict.reason}"
+        if unrecorded is not None:
+            message = f"{message} (not recorded: {unrecorded})"
+        log.info("nri refused", who=who, reason=verdict.reason)
+        raise RpcError(message)
+    if unrecorded is not None:  # record or fail
+        if verdict.record == "stripped":
+            log.error("nri refused: denial not recorded", who=who, error=str(unrecorded))
+            raise RpcError(f"nvshim: {who}: {verdict.reason}; the container is refused: "
+                           f"its denial cannot be recorded ({unrecorded})") from unrecorded
+        log.error("nri refused: grant not recorded", who=who, error=str(unrecorded))
+        gpus = ", ".join(verdict.plan.granted_uuids) if verdict.plan is not None else ""
+        raise RpcError(f"nvshim: {who}: the grant of {gpus} cannot be recorded "
+                       f"({unrecorded})") from unrecorded
+    if verdict.event:
+        fields: Dict[str, object] = {"who": who, **dict(verdict.fields)}
+        if verdict.record in _TIMED:
+            fields["ms"] = round((time.perf_counter() - started) * 1e3, 2)
+        say = log.warning if verdict.level == "warning" else log.info
+        say(verdict.event, **fields)
+    return verdict.adjust
+
+
+def _verdict(config: Config, pod: Pod, container: Container, later: Optional[Later],
+             pending: Optional[PendingWork]) -> Verdict:
+    """verify, then guard, then inject: the first that answers decides."""
+    nvidia = nvidia_cdi_claim(pod.annotations, container.name)
+    ours = pod.runtime_handler in config.nri_nvshim_handlers
+    if ours and nvidia is None:
+        return Verdict()
     spec = spec_of(pod, container)
+    planned = verify(config, pod, container, spec, nvidia, ours)
+    if isinstance(planned, Verdict):
+        return planned
+    if ours:  # nvshim-runtime decides the rest, and records it
+        return Verdict()
+    stripped = guard(config, container, planned)
+    if stripped is not None:
+        return stripped
+    return inject(config, pod, container, spec, planned, later, pending)
+
+
+def verify(config: Config, pod: Pod, container: Container, spec: SpecDict,
+           nvidia: Optional[Tuple[str, Tuple[str, ...]]], ours: bool) -> Union[Plan, Verdict]:
+    """``spec`` planned as ``nvshim-runtime create`` would (under require-allocation for
+    the guard and for NVIDIA's annotation, which is held to the allocation): the plan,
+    or the verdict that ends the decision there (a refusal, a refusal not enforced, a
+    plan that failed on nvshim's side: no adjustment)."""
     from nvshim._record import replace
     from nvshim.runtime.create import plan_spec
 
-    # NVIDIA's annotation is held to the allocation: planned under require-allocation
     held = config.nri_guard or nvidia is not None
     planned = replace(config, require_allocation=True) if held else config
     label = f"nri:{pod.namespace}/{pod.name}/{container.name}"
     try:
         try:
-            plan = plan_spec(spec, planned, dict(pod.annotations), label,
-                             save_cache=journal and not ours)
+            plan = plan_spec(spec, planned, dict(pod.annotations), label, save_cache=not ours)
         except RequestError as exc:
             plan = _without_kubelet(exc, spec, planned, pod, label, ours)
         if nvidia is not None and (config.nri_guard or config.nri_verify):
             _check_nvidia_claim(plan, planned, nvidia)
     except RequestError as exc:
         if not (config.nri_verify or (nvidia is not None and config.nri_guard)):
-            log.warning("nri refusal not enforced (nri-verify: false)", who=_who(pod, container),
-                        reason=str(exc))
-            return Adjustment()
-        _refuse(config, pod, container, str(exc), log, journal)
+            return Verdict(level="warning", event="nri refusal not enforced (nri-verify: false)",
+                           fields=(("reason", str(exc)),))
+        return Verdict(record="refused", reason=str(exc))
     except NvshimError as exc:
-        log.warning("nri plan failed (container created without nvshim's adjustment)",
-                    who=_who(pod, container), error=str(exc))
-        return Adjustment()
-    if ours:  # nvshim-runtime decides the rest, and records it
-        return Adjustment()
-    if config.nri_guard and not plan.granted_uuids and _claims(plan):
-        from nvshim.runtime.denials import strip_reason
+        return Verdict(level="warning",
+                       event="nri plan failed (container created without nvshim's adjustment)",
+                       fields=(("error", str(exc)),))
+    return plan
 
-        reason = strip_reason(plan) or "no allocation"
-        try:
-            adjust = _guard(container, plan.claim.annotation_keys)
-        except RequestError as exc:  # what NRI cannot strip is refused
-            _refuse(config, pod, container, f"{reason}; the guard cannot strip the claim: "
-                    f"{exc}", log, journal, plan)
-        if journal:
-            try:
-                _deny(config, pod, container, "stripped", reason, plan)
-            except NvshimError as exc:  # record or fail
-                log.error("nri refused: denial not recorded", who=_who(pod, container),
-                          error=str(exc))
-                raise RpcError(f"nvshim: {_who(pod, container)}: {reason}; the container "
-                               f"is refused: its denial cannot be recorded ({exc})") from exc
-        log.info("nri guard", who=_who(pod, container), reason=reason,
-                 ms=round((time.perf_counter() - started) * 1e3, 2))
-        return adjust
+
+def guard(config: Config, container: Container, plan: Plan) -> Optional[Verdict]:
+    """Under ``nri-guard``, a container that claims GPUs with no allocation: stripped
+    (:func:`_guard`), or refused when NRI cannot strip its claim; None for any other."""
+    if not (config.nri_guard and not plan.granted_uuids and _claims(plan)):
+        return None
+    from nvshim.runtime.denials import strip_reason
+
+    reason = strip_reason(plan) or "no allocation"
+    try:
+        adjust = _guard(container, plan.claim.annotation_keys)
+    except RequestError as exc:  # what NRI cannot strip is refused
+        return Verdict(record="refused", plan=plan,
+                       reason=f"{reason}; the guard cannot strip the claim: {exc}")
+    return Verdict(adjust, "stripped", reason, plan, event="nri guard",
+                   fields=(("reason", reason),))
+
+
+def inject(config: Config, pod: Pod, container: Container, spec: SpecDict, plan: Plan,
+           later: Optional[Later], pending: Optional[PendingWork]) -> Verdict:
+    """A granted container: under a handler not in ``nri-gpu-handlers`` (``nri-inject``)
+    the grant's edits as the adjustment; under one that injects GPUs itself, on a guard
+    node, let through with its variable narrowed to the grant (:func:`_narrowed`);
+    nothing for a container granted nothing."""
+    handler = pod.runtime_handler
+    gpus = list(plan.granted_uuids)
     if plan.granted_uuids and config.nri_inject and handler not in config.nri_gpu_handlers:
         assert plan.new_spec is not None
         new_spec = plan.new_spec
@@ -221,39 +302,34 @@ def decide(config: Config, pod: Pod, container: Container, log: Any,
             later.put(container.id, work)
         elif config.nri_inroot == "agent" and work is not None and pending is not None:
             new_spec = agent_hook(new_spec, container, work, pending)
-        adjust = adjustment_of(spec, new_spec)
-        if journal:
-            _record_grant(config, pod, container, plan, log)
-        log.info("nri inject", who=_who(pod, container), gpus=list(plan.granted_uuids),
-                 plan=plan.plan_source, ms=round((time.perf_counter() - started) * 1e3, 2))
-        return adjust
-    narrowed = Adjustment()
-    if plan.granted_uuids and config.nri_guard:
-        # the handler injects GPUs itself (NVIDIA's runtime) from the env's last entry: an
-        # allocated pod that sets the variable again in its own env must not widen it
-        try:
-            narrowed = _narrowed(container, plan.granted_uuids)
-        except RequestError as exc:
-            _refuse(config, pod, container, str(exc), log, journal, plan)
-    if plan.granted_uuids and config.nri_guard and journal:
-        # let through to the handler that injects GPUs itself (NVIDIA's runtime): the
-        # record covers this node's GPUs as nvshim's runtime's would
-        _record_grant(config, pod, container, plan, log, through=True)
-        log.info("nri let through", who=_who(pod, container), gpus=list(plan.granted_uuids),
-                 handler=handler, narrowed=bool(narrowed),
-                 ms=round((time.perf_counter() - started) * 1e3, 2))
-    return narrowed
-
-
-def _record_grant(config: Config, pod: Pod, container: Container, plan: Any, log: Any,
-                  through: bool = False) -> None:
-    """:func:`_grant`, or RpcError when it cannot be journaled: record or fail."""
+        return Verdict(adjustment_of(spec, new_spec), "grant", plan=plan, event="nri inject",
+                       fields=(("gpus", gpus), ("plan", plan.plan_source)))
+    if not (plan.granted_uuids and config.nri_guard):
+        return Verdict()
+    # the handler injects GPUs itself (NVIDIA's runtime) from the env's last entry: an
+    # allocated pod that sets the variable again in its own env must not widen it; the
+    # record covers this node's GPUs as nvshim's runtime's would
     try:
-        _grant(config, pod, container, plan, through)
+        narrowed = _narrowed(container, plan.granted_uuids)
+    except RequestError as exc:
+        return Verdict(record="refused", reason=str(exc), plan=plan)
+    return Verdict(narrowed, "through", plan=plan, event="nri let through",
+                   fields=(("gpus", gpus), ("handler", handler),
+                           ("narrowed", bool(narrowed))))
+
+
+def _journal(config: Config, pod: Pod, container: Container,
+             verdict: Verdict) -> Optional[NvshimError]:
+    """Write ``verdict``'s record (a grant or a denial) to the journal; the error when it
+    cannot be written (None: written, or nothing to write)."""
+    try:
+        if verdict.record in ("grant", "through") and verdict.plan is not None:
+            _grant(config, pod, container, verdict.plan, through=verdict.record == "through")
+        elif verdict.record in ("stripped", "refused"):
+            _deny(config, pod, container, verdict.record, verdict.reason, verdict.plan)
     except NvshimError as exc:
-        log.error("nri refused: grant not recorded", who=_who(pod, container), error=str(exc))
-        raise RpcError(f"nvshim: {_who(pod, container)}: the grant of "
-                       f"{', '.join(plan.granted_uuids)} cannot be recorded ({exc})") from exc
+        return exc
+    return None
 
 
 def _entries(container: Container, name: str) -> List[str]:
@@ -284,8 +360,8 @@ def _narrowed(container: Container, granted: Tuple[str, ...]) -> Adjustment:
     return Adjustment(env=((VISIBLE_DEVICES, ",".join(granted)),))
 
 
-def _without_kubelet(exc: RequestError, spec: Dict[str, Any], config: Config, pod: Pod,
-                     label: str, ours: bool) -> Any:
+def _without_kubelet(exc: RequestError, spec: SpecDict, config: Config, pod: Pod,
+                     label: str, ours: bool) -> Plan:
     """The plan without the kubelet, when ``exc`` says it could not be asked and the guard
     would strip the container anyway: stripping needs no allocation record, so a pod
     whose image says ``all`` is stripped, not refused, while the kubelet's socket is gone.
@@ -306,26 +382,12 @@ def _without_kubelet(exc: RequestError, spec: Dict[str, Any], config: Config, po
     return plan
 
 
-def _claims(plan: Any) -> bool:
+def _claims(plan: Plan) -> bool:
     """Whether the container claims a GPU in a way some GPU runtime acts on: its env or
     image (``set_void``), a device-list mount (NVIDIA's runtime reads those first), or an
     annotation under ``annotation-prefixes``."""
     claim = plan.claim
     return bool(plan.request.set_void or claim.mount_raw or claim.annotation_keys)
-
-
-def _refuse(config: Config, pod: Pod, container: Container, reason: str, log: Any,
-            journal: bool, plan: Optional[Any] = None) -> NoReturn:
-    """Fail the create with one line naming the pod and ``reason``, journaled as
-    ``refused`` (record or fail: a refusal that cannot be recorded says so)."""
-    message = f"nvshim: {_who(pod, container)}: {reason}"
-    if journal:
-        try:
-            _deny(config, pod, container, "refused", reason, plan)
-        except NvshimError as exc:
-            message = f"{message} (not recorded: {exc})"
-    log.info("nri refused", who=_who(pod, container), reason=reason)
-    raise RpcError(message)
 
 
 #: The pod annotation NVIDIA's own NRI plugin (the GPU Operator's NRI mode) injects CDI
@@ -346,7 +408,7 @@ def nvidia_cdi_claim(annotations: Mapping[str, str],
     return None
 
 
-def _check_nvidia_claim(plan: Any, config: Config,
+def _check_nvidia_claim(plan: Plan, config: Config,
                         nvidia: Tuple[str, Tuple[str, ...]]) -> None:
     """RequestError unless every CDI name of NVIDIA's annotation (``nvidia``) brings only
     GPUs and MIG devices this container was allocated (``plan``'s grant under
@@ -388,8 +450,8 @@ def _check_nvidia_claim(plan: Any, config: Config,
                     "would inject it from the pod's own annotation")
 
 
-def agent_hook(spec: Dict[str, Any], container: Container, work: Any,
-               pending: Any) -> Dict[str, Any]:
+def agent_hook(spec: SpecDict, container: Container, work: RootWork,
+               pending: PendingWork) -> SpecDict:
     """``spec`` whose nvshim createContainer hook is the client's, asking the agent
     (``nri-inroot: agent``), with ``work`` (and the hook's ``/dev`` links) left in
     ``pending`` for it, bound to the container's cgroups path (only a hook that runs
@@ -451,7 +513,7 @@ def _runtime(config: Config) -> str:
     return config.runtimes[0] if config.runtimes else "runc"
 
 
-def _grant(config: Config, pod: Pod, container: Container, plan: Any,
+def _grant(config: Config, pod: Pod, container: Container, plan: Plan,
            through: bool = False) -> None:
     """Journal ``plan``'s grant: injected by the plugin (source ``nri:<source>``), or let
     through to a handler that injects GPUs itself (``through``: ``nri-guard:<source>``)."""
@@ -469,7 +531,7 @@ def _grant(config: Config, pod: Pod, container: Container, plan: Any,
 
 
 def _deny(config: Config, pod: Pod, container: Container, action: str, reason: str,
-          plan: Optional[Any]) -> None:
+          plan: Optional[Plan]) -> None:
     if not config.grants_journal:
         return
     from nvshim.runtime.denials import Denial, append_denial, asked_of, denials_path
@@ -483,7 +545,7 @@ def _deny(config: Config, pod: Pod, container: Container, action: str, reason: s
                   config.grants_journal_max_bytes)
 
 
-def start_work(work: Any, pid: int, who: str, log: Any) -> None:
+def start_work(work: RootWork, pid: int, who: str, log: Log) -> None:
     """The in-root work of ``nri-inroot: start``, in the container's root as its process
     ``pid`` sees it (before its program runs). A rootfs that cannot be written (read-only)
     is one error line: the container starts without the links and cache."""
@@ -508,15 +570,15 @@ class Later:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._work: Dict[str, Any] = {}
+        self._work: Dict[str, RootWork] = {}
 
-    def put(self, container_id: str, work: Any) -> None:
+    def put(self, container_id: str, work: RootWork) -> None:
         with self._lock:
             if len(self._work) >= _LATER_MAX and container_id not in self._work:
                 del self._work[next(iter(self._work))]
             self._work[container_id] = work
 
-    def pop(self, container_id: str) -> Any:
+    def pop(self, container_id: str) -> Optional[RootWork]:
         """The work held for ``container_id`` (None: none), taken: nobody else gets it."""
         with self._lock:
             return self._work.pop(container_id, None)
@@ -526,66 +588,128 @@ class Later:
             return len(self._work)
 
 
-class Plugin:
-    """The Plugin service: Configure, Synchronize, CreateContainer, the rest answered."""
+#: NRI's Plugin-service methods that report one event, and the event (NRI's ``Event``).
+EVENT_METHODS: Dict[str, int] = {
+    "RunPodSandbox": Event.RUN_POD_SANDBOX, "StopPodSandbox": Event.STOP_POD_SANDBOX,
+    "RemovePodSandbox": Event.REMOVE_POD_SANDBOX, "CreateContainer": Event.CREATE_CONTAINER,
+    "PostCreateContainer": Event.POST_CREATE_CONTAINER,
+    "StartContainer": Event.START_CONTAINER, "PostStartContainer": Event.POST_START_CONTAINER,
+    "UpdateContainer": Event.UPDATE_CONTAINER, "PostUpdateContainer": Event.POST_UPDATE_CONTAINER,
+    "StopContainer": Event.STOP_CONTAINER, "RemoveContainer": Event.REMOVE_CONTAINER,
+}
+#: Methods answered with nothing whatever the plugin handles: NRI's newer pod events
+#: (no ``Event`` number in v0.6) and the engine's goodbye.
+_ANSWERED_EMPTY = frozenset({"Shutdown", "UpdatePodSandbox", "PostUpdatePodSandbox"})
+#: The methods (and StateChange's events) :func:`nvshim.agent.nri.api.decode_event` reads
+#: the container's id and pid of.
+_ID_DECODED = frozenset({"StateChange", "StartContainer", "RemoveContainer"})
 
-    def __init__(self, state: Any, pending: Optional[Any] = None) -> None:
+
+@dataclass(frozen=True)
+class Call:
+    """One request for an event handler: the method, its body and, for a container's start
+    or removal, the container's id and pid (read once, by the dispatch)."""
+
+    method: str
+    body: bytes
+    container_id: str = ""
+    pid: int = 0
+
+
+#: An event's handler: the request in, the reply's payload out.
+Handler = Callable[[Call], bytes]
+
+
+class Plugin:
+    """The Plugin service, in the shape of containerd/nri's ``pkg/stub``: one table,
+    :attr:`handlers`, maps each event nvshim handles to its handler; :meth:`handle` (the
+    transport's dispatch) calls through it, and the Configure reply subscribes to exactly
+    its events (:meth:`events`). An event method with no handler, or a StateChange
+    carrying such an event, is answered with nothing; a method NRI does not have is
+    ``UNIMPLEMENTED``."""
+
+    def __init__(self, state: AgentState, pending: Optional[PendingWork] = None) -> None:
         self.state = state
         self.pending = pending
         """Where ``nri-inroot: agent`` leaves in-root work for the agent's hook."""
-        self.log = state.log
+        self.log: Log = state.log
         self.configured: Dict[str, str] = {}
         self.later = Later()
         """In-root work waiting for its container's start (``nri-inroot: start``)."""
+        self.handlers: Dict[int, Handler] = {
+            Event.CREATE_CONTAINER: self.create_container,
+            Event.START_CONTAINER: self.start_container,
+            Event.REMOVE_CONTAINER: self.remove_container,
+        }
+        """Each event nvshim handles, and its handler: what Configure subscribes to."""
+
+    def events(self) -> int:
+        """The Configure reply's event mask: the events of :attr:`handlers`."""
+        return event_mask(*self.handlers)
 
     def handle(self, method: str, body: bytes) -> bytes:
-        if method == "CreateContainer":
-            pod, container = decode_pod_container(body)
-            from nvshim.agent.state import install_changed
-
-            changed = install_changed()
-            if changed:
-                self.log.error("nri create not adjusted", reason=changed)
-                return b""
-            try:
-                self.state.reload_if_changed()
-                config = self.state.config
-                if config is None:
-                    self.log.warning("nri create not adjusted: no config",
-                                     error=self.state.config_error)
-                    return b""
-                return encode_create_reply(decide(config, pod, container, self.log,
-                                                  later=self.later, pending=self.pending))
-            except RpcError:
-                raise  # nvshim's decision: a refusal
-            except Exception as exc:  # noqa: BLE001 - nvshim's own failure never fails a create
-                self.log.error("nri create not adjusted: internal error",
-                               who=_who(pod, container),
-                               error=f"{type(exc).__name__}: {exc}")
-                return b""
+        """The reply to one Plugin-service request (RpcError: the engine's error reply)."""
         if method == "Configure":
             self.configured = decode_configure(body)
             self.log.info("nri configured", **self.configured)
-            return encode_configure_reply(event_mask(
-                Event.CREATE_CONTAINER, Event.START_CONTAINER, Event.REMOVE_CONTAINER))
-        if method in ("StateChange", "StartContainer", "RemoveContainer"):
-            event, cid, pid = decode_event(method, body)
-            if event == Event.REMOVE_CONTAINER and self.pending is not None:
-                self.pending.drop(cid)  # a create whose hook never ran
-            work = self.later.pop(cid)
-            if work is not None and event == Event.START_CONTAINER and pid:
-                if method == "StateChange":
-                    _event, pod, container = decode_state_change(body)
-                else:
-                    pod, container = decode_pod_container(body)
-                start_work(work, pid, _who(pod, container), self.log)
-            return b""
+            return encode_configure_reply(self.events())
         if method == "Synchronize":
             return encode_sync_reply(body)
-        if method in ("Shutdown", "UpdateContainer",
-                      "StopContainer", "RunPodSandbox", "StopPodSandbox",
-                      "RemovePodSandbox", "PostCreateContainer",
-                      "PostStartContainer", "PostUpdateContainer",
-                      "UpdatePodSandbox", "PostUpdatePodSandbox"):
+        if method in _ID_DECODED:
+            event, cid, pid = decode_event(method, body)
+            call = Call(method, body, cid, pid)
+        elif method in EVENT_METHODS:
+            event, call = EVENT_METHODS[method], Call(method, body)
+        elif method in _ANSWERED_EMPTY:
             return b""
-        raise RpcError(f"method {method} is not implemented by nvshim", UNIMPLEMENTED)
+        else:
+            raise RpcError(f"method {method} is not implemented by nvshim", UNIMPLEMENTED)
+        handler = self.handlers.get(event)
+        return handler(call) if handler is not None else b""
+
+    def create_container(self, call: Call) -> bytes:
+        """CreateContainer: :func:`decide`'s adjustment; nothing when nvshim itself cannot
+        decide (its install changed, no config, an internal error), an error reply for its
+        refusal."""
+        pod, container = decode_pod_container(call.body)
+        from nvshim.agent.state import install_changed
+
+        changed = install_changed()
+        if changed:
+            self.log.error("nri create not adjusted", reason=changed)
+            return b""
+        try:
+            self.state.reload_if_changed()
+            config = self.state.config
+            if config is None:
+                self.log.warning("nri create not adjusted: no config",
+                                 error=self.state.config_error)
+                return b""
+            return encode_create_reply(decide(config, pod, container, self.log,
+                                              later=self.later, pending=self.pending))
+        except RpcError:
+            raise  # nvshim's decision: a refusal
+        except Exception as exc:  # noqa: BLE001 - nvshim's own failure never fails a create
+            self.log.error("nri create not adjusted: internal error",
+                           who=_who(pod, container), error=f"{type(exc).__name__}: {exc}")
+            return b""
+
+    def start_container(self, call: Call) -> bytes:
+        """StartContainer: the in-root work held for the container (``nri-inroot:
+        start``), done in its root before its program runs."""
+        work = self.later.pop(call.container_id)
+        if work is not None and call.pid:
+            if call.method == "StateChange":
+                _event, pod, container = decode_state_change(call.body)
+            else:
+                pod, container = decode_pod_container(call.body)
+            start_work(work, call.pid, _who(pod, container), self.log)
+        return b""
+
+    def remove_container(self, call: Call) -> bytes:
+        """RemoveContainer: the work still held for a container whose hook or start never
+        came, dropped."""
+        if self.pending is not None:
+            self.pending.drop(call.container_id)
+        self.later.pop(call.container_id)
+        return b""

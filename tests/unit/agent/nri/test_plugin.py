@@ -261,3 +261,65 @@ def test_a_grant_that_cannot_be_recorded_fails_the_create(sim: Any, tmp_path: Pa
     for handler in ("runc", "nvidia"):
         with pytest.raises(RpcError, match=rf"the grant of {gpu.uuid} cannot be recorded"):
             plugin.decide(cfg, dataclasses.replace(POD, runtime_handler=handler), ctr, Log())
+
+
+# --- the Plugin service: one table of handlers -------------------------------------------
+
+
+def _plugin(tmp_path: Path) -> "plugin.Plugin":
+    from nvshim.agent.state import AgentState
+
+    return plugin.Plugin(AgentState(str(tmp_path / "absent.yaml"), Log()))
+
+
+def _state_change(event: int, cid: str, pid: int = 0) -> bytes:
+    from nvshim import _protobuf as proto
+
+    ctr = proto.string_field(1, cid) + proto.varint_field(12, pid)
+    return proto.varint_field(1, event) + proto.message_field(3, ctr)
+
+
+def test_configure_subscribes_to_the_events_of_the_handler_table(tmp_path: Path) -> None:
+    """Configure's reply subscribes to CreateContainer, StartContainer and RemoveContainer
+    (mask 1064, as the engine has always been told), computed from the handler table: a
+    handler added to the table is subscribed and called, directly and through StateChange."""
+    from nvshim.agent.nri.api import Event, encode_configure_reply
+
+    p = _plugin(tmp_path)
+    assert p.handle("Configure", b"") == encode_configure_reply(1064)
+    seen: list = []
+    p.handlers[Event.STOP_CONTAINER] = lambda call: seen.append(call.method) or b"stopped"
+    assert p.handle("Configure", b"") == encode_configure_reply(1064 | 1 << 9)
+    assert p.handle("StopContainer", b"") == b"stopped"
+    assert p.handle("StateChange", _state_change(Event.STOP_CONTAINER, "c")) == b"stopped"
+    assert seen == ["StopContainer", "StateChange"]
+
+
+def test_methods_without_a_handler_are_answered_and_unknown_ones_unimplemented(
+        tmp_path: Path) -> None:
+    """An NRI event nvshim has no handler for (directly or in a StateChange) and Shutdown
+    get an empty reply; a method NRI does not have is an UNIMPLEMENTED error naming it."""
+    from nvshim.agent.nri.api import Event
+    from nvshim.agent.nri.transport import UNIMPLEMENTED
+
+    p = _plugin(tmp_path)
+    for method in ("RunPodSandbox", "StopContainer", "PostCreateContainer", "Shutdown",
+                   "UpdatePodSandbox"):
+        assert p.handle(method, b"") == b""
+    assert p.handle("StateChange", _state_change(Event.RUN_POD_SANDBOX, "c")) == b""
+    with pytest.raises(RpcError, match="method Frobnicate is not implemented") as err:
+        p.handle("Frobnicate", b"")
+    assert err.value.code == UNIMPLEMENTED
+
+
+def test_remove_drops_the_work_held_for_a_container_that_never_started(
+        tmp_path: Path) -> None:
+    """A RemoveContainer event (as a StateChange) takes the in-root work held for that
+    container's start; another container's stays."""
+    from nvshim.agent.nri.api import Event
+
+    p = _plugin(tmp_path)
+    p.later.put("gone", object())  # type: ignore[arg-type]
+    p.later.put("kept", object())  # type: ignore[arg-type]
+    assert p.handle("StateChange", _state_change(Event.REMOVE_CONTAINER, "gone")) == b""
+    assert p.later.pop("gone") is None and p.later.pop("kept") is not None
