@@ -7,7 +7,7 @@ and reconnects with a backoff (:data:`BACKOFF_MIN` doubling to :data:`BACKOFF_MA
 ``stop`` is set. ``on_registered(True)`` once the engine has registered and configured it,
 ``on_registered(False)`` whenever the connection is lost. Modules: :mod:`.api` (NRI's
 messages, on :mod:`nvshim._protobuf`'s wire format), :mod:`.transport` (the multiplexer and
-ttrpc), :mod:`.plugin` (the decisions).
+ttrpc), :mod:`.plugin` (the handler table and the decisions).
 """
 
 from __future__ import annotations

@@ -33,6 +33,13 @@ Per container, by its pod's runtime handler (config ``nri-*``):
 nvshim's own failures (a config that does not load, a host it cannot read) never fail a
 create: one log line and no adjustment, as if the plugin were absent. A denial or grant
 that cannot be journaled does: record or fail, as on the runtime path.
+
+The road of one CreateContainer: :meth:`Plugin.handle` finds its handler in
+:attr:`Plugin.handlers` (the table Configure's event mask is computed from, as in
+containerd/nri's ``pkg/stub``); :meth:`Plugin.create_container` decodes it and calls
+:func:`decide`, which asks :func:`verify` (the plan, or a refusal), :func:`guard` (a
+stripped claim) and :func:`inject` (the grant's adjustment, or a grant let through), each
+returning a :class:`Verdict`, and journals that verdict in one place.
 """
 
 from __future__ import annotations
