@@ -11,7 +11,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 from hypothesis import given, settings
@@ -451,3 +451,76 @@ def test_agent_plan_cache_sees_a_gpu_removed_and_added(world: World) -> None:
         agent.stop()
     assert seen == [("agent", ["/dev/nvidia0", "/dev/nvidia1"]), ("agent", ["/dev/nvidia0"]),
                     ("agent", ["/dev/nvidia0", "/dev/nvidia1"])]
+
+
+# --- what the agent checks before it serves a create -------------------------------------
+
+
+def _serve(world: World, bundle: Path, held: Path, log: Any) -> Tuple[str, str]:
+    """serve_create for ``create --bundle <bundle>`` from this process, with ``held`` as
+    the directory descriptor the client opened."""
+    from nvshim import __version__
+    from nvshim.agent.create import serve_create
+    from nvshim.agent.server import Peer
+    from nvshim.agent.state import AgentState, generation_of
+
+    state = AgentState(str(world.config), log)
+    request = Request("create", __version__, str(world.config),
+                      generation_of(str(world.config)), str(world.runtime), str(world.tmp),
+                      str(bundle), ("create", "--bundle", str(bundle), bundle.name))
+    fd = os.open(held, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return serve_create(state, request, fd, Peer(os.getpid(), 0, 0))
+    finally:
+        os.close(fd)
+
+
+def test_agent_serves_only_the_bundle_directory_the_caller_opened(tmp_path: Path) -> None:
+    """A bundle path that is no longer the directory the client opened (swapped for
+    another between the client's open and the agent's check) is not served: fallback
+    naming the bundle, its config.json byte-identical, nothing journaled; the same
+    directory is served."""
+    from tests.helpers.agent import RecordingLog
+
+    world = World(tmp_path, tmp_path / "no-client")
+    bundle = world.bundle("b")
+    before = (bundle / "config.json").read_bytes()
+    opened = bundle.rename(tmp_path / "opened")  # the directory the client opened ...
+    world.bundle("b")  # ... and another one put at its path
+    log = RecordingLog()
+    assert _serve(world, bundle, opened, log) == (
+        "fallback", f"bundle {bundle} is not the directory the caller opened")
+    assert (bundle / "config.json").read_bytes() == before
+    assert not (tmp_path / "grants.jsonl").exists()
+    assert [e for _lvl, e, _kw in log.lines][-1] == "create not served"
+    assert _serve(world, bundle, bundle, RecordingLog()) == ("ok", "")
+    assert (bundle / "config.json").read_bytes() != before
+
+
+def test_agent_abandons_a_create_not_planned_within_its_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A create whose plan is done later than DEADLINE seconds after it arrived (a clock
+    that jumps past it) is abandoned before its first write: fallback (the caller runs
+    its own create), config.json byte-identical, no grant journaled."""
+    from nvshim.agent import create as agent_create
+
+    class Clock:
+        """time.monotonic: the arrival at 0, every later reading past the deadline."""
+
+        def __init__(self) -> None:
+            self.readings = 0
+
+        def monotonic(self) -> float:
+            self.readings += 1
+            return 0.0 if self.readings == 1 else agent_create.DEADLINE + 0.5
+
+    from tests.helpers.agent import RecordingLog
+
+    world = World(tmp_path, tmp_path / "no-client")
+    bundle = world.bundle("late")
+    before = (bundle / "config.json").read_bytes()
+    monkeypatch.setattr(agent_create, "time", Clock())
+    assert _serve(world, bundle, bundle, RecordingLog()) == (
+        "fallback", f"not planned within {agent_create.DEADLINE:g} s")
+    assert (bundle / "config.json").read_bytes() == before
+    assert not (tmp_path / "grants.jsonl").exists()
