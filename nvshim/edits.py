@@ -15,6 +15,10 @@ depth, hooks appended) with one deliberate difference: identical cgroup rules, h
 gids are not added twice, so applying the same edits twice gives the same spec as once.
 
 Pure module: no filesystem access, no logging.
+
+Why one module: the edit model and its one applier are one thing. The records' fields are
+exactly what :func:`apply_edits` applies, and each record's rules (de-duplication, the
+cgroup rule a device node brings) read best next to the function that applies them.
 """
 
 from __future__ import annotations

@@ -7,9 +7,14 @@ module of this package, issue 33) lives in the same process. Nothing here runs o
 runtime's own path: the agent pays its imports (structlog among them) once.
 """
 
-__all__ = ["AGENT_SOCKET"]
+__all__ = ["AGENT_SOCKET", "NRI_SOCKET"]
 
 AGENT_SOCKET = "/run/nvshim/agent.sock"
 """The node agent's socket: the one default every part uses (the agent, nvshim-runtime's
 trampoline, doctor, the CLI). install.sh's unit and deploy/daemonset.yaml, which cannot
 import it, are held to it by tests/unit/test_deploy.py."""
+
+NRI_SOCKET = "/var/run/nri/nri.sock"
+"""containerd's and CRI-O's usual NRI socket: what ``nvshim agent --nri-socket`` names in its
+help and what doctor assumes when the engine's config names none (the agent's own default is
+``none``: NRI is opt-in)."""

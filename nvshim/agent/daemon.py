@@ -15,9 +15,7 @@ from nvshim.agent.protocol import Request
 from nvshim.agent.server import AgentServer, Peer, SocketBusy
 from nvshim.agent.state import AgentState, install_changed
 
-__all__ = ["Agent", "run_agent", "DEFAULT_NRI_SOCKET"]
-
-DEFAULT_NRI_SOCKET = "/var/run/nri/nri.sock"
+__all__ = ["Agent", "run_agent"]
 
 
 class Agent:

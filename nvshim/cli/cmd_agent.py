@@ -7,12 +7,10 @@ from typing import Optional
 
 import click
 
-from nvshim.agent import AGENT_SOCKET
+from nvshim.agent import AGENT_SOCKET, NRI_SOCKET
 from nvshim.cli.options import CONFIG_FILE
 
 __all__ = ["agent"]
-
-_DEFAULT_NRI = "/var/run/nri/nri.sock"  # nvshim.agent.daemon.DEFAULT_NRI_SOCKET
 
 
 @click.command("agent")
@@ -21,7 +19,7 @@ _DEFAULT_NRI = "/var/run/nri/nri.sock"  # nvshim.agent.daemon.DEFAULT_NRI_SOCKET
               metavar="PATH", help="The agent's own socket, which nvshim-runtime's creates use.")
 @click.option("--nri-socket", default="none", show_default=True, metavar="PATH",
               help="The engine's NRI socket to register with as a plugin (containerd's and "
-                   f"CRI-O's usual one: {_DEFAULT_NRI}); 'none', the default everywhere (the "
+                   f"CRI-O's usual one: {NRI_SOCKET}); 'none', the default everywhere (the "
                    "unit, the DaemonSet), for no NRI.")
 @click.option("--wait", is_flag=True,
               help="When another agent serves --socket, wait for it to stop, then serve "

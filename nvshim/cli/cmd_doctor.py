@@ -10,6 +10,7 @@ import click
 
 from nvshim.agent import AGENT_SOCKET
 from nvshim.cli import readonly
+from nvshim.config import DEFAULT_CONFIG_PATH
 from nvshim.node.doctor.findings import DEFAULT_HOOKS_DIRS, DEFAULT_TRAMPOLINE
 from nvshim.node.doctor.follow import NVIDIA_CONFIG
 
@@ -20,7 +21,7 @@ __all__ = ["doctor"]
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="One line per finding, or a JSON list of findings.")
 @click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
-              help="nvshim config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
+              help=f"nvshim config file (default: $NVSHIM_CONFIG or {DEFAULT_CONFIG_PATH}).")
 @click.option("--containerd-config", default="/etc/containerd/config.toml", show_default=True,
               type=click.Path(dir_okay=False), help="containerd's main config file.")
 @click.option("--docker-config", default="/etc/docker/daemon.json", show_default=True,

@@ -9,6 +9,7 @@ from typing import Optional
 import click
 
 from nvshim.cli.options import FORMAT
+from nvshim.config import DEFAULT_CONFIG_PATH
 
 __all__ = ["inspect"]
 
@@ -25,7 +26,7 @@ __all__ = ["inspect"]
               help="Where /dev/nvidia* live (default: driver root).")
 @click.option("--config", "config_file", default=None, metavar="FILE",
               type=click.Path(dir_okay=False),
-              help="nvshim config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
+              help=f"nvshim config file (default: $NVSHIM_CONFIG or {DEFAULT_CONFIG_PATH}).")
 @click.option("--no-diff", "no_diff", is_flag=True,
               help="Leave out the unified diff of config.json (text and JSON).")
 @FORMAT

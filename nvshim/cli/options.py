@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import click
 
+from nvshim.config import DEFAULT_CONFIG_PATH
+
 __all__ = ["CONFIG_FILE", "FORMAT"]
 
 CONFIG_FILE = click.option(
     "--config", "config_file", default=None, type=click.Path(dir_okay=False), metavar="FILE",
-    help="Config file (default: $NVSHIM_CONFIG or /etc/nvshim/config.yaml).")
+    help=f"Config file (default: $NVSHIM_CONFIG or {DEFAULT_CONFIG_PATH}).")
 FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
                    show_default=True)

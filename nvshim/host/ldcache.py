@@ -28,6 +28,10 @@ image's cache (an Ubuntu-based CUDA image has 300-600): entries are plain tuples
 sort key is one ``bytes`` object built with C-level scans, which makes a rewrite of such a
 cache about four times cheaper than records and tuple keys did. Only ``struct`` is imported,
 and every malformed input raises :class:`HostError`.
+
+Why one module: it is a codec. Parsing and building the three layouts share the header
+constants, the string table and libcmp's order; a reader and a writer kept apart drift
+apart, and a create that rewrites an image's cache needs both.
 """
 
 from __future__ import annotations
@@ -270,13 +274,31 @@ def _c_int(digits: bytes) -> int:
     return value
 
 
+#: libcmp_key's answers by name. The names of a node's creates repeat (the driver's
+#: libraries, an image's ~500): the resident agent computes each once. A key is a pure
+#: function of its name, so threads may share the dict without a lock (a race computes a
+#: key twice, never a wrong one); bounded, as an image chooses its names.
+_KEYS: dict[str, bytes] = {}
+_KEYS_MAX = 1 << 16
+
+
 def libcmp_key(name: str) -> bytes:
     """A sort key that orders names as glibc's ``_dl_cache_libcmp`` does (ascending).
 
     Digit runs compare as numbers (wrapped to a C int, as glibc computes them), a digit
     sorts above any other byte, other bytes compare as signed chars, and a name sorts
-    below its own extensions. Built from C-level scans: one Python step per digit run.
+    below its own extensions. Built from C-level scans: one Python step per digit run;
+    each name's key once per process (:data:`_KEYS`).
     """
+    key = _KEYS.get(name)
+    if key is None:
+        if len(_KEYS) >= _KEYS_MAX:
+            _KEYS.clear()
+        key = _KEYS[name] = _libcmp_key(name)
+    return key
+
+
+def _libcmp_key(name: str) -> bytes:
     raw = _encode(name)
     classes = raw.translate(_DIGIT_CLASS)
     i = classes.find(b"0")

@@ -8,6 +8,10 @@ format below). Production code asks these facts nowhere else.
 
 Imported only where such a fact is needed (the ``nvml`` source, MIG devices, CUDA
 requirement checks): pynvml is loaded only when NVML itself is asked.
+
+Why one module: most of it is :class:`NvmlFacts`, which must stay one reader. Every fact
+only NVML knows comes through it, from NVML or from the facts file whose format it owns, so
+moving the file's reading out would give that format a second home.
 """
 
 from __future__ import annotations

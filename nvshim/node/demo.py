@@ -16,6 +16,7 @@ import tempfile
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from nvshim.errors import HostError
+from nvshim.node.install.prefix import DEFAULT_RUNTIME_PATH
 
 __all__ = ["run_demo", "REQUESTS"]
 
@@ -34,7 +35,7 @@ _PROBE = (
 
 def _runtime_binary() -> str:
     beside = os.path.join(os.path.dirname(sys.executable), "nvshim-runtime")
-    for candidate in ("/usr/local/bin/nvshim-runtime", beside, shutil.which("nvshim-runtime")):
+    for candidate in (DEFAULT_RUNTIME_PATH, beside, shutil.which("nvshim-runtime")):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     raise HostError("nvshim-runtime is not installed: run ./install.sh first")

@@ -17,6 +17,11 @@ Which Kubernetes container it is (and whether it is a management pod) is
 the kubelet wrote (:data:`KUBERNETES_PREFIX`): a Docker, podman or plain runc create
 never loads it. The token grammar (:mod:`nvshim.host.devices`) is imported only when
 a value has tokens to parse.
+
+Why one module: a claim is parsed in one place (one answer per question): the image view and
+the :class:`Claim` are the two halves of that one parse, read on every create, and the
+device-list mount grammar they share (:func:`device_list_id`) is also the NRI guard's. Two
+modules would cost every create an import and give the grammar two homes.
 """
 
 from __future__ import annotations

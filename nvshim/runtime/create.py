@@ -36,6 +36,11 @@ What only some creates run lives where it is imported only for them: the engine'
 (:mod:`~nvshim.runtime.engine`, a spec with character devices or Docker's ``--gpus``
 hook), require-allocation (:mod:`~nvshim.runtime.allocation`), the extras, the
 requirements, the debug log.
+
+Why one module: it is the road's order and nothing else. Each stage is a short function that
+calls the module owning its decision and returns a record; the order is the behaviour (the
+kubelet's record before the request, the grant before the rootfs decision, nothing written
+before the plan is whole), and split across files it could no longer be read in one place.
 """
 
 from __future__ import annotations

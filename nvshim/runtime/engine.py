@@ -20,6 +20,11 @@ and the in-root hooks it carries (:func:`engine_hooks`): nvshim's own, or NVIDIA
 ``nvidia-cdi-hook``/``nvidia-ctk hook`` ones. A hook whose binary this node lacks would make
 runc fail the create; it is replaced by nvshim's in-root work (links, ld.so.cache, CUDA
 compat, ``ModifyDeviceFiles: 0``), done by the runtime or by nvshim's hook.
+
+Why one module: it holds what only a spec the engine already put devices or hooks into needs
+(the grant read by device number, the edits already present, the hooks kept or replaced),
+and is imported as one for such specs only. Split, such a create would load two modules, and
+any other create would gain nothing.
 """
 
 from __future__ import annotations

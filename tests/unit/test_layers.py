@@ -247,7 +247,7 @@ def test_architecture_names_every_module_and_every_package() -> None:
 
 #: Unit test files named after a behaviour that spans modules, not after one module.
 BEHAVIOURS = frozenset({
-    "ci", "deploy", "dev_links", "device_numbers", "fuzz", "import_guard", "layers",
+    "ci", "deploy", "dev_links", "device_numbers", "fuzz", "house", "import_guard", "layers",
     "management_pods", "missing_config", "packaging", "shellcheck", "shipped_names",
     "verify_every_device",
 })

@@ -22,6 +22,7 @@ from nvshim.config import (
 )
 from nvshim.errors import NvshimError
 from nvshim.node.doctor.findings import DoctorOptions, Finding, compile_command
+from nvshim.runtime.claim import DEVICE_LIST_DIR
 
 __all__ = [
     "check_config",
@@ -184,7 +185,7 @@ def check_allocation_trust(config: Optional[Config], path: str) -> Finding:
         f"verify-with: kubelet in {path}",
         detail=f"require-allocation trusts claims a pod can write itself ({', '.join(forgeable)})"
                ": a pod that sets NVIDIA_VISIBLE_DEVICES=GPU-<uuid> or mounts a hostPath under "
-               "/var/run/nvidia-container-devices gets another tenant's GPU. Fix: set "
+               f"{DEVICE_LIST_DIR} gets another tenant's GPU. Fix: set "
                f"verify-with: kubelet in {path} (then nvshim config compile)",
     )
 

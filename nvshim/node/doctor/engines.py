@@ -27,6 +27,11 @@ pitfall, nvshim is judged by the config its binary reads, and fixes keep the fla
 runtime was registered with.
 
 ``cdi-injection`` is :mod:`nvshim.node.doctor.injection`'s.
+
+Why one module: one family of findings, the engines' registration, whose checks share one
+rule (the default-runtime pitfall) and the helpers that find nvshim's handlers and word the
+fixes; containerd's findings and Docker's and CRI-O's are the same judgement on different
+config files.
 """
 
 from __future__ import annotations

@@ -37,8 +37,9 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from nvshim._record import dataclass
 from nvshim.config import DEFAULT_CONFIG_PATH
+from nvshim.node.install.prefix import DEFAULT_RUNTIME_PATH
 
-DEFAULT_TRAMPOLINE = "/usr/local/bin/nvshim-runtime"
+DEFAULT_TRAMPOLINE = DEFAULT_RUNTIME_PATH
 RUNTIME_BASENAME = "nvshim-runtime"
 #: Basenames of NVIDIA's runtime binaries (``nvidia-ctk runtime configure`` writes the first;
 #: ``.cdi``/``.legacy`` force a mode).

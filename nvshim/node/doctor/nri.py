@@ -21,12 +21,13 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from nvshim._record import replace
+from nvshim.agent import NRI_SOCKET
 from nvshim.node.doctor.findings import Finding
 
 __all__ = ["check_nri", "nri_enabled", "nri_guard", "NRI_PLUGIN", "DEFAULT_NRI_SOCKET"]
 
 NRI_PLUGIN = "io.containerd.nri.v1.nri"
-DEFAULT_NRI_SOCKET = "/var/run/nri/nri.sock"
+DEFAULT_NRI_SOCKET = NRI_SOCKET
 _ON = f'[plugins."{NRI_PLUGIN}"] disable = false'
 
 

@@ -19,6 +19,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 from nvshim.config import DEFAULT_CDI_SPEC_DIRS
 from nvshim.errors import ConfigError
 from nvshim.node.engines.files import BOM
+from nvshim.node.install.prefix import DEFAULT_RUNTIME_PATH
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -52,7 +53,7 @@ DEFAULT_CONFIG = "/etc/containerd/config.toml"
 DROP_IN_NAME = "99-nvshim.toml"
 DEFAULT_DROP_IN = "/etc/containerd/conf.d/" + DROP_IN_NAME
 DEFAULT_NAME = "nvshim"
-DEFAULT_BINARY = "/usr/local/bin/nvshim-runtime"
+DEFAULT_BINARY = DEFAULT_RUNTIME_PATH
 #: containerd's own default runtime handler when no file names one.
 DEFAULT_RUNTIME_NAME = "runc"
 #: Format tag of ``<config>.nvshim-orig.json`` for containerd.

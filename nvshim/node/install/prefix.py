@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from typing import List, Optional
 
 __all__ = [
+    "DEFAULT_BINDIR",
+    "DEFAULT_RUNTIME_PATH",
     "LAUNCHER",
     "INTERPRETER",
     "LIBDIR",
@@ -49,6 +51,8 @@ PACKAGES = "site"
 FILE_LIST = "payload-files"
 DEFAULT_BINDIR = "/usr/local/bin"
 """Where install.sh puts the two commands unless NVSHIM_BINDIR says otherwise."""
+DEFAULT_RUNTIME_PATH = f"{DEFAULT_BINDIR}/nvshim-runtime"
+"""The installed ``nvshim-runtime`` there: what the engines are configured with by default."""
 
 # the dynamic loader's file name (PT_INTERP's basename) per machine
 _LOADERS = {

@@ -49,6 +49,11 @@ YAML's mtime and sit next to a hard link to it (``<stem>.source-link``); unless 
 is still that inode with that exact mtime (edited, replaced or copied in since the last
 compile, even with an older mtime) the trampoline hands everything to Python, which reads
 the YAML itself — slower, never wrong.
+
+Why one module: most of its lines are the sh script, one template read top to bottom in
+the order sh runs it; the Python around it only checks and fills in the values. Cut into
+pieces, the script's order (argv, the compiled lists, the grep, the agent, the hand-over)
+could no longer be read in one place.
 """
 
 from __future__ import annotations

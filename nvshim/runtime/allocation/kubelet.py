@@ -26,6 +26,11 @@ pool, device name and CDI device names. They are recorded whatever the driver (t
 in :mod:`nvshim.runtime.allocation` decide what a claim proves) and are never filtered by
 ``kubelet-resource-prefixes``, which name device-plugin resources. The checkpoint is the
 device manager's and has no DRA claims.
+
+Why one module: it is the kubelet client, and every part serves one answer
+(:func:`ask_kubelet`): the PodResources records with their codec beside them (no other
+reader), the checkpoint read first, the IMEX rule on resource names, the gRPC call. Loaded
+only when the kubelet is asked, it costs no other create anything.
 """
 
 from __future__ import annotations

@@ -8,6 +8,12 @@ container, :func:`pod_annotations` reads the pod sandbox's spec, and
 or IMEX channel the kubelet's record lacks. :func:`check_engine_allocated` does the same
 for the devices the engine injected itself (CDI through containerd 1.7+/CRI-O, Kubernetes
 DRA): the kubelet lists them as device-plugin ids, or as the CDI devices of a DRA claim.
+
+Why one module: every function here answers one question, whether the kubelet's record (or
+the pod's annotations) backs what a create grants, for each kind of grant (GPUs and MIG
+devices, IMEX channels, the engine's own devices), with one refusal wording and one id
+matching (:class:`KubeletIds`). require-allocation loads it whole or not at all, so a split
+would add an import to every create it checks and save none.
 """
 
 from __future__ import annotations
