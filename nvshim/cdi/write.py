@@ -68,8 +68,12 @@ def dump_spec(spec: Mapping[str, Any], fmt: str = "yaml") -> str:
     if fmt == "yaml":
         import yaml
 
-        text: str = yaml.safe_dump(
+        # libyaml's emitter when PyYAML has it: several times faster on a large node's
+        # spec, and the same text as PyYAML's own but for an empty key (an annotation's)
+        fast = getattr(yaml, "__with_libyaml__", False) and not _empty_key(ordered)
+        text: str = yaml.dump(
             ordered,
+            Dumper=yaml.CSafeDumper if fast else yaml.SafeDumper,
             explicit_start=True,
             sort_keys=False,
             default_flow_style=False,
@@ -77,6 +81,15 @@ def dump_spec(spec: Mapping[str, Any], fmt: str = "yaml") -> str:
         )
         return text
     raise CdiError(f'unknown spec format "{fmt}": expected yaml or json')
+
+
+def _empty_key(value: Any) -> bool:
+    """Whether a mapping anywhere in ``value`` has the key ``""``."""
+    if isinstance(value, dict):
+        return "" in value or any(_empty_key(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_empty_key(v) for v in value)
+    return False
 
 
 def _format_for(path: str) -> str:
