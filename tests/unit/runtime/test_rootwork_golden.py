@@ -1,0 +1,186 @@
+"""The in-root work's output, byte for byte: the SONAME links, the loader files and the merged
+ld.so.cache that :func:`nvshim.runtime.rootwork.prepare_in` leaves in several images, pinned
+by digests recorded before the work was made cheaper (issue 44 item 4), and the written
+cache read back by glibc's own ``ldconfig -p``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
+
+from nvshim.host import inroot
+from nvshim.host.elf import build_shared_object
+from nvshim.host.ldcache import HWCAP_EXTENSION, CacheEntry, build_ldcache, parse_ldcache
+from nvshim.runtime import rootwork
+from nvshim.runtime.rootcache import update_ldcache
+
+LIB = "/usr/lib/x86_64-linux-gnu"
+VERSION = "550.54.15"
+X86_64, I386 = 0x0303, 0x0003
+DRIVER = [("libcuda.so", "libcuda.so.1"), ("libnvidia-ml.so", "libnvidia-ml.so.1"),
+          ("libnvidia-ptxjitcompiler.so", "libnvidia-ptxjitcompiler.so.1"),
+          ("libcudadebugger.so", "libcudadebugger.so.1")]
+
+
+def _image(root: Path, layout: Optional[str], compat_major: int, driver_files: bool) -> None:
+    """An image: a library folder of files, link chains, odd entries; its own cache."""
+    lib = root / LIB.lstrip("/")
+    lib.mkdir(parents=True)
+    (root / "lib").symlink_to("usr/lib")
+    for i in range(30):
+        name = f"libimg{i}.so.{i % 4}.{i}.{i * 7}"
+        soname = f"libimg{i}.so.{i % 4}" if i % 5 else f"libother{i}.so.9"
+        (lib / name).write_bytes(build_shared_object(soname, needed=("libc.so.6",) * (i % 2)))
+        if i % 3:
+            (lib / f"libimg{i}.so.{i % 4}").symlink_to(name)
+        if i % 4 == 0:
+            (lib / f"libimg{i}.so").symlink_to(f"libimg{i}.so.{i % 4}" if i % 3 else name)
+    (lib / "libx32.so.1").write_bytes(build_shared_object("libx32.so.1", i386=True))
+    (lib / "libjunk.so").write_bytes(b"not an elf file at all")
+    (lib / "libdir.so").mkdir()
+    os.mkfifo(lib / "libfifo.so.1")
+    (lib / "libdangling.so.1").symlink_to("libnothere.so.1")
+    (lib / "libloop.so.1").symlink_to("libloop.so.1")
+    (lib / "libabs.so.1").symlink_to("/lib/x86_64-linux-gnu/libimg1.so.1.1.7")
+    (lib / "libup.so.2").symlink_to("../x86_64-linux-gnu/libimg2.so.2.2.14")
+    (lib / "README").write_text("not a library\n")
+    (lib / "libcuda.so.1").symlink_to("libcuda.so.470.1.1")  # the image's stale link
+    if driver_files:  # runc has mounted the driver's files
+        for stem, _so in DRIVER:
+            (lib / f"{stem}.{VERSION}").write_bytes(build_shared_object(_so))
+    compat = root / "usr/local/cuda/compat"
+    compat.mkdir(parents=True)
+    (compat / f"libcuda.so.{compat_major}.57.08").write_bytes(
+        build_shared_object("libcuda.so.1"))
+    (compat / "libcuda.so.1").symlink_to(f"libcuda.so.{compat_major}.57.08")
+    if layout is None:
+        return
+    (root / "etc").mkdir()
+    entries = [CacheEntry(f"libimg{i}.so.{i % 4}", f"{LIB}/libimg{i}.so.{i % 4}", X86_64)
+               for i in range(0, 30, 2)]
+    entries += [CacheEntry("libcuda.so.1", f"{LIB}/libcuda.so.1", X86_64),
+                CacheEntry("libcuda.so.1", "/usr/lib/i386-linux-gnu/libcuda.so.1", I386),
+                CacheEntry("libstdc++.so.6", f"{LIB}/libstdc++.so.6", X86_64),
+                CacheEntry("libc.so.6", f"{LIB}/libc.so.6", X86_64),
+                CacheEntry("libcudart.so.12", "/usr/local/cuda/lib64/libcudart.so.12", X86_64)]
+    if layout == "new":
+        entries.append(CacheEntry("libc.so.6", "/usr/lib/glibc-hwcaps/x86-64-v3/libc.so.6",
+                                  X86_64, HWCAP_EXTENSION | 1))
+        data = build_ldcache([e for e in entries if not e.hwcap], "new")
+        data = _with_hwcap_entry(data, entries[-1])
+    else:
+        data = build_ldcache(entries, layout)
+    (root / "etc/ld.so.cache").write_bytes(data)
+    (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+
+
+def _with_hwcap_entry(data: bytes, entry: CacheEntry) -> bytes:
+    """``data`` (a new-layout cache) with its first entry's hwcap set to ``entry``'s: an
+    image cache with a glibc-hwcaps entry, which the merge drops."""
+    at = 48 + 16  # the first entry's hwcap field
+    return data[:at] + entry.hwcap.to_bytes(8, "little") + data[at + 8:]
+
+
+def _work(minors: Optional[Tuple[int, ...]], driver_files: bool) -> rootwork.RootWork:
+    links = [(f"{stem}.{VERSION}", f"{LIB}/{so}") for stem, so in DRIVER]
+    links += [("libcuda.so.1", f"{LIB}/libcuda.so"),
+              ("libnvidia-ml.so.1", f"{LIB}/libnvidia-ml.so")]
+    planned: Dict[str, Any] = {LIB: {}}
+    for stem, so in DRIVER:
+        planned[LIB][f"{stem}.{VERSION}"] = (X86_64, so)
+        planned[LIB][so] = (X86_64, None)
+    planned[LIB]["libcuda.so"] = (X86_64, None)
+    planned[LIB]["libnvidia-ml.so"] = (X86_64, None)
+    return rootwork.RootWork(links, [LIB], planned, VERSION, minors)
+
+
+def _snapshot(root: Path) -> Dict[str, List[Any]]:
+    out: Dict[str, List[Any]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in sorted(dirnames + filenames):
+            path = Path(dirpath, name)
+            st = path.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                what = "->" + os.readlink(path)
+            elif stat.S_ISREG(st.st_mode):
+                what = hashlib.sha256(path.read_bytes()).hexdigest()
+            else:
+                what = ""
+            out[str(path.relative_to(root))] = [oct(st.st_mode), what]
+    return dict(sorted(out.items()))
+
+
+def _digest(snapshot: Dict[str, List[Any]]) -> str:
+    return hashlib.sha256(json.dumps(snapshot, sort_keys=True).encode()).hexdigest()[:20]
+
+
+CASES = {
+    # name: (image cache layout, compat libcuda major, driver files mounted, EGL minors, by)
+    "agent-new-cache": ("new", 545, True, (0, 2), "prepare_in"),
+    "runtime-compat-cache-newer-compat": ("compat", 575, False, None, "prepare_in"),
+    "runtime-old-cache": ("old", 550, False, None, "prepare_in"),
+    "no-cache-no-etc": (None, 545, True, (1,), "prepare_in"),
+    "hook-new-cache": ("new", 575, True, None, "hook"),
+}
+
+#: _digest of each case's rootfs after the work, recorded with the code before issue 44
+#: item 4 made it cheaper (same bytes, same links, same modes).
+GOLDEN = {
+    "agent-new-cache": "9325990c22cd4b59c9d6",
+    "runtime-compat-cache-newer-compat": "302e5af9696de4944d35",
+    "runtime-old-cache": "b000a0d566a9c3075c7b",
+    "no-cache-no-etc": "5f87ec2032409906ca5a",
+    "hook-new-cache": "ca634cb23109f6e42b0a",
+}
+
+
+def _run(tmp_path: Path, case: str) -> Path:
+    layout, major, driver_files, minors, by = CASES[case]
+    root = tmp_path / "rootfs"
+    _image(root, layout, major, driver_files)
+    work = _work(minors, driver_files)
+    with inroot.open_root(str(root)) as fd:
+        if by == "hook":  # the Python hook: the folders read, nothing planned
+            rootwork.apply_links(fd, str(root), work.links)
+            update_ldcache(fd, work.folders, None, VERSION)
+        else:
+            rootwork.prepare_in(fd, work)
+    return root
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_in_root_output_is_the_recorded_one(tmp_path: Path, case: str) -> None:
+    """Each image's rootfs after the in-root work (links, ld.so.conf files, merged cache,
+    EGL profile: bytes, link texts and modes) is exactly what it was before the work was
+    made cheaper, and a second run leaves it as it is."""
+    root = _run(tmp_path, case)
+    first = _snapshot(root)
+    assert _digest(first) == GOLDEN[case], json.dumps(first, indent=1)
+    with inroot.open_root(str(root)) as fd:
+        rootwork.prepare_in(fd, _work(CASES[case][3], CASES[case][2]))
+    assert _snapshot(root) == first
+
+
+@pytest.mark.skipif(shutil.which("ldconfig") is None, reason="no ldconfig")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_glibc_reads_the_merged_cache_as_nvshim_wrote_it(tmp_path: Path, case: str) -> None:
+    """``ldconfig -p`` (glibc's reader) lists the written cache's entries, name and path,
+    in the order nvshim's parser gives them."""
+    root = _run(tmp_path, case)
+    cache = root / "etc/ld.so.cache"
+    res = subprocess.run(["ldconfig", "-p", "-C", str(cache)], capture_output=True,
+                         text=True, check=True)
+    listed = [(m.group(1), m.group(2)) for m in
+              (re.match(r"^\s+(\S+) \(.*\) => (\S+)$", ln) for ln in res.stdout.splitlines())
+              if m]
+    ours = [(e.key, e.value) for e in parse_ldcache(cache.read_bytes())]
+    assert listed == ours and len(ours) > 40
