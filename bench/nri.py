@@ -24,7 +24,6 @@ the earlier ones' containers, ≈ 5 ms for the guard):
 - ``inject``: the agent injecting that GPU (device nodes, driver mounts, the hook) with the
   default ``nri-inroot: agent`` (the static client as createContainer hook, the agent
   doing the in-root work);
-- ``inject_hook``: the same with ``nri-inroot: hook`` (nvshim's Python createContainer hook);
 - ``inject_start``: the same with ``nri-inroot: start`` (in-root work at StartContainer);
 - ``guard``: the agent with only the guard on, an unallocated ``NVIDIA_VISIBLE_DEVICES=all``
   under runc (the plugin answers with ``void``);
@@ -51,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
-MODES = ("none", "floor", "handler", "inject", "inject_hook", "inject_start", "guard",
+MODES = ("none", "floor", "handler", "inject", "inject_start", "guard",
          "registered")
 #: the kind of the floor's spec (nvshim's spec without its hooks, beside nvshim's own)
 FLOOR_KIND = "nvshim-floor.test/gpu"

@@ -433,9 +433,9 @@ def served_by_agent(node: NriNode, cid: str) -> bool:
                for line in (node.base / "agent.log").read_text().splitlines())
 
 
-@pytest.mark.parametrize("mode", ["agent", "hook", "start"])
+@pytest.mark.parametrize("mode", ["agent", "start"])
 def test_inject_in_root_work(node: NriNode, mode: str) -> None:
-    """Under plain runc the injected driver's SONAME links and ld.so.cache are in the container, made by the agent asked by the static client as createContainer hook (nri-inroot: agent, the default), by nvshim's Python createContainer hook (hook) or by the agent through /proc/<pid>/root at StartContainer (start)."""
+    """Under plain runc the injected driver's SONAME links and ld.so.cache are in the container, made by the agent asked by the static client as createContainer hook (nri-inroot: agent, the default) or by the agent through /proc/<pid>/root at StartContainer (start)."""
     node.configure(nri_inroot=mode)
     cid, out = inroot(node, f"inroot-{mode}", readonly=False)
     assert has_links(out), out

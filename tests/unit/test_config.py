@@ -57,6 +57,8 @@ def test_schema_copies_identical():
         ("runtimes: &a [runc, *a]\n", "more than 100000 values once YAML aliases are expanded"),
         ("on-missing-allocation: drop\n", '"on-missing-allocation" is "drop", must be one of "strip", "fail"'),
         ("allocation-sources: [volume-mounts, magic]\n", '"allocation-sources\\[1\\]" is "magic", must be one of "volume-mounts"'),
+        # a mode removed (issue 46: slower than agent, which falls back to the same hook)
+        ("nri-inroot: hook\n", '"nri-inroot" is "hook", must be one of "agent", "start"$'),
         ("driver-root: relative/path\n", '"driver-root" is "relative/path", must be an absolute path'),
         ("supported-driver-capabilities: [compute, compute]\n", "must be a list without duplicates"),
         ("- a\n- b\n", "top level must be a mapping"),
