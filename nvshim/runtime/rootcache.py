@@ -203,7 +203,7 @@ def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
         if name not in read:
             read[name] = None
             try:
-                fd = _inroot.open_in_dir(dfd, name, f"{base}/{name}")
+                fd = _inroot.open_in_dir(dfd, name, f"{base}/{name}", listed=True)
             except OSError:
                 return None
             try:
@@ -215,14 +215,26 @@ def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
                 os.close(fd)
         return read[name]
 
+    texts: Dict[str, Optional[str]] = {}  # link name → its text (None: unreadable)
+
+    def readlink(name: str) -> Optional[str]:
+        """The text of the link *name* of the folder, read once (chains share links:
+        ``libz.so -> libz.so.1 -> libz.so.1.3``)."""
+        if name not in texts:
+            try:
+                texts[name] = os.readlink(name, dir_fd=dfd)
+            except OSError:
+                texts[name] = None
+        return texts[name]
+
     def link_flags(name: str, path: str) -> Optional[int]:
         """The flags of the library the link *name* leads to, None if it leads to none."""
         target = name
         for _ in range(_inroot.MAX_SYMLINKS):
-            try:
-                target = os.readlink(target, dir_fd=dfd)
-            except OSError:
+            text = readlink(target)
+            if text is None:
                 return None
+            target = text
             if "/" in target:
                 break  # elsewhere in the root: resolved from the root below
             kind = kinds.get(target)
