@@ -122,6 +122,18 @@ def test_agent_does_the_planned_work_through_the_callers_root(world: Dict[str, A
 
 
 @needs_root
+def test_agent_logs_the_in_root_works_own_time(world: Dict[str, Any]) -> None:
+    """The agent's ``nri in-root work`` line carries ``inroot_ms``, the time of the work
+    itself (links, cache, profile), apart from ``ms``, the whole request's (state, claim,
+    config.json, rootfs), which holds it."""
+    res = run_hook(world["hook"], world["state"])
+    assert (res.returncode, res.stderr) == (0, ""), res.stderr
+    ((_, event, kw),) = world["agent"].log.lines
+    assert event == "nri in-root work"
+    assert 0 < kw["inroot_ms"] <= kw["ms"], kw
+
+
+@needs_root
 @pytest.mark.parametrize("case", ["no work waits", "no agent", "another version",
                                   "a state too big to send"])
 def test_hook_falls_back_to_the_python_hook_with_the_same_state(world: Dict[str, Any],
