@@ -441,7 +441,8 @@ restart_engine() {  # restart_engine containerd|docker|crio CONFIG: fails when i
 # --- CDI refresh when the driver changes ----------------------------------------------------
 # `nvshim cdi refresh` brings the CDI specs the config's cdi-refresh lists, the node plan and
 # the CDI index up to date with the driver. Where systemd runs, for a system install
-# ($ETCDIR is /etc/nvshim), install.sh writes and enables:
+# ($ETCDIR is /etc/nvshim), install.sh writes (nvshim/node/install/units.py renders them)
+# and enables:
 #   nvshim-cdi-refresh.path      PathChanged on /lib/modules/%v/modules.dep(.bin), the files
 #                                `nvshim cdi refresh --print-watch-paths` names (the driver's
 #                                libcuda.so.1 folders, the config) and $BINDIR/nvshim
@@ -454,6 +455,17 @@ REFRESH=nvshim-cdi-refresh
 REFRESH_RULE=99-nvshim-cdi-refresh.rules
 
 systemd_runs() { [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; }
+
+# render_unit FILE OPTION...: the text of the unit or rule FILE, rendered and escaped by
+# nvshim/node/install/units.py in nvshim's own Python: --dev's venv, else the prefix's
+render_unit() {
+    if [ "$DEV" = 1 ]; then
+        "$VENV/bin/python3" -I -c 'import sys; from nvshim.node.install.units import main; main(sys.argv[1:])' "$@"
+    else
+        "$PREFIX/bin/python3" -I -S -c 'import sys; sys.path[0:0] = [sys.argv.pop(1)]; from nvshim.node.install.units import main; main(sys.argv[1:])' \
+            "$PREFIX/site" "$@"
+    fi
+}
 
 mkdir_recorded() {  # mkdir -p DIR, recording each folder it makes (removed at uninstall)
     [ -d "$1" ] && return 0
@@ -484,47 +496,18 @@ install_cdi_refresh() {
     fi
     watched=$("$BINDIR/nvshim" cdi refresh --config "$ETCDIR/config.yaml" --print-watch-paths) \
         || die "cannot list the driver's files for $REFRESH.path (see the message above)"
-    changed=0
-    {
-        echo "# Written by nvshim's install.sh: start $REFRESH.service when the NVIDIA driver changes."
-        echo "[Unit]"
-        echo "Description=Watch the NVIDIA driver for nvshim's CDI refresh"
-        echo
-        echo "[Path]"
-        echo "PathChanged=/lib/modules/%v/modules.dep"
-        echo "PathChanged=/lib/modules/%v/modules.dep.bin"
-        # procfs is not watchable; the running kernel's modules.dep is named by %v above
-        printf '%s\n' "$watched" "$BINDIR/nvshim" | grep -v -e '/proc/' -e '^/lib/modules/' \
-            | sed -e 's/%/%%/g' -e 's/^/PathChanged=/'
-        echo "Unit=$REFRESH.service"
-        echo
-        echo "[Install]"
-        echo "WantedBy=multi-user.target"
-    } | put_if_changed "$units/$REFRESH.path" && changed=1
-    {
-        echo "# Written by nvshim's install.sh: regenerate nvshim's CDI specs, node plan and CDI index."
-        echo "[Unit]"
-        echo "Description=Refresh nvshim's CDI specs, node plan and CDI index for the NVIDIA driver"
-        echo "ConditionPathExists=|/sys/module/nvidia"
-        echo "ConditionPathExists=|/sys/module/nvidia_current"
-        echo "StartLimitIntervalSec=600"
-        echo "StartLimitBurst=10"
-        echo
-        echo "[Service]"
-        echo "Type=oneshot"
-        echo "ExecStart=$BINDIR/nvshim cdi refresh --config $ETCDIR/config.yaml"
-        echo "Restart=on-failure"
-        echo "RestartSec=15"
-        echo
-        echo "[Install]"
-        echo "WantedBy=multi-user.target"
-    } | sed -e 's/%/%%/g' | put_if_changed "$units/$REFRESH.service" && changed=1
+    # every file rendered before any is written (a value a unit cannot carry writes none)
+    path_unit=$(render_unit "$REFRESH.path" --bindir "$BINDIR" --watched "$watched") || exit 1
+    service=$(render_unit "$REFRESH.service" --bindir "$BINDIR" --etcdir "$ETCDIR") || exit 1
     if [ -n "$rules" ]; then
-        systemctl=$(command -v systemctl || echo /usr/bin/systemctl)
-        {
-            echo "# Written by nvshim's install.sh: refresh nvshim's CDI specs when the NVIDIA module is loaded."
-            echo "ACTION==\"add\", SUBSYSTEM==\"module\", KERNEL==\"nvidia|nvidia_current\", RUN+=\"$systemctl --no-block start $REFRESH.service\""
-        } | put_if_changed "$rules/$REFRESH_RULE" \
+        rule=$(render_unit "$REFRESH_RULE" --systemctl "$(command -v systemctl || echo /usr/bin/systemctl)") \
+            || exit 1
+    fi
+    changed=0
+    printf '%s\n' "$path_unit" | put_if_changed "$units/$REFRESH.path" && changed=1
+    printf '%s\n' "$service" | put_if_changed "$units/$REFRESH.service" && changed=1
+    if [ -n "$rules" ]; then
+        printf '%s\n' "$rule" | put_if_changed "$rules/$REFRESH_RULE" \
             && [ "$system" = 1 ] && command -v udevadm >/dev/null 2>&1 \
             && udevadm control --reload-rules || true
     fi
@@ -556,9 +539,10 @@ uninstall_cdi_refresh() {  # before the manifest's files go: disable, remove, re
 }
 
 # --- the node agent (nvshim agent: the runtime's fast path for GPU creates) -----------
-# Where systemd runs and this is the system's install, nvshim-agent.service runs the agent
-# in the host's mount namespace; nvshim-runtime's trampoline hands GPU creates to it through
-# nvshim-agent-client and starts Python itself whenever the agent is not there (docs/agent.md).
+# Where systemd runs and this is the system's install, nvshim-agent.service (rendered by
+# nvshim/node/install/units.py) runs the agent in the host's mount namespace; nvshim-runtime's
+# trampoline hands GPU creates to it through nvshim-agent-client and starts Python itself
+# whenever the agent is not there (docs/agent.md).
 AGENT_UNIT=nvshim-agent
 install_agent_client() {  # the --dev venv's client (a payload carries its own)
     client=$VENV/libexec/nvshim-agent-client
@@ -591,22 +575,10 @@ install_agent_unit() {
         say "no systemd unit for the node agent (systemd does not run here, or this is not a system install): run '$BINDIR/nvshim agent' to give GPU creates the fast path"
         return 0
     fi
+    service=$(render_unit "$AGENT_UNIT.service" --bindir "$BINDIR" --etcdir "$ETCDIR" \
+        --nri-socket "${NVSHIM_AGENT_NRI_SOCKET:-none}") || exit 1
     changed=0
-    {
-        echo "# Written by nvshim's install.sh: nvshim's node agent (GPU creates without a Python start)."
-        echo "[Unit]"
-        echo "Description=nvshim node agent"
-        echo "After=local-fs.target"
-        echo
-        echo "[Service]"
-        echo "Type=simple"
-        echo "ExecStart=$BINDIR/nvshim agent --config $ETCDIR/config.yaml --socket /run/nvshim/agent.sock --nri-socket ${NVSHIM_AGENT_NRI_SOCKET:-none}"
-        echo "Restart=always"
-        echo "RestartSec=2"
-        echo
-        echo "[Install]"
-        echo "WantedBy=multi-user.target"
-    } | sed -e 's/%/%%/g' | put_if_changed "$units/$AGENT_UNIT.service" && changed=1
+    printf '%s\n' "$service" | put_if_changed "$units/$AGENT_UNIT.service" && changed=1
     if [ "$system" = 1 ]; then
         [ "$changed" = 1 ] && systemctl daemon-reload
         systemctl enable --quiet "$AGENT_UNIT.service"
@@ -741,17 +713,14 @@ install_payload() {
             [ -e "$entry" ] || continue
             [ -e "$new/${entry##*/}" ] || mv "$entry" "$new/"
         done
-        # one atomic exchange (renameat2 RENAME_EXCHANGE, through the new interpreter): a
-        # create running now (the trampoline starting Python, Python importing lazily) never
-        # meets a missing prefix. Two renames left a gap in which such creates failed with
-        # no log line (python3 not found, a stdlib module missing), measured at 4 of 376
-        # creates over three reinstalls; a file system without the exchange still gets them.
-        if "$new/bin/python3" -I -S -c 'import ctypes, sys
-libc = ctypes.CDLL(None, use_errno=True)
-AT_FDCWD, RENAME_EXCHANGE = -100, 2
-a, b = (p.encode() for p in sys.argv[1:3])
-sys.exit(0 if libc.renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0 else 1)' \
-            "$new" "$PREFIX" 2>/dev/null; then
+        # one atomic exchange (renameat2 RENAME_EXCHANGE, nvshim/node/install/swap.py run by
+        # the new interpreter): a create running now (the trampoline starting Python, Python
+        # importing lazily) never meets a missing prefix. Two renames left a gap in which such
+        # creates failed with no log line (python3 not found, a stdlib module missing),
+        # measured at 4 of 376 creates over three reinstalls; a file system without the
+        # exchange still gets them.
+        if "$new/bin/python3" -I -S -B -c 'import sys; sys.path[0:0] = [sys.argv.pop(1)]; from nvshim.node.install.swap import main; main(sys.argv[1:])' \
+            "$new/site" "$new" "$PREFIX" 2>/dev/null; then
             rm -rf "$new"  # the previous prefix, now at this name
             new=
         else
@@ -828,7 +797,7 @@ else
     mkdir -p "$BINDIR"
     "$VENV/bin/python3" -I -c 'import sys; from nvshim.node.install.trampoline import render; sys.stdout.write(render(sys.argv[1], config=sys.argv[2]))' \
         "$VENV/bin/python3" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim-runtime" 0755
-    "$VENV/bin/python3" -I -c 'import json, sys; print(f"#!{sys.argv[1]} -I\nimport os\nos.environ.setdefault(\"NVSHIM_CONFIG\", {json.dumps(sys.argv[2])})\nfrom nvshim.cli.main import main\nmain()")' \
+    "$VENV/bin/python3" -I -c 'import sys; from nvshim.node.install.dev import render_dev_cli; sys.stdout.write(render_dev_cli(*sys.argv[1:3]))' \
         "$VENV/bin/python3" "$ETCDIR/config.yaml" | install_file "$BINDIR/nvshim" 0755
 fi
 

@@ -13,6 +13,7 @@ import yaml
 
 from nvshim.agent import AGENT_SOCKET
 from nvshim.node.engines import containerd
+from nvshim.node.install.units import render_agent_service
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 MANIFESTS = sorted(DEPLOY.rglob("*.yaml"))
@@ -324,8 +325,11 @@ def test_readme_build_commands_are_the_ones_the_tests_run() -> None:
 
 
 def test_install_sh_unit_serves_the_agents_one_socket() -> None:
-    """install.sh's nvshim-agent.service (shell, which cannot import nvshim) names the
-    socket nvshim.agent.AGENT_SOCKET names, the one every other part uses."""
+    """install.sh's nvshim-agent.service, rendered by nvshim.node.install.units, names the
+    socket nvshim.agent.AGENT_SOCKET names, the one every other part uses; install.sh
+    spells no socket of its own."""
     text = (DEPLOY.parent / "install.sh").read_text()
-    (line,) = [x for x in text.splitlines() if "ExecStart=$BINDIR/nvshim agent" in x]
-    assert f"--socket {AGENT_SOCKET} " in line
+    assert 'render_unit "$AGENT_UNIT.service"' in text and AGENT_SOCKET not in text
+    (line,) = [x for x in render_agent_service("/b", "/e").splitlines()
+               if x.startswith("ExecStart=")]
+    assert f" --socket {AGENT_SOCKET} " in line
