@@ -11,8 +11,8 @@ __all__ = ["AGENT_SOCKET", "NRI_SOCKET"]
 
 AGENT_SOCKET = "/run/nvshim/agent.sock"
 """The node agent's socket: the one default every part uses (the agent, nvshim-runtime's
-trampoline, doctor, the CLI). install.sh's unit and deploy/daemonset.yaml, which cannot
-import it, are held to it by tests/unit/test_deploy.py."""
+trampoline, doctor, the CLI, install.sh's unit through :mod:`nvshim.node.install.units`).
+deploy/daemonset.yaml, which cannot import it, is held to it by tests/unit/test_deploy.py."""
 
 NRI_SOCKET = "/var/run/nri/nri.sock"
 """containerd's and CRI-O's usual NRI socket: what ``nvshim agent --nri-socket`` names in its
