@@ -37,9 +37,12 @@ that cannot be journaled does: record or fail, as on the runtime path.
 The road of one CreateContainer: :meth:`Plugin.handle` finds its handler in
 :attr:`Plugin.handlers` (the table Configure's event mask is computed from, as in
 containerd/nri's ``pkg/stub``); :meth:`Plugin.create_container` decodes it and calls
-:func:`decide`, which asks :func:`verify` (the plan, or a refusal), :func:`guard` (a
-stripped claim) and :func:`inject` (the grant's adjustment, or a grant let through), each
-returning a :class:`Verdict`, and journals that verdict in one place.
+:func:`decide`, which asks :func:`verify` (the plan, or the :class:`Verdict` that ends
+there: a refusal), :func:`guard` (a stripped claim) and :func:`inject` (the grant's
+adjustment, or a grant let through), takes the first verdict and journals it in one place.
+
+One module past the house's 400 lines: the service and the decisions it serves are read
+together, and every helper below serves one of the three duties.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, List, Literal, Mapping, Optional, Tuple, Union
 
 from nvshim.agent.nri.api import (
     Adjustment,
@@ -172,10 +175,10 @@ class Verdict:
     its reason; ``refused`` fails the create)."""
 
     adjust: Adjustment = field(default_factory=Adjustment)
-    record: str = ""
+    record: Literal["", "grant", "through", "stripped", "refused"] = ""
     reason: str = ""
     plan: Optional[Plan] = None
-    level: str = "info"
+    level: Literal["info", "warning"] = "info"
     event: str = ""
     fields: Tuple[Tuple[str, object], ...] = ()
 
