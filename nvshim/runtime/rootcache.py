@@ -33,6 +33,11 @@ nvshim uses the comparison alone.
 
 Everything is read inside the container rootfs through :mod:`nvshim.host.inroot`: the image
 controls this directory, so its symlinks cannot lead the check (or the cache) outside.
+
+Why one module: the merged cache, the ld.so.conf.d file that keeps it across a later
+``ldconfig`` and CUDA forward compatibility's folder put first decide one list of entries,
+read the image's files through the same confined access, and run on every GPU create,
+where one more module costs one more import.
 """
 
 from __future__ import annotations

@@ -31,7 +31,6 @@ PENDING_WHY: Set[str] = {
     "nvshim/node/engines/docker.py",
     "nvshim/cdi/index.py",
     "nvshim/cli/cmd_runtime.py",
-    "nvshim/runtime/rootcache.py",
 }
 
 #: default literal -> (its owner, the owner's value). The owner is the one module of
