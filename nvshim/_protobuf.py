@@ -1,6 +1,8 @@
-"""Protocol buffers' wire format, by hand: the few shapes NRI's and ttrpc's messages
-(:mod:`nvshim.agent.nri`) and the kubelet's PodResources messages
-(:mod:`nvshim.runtime.allocation.kubelet`) use; no protobuf runtime, no generated code.
+"""Protocol buffers' wire format, by hand: the few shapes ttrpc's envelope
+(:mod:`nvshim.agent.nri.transport`) and the kubelet's PodResources messages
+(:mod:`nvshim.runtime.allocation.kubelet`, on the create path) use; no protobuf runtime, no
+generated code, so a create never imports protobuf. NRI's own messages are protoc's
+(:mod:`nvshim.agent.nri.api_pb2`, read by the resident agent only).
 
 :func:`fields` splits a message into (field number, wire type, value) triples: varints as
 ints, length-delimited fields as bytes, fixed 32/64-bit fields as ints; every field is
@@ -33,8 +35,6 @@ __all__ = [
     "strings_field",
     "map_field",
     "read_string",
-    "read_strings",
-    "read_map",
     "read_int",
 ]
 
@@ -166,11 +166,6 @@ def read_string(values: Mapping[int, List[Value]], number: int) -> str:
     return _text(raw[-1], number)
 
 
-def read_strings(values: Mapping[int, List[Value]], number: int) -> Tuple[str, ...]:
-    """Every value of the repeated string field ``number``."""
-    return tuple(_text(v, number) for v in values.get(number, ()))
-
-
 def read_int(values: Mapping[int, List[Value]], number: int, signed: bool = True) -> int:
     """The last value of varint field ``number`` (0 when absent), as int64 when ``signed``."""
     raw = values.get(number)
@@ -182,17 +177,6 @@ def read_int(values: Mapping[int, List[Value]], number: int, signed: bool = True
     if signed and value >= 1 << 63:
         value -= 1 << 64
     return value
-
-
-def read_map(values: Mapping[int, List[Value]], number: int) -> Dict[str, str]:
-    """A ``map<string, string>`` field; the last entry of a key wins."""
-    out: Dict[str, str] = {}
-    for entry in values.get(number, ()):
-        if not isinstance(entry, bytes):
-            raise WireError(f"field {number}: expected a map entry")
-        parts = by_number(entry)
-        out[read_string(parts, 1)] = read_string(parts, 2)
-    return out
 
 
 def messages(values: Mapping[int, List[Value]], number: int) -> Iterable[bytes]:

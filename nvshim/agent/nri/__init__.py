@@ -6,8 +6,9 @@ the Plugin service (:class:`nvshim.agent.nri.plugin.Plugin`) until the engine go
 and reconnects with a backoff (:data:`BACKOFF_MIN` doubling to :data:`BACKOFF_MAX`) until
 ``stop`` is set. ``on_registered(True)`` once the engine has registered and configured it,
 ``on_registered(False)`` whenever the connection is lost. Modules: :mod:`.api` (NRI's
-messages, on :mod:`nvshim._protobuf`'s wire format), :mod:`.transport` (the multiplexer and
-ttrpc), :mod:`.plugin` (the handler table and the decisions).
+messages as plain values, from :mod:`.api_pb2`, protoc's code for NRI's api.proto),
+:mod:`.transport` (the multiplexer and ttrpc), :mod:`.plugin` (the handler table and the
+decisions).
 """
 
 from __future__ import annotations

@@ -1,29 +1,27 @@
-"""The messages of NRI's ``pkg/api/api.proto`` (package ``nri.pkg.api.v1alpha1``) nvshim uses.
+"""The messages of NRI's ``pkg/api/api.proto`` (package ``nri.pkg.api.v1alpha1``) nvshim uses,
+as plain values.
 
-Field numbers are the same in NRI v0.6 (containerd 1.7) and the later versions containerd
-2.x vendors (proto3 never renumbers); fields a version lacks are absent on the wire and
-read as their default, fields nvshim does not know are skipped. Only what the plugin
-reads (the pod, the container) is decoded and only what it answers is encoded.
+The wire format is protoc's: :mod:`.api_pb2` is generated from the api.proto of the NRI tag
+``tests/go/nri-proto/go.mod`` pins (``python -m tests.helpers.nriproto`` regenerates it; a test
+fails when it drifts from that tag). This module only maps those messages to the frozen values
+the plugin reads (:class:`Pod`, :class:`Container`) and from the ones it answers
+(:class:`Adjustment`), so a field NRI adds is a regeneration, and a line here only once the
+plugin uses it. Field numbers are the same in NRI v0.6 (containerd 1.7) and the later
+versions containerd 2.x vendors (proto3 never renumbers); fields a version lacks are absent
+on the wire and read as their default, fields nvshim does not know are skipped. A message
+that is not well-formed protobuf (a string that is not UTF-8 included) is a
+:class:`~nvshim._protobuf.WireError`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
-from nvshim._protobuf import (
-    by_number,
-    map_field,
-    message_field,
-    messages,
-    read_int,
-    read_map,
-    read_string,
-    read_strings,
-    string_field,
-    strings_field,
-    varint_field,
-)
+from google.protobuf.message import DecodeError
+
+from nvshim._protobuf import WireError
+from nvshim.agent.nri import api_pb2 as pb
 
 __all__ = [
     "SERVICE_PLUGIN",
@@ -53,19 +51,20 @@ SERVICE_RUNTIME = "nri.pkg.api.v1alpha1.Runtime"
 
 
 class Event:
-    """NRI's ``Event`` enum: a plugin subscribes with bit ``event - 1``."""
+    """NRI's ``Event`` enum (the events nvshim names): a plugin subscribes with bit
+    ``event - 1``."""
 
-    RUN_POD_SANDBOX = 1
-    STOP_POD_SANDBOX = 2
-    REMOVE_POD_SANDBOX = 3
-    CREATE_CONTAINER = 4
-    POST_CREATE_CONTAINER = 5
-    START_CONTAINER = 6
-    POST_START_CONTAINER = 7
-    UPDATE_CONTAINER = 8
-    POST_UPDATE_CONTAINER = 9
-    STOP_CONTAINER = 10
-    REMOVE_CONTAINER = 11
+    RUN_POD_SANDBOX: int = pb.RUN_POD_SANDBOX
+    STOP_POD_SANDBOX: int = pb.STOP_POD_SANDBOX
+    REMOVE_POD_SANDBOX: int = pb.REMOVE_POD_SANDBOX
+    CREATE_CONTAINER: int = pb.CREATE_CONTAINER
+    POST_CREATE_CONTAINER: int = pb.POST_CREATE_CONTAINER
+    START_CONTAINER: int = pb.START_CONTAINER
+    POST_START_CONTAINER: int = pb.POST_START_CONTAINER
+    UPDATE_CONTAINER: int = pb.UPDATE_CONTAINER
+    POST_UPDATE_CONTAINER: int = pb.POST_UPDATE_CONTAINER
+    STOP_CONTAINER: int = pb.STOP_CONTAINER
+    REMOVE_CONTAINER: int = pb.REMOVE_CONTAINER
 
 
 def event_mask(*events: int) -> int:
@@ -94,9 +93,7 @@ class Mount:
     options: Tuple[str, ...] = ()
 
     def encode(self) -> bytes:
-        return (string_field(1, self.destination) + string_field(2, self.type)
-                + string_field(3, self.source)
-                + strings_field(4, self.options))
+        return bytes(_pb_mount(self).SerializeToString())
 
 
 @dataclass(frozen=True)
@@ -110,12 +107,7 @@ class Device:
     gid: Optional[int] = None
 
     def encode(self) -> bytes:
-        out = (string_field(1, self.path) + string_field(2, self.type)
-               + varint_field(3, self.major) + varint_field(4, self.minor))
-        for number, value in ((5, self.file_mode), (6, self.uid), (7, self.gid)):
-            if value is not None:  # Optional* wrappers: present even when 0
-                out += message_field(number, varint_field(1, value))
-        return out
+        return bytes(_pb_device(self).SerializeToString())
 
 
 @dataclass(frozen=True)
@@ -126,16 +118,13 @@ class Hook:
     timeout: Optional[int] = None
 
     def encode(self) -> bytes:
-        out = (string_field(1, self.path) + strings_field(2, self.args)
-               + strings_field(3, self.env))
-        if self.timeout is not None:
-            out += message_field(4, varint_field(1, self.timeout))
-        return out
+        return bytes(_pb_hook(self).SerializeToString())
 
 
-#: ``Hooks`` field numbers by OCI hook name.
-HOOK_FIELDS = {"prestart": 1, "createRuntime": 2, "createContainer": 3, "startContainer": 4,
-               "poststart": 5, "poststop": 6}
+#: ``Hooks`` fields by OCI hook name.
+HOOK_FIELDS = {"prestart": "prestart", "createRuntime": "create_runtime",
+               "createContainer": "create_container", "startContainer": "start_container",
+               "poststart": "poststart", "poststop": "poststop"}
 
 
 @dataclass(frozen=True)
@@ -170,132 +159,141 @@ class Adjustment:
         return bool(self.annotations or self.mounts or self.env or self.hooks or self.devices)
 
     def encode(self) -> bytes:
-        out = map_field(2, self.annotations)
-        out += b"".join(message_field(3, m.encode()) for m in self.mounts)
-        out += b"".join(message_field(4, string_field(1, k) + string_field(2, v))
-                        for k, v in self.env)
-        if self.hooks:
-            hooks = b"".join(message_field(HOOK_FIELDS[kind], h.encode())
-                             for kind, hs in self.hooks.items() for h in hs)
-            out += message_field(5, hooks)
-        if self.devices:
-            out += message_field(6, b"".join(message_field(1, d.encode())
-                                             for d in self.devices))
-        return out
+        return bytes(_pb_adjustment(self).SerializeToString())
 
 
-def _optional(values: Dict[int, list], number: int) -> Optional[int]:  # type: ignore[type-arg]
-    for inner in messages(values, number):
-        return read_int(by_number(inner), 1, signed=False)
-    return None
+def _pb_mount(m: Mount) -> Any:
+    return pb.Mount(destination=m.destination, type=m.type, source=m.source, options=m.options)
+
+
+def _pb_device(d: Device) -> Any:
+    optional = {name: kind(value=value) for name, kind, value in (
+        ("file_mode", pb.OptionalFileMode, d.file_mode), ("uid", pb.OptionalUInt32, d.uid),
+        ("gid", pb.OptionalUInt32, d.gid)) if value is not None}  # present even when 0
+    return pb.LinuxDevice(path=d.path, type=d.type, major=d.major, minor=d.minor, **optional)
+
+
+def _pb_hook(h: Hook) -> Any:
+    timeout = {} if h.timeout is None else {"timeout": pb.OptionalInt(value=h.timeout)}
+    return pb.Hook(path=h.path, args=h.args, env=h.env, **timeout)
+
+
+def _pb_adjustment(a: Adjustment) -> Any:
+    out = pb.ContainerAdjustment(
+        annotations=a.annotations, mounts=[_pb_mount(m) for m in a.mounts],
+        env=[pb.KeyValue(key=k, value=v) for k, v in a.env])
+    if a.hooks:  # present when a kind is named, even with no hook
+        out.hooks.SetInParent()
+        for kind, hooks in a.hooks.items():
+            getattr(out.hooks, HOOK_FIELDS[kind]).extend(_pb_hook(h) for h in hooks)
+    if a.devices:
+        out.linux.devices.extend(_pb_device(d) for d in a.devices)
+    return out
+
+
+def _parse(kind: Any, data: bytes) -> Any:
+    """``data`` as the generated message ``kind``; WireError when it is not one."""
+    try:
+        return kind.FromString(data)
+    except DecodeError as exc:
+        raise WireError(f"undecodable {kind.DESCRIPTOR.name} ({len(data)} bytes)") from exc
+
+
+def _pod(m: Any) -> Pod:
+    return Pod(id=m.id, name=m.name, uid=m.uid, namespace=m.namespace,
+               annotations=dict(m.annotations), runtime_handler=m.runtime_handler)
+
+
+def _optional(m: Any, name: str) -> Optional[int]:
+    return int(getattr(m, name).value) if m.HasField(name) else None
+
+
+def _hook(m: Any) -> Hook:
+    return Hook(m.path, tuple(m.args), tuple(m.env), _optional(m, "timeout"))
+
+
+def _device(m: Any) -> Device:
+    return Device(m.path, m.type, m.major, m.minor, _optional(m, "file_mode"),
+                  _optional(m, "uid"), _optional(m, "gid"))
+
+
+def _container(m: Any) -> Container:
+    hooks = {kind: tuple(_hook(h) for h in getattr(m.hooks, name))
+             for kind, name in HOOK_FIELDS.items() if getattr(m.hooks, name)}
+    return Container(
+        id=m.id, pod_sandbox_id=m.pod_sandbox_id, name=m.name,
+        annotations=dict(m.annotations), args=tuple(m.args), env=tuple(m.env),
+        mounts=tuple(Mount(x.destination, x.type, x.source, tuple(x.options))
+                     for x in m.mounts),
+        hooks=hooks, devices=tuple(_device(d) for d in m.linux.devices), pid=m.pid,
+        cdi_devices=tuple(d.name for d in m.CDI_devices), cgroups_path=m.linux.cgroups_path)
 
 
 def decode_pod(data: bytes) -> Pod:
-    v = by_number(data)
-    return Pod(id=read_string(v, 1), name=read_string(v, 2), uid=read_string(v, 3),
-               namespace=read_string(v, 4), annotations=read_map(v, 6),
-               runtime_handler=read_string(v, 7))
-
-
-def _mount(data: bytes) -> Mount:
-    v = by_number(data)
-    return Mount(read_string(v, 1), read_string(v, 2), read_string(v, 3), read_strings(v, 4))
-
-
-def _device(data: bytes) -> Device:
-    v = by_number(data)
-    return Device(read_string(v, 1), read_string(v, 2), read_int(v, 3), read_int(v, 4),
-                  _optional(v, 5), _optional(v, 6), _optional(v, 7))
-
-
-def _hook(data: bytes) -> Hook:
-    v = by_number(data)
-    timeout = None
-    for inner in messages(v, 4):
-        timeout = read_int(by_number(inner), 1)
-    return Hook(read_string(v, 1), read_strings(v, 2), read_strings(v, 3), timeout)
+    """A PodSandbox."""
+    return _pod(_parse(pb.PodSandbox, data))
 
 
 def decode_container(data: bytes) -> Container:
-    v = by_number(data)
-    hooks: Dict[str, Tuple[Hook, ...]] = {}
-    for raw in messages(v, 10):
-        hv = by_number(raw)
-        for kind, number in HOOK_FIELDS.items():
-            found = tuple(_hook(h) for h in messages(hv, number))
-            if found:
-                hooks[kind] = found
-    devices: Tuple[Device, ...] = ()
-    cgroups_path = ""
-    for raw in messages(v, 11):
-        linux = by_number(raw)
-        devices += tuple(_device(d) for d in messages(linux, 2))
-        cgroups_path = read_string(linux, 5) or cgroups_path
-    return Container(
-        id=read_string(v, 1), pod_sandbox_id=read_string(v, 2), name=read_string(v, 3),
-        annotations=read_map(v, 6), args=read_strings(v, 7), env=read_strings(v, 8),
-        mounts=tuple(_mount(m) for m in messages(v, 9)), hooks=hooks, devices=devices,
-        pid=read_int(v, 12, signed=False),
-        cdi_devices=tuple(read_string(by_number(d), 1) for d in messages(v, 20)),
-        cgroups_path=cgroups_path,
-    )
+    """A Container."""
+    return _container(_parse(pb.Container, data))
 
 
 def decode_pod_container(data: bytes) -> Tuple[Pod, Container]:
-    """The (pod 1, container 2) of a Create/Start/...ContainerRequest."""
-    v = by_number(data)
-    pod = next((decode_pod(p) for p in messages(v, 1)), Pod())
-    container = next((decode_container(c) for c in messages(v, 2)), Container())
-    return pod, container
+    """The (pod, container) of a Create/Start/...ContainerRequest (the same two fields)."""
+    request = _parse(pb.CreateContainerRequest, data)
+    return _pod(request.pod), _container(request.container)
 
 
 def decode_state_change(data: bytes) -> Tuple[int, Pod, Container]:
-    """(event 1, pod 2, container 3) of a StateChangeEvent."""
-    v = by_number(data)
-    pod = next((decode_pod(p) for p in messages(v, 2)), Pod())
-    container = next((decode_container(c) for c in messages(v, 3)), Container())
-    return read_int(v, 1), pod, container
+    """(event, pod, container) of a StateChangeEvent."""
+    change = _parse(pb.StateChangeEvent, data)
+    return int(change.event), _pod(change.pod), _container(change.container)
 
 
 def decode_event(method: str, data: bytes) -> Tuple[int, str, int]:
     """(event, container id, container pid) of a StartContainer or RemoveContainer request
-    or a StateChangeEvent, the pod and the rest of the container left undecoded: what the
-    plugin needs to find work it holds for the container, paid on every container's start
-    and removal (:func:`decode_pod_container` and :func:`decode_state_change` for the
-    whole)."""
-    v = by_number(data)
+    or a StateChangeEvent, no Pod or Container value built: what the plugin needs to find
+    work it holds for the container, paid on every container's start and removal
+    (:func:`decode_pod_container` and :func:`decode_state_change` for the whole)."""
     if method == "StateChange":
-        event, number = read_int(v, 1), 3
+        message = _parse(pb.StateChangeEvent, data)
+        event = int(message.event)
+    elif method == "StartContainer":
+        message, event = _parse(pb.StartContainerRequest, data), Event.START_CONTAINER
     else:
-        event = Event.START_CONTAINER if method == "StartContainer" else Event.REMOVE_CONTAINER
-        number = 2
-    for raw in messages(v, number):
-        c = by_number(raw)
-        return event, read_string(c, 1), read_int(c, 12, signed=False)
-    return event, "", 0
+        message, event = _parse(pb.RemoveContainerRequest, data), Event.REMOVE_CONTAINER
+    return event, str(message.container.id), int(message.container.pid)
 
 
 def decode_configure(data: bytes) -> Dict[str, str]:
-    """The ConfigureRequest's runtime name (2), version (3) and NRI version (6)."""
-    v = by_number(data)
-    return {"runtime": read_string(v, 2), "version": read_string(v, 3),
-            "nri": read_string(v, 6)}
+    """The ConfigureRequest's runtime name and version and NRI version."""
+    request = _parse(pb.ConfigureRequest, data)
+    return {"runtime": str(request.runtime_name), "version": str(request.runtime_version),
+            "nri": str(request.NRI_version)}
 
 
 def encode_sync_reply(request: bytes) -> bytes:
-    """The SynchronizeResponse to ``request``: no updates, and ``more`` (2) echoing the
-    request's ``more`` (3), as a plugin that takes a state split over several messages
-    must (the engine closes one that does not)."""
-    return varint_field(2, read_int(by_number(request), 3))
+    """The SynchronizeResponse to ``request``: no updates, and ``more`` echoing the
+    request's, as a plugin that takes a state split over several messages must (the engine
+    closes one that does not)."""
+    more = _parse(pb.SynchronizeRequest, request).more
+    return bytes(pb.SynchronizeResponse(more=more).SerializeToString())
 
 
 def encode_register(name: str, index: str) -> bytes:
-    return string_field(1, name) + string_field(2, index)
+    """A RegisterPluginRequest."""
+    return bytes(pb.RegisterPluginRequest(plugin_name=name, plugin_idx=index)
+                 .SerializeToString())
 
 
 def encode_configure_reply(events: int) -> bytes:
-    return varint_field(2, events)
+    """A ConfigureResponse subscribing to the ``events`` mask (:func:`event_mask`)."""
+    return bytes(pb.ConfigureResponse(events=events).SerializeToString())
 
 
 def encode_create_reply(adjust: Adjustment) -> bytes:
-    return message_field(1, adjust.encode()) if adjust else b""
+    """A CreateContainerResponse with ``adjust``; nothing at all when it adjusts nothing."""
+    if not adjust:
+        return b""
+    return bytes(pb.CreateContainerResponse(adjust=_pb_adjustment(adjust)).SerializeToString())
