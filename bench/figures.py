@@ -3,6 +3,7 @@
 Run from the repository root with the venv's interpreter (root is not needed)::
 
     .venv/bin/python bench/figures.py [--runs 15] [--python /usr/bin/python3]
+        [--out bench/figures-results.json]
 
 Each import figure is the median (and minimum) over ``--runs`` fresh processes of the
 interpreter the runtime is built from, started as the runtime is (``-I -S``), of the time
@@ -13,12 +14,15 @@ interpreter's bare start is timed from outside (``-c pass``). The others: defini
 config.json-sized document against nvshim's ``_copy``, and a small file's write with and
 without fsync (file and directory) in a temporary directory on this disk.
 
-Nothing here asserts on time; this is a measurement, not a test.
+Every row's samples (ms) go to ``--out`` with the date, the machine and its load, for
+``bench/table.py``'s current figures. Nothing here asserts on time; this is a
+measurement, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -136,17 +140,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--out", default=str(REPO / "bench" / "figures-results.json"))
     args = parser.parse_args()
-    print(f"interpreter {args.python}, {args.runs} runs each, load "
-          f"{os.getloadavg()[0]:.1f}")
-    print("| figure | median (min) |\n|---|---|")
-    print(row("bare start, -I -S -c pass (from outside)", bare_start(args.python, args.runs)))
+    load_before = os.getloadavg()
+    print(f"interpreter {args.python}, {args.runs} runs each, load {load_before[0]:.1f}")
+    rows: Dict[str, List[float]] = {
+        "bare start, -I -S -c pass (from outside)": bare_start(args.python, args.runs)}
     for name, setup, code in IMPORTS:
-        print(row(name, timed_in_process(args.python, setup, code, args.runs)))
+        rows[name] = timed_in_process(args.python, setup, code, args.runs)
     for name, samples in deepcopy_against_copy(args.runs).items():
-        print(row(f"{name} of a config.json-sized document", samples))
+        rows[f"{name} of a config.json-sized document"] = samples
     for name, samples in write_with_and_without_fsync(args.runs).items():
-        print(row(f"a 300-byte file: {name}", samples))
+        rows[f"a 300-byte file: {name}"] = samples
+    print("| figure | median (min) |\n|---|---|")
+    for name, samples in rows.items():
+        print(row(name, samples))
+    Path(args.out).write_text(json.dumps({
+        "runs": args.runs, "python": args.python, "load_before": load_before,
+        "load_after": os.getloadavg(), "nproc": os.cpu_count(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "rows_ms": {k: [round(x * 1e3, 4) for x in v] for k, v in rows.items()},
+    }, indent=2) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

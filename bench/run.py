@@ -622,7 +622,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     nvshim_cli = [cli] if cli else [sys.executable, "-I", "-m", "nvshim.cli.main"]
     wanted = set(args.cases.split(","))
 
-    results: Dict[str, Any] = {"pairs": args.pairs,
+    results: Dict[str, Any] = {"pairs": args.pairs, "load_before": os.getloadavg(),
                                "machine": machine(args.runc, args.runtime), "cases": []}
     if len(runtimes) == 2:
         results["machine"]["nvshim_runtime_b"] = runtimes[1]
@@ -677,6 +677,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             for agent in agents:
                 agent.terminate()
                 agent.wait(30)
+    results["load_after"] = os.getloadavg()
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print_table(results)
     print(f"\nwrote {args.out}")

@@ -155,7 +155,8 @@ class Agent:
 
 def _warm_up() -> None:
     """Import what a create uses now, not on the first create (and undo the runtime
-    entry's ``gc.disable()``, which suits a 15 ms process, not a resident one)."""
+    entry's ``gc.disable()``, which suits a process that lives for one create, not a
+    resident one)."""
     import gc
 
     import nvshim.runtime.create  # noqa: F401

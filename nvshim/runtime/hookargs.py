@@ -90,7 +90,7 @@ def hook_command(module: str = HOOK_MODULE) -> Tuple[str, ...]:
     """How a hook starts nvshim: this interpreter by absolute path, isolated, without site.
 
     ``-I`` ignores PYTHON* variables, the user site and the current directory (the hook's
-    cwd is the container rootfs); ``-S`` skips site (5-30 ms per start), so the directory
+    cwd is the container rootfs); ``-S`` skips site (a cost on every start), so the directory
     holding nvshim is put on ``sys.path`` explicitly — the hook needs nothing else. The
     hook entry also carries an explicit env: nothing of the image's environment reaches it.
     ``module`` is the hook's (:data:`HOOK_MODULE`, or

@@ -24,10 +24,10 @@ def check_agent(socket_path: str, config_path: str, trampoline: str) -> Finding:
     from nvshim.agent.state import generation_of
 
     name = "agent"
-    slow = "GPU creates start Python in nvshim-runtime (correct, ~10 ms slower each)"
+    slow = "GPU creates start Python in nvshim-runtime (correct, slower each)"
     if not os.path.exists(socket_path):  # a node without an agent: valid, only slower
         return Finding(name, "skip", f"no node agent on {socket_path}: GPU creates start "
-                       "Python (correct, ~10 ms slower each)", _FIX, detail=f"{slow}; {_FIX}")
+                       "Python (correct, slower each)", _FIX, detail=f"{slow}; {_FIX}")
     try:
         status, message = parse_reply(ask(socket_path, MAGIC + b"\0ready\0", timeout=3.0))
     except (OSError, ProtocolError) as exc:

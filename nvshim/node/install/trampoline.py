@@ -375,7 +375,7 @@ def render(python: str, paths: Optional[Sequence[str]] = None,
     """The trampoline script for an nvshim installed in ``python``'s environment.
 
     Python starts with ``-I -S``: ``site`` (and an editable install's import finder) costs
-    5-30 ms per start, so the directories that hold nvshim and its dependencies
+    on every start, so the directories that hold nvshim and its dependencies
     (``paths``, default :func:`default_paths`) are put on ``sys.path`` directly.
     ``config`` is the config file used when ``NVSHIM_CONFIG`` is unset (default
     ``/etc/nvshim/config.yaml``; install.sh passes its ``NVSHIM_ETCDIR``): the script and
