@@ -3,7 +3,8 @@
 ``client.c`` (beside this module, about 140 lines, documented in ``docs/agent.md``) is built
 static with the build machine's C compiler when the payload is built (and by
 ``install.sh`` where a compiler is present): the trampoline runs it for a GPU create
-and it costs ~1 ms where starting Python costs ~11 (BENCHMARKS.md). Where it is missing
+and it starts in a fraction of a Python start (BENCHMARKS.md, figures: `agent.client`
+against `python.start`). Where it is missing
 (no compiler, a machine it is not built for yet) the trampoline runs the in-process
 create, as without an agent.
 """
