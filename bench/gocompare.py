@@ -1,9 +1,9 @@
 """nvshim against NVIDIA's Go runtime in CDI mode, on the same 1-GPU work, one interleaved run.
 
-Run as root from the repository root with this checkout's interpreter, once NVIDIA's Go
-runtime is built (below)::
+Run as root from the repository root with this checkout's interpreter (NVIDIA's Go
+runtime is built on the first run, below)::
 
-    .venv/bin/python bench/gocompare.py [--rounds 60] [--go-bin /tmp/gort/bin]
+    .venv/bin/python bench/gocompare.py [--rounds 60] [--go-bin DIR]
         [--out bench/gocompare-results.json]
 
 It reuses ``bench/run.py``'s world (busybox bundles, the simulated 8-GPU node, the compiled

@@ -4,7 +4,7 @@ NVIDIA's runtime grants GPUs from the image's env, so as an engine's default run
 containers that request no GPU every GPU of the node (CUDA images set
 ``NVIDIA_VISIBLE_DEVICES=all``): the pitfall nvshim exists to close, whatever nvshim's own
 config says. The configs below are what ``nvidia-ctk runtime configure --set-as-default``
-writes (/work/shared/reference/nvidia-runtime-observed.md §4).
+writes (NVIDIA's toolkit v1.20, its ``runtime configure`` for each engine).
 """
 
 from __future__ import annotations
