@@ -207,6 +207,12 @@ def main() -> int:
     }
     text = json.dumps(results, indent=2)
     print(text)
+    if "inject" in modes and not hook_ms:
+        from nvshim.agent.client import client_path
+
+        print(f"bench/nri.py: the agent did no in-root work for an injection's hook (no "
+              f"{client_path(sys.executable)}?): inject's figure is the Python hook's",
+              file=sys.stderr)
     Path(args.out).write_text(text + "\n")
     return 0
 
