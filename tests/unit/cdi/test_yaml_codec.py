@@ -1,15 +1,20 @@
-"""Spec YAML through libyaml: the same documents, texts and error words as PyYAML's own
-parser and emitter, only faster (the speed itself: bench/cli.py)."""
+"""Spec YAML through libyaml and nvshim's own writer: the same documents, texts and error
+words as PyYAML's pure-Python parser and emitter, only faster (the speed: bench/cli.py)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Dict
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nvshim.cdi.load import decode_document
-from nvshim.cdi.write import dump_spec
+from nvshim.cdi.write import _ordered as dump_ordered
+from nvshim.cdi.write import _plain_yaml, dump_spec
 from nvshim.errors import CdiSpecError
 
 pytestmark = pytest.mark.skipif(not getattr(yaml, "__with_libyaml__", False),
@@ -27,6 +32,8 @@ def _pure_dump(doc: Dict[str, Any]) -> str:
     "", "0", "yes", "null", "~", "=", "<<", "1.5", "1:20", "0x1f", "2024-01-01", " lead",
     "trail ", "a: b", "a #b", "#c", "- x", "--link", "a::b", "é", "日本", "\U0001F600",
     "tab\there", "line\nbreak", 'q"uote', "it's", "\\back", "x" * 300, "\x07", "\u2028",
+    "a:", "-", "-I", "--", "--link", "---x", "./x", "../x", "...x", ".5", "-1", "0:1", "1:0",
+    "00", "0.5.0", "1.0", "a b", "a  b", "x" * 127, "x" * 128, "a [b] {c}, d; e", "é" * 70,
 ])
 def test_yaml_dump_is_pyyaml_own_text(value: str) -> None:
     """A spec holding an awkward string (as a value, a list item and an annotation key)
@@ -85,3 +92,37 @@ def test_yaml_documents_equal_pyyaml_own(text: str) -> None:
     """A YAML spec decodes to the very document PyYAML's pure-Python parser gives."""
     expected = yaml.load(text, Loader=yaml.SafeLoader)  # noqa: S506 - SafeLoader itself
     assert decode_document(text.encode(), "s.yaml", ".yaml") == expected
+
+
+_TEXT = st.lists(st.sampled_from(list("aZ09/_.-:=,+@ #'\"[]{}!&*|>%`?~\\\té\n")
+                                 + ["yes", "null", "On", "..", "--", ": ", "0:1", "1:20",
+                                    "0.5.0", "1.0"]), max_size=6).map("".join)
+_VALUES = st.recursive(
+    st.one_of(_TEXT, st.integers(-5, 10**6), st.booleans(), st.none()),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(_TEXT, inner, max_size=3)),
+    max_leaves=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(_TEXT, _VALUES, min_size=1, max_size=4))
+def test_yaml_dump_of_any_document_is_pyyaml_own_text(doc: Dict[str, Any]) -> None:
+    """Whichever writer runs (nvshim's own for plain specs, libyaml, PyYAML), the YAML
+    text is byte for byte what PyYAML's pure-Python emitter writes."""
+    assert dump_spec(doc) == _pure_dump(dump_ordered(doc))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="simulated nodes need root (mknod)")
+@pytest.mark.parametrize("caps", ["compute,utility", "all"])
+def test_a_generated_spec_is_written_without_pyyaml(tmp_path: Path, caps: str) -> None:
+    """A generated spec (MIG devices, graphics links, the hook's arguments) is written by
+    nvshim's own writer, in exactly PyYAML's text."""
+    from nvshim.node.cdigen import generate_for_node
+    from nvshim.sim.build import create_node
+
+    node = create_node(str(tmp_path / "node"), gpus=2, mig=True, imex_channels=1)
+    spec, _ = generate_for_node(node.root, None, "gpu", "nvidia.com", ("index", "uuid"), caps,
+                                "auto", None)
+    text = _plain_yaml(dump_ordered(spec))
+    assert text is not None
+    assert text == _pure_dump(dump_ordered(spec))
