@@ -68,10 +68,13 @@ DYNLOAD_DROPPED = re.compile(
 GLIBC_FAMILY = ("libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1",
                 "libutil.so.1", "libresolv.so.2", "libanl.so.1", "libgcc_s.so.1")
 
-#: what the smoke test imports with the bundled interpreter: every dependency's top module
+#: what the smoke test imports with the bundled interpreter: every dependency's top module,
+#: and the agent's NRI messages (protobuf, whose compiled upb extension the smoke test
+#: asserts is the one in use)
 SMOKE_IMPORTS = ("nvshim.runtime.main", "nvshim.cli.main", HOOK_MODULE, PARAMS_HOOK_MODULE,
                  "click", "structlog",
-                 "pynvml", "jsonschema", "yaml", "tomlkit", "grpc", "ctypes", "json")
+                 "pynvml", "jsonschema", "yaml", "tomlkit", "grpc", "ctypes", "json",
+                 "nvshim.agent.nri.api")
 
 
 #: pip's lines that only say an error happened elsewhere (its last line is one of them)
@@ -261,6 +264,8 @@ def _smoke(root: str, dest: str) -> None:
             f"[importlib.import_module(m) for m in {list(SMOKE_IMPORTS)!r}]; "
             "assert sys.prefix == sys.argv[2], sys.prefix; "
             "import nvshim.runtime.hookargs as h; assert h.__file__.startswith(sys.argv[1]), h; "
+            "from google.protobuf.internal import api_implementation as pb; "
+            "assert pb.Type() == 'upb', 'protobuf without its compiled extension: ' + pb.Type(); "
             "print(sys.version)")
     _run([os.path.join(root, LAUNCHER), "-I", "-S", "-c", code,
           os.path.join(root, PACKAGES), root], f"the bundled interpreter in {dest}")
