@@ -66,7 +66,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -277,8 +277,8 @@ class Bench:
         for path, data in self.keep.get(key, {}).items():
             path.write_bytes(data)
         rootfs = self.bundles[key] / "rootfs"
-        for path in sorted(_tree(rootfs) - self.rootfs_paths[key], reverse=True):
-            full = rootfs / path
+        for added in sorted(_tree(rootfs) - self.rootfs_paths[key], reverse=True):
+            full = rootfs / added
             if full.is_dir() and not full.is_symlink():
                 full.rmdir()
             else:
@@ -343,9 +343,9 @@ def _image_libraries(source: Path, dest: Path, most: int) -> None:
         taken += 1
 
 
-def _tree(top: Path) -> set:
+def _tree(top: Path) -> Set[str]:
     """Every path under ``top``, relative, symlinks not followed."""
-    out = set()
+    out: Set[str] = set()
     for dirpath, dirnames, filenames in os.walk(top):
         for name in dirnames + filenames:
             out.add(os.path.relpath(os.path.join(dirpath, name), top))
@@ -487,7 +487,7 @@ def case_cdi(b: Bench, repeats: int) -> Dict[str, Any]:
         out["inspect_1gpu_ms"] = summary(samples)
         return out
     help_text = probe.stdout
-    rows = []
+    rows: List[Dict[str, Any]] = []
     for n in CDI_SIZES:
         root = b.work / f"cdi-node{n}"
         create_node(str(root), gpus=n)  # the sim builds large nodes (minors skip 254/255)
