@@ -168,8 +168,11 @@ def _folder_entries(root: _inroot.RootFd, folder: str,
     the root once and read below that fd: one ``getdents`` for the names and their types,
     each regular file opened directly in the folder (never through a symlink) and read
     once, and a link whose target is a name in the same folder (``libz.so.1 ->
-    libz.so.1.2.13``, nearly all of them) answered from that file. Only a link pointing
-    elsewhere is resolved from the root, as before.
+    libz.so.1.2.13``, nearly all of them) answered from that file. A link through a path
+    (Debian's ``libz.so -> /lib/x86_64-linux-gnu/libz.so.1.2.13``) has that path's folder
+    resolved in the root once per scan: when it is this very folder (same device and
+    inode) the link is answered from the folder as well; only a link leading elsewhere is
+    resolved from the root, as before.
     """
     planned = planned or {}
     dfd = _inroot.open_dir(root, folder)
@@ -232,6 +235,30 @@ def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
                 texts[name] = None
         return texts[name]
 
+    folders: Dict[str, bool] = {}  # a folder path a link names → whether it is this one
+    here: List[Tuple[int, int]] = []  # this folder's (device, inode), once
+
+    def is_here(parent: str) -> bool:
+        """Whether the container path *parent* resolves (in the root) to this folder."""
+        known = folders.get(parent)
+        if known is None:
+            try:
+                fd = _inroot.resolve_dir(root, parent)
+            except OSError:
+                fd = -1
+            known = False
+            if fd >= 0:
+                try:
+                    st = os.fstat(fd)
+                finally:
+                    os.close(fd)
+                if not here:
+                    own = os.fstat(dfd)
+                    here.append((own.st_dev, own.st_ino))
+                known = (st.st_dev, st.st_ino) == here[0]
+            folders[parent] = known
+        return known
+
     def link_flags(name: str, path: str) -> Optional[int]:
         """The flags of the library the link *name* leads to, None if it leads to none."""
         target = name
@@ -241,7 +268,13 @@ def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
                 return None
             target = text
             if "/" in target:
-                break  # elsewhere in the root: resolved from the root below
+                parts = [c for c in (target if target[0] == "/" else f"{base}/{target}"
+                                     ).split("/") if c and c != "."]
+                if not parts or parts[-1] == "..":
+                    return None  # names no file (open_file refuses it alike)
+                if not is_here("/" + "/".join(parts[:-1])):
+                    break  # elsewhere in the root: resolved from the root below
+                target = parts[-1]
             kind = kinds.get(target)
             if kind == "file":
                 got = regular(target)

@@ -52,6 +52,13 @@ def _image(root: Path, layout: Optional[str], compat_major: int, driver_files: b
     (lib / "libloop.so.1").symlink_to("libloop.so.1")
     (lib / "libabs.so.1").symlink_to("/lib/x86_64-linux-gnu/libimg1.so.1.1.7")
     (lib / "libup.so.2").symlink_to("../x86_64-linux-gnu/libimg2.so.2.2.14")
+    (lib / "libelse.so.1").symlink_to("/usr/local/cuda/compat/libcuda.so.1")  # elsewhere
+    (lib / "libabsfifo.so.1").symlink_to("/lib/x86_64-linux-gnu/libfifo.so.1")
+    (lib / "libabsloop.so.1").symlink_to("/lib/x86_64-linux-gnu/libabsloop.so.1")
+    (lib / "libabsgone.so.1").symlink_to("/lib/x86_64-linux-gnu/libgone.so.1")
+    (lib / "libabschain.so").symlink_to("/lib/x86_64-linux-gnu/libimg4.so")
+    (lib / "libdotdot.so.1").symlink_to("/usr/lib/..")
+    (lib / "libescape.so.3").symlink_to("../../../../../usr/lib/x86_64-linux-gnu/libimg3.so.3")
     (lib / "README").write_text("not a library\n")
     (lib / "libcuda.so.1").symlink_to("libcuda.so.470.1.1")  # the image's stale link
     if driver_files:  # runc has mounted the driver's files
@@ -135,11 +142,11 @@ CASES = {
 #: _digest of each case's rootfs after the work, recorded with the code before issue 44
 #: item 4 made it cheaper (same bytes, same links, same modes).
 GOLDEN = {
-    "agent-new-cache": "9325990c22cd4b59c9d6",
-    "runtime-compat-cache-newer-compat": "302e5af9696de4944d35",
-    "runtime-old-cache": "b000a0d566a9c3075c7b",
-    "no-cache-no-etc": "5f87ec2032409906ca5a",
-    "hook-new-cache": "ca634cb23109f6e42b0a",
+    "agent-new-cache": "73741ac2605dfd6a3591",
+    "runtime-compat-cache-newer-compat": "a029e317c047d9bf63b3",
+    "runtime-old-cache": "7a98f6d4e5fe19494c5b",
+    "no-cache-no-etc": "bd5d0c8d4f41016f1bd8",
+    "hook-new-cache": "95880889e7467354b4c6",
 }
 
 
