@@ -3,7 +3,8 @@
 ``doctor``.
 
 Importing click and the command modules costs several times the interpreter's own start
-(BENCHMARKS.md, "The CLI"); these forms need neither. :func:`serve` answers a form it knows
+(docs/benchmarks-history.md, "The CLI"); these forms need neither. :func:`serve`
+answers a form it knows
 and returns its exit status, or returns ``None`` for anything else: global options, an
 option this table does not hold, ``--help`` of a command, a value click would refuse (a
 choice not offered, a directory that does not exist). click then runs the same arguments
