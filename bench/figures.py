@@ -1,4 +1,4 @@
-"""The figures nvshim's comments lean on, measured again: BENCHMARKS.md "Figures the code quotes".
+"""The costs nvshim's comments lean on, measured again: BENCHMARKS.md's current figures.
 
 Run from the repository root with the venv's interpreter (root is not needed)::
 

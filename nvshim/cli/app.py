@@ -3,7 +3,8 @@
 
 :func:`nvshim.cli.main.main` imports this module only for the forms
 :mod:`nvshim.cli.fast` does not serve: click and the command modules cost several times the
-interpreter's own start (BENCHMARKS.md, "The CLI"), so a command loads only its own module.
+interpreter's own start (docs/benchmarks-history.md, "The CLI"), so a command loads only
+its own module.
 """
 
 from __future__ import annotations
