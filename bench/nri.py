@@ -18,7 +18,8 @@ the earlier ones' containers, ≈ 5 ms for the guard):
   its hooks taken out (the same devices and mounts under another kind,
   ``nvshim-floor.test/gpu``, asked for in the CRI's CDI devices): the NRI floor, what
   runc pays for the device nodes and mounts whoever injects them; ``inject`` and the
-  others are also given over it (``over_floor_ms_paired_blocks``);
+  others are also given over it (``over_floor_ms_paired_blocks``); the spec containerd
+  wrote for the floor's first container must hold the GPU's node and no hook;
 - ``handler``: no plugin, the same container under nvshim's runtime handler (``nvidia``,
   the runtime path injecting the same GPU), for comparison;
 - ``inject``: the agent injecting that GPU (device nodes, driver mounts, the hook) with the
@@ -138,12 +139,25 @@ def main() -> int:
                     cri.start_container(cid)
                     if i >= 0:
                         times[mode].append((time.perf_counter() - t0) * 1e3)
+                    elif cdi:  # the floor's first container: did the engine inject it?
+                        check_floor(cid)
                 block_medians[mode].append(statistics.median(times[mode][-args.runs:]))
                 # each block on a containerd holding no earlier block's containers: create
                 # time grows with their number, which would favour the modes run first
                 cri.remove_pods(close=False)
 
             gpu_env = {"NVIDIA_VISIBLE_DEVICES": gpu.uuid}
+
+            def check_floor(cid: str) -> None:
+                """The spec containerd wrote for a floor container holds the GPU's node
+                and no hook, or the floor measured nothing."""
+                assert n.containerd is not None
+                res = n.containerd.ctr("containers", "info", cid, timeout=30)
+                spec = json.loads(res.stdout)["Spec"] if res.rc == 0 else {}
+                devices = [d.get("path") for d in (spec.get("linux") or {}).get("devices") or []]
+                if f"/dev/nvidia{gpu.minor}" not in devices or spec.get("hooks"):
+                    raise SystemExit(f"bench/nri.py: containerd did not inject the floor's CDI "
+                                     f"device (devices {devices}, hooks {spec.get('hooks')})")
             floor_spec(base / "cdi" / "nvidia.yaml", base / "cdi" / "nvshim-floor.json")
 
             def run_mode(mode: str) -> None:
