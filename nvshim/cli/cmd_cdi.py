@@ -144,15 +144,12 @@ def generate(driver_root: Optional[str], dev_root: Optional[str], output: Option
         cdi_check(check_file, settings().quiet, driver_root, dev_root, class_, vendor,
                   strategies, driver_capabilities, gpu_source, hook_path)
         return
-    from nvshim.cdi.write import dump_spec, write_spec
-    from nvshim.node.cdigen import generate_for_node
+    from nvshim.node.cdigen import generate_text
 
-    spec, _ = generate_for_node(driver_root, dev_root, class_, vendor, strategies,
-                                driver_capabilities, gpu_source, hook_path)
-    if output and output != "-":
-        write_spec(output, spec)
-        return
-    click.echo(dump_spec(spec, fmt or "yaml"), nl=False)
+    text = generate_text(driver_root, dev_root, output, fmt, class_, vendor, strategies,
+                         driver_capabilities, gpu_source, hook_path)
+    if text:
+        click.echo(text, nl=False)
 
 
 # --- refresh ----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """``nvshim`` without click, for the forms operators run in loops, scripts and health checks:
-``--version``, the top-level help, ``grants``, ``cdi list``, ``cdi generate --check`` and
-``doctor``.
+``--version``, the top-level help, ``grants``, ``cdi list``, ``cdi generate`` (``--check``
+too) and ``doctor``.
 
 Importing click and the command modules costs several times the interpreter's own start
 (docs/benchmarks-history.md, "The CLI"); these forms need neither. :func:`serve`
@@ -98,10 +98,13 @@ FORMS: Dict[Tuple[str, ...], Tuple[Dict[str, Opt], Dict[str, Any]]] = {
         "--gpu-source": Opt("gpu_source", choices=("auto", "procfs", "nvml")),
         "--hook-path": Opt("hook_path"),
         "--check": Opt("check_file", not_dir=True),
+        "--output": Opt("output", not_dir=True),
+        "-o": Opt("output", not_dir=True),
+        "--format": Opt("fmt", choices=("yaml", "json")),
     }, {"driver_root": None, "dev_root": None, "vendor": "nvidia.com", "class_": "gpu",
         "strategies": ("index", "uuid"),
         "driver_capabilities": "compute,utility", "gpu_source": "auto", "hook_path": None,
-        "check_file": None}),
+        "check_file": None, "output": None, "fmt": None}),
     ("doctor",): ({
         "--format": _FORMAT,
         "--config": Opt("config_file", not_dir=True),
@@ -250,8 +253,18 @@ def _run(path: Tuple[str, ...], values: Dict[str, Any]) -> Optional[int]:
                                values["nvidia_config"], values["hooks_dirs"],
                                values["runtime_binaries"], values["agent_socket"],
                                values["verbose"])
-    if values["check_file"] is None:  # generate writes a spec: click's path
-        return None
+    if values["check_file"] is None:
+        from nvshim.node.cdigen import generate_text
+
+        text = generate_text(values["driver_root"], values["dev_root"], values["output"],
+                             values["fmt"], values["class_"], values["vendor"],
+                             values["strategies"], values["driver_capabilities"],
+                             values["gpu_source"], values["hook_path"])
+        if text:
+            import sys
+
+            sys.stdout.write(text)
+        return 0
     return readonly.cdi_check(values["check_file"], False, values["driver_root"],
                               values["dev_root"], values["class_"], values["vendor"],
                               values["strategies"], values["driver_capabilities"],

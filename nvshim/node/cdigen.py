@@ -35,6 +35,7 @@ __all__ = [
     "fresh_like",
     "strategies_of",
     "generate_for_node",
+    "generate_text",
     "check_current",
     "STRATEGIES",
     "IMEX_CLASS",
@@ -175,6 +176,22 @@ def generate_for_node(driver_root: Optional[str], dev_root: Optional[str], class
         params = ()
     return generate_spec(host, vendor, class_, strategies, caps, hook, gpu_source,
                          params), host
+
+
+def generate_text(driver_root: Optional[str], dev_root: Optional[str], output: Optional[str],
+                  fmt: Optional[str], class_: str, vendor: str, strategies: Sequence[str],
+                  driver_capabilities: str, gpu_source: str, hook_path: Optional[str]) -> str:
+    """``nvshim cdi generate`` without ``--check`` (both ways of running it: click's and
+    :mod:`nvshim.cli.fast`): the spec written to ``output`` atomically ("" returned), or,
+    without one (or ``-``), its text for stdout in ``fmt`` (default yaml)."""
+    from nvshim.cdi.write import dump_spec, write_spec
+
+    spec, _ = generate_for_node(driver_root, dev_root, class_, vendor, strategies,
+                                driver_capabilities, gpu_source, hook_path)
+    if output and output != "-":
+        write_spec(output, spec)
+        return ""
+    return dump_spec(spec, fmt or "yaml")
 
 
 def strategies_of(raw: Any) -> Tuple[str, ...]:

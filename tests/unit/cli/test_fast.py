@@ -19,9 +19,6 @@ from nvshim.cli.main import main
 
 REPO = Path(__file__).resolve().parents[3]
 
-#: generate's options the fast form leaves to click: with them it writes or prints a spec
-GENERATE_CLICK_ONLY = {"--output", "-o", "--format"}
-
 #: doctor's engine configs and trampoline, none of them there: the host's are not read
 DOCTOR_FILES = [f"--{name}={{tmp}}/none.{name}" for name in (
     "containerd-config", "docker-config", "crio-config", "nvidia-config", "trampoline")]
@@ -56,8 +53,8 @@ def test_the_top_level_help_is_clicks_at_80_columns(capsys: pytest.CaptureFixtur
 @pytest.mark.parametrize("path", sorted(fast.FORMS))
 def test_each_forms_table_agrees_with_its_click_declaration(path: Tuple[str, ...]) -> None:
     """Flags (short ones too), destinations, flag-ness, multiple, choices, path rules and
-    defaults of every option the fast form parses are the click command's; generate leaves
-    only --output/--format to click."""
+    defaults of every option the fast form parses are the click command's, and it parses
+    every option but --help."""
     options, defaults = fast.FORMS[path]
     command = _command(path)
     seen = set()
@@ -66,8 +63,7 @@ def test_each_forms_table_agrees_with_its_click_declaration(path: Tuple[str, ...
             continue
         flags = [f for f in param.opts + param.secondary_opts if f in options]
         if not flags:
-            assert path == ("cdi", "generate") and set(param.opts) <= GENERATE_CLICK_ONLY | {
-                "--help"}, (path, param.opts)
+            assert param.opts == ["--help"], (path, param.opts)
             continue
         # every spelling click takes is served (or none is); short flags only where given
         assert flags == param.opts, (path, param.opts)
@@ -136,10 +132,11 @@ def test_a_fast_form_answers_as_click_does(args: List[str], tmp_path: Path,
     ["cdi", "list", "--spec-dir", "/nonexistent/nvshim"],  # a directory that is not there
     ["grants", "--help"],                        # a command's help
     ["-q", "grants"],                            # a global option
-    ["cdi", "generate", "--check", "x.yaml", "--output", "y.yaml"],  # an option left to click
+    ["cdi", "generate", "--output", "/"],        # a directory where a file is due
+    ["cdi", "generate", "--format", "xml"],      # a choice click refuses
     ["grants", "--denied=1"],                    # a flag given a value
     ["cdi", "list", "--spec-dir"],               # an option without its value
-    ["cdi", "generate"],                         # generate without --check writes a spec
+    ["cdi", "generate", "-o"],                   # an option without its value
     ["doctor", "--driver-root", "/etc/hostname"],  # a file where a directory is due
     ["doctor", "--config", "/"],                 # a directory where a file is due
     ["doctor", "-vv"],                           # short flags bundled
@@ -148,6 +145,40 @@ def test_a_fast_form_answers_as_click_does(args: List[str], tmp_path: Path,
 def test_other_forms_are_left_to_click(args: List[str]) -> None:
     """serve() answers None (without printing) for anything click must judge or run."""
     assert fast.serve(args) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="simulated nodes need root (mknod)")
+@pytest.mark.parametrize("args", [
+    ["--output", "{tmp}/out/nvidia.yaml"],
+    ["-o", "{tmp}/out/nvidia.json", "--device-name-strategy", "uuid"],
+    ["--format", "json", "--driver-capabilities", "all"],
+    ["-o", "-"],
+    ["--class", "imex-channel"],
+])
+def test_generate_served_without_click_writes_what_click_writes(
+        args: List[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`cdi generate` (to a file or stdout) runs without click, and its exit status,
+    stdout, stderr and the file it writes are click's."""
+    from nvshim.sim.build import create_node
+
+    node = create_node(str(tmp_path / "node"), gpus=2, mig=True, imex_channels=2)
+    argv = ["cdi", "generate", "--driver-root", node.root,
+            *[a.replace("{tmp}", str(tmp_path)) for a in args]]
+    out_file = next((a for a in argv if a.startswith(str(tmp_path / "out"))), None)
+    served = _run(main, argv, capsys)
+    written = Path(out_file).read_bytes() if out_file else b""
+    if out_file:
+        os.unlink(out_file)
+    assert served == _run(app.run, argv, capsys)
+    assert served[0] == 0 and (written or served[1])
+    assert (Path(out_file).read_bytes() if out_file else b"") == written
+    code = ("import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit:\n    pass\n"
+            "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
+            "if m == 'click' or m.startswith(('click.', 'nvshim.cli.cmd_', 'nvshim.cli.app')))))")
+    res = subprocess.run([sys.executable, "-I", "-c", code, *argv], capture_output=True,
+                         text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert res.stderr.rsplit("LOADED", 1)[1].split() == [], res.stderr
 
 
 def test_a_form_click_refuses_gets_clicks_one_line(capsys: pytest.CaptureFixture[str]) -> None:
