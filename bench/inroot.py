@@ -23,7 +23,9 @@ in turn:
 - ``prepare_in``: :func:`~nvshim.runtime.rootwork.prepare_in` alone in that rootfs, the
   in-root work's own time (the figure the agent logs as ``inroot_ms``);
 - ``runtime``: :func:`~nvshim.runtime.rootwork.prepare` as nvshim-runtime calls it before
-  runc (the driver's libraries not mounted yet: their facts come from the plan).
+  runc (the driver's libraries not mounted yet: their facts come from the plan), with the
+  per-process memos emptied first (each nvshim-runtime is a new process; the agent, resident,
+  keeps them warm across creates of an image: sort keys, the parsed image cache, the merge).
 
 Printed (JSON): the median and p90 in ms of each, the load average before and after (the
 numbers are only as steady as the machine), the syscalls one ``prepare_in`` makes (counted
@@ -173,6 +175,11 @@ def one_round(mode: str, bundle: Path, work: Any, dev_links: Any) -> Callable[[]
             with root:
                 return rootwork.prepare_in(root, work)
         return own
+    from nvshim.host import ldcache
+    from nvshim.runtime import rootcache
+
+    for memo in (ldcache._KEYS, ldcache._PARSED, rootcache._MERGED):  # a fresh process
+        memo.clear()
     return lambda: rootwork.prepare(rootfs, work)
 
 

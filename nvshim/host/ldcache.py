@@ -43,7 +43,7 @@ from nvshim.errors import HostError
 TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
-    from typing import Optional, Union
+    from typing import Any, Optional, Union
 
 __all__ = [
     "FLAG_ELF_LIBC6",
@@ -53,11 +53,14 @@ __all__ = [
     "LAYOUTS",
     "CacheEntry",
     "LdCacheError",
+    "MEMO_BYTES",
+    "MEMO_MAX",
     "build_ldcache",
     "cache_flags",
     "libcmp_key",
     "parse_ldcache",
     "read_ldcache",
+    "remember",
 ]
 
 
@@ -203,12 +206,40 @@ def _parse_new(data: bytes, base: int) -> list[CacheEntry]:
     ]
 
 
+#: The last caches parsed, their bytes → their entries: every create of an image reads the
+#: same ld.so.cache, and the resident agent parses it once. A pure function of the key and
+#: an immutable value (a tuple of tuples), so threads share the dict without a lock (a race
+#: parses twice, never wrongly); at most MEMO_MAX caches of at most MEMO_BYTES each (an
+#: image chooses its cache).
+_PARSED: dict[bytes, tuple[CacheEntry, ...]] = {}
+MEMO_MAX = 8
+MEMO_BYTES = 1 << 20
+
+
+def remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
+    """``memo[key] = value`` in a memo of at most :data:`MEMO_MAX` entries (emptied when
+    full: one step, safe beside other threads, where an eviction loop is not)."""
+    if len(memo) >= MEMO_MAX:
+        memo.clear()
+    memo[key] = value
+
+
 def parse_ldcache(data: bytes) -> list[CacheEntry]:
     """Return the entries of an ld.so.cache image, in file order.
 
     For the compat layout the new-format entries are returned (ld.so prefers them).
     Raises :class:`HostError` naming the defect for truncated or foreign data.
     """
+    if type(data) is not bytes or len(data) > MEMO_BYTES:
+        return _parse(data)
+    found = _PARSED.get(data)
+    if found is None:
+        found = tuple(_parse(data))
+        remember(_PARSED, data, found)
+    return list(found)
+
+
+def _parse(data: bytes) -> list[CacheEntry]:
     if data[: len(_MAGIC_NEW)] == _MAGIC_NEW:
         return _parse_new(data, 0)
     if data[: len(_MAGIC_OLD)] != _MAGIC_OLD:

@@ -49,10 +49,12 @@ from nvshim.errors import NvshimError, host_error
 from nvshim.host import inroot as _inroot
 from nvshim.host.ldcache import (
     HWCAP_EXTENSION,
+    MEMO_BYTES,
     CacheEntry,
     build_ldcache,
     cache_flags,
     parse_ldcache,
+    remember,
 )
 
 TYPE_CHECKING = False
@@ -149,6 +151,11 @@ def _soname(fd: int, head: bytes = b"") -> Optional[str]:
         return read_soname_fd(fd, head=head)
     except NvshimError:
         return None
+
+
+#: ``_entry(CacheEntry, (key, value, flags, 0))``: an entry made without a Python-level
+#: ``__new__`` call (a scan makes one or two per library of the folder).
+_entry = tuple.__new__
 
 
 def _folder_entries(root: _inroot.RootFd, folder: str,
@@ -299,10 +306,10 @@ def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
         known = planned.get(name)
         if known is not None:
             flags, soname = known
-            out.append(CacheEntry(name, path, flags))
+            out.append(_entry(CacheEntry, (name, path, flags, 0)))
             if soname and soname != name and "/" not in soname:
                 value = f"{base}/{soname}" if soname in present else path
-                out.append(CacheEntry(soname, value, flags))
+                out.append(_entry(CacheEntry, (soname, value, flags, 0)))
             continue
         if not scan_image:
             continue
@@ -312,14 +319,14 @@ def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
             if got is None:
                 continue
             flags, soname = got
-            out.append(CacheEntry(name, path, flags))
+            out.append(_entry(CacheEntry, (name, path, flags, 0)))
             if soname and soname != name and "/" not in soname:
                 value = f"{base}/{soname}" if soname in present else path
-                out.append(CacheEntry(soname, value, flags))
+                out.append(_entry(CacheEntry, (soname, value, flags, 0)))
         elif kind == "link":
             link = link_flags(name, path)
             if link is not None:
-                out.append(CacheEntry(name, path, link))
+                out.append(_entry(CacheEntry, (name, path, link, 0)))
     return out
 
 
@@ -344,6 +351,26 @@ def _merge(existing: Sequence[CacheEntry], added: Sequence[CacheEntry]) -> List[
             seen.add(entry)
             out.append(entry)
     return out
+
+
+#: The last merged caches written: (layout, the image's entries, the folders' entries) →
+#: the bytes. Every create of an image with the same driver merges the same two lists:
+#: the resident agent merges, sorts and encodes them once. Keys hold only CacheEntry
+#: tuples (parsed or scanned) and the value is bytes: a pure function shared by threads
+#: without a lock (see :func:`nvshim.host.ldcache.remember`).
+_MERGED: Dict[Tuple[str, Tuple[CacheEntry, ...], Tuple[CacheEntry, ...]], bytes] = {}
+
+
+def _merged_cache(existing: Sequence[CacheEntry], added: Sequence[CacheEntry],
+                  layout: str) -> bytes:
+    """``build_ldcache(_merge(existing, added), layout)``, remembered."""
+    key = (layout, tuple(existing), tuple(added))
+    data = _MERGED.get(key)
+    if data is None:
+        data = build_ldcache(_merge(existing, added), layout)
+        if len(data) <= MEMO_BYTES:
+            remember(_MERGED, key, data)
+    return data
 
 
 # CUDA forward compatibility: the image's compat folder first
@@ -436,7 +463,7 @@ def _update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
     for folder in folders:
         added += _folder_entries(root, folder, planned.get(folder), warnings, limit)
     layout = "compat" if old and old.startswith(b"ld.so-1.7.0") else "new"
-    data = build_ldcache(_merge(existing, added), layout)
+    data = _merged_cache(existing, added, layout)
     if data != old:
         _inroot.write_file_atomic(root, LDCACHE, data, 0o644, durable=False)
     return warnings

@@ -464,3 +464,33 @@ def test_libcmp_tables_are_the_signed_char_ranks() -> None:
         assert ldcache._RANK_TABLE[byte] == rank
     assert ldcache._END == bytes((ldcache._RANK_TABLE[0],))
     assert ldcache._DIGIT_CLASS == bytes(48 if 48 <= b <= 57 else 97 for b in range(256))
+
+
+def test_a_remembered_parse_is_each_callers_own_and_the_memos_stay_bounded() -> None:
+    """parse_ldcache remembers the last caches it parsed (the agent parses an image's cache
+    once), yet each call returns a list of its own that a caller may change, an answer no
+    different from a fresh parse; the memos of parses and sort keys never grow past their
+    bounds, whatever names and caches an image brings."""
+    from nvshim.host import ldcache
+
+    data = build_ldcache([("libz.so.1", "/lib/libz.so.1"), ("libc.so.6", "/lib/libc.so.6")])
+    first = parse_ldcache(data)
+    expected = list(first)
+    first.clear()
+    assert parse_ldcache(data) == expected == ldcache._parse(data)
+    for i in range(ldcache.MEMO_MAX * 3):
+        parse_ldcache(build_ldcache([(f"libm{i}.so.1", f"/lib/libm{i}.so.1")]))
+        assert len(ldcache._PARSED) <= ldcache.MEMO_MAX
+    assert parse_ldcache(data) == expected
+    big = 2 * ldcache.MEMO_BYTES // 40
+    huge = build_ldcache([(f"libbig{i}.so", f"/l/libbig{i}.so") for i in range(big)])
+    assert len(huge) > ldcache.MEMO_BYTES
+    assert len(parse_ldcache(huge)) == big and huge not in ldcache._PARSED
+    old_max = ldcache._KEYS_MAX
+    try:
+        ldcache._KEYS_MAX = 10
+        for i in range(50):
+            assert libcmp_key(f"libk{i}.so") == ldcache._libcmp_key(f"libk{i}.so")
+            assert len(ldcache._KEYS) <= 10
+    finally:
+        ldcache._KEYS_MAX = old_max
