@@ -8,6 +8,11 @@ prints the files (``--dry-run``, with where each goes on stderr) or a one-line s
 stderr (both dropped by ``nvshim --quiet``; warnings never are), or with ``--format json``
 one document saying what is (or would be) written where, and lets :class:`NvshimError`
 propagate to the ``nvshim`` entry point, which prints ``nvshim: <message>`` and exits 1.
+
+Why one module: it is the click shell of `nvshim runtime`; most of its lines are configure's
+options and help, and the checks that must run in the order the flags are read (require-allocation,
+the default-runtime guard, revert on refusal). The engine work is in
+nvshim.node.engines.
 """
 
 from __future__ import annotations

@@ -66,7 +66,6 @@ __all__ = [
 _GPU_NAMES = ("nvidia-frontend", "nvidia")
 _CAPS_NAME = "nvidia-caps"
 _IMEX_NAME = "nvidia-caps-imex-channels"
-_IMEX_DIR = "/dev/nvidia-caps-imex-channels"  # nvshim.runtime.extras.IMEX_DIR (not imported: re)
 #: Minors of the driver's control nodes on the GPU major (nvidiactl, nvidia-modeset).
 _CONTROL_MINORS = (255, 254)
 

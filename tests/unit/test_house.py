@@ -25,12 +25,7 @@ MARKER = "Why one module:"
 #: Modules whose paragraph another change is placing (issue 46): an entry that has its
 #: paragraph, or is gone, fails the test until it is taken off, so the list only shrinks.
 PENDING_WHY: Set[str] = {
-    "nvshim/agent/nri/plugin.py",
-    "nvshim/node/engines/files.py",
-    "nvshim/node/engines/containerd.py",
-    "nvshim/node/engines/docker.py",
     "nvshim/cdi/index.py",
-    "nvshim/cli/cmd_runtime.py",
 }
 
 #: default literal -> (its owner, the owner's value). The owner is the one module of
@@ -53,10 +48,7 @@ FACTS: Dict[str, Tuple[str, Callable[[], object]]] = {
 }
 
 #: (literal, module) pairs another change is removing (issue 46); each must still be there.
-PENDING_COPIES: Set[Tuple[str, str]] = {
-    ("/usr/local/bin/nvshim-runtime", "nvshim/node/engines/crio.py"),
-    ("/usr/local/bin/nvshim-runtime", "nvshim/node/engines/docker.py"),
-}
+PENDING_COPIES: Set[Tuple[str, str]] = set()
 
 
 def _modules() -> Iterator[Tuple[str, str]]:

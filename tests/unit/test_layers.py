@@ -247,9 +247,9 @@ def test_architecture_names_every_module_and_every_package() -> None:
 
 #: Unit test files named after a behaviour that spans modules, not after one module.
 BEHAVIOURS = frozenset({
-    "ci", "deploy", "dev_links", "device_numbers", "fuzz", "house", "import_guard", "layers",
-    "management_pods", "missing_config", "packaging", "shellcheck", "shipped_names",
-    "unreferenced", "verify_every_device",
+    "bench_floor", "ci", "deploy", "dev_links", "device_numbers", "figures_home", "fuzz",
+    "house", "import_guard", "layers", "machine_paths", "management_pods", "missing_config",
+    "packaging", "shellcheck", "shipped_names", "unreferenced", "verify_every_device",
 })
 
 

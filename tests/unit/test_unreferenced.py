@@ -39,7 +39,6 @@ GENERATED_LINES = 5
 
 #: ``module:name`` -> why the definition stays although nothing reads it.
 ALLOWED: Dict[str, str] = {
-    "nvshim.runtime.engine:_IMEX_DIR": "owned elsewhere this session, removal pending",
 }
 #: ``path:name`` -> why the function is still over :data:`MAX_LINES` lines.
 LONG_ALLOWED: Dict[str, str] = {

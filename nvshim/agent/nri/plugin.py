@@ -43,6 +43,13 @@ adjustment, or a grant let through), takes the first verdict and journals it in 
 
 One module past the house's 400 lines: the service and the decisions it serves are read
 together, and every helper below serves one of the three duties.
+
+Why one module: it is one CreateContainer's road, read top to bottom: the handler table,
+then verify, guard and inject, each returning a verdict that one place journals. The stages
+share the spec the engine reported, the plan and the verdict type; split, the order that is
+the plugin's behaviour (refuse before strip, strip before inject, journal once) would be
+read across files. The messages (api.py), the transport and the agent-served hook work
+(agent/hookwork.py) already live elsewhere.
 """
 
 from __future__ import annotations

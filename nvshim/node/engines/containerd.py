@@ -39,6 +39,12 @@ structural revert instead: only nvshim's entries are removed).
 :func:`plan_configure` is pure (text in, text out); :func:`configure` reads and writes the
 files. The TOML vocabulary lives in :mod:`nvshim.node.engines.containerd_toml`; what containerd
 will see after imports (for ``nvshim doctor``) in :mod:`nvshim.node.engines.containerd_read`.
+
+Why one module: containerd's configure is one plan over one document: the CRI table's place
+per config version, the handler copied from runc's, the drop-in that must carry the CRI
+tables of the files loaded before it, NRI's table. Each step reads what the one before
+decided; reading and merging the files live in containerd_read.py, containerd_toml.py and
+containerd_chain.py, and revert in containerd_revert.py.
 """
 
 from __future__ import annotations

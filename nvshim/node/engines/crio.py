@@ -54,6 +54,7 @@ from nvshim.node.engines.files import (
     read_text,
     read_toml,
 )
+from nvshim.node.install.prefix import DEFAULT_RUNTIME_PATH
 
 __all__ = [
     "DEFAULT_BINARY",
@@ -75,7 +76,7 @@ _DROP_IN_DIR = "crio.conf.d"
 _DROP_IN_NAME = "99-nvshim.toml"
 DEFAULT_DROP_IN = f"/etc/crio/{_DROP_IN_DIR}/{_DROP_IN_NAME}"
 DEFAULT_NAME = "nvshim"
-DEFAULT_BINARY = "/usr/local/bin/nvshim-runtime"
+DEFAULT_BINARY = DEFAULT_RUNTIME_PATH
 DEFAULT_RUNTIME_ROOT = "/run/runc"
 #: CRI-O's default_runtime when no file sets one: runc, or crun in newer releases.
 BUILTIN_DEFAULT_RUNTIMES = ("runc", "crun")

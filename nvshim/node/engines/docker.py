@@ -25,6 +25,11 @@ removed them (and for ``features``) dockerd must be restarted.
 
 :func:`plan_configure` and :func:`plan_revert` are pure; :func:`configure` and
 :func:`revert` read and write; :func:`read_runtimes` is for ``nvshim doctor``.
+
+Why one module: Docker has one file, and everything nvshim does to it is here: the runtime
+entry, the default runtime, CDI, and the --gpus hook stand-in that is one more entry of the
+same backup. Configure and revert are two halves of one contract over daemon.json (what
+configure writes, the revert takes out), which read best side by side.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from nvshim.node.engines.files import (
     plan_revert_one,
     read_text,
 )
+from nvshim.node.install.prefix import DEFAULT_RUNTIME_PATH
 
 __all__ = [
     "DEFAULT_BINARY",
@@ -69,7 +75,7 @@ __all__ = [
 
 DEFAULT_CONFIG = "/etc/docker/daemon.json"
 DEFAULT_NAME = "nvshim"
-DEFAULT_BINARY = "/usr/local/bin/nvshim-runtime"
+DEFAULT_BINARY = DEFAULT_RUNTIME_PATH
 DOCKER_DEFAULT_RUNTIME = "runc"
 _BACKUP_FORMAT = "nvshim-docker-backup/1"
 # Docker takes any runtime name; one that also works as a RuntimeClass handler and a path

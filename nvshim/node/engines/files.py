@@ -11,6 +11,12 @@ mode and the directories created for it are saved in ``<config><BACKUP_SUFFIX>``
 back (or the file removed when it did not exist); a secondary file (drop-in) changed since
 → restored or removed anyway, with a warning; the main file changed since → the engine's
 ``strip`` callback removes only nvshim's entries. :func:`apply_restore` does it.
+
+Why one module: it is the one place that writes an engine's config files and undoes the
+writes: the backup's format, the write that fills it and the restore that reads it are one
+contract, and a reader and a writer kept apart drift apart. The checks at its end (the
+default-runtime guard, handler names, the binary) are the ones every engine makes before
+that write.
 """
 
 from __future__ import annotations
