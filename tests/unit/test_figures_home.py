@@ -25,10 +25,6 @@ HISTORY = REPO / "docs" / "benchmarks-history.md"
 
 #: Files that still state figures of their own, with why they are not converted yet.
 PENDING: Dict[str, str] = {
-    "docs/architecture.md": "its alternatives' measurements: owned by another change of "
-                            "issue 46 this round, to be pointed at the table next",
-    "nvshim/node/engines/containerd_read.py": "a comment's `containerd --version` cost: "
-                                              "owned by another change this round",
 }
 
 #: A time in ms, or a range of them: "≈ 11 ms", "5-30 ms", "2.15 ms".

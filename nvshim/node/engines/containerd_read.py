@@ -145,7 +145,7 @@ _VERSION = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
 
 #: ``containerd --version``'s answers in this process (or the process still answering), by
 #: the binary's path and identity (device, inode, size, mtime): doctor's checks ask it up
-#: to three times (~25 ms each).
+#: to three times (each a process start of the containerd binary).
 _VERSIONS: Dict[Tuple[str, int, int, int, int], Any] = {}
 
 
