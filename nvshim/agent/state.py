@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from nvshim.config import Config, config_path, load_config
 from nvshim.errors import NvshimError
+
+if TYPE_CHECKING:
+    from nvshim.logs import Log
 
 __all__ = ["AgentState", "generation_of", "install_changed"]
 
@@ -59,7 +62,7 @@ class AgentState:
     agent then serves no create and the runtime's own create reports the error.
     """
 
-    def __init__(self, config_file: Optional[str], log: Any) -> None:
+    def __init__(self, config_file: Optional[str], log: Log) -> None:
         from nvshim.runtime.plancache import PlanMemo
 
         self.config_path = config_file or config_path()

@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
+
+if TYPE_CHECKING:
+    from nvshim.agent.hookwork import PendingWork
+    from nvshim.agent.state import AgentState
 
 __all__ = ["run_nri", "PLUGIN_NAME", "PLUGIN_INDEX"]
 
@@ -26,8 +30,9 @@ BACKOFF_MIN = 0.5
 BACKOFF_MAX = 10.0
 
 
-def run_nri(state: Any, nri_socket_path: str, stop: threading.Event,
-            on_registered: Callable[[bool], None], pending: Optional[Any] = None) -> None:
+def run_nri(state: AgentState, nri_socket_path: str, stop: threading.Event,
+            on_registered: Callable[[bool], None],
+            pending: Optional[PendingWork] = None) -> None:
     """Serve NRI on ``nri_socket_path`` until ``stop`` (see the module docstring);
     ``pending``: the agent's :class:`nvshim.agent.hookwork.PendingWork`, where
     ``nri-inroot: agent`` leaves the in-root work for the agent's createContainer hook."""
