@@ -191,3 +191,42 @@ def test_glibc_reads_the_merged_cache_as_nvshim_wrote_it(tmp_path: Path, case: s
               if m]
     ours = [(e.key, e.value) for e in parse_ldcache(cache.read_bytes())]
     assert listed == ours and len(ours) > 40
+
+
+def test_threads_doing_the_work_at_once_each_get_their_own_images_output(
+        tmp_path: Path) -> None:
+    """The agent serves hooks on several threads that share the per-process memos (sort
+    keys, parsed image caches, merged caches): images worked on at once, each twice,
+    all come out exactly as when worked on alone."""
+    import threading
+
+    cases = sorted(CASES) * 2
+    roots: List[Path] = []
+    for i, case in enumerate(cases):
+        layout, major, driver_files, _minors, _by = CASES[case]
+        roots.append(tmp_path / f"{i}" / "rootfs")
+        _image(roots[-1], layout, major, driver_files)
+    errors: List[BaseException] = []
+    start = threading.Barrier(len(cases))
+
+    def work(case: str, root: Path) -> None:
+        try:
+            start.wait()
+            layout, major, driver_files, minors, by = CASES[case]
+            with inroot.open_root(str(root)) as fd:
+                if by == "hook":
+                    w = _work(minors, driver_files)
+                    rootwork.apply_links(fd, str(root), w.links)
+                    update_ldcache(fd, w.folders, None, VERSION)
+                else:
+                    rootwork.prepare_in(fd, _work(minors, driver_files))
+        except BaseException as exc:  # reported below, with the case
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(c, r)) for c, r in zip(cases, roots, strict=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert [_digest(_snapshot(r)) for r in roots] == [GOLDEN[c] for c in cases]
