@@ -127,9 +127,16 @@ _PURE_ONLY = ("\t", "\r", "|", ">", "\n%")
 
 
 def _decode_yaml(text: str, path: str) -> Any:
-    """The document of YAML ``text``: parsed by libyaml when PyYAML has it and the text is
-    plain ASCII (see :data:`_PURE_ONLY`), else by PyYAML's own parser, which also parses
-    again whatever libyaml refuses: a problem quotes its words, whichever parser ran."""
+    """The document of YAML ``text``: read without PyYAML when it is a plain spec's text
+    (:mod:`nvshim.cdi._plainyaml`, what ``nvshim cdi generate`` writes), else parsed by
+    libyaml when PyYAML has it and the text is plain ASCII (see :data:`_PURE_ONLY`), else
+    by PyYAML's own parser, which also parses again whatever libyaml refuses: a problem
+    quotes its words, whichever parser ran."""
+    from nvshim.cdi import _plainyaml
+
+    plain = _plainyaml.load(text)  # a generated spec: read without PyYAML
+    if plain is not None:
+        return plain
     import yaml
 
     if text.isascii() and not text.startswith("%") and not any(c in text for c in _PURE_ONLY):

@@ -7,7 +7,6 @@ IMEX spec; never by a create.
 from __future__ import annotations
 
 import os
-import re
 
 from nvshim import _jsonc
 from nvshim.cdi.check import check_semantics
@@ -17,7 +16,7 @@ from nvshim.errors import CdiError, CdiSpecError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+    from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
     from nvshim.edits import Edits
 
@@ -67,7 +66,9 @@ def dump_spec(spec: Mapping[str, Any], fmt: str = "yaml") -> str:
     if fmt == "json":
         return _jsonc.dumps(ordered, indent=2, ensure_ascii=False) + "\n"
     if fmt == "yaml":
-        text = _plain_yaml(ordered)
+        from nvshim.cdi import _plainyaml
+
+        text = _plainyaml.dump(ordered)
         if text is not None:
             return text
         import yaml
@@ -85,108 +86,6 @@ def dump_spec(spec: Mapping[str, Any], fmt: str = "yaml") -> str:
         )
         return dumped
     raise CdiError(f'unknown spec format "{fmt}": expected yaml or json')
-
-
-#: How a string PyYAML writes plain (unquoted) in block style may start: a letter, ``/``,
-#: ``_``, or one or two ``-`` before one of those (``-I``, ``--link``), or ``./``/``../``
-#: (a relative link target); see :func:`_scalar`.
-_PLAIN = re.compile(r"-{0,2}[A-Za-z/_]|\.\.?/")
-#: The plain words YAML 1.1 reads as booleans or null: PyYAML single-quotes them.
-_WORDS = frozenset("yes Yes YES no No NO true True TRUE false False FALSE on On ON off Off OFF "
-                   "null Null NULL".split())
-#: Digits PyYAML reads as an integer (decimal, or base 60 ``1:20``): single-quoted; other
-#: ``N:M`` (``0:1``, a MIG device's name) is a plain string.
-_INT = re.compile(r"(?:0|[1-9][0-9]*|[1-9][0-9]*:[0-5]?[0-9])\Z")
-_DIGITS = re.compile(r"(?:0|[1-9][0-9]*)(?::[0-9]+)?\Z")
-#: A version (``0.5.0``, ``550.54.15``): no YAML 1.1 number, a plain string.
-_DOTTED = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+\Z")
-
-
-def _scalar(value: Any) -> Optional[str]:
-    """``value`` as PyYAML's SafeDumper writes it in block style, for the few shapes a
-    spec's strings, integers and booleans take (None for any other)."""
-    if value.__class__ is str:
-        if _PLAIN.match(value) and value.isascii() and value.isprintable() \
-                and ": " not in value and " #" not in value and value[-1] not in ": ":
-            return f"'{value}'" if value in _WORDS else value
-        if _DIGITS.match(value):
-            return f"'{value}'" if _INT.match(value) else value
-        if _DOTTED.match(value):
-            return value
-        return None
-    if value.__class__ is int:
-        return str(value)
-    if value.__class__ is bool:
-        return "true" if value else "false"
-    return None
-
-
-def _key(key: Any) -> Optional[str]:
-    """A mapping key as PyYAML writes a simple one (from about 120 characters PyYAML
-    writes a complex ``? key``: left to it)."""
-    if key.__class__ is not str or len(key) > 100:
-        return None
-    return _scalar(key)
-
-
-def _item(value: Any, indent: str, lines: List[str]) -> bool:
-    """Append list item ``value`` of a list under a key ``indent`` deep (``- …``); False
-    when this writer leaves ``value`` to PyYAML."""
-    if value.__class__ is dict and value:
-        head = f"{indent}- "
-        for key, member in value.items():
-            name = _key(key)
-            if name is None or not _member(member, f"{head}{name}:", indent + "  ", lines):
-                return False
-            head = indent + "  "
-        return True
-    if value.__class__ is list:
-        if value:
-            return False  # a list in a list
-        lines.append(f"{indent}- []")
-        return True
-    if value.__class__ is dict:
-        lines.append(f"{indent}- {{}}")
-        return True
-    text = _scalar(value)
-    lines.append(f"{indent}- {text}")
-    return text is not None
-
-
-def _member(value: Any, head: str, indent: str, lines: List[str]) -> bool:
-    """Append a mapping member: ``head`` (``key:`` with what goes before it) and ``value``
-    (a list at the key's depth ``indent``, a mapping two deeper); False when this writer
-    leaves ``value`` to PyYAML."""
-    if value.__class__ is list and value:
-        lines.append(head)
-        return all(_item(item, indent, lines) for item in value)
-    if value.__class__ is dict and value:
-        lines.append(head)
-        for key, member in value.items():
-            name = _key(key)
-            if name is None or not _member(member, f"{indent}  {name}:", indent + "  ", lines):
-                return False
-        return True
-    text = "[]" if value.__class__ is list else "{}" if value.__class__ is dict \
-        else _scalar(value)
-    lines.append(f"{head} {text}")
-    return text is not None
-
-
-def _plain_yaml(spec: Dict[str, Any]) -> Optional[str]:
-    """The text PyYAML's SafeDumper writes for ``spec`` (explicit start, block style, keys
-    in order), written directly, or None when ``spec`` holds a value this writer leaves to
-    PyYAML (a string to quote or escape, a float, null, a list in a list): a generated
-    node's spec takes a few milliseconds instead of PyYAML's tens."""
-    lines = ["---"]
-    for key, value in spec.items():
-        name = _key(key)
-        if name is None or not _member(value, f"{name}:", "", lines):
-            return None
-    if len(lines) == 1:
-        return None
-    lines.append("")
-    return "\n".join(lines)
 
 
 def _odd_key(value: Any) -> bool:

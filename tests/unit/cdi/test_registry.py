@@ -343,6 +343,10 @@ def test_json_registry_loads_without_heavy_imports(tmp_path: Path) -> None:
 
 
 def test_yaml_registry_imports_only_yaml(tmp_path: Path) -> None:
-    """Reading a .yaml spec imports yaml, and still not jsonschema."""
-    _put(tmp_path, "gpu.yaml", _spec(devices={"0": ["A=1"]}))
-    assert _probe(tmp_path) == [[], ["yaml"], ["A=1"]]
+    """Reading a .yaml spec in nvshim's own plain style imports nothing heavy; one in
+    another style (a comment here) imports yaml, and still not jsonschema."""
+    _put(tmp_path / "plain", "gpu.yaml", _spec(devices={"0": ["A=1"]}))
+    assert _probe(tmp_path / "plain") == [[], [], ["A=1"]]
+    _put(tmp_path / "other", "gpu.yaml",
+         "# written by hand\n" + dump_spec(_spec(devices={"0": ["A=1"]}), "yaml"))
+    assert _probe(tmp_path / "other") == [[], ["yaml"], ["A=1"]]
