@@ -16,41 +16,64 @@ PyYAML's pure-Python emitter and parser.
 
 from __future__ import annotations
 
-import re
-
 TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from typing import Any, Dict, List, Optional
+    from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["dump", "load"]
 
-#: How a string PyYAML writes plain (unquoted) in block style may start: a letter, ``/``,
-#: ``_``, or one or two ``-`` before one of those (``-I``, ``--link``), or ``./``/``../``
-#: (a relative link target); see :func:`_scalar`.
-_PLAIN = re.compile(r"-{0,2}[A-Za-z/_]|\.\.?/")
+#: The characters a plain string may start with (``/``, ``_``, letters), after at most two
+#: ``-`` (``-I``, ``--link``); ``./`` and ``../`` start one too (a relative link target).
+_START = frozenset("/_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 #: The plain words YAML 1.1 reads as booleans or null: PyYAML single-quotes them.
 _WORDS = frozenset("yes Yes YES no No NO true True TRUE false False FALSE on On ON off Off OFF "
                    "null Null NULL".split())
-#: Digits PyYAML reads as an integer (decimal, or base 60 ``1:20``): single-quoted; other
-#: ``N:M`` (``0:1``, a MIG device's name) is a plain string.
-_INT = re.compile(r"(?:0|[1-9][0-9]*|[1-9][0-9]*:[0-5]?[0-9])\Z")
-_DIGITS = re.compile(r"(?:0|[1-9][0-9]*)(?::[0-9]+)?\Z")
-#: A version (``0.5.0``, ``550.54.15``): no YAML 1.1 number, a plain string.
-_DOTTED = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+\Z")
+#: (No regular expressions here: importing ``re`` costs more than reading an 8-GPU spec.)
+
+
+def _plain_start(text: str) -> bool:
+    """Whether ``text`` starts as a plain string PyYAML writes unquoted may."""
+    dashes = 2 if text[:2] == "--" else 1 if text[:1] == "-" else 0
+    return text[dashes:dashes + 1] in _START and len(text) > dashes \
+        or text[:2] == "./" or text[:3] == "../"
+
+
+def _decimal(text: str) -> bool:
+    """``0`` or digits without a leading zero (what PyYAML reads as a decimal integer)."""
+    return text.isdigit() and text.isascii() and (text == "0" or text[0] != "0")
+
+
+def _digits(text: str) -> Optional[bool]:
+    """For a decimal ``N`` or ``N:M`` (digits): whether PyYAML reads it as an integer
+    (``N``, and base 60 ``1:20`` — not ``0:1``, a MIG device's name, nor ``1:60``);
+    None for any other text."""
+    head, colon, tail = text.partition(":")
+    if not _decimal(head):
+        return None
+    if not colon:
+        return True
+    if not (tail.isdigit() and tail.isascii()):
+        return None
+    return head != "0" and (len(tail) == 1 or len(tail) == 2 and tail[0] in "012345")
+
+
+def _dotted(text: str) -> bool:
+    """A version (``0.5.0``, ``550.54.15``): no YAML 1.1 number, a plain string."""
+    parts = text.split(".")
+    return len(parts) == 3 and all(p.isdigit() and p.isascii() for p in parts)
 
 
 def _scalar(value: Any) -> Optional[str]:
     """``value`` as PyYAML's SafeDumper writes it in block style, for the few shapes a
     spec's strings, integers and booleans take (None for any other)."""
     if value.__class__ is str:
-        if _PLAIN.match(value) and value.isascii() and value.isprintable() \
+        if _plain_start(value) and value.isascii() and value.isprintable() \
                 and ": " not in value and " #" not in value and value[-1] not in ": ":
             return f"'{value}'" if value in _WORDS else value
-        if _DIGITS.match(value):
-            return f"'{value}'" if _INT.match(value) else value
-        if _DOTTED.match(value):
-            return value
-        return None
+        number = _digits(value)
+        if number is not None:
+            return f"'{value}'" if number else value
+        return value if _dotted(value) else None
     if value.__class__ is int:
         return str(value)
     if value.__class__ is bool:
@@ -126,9 +149,26 @@ def dump(spec: Dict[str, Any]) -> Optional[str]:
     return "\n".join(lines)
 
 
-#: A member's line, less its indentation: ``key:`` or ``key: value`` (the key plain or
-#: single-quoted, neither holding ``: ``).
-_MEMBER = re.compile(r"('[^']*'|[^' ].*?)(?:: (.+)|:)\Z")
+def _member_parts(rest: str) -> Optional[Tuple[str, Optional[str]]]:
+    """A member's line less its indentation, ``key:`` or ``key: value``, as (key, value
+    or None); None for any other line. The key is plain or single-quoted: neither holds
+    ``: ``, so the first one ends it."""
+    if rest[:1] == "'":
+        end = rest.find("'", 1) + 1
+        if not end:
+            return None
+    elif rest[:1] in ("", " "):
+        return None
+    else:
+        end = rest.find(": ")
+        if end < 0:
+            end = len(rest) - 1
+    key, after = rest[:end], rest[end:]
+    if after == ":":
+        return key, None
+    if after[:2] == ": " and len(after) > 2:
+        return key, after[2:]
+    return None
 
 
 class _Text:
@@ -156,11 +196,11 @@ def _value(text: str) -> Any:
         return inner
     if len(text) > 40 and text.lstrip("-")[:1].isdigit():
         return _NO  # a long number: PyYAML's limits on digits are its own
-    if _DIGITS.match(text):
-        return int(text) if ":" not in text else _NO if _INT.match(text) else text
+    number = _digits(text)
+    if number is not None:
+        return int(text) if ":" not in text else _NO if number else text
     if text[0] == "-" and text[1:2].isdigit():
-        return int(text) if _DIGITS.match(text[1:]) and ":" not in text and text != "-0" \
-            else _NO
+        return int(text) if _decimal(text[1:]) and text != "-0" else _NO
     if text in ("true", "false"):
         return text == "true"
     if _scalar(text) == text:
@@ -189,13 +229,13 @@ def _read_mapping(src: _Text, indent: int, first: Optional[str]) -> Any:
                 return out  # less deep (or a list of the mapping above): the mapping ends
             rest = line[indent:]
             src.at += 1
-        match = _MEMBER.match(rest)
-        if match is None:
+        parts = _member_parts(rest)
+        if parts is None:
             return _NO
-        key = _value(match.group(1))
+        key = _value(parts[0]) if parts[0] else _NO
         if key.__class__ is not str or key in out:
             return _NO
-        text = match.group(2)
+        text = parts[1]
         if text is not None:
             value = [] if text == "[]" else {} if text == "{}" else _value(text)
         else:
