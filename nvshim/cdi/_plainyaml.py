@@ -174,11 +174,20 @@ def _member_parts(rest: str) -> Optional[Tuple[str, Optional[str]]]:
 class _Text:
     """The lines of a text being read, and the index of the next one."""
 
-    __slots__ = ("lines", "at")
+    __slots__ = ("lines", "at", "values")
 
     def __init__(self, lines: List[str]) -> None:
         self.lines = lines
         self.at = 0
+        #: scalar text -> its value (a spec repeats most of its words)
+        self.values: Dict[str, Any] = {}
+
+    def value(self, text: str) -> Any:
+        """:func:`_value` of ``text``, each text judged once."""
+        found = self.values.get(text, _NO)
+        if found is _NO:
+            found = self.values[text] = _value(text)
+        return found
 
 
 #: What :func:`_value` answers for a value that is not plain.
@@ -186,7 +195,15 @@ _NO = object()
 
 
 def _value(text: str) -> Any:
-    """The value of a scalar as :func:`_scalar` writes it (:data:`_NO` for any other)."""
+    """The value of a scalar as :func:`_scalar` writes it (:data:`_NO` for any other);
+    ``text`` is ASCII (:func:`load` checked)."""
+    if text[0] in _START:  # the common case, a word or a path: as _scalar judges it
+        if text.isprintable() and ": " not in text and " #" not in text \
+                and text[-1] not in ": ":
+            if text in _WORDS:
+                return text == "true" if text in ("true", "false") else _NO
+            return text
+        return _NO
     if text[0] == "'":
         inner = text[1:-1]
         if len(text) < 2 or text[-1] != "'" or "'" in inner or not inner.isprintable():
@@ -217,6 +234,7 @@ def _read_mapping(src: _Text, indent: int, first: Optional[str]) -> Any:
     its first member's text when it started on a list item's line (``- key: …``)."""
     out: Dict[str, Any] = {}
     lines = src.lines
+    pad = " " * indent
     while True:
         if first is not None:
             rest, first = first, None
@@ -224,7 +242,7 @@ def _read_mapping(src: _Text, indent: int, first: Optional[str]) -> Any:
             if src.at >= len(lines):
                 return out
             line = lines[src.at]
-            if not line.startswith(" " * indent) or line[indent:indent + 1] in ("", " ") \
+            if not line.startswith(pad) or line[indent:indent + 1] in ("", " ") \
                     or line[indent:indent + 2] == "- ":
                 return out  # less deep (or a list of the mapping above): the mapping ends
             rest = line[indent:]
@@ -232,12 +250,12 @@ def _read_mapping(src: _Text, indent: int, first: Optional[str]) -> Any:
         parts = _member_parts(rest)
         if parts is None:
             return _NO
-        key = _value(parts[0]) if parts[0] else _NO
+        key = src.value(parts[0]) if parts[0] else _NO
         if key.__class__ is not str or key in out:
             return _NO
         text = parts[1]
         if text is not None:
-            value = [] if text == "[]" else {} if text == "{}" else _value(text)
+            value = [] if text == "[]" else {} if text == "{}" else src.value(text)
         else:
             value = _read_block(src, indent)
         if value is _NO:
@@ -273,7 +291,7 @@ def _read_list(src: _Text, indent: int) -> Any:
                 and not (rest[0] == "'" and rest[-1] == "'" and "'" not in rest[1:-1]):
             item = _read_mapping(src, indent + 2, rest)
         else:
-            item = _value(rest) if rest else _NO
+            item = src.value(rest) if rest else _NO
         if item is _NO:
             return _NO
         out.append(item)
