@@ -16,6 +16,19 @@ median in ms and as a multiple of the bare start of the same run.
 
 Cases: ``--version``, ``--help``, ``grants``, ``cdi list``, ``cdi generate --check`` (the spec
 is current) and ``doctor`` (exit status not checked: this machine is no GPU node).
+
+Then the big nodes (issue 44 item 7), beside NVIDIA's ``nvidia-ctk`` (``--nvidia-ctk PATH``;
+by default the one ``tests/go/nvidia-toolkit`` builds, from the tests' cache): for each
+``--gpus`` count (8 and 256), a simulated node, the spec the first command generates for
+it in a spec dir, and a config naming that dir, compiled (so it has a CDI index). Each
+round runs, for every command, ``cdi generate --output`` (a fresh file), ``cdi list
+--spec-dir DIR`` (no index) and ``cdi list`` (the config's dirs, through the index), and
+``nvidia-ctk cdi list --spec-dir DIR`` on the same files, and the bare interpreter start,
+interleaved. The table gives medians and each ``cdi list`` as a multiple of nvidia-ctk's
+in the same run; the lines after it say whether item 7's targets hold (``cdi generate``
+under 100 ms for 256 GPUs; ``cdi list``, indexed or not, no slower than nvidia-ctk's).
+Building nvidia-ctk needs the tests' helpers: run with the dev venv's python, or pass
+``--nvidia-ctk``; ``--gpus ''`` skips this part.
 Nothing here asserts on time; this is a measurement, not a test.
 """
 
@@ -29,7 +42,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 BARE = ["/usr/bin/python3", "-I", "-S", "-c", "pass"]
 CASES = {
@@ -60,11 +73,108 @@ def run_ms(argv: Sequence[str], env: Dict[str, str]) -> float:
     return (time.perf_counter() - start) * 1000.0
 
 
+def default_nvidia_ctk() -> str:
+    """The nvidia-ctk ``tests/go/nvidia-toolkit`` builds (built now unless cached); "" when
+    there is no Go toolchain to build it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    try:
+        from tests.helpers.gobuild import go_programs
+
+        return str(go_programs("nvidia-toolkit") / "nvidia-ctk")
+    except BaseException as exc:  # pytest.skip (no Go) is no Exception
+        print(f"no nvidia-ctk: {exc}")
+        return ""
+
+
+#: Item 7's target for ``cdi generate`` on a node of BIG_NODE GPUs: under this many ms.
+GENERATE_TARGET_MS = 100.0
+BIG_NODE = 256
+
+
+def big_nodes(commands: Dict[str, List[str]], ctk: str, counts: Sequence[int], rounds: int,
+              base_env: Dict[str, str]) -> None:
+    """Item 7: ``cdi generate`` and ``cdi list`` on nodes of ``counts`` GPUs beside
+    nvidia-ctk, interleaved rounds; prints the table and whether the targets hold."""
+    first = next(iter(commands.values()))
+    with tempfile.TemporaryDirectory(prefix="nvshim-bench-cli-nodes.") as tmp:
+        runs: Dict[Tuple[int, str, str], List[str]] = {}
+        envs: Dict[Tuple[int, str, str], Dict[str, str]] = {}
+        for n in counts:
+            node, spec_dir, config = f"{tmp}/node{n}", f"{tmp}/cdi{n}", Path(tmp, f"c{n}.yaml")
+            os.mkdir(spec_dir)
+            config.write_text(f"driver-root: {node}\ncdi-spec-dirs: [{spec_dir}]\n")
+            env = dict(base_env, NVSHIM_CONFIG=str(config))
+            subprocess.run(first + ["--quiet", "sim", "create", node, "--gpus", str(n)],
+                           env=env, check=True)
+            subprocess.run(first + ["cdi", "generate", "--driver-root", node, "--output",
+                                    f"{spec_dir}/nvidia.yaml"], env=env, check=True)
+            subprocess.run(first + ["config", "compile", "--config", str(config)], env=env,
+                           check=True, capture_output=True)
+            for name, argv in commands.items():
+                out = f"{tmp}/out{n}-{len(runs)}.yaml"
+                runs[(n, name, "generate")] = argv + ["cdi", "generate", "--driver-root", node,
+                                                      "--output", out]
+                runs[(n, name, "list --spec-dir")] = argv + ["cdi", "list", "--spec-dir",
+                                                             spec_dir]
+                runs[(n, name, "list (indexed)")] = argv + ["cdi", "list"]
+            if ctk:
+                runs[(n, "nvidia-ctk", "list --spec-dir")] = [ctk, "cdi", "list", "--spec-dir",
+                                                              spec_dir]
+            for key in runs:
+                if key[0] == n:
+                    envs[key] = env
+        runs[(0, "bare", "")] = BARE
+        envs[(0, "bare", "")] = base_env
+        samples: Dict[Tuple[int, str, str], List[float]] = {key: [] for key in runs}
+        for _ in range(rounds):
+            for key, argv in runs.items():
+                if key[2] == "generate":  # a fresh file each time: generate writes it
+                    try:
+                        os.unlink(argv[-1])
+                    except FileNotFoundError:
+                        pass
+                samples[key].append(run_ms(argv, envs[key]))
+    med = {key: statistics.median(values) for key, values in samples.items()}
+    print(f"\nBig nodes (issue 44 item 7), medians of {rounds} interleaved rounds "
+          f"(python3 -I -S -c pass: {med[(0, 'bare', '')]:.1f} ms, the floor of any nvshim "
+          "command):")
+    print("| GPUs | command | `cdi generate` ms | `cdi list --spec-dir` ms (× nvidia-ctk) "
+          "| `cdi list` indexed ms (× nvidia-ctk) |")
+    print("|---|---|---|---|---|")
+    verdicts = []
+    for n in counts:
+        ref = med.get((n, "nvidia-ctk", "list --spec-dir"))
+        if ref is not None:
+            print(f"| {n} | `nvidia-ctk` | – | {ref:.1f} (1.0×) | – |")
+        for name in commands:
+            gen = med[(n, name, "generate")]
+            cells = []
+            for case in ("list --spec-dir", "list (indexed)"):
+                ms = med[(n, name, case)]
+                cells.append(f"{ms:.1f}" + (f" ({ms / ref:.2f}×)" if ref else ""))
+                if ref:
+                    verdicts.append((f"{name}: `cdi {case}` on {n} GPUs no slower than "
+                                     f"nvidia-ctk ({ms:.1f} vs {ref:.1f} ms)", ms <= ref))
+            if n >= BIG_NODE:
+                verdicts.append((f"{name}: `cdi generate` on {n} GPUs under "
+                                 f"{GENERATE_TARGET_MS:.0f} ms ({gen:.1f} ms)",
+                                 gen < GENERATE_TARGET_MS))
+            print(f"| {n} | {name} | {gen:.1f} | " + " | ".join(cells) + " |")
+    for text, held in verdicts:
+        print(f"{'holds' if held else 'FAILS'}: {text}")
+
+
 def main(argv: Sequence[str] = ()) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--payload", action="append", default=[], metavar="DIR")
     parser.add_argument("--command", action="append", default=[], metavar="PATH")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--gpus", default="8,256", metavar="N,N",
+                        help="GPU counts of the big-node part (empty: skip it)")
+    parser.add_argument("--nvidia-ctk", default=None, metavar="PATH",
+                        help="nvidia-ctk to compare with (default: tests/go's build)")
     args = parser.parse_args(list(argv) or None)
     commands = {f"payload {p}": payload_command(p) for p in args.payload}
     commands.update({c: [c] for c in args.command})
@@ -109,6 +219,11 @@ def main(argv: Sequence[str] = ()) -> int:
             ms = statistics.median(samples[(name, case)])
             cells.append(f"{ms:.1f} ({ms / bare:.1f}×)")
         print(f"| `nvshim {case}` | " + " | ".join(cells) + " |")
+    counts = [int(n) for n in args.gpus.split(",") if n]
+    if counts:
+        ctk = args.nvidia_ctk if args.nvidia_ctk is not None else default_nvidia_ctk()
+        big_nodes(commands, ctk, counts, args.rounds,
+                  {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "COLUMNS": "80"})
     return 0
 
 
