@@ -89,14 +89,14 @@ class _Checker:
 
     def mapping(self, value: Any, where: str, keys: Sequence[str]) -> bool:
         """Check ``value`` is a mapping with only ``keys``; False if not a mapping."""
-        if not isinstance(value, Mapping):
+        if value.__class__ is not dict and not isinstance(value, Mapping):
             self.add(where, f"must be a mapping, got {type_name(value)}")
             return False
-        lower = {k.lower(): k for k in keys}
         for key in value:
             if key in keys:
                 continue
             hint = ""
+            lower = {k.lower(): k for k in keys}
             if isinstance(key, str) and key.lower() in lower:
                 hint = f' (did you mean "{lower[key.lower()]}"?)'
             self.add(key_path(where, key), f'unknown field "{key}"{hint}')
