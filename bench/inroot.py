@@ -23,14 +23,17 @@ in turn:
 - ``prepare_in``: :func:`~nvshim.runtime.rootwork.prepare_in` alone in that rootfs, the
   in-root work's own time (the figure the agent logs as ``inroot_ms``);
 - ``runtime``: :func:`~nvshim.runtime.rootwork.prepare` as nvshim-runtime calls it before
-  runc (the driver's libraries not mounted yet: their facts come from the plan), with the
-  per-process memos emptied first (each nvshim-runtime is a new process; the agent, resident,
-  keeps them warm across creates of an image: sort keys, the parsed image cache, the merge).
+  runc (the driver's libraries not mounted yet: their facts come from the plan), timed in a
+  process of its own that empties the per-process memos before each round: every
+  nvshim-runtime is a new process, while the agent, resident, keeps them warm across the
+  creates of an image (sort keys, the parsed image cache, the merged cache).
 
-Printed (JSON): the median and p90 in ms of each, the load average before and after (the
-numbers are only as steady as the machine), the syscalls one ``prepare_in`` makes (counted
-from an ``strace -f`` of one round between two marker calls; skipped without strace or with
-``--no-strace``) and cProfile's top functions over the rounds of ``prepare_in``.
+Printed (JSON): the median and p90 in ms of each, wall time and (``<mode>_cpu``) the
+calling thread's CPU time, which the load around it changes least; the load average
+before and after (the wall times are only as steady as the machine); the syscalls one
+``prepare_in`` makes (counted from an ``strace -f`` of one round between two marker calls;
+skipped without strace or with ``--no-strace``) and cProfile's top functions over the
+rounds of ``prepare_in``.
 Nothing asserts on time.
 """
 
@@ -183,6 +186,22 @@ def one_round(mode: str, bundle: Path, work: Any, dev_links: Any) -> Callable[[]
     return lambda: rootwork.prepare(rootfs, work)
 
 
+def timed(modes: List[str], rounds: int, template: Path, bundle: Path, work: Any,
+          dev_links: Any, mounted: List[Tuple[str, str]]) -> Dict[str, List[float]]:
+    """Wall and thread CPU ms (``<mode>`` and ``<mode>_cpu``) of ``rounds`` rounds of
+    each of ``modes``, their order reversed every other round."""
+    times: Dict[str, List[float]] = {}
+    for i in range(rounds):
+        for mode in modes if i % 2 == 0 else list(reversed(modes)):
+            fresh_rootfs(template, bundle / "rootfs", [] if mode == "runtime" else mounted)
+            run = one_round(mode, bundle, work, dev_links)
+            started, started_cpu = time.perf_counter(), time.thread_time()
+            run()
+            times.setdefault(f"{mode}_cpu", []).append((time.thread_time() - started_cpu) * 1e3)
+            times.setdefault(mode, []).append((time.perf_counter() - started) * 1e3)
+    return times
+
+
 def count_syscalls(tmp: Path, args: argparse.Namespace) -> Dict[str, Any]:
     """Syscalls of one ``prepare_in`` round (this script under strace, ``--one``)."""
     if shutil.which("strace") is None:
@@ -245,6 +264,7 @@ def main() -> int:
     parser.add_argument("--no-strace", action="store_true")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
+    parser.add_argument("--runtime-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if os.geteuid() != 0:
         parser.error("run as root (the simulated node's device nodes)")
@@ -260,20 +280,24 @@ def main() -> int:
         run()
         os.access(_MARK_END, os.F_OK)
         return 0
+    if args.runtime_only:  # a process of its own, as nvshim-runtime: its times as JSON
+        tmp = Path(args.tmp) / "runtime"
+        tmp.mkdir()
+        _template, bundle, work, mounted, dev_links = setup(tmp, args.caps)
+        print(json.dumps(timed(["runtime"], args.rounds, Path(args.tmp) / "image", bundle,
+                               work, dev_links, mounted)))
+        return 0
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-inroot-") as name:
         tmp = Path(name)
         template, bundle, work, mounted, dev_links = setup(tmp, args.caps)
         image_entries = len(parse_ldcache((template / "etc/ld.so.cache").read_bytes()))
         load_before = Path("/proc/loadavg").read_text().split()[:3]
-        times: Dict[str, List[float]] = {"agent": [], "prepare_in": [], "runtime": []}
-        for i in range(args.rounds):
-            order = list(times) if i % 2 == 0 else list(reversed(times))
-            for mode in order:
-                fresh_rootfs(template, bundle / "rootfs", [] if mode == "runtime" else mounted)
-                run = one_round(mode, bundle, work, dev_links)
-                started = time.perf_counter()
-                run()
-                times[mode].append((time.perf_counter() - started) * 1e3)
+        times = timed(["agent", "prepare_in"], args.rounds, template, bundle, work,
+                      dev_links, mounted)
+        times.update(json.loads(subprocess.run(
+            [sys.executable, __file__, "--runtime-only", "--rounds", str(args.rounds),
+             "--tmp", str(tmp), "--caps", args.caps],
+            check=True, capture_output=True, text=True).stdout))
         prof_top = profile(min(args.rounds, 50), template, bundle, work, dev_links, mounted)
         load_after = Path("/proc/loadavg").read_text().split()[:3]
         libs = os.listdir(template / LIBDIR)
@@ -282,7 +306,8 @@ def main() -> int:
                       "driver_libraries_mounted": len(mounted),
                       "links": len(work.links), "folders": list(work.folders)},
             "loadavg_before": load_before, "loadavg_after": load_after,
-            **{mode: quantiles(values) for mode, values in times.items()},
+            # <mode>_cpu: the thread's CPU time (user + system), what the load changes least
+            **{mode: quantiles(values) for mode, values in sorted(times.items())},
             "syscalls_prepare_in": ({"skipped": "--no-strace"} if args.no_strace
                                     else count_syscalls(tmp, args)),
             "cprofile_prepare_in_tottime": prof_top,
