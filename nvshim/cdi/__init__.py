@@ -6,8 +6,8 @@ rule); ``load`` strict decoding and building a spec; ``registry`` spec-dir scans
 priority and conflict rules, name resolution, the refusal of edits nvshim cannot apply
 (``intelRdt``, ``netDevices``) and device nodes filled from the host's; ``index`` the
 stat-validated index of the spec dirs; ``schema`` the JSON-schema layer (``nvshim cdi
-validate``); ``write`` building and writing specs; ``transform`` moving a spec's paths
-between roots.
+validate``); ``write`` building and writing specs; ``_plainyaml`` the YAML ``write``
+writes, written and read without yaml; ``transform`` moving a spec's paths between roots.
 
 A create that names a CDI device loads names, model, version, check, load, registry and
 index, never schema or write. May import :mod:`nvshim.host` and the base modules. Must not
