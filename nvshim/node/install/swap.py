@@ -14,7 +14,7 @@ import ctypes
 import os
 import sys
 
-from nvshim.errors import os_reason
+from nvshim.errors import HostError, host_error
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,13 +27,13 @@ _RENAME_EXCHANGE = 2
 
 
 def exchange(a: str, b: str) -> None:
-    """Swap the names of ``a`` and ``b`` (both must exist) in one atomic step; OSError
-    when the kernel or the file system cannot."""
+    """Swap the names of ``a`` and ``b`` (both must exist) in one atomic step; HostError
+    naming both when the kernel or the file system cannot (nothing moved then)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b),
                       _RENAME_EXCHANGE) != 0:
         err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), a, None, b)
+        raise host_error(f"cannot exchange {a} and {b}", OSError(err, os.strerror(err)))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -41,6 +41,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     a, b = argv if argv is not None else sys.argv[1:]
     try:
         exchange(a, b)
-    except OSError as exc:
-        sys.stderr.write(f"install.sh: cannot exchange {a} and {b}: {os_reason(exc)}\n")
+    except HostError as exc:
+        sys.stderr.write(f"install.sh: {exc}\n")
         sys.exit(1)

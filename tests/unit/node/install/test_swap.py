@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from nvshim.errors import HostError
 from nvshim.node.install.swap import exchange
 
 REPO = Path(__file__).resolve().parents[4]
@@ -41,12 +42,13 @@ def test_exchange_swaps_two_folders(tmp_path: Path) -> None:
 
 
 def test_exchange_with_a_missing_name_changes_nothing(tmp_path: Path) -> None:
-    """An exchange with a name that does not exist raises OSError naming it and moves
-    nothing (install.sh then falls back to two renames)."""
+    """An exchange with a name that does not exist raises HostError naming both and the
+    reason, and moves nothing (install.sh then falls back to two renames)."""
     new = tree(tmp_path / "opt.new", "new")
-    with pytest.raises(FileNotFoundError) as caught:
+    with pytest.raises(HostError) as caught:
         exchange(str(new), str(tmp_path / "opt"))
-    assert caught.value.filename == str(new)
+    assert str(caught.value) == (f"cannot exchange {new} and {tmp_path / 'opt'}: "
+                                 "no such file or directory")
     assert (new / "bin" / "python3").read_text() == "new"
     assert not (tmp_path / "opt").exists()
 
