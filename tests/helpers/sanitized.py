@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 SANITIZE = ("-g", "-O1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
             "-fno-sanitize-recover=all")
@@ -89,8 +89,24 @@ def _runs_the_client(test: Any) -> bool:
 
 def client_scenarios(module: ModuleType) -> Dict[str, Any]:
     """What a module needs to collect ``module``'s client scenarios again: its names (its
-    fixtures, helpers and ``pytestmark``) with only the tests that run the client, and
-    without its ``client`` fixture, which the collecting module defines."""
-    return {name: obj for name, obj in vars(module).items()
-            if not name.startswith("__") and name != "client"
-            and (not name.startswith("test_") or _runs_the_client(obj))}
+    fixtures, helpers and ``pytestmark``) with only the tests that run the client, its
+    ``client`` fixture replaced by the sanitized build, and a check after each scenario
+    that the sanitizers reported nothing."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def client(sanitized_client: Path) -> Path:
+        """The sanitized build in place of the release one."""
+        return sanitized_client
+
+    @pytest.fixture(autouse=True)
+    def no_sanitizer_report(sanitized_client: Path) -> Iterator[None]:
+        """After each scenario: no report from the sanitized client."""
+        take_reports(sanitized_client)
+        yield
+        assert take_reports(sanitized_client) == []
+
+    names = {name: obj for name, obj in vars(module).items()
+             if not name.startswith("__") and name != "client"
+             and (not name.startswith("test_") or _runs_the_client(obj))}
+    return {**names, "client": client, "no_sanitizer_report": no_sanitizer_report}

@@ -14,6 +14,7 @@ from nvshim import config
 from nvshim.agent import AGENT_SOCKET, NRI_SOCKET
 from nvshim.node.install import prefix
 from nvshim.runtime.claim import DEVICE_LIST_DIR
+from tests.unit.test_unreferenced import docstrings
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "nvshim"
@@ -67,12 +68,7 @@ def _says_why(source: str) -> bool:
 def _code_strings(source: str) -> Iterator[str]:
     """The string constants of ``source`` that are code: docstrings left out."""
     tree = ast.parse(source)
-    docs = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                docs.add(id(body[0].value))
+    docs = docstrings(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) \
                 and id(node) not in docs:
