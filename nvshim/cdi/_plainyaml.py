@@ -10,7 +10,7 @@ start, no sorting, block style, no wrapping) writes, and :func:`load` reads exac
 texts, to exactly the document PyYAML's ``safe_load`` gives. Anything else is not theirs:
 :func:`dump` and :func:`load` answer None and the caller uses PyYAML (a string to quote
 or escape, a float, null, a list in a list, a comment, a blank line, flow style, another
-indentation, a duplicate key). ``tests/unit/cdi/test_yaml_codec.py`` holds both to
+indentation, a duplicate key). ``tests/unit/cdi/test_plainyaml.py`` holds both to
 PyYAML's pure-Python emitter and parser.
 """
 
