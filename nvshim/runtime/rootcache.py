@@ -59,10 +59,12 @@ from nvshim.host.ldcache import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+    from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
     #: name in a folder → (cache flags, SONAME or None); a SONAME only for regular files
     Planned = Dict[str, Tuple[int, Optional[str]]]
+    #: (cache flags, SONAME or None) of a regular file; None: not a library
+    _Read = Optional[Tuple[int, Optional[str]]]
 
 __all__ = [
     "COMPAT_DIR",
@@ -195,15 +197,15 @@ def _folder_entries(root: _inroot.RootFd, folder: str,
             os.close(dfd)
 
 
-# Long on purpose: one pass over a folder's entries, as ldconfig makes it; its steps share
-# the folder's counters and the image's limit, and split they would read it twice.
 def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
                  kinds: Mapping[str, str], planned: Planned,
                  warnings: Optional[List[str]], limit: Optional[int]) -> List[CacheEntry]:
+    """One pass over a folder's entries, as ldconfig makes it (:func:`_folder_entries`):
+    the planned names from the plan, the image's own unless
+    the folder holds more than *limit* of them (read by :func:`_folder_reader`)."""
     names = list(kinds)
     present = set(names) | set(planned)
     base = folder.rstrip("/") or ""
-    out: List[CacheEntry] = []
     image_libs = 0
     if limit is not None and len(names) > limit:  # fewer names cannot be more libraries
         image_libs = sum(1 for name in names if name not in planned and lib_name(name))
@@ -211,9 +213,44 @@ def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
     if not scan_image and warnings is not None:
         warnings.append(f"{folder} holds {image_libs} of the image's libraries, more than the "
                         f"{limit} read: only the image's own ld.so.cache lists them")
-    read: Dict[str, Optional[Tuple[int, Optional[str]]]] = {}
+    regular, link_flags = _folder_reader(root, dfd, base, kinds)
+    out: List[CacheEntry] = []
+    for name in sorted(present):
+        if not lib_name(name):
+            continue
+        path = f"{base}/{name}"
+        known = planned.get(name)
+        if known is None and not scan_image:
+            continue
+        kind = kinds.get(name)
+        if known is None and kind == "link":
+            link = link_flags(name, path)
+            if link is not None:
+                out.append(_entry(CacheEntry, (name, path, link, 0)))
+            continue
+        got = known if known is not None else regular(name) if kind == "file" else None
+        if got is None:
+            continue
+        flags, soname = got
+        out.append(_entry(CacheEntry, (name, path, flags, 0)))
+        if soname and soname != name and "/" not in soname:
+            value = f"{base}/{soname}" if soname in present else path
+            out.append(_entry(CacheEntry, (soname, value, flags, 0)))
+    return out
 
-    def regular(name: str) -> Optional[Tuple[int, Optional[str]]]:
+
+def _folder_reader(root: _inroot.RootFd, dfd: int, base: str, kinds: Mapping[str, str]
+                   ) -> Tuple[Callable[[str], _Read], Callable[[str, str], Optional[int]]]:
+    """``regular(name)`` and ``link_flags(name, path)`` for one scan of the folder open
+    below *dfd* (the container path *base*): each file and link of the folder is read at
+    most once per scan, a folder a link names resolved once. Closures, not methods: they
+    run once or twice per name of folders of hundreds of names."""
+    read: Dict[str, _Read] = {}
+    texts: Dict[str, Optional[str]] = {}  # link name → its text (None: unreadable)
+    folders: Dict[str, bool] = {}  # a folder path a link names → whether it is this one
+    here: List[Tuple[int, int]] = []  # this folder's (device, inode), once
+
+    def regular(name: str) -> _Read:
         """(flags, SONAME) of the regular file *name* of the folder; None: not a library."""
         if name not in read:
             read[name] = None
@@ -230,8 +267,6 @@ def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
                 os.close(fd)
         return read[name]
 
-    texts: Dict[str, Optional[str]] = {}  # link name → its text (None: unreadable)
-
     def readlink(name: str) -> Optional[str]:
         """The text of the link *name* of the folder, read once (chains share links:
         ``libz.so -> libz.so.1 -> libz.so.1.3``)."""
@@ -241,9 +276,6 @@ def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
             except OSError:
                 texts[name] = None
         return texts[name]
-
-    folders: Dict[str, bool] = {}  # a folder path a link names → whether it is this one
-    here: List[Tuple[int, int]] = []  # this folder's (device, inode), once
 
     def is_here(parent: str) -> bool:
         """Whether the container path *parent* resolves (in the root) to this folder."""
@@ -299,35 +331,7 @@ def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
         finally:
             os.close(fd)
 
-    for name in sorted(present):
-        if not lib_name(name):
-            continue
-        path = f"{base}/{name}"
-        known = planned.get(name)
-        if known is not None:
-            flags, soname = known
-            out.append(_entry(CacheEntry, (name, path, flags, 0)))
-            if soname and soname != name and "/" not in soname:
-                value = f"{base}/{soname}" if soname in present else path
-                out.append(_entry(CacheEntry, (soname, value, flags, 0)))
-            continue
-        if not scan_image:
-            continue
-        kind = kinds.get(name)
-        if kind == "file":
-            got = regular(name)
-            if got is None:
-                continue
-            flags, soname = got
-            out.append(_entry(CacheEntry, (name, path, flags, 0)))
-            if soname and soname != name and "/" not in soname:
-                value = f"{base}/{soname}" if soname in present else path
-                out.append(_entry(CacheEntry, (soname, value, flags, 0)))
-        elif kind == "link":
-            link = link_flags(name, path)
-            if link is not None:
-                out.append(_entry(CacheEntry, (name, path, link, 0)))
-    return out
+    return regular, link_flags
 
 
 def _merge(existing: Sequence[CacheEntry], added: Sequence[CacheEntry]) -> List[CacheEntry]:

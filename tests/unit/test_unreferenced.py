@@ -42,8 +42,6 @@ ALLOWED: Dict[str, str] = {
 }
 #: ``path:name`` -> why the function is still over :data:`MAX_LINES` lines.
 LONG_ALLOWED: Dict[str, str] = {
-    "nvshim/runtime/rootcache.py:_scan_folder": "owned elsewhere this session (grew to 101 "
-                                                "lines in issue 44 item 4), split pending",
 }
 
 #: Decorators that register the function they decorate (click's commands and groups): the
