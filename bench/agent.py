@@ -67,8 +67,9 @@ def timed(argv: Sequence[str], env: Dict[str, str], check: bool = False) -> Tupl
     starts)."""
     with tempfile.TemporaryFile() as err:
         t = time.perf_counter()
-        proc = subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(
+            list(argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+        )
         _, status, usage = os.wait4(proc.pid, 0)
         ms = (time.perf_counter() - t) * 1000
         if check and os.waitstatus_to_exitcode(status) != 0:
@@ -109,21 +110,26 @@ class World:
         for name, runtime in (("runc", runc), ("noop", "/bin/true")):
             cfg = work / name / "config.yaml"
             cfg.parent.mkdir()
-            cfg.write_text(f"runtimes: [{runtime}]\ndriver-root: {self.node.root}\n"
-                           f"grants-journal: {cfg.parent}/grants.jsonl\n")
+            cfg.write_text(
+                f"runtimes: [{runtime}]\ndriver-root: {self.node.root}\n"
+                f"grants-journal: {cfg.parent}/grants.jsonl\n"
+            )
             compile_node(str(cfg))
             self.configs[name] = cfg
         self.sock = work / "agent.sock"
         self.tramp = work / "nvshim-runtime"
-        self.tramp.write_text(render(sys.executable, agent_socket=str(self.sock),
-                                     client=self.client))
+        self.tramp.write_text(
+            render(sys.executable, agent_socket=str(self.sock), client=self.client)
+        )
         self.tramp.chmod(0o755)
         self.bundles = {
             "none": make_bundle(work / "b-none", self.rootfs, ["true"]),
-            "1": make_bundle(work / "b-1", self.rootfs, ["true"],
-                             env={"NVIDIA_VISIBLE_DEVICES": "0"}),
-            "all": make_bundle(work / "b-all", self.rootfs, ["true"],
-                               env={"NVIDIA_VISIBLE_DEVICES": "all"}),
+            "1": make_bundle(
+                work / "b-1", self.rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"}
+            ),
+            "all": make_bundle(
+                work / "b-all", self.rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "all"}
+            ),
         }
         self.originals = {k: (b / "config.json").read_bytes() for k, b in self.bundles.items()}
         self.names = {k: set(os.listdir(b)) for k, b in self.bundles.items()}
@@ -132,8 +138,11 @@ class World:
         self.n = 0
 
     def env(self, config: str, agent: bool = True) -> Dict[str, str]:
-        return dict(self.base_env, NVSHIM_CONFIG=str(self.configs[config]),
-                    NVSHIM_AGENT_SOCKET=str(self.sock) if agent else "none")
+        return dict(
+            self.base_env,
+            NVSHIM_CONFIG=str(self.configs[config]),
+            NVSHIM_AGENT_SOCKET=str(self.sock) if agent else "none",
+        )
 
     def restore(self, key: str) -> None:
         """The bundle as the engine made it: its config.json, and nothing a create added
@@ -156,11 +165,15 @@ class World:
     def create(self, key: str, env: Dict[str, str], tool: Optional[str] = None) -> float:
         return self.timed_create(key, env, tool)[0]
 
-    def timed_create(self, key: str, env: Dict[str, str],
-                     tool: Optional[str] = None) -> Tuple[float, float]:
+    def timed_create(
+        self, key: str, env: Dict[str, str], tool: Optional[str] = None
+    ) -> Tuple[float, float]:
         self.restore(key)
-        return timed([tool or str(self.tramp), "create", "--bundle", str(self.bundles[key]),
-                      self.cid()], env, check=True)
+        return timed(
+            [tool or str(self.tramp), "create", "--bundle", str(self.bundles[key]), self.cid()],
+            env,
+            check=True,
+        )
 
 
 #: The breakdown's rows: (key, what it is). Each is a median over rounds of the samples,
@@ -185,9 +198,22 @@ def breakdown(w: World, rounds: int, agent_pid: int) -> Dict[str, Dict[str, floa
     from nvshim.runtime.argv import parse_argv
     from nvshim.runtime.main import create
 
-    samples: Dict[str, List[Tuple[float, float]]] = {k: [] for k in (
-        "noop", "sh", "client", "agent", "fast", "python", "runc_plain", "runc_edited",
-        "runc_nohooks", "runc_delete", "tramp_delete")}
+    samples: Dict[str, List[Tuple[float, float]]] = {
+        k: []
+        for k in (
+            "noop",
+            "sh",
+            "client",
+            "agent",
+            "fast",
+            "python",
+            "runc_plain",
+            "runc_edited",
+            "runc_nohooks",
+            "runc_delete",
+            "tramp_delete",
+        )
+    }
     agent_ms: List[float] = []
     noop_cfg = load_config(str(w.configs["noop"]))
     edited_dir = w.work / "edited"
@@ -206,31 +232,46 @@ def breakdown(w: World, rounds: int, agent_pid: int) -> Dict[str, Dict[str, floa
 
     def runc_pair(bundle: Path) -> Tuple[float, float]:
         cid = w.cid()
-        t = timed([w.runc, "--root", str(root), "create", "--bundle", str(bundle), cid],
-                  w.base_env, check=True)
+        t = timed(
+            [w.runc, "--root", str(root), "create", "--bundle", str(bundle), cid],
+            w.base_env,
+            check=True,
+        )
         d = timed([w.runc, "--root", str(root), "delete", "--force", cid], w.base_env)
         return t[0] + d[0], t[1] + d[1]
 
     def delete_by(tool: str) -> Tuple[float, float]:
         cid = w.cid()
-        timed([w.runc, "--root", str(root), "create", "--bundle", str(plain), cid],
-              w.base_env, check=True)
+        timed(
+            [w.runc, "--root", str(root), "create", "--bundle", str(plain), cid],
+            w.base_env,
+            check=True,
+        )
         return timed([tool, "--root", str(root), "delete", cid], w.env("runc"), check=True)
 
-    version_mismatch = [w.client, str(w.sock), "0.0.0-other", str(w.configs["noop"]),
-                        "/bin/true", str(w.bundles["1"]), "create", "--bundle",
-                        str(w.bundles["1"]), "x"]
+    version_mismatch = [
+        w.client,
+        str(w.sock),
+        "0.0.0-other",
+        str(w.configs["noop"]),
+        "/bin/true",
+        str(w.bundles["1"]),
+        "create",
+        "--bundle",
+        str(w.bundles["1"]),
+        "x",
+    ]
     for _ in range(rounds):
-        samples["noop"].append(timed(["/bin/true", "create", "--bundle", str(plain), "x"],
-                                     w.base_env))
+        samples["noop"].append(
+            timed(["/bin/true", "create", "--bundle", str(plain), "x"], w.base_env)
+        )
         samples["sh"].append(w.timed_create("none", w.env("noop")))
         samples["client"].append(timed(version_mismatch, w.base_env))
         w.restore("1")
         inv = parse_argv(["create", "--bundle", str(w.bundles["1"]), w.cid()])
         t, c = time.perf_counter(), time.thread_time()
         assert create(inv, noop_cfg, "/bin/true", None, None, "agent") is None
-        samples["agent"].append(((time.perf_counter() - t) * 1000,
-                                 (time.thread_time() - c) * 1000))
+        samples["agent"].append(((time.perf_counter() - t) * 1000, (time.thread_time() - c) * 1000))
         before = agent_cpu_ms(agent_pid)
         samples["fast"].append(w.timed_create("1", w.env("noop")))
         agent_ms.append(agent_cpu_ms(agent_pid) - before)
@@ -282,8 +323,9 @@ def concurrent(w: World, n: int) -> Dict[str, float]:
 
     def one(i: int) -> None:
         go.wait()
-        times[i] = wall([str(w.tramp), "create", "--bundle", str(keys[i]), f"cc{i}"], env,
-                        check=True)
+        times[i] = wall(
+            [str(w.tramp), "create", "--bundle", str(keys[i]), f"cc{i}"], env, check=True
+        )
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
@@ -295,9 +337,14 @@ def concurrent(w: World, n: int) -> Dict[str, float]:
     total = (time.perf_counter() - t0) * 1000
     served = sum("nvshim.io/served-by" in (k / "config.json").read_text() for k in keys)
     ordered = sorted(times)
-    return {"n": n, "median_ms": median(ordered), "p99_ms": ordered[int(0.99 * (n - 1))],
-            "p99_over_median": ordered[int(0.99 * (n - 1))] / median(ordered),
-            "all_done_ms": total, "served_by_agent": served}
+    return {
+        "n": n,
+        "median_ms": median(ordered),
+        "p99_ms": ordered[int(0.99 * (n - 1))],
+        "p99_over_median": ordered[int(0.99 * (n - 1))] / median(ordered),
+        "all_done_ms": total,
+        "served_by_agent": served,
+    }
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -310,9 +357,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if os.geteuid() != 0:
         print("bench/agent.py: needs root", file=sys.stderr)
         return 1
-    results: Dict[str, Any] = {"rounds": args.rounds,
-                               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                               "nproc": os.cpu_count(), "load": os.getloadavg()}
+    results: Dict[str, Any] = {
+        "rounds": args.rounds,
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "nproc": os.cpu_count(),
+        "load": os.getloadavg(),
+    }
     from nvshim.runtime.plancache import PlanMemo, use_memo
 
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-agent-") as tmp:
@@ -338,19 +388,25 @@ def main(argv: Optional[List[str]] = None) -> int:
             agent.terminate()
             agent.wait(30)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"where a 1-GPU create's milliseconds go (median of {args.rounds} rounds; load "
-          f"{results['load'][0]:.2f} at the start):")
+    print(
+        f"where a 1-GPU create's milliseconds go (median of {args.rounds} rounds; load "
+        f"{results['load'][0]:.2f} at the start):"
+    )
     print(f"  {'piece':66} {'wall ms':>8} {'cpu ms':>7}")
     for key, name in ROWS:
         row = results["breakdown"][key]
         print(f"  {name:66} {row['ms']:8.2f} {row['cpu']:7.2f}")
     c = results["concurrent"]
-    print(f"{c['n']} concurrent creates through one agent: median {c['median_ms']:.1f} ms, "
-          f"p99 {c['p99_ms']:.1f} ms (p99/median {c['p99_over_median']:.2f}), "
-          f"served by the agent {c['served_by_agent']}/{c['n']}")
+    print(
+        f"{c['n']} concurrent creates through one agent: median {c['median_ms']:.1f} ms, "
+        f"p99 {c['p99_ms']:.1f} ms (p99/median {c['p99_over_median']:.2f}), "
+        f"served by the agent {c['served_by_agent']}/{c['n']}"
+    )
     r = results["rss_256_gpus_kib"]
-    print(f"agent with 256 GPUs: VmRSS {r['VmRSS'] / 1024:.1f} MiB, VmHWM "
-          f"{r['VmHWM'] / 1024:.1f} MiB (idle {results['rss_idle_kib']['VmRSS'] / 1024:.1f})")
+    print(
+        f"agent with 256 GPUs: VmRSS {r['VmRSS'] / 1024:.1f} MiB, VmHWM "
+        f"{r['VmHWM'] / 1024:.1f} MiB (idle {results['rss_idle_kib']['VmRSS'] / 1024:.1f})"
+    )
     print(f"wrote {args.out}")
     return 0
 

@@ -57,8 +57,11 @@ CASES = {
 
 def payload_command(payload: str) -> List[str]:
     """The argv of DIR's ``nvshim`` command, with its prefix moved under DIR."""
-    meta = dict(line.split("=", 1) for line in
-                Path(payload, ".nvshim-payload").read_text().splitlines() if "=" in line)
+    meta = dict(
+        line.split("=", 1)
+        for line in Path(payload, ".nvshim-payload").read_text().splitlines()
+        if "=" in line
+    )
     prefix, bindir = meta["prefix"], meta["bindir"]
     text = Path(payload + bindir, "nvshim").read_text()
     line = next(line for line in text.splitlines() if line.startswith("exec "))
@@ -68,8 +71,13 @@ def payload_command(payload: str) -> List[str]:
 
 def run_ms(argv: Sequence[str], env: Dict[str, str]) -> float:
     start = time.perf_counter()
-    subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, env=env)
+    subprocess.run(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     return (time.perf_counter() - start) * 1000.0
 
 
@@ -93,8 +101,13 @@ GENERATE_TARGET_MS = 100.0
 BIG_NODE = 256
 
 
-def big_nodes(commands: Dict[str, List[str]], ctk: str, counts: Sequence[int], rounds: int,
-              base_env: Dict[str, str]) -> None:
+def big_nodes(
+    commands: Dict[str, List[str]],
+    ctk: str,
+    counts: Sequence[int],
+    rounds: int,
+    base_env: Dict[str, str],
+) -> None:
     """Item 7: ``cdi generate`` and ``cdi list`` on nodes of ``counts`` GPUs beside
     nvidia-ctk, interleaved rounds; prints the table and whether the targets hold."""
     first = next(iter(commands.values()))
@@ -106,22 +119,41 @@ def big_nodes(commands: Dict[str, List[str]], ctk: str, counts: Sequence[int], r
             os.mkdir(spec_dir)
             config.write_text(f"driver-root: {node}\ncdi-spec-dirs: [{spec_dir}]\n")
             env = dict(base_env, NVSHIM_CONFIG=str(config))
-            subprocess.run(first + ["--quiet", "sim", "create", node, "--gpus", str(n)],
-                           env=env, check=True)
-            subprocess.run(first + ["cdi", "generate", "--driver-root", node, "--output",
-                                    f"{spec_dir}/nvidia.yaml"], env=env, check=True)
-            subprocess.run(first + ["config", "compile", "--config", str(config)], env=env,
-                           check=True, capture_output=True)
+            subprocess.run(
+                first + ["--quiet", "sim", "create", node, "--gpus", str(n)], env=env, check=True
+            )
+            subprocess.run(
+                first
+                + ["cdi", "generate", "--driver-root", node, "--output", f"{spec_dir}/nvidia.yaml"],
+                env=env,
+                check=True,
+            )
+            subprocess.run(
+                first + ["config", "compile", "--config", str(config)],
+                env=env,
+                check=True,
+                capture_output=True,
+            )
             for name, argv in commands.items():
                 out = f"{tmp}/out{n}-{len(runs)}.yaml"
-                runs[(n, name, "generate")] = argv + ["cdi", "generate", "--driver-root", node,
-                                                      "--output", out]
-                runs[(n, name, "list --spec-dir")] = argv + ["cdi", "list", "--spec-dir",
-                                                             spec_dir]
+                runs[(n, name, "generate")] = argv + [
+                    "cdi",
+                    "generate",
+                    "--driver-root",
+                    node,
+                    "--output",
+                    out,
+                ]
+                runs[(n, name, "list --spec-dir")] = argv + ["cdi", "list", "--spec-dir", spec_dir]
                 runs[(n, name, "list (indexed)")] = argv + ["cdi", "list"]
             if ctk:
-                runs[(n, "nvidia-ctk", "list --spec-dir")] = [ctk, "cdi", "list", "--spec-dir",
-                                                              spec_dir]
+                runs[(n, "nvidia-ctk", "list --spec-dir")] = [
+                    ctk,
+                    "cdi",
+                    "list",
+                    "--spec-dir",
+                    spec_dir,
+                ]
             for key in runs:
                 if key[0] == n:
                     envs[key] = env
@@ -137,11 +169,15 @@ def big_nodes(commands: Dict[str, List[str]], ctk: str, counts: Sequence[int], r
                         pass
                 samples[key].append(run_ms(argv, envs[key]))
     med = {key: statistics.median(values) for key, values in samples.items()}
-    print(f"\nBig nodes (issue 44 item 7), medians of {rounds} interleaved rounds "
-          f"(python3 -I -S -c pass: {med[(0, 'bare', '')]:.1f} ms, the floor of any nvshim "
-          "command):")
-    print("| GPUs | command | `cdi generate` ms | `cdi list --spec-dir` ms (× nvidia-ctk) "
-          "| `cdi list` indexed ms (× nvidia-ctk) |")
+    print(
+        f"\nBig nodes (issue 44 item 7), medians of {rounds} interleaved rounds "
+        f"(python3 -I -S -c pass: {med[(0, 'bare', '')]:.1f} ms, the floor of any nvshim "
+        "command):"
+    )
+    print(
+        "| GPUs | command | `cdi generate` ms | `cdi list --spec-dir` ms (× nvidia-ctk) "
+        "| `cdi list` indexed ms (× nvidia-ctk) |"
+    )
     print("|---|---|---|---|---|")
     verdicts = []
     for n in counts:
@@ -155,12 +191,21 @@ def big_nodes(commands: Dict[str, List[str]], ctk: str, counts: Sequence[int], r
                 ms = med[(n, name, case)]
                 cells.append(f"{ms:.1f}" + (f" ({ms / ref:.2f}×)" if ref else ""))
                 if ref:
-                    verdicts.append((f"{name}: `cdi {case}` on {n} GPUs no slower than "
-                                     f"nvidia-ctk ({ms:.1f} vs {ref:.1f} ms)", ms <= ref))
+                    verdicts.append(
+                        (
+                            f"{name}: `cdi {case}` on {n} GPUs no slower than "
+                            f"nvidia-ctk ({ms:.1f} vs {ref:.1f} ms)",
+                            ms <= ref,
+                        )
+                    )
             if n >= BIG_NODE:
-                verdicts.append((f"{name}: `cdi generate` on {n} GPUs under "
-                                 f"{GENERATE_TARGET_MS:.0f} ms ({gen:.1f} ms)",
-                                 gen < GENERATE_TARGET_MS))
+                verdicts.append(
+                    (
+                        f"{name}: `cdi generate` on {n} GPUs under "
+                        f"{GENERATE_TARGET_MS:.0f} ms ({gen:.1f} ms)",
+                        gen < GENERATE_TARGET_MS,
+                    )
+                )
             print(f"| {n} | {name} | {gen:.1f} | " + " | ".join(cells) + " |")
     for text, held in verdicts:
         print(f"{'holds' if held else 'FAILS'}: {text}")
@@ -171,10 +216,18 @@ def main(argv: Sequence[str] = ()) -> int:
     parser.add_argument("--payload", action="append", default=[], metavar="DIR")
     parser.add_argument("--command", action="append", default=[], metavar="PATH")
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--gpus", default="8,256", metavar="N,N",
-                        help="GPU counts of the big-node part (empty: skip it)")
-    parser.add_argument("--nvidia-ctk", default=None, metavar="PATH",
-                        help="nvidia-ctk to compare with (default: tests/go's build)")
+    parser.add_argument(
+        "--gpus",
+        default="8,256",
+        metavar="N,N",
+        help="GPU counts of the big-node part (empty: skip it)",
+    )
+    parser.add_argument(
+        "--nvidia-ctk",
+        default=None,
+        metavar="PATH",
+        help="nvidia-ctk to compare with (default: tests/go's build)",
+    )
     args = parser.parse_args(list(argv) or None)
     commands = {f"payload {p}": payload_command(p) for p in args.payload}
     commands.update({c: [c] for c in args.command})
@@ -185,22 +238,38 @@ def main(argv: Sequence[str] = ()) -> int:
         node, spec_dir = f"{tmp}/node", f"{tmp}/cdi"
         os.mkdir(spec_dir)
         config = Path(tmp, "config.yaml")
-        config.write_text(f"driver-root: {node}\ncdi-spec-dirs: [{spec_dir}]\n"
-                          f"grants-journal: {tmp}/grants.jsonl\n")
+        config.write_text(
+            f"driver-root: {node}\ncdi-spec-dirs: [{spec_dir}]\n"
+            f"grants-journal: {tmp}/grants.jsonl\n"
+        )
         Path(tmp, "grants.jsonl").write_text("")
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(config),
-               "COLUMNS": "80"}
-        subprocess.run(first + ["--quiet", "sim", "create", node, "--gpus", "2"], env=env,
-                       check=True)
+        env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "NVSHIM_CONFIG": str(config),
+            "COLUMNS": "80",
+        }
+        subprocess.run(
+            first + ["--quiet", "sim", "create", node, "--gpus", "2"], env=env, check=True
+        )
         spec = f"{spec_dir}/nvidia.yaml"
-        subprocess.run(first + ["cdi", "generate", "--driver-root", node, "--output", spec],
-                       env=env, check=True)
+        subprocess.run(
+            first + ["cdi", "generate", "--driver-root", node, "--output", spec],
+            env=env,
+            check=True,
+        )
         # compiled, as install.sh leaves a node's config: no YAML parser on these paths
-        subprocess.run(first + ["config", "compile", "--config", str(config)], env=env,
-                       check=True, capture_output=True)
+        subprocess.run(
+            first + ["config", "compile", "--config", str(config)],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         fill = {"{spec}": spec, "{node}": node}
-        runs = {(name, case): [fill.get(a, a) for a in case_args]
-                for name in commands for case, case_args in CASES.items()}
+        runs = {
+            (name, case): [fill.get(a, a) for a in case_args]
+            for name in commands
+            for case, case_args in CASES.items()
+        }
         samples: Dict[object, List[float]] = {"bare": []}
         for key in runs:
             samples[key] = []
@@ -222,8 +291,13 @@ def main(argv: Sequence[str] = ()) -> int:
     counts = [int(n) for n in args.gpus.split(",") if n]
     if counts:
         ctk = args.nvidia_ctk if args.nvidia_ctk is not None else default_nvidia_ctk()
-        big_nodes(commands, ctk, counts, args.rounds,
-                  {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "COLUMNS": "80"})
+        big_nodes(
+            commands,
+            ctk,
+            counts,
+            args.rounds,
+            {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "COLUMNS": "80"},
+        )
     return 0
 
 

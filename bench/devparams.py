@@ -52,16 +52,28 @@ def main() -> int:
         node = create_node(str(work / "node"), gpus=1)
         base = make_rootfs(work / "base")
         bundle = make_bundle(
-            work / "b", base, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"},
-            hooks={"createContainer": [{"path": "/bin/sh", "env": [f"PATH={PATH}"],
-                                        "args": ["sh", "-c", FAKE_DRIVER, "fake",
-                                                 str(work / "b" / "rootfs")]}]})
+            work / "b",
+            base,
+            ["true"],
+            env={"NVIDIA_VISIBLE_DEVICES": "0"},
+            hooks={
+                "createContainer": [
+                    {
+                        "path": "/bin/sh",
+                        "env": [f"PATH={PATH}"],
+                        "args": ["sh", "-c", FAKE_DRIVER, "fake", str(work / "b" / "rootfs")],
+                    }
+                ]
+            },
+        )
         pristine = (bundle / "config.json").read_bytes()
         envs = {}
         for arm, on in (("on", True), ("off", False)):
             cfg = work / f"{arm}.yaml"
-            cfg.write_text(f"driver-root: {node.root}\nruntimes: [runc]\ngrants-journal: null\n"
-                           f"disable-device-node-modification: {str(on).lower()}\n")
+            cfg.write_text(
+                f"driver-root: {node.root}\nruntimes: [runc]\ngrants-journal: null\n"
+                f"disable-device-node-modification: {str(on).lower()}\n"
+            )
             compile_config(str(cfg))
             envs[arm] = {"NVSHIM_CONFIG": str(cfg), "PATH": PATH}
         root = work / "runc-root"
@@ -72,11 +84,15 @@ def main() -> int:
                 (bundle / "config.json").write_bytes(pristine)
                 cid = f"bench-params-{i}-{arm}"
                 start = time.perf_counter()
-                res = subprocess.run([args.runtime, "--root", str(root), "run", "--bundle",
-                                      str(bundle), cid], env=envs[arm], capture_output=True)
+                res = subprocess.run(
+                    [args.runtime, "--root", str(root), "run", "--bundle", str(bundle), cid],
+                    env=envs[arm],
+                    capture_output=True,
+                )
                 took = (time.perf_counter() - start) * 1000
-                subprocess.run(["runc", "--root", str(root), "delete", "-f", cid],
-                               capture_output=True)
+                subprocess.run(
+                    ["runc", "--root", str(root), "delete", "-f", cid], capture_output=True
+                )
                 if res.returncode != 0:
                     sys.stderr.write(res.stderr.decode())
                     return 1

@@ -50,13 +50,22 @@ IMPORTS: List[Tuple[str, str, str]] = [
     ("import yaml (PyYAML)", "", "import yaml"),
     ("import grpc", "", "import grpc"),
     ("import structlog", "", "import structlog"),
-    ("define one NamedTuple (typing loaded)", "import typing",
-     "typing.NamedTuple('A', [('a', int), ('b', str), ('c', int)])"),
-    ("define one dataclass (dataclasses loaded)", "import dataclasses",
-     "dataclasses.dataclass(frozen=True)(type('A', (), {'__annotations__': "
-     "{'a': 'int', 'b': 'str', 'c': 'int'}}))"),
-    ("nvshim.runtime.requirements (imports beyond a GPU create's)",
-     "import nvshim.runtime.create", "import nvshim.runtime.requirements"),
+    (
+        "define one NamedTuple (typing loaded)",
+        "import typing",
+        "typing.NamedTuple('A', [('a', int), ('b', str), ('c', int)])",
+    ),
+    (
+        "define one dataclass (dataclasses loaded)",
+        "import dataclasses",
+        "dataclasses.dataclass(frozen=True)(type('A', (), {'__annotations__': "
+        "{'a': 'int', 'b': 'str', 'c': 'int'}}))",
+    ),
+    (
+        "nvshim.runtime.requirements (imports beyond a GPU create's)",
+        "import nvshim.runtime.create",
+        "import nvshim.runtime.requirements",
+    ),
 ]
 
 
@@ -64,9 +73,11 @@ def timed_in_process(python: str, setup: str, code: str, runs: int) -> List[floa
     """Seconds ``code`` takes in each of ``runs`` fresh ``-I -S`` processes."""
     # -S leaves site-packages out: this process's (PyYAML, grpc) go after the checkout
     paths = [str(REPO)] + [p for p in sys.path if p.endswith("site-packages")]
-    script = (f"import sys; sys.path[0:0] = {paths!r}; {setup}\n"
-              f"import time; t0 = time.perf_counter()\n{code}\n"
-              "print(time.perf_counter() - t0)")
+    script = (
+        f"import sys; sys.path[0:0] = {paths!r}; {setup}\n"
+        f"import time; t0 = time.perf_counter()\n{code}\n"
+        "print(time.perf_counter() - t0)"
+    )
     out = []
     for _ in range(runs):
         res = subprocess.run([python, "-I", "-S", "-c", script], capture_output=True, text=True)
@@ -92,12 +103,24 @@ def deepcopy_against_copy(runs: int) -> Dict[str, List[float]]:
     sys.path.insert(0, str(REPO))
     from nvshim.edits import _copy
 
-    doc = {"ociVersion": "1.1.0", "process": {"env": [f"K{i}=v{i}" for i in range(40)],
-                                               "args": ["sh"]},
-           "mounts": [{"destination": f"/m{i}", "type": "bind", "source": f"/s{i}",
-                       "options": ["rbind", "ro"]} for i in range(60)],
-           "linux": {"devices": [{"path": f"/dev/x{i}", "type": "c", "major": 195,
-                                  "minor": i} for i in range(16)]}}
+    doc = {
+        "ociVersion": "1.1.0",
+        "process": {"env": [f"K{i}=v{i}" for i in range(40)], "args": ["sh"]},
+        "mounts": [
+            {
+                "destination": f"/m{i}",
+                "type": "bind",
+                "source": f"/s{i}",
+                "options": ["rbind", "ro"],
+            }
+            for i in range(60)
+        ],
+        "linux": {
+            "devices": [
+                {"path": f"/dev/x{i}", "type": "c", "major": 195, "minor": i} for i in range(16)
+            ]
+        },
+    }
     result: Dict[str, List[float]] = {"copy.deepcopy": [], "nvshim.edits._copy": []}
     for _ in range(runs):
         for name, fn in (("copy.deepcopy", copy.deepcopy), ("nvshim.edits._copy", _copy)):
@@ -111,8 +134,10 @@ def write_with_and_without_fsync(runs: int) -> Dict[str, List[float]]:
     out: Dict[str, List[float]] = {"write + rename": [], "write + fsync file and dir + rename": []}
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/var/tmp")) as tmp:
         for i in range(runs):
-            for name, durable in (("write + rename", False),
-                                  ("write + fsync file and dir + rename", True)):
+            for name, durable in (
+                ("write + rename", False),
+                ("write + fsync file and dir + rename", True),
+            ):
                 path = os.path.join(tmp, f"f{i}{durable}")
                 t0 = time.perf_counter()
                 fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT, 0o644)
@@ -132,8 +157,7 @@ def write_with_and_without_fsync(runs: int) -> Dict[str, List[float]]:
 def row(name: str, samples: List[float]) -> str:
     if not samples:
         return f"| {name} | not installed for this interpreter |"
-    return (f"| {name} | {statistics.median(samples) * 1e3:.2f} ms "
-            f"(min {min(samples) * 1e3:.2f}) |")
+    return f"| {name} | {statistics.median(samples) * 1e3:.2f} ms (min {min(samples) * 1e3:.2f}) |"
 
 
 def main() -> None:
@@ -145,7 +169,8 @@ def main() -> None:
     load_before = os.getloadavg()
     print(f"interpreter {args.python}, {args.runs} runs each, load {load_before[0]:.1f}")
     rows: Dict[str, List[float]] = {
-        "bare start, -I -S -c pass (from outside)": bare_start(args.python, args.runs)}
+        "bare start, -I -S -c pass (from outside)": bare_start(args.python, args.runs)
+    }
     for name, setup, code in IMPORTS:
         rows[name] = timed_in_process(args.python, setup, code, args.runs)
     for name, samples in deepcopy_against_copy(args.runs).items():
@@ -155,12 +180,21 @@ def main() -> None:
     print("| figure | median (min) |\n|---|---|")
     for name, samples in rows.items():
         print(row(name, samples))
-    Path(args.out).write_text(json.dumps({
-        "runs": args.runs, "python": args.python, "load_before": load_before,
-        "load_after": os.getloadavg(), "nproc": os.cpu_count(),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "rows_ms": {k: [round(x * 1e3, 4) for x in v] for k, v in rows.items()},
-    }, indent=2) + "\n")
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "runs": args.runs,
+                "python": args.python,
+                "load_before": load_before,
+                "load_after": os.getloadavg(),
+                "nproc": os.cpu_count(),
+                "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "rows_ms": {k: [round(x * 1e3, 4) for x in v] for k, v in rows.items()},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}")
 
 

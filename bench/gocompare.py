@@ -84,8 +84,10 @@ def toolkit_bin() -> Path:
     try:
         return go_programs("nvidia-toolkit")
     except BaseException as exc:  # pytest.skip (no Go) is a BaseException; a failed build
-        raise SystemExit(f"bench/gocompare.py: cannot build NVIDIA's toolkit from "
-                         f"tests/go/nvidia-toolkit: {str(exc).splitlines()[0]}") from exc
+        raise SystemExit(
+            f"bench/gocompare.py: cannot build NVIDIA's toolkit from "
+            f"tests/go/nvidia-toolkit: {str(exc).splitlines()[0]}"
+        ) from exc
 
 
 def go_spec(nvshim_spec: Path, hook: str, out: Path) -> None:
@@ -109,8 +111,12 @@ def go_spec(nvshim_spec: Path, hook: str, out: Path) -> None:
                 folders.append(args[i + 1])
 
     def one(*args: str) -> Dict[str, Any]:
-        return {"hookName": "createContainer", "path": hook,
-                "args": ["nvidia-cdi-hook", *args], "env": ["NVIDIA_CTK_DEBUG=false"]}
+        return {
+            "hookName": "createContainer",
+            "path": hook,
+            "args": ["nvidia-cdi-hook", *args],
+            "env": ["NVIDIA_CTK_DEBUG=false"],
+        }
 
     hooks = [one("create-symlinks", *[w for link in links for w in ("--link", link)])]
     if version:
@@ -151,10 +157,13 @@ def injected(config: Path) -> Dict[str, int]:
     spec = json.loads(config.read_text())
     devices = [d.get("path") for d in spec.get("linux", {}).get("devices") or []]
     hooks = spec.get("hooks") or {}
-    return {"devices": len(devices), "nvidia0": int("/dev/nvidia0" in devices),
-            "mounts": len(spec.get("mounts") or []),
-            "hooks": sum(len(v) for v in hooks.values()),
-            "served_by_agent": int("nvshim.io/served-by" in (spec.get("annotations") or {}))}
+    return {
+        "devices": len(devices),
+        "nvidia0": int("/dev/nvidia0" in devices),
+        "mounts": len(spec.get("mounts") or []),
+        "hooks": sum(len(v) for v in hooks.values()),
+        "served_by_agent": int("nvshim.io/served-by" in (spec.get("annotations") or {})),
+    }
 
 
 def own_bundles(b: Bench, keys: Tuple[str, ...]) -> None:
@@ -164,8 +173,9 @@ def own_bundles(b: Bench, keys: Tuple[str, ...]) -> None:
     from tests.helpers.bundle import make_bundle
 
     for key in keys:
-        b.bundles[key] = make_bundle(b.work / f"b-{key}", b.work / "rootfs", ["true"],
-                                     env={"NVIDIA_VISIBLE_DEVICES": "0"})
+        b.bundles[key] = make_bundle(
+            b.work / f"b-{key}", b.work / "rootfs", ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"}
+        )
         b.originals[key] = (b.bundles[key] / "config.json").read_bytes()
         b.rootfs_paths[key] = _tree(b.bundles[key] / "rootfs")
         b.bundle_names[key] = set(os.listdir(b.bundles[key]))
@@ -175,8 +185,9 @@ class Subject:
     """One row: a runtime on its own bundle, or (``floor`` given) runc on the bundle as
     that runtime's create left it (:class:`bench.run.Floor`)."""
 
-    def __init__(self, name: str, tool: str, env: Dict[str, str], key: str,
-                 floor: Optional[Floor] = None) -> None:
+    def __init__(
+        self, name: str, tool: str, env: Dict[str, str], key: str, floor: Optional[Floor] = None
+    ) -> None:
         self.name, self.tool, self.env, self.key, self.floor = name, tool, env, key, floor
         self.create: List[Tuple[float, float]] = []
         self.delete: List[Tuple[float, float]] = []
@@ -203,9 +214,11 @@ def run(b: Bench, s: Subject, check: bool = False) -> Optional[Dict[str, int]]:
 
 def _lifecycle(s: Subject) -> Tuple[List[float], List[float], List[float]]:
     """Per round: create ms, create+delete ms, create+delete CPU ms."""
-    return ([c[0] for c in s.create],
-            [c[0] + d[0] for c, d in zip(s.create, s.delete, strict=True)],
-            [c[1] + d[1] for c, d in zip(s.create, s.delete, strict=True)])
+    return (
+        [c[0] for c in s.create],
+        [c[0] + d[0] for c, d in zip(s.create, s.delete, strict=True)],
+        [c[1] + d[1] for c, d in zip(s.create, s.delete, strict=True)],
+    )
 
 
 def _per_round(xs: List[float], ys: List[float], ratio: bool = False) -> float:
@@ -213,8 +226,9 @@ def _per_round(xs: List[float], ys: List[float], ratio: bool = False) -> float:
     return statistics.median(x / y if ratio else x - y for x, y in zip(xs, ys, strict=True))
 
 
-def report(subjects: List[Subject], floors: Dict[str, Subject],
-           agent_ms: List[float]) -> Dict[str, Any]:
+def report(
+    subjects: List[Subject], floors: Dict[str, Subject], agent_ms: List[float]
+) -> Dict[str, Any]:
     """Each subject against runc (``subjects[0]``) and against its own floor, per round."""
     b_create, b_life, b_cpu = _lifecycle(subjects[0])
     out: Dict[str, Any] = {}
@@ -233,15 +247,17 @@ def report(subjects: List[Subject], floors: Dict[str, Subject],
         floor = floors.get(s.name)
         if floor is not None:
             f_create, f_life, f_cpu = _lifecycle(floor)
-            out[s.name].update({
-                "floor_create_ms": statistics.median(f_create),
-                "floor_lifecycle_ms": statistics.median(f_life),
-                "floor_lifecycle_over_runc_ms": _per_round(f_life, b_life),
-                "create_over_floor_ms": _per_round(create, f_create),
-                "lifecycle_over_floor_ms": _per_round(life, f_life),
-                "cpu_over_floor_ms": _per_round(cpu, f_cpu),
-                "floor_lifecycle_samples": [round(x, 3) for x in f_life],
-            })
+            out[s.name].update(
+                {
+                    "floor_create_ms": statistics.median(f_create),
+                    "floor_lifecycle_ms": statistics.median(f_life),
+                    "floor_lifecycle_over_runc_ms": _per_round(f_life, b_life),
+                    "create_over_floor_ms": _per_round(create, f_create),
+                    "lifecycle_over_floor_ms": _per_round(life, f_life),
+                    "cpu_over_floor_ms": _per_round(cpu, f_cpu),
+                    "floor_lifecycle_samples": [round(x, 3) for x in f_life],
+                }
+            )
     out["nvshim fast"]["agent_cpu_ms_mean"] = statistics.mean(agent_ms) if agent_ms else None
     return out
 
@@ -249,10 +265,13 @@ def report(subjects: List[Subject], floors: Dict[str, Subject],
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=60)
-    parser.add_argument("--go-bin", default=None,
-                        help="folder with nvidia-container-runtime, nvidia-ctk and "
-                        "nvidia-cdi-hook (default: built from NVIDIA's published module, "
-                        "tests/go/nvidia-toolkit)")
+    parser.add_argument(
+        "--go-bin",
+        default=None,
+        help="folder with nvidia-container-runtime, nvidia-ctk and "
+        "nvidia-cdi-hook (default: built from NVIDIA's published module, "
+        "tests/go/nvidia-toolkit)",
+    )
     parser.add_argument("--runc", default=shutil.which("runc") or "/usr/sbin/runc")
     parser.add_argument("--out", default=str(REPO / "bench" / "gocompare-results.json"))
     args = parser.parse_args(argv)
@@ -290,12 +309,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             go_env.pop("NVSHIM_CONFIG", None)
             subjects = [
                 Subject("runc", args.runc, b.env, "1"),
-                Subject("nvshim fast", str(tramp), dict(b.env, NVSHIM_AGENT_SOCKET=str(sock)),
-                        "1-fast"),
-                Subject("nvshim fast cdi", str(tramp),
-                        dict(b.env, NVSHIM_AGENT_SOCKET=str(sock)), "cdi"),
-                Subject("nvshim in-process", str(tramp), dict(b.env, NVSHIM_AGENT_SOCKET="none"),
-                        "1-in-process"),
+                Subject(
+                    "nvshim fast", str(tramp), dict(b.env, NVSHIM_AGENT_SOCKET=str(sock)), "1-fast"
+                ),
+                Subject(
+                    "nvshim fast cdi", str(tramp), dict(b.env, NVSHIM_AGENT_SOCKET=str(sock)), "cdi"
+                ),
+                Subject(
+                    "nvshim in-process",
+                    str(tramp),
+                    dict(b.env, NVSHIM_AGENT_SOCKET="none"),
+                    "1-in-process",
+                ),
                 Subject("go cdi", go_runtime, go_env, "1-go"),
             ]
             seen: Dict[str, Any] = {}
@@ -303,17 +328,22 @@ def main(argv: Optional[List[str]] = None) -> int:
                 seen[s.name] = run(b, s, check=True)
                 fast = s.name.startswith("nvshim fast")
                 if (s.name != "runc" and not seen[s.name]["nvidia0"]) or (
-                        fast and not seen[s.name]["served_by_agent"]):
-                    raise SystemExit(f"bench/gocompare.py: {s.name} did not inject "
-                                     f"/dev/nvidia0 (or the agent did not serve it): "
-                                     f"{seen[s.name]}")
+                    fast and not seen[s.name]["served_by_agent"]
+                ):
+                    raise SystemExit(
+                        f"bench/gocompare.py: {s.name} did not inject "
+                        f"/dev/nvidia0 (or the agent did not serve it): "
+                        f"{seen[s.name]}"
+                    )
                 s.create.clear()
                 s.delete.clear()
             results["injected"] = seen
             # each runtime's floor: runc on the bundle its checked create left
-            floors = {s.name: Subject(f"floor of {s.name}", args.runc, b.env, s.key,
-                                      s.captured)
-                      for s in subjects[1:] if s.captured is not None}
+            floors = {
+                s.name: Subject(f"floor of {s.name}", args.runc, b.env, s.key, s.captured)
+                for s in subjects[1:]
+                if s.captured is not None
+            }
             for f in floors.values():  # one untimed create each: the floor must run
                 run(b, f)
                 f.create.clear()
@@ -342,47 +372,67 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def print_report(results: Dict[str, Any]) -> None:
-    print(f"{results['rounds']} rounds, order flipped each round; load "
-          f"{results['load_before'][0]:.2f} before, {results['load_after'][0]:.2f} after")
+    print(
+        f"{results['rounds']} rounds, order flipped each round; load "
+        f"{results['load_before'][0]:.2f} before, {results['load_after'][0]:.2f} after"
+    )
     print("what each create wrote (devices, mounts, hooks):")
     for name, seen in results["injected"].items():
-        print(f"  {name:20} {seen['devices']:3d} devices {seen['mounts']:3d} mounts "
-              f"{seen['hooks']:2d} hooks" + ("  (served by the agent)"
-                                             if seen["served_by_agent"] else ""))
-    print("floor: runc on the config.json the subject wrote, fresh rootfs (its mounts, "
-          "device nodes and hooks; not the runtime); +ms: over runc, per round; floor +ms: "
-          "the floor over runc; over floor: the subject over its own floor (create+delete)")
-    head = (f"{'subject':20} {'create ms':>10} {'create +ms':>11} {'create+delete':>14} "
-            f"{'+ms':>7} {'ratio':>6} {'floor':>7} {'floor +ms':>9} {'over floor':>10} "
-            f"{'+cpu ms':>8}")
+        print(
+            f"  {name:20} {seen['devices']:3d} devices {seen['mounts']:3d} mounts "
+            f"{seen['hooks']:2d} hooks"
+            + ("  (served by the agent)" if seen["served_by_agent"] else "")
+        )
+    print(
+        "floor: runc on the config.json the subject wrote, fresh rootfs (its mounts, "
+        "device nodes and hooks; not the runtime); +ms: over runc, per round; floor +ms: "
+        "the floor over runc; over floor: the subject over its own floor (create+delete)"
+    )
+    head = (
+        f"{'subject':20} {'create ms':>10} {'create +ms':>11} {'create+delete':>14} "
+        f"{'+ms':>7} {'ratio':>6} {'floor':>7} {'floor +ms':>9} {'over floor':>10} "
+        f"{'+cpu ms':>8}"
+    )
     print(head)
     print("-" * len(head))
     subj = results["subjects"]
     for name in SUBJECTS:
         r = subj[name]
-        floor = (f"{r['floor_lifecycle_ms']:7.1f} {r['floor_lifecycle_over_runc_ms']:+9.1f} "
-                 f"{r['lifecycle_over_floor_ms']:+10.1f}" if "floor_lifecycle_ms" in r
-                 else f"{'':7} {'':9} {'':10}")
-        print(f"{name:20} {r['create_ms']:10.1f} {r['create_added_ms']:+11.1f} "
-              f"{r['lifecycle_ms']:14.1f} {r['lifecycle_added_ms']:+7.1f} "
-              f"{r['lifecycle_ratio']:5.2f}x {floor} {r['cpu_added_ms']:+8.1f}")
+        floor = (
+            f"{r['floor_lifecycle_ms']:7.1f} {r['floor_lifecycle_over_runc_ms']:+9.1f} "
+            f"{r['lifecycle_over_floor_ms']:+10.1f}"
+            if "floor_lifecycle_ms" in r
+            else f"{'':7} {'':9} {'':10}"
+        )
+        print(
+            f"{name:20} {r['create_ms']:10.1f} {r['create_added_ms']:+11.1f} "
+            f"{r['lifecycle_ms']:14.1f} {r['lifecycle_added_ms']:+7.1f} "
+            f"{r['lifecycle_ratio']:5.2f}x {floor} {r['cpu_added_ms']:+8.1f}"
+        )
     agent = subj["nvshim fast"].get("agent_cpu_ms_mean")
     if agent is not None:
-        print(f"the agent's own CPU per fast-path create: {agent:.1f} ms (a mean of clock-tick "
-              "samples: coarse; bench/agent.py measures it precisely)")
+        print(
+            f"the agent's own CPU per fast-path create: {agent:.1f} ms (a mean of clock-tick "
+            "samples: coarse; bench/agent.py measures it precisely)"
+        )
     go = subj["go cdi"]
     for name in ("nvshim fast", "nvshim fast cdi", "nvshim in-process"):
         r = subj[name]
         c = r["create_added_ms"] / go["create_added_ms"] if go["create_added_ms"] else float("nan")
-        lc = (r["lifecycle_added_ms"] / go["lifecycle_added_ms"]
-              if go["lifecycle_added_ms"] else float("nan"))
+        lc = (
+            r["lifecycle_added_ms"] / go["lifecycle_added_ms"]
+            if go["lifecycle_added_ms"]
+            else float("nan")
+        )
         print(f"{name + ' / go cdi':32} create added {c:5.2f}x   lifecycle added {lc:5.2f}x")
     if "lifecycle_over_floor_ms" in go and go["lifecycle_over_floor_ms"]:
         for name in ("nvshim fast", "nvshim fast cdi", "nvshim in-process"):
             r = subj[name]
             if "lifecycle_over_floor_ms" in r:
-                print(f"{name + ' / go cdi':32} lifecycle over own floor "
-                      f"{r['lifecycle_over_floor_ms'] / go['lifecycle_over_floor_ms']:5.2f}x")
+                print(
+                    f"{name + ' / go cdi':32} lifecycle over own floor "
+                    f"{r['lifecycle_over_floor_ms'] / go['lifecycle_over_floor_ms']:5.2f}x"
+                )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,12 @@ def static_true(where: Path) -> Optional[str]:
         return None
     source, binary = where / "true.c", where / "static-true"
     source.write_text("int main(void) { return 0; }\n")
-    res = subprocess.run([cc, "-O2", "-static", "-o", str(binary), str(source)],
-                         capture_output=True, text=True, check=False)
+    res = subprocess.run(
+        [cc, "-O2", "-static", "-o", str(binary), str(source)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return str(binary) if res.returncode == 0 else None
 
 
@@ -69,16 +73,24 @@ def main() -> int:
         spec["process"]["args"] = ["true"]
         hooks: Dict[str, Optional[Dict[str, Any]]] = {
             "none": None,
-            "sh": {"path": "/bin/sh", "args": ["sh", "-c", HOOK_SCRIPT, "nvshim-params",
-                                               str(bundle / "rootfs"),
-                                               str(bundle / ".nvshim-nvidia-params")]},
+            "sh": {
+                "path": "/bin/sh",
+                "args": [
+                    "sh",
+                    "-c",
+                    HOOK_SCRIPT,
+                    "nvshim-params",
+                    str(bundle / "rootfs"),
+                    str(bundle / ".nvshim-nvidia-params"),
+                ],
+            },
         }
         binary = static_true(base)
         if binary is not None:
             hooks["static"] = {"path": binary, "args": ["static-true"]}
         times: Dict[str, List[float]] = {k: [] for k in hooks}
         for i in range(args.pairs):
-            for name in (list(hooks) if i % 2 == 0 else list(hooks)[::-1]):
+            for name in list(hooks) if i % 2 == 0 else list(hooks)[::-1]:
                 variant = copy.deepcopy(spec)
                 hook = hooks[name]
                 if hook is not None:
@@ -86,8 +98,13 @@ def main() -> int:
                 (bundle / "config.json").write_text(json.dumps(variant))
                 cid = f"nvshim-bench-hook-{i}-{name}"
                 t0 = time.perf_counter()
-                subprocess.run([args.runc, "create", cid], cwd=bundle, check=True,
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                subprocess.run(
+                    [args.runc, "create", cid],
+                    cwd=bundle,
+                    check=True,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                )
                 times[name].append((time.perf_counter() - t0) * 1e3)
                 subprocess.run([args.runc, "delete", "-f", cid], check=True)
     print(f"{args.pairs} rounds; runc create, ms: median; +ms: median per-round difference")

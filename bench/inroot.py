@@ -93,7 +93,8 @@ def make_image(dest: Path, driver_version: str) -> Path:
     (etc / "ld.so.conf.d").mkdir(parents=True)
     (etc / "ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
     (etc / "ld.so.conf.d/x86_64-linux-gnu.conf").write_text(
-        "/usr/local/lib/x86_64-linux-gnu\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n")
+        "/usr/local/lib/x86_64-linux-gnu\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n"
+    )
     (etc / "ld.so.conf.d/000_cuda.conf").write_text("/usr/local/cuda/lib64\n")
     subprocess.run(["ldconfig", "-X", "-r", str(dest)], check=True, capture_output=True)
     return dest
@@ -108,10 +109,19 @@ def plan_work(tmp: Path, caps: str) -> Tuple[Any, Any, Path]:
     sim = create_node(str(tmp / "node"), gpus=1)
     bundle = tmp / "bundle"
     (bundle / "rootfs").mkdir(parents=True)
-    (bundle / "config.json").write_text(json.dumps({
-        "ociVersion": "1.0.2", "root": {"path": "rootfs"},
-        "process": {"args": ["sh"], "cwd": "/", "env": [
-            "NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_DRIVER_CAPABILITIES={caps}"]}}))
+    (bundle / "config.json").write_text(
+        json.dumps(
+            {
+                "ociVersion": "1.0.2",
+                "root": {"path": "rootfs"},
+                "process": {
+                    "args": ["sh"],
+                    "cwd": "/",
+                    "env": ["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_DRIVER_CAPABILITIES={caps}"],
+                },
+            }
+        )
+    )
     plan = plan_create(str(bundle), Config(driver_root=sim.root, runtimes=("runc",)))
     work = plan.rootfs.work
     if work is None:
@@ -148,9 +158,12 @@ def fresh_rootfs(template: Path, rootfs: Path, mounted: List[Tuple[str, str]]) -
 
 def quantiles(values: List[float]) -> Dict[str, float]:
     ordered = sorted(values)
-    return {"median_ms": round(statistics.median(ordered), 3),
-            "p90_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))], 3),
-            "min_ms": round(ordered[0], 3), "rounds": len(ordered)}
+    return {
+        "median_ms": round(statistics.median(ordered), 3),
+        "p90_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))], 3),
+        "min_ms": round(ordered[0], 3),
+        "rounds": len(ordered),
+    }
 
 
 def one_round(mode: str, bundle: Path, work: Any, dev_links: Any) -> Callable[[], Any]:
@@ -161,8 +174,13 @@ def one_round(mode: str, bundle: Path, work: Any, dev_links: Any) -> Callable[[]
 
     rootfs = str(bundle / "rootfs")
     if mode == "agent":
-        state = {"ociVersion": "1.0.2", "id": "c1", "pid": 1, "status": "creating",
-                 "bundle": str(bundle)}
+        state = {
+            "ociVersion": "1.0.2",
+            "id": "c1",
+            "pid": 1,
+            "status": "creating",
+            "bundle": str(bundle),
+        }
 
         def agent() -> Any:
             fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -170,6 +188,7 @@ def one_round(mode: str, bundle: Path, work: Any, dev_links: Any) -> Callable[[]
                 return hookwork._do(fd, state, work, dev_links)
             finally:
                 os.close(fd)
+
         return agent
     if mode == "prepare_in":  # the rootfs opened untimed: prepare_in's own time
         root = inroot.RootFd(os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), rootfs)
@@ -177,6 +196,7 @@ def one_round(mode: str, bundle: Path, work: Any, dev_links: Any) -> Callable[[]
         def own() -> Any:
             with root:
                 return rootwork.prepare_in(root, work)
+
         return own
     from nvshim.host import ldcache
     from nvshim.runtime import rootcache
@@ -186,8 +206,15 @@ def one_round(mode: str, bundle: Path, work: Any, dev_links: Any) -> Callable[[]
     return lambda: rootwork.prepare(rootfs, work)
 
 
-def timed(modes: List[str], rounds: int, template: Path, bundle: Path, work: Any,
-          dev_links: Any, mounted: List[Tuple[str, str]]) -> Dict[str, List[float]]:
+def timed(
+    modes: List[str],
+    rounds: int,
+    template: Path,
+    bundle: Path,
+    work: Any,
+    dev_links: Any,
+    mounted: List[Tuple[str, str]],
+) -> Dict[str, List[float]]:
     """Wall and thread CPU ms (``<mode>`` and ``<mode>_cpu``) of ``rounds`` rounds of
     each of ``modes``, their order reversed every other round."""
     times: Dict[str, List[float]] = {}
@@ -207,8 +234,22 @@ def count_syscalls(tmp: Path, args: argparse.Namespace) -> Dict[str, Any]:
     if shutil.which("strace") is None:
         return {"skipped": "no strace"}
     trace = tmp / "strace.txt"
-    subprocess.run(["strace", "-f", "-o", str(trace), sys.executable, __file__, "--one",
-                    "--tmp", str(tmp), "--caps", args.caps], check=True)
+    subprocess.run(
+        [
+            "strace",
+            "-f",
+            "-o",
+            str(trace),
+            sys.executable,
+            __file__,
+            "--one",
+            "--tmp",
+            str(tmp),
+            "--caps",
+            args.caps,
+        ],
+        check=True,
+    )
     inside = False
     counts: Counter[str] = Counter()
     for line in trace.read_text().splitlines():
@@ -224,8 +265,14 @@ def count_syscalls(tmp: Path, args: argparse.Namespace) -> Dict[str, Any]:
     return {"total": sum(counts.values()), **dict(counts.most_common())}
 
 
-def profile(rounds: int, template: Path, bundle: Path, work: Any, dev_links: Any,
-            mounted: List[Tuple[str, str]]) -> List[str]:
+def profile(
+    rounds: int,
+    template: Path,
+    bundle: Path,
+    work: Any,
+    dev_links: Any,
+    mounted: List[Tuple[str, str]],
+) -> List[str]:
     """cProfile's top functions (by own time) over ``rounds`` rounds of ``prepare_in``."""
     prof = cProfile.Profile()
     for _ in range(rounds):
@@ -238,8 +285,7 @@ def profile(rounds: int, template: Path, bundle: Path, work: Any, dev_links: Any
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
     lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
     start = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls"))
-    return [re.sub(r"\s+", " ", ln.strip()).replace(str(REPO) + "/", "")
-            for ln in lines[start:]]
+    return [re.sub(r"\s+", " ", ln.strip()).replace(str(REPO) + "/", "") for ln in lines[start:]]
 
 
 def setup(tmp: Path, caps: str) -> Tuple[Path, Path, Any, List[Tuple[str, str]], Any]:
@@ -259,8 +305,9 @@ def setup(tmp: Path, caps: str) -> Tuple[Path, Path, Any, List[Tuple[str, str]],
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--caps", default="compute,utility",
-                        help="NVIDIA_DRIVER_CAPABILITIES of the container")
+    parser.add_argument(
+        "--caps", default="compute,utility", help="NVIDIA_DRIVER_CAPABILITIES of the container"
+    )
     parser.add_argument("--no-strace", action="store_true")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
@@ -284,32 +331,66 @@ def main() -> int:
         tmp = Path(args.tmp) / "runtime"
         tmp.mkdir()
         _template, bundle, work, mounted, dev_links = setup(tmp, args.caps)
-        print(json.dumps(timed(["runtime"], args.rounds, Path(args.tmp) / "image", bundle,
-                               work, dev_links, mounted)))
+        print(
+            json.dumps(
+                timed(
+                    ["runtime"],
+                    args.rounds,
+                    Path(args.tmp) / "image",
+                    bundle,
+                    work,
+                    dev_links,
+                    mounted,
+                )
+            )
+        )
         return 0
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-inroot-") as name:
         tmp = Path(name)
         template, bundle, work, mounted, dev_links = setup(tmp, args.caps)
         image_entries = len(parse_ldcache((template / "etc/ld.so.cache").read_bytes()))
         load_before = Path("/proc/loadavg").read_text().split()[:3]
-        times = timed(["agent", "prepare_in"], args.rounds, template, bundle, work,
-                      dev_links, mounted)
-        times.update(json.loads(subprocess.run(
-            [sys.executable, __file__, "--runtime-only", "--rounds", str(args.rounds),
-             "--tmp", str(tmp), "--caps", args.caps],
-            check=True, capture_output=True, text=True).stdout))
+        times = timed(
+            ["agent", "prepare_in"], args.rounds, template, bundle, work, dev_links, mounted
+        )
+        times.update(
+            json.loads(
+                subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--runtime-only",
+                        "--rounds",
+                        str(args.rounds),
+                        "--tmp",
+                        str(tmp),
+                        "--caps",
+                        args.caps,
+                    ],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
+            )
+        )
         prof_top = profile(min(args.rounds, 50), template, bundle, work, dev_links, mounted)
         load_after = Path("/proc/loadavg").read_text().split()[:3]
         libs = os.listdir(template / LIBDIR)
         report = {
-            "image": {"ldcache_entries": image_entries, "libdir_names": len(libs),
-                      "driver_libraries_mounted": len(mounted),
-                      "links": len(work.links), "folders": list(work.folders)},
-            "loadavg_before": load_before, "loadavg_after": load_after,
+            "image": {
+                "ldcache_entries": image_entries,
+                "libdir_names": len(libs),
+                "driver_libraries_mounted": len(mounted),
+                "links": len(work.links),
+                "folders": list(work.folders),
+            },
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
             # <mode>_cpu: the thread's CPU time (user + system), what the load changes least
             **{mode: quantiles(values) for mode, values in sorted(times.items())},
-            "syscalls_prepare_in": ({"skipped": "--no-strace"} if args.no_strace
-                                    else count_syscalls(tmp, args)),
+            "syscalls_prepare_in": (
+                {"skipped": "--no-strace"} if args.no_strace else count_syscalls(tmp, args)
+            ),
             "cprofile_prepare_in_tottime": prof_top,
         }
         print(json.dumps(report, indent=1))

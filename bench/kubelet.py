@@ -37,8 +37,10 @@ MODES = ("none", "kubelet", "checkpoint")
 
 
 def ms(samples: List[float]) -> str:
-    return (f"median {statistics.median(samples):.1f} ms "
-            f"[{min(samples):.1f}–{max(samples):.1f}] over {len(samples)}")
+    return (
+        f"median {statistics.median(samples):.1f} ms "
+        f"[{min(samples):.1f}–{max(samples):.1f}] over {len(samples)}"
+    )
 
 
 def main() -> int:
@@ -56,9 +58,14 @@ def main() -> int:
         node = create_node(str(work / "node"), gpus=4)
         gpu = node.gpus[1]
         server = PodResourcesServer(str(work / "kubelet.sock")).start()
-        pods = [("ns", f"pod-{i}",
-                 {"main": {"nvidia.com/gpu": [f"GPU-{i:08d}-0000-0000-0000-000000000000"]}})
-                for i in range(args.pods - 1)]
+        pods = [
+            (
+                "ns",
+                f"pod-{i}",
+                {"main": {"nvidia.com/gpu": [f"GPU-{i:08d}-0000-0000-0000-000000000000"]}},
+            )
+            for i in range(args.pods - 1)
+        ]
         server.set(pods + [("team", "mine", {"main": {"nvidia.com/gpu": [gpu.uuid]}})])
         spec = {
             "process": {"env": ["PATH=/bin", f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}"]},
@@ -75,11 +82,26 @@ def main() -> int:
         bundle = work / "bundle"
         bundle.mkdir()
         checkpoint = work / "kubelet_internal_checkpoint"
-        checkpoint.write_text(json.dumps({"Data": {"PodDeviceEntries": [
-            {"PodUID": "u" if pod == "mine" else f"uid-{pod}", "ContainerName": "main",
-             "ResourceName": "nvidia.com/gpu", "DeviceIDs": {"0": c["main"]["nvidia.com/gpu"]},
-             "AllocResp": ""} for _, pod, c in server.pods], "RegisteredDevices": {}},
-            "Checksum": 0}))
+        checkpoint.write_text(
+            json.dumps(
+                {
+                    "Data": {
+                        "PodDeviceEntries": [
+                            {
+                                "PodUID": "u" if pod == "mine" else f"uid-{pod}",
+                                "ContainerName": "main",
+                                "ResourceName": "nvidia.com/gpu",
+                                "DeviceIDs": {"0": c["main"]["nvidia.com/gpu"]},
+                                "AllocResp": "",
+                            }
+                            for _, pod, c in server.pods
+                        ],
+                        "RegisteredDevices": {},
+                    },
+                    "Checksum": 0,
+                }
+            )
+        )
         configs: Dict[str, Path] = {}
         for mode in MODES:
             cfg = work / mode / "config.yaml"
@@ -89,7 +111,8 @@ def main() -> int:
                 f"verify-with: {'none' if mode == 'none' else 'kubelet'}\n"
                 f"kubelet-socket: {work / 'kubelet.sock'}\n"
                 f"kubelet-checkpoint: {checkpoint if mode == 'checkpoint' else 'null'}\n"
-                "grants-journal: null\n")
+                "grants-journal: null\n"
+            )
             compile_config(str(cfg))
             configs[mode] = cfg
 
@@ -97,15 +120,28 @@ def main() -> int:
             (bundle / "config.json").write_bytes(original)
             env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(configs[mode])}
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-I", "-m", "nvshim.runtime.main", "create", "--bundle",
-                            str(bundle), "c"], env=env, check=True, cwd=str(REPO))
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-I",
+                    "-m",
+                    "nvshim.runtime.main",
+                    "create",
+                    "--bundle",
+                    str(bundle),
+                    "c",
+                ],
+                env=env,
+                check=True,
+                cwd=str(REPO),
+            )
             return (time.perf_counter() - start) * 1000
 
         samples: Dict[str, List[float]] = {mode: [] for mode in MODES}
         for mode in MODES:
             create(mode)  # warm the page cache
         for i in range(args.runs):
-            for mode in (MODES if i % 2 == 0 else MODES[::-1]):
+            for mode in MODES if i % 2 == 0 else MODES[::-1]:
                 samples[mode].append(create(mode))
         diffs = [k - n for k, n in zip(samples["kubelet"], samples["none"], strict=True)]
         ckpt_diffs = [k - n for k, n in zip(samples["checkpoint"], samples["none"], strict=True)]
@@ -127,8 +163,11 @@ def main() -> int:
 
         calls = []
         with grpc.insecure_channel(f"unix://{work / 'kubelet.sock'}") as channel:
-            lister = channel.unary_unary(LIST_METHOD, request_serializer=lambda b: b,
-                                         response_deserializer=decode_list_response)
+            lister = channel.unary_unary(
+                LIST_METHOD,
+                request_serializer=lambda b: b,
+                response_deserializer=decode_list_response,
+            )
             for _ in range(args.runs):
                 start = time.perf_counter()
                 lister(b"", timeout=2.0)

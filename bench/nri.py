@@ -51,8 +51,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
-MODES = ("none", "floor", "handler", "inject", "inject_start", "guard",
-         "registered")
+MODES = ("none", "floor", "handler", "inject", "inject_start", "guard", "registered")
 #: the kind of the floor's spec (nvshim's spec without its hooks, beside nvshim's own)
 FLOOR_KIND = "nvshim-floor.test/gpu"
 REPO = Path(__file__).resolve().parent.parent
@@ -67,7 +66,8 @@ def floor_spec(spec: Path, out: Path) -> None:
     doc = yaml.safe_load(spec.read_text())
     doc["kind"] = FLOOR_KIND
     for edits in [doc.get("containerEdits") or {}] + [
-            d.get("containerEdits") or {} for d in doc.get("devices") or []]:
+        d.get("containerEdits") or {} for d in doc.get("devices") or []
+    ]:
         edits.pop("hooks", None)
     out.write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -82,9 +82,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--blocks", type=int, default=2)
     parser.add_argument("--version", default="1.7", choices=["1.7", "2.1"])
-    parser.add_argument("--modes", default=",".join(MODES),
-                        help="comma-separated modes to run, of " + ", ".join(MODES)
-                        + " (none, the baseline, always runs)")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help="comma-separated modes to run, of "
+        + ", ".join(MODES)
+        + " (none, the baseline, always runs)",
+    )
     parser.add_argument("--out", default=str(REPO / "bench" / "nri-results.json"))
     args = parser.parse_args()
     load_before = os.getloadavg()
@@ -124,24 +128,38 @@ def main() -> int:
                     time.sleep(0.002)
                 ready.append((time.perf_counter() - t0) * 1e3)
 
-            def rounds(mode: str, env: Dict[str, str], handler: str = "runc",
-                       cdi: Sequence[str] = ()) -> None:
+            def rounds(
+                mode: str, env: Dict[str, str], handler: str = "runc", cdi: Sequence[str] = ()
+            ) -> None:
                 name = f"{mode}-{len(times[mode])}"
-                sandbox, config = cri.run_pod(name, "bench", f"uid-{name}", base / "logs" / name,
-                                              f"/{n.cgroup}/{name}", handler, None)
+                sandbox, config = cri.run_pod(
+                    name,
+                    "bench",
+                    f"uid-{name}",
+                    base / "logs" / name,
+                    f"/{n.cgroup}/{name}",
+                    handler,
+                    None,
+                )
                 # one untimed container first in every block: a just started agent's first
                 # create imports the planning modules, and its start-up work settles
                 for i in range(-1, args.runs):
                     t0 = time.perf_counter()
-                    cid = cri.create_container(sandbox, config, f"c{i + 1}",
-                                               "docker.io/nvshim-test/busybox:1", ["true"],
-                                               env=env, cdi_devices=cdi)
+                    cid = cri.create_container(
+                        sandbox,
+                        config,
+                        f"c{i + 1}",
+                        "docker.io/nvshim-test/busybox:1",
+                        ["true"],
+                        env=env,
+                        cdi_devices=cdi,
+                    )
                     cri.start_container(cid)
                     if i >= 0:
                         times[mode].append((time.perf_counter() - t0) * 1e3)
                     elif cdi:  # the floor's first container: did the engine inject it?
                         check_floor(cid)
-                block_medians[mode].append(statistics.median(times[mode][-args.runs:]))
+                block_medians[mode].append(statistics.median(times[mode][-args.runs :]))
                 # each block on a containerd holding no earlier block's containers: create
                 # time grows with their number, which would favour the modes run first
                 cri.remove_pods(close=False)
@@ -156,8 +174,11 @@ def main() -> int:
                 spec = json.loads(res.stdout)["Spec"] if res.rc == 0 else {}
                 devices = [d.get("path") for d in (spec.get("linux") or {}).get("devices") or []]
                 if f"/dev/nvidia{gpu.minor}" not in devices or spec.get("hooks"):
-                    raise SystemExit(f"bench/nri.py: containerd did not inject the floor's CDI "
-                                     f"device (devices {devices}, hooks {spec.get('hooks')})")
+                    raise SystemExit(
+                        f"bench/nri.py: containerd did not inject the floor's CDI "
+                        f"device (devices {devices}, hooks {spec.get('hooks')})"
+                    )
+
             floor_spec(base / "cdi" / "nvidia.yaml", base / "cdi" / "nvshim-floor.json")
 
             def run_mode(mode: str) -> None:
@@ -179,54 +200,76 @@ def main() -> int:
                     rounds(mode, {"NVIDIA_VISIBLE_DEVICES": "all"})
 
             for block in range(args.blocks):  # the order reversed every other block
-                for mode in (modes if block % 2 == 0 else modes[::-1]):
+                for mode in modes if block % 2 == 0 else modes[::-1]:
                     run_mode(mode)
             if n.agent.proc is None or n.agent.proc.poll() is not None:
                 restart()
             assert n.agent.proc is not None
             status = Path(f"/proc/{n.agent.proc.pid}/status").read_text()
-            rss_kb = int(next(line.split()[1] for line in status.splitlines()
-                              if line.startswith("VmRSS:")))
-            handling = [json.loads(line)["ms"] for line in log.read_text().splitlines()
-                        if '"nri inject"' in line and '"ms"' in line]
-            guard_ms = [json.loads(line)["ms"] for line in log.read_text().splitlines()
-                        if '"nri guard"' in line and '"ms"' in line]
-            hook_ms = [json.loads(line)["ms"] for line in log.read_text().splitlines()
-                       if '"nri in-root work"' in line and '"agent hook"' in line]
+            rss_kb = int(
+                next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))
+            )
+            handling = [
+                json.loads(line)["ms"]
+                for line in log.read_text().splitlines()
+                if '"nri inject"' in line and '"ms"' in line
+            ]
+            guard_ms = [
+                json.loads(line)["ms"]
+                for line in log.read_text().splitlines()
+                if '"nri guard"' in line and '"ms"' in line
+            ]
+            hook_ms = [
+                json.loads(line)["ms"]
+                for line in log.read_text().splitlines()
+                if '"nri in-root work"' in line and '"agent hook"' in line
+            ]
     med = {k: statistics.median(v) for k, v in times.items()}
     results: Dict[str, Any] = {
-        "containerd": args.version, "runs_per_mode": len(times["none"]),
+        "containerd": args.version,
+        "runs_per_mode": len(times["none"]),
         "create_start_ms": {k: round(v, 2) for k, v in med.items()},
-        "added_ms": {("runtime_handler" if k == "handler" else k): round(v - med["none"], 2)
-                     for k, v in med.items() if k != "none"},
+        "added_ms": {
+            ("runtime_handler" if k == "handler" else k): round(v - med["none"], 2)
+            for k, v in med.items()
+            if k != "none"
+        },
         # each block against the no-plugin block of the same round: slow drift cancels
         "added_ms_paired_blocks": {
             ("runtime_handler" if k == "handler" else k): paired_blocks(v, block_medians["none"])
-            for k, v in block_medians.items() if k != "none"},
+            for k, v in block_medians.items()
+            if k != "none"
+        },
         # each injecting mode (and the handler) over the floor's block of the same round
         "over_floor_ms_paired_blocks": {
-            ("runtime_handler" if k == "handler" else k): paired_blocks(
-                v, block_medians["floor"])
+            ("runtime_handler" if k == "handler" else k): paired_blocks(v, block_medians["floor"])
             for k, v in block_medians.items()
-            if "floor" in block_medians and (k.startswith("inject") or k == "handler")},
+            if "floor" in block_medians and (k.startswith("inject") or k == "handler")
+        },
         "block_medians_ms": {k: [round(x, 1) for x in v] for k, v in block_medians.items()},
         "plugin_inject_handling_ms": round(statistics.median(handling), 2) if handling else None,
         "plugin_guard_handling_ms": round(statistics.median(guard_ms), 2) if guard_ms else None,
         "agent_hook_work_ms": round(statistics.median(hook_ms), 2) if hook_ms else None,
         "agent_start_to_registered_ms": round(statistics.median(ready), 1),
         "agent_rss_mb": round(rss_kb / 1024, 1),
-        "load_before": load_before, "load_after": os.getloadavg(),
-        "machine": {"nproc": os.cpu_count(), "kernel": platform.release(),
-                    "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "machine": {
+            "nproc": os.cpu_count(),
+            "kernel": platform.release(),
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
     }
     text = json.dumps(results, indent=2)
     print(text)
     if "inject" in modes and not hook_ms:
         from nvshim.agent.client import client_path
 
-        print(f"bench/nri.py: the agent did no in-root work for an injection's hook (no "
-              f"{client_path(sys.executable)}?): inject's figure is the Python hook's",
-              file=sys.stderr)
+        print(
+            f"bench/nri.py: the agent did no in-root work for an injection's hook (no "
+            f"{client_path(sys.executable)}?): inject's figure is the Python hook's",
+            file=sys.stderr,
+        )
     Path(args.out).write_text(text + "\n")
     return 0
 

@@ -46,10 +46,25 @@ def build_pyinstaller(work: Path, python: str) -> Dict[str, Path]:
     out = {}
     for name, code in (("nvshim-runtime", ENTRY), ("bare", "pass\n")):
         (work / f"{name}.py").write_text(code)
-        subprocess.run([str(venv / "bin" / "pyinstaller"), "--onedir", "--noconfirm",
-                        "--log-level", "WARN", "--name", name, "--distpath", str(work / "dist"),
-                        "--workpath", str(work / "build"), "--specpath", str(work),
-                        str(work / f"{name}.py")], check=True)
+        subprocess.run(
+            [
+                str(venv / "bin" / "pyinstaller"),
+                "--onedir",
+                "--noconfirm",
+                "--log-level",
+                "WARN",
+                "--name",
+                name,
+                "--distpath",
+                str(work / "dist"),
+                "--workpath",
+                str(work / "build"),
+                "--specpath",
+                str(work),
+                str(work / f"{name}.py"),
+            ],
+            check=True,
+        )
         out[name] = work / "dist" / name
     return out
 
@@ -63,8 +78,9 @@ def tree_facts(top: Path) -> Dict[str, str]:
         with open(p, "rb") as f:
             if f.read(4) != b"\x7fELF":
                 continue
-        res = subprocess.run(["readelf", "-V", "-l", "--wide", str(p)], capture_output=True,
-                             text=True)
+        res = subprocess.run(
+            ["readelf", "-V", "-l", "--wide", str(p)], capture_output=True, text=True
+        )
         versions |= set(re.findall(r"GLIBC_(\d+\.\d+(?:\.\d+)?)", res.stdout))
         found = re.search(r"program interpreter: ([^\]]+)\]", res.stdout)
         interp = interp or (found.group(1) if found else "")
@@ -72,9 +88,13 @@ def tree_facts(top: Path) -> Dict[str, str]:
     # a tree that ships libc.so.6 and its loader is started through them (the node's glibc
     # does not matter); one that does not runs on the node's, which must be this new
     bundled = any(p.name == "libc.so.6" for p in files)
-    return {"size": f"{size / 1e6:.0f} MB", "files": str(len(files)),
-            "node glibc": f"any (bundles glibc {newest} and its loader)" if bundled
-            else f">= {newest} (through {interp or '?'})"}
+    return {
+        "size": f"{size / 1e6:.0f} MB",
+        "files": str(len(files)),
+        "node glibc": f"any (bundles glibc {newest} and its loader)"
+        if bundled
+        else f">= {newest} (through {interp or '?'})",
+    }
 
 
 def main() -> None:
@@ -97,8 +117,20 @@ def main() -> None:
         cfg = tmp / "nvshim" / "config.yaml"
         cfg.parent.mkdir()
         cfg.write_text(f"runtimes: [/bin/true]\ndriver-root: {node.root}\ngrants-journal: null\n")
-        subprocess.run([sys.executable, "-I", "-m", "nvshim.cli.main", "config", "compile",
-                        "--config", str(cfg)], check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-I",
+                "-m",
+                "nvshim.cli.main",
+                "config",
+                "compile",
+                "--config",
+                str(cfg),
+            ],
+            check=True,
+            capture_output=True,
+        )
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(cfg)}
         # fresh copies: the first create is the first run of a tree just installed
         pyi = tmp / "pyi-installed"
@@ -106,26 +138,47 @@ def main() -> None:
         sc = tmp / "sc-installed"
         shutil.copytree(payload_dir() / "opt" / "nvshim", sc, symlinks=True)
         site = str(sc / "site")
-        boot = (f"import sys; sys.path[0:0] = [{site!r}]; import nvshim._preload as p; "
-                f"p.install({site + '/' + FILE_NAME!r}); ")
+        boot = (
+            f"import sys; sys.path[0:0] = [{site!r}]; import nvshim._preload as p; "
+            f"p.install({site + '/' + FILE_NAME!r}); "
+        )
         kinds = {
             "self-contained (install.sh --payload)": (
-                sc, [*launch_argv(str(sc)), "-I", "-S", "-c",
-                     boot + "from nvshim.runtime.main import main; main()"],
-                [*launch_argv(str(sc)), "-I", "-S", "-c", "pass"]),
-            "PyInstaller --onedir": (pyi, [str(pyi / "nvshim-runtime")],
-                                     [str(built["bare"] / "bare")]),
+                sc,
+                [
+                    *launch_argv(str(sc)),
+                    "-I",
+                    "-S",
+                    "-c",
+                    boot + "from nvshim.runtime.main import main; main()",
+                ],
+                [*launch_argv(str(sc)), "-I", "-S", "-c", "pass"],
+            ),
+            "PyInstaller --onedir": (
+                pyi,
+                [str(pyi / "nvshim-runtime")],
+                [str(built["bare"] / "bare")],
+            ),
         }
         count = 0
 
         def create(argv: List[str]) -> float:
             nonlocal count
             count += 1
-            bundle = make_bundle(tmp / f"b{count}", make_rootfs(tmp / f"r{count}"), ["true"],
-                                 env={"NVIDIA_VISIBLE_DEVICES": "0"})
+            bundle = make_bundle(
+                tmp / f"b{count}",
+                make_rootfs(tmp / f"r{count}"),
+                ["true"],
+                env={"NVIDIA_VISIBLE_DEVICES": "0"},
+            )
             t0 = time.perf_counter()
-            res = subprocess.run([*argv, "create", "--bundle", str(bundle), f"c{count}"],
-                                 env=env, cwd=bundle, capture_output=True, text=True)
+            res = subprocess.run(
+                [*argv, "create", "--bundle", str(bundle), f"c{count}"],
+                env=env,
+                cwd=bundle,
+                capture_output=True,
+                text=True,
+            )
             took = time.perf_counter() - t0
             assert res.returncode == 0, res.stderr[-1500:]
             spec = json.loads((bundle / "config.json").read_text())
@@ -143,17 +196,20 @@ def main() -> None:
         warm: Dict[str, List[float]] = {name: [] for name in kinds}
         bare: Dict[str, List[float]] = {name: [] for name in kinds}
         for i in range(args.runs):
-            for name in (list(kinds) if i % 2 else list(reversed(kinds))):
+            for name in list(kinds) if i % 2 else list(reversed(kinds)):
                 warm[name].append(create(kinds[name][1]))
                 bare[name].append(start(kinds[name][2]))
         for name, (top, _, _) in kinds.items():
             facts = tree_facts(top)
-            print(f"{name}: {facts['size']}, {facts['files']} files, node glibc "
-                  f"{facts['node glibc']}")
-            print(f"  bare start {statistics.median(bare[name]) * 1e3:.1f} ms "
-                  f"[min {min(bare[name]) * 1e3:.1f}]; 1-GPU create: first "
-                  f"{first[name] * 1e3:.1f} ms, then {statistics.median(warm[name]) * 1e3:.1f} "
-                  f"[min {min(warm[name]) * 1e3:.1f}] ({args.runs} runs)")
+            print(
+                f"{name}: {facts['size']}, {facts['files']} files, node glibc {facts['node glibc']}"
+            )
+            print(
+                f"  bare start {statistics.median(bare[name]) * 1e3:.1f} ms "
+                f"[min {min(bare[name]) * 1e3:.1f}]; 1-GPU create: first "
+                f"{first[name] * 1e3:.1f} ms, then {statistics.median(warm[name]) * 1e3:.1f} "
+                f"[min {min(warm[name]) * 1e3:.1f}] ({args.runs} runs)"
+            )
 
 
 if __name__ == "__main__":

@@ -97,25 +97,46 @@ file in the root (links: the link's target)."""
 LNC_LIBRARIES: Dict[str, Tuple[str, ...]] = {
     "utility_libs": ("libnvidia-ml.so", "libnvidia-cfg.so", "libnvidia-nscq.so"),
     "compute_libs": (
-        "libcuda.so", "libcudadebugger.so", "libnvidia-opencl.so", "libnvidia-gpucomp.so",
-        "libnvidia-ptxjitcompiler.so", "libnvidia-fatbinaryloader.so",
-        "libnvidia-allocator.so", "libnvidia-compiler.so", "libnvidia-pkcs11.so",
-        "libnvidia-pkcs11-openssl3.so", "libnvidia-nvvm.so", "libnvidia-tileiras.so",
+        "libcuda.so",
+        "libcudadebugger.so",
+        "libnvidia-opencl.so",
+        "libnvidia-gpucomp.so",
+        "libnvidia-ptxjitcompiler.so",
+        "libnvidia-fatbinaryloader.so",
+        "libnvidia-allocator.so",
+        "libnvidia-compiler.so",
+        "libnvidia-pkcs11.so",
+        "libnvidia-pkcs11-openssl3.so",
+        "libnvidia-nvvm.so",
+        "libnvidia-tileiras.so",
     ),
     "ngx_libs": ("libnvidia-ngx.so",),
-    "video_libs": ("libvdpau_nvidia.so", "libnvidia-encode.so", "libnvidia-opticalflow.so",
-                   "libnvcuvid.so"),
+    "video_libs": (
+        "libvdpau_nvidia.so",
+        "libnvidia-encode.so",
+        "libnvidia-opticalflow.so",
+        "libnvcuvid.so",
+    ),
     "graphics_libs": (
-        "libnvidia-eglcore.so", "libnvidia-glcore.so", "libnvidia-tls.so", "libnvidia-glsi.so",
-        "libnvidia-fbc.so", "libnvidia-ifr.so", "libnvidia-rtcore.so", "libnvoptix.so",
-        "libGLX_nvidia.so", "libEGL_nvidia.so", "libGLESv2_nvidia.so", "libGLESv1_CM_nvidia.so",
-        "libnvidia-glvkspirv.so", "libnvidia-cbl.so",
+        "libnvidia-eglcore.so",
+        "libnvidia-glcore.so",
+        "libnvidia-tls.so",
+        "libnvidia-glsi.so",
+        "libnvidia-fbc.so",
+        "libnvidia-ifr.so",
+        "libnvidia-rtcore.so",
+        "libnvoptix.so",
+        "libGLX_nvidia.so",
+        "libEGL_nvidia.so",
+        "libGLESv2_nvidia.so",
+        "libGLESv1_CM_nvidia.so",
+        "libnvidia-glvkspirv.so",
+        "libnvidia-cbl.so",
     ),
 }
 # src/nvc_info.c: utility_bins, compute_bins
 LNC_BINARIES: Dict[str, Tuple[str, ...]] = {
-    "utility_bins": ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced",
-                     "nv-fabricmanager"),
+    "utility_bins": ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nv-fabricmanager"),
     "compute_bins": ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server"),
 }
 # src/options.h (@5529c95f) container_opts: the flags each capability sets
@@ -151,10 +172,17 @@ LNC_LIBS32_DIR = "/usr/lib/i386-linux-gnu"
 # search folders (x86-64 and aarch64 alike; its ld.so.cache fallback is not modelled: these
 # folders find every file the roots have)
 GO_LIBRARY_DIRS = (
-    "/", "/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
-    "/usr/lib/x86_64-linux-gnu/nvidia/current", "/usr/lib/aarch64-linux-gnu/nvidia/current",
-    "/lib64", "/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
-    "/lib/x86_64-linux-gnu/nvidia/current", "/lib/aarch64-linux-gnu/nvidia/current",
+    "/",
+    "/usr/lib64",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu/nvidia/current",
+    "/usr/lib/aarch64-linux-gnu/nvidia/current",
+    "/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/lib/x86_64-linux-gnu/nvidia/current",
+    "/lib/aarch64-linux-gnu/nvidia/current",
 )
 # pkg/lookup/path.go defaultPATH (the executable locator's folders when PATH adds none)
 GO_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
@@ -163,9 +191,13 @@ GO_CONFIG_DIRS = ("/etc", "/usr/local/share", "/usr/share")
 # internal/discover/graphics.go newGraphicsLibrariesDiscoverer (libnvidia-allocator is only
 # looked up for GBM's link: its Mounts() leaves it out)
 GO_GRAPHICS_LIBRARIES = (
-    "libnvidia-egl-gbm.so.*.*", "libnvidia-egl-wayland.so.*.*",
-    "libnvidia-egl-wayland2.so.*.*", "libnvidia-egl-xcb.so.*.*", "libnvidia-egl-xlib.so.*.*",
-    "libnvidia-allocator.so.{version}", "libnvidia-vulkan-producer.so.{version}",
+    "libnvidia-egl-gbm.so.*.*",
+    "libnvidia-egl-wayland.so.*.*",
+    "libnvidia-egl-wayland2.so.*.*",
+    "libnvidia-egl-xcb.so.*.*",
+    "libnvidia-egl-xlib.so.*.*",
+    "libnvidia-allocator.so.{version}",
+    "libnvidia-vulkan-producer.so.{version}",
 )
 # graphics.go NewGraphicsMountsDiscoverer
 GO_GRAPHICS_BINARIES = ("nvidia-xconfig",)
@@ -184,8 +216,10 @@ GO_SHARE_CONFIGS = (
 GO_ETC_CONFIGS = ("OpenCL/vendors/nvidia.icd",)
 # graphics.go newVulkanConfigsDiscover: mounted under /etc (amd64's extra ICD name included)
 GO_VULKAN_CONFIGS = (
-    "vulkan/icd.d/nvidia_icd.json", "vulkan/icd.d/nvidia_layers.json",
-    "vulkan/implicit_layer.d/nvidia_layers.json", "vulkan/icd.d/nvidia_icd.x86_64.json",
+    "vulkan/icd.d/nvidia_icd.json",
+    "vulkan/icd.d/nvidia_layers.json",
+    "vulkan/implicit_layer.d/nvidia_layers.json",
+    "vulkan/icd.d/nvidia_icd.x86_64.json",
 )
 # graphics.go: the X.Org modules, looked up once each (count 1), mounted at their path
 GO_XORG_MODULES = ("nvidia_drv.so", "libglxserver_nvidia.so.{version}")
@@ -194,15 +228,19 @@ GO_XORG_MODULES = ("nvidia_drv.so", "libglxserver_nvidia.so.{version}")
 def go_xorg_dirs(libdirs: Sequence[str]) -> List[str]:
     """graphics.go buildXOrgSearchPaths: below each driver library folder, then the
     standard X.Org module folders."""
-    subs = ("xorg/modules/drivers", "xorg/modules/extensions", "xorg/modules/updates/drivers",
-            "xorg/modules/updates/extensions")
+    subs = (
+        "xorg/modules/drivers",
+        "xorg/modules/extensions",
+        "xorg/modules/updates/drivers",
+        "xorg/modules/updates/extensions",
+    )
     out: List[str] = []
     for libdir in libdirs:
         out += [f"{libdir}/nvidia/xorg"] + [f"{libdir}/{s}" for s in subs]
     for base in ("/usr/lib/xorg", "/usr/lib64/xorg"):
-        out += [f"{base}/{s[len('xorg/'):]}" for s in subs]
+        out += [f"{base}/{s[len('xorg/') :]}" for s in subs]
     for base in ("/usr/X11R6/lib", "/usr/X11R6/lib64"):
-        out += [f"{base}/{s[len('xorg/'):]}" for s in subs]
+        out += [f"{base}/{s[len('xorg/') :]}" for s in subs]
     return out
 
 
@@ -268,8 +306,9 @@ def read_soname(path: str) -> Optional[str]:
             wide = m[4] == 2
             shoff, shentsize, shnum = (
                 (struct.unpack_from("<Q", m, 0x28)[0], *struct.unpack_from("<HH", m, 0x3A))
-                if wide else
-                (struct.unpack_from("<I", m, 0x20)[0], *struct.unpack_from("<HH", m, 0x2E)))
+                if wide
+                else (struct.unpack_from("<I", m, 0x20)[0], *struct.unpack_from("<HH", m, 0x2E))
+            )
             sections = []
             for i in range(shnum):
                 at = shoff + i * shentsize
@@ -289,7 +328,7 @@ def read_soname(path: str) -> Optional[str]:
                         break
                     if tag == 14:  # DT_SONAME
                         end = m.find(b"\0", strtab + value)
-                        return m[strtab + value:end].decode()
+                        return m[strtab + value : end].decode()
     except (OSError, ValueError, IndexError, struct.error):
         return None
     return None
@@ -298,8 +337,12 @@ def read_soname(path: str) -> Optional[str]:
 def ldcache_i386(root: str) -> List[Tuple[str, str]]:
     """The i386 (``libc6``) entries of the root's ld.so.cache, in the cache's order (read
     with the host's ``ldconfig -p``)."""
-    out = subprocess.run(["/sbin/ldconfig", "-C", os.path.join(root, "etc/ld.so.cache"), "-p"],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["/sbin/ldconfig", "-C", os.path.join(root, "etc/ld.so.cache"), "-p"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     entries = []
     for line in out.splitlines()[1:]:
         name, _, rest = line.strip().partition(" (")
@@ -383,18 +426,23 @@ def _dot_so_link(root: str, out: Entries, path: str, found: str) -> None:
         out.setdefault(f"{path.rsplit('/', 1)[0]}/{link}", ("link", target))
 
 
-def reference(root: str, capabilities: Sequence[str], absolute: str = "escape"
-              ) -> Tuple[Entries, str]:
+def reference(
+    root: str, capabilities: Sequence[str], absolute: str = "escape"
+) -> Tuple[Entries, str]:
     """The reference's container paths for ``capabilities`` on ``root`` (see the module's
     docstring), and the driver version it read."""
     go = GoLookup(root, absolute)
     found = go.libraries(GO_LIBRARY_DIRS, "libcuda.so.*.*") or go.libraries(
-        GO_LIBRARY_DIRS, "libnvidia-ml.so.*.*")
+        GO_LIBRARY_DIRS, "libnvidia-ml.so.*.*"
+    )
     if not found:
         raise SystemExit(f"{root}: no libcuda.so.*.* or libnvidia-ml.so.*.*")
     version = found[0].rsplit(".so.", 1)[1]
-    libdirs = list(dict.fromkeys(p.rsplit("/", 1)[0]
-                                 for p in go.libraries(GO_LIBRARY_DIRS, f"lib*.so.{version}")))
+    libdirs = list(
+        dict.fromkeys(
+            p.rsplit("/", 1)[0] for p in go.libraries(GO_LIBRARY_DIRS, f"lib*.so.{version}")
+        )
+    )
     flags = {flag for cap in capabilities for flag in LNC_FLAGS.get(cap, ())}
     names = tuple(n for flag, lst in LNC_LIBRARIES.items() if flag in flags for n in lst)
     out: Entries = {}
@@ -425,7 +473,7 @@ def reference(root: str, capabilities: Sequence[str], absolute: str = "escape"
     for path, flag in LNC_IPC:
         ipc = resolve(root, path)
         if flag in flags and ipc is not None:
-            container = "/run/" + path[len("/var/run/"):] if path.startswith("/var/") else path
+            container = "/run/" + path[len("/var/run/") :] if path.startswith("/var/") else path
             out[container] = ("ipc", ipc)
 
     if "compat32" in flags:
@@ -441,8 +489,9 @@ def _graphics_modifier(go: GoLookup, out: Entries, version: str, libdirs: List[s
         for lib in go.libraries(GO_LIBRARY_DIRS, pattern.format(version=version)):
             directory, name = lib.rsplit("/", 1)
             if name == allocator:  # looked up for GBM's link only
-                out.setdefault(f"{directory}/gbm/nvidia-drm_gbm.so",
-                               ("link", "../libnvidia-allocator.so.1"))
+                out.setdefault(
+                    f"{directory}/gbm/nvidia-drm_gbm.so", ("link", "../libnvidia-allocator.so.1")
+                )
                 continue
             _library(root, out, lib, lib)
             if name.startswith("libnvidia-vulkan-producer.so."):
@@ -458,9 +507,11 @@ def _graphics_modifier(go: GoLookup, out: Entries, version: str, libdirs: List[s
         program = go.executable(name)
         if program is not None:
             out[program] = ("binary", resolve(root, program) or program)
-    for container_root, configs, extra in (("/usr/share", GO_SHARE_CONFIGS, False),
-                                           ("/etc", GO_ETC_CONFIGS, False),
-                                           ("/etc", GO_VULKAN_CONFIGS, True)):
+    for container_root, configs, extra in (
+        ("/usr/share", GO_SHARE_CONFIGS, False),
+        ("/etc", GO_ETC_CONFIGS, False),
+        ("/etc", GO_VULKAN_CONFIGS, True),
+    ):
         for rel in configs:
             hits = go.files(GO_CONFIG_DIRS, rel) or (go.files(("/",), rel) if extra else [])
             if hits:
@@ -515,14 +566,20 @@ json.dump(out, sys.stdout)
 def nvshim_paths(tree: Path, root: str) -> Dict[str, Entries]:
     """Per row, the container paths nvshim's ``tree`` gives on ``root`` (a child process)."""
     rows = json.dumps([[name, list(caps)] for name, caps in ROWS])
-    proc = subprocess.run([sys.executable, "-I", "-c", CHILD, str(tree), root, rows],
-                          capture_output=True, text=True, cwd=tempfile.gettempdir())
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", CHILD, str(tree), root, rows],
+        capture_output=True,
+        text=True,
+        cwd=tempfile.gettempdir(),
+    )
     if proc.returncode != 0:
         raise SystemExit(f"nvshim at {tree} failed on {root}:\n{proc.stderr}")
     out: Dict[str, Entries] = {}
     for name, entries in json.loads(proc.stdout).items():
-        out[name] = {path: (kind, detail[len(root):] if detail.startswith(root + "/")
-                            else detail) for path, (kind, detail) in entries.items()}
+        out[name] = {
+            path: (kind, detail[len(root) :] if detail.startswith(root + "/") else detail)
+            for path, (kind, detail) in entries.items()
+        }
     return out
 
 
@@ -537,56 +594,86 @@ def reason(row: str, layout: str, side: str, path: str) -> Optional[str]:
     i386 = path.startswith(I386_DIRS)
     if path == "/etc/OpenCL/vendors/nvidia.icd":
         if side == "nvshim":
-            return ("kept with compute: it names libnvidia-opencl, a compute library; the "
-                    "reference's legacy path gives no ICD with compute")
-        return ("nvshim gives it with compute only: with graphics alone it would name a "
-                "library the container does not have")
-    if name in ("nvidia-drm-outputclass.conf", "10-nvidia.conf") and side == "reference" \
-            and row == "graphics":
+            return (
+                "kept with compute: it names libnvidia-opencl, a compute library; the "
+                "reference's legacy path gives no ICD with compute"
+            )
+        return (
+            "nvshim gives it with compute only: with graphics alone it would name a "
+            "library the container does not have"
+        )
+    if (
+        name in ("nvidia-drm-outputclass.conf", "10-nvidia.conf")
+        and side == "reference"
+        and row == "graphics"
+    ):
         return "nvshim gives it only with display: it configures an X server driving a display"
     if i386 and row == "compat32":
         if "libvdpau_nvidia" in name and side == "nvshim":
-            return ("the reference's 32-bit lookup reads ld.so.cache, which has no entry for "
-                    "vdpau/ (not an ld.so.conf folder)" + NOT_IN_TABLE)
+            return (
+                "the reference's 32-bit lookup reads ld.so.cache, which has no entry for "
+                "vdpau/ (not an ld.so.conf folder)" + NOT_IN_TABLE
+            )
         if layout == "debian" and ("/nvidia/current/" in path) == (side == "nvshim"):
-            return ("nvshim keeps the host's path for 32-bit too (the container's ld.so.cache "
-                    "finds it) and never writes into an image folder chosen by a file the "
-                    "image controls; the reference mounts into the image's /usr/lib/i386-linux-gnu")
+            return (
+                "nvshim keeps the host's path for 32-bit too (the container's ld.so.cache "
+                "finds it) and never writes into an image folder chosen by a file the "
+                "image controls; the reference mounts into the image's /usr/lib/i386-linux-gnu"
+            )
         if side == "nvshim" and name.endswith(".so"):
-            return ("nvshim makes the unversioned .so link the driver's folder has, as "
-                    "create-symlinks does for 64-bit; libnvidia-container's 32-bit path makes "
-                    "only libcuda.so, libGLX_indirect.so.0 and libnvidia-opticalflow.so")
+            return (
+                "nvshim makes the unversioned .so link the driver's folder has, as "
+                "create-symlinks does for 64-bit; libnvidia-container's 32-bit path makes "
+                "only libcuda.so, libGLX_indirect.so.0 and libnvidia-opticalflow.so"
+            )
     if path.startswith("/usr/share/vulkan/") and side == "nvshim":
-        return ("before issue 29 nvshim mounted Vulkan's JSONs at the host's folder, hiding an "
-                "image's own /usr/share/vulkan manifest; now /etc/vulkan, as the reference")
+        return (
+            "before issue 29 nvshim mounted Vulkan's JSONs at the host's folder, hiding an "
+            "image's own /usr/share/vulkan manifest; now /etc/vulkan, as the reference"
+        )
     if "libvdpau_nvidia" in name:
-        return ("libvdpau looks only in <libdir>/vdpau/, where nvshim mounts it; the reference "
-                "mounts it where it found it (Debian: nvidia/current)" + NOT_IN_TABLE)
+        return (
+            "libvdpau looks only in <libdir>/vdpau/, where nvshim mounts it; the reference "
+            "mounts it where it found it (Debian: nvidia/current)" + NOT_IN_TABLE
+        )
     if name == "nvidia-drm_gbm.so":
-        return ("nvshim makes GBM's backend link in <libdir>/gbm/, where libgbm looks; the "
-                "reference beside the allocator it found (Debian: nvidia/current/gbm/)"
-                + NOT_IN_TABLE)
-    if name.startswith("libnvidia-allocator.so") and side == "nvshim" \
-            and row in ("graphics", "display"):
-        return ("nvshim gives libnvidia-allocator with graphics (GBM's nvidia-drm_gbm.so links "
-                "to it); the reference's graphics modifier leaves it to compute, so graphics "
-                "alone gets a dangling GBM link" + NOT_IN_TABLE)
+        return (
+            "nvshim makes GBM's backend link in <libdir>/gbm/, where libgbm looks; the "
+            "reference beside the allocator it found (Debian: nvidia/current/gbm/)" + NOT_IN_TABLE
+        )
+    if (
+        name.startswith("libnvidia-allocator.so")
+        and side == "nvshim"
+        and row in ("graphics", "display")
+    ):
+        return (
+            "nvshim gives libnvidia-allocator with graphics (GBM's nvidia-drm_gbm.so links "
+            "to it); the reference's graphics modifier leaves it to compute, so graphics "
+            "alone gets a dangling GBM link" + NOT_IN_TABLE
+        )
     if layout == "debian" and side == "nvshim":
         if name.startswith("libglxserver_nvidia.so"):
-            return ("Debian keeps it in /usr/lib/nvidia/current, outside the reference's X.Org "
-                    "search folders (and its .so link is an alternatives link); nvshim "
-                    "follows the alternatives inside the root" + NOT_IN_TABLE)
+            return (
+                "Debian keeps it in /usr/lib/nvidia/current, outside the reference's X.Org "
+                "search folders (and its .so link is an alternatives link); nvshim "
+                "follows the alternatives inside the root" + NOT_IN_TABLE
+            )
         if name in ("nvidia-smi", "nvidia_drv.so", "nvidia-drm-outputclass.conf"):
-            return ("Debian's alternatives link (/etc/alternatives/…) is absolute: the "
-                    "reference's Go lookup follows it outside the driver root and misses the "
-                    "file [model: --go-links escape]; nvshim resolves it inside the root"
-                    + NOT_IN_TABLE)
+            return (
+                "Debian's alternatives link (/etc/alternatives/…) is absolute: the "
+                "reference's Go lookup follows it outside the driver root and misses the "
+                "file [model: --go-links escape]; nvshim resolves it inside the root" + NOT_IN_TABLE
+            )
     if path == "/run/nvidia-persistenced/socket" and side == "nvshim" and row == "compute":
-        return ("nvshim gives the persistenced socket with compute too; libnvidia-container "
-                "only with utility (its jit-CDI path: always)" + NOT_IN_TABLE)
+        return (
+            "nvshim gives the persistenced socket with compute too; libnvidia-container "
+            "only with utility (its jit-CDI path: always)" + NOT_IN_TABLE
+        )
     if path == "/tmp/nvidia-mps" and side == "reference" and row == "video":
-        return ("libnvidia-container's video sets compute's library flag, which brings the MPS "
-                "folder; nvshim gives it with compute only" + NOT_IN_TABLE)
+        return (
+            "libnvidia-container's video sets compute's library flag, which brings the MPS "
+            "folder; nvshim gives it with compute only" + NOT_IN_TABLE
+        )
     return None
 
 
@@ -597,8 +684,9 @@ def only_32bit(entries: Entries) -> Entries:
     return {p: e for p, e in entries.items() if p.startswith(I386_DIRS)}
 
 
-def compare(row: str, layout: str, ref: Entries, mine: Entries,
-            closed: Iterable[str] = ()) -> Dict[str, Any]:
+def compare(
+    row: str, layout: str, ref: Entries, mine: Entries, closed: Iterable[str] = ()
+) -> Dict[str, Any]:
     """Counts and the differing paths (with reasons) of one row on one side of issue 29."""
     refs, ours, closed = set(ref), set(mine), set(closed)
     diffs = []
@@ -608,11 +696,20 @@ def compare(row: str, layout: str, ref: Entries, mine: Entries,
             if why is None and path in closed:
                 why = "closed by issue 29's work (the same in this checkout)"
             entry = ref.get(path) if side == "reference" else mine.get(path)
-            diffs.append({"side": side, "path": path, "kind": entry[0] if entry else "",
-                          "detail": entry[1] if entry else "", "reason": why})
+            diffs.append(
+                {
+                    "side": side,
+                    "path": path,
+                    "kind": entry[0] if entry else "",
+                    "detail": entry[1] if entry else "",
+                    "reason": why,
+                }
+            )
     return {
-        "compared": len(refs | ours), "same": len(refs & ours),
-        "reference_only": len(refs - ours), "nvshim_only": len(ours - refs),
+        "compared": len(refs | ours),
+        "same": len(refs & ours),
+        "reference_only": len(refs - ours),
+        "nvshim_only": len(ours - refs),
         "differences": diffs,
     }
 
@@ -629,28 +726,34 @@ def build_roots(base: Path, extra: Sequence[str]) -> Tuple[Dict[str, str], List[
 
     names = list(dict.fromkeys(GRAPHICS_PACKAGES + I386_PACKAGES + tuple(extra)))
     packages = driver_packages(names)
-    roots = {layout: str(make_driver_root(base / layout, packages, layout).root)
-             for layout in LAYOUTS}
+    roots = {
+        layout: str(make_driver_root(base / layout, packages, layout).root) for layout in LAYOUTS
+    }
     return roots, names
 
 
 def export_tree(rev: str, dest: Path) -> Path:
     """``git archive <rev> nvshim`` of this repository, unpacked at ``dest``."""
     dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "nvshim"],
-                             check=True, capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", rev, "nvshim"], check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return dest
 
 
 def describe(tree: Path) -> str:
     """The tree's commit (short), saying so when its nvshim/ has uncommitted changes."""
-    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True)
+    head = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
     if head.returncode != 0:
         return str(tree)
-    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--", "nvshim"],
-                           capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(tree), "status", "--porcelain", "--", "nvshim"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     return head.stdout.strip() + (" with uncommitted changes to nvshim/" if dirty else "")
 
 
@@ -671,9 +774,11 @@ def _print_diffs(diffs: List[Dict[str, Any]]) -> None:
 
 
 def print_report(result: Dict[str, Any]) -> None:
-    print(f"refcompare: Debian 12 non-free NVIDIA {result['driver_version']}, layouts "
-          f"{', '.join(result['layouts'])}; before = {result['before']}, after = "
-          f"{result['after']}; --go-links {result['go_links']}")
+    print(
+        f"refcompare: Debian 12 non-free NVIDIA {result['driver_version']}, layouts "
+        f"{', '.join(result['layouts'])}; before = {result['before']}, after = "
+        f"{result['after']}; --go-links {result['go_links']}"
+    )
     print()
     head = "compared same ref-only nvshim-only"
     print(f"{'capability':<10} {'layout':<6}  before: {head}  |  after: {head}")
@@ -681,10 +786,12 @@ def print_report(result: Dict[str, Any]) -> None:
         cells = []
         for when in ("before", "after"):
             c = row[when]
-            cells.append(f"{c['compared']:>8} {c['same']:>4} {c['reference_only']:>8} "
-                         f"{c['nvshim_only']:>11}")
-        print(f"{row['capability']:<10} {row['layout']:<6}  before: {cells[0]}  |  after: "
-              f"{cells[1]}")
+            cells.append(
+                f"{c['compared']:>8} {c['same']:>4} {c['reference_only']:>8} {c['nvshim_only']:>11}"
+            )
+        print(
+            f"{row['capability']:<10} {row['layout']:<6}  before: {cells[0]}  |  after: {cells[1]}"
+        )
     for row in result["rows"]:
         print()
         print(f"{row['capability']} / {row['layout']} (asked: {','.join(row['asked'])})")
@@ -696,8 +803,7 @@ def print_report(result: Dict[str, Any]) -> None:
         print("  before, besides those: " + (_paths(len(before)) if before else "none"))
         _print_diffs(before)
     print()
-    print("reference model (facts read from the sources named in bench/refcompare.py); "
-          "guesses:")
+    print("reference model (facts read from the sources named in bench/refcompare.py); guesses:")
     for guess in result["guesses"]:
         print(f"  - {guess}")
 
@@ -705,17 +811,35 @@ def print_report(result: Dict[str, Any]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, help="also write the result as JSON here")
-    parser.add_argument("--before", default=BEFORE_REV,
-                        help=f"the revision before issue 29's work (default {BEFORE_REV})")
-    parser.add_argument("--before-tree", type=Path,
-                        help="a checkout of the before revision to use instead of exporting it")
-    parser.add_argument("--after-tree", type=Path, default=REPO,
-                        help="the nvshim tree to measure (default: this checkout)")
-    parser.add_argument("--go-links", choices=("escape", "root"), default="escape",
-                        help="how the reference's Go lookups follow an absolute link in the "
-                             "root: escape (a driver root that is not /) or root (root /)")
-    parser.add_argument("--extra-package", action="append", default=[],
-                        help="another Debian package of the driver to lay into the roots")
+    parser.add_argument(
+        "--before",
+        default=BEFORE_REV,
+        help=f"the revision before issue 29's work (default {BEFORE_REV})",
+    )
+    parser.add_argument(
+        "--before-tree",
+        type=Path,
+        help="a checkout of the before revision to use instead of exporting it",
+    )
+    parser.add_argument(
+        "--after-tree",
+        type=Path,
+        default=REPO,
+        help="the nvshim tree to measure (default: this checkout)",
+    )
+    parser.add_argument(
+        "--go-links",
+        choices=("escape", "root"),
+        default="escape",
+        help="how the reference's Go lookups follow an absolute link in the "
+        "root: escape (a driver root that is not /) or root (root /)",
+    )
+    parser.add_argument(
+        "--extra-package",
+        action="append",
+        default=[],
+        help="another Debian package of the driver to lay into the roots",
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="nvshim-refcompare-") as tmp:
@@ -727,8 +851,10 @@ def main() -> int:
         rows: List[Dict[str, Any]] = []
         version = ""
         for layout, root in roots.items():
-            mine = {"before": nvshim_paths(before_tree, root),
-                    "after": nvshim_paths(after_tree, root)}
+            mine = {
+                "before": nvshim_paths(before_tree, root),
+                "after": nvshim_paths(after_tree, root),
+            }
             for name, caps in ROWS:
                 ref, version = reference(root, caps, args.go_links)
                 sides = {when: mine[when][name] for when in mine}
@@ -737,20 +863,29 @@ def main() -> int:
                     sides = {when: only_32bit(e) for when, e in sides.items()}
                 after = compare(name, layout, ref, sides["after"])
                 closed = set(ref) & set(sides["after"])
-                rows.append({
-                    "capability": name, "layout": layout, "asked": list(caps),
-                    "reference": {p: list(e) for p, e in sorted(ref.items())},
-                    "nvshim_before": {p: list(e) for p, e in sorted(sides["before"].items())},
-                    "nvshim_after": {p: list(e) for p, e in sorted(sides["after"].items())},
-                    "before": compare(name, layout, ref, sides["before"], closed),
-                    "after": after,
-                })
+                rows.append(
+                    {
+                        "capability": name,
+                        "layout": layout,
+                        "asked": list(caps),
+                        "reference": {p: list(e) for p, e in sorted(ref.items())},
+                        "nvshim_before": {p: list(e) for p, e in sorted(sides["before"].items())},
+                        "nvshim_after": {p: list(e) for p, e in sorted(sides["after"].items())},
+                        "before": compare(name, layout, ref, sides["before"], closed),
+                        "after": after,
+                    }
+                )
         order = {name: i for i, (name, _) in enumerate(ROWS)}
         rows.sort(key=lambda r: (order[r["capability"]], r["layout"] != "flat"))
         result = {
-            "driver_version": version, "layouts": list(roots), "packages": packages,
-            "before": before_name, "after": describe(after_tree), "go_links": args.go_links,
-            "guesses": list(GUESSES), "rows": rows,
+            "driver_version": version,
+            "layouts": list(roots),
+            "packages": packages,
+            "before": before_name,
+            "after": describe(after_tree),
+            "go_links": args.go_links,
+            "guesses": list(GUESSES),
+            "rows": rows,
         }
     print_report(result)
     if args.out:

@@ -90,8 +90,12 @@ Sample = Tuple[float, float]
 # --------------------------------------------------------------------------- measuring
 
 
-def timed(argv: Sequence[str], env: Optional[Dict[str, str]] = None,
-          check: bool = True, stdout: Any = subprocess.DEVNULL) -> Timing:
+def timed(
+    argv: Sequence[str],
+    env: Optional[Dict[str, str]] = None,
+    check: bool = True,
+    stdout: Any = subprocess.DEVNULL,
+) -> Timing:
     """Run ``argv`` with stdio on /dev/null; wall ms, the child's peak RSS and CPU ms.
 
     stdio must not be a pipe: a created container keeps its stdio open until it exits,
@@ -99,8 +103,9 @@ def timed(argv: Sequence[str], env: Optional[Dict[str, str]] = None,
     """
     with tempfile.TemporaryFile() as errf:
         start = time.perf_counter()
-        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout,
-                                stderr=errf, env=env)
+        proc = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=errf, env=env
+        )
         _, status, usage = os.wait4(proc.pid, 0)
         elapsed = (time.perf_counter() - start) * 1000.0
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -120,9 +125,13 @@ def summary(samples: Sequence[float]) -> Dict[str, float]:
     }
 
 
-def paired(name: str, pairs: int,
-           baseline: Callable[[int], Sample], subject: Callable[[int], Sample],
-           floor: Optional[Callable[[int], Sample]] = None) -> Dict[str, Any]:
+def paired(
+    name: str,
+    pairs: int,
+    baseline: Callable[[int], Sample],
+    subject: Callable[[int], Sample],
+    floor: Optional[Callable[[int], Sample]] = None,
+) -> Dict[str, Any]:
     """Run ``pairs`` pairs (order flipped every pair); per-pair ratio and difference of
     wall time, and the per-pair difference of CPU time.
 
@@ -150,11 +159,14 @@ def paired(name: str, pairs: int,
         extra = {
             "floor_ms": summary([f[0] for f in low]),
             "floor_over_runc_ms_median": statistics.median(
-                f[0] - b[0] for b, f in zip(base, low, strict=True)),
+                f[0] - b[0] for b, f in zip(base, low, strict=True)
+            ),
             "over_floor_ms_median": statistics.median(
-                s[0] - f[0] for f, s in zip(low, subj, strict=True)),
+                s[0] - f[0] for f, s in zip(low, subj, strict=True)
+            ),
             "cpu_over_floor_ms_median": statistics.median(
-                s[1] - f[1] for f, s in zip(low, subj, strict=True)),
+                s[1] - f[1] for f, s in zip(low, subj, strict=True)
+            ),
             "floor_samples": [round(x[0], 3) for x in low],
         }
     return {
@@ -222,32 +234,54 @@ class Bench:
         self.node = create_node(str(self.work / "node8"), gpus=8)
         self.bundles = {
             "none": make_bundle(self.work / "b-none", rootfs, ["true"]),
-            "1": make_bundle(self.work / "b-1", rootfs, ["true"],
-                             env={"NVIDIA_VISIBLE_DEVICES": "0"}),
-            "8": make_bundle(self.work / "b-8", rootfs, ["true"],
-                             env={"NVIDIA_VISIBLE_DEVICES": "all"}),
-            "cdi": make_bundle(self.work / "b-cdi", rootfs, ["true"],
-                               env={"NVIDIA_VISIBLE_DEVICES": "nvidia.com/gpu=0"}),
+            "1": make_bundle(
+                self.work / "b-1", rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"}
+            ),
+            "8": make_bundle(
+                self.work / "b-8", rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "all"}
+            ),
+            "cdi": make_bundle(
+                self.work / "b-cdi",
+                rootfs,
+                ["true"],
+                env={"NVIDIA_VISIBLE_DEVICES": "nvidia.com/gpu=0"},
+            ),
         }
         if os.path.isfile("/etc/ld.so.cache"):
-            self.bundles["1+image"] = make_bundle(self.work / "b-1i", rootfs, ["true"],
-                                                  env={"NVIDIA_VISIBLE_DEVICES": "0"})
+            self.bundles["1+image"] = make_bundle(
+                self.work / "b-1i", rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"}
+            )
             image_root = self.bundles["1+image"] / "rootfs"
             image_cache = image_root / "etc" / "ld.so.cache"
             shutil.copyfile("/etc/ld.so.cache", image_cache)
             self.keep["1+image"] = {image_cache: image_cache.read_bytes()}
-            _image_libraries(Path("/usr/lib/x86_64-linux-gnu"),
-                             image_root / "usr" / "lib" / "x86_64-linux-gnu", 300)
+            _image_libraries(
+                Path("/usr/lib/x86_64-linux-gnu"),
+                image_root / "usr" / "lib" / "x86_64-linux-gnu",
+                300,
+            )
         self.originals = {k: (b / "config.json").read_bytes() for k, b in self.bundles.items()}
         self.rootfs_paths = {k: _tree(b / "rootfs") for k, b in self.bundles.items()}
         self.bundle_names = {k: set(os.listdir(b)) for k, b in self.bundles.items()}
         spec_dir = self.work / "cdi"
-        subprocess.run(self.nvshim_cli + ["cdi", "generate", "--driver-root", self.node.root,
-                                          "--output", str(spec_dir / "nvidia.yaml")],
-                       check=True, capture_output=True)
+        subprocess.run(
+            self.nvshim_cli
+            + [
+                "cdi",
+                "generate",
+                "--driver-root",
+                self.node.root,
+                "--output",
+                str(spec_dir / "nvidia.yaml"),
+            ],
+            check=True,
+            capture_output=True,
+        )
         self.noop_env = dict(self.env)
-        for name, runtime, env in (("config", self.runc, self.env),
-                                   ("noop", "/bin/true", self.noop_env)):
+        for name, runtime, env in (
+            ("config", self.runc, self.env),
+            ("noop", "/bin/true", self.noop_env),
+        ):
             cfg = self.work / "nvshim" / f"{name}.yaml"
             cfg.parent.mkdir(exist_ok=True)
             cfg.write_text(
@@ -257,8 +291,11 @@ class Bench:
                 # the journal stays on (its cost is part of a GPU create) but in the temp dir
                 f"grants-journal: {self.work / 'nvshim' / (name + '-grants.jsonl')}\n"
             )
-            subprocess.run(self.nvshim_cli + ["config", "compile", "--config", str(cfg)],
-                           check=True, capture_output=True)
+            subprocess.run(
+                self.nvshim_cli + ["config", "compile", "--config", str(cfg)],
+                check=True,
+                capture_output=True,
+            )
             env["NVSHIM_CONFIG"] = str(cfg)
         self.config = self.work / "nvshim" / "config.yaml"
 
@@ -269,7 +306,8 @@ class Bench:
         an earlier create left (replacing one costs an ext4 rename more). With ``floor``,
         the bundle as that runtime's create left it instead, on the same fresh rootfs."""
         (self.bundles[key] / "config.json").write_bytes(
-            floor.config if floor else self.originals[key])
+            floor.config if floor else self.originals[key]
+        )
         for name in set(os.listdir(self.bundles[key])) - self.bundle_names[key]:
             (self.bundles[key] / name).unlink()
         for name, data in (floor.files if floor else {}).items():
@@ -288,15 +326,21 @@ class Bench:
         """The bundle ``key`` as the create just run left it (see :class:`Floor`)."""
         bundle = self.bundles[key]
         added = set(os.listdir(bundle)) - self.bundle_names[key]
-        return Floor((bundle / "config.json").read_bytes(),
-                     {n: (bundle / n).read_bytes() for n in sorted(added)
-                      if (bundle / n).is_file() and not (bundle / n).is_symlink()})
+        return Floor(
+            (bundle / "config.json").read_bytes(),
+            {
+                n: (bundle / n).read_bytes()
+                for n in sorted(added)
+                if (bundle / n).is_file() and not (bundle / n).is_symlink()
+            },
+        )
 
     def create(self, tool: str, key: str, cid: str, floor: Optional[Floor] = None) -> Sample:
         self.restore(key, floor)
         self.live.append(cid)
-        ms, _, cpu = timed(self.rt(tool, "create", "--bundle", str(self.bundles[key]), cid),
-                           env=self.env)
+        ms, _, cpu = timed(
+            self.rt(tool, "create", "--bundle", str(self.bundles[key]), cid), env=self.env
+        )
         return ms, cpu
 
     def delete(self, tool: str, cid: str, force: bool = False) -> Sample:
@@ -308,8 +352,9 @@ class Bench:
 
     def cleanup(self) -> None:
         for cid in list(self.live):
-            subprocess.run(self.rt(self.runc, "delete", "--force", cid),
-                           capture_output=True, env=self.env)
+            subprocess.run(
+                self.rt(self.runc, "delete", "--force", cid), capture_output=True, env=self.env
+            )
         self.live.clear()
 
 
@@ -325,8 +370,9 @@ def _image_libraries(source: Path, dest: Path, most: int) -> None:
         name = entry.name
         if taken >= most or not name.startswith("lib") or ".so" not in name:
             continue
-        if name.startswith(("libcuda", "libnvidia", "libnvcuvid", "libGLX_nvidia",
-                            "libEGL_nvidia")):
+        if name.startswith(
+            ("libcuda", "libnvidia", "libnvcuvid", "libGLX_nvidia", "libEGL_nvidia")
+        ):
             continue
         target = dest / name
         if entry.is_symlink():
@@ -359,12 +405,12 @@ def case_state(b: Bench, pairs: int) -> Dict[str, Any]:
     cid = b.cid("state")
     b.create(b.runc, "none", cid)
     try:
+
         def run(tool: str) -> Sample:
             ms, _, cpu = timed(b.rt(tool, "state", cid), env=b.env)
             return ms, cpu
 
-        return paired("state (passthrough)", pairs,
-                      lambda i: run(b.runc), lambda i: run(b.runtime))
+        return paired("state (passthrough)", pairs, lambda i: run(b.runc), lambda i: run(b.runtime))
     finally:
         b.delete(b.runc, cid, force=True)
 
@@ -375,19 +421,34 @@ def case_delete(b: Bench, pairs: int) -> Dict[str, Any]:
         b.create(b.runc, "none", cid)  # untimed: always plain runc
         return b.delete(tool, cid)
 
-    return paired("delete (passthrough)", pairs,
-                  lambda i: run(b.runc), lambda i: run(b.runtime))
+    return paired("delete (passthrough)", pairs, lambda i: run(b.runc), lambda i: run(b.runtime))
 
 
 def start_agent(config: Path, sock: Path, log: Path) -> "subprocess.Popen[bytes]":
     """``nvshim agent`` (this checkout's) for ``config`` on ``sock``, once it serves."""
-    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
-            "from nvshim.cli.main import main; main()")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv.pop(1)); from nvshim.cli.main import main; main()"
+    )
     with open(log, "ab") as err:
-        proc = subprocess.Popen([sys.executable, "-I", "-c", code, str(REPO), "agent",
-                                 "--config", str(config), "--socket", str(sock),
-                                 "--nri-socket", "none"], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-I",
+                "-c",
+                code,
+                str(REPO),
+                "agent",
+                "--config",
+                str(config),
+                "--socket",
+                str(sock),
+                "--nri-socket",
+                "none",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     deadline = time.monotonic() + 30
     while not sock.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -407,12 +468,15 @@ def _agent_runtime(b: Bench) -> Tuple[str, str, List["subprocess.Popen[bytes]"]]
     sock, noop_sock = b.work / "agent.sock", b.work / "agent-noop.sock"
     tramp, alone = b.work / "nvshim-runtime-agent", b.work / "nvshim-runtime-no-agent"
     tramp.write_text(render(sys.executable, agent_socket=str(sock), client=client))
-    alone.write_text(render(sys.executable, agent_socket=str(b.work / "no-agent.sock"),
-                            client=client))
+    alone.write_text(
+        render(sys.executable, agent_socket=str(b.work / "no-agent.sock"), client=client)
+    )
     for path in (tramp, alone):
         path.chmod(0o755)
-    agents = [start_agent(b.work / "nvshim" / "config.yaml", sock, b.work / "agent.log"),
-              start_agent(b.work / "nvshim" / "noop.yaml", noop_sock, b.work / "agent-noop.log")]
+    agents = [
+        start_agent(b.work / "nvshim" / "config.yaml", sock, b.work / "agent.log"),
+        start_agent(b.work / "nvshim" / "noop.yaml", noop_sock, b.work / "agent-noop.log"),
+    ]
     b.noop_env["NVSHIM_AGENT_SOCKET"] = str(noop_sock)
     return str(tramp), str(alone), agents
 
@@ -433,9 +497,13 @@ def case_create(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
         parts[label].append(c[0])
         return c[0] + d[0], c[1] + d[1]
 
-    result = paired(f"create+delete gpu={key}", pairs,
-                    lambda i: run(b.runc, "runc"), lambda i: run(b.runtime, "nvshim"),
-                    floor=lambda i: run(b.runc, "floor", floor))
+    result = paired(
+        f"create+delete gpu={key}",
+        pairs,
+        lambda i: run(b.runc, "runc"),
+        lambda i: run(b.runtime, "nvshim"),
+        floor=lambda i: run(b.runc, "floor", floor),
+    )
     result["create_only_floor_ms"] = summary(parts["floor"])
     result["create_only_runc_ms"] = summary(parts["runc"])
     result["create_only_nvshim_ms"] = summary(parts["nvshim"])
@@ -445,28 +513,37 @@ def case_create(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
 
 def case_shim(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
     """nvshim-runtime create with a no-op low-level runtime, against the no-op alone."""
+
     def run(tool: str, env: Dict[str, str]) -> Sample:
         b.restore(key)
-        ms, _, cpu = timed([tool, "create", "--bundle", str(b.bundles[key]), b.cid("shim")],
-                           env=env)
+        ms, _, cpu = timed(
+            [tool, "create", "--bundle", str(b.bundles[key]), b.cid("shim")], env=env
+        )
         return ms, cpu
 
-    result = paired(f"shim stage gpu={key}", pairs, lambda i: run("/bin/true", b.env),
-                    lambda i: run(b.runtime, b.noop_env))
+    result = paired(
+        f"shim stage gpu={key}",
+        pairs,
+        lambda i: run("/bin/true", b.env),
+        lambda i: run(b.runtime, b.noop_env),
+    )
     b.restore(key)
     return result
 
 
 def case_versus(b: Bench, pairs: int, key: str, other: str) -> Dict[str, Any]:
     """Two nvshim-runtimes' shim stage (no-op low-level runtime) against each other."""
+
     def run(tool: str) -> Sample:
         b.restore(key)
-        ms, _, cpu = timed([tool, "create", "--bundle", str(b.bundles[key]), b.cid("vs")],
-                           env=b.noop_env)
+        ms, _, cpu = timed(
+            [tool, "create", "--bundle", str(b.bundles[key]), b.cid("vs")], env=b.noop_env
+        )
         return ms, cpu
 
-    result = paired(f"shim stage gpu={key}: A vs B", pairs, lambda i: run(b.runtime),
-                    lambda i: run(other))
+    result = paired(
+        f"shim stage gpu={key}: A vs B", pairs, lambda i: run(b.runtime), lambda i: run(other)
+    )
     b.restore(key)
     return result
 
@@ -474,16 +551,20 @@ def case_versus(b: Bench, pairs: int, key: str, other: str) -> Dict[str, Any]:
 def case_cdi(b: Bench, repeats: int) -> Dict[str, Any]:
     from nvshim.sim.build import create_node
 
-    probe = subprocess.run(b.nvshim_cli + ["cdi", "generate", "--help"], capture_output=True,
-                           text=True)
+    probe = subprocess.run(
+        b.nvshim_cli + ["cdi", "generate", "--help"], capture_output=True, text=True
+    )
     if probe.returncode != 0:
-        out: Dict[str, Any] = {"available": False,
-                               "why": "nvshim cdi generate is not available: "
-                                      + (probe.stderr.strip().splitlines() or ["?"])[-1]}
+        out: Dict[str, Any] = {
+            "available": False,
+            "why": "nvshim cdi generate is not available: "
+            + (probe.stderr.strip().splitlines() or ["?"])[-1],
+        }
         samples = []
         for _ in range(repeats):
-            samples.append(timed(b.nvshim_cli + ["inspect", "--bundle", str(b.bundles["1"])],
-                                 env=b.env)[0])
+            samples.append(
+                timed(b.nvshim_cli + ["inspect", "--bundle", str(b.bundles["1"])], env=b.env)[0]
+            )
         out["inspect_1gpu_ms"] = summary(samples)
         return out
     help_text = probe.stdout
@@ -505,13 +586,13 @@ def case_cdi(b: Bench, repeats: int) -> Dict[str, Any]:
         if not produced.exists():
             produced = b.work / f"cdi-{n}.out"
         size = produced.stat().st_size
-        rows.append({"gpus": n, "ms": summary(ms_list), "peak_rss_kib": max(rss_list),
-                     "spec_bytes": size})
+        rows.append(
+            {"gpus": n, "ms": summary(ms_list), "peak_rss_kib": max(rss_list), "spec_bytes": size}
+        )
     base = rows[0]["ms"]["median"]
     for row in rows:
         row["ms_over_1gpu"] = row["ms"]["median"] - base
-    return {"available": True, "argv": argv[:-2] if "--output" in argv else argv,
-            "rows": rows}
+    return {"available": True, "argv": argv[:-2] if "--output" in argv else argv, "rows": rows}
 
 
 # --------------------------------------------------------------------------- report
@@ -526,8 +607,9 @@ def machine(runc: str, runtime: str) -> Dict[str, Any]:
                 break
     except OSError:
         pass
-    runc_version = subprocess.run([runc, "--version"], capture_output=True,
-                                  text=True).stdout.splitlines()
+    runc_version = subprocess.run(
+        [runc, "--version"], capture_output=True, text=True
+    ).stdout.splitlines()
     return {
         "nproc": os.cpu_count(),
         "cpu_model": model,
@@ -543,17 +625,25 @@ def machine(runc: str, runtime: str) -> Dict[str, Any]:
 
 
 def print_table(results: Dict[str, Any]) -> None:
-    print(f"\n{results['pairs']} alternating pairs; ms: median [min-max]; ratio, +ms: median "
-          "of per-pair wall-time ratios and differences; +cpu ms: of per-pair CPU-time "
-          "differences")
+    print(
+        f"\n{results['pairs']} alternating pairs; ms: median [min-max]; ratio, +ms: median "
+        "of per-pair wall-time ratios and differences; +cpu ms: of per-pair CPU-time "
+        "differences"
+    )
     if any(r["case"].endswith("A vs B") for r in results["cases"]):
-        print(f"A vs B: A = {results['machine']['nvshim_runtime']} in the runc column, "
-              f"B = {results['machine']['nvshim_runtime_b']} in the nvshim-runtime column")
-    print("floor: runc on the config.json nvshim-runtime wrote, fresh rootfs (its mounts, "
-          "device nodes and hooks; not the runtime); floor +ms: the floor over runc, "
-          "+ms over floor: nvshim-runtime over its floor, both per round")
-    head = (f"{'case':30} {'runc':>24} {'floor':>24} {'nvshim-runtime':>24} {'ratio':>7} "
-            f"{'+ms':>7} {'floor +ms':>9} {'+ms over floor':>14} {'+cpu ms':>8}")
+        print(
+            f"A vs B: A = {results['machine']['nvshim_runtime']} in the runc column, "
+            f"B = {results['machine']['nvshim_runtime_b']} in the nvshim-runtime column"
+        )
+    print(
+        "floor: runc on the config.json nvshim-runtime wrote, fresh rootfs (its mounts, "
+        "device nodes and hooks; not the runtime); floor +ms: the floor over runc, "
+        "+ms over floor: nvshim-runtime over its floor, both per round"
+    )
+    head = (
+        f"{'case':30} {'runc':>24} {'floor':>24} {'nvshim-runtime':>24} {'ratio':>7} "
+        f"{'+ms':>7} {'floor +ms':>9} {'+ms over floor':>14} {'+cpu ms':>8}"
+    )
     print(head)
     print("-" * len(head))
 
@@ -565,13 +655,17 @@ def print_table(results: Dict[str, Any]) -> None:
         floor = cell(r["floor_ms"]) if has_floor else "(the baseline)"
         lift = f"{r['floor_over_runc_ms_median']:+9.1f}" if has_floor else f"{'':9}"
         over = f"{r['over_floor_ms_median']:+14.1f}" if has_floor else f"{'':14}"
-        print(f"{r['case']:30} {cell(r['runc_ms']):>24} {floor:>24} {cell(r['nvshim_ms']):>24} "
-              f"{r['ratio_median']:6.2f}x {r['overhead_ms_median']:+7.1f} {lift} {over} "
-              f"{r['cpu_overhead_ms_median']:+8.1f}")
+        print(
+            f"{r['case']:30} {cell(r['runc_ms']):>24} {floor:>24} {cell(r['nvshim_ms']):>24} "
+            f"{r['ratio_median']:6.2f}x {r['overhead_ms_median']:+7.1f} {lift} {over} "
+            f"{r['cpu_overhead_ms_median']:+8.1f}"
+        )
         if "create_only_runc_ms" in r:
-            print(f"{'  of which create':30} {cell(r['create_only_runc_ms']):>24} "
-                  f"{cell(r['create_only_floor_ms']):>24} "
-                  f"{cell(r['create_only_nvshim_ms']):>24}")
+            print(
+                f"{'  of which create':30} {cell(r['create_only_runc_ms']):>24} "
+                f"{cell(r['create_only_floor_ms']):>24} "
+                f"{cell(r['create_only_nvshim_ms']):>24}"
+            )
     cdi = results.get("cdi_generate")
     if cdi is None:
         return
@@ -582,23 +676,35 @@ def print_table(results: Dict[str, Any]) -> None:
         return
     print(f"{'nvshim cdi generate':30} {'ms':>24} {'peak RSS':>12} {'spec bytes':>12}")
     for row in cdi["rows"]:
-        print(f"{str(row['gpus']) + ' GPUs':30} {cell(row['ms']):>24} "
-              f"{row['peak_rss_kib'] / 1024:9.1f} MiB {row['spec_bytes']:12d}")
+        print(
+            f"{str(row['gpus']) + ' GPUs':30} {cell(row['ms']):>24} "
+            f"{row['peak_rss_kib'] / 1024:9.1f} MiB {row['spec_bytes']:12d}"
+        )
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=30, help="pairs per case (default 30)")
-    parser.add_argument("--runtime", action="append", default=[],
-                        help=f"nvshim-runtime under test (default {DEFAULT_RUNTIME}); given "
-                        "twice, also the two against each other (A = the first)")
+    parser.add_argument(
+        "--runtime",
+        action="append",
+        default=[],
+        help=f"nvshim-runtime under test (default {DEFAULT_RUNTIME}); given "
+        "twice, also the two against each other (A = the first)",
+    )
     parser.add_argument("--runc", default=shutil.which("runc") or "/usr/sbin/runc")
-    parser.add_argument("--cases", default="state,delete,create,shim,cdi",
-                        help="comma-separated subset of state,delete,create,shim,cdi")
+    parser.add_argument(
+        "--cases",
+        default="state,delete,create,shim,cdi",
+        help="comma-separated subset of state,delete,create,shim,cdi",
+    )
     parser.add_argument("--cdi-repeats", type=int, default=5)
     parser.add_argument("--out", default=str(REPO / "bench" / "results.json"))
-    parser.add_argument("--agent", action="store_true",
-                        help="A = the node agent's fast path (this checkout), B = --runtime")
+    parser.add_argument(
+        "--agent",
+        action="store_true",
+        help="A = the node agent's fast path (this checkout), B = --runtime",
+    )
     args = parser.parse_args(argv)
     # with --agent and no --runtime, B is this checkout's own in-process create (below)
     runtimes: List[str] = args.runtime or ([] if args.agent else [DEFAULT_RUNTIME])
@@ -611,8 +717,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.runtime = runtimes[0] if runtimes else ""
 
     if os.geteuid() != 0:
-        print("bench/run.py: needs root (runc containers, mknod for the simulated node)",
-              file=sys.stderr)
+        print(
+            "bench/run.py: needs root (runc containers, mknod for the simulated node)",
+            file=sys.stderr,
+        )
         return 1
     for path in (*runtimes, args.runc):
         if not os.access(path, os.X_OK):
@@ -622,8 +730,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     nvshim_cli = [cli] if cli else [sys.executable, "-I", "-m", "nvshim.cli.main"]
     wanted = set(args.cases.split(","))
 
-    results: Dict[str, Any] = {"pairs": args.pairs, "load_before": os.getloadavg(),
-                               "machine": machine(args.runc, args.runtime), "cases": []}
+    results: Dict[str, Any] = {
+        "pairs": args.pairs,
+        "load_before": os.getloadavg(),
+        "machine": machine(args.runc, args.runtime),
+        "cases": [],
+    }
     if len(runtimes) == 2:
         results["machine"]["nvshim_runtime_b"] = runtimes[1]
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-") as tmp:
@@ -646,8 +758,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             else:  # no container is started (a run under chrt may not move into a cgroup)
                 for tool in runtimes:
                     b.restore("1")
-                    timed([tool, "create", "--bundle", str(b.bundles["1"]), b.cid("warm")],
-                          env=b.noop_env)
+                    timed(
+                        [tool, "create", "--bundle", str(b.bundles["1"]), b.cid("warm")],
+                        env=b.noop_env,
+                    )
                 b.restore("1")
             if "state" in wanted:
                 results["cases"].append(case_state(b, args.pairs))

@@ -87,54 +87,98 @@ def rows_run(r: Dict[str, Any]) -> Tuple[List[Row], str]:
         name = case["case"]
         if name.startswith("create+delete gpu="):
             gpu = name.split("=", 1)[1]
-            value = (f"runc {_ms(case['runc_ms']['median'])}; nvshim-runtime "
-                     f"{_plus(case['overhead_ms_median'])} ({case['ratio_median']:.2f}×)")
+            value = (
+                f"runc {_ms(case['runc_ms']['median'])}; nvshim-runtime "
+                f"{_plus(case['overhead_ms_median'])} ({case['ratio_median']:.2f}×)"
+            )
             if "floor_ms" in case:
-                value += (f"; floor {_plus(case['floor_over_runc_ms_median'])}; over its "
-                          f"floor {_plus(case['over_floor_ms_median'])}")
-            rows.append((f"create.gpu={gpu}", f"create+delete, {GPU_CASES.get(gpu, gpu)}, "
-                         "through the fast path, over runc, per pair", value))
+                value += (
+                    f"; floor {_plus(case['floor_over_runc_ms_median'])}; over its "
+                    f"floor {_plus(case['over_floor_ms_median'])}"
+                )
+            rows.append(
+                (
+                    f"create.gpu={gpu}",
+                    f"create+delete, {GPU_CASES.get(gpu, gpu)}, "
+                    "through the fast path, over runc, per pair",
+                    value,
+                )
+            )
         elif name.startswith(("state", "delete")):
             key = "passthrough." + name.split()[0]
-            rows.append((key, f"`{name.split()[0]}` through the trampoline, over runc's",
-                         _plus(case["overhead_ms_median"])))
+            rows.append(
+                (
+                    key,
+                    f"`{name.split()[0]}` through the trampoline, over runc's",
+                    _plus(case["overhead_ms_median"]),
+                )
+            )
     m = r["machine"]
-    return rows, _when(m.get("date_utc", ""), m.get("nproc"), _load(r),
-                       f"{r['pairs']} pairs", "bench/run.py --agent")
+    return rows, _when(
+        m.get("date_utc", ""),
+        m.get("nproc"),
+        _load(r),
+        f"{r['pairs']} pairs",
+        "bench/run.py --agent",
+    )
 
 
-GO_NAMES = {"nvshim fast": "fast", "nvshim fast cdi": "fast-cdi",
-            "nvshim in-process": "in-process", "go cdi": "nvidia"}
+GO_NAMES = {
+    "nvshim fast": "fast",
+    "nvshim fast cdi": "fast-cdi",
+    "nvshim in-process": "in-process",
+    "go cdi": "nvidia",
+}
 
 
 def rows_gocompare(r: Dict[str, Any]) -> Tuple[List[Row], str]:
     """bench/gocompare.py: each runtime over runc and over its own floor; nvshim / Go."""
     rows: List[Row] = []
     subj = r["subjects"]
-    rows.append(("go.runc", "runc create+delete of the 1-GPU bundle (the baseline)",
-                 _ms(subj["runc"]["lifecycle_ms"])))
+    rows.append(
+        (
+            "go.runc",
+            "runc create+delete of the 1-GPU bundle (the baseline)",
+            _ms(subj["runc"]["lifecycle_ms"]),
+        )
+    )
     for name, slug in GO_NAMES.items():
         s = subj[name]
         value = f"{_plus(s['lifecycle_added_ms'])} ({s['lifecycle_ratio']:.2f}×)"
         if "floor_lifecycle_over_runc_ms" in s:
-            value += (f"; floor {_plus(s['floor_lifecycle_over_runc_ms'])}; over its floor "
-                      f"{_plus(s['lifecycle_over_floor_ms'])}")
+            value += (
+                f"; floor {_plus(s['floor_lifecycle_over_runc_ms'])}; over its floor "
+                f"{_plus(s['lifecycle_over_floor_ms'])}"
+            )
         rows.append((f"go.{slug}", f"{name}: create+delete over runc, per round", value))
     go = subj["go cdi"]
     for name in ("nvshim fast", "nvshim in-process"):
         s = subj[name]
         parts = []
         if go["lifecycle_added_ms"]:
-            parts.append(f"{s['lifecycle_added_ms'] / go['lifecycle_added_ms']:.2f}× of Go's "
-                         "added time")
+            parts.append(
+                f"{s['lifecycle_added_ms'] / go['lifecycle_added_ms']:.2f}× of Go's added time"
+            )
         if go.get("lifecycle_over_floor_ms") and "lifecycle_over_floor_ms" in s:
-            parts.append(f"{s['lifecycle_over_floor_ms'] / go['lifecycle_over_floor_ms']:.2f}× "
-                         "of Go's time over its floor")
-        rows.append((f"go.{GO_NAMES[name]}-vs-nvidia", f"{name} against NVIDIA's Go runtime",
-                     "; ".join(parts) or "n/a"))
+            parts.append(
+                f"{s['lifecycle_over_floor_ms'] / go['lifecycle_over_floor_ms']:.2f}× "
+                "of Go's time over its floor"
+            )
+        rows.append(
+            (
+                f"go.{GO_NAMES[name]}-vs-nvidia",
+                f"{name} against NVIDIA's Go runtime",
+                "; ".join(parts) or "n/a",
+            )
+        )
     m = r.get("machine", {})
-    return rows, _when(m.get("date_utc", ""), m.get("nproc"), _load(r),
-                       f"{r['rounds']} rounds", "bench/gocompare.py")
+    return rows, _when(
+        m.get("date_utc", ""),
+        m.get("nproc"),
+        _load(r),
+        f"{r['rounds']} rounds",
+        "bench/gocompare.py",
+    )
 
 
 NRI_LABELS = {
@@ -149,8 +193,13 @@ NRI_LABELS = {
 
 def rows_nri(r: Dict[str, Any]) -> Tuple[List[Row], str]:
     """bench/nri.py: each mode over no plugin (paired blocks) and over the floor."""
-    rows: List[Row] = [("nri.none", f"CRI create+start, no plugin (containerd {r['containerd']})",
-                        _ms(r["create_start_ms"]["none"]))]
+    rows: List[Row] = [
+        (
+            "nri.none",
+            f"CRI create+start, no plugin (containerd {r['containerd']})",
+            _ms(r["create_start_ms"]["none"]),
+        )
+    ]
     over_floor = r.get("over_floor_ms_paired_blocks", {})
     for mode, label in NRI_LABELS.items():
         if mode not in r["added_ms_paired_blocks"]:
@@ -160,19 +209,41 @@ def rows_nri(r: Dict[str, Any]) -> Tuple[List[Row], str]:
             value += f"; over the floor {_plus(over_floor[mode])}"
         rows.append((f"nri.{mode.replace('_', '-')}", label + ", over no plugin", value))
     for key, label, field in (
-            ("nri.plugin-inject", "the plugin's own handling of an injecting create (logged)",
-             "plugin_inject_handling_ms"),
-            ("nri.plugin-guard", "the plugin's own handling of a guarded create (logged)",
-             "plugin_guard_handling_ms")):
+        (
+            "nri.plugin-inject",
+            "the plugin's own handling of an injecting create (logged)",
+            "plugin_inject_handling_ms",
+        ),
+        (
+            "nri.plugin-guard",
+            "the plugin's own handling of a guarded create (logged)",
+            "plugin_guard_handling_ms",
+        ),
+    ):
         if r.get(field) is not None:
             rows.append((key, label, f"{r[field]:.2f} ms"))
-    rows.append(("nri.agent-rss", "the agent's resident memory after the rounds",
-                 f"{r['agent_rss_mb']:.1f} MiB"))
-    rows.append(("nri.agent-start", "the agent's start to NRI registration",
-                 _ms(r["agent_start_to_registered_ms"])))
+    rows.append(
+        (
+            "nri.agent-rss",
+            "the agent's resident memory after the rounds",
+            f"{r['agent_rss_mb']:.1f} MiB",
+        )
+    )
+    rows.append(
+        (
+            "nri.agent-start",
+            "the agent's start to NRI registration",
+            _ms(r["agent_start_to_registered_ms"]),
+        )
+    )
     m = r.get("machine", {})
-    return rows, _when(m.get("date_utc", ""), m.get("nproc"), _load(r),
-                       f"{r['runs_per_mode']} per mode", "bench/nri.py")
+    return rows, _when(
+        m.get("date_utc", ""),
+        m.get("nproc"),
+        _load(r),
+        f"{r['runs_per_mode']} per mode",
+        "bench/nri.py",
+    )
 
 
 AGENT_LABELS = {
@@ -194,13 +265,18 @@ def rows_agent(r: Dict[str, Any]) -> Tuple[List[Row], str]:
         row = r["breakdown"][key]
         rows.append((f"agent.{key}", label, f"{_ms(row['ms'])} (CPU {_ms(row['cpu'])})"))
     c = r["concurrent"]
-    rows.append(("agent.concurrent", f"{c['n']} creates at once through one agent",
-                 f"median {_ms(c['median_ms'])}, p99/median {c['p99_over_median']:.2f}"))
+    rows.append(
+        (
+            "agent.concurrent",
+            f"{c['n']} creates at once through one agent",
+            f"median {_ms(c['median_ms'])}, p99/median {c['p99_over_median']:.2f}",
+        )
+    )
     rss = r["rss_256_gpus_kib"]["VmRSS"] / 1024
-    rows.append(("agent.rss", "the agent's resident memory, 256 simulated GPUs",
-                 f"{rss:.1f} MiB"))
-    return rows, _when(r.get("date_utc", ""), r.get("nproc"), _load(r),
-                       f"{r['rounds']} rounds", "bench/agent.py")
+    rows.append(("agent.rss", "the agent's resident memory, 256 simulated GPUs", f"{rss:.1f} MiB"))
+    return rows, _when(
+        r.get("date_utc", ""), r.get("nproc"), _load(r), f"{r['rounds']} rounds", "bench/agent.py"
+    )
 
 
 def _slug(label: str) -> str:
@@ -222,11 +298,19 @@ def rows_figures(r: Dict[str, Any]) -> Tuple[List[Row], str]:
     """bench/figures.py: what one import, one class, one copy, one write costs."""
     rows: List[Row] = []
     for label, samples in r["rows_ms"].items():
-        value = (f"{min(samples):.2f} ms min, {statistics.median(samples):.2f} median"
-                 if samples else "not installed for the interpreter")
+        value = (
+            f"{min(samples):.2f} ms min, {statistics.median(samples):.2f} median"
+            if samples
+            else "not installed for the interpreter"
+        )
         rows.append((_slug(label), label, value))
-    return rows, _when(r.get("date_utc", ""), r.get("nproc"), _load(r),
-                       f"{r['runs']} runs each", "bench/figures.py")
+    return rows, _when(
+        r.get("date_utc", ""),
+        r.get("nproc"),
+        _load(r),
+        f"{r['runs']} runs each",
+        "bench/figures.py",
+    )
 
 
 SOURCES: Dict[str, Callable[[Dict[str, Any]], Tuple[List[Row], str]]] = {
@@ -247,7 +331,7 @@ def line(key: str, figure: str, value: str, measured: str) -> str:
 
 def parse_table(text: str) -> Dict[str, str]:
     """The current-figures rows of a BENCHMARKS.md text: key → its whole line, in order."""
-    block = text[text.index(BEGIN) + len(BEGIN):text.index(END)]
+    block = text[text.index(BEGIN) + len(BEGIN) : text.index(END)]
     rows: Dict[str, str] = {}
     for row in block.splitlines():
         m = re.match(r"\| `([^`]+)` \|", row)
@@ -271,16 +355,20 @@ def regenerate(text: str, results: Dict[str, Dict[str, Any]]) -> str:
             for key, figure, value in made:
                 rows[key] = line(key, figure, value, measured)
     block = "\n".join([BEGIN, HEAD, *rows.values(), END])
-    return text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    return text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", default=str(REPO / "bench"),
-                        help="folder holding the benches' result files (default bench/)")
+    parser.add_argument(
+        "--results",
+        default=str(REPO / "bench"),
+        help="folder holding the benches' result files (default bench/)",
+    )
     parser.add_argument("--file", default=str(REPO / "BENCHMARKS.md"))
-    parser.add_argument("--check", action="store_true",
-                        help="rewrite nothing; exit 1 if the file is not up to date")
+    parser.add_argument(
+        "--check", action="store_true", help="rewrite nothing; exit 1 if the file is not up to date"
+    )
     args = parser.parse_args(argv)
     path = Path(args.file)
     text = path.read_text()
@@ -296,8 +384,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     used = ", ".join(results) or "none: every row kept"
     if args.check:
         if new != text:
-            print(f"bench/table.py: {path} is not what the result files make it ({used})",
-                  file=sys.stderr)
+            print(
+                f"bench/table.py: {path} is not what the result files make it ({used})",
+                file=sys.stderr,
+            )
             return 1
         return 0
     path.write_text(new)

@@ -57,8 +57,9 @@ def export(rev: str, dest: Path) -> Path:
     if not rev:
         subprocess.run(["cp", "-a", str(REPO / "nvshim"), str(dest)], check=True)
         return dest
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "nvshim"],
-                             check=True, capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", rev, "nvshim"], check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return dest
 
@@ -68,15 +69,44 @@ def prepare(b: Bench, name: str, rev: str) -> Dict[str, str]:
     tree = export(rev, b.work / f"tree-{name}")
     site = sysconfig.get_paths()["purelib"]
     cfg = b.work / f"{name}.yaml"
-    cfg.write_text((b.work / "nvshim" / "noop.yaml").read_text().replace(
-        "noop-grants.jsonl", f"{name}-grants.jsonl"))
-    compile_code = ("import sys; sys.path[0:0] = [sys.argv.pop(1)]; "
-                    "from nvshim.cli.main import main; main()")
-    subprocess.run([sys.executable, "-I", "-c", compile_code, str(tree), "config", "compile",
-                    "--config", str(cfg)], check=True, capture_output=True)
-    script = subprocess.run([sys.executable, "-I", "-c", RENDER, str(tree), site, str(cfg),
-                             str(b.work / "nobody.sock")],
-                            check=True, capture_output=True, text=True).stdout
+    cfg.write_text(
+        (b.work / "nvshim" / "noop.yaml")
+        .read_text()
+        .replace("noop-grants.jsonl", f"{name}-grants.jsonl")
+    )
+    compile_code = (
+        "import sys; sys.path[0:0] = [sys.argv.pop(1)]; from nvshim.cli.main import main; main()"
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            compile_code,
+            str(tree),
+            "config",
+            "compile",
+            "--config",
+            str(cfg),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    script = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            RENDER,
+            str(tree),
+            site,
+            str(cfg),
+            str(b.work / "nobody.sock"),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     tramp = b.work / f"nvshim-runtime-{name}"
     tramp.write_text(script)
     tramp.chmod(0o755)
@@ -98,32 +128,43 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-trees-") as tmp:
         b = Bench(Path(tmp), "", "/bin/true", cli)
         b.setup()
-        trees = {name: prepare(b, name, rev)
-                 for name, rev in (("before", args.before), ("after", args.after))}
+        trees = {
+            name: prepare(b, name, rev)
+            for name, rev in (("before", args.before), ("after", args.after))
+        }
 
         def create(name: str, key: str) -> tuple:
             tree = trees[name]
             env = {k[4:]: v for k, v in tree.items() if k.startswith("env:")}
             b.restore(key)
-            ms, _, cpu = timed([tree["tramp"], "create", "--bundle", str(b.bundles[key]),
-                                b.cid(name)], env=env)
+            ms, _, cpu = timed(
+                [tree["tramp"], "create", "--bundle", str(b.bundles[key]), b.cid(name)], env=env
+            )
             return ms, cpu
 
         rows: List[str] = []
         for key in args.cases.split(","):
             for name in trees:  # one untimed create each: caches warm, both trees work
                 create(name, key)
-            r = paired(key, args.pairs, lambda i, k=key: create("before", k),
-                       lambda i, k=key: create("after", k))
-            rows.append(f"shim stage gpu={key:<4} before {r['runc_ms']['median']:6.2f} ms "
-                        f"(cpu {r['runc_cpu_ms']['median']:5.2f})  after "
-                        f"{r['nvshim_ms']['median']:6.2f} ms (cpu "
-                        f"{r['nvshim_cpu_ms']['median']:5.2f})  per pair "
-                        f"{r['overhead_ms_median']:+.2f} ms (cpu "
-                        f"{r['cpu_overhead_ms_median']:+.2f})")
+            r = paired(
+                key,
+                args.pairs,
+                lambda i, k=key: create("before", k),
+                lambda i, k=key: create("after", k),
+            )
+            rows.append(
+                f"shim stage gpu={key:<4} before {r['runc_ms']['median']:6.2f} ms "
+                f"(cpu {r['runc_cpu_ms']['median']:5.2f})  after "
+                f"{r['nvshim_ms']['median']:6.2f} ms (cpu "
+                f"{r['nvshim_cpu_ms']['median']:5.2f})  per pair "
+                f"{r['overhead_ms_median']:+.2f} ms (cpu "
+                f"{r['cpu_overhead_ms_median']:+.2f})"
+            )
         load = os.getloadavg()[0]
-        print(f"{args.pairs} pairs per case, order flipped each pair; before "
-              f"{args.before}, after {args.after or 'the working tree'}; load {load:.2f}")
+        print(
+            f"{args.pairs} pairs per case, order flipped each pair; before "
+            f"{args.before}, after {args.after or 'the working tree'}; load {load:.2f}"
+        )
         print("\n".join(rows))
     return 0
 

@@ -50,8 +50,13 @@ _scan = _json.make_scanner(_Context())  # type: ignore[arg-type]  # duck-typed d
 _SCANNERS: Dict[Tuple[Any, Any, Any, Any], Any] = {(None, None, None, None): _scan}
 
 
-def loads(data: Union[str, bytes], object_pairs_hook: Any = None, parse_constant: Any = None,
-          parse_int: Any = None, parse_float: Any = None) -> Any:
+def loads(
+    data: Union[str, bytes],
+    object_pairs_hook: Any = None,
+    parse_constant: Any = None,
+    parse_int: Any = None,
+    parse_float: Any = None,
+) -> Any:
     """``json.loads(data, ...)``, without importing ``json`` for well-formed UTF-8 input.
 
     An exception raised by a hook (e.g. a duplicate-key check) is raised again by
@@ -82,8 +87,13 @@ def loads(data: Union[str, bytes], object_pairs_hook: Any = None, parse_constant
         pass
     import json
 
-    return json.loads(data, object_pairs_hook=object_pairs_hook, parse_constant=parse_constant,
-                      parse_int=parse_int, parse_float=parse_float)
+    return json.loads(
+        data,
+        object_pairs_hook=object_pairs_hook,
+        parse_constant=parse_constant,
+        parse_int=parse_int,
+        parse_float=parse_float,
+    )
 
 
 def _float(value: float) -> str:
@@ -100,8 +110,16 @@ class _Fallback(Exception):
     """A value this writer does not handle: json.dumps decides."""
 
 
-def _write(value: Any, out: List[str], indent: str, level: int, item_sep: str,
-           key_sep: str, quote: Any, default: Any) -> None:
+def _write(
+    value: Any,
+    out: List[str],
+    indent: str,
+    level: int,
+    item_sep: str,
+    key_sep: str,
+    quote: Any,
+    default: Any,
+) -> None:
     if isinstance(value, str):
         out.append(quote(value))
     elif value is None:
@@ -151,9 +169,13 @@ def _no_default(value: Any) -> Any:
     raise _Fallback
 
 
-def dumps(value: Any, indent: Union[None, int, str] = None,
-          separators: Optional[Tuple[str, str]] = None, ensure_ascii: bool = True,
-          default: Any = None) -> str:
+def dumps(
+    value: Any,
+    indent: Union[None, int, str] = None,
+    separators: Optional[Tuple[str, str]] = None,
+    ensure_ascii: bool = True,
+    default: Any = None,
+) -> str:
     """``json.dumps(value, indent=..., separators=..., ensure_ascii=..., default=...)``."""
     if separators is None:
         separators = (", ", ": ") if indent is None else (",", ": ")
@@ -161,8 +183,9 @@ def dumps(value: Any, indent: Union[None, int, str] = None,
     quote = _json.encode_basestring_ascii if ensure_ascii else _json.encode_basestring
     try:
         if indent is None:
-            encoder = _json.make_encoder({}, default or _no_default, quote, None, key_sep,
-                                         item_sep, False, False, True)
+            encoder = _json.make_encoder(
+                {}, default or _no_default, quote, None, key_sep, item_sep, False, False, True
+            )
             return "".join(encoder(value, 0))
         out: List[str] = []
         pad = " " * indent if isinstance(indent, int) else indent
@@ -172,5 +195,6 @@ def dumps(value: Any, indent: Union[None, int, str] = None,
         pass  # not plain JSON data: json.dumps below decides (and raises what it raises)
     import json
 
-    return json.dumps(value, indent=indent, separators=separators, ensure_ascii=ensure_ascii,
-                      default=default)
+    return json.dumps(
+        value, indent=indent, separators=separators, ensure_ascii=ensure_ascii, default=default
+    )

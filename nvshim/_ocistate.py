@@ -34,8 +34,9 @@ def _read_path(bundle: str) -> bytes:
         return handle.read()
 
 
-def container_root(state: Mapping[str, Any],
-                   read_config: "Optional[Callable[[str], bytes]]" = None) -> str:
+def container_root(
+    state: Mapping[str, Any], read_config: "Optional[Callable[[str], bytes]]" = None
+) -> str:
     """The rootfs path for OCI *state*: its ``root`` (crun), else ``root.path`` of the config.
 
     A relative path is joined to the bundle, whatever the cwd is (runc: the rootfs; crun:

@@ -43,8 +43,7 @@ class _Finder:
         self.index = index
         self.base = base
 
-    def find_spec(self, name: str, path: Optional[Sequence[str]] = None,
-                  target: Any = None) -> Any:
+    def find_spec(self, name: str, path: Optional[Sequence[str]] = None, target: Any = None) -> Any:
         entry = self.index.get(name)
         if entry is None:
             return None
@@ -79,8 +78,8 @@ def install(path: str) -> bool:
     index = None
     try:
         head = os.pread(fd, _HEAD, 0)
-        if len(head) == _HEAD and head[:len(_MAGIC_NUMBER)] == _MAGIC_NUMBER:
-            start = int.from_bytes(head[len(_MAGIC_NUMBER):], "little")
+        if len(head) == _HEAD and head[: len(_MAGIC_NUMBER)] == _MAGIC_NUMBER:
+            start = int.from_bytes(head[len(_MAGIC_NUMBER) :], "little")
             index = marshal.loads(os.pread(fd, os.fstat(fd).st_size - start, start))
     except (OSError, ValueError, EOFError, TypeError):
         index = None  # a truncated or foreign file: the usual finders serve everything

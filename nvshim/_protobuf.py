@@ -98,17 +98,17 @@ def fields(data: bytes) -> Iterator[Tuple[int, int, Value]]:
                 size, pos = _read_varint(data, pos)
             if size > end - pos:
                 raise WireError(f"field {number}: length {size} past the end of the message")
-            value, pos = data[pos:pos + size], pos + size
+            value, pos = data[pos : pos + size], pos + size
         elif wire == VARINT:
             value, pos = _read_varint(data, pos)
         elif wire == FIXED64:
             if pos + 8 > end:
                 raise WireError(f"field {number}: truncated fixed64")
-            value, pos = int.from_bytes(data[pos:pos + 8], "little"), pos + 8
+            value, pos = int.from_bytes(data[pos : pos + 8], "little"), pos + 8
         elif wire == FIXED32:
             if pos + 4 > end:
                 raise WireError(f"field {number}: truncated fixed32")
-            value, pos = int.from_bytes(data[pos:pos + 4], "little"), pos + 4
+            value, pos = int.from_bytes(data[pos : pos + 4], "little"), pos + 4
         else:
             raise WireError(f"field {number}: wire type {wire} is not supported")
         yield number, wire, value
@@ -153,8 +153,9 @@ def message_field(number: int, value: bytes) -> bytes:
 
 def map_field(number: int, items: Mapping[str, str]) -> bytes:
     """A ``map<string, string>``: one entry message (key 1, value 2) per item."""
-    return b"".join(message_field(number, string_field(1, k) + string_field(2, v))
-                    for k, v in items.items())
+    return b"".join(
+        message_field(number, string_field(1, k) + string_field(2, v)) for k, v in items.items()
+    )
 
 
 def read_string(values: Mapping[int, List[Value]], number: int) -> str:

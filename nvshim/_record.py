@@ -53,8 +53,13 @@ class Field:
 
     __slots__ = ("name", "default", "default_factory", "compare", "repr")
 
-    def __init__(self, default: Any = MISSING, default_factory: Any = MISSING,
-                 compare: bool = True, repr: bool = True) -> None:  # noqa: A002 - dataclasses' name
+    def __init__(
+        self,
+        default: Any = MISSING,
+        default_factory: Any = MISSING,
+        compare: bool = True,
+        repr: bool = True,
+    ) -> None:  # noqa: A002 - dataclasses' name
         self.name = ""
         self.default = default
         self.default_factory = default_factory
@@ -62,8 +67,13 @@ class Field:
         self.repr = repr
 
 
-def field(*, default: Any = MISSING, default_factory: Any = MISSING,
-          compare: bool = True, repr: bool = True) -> Any:  # noqa: A002 - dataclasses' name
+def field(
+    *,
+    default: Any = MISSING,
+    default_factory: Any = MISSING,
+    compare: bool = True,
+    repr: bool = True,
+) -> Any:  # noqa: A002 - dataclasses' name
     return Field(default, default_factory, compare, repr)
 
 
@@ -193,6 +203,7 @@ else:
 
     def dataclass(cls=None, *, frozen=False):
         """``@dataclass`` / ``@dataclass(frozen=True)`` for nvshim's value classes."""
+
         def wrap(c):
             return _make(c, frozen)
 

@@ -97,7 +97,8 @@ class Config:
     unidentified_containers: str = "fail"
     kubelet_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     kubelet_checkpoint: Optional[str] = (
-        "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
+        "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    )
     kubelet_timeout: float = 2.0
     kubelet_resource_prefixes: Tuple[str, ...] = ("nvidia.com/",)
     grants_journal: Optional[str] = "/var/lib/nvshim/grants.jsonl"
@@ -222,8 +223,10 @@ def compiled_lists_fresh(path: str) -> bool:
         yaml_st = os.stat(path)
         if not os.path.samestat(yaml_st, os.stat(source_link_path(path))):
             return False
-        return all(os.stat(p).st_mtime_ns == yaml_st.st_mtime_ns
-                   for p in (runtimes_path(path), prefixes_path(path)))
+        return all(
+            os.stat(p).st_mtime_ns == yaml_st.st_mtime_ns
+            for p in (runtimes_path(path), prefixes_path(path))
+        )
     except OSError:
         return False
 

@@ -83,8 +83,11 @@ def _quote(value: Any, limit: int = 120) -> str:
     try:
         text = json.dumps(value)
     except TypeError:  # YAML has dates, sets and binary values that JSON has not
-        text = (str(value) if isinstance(value, (list, dict, set))
-                else f"{value} (a {type(value).__name__})")
+        text = (
+            str(value)
+            if isinstance(value, (list, dict, set))
+            else f"{value} (a {type(value).__name__})"
+        )
     return text if len(text) <= limit else text[:limit] + "…"
 
 
@@ -126,14 +129,24 @@ def _describe_type(kind: str, schema: Mapping[str, Any], plural: bool) -> str:
         return noun("a string", "strings")
     if kind in ("integer", "number"):
         text = noun("an integer", "integers") if kind == "integer" else noun("a number", "numbers")
-        bounds = [f"{word} {schema[limit]}" for limit, word in (
-            ("exclusiveMinimum", "above"), ("minimum", "at least"),
-            ("exclusiveMaximum", "below"), ("maximum", "at most")) if limit in schema]
+        bounds = [
+            f"{word} {schema[limit]}"
+            for limit, word in (
+                ("exclusiveMinimum", "above"),
+                ("minimum", "at least"),
+                ("exclusiveMaximum", "below"),
+                ("maximum", "at most"),
+            )
+            if limit in schema
+        ]
         return ", ".join([text, " and ".join(bounds)]) if bounds else text
     if kind == "array":
         items = schema.get("items")
-        text = noun("a list", "lists") + " of " + (
-            _describe_allowed(items, plural=True) if items else "values")
+        text = (
+            noun("a list", "lists")
+            + " of "
+            + (_describe_allowed(items, plural=True) if items else "values")
+        )
         least = schema.get("minItems", 0)
         if least:
             text += " (at least one)" if least == 1 else f" (at least {least})"
@@ -151,7 +164,8 @@ def _did_you_mean(word: Any, choices: Any) -> str:
         return ""
     strings = [c for c in choices if isinstance(c, str)]
     close = difflib.get_close_matches(word, strings, n=1) or difflib.get_close_matches(
-        word.lower(), strings, n=1)
+        word.lower(), strings, n=1
+    )
     return f' (did you mean "{close[0]}"?)' if close else ""
 
 
@@ -173,8 +187,7 @@ def _unique_key_loader(yaml: Any, duplicates: List[str]) -> Any:
                 except TypeError:  # an unhashable key: SafeLoader reports it itself
                     continue
                 if first is not None:
-                    duplicates.append(
-                        f'line {line}: duplicate key "{key}" (first on line {first})')
+                    duplicates.append(f'line {line}: duplicate key "{key}" (first on line {first})')
                 else:
                     seen[key] = line
             return super().construct_mapping(node, deep=deep)
@@ -203,12 +216,14 @@ def _load_yaml(data: bytes, path: str, duplicates: List[str]) -> Dict[Any, Any]:
         doc = {}
     if not isinstance(doc, dict):
         raise ConfigError(
-            f"config {path}: top level must be a mapping of keys, got {type(doc).__name__}")
+            f"config {path}: top level must be a mapping of keys, got {type(doc).__name__}"
+        )
     if expanded_size(doc, _MAX_VALUES) > _MAX_VALUES:
         # YAML aliases share one object, so a few hundred bytes can stand for billions of
         # values: validating or printing them would never end
-        raise ConfigError(f"config {path}: more than {_MAX_VALUES} values once YAML aliases "
-                          "are expanded")
+        raise ConfigError(
+            f"config {path}: more than {_MAX_VALUES} values once YAML aliases are expanded"
+        )
     return doc
 
 

@@ -262,6 +262,7 @@ HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C")
 
 # applying edits to an OCI spec
 
+
 def _copy(value: Any) -> Any:
     """A deep copy of decoded JSON (dicts, lists, scalars); ``copy.deepcopy`` costs an
     import on the create path and is slower on such trees (BENCHMARKS.md, figures)."""
@@ -366,8 +367,9 @@ def apply_edits(spec: Dict[str, Any], edits: Edits) -> Dict[str, Any]:
         rules = _list(resources, "devices", "linux.resources.devices")
         for node in edits.device_nodes:
             dev = _oci_device(node, process)
-            devices[:] = [d for d in devices
-                          if not (isinstance(d, dict) and d.get("path") == node.path)]
+            devices[:] = [
+                d for d in devices if not (isinstance(d, dict) and d.get("path") == node.path)
+            ]
             devices.append(dev)
             if node.type in ("b", "c"):
                 rule = {

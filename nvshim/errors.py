@@ -152,8 +152,10 @@ class CdiProblem:
         return hash(self._key())
 
     def __repr__(self) -> str:
-        return (f"CdiProblem(path={self.path!r}, json_path={self.json_path!r}, "
-                f"message={self.message!r})")
+        return (
+            f"CdiProblem(path={self.path!r}, json_path={self.json_path!r}, "
+            f"message={self.message!r})"
+        )
 
     def __str__(self) -> str:
         return one_line(f"{self.path}: {self.json_path}: {self.message}")

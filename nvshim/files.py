@@ -43,9 +43,18 @@ if TYPE_CHECKING:
     #: (path, its :func:`stat_signature` when read, the parsed document).
     Held = Tuple[str, List[int], Any]
 
-__all__ = ["replaceable_by_others", "lookup_problem", "check_trusted", "executable_problem",
-           "check_executable", "read_bytes",
-           "read_trusted_cache", "write_atomic", "remove_stale_temps", "stat_signature"]
+__all__ = [
+    "replaceable_by_others",
+    "lookup_problem",
+    "check_trusted",
+    "executable_problem",
+    "check_executable",
+    "read_bytes",
+    "read_trusted_cache",
+    "write_atomic",
+    "remove_stale_temps",
+    "stat_signature",
+]
 
 _MAX_LINKS = 40  # the kernel's limit on symlinks followed in one lookup
 
@@ -126,11 +135,15 @@ def lookup_problem(path: str, noun: str) -> str:
         return f"cannot look up {noun} {path}: {where} is {what}"
     via = "" if os.path.dirname(os.path.abspath(path)) == where else f" (on the way to {path})"
     if what == "entry":  # another user's directory or symlink in a sticky one (/tmp)
-        return (f"{noun} path {where}{via} is owned by uid {st.st_uid} in a directory others "
-                f"can write: run chown root {where}")
-    return (f"{noun} directory {where}{via} can be written by others (uid {st.st_uid}, mode "
-            f"{st.st_mode & 0o7777:04o}), so {os.path.basename(path)} could be replaced: "
-            f"run {'chmod go-w' if st.st_uid == 0 else 'chown root'} {where}")
+        return (
+            f"{noun} path {where}{via} is owned by uid {st.st_uid} in a directory others "
+            f"can write: run chown root {where}"
+        )
+    return (
+        f"{noun} directory {where}{via} can be written by others (uid {st.st_uid}, mode "
+        f"{st.st_mode & 0o7777:04o}), so {os.path.basename(path)} could be replaced: "
+        f"run {'chmod go-w' if st.st_uid == 0 else 'chown root'} {where}"
+    )
 
 
 def check_trusted(path: str, st: os.stat_result, what: str = "config") -> None:
@@ -175,11 +188,15 @@ def executable_problem(path: str, what: str) -> str:
     except OSError:
         return ""
     if st.st_uid != 0:
-        return (f"{what} {path} is owned by uid {st.st_uid}, not root: it would run as root; "
-                f"run chown root {path}")
+        return (
+            f"{what} {path} is owned by uid {st.st_uid}, not root: it would run as root; "
+            f"run chown root {path}"
+        )
     if st.st_mode & 0o022:
-        return (f"{what} {path} is writable by group or others (mode {st.st_mode & 0o7777:04o}): "
-                f"it would run as root; run chmod go-w {path}")
+        return (
+            f"{what} {path} is writable by group or others (mode {st.st_mode & 0o7777:04o}): "
+            f"it would run as root; run chmod go-w {path}"
+        )
     problem = lookup_problem(path, what)
     return f"{what} {path} would run as root, but {problem}" if problem else ""
 
@@ -261,7 +278,7 @@ def remove_stale_temps(directory: str, base: str) -> None:
     for name in names:
         if not name.startswith(prefix):
             continue
-        pid_text = name[len(prefix):]
+        pid_text = name[len(prefix) :]
         if not pid_text.isdigit() or int(pid_text) == os.getpid():
             continue
         try:
@@ -335,8 +352,9 @@ def write_atomic(path: str, data: bytes, default_mode: int = 0o644, durable: boo
         os.close(dfd)
 
 
-def read_trusted_held(path: str, what: str,
-                      held: Optional[Held]) -> Tuple[Optional[Any], str, Optional[Held]]:
+def read_trusted_held(
+    path: str, what: str, held: Optional[Held]
+) -> Tuple[Optional[Any], str, Optional[Held]]:
     """:func:`read_trusted_cache` for a resident process (the agent's plan and CDI index
     memos): ``held``'s document again while ``path``'s :func:`stat_signature` is the one
     read (its trust checked anew each time, as a read would), else the file read afresh.
@@ -362,5 +380,13 @@ def stat_signature(path: str) -> Optional[List[int]]:
         st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    return [st.st_ino, st.st_dev, st.st_mode, st.st_rdev, st.st_nlink, st.st_size,
-            st.st_mtime_ns, st.st_ctime_ns]
+    return [
+        st.st_ino,
+        st.st_dev,
+        st.st_mode,
+        st.st_rdev,
+        st.st_nlink,
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ctime_ns,
+    ]

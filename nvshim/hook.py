@@ -99,9 +99,7 @@ def _remount(path: str, readonly: bool) -> bool:
         if err == 22 and not readonly:  # EINVAL: not a mount point; the write will say EROFS
             return False
         mode = "read-only" if readonly else "writable"
-        raise HostError(
-            f"cannot remount the read-only rootfs {path} {mode}: {os.strerror(err)}"
-        )
+        raise HostError(f"cannot remount the read-only rootfs {path} {mode}: {os.strerror(err)}")
     return True
 
 
@@ -112,8 +110,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parse_hook_cli(sys.argv[1:] if argv is None else argv)
         rootfs = container_root(read_state(sys.stdin))
         if is_host_root(rootfs):  # runc runs hooks before its pivot_root fails on it
-            sys.stderr.write(f"{_PREFIX}warning: the container rootfs {rootfs} is the host's /: "
-                             "nothing is written in it\n")
+            sys.stderr.write(
+                f"{_PREFIX}warning: the container rootfs {rootfs} is the host's /: "
+                "nothing is written in it\n"
+            )
             return 0
         try:
             root = _inroot.open_root(rootfs)

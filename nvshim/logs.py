@@ -45,15 +45,17 @@ def json_wanted(stream: TextIO, environ: Optional[dict[str, str]] = None) -> boo
         return True
 
 
-def configure(stream: Optional[TextIO] = None, level: int = 20,
-              name: str = "nvshim.agent") -> Log:
+def configure(stream: Optional[TextIO] = None, level: int = 20, name: str = "nvshim.agent") -> Log:
     """Configure structlog for this process and return a bound logger called ``name``
     that logs ``level`` (``logging``'s numbers: 20, INFO, by default) and above."""
     import structlog
 
     out = sys.stderr if stream is None else stream
-    renderer: Any = (structlog.processors.JSONRenderer() if json_wanted(out)
-                     else structlog.dev.ConsoleRenderer(colors=False))
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if json_wanted(out)
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

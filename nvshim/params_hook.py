@@ -87,8 +87,15 @@ class _Mounts:
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._errno = ctypes.get_errno
 
-    def mount(self, source: Optional[bytes], target: bytes, fstype: Optional[bytes],
-              flags: int, data: Optional[bytes], what: str) -> None:
+    def mount(
+        self,
+        source: Optional[bytes],
+        target: bytes,
+        fstype: Optional[bytes],
+        flags: int,
+        data: Optional[bytes],
+        what: str,
+    ) -> None:
         if self._libc.mount(source, target, fstype, flags, data) != 0:
             raise HostError(f"cannot {what}: {os.strerror(self._errno())}")
 
@@ -136,38 +143,51 @@ def show_params(rootfs: str, content: bytes) -> bool:
             _remount_read_only(driver, copy, shown)
             return True
     except OSError as exc:
-        raise HostError(f"cannot reach {rootfs}/proc/driver/nvidia/params: "
-                        f"{exc.strerror}") from exc
+        raise HostError(f"cannot reach {rootfs}/proc/driver/nvidia/params: {exc.strerror}") from exc
     finally:
         for fd in fds:
             os.close(fd)
 
 
-def _bind_copy(driver: int, nvidia: int, target: int, content: bytes,
-               shown: str) -> os.stat_result:
+def _bind_copy(driver: int, nvidia: int, target: int, content: bytes, shown: str) -> os.stat_result:
     """Write ``content`` on a tmpfs mounted over ``nvidia`` for the moment, bind it over
     ``target`` (the procfs file, opened before), unmount the tmpfs; the copy's stat."""
     mounts = _Mounts()
-    mounts.mount(b"nvshim-params", _fd_path(nvidia), b"tmpfs",
-                 _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, b"mode=0700,size=64k",
-                 f"mount a tmpfs over {shown}")
+    mounts.mount(
+        b"nvshim-params",
+        _fd_path(nvidia),
+        b"tmpfs",
+        _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+        b"mode=0700,size=64k",
+        f"mount a tmpfs over {shown}",
+    )
     tmp = os.open("nvidia", _DIR, dir_fd=driver)  # the tmpfs's root: the walk crosses it
     try:
         if os.fstat(tmp).st_dev == os.fstat(nvidia).st_dev:
             raise HostError(f"the tmpfs mounted over {shown} is not where it was mounted")
-        fd = os.open("params", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                     | os.O_CLOEXEC, 0o444, dir_fd=tmp)
+        fd = os.open(
+            "params",
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o444,
+            dir_fd=tmp,
+        )
         try:
             os.fchmod(fd, 0o444)  # as the driver's own file, whatever the umask
             view = memoryview(content)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
         copy = os.open("params", _PATH, dir_fd=tmp)
         try:
-            mounts.mount(_fd_path(copy), _fd_path(target), None, _MS_BIND, None,
-                         f"bind ModifyDeviceFiles: 0 over {shown}/params")
+            mounts.mount(
+                _fd_path(copy),
+                _fd_path(target),
+                None,
+                _MS_BIND,
+                None,
+                f"bind ModifyDeviceFiles: 0 over {shown}/params",
+            )
             return os.fstat(copy)
         finally:
             os.close(copy)
@@ -189,9 +209,14 @@ def _remount_read_only(driver: int, copy: os.stat_result, shown: str) -> None:
         st = os.fstat(bound)
         if (st.st_dev, st.st_ino) != (copy.st_dev, copy.st_ino):
             raise HostError(f"{shown}/params is not the copy just bound there")
-        _Mounts().mount(None, _fd_path(bound), None,
-                        _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
-                        | _MS_NOEXEC, None, f"make {shown}/params read-only")
+        _Mounts().mount(
+            None,
+            _fd_path(bound),
+            None,
+            _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+            None,
+            f"make {shown}/params read-only",
+        )
     finally:
         os.close(bound)
 
@@ -217,8 +242,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         rootfs = container_root(read_state(io.StringIO(state)))
         if _is_host_root(rootfs):
-            sys.stderr.write(f"{_PREFIX}warning: the container rootfs {rootfs} is the "
-                             "host's /: nothing is mounted\n")
+            sys.stderr.write(
+                f"{_PREFIX}warning: the container rootfs {rootfs} is the "
+                "host's /: nothing is mounted\n"
+            )
             return 0
         show_params(rootfs, content)
     except NvshimError as exc:

@@ -83,15 +83,20 @@ def _check_node_journal(session: pytest.Session) -> None:
     from nvshim.runtime.denials import denials_path, read_denials
     from nvshim.runtime.grants import read_grants
 
-    leaked = sorted({g.bundle for g in read_grants(str(NODE_JOURNAL)) or ()
-                     if g.bundle.startswith(base + "/")}
-                    | {d.bundle for d in read_denials(denials_path(str(NODE_JOURNAL))) or ()
-                       if d.bundle.startswith(base + "/")})
+    leaked = sorted(
+        {g.bundle for g in read_grants(str(NODE_JOURNAL)) or () if g.bundle.startswith(base + "/")}
+        | {
+            d.bundle
+            for d in read_denials(denials_path(str(NODE_JOURNAL))) or ()
+            if d.bundle.startswith(base + "/")
+        }
+    )
     if leaked:
         sys.stderr.write(
             f"\nFAILED: tests wrote {len(leaked)} record(s) to the node's grant or denial journal "
             f"beside {NODE_JOURNAL}; "
-            "set grants-journal in their nvshim config (bundles: " + ", ".join(leaked[:5]) + ")\n")
+            "set grants-journal in their nvshim config (bundles: " + ", ".join(leaked[:5]) + ")\n"
+        )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

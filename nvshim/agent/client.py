@@ -35,8 +35,7 @@ def client_path(python: str) -> str:
     return os.path.join(os.path.dirname(os.path.dirname(python)), "libexec", CLIENT_NAME)
 
 
-def build_client(dest: str, cc: Optional[str] = None,
-                 flags: Sequence[str] = _RELEASE) -> str:
+def build_client(dest: str, cc: Optional[str] = None, flags: Sequence[str] = _RELEASE) -> str:
     """Compile the client to ``dest`` (static by default); HostError in one line when it
     cannot be.
 

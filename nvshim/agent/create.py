@@ -38,7 +38,7 @@ DEADLINE = 8.0
 
 
 def same_view(pid: int) -> str:
-    """"" when process ``pid`` resolves paths as this process does (same mount namespace,
+    """ "" when process ``pid`` resolves paths as this process does (same mount namespace,
     same root); else why not."""
     if pid <= 0:
         return "the caller's pid is not visible from the agent's pid namespace"
@@ -58,19 +58,18 @@ def _absolute(path: str, cwd: str) -> str:
     return path if path.startswith("/") else f"{cwd}/{path}"
 
 
-def serve_create(state: AgentState, request: Request, bundle_fd: int,
-                 peer: Peer) -> Tuple[str, str]:
+def serve_create(
+    state: AgentState, request: Request, bundle_fd: int, peer: Peer
+) -> Tuple[str, str]:
     """(status, message) for one create (see the module docstring); a create not served
     is logged with the reason (the caller's create runs in-process)."""
     status, message = _serve(state, request, bundle_fd, peer)
     if status == "fallback":
-        state.log.info("create not served", pid=peer.pid, bundle=request.bundle,
-                       reason=message)
+        state.log.info("create not served", pid=peer.pid, bundle=request.bundle, reason=message)
     return status, message
 
 
-def _serve(state: AgentState, request: Request, bundle_fd: int,
-           peer: Peer) -> Tuple[str, str]:
+def _serve(state: AgentState, request: Request, bundle_fd: int, peer: Peer) -> Tuple[str, str]:
     arrived = time.monotonic()
     state.reload_if_changed()
     config, generation = state.current()
@@ -97,8 +96,7 @@ def _serve(state: AgentState, request: Request, bundle_fd: int,
         held, named = os.fstat(bundle_fd), os.stat(bundle)
     except OSError as exc:
         return "fallback", f"bundle {bundle}: {exc.strerror}"
-    if not stat.S_ISDIR(held.st_mode) or (held.st_dev, held.st_ino) != (named.st_dev,
-                                                                       named.st_ino):
+    if not stat.S_ISDIR(held.st_mode) or (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
         return "fallback", f"bundle {bundle} is not the directory the caller opened"
     if inv.log:
         inv.log = _absolute(inv.log, request.cwd)
@@ -120,6 +118,10 @@ def _serve(state: AgentState, request: Request, bundle_fd: int,
         report_error(failure, inv.log, inv.log_format, stderr=False)
         state.log.info("create refused", bundle=bundle, id=inv.container_id, error=failure)
         return "refused", failure
-    state.log.debug("create served", bundle=bundle, id=inv.container_id,
-                    ms=round((time.monotonic() - arrived) * 1000, 2))
+    state.log.debug(
+        "create served",
+        bundle=bundle,
+        id=inv.container_id,
+        ms=round((time.monotonic() - arrived) * 1000, 2),
+    )
     return "ok", ""

@@ -68,11 +68,15 @@ class Agent:
             from nvshim import __version__
 
             config, generation = self.state.current()
-            return "ready", json.dumps({"config": self.state.config_path,
-                                        "generation": generation,
-                                        "serving": config is not None,
-                                        "nri": self.nri_socket or "none",
-                                        "version": __version__})
+            return "ready", json.dumps(
+                {
+                    "config": self.state.config_path,
+                    "generation": generation,
+                    "serving": config is not None,
+                    "nri": self.nri_socket or "none",
+                    "version": __version__,
+                }
+            )
         if changed:  # the client does the work itself, on the installed code
             self.log.error("request not served", op=request.op, reason=changed)
             return "fallback", changed
@@ -116,8 +120,10 @@ class Agent:
                     raise
             if not said:
                 said = True
-                self.log.info("another agent serves the socket: waiting for it to stop",
-                              socket=self.socket_path)
+                self.log.info(
+                    "another agent serves the socket: waiting for it to stop",
+                    socket=self.socket_path,
+                )
             if self.stop.wait(0.1):
                 return None
 
@@ -139,9 +145,13 @@ class Agent:
                 return 0
             if self.nri_socket is not None:
                 self._start_nri()
-            self.log.info("agent serving", socket=self.socket_path,
-                          nri_socket=self.nri_socket or "none", config=self.state.config_path,
-                          generation=self.state.generation)
+            self.log.info(
+                "agent serving",
+                socket=self.socket_path,
+                nri_socket=self.nri_socket or "none",
+                config=self.state.config_path,
+                generation=self.state.generation,
+            )
             self.server.serve(self.stop, wake_r, self.state.reload_if_changed)
         finally:
             signal.set_wakeup_fd(old_wake)
@@ -166,9 +176,14 @@ def _warm_up() -> None:
     gc.enable()
 
 
-def run_agent(config_file: Optional[str], socket_path: str, nri_socket: Optional[str],
-              log: Any = None, started: Optional[Callable[[Agent], None]] = None,
-              wait: bool = False) -> int:
+def run_agent(
+    config_file: Optional[str],
+    socket_path: str,
+    nri_socket: Optional[str],
+    log: Any = None,
+    started: Optional[Callable[[Agent], None]] = None,
+    wait: bool = False,
+) -> int:
     """``nvshim agent``: build the state, serve; ``nri_socket`` None is ``--nri-socket none``;
     ``wait``: ``--wait`` (another agent on the socket is waited for, not an error)."""
     from nvshim.logs import configure
@@ -188,5 +203,3 @@ def run_agent(config_file: Optional[str], socket_path: str, nri_socket: Optional
     finally:
         set_resident(False)
         use_memo(None)
-
-

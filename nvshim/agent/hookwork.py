@@ -40,8 +40,15 @@ from nvshim.agent.protocol import Request
 from nvshim.agent.server import Peer
 from nvshim.errors import SpecError
 
-__all__ = ["PendingWork", "serve_hook", "outside_cgroup", "cgroup_candidates",
-           "cgroup_matches", "HOOK_FLAG", "PENDING_MAX"]
+__all__ = [
+    "PendingWork",
+    "serve_hook",
+    "outside_cgroup",
+    "cgroup_candidates",
+    "cgroup_matches",
+    "HOOK_FLAG",
+    "PENDING_MAX",
+]
 
 #: The client's first argument in hook mode.
 HOOK_FLAG = "--hook"
@@ -68,8 +75,9 @@ class PendingWork:
     def __len__(self) -> int:
         return len(self._work)
 
-    def put(self, container_id: str, work: Any, dev_links: DevLinks = (),
-            cgroups_path: str = "") -> None:
+    def put(
+        self, container_id: str, work: Any, dev_links: DevLinks = (), cgroups_path: str = ""
+    ) -> None:
         """Leave ``work`` for the container's hook; ``cgroups_path`` is the engine's
         ``linux.cgroups_path`` for it (without one no peer can claim the work)."""
         with self._lock:
@@ -84,8 +92,10 @@ class PendingWork:
         with self._lock:
             item = self._work.get(container_id)
         if item is None:
-            raise _NotServed(f"no in-root work waits for container {container_id} "
-                             "(the agent restarted since its CreateContainer?)")
+            raise _NotServed(
+                f"no in-root work waits for container {container_id} "
+                "(the agent restarted since its CreateContainer?)"
+            )
         work, dev_links, cgroups_path = item
         why = outside_cgroup(pid, cgroups_path)
         if why:
@@ -123,8 +133,9 @@ class PendingWork:
         import subprocess
 
         try:
-            res = subprocess.run([self.client, HOOK_FLAG], stdin=subprocess.DEVNULL,
-                                 capture_output=True, timeout=10)
+            res = subprocess.run(
+                [self.client, HOOK_FLAG], stdin=subprocess.DEVNULL, capture_output=True, timeout=10
+            )
             ok = res.returncode == 1 and res.stderr.startswith(b"nvshim: usage: ")
         except (OSError, subprocess.SubprocessError):
             ok = False
@@ -132,8 +143,9 @@ class PendingWork:
         return ok
 
 
-def serve_hook(pending: PendingWork, request: Request, root_fd: int, peer: Peer,
-               log: Any) -> Tuple[str, str]:
+def serve_hook(
+    pending: PendingWork, request: Request, root_fd: int, peer: Peer, log: Any
+) -> Tuple[str, str]:
     """(status, message) for one hook request (see the module docstring)."""
     started = time.perf_counter()
     cid = ""
@@ -144,13 +156,23 @@ def serve_hook(pending: PendingWork, request: Request, root_fd: int, peer: Peer,
         work, dev_links = pending.claim(cid, peer.pid)
         warnings, inroot_s = _do(root_fd, state, work, dev_links)
     except _NotServed as exc:
-        log.info("nri in-root work not served (the Python hook does it)", id=cid,
-                 pid=peer.pid, reason=str(exc))
+        log.info(
+            "nri in-root work not served (the Python hook does it)",
+            id=cid,
+            pid=peer.pid,
+            reason=str(exc),
+        )
         return "fallback", str(exc)
     # ms: the whole request (state, claim, config.json, rootfs); inroot_ms: the work's own
-    log.info("nri in-root work", id=cid, by="agent hook", pid=peer.pid,
-             warnings=warnings, ms=round((time.perf_counter() - started) * 1e3, 2),
-             inroot_ms=round(inroot_s * 1e3, 2))
+    log.info(
+        "nri in-root work",
+        id=cid,
+        by="agent hook",
+        pid=peer.pid,
+        warnings=warnings,
+        ms=round((time.perf_counter() - started) * 1e3, 2),
+        inroot_ms=round(inroot_s * 1e3, 2),
+    )
     return "ok", ""
 
 
@@ -167,12 +189,15 @@ def cgroup_candidates(cgroups_path: str) -> Tuple[str, ...]:
     parts = cgroups_path.split(":")
     if len(parts) == 3 and "/" not in cgroups_path:
         slice_, prefix, name = parts
-        unit = name if name.endswith(".slice") else (
-            f"{prefix}-{name}.scope" if prefix else f"{name}.scope")
+        unit = (
+            name
+            if name.endswith(".slice")
+            else (f"{prefix}-{name}.scope" if prefix else f"{name}.scope")
+        )
         slice_ = slice_ or "system.slice"
         tree = ""
         if slice_ != "-.slice":
-            stem, words = slice_[:-len(".slice")], []
+            stem, words = slice_[: -len(".slice")], []
             for word in stem.split("-"):
                 words.append(word)
                 tree += "/" + "-".join(words) + ".slice"
@@ -196,8 +221,7 @@ def outside_cgroup(pid: int, cgroups_path: str) -> str:
     paths = [line.split(":", 2)[-1] for line in lines]
     if any(cgroup_matches(path, cgroups_path) for path in paths):
         return ""
-    return f"peer pid {pid} runs in cgroup {paths[0] if paths else '(none)'}, " \
-        f"not {cgroups_path}"
+    return f"peer pid {pid} runs in cgroup {paths[0] if paths else '(none)'}, not {cgroups_path}"
 
 
 def cgroup_matches(path: str, cgroups_path: str) -> bool:
@@ -254,8 +278,9 @@ def _rootfs_of(root_fd: int, state: Mapping[str, Any]) -> str:
         raise _NotServed(str(exc)) from exc
 
 
-def _do(root_fd: int, state: Mapping[str, Any], work: Any,
-        dev_links: DevLinks) -> Tuple[List[str], float]:
+def _do(
+    root_fd: int, state: Mapping[str, Any], work: Any, dev_links: DevLinks
+) -> Tuple[List[str], float]:
     """The work in the rootfs the caller sees: its warnings and the seconds the work itself
     took (the links, cache and profile made, once the rootfs is found); or _NotServed."""
     from nvshim.errors import NvshimError

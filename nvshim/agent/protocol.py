@@ -41,8 +41,19 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Tuple
 
-__all__ = ["MAGIC", "MAX_MESSAGE", "MAX_FIELDS", "OPS", "STATUSES", "Request",
-           "ProtocolError", "parse_request", "encode_request", "encode_reply", "parse_reply"]
+__all__ = [
+    "MAGIC",
+    "MAX_MESSAGE",
+    "MAX_FIELDS",
+    "OPS",
+    "STATUSES",
+    "Request",
+    "ProtocolError",
+    "parse_request",
+    "encode_request",
+    "encode_reply",
+    "parse_reply",
+]
 
 MAGIC = b"nvshim-agent 1"
 #: Largest request accepted (bytes): an argv is a few hundred; longer is refused.
@@ -85,8 +96,9 @@ def parse_request(data: bytes, fds: int) -> Request:
     if len(fields) > MAX_FIELDS:
         raise ProtocolError(f"request of {len(fields)} fields: at most {MAX_FIELDS}")
     if fields[0] != MAGIC:
-        raise ProtocolError(f"unknown protocol {fields[0][:40]!r}: this agent speaks "
-                            f"{MAGIC.decode()}")
+        raise ProtocolError(
+            f"unknown protocol {fields[0][:40]!r}: this agent speaks {MAGIC.decode()}"
+        )
     if len(fields) < 2 or fields[1].decode("ascii", "replace") not in OPS:
         shown = fields[1][:40] if len(fields) > 1 else b""
         raise ProtocolError(f"unknown operation {shown!r}")
@@ -97,30 +109,50 @@ def parse_request(data: bytes, fds: int) -> Request:
         return Request(op)
     if op == "hook":
         if len(fields) != 4 or fds != 1:
-            raise ProtocolError(f"hook takes 2 fields and the caller's root descriptor: got "
-                                f"{len(fields) - 2} and {fds}")
+            raise ProtocolError(
+                f"hook takes 2 fields and the caller's root descriptor: got "
+                f"{len(fields) - 2} and {fds}"
+            )
         return Request(op, version=os.fsdecode(fields[2]), state=os.fsdecode(fields[3]))
     if fds != 1:
         raise ProtocolError(f"create needs the bundle's descriptor: got {fds}")
     if len(fields) < 2 + _CREATE_FIXED + 1:
-        raise ProtocolError(f"create of {len(fields)} fields: needs at least "
-                            f"{2 + _CREATE_FIXED + 1}")
+        raise ProtocolError(
+            f"create of {len(fields)} fields: needs at least {2 + _CREATE_FIXED + 1}"
+        )
     version, config, generation, runtime, cwd, bundle = (
-        os.fsdecode(f) for f in fields[2:2 + _CREATE_FIXED])
+        os.fsdecode(f) for f in fields[2 : 2 + _CREATE_FIXED]
+    )
     for name, value in (("config", config), ("runtime", runtime), ("cwd", cwd)):
         if not value.startswith("/"):
             raise ProtocolError(f"create's {name} {value[:200]!r} is not absolute")
-    return Request(op, version, config, generation, runtime, cwd, bundle,
-                   tuple(os.fsdecode(f) for f in fields[2 + _CREATE_FIXED:]))
+    return Request(
+        op,
+        version,
+        config,
+        generation,
+        runtime,
+        cwd,
+        bundle,
+        tuple(os.fsdecode(f) for f in fields[2 + _CREATE_FIXED :]),
+    )
 
 
 def encode_request(request: Request) -> bytes:
     """The bytes of ``request`` (the C client's format; used by tests and benchmarks)."""
     fields = [MAGIC, request.op.encode()]
     if request.op == "create":
-        fields += [os.fsencode(v) for v in (request.version, request.config,
-                                            request.generation, request.runtime,
-                                            request.cwd, request.bundle)]
+        fields += [
+            os.fsencode(v)
+            for v in (
+                request.version,
+                request.config,
+                request.generation,
+                request.runtime,
+                request.cwd,
+                request.bundle,
+            )
+        ]
         fields += [os.fsencode(a) for a in request.argv]
     elif request.op == "hook":
         fields += [os.fsencode(request.version), os.fsencode(request.state)]

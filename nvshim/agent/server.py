@@ -130,8 +130,12 @@ class AgentServer:
         self.serving = False
         self._busy_said = 0.0
 
-    def serve(self, stop: threading.Event, wake_fd: Optional[int] = None,
-              tick: Optional[Callable[[], object]] = None) -> None:
+    def serve(
+        self,
+        stop: threading.Event,
+        wake_fd: Optional[int] = None,
+        tick: Optional[Callable[[], object]] = None,
+    ) -> None:
         """Accept until ``stop`` is set (``wake_fd`` readable wakes the loop at once: the
         signal handlers write to it); ``tick`` runs about once a second.
 
@@ -231,8 +235,7 @@ class AgentServer:
         now = time.monotonic()
         if now - self._busy_said >= 10.0:
             self._busy_said = now
-            self.log.warning(f"connection refused: {why}", workers=MAX_THREADS,
-                             waiting=MAX_WAITING)
+            self.log.warning(f"connection refused: {why}", workers=MAX_THREADS, waiting=MAX_WAITING)
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait up to ``timeout`` s for the requests in flight (a create is left to finish,
@@ -307,8 +310,7 @@ def _receive(conn: socket.socket) -> Tuple[bytes, List[int]]:
     return data, out
 
 
-def ask(path: str, payload: bytes, fds: Optional[List[int]] = None,
-        timeout: float = 10.0) -> bytes:
+def ask(path: str, payload: bytes, fds: Optional[List[int]] = None, timeout: float = 10.0) -> bytes:
     """Send one request to the agent at ``path``; its reply (for the CLI and tests)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:

@@ -35,8 +35,9 @@ def generation_of(path: str) -> str:
 
 
 #: nvshim's package marker, and what ``stat`` said of it when this agent loaded its code.
-_PACKAGE_INIT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                             "__init__.py")
+_PACKAGE_INIT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "__init__.py"
+)
 _LOADED = generation_of(_PACKAGE_INIT)
 
 
@@ -49,10 +50,14 @@ def install_changed() -> str:
     if now == _LOADED:
         return ""
     if not now:
-        return (f"nvshim's install is gone ({os.path.dirname(_PACKAGE_INIT)}: uninstalled "
-                "under a running agent): stop this agent")
-    return (f"nvshim was reinstalled or upgraded under this running agent "
-            f"({os.path.dirname(_PACKAGE_INIT)}): restart it on the new code")
+        return (
+            f"nvshim's install is gone ({os.path.dirname(_PACKAGE_INIT)}: uninstalled "
+            "under a running agent): stop this agent"
+        )
+    return (
+        f"nvshim was reinstalled or upgraded under this running agent "
+        f"({os.path.dirname(_PACKAGE_INIT)}): restart it on the new code"
+    )
 
 
 class AgentState:

@@ -26,16 +26,22 @@ __all__ = ["dump", "load"]
 #: ``-`` (``-I``, ``--link``); ``./`` and ``../`` start one too (a relative link target).
 _START = frozenset("/_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 #: The plain words YAML 1.1 reads as booleans or null: PyYAML single-quotes them.
-_WORDS = frozenset("yes Yes YES no No NO true True TRUE false False FALSE on On ON off Off OFF "
-                   "null Null NULL".split())
+_WORDS = frozenset(
+    "yes Yes YES no No NO true True TRUE false False FALSE on On ON off Off OFF "
+    "null Null NULL".split()
+)
 #: (No regular expressions here: importing ``re`` costs more than reading an 8-GPU spec.)
 
 
 def _plain_start(text: str) -> bool:
     """Whether ``text`` starts as a plain string PyYAML writes unquoted may."""
     dashes = 2 if text[:2] == "--" else 1 if text[:1] == "-" else 0
-    return text[dashes:dashes + 1] in _START and len(text) > dashes \
-        or text[:2] == "./" or text[:3] == "../"
+    return (
+        text[dashes : dashes + 1] in _START
+        and len(text) > dashes
+        or text[:2] == "./"
+        or text[:3] == "../"
+    )
 
 
 def _decimal(text: str) -> bool:
@@ -67,8 +73,14 @@ def _scalar(value: Any) -> Optional[str]:
     """``value`` as PyYAML's SafeDumper writes it in block style, for the few shapes a
     spec's strings, integers and booleans take (None for any other)."""
     if value.__class__ is str:
-        if _plain_start(value) and value.isascii() and value.isprintable() \
-                and ": " not in value and " #" not in value and value[-1] not in ": ":
+        if (
+            _plain_start(value)
+            and value.isascii()
+            and value.isprintable()
+            and ": " not in value
+            and " #" not in value
+            and value[-1] not in ": "
+        ):
             return f"'{value}'" if value in _WORDS else value
         number = _digits(value)
         if number is not None:
@@ -127,8 +139,7 @@ def _member(value: Any, head: str, indent: str, lines: List[str]) -> bool:
             if name is None or not _member(member, f"{indent}  {name}:", indent + "  ", lines):
                 return False
         return True
-    text = "[]" if value.__class__ is list else "{}" if value.__class__ is dict \
-        else _scalar(value)
+    text = "[]" if value.__class__ is list else "{}" if value.__class__ is dict else _scalar(value)
     lines.append(f"{head} {text}")
     return text is not None
 
@@ -198,8 +209,7 @@ def _value(text: str) -> Any:
     """The value of a scalar as :func:`_scalar` writes it (:data:`_NO` for any other);
     ``text`` is ASCII (:func:`load` checked)."""
     if text[0] in _START:  # the common case, a word or a path: as _scalar judges it
-        if text.isprintable() and ": " not in text and " #" not in text \
-                and text[-1] not in ": ":
+        if text.isprintable() and ": " not in text and " #" not in text and text[-1] not in ": ":
             if text in _WORDS:
                 return text == "true" if text in ("true", "false") else _NO
             return text
@@ -242,8 +252,11 @@ def _read_mapping(src: _Text, indent: int, first: Optional[str]) -> Any:
             if src.at >= len(lines):
                 return out
             line = lines[src.at]
-            if not line.startswith(pad) or line[indent:indent + 1] in ("", " ") \
-                    or line[indent:indent + 2] == "- ":
+            if (
+                not line.startswith(pad)
+                or line[indent : indent + 1] in ("", " ")
+                or line[indent : indent + 2] == "- "
+            ):
                 return out  # less deep (or a list of the mapping above): the mapping ends
             rest = line[indent:]
             src.at += 1
@@ -270,9 +283,9 @@ def _read_block(src: _Text, indent: int) -> Any:
         return _NO
     line = src.lines[src.at]
     depth = _indent(line)
-    if depth == indent and line[indent:indent + 2] == "- ":
+    if depth == indent and line[indent : indent + 2] == "- ":
         return _read_list(src, indent)
-    if depth == indent + 2 and line[depth:depth + 2] != "- ":
+    if depth == indent + 2 and line[depth : depth + 2] != "- ":
         return _read_mapping(src, indent + 2, None)
     return _NO  # null, or another indentation
 
@@ -283,12 +296,13 @@ def _read_list(src: _Text, indent: int) -> Any:
     lines = src.lines
     prefix = " " * indent + "- "
     while src.at < len(lines) and lines[src.at].startswith(prefix):
-        rest = lines[src.at][indent + 2:]
+        rest = lines[src.at][indent + 2 :]
         src.at += 1
         if rest == "[]" or rest == "{}":
             item: Any = [] if rest == "[]" else {}
-        elif (": " in rest or rest[-1:] == ":") \
-                and not (rest[0] == "'" and rest[-1] == "'" and "'" not in rest[1:-1]):
+        elif (": " in rest or rest[-1:] == ":") and not (
+            rest[0] == "'" and rest[-1] == "'" and "'" not in rest[1:-1]
+        ):
             item = _read_mapping(src, indent + 2, rest)
         else:
             item = src.value(rest) if rest else _NO
@@ -307,8 +321,12 @@ def load(text: str) -> Optional[Dict[str, Any]]:
     lines.pop()
     if lines and lines[0] == "---":
         del lines[0]
-    if not lines or not text.isascii() \
-            or "#" in text and (text[0] == "#" or " #" in text or "\n#" in text):
+    if (
+        not lines
+        or not text.isascii()
+        or "#" in text
+        and (text[0] == "#" or " #" in text or "\n#" in text)
+    ):
         return None  # a comment (or not ASCII): PyYAML's
     src = _Text(lines)
     doc = _read_mapping(src, 0, None)

@@ -262,8 +262,11 @@ class _Checker:
         for key in ("major", "minor"):  # runc keeps the low 32 bits: only these mean it
             value = node.get(key)
             if type(value) is int and not _UINT32[0] <= value <= _UINT32[1]:
-                self.add(f"{where}.{key}", f"{value} is out of range 0..{_UINT32[1]} (runc keeps "
-                         f"the low 32 bits: it would use {value % (_UINT32[1] + 1)})")
+                self.add(
+                    f"{where}.{key}",
+                    f"{value} is out of range 0..{_UINT32[1]} (runc keeps "
+                    f"the low 32 bits: it would use {value % (_UINT32[1] + 1)})",
+                )
             else:
                 self.integer(value, f"{where}.{key}", _UINT32)
         for key in ("fileMode", "uid", "gid"):
@@ -315,9 +318,7 @@ class _Checker:
         self.strings(rdt.get("schemata"), f"{where}.schemata")
         monitoring = rdt.get("enableMonitoring")
         if monitoring is not None and not isinstance(monitoring, bool):
-            self.add(
-                f"{where}.enableMonitoring", f"must be a boolean, got {type_name(monitoring)}"
-            )
+            self.add(f"{where}.enableMonitoring", f"must be a boolean, got {type_name(monitoring)}")
 
     def net_device(
         self, net: Any, where: str, hosts: Dict[str, str], names: Dict[str, str]

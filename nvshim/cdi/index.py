@@ -89,8 +89,16 @@ def _sig(path: str) -> Optional[List[int]]:
         st = os.stat(path)
     except OSError:
         return None
-    return [st.st_ino, st.st_dev, st.st_mode, st.st_uid, st.st_gid, st.st_size,
-            st.st_mtime_ns, st.st_ctime_ns]
+    return [
+        st.st_ino,
+        st.st_dev,
+        st.st_mode,
+        st.st_uid,
+        st.st_gid,
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ctime_ns,
+    ]
 
 
 def _key(spec_dirs: Sequence[str]) -> Dict[str, Any]:
@@ -146,8 +154,7 @@ def build(spec_dirs: Sequence[str], old: Optional[Dict[str, Any]] = None) -> Dic
         dirs.append({"dir": directory, "sig": dir_sig, "problems": _problems(problems)})
         for path in files:
             sig = _sig(path)
-            entry = (reuse.get((path, _jsonc.dumps(sig), _jsonc.dumps(dir_sig)))
-                     or _entry(path, sig))
+            entry = reuse.get((path, _jsonc.dumps(sig), _jsonc.dumps(dir_sig))) or _entry(path, sig)
             entries.append(dict(entry, rank=rank))
     return {"format": FORMAT, "key": _key(spec_dirs), "dirs": dirs, "entries": entries}
 
@@ -241,8 +248,9 @@ def _save(path: str, doc: Dict[str, Any]) -> str:
     from nvshim.files import write_atomic
 
     try:
-        write_atomic(path, (_jsonc.dumps(doc, separators=(",", ":")) + "\n").encode(),
-                     default_mode=0o644)
+        write_atomic(
+            path, (_jsonc.dumps(doc, separators=(",", ":")) + "\n").encode(), default_mode=0o644
+        )
         os.chmod(path, 0o644)  # never keep a looser mode found on an old copy
     except OSError as exc:
         return f"not written: cannot chmod {path}: {exc.strerror}"
@@ -251,8 +259,10 @@ def _save(path: str, doc: Dict[str, Any]) -> str:
     return f"written to {path}"
 
 
-def _loaded(doc: Dict[str, Any], kinds: Optional[Set[str]],
-            ) -> Iterable[Tuple[int, Any, List[CdiProblem]]]:
+def _loaded(
+    doc: Dict[str, Any],
+    kinds: Optional[Set[str]],
+) -> Iterable[Tuple[int, Any, List[CdiProblem]]]:
     """(rank, spec or None, problems) in scan order, loading only specs of ``kinds`` (every
     spec: None)."""
     parse = _parser(doc)
@@ -293,8 +303,9 @@ def _kinds(names: Sequence[str]) -> Set[str]:
     return kinds
 
 
-def registry_for(spec_dirs: Sequence[str], names: Optional[Sequence[str]],
-                 index_path: Optional[str], save: bool) -> Tuple[Registry, str]:
+def registry_for(
+    spec_dirs: Sequence[str], names: Optional[Sequence[str]], index_path: Optional[str], save: bool
+) -> Tuple[Registry, str]:
     """The registry for resolving ``names`` (only their kinds' specs loaded; every spec for
     None, as ``nvshim cdi list`` shows them), and where it came from. ``index_path`` None: no
     index (a full scan, as ``load_registry``)."""
@@ -305,8 +316,14 @@ def registry_for(spec_dirs: Sequence[str], names: Optional[Sequence[str]],
         doc, why = load(index_path, spec_dirs)
     source = f"CDI index {index_path}"
     if why:
-        doc = build(spec_dirs, doc if isinstance(doc, dict) and doc.get("format") == FORMAT
-                    and doc.get("key") == _key(spec_dirs) else None)
+        doc = build(
+            spec_dirs,
+            doc
+            if isinstance(doc, dict)
+            and doc.get("format") == FORMAT
+            and doc.get("key") == _key(spec_dirs)
+            else None,
+        )
         source = f"CDI spec scan ({why}"
         if save and index_path is not None and os.path.isdir(os.path.dirname(index_path) or "."):
             source += f"; index {_save(index_path, doc)}"
@@ -329,8 +346,7 @@ def indexed_document(path: str, spec_dirs: Sequence[str], index_path: str) -> Op
     return None
 
 
-def spec_reader(spec_dirs: Sequence[str], index_path: Optional[str]
-                ) -> Callable[[str], Spec]:
+def spec_reader(spec_dirs: Sequence[str], index_path: Optional[str]) -> Callable[[str], Spec]:
     """:func:`~nvshim.cdi.load.load_spec_file` for several readers of the same spec files
     (doctor's checks): each file loaded once, a YAML spec that a fresh index records with
     its document parsed from that document (without yaml, which costs more than the rest
@@ -339,15 +355,19 @@ def spec_reader(spec_dirs: Sequence[str], index_path: Optional[str]
     if index_path is not None:
         doc, why = load(index_path, spec_dirs)
         if not why and doc is not None:
-            documents = {e["path"]: e["doc"] for e in doc["entries"]
-                         if not e["problems"] and e["doc"] is not None}
+            documents = {
+                e["path"]: e["doc"]
+                for e in doc["entries"]
+                if not e["problems"] and e["doc"] is not None
+            }
     loaded: Dict[str, Any] = {}
 
     def read(path: str) -> Spec:
         if path not in loaded:
             try:
-                loaded[path] = (parse_spec(documents[path], path) if path in documents
-                                else load_spec_file(path))
+                loaded[path] = (
+                    parse_spec(documents[path], path) if path in documents else load_spec_file(path)
+                )
             except CdiSpecError as exc:
                 loaded[path] = exc
         result = loaded[path]
@@ -372,9 +392,14 @@ def _spec_mismatch(edits: Sequence[Any], driver_version: Optional[str]) -> List[
 
     reasons: List[str] = []
     if driver_version is not None:
-        reasons += [why for why, _ in stale_reasons([m for e in edits for m in e.mounts],
-                                                     [h for e in edits for h in e.hooks],
-                                                     driver_version)]
+        reasons += [
+            why
+            for why, _ in stale_reasons(
+                [m for e in edits for m in e.mounts],
+                [h for e in edits for h in e.hooks],
+                driver_version,
+            )
+        ]
     missing: List[str] = []
     for node in dict.fromkeys(n for e in edits for n in e.device_nodes):
         try:
@@ -390,11 +415,14 @@ def _spec_mismatch(edits: Sequence[Any], driver_version: Optional[str]) -> List[
             continue
         actual = (os.major(st.st_rdev), os.minor(st.st_rdev))
         if actual != (node.major, node.minor):
-            reasons.append(f"{node.source} is {actual[0]}:{actual[1]} on the node, "
-                           f"{node.major}:{node.minor} in the spec")
+            reasons.append(
+                f"{node.source} is {actual[0]}:{actual[1]} on the node, "
+                f"{node.major}:{node.minor} in the spec"
+            )
     if missing:
-        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3
-                                          else "")
+        shown = ", ".join(missing[:3]) + (
+            f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        )
         reasons.append(f"{shown} {'does' if len(missing) == 1 else 'do'} not exist")
     return reasons
 
@@ -408,8 +436,12 @@ def regenerate_fix(path: str, driver_root: str = "") -> str:
     return f"regenerate it with nvshim cdi generate{root} --output {path}"
 
 
-def stale_specs(registry: Registry, names: Sequence[str], driver_version: Optional[str],
-                fix: Callable[[str], str] = regenerate_fix) -> List[str]:
+def stale_specs(
+    registry: Registry,
+    names: Sequence[str],
+    driver_version: Optional[str],
+    fix: Callable[[str], str] = regenerate_fix,
+) -> List[str]:
     """One line per spec file that ``names`` inject from and that no longer matches the
     node: a driver file of another version than ``driver_version`` (None: not compared;
     any NVIDIA library named for a driver version, a library folder mounted whole, GSP
@@ -426,20 +458,24 @@ def stale_specs(registry: Registry, names: Sequence[str], driver_version: Option
     for path, edits in used.items():
         reasons = _spec_mismatch(edits, driver_version)
         if reasons:
-            lines.append(f"CDI spec {path} does not match this node ({'; '.join(reasons)}): "
-                         f"{fix(path)}")
+            lines.append(
+                f"CDI spec {path} does not match this node ({'; '.join(reasons)}): {fix(path)}"
+            )
     return lines
 
 
 def _binds(mount: Any) -> bool:
     """Whether a CDI mount is a bind mount of a host file (its source must exist)."""
-    return (mount.host_path.startswith("/")
-            and (mount.type in (None, "", "bind", "rbind")
-                 or "bind" in mount.options or "rbind" in mount.options))
+    return mount.host_path.startswith("/") and (
+        mount.type in (None, "", "bind", "rbind")
+        or "bind" in mount.options
+        or "rbind" in mount.options
+    )
 
 
-def missing_mounts(registry: Registry, names: Sequence[str],
-                   injected: Sequence[Any]) -> Optional[Tuple[str, List[str]]]:
+def missing_mounts(
+    registry: Registry, names: Sequence[str], injected: Sequence[Any]
+) -> Optional[Tuple[str, List[str]]]:
     """(spec file, its missing host paths) for the first spec that ``names`` inject from
     and that bind-mounts a file the node does not have; None when every source exists.
 

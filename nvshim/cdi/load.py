@@ -90,8 +90,9 @@ def _yaml_loader(fast: bool = False) -> Any:
         return _YAML_LOADERS[kind]
     import yaml  # heavy: only YAML files need it
 
-    base = yaml.CSafeLoader if fast and getattr(yaml, "__with_libyaml__", False) \
-        else yaml.SafeLoader
+    base = (
+        yaml.CSafeLoader if fast and getattr(yaml, "__with_libyaml__", False) else yaml.SafeLoader
+    )
 
     class StrictLoader(base):  # type: ignore[misc,valid-type]
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
@@ -202,8 +203,11 @@ def _declared(data: bytes, path: str, ext: str) -> Tuple[str, ...]:
     devices = raw.get("devices")
     if not isinstance(kind, str) or not isinstance(devices, list):
         return ()
-    return tuple(f"{kind}={d['name']}" for d in devices
-                 if isinstance(d, dict) and isinstance(d.get("name"), str))
+    return tuple(
+        f"{kind}={d['name']}"
+        for d in devices
+        if isinstance(d, dict) and isinstance(d.get("name"), str)
+    )
 
 
 def _check_trust(path: str, info: os.stat_result, data: bytes, ext: str) -> None:
@@ -215,8 +219,7 @@ def _check_trust(path: str, info: os.stat_result, data: bytes, ext: str) -> None
     try:
         check_trusted(path, info, "CDI spec")
     except ConfigError as exc:
-        raise CdiSpecError([UntrustedProblem(path, str(exc), _declared(data, path, ext))]) \
-            from exc
+        raise CdiSpecError([UntrustedProblem(path, str(exc), _declared(data, path, ext))]) from exc
 
 
 def _read_bytes(path: str) -> Tuple[bytes, os.stat_result]:
@@ -344,8 +347,11 @@ def parse_spec(raw: Mapping[str, Any], path: str = NO_FILE) -> Spec:
     if problems:
         raise CdiSpecError(problems)
     devices = tuple(
-        CdiDevice(name=device["name"], edits=Edits.from_cdi(device["containerEdits"]),
-                  unapplied=_unapplied(device["containerEdits"]))
+        CdiDevice(
+            name=device["name"],
+            edits=Edits.from_cdi(device["containerEdits"]),
+            unapplied=_unapplied(device["containerEdits"]),
+        )
         for device in raw["devices"]
     )
     kind = raw["kind"]

@@ -15,8 +15,15 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
     from nvshim.errors import CdiProblem
 
-__all__ = ["NO_FILE", "SPEC_EXTENSIONS", "UNAPPLIED_EDITS", "CdiDevice", "Spec",
-           "ResolvedDevice", "Registry"]
+__all__ = [
+    "NO_FILE",
+    "SPEC_EXTENSIONS",
+    "UNAPPLIED_EDITS",
+    "CdiDevice",
+    "Spec",
+    "ResolvedDevice",
+    "Registry",
+]
 
 #: Where a problem that concerns no particular file is reported.
 NO_FILE = "<spec>"

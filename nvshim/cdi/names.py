@@ -29,8 +29,9 @@ _KIND_CHARS = _ALNUM | frozenset("_.-")
 _DEVICE_CHARS = _KIND_CHARS | frozenset(":")
 
 
-def _name_error(value: str, what: str, chars: frozenset[str], first: frozenset[str],
-                first_rule: str) -> Optional[str]:
+def _name_error(
+    value: str, what: str, chars: frozenset[str], first: frozenset[str], first_rule: str
+) -> Optional[str]:
     """Why ``value`` is not a valid ``what`` name (the CDI name grammar), or None if it is."""
     if not value:
         return f"empty {what} name"

@@ -28,8 +28,14 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from nvshim.cdi.model import Spec
     from nvshim.host.discovery import Host
 
-__all__ = ["spec_files", "load_registry", "build_registry", "resolve_devices",
-           "refuse_unapplied", "fill_device_nodes"]
+__all__ = [
+    "spec_files",
+    "load_registry",
+    "build_registry",
+    "resolve_devices",
+    "refuse_unapplied",
+    "fill_device_nodes",
+]
 
 
 def spec_files(directory: str, problems: List[CdiProblem]) -> List[str]:
@@ -88,8 +94,9 @@ def _scan_specs(spec_dirs: Sequence[str]) -> Iterable[Tuple[int, Optional[Spec],
                 yield rank, None, exc.problems
 
 
-def build_registry(spec_dirs: Sequence[str],
-                   loaded: Iterable[Tuple[int, Optional[Spec], List[CdiProblem]]]) -> Registry:
+def build_registry(
+    spec_dirs: Sequence[str], loaded: Iterable[Tuple[int, Optional[Spec], List[CdiProblem]]]
+) -> Registry:
     """A :class:`Registry` from specs already loaded, in scan order (CDI's priority and
     conflict rules; shared by :func:`load_registry` and the spec index)."""
     registry = Registry(spec_dirs=tuple(spec_dirs))
@@ -139,8 +146,10 @@ def resolve_devices(registry: Registry, names: Sequence[str]) -> Edits:
     for name in missing:
         untrusted = registry.untrusted.get(name)
         if untrusted is not None:
-            raise CdiError(f"CDI device {name} is defined only by CDI spec {untrusted.path}, "
-                           f"which nvshim does not trust and skips: {untrusted.message}")
+            raise CdiError(
+                f"CDI device {name} is defined only by CDI spec {untrusted.path}, "
+                f"which nvshim does not trust and skips: {untrusted.message}"
+            )
     if missing:
         searched = ", ".join(registry.spec_dirs) or "no spec directories"
         hint = ""
@@ -169,15 +178,18 @@ def refuse_unapplied(registry: Registry, names: Sequence[str]) -> None:
         resolved = registry.devices.get(name)
         if resolved is None:
             continue
-        for fields, where in ((resolved.spec.unapplied, "its spec's containerEdits"),
-                              (resolved.device.unapplied, "its containerEdits")):
+        for fields, where in (
+            (resolved.spec.unapplied, "its spec's containerEdits"),
+            (resolved.device.unapplied, "its containerEdits"),
+        ):
             if fields:
                 raise CdiError(
                     f"CDI device {name}: {where} set {' and '.join(fields)} "
                     f"({resolved.spec.path}), which nvshim-runtime cannot apply (it applies "
                     "env, deviceNodes, mounts, hooks and additionalGids): let the engine "
                     "inject CDI devices (containerd 1.7+ enable_cdi, CRI-O, podman --device) "
-                    "or drop the field from the spec")
+                    "or drop the field from the spec"
+                )
 
 
 def fill_device_nodes(edits: Edits, host: Host) -> Edits:

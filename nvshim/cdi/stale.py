@@ -95,8 +95,9 @@ def _folder_version(path: str) -> Tuple[str, str]:
     return "", ""
 
 
-def stale_reasons(mounts: Sequence[Mount], hooks: Sequence[Hook],
-                  driver_version: str) -> List[Tuple[str, str]]:
+def stale_reasons(
+    mounts: Sequence[Mount], hooks: Sequence[Hook], driver_version: str
+) -> List[Tuple[str, str]]:
     """Why ``mounts`` and ``hooks`` were made for another driver than ``driver_version``:
     [(reason, the mount's host path or "" for a hook)], the first of a versioned library,
     a folder, firmware, a hook (each says the same: the line stays short); empty when
@@ -107,26 +108,38 @@ def stale_reasons(mounts: Sequence[Mount], hooks: Sequence[Hook],
         name = source.rsplit("/", 1)[-1]
         version = driver_version_of(name)
         if version and version != driver_version and "library" not in found:
-            found["library"] = (f"it mounts {name}, the node's driver is {driver_version}",
-                                source)
+            found["library"] = (f"it mounts {name}, the node's driver is {driver_version}", source)
         firmware = _firmware_version(source)
         if firmware and firmware != driver_version and "firmware" not in found:
-            found["firmware"] = (f"it mounts {source}, firmware of driver {firmware}, the "
-                                 f"node's driver is {driver_version}", source)
+            found["firmware"] = (
+                f"it mounts {source}, firmware of driver {firmware}, the "
+                f"node's driver is {driver_version}",
+                source,
+            )
         if version or firmware or found:
             continue
         link, target = _folder_version(source)
         if link and driver_version_of(target) != driver_version:
-            found["folder"] = (f"it mounts {source} whole, whose {link} is {target}, the "
-                               f"node's driver is {driver_version}", source)
+            found["folder"] = (
+                f"it mounts {source} whole, whose {link} is {target}, the "
+                f"node's driver is {driver_version}",
+                source,
+            )
     for hook in hooks:
         args = list(hook.args)
         for i, arg in enumerate(args):
-            said = (args[i + 1] if arg == _HOOK_FLAG and i + 1 < len(args)
-                    else arg.partition("=")[2] if arg.startswith(_HOOK_FLAG + "=") else "")
+            said = (
+                args[i + 1]
+                if arg == _HOOK_FLAG and i + 1 < len(args)
+                else arg.partition("=")[2]
+                if arg.startswith(_HOOK_FLAG + "=")
+                else ""
+            )
             if said and said != driver_version and "hook" not in found:
-                found["hook"] = (f"its hook says {_HOOK_FLAG} {said}, the node's driver is "
-                                 f"{driver_version}", "")
+                found["hook"] = (
+                    f"its hook says {_HOOK_FLAG} {said}, the node's driver is {driver_version}",
+                    "",
+                )
     return [found[k] for k in ("library", "folder", "firmware", "hook") if k in found][:1]
 
 
@@ -142,8 +155,13 @@ def _spec_of(config: Config, host_path: str) -> str:
     return ""
 
 
-def engine_stale(spec: Dict[str, Any], mounts: Sequence[Mount], config: Config,
-                 driver_version: Optional[str], fix: Callable[[str], str]) -> Tuple[str, ...]:
+def engine_stale(
+    spec: Dict[str, Any],
+    mounts: Sequence[Mount],
+    config: Config,
+    driver_version: Optional[str],
+    fix: Callable[[str], str],
+) -> Tuple[str, ...]:
     # Any: a decoded config.json
     """The ``stale-cdi-spec`` verdict on what the engine injected into config.json itself
     (``mounts``, the spec's own as the runtime reads them, and its hooks) before nvshim
@@ -156,8 +174,9 @@ def engine_stale(spec: Dict[str, Any], mounts: Sequence[Mount], config: Config,
     from nvshim.edits import Hook
 
     hooks = []
-    for entries in (spec.get("hooks") or {}).values() if isinstance(spec.get("hooks"),
-                                                                     dict) else ():
+    for entries in (
+        (spec.get("hooks") or {}).values() if isinstance(spec.get("hooks"), dict) else ()
+    ):
         for entry in entries if isinstance(entries, list) else ():
             args = entry.get("args") if isinstance(entry, dict) else None
             if isinstance(args, list) and all(isinstance(a, str) for a in args):
@@ -168,12 +187,16 @@ def engine_stale(spec: Dict[str, Any], mounts: Sequence[Mount], config: Config,
     why = "; ".join(r for r, _ in reasons)
     path = next((_spec_of(config, p) for _, p in reasons if p), "")
     if path:
-        line = (f"CDI spec {path}, which the engine injected, does not match this node "
-                f"({why}): {fix(path)}")
+        line = (
+            f"CDI spec {path}, which the engine injected, does not match this node "
+            f"({why}): {fix(path)}"
+        )
     else:
         searched = ", ".join(config.cdi_spec_dirs) or "no cdi-spec-dirs"
-        line = (f"the CDI devices the engine injected do not match this node ({why}): "
-                f"regenerate the engine's CDI spec (not found in {searched})")
+        line = (
+            f"the CDI devices the engine injected do not match this node ({why}): "
+            f"regenerate the engine's CDI spec (not found in {searched})"
+        )
     if config.stale_cdi_spec == "refuse":
         from nvshim.errors import CdiError
 

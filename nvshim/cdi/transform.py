@@ -39,7 +39,7 @@ def _move(path: str, old: str, new: str) -> str:
     elif clean == old:
         rest = ""
     elif clean.startswith(old + "/"):
-        rest = clean[len(old) + 1:]
+        rest = clean[len(old) + 1 :]
     else:
         return path
     return posixpath.join(new, rest) if rest else new
@@ -55,8 +55,9 @@ def _edit_sets(spec: Dict[str, Any]) -> List[Dict[str, Any]]:
     return sets
 
 
-def transform_root(spec: Mapping[str, Any], old: str, new: str,
-                   relative_to: str = "host") -> Tuple[Dict[str, Any], int]:
+def transform_root(
+    spec: Mapping[str, Any], old: str, new: str, relative_to: str = "host"
+) -> Tuple[Dict[str, Any], int]:
     """A copy of ``spec`` with paths moved from ``old`` to ``new``, and how many changed."""
     for label, value in (("--from", old), ("--to", new)):
         if not value.startswith("/"):

@@ -93,8 +93,9 @@ def _odd_key(value: Any) -> bool:
     PyYAML: ``""``, one of about 120 characters (simple for one, complex for the other)
     or one that is not ASCII (its escapes count otherwise)."""
     if isinstance(value, dict):
-        return any(not k or len(str(k)) > 100 or not str(k).isascii() for k in value) \
-            or any(_odd_key(v) for v in value.values())
+        return any(not k or len(str(k)) > 100 or not str(k).isascii() for k in value) or any(
+            _odd_key(v) for v in value.values()
+        )
     if isinstance(value, list):
         return any(_odd_key(v) for v in value)
     return False
@@ -103,7 +104,7 @@ def _odd_key(value: Any) -> bool:
 def _format_for(path: str) -> str:
     ext = os.path.splitext(path)[1]
     if ext not in SPEC_EXTENSIONS:
-        raise CdiError(f'cannot write CDI spec {path}: the name must end in .json or .yaml')
+        raise CdiError(f"cannot write CDI spec {path}: the name must end in .json or .yaml")
     return ext[1:]
 
 

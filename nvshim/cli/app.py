@@ -47,15 +47,22 @@ class _LazyGroup(click.Group):
             self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
         return super().get_command(ctx, cmd_name)
 
+
 __all__ = ["cli", "run"]
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-q", "--quiet", is_flag=True,
-              help="No informational lines on stderr (wrote …, notes); errors and warnings "
-                   "still print.")
-@click.option("--debug", is_flag=True,
-              help="On a failure, print the Python traceback before the one error line.")
+@click.option(
+    "-q",
+    "--quiet",
+    is_flag=True,
+    help="No informational lines on stderr (wrote …, notes); errors and warnings still print.",
+)
+@click.option(
+    "--debug",
+    is_flag=True,
+    help="On a failure, print the Python traceback before the one error line.",
+)
 @click.version_option(__version__, prog_name="nvshim")
 @click.pass_context
 def cli(ctx: click.Context, quiet: bool, debug: bool) -> None:
@@ -79,33 +86,70 @@ def sim() -> None:
 
 @sim.command("create")
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
-@click.option("--gpus", default=2, show_default=True, type=click.IntRange(0, 1024),
-              help="Number of GPUs, 0-1024 (a real driver handles up to 32; more are for scale "
-                   "tests).")
-@click.option("--driver-version", default="550.54.15", show_default=True,
-              help="Driver version to simulate.")
-@click.option("--shuffle-minors", is_flag=True,
-              help="Device minors not in PCI order (as on real nodes).")
+@click.option(
+    "--gpus",
+    default=2,
+    show_default=True,
+    type=click.IntRange(0, 1024),
+    help="Number of GPUs, 0-1024 (a real driver handles up to 32; more are for scale tests).",
+)
+@click.option(
+    "--driver-version", default="550.54.15", show_default=True, help="Driver version to simulate."
+)
+@click.option(
+    "--shuffle-minors", is_flag=True, help="Device minors not in PCI order (as on real nodes)."
+)
 @click.option("--mig", is_flag=True, help="Make GPU 0 MIG-enabled with two MIG devices.")
-@click.option("--dev-root", default=None, metavar="DIR", type=click.Path(file_okay=False),
-              help="Create the /dev nodes under this DIR, not in the node's DIR.")
-@click.option("--imex-channels", default=0, show_default=True, type=click.IntRange(0, 2048),
-              help="IMEX channel nodes /dev/nvidia-caps-imex-channels/channel0..N-1.")
-@click.option("--nvswitches", default=0, show_default=True, type=click.IntRange(0, 64),
-              help="NVSwitch nodes (nvidia-nvswitchctl, nvidia-nvswitch0..N-1) and the "
-                   "fabric manager socket.")
-@click.option("--gds", is_flag=True,
-              help="GPUDirect Storage: /dev/nvidia-fs0..3, /etc/cufile.json.")
+@click.option(
+    "--dev-root",
+    default=None,
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="Create the /dev nodes under this DIR, not in the node's DIR.",
+)
+@click.option(
+    "--imex-channels",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 2048),
+    help="IMEX channel nodes /dev/nvidia-caps-imex-channels/channel0..N-1.",
+)
+@click.option(
+    "--nvswitches",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 64),
+    help="NVSwitch nodes (nvidia-nvswitchctl, nvidia-nvswitch0..N-1) and the "
+    "fabric manager socket.",
+)
+@click.option(
+    "--gds", is_flag=True, help="GPUDirect Storage: /dev/nvidia-fs0..3, /etc/cufile.json."
+)
 @click.option("--mofed", is_flag=True, help="MOFED: /dev/infiniband/{uverbs0,umad0,issm0,rdma_cm}.")
 @click.option("--gdrcopy", is_flag=True, help="gdrcopy: /dev/gdrdrv.")
-@click.option("--no-driver-files", "no_driver_files", is_flag=True,
-              help="Build only the kernel side (/dev nodes, /proc/devices, /proc/driver/nvidia "
-                   "with --driver-version as the kernel module's version): no driver libraries, "
-                   "ld.so.cache or ld.so.conf, programs or firmware, so that real driver "
-                   "user-space files (e.g. from Debian's packages) can be put under DIR.")
-def sim_create(directory: str, gpus: int, driver_version: str, shuffle_minors: bool,
-               mig: bool, dev_root: Optional[str], imex_channels: int, nvswitches: int,
-               gds: bool, mofed: bool, gdrcopy: bool, no_driver_files: bool) -> None:
+@click.option(
+    "--no-driver-files",
+    "no_driver_files",
+    is_flag=True,
+    help="Build only the kernel side (/dev nodes, /proc/devices, /proc/driver/nvidia "
+    "with --driver-version as the kernel module's version): no driver libraries, "
+    "ld.so.cache or ld.so.conf, programs or firmware, so that real driver "
+    "user-space files (e.g. from Debian's packages) can be put under DIR.",
+)
+def sim_create(
+    directory: str,
+    gpus: int,
+    driver_version: str,
+    shuffle_minors: bool,
+    mig: bool,
+    dev_root: Optional[str],
+    imex_channels: int,
+    nvswitches: int,
+    gds: bool,
+    mofed: bool,
+    gdrcopy: bool,
+    no_driver_files: bool,
+) -> None:
     """Build a driver root a real GPU host would have, in DIR.
 
     Device nodes (mknod), /proc/devices and /proc/driver/nvidia files, versioned driver
@@ -115,10 +159,20 @@ def sim_create(directory: str, gpus: int, driver_version: str, shuffle_minors: b
     """
     from nvshim.sim.build import create_node
 
-    node = create_node(directory, gpus=gpus, driver_version=driver_version,
-                       shuffle_minors=shuffle_minors, mig=mig, dev_root=dev_root,
-                       imex_channels=imex_channels, nvswitches=nvswitches, gds=gds,
-                       mofed=mofed, gdrcopy=gdrcopy, driver_files=not no_driver_files)
+    node = create_node(
+        directory,
+        gpus=gpus,
+        driver_version=driver_version,
+        shuffle_minors=shuffle_minors,
+        mig=mig,
+        dev_root=dev_root,
+        imex_channels=imex_channels,
+        nvswitches=nvswitches,
+        gds=gds,
+        mofed=mofed,
+        gdrcopy=gdrcopy,
+        driver_files=not no_driver_files,
+    )
     if settings().quiet:  # the node is the result; the listing is what it holds
         return
     side = "" if node.driver_files else ", kernel side only"
@@ -140,8 +194,9 @@ def sim_create(directory: str, gpus: int, driver_version: str, shuffle_minors: b
 
 
 @cli.command()
-@click.option("--keep", is_flag=True,
-              help="Keep the temp dir (node, bundles) for a look afterwards.")
+@click.option(
+    "--keep", is_flag=True, help="Keep the temp dir (node, bundles) for a look afterwards."
+)
 def demo(keep: bool) -> None:
     """Run real containers through nvshim-runtime → runc on a simulated 4-GPU node.
 
@@ -164,8 +219,6 @@ def demo(keep: bool) -> None:
 
 
 # --- completion ---------------------------------------------------------------------------
-
-
 
 
 @cli.command()
@@ -216,10 +269,16 @@ def _hook_options() -> List[click.Parameter]:
     """The hook's options, from its own table, for ``nvshim hook --help``."""
     from nvshim.runtime.hookargs import HOOK_OPTIONS
 
-    return [click.Option([flag], metavar=metavar, multiple=repeatable, is_flag=metavar is None,
-                         help=f"{text[0].upper()}{text[1:]}." + (" Repeatable." if repeatable
-                                                                 else ""))
-            for flag, metavar, text, repeatable in HOOK_OPTIONS]
+    return [
+        click.Option(
+            [flag],
+            metavar=metavar,
+            multiple=repeatable,
+            is_flag=metavar is None,
+            help=f"{text[0].upper()}{text[1:]}." + (" Repeatable." if repeatable else ""),
+        )
+        for flag, metavar, text, repeatable in HOOK_OPTIONS
+    ]
 
 
 @cli.command(cls=_HookCommand, params=_hook_options())
@@ -238,9 +297,17 @@ def hook(argv: List[str]) -> None:
     sys.exit(hook_main(argv))
 
 
-@cli.command("params-hook", cls=_HookCommand, params=[
-    click.Option(["--params"], metavar="PATH",
-                 help="The host's /proc/driver/nvidia/params (under the driver root).")])
+@cli.command(
+    "params-hook",
+    cls=_HookCommand,
+    params=[
+        click.Option(
+            ["--params"],
+            metavar="PATH",
+            help="The host's /proc/driver/nvidia/params (under the driver root).",
+        )
+    ],
+)
 def params_hook(argv: List[str]) -> None:
     """Run the createContainer hook that shows ModifyDeviceFiles: 0 — what runc calls.
 
@@ -263,8 +330,9 @@ def run(argv: Optional[List[str]]) -> None:
     """``nvshim ARGV`` through click: one line on stderr and exit 1 for any nvshim failure."""
     out = Output()
     try:
-        rc = cli.main(args=argv, prog_name="nvshim", complete_var=COMPLETE_VAR,
-                      standalone_mode=False, obj=out)
+        rc = cli.main(
+            args=argv, prog_name="nvshim", complete_var=COMPLETE_VAR, standalone_mode=False, obj=out
+        )
     except NvshimError as exc:
         fail(str(exc), exc, out.debug, exc.exit_code)
     except click.exceptions.Abort:

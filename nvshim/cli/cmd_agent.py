@@ -15,21 +15,40 @@ __all__ = ["agent"]
 
 @click.command("agent")
 @CONFIG_FILE
-@click.option("--socket", "socket_path", default=AGENT_SOCKET, show_default=True,
-              metavar="PATH", help="The agent's own socket, which nvshim-runtime's creates use.")
-@click.option("--nri-socket", default="none", show_default=True, metavar="PATH",
-              help="The engine's NRI socket to register with as a plugin (containerd's and "
-                   f"CRI-O's usual one: {NRI_SOCKET}); 'none', the default everywhere (the "
-                   "unit, the DaemonSet), for no NRI.")
-@click.option("--wait", is_flag=True,
-              help="When another agent serves --socket, wait for it to stop, then serve "
-                   "(a rollout's new agent beside the old one: the DaemonSet's agent "
-                   "container); without it that is an error.")
-@click.option("--ready", "check_ready", is_flag=True,
-              help="Do not serve: ask the agent on --socket whether it is ready (exit 0) or "
-                   "not (one line, exit 1). For readiness probes.")
-def agent(config_file: Optional[str], socket_path: str, nri_socket: str, wait: bool,
-          check_ready: bool) -> None:
+@click.option(
+    "--socket",
+    "socket_path",
+    default=AGENT_SOCKET,
+    show_default=True,
+    metavar="PATH",
+    help="The agent's own socket, which nvshim-runtime's creates use.",
+)
+@click.option(
+    "--nri-socket",
+    default="none",
+    show_default=True,
+    metavar="PATH",
+    help="The engine's NRI socket to register with as a plugin (containerd's and "
+    f"CRI-O's usual one: {NRI_SOCKET}); 'none', the default everywhere (the "
+    "unit, the DaemonSet), for no NRI.",
+)
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="When another agent serves --socket, wait for it to stop, then serve "
+    "(a rollout's new agent beside the old one: the DaemonSet's agent "
+    "container); without it that is an error.",
+)
+@click.option(
+    "--ready",
+    "check_ready",
+    is_flag=True,
+    help="Do not serve: ask the agent on --socket whether it is ready (exit 0) or "
+    "not (one line, exit 1). For readiness probes.",
+)
+def agent(
+    config_file: Optional[str], socket_path: str, nri_socket: str, wait: bool, check_ready: bool
+) -> None:
     """Run the node agent in the foreground until SIGTERM or SIGINT.
 
     It serves nvshim-runtime's creates on --socket (root peers only; a create the agent
@@ -54,5 +73,6 @@ def agent(config_file: Optional[str], socket_path: str, nri_socket: str, wait: b
         return
     from nvshim.agent.daemon import run_agent
 
-    sys.exit(run_agent(config_file, socket_path, None if nri_socket == "none" else nri_socket,
-                       wait=wait))
+    sys.exit(
+        run_agent(config_file, socket_path, None if nri_socket == "none" else nri_socket, wait=wait)
+    )

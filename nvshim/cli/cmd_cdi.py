@@ -2,6 +2,11 @@
 
 The group is exported as :data:`cdi`; other commands (``generate``) attach to it with
 ``@cdi.command()``. Output rules: results on stdout, warnings and summaries on stderr.
+
+Why one module: it is the click shell of `nvshim cdi`, one subcommand per function, and most
+of its lines are options and help texts; the work of each (loading, checking, generating,
+refreshing specs) lives in nvshim.cdi and nvshim.node, and the output rules above are shared
+by every subcommand.
 """
 
 from __future__ import annotations
@@ -65,22 +70,30 @@ def validate(files: Tuple[str, ...], fmt: str) -> None:
     from nvshim.cdi.load import STDIN
     from nvshim.cdi.schema import validate_file
 
-    results = [(STDIN if path == "-" else path, validate_file(path, _stdin()))
-               for path in files]
+    results = [(STDIN if path == "-" else path, validate_file(path, _stdin())) for path in files]
     total = sum(len(problems) for _, problems in results)
     if fmt == "json":
-        echo_json({
-            "files": [{"file": path, "ok": not problems,
-                       "problems": [problem_json(p) for p in problems]}
-                      for path, problems in results],
-            "ok": not total,
-        })
+        echo_json(
+            {
+                "files": [
+                    {
+                        "file": path,
+                        "ok": not problems,
+                        "problems": [problem_json(p) for p in problems],
+                    }
+                    for path, problems in results
+                ],
+                "ok": not total,
+            }
+        )
     else:
         for _, problems in results:
             for problem in problems:
                 click.echo(str(problem))
-        info(f"{len(files)} file{'s' if len(files) != 1 else ''}, "
-             f"{total} problem{'s' if total != 1 else ''}")
+        info(
+            f"{len(files)} file{'s' if len(files) != 1 else ''}, "
+            f"{total} problem{'s' if total != 1 else ''}"
+        )
     if total:
         click.get_current_context().exit(1)
 
@@ -94,41 +107,97 @@ def _stdin() -> Optional[BinaryIO]:
 
 
 @cdi.command()
-@click.option("--driver-root", default=None, metavar="DIR",
-              type=click.Path(exists=True, file_okay=False),
-              help="Driver root (default: from config, usually /).")
-@click.option("--dev-root", default=None, metavar="DIR",
-              type=click.Path(exists=True, file_okay=False),
-              help="Where /dev/nvidia* are (default: driver root).")
-@click.option("--output", "-o", default=None, metavar="FILE",
-              type=click.Path(dir_okay=False, allow_dash=True),
-              help="Write here atomically (mode 0644; .json or .yaml picks the format). "
-                   "Default (or -): stdout.")
-@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
-              help="Output format for stdout (default yaml; --output uses its extension).")
+@click.option(
+    "--driver-root",
+    default=None,
+    metavar="DIR",
+    type=click.Path(exists=True, file_okay=False),
+    help="Driver root (default: from config, usually /).",
+)
+@click.option(
+    "--dev-root",
+    default=None,
+    metavar="DIR",
+    type=click.Path(exists=True, file_okay=False),
+    help="Where /dev/nvidia* are (default: driver root).",
+)
+@click.option(
+    "--output",
+    "-o",
+    default=None,
+    metavar="FILE",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Write here atomically (mode 0644; .json or .yaml picks the format). "
+    "Default (or -): stdout.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["yaml", "json"]),
+    default=None,
+    help="Output format for stdout (default yaml; --output uses its extension).",
+)
 @click.option("--vendor", default="nvidia.com", show_default=True, help="CDI vendor.")
-@click.option("--class", "class_", default="gpu", show_default=True,
-              help="CDI device class. imex-channel: a spec of the node's IMEX channels "
-                   "(<vendor>/imex-channel=N, one /dev/nvidia-caps-imex-channels/channelN each).")
-@click.option("--device-name-strategy", "strategies", multiple=True, default=STRATEGIES,
-              show_default=True, type=click.Choice(STRATEGIES),
-              help="How devices are named: index (0, 0:1) and/or uuid (GPU-…, MIG-…).")
-@click.option("--driver-capabilities", default=",".join(DEFAULT_CAPABILITIES), show_default=True,
-              help="Which driver files the spec injects (NVIDIA_DRIVER_CAPABILITIES syntax).")
-@click.option("--gpu-source", type=click.Choice(["auto", "procfs", "nvml"]), default="auto",
-              show_default=True, help="Where GPUs are read from.")
-@click.option("--hook-path", default=None, metavar="PATH",
-              help="Absolute path of an `nvshim` command on the hosts that will use the spec; "
-                   "its hooks then run as `PATH hook …` and `PATH params-hook …` instead of "
-                   "naming this nvshim's venv interpreter, so the spec works where nvshim is "
-                   "installed elsewhere.")
-@click.option("--check", "check_file", default=None, metavar="FILE",
-              type=click.Path(dir_okay=False),
-              help="Do not write: exit 1 with the reasons if FILE is stale for this node.")
-def generate(driver_root: Optional[str], dev_root: Optional[str], output: Optional[str],
-             fmt: Optional[str], vendor: str, class_: str, strategies: Tuple[str, ...],
-             driver_capabilities: str, gpu_source: str, hook_path: Optional[str],
-             check_file: Optional[str]) -> None:
+@click.option(
+    "--class",
+    "class_",
+    default="gpu",
+    show_default=True,
+    help="CDI device class. imex-channel: a spec of the node's IMEX channels "
+    "(<vendor>/imex-channel=N, one /dev/nvidia-caps-imex-channels/channelN each).",
+)
+@click.option(
+    "--device-name-strategy",
+    "strategies",
+    multiple=True,
+    default=STRATEGIES,
+    show_default=True,
+    type=click.Choice(STRATEGIES),
+    help="How devices are named: index (0, 0:1) and/or uuid (GPU-…, MIG-…).",
+)
+@click.option(
+    "--driver-capabilities",
+    default=",".join(DEFAULT_CAPABILITIES),
+    show_default=True,
+    help="Which driver files the spec injects (NVIDIA_DRIVER_CAPABILITIES syntax).",
+)
+@click.option(
+    "--gpu-source",
+    type=click.Choice(["auto", "procfs", "nvml"]),
+    default="auto",
+    show_default=True,
+    help="Where GPUs are read from.",
+)
+@click.option(
+    "--hook-path",
+    default=None,
+    metavar="PATH",
+    help="Absolute path of an `nvshim` command on the hosts that will use the spec; "
+    "its hooks then run as `PATH hook …` and `PATH params-hook …` instead of "
+    "naming this nvshim's venv interpreter, so the spec works where nvshim is "
+    "installed elsewhere.",
+)
+@click.option(
+    "--check",
+    "check_file",
+    default=None,
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="Do not write: exit 1 with the reasons if FILE is stale for this node.",
+)
+def generate(
+    driver_root: Optional[str],
+    dev_root: Optional[str],
+    output: Optional[str],
+    fmt: Optional[str],
+    vendor: str,
+    class_: str,
+    strategies: Tuple[str, ...],
+    driver_capabilities: str,
+    gpu_source: str,
+    hook_path: Optional[str],
+    check_file: Optional[str],
+) -> None:
     """Generate a CDI spec for this node's GPUs (devices by index, UUID, MIG, and all).
 
     With --class imex-channel: a spec of the node's IMEX channels instead (write it to a
@@ -141,13 +210,33 @@ def generate(driver_root: Optional[str], dev_root: Optional[str], output: Option
     if check_file:
         from nvshim.cli.readonly import cdi_check
 
-        cdi_check(check_file, settings().quiet, driver_root, dev_root, class_, vendor,
-                  strategies, driver_capabilities, gpu_source, hook_path)
+        cdi_check(
+            check_file,
+            settings().quiet,
+            driver_root,
+            dev_root,
+            class_,
+            vendor,
+            strategies,
+            driver_capabilities,
+            gpu_source,
+            hook_path,
+        )
         return
     from nvshim.node.cdigen import generate_text
 
-    text = generate_text(driver_root, dev_root, output, fmt, class_, vendor, strategies,
-                         driver_capabilities, gpu_source, hook_path)
+    text = generate_text(
+        driver_root,
+        dev_root,
+        output,
+        fmt,
+        class_,
+        vendor,
+        strategies,
+        driver_capabilities,
+        gpu_source,
+        hook_path,
+    )
     if text:
         click.echo(text, nl=False)
 
@@ -161,19 +250,32 @@ _NOT_IN_REFRESH = ("--driver-root", "--dev-root", "--check", "--format", "--help
 
 @cdi.command()
 @CONFIG_FILE
-@click.option("--watch", is_flag=True,
-              help="Keep running: refresh now, then whenever the driver changes (polls the "
-                   "--print-watch-paths files), until SIGTERM or SIGINT (exit 0). For nodes "
-                   "without systemd, e.g. a DaemonSet's container. Logs on stderr: JSON lines "
-                   "unless a terminal reads them (or in a pod, always JSON).")
-@click.option("--interval", type=click.FloatRange(min=0.01), default=10.0, show_default=True,
-              metavar="SECONDS", help="How often --watch polls.")
-@click.option("--print-watch-paths", is_flag=True,
-              help="Print the files whose change means the driver changed, one per line "
-                   "(what --watch polls and install.sh's nvshim-cdi-refresh.path watches), "
-                   "and exit.")
-def refresh(config_file: Optional[str], watch: bool, interval: float,
-            print_watch_paths: bool) -> None:
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Keep running: refresh now, then whenever the driver changes (polls the "
+    "--print-watch-paths files), until SIGTERM or SIGINT (exit 0). For nodes "
+    "without systemd, e.g. a DaemonSet's container. Logs on stderr: JSON lines "
+    "unless a terminal reads them (or in a pod, always JSON).",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.01),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How often --watch polls.",
+)
+@click.option(
+    "--print-watch-paths",
+    is_flag=True,
+    help="Print the files whose change means the driver changed, one per line "
+    "(what --watch polls and install.sh's nvshim-cdi-refresh.path watches), "
+    "and exit.",
+)
+def refresh(
+    config_file: Optional[str], watch: bool, interval: float, print_watch_paths: bool
+) -> None:
     """Bring everything nvshim derives from the driver up to date, in one go.
 
     Regenerates each CDI spec the config's cdi-refresh lists (an entry is the options of
@@ -205,8 +307,10 @@ def refresh(config_file: Optional[str], watch: bool, interval: float,
         info(line)
     if not done.written:
         specs = f"{done.specs} CDI spec{'s' if done.specs != 1 else ''}"
-        info(f"nothing to refresh: {specs}, the node plan and the CDI index are current "
-             f"for driver {done.version}")
+        info(
+            f"nothing to refresh: {specs}, the node plan and the CDI index are current "
+            f"for driver {done.version}"
+        )
 
 
 def _refresh_targets(config: Any) -> List[Any]:
@@ -229,8 +333,10 @@ def _refresh_targets(config: Any) -> List[Any]:
             raise ConfigError(f"{where}: {_sentence(str(exc))}") from None
         banned = [a for a in args if a.split("=", 1)[0] in _NOT_IN_REFRESH]
         if banned:
-            raise ConfigError(f"{where}: {banned[0].split('=', 1)[0]} cannot be used here "
-                              "(driver-root and dev-root come from the config)")
+            raise ConfigError(
+                f"{where}: {banned[0].split('=', 1)[0]} cannot be used here "
+                "(driver-root and dev-root come from the config)"
+            )
         try:
             params = generate.make_context("generate", args).params
         except click.ClickException as exc:
@@ -241,9 +347,18 @@ def _refresh_targets(config: Any) -> List[Any]:
         if output in seen:
             raise ConfigError(f"{where}: {output} is also cdi-refresh[{seen[output]}]'s output")
         seen[output] = i
-        targets.append(Target(entry, output, params["class_"], params["vendor"],
-                              tuple(params["strategies"]), params["driver_capabilities"],
-                              params["gpu_source"], params["hook_path"]))
+        targets.append(
+            Target(
+                entry,
+                output,
+                params["class_"],
+                params["vendor"],
+                tuple(params["strategies"]),
+                params["driver_capabilities"],
+                params["gpu_source"],
+                params["hook_path"],
+            )
+        )
     return targets
 
 
@@ -257,25 +372,44 @@ def _sentence(message: str) -> str:
 
 
 @click.command("root")
-@click.option("--from", "old", required=True, metavar="DIR",
-              help="The root the spec's paths are under now.")
-@click.option("--to", "new", required=True, metavar="DIR",
-              help="The root they should be under.")
-@click.option("--relative-to", type=click.Choice(["host", "container"]), default="host",
-              show_default=True,
-              help="Which paths move: host paths (hostPath, hook path) or container paths.")
-@click.option("--input", "input_file", required=True, metavar="FILE",
-              type=click.Path(dir_okay=False, allow_dash=True),
-              help="The spec file to read (.yaml or .json); - reads stdin (JSON if it "
-                   "starts with {, else YAML).")
-@click.option("--output", "-o", default=None, metavar="FILE",
-              type=click.Path(dir_okay=False, allow_dash=True),
-              help="Write here atomically (.json or .yaml picks the format); default "
-                   "(or -): stdout.")
-@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
-              help="Format for stdout (default: the input's).")
-def root_command(old: str, new: str, relative_to: str, input_file: str,
-                 output: Optional[str], fmt: Optional[str]) -> None:
+@click.option(
+    "--from", "old", required=True, metavar="DIR", help="The root the spec's paths are under now."
+)
+@click.option("--to", "new", required=True, metavar="DIR", help="The root they should be under.")
+@click.option(
+    "--relative-to",
+    type=click.Choice(["host", "container"]),
+    default="host",
+    show_default=True,
+    help="Which paths move: host paths (hostPath, hook path) or container paths.",
+)
+@click.option(
+    "--input",
+    "input_file",
+    required=True,
+    metavar="FILE",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="The spec file to read (.yaml or .json); - reads stdin (JSON if it "
+    "starts with {, else YAML).",
+)
+@click.option(
+    "--output",
+    "-o",
+    default=None,
+    metavar="FILE",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Write here atomically (.json or .yaml picks the format); default (or -): stdout.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["yaml", "json"]),
+    default=None,
+    help="Format for stdout (default: the input's).",
+)
+def root_command(
+    old: str, new: str, relative_to: str, input_file: str, output: Optional[str], fmt: Optional[str]
+) -> None:
     """Rewrite a spec's paths from the root --from to the root --to.
 
     For driver containers: e.g. --from /run/nvidia/driver --to / turns a spec written on

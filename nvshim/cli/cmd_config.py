@@ -22,12 +22,16 @@ def config_group() -> None:
 
 @config_group.command("compile")
 @CONFIG_FILE
-@click.option("--default-runtime", is_flag=True,
-              help="A default runtime reads this config: refuse it unless require-allocation "
-                   "is on (a file of only comments too), and mark it so every later compile "
-                   "does the same (install.sh --set-as-default).")
-@click.option("--check", is_flag=True,
-              help="Only validate (with the same refusals), write nothing.")
+@click.option(
+    "--default-runtime",
+    is_flag=True,
+    help="A default runtime reads this config: refuse it unless require-allocation "
+    "is on (a file of only comments too), and mark it so every later compile "
+    "does the same (install.sh --set-as-default).",
+)
+@click.option(
+    "--check", is_flag=True, help="Only validate (with the same refusals), write nothing."
+)
 def config_compile(config_file: Optional[str], default_runtime: bool, check: bool) -> None:
     """Validate the YAML config and write the JSON copy the runtime's hot path reads.
 
@@ -65,13 +69,19 @@ def config_paths(config_file: Optional[str]) -> None:
     path = config.source or cfg.config_path()
     lines = []
     if config.grants_journal:
-        lines += [f"grants-journal {config.grants_journal}",
-                  f"denied-journal {denials_path(config.grants_journal)}"]
-    lines += [f"compiled {cfg.compiled_path(path)}", f"runtimes {cfg.runtimes_path(path)}",
-              f"annotation-prefixes {cfg.prefixes_path(path)}", f"plan {cfg.plan_path(path)}",
-              f"source-link {cfg.source_link_path(path)}",
-              f"cdi-index {cfg.cdi_index_path(path)}",
-              f"default-runtime-mark {cfg.default_mark_path(path)}"]
+        lines += [
+            f"grants-journal {config.grants_journal}",
+            f"denied-journal {denials_path(config.grants_journal)}",
+        ]
+    lines += [
+        f"compiled {cfg.compiled_path(path)}",
+        f"runtimes {cfg.runtimes_path(path)}",
+        f"annotation-prefixes {cfg.prefixes_path(path)}",
+        f"plan {cfg.plan_path(path)}",
+        f"source-link {cfg.source_link_path(path)}",
+        f"cdi-index {cfg.cdi_index_path(path)}",
+        f"default-runtime-mark {cfg.default_mark_path(path)}",
+    ]
     click.echo("\n".join(lines))
 
 
@@ -90,8 +100,7 @@ def config_show(config_file: Optional[str], fmt: str) -> None:
     if fmt == "json":
         import json
 
-        click.echo(json.dumps({"source": config.source, "config": config.to_mapping()},
-                              indent=2))
+        click.echo(json.dumps({"source": config.source, "config": config.to_mapping()}, indent=2))
         return
     import yaml
 

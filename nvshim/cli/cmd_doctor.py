@@ -18,48 +18,121 @@ __all__ = ["doctor"]
 
 
 @click.command()
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="One line per finding, or a JSON list of findings.")
-@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
-              help=f"nvshim config file (default: $NVSHIM_CONFIG or {DEFAULT_CONFIG_PATH}).")
-@click.option("--containerd-config", default="/etc/containerd/config.toml", show_default=True,
-              type=click.Path(dir_okay=False), help="containerd's main config file.")
-@click.option("--docker-config", default="/etc/docker/daemon.json", show_default=True,
-              type=click.Path(dir_okay=False), help="Docker's daemon.json.")
-@click.option("--crio-config", default="/etc/crio/crio.conf", show_default=True,
-              type=click.Path(dir_okay=False),
-              help="CRI-O's main config file (its crio.conf.d/ drop-ins are read too).")
-@click.option("--driver-root", default=None, type=click.Path(file_okay=False), metavar="DIR",
-              help="Driver root to discover GPUs under (default: from the config).")
-@click.option("--dev-root", default=None, type=click.Path(file_okay=False), metavar="DIR",
-              help="Where /dev/nvidia* live (default: the driver root).")
-@click.option("--trampoline", default=None, type=click.Path(dir_okay=False),
-              help="The installed nvshim-runtime to check [default: $NVSHIM_BINDIR/"
-                   f"nvshim-runtime, else {DEFAULT_TRAMPOLINE}].")
-@click.option("--nvidia-config", default=NVIDIA_CONFIG, show_default=True,
-              type=click.Path(dir_okay=False),
-              help="NVIDIA's runtime config, read for accept-nvidia-visible-devices-envvar-"
-                   "when-unprivileged (unless the runtime's env names another: "
-                   "NVIDIA_CTK_CONFIG_FILE_PATH, XDG_CONFIG_HOME).")
-@click.option("--hooks-dir", "hooks_dirs", multiple=True, type=click.Path(file_okay=False),
-              metavar="DIR",
-              help="OCI hook directory of podman and CRI-O, lowest precedence first; "
-                   f"repeatable [default: {', '.join(DEFAULT_HOOKS_DIRS)}].")
-@click.option("--runtime-binary", "runtime_binaries", multiple=True,
-              type=click.Path(dir_okay=False), metavar="FILE",
-              help="A runtime an engine runs that no config doctor reads names (podman "
-                   "--runtime FILE, ctr --runc-binary FILE): followed, like the engines' "
-                   "runtimes, to the nvshim config it reads. Repeatable.")
-@click.option("--agent-socket", default=AGENT_SOCKET, show_default=True,
-              metavar="PATH", help="The node agent's socket (nvshim agent): whether GPU creates "
-                                   "go through it or start Python.")
-@click.option("--verbose", "-v", is_flag=True,
-              help="Also print each finding's details (the programs followed, why it "
-                   "matters) on an indented line below it; JSON always has them (detail).")
-def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_config: str,
-           crio_config: str, driver_root: Optional[str], dev_root: Optional[str],
-           trampoline: Optional[str], nvidia_config: str, hooks_dirs: Tuple[str, ...],
-           runtime_binaries: Tuple[str, ...], agent_socket: str, verbose: bool) -> None:
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="One line per finding, or a JSON list of findings.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help=f"nvshim config file (default: $NVSHIM_CONFIG or {DEFAULT_CONFIG_PATH}).",
+)
+@click.option(
+    "--containerd-config",
+    default="/etc/containerd/config.toml",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="containerd's main config file.",
+)
+@click.option(
+    "--docker-config",
+    default="/etc/docker/daemon.json",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="Docker's daemon.json.",
+)
+@click.option(
+    "--crio-config",
+    default="/etc/crio/crio.conf",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="CRI-O's main config file (its crio.conf.d/ drop-ins are read too).",
+)
+@click.option(
+    "--driver-root",
+    default=None,
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Driver root to discover GPUs under (default: from the config).",
+)
+@click.option(
+    "--dev-root",
+    default=None,
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Where /dev/nvidia* live (default: the driver root).",
+)
+@click.option(
+    "--trampoline",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="The installed nvshim-runtime to check [default: $NVSHIM_BINDIR/"
+    f"nvshim-runtime, else {DEFAULT_TRAMPOLINE}].",
+)
+@click.option(
+    "--nvidia-config",
+    default=NVIDIA_CONFIG,
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="NVIDIA's runtime config, read for accept-nvidia-visible-devices-envvar-"
+    "when-unprivileged (unless the runtime's env names another: "
+    "NVIDIA_CTK_CONFIG_FILE_PATH, XDG_CONFIG_HOME).",
+)
+@click.option(
+    "--hooks-dir",
+    "hooks_dirs",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="OCI hook directory of podman and CRI-O, lowest precedence first; "
+    f"repeatable [default: {', '.join(DEFAULT_HOOKS_DIRS)}].",
+)
+@click.option(
+    "--runtime-binary",
+    "runtime_binaries",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="A runtime an engine runs that no config doctor reads names (podman "
+    "--runtime FILE, ctr --runc-binary FILE): followed, like the engines' "
+    "runtimes, to the nvshim config it reads. Repeatable.",
+)
+@click.option(
+    "--agent-socket",
+    default=AGENT_SOCKET,
+    show_default=True,
+    metavar="PATH",
+    help="The node agent's socket (nvshim agent): whether GPU creates "
+    "go through it or start Python.",
+)
+@click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="Also print each finding's details (the programs followed, why it "
+    "matters) on an indented line below it; JSON always has them (detail).",
+)
+def doctor(
+    fmt: str,
+    config_file: Optional[str],
+    containerd_config: str,
+    docker_config: str,
+    crio_config: str,
+    driver_root: Optional[str],
+    dev_root: Optional[str],
+    trampoline: Optional[str],
+    nvidia_config: str,
+    hooks_dirs: Tuple[str, ...],
+    runtime_binaries: Tuple[str, ...],
+    agent_socket: str,
+    verbose: bool,
+) -> None:
     """Check this node: config, containerd, Docker, CRI-O, runtimes, GPUs, driver files, CDI
     specs, runtime.
 
@@ -82,6 +155,20 @@ def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_
     """
     # sys.exit, not ctx.exit: `nvshim` runs click with standalone_mode=False, where
     # click turns ctx.exit(1) into a return value and the entry point would exit 0.
-    sys.exit(readonly.doctor(fmt, config_file, containerd_config, docker_config, crio_config,
-                             driver_root, dev_root, trampoline, nvidia_config, hooks_dirs,
-                             runtime_binaries, agent_socket, verbose))
+    sys.exit(
+        readonly.doctor(
+            fmt,
+            config_file,
+            containerd_config,
+            docker_config,
+            crio_config,
+            driver_root,
+            dev_root,
+            trampoline,
+            nvidia_config,
+            hooks_dirs,
+            runtime_binaries,
+            agent_socket,
+            verbose,
+        )
+    )

@@ -14,17 +14,35 @@ __all__ = ["grants"]
 
 @click.command()
 @CONFIG_FILE
-@click.option("--journal", default=None, metavar="FILE", type=click.Path(dir_okay=False),
-              help="Grant journal to read (default: config grants-journal).")
+@click.option(
+    "--journal",
+    default=None,
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="Grant journal to read (default: config grants-journal).",
+)
 @FORMAT
-@click.option("--prometheus", "prom_file", default=None, metavar="FILE",
-              type=click.Path(dir_okay=False),
-              help="Also write a node-exporter textfile-collector file here (atomically).")
-@click.option("--denied", is_flag=True,
-              help="Show the containers denied GPUs instead (stripped or refused, and why), "
-                   "from the denial journal beside the grant journal.")
-def grants(config_file: Optional[str], journal: Optional[str], fmt: str,
-           prom_file: Optional[str], denied: bool) -> None:
+@click.option(
+    "--prometheus",
+    "prom_file",
+    default=None,
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="Also write a node-exporter textfile-collector file here (atomically).",
+)
+@click.option(
+    "--denied",
+    is_flag=True,
+    help="Show the containers denied GPUs instead (stripped or refused, and why), "
+    "from the denial journal beside the grant journal.",
+)
+def grants(
+    config_file: Optional[str],
+    journal: Optional[str],
+    fmt: str,
+    prom_file: Optional[str],
+    denied: bool,
+) -> None:
     """Which live container holds which GPU, from the runtime's grant journal.
 
     Each GPU is shown by its index on this node (as nvidia-smi numbers it; ? when the

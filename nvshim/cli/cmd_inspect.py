@@ -18,20 +18,53 @@ __all__ = ["inspect"]
 
 
 @click.command()
-@click.option("--bundle", "-b", "bundle", default=".", show_default=True, metavar="DIR",
-              type=click.Path(file_okay=False), help="OCI bundle directory (holds config.json).")
-@click.option("--driver-root", default=None, metavar="DIR", type=click.Path(file_okay=False),
-              help="Driver root to discover GPUs under (default: from config).")
-@click.option("--dev-root", default=None, metavar="DIR", type=click.Path(file_okay=False),
-              help="Where /dev/nvidia* live (default: driver root).")
-@click.option("--config", "config_file", default=None, metavar="FILE",
-              type=click.Path(dir_okay=False),
-              help=f"nvshim config file (default: $NVSHIM_CONFIG or {DEFAULT_CONFIG_PATH}).")
-@click.option("--no-diff", "no_diff", is_flag=True,
-              help="Leave out the unified diff of config.json (text and JSON).")
+@click.option(
+    "--bundle",
+    "-b",
+    "bundle",
+    default=".",
+    show_default=True,
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="OCI bundle directory (holds config.json).",
+)
+@click.option(
+    "--driver-root",
+    default=None,
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="Driver root to discover GPUs under (default: from config).",
+)
+@click.option(
+    "--dev-root",
+    default=None,
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="Where /dev/nvidia* live (default: driver root).",
+)
+@click.option(
+    "--config",
+    "config_file",
+    default=None,
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help=f"nvshim config file (default: $NVSHIM_CONFIG or {DEFAULT_CONFIG_PATH}).",
+)
+@click.option(
+    "--no-diff",
+    "no_diff",
+    is_flag=True,
+    help="Leave out the unified diff of config.json (text and JSON).",
+)
 @FORMAT
-def inspect(bundle: str, driver_root: Optional[str], dev_root: Optional[str],
-            config_file: Optional[str], no_diff: bool, fmt: str) -> None:
+def inspect(
+    bundle: str,
+    driver_root: Optional[str],
+    dev_root: Optional[str],
+    config_file: Optional[str],
+    no_diff: bool,
+    fmt: str,
+) -> None:
     """Show what nvshim-runtime would do to a bundle, without writing anything.
 
     First a summary: where the request came from, the GPUs granted (index and UUID), the

@@ -92,8 +92,13 @@ def _action(change: FileChange) -> str:
     return "remove" if change.after is None else "modify"
 
 
-def _file_rows(files: Sequence[FileChange], config_path: str, backup_file: str,
-               backup_action: Optional[str], saved: bool) -> List[Dict[str, Any]]:
+def _file_rows(
+    files: Sequence[FileChange],
+    config_path: str,
+    backup_file: str,
+    backup_action: Optional[str],
+    saved: bool,
+) -> List[Dict[str, Any]]:
     """One row per file touched: ``path``, ``role`` (config, drop-in, backup), ``action``
     (create, modify, remove, unchanged), ``backup`` (the file that keeps its original bytes:
     ``saved`` for configure, where they go; else where a revert took them from) and
@@ -101,17 +106,31 @@ def _file_rows(files: Sequence[FileChange], config_path: str, backup_file: str,
     rows: List[Dict[str, Any]] = []
     for change in files:
         action = _action(change)
-        rows.append({
-            "path": change.path,
-            "role": ("config" if change.path == config_path else "hook"
-                     if os.path.basename(change.path) == docker.GPUS_HOOK else "drop-in"),
-            "action": action,
-            "backup": backup_file if saved and action != "unchanged" else None,
-            "content": change.after,
-        })
+        rows.append(
+            {
+                "path": change.path,
+                "role": (
+                    "config"
+                    if change.path == config_path
+                    else "hook"
+                    if os.path.basename(change.path) == docker.GPUS_HOOK
+                    else "drop-in"
+                ),
+                "action": action,
+                "backup": backup_file if saved and action != "unchanged" else None,
+                "content": change.after,
+            }
+        )
     if backup_action is not None:
-        rows.append({"path": backup_file, "role": "backup", "action": backup_action,
-                     "backup": None, "content": None})
+        rows.append(
+            {
+                "path": backup_file,
+                "role": "backup",
+                "action": backup_action,
+                "backup": None,
+                "content": None,
+            }
+        )
     return rows
 
 
@@ -260,7 +279,7 @@ def runtime() -> None:
     "--enable-nri",
     is_flag=True,
     help=(
-        "containerd 1.7 (config version 2): turn on NRI ([plugins.\"io.containerd.nri.v1.nri\"] "
+        'containerd 1.7 (config version 2): turn on NRI ([plugins."io.containerd.nri.v1.nri"] '
         "disable = false), which nvshim agent's NRI plugin needs (docs/nri.md); containerd "
         "2.x runs NRI by default and nothing changes. Reverted with the handler."
     ),
@@ -313,9 +332,16 @@ def configure_command(
         config_path = chosen.default_config
     target = _Target(engine, os.path.abspath(config_path), name, dry_run, fmt == "json")
     options = engines.ConfigureOptions(
-        name=name, binary=binary, drop_in=drop_in, set_as_default=set_as_default, force=force,
-        enable_cdi=enable_cdi, pod_cdi_annotations=pod_cdi_annotations, enable_nri=enable_nri,
-        dry_run=dry_run)
+        name=name,
+        binary=binary,
+        drop_in=drop_in,
+        set_as_default=set_as_default,
+        force=force,
+        enable_cdi=enable_cdi,
+        pod_cdi_annotations=pod_cdi_annotations,
+        enable_nri=enable_nri,
+        dry_run=dry_run,
+    )
     chosen.check(options)
     if revert:
         _refuse_with_revert(ctx)
@@ -337,8 +363,11 @@ _CONFIGURE_ONLY = (
 
 def _refuse_with_revert(ctx: click.Context) -> None:
     """A UsageError naming the configure-only flags given with ``--revert``."""
-    conflicting = [flag for flag, param in _CONFIGURE_ONLY
-                   if ctx.get_parameter_source(param) is not click.core.ParameterSource.DEFAULT]
+    conflicting = [
+        flag
+        for flag, param in _CONFIGURE_ONLY
+        if ctx.get_parameter_source(param) is not click.core.ParameterSource.DEFAULT
+    ]
     if conflicting:
         raise UsageError(
             f"--revert cannot be combined with {_join(conflicting)}: it takes only "
@@ -365,21 +394,30 @@ class _Target:
         """Nothing more to say after :meth:`report`: a dry run or a JSON document."""
         return self.dry_run or self.as_json
 
-    def report(self, operation: str, files: Sequence[FileChange], warnings: Sequence[str],
-               backup_action: Optional[str], saved: bool, written: Sequence[str]) -> None:
+    def report(
+        self,
+        operation: str,
+        files: Sequence[FileChange],
+        warnings: Sequence[str],
+        backup_action: Optional[str],
+        saved: bool,
+        written: Sequence[str],
+    ) -> None:
         """The JSON document, or the warnings and (dry run) the files and the plan."""
         rows = _file_rows(files, self.config_path, self.backup_file, backup_action, saved)
         if self.as_json:
-            _emit_json({
-                "engine": self.engine,
-                "operation": operation,
-                "dry_run": self.dry_run,
-                "config": self.config_path,
-                "name": self.name,
-                "files": rows,
-                "written": list(written),
-                "warnings": list(warnings),
-            })
+            _emit_json(
+                {
+                    "engine": self.engine,
+                    "operation": operation,
+                    "dry_run": self.dry_run,
+                    "config": self.config_path,
+                    "name": self.name,
+                    "files": rows,
+                    "written": list(written),
+                    "warnings": list(warnings),
+                }
+            )
         else:
             _warn(warnings)
             if self.dry_run:
@@ -389,12 +427,18 @@ class _Target:
 
 def _revert(chosen: engines.Engine, target: _Target, drop_in: Optional[str]) -> None:
     """Take runtime ``target.name`` out, report it, and say in one line what changed."""
-    result = chosen.revert(target.config_path, name=target.name, drop_in=drop_in,
-                           dry_run=target.dry_run)
+    result = chosen.revert(
+        target.config_path, name=target.name, drop_in=drop_in, dry_run=target.dry_run
+    )
     written = () if target.dry_run else result.restored + result.edited + result.removed
-    target.report("revert", result.files, result.warnings,
-                  "remove" if result.used_backup and not result.kept_backup else None,
-                  result.used_backup, written)
+    target.report(
+        "revert",
+        result.files,
+        result.warnings,
+        "remove" if result.used_backup and not result.kept_backup else None,
+        result.used_backup,
+        written,
+    )
     if target.quiet:
         return
     done = []
@@ -410,8 +454,7 @@ def _revert(chosen: engines.Engine, target: _Target, drop_in: Optional[str]) -> 
         info(f"nothing to revert in {target.config_path}")
 
 
-def _configure(chosen: engines.Engine, target: _Target,
-               options: engines.ConfigureOptions) -> None:
+def _configure(chosen: engines.Engine, target: _Target, options: engines.ConfigureOptions) -> None:
     """Add the runtime (a default only past the require-allocation guard), report it, and
     say in one line what was written."""
     if options.set_as_default:
@@ -422,8 +465,9 @@ def _configure(chosen: engines.Engine, target: _Target,
     backup_action = None
     if changed:  # for a real run: as it was before the write
         backup_action = "modify" if backup_existed else "create"
-    target.report("configure", outcome.files, outcome.warnings, backup_action, True,
-                  outcome.written)
+    target.report(
+        "configure", outcome.files, outcome.warnings, backup_action, True, outcome.written
+    )
     if not target.quiet:
         info(_configured(chosen, outcome, target.name))
 
@@ -433,8 +477,13 @@ def _guard_default(options: engines.ConfigureOptions) -> engines.ConfigureOption
     runtime is refused here when it is off, naming the config the runtime reads."""
     require_allocation, read = _require_allocation(options.binary)
     if not options.force:
-        default_runtime_guard(options.name, True, False, require_allocation,
-                              f"{read}, the config {options.binary} reads")
+        default_runtime_guard(
+            options.name,
+            True,
+            False,
+            require_allocation,
+            f"{read}, the config {options.binary} reads",
+        )
     return replace(options, require_allocation=require_allocation)
 
 
@@ -448,8 +497,10 @@ def _configured(chosen: engines.Engine, outcome: ConfigureOutcome, name: str) ->
         noun = "runtimes" if len(others) > 1 else "runtime"
         holding = f" ({outcome.handler_file} also keeps {noun} {listed})"
     if outcome.written:
-        return (f"wrote {_join(outcome.written)}{holding}; "
-                f'{chosen.restart_hint(outcome.written)} to use runtime "{name}"')
+        return (
+            f"wrote {_join(outcome.written)}{holding}; "
+            f'{chosen.restart_hint(outcome.written)} to use runtime "{name}"'
+        )
     return f'{outcome.handler_file} already has runtime "{name}"{holding}; nothing written'
 
 
@@ -473,20 +524,53 @@ def _configured(chosen: engines.Engine, outcome: ConfigureOutcome, name: str) ->
         "(the operator does)."
     ),
 )
-@click.option("--unit", default="containerd", show_default=True, metavar="UNIT",
-              help="The systemd unit for --mode systemd (k3s: k3s or k3s-agent; RKE2: "
-                   "rke2-server or rke2-agent; microk8s: snap.microk8s.daemon-containerd).")
-@click.option("--socket", "socket_path", default=engine_restart.DEFAULT_SOCKET,
-              show_default=True, metavar="PATH", help="containerd's gRPC socket.")
-@click.option("--signal", "signal_name", default="SIGHUP", show_default=True, metavar="SIG",
-              help="The signal for --mode signal (containerd exits on SIGHUP and SIGTERM).")
-@click.option("--timeout", type=click.FloatRange(min=0.5), default=60.0, show_default=True,
-              metavar="SECONDS", help="How long to wait for the socket to answer again.")
-@click.option("--check", is_flag=True,
-              help="Restart nothing: only check that containerd answers on --socket now "
-                   "(fails, naming the socket, when it does not).")
-def restart_command(engine: str, mode: str, unit: str, socket_path: str, signal_name: str,
-                    timeout: float, check: bool) -> None:
+@click.option(
+    "--unit",
+    default="containerd",
+    show_default=True,
+    metavar="UNIT",
+    help="The systemd unit for --mode systemd (k3s: k3s or k3s-agent; RKE2: "
+    "rke2-server or rke2-agent; microk8s: snap.microk8s.daemon-containerd).",
+)
+@click.option(
+    "--socket",
+    "socket_path",
+    default=engine_restart.DEFAULT_SOCKET,
+    show_default=True,
+    metavar="PATH",
+    help="containerd's gRPC socket.",
+)
+@click.option(
+    "--signal",
+    "signal_name",
+    default="SIGHUP",
+    show_default=True,
+    metavar="SIG",
+    help="The signal for --mode signal (containerd exits on SIGHUP and SIGTERM).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.5),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to wait for the socket to answer again.",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Restart nothing: only check that containerd answers on --socket now "
+    "(fails, naming the socket, when it does not).",
+)
+def restart_command(
+    engine: str,
+    mode: str,
+    unit: str,
+    socket_path: str,
+    signal_name: str,
+    timeout: float,
+    check: bool,
+) -> None:
     """Restart containerd so it loads its changed config; wait until its socket answers.
 
     After --mode systemd or signal, containerd's own Version call must answer on --socket
@@ -498,5 +582,8 @@ def restart_command(engine: str, mode: str, unit: str, socket_path: str, signal_
         engine_restart.parse_signal(signal_name)
         info(engine_restart.check_answers(socket_path))
         return
-    info(engine_restart.restart_containerd(mode, socket_path, unit=unit,
-                                           signal_name=signal_name, timeout=timeout))
+    info(
+        engine_restart.restart_containerd(
+            mode, socket_path, unit=unit, signal_name=signal_name, timeout=timeout
+        )
+    )

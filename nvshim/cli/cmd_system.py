@@ -17,20 +17,31 @@ from nvshim.host.system import (
 
 __all__ = ["system"]
 
-_FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-                       show_default=True,
-                       help="One line per path, or a JSON object {outcomes, notes}.")
-_DRY_RUN = click.option("--dry-run", is_flag=True,
-                        help="Say what would be created; create nothing.")
-_DEV_ROOT = click.option("--dev-root", default=None, metavar="DIR",
-                         type=click.Path(file_okay=False),
-                         help="Root under which dev/ is written [default: the driver root].")
+_FORMAT = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="One line per path, or a JSON object {outcomes, notes}.",
+)
+_DRY_RUN = click.option(
+    "--dry-run", is_flag=True, help="Say what would be created; create nothing."
+)
+_DEV_ROOT = click.option(
+    "--dev-root",
+    default=None,
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="Root under which dev/ is written [default: the driver root].",
+)
 
 
 def _report(outcomes: List[Outcome], notes: List[str], fmt: str) -> None:
     if fmt == "json":
-        click.echo(json.dumps({"outcomes": [o.to_dict() for o in outcomes], "notes": notes},
-                              indent=2))
+        click.echo(
+            json.dumps({"outcomes": [o.to_dict() for o in outcomes], "notes": notes}, indent=2)
+        )
         return
     for outcome in outcomes:
         click.echo(f"{outcome.action:<12} {outcome.path} {outcome.detail}")
@@ -44,14 +55,18 @@ def system() -> None:
 
 
 @system.command("create-device-nodes")
-@click.option("--driver-root", default="/", show_default=True, metavar="DIR",
-              type=click.Path(file_okay=False),
-              help="Root of the host whose /proc/devices and /proc/driver/nvidia are read.")
+@click.option(
+    "--driver-root",
+    default="/",
+    show_default=True,
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="Root of the host whose /proc/devices and /proc/driver/nvidia are read.",
+)
 @_DEV_ROOT
 @_DRY_RUN
 @_FORMAT
-def create_device_nodes_command(driver_root: str, dev_root: str, dry_run: bool,
-                                fmt: str) -> None:
+def create_device_nodes_command(driver_root: str, dev_root: str, dry_run: bool, fmt: str) -> None:
     """Create the NVIDIA device nodes the loaded driver serves, where missing.
 
     /dev/nvidiactl and /dev/nvidia-modeset, /dev/nvidia<minor> per GPU (from
@@ -70,9 +85,14 @@ def create_device_nodes_command(driver_root: str, dev_root: str, dry_run: bool,
 
 
 @system.command("create-dev-char-symlinks")
-@click.option("--dev-root", default="/", show_default=True, metavar="DIR",
-              type=click.Path(file_okay=False),
-              help="Root under which dev/ is read and dev/char/ written.")
+@click.option(
+    "--dev-root",
+    default="/",
+    show_default=True,
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="Root under which dev/ is read and dev/char/ written.",
+)
 @_DRY_RUN
 @_FORMAT
 def create_dev_char_symlinks_command(dev_root: str, dry_run: bool, fmt: str) -> None:
@@ -88,8 +108,14 @@ def create_dev_char_symlinks_command(dev_root: str, dry_run: bool, fmt: str) -> 
     never replaced. Exits 1 when any link conflicts.
     """
     outcomes = create_dev_char_symlinks(dev_root, dry_run=dry_run)
-    notes = [] if outcomes else [f"no NVIDIA device nodes under {dev_root.rstrip('/')}/dev: "
-                                 "nothing to link (nvshim system create-device-nodes makes them)"]
+    notes = (
+        []
+        if outcomes
+        else [
+            f"no NVIDIA device nodes under {dev_root.rstrip('/')}/dev: "
+            "nothing to link (nvshim system create-device-nodes makes them)"
+        ]
+    )
     _report(outcomes, notes, fmt)
     if any(o.action == "conflict" for o in outcomes):
         raise SystemExit(1)

@@ -39,9 +39,16 @@ class Opt:
 
     __slots__ = ("dest", "flag", "multiple", "choices", "is_dir", "not_dir", "not_file")
 
-    def __init__(self, dest: str, flag: bool = False, multiple: bool = False,
-                 choices: Tuple[str, ...] = (), is_dir: bool = False,
-                 not_dir: bool = False, not_file: bool = False) -> None:
+    def __init__(
+        self,
+        dest: str,
+        flag: bool = False,
+        multiple: bool = False,
+        choices: Tuple[str, ...] = (),
+        is_dir: bool = False,
+        not_dir: bool = False,
+        not_file: bool = False,
+    ) -> None:
         self.dest = dest
         self.flag = flag
         self.multiple = multiple
@@ -66,65 +73,97 @@ class Opt:
         import stat
 
         # click.Path's checks, readable=True included
-        return (self.is_dir and not stat.S_ISDIR(st.st_mode)) \
-            or (self.not_file and stat.S_ISREG(st.st_mode)) \
-            or (self.not_dir and stat.S_ISDIR(st.st_mode)) \
+        return (
+            (self.is_dir and not stat.S_ISDIR(st.st_mode))
+            or (self.not_file and stat.S_ISREG(st.st_mode))
+            or (self.not_dir and stat.S_ISDIR(st.st_mode))
             or not os.access(value, os.R_OK)
+        )
 
 
 _FORMAT = Opt("fmt", choices=("text", "json"))
 
 #: command path -> its options (flag spelling -> Opt) and their defaults
 FORMS: Dict[Tuple[str, ...], Tuple[Dict[str, Opt], Dict[str, Any]]] = {
-    ("grants",): ({
-        "--config": Opt("config_file", not_dir=True),
-        "--journal": Opt("journal", not_dir=True),
-        "--format": _FORMAT,
-        "--prometheus": Opt("prom_file", not_dir=True),
-        "--denied": Opt("denied", flag=True),
-    }, {"config_file": None, "journal": None, "fmt": "text", "prom_file": None,
-        "denied": False}),
-    ("cdi", "list"): ({
-        "--spec-dir": Opt("spec_dirs", multiple=True, is_dir=True),
-        "--format": _FORMAT,
-    }, {"spec_dirs": (), "fmt": "text"}),
-    ("cdi", "generate"): ({
-        "--driver-root": Opt("driver_root", is_dir=True),
-        "--dev-root": Opt("dev_root", is_dir=True),
-        "--vendor": Opt("vendor"),
-        "--class": Opt("class_"),
-        "--device-name-strategy": Opt("strategies", multiple=True, choices=("index", "uuid")),
-        "--driver-capabilities": Opt("driver_capabilities"),
-        "--gpu-source": Opt("gpu_source", choices=("auto", "procfs", "nvml")),
-        "--hook-path": Opt("hook_path"),
-        "--check": Opt("check_file", not_dir=True),
-        "--output": Opt("output", not_dir=True),
-        "-o": Opt("output", not_dir=True),
-        "--format": Opt("fmt", choices=("yaml", "json")),
-    }, {"driver_root": None, "dev_root": None, "vendor": "nvidia.com", "class_": "gpu",
-        "strategies": ("index", "uuid"),
-        "driver_capabilities": "compute,utility", "gpu_source": "auto", "hook_path": None,
-        "check_file": None, "output": None, "fmt": None}),
-    ("doctor",): ({
-        "--format": _FORMAT,
-        "--config": Opt("config_file", not_dir=True),
-        "--containerd-config": Opt("containerd_config", not_dir=True),
-        "--docker-config": Opt("docker_config", not_dir=True),
-        "--crio-config": Opt("crio_config", not_dir=True),
-        "--driver-root": Opt("driver_root", not_file=True),
-        "--dev-root": Opt("dev_root", not_file=True),
-        "--trampoline": Opt("trampoline", not_dir=True),
-        "--nvidia-config": Opt("nvidia_config", not_dir=True),
-        "--hooks-dir": Opt("hooks_dirs", multiple=True, not_file=True),
-        "--runtime-binary": Opt("runtime_binaries", multiple=True, not_dir=True),
-        "--agent-socket": Opt("agent_socket"),
-        "--verbose": Opt("verbose", flag=True),
-        "-v": Opt("verbose", flag=True),
-    }, {"fmt": "text", "config_file": None, "containerd_config": "/etc/containerd/config.toml",
-        "docker_config": "/etc/docker/daemon.json", "crio_config": "/etc/crio/crio.conf",
-        "driver_root": None, "dev_root": None, "trampoline": None,
-        "nvidia_config": "/etc/nvidia-container-runtime/config.toml", "hooks_dirs": (),
-        "runtime_binaries": (), "agent_socket": AGENT_SOCKET, "verbose": False}),
+    ("grants",): (
+        {
+            "--config": Opt("config_file", not_dir=True),
+            "--journal": Opt("journal", not_dir=True),
+            "--format": _FORMAT,
+            "--prometheus": Opt("prom_file", not_dir=True),
+            "--denied": Opt("denied", flag=True),
+        },
+        {"config_file": None, "journal": None, "fmt": "text", "prom_file": None, "denied": False},
+    ),
+    ("cdi", "list"): (
+        {
+            "--spec-dir": Opt("spec_dirs", multiple=True, is_dir=True),
+            "--format": _FORMAT,
+        },
+        {"spec_dirs": (), "fmt": "text"},
+    ),
+    ("cdi", "generate"): (
+        {
+            "--driver-root": Opt("driver_root", is_dir=True),
+            "--dev-root": Opt("dev_root", is_dir=True),
+            "--vendor": Opt("vendor"),
+            "--class": Opt("class_"),
+            "--device-name-strategy": Opt("strategies", multiple=True, choices=("index", "uuid")),
+            "--driver-capabilities": Opt("driver_capabilities"),
+            "--gpu-source": Opt("gpu_source", choices=("auto", "procfs", "nvml")),
+            "--hook-path": Opt("hook_path"),
+            "--check": Opt("check_file", not_dir=True),
+            "--output": Opt("output", not_dir=True),
+            "-o": Opt("output", not_dir=True),
+            "--format": Opt("fmt", choices=("yaml", "json")),
+        },
+        {
+            "driver_root": None,
+            "dev_root": None,
+            "vendor": "nvidia.com",
+            "class_": "gpu",
+            "strategies": ("index", "uuid"),
+            "driver_capabilities": "compute,utility",
+            "gpu_source": "auto",
+            "hook_path": None,
+            "check_file": None,
+            "output": None,
+            "fmt": None,
+        },
+    ),
+    ("doctor",): (
+        {
+            "--format": _FORMAT,
+            "--config": Opt("config_file", not_dir=True),
+            "--containerd-config": Opt("containerd_config", not_dir=True),
+            "--docker-config": Opt("docker_config", not_dir=True),
+            "--crio-config": Opt("crio_config", not_dir=True),
+            "--driver-root": Opt("driver_root", not_file=True),
+            "--dev-root": Opt("dev_root", not_file=True),
+            "--trampoline": Opt("trampoline", not_dir=True),
+            "--nvidia-config": Opt("nvidia_config", not_dir=True),
+            "--hooks-dir": Opt("hooks_dirs", multiple=True, not_file=True),
+            "--runtime-binary": Opt("runtime_binaries", multiple=True, not_dir=True),
+            "--agent-socket": Opt("agent_socket"),
+            "--verbose": Opt("verbose", flag=True),
+            "-v": Opt("verbose", flag=True),
+        },
+        {
+            "fmt": "text",
+            "config_file": None,
+            "containerd_config": "/etc/containerd/config.toml",
+            "docker_config": "/etc/docker/daemon.json",
+            "crio_config": "/etc/crio/crio.conf",
+            "driver_root": None,
+            "dev_root": None,
+            "trampoline": None,
+            "nvidia_config": "/etc/nvidia-container-runtime/config.toml",
+            "hooks_dirs": (),
+            "runtime_binaries": (),
+            "agent_socket": AGENT_SOCKET,
+            "verbose": False,
+        },
+    ),
 }
 
 #: The width click renders help at on a terminal of 80 columns or more (and off a terminal).
@@ -178,8 +217,9 @@ def _columns() -> int:
         return HELP_WIDTH
 
 
-def parse(args: Sequence[str], options: Dict[str, Opt],
-          defaults: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+def parse(
+    args: Sequence[str], options: Dict[str, Opt], defaults: Dict[str, Any]
+) -> Optional[Dict[str, Any]]:
     """The values of ``--name value``, ``--name=value`` and flags, or None for anything
     click should judge (an unknown option, an argument, a refused value)."""
     values = dict(defaults)
@@ -231,8 +271,8 @@ def serve(args: Sequence[str]) -> Optional[int]:
         out(TOP_HELP.rstrip("\n"))
         return 0
     for path, (options, defaults) in FORMS.items():
-        if tuple(args[:len(path)]) == path:
-            values = parse(args[len(path):], options, defaults)
+        if tuple(args[: len(path)]) == path:
+            values = parse(args[len(path) :], options, defaults)
             if values is not None:
                 return _run(path, values)
     return None
@@ -242,30 +282,60 @@ def _run(path: Tuple[str, ...], values: Dict[str, Any]) -> Optional[int]:
     from nvshim.cli import readonly
 
     if path == ("grants",):
-        return readonly.grants(values["config_file"], values["journal"], values["fmt"],
-                               values["prom_file"], values["denied"])
+        return readonly.grants(
+            values["config_file"],
+            values["journal"],
+            values["fmt"],
+            values["prom_file"],
+            values["denied"],
+        )
     if path == ("cdi", "list"):
         return readonly.cdi_list(values["spec_dirs"], values["fmt"])
     if path == ("doctor",):
-        return readonly.doctor(values["fmt"], values["config_file"], values["containerd_config"],
-                               values["docker_config"], values["crio_config"],
-                               values["driver_root"], values["dev_root"], values["trampoline"],
-                               values["nvidia_config"], values["hooks_dirs"],
-                               values["runtime_binaries"], values["agent_socket"],
-                               values["verbose"])
+        return readonly.doctor(
+            values["fmt"],
+            values["config_file"],
+            values["containerd_config"],
+            values["docker_config"],
+            values["crio_config"],
+            values["driver_root"],
+            values["dev_root"],
+            values["trampoline"],
+            values["nvidia_config"],
+            values["hooks_dirs"],
+            values["runtime_binaries"],
+            values["agent_socket"],
+            values["verbose"],
+        )
     if values["check_file"] is None:
         from nvshim.node.cdigen import generate_text
 
-        text = generate_text(values["driver_root"], values["dev_root"], values["output"],
-                             values["fmt"], values["class_"], values["vendor"],
-                             values["strategies"], values["driver_capabilities"],
-                             values["gpu_source"], values["hook_path"])
+        text = generate_text(
+            values["driver_root"],
+            values["dev_root"],
+            values["output"],
+            values["fmt"],
+            values["class_"],
+            values["vendor"],
+            values["strategies"],
+            values["driver_capabilities"],
+            values["gpu_source"],
+            values["hook_path"],
+        )
         if text:
             import sys
 
             sys.stdout.write(text)
         return 0
-    return readonly.cdi_check(values["check_file"], False, values["driver_root"],
-                              values["dev_root"], values["class_"], values["vendor"],
-                              values["strategies"], values["driver_capabilities"],
-                              values["gpu_source"], values["hook_path"])
+    return readonly.cdi_check(
+        values["check_file"],
+        False,
+        values["driver_root"],
+        values["dev_root"],
+        values["class_"],
+        values["vendor"],
+        values["strategies"],
+        values["driver_capabilities"],
+        values["gpu_source"],
+        values["hook_path"],
+    )

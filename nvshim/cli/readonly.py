@@ -59,14 +59,21 @@ def _show_denied(journal: str, fmt: str) -> None:
     path = denials_path(journal)
     records = read_denials(path)
     if records is None:
-        err(f"nvshim: no denials yet: {path} does not exist (nvshim-runtime creates it "
-            "at the first container it strips or refuses)")
+        err(
+            f"nvshim: no denials yet: {path} does not exist (nvshim-runtime creates it "
+            "at the first container it strips or refuses)"
+        )
         records = []
     out(render_denied_json(records) if fmt == "json" else render_denied_table(records))
 
 
-def grants(config_file: Optional[str], journal: Optional[str], fmt: str,
-           prom_file: Optional[str], denied: bool) -> int:
+def grants(
+    config_file: Optional[str],
+    journal: Optional[str],
+    fmt: str,
+    prom_file: Optional[str],
+    denied: bool,
+) -> int:
     """``nvshim grants``: the live holders of GPUs (1 when two hold one GPU unshared)."""
     from nvshim.config import load_config
     from nvshim.errors import ConfigError, HostError
@@ -82,8 +89,9 @@ def grants(config_file: Optional[str], journal: Optional[str], fmt: str,
     config = load_config(config_file, required=config_file is not None)
     path = journal or config.grants_journal
     if not path:
-        raise ConfigError(f"grants-journal is off (null) in {config.source or 'the config'}; "
-                          "pass --journal FILE")
+        raise ConfigError(
+            f"grants-journal is off (null) in {config.source or 'the config'}; pass --journal FILE"
+        )
     if denied:
         _show_denied(path, fmt)
         return 0
@@ -91,11 +99,15 @@ def grants(config_file: Optional[str], journal: Optional[str], fmt: str,
     if doc is None and journal is not None:
         raise HostError(f"grant journal {path} does not exist")
     if doc is None:
-        err(f"nvshim: no grants yet: {path} does not exist (nvshim-runtime creates it "
-            "at the first GPU grant)")
+        err(
+            f"nvshim: no grants yet: {path} does not exist (nvshim-runtime creates it "
+            "at the first GPU grant)"
+        )
     elif doc.unreadable and not doc.grants:
-        raise HostError(f"{path} holds no grant record, only {_unreadable(doc.unreadable)}: "
-                        "is it the grant journal?")
+        raise HostError(
+            f"{path} holds no grant record, only {_unreadable(doc.unreadable)}: "
+            "is it the grant journal?"
+        )
     elif doc.unreadable:
         err(f"nvshim: warning: {path}: skipped {_unreadable(doc.unreadable)}")
     holders = live_grants(doc.grants if doc is not None else ())
@@ -143,10 +155,21 @@ def cdi_list(spec_dirs: Sequence[str], fmt: str) -> int:
         devices = []
         for name in registry.names():
             resolved = registry.devices[name]
-            devices.append({"name": name, "kind": resolved.spec.kind,
-                            "device": resolved.device.name, "spec_file": resolved.spec.path})
-        echo_json({"spec_dirs": list(registry.spec_dirs), "devices": devices,
-                   "problems": [problem_json(p) for p in registry.problems]})
+            devices.append(
+                {
+                    "name": name,
+                    "kind": resolved.spec.kind,
+                    "device": resolved.device.name,
+                    "spec_file": resolved.spec.path,
+                }
+            )
+        echo_json(
+            {
+                "spec_dirs": list(registry.spec_dirs),
+                "devices": devices,
+                "problems": [problem_json(p) for p in registry.problems],
+            }
+        )
         return 0
     for problem in registry.problems:
         err(f"warning: {problem}")
@@ -161,9 +184,18 @@ def cdi_list(spec_dirs: Sequence[str], fmt: str) -> int:
 # --- cdi generate --check -----------------------------------------------------------------
 
 
-def cdi_check(check_file: str, quiet: bool, driver_root: Optional[str],
-              dev_root: Optional[str], class_: str, vendor: str, strategies: Sequence[str],
-              driver_capabilities: str, gpu_source: str, hook_path: Optional[str]) -> int:
+def cdi_check(
+    check_file: str,
+    quiet: bool,
+    driver_root: Optional[str],
+    dev_root: Optional[str],
+    class_: str,
+    vendor: str,
+    strategies: Sequence[str],
+    driver_capabilities: str,
+    gpu_source: str,
+    hook_path: Optional[str],
+) -> int:
     """``nvshim cdi generate --check FILE``: 0 when FILE is what generate would write now;
     a stale one raises the reasons."""
     import os
@@ -173,12 +205,24 @@ def cdi_check(check_file: str, quiet: bool, driver_root: Optional[str],
     from nvshim.node.cdigen import check_current, generate_for_node
 
     config = load_config()
-    spec, host = generate_for_node(driver_root, dev_root, class_, vendor, tuple(strategies),
-                                   driver_capabilities, gpu_source, hook_path, config)
+    spec, host = generate_for_node(
+        driver_root,
+        dev_root,
+        class_,
+        vendor,
+        tuple(strategies),
+        driver_capabilities,
+        gpu_source,
+        hook_path,
+        config,
+    )
     # a spec in the config's spec dirs is decoded already in a fresh CDI index: a YAML one
     # is then compared without importing yaml
-    existing = indexed_document(os.path.abspath(check_file), config.cdi_spec_dirs,
-                                cdi_index_path(config.source or config_path()))
+    existing = indexed_document(
+        os.path.abspath(check_file),
+        config.cdi_spec_dirs,
+        cdi_index_path(config.source or config_path()),
+    )
     check_current(check_file, spec, host, config, existing)
     if not quiet:
         err(f"{check_file}: current")
@@ -188,10 +232,21 @@ def cdi_check(check_file: str, quiet: bool, driver_root: Optional[str],
 # --- doctor -------------------------------------------------------------------------------
 
 
-def doctor(fmt: str, config_file: Optional[str], containerd_config: str, docker_config: str,
-           crio_config: str, driver_root: Optional[str], dev_root: Optional[str],
-           trampoline: Optional[str], nvidia_config: str, hooks_dirs: Tuple[str, ...],
-           runtime_binaries: Tuple[str, ...], agent_socket: str, verbose: bool) -> int:
+def doctor(
+    fmt: str,
+    config_file: Optional[str],
+    containerd_config: str,
+    docker_config: str,
+    crio_config: str,
+    driver_root: Optional[str],
+    dev_root: Optional[str],
+    trampoline: Optional[str],
+    nvidia_config: str,
+    hooks_dirs: Tuple[str, ...],
+    runtime_binaries: Tuple[str, ...],
+    agent_socket: str,
+    verbose: bool,
+) -> int:
     """``nvshim doctor``: one line per finding; 1 when any check failed."""
     import os
 

@@ -94,40 +94,85 @@ OWN_VERSION_LIBRARIES: Dict[str, str] = {
 #: Driver data files per capability: (capability, container path — "" for where it was
 #: found —, paths to look for in the driver root, in order; ``{version}`` is the driver's).
 DATA_FILES: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = (
-    ("graphics", "", ("/etc/glvnd/egl_vendor.d/10_nvidia.json",
-                      "/usr/share/glvnd/egl_vendor.d/10_nvidia.json")),
+    (
+        "graphics",
+        "",
+        ("/etc/glvnd/egl_vendor.d/10_nvidia.json", "/usr/share/glvnd/egl_vendor.d/10_nvidia.json"),
+    ),
     # Vulkan's JSONs go to /etc/vulkan wherever the host has them, as the reference puts
     # them: the loader reads /etc before /usr/share, and an image's own
     # /usr/share/vulkan/icd.d/nvidia_icd.json is left visible (docs/real-gpu.md)
-    ("graphics", "/etc/vulkan/icd.d/nvidia_icd.json",
-     ("/etc/vulkan/icd.d/nvidia_icd.json", "/usr/share/vulkan/icd.d/nvidia_icd.json")),
-    ("graphics", "/etc/vulkan/implicit_layer.d/nvidia_layers.json",
-     ("/etc/vulkan/implicit_layer.d/nvidia_layers.json",
-      "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json")),
-    ("graphics", "", ("/etc/egl/egl_external_platform.d/10_nvidia_wayland.json",
-                      "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json")),
-    ("graphics", "", ("/etc/egl/egl_external_platform.d/15_nvidia_gbm.json",
-                      "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json")),
-    ("graphics", "", ("/usr/share/nvidia/nvoptix.bin",
-                      "/usr/lib/x86_64-linux-gnu/nvidia/current/nvoptix.bin")),
+    (
+        "graphics",
+        "/etc/vulkan/icd.d/nvidia_icd.json",
+        ("/etc/vulkan/icd.d/nvidia_icd.json", "/usr/share/vulkan/icd.d/nvidia_icd.json"),
+    ),
+    (
+        "graphics",
+        "/etc/vulkan/implicit_layer.d/nvidia_layers.json",
+        (
+            "/etc/vulkan/implicit_layer.d/nvidia_layers.json",
+            "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
+        ),
+    ),
+    (
+        "graphics",
+        "",
+        (
+            "/etc/egl/egl_external_platform.d/10_nvidia_wayland.json",
+            "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+        ),
+    ),
+    (
+        "graphics",
+        "",
+        (
+            "/etc/egl/egl_external_platform.d/15_nvidia_gbm.json",
+            "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
+        ),
+    ),
+    (
+        "graphics",
+        "",
+        ("/usr/share/nvidia/nvoptix.bin", "/usr/lib/x86_64-linux-gnu/nvidia/current/nvoptix.bin"),
+    ),
     ("compute", "", ("/etc/OpenCL/vendors/nvidia.icd",)),
     # the Xorg modules come with graphics (display implies it), as the reference's graphics
     # modifier mounts them: a GLX-capable X server in the container (Xvfb, Xorg) needs them
-    ("graphics", "/usr/lib/xorg/modules/drivers/nvidia_drv.so",
-     ("/usr/lib/xorg/modules/drivers/nvidia_drv.so",
-      "/usr/lib64/xorg/modules/drivers/nvidia_drv.so",
-      "/usr/lib/x86_64-linux-gnu/nvidia/xorg/nvidia_drv.so",
-      "/usr/lib/nvidia/nvidia_drv.so",  # Debian's alternatives link
-      "/usr/lib/nvidia/current/nvidia_drv.so")),
-    ("graphics", "/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
-     ("/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
-      "/usr/lib64/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
-      "/usr/lib/x86_64-linux-gnu/nvidia/xorg/libglxserver_nvidia.so.{version}",
-      "/usr/lib/nvidia/current/libglxserver_nvidia.so.{version}")),
-    ("display", "", ("/etc/X11/xorg.conf.d/10-nvidia.conf",
-                     "/usr/share/X11/xorg.conf.d/10-nvidia.conf")),
-    ("display", "", ("/etc/X11/xorg.conf.d/nvidia-drm-outputclass.conf",
-                     "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf")),
+    (
+        "graphics",
+        "/usr/lib/xorg/modules/drivers/nvidia_drv.so",
+        (
+            "/usr/lib/xorg/modules/drivers/nvidia_drv.so",
+            "/usr/lib64/xorg/modules/drivers/nvidia_drv.so",
+            "/usr/lib/x86_64-linux-gnu/nvidia/xorg/nvidia_drv.so",
+            "/usr/lib/nvidia/nvidia_drv.so",  # Debian's alternatives link
+            "/usr/lib/nvidia/current/nvidia_drv.so",
+        ),
+    ),
+    (
+        "graphics",
+        "/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
+        (
+            "/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
+            "/usr/lib64/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
+            "/usr/lib/x86_64-linux-gnu/nvidia/xorg/libglxserver_nvidia.so.{version}",
+            "/usr/lib/nvidia/current/libglxserver_nvidia.so.{version}",
+        ),
+    ),
+    (
+        "display",
+        "",
+        ("/etc/X11/xorg.conf.d/10-nvidia.conf", "/usr/share/X11/xorg.conf.d/10-nvidia.conf"),
+    ),
+    (
+        "display",
+        "",
+        (
+            "/etc/X11/xorg.conf.d/nvidia-drm-outputclass.conf",
+            "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf",
+        ),
+    ),
 )
 
 #: What a capability cannot work without (library base names and file names): reported
@@ -235,8 +280,9 @@ class DriverFile:
     kind: str  # "binary" | "data" | "firmware" | "ipc"
 
 
-def missing_files(capabilities: Iterable[str], libraries: Iterable[Library],
-                  files: Iterable[DriverFile]) -> Tuple[str, ...]:
+def missing_files(
+    capabilities: Iterable[str], libraries: Iterable[Library], files: Iterable[DriverFile]
+) -> Tuple[str, ...]:
     """The essential files (:data:`ESSENTIAL`) of ``capabilities`` that ``libraries`` and
     ``files`` lack, as ``"libcuda (compute)"``: a container asking for those capabilities
     would get a driver it cannot use. With ``compat32`` the 32-bit copies of the other
@@ -250,8 +296,9 @@ def missing_files(capabilities: Iterable[str], libraries: Iterable[Library],
         out += [f"{name} ({cap})" for name in ESSENTIAL.get(cap, ()) if name not in have]
     if "compat32" in caps:
         have32 = {lib.base for lib in libraries if lib.capability == "compat32"}
-        wanted = dict.fromkeys(name for cap in caps for name in ESSENTIAL.get(cap, ())
-                               if name.startswith("lib"))
+        wanted = dict.fromkeys(
+            name for cap in caps for name in ESSENTIAL.get(cap, ()) if name.startswith("lib")
+        )
         out += [f"{name} (compat32)" for name in wanted if name not in have32]
     return tuple(out)
 
@@ -264,4 +311,3 @@ def system_libdir(directory: str) -> str:
         if directory.endswith(suffix):
             directory = directory[: -len(suffix)]
     return directory or "/"
-

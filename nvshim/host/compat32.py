@@ -84,8 +84,13 @@ def is_i386_elf(path: str) -> bool:
             head = fh.read(20)
     except OSError:
         return False
-    return (len(head) == 20 and head[:4] == b"\x7fELF" and head[4] == _ELFCLASS32
-            and head[5] == 1 and int.from_bytes(head[18:20], "little") == _EM_386)
+    return (
+        len(head) == 20
+        and head[:4] == b"\x7fELF"
+        and head[4] == _ELFCLASS32
+        and head[5] == 1
+        and int.from_bytes(head[18:20], "little") == _EM_386
+    )
 
 
 def ldcache32(path: str) -> Dict[str, str]:
@@ -99,8 +104,11 @@ def ldcache32(path: str) -> Dict[str, str]:
     return entries
 
 
-def bases32(capabilities: Iterable[str], libraries: Mapping[str, Sequence[str]],
-            library_sets: Mapping[str, Sequence[str]]) -> Dict[str, str]:
+def bases32(
+    capabilities: Iterable[str],
+    libraries: Mapping[str, Sequence[str]],
+    library_sets: Mapping[str, Sequence[str]],
+) -> Dict[str, str]:
     """Library base name → its library set, for the 32-bit copies ``capabilities`` ask for:
     the libraries (``libraries``, per set) of the sets (``library_sets``) of the other
     capabilities; empty without ``compat32``."""
@@ -115,8 +123,9 @@ def bases32(capabilities: Iterable[str], libraries: Mapping[str, Sequence[str]],
     return wanted
 
 
-def candidates32(resolve: Callable[[str], Optional[str]], cache: Mapping[str, str],
-                 base: str, filename: str) -> List[str]:
+def candidates32(
+    resolve: Callable[[str], Optional[str]], cache: Mapping[str, str], base: str, filename: str
+) -> List[str]:
     """Where the i386 ``filename`` (of library ``base``) may be, in order: beside (and
     behind, through ``resolve``: links followed in the root) the i386 cache entries of
     ``base``, then :data:`LIB32_DIRS` and their ``vdpau/`` folders. The caller keeps the

@@ -139,7 +139,7 @@ def _mig_uuid(token: str) -> bool:
 def _replica_of(token: str) -> Optional[str]:
     """``<device>::<N>`` (a device plugin's shared-GPU replica) → ``<device>``, else None."""
     cut = token.rfind("::")
-    if cut < 1 or not _digits(token[cut + 2:]) or "\n" in token[:cut]:
+    if cut < 1 or not _digits(token[cut + 2 :]) or "\n" in token[:cut]:
         return None
     return token[:cut]
 
@@ -148,6 +148,7 @@ def _mig_pair(token: str) -> Optional[Tuple[str, str]]:
     """``<gpu>:<mig>`` (both decimal) → the two numbers as written, else None."""
     gpu, sep, mig = token.partition(":")
     return (gpu, mig) if sep and _digits(gpu) and _digits(mig) else None
+
 
 def is_qualified(token: str) -> bool:
     """A CDI-qualified name has ``vendor/class=name``; a PCI id or UUID never has ``/``."""
@@ -191,8 +192,11 @@ def _canonical(token: str) -> str:
 
 def names_replicas(values: Sequence[str]) -> bool:
     """Whether any raw id is a time-slicing replica (``<id>::N``)."""
-    return any(_replica_of(v.strip()) is not None and not is_qualified(v.strip())
-               for value in values for v in value.split(","))
+    return any(
+        _replica_of(v.strip()) is not None and not is_qualified(v.strip())
+        for value in values
+        for v in value.split(",")
+    )
 
 
 def all_uuids(tokens: Sequence[str]) -> bool:

@@ -80,12 +80,15 @@ __all__ = [
 ]
 
 
-
 class Host(Roots):
     """Reads one node: a driver root (libraries, /proc files) and a dev root (nodes)."""
 
-    def __init__(self, driver_root: str = "/", dev_root: Optional[str] = None,
-                 nvml_facts: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        driver_root: str = "/",
+        dev_root: Optional[str] = None,
+        nvml_facts: Optional[str] = None,
+    ) -> None:
         super().__init__(driver_root, dev_root)
         self.nvml_facts = nvml_facts
         """The config's ``nvml-facts`` file (:class:`nvshim.host.nvml.NvmlFacts`), or None."""
@@ -119,8 +122,11 @@ class Host(Roots):
     def control_nodes(self, capabilities: Iterable[str]) -> Tuple[DeviceNode, ...]:
         """The control nodes of ``capabilities`` (:data:`CONTROL_NODES`) the node has."""
         caps = set(capabilities)
-        found = (self.device_node(path) for path, needs in CONTROL_NODES
-                 if needs is None or needs in caps)
+        found = (
+            self.device_node(path)
+            for path, needs in CONTROL_NODES
+            if needs is None or needs in caps
+        )
         return tuple(node for node in found if node is not None)
 
     def drm(self, gpu: Gpu) -> DrmNodes:
@@ -174,8 +180,9 @@ class Host(Roots):
             for libset in LIBRARY_SETS.get(cap, ()):
                 for base in LIBRARIES[libset]:
                     wanted.setdefault(base, libset)
-        found = [lib for base, cap in wanted.items()
-                 if (lib := self.find_library(base, cap)) is not None]
+        found = [
+            lib for base, cap in wanted.items() if (lib := self.find_library(base, cap)) is not None
+        ]
         if "compat32" in capabilities:
             found += self.libraries32(capabilities)
         return tuple(found)

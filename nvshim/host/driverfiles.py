@@ -69,8 +69,14 @@ def _library_at(host: Roots, base: str, resolved: str, capability: str) -> Libra
     if base == "libvdpau_nvidia":  # libvdpau looks in <libdir>/vdpau/ only
         container = f"{system_libdir(directory)}/vdpau/{filename}"
     soname = read_soname(path)
-    return Library(base, path, container, soname, capability,
-                   _dev_link(path.rsplit("/", 1)[0], soname or filename))
+    return Library(
+        base,
+        path,
+        container,
+        soname,
+        capability,
+        _dev_link(path.rsplit("/", 1)[0], soname or filename),
+    )
 
 
 def find_library(host: Roots, base: str, capability: str) -> Optional[Library]:
@@ -117,8 +123,11 @@ def binaries(host: Roots, capabilities: Iterable[str]) -> Tuple[DriverFile, ...]
     out = []
     for cap in sorted(capabilities):
         for name in BINARIES.get(cap, ()):
-            found = [(directory, resolved) for directory in BIN_DIRS
-                     if (resolved := host._regular_file(f"{directory}/{name}")) is not None]
+            found = [
+                (directory, resolved)
+                for directory in BIN_DIRS
+                if (resolved := host._regular_file(f"{directory}/{name}")) is not None
+            ]
             if not found:
                 continue
             # a wrapper script that execs the program by a host path would fail in the
@@ -169,8 +178,9 @@ def firmware(host: Roots) -> Tuple[DriverFile, ...]:
         if name.startswith("gsp") and name.endswith(".bin"):
             resolved = host._regular_file(f"{resolved_dir}/{name}")
             if resolved is not None:
-                out.append(DriverFile(host.host_path(resolved), f"{directory}/{name}",
-                                      None, "firmware"))
+                out.append(
+                    DriverFile(host.host_path(resolved), f"{directory}/{name}", None, "firmware")
+                )
     return tuple(out)
 
 

@@ -51,8 +51,9 @@ def find_drm(host: Any, pci_bus_id: str) -> DrmNodes:
         return DrmNodes()
     nodes: List[DeviceNode] = []
     for name in names:
-        number = name[4:] if name.startswith("card") else name[7:] if name.startswith(
-            "renderD") else ""
+        number = (
+            name[4:] if name.startswith("card") else name[7:] if name.startswith("renderD") else ""
+        )
         if not number.isdigit():  # connectors and the like are not nodes
             continue
         node = host.device_node(f"/dev/dri/{name}")
@@ -75,8 +76,7 @@ def _readlink(path: str) -> Optional[str]:
         return None
 
 
-def missing_drm(asking: Sequence[str],
-                gpus: Iterable[Tuple[int, DrmNodes]]) -> Tuple[str, ...]:
+def missing_drm(asking: Sequence[str], gpus: Iterable[Tuple[int, DrmNodes]]) -> Tuple[str, ...]:
     """``"/dev/dri render node of GPU 0 (graphics)"`` for each (index, nodes) of a GPU
     lacking a card or render node that the capabilities ``asking`` for them
     (:func:`nvshim.host.capabilities.drm_capabilities`) get (empty when none asks)."""

@@ -62,8 +62,9 @@ def _align(offset: int, to: int) -> int:
     return (offset + to - 1) & ~(to - 1)
 
 
-def build_shared_object(soname: str, marker: str = "", needed: Sequence[str] = (),
-                        i386: bool = False) -> bytes:
+def build_shared_object(
+    soname: str, marker: str = "", needed: Sequence[str] = (), i386: bool = False
+) -> bytes:
     """Return a minimal ELF64 x86-64 shared object whose DT_SONAME is ``soname``.
 
     ``marker`` is stored as a readable NUL-terminated string (``grep`` finds it); each
@@ -165,8 +166,11 @@ def _structs(elf_class: int, end: str) -> tuple[struct.Struct, struct.Struct, st
     found = _STRUCTS.get(key)
     if found is None:
         phdr_fmt, dyn_fmt = _LAYOUT[elf_class][:2]
-        found = _STRUCTS[key] = (struct.Struct(end + phdr_fmt), struct.Struct(end + dyn_fmt),
-                                 struct.Struct(end + ("I" if elf_class == 1 else "Q")))
+        found = _STRUCTS[key] = (
+            struct.Struct(end + phdr_fmt),
+            struct.Struct(end + dyn_fmt),
+            struct.Struct(end + ("I" if elf_class == 1 else "Q")),
+        )
     return found
 
 
@@ -185,8 +189,7 @@ def _soname_from_fd(fd: int, head: bytes = b"") -> str | None:
     if phentsize != phdr.size or phnum == 0 or phnum > 4096:
         return None
     size = phentsize * phnum
-    table = (head[phoff:phoff + size] if phoff + size <= len(head)
-             else os.pread(fd, size, phoff))
+    table = head[phoff : phoff + size] if phoff + size <= len(head) else os.pread(fd, size, phoff)
     if len(table) < size:
         return None  # the file ends inside its own program headers
     loads = []

@@ -110,9 +110,7 @@ def _gpus_from_procfs(host: Roots) -> Tuple[Gpu, ...]:
         minor_text = info.get("Device Minor", "")
         bus = normalize_pci(info.get("Bus Location", entry)) or normalize_pci(entry)
         if not uuid.startswith("GPU-") or not minor_text.isdigit() or bus is None:
-            raise HostError(
-                f"{path}: cannot read GPU UUID, Device Minor and Bus Location from it"
-            )
+            raise HostError(f"{path}: cannot read GPU UUID, Device Minor and Bus Location from it")
         raw.append((bus, int(minor_text), uuid, info.get("Model", "")))
     raw.sort()
     return tuple(_make_gpu(host, i, *r) for i, r in enumerate(raw))

@@ -466,10 +466,12 @@ def open_in_dir(dir_fd: int, name: str, shown: str, listed: bool = False) -> int
         raise OSError(errno.EINVAL, "not a file name", shown)
     try:
         if not listed and not stat.S_ISREG(
-                os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        ):
             raise OSError(errno.EINVAL, "not a regular file", shown)
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     dir_fd=dir_fd)
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
+        )
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, shown) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between the stat and the open
@@ -483,7 +485,11 @@ def _temp_name(name: str) -> str:
 
 
 def write_file_atomic(
-    root: Root, container_path: str, data: bytes, mode: int = 0o644, dir_mode: int = 0o755,
+    root: Root,
+    container_path: str,
+    data: bytes,
+    mode: int = 0o644,
+    dir_mode: int = 0o755,
     durable: bool = True,
 ) -> None:
     """Write *data* to *container_path* in *root*: temp file, fsync, rename over.
@@ -548,8 +554,9 @@ def symlinks_atomic(root: Root, links: Iterable[Tuple[str, str]], dir_mode: int 
             parent_path, name = _split_final(container_path)
             parent = parents.get(parent_path)
             if parent is None:
-                parent = _walk(root_fd, parent_path, create=True, mode=dir_mode,
-                               shown=container_path)
+                parent = _walk(
+                    root_fd, parent_path, create=True, mode=dir_mode, shown=container_path
+                )
                 parents[parent_path] = parent
             changed += _symlink_in(parent, target, name, container_path)
     finally:

@@ -100,8 +100,9 @@ class CacheEntry(tuple):  # type: ignore[type-arg]
 
     __slots__ = ()
 
-    def __new__(cls, key: str, value: str, flags: int = FLAG_X8664_LIBC6,
-                hwcap: int = 0) -> CacheEntry:
+    def __new__(
+        cls, key: str, value: str, flags: int = FLAG_X8664_LIBC6, hwcap: int = 0
+    ) -> CacheEntry:
         return tuple.__new__(cls, (key, value, flags, hwcap))
 
     @property
@@ -125,8 +126,9 @@ class CacheEntry(tuple):  # type: ignore[type-arg]
         return result
 
     def __repr__(self) -> str:
-        return (f"CacheEntry(key={self[0]!r}, value={self[1]!r}, flags={self[2]!r}, "
-                f"hwcap={self[3]!r})")
+        return (
+            f"CacheEntry(key={self[0]!r}, value={self[1]!r}, flags={self[2]!r}, hwcap={self[3]!r})"
+        )
 
 
 _entry = tuple.__new__  # _entry(CacheEntry, (key, value, flags, hwcap)): no __new__ call
@@ -287,8 +289,7 @@ def read_ldcache(path: str) -> list[CacheEntry]:
 # In signed-char order the non-digits are 0x80..0xFF (-128..-1), then 0x00..0x2F, then
 # 0x3A..0x7F; digits (0x30..0x39) never go through the table. Written out, not computed:
 # this runs at every create's import (a test recomputes it from that definition).
-_RANK_TABLE = (bytes(range(128, 176)) + bytes(10) + bytes(range(176, 246))
-               + bytes(range(0, 128)))
+_RANK_TABLE = bytes(range(128, 176)) + bytes(10) + bytes(range(176, 246)) + bytes(range(0, 128))
 _END = b"\x80"  # the terminating NUL: rank 128
 _DIGIT_CLASS = b"a" * 48 + b"0" * 10 + b"a" * 198  # digit "0", other "a", per byte
 
@@ -300,7 +301,7 @@ def _c_int(digits: bytes) -> int:
         return int(digits) & 0xFFFFFFFF
     value = 0
     for at in range(0, len(digits), 18):
-        chunk = digits[at:at + 18]
+        chunk = digits[at : at + 18]
         value = (value * 10 ** len(chunk) + int(chunk)) & 0xFFFFFFFF
     return value
 
@@ -424,8 +425,9 @@ def _new_block(entries: Sequence[CacheEntry], with_extension: bool) -> bytes:
         )
     parts = [_HEADER_NEW.pack(_MAGIC_NEW, len(entries), len(table), _ENDIAN_LITTLE, ext_offset)]
     pack = _ENTRY_NEW.pack
-    parts += [pack(flags, offsets[key], offsets[value], 0, hwcap)
-              for key, value, flags, hwcap in entries]
+    parts += [
+        pack(flags, offsets[key], offsets[value], 0, hwcap) for key, value, flags, hwcap in entries
+    ]
     parts += [table, extension]
     return b"".join(parts)
 

@@ -68,13 +68,16 @@ def load_pynvml(driver_root: str) -> Any:
         if not driver_loaded():
             # NVIDIA's NVML, initialised as root where no driver is loaded, makes
             # /dev/nvidiactl on the host itself: a driver root's files alone are not asked
-            raise NvmlUnavailable(f"no NVIDIA driver is loaded on this host (none of "
-                                  f"{', '.join(DRIVER_SIGNS)}): the NVML under "
-                                  f"{driver_root} is not asked")
+            raise NvmlUnavailable(
+                f"no NVIDIA driver is loaded on this host (none of "
+                f"{', '.join(DRIVER_SIGNS)}): the NVML under "
+                f"{driver_root} is not asked"
+            )
         inside = resolve_in(driver_root, NVML_LIBRARY)
         if inside is None:
-            raise NvmlUnavailable(f"no NVML in the driver root ({driver_root}{NVML_LIBRARY} "
-                                  "does not exist)")
+            raise NvmlUnavailable(
+                f"no NVML in the driver root ({driver_root}{NVML_LIBRARY} does not exist)"
+            )
         path = driver_root.rstrip("/") + inside
         try:
             check_trusted(path, os.stat(path), "NVML library")
@@ -157,6 +160,7 @@ BRANDS: Dict[int, str] = {
 _BRAND = re.compile(r"^[A-Za-z0-9_-]+$")
 _VERSION = re.compile(r"^[0-9]+(?:\.[0-9]+)*$")
 
+
 def _version_text(raw: Any) -> Optional[str]:
     """A facts-file version (``"12.4"``, ``12.4``, ``[12, 4]``) as text; None if it is none."""
     if isinstance(raw, bool):
@@ -166,8 +170,10 @@ def _version_text(raw: Any) -> Optional[str]:
         text = raw.strip()
     elif isinstance(raw, (int, float)):
         text = str(raw)
-    elif isinstance(raw, (list, tuple)) and raw and all(
-        isinstance(p, int) and not isinstance(p, bool) for p in raw
+    elif (
+        isinstance(raw, (list, tuple))
+        and raw
+        and all(isinstance(p, int) and not isinstance(p, bool) for p in raw)
     ):
         text = ".".join(str(p) for p in raw)
     return text if text is not None and _VERSION.match(text) else None
@@ -312,8 +318,9 @@ class NvmlFacts:
             return None
         text = _version_text(doc["cuda_version"])
         if text is None:
-            reasons.append(f'cuda_version in {self.facts_file} is "{doc["cuda_version"]}", '
-                           "not a version")
+            reasons.append(
+                f'cuda_version in {self.facts_file} is "{doc["cuda_version"]}", not a version'
+            )
         return text
 
     def _gpu_handle(self, uuid: str, reasons: List[str]) -> Tuple[Any, Any]:
@@ -412,8 +419,10 @@ class NvmlFacts:
                     ci = int(nvml.nvmlDeviceGetComputeInstanceId(mh))
                     # NVML names a MIG device "<GPU name> MIG <profile>"
                     name = as_text(nvml.nvmlDeviceGetName(mh))
-                    out[(gi, ci)] = (as_text(nvml.nvmlDeviceGetUUID(mh)),
-                                     name.rpartition(" MIG ")[2])
+                    out[(gi, ci)] = (
+                        as_text(nvml.nvmlDeviceGetUUID(mh)),
+                        name.rpartition(" MIG ")[2],
+                    )
         except nvml.NVMLError as exc:
             raise HostError(f"NVML MIG query failed for GPU minor {minor}: {exc}") from exc
         return out

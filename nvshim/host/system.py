@@ -120,10 +120,15 @@ def _params(driver_root: str) -> Tuple[int, int, int]:
             values[key.strip()] = int(value.strip())
     for key in ("DeviceFileUID", "DeviceFileGID"):
         if values.get(key, 0) > _MAX_ID:
-            raise HostError(f"{driver_root.rstrip('/')}/proc/driver/nvidia/params: {key} "
-                            f"{values[key]} is not a user or group id")
-    return (values.get("DeviceFileMode", 0o666) & 0o777, values.get("DeviceFileUID", 0),
-            values.get("DeviceFileGID", 0))
+            raise HostError(
+                f"{driver_root.rstrip('/')}/proc/driver/nvidia/params: {key} "
+                f"{values[key]} is not a user or group id"
+            )
+    return (
+        values.get("DeviceFileMode", 0o666) & 0o777,
+        values.get("DeviceFileUID", 0),
+        values.get("DeviceFileGID", 0),
+    )
 
 
 def _gpu_minors(driver_root: str) -> List[int]:
@@ -139,7 +144,7 @@ def _gpu_minors(driver_root: str) -> List[int]:
         path = os.path.join(gpus, entry, "information")
         match = re.search(r"^Device Minor:\s*([0-9]+)\s*$", _read(path) or "", re.MULTILINE)
         if match is None:
-            raise HostError(f"{path} has no \"Device Minor:\" line")
+            raise HostError(f'{path} has no "Device Minor:" line')
         minors.append(int(match.group(1)))
     return sorted(minors)
 
@@ -171,43 +176,60 @@ def plan_device_nodes(driver_root: str = "/") -> Tuple[List[DeviceNode], List[st
     majors = read_proc_devices(text)
     frontend = next((majors[n] for n in _FRONTEND_NAMES if n in majors), None)
     if frontend is None:
-        raise HostError(f"no NVIDIA driver in {proc_devices} (no nvidia-frontend or nvidia "
-                        "character device): load the nvidia kernel module first")
+        raise HostError(
+            f"no NVIDIA driver in {proc_devices} (no nvidia-frontend or nvidia "
+            "character device): load the nvidia kernel module first"
+        )
     mode, uid, gid = _params(driver_root)
     nodes = [
         DeviceNode("/dev/nvidiactl", frontend, _CONTROL_MINOR, mode, uid, gid),
         DeviceNode("/dev/nvidia-modeset", frontend, _MODESET_MINOR, mode, uid, gid),
     ]
-    nodes += [DeviceNode(f"/dev/nvidia{m}", frontend, m, mode, uid, gid)
-              for m in _gpu_minors(driver_root)]
+    nodes += [
+        DeviceNode(f"/dev/nvidia{m}", frontend, m, mode, uid, gid) for m in _gpu_minors(driver_root)
+    ]
     notes: List[str] = []
     if "nvidia-uvm" in majors:
-        nodes += [DeviceNode("/dev/nvidia-uvm", majors["nvidia-uvm"], 0, 0o666),
-                  DeviceNode("/dev/nvidia-uvm-tools", majors["nvidia-uvm"], 1, 0o666)]
+        nodes += [
+            DeviceNode("/dev/nvidia-uvm", majors["nvidia-uvm"], 0, 0o666),
+            DeviceNode("/dev/nvidia-uvm-tools", majors["nvidia-uvm"], 1, 0o666),
+        ]
     else:
-        notes.append(f"no nvidia-uvm in {proc_devices}: the nvidia-uvm module is not loaded, "
-                     "so /dev/nvidia-uvm and /dev/nvidia-uvm-tools are not created")
+        notes.append(
+            f"no nvidia-uvm in {proc_devices}: the nvidia-uvm module is not loaded, "
+            "so /dev/nvidia-uvm and /dev/nvidia-uvm-tools are not created"
+        )
     caps = list(_capabilities(driver_root))
     if caps and "nvidia-caps" not in majors:
-        notes.append(f"capabilities are listed but {proc_devices} has no nvidia-caps: "
-                     "their nodes are not created")
+        notes.append(
+            f"capabilities are listed but {proc_devices} has no nvidia-caps: "
+            "their nodes are not created"
+        )
     elif caps:
-        nodes += [DeviceNode(f"/dev/nvidia-caps/nvidia-cap{minor}", majors["nvidia-caps"],
-                             minor, cap_mode) for minor, cap_mode, _path in caps]
+        nodes += [
+            DeviceNode(
+                f"/dev/nvidia-caps/nvidia-cap{minor}", majors["nvidia-caps"], minor, cap_mode
+            )
+            for minor, cap_mode, _path in caps
+        ]
     for node in nodes:
         # a damaged or foreign procfs copy, not the kernel: refuse before mknod overflows
         if node.major > _MAX_MAJOR or node.minor > _MAX_MINOR:
-            raise HostError(f"{node.path} would be {node.major}:{node.minor}, which is not a "
-                            f"Linux device number (majors up to {_MAX_MAJOR}, minors up to "
-                            f"{_MAX_MINOR}): check {proc_devices} and "
-                            f"{os.path.join(driver_root, 'proc/driver/nvidia')}")
+            raise HostError(
+                f"{node.path} would be {node.major}:{node.minor}, which is not a "
+                f"Linux device number (majors up to {_MAX_MAJOR}, minors up to "
+                f"{_MAX_MINOR}): check {proc_devices} and "
+                f"{os.path.join(driver_root, 'proc/driver/nvidia')}"
+            )
     return nodes, notes
 
 
 def _describe(st: os.stat_result) -> str:
     if stat.S_ISCHR(st.st_mode):
-        return (f"char {os.major(st.st_rdev)}:{os.minor(st.st_rdev)} "
-                f"mode {stat.S_IMODE(st.st_mode):04o}")
+        return (
+            f"char {os.major(st.st_rdev)}:{os.minor(st.st_rdev)} "
+            f"mode {stat.S_IMODE(st.st_mode):04o}"
+        )
     return "not a character device"
 
 
@@ -215,8 +237,9 @@ def _host_path(dev_root: str, path: str) -> str:
     return os.path.join(dev_root, path.lstrip("/"))
 
 
-def create_device_nodes(nodes: List[DeviceNode], dev_root: str = "/",
-                        dry_run: bool = False) -> List[Outcome]:
+def create_device_nodes(
+    nodes: List[DeviceNode], dev_root: str = "/", dry_run: bool = False
+) -> List[Outcome]:
     """mknod each node under ``dev_root`` unless it is there; report each path."""
     outcomes = []
     for node in nodes:
@@ -230,9 +253,13 @@ def create_device_nodes(nodes: List[DeviceNode], dev_root: str = "/",
             raise HostError(f"cannot stat {target}: {exc.strerror}") from exc
         if st is not None:
             same = stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(node.major, node.minor)
-            outcomes.append(Outcome(target, "exists" if same else "conflict",
-                                    _describe(st) if same else
-                                    f"{_describe(st)}, wanted {want}: left alone"))
+            outcomes.append(
+                Outcome(
+                    target,
+                    "exists" if same else "conflict",
+                    _describe(st) if same else f"{_describe(st)}, wanted {want}: left alone",
+                )
+            )
             continue
         if dry_run:
             outcomes.append(Outcome(target, "would-create", want))
@@ -292,8 +319,9 @@ def create_dev_char_symlinks(dev_root: str = "/", dry_run: bool = False) -> List
                 outcomes.append(Outcome(link, "exists", f"-> {existing}"))
             else:
                 what = f"-> {existing}" if existing else "not a symlink"
-                outcomes.append(Outcome(link, "conflict", f"{what}, wanted -> {target}: left "
-                                        "alone"))
+                outcomes.append(
+                    Outcome(link, "conflict", f"{what}, wanted -> {target}: left alone")
+                )
             continue
         if dry_run:
             outcomes.append(Outcome(link, "would-create", f"-> {target}"))

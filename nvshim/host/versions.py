@@ -81,11 +81,18 @@ def cuda_version(host: Roots) -> Optional[str]:
     import subprocess
     import sys
 
-    code = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); v = ctypes.c_int(0); "
-            "sys.exit(3) if lib.cuDriverGetVersion(ctypes.byref(v)) else print(v.value)")
+    code = (
+        "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); v = ctypes.c_int(0); "
+        "sys.exit(3) if lib.cuDriverGetVersion(ctypes.byref(v)) else print(v.value)"
+    )
     try:
-        done = subprocess.run([sys.executable, "-I", "-S", "-c", code, lib.host_path],
-                              capture_output=True, timeout=10, env={}, check=False)
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", code, lib.host_path],
+            capture_output=True,
+            timeout=10,
+            env={},
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     text = done.stdout.decode("ascii", "replace").strip()

@@ -104,9 +104,14 @@ def generate_spec(
         raise CdiError(f"no GPUs found under {host.driver_root}: nothing to put in a CDI spec")
     # one hook for every device: each GPU's by-path links (the hook makes those whose node
     # the container got) and the EGL profile (of the /dev/nvidia<N> it got)
-    common = driver_edits(host.control_nodes(capabilities), host.libraries(capabilities),
-                          host.driver_files(capabilities), hook_command,
-                          dev_links=dev_links, egl_profile=drm)
+    common = driver_edits(
+        host.control_nodes(capabilities),
+        host.libraries(capabilities),
+        host.driver_files(capabilities),
+        hook_command,
+        dev_links=dev_links,
+        egl_profile=drm,
+    )
     if params_command:
         import os
 
@@ -141,10 +146,17 @@ def stale_reasons(existing: Dict[str, Any], fresh: Dict[str, Any], host: Any) ->
     return reasons
 
 
-def generate_for_node(driver_root: Optional[str], dev_root: Optional[str], class_: str,
-                      vendor: str, strategies: Sequence[str], driver_capabilities: str,
-                      gpu_source: str, hook_path: Optional[str],
-                      config: Optional[Config] = None) -> Tuple[Dict[str, Any], Any]:
+def generate_for_node(
+    driver_root: Optional[str],
+    dev_root: Optional[str],
+    class_: str,
+    vendor: str,
+    strategies: Sequence[str],
+    driver_capabilities: str,
+    gpu_source: str,
+    hook_path: Optional[str],
+    config: Optional[Config] = None,
+) -> Tuple[Dict[str, Any], Any]:
     """The spec ``nvshim cdi generate`` writes for this node, and the host it describes.
 
     ``class_`` ``imex-channel`` gives the node's IMEX channels instead of its GPUs.
@@ -159,8 +171,11 @@ def generate_for_node(driver_root: Optional[str], dev_root: Optional[str], class
     if config is None:
         config = load_config()
     root = driver_root or config.driver_root
-    host = Host(root, dev_root or (None if driver_root else config.dev_root),
-                None if driver_root else config.nvml_facts)
+    host = Host(
+        root,
+        dev_root or (None if driver_root else config.dev_root),
+        None if driver_root else config.nvml_facts,
+    )
     caps = parse_capabilities(driver_capabilities, ALL_CAPABILITIES, False)
     if class_ == IMEX_CLASS:
         from nvshim.runtime.extras import generate_imex_spec
@@ -174,20 +189,36 @@ def generate_for_node(driver_root: Optional[str], dev_root: Optional[str], class
         hook, params = (hook_path, "hook"), (hook_path, PARAMS_HOOK_COMMAND)
     if not config.disable_device_node_modification:
         params = ()
-    return generate_spec(host, vendor, class_, strategies, caps, hook, gpu_source,
-                         params), host
+    return generate_spec(host, vendor, class_, strategies, caps, hook, gpu_source, params), host
 
 
-def generate_text(driver_root: Optional[str], dev_root: Optional[str], output: Optional[str],
-                  fmt: Optional[str], class_: str, vendor: str, strategies: Sequence[str],
-                  driver_capabilities: str, gpu_source: str, hook_path: Optional[str]) -> str:
+def generate_text(
+    driver_root: Optional[str],
+    dev_root: Optional[str],
+    output: Optional[str],
+    fmt: Optional[str],
+    class_: str,
+    vendor: str,
+    strategies: Sequence[str],
+    driver_capabilities: str,
+    gpu_source: str,
+    hook_path: Optional[str],
+) -> str:
     """``nvshim cdi generate`` without ``--check`` (both ways of running it: click's and
     :mod:`nvshim.cli.fast`): the spec written to ``output`` atomically ("" returned), or,
     without one (or ``-``), its text for stdout in ``fmt`` (default yaml)."""
     from nvshim.cdi.write import dump_spec, write_spec
 
-    spec, _ = generate_for_node(driver_root, dev_root, class_, vendor, strategies,
-                                driver_capabilities, gpu_source, hook_path)
+    spec, _ = generate_for_node(
+        driver_root,
+        dev_root,
+        class_,
+        vendor,
+        strategies,
+        driver_capabilities,
+        gpu_source,
+        hook_path,
+    )
     if output and output != "-":
         write_spec(output, spec)
         return ""
@@ -210,8 +241,12 @@ def _hook_path_of(raw: Any) -> Optional[str]:
     hooks = (raw.get("containerEdits") or {}).get("hooks") or []
     for hook in hooks if isinstance(hooks, list) else ():
         args = hook.get("args") if isinstance(hook, dict) else None
-        if isinstance(args, list) and len(args) > 1 and args[1] == "hook" \
-                and args[0] == hook.get("path"):
+        if (
+            isinstance(args, list)
+            and len(args) > 1
+            and args[1] == "hook"
+            and args[0] == hook.get("path")
+        ):
             return str(args[0])
     return None
 
@@ -220,8 +255,12 @@ def _has_params_hook(raw: Any) -> bool:
     from nvshim.runtime.devparams import runs_params_hook
 
     hooks = (raw.get("containerEdits") or {}).get("hooks") or []
-    return any(isinstance(h, dict) and isinstance(h.get("args"), list)
-               and runs_params_hook([str(a) for a in h["args"]]) for h in hooks)
+    return any(
+        isinstance(h, dict)
+        and isinstance(h.get("args"), list)
+        and runs_params_hook([str(a) for a in h["args"]])
+        for h in hooks
+    )
 
 
 def fresh_like(existing: Dict[str, Any], host: Any) -> Dict[str, Any]:
@@ -243,21 +282,32 @@ def fresh_like(existing: Dict[str, Any], host: Any) -> Dict[str, Any]:
         hook, params = (hook_path, "hook"), (hook_path, PARAMS_HOOK_COMMAND)
     if not _has_params_hook(existing):
         params = ()  # written without it (disable-device-node-modification off): not stale
-    return generate_spec(host, vendor, class_ or "gpu", strategies_of(existing),
-                         hook_command=hook, params_command=params)
+    return generate_spec(
+        host,
+        vendor,
+        class_ or "gpu",
+        strategies_of(existing),
+        hook_command=hook,
+        params_command=params,
+    )
 
 
-def staleness(existing: Dict[str, Any], host: Any,
-              fresh: Optional[Dict[str, Any]] = None) -> List[str]:
+def staleness(
+    existing: Dict[str, Any], host: Any, fresh: Optional[Dict[str, Any]] = None
+) -> List[str]:
     """The one staleness judgement of a spec file (doctor's ``cdi-specs`` and ``cdi generate
     --check``): why ``existing`` no longer describes ``host``, against ``fresh`` (default:
     :func:`fresh_like`, what ``cdi generate`` would write now); empty when current."""
-    return stale_reasons(existing, fresh if fresh is not None else fresh_like(existing, host),
-                         host)
+    return stale_reasons(existing, fresh if fresh is not None else fresh_like(existing, host), host)
 
 
-def check_current(check_file: str, spec: Dict[str, Any], host: Any,
-                  config: Optional[Config] = None, existing: Optional[Any] = None) -> None:
+def check_current(
+    check_file: str,
+    spec: Dict[str, Any],
+    host: Any,
+    config: Optional[Config] = None,
+    existing: Optional[Any] = None,
+) -> None:
     """Raise :class:`CdiError` naming why ``check_file`` differs from ``spec`` (stale),
     ending with the fix every check gives (:func:`nvshim.runtime.cdiedits.refresh_fix`);
     ``existing``: its document already decoded (from the CDI index), else it is read."""
@@ -271,5 +321,7 @@ def check_current(check_file: str, spec: Dict[str, Any], host: Any,
     config = config if config is not None else load_config()
     reasons = staleness(dict(existing), host, spec)
     if reasons:
-        raise CdiError(f"{check_file} is stale: {'; '.join(reasons)}; "
-                       f"{refresh_fix(config, check_file, host.driver_root)}")
+        raise CdiError(
+            f"{check_file} is stale: {'; '.join(reasons)}; "
+            f"{refresh_fix(config, check_file, host.driver_root)}"
+        )

@@ -79,8 +79,10 @@ def watch_paths(config: Config) -> List[str]:
     paths = [host.host_path("/proc/driver/nvidia/version")]
     for root in dict.fromkeys(("/", config.driver_root)):
         base = "" if root == "/" else root.rstrip("/")
-        paths += [f"{base}/lib/modules/{release}/modules.dep",
-                  f"{base}/lib/modules/{release}/modules.dep.bin"]
+        paths += [
+            f"{base}/lib/modules/{release}/modules.dep",
+            f"{base}/lib/modules/{release}/modules.dep.bin",
+        ]
     paths += [host.host_path(f"{directory}/libcuda.so.1") for directory in LIB_DIRS]
     if config.source:
         paths.append(config.source)
@@ -142,20 +144,34 @@ def _refresh_once(config: Config, targets: Sequence[Target]) -> Tuple[str, List[
     try:
         version = Host(config.driver_root, config.dev_root, config.nvml_facts).driver_version()
     except HostError as exc:
-        raise HostError(f"{exc}: nothing refreshed (the driver is not installed, or its "
-                        "module not loaded, yet)") from exc
+        raise HostError(
+            f"{exc}: nothing refreshed (the driver is not installed, or its module not loaded, yet)"
+        ) from exc
     specs = []
     for target in targets:  # all made before any is written: one failing entry writes none
         try:
-            spec, _ = generate_for_node(None, None, target.class_, target.vendor,
-                                        target.strategies, target.capabilities,
-                                        target.gpu_source, target.hook_path, config)
+            spec, _ = generate_for_node(
+                None,
+                None,
+                target.class_,
+                target.vendor,
+                target.strategies,
+                target.capabilities,
+                target.gpu_source,
+                target.hook_path,
+                config,
+            )
         except NvshimError as exc:
-            raise type(exc)(f"cannot refresh {target.output} (cdi-refresh entry "
-                            f'"{target.entry}"): {exc}; nothing refreshed') from exc
+            raise type(exc)(
+                f"cannot refresh {target.output} (cdi-refresh entry "
+                f'"{target.entry}"): {exc}; nothing refreshed'
+            ) from exc
         specs.append((target.output, spec))
-    lines = [f"{output}: regenerated for driver {version}"
-             for output, spec in specs if write_spec(output, spec)]
+    lines = [
+        f"{output}: regenerated for driver {version}"
+        for output, spec in specs
+        if write_spec(output, spec)
+    ]
     lines += _refresh_caches(config)
     return version, lines
 
@@ -176,8 +192,7 @@ def _refresh_caches(config: Config) -> List[str]:
         lines.append(f"compiled config: wrote {compile_config(source)}")
         config = load_config(source)
     live = Host(config.driver_root, config.dev_root, config.nvml_facts)  # its roots, as creates
-    cached, _ = plancache.load(plan_path(source), live.driver_root, live.dev_root,
-                               live.nvml_facts)
+    cached, _ = plancache.load(plan_path(source), live.driver_root, live.dev_root, live.nvml_facts)
     if cached is None:
         lines.append(f"node plan: {plancache.refresh(config)}")
     index = cdi_index_path(source)
@@ -215,8 +230,7 @@ class _Stop(Exception):
     """SIGTERM or SIGINT arrived while the watcher slept."""
 
 
-def watch(load: Callable[[], Tuple[Config, Sequence[Target]]], interval: float,
-          log: Any) -> None:
+def watch(load: Callable[[], Tuple[Config, Sequence[Target]]], interval: float, log: Any) -> None:
     """Refresh now, then whenever :func:`driver_state` changed and held still for one
     ``interval``; return on SIGTERM or SIGINT.
 

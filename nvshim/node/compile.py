@@ -67,8 +67,9 @@ def compiled_fresh(path: str) -> bool:
     return compiled_matches(doc, data) and compiled_lists_fresh(path)
 
 
-def check_config(path: Optional[str] = None,
-                 default_runtime: bool = False) -> Tuple[str, bytes, Config]:
+def check_config(
+    path: Optional[str] = None, default_runtime: bool = False
+) -> Tuple[str, bytes, Config]:
     """Validate ``path`` as compile would, writing nothing: (path, its bytes, the config).
 
     A config a default runtime reads (``default_runtime``, or the mark beside it) must have
@@ -127,8 +128,7 @@ def compile_config(path: Optional[str] = None, default_runtime: bool = False) ->
 
     # the prefixes as grep -E literals: the trampoline's one grep is -E
     prefixes = tuple(ere_literal(p) for p in config.annotation_prefixes)
-    for target, values in ((runtimes_path(path), config.runtimes),
-                           (prefixes_path(path), prefixes)):
+    for target, values in ((runtimes_path(path), config.runtimes), (prefixes_path(path), prefixes)):
         write_atomic(target, "".join(f"{v}\n" for v in values).encode(), default_mode=0o644)
         os.chmod(target, 0o644)  # generated: never keep a looser mode found on an old copy
         os.utime(target, ns=(source.st_atime_ns, source.st_mtime_ns))

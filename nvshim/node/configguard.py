@@ -33,9 +33,11 @@ if TYPE_CHECKING:
 
 __all__ = ["is_blank", "marked_default", "guard_default", "write_mark", "MARK_TEXT"]
 
-MARK_TEXT = ("# Written by nvshim config compile --default-runtime (install.sh --set-as-default):\n"
-             "# a default runtime reads the config beside this file, so every compile refuses\n"
-             "# it without require-allocation: true. Removed by install.sh --uninstall.\n")
+MARK_TEXT = (
+    "# Written by nvshim config compile --default-runtime (install.sh --set-as-default):\n"
+    "# a default runtime reads the config beside this file, so every compile refuses\n"
+    "# it without require-allocation: true. Removed by install.sh --uninstall.\n"
+)
 
 
 def is_blank(data: bytes) -> bool:
@@ -63,12 +65,14 @@ def guard_default(path: str, data: bytes, config: Config, why: Optional[str] = N
         raise ConfigError(
             f"config {path} holds no settings (only comments or blank lines), the same as an "
             f"empty file: refused, nvshim is a default runtime ({why}) and the built-in "
-            "defaults have require-allocation off; set require-allocation: true in it")
+            "defaults have require-allocation off; set require-allocation: true in it"
+        )
     if not config.require_allocation:
         raise ConfigError(
             f"config {path} has require-allocation off: refused, nvshim is a default runtime "
             f"({why}) and pods that request no GPU would get every GPU from CUDA images' "
-            "NVIDIA_VISIBLE_DEVICES=all; set require-allocation: true in it")
+            "NVIDIA_VISIBLE_DEVICES=all; set require-allocation: true in it"
+        )
 
 
 def write_mark(path: str) -> str:

@@ -24,11 +24,11 @@ REQUESTS = ("1", "0,2", "all", "void")
 
 _PROBE = (
     "echo \"  /dev:        $(cd /dev && ls -d nvidia* 2>/dev/null | tr '\\n' ' ')\"; "
-    "echo \"  libraries:   "
+    'echo "  libraries:   '
     "$(ls /usr/lib/x86_64-linux-gnu 2>/dev/null | grep -c 'so\\.' ) files\"; "
     "if [ -e /usr/bin/nvidia-smi ]; then nvidia-smi -L | sed 's/^/  nvidia-smi:  /'; "
     "else echo '  nvidia-smi:  (not injected)'; fi; "
-    "echo \"  env:         "
+    'echo "  env:         '
     "$(env | grep '^NVIDIA_VISIBLE_DEVICES=' || echo 'NVIDIA_VISIBLE_DEVICES unset')\""
 )
 
@@ -61,19 +61,20 @@ def _failed(what: str, exc: OSError) -> HostError:
 
 def _make_rootfs(dest: str, busybox: str) -> None:
     try:
-        for d in ("bin", "dev", "proc", "sys", "etc", "tmp", "usr/bin",
-                  "usr/lib/x86_64-linux-gnu"):
+        for d in ("bin", "dev", "proc", "sys", "etc", "tmp", "usr/bin", "usr/lib/x86_64-linux-gnu"):
             os.makedirs(os.path.join(dest, d), exist_ok=True)
         shutil.copy2(busybox, os.path.join(dest, "bin", "busybox"))
-        applets = subprocess.run([busybox, "--list"], capture_output=True, text=True,
-                                 check=True).stdout
+        applets = subprocess.run(
+            [busybox, "--list"], capture_output=True, text=True, check=True
+        ).stdout
         for applet in applets.split():
             link = os.path.join(dest, "bin", applet)
             if not os.path.lexists(link):
                 os.symlink("busybox", link)
     except subprocess.CalledProcessError as exc:
-        raise HostError(f"demo: {busybox} --list failed (exit {exc.returncode}): is it "
-                        "busybox-static?") from exc
+        raise HostError(
+            f"demo: {busybox} --list failed (exit {exc.returncode}): is it busybox-static?"
+        ) from exc
     except OSError as exc:
         raise _failed(f"build the container rootfs in {dest}", exc) from exc
 
@@ -87,18 +88,28 @@ def _spec(env: List[str], rootfs: str) -> Dict[str, Any]:
             "args": ["/bin/sh", "-c", _PROBE],
             "env": ["PATH=/usr/bin:/bin"] + env,
             "cwd": "/",
-            "capabilities": {k: ["CAP_KILL", "CAP_NET_BIND_SERVICE"]
-                             for k in ("bounding", "effective", "permitted")},
+            "capabilities": {
+                k: ["CAP_KILL", "CAP_NET_BIND_SERVICE"]
+                for k in ("bounding", "effective", "permitted")
+            },
             "noNewPrivileges": True,
         },
         "root": {"path": rootfs, "readonly": True},
         "hostname": "nvshim-demo",
         "mounts": [
             {"destination": "/proc", "type": "proc", "source": "proc"},
-            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-             "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
-            {"destination": "/sys", "type": "sysfs", "source": "sysfs",
-             "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {
+                "destination": "/dev",
+                "type": "tmpfs",
+                "source": "tmpfs",
+                "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+            },
+            {
+                "destination": "/sys",
+                "type": "sysfs",
+                "source": "sysfs",
+                "options": ["nosuid", "noexec", "nodev", "ro"],
+            },
         ],
         "linux": {
             "resources": {"devices": [{"allow": False, "access": "rwm"}]},
@@ -117,8 +128,9 @@ def _make_bundle(work: str, n: int, rootfs: str, request: str) -> Tuple[str, byt
         own_rootfs = os.path.join(bundle, "rootfs")
         shutil.copytree(rootfs, own_rootfs, symlinks=True, copy_function=os.link)
         spec_path = os.path.join(bundle, "config.json")
-        data = json.dumps(_spec([f"NVIDIA_VISIBLE_DEVICES={request}"], own_rootfs),
-                          indent="\t").encode()
+        data = json.dumps(
+            _spec([f"NVIDIA_VISIBLE_DEVICES={request}"], own_rootfs), indent="\t"
+        ).encode()
         with open(spec_path, "wb") as fh:
             fh.write(data)
     except OSError as exc:
@@ -126,8 +138,9 @@ def _make_bundle(work: str, n: int, rootfs: str, request: str) -> Tuple[str, byt
     return spec_path, data
 
 
-def _run_container(runtime: str, work: str, spec_path: str, name: str,
-                   env: Dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _run_container(
+    runtime: str, work: str, spec_path: str, name: str, env: Dict[str, str]
+) -> subprocess.CompletedProcess[str]:
     bundle = os.path.dirname(spec_path)
     argv = [runtime, "--root", os.path.join(work, "runc-state"), "run", "--bundle", bundle, name]
     try:
@@ -160,14 +173,18 @@ def run_demo(echo: Callable[[str], None] = print, keep: bool = False) -> int:
     failures = 0
     try:
         node = create_node(os.path.join(work, "node"), gpus=4, shuffle_minors=True)
-        echo(f"Simulated node in {node.root}: driver {node.driver_version}, 4 GPUs "
-             "(minors shuffled as on real hosts):")
+        echo(
+            f"Simulated node in {node.root}: driver {node.driver_version}, 4 GPUs "
+            "(minors shuffled as on real hosts):"
+        )
         for g in node.gpus:
             echo(f"  GPU {g.index}  /dev/nvidia{g.minor}  {g.uuid}  {g.pci_bus_id}")
         config = os.path.join(work, "nvshim.yaml")
         # the demo's containers are not the node's: their grants stay in the temp dir
-        text = (f"driver-root: {node.root}\nruntimes: [{runc}]\n"
-                f"grants-journal: {os.path.join(work, 'grants.jsonl')}\n")
+        text = (
+            f"driver-root: {node.root}\nruntimes: [{runc}]\n"
+            f"grants-journal: {os.path.join(work, 'grants.jsonl')}\n"
+        )
         try:
             with open(config, "w") as fh:
                 fh.write(text)
@@ -192,8 +209,11 @@ def run_demo(echo: Callable[[str], None] = print, keep: bool = False) -> int:
                 ok = ok and unchanged
                 shown = "byte-identical (nothing injected)" if unchanged else "CHANGED"
                 echo(f"  config.json: {shown}")
-            verdict = "as expected" if ok else (
-                f"UNEXPECTED (rc={proc.returncode}, wanted {sorted(expected)})")
+            verdict = (
+                "as expected"
+                if ok
+                else (f"UNEXPECTED (rc={proc.returncode}, wanted {sorted(expected)})")
+            )
             echo(f"  -> {verdict}")
             failures += 0 if ok else 1
     finally:
@@ -202,8 +222,14 @@ def run_demo(echo: Callable[[str], None] = print, keep: bool = False) -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
     echo("")
-    echo("demo finished: " + ("all containers saw exactly their GPUs" if not failures
-                              else f"{failures} container(s) did not behave as expected"))
+    echo(
+        "demo finished: "
+        + (
+            "all containers saw exactly their GPUs"
+            if not failures
+            else f"{failures} container(s) did not behave as expected"
+        )
+    )
     return failures
 
 
@@ -221,7 +247,7 @@ def _seen_nodes(output: str) -> Set[str]:
     for line in output.splitlines():
         if line.strip().startswith("/dev:"):
             names = line.split(":", 1)[1].split()
-            return {n for n in names if n[len("nvidia"):].isdigit()}
+            return {n for n in names if n[len("nvidia") :].isdigit()}
     return set()
 
 

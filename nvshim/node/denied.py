@@ -30,8 +30,15 @@ def render_denied_table(denials: Sequence[Denial]) -> str:
     rows = [("TIME", "CONTAINER", "POD", "ACTION", "ASKED")]
     for d in denials:
         pod = f"{d.namespace}/{d.pod}/{d.container}" if d.pod else "-"
-        rows.append((_when(d.time), one_line(d.container_id or "-"), one_line(pod),
-                     one_line(d.action), one_line(", ".join(d.asked) or "-")))
+        rows.append(
+            (
+                _when(d.time),
+                one_line(d.container_id or "-"),
+                one_line(pod),
+                one_line(d.action),
+                one_line(", ".join(d.asked) or "-"),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines: List[str] = []
     for n, row in enumerate(rows):
@@ -43,9 +50,25 @@ def render_denied_table(denials: Sequence[Denial]) -> str:
 
 def render_denied_json(denials: Sequence[Denial]) -> str:
     """``{"denied": [...]}``, oldest first, every field of each record."""
-    return json.dumps({"denied": [
-        {"time": d.time, "container_id": d.container_id, "action": d.action,
-         "reason": d.reason, "asked": list(d.asked), "namespace": d.namespace, "pod": d.pod,
-         "pod_uid": d.pod_uid, "container": d.container, "bundle": d.bundle,
-         "root": d.root, "runtime": d.runtime}
-        for d in denials]}, indent=2)
+    return json.dumps(
+        {
+            "denied": [
+                {
+                    "time": d.time,
+                    "container_id": d.container_id,
+                    "action": d.action,
+                    "reason": d.reason,
+                    "asked": list(d.asked),
+                    "namespace": d.namespace,
+                    "pod": d.pod,
+                    "pod_uid": d.pod_uid,
+                    "container": d.container,
+                    "bundle": d.bundle,
+                    "root": d.root,
+                    "runtime": d.runtime,
+                }
+                for d in denials
+            ]
+        },
+        indent=2,
+    )

@@ -21,9 +21,18 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-__all__ = ["Journal", "Holder", "read_journal", "gpu_indices", "live_grants", "conflicts",
-           "shared_claims",
-           "render_table", "render_json", "render_prometheus"]
+__all__ = [
+    "Journal",
+    "Holder",
+    "read_journal",
+    "gpu_indices",
+    "live_grants",
+    "conflicts",
+    "shared_claims",
+    "render_table",
+    "render_json",
+    "render_prometheus",
+]
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,9 @@ def _state(grant: Grant, timeout: float) -> Tuple[str, int]:
     try:
         res = subprocess.run(
             [grant.runtime, "--root", grant.root, "state", grant.container_id],
-            capture_output=True, timeout=timeout, check=False,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
         )
     except (OSError, subprocess.TimeoutExpired):
@@ -143,13 +154,15 @@ def conflicts(holders: Sequence[Holder]) -> Dict[str, List[Holder]]:
         for gpu in h.grant.gpus:
             by_gpu.setdefault(gpu, []).append(h)
     return {
-        gpu: hs for gpu, hs in by_gpu.items()
+        gpu: hs
+        for gpu, hs in by_gpu.items()
         if len(hs) > 1 and not all(h.grant.shared for h in hs) and not shared_claims(gpu, hs)
     }
 
 
-def _note(gpu: str, holder: Holder, holders: Sequence[Holder],
-          clash: Mapping[str, List[Holder]]) -> str:
+def _note(
+    gpu: str, holder: Holder, holders: Sequence[Holder], clash: Mapping[str, List[Holder]]
+) -> str:
     """The table's NOTE for one (GPU, holder) row."""
     g = holder.grant
     if gpu in clash:
@@ -158,8 +171,11 @@ def _note(gpu: str, holder: Holder, holders: Sequence[Holder],
         return "privileged (holds every device)"
     if g.shared:
         return "shared (replica)"
-    others = [h for h in holders if gpu in h.grant.gpus and h.grant.claims
-              and h.grant.source.split("+")[-1] != "privileged"]
+    others = [
+        h
+        for h in holders
+        if gpu in h.grant.gpus and h.grant.claims and h.grant.source.split("+")[-1] != "privileged"
+    ]
     claims = shared_claims(gpu, others) if len(others) > 1 else []
     return f"shared (DRA claim {', '.join(claims)})" if claims else ""
 
@@ -185,13 +201,22 @@ def render_table(holders: Sequence[Holder], indices: Optional[Mapping[str, str]]
     indices = indices or {}
     clash = conflicts(holders)
     rows: List[Tuple[str, ...]] = [
-        ("GPU", "UUID", "CONTAINER", "POD", "SOURCE", "VERIFIED", "STATUS", "NOTE")]
+        ("GPU", "UUID", "CONTAINER", "POD", "SOURCE", "VERIFIED", "STATUS", "NOTE")
+    ]
     for h in holders:
         g = h.grant
         for gpu in g.gpus:
             note = _note(gpu, h, holders, clash)
-            row = (indices.get(gpu, "?"), gpu, g.container_id, _who(g), g.source,
-                   g.verified, h.status, note)
+            row = (
+                indices.get(gpu, "?"),
+                gpu,
+                g.container_id,
+                _who(g),
+                g.source,
+                g.verified,
+                h.status,
+                note,
+            )
             rows.append(tuple(one_line(c) for c in row))  # no record adds a line or column
     rows[1:] = sorted(rows[1:], key=lambda r: (_index_order(r[0]), r))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -199,9 +224,13 @@ def render_table(holders: Sequence[Holder], indices: Optional[Mapping[str, str]]
     if clash:
         lines.append("")
         for gpu, hs in sorted(clash.items()):
-            lines.append(one_line(f"conflict: {gpu} is held by {len(hs)} live containers "
-                                  "without time-slicing: "
-                                  + ", ".join(h.grant.container_id for h in hs), None))
+            lines.append(
+                one_line(
+                    f"conflict: {gpu} is held by {len(hs)} live containers "
+                    "without time-slicing: " + ", ".join(h.grant.container_id for h in hs),
+                    None,
+                )
+            )
     return "\n".join(lines)
 
 
@@ -212,14 +241,24 @@ def render_json(holders: Sequence[Holder], indices: Optional[Mapping[str, str]] 
     clash = conflicts(holders)
     doc = {
         "grants": [
-            {"container_id": h.grant.container_id, "status": h.status, "pid": h.pid,
-             "gpus": list(h.grant.gpus),
-             "gpu_indices": [indices.get(gpu) for gpu in h.grant.gpus],
-             "source": h.grant.source, "verified": h.grant.verified,
-             "shared": h.grant.shared, "namespace": h.grant.namespace, "pod": h.grant.pod,
-             "pod_uid": h.grant.pod_uid, "container": h.grant.container,
-             "bundle": h.grant.bundle, "root": h.grant.root, "time": h.grant.time,
-             "claims": {claim: list(uuids) for claim, uuids in h.grant.claims}}
+            {
+                "container_id": h.grant.container_id,
+                "status": h.status,
+                "pid": h.pid,
+                "gpus": list(h.grant.gpus),
+                "gpu_indices": [indices.get(gpu) for gpu in h.grant.gpus],
+                "source": h.grant.source,
+                "verified": h.grant.verified,
+                "shared": h.grant.shared,
+                "namespace": h.grant.namespace,
+                "pod": h.grant.pod,
+                "pod_uid": h.grant.pod_uid,
+                "container": h.grant.container,
+                "bundle": h.grant.bundle,
+                "root": h.grant.root,
+                "time": h.grant.time,
+                "claims": {claim: list(uuids) for claim, uuids in h.grant.claims},
+            }
             for h in holders
         ],
         "conflicts": {gpu: [h.grant.container_id for h in hs] for gpu, hs in sorted(clash.items())},
@@ -241,9 +280,11 @@ def render_prometheus(holders: Sequence[Holder]) -> str:
     for h in holders:
         g = h.grant
         for gpu in g.gpus:
-            labels = (f'gpu="{_label(gpu)}",namespace="{_label(g.namespace)}",'
-                      f'pod="{_label(g.pod)}",container="{_label(g.container or g.container_id)}",'
-                      f'container_id="{_label(g.container_id)}",source="{_label(g.source)}"')
+            labels = (
+                f'gpu="{_label(gpu)}",namespace="{_label(g.namespace)}",'
+                f'pod="{_label(g.pod)}",container="{_label(g.container or g.container_id)}",'
+                f'container_id="{_label(g.container_id)}",source="{_label(g.source)}"'
+            )
             samples.add(f"nvshim_gpu_grants{{{labels}}} 1")
     out.extend(sorted(samples))
     clash = conflicts(holders)

@@ -4,6 +4,10 @@ Reads a :class:`~nvshim.runtime.plan.Plan` (what create would do to a bundle) an
 config it was made with; writes nothing. Not on the create path: only the ``nvshim``
 command imports it. (Not named ``inspect``: that would shadow the standard library's
 module for anything run with this directory on ``sys.path``.)
+
+Why one module: the summary, the text form and the diff all read the same plan with the same
+words, and `nvshim inspect` is their one caller; apart, the three would have to agree on
+those words across files.
 """
 
 from __future__ import annotations
@@ -18,8 +22,18 @@ if TYPE_CHECKING:
     from nvshim.host.discovery import Gpu
     from nvshim.runtime.plan import Plan
 
-__all__ = ["env_set", "plan_summary", "plan_diff", "hook_line", "render_summary",
-           "render_details", "render_text", "rewritten_mark", "live_summary", "render_live"]
+__all__ = [
+    "env_set",
+    "plan_summary",
+    "plan_diff",
+    "hook_line",
+    "render_summary",
+    "render_details",
+    "render_text",
+    "rewritten_mark",
+    "live_summary",
+    "render_live",
+]
 
 
 def _env(spec: object) -> List[str]:
@@ -38,8 +52,10 @@ def env_set(plan: Plan) -> List[str]:
 
 
 def _gpus_json(gpus: Sequence[Gpu]) -> List[Dict[str, Any]]:
-    return [{"index": g.index, "minor": g.minor, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id}
-            for g in gpus]
+    return [
+        {"index": g.index, "minor": g.minor, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id}
+        for g in gpus
+    ]
 
 
 def _migs_json(migs: Sequence[Tuple[Gpu, MigDevice]]) -> List[Dict[str, Any]]:
@@ -84,10 +100,22 @@ def plan_summary(plan: Plan, config: Config) -> Dict[str, Any]:
         "verified": plan.verified,
         "kubelet_allocation": list(plan.allocation.ids) if plan.allocation else None,
         "kubelet_claims": [
-            {"claim": str(c), "devices": [
-                {"driver": d.driver, "pool": d.pool, "device": d.device,
-                 "cdi_devices": list(d.cdi_devices)} for d in c.devices]}
-            for c in plan.allocation.claims] if plan.allocation else None,
+            {
+                "claim": str(c),
+                "devices": [
+                    {
+                        "driver": d.driver,
+                        "pool": d.pool,
+                        "device": d.device,
+                        "cdi_devices": list(d.cdi_devices),
+                    }
+                    for d in c.devices
+                ],
+            }
+            for c in plan.allocation.claims
+        ]
+        if plan.allocation
+        else None,
     }
     summary["granted_indices"] = describe_indices([g.index for g in plan.gpus])
     summary["set_void"] = "NVIDIA_VISIBLE_DEVICES=void" in env
@@ -101,11 +129,8 @@ def plan_diff(plan: Plan) -> str:
     from nvshim.runtime.specjson import dumps
 
     before = dumps(plan.spec, plan.original, indent=2, sort_keys=True).splitlines(keepends=True)
-    after = dumps(plan.new_spec, plan.original, indent=2, sort_keys=True).splitlines(
-        keepends=True)
-    return "".join(
-        difflib.unified_diff(before, after, "config.json", "config.json (after nvshim)")
-    )
+    after = dumps(plan.new_spec, plan.original, indent=2, sort_keys=True).splitlines(keepends=True)
+    return "".join(difflib.unified_diff(before, after, "config.json", "config.json (after nvshim)"))
 
 
 def _replaced(plan: Plan) -> List[Hook]:
@@ -114,8 +139,10 @@ def _replaced(plan: Plan) -> List[Hook]:
     from nvshim.edits import Hook
 
     found = plan.grant.engine_hooks.replaced if plan.grant.engine_hooks is not None else ()
-    return [Hook(name, str(h.get("path")), tuple(str(a) for a in h.get("args") or ()))
-            for name, h in found]
+    return [
+        Hook(name, str(h.get("path")), tuple(str(a) for a in h.get("args") or ()))
+        for name, h in found
+    ]
 
 
 def _plural(n: int, word: str, words: str = "") -> str:
@@ -173,17 +200,22 @@ def render_summary(plan: Plan, config: Config) -> List[str]:
     request = plan.request
     out: List[str] = []
     out.append(f"bundle:        {plan.spec_path}")
-    out.append(f"config:        {config.source or '(defaults)'}"
-               f"{' [require-allocation]' if config.require_allocation else ''}")
+    out.append(
+        f"config:        {config.source or '(defaults)'}"
+        f"{' [require-allocation]' if config.require_allocation else ''}"
+    )
     if plan.identity is not None:
         out.append(f"container:     {plan.identity}")
     out.append(f"request from:  {summary['source']}")
     if plan.allocation is not None:
         listed = list(plan.allocation.ids) + [
             f"DRA claim {c} ({', '.join(c.cdi_devices) or 'no CDI device'})"
-            for c in plan.allocation.claims]
-        out.append(f"verified:      kubelet ({plan.allocation.via}): allocated "
-                   f"{', '.join(listed) or 'no GPU'}")
+            for c in plan.allocation.claims
+        ]
+        out.append(
+            f"verified:      kubelet ({plan.allocation.via}): allocated "
+            f"{', '.join(listed) or 'no GPU'}"
+        )
     elif plan.verified == "unreachable":
         out.append("verified:      no: the kubelet was unreachable, claims trusted")
     elif plan.verified == "unidentified":
@@ -206,12 +238,14 @@ def render_summary(plan: Plan, config: Config) -> List[str]:
         out.append(f"capabilities:  {', '.join(summary['capabilities'])}")
     edits = plan.applied_edits()
     if plan.changed:
-        counts = [_plural(len(summary["device_nodes"]), "device node"),
-                  _plural(len(edits.mounts), "mount"), _plural(len(edits.hooks), "hook"),
-                  _plural(len(summary["env_set"]), "env entry", "env entries")]
+        counts = [
+            _plural(len(summary["device_nodes"]), "device node"),
+            _plural(len(edits.mounts), "mount"),
+            _plural(len(edits.hooks), "hook"),
+            _plural(len(summary["env_set"]), "env entry", "env entries"),
+        ]
         if summary["engine_hooks_replaced"]:
-            counts.append(f"{len(summary['engine_hooks_replaced'])} of the engine's hooks "
-                          "replaced")
+            counts.append(f"{len(summary['engine_hooks_replaced'])} of the engine's hooks replaced")
         out.append(f"edits:         {', '.join(counts)}")
     if plan.rootfs.by:
         out.append(f"in-root work:  {_rootwork_line(plan)}")
@@ -220,8 +254,10 @@ def render_summary(plan: Plan, config: Config) -> List[str]:
     if plan.cdi_source:
         out.append(f"CDI registry:  {plan.cdi_source}")
     if plan.grant.missing:
-        out.append(f"missing:       {', '.join(plan.grant.missing)}: expected for the requested "
-                   "capabilities, not found under the driver root")
+        out.append(
+            f"missing:       {', '.join(plan.grant.missing)}: expected for the requested "
+            "capabilities, not found under the driver root"
+        )
     out.extend(f"warning:       {w}" for w in summary["warnings"])
     out.extend(f"note:          {n}" for n in plan.notes if n not in summary["warnings"])
     rewrite = "would be rewritten" if plan.changed else "unchanged (byte-identical)"
@@ -236,8 +272,10 @@ def render_details(plan: Plan) -> List[str]:
     edits = plan.applied_edits()
     out: List[str] = []
     for g in plan.gpus:
-        out.append(f"{'GPU ' + str(g.index) + ':':<15}/dev/nvidia{g.minor}  {g.pci_bus_id}  "
-                   f"{g.model}".rstrip())
+        out.append(
+            f"{'GPU ' + str(g.index) + ':':<15}/dev/nvidia{g.minor}  {g.pci_bus_id}  "
+            f"{g.model}".rstrip()
+        )
     nodes = sorted({n.path for n in plan.edits.device_nodes})
     if nodes:
         out.append(f"device nodes:  {' '.join(nodes)}")
@@ -249,8 +287,11 @@ def render_details(plan: Plan) -> List[str]:
     for entry in env_set(plan):
         why = ""
         if entry == "NVIDIA_VISIBLE_DEVICES=void":
-            why = (" (image value stripped)" if request.set_void else
-                   " (after injection, so nothing downstream injects again)")
+            why = (
+                " (image value stripped)"
+                if request.set_void
+                else " (after injection, so nothing downstream injects again)"
+            )
         out.append(f"env:           {entry}{why}")
     return out
 
@@ -288,8 +329,7 @@ def _latest_for(records: Sequence[Any], bundle: str) -> Any:
     return max(found, key=lambda r: r.time) if found else None
 
 
-def live_summary(spec_path: str, spec: Dict[str, Any], mark: str,
-                 config: Config) -> Dict[str, Any]:
+def live_summary(spec_path: str, spec: Dict[str, Any], mark: str, config: Config) -> Dict[str, Any]:
     """What a live bundle holds, from the journals rather than a new plan: the latest
     grant and denial records of this bundle, its identity and the device nodes in it."""
     import os
@@ -315,8 +355,11 @@ def live_summary(spec_path: str, spec: Dict[str, Any], mark: str,
     identity = identity_of(annotations) if isinstance(annotations, dict) else None
     linux = spec.get("linux")
     devices = linux.get("devices") if isinstance(linux, dict) else None
-    nodes = sorted({str(d.get("path")) for d in devices if isinstance(d, dict)}) \
-        if isinstance(devices, list) else []
+    nodes = (
+        sorted({str(d.get("path")) for d in devices if isinstance(d, dict)})
+        if isinstance(devices, list)
+        else []
+    )
     from nvshim.runtime.create import SERVED_BY
 
     served = annotations.get(SERVED_BY) if isinstance(annotations, dict) else None
@@ -331,13 +374,27 @@ def live_summary(spec_path: str, spec: Dict[str, Any], mark: str,
         "container": str(identity) if identity else None,
         "journal": config.grants_journal,
         "journal_problems": problems,
-        "grant": None if grant is None else {
-            "container_id": grant.container_id, "time": grant.time, "gpus": list(grant.gpus),
-            "source": grant.source, "verified": grant.verified, "shared": grant.shared,
-            "root": grant.root, "runtime": grant.runtime},
-        "denial": None if denial is None else {
-            "container_id": denial.container_id, "time": denial.time, "action": denial.action,
-            "reason": denial.reason, "asked": list(denial.asked)},
+        "grant": None
+        if grant is None
+        else {
+            "container_id": grant.container_id,
+            "time": grant.time,
+            "gpus": list(grant.gpus),
+            "source": grant.source,
+            "verified": grant.verified,
+            "shared": grant.shared,
+            "root": grant.root,
+            "runtime": grant.runtime,
+        },
+        "denial": None
+        if denial is None
+        else {
+            "container_id": denial.container_id,
+            "time": denial.time,
+            "action": denial.action,
+            "reason": denial.reason,
+            "asked": list(denial.asked),
+        },
         "device_nodes": nodes,
     }
 
@@ -350,21 +407,28 @@ def render_live(summary: Dict[str, Any]) -> str:
     def when(t: float) -> str:
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
-    out = [f"bundle:        {summary['bundle_config']}",
-           f"config:        {summary['config_file'] or '(defaults)'}"]
+    out = [
+        f"bundle:        {summary['bundle_config']}",
+        f"config:        {summary['config_file'] or '(defaults)'}",
+    ]
     if summary["container"]:
         out.append(f"container:     {summary['container']}")
     grant, denial = summary["grant"], summary["denial"]
     if grant is not None:
-        out.extend(f"granted:       {uuid}  (source {grant['source']}, verified "
-                   f"{grant['verified']})" for uuid in grant["gpus"])
-        out.append(f"journal:       grant of container {grant['container_id']} at "
-                   f"{when(grant['time'])} in {summary['journal']}")
+        out.extend(
+            f"granted:       {uuid}  (source {grant['source']}, verified {grant['verified']})"
+            for uuid in grant["gpus"]
+        )
+        out.append(
+            f"journal:       grant of container {grant['container_id']} at "
+            f"{when(grant['time'])} in {summary['journal']}"
+        )
     if denial is not None:
         out.append(f"denied:        {denial['action']}: asked {', '.join(denial['asked']) or '-'}")
         out.append(f"reason:        {denial['reason']}")
-        out.append(f"journal:       denial of container {denial['container_id']} at "
-                   f"{when(denial['time'])}")
+        out.append(
+            f"journal:       denial of container {denial['container_id']} at {when(denial['time'])}"
+        )
     if grant is None and denial is None:
         where = summary["journal"] or "nowhere (grants-journal is off)"
         out.append(f"journal:       no record of this bundle in {where}")
@@ -373,6 +437,7 @@ def render_live(summary: Dict[str, Any]) -> str:
     out.append(f"nvshim mark:   {summary['mark']}")
     served = summary.get("served_by", "nvshim-runtime")
     out.append(f"served by:     {'the nvshim agent (fast path)' if served == 'agent' else served}")
-    out.append("config.json:   already rewritten by nvshim-runtime (live bundle): not planned "
-               "again")
+    out.append(
+        "config.json:   already rewritten by nvshim-runtime (live bundle): not planned again"
+    )
     return _shown(out)

@@ -113,8 +113,10 @@ def profile_content(minors: Iterable[int]) -> bytes:
             mask |= 1 << minor
     if not mask:
         return b""
-    return ('{"profiles":[{"name":"_container_","settings":["EGLVisibleDGPUDevices",'
-            f'{mask:#x}]}}],"rules":[{{"pattern":[],"profile":"_container_"}}]}}').encode()
+    return (
+        '{"profiles":[{"name":"_container_","settings":["EGLVisibleDGPUDevices",'
+        f'{mask:#x}]}}],"rules":[{{"pattern":[],"profile":"_container_"}}]}}'
+    ).encode()
 
 
 def write_profile(root: _inroot.Root, minors: Iterable[int]) -> bool:

@@ -37,35 +37,70 @@ MODIFYING_COMMANDS: FrozenSet[str] = frozenset({"create", "run"})
 #: Global options of runc and crun by what they do: take a value, or not, or print the
 #: version or help instead of running a command.
 _GLOBAL: Dict[str, str] = {
-    "log": "value", "log-format": "value", "root": "value", "rootless": "value",
+    "log": "value",
+    "log-format": "value",
+    "root": "value",
+    "rootless": "value",
     "criu": "value",  # runc only
     "cgroup-manager": "value",  # crun only
-    "debug": "bool", "systemd-cgroup": "bool",
-    "v": "version", "version": "version", "V": "version",
-    "h": "help", "help": "help", "usage": "help", "?": "help",
+    "debug": "bool",
+    "systemd-cgroup": "bool",
+    "v": "version",
+    "version": "version",
+    "V": "version",
+    "h": "help",
+    "help": "help",
+    "usage": "help",
+    "?": "help",
 }
 #: crun's global long options (argp adds --program-name and --HANG): prefixes resolve here.
 _CRUN_GLOBAL_LONG: Tuple[Tuple[str, str], ...] = (
-    ("cgroup-manager", "value"), ("debug", "bool"), ("log", "value"), ("log-format", "value"),
-    ("root", "value"), ("rootless", "value"), ("systemd-cgroup", "bool"), ("help", "help"),
-    ("usage", "help"), ("version", "version"), ("program-name", "value"), ("HANG", "bool"),
+    ("cgroup-manager", "value"),
+    ("debug", "bool"),
+    ("log", "value"),
+    ("log-format", "value"),
+    ("root", "value"),
+    ("rootless", "value"),
+    ("systemd-cgroup", "bool"),
+    ("help", "help"),
+    ("usage", "help"),
+    ("version", "version"),
+    ("program-name", "value"),
+    ("HANG", "bool"),
 )
 
 #: create/run options of runc (``-name`` or ``--name``) by effect.
 _RUNC_CMD: Dict[str, str] = {
-    "bundle": "bundle", "b": "bundle",
-    "console-socket": "value", "pid-file": "value", "preserve-fds": "value",
-    "no-pivot": "bool", "no-new-keyring": "bool", "detach": "bool", "d": "bool",
-    "keep": "bool", "help": "help", "h": "help",
+    "bundle": "bundle",
+    "b": "bundle",
+    "console-socket": "value",
+    "pid-file": "value",
+    "preserve-fds": "value",
+    "no-pivot": "bool",
+    "no-new-keyring": "bool",
+    "detach": "bool",
+    "d": "bool",
+    "keep": "bool",
+    "help": "help",
+    "h": "help",
 }
 #: Go's strconv.ParseBool false values: runc's ``--help=false`` is no help.
 _GO_FALSE: FrozenSet[str] = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 #: crun's create/run long options (and argp's own): exact names and prefixes resolve here.
 _CRUN_CMD_LONG: Tuple[Tuple[str, str], ...] = (
-    ("bundle", "bundle"), ("config", "config"), ("console-socket", "value"),
-    ("detach", "bool"), ("no-new-keyring", "bool"), ("no-pivot", "bool"),
-    ("no-subreaper", "bool"), ("pid-file", "value"), ("preserve-fds", "value"),
-    ("help", "help"), ("usage", "help"), ("program-name", "value"), ("HANG", "bool"),
+    ("bundle", "bundle"),
+    ("config", "config"),
+    ("console-socket", "value"),
+    ("detach", "bool"),
+    ("no-new-keyring", "bool"),
+    ("no-pivot", "bool"),
+    ("no-subreaper", "bool"),
+    ("pid-file", "value"),
+    ("preserve-fds", "value"),
+    ("help", "help"),
+    ("usage", "help"),
+    ("program-name", "value"),
+    ("HANG", "bool"),
 )
 _CMD_LONG: Dict[str, str] = {**_RUNC_CMD, **dict(_CRUN_CMD_LONG)}
 
@@ -73,13 +108,30 @@ _CMD_LONG: Dict[str, str] = {**_RUNC_CMD, **dict(_CRUN_CMD_LONG)}
 class Invocation:
     """What one runtime call asks for (a plain class: ``NamedTuple`` needs typing)."""
 
-    __slots__ = ("command", "bundle", "log", "log_format", "error", "root", "container_id",
-                 "version", "help")
+    __slots__ = (
+        "command",
+        "bundle",
+        "log",
+        "log_format",
+        "error",
+        "root",
+        "container_id",
+        "version",
+        "help",
+    )
 
-    def __init__(self, command: Optional[str], bundle: Optional[str], log: Optional[str],
-                 log_format: Optional[str], error: Optional[str], root: Optional[str] = None,
-                 container_id: Optional[str] = None, version: bool = False,
-                 help: bool = False) -> None:
+    def __init__(
+        self,
+        command: Optional[str],
+        bundle: Optional[str],
+        log: Optional[str],
+        log_format: Optional[str],
+        error: Optional[str],
+        root: Optional[str] = None,
+        container_id: Optional[str] = None,
+        version: bool = False,
+        help: bool = False,
+    ) -> None:
         self.command = command
         self.bundle = bundle
         self.log = log
@@ -96,7 +148,8 @@ class Invocation:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Invocation) and all(
-            getattr(self, k) == getattr(other, k) for k in self.__slots__)
+            getattr(self, k) == getattr(other, k) for k in self.__slots__
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -135,8 +188,9 @@ def _split_flag(arg: str) -> Tuple[str, Optional[str]]:
     return name, None
 
 
-def _long(name: str, exact: Dict[str, str], crun: Tuple[Tuple[str, str], ...],
-          strict: bool = False) -> Tuple[Optional[str], str]:
+def _long(
+    name: str, exact: Dict[str, str], crun: Tuple[Tuple[str, str], ...], strict: bool = False
+) -> Tuple[Optional[str], str]:
     """(effect, resolved name) of a ``--name``: exact, else an unambiguous crun prefix.
 
     Effect None: unknown (both runtimes refuse it). ``"ambiguous"``: a prefix of several
@@ -165,7 +219,7 @@ def _crun_cluster(body: str) -> Optional[Tuple[str, Optional[str]]]:
         if ch == "d":
             continue
         if ch in "bf":
-            rest = body[j + 1:]
+            rest = body[j + 1 :]
             return ("bundle" if ch == "b" else "config", rest or None)
         if ch == "?":
             return ("help", None)
@@ -187,8 +241,9 @@ def parse_argv(argv: List[str]) -> Invocation:
     return _read_create(argv, i, command, globals_)
 
 
-def _read_globals(argv: List[str], globals_: Dict[str, str]
-                  ) -> Union[Invocation, Tuple[Optional[str], int]]:
+def _read_globals(
+    argv: List[str], globals_: Dict[str, str]
+) -> Union[Invocation, Tuple[Optional[str], int]]:
     """The global options before the command, into ``globals_`` (name → value); then
     (the command, the index after it), or the whole answer where the options end the call
     (a version or help option; a value missing at the end)."""
@@ -213,12 +268,19 @@ def _read_globals(argv: List[str], globals_: Dict[str, str]
                     effect = "help" if arg[1] == "?" else "version"  # crun's -vx, -?x
             if effect in ("version", "help"):
                 # the runtime prints its version/help and ignores any command: never modify.
-                return Invocation(None, None, globals_.get("log"), globals_.get("log-format"), None,
-                                  version=effect == "version")
+                return Invocation(
+                    None,
+                    None,
+                    globals_.get("log"),
+                    globals_.get("log-format"),
+                    None,
+                    version=effect == "version",
+                )
             if effect == "value" and value is None:
                 if i + 1 >= n:
-                    return Invocation(None, None, globals_.get("log"),
-                                      globals_.get("log-format"), None)
+                    return Invocation(
+                        None, None, globals_.get("log"), globals_.get("log-format"), None
+                    )
                 value = argv[i + 1]
                 i += 1
             if value is not None:
@@ -231,15 +293,22 @@ def _read_globals(argv: List[str], globals_: Dict[str, str]
     return command, i
 
 
-def _short(arg: str, name: str, value: Optional[str]
-           ) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+def _short(
+    arg: str, name: str, value: Optional[str]
+) -> Tuple[Optional[str], Optional[str], Optional[str]]:
     """(effect, value, error) of a single-dash create/run option: runc's ``-name`` and
     crun's clustered short options, an error where the two read it differently."""
     runc = _RUNC_CMD.get(name)
     crun = _crun_cluster(arg[1:])
     if runc is not None and crun is not None and (runc, value) != crun:
-        return None, value, (f"option {arg} means one thing to runc and another to crun: "
-                             "write --bundle/--pid-file/… in full, with two dashes")
+        return (
+            None,
+            value,
+            (
+                f"option {arg} means one thing to runc and another to crun: "
+                "write --bundle/--pid-file/… in full, with two dashes"
+            ),
+        )
     if runc is not None:
         return runc, value, None
     if crun is not None:
@@ -247,8 +316,7 @@ def _short(arg: str, name: str, value: Optional[str]
     return None, value, None
 
 
-def _read_create(argv: List[str], i: int, command: str, globals_: Dict[str, str]
-                 ) -> Invocation:
+def _read_create(argv: List[str], i: int, command: str, globals_: Dict[str, str]) -> Invocation:
     """The create/run call whose options start at ``argv[i]``: its bundle, container id,
     whether it only prints help, or why nvshim cannot read it."""
     n = len(argv)
@@ -283,8 +351,16 @@ def _read_create(argv: List[str], i: int, command: str, globals_: Dict[str, str]
             if value is None or given not in ("help", "h") or value not in _GO_FALSE:
                 # runc/crun print the command's help and create nothing (runc's
                 # --help=true too; other values fail in both): leave config.json alone
-                return Invocation(command, None, log, log_format, None, globals_.get("root"),
-                                  container_id, help=True)
+                return Invocation(
+                    command,
+                    None,
+                    log,
+                    log_format,
+                    None,
+                    globals_.get("root"),
+                    container_id,
+                    help=True,
+                )
             effect = "bool"  # runc's --help=false: no help, the create goes on
         if effect in ("bundle", "config", "value") and value is None:
             if i + 1 >= n:
@@ -295,8 +371,10 @@ def _read_create(argv: List[str], i: int, command: str, globals_: Dict[str, str]
         if effect == "bundle":
             bundle = value
         elif effect == "config":
-            error = (f"{arg} {value}: nvshim edits the bundle's config.json and cannot "
-                     "follow crun's --config to another file")
+            error = (
+                f"{arg} {value}: nvshim edits the bundle's config.json and cannot "
+                "follow crun's --config to another file"
+            )
             break
         i += 1
     if container_id is None and i + 1 < n and argv[i] == "--":

@@ -46,8 +46,11 @@ def _capabilities_of(basename: str) -> Tuple[str, ...]:
 def _classify(basename: str) -> Tuple[str, ...]:
     from nvshim.host.capabilities import BINARIES, DATA_FILES, LIBRARIES
 
-    owners = [libset for libset, bases in LIBRARIES.items()
-              if any(basename.startswith(base + ".so") for base in bases)]
+    owners = [
+        libset
+        for libset, bases in LIBRARIES.items()
+        if any(basename.startswith(base + ".so") for base in bases)
+    ]
     owners += [cap for cap, names in BINARIES.items() if basename in names]
     for cap, _, paths in DATA_FILES:
         for path in paths:
@@ -74,7 +77,8 @@ def restrict_to_capabilities(edits: Edits, capabilities: Sequence[str]) -> Edits
     node_needs = {path: need for path, need in CONTROL_NODES}
     drm = wants_drm(caps)
     nodes = tuple(
-        n for n in edits.device_nodes
+        n
+        for n in edits.device_nodes
         if (node_needs.get(n.path) is None or node_needs[n.path] in caps)
         and (drm or not n.path.startswith("/dev/dri/"))
     )
@@ -123,11 +127,19 @@ def _prune_hook(hook: Hook, present: set[str], graphics: bool) -> Tuple[Hook, ..
                 changed = True
     dev_links, egl = parse_graphics_args(hook.args)
     if not any(".so" in p.rsplit("/", 1)[-1] for p in present) and not (
-            graphics and (dev_links or egl)):
+        graphics and (dev_links or egl)
+    ):
         return ()
     kept_sorted = [pair for pair in links if pair in kept]
-    return (Hook(hook.hook_name, hook.path,
-                 tuple(with_links(hook.args, kept_sorted, graphics)), hook.env, hook.timeout),)
+    return (
+        Hook(
+            hook.hook_name,
+            hook.path,
+            tuple(with_links(hook.args, kept_sorted, graphics)),
+            hook.env,
+            hook.timeout,
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -141,8 +153,14 @@ class CdiInjection:
     warnings: Tuple[str, ...] = ()
 
 
-def inject_cdi(names: Sequence[str], config: Config, capabilities: Sequence[str], node: Host,
-               save: bool = False, paths: Optional[Host] = None) -> CdiInjection:
+def inject_cdi(
+    names: Sequence[str],
+    config: Config,
+    capabilities: Sequence[str],
+    node: Host,
+    save: bool = False,
+    paths: Optional[Host] = None,
+) -> CdiInjection:
     """The edits the CDI devices ``names`` give a container on this node, in one call (as
     CDI's ``InjectDevices``).
 
@@ -163,7 +181,8 @@ def inject_cdi(names: Sequence[str], config: Config, capabilities: Sequence[str]
     from nvshim.errors import CdiError, HostError
 
     registry, source = cdiindex.registry_for(
-        config.cdi_spec_dirs, names, cdi_index_path(config.source or config_path()), save)
+        config.cdi_spec_dirs, names, cdi_index_path(config.source or config_path()), save
+    )
     try:
         edits = resolve_devices(registry, names)
     except CdiError as exc:
@@ -174,8 +193,10 @@ def inject_cdi(names: Sequence[str], config: Config, capabilities: Sequence[str]
     if missing is not None:  # runc would fail on it anyway, with a worse message
         spec, files = missing
         more = f" (and {len(files) - 1} more)" if len(files) > 1 else ""
-        raise CdiError(f"CDI spec {spec} mounts {files[0]}, which this node does not have"
-                       f"{more}: the spec is older than the driver; {refresh_fix(config, spec)}")
+        raise CdiError(
+            f"CDI spec {spec} mounts {files[0]}, which this node does not have"
+            f"{more}: the spec is older than the driver; {refresh_fix(config, spec)}"
+        )
     try:
         version: Optional[str] = node.driver_version()
     except HostError:
@@ -233,5 +254,6 @@ def refresh_fix(config: Config, spec: str, driver_root: Optional[str] = None) ->
             if value == spec:
                 return "run nvshim cdi refresh"
     other_root = driver_root is not None and os.path.abspath(driver_root) != os.path.abspath(
-        config.driver_root)
+        config.driver_root
+    )
     return regenerate_fix(spec, driver_root if other_root and driver_root else "")

@@ -205,8 +205,12 @@ class Claim:
         that claims nothing gets nothing)."""
         if self.view.sandbox:
             return False
-        return (self.view.engine is not None or self.image_asks or bool(self.mount_ids)
-                or bool(self.annotation_ids))
+        return (
+            self.view.engine is not None
+            or self.image_asks
+            or bool(self.mount_ids)
+            or bool(self.annotation_ids)
+        )
 
     @property
     def claims_imex(self) -> bool:
@@ -231,8 +235,11 @@ def read_claim(view: ImageView, config: Config) -> Claim:
     visible = view.get(VISIBLE_DEVICES)
     mount_raw = tuple(device_mount_ids(view))
     mount_ids, mount_notes = _mount_ids(mount_raw)
-    keys = tuple(k for k in sorted(view.annotations)
-                 if any(k.startswith(p) for p in config.annotation_prefixes))
+    keys = tuple(
+        k
+        for k in sorted(view.annotations)
+        if any(k.startswith(p) for p in config.annotation_prefixes)
+    )
     env = view.env
     return Claim(
         view,
@@ -242,12 +249,10 @@ def read_claim(view: ImageView, config: Config) -> Claim:
         mount_notes=mount_notes,
         annotation_keys=keys,
         annotation_ids=annotation_ids_of(view, keys),
-        imex_mount_ids=tuple(i[len("imex/"):] for i in mount_raw if i.startswith("imex/")),
+        imex_mount_ids=tuple(i[len("imex/") :] for i in mount_raw if i.startswith("imex/")),
         imex_env=env.get(IMEX_ENV),
         feature_env=tuple(v for v in FEATURE_ENV.values() if v in env),
     )
-
-
 
 
 def _str_list(value: object, where: str) -> List[str]:
@@ -312,11 +317,18 @@ def _docker_hooks(hooks: object, annotations: Mapping[str, str]) -> Tuple[Dict[s
     prestart = hooks.get("prestart") if isinstance(hooks, dict) else None
     if not isinstance(prestart, list) or not prestart:
         return ()
-    found = tuple(h for h in prestart if isinstance(h, dict) and isinstance(h.get("path"), str)
-                  and posixpath.basename(h["path"]) == DOCKER_HOOK
-                  and isinstance(h.get("args"), list) and h["args"][1:2] == ["prestart"])
-    if found and any(k.startswith(KUBERNETES_PREFIX) or k == "io.container.manager"
-                     for k in annotations):
+    found = tuple(
+        h
+        for h in prestart
+        if isinstance(h, dict)
+        and isinstance(h.get("path"), str)
+        and posixpath.basename(h["path"]) == DOCKER_HOOK
+        and isinstance(h.get("args"), list)
+        and h["args"][1:2] == ["prestart"]
+    )
+    if found and any(
+        k.startswith(KUBERNETES_PREFIX) or k == "io.container.manager" for k in annotations
+    ):
         return ()
     return found
 
@@ -337,9 +349,13 @@ def _check_device_numbers(linux: object) -> None:
         return
     resources = linux.get("resources")
     for where, entries, wildcard in (
-            ("linux.devices", linux.get("devices"), False),
-            ("linux.resources.devices",
-             resources.get("devices") if isinstance(resources, dict) else None, True)):
+        ("linux.devices", linux.get("devices"), False),
+        (
+            "linux.resources.devices",
+            resources.get("devices") if isinstance(resources, dict) else None,
+            True,
+        ),
+    ):
         if not isinstance(entries, list):
             continue
         for i, entry in enumerate(entries):
@@ -347,13 +363,18 @@ def _check_device_numbers(linux: object) -> None:
                 continue
             for key in ("major", "minor"):
                 value = entry.get(key)
-                if type(value) is not int or 0 <= value < _DEVICE_NUMBERS \
-                        or (wildcard and value == -1):
+                if (
+                    type(value) is not int
+                    or 0 <= value < _DEVICE_NUMBERS
+                    or (wildcard and value == -1)
+                ):
                     continue
                 raise SpecError(
                     f"{where}[{i}].{key} is {value}: device numbers are 0-{_DEVICE_NUMBERS - 1}"
                     f"{' (or -1 in a cgroup rule)' if wildcard else ''}; runc would use "
-                    f"{value % _DEVICE_NUMBERS} (its low 32 bits), so it is refused", SPEC_FILE)
+                    f"{value % _DEVICE_NUMBERS} (its low 32 bits), so it is refused",
+                    SPEC_FILE,
+                )
 
 
 def _char_devices(linux: object) -> Tuple[Tuple[int, int, str], ...]:
@@ -384,16 +405,19 @@ def _allows_all_devices(linux: object) -> bool:
     for rule in rules:
         if not isinstance(rule, dict):
             return False
-        every = (rule.get("type") in (None, "a") and rule.get("major") in (None, -1)
-                 and rule.get("minor") in (None, -1))
+        every = (
+            rule.get("type") in (None, "a")
+            and rule.get("major") in (None, -1)
+            and rule.get("minor") in (None, -1)
+        )
         if rule.get("allow") is not True:
             verdict = False  # a deny, even of a few devices, may be the GPUs'
         elif every:
             access = rule.get("access")
-            verdict = access is None or (isinstance(access, str) and "r" in access
-                                         and "w" in access)
+            verdict = access is None or (
+                isinstance(access, str) and "r" in access and "w" in access
+            )
     return verdict
-
 
 
 def _parse_tokens(value: str) -> Tuple[str, ...]:
@@ -402,7 +426,6 @@ def _parse_tokens(value: str) -> Tuple[str, ...]:
     from nvshim.host.devices import parse_visible_devices
 
     return parse_visible_devices(value)
-
 
 
 def _mount_ids(raw: Sequence[str]) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
@@ -416,7 +439,7 @@ def _mount_ids(raw: Sequence[str]) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
             notes.append(f"volume mount {dest}: IMEX channel, not a GPU")
             continue
         if ident.startswith("cdi/"):
-            rest = ident[len("cdi/"):]
+            rest = ident[len("cdi/") :]
             if "=" in rest:
                 name = rest  # cdi/<vendor>/<class>=<name>
             else:
@@ -443,7 +466,6 @@ def annotation_ids_of(view: ImageView, keys: Sequence[str]) -> Tuple[str, ...]:
     return _parse_tokens(",".join(names))
 
 
-
 def device_list_id(mount: Mapping[str, Any]) -> Optional[str]:
     """The raw id of ``mount`` when it is a device-plugin ``/dev/null`` mount under
     :data:`DEVICE_LIST_DIR` (a GPU id, a replica name, ``cdi/…``, ``imex/<n>``); None for
@@ -454,8 +476,12 @@ def device_list_id(mount: Mapping[str, Any]) -> Optional[str]:
     relative (as runc mounts it), and its prefix matched as NVIDIA's runtime matches it,
     without a separator (``…-devicesall`` is ``all`` to that runtime)."""
     source, dest = mount.get("source"), mount.get("destination")
-    if not isinstance(source, str) or not isinstance(dest, str) or not source.startswith("/") \
-            or "null" not in source:  # every create reads every mount: no normpath for most
+    if (
+        not isinstance(source, str)
+        or not isinstance(dest, str)
+        or not source.startswith("/")
+        or "null" not in source
+    ):  # every create reads every mount: no normpath for most
         return None
     if posixpath.normpath("/" + source.lstrip("/")) != "/dev/null":
         return None
@@ -463,7 +489,7 @@ def device_list_id(mount: Mapping[str, Any]) -> Optional[str]:
     clean = posixpath.normpath("/" + dest.lstrip("/"))
     if not clean.startswith(DEVICE_LIST_DIR):
         return None
-    ident = clean[len(DEVICE_LIST_DIR):].strip("/")
+    ident = clean[len(DEVICE_LIST_DIR) :].strip("/")
     return ident or None
 
 

@@ -253,9 +253,7 @@ def requirement_vars(env: Mapping[str, str]) -> List[Tuple[str, str]]:
     return sorted(
         (name, value)
         for name, value in env.items()
-        if name.startswith(REQUIRE_PREFIX)
-        and not name.startswith(JETPACK_PREFIX)
-        and value.strip()
+        if name.startswith(REQUIRE_PREFIX) and not name.startswith(JETPACK_PREFIX) and value.strip()
     )
 
 

@@ -122,8 +122,14 @@ class _Node:
         return self.host
 
 
-def plan_spec(spec: SpecDict, config: Config, pod: Optional[Dict[str, str]],
-              label: str, host: Optional[Host] = None, save_cache: bool = False) -> Plan:
+def plan_spec(
+    spec: SpecDict,
+    config: Config,
+    pod: Optional[Dict[str, str]],
+    label: str,
+    host: Optional[Host] = None,
+    save_cache: bool = False,
+) -> Plan:
     """The same road for a spec that is not in a bundle yet: what the NRI plugin
     (:mod:`nvshim.agent.nri`) sees at CreateContainer. ``pod``: the pod's annotations as
     the engine reported them (no sandbox bundle to read); ``label`` names the container in
@@ -132,16 +138,25 @@ def plan_spec(spec: SpecDict, config: Config, pod: Optional[Dict[str, str]],
     return _plan("", config, host, None, save_cache, label, b"", spec, pod)
 
 
-def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[DebugLog],
-          save_cache: bool, spec_path: str, raw: bytes, spec: SpecDict,
-          pod_override: Optional[Dict[str, str]] = None) -> Plan:
+def _plan(
+    bundle: str,
+    config: Config,
+    host: Optional[Host],
+    log: Optional[DebugLog],
+    save_cache: bool,
+    spec_path: str,
+    raw: bytes,
+    spec: SpecDict,
+    pod_override: Optional[Dict[str, str]] = None,
+) -> Plan:
     """The road's stages in order. Each takes the records the stages before it returned
     and returns its own with what it said (notes; warnings are notes too); only this
     function collects what they said, and the :class:`Plan` is built once, at the end."""
     node = _Node(config, save_cache, host)
     claim, out, engine, notes = _claim_stage(spec, config, node)
-    found, pod, kubelet_tokens, kubelet_ids, said = _kubelet_stage(bundle, claim, config, node,
-                                                                   pod_override)
+    found, pod, kubelet_tokens, kubelet_ids, said = _kubelet_stage(
+        bundle, claim, config, node, pod_override
+    )
     notes += said
     warnings = list(found.warnings) if found is not None else []
     request = resolve_request(claim, config, pod, kubelet_tokens, kubelet_ids)
@@ -174,8 +189,8 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         if looked and log is not None:
             log.event("plan", source=node.source)
         grant, found, cdi_source, said, warned = _grant_stage(
-            bundle, spec, claim, config, request, extras, grant, found, plan_host, save_cache,
-            log)
+            bundle, spec, claim, config, request, extras, grant, found, plan_host, save_cache, log
+        )
         notes += said
         warnings += warned
         rootfs = _decide_rootwork(spec, bundle, plan_host, grant)
@@ -185,12 +200,25 @@ def _plan(bundle: str, config: Config, host: Optional[Host], log: Optional[Debug
         new_spec = apply_edits(spec if grant.base is None else grant.base, applied)
     elif request.set_void:
         new_spec = apply_edits(out, _VOID)
-    return Plan(spec_path, raw, spec, claim, request, grant, rootfs,
-                found.identity if found is not None else claim.view.identity,
-                found.verified if found is not None else "none",
-                found.allocation if found is not None else None,
-                tuple(notes), tuple(warnings), node.source, cdi_source, plan_host, bundle,
-                new_spec)
+    return Plan(
+        spec_path,
+        raw,
+        spec,
+        claim,
+        request,
+        grant,
+        rootfs,
+        found.identity if found is not None else claim.view.identity,
+        found.verified if found is not None else "none",
+        found.allocation if found is not None else None,
+        tuple(notes),
+        tuple(warnings),
+        node.source,
+        cdi_source,
+        plan_host,
+        bundle,
+        new_spec,
+    )
 
 
 def _shared_by_kubelet(request: Request, ids: Sequence[str]) -> Request:
@@ -208,8 +236,9 @@ def _shared_by_kubelet(request: Request, ids: Sequence[str]) -> Request:
     return replace(request, shared=True)
 
 
-def _claim_stage(spec: SpecDict, config: Config, node: _Node
-                 ) -> Tuple[Claim, SpecDict, Optional[EngineGrant], List[str]]:
+def _claim_stage(
+    spec: SpecDict, config: Config, node: _Node
+) -> Tuple[Claim, SpecDict, Optional[EngineGrant], List[str]]:
     """(the claim, the spec the edits go onto, the engine's grant, notes): what config.json
     claims, parsed once, with the GPUs the engine already injected (CDI, DRA) and without
     Docker's ``--gpus`` hook (nvshim gives those GPUs itself)."""
@@ -220,9 +249,11 @@ def _claim_stage(spec: SpecDict, config: Config, node: _Node
         from nvshim.runtime.engine import without_hooks
 
         out = without_hooks(spec, [("prestart", h) for h in view.docker_hooks])
-        notes += [f"docker run --gpus: Docker's prestart hook {h['path']} removed from "
-                  "config.json (nvshim gives the container its GPUs itself)"
-                  for h in view.docker_hooks]
+        notes += [
+            f"docker run --gpus: Docker's prestart hook {h['path']} removed from "
+            "config.json (nvshim gives the container its GPUs itself)"
+            for h in view.docker_hooks
+        ]
     engine: Optional[EngineGrant] = None
     if view.char_devices:
         # GPUs the engine injected (CDI, DRA), by number; a privileged container's are the
@@ -231,7 +262,8 @@ def _claim_stage(spec: SpecDict, config: Config, node: _Node
         from nvshim.runtime.engine import find_engine_grant
 
         engine, node.host, node.source = find_engine_grant(
-            view.char_devices, config, node.host, node.save_cache, view.privileged_with_devices)
+            view.char_devices, config, node.host, node.save_cache, view.privileged_with_devices
+        )
         if engine is not None and not engine.privileged:
             if view.sandbox:  # a pause container never holds a GPU: the marker is forged
                 from nvshim.errors import RequestError
@@ -239,15 +271,21 @@ def _claim_stage(spec: SpecDict, config: Config, node: _Node
                 raise RequestError(
                     f"a CRI sandbox (pause) container holds {engine.summary or 'an IMEX channel'}"
                     " the engine injected; a sandbox never holds NVIDIA devices, so its "
-                    "sandbox annotations are not its engine's: refusing it")
+                    "sandbox annotations are not its engine's: refusing it"
+                )
             view = replace(view, engine=engine)
     return read_claim(view, config), out, engine, notes
 
 
-def _kubelet_stage(bundle: str, claim: Claim, config: Config, node: _Node,
-                   pod_override: Optional[Dict[str, str]] = None
-                   ) -> Tuple[Optional[Verification], Optional[Dict[str, str]],
-                              Tuple[str, ...], Tuple[str, ...], List[str]]:
+def _kubelet_stage(
+    bundle: str,
+    claim: Claim,
+    config: Config,
+    node: _Node,
+    pod_override: Optional[Dict[str, str]] = None,
+) -> Tuple[
+    Optional[Verification], Optional[Dict[str, str]], Tuple[str, ...], Tuple[str, ...], List[str]
+]:
     """(require-allocation's record of the kubelet, the pod's annotations, the kubelet's
     GPU tokens and ids for the ``kubelet`` source, notes); nothing, without importing
     :mod:`nvshim.runtime.allocation`, when require-allocation needs neither.
@@ -258,23 +296,28 @@ def _kubelet_stage(bundle: str, claim: Claim, config: Config, node: _Node,
     from nvshim.runtime.allocation import policy
 
     found = policy.ask_kubelet_if_needed(claim, config)
-    pod = (policy.pod_annotations(bundle, claim, config) if pod_override is None
-           else pod_override)
+    pod = policy.pod_annotations(bundle, claim, config) if pod_override is None else pod_override
     notes = list(found.notes)
-    if found.allocation is None or not found.allocation.ids \
-            or "kubelet" not in config.allocation_sources:
+    if (
+        found.allocation is None
+        or not found.allocation.ids
+        or "kubelet" not in config.allocation_sources
+    ):
         return found, pod, (), (), notes
     # the kubelet source grants these ids as GPUs: only those that are GPUs of this node
     found = policy.with_named(found, node.get().gpus())
     assert found.named is not None
-    notes += [f'kubelet device id "{i}" names no GPU of this node (another '
-              "resource's device): not granted" for i in found.named.other_ids]
+    notes += [
+        f'kubelet device id "{i}" names no GPU of this node (another '
+        "resource's device): not granted"
+        for i in found.named.other_ids
+    ]
     return found, pod, found.named.gpu_tokens, found.named.gpu_ids, notes
 
 
-def _engine_stage(spec: SpecDict, config: Config, host: Optional[Host],
-                  engine: Optional[EngineGrant]
-                  ) -> Tuple[Optional[EngineHooks], List[str], List[str]]:
+def _engine_stage(
+    spec: SpecDict, config: Config, host: Optional[Host], engine: Optional[EngineGrant]
+) -> Tuple[Optional[EngineHooks], List[str], List[str]]:
     """(the in-root hooks of the engine's spec, notes, warnings): what the engine's grant
     brings besides its devices, and whether the CDI spec it injected from is stale."""
     if engine is None:
@@ -288,8 +331,9 @@ def _engine_stage(spec: SpecDict, config: Config, host: Optional[Host],
     return hooks, list(engine.notes) + list(hooks.notes) + stale, stale
 
 
-def _log_request(log: DebugLog, bundle: str, request: Request,
-                 engine: Optional[EngineGrant]) -> None:
+def _log_request(
+    log: DebugLog, bundle: str, request: Request, engine: Optional[EngineGrant]
+) -> None:
     log.event(
         "request",
         bundle=bundle,
@@ -297,14 +341,24 @@ def _log_request(log: DebugLog, bundle: str, request: Request,
         devices=list(request.devices),
         capabilities=list(request.capabilities),
         notes=list(request.notes),
-        **({"engine": [g.uuid for g in engine.gpus] + [m.uuid for _, m in engine.migs],
-            "engine_imex": list(engine.imex)} if engine is not None else {}),
+        **(
+            {
+                "engine": [g.uuid for g in engine.gpus] + [m.uuid for _, m in engine.migs],
+                "engine_imex": list(engine.imex),
+            }
+            if engine is not None
+            else {}
+        ),
     )
 
 
-def _extras_stage(claim: Claim, config: Config, request: Request,
-                  engine: Optional[EngineGrant], found: Optional[Verification]
-                  ) -> Tuple[Optional[Extras], Optional[Verification], List[str]]:
+def _extras_stage(
+    claim: Claim,
+    config: Config,
+    request: Request,
+    engine: Optional[EngineGrant],
+    found: Optional[Verification],
+) -> Tuple[Optional[Extras], Optional[Verification], List[str]]:
     """(IMEX channels and NVSwitch/GDS/MOFED/gdrcopy devices asked for, the kubelet's
     record after checking the channels, notes); None without importing
     :mod:`nvshim.runtime.extras` when the spec names none of them."""
@@ -326,10 +380,19 @@ def _extras_stage(claim: Claim, config: Config, request: Request,
     return extras, found, notes
 
 
-def _grant_stage(bundle: str, spec: SpecDict, claim: Claim, config: Config, request: Request,
-                 extras: Optional[Extras], held: Grant, found: Optional[Verification],
-                 host: Host, save_cache: bool, log: Optional[DebugLog]
-                 ) -> Tuple[Grant, Optional[Verification], str, List[str], List[str]]:
+def _grant_stage(
+    bundle: str,
+    spec: SpecDict,
+    claim: Claim,
+    config: Config,
+    request: Request,
+    extras: Optional[Extras],
+    held: Grant,
+    found: Optional[Verification],
+    host: Host,
+    save_cache: bool,
+    log: Optional[DebugLog],
+) -> Tuple[Grant, Optional[Verification], str, List[str], List[str]]:
     """(the grant, the kubelet's record after checking it, where the CDI registry came
     from, notes, warnings): the edits of the CDI names, of the device tokens and of the
     extras, fitted to what the engine injected, and the params hook. ``held`` is what the
@@ -369,15 +432,26 @@ def _grant_stage(bundle: str, spec: SpecDict, claim: Claim, config: Config, requ
     if shown is not None:
         hook, copy = shown
         edits = edits + Edits(hooks=(hook,))
-        notes.append("the container's /proc/driver/nvidia/params will say "
-                     "ModifyDeviceFiles: 0")
-    grant = Grant(node.gpus, node.migs, request.cdi_names, cdi_gpus, cdi_migs, held.engine,
-                  hooks, edits, base, copy, node.missing)
+        notes.append("the container's /proc/driver/nvidia/params will say ModifyDeviceFiles: 0")
+    grant = Grant(
+        node.gpus,
+        node.migs,
+        request.cdi_names,
+        cdi_gpus,
+        cdi_migs,
+        held.engine,
+        hooks,
+        edits,
+        base,
+        copy,
+        node.missing,
+    )
     return grant, found, cdi_source, notes, warnings
 
 
-def _cdi_stage(request: Request, config: Config, host: Host, save_cache: bool,
-               log: Optional[DebugLog]) -> Tuple[Edits, str, List[str], bool]:
+def _cdi_stage(
+    request: Request, config: Config, host: Host, save_cache: bool, log: Optional[DebugLog]
+) -> Tuple[Edits, str, List[str], bool]:
     """(the edits of the create's CDI names, cut to the capabilities asked for; where the
     registry came from; its warnings; whether a generated spec's params hook was dropped,
     since the runtime's own does it cheaper)."""
@@ -393,9 +467,14 @@ def _cdi_stage(request: Request, config: Config, host: Host, save_cache: bool,
     return edits, cdi.source, list(cdi.warnings), params and config.disable_device_node_modification
 
 
-def _check_grant(found: Optional[Verification], host: Host, request: Request, config: Config,
-                 node: GpuInjection, edits: Edits
-                 ) -> Tuple[Optional[Verification], Tuple[Gpu, ...], Migs, List[str]]:
+def _check_grant(
+    found: Optional[Verification],
+    host: Host,
+    request: Request,
+    config: Config,
+    node: GpuInjection,
+    edits: Edits,
+) -> Tuple[Optional[Verification], Tuple[Gpu, ...], Migs, List[str]]:
     """(the kubelet's record after checking the grant, the GPUs and MIG devices the CDI
     names bring, notes): under require-allocation every granted GPU must be the
     container's allocation."""
@@ -411,8 +490,9 @@ def _check_grant(found: Optional[Verification], host: Host, request: Request, co
     from nvshim.runtime.allocation.policy import check_granted
 
     assert found is not None
-    found, said = check_granted(found, host, node.gpus + cdi_gpus, node.migs + cdi_migs,
-                                request, config)
+    found, said = check_granted(
+        found, host, node.gpus + cdi_gpus, node.migs + cdi_migs, request, config
+    )
     return found, cdi_gpus, cdi_migs, list(said)
 
 
@@ -431,8 +511,10 @@ def _refuse_host_root(spec: SpecDict, bundle: str) -> None:
         return
     where = os.path.abspath(bundle)
     shown = rootfs_path(spec, where)
-    raise RequestError(f"the container's rootfs {shown} is the host's /: nvshim injects no "
-                       f"driver files into the host (bundle {where})")
+    raise RequestError(
+        f"the container's rootfs {shown} is the host's /: nvshim injects no "
+        f"driver files into the host (bundle {where})"
+    )
 
 
 def _needs_allocation_module(claim: Claim, config: Config) -> bool:
@@ -447,8 +529,9 @@ def _needs_allocation_module(claim: Claim, config: Config) -> bool:
     return bool(claim.annotation_keys)
 
 
-def _params(spec: SpecDict, bundle: str,
-            driver_root: str) -> Optional[Tuple[Hook, Tuple[str, bytes]]]:
+def _params(
+    spec: SpecDict, bundle: str, driver_root: str
+) -> Optional[Tuple[Hook, Tuple[str, bytes]]]:
     """(the hook showing ``ModifyDeviceFiles: 0``, (the bundle file it binds, its content))
     when the host's params say 1 (:mod:`nvshim.runtime.devparams`); None otherwise."""
     from nvshim.runtime.devparams import BUNDLE_FILE, modified_params, params_hook
@@ -479,8 +562,13 @@ def _decide_rootwork(spec: SpecDict, bundle: str, host: Host, grant: Grant) -> R
         from nvshim.runtime.engine import spec_mounts
 
         mounts = mounts + spec_mounts(spec)  # the libraries the engine mounts
-    work = rootwork.work_from_hooks(grant.edits.hooks, mounts, info, grant.edits.device_nodes,
-                                    spec if grant.base is None else grant.base)
+    work = rootwork.work_from_hooks(
+        grant.edits.hooks,
+        mounts,
+        info,
+        grant.edits.device_nodes,
+        spec if grant.base is None else grant.base,
+    )
     if work is None:
         return RootfsDecision()
     by, why = rootwork.decide(spec, bundle, work)
@@ -554,8 +642,11 @@ def _marked(spec: SpecDict, plan: Plan, served_by: str = "runtime") -> SpecDict:
     annotations = spec.get("annotations")
     if annotations is not None and not isinstance(annotations, dict):
         return spec
-    mark = plan.grant_source if plan.granted_uuids else (
-        "stripped" if plan.request.set_void else plan.request.source)
+    mark = (
+        plan.grant_source
+        if plan.granted_uuids
+        else ("stripped" if plan.request.set_void else plan.request.source)
+    )
     marks = {REWRITTEN: mark}
     if served_by != "runtime":  # the runtime's own rewrite stays as it always was
         marks[SERVED_BY] = served_by

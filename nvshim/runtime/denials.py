@@ -40,9 +40,20 @@ if TYPE_CHECKING:
     from nvshim.runtime.identity import Identity
     from nvshim.runtime.plan import Plan
 
-__all__ = ["Denial", "denials_path", "append_denial", "read_denials", "asked_of",
-           "strip_reason", "identity_fields", "compact_denials", "DENIAL_VERSION",
-           "ASKED_MAX", "ASKED_ENTRY_MAX", "KEEP_RECORDS"]
+__all__ = [
+    "Denial",
+    "denials_path",
+    "append_denial",
+    "read_denials",
+    "asked_of",
+    "strip_reason",
+    "identity_fields",
+    "compact_denials",
+    "DENIAL_VERSION",
+    "ASKED_MAX",
+    "ASKED_ENTRY_MAX",
+    "KEEP_RECORDS",
+]
 
 DENIAL_VERSION = 1
 _SUFFIX = ".denied.jsonl"
@@ -92,11 +103,19 @@ class Denial:
         if len(self.asked) > ASKED_MAX:
             asked[-1] = f"… and {len(self.asked) - ASKED_MAX + 1} more"
         doc = {
-            "v": DENIAL_VERSION, "t": round(self.time, 3), "id": self.container_id,
-            "root": self.root, "runtime": self.runtime, "bundle": self.bundle,
-            "action": self.action, "reason": journaled(self.reason, VALUE_MAX),
-            "asked": asked, "namespace": journaled(self.namespace), "pod": journaled(self.pod),
-            "pod_uid": journaled(self.pod_uid), "container": journaled(self.container),
+            "v": DENIAL_VERSION,
+            "t": round(self.time, 3),
+            "id": self.container_id,
+            "root": self.root,
+            "runtime": self.runtime,
+            "bundle": self.bundle,
+            "action": self.action,
+            "reason": journaled(self.reason, VALUE_MAX),
+            "asked": asked,
+            "namespace": journaled(self.namespace),
+            "pod": journaled(self.pod),
+            "pod_uid": journaled(self.pod_uid),
+            "container": journaled(self.container),
         }
         return (_jsonc.dumps(dict(sorted(doc.items())), separators=(",", ":")) + "\n").encode()
 
@@ -112,10 +131,17 @@ class Denial:
             strings = {k: doc.get(k, "") for k in ("namespace", "pod", "pod_uid", "container")}
             if not all(isinstance(v, str) for v in strings.values()):
                 return None
-            return cls(time=float(doc["t"]), container_id=str(doc["id"]),
-                       root=str(doc.get("root", "")), runtime=str(doc.get("runtime", "")),
-                       bundle=str(doc.get("bundle", "")), action=str(doc["action"]),
-                       reason=str(doc["reason"]), asked=tuple(asked), **strings)
+            return cls(
+                time=float(doc["t"]),
+                container_id=str(doc["id"]),
+                root=str(doc.get("root", "")),
+                runtime=str(doc.get("runtime", "")),
+                bundle=str(doc.get("bundle", "")),
+                action=str(doc["action"]),
+                reason=str(doc["reason"]),
+                asked=tuple(asked),
+                **strings,
+            )
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -128,8 +154,7 @@ class Denial:
     @property
     def who(self) -> str:
         """``namespace/pod/container`` of a Kubernetes container, else the container id."""
-        return (f"{self.namespace}/{self.pod}/{self.container}" if self.pod
-                else self.container_id)
+        return f"{self.namespace}/{self.pod}/{self.container}" if self.pod else self.container_id
 
 
 def asked_of(claim: Claim) -> Tuple[str, ...]:
@@ -168,8 +193,9 @@ def compact_denials(data: bytes, budget: int) -> bytes:
     of that order whatever their size; written back oldest first, each as this version
     writes it (a record journaled uncut by an older nvshim is cut now). Lines that are no
     record (a torn last line, a foreign one) go."""
-    records = [(d.to_line(), d) for d in (_parse(raw) for raw in data.split(b"\n")[:-1])
-               if d is not None]
+    records = [
+        (d.to_line(), d) for d in (_parse(raw) for raw in data.split(b"\n")[:-1]) if d is not None
+    ]
     depth: Dict[str, int] = {}
     order: List[Tuple[int, int]] = []  # (turn, -position): a tenant's n-th newest: turn n
     for position in range(len(records) - 1, -1, -1):
@@ -208,8 +234,7 @@ def append_denial(path: str, denial: Denial, max_bytes: int) -> Optional[str]:
     is appended all the same); HostError when the record cannot be appended."""
     from nvshim.runtime.grants import append_line
 
-    return append_line(path, denial.to_line(), max_bytes, _keep_in_turns(max_bytes),
-                       "denial")
+    return append_line(path, denial.to_line(), max_bytes, _keep_in_turns(max_bytes), "denial")
 
 
 def _parse(raw: bytes) -> Optional[Denial]:
@@ -237,5 +262,9 @@ def identity_fields(identity: Optional[Identity]) -> Mapping[str, str]:
     """The record's pod fields from an identity (empty strings without one)."""
     if identity is None:
         return {"namespace": "", "pod": "", "pod_uid": "", "container": ""}
-    return {"namespace": identity.namespace, "pod": identity.pod, "pod_uid": identity.pod_uid,
-            "container": identity.container}
+    return {
+        "namespace": identity.namespace,
+        "pod": identity.pod,
+        "pod_uid": identity.pod_uid,
+        "container": identity.container,
+    }

@@ -79,8 +79,9 @@ def runs_params_hook(argv: Sequence[str]) -> bool:
     :data:`PARAMS_HOOK_MODULE`, or the second is :data:`PARAMS_HOOK_COMMAND` (``nvshim
     params-hook``, a ``--hook-path`` spec's form)."""
     args = list(argv)
-    return (any(PARAMS_HOOK_MODULE in a for a in args)
-            or (len(args) > 1 and args[1] == PARAMS_HOOK_COMMAND))
+    return any(PARAMS_HOOK_MODULE in a for a in args) or (
+        len(args) > 1 and args[1] == PARAMS_HOOK_COMMAND
+    )
 
 
 def params_hook_args(host_params: str) -> List[str]:
@@ -106,10 +107,10 @@ _KEY = b"ModifyDeviceFiles:"
 
 #: $1 = the rootfs (absolute host path), $2 = the modified copy in the bundle directory.
 HOOK_SCRIPT = (
-    'r=$1 src=$2\n'
+    "r=$1 src=$2\n"
     'cd -P -- "$r" 2>/dev/null || exit 0\n'
-    'R=$PWD\n'
-    'cd -P -- proc/driver/nvidia 2>/dev/null || exit 0\n'
+    "R=$PWD\n"
+    "cd -P -- proc/driver/nvidia 2>/dev/null || exit 0\n"
     '[ "$PWD" = "$R/proc/driver/nvidia" ] && [ -f params ] && [ ! -L params ] || exit 0\n'
     'mount --bind -o ro -- "$src" "$PWD/params" || {\n'
     '  echo "nvshim: cannot bind ModifyDeviceFiles: 0 over $PWD/params" >&2; exit 1; }\n'
@@ -133,7 +134,7 @@ def without_modification(text: bytes) -> Optional[bytes]:
     lines = text.split(b"\n")
     hit = False
     for i, line in enumerate(lines):
-        if line.startswith(_KEY) and line[len(_KEY):].strip() == b"1":
+        if line.startswith(_KEY) and line[len(_KEY) :].strip() == b"1":
             lines[i], hit = b"ModifyDeviceFiles: 0", True
     return b"\n".join(lines) if hit else None
 
@@ -142,8 +143,12 @@ def params_hook(rootfs: str, copy: str) -> Hook:
     """The createContainer hook that binds ``copy`` over the container's params."""
     from nvshim.edits import HOOK_ENV, Hook
 
-    return Hook("createContainer", "/bin/sh",
-                ("sh", "-c", HOOK_SCRIPT, "nvshim-params", rootfs, copy), HOOK_ENV)
+    return Hook(
+        "createContainer",
+        "/bin/sh",
+        ("sh", "-c", HOOK_SCRIPT, "nvshim-params", rootfs, copy),
+        HOOK_ENV,
+    )
 
 
 def spec_hook(command: Sequence[str], host_params: str) -> Hook:

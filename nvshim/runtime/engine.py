@@ -140,20 +140,28 @@ def nvidia_majors(driver_root: str) -> Optional[Tuple[Optional[int], Optional[in
     return gpu, majors.get(_CAPS_NAME), majors.get(_IMEX_NAME)
 
 
-def gpus_of_numbers(gpus: Sequence[Gpu], numbers: Set[Tuple[int, int]],
-                    gpu_major: Optional[int] = None, caps_major: Optional[int] = None,
-                    ) -> Tuple[Tuple[Gpu, ...], Tuple[Tuple[Gpu, MigDevice], ...]]:
+def gpus_of_numbers(
+    gpus: Sequence[Gpu],
+    numbers: Set[Tuple[int, int]],
+    gpu_major: Optional[int] = None,
+    caps_major: Optional[int] = None,
+) -> Tuple[Tuple[Gpu, ...], Tuple[Tuple[Gpu, MigDevice], ...]]:
     """(whole GPUs, (parent, MIG device) pairs) whose device numbers are in ``numbers``.
 
     A GPU is its ``/dev/nvidia<minor>`` (major ``gpu_major``, else its node's); a MIG device
     is held when both its capability nodes are (major ``caps_major``, else the node's), and
     its parent's node then belongs to the MIG device, not to a whole-GPU grant.
     """
+
     def cap(c: DeviceNode) -> Tuple[Optional[int], Optional[int]]:
         return (caps_major if caps_major is not None else c.major, c.minor)
 
-    migs = [(g, m) for g in gpus for m in g.mig
-            if m.cap_nodes and all(cap(c) in numbers for c in m.cap_nodes)]
+    migs = [
+        (g, m)
+        for g in gpus
+        for m in g.mig
+        if m.cap_nodes and all(cap(c) in numbers for c in m.cap_nodes)
+    ]
     mig_parents = {g.index for g, _ in migs}
     whole = []
     for g in gpus:
@@ -165,9 +173,13 @@ def gpus_of_numbers(gpus: Sequence[Gpu], numbers: Set[Tuple[int, int]],
     return tuple(whole), tuple(migs)
 
 
-def find_engine_grant(devices: Sequence[Tuple[int, int, str]], config: Config,
-                      host: Optional[Host], save_cache: bool, privileged: bool = False,
-                      ) -> Tuple[Optional[EngineGrant], Optional[Host], str]:
+def find_engine_grant(
+    devices: Sequence[Tuple[int, int, str]],
+    config: Config,
+    host: Optional[Host],
+    save_cache: bool,
+    privileged: bool = False,
+) -> Tuple[Optional[EngineGrant], Optional[Host], str]:
     """(the engine's grant or None, the host (loaded only when needed), where its plan came
     from (``""``: not loaded here)).
 
@@ -191,41 +203,58 @@ def find_engine_grant(devices: Sequence[Tuple[int, int, str]], config: Config,
     gpu_major, caps_major, imex_major = majors if majors is not None else (None, None, None)
     numbers = {(major, minor) for major, minor, _ in devices}
     path_of: Dict[Tuple[Optional[int], Optional[int]], str] = {
-        (major, minor): path for major, minor, path in reversed(devices)}
+        (major, minor): path for major, minor, path in reversed(devices)
+    }
     gpus, migs = gpus_of_numbers(host.gpus(), numbers, gpu_major, caps_major)
 
-    def number(major: Optional[int],
-               node: Optional[DeviceNode]) -> Tuple[Optional[int], Optional[int]]:
+    def number(
+        major: Optional[int], node: Optional[DeviceNode]
+    ) -> Tuple[Optional[int], Optional[int]]:
         if node is None:  # never for a GPU gpus_of_numbers matched: it had a node
             return (None, None)
         return (major if major is not None else node.major, node.minor)
 
-    notes = [f"GPU {g.index} ({g.uuid}) was injected by the engine "
-             f"({path_of[number(gpu_major, g.node)]} in config.json): the container holds it"
-             for g in gpus]
+    notes = [
+        f"GPU {g.index} ({g.uuid}) was injected by the engine "
+        f"({path_of[number(gpu_major, g.node)]} in config.json): the container holds it"
+        for g in gpus
+    ]
     for parent, mig in migs:
         paths = [path_of[number(caps_major, c)] for c in mig.cap_nodes]
-        notes.append(f"MIG device {parent.index}:{mig.index} ({mig.uuid}) was injected by the "
-                     f"engine ({', '.join(paths)} in config.json): the container holds it")
+        notes.append(
+            f"MIG device {parent.index}:{mig.index} ({mig.uuid}) was injected by the "
+            f"engine ({', '.join(paths)} in config.json): the container holds it"
+        )
     known = {number(gpu_major, g.node) for g in host.gpus() if g.node is not None}
     imex: List[int] = []
     for major, minor, path in devices:
         if imex_major is not None and major == imex_major:
             imex.append(minor)
-            notes.append(f"IMEX channel {minor} was injected by the engine ({path} in "
-                         "config.json): the container holds it")
-        elif (gpu_major is not None and major == gpu_major and (major, minor) not in known
-              and minor not in _CONTROL_MINORS):
-            notes.append(f"config.json holds {path} ({major}:{minor}), which is no GPU of this "
-                         "node: the engine's CDI spec may be stale")
+            notes.append(
+                f"IMEX channel {minor} was injected by the engine ({path} in "
+                "config.json): the container holds it"
+            )
+        elif (
+            gpu_major is not None
+            and major == gpu_major
+            and (major, minor) not in known
+            and minor not in _CONTROL_MINORS
+        ):
+            notes.append(
+                f"config.json holds {path} ({major}:{minor}), which is no GPU of this "
+                "node: the engine's CDI spec may be stale"
+            )
     if not (gpus or migs or imex):
         return None, host, source
     return EngineGrant(gpus, migs, tuple(dict.fromkeys(imex)), tuple(notes)), host, source
 
 
-def privileged_holding(devices: Sequence[Tuple[int, int, str]], config: Config,
-                       host: Optional[Host], save_cache: bool,
-                       ) -> Tuple[Optional[EngineGrant], Optional[Host], str]:
+def privileged_holding(
+    devices: Sequence[Tuple[int, int, str]],
+    config: Config,
+    host: Optional[Host],
+    save_cache: bool,
+) -> Tuple[Optional[EngineGrant], Optional[Host], str]:
     """(what a privileged container holds: the whole GPUs whose nodes its spec lists, or
     None, the host, where its plan came from), as :func:`find_engine_grant` answers.
 
@@ -242,14 +271,20 @@ def privileged_holding(devices: Sequence[Tuple[int, int, str]], config: Config,
         host, source = host_for(config, save_cache)
     gpu_major = majors[0] if majors is not None else None
     numbers = {(major, minor) for major, minor, _ in devices}
-    held = tuple(g for g in host.gpus() if g.node is not None and (
-        gpu_major if gpu_major is not None else g.node.major, g.minor) in numbers)
+    held = tuple(
+        g
+        for g in host.gpus()
+        if g.node is not None
+        and (gpu_major if gpu_major is not None else g.node.major, g.minor) in numbers
+    )
     if not held:
         return None, host, source
     word = "GPU" if len(held) == 1 else "GPUs"
-    note = (f"privileged container: its spec lists the host's devices, {word} "
-            f"{', '.join(str(g.index) for g in held)} among them, and its device cgroup allows "
-            "every device: it holds them (journaled as source privileged)")
+    note = (
+        f"privileged container: its spec lists the host's devices, {word} "
+        f"{', '.join(str(g.index) for g in held)} among them, and its device cgroup allows "
+        "every device: it holds them (journaled as source privileged)"
+    )
     return EngineGrant(gpus=held, notes=(note,), privileged=True), host, source
 
 
@@ -266,12 +301,16 @@ def without_present(edits: Edits, spec: SpecDict) -> Edits:
     a mount at a destination the spec mounts, a device node at a path ``linux.devices``
     lists (so no second cgroup rule either)."""
     mounts = spec.get("mounts")
-    present = {_destination(m["destination"]) for m in mounts or ()
-               if isinstance(m, dict) and isinstance(m.get("destination"), str)}
+    present = {
+        _destination(m["destination"])
+        for m in mounts or ()
+        if isinstance(m, dict) and isinstance(m.get("destination"), str)
+    }
     linux = spec.get("linux")
     devices = linux.get("devices") if isinstance(linux, dict) else None
-    paths = {d["path"] for d in devices or () if isinstance(d, dict)
-             and isinstance(d.get("path"), str)}
+    paths = {
+        d["path"] for d in devices or () if isinstance(d, dict) and isinstance(d.get("path"), str)
+    }
     return Edits(
         env=edits.env,
         device_nodes=tuple(n for n in edits.device_nodes if n.path not in paths),
@@ -297,8 +336,13 @@ def spec_mounts(spec: SpecDict) -> Tuple[Mount, ...]:
 # --------------------------------------------------------------------------- the spec's hooks
 
 #: NVIDIA's hook commands nvshim does itself (links, ld.so.cache, CUDA compat, params).
-_NVIDIA_WORK = ("create-symlinks", "update-ldcache", "enable-cuda-compat",
-                "disable-device-node-modification", "update-application-profile")
+_NVIDIA_WORK = (
+    "create-symlinks",
+    "update-ldcache",
+    "enable-cuda-compat",
+    "disable-device-node-modification",
+    "update-application-profile",
+)
 
 
 @dataclass(frozen=True)
@@ -329,8 +373,11 @@ def _nvidia_command(hook: SpecDict) -> Optional[Tuple[str, List[str]]]:
     hook; None for any other."""
     args = hook.get("args")
     path = hook.get("path")
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args) \
-            or not isinstance(path, str):
+    if (
+        not isinstance(args, list)
+        or not all(isinstance(a, str) for a in args)
+        or not isinstance(path, str)
+    ):
         return None
     name = posixpath.basename(path)
     first = posixpath.basename(args[0]) if args else name
@@ -348,7 +395,7 @@ def _flag_values(args: Sequence[str], flag: str) -> List[str]:
         if arg == flag and i + 1 < len(args):
             out.append(args[i + 1])
         elif arg.startswith(flag + "="):
-            out.append(arg[len(flag) + 1:])
+            out.append(arg[len(flag) + 1 :])
     return out
 
 
@@ -385,15 +432,23 @@ def engine_hooks(spec: SpecDict) -> EngineHooks:
             continue
         args = hook.get("args")
         path = hook.get("path")
-        if isinstance(args, list) and all(isinstance(a, str) for a in args) \
-                and runs_params_hook(args):
+        if (
+            isinstance(args, list)
+            and all(isinstance(a, str) for a in args)
+            and runs_params_hook(args)
+        ):
             replaced.append(("createContainer", hook))
             params = True
-            notes.append(f"config.json's nvshim params hook {path}: nvshim shows "
-                         "ModifyDeviceFiles: 0 with its own hook instead")
+            notes.append(
+                f"config.json's nvshim params hook {path}: nvshim shows "
+                "ModifyDeviceFiles: 0 with its own hook instead"
+            )
             continue
-        if isinstance(args, list) and all(isinstance(a, str) for a in args) \
-                and runs_nvshim_hook(args):
+        if (
+            isinstance(args, list)
+            and all(isinstance(a, str) for a in args)
+            and runs_nvshim_hook(args)
+        ):
             if _runnable(path):
                 runnable = True
                 continue
@@ -404,8 +459,10 @@ def engine_hooks(spec: SpecDict) -> EngineHooks:
             egl = egl or more_egl
             version = version or parse_host_driver_version(args)
             replaced.append(("createContainer", hook))
-            notes.append(f"config.json's nvshim hook {path} is not on this node: nvshim "
-                         "does its in-root work instead")
+            notes.append(
+                f"config.json's nvshim hook {path} is not on this node: nvshim "
+                "does its in-root work instead"
+            )
             continue
         command = _nvidia_command(hook)
         if command is None:
@@ -430,8 +487,16 @@ def engine_hooks(spec: SpecDict) -> EngineHooks:
             egl = True
         what = "does it instead" if name in _NVIDIA_WORK else "drops it"
         notes.append(f"config.json's hook {path} {name} is not on this node: nvshim {what}")
-    return EngineHooks(runnable, tuple(replaced), tuple(dict.fromkeys(links)),
-                       tuple(dict.fromkeys(folders)), version, params, tuple(notes), egl)
+    return EngineHooks(
+        runnable,
+        tuple(replaced),
+        tuple(dict.fromkeys(links)),
+        tuple(dict.fromkeys(folders)),
+        version,
+        params,
+        tuple(notes),
+        egl,
+    )
 
 
 def replacement_hook(hooks: EngineHooks, hook_command: Sequence[str]) -> Optional[Hook]:
@@ -446,8 +511,8 @@ def replacement_hook(hooks: EngineHooks, hook_command: Sequence[str]) -> Optiona
     dev = [(t, link) for t, link in hooks.links if link.startswith("/dev/")]
     root = [(t, link) for t, link in hooks.links if not link.startswith("/dev/")]
     args = tuple(hook_command) + tuple(
-        build_hook_args(root, hooks.folders, hooks.host_driver_version, dev,
-                        hooks.egl_profile))
+        build_hook_args(root, hooks.folders, hooks.host_driver_version, dev, hooks.egl_profile)
+    )
     return Hook("createContainer", hook_command[0], args, HOOK_ENV)
 
 
@@ -465,8 +530,7 @@ def without_hooks(spec: SpecDict, replaced: Sequence[Tuple[str, SpecDict]]) -> S
     return out
 
 
-def fit_edits(spec: SpecDict, edits: Edits,
-              hooks: EngineHooks) -> Tuple[Edits, Optional[SpecDict]]:
+def fit_edits(spec: SpecDict, edits: Edits, hooks: EngineHooks) -> Tuple[Edits, Optional[SpecDict]]:
     """(``edits`` fitted to a spec the engine injected into, the spec to apply them to when
     it is not ``spec``).
 
@@ -482,9 +546,13 @@ def fit_edits(spec: SpecDict, edits: Edits,
     names = [m.container_path.rsplit("/", 1)[-1] for m in edits.mounts]
     adds_library = any(n.startswith("lib") and ".so" in n for n in names)
     if hooks.runnable and not adds_library:
-        edits = Edits(edits.env, edits.device_nodes, edits.mounts,
-                      tuple(h for h in edits.hooks if not is_nvshim_hook(h)),
-                      edits.additional_gids)
+        edits = Edits(
+            edits.env,
+            edits.device_nodes,
+            edits.mounts,
+            tuple(h for h in edits.hooks if not is_nvshim_hook(h)),
+            edits.additional_gids,
+        )
     if not hooks.replaced:
         return edits, None
     extra = replacement_hook(hooks, hook_command())

@@ -129,9 +129,11 @@ def resolve_extras(claim: Claim, config: Config, request: Request) -> Extras:
         if not request.injects:
             notes.append(f"{variable}=enabled ignored: the container was granted no GPU")
         elif config.require_allocation and name not in config.require_allocation_features:
-            notes.append(f"{variable}=enabled ignored: require-allocation is on and {name} is "
-                         "not in require-allocation-features (no allocation covers the "
-                         f"node's {name} devices)")
+            notes.append(
+                f"{variable}=enabled ignored: require-allocation is on and {name} is "
+                "not in require-allocation-features (no allocation covers the "
+                f"node's {name} devices)"
+            )
         else:
             features.append(name)
 
@@ -145,20 +147,26 @@ def resolve_extras(claim: Claim, config: Config, request: Request) -> Extras:
         if env_value:
             notes.append(f"{IMEX_ENV} ignored: device-plugin IMEX mounts take precedence")
     elif mount_ids:
-        notes.append("device-plugin IMEX mounts ignored: require-allocation is on and "
-                     "volume-mounts is not an allocation source")
+        notes.append(
+            "device-plugin IMEX mounts ignored: require-allocation is on and "
+            "volume-mounts is not an allocation source"
+        )
     if not source and env_value is not None:
         wanted = _env_channels(env_value, notes)
         if wanted and config.require_allocation:
             if "privileged" in config.allocation_sources and view.privileged_with_devices:
                 channels, source = wanted, "privileged"
             else:
-                notes.append(f"{IMEX_ENV}={env_value} ignored: require-allocation is on and "
-                             "no IMEX allocation was found (device-plugin imex/ mounts, or a "
-                             "privileged container with the privileged source)")
+                notes.append(
+                    f"{IMEX_ENV}={env_value} ignored: require-allocation is on and "
+                    "no IMEX allocation was found (device-plugin imex/ mounts, or a "
+                    "privileged container with the privileged source)"
+                )
         elif wanted and not view.privileged and not config.accept_envvar_when_unprivileged:
-            notes.append(f"{IMEX_ENV} ignored: container is unprivileged and "
-                         "accept-envvar-when-unprivileged is off")
+            notes.append(
+                f"{IMEX_ENV} ignored: container is unprivileged and "
+                "accept-envvar-when-unprivileged is off"
+            )
         elif wanted:
             channels, source = wanted, "env"
     return Extras(tuple(features), channels, source, tuple(notes))
@@ -170,9 +178,11 @@ def without_env_channels(extras: Extras, grant: EngineGrant, value: Optional[str
     image env never widens an engine grant (engine-grants: exclusive)."""
     if extras.imex_source != "env":
         return extras
-    note = (f"NVIDIA_IMEX_CHANNELS={value} adds no IMEX channel: the engine injected channel "
-            f"{', '.join(map(str, grant.imex))} into config.json, which is the container's "
-            "grant; image env never widens an engine grant (engine-grants: exclusive)")
+    note = (
+        f"NVIDIA_IMEX_CHANNELS={value} adds no IMEX channel: the engine injected channel "
+        f"{', '.join(map(str, grant.imex))} into config.json, which is the container's "
+        "grant; image env never widens an engine grant (engine-grants: exclusive)"
+    )
     return replace(extras, imex_channels=(), imex_source="", notes=(*extras.notes, note))
 
 
@@ -213,8 +223,7 @@ def _feature_edits(host: Host, feature: str) -> Edits:
         names = [n for n in _list_dev(host, "/dev") if _NVIDIA_FS.match(n)]
         cufile: Tuple[Mount, ...] = ()
         if os.path.isfile(host.host_path("/etc/cufile.json")):
-            cufile = (Mount(host.host_path("/etc/cufile.json"), "/etc/cufile.json", None,
-                            RO_BIND),)
+            cufile = (Mount(host.host_path("/etc/cufile.json"), "/etc/cufile.json", None, RO_BIND),)
         return Edits(device_nodes=_nodes(host, [f"/dev/{n}" for n in names]), mounts=cufile)
     if feature == "mofed":
         names = [n for n in _list_dev(host, "/dev/infiniband") if _MOFED.match(n)]
@@ -246,8 +255,9 @@ def extras_edits(host: Host, extras: Extras) -> ExtrasEdits:
                     f"IMEX channel {channel} (from {extras.imex_source}) does not exist: this "
                     f"node has channels {have} under {host.dev_path(IMEX_DIR)}"
                 )
-        edits = edits + Edits(device_nodes=_nodes(
-            host, [f"{IMEX_DIR}/channel{c}" for c in extras.imex_channels]))
+        edits = edits + Edits(
+            device_nodes=_nodes(host, [f"{IMEX_DIR}/channel{c}" for c in extras.imex_channels])
+        )
     notes = []
     for feature in extras.features:
         found = _feature_edits(host, feature)
@@ -265,8 +275,10 @@ def generate_imex_spec(host: Host, vendor: str = "nvidia.com") -> Dict[str, Any]
 
     channels = imex_channels(host)
     if not channels:
-        raise CdiError(f"no IMEX channels under {host.dev_path(IMEX_DIR)}: nothing to put in "
-                       "a CDI spec")
-    devices = [(str(c), Edits(device_nodes=_nodes(host, [f"{IMEX_DIR}/channel{c}"])))
-               for c in channels]
+        raise CdiError(
+            f"no IMEX channels under {host.dev_path(IMEX_DIR)}: nothing to put in a CDI spec"
+        )
+    devices = [
+        (str(c), Edits(device_nodes=_nodes(host, [f"{IMEX_DIR}/channel{c}"]))) for c in channels
+    ]
     return spec_to_dict(f"{vendor}/imex-channel", devices, Edits())

@@ -113,16 +113,25 @@ class Grant:
         and claim names it led to) is :func:`journaled`; the engine's values (id, root,
         runtime, bundle: liveness is read from them) are written as given."""
         doc = {
-            "v": RECORD_VERSION, "t": round(self.time, 3), "id": self.container_id,
-            "root": self.root, "runtime": self.runtime, "bundle": self.bundle,
-            "source": self.source, "gpus": [journaled(g) for g in self.gpus],
-            "shared": self.shared, "verified": self.verified,
-            "namespace": journaled(self.namespace), "pod": journaled(self.pod),
-            "pod_uid": journaled(self.pod_uid), "container": journaled(self.container),
+            "v": RECORD_VERSION,
+            "t": round(self.time, 3),
+            "id": self.container_id,
+            "root": self.root,
+            "runtime": self.runtime,
+            "bundle": self.bundle,
+            "source": self.source,
+            "gpus": [journaled(g) for g in self.gpus],
+            "shared": self.shared,
+            "verified": self.verified,
+            "namespace": journaled(self.namespace),
+            "pod": journaled(self.pod),
+            "pod_uid": journaled(self.pod_uid),
+            "container": journaled(self.container),
         }
         if self.claims:
-            doc["claims"] = {journaled(claim): [journaled(u) for u in uuids]
-                             for claim, uuids in self.claims}
+            doc["claims"] = {
+                journaled(claim): [journaled(u) for u in uuids] for claim, uuids in self.claims
+            }
         ordered = dict(sorted(doc.items()))  # json.dumps(sort_keys=True) of a flat record
         return (_jsonc.dumps(ordered, separators=(",", ":")) + "\n").encode()
 
@@ -140,14 +149,20 @@ class Grant:
                 return None
             claims = doc.get("claims") or {}
             if not isinstance(claims, dict) or not all(
-                    isinstance(v, list) and all(isinstance(u, str) for u in v)
-                    for v in claims.values()):
+                isinstance(v, list) and all(isinstance(u, str) for u in v) for v in claims.values()
+            ):
                 return None
             grant = cls(
-                time=float(doc["t"]), container_id=str(doc["id"]), root=str(doc["root"]),
-                runtime=str(doc["runtime"]), bundle=str(doc.get("bundle", "")),
-                source=str(doc["source"]), gpus=tuple(gpus), shared=bool(doc.get("shared")),
-                verified=str(doc.get("verified", "none")), **strings,
+                time=float(doc["t"]),
+                container_id=str(doc["id"]),
+                root=str(doc["root"]),
+                runtime=str(doc["runtime"]),
+                bundle=str(doc.get("bundle", "")),
+                source=str(doc["source"]),
+                gpus=tuple(gpus),
+                shared=bool(doc.get("shared")),
+                verified=str(doc.get("verified", "none")),
+                **strings,
                 claims=tuple((str(c), tuple(u)) for c, u in claims.items()),
             )
         except (KeyError, TypeError, ValueError):
@@ -166,9 +181,17 @@ def _not_a_file(path: str, fd: int) -> Optional[str]:
     mode = os.fstat(fd).st_mode
     if stat.S_ISREG(mode):
         return None
-    kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    kind = (
+        "a directory"
+        if stat.S_ISDIR(mode)
+        else "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "not a regular file"
+    )
     return f"{path} is {kind}"
 
 
@@ -178,8 +201,9 @@ def _open_journal(path: str, what: str = "grant") -> int:
         os.makedirs(directory, mode=0o755, exist_ok=True)
         # read-write: the torn-line check preads the last byte through the same fd.
         # O_NONBLOCK: opening a FIFO never waits (a regular file ignores the flag).
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK,
-                     0o644)
+        fd = os.open(
+            path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o644
+        )
     except OSError as exc:
         raise HostError(
             f"cannot record the {what} in {path}: {exc.strerror} "
@@ -188,8 +212,10 @@ def _open_journal(path: str, what: str = "grant") -> int:
     why = _not_a_file(path, fd)
     if why is not None:
         os.close(fd)
-        raise HostError(f"cannot record the {what}: {why} "
-                        "(config grants-journal must name a regular file; null turns it off)")
+        raise HostError(
+            f"cannot record the {what}: {why} "
+            "(config grants-journal must name a regular file; null turns it off)"
+        )
     return fd
 
 
@@ -238,8 +264,9 @@ def _lock_current(path: str, what: str = "grant") -> int:
     raise HostError(f"cannot record the {what} in {path}: the file keeps being replaced")
 
 
-def append_line(path: str, line: bytes, max_bytes: int,
-                compact: Callable[[str], bool], what: str = "grant") -> Optional[str]:
+def append_line(
+    path: str, line: bytes, max_bytes: int, compact: Callable[[str], bool], what: str = "grant"
+) -> Optional[str]:
     """Append one whole line to the journal at ``path`` under its locks; first, when the
     file is past ``max_bytes``, ``compact(path)`` (True: it replaced the file).
 

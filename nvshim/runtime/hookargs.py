@@ -19,7 +19,6 @@ Kept apart from :mod:`nvshim.hook` so that building a hook entry on the create p
 not import the hook's own machinery (argparse, the ld.so.cache codec, in-root file ops).
 """
 
-
 from __future__ import annotations
 
 import os
@@ -70,19 +69,34 @@ HOOK_DESCRIPTION = (
 )
 #: A flag's metavar None: it takes no value.
 HOOK_OPTIONS = (
-    ("--link", f"TARGET{SEP}LINK", "create symlink LINK (container path) pointing to TARGET",
-     True),
-    ("--folder", "DIR",
-     "container directory holding injected libraries (added to the ld.so.cache)", True),
-    ("--host-driver-version", "VERSION",
-     "the host driver's version: a newer CUDA compat libcuda in the image "
-     "(/usr/local/cuda/compat) then goes first in the ld.so.cache", False),
-    ("--dev-link", f"TARGET{SEP}LINK",
-     "create symlink LINK under /dev pointing to TARGET when TARGET is a character device "
-     "in the container's /dev (a GPU's /dev/dri/by-path links)", True),
-    ("--egl-profile", None,
-     "write the EGL application profile (EGLVisibleDGPUDevices) naming the container's "
-     "/dev/nvidia<N> GPUs", False),
+    ("--link", f"TARGET{SEP}LINK", "create symlink LINK (container path) pointing to TARGET", True),
+    (
+        "--folder",
+        "DIR",
+        "container directory holding injected libraries (added to the ld.so.cache)",
+        True,
+    ),
+    (
+        "--host-driver-version",
+        "VERSION",
+        "the host driver's version: a newer CUDA compat libcuda in the image "
+        "(/usr/local/cuda/compat) then goes first in the ld.so.cache",
+        False,
+    ),
+    (
+        "--dev-link",
+        f"TARGET{SEP}LINK",
+        "create symlink LINK under /dev pointing to TARGET when TARGET is a character device "
+        "in the container's /dev (a GPU's /dev/dri/by-path links)",
+        True,
+    ),
+    (
+        "--egl-profile",
+        None,
+        "write the EGL application profile (EGLVisibleDGPUDevices) naming the container's "
+        "/dev/nvidia<N> GPUs",
+        False,
+    ),
 )
 
 
@@ -128,16 +142,16 @@ def split_hook_argv(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
     return args[:start], args[start:]
 
 
-def with_links(argv: Sequence[str], links: Sequence[Tuple[str, str]],
-               graphics: bool = True) -> List[str]:
+def with_links(
+    argv: Sequence[str], links: Sequence[Tuple[str, str]], graphics: bool = True
+) -> List[str]:
     """nvshim's hook argv with its ``--link`` pairs replaced by ``links`` (folders and the
     host driver version kept; the ``/dev`` links and the EGL profile too unless not
     ``graphics``)."""
     head, _ = split_hook_argv(argv)
     _, folders = parse_hook_args(argv)
     dev_links, egl = parse_graphics_args(argv) if graphics else ([], False)
-    return head + build_hook_args(links, folders, parse_host_driver_version(argv), dev_links,
-                                  egl)
+    return head + build_hook_args(links, folders, parse_host_driver_version(argv), dev_links, egl)
 
 
 def dev_links_only(argv: Sequence[str]) -> Optional[List[str]]:
@@ -172,10 +186,13 @@ def check_folder(folder: str) -> None:
         raise UsageError(f"--folder {folder}: must be an absolute container path")
 
 
-def build_hook_args(links: Sequence[Tuple[str, str]], folders: Sequence[str],
-                    host_driver_version: Optional[str] = None,
-                    dev_links: Sequence[Tuple[str, str]] = (),
-                    egl_profile: bool = False) -> List[str]:
+def build_hook_args(
+    links: Sequence[Tuple[str, str]],
+    folders: Sequence[str],
+    host_driver_version: Optional[str] = None,
+    dev_links: Sequence[Tuple[str, str]] = (),
+    egl_profile: bool = False,
+) -> List[str]:
     """The hook arguments after ``-m nvshim.hook`` for *links* (target, link) and *folders*;
     *host_driver_version* turns on the CUDA forward-compatibility check
     (:func:`nvshim.runtime.rootcache.compat_folder`); *dev_links* are made under ``/dev`` for

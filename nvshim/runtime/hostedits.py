@@ -42,8 +42,9 @@ EXTRA_LINKS = {
 }
 
 
-def hook_links(libraries: Sequence[Library],
-               files: Sequence[DriverFile] = ()) -> Tuple[Tuple[str, str], ...]:
+def hook_links(
+    libraries: Sequence[Library], files: Sequence[DriverFile] = ()
+) -> Tuple[Tuple[str, str], ...]:
     """The links the container needs, as (target, link) pairs: SONAME links beside each
     library, and the unversioned ``.so`` link where the driver's folder has one
     (:attr:`~nvshim.host.driverfiles.Library.dev_link`); the links the reference always
@@ -84,10 +85,13 @@ def hook_links(libraries: Sequence[Library],
     return tuple((target, link) for link, target in made.items())
 
 
-def hook_for_libraries(libraries: Sequence[Library], hook_command: Sequence[str],
-                       files: Sequence[DriverFile] = (),
-                       dev_links: Sequence[Tuple[str, str]] = (),
-                       egl_profile: bool = False) -> Optional[Hook]:
+def hook_for_libraries(
+    libraries: Sequence[Library],
+    hook_command: Sequence[str],
+    files: Sequence[DriverFile] = (),
+    dev_links: Sequence[Tuple[str, str]] = (),
+    egl_profile: bool = False,
+) -> Optional[Hook]:
     """The one createContainer hook: the links (:func:`hook_links`) and ld.so.cache
     entries for the injected library folders (``vdpau/`` is a plugin folder, not one);
     for graphics, the GPUs' ``/dev/dri/by-path`` links (``dev_links``, made for the nodes
@@ -98,11 +102,17 @@ def hook_for_libraries(libraries: Sequence[Library], hook_command: Sequence[str]
 
     parents = (lib.container_path.rsplit("/", 1)[0] for lib in libraries)
     folders = tuple(dict.fromkeys(p for p in parents if not p.endswith("/vdpau")))
-    version = next((lib.container_path.rsplit("/libcuda.so.", 1)[1] for lib in libraries
-                    if "/libcuda.so." in lib.container_path), None)
+    version = next(
+        (
+            lib.container_path.rsplit("/libcuda.so.", 1)[1]
+            for lib in libraries
+            if "/libcuda.so." in lib.container_path
+        ),
+        None,
+    )
     args = tuple(hook_command) + tuple(
-        build_hook_args(hook_links(libraries, files), folders, version, dev_links,
-                        egl_profile))
+        build_hook_args(hook_links(libraries, files), folders, version, dev_links, egl_profile)
+    )
     return Hook("createContainer", hook_command[0], args, HOOK_ENV)
 
 
@@ -136,9 +146,11 @@ def driver_edits(
 
 def skew_message(module: str, files: str) -> str:
     """The one line a version skew gets (create warning, ``doctor``, ``inspect``)."""
-    return (f"the NVIDIA kernel module is {module} but the driver's files are {files}: "
-            f"containers get the {files} libraries, which cannot talk to a {module} module "
-            "until it is reloaded (reboot the node, or unload and load the nvidia modules)")
+    return (
+        f"the NVIDIA kernel module is {module} but the driver's files are {files}: "
+        f"containers get the {files} libraries, which cannot talk to a {module} module "
+        "until it is reloaded (reboot the node, or unload and load the nvidia modules)"
+    )
 
 
 def gpu_edits(gpu: Gpu, drm: Optional[DrmNodes] = None) -> Edits:
@@ -170,8 +182,9 @@ class GpuInjection:
     warnings: Tuple[str, ...] = ()
 
 
-def inject_gpus(host: Host, request: Request, tokens: Sequence[str], claim: Claim,
-                config: Config) -> GpuInjection:
+def inject_gpus(
+    host: Host, request: Request, tokens: Sequence[str], claim: Claim, config: Config
+) -> GpuInjection:
     """The GPUs and MIG devices ``tokens`` name on this node, and their edits (discovery's,
     shared with ``nvshim cdi generate``); the requirements checked against them."""
     gpus = host.gpus()
@@ -179,8 +192,9 @@ def inject_gpus(host: Host, request: Request, tokens: Sequence[str], claim: Clai
     from nvshim.host.devices import select_gpus
 
     try:
-        chosen_refs, chosen_migs = (select_gpus(tokens, refs, _looked_under(config, host))
-                                    if tokens else ((), ()))
+        chosen_refs, chosen_migs = (
+            select_gpus(tokens, refs, _looked_under(config, host)) if tokens else ((), ())
+        )
     except RequestError as exc:
         if refs or os.path.isdir(host.driver_root):
             raise
@@ -213,8 +227,14 @@ def inject_gpus(host: Host, request: Request, tokens: Sequence[str], claim: Clai
     drm = drm_capabilities(caps)  # DRM nodes only for the capabilities that get them
     nodes_of = {gpu.index: host.drm(gpu) for gpu in chosen} if drm else {}
     dev_links = tuple(link for nodes in nodes_of.values() for link in nodes.links)
-    edits = driver_edits(host.control_nodes(caps), libraries, files, hook_command(),
-                         dev_links=dev_links, egl_profile=bool(drm))
+    edits = driver_edits(
+        host.control_nodes(caps),
+        libraries,
+        files,
+        hook_command(),
+        dev_links=dev_links,
+        egl_profile=bool(drm),
+    )
     missing = missing_files(caps, libraries, files)
     for gpu in chosen:
         nodes = nodes_of.get(gpu.index)
@@ -225,8 +245,7 @@ def inject_gpus(host: Host, request: Request, tokens: Sequence[str], claim: Clai
             missing += missing_drm(drm, ((gpu.index, nodes),))
     for parent, mig in migs:
         edits = edits + mig_edits(parent, mig)
-    return GpuInjection(chosen, tuple(migs), edits, missing,
-                      (*notes, *warnings), warnings)
+    return GpuInjection(chosen, tuple(migs), edits, missing, (*notes, *warnings), warnings)
 
 
 def _looked_under(config: Config, host: Host) -> str:

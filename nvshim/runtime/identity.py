@@ -83,8 +83,12 @@ _CRIO_KEYS = (POD_NAMESPACE_LABEL, POD_NAME_LABEL, POD_UID_LABEL, CONTAINER_NAME
 #: The kubelet's labels on every pod sandbox (a sandbox has no container name).
 _CRIO_SANDBOX_LABELS = (POD_NAMESPACE_LABEL, POD_NAME_LABEL, POD_UID_LABEL)
 #: What containerd's CRI plugin writes on every pod sandbox besides the marker.
-_CONTAINERD_SANDBOX_KEYS = (CONTAINERD_PREFIX + "sandbox-id", SANDBOX_NAME, SANDBOX_NAMESPACE,
-                            SANDBOX_UID)
+_CONTAINERD_SANDBOX_KEYS = (
+    CONTAINERD_PREFIX + "sandbox-id",
+    SANDBOX_NAME,
+    SANDBOX_NAMESPACE,
+    SANDBOX_UID,
+)
 
 
 @dataclass(frozen=True)
@@ -121,10 +125,14 @@ def is_sandbox(annotations: Mapping[str, str]) -> bool:
     engine = cri_engine(annotations)
     if engine == "containerd":
         return annotations.get(SANDBOX_ANNOTATION) == "sandbox" and all(
-            annotations.get(k) for k in _CONTAINERD_SANDBOX_KEYS)
+            annotations.get(k) for k in _CONTAINERD_SANDBOX_KEYS
+        )
     if engine == "cri-o":
-        if annotations.get(CRIO_CONTAINER_TYPE) != "sandbox" \
-                or not annotations.get(CRIO_SANDBOX_ID) or CRIO_LABELS not in annotations:
+        if (
+            annotations.get(CRIO_CONTAINER_TYPE) != "sandbox"
+            or not annotations.get(CRIO_SANDBOX_ID)
+            or CRIO_LABELS not in annotations
+        ):
             return False
         labels, why = _crio_labels(annotations)
         return not why and all(labels.get(k) for k in _CRIO_SANDBOX_LABELS)
@@ -139,19 +147,30 @@ def read_identity(annotations: Mapping[str, str]) -> Tuple[Optional[Identity], s
     if not engine:
         return None, ""
     if engine == "both":
-        return None, ("its spec carries both containerd's io.kubernetes.cri.* and CRI-O's "
-                      "io.kubernetes.cri-o.* annotations (one set was written by the pod)")
+        return None, (
+            "its spec carries both containerd's io.kubernetes.cri.* and CRI-O's "
+            "io.kubernetes.cri-o.* annotations (one set was written by the pod)"
+        )
     if engine == "containerd":
-        return _named("containerd", annotations.get(SANDBOX_NAMESPACE),
-                      annotations.get(SANDBOX_NAME), annotations.get(SANDBOX_UID),
-                      annotations.get(CONTAINER_NAME),
-                      (SANDBOX_NAMESPACE, SANDBOX_NAME, CONTAINER_NAME))
+        return _named(
+            "containerd",
+            annotations.get(SANDBOX_NAMESPACE),
+            annotations.get(SANDBOX_NAME),
+            annotations.get(SANDBOX_UID),
+            annotations.get(CONTAINER_NAME),
+            (SANDBOX_NAMESPACE, SANDBOX_NAME, CONTAINER_NAME),
+        )
     labels, why = _crio_labels(annotations)
     if why:
         return None, why
-    return _named("CRI-O", labels.get(POD_NAMESPACE_LABEL), labels.get(POD_NAME_LABEL),
-                  labels.get(POD_UID_LABEL), labels.get(CONTAINER_NAME_LABEL),
-                  (POD_NAMESPACE_LABEL, POD_NAME_LABEL, CONTAINER_NAME_LABEL))
+    return _named(
+        "CRI-O",
+        labels.get(POD_NAMESPACE_LABEL),
+        labels.get(POD_NAME_LABEL),
+        labels.get(POD_UID_LABEL),
+        labels.get(CONTAINER_NAME_LABEL),
+        (POD_NAMESPACE_LABEL, POD_NAME_LABEL, CONTAINER_NAME_LABEL),
+    )
 
 
 def identity_of(annotations: Mapping[str, str]) -> Optional[Identity]:
@@ -159,12 +178,20 @@ def identity_of(annotations: Mapping[str, str]) -> Optional[Identity]:
     return read_identity(annotations)[0]
 
 
-def _named(engine: str, namespace: Optional[str], pod: Optional[str], uid: Optional[str],
-           container: Optional[str], keys: Sequence[str]) -> Tuple[Optional[Identity], str]:
+def _named(
+    engine: str,
+    namespace: Optional[str],
+    pod: Optional[str],
+    uid: Optional[str],
+    container: Optional[str],
+    keys: Sequence[str],
+) -> Tuple[Optional[Identity], str]:
     missing = [k for k, v in zip(keys, (namespace, pod, container), strict=True) if not v]
     if missing:
-        return None, (f"{engine} made it but {', '.join(missing)} "
-                      f"{'is' if len(missing) == 1 else 'are'} missing or empty")
+        return None, (
+            f"{engine} made it but {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} missing or empty"
+        )
     assert namespace and pod and container
     return Identity(namespace, pod, uid or "", container), ""
 
@@ -187,8 +214,10 @@ def _crio_labels(annotations: Mapping[str, str]) -> Tuple[Dict[str, str], str]:
     labels = {k: doc[k] for k in _CRIO_KEYS if isinstance(doc.get(k), str)}
     for key, value in plain.items():
         if labels.get(key) != value:
-            return {}, (f"annotation {key}={value!r} contradicts CRI-O's {CRIO_LABELS} "
-                        f"({labels.get(key)!r})")
+            return {}, (
+                f"annotation {key}={value!r} contradicts CRI-O's {CRIO_LABELS} "
+                f"({labels.get(key)!r})"
+            )
     return labels, ""
 
 
@@ -206,7 +235,10 @@ def management_pod(annotations: Mapping[str, str], patterns: Sequence[str]) -> O
     for pattern in patterns:
         namespace, _, rest = pattern.partition("/")
         pod, _, container = rest.partition("/")
-        if namespace == identity.namespace and fnmatchcase(identity.pod, pod) and (
-                not container or fnmatchcase(identity.container, container)):
+        if (
+            namespace == identity.namespace
+            and fnmatchcase(identity.pod, pod)
+            and (not container or fnmatchcase(identity.container, container))
+        ):
             return pattern
     return None

@@ -43,8 +43,9 @@ def _log_line(level: str, text: str, log: str, log_format: Optional[str]) -> Non
         sys.stderr.write(f"nvshim: cannot write to --log {log}: {exc.strerror}\n")
 
 
-def report_error(message: str, log: Optional[str], log_format: Optional[str],
-                 stderr: bool = True) -> None:
+def report_error(
+    message: str, log: Optional[str], log_format: Optional[str], stderr: bool = True
+) -> None:
     """Write one error line to runc's ``--log`` (JSON or text) and one to stderr (unless
     not ``stderr``: the agent's client prints that one), the container's values in it
     escaped and cut (:func:`nvshim.errors.one_line`)."""
@@ -131,8 +132,9 @@ def _iso_now() -> str:
     return f"{stamp}.{micros:06d}Z" if micros else f"{stamp}Z"
 
 
-def open_debug_log(path: Optional[str], warn: Optional[Callable[[str], None]] = None,
-                   **context: Any) -> DebugLog:
+def open_debug_log(
+    path: Optional[str], warn: Optional[Callable[[str], None]] = None, **context: Any
+) -> DebugLog:
     """A log appending JSON lines to ``path``; no-op when ``path`` is empty.
 
     ``context`` (e.g. the container ``id``) is bound into every record, with the pid. A file

@@ -59,8 +59,9 @@ def _warn(message: str, inv: Invocation) -> None:
     report_warning(message, inv.log, inv.log_format)
 
 
-def _record_grant(plan: Plan, config: Config, inv: Invocation, bundle: str,
-                  runtime: Optional[str]) -> None:
+def _record_grant(
+    plan: Plan, config: Config, inv: Invocation, bundle: str, runtime: Optional[str]
+) -> None:
     """Append this grant to the node's journal (before runc runs: a failed create leaves a
     record whose container never existed, which readers count as gone)."""
     import time
@@ -78,20 +79,35 @@ def _record_grant(plan: Plan, config: Config, inv: Invocation, bundle: str,
 
         claims = claim_gpus(plan.host, config, plan.allocation, plan.granted_uuids)
     grant = Grant(
-        time=time.time(), container_id=inv.container_id or "", bundle=os.path.abspath(bundle),
-        root=os.path.abspath(inv.root) if inv.root else default_root(runtime), runtime=runtime,
-        source=plan.grant_source, gpus=plan.granted_uuids, shared=plan.request.shared,
-        verified=plan.verified, namespace=who.namespace if who else "",
-        pod=who.pod if who else "", pod_uid=who.pod_uid if who else "",
-        container=who.container if who else "", claims=claims,
+        time=time.time(),
+        container_id=inv.container_id or "",
+        bundle=os.path.abspath(bundle),
+        root=os.path.abspath(inv.root) if inv.root else default_root(runtime),
+        runtime=runtime,
+        source=plan.grant_source,
+        gpus=plan.granted_uuids,
+        shared=plan.request.shared,
+        verified=plan.verified,
+        namespace=who.namespace if who else "",
+        pod=who.pod if who else "",
+        pod_uid=who.pod_uid if who else "",
+        container=who.container if who else "",
+        claims=claims,
     )
     warning = append_grant(config.grants_journal, grant, config.grants_journal_max_bytes)
     if warning is not None:
         _warn(warning, inv)
 
 
-def _record_denial(config: Config, inv: Invocation, bundle: str, runtime: Optional[str],
-                   action: str, reason: str, plan: Optional[Plan] = None) -> None:
+def _record_denial(
+    config: Config,
+    inv: Invocation,
+    bundle: str,
+    runtime: Optional[str],
+    action: str,
+    reason: str,
+    plan: Optional[Plan] = None,
+) -> None:
     """Append to the denial journal (beside the grant journal) that this container was
     ``stripped`` of the GPUs it asked for or ``refused``. Record or fail, as for a grant:
     HostError when the record cannot be written (a stripped create then fails; a refusal's
@@ -123,13 +139,19 @@ def _record_denial(config: Config, inv: Invocation, bundle: str, runtime: Option
             pass
     runtime = runtime or config.runtimes[0]
     denial = Denial(
-        time=time.time(), container_id=inv.container_id or "", bundle=bundle,
-        root=os.path.abspath(inv.root) if inv.root else default_root(runtime), runtime=runtime,
-        action=action, reason=reason, asked=asked_of(claim) if claim is not None else (),
+        time=time.time(),
+        container_id=inv.container_id or "",
+        bundle=bundle,
+        root=os.path.abspath(inv.root) if inv.root else default_root(runtime),
+        runtime=runtime,
+        action=action,
+        reason=reason,
+        asked=asked_of(claim) if claim is not None else (),
         **identity_fields(identity),
     )
-    warning = append_denial(denials_path(config.grants_journal), denial,
-                            config.grants_journal_max_bytes)
+    warning = append_denial(
+        denials_path(config.grants_journal), denial, config.grants_journal_max_bytes
+    )
     if warning is not None:
         _warn(warning, inv)
 
@@ -157,8 +179,9 @@ def _absolute(path: str, cwd: Optional[str] = None) -> str:
         try:
             path = f"{os.getcwd()}/{path}"
         except OSError as exc:
-            raise HostError(f"--bundle {path} is relative and there is no current "
-                            f"directory: {exc.strerror}") from exc
+            raise HostError(
+                f"--bundle {path} is relative and there is no current directory: {exc.strerror}"
+            ) from exc
     return "/" + "/".join(part for part in path.split("/") if part and part != ".")
 
 
@@ -176,9 +199,12 @@ def _load_config(inv: Invocation) -> Config:
     if config.source is None and inv.modifies:
         named = config_named()
         if named:
-            _fail(f"config {config_path()} does not exist (named by {named}): nvshim-runtime "
-                  "creates no container with the built-in defaults (require-allocation off) "
-                  "in its place; restore it, or name the config that exists", inv)
+            _fail(
+                f"config {config_path()} does not exist (named by {named}): nvshim-runtime "
+                "creates no container with the built-in defaults (require-allocation off) "
+                "in its place; restore it, or name the config that exists",
+                inv,
+            )
     return config
 
 
@@ -208,10 +234,14 @@ def _restore_ignored_signals() -> None:
     _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
 
 
-def create(inv: Invocation, config: Config, runtime: Optional[str],
-           cwd: Optional[str] = None,
-           before_writes: Optional[Callable[[], None]] = None,
-           served_by: str = "runtime") -> Optional[str]:
+def create(
+    inv: Invocation,
+    config: Config,
+    runtime: Optional[str],
+    cwd: Optional[str] = None,
+    before_writes: Optional[Callable[[], None]] = None,
+    served_by: str = "runtime",
+) -> Optional[str]:
     """Plan and commit a create/run: None when done, else the one-line failure (its
     denial recorded; the caller reports it). Warnings go to ``inv.log``.
 
@@ -227,8 +257,9 @@ def create(inv: Invocation, config: Config, runtime: Optional[str],
     if config.debug_log:
         from nvshim.runtime.logs import open_debug_log
 
-        log = open_debug_log(config.debug_log, lambda message: _warn(message, inv),
-                             id=inv.container_id)
+        log = open_debug_log(
+            config.debug_log, lambda message: _warn(message, inv), id=inv.container_id
+        )
     bundle: Optional[str] = None
     try:
         if inv.error:
@@ -247,8 +278,9 @@ def create(inv: Invocation, config: Config, runtime: Optional[str],
                 log.event("warning", bundle=bundle, message=warning)
         if config.grants_journal and plan.granted_uuids:
             _record_grant(plan, config, inv, bundle, runtime)
-        elif config.grants_journal and plan.request.source == "none" \
-                and plan.claim.claims_gpus:  # cheap: a container asking nothing stops here
+        elif (
+            config.grants_journal and plan.request.source == "none" and plan.claim.claims_gpus
+        ):  # cheap: a container asking nothing stops here
             from nvshim.runtime.denials import strip_reason
 
             stripped = strip_reason(plan)

@@ -223,7 +223,6 @@ def applied_edits(edits: Edits, by: str) -> Edits:
     return replace(edits, hooks=tuple(hooks))
 
 
-
 @dataclass(frozen=True)
 class Committed:
     """What :func:`nvshim.runtime.create.commit` did: the rootfs decision it ended with

@@ -61,8 +61,11 @@ def _watched(host: Host, doc: Dict[str, Any]) -> List[str]:
     # Debian's alternatives: a switched link changes this folder, not the files behind it
     paths.append(hp("/etc/alternatives"))
     version = doc["driver-version"]
-    paths += [hp(candidate.format(version=version).rsplit("/", 1)[0])
-              for _, _, candidates in DATA_FILES for candidate in candidates]
+    paths += [
+        hp(candidate.format(version=version).rsplit("/", 1)[0])
+        for _, _, candidates in DATA_FILES
+        for candidate in candidates
+    ]
     paths += [dp(path) for path, _ in CONTROL_NODES]
     gpus_dir = hp("/proc/driver/nvidia/gpus")
     try:
@@ -122,17 +125,17 @@ def build(host: Host) -> Dict[str, Any]:
     for libset, bases in LIBRARIES.items():
         for base in bases:
             lib = host.find_library(base, libset)
-            libraries[base] = None if lib is None else {
-                k: v for k, v in _pack(lib).items() if k != "capability"
-            }
+            libraries[base] = (
+                None if lib is None else {k: v for k, v in _pack(lib).items() if k != "capability"}
+            )
     from nvshim.host.compat32 import bases32
 
     libraries32: Dict[str, Optional[Dict[str, Any]]] = {}
     for base in bases32(LIBRARY_SETS, LIBRARIES, LIBRARY_SETS):
         lib = host.find_library32(base)
-        libraries32[base] = None if lib is None else {
-            k: v for k, v in _pack(lib).items() if k != "capability"
-        }
+        libraries32[base] = (
+            None if lib is None else {k: v for k, v in _pack(lib).items() if k != "capability"}
+        )
     doc: Dict[str, Any] = {
         "driver-version": version,
         "module-version": module,
@@ -146,16 +149,25 @@ def build(host: Host) -> Dict[str, Any]:
         ],
         "libraries": libraries,
         "files": [_pack(f) for f in host.files(sorted(LIBRARY_SETS))],
-        "drm": {g.pci_bus_id: {"nodes": [_pack(n) for n in drm.nodes], "links": drm.links}
-                for g in gpus for drm in (host.drm(g),)},
+        "drm": {
+            g.pci_bus_id: {"nodes": [_pack(n) for n in drm.nodes], "links": drm.links}
+            for g in gpus
+            for drm in (host.drm(g),)
+        },
     }
-    doc["elf"] = [[lib["host_path"], *elf_info(lib["host_path"])]
-                  for lib in libraries.values() if lib is not None]
+    doc["elf"] = [
+        [lib["host_path"], *elf_info(lib["host_path"])]
+        for lib in libraries.values()
+        if lib is not None
+    ]
     doc["watch"] = [[path, stat_signature(path)] for path in _watched(host, doc)]
     doc["watchdrm"] = [[path, stat_signature(path)] for path in _watcheddrm(host, doc)]
     doc["libraries32"] = libraries32
-    doc["elf32"] = [[lib["host_path"], *elf_info(lib["host_path"])]
-                    for lib in libraries32.values() if lib is not None]
+    doc["elf32"] = [
+        [lib["host_path"], *elf_info(lib["host_path"])]
+        for lib in libraries32.values()
+        if lib is not None
+    ]
     doc["watch32"] = [[path, stat_signature(path)] for path in _watched32(host, libraries32)]
     return doc
 
@@ -167,9 +179,15 @@ class _NotCacheable(NvshimError):
 def _fixed(host: Host) -> List[Optional[List[int]]]:
     """The state of the paths every plan depends on, whatever the node has."""
     hp = host.host_path
-    return [stat_signature(p) for p in (hp("/proc/driver/nvidia/version"),
-                                        hp("/proc/driver/nvidia/gpus"), hp("/etc/ld.so.cache"),
-                                        *(hp(d) for d in LIB_DIRS))]
+    return [
+        stat_signature(p)
+        for p in (
+            hp("/proc/driver/nvidia/version"),
+            hp("/proc/driver/nvidia/gpus"),
+            hp("/etc/ld.so.cache"),
+            *(hp(d) for d in LIB_DIRS),
+        )
+    ]
 
 
 def save(path: str, host: Host, stamp: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], str]:
@@ -187,8 +205,9 @@ def save(path: str, host: Host, stamp: Dict[str, Any]) -> Tuple[Optional[Dict[st
         return None, "not cached: the node changed during discovery"
     doc.update(stamp)
     try:
-        write_atomic(path, (_jsonc.dumps(doc, separators=(",", ":")) + "\n").encode(),
-                     default_mode=0o644)
+        write_atomic(
+            path, (_jsonc.dumps(doc, separators=(",", ":")) + "\n").encode(), default_mode=0o644
+        )
         os.chmod(path, 0o644)  # never keep a looser mode found on an old copy
     except OSError as exc:
         return doc, f"not cached: cannot chmod {path}: {exc.strerror}"

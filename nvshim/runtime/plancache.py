@@ -50,8 +50,7 @@ if TYPE_CHECKING:
 
     from nvshim.host.drm import DrmNodes
 
-__all__ = ["CachedHost", "FORMAT", "host_for", "load", "refresh", "stamp", "PlanMemo",
-           "use_memo"]
+__all__ = ["CachedHost", "FORMAT", "host_for", "load", "refresh", "stamp", "PlanMemo", "use_memo"]
 
 #: Bumped whenever the document's shape changes.
 FORMAT = 4
@@ -73,9 +72,11 @@ def _unpack_gpu(d: Dict[str, Any]) -> Gpu:
 
 def _records(doc: Dict[str, Any]) -> Tuple[Any, Any, Any]:
     """The plan's GPUs, control nodes and driver files as frozen records."""
-    return (tuple(_unpack_gpu(g) for g in doc["gpus"]),
-            tuple((path, need, _node(node)) for path, need, node in doc["control-nodes"]),
-            tuple(DriverFile(**f) for f in doc["files"]))
+    return (
+        tuple(_unpack_gpu(g) for g in doc["gpus"]),
+        tuple((path, need, _node(node)) for path, need, node in doc["control-nodes"]),
+        tuple(DriverFile(**f) for f in doc["files"]),
+    )
 
 
 def _check_libraries(libs: Dict[str, Optional[Dict[str, Any]]]) -> None:
@@ -91,9 +92,14 @@ def _check_libraries(libs: Dict[str, Optional[Dict[str, Any]]]) -> None:
 class CachedHost(Host):
     """A :class:`~nvshim.host.discovery.Host` answering from a plan document (IPC stays live)."""
 
-    def __init__(self, driver_root: str, dev_root: Optional[str], doc: Dict[str, Any],
-                 nvml_facts: Optional[str] = None,
-                 records: Optional[Tuple[Any, Any, Any]] = None) -> None:
+    def __init__(
+        self,
+        driver_root: str,
+        dev_root: Optional[str],
+        doc: Dict[str, Any],
+        nvml_facts: Optional[str] = None,
+        records: Optional[Tuple[Any, Any, Any]] = None,
+    ) -> None:
         super().__init__(driver_root, dev_root, nvml_facts)
         self._version = doc["driver-version"]
         self._module: Optional[str] = doc["module-version"]
@@ -124,8 +130,11 @@ class CachedHost(Host):
 
     def control_nodes(self, capabilities: Iterable[str]) -> Tuple[DeviceNode, ...]:
         caps = set(capabilities)
-        return tuple(node for _, need, node in self._control
-                     if node is not None and (need is None or need in caps))
+        return tuple(
+            node
+            for _, need, node in self._control
+            if node is not None and (need is None or need in caps)
+        )
 
     def find_library(self, base: str, capability: str) -> Optional[Library]:
         if base not in self._libs:
@@ -144,8 +153,10 @@ class CachedHost(Host):
             return super().drm(gpu)
         from nvshim.host.drm import DrmNodes
 
-        return DrmNodes(tuple(DeviceNode(**n) for n in found["nodes"]),
-                        tuple((target, link) for target, link in found["links"]))
+        return DrmNodes(
+            tuple(DeviceNode(**n) for n in found["nodes"]),
+            tuple((target, link) for target, link in found["links"]),
+        )
 
     def find_library32(self, base: str) -> Optional[Library]:
         """The 32-bit library from the plan, its ``watch32`` paths stat'ed on first use (a
@@ -186,8 +197,12 @@ class CachedHost(Host):
 def _key(driver_root: str, dev_root: str, nvml_facts: Optional[str]) -> Dict[str, Any]:
     from nvshim import __version__
 
-    return {"nvshim-version": __version__, "driver-root": driver_root, "dev-root": dev_root,
-            "nvml-facts": nvml_facts}
+    return {
+        "nvshim-version": __version__,
+        "driver-root": driver_root,
+        "dev-root": dev_root,
+        "nvml-facts": nvml_facts,
+    }
 
 
 def stamp(host: Host) -> Dict[str, Any]:
@@ -243,8 +258,9 @@ def _read(path: str) -> Tuple[Optional[Any], str]:
     return doc, why
 
 
-def load(path: str, driver_root: str, dev_root: str,
-         nvml_facts: Optional[str] = None) -> Tuple[Optional[CachedHost], str]:
+def load(
+    path: str, driver_root: str, dev_root: str, nvml_facts: Optional[str] = None
+) -> Tuple[Optional[CachedHost], str]:
     """The cached host when ``path`` holds a valid, fresh plan; else (None, why not)."""
     doc, why = _read(path)
     if why:
@@ -262,8 +278,7 @@ def load(path: str, driver_root: str, dev_root: str,
     except (TypeError, ValueError, KeyError):
         return None, "plan cache is malformed"
     try:
-        return CachedHost(driver_root, dev_root, doc, nvml_facts, _memo_records(doc)), \
-            "plan cache"
+        return CachedHost(driver_root, dev_root, doc, nvml_facts, _memo_records(doc)), "plan cache"
     except (TypeError, ValueError, KeyError, AttributeError):
         return None, "plan cache is malformed"
 
@@ -310,8 +325,10 @@ def _host_for(config: Any, save: bool) -> Tuple[Host, str]:
 
     doc, outcome = build_and_save(path, live, stamp(live))
     if doc is not None:
-        return (CachedHost(live.driver_root, live.dev_root, doc, live.nvml_facts),
-                f"discovery ({why}; {outcome})")
+        return (
+            CachedHost(live.driver_root, live.dev_root, doc, live.nvml_facts),
+            f"discovery ({why}; {outcome})",
+        )
     return live, f"discovery ({why}; {outcome})"
 
 

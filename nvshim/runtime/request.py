@@ -12,6 +12,10 @@ filesystem.
 - :func:`nvshim.host.devices.select_gpus` then maps the request's tokens onto the node's
   GPUs (pure too: the GPU records come from discovery). The token grammar lives there,
   imported only when a container names a device.
+
+Why one module: the request is one decision over one claim: the sources it may come from are
+tried in an order the policy fixes (require-allocation first), and each leaves a note the
+next reads; split by source, that order would be read across files.
 """
 
 from __future__ import annotations
@@ -73,9 +77,9 @@ class Request:
         return self.driver_files or bool(self.devices)
 
 
-
-def parse_capabilities(value: Optional[str], supported: Sequence[str],
-                       legacy: bool) -> Tuple[str, ...]:
+def parse_capabilities(
+    value: Optional[str], supported: Sequence[str], legacy: bool
+) -> Tuple[str, ...]:
     """NVIDIA_DRIVER_CAPABILITIES → sorted capability names.
 
     Unset: ``compute,utility`` (a legacy CUDA image: everything supported). Empty: the
@@ -110,7 +114,6 @@ def parse_capabilities(value: Optional[str], supported: Sequence[str],
     return tuple(sorted(wanted))
 
 
-
 def _names_all(token: str) -> bool:
     """``all``, or a CDI name of a device called ``all`` (``nvidia.com/gpu=all``)."""
     from nvshim.host.devices import is_qualified
@@ -124,11 +127,13 @@ def _all_uuids(tokens: Sequence[str]) -> bool:
     return all_uuids(tokens)
 
 
-
-def resolve_request(claim: Claim, config: Config,
-                    pod_annotations: Optional[Mapping[str, str]] = None,
-                    kubelet_tokens: Sequence[str] = (),
-                    kubelet_ids: Sequence[str] = ()) -> Request:
+def resolve_request(
+    claim: Claim,
+    config: Config,
+    pod_annotations: Optional[Mapping[str, str]] = None,
+    kubelet_tokens: Sequence[str] = (),
+    kubelet_ids: Sequence[str] = (),
+) -> Request:
     """Decide what the container gets, and why (see the module docstring).
 
     ``kubelet_ids`` are the device ids the kubelet allocated to this container that name
@@ -156,12 +161,15 @@ def resolve_request(claim: Claim, config: Config,
         return _without_allocation(claim, config, notes)
     # require-allocation: only a device plugin's allocation grants GPUs -- and whatever a
     # management pod (the device plugin itself) asks for.
-    return (_management_pod(claim, config, notes)
-            or _allocated(claim, config, notes, pod_annotations, kubelet_tokens, kubelet_ids)
-            or _not_allocated(claim, config, notes))
+    return (
+        _management_pod(claim, config, notes)
+        or _allocated(claim, config, notes, pod_annotations, kubelet_tokens, kubelet_ids)
+        or _not_allocated(claim, config, notes)
+    )
 
 
 # -- what every stage reads of the claim (cheap properties, no state) ----------------------
+
 
 def _env_set(claim: Claim) -> bool:
     """NVIDIA_VISIBLE_DEVICES names something (not unset, not empty or void)."""
@@ -185,15 +193,23 @@ def _exclusive(claim: Claim, config: Config) -> bool:
 
 # -- the outcomes -------------------------------------------------------------------------
 
-def _grant(claim: Claim, config: Config, notes: List[str], source: str,
-           devices: Tuple[str, ...], raw: Sequence[str] = ()) -> Request:
+
+def _grant(
+    claim: Claim,
+    config: Config,
+    notes: List[str],
+    source: str,
+    devices: Tuple[str, ...],
+    raw: Sequence[str] = (),
+) -> Request:
     from nvshim.host.devices import names_replicas
 
     view = claim.view
     # parsed only for a grant: a container granted nothing behaves as with runc, whatever
     # its image says about capabilities (or a node supports)
-    caps = parse_capabilities(view.get(DRIVER_CAPABILITIES),
-                              config.supported_driver_capabilities, view.legacy_image)
+    caps = parse_capabilities(
+        view.get(DRIVER_CAPABILITIES), config.supported_driver_capabilities, view.legacy_image
+    )
     shared = names_replicas(raw)
     if devices == ("none",):
         return Request(source, (), True, False, tuple(notes), caps, shared)
@@ -207,10 +223,13 @@ def _held(claim: Claim, config: Config, notes: List[str], why: str = "") -> Requ
     image_gpus = claim.image_asks and claim.env_tokens != ("none",)
     if why and image_gpus and engine is not None:  # (why: only said of an engine grant)
         shown = view.get(VISIBLE_DEVICES)
-        image_what = (f"{VISIBLE_DEVICES}={shown}" if shown is not None
-                      else "legacy CUDA image (all GPUs)")
-        notes.append(f"{image_what} adds no GPU: the engine injected {engine.summary} "
-                     f"into config.json, which is the container's grant; {why}")
+        image_what = (
+            f"{VISIBLE_DEVICES}={shown}" if shown is not None else "legacy CUDA image (all GPUs)"
+        )
+        notes.append(
+            f"{image_what} adds no GPU: the engine injected {engine.summary} "
+            f"into config.json, which is the container's grant; {why}"
+        )
     if claim.image_asks or view.get(DRIVER_CAPABILITIES):
         return _grant(claim, config, notes, "engine", ())
     return Request("engine", notes=tuple(notes), capabilities=())
@@ -224,13 +243,13 @@ def _nothing(claim: Claim, config: Config, notes: List[str]) -> Request:
 
 # -- the stages ---------------------------------------------------------------------------
 
+
 def _without_allocation(claim: Claim, config: Config, notes: List[str]) -> Request:
     """require-allocation off: the first source that names devices, in precedence order."""
     view, env_tokens, env_set = claim.view, claim.env_tokens, _env_set(claim)
     if claim.mount_ids:
         if env_set:
-            notes.append(
-                f"{VISIBLE_DEVICES} ignored: device-plugin volume mounts take precedence")
+            notes.append(f"{VISIBLE_DEVICES} ignored: device-plugin volume mounts take precedence")
         return _grant(claim, config, notes, "volume-mounts", claim.mount_ids, claim.mount_raw)
     if claim.annotation_ids:
         if env_set:
@@ -239,8 +258,12 @@ def _without_allocation(claim: Claim, config: Config, notes: List[str]) -> Reque
     if view.docker_gpus and env_tokens:
         return _grant(claim, config, notes, "docker-gpus", env_tokens, _env_raw(claim))
     if _exclusive(claim, config):
-        return _held(claim, config, notes,
-                     "image env never widens an engine grant (engine-grants: exclusive)")
+        return _held(
+            claim,
+            config,
+            notes,
+            "image env never widens an engine grant (engine-grants: exclusive)",
+        )
     if env_tokens is None and view.legacy_image:
         notes.append("legacy CUDA image (CUDA_VERSION set, no NVIDIA_REQUIRE_CUDA): all GPUs")
         return _grant(claim, config, notes, "legacy-image", ("all",))
@@ -265,28 +288,35 @@ def _management_pod(claim: Claim, config: Config, notes: List[str]) -> Optional[
     if entry is None:
         return None
     assert claim.env_tokens is not None
-    notes.append(f"{VISIBLE_DEVICES} granted without an allocation: "
-                 f"{view.identity} matches management-pods entry "
-                 f'"{entry}"')
+    notes.append(
+        f"{VISIBLE_DEVICES} granted without an allocation: "
+        f"{view.identity} matches management-pods entry "
+        f'"{entry}"'
+    )
     return _grant(claim, config, notes, "management-pod", claim.env_tokens, _env_raw(claim))
 
 
-def _claimed_allocations(claim: Claim, notes: List[str],
-                         pod_annotations: Optional[Mapping[str, str]], accept_all: bool
-                         ) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+def _claimed_allocations(
+    claim: Claim, notes: List[str], pod_annotations: Optional[Mapping[str, str]], accept_all: bool
+) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     """(mount ids, annotation ids) without what is no allocation: the pod's own
     annotations, and "all" or "none" by mount or annotation, which any pod can fake."""
     view = claim.view
     mount_ids, annotation_ids = claim.mount_ids, claim.annotation_ids
     if annotation_ids and pod_annotations:
-        from_pod = [k for k in claim.annotation_keys
-                    if pod_annotations.get(k) == view.annotations[k]]
+        from_pod = [
+            k for k in claim.annotation_keys if pod_annotations.get(k) == view.annotations[k]
+        ]
         if from_pod:
-            notes.extend(f"annotation {k} ignored: it is the pod's, not the device plugin's, "
-                         "which any pod author can write" for k in from_pod)
+            notes.extend(
+                f"annotation {k} ignored: it is the pod's, not the device plugin's, "
+                "which any pod author can write"
+                for k in from_pod
+            )
             # the container's own annotations, parsed without the pod's (a rare path)
             annotation_ids = annotation_ids_of(
-                view, [k for k in claim.annotation_keys if k not in from_pod])
+                view, [k for k in claim.annotation_keys if k not in from_pod]
+            )
     if mount_ids and not accept_all:
         # "all", and the CDI spelling of it (cdi/nvidia.com/gpu/all): every GPU at once
         for token in [t for t in mount_ids if _names_all(t)]:
@@ -299,8 +329,10 @@ def _claimed_allocations(claim: Claim, notes: List[str],
     # "none" (driver files, control nodes and the NVIDIA_GDS/MOFED/... devices, no GPU) is
     # no device plugin's allocation either, and holds no GPU for verify-with to check.
     if mount_ids == ("none",):
-        notes.append(f"volume mount {DEVICE_LIST_DIR}/none ignored: no device plugin "
-                     "allocates it, a hostPath mount can fake it")
+        notes.append(
+            f"volume mount {DEVICE_LIST_DIR}/none ignored: no device plugin "
+            "allocates it, a hostPath mount can fake it"
+        )
         mount_ids = ()
     if annotation_ids == ("none",):
         notes.append("CDI annotation naming none ignored: no device plugin allocates it")
@@ -308,13 +340,19 @@ def _claimed_allocations(claim: Claim, notes: List[str],
     return mount_ids, annotation_ids
 
 
-def _allocated(claim: Claim, config: Config, notes: List[str],
-               pod_annotations: Optional[Mapping[str, str]],
-               kubelet_tokens: Sequence[str], kubelet_ids: Sequence[str]) -> Optional[Request]:
+def _allocated(
+    claim: Claim,
+    config: Config,
+    notes: List[str],
+    pod_annotations: Optional[Mapping[str, str]],
+    kubelet_tokens: Sequence[str],
+    kubelet_ids: Sequence[str],
+) -> Optional[Request]:
     """The first of ``allocation-sources`` that names devices; the engine's grant when none
     does; None when neither (:func:`_not_allocated` says why)."""
-    mount_ids, annotation_ids = _claimed_allocations(claim, notes, pod_annotations,
-                                                     config.accept_all_from_mounts)
+    mount_ids, annotation_ids = _claimed_allocations(
+        claim, notes, pod_annotations, config.accept_all_from_mounts
+    )
     view, env_tokens = claim.view, claim.env_tokens
     exclusive = _exclusive(claim, config)
     for source in config.allocation_sources:
@@ -334,9 +372,14 @@ def _allocated(claim: Claim, config: Config, notes: List[str],
             return _grant(claim, config, notes, source, env_tokens, _env_raw(claim))
     if _engine(claim) is not None:
         # nvshim cannot take back what the engine injected, and need not: it is an allocation
-        return _held(claim, config, notes,
-                     "image env never widens an engine grant (engine-grants: exclusive)"
-                     if exclusive else "require-allocation takes no GPU from image env")
+        return _held(
+            claim,
+            config,
+            notes,
+            "image env never widens an engine grant (engine-grants: exclusive)"
+            if exclusive
+            else "require-allocation takes no GPU from image env",
+        )
     return None
 
 
@@ -349,13 +392,20 @@ def _not_allocated(claim: Claim, config: Config, notes: List[str]) -> Request:
         raise RequestError(
             f"docker run --gpus asks for GPUs ({VISIBLE_DEVICES}={view.get(VISIBLE_DEVICES)}) "
             f"but require-allocation is on and docker-gpus is not in allocation-sources "
-            f"(tried {tried}): add it there in {describe_config(config)}")
+            f"(tried {tried}): add it there in {describe_config(config)}"
+        )
     image_asks = claim.image_asks
-    if _env_set(claim) and "privileged" in config.allocation_sources and view.privileged \
-            and not view.all_devices_allowed:
-        notes.append("privileged source not taken: the container has CAP_SYS_ADMIN but its "
-                     "device cgroup does not allow every device (a pod can add SYS_ADMIN "
-                     "without being privileged)")
+    if (
+        _env_set(claim)
+        and "privileged" in config.allocation_sources
+        and view.privileged
+        and not view.all_devices_allowed
+    ):
+        notes.append(
+            "privileged source not taken: the container has CAP_SYS_ADMIN but its "
+            "device cgroup does not allow every device (a pod can add SYS_ADMIN "
+            "without being privileged)"
+        )
     if image_asks:
         shown = view.get(VISIBLE_DEVICES)
         what = f"{VISIBLE_DEVICES}={shown}" if shown is not None else "legacy CUDA image (all GPUs)"

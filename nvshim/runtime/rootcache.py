@@ -102,6 +102,7 @@ class LargeImageCache(NvshimError):
     """The image's ld.so.cache is larger than the runtime reads: the createContainer hook
     merges it (a signal :func:`nvshim.runtime.rootwork.prepare` turns into its fallback)."""
 
+
 #: The most image libraries one folder's scan opens. Real library folders hold a few
 #: thousand; each costs an open, an ELF header and a SONAME read (~50 us) and a cache entry,
 #: so an image with a million lib*.so files held every GPU create of it for about a minute.
@@ -160,10 +161,13 @@ def _soname(fd: int, head: bytes = b"") -> Optional[str]:
 _entry = tuple.__new__
 
 
-def _folder_entries(root: _inroot.RootFd, folder: str,
-                    planned: Optional[Planned] = None,
-                    warnings: Optional[List[str]] = None,
-                    limit: Optional[int] = None) -> List[CacheEntry]:
+def _folder_entries(
+    root: _inroot.RootFd,
+    folder: str,
+    planned: Optional[Planned] = None,
+    warnings: Optional[List[str]] = None,
+    limit: Optional[int] = None,
+) -> List[CacheEntry]:
     """Cache entries for the libraries in container directory *folder*.
 
     Every ``lib*.so*`` name that is (or links, in the root, to) an ELF library gets an
@@ -190,16 +194,21 @@ def _folder_entries(root: _inroot.RootFd, folder: str,
     try:
         if dfd is None:  # only the planned names: nothing of the image's to read
             return _scan_folder(root, folder, -1, {}, planned, warnings, limit)
-        return _scan_folder(root, folder, dfd, _inroot.dir_kinds(dfd), planned, warnings,
-                            limit)
+        return _scan_folder(root, folder, dfd, _inroot.dir_kinds(dfd), planned, warnings, limit)
     finally:
         if dfd is not None:
             os.close(dfd)
 
 
-def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
-                 kinds: Mapping[str, str], planned: Planned,
-                 warnings: Optional[List[str]], limit: Optional[int]) -> List[CacheEntry]:
+def _scan_folder(
+    root: _inroot.RootFd,
+    folder: str,
+    dfd: int,
+    kinds: Mapping[str, str],
+    planned: Planned,
+    warnings: Optional[List[str]],
+    limit: Optional[int],
+) -> List[CacheEntry]:
     """One pass over a folder's entries, as ldconfig makes it (:func:`_folder_entries`):
     the planned names from the plan, the image's own unless
     the folder holds more than *limit* of them (read by :func:`_folder_reader`)."""
@@ -211,8 +220,10 @@ def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
         image_libs = sum(1 for name in names if name not in planned and lib_name(name))
     scan_image = limit is None or image_libs <= limit
     if not scan_image and warnings is not None:
-        warnings.append(f"{folder} holds {image_libs} of the image's libraries, more than the "
-                        f"{limit} read: only the image's own ld.so.cache lists them")
+        warnings.append(
+            f"{folder} holds {image_libs} of the image's libraries, more than the "
+            f"{limit} read: only the image's own ld.so.cache lists them"
+        )
     regular, link_flags = _folder_reader(root, dfd, base, kinds)
     out: List[CacheEntry] = []
     for name in sorted(present):
@@ -239,8 +250,9 @@ def _scan_folder(root: _inroot.RootFd, folder: str, dfd: int,
     return out
 
 
-def _folder_reader(root: _inroot.RootFd, dfd: int, base: str, kinds: Mapping[str, str]
-                   ) -> Tuple[Callable[[str], _Read], Callable[[str, str], Optional[int]]]:
+def _folder_reader(
+    root: _inroot.RootFd, dfd: int, base: str, kinds: Mapping[str, str]
+) -> Tuple[Callable[[str], _Read], Callable[[str, str], Optional[int]]]:
     """``regular(name)`` and ``link_flags(name, path)`` for one scan of the folder open
     below *dfd* (the container path *base*): each file and link of the folder is read at
     most once per scan, a folder a link names resolved once. Closures, not methods: they
@@ -307,8 +319,11 @@ def _folder_reader(root: _inroot.RootFd, dfd: int, base: str, kinds: Mapping[str
                 return None
             target = text
             if "/" in target:
-                parts = [c for c in (target if target[0] == "/" else f"{base}/{target}"
-                                     ).split("/") if c and c != "."]
+                parts = [
+                    c
+                    for c in (target if target[0] == "/" else f"{base}/{target}").split("/")
+                    if c and c != "."
+                ]
                 if not parts or parts[-1] == "..":
                     return None  # names no file (open_file refuses it alike)
                 if not is_here("/" + "/".join(parts[:-1])):
@@ -365,8 +380,9 @@ def _merge(existing: Sequence[CacheEntry], added: Sequence[CacheEntry]) -> List[
 _MERGED: Dict[Tuple[str, Tuple[CacheEntry, ...], Tuple[CacheEntry, ...]], bytes] = {}
 
 
-def _merged_cache(existing: Sequence[CacheEntry], added: Sequence[CacheEntry],
-                  layout: str) -> bytes:
+def _merged_cache(
+    existing: Sequence[CacheEntry], added: Sequence[CacheEntry], layout: str
+) -> bytes:
     """``build_ldcache(_merge(existing, added), layout)``, remembered."""
     key = (layout, tuple(existing), tuple(added))
     data = _MERGED.get(key)
@@ -409,9 +425,12 @@ def compat_folder(root: _inroot.RootFd, host_driver_version: str) -> Optional[st
     return COMPAT_DIR
 
 
-def update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
-                   planned: Optional[Mapping[str, Planned]] = None,
-                   host_driver_version: Optional[str] = None) -> List[str]:
+def update_ldcache(
+    root: _inroot.RootFd,
+    folders: Sequence[str],
+    planned: Optional[Mapping[str, Planned]] = None,
+    host_driver_version: Optional[str] = None,
+) -> List[str]:
     """Make *folders* known to the container's dynamic loader; return warning lines.
 
     Writes the ld.so.conf drop-in (and ``/etc/ld.so.conf`` if missing), then the cache:
@@ -432,14 +451,19 @@ def update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
         if compat is not None and compat not in folders:
             folders = (compat, *folders)
     try:
-        return _update_ldcache(root, folders, planned or {},
-                               MAX_FOLDER_LIBS if planned is not None else None)
+        return _update_ldcache(
+            root, folders, planned or {}, MAX_FOLDER_LIBS if planned is not None else None
+        )
     except OSError as exc:
         raise host_error(f"cannot update the ld.so.cache in {root.path}", exc) from exc
 
 
-def _update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
-                    planned: Mapping[str, Planned], limit: Optional[int]) -> List[str]:
+def _update_ldcache(
+    root: _inroot.RootFd,
+    folders: Sequence[str],
+    planned: Mapping[str, Planned],
+    limit: Optional[int],
+) -> List[str]:
     warnings: List[str] = []
     dropin = "".join(f"{folder}\n" for folder in folders).encode()
     dropin = b"# driver libraries injected by nvshim\n" + dropin
@@ -455,7 +479,8 @@ def _update_ldcache(root: _inroot.RootFd, folders: Sequence[str],
         if exc.errno == errno.EFBIG and bound < LDCACHE_HOOK_MAX_BYTES:
             raise LargeImageCache(
                 f"the image's {LDCACHE} is larger than the {bound} bytes nvshim-runtime reads "
-                "(merged by the createContainer hook, in the container's cgroup)") from exc
+                "(merged by the createContainer hook, in the container's cgroup)"
+            ) from exc
         raise
     existing: Sequence[CacheEntry] = ()
     if old:

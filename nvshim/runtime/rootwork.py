@@ -40,6 +40,11 @@ create of the container rewrites them too; the rename keeps each write atomic.
 
 Start-up matters (this runs on every GPU create): ``os``, ``stat``, ``errno`` and
 nvshim's in-root and ld.so.cache modules only.
+
+Why one module: the choice of who works and the plan both sides follow are one contract: the
+runtime does exactly what the hook's arguments ask, and the reasons to leave the work to the
+hook are read from the same plan; the cache itself is rootcache.py's and the paths'
+resolution host/inroot.py's.
 """
 
 from __future__ import annotations
@@ -108,10 +113,14 @@ class RootWork:
 
     __slots__ = ("links", "folders", "planned", "host_driver_version", "gpu_minors")
 
-    def __init__(self, links: Sequence[Tuple[str, str]], folders: Sequence[str],
-                 planned: Mapping[str, Planned],
-                 host_driver_version: Optional[str] = None,
-                 gpu_minors: Optional[Sequence[int]] = None) -> None:
+    def __init__(
+        self,
+        links: Sequence[Tuple[str, str]],
+        folders: Sequence[str],
+        planned: Mapping[str, Planned],
+        host_driver_version: Optional[str] = None,
+        gpu_minors: Optional[Sequence[int]] = None,
+    ) -> None:
         self.links = tuple(links)
         self.folders = tuple(folders)
         self.planned = planned
@@ -119,16 +128,22 @@ class RootWork:
         self.gpu_minors = None if gpu_minors is None else tuple(gpu_minors)
 
     def __repr__(self) -> str:
-        return (f"RootWork(links={self.links!r}, folders={self.folders!r}, "
-                f"gpu_minors={self.gpu_minors!r})")
+        return (
+            f"RootWork(links={self.links!r}, folders={self.folders!r}, "
+            f"gpu_minors={self.gpu_minors!r})"
+        )
 
 
 # --------------------------------------------------------------------------- the plan
 
 
-def work_from_hooks(hooks: Iterable[Any], mounts: Iterable[Any],
-                    info: Any = elf_info, devices: Iterable[Any] = (),
-                    spec: Optional[Mapping[str, Any]] = None) -> Optional[RootWork]:
+def work_from_hooks(
+    hooks: Iterable[Any],
+    mounts: Iterable[Any],
+    info: Any = elf_info,
+    devices: Iterable[Any] = (),
+    spec: Optional[Mapping[str, Any]] = None,
+) -> Optional[RootWork]:
     """The in-root work nvshim's hook in ``hooks`` would do, or None when there is none.
 
     ``mounts`` (edits :class:`~nvshim.edits.Mount`) say which files runc will mount into
@@ -190,8 +205,11 @@ def work_from_hooks(hooks: Iterable[Any], mounts: Iterable[Any],
 def _links_in(links: Sequence[Tuple[str, str]], directory: str) -> List[Tuple[str, str]]:
     """(link name, target) of the links made in ``directory``."""
     prefix = directory.rstrip("/") + "/"
-    return [(link[len(prefix):], target) for target, link in links
-            if link.startswith(prefix) and "/" not in link[len(prefix):]]
+    return [
+        (link[len(prefix) :], target)
+        for target, link in links
+        if link.startswith(prefix) and "/" not in link[len(prefix) :]
+    ]
 
 
 def rootfs_path(spec: Mapping[str, Any], bundle: str) -> Optional[str]:
@@ -373,8 +391,7 @@ def write_egl_profile(root: _inroot.RootFd, rootfs: str, minors: Sequence[int]) 
         raise host_error(f"cannot write {PROFILE} in {rootfs}", exc) from exc
 
 
-def apply_dev_links(root: _inroot.RootFd, rootfs: str,
-                    links: Sequence[Tuple[str, str]]) -> int:
+def apply_dev_links(root: _inroot.RootFd, rootfs: str, links: Sequence[Tuple[str, str]]) -> int:
     """Make each (target, link) under ``/dev`` whose target, resolved beside the link in
     the root, is a character device (the hook's ``--dev-link``: a GPU's by-path links, made
     only for the nodes the container has); return how many are there now."""

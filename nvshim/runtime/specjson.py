@@ -28,6 +28,10 @@ way. So:
 Plain integers and floats that round-trip (every number containerd, podman and runc
 write) stay ``int``/``float``: the request and apply code read them as numbers, and the
 common path pays one cheap hook call per number.
+
+Why one module: the decoder and the encoder are one format, held together by the promise
+that a rewrite keeps every byte nvshim does not edit; a reader and a writer kept apart would
+drift apart.
 """
 
 from __future__ import annotations
@@ -45,8 +49,19 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["NumberLiteral", "MAX_DEPTH", "MAX_SPEC_BYTES", "BOM", "decode_spec", "encode_spec",
-           "dumps", "SpecDepthError", "SpecDuplicateKeyError", "read_spec", "runc_keys"]
+__all__ = [
+    "NumberLiteral",
+    "MAX_DEPTH",
+    "MAX_SPEC_BYTES",
+    "BOM",
+    "decode_spec",
+    "encode_spec",
+    "dumps",
+    "SpecDepthError",
+    "SpecDuplicateKeyError",
+    "read_spec",
+    "runc_keys",
+]
 
 BOM = b"\xef\xbb\xbf"
 
@@ -125,14 +140,20 @@ def _object(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
         seen = set()
         for key, _ in pairs:
             if key in seen:
-                raise SpecDuplicateKeyError(f'duplicate key "{key}" in an object (runc would '
-                                            "merge the copies, a rewrite would keep the last)")
+                raise SpecDuplicateKeyError(
+                    f'duplicate key "{key}" in an object (runc would '
+                    "merge the copies, a rewrite would keep the last)"
+                )
             seen.add(key)
     return obj
 
 
-_HOOKS = {"parse_int": _parse_int, "parse_float": _parse_float, "parse_constant": NumberLiteral,
-          "object_pairs_hook": _object}
+_HOOKS = {
+    "parse_int": _parse_int,
+    "parse_float": _parse_float,
+    "parse_constant": NumberLiteral,
+    "object_pairs_hook": _object,
+}
 
 
 #: Every byte but ``[`` and ``{``: one translate pass counts the openers.
@@ -147,30 +168,71 @@ _NOT_OPENERS = bytes(b for b in range(256) if b not in b"[{")
 #: exactly.
 _HOOK: Dict[str, Any] = dict.fromkeys(("path", "args", "env", "timeout"))
 _SCHEMA: Dict[str, Any] = {
-    **dict.fromkeys(("ociVersion", "hostname", "domainname", "annotations", "solaris",
-                     "windows", "vm", "zos")),
+    **dict.fromkeys(
+        ("ociVersion", "hostname", "domainname", "annotations", "solaris", "windows", "vm", "zos")
+    ),
     "process": {
-        **dict.fromkeys(("terminal", "consoleSize", "args", "commandLine", "env", "cwd",
-                         "rlimits", "noNewPrivileges", "apparmorProfile", "oomScoreAdj",
-                         "scheduler", "selinuxLabel", "ioPriority", "execCPUAffinity")),
+        **dict.fromkeys(
+            (
+                "terminal",
+                "consoleSize",
+                "args",
+                "commandLine",
+                "env",
+                "cwd",
+                "rlimits",
+                "noNewPrivileges",
+                "apparmorProfile",
+                "oomScoreAdj",
+                "scheduler",
+                "selinuxLabel",
+                "ioPriority",
+                "execCPUAffinity",
+            )
+        ),
         "user": dict.fromkeys(("uid", "gid", "umask", "additionalGids", "username")),
-        "capabilities": dict.fromkeys(("bounding", "effective", "inheritable", "permitted",
-                                       "ambient")),
+        "capabilities": dict.fromkeys(
+            ("bounding", "effective", "inheritable", "permitted", "ambient")
+        ),
     },
     "root": dict.fromkeys(("path", "readonly")),
-    "mounts": [dict.fromkeys(("destination", "type", "source", "options", "uidMappings",
-                              "gidMappings"))],
-    "hooks": {name: [_HOOK] for name in ("prestart", "createRuntime", "createContainer",
-                                         "startContainer", "poststart", "poststop")},
+    "mounts": [
+        dict.fromkeys(("destination", "type", "source", "options", "uidMappings", "gidMappings"))
+    ],
+    "hooks": {
+        name: [_HOOK]
+        for name in (
+            "prestart",
+            "createRuntime",
+            "createContainer",
+            "startContainer",
+            "poststart",
+            "poststop",
+        )
+    },
     "linux": {
-        **dict.fromkeys(("uidMappings", "gidMappings", "sysctl", "cgroupsPath", "namespaces",
-                         "seccomp", "rootfsPropagation", "maskedPaths", "readonlyPaths",
-                         "mountLabel", "intelRdt", "personality", "timeOffsets")),
-        "devices": [dict.fromkeys(("path", "type", "major", "minor", "fileMode", "uid",
-                                   "gid"))],
+        **dict.fromkeys(
+            (
+                "uidMappings",
+                "gidMappings",
+                "sysctl",
+                "cgroupsPath",
+                "namespaces",
+                "seccomp",
+                "rootfsPropagation",
+                "maskedPaths",
+                "readonlyPaths",
+                "mountLabel",
+                "intelRdt",
+                "personality",
+                "timeOffsets",
+            )
+        ),
+        "devices": [dict.fromkeys(("path", "type", "major", "minor", "fileMode", "uid", "gid"))],
         "resources": {
-            **dict.fromkeys(("memory", "cpu", "pids", "blockIO", "hugepageLimits", "network",
-                             "rdma", "unified")),
+            **dict.fromkeys(
+                ("memory", "cpu", "pids", "blockIO", "hugepageLimits", "network", "rdma", "unified")
+            ),
             "devices": [dict.fromkeys(("allow", "type", "major", "minor", "access"))],
         },
     },
@@ -213,7 +275,8 @@ def _struct_keys(obj: Dict[str, Any], schema: Dict[str, Any], where: str) -> Dic
             if name in seen:
                 raise SpecDuplicateKeyError(
                     f'keys "{seen[name]}" and "{key}" of {where or "the top level"} both name '
-                    f'"{name}" (runc matches keys case-insensitively and would merge them)')
+                    f'"{name}" (runc matches keys case-insensitively and would merge them)'
+                )
             seen[name] = key
         obj = {renamed.get(k, k): v for k, v in obj.items()}
     for name, sub in schema.items():
@@ -225,8 +288,10 @@ def _struct_keys(obj: Dict[str, Any], schema: Dict[str, Any], where: str) -> Dic
             if isinstance(value, dict):
                 obj[name] = _struct_keys(value, sub, inner)
         elif isinstance(value, list):
-            obj[name] = [_struct_keys(v, sub[0], f"{inner}[{i}]") if isinstance(v, dict)
-                         else v for i, v in enumerate(value)]
+            obj[name] = [
+                _struct_keys(v, sub[0], f"{inner}[{i}]") if isinstance(v, dict) else v
+                for i, v in enumerate(value)
+            ]
     return obj
 
 
@@ -246,7 +311,7 @@ def decode_spec(raw: bytes) -> Any:
     Raises UnicodeDecodeError, ValueError (invalid JSON), :class:`SpecDepthError` or
     :class:`SpecDuplicateKeyError`.
     """
-    text = (raw[len(BOM):] if raw.startswith(BOM) else raw).decode("utf-8")
+    text = (raw[len(BOM) :] if raw.startswith(BOM) else raw).decode("utf-8")
     try:
         if text.startswith("\ufeff"):  # a second BOM: JSONDecoder.decode's own message
             import json
@@ -361,6 +426,8 @@ def _read_regular(path: str) -> bytes:
     finally:
         os.close(fd)
     if len(raw) > MAX_SPEC_BYTES:
-        raise SpecError(f"cannot read {path}: larger than the {MAX_SPEC_BYTES} bytes nvshim "
-                        f"reads ({MAX_SPEC_BYTES >> 20} MiB)")
+        raise SpecError(
+            f"cannot read {path}: larger than the {MAX_SPEC_BYTES} bytes nvshim "
+            f"reads ({MAX_SPEC_BYTES >> 20} MiB)"
+        )
     return raw

@@ -174,8 +174,10 @@ def create_node(
     if cuda_version is None:
         cuda_version = cuda_for_driver(driver_version)
     if not 0 <= imex_channels <= 2048 or not 0 <= nvswitches <= 64:
-        raise UsageError(f"--imex-channels {imex_channels} / --nvswitches {nvswitches}: a "
-                         "simulated node has 0-2048 channels and 0-64 NVSwitches")
+        raise UsageError(
+            f"--imex-channels {imex_channels} / --nvswitches {nvswitches}: a "
+            "simulated node has 0-2048 channels and 0-64 NVSwitches"
+        )
     if os.geteuid() != 0:
         raise HostError(
             f"creating a simulated node needs root for mknod: running as uid {os.geteuid()}"
@@ -275,8 +277,7 @@ def nvml_facts_document(node: SimNode) -> dict[str, Any]:
                 "compute_capability": gpu.compute_capability,
                 "brand": gpu.brand,
                 "mig": [
-                    {"gi": m.gi, "ci": m.ci, "uuid": m.uuid, "profile": m.profile}
-                    for m in gpu.mig
+                    {"gi": m.gi, "ci": m.ci, "uuid": m.uuid, "profile": m.profile} for m in gpu.mig
                 ],
             }
             for gpu in node.gpus

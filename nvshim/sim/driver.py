@@ -23,12 +23,14 @@ from nvshim.sim.model import (
 
 __all__ = ["write_binaries", "write_daemon_files", "write_firmware", "write_libraries"]
 
-_SMI_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "data", "sim-nvidia-smi.sh")
+_SMI_SCRIPT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "sim-nvidia-smi.sh"
+)
 
 
-def _library(directory: str, base: str, suffix: str | None, version: str,
-             i386: bool = False) -> str:
+def _library(
+    directory: str, base: str, suffix: str | None, version: str, i386: bool = False
+) -> str:
     """Write ``<base>.so.<version>`` and its SONAME link; return the SONAME."""
     file_name = f"{base}.so.{version}"
     soname = f"{base}{suffix}" if suffix else file_name
@@ -36,8 +38,11 @@ def _library(directory: str, base: str, suffix: str | None, version: str,
     # An i386 library names libc.so.6, as NVIDIA's do: ldconfig then flags it libc6 (3)
     # rather than plain ELF (1), as the cache written below says.
     needed = ("libc.so.6",) if i386 else ()
-    write_bytes(os.path.join(directory, file_name),
-                build_shared_object(soname, marker, needed, i386=i386), 0o644)
+    write_bytes(
+        os.path.join(directory, file_name),
+        build_shared_object(soname, marker, needed, i386=i386),
+        0o644,
+    )
     if soname != file_name:
         os.symlink(file_name, os.path.join(directory, soname))
     return soname
@@ -117,8 +122,10 @@ def write_daemon_files(node: SimNode) -> None:
     if node.nvswitches:
         _bind_socket(os.path.join(node.root, "run", "nvidia-fabricmanager"))
     if node.gds:
-        write_text(os.path.join(node.root, "etc", "cufile.json"),
-                   '{"NVSHIM-SIM": "cufile.json", "logging": {"level": "ERROR"}}\n')
+        write_text(
+            os.path.join(node.root, "etc", "cufile.json"),
+            '{"NVSHIM-SIM": "cufile.json", "logging": {"level": "ERROR"}}\n',
+        )
 
 
 def _bind_socket(directory: str) -> None:

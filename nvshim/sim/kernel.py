@@ -49,8 +49,12 @@ def write_devices(node: SimNode) -> None:
             for minor in (m.gi_cap_minor, m.ci_cap_minor):
                 mknod(os.path.join(caps, f"nvidia-cap{minor}"), CAPS_MAJOR, minor, 0o444)
     for channel in range(node.imex_channels):
-        mknod(os.path.join(dev, "nvidia-caps-imex-channels", f"channel{channel}"), IMEX_MAJOR,
-               channel, 0o666)
+        mknod(
+            os.path.join(dev, "nvidia-caps-imex-channels", f"channel{channel}"),
+            IMEX_MAJOR,
+            channel,
+            0o666,
+        )
     if node.nvswitches:
         mknod(os.path.join(dev, "nvidia-nvswitchctl"), NVSWITCH_MAJOR, 255, 0o666)
     for switch in range(node.nvswitches):
@@ -121,9 +125,15 @@ def _cap_file(minor: int, mode: int) -> str:
 
 def _proc_devices(node: SimNode) -> str:
     """/proc/devices as the kernel prints it (``%3d %s``), with the drivers this node has."""
-    char = [(1, "mem"), (4, "tty"), (5, "/dev/tty"), (MISC_MAJOR, "misc"),
-            (NVIDIA_MAJOR, "nvidia-frontend"), (CAPS_MAJOR, "nvidia-caps"),
-            (UVM_MAJOR, "nvidia-uvm")]
+    char = [
+        (1, "mem"),
+        (4, "tty"),
+        (5, "/dev/tty"),
+        (MISC_MAJOR, "misc"),
+        (NVIDIA_MAJOR, "nvidia-frontend"),
+        (CAPS_MAJOR, "nvidia-caps"),
+        (UVM_MAJOR, "nvidia-uvm"),
+    ]
     if node.imex_channels:
         char.append((IMEX_MAJOR, "nvidia-caps-imex-channels"))
     if node.nvswitches:

@@ -22,17 +22,35 @@ import tempfile
 
 from nvshim.sim.model import LIB_DIR, SimNode, write_bytes, write_text
 
-__all__ = ["MODEL_FILE", "ARCHITECTURES", "SOURCE", "compiled_library", "memory_mib",
-           "model_text", "profile_slices", "write_nvml"]
+__all__ = [
+    "MODEL_FILE",
+    "ARCHITECTURES",
+    "SOURCE",
+    "compiled_library",
+    "memory_mib",
+    "model_text",
+    "profile_slices",
+    "write_nvml",
+]
 
 #: The model the library reads, at the node's root.
 MODEL_FILE = "nvshim-sim-nvml.txt"
 #: The C source.
-SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
-                      "sim-libnvml.c")
+SOURCE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "sim-libnvml.c"
+)
 #: The model's architectures as NVML's ``nvmlDeviceArchitecture_t``.
-ARCHITECTURES = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6,
-                 "ampere": 7, "ada-lovelace": 8, "hopper": 9, "blackwell": 10}
+ARCHITECTURES = {
+    "kepler": 2,
+    "maxwell": 3,
+    "pascal": 4,
+    "volta": 5,
+    "turing": 6,
+    "ampere": 7,
+    "ada-lovelace": 8,
+    "hopper": 9,
+    "blackwell": 10,
+}
 
 _compiled: dict[str, bytes | str] = {}
 _GB = re.compile(r"([0-9]+)\s*GB", re.IGNORECASE)
@@ -63,19 +81,21 @@ def model_text(node: SimNode) -> str:
 
     brands = {name: code for code, name in BRANDS.items()}
     major, _, minor = node.cuda_version.partition(".")
-    lines = [f"driver {node.driver_version}",
-             f"cuda {int(major) * 1000 + int(minor or 0) * 10}"]
+    lines = [f"driver {node.driver_version}", f"cuda {int(major) * 1000 + int(minor or 0) * 10}"]
     for gpu in node.gpus:
         cc_major, _, cc_minor = gpu.compute_capability.partition(".")
-        lines.append(f"gpu {gpu.index} {gpu.minor} {gpu.uuid} {gpu.pci_bus_id} "
-                     f"{ARCHITECTURES.get(gpu.arch, 0)} {brands.get(gpu.brand, 0)} "
-                     f"{int(cc_major)} {int(cc_minor or 0)} {1 if gpu.mig else 0} "
-                     f"{memory_mib(gpu.model)} {gpu.model}")
+        lines.append(
+            f"gpu {gpu.index} {gpu.minor} {gpu.uuid} {gpu.pci_bus_id} "
+            f"{ARCHITECTURES.get(gpu.arch, 0)} {brands.get(gpu.brand, 0)} "
+            f"{int(cc_major)} {int(cc_minor or 0)} {1 if gpu.mig else 0} "
+            f"{memory_mib(gpu.model)} {gpu.model}"
+        )
     for gpu in node.gpus:
         for mig in gpu.mig:
             gi, ci, mib = profile_slices(mig.profile)
-            lines.append(f"mig {gpu.index} {mig.gi} {mig.ci} {mig.uuid} {mig.profile} "
-                         f"{gi} {ci} {mib}")
+            lines.append(
+                f"mig {gpu.index} {mig.gi} {mig.ci} {mig.uuid} {mig.profile} {gi} {ci} {mib}"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -96,11 +116,23 @@ def compiled_library(compiler: str | None = None) -> bytes | str:
 def _compile(cc: str, source: bytes) -> bytes | str:
     with tempfile.TemporaryDirectory(prefix="nvshim-sim-nvml.") as tmp:
         out = os.path.join(tmp, "libnvidia-ml.so")
-        argv = [cc, "-O2", "-Wall", "-shared", "-fPIC", "-fvisibility=hidden",
-                "-Wl,-soname,libnvidia-ml.so.1", "-o", out, "-x", "c", "-", "-lpthread"]
+        argv = [
+            cc,
+            "-O2",
+            "-Wall",
+            "-shared",
+            "-fPIC",
+            "-fvisibility=hidden",
+            "-Wl,-soname,libnvidia-ml.so.1",
+            "-o",
+            out,
+            "-x",
+            "c",
+            "-",
+            "-lpthread",
+        ]
         try:
-            res = subprocess.run(argv, input=source, capture_output=True, timeout=120,
-                                 check=False)
+            res = subprocess.run(argv, input=source, capture_output=True, timeout=120, check=False)
         except (OSError, subprocess.SubprocessError) as exc:
             return f"cannot run {cc}: {exc}"
         if res.returncode != 0:

@@ -349,7 +349,6 @@ def check_arguments(
         raise UsageError(f"model {model!r}: must be printable text without | ' or \\")
 
 
-
 # -- writers of the tree ---------------------------------------------------------------
 
 
@@ -373,5 +372,3 @@ def mknod(path: str, major: int, minor: int, mode: int) -> None:
         raise HostError(f"device node {path} already exists: refusing to replace it")
     os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
     os.chmod(path, mode)  # mknod's mode is masked by the umask
-
-

@@ -71,10 +71,12 @@ def _low_runtime(engine: str, crunw: Path, tmp_path: Path) -> str:
     return str(make_crun_wrapper(tmp_path / "crunw-low", low))
 
 
-@pytest.mark.parametrize("engine", ["runc", "crun", "runc-debian13", "crun-debian13",
-                                    "runc-sid", "crun-sid"])
+@pytest.mark.parametrize(
+    "engine", ["runc", "crun", "runc-debian13", "crun-debian13", "runc-sid", "crun-sid"]
+)
 def test_gpu_container_through_the_agent_and_through_the_fallback(
-        engine: str, tmp_path: Path, base_rootfs: Path, client: Path, crunw: Path) -> None:
+    engine: str, tmp_path: Path, base_rootfs: Path, client: Path, crunw: Path
+) -> None:
     """With the agent up the create is the agent's and the container sees exactly its GPU;
     after SIGKILL to the agent the next create falls back to the in-process create and the
     container still sees exactly its GPU (never an unedited config.json); on this machine's
@@ -86,38 +88,48 @@ def test_gpu_container_through_the_agent_and_through_the_fallback(
     node = create_node(str(tmp_path / "node"), gpus=2)
     cfg = tmp_path / "etc" / "config.yaml"
     cfg.parent.mkdir()
-    cfg.write_text(f"runtimes: [{low}]\ndriver-root: {node.root}\n"
-                   f"grants-journal: {tmp_path}/grants.jsonl\n")
+    cfg.write_text(
+        f"runtimes: [{low}]\ndriver-root: {node.root}\ngrants-journal: {tmp_path}/grants.jsonl\n"
+    )
     compile_node(str(cfg))
     sock = tmp_path / "agent.sock"
     tramp = tmp_path / "nvshim-runtime"
     tramp.write_text(render(sys.executable, agent_socket=str(sock), client=str(client)))
     tramp.chmod(0o755)
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-           "NVSHIM_CONFIG": str(cfg)}
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "NVSHIM_CONFIG": str(cfg),
+    }
     r = Runc(tmp_path / "root", tramp, env=env)
     agent = AgentProcess(sock, cfg, tmp_path / "agent.log").start()
     seen: Dict[str, Tuple[str, List[str]]] = {}
     try:
         for step, gpu in agent.then_killed(1, 0):
-            bundle = make_bundle(tmp_path / step, base_rootfs, LISTING,
-                                 env={"NVIDIA_VISIBLE_DEVICES": str(gpu)})
+            bundle = make_bundle(
+                tmp_path / step, base_rootfs, LISTING, env={"NVIDIA_VISIBLE_DEVICES": str(gpu)}
+            )
             res = r.run_detached(bundle, unique_id(step))
             assert res.rc == 0, res.describe()
             seen[step] = (_served_by(bundle), _gpus(res.stdout))
     finally:
         agent.stop()
         r.cleanup()
-    assert seen == {"agent": ("agent", [f"nvidia{node.gpus[1].minor}"]),
-                    "fallback": ("runtime", [f"nvidia{node.gpus[0].minor}"])}
+    assert seen == {
+        "agent": ("agent", [f"nvidia{node.gpus[1].minor}"]),
+        "fallback": ("runtime", [f"nvidia{node.gpus[0].minor}"]),
+    }
 
 
 # --- containerd's CRI -------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module", params=["1.6", "1.7", "2.1"], ids=lambda v: f"containerd-{v}")
-def cri_node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-             base_rootfs: Path, client: Path) -> Iterator[Any]:
+def cri_node(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    base_rootfs: Path,
+    client: Path,
+) -> Iterator[Any]:
     """containerd's CRI (the machine's 1.6; Debian 13's 1.7 with runc 1.1.15; Debian
     unstable's 2.1 with runc 1.3, its version 3 config) with nvshim's handler running the
     trampoline rendered for the agent's socket; the node's config under require-allocation,
@@ -136,19 +148,36 @@ def cri_node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     (base / "cdi").mkdir()
     n.config()
     tramp = base / "trampoline"
-    tramp.write_text(render(sys.executable, agent_socket=str(base / "agent.sock"),
-                            client=str(client)))
+    tramp.write_text(
+        render(sys.executable, agent_socket=str(base / "agent.sock"), client=str(client))
+    )
     tramp.chmod(0o755)
     wrapper = base / "nvshim-runtime"
     wrapper.write_text(f'#!/bin/sh\nNVSHIM_CONFIG=$(cat {n.current}) exec {tramp} "$@"\n')
     wrapper.chmod(0o755)
     config = base / "containerd.toml"
     v2 = request.param == "2.1"
-    config.write_text(cri_containerd_config(base, version=3 if v2 else 2)
-                      + (private_nri(base) if v2 else ""))
-    res = subprocess.run([shutil.which("nvshim") or "nvshim", "runtime", "configure",
-                          "--runtime", "containerd", "--config", str(config), "--drop-in", "",
-                          "--binary", str(wrapper)], capture_output=True, text=True, timeout=60)
+    config.write_text(
+        cri_containerd_config(base, version=3 if v2 else 2) + (private_nri(base) if v2 else "")
+    )
+    res = subprocess.run(
+        [
+            shutil.which("nvshim") or "nvshim",
+            "runtime",
+            "configure",
+            "--runtime",
+            "containerd",
+            "--config",
+            str(config),
+            "--drop-in",
+            "",
+            "--binary",
+            str(wrapper),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     with serving(n, base, config.read_text(), bin_dir, base_rootfs):
         yield n
@@ -173,7 +202,8 @@ def test_cri_pod_through_the_agent_and_through_the_fallback(cri_node: Any) -> No
             cid = start(n, p, env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
             assert gpu_minors(n, p) == [gpu.minor]
             served[step] = spec_annotations(n.base / "state", cid).get(
-                "nvshim.io/served-by", "runtime")
+                "nvshim.io/served-by", "runtime"
+            )
     finally:
         agent.stop()
     assert served == {"agent": "agent", "fallback": "runtime"}
@@ -196,14 +226,15 @@ class _Node:
         self.config = base / "etc" / "config.yaml"
         self.config.parent.mkdir()
         self.debug = base / "debug.log"
-        self.config.write_text(f"runtimes: [{low}]\ndriver-root: {self.sim.root}\n"
-                               f"grants-journal: {base}/grants.jsonl\n"
-                               f"debug-log: {self.debug}\n")
+        self.config.write_text(
+            f"runtimes: [{low}]\ndriver-root: {self.sim.root}\n"
+            f"grants-journal: {base}/grants.jsonl\n"
+            f"debug-log: {self.debug}\n"
+        )
         compile_node(str(self.config))
         self.socket = base / "agent.sock"
         tramp = base / "trampoline"
-        tramp.write_text(render(sys.executable, agent_socket=str(self.socket),
-                                client=str(client)))
+        tramp.write_text(render(sys.executable, agent_socket=str(self.socket), client=str(client)))
         tramp.chmod(0o755)
         self.wrapper = base / "nvshim-runtime"
         self.wrapper.write_text(f'#!/bin/sh\nNVSHIM_CONFIG={self.config} exec {tramp} "$@"\n')
@@ -214,12 +245,12 @@ class _Node:
         return str([e for e in events if e.get("event") == "create"][-1]["served_by"])
 
 
-def _both_paths(node: _Node, run: Any,
-                prefix: Optional[List[str]] = None) -> Dict[str, Tuple[str, List[str]]]:
+def _both_paths(
+    node: _Node, run: Any, prefix: Optional[List[str]] = None
+) -> Dict[str, Tuple[str, List[str]]]:
     """``run(gpu)`` (the container's ``ls /dev``) with the agent up (started after
     ``prefix``), then after SIGKILL."""
-    agent = AgentProcess(node.socket, node.config, node.base / "agent.log",
-                         prefix=prefix).start()
+    agent = AgentProcess(node.socket, node.config, node.base / "agent.log", prefix=prefix).start()
     seen: Dict[str, Tuple[str, List[str]]] = {}
     try:
         for step, gpu in agent.then_killed(1, 0):
@@ -231,8 +262,9 @@ def _both_paths(node: _Node, run: Any,
 
 
 @pytest.fixture(params=["4", "5.8"], ids=lambda v: f"podman-{v}")
-def podman_engine(request: pytest.FixtureRequest,
-                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[Any, str]]:
+def podman_engine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Tuple[Any, str]]:
     """(podman, the runc under nvshim): the machine's podman 4.3 over runc 1.1.5, or Debian
     unstable's podman 5.8 over its runc 1.3."""
     if request.param == "4":
@@ -245,8 +277,12 @@ def podman_engine(request: pytest.FixtureRequest,
 
     binary, env = debiansid.engine_or_skip(debiansid.podman_5, "podman 5.8")
     low = debiansid.engine_or_skip(debiansid.runc_sid, "runc 1.3")
-    podman = Podman(tmp_path_factory.mktemp("podman5"), binary=binary, env=env,
-                    host_paths=debiansid.PODMAN_5_HOST_PATHS)
+    podman = Podman(
+        tmp_path_factory.mktemp("podman5"),
+        binary=binary,
+        env=env,
+        host_paths=debiansid.PODMAN_5_HOST_PATHS,
+    )
     try:
         yield podman, low
     finally:
@@ -254,21 +290,24 @@ def podman_engine(request: pytest.FixtureRequest,
 
 
 def test_podman_through_the_agent_and_through_the_fallback(
-        tmp_path: Path, rootfs: Path, podman_engine: Tuple[Any, str], client: Path) -> None:
+    tmp_path: Path, rootfs: Path, podman_engine: Tuple[Any, str], client: Path
+) -> None:
     """podman --runtime (the trampoline), podman 4 and 5.8: the agent serves the create with
     the agent up, the in-process create without it; each container sees exactly its GPU."""
     podman, low = podman_engine
     node = _Node(tmp_path, client, low)
 
     def run(gpu: int) -> str:
-        res = podman.podman_run(rootfs, LISTING, env={"NVIDIA_VISIBLE_DEVICES": str(gpu)},
-                                runtime=node.wrapper)
+        res = podman.podman_run(
+            rootfs, LISTING, env={"NVIDIA_VISIBLE_DEVICES": str(gpu)}, runtime=node.wrapper
+        )
         assert res.rc == 0, res.describe()
         return str(res.stdout)
 
     assert _both_paths(node, run) == {
         "agent": ("agent", [f"nvidia{node.sim.gpus[1].minor}"]),
-        "fallback": ("runtime", [f"nvidia{node.sim.gpus[0].minor}"])}
+        "fallback": ("runtime", [f"nvidia{node.sim.gpus[0].minor}"]),
+    }
 
 
 DOCKER_FORMS = {"20.10": ["env"], "28": ["gpus", "cdi"]}
@@ -279,8 +318,8 @@ DOCKER_FORMS = {"20.10": ["env"], "28": ["gpus", "cdi"]}
 
 @pytest.mark.parametrize("version", list(DOCKER_FORMS), ids=lambda v: f"docker-{v}")
 def test_docker_through_the_agent_and_through_the_fallback(
-        version: str, tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path,
-        client: Path) -> None:
+    version: str, tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path, client: Path
+) -> None:
     """docker run --runtime nvshim (Debian 12's 20.10 with NVIDIA_VISIBLE_DEVICES; Debian
     unstable's 28.5 with --gpus and its native CDI): an agent in another mount namespace than
     dockerd's serves nothing (the in-process create runs); one in dockerd's serves the
@@ -308,26 +347,56 @@ def test_docker_through_the_agent_and_through_the_fallback(
     daemon_json.write_text("{}")
     if "cdi" in DOCKER_FORMS[version]:
         daemon_json.write_text(json.dumps({"cdi-spec-dirs": [str(tmp_path / "cdi")]}))
-        gen = subprocess.run([*nvshim_bin(), "cdi", "generate", "--driver-root", node.sim.root,
-                              "--output", str(tmp_path / "cdi" / "nvidia.yaml")],
-                             capture_output=True, text=True, timeout=120)
+        gen = subprocess.run(
+            [
+                *nvshim_bin(),
+                "cdi",
+                "generate",
+                "--driver-root",
+                node.sim.root,
+                "--output",
+                str(tmp_path / "cdi" / "nvidia.yaml"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert gen.returncode == 0, gen.stderr
     # runtime nvshim, and nvshim's hook stand-in beside the wrapper (dockerd's --gpus)
-    done = configure("--config", str(daemon_json), "--name", "nvshim", "--binary",
-                     str(node.wrapper), nvshim_config=node.config)
+    done = configure(
+        "--config",
+        str(daemon_json),
+        "--name",
+        "nvshim",
+        "--binary",
+        str(node.wrapper),
+        nvshim_config=node.config,
+    )
     assert done.returncode == 0, done.stderr
     env = dict(os.environ, PATH=f"{tmp_path}:{os.environ.get('PATH', '/usr/bin')}")
     dockerd = Dockerd(daemon_json, tmp_path, env=env, bin_dirs=bin_dirs)
 
     def runner(form: str) -> Any:
         def run(gpu: int) -> str:
-            ask = {"env": ["-e", f"NVIDIA_VISIBLE_DEVICES={gpu}"],
-                   "gpus": ["--gpus", f"device={gpu}"],
-                   "cdi": ["--device", f"nvidia.com/gpu={gpu}"]}[form]
-            res = dockerd.docker("run", "--rm", "--network", "none", "--runtime", "nvshim",
-                                 *ask, "nvshim-e2e/agent:local", *LISTING)
+            ask = {
+                "env": ["-e", f"NVIDIA_VISIBLE_DEVICES={gpu}"],
+                "gpus": ["--gpus", f"device={gpu}"],
+                "cdi": ["--device", f"nvidia.com/gpu={gpu}"],
+            }[form]
+            res = dockerd.docker(
+                "run",
+                "--rm",
+                "--network",
+                "none",
+                "--runtime",
+                "nvshim",
+                *ask,
+                "nvshim-e2e/agent:local",
+                *LISTING,
+            )
             assert res.rc == 0, res.describe()
             return str(res.stdout)
+
         return run
 
     seen: Dict[str, Dict[str, Tuple[str, List[str]]]] = {}
@@ -339,12 +408,15 @@ def test_docker_through_the_agent_and_through_the_fallback(
         pid = int(dockerd.pidfile.read_text())
         for form in DOCKER_FORMS[version]:
             node.socket.unlink(missing_ok=True)  # the killed agent's
-            seen[form] = _both_paths(node, runner(form),
-                                     prefix=["nsenter", "-t", str(pid), "-m", "--"])
+            seen[form] = _both_paths(
+                node, runner(form), prefix=["nsenter", "-t", str(pid), "-m", "--"]
+            )
     finally:
         dockerd.stop()
-    both = {"agent": ("agent", [f"nvidia{node.sim.gpus[1].minor}"]),
-            "fallback": ("runtime", [f"nvidia{node.sim.gpus[0].minor}"])}
+    both = {
+        "agent": ("agent", [f"nvidia{node.sim.gpus[1].minor}"]),
+        "fallback": ("runtime", [f"nvidia{node.sim.gpus[0].minor}"]),
+    }
     assert elsewhere == {"agent": ("runtime", both["agent"][1]), "fallback": both["fallback"]}
     assert "the caller is in another mount namespace" in (tmp_path / "agent.log").read_text()
     assert seen == {form: both for form in DOCKER_FORMS[version]}

@@ -47,10 +47,15 @@ def node(tmp_path: Path) -> Any:
 
 
 def make_config(tmp_path: Path, node: Any, refresh: List[str]) -> Path:
-    return write_nvshim_config(tmp_path / "cfg", {
-        "driver-root": node.root, "runtimes": ["runc"],
-        "cdi-spec-dirs": [str(tmp_path / "cdi")], "cdi-refresh": refresh,
-    })
+    return write_nvshim_config(
+        tmp_path / "cfg",
+        {
+            "driver-root": node.root,
+            "runtimes": ["runc"],
+            "cdi-spec-dirs": [str(tmp_path / "cdi")],
+            "cdi-refresh": refresh,
+        },
+    )
 
 
 @pytest.fixture
@@ -60,8 +65,12 @@ def cfg(tmp_path: Path, node: Any) -> Path:
 
 
 def refresh(nvshim_bin: str, cfg: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([nvshim_bin, "cdi", "refresh", "--config", str(cfg), *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [nvshim_bin, "cdi", "refresh", "--config", str(cfg), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def libcuda_mounts(spec: Path) -> List[str]:
@@ -69,8 +78,11 @@ def libcuda_mounts(spec: Path) -> List[str]:
 
     doc = yaml.safe_load(spec.read_text())
     assert validate_spec(doc) == []
-    return [m["hostPath"].rsplit("/", 1)[1] for m in doc["containerEdits"]["mounts"]
-            if "/libcuda.so." in m["hostPath"]]
+    return [
+        m["hostPath"].rsplit("/", 1)[1]
+        for m in doc["containerEdits"]["mounts"]
+        if "/libcuda.so." in m["hostPath"]
+    ]
 
 
 def plan_version(cfg: Path, node: Any) -> str:
@@ -96,7 +108,8 @@ def states(*dirs: Path) -> Dict[str, Tuple[int, int, int]]:
 
 
 def test_refresh_writes_spec_plan_and_index_then_writes_nothing(
-        node: Any, cfg: Path, tmp_path: Path, nvshim_bin: str) -> None:
+    node: Any, cfg: Path, tmp_path: Path, nvshim_bin: str
+) -> None:
     """The first refresh writes the listed spec, the node plan and the CDI index; a second
     one rewrites no file and says everything is current."""
     first = refresh(nvshim_bin, cfg)
@@ -110,13 +123,16 @@ def test_refresh_writes_spec_plan_and_index_then_writes_nothing(
     before = states(tmp_path / "cfg", tmp_path / "cdi")
     second = refresh(nvshim_bin, cfg)
     assert second.returncode == 0, second.stderr
-    assert second.stderr == ("nothing to refresh: 1 CDI spec, the node plan and the CDI index "
-                             f"are current for driver {OLD}\n")
+    assert second.stderr == (
+        "nothing to refresh: 1 CDI spec, the node plan and the CDI index "
+        f"are current for driver {OLD}\n"
+    )
     assert states(tmp_path / "cfg", tmp_path / "cdi") == before
 
 
 def test_watcher_regenerates_spec_plan_and_index_after_a_driver_swap(
-        node: Any, cfg: Path, tmp_path: Path, nvshim_bin: str) -> None:
+    node: Any, cfg: Path, tmp_path: Path, nvshim_bin: str
+) -> None:
     """`nvshim cdi refresh --watch` writes the spec at start and, once the node's driver is
     swapped from 550 to 560, the spec, plan and index of the 560 driver, by itself; SIGTERM
     stops it with exit 0. Its log (stderr, not a terminal) is structlog's JSON lines."""
@@ -124,13 +140,20 @@ def test_watcher_regenerates_spec_plan_and_index_after_a_driver_swap(
     log = (tmp_path / "watch.err").open("w+")
     watcher = subprocess.Popen(
         [nvshim_bin, "cdi", "refresh", "--config", str(cfg), "--watch", "--interval", "0.1"],
-        stdout=subprocess.PIPE, stderr=log, text=True)
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
     try:
-        wait_until(lambda: spec.exists() and libcuda_mounts(spec) == [f"libcuda.so.{OLD}"],
-                   60, "the watcher's first spec")
+        wait_until(
+            lambda: spec.exists() and libcuda_mounts(spec) == [f"libcuda.so.{OLD}"],
+            60,
+            "the watcher's first spec",
+        )
         swap_driver(node.root, NEW)
-        wait_until(lambda: libcuda_mounts(spec) == [f"libcuda.so.{NEW}"], 60,
-                   "the spec of the new driver")
+        wait_until(
+            lambda: libcuda_mounts(spec) == [f"libcuda.so.{NEW}"], 60, "the spec of the new driver"
+        )
         wait_until(lambda: index_is_fresh(cfg, tmp_path / "cdi"), 30, "a fresh CDI index")
         assert plan_version(cfg, node) == NEW
     finally:
@@ -143,12 +166,14 @@ def test_watcher_regenerates_spec_plan_and_index_after_a_driver_swap(
     assert "Traceback" not in said
     records = [json.loads(line) for line in said.splitlines()]
     assert {"event": f"{spec}: regenerated for driver {NEW}", "level": "info"} in [
-        {"event": r["event"], "level": r["level"]} for r in records], said
+        {"event": r["event"], "level": r["level"]} for r in records
+    ], said
     assert all(r["timestamp"].endswith("Z") for r in records), said
 
 
 def test_refresh_without_a_driver_exits_1_and_writes_nothing(
-        node: Any, cfg: Path, tmp_path: Path, nvshim_bin: str) -> None:
+    node: Any, cfg: Path, tmp_path: Path, nvshim_bin: str
+) -> None:
     """With the driver gone (uninstalled, not yet reinstalled) refresh exits 1 with one line
     and leaves the spec and the caches as they were."""
     assert refresh(nvshim_bin, cfg).returncode == 0
@@ -157,43 +182,57 @@ def test_refresh_without_a_driver_exits_1_and_writes_nothing(
     before = states(tmp_path / "cfg", tmp_path / "cdi")
     res = refresh(nvshim_bin, cfg)
     assert res.returncode == 1
-    assert res.stderr == (f"nvshim: cannot find the NVIDIA driver version under {node.root}: "
-                          "no /proc/driver/nvidia/version and no libcuda.so.<version>: "
-                          "nothing refreshed (the driver is not installed, or its module not "
-                          "loaded, yet)\n")
+    assert res.stderr == (
+        f"nvshim: cannot find the NVIDIA driver version under {node.root}: "
+        "no /proc/driver/nvidia/version and no libcuda.so.<version>: "
+        "nothing refreshed (the driver is not installed, or its module not "
+        "loaded, yet)\n"
+    )
     assert states(tmp_path / "cfg", tmp_path / "cdi") == before
 
 
 def test_a_failing_entry_writes_no_spec(node: Any, tmp_path: Path, nvshim_bin: str) -> None:
     """When one cdi-refresh entry cannot be made (IMEX channels on a node without any) no
     spec is written, not even the one that could be: one line names the entry."""
-    cfg = make_config(tmp_path, node, [
-        f"--output {tmp_path}/cdi/nvidia.yaml",
-        f"--class imex-channel --output {tmp_path}/cdi/imex.yaml",
-    ])
+    cfg = make_config(
+        tmp_path,
+        node,
+        [
+            f"--output {tmp_path}/cdi/nvidia.yaml",
+            f"--class imex-channel --output {tmp_path}/cdi/imex.yaml",
+        ],
+    )
     (tmp_path / "cdi").mkdir()
     res = refresh(nvshim_bin, cfg)
     assert res.returncode == 1
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(
-        f"nvshim: cannot refresh {tmp_path}/cdi/imex.yaml (cdi-refresh entry \"--class "
-        f"imex-channel --output {tmp_path}/cdi/imex.yaml\"): no IMEX channels"), lines
+        f'nvshim: cannot refresh {tmp_path}/cdi/imex.yaml (cdi-refresh entry "--class '
+        f'imex-channel --output {tmp_path}/cdi/imex.yaml"): no IMEX channels'
+    ), lines
     assert lines[0].endswith("; nothing refreshed")
     assert os.listdir(tmp_path / "cdi") == []
 
 
-@pytest.mark.parametrize(("entry", "why"), [
-    ("--outptu /x.yaml", "no such option '--outptu'; did you mean '--output'?"),
-    ("--class gpu", "needs --output with an absolute path"),
-    ("--output relative.yaml", "needs --output with an absolute path"),
-    ("--output -", "needs --output with an absolute path"),
-    ("--driver-root /tmp --output /x.yaml", "--driver-root cannot be used here"),
-    ("--check=/x.yaml --output /y.yaml", "--check cannot be used here"),
-    ("--output '/x.yaml", "no closing quotation"),
-    ("--device-name-strategy name --output /x.yaml", "invalid value for '--device-name-strategy'"),
-])
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ("--outptu /x.yaml", "no such option '--outptu'; did you mean '--output'?"),
+        ("--class gpu", "needs --output with an absolute path"),
+        ("--output relative.yaml", "needs --output with an absolute path"),
+        ("--output -", "needs --output with an absolute path"),
+        ("--driver-root /tmp --output /x.yaml", "--driver-root cannot be used here"),
+        ("--check=/x.yaml --output /y.yaml", "--check cannot be used here"),
+        ("--output '/x.yaml", "no closing quotation"),
+        (
+            "--device-name-strategy name --output /x.yaml",
+            "invalid value for '--device-name-strategy'",
+        ),
+    ],
+)
 def test_bad_entries_are_one_line_naming_the_entry(
-        tmp_path: Path, nvshim_bin: str, entry: str, why: str) -> None:
+    tmp_path: Path, nvshim_bin: str, entry: str, why: str
+) -> None:
     """A cdi-refresh entry that `nvshim cdi generate` would not take, or that does not write
     a file, fails refresh (and --print-watch-paths, which install.sh runs) in one line that
     names the config, the entry and the problem."""
@@ -210,15 +249,16 @@ def test_bad_entries_are_one_line_naming_the_entry(
 def test_two_entries_writing_one_file_are_refused(tmp_path: Path, nvshim_bin: str) -> None:
     """Two cdi-refresh entries with the same output are refused (they would overwrite each
     other at every refresh)."""
-    cfg = write_nvshim_config(tmp_path / "cfg", {"cdi-refresh": [
-        "--output /x.yaml", "--vendor example.com --output /x.yaml"]})
+    cfg = write_nvshim_config(
+        tmp_path / "cfg",
+        {"cdi-refresh": ["--output /x.yaml", "--vendor example.com --output /x.yaml"]},
+    )
     res = refresh(nvshim_bin, cfg)
     assert res.returncode == 1
-    assert res.stderr.strip().endswith(': /x.yaml is also cdi-refresh[0]\'s output'), res.stderr
+    assert res.stderr.strip().endswith(": /x.yaml is also cdi-refresh[0]'s output"), res.stderr
 
 
-def test_print_watch_paths_names_the_drivers_files(
-        node: Any, cfg: Path, nvshim_bin: str) -> None:
+def test_print_watch_paths_names_the_drivers_files(node: Any, cfg: Path, nvshim_bin: str) -> None:
     """--print-watch-paths names the module's version file and libcuda.so.1 under the driver
     root, the running kernel's modules.dep, and the config."""
     res = refresh(nvshim_bin, cfg, "--print-watch-paths")
@@ -226,8 +266,12 @@ def test_print_watch_paths_names_the_drivers_files(
     paths = res.stdout.splitlines()
     release = os.uname().release
     assert paths[0] == f"{node.root}/proc/driver/nvidia/version"
-    for path in (f"/lib/modules/{release}/modules.dep", f"/lib/modules/{release}/modules.dep.bin",
-                 f"{node.root}/usr/lib/x86_64-linux-gnu/libcuda.so.1", str(cfg)):
+    for path in (
+        f"/lib/modules/{release}/modules.dep",
+        f"/lib/modules/{release}/modules.dep.bin",
+        f"{node.root}/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        str(cfg),
+    ):
         assert path in paths, paths
     assert res.stderr == ""
 
@@ -235,9 +279,15 @@ def test_print_watch_paths_names_the_drivers_files(
 def test_refresh_help_names_its_options(nvshim_bin: str) -> None:
     """`nvshim cdi refresh --help` documents --config, --watch, --interval and
     --print-watch-paths."""
-    res = subprocess.run([nvshim_bin, "cdi", "refresh", "--help"], capture_output=True,
-                         text=True, timeout=60)
+    res = subprocess.run(
+        [nvshim_bin, "cdi", "refresh", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0
-    for text in ("--config FILE", "--watch", "--interval SECONDS", "--print-watch-paths",
-                 "cdi-refresh"):
+    for text in (
+        "--config FILE",
+        "--watch",
+        "--interval SECONDS",
+        "--print-watch-paths",
+        "cdi-refresh",
+    ):
         assert text in res.stdout, res.stdout

@@ -59,55 +59,83 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
 def without_nvml_and_libcuda(spec: Dict[str, Any]) -> Dict[str, Any]:
     out = copy.deepcopy(spec)
     edits = out["containerEdits"]
-    edits["mounts"] = [m for m in edits.get("mounts", [])
-                       if not m["hostPath"].rsplit("/", 1)[-1].startswith(
-                           ("libcuda.so", "libnvidia-ml.so"))]
+    edits["mounts"] = [
+        m
+        for m in edits.get("mounts", [])
+        if not m["hostPath"].rsplit("/", 1)[-1].startswith(("libcuda.so", "libnvidia-ml.so"))
+    ]
     return out
 
 
 def folder_spec(nodes: Dict[str, Any]) -> Dict[str, Any]:
     """Node B's own spec plus A's whole library folder mounted at /usr/lib/nvidia-old."""
     out = generate_spec(Host(nodes["new"].root))
-    out["containerEdits"].setdefault("mounts", []).append({
-        "hostPath": f"{nodes['old'].root}/{LIBDIR}", "containerPath": "/usr/lib/nvidia-old",
-        "options": ["ro", "nosuid", "nodev", "bind"]})
+    out["containerEdits"].setdefault("mounts", []).append(
+        {
+            "hostPath": f"{nodes['old'].root}/{LIBDIR}",
+            "containerPath": "/usr/lib/nvidia-old",
+            "options": ["ro", "nosuid", "nodev", "bind"],
+        }
+    )
     return out
 
 
-def setup(tmp_path: Path, nodes: Dict[str, Any], doc: Dict[str, Any],
-          policy: str) -> Dict[str, Any]:
+def setup(
+    tmp_path: Path, nodes: Dict[str, Any], doc: Dict[str, Any], policy: str
+) -> Dict[str, Any]:
     spec_dir = tmp_path / "cdi"
     spec_dir.mkdir(exist_ok=True)
     spec = spec_dir / "nvidia.yaml"
     spec.write_text(dump_spec(doc))
-    cfg = write_nvshim_config(tmp_path / "cfg", {
-        "driver-root": nodes["new"].root, "runtimes": ["runc"],
-        "cdi-spec-dirs": [str(spec_dir)], "stale-cdi-spec": policy})
+    cfg = write_nvshim_config(
+        tmp_path / "cfg",
+        {
+            "driver-root": nodes["new"].root,
+            "runtimes": ["runc"],
+            "cdi-spec-dirs": [str(spec_dir)],
+            "stale-cdi-spec": policy,
+        },
+    )
     compile_node(str(cfg))
     return {"spec": spec, "env": {"NVSHIM_CONFIG": str(cfg), "PATH": PATH_ENV}}
 
 
 @pytest.mark.parametrize("shape", ["no-libcuda-no-nvml", "old-folder-whole"])
 @pytest.mark.parametrize("policy", ["refuse", "warn"])
-def test_nvshim_injection_of_a_stale_spec(runc: Runc, rootfs: Path, tmp_path: Path,
-                                          nvshim_runtime_bin: str, nodes: Dict[str, Any],
-                                          shape: str, policy: str) -> None:
+def test_nvshim_injection_of_a_stale_spec(
+    runc: Runc,
+    rootfs: Path,
+    tmp_path: Path,
+    nvshim_runtime_bin: str,
+    nodes: Dict[str, Any],
+    shape: str,
+    policy: str,
+) -> None:
     """nvidia.com/gpu=0 from a 535 spec without libcuda/libnvidia-ml mounts, or from a spec
     mounting 535's library folder whole: refuse fails in one line naming the spec and
     the 535 file; warn runs the container and says the same in runc's --log."""
-    doc = (without_nvml_and_libcuda(nodes["spec"]) if shape == "no-libcuda-no-nvml"
-           else folder_spec(nodes))
+    doc = (
+        without_nvml_and_libcuda(nodes["spec"])
+        if shape == "no-libcuda-no-nvml"
+        else folder_spec(nodes)
+    )
     made = setup(tmp_path, nodes, doc, policy)
     spec = made["spec"]
-    bundle = make_bundle(tmp_path / "b", rootfs, ["true"],
-                         env=["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0"])
+    bundle = make_bundle(
+        tmp_path / "b", rootfs, ["true"], env=["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0"]
+    )
     before = (bundle / "config.json").read_bytes()
-    reason = (f"it mounts lib[a-z-]+\\.so\\.{re.escape(OLD)}, the node's driver is {NEW}"
-              if shape == "no-libcuda-no-nvml" else
-              re.escape(f"it mounts {nodes['old'].root}/{LIBDIR} whole, whose libcuda.so.1 is "
-                        f"libcuda.so.{OLD}, the node's driver is {NEW}"))
-    res = runc.create(bundle, unique_id(), runtime=nvshim_runtime_bin, env=made["env"],
-                      log=tmp_path / "log.json")
+    reason = (
+        f"it mounts lib[a-z-]+\\.so\\.{re.escape(OLD)}, the node's driver is {NEW}"
+        if shape == "no-libcuda-no-nvml"
+        else re.escape(
+            f"it mounts {nodes['old'].root}/{LIBDIR} whole, whose libcuda.so.1 is "
+            f"libcuda.so.{OLD}, the node's driver is {NEW}"
+        )
+    )
+    res = runc.create(
+        bundle, unique_id(), runtime=nvshim_runtime_bin, env=made["env"], log=tmp_path / "log.json"
+    )
     if policy == "refuse":
         lines = [res.refusal()]
         assert lines[0].startswith(f"nvshim: CDI spec {spec} does not match this node ("), lines
@@ -117,8 +145,9 @@ def test_nvshim_injection_of_a_stale_spec(runc: Runc, rootfs: Path, tmp_path: Pa
         return
     assert res.rc == 0, res.describe()
     warned = [x["msg"] for x in res.log_lines if x.get("level") == "warning"]
-    assert any(re.search(reason, w) and w.endswith("(stale-cdi-spec: warn)")
-               for w in warned), warned
+    assert any(re.search(reason, w) and w.endswith("(stale-cdi-spec: warn)") for w in warned), (
+        warned
+    )
 
 
 def engine_bundle(tmp_path: Path, rootfs: Path, cdi: Dict[str, Any], names: List[str]) -> Path:
@@ -129,10 +158,14 @@ def engine_bundle(tmp_path: Path, rootfs: Path, cdi: Dict[str, Any], names: List
 
 
 @pytest.mark.parametrize("policy", ["refuse", "warn"])
-def test_a_stale_spec_the_engine_injected_is_judged_too(runc: Runc, rootfs: Path,
-                                                        tmp_path: Path, nvshim_runtime_bin: str,
-                                                        nodes: Dict[str, Any],
-                                                        policy: str) -> None:
+def test_a_stale_spec_the_engine_injected_is_judged_too(
+    runc: Runc,
+    rootfs: Path,
+    tmp_path: Path,
+    nvshim_runtime_bin: str,
+    nodes: Dict[str, Any],
+    policy: str,
+) -> None:
     """GPU 0 of the 535 spec, injected by the engine before nvshim runs: refuse fails in one
     line naming the spec (found in cdi-spec-dirs), the 535 libcuda and the fix; warn runs
     the container and says it in runc's --log."""
@@ -140,8 +173,9 @@ def test_a_stale_spec_the_engine_injected_is_judged_too(runc: Runc, rootfs: Path
     spec = made["spec"]
     bundle = engine_bundle(tmp_path, rootfs, nodes["spec"], ["0"])
     before = (bundle / "config.json").read_bytes()
-    res = runc.create(bundle, unique_id(), runtime=nvshim_runtime_bin, env=made["env"],
-                      log=tmp_path / "log.json")
+    res = runc.create(
+        bundle, unique_id(), runtime=nvshim_runtime_bin, env=made["env"], log=tmp_path / "log.json"
+    )
     head = f"CDI spec {spec}, which the engine injected, does not match this node (it mounts "
     fix = f"regenerate it with nvshim cdi generate --output {spec}"
     if policy == "refuse":

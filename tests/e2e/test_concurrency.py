@@ -32,7 +32,9 @@ def installed_runtime() -> str:
     if explicit:
         return explicit
     if not os.access(INSTALLED, os.X_OK):
-        pytest.skip(f"{INSTALLED} is not installed (run ./install.sh) and $NVSHIM_RUNTIME_BIN is unset")
+        pytest.skip(
+            f"{INSTALLED} is not installed (run ./install.sh) and $NVSHIM_RUNTIME_BIN is unset"
+        )
     return INSTALLED
 
 
@@ -46,29 +48,44 @@ def test_fifty_parallel_gpu_creates(tmp_path: Path, base_rootfs: Path) -> None:
     node = create_node(str(tmp_path / "node"), gpus=GPUS)
     cfg = tmp_path / "nvshim" / "config.yaml"
     cfg.parent.mkdir()
-    cfg.write_text(f"runtimes: [{runc_bin}]\ndriver-root: {node.root}\n"
-                   f"grants-journal: {cfg.parent}/grants.jsonl\n")
+    cfg.write_text(
+        f"runtimes: [{runc_bin}]\ndriver-root: {node.root}\n"
+        f"grants-journal: {cfg.parent}/grants.jsonl\n"
+    )
     nvshim_cli = Path(runtime).with_name("nvshim")
-    compile_cmd = ([str(nvshim_cli)] if nvshim_cli.exists() else ["python3", "-m", "nvshim.cli.main"])
-    subprocess.run(compile_cmd + ["config", "compile", "--config", str(cfg)], check=True,
-                   capture_output=True)
+    compile_cmd = [str(nvshim_cli)] if nvshim_cli.exists() else ["python3", "-m", "nvshim.cli.main"]
+    subprocess.run(
+        compile_cmd + ["config", "compile", "--config", str(cfg)], check=True, capture_output=True
+    )
     env = dict(os.environ, NVSHIM_CONFIG=str(cfg))
 
     bundles: Dict[str, Path] = {}
     wanted: Dict[str, int] = {}
     for i in range(CONTAINERS):
         cid = unique_id(f"conc{i}")
-        bundles[cid] = make_bundle(tmp_path / f"b{i}", base_rootfs,
-                                   ["sh", "-c", "ls -1 /dev/ | grep '^nvidia'"],
-                                   env={"NVIDIA_VISIBLE_DEVICES": str(i % GPUS)})
+        bundles[cid] = make_bundle(
+            tmp_path / f"b{i}",
+            base_rootfs,
+            ["sh", "-c", "ls -1 /dev/ | grep '^nvidia'"],
+            env={"NVIDIA_VISIBLE_DEVICES": str(i % GPUS)},
+        )
         wanted[cid] = i % GPUS
 
     r = Runc(tmp_path / "runc-root", runtime, env=env)
     try:
         with ThreadPoolExecutor(max_workers=CONTAINERS) as pool:
-            created = dict(zip(bundles, pool.map(
-                lambda cid: r.create(bundles[cid], cid, runtime=runtime, env=env,
-                                     timeout=300), bundles), strict=True))
+            created = dict(
+                zip(
+                    bundles,
+                    pool.map(
+                        lambda cid: r.create(
+                            bundles[cid], cid, runtime=runtime, env=env, timeout=300
+                        ),
+                        bundles,
+                    ),
+                    strict=True,
+                )
+            )
         failed = [res.describe() for res in created.values() if res.rc != 0]
         assert failed == [], "\n\n".join(failed[:3])
 
@@ -91,8 +108,11 @@ def test_fifty_parallel_gpu_creates(tmp_path: Path, base_rootfs: Path) -> None:
             out, _ = r.container_output(cid)
             seen[cid] = sorted(x for x in out.split() if re.fullmatch(r"nvidia[0-9]+", x))
 
-        wrong = {cid: (f"nvidia{wanted[cid]}", got) for cid, got in seen.items()
-                 if got != [f"nvidia{node.gpus[wanted[cid]].minor}"]}
+        wrong = {
+            cid: (f"nvidia{wanted[cid]}", got)
+            for cid, got in seen.items()
+            if got != [f"nvidia{node.gpus[wanted[cid]].minor}"]
+        }
         assert wrong == {}
         assert r.list_ids() == []
     finally:

@@ -103,7 +103,9 @@ def _dump(containerd_bin: str, config: Path) -> Dict[str, Any]:
 
 
 def _snapshot(root: Path) -> Dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
 
 
 CASES = ["missing", "empty", "default", "debian", "commented", "dotted", "v1"]
@@ -175,12 +177,16 @@ def test_without_drop_in_copy_containerd_16_would_lose_cri_settings(
     partial.write_text(
         f'version = 2\n[plugins."{CRI}".containerd.runtimes.x.options]\nBinaryName = "/x"\n'
     )
-    assert _dump(containerd_bin, config)["plugins"][CRI]["sandbox_image"] != "mirror.local/pause:3.6"
+    assert (
+        _dump(containerd_bin, config)["plugins"][CRI]["sandbox_image"] != "mirror.local/pause:3.6"
+    )
 
     config.write_text(COMMENTED)
     done = _nvshim("--config", str(config), "--drop-in", str(tmp_path / "conf.d" / "n.toml"))
     assert done.returncode == 0, done.stderr
-    assert _dump(containerd_bin, config)["plugins"][CRI]["sandbox_image"] == "mirror.local/pause:3.6"
+    assert (
+        _dump(containerd_bin, config)["plugins"][CRI]["sandbox_image"] == "mirror.local/pause:3.6"
+    )
 
 
 def test_dry_run_output_is_what_containerd_loads(containerd_bin: str, tmp_path: Path) -> None:
@@ -224,8 +230,10 @@ def test_config_alone_puts_the_drop_in_beside_it_and_containerd_loads_it(
     assert drop_in.is_file()
     assert tomlkit.parse(config.read_text()).unwrap()["imports"] == [str(drop_in)]
     merged = _dump(containerd_bin, config)
-    assert merged["plugins"][CRI]["containerd"]["runtimes"]["nvshim"]["options"][
-        "BinaryName"] == "/usr/local/bin/nvshim-runtime"
+    assert (
+        merged["plugins"][CRI]["containerd"]["runtimes"]["nvshim"]["options"]["BinaryName"]
+        == "/usr/local/bin/nvshim-runtime"
+    )
     assert merged["plugins"][CRI]["sandbox_image"] == "mirror.local/pause:3.6"
     done = _nvshim("--config", str(config), "--revert")
     assert done.returncode == 0, done.stderr
@@ -259,8 +267,18 @@ def test_refusal_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     nvshim_config = tmp_path / "nvshim.yaml"
     nvshim_config.write_text("require-allocation: false\n")
     done = subprocess.run(
-        [sys.executable, "-m", "nvshim.cli.main", "runtime", "configure", "--config", str(config),
-         "--set-as-default", "--binary", "/nonexistent/nvshim-runtime"],  # no config embedded
+        [
+            sys.executable,
+            "-m",
+            "nvshim.cli.main",
+            "runtime",
+            "configure",
+            "--config",
+            str(config),
+            "--set-as-default",
+            "--binary",
+            "/nonexistent/nvshim-runtime",
+        ],  # no config embedded
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -36,23 +36,24 @@ CRI = "io.containerd.grpc.v1.cri"
 BINARY = "/opt/nvshim/bin/nvshim-runtime"
 
 
-
-
 def _nvshim(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nvshim.cli.main", *args], cwd=REPO,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "nvshim.cli.main", *args], cwd=REPO, capture_output=True, text=True
+    )
 
 
 def _dump(containerd_bin: str, config: Path) -> Dict[str, Any]:
-    done = subprocess.run([containerd_bin, "--config", str(config), "config", "dump"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [containerd_bin, "--config", str(config), "config", "dump"], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     return tomlkit.parse(done.stdout).unwrap()
 
 
 def _snapshot(root: Path) -> Dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file()}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
 
 
 def _node(root: Path, etc: str = "etc/containerd", **drop_in: Any) -> Path:
@@ -71,15 +72,19 @@ def _runtimes(merged: Dict[str, Any]) -> Dict[str, Any]:
     return runtimes
 
 
-@pytest.mark.parametrize(("nvidia_default", "nvshim_default", "etc"), [
-    (False, False, "etc/containerd"),
-    (True, True, "etc/containerd"),
-    (True, False, "etc/containerd"),
-    (False, True, "var/lib/rancher/k3s/agent/etc/containerd"),
-], ids=["glob-import", "both-default", "nvidia-default", "custom-config-path"])
-def test_nvidia_ctk_handlers_survive_nvshim(containerd_bin: str, tmp_path: Path,
-                                            nvidia_default: bool, nvshim_default: bool,
-                                            etc: str) -> None:
+@pytest.mark.parametrize(
+    ("nvidia_default", "nvshim_default", "etc"),
+    [
+        (False, False, "etc/containerd"),
+        (True, True, "etc/containerd"),
+        (True, False, "etc/containerd"),
+        (False, True, "var/lib/rancher/k3s/agent/etc/containerd"),
+    ],
+    ids=["glob-import", "both-default", "nvidia-default", "custom-config-path"],
+)
+def test_nvidia_ctk_handlers_survive_nvshim(
+    containerd_bin: str, tmp_path: Path, nvidia_default: bool, nvshim_default: bool, etc: str
+) -> None:
     """After configure, containerd's merged config has nvidia, nvidia-cdi, nvidia-legacy, runc
     and nvshim with their options and the right default; --revert restores every byte."""
     config = _node(tmp_path, etc, set_as_default=nvidia_default)
@@ -115,11 +120,20 @@ def test_rerun_picks_up_nvidia_ctk_changes(containerd_bin: str, tmp_path: Path) 
     args = ["runtime", "configure", "--config", str(config), "--binary", BINARY]
     assert _nvshim(*args).returncode == 0
     nvidia = config.parent / "conf.d" / "99-nvidia.toml"
-    nvidia.write_text(nvidia_ctk_drop_in(runc=True, enable_cdi=True,
-                                         handlers=("nvidia", "nvidia-cdi")))
-    stale = _nvshim("doctor", "--containerd-config", str(config), "--format", "json",
-                    "--docker-config", str(tmp_path / "none"),
-                    "--crio-config", str(tmp_path / "none"))
+    nvidia.write_text(
+        nvidia_ctk_drop_in(runc=True, enable_cdi=True, handlers=("nvidia", "nvidia-cdi"))
+    )
+    stale = _nvshim(
+        "doctor",
+        "--containerd-config",
+        str(config),
+        "--format",
+        "json",
+        "--docker-config",
+        str(tmp_path / "none"),
+        "--crio-config",
+        str(tmp_path / "none"),
+    )
     drift = [f for f in json.loads(stale.stdout) if f["check"] == "containerd-drop-in"]
     assert drift and drift[0]["status"] == "fail", stale.stdout
     assert f"--binary {BINARY}" in drift[0]["detail"]
@@ -142,8 +156,7 @@ def test_rerun_picks_up_nvidia_ctk_changes(containerd_bin: str, tmp_path: Path) 
     assert _snapshot(tmp_path) == original
 
 
-def test_doctor_names_the_handler_an_old_drop_in_hides(containerd_bin: str,
-                                                        tmp_path: Path) -> None:
+def test_doctor_names_the_handler_an_old_drop_in_hides(containerd_bin: str, tmp_path: Path) -> None:
     """A drop-in that copied only the main file's table (what nvshim wrote before) hides
     NVIDIA's handlers from the real containerd; doctor fails naming each, with a fix that keeps
     --set-as-default and --binary, and that fix makes containerd see them again."""
@@ -155,12 +168,21 @@ def test_doctor_names_the_handler_an_old_drop_in_hides(containerd_bin: str,
         'default_runtime_name = "nvshim"\n'
         f'[plugins."{CRI}".containerd.runtimes.nvshim]\nruntime_type = "io.containerd.runc.v2"\n'
         f'container_annotations = ["cdi.k8s.io/*"]\n'
-        f'[plugins."{CRI}".containerd.runtimes.nvshim.options]\nBinaryName = "{BINARY}"\n')
+        f'[plugins."{CRI}".containerd.runtimes.nvshim.options]\nBinaryName = "{BINARY}"\n'
+    )
     assert set(_runtimes(_dump(containerd_bin, config))) == {"runc", "nvshim"}
 
-    done = _nvshim("doctor", "--containerd-config", str(config), "--format", "json",
-                   "--docker-config", str(tmp_path / "none"),
-                   "--crio-config", str(tmp_path / "none"))
+    done = _nvshim(
+        "doctor",
+        "--containerd-config",
+        str(config),
+        "--format",
+        "json",
+        "--docker-config",
+        str(tmp_path / "none"),
+        "--crio-config",
+        str(tmp_path / "none"),
+    )
     found = {f["check"]: f for f in json.loads(done.stdout)}
     lost = found["containerd-handlers"]
     assert lost["status"] == "fail" and done.returncode == 1
@@ -171,5 +193,4 @@ def test_doctor_names_the_handler_an_old_drop_in_hides(containerd_bin: str,
     command = fix.split(" (")[0].split()
     assert command[:3] == ["nvshim", "runtime", "configure"]
     assert _nvshim(*command[1:], "--force").returncode == 0
-    assert set(_runtimes(_dump(containerd_bin, config))) == {"runc", "nvshim",
-                                                             *NVIDIA_HANDLERS}
+    assert set(_runtimes(_dump(containerd_bin, config))) == {"runc", "nvshim", *NVIDIA_HANDLERS}

@@ -29,14 +29,17 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     require_root()
     from nvshim.sim.build import create_node
 
-    return create_node(str(tmp_path_factory.mktemp("sim") / "node"), gpus=1,
-                       driver_version="550.54.15")
+    return create_node(
+        str(tmp_path_factory.mktemp("sim") / "node"), gpus=1, driver_version="550.54.15"
+    )
 
 
 @pytest.fixture
 def env(node: Any, tmp_path: Path) -> Dict[str, str]:
-    cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["runc"],
-                                                 "debug-log": str(tmp_path / "debug.log")})
+    cfg = write_nvshim_config(
+        tmp_path / "cfg",
+        {"driver-root": node.root, "runtimes": ["runc"], "debug-log": str(tmp_path / "debug.log")},
+    )
     compile_node(str(cfg))
     return {"NVSHIM_CONFIG": str(cfg), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
@@ -46,20 +49,33 @@ def add_compat(rootfs: Path, version: str) -> None:
     compat = rootfs / COMPAT.lstrip("/")
     compat.mkdir(parents=True)
     (compat / f"libcuda.so.{version}").write_bytes(
-        build_shared_object("libcuda.so.1", f"COMPAT {version}"))
+        build_shared_object("libcuda.so.1", f"COMPAT {version}")
+    )
     os.symlink(f"libcuda.so.{version}", compat / "libcuda.so.1")
 
 
 @pytest.mark.parametrize("by", ["runtime", "hook"])
-@pytest.mark.parametrize(("compat", "expected_dir"), [("575.57.08", COMPAT),
-                                                      ("535.104.05", DRIVER_LIBDIR)])
-def test_loader_picks_newer_compat_libcuda(runc: Any, glibc_rootfs: Path, tmp_path: Path,
-                                           nvshim_runtime_bin: str, env: Dict[str, str],
-                                           by: str, compat: str, expected_dir: str) -> None:
+@pytest.mark.parametrize(
+    ("compat", "expected_dir"), [("575.57.08", COMPAT), ("535.104.05", DRIVER_LIBDIR)]
+)
+def test_loader_picks_newer_compat_libcuda(
+    runc: Any,
+    glibc_rootfs: Path,
+    tmp_path: Path,
+    nvshim_runtime_bin: str,
+    env: Dict[str, str],
+    by: str,
+    compat: str,
+    expected_dir: str,
+) -> None:
     """Host driver 550: a 575 compat libcuda is found first; a 535 one is ignored."""
     add_compat(glibc_rootfs, compat)
-    bundle = make_bundle(tmp_path / "b", glibc_rootfs, ld_probe_args("libcuda.so.1"),
-                         env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    bundle = make_bundle(
+        tmp_path / "b",
+        glibc_rootfs,
+        ld_probe_args("libcuda.so.1"),
+        env={"NVIDIA_VISIBLE_DEVICES": "0"},
+    )
     with work_by(by, bundle, env):
         res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env)
     res.check()

@@ -81,8 +81,13 @@ def node_files(node: K8sNode) -> Dict[str, Dict[str, bytes]]:
 class Cluster:
     """The node, its kubelet stand-ins and what was there before the DaemonSet ran."""
 
-    def __init__(self, node: K8sNode, kubelet: Kubelet, podresources: PodResourcesServer,
-                 template: Dict[str, Any]) -> None:
+    def __init__(
+        self,
+        node: K8sNode,
+        kubelet: Kubelet,
+        podresources: PodResourcesServer,
+        template: Dict[str, Any],
+    ) -> None:
         self.node = node
         self.kubelet = kubelet
         self.podresources = podresources
@@ -100,8 +105,9 @@ def node_configmap() -> Dict[str, Dict[str, str]]:
 
 
 @contextlib.contextmanager
-def running_cluster(base: Path, base_rootfs: Path, env: Dict[str, str],
-                    read_only_usr: bool = False) -> Iterator[Cluster]:
+def running_cluster(
+    base: Path, base_rootfs: Path, env: Dict[str, str], read_only_usr: bool = False
+) -> Iterator[Cluster]:
     """A node (``read_only_usr``: its /usr read-only) with the images imported, the
     PodResources server and the kubelet, and the DaemonSet's pod template with ``env`` set in
     every container (as an operator edits daemonset.yaml); all stopped afterwards."""
@@ -122,8 +128,13 @@ def running_cluster(base: Path, base_rootfs: Path, env: Dict[str, str],
     try:
         node.start()
         node.import_image(build.archive)
-        for name, image_env in ((PAUSE, []), (CUDA_LIKE, ["NVIDIA_VISIBLE_DEVICES=all",
-                                                          "NVIDIA_DRIVER_CAPABILITIES=compute,utility"])):
+        for name, image_env in (
+            (PAUSE, []),
+            (
+                CUDA_LIKE,
+                ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"],
+            ),
+        ):
             archive = base / (name.replace("/", "_") + ".tar")
             archive.write_bytes(image_archive(base_rootfs, name, image_env))
             node.import_image(archive)
@@ -143,8 +154,9 @@ def running_cluster(base: Path, base_rootfs: Path, env: Dict[str, str],
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterator[Cluster]:
-    with running_cluster(tmp_path_factory.mktemp("ds"), base_rootfs,
-                         {"NVSHIM_RESTART_MODE": "signal"}) as running:
+    with running_cluster(
+        tmp_path_factory.mktemp("ds"), base_rootfs, {"NVSHIM_RESTART_MODE": "signal"}
+    ) as running:
         yield running
 
 
@@ -171,13 +183,14 @@ def test_installer_pod_runs_to_ready(cluster: Cluster) -> None:
     """The DaemonSet's pod template, run through the node's CRI as the kubelet runs it,
     gets to Ready and leaves containerd restarted with the runtime handler nvshim."""
     starts = len(cluster.node.containerd_starts())
-    cluster.installer = cluster.kubelet.run_pod(cluster.template, "nvshim-installer-x7k2p",
-                                                namespace="nvshim-system")
+    cluster.installer = cluster.kubelet.run_pod(
+        cluster.template, "nvshim-installer-x7k2p", namespace="nvshim-system"
+    )
     assert len(cluster.node.containerd_starts()) > starts, "containerd was not restarted"
     cluster.node.wait_containerd()
     config = cluster.node.run(["containerd", "config", "dump"])
     assert config.rc == 0, config.describe()
-    assert 'runtimes.nvshim]' in config.stdout
+    assert "runtimes.nvshim]" in config.stdout
     assert os.access(cluster.node.path("/usr/local/bin/nvshim-runtime"), os.X_OK)
 
 
@@ -200,8 +213,9 @@ def test_sigterm_reverts_the_node(cluster: Cluster) -> None:
     """Stopping the DaemonSet's pod (SIGTERM, its grace period) leaves containerd's config
     byte-identical to before, none of nvshim's files, and a containerd without the handler."""
     if cluster.installer is None:
-        cluster.installer = cluster.kubelet.run_pod(cluster.template, "nvshim-installer-x7k2p",
-                                                    namespace="nvshim-system")
+        cluster.installer = cluster.kubelet.run_pod(
+            cluster.template, "nvshim-installer-x7k2p", namespace="nvshim-system"
+        )
     started = time.monotonic()
     codes = cluster.kubelet.stop_pod(cluster.installer)
     stopped_in = time.monotonic() - started
@@ -212,31 +226,41 @@ def test_sigterm_reverts_the_node(cluster: Cluster) -> None:
     after = node_files(cluster.node)
     assert after["/etc/containerd"] == cluster.before["/etc/containerd"]
     for p in after:
-        assert after[p] == cluster.before[p], f"left in {p}: {sorted(set(after[p]) - set(cluster.before[p]))}"
-    probe = SandboxSpec("after", "default", "uid-after", "/var/log/pods/after",
-                        cluster.node.cgroup_parent + "/after")
+        assert after[p] == cluster.before[p], (
+            f"left in {p}: {sorted(set(after[p]) - set(cluster.before[p]))}"
+        )
+    probe = SandboxSpec(
+        "after",
+        "default",
+        "uid-after",
+        "/var/log/pods/after",
+        cluster.node.cgroup_parent + "/after",
+    )
     with pytest.raises(CriError) as info:
         cluster.kubelet.cri.run_sandbox(probe, "nvshim")
     assert "nvshim" in info.value.details
 
 
 def test_read_only_usr_node_with_the_bin_dir_set_once(
-        tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> None:
+    tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path
+) -> None:
     """On a node whose /usr is read-only, the DaemonSet with NVSHIM_BINDIR=/opt/bin in the
     installer's env only (deploy/README.md's read-only /usr section; the agent container
     reads the installer's /run/nvshim/node-paths) gets Ready, the agent serves, containerd's handler
     runs /opt/bin/nvshim-runtime, an allocated pod sees exactly its GPU, and stopping the
     pod leaves the node's files as they were."""
     env = {"NVSHIM_RESTART_MODE": "signal", "NVSHIM_BINDIR": "/opt/bin"}
-    with running_cluster(tmp_path_factory.mktemp("ds-ro"), base_rootfs, env,
-                         read_only_usr=True) as ro:
+    with running_cluster(
+        tmp_path_factory.mktemp("ds-ro"), base_rootfs, env, read_only_usr=True
+    ) as ro:
         probe = ro.node.run(["touch", "/usr/local/bin/probe"])
         assert probe.rc != 0 and "Read-only file system" in probe.stderr, probe.describe()
         for c in ro.template["spec"]["containers"]:  # the setting in the installer's env only
             if c["name"] != "installer":
                 c["env"] = [e for e in c.get("env", []) if e["name"] != "NVSHIM_BINDIR"]
-        ro.installer = ro.kubelet.run_pod(ro.template, "nvshim-installer-r0usr",
-                                          namespace="nvshim-system")
+        ro.installer = ro.kubelet.run_pod(
+            ro.template, "nvshim-installer-r0usr", namespace="nvshim-system"
+        )
         ro.node.wait_containerd()
         dump = ro.node.run(["containerd", "config", "dump"])
         assert 'BinaryName = "/opt/bin/nvshim-runtime"' in dump.stdout, dump.describe()
@@ -248,4 +272,6 @@ def test_read_only_usr_node_with_the_bin_dir_set_once(
         ro.node.wait_containerd()
         after = node_files(ro.node)
         for p in after:
-            assert after[p] == ro.before[p], f"left in {p}: {sorted(set(after[p]) ^ set(ro.before[p]))}"
+            assert after[p] == ro.before[p], (
+                f"left in {p}: {sorted(set(after[p]) ^ set(ro.before[p]))}"
+            )

@@ -47,11 +47,14 @@ def test_demo_that_cannot_write_says_so_in_one_line(tmp_path: object) -> None:
     for tool in ("runc", "busybox"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed")
-    code = ("import sys, tempfile; tempfile.tempdir = sys.argv[1]\n"
-            "from nvshim.cli.main import main; main(['demo'])")
+    code = (
+        "import sys, tempfile; tempfile.tempdir = sys.argv[1]\n"
+        "from nvshim.cli.main import main; main(['demo'])"
+    )
     missing = f"{tmp_path}/no-such-dir"
-    done = subprocess.run([sys.executable, "-c", code, missing], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code, missing], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 1, done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1, done.stderr

@@ -38,8 +38,9 @@ PLUGIN = "kube-system/nvidia-device-plugin-*"
 
 
 @pytest.fixture(scope="module", params=["1.6", "1.7"], ids=lambda v: f"containerd-{v}")
-def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-         base_rootfs: Path) -> Iterator[Node]:
+def node(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path
+) -> Iterator[Node]:
     require_root()
     bin_dir, nvshim_runc = containerd_node_engines(request.param)
     runc = require_binary("runc")
@@ -68,10 +69,24 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         nvidia = nvidia.replace(binary, "runc")
     (conf_d / "99-nvidia.toml").write_text(nvidia)
     configure = subprocess.run(
-        [sys.executable, "-m", "nvshim.cli.main", "runtime", "configure", "--config",
-         str(config), "--binary", str(wrapper), "--set-as-default"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-        env={"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": n.current.read_text()})
+        [
+            sys.executable,
+            "-m",
+            "nvshim.cli.main",
+            "runtime",
+            "configure",
+            "--config",
+            str(config),
+            "--binary",
+            str(wrapper),
+            "--set-as-default",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": n.current.read_text()},
+    )
     assert configure.returncode == 0, configure.stderr
     with serving(n, ctrd, config.read_text(), bin_dir, base_rootfs):
         yield n
@@ -93,8 +108,7 @@ def test_device_plugin_pod_sees_every_gpu_and_nvml(node: Node) -> None:
     p = pod(node, "nvidia-device-plugin-daemonset-x1", namespace="kube-system", handler="")
     start(node, p, env={"NVIDIA_VISIBLE_DEVICES": "all"}, listing=f"/dev {LIBDIR}")
     seen = _seen(node, p)
-    assert _gpus(seen) == [f"nvidia{g.minor}" for g in sorted(node.sim.gpus,
-                                                               key=lambda g: g.minor)]
+    assert _gpus(seen) == [f"nvidia{g.minor}" for g in sorted(node.sim.gpus, key=lambda g: g.minor)]
     assert "nvidiactl" in seen and "libnvidia-ml.so.1" in seen
 
 

@@ -30,8 +30,10 @@ FAKE_DRIVER = (
     'mkdir "$r/proc/driver/nvidia" && '
     'printf "RmLogonRC: 1\\nModifyDeviceFiles: 1\\n" > "$r/proc/driver/nvidia/params"'
 )
-PROBE = ("cat /proc/driver/nvidia/params; "
-         "if (echo x > /proc/driver/nvidia/params) 2>/dev/null; then echo WRITABLE; fi")
+PROBE = (
+    "cat /proc/driver/nvidia/params; "
+    "if (echo x > /proc/driver/nvidia/params) 2>/dev/null; then echo WRITABLE; fi"
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,17 +45,25 @@ def node(tmp_path_factory):
 
 
 def config_env(node, tmp_path: Path, runtime: str = "runc", **extra) -> dict:
-    cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": [runtime],
-                                                 "grants-journal": None, **extra})
+    cfg = write_nvshim_config(
+        tmp_path / "cfg",
+        {"driver-root": node.root, "runtimes": [runtime], "grants-journal": None, **extra},
+    )
     compile_node(str(cfg))
     return {"NVSHIM_CONFIG": str(cfg), "PATH": PATH}
 
 
 def gpu_bundle(tmp_path: Path, rootfs: Path, env: dict) -> Path:
     target = str(tmp_path / "b" / "rootfs")
-    hooks = {"createContainer": [{"path": "/bin/sh", "args": ["sh", "-c", FAKE_DRIVER, "fake",
-                                                             target],
-                                  "env": [f"PATH={PATH}"]}]}
+    hooks = {
+        "createContainer": [
+            {
+                "path": "/bin/sh",
+                "args": ["sh", "-c", FAKE_DRIVER, "fake", target],
+                "env": [f"PATH={PATH}"],
+            }
+        ]
+    }
     return make_bundle(tmp_path / "b", rootfs, ["sh", "-c", PROBE], env=env, hooks=hooks)
 
 
@@ -80,8 +90,9 @@ def test_container_sees_modify_device_files_0(engine, node, rootfs, tmp_path, nv
     assert [h["args"][-3] for h in hooks[1:]] == ["nvshim-params"]
 
 
-def test_without_a_gpu_the_drivers_params_are_untouched(runc, node, rootfs, tmp_path,
-                                                         nvshim_runtime_bin):
+def test_without_a_gpu_the_drivers_params_are_untouched(
+    runc, node, rootfs, tmp_path, nvshim_runtime_bin
+):
     """A container granted nothing gets no hook: it sees the (fake) driver's file as it is."""
     env = config_env(node, tmp_path)
     bundle = gpu_bundle(tmp_path, rootfs, {"FOO": "1"})
@@ -103,9 +114,12 @@ def test_no_params_in_the_container_is_a_no_op(runc, node, rootfs, tmp_path, nvs
     """Without the driver's file in the container's procfs (this VM), the hook binds nothing,
     and the container starts."""
     env = config_env(node, tmp_path)
-    bundle = make_bundle(tmp_path / "b", rootfs,
-                         ["sh", "-c", "ls /proc/driver/nvidia 2>&1 || echo ABSENT"],
-                         env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    bundle = make_bundle(
+        tmp_path / "b",
+        rootfs,
+        ["sh", "-c", "ls /proc/driver/nvidia 2>&1 || echo ABSENT"],
+        env={"NVIDIA_VISIBLE_DEVICES": "0"},
+    )
     res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env).check()
     assert "ABSENT" in res.stdout, res.describe()
     assert json.loads((bundle / "config.json").read_text())["hooks"]["createContainer"]

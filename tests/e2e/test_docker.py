@@ -48,9 +48,20 @@ def configure(*args: str, nvshim_config: Path) -> subprocess.CompletedProcess:
     """``nvshim runtime configure --runtime docker ARGS`` with ``NVSHIM_CONFIG`` set."""
     env = dict(os.environ, NVSHIM_CONFIG=str(nvshim_config))
     return subprocess.run(
-        [sys.executable, "-m", "nvshim.cli.main", "runtime", "configure", "--runtime", "docker",
-         *args],
-        cwd=REPO, env=env, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "nvshim.cli.main",
+            "runtime",
+            "configure",
+            "--runtime",
+            "docker",
+            *args,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
     )
 
 
@@ -69,28 +80,46 @@ def setup(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iterat
     wrappers = {}
     configs = {}
     for label, require in (("open", False), ("strict", True)):
-        config = write_nvshim_config(base / label, {
-            "require-allocation": require, "driver-root": node.root, "runtimes": ["runc"],
-        })
+        config = write_nvshim_config(
+            base / label,
+            {
+                "require-allocation": require,
+                "driver-root": node.root,
+                "runtimes": ["runc"],
+            },
+        )
         compile_node(str(config))
         configs[label] = config
-        wrappers[label] = make_env_wrapper(base / label / "nvshim-runtime", TRAMPOLINE,
-                                           {"NVSHIM_CONFIG": str(config)})
+        wrappers[label] = make_env_wrapper(
+            base / label / "nvshim-runtime", TRAMPOLINE, {"NVSHIM_CONFIG": str(config)}
+        )
     daemon_json = base / "etc-docker" / "daemon.json"
     daemon_json.parent.mkdir()
     daemon_json.write_text(ORIGINAL_DAEMON_JSON)
-    done = configure("--config", str(daemon_json), "--binary", str(wrappers["open"]),
-                     nvshim_config=configs["open"])
+    done = configure(
+        "--config",
+        str(daemon_json),
+        "--binary",
+        str(wrappers["open"]),
+        nvshim_config=configs["open"],
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(daemon_json.read_text())["runtimes"]["nvshim"]["path"] == str(
-        wrappers["open"])
+        wrappers["open"]
+    )
     dockerd = Dockerd(daemon_json, base)
     try:
         dockerd.start()
-        dockerd.import_rootfs(base_rootfs, IMAGE, env=["PATH=/bin:/usr/bin",
-                                                       "NVIDIA_VISIBLE_DEVICES=all"])
-        yield {"node": node, "dockerd": dockerd, "daemon_json": daemon_json,
-               "configs": configs, "wrappers": wrappers}
+        dockerd.import_rootfs(
+            base_rootfs, IMAGE, env=["PATH=/bin:/usr/bin", "NVIDIA_VISIBLE_DEVICES=all"]
+        )
+        yield {
+            "node": node,
+            "dockerd": dockerd,
+            "daemon_json": daemon_json,
+            "configs": configs,
+            "wrappers": wrappers,
+        }
     finally:
         dockerd.stop()
 
@@ -106,8 +135,12 @@ def test_docker_knows_the_configured_runtime(setup: Any) -> None:
 
 def test_runtime_nvshim_gpu_1_sees_exactly_gpu_1(setup: Any) -> None:
     """docker run --runtime nvshim -e NVIDIA_VISIBLE_DEVICES=1: only GPU 1's node (its minor)."""
-    result = setup["dockerd"].run(IMAGE, ["sh", "-c", "ls /dev; head -c0 /dev/nvidia*; env"],
-                                  runtime="nvshim", env={"NVIDIA_VISIBLE_DEVICES": "1"})
+    result = setup["dockerd"].run(
+        IMAGE,
+        ["sh", "-c", "ls /dev; head -c0 /dev/nvidia*; env"],
+        runtime="nvshim",
+        env={"NVIDIA_VISIBLE_DEVICES": "1"},
+    )
     assert result.rc in (0, 1), result.describe()  # head's ENXIO on the fake node is rc 1
     assert gpu_minors(result.stdout) == [setup["node"].gpus[1].minor], result.describe()
     assert "nvidiactl" in result.stdout.split()
@@ -118,8 +151,9 @@ def test_runtime_nvshim_gpu_1_sees_exactly_gpu_1(setup: Any) -> None:
 
 def test_runtime_nvshim_void_sees_no_gpu(setup: Any) -> None:
     """NVIDIA_VISIBLE_DEVICES=void: no NVIDIA node at all."""
-    result = setup["dockerd"].run(IMAGE, ["ls", "/dev"], runtime="nvshim",
-                                  env={"NVIDIA_VISIBLE_DEVICES": "void"})
+    result = setup["dockerd"].run(
+        IMAGE, ["ls", "/dev"], runtime="nvshim", env={"NVIDIA_VISIBLE_DEVICES": "void"}
+    )
     result.check()
     assert not [x for x in result.stdout.split() if x.startswith("nvidia")], result.stdout
 
@@ -136,12 +170,24 @@ def test_default_runtime_with_require_allocation_strips_image_all(setup: Any) ->
     """nvshim as Docker's default runtime: refused while require-allocation is off; with it on,
     an image saying NVIDIA_VISIBLE_DEVICES=all gets no GPU; --revert restores daemon.json."""
     dockerd, daemon_json = setup["dockerd"], setup["daemon_json"]
-    refused = configure("--config", str(daemon_json), "--binary", str(setup["wrappers"]["open"]),
-                        "--set-as-default", nvshim_config=setup["configs"]["open"])
+    refused = configure(
+        "--config",
+        str(daemon_json),
+        "--binary",
+        str(setup["wrappers"]["open"]),
+        "--set-as-default",
+        nvshim_config=setup["configs"]["open"],
+    )
     assert refused.returncode == 1
     assert "require-allocation" in refused.stderr and len(refused.stderr.splitlines()) == 1
-    done = configure("--config", str(daemon_json), "--binary", str(setup["wrappers"]["strict"]),
-                     "--set-as-default", nvshim_config=setup["configs"]["strict"])
+    done = configure(
+        "--config",
+        str(daemon_json),
+        "--binary",
+        str(setup["wrappers"]["strict"]),
+        "--set-as-default",
+        nvshim_config=setup["configs"]["strict"],
+    )
     assert done.returncode == 0, done.stderr
     try:
         dockerd.reload(expect_default="nvshim")
@@ -155,8 +201,9 @@ def test_default_runtime_with_require_allocation_strips_image_all(setup: Any) ->
         granted.check()
         assert gpu_minors(granted.stdout) == [setup["node"].gpus[2].minor]
     finally:
-        reverted = configure("--config", str(daemon_json), "--revert",
-                             nvshim_config=setup["configs"]["strict"])
+        reverted = configure(
+            "--config", str(daemon_json), "--revert", nvshim_config=setup["configs"]["strict"]
+        )
         assert reverted.returncode == 0, reverted.stderr
     assert daemon_json.read_text() == ORIGINAL_DAEMON_JSON
     # SIGHUP does not reset keys that left the file: a reverted daemon.json needs a restart

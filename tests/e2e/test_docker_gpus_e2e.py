@@ -39,10 +39,12 @@ REPO = Path(__file__).resolve().parents[2]
 IMAGE = "nvshim-e2e/cuda-like:local"
 GPU_NODE = re.compile(r"^nvidia([0-9]+)$")
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
-PROBE = (f"ls /dev; echo ---; ls {LIBDIR} 2>/dev/null; echo ---; nvidia-smi -L; echo ---; env")
-STAND_IN = ("nvshim: docker run --gpus needs --runtime nvshim-strict (or nvshim-strict as "
-            "Docker's default runtime): this container's runtime is not nvshim-strict, so it "
-            "would start without GPUs")
+PROBE = f"ls /dev; echo ---; ls {LIBDIR} 2>/dev/null; echo ---; nvidia-smi -L; echo ---; env"
+STAND_IN = (
+    "nvshim: docker run --gpus needs --runtime nvshim-strict (or nvshim-strict as "
+    "Docker's default runtime): this container's runtime is not nvshim-strict, so it "
+    "would start without GPUs"
+)
 
 
 def sections(stdout: str) -> Dict[str, Any]:
@@ -61,13 +63,28 @@ def configure(*args: str, nvshim_config: Path) -> subprocess.CompletedProcess:
     """``nvshim runtime configure --runtime docker ARGS`` from this checkout."""
     env = dict(os.environ, NVSHIM_CONFIG=str(nvshim_config))
     return subprocess.run(
-        [sys.executable, "-m", "nvshim.cli.main", "runtime", "configure", "--runtime", "docker",
-         *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "nvshim.cli.main",
+            "runtime",
+            "configure",
+            "--runtime",
+            "docker",
+            *args,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module", params=["20.10", "28"], ids=lambda v: f"docker-{v}")
-def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-          base_rootfs: Path) -> Iterator[Any]:
+def setup(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path
+) -> Iterator[Any]:
     """The simulated node, both runtimes registered by configure, dockerd started: Debian 12's
     docker.io 20.10 over runc 1.1.5, or Debian unstable's 28.5 with its containerd 2.1 over
     runc 1.3 (:mod:`tests.helpers.debiansid`; skipped, under CI failed, when unavailable)."""
@@ -96,21 +113,45 @@ def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     if request.param == "28":  # native CDI, reading only nvshim's spec for this node
         settings["cdi-spec-dirs"] = [str(base / "cdi")]
         gen = subprocess.run(
-            [sys.executable, "-m", "nvshim.cli.main", "cdi", "generate", "--driver-root",
-             node.root, "--output", str(base / "cdi" / "nvidia.yaml")],
-            cwd=REPO, capture_output=True, text=True, timeout=120)
+            [
+                sys.executable,
+                "-m",
+                "nvshim.cli.main",
+                "cdi",
+                "generate",
+                "--driver-root",
+                node.root,
+                "--output",
+                str(base / "cdi" / "nvidia.yaml"),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert gen.returncode == 0, gen.stderr
     daemon_json.write_text(json.dumps(settings, indent=2) + "\n")
     dirs = {}
     for name, require in (("nvshim", False), ("nvshim-strict", True)):
-        config = write_nvshim_config(base / name, {
-            "require-allocation": require, "driver-root": node.root, "runtimes": [low]})
+        config = write_nvshim_config(
+            base / name,
+            {"require-allocation": require, "driver-root": node.root, "runtimes": [low]},
+        )
         compile_node(str(config))
-        wrapper = make_env_wrapper(base / name / "nvshim-runtime", tramp,
-                                   {"NVSHIM_CONFIG": str(config)})
+        wrapper = make_env_wrapper(
+            base / name / "nvshim-runtime", tramp, {"NVSHIM_CONFIG": str(config)}
+        )
         flags = ["--set-as-default"] if require else []
-        done = configure("--config", str(daemon_json), "--name", name, "--binary", str(wrapper),
-                         *flags, nvshim_config=config)
+        done = configure(
+            "--config",
+            str(daemon_json),
+            "--name",
+            name,
+            "--binary",
+            str(wrapper),
+            *flags,
+            nvshim_config=config,
+        )
         assert done.returncode == 0, done.stderr
         assert (base / name / GPUS_HOOK).is_file(), done.stderr
         dirs[name] = base / name
@@ -119,9 +160,15 @@ def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     dockerd = Dockerd(daemon_json, base, env=env, bin_dirs=bin_dirs)
     try:
         dockerd.start()
-        dockerd.import_rootfs(base_rootfs, IMAGE, env=[
-            "PATH=/bin:/usr/bin", "NVIDIA_VISIBLE_DEVICES=all",
-            "NVIDIA_DRIVER_CAPABILITIES=compute,utility"])
+        dockerd.import_rootfs(
+            base_rootfs,
+            IMAGE,
+            env=[
+                "PATH=/bin:/usr/bin",
+                "NVIDIA_VISIBLE_DEVICES=all",
+                "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+            ],
+        )
         yield {"node": node, "dockerd": dockerd, "dirs": dirs, "version": request.param}
     finally:
         dockerd.stop()
@@ -129,8 +176,9 @@ def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 def run(setup: Any, *flags: str) -> Any:
     """``docker run --rm --network none FLAGS IMAGE sh -c PROBE``; what it saw."""
-    result = setup["dockerd"].docker("run", "--rm", "--network", "none", *flags, IMAGE,
-                                     "sh", "-c", PROBE)
+    result = setup["dockerd"].docker(
+        "run", "--rm", "--network", "none", *flags, IMAGE, "sh", "-c", PROBE
+    )
     assert result.rc == 0, result.describe()
     return sections(result.stdout)
 
@@ -146,8 +194,9 @@ FORMS = [
 
 
 @pytest.mark.parametrize("gpus,indices,compute", FORMS, ids=[f[0] for f in FORMS])
-def test_gpus_gives_exactly_what_it_names(setup: Any, gpus: str, indices: List[int],
-                                          compute: bool) -> None:
+def test_gpus_gives_exactly_what_it_names(
+    setup: Any, gpus: str, indices: List[int], compute: bool
+) -> None:
     """docker run --gpus X through nvshim as Docker's default runtime under
     require-allocation: the container sees exactly the GPUs X names (by their shuffled
     minors and in nvidia-smi -L), the driver libraries of the capabilities asked for, and
@@ -156,7 +205,8 @@ def test_gpus_gives_exactly_what_it_names(setup: Any, gpus: str, indices: List[i
     seen = run(setup, "--gpus", gpus)
     assert seen["minors"] == sorted(node.gpus[i].minor for i in indices), seen
     assert [line.split("UUID: ")[1].rstrip(")") for line in seen["smi"]] == [
-        node.gpus[i].uuid for i in sorted(indices)], seen["smi"]
+        node.gpus[i].uuid for i in sorted(indices)
+    ], seen["smi"]
     assert any(lib.startswith("libnvidia-ml.so.") for lib in seen["libs"]), seen["libs"]
     assert any(lib.startswith("libcuda.so.") for lib in seen["libs"]) == compute, seen["libs"]
     assert ("nvidia-uvm" in seen["dev"]) == compute, seen["dev"]
@@ -182,8 +232,9 @@ def test_without_gpus_the_image_all_gets_nothing(setup: Any) -> None:
 def test_runc_with_gpus_fails_with_nvshims_line(setup: Any) -> None:
     """--runtime runc --gpus all: runc runs nvshim's stand-in hook, which fails the
     container with nvshim's line instead of letting it start without GPUs."""
-    result = setup["dockerd"].docker("run", "--rm", "--network", "none", "--runtime", "runc",
-                                     "--gpus", "all", IMAGE, "true")
+    result = setup["dockerd"].docker(
+        "run", "--rm", "--network", "none", "--runtime", "runc", "--gpus", "all", IMAGE, "true"
+    )
     assert result.rc == 125, result.describe()
     assert STAND_IN in result.stderr, result.stderr
 
@@ -193,8 +244,9 @@ def test_the_created_spec_has_no_nvidia_hook(setup: Any) -> None:
     (20.10: beside Docker's own prestart hook; 28 with --network none adds none), and GPU
     1's node."""
     dockerd = setup["dockerd"]
-    started = dockerd.docker("run", "-d", "--network", "none", "--gpus", "device=1", IMAGE,
-                             "sleep", "60")
+    started = dockerd.docker(
+        "run", "-d", "--network", "none", "--gpus", "device=1", IMAGE, "sleep", "60"
+    )
     assert started.rc == 0, started.describe()
     cid = started.stdout.strip()
     try:
@@ -204,8 +256,11 @@ def test_the_created_spec_has_no_nvidia_hook(setup: Any) -> None:
         hooks = spec.get("hooks", {})
         assert hooks.get("prestart") or setup["version"] != "20.10", hooks
         assert not [h for kind in hooks.values() for h in kind if GPUS_HOOK in h["path"]], hooks
-        minors = [d["minor"] for d in spec["linux"]["devices"] if d["path"].startswith(
-            "/dev/nvidia") and d["major"] == 195]
+        minors = [
+            d["minor"]
+            for d in spec["linux"]["devices"]
+            if d["path"].startswith("/dev/nvidia") and d["major"] == 195
+        ]
         assert setup["node"].gpus[1].minor in minors
     finally:
         dockerd.docker("rm", "-f", cid)

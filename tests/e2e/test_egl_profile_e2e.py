@@ -33,18 +33,22 @@ pytestmark = pytest.mark.e2e
 PROFILE = "/etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: PROFILE <content>, or NO-PROFILE; LINK <link> <target> <major:minor hex of what it reaches>
-PROBE = (f"if [ -e {PROFILE} ]; then printf 'PROFILE '; cat {PROFILE}; echo; "
-         "else echo NO-PROFILE; fi; "
-         "for l in /dev/dri/by-path/*; do [ -L \"$l\" ] && "
-         "echo \"LINK $l $(readlink $l) $(stat -L -c %t:%T $l)\"; done; "
-         "[ -e /dev/dri/by-path ] || echo NO-BY-PATH")
+PROBE = (
+    f"if [ -e {PROFILE} ]; then printf 'PROFILE '; cat {PROFILE}; echo; "
+    "else echo NO-PROFILE; fi; "
+    'for l in /dev/dri/by-path/*; do [ -L "$l" ] && '
+    'echo "LINK $l $(readlink $l) $(stat -L -c %t:%T $l)"; done; '
+    "[ -e /dev/dri/by-path ] || echo NO-BY-PATH"
+)
 
 
 def expected_profile(*minors: int) -> str:
     """The reference's bytes for the GPUs of ``minors`` (the toolkit's hook writes these)."""
     mask = sum(1 << m for m in minors)
-    return ('{"profiles":[{"name":"_container_","settings":["EGLVisibleDGPUDevices",'
-            f'{mask:#x}]}}],"rules":[{{"pattern":[],"profile":"_container_"}}]}}')
+    return (
+        '{"profiles":[{"name":"_container_","settings":["EGLVisibleDGPUDevices",'
+        f'{mask:#x}]}}],"rules":[{{"pattern":[],"profile":"_container_"}}]}}'
+    )
 
 
 def seen_profile(output: str) -> str:
@@ -54,8 +58,10 @@ def seen_profile(output: str) -> str:
 
 def seen_links(output: str) -> Dict[str, Tuple[str, Tuple[int, int]]]:
     """link → (target, (major, minor) of the node it reaches)."""
-    return {m.group(1): (m.group(2), (int(m.group(3), 16), int(m.group(4), 16)))
-            for m in re.finditer(r"^LINK (\S+) (\S+) ([0-9a-f]+):([0-9a-f]+)$", output, re.M)}
+    return {
+        m.group(1): (m.group(2), (int(m.group(3), 16), int(m.group(4), 16)))
+        for m in re.finditer(r"^LINK (\S+) (\S+) ([0-9a-f]+):([0-9a-f]+)$", output, re.M)
+    }
 
 
 def expected_links(node: Any, *indexes: int) -> Dict[str, Tuple[str, Tuple[int, int]]]:
@@ -80,9 +86,15 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def config_env(node: Any, tmp_path: Path, runtime: str = "runc", **more: Any) -> Dict[str, str]:
-    cfg = write_nvshim_config(tmp_path / unique_id("cfg"), {
-        "driver-root": node.root, "runtimes": [runtime],
-        "debug-log": str(tmp_path / "debug.log"), **more})
+    cfg = write_nvshim_config(
+        tmp_path / unique_id("cfg"),
+        {
+            "driver-root": node.root,
+            "runtimes": [runtime],
+            "debug-log": str(tmp_path / "debug.log"),
+            **more,
+        },
+    )
     compile_node(str(cfg))
     return {"NVSHIM_CONFIG": str(cfg), "PATH": PATH}
 
@@ -101,7 +113,8 @@ def engine(request: pytest.FixtureRequest, crunw: Path) -> Tuple[Any, str]:
 
 @pytest.mark.parametrize("caps", ["graphics", "display", "compute,utility,graphics"])
 def test_graphics_container_gets_a_profile_and_links_of_its_gpu_only(
-        engine, node, rootfs, tmp_path, nvshim_runtime_bin, caps):
+    engine, node, rootfs, tmp_path, nvshim_runtime_bin, caps
+):
     """GPU 1 (minor ≠ index) with graphics or display: the profile's mask has only GPU 1's
     minor bit, written by the runtime before runc, and /dev/dri/by-path has GPU 1's card and
     render links (resolving to 226:1 and 226:129) and not GPU 0's; the hook left in
@@ -113,39 +126,49 @@ def test_graphics_container_gets_a_profile_and_links_of_its_gpu_only(
     assert seen_profile(res.stdout) == expected_profile(node.gpus[1].minor), res.describe()
     assert seen_links(res.stdout) == expected_links(node, 1), res.describe()
     assert rootwork_by(tmp_path / "debug.log") == ["runtime"]
-    hooks = [h for h in read_config(bundle)["hooks"]["createContainer"]
-             if any("nvshim.hook" in a for a in h["args"])]
+    hooks = [
+        h
+        for h in read_config(bundle)["hooks"]["createContainer"]
+        if any("nvshim.hook" in a for a in h["args"])
+    ]
     assert len(hooks) == 1, hooks
     args = hooks[0]["args"]
     assert "--folder" not in args and "--link" not in args and "--egl-profile" not in args
     assert args.count("--dev-link") == 2, args
 
 
-def test_two_gpus_give_both_bits_and_both_gpus_links(runc, node, rootfs, tmp_path,
-                                                     nvshim_runtime_bin):
+def test_two_gpus_give_both_bits_and_both_gpus_links(
+    runc, node, rootfs, tmp_path, nvshim_runtime_bin
+):
     """NVIDIA_VISIBLE_DEVICES=all with graphics: both minors' bits, all four links."""
     env = config_env(node, tmp_path)
-    bundle = make_bundle(tmp_path / "b", rootfs, ["sh", "-c", PROBE], env=gpu_env("all", "graphics"))
+    bundle = make_bundle(
+        tmp_path / "b", rootfs, ["sh", "-c", PROBE], env=gpu_env("all", "graphics")
+    )
     res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env).check()
-    assert seen_profile(res.stdout) == expected_profile(*(g.minor for g in node.gpus)), \
+    assert seen_profile(res.stdout) == expected_profile(*(g.minor for g in node.gpus)), (
         res.describe()
+    )
     assert seen_links(res.stdout) == expected_links(node, 0, 1), res.describe()
 
 
-def test_compute_container_gets_neither_profile_nor_links(runc, node, rootfs, tmp_path,
-                                                          nvshim_runtime_bin):
+def test_compute_container_gets_neither_profile_nor_links(
+    runc, node, rootfs, tmp_path, nvshim_runtime_bin
+):
     """compute,utility (the reference writes the profile for graphics and display only):
     no profile, no /dev/dri at all."""
     env = config_env(node, tmp_path)
-    bundle = make_bundle(tmp_path / "b", rootfs, ["sh", "-c", PROBE],
-                         env=gpu_env("1", "compute,utility"))
+    bundle = make_bundle(
+        tmp_path / "b", rootfs, ["sh", "-c", PROBE], env=gpu_env("1", "compute,utility")
+    )
     res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env).check()
     assert "NO-PROFILE" in res.stdout and "NO-BY-PATH" in res.stdout, res.describe()
     assert not (bundle / "rootfs" / PROFILE.lstrip("/")).exists()
 
 
-def test_read_only_rootfs_gets_the_profile_from_the_hook(engine, node, rootfs, tmp_path,
-                                                         nvshim_runtime_bin):
+def test_read_only_rootfs_gets_the_profile_from_the_hook(
+    engine, node, rootfs, tmp_path, nvshim_runtime_bin
+):
     """A rootfs the runtime cannot write: the hook writes the same profile, from the
     /dev/nvidia<N> nodes it finds in the container's /dev, and makes the links."""
     driver, low = engine
@@ -164,26 +187,35 @@ def test_read_only_rootfs_gets_the_profile_from_the_hook(engine, node, rootfs, t
 def cdi_env(tmp_path: Path, node: Any) -> Dict[str, str]:
     """nvshim-runtime's env with a private cdi-spec-dir holding ``nvshim cdi generate``'s
     spec for the node, generated with graphics."""
-    spec = generate_spec(Host(node.root), capabilities=("compute", "utility", "graphics"),
-                         hook_command=hook_command())
+    spec = generate_spec(
+        Host(node.root),
+        capabilities=("compute", "utility", "graphics"),
+        hook_command=hook_command(),
+    )
     from nvshim.cdi.write import write_spec
 
     write_spec(str(tmp_path / "cdi" / "nvidia.yaml"), spec)
     return config_env(node, tmp_path, **{"cdi-spec-dirs": [str(tmp_path / "cdi")]})
 
 
-def test_cdi_name_with_graphics_gets_its_gpus_profile_and_links(runc, node, rootfs, tmp_path,
-                                                                nvshim_runtime_bin, cdi_env):
+def test_cdi_name_with_graphics_gets_its_gpus_profile_and_links(
+    runc, node, rootfs, tmp_path, nvshim_runtime_bin, cdi_env
+):
     """nvidia.com/gpu=1 from the generated spec, graphics: GPU 1's profile and links only
     (the spec's one hook carries every GPU's links; only those whose node the container got
     are made); compute,utility from the same spec: neither."""
-    bundle = make_bundle(tmp_path / "b", rootfs, ["sh", "-c", PROBE],
-                         env=gpu_env("nvidia.com/gpu=1", "graphics"))
+    bundle = make_bundle(
+        tmp_path / "b", rootfs, ["sh", "-c", PROBE], env=gpu_env("nvidia.com/gpu=1", "graphics")
+    )
     res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=cdi_env).check()
     assert seen_profile(res.stdout) == expected_profile(node.gpus[1].minor), res.describe()
     assert seen_links(res.stdout) == expected_links(node, 1), res.describe()
-    bundle = make_bundle(tmp_path / "c", rootfs, ["sh", "-c", PROBE],
-                         env=gpu_env("nvidia.com/gpu=1", "compute,utility"))
+    bundle = make_bundle(
+        tmp_path / "c",
+        rootfs,
+        ["sh", "-c", PROBE],
+        env=gpu_env("nvidia.com/gpu=1", "compute,utility"),
+    )
     res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=cdi_env).check()
     assert "NO-PROFILE" in res.stdout and "NO-BY-PATH" in res.stdout, res.describe()
 
@@ -194,8 +226,11 @@ def test_podman_with_the_generated_spec_gets_profile_and_links(podman, node, roo
     from nvshim.cdi.write import dump_spec
     from tests.helpers.podman import installed_cdi_spec
 
-    spec = generate_spec(Host(node.root), capabilities=("compute", "utility", "graphics"),
-                         hook_command=hook_command())
+    spec = generate_spec(
+        Host(node.root),
+        capabilities=("compute", "utility", "graphics"),
+        hook_command=hook_command(),
+    )
     with installed_cdi_spec(dump_spec(spec, "yaml"), f"nvshim-e2e-{unique_id()}.yaml"):
         res = podman.podman_run(rootfs, ["sh", "-c", PROBE], devices=["nvidia.com/gpu=1"])
     assert res.rc == 0, res.describe()

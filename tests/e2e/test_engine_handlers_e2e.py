@@ -28,11 +28,13 @@ BINARY = "/opt/nvshim/bin/nvshim-runtime"
 BINARY_RA = "/opt/nvshim-ra/bin/nvshim-runtime"
 
 
-
-
 def _nvshim(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nvshim.cli.main", "runtime", "configure",
-                           *args], cwd=REPO, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "nvshim.cli.main", "runtime", "configure", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
 
 
 def _ok(*args: str) -> str:
@@ -42,12 +44,15 @@ def _ok(*args: str) -> str:
 
 
 def _handlers(containerd_bin: str, config: Path) -> Dict[str, Any]:
-    done = subprocess.run([containerd_bin, "--config", str(config), "config", "dump"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [containerd_bin, "--config", str(config), "config", "dump"], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     merged = tomlkit.parse(done.stdout).unwrap()
-    return {name: table.get("options", {}).get("BinaryName")
-            for name, table in merged["plugins"][CRI]["containerd"]["runtimes"].items()}
+    return {
+        name: table.get("options", {}).get("BinaryName")
+        for name, table in merged["plugins"][CRI]["containerd"]["runtimes"].items()
+    }
 
 
 def test_containerd_second_handler_keeps_the_first(containerd_bin: str, tmp_path: Path) -> None:
@@ -77,11 +82,28 @@ def test_docker_second_runtime_keeps_the_first(tmp_path: Path) -> None:
     original = '{\n    "log-level": "warn"\n}\n'
     config.write_text(original)
     bindir = tmp_path / "bin"
-    _ok("--runtime", "docker", "--config", str(config), "--binary", str(bindir / "a" / "nvshim-runtime"))
-    _ok("--runtime", "docker", "--config", str(config), "--name", "nvshim-ra",
-        "--binary", str(bindir / "b" / "nvshim-runtime"))
-    assert read_runtimes(str(config)).runtimes == {"nvshim": str(bindir / "a" / "nvshim-runtime"),
-                                                   "nvshim-ra": str(bindir / "b" / "nvshim-runtime")}
+    _ok(
+        "--runtime",
+        "docker",
+        "--config",
+        str(config),
+        "--binary",
+        str(bindir / "a" / "nvshim-runtime"),
+    )
+    _ok(
+        "--runtime",
+        "docker",
+        "--config",
+        str(config),
+        "--name",
+        "nvshim-ra",
+        "--binary",
+        str(bindir / "b" / "nvshim-runtime"),
+    )
+    assert read_runtimes(str(config)).runtimes == {
+        "nvshim": str(bindir / "a" / "nvshim-runtime"),
+        "nvshim-ra": str(bindir / "b" / "nvshim-runtime"),
+    }
     _ok("--runtime", "docker", "--config", str(config), "--revert", "--name", "nvshim-ra")
     assert read_runtimes(str(config)).runtimes == {"nvshim": str(bindir / "a" / "nvshim-runtime")}
     assert json.loads(config.read_text())["log-level"] == "warn"
@@ -106,8 +128,9 @@ def test_crio_second_handler_keeps_the_first(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["crio.conf"]
 
 
-def test_doctor_notices_a_configured_handler_containerd_lost(containerd_bin: str,
-                                                             tmp_path: Path) -> None:
+def test_doctor_notices_a_configured_handler_containerd_lost(
+    containerd_bin: str, tmp_path: Path
+) -> None:
     """doctor fails when containerd no longer loads a handler runtime configure recorded."""
     config = tmp_path / "config.toml"
     config.write_text(DEBIAN_CONFIG)
@@ -121,9 +144,24 @@ def test_doctor_notices_a_configured_handler_containerd_lost(containerd_bin: str
 
     def configured() -> list:
         done = subprocess.run(
-            [sys.executable, "-m", "nvshim.cli.main", "doctor", "--format", "json",
-             "--containerd-config", str(config), "--docker-config", str(tmp_path / "none"),
-             "--crio-config", str(tmp_path / "none")], cwd=REPO, capture_output=True, text=True)
+            [
+                sys.executable,
+                "-m",
+                "nvshim.cli.main",
+                "doctor",
+                "--format",
+                "json",
+                "--containerd-config",
+                str(config),
+                "--docker-config",
+                str(tmp_path / "none"),
+                "--crio-config",
+                str(tmp_path / "none"),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         return [f for f in json.loads(done.stdout) if f["check"] == "configured"]
 
     found = configured()

@@ -26,29 +26,49 @@ def setup(tmp_path: Path, runc: Runc, base_rootfs: Path, nvshim_runtime_bin: str
     from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2)
-    cfg = write_nvshim_config(tmp_path / "etc", {
-        "runtimes": [require_binary("runc")], "driver-root": node.root,
-    })
+    cfg = write_nvshim_config(
+        tmp_path / "etc",
+        {
+            "runtimes": [require_binary("runc")],
+            "driver-root": node.root,
+        },
+    )
     compile_node(str(cfg))
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(cfg)}
-    return {"node": node, "env": env, "journal": cfg.parent / "grants.jsonl",
-            "rootfs": base_rootfs, "runtime": nvshim_runtime_bin, "tmp": tmp_path}
+    return {
+        "node": node,
+        "env": env,
+        "journal": cfg.parent / "grants.jsonl",
+        "rootfs": base_rootfs,
+        "runtime": nvshim_runtime_bin,
+        "tmp": tmp_path,
+    }
 
 
 def create(runc: Runc, s: Dict[str, Any], cid: str, visible: str) -> None:
-    bundle = make_bundle(s["tmp"] / cid, s["rootfs"], ["sleep", "30"],
-                         env={"NVIDIA_VISIBLE_DEVICES": visible})
+    bundle = make_bundle(
+        s["tmp"] / cid, s["rootfs"], ["sleep", "30"], env={"NVIDIA_VISIBLE_DEVICES": visible}
+    )
     res = runc.create(bundle, cid, runtime=s["runtime"], env=s["env"])
     assert res.rc == 0, res.describe()
 
 
 def grants(nvshim_bin: str, s: Dict[str, Any], *extra: str) -> "subprocess.CompletedProcess[str]":
-    return subprocess.run([nvshim_bin, "grants", "--journal", str(s["journal"]), *extra],
-                          capture_output=True, text=True, timeout=60, env=s["env"], check=False)
+    return subprocess.run(
+        [nvshim_bin, "grants", "--journal", str(s["journal"]), *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=s["env"],
+        check=False,
+    )
 
 
 def test_two_containers_on_one_gpu_are_flagged_until_one_is_deleted(
-    runc: Runc, setup: Dict[str, Any], nvshim_bin: str, tmp_path: Path,
+    runc: Runc,
+    setup: Dict[str, Any],
+    nvshim_bin: str,
+    tmp_path: Path,
 ) -> None:
     """Two live containers granted GPU 0 are a conflict (exit 1, in JSON, table and textfile), each row naming GPU 0 by index and UUID; deleting one clears it."""
     gpu0 = setup["node"].gpus[0].uuid
@@ -59,7 +79,9 @@ def test_two_containers_on_one_gpu_are_flagged_until_one_is_deleted(
     doc = json.loads(res.stdout)
     assert doc["conflicts"] == {gpu0: ["holder-a", "holder-b"]}
     assert {g["container_id"]: g["status"] for g in doc["grants"]} == {
-        "holder-a": "created", "holder-b": "created"}
+        "holder-a": "created",
+        "holder-b": "created",
+    }
     assert [g["gpu_indices"] for g in doc["grants"]] == [["0"], ["0"]]  # as nvidia-smi numbers it
     prom = (tmp_path / "g.prom").read_text()
     assert prom.count(f'nvshim_gpu_grants{{gpu="{gpu0}"') == 2
@@ -77,7 +99,9 @@ def test_two_containers_on_one_gpu_are_flagged_until_one_is_deleted(
 
 
 def test_time_slicing_replicas_share_a_gpu_without_a_conflict(
-    runc: Runc, setup: Dict[str, Any], nvshim_bin: str,
+    runc: Runc,
+    setup: Dict[str, Any],
+    nvshim_bin: str,
 ) -> None:
     """Two containers granted replicas of GPU 1 (<uuid>::1, <uuid>::2) are listed as shared, not flagged."""
     gpu1 = setup["node"].gpus[1].uuid
@@ -88,5 +112,7 @@ def test_time_slicing_replicas_share_a_gpu_without_a_conflict(
     doc = json.loads(res.stdout)
     assert doc["conflicts"] == {}
     assert sorted((g["container_id"], g["shared"]) for g in doc["grants"]) == [
-        ("rep-a", True), ("rep-b", True)]
+        ("rep-a", True),
+        ("rep-b", True),
+    ]
     assert "shared (replica)" in grants(nvshim_bin, setup).stdout

@@ -58,7 +58,9 @@ def fake_nvidia0(tmp_path: Path) -> Path:
     return node
 
 
-def test_bundle_config_is_tab_indented_with_relative_root(base_rootfs: Path, tmp_path: Path) -> None:
+def test_bundle_config_is_tab_indented_with_relative_root(
+    base_rootfs: Path, tmp_path: Path
+) -> None:
     """make_bundle writes a tab-indented config.json with root.path "rootfs" and the rootfs copy."""
     b = make_bundle(tmp_path / "b", base_rootfs, ["true"], env={"FOO": "bar"})
     text = (b / "config.json").read_text()
@@ -73,14 +75,16 @@ def test_bundle_config_is_tab_indented_with_relative_root(base_rootfs: Path, tmp
 
 @pytest.mark.parametrize("engine", ["runc", "crun"])
 def test_busybox_container_prints_what_it_sees(
-    engine: str, request: pytest.FixtureRequest, base_rootfs: Path, tmp_path: Path,
-    data_dir: Path
+    engine: str, request: pytest.FixtureRequest, base_rootfs: Path, tmp_path: Path, data_dir: Path
 ) -> None:
     """A busybox container run by runc/crun sees its env, rootfs files and a read-only bind mount."""
     r: Runc = request.getfixturevalue(engine)
     b = make_bundle(
-        tmp_path / "b", base_rootfs, ["sh", "-c", SEES + "; echo x > /data/y || echo RO-OK", engine],
-        env={"FOO": "bar"}, mounts=[bind_mount(data_dir, "/data")],
+        tmp_path / "b",
+        base_rootfs,
+        ["sh", "-c", SEES + "; echo x > /data/y || echo RO-OK", engine],
+        env={"FOO": "bar"},
+        mounts=[bind_mount(data_dir, "/data")],
     )
     res = r.run(b, unique_id(engine)).check()
     assert f"hello-from-{engine}\n0\nFOO=bar\nroot:x:0:0:" in res.stdout
@@ -108,7 +112,9 @@ def test_runc_lifecycle_keeps_container_output_and_log(
     assert gone.log_errors == ["container does not exist"]
 
 
-def test_run_detached_returns_container_output(runc: Runc, base_rootfs: Path, tmp_path: Path) -> None:
+def test_run_detached_returns_container_output(
+    runc: Runc, base_rootfs: Path, tmp_path: Path
+) -> None:
     """run_detached goes create→start→stopped→delete and returns what the container printed."""
     b = make_bundle(tmp_path / "b", base_rootfs, ["sh", "-c", "echo detached-ok"])
     cid = unique_id("det")
@@ -124,14 +130,21 @@ def test_run_detached_returns_container_output(runc: Runc, base_rootfs: Path, tm
     ids=["allowed", "denied"],
 )
 def test_device_cgroup_rule_decides_enxio_or_eperm(
-    engine: str, rules: list, expected: str, request: pytest.FixtureRequest,
-    base_rootfs: Path, tmp_path: Path
+    engine: str,
+    rules: list,
+    expected: str,
+    request: pytest.FixtureRequest,
+    base_rootfs: Path,
+    tmp_path: Path,
 ) -> None:
     """Opening a 195:0 node gives ENXIO when the cgroup allows c 195:* and EPERM when it does not."""
     r: Runc = request.getfixturevalue(engine)
     b = make_bundle(
-        tmp_path / "b", base_rootfs, ["sh", "-c", "ls -l /dev/nvidia0; head -c0 /dev/nvidia0"],
-        devices=[char_device("/dev/nvidia0", 195, 0)], device_rules=rules,
+        tmp_path / "b",
+        base_rootfs,
+        ["sh", "-c", "ls -l /dev/nvidia0; head -c0 /dev/nvidia0"],
+        devices=[char_device("/dev/nvidia0", 195, 0)],
+        device_rules=rules,
     )
     res = r.run(b, unique_id(engine))
     assert res.rc == 1, res.describe()
@@ -169,7 +182,9 @@ def test_library_resolves_through_container_ld_so_cache(
     assert "libz.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libz.so.1" in after.stdout
 
 
-def test_ld_probe_reports_unloadable_library(runc: Runc, glibc_rootfs: Path, tmp_path: Path) -> None:
+def test_ld_probe_reports_unloadable_library(
+    runc: Runc, glibc_rootfs: Path, tmp_path: Path
+) -> None:
     """A SONAME with no loadable file parses as path None, not as a resolution."""
     b = make_bundle(tmp_path / "b", glibc_rootfs, ld_probe_args("libcuda.so.1"))
     res = runc.run(b, unique_id("ld")).check()
@@ -184,8 +199,11 @@ def test_ctr_run_returns_container_output(
 ) -> None:
     """ctr run (private containerd) returns the container's output, env, mounts and exit status."""
     res = containerd.ctr_run(
-        rootfs, unique_id("ctr"), ["sh", "-c", SEES + "; exit 7", "ctr"],
-        env={"FOO": "bar"}, mounts=[(data_dir, "/data")],
+        rootfs,
+        unique_id("ctr"),
+        ["sh", "-c", SEES + "; exit 7", "ctr"],
+        env={"FOO": "bar"},
+        mounts=[(data_dir, "/data")],
     )
     assert res.rc == 7, res.describe()
     assert "hello-from-ctr\n0\nFOO=bar\n" in res.stdout
@@ -221,8 +239,14 @@ def test_podman_consumes_installed_cdi_spec(
     spec = {
         "cdiVersion": "0.5.0",
         "kind": "nvshim-e2e.example.com/gpu",
-        "devices": [{"name": "0", "containerEdits": {"deviceNodes": [
-            {"path": "/dev/nvidia0", "hostPath": str(fake_nvidia0)}]}}],
+        "devices": [
+            {
+                "name": "0",
+                "containerEdits": {
+                    "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": str(fake_nvidia0)}]
+                },
+            }
+        ],
         "containerEdits": {"env": ["FROM_CDI=yes"]},
     }
     name = f"{unique_id('harness')}.yaml"
@@ -232,7 +256,8 @@ def test_podman_consumes_installed_cdi_spec(
             with installed_cdi_spec("{}", name):
                 pass
         res = podman.podman_run(
-            rootfs, ["sh", "-c", "echo FROM_CDI=$FROM_CDI; head -c0 /dev/nvidia0"],
+            rootfs,
+            ["sh", "-c", "echo FROM_CDI=$FROM_CDI; head -c0 /dev/nvidia0"],
             devices=["nvshim-e2e.example.com/gpu=0"],
         )
     assert not (CDI_DIR / name).exists()
@@ -244,8 +269,10 @@ def test_nvshim_config_env_points_at_written_yaml(tmp_path: Path, crunw: Path) -
     """nvshim_config_env writes the settings as YAML and sets NVSHIM_CONFIG to that file."""
     env = nvshim_config_env(tmp_path / "cfg", {"runtimes": [crunw], "debug-log": "/tmp/x.log"})
     assert yaml.safe_load(Path(env["NVSHIM_CONFIG"]).read_text()) == {
-        "runtimes": [str(crunw)], "debug-log": "/tmp/x.log",
-        "grants-journal": str(tmp_path / "cfg" / "grants.jsonl")}  # never the node's journal
+        "runtimes": [str(crunw)],
+        "debug-log": "/tmp/x.log",
+        "grants-journal": str(tmp_path / "cfg" / "grants.jsonl"),
+    }  # never the node's journal
     assert env["PATH"] == os.environ["PATH"]
 
 
@@ -289,7 +316,9 @@ def test_env_wrapper_carries_env_to_runtime_under_containerd(
     """make_env_wrapper gets NVSHIM_CONFIG to the runtime, which containerd starts with its own env."""
     seen = tmp_path / "seen-config"
     spy = tmp_path / "spy-runtime"
-    spy.write_text(f'#!/bin/sh\necho "$NVSHIM_CONFIG" >> {seen}\nexec {shutil.which("runc")} "$@"\n')
+    spy.write_text(
+        f'#!/bin/sh\necho "$NVSHIM_CONFIG" >> {seen}\nexec {shutil.which("runc")} "$@"\n'
+    )
     spy.chmod(0o755)
     wrapper = make_env_wrapper(tmp_path / "wrapped", spy, {"NVSHIM_CONFIG": "/x/it's.yaml"})
     containerd.ctr_run(rootfs, unique_id("envw"), ["true"], runc_binary=wrapper).check()
@@ -297,7 +326,8 @@ def test_env_wrapper_carries_env_to_runtime_under_containerd(
 
 
 def test_podman_image_commands_leave_nothing_in_var_lib_containers(
-        podman: Podman, base_rootfs: Path, tmp_path: Path) -> None:
+    podman: Podman, base_rootfs: Path, tmp_path: Path
+) -> None:
     """podman import and save through the helper (image copies, which write containers/image's
     blob info cache for root whatever --root says) change nothing under /var/lib/containers."""
     from tests.helpers.hostguard import snapshot
@@ -307,8 +337,9 @@ def test_podman_image_commands_leave_nothing_in_var_lib_containers(
     before = snapshot("/")
     name = f"localhost/nvshim-harness/{unique_id('img')}:1"
     podman.podman("import", str(tar), name).check()
-    podman.podman("save", "--format", "docker-archive", "-o", str(tmp_path / "out.tar"),
-                  name).check()
+    podman.podman(
+        "save", "--format", "docker-archive", "-o", str(tmp_path / "out.tar"), name
+    ).check()
     podman.podman("rmi", name).check()
     assert (tmp_path / "out.tar").stat().st_size > 0
     assert [p for p in sorted(snapshot("/") - before) if "/var/lib/containers" in p] == []

@@ -38,8 +38,11 @@ def _loaded(stderr: str) -> List[str]:
     names = []
     for line in stderr.splitlines():
         parts = line.split("|")
-        if line.startswith("import time:") and len(parts) == 3 \
-                and "imported package" not in parts[2]:
+        if (
+            line.startswith("import time:")
+            and len(parts) == 3
+            and "imported package" not in parts[2]
+        ):
             names.append(parts[2].strip())
     return names
 
@@ -47,10 +50,16 @@ def _loaded(stderr: str) -> List[str]:
 def _compiled(tmp_path: Path, driver_root: str) -> Dict[str, str]:
     cfg = tmp_path / "nvshim" / "config.yaml"
     cfg.parent.mkdir(parents=True)
-    cfg.write_text(f"runtimes: [/bin/true]\ndriver-root: {driver_root}\n"
-                   f"grants-journal: {tmp_path}/grants.jsonl\n")
-    res = subprocess.run([sys.executable, "-I", "-m", "nvshim.cli.main", "config", "compile",
-                          "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    cfg.write_text(
+        f"runtimes: [/bin/true]\ndriver-root: {driver_root}\n"
+        f"grants-journal: {tmp_path}/grants.jsonl\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-I", "-m", "nvshim.cli.main", "config", "compile", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(cfg)}
 
@@ -65,40 +74,70 @@ def test_gpu_create_imports_cost_less_than_the_budget(tmp_path: Path) -> None:
     prefix = payload_dir() / "opt" / "nvshim"
     launch = [*launch_argv(str(prefix)), "-I", "-S"]
     site = str(prefix / "site")
-    boot = (f"import sys; sys.path[0:0] = [{site!r}]; import nvshim._preload as p; "
-            f"p.install({site + '/' + FILE_NAME!r}); ")
+    boot = (
+        f"import sys; sys.path[0:0] = [{site!r}]; import nvshim._preload as p; "
+        f"p.install({site + '/' + FILE_NAME!r}); "
+    )
     node = create_node(str(tmp_path / "node"), gpus=2)
-    bundle = make_bundle(tmp_path / "bundle", make_rootfs(tmp_path / "rootfs"), ["true"],
-                         env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    bundle = make_bundle(
+        tmp_path / "bundle",
+        make_rootfs(tmp_path / "rootfs"),
+        ["true"],
+        env={"NVIDIA_VISIBLE_DEVICES": "0"},
+    )
     env = _compiled(tmp_path, node.root)
 
     created = subprocess.run(
-        [*launch, "-X", "importtime", "-c", boot + "from nvshim.runtime.main import main; main()",
-         "create", "--bundle", str(bundle), "budget"],
-        env=env, cwd=bundle, capture_output=True, text=True, timeout=60)
+        [
+            *launch,
+            "-X",
+            "importtime",
+            "-c",
+            boot + "from nvshim.runtime.main import main; main()",
+            "create",
+            "--bundle",
+            str(bundle),
+            "budget",
+        ],
+        env=env,
+        cwd=bundle,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert created.returncode == 0, created.stderr[-2000:]
     spec = json.loads((bundle / "config.json").read_text())
     assert "/dev/nvidia0" in [d["path"] for d in spec["linux"]["devices"]]
-    started = subprocess.run([*launch, "-X", "importtime", "-c", boot], env=env,
-                             capture_output=True, text=True, timeout=60)
+    started = subprocess.run(
+        [*launch, "-X", "importtime", "-c", boot],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert started.returncode == 0, started.stderr[-2000:]
     before = set(_loaded(started.stderr))
     create_path = [m for m in _loaded(created.stderr) if m not in before]
     assert any(m.startswith("nvshim.runtime.") for m in create_path), create_path
 
-    timed = (boot + "import time; t0 = time.perf_counter(); "
-             + "".join(f"import {m}; " for m in create_path)
-             + "print(time.perf_counter() - t0)")
+    timed = (
+        boot
+        + "import time; t0 = time.perf_counter(); "
+        + "".join(f"import {m}; " for m in create_path)
+        + "print(time.perf_counter() - t0)"
+    )
     bare, imports = [], []
     for _ in range(ROUNDS):
         t0 = time.perf_counter()
         subprocess.run([*launch, "-c", "pass"], env=env, check=True, timeout=60)
         bare.append(time.perf_counter() - t0)
-        res = subprocess.run([*launch, "-c", timed], env=env, capture_output=True, text=True,
-                             check=True, timeout=60)
+        res = subprocess.run(
+            [*launch, "-c", timed], env=env, capture_output=True, text=True, check=True, timeout=60
+        )
         imports.append(float(res.stdout))
     ratio = min(imports) / min(bare)
     assert ratio < BUDGET, (
         f"the create path's {len(create_path)} modules import in {min(imports) * 1e3:.1f} ms, "
         f"{ratio:.2f} of a bare start ({min(bare) * 1e3:.1f} ms): budget {BUDGET}\n"
-        f"{create_path}")
+        f"{create_path}"
+    )

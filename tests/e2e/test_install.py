@@ -17,20 +17,32 @@ def snapshot(root: Path) -> dict:
     for dirpath, dirnames, filenames in os.walk(root):
         for name in filenames + dirnames:
             p = Path(dirpath) / name
-            out[str(p.relative_to(root))] = p.read_bytes() if p.is_file() and not p.is_symlink() else None
+            out[str(p.relative_to(root))] = (
+                p.read_bytes() if p.is_file() and not p.is_symlink() else None
+            )
     return out
 
 
 def run_install(tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, NVSHIM_PREFIX=str(tmp / "opt"), NVSHIM_BINDIR=str(tmp / "bin"),
-               NVSHIM_ETCDIR=str(tmp / "etc" / "nvshim"), NVSHIM_SKIP_APT="1",
-               # a test install never points at the real /etc/containerd
-               NVSHIM_CONTAINERD_CONFIG=str(tmp / "etc" / "containerd" / "config.toml"))
+    env = dict(
+        os.environ,
+        NVSHIM_PREFIX=str(tmp / "opt"),
+        NVSHIM_BINDIR=str(tmp / "bin"),
+        NVSHIM_ETCDIR=str(tmp / "etc" / "nvshim"),
+        NVSHIM_SKIP_APT="1",
+        # a test install never points at the real /etc/containerd
+        NVSHIM_CONTAINERD_CONFIG=str(tmp / "etc" / "containerd" / "config.toml"),
+    )
     # the cached self-contained payload (plain install.sh, which builds one first, is
     # test_moved_install_never_reads_etc_nvshim_nor_touches_real_containerd's)
     source = [] if "--uninstall" in args else ["--from", str(payload_dir())]
-    return subprocess.run(["sh", str(REPO / "install.sh"), *source, *args], env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ["sh", str(REPO / "install.sh"), *source, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_install_is_idempotent_and_uninstall_is_exact(tmp_path):
@@ -49,7 +61,10 @@ def test_install_is_idempotent_and_uninstall_is_exact(tmp_path):
     assert runtime.read_text().startswith("#!/bin/sh") and os.access(runtime, os.X_OK)
     # the self-contained runtime: the command execs the prefix's own loader and interpreter
     assert cli.read_text().startswith("#!/bin/sh\n")
-    assert f"exec {tmp_path}/opt/lib/ld-linux-x86-64.so.2 --library-path {tmp_path}/opt/lib " in cli.read_text()
+    assert (
+        f"exec {tmp_path}/opt/lib/ld-linux-x86-64.so.2 --library-path {tmp_path}/opt/lib "
+        in cli.read_text()
+    )
     cfg = tmp_path / "etc" / "nvshim" / "config.yaml"
     assert cfg.read_text() == (REPO / "config" / "config.yaml").read_text()
     assert (tmp_path / "etc" / "nvshim" / "config.compiled.json").exists()
@@ -62,8 +77,11 @@ def test_install_is_idempotent_and_uninstall_is_exact(tmp_path):
     caches = ("config.plan.json", "config.cdi-index.json")
 
     def state() -> dict:
-        return {k: (None if k.endswith(caches) else v) for k, v in snapshot(tmp_path).items()
-                if "/venv/" not in f"/{k}"}
+        return {
+            k: (None if k.endswith(caches) else v)
+            for k, v in snapshot(tmp_path).items()
+            if "/venv/" not in f"/{k}"
+        }
 
     installed = state()
     second = run_install(tmp_path)
@@ -89,6 +107,7 @@ def test_install_registers_docker_and_crio_and_uninstall_restores_bytes(tmp_path
     drop-in."""
     require_root()
     import json
+
     (tmp_path / "bin").mkdir()
     etc = tmp_path / "etc"
     (etc / "docker").mkdir(parents=True)
@@ -99,20 +118,33 @@ def test_install_registers_docker_and_crio_and_uninstall_restores_bytes(tmp_path
     crio_conf.parent.mkdir()
     crio_conf.write_text('[crio.runtime]\nconmon_cgroup = "pod"\n')
     before = snapshot(tmp_path)
-    env = dict(os.environ, NVSHIM_PREFIX=str(tmp_path / "opt"), NVSHIM_BINDIR=str(tmp_path / "bin"),
-               NVSHIM_ETCDIR=str(etc / "nvshim"), NVSHIM_SKIP_APT="1",
-               NVSHIM_DOCKER_CONFIG=str(daemon_json), NVSHIM_CRIO_CONFIG=str(crio_conf))
+    env = dict(
+        os.environ,
+        NVSHIM_PREFIX=str(tmp_path / "opt"),
+        NVSHIM_BINDIR=str(tmp_path / "bin"),
+        NVSHIM_ETCDIR=str(etc / "nvshim"),
+        NVSHIM_SKIP_APT="1",
+        NVSHIM_DOCKER_CONFIG=str(daemon_json),
+        NVSHIM_CRIO_CONFIG=str(crio_conf),
+    )
 
     def install(*args: str) -> subprocess.CompletedProcess:
         source = [] if "--uninstall" in args else ["--from", str(payload_dir())]
-        return subprocess.run(["sh", str(REPO / "install.sh"), *source, *args], env=env,
-                              capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            ["sh", str(REPO / "install.sh"), *source, *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     done = install("--docker", "--crio")
     assert done.returncode == 0, done.stderr
     runtime = str(tmp_path / "bin" / "nvshim-runtime")
     assert json.loads(daemon_json.read_text()) == {
-        "log-level": "warn", "runtimes": {"nvshim": {"path": runtime}}}
+        "log-level": "warn",
+        "runtimes": {"nvshim": {"path": runtime}},
+    }
     # docker run --gpus: nvshim's nvidia-container-runtime-hook beside nvshim-runtime, in the
     # manifest (uninstall's snapshot check below sees it go)
     hook = tmp_path / "bin" / "nvidia-container-runtime-hook"
@@ -162,12 +194,24 @@ def test_moved_install_never_reads_etc_nvshim_nor_touches_real_containerd(tmp_pa
     ctrd = tmp_path / "containerd" / "config.toml"
     ctrd.parent.mkdir()
     ctrd.write_text(DEBIAN_CONFIG)
-    env = dict(os.environ, NVSHIM_PREFIX=str(tmp_path / "opt"), NVSHIM_BINDIR=str(tmp_path / "bin"),
-               NVSHIM_ETCDIR=str(tmp_path / "etc" / "nvshim"), NVSHIM_SKIP_APT="1",
-               NVSHIM_CONTAINERD_CONFIG=str(ctrd), REPO=str(REPO), T=str(tmp_path))
+    env = dict(
+        os.environ,
+        NVSHIM_PREFIX=str(tmp_path / "opt"),
+        NVSHIM_BINDIR=str(tmp_path / "bin"),
+        NVSHIM_ETCDIR=str(tmp_path / "etc" / "nvshim"),
+        NVSHIM_SKIP_APT="1",
+        NVSHIM_CONTAINERD_CONFIG=str(ctrd),
+        REPO=str(REPO),
+        T=str(tmp_path),
+    )
     env.pop("NVSHIM_CONFIG", None)
-    res = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", MOVED_INSTALL],
-                         env=env, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", MOVED_INSTALL],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
     assert f"# effective config from {tmp_path}/etc/nvshim/config.yaml" in out
@@ -187,20 +231,30 @@ def test_moved_install_never_reads_etc_nvshim_nor_touches_real_containerd(tmp_pa
 
 def _env(tmp: Path, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVSHIM_")}
-    env.update(NVSHIM_PREFIX=str(tmp / "opt"), NVSHIM_BINDIR=str(tmp / "bin"),
-               NVSHIM_ETCDIR=str(tmp / "etc" / "nvshim"), NVSHIM_SKIP_APT="1",
-               NVSHIM_CONTAINERD_CONFIG=str(tmp / "etc" / "containerd" / "config.toml"),
-               NVSHIM_DOCKER_CONFIG=str(tmp / "etc" / "docker" / "daemon.json"),
-               NVSHIM_RESTART_MODE="none")
+    env.update(
+        NVSHIM_PREFIX=str(tmp / "opt"),
+        NVSHIM_BINDIR=str(tmp / "bin"),
+        NVSHIM_ETCDIR=str(tmp / "etc" / "nvshim"),
+        NVSHIM_SKIP_APT="1",
+        NVSHIM_CONTAINERD_CONFIG=str(tmp / "etc" / "containerd" / "config.toml"),
+        NVSHIM_DOCKER_CONFIG=str(tmp / "etc" / "docker" / "daemon.json"),
+        NVSHIM_RESTART_MODE="none",
+    )
     env.update(extra)
     return env
 
 
-def _sh(env: dict, *argv: str, script: str = str(REPO / "install.sh"),
-        umask: str = "") -> subprocess.CompletedProcess:
+def _sh(
+    env: dict, *argv: str, script: str = str(REPO / "install.sh"), umask: str = ""
+) -> subprocess.CompletedProcess:
     pre = f"umask {umask}; " if umask else ""
-    return subprocess.run(["sh", "-c", pre + 'exec sh "$@"', "sh", script, *argv], env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ["sh", "-c", pre + 'exec sh "$@"', "sh", script, *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def _loose(path: Path) -> bool:
@@ -297,8 +351,10 @@ def test_set_as_default_refuses_require_allocation_off_everywhere(tmp_path):
     config = etc / "config.yaml"
     env = _env(tmp_path)
     journal = f"grants-journal: {tmp_path}/journal/grants.jsonl\n"
-    for text, why in ((CONFIG_OFF, "has require-allocation off"),
-                      (CONFIG_COMMENTS, "holds no settings")):
+    for text, why in (
+        (CONFIG_OFF, "has require-allocation off"),
+        (CONFIG_COMMENTS, "holds no settings"),
+    ):
         config.write_text(text)
         done = _sh(env, "--from", str(payload_dir()), "--containerd", "--set-as-default")
         assert done.returncode == 1
@@ -319,9 +375,14 @@ def test_set_as_default_refuses_require_allocation_off_everywhere(tmp_path):
     comp = subprocess.run([cli, "config", "compile"], env=env, capture_output=True, text=True)
     assert comp.returncode == 1 and "require-allocation off: refused" in comp.stderr
     assert (etc / "config.compiled.json").read_bytes() == compiled
-    doc = subprocess.run([cli, "doctor", "--format", "json", "--containerd-config", str(ctrd)],
-                         env=env, capture_output=True, text=True)
+    doc = subprocess.run(
+        [cli, "doctor", "--format", "json", "--containerd-config", str(ctrd)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     import json
+
     found = [f for f in json.loads(doc.stdout) if f["check"] == "default-runtime-config"]
     assert found and found[0]["status"] == "fail", doc.stdout
     assert str(config) in found[0]["message"] and "\n" not in found[0]["message"]
@@ -352,13 +413,17 @@ def test_installed_copy_and_a_moved_bin_dir(tmp_path):
     docker = _sh(env, "--docker", script=copy)
     assert docker.returncode == 0, docker.stderr
     assert json.loads(daemon_json.read_text())["runtimes"]["nvshim"] == {
-        "path": f"{bindir}/nvshim-runtime"}
+        "path": f"{bindir}/nvshim-runtime"
+    }
     dev = _sh(env, "--dev", script=copy)
     assert dev.returncode == 1 and dev.stderr.count("\n") == 1 and "checkout" in dev.stderr
 
-    doc = subprocess.run([str(bindir / "nvshim"), "doctor", "--format", "json"],
-                         env={k: v for k, v in env.items() if k != "NVSHIM_BINDIR"},
-                         capture_output=True, text=True)
+    doc = subprocess.run(
+        [str(bindir / "nvshim"), "doctor", "--format", "json"],
+        env={k: v for k, v in env.items() if k != "NVSHIM_BINDIR"},
+        capture_output=True,
+        text=True,
+    )
     tramp = [f for f in json.loads(doc.stdout) if f["check"] == "trampoline"][0]
     assert tramp["status"] == "ok" and f"{bindir}/nvshim-runtime" in tramp["message"], tramp
 
@@ -368,7 +433,8 @@ def test_installed_copy_and_a_moved_bin_dir(tmp_path):
     assert not (tmp_path / "node").exists()
 
     (tmp_path / "ro").write_text("a file where a folder should be\n")
-    bad = _sh(_env(tmp_path, NVSHIM_BINDIR=str(tmp_path / "ro" / "bin")),
-              "--from", str(payload_dir()))
+    bad = _sh(
+        _env(tmp_path, NVSHIM_BINDIR=str(tmp_path / "ro" / "bin")), "--from", str(payload_dir())
+    )
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1, bad.stderr
     assert "cannot write" in bad.stderr and "NVSHIM_BINDIR" in bad.stderr

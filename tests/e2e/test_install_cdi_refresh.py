@@ -34,15 +34,25 @@ def snapshot(root: Path) -> Dict[str, object]:
 
 
 def install(tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, NVSHIM_PREFIX=str(tmp / "opt"), NVSHIM_BINDIR=str(tmp / "bin"),
-               NVSHIM_ETCDIR=str(tmp / "etc" / "nvshim"), NVSHIM_SKIP_APT="1",
-               NVSHIM_CONTAINERD_CONFIG=str(tmp / "etc" / "containerd" / "config.toml"),
-               NVSHIM_SYSTEMD_DIR=str(tmp / "etc" / "systemd" / "system"),
-               NVSHIM_UDEV_DIR=str(tmp / "etc" / "udev" / "rules.d"))
+    env = dict(
+        os.environ,
+        NVSHIM_PREFIX=str(tmp / "opt"),
+        NVSHIM_BINDIR=str(tmp / "bin"),
+        NVSHIM_ETCDIR=str(tmp / "etc" / "nvshim"),
+        NVSHIM_SKIP_APT="1",
+        NVSHIM_CONTAINERD_CONFIG=str(tmp / "etc" / "containerd" / "config.toml"),
+        NVSHIM_SYSTEMD_DIR=str(tmp / "etc" / "systemd" / "system"),
+        NVSHIM_UDEV_DIR=str(tmp / "etc" / "udev" / "rules.d"),
+    )
     # the cached self-contained payload (plain install.sh would build one each time)
     source = [] if "--uninstall" in args else ["--from", str(payload_dir())]
-    return subprocess.run(["sh", str(REPO / "install.sh"), *source, *args], env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ["sh", str(REPO / "install.sh"), *source, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def unit_lines(path: Path) -> List[str]:
@@ -79,34 +89,49 @@ def test_install_writes_valid_refresh_units_and_uninstall_removes_them(tmp_path:
     units = tmp_path / "etc" / "systemd" / "system"
     rules = tmp_path / "etc" / "udev" / "rules.d"
     etc, bindir = tmp_path / "etc" / "nvshim", tmp_path / "bin"
-    assert f"wrote {units}/{UNIT}.path and {UNIT}.service and {rules}/{RULE} (not enabled" \
+    assert (
+        f"wrote {units}/{UNIT}.path and {UNIT}.service and {rules}/{RULE} (not enabled"
         in done.stderr
+    )
 
     path_unit = unit_lines(units / f"{UNIT}.path")
     changed = [line.split("=", 1)[1] for line in path_unit if line.startswith("PathChanged=")]
     assert changed[:2] == ["/lib/modules/%v/modules.dep", "/lib/modules/%v/modules.dep.bin"]
-    for path in ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1",
-                 f"{etc}/config.yaml", f"{bindir}/nvshim"):
+    for path in (
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/usr/lib64/libcuda.so.1",
+        f"{etc}/config.yaml",
+        f"{bindir}/nvshim",
+    ):
         assert path in changed, changed
     assert not any("/proc/" in p for p in changed), changed
     assert f"Unit={UNIT}.service" in path_unit and "WantedBy=multi-user.target" in path_unit
 
     service = unit_lines(units / f"{UNIT}.service")
-    for line in ("Type=oneshot", f"ExecStart={bindir}/nvshim cdi refresh --config {etc}/config.yaml",
-                 "Restart=on-failure", "StartLimitIntervalSec=600", "StartLimitBurst=10",
-                 "ConditionPathExists=|/sys/module/nvidia",
-                 "ConditionPathExists=|/sys/module/nvidia_current",
-                 "WantedBy=multi-user.target"):
+    for line in (
+        "Type=oneshot",
+        f"ExecStart={bindir}/nvshim cdi refresh --config {etc}/config.yaml",
+        "Restart=on-failure",
+        "StartLimitIntervalSec=600",
+        "StartLimitBurst=10",
+        "ConditionPathExists=|/sys/module/nvidia",
+        "ConditionPathExists=|/sys/module/nvidia_current",
+        "WantedBy=multi-user.target",
+    ):
         assert line in service, service
     assert not any(line.startswith("RemainAfterExit=") for line in service)
 
     rule = unit_lines(rules / RULE)
     assert len(rule) == 1
     pairs = udev_pairs(rule[0])
-    assert pairs[:3] == [("ACTION", "==", "add"), ("SUBSYSTEM", "==", "module"),
-                         ("KERNEL", "==", "nvidia|nvidia_current")]
+    assert pairs[:3] == [
+        ("ACTION", "==", "add"),
+        ("SUBSYSTEM", "==", "module"),
+        ("KERNEL", "==", "nvidia|nvidia_current"),
+    ]
     assert pairs[3][:2] == ("RUN", "+=") and pairs[3][2].endswith(
-        f"systemctl --no-block start {UNIT}.service")
+        f"systemctl --no-block start {UNIT}.service"
+    )
     assert pairs[3][2].startswith("/")
 
     manifest = (tmp_path / "opt" / "install-manifest").read_text().splitlines()
@@ -115,27 +140,40 @@ def test_install_writes_valid_refresh_units_and_uninstall_removes_them(tmp_path:
     assert not any(line.startswith("systemd-enabled ") for line in manifest)
 
     if shutil.which("systemd-analyze"):
+
         def verify(*paths: Path) -> subprocess.CompletedProcess:
-            return subprocess.run(["systemd-analyze", "verify", "--man=no", *map(str, paths)],
-                                  capture_output=True, text=True, timeout=60)
+            return subprocess.run(
+                ["systemd-analyze", "verify", "--man=no", *map(str, paths)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
 
         checked = verify(units / f"{UNIT}.service", units / f"{UNIT}.path")
         assert checked.returncode == 0 and checked.stderr == "", checked.stderr
         # the check can fail: an unknown key is said on stderr (exit 0), a missing command fails
         broken = tmp_path / f"{UNIT}-broken.service"
-        broken.write_text((units / f"{UNIT}.service").read_text().replace(
-            "Type=oneshot", "Type=oneshot\nBogus=1").replace(f"{bindir}/nvshim", "/nonexistent"))
+        broken.write_text(
+            (units / f"{UNIT}.service")
+            .read_text()
+            .replace("Type=oneshot", "Type=oneshot\nBogus=1")
+            .replace(f"{bindir}/nvshim", "/nonexistent")
+        )
         checked = verify(broken)
         broken.unlink()
         assert checked.returncode != 0 and "Bogus" in checked.stderr, checked.stderr
-    if shutil.which("udevadm") and subprocess.run(
-            ["udevadm", "verify", "--help"], capture_output=True).returncode == 0:
-        verify = subprocess.run(["udevadm", "verify", str(rules / RULE)],
-                                capture_output=True, text=True, timeout=60)
+    if (
+        shutil.which("udevadm")
+        and subprocess.run(["udevadm", "verify", "--help"], capture_output=True).returncode == 0
+    ):
+        verify = subprocess.run(
+            ["udevadm", "verify", str(rules / RULE)], capture_output=True, text=True, timeout=60
+        )
         assert verify.returncode == 0, verify.stdout + verify.stderr
 
-    files = {p: p.read_bytes() for p in (units / f"{UNIT}.path", units / f"{UNIT}.service",
-                                          rules / RULE)}
+    files = {
+        p: p.read_bytes() for p in (units / f"{UNIT}.path", units / f"{UNIT}.service", rules / RULE)
+    }
     inodes = {p: p.stat().st_ino for p in files}
     again = install(tmp_path)
     assert again.returncode == 0, again.stderr

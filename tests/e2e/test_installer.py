@@ -35,10 +35,15 @@ REPO = Path(__file__).resolve().parents[2]
 INSTALLER = REPO / "deploy" / "installer.sh"
 _RUN_CONTAINERD = Path("/run/containerd")
 
+
 def build_payload(dest: Path) -> Path:
     """The image's /payload: ``install.sh --payload`` (nvshim's self-contained runtime)."""
-    done = subprocess.run(["sh", str(REPO / "install.sh"), "--payload", str(dest)],
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        ["sh", str(REPO / "install.sh"), "--payload", str(dest)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return dest
 
@@ -81,12 +86,19 @@ class SupervisedContainerd:
                 self._created.insert(0, d)
         run = f'exec containerd --config "{self.config}"'
         if self.hide is not None:
-            run = (f'exec unshare -m --propagation private sh -c \'mount -t tmpfs tmpfs '
-                   f'"{self.hide}" && exec containerd --config "{self.config}"\'')
+            run = (
+                f"exec unshare -m --propagation private sh -c 'mount -t tmpfs tmpfs "
+                f'"{self.hide}" && exec containerd --config "{self.config}"\''
+            )
         loop = f"while :; do ( {run} ) >> '{self.log}' 2>&1; sleep 0.2; done"
         with open(self.log, "ab") as log:  # the loop's own lines too ("Hangup")
-            self.proc = subprocess.Popen(["sh", "-c", loop], stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=log, start_new_session=True)
+            self.proc = subprocess.Popen(
+                ["sh", "-c", loop],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         wait_until(lambda: engine_restart.answers(self.socket, 2), 60, "containerd to answer")
 
     def pid(self) -> Optional[int]:
@@ -97,9 +109,10 @@ class SupervisedContainerd:
         from tests.helpers.cri import CriClient
 
         reply = CriClient(self.socket, timeout=10).call("Status", b"\x08\x01")
-        info = {proto.read_string(e, 1): proto.read_string(e, 2)
-                for e in (proto.by_number(b)
-                          for b in proto.messages(proto.by_number(reply), 2))}
+        info = {
+            proto.read_string(e, 1): proto.read_string(e, 2)
+            for e in (proto.by_number(b) for b in proto.messages(proto.by_number(reply), 2))
+        }
         return dict(json.loads(info["config"])["containerd"]["runtimes"])
 
     def stop(self) -> None:
@@ -134,21 +147,29 @@ class Node:
         self.ctrd.mkdir(parents=True)
         self.bin.mkdir()  # a node has /usr/local/bin already
         self.containerd_config.parent.mkdir(parents=True)
-        self.original = (containerd_private_config(self.ctrd)
-                         + CRI_TABLE.format(base=self.ctrd)).encode()
+        self.original = (
+            containerd_private_config(self.ctrd) + CRI_TABLE.format(base=self.ctrd)
+        ).encode()
         self.containerd_config.write_bytes(self.original)
 
     def env(self, **extra: str) -> Dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("NVSHIM_")}
         env.update(
-            NVSHIM_HOST_ROOT="", NVSHIM_NODE_EXEC="", NVSHIM_PAYLOAD=str(self.payload),
-            NVSHIM_STAGE=str(self.stage), NVSHIM_CONFIGMAP_FILE=str(self.configmap / "config.yaml"),
-            NVSHIM_READY_FILE=str(self.ready), NVSHIM_WATCH_INTERVAL="1",
+            NVSHIM_HOST_ROOT="",
+            NVSHIM_NODE_EXEC="",
+            NVSHIM_PAYLOAD=str(self.payload),
+            NVSHIM_STAGE=str(self.stage),
+            NVSHIM_CONFIGMAP_FILE=str(self.configmap / "config.yaml"),
+            NVSHIM_READY_FILE=str(self.ready),
+            NVSHIM_WATCH_INTERVAL="1",
             NVSHIM_NODE_PATHS=str(self.node_paths),
-            NVSHIM_PREFIX=str(self.prefix), NVSHIM_BINDIR=str(self.bin),
-            NVSHIM_ETCDIR=str(self.etc), NVSHIM_CONTAINERD_CONFIG=str(self.containerd_config),
+            NVSHIM_PREFIX=str(self.prefix),
+            NVSHIM_BINDIR=str(self.bin),
+            NVSHIM_ETCDIR=str(self.etc),
+            NVSHIM_CONTAINERD_CONFIG=str(self.containerd_config),
             NVSHIM_CONTAINERD_SOCKET=str(self.ctrd / "containerd.sock"),
-            NVSHIM_RESTART_MODE="signal", NVSHIM_RESTART_TIMEOUT="20",
+            NVSHIM_RESTART_MODE="signal",
+            NVSHIM_RESTART_TIMEOUT="20",
         )
         env.update(extra)
         return env
@@ -171,8 +192,13 @@ class Node:
     def nvshim_files(self) -> List[str]:
         """What nvshim left on the node besides containerd's own config."""
         found = []
-        for top in (self.etc, self.prefix, self.stage.parent, self.drop_in,
-                    Path(f"{self.containerd_config}.nvshim-orig.json")):
+        for top in (
+            self.etc,
+            self.prefix,
+            self.stage.parent,
+            self.drop_in,
+            Path(f"{self.containerd_config}.nvshim-orig.json"),
+        ):
             if top.exists():
                 found += [str(p) for p in [top, *top.rglob("*")]] if top.is_dir() else [str(top)]
         return found + [str(p) for p in self.bin.iterdir()]
@@ -184,9 +210,14 @@ class Installer:
     def __init__(self, node: Node, env: Dict[str, str]) -> None:
         self.log = node.root / f"installer-{time.monotonic_ns()}.log"
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(["sh", str(INSTALLER)], env=env, stdout=out,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                ["sh", str(INSTALLER)],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -291,7 +322,7 @@ def test_signal_mode_install_configmap_watch_keep_and_uninstall(node: Node) -> N
             (pidfile,) = node.stage.parent.glob("cdi-refresh.*.pid")  # this pod's
             watcher = int(pidfile.read_text())
             argv = Path(f"/proc/{watcher}/cmdline").read_bytes().split(b"\0")
-            assert [b"cdi", b"refresh", b"--watch"] == argv[argv.index(b"cdi"):][:3], argv
+            assert [b"cdi", b"refresh", b"--watch"] == argv[argv.index(b"cdi") :][:3], argv
             assert pod.terminate() == 0, pod.text()
         finally:
             pod.kill()
@@ -365,8 +396,9 @@ def test_containerd_that_does_not_come_back_gets_its_previous_config(node: Node)
             lines = [line for line in pod.text().splitlines() if "did not come back" in line]
             assert len(lines) == 1, pod.text()
             line = lines[0]
-            assert line.startswith("install.sh: containerd did not come back with "
-                                   f"{node.containerd_config} ")
+            assert line.startswith(
+                f"install.sh: containerd did not come back with {node.containerd_config} "
+            )
             assert f"it answers again on {node.ctrd}/containerd.sock" in line
             assert node.containerd_config.read_bytes() == node.original
             assert not node.drop_in.exists()
@@ -386,11 +418,21 @@ def test_missing_containerd_config_is_one_line_and_writes_nothing(tmp_path: Path
     require_root()
     missing = tmp_path / "etc" / "containerd" / "config.toml"
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVSHIM_")}
-    env.update(NVSHIM_PREFIX=str(tmp_path / "opt"), NVSHIM_BINDIR=str(tmp_path / "bin"),
-               NVSHIM_ETCDIR=str(tmp_path / "etc" / "nvshim"), NVSHIM_SKIP_APT="1",
-               NVSHIM_CONTAINERD_CONFIG=str(missing), NVSHIM_RESTART_MODE="signal")
-    done = subprocess.run(["sh", str(REPO / "install.sh"), "--containerd"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    env.update(
+        NVSHIM_PREFIX=str(tmp_path / "opt"),
+        NVSHIM_BINDIR=str(tmp_path / "bin"),
+        NVSHIM_ETCDIR=str(tmp_path / "etc" / "nvshim"),
+        NVSHIM_SKIP_APT="1",
+        NVSHIM_CONTAINERD_CONFIG=str(missing),
+        NVSHIM_RESTART_MODE="signal",
+    )
+    done = subprocess.run(
+        ["sh", str(REPO / "install.sh"), "--containerd"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(f"install.sh: containerd config {missing} does not exist: ")
@@ -410,22 +452,34 @@ def test_seeded_template_is_created_then_removed_on_uninstall(tmp_path: Path) ->
     agent = tmp_path / "k3s" / "agent" / "etc" / "containerd"
     agent.mkdir(parents=True)
     generated = agent / "config.toml"
-    generated.write_bytes(K3S_HEADER.encode()
-                          + containerd_private_config(tmp_path / "ctrd").encode()
-                          + CRI_TABLE.format(base=tmp_path / "ctrd").encode())
+    generated.write_bytes(
+        K3S_HEADER.encode()
+        + containerd_private_config(tmp_path / "ctrd").encode()
+        + CRI_TABLE.format(base=tmp_path / "ctrd").encode()
+    )
     before = generated.read_bytes()
     template = agent / "config.toml.tmpl"
     (tmp_path / "bin").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVSHIM_")}
-    env.update(NVSHIM_PREFIX=str(tmp_path / "opt"), NVSHIM_BINDIR=str(tmp_path / "bin"),
-               NVSHIM_ETCDIR=str(tmp_path / "etc" / "nvshim"), NVSHIM_SKIP_APT="1",
-               NVSHIM_CONTAINERD_CONFIG=str(template),
-               NVSHIM_CONTAINERD_CONFIG_SEED=str(generated), NVSHIM_RESTART_MODE="none")
+    env.update(
+        NVSHIM_PREFIX=str(tmp_path / "opt"),
+        NVSHIM_BINDIR=str(tmp_path / "bin"),
+        NVSHIM_ETCDIR=str(tmp_path / "etc" / "nvshim"),
+        NVSHIM_SKIP_APT="1",
+        NVSHIM_CONTAINERD_CONFIG=str(template),
+        NVSHIM_CONTAINERD_CONFIG_SEED=str(generated),
+        NVSHIM_RESTART_MODE="none",
+    )
 
     def install(*args: str) -> subprocess.CompletedProcess:
         source = [] if "--uninstall" in args else ["--from", str(payload_dir())]
-        return subprocess.run(["sh", str(REPO / "install.sh"), *source, *args], env=env,
-                              capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            ["sh", str(REPO / "install.sh"), *source, *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     done = install("--containerd")
     assert done.returncode == 0, done.stderr
@@ -444,7 +498,8 @@ def test_seeded_template_is_created_then_removed_on_uninstall(tmp_path: Path) ->
 
 
 def test_uninstall_leaves_a_forwarder_while_containers_run_through_nvshim_runtime(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """A containerd task whose shim names nvshim-runtime (its options.json, as containerd's
     runc shim writes it) still runs at uninstall: nvshim-runtime is replaced by a forwarder
     to the runtime nvshim handed to (containerd stops and deletes the container through that
@@ -458,21 +513,34 @@ def test_uninstall_leaves_a_forwarder_while_containers_run_through_nvshim_runtim
     before = config.read_bytes()
     bindir.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVSHIM_")}
-    env.update(NVSHIM_PREFIX=str(tmp_path / "opt"), NVSHIM_BINDIR=str(bindir),
-               NVSHIM_ETCDIR=str(tmp_path / "etc" / "nvshim"), NVSHIM_SKIP_APT="1",
-               NVSHIM_CONTAINERD_CONFIG=str(config), NVSHIM_RESTART_MODE="none")
+    env.update(
+        NVSHIM_PREFIX=str(tmp_path / "opt"),
+        NVSHIM_BINDIR=str(bindir),
+        NVSHIM_ETCDIR=str(tmp_path / "etc" / "nvshim"),
+        NVSHIM_SKIP_APT="1",
+        NVSHIM_CONTAINERD_CONFIG=str(config),
+        NVSHIM_RESTART_MODE="none",
+    )
 
     def install(*args: str) -> subprocess.CompletedProcess:
         source = [] if "--uninstall" in args else ["--from", str(payload_dir())]
-        return subprocess.run(["sh", str(REPO / "install.sh"), *source, *args], env=env,
-                              capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            ["sh", str(REPO / "install.sh"), *source, *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     assert install("--containerd").returncode == 0
     runtime = bindir / "nvshim-runtime"
     task = ctrd / "state" / "io.containerd.runtime.v2.task" / "k8s.io" / ("c" * 64)
     task.mkdir(parents=True)
-    (task / "options.json").write_text(json.dumps(
-        {"binary_name": str(runtime), "root": str(ctrd / "runc-root")}, separators=(",", ":")))
+    (task / "options.json").write_text(
+        json.dumps(
+            {"binary_name": str(runtime), "root": str(ctrd / "runc-root")}, separators=(",", ":")
+        )
+    )
 
     gone = install("--uninstall")
     assert gone.returncode == 0, gone.stderr
@@ -483,8 +551,9 @@ def test_uninstall_leaves_a_forwarder_while_containers_run_through_nvshim_runtim
     assert not (tmp_path / "opt").exists() and not (tmp_path / "etc" / "nvshim").exists()
     runc = shutil.which("runc")
     assert runc and f"exec '{runc}' \"$@\"" in runtime.read_text()
-    version = subprocess.run([str(runtime), "--version"], capture_output=True, text=True,
-                             timeout=30)
+    version = subprocess.run(
+        [str(runtime), "--version"], capture_output=True, text=True, timeout=30
+    )
     assert version.returncode == 0 and version.stdout.startswith("runc version"), version
 
     kept = install("--uninstall")
@@ -509,13 +578,22 @@ def test_a_reinstall_fails_no_create_running_beside_it(tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "bin").mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVSHIM_")}
-    env.update(NVSHIM_PREFIX=str(root / "opt" / "nvshim"), NVSHIM_BINDIR=str(root / "bin"),
-               NVSHIM_ETCDIR=str(root / "etc" / "nvshim"), NVSHIM_SKIP_APT="1",
-               NVSHIM_AGENT_UNIT="off")
+    env.update(
+        NVSHIM_PREFIX=str(root / "opt" / "nvshim"),
+        NVSHIM_BINDIR=str(root / "bin"),
+        NVSHIM_ETCDIR=str(root / "etc" / "nvshim"),
+        NVSHIM_SKIP_APT="1",
+        NVSHIM_AGENT_UNIT="off",
+    )
 
     def install() -> None:
-        done = subprocess.run(["sh", str(REPO / "install.sh"), "--from", str(payload_dir())],
-                              env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            ["sh", str(REPO / "install.sh"), "--from", str(payload_dir())],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr
 
     install()
@@ -523,9 +601,16 @@ def test_a_reinstall_fails_no_create_running_beside_it(tmp_path: Path) -> None:
     # no rootfs: runc refuses the bundle before it mounts or starts anything
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    (bundle / "config.json").write_text(json.dumps({
-        "ociVersion": "1.0.2", "process": {"args": ["true"], "cwd": "/", "env": ["PATH=/bin"]},
-        "root": {"path": "no-rootfs"}, "linux": {"namespaces": [{"type": "mount"}]}}))
+    (bundle / "config.json").write_text(
+        json.dumps(
+            {
+                "ociVersion": "1.0.2",
+                "process": {"args": ["true"], "cwd": "/", "env": ["PATH=/bin"]},
+                "root": {"path": "no-rootfs"},
+                "linux": {"namespaces": [{"type": "mount"}]},
+            }
+        )
+    )
     running = threading.Event()
     running.set()
     bad: List[str] = []
@@ -536,10 +621,21 @@ def test_a_reinstall_fails_no_create_running_beside_it(tmp_path: Path) -> None:
         while running.is_set():
             tries[0] += 1
             log.unlink(missing_ok=True)
-            done = subprocess.run([str(root / "bin" / "nvshim-runtime"), "--log", str(log),
-                                   "create", "--bundle", str(bundle), f"c{worker}-{tries[0]}"],
-                                  env={**env, "NVSHIM_CONFIG": str(config)},
-                                  capture_output=True, text=True, timeout=60)
+            done = subprocess.run(
+                [
+                    str(root / "bin" / "nvshim-runtime"),
+                    "--log",
+                    str(log),
+                    "create",
+                    "--bundle",
+                    str(bundle),
+                    f"c{worker}-{tries[0]}",
+                ],
+                env={**env, "NVSHIM_CONFIG": str(config)},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             said = log.read_text() if log.exists() else ""
             if "runc create failed: invalid rootfs" not in said:
                 bad.append(f"rc={done.returncode} {done.stderr.strip()[-300:]} log={said[-200:]}")
@@ -561,7 +657,8 @@ def test_a_reinstall_fails_no_create_running_beside_it(tmp_path: Path) -> None:
 
 
 def test_configmap_turning_require_allocation_off_under_the_default_runtime_is_kept_out(
-        node: Node) -> None:
+    node: Node,
+) -> None:
     """With NVSHIM_SET_AS_DEFAULT=true, a ConfigMap change to require-allocation: false, or
     to a file of only comments, never reaches the node's config.yaml: the previous one
     stays, compiled, with one line each in the log; a good change is applied; SIGTERM
@@ -573,13 +670,18 @@ def test_configmap_turning_require_allocation_off_under_the_default_runtime_is_k
     try:
         pod.wait_for("installed; watching")
         compiled = (node.etc / "config.compiled.json").read_bytes()
-        for text, why in (("runtimes: [runc]\nrequire-allocation: false\n" + journal,
-                           "require-allocation off"),
-                          ("# require-allocation: true\n# runtimes: [runc]\n", "only comments")):
+        for text, why in (
+            ("runtimes: [runc]\nrequire-allocation: false\n" + journal, "require-allocation off"),
+            ("# require-allocation: true\n# runtimes: [runc]\n", "only comments"),
+        ):
             seen = pod.text().count("kept the previous")
             node.set_configmap(text)
-            wait_until(lambda n=seen: pod.text().count("kept the previous") > n, 60,
-                       "the refusal", interval=0.2)
+            wait_until(
+                lambda n=seen: pod.text().count("kept the previous") > n,
+                60,
+                "the refusal",
+                interval=0.2,
+            )
             refused = [line for line in pod.text().splitlines() if "kept the previous" in line]
             assert len(refused) == seen + 1 and why in refused[-1], pod.text()
             assert (node.etc / "config.yaml").read_text() == good

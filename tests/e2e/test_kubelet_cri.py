@@ -56,8 +56,9 @@ class Node:
     """Everything one module of tests shares: containerd, the kubelet stand-in, the GPU node.
     ``version``: containerd's ("1.6" or "1.7"); ``runc``: the runc nvshim runs."""
 
-    def __init__(self, base: Path, sim: Any, version: str = "1.6",
-                 runc: Optional[str] = None) -> None:
+    def __init__(
+        self, base: Path, sim: Any, version: str = "1.6", runc: Optional[str] = None
+    ) -> None:
         self.base = base
         self.sim = sim
         self.version = version
@@ -72,9 +73,12 @@ class Node:
         """Make the runtime use an nvshim config with these settings from now on."""
         name = f"cfg-{len(list(self.base.glob('cfg-*')))}"
         values: Dict[str, Any] = {
-            "runtimes": [self.runc], "driver-root": self.sim.root,
-            "require-allocation": True, "verify-with": "kubelet",
-            "kubelet-socket": str(self.base / "kubelet.sock"), "kubelet-checkpoint": None,
+            "runtimes": [self.runc],
+            "driver-root": self.sim.root,
+            "require-allocation": True,
+            "verify-with": "kubelet",
+            "kubelet-socket": str(self.base / "kubelet.sock"),
+            "kubelet-checkpoint": None,
             "grants-journal": str(self.base / "grants.jsonl"),
             "cdi-spec-dirs": [str(self.base / "cdi")],
         }
@@ -93,9 +97,21 @@ def cri_node(base: Path, sim: Any, version: str, rootfs: Path) -> Iterator[Node]
     bin_dir, runc = containerd_node_engines(version)
     n = Node(base, sim, version, runc)
     (base / "cdi").mkdir()
-    gen = subprocess.run([shutil.which("nvshim") or "nvshim", "cdi", "generate", "--driver-root",
-                          sim.root, "--output", str(base / "cdi" / "nvidia.yaml")],
-                         capture_output=True, text=True, timeout=60, check=False)
+    gen = subprocess.run(
+        [
+            shutil.which("nvshim") or "nvshim",
+            "cdi",
+            "generate",
+            "--driver-root",
+            sim.root,
+            "--output",
+            str(base / "cdi" / "nvidia.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert gen.returncode == 0, gen.stderr
     n.config()
     tramp = base / "trampoline"  # this checkout's nvshim, as install.sh renders it
@@ -106,27 +122,44 @@ def cri_node(base: Path, sim: Any, version: str, rootfs: Path) -> Iterator[Node]
     wrapper.chmod(0o755)
 
     config = base / "containerd.toml"
-    config.write_text(cri_containerd_config(
-        base, cdi_spec_dirs=[str(base / "cdi")] if version != "1.6" else (),
-        version=3 if version == "2.1" else 2) + (private_nri(base) if version == "2.1" else ""))
-    nvshim = [shutil.which("nvshim") or "nvshim", "runtime", "configure", "--runtime",
-              "containerd", "--config", str(config), "--drop-in", "", "--binary", str(wrapper)]
+    config.write_text(
+        cri_containerd_config(
+            base,
+            cdi_spec_dirs=[str(base / "cdi")] if version != "1.6" else (),
+            version=3 if version == "2.1" else 2,
+        )
+        + (private_nri(base) if version == "2.1" else "")
+    )
+    nvshim = [
+        shutil.which("nvshim") or "nvshim",
+        "runtime",
+        "configure",
+        "--runtime",
+        "containerd",
+        "--config",
+        str(config),
+        "--drop-in",
+        "",
+        "--binary",
+        str(wrapper),
+    ]
     for extra in ([], ["--name", "nvshim-podcdi", "--pod-cdi-annotations"]):
-        res = subprocess.run(nvshim + extra, capture_output=True, text=True, timeout=60,
-                             check=False)
+        res = subprocess.run(
+            nvshim + extra, capture_output=True, text=True, timeout=60, check=False
+        )
         assert res.returncode == 0, res.stderr
     with serving(n, base, config.read_text(), bin_dir, rootfs):
         yield n
 
 
 @contextlib.contextmanager
-def serving(n: Node, base: Path, config_text: str, bin_dir: Optional[Path],
-            rootfs: Path) -> Iterator[Node]:
+def serving(
+    n: Node, base: Path, config_text: str, bin_dir: Optional[Path], rootfs: Path
+) -> Iterator[Node]:
     """``n`` with containerd running ``config_text`` under ``base`` (binaries from
     ``bin_dir``), the busybox image from ``rootfs`` imported and a CRI client; on the way
     out every pod removed, containerd, the fake kubelet and the cgroups gone."""
-    n.containerd = Containerd(base, namespace="k8s.io", config_text=config_text,
-                              bin_dir=bin_dir)
+    n.containerd = Containerd(base, namespace="k8s.io", config_text=config_text, bin_dir=bin_dir)
     try:
         n.containerd.start()
         import_image(n.containerd, rootfs, base)
@@ -142,8 +175,9 @@ def serving(n: Node, base: Path, config_text: str, bin_dir: Optional[Path],
 
 
 @pytest.fixture(scope="module", params=["1.6", "1.7"], ids=lambda v: f"containerd-{v}")
-def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-         base_rootfs: Path) -> Iterator[Node]:
+def node(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path
+) -> Iterator[Node]:
     require_root()
     from nvshim.sim.build import create_node
 
@@ -164,27 +198,47 @@ def cri(node: Node) -> Iterator[Node]:
     node.cri = CriClient(node.containerd.address)  # type: ignore[union-attr]
 
 
-def pod(n: Node, name: str, namespace: str = "team-a", handler: str = "nvshim",
-        annotations: Optional[Mapping[str, str]] = None) -> Tuple[str, bytes, Path]:
+def pod(
+    n: Node,
+    name: str,
+    namespace: str = "team-a",
+    handler: str = "nvshim",
+    annotations: Optional[Mapping[str, str]] = None,
+) -> Tuple[str, bytes, Path]:
     assert n.cri is not None
     logs = n.base / "logs" / name
-    sandbox, config = n.cri.run_pod(name, namespace, f"uid-{name}", logs, f"/{n.cgroup}/{name}",
-                                    handler, annotations)
+    sandbox, config = n.cri.run_pod(
+        name, namespace, f"uid-{name}", logs, f"/{n.cgroup}/{name}", handler, annotations
+    )
     return sandbox, config, logs
 
 
-def start(n: Node, p: Tuple[str, bytes, Path], env: Optional[Mapping[str, str]] = None,
-          mounts: Sequence[Tuple[str, str]] = (), name: str = "main",
-          listing: str = "/dev", devices: Sequence[Tuple[str, str]] = (),
-          annotations: Optional[Mapping[str, str]] = None,
-          cdi_devices: Sequence[str] = ()) -> str:
+def start(
+    n: Node,
+    p: Tuple[str, bytes, Path],
+    env: Optional[Mapping[str, str]] = None,
+    mounts: Sequence[Tuple[str, str]] = (),
+    name: str = "main",
+    listing: str = "/dev",
+    devices: Sequence[Tuple[str, str]] = (),
+    annotations: Optional[Mapping[str, str]] = None,
+    cdi_devices: Sequence[str] = (),
+) -> str:
     """Create and start a container that lists ``listing``, prints END and stays up; its CRI id."""
     assert n.cri is not None
     sandbox, config, _ = p
-    cid = n.cri.create_container(sandbox, config, name, "docker.io/nvshim-test/busybox:1",
-                                 ["sh", "-c", f"ls {listing}; echo END; exec sleep 1000"],
-                                 env=env, mounts=mounts, devices=devices,
-                                 annotations=annotations, cdi_devices=cdi_devices)
+    cid = n.cri.create_container(
+        sandbox,
+        config,
+        name,
+        "docker.io/nvshim-test/busybox:1",
+        ["sh", "-c", f"ls {listing}; echo END; exec sleep 1000"],
+        env=env,
+        mounts=mounts,
+        devices=devices,
+        annotations=annotations,
+        cdi_devices=cdi_devices,
+    )
     n.cri.start_container(cid)
     return cid
 
@@ -196,14 +250,30 @@ def gpu_minors(n: Node, p: Tuple[str, bytes, Path], name: str = "main") -> List[
 
 
 def grants(n: Node, *flags: str) -> Tuple[int, Dict[str, Any]]:
-    res = subprocess.run([shutil.which("nvshim") or "nvshim", "grants", "--journal",
-                          str(n.base / "grants.jsonl"), "--format", "json", *flags],
-                         capture_output=True, text=True, timeout=60, check=False)
+    res = subprocess.run(
+        [
+            shutil.which("nvshim") or "nvshim",
+            "grants",
+            "--journal",
+            str(n.base / "grants.jsonl"),
+            "--format",
+            "json",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     return res.returncode, json.loads(res.stdout)
 
 
-EVERY_NODE = pytest.mark.parametrize("node", ["1.6", "1.7", "2.1"], indirect=True,
-                                     ids=["containerd-1.6", "containerd-1.7", "containerd-2.1"])
+EVERY_NODE = pytest.mark.parametrize(
+    "node",
+    ["1.6", "1.7", "2.1"],
+    indirect=True,
+    ids=["containerd-1.6", "containerd-1.7", "containerd-2.1"],
+)
 """containerd 1.6, 1.7 and Debian unstable's 2.1 (the others run on 1.6 and 1.7, 2.1 runs
 those of the CDI section below besides)."""
 
@@ -217,10 +287,15 @@ def test_real_allocation_is_granted_and_journaled(cri: Node) -> None:
     cid = start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
     assert gpu_minors(cri, p) == [gpu.minor]
     notes = spec_annotations(cri.base / "state", cid)
-    assert {k: notes.get(k) for k in ("io.kubernetes.cri.sandbox-name",
-                                      "io.kubernetes.cri.sandbox-namespace",
-                                      "io.kubernetes.cri.sandbox-uid",
-                                      "io.kubernetes.cri.container-name")} == {
+    assert {
+        k: notes.get(k)
+        for k in (
+            "io.kubernetes.cri.sandbox-name",
+            "io.kubernetes.cri.sandbox-namespace",
+            "io.kubernetes.cri.sandbox-uid",
+            "io.kubernetes.cri.container-name",
+        )
+    } == {
         "io.kubernetes.cri.sandbox-name": "alloc",
         "io.kubernetes.cri.sandbox-namespace": "team-a",
         "io.kubernetes.cri.sandbox-uid": "uid-alloc",
@@ -229,20 +304,28 @@ def test_real_allocation_is_granted_and_journaled(cri: Node) -> None:
     rc, doc = grants(cri)
     mine = [g for g in doc["grants"] if g["pod"] == "alloc"]
     assert rc == 0 and len(mine) == 1
-    assert (mine[0]["namespace"], mine[0]["container"], mine[0]["gpus"], mine[0]["verified"],
-            mine[0]["status"]) == ("team-a", "main", [gpu.uuid], "kubelet", "running")
+    assert (
+        mine[0]["namespace"],
+        mine[0]["container"],
+        mine[0]["gpus"],
+        mine[0]["verified"],
+        mine[0]["status"],
+    ) == ("team-a", "main", [gpu.uuid], "kubelet", "running")
 
 
 def test_forged_uuid_env_is_refused(cri: Node) -> None:
     """A pod without a GPU naming another tenant's GPU UUID in its env fails to start, the error naming the GPU and its holder."""
     victim = cri.sim.gpus[1]
-    cri.kubelet.set([("team-b", "victim", {"train": {GPU: [victim.uuid]}}),
-                     ("team-a", "thief", {"main": {}})])
+    cri.kubelet.set(
+        [("team-b", "victim", {"train": {GPU: [victim.uuid]}}), ("team-a", "thief", {"main": {}})]
+    )
     p = pod(cri, "thief")
     with pytest.raises(CriError) as info:
         start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": victim.uuid})
-    assert (f"nvshim: GPU 1 ({victim.uuid}) is not this container's allocation: the kubelet "
-            "gave it to team-b/victim/train") in info.value.details
+    assert (
+        f"nvshim: GPU 1 ({victim.uuid}) is not this container's allocation: the kubelet "
+        "gave it to team-b/victim/train"
+    ) in info.value.details
 
 
 def test_forged_hostpath_mount_is_refused(cri: Node) -> None:
@@ -252,8 +335,10 @@ def test_forged_hostpath_mount_is_refused(cri: Node) -> None:
     p = pod(cri, "mounter")
     with pytest.raises(CriError) as info:
         start(cri, p, mounts=[("/dev/null", f"{DEVICES}/{target.uuid}")])
-    assert (f"GPU 3 ({target.uuid}) is not this container's allocation: the kubelet allocated "
-            "no GPU to team-a/mounter/main") in info.value.details
+    assert (
+        f"GPU 3 ({target.uuid}) is not this container's allocation: the kubelet allocated "
+        "no GPU to team-a/mounter/main"
+    ) in info.value.details
 
 
 IMEX = "nvidia.com/imex-channel"
@@ -272,14 +357,16 @@ def test_allocated_imex_channel_is_granted(cri: Node) -> None:
 def test_forged_imex_mount_is_refused(cri: Node) -> None:
     """A hostPath /dev/null mount at imex/<N> the kubelet did not allocate fails to start,
     the error naming the channel."""
-    cri.kubelet.set([("team-b", "owner", {"train": {IMEX: ["2"]}}),
-                     ("team-a", "imexthief", {"main": {}})])
+    cri.kubelet.set(
+        [("team-b", "owner", {"train": {IMEX: ["2"]}}), ("team-a", "imexthief", {"main": {}})]
+    )
     p = pod(cri, "imexthief")
     with pytest.raises(CriError) as info:
         start(cri, p, mounts=[("/dev/null", f"{DEVICES}/imex/2")], listing=IMEX_DIR)
-    assert ("nvshim: IMEX channel 2 is not this container's allocation: the kubelet gave it "
-            "to team-b/owner/train (claimed through volume-mounts, checked via podresources)"
-            ) in info.value.details
+    assert (
+        "nvshim: IMEX channel 2 is not this container's allocation: the kubelet gave it "
+        "to team-b/owner/train (claimed through volume-mounts, checked via podresources)"
+    ) in info.value.details
 
 
 def test_kubelet_down_fails_by_default(cri: Node) -> None:
@@ -288,8 +375,10 @@ def test_kubelet_down_fails_by_default(cri: Node) -> None:
     p = pod(cri, "down")
     with pytest.raises(CriError) as info:
         start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": cri.sim.gpus[0].uuid})
-    assert ("cannot ask the kubelet what team-a/down/main was allocated (tried PodResources "
-            f"socket {cri.base / 'absent.sock'})") in info.value.details
+    assert (
+        "cannot ask the kubelet what team-a/down/main was allocated (tried PodResources "
+        f"socket {cri.base / 'absent.sock'})"
+    ) in info.value.details
     assert "kubelet-unreachable: fail" in info.value.details
 
 
@@ -324,26 +413,39 @@ def test_pod_annotation_claim_is_refused(cri: Node) -> None:
 
     assert cri.cri is not None
     cid = cri.cri.create_container(
-        p2[0], p2[1], "second", "docker.io/nvshim-test/busybox:1", ["true"],
-        annotations={"cdi.k8s.io/nvidia-device-plugin": "nvidia.com/gpu=0"})
+        p2[0],
+        p2[1],
+        "second",
+        "docker.io/nvshim-test/busybox:1",
+        ["true"],
+        annotations={"cdi.k8s.io/nvidia-device-plugin": "nvidia.com/gpu=0"},
+    )
     with pytest.raises(CriError) as info:
         cri.cri.start_container(cid)
     gpu = cri.sim.gpus[0]
     if cri.version == "1.6":  # nvshim injects what the annotation names
-        said = (f"GPU 0 ({gpu.uuid}) is not this container's allocation: the kubelet allocated"
-                " no GPU to team-a/annotated2/second (claimed through cdi-annotations")
+        said = (
+            f"GPU 0 ({gpu.uuid}) is not this container's allocation: the kubelet allocated"
+            " no GPU to team-a/annotated2/second (claimed through cdi-annotations"
+        )
     else:  # containerd 1.7 or 2.1 (enable_cdi) injected it before nvshim ran
-        said = (f"GPU 0 ({gpu.uuid}), injected by the engine, is not this container's "
-                "allocation: the kubelet listed no device-plugin GPU and no DRA claim for "
-                "team-a/annotated2/second (checked via podresources)")
+        said = (
+            f"GPU 0 ({gpu.uuid}), injected by the engine, is not this container's "
+            "allocation: the kubelet listed no device-plugin GPU and no DRA claim for "
+            "team-a/annotated2/second (checked via podresources)"
+        )
     assert said in info.value.details
 
 
 def test_pod_annotation_is_no_allocation_even_without_the_kubelet(cri: Node) -> None:
     """Through a handler configured to pass pod annotations, with verify-with none: the pod's cdi.k8s.io claim grants nothing (in the sandbox spec too, or not passed where containerd injects CDI), the device plugin's container annotation grants its GPU."""
     cri.config(verify_with="none")
-    p = pod(cri, "podclaim", handler="nvshim-podcdi",
-            annotations={"cdi.k8s.io/claim": "nvidia.com/gpu=0"})
+    p = pod(
+        cri,
+        "podclaim",
+        handler="nvshim-podcdi",
+        annotations={"cdi.k8s.io/claim": "nvidia.com/gpu=0"},
+    )
     assert cri.cri is not None
     cid = start(cri, p)
     passed = spec_annotations(cri.base / "state", cid).get("cdi.k8s.io/claim")
@@ -353,9 +455,13 @@ def test_pod_annotation_is_no_allocation_even_without_the_kubelet(cri: Node) -> 
 
     dp = cri.sim.gpus[2]
     cid = cri.cri.create_container(
-        p[0], p[1], "second", "docker.io/nvshim-test/busybox:1",
+        p[0],
+        p[1],
+        "second",
+        "docker.io/nvshim-test/busybox:1",
         ["sh", "-c", "ls /dev; echo END; exec sleep 1000"],
-        annotations={"cdi.k8s.io/nvidia-device-plugin": "nvidia.com/gpu=2"})
+        annotations={"cdi.k8s.io/nvidia-device-plugin": "nvidia.com/gpu=2"},
+    )
     cri.cri.start_container(cid)
     assert gpu_minors(cri, p, "second") == [dp.minor]
 
@@ -363,8 +469,12 @@ def test_pod_annotation_is_no_allocation_even_without_the_kubelet(cri: Node) -> 
 def test_time_slicing_replicas_shared_by_two_pods_are_allowed(cri: Node) -> None:
     """Two pods given replicas of one GPU both get it, and nvshim grants shows it shared, not a conflict."""
     gpu = cri.sim.gpus[3]
-    cri.kubelet.set([("team-a", "rep-a", {"main": {GPU: [f"{gpu.uuid}::1"]}}),
-                     ("team-b", "rep-b", {"main": {GPU: [f"{gpu.uuid}::2"]}})])
+    cri.kubelet.set(
+        [
+            ("team-a", "rep-a", {"main": {GPU: [f"{gpu.uuid}::1"]}}),
+            ("team-b", "rep-b", {"main": {GPU: [f"{gpu.uuid}::2"]}}),
+        ]
+    )
     pa = pod(cri, "rep-a")
     pb = pod(cri, "rep-b", namespace="team-b")
     start(cri, pa, env={"NVIDIA_VISIBLE_DEVICES": f"{gpu.uuid}::1"})
@@ -405,7 +515,9 @@ def test_engine_gpu_listed_under_a_dra_claim_is_accepted(cri: Node) -> None:
     (its CDI device nvidia.com/gpu=N) starts with that GPU alone, image env "all"
     notwithstanding, and is journaled as verified by the kubelet."""
     gpu = cri.sim.gpus[2]
-    cri.kubelet.set([("team-a", "drapod", {}, {"main": [dra("gpu", f"nvidia.com/gpu={gpu.index}")]})])
+    cri.kubelet.set(
+        [("team-a", "drapod", {}, {"main": [dra("gpu", f"nvidia.com/gpu={gpu.index}")]})]
+    )
     p = pod(cri, "drapod")
     start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": "all"}, devices=[injected(cri, gpu)])
     assert gpu_minors(cri, p) == [gpu.minor]
@@ -423,25 +535,30 @@ def test_engine_gpu_the_kubelet_did_not_list_is_refused(cri: Node) -> None:
     p = pod(cri, "draforged")
     with pytest.raises(CriError) as info:
         start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": "all"}, devices=[injected(cri, gpu)])
-    assert (f"nvshim: GPU 1 ({gpu.uuid}), injected by the engine, is not this container's "
-            "allocation: the kubelet listed no device-plugin GPU and DRA claim team-a/gpu "
-            "(nvidia.com/gpu=0: GPU 0) for team-a/draforged/main (checked via podresources)"
-            ) in info.value.details
+    assert (
+        f"nvshim: GPU 1 ({gpu.uuid}), injected by the engine, is not this container's "
+        "allocation: the kubelet listed no device-plugin GPU and DRA claim team-a/gpu "
+        "(nvidia.com/gpu=0: GPU 0) for team-a/draforged/main (checked via podresources)"
+    ) in info.value.details
 
 
 def test_engine_gpu_of_another_pods_dra_claim_is_refused_naming_it(cri: Node) -> None:
     """An engine-injected GPU that the kubelet lists under another pod's DRA claim is refused,
     the error naming that pod's container, in a container whose env names no GPU at all."""
     gpu = cri.sim.gpus[3]
-    cri.kubelet.set([("team-b", "owner", {}, {"train": [dra("t", "nvidia.com/gpu=3",
-                                                            namespace="team-b")]}),
-                     ("team-a", "drathief", {"main": {}})])
+    cri.kubelet.set(
+        [
+            ("team-b", "owner", {}, {"train": [dra("t", "nvidia.com/gpu=3", namespace="team-b")]}),
+            ("team-a", "drathief", {"main": {}}),
+        ]
+    )
     p = pod(cri, "drathief")
     with pytest.raises(CriError) as info:
         start(cri, p, devices=[injected(cri, gpu)])
-    assert (f"nvshim: GPU 3 ({gpu.uuid}), injected by the engine, is not this container's "
-            "allocation: the kubelet gave it to team-b/owner/train (checked via podresources)"
-            ) in info.value.details
+    assert (
+        f"nvshim: GPU 3 ({gpu.uuid}), injected by the engine, is not this container's "
+        "allocation: the kubelet gave it to team-b/owner/train (checked via podresources)"
+    ) in info.value.details
 
 
 def test_container_with_an_empty_name_is_refused(cri: Node) -> None:
@@ -451,8 +568,10 @@ def test_container_with_an_empty_name_is_refused(cri: Node) -> None:
     p = pod(cri, "noname")
     with pytest.raises(CriError) as info:
         start(cri, p, env={"NVIDIA_VISIBLE_DEVICES": victim.uuid}, name="")
-    assert ("nvshim: the container's kubelet identity is unusable: containerd made it but "
-            "io.kubernetes.cri.container-name is missing or empty") in info.value.details
+    assert (
+        "nvshim: the container's kubelet identity is unusable: containerd made it but "
+        "io.kubernetes.cri.container-name is missing or empty"
+    ) in info.value.details
 
 
 # --- every device a claim injects, shared DRA claims ------------------------------------------
@@ -467,14 +586,17 @@ def test_an_imex_channel_named_by_a_cdi_mount_is_refused(cri: Node) -> None:
     from nvshim.runtime.extras import generate_imex_spec
 
     write_spec(str(cri.base / "cdi" / "imex.json"), generate_imex_spec(Host(cri.sim.root)))
-    cri.kubelet.set([("team-b", "owner", {"train": {IMEX: ["2"]}}),
-                     ("team-a", "cdiimex", {"main": {}})])
+    cri.kubelet.set(
+        [("team-b", "owner", {"train": {IMEX: ["2"]}}), ("team-a", "cdiimex", {"main": {}})]
+    )
     p = pod(cri, "cdiimex")
     with pytest.raises(CriError) as info:
         start(cri, p, mounts=[("/dev/null", f"{DEVICES}/cdi/{IMEX}/2")], listing=IMEX_DIR)
-    assert (f'nvshim: IMEX channel 2 (CDI device "{IMEX}=2") is not this container\'s '
-            "allocation: the kubelet gave it to team-b/owner/train (claimed through "
-            "volume-mounts, checked via podresources)") in info.value.details
+    assert (
+        f'nvshim: IMEX channel 2 (CDI device "{IMEX}=2") is not this container\'s '
+        "allocation: the kubelet gave it to team-b/owner/train (claimed through "
+        "volume-mounts, checked via podresources)"
+    ) in info.value.details
 
 
 def test_one_dra_claim_listed_for_two_pods_is_shared_not_a_conflict(cri: Node) -> None:
@@ -483,8 +605,9 @@ def test_one_dra_claim_listed_for_two_pods_is_shared_not_a_conflict(cri: Node) -
     claim, exit 0, no conflict."""
     gpu = cri.sim.gpus[2]
     claim = dra("shared", f"nvidia.com/gpu={gpu.index}")
-    cri.kubelet.set([("team-a", "sha", {}, {"main": [claim]}),
-                     ("team-a", "shb", {}, {"main": [claim]})])
+    cri.kubelet.set(
+        [("team-a", "sha", {}, {"main": [claim]}), ("team-a", "shb", {}, {"main": [claim]})]
+    )
     pa, pb = pod(cri, "sha"), pod(cri, "shb")
     start(cri, pa, devices=[injected(cri, gpu)])
     start(cri, pb, devices=[injected(cri, gpu)])
@@ -492,14 +615,14 @@ def test_one_dra_claim_listed_for_two_pods_is_shared_not_a_conflict(cri: Node) -
     rc, doc = grants(cri)
     assert rc == 0 and gpu.uuid not in doc["conflicts"]
     mine = sorted((g["pod"], g["claims"]) for g in doc["grants"] if gpu.uuid in g["gpus"])
-    assert mine == [("sha", {"team-a/shared": [gpu.uuid]}),
-                    ("shb", {"team-a/shared": [gpu.uuid]})]
+    assert mine == [("sha", {"team-a/shared": [gpu.uuid]}), ("shb", {"team-a/shared": [gpu.uuid]})]
 
 
 # --- containerd 1.7 and 2.1 inject CDI devices themselves (enable_cdi) ----------------------
 
-CONTAINERD_17 = pytest.mark.parametrize("node", ["1.7", "2.1"], indirect=True,
-                                        ids=["containerd-1.7", "containerd-2.1"])
+CONTAINERD_17 = pytest.mark.parametrize(
+    "node", ["1.7", "2.1"], indirect=True, ids=["containerd-1.7", "containerd-2.1"]
+)
 VIA = pytest.mark.parametrize("via", ["CDI_devices", "annotation", "both"])
 
 
@@ -520,7 +643,8 @@ def cdi_claim(via: str, name: str) -> Dict[str, Any]:
 @VIA
 @pytest.mark.parametrize("allocation", ["device-plugin", "dra"])
 def test_cdi_device_containerd_injects_for_the_kubelets_allocation_is_granted(
-        cri: Node, via: str, allocation: str) -> None:
+    cri: Node, via: str, allocation: str
+) -> None:
     """The CDI device the kubelet allocated, injected by containerd 1.7 itself (CDI_devices, a
     cdi.k8s.io/ annotation or both; device plugin or DRA claim): the container sees that GPU
     alone, image env "all" notwithstanding, and the journal holds the engine's grant verified
@@ -538,30 +662,41 @@ def test_cdi_device_containerd_injects_for_the_kubelets_allocation_is_granted(
     assert gpu_minors(cri, p) == [gpu.minor]
     rc, doc = grants(cri)
     mine = [g for g in doc["grants"] if g["pod"] == name]
-    assert rc == 0 and [(g["source"], g["gpus"], g["verified"], g["container"])
-                        for g in mine] == [("engine", [gpu.uuid], "kubelet", "main")]
+    assert rc == 0 and [(g["source"], g["gpus"], g["verified"], g["container"]) for g in mine] == [
+        ("engine", [gpu.uuid], "kubelet", "main")
+    ]
 
 
 @CONTAINERD_17
 @VIA
 def test_cdi_device_containerd_injects_outside_the_kubelets_record_is_refused(
-        cri: Node, via: str) -> None:
+    cri: Node, via: str
+) -> None:
     """A CDI device the kubelet did not allocate to this container (another pod's DRA
     claim), injected by containerd 1.7 itself: the container does not start, containerd's
     error carries one nvshim line naming the GPU, this container and the holder, and
     ``nvshim grants --denied`` records the refusal."""
     gpu = cri.sim.gpus[3]
     name = f"cdithief-{via.lower().replace('_', '')}"
-    cri.kubelet.set([("team-b", "owner", {}, {"train": [dra("t", f"nvidia.com/gpu={gpu.index}",
-                                                            namespace="team-b")]}),
-                     ("team-a", name, {"main": {}})])
+    cri.kubelet.set(
+        [
+            (
+                "team-b",
+                "owner",
+                {},
+                {"train": [dra("t", f"nvidia.com/gpu={gpu.index}", namespace="team-b")]},
+            ),
+            ("team-a", name, {"main": {}}),
+        ]
+    )
     p = pod(cri, name)
     with pytest.raises(CriError) as info:
         start(cri, p, **cdi_claim(via, f"nvidia.com/gpu={gpu.index}"))
     said = info.value.details
-    assert (f"nvshim: GPU 3 ({gpu.uuid}), injected by the engine, is not this container's "
-            "allocation: the kubelet gave it to team-b/owner/train (checked via podresources)"
-            ) in said
+    assert (
+        f"nvshim: GPU 3 ({gpu.uuid}), injected by the engine, is not this container's "
+        "allocation: the kubelet gave it to team-b/owner/train (checked via podresources)"
+    ) in said
     assert said.count("nvshim:") == 1 and "\n" not in said and "Traceback" not in said
     _, doc = grants(cri, "--denied")
     mine = [d for d in doc["denied"] if d["pod"] == name]

@@ -56,16 +56,25 @@ PROBE = (
     "readlink /usr/lib/x86_64-linux-gnu/libcuda.so.1"
 )
 # which C library and loader a process of the payload's interpreter mapped
-MAPS = ("import sys; print('\\n'.join(sorted({l.split()[-1] for l in open('/proc/self/maps') "
-        "if '/libc.so' in l or '/ld-linux' in l})))")
+MAPS = (
+    "import sys; print('\\n'.join(sorted({l.split()[-1] for l in open('/proc/self/maps') "
+    "if '/libc.so' in l or '/ld-linux' in l})))"
+)
 
 
 def _root(name: str) -> NodeRoot:
     require_root()
     if shutil.which("mmdebstrap") is None and os.environ.get("CI", "").lower() not in (
-            "", "0", "false", "no"):
-        pytest.fail("mmdebstrap is not installed (CI is set: the node roots must run; "
-                    "install.sh --dev installs it)", pytrace=False)
+        "",
+        "0",
+        "false",
+        "no",
+    ):
+        pytest.fail(
+            "mmdebstrap is not installed (CI is set: the node roots must run; "
+            "install.sh --dev installs it)",
+            pytrace=False,
+        )
     require_binary("mmdebstrap")
     try:
         return node_root(name)
@@ -124,13 +133,22 @@ class Node:
 
     def run(self, bundle: str) -> RunResult:
         """``nvshim-runtime run`` on the node, as an engine calls it (no NVSHIM_ env)."""
-        return on_node(self.tree, ["/usr/local/bin/nvshim-runtime", "--root", "/run/runc",
-                                   "run", "--bundle", bundle, unique_id()])
+        return on_node(
+            self.tree,
+            [
+                "/usr/local/bin/nvshim-runtime",
+                "--root",
+                "/run/runc",
+                "run",
+                "--bundle",
+                bundle,
+                unique_id(),
+            ],
+        )
 
 
 @pytest.fixture(scope="module", params=list(ROOTS))
-def node(request: Any, payload: Path, tmp_path_factory: pytest.TempPathFactory
-         ) -> Iterator[Node]:
+def node(request: Any, payload: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     """Each node root, with the payload installed inside it by its own install.sh (the copy
     is removed afterwards: 70–170 MB each)."""
     root = _root(request.param)
@@ -167,14 +185,24 @@ def test_each_root_is_the_node_it_stands_for(name: str, tmp_path: Path) -> None:
     root = _root(name)
     host = tuple(int(x) for x in os.confstr("CS_GNU_LIBC_VERSION").split()[1].split("."))
     glibc = tuple(int(x) for x in root.manifest["glibc"].split("."))
-    expected = {"debian11": glibc < host, "debian12-nopython": glibc == host,
-                "debian13": glibc > host}
+    expected = {
+        "debian11": glibc < host,
+        "debian12-nopython": glibc == host,
+        "debian13": glibc > host,
+    }
     assert expected[name], (name, glibc, host)
     assert (python_files(root.path) != []) == ROOTS[name].python
-    bundle = make_bundle(tmp_path / "b", make_rootfs(tmp_path / "rootfs"),
-                         ["sh", "-c", "echo hello from $(hostname)"])
-    res = on_node(root.path, ["runc", "--root", "/run/runc", "run", "--bundle", "/mnt",
-                              unique_id()], binds={"/mnt": bundle}, read_only=True)
+    bundle = make_bundle(
+        tmp_path / "b",
+        make_rootfs(tmp_path / "rootfs"),
+        ["sh", "-c", "echo hello from $(hostname)"],
+    )
+    res = on_node(
+        root.path,
+        ["runc", "--root", "/run/runc", "run", "--bundle", "/mnt", unique_id()],
+        binds={"/mnt": bundle},
+        read_only=True,
+    )
     assert (res.rc, res.stdout) == (0, "hello from nvshim-e2e\n"), res.describe()
 
 
@@ -203,8 +231,12 @@ def test_gpu_container_sees_exactly_its_gpu(node: Node) -> None:
     bundle = node.bundle(["NVIDIA_VISIBLE_DEVICES=1"], ["sh", "-c", PROBE])
     res = node.run(bundle)
     assert res.rc == 0, res.describe()
-    assert _seen(res.stdout) == {f"nvidia{minors[1]}", "nvidiactl", "nvidia-uvm",
-                                 "nvidia-uvm-tools"}, res.describe()
+    assert _seen(res.stdout) == {
+        f"nvidia{minors[1]}",
+        "nvidiactl",
+        "nvidia-uvm",
+        "nvidia-uvm-tools",
+    }, res.describe()
     assert f"nvidia{minors[0]}" not in res.stdout
     assert "LIB-READABLE" in res.stdout and "libcuda.so.550.54.15" in res.stdout
     assert res.stderr == ""
@@ -245,16 +277,18 @@ def test_the_nodes_python_is_never_run_and_removing_it_changes_nothing(node: Nod
         path = node.tree / python
         if os.path.lexists(path):
             path.unlink()
-            path.write_text(f"#!/bin/sh\necho \"$0 $*\" >> /{marker.relative_to(node.tree)}\n"
-                            "exit 1\n")
+            path.write_text(
+                f'#!/bin/sh\necho "$0 $*" >> /{marker.relative_to(node.tree)}\nexit 1\n'
+            )
             path.chmod(0o755)
     generate = ["/usr/local/bin/nvshim", "cdi", "generate", "--format", "json"]
     before = node.run(bundle)
     spec = on_node(node.tree, generate)
     assert spec.rc == 0, spec.describe()
     assert not marker.exists(), marker.read_text()
-    hooks = [h for d in json.loads(spec.stdout)["devices"] for h in
-             d["containerEdits"].get("hooks", [])] + json.loads(spec.stdout)["containerEdits"]["hooks"]
+    hooks = [
+        h for d in json.loads(spec.stdout)["devices"] for h in d["containerEdits"].get("hooks", [])
+    ] + json.loads(spec.stdout)["containerEdits"]["hooks"]
     assert hooks and {h["path"] for h in hooks} == {"/opt/nvshim/bin/python3"}
     assert not any("site-packages" in a or "python3." in a for h in hooks for a in h["args"])
     for found in _node_pythons(node.tree):
@@ -324,20 +358,35 @@ def test_create_on_a_root_whose_c_library_broke_names_it_in_one_line(broken: Pat
     line is the loader's, naming the root's runc and the broken libc.so.6."""
     assert _install(broken).rc == 0
     bundle_dir = broken / "var/lib/nvshim-test/b"
-    make_bundle(bundle_dir, make_rootfs(broken.parent / "rootfs"), ["true"],
-                env=["NVIDIA_VISIBLE_DEVICES=1"])
+    make_bundle(
+        bundle_dir,
+        make_rootfs(broken.parent / "rootfs"),
+        ["true"],
+        env=["NVIDIA_VISIBLE_DEVICES=1"],
+    )
     (broken / "usr/bin/sh").unlink()
     shutil.copy2(require_binary("busybox"), broken / "usr/bin/sh")
     (broken / "usr/lib/x86_64-linux-gnu/libc.so.6").write_bytes(b"")
     version = on_node(broken, ["/usr/local/bin/nvshim", "--version"])
     assert version.rc == 0 and version.stdout.startswith("nvshim, version"), version.describe()
     before = (bundle_dir / "config.json").read_bytes()
-    res = on_node(broken, ["/usr/local/bin/nvshim-runtime", "--root", "/run/runc", "create",
-                           "--bundle", "/var/lib/nvshim-test/b", unique_id()])
+    res = on_node(
+        broken,
+        [
+            "/usr/local/bin/nvshim-runtime",
+            "--root",
+            "/run/runc",
+            "create",
+            "--bundle",
+            "/var/lib/nvshim-test/b",
+            unique_id(),
+        ],
+    )
     assert res.rc == 127, res.describe()
     assert res.stderr.splitlines() == [
         "/usr/sbin/runc: error while loading shared libraries: "
-        "/lib/x86_64-linux-gnu/libc.so.6: file too short"]
+        "/lib/x86_64-linux-gnu/libc.so.6: file too short"
+    ]
     assert (bundle_dir / "config.json").read_bytes() != before  # nvshim planned and edited
 
 
@@ -381,8 +430,12 @@ def test_read_only_usr_node_word_for_word(payload: Path, tmp_path: Path) -> None
     os.replace(tree / PAYLOAD.lstrip("/"), tree / README_PAYLOAD.lstrip("/"))
     (tree / "etc/containerd").mkdir()
     (tree / "etc/containerd/config.toml").write_text("")  # containerd's defaults
-    bundle = make_bundle(tmp_path / "b", make_rootfs(tmp_path / "rootfs"),
-                         ["sh", "-c", PROBE], env=["NVIDIA_VISIBLE_DEVICES=1"])
+    bundle = make_bundle(
+        tmp_path / "b",
+        make_rootfs(tmp_path / "rootfs"),
+        ["sh", "-c", PROBE],
+        env=["NVIDIA_VISIBLE_DEVICES=1"],
+    )
 
     def node(*argv: str) -> RunResult:
         return on_node(tree, argv, binds={"/mnt": bundle}, read_only_dirs=["/usr"])
@@ -392,38 +445,56 @@ def test_read_only_usr_node_word_for_word(payload: Path, tmp_path: Path) -> None
     assert probe.rc == 1 and "Read-only file system" in probe.stderr, probe.describe()
     before = _tree_state(tree)
 
-    install = ["sh", f"{README_PAYLOAD}/install.sh", "--from", README_PAYLOAD,
-               "--containerd", "--docker"]
+    install = [
+        "sh",
+        f"{README_PAYLOAD}/install.sh",
+        "--from",
+        README_PAYLOAD,
+        "--containerd",
+        "--docker",
+    ]
     refused = node(*install)
     assert refused.rc == 1, refused.describe()
     assert refused.stderr.splitlines() == [
         "install.sh: cannot write /usr/local/bin (read-only file system?): nothing installed; "
         "on a node with a read-only /usr, set NVSHIM_BINDIR to a writable folder (e.g. "
-        "/opt/bin; see install.sh --help)"], refused.describe()
+        "/opt/bin; see install.sh --help)"
+    ], refused.describe()
     assert _tree_state(tree) == before
 
     installed = node("env", "NVSHIM_BINDIR=/opt/bin", *install)
     assert installed.rc == 0, installed.describe()
     assert installed.stderr.splitlines()[-1] == (
-        "install.sh: installed nvshim 0.1.0 (/opt/bin/nvshim, /opt/bin/nvshim-runtime)")
+        "install.sh: installed nvshim 0.1.0 (/opt/bin/nvshim, /opt/bin/nvshim-runtime)"
+    )
     doctor = node("/opt/bin/nvshim", "doctor", "--format", "json")
     found = {f["check"]: (f["status"], f["message"]) for f in json.loads(doctor.stdout)}
     assert found["trampoline"][0] == "ok" and "/opt/bin/nvshim-runtime" in found["trampoline"][1]
     assert found["containerd-runtime-binary"] == (
-        "ok", 'handler "nvshim" runs /opt/bin/nvshim-runtime')
+        "ok",
+        'handler "nvshim" runs /opt/bin/nvshim-runtime',
+    )
     drop_in = (tree / "etc/containerd/conf.d/99-nvshim.toml").read_text()
     assert 'BinaryName = "/opt/bin/nvshim-runtime"' in drop_in
     daemon = json.loads((tree / "etc/docker/daemon.json").read_text())
     assert daemon["runtimes"]["nvshim"]["path"] == "/opt/bin/nvshim-runtime"
     assert sorted(p.name for p in (tree / "opt/bin").iterdir()) == [
-        "nvidia-container-runtime-hook", "nvshim", "nvshim-runtime"]
+        "nvidia-container-runtime-hook",
+        "nvshim",
+        "nvshim-runtime",
+    ]
 
     minors = [g.minor for g in load_node(str(tree / SIM.lstrip("/"))).gpus]
-    res = node("/opt/bin/nvshim-runtime", "--root", "/run/runc", "run", "--bundle", "/mnt",
-               unique_id())
+    res = node(
+        "/opt/bin/nvshim-runtime", "--root", "/run/runc", "run", "--bundle", "/mnt", unique_id()
+    )
     assert res.rc == 0, res.describe()
-    assert _seen(res.stdout) == {f"nvidia{minors[1]}", "nvidiactl", "nvidia-uvm",
-                                 "nvidia-uvm-tools"}, res.describe()
+    assert _seen(res.stdout) == {
+        f"nvidia{minors[1]}",
+        "nvidiactl",
+        "nvidia-uvm",
+        "nvidia-uvm-tools",
+    }, res.describe()
     assert "LIB-READABLE" in res.stdout
 
     removed = node("sh", "/opt/nvshim/install.sh", "--uninstall")

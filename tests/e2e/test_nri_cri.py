@@ -34,8 +34,9 @@ GPU_NODE = re.compile(r"^nvidia([0-9]+)$")
 
 
 @pytest.fixture(scope="module", params=["1.7", "2.1"], ids=lambda v: f"containerd-{v}")
-def module_node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-                base_rootfs: Path) -> Iterator[NriNode]:
+def module_node(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path
+) -> Iterator[NriNode]:
     require_root()
     from nvshim.sim.build import create_node
 
@@ -52,22 +53,35 @@ def node(module_node: NriNode) -> Iterator[NriNode]:
     yield module_node
 
 
-def run(n: NriNode, name: str, handler: str = "runc", env: Optional[Dict[str, str]] = None,
-        annotations: Optional[Dict[str, str]] = None,
-        cdi_devices: Tuple[str, ...] = (), image: str = BUSYBOX,
-        mounts: Tuple[Tuple[str, str], ...] = (),
-        pod_annotations: Optional[Dict[str, str]] = None) -> Tuple[str, Path]:
+def run(
+    n: NriNode,
+    name: str,
+    handler: str = "runc",
+    env: Optional[Dict[str, str]] = None,
+    annotations: Optional[Dict[str, str]] = None,
+    cdi_devices: Tuple[str, ...] = (),
+    image: str = BUSYBOX,
+    mounts: Tuple[Tuple[str, str], ...] = (),
+    pod_annotations: Optional[Dict[str, str]] = None,
+) -> Tuple[str, Path]:
     """A pod ``name`` whose container lists /dev, prints END and sleeps; (its id, logs).
     ``mounts``: (host path, container path) of each bind mount."""
     assert n.cri is not None
     logs = n.base / "logs" / name
-    sandbox, config = n.cri.run_pod(name, "team-a", f"uid-{name}", logs,
-                                    f"/{n.cgroup}/{name}", handler, pod_annotations)
-    cid = n.cri.create_container(sandbox, config, "main", image,
-                                 ["sh", "-c", "ls /dev; echo VIS=$NVIDIA_VISIBLE_DEVICES; "
-                                  "echo END; exec sleep 1000"],
-                                 env=env, annotations=annotations, cdi_devices=cdi_devices,
-                                 mounts=mounts)
+    sandbox, config = n.cri.run_pod(
+        name, "team-a", f"uid-{name}", logs, f"/{n.cgroup}/{name}", handler, pod_annotations
+    )
+    cid = n.cri.create_container(
+        sandbox,
+        config,
+        "main",
+        image,
+        ["sh", "-c", "ls /dev; echo VIS=$NVIDIA_VISIBLE_DEVICES; echo END; exec sleep 1000"],
+        env=env,
+        annotations=annotations,
+        cdi_devices=cdi_devices,
+        mounts=mounts,
+    )
     n.cri.start_container(cid)
     return cid, logs
 
@@ -82,9 +96,21 @@ def seen(n: NriNode, logs: Path) -> Tuple[List[int], str]:
 
 def journal(n: NriNode, *flags: str) -> List[Dict[str, Any]]:
     """The records ``nvshim grants`` (``--denied``: its denials) shows, as JSON."""
-    res = subprocess.run([shutil.which("nvshim") or "nvshim", "grants", "--journal",
-                          str(n.base / "grants.jsonl"), "--format", "json", *flags],
-                         capture_output=True, text=True, timeout=60, check=False)
+    res = subprocess.run(
+        [
+            shutil.which("nvshim") or "nvshim",
+            "grants",
+            "--journal",
+            str(n.base / "grants.jsonl"),
+            "--format",
+            "json",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     doc = json.loads(res.stdout or "{}")
     if isinstance(doc, list):
         return doc
@@ -104,8 +130,9 @@ def test_inject_under_plain_runc(node: NriNode) -> None:
 def test_injected_volume_mounts_pod_sees_void(node: NriNode) -> None:
     """A pod under plain runc whose allocation is a device-plugin volume mount (the volume-mounts strategy) gets its GPU from the plugin and sees NVIDIA_VISIBLE_DEVICES=void, as docs/container-env.md says of every container nvshim gave GPUs."""
     gpu = node.sim.gpus[0]
-    _cid, logs = run(node, "vm-inject",
-                     mounts=(("/dev/null", f"/var/run/nvidia-container-devices/{gpu.uuid}"),))
+    _cid, logs = run(
+        node, "vm-inject", mounts=(("/dev/null", f"/var/run/nvidia-container-devices/{gpu.uuid}"),)
+    )
     assert seen(node, logs) == ([gpu.minor], "void")
 
 
@@ -129,9 +156,11 @@ def test_guard_refuses_visible_devices_set_twice(node: NriNode) -> None:
     assert denials and denials[0]["action"] == "refused", denials
 
 
-@pytest.mark.parametrize("dest", ["/var/run/nvidia-container-devices/all",
-                                  "/var/run//nvidia-container-devices/all"],
-                         ids=["plain", "double-slash"])
+@pytest.mark.parametrize(
+    "dest",
+    ["/var/run/nvidia-container-devices/all", "/var/run//nvidia-container-devices/all"],
+    ids=["plain", "double-slash"],
+)
 def test_guard_strips_a_device_list_mount_claim(node: NriNode, dest: str) -> None:
     """An unallocated pod whose only claim is /dev/null mounted under the device-list directory, under the NVIDIA-like default runtime (which reads such mounts first), gets no GPU: the plugin removed the mount and set void; a denial is journaled."""
     name = f"mount-{'plain' if '//' not in dest else 'slashes'}"
@@ -148,22 +177,26 @@ def nvidia_nri(tmp_path_factory: pytest.TempPathFactory) -> Path:
     mode), built from its Go module."""
     from tests.helpers.gobuild import build_go
 
-    return build_go("nvidia-toolkit", "nvidia-nri",
-                    tmp_path_factory.mktemp("go") / "nvidia-nri")
+    return build_go("nvidia-toolkit", "nvidia-nri", tmp_path_factory.mktemp("go") / "nvidia-nri")
 
 
-def test_nvidia_nri_plugin_annotation_held_to_the_allocation(node: NriNode,
-                                                            nvidia_nri: Path) -> None:
+def test_nvidia_nri_plugin_annotation_held_to_the_allocation(
+    node: NriNode, nvidia_nri: Path
+) -> None:
     """Beside NVIDIA's own NRI plugin, an unallocated pod annotated nvidia.cdi.k8s.io/pod: nvidia.com/gpu=all is refused by nvshim's plugin in one line naming the annotation (journaled); with nvshim's agent away, containerd 2.1 gives that pod every GPU through NVIDIA's plugin (containerd 1.7's NRI v0.6 drops CDI adjustments). doctor names NVIDIA's plugin by pid: ok beside the registered agent, a failure without it."""
     assert node.agent is not None
     annotated = {"nvidia.cdi.k8s.io/pod": "nvidia.com/gpu=all"}
     log = node.base / "nvidia-nri.log"
     with open(log, "ab") as out:
-        proc = subprocess.Popen([str(nvidia_nri), str(node.base / "nri.sock"), "20"],
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(nvidia_nri), str(node.base / "nri.sock"), "20"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
-        wait_until(lambda: "Started plugin" in log.read_text(), 30,
-                   "NVIDIA's NRI plugin's registration")
+        wait_until(
+            lambda: "Started plugin" in log.read_text(), 30, "NVIDIA's NRI plugin's registration"
+        )
         found = doctor_nri(node)
         assert found.status == "ok" and f"nvidia-nri (pid {proc.pid})" in found.message, found
         node.agent.stop()
@@ -178,8 +211,10 @@ def test_nvidia_nri_plugin_annotation_held_to_the_allocation(node: NriNode,
         with pytest.raises(CriError) as info:
             run(node, "nv-annotated", pod_annotations=annotated)
         said = info.value.details
-        assert "nvshim: pod team-a/nv-annotated container main: annotation " \
-            "nvidia.cdi.k8s.io/pod names CDI device nvidia.com/gpu=all" in said, said
+        assert (
+            "nvshim: pod team-a/nv-annotated container main: annotation "
+            "nvidia.cdi.k8s.io/pod names CDI device nvidia.com/gpu=all" in said
+        ), said
         denials = [d for d in journal(node, "--denied") if d.get("pod") == "nv-annotated"]
         assert denials and denials[0]["action"] == "refused", denials
     finally:
@@ -190,8 +225,9 @@ def test_nvidia_nri_plugin_annotation_held_to_the_allocation(node: NriNode,
 def test_nvidia_like_runtime_alone_grants_env(node: NriNode) -> None:
     """Control: the same handler without the guard's void (a GPU allocated by UUID) injects what the env names, so the guard test's empty /dev is the plugin's doing; the plugin injected nothing itself but journaled the grant it let through, so nvshim grants names the pod."""
     gpu = node.sim.gpus[2]
-    _cid, logs = run(node, "nvidia-alloc", handler="nvidia",
-                     env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+    _cid, logs = run(
+        node, "nvidia-alloc", handler="nvidia", env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid}
+    )
     minors, _vis = seen(node, logs)
     assert minors == [gpu.minor]
     # the journal's own lines: the stand-in (nvshim's runtime) journals its grant too, and
@@ -256,13 +292,14 @@ def test_verify_holds_cri_cdi_devices_to_the_kubelet(node: NriNode) -> None:
     said = info.value.details
     assert "nvshim: pod team-a/cri-field container main:" in said, said
     assert node.sim.gpus[1].uuid in said, said
-    node.kubelet.set([("team-a", "cri-held", {"main": {"nvidia.com/gpu": [node.sim.gpus[1].uuid]}})])
+    node.kubelet.set(
+        [("team-a", "cri-held", {"main": {"nvidia.com/gpu": [node.sim.gpus[1].uuid]}})]
+    )
     _cid, logs = run(node, "cri-held", cdi_devices=("nvidia.com/gpu=1",))
     assert seen(node, logs)[0] == [node.sim.gpus[1].minor]
 
 
-def test_an_agent_whose_install_breaks_never_fails_a_create(node: NriNode,
-                                                           tmp_path: Path) -> None:
+def test_an_agent_whose_install_breaks_never_fails_a_create(node: NriNode, tmp_path: Path) -> None:
     """An agent serving from a copy of nvshim whose modules are then deleted (an uninstall or upgrade under it) answers with no adjustment and one log line: a plain pod and a GPU pod under runc start (the GPU pod without its GPU, as with no plugin), first with one module gone (the import fails at the first GPU pod's create), then with the whole package gone."""
     import sys
 
@@ -270,14 +307,25 @@ def test_an_agent_whose_install_breaks_never_fails_a_create(node: NriNode,
 
     assert node.agent is not None
     copy = tmp_path / "site"
-    shutil.copytree(Path(__file__).resolve().parents[2] / "nvshim", copy / "nvshim",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        Path(__file__).resolve().parents[2] / "nvshim",
+        copy / "nvshim",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     log = tmp_path / "agent.log"
-    broken = AgentProcess(node.base / "agent.sock", node.base / "agent" / "config.yaml", log,
-                          str(node.base / "nri.sock"))
-    broken.args = [sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-                   "from nvshim.cli.main import main; main()", str(copy)] + broken.args[
-                       broken.args.index("agent"):]
+    broken = AgentProcess(
+        node.base / "agent.sock",
+        node.base / "agent" / "config.yaml",
+        log,
+        str(node.base / "nri.sock"),
+    )
+    broken.args = [
+        sys.executable,
+        "-I",
+        "-c",
+        "import sys; sys.path.insert(0, sys.argv.pop(1)); from nvshim.cli.main import main; main()",
+        str(copy),
+    ] + broken.args[broken.args.index("agent") :]
     node.agent.stop()
     try:
         broken.start()
@@ -314,10 +362,23 @@ def test_agent_restart_during_50_creates(node: NriNode) -> None:
 
     def one(i: int) -> str:
         name = f"burst{i}"
-        sandbox, config = cri.run_pod(name, "team-a", f"uid-{name}", node.base / "logs" / name,
-                                      f"/{node.cgroup}/{name}", "runc", None)
-        cid = cri.create_container(sandbox, config, "main", "docker.io/nvshim-test/busybox:1",
-                                   ["true"], env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid})
+        sandbox, config = cri.run_pod(
+            name,
+            "team-a",
+            f"uid-{name}",
+            node.base / "logs" / name,
+            f"/{node.cgroup}/{name}",
+            "runc",
+            None,
+        )
+        cid = cri.create_container(
+            sandbox,
+            config,
+            "main",
+            "docker.io/nvshim-test/busybox:1",
+            ["true"],
+            env={"NVIDIA_VISIBLE_DEVICES": gpu.uuid},
+        )
         done.append(cid)
         return cid
 
@@ -342,7 +403,9 @@ def doctor_nri(node: NriNode) -> Any:
     from nvshim.node.doctor.nri import check_nri
 
     assert node.containerd is not None
-    binary = str(node.containerd.bin_dir / "containerd") if node.containerd.bin_dir else "containerd"
+    binary = (
+        str(node.containerd.bin_dir / "containerd") if node.containerd.bin_dir else "containerd"
+    )
     return check_nri(str(node.base / "containerd.toml"), binary, str(node.base / "agent.sock"))
 
 
@@ -353,17 +416,37 @@ def test_doctor_calls_nvidias_default_guarded_while_the_agent_guards(node: NriNo
     def default_runtime() -> Tuple[int, str]:
         absent = node.base / "absent"
         res = subprocess.run(
-            [shutil.which("nvshim") or "nvshim", "doctor", "--config",
-             str(node.base / "agent" / "config.yaml"), "--containerd-config",
-             str(node.base / "containerd.toml"), "--agent-socket", str(node.base / "agent.sock"),
-             "--trampoline", str(absent / "trampoline"), "--driver-root", node.sim.root,
-             "--docker-config", str(absent / "docker"), "--crio-config", str(absent / "crio")],
-            capture_output=True, text=True, timeout=120, check=False)
+            [
+                shutil.which("nvshim") or "nvshim",
+                "doctor",
+                "--config",
+                str(node.base / "agent" / "config.yaml"),
+                "--containerd-config",
+                str(node.base / "containerd.toml"),
+                "--agent-socket",
+                str(node.base / "agent.sock"),
+                "--trampoline",
+                str(absent / "trampoline"),
+                "--driver-root",
+                node.sim.root,
+                "--docker-config",
+                str(absent / "docker"),
+                "--crio-config",
+                str(absent / "crio"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         line = next((x for x in res.stdout.splitlines() if " default-runtime: " in x), "")
         return res.returncode, line
 
     _rc, line = default_runtime()
-    assert line.startswith("ok    default-runtime: ") and "guarded by the nvshim agent's NRI guard" in line, line
+    assert (
+        line.startswith("ok    default-runtime: ")
+        and "guarded by the nvshim agent's NRI guard" in line
+    ), line
     node.agent.stop()
     try:
         rc, line = default_runtime()
@@ -377,7 +460,9 @@ def test_doctor_sees_the_registered_agent(node: NriNode) -> None:
     from nvshim.node.doctor.nri import check_nri
 
     assert node.containerd is not None and node.agent is not None
-    binary = str(node.containerd.bin_dir / "containerd") if node.containerd.bin_dir else "containerd"
+    binary = (
+        str(node.containerd.bin_dir / "containerd") if node.containerd.bin_dir else "containerd"
+    )
     config, sock = str(node.base / "containerd.toml"), str(node.base / "agent.sock")
     inject = str(node.base / "agent" / "config.yaml")
     found = check_nri(config, binary, sock)
@@ -393,14 +478,20 @@ def test_doctor_sees_the_registered_agent(node: NriNode) -> None:
         node.agent.start_registered()
 
 
-INROOT = ("(: >/.probe) 2>/dev/null && echo RW || echo RO; "
-          "ls /usr/lib/x86_64-linux-gnu/; grep -c libcuda.so.1 /etc/ld.so.cache; "
-          "echo END; exec sleep 1000")
+INROOT = (
+    "(: >/.probe) 2>/dev/null && echo RW || echo RO; "
+    "ls /usr/lib/x86_64-linux-gnu/; grep -c libcuda.so.1 /etc/ld.so.cache; "
+    "echo END; exec sleep 1000"
+)
 
 
-def inroot(node: NriNode, name: str, readonly: bool,
-           between: Optional[Callable[[], None]] = None,
-           handler: str = "runc") -> Tuple[str, List[str]]:
+def inroot(
+    node: NriNode,
+    name: str,
+    readonly: bool,
+    between: Optional[Callable[[], None]] = None,
+    handler: str = "runc",
+) -> Tuple[str, List[str]]:
     """(the container's id, what INROOT prints in a GPU container under plain runc, or
     ``handler``); ``readonly``: its rootfs; ``between``: run after CreateContainer (the
     plugin's plan), before StartContainer (``runc create`` and its hooks)."""
@@ -408,12 +499,17 @@ def inroot(node: NriNode, name: str, readonly: bool,
 
     assert node.cri is not None
     logs = node.base / "logs" / name
-    sandbox, config = node.cri.run_pod(name, "team-a", f"uid-{name}", logs,
-                                       f"/{node.cgroup}/{name}", handler, None)
-    spec = ContainerSpec("main", BUSYBOX, ["sh", "-c", INROOT], log_path="main.log",
-                         envs=[("NVIDIA_VISIBLE_DEVICES", node.sim.gpus[0].uuid)],
-                         security=SecurityContext(namespaces=Namespaces(network=NODE),
-                                                  readonly_rootfs=readonly))
+    sandbox, config = node.cri.run_pod(
+        name, "team-a", f"uid-{name}", logs, f"/{node.cgroup}/{name}", handler, None
+    )
+    spec = ContainerSpec(
+        "main",
+        BUSYBOX,
+        ["sh", "-c", INROOT],
+        log_path="main.log",
+        envs=[("NVIDIA_VISIBLE_DEVICES", node.sim.gpus[0].uuid)],
+        security=SecurityContext(namespaces=Namespaces(network=NODE), readonly_rootfs=readonly),
+    )
     cid = node.cri.create(sandbox, config, spec)
     if between is not None:
         between()
@@ -429,8 +525,10 @@ def has_links(out: List[str]) -> bool:
 
 def served_by_agent(node: NriNode, cid: str) -> bool:
     """The agent's log says its createContainer hook did ``cid``'s in-root work."""
-    return any(f'"id": "{cid}"' in line and '"by": "agent hook"' in line
-               for line in (node.base / "agent.log").read_text().splitlines())
+    return any(
+        f'"id": "{cid}"' in line and '"by": "agent hook"' in line
+        for line in (node.base / "agent.log").read_text().splitlines()
+    )
 
 
 @pytest.mark.parametrize("mode", ["agent", "start"])
@@ -457,12 +555,18 @@ def test_read_only_rootfs(node: NriNode) -> None:
 
 def test_read_only_rootfs_under_crun(node: NriNode) -> None:
     """Under crun (Debian 13's 1.21 makes a read-only rootfs read-only before the hooks) nri-inroot: agent still gives a readOnlyRootFilesystem container the links and cache: the agent cannot write and says so in one line, the client execs nvshim's Python hook, which does, and the rootfs stays read-only."""
-    node.configure(nri_inroot="agent", runtimes=[node.crunw],
-                   nri_runtime_root=str(node.base / "crun-root" / "k8s.io"))
+    node.configure(
+        nri_inroot="agent",
+        runtimes=[node.crunw],
+        nri_runtime_root=str(node.base / "crun-root" / "k8s.io"),
+    )
     cid, out = inroot(node, "ro-crun", readonly=True, handler="crun")
     assert has_links(out) and not served_by_agent(node, cid) and out[0] == "RO", out
-    refused = [line for line in (node.base / "agent.log").read_text().splitlines()
-               if f'"id": "{cid}"' in line]
+    refused = [
+        line
+        for line in (node.base / "agent.log").read_text().splitlines()
+        if f'"id": "{cid}"' in line
+    ]
     assert len(refused) == 1 and "read-only file system" in refused[0], refused
     assert '"nri in-root work not served (the Python hook does it)"' in refused[0]
 
@@ -478,8 +582,10 @@ def test_agent_hook_falls_back_to_the_python_hook(node: NriNode) -> None:
             agent.stop(signal.SIGKILL if kill else signal.SIGTERM)
             if not kill:
                 agent.start()
-                wait_until(lambda: log.read_text().count("nri registered") > before, 20,
-                           "re-registration")
+                wait_until(
+                    lambda: log.read_text().count("nri registered") > before, 20, "re-registration"
+                )
+
         return between
 
     try:

@@ -40,15 +40,22 @@ def node(tmp_path):
 
 @pytest.fixture
 def cfg(node, tmp_path) -> Path:
-    path = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["/bin/true"]})
+    path = write_nvshim_config(
+        tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["/bin/true"]}
+    )
     compile_node(str(path))
     return path
 
 
 def create(nvshim_runtime_bin: str, bundle: Path, cfg: Path) -> subprocess.CompletedProcess:
     env = {"NVSHIM_CONFIG": str(cfg), "PATH": PATH}
-    return subprocess.run([nvshim_runtime_bin, "create", "--bundle", str(bundle), unique_id()],
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [nvshim_runtime_bin, "create", "--bundle", str(bundle), unique_id()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def fresh_bundle(tmp_path: Path, rootfs: Path, name: str, visible: str = "all") -> Path:
@@ -56,8 +63,11 @@ def fresh_bundle(tmp_path: Path, rootfs: Path, name: str, visible: str = "all") 
 
 
 def gpu_nodes(bundle: Path) -> list:
-    return sorted(d["path"] for d in read_config(bundle)["linux"]["devices"]
-                  if d["path"][len("/dev/nvidia"):].isdigit())
+    return sorted(
+        d["path"]
+        for d in read_config(bundle)["linux"]["devices"]
+        if d["path"][len("/dev/nvidia") :].isdigit()
+    )
 
 
 def mount_sources(bundle: Path) -> list:
@@ -69,7 +79,9 @@ def cache_is_valid(cfg: Path, node) -> bool:
     return cached is not None
 
 
-def test_compile_writes_a_valid_plan_and_creates_use_it(node, cfg, rootfs, tmp_path, nvshim_runtime_bin):
+def test_compile_writes_a_valid_plan_and_creates_use_it(
+    node, cfg, rootfs, tmp_path, nvshim_runtime_bin
+):
     """``nvshim config compile`` leaves a valid plan next to the compiled config; a create
     with it plans exactly what live discovery plans."""
     assert cache_is_valid(cfg, node)
@@ -86,7 +98,9 @@ def test_compile_writes_a_valid_plan_and_creates_use_it(node, cfg, rootfs, tmp_p
     assert cached.rootfs.work.planned == live.rootfs.work.planned
 
 
-def test_gpu_removed_and_added_is_seen_by_the_next_create(node, cfg, rootfs, tmp_path, nvshim_runtime_bin):
+def test_gpu_removed_and_added_is_seen_by_the_next_create(
+    node, cfg, rootfs, tmp_path, nvshim_runtime_bin
+):
     """Removing GPU 1 (procfs entry and device node) and adding it back changes what
     NVIDIA_VISIBLE_DEVICES=all gets on the very next create."""
     gpus_dir = Path(node.root, "proc/driver/nvidia/gpus")
@@ -111,12 +125,16 @@ def test_gpu_removed_and_added_is_seen_by_the_next_create(node, cfg, rootfs, tmp
     assert cache_is_valid(cfg, node)
 
 
-def test_driver_version_change_is_seen_by_the_next_create(node, cfg, rootfs, tmp_path, nvshim_runtime_bin):
+def test_driver_version_change_is_seen_by_the_next_create(
+    node, cfg, rootfs, tmp_path, nvshim_runtime_bin
+):
     """A new driver (the node rebuilt with another version at the same path) gets its own
     libraries mounted on the next create, not the cached old ones."""
     from nvshim.sim.build import create_node
 
-    assert create(nvshim_runtime_bin, fresh_bundle(tmp_path, rootfs, "b1", "0"), cfg).returncode == 0
+    assert (
+        create(nvshim_runtime_bin, fresh_bundle(tmp_path, rootfs, "b1", "0"), cfg).returncode == 0
+    )
     assert any(s.endswith("libcuda.so.550.54.15") for s in mount_sources(tmp_path / "b1"))
     shutil.rmtree(node.root)
     create_node(node.root, gpus=2, driver_version="560.35.03")
@@ -127,11 +145,15 @@ def test_driver_version_change_is_seen_by_the_next_create(node, cfg, rootfs, tmp
     assert not any("550.54.15" in s for s in sources), sources
 
 
-def test_replaced_library_is_seen_by_the_next_create(node, cfg, rootfs, tmp_path, nvshim_runtime_bin):
+def test_replaced_library_is_seen_by_the_next_create(
+    node, cfg, rootfs, tmp_path, nvshim_runtime_bin
+):
     """A driver library replaced by one with another SONAME changes the link the next create
     makes (the cached SONAME is not reused)."""
     lib = Path(node.root, LIBDIR, "libcuda.so.550.54.15")
-    assert create(nvshim_runtime_bin, fresh_bundle(tmp_path, rootfs, "b1", "0"), cfg).returncode == 0
+    assert (
+        create(nvshim_runtime_bin, fresh_bundle(tmp_path, rootfs, "b1", "0"), cfg).returncode == 0
+    )
     assert os.readlink(tmp_path / "b1/rootfs" / LIBDIR / "libcuda.so.1") == lib.name
     new = lib.with_name(".replacement")
     new.write_bytes(build_shared_object("libcuda.so.2", marker="NVSHIM-SIM replaced"))
@@ -142,8 +164,9 @@ def test_replaced_library_is_seen_by_the_next_create(node, cfg, rootfs, tmp_path
     assert not os.path.lexists(tmp_path / "b2/rootfs" / LIBDIR / "libcuda.so.1")
 
 
-@pytest.mark.parametrize("garbage", [b"", b"{not json", b'{"format": 1, "key": 3}', b"[]",
-                                     b'{"format": 1}'])
+@pytest.mark.parametrize(
+    "garbage", [b"", b"{not json", b'{"format": 1, "key": 3}', b"[]", b'{"format": 1}']
+)
 def test_corrupted_cache_is_rebuilt(node, cfg, rootfs, tmp_path, nvshim_runtime_bin, garbage):
     """A plan file that is empty, not JSON, or not a plan is never trusted: the create
     succeeds with what discovery finds and leaves a valid cache behind."""
@@ -168,15 +191,22 @@ def test_unwritable_cache_never_fails_a_create(node, cfg, rootfs, tmp_path, nvsh
 
 
 def test_fifty_parallel_cold_creates_all_succeed_and_leave_one_valid_cache(
-        node, cfg, rootfs, tmp_path, nvshim_runtime_bin):
+    node, cfg, rootfs, tmp_path, nvshim_runtime_bin
+):
     """50 creates started together on a node without a plan cache all succeed with the right
     GPU, and leave exactly one valid plan file and no temporary files."""
     os.unlink(plan_path(str(cfg)))
     bundles = [fresh_bundle(tmp_path, rootfs, f"b{i}", str(i % 2)) for i in range(50)]
     env = {"NVSHIM_CONFIG": str(cfg), "PATH": PATH}
-    procs = [subprocess.Popen([nvshim_runtime_bin, "create", "--bundle", str(b), unique_id()],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-             for b in bundles]
+    procs = [
+        subprocess.Popen(
+            [nvshim_runtime_bin, "create", "--bundle", str(b), unique_id()],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for b in bundles
+    ]
     errors = [(p.wait(timeout=300), p.stderr.read().decode()) for p in procs]
     for p in procs:
         p.stderr.close()

@@ -22,8 +22,10 @@ pytestmark = pytest.mark.e2e
 
 PATH_ENV = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LIB = "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
-PROBE = ("for n in /dev/nvidia*; do [ -c \"$n\" ] && stat -c 'DEV %n %t:%T' \"$n\"; done; "
-         f"grep -c NVSHIM-SIM {LIB} >/dev/null && echo LIB-READABLE")
+PROBE = (
+    'for n in /dev/nvidia*; do [ -c "$n" ] && stat -c \'DEV %n %t:%T\' "$n"; done; '
+    f"grep -c NVSHIM-SIM {LIB} >/dev/null && echo LIB-READABLE"
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,21 +39,27 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def write_wrapper(path: Path, config: Path, runtime: str) -> Path:
     """docs/engines.md's wrapper: set NVSHIM_CONFIG, then exec nvshim-runtime with podman's argv."""
-    path.write_text(f"#!/bin/sh\nexport NVSHIM_CONFIG={config}\nexec {runtime} \"$@\"\n")
+    path.write_text(f'#!/bin/sh\nexport NVSHIM_CONFIG={config}\nexec {runtime} "$@"\n')
     path.chmod(0o755)
     return path
 
 
-def test_podman_through_a_wrapper_uses_its_config(podman: Podman, node: Any, rootfs: Path,
-                                                  tmp_path: Path, nvshim_runtime_bin: str) -> None:
+def test_podman_through_a_wrapper_uses_its_config(
+    podman: Podman, node: Any, rootfs: Path, tmp_path: Path, nvshim_runtime_bin: str
+) -> None:
     """``podman --runtime <wrapper>`` where the wrapper exports NVSHIM_CONFIG: the container
     asking for GPU 1 of the simulated node sees that GPU's node (by its minor), the control
     node and the node's libcuda."""
     cfg = write_nvshim_config(tmp_path / "cfg", {"driver-root": node.root, "runtimes": ["runc"]})
     compile_node(str(cfg))
     wrapper = write_wrapper(tmp_path / "nvshim-runtime-sim", cfg, nvshim_runtime_bin)
-    res = podman.podman_run(rootfs, ["sh", "-c", PROBE], env={"NVIDIA_VISIBLE_DEVICES": "1"},
-                            runtime=wrapper, podman_env={"PATH": PATH_ENV})
+    res = podman.podman_run(
+        rootfs,
+        ["sh", "-c", PROBE],
+        env={"NVIDIA_VISIBLE_DEVICES": "1"},
+        runtime=wrapper,
+        podman_env={"PATH": PATH_ENV},
+    )
     assert res.rc == 0, res.describe()
     minor = node.gpus[1].minor
     assert f"DEV /dev/nvidia{minor} c3:{minor:x}" in res.stdout, res.describe()
@@ -62,7 +70,8 @@ def test_podman_through_a_wrapper_uses_its_config(podman: Podman, node: Any, roo
 
 
 def test_podman_drops_nvshim_config_and_the_error_names_the_default(
-        podman: Podman, node: Any, rootfs: Path, tmp_path: Path, nvshim_runtime_bin: str) -> None:
+    podman: Podman, node: Any, rootfs: Path, tmp_path: Path, nvshim_runtime_bin: str
+) -> None:
     """NVSHIM_CONFIG in podman's own environment does not reach nvshim-runtime: a GPU the
     default config's node lacks fails with one line naming /etc/nvshim/config.yaml (or the
     built-in defaults) and the driver root looked under, never the config podman was given."""
@@ -78,16 +87,25 @@ def test_podman_drops_nvshim_config_and_the_error_names_the_default(
     # the default config journals its refusal in the node's /var/lib/nvshim: the runtime runs
     # in a mount namespace of its own where /var/lib is an empty tmpfs (its env untouched)
     isolated = tmp_path / "isolated-runtime"
-    isolated.write_text("#!/bin/sh\nexec /usr/bin/unshare -m /bin/sh -c "
-                        "'/bin/mount -t tmpfs nvshim-test /var/lib && exec \"$0\" \"$@\"' "
-                        f"{nvshim_runtime_bin} \"$@\"\n")
+    isolated.write_text(
+        "#!/bin/sh\nexec /usr/bin/unshare -m /bin/sh -c "
+        '\'/bin/mount -t tmpfs nvshim-test /var/lib && exec "$0" "$@"\' '
+        f'{nvshim_runtime_bin} "$@"\n'
+    )
     isolated.chmod(0o755)
-    res = podman.podman_run(rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "97"},
-                            runtime=isolated,
-                            podman_env={"PATH": PATH_ENV, "NVSHIM_CONFIG": str(cfg)})
+    res = podman.podman_run(
+        rootfs,
+        ["true"],
+        env={"NVIDIA_VISIBLE_DEVICES": "97"},
+        runtime=isolated,
+        podman_env={"PATH": PATH_ENV, "NVSHIM_CONFIG": str(cfg)},
+    )
     assert res.rc != 0, res.describe()
-    used = (f"(config {DEFAULT_CONFIG_PATH})" if default.source
-            else f"(built-in defaults: no config {DEFAULT_CONFIG_PATH})")
+    used = (
+        f"(config {DEFAULT_CONFIG_PATH})"
+        if default.source
+        else f"(built-in defaults: no config {DEFAULT_CONFIG_PATH})"
+    )
     lines = [line for line in res.stderr.splitlines() if "nvshim:" in line]
     assert len(lines) == 1, res.describe()
     assert 'nvshim: unknown device "97": this node has ' in lines[0], res.describe()

@@ -59,16 +59,23 @@ def compat32_packages() -> DriverPackages:
 
 
 @pytest.fixture(scope="module", params=LAYOUTS)
-def compat32_root(request: pytest.FixtureRequest, compat32_packages: DriverPackages,
-                  tmp_path_factory: pytest.TempPathFactory) -> DriverRoot:
+def compat32_root(
+    request: pytest.FixtureRequest,
+    compat32_packages: DriverPackages,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> DriverRoot:
     """A one-GPU driver root with the x86-64 compute set and the i386 libraries."""
-    return make_driver_root(tmp_path_factory.mktemp(f"compat32-{request.param}") / "root",
-                            compat32_packages, request.param)
+    return make_driver_root(
+        tmp_path_factory.mktemp(f"compat32-{request.param}") / "root",
+        compat32_packages,
+        request.param,
+    )
 
 
 @pytest.fixture(scope="session")
-def rootfs32(probe_rootfs: Path, compat32_packages: DriverPackages,
-             tmp_path_factory: pytest.TempPathFactory) -> Path:
+def rootfs32(
+    probe_rootfs: Path, compat32_packages: DriverPackages, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """The probe rootfs plus libc6:i386 (/lib/ld-linux.so.2) and the 32-bit probe at
     /usr/bin/cudaprobe32; copy before use."""
     base = tmp_path_factory.mktemp("rootfs32")
@@ -93,19 +100,28 @@ def script(root: DriverRoot) -> str:
     paths: List[str] = []
     for base in BASES:
         paths += [f"{libdir}/{base}.so.{root.version}", f"{libdir}/{base}.so.1"]
-    return (show_script(paths) + 'echo "PROBE32 $(cudaprobe32 2>&1)"; '
-            "ldconfig -p | grep '(libc6)' || true")
+    return (
+        show_script(paths) + 'echo "PROBE32 $(cudaprobe32 2>&1)"; '
+        "ldconfig -p | grep '(libc6)' || true"
+    )
 
 
-def test_compat32_injects_the_real_i386_libcuda_and_nvml(runc, nvshim_runtime_bin, tmp_path,
-                                                          compat32_root, rootfs32,
-                                                          compat32_packages):
+def test_compat32_injects_the_real_i386_libcuda_and_nvml(
+    runc, nvshim_runtime_bin, tmp_path, compat32_root, rootfs32, compat32_packages
+):
     """compat32,compute,utility on Debian's i386 packages (both layouts): the real i386
     libcuda and libnvidia-ml with their SONAME links where they lie in the root, i386
     ld.so.cache entries for both, and a real 32-bit program that finds libcuda.so.1 through
     that cache and gets the driver's CUDA version and CUDA_ERROR_NO_DEVICE."""
-    res = run_container(runc, nvshim_runtime_bin, tmp_path, compat32_root, rootfs32,
-                        script(compat32_root), gpu_env("compat32,compute,utility")).check()
+    res = run_container(
+        runc,
+        nvshim_runtime_bin,
+        tmp_path,
+        compat32_root,
+        rootfs32,
+        script(compat32_root),
+        gpu_env("compat32,compute,utility"),
+    ).check()
     seen = shown(res.stdout)
     libdir = container_dir32(compat32_root)
     for base in BASES:
@@ -113,8 +129,7 @@ def test_compat32_injects_the_real_i386_libcuda_and_nvml(runc, nvshim_runtime_bi
         for name in (f"{base}.so.{compat32_root.version}", f"{base}.so.1"):
             got = seen.get(f"{libdir}/{name}")
             assert got is not None and got[1] == real, f"{name}\n{res.describe()}"
-        assert cache32(res.stdout).get(f"{base}.so.1") == f"{libdir}/{base}.so.1", \
-            res.describe()
+        assert cache32(res.stdout).get(f"{base}.so.1") == f"{libdir}/{base}.so.1", res.describe()
     line = re.search(r"^PROBE32 (.*)$", res.stdout, re.M)
     assert line, res.describe()
     probe32 = parse_probe(line.group(1))
@@ -124,13 +139,20 @@ def test_compat32_injects_the_real_i386_libcuda_and_nvml(runc, nvshim_runtime_bi
     assert probe32.values.get("cuInit") == CUDA_ERROR_NO_DEVICE, res.describe()
 
 
-def test_without_compat32_a_32_bit_program_finds_no_libcuda(runc, nvshim_runtime_bin,
-                                                            tmp_path, compat32_root,
-                                                            rootfs32):
+def test_without_compat32_a_32_bit_program_finds_no_libcuda(
+    runc, nvshim_runtime_bin, tmp_path, compat32_root, rootfs32
+):
     """compute,utility on the same root: no i386 driver file or cache entry, and the 32-bit
     program's dlopen of libcuda.so.1 fails (the 64-bit one is no use to it)."""
-    res = run_container(runc, nvshim_runtime_bin, tmp_path, compat32_root, rootfs32,
-                        script(compat32_root), gpu_env("compute,utility")).check()
+    res = run_container(
+        runc,
+        nvshim_runtime_bin,
+        tmp_path,
+        compat32_root,
+        rootfs32,
+        script(compat32_root),
+        gpu_env("compute,utility"),
+    ).check()
     assert not any(shown(res.stdout).values()), res.describe()
     assert not any(k.startswith(BASES) for k in cache32(res.stdout)), res.describe()
     assert "PROBE32 dlopen libcuda.so.1 failed: " in res.stdout, res.describe()

@@ -77,7 +77,9 @@ def test_edits_make_the_links_the_reference_makes(graphics_root):
     libnvidia-vulkan-producer.so, beside the libraries."""
     host = Host(str(graphics_root.root))
     libdir = container_libdir(graphics_root)
-    wanted = {(target, f"{libdir}/{link}") for link, target in reference_links(graphics_root).items()}
+    wanted = {
+        (target, f"{libdir}/{link}") for link, target in reference_links(graphics_root).items()
+    }
     made = set(hook_links(host.libraries(ALL_CAPS), host.driver_files(ALL_CAPS)))
     assert wanted <= made, sorted(wanted - made)
     spec = generate_spec(host, capabilities=ALL_CAPS, hook_command=HOOK)
@@ -86,15 +88,22 @@ def test_edits_make_the_links_the_reference_makes(graphics_root):
     assert wanted <= in_spec, sorted(wanted - in_spec)
 
 
-def test_container_sees_the_reference_links(runc, nvshim_runtime_bin, tmp_path, graphics_root,
-                                            probe_rootfs):
+def test_container_sees_the_reference_links(
+    runc, nvshim_runtime_bin, tmp_path, graphics_root, probe_rootfs
+):
     """graphics,video,compute,utility,ngx: each link the reference makes exists in the
     container beside the libraries and resolves to the driver root's real library."""
     libdir = container_libdir(graphics_root)
     links = reference_links(graphics_root)
-    res = run_container(runc, nvshim_runtime_bin, tmp_path, graphics_root, probe_rootfs,
-                        show_script(f"{libdir}/{name}" for name in links),
-                        gpu_env("graphics,video,compute,utility,ngx")).check()
+    res = run_container(
+        runc,
+        nvshim_runtime_bin,
+        tmp_path,
+        graphics_root,
+        probe_rootfs,
+        show_script(f"{libdir}/{name}" for name in links),
+        gpu_env("graphics,video,compute,utility,ngx"),
+    ).check()
     seen = shown(res.stdout)
     for name, target in links.items():
         got = seen.get(f"{libdir}/{name}")
@@ -104,15 +113,17 @@ def test_container_sees_the_reference_links(runc, nvshim_runtime_bin, tmp_path, 
 
 
 OUTPUTCLASS = "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf"
-XORG = ("/usr/lib/xorg/modules/drivers/nvidia_drv.so",
-        "/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so")
+XORG = (
+    "/usr/lib/xorg/modules/drivers/nvidia_drv.so",
+    "/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so",
+)
 VULKAN = ("/etc/vulkan/icd.d/nvidia_icd.json", "/etc/vulkan/implicit_layer.d/nvidia_layers.json")
 
 
 def _host_vulkan(root: DriverRoot, container_path: str) -> Path:
     """The root's file for a Vulkan JSON: /etc/vulkan (flat) or /usr/share/vulkan (Debian)."""
     for prefix in ("/etc/vulkan/", "/usr/share/vulkan/"):
-        candidate = prefix + container_path[len("/etc/vulkan/"):]
+        candidate = prefix + container_path[len("/etc/vulkan/") :]
         if (root.root / candidate.lstrip("/")).exists():
             return root_file(root, candidate)
     raise AssertionError(f"{container_path}: not in {root.root}")
@@ -143,8 +154,9 @@ def test_edits_put_graphics_and_display_files_where_the_reference_does(graphics_
     assert xorg | set(VULKAN) | {OUTPUTCLASS} <= mounted
 
 
-def test_container_sees_graphics_and_display_files(runc, nvshim_runtime_bin, tmp_path,
-                                                   graphics_root, probe_rootfs):
+def test_container_sees_graphics_and_display_files(
+    runc, nvshim_runtime_bin, tmp_path, graphics_root, probe_rootfs
+):
     """In the container, graphics alone gives the Xorg modules and the Vulkan JSONs in
     /etc/vulkan while an image's own /usr/share/vulkan/icd.d/nvidia_icd.json stays as the
     image has it; display adds nvidia-drm-outputclass.conf."""
@@ -154,56 +166,89 @@ def test_container_sees_graphics_and_display_files(runc, nvshim_runtime_bin, tmp
     own.parent.mkdir(parents=True, exist_ok=True)
     own.write_text('{"image": "own"}\n')
     paths = [*XORG, *VULKAN, OUTPUTCLASS, "/usr/share/vulkan/icd.d/nvidia_icd.json"]
-    res = run_container(runc, nvshim_runtime_bin, tmp_path, graphics_root, rootfs,
-                        show_script(paths), gpu_env("graphics")).check()
+    res = run_container(
+        runc,
+        nvshim_runtime_bin,
+        tmp_path,
+        graphics_root,
+        rootfs,
+        show_script(paths),
+        gpu_env("graphics"),
+    ).check()
     seen = shown(res.stdout)
     for path in XORG:
         got = seen.get(path)
-        assert got is not None and got[1] == sha256(root_file(graphics_root, path)), \
+        assert got is not None and got[1] == sha256(root_file(graphics_root, path)), (
             f"{path}\n{res.describe()}"
+        )
     for path in VULKAN:
         got = seen.get(path)
-        assert got is not None and got[1] == sha256(_host_vulkan(graphics_root, path)), \
+        assert got is not None and got[1] == sha256(_host_vulkan(graphics_root, path)), (
             f"{path}\n{res.describe()}"
-    assert seen.get("/usr/share/vulkan/icd.d/nvidia_icd.json", ("", ""))[1] == sha256(own), \
+        )
+    assert seen.get("/usr/share/vulkan/icd.d/nvidia_icd.json", ("", ""))[1] == sha256(own), (
         res.describe()
+    )
     assert seen.get(OUTPUTCLASS) is None, res.describe()
-    res = run_container(runc, nvshim_runtime_bin, tmp_path, graphics_root, rootfs,
-                        show_script([OUTPUTCLASS]), gpu_env("display")).check()
+    res = run_container(
+        runc,
+        nvshim_runtime_bin,
+        tmp_path,
+        graphics_root,
+        rootfs,
+        show_script([OUTPUTCLASS]),
+        gpu_env("display"),
+    ).check()
     got = shown(res.stdout).get(OUTPUTCLASS)
-    assert got is not None and got[1] == sha256(root_file(graphics_root, OUTPUTCLASS)), \
+    assert got is not None and got[1] == sha256(root_file(graphics_root, OUTPUTCLASS)), (
         res.describe()
+    )
 
 
 # ------------------------------------------------- the EGL application profile, by-path links
 
 PROFILE = "/etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf"
-PROFILE_PROBE = (f"printf 'PROFILE '; cat {PROFILE} 2>/dev/null; echo; "
-                 "for l in /dev/dri/by-path/*; do [ -L \"$l\" ] && "
-                 "echo \"LINK $l $(readlink $l) $(stat -L -c %t:%T $l)\"; done")
+PROFILE_PROBE = (
+    f"printf 'PROFILE '; cat {PROFILE} 2>/dev/null; echo; "
+    'for l in /dev/dri/by-path/*; do [ -L "$l" ] && '
+    'echo "LINK $l $(readlink $l) $(stat -L -c %t:%T $l)"; done'
+)
 
 
 @pytest.fixture(scope="module", params=LAYOUTS)
-def graphics_root2(request: pytest.FixtureRequest, graphics_packages: DriverPackages,
-                   tmp_path_factory: pytest.TempPathFactory) -> DriverRoot:
+def graphics_root2(
+    request: pytest.FixtureRequest,
+    graphics_packages: DriverPackages,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> DriverRoot:
     """A two-GPU driver root (with nvidia-drm's nodes) with the graphics packages."""
-    return make_driver_root(tmp_path_factory.mktemp(f"graphics2-{request.param}") / "root",
-                            graphics_packages, request.param, gpus=2)
+    return make_driver_root(
+        tmp_path_factory.mktemp(f"graphics2-{request.param}") / "root",
+        graphics_packages,
+        request.param,
+        gpus=2,
+    )
 
 
 def _profile(*minors: int) -> str:
     mask = sum(1 << m for m in minors)
-    return ('{"profiles":[{"name":"_container_","settings":["EGLVisibleDGPUDevices",'
-            f'{mask:#x}]}}],"rules":[{{"pattern":[],"profile":"_container_"}}]}}')
+    return (
+        '{"profiles":[{"name":"_container_","settings":["EGLVisibleDGPUDevices",'
+        f'{mask:#x}]}}],"rules":[{{"pattern":[],"profile":"_container_"}}]}}'
+    )
 
 
 def _gpu1(root: DriverRoot) -> Dict[str, object]:
     """GPU 1's minor and its by-path links as the container should see them."""
     gpu = next(g for g in Host(str(root.root)).gpus() if g.index == 1)
     bus = gpu.pci_bus_id
-    return {"minor": gpu.node.minor if gpu.node else None, "links": {
-        f"/dev/dri/by-path/pci-{bus}-card": ("../card1", "e2:1"),
-        f"/dev/dri/by-path/pci-{bus}-render": ("../renderD129", "e2:81")}}
+    return {
+        "minor": gpu.node.minor if gpu.node else None,
+        "links": {
+            f"/dev/dri/by-path/pci-{bus}-card": ("../card1", "e2:1"),
+            f"/dev/dri/by-path/pci-{bus}-render": ("../renderD129", "e2:81"),
+        },
+    }
 
 
 def _seen(output: str) -> Dict[str, object]:
@@ -229,7 +274,8 @@ def test_edits_ask_for_the_profile_and_the_by_path_links(graphics_root2):
 
 @pytest.mark.parametrize("via", ["index", "cdi"])
 def test_container_sees_the_profile_and_links_of_its_gpu_only(
-        runc, nvshim_runtime_bin, tmp_path, graphics_root2, probe_rootfs, via):
+    runc, nvshim_runtime_bin, tmp_path, graphics_root2, probe_rootfs, via
+):
     """GPU 1 with graphics, by index (the runtime's injection) or by the CDI name from
     nvshim cdi generate's spec: the container's 10-container.conf names GPU 1's minor only
     (the reference's bytes) and /dev/dri/by-path has GPU 1's card and render links,
@@ -238,22 +284,33 @@ def test_container_sees_the_profile_and_links_of_its_gpu_only(
 
     settings: Dict[str, object] = {}
     if via == "cdi":
-        spec = generate_spec(Host(str(graphics_root2.root)), capabilities=ALL_CAPS,
-                             hook_command=hook_command())
+        spec = generate_spec(
+            Host(str(graphics_root2.root)), capabilities=ALL_CAPS, hook_command=hook_command()
+        )
         write_spec(str(tmp_path / "cdi" / "nvidia.json"), spec)
         settings["cdi-spec-dirs"] = [str(tmp_path / "cdi")]
     cfg = node_config(tmp_path, graphics_root2, **settings)
     visible = "1" if via == "index" else "nvidia.com/gpu=1"
-    res = run_container(runc, nvshim_runtime_bin, tmp_path, graphics_root2, probe_rootfs,
-                        PROFILE_PROBE, [f"NVIDIA_VISIBLE_DEVICES={visible}",
-                                        "NVIDIA_DRIVER_CAPABILITIES=graphics,compute,utility"],
-                        cfg=cfg).check()
+    res = run_container(
+        runc,
+        nvshim_runtime_bin,
+        tmp_path,
+        graphics_root2,
+        probe_rootfs,
+        PROFILE_PROBE,
+        [
+            f"NVIDIA_VISIBLE_DEVICES={visible}",
+            "NVIDIA_DRIVER_CAPABILITIES=graphics,compute,utility",
+        ],
+        cfg=cfg,
+    ).check()
     want = _gpu1(graphics_root2)
     seen = _seen(res.stdout)
     assert seen["profile"] == _profile(int(str(want["minor"]))), res.describe()
     assert seen["links"] == want["links"], res.describe()
     assert json.loads(re.sub(r"0x[0-9a-f]+", "0", str(seen["profile"])))["rules"] == [
-        {"pattern": [], "profile": "_container_"}]
+        {"pattern": [], "profile": "_container_"}
+    ]
 
 
 def test_the_opencl_icd_comes_with_compute_not_with_graphics_alone(graphics_root):

@@ -26,9 +26,7 @@ pytestmark = pytest.mark.e2e
 
 TRAMPOLINE = Path("/usr/local/bin/nvshim-runtime")
 DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
-MISSING = (
-    "require-allocation: the image asks for GPUs but no device-plugin allocation was found"
-)
+MISSING = "require-allocation: the image asks for GPUs but no device-plugin allocation was found"
 GPU_NODE = re.compile(r"^nvidia([0-9]+)$")
 
 
@@ -56,12 +54,15 @@ def runtime() -> Path:
 
 def nvshim_wrapper(directory: Path, runtime: Path, node: Any, **settings: Any) -> Path:
     """A compiled nvshim config for ``node`` plus a wrapper that runs ``runtime`` with it."""
-    config = write_nvshim_config(directory, {
-        "require-allocation": True,
-        "driver-root": node.root,
-        "runtimes": ["runc"],
-        **{k.replace("_", "-"): v for k, v in settings.items()},
-    })
+    config = write_nvshim_config(
+        directory,
+        {
+            "require-allocation": True,
+            "driver-root": node.root,
+            "runtimes": ["runc"],
+            **{k.replace("_", "-"): v for k, v in settings.items()},
+        },
+    )
     compile_node(str(config))
     return make_env_wrapper(directory / "nvshim-runtime", runtime, {"NVSHIM_CONFIG": str(config)})
 
@@ -73,9 +74,9 @@ def spy_wrapper(directory: Path, runtime: Path) -> Path:
         "#!/bin/sh\n"
         "# containerd runs the runtime in the bundle directory\n"
         'case " $* " in *" create "*)\n'
-        f'    cp config.json {directory}/before.json\n'
+        f"    cp config.json {directory}/before.json\n"
         f'    {runtime} "$@"; rc=$?\n'
-        f'    cp config.json {directory}/after.json\n'
+        f"    cp config.json {directory}/after.json\n"
         "    exit $rc ;;\n"
         "esac\n"
         f'exec {runtime} "$@"\n'
@@ -94,8 +95,14 @@ def ctr_ids(containerd: Containerd) -> Iterator[List[str]]:
         containerd.ctr("containers", "delete", cid, timeout=30)
 
 
-def run(containerd: Containerd, ids: List[str], rootfs: Path, wrapper: Path,
-        env: Mapping[str, str], **kw: Any) -> Any:
+def run(
+    containerd: Containerd,
+    ids: List[str],
+    rootfs: Path,
+    wrapper: Path,
+    env: Mapping[str, str],
+    **kw: Any,
+) -> Any:
     """``ls /dev; env`` in a fresh container run through ``wrapper``."""
     cid = unique_id("reqalloc")
     ids.append(cid)
@@ -115,8 +122,12 @@ def env_of(output: str) -> Dict[str, str]:
 
 
 def test_image_env_all_without_allocation_gets_no_gpu(
-    containerd: Containerd, ctr_ids: List[str], rootfs: Path, tmp_path: Path,
-    runtime: Path, node: Any,
+    containerd: Containerd,
+    ctr_ids: List[str],
+    rootfs: Path,
+    tmp_path: Path,
+    runtime: Path,
+    node: Any,
 ) -> None:
     """NVIDIA_VISIBLE_DEVICES=all alone gets no GPU node and sees the value rewritten to void."""
     wrapper = nvshim_wrapper(tmp_path / "nvshim", runtime, node)
@@ -128,14 +139,22 @@ def test_image_env_all_without_allocation_gets_no_gpu(
 
 
 def test_device_plugin_mount_grants_exactly_that_gpu(
-    containerd: Containerd, ctr_ids: List[str], rootfs: Path, tmp_path: Path,
-    runtime: Path, node: Any,
+    containerd: Containerd,
+    ctr_ids: List[str],
+    rootfs: Path,
+    tmp_path: Path,
+    runtime: Path,
+    node: Any,
 ) -> None:
     """A /dev/null mount naming GPU 2's UUID gives only /dev/nvidia<GPU 2's minor>, not nvidia2."""
     gpu = node.gpus[2]
     wrapper = nvshim_wrapper(tmp_path / "nvshim", runtime, node)
     res = run(
-        containerd, ctr_ids, rootfs, wrapper, {"NVIDIA_VISIBLE_DEVICES": "all"},
+        containerd,
+        ctr_ids,
+        rootfs,
+        wrapper,
+        {"NVIDIA_VISIBLE_DEVICES": "all"},
         mounts=[("/dev/null", f"{DEVICE_LIST_DIR}/{gpu.uuid}")],
     )
     assert res.rc == 0, res.describe()
@@ -144,8 +163,12 @@ def test_device_plugin_mount_grants_exactly_that_gpu(
 
 
 def test_missing_allocation_fail_reaches_ctr(
-    containerd: Containerd, ctr_ids: List[str], rootfs: Path, tmp_path: Path,
-    runtime: Path, node: Any,
+    containerd: Containerd,
+    ctr_ids: List[str],
+    rootfs: Path,
+    tmp_path: Path,
+    runtime: Path,
+    node: Any,
 ) -> None:
     """on-missing-allocation: fail makes ctr report nvshim's message from the runtime's --log."""
     wrapper = nvshim_wrapper(tmp_path / "nvshim", runtime, node, on_missing_allocation="fail")
@@ -155,8 +178,12 @@ def test_missing_allocation_fail_reaches_ctr(
 
 
 def test_sandbox_container_passes_through_byte_identical(
-    containerd: Containerd, ctr_ids: List[str], rootfs: Path, tmp_path: Path,
-    runtime: Path, node: Any,
+    containerd: Containerd,
+    ctr_ids: List[str],
+    rootfs: Path,
+    tmp_path: Path,
+    runtime: Path,
+    node: Any,
 ) -> None:
     """A CRI sandbox (ctr --annotation) keeps NVIDIA_VISIBLE_DEVICES=all; config.json unchanged."""
     spy_dir = tmp_path / "spy"
@@ -168,12 +195,20 @@ def test_sandbox_container_passes_through_byte_identical(
     assert control.rc == 0, control.describe()
     assert (spy_dir / "before.json").read_bytes() != (spy_dir / "after.json").read_bytes()
 
-    res = run(containerd, ctr_ids, rootfs, wrapper, env,
-              annotations={"io.kubernetes.cri.container-type": "sandbox",
-                           "io.kubernetes.cri.sandbox-id": "0123abcd",
-                           "io.kubernetes.cri.sandbox-name": "pod",
-                           "io.kubernetes.cri.sandbox-namespace": "team-a",
-                           "io.kubernetes.cri.sandbox-uid": "uid-pod"})
+    res = run(
+        containerd,
+        ctr_ids,
+        rootfs,
+        wrapper,
+        env,
+        annotations={
+            "io.kubernetes.cri.container-type": "sandbox",
+            "io.kubernetes.cri.sandbox-id": "0123abcd",
+            "io.kubernetes.cri.sandbox-name": "pod",
+            "io.kubernetes.cri.sandbox-namespace": "team-a",
+            "io.kubernetes.cri.sandbox-uid": "uid-pod",
+        },
+    )
     assert res.rc == 0, res.describe()
     assert env_of(res.stdout)["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert gpu_nodes(res.stdout) == []
@@ -181,16 +216,19 @@ def test_sandbox_container_passes_through_byte_identical(
 
 
 def test_sys_admin_is_not_privileged_but_privileged_is(
-    containerd: Containerd, ctr_ids: List[str], rootfs: Path, tmp_path: Path,
-    runtime: Path, node: Any,
+    containerd: Containerd,
+    ctr_ids: List[str],
+    rootfs: Path,
+    tmp_path: Path,
+    runtime: Path,
+    node: Any,
 ) -> None:
     """Through the privileged source, NVIDIA_VISIBLE_DEVICES=all gets every GPU for
     ``ctr run --privileged`` but none for a container that only adds CAP_SYS_ADMIN (what a
     pod's capabilities.add can do): its device cgroup does not allow every device."""
     wrapper = nvshim_wrapper(tmp_path / "nvshim", runtime, node)
     env = {"NVIDIA_VISIBLE_DEVICES": "all"}
-    res = run(containerd, ctr_ids, rootfs, wrapper, env,
-              extra_flags=["--cap-add", "CAP_SYS_ADMIN"])
+    res = run(containerd, ctr_ids, rootfs, wrapper, env, extra_flags=["--cap-add", "CAP_SYS_ADMIN"])
     assert res.rc == 0, res.describe()
     assert gpu_nodes(res.stdout) == [], res.stdout
     assert env_of(res.stdout)["NVIDIA_VISIBLE_DEVICES"] == "void"

@@ -30,36 +30,46 @@ PROBE = "stat -c 'NODE %t:%T' /dev/gpu1"
 
 def aliased_bundle(path: Path, rootfs: Path) -> Path:
     """A bundle whose /dev/gpu1 is major 195 + 2**32, minor 1 (the cgroup rule allows 195:1)."""
-    return make_bundle(path, rootfs, ["sh", "-c", PROBE],
-                       devices=[char_device("/dev/gpu1", ALIAS, 1)],
-                       device_rules=[device_rule(195, 1)])
+    return make_bundle(
+        path,
+        rootfs,
+        ["sh", "-c", PROBE],
+        devices=[char_device("/dev/gpu1", ALIAS, 1)],
+        device_rules=[device_rule(195, 1)],
+    )
 
 
-def test_runc_makes_an_out_of_range_major_a_gpu_node(runc: Runc, rootfs: Path,
-                                                     tmp_path: Path) -> None:
+def test_runc_makes_an_out_of_range_major_a_gpu_node(
+    runc: Runc, rootfs: Path, tmp_path: Path
+) -> None:
     """Plain runc turns major 195 + 2**32 into the GPU major 195 (c3 in hex): the aliasing nvshim guards against."""
     res = runc.run(aliased_bundle(tmp_path / "b", rootfs), unique_id("alias"))
     assert "NODE c3:1" in res.stdout, res.describe()
 
 
-def test_nvshim_refuses_an_out_of_range_major(runc: Runc, rootfs: Path, tmp_path: Path,
-                                             nvshim_runtime_bin: str) -> None:
+def test_nvshim_refuses_an_out_of_range_major(
+    runc: Runc, rootfs: Path, tmp_path: Path, nvshim_runtime_bin: str
+) -> None:
     """nvshim-runtime refuses that spec in one line naming the field and the value runc would use; no container is made and config.json is unchanged."""
     config = write_nvshim_config(tmp_path / "cfg", {"runtimes": ["runc"]})
     compile_node(str(config))
     bundle = aliased_bundle(tmp_path / "b", rootfs)
     before = (bundle / "config.json").read_bytes()
-    res = runc.run(bundle, unique_id("alias"), runtime=nvshim_runtime_bin,
-                   env={"PATH": PATH_ENV, "NVSHIM_CONFIG": str(config)})
+    res = runc.run(
+        bundle,
+        unique_id("alias"),
+        runtime=nvshim_runtime_bin,
+        env={"PATH": PATH_ENV, "NVSHIM_CONFIG": str(config)},
+    )
     assert res.rc == 1 and "NODE" not in res.stdout, res.describe()
     assert f"linux.devices[0].major is {ALIAS}" in res.stderr and "would use 195" in res.stderr
     assert len(res.stderr.splitlines()) == 1, res.describe()
     assert (bundle / "config.json").read_bytes() == before
 
 
-def test_a_runtime_another_user_owns_is_never_executed(runc: Runc, rootfs: Path,
-                                                      tmp_path: Path,
-                                                      nvshim_runtime_bin: str) -> None:
+def test_a_runtime_another_user_owns_is_never_executed(
+    runc: Runc, rootfs: Path, tmp_path: Path, nvshim_runtime_bin: str
+) -> None:
     """A runtimes: entry (a copy of runc) owned by uid 65534 fails run and state in one line naming it, and runs nothing."""
     require_root()
     bindir = tmp_path / "bin"

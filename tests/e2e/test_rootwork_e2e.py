@@ -40,9 +40,14 @@ def node(tmp_path_factory):
 
 def config_env(node, tmp_path: Path, runtime: str = "runc") -> dict:
     """nvshim-runtime's environment: the simulated node, ``runtime`` below, a debug log."""
-    cfg = write_nvshim_config(tmp_path / "cfg", {
-        "driver-root": node.root, "runtimes": [runtime], "debug-log": str(tmp_path / "debug.log"),
-    })
+    cfg = write_nvshim_config(
+        tmp_path / "cfg",
+        {
+            "driver-root": node.root,
+            "runtimes": [runtime],
+            "debug-log": str(tmp_path / "debug.log"),
+        },
+    )
     compile_node(str(cfg))
     return {"NVSHIM_CONFIG": str(cfg), "PATH": PATH}
 
@@ -53,8 +58,13 @@ def nvshim_hooks(bundle: Path) -> list:
 
 
 def inspect_work(nvshim_bin: str, bundle: Path, env: dict) -> dict:
-    out = subprocess.run([nvshim_bin, "inspect", "--bundle", str(bundle), "--format", "json"],
-                         env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [nvshim_bin, "inspect", "--bundle", str(bundle), "--format", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out)["rootfs_work"]
 
 
@@ -74,18 +84,29 @@ def engine(request, crunw):
     return request.getfixturevalue("crun"), str(crunw)
 
 
-def test_runtime_does_the_work_before_runc_and_adds_no_hook(engine, node, glibc_rootfs, tmp_path,
-                                                             nvshim_runtime_bin, nvshim_bin):
+def test_runtime_does_the_work_before_runc_and_adds_no_hook(
+    engine, node, glibc_rootfs, tmp_path, nvshim_runtime_bin, nvshim_bin
+):
     """A writable rootfs (crun with a read-only root included) gets the links and the cache
     from the runtime itself: config.json has no nvshim hook, and the container's loader
     finds libcuda.so.1 through its own ld.so.cache."""
     driver, low = engine
     env = config_env(node, tmp_path, low)
-    bundle = make_bundle(tmp_path / "b", glibc_rootfs, ["sh", "-c", PROBE],
-                         env={"NVIDIA_VISIBLE_DEVICES": "0"}, readonly_root=True)
+    bundle = make_bundle(
+        tmp_path / "b",
+        glibc_rootfs,
+        ["sh", "-c", PROBE],
+        env={"NVIDIA_VISIBLE_DEVICES": "0"},
+        readonly_root=True,
+    )
     assert inspect_work(nvshim_bin, bundle, env)["by"] == "runtime"
-    text = subprocess.run([nvshim_bin, "inspect", "--bundle", str(bundle)], env=env,
-                          capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(
+        [nvshim_bin, "inspect", "--bundle", str(bundle)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "in-root work:  by nvshim-runtime before runc" in text, text
     assert "node plan:     cache " in text, text  # written by config compile
     res = driver.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env).check()
@@ -95,15 +116,17 @@ def test_runtime_does_the_work_before_runc_and_adds_no_hook(engine, node, glibc_
     assert os.readlink(bundle / "rootfs" / LIBDIR.lstrip("/") / "libcuda.so.1") == VERSIONED
 
 
-def test_read_only_rootfs_falls_back_to_the_hook(engine, node, glibc_rootfs, tmp_path,
-                                                 nvshim_runtime_bin, nvshim_bin):
+def test_read_only_rootfs_falls_back_to_the_hook(
+    engine, node, glibc_rootfs, tmp_path, nvshim_runtime_bin, nvshim_bin
+):
     """A rootfs on a read-only mount cannot be written by the runtime: the createContainer
     hook is added (inspect and the debug log say so) and the container still resolves
     libcuda.so.1 through its ld.so.cache."""
     driver, low = engine
     env = config_env(node, tmp_path, low)
-    bundle = make_bundle(tmp_path / "b", glibc_rootfs, ["sh", "-c", PROBE],
-                         env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    bundle = make_bundle(
+        tmp_path / "b", glibc_rootfs, ["sh", "-c", PROBE], env={"NVIDIA_VISIBLE_DEVICES": "0"}
+    )
     make_mount_targets(bundle, env)  # runc cannot create them in a read-only rootfs either
     with read_only_bind(bundle / "rootfs"):
         work = inspect_work(nvshim_bin, bundle, env)
@@ -114,14 +137,20 @@ def test_read_only_rootfs_falls_back_to_the_hook(engine, node, glibc_rootfs, tmp
     assert rootwork_by(tmp_path / "debug.log") == ["hook"]
 
 
-def test_mount_over_the_library_dir_sends_the_work_to_the_hook(runc, node, glibc_rootfs, tmp_path,
-                                                              nvshim_runtime_bin):
+def test_mount_over_the_library_dir_sends_the_work_to_the_hook(
+    runc, node, glibc_rootfs, tmp_path, nvshim_runtime_bin
+):
     """A config.json mount over the library directory would hide links written before runc:
     the hook makes them after the mounts, and the container sees them."""
     env = config_env(node, tmp_path)
     mount = {"destination": LIBDIR, "type": "tmpfs", "source": "tmpfs", "options": ["mode=755"]}
-    bundle = make_bundle(tmp_path / "b", glibc_rootfs, ["sh", "-c", f"readlink {LIBDIR}/libcuda.so.1"],
-                         env={"NVIDIA_VISIBLE_DEVICES": "0"}, mounts=[mount])
+    bundle = make_bundle(
+        tmp_path / "b",
+        glibc_rootfs,
+        ["sh", "-c", f"readlink {LIBDIR}/libcuda.so.1"],
+        env={"NVIDIA_VISIBLE_DEVICES": "0"},
+        mounts=[mount],
+    )
     res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env).check()
     assert res.stdout.strip() == VERSIONED, res.describe()
     assert rootwork_by(tmp_path / "debug.log") == ["hook"]
@@ -131,8 +160,9 @@ def test_mount_over_the_library_dir_sends_the_work_to_the_hook(runc, node, glibc
 # ---------------------------------------------------------------- the runtime alone (no runc)
 
 
-def create_only(nvshim_runtime_bin: str, bundle: str, env: dict, cwd: Path,
-                log: Path = None) -> subprocess.CompletedProcess:
+def create_only(
+    nvshim_runtime_bin: str, bundle: str, env: dict, cwd: Path, log: Path = None
+) -> subprocess.CompletedProcess:
     """``nvshim-runtime create`` with a no-op low-level runtime (config ``runtimes: [/bin/true]``)."""
     argv = [nvshim_runtime_bin]
     if log is not None:
@@ -141,15 +171,18 @@ def create_only(nvshim_runtime_bin: str, bundle: str, env: dict, cwd: Path,
     return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
-def test_relative_root_path_is_joined_to_the_bundle_not_the_cwd(node, rootfs, tmp_path, nvshim_runtime_bin):
+def test_relative_root_path_is_joined_to_the_bundle_not_the_cwd(
+    node, rootfs, tmp_path, nvshim_runtime_bin
+):
     """``root.path`` "rootfs" means <bundle>/rootfs whatever the runtime's cwd is (runc's rule),
     also for a relative --bundle: a decoy rootfs in the cwd is never written."""
     env = config_env(node, tmp_path, "/bin/true")
     elsewhere = tmp_path / "elsewhere"
     (elsewhere / "rootfs" / "etc").mkdir(parents=True)
     for bundle_arg, cwd in ((str(tmp_path / "b1"), elsewhere), ("b2", tmp_path)):
-        bundle = make_bundle(tmp_path / Path(bundle_arg).name, rootfs, ["true"],
-                             env={"NVIDIA_VISIBLE_DEVICES": "0"})
+        bundle = make_bundle(
+            tmp_path / Path(bundle_arg).name, rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"}
+        )
         assert read_config(bundle)["root"]["path"] == "rootfs"
         res = create_only(nvshim_runtime_bin, bundle_arg, env, cwd)
         assert res.returncode == 0, res.stderr
@@ -159,7 +192,9 @@ def test_relative_root_path_is_joined_to_the_bundle_not_the_cwd(node, rootfs, tm
     assert rootwork_by(tmp_path / "debug.log") == ["runtime", "runtime"]
 
 
-def test_rootfs_that_is_a_symlink_is_not_written_through(node, rootfs, tmp_path, nvshim_runtime_bin):
+def test_rootfs_that_is_a_symlink_is_not_written_through(
+    node, rootfs, tmp_path, nvshim_runtime_bin
+):
     """A bundle whose rootfs is a symlink (runc refuses to run one) gets nothing written through
     it by the runtime: the work is left to the hook, and the directory it points at is unchanged."""
     env = config_env(node, tmp_path, "/bin/true")
@@ -175,15 +210,18 @@ def test_rootfs_that_is_a_symlink_is_not_written_through(node, rootfs, tmp_path,
     assert rootwork_by(tmp_path / "debug.log") == ["hook"]
 
 
-def test_full_rootfs_is_one_clear_error_and_config_json_is_untouched(node, rootfs, tmp_path,
-                                                                     nvshim_runtime_bin):
+def test_full_rootfs_is_one_clear_error_and_config_json_is_untouched(
+    node, rootfs, tmp_path, nvshim_runtime_bin
+):
     """ENOSPC while writing in the rootfs (a small tmpfs, filled up): create fails with one
     line naming the full rootfs, on stderr and in runc's --log, and config.json keeps its bytes
     (the hook would hit the same full filesystem, so there is no fallback)."""
     env = config_env(node, tmp_path, "/bin/true")
     bundle = tmp_path / "b"
     (bundle / "rootfs").mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(bundle / "rootfs")], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(bundle / "rootfs")], check=True
+    )
     try:
         shutil.copytree(rootfs, bundle / "rootfs", symlinks=True, dirs_exist_ok=True)
         make_bundle(bundle, bundle / "rootfs", ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"})
@@ -228,12 +266,15 @@ _HOST_DIRS = ("/etc", LIBDIR, "/usr/bin", "/usr/sbin", "/usr/lib/firmware", "/li
 
 
 def _host_root_refusal(root_path: str, bundle: Path) -> str:
-    return (f"nvshim: the container's rootfs {root_path} is the host's /: nvshim injects no "
-            f"driver files into the host (bundle {bundle})")
+    return (
+        f"nvshim: the container's rootfs {root_path} is the host's /: nvshim injects no "
+        f"driver files into the host (bundle {bundle})"
+    )
 
 
-def test_rootfs_that_is_the_host_root_is_refused_and_never_written(node, rootfs, tmp_path,
-                                                                   nvshim_runtime_bin, nvshim_bin):
+def test_rootfs_that_is_the_host_root_is_refused_and_never_written(
+    node, rootfs, tmp_path, nvshim_runtime_bin, nvshim_bin
+):
     """root.path "/" (or a symlink to it) with a GPU request: runc makes every mount target (empty
     files in the host's /usr/bin, library folder, /lib/firmware) and runs createContainer hooks
     before its pivot_root fails on such a root, and --no-pivot starts the container there. So
@@ -253,8 +294,12 @@ def test_rootfs_that_is_the_host_root_is_refused_and_never_written(node, rootfs,
     for root_path in ("/", str(tmp_path / "root-link")):
         spec["root"]["path"] = root_path
         (bundle / "config.json").write_text(json.dumps(spec, indent="\t"))
-        shown = subprocess.run([nvshim_bin, "inspect", "--bundle", str(bundle), "--format", "json"],
-                               env=env, capture_output=True, text=True)
+        shown = subprocess.run(
+            [nvshim_bin, "inspect", "--bundle", str(bundle), "--format", "json"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert shown.returncode == 1, shown.stdout
         assert shown.stderr.splitlines() == [_host_root_refusal(root_path, bundle)]
     spec["root"]["path"] = "/"  # runc refuses a symlink before any hook; "/" it runs them for
@@ -265,10 +310,20 @@ def test_rootfs_that_is_the_host_root_is_refused_and_never_written(node, rootfs,
     dirs = list(dict.fromkeys(os.path.realpath(d) for d in _HOST_DIRS if os.path.isdir(d)))
     res = subprocess.run(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", _HOST_ROOT_SCRIPT],
-        env={**env, "OV": str(overlay), "LIBDIR": LIBDIR, "RUNTIME": nvshim_runtime_bin,
-             "BUNDLE": str(bundle), "ID": unique_id(), "PYTHON": sys.executable,
-             "DIRS": " ".join(dirs)},
-        capture_output=True, text=True, timeout=120)
+        env={
+            **env,
+            "OV": str(overlay),
+            "LIBDIR": LIBDIR,
+            "RUNTIME": nvshim_runtime_bin,
+            "BUNDLE": str(bundle),
+            "ID": unique_id(),
+            "PYTHON": sys.executable,
+            "DIRS": " ".join(dirs),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if res.returncode == 99:
         pytest.skip(f"cannot mount an overlay over the host's folders here: {res.stderr.strip()}")
     assert res.returncode == 0, res.stdout + res.stderr
@@ -277,7 +332,9 @@ def test_rootfs_that_is_the_host_root_is_refused_and_never_written(node, rootfs,
     assert (bundle / "config.json").read_bytes() == before
     assert (overlay / "hook.rc").read_text().strip() == "0"
     assert (overlay / "hook.out").read_text() == (
-        "nvshim hook: warning: the container rootfs / is the host's /: nothing is written in it\n")
-    created = {d: sorted(p.name for p in (overlay / f"{d.replace('/', '_')}-up").iterdir())
-               for d in dirs}
+        "nvshim hook: warning: the container rootfs / is the host's /: nothing is written in it\n"
+    )
+    created = {
+        d: sorted(p.name for p in (overlay / f"{d.replace('/', '_')}-up").iterdir()) for d in dirs
+    }
     assert created == {d: [] for d in dirs}

@@ -118,13 +118,17 @@ def plant_payloads(rootfs: Path, markers: Path, tmp_path: Path) -> Dict[str, str
     if shutil.which("gcc"):
         src = tmp_path / "evil.c"
         src.write_text(_EVIL_C % markers)
-        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(rootfs / "evil.so"), str(src)], check=True)
+        subprocess.run(
+            ["gcc", "-shared", "-fPIC", "-o", str(rootfs / "evil.so"), str(src)], check=True
+        )
         env["LD_PRELOAD"] = "/proc/self/cwd/evil.so"
     return env
 
 
 @pytest.mark.parametrize("by", ["runtime", "hook"])
-def test_image_env_cannot_run_code_in_the_hook(runc, node, rootfs, tmp_path, nvshim_runtime_bin, env, by):
+def test_image_env_cannot_run_code_in_the_hook(
+    runc, node, rootfs, tmp_path, nvshim_runtime_bin, env, by
+):
     """CVE-2025-23266 (NVIDIAScape): image env LD_PRELOAD/PYTHONPATH/PYTHONSTARTUP pointing at
     /proc/self/cwd/... must not run in the hook, which runs as host root with cwd = rootfs,
     nor in the runtime when it does the in-root work itself before runc.
@@ -140,8 +144,14 @@ def test_image_env_cannot_run_code_in_the_hook(runc, node, rootfs, tmp_path, nvs
     image_env = plant_payloads(rootfs, markers, tmp_path)
 
     # Control: the payloads fire in a naive invocation (inherited env, cwd first on sys.path).
-    subprocess.run([sys.executable, "-c", "import nvshim"], cwd=rootfs, env={"PATH": PATH, **image_env},
-                   stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-c", "import nvshim"],
+        cwd=rootfs,
+        env={"PATH": PATH, **image_env},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
+    )
     fired = {p.name for p in markers.iterdir()}
     assert {"pythonpath_sitecustomize", "cwd_nvshim"} <= fired, fired
     if "LD_PRELOAD" in image_env:
@@ -150,8 +160,12 @@ def test_image_env_cannot_run_code_in_the_hook(runc, node, rootfs, tmp_path, nvs
         p.unlink()
 
     script = f"readlink /{LIBDIR}/libcuda.so.1"
-    bundle = make_bundle(tmp_path / "b", rootfs, ["sh", "-c", script],
-                         env={"NVIDIA_VISIBLE_DEVICES": "0", **image_env})
+    bundle = make_bundle(
+        tmp_path / "b",
+        rootfs,
+        ["sh", "-c", script],
+        env={"NVIDIA_VISIBLE_DEVICES": "0", **image_env},
+    )
     with work_by(by, bundle, env):
         res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env).check()
     assert res.stdout.strip() == VERSIONED, res.describe()  # the links were made
@@ -195,17 +209,32 @@ def _symlink_ldcache(rootfs: Path, host: Path) -> None:
 def _symlink_ldcache_relative(rootfs: Path, host: Path) -> None:
     (rootfs / "etc" / "ld.so.cache").unlink()
     depth = len(rootfs.parts) + 3
-    os.symlink("../" * depth + str(host / "ld.so.cache").lstrip("/"), rootfs / "etc" / "ld.so.cache")
+    os.symlink(
+        "../" * depth + str(host / "ld.so.cache").lstrip("/"), rootfs / "etc" / "ld.so.cache"
+    )
 
 
 @pytest.mark.parametrize("by", ["runtime", "hook"])
 @pytest.mark.parametrize(
     "plant",
-    [_symlink_libdir, _symlink_confdir, _symlink_soname, _symlink_ldcache, _symlink_ldcache_relative],
-    ids=["libdir->host", "ld.so.conf.d->host", "soname->host-file", "ld.so.cache->host-file",
-         "ld.so.cache->../../host-file"],
+    [
+        _symlink_libdir,
+        _symlink_confdir,
+        _symlink_soname,
+        _symlink_ldcache,
+        _symlink_ldcache_relative,
+    ],
+    ids=[
+        "libdir->host",
+        "ld.so.conf.d->host",
+        "soname->host-file",
+        "ld.so.cache->host-file",
+        "ld.so.cache->../../host-file",
+    ],
 )
-def test_image_symlinks_cannot_reach_host_files(runc, glibc_rootfs, tmp_path, nvshim_runtime_bin, env, plant, by):
+def test_image_symlinks_cannot_reach_host_files(
+    runc, glibc_rootfs, tmp_path, nvshim_runtime_bin, env, plant, by
+):
     """CVE-2024-0132 / CVE-2025-23267: image symlinks pointing out of the rootfs (library dir,
     ld.so.conf.d, the SONAME link, ld.so.cache) must be resolved inside the rootfs, by the
     runtime's writes before runc as by the hook's.
@@ -218,8 +247,12 @@ def test_image_symlinks_cannot_reach_host_files(runc, glibc_rootfs, tmp_path, nv
     host = _host_target(tmp_path)
     before = snapshot(host)
     plant(glibc_rootfs, host)
-    bundle = make_bundle(tmp_path / "b", glibc_rootfs, ["sh", "-c", f"readlink /{LIBDIR}/libcuda.so.1"],
-                         env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    bundle = make_bundle(
+        tmp_path / "b",
+        glibc_rootfs,
+        ["sh", "-c", f"readlink /{LIBDIR}/libcuda.so.1"],
+        env={"NVIDIA_VISIBLE_DEVICES": "0"},
+    )
     with work_by(by, bundle, env):
         res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env)
     assert snapshot(host) == before
@@ -248,7 +281,9 @@ def _host_listing(skip: Tuple[str, ...]) -> set:
 
 
 @pytest.mark.parametrize("by", ["runtime", "hook"])
-def test_no_file_is_created_on_the_host(runc, node, glibc_rootfs, tmp_path, nvshim_runtime_bin, env, by):
+def test_no_file_is_created_on_the_host(
+    runc, node, glibc_rootfs, tmp_path, nvshim_runtime_bin, env, by
+):
     """CVE-2024-0133: a create/start/delete with GPUs leaves no new file on the host outside
     the bundle and the debug log.
 
@@ -259,8 +294,12 @@ def test_no_file_is_created_on_the_host(runc, node, glibc_rootfs, tmp_path, nvsh
     (a driver file, device node, hook output) or carries the container id.
     """
     cid = unique_id()
-    bundle = make_bundle(tmp_path / "b", glibc_rootfs, ["true"],
-                         env={"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "all"})
+    bundle = make_bundle(
+        tmp_path / "b",
+        glibc_rootfs,
+        ["true"],
+        env={"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "all"},
+    )
     skip = (str(tmp_path), str(node.root))
     before = _host_listing(skip)
     with work_by(by, bundle, env):
@@ -270,10 +309,20 @@ def test_no_file_is_created_on_the_host(runc, node, glibc_rootfs, tmp_path, nvsh
     spec = read_config(bundle)
     names = {m["destination"].rsplit("/", 1)[1] for m in spec.get("mounts", [])}
     names |= {d["path"].rsplit("/", 1)[1] for d in spec["linux"].get("devices", [])}
-    names |= {"libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "ld.so.cache", "ld.so.conf",
-              "00-nvshim.conf", "config.json"}
-    suspicious = sorted(p for p in new if os.path.basename(p) in names or cid in p
-                        or "nvshim" in os.path.basename(p))
+    names |= {
+        "libcuda.so.1",
+        "libcuda.so",
+        "libnvidia-ml.so.1",
+        "ld.so.cache",
+        "ld.so.conf",
+        "00-nvshim.conf",
+        "config.json",
+    }
+    suspicious = sorted(
+        p
+        for p in new
+        if os.path.basename(p) in names or cid in p or "nvshim" in os.path.basename(p)
+    )
     assert suspicious == [], (suspicious, res.describe())
     assert (tmp_path / "debug.log").exists()  # the debug log was the one expected write
 
@@ -295,8 +344,13 @@ def test_injected_files_are_read_only(runc, node, glibc_rootfs, tmp_path, nvshim
         "(echo x >> /usr/bin/nvidia-smi) 2>/dev/null && echo SMI-WRITTEN || echo SMI-RO; "
         "(echo x > /usr/bin/probe-writable) 2>/dev/null && echo ROOT-RW || echo ROOT-RO"
     )
-    bundle = make_bundle(tmp_path / "b", glibc_rootfs, ["sh", "-c", script],
-                         env={"NVIDIA_VISIBLE_DEVICES": "0"}, readonly_root=False)
+    bundle = make_bundle(
+        tmp_path / "b",
+        glibc_rootfs,
+        ["sh", "-c", script],
+        env={"NVIDIA_VISIBLE_DEVICES": "0"},
+        readonly_root=False,
+    )
     res = runc.run_detached(bundle, unique_id(), runtime=nvshim_runtime_bin, env=env).check()
     assert res.stdout.split() == ["LIB-RO", "SMI-RO", "ROOT-RW"], res.describe()
     assert (lib.read_bytes(), smi.read_bytes()) == before
@@ -305,15 +359,21 @@ def test_injected_files_are_read_only(runc, node, glibc_rootfs, tmp_path, nvshim
 # ----------------------------------------------------------------------------- hook entry
 
 
-def test_hook_entry_has_explicit_env_and_isolated_interpreter(runc, rootfs, tmp_path, nvshim_runtime_bin, env):
+def test_hook_entry_has_explicit_env_and_isolated_interpreter(
+    runc, rootfs, tmp_path, nvshim_runtime_bin, env
+):
     """The createContainer hook entry names an absolute interpreter started with -I and carries
     its own env, with nothing from the image's environment.
 
     A naive entry (``path: python`` or ``nvshim-hook`` from PATH, no ``env``) is what made
     CVE-2025-23266 possible; this pins the shape in the config.json runc actually reads.
     """
-    bundle = make_bundle(tmp_path / "b", rootfs, ["true"],
-                         env={"NVIDIA_VISIBLE_DEVICES": "0", "LD_PRELOAD": "/x.so", "PYTHONPATH": "/pp"})
+    bundle = make_bundle(
+        tmp_path / "b",
+        rootfs,
+        ["true"],
+        env={"NVIDIA_VISIBLE_DEVICES": "0", "LD_PRELOAD": "/x.so", "PYTHONPATH": "/pp"},
+    )
     cid = unique_id()
     with work_by("hook", bundle, env):  # a rootfs the runtime cannot write: the hook is added
         runc.create(bundle, cid, runtime=nvshim_runtime_bin, env=env).check()

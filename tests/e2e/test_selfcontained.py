@@ -54,21 +54,34 @@ def payload() -> Path:
 
 def moved_env(t: Path) -> Dict[str, str]:
     """install.sh's paths moved under ``t`` (nothing of the host's is written)."""
-    return dict(os.environ, NVSHIM_PREFIX=str(t / "opt" / "nvshim"), NVSHIM_BINDIR=str(t / "bin"),
-                NVSHIM_ETCDIR=str(t / "etc" / "nvshim"), NVSHIM_SKIP_APT="1",
-                NVSHIM_CONTAINERD_CONFIG=str(t / "etc" / "containerd" / "config.toml"), T=str(t))
+    return dict(
+        os.environ,
+        NVSHIM_PREFIX=str(t / "opt" / "nvshim"),
+        NVSHIM_BINDIR=str(t / "bin"),
+        NVSHIM_ETCDIR=str(t / "etc" / "nvshim"),
+        NVSHIM_SKIP_APT="1",
+        NVSHIM_CONTAINERD_CONFIG=str(t / "etc" / "containerd" / "config.toml"),
+        T=str(t),
+    )
 
 
 def in_namespace(script: str, env: Dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-                          env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def tree(top: Path) -> Tuple[str, ...]:
     return tuple(sorted(str(p.relative_to(top)) for p in top.rglob("*"))) if top.exists() else ()
 
 
-RUN_GPU = HIDE_PYTHON + r"""
+RUN_GPU = (
+    HIDE_PYTHON
+    + r"""
 sh "$PAYLOAD/install.sh" --from "$PAYLOAD"
 "$T/bin/nvshim" config compile --config "$CFG" >/dev/null
 NVSHIM_CONFIG=$CFG "$T/bin/nvshim-runtime" --root "$T/runc-root" run --bundle "$BUNDLE" "$CID"
@@ -76,6 +89,7 @@ echo "=== spec"
 NVSHIM_CONFIG=$CFG "$T/bin/nvshim" cdi generate --driver-root "$NODE" --output "$T/cdi/nvidia.json" >/dev/null
 cat "$T/cdi/nvidia.json"
 """
+)
 
 
 def test_payload_runs_a_gpu_container_without_the_hosts_python(payload, tmp_path):
@@ -95,11 +109,17 @@ def test_payload_runs_a_gpu_container_without_the_hosts_python(payload, tmp_path
     script = f"ls /dev; echo '=== probe'; readlink {LIBDIR}/libcuda.so.1"
     # links written before runc would be hidden under this mount: the hook makes them
     mount = {"destination": LIBDIR, "type": "tmpfs", "source": "tmpfs", "options": ["mode=755"]}
-    bundle = make_bundle(tmp_path / "bundle", rootfs, ["/bin/sh", "-c", script],
-                         env=["NVIDIA_VISIBLE_DEVICES=0"], mounts=[mount])
+    bundle = make_bundle(
+        tmp_path / "bundle",
+        rootfs,
+        ["/bin/sh", "-c", script],
+        env=["NVIDIA_VISIBLE_DEVICES=0"],
+        mounts=[mount],
+    )
     env = moved_env(tmp_path)
-    env.update(PAYLOAD=str(payload), CFG=str(cfg), BUNDLE=str(bundle), CID=unique_id("sc"),
-               NODE=node.root)
+    env.update(
+        PAYLOAD=str(payload), CFG=str(cfg), BUNDLE=str(bundle), CID=unique_id("sc"), NODE=node.root
+    )
     res = in_namespace(RUN_GPU, env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     devices, _, rest = res.stdout.partition("=== probe")
@@ -113,8 +133,11 @@ def test_payload_runs_a_gpu_container_without_the_hosts_python(payload, tmp_path
     mine = [h for h in hooks if any("nvshim.hook" in a for a in h["args"])]
     assert mine and mine[0]["path"] == launcher, hooks
     assert f'["{prefix}/site"]' in " ".join(mine[0]["args"]), mine[0]["args"]
-    spec_hooks = [h for h in json.loads(spec_text)["containerEdits"]["hooks"]
-                  if h["hookName"] == "createContainer"]
+    spec_hooks = [
+        h
+        for h in json.loads(spec_text)["containerEdits"]["hooks"]
+        if h["hookName"] == "createContainer"
+    ]
     assert spec_hooks and all(h["path"] == launcher for h in spec_hooks), spec_hooks
     assert "python3." not in json.dumps(spec_hooks)  # no interpreter version in a CDI spec
 
@@ -126,8 +149,13 @@ def test_installed_files_name_only_the_prefix(payload, tmp_path):
     require_root()
     (tmp_path / "bin").mkdir()
     env = moved_env(tmp_path)
-    res = subprocess.run(["sh", str(payload / "install.sh"), "--from", str(payload)], env=env,
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        ["sh", str(payload / "install.sh"), "--from", str(payload)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr
     prefix = tmp_path / "opt" / "nvshim"
     for command in ("nvshim", "nvshim-runtime"):
@@ -143,14 +171,23 @@ def test_installed_files_name_only_the_prefix(payload, tmp_path):
             if head.startswith(b"#!"):
                 assert head.startswith(b"#!/bin/sh\n"), path
         # (a dist-info's METADATA is the README, which describes --dev's venv)
-        if path.is_file() and path.suffix in ("", ".sh", ".json", ".txt", ".cfg") \
-                and not any(part.endswith(".dist-info") for part in path.parts):
+        if (
+            path.is_file()
+            and path.suffix in ("", ".sh", ".json", ".txt", ".cfg")
+            and not any(part.endswith(".dist-info") for part in path.parts)
+        ):
             assert b"/venv/bin/python" not in path.read_bytes(), path
-    version = subprocess.run([str(tmp_path / "bin" / "nvshim"), "--version"],
-                             capture_output=True, text=True)
+    version = subprocess.run(
+        [str(tmp_path / "bin" / "nvshim"), "--version"], capture_output=True, text=True
+    )
     assert version.returncode == 0 and "0.1.0" in version.stdout
-    gone = subprocess.run(["sh", str(prefix / "install.sh"), "--uninstall"], env=env,
-                          capture_output=True, text=True, timeout=600)
+    gone = subprocess.run(
+        ["sh", str(prefix / "install.sh"), "--uninstall"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert gone.returncode == 0, gone.stderr
     assert not (tmp_path / "opt").exists() or tree(tmp_path / "opt") == ()
     assert tree(tmp_path / "bin") == ()
@@ -185,18 +222,31 @@ def test_a_node_library_loads_against_the_bundled_glibc(payload, tmp_path):
     source.write_text(FAKE_NVML)
     lib = tmp_path / "libnvidia-ml.so.1"
     # linked to the files, as a library built before glibc 2.34 is (DT_NEEDED on both)
-    stubs = [subprocess.run([gcc, f"-print-file-name={name}"], capture_output=True, text=True,
-                            check=True).stdout.strip() for name in ("libpthread.so.0", "libdl.so.2")]
-    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(lib), str(source),
-                    "-Wl,--no-as-needed", *stubs], check=True)
+    stubs = [
+        subprocess.run(
+            [gcc, f"-print-file-name={name}"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for name in ("libpthread.so.0", "libdl.so.2")
+    ]
+    subprocess.run(
+        [gcc, "-shared", "-fPIC", "-o", str(lib), str(source), "-Wl,--no-as-needed", *stubs],
+        check=True,
+    )
     needed = subprocess.run(["ldd", str(lib)], capture_output=True, text=True).stdout
     assert "libpthread.so.0" in needed and "libdl.so.2" in needed, needed
     launcher = payload / "opt" / "nvshim" / "bin" / "python3"
-    res = subprocess.run([str(launcher), "-I", "-S", "-c", MAPS, str(lib)], capture_output=True,
-                         text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    res = subprocess.run(
+        [str(launcher), "-I", "-S", "-c", MAPS, str(lib)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert res.returncode == 0, res.stderr
     mapped = set(res.stdout.split())
-    glibc = {p for p in mapped if re.search(r"/(ld-linux[^/]*|lib(c|m|pthread|dl|rt)\.so[^/]*)$", p)}
+    glibc = {
+        p for p in mapped if re.search(r"/(ld-linux[^/]*|lib(c|m|pthread|dl|rt)\.so[^/]*)$", p)
+    }
     assert {os.path.basename(p) for p in glibc} >= {"libc.so.6", "libpthread.so.0", "libdl.so.2"}
     lib_dir = f"{payload}/opt/nvshim/lib/"
     assert all(p.startswith(lib_dir) for p in glibc), sorted(glibc)
@@ -222,9 +272,16 @@ def test_from_refuses_an_incomplete_payload(payload, tmp_path):
     (copy / "opt" / "nvshim" / "lib" / "libc.so.6").unlink()
     t = tmp_path / "t"
     (t / "bin").mkdir(parents=True)
-    res = subprocess.run(["sh", str(copy / "install.sh"), "--from", str(copy)], env=moved_env(t),
-                         capture_output=True, text=True, timeout=600)
-    fails_cleanly(res, t, f"payload {copy} is incomplete: {copy}/opt/nvshim/lib/libc.so.6 is missing")
+    res = subprocess.run(
+        ["sh", str(copy / "install.sh"), "--from", str(copy)],
+        env=moved_env(t),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    fails_cleanly(
+        res, t, f"payload {copy} is incomplete: {copy}/opt/nvshim/lib/libc.so.6 is missing"
+    )
 
 
 def test_from_refuses_a_read_only_bindir(payload, tmp_path):
@@ -232,8 +289,10 @@ def test_from_refuses_a_read_only_bindir(payload, tmp_path):
     written, naming the directory."""
     require_root()
     (tmp_path / "bin").mkdir()
-    script = ('mount --bind "$T/bin" "$T/bin" && mount -o remount,bind,ro "$T/bin" && '
-              'sh "$PAYLOAD/install.sh" --from "$PAYLOAD"')
+    script = (
+        'mount --bind "$T/bin" "$T/bin" && mount -o remount,bind,ro "$T/bin" && '
+        'sh "$PAYLOAD/install.sh" --from "$PAYLOAD"'
+    )
     env = dict(moved_env(tmp_path), PAYLOAD=str(payload))
     res = in_namespace(script, env)
     fails_cleanly(res, tmp_path, f"cannot write {tmp_path}/bin (read-only file system?)")

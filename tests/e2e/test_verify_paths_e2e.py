@@ -50,8 +50,10 @@ def runtime(tmp_path: Path) -> Path:
 
 
 def config_env(tmp_path: Path, node: Any, **settings: Any) -> Dict[str, str]:
-    cfg = write_nvshim_config(tmp_path / "etc", {
-        "runtimes": [require_binary("runc")], "driver-root": node.root, **settings})
+    cfg = write_nvshim_config(
+        tmp_path / "etc",
+        {"runtimes": [require_binary("runc")], "driver-root": node.root, **settings},
+    )
     compile_node(str(cfg))
     return {"PATH": PATH_ENV, "NVSHIM_CONFIG": str(cfg)}
 
@@ -64,13 +66,18 @@ def journal(env: Dict[str, str]) -> List[Dict[str, Any]]:
 def gpu1_bundle(tmp_path: Path, rootfs: Path, node: Any) -> Path:
     """A plain image (no NVIDIA_ text) into which the engine injected GPU 1 at /dev/gpu1."""
     gpu = node.gpus[1]
-    return make_bundle(tmp_path / "b", rootfs, ["sh", "-c", PROBE],
-                       devices=[char_device("/dev/gpu1", 195, gpu.minor)],
-                       device_rules=[device_rule(195, gpu.minor)])
+    return make_bundle(
+        tmp_path / "b",
+        rootfs,
+        ["sh", "-c", PROBE],
+        devices=[char_device("/dev/gpu1", 195, gpu.minor)],
+        device_rules=[device_rule(195, gpu.minor)],
+    )
 
 
-def test_an_engine_gpu_at_another_path_is_journaled(runc: Runc, node: Any, base_rootfs: Path,
-                                                    tmp_path: Path, runtime: Path) -> None:
+def test_an_engine_gpu_at_another_path_is_journaled(
+    runc: Runc, node: Any, base_rootfs: Path, tmp_path: Path, runtime: Path
+) -> None:
     """/dev/gpu1 with GPU 1's numbers in a spec with no NVIDIA text or /dev/nvidia path: the
     container opens it (the cgroup allows it) and the journal records GPU 1 (source engine)."""
     gpu = node.gpus[1]
@@ -84,8 +91,9 @@ def test_an_engine_gpu_at_another_path_is_journaled(runc: Runc, node: Any, base_
     assert [(g["source"], g["gpus"]) for g in journal(env)] == [("engine", [gpu.uuid])]
 
 
-def test_a_gpu_under_a_second_linux_key_is_refused(runc: Runc, node: Any, base_rootfs: Path,
-                                                  tmp_path: Path, runtime: Path) -> None:
+def test_a_gpu_under_a_second_linux_key_is_refused(
+    runc: Runc, node: Any, base_rootfs: Path, tmp_path: Path, runtime: Path
+) -> None:
     """runc itself creates /dev/gpu1 from a second top-level "Linux" key (Go's key matching);
     through nvshim the create fails in one line naming both keys, config.json unchanged."""
     bundle = gpu1_bundle(tmp_path, base_rootfs, node)
@@ -103,30 +111,50 @@ def test_a_gpu_under_a_second_linux_key_is_refused(runc: Runc, node: Any, base_r
     env = config_env(tmp_path, node)
     res = runc.run(bundle, unique_id("hidden"), runtime=runtime, env=env)
     assert res.rc != 0, res.describe()
-    assert (f'{bundle}/config.json: keys "linux" and "Linux" of the top level both name '
-            '"linux"') in res.stderr, res.describe()
+    assert (
+        f'{bundle}/config.json: keys "linux" and "Linux" of the top level both name "linux"'
+    ) in res.stderr, res.describe()
     assert (bundle / "config.json").read_text() == text
     assert journal(env) == []
 
 
 def test_a_privileged_gpu_container_starts_and_is_journaled(
-        runc: Runc, node: Any, base_rootfs: Path, tmp_path: Path, runtime: Path) -> None:
+    runc: Runc, node: Any, base_rootfs: Path, tmp_path: Path, runtime: Path
+) -> None:
     """A privileged container (SYS_ADMIN, every device allowed, the host's GPU nodes listed)
     whose image says NVIDIA_VISIBLE_DEVICES=all starts under the DaemonSet's settings with
     the kubelet unreachable, sees its GPUs, and is journaled as source privileged."""
-    env = config_env(tmp_path, node, **{
-        "require-allocation": True, "verify-with": "kubelet", "kubelet-unreachable": "fail",
-        "kubelet-socket": str(tmp_path / "no-kubelet.sock"), "kubelet-checkpoint": None,
-        "allocation-sources": ["volume-mounts", "cdi-annotations", "envvar-uuids",
-                               "privileged"]})
+    env = config_env(
+        tmp_path,
+        node,
+        **{
+            "require-allocation": True,
+            "verify-with": "kubelet",
+            "kubelet-unreachable": "fail",
+            "kubelet-socket": str(tmp_path / "no-kubelet.sock"),
+            "kubelet-checkpoint": None,
+            "allocation-sources": [
+                "volume-mounts",
+                "cdi-annotations",
+                "envvar-uuids",
+                "privileged",
+            ],
+        },
+    )
     bundle = make_bundle(
-        tmp_path / "p", base_rootfs, ["sh", "-c", "ls /dev; echo END"],
-        env={"NVIDIA_VISIBLE_DEVICES": "all"}, capabilities_add=["CAP_SYS_ADMIN"],
+        tmp_path / "p",
+        base_rootfs,
+        ["sh", "-c", "ls /dev; echo END"],
+        env={"NVIDIA_VISIBLE_DEVICES": "all"},
+        capabilities_add=["CAP_SYS_ADMIN"],
         devices=[char_device(f"/dev/nvidia{g.minor}", 195, g.minor) for g in node.gpus],
-        annotations={"io.kubernetes.cri.sandbox-name": "dcgm",
-                     "io.kubernetes.cri.sandbox-namespace": "gpu-operator",
-                     "io.kubernetes.cri.sandbox-uid": "uid-dcgm",
-                     "io.kubernetes.cri.container-name": "exporter"})
+        annotations={
+            "io.kubernetes.cri.sandbox-name": "dcgm",
+            "io.kubernetes.cri.sandbox-namespace": "gpu-operator",
+            "io.kubernetes.cri.sandbox-uid": "uid-dcgm",
+            "io.kubernetes.cri.container-name": "exporter",
+        },
+    )
     spec = json.loads((bundle / "config.json").read_text())
     spec["linux"]["resources"]["devices"] = [{"allow": True, "access": "rwm"}]
     write_config(bundle, spec)
@@ -136,4 +164,5 @@ def test_a_privileged_gpu_container_starts_and_is_journaled(
     assert all(f"nvidia{g.minor}" in seen for g in node.gpus), res.describe()
     records = journal(env)
     assert [(r["source"], r["verified"], sorted(r["gpus"])) for r in records] == [
-        ("privileged", "privileged", sorted(g.uuid for g in node.gpus))]
+        ("privileged", "privileged", sorted(g.uuid for g in node.gpus))
+    ]

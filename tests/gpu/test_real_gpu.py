@@ -40,8 +40,9 @@ pytestmark = [
     pytest.mark.skipif(
         not (_ASKED and _HAS_GPU),
         reason="real-GPU proof: needs NVSHIM_REAL_GPU=1 and an NVIDIA GPU (/dev/nvidia0); "
-               "run tests/gpu/run.sh on a GPU machine"
-               + ("" if _HAS_GPU else " — this machine has no /dev/nvidia0")),
+        "run tests/gpu/run.sh on a GPU machine"
+        + ("" if _HAS_GPU else " — this machine has no /dev/nvidia0"),
+    ),
 ]
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -68,8 +69,9 @@ def gpu_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     smi = shutil.which("nvidia-smi")
     libcuda = ldcache_entry(Path("/"), "libcuda.so.1")
     assert smi and libcuda, f"the host's driver: nvidia-smi={smi} libcuda.so.1={libcuda}"
-    add_driver_dependencies(root, [probe, Path(os.path.realpath(smi)),
-                                   Path(os.path.realpath(libcuda))])
+    add_driver_dependencies(
+        root, [probe, Path(os.path.realpath(smi)), Path(os.path.realpath(libcuda))]
+    )
     return root
 
 
@@ -81,24 +83,43 @@ def runc(tmp_path: Path) -> Iterator[Runc]:
     driver.cleanup()
 
 
-def run_gpu(runc: Runc, runtime: str, tmp_path: Path, rootfs: Path, script: str,
-            visible: str, caps: str = "compute,utility") -> RunResult:
+def run_gpu(
+    runc: Runc,
+    runtime: str,
+    tmp_path: Path,
+    rootfs: Path,
+    script: str,
+    visible: str,
+    caps: str = "compute,utility",
+) -> RunResult:
     """``sh -c script`` through nvshim-runtime with driver root / and the given request."""
     cfg = write_nvshim_config(tmp_path / unique_id("cfg"), {"runtimes": ["runc"]})
     compile_node(str(cfg))
-    bundle = make_bundle(tmp_path / unique_id("b"), rootfs, ["sh", "-c", script],
-                         env=[f"NVIDIA_VISIBLE_DEVICES={visible}",
-                              f"NVIDIA_DRIVER_CAPABILITIES={caps}"])
-    return runc.run_detached(bundle, unique_id(), runtime=runtime,
-                             env={"NVSHIM_CONFIG": str(cfg), "PATH": PATH})
+    bundle = make_bundle(
+        tmp_path / unique_id("b"),
+        rootfs,
+        ["sh", "-c", script],
+        env=[f"NVIDIA_VISIBLE_DEVICES={visible}", f"NVIDIA_DRIVER_CAPABILITIES={caps}"],
+    )
+    return runc.run_detached(
+        bundle, unique_id(), runtime=runtime, env={"NVSHIM_CONFIG": str(cfg), "PATH": PATH}
+    )
 
 
-def test_nvidia_smi_lists_exactly_the_granted_gpu(runc, nvshim_runtime_bin, tmp_path,
-                                                  gpu_rootfs, host_gpus):
+def test_nvidia_smi_lists_exactly_the_granted_gpu(
+    runc, nvshim_runtime_bin, tmp_path, gpu_rootfs, host_gpus
+):
     """NVIDIA_VISIBLE_DEVICES=<i>: `nvidia-smi -L` inside lists one GPU, GPU i's UUID."""
     for index, uuid in list(enumerate(host_gpus))[:2]:
-        res = run_gpu(runc, nvshim_runtime_bin, tmp_path, gpu_rootfs, "nvidia-smi -L",
-                      str(index), caps="utility").check()
+        res = run_gpu(
+            runc,
+            nvshim_runtime_bin,
+            tmp_path,
+            gpu_rootfs,
+            "nvidia-smi -L",
+            str(index),
+            caps="utility",
+        ).check()
         listed = re.findall(r"^GPU \d+: .*\(UUID: (GPU-[0-9a-f-]+)\)", res.stdout, re.M)
         assert listed == [uuid], res.describe()
 
@@ -106,23 +127,23 @@ def test_nvidia_smi_lists_exactly_the_granted_gpu(runc, nvshim_runtime_bin, tmp_
 def test_cuda_initialises_and_allocates(runc, nvshim_runtime_bin, tmp_path, gpu_rootfs):
     """compute: the probe loads the host's libcuda (its CUDA version), cuInit returns 0, one
     device is visible, and cuMemAlloc/cuMemFree of 1 MiB on its primary context succeed."""
-    res = run_gpu(runc, nvshim_runtime_bin, tmp_path, gpu_rootfs, "cudaprobe --alloc",
-                  "0").check()
+    res = run_gpu(runc, nvshim_runtime_bin, tmp_path, gpu_rootfs, "cudaprobe --alloc", "0").check()
     got = parse_probe(res.stdout)
     libcuda = ldcache_entry(Path("/"), "libcuda.so.1")
     assert libcuda is not None
-    assert got.values.get("version") == cuda_driver_version(os.path.realpath(libcuda)), \
+    assert got.values.get("version") == cuda_driver_version(os.path.realpath(libcuda)), (
         res.describe()
+    )
     assert got.values.get("cuInit") == 0, res.describe()
     assert got.values.get("devices") == 1, res.describe()
-    assert got.values.get("cuMemAlloc") == 0 and got.values.get("cuMemFree") == 0, \
-        res.describe()
+    assert got.values.get("cuMemAlloc") == 0 and got.values.get("cuMemFree") == 0, res.describe()
 
 
 def test_void_sees_no_gpu(runc, nvshim_runtime_bin, tmp_path, gpu_rootfs):
     """NVIDIA_VISIBLE_DEVICES=void: no /dev/nvidia0 and no libcuda in the container."""
-    res = run_gpu(runc, nvshim_runtime_bin, tmp_path, gpu_rootfs,
-                  "ls /dev/nvidia0 2>&1; cudaprobe", "void").check()
+    res = run_gpu(
+        runc, nvshim_runtime_bin, tmp_path, gpu_rootfs, "ls /dev/nvidia0 2>&1; cudaprobe", "void"
+    ).check()
     assert "No such file or directory" in res.stdout, res.describe()
     assert parse_probe(res.stdout).libcuda is None, res.describe()
 

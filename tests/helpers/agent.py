@@ -48,18 +48,37 @@ def built_client(where: Path) -> Path:
 def nvshim_bin() -> List[str]:
     """``$NVSHIM_BIN``, else this checkout's ``nvshim`` run by this interpreter."""
     exe = os.environ.get("NVSHIM_BIN")
-    return [exe] if exe else [sys.executable, "-I", "-c",
-                              "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-                              "from nvshim.cli.main import main; main()", str(REPO)]
+    return (
+        [exe]
+        if exe
+        else [
+            sys.executable,
+            "-I",
+            "-c",
+            "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+            "from nvshim.cli.main import main; main()",
+            str(REPO),
+        ]
+    )
 
 
 class AgentProcess:
-    def __init__(self, socket: Path, config: Optional[Path], log: Path,
-                 nri_socket: str = "none", env: Optional[dict] = None,
-                 prefix: Optional[List[str]] = None) -> None:
+    def __init__(
+        self,
+        socket: Path,
+        config: Optional[Path],
+        log: Path,
+        nri_socket: str = "none",
+        env: Optional[dict] = None,
+        prefix: Optional[List[str]] = None,
+    ) -> None:
         """``prefix``: words before the command (``nsenter -t PID -m --``)."""
         self.socket, self.config, self.log = socket, config, log
-        args = list(prefix or []) + nvshim_bin() + ["agent", "--socket", str(socket), "--nri-socket", nri_socket]
+        args = (
+            list(prefix or [])
+            + nvshim_bin()
+            + ["agent", "--socket", str(socket), "--nri-socket", nri_socket]
+        )
         if config is not None:
             args += ["--config", str(config)]
         self.args = args
@@ -68,12 +87,19 @@ class AgentProcess:
 
     def start(self) -> "AgentProcess":
         with open(self.log, "ab") as err:
-            self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=err,
-                                         env=self.env)
+            self.proc = subprocess.Popen(
+                self.args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=self.env,
+            )
         proc = self.proc
-        wait_until(lambda: self.socket.exists() or proc.poll() is not None, 60,
-                   f"the agent's socket {self.socket}")
+        wait_until(
+            lambda: self.socket.exists() or proc.poll() is not None,
+            60,
+            f"the agent's socket {self.socket}",
+        )
         assert self.proc.poll() is None, self.log.read_text()
         return self
 
@@ -82,8 +108,11 @@ class AgentProcess:
         socket once more than before."""
         before = self.log.read_text().count("nri registered") if self.log.exists() else 0
         self.start()
-        wait_until(lambda: self.log.read_text().count("nri registered") > before, timeout,
-                   "the agent's NRI registration")
+        wait_until(
+            lambda: self.log.read_text().count("nri registered") > before,
+            timeout,
+            "the agent's NRI registration",
+        )
         return self
 
     def then_killed(self, served: T, fallback: T) -> Iterator[Tuple[str, T]]:
@@ -107,8 +136,9 @@ class AgentProcess:
 
 
 @contextlib.contextmanager
-def running_agent(tmp: Path, config: Optional[Path], name: str = "agent",
-                  nri_socket: str = "none") -> Iterator[AgentProcess]:
+def running_agent(
+    tmp: Path, config: Optional[Path], name: str = "agent", nri_socket: str = "none"
+) -> Iterator[AgentProcess]:
     agent = AgentProcess(tmp / f"{name}.sock", config, tmp / f"{name}.log", nri_socket)
     agent.start()
     try:
@@ -129,8 +159,11 @@ def fake_agent(path: Path, reply: Optional[bytes]) -> Tuple[threading.Thread, Li
     def serve() -> None:
         conn, _ = srv.accept()
         data, anc, _, _ = conn.recvmsg(70000, socket.CMSG_SPACE(16))
-        fds = [int.from_bytes(p[i:i + 4], sys.byteorder) for _, _, p in anc
-               for i in range(0, len(p), 4)]
+        fds = [
+            int.from_bytes(p[i : i + 4], sys.byteorder)
+            for _, _, p in anc
+            for i in range(0, len(p), 4)
+        ]
         seen.append((data, [os.fstat(fd) for fd in fds]))
         for fd in fds:
             os.close(fd)

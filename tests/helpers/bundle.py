@@ -182,8 +182,7 @@ class LdProbe:
 def ld_probe_command(soname: str, program: str = PROBE_BINARY) -> str:
     """Shell command (for ``sh -c``) printing the loader's trace and result for ``soname``."""
     return (
-        f"LD_DEBUG=libs {LOADER} --preload {shlex.quote(soname)} "
-        f"--list {shlex.quote(program)} 2>&1"
+        f"LD_DEBUG=libs {LOADER} --preload {shlex.quote(soname)} --list {shlex.quote(program)} 2>&1"
     )
 
 
@@ -255,7 +254,14 @@ def default_spec() -> Dict[str, Any]:
                 "destination": "/dev/pts",
                 "type": "devpts",
                 "source": "devpts",
-                "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"],
+                "options": [
+                    "nosuid",
+                    "noexec",
+                    "newinstance",
+                    "ptmxmode=0666",
+                    "mode=0620",
+                    "gid=5",
+                ],
             },
             {
                 "destination": "/dev/shm",

@@ -25,16 +25,31 @@ __all__ = ["fake_runtime", "make_trampoline_world", "nvshim_cli", "run_cli"]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def nvshim_cli(*args: str, env: Optional[Dict[str, str]] = None,
-               cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+def nvshim_cli(
+    *args: str, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None
+) -> subprocess.CompletedProcess:
     """``nvshim ARGS`` from this checkout, as a user runs it."""
-    return subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-                           "from nvshim.cli.main import main; main()", str(REPO), *args],
-                          capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+            "from nvshim.cli.main import main; main()",
+            str(REPO),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=120,
+    )
 
 
-def make_trampoline_world(tmp_path: Path, record: Optional[str] = None,
-                          config_extra: str = "") -> Dict[str, Any]:
+def make_trampoline_world(
+    tmp_path: Path, record: Optional[str] = None, config_extra: str = ""
+) -> Dict[str, Any]:
     """The trampoline rendered for this interpreter, a compiled config and a recorder runtime.
 
     Keys: ``tramp`` (the script), ``config`` (``etc/config.yaml``, compiled, with
@@ -55,8 +70,13 @@ def make_trampoline_world(tmp_path: Path, record: Optional[str] = None,
     tramp = tmp_path / "nvshim-runtime"
     tramp.write_text(render(sys.executable))
     tramp.chmod(0o755)
-    return {"tramp": tramp, "config": config, "runtime": runtime, "tmp": tmp_path,
-            "env": {"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": str(config)}}
+    return {
+        "tramp": tramp,
+        "config": config,
+        "runtime": runtime,
+        "tmp": tmp_path,
+        "env": {"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": str(config)},
+    }
 
 
 def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, str, str]:

@@ -354,19 +354,25 @@ def make_env_wrapper(path: PathLike, binary: PathLike, env: Mapping[str, str]) -
     return p
 
 
-def make_failing_runtime(path: PathLike, message: str, *, rc: int = 1,
-                         to_log: bool = True, to_stderr: bool = True) -> Path:
+def make_failing_runtime(
+    path: PathLike, message: str, *, rc: int = 1, to_log: bool = True, to_stderr: bool = True
+) -> Path:
     """Write a runtime stand-in that fails every command with ``message``.
 
     With ``to_log`` it appends ``{"level":"error","msg":message,...}`` to its ``--log`` file (as
     runc does); with ``to_stderr`` it also prints the message on stderr; exits ``rc``.
     """
     msg_json = json.dumps({"level": "error", "msg": message, "time": "1970-01-01T00:00:00Z"})
-    script = ["#!/bin/sh", "log=", 'while [ $# -gt 0 ]; do',
-              '  case "$1" in --log) log="$2"; shift;; --log=*) log="${1#--log=}";; esac',
-              "  shift", "done"]
+    script = [
+        "#!/bin/sh",
+        "log=",
+        "while [ $# -gt 0 ]; do",
+        '  case "$1" in --log) log="$2"; shift;; --log=*) log="${1#--log=}";; esac',
+        "  shift",
+        "done",
+    ]
     if to_log:
-        script.append(f"[ -n \"$log\" ] && printf '%s\\n' {_shq(msg_json)} >> \"$log\"")
+        script.append(f'[ -n "$log" ] && printf \'%s\\n\' {_shq(msg_json)} >> "$log"')
     if to_stderr:
         script.append(f"printf '%s\\n' {_shq(message)} >&2")
     script.append(f"exit {rc}")

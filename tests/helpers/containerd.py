@@ -134,13 +134,18 @@ class Containerd:
             if not d.exists():
                 self._created_run_dirs.insert(0, d)
         config = self.base / "config.toml"
-        config.write_text(self.config_text or containerd_private_config(self.base)
-                          + _CONTAINERD_CRI.format(base=self.base))
+        config.write_text(
+            self.config_text
+            or containerd_private_config(self.base) + _CONTAINERD_CRI.format(base=self.base)
+        )
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 [binary, "--config", str(config)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                start_new_session=True, env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                env=env,
             )
         self.pid = self._proc.pid
 
@@ -159,7 +164,8 @@ class Containerd:
         ctr = str(self.bin_dir / "ctr") if self.bin_dir is not None else "ctr"
         return execute(
             [ctr, "--address", self.address, "--namespace", self.namespace, *args],
-            env=env, timeout=timeout,
+            env=env,
+            timeout=timeout,
         )
 
     def ctr_run(
@@ -188,8 +194,14 @@ class Containerd:
         """
         runtime = str(runc_binary) if runc_binary is not None else require_binary("runc")
         flags: List[str] = [
-            "--rm", "--rootfs", "--runc-binary", runtime,
-            "--runc-root", str(self.runc_root), "--fifo-dir", str(self.fifo_dir),
+            "--rm",
+            "--rootfs",
+            "--runc-binary",
+            runtime,
+            "--runc-root",
+            str(self.runc_root),
+            "--fifo-dir",
+            str(self.fifo_dir),
         ]
         env_items = env_dict(env) or {}
         if "PATH" not in env_items:
@@ -236,4 +248,3 @@ class Containerd:
         for d in self._created_run_dirs:
             with contextlib.suppress(OSError):
                 d.rmdir()
-

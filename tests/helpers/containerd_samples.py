@@ -46,39 +46,62 @@ version = 2
 """
 
 
-def nvidia_ctk_drop_in(toolkit: str = OPERATOR_TOOLKIT, *, set_as_default: bool = False,
-                       enable_cdi: bool = False, version: int = 2, runc: bool = False,
-                       handlers: tuple = tuple(NVIDIA_HANDLERS)) -> str:
+def nvidia_ctk_drop_in(
+    toolkit: str = OPERATOR_TOOLKIT,
+    *,
+    set_as_default: bool = False,
+    enable_cdi: bool = False,
+    version: int = 2,
+    runc: bool = False,
+    handlers: tuple = tuple(NVIDIA_HANDLERS),
+) -> str:
     """``conf.d/99-nvidia.toml`` as nvidia-ctk (and the GPU Operator's installer) writes it:
     a copy of the main file's CRI table -- DEBIAN_CONFIG's cni section, with ``runc`` also
     RUNC_CONFIG's sandbox image and runc handler -- plus NVIDIA's handlers, cloned from runc
     (SystemdCgroup kept) or from nothing."""
-    cri = 'plugins."io.containerd.grpc.v1.cri"' if version == 2 else \
-        'plugins."io.containerd.cri.v1.runtime"'
+    cri = (
+        'plugins."io.containerd.grpc.v1.cri"'
+        if version == 2
+        else 'plugins."io.containerd.cri.v1.runtime"'
+    )
     lines = [f"version = {version}", "", "[plugins]", "", f"  [{cri}]"]
     if enable_cdi:
         lines += ["    enable_cdi = true"]
     if runc:
         lines += ['    sandbox_image = "mirror.local/pause:3.6"']
     if version == 2:
-        lines += ["", f"    [{cri}.cni]", '      bin_dir = "/usr/lib/cni"',
-                  '      conf_dir = "/etc/cni/net.d"']
+        lines += [
+            "",
+            f"    [{cri}.cni]",
+            '      bin_dir = "/usr/lib/cni"',
+            '      conf_dir = "/etc/cni/net.d"',
+        ]
     lines += ["", f"    [{cri}.containerd]"]
     if set_as_default:
         lines += ['      default_runtime_name = "nvidia"']
     lines += ["", f"      [{cri}.containerd.runtimes]"]
     if runc:
-        lines += ["", f"        [{cri}.containerd.runtimes.runc]",
-                  '          runtime_type = "io.containerd.runc.v2"', "",
-                  f"          [{cri}.containerd.runtimes.runc.options]",
-                  "            SystemdCgroup = true"]
+        lines += [
+            "",
+            f"        [{cri}.containerd.runtimes.runc]",
+            '          runtime_type = "io.containerd.runc.v2"',
+            "",
+            f"          [{cri}.containerd.runtimes.runc.options]",
+            "            SystemdCgroup = true",
+        ]
     for name in handlers:
         table = f"{cri}.containerd.runtimes.{quote(name)}"
-        lines += ["", f"        [{table}]", "          privileged_without_host_devices = false",
-                  '          runtime_engine = ""', '          runtime_root = ""',
-                  '          runtime_type = "io.containerd.runc.v2"', "",
-                  f"          [{table}.options]",
-                  f'            BinaryName = "{toolkit}/{NVIDIA_HANDLERS[name]}"']
+        lines += [
+            "",
+            f"        [{table}]",
+            "          privileged_without_host_devices = false",
+            '          runtime_engine = ""',
+            '          runtime_root = ""',
+            '          runtime_type = "io.containerd.runc.v2"',
+            "",
+            f"          [{table}.options]",
+            f'            BinaryName = "{toolkit}/{NVIDIA_HANDLERS[name]}"',
+        ]
         if runc:
             lines += ["            SystemdCgroup = true"]
     return "\n".join(lines) + "\n"

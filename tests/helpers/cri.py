@@ -32,10 +32,28 @@ import grpc
 from nvshim import _protobuf as _proto
 from tests.helpers.containerd import containerd_private_config
 
-__all__ = ["CriClient", "cri_containerd_config", "import_image", "IMAGE", "CriError",
-           "ContainerSpec", "ContainerState", "CriMount", "Namespaces", "Resources",
-           "SandboxSpec", "SecurityContext", "image_archive", "CONTAINER", "NODE", "POD",
-           "CREATED", "RUNNING", "EXITED", "UNKNOWN"]
+__all__ = [
+    "CriClient",
+    "cri_containerd_config",
+    "import_image",
+    "IMAGE",
+    "CriError",
+    "ContainerSpec",
+    "ContainerState",
+    "CriMount",
+    "Namespaces",
+    "Resources",
+    "SandboxSpec",
+    "SecurityContext",
+    "image_archive",
+    "CONTAINER",
+    "NODE",
+    "POD",
+    "CREATED",
+    "RUNNING",
+    "EXITED",
+    "UNKNOWN",
+]
 
 IMAGE = "docker.io/nvshim-test/busybox:1"
 _SERVICE = "/runtime.v1.RuntimeService/"
@@ -52,17 +70,23 @@ class CriError(Exception):
         self.details = details
 
 
-def cri_containerd_config(base: Path, sandbox_image: str = IMAGE,
-                          cdi_spec_dirs: Sequence[str] = (), version: int = 2) -> str:
+def cri_containerd_config(
+    base: Path, sandbox_image: str = IMAGE, cdi_spec_dirs: Sequence[str] = (), version: int = 2
+) -> str:
     """The containerd config text with CRI set up for host-network test pods;
     ``cdi_spec_dirs``: containerd 1.7+'s own CDI injection on, reading only these dirs.
     ``version`` 3 (containerd 2) splits CRI into ``io.containerd.cri.v1.images`` (the sandbox
     image) and ``io.containerd.cri.v1.runtime`` (the rest), as containerd 2's own default does."""
-    cdi = (f"    enable_cdi = true\n    cdi_spec_dirs = {json.dumps(list(cdi_spec_dirs))}\n"
-           if cdi_spec_dirs else "")
+    cdi = (
+        f"    enable_cdi = true\n    cdi_spec_dirs = {json.dumps(list(cdi_spec_dirs))}\n"
+        if cdi_spec_dirs
+        else ""
+    )
     if version == 3:
         runtime = "io.containerd.cri.v1.runtime"
-        return containerd_private_config(base).replace("version = 2", "version = 3", 1) + f"""\
+        return (
+            containerd_private_config(base).replace("version = 2", "version = 3", 1)
+            + f"""\
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{sandbox_image}"
   [plugins."{runtime}"]
@@ -76,7 +100,10 @@ def cri_containerd_config(base: Path, sandbox_image: str = IMAGE,
       [plugins."{runtime}".containerd.runtimes.runc.options]
         Root = "{base}/runc-root"
 """
-    return containerd_private_config(base) + f"""\
+        )
+    return (
+        containerd_private_config(base)
+        + f"""\
   [plugins."io.containerd.grpc.v1.cri"]
 {cdi}    sandbox_image = "{sandbox_image}"
     restrict_oom_score_adj = true
@@ -89,6 +116,7 @@ def cri_containerd_config(base: Path, sandbox_image: str = IMAGE,
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         Root = "{base}/runc-root"
 """
+    )
 
 
 def _tar_bytes(files: Sequence[Tuple[str, bytes]]) -> bytes:
@@ -111,18 +139,25 @@ def image_archive(rootfs: Path, name: str = IMAGE, env: Sequence[str] = ()) -> b
             tar.add(str(path), arcname=str(path.relative_to(rootfs)), recursive=False)
     layer = layer_buf.getvalue()
     diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
-    config = json.dumps({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", *env],
-                   "Cmd": ["sleep", "100000"]},
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-    }).encode()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {
+                "Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", *env],
+                "Cmd": ["sleep", "100000"],
+            },
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        }
+    ).encode()
     config_name = hashlib.sha256(config).hexdigest() + ".json"
-    tag = name[len("docker.io/"):] if name.startswith("docker.io/") else name
-    manifest = json.dumps([{"Config": config_name, "RepoTags": [tag],
-                            "Layers": ["layer/layer.tar"]}]).encode()
-    return _tar_bytes([(config_name, config), ("layer/layer.tar", layer),
-                       ("manifest.json", manifest)])
+    tag = name[len("docker.io/") :] if name.startswith("docker.io/") else name
+    manifest = json.dumps(
+        [{"Config": config_name, "RepoTags": [tag], "Layers": ["layer/layer.tar"]}]
+    ).encode()
+    return _tar_bytes(
+        [(config_name, config), ("layer/layer.tar", layer), ("manifest.json", manifest)]
+    )
 
 
 def import_image(containerd: Any, rootfs: Path, work: Path) -> str:
@@ -153,33 +188,50 @@ def _first_str(fields: Mapping[int, List[_proto.Value]], number: int) -> str:
 def _map(number: int, items: Mapping[str, str]) -> bytes:
     return b"".join(
         _proto.message_field(number, _proto.string_field(1, k) + _proto.string_field(2, v))
-        for k, v in sorted(items.items()))
+        for k, v in sorted(items.items())
+    )
 
 
 def _msg(number: int, payload: bytes) -> bytes:
     return _proto.message_field(number, payload)
 
 
-def sandbox_config(name: str, namespace: str, uid: str, log_dir: str, cgroup_parent: str,
-                   annotations: Mapping[str, str]) -> bytes:
+def sandbox_config(
+    name: str,
+    namespace: str,
+    uid: str,
+    log_dir: str,
+    cgroup_parent: str,
+    annotations: Mapping[str, str],
+) -> bytes:
     """PodSandboxConfig{metadata=1, log_directory=3, annotations=7, linux=8}.
 
     No hostname: a host-network pod shares the host's UTS namespace (the kubelet sends none).
     """
-    metadata = (_proto.string_field(1, name) + _proto.string_field(2, uid)
-                + _proto.string_field(3, namespace))
+    metadata = (
+        _proto.string_field(1, name)
+        + _proto.string_field(2, uid)
+        + _proto.string_field(3, namespace)
+    )
     namespaces = _varint_field(1, _NODE)  # NamespaceOption{network = NODE}
     security = _msg(1, namespaces)  # LinuxSandboxSecurityContext{namespace_options = 1}
     linux = _proto.string_field(1, cgroup_parent) + _msg(2, security)
-    return (_msg(1, metadata) + _proto.string_field(3, log_dir)
-            + _map(7, annotations) + _msg(8, linux))
+    return (
+        _msg(1, metadata) + _proto.string_field(3, log_dir) + _map(7, annotations) + _msg(8, linux)
+    )
 
 
-def container_config(name: str, image: str, command: Sequence[str], env: Mapping[str, str],
-                     mounts: Sequence[Tuple[str, str]], log_path: str,
-                     annotations: Mapping[str, str],
-                     devices: Sequence[Tuple[str, str]] = (),
-                     cdi_devices: Sequence[str] = ()) -> bytes:
+def container_config(
+    name: str,
+    image: str,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    mounts: Sequence[Tuple[str, str]],
+    log_path: str,
+    annotations: Mapping[str, str],
+    devices: Sequence[Tuple[str, str]] = (),
+    cdi_devices: Sequence[str] = (),
+) -> bytes:
     """ContainerConfig{metadata=1, image=2, command=3, envs=6, mounts=7, devices=8,
     annotations=10, log_path=11, CDI_devices=17{name=1}} (cri-api ``api.proto``)."""
     out = _msg(1, _proto.string_field(1, name)) + _msg(2, _proto.string_field(1, image))
@@ -187,11 +239,17 @@ def container_config(name: str, image: str, command: Sequence[str], env: Mapping
     for k, v in env.items():
         out += _msg(6, _proto.string_field(1, k) + _proto.string_field(2, v))
     for host, container in mounts:  # Mount{container_path=1, host_path=2, readonly=3}
-        out += _msg(7, _proto.string_field(1, container) + _proto.string_field(2, host)
-                    + _varint_field(3, 1))
+        out += _msg(
+            7,
+            _proto.string_field(1, container) + _proto.string_field(2, host) + _varint_field(3, 1),
+        )
     for host, container in devices:  # Device{container_path=1, host_path=2, permissions=3}
-        out += _msg(8, _proto.string_field(1, container) + _proto.string_field(2, host)
-                    + _proto.string_field(3, "rwm"))
+        out += _msg(
+            8,
+            _proto.string_field(1, container)
+            + _proto.string_field(2, host)
+            + _proto.string_field(3, "rwm"),
+        )
     out += _map(10, annotations) + _proto.string_field(11, log_path)
     out += b"".join(_msg(17, _proto.string_field(1, name)) for name in cdi_devices)
     return out
@@ -222,8 +280,9 @@ class Namespaces:
     ipc: int = POD
 
     def encode(self) -> bytes:
-        return (_varint_field(1, self.network) + _varint_field(2, self.pid)
-                + _varint_field(3, self.ipc))
+        return (
+            _varint_field(1, self.network) + _varint_field(2, self.pid) + _varint_field(3, self.ipc)
+        )
 
 
 @dataclass(frozen=True)
@@ -246,15 +305,23 @@ class SandboxSpec:
         """PodSandboxConfig{metadata=1, hostname=2, log_directory=3, labels=6,
         annotations=7, linux=8{cgroup_parent=1, security_context=2{namespace_options=1,
         run_as_user=3, privileged=6}}}."""
-        metadata = (_proto.string_field(1, self.name) + _proto.string_field(2, self.uid)
-                    + _proto.string_field(3, self.namespace))
+        metadata = (
+            _proto.string_field(1, self.name)
+            + _proto.string_field(2, self.uid)
+            + _proto.string_field(3, self.namespace)
+        )
         security = _msg(1, self.namespaces.encode()) + _varint_field(6, int(self.privileged))
         if self.run_as_user is not None:
             security += _msg(3, _varint_field(1, self.run_as_user))
         linux = _proto.string_field(1, self.cgroup_parent) + _msg(2, security)
-        return (_msg(1, metadata) + _proto.string_field(2, self.hostname)
-                + _proto.string_field(3, self.log_directory) + _map(6, self.labels)
-                + _map(7, self.annotations) + _msg(8, linux))
+        return (
+            _msg(1, metadata)
+            + _proto.string_field(2, self.hostname)
+            + _proto.string_field(3, self.log_directory)
+            + _map(6, self.labels)
+            + _map(7, self.annotations)
+            + _msg(8, linux)
+        )
 
 
 @dataclass(frozen=True)
@@ -276,8 +343,9 @@ class SecurityContext:
         """{capabilities=1{add=1, drop=2}, privileged=2, namespace_options=3, run_as_user=5,
         readonly_rootfs=7, no_new_privs=11, run_as_group=12, masked_paths=13,
         readonly_paths=14}."""
-        caps = (b"".join(_proto.string_field(1, c) for c in self.add_capabilities)
-                + b"".join(_proto.string_field(2, c) for c in self.drop_capabilities))
+        caps = b"".join(_proto.string_field(1, c) for c in self.add_capabilities) + b"".join(
+            _proto.string_field(2, c) for c in self.drop_capabilities
+        )
         out = (_msg(1, caps) if caps else b"") + _varint_field(2, int(self.privileged))
         out += _msg(3, self.namespaces.encode())
         if self.run_as_user is not None:
@@ -304,9 +372,13 @@ class Resources:
 
     def encode(self) -> bytes:
         oom = self.oom_score_adj  # int64: a negative value is ten bytes of two's complement
-        return (_varint_field(1, self.cpu_period) + _varint_field(2, self.cpu_quota)
-                + _varint_field(3, self.cpu_shares) + _varint_field(4, self.memory_limit)
-                + _varint_field(5, oom if oom >= 0 else oom + (1 << 64)))
+        return (
+            _varint_field(1, self.cpu_period)
+            + _varint_field(2, self.cpu_quota)
+            + _varint_field(3, self.cpu_shares)
+            + _varint_field(4, self.memory_limit)
+            + _varint_field(5, oom if oom >= 0 else oom + (1 << 64))
+        )
 
 
 @dataclass(frozen=True)
@@ -330,16 +402,22 @@ class ContainerSpec:
         """ContainerConfig{metadata=1, image=2, command=3, args=4, working_dir=5, envs=6,
         mounts=7, labels=9, annotations=10, log_path=11, linux=15{resources=1,
         security_context=2}}."""
-        out = _msg(1, _proto.string_field(1, self.name)) + _msg(2, _proto.string_field(1, self.image))
+        out = _msg(1, _proto.string_field(1, self.name)) + _msg(
+            2, _proto.string_field(1, self.image)
+        )
         out += b"".join(_proto.string_field(3, c) for c in self.command)
         out += b"".join(_proto.string_field(4, a) for a in self.args)
         out += _proto.string_field(5, self.working_dir)
         for k, v in self.envs:
             out += _msg(6, _proto.string_field(1, k) + _proto.string_field(2, v))
         for m in self.mounts:
-            out += _msg(7, _proto.string_field(1, m.container_path)
-                        + _proto.string_field(2, m.host_path)
-                        + _varint_field(3, int(m.readonly)) + _varint_field(5, m.propagation))
+            out += _msg(
+                7,
+                _proto.string_field(1, m.container_path)
+                + _proto.string_field(2, m.host_path)
+                + _varint_field(3, int(m.readonly))
+                + _varint_field(5, m.propagation),
+            )
         out += _map(9, self.labels) + _map(10, self.annotations)
         out += _proto.string_field(11, self.log_path)
         out += _msg(15, _msg(1, self.resources.encode()) + _msg(2, self.security.encode()))
@@ -369,38 +447,64 @@ class CriClient:
         self.sandboxes: List[str] = []
 
     def call(self, method: str, request: bytes) -> bytes:
-        stub = self.channel.unary_unary(_SERVICE + method, request_serializer=lambda b: b,
-                                        response_deserializer=lambda b: b)
+        stub = self.channel.unary_unary(
+            _SERVICE + method, request_serializer=lambda b: b, response_deserializer=lambda b: b
+        )
         try:
             response: bytes = stub(request, timeout=self.timeout)
         except grpc.RpcError as exc:
             raise CriError(method, exc.code(), exc.details() or "") from None
         return response
 
-    def run_pod(self, name: str, namespace: str, uid: str, log_dir: Path, cgroup_parent: str,
-                handler: str, annotations: Optional[Mapping[str, str]] = None) -> Tuple[str, bytes]:
+    def run_pod(
+        self,
+        name: str,
+        namespace: str,
+        uid: str,
+        log_dir: Path,
+        cgroup_parent: str,
+        handler: str,
+        annotations: Optional[Mapping[str, str]] = None,
+    ) -> Tuple[str, bytes]:
         """RunPodSandbox → (sandbox id, the PodSandboxConfig sent, for CreateContainer)."""
         log_dir.mkdir(parents=True, exist_ok=True)
-        config = sandbox_config(name, namespace, uid, str(log_dir), cgroup_parent,
-                                annotations or {})
+        config = sandbox_config(
+            name, namespace, uid, str(log_dir), cgroup_parent, annotations or {}
+        )
         reply = self.call("RunPodSandbox", _msg(1, config) + _proto.string_field(2, handler))
         sandbox = _first_string(reply)
         self.sandboxes.append(sandbox)
         return sandbox, config
 
-    def create_container(self, sandbox: str, pod_config: bytes, name: str, image: str,
-                         command: Sequence[str], env: Optional[Mapping[str, str]] = None,
-                         mounts: Sequence[Tuple[str, str]] = (),
-                         annotations: Optional[Mapping[str, str]] = None,
-                         devices: Sequence[Tuple[str, str]] = (),
-                         cdi_devices: Sequence[str] = ()) -> str:
+    def create_container(
+        self,
+        sandbox: str,
+        pod_config: bytes,
+        name: str,
+        image: str,
+        command: Sequence[str],
+        env: Optional[Mapping[str, str]] = None,
+        mounts: Sequence[Tuple[str, str]] = (),
+        annotations: Optional[Mapping[str, str]] = None,
+        devices: Sequence[Tuple[str, str]] = (),
+        cdi_devices: Sequence[str] = (),
+    ) -> str:
         """CreateContainer (containerd writes the OCI spec; no runtime runs yet) → container id.
         ``devices``: (host path, container path) of device nodes containerd puts in the spec
         (``linux.devices`` and a cgroup rule), as it does for CDI devices it injects.
         ``cdi_devices``: fully qualified CDI names, as the kubelet sends a DRA claim's or a
         device plugin's (``cdi-cri``) devices; containerd 1.7 injects them itself."""
-        config = container_config(name, image, command, env or {}, mounts, f"{name}.log",
-                                  annotations or {}, devices, cdi_devices)
+        config = container_config(
+            name,
+            image,
+            command,
+            env or {},
+            mounts,
+            f"{name}.log",
+            annotations or {},
+            devices,
+            cdi_devices,
+        )
         request = _proto.string_field(1, sandbox) + _msg(2, config) + _msg(3, pod_config)
         return _first_string(self.call("CreateContainer", request))
 
@@ -431,19 +535,22 @@ class CriClient:
             value = values[-1] if values else 0
             return value - (1 << 64) if value >= 1 << 63 else value
 
-        return ContainerState(number(3), number(7), _first_str(status, 10),
-                              _first_str(status, 11))
+        return ContainerState(number(3), number(7), _first_str(status, 10), _first_str(status, 11))
 
     def stop_container(self, container: str, timeout: int) -> None:
         """StopContainer{container_id=1, timeout=2}: SIGTERM (the image's stop signal), then
         SIGKILL after ``timeout`` seconds."""
         self.call("StopContainer", _proto.string_field(1, container) + _varint_field(2, timeout))
 
-    def exec_sync(self, container: str, cmd: Sequence[str], timeout: int = 10
-                  ) -> Tuple[int, str, str]:
+    def exec_sync(
+        self, container: str, cmd: Sequence[str], timeout: int = 10
+    ) -> Tuple[int, str, str]:
         """ExecSync{container_id=1, cmd=2, timeout=3} → (exit code, stdout, stderr)."""
-        request = (_proto.string_field(1, container)
-                   + b"".join(_proto.string_field(2, c) for c in cmd) + _varint_field(3, timeout))
+        request = (
+            _proto.string_field(1, container)
+            + b"".join(_proto.string_field(2, c) for c in cmd)
+            + _varint_field(3, timeout)
+        )
         reply = _proto.by_number(self.call("ExecSync", request))
         codes = [v for v in reply.get(3, []) if isinstance(v, int)]
         out = b"".join(_all_bytes(reply, 1)).decode(errors="replace")

@@ -88,13 +88,18 @@ class DebianSuite:
                 if entry not in lines:
                     lines.append(entry)
         if not lines:
-            raise DownloadError(f"no Debian archive (…/debian) in /etc/apt to fetch "
-                                f"{self.label} from")
+            raise DownloadError(
+                f"no Debian archive (…/debian) in /etc/apt to fetch {self.label} from"
+            )
         return "".join(lines)
 
-    def root(self, name: str, packages: Sequence[str],
-             finish: Optional[Callable[[Path, Path], None]] = None,
-             cache: Optional[Path] = None) -> Path:
+    def root(
+        self,
+        name: str,
+        packages: Sequence[str],
+        finish: Optional[Callable[[Path, Path], None]] = None,
+        cache: Optional[Path] = None,
+    ) -> Path:
         """``<cache>/<name>/root``: this suite's ``packages`` unpacked there (fetched on
         first use).
 
@@ -109,8 +114,9 @@ class DebianSuite:
         try:
             (base / name).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise DownloadError(f"cannot create the {self.label} cache {base}: "
-                                f"{exc.strerror}") from exc
+            raise DownloadError(
+                f"cannot create the {self.label} cache {base}: {exc.strerror}"
+            ) from exc
         with locked(base / ".lock"):
             if root.is_dir():  # another process fetched it meanwhile
                 return root
@@ -122,12 +128,17 @@ class DebianSuite:
             staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=base / name))
             try:
                 _run(["apt-get", *options, "update"], f"apt-get update ({self.suite})")
-                _run(["apt-get", *options, "download", *packages],
-                     f"apt-get download {' '.join(packages)} ({self.suite})", cwd=staging)
+                _run(
+                    ["apt-get", *options, "download", *packages],
+                    f"apt-get download {' '.join(packages)} ({self.suite})",
+                    cwd=staging,
+                )
                 debs = sorted(staging.glob("*.deb"))
                 if len(debs) != len(packages):
-                    raise DownloadError(f"apt-get download {' '.join(packages)} ({self.suite}) "
-                                        f"gave {len(debs)} packages")
+                    raise DownloadError(
+                        f"apt-get download {' '.join(packages)} ({self.suite}) "
+                        f"gave {len(debs)} packages"
+                    )
                 tree = staging / "root"
                 for deb in debs:
                     _run(["dpkg-deb", "-x", str(deb), str(tree)], f"dpkg-deb -x {deb.name}")
@@ -145,8 +156,7 @@ class DebianSuite:
         except DownloadError as exc:
             reason = f"{what} from {self.label} unavailable: {exc}"
             if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
-                pytest.fail(f"{reason} (CI is set: a missing engine fails the run)",
-                            pytrace=False)
+                pytest.fail(f"{reason} (CI is set: a missing engine fails the run)", pytrace=False)
             pytest.skip(reason)
 
 
@@ -154,9 +164,12 @@ TRIXIE = DebianSuite("trixie", "Debian 13", "debian13", CACHE_ENV)
 SUITE = TRIXIE.suite
 
 
-def debian13_root(name: str, packages: Sequence[str],
-                  finish: Optional[Callable[[Path, Path], None]] = None,
-                  cache: Optional[Path] = None) -> Path:
+def debian13_root(
+    name: str,
+    packages: Sequence[str],
+    finish: Optional[Callable[[Path, Path], None]] = None,
+    cache: Optional[Path] = None,
+) -> Path:
     """``<cache>/<name>/root``: Debian 13's ``packages`` unpacked there
     (:meth:`DebianSuite.root`)."""
     return TRIXIE.root(name, packages, finish=finish, cache=cache)
@@ -167,9 +180,12 @@ def containerd_17_dir(cache: Optional[Path] = None) -> Path:
     return debian13_root("containerd-1.7", ["containerd"], cache=cache) / "usr" / "bin"
 
 
-def own_libc(tree: Path, root: Path,
-             binaries: Sequence[str] = ("usr/sbin/runc", "usr/bin/crun"),
-             flags: Sequence[str] = ()) -> None:
+def own_libc(
+    tree: Path,
+    root: Path,
+    binaries: Sequence[str] = ("usr/sbin/runc", "usr/bin/crun"),
+    flags: Sequence[str] = (),
+) -> None:
     """Point ``binaries``' ELF interpreter and run path at the set's own libc (the set
     carries ``libc6`` and ``patchelf``; patchelf runs through that libc's loader) with
     patchelf's extra ``flags``."""
@@ -177,8 +193,18 @@ def own_libc(tree: Path, root: Path,
     here = tree / _LIBDIR
     patchelf = [str(here / _LOADER), "--library-path", str(here), str(tree / "usr/bin/patchelf")]
     for binary in binaries:
-        _run([*patchelf, *flags, "--set-interpreter", str(libdir / _LOADER), "--set-rpath",
-              str(libdir), str(tree / binary)], f"patchelf {binary}")
+        _run(
+            [
+                *patchelf,
+                *flags,
+                "--set-interpreter",
+                str(libdir / _LOADER),
+                "--set-rpath",
+                str(libdir),
+                str(tree / binary),
+            ],
+            f"patchelf {binary}",
+        )
 
 
 def _runtimes(cache: Optional[Path]) -> Path:
@@ -213,7 +239,9 @@ def containerd_node_engines(version: str) -> Tuple[Optional[Path], str]:
     if version == "2.1":
         from tests.helpers import debiansid
 
-        return (debiansid.engine_or_skip(debiansid.containerd_2_dir, "containerd 2.1"),
-                debiansid.engine_or_skip(debiansid.runc_sid, "runc 1.3"))
+        return (
+            debiansid.engine_or_skip(debiansid.containerd_2_dir, "containerd 2.1"),
+            debiansid.engine_or_skip(debiansid.runc_sid, "runc 1.3"),
+        )
     bin_dir = engine_or_skip(containerd_17_dir, "containerd 1.7")
     return bin_dir, engine_or_skip(runc_debian13, "runc 1.1.15")

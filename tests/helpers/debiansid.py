@@ -43,22 +43,56 @@ from typing import Callable, Dict, Optional, Tuple, TypeVar
 
 from tests.helpers.debian13 import DebianSuite, own_libc
 
-__all__ = ["PODMAN_5_HOST_PATHS", "SID", "containerd_2_dir", "crun_sid", "docker_28_dirs",
-           "engine_or_skip", "podman_5", "runc_sid"]
+__all__ = [
+    "PODMAN_5_HOST_PATHS",
+    "SID",
+    "containerd_2_dir",
+    "crun_sid",
+    "docker_28_dirs",
+    "engine_or_skip",
+    "podman_5",
+    "runc_sid",
+]
 
 CACHE_ENV = "NVSHIM_TESTS_DEBIANSID_CACHE"
 """Where the sid package sets are kept (default: ~/.cache/nvshim-tests/debiansid)."""
 SID = DebianSuite("sid", "Debian unstable", "debiansid", CACHE_ENV)
 
-_RUNTIMES = ("runc", "crun", "libc6", "patchelf", "libstdc++6", "libgcc-s1",
-             "libseccomp2", "libcap2", "libjson-c5", "libblake3-0", "libsystemd0")
+_RUNTIMES = (
+    "runc",
+    "crun",
+    "libc6",
+    "patchelf",
+    "libstdc++6",
+    "libgcc-s1",
+    "libseccomp2",
+    "libcap2",
+    "libjson-c5",
+    "libblake3-0",
+    "libsystemd0",
+)
 
-_PODMAN = ("podman", "netavark", "libc6", "patchelf", "libstdc++6", "libgcc-s1", "libgpgme45",
-           "libassuan9", "libgpg-error0", "libsubid6", "libseccomp2", "libsqlite3-0")
+_PODMAN = (
+    "podman",
+    "netavark",
+    "libc6",
+    "patchelf",
+    "libstdc++6",
+    "libgcc-s1",
+    "libgpgme45",
+    "libassuan9",
+    "libgpg-error0",
+    "libsubid6",
+    "libseccomp2",
+    "libsqlite3-0",
+)
 
 PODMAN_CONF = "etc/containers/nvshim-tests.conf"
-PODMAN_5_HOST_PATHS = (Path("/run/containers/networks"), Path("/run/containers"),
-                       Path("/run/lock/netavark.lock"))
+PODMAN_5_HOST_PATHS = (
+    Path("/run/containers/networks"),
+    Path("/run/containers"),
+    Path("/run/lock/netavark.lock"),
+)
 """What rootful podman 5 creates on the host even for ``--network none`` (netavark's run dir
 is fixed for root): :class:`tests.helpers.podman.Podman`'s ``host_paths``."""
 
@@ -93,8 +127,12 @@ def docker_28_dirs(cache: Optional[Path] = None) -> Tuple[Path, ...]:
 
 
 def _podman_finish(tree: Path, root: Path) -> None:
-    own_libc(tree, root, binaries=["usr/bin/podman", "usr/lib/podman/netavark"],
-             flags=["--force-rpath", "--no-sort"])
+    own_libc(
+        tree,
+        root,
+        binaries=["usr/bin/podman", "usr/lib/podman/netavark"],
+        flags=["--force-rpath", "--no-sort"],
+    )
     conf = tree / PODMAN_CONF
     conf.parent.mkdir(parents=True, exist_ok=True)
     conf.write_text(f'[engine]\nhelper_binaries_dir = ["{root}/usr/lib/podman"]\n')
@@ -107,7 +145,8 @@ def podman_5(cache: Optional[Path] = None) -> Tuple[str, Dict[str, str]]:
     root = SID.root("podman-5", _PODMAN, cache=cache, finish=_podman_finish)
     return str(root / "usr" / "bin" / "podman"), {
         "CONTAINERS_CONF_OVERRIDE": str(root / PODMAN_CONF),
-        "PODMAN_IGNORE_CGROUPSV1_WARNING": "1"}
+        "PODMAN_IGNORE_CGROUPSV1_WARNING": "1",
+    }
 
 
 def engine_or_skip(fetch: Callable[[], T], what: str) -> T:

@@ -41,8 +41,9 @@ _T = descriptor_pb2.FieldDescriptorProto
 
 
 def _file() -> descriptor_pb2.FileDescriptorProto:
-    f = descriptor_pb2.FileDescriptorProto(name="nvshim_test_deviceplugin_v1beta1.proto",
-                                           package="v1beta1", syntax="proto3")
+    f = descriptor_pb2.FileDescriptorProto(
+        name="nvshim_test_deviceplugin_v1beta1.proto", package="v1beta1", syntax="proto3"
+    )
     opt, rep = _T.LABEL_OPTIONAL, _T.LABEL_REPEATED
     s, b, i64, m = _T.TYPE_STRING, _T.TYPE_BOOL, _T.TYPE_INT64, _T.TYPE_MESSAGE
 
@@ -55,68 +56,114 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
         nested.field.add(name="key", number=1, type=s, label=opt)
         nested.field.add(name="value", number=2, type=s, label=opt)
 
-    msg("DevicePluginOptions", ("pre_start_required", 1, b, opt, ""),
-        ("get_preferred_allocation_available", 2, b, opt, ""))
-    msg("RegisterRequest", ("version", 1, s, opt, ""), ("endpoint", 2, s, opt, ""),
+    msg(
+        "DevicePluginOptions",
+        ("pre_start_required", 1, b, opt, ""),
+        ("get_preferred_allocation_available", 2, b, opt, ""),
+    )
+    msg(
+        "RegisterRequest",
+        ("version", 1, s, opt, ""),
+        ("endpoint", 2, s, opt, ""),
         ("resource_name", 3, s, opt, ""),
-        ("options", 4, m, opt, ".v1beta1.DevicePluginOptions"))
+        ("options", 4, m, opt, ".v1beta1.DevicePluginOptions"),
+    )
     msg("Empty")
     msg("ListAndWatchResponse", ("devices", 1, m, rep, ".v1beta1.Device"))
     msg("TopologyInfo", ("nodes", 1, m, rep, ".v1beta1.NUMANode"))
     msg("NUMANode", ("ID", 1, i64, opt, ""))
-    msg("Device", ("ID", 1, s, opt, ""), ("health", 2, s, opt, ""),
-        ("topology", 3, m, opt, ".v1beta1.TopologyInfo"))
+    msg(
+        "Device",
+        ("ID", 1, s, opt, ""),
+        ("health", 2, s, opt, ""),
+        ("topology", 3, m, opt, ".v1beta1.TopologyInfo"),
+    )
     msg("PreStartContainerRequest", ("devices_ids", 1, s, rep, ""))
     msg("PreStartContainerResponse")
-    msg("PreferredAllocationRequest",
-        ("container_requests", 1, m, rep, ".v1beta1.ContainerPreferredAllocationRequest"))
-    msg("ContainerPreferredAllocationRequest", ("available_deviceIDs", 1, s, rep, ""),
-        ("must_include_deviceIDs", 2, s, rep, ""), ("allocation_size", 3, _T.TYPE_INT32,
-                                                     opt, ""))
-    msg("PreferredAllocationResponse",
-        ("container_responses", 1, m, rep, ".v1beta1.ContainerPreferredAllocationResponse"))
+    msg(
+        "PreferredAllocationRequest",
+        ("container_requests", 1, m, rep, ".v1beta1.ContainerPreferredAllocationRequest"),
+    )
+    msg(
+        "ContainerPreferredAllocationRequest",
+        ("available_deviceIDs", 1, s, rep, ""),
+        ("must_include_deviceIDs", 2, s, rep, ""),
+        ("allocation_size", 3, _T.TYPE_INT32, opt, ""),
+    )
+    msg(
+        "PreferredAllocationResponse",
+        ("container_responses", 1, m, rep, ".v1beta1.ContainerPreferredAllocationResponse"),
+    )
     msg("ContainerPreferredAllocationResponse", ("deviceIDs", 1, s, rep, ""))
-    msg("AllocateRequest",
-        ("container_requests", 1, m, rep, ".v1beta1.ContainerAllocateRequest"))
+    msg("AllocateRequest", ("container_requests", 1, m, rep, ".v1beta1.ContainerAllocateRequest"))
     msg("ContainerAllocateRequest", ("devices_ids", 1, s, rep, ""))
     msg("CDIDevice", ("name", 1, s, opt, ""))
-    msg("AllocateResponse",
-        ("container_responses", 1, m, rep, ".v1beta1.ContainerAllocateResponse"))
-    car = msg("ContainerAllocateResponse",
-              ("envs", 1, m, rep, ".v1beta1.ContainerAllocateResponse.EnvsEntry"),
-              ("mounts", 2, m, rep, ".v1beta1.Mount"),
-              ("devices", 3, m, rep, ".v1beta1.DeviceSpec"),
-              ("annotations", 4, m, rep, ".v1beta1.ContainerAllocateResponse.AnnotationsEntry"),
-              ("cdi_devices", 5, m, rep, ".v1beta1.CDIDevice"))
+    msg(
+        "AllocateResponse", ("container_responses", 1, m, rep, ".v1beta1.ContainerAllocateResponse")
+    )
+    car = msg(
+        "ContainerAllocateResponse",
+        ("envs", 1, m, rep, ".v1beta1.ContainerAllocateResponse.EnvsEntry"),
+        ("mounts", 2, m, rep, ".v1beta1.Mount"),
+        ("devices", 3, m, rep, ".v1beta1.DeviceSpec"),
+        ("annotations", 4, m, rep, ".v1beta1.ContainerAllocateResponse.AnnotationsEntry"),
+        ("cdi_devices", 5, m, rep, ".v1beta1.CDIDevice"),
+    )
     string_map(car, "EnvsEntry")
     string_map(car, "AnnotationsEntry")
-    msg("Mount", ("container_path", 1, s, opt, ""), ("host_path", 2, s, opt, ""),
-        ("read_only", 3, b, opt, ""))
-    msg("DeviceSpec", ("container_path", 1, s, opt, ""), ("host_path", 2, s, opt, ""),
-        ("permissions", 3, s, opt, ""))
+    msg(
+        "Mount",
+        ("container_path", 1, s, opt, ""),
+        ("host_path", 2, s, opt, ""),
+        ("read_only", 3, b, opt, ""),
+    )
+    msg(
+        "DeviceSpec",
+        ("container_path", 1, s, opt, ""),
+        ("host_path", 2, s, opt, ""),
+        ("permissions", 3, s, opt, ""),
+    )
     return f
 
 
 _POOL = descriptor_pool.DescriptorPool()
 _POOL.Add(_file())
-_M = {name: message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"v1beta1.{name}"))
-      for name in ("DevicePluginOptions", "RegisterRequest", "Empty", "ListAndWatchResponse",
-                   "PreStartContainerRequest", "PreStartContainerResponse",
-                   "PreferredAllocationRequest", "PreferredAllocationResponse",
-                   "AllocateRequest", "AllocateResponse")}
+_M = {
+    name: message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"v1beta1.{name}"))
+    for name in (
+        "DevicePluginOptions",
+        "RegisterRequest",
+        "Empty",
+        "ListAndWatchResponse",
+        "PreStartContainerRequest",
+        "PreStartContainerResponse",
+        "PreferredAllocationRequest",
+        "PreferredAllocationResponse",
+        "AllocateRequest",
+        "AllocateResponse",
+    )
+}
 
 
 def _unary(fn: Any, request: str) -> Any:
     return grpc.unary_unary_rpc_method_handler(
-        fn, request_deserializer=_M[request].FromString,
-        response_serializer=lambda m: m.SerializeToString())
+        fn,
+        request_deserializer=_M[request].FromString,
+        response_serializer=lambda m: m.SerializeToString(),
+    )
 
 
 class DevicePlugin:
     """``nvidia.com/gpu`` on the kubelet whose device-plugin directory is ``plugin_dir``."""
 
-    def __init__(self, plugin_dir: Path, uuids: Sequence[str], strategy: str = "envvar",
-                 replicas: int = 1, resource: str = "nvidia.com/gpu") -> None:
+    def __init__(
+        self,
+        plugin_dir: Path,
+        uuids: Sequence[str],
+        strategy: str = "envvar",
+        replicas: int = 1,
+        resource: str = "nvidia.com/gpu",
+    ) -> None:
         assert strategy in STRATEGIES, strategy
         self.plugin_dir, self.uuids, self.strategy = plugin_dir, list(uuids), strategy
         self.replicas, self.resource = replicas, resource
@@ -143,14 +190,17 @@ class DevicePlugin:
         handlers = {
             "GetDevicePluginOptions": _unary(self._options, "Empty"),
             "ListAndWatch": grpc.unary_stream_rpc_method_handler(
-                self._list_and_watch, request_deserializer=_M["Empty"].FromString,
-                response_serializer=lambda m: m.SerializeToString()),
+                self._list_and_watch,
+                request_deserializer=_M["Empty"].FromString,
+                response_serializer=lambda m: m.SerializeToString(),
+            ),
             "GetPreferredAllocation": _unary(self._preferred, "PreferredAllocationRequest"),
             "Allocate": _unary(self._allocate, "AllocateRequest"),
             "PreStartContainer": _unary(self._prestart, "PreStartContainerRequest"),
         }
         self._server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("v1beta1.DevicePlugin", handlers),))
+            (grpc.method_handlers_generic_handler("v1beta1.DevicePlugin", handlers),)
+        )
         if self._server.add_insecure_port(f"unix://{socket}") == 0:
             raise AssertionError(f"cannot listen on unix://{socket}")
         self._server.start()
@@ -166,16 +216,21 @@ class DevicePlugin:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                with grpc.insecure_channel(
-                        f"unix://{self.plugin_dir / 'kubelet.sock'}") as channel:
+                with grpc.insecure_channel(f"unix://{self.plugin_dir / 'kubelet.sock'}") as channel:
                     call = channel.unary_unary(
                         "/v1beta1.Registration/Register",
                         request_serializer=lambda m: m.SerializeToString(),
-                        response_deserializer=_M["Empty"].FromString)
-                    call(_M["RegisterRequest"](version="v1beta1", endpoint=self.endpoint,
-                                               resource_name=self.resource,
-                                               options=_M["DevicePluginOptions"]()),
-                         timeout=10)
+                        response_deserializer=_M["Empty"].FromString,
+                    )
+                    call(
+                        _M["RegisterRequest"](
+                            version="v1beta1",
+                            endpoint=self.endpoint,
+                            resource_name=self.resource,
+                            options=_M["DevicePluginOptions"](),
+                        ),
+                        timeout=10,
+                    )
                 return
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
@@ -212,8 +267,9 @@ class DevicePlugin:
         return _M["DevicePluginOptions"]()
 
     def _list_and_watch(self, request: Any, context: Any) -> Any:
-        yield _M["ListAndWatchResponse"](devices=[{"ID": d, "health": "Healthy"}
-                                                  for d in self.device_ids])
+        yield _M["ListAndWatchResponse"](
+            devices=[{"ID": d, "health": "Healthy"} for d in self.device_ids]
+        )
         while not self._stop.wait(1.0) and context.is_active():
             pass
 
@@ -236,8 +292,16 @@ class DevicePlugin:
         if self.strategy == "envvar":
             return {"envs": {"NVIDIA_VISIBLE_DEVICES": ",".join(uuids)}}
         if self.strategy == "volume-mounts":
-            return {"mounts": [{"container_path": f"{DEVICE_LIST_DIR}/{u}",
-                                "host_path": "/dev/null", "read_only": True} for u in uuids]}
+            return {
+                "mounts": [
+                    {
+                        "container_path": f"{DEVICE_LIST_DIR}/{u}",
+                        "host_path": "/dev/null",
+                        "read_only": True,
+                    }
+                    for u in uuids
+                ]
+            }
         names = ",".join(f"nvidia.com/gpu={u}" for u in uuids)
         if self.strategy == "cdi-annotations":
             with self._lock:
@@ -247,29 +311,39 @@ class DevicePlugin:
         return {"cdi_devices": [{"name": f"nvidia.com/gpu={u}"} for u in uuids]}
 
 
-def ask_plugin(socket: Path, allocate: Sequence[str] = (),
-               timeout: float = 30) -> Tuple[List[Tuple[str, str]], Dict[str, Any]]:
+def ask_plugin(
+    socket: Path, allocate: Sequence[str] = (), timeout: float = 30
+) -> Tuple[List[Tuple[str, str]], Dict[str, Any]]:
     """What a device plugin serving on ``socket`` says, asked as the kubelet asks it: the
     first ListAndWatch answer as (device id, health) pairs, and (when ``allocate`` names
     device ids) the Allocate answer for one container holding them (envs, mounts,
     annotations, CDI device names)."""
     with grpc.insecure_channel(f"unix://{socket}") as channel:
-        watch = channel.unary_stream("/v1beta1.DevicePlugin/ListAndWatch",
-                                     request_serializer=lambda m: m.SerializeToString(),
-                                     response_deserializer=_M["ListAndWatchResponse"].FromString)
+        watch = channel.unary_stream(
+            "/v1beta1.DevicePlugin/ListAndWatch",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=_M["ListAndWatchResponse"].FromString,
+        )
         stream = watch(_M["Empty"](), timeout=timeout)
         first = next(iter(stream))
         devices = [(d.ID, d.health) for d in first.devices]
         stream.cancel()
         answer: Dict[str, Any] = {}
         if allocate:
-            call = channel.unary_unary("/v1beta1.DevicePlugin/Allocate",
-                                       request_serializer=lambda m: m.SerializeToString(),
-                                       response_deserializer=_M["AllocateResponse"].FromString)
-            reply = call(_M["AllocateRequest"](container_requests=[{"devices_ids": list(allocate)}]),
-                         timeout=timeout)
+            call = channel.unary_unary(
+                "/v1beta1.DevicePlugin/Allocate",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=_M["AllocateResponse"].FromString,
+            )
+            reply = call(
+                _M["AllocateRequest"](container_requests=[{"devices_ids": list(allocate)}]),
+                timeout=timeout,
+            )
             (c,) = reply.container_responses
-            answer = {"envs": dict(c.envs), "annotations": dict(c.annotations),
-                      "mounts": [(m.container_path, m.host_path) for m in c.mounts],
-                      "cdi_devices": [d.name for d in c.cdi_devices]}
+            answer = {
+                "envs": dict(c.envs),
+                "annotations": dict(c.annotations),
+                "mounts": [(m.container_path, m.host_path) for m in c.mounts],
+                "cdi_devices": [d.name for d in c.cdi_devices],
+            }
     return devices, answer

@@ -55,14 +55,20 @@ class Dockerd:
     ``bin_dirs``: the directories of another dockerd, docker client and containerd (Debian
     unstable's: :func:`tests.helpers.debiansid.docker_28_dirs`), first on dockerd's PATH."""
 
-    def __init__(self, config_file: Path, base: Path,
-                 env: Optional[Mapping[str, str]] = None,
-                 bin_dirs: Sequence[Path] = ()) -> None:
+    def __init__(
+        self,
+        config_file: Path,
+        base: Path,
+        env: Optional[Mapping[str, str]] = None,
+        bin_dirs: Sequence[Path] = (),
+    ) -> None:
         self.env = dict(os.environ if env is None else env)
         if bin_dirs:  # another dockerd, docker and the containerd it starts: first on PATH
             self.env["PATH"] = os.pathsep.join([*map(str, bin_dirs), self.env.get("PATH", "")])
-            found = {name: shutil.which(name, path=os.pathsep.join(map(str, bin_dirs)))
-                     for name in ("dockerd", "docker", "containerd")}
+            found = {
+                name: shutil.which(name, path=os.pathsep.join(map(str, bin_dirs)))
+                for name in ("dockerd", "docker", "containerd")
+            }
             missing = [name for name, path in found.items() if path is None]
             if missing:
                 raise AssertionError(f"{', '.join(missing)} not in {list(map(str, bin_dirs))}")
@@ -96,13 +102,22 @@ class Dockerd:
     def argv(self) -> List[str]:
         return [
             self.binary,
-            "--config-file", str(self.config_file),
-            "--data-root", str(self.base / "data"),
-            "--exec-root", str(self.base / "exec"),
-            "--pidfile", str(self.pidfile),
-            "-H", f"unix://{self.socket}",
-            "--iptables=false", "--ip-forward=false", "--ip-masq=false", "--bridge=none",
-            "--cgroup-parent", self.cgroup_parent,
+            "--config-file",
+            str(self.config_file),
+            "--data-root",
+            str(self.base / "data"),
+            "--exec-root",
+            str(self.base / "exec"),
+            "--pidfile",
+            str(self.pidfile),
+            "-H",
+            f"unix://{self.socket}",
+            "--iptables=false",
+            "--ip-forward=false",
+            "--ip-masq=false",
+            "--bridge=none",
+            "--cgroup-parent",
+            self.cgroup_parent,
         ]
 
     def start(self, timeout: float = 60) -> None:
@@ -120,9 +135,11 @@ class Dockerd:
         script = " && ".join(binds) + ' && exec "$@"'
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                [unshare, "-m", "--propagation", "private", "sh", "-c", script, "sh",
-                 *self.argv()],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env,
+                [unshare, "-m", "--propagation", "private", "sh", "-c", script, "sh", *self.argv()],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=self.env,
                 start_new_session=True,
             )
 
@@ -138,10 +155,17 @@ class Dockerd:
 
     def docker(self, *args: str, timeout: float = 120, stdin: Optional[str] = None) -> RunResult:
         """``docker -H unix://<socket> *args``."""
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.base),
-               "DOCKER_CONFIG": str(self.base / "client")}
-        return execute([self.client, "-H", f"unix://{self.socket}", *args], env=env,
-                        timeout=timeout, stdin=stdin)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.base),
+            "DOCKER_CONFIG": str(self.base / "client"),
+        }
+        return execute(
+            [self.client, "-H", f"unix://{self.socket}", *args],
+            env=env,
+            timeout=timeout,
+            stdin=stdin,
+        )
 
     def reload(self, expect_default: str, timeout: float = 30) -> None:
         """SIGHUP: dockerd re-reads ``runtimes`` and ``default-runtime`` from its config file."""
@@ -166,8 +190,15 @@ class Dockerd:
         self.docker("import", *changes, str(tar_path), tag).check()
         tar_path.unlink()
 
-    def run(self, image: str, args: Sequence[str], *, runtime: Optional[str] = None,
-            env: Mapping[str, str] = {}, timeout: float = 120) -> RunResult:  # noqa: B006
+    def run(
+        self,
+        image: str,
+        args: Sequence[str],
+        *,
+        runtime: Optional[str] = None,
+        env: Mapping[str, str] = {},
+        timeout: float = 120,
+    ) -> RunResult:  # noqa: B006
         """``docker run --rm --network none [--runtime R] [-e K=V] image args``."""
         flags = ["run", "--rm", "--network", "none"]
         if runtime is not None:

@@ -20,14 +20,17 @@ __all__ = ["as_driver_host"]
 def as_driver_host(argv: Sequence[str], sim_root: Optional[str] = None) -> List[str]:
     """``argv`` wrapped to run as on a host with the driver loaded (see the module doc)."""
     outside = os.readlink("/proc/self/ns/mnt")
-    lines = [f'[ "$(readlink /proc/self/ns/mnt)" != "{outside}" ] || '
-             '{ echo "not in a private mount namespace: nothing mounted" >&2; exit 99; }',
-             "mount -t tmpfs -o size=64k,mode=0555 nvshim-driver /proc/driver",
-             "mkdir /proc/driver/nvidia"]
+    lines = [
+        f'[ "$(readlink /proc/self/ns/mnt)" != "{outside}" ] || '
+        '{ echo "not in a private mount namespace: nothing mounted" >&2; exit 99; }',
+        "mount -t tmpfs -o size=64k,mode=0555 nvshim-driver /proc/driver",
+        "mkdir /proc/driver/nvidia",
+    ]
     if sim_root is not None:
         minors = os.path.join(sim_root, "proc/driver/nvidia-caps/mig-minors")
-        lines += ["mkdir /proc/driver/nvidia-caps",
-                  f"cp {shlex.quote(minors)} /proc/driver/nvidia-caps/"]
+        lines += [
+            "mkdir /proc/driver/nvidia-caps",
+            f"cp {shlex.quote(minors)} /proc/driver/nvidia-caps/",
+        ]
     lines.append('exec "$@"')
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c", "\n".join(lines), "sh",
-            *argv]
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", "\n".join(lines), "sh", *argv]

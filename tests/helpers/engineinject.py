@@ -39,8 +39,14 @@ def nvidia_style_hooks(cdi_spec: Mapping[str, Any], binary: str) -> Dict[str, An
         for folder in folders:
             ldcache += ["--folder", folder]
         for args in (symlinks, ldcache):
-            hooks.append({"hookName": "createContainer", "path": binary, "args": args,
-                          "env": ["NVIDIA_CTK_DEBUG=false"]})
+            hooks.append(
+                {
+                    "hookName": "createContainer",
+                    "path": binary,
+                    "args": args,
+                    "env": ["NVIDIA_CTK_DEBUG=false"],
+                }
+            )
     edits["hooks"] = hooks
     return out
 
@@ -54,8 +60,9 @@ def _set_env(env: List[str], entry: str) -> None:
     env.append(entry)
 
 
-def inject_like_engine(spec: Mapping[str, Any], cdi_spec: Mapping[str, Any],
-                       names: Sequence[str], void: bool = True) -> Dict[str, Any]:
+def inject_like_engine(
+    spec: Mapping[str, Any], cdi_spec: Mapping[str, Any], names: Sequence[str], void: bool = True
+) -> Dict[str, Any]:
     """``spec`` with the CDI devices ``names`` (unqualified, of ``cdi_spec``) injected as
     containerd 1.7's CRI plugin does; ``void=False`` leaves out the spec's
     ``NVIDIA_VISIBLE_DEVICES=void`` env line (other vendors' and hand-written specs)."""
@@ -76,13 +83,24 @@ def inject_like_engine(spec: Mapping[str, Any], cdi_spec: Mapping[str, Any],
                 _set_env(env, entry)
         for node in edits.get("deviceNodes") or []:
             devices[:] = [d for d in devices if d["path"] != node["path"]]
-            dev = {"path": node["path"], "type": node["type"], "major": node["major"],
-                   "minor": node["minor"]}
+            dev = {
+                "path": node["path"],
+                "type": node["type"],
+                "major": node["major"],
+                "minor": node["minor"],
+            }
             if "fileMode" in node:
                 dev["fileMode"] = node["fileMode"]
             devices.append(dev)
-            rules.append({"allow": True, "type": node["type"], "major": node["major"],
-                          "minor": node["minor"], "access": node.get("permissions") or "rwm"})
+            rules.append(
+                {
+                    "allow": True,
+                    "type": node["type"],
+                    "major": node["major"],
+                    "minor": node["minor"],
+                    "access": node.get("permissions") or "rwm",
+                }
+            )
         for m in edits.get("mounts") or []:
             mounts[:] = [x for x in mounts if x["destination"] != m["containerPath"]]
             mount = {"destination": m["containerPath"], "source": m["hostPath"]}

@@ -31,8 +31,9 @@ GO_MODULES = Path(__file__).resolve().parents[1] / "go"
 
 def go_binary() -> str:
     """``go`` on PATH, else the toolchain's usual place; the test is skipped without one."""
-    found = shutil.which("go") or ("/usr/local/go/bin/go"
-                                   if os.access("/usr/local/go/bin/go", os.X_OK) else None)
+    found = shutil.which("go") or (
+        "/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None
+    )
     if found is None:
         import pytest
 
@@ -45,10 +46,15 @@ def _key(name: str, go: str) -> str:
     digest = hashlib.sha256()
     for path in sorted((GO_MODULES / name).rglob("*")):
         if path.is_file():
-            digest.update(str(path.relative_to(GO_MODULES / name)).encode() + b"\0"
-                          + path.read_bytes() + b"\0")
-    version = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True,
-                             timeout=60, check=False).stdout.strip()
+            digest.update(
+                str(path.relative_to(GO_MODULES / name)).encode()
+                + b"\0"
+                + path.read_bytes()
+                + b"\0"
+            )
+    version = subprocess.run(
+        [go, "env", "GOVERSION"], capture_output=True, text=True, timeout=60, check=False
+    ).stdout.strip()
     digest.update(version.encode())
     return digest.hexdigest()[:16]
 
@@ -65,16 +71,29 @@ def go_programs(name: str, timeout: float = 1800) -> Path:
             return out
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir()
-        env = dict(os.environ, OUT=str(out), GOFLAGS="-mod=readonly", GOTOOLCHAIN="local",
-                   PATH=f"{os.path.dirname(go)}:{os.environ.get('PATH', '')}")
+        env = dict(
+            os.environ,
+            OUT=str(out),
+            GOFLAGS="-mod=readonly",
+            GOTOOLCHAIN="local",
+            PATH=f"{os.path.dirname(go)}:{os.environ.get('PATH', '')}",
+        )
         started = time.monotonic()
-        res = subprocess.run(["bash", str(GO_MODULES / name / "build.sh")],
-                             cwd=GO_MODULES / name, capture_output=True, text=True,
-                             timeout=timeout, env=env, check=False)
+        res = subprocess.run(
+            ["bash", str(GO_MODULES / name / "build.sh")],
+            cwd=GO_MODULES / name,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            check=False,
+        )
         if res.returncode != 0:
             shutil.rmtree(out, ignore_errors=True)
-            raise AssertionError(f"tests/go/{name} does not build (go build failed):\n"
-                                 f"{(res.stdout + res.stderr)[-4000:]}")
+            raise AssertionError(
+                f"tests/go/{name} does not build (go build failed):\n"
+                f"{(res.stdout + res.stderr)[-4000:]}"
+            )
         (out / ".built").write_text(f"{time.monotonic() - started:.0f} s\n")
     return out
 

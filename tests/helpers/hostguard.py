@@ -23,19 +23,35 @@ import fnmatch
 import os
 from typing import Iterable, List, Set
 
-__all__ = ["FLAT", "RECURSIVE", "STATE", "guard_message", "new_files", "nvidia_looking",
-           "snapshot"]
+__all__ = ["FLAT", "RECURSIVE", "STATE", "guard_message", "new_files", "nvidia_looking", "snapshot"]
 
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 #: Folders whose own entries are listed (not their subfolders): big, driver files at the top.
 #: ``dev``: the real driver's libraries and nvidia-smi, run as root on the host, make
 #: ``/dev/nvidiactl``, ``/dev/nvidia0`` … when missing (a probe run outside a container).
-FLAT = ("usr/bin", "usr/sbin", LIBDIR, f"{LIBDIR}/vdpau", f"{LIBDIR}/gbm", "etc/alternatives",
-        "dev")
+FLAT = (
+    "usr/bin",
+    "usr/sbin",
+    LIBDIR,
+    f"{LIBDIR}/vdpau",
+    f"{LIBDIR}/gbm",
+    "etc/alternatives",
+    "dev",
+)
 #: Folders walked to the bottom: small, driver files in subfolders (``icd.d/``, ``<version>/``).
-RECURSIVE = (f"{LIBDIR}/nvidia", "usr/lib/firmware/nvidia", "lib/firmware/nvidia",
-             "usr/lib/xorg/modules", "usr/share/glvnd", "usr/share/vulkan", "usr/share/egl",
-             "usr/share/nvidia", "etc/OpenCL", "etc/vulkan", "etc/glvnd")
+RECURSIVE = (
+    f"{LIBDIR}/nvidia",
+    "usr/lib/firmware/nvidia",
+    "lib/firmware/nvidia",
+    "usr/lib/xorg/modules",
+    "usr/share/glvnd",
+    "usr/share/vulkan",
+    "usr/share/egl",
+    "usr/share/nvidia",
+    "etc/OpenCL",
+    "etc/vulkan",
+    "etc/glvnd",
+)
 #: Folders whose every entry (any name, files and folders) counts, new or rewritten: the
 #: state of podman/skopeo run as root, which the tests keep in private roots.
 STATE = ("var/lib/containers", "var/lib/containers/cache")
@@ -106,7 +122,9 @@ def new_files(before: Set[str], after: Set[str]) -> List[str]:
 def guard_message(new: List[str], shown: int = 5) -> str:
     """The line that fails the run, naming up to ``shown`` of the ``new`` paths."""
     more = f" and {len(new) - shown} more" if len(new) > shown else ""
-    return (f"FAILED: the tests left {len(new)} file(s) on the host (NVIDIA-looking ones in "
-            "its driver folders: a mount target or in-root write that missed a container "
-            "rootfs?; or podman/skopeo state under /var/lib/containers: a run without a "
-            f"private image cache?): {', '.join(new[:shown])}{more}")
+    return (
+        f"FAILED: the tests left {len(new)} file(s) on the host (NVIDIA-looking ones in "
+        "its driver folders: a mount target or in-root write that missed a container "
+        "rootfs?; or podman/skopeo state under /var/lib/containers: a run without a "
+        f"private image cache?): {', '.join(new[:shown])}{more}"
+    )

@@ -59,13 +59,21 @@ BASE_NAME = "localhost/nvshim-test/debian:12-minbase"
 
 REPO = Path(__file__).resolve().parents[2]
 CONTEXT_INPUTS: Sequence[str] = (
-    ".containerignore", "deploy", "install.sh", "pyproject.toml", "README.md", "nvshim",
+    ".containerignore",
+    "deploy",
+    "install.sh",
+    "pyproject.toml",
+    "README.md",
+    "nvshim",
     "config",
 )
 """What of the repository the build context carries (see .containerignore); hashed."""
 
 _MMDEBSTRAP = (
-    "mmdebstrap", "--variant=minbase", "--mode=root", "--format=tar",
+    "mmdebstrap",
+    "--variant=minbase",
+    "--mode=root",
+    "--format=tar",
     # what debian:12-slim leaves out (its /etc/dpkg/dpkg.cfg.d/docker)
     "--dpkgopt=path-exclude=/usr/share/doc/*",
     "--dpkgopt=path-include=/usr/share/doc/*/copyright",
@@ -112,17 +120,29 @@ def _locked(cache: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _run(step: str, argv: Sequence[str], timeout: float, log: Path,
-         cwd: Optional[Path] = None, stdout: Optional[Path] = None) -> None:
+def _run(
+    step: str,
+    argv: Sequence[str],
+    timeout: float,
+    log: Path,
+    cwd: Optional[Path] = None,
+    stdout: Optional[Path] = None,
+) -> None:
     """``argv``, its output appended to ``log`` (``stdout``: its standard output to that file
     instead, as a shell's ``> FILE`` or the README's pipe gives it)."""
     with open(log, "ab") as out, open(stdout or os.devnull, "wb") as to:
         out.write(f"\n$ {' '.join(argv)}{f' > {stdout}' if stdout else ''}\n".encode())
         out.flush()
         try:
-            rc = subprocess.run(list(argv), stdin=subprocess.DEVNULL,
-                                stdout=to if stdout else out, stderr=out,
-                                timeout=timeout, cwd=cwd, check=False).returncode
+            rc = subprocess.run(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=to if stdout else out,
+                stderr=out,
+                timeout=timeout,
+                cwd=cwd,
+                check=False,
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = -1
     if rc != 0:
@@ -163,8 +183,9 @@ def base_image_archive(mirror: str = "http://deb.debian.org/debian") -> BuildRes
             os.replace(tmp, dest)
         finally:
             tmp.unlink(missing_ok=True)
-        return BuildResult(dest, BASE_NAME, cached=False,
-                           seconds={"mmdebstrap": time.monotonic() - started})
+        return BuildResult(
+            dest, BASE_NAME, cached=False, seconds={"mmdebstrap": time.monotonic() - started}
+        )
 
 
 class _Podman:
@@ -179,14 +200,29 @@ class _Podman:
         from tests.helpers.podman import private_image_cache  # /var/lib/containers/cache
 
         return private_image_cache(
-            ["podman", "--root", str(self.base / "root"), "--runroot", str(self.runroot),
-             "--tmpdir", str(self.base / "tmp"), "--cgroup-manager", "cgroupfs",
-             "--events-backend", "file", "--storage-driver", "overlay", *args],
-            self.base / "var-lib")
+            [
+                "podman",
+                "--root",
+                str(self.base / "root"),
+                "--runroot",
+                str(self.runroot),
+                "--tmpdir",
+                str(self.base / "tmp"),
+                "--cgroup-manager",
+                "cgroupfs",
+                "--events-backend",
+                "file",
+                "--storage-driver",
+                "overlay",
+                *args,
+            ],
+            self.base / "var-lib",
+        )
 
     def close(self) -> None:
-        subprocess.run(self.argv("system", "reset", "--force"), capture_output=True,
-                       timeout=300, check=False)
+        subprocess.run(
+            self.argv("system", "reset", "--force"), capture_output=True, timeout=300, check=False
+        )
         for d in (self.base, self.runroot):
             with contextlib.suppress(OSError):
                 subprocess.run(["umount", "-R", "-l", str(d)], capture_output=True, check=False)
@@ -202,8 +238,13 @@ def _pip_setting(name: str) -> str:
     env = os.environ.get("PIP_" + name.upper().replace("-", "_"))
     if env:
         return env
-    res = subprocess.run([sys.executable, "-m", "pip", "config", "get", f"global.{name}"],
-                         capture_output=True, text=True, timeout=60, check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "get", f"global.{name}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     return res.stdout.strip() if res.returncode == 0 else ""
 
 
@@ -258,8 +299,13 @@ def installer_image_archive(name: str, repo: Path = REPO) -> BuildResult:
             started = time.monotonic()
             mark = log.stat().st_size if log.exists() else 0
             # as the README says; the private storage is what podman.argv adds
-            _run("podman build", podman.argv(*build_argv(name, BASE_NAME, _pip_build_args())[1:]),
-                 1800, log, cwd=repo)
+            _run(
+                "podman build",
+                podman.argv(*build_argv(name, BASE_NAME, _pip_build_args())[1:]),
+                1800,
+                log,
+                cwd=repo,
+            )
             seconds["build"] = time.monotonic() - started
             _no_build_arg_warnings(log, mark)
             started = time.monotonic()

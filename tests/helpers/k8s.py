@@ -39,9 +39,14 @@ from tests.helpers.common import remove_cgroup_tree, unique_id, wait_until
 __all__ = ["Cluster", "free_port", "KERNEL_TUNABLES"]
 
 #: What the kubelet sets when they differ (``protectKernelDefaults: false``); put back at stop.
-KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic",
-                   "kernel/panic_on_oops", "kernel/keys/root_maxkeys",
-                   "kernel/keys/root_maxbytes")
+KERNEL_TUNABLES = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
 
 NODE = "nvshim-node"
 
@@ -53,8 +58,9 @@ def free_port() -> int:
 
 
 def _openssl(*args: str, cwd: Path) -> None:
-    res = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True,
-                         timeout=60, check=False)
+    res = subprocess.run(
+        ["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
+    )
     assert res.returncode == 0, f"openssl {' '.join(args)}: {res.stderr}"
 
 
@@ -67,8 +73,15 @@ class Cluster:
     containerd's config (its handlers), from :func:`tests.helpers.cri.cri_containerd_config`.
     """
 
-    def __init__(self, base: Path, k8s: Path, etcd: Path, containerd: Path,
-                 containerd_config: str, own_node: bool = False) -> None:
+    def __init__(
+        self,
+        base: Path,
+        k8s: Path,
+        etcd: Path,
+        containerd: Path,
+        containerd_config: str,
+        own_node: bool = False,
+    ) -> None:
         self.base, self.k8s, self.etcd_dir, self.containerd_dir = base, k8s, etcd, containerd
         self.containerd_config = containerd_config
         self.own_node = own_node
@@ -123,10 +136,23 @@ class Cluster:
 
     def stop(self) -> None:
         if "node" in self.procs and self.procs["node"].poll() is None:
-            subprocess.run([str(self.k8s / "kubectl"), "--kubeconfig", str(self.admin),
-                            "delete", "pods", "--all", "--all-namespaces", "--wait=true",
-                            "--timeout=60s", "--grace-period=1"],
-                           capture_output=True, timeout=90, check=False)
+            subprocess.run(
+                [
+                    str(self.k8s / "kubectl"),
+                    "--kubeconfig",
+                    str(self.admin),
+                    "delete",
+                    "pods",
+                    "--all",
+                    "--all-namespaces",
+                    "--wait=true",
+                    "--timeout=60s",
+                    "--grace-period=1",
+                ],
+                capture_output=True,
+                timeout=90,
+                check=False,
+            )
         for name in ("node", "scheduler", "controller-manager", "apiserver", "etcd"):
             proc = self.procs.pop(name, None)
             if proc is None or proc.poll() is not None:
@@ -141,8 +167,10 @@ class Cluster:
                 proc.wait(timeout=30)
         self._kill_leftovers()
         remove_cgroup_tree(self.cgroup_root)
-        for made, path in (("made-run-containerd", "/run/containerd"),
-                           ("made-run-nvshim", "/run/nvshim")):
+        for made, path in (
+            ("made-run-containerd", "/run/containerd"),
+            ("made-run-nvshim", "/run/nvshim"),
+        ):
             if (self.base / made).exists():
                 with _suppress():
                     os.rmdir(path)
@@ -172,16 +200,26 @@ class Cluster:
                 os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while pids and time.monotonic() < deadline:
-            pids = {p for p in pids if Path(f"/proc/{p}").exists()
-                    and "State:\tZ" not in _read(Path(f"/proc/{p}/status"))}
+            pids = {
+                p
+                for p in pids
+                if Path(f"/proc/{p}").exists()
+                and "State:\tZ" not in _read(Path(f"/proc/{p}/status"))
+            }
             time.sleep(0.1)
 
-    def _spawn(self, name: str, argv: Sequence[str], env: Optional[Dict[str, str]] = None
-               ) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, argv: Sequence[str], env: Optional[Dict[str, str]] = None
+    ) -> subprocess.Popen[bytes]:
         with open(self.base / "logs" / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    env=env)
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+            )
         self.procs[name] = proc
         return proc
 
@@ -199,28 +237,73 @@ class Cluster:
 
     def _certs(self) -> None:
         pki = self.base / "pki"
-        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
-                 "-out", "ca.crt", "-days", "2", "-subj", "/CN=nvshim-test-ca", cwd=pki)
+        _openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=nvshim-test-ca",
+            cwd=pki,
+        )
         (pki / "san.cnf").write_text(
             "[req]\ndistinguished_name=dn\n[dn]\n[ext]\nsubjectAltName=IP:127.0.0.1,"
             "IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc\n"
-            "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key",
-                 "-out", "apiserver.csr", "-subj", "/CN=kube-apiserver", cwd=pki)
-        _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-out", "apiserver.crt", "-days", "2", "-extfile",
-                 "san.cnf", "-extensions", "ext", cwd=pki)
+            "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
+        )
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "apiserver.key",
+            "-out",
+            "apiserver.csr",
+            "-subj",
+            "/CN=kube-apiserver",
+            cwd=pki,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            "apiserver.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "apiserver.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "san.cnf",
+            "-extensions",
+            "ext",
+            cwd=pki,
+        )
         _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
         _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
         self.ports["apiserver"] = free_port()
-        users = {"admin": ("admin", "system:masters"),
-                 "controller-manager": ("system:kube-controller-manager", ""),
-                 "scheduler": ("system:kube-scheduler", ""),
-                 "kubelet": (f"system:node:{NODE}", "system:nodes")}
+        users = {
+            "admin": ("admin", "system:masters"),
+            "controller-manager": ("system:kube-controller-manager", ""),
+            "scheduler": ("system:kube-scheduler", ""),
+            "kubelet": (f"system:node:{NODE}", "system:nodes"),
+        }
         lines = []
         for i, (name, (user, group)) in enumerate(users.items()):
             token = os.urandom(16).hex()
-            lines.append(f'{token},{user},uid-{i}' + (f',"{group}"' if group else ""))
+            lines.append(f"{token},{user},uid-{i}" + (f',"{group}"' if group else ""))
             self._kubeconfig(pki / f"{name}.kubeconfig", token)
         (pki / "tokens.csv").write_text("\n".join(lines) + "\n")
         for path in pki.iterdir():
@@ -228,10 +311,18 @@ class Cluster:
 
     def _kubeconfig(self, path: Path, token: str) -> None:
         doc = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "test",
-            "clusters": [{"name": "test", "cluster": {
-                "server": f"https://127.0.0.1:{self.ports['apiserver']}",
-                "certificate-authority": str(self.base / "pki" / "ca.crt")}}],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "test",
+            "clusters": [
+                {
+                    "name": "test",
+                    "cluster": {
+                        "server": f"https://127.0.0.1:{self.ports['apiserver']}",
+                        "certificate-authority": str(self.base / "pki" / "ca.crt"),
+                    },
+                }
+            ],
             "users": [{"name": "test", "user": {"token": token}}],
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
         }
@@ -242,35 +333,74 @@ class Cluster:
     def _etcd(self) -> None:
         client, peer = free_port(), free_port()
         self.ports["etcd"] = client
-        self._spawn("etcd", [
-            str(self.etcd_dir / "etcd"), "--name", "default",
-            "--data-dir", str(self.base / "etcd" / "data"),
-            "--listen-client-urls", f"http://127.0.0.1:{client}",
-            "--advertise-client-urls", f"http://127.0.0.1:{client}",
-            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-cluster", f"default=http://127.0.0.1:{peer}",
-            "--listen-metrics-urls", "", "--log-level", "warn"])
+        self._spawn(
+            "etcd",
+            [
+                str(self.etcd_dir / "etcd"),
+                "--name",
+                "default",
+                "--data-dir",
+                str(self.base / "etcd" / "data"),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{client}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{client}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-cluster",
+                f"default=http://127.0.0.1:{peer}",
+                "--listen-metrics-urls",
+                "",
+                "--log-level",
+                "warn",
+            ],
+        )
 
     def _apiserver(self) -> None:
         pki = self.base / "pki"
-        self._spawn("apiserver", [
-            str(self.k8s / "kube-apiserver"),
-            "--etcd-servers", f"http://127.0.0.1:{self.ports['etcd']}",
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
-            "--secure-port", str(self.ports["apiserver"]),
-            "--tls-cert-file", str(pki / "apiserver.crt"),
-            "--tls-private-key-file", str(pki / "apiserver.key"),
-            "--client-ca-file", str(pki / "ca.crt"),
-            "--token-auth-file", str(pki / "tokens.csv"),
-            "--authorization-mode", "Node,RBAC",
-            "--service-cluster-ip-range", "10.96.0.0/24",
-            "--service-account-issuer", "https://kubernetes.default.svc",
-            "--service-account-key-file", str(pki / "sa.pub"),
-            "--service-account-signing-key-file", str(pki / "sa.key"),
-            "--allow-privileged=true", "--cert-dir", str(self.base / "apiserver-certs"),
-            "--kubelet-preferred-address-types", "InternalIP",
-            "--endpoint-reconciler-type", "none", "--profiling=false", "--v=1"])
+        self._spawn(
+            "apiserver",
+            [
+                str(self.k8s / "kube-apiserver"),
+                "--etcd-servers",
+                f"http://127.0.0.1:{self.ports['etcd']}",
+                "--bind-address",
+                "127.0.0.1",
+                "--advertise-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(self.ports["apiserver"]),
+                "--tls-cert-file",
+                str(pki / "apiserver.crt"),
+                "--tls-private-key-file",
+                str(pki / "apiserver.key"),
+                "--client-ca-file",
+                str(pki / "ca.crt"),
+                "--token-auth-file",
+                str(pki / "tokens.csv"),
+                "--authorization-mode",
+                "Node,RBAC",
+                "--service-cluster-ip-range",
+                "10.96.0.0/24",
+                "--service-account-issuer",
+                "https://kubernetes.default.svc",
+                "--service-account-key-file",
+                str(pki / "sa.pub"),
+                "--service-account-signing-key-file",
+                str(pki / "sa.key"),
+                "--allow-privileged=true",
+                "--cert-dir",
+                str(self.base / "apiserver-certs"),
+                "--kubelet-preferred-address-types",
+                "InternalIP",
+                "--endpoint-reconciler-type",
+                "none",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
         wait_until(lambda: self._ready_api(), 120, "kube-apiserver's /readyz")
 
     def _ready_api(self) -> bool:
@@ -281,20 +411,41 @@ class Cluster:
 
     def _controllers(self) -> None:
         pki = self.base / "pki"
-        self._spawn("controller-manager", [
-            str(self.k8s / "kube-controller-manager"),
-            "--kubeconfig", str(pki / "controller-manager.kubeconfig"),
-            "--service-account-private-key-file", str(pki / "sa.key"),
-            "--root-ca-file", str(pki / "ca.crt"),
-            "--leader-elect=false", "--bind-address", "127.0.0.1",
-            "--secure-port", str(free_port()), "--use-service-account-credentials=true",
-            "--controllers", "*,-nodeipam",
-            "--v=1"])
-        self._spawn("scheduler", [
-            str(self.k8s / "kube-scheduler"),
-            "--kubeconfig", str(pki / "scheduler.kubeconfig"),
-            "--leader-elect=false", "--bind-address", "127.0.0.1",
-            "--secure-port", str(free_port()), "--v=1"])
+        self._spawn(
+            "controller-manager",
+            [
+                str(self.k8s / "kube-controller-manager"),
+                "--kubeconfig",
+                str(pki / "controller-manager.kubeconfig"),
+                "--service-account-private-key-file",
+                str(pki / "sa.key"),
+                "--root-ca-file",
+                str(pki / "ca.crt"),
+                "--leader-elect=false",
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(free_port()),
+                "--use-service-account-credentials=true",
+                "--controllers",
+                "*,-nodeipam",
+                "--v=1",
+            ],
+        )
+        self._spawn(
+            "scheduler",
+            [
+                str(self.k8s / "kube-scheduler"),
+                "--kubeconfig",
+                str(pki / "scheduler.kubeconfig"),
+                "--leader-elect=false",
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(free_port()),
+                "--v=1",
+            ],
+        )
 
     # --- the node -----------------------------------------------------------------------
 
@@ -303,8 +454,11 @@ class Cluster:
             with _suppress():
                 self.tunables[key] = Path("/proc/sys", key).read_text().strip()
         for hierarchy in Path("/sys/fs/cgroup").iterdir():
-            if hierarchy.is_dir() and not hierarchy.is_symlink() and (
-                    hierarchy / "cgroup.procs").exists():
+            if (
+                hierarchy.is_dir()
+                and not hierarchy.is_symlink()
+                and (hierarchy / "cgroup.procs").exists()
+            ):
                 with _suppress():
                     (hierarchy / self.cgroup_root.strip("/")).mkdir(exist_ok=True)
         cd = self.base / "containerd"
@@ -312,27 +466,53 @@ class Cluster:
         (cd / "cni" / "bin").mkdir(parents=True, exist_ok=True)
         # a network config lets containerd call the pod network ready; host-network pods
         # never run a CNI plugin
-        (cd / "cni" / "net.d" / "10-hostonly.conflist").write_text(json.dumps({
-            "cniVersion": "1.0.0", "name": "nvshim-test",
-            "plugins": [{"type": "bridge", "bridge": "nvshim-never",
-                         "ipam": {"type": "host-local", "subnet": "10.250.0.0/24"}}]}))
+        (cd / "cni" / "net.d" / "10-hostonly.conflist").write_text(
+            json.dumps(
+                {
+                    "cniVersion": "1.0.0",
+                    "name": "nvshim-test",
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": "nvshim-never",
+                            "ipam": {"type": "host-local", "subnet": "10.250.0.0/24"},
+                        }
+                    ],
+                }
+            )
+        )
         (cd / "config.toml").write_text(self.containerd_config)
         self.ports["kubelet"] = free_port()
         config = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupRoot": self.cgroup_root,
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "failCgroupV1": False,
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": self.cgroup_root,
             "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
-            "address": "127.0.0.1", "port": self.ports["kubelet"], "readOnlyPort": 0,
+            "address": "127.0.0.1",
+            "port": self.ports["kubelet"],
+            "readOnlyPort": 0,
             "healthzPort": 0,
             "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
             "authorization": {"mode": "AlwaysAllow"},
-            "failSwapOn": False, "podLogsDir": str(self.pod_logs), "resolvConf": "",
-            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%",
-                             "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            "serializeImagePulls": False, "registerNode": True,
-            "syncFrequency": "5s", "nodeStatusUpdateFrequency": "5s",
-            "fileCheckFrequency": "5s", "volumeStatsAggPeriod": "0s",
+            "failSwapOn": False,
+            "podLogsDir": str(self.pod_logs),
+            "resolvConf": "",
+            "evictionHard": {
+                "memory.available": "1Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "serializeImagePulls": False,
+            "registerNode": True,
+            "syncFrequency": "5s",
+            "nodeStatusUpdateFrequency": "5s",
+            "fileCheckFrequency": "5s",
+            "volumeStatsAggPeriod": "0s",
         }
         kubelet_config = self.base / "kubelet-config.json"
         kubelet_config.write_text(json.dumps(config))
@@ -372,14 +552,21 @@ while :; do
 done
 """)
         pid = ["-p", "--fork", "--mount-proc"] if self.own_node else []
-        self._spawn("node", ["unshare", "-m", *pid, "--propagation", "private", "sh",
-                             str(script)])
+        self._spawn("node", ["unshare", "-m", *pid, "--propagation", "private", "sh", str(script)])
         wait_until(lambda: self._node_ready(), 180, f"node {NODE} to be Ready")
         inside = _read(self.base / "node.mntns").strip()
         assert inside and inside != outside, "the node ran in the host's mount namespace"
-        wait_until(lambda: self._node_ready() and self.kubectl(
-            "get", "serviceaccount", "default", check=False, timeout=10).returncode == 0, 60,
-            "the default namespace's service account")
+        wait_until(
+            lambda: (
+                self._node_ready()
+                and self.kubectl(
+                    "get", "serviceaccount", "default", check=False, timeout=10
+                ).returncode
+                == 0
+            ),
+            60,
+            "the default namespace's service account",
+        )
 
     def _own_node_mounts(self) -> str:
         """The node's init script lines that overlay the installer's paths (own_node)."""
@@ -389,15 +576,18 @@ done
         for path in ("/opt", "/usr/local", "/etc"):
             name = path.strip("/").replace("/", "-")
             upper, work = self.base / "node" / name / "upper", self.base / "node" / name / "work"
-            lines += [f'mkdir -p "{upper}" "{work}"',
-                      f'mount -t overlay nvshim-k8s -o "lowerdir={path},upperdir={upper},'
-                      f'workdir={work}" {path}']
+            lines += [
+                f'mkdir -p "{upper}" "{work}"',
+                f'mount -t overlay nvshim-k8s -o "lowerdir={path},upperdir={upper},'
+                f'workdir={work}" {path}',
+            ]
         # a node nvshim was never installed on: the machine's own install (install.sh --dev
         # ran before the tests) hidden, in the overlays only
         lines += ["rm -rf /opt/nvshim /etc/nvshim /usr/local/bin/nvshim /usr/local/bin/nvshim-*"]
-        lines += ['[ -d /run/nvshim ] || { mkdir /run/nvshim && : > '
-                  f'"{self.base}/made-run-nvshim"; }}',
-                  "mount -t tmpfs -o mode=0755 nvshim-k8s /run/nvshim"]
+        lines += [
+            f'[ -d /run/nvshim ] || {{ mkdir /run/nvshim && : > "{self.base}/made-run-nvshim"; }}',
+            "mount -t tmpfs -o mode=0755 nvshim-k8s /run/nvshim",
+        ]
         return "\n".join(lines) + "\n"
 
     def _containerd_line(self, cd: Path) -> str:
@@ -405,8 +595,10 @@ done
         if not self.own_node:
             return run + " &"
         # started again whenever it exits (an installer's signal restart), each start noted
-        return (f'while :; do echo "start $(date +%s.%N)" >> "{self.base}/containerd.starts"; '
-                f'{run} || :; sleep 0.2; done &')
+        return (
+            f'while :; do echo "start $(date +%s.%N)" >> "{self.base}/containerd.starts"; '
+            f"{run} || :; sleep 0.2; done &"
+        )
 
     def containerd_starts(self) -> int:
         """How many times the node's containerd has started (own_node)."""
@@ -429,11 +621,20 @@ done
         for pid in old:
             with _suppress():
                 os.kill(pid, signal.SIGTERM)
-        wait_until(lambda: bool(self._kubelet_pids()) and not set(self._kubelet_pids()) & set(old),
-                   60, "a new kubelet process")
-        wait_until(lambda: _listening(self.pod_resources)
-                   and _listening(str(self.device_plugins / "kubelet.sock"))
-                   and self._node_ready(), 120, "the restarted kubelet")
+        wait_until(
+            lambda: bool(self._kubelet_pids()) and not set(self._kubelet_pids()) & set(old),
+            60,
+            "a new kubelet process",
+        )
+        wait_until(
+            lambda: (
+                _listening(self.pod_resources)
+                and _listening(str(self.device_plugins / "kubelet.sock"))
+                and self._node_ready()
+            ),
+            120,
+            "the restarted kubelet",
+        )
 
     def _kubelet_pids(self) -> List[int]:
         out = []
@@ -448,11 +649,17 @@ done
 
     # --- using it -----------------------------------------------------------------------
 
-    def kubectl(self, *args: str, check: bool = True, timeout: float = 120,
-                stdin: Optional[str] = None) -> subprocess.CompletedProcess[str]:
-        res = subprocess.run([str(self.k8s / "kubectl"), "--kubeconfig", str(self.admin),
-                              *args], input=stdin, capture_output=True, text=True,
-                             timeout=timeout, check=False)
+    def kubectl(
+        self, *args: str, check: bool = True, timeout: float = 120, stdin: Optional[str] = None
+    ) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run(
+            [str(self.k8s / "kubectl"), "--kubeconfig", str(self.admin), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         if check:
             assert res.returncode == 0, f"kubectl {' '.join(args)}: {res.stderr}"
         return res
@@ -461,24 +668,40 @@ done
         self.kubectl("apply", "-f", "-", stdin=manifest)
 
     def ctr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(self.containerd_dir / "ctr"), "--address",
-                               self.containerd_socket, "--namespace", "k8s.io", *args],
-                              capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run(
+            [
+                str(self.containerd_dir / "ctr"),
+                "--address",
+                self.containerd_socket,
+                "--namespace",
+                "k8s.io",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     def crictl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """crictl (``self.crictl_bin``, cri-tools built from its module) on the node's CRI
         socket."""
-        return subprocess.run([self.crictl_bin, "--runtime-endpoint",
-                               f"unix://{self.containerd_socket}", *args],
-                              capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run(
+            [self.crictl_bin, "--runtime-endpoint", f"unix://{self.containerd_socket}", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     def runtime_spec(self, pod: str, container: str = "main") -> Dict[str, Any]:
         """The OCI spec containerd wrote for ``container`` of ``pod`` (``crictl inspect``'s
         ``info.runtimeSpec``): NRI's adjustments are in it, the handler's edits are not."""
         pods = self.crictl("pods", "--name", f"^{pod}$", "-q")
         assert pods.returncode == 0 and pods.stdout.split(), pods.stderr
-        ids = self.crictl("ps", "-a", "--pod", pods.stdout.split()[0], "--name",
-                          f"^{container}$", "-q")
+        ids = self.crictl(
+            "ps", "-a", "--pod", pods.stdout.split()[0], "--name", f"^{container}$", "-q"
+        )
         assert ids.returncode == 0 and ids.stdout.split(), ids.stderr
         res = self.crictl("inspect", ids.stdout.split()[0])
         assert res.returncode == 0, res.stderr
@@ -486,12 +709,12 @@ done
         return spec
 
     def pod(self, name: str, namespace: str = "default") -> Dict[str, Any]:
-        doc: Dict[str, Any] = json.loads(self.kubectl("get", "pod", name, "-n", namespace,
-                                                      "-o", "json").stdout)
+        doc: Dict[str, Any] = json.loads(
+            self.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout
+        )
         return doc
 
-    def container_log(self, name: str, namespace: str = "default",
-                      container: str = "main") -> str:
+    def container_log(self, name: str, namespace: str = "default", container: str = "main") -> str:
         """What the pod's container wrote so far, as ``kubectl logs`` shows it: read from
         the kubelet's ``podLogsDir`` (CRI log lines ``<time> <stream> <tag> <text>``). The
         API server cannot reach a kubelet whose only address is loopback."""
@@ -503,8 +726,9 @@ done
                     lines.append(parts[3])
         return "\n".join(lines)
 
-    def wait_log(self, name: str, marker: str, namespace: str = "default",
-                 timeout: float = 120) -> str:
+    def wait_log(
+        self, name: str, marker: str, namespace: str = "default", timeout: float = 120
+    ) -> str:
         """The pod's container's log once it holds ``marker``; AssertionError with the
         pod's status when it never does."""
         out: List[str] = [""]
@@ -516,36 +740,36 @@ done
         try:
             wait_until(logged, timeout, f"pod {namespace}/{name} to log {marker}", interval=0.5)
         except AssertionError as exc:
-            status = self.kubectl("get", "pod", name, "-n", namespace, "-o", "json",
-                                  check=False).stdout
+            status = self.kubectl(
+                "get", "pod", name, "-n", namespace, "-o", "json", check=False
+            ).stdout
             state = json.loads(status or "{}").get("status", {})
             raise AssertionError(f"{exc}\npod status: {json.dumps(state)[-3000:]}") from exc
         return out[0]
 
-    def waiting_reason(self, name: str, namespace: str = "default",
-                       timeout: float = 120) -> str:
+    def waiting_reason(self, name: str, namespace: str = "default", timeout: float = 120) -> str:
         """``reason: message`` of the pod's first container while it waits on an error
         (``CreateContainerError``…), once it does."""
         found: List[str] = [""]
 
         def waiting() -> bool:
-            statuses = self.pod(name, namespace).get("status", {}).get(
-                "containerStatuses") or []
+            statuses = self.pod(name, namespace).get("status", {}).get("containerStatuses") or []
             state = (statuses[0].get("state") or {}).get("waiting") if statuses else None
             if state and state.get("reason") not in (None, "ContainerCreating"):
                 found[0] = f"{state.get('reason')}: {state.get('message', '')}"
                 return True
             return False
 
-        wait_until(waiting, timeout, f"pod {namespace}/{name} to wait on an error",
-                   interval=0.5)
+        wait_until(waiting, timeout, f"pod {namespace}/{name} to wait on an error", interval=0.5)
         return found[0]
 
     def versions(self) -> Dict[str, str]:
         """Each component's own version line."""
+
         def first(argv: Sequence[str]) -> str:
-            res = subprocess.run(list(argv), capture_output=True, text=True, timeout=60,
-                                 check=False)
+            res = subprocess.run(
+                list(argv), capture_output=True, text=True, timeout=60, check=False
+            )
             return (res.stdout or res.stderr).strip().splitlines()[0]
 
         return {
@@ -580,4 +804,3 @@ def _read(path: Path) -> str:
         return path.read_text(errors="replace")
     except OSError:
         return ""
-

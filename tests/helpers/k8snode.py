@@ -71,16 +71,37 @@ systemd in the box)."""
 CNI_CONFIG = {
     "cniVersion": "0.4.0",
     "name": "pods",
-    "plugins": [{"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False,
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/24"}]],
-                          "routes": [{"dst": "0.0.0.0/0"}]}}],
+    "plugins": [
+        {
+            "type": "bridge",
+            "bridge": "cni0",
+            "isGateway": True,
+            "ipMasq": False,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": "10.88.0.0/24"}]],
+                "routes": [{"dst": "0.0.0.0/0"}],
+            },
+        }
+    ],
 }
 """The pod network (inside the node's network namespace only)."""
 
 _OVERLAID = ("/etc", "/var")
-_BOUND = ("/run", "/opt", "/usr/local/bin", "/etc/containerd", "/etc/nvshim", "/etc/cdi",
-          "/etc/cni", "/var/lib/containerd", "/var/lib/kubelet", "/var/lib/nvshim",
-          "/var/lib/cni", "/var/log/pods")
+_BOUND = (
+    "/run",
+    "/opt",
+    "/usr/local/bin",
+    "/etc/containerd",
+    "/etc/nvshim",
+    "/etc/cdi",
+    "/etc/cni",
+    "/var/lib/containerd",
+    "/var/lib/kubelet",
+    "/var/lib/nvshim",
+    "/var/lib/cni",
+    "/var/log/pods",
+)
 
 
 class K8sNode:
@@ -102,8 +123,11 @@ class K8sNode:
 
     def path(self, node_path: str) -> Path:
         """The test's directory behind ``node_path`` (which must lie in a bound path)."""
-        best = max((p for p in _BOUND if node_path == p or node_path.startswith(p + "/")),
-                   key=len, default=None)
+        best = max(
+            (p for p in _BOUND if node_path == p or node_path.startswith(p + "/")),
+            key=len,
+            default=None,
+        )
         if best is None:
             raise ValueError(f"{node_path} is not in one of the node's own directories")
         return self.base / "fs" / best.strip("/") / os.path.relpath(node_path, best)
@@ -151,19 +175,42 @@ class K8sNode:
         self.path(DRIVER_ROOT).parent.mkdir(parents=True)
         self.sim = create_node(str(self.path(DRIVER_ROOT)), gpus=self.gpus, shuffle_minors=True)
         spec = self.base / "node.json"
-        spec.write_text(json.dumps({
-            "hostname": "gpu-node-1", "overlays": overlays, "binds": binds,
-            "read_only": ["/usr", "/usr/local/bin"] if self.read_only_usr else [],
-            "caller_mnt_ns": os.readlink("/proc/self/ns/mnt"),
-            "containerd": [shutil.which("containerd")], "log": str(self.log_path),
-            "status": str(self.base / "containerd.status"),
-        }))
+        spec.write_text(
+            json.dumps(
+                {
+                    "hostname": "gpu-node-1",
+                    "overlays": overlays,
+                    "binds": binds,
+                    "read_only": ["/usr", "/usr/local/bin"] if self.read_only_usr else [],
+                    "caller_mnt_ns": os.readlink("/proc/self/ns/mnt"),
+                    "containerd": [shutil.which("containerd")],
+                    "log": str(self.log_path),
+                    "status": str(self.base / "containerd.status"),
+                }
+            )
+        )
         init = Path(__file__).with_name("nodeinit.py")
         self._proc = subprocess.Popen(
-            ["unshare", "--pid", "--mount", "--net", "--uts", "--fork", "--propagation",
-             "private", "--mount-proc", sys.executable, "-I", str(init), str(spec)],
-            stdin=subprocess.DEVNULL, stdout=open(self.base / "init.log", "ab"),
-            stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                "unshare",
+                "--pid",
+                "--mount",
+                "--net",
+                "--uts",
+                "--fork",
+                "--propagation",
+                "private",
+                "--mount-proc",
+                sys.executable,
+                "-I",
+                str(init),
+                str(spec),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=open(self.base / "init.log", "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         wait_until(self._find_init, 10, "the node's PID 1")
         wait_until(self._up, timeout, "the node's containerd to answer", interval=0.2)
         return self
@@ -171,8 +218,9 @@ class K8sNode:
     def _find_init(self) -> bool:
         assert self._proc is not None
         if self._proc.poll() is not None:
-            raise AssertionError("the node exited at once: "
-                                 + (self.base / "init.log").read_text(errors="replace"))
+            raise AssertionError(
+                "the node exited at once: " + (self.base / "init.log").read_text(errors="replace")
+            )
         try:
             children = Path(f"/proc/{self._proc.pid}/task/{self._proc.pid}/children")
             pids = children.read_text().split()
@@ -184,8 +232,9 @@ class K8sNode:
     def _up(self) -> bool:
         assert self._proc is not None
         if self._proc.poll() is not None:
-            raise AssertionError("the node exited: "
-                                 + (self.base / "init.log").read_text(errors="replace"))
+            raise AssertionError(
+                "the node exited: " + (self.base / "init.log").read_text(errors="replace")
+            )
         return self.ctr("version", timeout=10).rc == 0
 
     def containerd_starts(self) -> List[int]:
@@ -201,8 +250,9 @@ class K8sNode:
     def run(self, argv: Sequence[str], timeout: float = 120) -> RunResult:
         """``argv`` inside the node (its mount, PID, network and UTS namespaces)."""
         assert self.pid is not None
-        return execute(["nsenter", "-t", str(self.pid), "-m", "-p", "-n", "-u", "--", *argv],
-                       timeout=timeout)
+        return execute(
+            ["nsenter", "-t", str(self.pid), "-m", "-p", "-n", "-u", "--", *argv], timeout=timeout
+        )
 
     def ctr(self, *args: str, timeout: float = 120) -> RunResult:
         """``ctr -n k8s.io *args`` inside the node."""
@@ -212,8 +262,10 @@ class K8sNode:
         """``ctr -n k8s.io images import -`` reading the archive on stdin, as deploy/README.md's
         ``podman save … | ctr -n k8s.io images import -`` does (what a pull leaves: an
         unpacked image)."""
-        res = self.run(["sh", "-c", 'exec ctr --namespace k8s.io images import - < "$1"', "sh",
-                        str(archive)], timeout=600)
+        res = self.run(
+            ["sh", "-c", 'exec ctr --namespace k8s.io images import - < "$1"', "sh", str(archive)],
+            timeout=600,
+        )
         if res.rc != 0:
             raise AssertionError(f"importing {archive} into the node failed\n{res.describe()}")
 

@@ -31,29 +31,38 @@ __all__ = [
 ]
 
 
-def write_nvshim_config(dir: PathLike, settings: Mapping[str, Any],
-                        name: str = "config.yaml") -> Path:
+def write_nvshim_config(
+    dir: PathLike, settings: Mapping[str, Any], name: str = "config.yaml"
+) -> Path:
     """Dump ``settings`` (YAML keys, e.g. ``{"runtimes": [crunw], "debug-log": ...}``) to
     ``<dir>/<name>``; return its path. ``grants-journal`` defaults to ``<dir>/grants.jsonl``."""
     path = Path(dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     # Tests never write the node's real journal (/var/lib/nvshim): keep it next to the config.
     settings = {"grants-journal": str(path.parent / "grants.jsonl"), **settings}
-    data = {k: ([str(x) for x in v] if isinstance(v, (list, tuple)) else
-                str(v) if isinstance(v, Path) else v) for k, v in settings.items()}
+    data = {
+        k: (
+            [str(x) for x in v]
+            if isinstance(v, (list, tuple))
+            else str(v)
+            if isinstance(v, Path)
+            else v
+        )
+        for k, v in settings.items()
+    }
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 
-def nvshim_config_env(dir: PathLike, settings: Mapping[str, Any],
-                      base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+def nvshim_config_env(
+    dir: PathLike, settings: Mapping[str, Any], base: Optional[Mapping[str, str]] = None
+) -> Dict[str, str]:
     """Write the config (see :func:`write_nvshim_config`) and return ``base`` (default
     ``os.environ``) plus ``NVSHIM_CONFIG=<path>``."""
     path = write_nvshim_config(dir, settings)
     env = dict(os.environ if base is None else base)
     env["NVSHIM_CONFIG"] = str(path)
     return env
-
 
 
 # --------------------------------------------------------------------------- rootfs work

@@ -39,8 +39,14 @@ def _set_up(spec: Dict[str, Any]) -> None:
     if os.readlink("/proc/self/ns/mnt") == spec["caller_mnt_ns"]:
         sys.exit("nodeinit: not in a private mount namespace: nothing mounted")
     for path, upper, work in spec["overlays"]:
-        _mount("-t", "overlay", "overlay", "-o",
-               f"lowerdir={path},upperdir={upper},workdir={work}", path)
+        _mount(
+            "-t",
+            "overlay",
+            "overlay",
+            "-o",
+            f"lowerdir={path},upperdir={upper},workdir={work}",
+            path,
+        )
     for source, path in spec["binds"]:
         os.makedirs(path, exist_ok=True)  # in an overlay or an earlier bind: the test's dirs
         _mount("--bind", source, path)
@@ -63,8 +69,9 @@ class _Init:
 
     def start(self) -> None:
         with open(self.spec["log"], "ab") as log:
-            proc = subprocess.Popen(self.spec["containerd"], stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=log)
+            proc = subprocess.Popen(
+                self.spec["containerd"], stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
         self.containerd = proc.pid
         self.note(f"start {proc.pid}")
 

@@ -112,14 +112,32 @@ class Recipe:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-ROOTS: Dict[str, Recipe] = {r.name: r for r in (
-    Recipe("debian12-nopython", "bookworm", ("runc",),
-           "the distroless node families (COS, Bottlerocket, Flatcar, Talos): no python3", False),
-    Recipe("debian11", "bullseye", ("runc",),
-           "an older C library than the build machine's (glibc 2.31)", False),
-    Recipe("debian13", "trixie", ("runc", "python3-minimal"),
-           "a newer C library (glibc 2.41) and a node python3 (3.13) other than nvshim's", True),
-)}
+ROOTS: Dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe(
+            "debian12-nopython",
+            "bookworm",
+            ("runc",),
+            "the distroless node families (COS, Bottlerocket, Flatcar, Talos): no python3",
+            False,
+        ),
+        Recipe(
+            "debian11",
+            "bullseye",
+            ("runc",),
+            "an older C library than the build machine's (glibc 2.31)",
+            False,
+        ),
+        Recipe(
+            "debian13",
+            "trixie",
+            ("runc", "python3-minimal"),
+            "a newer C library (glibc 2.41) and a node python3 (3.13) other than nvshim's",
+            True,
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -191,18 +209,28 @@ def build_root(recipe: Recipe, base: Path) -> NodeRoot:
     staging.chmod(0o755)  # mkdtemp's 0700 would hide the tree from the node's other users
     try:
         tree = staging / "root"
-        argv = [mmdebstrap, "--quiet", "--mode=root", "--variant=essential",
-                "--include=" + ",".join(recipe.include), f"--hook-dir={_HOOKS}",
-                *[f"--dpkgopt=path-exclude={p}" for p in _EXCLUDED],
-                recipe.suite, str(tree), debian_mirror()]
+        argv = [
+            mmdebstrap,
+            "--quiet",
+            "--mode=root",
+            "--variant=essential",
+            "--include=" + ",".join(recipe.include),
+            f"--hook-dir={_HOOKS}",
+            *[f"--dpkgopt=path-exclude={p}" for p in _EXCLUDED],
+            recipe.suite,
+            str(tree),
+            debian_mirror(),
+        ]
         started = time.monotonic()
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=900,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL
+        )
         seconds = round(time.monotonic() - started, 1)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-            raise NodeRootError(f"mmdebstrap {recipe.suite} for node root {recipe.name} "
-                                f"failed: {last}")
+            raise NodeRootError(
+                f"mmdebstrap {recipe.suite} for node root {recipe.name} failed: {last}"
+            )
         manifest = _describe(recipe, tree, seconds)
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
         entry = base / recipe.name
@@ -223,8 +251,9 @@ def _describe(recipe: Recipe, tree: Path, seconds: float) -> Dict[str, Any]:
     glibc = packages.get("libc6", "").split("-", 1)[0]
     pythons = python_files(tree)
     if not recipe.python and pythons:
-        raise NodeRootError(f"node root {recipe.name} must have no python, yet has "
-                            f"{', '.join(pythons[:5])}")
+        raise NodeRootError(
+            f"node root {recipe.name} must have no python, yet has {', '.join(pythons[:5])}"
+        )
     if recipe.python and "/usr/bin/python3" not in pythons:
         raise NodeRootError(f"node root {recipe.name} has no /usr/bin/python3")
     if not (tree / "usr/sbin/runc").is_file():
@@ -278,11 +307,13 @@ def _tree_size(tree: Path) -> int:
 def copy_root(root: NodeRoot, dest: Path) -> Path:
     """A private copy of ``root``'s tree at ``dest`` (new), owners, modes and links kept."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["cp", "-a", "--reflink=auto", str(root.path), str(dest)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["cp", "-a", "--reflink=auto", str(root.path), str(dest)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
-        raise NodeRootError(f"copying node root {root.name} to {dest} failed: "
-                            f"{proc.stderr.strip()}")
+        raise NodeRootError(
+            f"copying node root {root.name} to {dest} failed: {proc.stderr.strip()}"
+        )
     return dest
 
 
@@ -306,10 +337,17 @@ exec chroot "$r" "$@"
 """
 
 
-def on_node(tree: Path, argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
-            binds: Optional[Mapping[str, Path]] = None, read_only: bool = False,
-            read_only_dirs: Sequence[str] = (), timeout: float = 300,
-            stdin: Optional[str] = None) -> RunResult:
+def on_node(
+    tree: Path,
+    argv: Sequence[str],
+    *,
+    env: Optional[Mapping[str, str]] = None,
+    binds: Optional[Mapping[str, Path]] = None,
+    read_only: bool = False,
+    read_only_dirs: Sequence[str] = (),
+    timeout: float = 300,
+    stdin: Optional[str] = None,
+) -> RunResult:
     """Run ``argv`` inside ``tree`` as on the node (see the module docstring); the node's
     programs, its C library, its runc. ``env`` is the whole environment (default: PATH).
 
@@ -325,17 +363,41 @@ def on_node(tree: Path, argv: Sequence[str], *, env: Optional[Mapping[str, str]]
     pairs: List[str] = []
     for inside, host_dir in (binds or {}).items():
         if not (tree / inside.lstrip("/")).is_dir():
-            raise NodeRootError(f"cannot bind {host_dir} to {inside}: no such directory in "
-                                f"{tree}")
+            raise NodeRootError(f"cannot bind {host_dir} to {inside}: no such directory in {tree}")
         pairs += [str(host_dir), inside]
     for inside in read_only_dirs:
         if not inside.startswith("/") or not (tree / inside.lstrip("/")).is_dir():
             raise NodeRootError(f"cannot make {inside} read-only: no such directory in {tree}")
-    host = ["unshare", "-m", "-p", "-f", "--kill-child", "--propagation", "private",
-            "sh", "-c", _ON_NODE, "on-node", os.readlink("/proc/self/ns/mnt"), str(tree),
-            "1" if read_only else "0", *read_only_dirs, "--", *pairs, "--", *argv]
+    host = [
+        "unshare",
+        "-m",
+        "-p",
+        "-f",
+        "--kill-child",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        _ON_NODE,
+        "on-node",
+        os.readlink("/proc/self/ns/mnt"),
+        str(tree),
+        "1" if read_only else "0",
+        *read_only_dirs,
+        "--",
+        *pairs,
+        "--",
+        *argv,
+    ]
     environment = dict(env) if env is not None else {"PATH": NODE_PATH}
     environment.setdefault("PATH", NODE_PATH)  # the host's sh, mount and chroot need one too
-    proc = subprocess.run(host, env=environment, capture_output=True, text=True, timeout=timeout,
-                          input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL)
+    proc = subprocess.run(
+        host,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=stdin,
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+    )
     return RunResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)

@@ -70,7 +70,8 @@ class NriNode:
 
     def write_config(self, name: str, **settings: Any) -> Path:
         values: Dict[str, Any] = {
-            "runtimes": [self.runc], "driver-root": self.sim.root,
+            "runtimes": [self.runc],
+            "driver-root": self.sim.root,
             "grants-journal": str(self.base / "grants.jsonl"),
             "cdi-spec-dirs": [str(self.base / "cdi")],
         }
@@ -87,10 +88,16 @@ class NriNode:
     def configure(self, **settings: Any) -> None:
         """Rewrite the agent's config (it reloads at the next CreateContainer)."""
         values: Dict[str, Any] = dict(
-            require_allocation=True, nri_inject=True, nri_guard=True, nri_verify=True,
-            nri_gpu_handlers=["nvidia", ""], nri_nvshim_handlers=[],
+            require_allocation=True,
+            nri_inject=True,
+            nri_guard=True,
+            nri_verify=True,
+            nri_gpu_handlers=["nvidia", ""],
+            nri_nvshim_handlers=[],
             nri_runtime_root=str(self.base / "runc-root" / "k8s.io"),
-            kubelet_socket=str(self.base / "kubelet.sock"), kubelet_checkpoint=None)
+            kubelet_socket=str(self.base / "kubelet.sock"),
+            kubelet_checkpoint=None,
+        )
         values.update(settings)
         self.write_config("agent", **values)
 
@@ -108,25 +115,59 @@ def nri_node(base: Path, sim: Any, rootfs: Path, version: str) -> Iterator[NriNo
     (base / "cdi").mkdir()
     nvidia_cfg = n.write_config("nvidia-like", require_allocation=False)
     wrapper = runtime_wrapper(base / "nvidia-runtime", nvidia_cfg)
-    gen = subprocess.run([shutil.which("nvshim") or "nvshim", "cdi", "generate", "--driver-root",
-                          sim.root, "--output", str(base / "cdi" / "nvidia.yaml")],
-                         capture_output=True, text=True, timeout=60, check=False)
+    gen = subprocess.run(
+        [
+            shutil.which("nvshim") or "nvshim",
+            "cdi",
+            "generate",
+            "--driver-root",
+            sim.root,
+            "--output",
+            str(base / "cdi" / "nvidia.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert gen.returncode == 0, gen.stderr
     config = base / "containerd.toml"
-    config.write_text(cri_containerd_config(base, cdi_spec_dirs=[str(base / "cdi")])
-                      + crun_handler(base, Path(n.crunw)) + nri_section(base))
-    res = subprocess.run([shutil.which("nvshim") or "nvshim", "runtime", "configure",
-                          "--runtime", "containerd", "--config", str(config), "--drop-in", "",
-                          "--binary", str(wrapper), "--name", "nvidia", "--set-as-default",
-                          "--force"],  # unsafe on purpose: NVIDIA's default, stood in
-                         capture_output=True, text=True, timeout=60, check=False)
+    config.write_text(
+        cri_containerd_config(base, cdi_spec_dirs=[str(base / "cdi")])
+        + crun_handler(base, Path(n.crunw))
+        + nri_section(base)
+    )
+    res = subprocess.run(
+        [
+            shutil.which("nvshim") or "nvshim",
+            "runtime",
+            "configure",
+            "--runtime",
+            "containerd",
+            "--config",
+            str(config),
+            "--drop-in",
+            "",
+            "--binary",
+            str(wrapper),
+            "--name",
+            "nvidia",
+            "--set-as-default",
+            "--force",
+        ],  # unsafe on purpose: NVIDIA's default, stood in
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
     n.configure()
     agent_cfg = base / "agent" / "config.yaml"
     kubelet = PodResourcesServer(str(base / "kubelet.sock")).start()
     n.kubelet = kubelet
-    n.containerd = Containerd(base, namespace="k8s.io", config_text=config.read_text(),
-                              bin_dir=bin_dir)
+    n.containerd = Containerd(
+        base, namespace="k8s.io", config_text=config.read_text(), bin_dir=bin_dir
+    )
     try:
         n.containerd.start()
         import_image(n.containerd, rootfs, base)
@@ -135,10 +176,14 @@ def nri_node(base: Path, sim: Any, rootfs: Path, version: str) -> Iterator[NriNo
         res = n.containerd.ctr("images", "import", str(archive), timeout=120)
         assert res.rc == 0, res.describe()
         n.cri = CriClient(n.containerd.address)
-        n.agent = AgentProcess(base / "agent.sock", agent_cfg, base / "agent.log",
-                               str(base / "nri.sock")).start()
-        wait_until(lambda: "nri registered" in (base / "agent.log").read_text(), 20,
-                   "the agent's NRI registration")
+        n.agent = AgentProcess(
+            base / "agent.sock", agent_cfg, base / "agent.log", str(base / "nri.sock")
+        ).start()
+        wait_until(
+            lambda: "nri registered" in (base / "agent.log").read_text(),
+            20,
+            "the agent's NRI registration",
+        )
         yield n
     finally:
         if n.cri is not None:
@@ -149,5 +194,3 @@ def nri_node(base: Path, sim: Any, rootfs: Path, version: str) -> Iterator[NriNo
             n.containerd.stop()
         kubelet.stop()
         remove_cgroup_tree(n.cgroup)
-
-

@@ -42,17 +42,20 @@ REPO = Path(__file__).resolve().parents[2]
 def pinned_nri(group: str = GROUP) -> str:
     """The github.com/containerd/nri version ``tests/go/<group>/go.mod`` requires."""
     text = (GO_MODULES / group / "go.mod").read_text()
-    found = re.search(r"^\s*(?:require\s+)?github\.com/containerd/nri (v[0-9][^\s]*)", text,
-                      re.MULTILINE)
+    found = re.search(
+        r"^\s*(?:require\s+)?github\.com/containerd/nri (v[0-9][^\s]*)", text, re.MULTILINE
+    )
     if found is None:
         raise AssertionError(f"tests/go/{group}/go.mod requires no github.com/containerd/nri")
     return found.group(1)
 
 
 def _header() -> str:
-    return (f"# nvshim: NRI {pinned_nri()}'s pkg/api/api.proto, protoc of grpcio-tools "
-            f"{GRPCIO_TOOLS}.\n# Regenerate with `python -m tests.helpers.nriproto`"
-            f" (tests/helpers/nriproto.py); never edit by hand.\n")
+    return (
+        f"# nvshim: NRI {pinned_nri()}'s pkg/api/api.proto, protoc of grpcio-tools "
+        f"{GRPCIO_TOOLS}.\n# Regenerate with `python -m tests.helpers.nriproto`"
+        f" (tests/helpers/nriproto.py); never edit by hand.\n"
+    )
 
 
 def generate() -> bytes:
@@ -60,18 +63,29 @@ def generate() -> bytes:
     from grpc_tools.grpc_version import VERSION as tools_version
 
     if tools_version != GRPCIO_TOOLS:
-        raise AssertionError(f"grpcio-tools {tools_version} is installed; the NRI messages "
-                             f"are generated with {GRPCIO_TOOLS} (pip install -e '.[test]')")
+        raise AssertionError(
+            f"grpcio-tools {tools_version} is installed; the NRI messages "
+            f"are generated with {GRPCIO_TOOLS} (pip install -e '.[test]')"
+        )
     proto_dir = go_programs(GROUP)
     package = str(Path(MODULE).parent)
     with tempfile.TemporaryDirectory() as tmp:
         res = subprocess.run(
-            [sys.executable, "-m", "grpc_tools.protoc", f"-I{package}={proto_dir}",
-             f"--python_out={tmp}", f"{package}/api.proto"],
-            capture_output=True, text=True, check=False, timeout=120)
+            [
+                sys.executable,
+                "-m",
+                "grpc_tools.protoc",
+                f"-I{package}={proto_dir}",
+                f"--python_out={tmp}",
+                f"{package}/api.proto",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
         if res.returncode != 0:
-            raise AssertionError(f"protoc failed on {proto_dir}/api.proto: "
-                                 f"{res.stderr.strip()}")
+            raise AssertionError(f"protoc failed on {proto_dir}/api.proto: {res.stderr.strip()}")
         return _header().encode() + (Path(tmp) / (MODULE + ".py")).read_bytes()
 
 

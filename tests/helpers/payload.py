@@ -43,8 +43,9 @@ def payload_key() -> str:
     """A hash of every input of the payload (sources, installer, interpreter)."""
     h = hashlib.sha256()
     inputs = [REPO / "install.sh", REPO / "pyproject.toml", REPO / "config" / "config.yaml"]
-    inputs += sorted(p for p in (REPO / "nvshim").rglob("*")
-                     if p.is_file() and "__pycache__" not in p.parts)
+    inputs += sorted(
+        p for p in (REPO / "nvshim").rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    )
     for path in inputs:
         h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
     python = os.path.realpath(BUILD_PYTHON)
@@ -68,8 +69,13 @@ def payload_dir() -> Path:
         shutil.rmtree(work, ignore_errors=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("NVSHIM_")}
         env["NVSHIM_PYTHON"] = BUILD_PYTHON
-        res = subprocess.run(["sh", str(REPO / "install.sh"), "--payload", str(work)],
-                             env=env, capture_output=True, text=True, timeout=900)
+        res = subprocess.run(
+            ["sh", str(REPO / "install.sh"), "--payload", str(work)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         if res.returncode != 0:
             shutil.rmtree(work, ignore_errors=True)
             raise RuntimeError(f"install.sh --payload failed: {res.stderr.strip()[-2000:]}")

@@ -57,7 +57,8 @@ IMAGE_COMMANDS = frozenset(("build", "commit", "import", "load", "pull", "push",
 _PRIVATE_VAR_LIB = (
     '[ "$(readlink /proc/self/ns/mnt)" != "$1" ] || exit 97; '
     'mount -t overlay nvshim-tests -o "lowerdir=/var/lib,upperdir=$2/upper,workdir=$2/work" '
-    '/var/lib || exit 98; shift 2; exec "$@"')
+    '/var/lib || exit 98; shift 2; exec "$@"'
+)
 
 
 def private_image_cache(argv: Sequence[PathLike], scratch: PathLike) -> List[str]:
@@ -70,9 +71,19 @@ def private_image_cache(argv: Sequence[PathLike], scratch: PathLike) -> List[str
         return [str(a) for a in argv]
     for sub in ("upper", "work"):
         Path(scratch, sub).mkdir(parents=True, exist_ok=True)
-    return [require_binary("unshare"), "-m", "--propagation", "private", "sh", "-c",
-            _PRIVATE_VAR_LIB, "sh", os.readlink("/proc/self/ns/mnt"), str(scratch),
-            *map(str, argv)]
+    return [
+        require_binary("unshare"),
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        _PRIVATE_VAR_LIB,
+        "sh",
+        os.readlink("/proc/self/ns/mnt"),
+        str(scratch),
+        *map(str, argv),
+    ]
 
 
 @dataclass
@@ -105,8 +116,9 @@ class Podman:
     def __post_init__(self) -> None:
         # podman passes no --root, so runc/crun keep state in their default dirs; remember
         # which of those did not exist yet so cleanup() can remove them again (when empty).
-        self._absent_state_dirs = [d for d in (*_DEFAULT_STATE_DIRS, *self.host_paths)
-                                   if not os.path.lexists(d)]
+        self._absent_state_dirs = [
+            d for d in (*_DEFAULT_STATE_DIRS, *self.host_paths) if not os.path.lexists(d)
+        ]
         self.base = Path(self.base)
         self.base.mkdir(parents=True, exist_ok=True)
         self.runroot = Path(tempfile.mkdtemp(prefix="nvshim-podrun-", dir="/tmp"))
@@ -116,19 +128,31 @@ class Podman:
         rt = runtime or self.runtime or require_binary("runc")
         cdi = [arg for d in self.cdi_spec_dirs for arg in ("--cdi-spec-dir", str(d))]
         return [
-            "--root", str(self.base / "root"),
-            "--runroot", str(self.runroot),
-            "--tmpdir", str(self.base / "tmp"),
-            "--cgroup-manager", "cgroupfs",
-            "--events-backend", "file",
-            "--storage-driver", "overlay",
-            "--runtime", str(rt),
+            "--root",
+            str(self.base / "root"),
+            "--runroot",
+            str(self.runroot),
+            "--tmpdir",
+            str(self.base / "tmp"),
+            "--cgroup-manager",
+            "cgroupfs",
+            "--events-backend",
+            "file",
+            "--storage-driver",
+            "overlay",
+            "--runtime",
+            str(rt),
             *cdi,
         ]
 
-    def podman(self, *args: PathLike, runtime: Optional[PathLike] = None,
-               env: EnvArg = None, log_level: Optional[str] = None,
-               timeout: float = 120) -> RunResult:
+    def podman(
+        self,
+        *args: PathLike,
+        runtime: Optional[PathLike] = None,
+        env: EnvArg = None,
+        log_level: Optional[str] = None,
+        timeout: float = 120,
+    ) -> RunResult:
         """``podman <global flags> [--log-level L] *args``; ``env`` is podman's (and so the
         runtime's) environment."""
         argv = [self.binary or require_binary("podman"), *self.global_args(runtime)]
@@ -166,8 +190,15 @@ class Podman:
         Podman shows the runtime's stderr, not its ``--log`` (it passes none).
         """
         flags: List[str] = [
-            "--rm", "--network", "none", "--cgroup-parent", self.cgroup_parent,
-            "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096",
+            "--rm",
+            "--network",
+            "none",
+            "--cgroup-parent",
+            self.cgroup_parent,
+            "--ulimit",
+            "nofile=20000:20000",
+            "--ulimit",
+            "nproc=4096:4096",
         ]
         for k, v in (env_dict(env) or {}).items():
             flags += ["--env", f"{k}={v}"]
@@ -180,8 +211,15 @@ class Podman:
             flags += ["--annotation", f"{k}={v}"]
         flags += list(extra_flags)
         return self.podman(
-            "run", *flags, "--rootfs", str(rootfs), *args,
-            runtime=runtime, env=podman_env, log_level=log_level, timeout=timeout,
+            "run",
+            *flags,
+            "--rootfs",
+            str(rootfs),
+            *args,
+            runtime=runtime,
+            env=podman_env,
+            log_level=log_level,
+            timeout=timeout,
         )
 
     def cleanup(self) -> None:
@@ -214,9 +252,11 @@ def installed_cdi_spec(spec: Union[PathLike, str], name: str) -> Iterator[Path]:
     """
     if "/" in name or name in ("", ".", ".."):
         raise ValueError(f"bad CDI spec file name {name!r}")
-    text = Path(spec).read_text() if isinstance(spec, Path) or (
-        "\n" not in str(spec) and Path(str(spec)).is_file()
-    ) else str(spec)
+    text = (
+        Path(spec).read_text()
+        if isinstance(spec, Path) or ("\n" not in str(spec) and Path(str(spec)).is_file())
+        else str(spec)
+    )
     created_dir = not CDI_DIR.exists()
     CDI_DIR.mkdir(parents=True, exist_ok=True)
     target = CDI_DIR / name
@@ -234,4 +274,3 @@ def installed_cdi_spec(spec: Union[PathLike, str], name: str) -> Iterator[Path]:
         if created_dir:
             with contextlib.suppress(OSError):
                 CDI_DIR.rmdir()
-

@@ -45,22 +45,30 @@ class DraClaim:
     devices: Sequence[DraDevice] = ()
 
 
-def dra(name: str, *cdi: str, namespace: str = "team-a", driver: str = "gpu.nvidia.com",
-        pool: str = "node-1") -> DraClaim:
+def dra(
+    name: str,
+    *cdi: str,
+    namespace: str = "team-a",
+    driver: str = "gpu.nvidia.com",
+    pool: str = "node-1",
+) -> DraClaim:
     """A claim with one device per CDI name (device ``gpu-<n>`` for the n-th)."""
-    return DraClaim(namespace, name, [DraDevice(driver, pool, f"gpu-{i}", [c])
-                                      for i, c in enumerate(cdi)])
+    return DraClaim(
+        namespace, name, [DraDevice(driver, pool, f"gpu-{i}", [c]) for i, c in enumerate(cdi)]
+    )
 
 
 Containers = Mapping[str, Mapping[str, Sequence[str]]]
-Pod = Union[Tuple[str, str, Containers],
-            Tuple[str, str, Containers, Mapping[str, Sequence[DraClaim]]]]
+Pod = Union[
+    Tuple[str, str, Containers], Tuple[str, str, Containers, Mapping[str, Sequence[DraClaim]]]
+]
 
 _T = descriptor_pb2.FieldDescriptorProto
 
 
-def add_message(f: descriptor_pb2.FileDescriptorProto, name: str,
-                *fields: Tuple[str, int, int, int, str]) -> Any:
+def add_message(
+    f: descriptor_pb2.FileDescriptorProto, name: str, *fields: Tuple[str, int, int, int, str]
+) -> Any:
     """Message ``name`` added to ``f`` with ``fields`` (name, number, type, label, the
     type name of a message field or ""), as a ``.proto`` would declare it; the message."""
     message = f.message_type.add(name=name)
@@ -72,8 +80,9 @@ def add_message(f: descriptor_pb2.FileDescriptorProto, name: str,
 
 
 def _file() -> descriptor_pb2.FileDescriptorProto:
-    f = descriptor_pb2.FileDescriptorProto(name="nvshim_test_podresources_v1.proto",
-                                           package="v1", syntax="proto3")
+    f = descriptor_pb2.FileDescriptorProto(
+        name="nvshim_test_podresources_v1.proto", package="v1", syntax="proto3"
+    )
 
     def msg(name: str, *fields: Tuple[str, int, int, int, str]) -> None:
         add_message(f, name, *fields)
@@ -81,47 +90,75 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
     opt, rep = _T.LABEL_OPTIONAL, _T.LABEL_REPEATED
     msg("ListPodResourcesRequest")
     msg("ListPodResourcesResponse", ("pod_resources", 1, _T.TYPE_MESSAGE, rep, ".v1.PodResources"))
-    msg("PodResources", ("name", 1, _T.TYPE_STRING, opt, ""),
+    msg(
+        "PodResources",
+        ("name", 1, _T.TYPE_STRING, opt, ""),
         ("namespace", 2, _T.TYPE_STRING, opt, ""),
-        ("containers", 3, _T.TYPE_MESSAGE, rep, ".v1.ContainerResources"))
-    msg("ContainerResources", ("name", 1, _T.TYPE_STRING, opt, ""),
+        ("containers", 3, _T.TYPE_MESSAGE, rep, ".v1.ContainerResources"),
+    )
+    msg(
+        "ContainerResources",
+        ("name", 1, _T.TYPE_STRING, opt, ""),
         ("devices", 2, _T.TYPE_MESSAGE, rep, ".v1.ContainerDevices"),
         ("cpu_ids", 3, _T.TYPE_INT64, rep, ""),
         ("memory", 4, _T.TYPE_MESSAGE, rep, ".v1.ContainerMemory"),
-        ("dynamic_resources", 5, _T.TYPE_MESSAGE, rep, ".v1.DynamicResource"))
+        ("dynamic_resources", 5, _T.TYPE_MESSAGE, rep, ".v1.DynamicResource"),
+    )
     # DynamicResource's field 1 (class_name) was removed in Kubernetes 1.31
-    msg("DynamicResource", ("claim_name", 2, _T.TYPE_STRING, opt, ""),
+    msg(
+        "DynamicResource",
+        ("claim_name", 2, _T.TYPE_STRING, opt, ""),
         ("claim_namespace", 3, _T.TYPE_STRING, opt, ""),
-        ("claim_resources", 4, _T.TYPE_MESSAGE, rep, ".v1.ClaimResource"))
-    msg("ClaimResource", ("cdi_devices", 1, _T.TYPE_MESSAGE, rep, ".v1.CDIDevice"),
+        ("claim_resources", 4, _T.TYPE_MESSAGE, rep, ".v1.ClaimResource"),
+    )
+    msg(
+        "ClaimResource",
+        ("cdi_devices", 1, _T.TYPE_MESSAGE, rep, ".v1.CDIDevice"),
         ("driver_name", 2, _T.TYPE_STRING, opt, ""),
         ("pool_name", 3, _T.TYPE_STRING, opt, ""),
         ("device_name", 4, _T.TYPE_STRING, opt, ""),
-        ("share_id", 5, _T.TYPE_STRING, opt, ""))
+        ("share_id", 5, _T.TYPE_STRING, opt, ""),
+    )
     claim_resource = f.message_type[-1]  # share_id is proto3 "optional": a synthetic oneof
     claim_resource.oneof_decl.add(name="_share_id")
     claim_resource.field[-1].oneof_index = 0
     claim_resource.field[-1].proto3_optional = True
     msg("CDIDevice", ("name", 1, _T.TYPE_STRING, opt, ""))
-    msg("ContainerMemory", ("memory_type", 1, _T.TYPE_STRING, opt, ""),
+    msg(
+        "ContainerMemory",
+        ("memory_type", 1, _T.TYPE_STRING, opt, ""),
         ("size", 2, _T.TYPE_UINT64, opt, ""),
-        ("topology", 3, _T.TYPE_MESSAGE, opt, ".v1.TopologyInfo"))
-    msg("ContainerDevices", ("resource_name", 1, _T.TYPE_STRING, opt, ""),
+        ("topology", 3, _T.TYPE_MESSAGE, opt, ".v1.TopologyInfo"),
+    )
+    msg(
+        "ContainerDevices",
+        ("resource_name", 1, _T.TYPE_STRING, opt, ""),
         ("device_ids", 2, _T.TYPE_STRING, rep, ""),
-        ("topology", 3, _T.TYPE_MESSAGE, opt, ".v1.TopologyInfo"))
+        ("topology", 3, _T.TYPE_MESSAGE, opt, ".v1.TopologyInfo"),
+    )
     msg("TopologyInfo", ("nodes", 1, _T.TYPE_MESSAGE, rep, ".v1.NUMANode"))
     msg("NUMANode", ("ID", 1, _T.TYPE_INT64, opt, ""))
-    msg("GetPodResourcesRequest", ("pod_name", 1, _T.TYPE_STRING, opt, ""),
-        ("pod_namespace", 2, _T.TYPE_STRING, opt, ""))
+    msg(
+        "GetPodResourcesRequest",
+        ("pod_name", 1, _T.TYPE_STRING, opt, ""),
+        ("pod_namespace", 2, _T.TYPE_STRING, opt, ""),
+    )
     msg("GetPodResourcesResponse", ("pod_resources", 1, _T.TYPE_MESSAGE, opt, ".v1.PodResources"))
     return f
 
 
 _POOL = descriptor_pool.DescriptorPool()
 _POOL.Add(_file())
-_M = {name: message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"v1.{name}"))
-      for name in ("ListPodResourcesRequest", "ListPodResourcesResponse", "PodResources",
-                   "GetPodResourcesRequest", "GetPodResourcesResponse")}
+_M = {
+    name: message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"v1.{name}"))
+    for name in (
+        "ListPodResourcesRequest",
+        "ListPodResourcesResponse",
+        "PodResources",
+        "GetPodResourcesRequest",
+        "GetPodResourcesResponse",
+    )
+}
 
 
 class PodResourcesServer:
@@ -134,14 +171,19 @@ class PodResourcesServer:
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         handlers = {
             "List": grpc.unary_unary_rpc_method_handler(
-                self._list, request_deserializer=_M["ListPodResourcesRequest"].FromString,
-                response_serializer=lambda m: m.SerializeToString()),
+                self._list,
+                request_deserializer=_M["ListPodResourcesRequest"].FromString,
+                response_serializer=lambda m: m.SerializeToString(),
+            ),
             "Get": grpc.unary_unary_rpc_method_handler(
-                self._get, request_deserializer=_M["GetPodResourcesRequest"].FromString,
-                response_serializer=lambda m: m.SerializeToString()),
+                self._get,
+                request_deserializer=_M["GetPodResourcesRequest"].FromString,
+                response_serializer=lambda m: m.SerializeToString(),
+            ),
         }
         self._server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("v1.PodResourcesLister", handlers),))
+            (grpc.method_handlers_generic_handler("v1.PodResourcesLister", handlers),)
+        )
         if self._server.add_insecure_port(f"unix://{socket}") == 0:
             raise AssertionError(f"cannot listen on unix://{socket}")
 
@@ -166,12 +208,11 @@ class PodResourcesServer:
                 d = c.devices.add(resource_name=resource, device_ids=list(ids))
                 d.topology.nodes.add(ID=0)
             for claim in claims.get(cname, ()):
-                r = c.dynamic_resources.add(claim_name=claim.name,
-                                            claim_namespace=claim.namespace)
+                r = c.dynamic_resources.add(claim_name=claim.name, claim_namespace=claim.namespace)
                 for device in claim.devices:
-                    res = r.claim_resources.add(driver_name=device.driver,
-                                                pool_name=device.pool,
-                                                device_name=device.device)
+                    res = r.claim_resources.add(
+                        driver_name=device.driver, pool_name=device.pool, device_name=device.device
+                    )
                     for cdi in device.cdi:
                         res.cdi_devices.add(name=cdi)
                     if device.share_id is not None:
@@ -187,4 +228,6 @@ class PodResourcesServer:
         for pod in self.pods:
             if (pod[0], pod[1]) == (request.pod_namespace, request.pod_name):
                 return _M["GetPodResourcesResponse"](pod_resources=self._pod(pod))
-        context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found")
+        context.abort(
+            grpc.StatusCode.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found"
+        )

@@ -70,10 +70,19 @@ __all__ = [
 T = TypeVar("T")
 
 # the kubelet's defaults for an unprivileged container (pkg/securitycontext)
-MASKED_PATHS = ("/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys",
-                "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
-                "/proc/sched_debug", "/proc/scsi", "/sys/firmware",
-                "/sys/devices/virtual/powercap")
+MASKED_PATHS = (
+    "/proc/asound",
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+)
 READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 _PROPAGATION = {None: 0, "None": 0, "HostToContainer": 1, "Bidirectional": 2}
 _CRITICAL = ("system-node-critical", "system-cluster-critical")
@@ -107,8 +116,18 @@ def with_env(pod: Mapping[str, Any], env: Mapping[str, str]) -> Dict[str, Any]:
     return out
 
 
-_SUFFIX = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-           "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+_SUFFIX = {
+    "": 1,
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "Ki": 1 << 10,
+    "Mi": 1 << 20,
+    "Gi": 1 << 30,
+    "Ti": 1 << 40,
+}
 
 
 def quantity(value: Any) -> float:
@@ -135,33 +154,49 @@ class PodIdentity:
 
 def _namespaces(spec: Mapping[str, Any]) -> Namespaces:
     pid = NODE if spec.get("hostPID") else POD if spec.get("shareProcessNamespace") else CONTAINER
-    return Namespaces(network=NODE if spec.get("hostNetwork") else POD, pid=pid,
-                      ipc=NODE if spec.get("hostIPC") else POD)
+    return Namespaces(
+        network=NODE if spec.get("hostNetwork") else POD,
+        pid=pid,
+        ipc=NODE if spec.get("hostIPC") else POD,
+    )
 
 
-def sandbox_spec(pod: Mapping[str, Any], who: PodIdentity, cgroup_parent: str
-                 ) -> SandboxSpec:
+def sandbox_spec(pod: Mapping[str, Any], who: PodIdentity, cgroup_parent: str) -> SandboxSpec:
     """The PodSandboxConfig the kubelet sends for ``pod`` (a ``metadata`` + ``spec`` dict)."""
     spec = pod["spec"]
     meta = pod.get("metadata") or {}
     containers = [*spec.get("initContainers", []), *spec["containers"]]
-    labels = {**(meta.get("labels") or {}), "io.kubernetes.pod.name": who.name,
-              "io.kubernetes.pod.namespace": who.namespace, "io.kubernetes.pod.uid": who.uid}
+    labels = {
+        **(meta.get("labels") or {}),
+        "io.kubernetes.pod.name": who.name,
+        "io.kubernetes.pod.namespace": who.namespace,
+        "io.kubernetes.pod.uid": who.uid,
+    }
     return SandboxSpec(
-        name=who.name, namespace=who.namespace, uid=who.uid,
+        name=who.name,
+        namespace=who.namespace,
+        uid=who.uid,
         log_directory=f"/var/log/pods/{who.namespace}_{who.name}_{who.uid}",
-        cgroup_parent=f"{cgroup_parent}/pod{who.uid}", namespaces=_namespaces(spec),
+        cgroup_parent=f"{cgroup_parent}/pod{who.uid}",
+        namespaces=_namespaces(spec),
         hostname="" if spec.get("hostNetwork") else who.name,
         privileged=any((c.get("securityContext") or {}).get("privileged") for c in containers),
         run_as_user=(spec.get("securityContext") or {}).get("runAsUser"),
-        labels=labels, annotations=dict(meta.get("annotations") or {}))
+        labels=labels,
+        annotations=dict(meta.get("annotations") or {}),
+    )
 
 
-def _env(c: Mapping[str, Any], who: PodIdentity, configmaps: Mapping[str, Mapping[str, str]]
-         ) -> List[Tuple[str, str]]:
-    fields = {"metadata.name": who.name, "metadata.namespace": who.namespace,
-              "metadata.uid": who.uid, "spec.nodeName": who.node_name,
-              "status.hostIP": who.host_ip}
+def _env(
+    c: Mapping[str, Any], who: PodIdentity, configmaps: Mapping[str, Mapping[str, str]]
+) -> List[Tuple[str, str]]:
+    fields = {
+        "metadata.name": who.name,
+        "metadata.namespace": who.namespace,
+        "metadata.uid": who.uid,
+        "spec.nodeName": who.node_name,
+        "status.hostIP": who.host_ip,
+    }
     out: Dict[str, str] = {}
     for source in c.get("envFrom", []):
         if set(source) - {"configMapRef", "prefix"}:
@@ -179,8 +214,9 @@ def _env(c: Mapping[str, Any], who: PodIdentity, configmaps: Mapping[str, Mappin
             key = ref["configMapKeyRef"]
             out[e["name"]] = configmaps[key["name"]][key["key"]]
         else:
-            raise ValueError(f"container {c['name']}: env {e['name']} valueFrom {ref} "
-                             "is not supported")
+            raise ValueError(
+                f"container {c['name']}: env {e['name']} valueFrom {ref} is not supported"
+            )
     return list(out.items())
 
 
@@ -192,37 +228,55 @@ def _oom_score_adj(pod: Mapping[str, Any], c: Mapping[str, Any], memory_capacity
     res = [x.get("resources") or {} for x in everything]
     if not any(r.get("requests") or r.get("limits") for r in res):
         return 1000  # BestEffort
-    if all(r.get("limits", {}).get(k) is not None
-           and (r.get("requests") or r["limits"]).get(k) == r["limits"][k]
-           for r in res for k in ("cpu", "memory")):
+    if all(
+        r.get("limits", {}).get(k) is not None
+        and (r.get("requests") or r["limits"]).get(k) == r["limits"][k]
+        for r in res
+        for k in ("cpu", "memory")
+    ):
         return -997  # Guaranteed
     request = quantity(((c.get("resources") or {}).get("requests") or {}).get("memory", 0))
     return int(min(999, max(3, 1000 - 1000 * request // memory_capacity)))
 
 
-def _resources(pod: Mapping[str, Any], c: Mapping[str, Any], memory_capacity: int
-               ) -> Resources:
+def _resources(pod: Mapping[str, Any], c: Mapping[str, Any], memory_capacity: int) -> Resources:
     r = c.get("resources") or {}
     requests, limits = r.get("requests") or {}, r.get("limits") or {}
-    unknown = {k for k in [*requests, *limits] if k not in ("cpu", "memory")
-               and not k.startswith(("nvidia.com/", "ephemeral-storage"))}
+    unknown = {
+        k
+        for k in [*requests, *limits]
+        if k not in ("cpu", "memory") and not k.startswith(("nvidia.com/", "ephemeral-storage"))
+    }
     if unknown:
         raise ValueError(f"container {c['name']}: resources {sorted(unknown)} not supported")
     cpu_request = requests.get("cpu", limits.get("cpu"))
     shares = max(2, int(quantity(cpu_request) * 1024)) if cpu_request is not None else 2
     quota = int(quantity(limits["cpu"]) * 100000) if "cpu" in limits else 0
-    return Resources(cpu_period=100000 if quota else 0, cpu_quota=quota, cpu_shares=shares,
-                     memory_limit=int(quantity(limits["memory"])) if "memory" in limits else 0,
-                     oom_score_adj=_oom_score_adj(pod, c, memory_capacity))
+    return Resources(
+        cpu_period=100000 if quota else 0,
+        cpu_quota=quota,
+        cpu_shares=shares,
+        memory_limit=int(quantity(limits["memory"])) if "memory" in limits else 0,
+        oom_score_adj=_oom_score_adj(pod, c, memory_capacity),
+    )
 
 
 def _security(pod: Mapping[str, Any], c: Mapping[str, Any]) -> SecurityContext:
-    known = {"privileged", "runAsUser", "runAsGroup", "runAsNonRoot", "readOnlyRootFilesystem",
-             "allowPrivilegeEscalation", "capabilities", "seccompProfile"}
+    known = {
+        "privileged",
+        "runAsUser",
+        "runAsGroup",
+        "runAsNonRoot",
+        "readOnlyRootFilesystem",
+        "allowPrivilegeEscalation",
+        "capabilities",
+        "seccompProfile",
+    }
     sc = c.get("securityContext") or {}
     if set(sc) - known:
-        raise ValueError(f"container {c['name']}: securityContext {sorted(set(sc) - known)} "
-                         "not supported")
+        raise ValueError(
+            f"container {c['name']}: securityContext {sorted(set(sc) - known)} not supported"
+        )
     pod_sc = pod["spec"].get("securityContext") or {}
     merged = {**{k: v for k, v in pod_sc.items() if k in known}, **sc}
     user = merged.get("runAsUser")
@@ -236,26 +290,53 @@ def _security(pod: Mapping[str, Any], c: Mapping[str, Any]) -> SecurityContext:
     privileged = bool(merged.get("privileged"))
     caps = merged.get("capabilities") or {}
     return SecurityContext(
-        namespaces=_namespaces(pod["spec"]), privileged=privileged, run_as_user=user,
+        namespaces=_namespaces(pod["spec"]),
+        privileged=privileged,
+        run_as_user=user,
         run_as_group=merged.get("runAsGroup"),
         readonly_rootfs=bool(merged.get("readOnlyRootFilesystem")),
         no_new_privs=merged.get("allowPrivilegeEscalation") is False and not privileged,
-        add_capabilities=tuple(caps.get("add", ())), drop_capabilities=tuple(caps.get("drop", ())),
+        add_capabilities=tuple(caps.get("add", ())),
+        drop_capabilities=tuple(caps.get("drop", ())),
         masked_paths=() if privileged else MASKED_PATHS,
-        readonly_paths=() if privileged else READONLY_PATHS)
+        readonly_paths=() if privileged else READONLY_PATHS,
+    )
 
 
-def container_spec(pod: Mapping[str, Any], c: Mapping[str, Any], who: PodIdentity,
-                   volumes: Mapping[str, str], configmaps: Mapping[str, Mapping[str, str]],
-                   memory_capacity: int, extra_mounts: Sequence[CriMount] = (),
-                   attempt: int = 0) -> ContainerSpec:
+def container_spec(
+    pod: Mapping[str, Any],
+    c: Mapping[str, Any],
+    who: PodIdentity,
+    volumes: Mapping[str, str],
+    configmaps: Mapping[str, Mapping[str, str]],
+    memory_capacity: int,
+    extra_mounts: Sequence[CriMount] = (),
+    attempt: int = 0,
+) -> ContainerSpec:
     """The ContainerConfig the kubelet sends for container ``c`` of ``pod``; ``volumes``:
     volume name → its path on the node; ``extra_mounts``: what a device plugin's Allocate
     answered (the kubelet adds its mounts to the container's)."""
-    known = {"name", "image", "imagePullPolicy", "command", "args", "workingDir", "env",
-             "envFrom", "volumeMounts", "securityContext", "resources", "readinessProbe",
-             "livenessProbe", "startupProbe", "lifecycle", "restartPolicy",
-             "terminationMessagePath", "terminationMessagePolicy", "ports"}
+    known = {
+        "name",
+        "image",
+        "imagePullPolicy",
+        "command",
+        "args",
+        "workingDir",
+        "env",
+        "envFrom",
+        "volumeMounts",
+        "securityContext",
+        "resources",
+        "readinessProbe",
+        "livenessProbe",
+        "startupProbe",
+        "lifecycle",
+        "restartPolicy",
+        "terminationMessagePath",
+        "terminationMessagePolicy",
+        "ports",
+    }
     if set(c) - known:
         raise ValueError(f"container {c['name']}: {sorted(set(c) - known)} not supported")
     mounts = []
@@ -265,18 +346,33 @@ def container_spec(pod: Mapping[str, Any], c: Mapping[str, Any], who: PodIdentit
         host = volumes[m["name"]]
         if m.get("subPath"):
             host = f"{host}/{m['subPath']}"
-        mounts.append(CriMount(m["mountPath"], host, bool(m.get("readOnly")),
-                               _PROPAGATION[m.get("mountPropagation")]))
+        mounts.append(
+            CriMount(
+                m["mountPath"],
+                host,
+                bool(m.get("readOnly")),
+                _PROPAGATION[m.get("mountPropagation")],
+            )
+        )
     return ContainerSpec(
-        name=c["name"], image=c["image"], command=tuple(c.get("command", ())),
-        args=tuple(c.get("args", ())), working_dir=c.get("workingDir", ""),
-        envs=tuple(_env(c, who, configmaps)), mounts=tuple(mounts) + tuple(extra_mounts),
-        labels={"io.kubernetes.container.name": c["name"], "io.kubernetes.pod.name": who.name,
-                "io.kubernetes.pod.namespace": who.namespace,
-                "io.kubernetes.pod.uid": who.uid},
+        name=c["name"],
+        image=c["image"],
+        command=tuple(c.get("command", ())),
+        args=tuple(c.get("args", ())),
+        working_dir=c.get("workingDir", ""),
+        envs=tuple(_env(c, who, configmaps)),
+        mounts=tuple(mounts) + tuple(extra_mounts),
+        labels={
+            "io.kubernetes.container.name": c["name"],
+            "io.kubernetes.pod.name": who.name,
+            "io.kubernetes.pod.namespace": who.namespace,
+            "io.kubernetes.pod.uid": who.uid,
+        },
         annotations={"io.kubernetes.container.restartCount": str(attempt)},
-        log_path=f"{c['name']}/{attempt}.log", security=_security(pod, c),
-        resources=_resources(pod, c, memory_capacity))
+        log_path=f"{c['name']}/{attempt}.log",
+        security=_security(pod, c),
+        resources=_resources(pod, c, memory_capacity),
+    )
 
 
 # --------------------------------------------------------------------------- the kubelet
@@ -298,8 +394,11 @@ class RunningPod:
         path = self.log_directory / name / "0.log"
         if not path.exists():
             return ""
-        return "\n".join(line.split(" ", 3)[3] for line in path.read_text(errors="replace")
-                         .splitlines() if line.count(" ") >= 3)
+        return "\n".join(
+            line.split(" ", 3)[3]
+            for line in path.read_text(errors="replace").splitlines()
+            if line.count(" ") >= 3
+        )
 
 
 def _memory_capacity() -> int:
@@ -312,8 +411,12 @@ def _memory_capacity() -> int:
 class Kubelet:
     """The kubelet's pod workers for one node, over the node's CRI socket."""
 
-    def __init__(self, node: K8sNode, configmaps: Optional[Mapping[str, Mapping[str, str]]] = None,
-                 runtime_classes: Optional[Mapping[str, str]] = None) -> None:
+    def __init__(
+        self,
+        node: K8sNode,
+        configmaps: Optional[Mapping[str, Mapping[str, str]]] = None,
+        runtime_classes: Optional[Mapping[str, str]] = None,
+    ) -> None:
         self.node = node
         self.cri = CriClient(node.socket, timeout=120)
         self.configmaps = dict(configmaps or {})
@@ -331,7 +434,8 @@ class Kubelet:
             except CriError as exc:
                 away = exc.code == grpc.StatusCode.UNAVAILABLE or (
                     exc.code == grpc.StatusCode.UNKNOWN
-                    and "server is not initialized yet" in exc.details)
+                    and "server is not initialized yet" in exc.details
+                )
                 if not away or time.monotonic() > deadline:
                     raise
             time.sleep(0.3)
@@ -357,16 +461,22 @@ class Kubelet:
 
     def _host_path(self, source: Mapping[str, Any], name: str) -> str:
         path, kind = source["path"], source.get("type", "")
-        checks = {"": "true", "DirectoryOrCreate": f"mkdir -p -m 0755 '{path}'",
-                  "Directory": f"test -d '{path}'", "FileOrCreate": f"touch '{path}'",
-                  "File": f"test -f '{path}'", "Socket": f"test -S '{path}'",
-                  "CharDevice": f"test -c '{path}'"}
+        checks = {
+            "": "true",
+            "DirectoryOrCreate": f"mkdir -p -m 0755 '{path}'",
+            "Directory": f"test -d '{path}'",
+            "FileOrCreate": f"touch '{path}'",
+            "File": f"test -f '{path}'",
+            "Socket": f"test -S '{path}'",
+            "CharDevice": f"test -c '{path}'",
+        }
         if kind not in checks:
             raise ValueError(f"volume {name}: hostPath type {kind} not supported")
         res = self.node.run(["sh", "-c", checks[kind]])
         if res.rc != 0:
-            raise AssertionError(f"volume {name}: hostPath {path} is not a {kind}: "
-                                 + res.describe())
+            raise AssertionError(
+                f"volume {name}: hostPath {path} is not a {kind}: " + res.describe()
+            )
         return str(path)
 
     def _configmap_volume(self, source: Mapping[str, Any], name: str, who: PodIdentity) -> str:
@@ -391,9 +501,14 @@ class Kubelet:
 
     # ------------------------------------------------------------------ pods
 
-    def run_pod(self, pod: Mapping[str, Any], name: str, namespace: str = "default",
-                allocations: Optional[Mapping[str, Sequence[CriMount]]] = None,
-                ready_timeout: float = 300) -> RunningPod:
+    def run_pod(
+        self,
+        pod: Mapping[str, Any],
+        name: str,
+        namespace: str = "default",
+        allocations: Optional[Mapping[str, Sequence[CriMount]]] = None,
+        ready_timeout: float = 300,
+    ) -> RunningPod:
         """Start ``pod`` (``metadata`` + ``spec``) as the kubelet would; ``allocations``:
         container name → the device plugin's mounts for it."""
         spec = pod["spec"]
@@ -404,16 +519,23 @@ class Kubelet:
         handler = self.runtime_classes.get(spec.get("runtimeClassName", ""), "")
         if spec.get("runtimeClassName") and not handler:
             raise ValueError(f"runtimeClassName {spec['runtimeClassName']} is not known")
-        sandbox_id, config = self._retry("RunPodSandbox",
-                                         lambda: self.cri.run_sandbox(sandbox, handler))
+        sandbox_id, config = self._retry(
+            "RunPodSandbox", lambda: self.cri.run_sandbox(sandbox, handler)
+        )
         running = RunningPod(who, dict(pod), sandbox_id, log_dir)
 
         def create(c: Mapping[str, Any]) -> str:
             log_dir.joinpath(c["name"]).mkdir(parents=True, exist_ok=True)
-            cs = container_spec(pod, c, who, volumes, self.configmaps, self.memory_capacity,
-                                (allocations or {}).get(c["name"], ()))
-            cid = self._retry("CreateContainer",
-                                   lambda: self.cri.create(sandbox_id, config, cs))
+            cs = container_spec(
+                pod,
+                c,
+                who,
+                volumes,
+                self.configmaps,
+                self.memory_capacity,
+                (allocations or {}).get(c["name"], ()),
+            )
+            cid = self._retry("CreateContainer", lambda: self.cri.create(sandbox_id, config, cs))
             self._retry("StartContainer", lambda: self.cri.start_container(cid))
             return cid
 
@@ -438,29 +560,37 @@ class Kubelet:
                 if state.exit_code != 0:
                     raise AssertionError(
                         f"init container {name} exited with {state.exit_code} "
-                        f"({state.reason}: {state.message}); its log:\n{pod.log(name)[-3000:]}")
+                        f"({state.reason}: {state.message}); its log:\n{pod.log(name)[-3000:]}"
+                    )
                 return
             if time.monotonic() > deadline:
-                raise AssertionError(f"init container {name} still running after {timeout}s; "
-                                     f"its log:\n{pod.log(name)[-3000:]}")
+                raise AssertionError(
+                    f"init container {name} still running after {timeout}s; "
+                    f"its log:\n{pod.log(name)[-3000:]}"
+                )
             time.sleep(0.3)
 
-    def _wait_ready(self, pod: RunningPod, name: str, command: Sequence[str],
-                    timeout: float) -> None:
+    def _wait_ready(
+        self, pod: RunningPod, name: str, command: Sequence[str], timeout: float
+    ) -> None:
         cid = pod.containers[name]
         deadline = time.monotonic() + timeout
         while True:
             state = self._retry("ContainerStatus", lambda: self.cri.status(cid))
             if state.state == EXITED:
-                raise AssertionError(f"container {name} exited with {state.exit_code} before "
-                                     f"it was ready; its log:\n{pod.log(name)[-3000:]}")
+                raise AssertionError(
+                    f"container {name} exited with {state.exit_code} before "
+                    f"it was ready; its log:\n{pod.log(name)[-3000:]}"
+                )
             rc, _, _ = self._retry("ExecSync", lambda: self.cri.exec_sync(cid, command))
             if rc == 0:
                 return
             if time.monotonic() > deadline:
-                raise AssertionError(f"container {name} not ready after {timeout}s "
-                                     f"({' '.join(command)}: {rc}); its log:\n"
-                                     f"{pod.log(name)[-3000:]}")
+                raise AssertionError(
+                    f"container {name} not ready after {timeout}s "
+                    f"({' '.join(command)}: {rc}); its log:\n"
+                    f"{pod.log(name)[-3000:]}"
+                )
             time.sleep(0.5)
 
     def wait_exit(self, pod: RunningPod, name: str, timeout: float = 60) -> int:
@@ -487,10 +617,12 @@ class Kubelet:
             if pre:
                 self._retry("ExecSync", partial(self.cri.exec_sync, cid, pre["command"], grace))
             self._retry("StopContainer", partial(self.cri.stop_container, cid, grace))
-            codes[c["name"]] = self._retry("ContainerStatus",
-                                           partial(self.cri.status, cid)).exit_code
-        self._retry("StopPodSandbox", lambda: self.cri.call(
-            "StopPodSandbox", _sandbox_request(pod.sandbox)))
+            codes[c["name"]] = self._retry(
+                "ContainerStatus", partial(self.cri.status, cid)
+            ).exit_code
+        self._retry(
+            "StopPodSandbox", lambda: self.cri.call("StopPodSandbox", _sandbox_request(pod.sandbox))
+        )
         return codes
 
     def close(self) -> None:

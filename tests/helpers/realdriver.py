@@ -208,8 +208,11 @@ def _cached(base: Path, names: Sequence[str]) -> Optional[DriverPackages]:
     """The newest version directory under ``base`` holding every package in ``names``."""
     if not base.is_dir():
         return None
-    versions = sorted((d for d in base.iterdir() if d.is_dir() and not d.name.startswith(".")),
-                      key=lambda d: _version_key(d.name), reverse=True)
+    versions = sorted(
+        (d for d in base.iterdir() if d.is_dir() and not d.name.startswith(".")),
+        key=lambda d: _version_key(d.name),
+        reverse=True,
+    )
     for vdir in versions:
         debs = {n: vdir / _deb_name(n) for n in names}
         if all(p.is_file() for p in debs.values()):
@@ -217,8 +220,9 @@ def _cached(base: Path, names: Sequence[str]) -> Optional[DriverPackages]:
     return None
 
 
-def driver_packages(names: Sequence[str] = COMPUTE_PACKAGES,
-                    cache: Optional[Path] = None) -> DriverPackages:
+def driver_packages(
+    names: Sequence[str] = COMPUTE_PACKAGES, cache: Optional[Path] = None
+) -> DriverPackages:
     """The ``.deb`` files of ``names`` (one driver version), from the cache or downloaded."""
     base = cache or _cache_base()
     found = _cached(base, names)
@@ -227,8 +231,9 @@ def driver_packages(names: Sequence[str] = COMPUTE_PACKAGES,
     try:
         base.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise DownloadError(f"cannot create the driver package cache {base}: {exc.strerror}"
-                            ) from exc
+        raise DownloadError(
+            f"cannot create the driver package cache {base}: {exc.strerror}"
+        ) from exc
     with locked(base / ".lock"):
         found = _cached(base, names)  # another process may have fetched it meanwhile
         if found is not None:
@@ -244,12 +249,14 @@ def _download(base: Path, names: Sequence[str]) -> DriverPackages:
     i386 = any(n.endswith(":i386") for n in names)
     sources.write_text(debian_sources_list(i386=i386))
     options = _apt_options(apt_dir, i386)
-    _run(["apt-get", *options, "update"], "apt-get update (private sources list "
-         f"{sources})")
+    _run(["apt-get", *options, "update"], f"apt-get update (private sources list {sources})")
     staging = Path(tempfile.mkdtemp(prefix=".download-", dir=base))
     try:
-        _run(["apt-get", *options, "download", *names],
-             f"apt-get download {' '.join(names)}", cwd=staging)
+        _run(
+            ["apt-get", *options, "download", *names],
+            f"apt-get download {' '.join(names)}",
+            cwd=staging,
+        )
         by_name: Dict[str, Path] = {}
         for deb in staging.glob("*.deb"):
             arch = _deb_field(deb, "Architecture")
@@ -319,16 +326,22 @@ def debian_sources_list(etc: Path = Path("/etc/apt"), i386: bool = False) -> str
         keyring = [f"signed-by={signed_by}"] if signed_by else []
         wanted = [(keyring + ["arch=amd64"] if i386 else keyring, _COMPONENTS)]
         if i386:
-            wanted.append((keyring + ["arch=i386"],
-                           "contrib non-free" if "-" in suite else "main contrib non-free"))
+            wanted.append(
+                (
+                    keyring + ["arch=i386"],
+                    "contrib non-free" if "-" in suite else "main contrib non-free",
+                )
+            )
         for opts, components in wanted:
             shown = f"[{' '.join(opts)}] " if opts else ""
             line = f"deb {shown}{uri} {suite} {components}\n"
             if line not in lines:
                 lines.append(line)
     if not lines:
-        raise DownloadError(f"no Debian archive (…/debian, …/debian-security) in {etc}/sources.list"
-                            " or sources.list.d: cannot locate the driver packages")
+        raise DownloadError(
+            f"no Debian archive (…/debian, …/debian-security) in {etc}/sources.list"
+            " or sources.list.d: cannot locate the driver packages"
+        )
     return "".join(lines)
 
 
@@ -369,15 +382,15 @@ def _one_line_entries(text: str) -> List[Tuple[str, str, str]]:
 def _run(argv: Sequence[str], what: str, cwd: Optional[Path] = None) -> str:
     """Run ``argv``; on failure raise :class:`DownloadError` naming ``what`` in one line."""
     try:
-        proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True,
-                              timeout=600)
+        proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise DownloadError(f"{what}: {exc}") from exc
     if proc.returncode != 0:
         said = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
         errors = [ln for ln in said if ln.startswith(("E:", "dpkg-deb"))] or said
-        raise DownloadError(f"{what} failed (exit {proc.returncode}): "
-                            f"{errors[-1] if errors else 'no output'}")
+        raise DownloadError(
+            f"{what} failed (exit {proc.returncode}): {errors[-1] if errors else 'no output'}"
+        )
     return proc.stdout
 
 
@@ -421,12 +434,20 @@ class DriverRoot:
     @property
     def nvidia_smi(self) -> Path:
         """The real nvidia-smi program of this root."""
-        rel = "usr/lib/nvidia/current/nvidia-smi" if self.layout == "debian" else "usr/bin/nvidia-smi"
+        rel = (
+            "usr/lib/nvidia/current/nvidia-smi" if self.layout == "debian" else "usr/bin/nvidia-smi"
+        )
         return self.root / rel
 
 
-def make_driver_root(dest: Path, packages: DriverPackages, layout: str, *,
-                     kernel_version: Optional[str] = None, gpus: int = 1) -> DriverRoot:
+def make_driver_root(
+    dest: Path,
+    packages: DriverPackages,
+    layout: str,
+    *,
+    kernel_version: Optional[str] = None,
+    gpus: int = 1,
+) -> DriverRoot:
     """Build a driver root at ``dest`` (new): simulated kernel side for ``kernel_version``
     (default: the files' version) with ``gpus`` GPUs, the packages' files in ``layout``."""
     from nvshim.sim.build import create_node
@@ -436,8 +457,9 @@ def make_driver_root(dest: Path, packages: DriverPackages, layout: str, *,
     dest = Path(dest)
     kernel = kernel_version or packages.version
     cuda = cuda_version_text(cuda_driver_version_of_debs(packages))
-    node = create_node(str(dest), gpus=gpus, driver_version=kernel, cuda_version=cuda,
-                       driver_files=False)
+    node = create_node(
+        str(dest), gpus=gpus, driver_version=kernel, cuda_version=cuda, driver_files=False
+    )
     debs = [deb for name, deb in packages.debs.items() if name not in CONTAINER_PACKAGES]
     if layout == "debian":
         for deb in debs:
@@ -455,13 +477,16 @@ def make_driver_root(dest: Path, packages: DriverPackages, layout: str, *,
     update_ld_cache(dest)
     cached = ldcache_entry(dest, "libcuda.so.1")
     if cached != f"{_LIBDIR}/libcuda.so.1":
-        raise AssertionError(f"{dest}/etc/ld.so.cache maps libcuda.so.1 to {cached}, "
-                             f"not {_LIBDIR}/libcuda.so.1")
+        raise AssertionError(
+            f"{dest}/etc/ld.so.cache maps libcuda.so.1 to {cached}, not {_LIBDIR}/libcuda.so.1"
+        )
     if "libcuda1:i386" in packages.debs:
         cached = ldcache_entry(dest, "libcuda.so.1", i386=True)
         if cached != f"{_LIBDIR32}/libcuda.so.1":
-            raise AssertionError(f"{dest}/etc/ld.so.cache maps the i386 libcuda.so.1 to "
-                                 f"{cached}, not {_LIBDIR32}/libcuda.so.1")
+            raise AssertionError(
+                f"{dest}/etc/ld.so.cache maps the i386 libcuda.so.1 to "
+                f"{cached}, not {_LIBDIR32}/libcuda.so.1"
+            )
     return DriverRoot(dest, layout, packages.version, kernel, tuple(g.uuid for g in node.gpus))
 
 
@@ -477,16 +502,22 @@ def _write_ld_so_conf(root: Path) -> None:
     (root / "etc" / "ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
     (confd / "libc.conf").write_text("/usr/local/lib\n")
     (confd / "x86_64-linux-gnu.conf").write_text(
-        "# Multiarch support\n" + "".join(d + "\n" for d in _MULTIARCH_DIRS))
+        "# Multiarch support\n" + "".join(d + "\n" for d in _MULTIARCH_DIRS)
+    )
     (confd / "i386-linux-gnu.conf").write_text(
-        "# Multiarch support\n" + "".join(d + "\n" for d in _MULTIARCH_DIRS32))
+        "# Multiarch support\n" + "".join(d + "\n" for d in _MULTIARCH_DIRS32)
+    )
 
 
 def ldcache_entry(root: Path, soname: str, i386: bool = False) -> Optional[str]:
     """The path ``<root>/etc/ld.so.cache`` gives for ``soname`` (x86-64; with ``i386``, the
     i386 entry: ``(libc6)``), or None (read with the host's ``ldconfig -C <cache> -p``)."""
-    out = subprocess.run(["/sbin/ldconfig", "-C", str(root / "etc" / "ld.so.cache"), "-p"],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["/sbin/ldconfig", "-C", str(root / "etc" / "ld.so.cache"), "-p"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     for line in out.splitlines():
         m = re.match(rf"^\s*{re.escape(soname)} \(([^)]*)\) => (\S+)$", line)
         if m and ((m.group(1) == "libc6") if i386 else ("x86-64" in m.group(1))):
@@ -543,10 +574,14 @@ def alternatives_links(postinst: str) -> List[Alternative]:
             target_dir, target_sub, file, source_dir, source_sub = args[:5]
             source_file = args[6] if len(args) > 6 and args[6] else file
             for triplet in (_TRIPLET, _TRIPLET32):
-                out.append(Alternative(f"{target_dir}/{triplet}/{target_sub}{file}",
-                                       f"{prefix}{file}-{triplet}",
-                                       f"{source_dir}/{triplet}/{source_sub}{source_file}",
-                                       requires))
+                out.append(
+                    Alternative(
+                        f"{target_dir}/{triplet}/{target_sub}{file}",
+                        f"{prefix}{file}-{triplet}",
+                        f"{source_dir}/{triplet}/{source_sub}{source_file}",
+                        requires,
+                    )
+                )
     return out
 
 
@@ -579,24 +614,27 @@ def _debian_alternatives(root: Path, packages: DriverPackages) -> None:
 def _flat_destination(path: str) -> Optional[str]:
     """Where NVIDIA's installer puts the file Debian ships at ``path`` (None: not at all)."""
     name = path.rsplit("/", 1)[-1]
-    for libdir, flat in ((_DEBIAN_LIBDIR, _LIBDIR), (_LIBDIR, _LIBDIR),
-                         (_DEBIAN_LIBDIR32, _LIBDIR32), (_LIBDIR32, _LIBDIR32)):
-        rest = path[len(libdir) + 1:] if path.startswith(libdir + "/") else ""
+    for libdir, flat in (
+        (_DEBIAN_LIBDIR, _LIBDIR),
+        (_LIBDIR, _LIBDIR),
+        (_DEBIAN_LIBDIR32, _LIBDIR32),
+        (_LIBDIR32, _LIBDIR32),
+    ):
+        rest = path[len(libdir) + 1 :] if path.startswith(libdir + "/") else ""
         if rest and "/" not in rest:
             if name.startswith("libvdpau_nvidia."):
                 return f"{flat}/vdpau/{name}"
             if name == "nvidia-drm_gbm.so":
                 return None  # made by _lay_out_flat as the installer makes it
             return f"{flat}/{name}"
-    if path == "/usr/lib/nvidia/current/nvidia-smi" or path.startswith(("/usr/bin/",
-                                                                         "/usr/sbin/")):
+    if path == "/usr/lib/nvidia/current/nvidia-smi" or path.startswith(("/usr/bin/", "/usr/sbin/")):
         return f"/usr/bin/{name}"
     if path == "/usr/lib/nvidia/current/nvidia_drv.so":
         return "/usr/lib/xorg/modules/drivers/nvidia_drv.so"
     if name.startswith("libglxserver_nvidia.so"):
         return f"/usr/lib/xorg/modules/extensions/{name}"
     if path.startswith("/usr/share/vulkan/"):
-        return "/etc/vulkan/" + path[len("/usr/share/vulkan/"):]
+        return "/etc/vulkan/" + path[len("/usr/share/vulkan/") :]
     if path.startswith(("/usr/share/glvnd/", "/usr/share/egl/", "/etc/OpenCL/")):
         return path
     if path == "/etc/nvidia/current/nvidia-drm-outputclass.conf":
@@ -641,13 +679,16 @@ def _lay_out_flat(staging: Path, root: Path) -> None:
 def cuda_driver_version(libcuda: str) -> int:
     """cuDriverGetVersion() of the libcuda file at ``libcuda`` (e.g. 12020), asked in a
     child process so the test process never maps the driver."""
-    code = ("import ctypes, sys\n"
-            "lib = ctypes.CDLL(sys.argv[1])\n"
-            "v = ctypes.c_int(0)\n"
-            "rc = lib.cuDriverGetVersion(ctypes.byref(v))\n"
-            "print(rc, v.value)\n")
-    out = subprocess.run([sys.executable, "-I", "-c", code, libcuda], check=True,
-                         capture_output=True, text=True).stdout.split()
+    code = (
+        "import ctypes, sys\n"
+        "lib = ctypes.CDLL(sys.argv[1])\n"
+        "v = ctypes.c_int(0)\n"
+        "rc = lib.cuDriverGetVersion(ctypes.byref(v))\n"
+        "print(rc, v.value)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", code, libcuda], check=True, capture_output=True, text=True
+    ).stdout.split()
     if out[0] != "0":
         raise AssertionError(f"cuDriverGetVersion of {libcuda} returned {out[0]}")
     return int(out[1])
@@ -678,11 +719,16 @@ def build_probe(dest_dir: Path) -> Path:
     """Compile the C probe with the host's gcc into ``dest_dir``; return the binary."""
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
-        raise AssertionError("gcc is not installed: the CUDA probe is built at test time "
-                             "(./install.sh --dev installs gcc and libc6-dev)")
+        raise AssertionError(
+            "gcc is not installed: the CUDA probe is built at test time "
+            "(./install.sh --dev installs gcc and libc6-dev)"
+        )
     out = Path(dest_dir) / "cudaprobe"
-    proc = subprocess.run([gcc, "-O2", "-Wall", "-o", str(out), str(PROBE_SOURCE), "-ldl"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [gcc, "-O2", "-Wall", "-o", str(out), str(PROBE_SOURCE), "-ldl"],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise AssertionError(f"building {PROBE_SOURCE} failed:\n{proc.stderr}")
     return out
@@ -748,8 +794,10 @@ def driver_programs(packages: DriverPackages, dest: Path) -> List[Path]:
     a rootfs must be able to run, for :func:`add_driver_dependencies`."""
     for name in ("nvidia-smi", _VERSION_PACKAGE):
         _extract(packages.debs[name], dest)
-    return [dest / "usr/lib/nvidia/current/nvidia-smi",
-            dest / _DEBIAN_LIBDIR.lstrip("/") / f"libcuda.so.{packages.version}"]
+    return [
+        dest / "usr/lib/nvidia/current/nvidia-smi",
+        dest / _DEBIAN_LIBDIR.lstrip("/") / f"libcuda.so.{packages.version}",
+    ]
 
 
 def add_driver_dependencies(rootfs: Path, programs: Iterable[Path]) -> None:
@@ -765,9 +813,13 @@ def add_driver_dependencies(rootfs: Path, programs: Iterable[Path]) -> None:
     update_ld_cache(rootfs)
 
 
-def make_cuda_image_rootfs(dest: Path, programs: Iterable[Path], needs: Iterable[Path] = (),
-                           image_libraries: Sequence[str] = ("libz.so.1",),
-                           cuda_libraries: Sequence[str] = ("libstdc++.so.6",)) -> Path:
+def make_cuda_image_rootfs(
+    dest: Path,
+    programs: Iterable[Path],
+    needs: Iterable[Path] = (),
+    image_libraries: Sequence[str] = ("libz.so.1",),
+    cuda_libraries: Sequence[str] = ("libstdc++.so.6",),
+) -> Path:
     """A rootfs shaped like an ``nvidia/cuda`` image at ``dest`` (new).
 
     Merged /usr (``lib``, ``lib64``, ``sbin`` are links into ``usr``), busybox, the loader at

@@ -45,21 +45,24 @@ __all__ = [
     "build_probe32",
 ]
 
-I386_PACKAGES: Tuple[str, ...] = tuple(f"{name}:i386" for name in (
-    "libcuda1",
-    "libnvidia-ml1",
-    "libglx-nvidia0",
-    "libegl-nvidia0",
-    "libgles-nvidia1",
-    "libgles-nvidia2",
-    "libnvidia-encode1",
-    "libnvcuvid1",
-    "libnvidia-allocator1",
-    "nvidia-opencl-icd",
-    "nvidia-vdpau-driver",
-    "libnvidia-opticalflow1",
-    "libnvidia-fbc1",
-))
+I386_PACKAGES: Tuple[str, ...] = tuple(
+    f"{name}:i386"
+    for name in (
+        "libcuda1",
+        "libnvidia-ml1",
+        "libglx-nvidia0",
+        "libegl-nvidia0",
+        "libgles-nvidia1",
+        "libgles-nvidia2",
+        "libnvidia-encode1",
+        "libnvcuvid1",
+        "libnvidia-allocator1",
+        "nvidia-opencl-icd",
+        "nvidia-vdpau-driver",
+        "libnvidia-opticalflow1",
+        "libnvidia-fbc1",
+    )
+)
 COMPAT32_PACKAGES: Tuple[str, ...] = COMPUTE_PACKAGES + I386_PACKAGES + CONTAINER_PACKAGES
 LOADER32 = "/lib/ld-linux.so.2"
 PROBE32_SOURCE = Path(__file__).resolve().parent.parent / "probe" / "cudaprobe32.c"
@@ -90,11 +93,26 @@ def build_probe32(dest_dir: Path, packages: DriverPackages) -> Path:
         _extract(packages.debs[_LIBC32], Path(tmp))
         libdir = Path(tmp) / "lib/i386-linux-gnu"
         proc = subprocess.run(
-            [gcc, "-m32", "-O2", "-Wall", "-fno-pie", "-no-pie", "-fno-stack-protector",
-             "-nostdlib", "-nostartfiles", "-o", str(out), str(PROBE32_SOURCE),
-             str(libdir / "libc.so.6"), f"-Wl,-rpath-link,{libdir}",
-             f"-Wl,-dynamic-linker,{LOADER32}"],
-            capture_output=True, text=True)
+            [
+                gcc,
+                "-m32",
+                "-O2",
+                "-Wall",
+                "-fno-pie",
+                "-no-pie",
+                "-fno-stack-protector",
+                "-nostdlib",
+                "-nostartfiles",
+                "-o",
+                str(out),
+                str(PROBE32_SOURCE),
+                str(libdir / "libc.so.6"),
+                f"-Wl,-rpath-link,{libdir}",
+                f"-Wl,-dynamic-linker,{LOADER32}",
+            ],
+            capture_output=True,
+            text=True,
+        )
     if proc.returncode != 0:
         raise AssertionError(f"building {PROBE32_SOURCE} with gcc -m32 failed:\n{proc.stderr}")
     return out

@@ -55,8 +55,10 @@ class Runc:
     ) -> None:
         self.root_dir = Path(root_dir)
         self.runtime = str(runtime)
-        self.io_dir = Path(io_dir) if io_dir is not None else self.root_dir.with_name(
-            self.root_dir.name + "-io"
+        self.io_dir = (
+            Path(io_dir)
+            if io_dir is not None
+            else self.root_dir.with_name(self.root_dir.name + "-io")
         )
         self.env = env
         self._used: Dict[str, Tuple[Optional[PathLike], EnvArg]] = {}
@@ -88,15 +90,26 @@ class Runc:
             timeout=timeout,
             **kw,
         )
-        if res.rc != 0 and sub and str(sub[0]) in ("create", "run") \
-                and _RUNC_CLONE_RACE in res.stderr:
+        if (
+            res.rc != 0
+            and sub
+            and str(sub[0]) in ("create", "run")
+            and _RUNC_CLONE_RACE in res.stderr
+        ):
             # runc 1.1's own transient failure (its re-exec of a cloned copy of itself found
             # the copy busy): nothing of nvshim's; the container was not made, so once more
-            execute(self.argv("delete", "--force", str(sub[-1]), runtime=runtime),
-                    env=env if env is not None else self.env, timeout=timeout)
-            res = execute(self.argv(*sub, runtime=runtime, log=log),
-                          env=env if env is not None else self.env, log=log, timeout=timeout,
-                          **kw)
+            execute(
+                self.argv("delete", "--force", str(sub[-1]), runtime=runtime),
+                env=env if env is not None else self.env,
+                timeout=timeout,
+            )
+            res = execute(
+                self.argv(*sub, runtime=runtime, log=log),
+                env=env if env is not None else self.env,
+                log=log,
+                timeout=timeout,
+                **kw,
+            )
         return res
 
     def run(
@@ -131,34 +144,67 @@ class Runc:
             sub += ["--pid-file", pid_file]
         return self._call(sub + [id], runtime, log, env, timeout, stdio_to=self.io_dir / id)
 
-    def start(self, id: str, *, runtime: Optional[PathLike] = None,
-              log: Optional[PathLike] = None, env: EnvArg = None,
-              timeout: float = 60) -> RunResult:
+    def start(
+        self,
+        id: str,
+        *,
+        runtime: Optional[PathLike] = None,
+        log: Optional[PathLike] = None,
+        env: EnvArg = None,
+        timeout: float = 60,
+    ) -> RunResult:
         """``start id``."""
         return self._call(["start", id], runtime, log, env, timeout)
 
-    def state(self, id: str, *, runtime: Optional[PathLike] = None,
-              log: Optional[PathLike] = None, env: EnvArg = None,
-              timeout: float = 60) -> RunResult:
+    def state(
+        self,
+        id: str,
+        *,
+        runtime: Optional[PathLike] = None,
+        log: Optional[PathLike] = None,
+        env: EnvArg = None,
+        timeout: float = 60,
+    ) -> RunResult:
         """``state id``; ``.json()`` gives the state object when rc is 0."""
         return self._call(["state", id], runtime, log, env, timeout)
 
-    def kill(self, id: str, signal: str = "KILL", *, all: bool = False,
-             runtime: Optional[PathLike] = None, log: Optional[PathLike] = None,
-             env: EnvArg = None, timeout: float = 60) -> RunResult:
+    def kill(
+        self,
+        id: str,
+        signal: str = "KILL",
+        *,
+        all: bool = False,
+        runtime: Optional[PathLike] = None,
+        log: Optional[PathLike] = None,
+        env: EnvArg = None,
+        timeout: float = 60,
+    ) -> RunResult:
         """``kill [--all] id SIGNAL``."""
         sub: List[PathLike] = ["kill"] + (["--all"] if all else []) + [id, signal]
         return self._call(sub, runtime, log, env, timeout)
 
-    def delete(self, id: str, *, force: bool = False, runtime: Optional[PathLike] = None,
-               log: Optional[PathLike] = None, env: EnvArg = None,
-               timeout: float = 60) -> RunResult:
+    def delete(
+        self,
+        id: str,
+        *,
+        force: bool = False,
+        runtime: Optional[PathLike] = None,
+        log: Optional[PathLike] = None,
+        env: EnvArg = None,
+        timeout: float = 60,
+    ) -> RunResult:
         """``delete [--force] id``."""
         sub: List[PathLike] = ["delete"] + (["--force"] if force else []) + [id]
         return self._call(sub, runtime, log, env, timeout)
 
-    def wait_stopped(self, id: str, *, timeout: float = 30, runtime: Optional[PathLike] = None,
-                     env: EnvArg = None) -> Dict[str, Any]:
+    def wait_stopped(
+        self,
+        id: str,
+        *,
+        timeout: float = 30,
+        runtime: Optional[PathLike] = None,
+        env: EnvArg = None,
+    ) -> Dict[str, Any]:
         """Poll ``state`` until the container is ``stopped``; return that state object."""
         last: Dict[str, Any] = {}
 
@@ -246,8 +292,7 @@ def make_crun_wrapper(dir: PathLike, crun: Optional[str] = None) -> Path:
         "#!/bin/sh\n"
         "# crun 1.8.1 refuses cgroup hybrid mode; see tests/helpers/runc.py\n"
         f"exec {unshare} -m --propagation private sh -c "
-        f"'umount /sys/fs/cgroup/unified 2>/dev/null; exec {crun} \"$@\"' crun \"$@\"\n"
+        f'\'umount /sys/fs/cgroup/unified 2>/dev/null; exec {crun} "$@"\' crun "$@"\n'
     )
     path.chmod(0o755)
     return path
-

@@ -20,8 +20,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Dict, Iterator, List
 
-SANITIZE = ("-g", "-O1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
-            "-fno-sanitize-recover=all")
+SANITIZE = (
+    "-g",
+    "-O1",
+    "-fsanitize=address,undefined",
+    "-fno-omit-frame-pointer",
+    "-fno-sanitize-recover=all",
+)
 
 _DEFAULTS = """\
 #define _GNU_SOURCE
@@ -54,18 +59,22 @@ def sanitized_client(where: Path) -> Path:
         pytest.skip("no C compiler (gcc, cc) to build the sanitized client")
     probe = where / "probe.c"
     probe.write_text("int main(void) { return 0; }\n")
-    res = subprocess.run([cc, *SANITIZE, "-o", str(where / "probe"), str(probe)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [cc, *SANITIZE, "-o", str(where / "probe"), str(probe)], capture_output=True, text=True
+    )
     if res.returncode != 0:
-        pytest.skip(f"{cc} cannot link -fsanitize=address,undefined (Debian: libasan8, "
-                    f"libubsan1): {(res.stderr.strip().splitlines() or ['?'])[-1]}")
+        pytest.skip(
+            f"{cc} cannot link -fsanitize=address,undefined (Debian: libasan8, "
+            f"libubsan1): {(res.stderr.strip().splitlines() or ['?'])[-1]}"
+        )
     reports = where / "reports"
     reports.mkdir()
     defaults = where / "defaults.c"
     defaults.write_text(_DEFAULTS.format(reports=reports))
     # a failure here is the client's (it linked a sanitized program above): not skipped
-    return Path(build_client(str(where / "nvshim-agent-client"), cc,
-                             flags=[*SANITIZE, str(defaults)]))
+    return Path(
+        build_client(str(where / "nvshim-agent-client"), cc, flags=[*SANITIZE, str(defaults)])
+    )
 
 
 def take_reports(client: Path) -> List[str]:
@@ -106,7 +115,11 @@ def client_scenarios(module: ModuleType) -> Dict[str, Any]:
         yield
         assert take_reports(sanitized_client) == []
 
-    names = {name: obj for name, obj in vars(module).items()
-             if not name.startswith("__") and name != "client"
-             and (not name.startswith("test_") or _runs_the_client(obj))}
+    names = {
+        name: obj
+        for name, obj in vars(module).items()
+        if not name.startswith("__")
+        and name != "client"
+        and (not name.startswith("test_") or _runs_the_client(obj))
+    }
     return {**names, "client": client, "no_sanitizer_report": no_sanitizer_report}

@@ -48,11 +48,16 @@ class Node:
         from tests.helpers.node import write_nvshim_config
 
         values: Dict[str, Any] = {
-            "runtimes": [self.runc], "driver-root": self.sim.root,
+            "runtimes": [self.runc],
+            "driver-root": self.sim.root,
             "grants-journal": str(self.base / "grants.jsonl"),
-            "cdi-spec-dirs": [str(self.base / "cdi")], "require-allocation": True,
-            "nri-inject": True, "nri-guard": True, "nri-verify": True,
-            "nri-gpu-handlers": ["nvidia", ""], "nri-nvshim-handlers": ["nvshim"],
+            "cdi-spec-dirs": [str(self.base / "cdi")],
+            "require-allocation": True,
+            "nri-inject": True,
+            "nri-guard": True,
+            "nri-verify": True,
+            "nri-gpu-handlers": ["nvidia", ""],
+            "nri-nvshim-handlers": ["nvshim"],
             "nri-runtime-root": str(self.base / "containerd" / "runc-root" / "k8s.io"),
             "kubelet-socket": self.cluster.pod_resources,
             "kubelet-checkpoint": self.cluster.checkpoint,
@@ -77,8 +82,9 @@ def _images(cluster: Any, rootfs: Path, base: Path) -> None:
 
 
 @pytest.fixture(scope="session", params=["2.4", "1.7"], ids=lambda v: f"containerd-{v}")
-def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-         base_rootfs: Path) -> Iterator[Node]:
+def node(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path
+) -> Iterator[Node]:
     """The cluster, its node running containerd 2.4.2 (built from its module) or Debian 13's
     1.7.24 (NRI v0.6), with runc 1.5.3 under both."""
     require_root()
@@ -101,51 +107,93 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     sim = create_node(str(base / "sim"), gpus=4)
     (base / "cdi").mkdir()
     nvshim = shutil.which("nvshim") or "nvshim"
-    gen = subprocess.run([nvshim, "cdi", "generate", "--driver-root", sim.root, "--output",
-                          str(base / "cdi" / "nvidia.yaml")], capture_output=True, text=True,
-                         timeout=120, check=False)
+    gen = subprocess.run(
+        [
+            nvshim,
+            "cdi",
+            "generate",
+            "--driver-root",
+            sim.root,
+            "--output",
+            str(base / "cdi" / "nvidia.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert gen.returncode == 0, gen.stderr
     toolkit = go_programs("nvidia-toolkit")
     wrapper = nvidia_runtime(base / "nvidia-toolkit", toolkit, runc, base / "cdi")
     cd = base / "containerd"
     cd.mkdir()
     config = cd / "config.toml"
-    text = cri_containerd_config(cd, cdi_spec_dirs=[str(base / "cdi")],
-                                 version=2 if request.param == "1.7" else 3)
+    text = cri_containerd_config(
+        cd, cdi_spec_dirs=[str(base / "cdi")], version=2 if request.param == "1.7" else 3
+    )
     root_line = f'        Root = "{cd}/runc-root"\n'
     assert root_line in text
-    config.write_text(text.replace(root_line, root_line + f'        BinaryName = "{runc}"\n')
-                      + nri_section(cd))
+    config.write_text(
+        text.replace(root_line, root_line + f'        BinaryName = "{runc}"\n') + nri_section(cd)
+    )
     cluster = Cluster(base, k8s, etcd, containerd, "")
     cluster.crictl_bin = str(go_programs("crictl") / "crictl")
     # nvshim's own runtime: require-allocation, each grant held to the real kubelet's record
-    nvshim_cfg = write_nvshim_config(base / "nvshim-handler", {
-        "runtimes": [runc], "driver-root": sim.root, "require-allocation": True,
-        "verify-with": "kubelet", "kubelet-socket": cluster.pod_resources,
-        "kubelet-checkpoint": cluster.checkpoint,
-        "grants-journal": str(base / "grants.jsonl"), "cdi-spec-dirs": [str(base / "cdi")]})
+    nvshim_cfg = write_nvshim_config(
+        base / "nvshim-handler",
+        {
+            "runtimes": [runc],
+            "driver-root": sim.root,
+            "require-allocation": True,
+            "verify-with": "kubelet",
+            "kubelet-socket": cluster.pod_resources,
+            "kubelet-checkpoint": cluster.checkpoint,
+            "grants-journal": str(base / "grants.jsonl"),
+            "cdi-spec-dirs": [str(base / "cdi")],
+        },
+    )
     from nvshim.node.compile import compile_node
 
     compile_node(str(nvshim_cfg))
     nvshim_wrapper = runtime_wrapper(base / "nvshim-runtime", nvshim_cfg)
     for name, binary, default in (("nvidia", wrapper, True), ("nvshim", nvshim_wrapper, False)):
-        res = subprocess.run([nvshim, "runtime", "configure", "--runtime", "containerd",
-                              "--config", str(config), "--drop-in", "", "--binary", str(binary),
-                              "--name", name, "--force"]
-                             + (["--set-as-default"] if default else []),
-                             capture_output=True, text=True, timeout=60, check=False)
+        res = subprocess.run(
+            [
+                nvshim,
+                "runtime",
+                "configure",
+                "--runtime",
+                "containerd",
+                "--config",
+                str(config),
+                "--drop-in",
+                "",
+                "--binary",
+                str(binary),
+                "--name",
+                name,
+                "--force",
+            ]
+            + (["--set-as-default"] if default else []),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert res.returncode == 0, res.stderr
     cluster.containerd_config = config.read_text()
     n = Node(cluster, sim, base)
     try:
         cluster.start()
         versions = cluster.versions()
-        for tool, argv in (("runc", [runc, "--version"]),
-                           ("crictl", [cluster.crictl_bin, "--version"]),
-                           ("nvidia-container-runtime",
-                            [str(toolkit / "nvidia-container-runtime"), "--version"])):
-            versions[tool] = subprocess.run(argv, capture_output=True, text=True,
-                                            timeout=60).stdout.splitlines()[0]
+        for tool, argv in (
+            ("runc", [runc, "--version"]),
+            ("crictl", [cluster.crictl_bin, "--version"]),
+            ("nvidia-container-runtime", [str(toolkit / "nvidia-container-runtime"), "--version"]),
+        ):
+            versions[tool] = subprocess.run(
+                argv, capture_output=True, text=True, timeout=60
+            ).stdout.splitlines()[0]
         for component, version in versions.items():
             print(f"k8s: {component}: {version}")
         _images(cluster, base_rootfs, base)
@@ -153,10 +201,14 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         from tests.helpers.agent import AgentProcess
 
         n.runc, n.containerd = runc, request.param
-        n.agent = AgentProcess(base / "agent.sock", n.agent_config(), base / "agent.log",
-                               str(cd / "nri.sock")).start()
-        wait_until(lambda: "nri registered" in (base / "agent.log").read_text(), 30,
-                   "the agent's NRI registration")
+        n.agent = AgentProcess(
+            base / "agent.sock", n.agent_config(), base / "agent.log", str(cd / "nri.sock")
+        ).start()
+        wait_until(
+            lambda: "nri registered" in (base / "agent.log").read_text(),
+            30,
+            "the agent's NRI registration",
+        )
         yield n
     finally:
         if n.agent is not None and n.agent.proc is not None and n.agent.proc.poll() is None:
@@ -189,8 +241,10 @@ annotation-prefixes = ["cdi.k8s.io/"]
 path = "{toolkit}/nvidia-ctk"
 """)
     wrapper = where / "nvidia-container-runtime"
-    wrapper.write_text(f"#!/bin/sh\nNVIDIA_CTK_CONFIG_FILE_PATH={config} "
-                       f'exec {toolkit}/nvidia-container-runtime "$@"\n')
+    wrapper.write_text(
+        f"#!/bin/sh\nNVIDIA_CTK_CONFIG_FILE_PATH={config} "
+        f'exec {toolkit}/nvidia-container-runtime "$@"\n'
+    )
     wrapper.chmod(0o755)
     return wrapper
 

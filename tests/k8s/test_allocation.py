@@ -23,8 +23,9 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module", params=STRATEGIES)
 def plugin(request: pytest.FixtureRequest, node: Node) -> Iterator[DevicePlugin]:
     """The device plugin in one strategy, registered until the module's strategy changes."""
-    dp = DevicePlugin(node.cluster.device_plugins, [g.uuid for g in node.sim.gpus],
-                      request.param).start()
+    dp = DevicePlugin(
+        node.cluster.device_plugins, [g.uuid for g in node.sim.gpus], request.param
+    ).start()
 
     def advertised() -> bool:
         doc = json.loads(node.cluster.kubectl("get", "node", "-o", "json").stdout)
@@ -38,31 +39,37 @@ def plugin(request: pytest.FixtureRequest, node: Node) -> Iterator[DevicePlugin]
 
 def gpu_pod(name: str, count: int = 1, runtime_class: Optional[str] = None) -> str:
     container: Dict[str, Any] = {
-        "name": "main", "image": BUSYBOX, "imagePullPolicy": "Never",
+        "name": "main",
+        "image": BUSYBOX,
+        "imagePullPolicy": "Never",
         "command": ["sh", "-c", LIST],
         "resources": {"limits": {"nvidia.com/gpu": str(count)}},
     }
-    spec: Dict[str, Any] = {"hostNetwork": True, "restartPolicy": "Never",
-                            "automountServiceAccountToken": False,
-                            "terminationGracePeriodSeconds": 1, "containers": [container]}
+    spec: Dict[str, Any] = {
+        "hostNetwork": True,
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 1,
+        "containers": [container],
+    }
     if runtime_class:
         spec["runtimeClassName"] = runtime_class
-    return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-                       "spec": spec})
+    return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
 
 
 @pytest.mark.parametrize("handler", ["nvshim", "runc", "nvidia"])
-def test_an_allocated_pod_sees_exactly_its_gpus(node: Node, plugin: DevicePlugin,
-                                                handler: str) -> None:
+def test_an_allocated_pod_sees_exactly_its_gpus(
+    node: Node, plugin: DevicePlugin, handler: str
+) -> None:
     """A pod limited to one nvidia.com/gpu (then two) sees the device nodes of exactly the GPUs the kubelet allocated to it, in this strategy and under this handler, and NVIDIA_VISIBLE_DEVICES=void; nvshim grants names the pod with those GPUs; the pod is deleted after, freeing them."""
     for count in (1, 2):
         name = f"alloc-{plugin.strategy}-{handler}-{count}"
         before = len(plugin.allocations)
-        node.cluster.apply(gpu_pod(name, count,
-                                   None if handler == "nvidia" else handler))
+        node.cluster.apply(gpu_pod(name, count, None if handler == "nvidia" else handler))
         minors, vis = seen(node, name)
-        allocated: List[str] = plugin.allocations[before] if len(
-            plugin.allocations) > before else []
+        allocated: List[str] = (
+            plugin.allocations[before] if len(plugin.allocations) > before else []
+        )
         by_uuid = {g.uuid: g.minor for g in node.sim.gpus}
         assert len(allocated) == count, plugin.allocations
         assert minors == sorted(by_uuid[u] for u in allocated), (minors, allocated)

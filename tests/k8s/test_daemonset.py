@@ -58,7 +58,9 @@ def docs(path: Path) -> List[Dict[str, Any]]:
 
 def configmap(node_root: str, pod_resources: str) -> str:
     (cm,) = docs(DEPLOY / "configmap.yaml")
-    text, n = re.subn(r"(?m)^driver-root: /$", f"driver-root: {node_root}", cm["data"]["config.yaml"])
+    text, n = re.subn(
+        r"(?m)^driver-root: /$", f"driver-root: {node_root}", cm["data"]["config.yaml"]
+    )
     assert n == 1, "configmap.yaml no longer sets driver-root: / (update this test)"
     cm["data"]["config.yaml"] = text + f"kubelet-socket: {pod_resources}\n"
     return json.dumps(cm)
@@ -80,17 +82,35 @@ def daemonset(env: Dict[str, str]) -> str:
 
 def gpu_deployment(replicas: int) -> str:
     labels = {"app": "gpu-burst"}
-    return json.dumps({
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "gpu-burst"},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels}, "spec": {
-                     "runtimeClassName": "nvshim", "hostNetwork": True,
-                     "automountServiceAccountToken": False,
-                     "terminationGracePeriodSeconds": 1,
-                     "containers": [{"name": "main", "image": BUSYBOX,
-                                     "imagePullPolicy": "Never",
-                                     "command": ["sh", "-c", LIST],
-                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    return json.dumps(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "gpu-burst"},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "runtimeClassName": "nvshim",
+                        "hostNetwork": True,
+                        "automountServiceAccountToken": False,
+                        "terminationGracePeriodSeconds": 1,
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": BUSYBOX,
+                                "imagePullPolicy": "Never",
+                                "command": ["sh", "-c", LIST],
+                                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                            }
+                        ],
+                    },
+                },
+            },
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +121,7 @@ def ds_node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iter
     from tests.helpers.gobuild import go_programs
     from tests.helpers.installer_image import BuildError, installer_image_archive
     from tests.helpers.k8s import Cluster
+
     base = tmp_path_factory.mktemp("k8s-ds")
     (ds,) = docs(DEPLOY / "daemonset.yaml")
     image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
@@ -116,8 +137,14 @@ def ds_node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iter
     root_line = f'        Root = "{cd}/runc-root"\n'
     config = cd / "config.toml"
     config.write_text(text.replace(root_line, root_line + f'        BinaryName = "{runc}"\n'))
-    cluster = Cluster(base, go_programs("kubernetes"), go_programs("etcd"),
-                      go_programs("containerd"), "", own_node=True)
+    cluster = Cluster(
+        base,
+        go_programs("kubernetes"),
+        go_programs("etcd"),
+        go_programs("containerd"),
+        "",
+        own_node=True,
+    )
     cluster.containerd_config = config.read_text()
     try:
         cluster.start()
@@ -130,8 +157,9 @@ def ds_node(tmp_path_factory: pytest.TempPathFactory, base_rootfs: Path) -> Iter
             assert res.returncode == 0, res.stderr
         res = cluster.ctr("images", "tag", image, UPGRADE)
         assert res.returncode == 0, res.stderr
-        cluster.kubectl("label", "node", "--all", "nvidia.com/gpu.present=true",
-                        "nvshim.io/install=true")
+        cluster.kubectl(
+            "label", "node", "--all", "nvidia.com/gpu.present=true", "nvshim.io/install=true"
+        )
         yield DsNode(cluster, sim, base, image, config)
     finally:
         cluster.stop()
@@ -142,9 +170,11 @@ def _installer_ready(node: DsNode, image: str) -> bool:
     if res.returncode != 0:
         return False
     pods = json.loads(res.stdout)["items"]
-    return len(pods) == 1 and all(
-        c["image"] == image for c in pods[0]["spec"]["containers"]) and all(
-        c.get("ready") for c in pods[0].get("status", {}).get("containerStatuses", [{}]))
+    return (
+        len(pods) == 1
+        and all(c["image"] == image for c in pods[0]["spec"]["containers"])
+        and all(c.get("ready") for c in pods[0].get("status", {}).get("containerStatuses", [{}]))
+    )
 
 
 def agents(node: DsNode) -> List[int]:
@@ -163,8 +193,10 @@ def agents(node: DsNode) -> List[int]:
 
 # What the kubelet says while containerd itself is down (the test restarts it): the
 # engine's window, not nvshim's; anything else failing a create is.
-ENGINE_DOWN = re.compile(r"code = Unavailable|error reading from server: EOF|connection refused"
-                         r"|transport is closing|containerd\.sock: connect")
+ENGINE_DOWN = re.compile(
+    r"code = Unavailable|error reading from server: EOF|connection refused"
+    r"|transport is closing|containerd\.sock: connect"
+)
 
 
 def handler_configured(node: DsNode) -> bool:
@@ -181,10 +213,20 @@ def failures(node: DsNode) -> "tuple[List[str], List[str]]":
     """Events that say a pod or container could not be created or started: (those while
     containerd was down, the others)."""
     res = node.cluster.kubectl("get", "events", "-A", "-o", "json")
-    bad = ("Failed", "FailedCreatePodSandBox", "FailedCreatePodContainer",
-           "UnexpectedAdmissionError", "CreateContainerError", "BackOff", "FailedKillPod")
-    found = [f"{e['involvedObject'].get('name')}: {e.get('reason')}: {e.get('message')}"
-             for e in json.loads(res.stdout)["items"] if e.get("reason") in bad]
+    bad = (
+        "Failed",
+        "FailedCreatePodSandBox",
+        "FailedCreatePodContainer",
+        "UnexpectedAdmissionError",
+        "CreateContainerError",
+        "BackOff",
+        "FailedKillPod",
+    )
+    found = [
+        f"{e['involvedObject'].get('name')}: {e.get('reason')}: {e.get('message')}"
+        for e in json.loads(res.stdout)["items"]
+        if e.get("reason") in bad
+    ]
     down = [f for f in found if ENGINE_DOWN.search(f)]
     return down, [f for f in found if f not in down]
 
@@ -194,10 +236,13 @@ def test_install_roll_and_uninstall_with_gpu_pods(ds_node: DsNode) -> None:
     from tests.helpers.deviceplugin import DevicePlugin
 
     node, cluster = ds_node, ds_node.cluster
-    env = {"NVSHIM_SET_AS_DEFAULT": "true",
-           "NVSHIM_RESTART_MODE": "signal", "NVSHIM_CONTAINERD_CONFIG": str(node.config),
-           "NVSHIM_CONTAINERD_SOCKET": cluster.containerd_socket,
-           "NVSHIM_RESTART_TIMEOUT": "120"}
+    env = {
+        "NVSHIM_SET_AS_DEFAULT": "true",
+        "NVSHIM_RESTART_MODE": "signal",
+        "NVSHIM_CONTAINERD_CONFIG": str(node.config),
+        "NVSHIM_CONTAINERD_SOCKET": cluster.containerd_socket,
+        "NVSHIM_RESTART_TIMEOUT": "120",
+    }
     for path in ("namespace.yaml", "runtimeclass.yaml"):
         cluster.kubectl("apply", "-f", str(DEPLOY / path))
     cluster.apply(configmap(node.sim.root, cluster.pod_resources))
@@ -208,12 +253,12 @@ def test_install_roll_and_uninstall_with_gpu_pods(ds_node: DsNode) -> None:
     assert handler_configured(node)
     wait_until(lambda: bool(agents(node)), 60, "the DaemonSet's agent")
 
-    dp = DevicePlugin(cluster.device_plugins, [g.uuid for g in node.sim.gpus], "volume-mounts",
-                      replicas=REPLICAS).start()
+    dp = DevicePlugin(
+        cluster.device_plugins, [g.uuid for g in node.sim.gpus], "volume-mounts", replicas=REPLICAS
+    ).start()
     try:
         cluster.apply(gpu_deployment(10))
-        cluster.kubectl("rollout", "status", "deployment/gpu-burst", "--timeout=300s",
-                        timeout=320)
+        cluster.kubectl("rollout", "status", "deployment/gpu-burst", "--timeout=300s", timeout=320)
         # the upgrade, the scale-up and a containerd restart, all at once; meanwhile
         # containerd's config is read every 0.1 s: the handler must never be gone
         before_roll = cluster.containerd_starts()
@@ -228,28 +273,51 @@ def test_install_roll_and_uninstall_with_gpu_pods(ds_node: DsNode) -> None:
 
         watcher = threading.Thread(target=watch_handler, daemon=True)
         watcher.start()
-        cluster.kubectl("-n", NS, "set", "image", "daemonset/nvshim-installer",
-                        f"installer={UPGRADE}", f"agent={UPGRADE}")
+        cluster.kubectl(
+            "-n",
+            NS,
+            "set",
+            "image",
+            "daemonset/nvshim-installer",
+            f"installer={UPGRADE}",
+            f"agent={UPGRADE}",
+        )
         cluster.apply(gpu_deployment(20))
-        wait_until(lambda: cluster.kubectl("-n", NS, "get", "pods", "-o", "json",
-                                           check=False).stdout.count(UPGRADE) > 0, 120,
-                   "the rollout to start")
+        wait_until(
+            lambda: (
+                cluster.kubectl("-n", NS, "get", "pods", "-o", "json", check=False).stdout.count(
+                    UPGRADE
+                )
+                > 0
+            ),
+            120,
+            "the rollout to start",
+        )
         for pid in containerd_pids(node):
             os.kill(pid, signal.SIGTERM)
-        cluster.kubectl("-n", NS, "rollout", "status", "daemonset/nvshim-installer",
-                        "--timeout=600s", timeout=620)
+        cluster.kubectl(
+            "-n",
+            NS,
+            "rollout",
+            "status",
+            "daemonset/nvshim-installer",
+            "--timeout=600s",
+            timeout=620,
+        )
         wait_until(lambda: _installer_ready(node, UPGRADE), 300, "the upgraded installer")
         watching.set()
         watcher.join(10)
-        assert without == [], (f"containerd's config had no nvshim handler in {len(without)} "
-                               f"samples, {without[0]} s to {without[-1]} s into the rollout")
+        assert without == [], (
+            f"containerd's config had no nvshim handler in {len(without)} "
+            f"samples, {without[0]} s to {without[-1]} s into the rollout"
+        )
         # the test's own restart only: the new pod's install did not change containerd's
         # config (same handler), the old pod did not uninstall
         assert cluster.containerd_starts() == before_roll + 1
-        cluster.kubectl("rollout", "status", "deployment/gpu-burst", "--timeout=600s",
-                        timeout=620)
-        pods = json.loads(cluster.kubectl("get", "pods", "-l", "app=gpu-burst", "-o",
-                                          "json").stdout)["items"]
+        cluster.kubectl("rollout", "status", "deployment/gpu-burst", "--timeout=600s", timeout=620)
+        pods = json.loads(
+            cluster.kubectl("get", "pods", "-l", "app=gpu-burst", "-o", "json").stdout
+        )["items"]
         assert len(pods) == 20
         by_minor = {g.minor for g in node.sim.gpus}
         for item in pods:
@@ -260,8 +328,11 @@ def test_install_roll_and_uninstall_with_gpu_pods(ds_node: DsNode) -> None:
             restarts = [c.get("restartCount", 0) for c in item["status"]["containerStatuses"]]
             assert restarts == [0], (name, restarts)
         engine_down, others = failures(node)
-        print(f"creates refused while containerd restarted: {len(engine_down)}",
-              *engine_down, sep="\n  ")
+        print(
+            f"creates refused while containerd restarted: {len(engine_down)}",
+            *engine_down,
+            sep="\n  ",
+        )
         assert others == []
         assert len(agents(node)) == 1
 
@@ -270,8 +341,10 @@ def test_install_roll_and_uninstall_with_gpu_pods(ds_node: DsNode) -> None:
         unallocated: Dict[str, Dict[str, Any]] = {
             "default-cuda-image": {},
             "default-env-again": {"env": {"NVIDIA_VISIBLE_DEVICES": "all"}},
-            "default-device-list-mount": {"image": BUSYBOX,
-                                          "hostpath_mount": "/var/run/nvidia-container-devices/all"},
+            "default-device-list-mount": {
+                "image": BUSYBOX,
+                "hostpath_mount": "/var/run/nvidia-container-devices/all",
+            },
         }
         for name, kw in unallocated.items():
             cluster.apply(pod(name, **kw))
@@ -281,31 +354,65 @@ def test_install_roll_and_uninstall_with_gpu_pods(ds_node: DsNode) -> None:
             assert "nvidiactl" not in out.split(), (name, out)
 
         # uninstall
-        cluster.kubectl("delete", "deployment", "gpu-burst", "--wait=true", "--timeout=120s",
-                        timeout=140)
-        cluster.kubectl("-n", NS, "delete", "daemonset", "nvshim-installer", "--wait=true",
-                        "--timeout=300s", timeout=320)
-        wait_until(lambda: not json.loads(cluster.kubectl(
-            "-n", NS, "get", "pods", "-o", "json").stdout)["items"], 300,
-            "the installer pod to go")
+        cluster.kubectl(
+            "delete", "deployment", "gpu-burst", "--wait=true", "--timeout=120s", timeout=140
+        )
+        cluster.kubectl(
+            "-n",
+            NS,
+            "delete",
+            "daemonset",
+            "nvshim-installer",
+            "--wait=true",
+            "--timeout=300s",
+            timeout=320,
+        )
+        wait_until(
+            lambda: (
+                not json.loads(cluster.kubectl("-n", NS, "get", "pods", "-o", "json").stdout)[
+                    "items"
+                ]
+            ),
+            300,
+            "the installer pod to go",
+        )
         assert node.config.read_bytes() == node.config_before
         assert not (node.config.parent / "conf.d" / "99-nvshim.toml").exists()
         # pods created through nvshim-runtime (the default runtime, the installer's own
         # pod too) outlived it: a forwarder stands in its place, and they can be stopped
         forwarder = node.base / "node" / "usr-local" / "upper" / "bin" / "nvshim-runtime"
         assert forwarder.read_text().splitlines()[1] == "# nvshim-runtime-forwarder"
-        cluster.kubectl("delete", "pod", *unallocated, "--wait=true", "--timeout=120s",
-                        timeout=140)
-        wait_until(lambda: not json.loads(cluster.kubectl(
-            "get", "pods", "-A", "-o", "json").stdout)["items"], 120, "every pod to go")
+        cluster.kubectl("delete", "pod", *unallocated, "--wait=true", "--timeout=120s", timeout=140)
+        wait_until(
+            lambda: (
+                not json.loads(cluster.kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]
+            ),
+            120,
+            "every pod to go",
+        )
         wait_until(lambda: not agents(node), 60, "the agent to stop")
-        cluster.apply(json.dumps({
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "after-uninstall"},
-            "spec": {"hostNetwork": True, "restartPolicy": "Never",
-                     "automountServiceAccountToken": False,
-                     "containers": [{"name": "main", "image": BUSYBOX,
-                                     "imagePullPolicy": "Never",
-                                     "command": ["sh", "-c", LIST]}]}}))
+        cluster.apply(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "after-uninstall"},
+                    "spec": {
+                        "hostNetwork": True,
+                        "restartPolicy": "Never",
+                        "automountServiceAccountToken": False,
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": BUSYBOX,
+                                "imagePullPolicy": "Never",
+                                "command": ["sh", "-c", LIST],
+                            }
+                        ],
+                    },
+                }
+            )
+        )
         assert "END" in cluster.wait_log("after-uninstall", "END")
     finally:
         dp.stop()

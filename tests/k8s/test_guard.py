@@ -23,28 +23,44 @@ GPU_NODE = re.compile(r"^nvidia([0-9]+)$")
 LIST = "ls /dev; echo VIS=$NVIDIA_VISIBLE_DEVICES; echo END; exec sleep 3600"
 
 
-def pod(name: str, image: str = CUDA_LIKE, env: Optional[Dict[str, str]] = None,
-        annotations: Optional[Dict[str, str]] = None, hostpath_mount: Optional[str] = None,
-        runtime_class: Optional[str] = None) -> str:
+def pod(
+    name: str,
+    image: str = CUDA_LIKE,
+    env: Optional[Dict[str, str]] = None,
+    annotations: Optional[Dict[str, str]] = None,
+    hostpath_mount: Optional[str] = None,
+    runtime_class: Optional[str] = None,
+) -> str:
     """A one-container host-network pod manifest (JSON is YAML) that lists /dev."""
     import json
 
     container: Dict[str, Any] = {
-        "name": "main", "image": image, "imagePullPolicy": "Never",
+        "name": "main",
+        "image": image,
+        "imagePullPolicy": "Never",
         "command": ["sh", "-c", LIST],
         "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
     }
-    spec: Dict[str, Any] = {"hostNetwork": True, "restartPolicy": "Never",
-                            "automountServiceAccountToken": False,
-                            "terminationGracePeriodSeconds": 1, "containers": [container]}
+    spec: Dict[str, Any] = {
+        "hostNetwork": True,
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 1,
+        "containers": [container],
+    }
     if hostpath_mount:
         container["volumeMounts"] = [{"name": "claim", "mountPath": hostpath_mount}]
         spec["volumes"] = [{"name": "claim", "hostPath": {"path": "/dev/null"}}]
     if runtime_class:
         spec["runtimeClassName"] = runtime_class
-    return json.dumps({"apiVersion": "v1", "kind": "Pod",
-                       "metadata": {"name": name, "annotations": annotations or {}},
-                       "spec": spec})
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "annotations": annotations or {}},
+            "spec": spec,
+        }
+    )
 
 
 def seen(node: Node, name: str) -> Tuple[List[int], str]:
@@ -65,12 +81,24 @@ def grants(node: Node) -> List[Dict[str, Any]]:
     import shutil
     import subprocess
 
-    res = subprocess.run([shutil.which("nvshim") or "nvshim", "grants", "--journal",
-                          str(node.base / "grants.jsonl"), "--format", "json"],
-                         capture_output=True, text=True, timeout=60, check=False)
+    res = subprocess.run(
+        [
+            shutil.which("nvshim") or "nvshim",
+            "grants",
+            "--journal",
+            str(node.base / "grants.jsonl"),
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     doc = json.loads(res.stdout or "{}")
-    return doc if isinstance(doc, list) else next(
-        (v for v in doc.values() if isinstance(v, list)), [])
+    return (
+        doc if isinstance(doc, list) else next((v for v in doc.values() if isinstance(v, list)), [])
+    )
 
 
 def denials(node: Node, name: str) -> List[Dict[str, Any]]:
@@ -78,12 +106,25 @@ def denials(node: Node, name: str) -> List[Dict[str, Any]]:
     import shutil
     import subprocess
 
-    res = subprocess.run([shutil.which("nvshim") or "nvshim", "grants", "--journal",
-                          str(node.base / "grants.jsonl"), "--format", "json", "--denied"],
-                         capture_output=True, text=True, timeout=60, check=False)
+    res = subprocess.run(
+        [
+            shutil.which("nvshim") or "nvshim",
+            "grants",
+            "--journal",
+            str(node.base / "grants.jsonl"),
+            "--format",
+            "json",
+            "--denied",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     doc = json.loads(res.stdout or "{}")
-    records = doc if isinstance(doc, list) else next(
-        (v for v in doc.values() if isinstance(v, list)), [])
+    records = (
+        doc if isinstance(doc, list) else next((v for v in doc.values() if isinstance(v, list)), [])
+    )
     return [d for d in records if d.get("pod") == name]
 
 
@@ -130,8 +171,9 @@ def test_the_guard_refuses_a_pod_that_sets_the_variable_again(node: Node) -> Non
 
 def test_the_guard_strips_a_hostpath_device_list_mount(node: Node) -> None:
     """A pod that mounts the host's /dev/null at /var/run/nvidia-container-devices/all (a hostPath volume any pod author can write), its image naming no GPU, sees no GPU under NVIDIA's default runtime, and is journaled as stripped; crictl inspect shows the spec containerd wrote with an empty tmpfs at that destination and NVIDIA_VISIBLE_DEVICES=void."""
-    name = run(node, "mount-claim", image=BUSYBOX,
-               hostpath_mount="/var/run/nvidia-container-devices/all")
+    name = run(
+        node, "mount-claim", image=BUSYBOX, hostpath_mount="/var/run/nvidia-container-devices/all"
+    )
     assert seen(node, name) == ([], "void")
     found = denials(node, name)
     assert found and found[0]["action"] == "stripped", found
@@ -150,24 +192,30 @@ def test_nvidia_nri_annotation_is_held_to_the_allocation(node: Node) -> None:
     plugin = go_programs("nvidia-toolkit") / "nvidia-nri"
     log = node.base / "nvidia-nri.log"
     with open(log, "ab") as out:
-        proc = subprocess.Popen([str(plugin), str(node.base / "containerd" / "nri.sock"), "20"],
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(plugin), str(node.base / "containerd" / "nri.sock"), "20"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     annotated = {"nvidia.cdi.k8s.io/container.main": "nvidia.com/gpu=all"}
     try:
-        wait_until(lambda: "Started plugin" in log.read_text(), 30,
-                   "NVIDIA's NRI plugin's registration")
-        name = run(node, "nv-annotated", image=BUSYBOX, annotations=annotated,
-                   runtime_class="runc")
+        wait_until(
+            lambda: "Started plugin" in log.read_text(), 30, "NVIDIA's NRI plugin's registration"
+        )
+        name = run(node, "nv-annotated", image=BUSYBOX, annotations=annotated, runtime_class="runc")
         said = node.cluster.waiting_reason(name)
         assert said.startswith("CreateContainerError"), said
-        assert ("nvshim: pod default/nv-annotated container main: annotation "
-                "nvidia.cdi.k8s.io/container.main names CDI device nvidia.com/gpu=all") in said
+        assert (
+            "nvshim: pod default/nv-annotated container main: annotation "
+            "nvidia.cdi.k8s.io/container.main names CDI device nvidia.com/gpu=all"
+        ) in said
         found = denials(node, name)
         assert found and found[0]["action"] == "refused", found
         node.agent.stop()
         try:
-            name = run(node, "nv-unguarded", image=BUSYBOX, annotations=annotated,
-                       runtime_class="runc")
+            name = run(
+                node, "nv-unguarded", image=BUSYBOX, annotations=annotated, runtime_class="runc"
+            )
             # containerd 1.7's NRI v0.6 drops CDI-device adjustments: NVIDIA's plugin
             # injects nothing there
             assert seen(node, name)[0] == (node.gpu_minors() if node.containerd != "1.7" else [])

@@ -28,15 +28,15 @@ def advertised(node: Node, count: int) -> None:
 @pytest.fixture
 def one_gpu_twice(node: Node) -> Iterator[DevicePlugin]:
     """The device plugin advertising one GPU as two replicas (time-slicing)."""
-    dp = DevicePlugin(node.cluster.device_plugins, [node.sim.gpus[3].uuid], "envvar",
-                      replicas=2).start()
+    dp = DevicePlugin(
+        node.cluster.device_plugins, [node.sim.gpus[3].uuid], "envvar", replicas=2
+    ).start()
     advertised(node, 2)
     yield dp
     dp.stop()
 
 
-def test_time_slicing_gives_two_pods_the_same_gpu(node: Node,
-                                                  one_gpu_twice: DevicePlugin) -> None:
+def test_time_slicing_gives_two_pods_the_same_gpu(node: Node, one_gpu_twice: DevicePlugin) -> None:
     """One GPU advertised as two replicas: two pods limited to one nvidia.com/gpu each, under RuntimeClass nvshim (verify-with: kubelet), both see that GPU, and nvshim grants journals both pods with it, marked shared."""
     gpu = node.sim.gpus[3]
     names = ["slice-a", "slice-b"]
@@ -54,8 +54,9 @@ def test_time_slicing_gives_two_pods_the_same_gpu(node: Node,
 
 def test_verify_with_kubelet_after_a_kubelet_restart(node: Node) -> None:
     """A pod allocated before the kubelet restarts, and one allocated after, each under RuntimeClass nvshim with verify-with: kubelet, see exactly their GPU: the restarted kubelet's PodResources API and its device-plugin checkpoint answer for both."""
-    dp = DevicePlugin(node.cluster.device_plugins, [g.uuid for g in node.sim.gpus[:2]],
-                      "envvar").start()
+    dp = DevicePlugin(
+        node.cluster.device_plugins, [g.uuid for g in node.sim.gpus[:2]], "envvar"
+    ).start()
     try:
         advertised(node, 2)
         by_uuid = {g.uuid: g.minor for g in node.sim.gpus}
@@ -85,8 +86,10 @@ def test_an_allocated_pod_cannot_widen_its_gpus_through_its_own_env(node: Node) 
 
     dp = DevicePlugin(node.cluster.device_plugins, [node.sim.gpus[0].uuid], "envvar").start()
     # the guard reads the allocation from the kubelet: its plan grants the one GPU
-    node.agent_config(verify_with="kubelet", allocation_sources=[
-        "kubelet", "volume-mounts", "cdi-annotations", "envvar-uuids"])
+    node.agent_config(
+        verify_with="kubelet",
+        allocation_sources=["kubelet", "volume-mounts", "cdi-annotations", "envvar-uuids"],
+    )
     try:
         advertised(node, 1)
         spec = jsonlib.loads(gpu_pod("widen", 1))
@@ -100,8 +103,7 @@ def test_an_allocated_pod_cannot_widen_its_gpus_through_its_own_env(node: Node) 
             spec["metadata"]["name"] = "widen-unguarded"
             node.cluster.apply(jsonlib.dumps(spec))
             assert seen(node, "widen-unguarded")[0] == node.gpu_minors()
-            node.cluster.kubectl("delete", "pod", "widen-unguarded", "--wait=true",
-                                 "--timeout=60s")
+            node.cluster.kubectl("delete", "pod", "widen-unguarded", "--wait=true", "--timeout=60s")
     finally:
         node.agent_config()
         dp.stop()

@@ -47,28 +47,54 @@ class NvidiaDevicePlugin:
         binary = go_programs("nvidia-device-plugin") / "nvidia-device-plugin"
         sim, plugins = self.node.sim, self.node.cluster.device_plugins
         outside = os.readlink("/proc/self/ns/mnt")
-        script = (f'[ "$(readlink /proc/self/ns/mnt)" != "{outside}" ] || '
-                  '{ echo "not in a private mount namespace: nothing started" >&2; exit 99; }\n'
-                  # the host's /var/lib and /run are never written: private tmpfs hold the
-                  # paths, and its CDI spec (/var/run/cdi, whatever it is told) lands in the
-                  # cluster's CDI folder, which containerd, nvshim and NVIDIA's runtime read
-                  "mount -t tmpfs -o size=64k nvshim-dp /var/lib\n"
-                  "mkdir -p /var/lib/kubelet/device-plugins\n"
-                  f"mount --bind {plugins} /var/lib/kubelet/device-plugins\n"
-                  "mount -t tmpfs -o size=64k nvshim-dp /run\n"
-                  f"mkdir -p /run/cdi && mount --bind {self.node.base / 'cdi'} /run/cdi\n"
-                  'exec "$@"\n')
+        script = (
+            f'[ "$(readlink /proc/self/ns/mnt)" != "{outside}" ] || '
+            '{ echo "not in a private mount namespace: nothing started" >&2; exit 99; }\n'
+            # the host's /var/lib and /run are never written: private tmpfs hold the
+            # paths, and its CDI spec (/var/run/cdi, whatever it is told) lands in the
+            # cluster's CDI folder, which containerd, nvshim and NVIDIA's runtime read
+            "mount -t tmpfs -o size=64k nvshim-dp /var/lib\n"
+            "mkdir -p /var/lib/kubelet/device-plugins\n"
+            f"mount --bind {plugins} /var/lib/kubelet/device-plugins\n"
+            "mount -t tmpfs -o size=64k nvshim-dp /run\n"
+            f"mkdir -p /run/cdi && mount --bind {self.node.base / 'cdi'} /run/cdi\n"
+            'exec "$@"\n'
+        )
         # not in a container: the driver root is where the plugin itself sees it, and the
         # spec's hooks are the toolkit's nvidia-cdi-hook built beside NVIDIA's runtime
         hook = go_programs("nvidia-toolkit") / "nvidia-cdi-hook"
-        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
-                str(binary), "--driver-root", sim.root, "--dev-root", sim.root,
-                "--driver-root-ctr-path", sim.root, "--nvidia-cdi-hook-path", str(hook),
-                "--device-list-strategy", self.strategy, "--fail-on-init-error=true"]
+        argv = [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            str(binary),
+            "--driver-root",
+            sim.root,
+            "--dev-root",
+            sim.root,
+            "--driver-root-ctr-path",
+            sim.root,
+            "--nvidia-cdi-hook-path",
+            str(hook),
+            "--device-list-strategy",
+            self.strategy,
+            "--fail-on-init-error=true",
+        ]
         env = {**os.environ, "LD_LIBRARY_PATH": f"{sim.root}/{LIB_DIR}"}
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=out, env=env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                env=env,
+                start_new_session=True,
+            )
         return self
 
     def stop(self) -> None:
@@ -87,9 +113,14 @@ class NvidiaDevicePlugin:
 def nvidia_plugin(request: pytest.FixtureRequest, node: Node) -> Iterator[NvidiaDevicePlugin]:
     dp = NvidiaDevicePlugin(node, request.param).start()
     try:
-        wait_until(lambda: dp.proc is not None and (dp.proc.poll() is not None or
-                   "Registered device plugin" in dp.log.read_text()), 60,
-                   "NVIDIA's device plugin to register")
+        wait_until(
+            lambda: (
+                dp.proc is not None
+                and (dp.proc.poll() is not None or "Registered device plugin" in dp.log.read_text())
+            ),
+            60,
+            "NVIDIA's device plugin to register",
+        )
         assert dp.proc is not None and dp.proc.poll() is None, dp.log.read_text()[-3000:]
         advertised(node, len(node.sim.gpus))
         yield dp
@@ -110,9 +141,9 @@ def allocated(node: Node, pod: str) -> List[str]:
 
 
 @pytest.mark.parametrize("handler", ["nvshim", "runc", "nvidia"])
-def test_a_pod_sees_what_nvidias_plugin_allocated(node: Node,
-                                                  nvidia_plugin: NvidiaDevicePlugin,
-                                                  handler: str) -> None:
+def test_a_pod_sees_what_nvidias_plugin_allocated(
+    node: Node, nvidia_plugin: NvidiaDevicePlugin, handler: str
+) -> None:
     """NVIDIA's device plugin, asking the simulated node's NVML, advertises its GPUs to the real kubelet; a pod limited to one nvidia.com/gpu (then two) sees the device nodes of exactly the GPUs the kubelet's checkpoint records for it: under RuntimeClass nvshim (verify-with: kubelet), plain runc with the agent injecting, and NVIDIA's default runtime beside the guard."""
     by_uuid = {g.uuid: g.minor for g in node.sim.gpus}
     for count in (1, 2):

@@ -14,31 +14,41 @@ from bench.gocompare import Subject, report
 from bench.run import Bench, Floor, paired
 
 
-def _clock(calls: List[str], name: str,
-           values: List[Tuple[float, float]]) -> Callable[[int], Tuple[float, float]]:
+def _clock(
+    calls: List[str], name: str, values: List[Tuple[float, float]]
+) -> Callable[[int], Tuple[float, float]]:
     """A timed step that records its name and returns its next sample."""
+
     def step(_i: int) -> Tuple[float, float]:
         calls.append(name)
         return values.pop(0)
+
     return step
 
 
 def test_paired_times_the_floor_between_and_flips_the_order() -> None:
     """Each round runs baseline, floor, subject, and the next round the reverse."""
     calls: List[str] = []
-    result = paired("x", 2, _clock(calls, "runc", [(100.0, 1.0), (102.0, 1.0)]),
-                    _clock(calls, "subject", [(130.0, 5.0), (128.0, 5.0)]),
-                    floor=_clock(calls, "floor", [(110.0, 2.0), (114.0, 2.0)]))
+    result = paired(
+        "x",
+        2,
+        _clock(calls, "runc", [(100.0, 1.0), (102.0, 1.0)]),
+        _clock(calls, "subject", [(130.0, 5.0), (128.0, 5.0)]),
+        floor=_clock(calls, "floor", [(110.0, 2.0), (114.0, 2.0)]),
+    )
     assert calls == ["runc", "floor", "subject", "subject", "floor", "runc"]
     assert result["floor_samples"] == [110.0, 114.0]
 
 
 def test_paired_gives_the_floor_over_runc_and_the_subject_over_its_floor() -> None:
     """The differences are per round (medians of pairs), not differences of medians."""
-    result = paired("x", 3,
-                    _clock([], "runc", [(100.0, 1.0), (200.0, 1.0), (100.0, 1.0)]),
-                    _clock([], "subject", [(130.0, 9.0), (232.0, 9.0), (131.0, 9.0)]),
-                    floor=_clock([], "floor", [(110.0, 3.0), (212.0, 3.0), (111.0, 3.0)]))
+    result = paired(
+        "x",
+        3,
+        _clock([], "runc", [(100.0, 1.0), (200.0, 1.0), (100.0, 1.0)]),
+        _clock([], "subject", [(130.0, 9.0), (232.0, 9.0), (131.0, 9.0)]),
+        floor=_clock([], "floor", [(110.0, 3.0), (212.0, 3.0), (111.0, 3.0)]),
+    )
     assert result["floor_over_runc_ms_median"] == 11.0
     assert result["over_floor_ms_median"] == 20.0
     assert result["cpu_over_floor_ms_median"] == 6.0
@@ -79,6 +89,7 @@ def test_a_captured_floor_comes_back_on_a_fresh_rootfs(tmp_path: Path) -> None:
 
 def test_gocompare_reports_each_runtime_over_its_own_floor() -> None:
     """A subject's floor columns come from its own floor's rounds, paired with its own."""
+
     def subject(name: str, creates: List[float]) -> Subject:
         s = Subject(name, "x", {}, "k", Floor(b"", {}) if name.startswith("floor") else None)
         s.create = [(c, 1.0) for c in creates]

@@ -70,12 +70,23 @@ def test_requires_python_is_what_ci_tests() -> None:
     assert claimed, ".ci/run has no CLAIMED_PYTHONS line"
     assert claimed.group(1).split() == [f"3.{minors[0]}", f"3.{minors[-1]}"]
     # every claimed version: the one the whole suite ran on (the installed venv's) is skipped
-    loop = re.search(r'^for version in \$CLAIMED_PYTHONS; do\n(.*?)^done$', script, re.M | re.S)
+    loop = re.search(r"^for version in \$CLAIMED_PYTHONS; do\n(.*?)^done$", script, re.M | re.S)
     assert loop and loop.group(1).split() == [
-        '[', '"$version"', '=', '"$main_version"', ']', '||', 'unit_tests_on', '"$version"'], loop
+        "[",
+        '"$version"',
+        "=",
+        '"$main_version"',
+        "]",
+        "||",
+        "unit_tests_on",
+        '"$version"',
+    ], loop
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    classifiers = [c for c in pyproject["project"]["classifiers"]
-                   if c.startswith("Programming Language :: Python :: 3.")]
+    classifiers = [
+        c
+        for c in pyproject["project"]["classifiers"]
+        if c.startswith("Programming Language :: Python :: 3.")
+    ]
     assert classifiers == [f"Programming Language :: Python :: 3.{m}" for m in minors]
     assert pyproject["tool"]["ruff"]["target-version"] == f"py3{minors[0]}"
     assert pyproject["tool"]["mypy"]["python_version"] == f"3.{minors[0]}"

@@ -71,16 +71,26 @@ def _others_symlink_in_sticky_dir(tmp: Path) -> Path:
 
 
 @needs_root
-@pytest.mark.parametrize(("make", "weak"), [
-    (_symlink_to_open_dir, "open"),
-    (_symlinked_directory, "users"),
-    (_relative_symlink_up, "open"),
-    (_open_ancestor, "open"),
-    (_others_symlink_in_sticky_dir, "sticky/config.yaml"),
-], ids=["symlink-to-open-dir", "symlinked-dir", "relative-symlink", "open-ancestor",
-        "others-symlink-in-sticky-dir"])
+@pytest.mark.parametrize(
+    ("make", "weak"),
+    [
+        (_symlink_to_open_dir, "open"),
+        (_symlinked_directory, "users"),
+        (_relative_symlink_up, "open"),
+        (_open_ancestor, "open"),
+        (_others_symlink_in_sticky_dir, "sticky/config.yaml"),
+    ],
+    ids=[
+        "symlink-to-open-dir",
+        "symlinked-dir",
+        "relative-symlink",
+        "open-ancestor",
+        "others-symlink-in-sticky-dir",
+    ],
+)
 def test_a_config_reached_through_a_replaceable_place_is_refused(
-        tmp_path: Path, make: Callable[[Path], Path], weak: str) -> None:
+    tmp_path: Path, make: Callable[[Path], Path], weak: str
+) -> None:
     """A config whose lookup passes a directory (or a sticky directory's entry) another user could change is refused, naming that place, by load_config and by the runtime's create."""
     path = make(tmp_path)
     with pytest.raises(ConfigError) as info:
@@ -91,9 +101,22 @@ def test_a_config_reached_through_a_replaceable_place_is_refused(
     bundle.mkdir()
     spec = json.dumps({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}}).encode()
     (bundle / "config.json").write_bytes(spec)
-    res = subprocess.run([sys.executable, "-I", "-m", "nvshim.runtime.main", "create",
-                          "--bundle", str(bundle), "c1"], capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": str(path)}, timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-m",
+            "nvshim.runtime.main",
+            "create",
+            "--bundle",
+            str(bundle),
+            "c1",
+        ],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": str(path)},
+        timeout=60,
+    )
     assert res.returncode == 1 and res.stderr.splitlines() == [f"nvshim: {msg}"]
     assert (bundle / "config.json").read_bytes() == spec
 

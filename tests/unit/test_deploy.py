@@ -90,8 +90,10 @@ def test_examples_use_the_runtimeclass() -> None:
 def _installer_defaults() -> Dict[str, str]:
     """``NVSHIM_X`` → its default in deploy/installer.sh (``VAR=${NVSHIM_X:-default}``)."""
     text = (DEPLOY / "installer.sh").read_text()
-    return {m.group(1): m.group(2)
-            for m in re.finditer(r"^[A-Z_]+=\$\{(NVSHIM_[A-Z_]+):?-([^}]*)\}", text, re.M)}
+    return {
+        m.group(1): m.group(2)
+        for m in re.finditer(r"^[A-Z_]+=\$\{(NVSHIM_[A-Z_]+):?-([^}]*)\}", text, re.M)
+    }
 
 
 def _installer_pod() -> Dict[str, Any]:
@@ -142,22 +144,30 @@ def _matches(term: Dict[str, Any], labels: Dict[str, str]) -> bool:
 
 def _schedules_on(labels: Dict[str, str]) -> bool:
     terms = _installer_pod()["affinity"]["nodeAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
     assert {e["operator"] for t in terms for e in t["matchExpressions"]} <= {"In", "NotIn"}
     return any(_matches(term, labels) for term in terms)  # terms are ORed
 
 
-@pytest.mark.parametrize("labels, scheduled", [
-    ({"nvidia.com/gpu.present": "true"}, True),
-    ({"feature.node.kubernetes.io/pci-10de.present": "true"}, True),
-    ({"nvshim.io/install": "true"}, True),
-    ({"nvidia.com/gpu.present": "true", "nvshim.io/install": "false"}, False),
-    ({"feature.node.kubernetes.io/pci-10de.present": "true", "nvshim.io/install": "false"}, False),
-    ({"nvidia.com/gpu.present": "false"}, False),
-    ({}, False),
-])
-def test_daemonset_schedules_by_gfd_nfd_or_a_plain_label(labels: Dict[str, str],
-                                                          scheduled: bool) -> None:
+@pytest.mark.parametrize(
+    "labels, scheduled",
+    [
+        ({"nvidia.com/gpu.present": "true"}, True),
+        ({"feature.node.kubernetes.io/pci-10de.present": "true"}, True),
+        ({"nvshim.io/install": "true"}, True),
+        ({"nvidia.com/gpu.present": "true", "nvshim.io/install": "false"}, False),
+        (
+            {"feature.node.kubernetes.io/pci-10de.present": "true", "nvshim.io/install": "false"},
+            False,
+        ),
+        ({"nvidia.com/gpu.present": "false"}, False),
+        ({}, False),
+    ],
+)
+def test_daemonset_schedules_by_gfd_nfd_or_a_plain_label(
+    labels: Dict[str, str], scheduled: bool
+) -> None:
     """The installer lands on nodes GFD, NFD or a hand-set nvshim.io/install=true marks as
     GPU nodes, without needing GFD or NFD, and never where nvshim.io/install=false."""
     assert "nodeSelector" not in _installer_pod()
@@ -189,7 +199,10 @@ def test_daemonset_runs_the_installer_entrypoint_privileged_with_the_ci_image() 
             assert "ghcr.io/example" not in path.read_text(), path
     defaults = _installer_defaults()
     assert installer["readinessProbe"]["exec"]["command"] == [
-        "test", "-e", defaults["NVSHIM_READY_FILE"]]
+        "test",
+        "-e",
+        defaults["NVSHIM_READY_FILE"],
+    ]
     env = {e["name"]: e["value"] for e in installer["env"]}
     timeout = int(env.get("NVSHIM_RESTART_TIMEOUT", "60"))
     # an install in flight (two restart waits when containerd does not come back), then the
@@ -221,7 +234,10 @@ def test_daemonset_mounts_where_the_installer_looks() -> None:
     host = defaults["NVSHIM_HOST_ROOT"]
     assert host == "/host"
     stage_dir = posixpath.dirname(defaults["NVSHIM_STAGE"])
-    for name, node_path in (("host-stage", stage_dir), ("host-etc-nvshim", defaults["NVSHIM_ETCDIR"])):
+    for name, node_path in (
+        ("host-stage", stage_dir),
+        ("host-etc-nvshim", defaults["NVSHIM_ETCDIR"]),
+    ):
         assert volumes[name]["hostPath"]["path"] == node_path
         assert mounts[name] == host + node_path
     assert mounts["config"] == posixpath.dirname(defaults["NVSHIM_CONFIGMAP_FILE"])
@@ -256,8 +272,9 @@ def test_configmap_ships_the_device_plugin_management_pods_entry_commented() -> 
     the key."""
     config_module = pytest.importorskip("nvshim.config")
     text = _one("ConfigMap", "nvshim-config")["data"]["config.yaml"]
-    commented = [line for line in text.splitlines()
-                 if line.lstrip().startswith("# management-pods:")]
+    commented = [
+        line for line in text.splitlines() if line.lstrip().startswith("# management-pods:")
+    ]
     assert len(commented) == 1, text
     entry = commented[0].lstrip()[2:]
     config = config_module.parse_config_text((text + entry + "\n").encode(), "configmap")
@@ -330,6 +347,7 @@ def test_install_sh_unit_serves_the_agents_one_socket() -> None:
     spells no socket of its own."""
     text = (DEPLOY.parent / "install.sh").read_text()
     assert 'render_unit "$AGENT_UNIT.service"' in text and AGENT_SOCKET not in text
-    (line,) = [x for x in render_agent_service("/b", "/e").splitlines()
-               if x.startswith("ExecStart=")]
+    (line,) = [
+        x for x in render_agent_service("/b", "/e").splitlines() if x.startswith("ExecStart=")
+    ]
     assert f" --socket {AGENT_SOCKET} " in line

@@ -27,10 +27,12 @@ from tests.helpers.hookworld import LIBDIR, LINKS, make_bundle, run_hook, runc_s
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod)")
 BUS0, BUS1 = "0000:01:00.0", "0000:02:00.0"
-DEV_LINKS = [("../card0", f"/dev/dri/by-path/pci-{BUS0}-card"),
-             ("../renderD128", f"/dev/dri/by-path/pci-{BUS0}-render"),
-             ("../card1", f"/dev/dri/by-path/pci-{BUS1}-card"),
-             ("../renderD129", f"/dev/dri/by-path/pci-{BUS1}-render")]
+DEV_LINKS = [
+    ("../card0", f"/dev/dri/by-path/pci-{BUS0}-card"),
+    ("../renderD128", f"/dev/dri/by-path/pci-{BUS0}-render"),
+    ("../card1", f"/dev/dri/by-path/pci-{BUS1}-card"),
+    ("../renderD129", f"/dev/dri/by-path/pci-{BUS1}-render"),
+]
 
 
 def test_dev_links_and_the_profile_flag_parse_back_everywhere() -> None:
@@ -66,7 +68,7 @@ def test_rewrites_keep_the_dev_links_and_the_runtime_keeps_only_them() -> None:
     assert parse_graphics_args(out) == (DEV_LINKS, True)
     assert parse_graphics_args(with_links(argv, LINKS, graphics=False)) == ([], False)
     only = dev_links_only(argv)
-    assert only is not None and only[:len(hook_command())] == list(hook_command())
+    assert only is not None and only[: len(hook_command())] == list(hook_command())
     assert parse_hook_args(only) == ([], []) and parse_host_driver_version(only) is None
     assert parse_graphics_args(only) == (DEV_LINKS, False)
     assert dev_links_only([*hook_command(), *build_hook_args(LINKS, [LIBDIR])]) is None
@@ -84,7 +86,8 @@ def _dri(rootfs: Path, *nodes: str, dri: str = "dev/dri") -> Path:
 
 @needs_root
 def test_hook_links_only_the_nodes_the_container_has(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Given every GPU's links (a CDI spec's one hook), the hook makes GPU 1's because the
     container has card1 and renderD129, and none of GPU 0's; running again changes nothing."""
     bundle, rootfs = make_bundle(tmp_path)
@@ -100,7 +103,8 @@ def test_hook_links_only_the_nodes_the_container_has(
 
 @needs_root
 def test_hook_follows_no_image_symlink_out_of_the_root(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """An image whose /dev/dri is an absolute symlink to a host folder holding a card node,
     and whose card0 is a link to a host node: the hook resolves both inside the rootfs, so
     no link is made for card0 and nothing is written on the host."""
@@ -121,12 +125,24 @@ def test_hook_follows_no_image_symlink_out_of_the_root(
 def _toolkit_spec(missing: str) -> Dict[str, Any]:
     """config.json as the toolkit's CDI spec leaves it on a node without nvidia-cdi-hook."""
     hook = {"path": missing, "env": ["NVIDIA_CTK_DEBUG=false"]}
-    return {"hooks": {"createContainer": [
-        dict(hook, args=["nvidia-cdi-hook", "create-symlinks",
-                         "--link", f"../card1::/dev/dri/by-path/pci-{BUS1}-card",
-                         "--link", "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so"]),
-        dict(hook, args=["nvidia-cdi-hook", "update-application-profile"]),
-    ]}}
+    return {
+        "hooks": {
+            "createContainer": [
+                dict(
+                    hook,
+                    args=[
+                        "nvidia-cdi-hook",
+                        "create-symlinks",
+                        "--link",
+                        f"../card1::/dev/dri/by-path/pci-{BUS1}-card",
+                        "--link",
+                        "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so",
+                    ],
+                ),
+                dict(hook, args=["nvidia-cdi-hook", "update-application-profile"]),
+            ]
+        }
+    }
 
 
 def test_a_missing_toolkit_hooks_profile_and_dev_links_become_nvshims(tmp_path: Path) -> None:
@@ -138,12 +154,16 @@ def test_a_missing_toolkit_hooks_profile_and_dev_links_become_nvshims(tmp_path: 
 
     hooks = engine_hooks(_toolkit_spec(str(tmp_path / "absent" / "nvidia-cdi-hook")))
     assert len(hooks.replaced) == 2 and hooks.egl_profile
-    assert any("update-application-profile is not on this node: nvshim does it instead" in n
-               for n in hooks.notes), hooks.notes
+    assert any(
+        "update-application-profile is not on this node: nvshim does it instead" in n
+        for n in hooks.notes
+    ), hooks.notes
     hook = replacement_hook(hooks, hook_command())
     assert hook is not None
-    assert parse_graphics_args(hook.args) == ([("../card1", f"/dev/dri/by-path/pci-{BUS1}-card")],
-                                              True)
+    assert parse_graphics_args(hook.args) == (
+        [("../card1", f"/dev/dri/by-path/pci-{BUS1}-card")],
+        True,
+    )
     work = work_from_hooks([hook], [])
     assert work is not None
     assert work.links == (("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so"),)

@@ -11,7 +11,9 @@ def test_spec_error_builds_its_message_from_its_file() -> None:
     error = SpecError("process must be an object", "/b/config.json")
     assert (error.file, error.detail) == ("/b/config.json", "process must be an object")
     assert str(error) == "/b/config.json: process must be an object"
-    assert str(SpecError("oci state: bundle must be absolute")) == "oci state: bundle must be absolute"
+    assert (
+        str(SpecError("oci state: bundle must be absolute")) == "oci state: bundle must be absolute"
+    )
     assert SpecError("x").file is None and isinstance(SpecError("x"), NvshimError)
 
 
@@ -37,8 +39,9 @@ def test_one_line_escapes_every_control_character_and_is_idempotent() -> None:
 
     hostile = "a\nb\rc\td\x1b[31me\x7f\x85\u2028\u2029\u202e\u2066\u200f\ud800\\n é 日本"
     shown = one_line(hostile)
-    assert shown == ("a\\nb\\rc\\td\\x1b[31me\\x7f\\x85\\u2028\\u2029\\u202e\\u2066\\u200f"
-                     "\\ud800\\n é 日本")
+    assert shown == (
+        "a\\nb\\rc\\td\\x1b[31me\\x7f\\x85\\u2028\\u2029\\u202e\\u2066\\u200f\\ud800\\n é 日本"
+    )
     assert shown.isprintable() and one_line(shown) == shown
     cut = one_line("v" * 300_000 + "\n", 253)
     assert len(cut) <= 253 and cut.endswith("more characters)") and one_line(cut, 253) == cut

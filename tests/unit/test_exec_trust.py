@@ -76,9 +76,14 @@ def test_an_executable_others_could_write_is_named_with_its_fix(tmp_path: Path, 
 
 def nvshim_runtime(args: List[str], config: Path, cwd: Path) -> subprocess.CompletedProcess:
     """nvshim-runtime in Python, as the trampoline starts it."""
-    return subprocess.run([sys.executable, "-I", "-m", "nvshim.runtime.main", *args],
-                          env={"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": str(config)},
-                          capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-I", "-m", "nvshim.runtime.main", *args],
+        env={"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": str(config)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(REPO),
+    )
 
 
 def bundle(tmp_path: Path, spec: Dict[str, Any]) -> Path:
@@ -96,8 +101,9 @@ def test_an_untrusted_runtime_is_never_executed(tmp_path: Path, how: str) -> Non
     config = tmp_path / "etc" / "config.yaml"
     config.parent.mkdir()
     config.write_text(f"runtimes: [{runtime}]\n")
-    b = bundle(tmp_path, {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]},
-                          "root": {"path": "rootfs"}})
+    b = bundle(
+        tmp_path, {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}, "root": {"path": "rootfs"}}
+    )
     before = (b / "config.json").read_bytes()
     for args in (["state", "x"], ["create", "--bundle", str(b), "x"]):
         res = nvshim_runtime(args, config, tmp_path)
@@ -117,13 +123,23 @@ def test_the_trampoline_hands_a_runtime_others_own_to_python(tmp_path: Path, how
     runtime = program(tmp_path / "bin", "runc")
     Path(world["config"]).write_text(f"runtimes: [{runtime}]\n")
     compile_node(str(world["config"]))
-    res = subprocess.run([str(world["tramp"]), "state", "x"], env=world["env"],
-                         capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [str(world["tramp"]), "state", "x"],
+        env=world["env"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 0 and (runtime.parent / "ran").exists(), res.stderr
     (runtime.parent / "ran").unlink()
     words = untrust(runtime, how)
-    res = subprocess.run([str(world["tramp"]), "state", "x"], env=world["env"],
-                         capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [str(world["tramp"]), "state", "x"],
+        env=world["env"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 1 and len(res.stderr.splitlines()) == 1, res.stderr
     assert words in res.stderr, res.stderr
     assert not (runtime.parent / "ran").exists()
@@ -137,16 +153,30 @@ def test_a_cdi_hook_others_could_write_fails_the_create(tmp_path: Path, how: str
     runtime = program(tmp_path / "bin", "runc")
     cdi = tmp_path / "cdi"
     cdi.mkdir()
-    (cdi / "acme.json").write_text(json.dumps({
-        "cdiVersion": "0.5.0", "kind": "acme.com/dev",
-        "devices": [{"name": "x", "containerEdits": {"env": ["ACME=1"]}}],
-        "containerEdits": {"hooks": [{"hookName": "createContainer", "path": str(hook)}]}}))
+    (cdi / "acme.json").write_text(
+        json.dumps(
+            {
+                "cdiVersion": "0.5.0",
+                "kind": "acme.com/dev",
+                "devices": [{"name": "x", "containerEdits": {"env": ["ACME=1"]}}],
+                "containerEdits": {"hooks": [{"hookName": "createContainer", "path": str(hook)}]},
+            }
+        )
+    )
     config = tmp_path / "etc" / "config.yaml"
     config.parent.mkdir()
-    config.write_text(f"runtimes: [{runtime}]\ncdi-spec-dirs: [{cdi}]\n"
-                      f"driver-root: {tmp_path / 'noroot'}\ngrants-journal: null\n")
-    b = bundle(tmp_path, {"process": {"env": ["PATH=/bin"]}, "root": {"path": "rootfs"},
-                          "annotations": {"cdi.k8s.io/x": "acme.com/dev=x"}})
+    config.write_text(
+        f"runtimes: [{runtime}]\ncdi-spec-dirs: [{cdi}]\n"
+        f"driver-root: {tmp_path / 'noroot'}\ngrants-journal: null\n"
+    )
+    b = bundle(
+        tmp_path,
+        {
+            "process": {"env": ["PATH=/bin"]},
+            "root": {"path": "rootfs"},
+            "annotations": {"cdi.k8s.io/x": "acme.com/dev=x"},
+        },
+    )
     before = (b / "config.json").read_bytes()
     res = nvshim_runtime(["create", "--bundle", str(b), "x"], config, tmp_path)
     assert res.returncode == 1 and len(res.stderr.splitlines()) == 1, res.stderr
@@ -167,12 +197,25 @@ def test_doctor_names_each_untrusted_program_and_its_fix(tmp_path: Path) -> None
     cdi = tmp_path / "cdi"
     cdi.mkdir()
     spec = cdi / "acme.json"
-    spec.write_text(json.dumps({
-        "cdiVersion": "0.5.0", "kind": "acme.com/dev",
-        "devices": [{"name": "x", "containerEdits": {
-            "hooks": [{"hookName": "createContainer", "path": str(hook)}]}}]}))
-    config = Config(runtimes=(str(runtime),), cdi_spec_dirs=(str(cdi),),
-                    source=str(tmp_path / "config.yaml"))
+    spec.write_text(
+        json.dumps(
+            {
+                "cdiVersion": "0.5.0",
+                "kind": "acme.com/dev",
+                "devices": [
+                    {
+                        "name": "x",
+                        "containerEdits": {
+                            "hooks": [{"hookName": "createContainer", "path": str(hook)}]
+                        },
+                    }
+                ],
+            }
+        )
+    )
+    config = Config(
+        runtimes=(str(runtime),), cdi_spec_dirs=(str(cdi),), source=str(tmp_path / "config.yaml")
+    )
     assert [f.status for f in check_executables(config)] == ["ok"]
     untrust(runtime, "owner")
     untrust(hook, "dir")
@@ -191,7 +234,8 @@ def test_doctor_names_each_untrusted_program_and_its_fix(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("how", ["mode", "dir"])
 def test_compile_refuses_a_runtime_others_could_write_so_the_trampoline_never_execs_it(
-        tmp_path: Path, how: str) -> None:
+    tmp_path: Path, how: str
+) -> None:
     """nvshim config compile refuses a runtimes: entry others could write (a root-owned 0777 one, or one in a 0777 directory: modes the sh trampoline cannot see) in one line and writes no list, so the trampoline hands even a passthrough to Python, which refuses it."""
     from nvshim.config import runtimes_path
     from nvshim.errors import ConfigError
@@ -207,14 +251,20 @@ def test_compile_refuses_a_runtime_others_could_write_so_the_trampoline_never_ex
         compile_node(str(world["config"]))
     assert words in str(info.value) and "\n" not in str(info.value)
     assert not Path(runtimes_path(str(world["config"]))).exists()
-    res = subprocess.run([str(world["tramp"]), "state", "x"], env=world["env"],
-                         capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [str(world["tramp"]), "state", "x"],
+        env=world["env"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 1 and words in res.stderr, res.stderr
     assert not (runtime.parent / "ran").exists()
 
 
 def test_nvshims_own_hook_from_an_interpreter_others_could_replace_fails_the_create(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """A GPU create whose own hook would run an interpreter reached through a directory others can write (a 0777 dir holding the python link) fails in one line naming it; config.json stays byte-identical."""
     import sysconfig
 
@@ -232,16 +282,25 @@ def test_nvshims_own_hook_from_an_interpreter_others_could_replace_fails_the_cre
     config.write_text(f"runtimes: [{runtime}]\ndriver-root: {node.root}\ngrants-journal: null\n")
     (tmp_path / "bundle" / "rootfs").mkdir(parents=True)
     b = tmp_path / "bundle"
-    (b / "config.json").write_text(json.dumps({
-        "process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0"]},
-        "root": {"path": "rootfs", "readonly": True}}, indent=1))
+    (b / "config.json").write_text(
+        json.dumps(
+            {
+                "process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0"]},
+                "root": {"path": "rootfs", "readonly": True},
+            },
+            indent=1,
+        )
+    )
     before = (b / "config.json").read_bytes()
     paths = [str(REPO), sysconfig.get_paths()["purelib"]]
-    boot = (f"import sys; sys.path[0:0] = {paths!r}; "
-            "from nvshim.runtime.main import main; main()")
-    res = subprocess.run([str(python), "-I", "-S", "-c", boot, "create", "--bundle", str(b), "x"],
-                         env={"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": str(config)},
-                         capture_output=True, text=True, timeout=60)
+    boot = f"import sys; sys.path[0:0] = {paths!r}; from nvshim.runtime.main import main; main()"
+    res = subprocess.run(
+        [str(python), "-I", "-S", "-c", boot, "create", "--bundle", str(b), "x"],
+        env={"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": str(config)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 1 and len(res.stderr.splitlines()) == 1, res.stderr
     assert res.stderr.startswith(f"nvshim: hook {python} would run as root"), res.stderr
     assert (b / "config.json").read_bytes() == before

@@ -24,12 +24,13 @@ BENCHMARKS = REPO / "BENCHMARKS.md"
 HISTORY = REPO / "docs" / "benchmarks-history.md"
 
 #: Files that still state figures of their own, with why they are not converted yet.
-PENDING: Dict[str, str] = {
-}
+PENDING: Dict[str, str] = {}
 
 #: A time in ms, or a range of them: "≈ 11 ms", "5-30 ms", "2.15 ms".
-FIGURE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?:\s*[-–]\s*(\d+(?:\.\d+)?))?\s*"
-                    r"(?:ms|milliseconds)\b")
+FIGURE = re.compile(
+    r"(?<![\w.])(\d+(?:\.\d+)?)(?:\s*[-–]\s*(\d+(?:\.\d+)?))?\s*"
+    r"(?:ms|milliseconds)\b"
+)
 #: A key a doc cites on a line that names the figures: `python.start`, `create.gpu=1`.
 KEY = re.compile(r"`([a-z][a-z0-9-]*\.[a-z0-9=+.-]+)`")
 NUMBER = re.compile(r"\d+(?:\.\d+)?")
@@ -49,15 +50,25 @@ def _table() -> Tuple[Set[str], Set[str]]:
 
 def figures_in(text: str) -> List[Tuple[int, str]]:
     """(line, number) of every time in ms ``text`` writes."""
-    return [(i, n) for i, line in enumerate(text.splitlines(), 1)
-            for m in FIGURE.finditer(line) for n in m.groups() if n]
+    return [
+        (i, n)
+        for i, line in enumerate(text.splitlines(), 1)
+        for m in FIGURE.finditer(line)
+        for n in m.groups()
+        if n
+    ]
 
 
 def cited_keys(text: str, prefixes: Set[str]) -> List[Tuple[int, str]]:
     """(line, key) of every table key ``text`` cites: a backticked ``prefix.rest`` whose
     prefix is one of the table's, on a line that says ``figures``."""
-    return [(i, k) for i, line in enumerate(text.splitlines(), 1) if "figures" in line
-            for k in KEY.findall(line) if k.split(".", 1)[0] in prefixes]
+    return [
+        (i, k)
+        for i, line in enumerate(text.splitlines(), 1)
+        if "figures" in line
+        for k in KEY.findall(line)
+        if k.split(".", 1)[0] in prefixes
+    ]
 
 
 def test_every_figure_in_the_docs_is_one_the_table_holds() -> None:
@@ -69,22 +80,31 @@ def test_every_figure_in_the_docs_is_one_the_table_holds() -> None:
         rel = path.relative_to(REPO).as_posix()
         if rel in PENDING:
             continue
-        bad += [f"{rel}:{i}: {n} ms" for i, n in figures_in(path.read_text())
-                if n not in numbers]
-    assert not bad, ("figures the table does not hold (cite a row of BENCHMARKS.md's current "
-                     "figures by its key instead):\n" + "\n".join(bad))
+        bad += [f"{rel}:{i}: {n} ms" for i, n in figures_in(path.read_text()) if n not in numbers]
+    assert not bad, (
+        "figures the table does not hold (cite a row of BENCHMARKS.md's current "
+        "figures by its key instead):\n" + "\n".join(bad)
+    )
 
 
 def test_every_cited_key_is_a_row_of_the_table() -> None:
     """A doc that points at a row by a key the table lacks (renamed, dropped) fails."""
     keys, _ = _table()
-    prefixes = {k.split(".", 1)[0] for k in keys} | {"python", "import", "create", "go",
-                                                     "nri", "agent", "passthrough"}
+    prefixes = {k.split(".", 1)[0] for k in keys} | {
+        "python",
+        "import",
+        "create",
+        "go",
+        "nri",
+        "agent",
+        "passthrough",
+    }
     bad = []
     for path in _docs():
         rel = path.relative_to(REPO).as_posix()
-        bad += [f"{rel}:{i}: `{k}`" for i, k in cited_keys(path.read_text(), prefixes)
-                if k not in keys]
+        bad += [
+            f"{rel}:{i}: `{k}`" for i, k in cited_keys(path.read_text(), prefixes) if k not in keys
+        ]
     assert not bad, "keys the current-figures table has no row for:\n" + "\n".join(bad)
 
 
@@ -104,13 +124,20 @@ def test_the_check_sees_a_restated_figure() -> None:
 def test_regenerate_replaces_a_measured_source_and_keeps_the_rest() -> None:
     """The rows of a bench with a result file are rewritten, with its date, machine and
     load; a row no result file makes stays as written."""
-    text = (f"intro\n{BEGIN}\n| key | figure | value | measured |\n|---|---|---|---|\n"
-            "| `python.start` | old | 9.00 ms | long ago |\n"
-            "| `realgpu.create` | by hand | 65 ms | once |\n"
-            f"{END}\ntail\n")
-    figures = {"runs": 3, "nproc": 2, "date_utc": "2026-12-07T15:00:00Z",
-               "load_before": [1.5, 1, 1], "load_after": [0.5, 1, 1],
-               "rows_ms": {"bare start, -I -S -c pass (from outside)": [7.0, 8.0, 9.0]}}
+    text = (
+        f"intro\n{BEGIN}\n| key | figure | value | measured |\n|---|---|---|---|\n"
+        "| `python.start` | old | 9.00 ms | long ago |\n"
+        "| `realgpu.create` | by hand | 65 ms | once |\n"
+        f"{END}\ntail\n"
+    )
+    figures = {
+        "runs": 3,
+        "nproc": 2,
+        "date_utc": "2026-12-07T15:00:00Z",
+        "load_before": [1.5, 1, 1],
+        "load_after": [0.5, 1, 1],
+        "rows_ms": {"bare start, -I -S -c pass (from outside)": [7.0, 8.0, 9.0]},
+    }
     new = regenerate(text, {"figures-results.json": figures})
     rows = parse_table(new)
     assert list(rows) == ["python.start", "realgpu.create"]

@@ -35,8 +35,13 @@ NODE_DEVICES = {f"/dev/nvidia{i}" for i in range(GPUS)}
 
 def fuzz(examples: int) -> settings:
     """Hypothesis settings for one fuzz test: fixed seed (reproducible), no deadline."""
-    return settings(max_examples=examples, deadline=None, derandomize=True,
-                    suppress_health_check=list(HealthCheck))
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+
 
 # ----------------------------------------------------------------------------- the world
 
@@ -65,16 +70,23 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Path]]
     recorder.chmod(0o755)
     cfg = base / "etc" / "config.yaml"
     cfg.parent.mkdir()
-    cfg.write_text(f"runtimes: [{recorder}]\ndriver-root: {node.root}\n"
-                   f"grants-journal: {base}/grants.jsonl\n")
+    cfg.write_text(
+        f"runtimes: [{recorder}]\ndriver-root: {node.root}\ngrants-journal: {base}/grants.jsonl\n"
+    )
     compile_node(str(cfg))
     bundle = base / "bundle"
     (bundle / "rootfs").mkdir(parents=True)
     old = os.environ.get("NVSHIM_CONFIG")
     os.environ["NVSHIM_CONFIG"] = str(cfg)
     try:
-        yield {"base": base, "node": Path(node.root), "config": cfg, "bundle": bundle,
-               "recorder": recorder, "log": base / "runc-log.json"}
+        yield {
+            "base": base,
+            "node": Path(node.root),
+            "config": cfg,
+            "bundle": bundle,
+            "recorder": recorder,
+            "log": base / "runc-log.json",
+        }
     finally:
         if old is None:
             os.environ.pop("NVSHIM_CONFIG", None)
@@ -97,8 +109,9 @@ def no_exec() -> Iterator[None]:
 
 
 class Outcome:
-    def __init__(self, code: Optional[int], stderr: str, exec_: Optional[Exec],
-                 log_lines: List[str]) -> None:
+    def __init__(
+        self, code: Optional[int], stderr: str, exec_: Optional[Exec], log_lines: List[str]
+    ) -> None:
         self.code = code
         self.stderr = stderr
         self.exec = exec_
@@ -115,8 +128,18 @@ def run_create(world: Dict[str, Path], raw: bytes) -> Tuple[Outcome, bytes]:
     err = io.StringIO()
     code: Optional[int] = None
     exec_: Optional[Exec] = None
-    argv = ["--root", str(world["base"] / "runc-root"), "--log", str(log), "--log-format", "json",
-            "create", "--bundle", str(world["bundle"]), "fuzz-id"]
+    argv = [
+        "--root",
+        str(world["base"] / "runc-root"),
+        "--log",
+        str(log),
+        "--log-format",
+        "json",
+        "create",
+        "--bundle",
+        str(world["bundle"]),
+        "fuzz-id",
+    ]
     with no_exec(), contextlib.redirect_stderr(err):
         try:
             nvshim_runtime.main(argv)
@@ -146,8 +169,13 @@ def assert_clean_failure(out: Outcome, raw: bytes, after: bytes) -> None:
 def injected_devices(after: bytes) -> List[str]:
     spec = json.loads(after)
     devices = (spec.get("linux") or {}).get("devices") or []
-    return [d["path"] for d in devices if isinstance(d, dict) and
-            str(d.get("path", "")).startswith("/dev/nvidia") and d["path"][11:].isdigit()]
+    return [
+        d["path"]
+        for d in devices
+        if isinstance(d, dict)
+        and str(d.get("path", "")).startswith("/dev/nvidia")
+        and d["path"][11:].isdigit()
+    ]
 
 
 def check(world: Dict[str, Path], raw: bytes) -> Tuple[Outcome, bytes]:
@@ -179,31 +207,59 @@ def base_spec(env: Optional[List[str]] = None) -> Dict[str, Any]:
         },
         "root": {"path": "rootfs"},
         "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
-        "linux": {"resources": {"devices": [{"allow": False, "access": "rwm"}]},
-                  "namespaces": [{"type": "mount"}]},
+        "linux": {
+            "resources": {"devices": [{"allow": False, "access": "rwm"}]},
+            "namespaces": [{"type": "mount"}],
+        },
     }
 
 
-JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40),
-                         st.floats(allow_nan=False), st.text(max_size=20))
+JSON_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=False),
+    st.text(max_size=20),
+)
 JSON_VALUES = st.recursive(
     JSON_SCALARS,
-    lambda children: st.one_of(st.lists(children, max_size=4),
-                               st.dictionaries(st.text(max_size=8), children, max_size=4)),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4), st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=10,
 )
 
 #: Where the runtime (request view, discovery checks, apply) reads config.json.
 SPEC_PATHS: List[Tuple[str, ...]] = [
-    (), ("process",), ("process", "env"), ("process", "env", 0), ("process", "env", 1),
-    ("process", "user"), ("process", "user", "uid"), ("process", "user", "gid"),
-    ("process", "user", "additionalGids"), ("process", "capabilities"),
-    ("process", "capabilities", "bounding"), ("process", "capabilities", "bounding", 0),
-    ("mounts",), ("mounts", 0), ("mounts", 0, "source"), ("mounts", 0, "destination"),
-    ("annotations",), ("annotations", "cdi.k8s.io/x"), ("root",), ("root", "path"),
-    ("root", "readonly"), ("linux",), ("linux", "devices"), ("linux", "resources"),
-    ("linux", "resources", "devices"), ("hooks",), ("hooks", "createContainer"),
-    ("hooks", "prestart"), ("ociVersion",),
+    (),
+    ("process",),
+    ("process", "env"),
+    ("process", "env", 0),
+    ("process", "env", 1),
+    ("process", "user"),
+    ("process", "user", "uid"),
+    ("process", "user", "gid"),
+    ("process", "user", "additionalGids"),
+    ("process", "capabilities"),
+    ("process", "capabilities", "bounding"),
+    ("process", "capabilities", "bounding", 0),
+    ("mounts",),
+    ("mounts", 0),
+    ("mounts", 0, "source"),
+    ("mounts", 0, "destination"),
+    ("annotations",),
+    ("annotations", "cdi.k8s.io/x"),
+    ("root",),
+    ("root", "path"),
+    ("root", "readonly"),
+    ("linux",),
+    ("linux", "devices"),
+    ("linux", "resources"),
+    ("linux", "resources", "devices"),
+    ("hooks",),
+    ("hooks", "createContainer"),
+    ("hooks", "prestart"),
+    ("ociVersion",),
 ]
 
 
@@ -224,14 +280,22 @@ def set_path(doc: Any, path: Tuple[Any, ...], value: Any) -> Any:
     return doc
 
 
-REQUESTS = st.sampled_from([None, "NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=all",
-                            "NVIDIA_VISIBLE_DEVICES=none", "NVIDIA_VISIBLE_DEVICES=1,3"])
+REQUESTS = st.sampled_from(
+    [
+        None,
+        "NVIDIA_VISIBLE_DEVICES=0",
+        "NVIDIA_VISIBLE_DEVICES=all",
+        "NVIDIA_VISIBLE_DEVICES=none",
+        "NVIDIA_VISIBLE_DEVICES=1,3",
+    ]
+)
 
 
 @fuzz(250)
 @given(request=REQUESTS, path=st.sampled_from(SPEC_PATHS), value=JSON_VALUES)
-def test_wrongly_typed_config_json(world: Dict[str, Path], request: Optional[str],
-                                   path: Tuple[Any, ...], value: Any) -> None:
+def test_wrongly_typed_config_json(
+    world: Dict[str, Path], request: Optional[str], path: Tuple[Any, ...], value: Any
+) -> None:
     """A config.json with any JSON value at any place the runtime reads fails cleanly or is accepted sanely."""
     spec = set_path(base_spec([request] if request else []), path, value)
     raw = json.dumps(spec, indent="\t").encode()
@@ -241,10 +305,10 @@ def test_wrongly_typed_config_json(world: Dict[str, Path], request: Optional[str
 
 
 @fuzz(100)
-@given(cut=st.floats(0, 1, exclude_max=True), junk=st.binary(max_size=8),
-       request=REQUESTS)
-def test_truncated_or_corrupt_config_json(world: Dict[str, Path], cut: float, junk: bytes,
-                                          request: Optional[str]) -> None:
+@given(cut=st.floats(0, 1, exclude_max=True), junk=st.binary(max_size=8), request=REQUESTS)
+def test_truncated_or_corrupt_config_json(
+    world: Dict[str, Path], cut: float, junk: bytes, request: Optional[str]
+) -> None:
     """config.json cut short or with garbage appended is refused in one line and left byte-identical."""
     raw = json.dumps(base_spec([request] if request else []), indent="\t").encode()
     bad = raw[: int(len(raw) * cut)] + junk
@@ -257,24 +321,81 @@ def test_truncated_or_corrupt_config_json(world: Dict[str, Path], cut: float, ju
     check(world, bad)  # junk happened to make valid JSON: only the usual rules apply
 
 
-TRICKY_TOKEN_PARTS = ["0", "1", "3", "4", "7", "99", "-1", "+1", "00", "0x1", "all", "none",
-                      "void", "ALL", " ", "", "../", "../../dev/sda", "/dev/nvidia0",
-                      "::", "::1", "0::2", "GPU-", "MIG-", "GPU-00000000-0000-0000-0000-000000000000",
-                      "0:0", "1:0", "18:00.0", "0000:18:00.0", "nvidia.com/gpu=0",
-                      "nvidia.com/gpu=all", "=", "\t", "\x01", "\x1b[31m", "\x7f",
-                      "ü", "０", "٣", "😀", "\u202e", "\x0b", "\x1c", "\n"]
+TRICKY_TOKEN_PARTS = [
+    "0",
+    "1",
+    "3",
+    "4",
+    "7",
+    "99",
+    "-1",
+    "+1",
+    "00",
+    "0x1",
+    "all",
+    "none",
+    "void",
+    "ALL",
+    " ",
+    "",
+    "../",
+    "../../dev/sda",
+    "/dev/nvidia0",
+    "::",
+    "::1",
+    "0::2",
+    "GPU-",
+    "MIG-",
+    "GPU-00000000-0000-0000-0000-000000000000",
+    "0:0",
+    "1:0",
+    "18:00.0",
+    "0000:18:00.0",
+    "nvidia.com/gpu=0",
+    "nvidia.com/gpu=all",
+    "=",
+    "\t",
+    "\x01",
+    "\x1b[31m",
+    "\x7f",
+    "ü",
+    "０",
+    "٣",
+    "😀",
+    "\u202e",
+    "\x0b",
+    "\x1c",
+    "\n",
+]
 # "\r" is left out here: test_error_line_escapes_line_breaks pins that known bug.
 
 
 @fuzz(250)
-@given(parts=st.lists(st.one_of(st.sampled_from(TRICKY_TOKEN_PARTS),
-                                st.text(alphabet=st.characters(blacklist_characters="\x00\r"),
-                                        max_size=6)), max_size=6),
-       sep=st.sampled_from([",", ", ", ",,", ";", " "]),
-       caps=st.sampled_from([None, "", "all", "compute,utility", "bogus", "compute,../x",
-                             "COMPUTE", "video,graphics,display"]))
-def test_hostile_visible_devices(world: Dict[str, Path], parts: List[str], sep: str,
-                                 caps: Optional[str]) -> None:
+@given(
+    parts=st.lists(
+        st.one_of(
+            st.sampled_from(TRICKY_TOKEN_PARTS),
+            st.text(alphabet=st.characters(blacklist_characters="\x00\r"), max_size=6),
+        ),
+        max_size=6,
+    ),
+    sep=st.sampled_from([",", ", ", ",,", ";", " "]),
+    caps=st.sampled_from(
+        [
+            None,
+            "",
+            "all",
+            "compute,utility",
+            "bogus",
+            "compute,../x",
+            "COMPUTE",
+            "video,graphics,display",
+        ]
+    ),
+)
+def test_hostile_visible_devices(
+    world: Dict[str, Path], parts: List[str], sep: str, caps: Optional[str]
+) -> None:
     """Any NVIDIA_VISIBLE_DEVICES/NVIDIA_DRIVER_CAPABILITIES value fails cleanly or grants only what it names."""
     value = sep.join(parts)
     env = [f"NVIDIA_VISIBLE_DEVICES={value}"]
@@ -303,18 +424,31 @@ def test_error_line_escapes_line_breaks(world: Dict[str, Path], value: str) -> N
     assert out.exec is None
 
 
-@pytest.mark.parametrize("value", [
-    ",".join(["0"] * 10_000),
-    ",".join(str(i % 4) + "::" + str(i) for i in range(10_000)),
-    ",".join(["9"] * 10_000),
-    "0," * 10_000,
-    "A" * 1_000_000,
-    "0," + "x" * 1_000_000,
-    "../" * 300_000,
-    "0" * 1_000_000,
-    "1:" + "0" * 5000,
-], ids=["10k-zeros", "10k-replicas", "10k-unknown", "trailing-commas", "1MB-letters",
-        "1MB-token", "dotdot", "1MB-digits", "5k-digit-mig-pair"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        ",".join(["0"] * 10_000),
+        ",".join(str(i % 4) + "::" + str(i) for i in range(10_000)),
+        ",".join(["9"] * 10_000),
+        "0," * 10_000,
+        "A" * 1_000_000,
+        "0," + "x" * 1_000_000,
+        "../" * 300_000,
+        "0" * 1_000_000,
+        "1:" + "0" * 5000,
+    ],
+    ids=[
+        "10k-zeros",
+        "10k-replicas",
+        "10k-unknown",
+        "trailing-commas",
+        "1MB-letters",
+        "1MB-token",
+        "dotdot",
+        "1MB-digits",
+        "5k-digit-mig-pair",
+    ],
+)
 def test_huge_visible_devices(world: Dict[str, Path], value: str) -> None:
     """10 000 tokens and 1 MB values are handled: a clean one-line error or the right GPUs."""
     raw = json.dumps(base_spec([f"NVIDIA_VISIBLE_DEVICES={value}"])).encode()
@@ -333,12 +467,25 @@ def test_error_line_is_bounded(world: Dict[str, Path]) -> None:
 
 # ----------------------------------------------------------------------------- nvshim config
 
-CONFIG_KEYS = ["runtimes", "debug-log", "driver-root", "dev-root",
-               "accept-envvar-when-unprivileged", "require-allocation", "allocation-sources",
-               "on-missing-allocation", "annotation-prefixes", "cdi-spec-dirs", "default-kind",
-               "supported-driver-capabilities", "disable-require", "bogus-key"]
-YAML_JUNK = st.text(alphabet=st.sampled_from(list("abc:- []{}\"'\n\t#&*!|>%@`,0123456789")),
-                    max_size=60)
+CONFIG_KEYS = [
+    "runtimes",
+    "debug-log",
+    "driver-root",
+    "dev-root",
+    "accept-envvar-when-unprivileged",
+    "require-allocation",
+    "allocation-sources",
+    "on-missing-allocation",
+    "annotation-prefixes",
+    "cdi-spec-dirs",
+    "default-kind",
+    "supported-driver-capabilities",
+    "disable-require",
+    "bogus-key",
+]
+YAML_JUNK = st.text(
+    alphabet=st.sampled_from(list("abc:- []{}\"'\n\t#&*!|>%@`,0123456789")), max_size=60
+)
 
 
 @pytest.fixture
@@ -350,14 +497,21 @@ def config_dir(world: Dict[str, Path]) -> Iterator[Path]:
 
 
 @fuzz(150)
-@given(doc=st.one_of(YAML_JUNK.map(str.encode),
-                     st.dictionaries(st.sampled_from(CONFIG_KEYS), JSON_VALUES, max_size=3)
-                     .map(lambda d: json.dumps(d).encode()),
-                     st.binary(max_size=40)),
-       compiled=st.one_of(st.none(), st.binary(max_size=30),
-                          st.just(b'{"nvshim-version": "0.1.0", "config": []}')))
-def test_broken_nvshim_config(world: Dict[str, Path], config_dir: Path, doc: bytes,
-                              compiled: Optional[bytes]) -> None:
+@given(
+    doc=st.one_of(
+        YAML_JUNK.map(str.encode),
+        st.dictionaries(st.sampled_from(CONFIG_KEYS), JSON_VALUES, max_size=3).map(
+            lambda d: json.dumps(d).encode()
+        ),
+        st.binary(max_size=40),
+    ),
+    compiled=st.one_of(
+        st.none(), st.binary(max_size=30), st.just(b'{"nvshim-version": "0.1.0", "config": []}')
+    ),
+)
+def test_broken_nvshim_config(
+    world: Dict[str, Path], config_dir: Path, doc: bytes, compiled: Optional[bytes]
+) -> None:
     """A broken config.yaml (or a corrupt compiled copy next to it) fails create in one line, never a traceback."""
     cfg = config_dir / "config.yaml"
     cfg.write_bytes(journal_in_tmp(doc, config_dir / "grants.jsonl"))
@@ -437,8 +591,9 @@ def run_cli(argv: List[str]) -> Tuple[int, str, str]:
 
 @fuzz(60)
 @given(path=st.sampled_from(SPEC_PATHS), value=JSON_VALUES, request=REQUESTS)
-def test_inspect_on_wrongly_typed_bundle(world: Dict[str, Path], path: Tuple[Any, ...],
-                                         value: Any, request: Optional[str]) -> None:
+def test_inspect_on_wrongly_typed_bundle(
+    world: Dict[str, Path], path: Tuple[Any, ...], value: Any, request: Optional[str]
+) -> None:
     """nvshim inspect --bundle on a wrongly typed config.json prints a plan or one error line, and writes nothing."""
     raw = json.dumps(set_path(base_spec([request] if request else []), path, value)).encode()
     spec = world["bundle"] / "config.json"
@@ -456,34 +611,60 @@ def cdi_example() -> Dict[str, Any]:
     return {
         "cdiVersion": "0.5.0",
         "kind": "nvidia.com/gpu",
-        "devices": [{"name": "0", "containerEdits": {"deviceNodes": [
-            {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]}}],
+        "devices": [
+            {
+                "name": "0",
+                "containerEdits": {
+                    "deviceNodes": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]
+                },
+            }
+        ],
         "containerEdits": {
             "env": ["NVIDIA_VISIBLE_DEVICES=void"],
-            "mounts": [{"hostPath": "/usr/lib/libcuda.so.1",
-                        "containerPath": "/usr/lib/libcuda.so.1", "options": ["ro", "bind"]}],
+            "mounts": [
+                {
+                    "hostPath": "/usr/lib/libcuda.so.1",
+                    "containerPath": "/usr/lib/libcuda.so.1",
+                    "options": ["ro", "bind"],
+                }
+            ],
             "hooks": [{"hookName": "createContainer", "path": "/bin/true"}],
         },
     }
 
 
 CDI_PATHS: List[Tuple[Any, ...]] = [
-    (), ("cdiVersion",), ("kind",), ("devices",), ("devices", 0), ("devices", 0, "name"),
-    ("devices", 0, "containerEdits"), ("devices", 0, "containerEdits", "deviceNodes"),
+    (),
+    ("cdiVersion",),
+    ("kind",),
+    ("devices",),
+    ("devices", 0),
+    ("devices", 0, "name"),
+    ("devices", 0, "containerEdits"),
+    ("devices", 0, "containerEdits", "deviceNodes"),
     ("devices", 0, "containerEdits", "deviceNodes", 0, "major"),
     ("devices", 0, "containerEdits", "deviceNodes", 0, "path"),
-    ("containerEdits",), ("containerEdits", "env"), ("containerEdits", "env", 0),
-    ("containerEdits", "mounts", 0), ("containerEdits", "mounts", 0, "options"),
-    ("containerEdits", "hooks", 0, "hookName"), ("containerEdits", "hooks", 0, "args"),
+    ("containerEdits",),
+    ("containerEdits", "env"),
+    ("containerEdits", "env", 0),
+    ("containerEdits", "mounts", 0),
+    ("containerEdits", "mounts", 0, "options"),
+    ("containerEdits", "hooks", 0, "hookName"),
+    ("containerEdits", "hooks", 0, "args"),
     ("annotations",),
 ]
 
 
 @fuzz(120)
-@given(path=st.sampled_from(CDI_PATHS), value=JSON_VALUES,
-       form=st.sampled_from(["json", "yaml", "truncated", "bytes"]), junk=st.binary(max_size=30))
-def test_cdi_validate_on_broken_specs(world: Dict[str, Path], path: Tuple[Any, ...],
-                                      value: Any, form: str, junk: bytes) -> None:
+@given(
+    path=st.sampled_from(CDI_PATHS),
+    value=JSON_VALUES,
+    form=st.sampled_from(["json", "yaml", "truncated", "bytes"]),
+    junk=st.binary(max_size=30),
+)
+def test_cdi_validate_on_broken_specs(
+    world: Dict[str, Path], path: Tuple[Any, ...], value: Any, form: str, junk: bytes
+) -> None:
     """nvshim cdi validate reports problems of any broken spec as file-prefixed lines and exit 1, never a traceback."""
     import yaml
 
@@ -535,10 +716,12 @@ SAMPLE = [
     json.dumps({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}, "linux": []}).encode(),
     json.dumps({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=7"]}}).encode(),
     json.dumps({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=../../etc"]}}).encode(),
-    json.dumps({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]},
-                "annotations": {"cdi.k8s.io/x": 5}}).encode(),
-    json.dumps({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0",
-                                    "NVIDIA_DRIVER_CAPABILITIES=warp-drive"]}}).encode(),
+    json.dumps(
+        {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}, "annotations": {"cdi.k8s.io/x": 5}}
+    ).encode(),
+    json.dumps(
+        {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=warp-drive"]}}
+    ).encode(),
     b"\xff\xfe not json",
     b"[]",
 ]
@@ -553,9 +736,25 @@ def test_runtime_subprocess_sample(world: Dict[str, Path], raw: bytes) -> None:
     log.unlink(missing_ok=True)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(world["config"])}
     res = subprocess.run(
-        [sys.executable, "-I", "-m", "nvshim.runtime.main", "--log", str(log), "--log-format", "json",
-         "create", "--bundle", str(world["bundle"]), "sub-id"],
-        capture_output=True, text=True, env=env, timeout=60)
+        [
+            sys.executable,
+            "-I",
+            "-m",
+            "nvshim.runtime.main",
+            "--log",
+            str(log),
+            "--log-format",
+            "json",
+            "create",
+            "--bundle",
+            str(world["bundle"]),
+            "sub-id",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert res.returncode == 1, res.stderr
     assert "Traceback" not in res.stderr
     lines = res.stderr.splitlines()
@@ -573,7 +772,9 @@ def test_runtime_subprocess_sample(world: Dict[str, Path], raw: bytes) -> None:
 
 @fuzz(60)
 @given(depth=st.integers(1, 3000), kind=st.sampled_from(["[", "{"]), request=REQUESTS)
-def test_deep_nesting(world: Dict[str, Path], depth: int, kind: str, request: Optional[str]) -> None:
+def test_deep_nesting(
+    world: Dict[str, Path], depth: int, kind: str, request: Optional[str]
+) -> None:
     """Any nesting depth in a field nvshim does not edit fails in one clean line or survives a rewrite unchanged."""
     opened, closed = ('{"a":', "}") if kind == "{" else ("[", "]")
     nested = opened * depth + "1" + closed * depth
@@ -586,16 +787,23 @@ def test_deep_nesting(world: Dict[str, Path], depth: int, kind: str, request: Op
         assert "nested deeper than" in out.stderr or depth < 150, out.stderr
 
 
-SURROGATE_TEXT = st.text(alphabet=st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010,
-                                                blacklist_categories=()), max_size=6).filter(
-    lambda s: not re.search("[\ud800-\udbff][\udc00-\udfff]", s))  # a pair is one character in JSON
+SURROGATE_TEXT = st.text(
+    alphabet=st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010, blacklist_categories=()),
+    max_size=6,
+).filter(
+    lambda s: not re.search("[\ud800-\udbff][\udc00-\udfff]", s)
+)  # a pair is one character in JSON
 
 
 @fuzz(100)
-@given(value=st.one_of(SURROGATE_TEXT, st.text(max_size=6)), key=st.one_of(SURROGATE_TEXT, st.just("k")),
-       request=REQUESTS)
-def test_lone_surrogates_round_trip(world: Dict[str, Path], value: str, key: str,
-                                    request: Optional[str]) -> None:
+@given(
+    value=st.one_of(SURROGATE_TEXT, st.text(max_size=6)),
+    key=st.one_of(SURROGATE_TEXT, st.just("k")),
+    request=REQUESTS,
+)
+def test_lone_surrogates_round_trip(
+    world: Dict[str, Path], value: str, key: str, request: Optional[str]
+) -> None:
     """Strings with lone surrogates (keys or values) in fields nvshim does not edit keep their value."""
     spec = base_spec([request] if request else [])
     spec["annotations"] = {"x-note": value, key: "v"}
@@ -610,8 +818,11 @@ def test_lone_surrogates_round_trip(world: Dict[str, Path], value: str, key: str
 NUMBER_LITERALS = st.builds(
     lambda sign, whole, frac, exp: sign + whole + frac + exp,
     st.sampled_from(["", "-"]),
-    st.one_of(st.just("0"), st.from_regex(r"[1-9][0-9]{0,30}", fullmatch=True),
-              st.integers(300, 4200).map(lambda n: "7" * n)),  # json.loads here caps at 4300
+    st.one_of(
+        st.just("0"),
+        st.from_regex(r"[1-9][0-9]{0,30}", fullmatch=True),
+        st.integers(300, 4200).map(lambda n: "7" * n),
+    ),  # json.loads here caps at 4300
     st.one_of(st.just(""), st.from_regex(r"\.[0-9]{1,40}", fullmatch=True)),
     st.one_of(st.just(""), st.from_regex(r"[eE][+-]?[0-9]{1,4}", fullmatch=True)),
 )
@@ -619,8 +830,9 @@ NUMBER_LITERALS = st.builds(
 
 @fuzz(150)
 @given(literals=st.lists(NUMBER_LITERALS, min_size=1, max_size=4), request=REQUESTS)
-def test_number_literals_survive_as_written(world: Dict[str, Path], literals: List[str],
-                                            request: Optional[str]) -> None:
+def test_number_literals_survive_as_written(
+    world: Dict[str, Path], literals: List[str], request: Optional[str]
+) -> None:
     """Any JSON number literal (1E2, -0, 1e999, 40 decimals, thousands of digits) in an unedited field is written back verbatim."""
     field = "[" + ",".join(literals) + "]"
     spec = json.dumps(base_spec([request] if request else []), separators=(",", ":"))
@@ -635,24 +847,71 @@ def test_number_literals_survive_as_written(world: Dict[str, Path], literals: Li
 @given(request=REQUESTS, indent=st.sampled_from([None, 2, "\t"]))
 def test_utf8_bom_is_kept(world: Dict[str, Path], request: Optional[str], indent: Any) -> None:
     """A config.json starting with a UTF-8 BOM keeps it when rewritten, or fails cleanly."""
-    raw = b"\xef\xbb\xbf" + json.dumps(base_spec([request] if request else []), indent=indent).encode()
+    raw = (
+        b"\xef\xbb\xbf"
+        + json.dumps(base_spec([request] if request else []), indent=indent).encode()
+    )
     out, after = check(world, raw)
     if out.exec is not None:
         assert after.startswith(b"\xef\xbb\xbf")
 
 
-CRUN_TOKENS = ["--cgroup-manager", "systemd", "--cgroup-m=cgroupfs", "--c", "--systemd-cgroup",
-               "--debug", "--rootless", "true", "create", "run", "-b", "--bund", "--bundle=",
-               "-db", "-bundle", "-b=", "-f", "x.json", "--config", "--conf=y.json", "--co",
-               "--p", "--pid-file", "/tmp/nvshim-fuzz-pid", "--no-pivot", "--no-p",
-               "--no-subreaper", "--preserve-fds", "0", "--console-socket", "--", "-V", "--ver",
-               "-?", "--usage", "id", "fuzz-id", "-d", "--detach", "-", ""]
+CRUN_TOKENS = [
+    "--cgroup-manager",
+    "systemd",
+    "--cgroup-m=cgroupfs",
+    "--c",
+    "--systemd-cgroup",
+    "--debug",
+    "--rootless",
+    "true",
+    "create",
+    "run",
+    "-b",
+    "--bund",
+    "--bundle=",
+    "-db",
+    "-bundle",
+    "-b=",
+    "-f",
+    "x.json",
+    "--config",
+    "--conf=y.json",
+    "--co",
+    "--p",
+    "--pid-file",
+    "/tmp/nvshim-fuzz-pid",
+    "--no-pivot",
+    "--no-p",
+    "--no-subreaper",
+    "--preserve-fds",
+    "0",
+    "--console-socket",
+    "--",
+    "-V",
+    "--ver",
+    "-?",
+    "--usage",
+    "id",
+    "fuzz-id",
+    "-d",
+    "--detach",
+    "-",
+    "",
+]
 
 
 @fuzz(200)
-@given(tokens=st.lists(st.one_of(st.sampled_from(CRUN_TOKENS), st.sampled_from(["BUNDLE", "-bBUNDLE"]),
-                                 st.text(alphabet=st.sampled_from("-bdf=?c"), max_size=5)),
-                       max_size=9))
+@given(
+    tokens=st.lists(
+        st.one_of(
+            st.sampled_from(CRUN_TOKENS),
+            st.sampled_from(["BUNDLE", "-bBUNDLE"]),
+            st.text(alphabet=st.sampled_from("-bdf=?c"), max_size=5),
+        ),
+        max_size=9,
+    )
+)
 def test_crun_argv(world: Dict[str, Path], tokens: List[str]) -> None:
     """Argv in crun's grammar (and mixtures with runc's) never crash the runtime: it hands
     over, or fails with one line and leaves config.json byte-identical."""
@@ -674,7 +933,9 @@ def test_crun_argv(world: Dict[str, Path], tokens: List[str]) -> None:
     if exec_ is None:
         assert code == 1
         lines = err.getvalue().split("\n")
-        assert len(lines) == 2 and lines[0].startswith("nvshim: ") and lines[1] == "", err.getvalue()
+        assert len(lines) == 2 and lines[0].startswith("nvshim: ") and lines[1] == "", (
+            err.getvalue()
+        )
         assert "internal error" not in lines[0] and "Traceback" not in err.getvalue()
         assert spec.read_bytes() == raw
     else:

@@ -94,8 +94,13 @@ def test_bad_arguments_are_one_line_and_exit_1(
     assert message in err
 
 
-def nvshim_hook(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-                argv: list[str], state: dict[str, Any], cwd: Path) -> tuple[int, str, str]:
+def nvshim_hook(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    state: dict[str, Any],
+    cwd: Path,
+) -> tuple[int, str, str]:
     """``nvshim hook ARGV`` through the nvshim command: (exit code, stdout, stderr)."""
     from nvshim.cli.main import main as nvshim_main
 
@@ -109,7 +114,9 @@ def nvshim_hook(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[s
 
 @pytest.mark.parametrize("argv", [["--help"], ["-h"], ["--folder", LIBDIR, "--help"]])
 def test_nvshim_hook_help_is_the_clis_and_lists_the_hooks_options(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
     argv: list[str],
 ) -> None:
     """`nvshim hook --help` is click's help like every other command's, named `nvshim hook`,
@@ -136,8 +143,11 @@ def test_nvshim_hook_does_what_the_hook_module_does(
     rc, err = run_hook(monkeypatch, capsys, default_args(), runc_state(by_module), module_root)
     assert (rc, err) == (0, "")
     by_cli, cli_root = make_bundle(tmp_path / "cli")
-    assert nvshim_hook(monkeypatch, capsys, default_args(), runc_state(by_cli), cli_root) == \
-        (0, "", "")
+    assert nvshim_hook(monkeypatch, capsys, default_args(), runc_state(by_cli), cli_root) == (
+        0,
+        "",
+        "",
+    )
     assert snapshot(cli_root) == snapshot(module_root)
     assert (cli_root / LIBDIR.lstrip("/") / "libcuda.so.1").is_symlink()
 
@@ -147,7 +157,9 @@ def test_nvshim_hook_does_what_the_hook_module_does(
     [["--link", "no-separator"], ["--bogus"], ["--folder", "relative"], ["stray"]],
 )
 def test_nvshim_hook_refuses_as_the_hook_module_does(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
     argv: list[str],
 ) -> None:
     """Bad arguments to `nvshim hook` meet the hook's own parser: the same one line."""
@@ -191,8 +203,6 @@ def test_container_root_prefers_state_root_and_joins_relative_to_bundle(tmp_path
 
 
 # --- the real interpreter and the real loader ---------------------------------------------
-
-
 
 
 def test_subprocess_with_tiny_env_works_and_imports_nothing_heavy(tmp_path: Path) -> None:

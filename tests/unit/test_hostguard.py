@@ -17,8 +17,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 def make_host(host: Path) -> None:
     """A host with a few ordinary files in its driver folders, /lib a link to usr/lib."""
-    for folder in ("usr/bin", "usr/sbin", "usr/lib/x86_64-linux-gnu", "usr/lib/firmware",
-                   "usr/share/vulkan/icd.d", "etc/alternatives"):
+    for folder in (
+        "usr/bin",
+        "usr/sbin",
+        "usr/lib/x86_64-linux-gnu",
+        "usr/lib/firmware",
+        "usr/share/vulkan/icd.d",
+        "etc/alternatives",
+    ):
         (host / folder).mkdir(parents=True)
     (host / "lib").symlink_to("usr/lib")
     (host / "usr/bin/ls").write_text("")
@@ -26,22 +32,25 @@ def make_host(host: Path) -> None:
     (host / "usr/lib/firmware/skl.bin").write_text("")
 
 
-@pytest.mark.parametrize("path, looks", [
-    ("/usr/bin/nvidia-smi", True),
-    ("/usr/bin/nvidia-cuda-mps-control", True),
-    ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", True),
-    ("/usr/lib/x86_64-linux-gnu/libGLX_nvidia.so.0", True),
-    ("/usr/lib/x86_64-linux-gnu/libnvcuvid.so.1", True),
-    ("/usr/lib/x86_64-linux-gnu/libnvoptix.so.1", True),
-    ("/usr/share/glvnd/egl_vendor.d/10_nvidia.json", True),
-    ("/usr/share/vulkan/icd.d/nvidia_icd.json", True),
-    ("/usr/share/nvidia/nvoptix.bin", True),
-    ("/lib/firmware/nvidia/550.54.15/gsp_ga10x.bin", True),
-    ("/etc/OpenCL/vendors/nvidia.icd", True),
-    ("/usr/bin/ls", False),
-    ("/usr/lib/x86_64-linux-gnu/libc.so.6", False),
-    ("/usr/lib/firmware/skl_hda.bin", False),
-])
+@pytest.mark.parametrize(
+    "path, looks",
+    [
+        ("/usr/bin/nvidia-smi", True),
+        ("/usr/bin/nvidia-cuda-mps-control", True),
+        ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", True),
+        ("/usr/lib/x86_64-linux-gnu/libGLX_nvidia.so.0", True),
+        ("/usr/lib/x86_64-linux-gnu/libnvcuvid.so.1", True),
+        ("/usr/lib/x86_64-linux-gnu/libnvoptix.so.1", True),
+        ("/usr/share/glvnd/egl_vendor.d/10_nvidia.json", True),
+        ("/usr/share/vulkan/icd.d/nvidia_icd.json", True),
+        ("/usr/share/nvidia/nvoptix.bin", True),
+        ("/lib/firmware/nvidia/550.54.15/gsp_ga10x.bin", True),
+        ("/etc/OpenCL/vendors/nvidia.icd", True),
+        ("/usr/bin/ls", False),
+        ("/usr/lib/x86_64-linux-gnu/libc.so.6", False),
+        ("/usr/lib/firmware/skl_hda.bin", False),
+    ],
+)
 def test_nvidia_looking_names(path: str, looks: bool) -> None:
     """Driver files count (nvidia in the path, libcuda*, libnvcuvid*, libnvoptix*, gsp*.bin);
     other packages' files do not."""
@@ -96,13 +105,32 @@ def test_a_session_that_leaves_a_driver_file_fails(tmp_path: Path, leaves: bool,
     make_host(host)
     inner = tmp_path / "test_inner.py"
     body = "(host / 'usr/bin/nvidia-smi').write_text('')" if leaves else "pass"
-    inner.write_text(f"import pathlib\nhost = pathlib.Path({str(host)!r})\n\n\n"
-                     f"def test_leaves() -> None:\n    {body}\n")
+    inner.write_text(
+        f"import pathlib\nhost = pathlib.Path({str(host)!r})\n\n\n"
+        f"def test_leaves() -> None:\n    {body}\n"
+    )
     res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
-         "--rootdir", str(tmp_path), "-c", os.devnull, str(inner)],
-        cwd=str(REPO), capture_output=True, text=True, timeout=120,
-        env={**os.environ, "NVSHIM_TEST_HOST_ROOT": str(host)})
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "tests.conftest",
+            "--rootdir",
+            str(tmp_path),
+            "-c",
+            os.devnull,
+            str(inner),
+        ],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NVSHIM_TEST_HOST_ROOT": str(host)},
+    )
     assert res.returncode == rc, res.stdout + res.stderr
     assert "1 passed" in res.stdout
     found = "file(s) on the host (NVIDIA-looking ones" in res.stderr
@@ -126,4 +154,6 @@ def test_podman_state_under_var_lib_containers_is_found_new_or_rewritten(tmp_pat
     (host / "var/lib/containers/storage").mkdir()
     new = new_files(before, snapshot(str(host)))
     assert [n.split(" ")[0] for n in new] == [
-        "/var/lib/containers/cache/blob-info-cache-v1.boltdb", "/var/lib/containers/storage"]
+        "/var/lib/containers/cache/blob-info-cache-v1.boltdb",
+        "/var/lib/containers/storage",
+    ]

@@ -38,14 +38,20 @@ FACTS: Dict[str, Tuple[str, Callable[[], object]]] = {
     "/etc/cdi": ("nvshim/config.py", lambda: config.DEFAULT_CDI_SPEC_DIRS[0]),
     "/var/run/cdi": ("nvshim/config.py", lambda: config.DEFAULT_CDI_SPEC_DIRS[1]),
     "/var/lib/kubelet/pod-resources/kubelet.sock": (
-        "nvshim/config.py", lambda: config.Config().kubelet_socket),
+        "nvshim/config.py",
+        lambda: config.Config().kubelet_socket,
+    ),
     "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint": (
-        "nvshim/config.py", lambda: config.Config().kubelet_checkpoint),
+        "nvshim/config.py",
+        lambda: config.Config().kubelet_checkpoint,
+    ),
     "/var/lib/nvshim/grants.jsonl": ("nvshim/config.py", lambda: config.Config().grants_journal),
     "/run/containerd/runc/k8s.io": ("nvshim/config.py", lambda: config.Config().nri_runtime_root),
     "/var/run/nvidia-container-devices": ("nvshim/runtime/claim.py", lambda: DEVICE_LIST_DIR),
-    "/usr/local/bin/nvshim-runtime": ("nvshim/node/install/prefix.py",
-                                      lambda: prefix.DEFAULT_RUNTIME_PATH),
+    "/usr/local/bin/nvshim-runtime": (
+        "nvshim/node/install/prefix.py",
+        lambda: prefix.DEFAULT_RUNTIME_PATH,
+    ),
 }
 
 #: (literal, module) pairs another change is removing (issue 46); each must still be there.
@@ -70,8 +76,7 @@ def _code_strings(source: str) -> Iterator[str]:
     tree = ast.parse(source)
     docs = docstrings(tree)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                and id(node) not in docs:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
             yield node.value
 
 
@@ -83,15 +88,16 @@ def test_every_module_over_the_limit_says_why_it_is_one() -> None:
             continue
         if source.count("\n") > MAX_LINES and not _says_why(source):
             silent.append(name)
-    assert not silent, f"over {MAX_LINES} lines without a '{MARKER}' paragraph (split it " \
-                       f"or say why): {', '.join(silent)}"
+    assert not silent, (
+        f"over {MAX_LINES} lines without a '{MARKER}' paragraph (split it "
+        f"or say why): {', '.join(silent)}"
+    )
 
 
 def test_the_pending_list_of_silent_modules_only_shrinks() -> None:
     """Each module still waiting for its paragraph exists and still lacks it."""
     sources = dict(_modules())
-    done = [name for name in sorted(PENDING_WHY)
-            if name not in sources or _says_why(sources[name])]
+    done = [name for name in sorted(PENDING_WHY) if name not in sources or _says_why(sources[name])]
     assert not done, f"remove from PENDING_WHY: {', '.join(done)}"
 
 
@@ -118,15 +124,17 @@ def test_each_default_is_spelled_only_by_its_owner() -> None:
                 copies.add((literal, name))
     extra = sorted(copies - PENDING_COPIES)
     assert not extra, "import the owner's constant instead: " + "; ".join(
-        f"{literal} in {name} (owner {FACTS[literal][0]})" for literal, name in extra)
+        f"{literal} in {name} (owner {FACTS[literal][0]})" for literal, name in extra
+    )
     gone = sorted(PENDING_COPIES - copies)
     assert not gone, f"remove from PENDING_COPIES: {gone}"
 
 
 def test_the_owner_check_sees_code_and_not_docstrings() -> None:
     """A literal in a string of code counts, in a docstring or comment it does not."""
-    source = ('"""Reads /etc/cdi."""\n# /etc/cdi\nX = f"{1}/etc/cdi"\n'
-              'def f():\n    """/var/run/cdi"""\n')
+    source = (
+        '"""Reads /etc/cdi."""\n# /etc/cdi\nX = f"{1}/etc/cdi"\ndef f():\n    """/var/run/cdi"""\n'
+    )
     strings = list(_code_strings(source))
     assert any("/etc/cdi" in text for text in strings)
     assert not any("/var/run/cdi" in text for text in strings)
@@ -155,8 +163,9 @@ def test_the_installers_spell_the_defaults_as_nvshim_does() -> None:
 def test_the_configmap_repeats_the_defaults_it_names() -> None:
     """deploy/configmap.yaml's CDI dirs, runtimes and driver root are config.py's defaults."""
     docs = [d for d in yaml.safe_load_all((REPO / "deploy" / "configmap.yaml").read_text()) if d]
-    (shipped,) = [yaml.safe_load(d["data"]["config.yaml"]) for d in docs
-                  if d.get("kind") == "ConfigMap"]
+    (shipped,) = [
+        yaml.safe_load(d["data"]["config.yaml"]) for d in docs if d.get("kind") == "ConfigMap"
+    ]
     defaults = config.Config()
     assert tuple(shipped["cdi-spec-dirs"]) == defaults.cdi_spec_dirs
     assert tuple(shipped["runtimes"]) == defaults.runtimes
@@ -167,6 +176,9 @@ def test_the_daemonset_mounts_the_config_directory_nvshim_reads() -> None:
     """The DaemonSet's hostPath for the config is the directory of DEFAULT_CONFIG_PATH."""
     docs = [d for d in yaml.safe_load_all((REPO / "deploy" / "daemonset.yaml").read_text()) if d]
     (daemonset,) = [d for d in docs if d.get("kind") == "DaemonSet"]
-    paths = {v["hostPath"]["path"] for v in daemonset["spec"]["template"]["spec"]["volumes"]
-             if "hostPath" in v}
+    paths = {
+        v["hostPath"]["path"]
+        for v in daemonset["spec"]["template"]["spec"]["volumes"]
+        if "hostPath" in v
+    }
     assert config.DEFAULT_CONFIG_PATH.rsplit("/", 1)[0] in paths

@@ -28,8 +28,22 @@ from tests.helpers.bundle import make_bundle, make_rootfs
 FORBIDDEN = ("click", "structlog", "yaml", "jsonschema", "pynvml", "tomlkit", "google")
 #: What a GPU create avoids on top (each costs 1-6 ms to import here): the create path is
 #: the interpreter's start-up modules, struct, errno, _json and nvshim's hot modules.
-SLOW = ("re", "typing", "enum", "json", "copy", "contextlib", "collections", "functools",
-        "dataclasses", "argparse", "weakref", "inspect", "ctypes", "hashlib")
+SLOW = (
+    "re",
+    "typing",
+    "enum",
+    "json",
+    "copy",
+    "contextlib",
+    "collections",
+    "functools",
+    "dataclasses",
+    "argparse",
+    "weakref",
+    "inspect",
+    "ctypes",
+    "hashlib",
+)
 
 
 def imported_modules(stderr: str) -> List[str]:
@@ -50,19 +64,35 @@ def forbidden_in(modules: Sequence[str]) -> List[str]:
 
 def run_python(args: Sequence[str], env: Dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     """``<this interpreter> -I -X importtime <args>`` as the trampoline starts it."""
-    return subprocess.run([sys.executable, "-I", "-X", "importtime", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-I", "-X", "importtime", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=60,
+    )
 
 
-def run_like_trampoline(args: Sequence[str], env: Dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+def run_like_trampoline(
+    args: Sequence[str], env: Dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess:
     """The runtime started exactly as the installed trampoline starts it (``-I -S``, explicit
     sys.path), with ``-X importtime``."""
     from nvshim.node.install.trampoline import default_paths
 
-    boot = (f"import sys; sys.path[0:0] = {json.dumps(default_paths())}; "
-            "from nvshim.runtime.main import main; main()")
-    return subprocess.run([sys.executable, "-I", "-S", "-X", "importtime", "-c", boot, *args],
-                          capture_output=True, text=True, env=env, cwd=cwd, timeout=60)
+    boot = (
+        f"import sys; sys.path[0:0] = {json.dumps(default_paths())}; "
+        "from nvshim.runtime.main import main; main()"
+    )
+    return subprocess.run(
+        [sys.executable, "-I", "-S", "-X", "importtime", "-c", boot, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=60,
+    )
 
 
 def slow_in(modules: Sequence[str]) -> List[str]:
@@ -74,10 +104,16 @@ def compiled_config(tmp_path: Path, driver_root: str = "/", extra: str = "") -> 
     (with its node plan cache and CDI index)."""
     cfg = tmp_path / "nvshim" / "config.yaml"
     cfg.parent.mkdir(parents=True)
-    cfg.write_text(f"runtimes: [/bin/true]\ndriver-root: {driver_root}\n"
-                   f"grants-journal: {tmp_path}/grants.jsonl\n" + extra)
-    res = subprocess.run([sys.executable, "-I", "-m", "nvshim.cli.main", "config", "compile",
-                          "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    cfg.write_text(
+        f"runtimes: [/bin/true]\ndriver-root: {driver_root}\n"
+        f"grants-journal: {tmp_path}/grants.jsonl\n" + extra
+    )
+    res = subprocess.run(
+        [sys.executable, "-I", "-m", "nvshim.cli.main", "config", "compile", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert (cfg.parent / "config.compiled.json").exists()
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(cfg)}
@@ -99,8 +135,9 @@ def test_create_without_gpu_request_loads_no_heavy_module(tmp_path: Path, rootfs
     bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"])
     before = (bundle / "config.json").read_bytes()
     env = compiled_config(tmp_path)
-    res = run_python(["-m", "nvshim.runtime.main", "create", "--bundle", str(bundle), "c0"], env,
-                     bundle)
+    res = run_python(
+        ["-m", "nvshim.runtime.main", "create", "--bundle", str(bundle), "c0"], env, bundle
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     modules = imported_modules(res.stderr)
     assert "nvshim.runtime.create" in modules, report(modules)  # the create path really ran
@@ -124,19 +161,33 @@ def test_create_with_one_gpu_loads_no_heavy_module(tmp_path: Path, rootfs: Path)
     from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2)
-    bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"],
-                         env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"})
     env = compiled_config(tmp_path, node.root)
-    res = run_python(["-m", "nvshim.runtime.main", "--log", str(tmp_path / "log.json"),
-                      "--log-format", "json", "create", "--bundle", str(bundle), "c1"], env,
-                     bundle)
+    res = run_python(
+        [
+            "-m",
+            "nvshim.runtime.main",
+            "--log",
+            str(tmp_path / "log.json"),
+            "--log-format",
+            "json",
+            "create",
+            "--bundle",
+            str(bundle),
+            "c1",
+        ],
+        env,
+        bundle,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     spec = json.loads((bundle / "config.json").read_text())
     paths = [d["path"] for d in spec["linux"]["devices"]]
     assert "/dev/nvidia0" in paths  # the GPU path really ran
     modules = imported_modules(res.stderr)
     assert forbidden_in(modules) == [], report(modules)
-    assert "grpc" not in modules and "nvshim.runtime.allocation.kubelet" not in modules, report(modules)
+    assert "grpc" not in modules and "nvshim.runtime.allocation.kubelet" not in modules, report(
+        modules
+    )
     assert "nvshim.runtime.grants" in modules, report(modules)  # the grant was journaled
     assert "nvshim.runtime.extras" not in modules, report(modules)  # no IMEX/NVSwitch/GDS asked for
     # the journal's readers (nvshim grants) and require-allocation's checks never load here
@@ -152,26 +203,42 @@ def test_grpc_loads_only_when_the_kubelet_is_asked(tmp_path: Path, rootfs: Path)
     from tests.helpers.podresources import PodResourcesServer
 
     node = create_node(str(tmp_path / "node"), gpus=1)
-    env = compiled_config(tmp_path, node.root, extra=(
-        f"require-allocation: true\nverify-with: kubelet\nkubelet-checkpoint: null\n"
-        # "plain" (no CRI engine made it) is judged, not refused: grpc must not load for it
-        f"unidentified-containers: allocation-sources\n"
-        f"kubelet-socket: {tmp_path}/kubelet.sock\n"))
+    env = compiled_config(
+        tmp_path,
+        node.root,
+        extra=(
+            f"require-allocation: true\nverify-with: kubelet\nkubelet-checkpoint: null\n"
+            # "plain" (no CRI engine made it) is judged, not refused: grpc must not load for it
+            f"unidentified-containers: allocation-sources\n"
+            f"kubelet-socket: {tmp_path}/kubelet.sock\n"
+        ),
+    )
     server = PodResourcesServer(str(tmp_path / "kubelet.sock")).start()
     server.set([("ns", "p", {"c": {"nvidia.com/gpu": [node.gpus[0].uuid]}})])
-    cri = {"io.kubernetes.cri.sandbox-name": "p", "io.kubernetes.cri.sandbox-namespace": "ns",
-           "io.kubernetes.cri.container-name": "c"}
+    cri = {
+        "io.kubernetes.cri.sandbox-name": "p",
+        "io.kubernetes.cri.sandbox-namespace": "ns",
+        "io.kubernetes.cri.container-name": "c",
+    }
     try:
         seen = {}
-        for name, visible, annotations in (("plain", "0", {}), ("cri-none", None, cri),
-                                           ("cri-gpu", node.gpus[0].uuid, cri)):
-            bundle = make_bundle(tmp_path / name, rootfs, ["true"],
-                                 env={"NVIDIA_VISIBLE_DEVICES": visible} if visible else {})
+        for name, visible, annotations in (
+            ("plain", "0", {}),
+            ("cri-none", None, cri),
+            ("cri-gpu", node.gpus[0].uuid, cri),
+        ):
+            bundle = make_bundle(
+                tmp_path / name,
+                rootfs,
+                ["true"],
+                env={"NVIDIA_VISIBLE_DEVICES": visible} if visible else {},
+            )
             spec = json.loads((bundle / "config.json").read_text())
             spec["annotations"] = annotations
             (bundle / "config.json").write_text(json.dumps(spec))
-            res = run_python(["-m", "nvshim.runtime.main", "create", "--bundle", str(bundle), name],
-                             env, bundle)
+            res = run_python(
+                ["-m", "nvshim.runtime.main", "create", "--bundle", str(bundle), name], env, bundle
+            )
             assert res.returncode == 0, res.stderr[-2000:]
             seen[name] = imported_modules(res.stderr)
     finally:
@@ -183,7 +250,9 @@ def test_grpc_loads_only_when_the_kubelet_is_asked(tmp_path: Path, rootfs: Path)
     assert all(forbidden_in(m) == [] for m in seen.values())
 
 
-def test_gpu_create_imports_nothing_but_startup_modules_and_nvshim(tmp_path: Path, rootfs: Path) -> None:
+def test_gpu_create_imports_nothing_but_startup_modules_and_nvshim(
+    tmp_path: Path, rootfs: Path
+) -> None:
     """A 1-GPU create started as the trampoline starts it (plan cache fresh) imports none of
     re, typing, enum, json, copy, contextlib, collections … and still injects the GPU and
     makes the SONAME links itself."""
@@ -206,15 +275,28 @@ def test_gpu_create_imports_nothing_but_startup_modules_and_nvshim(tmp_path: Pat
     assert "nvshim.runtime.identity" not in modules, report(modules)
     # the create road stays inside its packages: never node administration, the CLI or the
     # simulator, nor require-allocation's package when nothing asks for it
-    outside = [m for m in modules
-               if m.startswith(("nvshim.node", "nvshim.cli", "nvshim.sim", "nvshim.runtime.allocation"))]
+    outside = [
+        m
+        for m in modules
+        if m.startswith(("nvshim.node", "nvshim.cli", "nvshim.sim", "nvshim.runtime.allocation"))
+    ]
     assert outside == [], report(modules)
     # debug-log is off: its module is not even imported (nor its events built)
     assert "nvshim.runtime.logs" not in modules, report(modules)
     # the plan cache answers: the finders (GPUs, driver files, versions) never load
-    finders = [m for m in modules if m in ("nvshim.host.gpus", "nvshim.host.driverfiles",
-                                           "nvshim.host.versions", "nvshim.host.drm",
-                                           "nvshim.host.compat32", "nvshim.host.elf")]
+    finders = [
+        m
+        for m in modules
+        if m
+        in (
+            "nvshim.host.gpus",
+            "nvshim.host.driverfiles",
+            "nvshim.host.versions",
+            "nvshim.host.drm",
+            "nvshim.host.compat32",
+            "nvshim.host.elf",
+        )
+    ]
     assert finders == [], report(modules)
     # what the modules it does load cost, in time on the shipped runtime, not in a count:
     # tests/e2e/test_import_budget.py
@@ -228,9 +310,16 @@ def test_cuda_image_create_imports_no_typing(tmp_path: Path, rootfs: Path) -> No
     from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2)
-    bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"],
-                         env={"NVIDIA_VISIBLE_DEVICES": "0", "CUDA_VERSION": "12.2.0",
-                              "NVIDIA_REQUIRE_CUDA": "cuda>=12.0"})
+    bundle = make_bundle(
+        tmp_path / "bundle",
+        rootfs,
+        ["true"],
+        env={
+            "NVIDIA_VISIBLE_DEVICES": "0",
+            "CUDA_VERSION": "12.2.0",
+            "NVIDIA_REQUIRE_CUDA": "cuda>=12.0",
+        },
+    )
     env = compiled_config(tmp_path, node.root, f"nvml-facts: {node.nvml_facts}\n")
     res = run_like_trampoline(["create", "--bundle", str(bundle), "c3"], env, bundle)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -239,7 +328,9 @@ def test_cuda_image_create_imports_no_typing(tmp_path: Path, rootfs: Path) -> No
     assert "typing" not in modules, report(modules)
 
 
-def test_gpu_create_with_the_debug_log_on_imports_no_heavy_module(tmp_path: Path, rootfs: Path) -> None:
+def test_gpu_create_with_the_debug_log_on_imports_no_heavy_module(
+    tmp_path: Path, rootfs: Path
+) -> None:
     """Issue 28 item 14: with debug-log on, a 1-GPU create writes its records without
     importing structlog (~60 ms of every GPU create) or any of the slow modules."""
     if os.geteuid() != 0:
@@ -262,9 +353,12 @@ def test_gpu_create_with_the_debug_log_on_imports_no_heavy_module(tmp_path: Path
 def test_runtime_runs_without_the_cyclic_gc() -> None:
     """Importing the runtime entry turns the cyclic GC off: a create lives ~15 ms and the
     collector only ran while modules loaded (≈ 0.6 ms per create)."""
-    res = subprocess.run([sys.executable, "-I", "-c",
-                          "import gc, nvshim.runtime.main; print(gc.isenabled())"],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-I", "-c", "import gc, nvshim.runtime.main; print(gc.isenabled())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "False"
 
@@ -278,15 +372,36 @@ def test_cdi_name_create_with_a_yaml_spec_imports_no_yaml(tmp_path: Path, rootfs
 
     node = create_node(str(tmp_path / "node"), gpus=2)
     spec_dir = tmp_path / "cdi"
-    res = subprocess.run([sys.executable, "-I", "-m", "nvshim.cli.main", "cdi", "generate", "--driver-root",
-                          node.root, "--output", str(spec_dir / "nvidia.yaml")],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-m",
+            "nvshim.cli.main",
+            "cdi",
+            "generate",
+            "--driver-root",
+            node.root,
+            "--output",
+            str(spec_dir / "nvidia.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
-    (spec_dir / "other.json").write_text(json.dumps({
-        "cdiVersion": "0.5.0", "kind": "acme.com/fpga",
-        "devices": [{"name": "f0", "containerEdits": {"env": ["F=0"]}}]}))
-    bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"],
-                         env={"NVIDIA_VISIBLE_DEVICES": "nvidia.com/gpu=0"})
+    (spec_dir / "other.json").write_text(
+        json.dumps(
+            {
+                "cdiVersion": "0.5.0",
+                "kind": "acme.com/fpga",
+                "devices": [{"name": "f0", "containerEdits": {"env": ["F=0"]}}],
+            }
+        )
+    )
+    bundle = make_bundle(
+        tmp_path / "bundle", rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "nvidia.com/gpu=0"}
+    )
     env = compiled_config(tmp_path, node.root, f"cdi-spec-dirs: [{spec_dir}]\n")
     res = run_like_trampoline(["create", "--bundle", str(bundle), "c3"], env, bundle)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -300,8 +415,9 @@ def test_cdi_name_create_with_a_yaml_spec_imports_no_yaml(tmp_path: Path, rootfs
 def test_python_passthrough_loads_no_heavy_module(tmp_path: Path) -> None:
     """A passthrough command that reaches Python (e.g. the trampoline found no runtime list) imports none of the heavy modules."""
     env = compiled_config(tmp_path)
-    res = run_python(["-m", "nvshim.runtime.main", "--root", str(tmp_path), "state", "x"], env,
-                     tmp_path)
+    res = run_python(
+        ["-m", "nvshim.runtime.main", "--root", str(tmp_path), "state", "x"], env, tmp_path
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     modules = imported_modules(res.stderr)
     assert "nvshim.runtime.main" in modules or "nvshim.runtime.argv" in modules, report(modules)

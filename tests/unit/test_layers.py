@@ -29,8 +29,20 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "nvshim"
 
 #: Base modules in their own order: each may import only those before it.
-BASE = ("nvshim", "nvshim._preload", "nvshim.errors", "nvshim.logs", "nvshim._protobuf", "nvshim._record", "nvshim._jsonc", "nvshim.files",
-        "nvshim._ocistate", "nvshim.edits", "nvshim.configcheck", "nvshim.config")
+BASE = (
+    "nvshim",
+    "nvshim._preload",
+    "nvshim.errors",
+    "nvshim.logs",
+    "nvshim._protobuf",
+    "nvshim._record",
+    "nvshim._jsonc",
+    "nvshim.files",
+    "nvshim._ocistate",
+    "nvshim.edits",
+    "nvshim.configcheck",
+    "nvshim.config",
+)
 #: The packages each package may import besides its own and the base modules (the
 #: "may import" column of docs/architecture.md's packages table).
 MAY_IMPORT = {
@@ -71,8 +83,9 @@ def imports_of(path: Path, known: Set[str]) -> List[Tuple[str, int, bool]]:
     # statements directly under a module-level `if` (TYPE_CHECKING, platform checks) are
     # module level too
     for node in tree.body:
-        if isinstance(node, ast.If) and not (isinstance(node.test, ast.Name)
-                                             and node.test.id == "TYPE_CHECKING"):
+        if isinstance(node, ast.If) and not (
+            isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        ):
             top.update(id(n) for n in node.body + node.orelse)
     out = []
     for node in ast.walk(tree):
@@ -102,12 +115,16 @@ def may_import(name: str, target: str) -> bool:
 def nvshim_graph() -> Dict[str, Set[str]]:
     mods = modules()
     known = set(mods)
-    return {name: {m for m, _, _ in imports_of(path, known) if m in known and m != name}
-            for name, path in mods.items()}
+    return {
+        name: {m for m, _, _ in imports_of(path, known) if m in known and m != name}
+        for name, path in mods.items()
+    }
 
 
 def test_every_module_has_a_layer() -> None:
-    unplaced = [name for name in modules() if name not in BASE and package_of(name) not in MAY_IMPORT]
+    unplaced = [
+        name for name in modules() if name not in BASE and package_of(name) not in MAY_IMPORT
+    ]
     assert unplaced == [], "give these a layer in test_layers.py and docs/architecture.md"
 
 
@@ -122,21 +139,24 @@ def test_imports_point_down_the_layers() -> None:
     assert wrong == []
 
 
-@pytest.mark.parametrize("name,target,allowed", [
-    ("nvshim.runtime.create", "nvshim.runtime.allocation.policy", True),
-    ("nvshim.runtime.create", "nvshim.host.discovery", True),
-    ("nvshim.runtime.create", "nvshim.node.compile", False),
-    ("nvshim.runtime.create", "nvshim.sim.build", False),
-    ("nvshim.host.discovery", "nvshim.sim.model", False),
-    ("nvshim.cdi.index", "nvshim.sim.build", False),
-    ("nvshim.hook", "nvshim.sim.build", False),
-    ("nvshim.sim.build", "nvshim.host.elf", True),
-    ("nvshim.sim.build", "nvshim.runtime.create", False),
-    ("nvshim.node.demo", "nvshim.sim.build", True),
-    ("nvshim.cli.main", "nvshim.sim.build", True),
-    ("nvshim.files", "nvshim.errors", True),
-    ("nvshim.errors", "nvshim.files", False),
-])
+@pytest.mark.parametrize(
+    "name,target,allowed",
+    [
+        ("nvshim.runtime.create", "nvshim.runtime.allocation.policy", True),
+        ("nvshim.runtime.create", "nvshim.host.discovery", True),
+        ("nvshim.runtime.create", "nvshim.node.compile", False),
+        ("nvshim.runtime.create", "nvshim.sim.build", False),
+        ("nvshim.host.discovery", "nvshim.sim.model", False),
+        ("nvshim.cdi.index", "nvshim.sim.build", False),
+        ("nvshim.hook", "nvshim.sim.build", False),
+        ("nvshim.sim.build", "nvshim.host.elf", True),
+        ("nvshim.sim.build", "nvshim.runtime.create", False),
+        ("nvshim.node.demo", "nvshim.sim.build", True),
+        ("nvshim.cli.main", "nvshim.sim.build", True),
+        ("nvshim.files", "nvshim.errors", True),
+        ("nvshim.errors", "nvshim.files", False),
+    ],
+)
 def test_the_layer_rule(name: str, target: str, allowed: bool) -> None:
     """The rule itself: runtime imports neither node nor sim, host never the simulator,
     the simulator only host, and base modules only earlier base modules."""
@@ -153,7 +173,7 @@ def find_cycle(graph: Dict[str, Set[str]]) -> List[str]:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 found = visit(nxt)
                 if found:
@@ -212,9 +232,12 @@ def missing_from_layout(layout: str, paths: List[str]) -> List[str]:
     sections = layout_sections(layout)
     missing = []
     for path in paths:
-        key = max((k for k in sections if k.startswith("nvshim") and path.startswith(k)),
-                  key=len, default="")
-        *folders, name = path[len(key):].split("/")
+        key = max(
+            (k for k in sections if k.startswith("nvshim") and path.startswith(k)),
+            key=len,
+            default="",
+        )
+        *folders, name = path[len(key) :].split("/")
         text = sections.get(key, "")
         if not key or name not in text or any(f"{f}/" not in text for f in folders):
             missing.append(path)
@@ -223,13 +246,25 @@ def missing_from_layout(layout: str, paths: List[str]) -> List[str]:
 
 def test_layout_check_sees_a_module_under_another_heading() -> None:
     """A module is looked for under its own package's heading, not anywhere in the block."""
-    layout = ("nvshim/cdi/   x\n  model.py   specs\nnvshim/sim/   y\n  build.py\n"
-              "nvshim/runtime/\n  allocation/\n    policy.py\n")
-    assert missing_from_layout(layout, ["nvshim/sim/model.py", "nvshim/cdi/model.py",
-                                        "nvshim/runtime/allocation/policy.py",
-                                        "nvshim/runtime/policy.py"]) == ["nvshim/sim/model.py"]
-    assert missing_from_layout("nvshim/runtime/\n  policy.py\n",
-                               ["nvshim/runtime/allocation/policy.py"]) != []
+    layout = (
+        "nvshim/cdi/   x\n  model.py   specs\nnvshim/sim/   y\n  build.py\n"
+        "nvshim/runtime/\n  allocation/\n    policy.py\n"
+    )
+    assert missing_from_layout(
+        layout,
+        [
+            "nvshim/sim/model.py",
+            "nvshim/cdi/model.py",
+            "nvshim/runtime/allocation/policy.py",
+            "nvshim/runtime/policy.py",
+        ],
+    ) == ["nvshim/sim/model.py"]
+    assert (
+        missing_from_layout(
+            "nvshim/runtime/\n  policy.py\n", ["nvshim/runtime/allocation/policy.py"]
+        )
+        != []
+    )
 
 
 def test_architecture_names_every_module_and_every_package() -> None:
@@ -237,8 +272,11 @@ def test_architecture_names_every_module_and_every_package() -> None:
     and its package table every package."""
     architecture = (PACKAGE.parent / "docs" / "architecture.md").read_text()
     layout = architecture.split("## Modules", 1)[1].split("```", 2)[1]
-    paths = [str(p.relative_to(PACKAGE.parent)) for p in sorted(PACKAGE.rglob("*.py"))
-             if p.name != "__init__.py"]
+    paths = [
+        str(p.relative_to(PACKAGE.parent))
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p.name != "__init__.py"
+    ]
     assert missing_from_layout(layout, paths) == []
     packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
     assert [p for p in packages if f"`{p}/`" not in architecture] == []
@@ -246,11 +284,28 @@ def test_architecture_names_every_module_and_every_package() -> None:
 
 
 #: Unit test files named after a behaviour that spans modules, not after one module.
-BEHAVIOURS = frozenset({
-    "bench_floor", "ci", "deploy", "dev_links", "device_numbers", "figures_home", "fuzz",
-    "house", "import_guard", "layers", "machine_paths", "management_pods", "missing_config",
-    "packaging", "shellcheck", "shipped_names", "unreferenced", "verify_every_device",
-})
+BEHAVIOURS = frozenset(
+    {
+        "bench_floor",
+        "ci",
+        "deploy",
+        "dev_links",
+        "device_numbers",
+        "figures_home",
+        "fuzz",
+        "house",
+        "import_guard",
+        "layers",
+        "machine_paths",
+        "management_pods",
+        "missing_config",
+        "packaging",
+        "shellcheck",
+        "shipped_names",
+        "unreferenced",
+        "verify_every_device",
+    }
+)
 
 
 def test_every_unit_test_file_names_what_it_tests() -> None:
@@ -275,7 +330,7 @@ def test_every_unit_test_file_names_what_it_tests() -> None:
             everywhere.add(f"{parts[-2]}_{parts[-1].lstrip('_')}")
     unnamed = []
     for path in sorted(unit.rglob("test_*.py")):
-        name = path.stem[len("test_"):]
+        name = path.stem[len("test_") :]
         folder = path.parent.relative_to(unit)
         if folder.parts:
             package = PACKAGE.joinpath(*folder.parts)

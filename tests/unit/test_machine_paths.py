@@ -43,8 +43,12 @@ SCRATCH = re.compile(r"(?<![\w}>\].-])/tmp/([A-Za-z0-9_.+-]+)")
 def _files() -> Iterator[Path]:
     for tree in TREES:
         for path in sorted((REPO / tree).rglob("*")):
-            if (path.suffix in SUFFIXES and path.is_file() and "__pycache__" not in path.parts
-                    and path != Path(__file__).resolve()):
+            if (
+                path.suffix in SUFFIXES
+                and path.is_file()
+                and "__pycache__" not in path.parts
+                and path != Path(__file__).resolve()
+            ):
                 yield path
     for name in FILES:
         yield REPO / name
@@ -80,10 +84,11 @@ def test_the_check_sees_each_kind_of_machine_path() -> None:
     """The rule catches a home, a workspace and a hand-made /tmp folder, and lets a
     program's /proc/<pid>/root/, a tempfile prefix and a standard /tmp path through."""
     doc = REPO / "docs" / "x.md"
-    text = ("see /root/.cache/x and /work/shared/notes.md\n"
-            "built under /tmp/gort/bin\n"
-            "/proc/<pid>/root/ and /proc/{pid}/root/ and rootfs/root/ and ~/.cache/nvshim\n"
-            "mktemp -d /tmp/nvshim-bench-XXXXXX, prefix /tmp/nvshim-bench-, /tmp/nvidia-mps\n")
+    text = (
+        "see /root/.cache/x and /work/shared/notes.md\n"
+        "built under /tmp/gort/bin\n"
+        "/proc/<pid>/root/ and /proc/{pid}/root/ and rootfs/root/ and ~/.cache/nvshim\n"
+        "mktemp -d /tmp/nvshim-bench-XXXXXX, prefix /tmp/nvshim-bench-, /tmp/nvidia-mps\n"
+    )
     assert machine_paths(doc, text) == [(1, "/root/"), (1, "/work/"), (2, "/tmp/gort")]
-    assert machine_paths(REPO / "tests" / "x.py", "/tmp/gort /home/ann/x") == [
-        (1, "/home/ann/")]
+    assert machine_paths(REPO / "tests" / "x.py", "/tmp/gort /home/ann/x") == [(1, "/home/ann/")]

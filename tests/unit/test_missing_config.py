@@ -20,8 +20,9 @@ import pytest
 
 from tests.helpers.commands import make_trampoline_world
 
-SPEC = json.dumps({"process": {"args": ["true"], "env": ["PATH=/bin"]},
-                   "root": {"path": "rootfs"}}).encode()
+SPEC = json.dumps(
+    {"process": {"args": ["true"], "env": ["PATH=/bin"]}, "root": {"path": "rootfs"}}
+).encode()
 """A spec that asks for nothing (no NVIDIA_ text): the trampoline used to hand it to runc."""
 
 
@@ -44,24 +45,43 @@ def _run(argv: List[str], env: Dict[str, str], cwd: Path) -> subprocess.Complete
     return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=60)
 
 
-@pytest.mark.parametrize("spec", [SPEC, json.dumps(
-    {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}, "root": {"path": "rootfs"}}).encode()],
-    ids=["asks-nothing", "asks-all"])
-def test_nvshim_config_naming_a_missing_file_fails_the_create(tmp_path: Path,
-                                                               spec: bytes) -> None:
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SPEC,
+        json.dumps(
+            {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}, "root": {"path": "rootfs"}}
+        ).encode(),
+    ],
+    ids=["asks-nothing", "asks-all"],
+)
+def test_nvshim_config_naming_a_missing_file_fails_the_create(tmp_path: Path, spec: bytes) -> None:
     """NVSHIM_CONFIG naming a file that does not exist fails create in one line naming it; config.json stays byte-identical and runc never runs."""
     bindir = tmp_path / "bin"
     _recorder(bindir)
     bundle = _bundle(tmp_path, spec)
     typo = tmp_path / "etc" / "config.yml"
     env = {"PATH": f"{bindir}:/usr/bin:/bin", "NVSHIM_CONFIG": str(typo)}
-    res = _run([sys.executable, "-I", "-m", "nvshim.runtime.main", "create", "--bundle",
-                str(bundle), "c1"], env, tmp_path)
+    res = _run(
+        [
+            sys.executable,
+            "-I",
+            "-m",
+            "nvshim.runtime.main",
+            "create",
+            "--bundle",
+            str(bundle),
+            "c1",
+        ],
+        env,
+        tmp_path,
+    )
     assert res.returncode == 1, res.stderr
     assert res.stderr.splitlines() == [
         f"nvshim: config {typo} does not exist (named by NVSHIM_CONFIG): nvshim-runtime "
         "creates no container with the built-in defaults (require-allocation off) in its "
-        "place; restore it, or name the config that exists"]
+        "place; restore it, or name the config that exists"
+    ]
     assert (bundle / "config.json").read_bytes() == spec
     assert not (bindir / "runc.argv").exists()
     # anything but create/run still reaches runc: containers can be stopped and deleted
@@ -86,8 +106,7 @@ def test_installed_trampoline_with_its_config_deleted_fails_every_create(tmp_pat
     env = {"PATH": f"{bindir}:/usr/bin:/bin"}  # no NVSHIM_CONFIG: the script names it
     res = _run([str(tramp), "create", "--bundle", str(bundle), "c1"], env, tmp_path)
     assert res.returncode == 1 and len(res.stderr.splitlines()) == 1, res.stderr
-    assert (f"config {config} does not exist (named by the installed nvshim-runtime)"
-            in res.stderr)
+    assert f"config {config} does not exist (named by the installed nvshim-runtime)" in res.stderr
     assert not (bindir / "runc.argv").exists()
     assert (bundle / "config.json").read_bytes() == SPEC
     res = _run([str(tramp), "start", "c1"], env, tmp_path)
@@ -99,16 +118,22 @@ def test_unnamed_default_config_missing_means_built_in_defaults(tmp_path: Path) 
     bindir = tmp_path / "bin"
     _recorder(bindir)
     bundle = _bundle(tmp_path)
-    boot = (f"import nvshim.config as c; c.DEFAULT_CONFIG_PATH = {str(tmp_path / 'none.yaml')!r}; "
-            "from nvshim.runtime.main import main; main()")
-    res = _run([sys.executable, "-I", "-c", boot, "create", "--bundle", str(bundle), "c1"],
-               {"PATH": f"{bindir}:/usr/bin:/bin"}, tmp_path)
+    boot = (
+        f"import nvshim.config as c; c.DEFAULT_CONFIG_PATH = {str(tmp_path / 'none.yaml')!r}; "
+        "from nvshim.runtime.main import main; main()"
+    )
+    res = _run(
+        [sys.executable, "-I", "-c", boot, "create", "--bundle", str(bundle), "c1"],
+        {"PATH": f"{bindir}:/usr/bin:/bin"},
+        tmp_path,
+    )
     assert res.returncode == 0 and res.stderr == "", res.stderr
     assert (bindir / "runc.argv").read_text().split()[0] == "create"
 
 
-def test_doctor_fails_a_missing_named_config(tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_doctor_fails_a_missing_named_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """doctor FAILs a config that NVSHIM_CONFIG names but that does not exist (every create would fail), and still says ok for an unnamed default path."""
     from nvshim.node.doctor.config import check_config
 

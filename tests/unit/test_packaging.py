@@ -31,12 +31,21 @@ def source_copy(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+def built(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     src = source_copy(tmp_path_factory.mktemp("src"))
     out = tmp_path_factory.mktemp("wheel")
-    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(out), str(src)],
-                         capture_output=True, text=True, timeout=300)
-    if res.returncode != 0 and "No matching distribution found for setuptools" in res.stdout + res.stderr:
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(out), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if (
+        res.returncode != 0
+        and "No matching distribution found for setuptools" in res.stdout + res.stderr
+    ):
         pytest.skip("no package index to fetch setuptools from")
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     wheels = list(out.glob("nvshim-*.whl"))
@@ -44,17 +53,23 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Complete
     return res, wheels[0]
 
 
-def test_build_prints_no_packaging_warning(built: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+def test_build_prints_no_packaging_warning(
+    built: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
     res, _ = built
     lines = (res.stdout + res.stderr).splitlines()
     # pip's notes about this machine's index configuration are not about nvshim's packaging
-    warnings = [line for line in lines if ("warn" in line.lower() or "deprecat" in line.lower())
-                and "Location 'file:" not in line]
+    warnings = [
+        line
+        for line in lines
+        if ("warn" in line.lower() or "deprecat" in line.lower()) and "Location 'file:" not in line
+    ]
     assert warnings == []
 
 
 def test_wheel_ships_every_package_data_file_and_entry_point(
-        built: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    built: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
     _, wheel = built
     names = set(zipfile.ZipFile(wheel).namelist())
     sources = {str(p.relative_to(REPO)) for p in (REPO / "nvshim").rglob("*.py")}

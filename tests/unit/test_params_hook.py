@@ -54,8 +54,16 @@ def test_spec_hook_names_nvshims_interpreter_and_an_explicit_env() -> None:
     assert hook.env == ("PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C")
 
 
-@pytest.mark.parametrize("argv", [[], ["--params"], ["--params", "relative/params"],
-                                  ["--params", HOST, "--extra"], ["--link", "a::/b"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--params"],
+        ["--params", "relative/params"],
+        ["--params", HOST, "--extra"],
+        ["--link", "a::/b"],
+    ],
+)
 def test_params_cli_accepts_only_what_the_spec_writes(argv: List[str]) -> None:
     """Anything but `--params ABSOLUTE` is a usage error."""
     from nvshim.errors import UsageError
@@ -76,8 +84,9 @@ def test_only_the_modify_line_changes() -> None:
 def test_capability_cut_keeps_the_params_hook() -> None:
     """Cutting a spec's edits to the asked capabilities keeps the params hook whatever is
     mounted (it is no links hook to prune)."""
-    edits = Edits(mounts=(Mount("/x/libcuda.so.1", "/x/libcuda.so.1"),),
-                  hooks=(params_spec_hook(),))
+    edits = Edits(
+        mounts=(Mount("/x/libcuda.so.1", "/x/libcuda.so.1"),), hooks=(params_spec_hook(),)
+    )
     assert restrict_to_capabilities(edits, ["utility"]).hooks == (params_spec_hook(),)
 
 
@@ -102,11 +111,19 @@ def test_engine_injected_params_hook_is_replaced_by_the_runtimes() -> None:
 
 
 def run_hook(argv: List[str], state: Any, tmp_path: Path) -> "subprocess.CompletedProcess[str]":
-    code = ("import sys; sys.path[0:0] = [sys.argv.pop(1)]; "
-            "from nvshim.params_hook import main; sys.exit(main())")
-    return subprocess.run([sys.executable, "-I", "-S", "-c", code, str(REPO), *argv],
-                          input=json.dumps(state), capture_output=True, text=True, cwd=tmp_path,
-                          env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    code = (
+        "import sys; sys.path[0:0] = [sys.argv.pop(1)]; "
+        "from nvshim.params_hook import main; sys.exit(main())"
+    )
+    return subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code, str(REPO), *argv],
+        input=json.dumps(state),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
 
 
 def test_hook_refuses_bad_arguments_in_one_line(tmp_path: Path) -> None:
@@ -118,15 +135,13 @@ def test_hook_refuses_bad_arguments_in_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("host", ["missing", "RmLogonRC: 1\nModifyDeviceFiles: 0\n"])
-def test_hook_does_nothing_when_the_host_allows_nothing_to_hide(host: str,
-                                                                tmp_path: Path) -> None:
+def test_hook_does_nothing_when_the_host_allows_nothing_to_hide(host: str, tmp_path: Path) -> None:
     """No host params, or ModifyDeviceFiles: 0 there: exit 0 and the rootfs is not even
     looked at (a bundle without a rootfs is fine)."""
     params = tmp_path / "params"
     if host != "missing":
         params.write_text(host)
-    res = run_hook(["--params", str(params)], {"bundle": str(tmp_path), "root": "nope"},
-                   tmp_path)
+    res = run_hook(["--params", str(params)], {"bundle": str(tmp_path), "root": "nope"}, tmp_path)
     assert (res.returncode, res.stderr) == (0, ""), res.stderr
 
 
@@ -137,8 +152,7 @@ def test_hook_leaves_a_rootfs_without_the_drivers_file(tmp_path: Path) -> None:
     params.write_text("ModifyDeviceFiles: 1\n")
     rootfs = tmp_path / "rootfs"
     (rootfs / "proc").mkdir(parents=True)
-    res = run_hook(["--params", str(params)], {"bundle": str(tmp_path), "root": "rootfs"},
-                   tmp_path)
+    res = run_hook(["--params", str(params)], {"bundle": str(tmp_path), "root": "rootfs"}, tmp_path)
     assert (res.returncode, res.stderr) == (0, ""), res.stderr
     assert [p.name for p in rootfs.rglob("*")] == ["proc"]
 
@@ -152,4 +166,3 @@ def test_hook_state_io_is_shared_with_the_links_hook() -> None:
     assert nvshim.hook.container_root is container_root
     assert nvshim.params_hook.read_state is read_state
     assert read_state(io.StringIO('{"bundle": "/b"}')) == {"bundle": "/b"}
-

@@ -27,13 +27,15 @@ CHECK = textwrap.dedent("""
 
 def write_preload(site: Path) -> Path:
     """A preload file for a package ``pkgx`` (with ``pkgx.sub``) and a module ``plain``."""
-    sources = {"pkgx/__init__.py": "VALUE = 'pkg'\n",
-               "pkgx/sub.py": "from pkgx import VALUE as P\nVALUE = P + '.sub'\n",
-               "plain.py": "VALUE = 'plain'\n"}
+    sources = {
+        "pkgx/__init__.py": "VALUE = 'pkg'\n",
+        "pkgx/sub.py": "from pkgx import VALUE as P\nVALUE = P + '.sub'\n",
+        "plain.py": "VALUE = 'plain'\n",
+    }
     modules = {}
     for rel, text in sources.items():
         is_package = rel.endswith("__init__.py")
-        name = rel[:-len("/__init__.py")] if is_package else rel[:-3].replace("/", ".")
+        name = rel[: -len("/__init__.py")] if is_package else rel[:-3].replace("/", ".")
         modules[name] = (is_package, rel, compile(text, str(site / rel), "exec"))
     path = site / _preload.FILE_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -43,8 +45,13 @@ def write_preload(site: Path) -> Path:
 
 def run(site: Path, preload: Path) -> subprocess.CompletedProcess:
     repo = str(Path(_preload.__file__).parents[1])
-    return subprocess.run([sys.executable, "-I", "-S", "-c", CHECK, repo, str(preload)],
-                          capture_output=True, text=True, timeout=60, cwd=site)
+    return subprocess.run(
+        [sys.executable, "-I", "-S", "-c", CHECK, repo, str(preload)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=site,
+    )
 
 
 def test_preloaded_modules_have_the_path_finders_file_and_path(tmp_path: Path) -> None:
@@ -55,7 +62,11 @@ def test_preloaded_modules_have_the_path_finders_file_and_path(tmp_path: Path) -
     res = run(site, preload)
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == [
-        "True", f"{site}/pkgx/sub.py", f"{site}/pkgx", "pkg.sub plain True"]
+        "True",
+        f"{site}/pkgx/sub.py",
+        f"{site}/pkgx",
+        "pkg.sub plain True",
+    ]
 
 
 def test_a_moved_preload_file_names_its_new_folder(tmp_path: Path) -> None:

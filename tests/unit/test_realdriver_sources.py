@@ -56,12 +56,19 @@ def test_without_i386_the_list_names_no_architecture(tmp_path: Path) -> None:
 def test_multiarch_alternatives_are_made_for_the_i386_triplet_too() -> None:
     """An add_multiarch_slave call gives a link for x86_64 and one for i386, each named with
     its triplet, as the postinst's loop over triplets does."""
-    postinst = ('slaves="\n$(add_multiarch_slave /usr/lib "" libcuda.so.1 /usr/lib '
-                'nvidia/current/)\n"\n')
+    postinst = (
+        'slaves="\n$(add_multiarch_slave /usr/lib "" libcuda.so.1 /usr/lib nvidia/current/)\n"\n'
+    )
     links = [(a.link, a.name, a.source) for a in alternatives_links(postinst)]
     assert links == [
-        ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", "libcuda.so.1-x86_64-linux-gnu",
-         "/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1"),
-        ("/usr/lib/i386-linux-gnu/libcuda.so.1", "libcuda.so.1-i386-linux-gnu",
-         "/usr/lib/i386-linux-gnu/nvidia/current/libcuda.so.1"),
+        (
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+            "libcuda.so.1-x86_64-linux-gnu",
+            "/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1",
+        ),
+        (
+            "/usr/lib/i386-linux-gnu/libcuda.so.1",
+            "libcuda.so.1-i386-linux-gnu",
+            "/usr/lib/i386-linux-gnu/nvidia/current/libcuda.so.1",
+        ),
     ]

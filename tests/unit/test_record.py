@@ -23,6 +23,7 @@ def build(lib: Any) -> SimpleNamespace:
     Each class is decorated after its ``__qualname__`` is set to its ``__name__``: both
     libraries then name it the same way in ``repr`` (see test_repr_names_the_class_by_name).
     """
+
     def deco(cls: Any, **kwargs: Any) -> Any:
         cls.__qualname__ = cls.__name__
         return lib.dataclass(cls, **kwargs) if kwargs else lib.dataclass(cls)
@@ -72,9 +73,15 @@ def build(lib: Any) -> SimpleNamespace:
         b: str = "override"
 
     return SimpleNamespace(
-        Point=point, Frozen=frozen, Kind=deco(Kind, frozen=True), Base=base,
-        Child=deco(Child, frozen=True), Post=deco(Post, frozen=True), Shown=deco(Shown),
-        Hashed=deco(Hashed), lib=lib,
+        Point=point,
+        Frozen=frozen,
+        Kind=deco(Kind, frozen=True),
+        Base=base,
+        Child=deco(Child, frozen=True),
+        Post=deco(Post, frozen=True),
+        Shown=deco(Shown),
+        Hashed=deco(Hashed),
+        lib=lib,
     )
 
 
@@ -131,13 +138,15 @@ PROBES: Dict[str, Callable[[SimpleNamespace], Any]] = {
     "mutable is unhashable": lambda ns: hash(ns.Point(1)),
     "mutable hash attribute": lambda ns: ns.Point.__hash__ is None,
     "explicit hash kept": lambda ns: hash(ns.Hashed(1)),
-    "frozen equal hash equal": lambda ns: hash(ns.Frozen(1, ["a"][:0], "x"))
-    == hash(ns.Frozen(1, [], "y")),
+    "frozen equal hash equal": lambda ns: (
+        hash(ns.Frozen(1, ["a"][:0], "x")) == hash(ns.Frozen(1, [], "y"))
+    ),
     "frozen set key": lambda ns: len({ns.Base(1), ns.Base(1), ns.Base(2)}),
     "frozen assignment": _frozen_set,
     "frozen deletion": _frozen_del,
     "frozen error is an AttributeError": lambda ns: issubclass(
-        ns.lib.FrozenInstanceError, AttributeError),
+        ns.lib.FrozenInstanceError, AttributeError
+    ),
     "mutable assignment": lambda ns: _mutable_assign(ns).x,
     "repr": lambda ns: repr(ns.Point(1, 2)),
     "repr leaves out repr=False": lambda ns: repr(ns.Frozen(1, ["t"], "hidden")),
@@ -154,7 +163,8 @@ PROBES: Dict[str, Callable[[SimpleNamespace], Any]] = {
     "field default": lambda ns: ns.lib.fields(ns.Point)[1].default,
     "field default missing": lambda ns: ns.lib.fields(ns.Point)[0].default is ns.lib.MISSING,
     "inherited field order, override in place": lambda ns: [
-        f.name for f in ns.lib.fields(ns.Child)],
+        f.name for f in ns.lib.fields(ns.Child)
+    ],
     "inherited override default": lambda ns: ns.Child(1).b,
     "inherited repr": lambda ns: repr(ns.Child(1)),
     "inherited eq across classes": lambda ns: ns.Child(1) == ns.Base(1),
@@ -203,9 +213,11 @@ def test_is_dataclass_and_asdict_do_not_know_records() -> None:
 def test_repr_names_the_class_by_name() -> None:
     """Documented difference: a record's repr uses the class's __name__, dataclasses' its
     __qualname__ (they differ for a class nested in another or in a function)."""
+
     def make(lib: Any) -> Any:
         class Inner:
             x: int
+
         return lib.dataclass(Inner)
 
     assert repr(make(_record)(1)) == "Inner(x=1)"
@@ -216,11 +228,14 @@ def test_class_checks_dataclasses_makes_are_not_made() -> None:
     """Documented difference: dataclasses refuses a mutable default (list, dict, set) and a
     field without a default after one with; _record accepts both."""
     for lib in (dataclasses, _record):
+
         class Loose:
             items: List[int] = []  # noqa: RUF012 - the probe
+
         class Order:
             a: int = 0
             b: int
+
         if lib is dataclasses:
             with pytest.raises(ValueError):
                 lib.dataclass(Loose)
@@ -235,6 +250,7 @@ def test_methods_the_class_defines_are_replaced() -> None:
     """Documented difference: a record's own __init__ or __eq__ is replaced (dataclasses
     keeps it); __repr__ and, on a mutable record, __hash__ are kept by both."""
     for lib in (dataclasses, _record):
+
         class Own:
             x: int
 

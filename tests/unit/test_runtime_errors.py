@@ -30,22 +30,43 @@ NOT_CHECKED: set = set()
 #: - _record's TypeErrors are Python's own answer to a constructor called with wrong
 #:   arguments (as dataclasses give), and findings' ValueError guards the doctor's own
 #:   code against an unknown status: both are programming errors, not user input.
-ALLOWED = {("runtime/specjson.py", "TypeError"), ("cdi/load.py", "ValueError"),
-           ("host/inroot.py", "OSError"), ("host/inroot.py", "FileNotFoundError"),
-           ("_record.py", "TypeError"), ("node/doctor/findings.py", "ValueError")}
+ALLOWED = {
+    ("runtime/specjson.py", "TypeError"),
+    ("cdi/load.py", "ValueError"),
+    ("host/inroot.py", "OSError"),
+    ("host/inroot.py", "FileNotFoundError"),
+    ("_record.py", "TypeError"),
+    ("node/doctor/findings.py", "ValueError"),
+}
 #: Exception classes outside the tree on purpose: internal signals caught in the same module
 #: (_jsonc's fallback to the json package, config's duplicate-key hook for yaml and its
 #: not-a-regular-file signal) and
 #: dataclasses' FrozenInstanceError, which records mirror.
-INTERNAL = {"nvshim._jsonc._Fallback", "nvshim.node.cdirefresh._Stop", "nvshim.config._DuplicateKey", "nvshim.files._NotAFile",
-            "nvshim._record.FrozenInstanceError",
-            # the NRI transport's own: caught in the plugin's loop, one log line or an error
-            # reply to the engine, never a user's error
-            "nvshim.agent.nri.transport.RpcError",
-            # the agent hook's "the Python hook does it": a fallback reply, never a user's error
-            "nvshim.agent.hookwork._NotServed"}
-BUILTIN = {"ValueError", "OSError", "KeyError", "TypeError", "RuntimeError", "Exception",
-           "IndexError", "LookupError", "IOError", "FileNotFoundError", "PermissionError"}
+INTERNAL = {
+    "nvshim._jsonc._Fallback",
+    "nvshim.node.cdirefresh._Stop",
+    "nvshim.config._DuplicateKey",
+    "nvshim.files._NotAFile",
+    "nvshim._record.FrozenInstanceError",
+    # the NRI transport's own: caught in the plugin's loop, one log line or an error
+    # reply to the engine, never a user's error
+    "nvshim.agent.nri.transport.RpcError",
+    # the agent hook's "the Python hook does it": a fallback reply, never a user's error
+    "nvshim.agent.hookwork._NotServed",
+}
+BUILTIN = {
+    "ValueError",
+    "OSError",
+    "KeyError",
+    "TypeError",
+    "RuntimeError",
+    "Exception",
+    "IndexError",
+    "LookupError",
+    "IOError",
+    "FileNotFoundError",
+    "PermissionError",
+}
 
 
 def _rel(path: Path) -> str:
@@ -73,9 +94,13 @@ def test_every_exception_class_is_in_the_error_tree() -> None:
         name = "nvshim." + _rel(path)[:-3].replace("/", ".").replace(".__init__", "")
         module = importlib.import_module(name)
         for attr, value in vars(module).items():
-            if inspect.isclass(value) and issubclass(value, BaseException) \
-                    and value.__module__ == name and not issubclass(value, NvshimError) \
-                    and f"{name}.{attr}" not in INTERNAL:
+            if (
+                inspect.isclass(value)
+                and issubclass(value, BaseException)
+                and value.__module__ == name
+                and not issubclass(value, NvshimError)
+                and f"{name}.{attr}" not in INTERNAL
+            ):
                 outside.append(f"{name}.{attr}")
     assert outside == []
 
@@ -87,8 +112,10 @@ def test_a_spec_nested_too_deep_is_a_spec_error() -> None:
         decode_spec(b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1))
 
 
-@pytest.mark.parametrize("raw", [b'{"a":1,"a":1}', b'\xef\xbb\xbf[{"b":{"c":[{"d":0,"e":1,"d":2}]}}]',
-                                 b'{"f":{},"f":{}}'])
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"a":1,"a":1}', b'\xef\xbb\xbf[{"b":{"c":[{"d":0,"e":1,"d":2}]}}]', b'{"f":{},"f":{}}'],
+)
 def test_a_key_twice_in_one_object_is_a_spec_error(raw: bytes) -> None:
     """decode_spec refuses a key that occurs twice in one object, naming it (with or without a
     BOM, at any depth); the same key in different objects is fine."""
@@ -97,7 +124,9 @@ def test_a_key_twice_in_one_object_is_a_spec_error(raw: bytes) -> None:
     with pytest.raises(SpecDuplicateKeyError, match='^duplicate key "[adf]" in an object'):
         decode_spec(raw)
     assert decode_spec(b'{"a":{"a":{"a":1}},"b":[{"a":1},{"a":2}]}') == {
-        "a": {"a": {"a": 1}}, "b": [{"a": 1}, {"a": 2}]}
+        "a": {"a": {"a": 1}},
+        "b": [{"a": 1}, {"a": 2}],
+    }
 
 
 @pytest.mark.parametrize("data", [b"\x08", b"\x80" * 11, b"\x0a\x05ab", b"\x0b", b"\x00"])
@@ -124,12 +153,18 @@ def test_create_in_a_removed_directory_says_so_in_one_line(tmp_path: Path) -> No
     cfg.write_text("runtimes: [/bin/true]\n")
     gone = tmp_path / "gone"
     gone.mkdir()
-    code = ("import os, sys; os.rmdir(os.getcwd()); "
-            "from nvshim.runtime.main import main; main(['create', 'c0'])")
-    res = subprocess.run([sys.executable, "-I", "-c", code], cwd=gone, capture_output=True,
-                         text=True, timeout=60,
-                         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                              "NVSHIM_CONFIG": str(cfg)})
+    code = (
+        "import os, sys; os.rmdir(os.getcwd()); "
+        "from nvshim.runtime.main import main; main(['create', 'c0'])"
+    )
+    res = subprocess.run(
+        [sys.executable, "-I", "-c", code],
+        cwd=gone,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NVSHIM_CONFIG": str(cfg)},
+    )
     assert res.returncode == 1
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
@@ -139,7 +174,8 @@ def test_create_in_a_removed_directory_says_so_in_one_line(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("kind", ["missing", "empty"])
 def test_a_gpu_request_on_a_wrong_driver_root_names_the_root(
-        tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A careless ``driver-root`` (a typo, a node not built yet) must not read like a node
     without GPUs: the one line names the root looked under, the config (here none: the
     built-in defaults and the file looked for) and, when the root is missing, says so."""
@@ -150,16 +186,22 @@ def test_a_gpu_request_on_a_wrong_driver_root_names_the_root(
 
     absent = tmp_path / "absent.yaml"
     monkeypatch.setenv("NVSHIM_CONFIG", str(absent))
-    bundle = make_bundle(tmp_path / "b", make_rootfs(tmp_path / "rootfs"), ["true"],
-                         env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    bundle = make_bundle(
+        tmp_path / "b",
+        make_rootfs(tmp_path / "rootfs"),
+        ["true"],
+        env={"NVIDIA_VISIBLE_DEVICES": "0"},
+    )
     root = tmp_path / "driver"
     if kind == "empty":
         root.mkdir()
     before = (bundle / "config.json").read_bytes()
     with pytest.raises(RequestError) as info:
         plan_create(str(bundle), Config(driver_root=str(root)))
-    expected = (f'unknown device "0": this node has no GPUs under driver root {root} '
-                f"(built-in defaults: no config {absent})")
+    expected = (
+        f'unknown device "0": this node has no GPUs under driver root {root} '
+        f"(built-in defaults: no config {absent})"
+    )
     if kind == "missing":
         expected += f"; driver root {root} does not exist"
     assert str(info.value) == expected
@@ -175,28 +217,47 @@ def test_a_gpu_request_on_the_host_root_names_root_and_config(tmp_path: Path) ->
 
     if os.path.exists("/proc/driver/nvidia/gpus") and os.listdir("/proc/driver/nvidia/gpus"):
         pytest.skip("this host has NVIDIA GPUs")
-    bundle = make_bundle(tmp_path / "b", make_rootfs(tmp_path / "rootfs"), ["true"],
-                         env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    bundle = make_bundle(
+        tmp_path / "b",
+        make_rootfs(tmp_path / "rootfs"),
+        ["true"],
+        env={"NVIDIA_VISIBLE_DEVICES": "0"},
+    )
     cfg = tmp_path / "config.yaml"
     with pytest.raises(RequestError) as info:
         plan_create(str(bundle), Config(driver_root="/", source=str(cfg)))
-    assert str(info.value) == ('unknown device "0": this node has no GPUs under driver root / '
-                               f"(config {cfg})")
+    assert str(info.value) == (
+        f'unknown device "0": this node has no GPUs under driver root / (config {cfg})'
+    )
 
 
-def _runtime_create(runtime: str, bundle: Path, log: Path,
-                    environ: dict) -> "subprocess.CompletedProcess[str]":
+def _runtime_create(
+    runtime: str, bundle: Path, log: Path, environ: dict
+) -> "subprocess.CompletedProcess[str]":
     """``nvshim-runtime --log LOG --log-format json create --bundle BUNDLE c0``."""
     return subprocess.run(
-        [runtime, "--log", str(log), "--log-format", "json", "create", "--bundle", str(bundle),
-         "c0"],
-        capture_output=True, text=True, timeout=60,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **environ})
+        [
+            runtime,
+            "--log",
+            str(log),
+            "--log-format",
+            "json",
+            "create",
+            "--bundle",
+            str(bundle),
+            "c0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **environ},
+    )
 
 
 @pytest.mark.parametrize("configured", [True, False])
 def test_unknown_device_from_the_runtime_names_config_and_driver_root(
-        tmp_path: Path, configured: bool, nvshim_runtime_bin: str) -> None:
+    tmp_path: Path, configured: bool, nvshim_runtime_bin: str
+) -> None:
     """``nvshim-runtime create`` asking for a GPU the node lacks: the stderr line and the
     ``--log`` JSON error line both name the driver root looked under and the config used —
     or, when the config NVSHIM_CONFIG names is absent, that file and who named it (a named
@@ -214,18 +275,27 @@ def test_unknown_device_from_the_runtime_names_config_and_driver_root(
 
         node = create_node(str(tmp_path / "node"), gpus=1)
         cfg.parent.mkdir()
-        cfg.write_text(f"driver-root: {node.root}\nruntimes: [/bin/true]\n"
-                       f"grants-journal: {tmp_path / 'grants.jsonl'}\n")
-        expected = (f'unknown device "1": this node has GPUs 0 under driver root {node.root} '
-                    f"(config {cfg})")
+        cfg.write_text(
+            f"driver-root: {node.root}\nruntimes: [/bin/true]\n"
+            f"grants-journal: {tmp_path / 'grants.jsonl'}\n"
+        )
+        expected = (
+            f'unknown device "1": this node has GPUs 0 under driver root {node.root} (config {cfg})'
+        )
     else:
         if os.path.exists("/proc/driver/nvidia/gpus") and os.listdir("/proc/driver/nvidia/gpus"):
             pytest.skip("this host has NVIDIA GPUs")
-        expected = (f"config {cfg} does not exist (named by NVSHIM_CONFIG): nvshim-runtime "
-                    "creates no container with the built-in defaults (require-allocation off) "
-                    "in its place; restore it, or name the config that exists")
-    bundle = make_bundle(tmp_path / "b", make_rootfs(tmp_path / "rootfs"), ["true"],
-                         env={"NVIDIA_VISIBLE_DEVICES": "1"})
+        expected = (
+            f"config {cfg} does not exist (named by NVSHIM_CONFIG): nvshim-runtime "
+            "creates no container with the built-in defaults (require-allocation off) "
+            "in its place; restore it, or name the config that exists"
+        )
+    bundle = make_bundle(
+        tmp_path / "b",
+        make_rootfs(tmp_path / "rootfs"),
+        ["true"],
+        env={"NVIDIA_VISIBLE_DEVICES": "1"},
+    )
     before = (bundle / "config.json").read_bytes()
     log = tmp_path / "runc.log"
     res = _runtime_create(nvshim_runtime_bin, bundle, log, {"NVSHIM_CONFIG": str(cfg)})

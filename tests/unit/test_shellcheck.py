@@ -21,8 +21,17 @@ from typing import Dict, List
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SKIP_DIRS = {".git", ".venv", "venv", "build", "dist", "__pycache__", ".mypy_cache",
-             ".ruff_cache", "node_modules"}
+SKIP_DIRS = {
+    ".git",
+    ".venv",
+    "venv",
+    "build",
+    "dist",
+    "__pycache__",
+    ".mypy_cache",
+    ".ruff_cache",
+    "node_modules",
+}
 SHEBANG = re.compile(rb"^#!\s*(/bin/sh|/bin/bash|/usr/bin/env (ba)?sh)\b")
 
 
@@ -91,8 +100,9 @@ def test_shell_files_pass_shellcheck() -> None:
     """shellcheck finds nothing in any shell file of the checkout."""
     binary = shellcheck()
     files = [str(p.relative_to(REPO)) for p in shell_files()]
-    res = subprocess.run([binary, "-f", "gcc", *files], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
+    res = subprocess.run(
+        [binary, "-f", "gcc", *files], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert res.stdout == "" and res.returncode == 0, res.stdout + res.stderr
 
 
@@ -103,6 +113,10 @@ def test_rendered_sh_passes_shellcheck(name: str, tmp_path: Path) -> None:
     binary = shellcheck()
     script = tmp_path / "script.sh"
     script.write_text(rendered_scripts()[name])
-    res = subprocess.run([binary, "--norc", "-s", "sh", "-f", "gcc", "-e", ",".join(excluded()),
-                          str(script)], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [binary, "--norc", "-s", "sh", "-f", "gcc", "-e", ",".join(excluded()), str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.stdout == "" and res.returncode == 0, res.stdout + res.stderr

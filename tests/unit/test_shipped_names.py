@@ -37,8 +37,11 @@ HISTORICAL = {("bench/trees.py", "nvshim.node.trampoline")}
 def shipped_text() -> Iterator[Tuple[str, int, str]]:
     paths: List[Path] = [REPO / name for name in SHIPPED_FILES]
     for top in SHIPPED:
-        paths += [p for p in (REPO / top).rglob("*")
-                  if p.is_file() and p.suffix in SUFFIXES and "__pycache__" not in p.parts]
+        paths += [
+            p
+            for p in (REPO / top).rglob("*")
+            if p.is_file() and p.suffix in SUFFIXES and "__pycache__" not in p.parts
+        ]
     for path in paths:
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             yield str(path.relative_to(REPO)), number, line
@@ -82,13 +85,16 @@ def test_shipped_text_names_no_stale_module() -> None:
     assert stale_names() == []
 
 
-@pytest.mark.parametrize("name,exists", [
-    ("nvshim.runtime.argv", True),
-    ("nvshim.runtime.argv.parse_argv", True),
-    ("nvshim.runtime.argv.no_such_function", False),
-    ("nvshim.runtime.no_such_module", False),
-    ("nvshim._argv", False),
-])
+@pytest.mark.parametrize(
+    "name,exists",
+    [
+        ("nvshim.runtime.argv", True),
+        ("nvshim.runtime.argv.parse_argv", True),
+        ("nvshim.runtime.argv.no_such_function", False),
+        ("nvshim.runtime.no_such_module", False),
+        ("nvshim._argv", False),
+    ],
+)
 def test_a_moved_module_is_seen(name: str, exists: bool) -> None:
     assert dotted_exists(name) is exists
 

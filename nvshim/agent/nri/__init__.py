@@ -30,9 +30,13 @@ BACKOFF_MIN = 0.5
 BACKOFF_MAX = 10.0
 
 
-def run_nri(state: AgentState, nri_socket_path: str, stop: threading.Event,
-            on_registered: Callable[[bool], None],
-            pending: Optional[PendingWork] = None) -> None:
+def run_nri(
+    state: AgentState,
+    nri_socket_path: str,
+    stop: threading.Event,
+    on_registered: Callable[[bool], None],
+    pending: Optional[PendingWork] = None,
+) -> None:
     """Serve NRI on ``nri_socket_path`` until ``stop`` (see the module docstring);
     ``pending``: the agent's :class:`nvshim.agent.hookwork.PendingWork`, where
     ``nri-inroot: agent`` leaves the in-root work for the agent's createContainer hook."""
@@ -47,25 +51,33 @@ def run_nri(state: AgentState, nri_socket_path: str, stop: threading.Event,
         try:
             sock = connect(nri_socket_path)
         except OSError as exc:
-            log.warning("nri socket not reachable", socket=nri_socket_path,
-                        error=exc.strerror or str(exc), retry_s=backoff)
+            log.warning(
+                "nri socket not reachable",
+                socket=nri_socket_path,
+                error=exc.strerror or str(exc),
+                retry_s=backoff,
+            )
             stop.wait(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
             continue
         uid = peer_uid(sock)
         if uid not in (0, os.getuid()):
-            log.error("nri peer refused", socket=nri_socket_path, uid=uid,
-                      reason="the engine's socket is not served by root")
+            log.error(
+                "nri peer refused",
+                socket=nri_socket_path,
+                uid=uid,
+                reason="the engine's socket is not served by root",
+            )
             sock.close()
             stop.wait(BACKOFF_MAX)
             continue
         session = Session(sock, plugin.handle, log)
-        reader = threading.Thread(target=session.run, args=(stop,), name="nri-read",
-                                  daemon=True)
+        reader = threading.Thread(target=session.run, args=(stop,), name="nri-read", daemon=True)
         reader.start()
         try:
-            session.call(SERVICE_RUNTIME, "RegisterPlugin",
-                         encode_register(PLUGIN_NAME, PLUGIN_INDEX))
+            session.call(
+                SERVICE_RUNTIME, "RegisterPlugin", encode_register(PLUGIN_NAME, PLUGIN_INDEX)
+            )
         except (RpcError, TimeoutError, OSError) as exc:
             log.warning("nri registration failed", socket=nri_socket_path, error=str(exc))
             session.close()
@@ -73,8 +85,7 @@ def run_nri(state: AgentState, nri_socket_path: str, stop: threading.Event,
             stop.wait(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
             continue
-        log.info("nri registered", socket=nri_socket_path, name=PLUGIN_NAME,
-                 index=PLUGIN_INDEX)
+        log.info("nri registered", socket=nri_socket_path, name=PLUGIN_NAME, index=PLUGIN_INDEX)
         on_registered(True)
         backoff = BACKOFF_MIN
         while reader.is_alive() and not stop.is_set():

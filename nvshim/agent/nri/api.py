@@ -122,9 +122,14 @@ class Hook:
 
 
 #: ``Hooks`` fields by OCI hook name.
-HOOK_FIELDS = {"prestart": "prestart", "createRuntime": "create_runtime",
-               "createContainer": "create_container", "startContainer": "start_container",
-               "poststart": "poststart", "poststop": "poststop"}
+HOOK_FIELDS = {
+    "prestart": "prestart",
+    "createRuntime": "create_runtime",
+    "createContainer": "create_container",
+    "startContainer": "start_container",
+    "poststart": "poststart",
+    "poststop": "poststop",
+}
 
 
 @dataclass(frozen=True)
@@ -167,9 +172,15 @@ def _pb_mount(m: Mount) -> Any:
 
 
 def _pb_device(d: Device) -> Any:
-    optional = {name: kind(value=value) for name, kind, value in (
-        ("file_mode", pb.OptionalFileMode, d.file_mode), ("uid", pb.OptionalUInt32, d.uid),
-        ("gid", pb.OptionalUInt32, d.gid)) if value is not None}  # present even when 0
+    optional = {
+        name: kind(value=value)
+        for name, kind, value in (
+            ("file_mode", pb.OptionalFileMode, d.file_mode),
+            ("uid", pb.OptionalUInt32, d.uid),
+            ("gid", pb.OptionalUInt32, d.gid),
+        )
+        if value is not None
+    }  # present even when 0
     return pb.LinuxDevice(path=d.path, type=d.type, major=d.major, minor=d.minor, **optional)
 
 
@@ -180,8 +191,10 @@ def _pb_hook(h: Hook) -> Any:
 
 def _pb_adjustment(a: Adjustment) -> Any:
     out = pb.ContainerAdjustment(
-        annotations=a.annotations, mounts=[_pb_mount(m) for m in a.mounts],
-        env=[pb.KeyValue(key=k, value=v) for k, v in a.env])
+        annotations=a.annotations,
+        mounts=[_pb_mount(m) for m in a.mounts],
+        env=[pb.KeyValue(key=k, value=v) for k, v in a.env],
+    )
     if a.hooks:  # present when a kind is named, even with no hook
         out.hooks.SetInParent()
         for kind, hooks in a.hooks.items():
@@ -200,8 +213,14 @@ def _parse(kind: Any, data: bytes) -> Any:
 
 
 def _pod(m: Any) -> Pod:
-    return Pod(id=m.id, name=m.name, uid=m.uid, namespace=m.namespace,
-               annotations=dict(m.annotations), runtime_handler=m.runtime_handler)
+    return Pod(
+        id=m.id,
+        name=m.name,
+        uid=m.uid,
+        namespace=m.namespace,
+        annotations=dict(m.annotations),
+        runtime_handler=m.runtime_handler,
+    )
 
 
 def _optional(m: Any, name: str) -> Optional[int]:
@@ -213,20 +232,37 @@ def _hook(m: Any) -> Hook:
 
 
 def _device(m: Any) -> Device:
-    return Device(m.path, m.type, m.major, m.minor, _optional(m, "file_mode"),
-                  _optional(m, "uid"), _optional(m, "gid"))
+    return Device(
+        m.path,
+        m.type,
+        m.major,
+        m.minor,
+        _optional(m, "file_mode"),
+        _optional(m, "uid"),
+        _optional(m, "gid"),
+    )
 
 
 def _container(m: Any) -> Container:
-    hooks = {kind: tuple(_hook(h) for h in getattr(m.hooks, name))
-             for kind, name in HOOK_FIELDS.items() if getattr(m.hooks, name)}
+    hooks = {
+        kind: tuple(_hook(h) for h in getattr(m.hooks, name))
+        for kind, name in HOOK_FIELDS.items()
+        if getattr(m.hooks, name)
+    }
     return Container(
-        id=m.id, pod_sandbox_id=m.pod_sandbox_id, name=m.name,
-        annotations=dict(m.annotations), args=tuple(m.args), env=tuple(m.env),
-        mounts=tuple(Mount(x.destination, x.type, x.source, tuple(x.options))
-                     for x in m.mounts),
-        hooks=hooks, devices=tuple(_device(d) for d in m.linux.devices), pid=m.pid,
-        cdi_devices=tuple(d.name for d in m.CDI_devices), cgroups_path=m.linux.cgroups_path)
+        id=m.id,
+        pod_sandbox_id=m.pod_sandbox_id,
+        name=m.name,
+        annotations=dict(m.annotations),
+        args=tuple(m.args),
+        env=tuple(m.env),
+        mounts=tuple(Mount(x.destination, x.type, x.source, tuple(x.options)) for x in m.mounts),
+        hooks=hooks,
+        devices=tuple(_device(d) for d in m.linux.devices),
+        pid=m.pid,
+        cdi_devices=tuple(d.name for d in m.CDI_devices),
+        cgroups_path=m.linux.cgroups_path,
+    )
 
 
 def decode_pod(data: bytes) -> Pod:
@@ -269,8 +305,11 @@ def decode_event(method: str, data: bytes) -> Tuple[int, str, int]:
 def decode_configure(data: bytes) -> Dict[str, str]:
     """The ConfigureRequest's runtime name and version and NRI version."""
     request = _parse(pb.ConfigureRequest, data)
-    return {"runtime": str(request.runtime_name), "version": str(request.runtime_version),
-            "nri": str(request.NRI_version)}
+    return {
+        "runtime": str(request.runtime_name),
+        "version": str(request.runtime_version),
+        "nri": str(request.NRI_version),
+    }
 
 
 def encode_sync_reply(request: bytes) -> bytes:
@@ -283,8 +322,7 @@ def encode_sync_reply(request: bytes) -> bytes:
 
 def encode_register(name: str, index: str) -> bytes:
     """A RegisterPluginRequest."""
-    return bytes(pb.RegisterPluginRequest(plugin_name=name, plugin_idx=index)
-                 .SerializeToString())
+    return bytes(pb.RegisterPluginRequest(plugin_name=name, plugin_idx=index).SerializeToString())
 
 
 def encode_configure_reply(events: int) -> bytes:

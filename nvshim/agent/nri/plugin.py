@@ -87,8 +87,17 @@ if TYPE_CHECKING:
     from nvshim.runtime.plan import Plan, SpecDict
     from nvshim.runtime.rootwork import RootWork
 
-__all__ = ["Plugin", "Verdict", "spec_of", "adjustment_of", "decide", "verify", "guard", "inject",
-           "nvidia_cdi_claim"]
+__all__ = [
+    "Plugin",
+    "Verdict",
+    "spec_of",
+    "adjustment_of",
+    "decide",
+    "verify",
+    "guard",
+    "inject",
+    "nvidia_cdi_claim",
+]
 
 #: The env entry that keeps every GPU runtime from injecting anything.
 VOID = "void"
@@ -104,21 +113,35 @@ def spec_of(pod: Pod, container: Container) -> SpecDict:
     when the container's annotations carry none (an engine's fields, not the pod's)."""
     annotations = dict(container.annotations)
     if not any(k.startswith("io.kubernetes.") for k in annotations) and pod.name:
-        annotations.update({
-            _CRI + "container-type": "container", _CRI + "sandbox-id": pod.id,
-            _CRI + "sandbox-name": pod.name, _CRI + "sandbox-namespace": pod.namespace,
-            _CRI + "sandbox-uid": pod.uid, _CRI + "container-name": container.name,
-        })
-    devices = [{"path": d.path, "type": d.type, "major": d.major, "minor": d.minor}
-               for d in container.devices]
+        annotations.update(
+            {
+                _CRI + "container-type": "container",
+                _CRI + "sandbox-id": pod.id,
+                _CRI + "sandbox-name": pod.name,
+                _CRI + "sandbox-namespace": pod.namespace,
+                _CRI + "sandbox-uid": pod.uid,
+                _CRI + "container-name": container.name,
+            }
+        )
+    devices = [
+        {"path": d.path, "type": d.type, "major": d.major, "minor": d.minor}
+        for d in container.devices
+    ]
     hooks: Dict[str, List[Dict[str, object]]] = {}
     for kind, found in container.hooks.items():
         hooks[kind] = [_hook_json(h) for h in found]
     spec: SpecDict = {
         "ociVersion": "1.0.2",
         "process": {"args": list(container.args), "env": list(container.env)},
-        "mounts": [{"destination": m.destination, "type": m.type, "source": m.source,
-                    "options": list(m.options)} for m in container.mounts],
+        "mounts": [
+            {
+                "destination": m.destination,
+                "type": m.type,
+                "source": m.source,
+                "options": list(m.options),
+            }
+            for m in container.mounts
+        ],
         "annotations": annotations,
         "linux": {"devices": devices},
     }
@@ -149,20 +172,37 @@ def adjustment_of(before: SpecDict, after: SpecDict) -> Adjustment:
             env[name] = value
     old_mounts = before["mounts"]
     mounts = tuple(
-        Mount(m["destination"], m.get("type", "") or "", m.get("source", "") or "",
-              tuple(m.get("options") or ()))
-        for m in after.get("mounts") or () if m not in old_mounts)
+        Mount(
+            m["destination"],
+            m.get("type", "") or "",
+            m.get("source", "") or "",
+            tuple(m.get("options") or ()),
+        )
+        for m in after.get("mounts") or ()
+        if m not in old_mounts
+    )
     old_devices = {d["path"] for d in before["linux"]["devices"]}
     devices = tuple(
-        Device(d["path"], d.get("type", "c"), int(d.get("major", 0)), int(d.get("minor", 0)),
-               d.get("fileMode"), d.get("uid"), d.get("gid"))
+        Device(
+            d["path"],
+            d.get("type", "c"),
+            int(d.get("major", 0)),
+            int(d.get("minor", 0)),
+            d.get("fileMode"),
+            d.get("uid"),
+            d.get("gid"),
+        )
         for d in (after.get("linux") or {}).get("devices") or ()
-        if d.get("path") not in old_devices)
+        if d.get("path") not in old_devices
+    )
     hooks: Dict[str, Tuple[Hook, ...]] = {}
     old_hooks = before.get("hooks") or {}
     for kind, found in (after.get("hooks") or {}).items():
-        new = tuple(Hook(h["path"], tuple(h.get("args") or ()), tuple(h.get("env") or ()),
-                         h.get("timeout")) for h in found if h not in old_hooks.get(kind, ()))
+        new = tuple(
+            Hook(h["path"], tuple(h.get("args") or ()), tuple(h.get("env") or ()), h.get("timeout"))
+            for h in found
+            if h not in old_hooks.get(kind, ())
+        )
         if new:
             hooks[kind] = new
     return Adjustment(mounts=mounts, env=tuple(env.items()), hooks=hooks, devices=devices)
@@ -194,9 +234,14 @@ class Verdict:
 _TIMED = frozenset({"grant", "through", "stripped"})
 
 
-def decide(config: Config, pod: Pod, container: Container, log: Log,
-           later: Optional[Later] = None,
-           pending: Optional[PendingWork] = None) -> Adjustment:
+def decide(
+    config: Config,
+    pod: Pod,
+    container: Container,
+    log: Log,
+    later: Optional[Later] = None,
+    pending: Optional[PendingWork] = None,
+) -> Adjustment:
     """The adjustment for ``container`` of ``pod`` (see the module docstring); RpcError
     for a refusal. :func:`verify` plans, :func:`guard` strips, :func:`inject` adds; the
     verdict is journaled here and nowhere else (record or fail). With ``nri-inroot:
@@ -218,12 +263,15 @@ def decide(config: Config, pod: Pod, container: Container, log: Log,
     if unrecorded is not None:  # record or fail
         if verdict.record == "stripped":
             log.error("nri refused: denial not recorded", who=who, error=str(unrecorded))
-            raise RpcError(f"nvshim: {who}: {verdict.reason}; the container is refused: "
-                           f"its denial cannot be recorded ({unrecorded})") from unrecorded
+            raise RpcError(
+                f"nvshim: {who}: {verdict.reason}; the container is refused: "
+                f"its denial cannot be recorded ({unrecorded})"
+            ) from unrecorded
         log.error("nri refused: grant not recorded", who=who, error=str(unrecorded))
         gpus = ", ".join(verdict.plan.granted_uuids) if verdict.plan is not None else ""
-        raise RpcError(f"nvshim: {who}: the grant of {gpus} cannot be recorded "
-                       f"({unrecorded})") from unrecorded
+        raise RpcError(
+            f"nvshim: {who}: the grant of {gpus} cannot be recorded ({unrecorded})"
+        ) from unrecorded
     if verdict.event:
         fields: Dict[str, object] = {"who": who, **dict(verdict.fields)}
         if verdict.record in _TIMED:
@@ -233,8 +281,13 @@ def decide(config: Config, pod: Pod, container: Container, log: Log,
     return verdict.adjust
 
 
-def _verdict(config: Config, pod: Pod, container: Container, later: Optional[Later],
-             pending: Optional[PendingWork]) -> Verdict:
+def _verdict(
+    config: Config,
+    pod: Pod,
+    container: Container,
+    later: Optional[Later],
+    pending: Optional[PendingWork],
+) -> Verdict:
     """verify, then guard, then inject: the first that answers decides."""
     nvidia = nvidia_cdi_claim(pod.annotations, container.name)
     ours = pod.runtime_handler in config.nri_nvshim_handlers
@@ -252,8 +305,14 @@ def _verdict(config: Config, pod: Pod, container: Container, later: Optional[Lat
     return inject(config, pod, container, spec, planned, later, pending)
 
 
-def verify(config: Config, pod: Pod, container: Container, spec: SpecDict,
-           nvidia: Optional[Tuple[str, Tuple[str, ...]]], ours: bool) -> Union[Plan, Verdict]:
+def verify(
+    config: Config,
+    pod: Pod,
+    container: Container,
+    spec: SpecDict,
+    nvidia: Optional[Tuple[str, Tuple[str, ...]]],
+    ours: bool,
+) -> Union[Plan, Verdict]:
     """``spec`` planned as ``nvshim-runtime create`` would (under require-allocation for
     the guard and for NVIDIA's annotation, which is held to the allocation): the plan,
     or the verdict that ends the decision there (a refusal, a refusal not enforced, a
@@ -273,13 +332,18 @@ def verify(config: Config, pod: Pod, container: Container, spec: SpecDict,
             _check_nvidia_claim(plan, planned, nvidia)
     except RequestError as exc:
         if not (config.nri_verify or (nvidia is not None and config.nri_guard)):
-            return Verdict(level="warning", event="nri refusal not enforced (nri-verify: false)",
-                           fields=(("reason", str(exc)),))
+            return Verdict(
+                level="warning",
+                event="nri refusal not enforced (nri-verify: false)",
+                fields=(("reason", str(exc)),),
+            )
         return Verdict(record="refused", reason=str(exc))
     except NvshimError as exc:
-        return Verdict(level="warning",
-                       event="nri plan failed (container created without nvshim's adjustment)",
-                       fields=(("error", str(exc)),))
+        return Verdict(
+            level="warning",
+            event="nri plan failed (container created without nvshim's adjustment)",
+            fields=(("error", str(exc)),),
+        )
     return plan
 
 
@@ -294,14 +358,23 @@ def guard(config: Config, container: Container, plan: Plan) -> Optional[Verdict]
     try:
         adjust = _guard(container, plan.claim.annotation_keys)
     except RequestError as exc:  # what NRI cannot strip is refused
-        return Verdict(record="refused", plan=plan,
-                       reason=f"{reason}; the guard cannot strip the claim: {exc}")
-    return Verdict(adjust, "stripped", reason, plan, event="nri guard",
-                   fields=(("reason", reason),))
+        return Verdict(
+            record="refused", plan=plan, reason=f"{reason}; the guard cannot strip the claim: {exc}"
+        )
+    return Verdict(
+        adjust, "stripped", reason, plan, event="nri guard", fields=(("reason", reason),)
+    )
 
 
-def inject(config: Config, pod: Pod, container: Container, spec: SpecDict, plan: Plan,
-           later: Optional[Later], pending: Optional[PendingWork]) -> Verdict:
+def inject(
+    config: Config,
+    pod: Pod,
+    container: Container,
+    spec: SpecDict,
+    plan: Plan,
+    later: Optional[Later],
+    pending: Optional[PendingWork],
+) -> Verdict:
     """A granted container: under a handler not in ``nri-gpu-handlers`` (``nri-inject``)
     the grant's edits as the adjustment; under one that injects GPUs itself, on a guard
     node, let through with its variable narrowed to the grant (:func:`_narrowed`);
@@ -319,8 +392,13 @@ def inject(config: Config, pod: Pod, container: Container, spec: SpecDict, plan:
             later.put(container.id, work)
         elif config.nri_inroot == "agent" and work is not None and pending is not None:
             new_spec = agent_hook(new_spec, container, work, pending)
-        return Verdict(adjustment_of(spec, new_spec), "grant", plan=plan, event="nri inject",
-                       fields=(("gpus", gpus), ("plan", plan.plan_source)))
+        return Verdict(
+            adjustment_of(spec, new_spec),
+            "grant",
+            plan=plan,
+            event="nri inject",
+            fields=(("gpus", gpus), ("plan", plan.plan_source)),
+        )
     if not (plan.granted_uuids and config.nri_guard):
         return Verdict()
     # the handler injects GPUs itself (NVIDIA's runtime) from the env's last entry: an
@@ -330,13 +408,18 @@ def inject(config: Config, pod: Pod, container: Container, spec: SpecDict, plan:
         narrowed = _narrowed(container, plan.granted_uuids)
     except RequestError as exc:
         return Verdict(record="refused", reason=str(exc), plan=plan)
-    return Verdict(narrowed, "through", plan=plan, event="nri let through",
-                   fields=(("gpus", gpus), ("handler", handler),
-                           ("narrowed", bool(narrowed))))
+    return Verdict(
+        narrowed,
+        "through",
+        plan=plan,
+        event="nri let through",
+        fields=(("gpus", gpus), ("handler", handler), ("narrowed", bool(narrowed))),
+    )
 
 
-def _journal(config: Config, pod: Pod, container: Container,
-             verdict: Verdict) -> Optional[NvshimError]:
+def _journal(
+    config: Config, pod: Pod, container: Container, verdict: Verdict
+) -> Optional[NvshimError]:
     """Write ``verdict``'s record (a grant or a denial) to the journal; the error when it
     cannot be written (None: written, or nothing to write)."""
     try:
@@ -353,7 +436,7 @@ def _entries(container: Container, name: str) -> List[str]:
     """The values of every env entry of ``name``, in order: the engine keeps all of them,
     and a GPU runtime reads the last."""
     prefix = name + "="
-    return [e[len(prefix):] for e in container.env if e.startswith(prefix)]
+    return [e[len(prefix) :] for e in container.env if e.startswith(prefix)]
 
 
 def _narrowed(container: Container, granted: Tuple[str, ...]) -> Adjustment:
@@ -373,12 +456,14 @@ def _narrowed(container: Container, granted: Tuple[str, ...]) -> Adjustment:
         raise RequestError(
             f"{VISIBLE_DEVICES}={values[-1][:64]!r}, the last of the {len(values)} entries "
             f"in its env, names more than its allocation ({', '.join(granted)}): NRI can "
-            "rewrite only the first entry, and the engine keeps the last")
+            "rewrite only the first entry, and the engine keeps the last"
+        )
     return Adjustment(env=((VISIBLE_DEVICES, ",".join(granted)),))
 
 
-def _without_kubelet(exc: RequestError, spec: SpecDict, config: Config, pod: Pod,
-                     label: str, ours: bool) -> Plan:
+def _without_kubelet(
+    exc: RequestError, spec: SpecDict, config: Config, pod: Pod, label: str, ours: bool
+) -> Plan:
     """The plan without the kubelet, when ``exc`` says it could not be asked and the guard
     would strip the container anyway: stripping needs no allocation record, so a pod
     whose image says ``all`` is stripped, not refused, while the kubelet's socket is gone.
@@ -391,8 +476,11 @@ def _without_kubelet(exc: RequestError, spec: SpecDict, config: Config, pod: Pod
     from nvshim._record import replace
     from nvshim.runtime.create import plan_spec
 
-    alone = replace(config, verify_with="none", allocation_sources=tuple(
-        s for s in config.allocation_sources if s != "kubelet"))
+    alone = replace(
+        config,
+        verify_with="none",
+        allocation_sources=tuple(s for s in config.allocation_sources if s != "kubelet"),
+    )
     plan = plan_spec(spec, alone, dict(pod.annotations), label)
     if plan.granted_uuids or not _claims(plan):
         raise exc
@@ -413,8 +501,9 @@ def _claims(plan: Plan) -> bool:
 NVIDIA_CDI_ANNOTATION = "nvidia.cdi.k8s.io"
 
 
-def nvidia_cdi_claim(annotations: Mapping[str, str],
-                     container: str) -> Optional[Tuple[str, Tuple[str, ...]]]:
+def nvidia_cdi_claim(
+    annotations: Mapping[str, str], container: str
+) -> Optional[Tuple[str, Tuple[str, ...]]]:
     """(the key, the CDI names) NVIDIA's NRI plugin would inject into ``container`` from
     its pod's ``annotations``; None when no such key is set."""
     key = NVIDIA_CDI_ANNOTATION
@@ -425,8 +514,7 @@ def nvidia_cdi_claim(annotations: Mapping[str, str],
     return None
 
 
-def _check_nvidia_claim(plan: Plan, config: Config,
-                        nvidia: Tuple[str, Tuple[str, ...]]) -> None:
+def _check_nvidia_claim(plan: Plan, config: Config, nvidia: Tuple[str, Tuple[str, ...]]) -> None:
     """RequestError unless every CDI name of NVIDIA's annotation (``nvidia``) brings only
     GPUs and MIG devices this container was allocated (``plan``'s grant under
     require-allocation): it is the pod's own annotation, which any pod author can write. A
@@ -450,25 +538,30 @@ def _check_nvidia_claim(plan: Plan, config: Config,
     holds = ", ".join(granted) if granted else "no GPU"
     for name, found in resolve_names(host, config, names).items():
         if isinstance(found, str):
-            raise RequestError(f"annotation {key} names CDI device {name}, {found}: "
-                               "NVIDIA's NRI plugin would inject it from the pod's own "
-                               "annotation")
+            raise RequestError(
+                f"annotation {key} names CDI device {name}, {found}: "
+                "NVIDIA's NRI plugin would inject it from the pod's own "
+                "annotation"
+            )
         for label, uuid in found.gpus:
             if uuid not in granted and parents.get(uuid) not in granted:
                 raise RequestError(
                     f"annotation {key} names CDI device {name}, which brings {label} "
                     f"({uuid}): not this container's allocation (it holds {holds}); "
-                    "NVIDIA's NRI plugin would inject it from the pod's own annotation")
+                    "NVIDIA's NRI plugin would inject it from the pod's own annotation"
+                )
         for channel in found.imex:
             if channel not in plan.engine_imex:
                 raise RequestError(
                     f"annotation {key} names CDI device {name}, which brings IMEX channel "
                     f"{channel}: not this container's allocation; NVIDIA's NRI plugin "
-                    "would inject it from the pod's own annotation")
+                    "would inject it from the pod's own annotation"
+                )
 
 
-def agent_hook(spec: SpecDict, container: Container, work: RootWork,
-               pending: PendingWork) -> SpecDict:
+def agent_hook(
+    spec: SpecDict, container: Container, work: RootWork, pending: PendingWork
+) -> SpecDict:
     """``spec`` whose nvshim createContainer hook is the client's, asking the agent
     (``nri-inroot: agent``), with ``work`` (and the hook's ``/dev`` links) left in
     ``pending`` for it, bound to the container's cgroups path (only a hook that runs
@@ -507,18 +600,25 @@ def _guard(container: Container, keys: Tuple[str, ...]) -> Adjustment:
         raise RequestError(
             f"{VISIBLE_DEVICES} is set {len(values)} times in its env (the image's and the "
             f"pod's, say): NRI can void only the first, the engine keeps the last "
-            f"({VISIBLE_DEVICES}={values[-1][:64]!r})")
-    listed = [m.destination for m in container.mounts
-              if device_list_id({"source": m.source, "destination": m.destination})
-              is not None]
+            f"({VISIBLE_DEVICES}={values[-1][:64]!r})"
+        )
+    listed = [
+        m.destination
+        for m in container.mounts
+        if device_list_id({"source": m.source, "destination": m.destination}) is not None
+    ]
     twice = sorted({d for d in listed if listed.count(d) > 1})
     if twice:
-        raise RequestError(f"device-list mount {twice[0][:200]!r} is mounted "
-                           f"{listed.count(twice[0])} times: NRI removes only one")
+        raise RequestError(
+            f"device-list mount {twice[0][:200]!r} is mounted "
+            f"{listed.count(twice[0])} times: NRI removes only one"
+        )
     env = () if values and values[-1] == VOID else ((VISIBLE_DEVICES, VOID),)
-    return Adjustment(annotations={"-" + k: "" for k in keys},
-                      mounts=tuple(Mount(d, "tmpfs", "tmpfs", _EMPTY)
-                                   for d in dict.fromkeys(listed)), env=env)
+    return Adjustment(
+        annotations={"-" + k: "" for k in keys},
+        mounts=tuple(Mount(d, "tmpfs", "tmpfs", _EMPTY) for d in dict.fromkeys(listed)),
+        env=env,
+    )
 
 
 #: The options of the tmpfs that takes a device-list mount's place: nothing in it, nothing
@@ -530,8 +630,9 @@ def _runtime(config: Config) -> str:
     return config.runtimes[0] if config.runtimes else "runc"
 
 
-def _grant(config: Config, pod: Pod, container: Container, plan: Plan,
-           through: bool = False) -> None:
+def _grant(
+    config: Config, pod: Pod, container: Container, plan: Plan, through: bool = False
+) -> None:
     """Journal ``plan``'s grant: injected by the plugin (source ``nri:<source>``), or let
     through to a handler that injects GPUs itself (``through``: ``nri-guard:<source>``)."""
     if not config.grants_journal:
@@ -540,26 +641,45 @@ def _grant(config: Config, pod: Pod, container: Container, plan: Plan,
 
     by = "nri-guard" if through else "nri"
     grant = Grant(
-        time=time.time(), container_id=container.id, root=config.nri_runtime_root,
-        runtime=_runtime(config), bundle="", source=f"{by}:{plan.grant_source}",
-        gpus=plan.granted_uuids, shared=plan.request.shared, verified=plan.verified,
-        namespace=pod.namespace, pod=pod.name, pod_uid=pod.uid, container=container.name)
+        time=time.time(),
+        container_id=container.id,
+        root=config.nri_runtime_root,
+        runtime=_runtime(config),
+        bundle="",
+        source=f"{by}:{plan.grant_source}",
+        gpus=plan.granted_uuids,
+        shared=plan.request.shared,
+        verified=plan.verified,
+        namespace=pod.namespace,
+        pod=pod.name,
+        pod_uid=pod.uid,
+        container=container.name,
+    )
     append_grant(config.grants_journal, grant, config.grants_journal_max_bytes)
 
 
-def _deny(config: Config, pod: Pod, container: Container, action: str, reason: str,
-          plan: Optional[Plan]) -> None:
+def _deny(
+    config: Config, pod: Pod, container: Container, action: str, reason: str, plan: Optional[Plan]
+) -> None:
     if not config.grants_journal:
         return
     from nvshim.runtime.denials import Denial, append_denial, asked_of, denials_path
 
     denial = Denial(
-        time=time.time(), container_id=container.id, root=config.nri_runtime_root,
-        runtime=_runtime(config), bundle="", action=action, reason=reason,
+        time=time.time(),
+        container_id=container.id,
+        root=config.nri_runtime_root,
+        runtime=_runtime(config),
+        bundle="",
+        action=action,
+        reason=reason,
         asked=asked_of(plan.claim) if plan is not None else (),
-        namespace=pod.namespace, pod=pod.name, pod_uid=pod.uid, container=container.name)
-    append_denial(denials_path(config.grants_journal), denial,
-                  config.grants_journal_max_bytes)
+        namespace=pod.namespace,
+        pod=pod.name,
+        pod_uid=pod.uid,
+        container=container.name,
+    )
+    append_denial(denials_path(config.grants_journal), denial, config.grants_journal_max_bytes)
 
 
 def start_work(work: RootWork, pid: int, who: str, log: Log) -> None:
@@ -576,8 +696,12 @@ def start_work(work: RootWork, pid: int, who: str, log: Log) -> None:
     except (rootwork.Fallback, NvshimError) as exc:
         log.error("nri in-root work not done", who=who, error=str(exc))
         return
-    log.info("nri in-root work", who=who, warnings=list(warnings),
-             ms=round((time.perf_counter() - started) * 1e3, 2))
+    log.info(
+        "nri in-root work",
+        who=who,
+        warnings=list(warnings),
+        ms=round((time.perf_counter() - started) * 1e3, 2),
+    )
 
 
 class Later:
@@ -607,12 +731,17 @@ class Later:
 
 #: NRI's Plugin-service methods that report one event, and the event (NRI's ``Event``).
 EVENT_METHODS: Dict[str, int] = {
-    "RunPodSandbox": Event.RUN_POD_SANDBOX, "StopPodSandbox": Event.STOP_POD_SANDBOX,
-    "RemovePodSandbox": Event.REMOVE_POD_SANDBOX, "CreateContainer": Event.CREATE_CONTAINER,
+    "RunPodSandbox": Event.RUN_POD_SANDBOX,
+    "StopPodSandbox": Event.STOP_POD_SANDBOX,
+    "RemovePodSandbox": Event.REMOVE_POD_SANDBOX,
+    "CreateContainer": Event.CREATE_CONTAINER,
     "PostCreateContainer": Event.POST_CREATE_CONTAINER,
-    "StartContainer": Event.START_CONTAINER, "PostStartContainer": Event.POST_START_CONTAINER,
-    "UpdateContainer": Event.UPDATE_CONTAINER, "PostUpdateContainer": Event.POST_UPDATE_CONTAINER,
-    "StopContainer": Event.STOP_CONTAINER, "RemoveContainer": Event.REMOVE_CONTAINER,
+    "StartContainer": Event.START_CONTAINER,
+    "PostStartContainer": Event.POST_START_CONTAINER,
+    "UpdateContainer": Event.UPDATE_CONTAINER,
+    "PostUpdateContainer": Event.POST_UPDATE_CONTAINER,
+    "StopContainer": Event.STOP_CONTAINER,
+    "RemoveContainer": Event.REMOVE_CONTAINER,
 }
 #: Methods answered with nothing whatever the plugin handles: NRI's newer pod events
 #: (no ``Event`` number in v0.6) and the engine's goodbye.
@@ -699,16 +828,21 @@ class Plugin:
             self.state.reload_if_changed()
             config = self.state.config
             if config is None:
-                self.log.warning("nri create not adjusted: no config",
-                                 error=self.state.config_error)
+                self.log.warning(
+                    "nri create not adjusted: no config", error=self.state.config_error
+                )
                 return b""
-            return encode_create_reply(decide(config, pod, container, self.log,
-                                              later=self.later, pending=self.pending))
+            return encode_create_reply(
+                decide(config, pod, container, self.log, later=self.later, pending=self.pending)
+            )
         except RpcError:
             raise  # nvshim's decision: a refusal
         except Exception as exc:  # noqa: BLE001 - nvshim's own failure never fails a create
-            self.log.error("nri create not adjusted: internal error",
-                           who=_who(pod, container), error=f"{type(exc).__name__}: {exc}")
+            self.log.error(
+                "nri create not adjusted: internal error",
+                who=_who(pod, container),
+                error=f"{type(exc).__name__}: {exc}",
+            )
             return b""
 
     def start_container(self, call: Call) -> bytes:

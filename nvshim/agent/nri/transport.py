@@ -88,8 +88,12 @@ def ttrpc_message(stream: int, kind: int, payload: bytes) -> bytes:
 
 
 def encode_request(service: str, method: str, payload: bytes, timeout_ns: int = 0) -> bytes:
-    return (string_field(1, service) + string_field(2, method) + bytes_field(3, payload)
-            + varint_field(4, timeout_ns))
+    return (
+        string_field(1, service)
+        + string_field(2, method)
+        + bytes_field(3, payload)
+        + varint_field(4, timeout_ns)
+    )
 
 
 def decode_request(data: bytes) -> Tuple[str, str, bytes]:
@@ -138,15 +142,13 @@ class Session:
     service with :meth:`call`. :meth:`run` reads until the socket closes or ``stop`` is
     set."""
 
-    def __init__(self, sock: socket.socket, handler: Handler, log: Any,
-                 workers: int = 8) -> None:
+    def __init__(self, sock: socket.socket, handler: Handler, log: Any, workers: int = 8) -> None:
         self.sock = sock
         self.handler = handler
         self.log = log
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nri")
         self._write = threading.Lock()
-        self._buffers: Dict[int, bytearray] = {PLUGIN_CONN: bytearray(),
-                                               RUNTIME_CONN: bytearray()}
+        self._buffers: Dict[int, bytearray] = {PLUGIN_CONN: bytearray(), RUNTIME_CONN: bytearray()}
         self._skip: Dict[int, int] = {PLUGIN_CONN: 0, RUNTIME_CONN: 0}
         self._next_stream = 1
         self._waiting: Dict[int, Tuple[threading.Event, list]] = {}  # type: ignore[type-arg]
@@ -157,13 +159,13 @@ class Session:
 
     def send(self, conn: int, stream: int, kind: int, payload: bytes) -> None:
         message = ttrpc_message(stream, kind, payload)
-        data = b"".join(frame(conn, message[i:i + WRITE_CHUNK])
-                        for i in range(0, len(message), WRITE_CHUNK))
+        data = b"".join(
+            frame(conn, message[i : i + WRITE_CHUNK]) for i in range(0, len(message), WRITE_CHUNK)
+        )
         with self._write:
             self.sock.sendall(data)
 
-    def call(self, service: str, method: str, payload: bytes,
-             timeout: float = 5.0) -> bytes:
+    def call(self, service: str, method: str, payload: bytes, timeout: float = 5.0) -> bytes:
         """Call ``service.method`` on the engine (connection 2); RpcError on an error
         status, TimeoutError when no reply comes."""
         with self._calls:
@@ -172,8 +174,12 @@ class Session:
             done = threading.Event()
             slot: list = []  # type: ignore[type-arg]
             self._waiting[stream] = (done, slot)
-        self.send(RUNTIME_CONN, stream, REQUEST,
-                  encode_request(service, method, payload, int(timeout * 1e9)))
+        self.send(
+            RUNTIME_CONN,
+            stream,
+            REQUEST,
+            encode_request(service, method, payload, int(timeout * 1e9)),
+        )
         if not done.wait(timeout):
             with self._calls:
                 self._waiting.pop(stream, None)
@@ -227,18 +233,23 @@ class Session:
                 return
             conn, size = _MUX.unpack_from(pending)
             if size > MAX_FRAME:
-                self.log.warning("nri frame dropped", conn=conn, length=size,
-                                 reason=f"longer than {MAX_FRAME} bytes")
-                del pending[:_MUX.size]
+                self.log.warning(
+                    "nri frame dropped",
+                    conn=conn,
+                    length=size,
+                    reason=f"longer than {MAX_FRAME} bytes",
+                )
+                del pending[: _MUX.size]
                 self._oversized = size
                 continue
             if len(pending) < _MUX.size + size:
                 return
-            payload = bytes(pending[_MUX.size:_MUX.size + size])
-            del pending[:_MUX.size + size]
+            payload = bytes(pending[_MUX.size : _MUX.size + size])
+            del pending[: _MUX.size + size]
             if conn not in self._buffers:
-                self.log.warning("nri frame dropped", conn=conn, length=size,
-                                 reason="unknown connection id")
+                self.log.warning(
+                    "nri frame dropped", conn=conn, length=size, reason="unknown connection id"
+                )
                 continue
             self._buffers[conn] += payload
             self._messages(conn)
@@ -258,25 +269,36 @@ class Session:
                 return
             size, stream, kind, _flags = _TTRPC.unpack_from(buf)
             if size > MAX_MESSAGE:
-                self.log.warning("nri message dropped", conn=conn, stream=stream,
-                                 length=size, reason=f"longer than {MAX_MESSAGE} bytes")
-                del buf[:_TTRPC.size]
+                self.log.warning(
+                    "nri message dropped",
+                    conn=conn,
+                    stream=stream,
+                    length=size,
+                    reason=f"longer than {MAX_MESSAGE} bytes",
+                )
+                del buf[: _TTRPC.size]
                 self._skip[conn] = size
                 if conn == PLUGIN_CONN and kind == REQUEST:
-                    self._reply_error(stream, RESOURCE_EXHAUSTED,
-                                      f"message of {size} bytes is over {MAX_MESSAGE}")
+                    self._reply_error(
+                        stream, RESOURCE_EXHAUSTED, f"message of {size} bytes is over {MAX_MESSAGE}"
+                    )
                 continue
             if len(buf) < _TTRPC.size + size:
                 return
-            payload = bytes(buf[_TTRPC.size:_TTRPC.size + size])
-            del buf[:_TTRPC.size + size]
+            payload = bytes(buf[_TTRPC.size : _TTRPC.size + size])
+            del buf[: _TTRPC.size + size]
             if conn == PLUGIN_CONN and kind == REQUEST:
                 self.pool.submit(self._serve, stream, payload)
             elif conn == RUNTIME_CONN and kind == RESPONSE:
                 self._answered(stream, payload)
             else:
-                self.log.warning("nri message dropped", conn=conn, stream=stream,
-                                 type=kind, reason="unexpected message type")
+                self.log.warning(
+                    "nri message dropped",
+                    conn=conn,
+                    stream=stream,
+                    type=kind,
+                    reason="unexpected message type",
+                )
 
     def _answered(self, stream: int, payload: bytes) -> None:
         try:
@@ -293,8 +315,7 @@ class Session:
 
     def _reply_error(self, stream: int, code: int, message: str) -> None:
         try:
-            self.send(PLUGIN_CONN, stream, RESPONSE, encode_response(code=code,
-                                                                     message=message))
+            self.send(PLUGIN_CONN, stream, RESPONSE, encode_response(code=code, message=message))
         except OSError as exc:
             self.log.warning("nri reply not sent", stream=stream, error=str(exc))
 
@@ -311,8 +332,9 @@ class Session:
             self.log.warning("nri request refused", method=method, reason=str(exc))
             reply = encode_response(code=INVALID_ARGUMENT, message=f"bad message: {exc}")
         except Exception as exc:  # noqa: BLE001 - one line, never a traceback; keep serving
-            self.log.error("nri request failed", method=method,
-                           error=f"{type(exc).__name__}: {exc}")
+            self.log.error(
+                "nri request failed", method=method, error=f"{type(exc).__name__}: {exc}"
+            )
             reply = encode_response(code=UNKNOWN, message=f"nvshim: internal error: {exc}")
         try:
             self.send(PLUGIN_CONN, stream, RESPONSE, reply)
@@ -335,5 +357,3 @@ def connect(path: str, timeout: float = 5.0) -> socket.socket:
         sock.close()
         raise
     return sock
-
-

@@ -147,20 +147,27 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     config_finding, config = check_config(options.config_path, options.config_required)
     runtimes = engine_runtimes(options)
     readers = config_readers(runtimes, options)
-    if (config_finding.status == "fail" and config is not None and readers
-            and not any(os.path.realpath(r) == os.path.realpath(options.config_path)
-                        for r in readers)):
+    if (
+        config_finding.status == "fail"
+        and config is not None
+        and readers
+        and not any(os.path.realpath(r) == os.path.realpath(options.config_path) for r in readers)
+    ):
         # missing but named (NVSHIM_CONFIG): no runtime found reads it, so no create fails
         config_finding = Finding(
-            "config", "skip", f"no {options.config_path}, and no engine runtime found reads "
-            f"it: they read {', '.join(readers)} (handler-config)")
+            "config",
+            "skip",
+            f"no {options.config_path}, and no engine runtime found reads "
+            f"it: they read {', '.join(readers)} (handler-config)",
+        )
     findings.append(config_finding)
     findings.append(check_compiled_config(options.config_path, config))
     findings.append(check_default_mark(options.config_path))
     usable = config if config is not None else Config()
     # the spec files two checks read, each loaded once; YAML ones from a fresh CDI index
-    load_spec = spec_reader(usable.cdi_spec_dirs,
-                            cdi_index_path(usable.source or options.config_path))
+    load_spec = spec_reader(
+        usable.cdi_spec_dirs, cdi_index_path(usable.source or options.config_path)
+    )
     findings.append(check_runtimes(usable, options))
     findings.extend(check_executables(usable, load_spec))
 
@@ -174,8 +181,9 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
         findings.append(check_runtime_binary(effective, options))
         from nvshim.node.doctor.nri import nri_guard
 
-        findings.append(check_default_runtime(effective, config, options,
-                                              nri_guard(options.agent_socket)))
+        findings.append(
+            check_default_runtime(effective, config, options, nri_guard(options.agent_socket))
+        )
     findings.extend(check_configured_runtimes(options))
     findings.append(check_docker(options.docker_config, config, options))
     findings.append(check_crio(options.crio_config, config, options))
@@ -197,8 +205,15 @@ def run_checks(options: DoctorOptions) -> List[Finding]:
     from nvshim.node.doctor.nri import check_nri
 
     inject = options.config_path if config is not None and config.nri_inject else ""
-    findings.append(check_nri(options.containerd_config, options.containerd_binary,
-                              options.agent_socket, options.crio_config, inject))
+    findings.append(
+        check_nri(
+            options.containerd_config,
+            options.containerd_binary,
+            options.agent_socket,
+            options.crio_config,
+            inject,
+        )
+    )
     return findings
 
 

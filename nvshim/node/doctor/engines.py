@@ -76,8 +76,7 @@ def _configure(engine: str, path: str, default: str) -> str:
     return f"nvshim runtime configure --runtime {engine}{flag}"
 
 
-def _nvshim_as_default(configure: str, options: DoctorOptions,
-                       binary: Optional[str] = None) -> str:
+def _nvshim_as_default(configure: str, options: DoctorOptions, binary: Optional[str] = None) -> str:
     """How to make nvshim the default safely: require-allocation first, in the config the
     runtime ``configure`` registers (``binary``, default the trampoline) reads, then
     configure with --set-as-default (whose guard reads that config: $NVSHIM_CONFIG, or the
@@ -86,11 +85,18 @@ def _nvshim_as_default(configure: str, options: DoctorOptions,
     from nvshim.node.doctor.follow import follow
 
     followed = follow(binary or options.trampoline, None, options.trampoline)
-    path = followed.config if followed.kind == "nvshim" and followed.config and (
-        binary is not None or os.path.exists(options.trampoline)) else options.config_path
+    path = (
+        followed.config
+        if followed.kind == "nvshim"
+        and followed.config
+        and (binary is not None or os.path.exists(options.trampoline))
+        else options.config_path
+    )
     env = "" if path == config_path() or followed.named else f"NVSHIM_CONFIG={path} "
-    return (f"set require-allocation: true in {path}, then {compile_command(path)} and "
-            f"{env}{configure} --set-as-default")
+    return (
+        f"set require-allocation: true in {path}, then {compile_command(path)} and "
+        f"{env}{configure} --set-as-default"
+    )
 
 
 # --------------------------------------------------------------------------- containerd
@@ -121,12 +127,15 @@ def check_containerd_config(path: str) -> Tuple[Finding, Optional[EffectiveRunti
         return Finding(name, "fail", str(exc), fix), None
     if effective.problems:
         return Finding(
-            name, "warn", "; ".join(effective.problems),
+            name,
+            "warn",
+            "; ".join(effective.problems),
             f"create the missing file, or take its import out of {path}",
         ), effective
     handlers = ", ".join(sorted(effective.handlers)) or "none"
     return Finding(
-        name, "ok",
+        name,
+        "ok",
         f"{path} (version {effective.version}, {len(effective.files)} file(s)): "
         f"runtime handlers {handlers}; default {effective.default_runtime_name}",
     ), effective
@@ -146,19 +155,25 @@ def check_drop_in_drift(path: str, options: Optional[DoctorOptions] = None) -> O
     lines = []
     for drop_in, keys in drift:
         shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
-        lines.append(f"{drop_in} has a stale copy of the CRI tables loaded before it: "
-                     f"{shown} differ")
+        lines.append(
+            f"{drop_in} has a stale copy of the CRI tables loaded before it: {shown} differ"
+        )
     from nvshim.node.doctor.handlers import reconfigure_command
     from nvshim.node.engines.containerd_read import read_handlers
 
-    command = reconfigure_command(path, drift[0][0], read_handlers(path).version,
-                                  options or DoctorOptions(containerd_config=path))
+    command = reconfigure_command(
+        path,
+        drift[0][0],
+        read_handlers(path).version,
+        options or DoctorOptions(containerd_config=path),
+    )
     return Finding(
-        "containerd-drop-in", "fail",
+        "containerd-drop-in",
+        "fail",
         f"{drift[0][0]} is a stale copy of the CRI tables before it",
         "re-run runtime configure (--verbose)",
         detail="; ".join(lines) + " (containerd before 2.1 uses the drop-in's table, not "
-               f"theirs). Fix: {command} (copies the tables again)",
+        f"theirs). Fix: {command} (copies the tables again)",
     )
 
 
@@ -168,8 +183,9 @@ def _configure_containerd(path: str) -> str:
     return _configure("containerd", path, DEFAULT_CONFIG)
 
 
-def _containerd_configure(effective: EffectiveRuntimes, options: DoctorOptions,
-                          binary: Optional[str] = None) -> str:
+def _containerd_configure(
+    effective: EffectiveRuntimes, options: DoctorOptions, binary: Optional[str] = None
+) -> str:
     """``nvshim runtime configure`` for containerd with the flags nvshim's handler was
     written with (read back from its drop-in), ``binary`` replacing its BinaryName."""
     from nvshim.node.doctor.handlers import is_nvshim_drop_in, reconfigure_command
@@ -177,8 +193,9 @@ def _containerd_configure(effective: EffectiveRuntimes, options: DoctorOptions,
     for handler in sorted(_nvshim_handlers(effective, options)):
         for path in effective.declared.get(handler, ()):
             if path != effective.config_path and is_nvshim_drop_in(path):
-                return reconfigure_command(effective.config_path, path, effective.version,
-                                           options, binary=binary)
+                return reconfigure_command(
+                    effective.config_path, path, effective.version, options, binary=binary
+                )
     command = _configure_containerd(effective.config_path)
     return command + (f" --binary {binary}" if binary and binary != DEFAULT_TRAMPOLINE else "")
 
@@ -189,25 +206,33 @@ def check_runtime_binary(effective: EffectiveRuntimes, options: DoctorOptions) -
     ours = _nvshim_handlers(effective, options)
     if not ours:
         return Finding(
-            name, "warn", "containerd has no nvshim runtime handler",
+            name,
+            "warn",
+            "containerd has no nvshim runtime handler",
             _configure_containerd(effective.config_path),
             detail=f"no runtime handler in {effective.config_path} or its imports runs nvshim",
         )
-    bad = binary_problems(ours, "handler", "BinaryName",
-                           "has no options.BinaryName, so containerd runs plain runc")
+    bad = binary_problems(
+        ours, "handler", "BinaryName", "has no options.BinaryName, so containerd runs plain runc"
+    )
     good = [f'handler "{handler}" runs {binary}' for handler, binary in sorted(ours.items())]
     if bad:
         return Finding(
-            name, "fail", "; ".join(bad), "./install.sh, or nvshim runtime configure (--verbose)",
+            name,
+            "fail",
+            "; ".join(bad),
+            "./install.sh, or nvshim runtime configure (--verbose)",
             detail="; ".join(bad) + ": its containers get no GPUs or fail to start. Fix: install "
-                   "nvshim (./install.sh), or re-run "
-                   f"{_containerd_configure(effective, options, DEFAULT_TRAMPOLINE)}",
+            "nvshim (./install.sh), or re-run "
+            f"{_containerd_configure(effective, options, DEFAULT_TRAMPOLINE)}",
         )
     return Finding(name, "ok", "; ".join(good))
 
 
 def check_default_runtime(
-    effective: EffectiveRuntimes, config: Optional[Config], options: DoctorOptions,
+    effective: EffectiveRuntimes,
+    config: Optional[Config],
+    options: DoctorOptions,
     guard: Optional[Tuple[str, Tuple[str, ...]]] = None,
 ) -> Finding:
     """The pitfall: containerd's default runtime is NVIDIA's, or nvshim with
@@ -220,60 +245,80 @@ def check_default_runtime(
     if default in effective.handlers:
         ours_binary = next(iter(ours.values()), None) if ours else None
         nvidia = nvidia_default(
-            name, "containerd", default, effective.handlers[default], {}, options,
+            name,
+            "containerd",
+            default,
+            effective.handlers[default],
+            {},
+            options,
             f"{_nvshim_as_default(_containerd_configure(effective, options), options, ours_binary)}"
             f"; or make runc the default again (default_runtime_name in "
-            f"{effective.config_path} or its drop-ins) and select GPU runtimes by RuntimeClass")
+            f"{effective.config_path} or its drop-ins) and select GPU runtimes by RuntimeClass",
+        )
         if nvidia is not None:
             return _guarded(nvidia, default, "NVIDIA's runtime", guard)
     if default not in ours:
         if default not in effective.handlers and default != "runc":
             return Finding(
-                name, "fail",
+                name,
+                "fail",
                 f'containerd\'s default runtime "{default}" is not a configured runtime handler',
                 f"set default_runtime_name to runc in {effective.config_path}",
             )
         return Finding(
-            name, "ok",
+            name,
+            "ok",
             f'containerd\'s default runtime is "{default}"; GPU pods select nvshim by RuntimeClass',
         )
     path, config, reads = default_config(effective.handlers[default], {}, config, options)
     if config is None:
         return Finding(
-            name, "skip", f"containerd's default runtime is nvshim; {path}, the config it "
-            "reads, did not load"
+            name,
+            "skip",
+            f"containerd's default runtime is nvshim; {path}, the config it reads, did not load",
         )
     if config.require_allocation:
         return Finding(
-            name, "ok",
+            name,
+            "ok",
             f"containerd's default runtime is nvshim and require-allocation is on{reads}: "
             "only device-plugin allocations grant GPUs",
         )
     which = "" if default == "nvshim" else f' (handler "{default}")'
-    return _guarded(Finding(
-        name, "fail",
-        "default runtime nvshim has require-allocation off: CUDA images get every GPU",
-        f"require-allocation: true in {path}",
-        detail=f"containerd's default runtime is nvshim{which} but require-allocation is "
-               f"off{reads}: pods that request no GPU get every GPU from CUDA images' "
-               f"NVIDIA_VISIBLE_DEVICES=all. Fix: set require-allocation: true in {path} (then "
-               f"{compile_command(path)}), or make runc the default and use RuntimeClass nvshim",
-    ), default, "nvshim with require-allocation off", guard)
+    return _guarded(
+        Finding(
+            name,
+            "fail",
+            "default runtime nvshim has require-allocation off: CUDA images get every GPU",
+            f"require-allocation: true in {path}",
+            detail=f"containerd's default runtime is nvshim{which} but require-allocation is "
+            f"off{reads}: pods that request no GPU get every GPU from CUDA images' "
+            f"NVIDIA_VISIBLE_DEVICES=all. Fix: set require-allocation: true in {path} (then "
+            f"{compile_command(path)}), or make runc the default and use RuntimeClass nvshim",
+        ),
+        default,
+        "nvshim with require-allocation off",
+        guard,
+    )
 
 
-def _guarded(finding: Finding, default: str, what: str,
-             guard: Optional[Tuple[str, Tuple[str, ...]]]) -> Finding:
+def _guarded(
+    finding: Finding, default: str, what: str, guard: Optional[Tuple[str, Tuple[str, ...]]]
+) -> Finding:
     """``finding`` (the pitfall) as ok when ``guard`` strips what the default handler
     ``default`` would grant from image env (it is not one the guard leaves to nvshim's
     runtime); ``finding`` itself otherwise."""
     if finding.status != "fail" or guard is None or default in guard[1]:
         return finding
     return Finding(
-        finding.check, "ok", f'containerd\'s default "{default}" is {what}, guarded by '
+        finding.check,
+        "ok",
+        f'containerd\'s default "{default}" is {what}, guarded by '
         f"{guard[0]}: pods with no allocation get NVIDIA_VISIBLE_DEVICES=void, and what it "
         "cannot strip is refused",
         detail=f"{finding.detail} Guarded while the agent stays registered: an engine "
-        "creates containers without a plugin that is down (the nri check says so).")
+        "creates containers without a plugin that is down (the nri check says so).",
+    )
 
 
 # --------------------------------------------------------------------------- Docker, CRI-O
@@ -299,42 +344,55 @@ def _check(
     kept = configure + kept_flags(ours, default)
     if default is not None and default in handlers:
         nvidia = nvidia_default(
-            check, engine, default, handlers[default], envs.get(default, {}), options,
+            check,
+            engine,
+            default,
+            handlers[default],
+            envs.get(default, {}),
+            options,
             f"{_nvshim_as_default(kept, options, next(iter(ours.values()), None))}; "
-            f"or {plain_default}")
+            f"or {plain_default}",
+        )
         if nvidia is not None:
             return nvidia
     if not ours:
         return Finding(check, "warn", f"{where} has no nvshim runtime", configure)
     problems = binary_problems(ours, "runtime", key)
     if problems:
-        return Finding(check, "fail", "; ".join(problems) + f": {engine} cannot start it",
-                       f"install nvshim (./install.sh), or re-run "
-                       f"{configure + kept_flags(ours, default, DEFAULT_TRAMPOLINE)}")
+        return Finding(
+            check,
+            "fail",
+            "; ".join(problems) + f": {engine} cannot start it",
+            f"install nvshim (./install.sh), or re-run "
+            f"{configure + kept_flags(ours, default, DEFAULT_TRAMPOLINE)}",
+        )
     if default in ours:
-        path, loaded, reads = default_config(ours[default], envs.get(default, {}), config,
-                                              options)
+        path, loaded, reads = default_config(ours[default], envs.get(default, {}), config, options)
         if loaded is None:
-            return Finding(check, "skip", f"{engine}'s default runtime is nvshim; {path}, "
-                           "the config it reads, did not load")
+            return Finding(
+                check,
+                "skip",
+                f"{engine}'s default runtime is nvshim; {path}, the config it reads, did not load",
+            )
         if not loaded.require_allocation:
             return Finding(
-                check, "fail",
+                check,
+                "fail",
                 f"{engine}'s default nvshim has require-allocation off: CUDA images get every GPU",
                 f"require-allocation: true in {path}",
                 detail=f"{engine}'s default runtime is nvshim but require-allocation is "
-                       f"off{reads}: containers that request no GPU get every GPU from CUDA "
-                       "images' NVIDIA_VISIBLE_DEVICES=all. Fix: set require-allocation: true "
-                       f"in {path} (then {compile_command(path)}), or "
-                       f"{configure + kept_flags(ours, None)} without --set-as-default",
+                f"off{reads}: containers that request no GPU get every GPU from CUDA "
+                "images' NVIDIA_VISIBLE_DEVICES=all. Fix: set require-allocation: true "
+                f"in {path} (then {compile_command(path)}), or "
+                f"{configure + kept_flags(ours, None)} without --set-as-default",
             )
     names = ", ".join(f"{n} ({b})" for n, b in sorted(ours.items()))
-    return Finding(check, "ok", f"{where}: nvshim runtime {names}; default "
-                   f"{default or 'the engine default'}")
+    return Finding(
+        check, "ok", f"{where}: nvshim runtime {names}; default {default or 'the engine default'}"
+    )
 
 
-def check_engine(name: str, path: str, config: Optional[Config],
-                 options: DoctorOptions) -> Finding:
+def check_engine(name: str, path: str, config: Optional[Config], options: DoctorOptions) -> Finding:
     """Docker's or CRI-O's finding (the check is named after the engine), asked through
     :mod:`nvshim.node.engines.api`: nvshim runtime present, its binary executable, the default
     pitfall."""
@@ -353,13 +411,31 @@ def check_engine(name: str, path: str, config: Optional[Config],
         # no file names one: the engine's own default (CRI-O: runc, or crun in newer
         # releases) counts, and a runtime of that name that runs nvshim-runtime or NVIDIA's
         # runtime is the same pitfall
-        default = next((n for n in chosen.builtin_defaults if n in seen.handlers
-                        and (is_nvshim(n, seen.handlers[n], options)
-                             or is_nvidia_runtime(n, seen.handlers[n], options))), None)
-    return _check(name, chosen.label, chosen.where(path, seen), seen.handlers, default,
-                  chosen.binary_key, config, options,
-                  _configure(name, path, chosen.default_config), chosen.plain_default(path),
-                  seen.envs)
+        default = next(
+            (
+                n
+                for n in chosen.builtin_defaults
+                if n in seen.handlers
+                and (
+                    is_nvshim(n, seen.handlers[n], options)
+                    or is_nvidia_runtime(n, seen.handlers[n], options)
+                )
+            ),
+            None,
+        )
+    return _check(
+        name,
+        chosen.label,
+        chosen.where(path, seen),
+        seen.handlers,
+        default,
+        chosen.binary_key,
+        config,
+        options,
+        _configure(name, path, chosen.default_config),
+        chosen.plain_default(path),
+        seen.envs,
+    )
 
 
 def check_docker(path: str, config: Optional[Config], options: DoctorOptions) -> Finding:
@@ -398,11 +474,14 @@ def check_configured_runtimes(options: DoctorOptions) -> List[Finding]:
         if not missing:
             continue
         listed = ", ".join(f'"{h}"' for h in missing)
-        findings.append(Finding(
-            "configured", "fail",
-            f"{name} no longer loads runtime {listed} that nvshim runtime configure wrote to "
-            f"{path}",
-            f"nvshim runtime configure --runtime {name} --config {path} --name NAME "
-            "--binary FILE for each, then restart the engine",
-        ))
+        findings.append(
+            Finding(
+                "configured",
+                "fail",
+                f"{name} no longer loads runtime {listed} that nvshim runtime configure wrote to "
+                f"{path}",
+                f"nvshim runtime configure --runtime {name} --config {path} --name NAME "
+                "--binary FILE for each, then restart the engine",
+            )
+        )
     return findings

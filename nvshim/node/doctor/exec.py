@@ -25,8 +25,9 @@ __all__ = ["check_executables", "executables"]
 NAME = "executable-trust"
 
 
-def executables(config: Config, load_spec: Optional[Callable[[str], Spec]] = None
-                ) -> List[Tuple[str, str]]:
+def executables(
+    config: Config, load_spec: Optional[Callable[[str], Spec]] = None
+) -> List[Tuple[str, str]]:
     """(program, what names it) for every program nvshim would run as root on this node
     because of ``config`` or a CDI spec it loads; each program once, first naming kept."""
     from nvshim.node.engines.docker import DOCKERD_PATH, GPUS_HOOK, is_gpus_hook
@@ -54,8 +55,9 @@ def executables(config: Config, load_spec: Optional[Callable[[str], Spec]] = Non
     return list(out.items())
 
 
-def _spec_hooks(spec_dirs: Tuple[str, ...], load_spec: Optional[Callable[[str], Spec]] = None
-                ) -> List[Tuple[str, str]]:
+def _spec_hooks(
+    spec_dirs: Tuple[str, ...], load_spec: Optional[Callable[[str], Spec]] = None
+) -> List[Tuple[str, str]]:
     """(hook path, spec file) of every hook (spec-level and per device) of the CDI spec
     files in ``spec_dirs`` that load; broken ones are the ``cdi-specs`` check's.
     ``load_spec``: how a file is loaded (default: ``load_spec_file``)."""
@@ -76,27 +78,48 @@ def _spec_hooks(spec_dirs: Tuple[str, ...], load_spec: Optional[Callable[[str], 
     return out
 
 
-def check_executables(config: Config, load_spec: Optional[Callable[[str], Spec]] = None
-                      ) -> List[Finding]:
+def check_executables(
+    config: Config, load_spec: Optional[Callable[[str], Spec]] = None
+) -> List[Finding]:
     """One failure per program of :func:`executables` that the trust rule refuses, else
     one ok; ``skip`` when not root (the rule protects root only)."""
     from nvshim.files import executable_problem
 
     if os.geteuid() != 0:
-        return [Finding(NAME, "skip", "not running as root: nvshim-runtime (root) refuses "
-                        "runtimes and hooks others could write; run doctor as root to check "
-                        "them")]
+        return [
+            Finding(
+                NAME,
+                "skip",
+                "not running as root: nvshim-runtime (root) refuses "
+                "runtimes and hooks others could write; run doctor as root to check "
+                "them",
+            )
+        ]
     found = executables(config, load_spec)
     findings = []
     for path, named in found:
         problem = executable_problem(path, "program")
         if problem:
-            fix = problem.rsplit("; run ", 1)[-1] if "; run " in problem else \
-                problem.rsplit(": run ", 1)[-1]
-            findings.append(Finding(
-                NAME, "fail", f"{problem} ({named}); nvshim-runtime refuses to run it",
-                f"{fix}, after checking who wrote it"))
+            fix = (
+                problem.rsplit("; run ", 1)[-1]
+                if "; run " in problem
+                else problem.rsplit(": run ", 1)[-1]
+            )
+            findings.append(
+                Finding(
+                    NAME,
+                    "fail",
+                    f"{problem} ({named}); nvshim-runtime refuses to run it",
+                    f"{fix}, after checking who wrote it",
+                )
+            )
     if not findings:
-        findings.append(Finding(NAME, "ok", f"{len(found)} program(s) nvshim runs as root "
-                                "(runtimes, CDI hooks, its own hook): each root's alone"))
+        findings.append(
+            Finding(
+                NAME,
+                "ok",
+                f"{len(found)} program(s) nvshim runs as root "
+                "(runtimes, CDI hooks, its own hook): each root's alone",
+            )
+        )
     return findings

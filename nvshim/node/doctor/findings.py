@@ -44,9 +44,7 @@ class Finding:
             raise ValueError(f"unknown finding status {self.status!r}")
 
     def to_dict(self) -> Dict[str, str]:
-        out = {
-            "check": self.check, "status": self.status, "message": self.message, "fix": self.fix
-        }
+        out = {"check": self.check, "status": self.status, "message": self.message, "fix": self.fix}
         if self.detail:
             out["detail"] = self.detail
         return out
@@ -93,8 +91,12 @@ def compile_command(path: str) -> str:
     return f"nvshim config compile{flag}"
 
 
-def is_nvshim(name: str, binary: Optional[str], options: DoctorOptions,
-              env: Optional[Mapping[str, str]] = None) -> bool:
+def is_nvshim(
+    name: str,
+    binary: Optional[str],
+    options: DoctorOptions,
+    env: Optional[Mapping[str, str]] = None,
+) -> bool:
     """The runtime ``name`` (running ``binary`` with ``env``) is nvshim: its handler name,
     the installed trampoline, or a binary that leads to nvshim-runtime (by its name, its
     content, or through wrapper scripts: :func:`nvshim.node.doctor.follow.follow`)."""
@@ -109,8 +111,12 @@ def is_nvshim(name: str, binary: Optional[str], options: DoctorOptions,
     return follow(binary, env, options.trampoline).kind == "nvshim"
 
 
-def is_nvidia_runtime(name: str, binary: Optional[str], options: DoctorOptions,
-                      env: Optional[Mapping[str, str]] = None) -> bool:
+def is_nvidia_runtime(
+    name: str,
+    binary: Optional[str],
+    options: DoctorOptions,
+    env: Optional[Mapping[str, str]] = None,
+) -> bool:
     """The runtime ``name`` (running ``binary``) is NVIDIA's, which grants GPUs from the
     image's env: a binary that leads to NVIDIA's (its name, or a wrapper script that execs
     it), whatever the handler's name, or one of NVIDIA's handler names when it does not run

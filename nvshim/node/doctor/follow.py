@@ -27,6 +27,11 @@ An engine names a program (containerd's ``options.BinaryName``, Docker's ``path`
 Nothing is executed: scripts are read as text, at most :data:`_HEAD` bytes, and only the
 simple forms above are understood (``$NAME``, ``${NAME}`` and ``${NAME:-word}`` are
 expanded from the variables seen so far); a wrapper doing more is ``unknown``.
+
+Why one module: following a handler is one walk (a program, a wrapper script, the next
+program, the environment it is given) whose steps decide together what the handler runs;
+split by kind of program, each part would repeat the walk's bookkeeping (the environment
+carried, the scripts read, the depth).
 """
 
 from __future__ import annotations
@@ -137,6 +142,7 @@ def _assign(key: str, value: str, shell: Dict[str, str], env: Dict[str, str]) ->
 def _expand(word: str, variables: Mapping[str, str]) -> Optional[str]:
     """``word`` with ``$NAME``/``${NAME}``/``${NAME:-word}`` expanded; None when it holds any
     other ``$`` or a backquote (doctor would be guessing)."""
+
     def one(match: "re.Match[str]") -> str:
         name = match.group(1) or match.group(3)
         value = variables.get(name, "")
@@ -197,8 +203,10 @@ def _by_name(path: str, hook: bool) -> Optional[str]:
     """The kind a program's own name (or its symlink target's) gives it, if any (NVIDIA's
     hook's names count for a ``hook``)."""
     # the toolkit container's binaries behind its wrappers end in .real
-    names = {name[:-5] if name.endswith(".real") else name
-             for name in (os.path.basename(path), os.path.basename(os.path.realpath(path)))}
+    names = {
+        name[:-5] if name.endswith(".real") else name
+        for name in (os.path.basename(path), os.path.basename(os.path.realpath(path)))
+    }
     if names & set(NVIDIA_RUNTIME_BASENAMES + (NVIDIA_HOOK_BASENAMES if hook else ())):
         return "nvidia"
     if RUNTIME_BASENAME in names:
@@ -222,9 +230,12 @@ def _run_command(words: List[str], shell: Dict[str, str], env: Dict[str, str]) -
     """A command line ``[exec] [env [-i]] NAME=value … PROGRAM args``: the assignments go
     into ``env`` (the program's environment, not the script's); the program, expanded."""
     rest = list(words)
-    while rest and (rest[0] == "exec" or os.path.basename(rest[0]) == "env"
-                    or rest[0].startswith("-")
-                    or ("=" in rest[0] and _NAME.match(rest[0].partition("=")[0]))):
+    while rest and (
+        rest[0] == "exec"
+        or os.path.basename(rest[0]) == "env"
+        or rest[0].startswith("-")
+        or ("=" in rest[0] and _NAME.match(rest[0].partition("=")[0]))
+    ):
         word = rest.pop(0)
         if word == "-i":
             env.clear()
@@ -286,8 +297,12 @@ def _wrapper_step(text: str, env: Dict[str, str]) -> Optional[str]:
     return None
 
 
-def follow(binary: Optional[str], env: Optional[Mapping[str, str]] = None,
-           trampoline: str = DEFAULT_TRAMPOLINE, hook: bool = False) -> Followed:
+def follow(
+    binary: Optional[str],
+    env: Optional[Mapping[str, str]] = None,
+    trampoline: str = DEFAULT_TRAMPOLINE,
+    hook: bool = False,
+) -> Followed:
     """Follow the program an engine names, with the environment it gives it (``hook``: an
     OCI hook's program, where NVIDIA's hook binaries count as NVIDIA's)."""
     current_env: Dict[str, str] = dict(env or {})
@@ -335,7 +350,8 @@ def follow(binary: Optional[str], env: Optional[Mapping[str, str]] = None,
             embedded = _EMBEDDED.search(text)
             kind, named = "nvshim", True
             config = current_env.get("NVSHIM_CONFIG") or (
-                embedded.group(1) if embedded else DEFAULT_CONFIG_PATH)
+                embedded.group(1) if embedded else DEFAULT_CONFIG_PATH
+            )
             break
         if text.startswith("#!") and _ENTRY_POINT.search(text):
             kind = "nvshim"
@@ -385,7 +401,9 @@ def nvidia_env_policy(env: Mapping[str, str], default: str = NVIDIA_CONFIG) -> N
     file means NVIDIA's defaults (the env is honoured)."""
     path = env.get("NVIDIA_CTK_CONFIG_FILE_PATH") or (
         os.path.join(env["XDG_CONFIG_HOME"], "nvidia-container-runtime", "config.toml")
-        if env.get("XDG_CONFIG_HOME") else default)
+        if env.get("XDG_CONFIG_HOME")
+        else default
+    )
     from nvshim.errors import NvshimError
     from nvshim.node.engines.files import read_text, read_toml
 

@@ -48,8 +48,9 @@ def _plain_cri(path: str, version: int) -> Optional[Dict[str, Any]]:
     return tables[0][1] if tables else None
 
 
-def _nvshim_handler(cri: Dict[str, Any], options: DoctorOptions
-                    ) -> Optional[Tuple[str, Dict[str, Any]]]:
+def _nvshim_handler(
+    cri: Dict[str, Any], options: DoctorOptions
+) -> Optional[Tuple[str, Dict[str, Any]]]:
     """(name, table) of the handler in ``cri`` that runs nvshim."""
     from nvshim.node.doctor.findings import is_nvshim
 
@@ -62,9 +63,14 @@ def _nvshim_handler(cri: Dict[str, Any], options: DoctorOptions
     return None
 
 
-def reconfigure_command(config_path: str, drop_in: str, version: int,
-                        options: DoctorOptions, before: Optional[Dict[str, Any]] = None,
-                        binary: Optional[str] = None) -> str:
+def reconfigure_command(
+    config_path: str,
+    drop_in: str,
+    version: int,
+    options: DoctorOptions,
+    before: Optional[Dict[str, Any]] = None,
+    binary: Optional[str] = None,
+) -> str:
     """``nvshim runtime configure`` for containerd with the flags nvshim's ``drop_in`` was
     written with, so that running it changes nothing but the tables copied.
 
@@ -126,23 +132,35 @@ def _merges(options: DoctorOptions) -> Optional[str]:
 
 def check_lost_handlers(effective: EffectiveRuntimes, options: DoctorOptions) -> Finding:
     """Every handler a file of containerd's config declares is one containerd sees."""
-    lost = {name: files for name, files in effective.declared.items()
-            if name not in effective.handlers}
+    lost = {
+        name: files for name, files in effective.declared.items() if name not in effective.handlers
+    }
     total = len(effective.declared)
     if not lost:
-        return Finding(_CHECK, "ok", f"containerd sees every runtime handler its "
-                       f"{len(effective.files)} file(s) declare ({total})")
+        return Finding(
+            _CHECK,
+            "ok",
+            f"containerd sees every runtime handler its "
+            f"{len(effective.files)} file(s) declare ({total})",
+        )
     merged_by = _merges(options)
     if merged_by is not None:
-        return Finding(_CHECK, "ok", f"containerd {merged_by} merges the CRI tables of its "
-                       f"{len(effective.files)} file(s): it sees all {total} handlers")
+        return Finding(
+            _CHECK,
+            "ok",
+            f"containerd {merged_by} merges the CRI tables of its "
+            f"{len(effective.files)} file(s): it sees all {total} handlers",
+        )
     hider = effective.cri_file or effective.config_path
-    named = "; ".join(f'"{name}" (declared in {", ".join(files)})'
-                      for name, files in sorted(lost.items()))
-    message = (f"containerd does not see runtime handler(s) {named}: {hider}, loaded after, "
-               "has a CRI plugin table of its own without them, and containerd before 2.1 "
-               "uses only the last file's table; pods whose RuntimeClass names them fail "
-               "to start")
+    named = "; ".join(
+        f'"{name}" (declared in {", ".join(files)})' for name, files in sorted(lost.items())
+    )
+    message = (
+        f"containerd does not see runtime handler(s) {named}: {hider}, loaded after, "
+        "has a CRI plugin table of its own without them, and containerd before 2.1 "
+        "uses only the last file's table; pods whose RuntimeClass names them fail "
+        "to start"
+    )
     if is_nvshim_drop_in(hider):
         from nvshim.node.engines.containerd_chain import (
             cri_tables,
@@ -160,14 +178,23 @@ def check_lost_handlers(effective: EffectiveRuntimes, options: DoctorOptions) ->
             before = merged_cri(cri_tables(chain.files[:at], doc, effective.version))
         except NvshimError:
             pass
-        command = reconfigure_command(effective.config_path, hider, effective.version,
-                                      options, before)
-        return Finding(_CHECK, "fail", message,
-                       f"{command} (its drop-in then carries every earlier file's table), "
-                       "then restart containerd")
+        command = reconfigure_command(
+            effective.config_path, hider, effective.version, options, before
+        )
+        return Finding(
+            _CHECK,
+            "fail",
+            message,
+            f"{command} (its drop-in then carries every earlier file's table), "
+            "then restart containerd",
+        )
     from nvshim.node.engines.containerd_toml import cri_label
 
-    return Finding(_CHECK, "fail", message,
-                   f"copy the {cri_label(effective.version)} tables of the files loaded "
-                   f"before {hider} into it (containerd before 2.1 does not merge them), or "
-                   "move the handlers there; then restart containerd")
+    return Finding(
+        _CHECK,
+        "fail",
+        message,
+        f"copy the {cri_label(effective.version)} tables of the files loaded "
+        f"before {hider} into it (containerd before 2.1 does not merge them), or "
+        "move the handlers there; then restart containerd",
+    )

@@ -62,7 +62,7 @@ def _load(path: str) -> Optional[Mapping[str, Any]]:
 def _conditions(when: Mapping[str, Any]) -> Optional[str]:
     """None when ``when`` matches every container; else what it is limited to."""
     if when.get("always") is not True:
-        return "its when conditions (no \"always\": true)"
+        return 'its when conditions (no "always": true)'
     limits = []
     if when.get("annotations"):
         limits.append("annotations " + ", ".join(sorted(map(str, when["annotations"]))))
@@ -94,36 +94,63 @@ def check_oci_hooks(options: DoctorOptions) -> Finding:
         limited = _conditions(when if isinstance(when, dict) else {})
         policy = nvidia_env_policy(dict(followed.env), options.nvidia_config)
         runs = " → ".join([hook["path"], *followed.chain[1:]])
-        scope = ("every container podman and CRI-O start (\"always\": true)" if limited is None
-                 else f"the containers that match {limited}")
+        scope = (
+            'every container podman and CRI-O start ("always": true)'
+            if limited is None
+            else f"the containers that match {limited}"
+        )
         if not policy.accepts_env:
-            findings.append(Finding(
-                _CHECK, "ok", f"{path} adds NVIDIA's hook; {policy.path} turns its env grants off",
-                detail=f"{path} adds NVIDIA's hook {runs} to {scope}, and {policy.path} sets "
-                       f"{_SWITCH} = false: an unprivileged container's env grants it no GPU"))
+            findings.append(
+                Finding(
+                    _CHECK,
+                    "ok",
+                    f"{path} adds NVIDIA's hook; {policy.path} turns its env grants off",
+                    detail=f"{path} adds NVIDIA's hook {runs} to {scope}, and {policy.path} sets "
+                    f"{_SWITCH} = false: an unprivileged container's env grants it no GPU",
+                )
+            )
             continue
         last = dirs[-1]
-        mask = (f"mask it with a file of the same name in {last} whose \"when\" is "
-                "{\"always\": false}" if os.path.dirname(path) != last
-                else f"remove {path}")
-        fix = (f"{mask} and run GPU containers through nvshim-runtime (podman --runtime, CRI-O's "
-               f"nvshim handler); or set {_SWITCH} = false in {policy.path}")
-        findings.append(Finding(
-            _CHECK, "fail" if limited is None else "warn",
-            f"NVIDIA's hook in {os.path.basename(path)}: containers asking no GPU get every GPU",
-            "mask it (--verbose: how)" if mask != f"remove {path}" else "remove it",
-            detail=f"{path} adds NVIDIA's hook {runs} to {scope}, whatever runtime runs them: "
-                   "it grants GPUs from the container's env, so one that requests no GPU gets "
-                   f"every GPU from a CUDA image's NVIDIA_VISIBLE_DEVICES=all, past nvshim "
-                   f"({policy.path}: {_SWITCH} "
-                   f"{'is true' if policy.exists else 'defaults to true'}). Fix: {fix}"))
+        mask = (
+            f'mask it with a file of the same name in {last} whose "when" is {{"always": false}}'
+            if os.path.dirname(path) != last
+            else f"remove {path}"
+        )
+        fix = (
+            f"{mask} and run GPU containers through nvshim-runtime (podman --runtime, CRI-O's "
+            f"nvshim handler); or set {_SWITCH} = false in {policy.path}"
+        )
+        findings.append(
+            Finding(
+                _CHECK,
+                "fail" if limited is None else "warn",
+                f"NVIDIA's hook in {os.path.basename(path)}: "
+                "containers asking no GPU get every GPU",
+                "mask it (--verbose: how)" if mask != f"remove {path}" else "remove it",
+                detail=f"{path} adds NVIDIA's hook {runs} to {scope}, whatever runtime runs them: "
+                "it grants GPUs from the container's env, so one that requests no GPU gets "
+                f"every GPU from a CUDA image's NVIDIA_VISIBLE_DEVICES=all, past nvshim "
+                f"({policy.path}: {_SWITCH} "
+                f"{'is true' if policy.exists else 'defaults to true'}). Fix: {fix}",
+            )
+        )
     if not findings:
-        return Finding(_CHECK, "ok", f"no hook file in {', '.join(dirs)} runs NVIDIA's hook "
-                       f"({len(files)} file(s))")
-    worst = next((f for f in findings if f.status == "fail"),
-                 next((f for f in findings if f.status == "warn"), findings[0]))
+        return Finding(
+            _CHECK,
+            "ok",
+            f"no hook file in {', '.join(dirs)} runs NVIDIA's hook ({len(files)} file(s))",
+        )
+    worst = next(
+        (f for f in findings if f.status == "fail"),
+        next((f for f in findings if f.status == "warn"), findings[0]),
+    )
     if len(findings) == 1:
         return worst
     others = "; ".join(f.detail or f.message for f in findings if f is not worst)
-    return Finding(_CHECK, worst.status, f"{worst.message} (and {len(findings) - 1} more)",
-                   worst.fix, detail=f"{worst.detail}; also: {others}")
+    return Finding(
+        _CHECK,
+        worst.status,
+        f"{worst.message} (and {len(findings) - 1} more)",
+        worst.fix,
+        detail=f"{worst.detail}; also: {others}",
+    )

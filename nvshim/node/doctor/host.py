@@ -34,8 +34,14 @@ from nvshim.node.doctor.findings import DoctorOptions, Finding
 if TYPE_CHECKING:
     from nvshim.cdi.model import Spec
 
-__all__ = ["host_for", "check_gpus", "check_driver_files", "check_cdi_specs",
-           "check_cdi_spec_trust", "check_dev_char_links"]
+__all__ = [
+    "host_for",
+    "check_gpus",
+    "check_driver_files",
+    "check_cdi_specs",
+    "check_cdi_spec_trust",
+    "check_dev_char_links",
+]
 
 _INDEXED = re.compile(r"^[0-9]+(:[0-9]+)?$")
 
@@ -50,15 +56,20 @@ def host_for(config: Config, options: DoctorOptions) -> Host:
 def check_gpus(host: Host, config_file: str) -> Finding:
     """Discovery finds at least one GPU under the driver root."""
     fix = f"load the NVIDIA driver, or set driver-root in {config_file}"
-    why = ("load the NVIDIA driver (nvidia-smi should list GPUs), or set driver-root in "
-           f"{config_file} to the driver's root (/run/nvidia/driver for a containerised driver)")
+    why = (
+        "load the NVIDIA driver (nvidia-smi should list GPUs), or set driver-root in "
+        f"{config_file} to the driver's root (/run/nvidia/driver for a containerised driver)"
+    )
     try:
         gpus = host.gpus()
     except NvshimError as exc:
         return Finding("gpus", "fail", str(exc), fix, detail=why)
     if not gpus:
         return Finding(
-            "gpus", "fail", f"no GPUs found under {host.driver_root}", fix,
+            "gpus",
+            "fail",
+            f"no GPUs found under {host.driver_root}",
+            fix,
             detail=f"/proc/driver/nvidia/gpus under {host.driver_root} is empty or missing; {why}",
         )
     try:
@@ -68,12 +79,15 @@ def check_gpus(host: Host, config_file: str) -> Finding:
     listing = ", ".join(f"{g.index}=/dev/nvidia{g.minor}" for g in gpus)
     migs = [
         f"{len(g.mig)} MIG device{'' if len(g.mig) == 1 else 's'} on GPU {g.index} ("
-        + ", ".join(f"{m.gpu_index}:{m.index} {m.profile}".rstrip() for m in g.mig) + ")"
-        for g in gpus if g.mig
+        + ", ".join(f"{m.gpu_index}:{m.index} {m.profile}".rstrip() for m in g.mig)
+        + ")"
+        for g in gpus
+        if g.mig
     ]
     mig_count = sum(len(g.mig) for g in gpus)
     return Finding(
-        "gpus", "ok",
+        "gpus",
+        "ok",
         f"{len(gpus)} GPU(s) via {host.gpu_source or 'procfs'} under {host.driver_root}"
         f"{version}" + (f", {mig_count} MIG device(s)" if migs else ""),
         detail=listing + "".join(f"; {m}" for m in migs),
@@ -96,18 +110,27 @@ def check_driver_files(host: Host, capabilities: Sequence[str]) -> Finding:
         skew = host.version_skew()
         missing = host.missing(capabilities)
     except NvshimError as exc:
-        return Finding(name, "skip", "cannot look at the driver files: no driver version "
-                       f"under {host.driver_root}", detail=str(exc))
+        return Finding(
+            name,
+            "skip",
+            f"cannot look at the driver files: no driver version under {host.driver_root}",
+            detail=str(exc),
+        )
     if skew is not None:
-        return Finding(name, "fail", skew_message(*skew),
-                       "reboot the node (or unload and load the nvidia kernel modules) so the "
-                       "module matches the installed driver")
+        return Finding(
+            name,
+            "fail",
+            skew_message(*skew),
+            "reboot the node (or unload and load the nvidia kernel modules) so the "
+            "module matches the installed driver",
+        )
     default = [m for m in missing if m.endswith(("(compute)", "(utility)"))]
     others = [m for m in missing if m not in default]
     where = f"under {host.driver_root}"
     if default:
         return Finding(
-            name, "fail",
+            name,
+            "fail",
             f"driver {version} {where} lacks {', '.join(default)}: containers get a driver "
             "they cannot use",
             "install the driver's userspace packages (or set driver-root to where they are)",
@@ -117,8 +140,12 @@ def check_driver_files(host: Host, capabilities: Sequence[str]) -> Finding:
     return Finding(name, "ok", f"driver {version} files {where} ({module}){tail}")
 
 
-def check_cdi_specs(host: Host, spec_dirs: Sequence[str], config: Optional[Config] = None,
-                    load_spec: Optional[Callable[[str], Spec]] = None) -> List[Finding]:
+def check_cdi_specs(
+    host: Host,
+    spec_dirs: Sequence[str],
+    config: Optional[Config] = None,
+    load_spec: Optional[Callable[[str], Spec]] = None,
+) -> List[Finding]:
     """Every nvidia.com spec in ``spec_dirs`` against what ``nvshim cdi generate`` would
     write now (:func:`nvshim.node.cdigen.staleness`, the judgement ``--check`` makes too,
     with the create's fix text); broken files. ``config``: the node's (default: built-in
@@ -134,26 +161,37 @@ def check_cdi_specs(host: Host, spec_dirs: Sequence[str], config: Optional[Confi
     findings: List[Finding] = []
     if config is None:
         config = Config()
-    fix_root = host.driver_root if os.path.abspath(host.driver_root) != os.path.abspath(
-        config.driver_root) else None
+    fix_root = (
+        host.driver_root
+        if os.path.abspath(host.driver_root) != os.path.abspath(config.driver_root)
+        else None
+    )
     for directory in spec_dirs:
         # the registry's own listing rule: doctor checks exactly the files a create reads
         unlisted: List[CdiProblem] = []
         paths = spec_files(directory, unlisted)
         for problem in unlisted:
-            findings.append(Finding(
-                name, "warn", f"cannot read CDI spec dir: {problem}",
-                f"make {directory} a directory of CDI specs, or take it out of cdi-spec-dirs "
-                "(engines skip it)",
-            ))
+            findings.append(
+                Finding(
+                    name,
+                    "warn",
+                    f"cannot read CDI spec dir: {problem}",
+                    f"make {directory} a directory of CDI specs, or take it out of cdi-spec-dirs "
+                    "(engines skip it)",
+                )
+            )
         for path in paths:
             try:
                 spec = read(path)
             except NvshimError as exc:
-                findings.append(Finding(
-                    name, "warn", f"broken CDI spec: {exc}",
-                    f"nvshim cdi validate {path}, then fix or remove it (engines skip it)",
-                ))
+                findings.append(
+                    Finding(
+                        name,
+                        "warn",
+                        f"broken CDI spec: {exc}",
+                        f"nvshim cdi validate {path}, then fix or remove it (engines skip it)",
+                    )
+                )
                 continue
             if spec.vendor != "nvidia.com":
                 continue
@@ -167,16 +205,23 @@ def check_cdi_specs(host: Host, spec_dirs: Sequence[str], config: Optional[Confi
                 findings.append(Finding(name, "ok", f"{path} is current for this node"))
                 continue
             driver_gone = any(r.startswith("driver is ") for r in reasons)
-            findings.append(Finding(
-                name, "fail" if driver_gone else "warn",
-                f"{path} is stale: {'; '.join(reasons)}", fix,
-            ))
+            findings.append(
+                Finding(
+                    name,
+                    "fail" if driver_gone else "warn",
+                    f"{path} is stale: {'; '.join(reasons)}",
+                    fix,
+                )
+            )
     if not findings:
-        findings.append(Finding(
-            name, "ok",
-            f"no nvidia.com CDI specs in {', '.join(spec_dirs) or '(no directories)'} "
-            "(nvshim-runtime does not need them)",
-        ))
+        findings.append(
+            Finding(
+                name,
+                "ok",
+                f"no nvidia.com CDI specs in {', '.join(spec_dirs) or '(no directories)'} "
+                "(nvshim-runtime does not need them)",
+            )
+        )
     return findings
 
 
@@ -191,8 +236,14 @@ def check_cdi_spec_trust(spec_dirs: Sequence[str]) -> List[Finding]:
     name = "cdi-spec-trust"
     where = ", ".join(spec_dirs) or "(no directories)"
     if os.geteuid() != 0:
-        return [Finding(name, "skip", "not running as root: nvshim-runtime (root) refuses CDI "
-                        "specs others could have written; run doctor as root to check them")]
+        return [
+            Finding(
+                name,
+                "skip",
+                "not running as root: nvshim-runtime (root) refuses CDI "
+                "specs others could have written; run doctor as root to check them",
+            )
+        ]
     findings: List[Finding] = []
     count = 0
     for directory in spec_dirs:
@@ -205,16 +256,26 @@ def check_cdi_spec_trust(spec_dirs: Sequence[str]) -> List[Finding]:
             try:
                 check_trusted(path, st, "CDI spec")
             except ConfigError as exc:
-                findings.append(Finding(
-                    name, "fail",
-                    f"{exc}; nvshim-runtime skips it (its hooks would run as root on the "
-                    "host), so its devices cannot be injected",
-                    f"chown root {path} {directory} && chmod go-w {path} {directory}, after "
-                    f"checking who wrote {path} (or remove it)"))
+                findings.append(
+                    Finding(
+                        name,
+                        "fail",
+                        f"{exc}; nvshim-runtime skips it (its hooks would run as root on the "
+                        "host), so its devices cannot be injected",
+                        f"chown root {path} {directory} && chmod go-w {path} {directory}, after "
+                        f"checking who wrote {path} (or remove it)",
+                    )
+                )
     if not findings:
         plural = "" if count == 1 else "s"
-        findings.append(Finding(name, "ok", f"{count} CDI spec file{plural} in {where}: each "
-                                "owned by root and writable by root only"))
+        findings.append(
+            Finding(
+                name,
+                "ok",
+                f"{count} CDI spec file{plural} in {where}: each "
+                "owned by root and writable by root only",
+            )
+        )
     return findings
 
 
@@ -229,21 +290,32 @@ def check_dev_char_links(dev_root: str, systemd: Optional[bool] = None) -> Findi
     if systemd is None:
         systemd = os.path.isdir("/run/systemd/system")
     if not systemd:
-        return Finding("dev-char-links", "skip", "systemd does not run here: no daemon-reload "
-                       "can take devices away, /dev/char links are not needed")
+        return Finding(
+            "dev-char-links",
+            "skip",
+            "systemd does not run here: no daemon-reload "
+            "can take devices away, /dev/char links are not needed",
+        )
     try:
         outcomes = create_dev_char_symlinks(dev_root, dry_run=True)
     except NvshimError as exc:
         return Finding("dev-char-links", "skip", str(exc))
-    missing = [f"{os.path.basename(o.path)} ({o.detail.split(',')[0]})" for o in outcomes
-               if o.action != "exists"]
+    missing = [
+        f"{os.path.basename(o.path)} ({o.detail.split(',')[0]})"
+        for o in outcomes
+        if o.action != "exists"
+    ]
     if not missing:
-        return Finding("dev-char-links", "ok",
-                       f"{len(outcomes)} NVIDIA device node(s), each with its /dev/char link")
+        return Finding(
+            "dev-char-links",
+            "ok",
+            f"{len(outcomes)} NVIDIA device node(s), each with its /dev/char link",
+        )
     shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
     where = "" if dev_root in ("", "/") else f" --dev-root {dev_root}"
     return Finding(
-        "dev-char-links", "warn",
+        "dev-char-links",
+        "warn",
         f"/dev/char links missing or foreign: {shown}; a `systemctl daemon-reload` takes those "
         "devices away from running containers that use the systemd cgroup driver",
         f"nvshim system create-dev-char-symlinks{where}",

@@ -46,16 +46,23 @@ def check_default_mark(path: str) -> Finding:
     except NvshimError:
         return Finding(name, "skip", f"{path} did not load (see the config check)")
     if data is None:
-        return Finding(name, "fail", f"{path} does not exist, and nvshim is a default runtime "
-                       f"({mark}): the built-in defaults have require-allocation off",
-                       f"write {path} with require-allocation: true, then "
-                       f"{compile_command(path)}")
+        return Finding(
+            name,
+            "fail",
+            f"{path} does not exist, and nvshim is a default runtime "
+            f"({mark}): the built-in defaults have require-allocation off",
+            f"write {path} with require-allocation: true, then {compile_command(path)}",
+        )
     try:
         guard_default(path, data, config)
     except NvshimError as exc:
-        return Finding(name, "fail", f"{path}: require-allocation off under a default runtime",
-                       f"require-allocation: true in {path}",
-                       detail=str(exc).split(": refused,")[0] + f", under a default runtime "
-                              f"({mark}). Fix: set require-allocation: true in {path}, then "
-                              f"{compile_command(path)}")
+        return Finding(
+            name,
+            "fail",
+            f"{path}: require-allocation off under a default runtime",
+            f"require-allocation: true in {path}",
+            detail=str(exc).split(": refused,")[0] + f", under a default runtime "
+            f"({mark}). Fix: set require-allocation: true in {path}, then "
+            f"{compile_command(path)}",
+        )
     return Finding(name, "ok", f"{path} has require-allocation on ({mark})")

@@ -73,8 +73,9 @@ def _chain_docs(config_path: str) -> List[Tuple[str, Any]]:
     return out
 
 
-def nri_enabled(config_path: str, major_minor: Optional[Tuple[int, int]]
-                ) -> Tuple[Optional[bool], str, str]:
+def nri_enabled(
+    config_path: str, major_minor: Optional[Tuple[int, int]]
+) -> Tuple[Optional[bool], str, str]:
     """(whether containerd's NRI is on — None when this containerd has no NRI —, its socket
     path, why) for the config at ``config_path`` and containerd ``major_minor``."""
     socket = DEFAULT_NRI_SOCKET
@@ -89,12 +90,14 @@ def nri_enabled(config_path: str, major_minor: Optional[Tuple[int, int]]
     if major_minor is not None and major_minor < (1, 7):
         return None, socket, f"containerd {major_minor[0]}.{major_minor[1]} has no NRI"
     if disable is not None:
-        return (not disable, socket,
-                f"{setter} sets disable = {str(disable).lower()} in {NRI_PLUGIN}")
+        return (
+            not disable,
+            socket,
+            f"{setter} sets disable = {str(disable).lower()} in {NRI_PLUGIN}",
+        )
     if major_minor is not None and major_minor >= (2, 0):
         return True, socket, f"on by default in containerd {major_minor[0]}.{major_minor[1]}"
-    return False, socket, "off by default in containerd 1.7 (no NRI table in " \
-                          f"{config_path})"
+    return False, socket, f"off by default in containerd 1.7 (no NRI table in {config_path})"
 
 
 def _ask_ready(agent_socket: str) -> Tuple[Optional[str], str]:
@@ -156,16 +159,25 @@ def nri_guard(agent_socket: str) -> Optional[Tuple[str, Tuple[str, ...]]]:
         return None
     if not config.nri_guard:
         return None
-    return (f"the nvshim agent's NRI guard (registered on {nri}; nri-guard: true in {path})",
-            tuple(config.nri_nvshim_handlers))
+    return (
+        f"the nvshim agent's NRI guard (registered on {nri}; nri-guard: true in {path})",
+        tuple(config.nri_nvshim_handlers),
+    )
 
 
-_START = ("nvshim agent --nri-socket {socket} (the DaemonSet's agent, or the "
-          "nvshim-agent unit) with nri-* set in the config (docs/nri.md)")
+_START = (
+    "nvshim agent --nri-socket {socket} (the DaemonSet's agent, or the "
+    "nvshim-agent unit) with nri-* set in the config (docs/nri.md)"
+)
 
 
-def check_nri(containerd_config: str, containerd_binary: str, agent_socket: str,
-              crio_config: str = "/etc/crio/crio.conf", inject: str = "") -> Finding:
+def check_nri(
+    containerd_config: str,
+    containerd_binary: str,
+    agent_socket: str,
+    crio_config: str = "/etc/crio/crio.conf",
+    inject: str = "",
+) -> Finding:
     """ok: NRI on and the agent registered; warn: NRI on without the agent registered, or
     an agent started for NRI on an engine whose NRI is off; skip: no engine with NRI, or
     NRI off and no agent asking for it (the runtime handler is the enforcing path).
@@ -177,10 +189,15 @@ def check_nri(containerd_config: str, containerd_binary: str, agent_socket: str,
     agent, detail = _agent_nri(agent_socket)
     finding, socket = _check(containerd_config, version, agent, detail, crio_config)
     if inject and socket and agent != "registered":
-        finding = replace(finding, status="fail", message=(
-            f"nri-inject is on in {inject}, but no nvshim agent is registered on {socket}: "
-            f"GPU pods under plain runc or crun start without their GPUs ({detail})"),
-            fix=finding.fix or _START.format(socket=socket))
+        finding = replace(
+            finding,
+            status="fail",
+            message=(
+                f"nri-inject is on in {inject}, but no nvshim agent is registered on {socket}: "
+                f"GPU pods under plain runc or crun start without their GPUs ({detail})"
+            ),
+            fix=finding.fix or _START.format(socket=socket),
+        )
     return _with_nvidia(finding, agent, socket)
 
 
@@ -196,19 +213,33 @@ def _with_nvidia(finding: Finding, agent: str, socket: str) -> Finding:
     if not nvidia:
         return finding
     named = ", ".join(f"{p.name} (pid {p.pid})" for p in nvidia)
-    what = (f"NVIDIA's NRI plugin is connected to {socket}: {named}; it injects the CDI "
-            "devices a pod's own nvidia.cdi.k8s.io annotation names")
+    what = (
+        f"NVIDIA's NRI plugin is connected to {socket}: {named}; it injects the CDI "
+        "devices a pod's own nvidia.cdi.k8s.io annotation names"
+    )
     if agent == "registered":
-        return replace(finding, message=f"{finding.message}; {what}, which the agent holds "
-                       "to the kubelet's allocation (nri-guard or nri-verify)")
-    return replace(finding, status="fail", message=f"{what}, and no nvshim agent is "
-                   f"registered to hold them to the allocation: any pod can take every GPU "
-                   f"({finding.message})", fix=finding.fix or "start " + _START.format(
-                       socket=socket))
+        return replace(
+            finding,
+            message=f"{finding.message}; {what}, which the agent holds "
+            "to the kubelet's allocation (nri-guard or nri-verify)",
+        )
+    return replace(
+        finding,
+        status="fail",
+        message=f"{what}, and no nvshim agent is "
+        f"registered to hold them to the allocation: any pod can take every GPU "
+        f"({finding.message})",
+        fix=finding.fix or "start " + _START.format(socket=socket),
+    )
 
 
-def _check(containerd_config: str, version: Optional[Tuple[int, int, str]], agent: str,
-           detail: str, crio_config: str) -> Tuple[Finding, str]:
+def _check(
+    containerd_config: str,
+    version: Optional[Tuple[int, int, str]],
+    agent: str,
+    detail: str,
+    crio_config: str,
+) -> Tuple[Finding, str]:
     """(the finding before NVIDIA's plugin is looked for, the NRI socket when NRI is on)."""
     name = "nri"
     start = _START
@@ -216,15 +247,21 @@ def _check(containerd_config: str, version: Optional[Tuple[int, int, str]], agen
         crio = ((_toml(crio_config) or {}).get("crio") or {}).get("nri") or {}
         on = crio.get("enable_nri")
         if on is False:
-            return Finding(name, "skip" if agent != "not-registered" else "warn",
-                           f"CRI-O's NRI is off ({crio_config}: enable_nri = false); {detail}",
-                           f"set [crio.nri] enable_nri = true in {crio_config} and restart "
-                           "CRI-O, if the NRI plugin should run"), ""
+            return Finding(
+                name,
+                "skip" if agent != "not-registered" else "warn",
+                f"CRI-O's NRI is off ({crio_config}: enable_nri = false); {detail}",
+                f"set [crio.nri] enable_nri = true in {crio_config} and restart "
+                "CRI-O, if the NRI plugin should run",
+            ), ""
         socket = str(crio.get("nri_listen") or DEFAULT_NRI_SOCKET)
         fix = start.format(socket=socket)
-        return Finding(name, "ok" if agent == "registered" else "skip",
-                       f"CRI-O's NRI ({socket}): {detail}",
-                       "" if agent == "registered" else fix), socket
+        return Finding(
+            name,
+            "ok" if agent == "registered" else "skip",
+            f"CRI-O's NRI ({socket}): {detail}",
+            "" if agent == "registered" else fix,
+        ), socket
     if version is None:
         return Finding(name, "skip", f"no containerd or CRI-O found; {detail}"), ""
     enabled, socket, why = nri_enabled(containerd_config, version[:2])
@@ -232,14 +269,26 @@ def _check(containerd_config: str, version: Optional[Tuple[int, int, str]], agen
         return Finding(name, "skip", f"{why}: the runtime handler is the only path"), ""
     if not enabled:
         status = "warn" if agent == "not-registered" else "skip"
-        return Finding(name, status, f"containerd's NRI is off; {detail}",
-                       f"set {_ON} in {containerd_config} (a drop-in under its imports "
-                       "works) and restart containerd, if the NRI plugin should run",
-                       detail=f"containerd's NRI is off ({why})"), ""
+        return Finding(
+            name,
+            status,
+            f"containerd's NRI is off; {detail}",
+            f"set {_ON} in {containerd_config} (a drop-in under its imports "
+            "works) and restart containerd, if the NRI plugin should run",
+            detail=f"containerd's NRI is off ({why})",
+        ), ""
     if agent == "registered":
-        return Finding(name, "ok", f"containerd's NRI is on; {detail}",
-                       detail=f"containerd's NRI is on ({why})"), socket
+        return Finding(
+            name,
+            "ok",
+            f"containerd's NRI is on; {detail}",
+            detail=f"containerd's NRI is on ({why})",
+        ), socket
     status = "warn" if agent == "not-registered" else "skip"
-    return Finding(name, status, f"containerd's NRI is on, but no nvshim agent is registered "
-                   f"there: {detail}", start.format(socket=socket),
-                   detail=f"containerd's NRI is on ({why}) on {socket}"), socket
+    return Finding(
+        name,
+        status,
+        f"containerd's NRI is on, but no nvshim agent is registered there: {detail}",
+        start.format(socket=socket),
+        detail=f"containerd's NRI is on ({why}) on {socket}",
+    ), socket

@@ -44,10 +44,20 @@ def _unix_sockets() -> Optional[Dict[int, Tuple[str, int]]]:
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG)
     except OSError:
         return None
-    request = struct.pack("=BBHIIIII", socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0,
-                          _UDIAG_SHOW_NAME | _UDIAG_SHOW_PEER, 0xFFFFFFFF, 0xFFFFFFFF)
-    header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY,
-                         _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0)
+    request = struct.pack(
+        "=BBHIIIII",
+        socket.AF_UNIX,
+        0,
+        0,
+        0xFFFFFFFF,
+        0,
+        _UDIAG_SHOW_NAME | _UDIAG_SHOW_PEER,
+        0xFFFFFFFF,
+        0xFFFFFFFF,
+    )
+    header = struct.pack(
+        "=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0
+    )
     out: Dict[int, Tuple[str, int]] = {}
     try:
         with sock:
@@ -60,7 +70,7 @@ def _unix_sockets() -> Optional[Dict[int, Tuple[str, int]]]:
                     length, kind = struct.unpack_from("=IH", data, offset)
                     if length < 16 or kind in (_NLMSG_DONE, _NLMSG_ERROR):
                         return out if kind == _NLMSG_DONE else None
-                    _parse(data[offset + 16:offset + length], out)
+                    _parse(data[offset + 16 : offset + length], out)
                     offset += (length + 3) & ~3
                 if not data:
                     return out
@@ -78,10 +88,9 @@ def _parse(msg: bytes, out: Dict[int, Tuple[str, int]]) -> None:
         length, kind = struct.unpack_from("=HH", msg, offset)
         if length < 4:
             break
-        body = msg[offset + 4:offset + length]
+        body = msg[offset + 4 : offset + length]
         if kind == _UNIX_DIAG_NAME:
-            name = body.split(b"\0", 1)[0].decode("utf-8", "replace") if body[:1] != b"\0" \
-                else ""
+            name = body.split(b"\0", 1)[0].decode("utf-8", "replace") if body[:1] != b"\0" else ""
         elif kind == _UNIX_DIAG_PEER and len(body) >= 4:
             (peer,) = struct.unpack_from("=I", body)
         offset += (length + 3) & ~3
@@ -126,8 +135,11 @@ def nri_plugins(nri_socket: str, proc: str = "/proc") -> Optional[List[NriPeer]]
     if sockets is None:
         return None
     target = os.path.realpath(nri_socket)
-    peers = {peer for name, peer in sockets.values()
-             if peer and name and os.path.realpath(name) == target}
+    peers = {
+        peer
+        for name, peer in sockets.values()
+        if peer and name and os.path.realpath(name) == target
+    }
     if not peers:
         return []
     return [NriPeer(pid, _argv(pid, proc)) for pid in sorted(_holders(peers, proc))]

@@ -78,8 +78,9 @@ def shown(binary: Optional[str], followed: Followed) -> str:
     return " → ".join([binary or followed.binary, *followed.chain[1:]])
 
 
-def handler_config(followed: Followed, doctor_config: Optional[Config],
-                   options: DoctorOptions) -> Tuple[str, Optional[Config], str]:
+def handler_config(
+    followed: Followed, doctor_config: Optional[Config], options: DoctorOptions
+) -> Tuple[str, Optional[Config], str]:
     """The config an nvshim runtime reads: its path, the loaded config (None when it does
     not load) and why not. The config doctor loaded itself is not loaded again."""
     path = followed.config or options.config_path
@@ -97,43 +98,58 @@ def _same_file(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def nvidia_default(check: str, engine: str, default: str, binary: Optional[str],
-                   env: Mapping[str, str], options: DoctorOptions, fix: str) -> Optional[Finding]:
+def nvidia_default(
+    check: str,
+    engine: str,
+    default: str,
+    binary: Optional[str],
+    env: Mapping[str, str],
+    options: DoctorOptions,
+    fix: str,
+) -> Optional[Finding]:
     """The finding for ``engine``'s default runtime when it is NVIDIA's (None otherwise):
     the pitfall, unless the config NVIDIA's runtime reads turns its image-env path off."""
     if not is_nvidia_runtime(default, binary, options, env):
         return None
     followed = follow(binary, env, options.trampoline) if binary else None
     runs = shown(binary, followed) if followed is not None else "NVIDIA's runtime"
-    policy = nvidia_env_policy(dict(followed.env) if followed else dict(env),
-                               options.nvidia_config)
+    policy = nvidia_env_policy(dict(followed.env) if followed else dict(env), options.nvidia_config)
     if not policy.accepts_env:
         return Finding(
-            check, "ok",
-            f"{engine} default \"{default}\" is NVIDIA's; {policy.path} turns its env grants off",
+            check,
+            "ok",
+            f'{engine} default "{default}" is NVIDIA\'s; {policy.path} turns its env grants off',
             detail=f'"{default}" runs {runs}; {policy.path} sets '
-                   f"{_ENV_SWITCH} = false: an unprivileged container's "
-                   "NVIDIA_VISIBLE_DEVICES grants no GPU, so CUDA images' "
-                   "NVIDIA_VISIBLE_DEVICES=all gives containers that request none nothing",
+            f"{_ENV_SWITCH} = false: an unprivileged container's "
+            "NVIDIA_VISIBLE_DEVICES grants no GPU, so CUDA images' "
+            "NVIDIA_VISIBLE_DEVICES=all gives containers that request none nothing",
         )
-    seen = (f"{policy.path} does not parse ({policy.problem})" if policy.problem
-            else f"{policy.path} leaves {_ENV_SWITCH} at true" if policy.exists
-            else f"no {policy.path}: {_ENV_SWITCH} defaults to true")
-    full_fix = (f"{fix}; or set {_ENV_SWITCH} = false in {policy.path} (NVIDIA's own "
-                "switch; GPUs then come from device-plugin mounts or CDI only)")
+    seen = (
+        f"{policy.path} does not parse ({policy.problem})"
+        if policy.problem
+        else f"{policy.path} leaves {_ENV_SWITCH} at true"
+        if policy.exists
+        else f"no {policy.path}: {_ENV_SWITCH} defaults to true"
+    )
+    full_fix = (
+        f"{fix}; or set {_ENV_SWITCH} = false in {policy.path} (NVIDIA's own "
+        "switch; GPUs then come from device-plugin mounts or CDI only)"
+    )
     return Finding(
-        check, "fail",
-        f'{engine}\'s default "{default}" is NVIDIA\'s runtime: pods asking no GPU get every GPU',
+        check,
+        "fail",
+        f"{engine}'s default \"{default}\" is NVIDIA's runtime: pods asking no GPU get every GPU",
         "make runc the default (more: --verbose)",
-        detail=f'{engine}\'s default runtime "{default}" is NVIDIA\'s runtime ({runs}): every '
-               "container that names no runtime runs through it, and it grants GPUs from the "
-               "image's env, so containers that request no GPU get every GPU from CUDA images' "
-               f"NVIDIA_VISIBLE_DEVICES=all ({seen}). Fix: {full_fix}",
+        detail=f"{engine}'s default runtime \"{default}\" is NVIDIA's runtime ({runs}): every "
+        "container that names no runtime runs through it, and it grants GPUs from the "
+        "image's env, so containers that request no GPU get every GPU from CUDA images' "
+        f"NVIDIA_VISIBLE_DEVICES=all ({seen}). Fix: {full_fix}",
     )
 
 
-def default_config(binary: Optional[str], env: Mapping[str, str], config: Optional[Config],
-                    options: DoctorOptions) -> Tuple[str, Optional[Config], str]:
+def default_config(
+    binary: Optional[str], env: Mapping[str, str], config: Optional[Config], options: DoctorOptions
+) -> Tuple[str, Optional[Config], str]:
     """The config an nvshim default runtime running ``binary`` reads: its path, the config
     (None: it did not load) and `` in <path> (the config <binary> reads)`` when that is not
     the config doctor was given ("" when it is)."""
@@ -144,8 +160,9 @@ def default_config(binary: Optional[str], env: Mapping[str, str], config: Option
     return path, loaded, f" in {path} (the config {shown(binary, followed)} reads)"
 
 
-def kept_flags(ours: Mapping[str, Optional[str]], default: Optional[str],
-                binary: Optional[str] = None) -> str:
+def kept_flags(
+    ours: Mapping[str, Optional[str]], default: Optional[str], binary: Optional[str] = None
+) -> str:
     """The ``--name``/``--binary``/``--set-as-default`` flags nvshim's runtime was registered
     with (``binary`` replacing its path), so that a fix run as printed keeps them."""
     from nvshim.node.engines.containerd_toml import DEFAULT_BINARY, DEFAULT_NAME
@@ -159,8 +176,9 @@ def kept_flags(ours: Mapping[str, Optional[str]], default: Optional[str],
     return flags + (" --set-as-default" if default == name else "")
 
 
-def binary_problems(ours: Mapping[str, Optional[str]], noun: str, key: str,
-                     unset: str = "") -> List[str]:
+def binary_problems(
+    ours: Mapping[str, Optional[str]], noun: str, key: str, unset: str = ""
+) -> List[str]:
     """One line per runtime whose binary (its ``key``) is unset, relative, missing or not
     executable; ``unset`` says what an unset one means (default: ``has no <key>``)."""
     problems = []
@@ -208,10 +226,17 @@ def engine_runtimes(options: DoctorOptions) -> List[Runtime]:
             seen = chosen.read(path)
         except NvshimError:
             continue
-        found += [Runtime(chosen.label, runtime, binary,
-                          tuple(sorted(seen.envs.get(runtime, {}).items())),
-                          default=runtime == seen.default, cri=chosen.cri)
-                  for runtime, binary in sorted(seen.handlers.items())]
+        found += [
+            Runtime(
+                chosen.label,
+                runtime,
+                binary,
+                tuple(sorted(seen.envs.get(runtime, {}).items())),
+                default=runtime == seen.default,
+                cri=chosen.cri,
+            )
+            for runtime, binary in sorted(seen.handlers.items())
+        ]
     found += [Runtime("runtime", os.path.basename(b), b) for b in options.runtime_binaries]
     return found
 
@@ -222,8 +247,7 @@ class _Reader:
     followed: Followed
 
 
-def _readers(runtimes: Sequence[Runtime], options: DoctorOptions
-             ) -> Dict[str, List[_Reader]]:
+def _readers(runtimes: Sequence[Runtime], options: DoctorOptions) -> Dict[str, List[_Reader]]:
     """The nvshim runtimes by the config they read."""
     readers: Dict[str, List[_Reader]] = {}
     for runtime in runtimes:
@@ -240,8 +264,9 @@ def config_readers(runtimes: Sequence[Runtime], options: DoctorOptions) -> List[
     return sorted(_readers(runtimes, options))
 
 
-def check_handler_configs(runtimes: Sequence[Runtime], doctor_config: Optional[Config],
-                          options: DoctorOptions) -> List[Finding]:
+def check_handler_configs(
+    runtimes: Sequence[Runtime], doctor_config: Optional[Config], options: DoctorOptions
+) -> List[Finding]:
     """One finding per config an nvshim runtime reads (see the module docstring)."""
     readers = _readers(runtimes, options)
     if not readers:
@@ -249,47 +274,67 @@ def check_handler_configs(runtimes: Sequence[Runtime], doctor_config: Optional[C
     findings = []
     for path, group in sorted(readers.items()):
         who = "; ".join(
-            f"{r.runtime.label()} runs {shown(r.runtime.binary, r.followed)}" for r in group)
+            f"{r.runtime.label()} runs {shown(r.runtime.binary, r.followed)}" for r in group
+        )
         named = any(r.followed.named for r in group)
         _, config, problem = handler_config(
-            Followed("nvshim", (), path, named), doctor_config, options)
+            Followed("nvshim", (), path, named), doctor_config, options
+        )
         reads = f"{who}, which reads {path}"
         if config is None:
             if not os.path.exists(path):
-                findings.append(Finding(
-                    _CHECK, "fail", f"nvshim reads {path}, which does not exist: every create "
-                    "fails", f"create {path}",
-                    detail=f"{reads}: it does not exist, so every create fails. Fix: create "
-                           f"{path} (install.sh writes it; then {compile_command(path)}), or "
-                           "name an existing config in the wrapper's NVSHIM_CONFIG"))
+                findings.append(
+                    Finding(
+                        _CHECK,
+                        "fail",
+                        f"nvshim reads {path}, which does not exist: every create fails",
+                        f"create {path}",
+                        detail=f"{reads}: it does not exist, so every create fails. Fix: create "
+                        f"{path} (install.sh writes it; then {compile_command(path)}), or "
+                        "name an existing config in the wrapper's NVSHIM_CONFIG",
+                    )
+                )
             else:
-                findings.append(Finding(_CHECK, "fail", f"{reads}: {problem}",
-                                        f"correct {path}, then {compile_command(path)}"))
+                findings.append(
+                    Finding(
+                        _CHECK,
+                        "fail",
+                        f"{reads}: {problem}",
+                        f"correct {path}, then {compile_command(path)}",
+                    )
+                )
             continue
         chained = runtimes_problem(config, options)
         if chained is not None:
-            findings.append(Finding(
-                _CHECK, "fail",
-                f"{reads}, whose runtimes hand every container on to another GPU runtime: "
-                f"{chained}; it grants GPUs again from the env and mounts nvshim refused",
-                f"list runc or crun (or their absolute paths) under runtimes: in {path}, "
-                f"then {compile_command(path)}"))
+            findings.append(
+                Finding(
+                    _CHECK,
+                    "fail",
+                    f"{reads}, whose runtimes hand every container on to another GPU runtime: "
+                    f"{chained}; it grants GPUs again from the env and mounts nvshim refused",
+                    f"list runc or crun (or their absolute paths) under runtimes: in {path}, "
+                    f"then {compile_command(path)}",
+                )
+            )
             continue
-        open_to_pods = [r.runtime.label() for r in group
-                        if r.runtime.cri and not r.runtime.default]
+        open_to_pods = [r.runtime.label() for r in group if r.runtime.cri and not r.runtime.default]
         if not config.require_allocation and open_to_pods:
             # the shipped default, on purpose: nvshim as a default runtime is refused (and
             # FAILs in default-runtime) while it is off; one line says so, the rest is detail
-            findings.append(Finding(
-                _CHECK, "warn",
-                "require-allocation is off: the default, as nvshim is not the default runtime",
-                f"require-allocation: true in {path}",
-                detail=f"{reads}: require-allocation is off, so any pod that names "
-                       f"{', '.join(open_to_pods)} by RuntimeClass gets the GPUs its own env "
-                       "or image names (NVIDIA_VISIBLE_DEVICES=all: every GPU), allocated or "
-                       "not; pods that name no such RuntimeClass never reach nvshim. Where "
-                       f"pods must not pick their GPUs: set require-allocation: true in {path}, "
-                       f"then {compile_command(path)}"))
+            findings.append(
+                Finding(
+                    _CHECK,
+                    "warn",
+                    "require-allocation is off: the default, as nvshim is not the default runtime",
+                    f"require-allocation: true in {path}",
+                    detail=f"{reads}: require-allocation is off, so any pod that names "
+                    f"{', '.join(open_to_pods)} by RuntimeClass gets the GPUs its own env "
+                    "or image names (NVIDIA_VISIBLE_DEVICES=all: every GPU), allocated or "
+                    "not; pods that name no such RuntimeClass never reach nvshim. Where "
+                    f"pods must not pick their GPUs: set require-allocation: true in {path}, "
+                    f"then {compile_command(path)}",
+                )
+            )
             continue
         mode = "on" if config.require_allocation else "off"
         source = "" if config.source is not None else " (built-in defaults: no such file)"

@@ -88,9 +88,12 @@ class Engine:
 
     def check(self, options: ConfigureOptions) -> None:
         """A UsageError for an option this engine does not take."""
-        given = {"--drop-in": options.drop_in is not None, "--enable-cdi": options.enable_cdi,
-                 "--pod-cdi-annotations": options.pod_cdi_annotations,
-                 "--enable-nri": options.enable_nri}
+        given = {
+            "--drop-in": options.drop_in is not None,
+            "--enable-cdi": options.enable_cdi,
+            "--pod-cdi-annotations": options.pod_cdi_annotations,
+            "--enable-nri": options.enable_nri,
+        }
         for flag, why in self.refuses:
             if given[flag]:
                 raise UsageError(f"{flag} applies to {why}")
@@ -99,8 +102,9 @@ class Engine:
         """Add runtime ``options.name``; every other runtime stays."""
         raise NotImplementedError
 
-    def revert(self, config_path: str, *, name: str, drop_in: Optional[str],
-               dry_run: bool) -> RevertResult:
+    def revert(
+        self, config_path: str, *, name: str, drop_in: Optional[str], dry_run: bool
+    ) -> RevertResult:
         """Take runtime ``name`` out; the other runtimes nvshim configured stay."""
         raise NotImplementedError
 
@@ -128,8 +132,11 @@ class Engine:
 
     def unparsed(self, config_path: str, error: str) -> Unparsed:
         """Doctor's words for a config that does not parse."""
-        return Unparsed(f"{config_path} does not parse: {self.process} will not start",
-                        f"correct {config_path}", error)
+        return Unparsed(
+            f"{config_path} does not parse: {self.process} will not start",
+            f"correct {config_path}",
+            error,
+        )
 
     def plain_default(self, config_path: str) -> str:
         """How to make a plain runtime (runc) the default again, as doctor's fix says it."""
@@ -157,29 +164,39 @@ class _Containerd(Engine):
         from nvshim.node.engines import containerd
 
         return containerd.configure(
-            config_path, name=options.name, binary=options.binary, drop_in=options.drop_in,
-            set_as_default=options.set_as_default, force=options.force,
-            enable_cdi=options.enable_cdi, require_allocation=options.require_allocation,
-            dry_run=options.dry_run, pod_cdi_annotations=options.pod_cdi_annotations,
-            enable_nri=options.enable_nri)
+            config_path,
+            name=options.name,
+            binary=options.binary,
+            drop_in=options.drop_in,
+            set_as_default=options.set_as_default,
+            force=options.force,
+            enable_cdi=options.enable_cdi,
+            require_allocation=options.require_allocation,
+            dry_run=options.dry_run,
+            pod_cdi_annotations=options.pod_cdi_annotations,
+            enable_nri=options.enable_nri,
+        )
 
-    def revert(self, config_path: str, *, name: str, drop_in: Optional[str],
-               dry_run: bool) -> RevertResult:
+    def revert(
+        self, config_path: str, *, name: str, drop_in: Optional[str], dry_run: bool
+    ) -> RevertResult:
         from nvshim.node.engines import containerd_revert
 
-        return containerd_revert.revert(config_path, name=name, drop_in=drop_in,
-                                        dry_run=dry_run)
+        return containerd_revert.revert(config_path, name=name, drop_in=drop_in, dry_run=dry_run)
 
     def read(self, config_path: str) -> EngineRuntimes:
         from nvshim.node.engines.containerd_read import read_handlers
 
         seen = read_handlers(config_path)
-        return EngineRuntimes(seen.handlers, seen.default_runtime_name, seen.files,
-                              cdi_spec_dirs=seen.cdi_spec_dirs)
+        return EngineRuntimes(
+            seen.handlers, seen.default_runtime_name, seen.files, cdi_spec_dirs=seen.cdi_spec_dirs
+        )
 
     def plain_default(self, config_path: str) -> str:
-        return (f"make runc the default again (default_runtime_name in {config_path} or its "
-                "drop-ins) and select GPU runtimes by RuntimeClass")
+        return (
+            f"make runc the default again (default_runtime_name in {config_path} or its "
+            "drop-ins) and select GPU runtimes by RuntimeClass"
+        )
 
 
 class _Docker(Engine):
@@ -188,9 +205,11 @@ class _Docker(Engine):
     binary_key = "path"
     process = "dockerd"
     restart = "restart dockerd (or send it SIGHUP)"
-    refuses = (("--drop-in", "containerd and crio: Docker has no drop-ins"),
-               ("--pod-cdi-annotations", "containerd only"),
-               ("--enable-nri", "containerd only (CRI-O: [crio.nri] enable_nri = true)"))
+    refuses = (
+        ("--drop-in", "containerd and crio: Docker has no drop-ins"),
+        ("--pod-cdi-annotations", "containerd only"),
+        ("--enable-nri", "containerd only (CRI-O: [crio.nri] enable_nri = true)"),
+    )
 
     def __init__(self) -> None:
         from nvshim.node.engines.docker import DEFAULT_CONFIG
@@ -201,13 +220,19 @@ class _Docker(Engine):
         from nvshim.node.engines import docker
 
         return docker.configure(
-            config_path, name=options.name, binary=options.binary,
-            set_as_default=options.set_as_default, force=options.force,
-            enable_cdi=options.enable_cdi, require_allocation=options.require_allocation,
-            dry_run=options.dry_run)
+            config_path,
+            name=options.name,
+            binary=options.binary,
+            set_as_default=options.set_as_default,
+            force=options.force,
+            enable_cdi=options.enable_cdi,
+            require_allocation=options.require_allocation,
+            dry_run=options.dry_run,
+        )
 
-    def revert(self, config_path: str, *, name: str, drop_in: Optional[str],
-               dry_run: bool) -> RevertResult:
+    def revert(
+        self, config_path: str, *, name: str, drop_in: Optional[str], dry_run: bool
+    ) -> RevertResult:
         from nvshim.node.engines import docker
 
         return docker.revert(config_path, name=name, dry_run=dry_run)
@@ -219,15 +244,19 @@ class _Docker(Engine):
         return EngineRuntimes(seen.runtimes, seen.default_runtime, (config_path,))
 
     def plain_default(self, config_path: str) -> str:
-        return (f'take "default-runtime" out of {config_path} (Docker then runs runc) and '
-                "pick a GPU runtime per container with docker run --runtime")
+        return (
+            f'take "default-runtime" out of {config_path} (Docker then runs runc) and '
+            "pick a GPU runtime per container with docker run --runtime"
+        )
 
     def restart_hint(self, written: Sequence[str]) -> str:
         from nvshim.node.engines.docker import GPUS_HOOK
 
         if any(os.path.basename(p) == GPUS_HOOK for p in written):
-            return (f"restart dockerd (it looks for {GPUS_HOOK} only when it starts: "
-                    "SIGHUP is not enough)")
+            return (
+                f"restart dockerd (it looks for {GPUS_HOOK} only when it starts: "
+                "SIGHUP is not enough)"
+            )
         return self.restart
 
 
@@ -238,10 +267,11 @@ class _Crio(Engine):
     binary_key = "runtime_path"
     process = "crio"
     restart = "restart crio (or send it SIGHUP)"
-    refuses = (("--enable-cdi", "containerd and docker: CRI-O reads CDI specs without a "
-                "switch"),
-               ("--pod-cdi-annotations", "containerd only"),
-               ("--enable-nri", "containerd only (CRI-O: [crio.nri] enable_nri = true)"))
+    refuses = (
+        ("--enable-cdi", "containerd and docker: CRI-O reads CDI specs without a switch"),
+        ("--pod-cdi-annotations", "containerd only"),
+        ("--enable-nri", "containerd only (CRI-O: [crio.nri] enable_nri = true)"),
+    )
 
     def __init__(self) -> None:
         from nvshim.node.engines.crio import BUILTIN_DEFAULT_RUNTIMES, DEFAULT_CONFIG
@@ -253,12 +283,19 @@ class _Crio(Engine):
         from nvshim.node.engines import crio
 
         return crio.configure(
-            config_path, drop_in=options.drop_in, name=options.name, binary=options.binary,
-            set_as_default=options.set_as_default, force=options.force,
-            require_allocation=options.require_allocation, dry_run=options.dry_run)
+            config_path,
+            drop_in=options.drop_in,
+            name=options.name,
+            binary=options.binary,
+            set_as_default=options.set_as_default,
+            force=options.force,
+            require_allocation=options.require_allocation,
+            dry_run=options.dry_run,
+        )
 
-    def revert(self, config_path: str, *, name: str, drop_in: Optional[str],
-               dry_run: bool) -> RevertResult:
+    def revert(
+        self, config_path: str, *, name: str, drop_in: Optional[str], dry_run: bool
+    ) -> RevertResult:
         from nvshim.node.engines import crio
 
         return crio.revert(config_path, drop_in=drop_in, name=name, dry_run=dry_run)
@@ -272,8 +309,9 @@ class _Crio(Engine):
         from nvshim.node.engines.crio import read_handlers
 
         seen = read_handlers(config_path, self.drop_ins(config_path))
-        return EngineRuntimes(seen.handlers, seen.default_runtime, seen.files, seen.envs,
-                              seen.cdi_spec_dirs)
+        return EngineRuntimes(
+            seen.handlers, seen.default_runtime, seen.files, seen.envs, seen.cdi_spec_dirs
+        )
 
     def present(self, config_path: str) -> bool:
         return os.path.exists(config_path) or os.path.isdir(self.drop_ins(config_path))
@@ -290,13 +328,17 @@ class _Crio(Engine):
         return f"{config_path} (no drop-ins)" if count == 0 else f"{config_path} + {drop_ins}"
 
     def unparsed(self, config_path: str, error: str) -> Unparsed:
-        return Unparsed("a CRI-O config file does not parse: crio will not start",
-                        "correct the file --verbose names",
-                        f"{error} (in {config_path} or {self.drop_ins(config_path)})")
+        return Unparsed(
+            "a CRI-O config file does not parse: crio will not start",
+            "correct the file --verbose names",
+            f"{error} (in {config_path} or {self.drop_ins(config_path)})",
+        )
 
     def plain_default(self, config_path: str) -> str:
-        return (f"make runc the default again (default_runtime in {config_path} or a drop-in "
-                f"in {self.drop_ins(config_path)}) and select GPU runtimes by RuntimeClass")
+        return (
+            f"make runc the default again (default_runtime in {config_path} or a drop-in "
+            f"in {self.drop_ins(config_path)}) and select GPU runtimes by RuntimeClass"
+        )
 
 
 ENGINES: Tuple[str, ...] = ("containerd", "docker", "crio")

@@ -144,9 +144,15 @@ def _merge_list(existing: Any, extra: Tuple[str, ...], where: str) -> List[Any]:
             merged.append(value)
     return merged
 
-def _build_handler(cri: Any, name: str, binary: str, where: str,
-                   pod_cdi_annotations: bool = False,
-                   cdi_annotations: bool = True) -> Dict[str, Any]:
+
+def _build_handler(
+    cri: Any,
+    name: str,
+    binary: str,
+    where: str,
+    pod_cdi_annotations: bool = False,
+    cdi_annotations: bool = True,
+) -> Dict[str, Any]:
     """The handler table: the runc (or default) handler's copy pointed at ``binary``;
     ``cdi_annotations``: it lets ``cdi.k8s.io/*`` through to nvshim-runtime."""
     runtimes = lookup(cri, ("containerd", "runtimes"), "")
@@ -162,8 +168,11 @@ def _build_handler(cri: Any, name: str, binary: str, where: str,
     if not handler.get("runtime_type"):
         handler["runtime_type"] = _RUNC_TYPE
     handler_where = f"{where}.containerd.runtimes.{quote_key(name)}"
-    keys = ("container_annotations", "pod_annotations") if pod_cdi_annotations else (
-        "container_annotations",)
+    keys = (
+        ("container_annotations", "pod_annotations")
+        if pod_cdi_annotations
+        else ("container_annotations",)
+    )
     for key in keys if cdi_annotations else ():
         handler[key] = _merge_list(handler.get(key), CDI_ANNOTATIONS, f"{handler_where}.{key}")
     options = handler.get("options")
@@ -199,18 +208,22 @@ def _apply_to_cri(
     switch = plain(cri.get("enable_cdi"))
     engine_cdi = enable_cdi or switch is True or (version == 3 and switch is None)
     if engine_cdi and pod_cdi_annotations:
-        warnings.append("--pod-cdi-annotations: nothing passed: containerd injects the CDI "
-                        f"devices cdi.k8s.io/ annotations name itself (enable_cdi in {where})")
-    handler = _build_handler(cri, name, binary, where, pod_cdi_annotations,
-                             cdi_annotations=not engine_cdi)
+        warnings.append(
+            "--pod-cdi-annotations: nothing passed: containerd injects the CDI "
+            f"devices cdi.k8s.io/ annotations name itself (enable_cdi in {where})"
+        )
+    handler = _build_handler(
+        cri, name, binary, where, pod_cdi_annotations, cdi_annotations=not engine_cdi
+    )
     containerd_table = ensure_table(cri, "containerd", f"{where}.containerd")
     runtimes = ensure_table(containerd_table, "runtimes", f"{where}.containerd.runtimes")
     existing = runtimes.get(name)
     # without --set-as-default a default_runtime_name naming `name` is removed below, and
     # containerd falls back to runc
     named = plain(containerd_table.get("default_runtime_name"))
-    default = named if isinstance(named, str) and named and named != name else (
-        DEFAULT_RUNTIME_NAME)
+    default = (
+        named if isinstance(named, str) and named and named != name else (DEFAULT_RUNTIME_NAME)
+    )
     check_default_takeover(name, (default,), set_as_default, "containerd")
     if existing is None or plain(existing) != handler:
         runtimes[name] = handler
@@ -231,7 +244,6 @@ def _apply_to_cri(
             set_key(cri, "cdi_spec_dirs", list(CDI_SPEC_DIRS))
 
 
-
 #: containerd's NRI plugin table (containerd 1.7 has it off by default, 2.x on).
 NRI_PLUGIN = "io.containerd.nri.v1.nri"
 
@@ -243,9 +255,13 @@ def _enable_nri(plugins: Any, main_plugins: Any, version: int, warnings: List[st
     (containerd 2.x, NRI on by default) is left unchanged; version 1 has no NRI."""
     if version != 2:
         warnings.append(
-            "--enable-nri: nothing changed: " + (
-                "containerd 2.x (config version 3) runs NRI by default" if version == 3 else
-                "a version 1 config is containerd 1.6 or older, which has no NRI"))
+            "--enable-nri: nothing changed: "
+            + (
+                "containerd 2.x (config version 3) runs NRI by default"
+                if version == 3
+                else "a version 1 config is containerd 1.6 or older, which has no NRI"
+            )
+        )
         return
     import tomlkit
 
@@ -282,7 +298,7 @@ def _resolve_drop_in(drop_in: Optional[str], version: int, config_path: str) -> 
     if version == 1:
         if drop_in:
             raise UsageError(
-                f'{config_path} is a version 1 containerd config, which cannot take the drop-in '
+                f"{config_path} is a version 1 containerd config, which cannot take the drop-in "
                 f'"{drop_in}": pass --drop-in "" to edit it in place, or convert it to version 2'
             )
         return ""
@@ -293,8 +309,7 @@ def _resolve_drop_in(drop_in: Optional[str], version: int, config_path: str) -> 
     drop_in = os.path.abspath(drop_in)
     if drop_in == os.path.abspath(config_path):
         raise UsageError(
-            f'drop-in "{drop_in}" is the main config itself: pass --drop-in "" to edit it '
-            "in place"
+            f'drop-in "{drop_in}" is the main config itself: pass --drop-in "" to edit it in place'
         )
     return drop_in
 
@@ -303,8 +318,9 @@ def _drop_in_header(config_path: str, names: Sequence[str], sources: Sequence[st
     """The drop-in's opening comment; ``names`` are the nvshim handlers it holds."""
     name = '", "'.join(names)
     handler = "handlers" if len(names) > 1 else "handler"
-    head = ("# Written by `nvshim runtime configure`; `nvshim runtime configure --revert` "
-            "removes it.\n")
+    head = (
+        "# Written by `nvshim runtime configure`; `nvshim runtime configure --revert` removes it.\n"
+    )
     if not sources:
         return head + (
             f'# The runtime {handler} "{name}": {config_path} and the files containerd loads\n'
@@ -320,8 +336,9 @@ def _drop_in_header(config_path: str, names: Sequence[str], sources: Sequence[st
     )
 
 
-def _keep_from_drop_in(cri: Dict[str, Any], text: Optional[str], path: str, version: int,
-                       name: str) -> List[str]:
+def _keep_from_drop_in(
+    cri: Dict[str, Any], text: Optional[str], path: str, version: int, name: str
+) -> List[str]:
     """Put into ``cri`` (the earlier files' merged CRI table) what the drop-in now holds
     beyond it -- the other nvshim handlers configured into it (``--name``; a copied handler
     its file no longer declares is not kept), a default_runtime_name
@@ -336,8 +353,9 @@ def _keep_from_drop_in(cri: Dict[str, Any], text: Optional[str], path: str, vers
     table = plain(table)
     runtimes = lookup(table, ("containerd", "runtimes"), path) or {}
     inherited = lookup(cri, ("containerd", "runtimes"), "") or {}
-    kept = sorted(n for n in runtimes if n != name and n not in inherited
-                  and is_nvshim_handler(runtimes[n]))
+    kept = sorted(
+        n for n in runtimes if n != name and n not in inherited and is_nvshim_handler(runtimes[n])
+    )
     if kept:
         where = f"{cri_label(version)}.containerd"
         containerd_table = ensure_table(cri, "containerd", where)
@@ -361,8 +379,9 @@ def _nvshim_names(doc: Any, version: int, path: str, name: str) -> List[str]:
     return sorted(names)
 
 
-def _hidden_by(tables: Sequence[Tuple[str, Any]], where: str, name: str, drop_in: str,
-               noun: str) -> List[str]:
+def _hidden_by(
+    tables: Sequence[Tuple[str, Any]], where: str, name: str, drop_in: str, noun: str
+) -> List[str]:
     """Warnings for files loaded after the handler's file that carry their own CRI table."""
     return [
         f"{path}, loaded after {drop_in}, has its own {where} table: containerd before "
@@ -403,22 +422,31 @@ def plan_configure(
     doc = parse_toml(main_text or "", config_path)
     empty = not has_keys(doc)
     version = detect_version(doc, config_path)
-    handler = _Handler(name=name, binary=binary, set_as_default=set_as_default,
-                       enable_cdi=enable_cdi, pod_cdi_annotations=pod_cdi_annotations,
-                       enable_nri=enable_nri, version=version)
+    handler = _Handler(
+        name=name,
+        binary=binary,
+        set_as_default=set_as_default,
+        enable_cdi=enable_cdi,
+        pod_cdi_annotations=pod_cdi_annotations,
+        enable_nri=enable_nri,
+        version=version,
+    )
     drop_in = _resolve_drop_in(drop_in, version, config_path)
 
     if chain is None:
-        chain = Chain((Loaded(os.path.abspath(config_path), "", 0),)
-                      + ((Loaded(drop_in, drop_in_text, 1),) if drop_in else ()))
+        chain = Chain(
+            (Loaded(os.path.abspath(config_path), "", 0),)
+            + ((Loaded(drop_in, drop_in_text, 1),) if drop_in else ())
+        )
     warnings += chain.problems
     at = position(chain, drop_in or os.path.abspath(config_path))
-    later = cri_tables(chain.files[at + 1:], doc, version)
+    later = cri_tables(chain.files[at + 1 :], doc, version)
     if not drop_in:
         return _plan_in_place(handler, doc, main_text, config_path, empty, later, warnings)
     before = cri_tables(chain.files[:at], doc, version)
-    return _plan_drop_in(handler, doc, main_text, config_path, empty, drop_in, drop_in_text,
-                         before, later, warnings)
+    return _plan_drop_in(
+        handler, doc, main_text, config_path, empty, drop_in, drop_in_text, before, later, warnings
+    )
 
 
 @dataclass(frozen=True)
@@ -439,18 +467,36 @@ class _Handler:
         return cri_label(self.version)
 
     def apply(self, cri: Any, warnings: List[str]) -> None:
-        _apply_to_cri(cri, name=self.name, binary=self.binary,
-                      set_as_default=self.set_as_default, enable_cdi=self.enable_cdi,
-                      where=self.where, warnings=warnings,
-                      pod_cdi_annotations=self.pod_cdi_annotations, version=self.version)
+        _apply_to_cri(
+            cri,
+            name=self.name,
+            binary=self.binary,
+            set_as_default=self.set_as_default,
+            enable_cdi=self.enable_cdi,
+            where=self.where,
+            warnings=warnings,
+            pod_cdi_annotations=self.pod_cdi_annotations,
+            version=self.version,
+        )
 
 
-def _plan_in_place(handler: _Handler, doc: Any, main_text: Optional[str], config_path: str,
-                   empty: bool, later: Sequence[Tuple[str, Any]],
-                   warnings: List[str]) -> ConfigureResult:
+def _plan_in_place(
+    handler: _Handler,
+    doc: Any,
+    main_text: Optional[str],
+    config_path: str,
+    empty: bool,
+    later: Sequence[Tuple[str, Any]],
+    warnings: List[str],
+) -> ConfigureResult:
     """The handler written into the main file itself (no drop-in)."""
-    warnings += _hidden_by(later, handler.where, handler.name, config_path,
-                           "pass --drop-in to put the handler in a file loaded after it")
+    warnings += _hidden_by(
+        later,
+        handler.where,
+        handler.name,
+        config_path,
+        "pass --drop-in to put the handler in a file loaded after it",
+    )
     if empty:
         doc["version"] = handler.version
     plugins_key, cri_key = cri_keys(handler.version)
@@ -471,20 +517,40 @@ def _plan_in_place(handler: _Handler, doc: Any, main_text: Optional[str], config
     )
 
 
-def _plan_drop_in(handler: _Handler, doc: Any, main_text: Optional[str], config_path: str,
-                  empty: bool, drop_in: str, drop_in_text: Optional[str],
-                  before: Sequence[Tuple[str, Any]], later: Sequence[Tuple[str, Any]],
-                  warnings: List[str]) -> ConfigureResult:
+def _plan_drop_in(
+    handler: _Handler,
+    doc: Any,
+    main_text: Optional[str],
+    config_path: str,
+    empty: bool,
+    drop_in: str,
+    drop_in_text: Optional[str],
+    before: Sequence[Tuple[str, Any]],
+    later: Sequence[Tuple[str, Any]],
+    warnings: List[str],
+) -> ConfigureResult:
     """The handler written into the drop-in (a copy of the whole CRI table the files loaded
     ``before`` it make), and the main file made to import it."""
     cri_copy: Dict[str, Any] = merged_cri(before)
     kept = _keep_from_drop_in(cri_copy, drop_in_text, drop_in, handler.version, handler.name)
-    warnings += _hidden_by(later, handler.where, handler.name, drop_in,
-                           "rename it to sort before the drop-in, or pass a --drop-in that "
-                           "containerd loads after it")
+    warnings += _hidden_by(
+        later,
+        handler.where,
+        handler.name,
+        drop_in,
+        "rename it to sort before the drop-in, or pass a --drop-in that containerd loads after it",
+    )
     handler.apply(cri_copy, warnings)
-    drop_after = _drop_in_text(handler, doc, cri_copy, config_path, drop_in,
-                               kept + [handler.name], [p for p, _ in before], warnings)
+    drop_after = _drop_in_text(
+        handler,
+        doc,
+        cri_copy,
+        config_path,
+        drop_in,
+        kept + [handler.name],
+        [p for p, _ in before],
+        warnings,
+    )
     for other in _other_nvshim_imports(doc, config_path, drop_in):
         warnings.append(
             f"{config_path} also imports {other}, an nvshim drop-in from an earlier run; "
@@ -514,9 +580,16 @@ def _plan_drop_in(handler: _Handler, doc: Any, main_text: Optional[str], config_
     )
 
 
-def _drop_in_text(handler: _Handler, doc: Any, cri: Dict[str, Any], config_path: str,
-                  drop_in: str, names: List[str], sources: List[str],
-                  warnings: List[str]) -> str:
+def _drop_in_text(
+    handler: _Handler,
+    doc: Any,
+    cri: Dict[str, Any],
+    config_path: str,
+    drop_in: str,
+    names: List[str],
+    sources: List[str],
+    warnings: List[str],
+) -> str:
     """The drop-in's text: its header comment, the version, and the plugins table holding
     the CRI table ``cri`` (and, with ``--enable-nri``, NRI's copied from the main file
     ``doc``)."""

@@ -135,8 +135,13 @@ def covers(entries: Sequence[Any], config_path: str, drop_in: str) -> bool:
     return False
 
 
-def load_chain(config_path: str, main_doc: Any, *, drop_in: str = "",
-               read: Callable[[str], Optional[str]] = read_text) -> Chain:
+def load_chain(
+    config_path: str,
+    main_doc: Any,
+    *,
+    drop_in: str = "",
+    read: Callable[[str], Optional[str]] = read_text,
+) -> Chain:
     """The files containerd loads for ``config_path`` (whose parsed document is
     ``main_doc``), in its order.
 
@@ -176,8 +181,9 @@ def load_chain(config_path: str, main_doc: Any, *, drop_in: str = "",
             if not isinstance(entry, str):
                 problems.append(f"{path}: import {entry!r} is not a string")
                 continue
-            pending += [(p, depth + 1) for p in _expand(entry, path, drop_in if path == main
-                                                        else "")]
+            pending += [
+                (p, depth + 1) for p in _expand(entry, path, drop_in if path == main else "")
+            ]
     return Chain(tuple(files), tuple(problems))
 
 
@@ -197,8 +203,9 @@ def _cri_key(doc: Any, path: str, main_version: int) -> str:
     return CRI_PLUGINS[main_version]
 
 
-def cri_tables(files: Sequence[Loaded], main_doc: Any, main_version: int
-               ) -> List[Tuple[str, Dict[str, Any]]]:
+def cri_tables(
+    files: Sequence[Loaded], main_doc: Any, main_version: int
+) -> List[Tuple[str, Dict[str, Any]]]:
     """``(path, plain CRI table)`` of every one of ``files`` that has one, in order.
 
     The main file (depth 0) is ``main_doc``; the others are parsed from their texts (a
@@ -229,8 +236,9 @@ def merge_tables(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def effective_cri(tables: Sequence[Tuple[str, Dict[str, Any]]], merge: bool = False
-                  ) -> Tuple[Optional[str], Dict[str, Any]]:
+def effective_cri(
+    tables: Sequence[Tuple[str, Dict[str, Any]]], merge: bool = False
+) -> Tuple[Optional[str], Dict[str, Any]]:
     """The CRI table containerd uses and the file it came from (``None``: no file has one).
 
     Before 2.1 (``merge=False``) the last file's table replaces the others whole; with

@@ -168,9 +168,13 @@ def start_version(binary: str = "containerd") -> None:
     if key is None or key in _VERSIONS:
         return
     try:
-        _VERSIONS[key] = subprocess.Popen([key[0], "--version"], stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                          text=True)
+        _VERSIONS[key] = subprocess.Popen(
+            [key[0], "--version"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
     except OSError:
         _VERSIONS[key] = None
 
@@ -289,8 +293,7 @@ def drop_in_drift(config_path: str = DEFAULT_CONFIG) -> List[Tuple[str, List[str
             continue
         at = position(chain, loaded.path)
         before = merged_cri(cri_tables(chain.files[:at], doc, version))
-        differ = _diff_keys(before, _without_nvshim(drop_table[0][1], before),
-                            cri_label(version))
+        differ = _diff_keys(before, _without_nvshim(drop_table[0][1], before), cri_label(version))
         if differ:
             out.append((loaded.path, differ))
     return out

@@ -48,7 +48,6 @@ from nvshim.node.engines.files import (
 __all__ = ["plan_revert", "revert"]
 
 
-
 def _strip(
     doc: Any,
     *,
@@ -83,8 +82,11 @@ def _strip(
                 runtimes[name] = plain(orig_runtimes[name])
             else:
                 del runtimes[name]
-        default = plain(containerd_table.get("default_runtime_name")) if (
-            containerd_table is not None) else None
+        default = (
+            plain(containerd_table.get("default_runtime_name"))
+            if (containerd_table is not None)
+            else None
+        )
         if containerd_table is not None and default == name:
             before = None
             if orig_containerd is not None:
@@ -98,8 +100,9 @@ def _strip(
                 if key in cri and (orig_cri is None or key not in orig_cri):
                     del cri[key]
         elif "enable_cdi" in cri and shared:
-            warnings.append(f"left {where}.enable_cdi in {path}: without a backup nvshim cannot "
-                            "tell who set it")
+            warnings.append(
+                f"left {where}.enable_cdi in {path}: without a backup nvshim cannot tell who set it"
+            )
         _prune(doc, (plugins_key, cri_key, "containerd", "runtimes"), original)
     if "imports" in doc:
         entries = import_entries(doc, path)
@@ -165,9 +168,13 @@ def plan_revert(
     return _revert_without_backup(current, config_path, name, drop_in)
 
 
-def _revert_with_backup(current: Mapping[str, Optional[str]], backup: Mapping[str, Any],
-                        config_path: str, name: str,
-                        inherited: Collection[str]) -> RevertResult:
+def _revert_with_backup(
+    current: Mapping[str, Optional[str]],
+    backup: Mapping[str, Any],
+    config_path: str,
+    name: str,
+    inherited: Collection[str],
+) -> RevertResult:
     """Revert by the backup: runtime ``name`` alone taken out while configure's other
     runtimes stay in its files, else every file given back its original text (or stripped
     of nvshim's entries where edited since)."""
@@ -176,10 +183,12 @@ def _revert_with_backup(current: Mapping[str, Optional[str]], backup: Mapping[st
 
     def names(path: str, text: Optional[str]) -> List[str]:
         doc = parse_toml(text or "", path)
-        table = lookup(doc, cri_keys(detect_version(doc, path)) + ("containerd", "runtimes"),
-                       path)
-        return [str(n) for n in table if is_nvshim_handler(plain(table[n]))] if (
-            table is not None) else []
+        table = lookup(doc, cri_keys(detect_version(doc, path)) + ("containerd", "runtimes"), path)
+        return (
+            [str(n) for n in table if is_nvshim_handler(plain(table[n]))]
+            if (table is not None)
+            else []
+        )
 
     def others(path: str, now: Optional[str], original: Optional[str]) -> List[str]:
         if now is None:
@@ -189,11 +198,13 @@ def _revert_with_backup(current: Mapping[str, Optional[str]], backup: Mapping[st
             skip |= set(inherited)  # the drop-in's copies of the earlier files' handlers
         return [n for n in names(path, now) if n not in skip]
 
-    def strip_one(path: str, now: str, original: Optional[str],
-                  warnings: List[str]) -> Optional[str]:
+    def strip_one(
+        path: str, now: str, original: Optional[str], warnings: List[str]
+    ) -> Optional[str]:
         doc = parse_toml(now, path)
-        _strip(doc, path=path, name=name, drop_ins=(), original=None, warnings=warnings,
-               shared=False)
+        _strip(
+            doc, path=path, name=name, drop_ins=(), original=None, warnings=warnings, shared=False
+        )
         return dump_toml(doc, now, path, warnings)
 
     one = plan_revert_one(current, backup, name=name, others=others, strip_one=strip_one)
@@ -216,8 +227,9 @@ def _revert_with_backup(current: Mapping[str, Optional[str]], backup: Mapping[st
     return plan_restore(current, backup, main_path=config_path, strip=strip)
 
 
-def _revert_without_backup(current: Mapping[str, Optional[str]], config_path: str,
-                           name: str, drop_in: Optional[str]) -> RevertResult:
+def _revert_without_backup(
+    current: Mapping[str, Optional[str]], config_path: str, name: str, drop_in: Optional[str]
+) -> RevertResult:
     """Revert with no backup: nvshim's entries stripped from the main file, and the
     drop-in removed where it holds runtime ``name``."""
     warnings: List[str] = []
@@ -262,8 +274,9 @@ def _revert_without_backup(current: Mapping[str, Optional[str]], config_path: st
     )
 
 
-def _inherited(config_path: str, current: Mapping[str, Optional[str]],
-               backup: Optional[Mapping[str, Any]]) -> List[str]:
+def _inherited(
+    config_path: str, current: Mapping[str, Optional[str]], backup: Optional[Mapping[str, Any]]
+) -> List[str]:
     """The handlers of the files containerd loads before nvshim's drop-ins (which copy them)."""
     from nvshim.node.engines.containerd_chain import cri_tables, load_chain, merged_cri, position
 
@@ -279,8 +292,9 @@ def _inherited(config_path: str, current: Mapping[str, Optional[str]],
         if os.path.abspath(drop_in) == config_path:
             continue
         chain = load_chain(config_path, doc, drop_in=os.path.abspath(drop_in))
-        before = merged_cri(cri_tables(chain.files[:position(chain, os.path.abspath(drop_in))],
-                                       doc, version))
+        before = merged_cri(
+            cri_tables(chain.files[: position(chain, os.path.abspath(drop_in))], doc, version)
+        )
         names += list(lookup(before, ("containerd", "runtimes"), "") or {})
     return names
 
@@ -302,8 +316,14 @@ def revert(
     elif drop_in != "":
         paths.append(_drop_in_path(drop_in, config_path))
     current = {path: read_text(path) for path in dict.fromkeys(paths)}
-    plan = plan_revert(current, backup, config_path=config_path, name=name, drop_in=drop_in,
-                       inherited=_inherited(config_path, current, backup))
+    plan = plan_revert(
+        current,
+        backup,
+        config_path=config_path,
+        name=name,
+        drop_in=drop_in,
+        inherited=_inherited(config_path, current, backup),
+    )
     if dry_run:
         return plan
     # the main file first, so it never imports a missing drop-in

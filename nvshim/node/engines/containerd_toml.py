@@ -90,13 +90,16 @@ def _faithful(doc: Any, path: str, warnings: Optional[List[str]]) -> str:
     if tomllib.loads(fresh) != meant:
         raise ConfigError(f"{path}: cannot write the edited TOML so that it means the same")
     if warnings is not None:
-        warnings.append(f"{path}: rewritten without its comments and layout: tomlkit cannot "
-                        "add tables under its dotted keys in place")
+        warnings.append(
+            f"{path}: rewritten without its comments and layout: tomlkit cannot "
+            "add tables under its dotted keys in place"
+        )
     return fresh
 
 
-def dump_toml(doc: Any, before: Optional[str] = None, path: str = "",
-              warnings: Optional[List[str]] = None) -> str:
+def dump_toml(
+    doc: Any, before: Optional[str] = None, path: str = "", warnings: Optional[List[str]] = None
+) -> str:
     """``doc`` as text; a changed file always ends in a newline, an unchanged one stays as is
     (a byte order mark that ``before`` starts with, which the parser skipped, included), and
     a file whose lines all end in CRLF keeps that for the lines added. The text is checked

@@ -27,6 +27,10 @@ back to the deprecated ``conmon_cgroup``), so conmon runs where runc's does; oth
 The main file is never written. The drop-in's original bytes (normally: absent) are kept
 in ``<config>.nvshim-orig.json`` -- outside ``crio.conf.d``, which CRI-O would parse -- for
 a byte-exact :func:`revert`, shared with the other engines (:mod:`nvshim.node.engines.files`).
+
+Why one module: CRI-O has one drop-in, and configure and revert are two halves of one
+contract over it (what configure writes, revert takes out, the backup between), which read
+best side by side, as for the other engines.
 """
 
 from __future__ import annotations
@@ -83,15 +87,33 @@ BUILTIN_DEFAULT_RUNTIMES = ("runc", "crun")
 DEFAULT_MONITOR_CGROUP = "pod"
 DEFAULT_MONITOR_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
 #: Keys of a ``[crio.runtime.runtimes.<handler>]`` table that CRI-O documents (crio.conf(5)).
-HANDLER_KEYS = frozenset({
-    "runtime_path", "runtime_type", "runtime_root", "runtime_config_path",
-    "inherit_default_runtime", "monitor_path", "monitor_cgroup", "monitor_exec_cgroup",
-    "monitor_env", "privileged_without_host_devices", "allowed_annotations",
-    "platform_runtime_paths", "container_min_memory", "no_sync_log", "default_annotations",
-    "stream_websockets",
-})
-_COPIED_FROM_RUNC = ("runtime_root", "monitor_path", "monitor_cgroup", "monitor_env",
-                     "monitor_exec_cgroup")
+HANDLER_KEYS = frozenset(
+    {
+        "runtime_path",
+        "runtime_type",
+        "runtime_root",
+        "runtime_config_path",
+        "inherit_default_runtime",
+        "monitor_path",
+        "monitor_cgroup",
+        "monitor_exec_cgroup",
+        "monitor_env",
+        "privileged_without_host_devices",
+        "allowed_annotations",
+        "platform_runtime_paths",
+        "container_min_memory",
+        "no_sync_log",
+        "default_annotations",
+        "stream_websockets",
+    }
+)
+_COPIED_FROM_RUNC = (
+    "runtime_root",
+    "monitor_path",
+    "monitor_cgroup",
+    "monitor_env",
+    "monitor_exec_cgroup",
+)
 _BACKUP_FORMAT = "nvshim-crio-backup/1"
 
 
@@ -160,8 +182,9 @@ def _handler(main: Mapping[str, Any], binary: str, config_path: str) -> Dict[str
     return handler
 
 
-def _render(handlers: Mapping[str, Mapping[str, Any]], default: Optional[str],
-            config_path: str) -> str:
+def _render(
+    handlers: Mapping[str, Mapping[str, Any]], default: Optional[str], config_path: str
+) -> str:
     """The drop-in: ``handlers`` (name → table) and, when set, ``default_runtime``."""
     import tomlkit
 
@@ -210,27 +233,42 @@ def plan_configure(
     warnings = default_runtime_guard(name, set_as_default, force, require_allocation)
     drop_in = _drop_in_path(drop_in, config_path)
     if drop_in == os.path.abspath(config_path):
-        raise UsageError(f'drop-in "{drop_in}" is the main config itself: name a file in '
-                         f"{_drop_in_dir(config_path)}")
+        raise UsageError(
+            f'drop-in "{drop_in}" is the main config itself: name a file in '
+            f"{_drop_in_dir(config_path)}"
+        )
     main = _parse(main_text, config_path)
     # an unreadable drop-in is reported before it is replaced; the handlers configured
     # into it before (another --name) stay, so configuring one never removes another
     previous = _parse(drop_in_text, drop_in)
-    kept = {other: table for other, table in sorted(
-        (_table(previous, ("crio", "runtime", "runtimes"), drop_in) or {}).items())
-        if other != name and isinstance(table, dict)}
+    kept = {
+        other: table
+        for other, table in sorted(
+            (_table(previous, ("crio", "runtime", "runtimes"), drop_in) or {}).items()
+        )
+        if other != name and isinstance(table, dict)
+    }
     kept_default = (_table(previous, ("crio", "runtime"), drop_in) or {}).get("default_runtime")
     runtime = _table(main, ("crio", "runtime"), config_path) or {}
     default = runtime.get("default_runtime")  # nvshim never edits the main file
-    check_default_takeover(name, (default,) if isinstance(default, str) and default
-                           else BUILTIN_DEFAULT_RUNTIMES, set_as_default, "CRI-O")
+    check_default_takeover(
+        name,
+        (default,) if isinstance(default, str) and default else BUILTIN_DEFAULT_RUNTIMES,
+        set_as_default,
+        "CRI-O",
+    )
     if not set_as_default and runtime.get("default_runtime") == name:
-        warnings.append(f'{config_path} itself sets default_runtime = "{name}"; nvshim leaves '
-                        "the main file alone")
+        warnings.append(
+            f'{config_path} itself sets default_runtime = "{name}"; nvshim leaves '
+            "the main file alone"
+        )
     handlers = dict(kept)
     handlers[name] = _handler(main, binary, config_path)
-    default_name = name if set_as_default else (
-        kept_default if isinstance(kept_default, str) and kept_default in kept else None)
+    default_name = (
+        name
+        if set_as_default
+        else (kept_default if isinstance(kept_default, str) and kept_default in kept else None)
+    )
     after = _render(handlers, default_name, config_path)
     return ConfigureOutcome(
         engine="crio",
@@ -292,8 +330,9 @@ def plan_revert(
             return []
         return sorted(set(handlers(path, now)) - set(handlers(path, original)) - {name})
 
-    def strip_one(path: str, now: str, original: Optional[str],
-                  warnings: List[str]) -> Optional[str]:
+    def strip_one(
+        path: str, now: str, original: Optional[str], warnings: List[str]
+    ) -> Optional[str]:
         if path == os.path.abspath(config_path):
             return now
         doc = parse_toml(now, path)
@@ -310,8 +349,9 @@ def plan_revert(
             return one
         return plan_restore(current, backup, main_path=config_path, strip=keep)
     drop_in = _drop_in_path(drop_in, config_path)
-    warnings = [f"no backup {backup_path(config_path)}: removing {drop_in} if it holds "
-                f'runtime "{name}"']
+    warnings = [
+        f'no backup {backup_path(config_path)}: removing {drop_in} if it holds runtime "{name}"'
+    ]
     text = current.get(drop_in)
     files: Tuple[FileChange, ...] = ()
     if text is not None:
@@ -350,14 +390,18 @@ def revert(
     return plan
 
 
-def read_handlers(config_path: str = DEFAULT_CONFIG,
-                  drop_in_dir: Optional[str] = None) -> CrioRuntimes:
+def read_handlers(
+    config_path: str = DEFAULT_CONFIG, drop_in_dir: Optional[str] = None
+) -> CrioRuntimes:
     """The handlers CRI-O sees: the main file, then each drop-in (sorted), key by key."""
     directory = drop_in_dir or _drop_in_dir(config_path)
     paths = [config_path]
     try:
-        paths += [os.path.join(directory, entry) for entry in sorted(os.listdir(directory))
-                  if os.path.isfile(os.path.join(directory, entry))]
+        paths += [
+            os.path.join(directory, entry)
+            for entry in sorted(os.listdir(directory))
+            if os.path.isfile(os.path.join(directory, entry))
+        ]
     except FileNotFoundError:
         pass  # no drop-in directory: only the main file counts
     except OSError as exc:
@@ -378,8 +422,9 @@ def read_handlers(config_path: str = DEFAULT_CONFIG,
             default = runtime["default_runtime"]
         if isinstance(runtime.get("cdi_spec_dirs"), list):
             spec_dirs = tuple(d for d in runtime["cdi_spec_dirs"] if isinstance(d, str))
-        for handler_name, table in (_table(data, ("crio", "runtime", "runtimes"), path)
-                                    or {}).items():
+        for handler_name, table in (
+            _table(data, ("crio", "runtime", "runtimes"), path) or {}
+        ).items():
             value = table.get("runtime_path") if isinstance(table, dict) else None
             if isinstance(value, str) and value:
                 handlers[handler_name] = value
@@ -387,7 +432,18 @@ def read_handlers(config_path: str = DEFAULT_CONFIG,
                 handlers.setdefault(handler_name, None)
             if isinstance(table, dict) and isinstance(table.get("monitor_env"), list):
                 envs[handler_name] = {
-                    k: v for k, _, v in (e.partition("=") for e in table["monitor_env"]
-                                         if isinstance(e, str) and "=" in e)}
-    return CrioRuntimes(config_path=config_path, handlers=handlers, default_runtime=default,
-                        files=tuple(seen), cdi_spec_dirs=spec_dirs, envs=envs)
+                    k: v
+                    for k, _, v in (
+                        e.partition("=")
+                        for e in table["monitor_env"]
+                        if isinstance(e, str) and "=" in e
+                    )
+                }
+    return CrioRuntimes(
+        config_path=config_path,
+        handlers=handlers,
+        default_runtime=default,
+        files=tuple(seen),
+        cdi_spec_dirs=spec_dirs,
+        envs=envs,
+    )

@@ -85,8 +85,14 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 #: The program dockerd must find on its PATH to offer ``docker run --gpus``.
 GPUS_HOOK = "nvidia-container-runtime-hook"
 #: The PATH systemd gives dockerd (its default for services): where it looks for GPUS_HOOK.
-DOCKERD_PATH: Tuple[str, ...] = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin",
-                                 "/sbin", "/bin")
+DOCKERD_PATH: Tuple[str, ...] = (
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+)
 #: The stand-in's second line (install.sh greps it to record the file in its manifest).
 _HOOK_MARK = "# nvshim's stand-in, written by: nvshim runtime configure --runtime docker"
 
@@ -94,9 +100,11 @@ _HOOK_MARK = "# nvshim's stand-in, written by: nvshim runtime configure --runtim
 def gpus_hook_script(name: str) -> str:
     """nvshim's ``nvidia-container-runtime-hook``: fails the container it runs for, in one
     line naming the runtime ``name`` that ``--gpus`` needs."""
-    line = (f"nvshim: docker run --gpus needs --runtime {name} (or {name} as Docker's "
-            f"default runtime): this container's runtime is not {name}, so it would start "
-            "without GPUs")
+    line = (
+        f"nvshim: docker run --gpus needs --runtime {name} (or {name} as Docker's "
+        f"default runtime): this container's runtime is not {name}, so it would start "
+        "without GPUs"
+    )
     return (
         "#!/bin/sh\n"
         f"{_HOOK_MARK}\n"
@@ -214,8 +222,10 @@ def _check_arguments(name: str, binary: str) -> None:
             "at most 63)"
         )
     if name == DOCKER_DEFAULT_RUNTIME:
-        raise UsageError(f'runtime name "{name}" is reserved by Docker: dockerd refuses to '
-                         "start with a daemon.json that defines it")
+        raise UsageError(
+            f'runtime name "{name}" is reserved by Docker: dockerd refuses to '
+            "start with a daemon.json that defines it"
+        )
     check_binary(binary)
 
 
@@ -266,24 +276,37 @@ def plan_configure(
     after = text if data == before and text is not None else _dumps(data, text)
     files = [FileChange(config_path, text, after)]
     if foreign_hook is not None:
-        warnings.append(f"kept {foreign_hook} (not nvshim's): it lets dockerd offer docker run "
-                        f"--gpus; nvshim-runtime removes its hook from the containers it runs "
-                        "and gives them their GPUs itself")
+        warnings.append(
+            f"kept {foreign_hook} (not nvshim's): it lets dockerd offer docker run "
+            f"--gpus; nvshim-runtime removes its hook from the containers it runs "
+            "and gives them their GPUs itself"
+        )
     elif hook_path is not None:
         files.append(FileChange(hook_path, hook_now, gpus_hook_script(name), 0o755))
         where = os.path.dirname(hook_path)
         if where not in search:
-            warnings.append(f"dockerd looks for {GPUS_HOOK} on its PATH ({':'.join(search)} "
-                            f"under systemd): docker run --gpus works only if it has {where}")
+            warnings.append(
+                f"dockerd looks for {GPUS_HOOK} on its PATH ({':'.join(search)} "
+                f"under systemd): docker run --gpus works only if it has {where}"
+            )
     return ConfigureOutcome(
         engine="docker",
         handler_file=config_path,
         files=tuple(files),
         written=(),
         warnings=tuple(warnings),
-        handlers=tuple(sorted(
-            {name} | {str(n) for n, e in runtimes.items() if isinstance(e, dict) and isinstance(
-                e.get("path"), str) and os.path.basename(e["path"]).startswith("nvshim")})),
+        handlers=tuple(
+            sorted(
+                {name}
+                | {
+                    str(n)
+                    for n, e in runtimes.items()
+                    if isinstance(e, dict)
+                    and isinstance(e.get("path"), str)
+                    and os.path.basename(e["path"]).startswith("nvshim")
+                }
+            )
+        ),
     )
 
 
@@ -303,8 +326,7 @@ def configure(
     one not nvshim's is there or on dockerd's PATH, ``search``); the first write saves the
     original bytes."""
     config_path = os.path.abspath(config_path)
-    hook_path = os.path.join(os.path.dirname(binary), GPUS_HOOK) if os.path.isabs(binary) \
-        else None
+    hook_path = os.path.join(os.path.dirname(binary), GPUS_HOOK) if os.path.isabs(binary) else None
     plan = plan_configure(
         read_text(config_path, "Docker daemon.json"),
         config_path=config_path,
@@ -322,8 +344,14 @@ def configure(
     return carry_out(plan, config_path, _BACKUP_FORMAT, dry_run, name)
 
 
-def _strip(data: Dict[str, Any], name: str, original: Optional[Dict[str, Any]],
-           path: str, warnings: List[str], shared: bool = True) -> None:
+def _strip(
+    data: Dict[str, Any],
+    name: str,
+    original: Optional[Dict[str, Any]],
+    path: str,
+    warnings: List[str],
+    shared: bool = True,
+) -> None:
     """Take nvshim's entries out of ``data``; with ``original``, put back what it had.
     ``shared=False``: only runtime ``name`` and a default naming it (``features`` stays for
     the other runtimes)."""
@@ -346,8 +374,9 @@ def _strip(data: Dict[str, Any], name: str, original: Optional[Dict[str, Any]],
     if features is not None and "cdi" in features:
         orig_features = _table(original, "features", path) if original is not None else None
         if original is None:
-            warnings.append(f"left features.cdi in {path}: without a backup nvshim cannot tell "
-                            "who set it")
+            warnings.append(
+                f"left features.cdi in {path}: without a backup nvshim cannot tell who set it"
+            )
         elif orig_features is None or "cdi" not in orig_features:
             del features["cdi"]
             if not features and "features" not in original:
@@ -367,8 +396,7 @@ def plan_revert(
     def strip(path: str, now: str, original: Optional[str], warnings: List[str]) -> str:
         data = _load(now, path)
         snapshot = json.loads(json.dumps(data))
-        _strip(data, name, _load(original, path) if original is not None else None, path,
-               warnings)
+        _strip(data, name, _load(original, path) if original is not None else None, path, warnings)
         return now if data == snapshot else _dumps(data, now)
 
     def others(path: str, now: Optional[str], original: Optional[str]) -> List[str]:
@@ -378,14 +406,21 @@ def plan_revert(
         added -= set(_table(_load(original, path), "runtimes", path) or {})
         return sorted(str(n) for n in added - {name})
 
-    def strip_one(path: str, now: str, original: Optional[str],
-                  warnings: List[str]) -> Optional[str]:
+    def strip_one(
+        path: str, now: str, original: Optional[str], warnings: List[str]
+    ) -> Optional[str]:
         if path != config_path:  # a --gpus hook: only the one naming this runtime goes
             return original if now == gpus_hook_script(name) else now
         data = _load(now, path)
         snapshot = json.loads(json.dumps(data))
-        _strip(data, name, _load(original, path) if original is not None else None, path,
-               warnings, shared=False)
+        _strip(
+            data,
+            name,
+            _load(original, path) if original is not None else None,
+            path,
+            warnings,
+            shared=False,
+        )
         return now if data == snapshot else _dumps(data, now)
 
     if backup is not None:
@@ -393,16 +428,21 @@ def plan_revert(
         if one is not None:
             return one
         return plan_restore(current, backup, main_path=config_path, strip=strip)
-    warnings = [f'no backup {backup_path(config_path)}: removing only runtime "{name}", '
-                f"a default-runtime naming it and nvshim's {GPUS_HOOK} beside it"]
+    warnings = [
+        f'no backup {backup_path(config_path)}: removing only runtime "{name}", '
+        f"a default-runtime naming it and nvshim's {GPUS_HOOK} beside it"
+    ]
     now = current.get(config_path)
     files: Tuple[FileChange, ...] = ()
     if now is not None:
         after = strip(config_path, now, None, warnings)
         if after != now:
             files = (FileChange(config_path, now, after),)
-    files += tuple(FileChange(path, text, None) for path, text in current.items()
-                   if path != config_path and is_gpus_hook(text))
+    files += tuple(
+        FileChange(path, text, None)
+        for path, text in current.items()
+        if path != config_path and is_gpus_hook(text)
+    )
     return RevertResult(
         files=files,
         restored=(),
@@ -424,11 +464,15 @@ def revert(
     current: Dict[str, Optional[str]] = {}
     for path in dict.fromkeys(paths):
         # the hook's text only while it is nvshim's: one put there since (NVIDIA's) stays
-        current[path] = (_hook_text(path)[1] if os.path.basename(path) == GPUS_HOOK
-                         else read_text(path, "Docker daemon.json"))
+        current[path] = (
+            _hook_text(path)[1]
+            if os.path.basename(path) == GPUS_HOOK
+            else read_text(path, "Docker daemon.json")
+        )
     if backup is None:
-        entry = (_table(_load(current[config_path], config_path), "runtimes", config_path)
-                 or {}).get(name)
+        entry = (
+            _table(_load(current[config_path], config_path), "runtimes", config_path) or {}
+        ).get(name)
         binary = entry.get("path") if isinstance(entry, dict) else None
         if isinstance(binary, str) and os.path.isabs(binary):
             hook = os.path.join(os.path.dirname(binary), GPUS_HOOK)

@@ -132,8 +132,7 @@ def configured_handlers(config_path: str) -> Tuple[str, ...]:
     except (NvshimError, ValueError, RecursionError):
         return ()
     handlers = data.get("handlers") if isinstance(data, dict) else None
-    return tuple(h for h in handlers if isinstance(h, str)) if isinstance(handlers, list) \
-        else ()
+    return tuple(h for h in handlers if isinstance(h, str)) if isinstance(handlers, list) else ()
 
 
 def backup_path(config_path: str) -> str:
@@ -304,7 +303,8 @@ def load_backup(path: str, fmt: str) -> Optional[Dict[str, Any]]:
             raise ConfigError(f"{where} is not an object")
         for key, kind, what in _ENTRY_FIELDS:
             if entry.get(key) is not None and (
-                    not isinstance(entry[key], kind) or isinstance(entry[key], bool)):
+                not isinstance(entry[key], kind) or isinstance(entry[key], bool)
+            ):
                 raise ConfigError(f"{where}.{key} is not {what}")
     handlers = data.setdefault("handlers", [])
     if not isinstance(handlers, list) or not all(isinstance(h, str) for h in handlers):
@@ -315,8 +315,9 @@ def load_backup(path: str, fmt: str) -> Optional[Dict[str, Any]]:
     return data
 
 
-def write_changes(backup_file: str, fmt: str, changes: Sequence[FileChange],
-                  handler: str = "") -> Tuple[str, ...]:
+def write_changes(
+    backup_file: str, fmt: str, changes: Sequence[FileChange], handler: str = ""
+) -> Tuple[str, ...]:
     """Write ``changes`` in order, first recording their originals in ``backup_file``.
 
     A file already in the backup keeps its first original, so configure run twice still
@@ -380,8 +381,9 @@ def _undo(done: Sequence[FileChange], created: Sequence[str]) -> List[str]:
     return left
 
 
-def carry_out(plan: ConfigureOutcome, config_path: str, fmt: str,
-              dry_run: bool, name: str = "") -> ConfigureOutcome:
+def carry_out(
+    plan: ConfigureOutcome, config_path: str, fmt: str, dry_run: bool, name: str = ""
+) -> ConfigureOutcome:
     """``plan`` as planned (``dry_run``), or written after backing up the originals next to
     ``config_path`` (and recording the runtime ``name`` there, for doctor): the one tail of
     every engine's ``configure``."""
@@ -471,8 +473,13 @@ def plan_revert_one(
     added (``--name``): take out only ``name``'s entries and keep the backup for the others;
     None when no other runtime is left, so the whole backup is restored. Pure."""
     entries: Mapping[str, Any] = backup["files"]
-    left = sorted({other for path in entries
-                   for other in others(path, current.get(path), entries[path].get("original"))})
+    left = sorted(
+        {
+            other
+            for path in entries
+            for other in others(path, current.get(path), entries[path].get("original"))
+        }
+    )
     if not left:
         return None
     warnings: List[str] = []
@@ -560,8 +567,9 @@ def default_runtime_guard(
     ]
 
 
-def check_default_takeover(name: str, defaults: Sequence[str], set_as_default: bool,
-                           engine: str) -> None:
+def check_default_takeover(
+    name: str, defaults: Sequence[str], set_as_default: bool, engine: str
+) -> None:
     """Refuse a runtime name that would take over the engine's default runtime handler.
 
     ``defaults``: the handler(s) the engine will run by default once nvshim's edit is made

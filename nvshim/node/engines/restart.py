@@ -55,8 +55,11 @@ def parse_signal(name: str) -> signals.Signals:
     """``HUP``, ``SIGHUP`` or ``1`` → the signal; anything else is a :class:`UsageError`."""
     text = name.strip().upper()
     try:
-        return signals.Signals(int(text)) if text.isdigit() else signals.Signals[
-            text if text.startswith("SIG") else f"SIG{text}"]
+        return (
+            signals.Signals(int(text))
+            if text.isdigit()
+            else signals.Signals[text if text.startswith("SIG") else f"SIG{text}"]
+        )
     except (KeyError, ValueError) as exc:
         raise UsageError(f'unknown signal "{name}": give a name like SIGHUP or SIGTERM') from exc
 
@@ -101,7 +104,8 @@ def check_answers(path: str, timeout: float = 5.0) -> str:
     if not answers(path, timeout):
         raise HostError(
             f"containerd does not answer on {path}: is it running, and is that its socket "
-            "(NVSHIM_CONTAINERD_SOCKET, --socket)?")
+            "(NVSHIM_CONTAINERD_SOCKET, --socket)?"
+        )
     owner = socket_owner(path)
     return f"containerd answers on {path}" + (f" (pid {owner})" if owner else "")
 
@@ -141,9 +145,14 @@ def _wait(done: Callable[[], bool], deadline: float) -> bool:
         time.sleep(_POLL)
 
 
-def restart_containerd(mode: str, socket_path: str = DEFAULT_SOCKET, *,
-                       unit: str = "containerd", signal_name: str = "SIGHUP",
-                       timeout: float = 60.0) -> str:
+def restart_containerd(
+    mode: str,
+    socket_path: str = DEFAULT_SOCKET,
+    *,
+    unit: str = "containerd",
+    signal_name: str = "SIGHUP",
+    timeout: float = 60.0,
+) -> str:
     """Restart containerd the ``mode`` way and wait until ``socket_path`` answers again.
 
     Returns the line to report; raises :class:`HostError` (one line, naming the socket) when
@@ -157,8 +166,13 @@ def restart_containerd(mode: str, socket_path: str = DEFAULT_SOCKET, *,
     if mode == "systemd":
         how = f"systemctl restart {unit}"
         try:
-            done = subprocess.run(["systemctl", "restart", unit], stdin=subprocess.DEVNULL,
-                                  capture_output=True, text=True, timeout=timeout)
+            done = subprocess.run(
+                ["systemctl", "restart", unit],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise HostError(f"{how} failed: {exc}") from exc
         if done.returncode != 0:
@@ -182,12 +196,17 @@ def restart_containerd(mode: str, socket_path: str = DEFAULT_SOCKET, *,
             except ProcessLookupError:
                 pass
             if not _wait(lambda: _start_time(pid) != started, deadline):
-                raise HostError(f"containerd (pid {pid}) did not exit within {timeout:g}s "
-                                f"of {sig.name}: {socket_path} still answers from it")
+                raise HostError(
+                    f"containerd (pid {pid}) did not exit within {timeout:g}s "
+                    f"of {sig.name}: {socket_path} still answers from it"
+                )
+
     def answered() -> bool:
         return answers(socket_path, max(0.5, min(2.0, deadline - time.monotonic())))
 
     if not _wait(answered, deadline):
-        raise HostError(f"containerd did not answer on {socket_path} within {timeout:g}s "
-                        f"after the restart ({how})")
+        raise HostError(
+            f"containerd did not answer on {socket_path} within {timeout:g}s "
+            f"after the restart ({how})"
+        )
     return f"restarted containerd ({how}); it answers on {socket_path}"

@@ -18,8 +18,10 @@ def render_dev_cli(python: str, config: str) -> str:
     if not python.startswith("/") or any(c.isspace() for c in python):
         # the kernel ends a #! line's interpreter at the first blank
         raise UnsafeValue(f"venv interpreter must be absolute, without blanks: {python!r}")
-    return (f"#!{python} -I\n"
-            "import os\n"
-            f"os.environ.setdefault(\"NVSHIM_CONFIG\", {json.dumps(config)})\n"
-            "from nvshim.cli.main import main\n"
-            "main()\n")
+    return (
+        f"#!{python} -I\n"
+        "import os\n"
+        f'os.environ.setdefault("NVSHIM_CONFIG", {json.dumps(config)})\n'
+        "from nvshim.cli.main import main\n"
+        "main()\n"
+    )

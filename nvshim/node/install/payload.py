@@ -11,6 +11,11 @@ Runs on the build machine, with the interpreter to bundle (install.sh's ``NVSHIM
 default ``/usr/bin/python3``) and only the standard library: nvshim's dependencies are
 installed by that interpreter's pip into the tree, from the build machine's index.
 Everything is written under DIR (pip's temporary files included).
+
+Why one module: the payload is one build, in order (the interpreter and its C library, the
+trimmed standard library, nvshim and its dependencies, the commands, the file list), and
+each step reads what the one before put in the tree; the layout itself is prefix.py's and
+the commands' text trampoline.py's.
 """
 
 from __future__ import annotations
@@ -50,36 +55,79 @@ class PayloadError(HostError):
 
 #: standard-library packages and modules no nvshim code path imports (tests, GUIs,
 #: installers, databases): they only cost space
-STDLIB_DROPPED = frozenset({
-    "test", "idlelib", "tkinter", "turtledemo", "turtle.py", "ensurepip", "lib2to3",
-    "pydoc_data", "distutils", "venv", "sqlite3", "dbm", "curses", "unittest",
-    "site-packages", "dist-packages", "__phello__", "__pycache__", "EXTERNALLY-MANAGED",
-})
+STDLIB_DROPPED = frozenset(
+    {
+        "test",
+        "idlelib",
+        "tkinter",
+        "turtledemo",
+        "turtle.py",
+        "ensurepip",
+        "lib2to3",
+        "pydoc_data",
+        "distutils",
+        "venv",
+        "sqlite3",
+        "dbm",
+        "curses",
+        "unittest",
+        "site-packages",
+        "dist-packages",
+        "__phello__",
+        "__pycache__",
+        "EXTERNALLY-MANAGED",
+    }
+)
 
 #: extension modules dropped: tests, GUIs and terminals, and ssl/hashlib (they drag in
 #: libssl and libcrypto, 5 MB; hashlib's builtin algorithms remain)
 DYNLOAD_DROPPED = re.compile(
     r"^(_test\w*|_ctypes_test|_xxtestfuzz|_xxsubinterpreters|xxlimited\w*|_tkinter|_curses\w*"
-    r"|readline|_dbm|_gdbm|nis|ossaudiodev|audioop|_sqlite3|_ssl|_hashlib|_crypt)\.")
+    r"|readline|_dbm|_gdbm|nis|ossaudiodev|audioop|_sqlite3|_ssl|_hashlib|_crypt)\."
+)
 
 #: the C library's family: loaded on demand (dlopen by a node library such as
 #: libnvidia-ml, or by glibc itself for unwinding), so bundled even when no ELF here
 #: needs them, all from the build machine's glibc (never a mix with the node's)
-GLIBC_FAMILY = ("libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1",
-                "libutil.so.1", "libresolv.so.2", "libanl.so.1", "libgcc_s.so.1")
+GLIBC_FAMILY = (
+    "libc.so.6",
+    "libm.so.6",
+    "libpthread.so.0",
+    "libdl.so.2",
+    "librt.so.1",
+    "libutil.so.1",
+    "libresolv.so.2",
+    "libanl.so.1",
+    "libgcc_s.so.1",
+)
 
 #: what the smoke test imports with the bundled interpreter: every dependency's top module,
 #: and the agent's NRI messages (protobuf, whose compiled upb extension the smoke test
 #: asserts is the one in use)
-SMOKE_IMPORTS = ("nvshim.runtime.main", "nvshim.cli.main", HOOK_MODULE, PARAMS_HOOK_MODULE,
-                 "click", "structlog",
-                 "pynvml", "jsonschema", "yaml", "tomlkit", "grpc", "ctypes", "json",
-                 "nvshim.agent.nri.api")
+SMOKE_IMPORTS = (
+    "nvshim.runtime.main",
+    "nvshim.cli.main",
+    HOOK_MODULE,
+    PARAMS_HOOK_MODULE,
+    "click",
+    "structlog",
+    "pynvml",
+    "jsonschema",
+    "yaml",
+    "tomlkit",
+    "grpc",
+    "ctypes",
+    "json",
+    "nvshim.agent.nri.api",
+)
 
 
 #: pip's lines that only say an error happened elsewhere (its last line is one of them)
-_PIP_WRAPPERS = ("error: subprocess-exited-with-error", "error: metadata-generation-failed",
-                 "note: This error originates from a subprocess")
+_PIP_WRAPPERS = (
+    "error: subprocess-exited-with-error",
+    "error: metadata-generation-failed",
+    "note: This error originates from a subprocess",
+)
 
 
 def first_error(output: str, status: int) -> str:
@@ -96,8 +144,9 @@ def first_error(output: str, status: int) -> str:
 def _run(argv: Sequence[str], what: str, env: Optional[Dict[str, str]] = None) -> str:
     res = subprocess.run(list(argv), capture_output=True, text=True, env=env)
     if res.returncode != 0:
-        raise PayloadError(f"{what} failed: "
-                           f"{first_error(res.stderr or res.stdout, res.returncode)}")
+        raise PayloadError(
+            f"{what} failed: {first_error(res.stderr or res.stdout, res.returncode)}"
+        )
     return res.stdout
 
 
@@ -135,13 +184,17 @@ def needed_libraries(elf: str) -> Dict[str, str]:
 def _copy_tree(src: str, dest: str, skip: Sequence[str] = ()) -> None:
     def ignore(directory: str, names: List[str]) -> List[str]:
         top = os.path.samefile(directory, src)
-        return [n for n in names if n == "__pycache__" or (top and n in skip)
-                or n.endswith((".pyc", ".pyo"))]
+        return [
+            n
+            for n in names
+            if n == "__pycache__" or (top and n in skip) or n.endswith((".pyc", ".pyo"))
+        ]
 
     # copyfile, not copy2: modules are not commands (Debian ships some stdlib files +x with a
     # #!/usr/bin/env python3 line; here they are plain 0644 files)
-    shutil.copytree(src, dest, ignore=ignore, symlinks=False, dirs_exist_ok=True,
-                    copy_function=shutil.copyfile)
+    shutil.copytree(
+        src, dest, ignore=ignore, symlinks=False, dirs_exist_ok=True, copy_function=shutil.copyfile
+    )
 
 
 def _install_packages(src: str, site: str, tmp: str) -> None:
@@ -151,13 +204,24 @@ def _install_packages(src: str, site: str, tmp: str) -> None:
     os.makedirs(copy)
     for name in ("pyproject.toml", "README.md"):
         shutil.copyfile(os.path.join(src, name), os.path.join(copy, name))
-    shutil.copytree(os.path.join(src, "nvshim"), os.path.join(copy, "nvshim"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    env = dict(os.environ, TMPDIR=tmp, PIP_DISABLE_PIP_VERSION_CHECK="1",
-               PIP_NO_CACHE_DIR="1", PIP_NO_WARN_SCRIPT_LOCATION="1")
+    shutil.copytree(
+        os.path.join(src, "nvshim"),
+        os.path.join(copy, "nvshim"),
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    env = dict(
+        os.environ,
+        TMPDIR=tmp,
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PIP_NO_CACHE_DIR="1",
+        PIP_NO_WARN_SCRIPT_LOCATION="1",
+    )
     env.pop("PYTHONPATH", None)
-    _run([sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", site, copy],
-         f"pip install {src} --target {site}", env)
+    _run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", site, copy],
+        f"pip install {src} --target {site}",
+        env,
+    )
     shutil.rmtree(os.path.join(site, "bin"), ignore_errors=True)  # console scripts: ours differ
     for path in _walk_files(site):
         if path.endswith(".py"):
@@ -194,11 +258,13 @@ def _launcher(root: str) -> None:
     """bin/python3: a sh launcher that finds the prefix from its own path (the prefix is
     relocatable); the trampoline and the nvshim command exec the loader directly."""
     lib = f"$p/{LIBDIR}"
-    text = ("#!/bin/sh\n"
-            "# nvshim's Python: its own interpreter and C library, never the node's.\n"
-            'case $0 in */*) p=${0%/*}/.. ;; *) p=$(command -v -- "$0"); p=${p%/*}/.. ;; esac\n'
-            f'exec "{lib}/{loader_name()}" --library-path "{lib}" --argv0 "$0" '
-            f'"$p/{INTERPRETER}" "$@"\n')
+    text = (
+        "#!/bin/sh\n"
+        "# nvshim's Python: its own interpreter and C library, never the node's.\n"
+        'case $0 in */*) p=${0%/*}/.. ;; *) p=$(command -v -- "$0"); p=${p%/*}/.. ;; esac\n'
+        f'exec "{lib}/{loader_name()}" --library-path "{lib}" --argv0 "$0" '
+        f'"$p/{INTERPRETER}" "$@"\n'
+    )
     path = os.path.join(root, LAUNCHER)
     with open(path, "w") as f:
         f.write(text)
@@ -211,7 +277,7 @@ def _compile(root: str, prefix: str) -> None:
     never stats the source: the prefix is never changed in place."""
     mode = py_compile.PycInvalidationMode.UNCHECKED_HASH
     for top in _walk_dirs(root, ("lib/python", PACKAGES)):
-        ddir = prefix + top[len(root):]
+        ddir = prefix + top[len(root) :]
         if not compileall.compile_dir(top, quiet=2, ddir=ddir, invalidation_mode=mode, workers=1):
             raise PayloadError(f"compiling {top} failed")
 
@@ -220,8 +286,11 @@ def _walk_dirs(root: str, starts: Sequence[str]) -> List[str]:
     out = []
     for start in starts:
         parent, _, head = os.path.join(root, start).rpartition("/")
-        out += [os.path.join(parent, n) for n in sorted(os.listdir(parent)) if n.startswith(head)
-                and os.path.isdir(os.path.join(parent, n))]
+        out += [
+            os.path.join(parent, n)
+            for n in sorted(os.listdir(parent))
+            if n.startswith(head) and os.path.isdir(os.path.join(parent, n))
+        ]
     return out
 
 
@@ -239,13 +308,13 @@ def _preload(root: str, prefix: str, stdlib: str) -> None:
     modules = {}
     for name in PRELOAD_STDLIB:
         path = os.path.join(stdlib, name + ".py")
-        origin = prefix + path[len(root):]
+        origin = prefix + path[len(root) :]
         with open(path, "rb") as f:
             code = compile(f.read(), origin, "exec", dont_inherit=True)
         modules[name] = (False, os.path.relpath(path, site), code)
     for path in sorted(_walk_files(os.path.join(site, "nvshim"))):
         rel = os.path.relpath(path, site)
-        parts = rel[:-len(".py")].split(os.sep) if rel.endswith(".py") else []
+        parts = rel[: -len(".py")].split(os.sep) if rel.endswith(".py") else []
         if len(parts) < 2 or parts[1] in PRELOAD_SKIPPED or parts[1] == "_preload":
             continue  # nvshim itself and _preload are imported before the file is read
         is_package = parts[-1] == "__init__"
@@ -259,16 +328,20 @@ def _preload(root: str, prefix: str, stdlib: str) -> None:
 
 
 def _smoke(root: str, dest: str) -> None:
-    code = ("import sys; sys.path[0:0] = [sys.argv[1]]; import importlib; "
-            "import nvshim._preload as p; assert p.install(sys.argv[1] + '/' + p.FILE_NAME); "
-            f"[importlib.import_module(m) for m in {list(SMOKE_IMPORTS)!r}]; "
-            "assert sys.prefix == sys.argv[2], sys.prefix; "
-            "import nvshim.runtime.hookargs as h; assert h.__file__.startswith(sys.argv[1]), h; "
-            "from google.protobuf.internal import api_implementation as pb; "
-            "assert pb.Type() == 'upb', 'protobuf without its compiled extension: ' + pb.Type(); "
-            "print(sys.version)")
-    _run([os.path.join(root, LAUNCHER), "-I", "-S", "-c", code,
-          os.path.join(root, PACKAGES), root], f"the bundled interpreter in {dest}")
+    code = (
+        "import sys; sys.path[0:0] = [sys.argv[1]]; import importlib; "
+        "import nvshim._preload as p; assert p.install(sys.argv[1] + '/' + p.FILE_NAME); "
+        f"[importlib.import_module(m) for m in {list(SMOKE_IMPORTS)!r}]; "
+        "assert sys.prefix == sys.argv[2], sys.prefix; "
+        "import nvshim.runtime.hookargs as h; assert h.__file__.startswith(sys.argv[1]), h; "
+        "from google.protobuf.internal import api_implementation as pb; "
+        "assert pb.Type() == 'upb', 'protobuf without its compiled extension: ' + pb.Type(); "
+        "print(sys.version)"
+    )
+    _run(
+        [os.path.join(root, LAUNCHER), "-I", "-S", "-c", code, os.path.join(root, PACKAGES), root],
+        f"the bundled interpreter in {dest}",
+    )
 
 
 def _write(path: str, text: str, mode: int) -> None:
@@ -288,23 +361,29 @@ def _agent_client(root: str) -> None:
     from nvshim.agent.client import CLIENT_NAME, build_client
 
     if platform.machine() != "x86_64":
-        sys.stderr.write(f"install.sh: payload: no {CLIENT_NAME} for {platform.machine()} "
-                         "(x86-64 only): GPU creates start Python\n")
+        sys.stderr.write(
+            f"install.sh: payload: no {CLIENT_NAME} for {platform.machine()} "
+            "(x86-64 only): GPU creates start Python\n"
+        )
         return
     try:
         build_client(os.path.join(root, "libexec", CLIENT_NAME))
     except HostError as exc:
         if "no C compiler" not in str(exc):
             raise PayloadError(str(exc)) from exc
-        sys.stderr.write(f"install.sh: payload: {exc}: built without it, GPU creates start "
-                         "Python\n")
+        sys.stderr.write(
+            f"install.sh: payload: {exc}: built without it, GPU creates start Python\n"
+        )
 
 
 def build(dest: str, src: str, prefix: str, bindir: str, etcdir: str) -> str:
     """Build the payload for ``prefix``/``bindir``/``etcdir`` into ``dest``; returns the
     prefix's directory inside it."""
-    for value, what in ((prefix, "NVSHIM_PREFIX"), (bindir, "NVSHIM_BINDIR"),
-                        (etcdir, "NVSHIM_ETCDIR")):
+    for value, what in (
+        (prefix, "NVSHIM_PREFIX"),
+        (bindir, "NVSHIM_BINDIR"),
+        (etcdir, "NVSHIM_ETCDIR"),
+    ):
         if not value.startswith("/") or value.rstrip("/") == "":
             raise PayloadError(f"{what} must be an absolute directory: {value!r}")
     dest = os.path.abspath(dest)
@@ -343,10 +422,16 @@ def build(dest: str, src: str, prefix: str, bindir: str, etcdir: str) -> str:
 
     config = f"{etcdir.rstrip('/')}/config.yaml"
     bindir_path = dest + bindir.rstrip("/")
-    _write(os.path.join(bindir_path, "nvshim-runtime"),
-           render_runtime(prefix.rstrip("/"), config), 0o755)
-    _write(os.path.join(bindir_path, "nvshim"),
-           render_cli(prefix.rstrip("/"), config, bindir=bindir), 0o755)
+    _write(
+        os.path.join(bindir_path, "nvshim-runtime"),
+        render_runtime(prefix.rstrip("/"), config),
+        0o755,
+    )
+    _write(
+        os.path.join(bindir_path, "nvshim"),
+        render_cli(prefix.rstrip("/"), config, bindir=bindir),
+        0o755,
+    )
     with open(os.path.join(src, "install.sh")) as f:
         installer = f.read()
     _write(os.path.join(dest, "install.sh"), installer, 0o755)
@@ -358,9 +443,12 @@ def build(dest: str, src: str, prefix: str, bindir: str, etcdir: str) -> str:
     _write(os.path.join(root, FILE_LIST), "".join(f + "\n" for f in files + [FILE_LIST]), 0o644)
     from nvshim import __version__
 
-    _write(os.path.join(dest, ".nvshim-payload"),
-           f"prefix={prefix.rstrip('/')}\nbindir={bindir.rstrip('/')}\nversion={__version__}\n"
-           f"python={sys.version.split()[0]}\n", 0o644)
+    _write(
+        os.path.join(dest, ".nvshim-payload"),
+        f"prefix={prefix.rstrip('/')}\nbindir={bindir.rstrip('/')}\nversion={__version__}\n"
+        f"python={sys.version.split()[0]}\n",
+        0o644,
+    )
     return root
 
 

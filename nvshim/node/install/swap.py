@@ -30,8 +30,7 @@ def exchange(a: str, b: str) -> None:
     """Swap the names of ``a`` and ``b`` (both must exist) in one atomic step; HostError
     naming both when the kernel or the file system cannot (nothing moved then)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b),
-                      _RENAME_EXCHANGE) != 0:
+    if libc.renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
         err = ctypes.get_errno()
         raise host_error(f"cannot exchange {a} and {b}", OSError(err, os.strerror(err)))
 

@@ -72,8 +72,10 @@ def _specifiers(text: str) -> str:
 
 def _one_line(value: str, what: str) -> str:
     if "\n" in value or "\r" in value or value.endswith("\\"):
-        raise ConfigError(f"{what} {value!r} cannot be written in a systemd unit "
-                          "(a line break, or a trailing backslash that continues the line)")
+        raise ConfigError(
+            f"{what} {value!r} cannot be written in a systemd unit "
+            "(a line break, or a trailing backslash that continues the line)"
+        )
     return value
 
 
@@ -89,8 +91,9 @@ def exec_word(word: str) -> str:
     ``$$`` and ``%`` as ``%%`` either way."""
     if _PLAIN_WORD.fullmatch(word):
         return _specifiers(word)
-    quoted = "".join(_EXEC_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if _control(c) else c)
-                     for c in word)
+    quoted = "".join(
+        _EXEC_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if _control(c) else c) for c in word
+    )
     return '"' + _specifiers(quoted).replace("$", "$$") + '"'
 
 
@@ -99,8 +102,10 @@ def exec_path(path: str) -> str:
     there and refuses a quote, a backslash or a control character in it (refused here with
     one line naming it); in double quotes when it holds a space, ``%`` doubled."""
     if any(c in "\"'\\" or _control(c) for c in path):
-        raise ConfigError(f"command {path!r} cannot be written in a systemd unit "
-                          "(systemd refuses a quote, a backslash or a control character there)")
+        raise ConfigError(
+            f"command {path!r} cannot be written in a systemd unit "
+            "(systemd refuses a quote, a backslash or a control character there)"
+        )
     return _specifiers(path if _PLAIN_WORD.fullmatch(path.replace("$", "_")) else f'"{path}"')
 
 
@@ -122,85 +127,109 @@ def render_refresh_path(bindir: str, watched: Sequence[str]) -> str:
     """``nvshim-cdi-refresh.path``: PathChanged on the running kernel's module list, each of
     ``watched`` (``nvshim cdi refresh --print-watch-paths``) and ``bindir``'s nvshim."""
     changed = [path_value(p) for p in _watched([*watched, f"{bindir}/nvshim"])]
-    return _lines([
-        f"# Written by nvshim's install.sh: start {REFRESH}.service"
-        " when the NVIDIA driver changes.",
-        "[Unit]",
-        "Description=Watch the NVIDIA driver for nvshim's CDI refresh",
-        "",
-        "[Path]",
-        "PathChanged=/lib/modules/%v/modules.dep",
-        "PathChanged=/lib/modules/%v/modules.dep.bin",
-        *(f"PathChanged={p}" for p in changed),
-        f"Unit={REFRESH}.service",
-        "",
-        "[Install]",
-        "WantedBy=multi-user.target",
-    ])
+    return _lines(
+        [
+            f"# Written by nvshim's install.sh: start {REFRESH}.service"
+            " when the NVIDIA driver changes.",
+            "[Unit]",
+            "Description=Watch the NVIDIA driver for nvshim's CDI refresh",
+            "",
+            "[Path]",
+            "PathChanged=/lib/modules/%v/modules.dep",
+            "PathChanged=/lib/modules/%v/modules.dep.bin",
+            *(f"PathChanged={p}" for p in changed),
+            f"Unit={REFRESH}.service",
+            "",
+            "[Install]",
+            "WantedBy=multi-user.target",
+        ]
+    )
 
 
 def render_refresh_service(bindir: str, etcdir: str) -> str:
     """``nvshim-cdi-refresh.service``: oneshot ``nvshim cdi refresh`` for the config in
     ``etcdir``, only where the nvidia module is loaded, at most 10 starts in 10 minutes."""
-    return _lines([
-        "# Written by nvshim's install.sh: regenerate nvshim's CDI specs, node plan and CDI index.",
-        "[Unit]",
-        "Description=Refresh nvshim's CDI specs, node plan and CDI index for the NVIDIA driver",
-        "ConditionPathExists=|/sys/module/nvidia",
-        "ConditionPathExists=|/sys/module/nvidia_current",
-        "StartLimitIntervalSec=600",
-        "StartLimitBurst=10",
-        "",
-        "[Service]",
-        "Type=oneshot",
-        _exec_start(f"{bindir}/nvshim", ["cdi", "refresh", "--config", f"{etcdir}/config.yaml"]),
-        "Restart=on-failure",
-        "RestartSec=15",
-        "",
-        "[Install]",
-        "WantedBy=multi-user.target",
-    ])
+    return _lines(
+        [
+            "# Written by nvshim's install.sh: "
+            "regenerate nvshim's CDI specs, node plan and CDI index.",
+            "[Unit]",
+            "Description=Refresh nvshim's CDI specs, node plan and CDI index for the NVIDIA driver",
+            "ConditionPathExists=|/sys/module/nvidia",
+            "ConditionPathExists=|/sys/module/nvidia_current",
+            "StartLimitIntervalSec=600",
+            "StartLimitBurst=10",
+            "",
+            "[Service]",
+            "Type=oneshot",
+            _exec_start(
+                f"{bindir}/nvshim", ["cdi", "refresh", "--config", f"{etcdir}/config.yaml"]
+            ),
+            "Restart=on-failure",
+            "RestartSec=15",
+            "",
+            "[Install]",
+            "WantedBy=multi-user.target",
+        ]
+    )
 
 
 def render_refresh_rule(systemctl: str) -> str:
     """``99-nvshim-cdi-refresh.rules``: ``systemctl`` starts the refresh service when the
     nvidia module is added."""
     if not _PLAIN_PROGRAM.fullmatch(systemctl):
-        raise ConfigError(f"systemctl {systemctl!r} cannot be named in a udev rule: "
-                          "it takes an absolute path of letters, digits and _+.,/-")
-    return _lines([
-        "# Written by nvshim's install.sh:"
-        " refresh nvshim's CDI specs when the NVIDIA module is loaded.",
-        'ACTION=="add", SUBSYSTEM=="module", KERNEL=="nvidia|nvidia_current", '
-        f'RUN+="{systemctl} --no-block start {REFRESH}.service"',
-    ])
+        raise ConfigError(
+            f"systemctl {systemctl!r} cannot be named in a udev rule: "
+            "it takes an absolute path of letters, digits and _+.,/-"
+        )
+    return _lines(
+        [
+            "# Written by nvshim's install.sh:"
+            " refresh nvshim's CDI specs when the NVIDIA module is loaded.",
+            'ACTION=="add", SUBSYSTEM=="module", KERNEL=="nvidia|nvidia_current", '
+            f'RUN+="{systemctl} --no-block start {REFRESH}.service"',
+        ]
+    )
 
 
 def render_agent_service(bindir: str, etcdir: str, nri_socket: str = "none") -> str:
     """``nvshim-agent.service``: ``nvshim agent`` for the config in ``etcdir`` on the
     agent's socket, registering with the NRI socket ``nri_socket`` (``none``: no NRI)."""
-    return _lines([
-        "# Written by nvshim's install.sh:"
-        " nvshim's node agent (GPU creates without a Python start).",
-        "[Unit]",
-        "Description=nvshim node agent",
-        "After=local-fs.target",
-        "",
-        "[Service]",
-        "Type=simple",
-        _exec_start(f"{bindir}/nvshim", ["agent", "--config", f"{etcdir}/config.yaml",
-                     "--socket", AGENT_SOCKET, "--nri-socket", nri_socket or "none"]),
-        "Restart=always",
-        "RestartSec=2",
-        "",
-        "[Install]",
-        "WantedBy=multi-user.target",
-    ])
+    return _lines(
+        [
+            "# Written by nvshim's install.sh:"
+            " nvshim's node agent (GPU creates without a Python start).",
+            "[Unit]",
+            "Description=nvshim node agent",
+            "After=local-fs.target",
+            "",
+            "[Service]",
+            "Type=simple",
+            _exec_start(
+                f"{bindir}/nvshim",
+                [
+                    "agent",
+                    "--config",
+                    f"{etcdir}/config.yaml",
+                    "--socket",
+                    AGENT_SOCKET,
+                    "--nri-socket",
+                    nri_socket or "none",
+                ],
+            ),
+            "Restart=always",
+            "RestartSec=2",
+            "",
+            "[Install]",
+            "WantedBy=multi-user.target",
+        ]
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="install.sh: units",
-                                     description="print one of the files install.sh writes")
+    parser = argparse.ArgumentParser(
+        prog="install.sh: units", description="print one of the files install.sh writes"
+    )
     kinds = parser.add_subparsers(dest="kind", required=True)
     path = kinds.add_parser(f"{REFRESH}.path")
     path.add_argument("--bindir", required=True)

@@ -55,8 +55,9 @@ class NameDevices:
         return self.gpus + tuple((f"IMEX channel {c}", f"channel{c}") for c in self.imex)
 
 
-def resolve_names(host: Host, config: Config,
-                  names: Sequence[str]) -> Dict[str, Union[str, NameDevices]]:
+def resolve_names(
+    host: Host, config: Config, names: Sequence[str]
+) -> Dict[str, Union[str, NameDevices]]:
     """CDI name → its :class:`NameDevices`, or why it cannot be known (not in
     ``cdi-spec-dirs``).
 
@@ -76,7 +77,8 @@ def resolve_names(host: Host, config: Config,
     searched = ", ".join(config.cdi_spec_dirs) or "no cdi-spec-dirs"
     try:
         registry, _ = cdiindex.registry_for(
-            config.cdi_spec_dirs, names, cdi_index_path(config.source or config_path()), False)
+            config.cdi_spec_dirs, names, cdi_index_path(config.source or config_path()), False
+        )
     except CdiError as exc:
         return {name: f"not resolved: {exc}" for name in names}
     probe = Probe("/", "/")  # CDI hostPaths are absolute host paths
@@ -84,8 +86,11 @@ def resolve_names(host: Host, config: Config,
     majors = char_majors(config.driver_root) or {}
     imex_major = (nvidia_majors(config.driver_root) or (None, None, None))[2]
     # the NVIDIA driver's nodes (also the GPUs' own, should /proc/devices be unreadable)
-    nvidia = {m for n, m in majors.items() if n.startswith("nvidia")} | {DRM_MAJOR} | {
-        g.node.major for g in gpus if g.node is not None and g.node.major is not None}
+    nvidia = (
+        {m for n, m in majors.items() if n.startswith("nvidia")}
+        | {DRM_MAJOR}
+        | {g.node.major for g in gpus if g.node is not None and g.node.major is not None}
+    )
     out: Dict[str, Union[str, NameDevices]] = {}
     for name in names:
         try:
@@ -110,12 +115,19 @@ def resolve_names(host: Host, config: Config,
             tuple((f"GPU {g.index}", g.uuid) for g in whole)
             + tuple((f"MIG device {p.index}:{m.index}", m.uuid) for p, m in migs),
             tuple(sorted(minor for major, minor in numbers if major == imex_major)),
-            tuple(others), tuple(dict.fromkeys(n.path for n in nodes)))
+            tuple(others),
+            tuple(dict.fromkeys(n.path for n in nodes)),
+        )
     return out
 
 
-def cdi_refusal(identity: Optional[Identity], allocation: Allocation, names: Sequence[str],
-                resolved: Dict[str, Union[str, NameDevices]], source: str) -> Optional[str]:
+def cdi_refusal(
+    identity: Optional[Identity],
+    allocation: Allocation,
+    names: Sequence[str],
+    resolved: Dict[str, Union[str, NameDevices]],
+    source: str,
+) -> Optional[str]:
     """The line refusing the first CDI name (of ``names``, injected by nvshim) the
     kubelet's record for this container does not cover; None when it covers all.
 
@@ -131,35 +143,51 @@ def cdi_refusal(identity: Optional[Identity], allocation: Allocation, names: Seq
             continue
         found = resolved.get(name, "not resolved")
         if isinstance(found, str):
-            return (f'CDI device "{name}" cannot be matched to this node\'s devices ({found}): '
-                    f"the kubelet's record for {identity} cannot cover it ({via})")
+            return (
+                f'CDI device "{name}" cannot be matched to this node\'s devices ({found}): '
+                f"the kubelet's record for {identity} cannot cover it ({via})"
+            )
         for channel in found.imex:
             if channel in allocation.imex:
                 continue
             holder = allocation.imex_others.get(channel)
-            why = (f"the kubelet gave it to {holder}" if holder else
-                   f"the kubelet allocated IMEX channels "
-                   f"{', '.join(map(str, allocation.imex)) or 'none'} to {identity}")
-            return (f'IMEX channel {channel} (CDI device "{name}") is not this container\'s '
-                    f"allocation: {why} ({via})")
+            why = (
+                f"the kubelet gave it to {holder}"
+                if holder
+                else f"the kubelet allocated IMEX channels "
+                f"{', '.join(map(str, allocation.imex)) or 'none'} to {identity}"
+            )
+            return (
+                f'IMEX channel {channel} (CDI device "{name}") is not this container\'s '
+                f"allocation: {why} ({via})"
+            )
         holder = allocation.cdi_others.get(name)
         if found.others or not (found.gpus or found.imex):
             if found.others:
                 path, major, minor = found.others[0]
-                what = (f"{path} ({major}:{minor}), no device of the NVIDIA driver"
-                        + (f", beside {found.gpus[0][0]}" if found.gpus else ""))
+                what = f"{path} ({major}:{minor}), no device of the NVIDIA driver" + (
+                    f", beside {found.gpus[0][0]}" if found.gpus else ""
+                )
             else:
-                what = (f"{', '.join(found.paths) or 'no device node'}: no GPU, MIG device or "
-                        "IMEX channel")
-            why = (f"the kubelet gave it to {holder}" if holder else
-                   f"no DRA claim the kubelet lists for {identity} has it")
-            return (f'CDI device "{name}" injects {what}, and is not this container\'s '
-                    f"allocation: {why} ({via})")
+                what = (
+                    f"{', '.join(found.paths) or 'no device node'}: no GPU, MIG device or "
+                    "IMEX channel"
+                )
+            why = (
+                f"the kubelet gave it to {holder}"
+                if holder
+                else f"no DRA claim the kubelet lists for {identity} has it"
+            )
+            return (
+                f'CDI device "{name}" injects {what}, and is not this container\'s '
+                f"allocation: {why} ({via})"
+            )
     return None
 
 
-def claim_gpus(host: Host, config: Config, allocation: Allocation,
-               granted: Collection[str]) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
+def claim_gpus(
+    host: Host, config: Config, allocation: Allocation, granted: Collection[str]
+) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
     """(``namespace/claim``, the ``granted`` UUIDs its CDI devices inject) for each DRA
     claim of the container that injects one: the grant journal records them, and a GPU
     that every live holder got through one shared claim is no conflict."""
@@ -168,9 +196,14 @@ def claim_gpus(host: Host, config: Config, allocation: Allocation,
     resolved = resolve_names(host, config, allocation.cdi_devices)
     out = []
     for claim in allocation.claims:
-        uuids = [uuid for name in claim.cdi_devices
-                 for found in (resolved.get(name),) if isinstance(found, NameDevices)
-                 for _, uuid in found.gpus if uuid in granted]
+        uuids = [
+            uuid
+            for name in claim.cdi_devices
+            for found in (resolved.get(name),)
+            if isinstance(found, NameDevices)
+            for _, uuid in found.gpus
+            if uuid in granted
+        ]
         if uuids:
             out.append((str(claim), tuple(dict.fromkeys(uuids))))
     return tuple(out)

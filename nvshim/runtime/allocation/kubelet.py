@@ -164,24 +164,29 @@ def _claim_device(buf: bytes) -> ClaimDevice:
     device_name = 4, optional share_id = 5}; CDIDevice{name = 1}."""
     f = by_number(buf)
     names = tuple(_first_str(by_number(b), 1) for b in _all_bytes(f, 1))
-    return ClaimDevice(_first_str(f, 2), _first_str(f, 3), _first_str(f, 4),
-                       tuple(n for n in names if n))
+    return ClaimDevice(
+        _first_str(f, 2), _first_str(f, 3), _first_str(f, 4), tuple(n for n in names if n)
+    )
 
 
 def _claim(buf: bytes) -> Claim:
     """DynamicResource{claim_name = 2, claim_namespace = 3, repeated claim_resources = 4}
     (1 was class_name, removed in Kubernetes 1.31)."""
     f = by_number(buf)
-    return Claim(_first_str(f, 3), _first_str(f, 2),
-                 tuple(_claim_device(b) for b in _all_bytes(f, 4)))
+    return Claim(
+        _first_str(f, 3), _first_str(f, 2), tuple(_claim_device(b) for b in _all_bytes(f, 4))
+    )
 
 
 def _container(buf: bytes) -> ContainerRecord:
     """ContainerResources{name = 1, repeated devices = 2, cpu_ids = 3, memory = 4,
     repeated dynamic_resources = 5}."""
     f = by_number(buf)
-    return (_first_str(f, 1), [_container_devices(b) for b in _all_bytes(f, 2)],
-            tuple(_claim(b) for b in _all_bytes(f, 5)))
+    return (
+        _first_str(f, 1),
+        [_container_devices(b) for b in _all_bytes(f, 2)],
+        tuple(_claim(b) for b in _all_bytes(f, 5)),
+    )
 
 
 def _pod(buf: bytes) -> PodRecord:
@@ -219,10 +224,12 @@ def _encode_pod(pod: PodRecord) -> bytes:
 def _encode_claim(claim: Claim) -> bytes:
     out = string_field(2, claim.name) + string_field(3, claim.namespace)
     for device in claim.devices:
-        inner = b"".join(message_field(1, string_field(1, n))
-                         for n in device.cdi_devices)
-        inner += (string_field(2, device.driver) + string_field(3, device.pool)
-                  + string_field(4, device.device))
+        inner = b"".join(message_field(1, string_field(1, n)) for n in device.cdi_devices)
+        inner += (
+            string_field(2, device.driver)
+            + string_field(3, device.pool)
+            + string_field(4, device.device)
+        )
         out += message_field(4, inner)
     return out
 
@@ -280,13 +287,20 @@ class _Collect:
                 self.imex_others.setdefault(channel, holder)
 
     def allocation(self, via: str) -> Allocation:
-        return Allocation(tuple(dict.fromkeys(self.mine)), via, self.others,
-                          tuple(dict.fromkeys(self.imex)), self.imex_others,
-                          tuple(dict.fromkeys(self.claims)), self.cdi_others)
+        return Allocation(
+            tuple(dict.fromkeys(self.mine)),
+            via,
+            self.others,
+            tuple(dict.fromkeys(self.imex)),
+            self.imex_others,
+            tuple(dict.fromkeys(self.claims)),
+            self.cdi_others,
+        )
 
 
-def _from_pods(pods: Sequence[PodRecord], who: Identity, prefixes: Sequence[str],
-               via: str) -> Allocation:
+def _from_pods(
+    pods: Sequence[PodRecord], who: Identity, prefixes: Sequence[str], via: str
+) -> Allocation:
     found = _Collect(prefixes)
     for name, namespace, containers in pods:
         for cname, devices, claims in containers:
@@ -350,8 +364,9 @@ def _list_pods(socket: str, timeout: float) -> Optional[List[PodRecord]]:
     import grpc
 
     with grpc.insecure_channel(f"unix://{socket}") as channel:
-        lister = channel.unary_unary(LIST_METHOD, request_serializer=_same,
-                                     response_deserializer=decode_list_response)
+        lister = channel.unary_unary(
+            LIST_METHOD, request_serializer=_same, response_deserializer=decode_list_response
+        )
         try:
             listed: List[PodRecord] = lister(b"", timeout=timeout)
         except grpc.RpcError:
@@ -390,8 +405,7 @@ def read_checkpoint(path: str, who: Identity, prefixes: Sequence[str]) -> Option
         groups: List[Any] = list(raw.values()) if isinstance(raw, dict) else [raw]
         ids = [i for g in groups if isinstance(g, list) for i in g if isinstance(i, str)]
         mine = entry.get("PodUID") == who.pod_uid and entry.get("ContainerName") == who.container
-        found.add(resource, ids, mine,
-                  f"pod {entry.get('PodUID')}/{entry.get('ContainerName')}")
+        found.add(resource, ids, mine, f"pod {entry.get('PodUID')}/{entry.get('ContainerName')}")
     return found.allocation("checkpoint")
 
 

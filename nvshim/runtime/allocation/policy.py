@@ -50,9 +50,18 @@ if TYPE_CHECKING:
     #: channel, or why that cannot be known.
     Found = Union[str, Tuple[Tuple[str, str], ...]]
 
-__all__ = ["KubeletIds", "Verification", "ask_kubelet_if_needed", "pod_annotations",
-           "name_ids", "with_named", "check_allocated", "check_granted", "check_imex_allocated",
-           "check_engine_allocated"]
+__all__ = [
+    "KubeletIds",
+    "Verification",
+    "ask_kubelet_if_needed",
+    "pod_annotations",
+    "name_ids",
+    "with_named",
+    "check_allocated",
+    "check_granted",
+    "check_imex_allocated",
+    "check_engine_allocated",
+]
 
 
 @dataclass(frozen=True)
@@ -85,8 +94,14 @@ class KubeletIds:
     def gpu_tokens(self) -> Tuple[str, ...]:
         """The device tokens of :attr:`gpu_ids`, in order, repeats collapsed: what the
         ``kubelet`` allocation source grants."""
-        return tuple(dict.fromkeys(t for tokens, named in zip(self.tokens, self.uuids, strict=True)
-                                   if named for t in tokens))
+        return tuple(
+            dict.fromkeys(
+                t
+                for tokens, named in zip(self.tokens, self.uuids, strict=True)
+                if named
+                for t in tokens
+            )
+        )
 
     @property
     def by_uuid(self) -> Dict[str, str]:
@@ -118,8 +133,10 @@ def _devices_of(tokens: Tuple[str, ...], refs: Sequence[GpuRef]) -> Tuple[str, .
 
 def _holders(allocation: Allocation, gpus: Sequence[Gpu]) -> Dict[str, str]:
     """UUID → the other container the kubelet gave it to (parsed only for a refusal)."""
-    return {uuid: allocation.others[i]
-            for uuid, i in name_ids(list(allocation.others), gpus).by_uuid.items()}
+    return {
+        uuid: allocation.others[i]
+        for uuid, i in name_ids(list(allocation.others), gpus).by_uuid.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -150,8 +167,10 @@ class Verification:
         return self.notes if self.verified in ("unreachable", "unidentified") else ()
 
 
-_PRIVILEGED = ("privileged container: it holds every GPU node already (its device cgroup "
-               "allows all), so its GPUs are not checked against the kubelet's record")
+_PRIVILEGED = (
+    "privileged container: it holds every GPU node already (its device cgroup "
+    "allows all), so its GPUs are not checked against the kubelet's record"
+)
 
 
 def ask_kubelet_if_needed(claim: Claim, config: Config) -> Verification:
@@ -163,26 +182,28 @@ def ask_kubelet_if_needed(claim: Claim, config: Config) -> Verification:
     """
     identity, problem = read_identity(claim.view.annotations)
     wants = config.verify_with == "kubelet" or "kubelet" in config.allocation_sources
-    if not (config.require_allocation and wants
-            and (claim.claims_gpus or claim.claims_imex)):
+    if not (config.require_allocation and wants and (claim.claims_gpus or claim.claims_imex)):
         return Verification(identity)
     privileged = claim.view.privileged_with_devices
     if privileged and not claim.claims_imex:
-        return Verification(identity, verified="privileged", notes=(_PRIVILEGED,),
-                            privileged=True)
+        return Verification(identity, verified="privileged", notes=(_PRIVILEGED,), privileged=True)
     if identity is None:
         return _unidentified(problem, config)
     from nvshim.runtime.allocation.kubelet import KubeletUnreachable, ask_kubelet
 
     try:
-        return Verification(identity, ask_kubelet(identity, config), "kubelet",
-                            privileged=privileged)
+        return Verification(
+            identity, ask_kubelet(identity, config), "kubelet", privileged=privileged
+        )
     except KubeletUnreachable as exc:
         if config.kubelet_unreachable == "fail":
-            raise RequestError(
-                f"{exc}; refusing the claim (kubelet-unreachable: fail)") from exc
-        return Verification(identity, None, "unreachable", (
-            f"{exc}; GPU claims trusted unverified (kubelet-unreachable: trust-claims)",))
+            raise RequestError(f"{exc}; refusing the claim (kubelet-unreachable: fail)") from exc
+        return Verification(
+            identity,
+            None,
+            "unreachable",
+            (f"{exc}; GPU claims trusted unverified (kubelet-unreachable: trust-claims)",),
+        )
 
 
 def _unidentified(problem: str, config: Config) -> Verification:
@@ -191,21 +212,35 @@ def _unidentified(problem: str, config: Config) -> Verification:
     usable) or when ``unidentified-containers: fail``; else judged by allocation-sources,
     with a warning (``verified: unidentified``). Without verify (the ``kubelet`` source
     alone) it only gets nothing from that source."""
-    what = f"the container's kubelet identity is unusable: {problem}" if problem else (
-        "not a CRI container (neither containerd's io.kubernetes.cri.* nor CRI-O's "
-        "io.kubernetes.cri-o.* annotations): the kubelet has no record of it")
+    what = (
+        f"the container's kubelet identity is unusable: {problem}"
+        if problem
+        else (
+            "not a CRI container (neither containerd's io.kubernetes.cri.* nor CRI-O's "
+            "io.kubernetes.cri-o.* annotations): the kubelet has no record of it"
+        )
+    )
     if config.verify_with != "kubelet":
         return Verification(notes=(f"{what}; the kubelet allocation source grants nothing",))
     if problem:
-        raise RequestError(f"{what}; refusing its GPU claims (verify-with: kubelet in "
-                           f"{describe_config(config)})")
+        raise RequestError(
+            f"{what}; refusing its GPU claims (verify-with: kubelet in {describe_config(config)})"
+        )
     if config.unidentified_containers == "fail":
-        raise RequestError(f"{what}, so verify-with: kubelet cannot check its GPU claims; "
-                           f"refusing them (unidentified-containers: fail in "
-                           f"{describe_config(config)})")
-    return Verification(None, None, "unidentified", (
-        f"{what}; GPU claims judged by allocation-sources alone, unverified "
-        "(unidentified-containers: allocation-sources)",))
+        raise RequestError(
+            f"{what}, so verify-with: kubelet cannot check its GPU claims; "
+            f"refusing them (unidentified-containers: fail in "
+            f"{describe_config(config)})"
+        )
+    return Verification(
+        None,
+        None,
+        "unidentified",
+        (
+            f"{what}; GPU claims judged by allocation-sources alone, unverified "
+            "(unidentified-containers: allocation-sources)",
+        ),
+    )
 
 
 def with_named(found: Verification, gpus: Sequence[Gpu]) -> Verification:
@@ -222,8 +257,7 @@ def _asked_again(found: Verification, config: Config) -> Verification:
     from nvshim.runtime.allocation.kubelet import ask_kubelet
 
     assert found.identity is not None
-    return replace(found, allocation=ask_kubelet(found.identity, config, fresh=True),
-                   named=None)
+    return replace(found, allocation=ask_kubelet(found.identity, config, fresh=True), named=None)
 
 
 def pod_annotations(bundle: str, claim: Claim, config: Config) -> Optional[Dict[str, str]]:
@@ -253,8 +287,11 @@ def pod_annotations(bundle: str, claim: Claim, config: Config) -> Optional[Dict[
     except (OSError, ValueError, SpecError):
         return None
     notes = spec.get("annotations") if isinstance(spec, dict) else None
-    if not isinstance(notes, dict) or notes.get(SANDBOX_ANNOTATION) != "sandbox" \
-            or notes.get("io.kubernetes.cri.sandbox-id") != sandbox_id:
+    if (
+        not isinstance(notes, dict)
+        or notes.get(SANDBOX_ANNOTATION) != "sandbox"
+        or notes.get("io.kubernetes.cri.sandbox-id") != sandbox_id
+    ):
         return None
     return {k: v for k, v in notes.items() if isinstance(k, str) and isinstance(v, str)}
 
@@ -276,9 +313,14 @@ def _crio_pod_annotations(claim: Claim) -> Dict[str, str]:
     return {k: notes[k] for k in claim.annotation_keys if kubelet.get(k) != notes[k]}
 
 
-def check_allocated(found: Verification, host: Host, gpus: Sequence[Gpu],
-                    migs: Sequence[Tuple[Gpu, MigDevice]], source: str,
-                    config: Config) -> Tuple[Verification, str]:
+def check_allocated(
+    found: Verification,
+    host: Host,
+    gpus: Sequence[Gpu],
+    migs: Sequence[Tuple[Gpu, MigDevice]],
+    source: str,
+    config: Config,
+) -> Tuple[Verification, str]:
     """(the record checked against, the note saying so) when every granted GPU (``gpus``)
     and MIG device (``migs``, with their parents) is in the kubelet's record for this
     container: named by one of its device-plugin ids, or injected by a CDI device of one of
@@ -300,9 +342,14 @@ def check_allocated(found: Verification, host: Host, gpus: Sequence[Gpu],
     return found, f"every granted GPU is in the kubelet's record ({found.allocation.via})"
 
 
-def check_granted(found: Verification, host: Host, gpus: Sequence[Gpu],
-                  migs: Sequence[Tuple[Gpu, MigDevice]], request: Request,
-                  config: Config) -> Tuple[Verification, Tuple[str, ...]]:
+def check_granted(
+    found: Verification,
+    host: Host,
+    gpus: Sequence[Gpu],
+    migs: Sequence[Tuple[Gpu, MigDevice]],
+    request: Request,
+    config: Config,
+) -> Tuple[Verification, Tuple[str, ...]]:
     """(the record checked against, the notes saying so) when everything nvshim grants
     from ``request`` is in the kubelet's record: every GPU and MIG device
     (:func:`check_allocated`) and every device node of each CDI name it injects
@@ -326,13 +373,20 @@ def check_granted(found: Verification, host: Host, gpus: Sequence[Gpu],
         refused = cdi_refusal(found.identity, found.allocation, names, resolved, request.source)
     if refused:
         raise RequestError(refused)
-    return found, (note, "every device node of the CDI devices "
-                   f"{', '.join(names)} is in the kubelet's record")
+    return found, (
+        note,
+        f"every device node of the CDI devices {', '.join(names)} is in the kubelet's record",
+    )
 
 
-def _refusal(found: Verification, host: Host, gpus: Sequence[Gpu],
-             migs: Sequence[Tuple[Gpu, MigDevice]], source: str,
-             config: Config) -> Optional[str]:
+def _refusal(
+    found: Verification,
+    host: Host,
+    gpus: Sequence[Gpu],
+    migs: Sequence[Tuple[Gpu, MigDevice]],
+    source: str,
+    config: Config,
+) -> Optional[str]:
     """The line refusing the first granted device the allocation lacks; None when all are in it."""
     allocation, named = found.allocation, found.named
     assert allocation is not None and named is not None
@@ -348,22 +402,29 @@ def _refusal(found: Verification, host: Host, gpus: Sequence[Gpu],
             continue
         what = "GPU" if uuid == parent else "MIG device"
         theirs = _holders(allocation, node)
-        holder = theirs.get(uuid) or theirs.get(parent) or _claim_holder(
-            host, config, allocation.cdi_others, (uuid, parent))
+        holder = (
+            theirs.get(uuid)
+            or theirs.get(parent)
+            or _claim_holder(host, config, allocation.cdi_others, (uuid, parent))
+        )
         if holder:
             why = f"the kubelet gave it to {holder}"
         else:
-            own = ", ".join(
-                f"GPU {by_uuid[u].index}" if u in by_uuid else u for u in mine
-            ) or "no GPU"
+            own = (
+                ", ".join(f"GPU {by_uuid[u].index}" if u in by_uuid else u for u in mine)
+                or "no GPU"
+            )
             why = f"the kubelet allocated {own} to {found.identity}"
-        return (f"{what} {label} ({uuid}) is not this container's allocation: {why} "
-                f"(claimed through {source}, checked via {allocation.via})")
+        return (
+            f"{what} {label} ({uuid}) is not this container's allocation: {why} "
+            f"(claimed through {source}, checked via {allocation.via})"
+        )
     return None
 
 
-def check_engine_allocated(found: Verification, host: Host, engine: EngineGrant,
-                           config: Config) -> Tuple[Verification, str]:
+def check_engine_allocated(
+    found: Verification, host: Host, engine: EngineGrant, config: Config
+) -> Tuple[Verification, str]:
     """(the record checked against, the note saying so) when every GPU, MIG device and
     IMEX channel the engine injected (``engine``) is listed by the kubelet for this
     container; else RequestError naming the first that is not.
@@ -383,12 +444,14 @@ def check_engine_allocated(found: Verification, host: Host, engine: EngineGrant,
     if refused:
         raise RequestError(refused)
     assert found.allocation is not None
-    return found, ("everything the engine injected is in the kubelet's record "
-                   f"({found.allocation.via})")
+    return found, (
+        f"everything the engine injected is in the kubelet's record ({found.allocation.via})"
+    )
 
 
-def _engine_refusal(found: Verification, host: Host, engine: EngineGrant,
-                    config: Config) -> Optional[str]:
+def _engine_refusal(
+    found: Verification, host: Host, engine: EngineGrant, config: Config
+) -> Optional[str]:
     """The line refusing the first engine-injected device the kubelet does not list for
     this container; None when it lists all of them.
 
@@ -412,16 +475,21 @@ def _engine_refusal(found: Verification, host: Host, engine: EngineGrant,
     for label, key, parent in unlisted:
         if key in claimed or parent in claimed:
             continue
-        holder = theirs.get(key) or theirs.get(parent) or _claim_holder(
-            host, config, allocation.cdi_others, (key, parent))
+        holder = (
+            theirs.get(key)
+            or theirs.get(parent)
+            or _claim_holder(host, config, allocation.cdi_others, (key, parent))
+        )
         if holder:
             why = f"the kubelet gave it to {holder}"
         else:
             listed = _listing(gpus, mine, allocation, by_name)
             why = f"the kubelet listed {listed} for {found.identity}"
         shown = label if key.startswith("channel") else f"{label} ({key})"
-        return (f"{shown}, injected by the engine, is not this container's allocation: "
-                f"{why} (checked via {allocation.via})")
+        return (
+            f"{shown}, injected by the engine, is not this container's allocation: "
+            f"{why} (checked via {allocation.via})"
+        )
     return None
 
 
@@ -431,14 +499,15 @@ def _cdi_devices_of(host: Host, config: Config, names: Sequence[str]) -> Dict[st
     see :func:`nvshim.runtime.allocation.cdinames.resolve_names`."""
     from nvshim.runtime.allocation.cdinames import resolve_names
 
-    return {name: found if isinstance(found, str) else found.found
-            for name, found in resolve_names(host, config, names).items()}
+    return {
+        name: found if isinstance(found, str) else found.found
+        for name, found in resolve_names(host, config, names).items()
+    }
 
 
 def _keys_of(by_name: Mapping[str, Found]) -> Set[str]:
     """The keys (UUID, ``channelN``) of every device the resolved CDI names inject."""
-    return {key for found in by_name.values() if not isinstance(found, str)
-            for _, key in found}
+    return {key for found in by_name.values() if not isinstance(found, str) for _, key in found}
 
 
 def _claimed(host: Host, config: Config, allocation: Allocation) -> Set[str]:
@@ -446,8 +515,9 @@ def _claimed(host: Host, config: Config, allocation: Allocation) -> Set[str]:
     return _keys_of(_cdi_devices_of(host, config, allocation.cdi_devices))
 
 
-def _claim_holder(host: Host, config: Config, cdi_others: Mapping[str, str],
-                  keys: Sequence[str]) -> str:
+def _claim_holder(
+    host: Host, config: Config, cdi_others: Mapping[str, str], keys: Sequence[str]
+) -> str:
     """The other container whose DRA claim injects one of ``keys``; "" when none does
     (only asked on a refusal: it resolves the other containers' CDI names)."""
     for name, found in _cdi_devices_of(host, config, list(cdi_others)).items():
@@ -456,13 +526,16 @@ def _claim_holder(host: Host, config: Config, cdi_others: Mapping[str, str],
     return ""
 
 
-def _listing(gpus: Sequence[Gpu], mine: Dict[str, str], allocation: Allocation,
-             by_name: Dict[str, Found]) -> str:
+def _listing(
+    gpus: Sequence[Gpu], mine: Dict[str, str], allocation: Allocation, by_name: Dict[str, Found]
+) -> str:
     """What the kubelet lists for the container, for a refusal: its device-plugin GPUs
     (and IMEX channels), then each DRA claim with its CDI devices and what they inject."""
     by_uuid = {g.uuid: g for g in gpus}
-    parts = [", ".join(f"GPU {by_uuid[u].index}" if u in by_uuid else u for u in mine)
-             or "no device-plugin GPU"]
+    parts = [
+        ", ".join(f"GPU {by_uuid[u].index}" if u in by_uuid else u for u in mine)
+        or "no device-plugin GPU"
+    ]
     if allocation.imex:
         parts.append(f"IMEX channels {', '.join(map(str, allocation.imex))}")
     if not allocation.claims:
@@ -480,8 +553,9 @@ def _listing(gpus: Sequence[Gpu], mine: Dict[str, str], allocation: Allocation,
     return ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def check_imex_allocated(found: Verification, extras: Extras,
-                         config: Config) -> Tuple[Verification, str]:
+def check_imex_allocated(
+    found: Verification, extras: Extras, config: Config
+) -> Tuple[Verification, str]:
     """(the record checked against, the note saying so) when every granted IMEX channel is
     in the kubelet's record for this container; else RequestError naming the first that is
     not.
@@ -513,6 +587,8 @@ def _imex_refusal(found: Verification, extras: Extras) -> Optional[str]:
         else:
             own = ", ".join(map(str, allocation.imex)) or "none"
             why = f"the kubelet allocated IMEX channels {own} to {found.identity}"
-        return (f"IMEX channel {channel} is not this container's allocation: {why} "
-                f"(claimed through {extras.imex_source}, checked via {allocation.via})")
+        return (
+            f"IMEX channel {channel} is not this container's allocation: {why} "
+            f"(claimed through {extras.imex_source}, checked via {allocation.via})"
+        )
     return None

@@ -13,12 +13,18 @@ from nvshim.agent import client as client_module
 from tests.helpers.sanitized import sanitized_client, take_reports
 
 PLANTED = {
-    "overflow": ("{ char *volatile p = malloc(4); p[argc + 2] = 1; free(p); }",
-                 "ERROR: AddressSanitizer: heap-buffer-overflow"),
-    "leak": ("{ char *volatile p = malloc(7); p[0] = 0; p = 0; }",
-             "ERROR: LeakSanitizer: detected memory leaks"),
-    "undefined": ("{ volatile int x = 2147483647; x = x + argc; }",
-                  "runtime error: signed integer overflow"),
+    "overflow": (
+        "{ char *volatile p = malloc(4); p[argc + 2] = 1; free(p); }",
+        "ERROR: AddressSanitizer: heap-buffer-overflow",
+    ),
+    "leak": (
+        "{ char *volatile p = malloc(7); p[0] = 0; p = 0; }",
+        "ERROR: LeakSanitizer: detected memory leaks",
+    ),
+    "undefined": (
+        "{ volatile int x = 2147483647; x = x + argc; }",
+        "runtime error: signed integer overflow",
+    ),
 }
 
 
@@ -30,11 +36,16 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = Path(client_module.SOURCE).read_text()
     head = "int main(int argc, char **argv) {\n"
     assert head in source and "#include <string.h>\n" in source
-    bugs = "".join(f'    if (argc > 1 && !strcmp(argv[1], "{name}")) {code}\n'
-                   for name, (code, _) in PLANTED.items())
+    bugs = "".join(
+        f'    if (argc > 1 && !strcmp(argv[1], "{name}")) {code}\n'
+        for name, (code, _) in PLANTED.items()
+    )
     copy = where / "client.c"
-    copy.write_text(source.replace("#include <string.h>\n", "#include <stdlib.h>\n#include <string.h>\n")
-                    .replace(head, head + bugs, 1))
+    copy.write_text(
+        source.replace(
+            "#include <string.h>\n", "#include <stdlib.h>\n#include <string.h>\n"
+        ).replace(head, head + bugs, 1)
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(client_module, "SOURCE", str(copy))
         return sanitized_client(where)

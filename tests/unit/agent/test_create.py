@@ -50,15 +50,18 @@ class World:
         compile_node(str(self.config))
         self.socket = tmp / "agent.sock"
         self.tramp = tmp / "nvshim-runtime"
-        self.tramp.write_text(render(sys.executable, agent_socket=str(self.socket),
-                                     client=str(client)))
+        self.tramp.write_text(
+            render(sys.executable, agent_socket=str(self.socket), client=str(client))
+        )
         self.tramp.chmod(0o755)
         self.env = {"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": str(self.config)}
         self.log = tmp / "runc.log"
 
     def write_config(self, extra: str = "") -> None:
-        self.config.write_text(f"runtimes: [{self.runtime}]\ndriver-root: {self.node.root}\n"
-                               f"grants-journal: {self.tmp}/grants.jsonl\n{extra}")
+        self.config.write_text(
+            f"runtimes: [{self.runtime}]\ndriver-root: {self.node.root}\n"
+            f"grants-journal: {self.tmp}/grants.jsonl\n{extra}"
+        )
 
     def agent(self, name: str = "agent") -> AgentProcess:
         return AgentProcess(self.socket, self.config, self.tmp / f"{name}.log").start()
@@ -66,18 +69,33 @@ class World:
     def bundle(self, name: str, visible: str = "0") -> Path:
         b = self.tmp / name
         (b / "rootfs").mkdir(parents=True)
-        (b / "config.json").write_text(json.dumps({
-            "ociVersion": "1.0.2", "root": {"path": "rootfs"},
-            "process": {"args": ["true"], "cwd": "/",
-                        "env": [f"NVIDIA_VISIBLE_DEVICES={visible}"]}}))
+        (b / "config.json").write_text(
+            json.dumps(
+                {
+                    "ociVersion": "1.0.2",
+                    "root": {"path": "rootfs"},
+                    "process": {
+                        "args": ["true"],
+                        "cwd": "/",
+                        "env": [f"NVIDIA_VISIBLE_DEVICES={visible}"],
+                    },
+                }
+            )
+        )
         return b
 
-    def create(self, bundle: Path, env: Optional[Dict[str, str]] = None,
-               cwd: Optional[Path] = None) -> subprocess.CompletedProcess[str]:
+    def create(
+        self, bundle: Path, env: Optional[Dict[str, str]] = None, cwd: Optional[Path] = None
+    ) -> subprocess.CompletedProcess[str]:
         where = os.path.relpath(bundle, cwd) if cwd is not None else str(bundle)
-        return subprocess.run([str(self.tramp), "--log", str(self.log), "create", "--bundle",
-                               where, bundle.name], env=env or self.env, cwd=cwd,
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [str(self.tramp), "--log", str(self.log), "create", "--bundle", where, bundle.name],
+            env=env or self.env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
 
 def spec(bundle: Path) -> Dict[str, Any]:
@@ -110,7 +128,13 @@ def test_agent_serves_a_gpu_create_with_the_runtimes_edits(world: World) -> None
     del a["annotations"]["nvshim.io/served-by"]
     assert json.dumps(a).replace("/ag/", "/py/") == json.dumps(p)
     assert world.rec.read_text().splitlines()[-6:] == [
-        "--log", str(world.log), "create", "--bundle", str(agent_bundle), "ag"]
+        "--log",
+        str(world.log),
+        "create",
+        "--bundle",
+        str(agent_bundle),
+        "ag",
+    ]
 
 
 def test_agent_resolves_a_relative_bundle_against_the_callers_cwd(world: World) -> None:
@@ -260,7 +284,8 @@ def test_agent_killed_mid_creates_each_completes_or_fails_in_one_line(world: Wor
         spec(b)  # whole JSON
         # a temp file only the killed agent may have left (the next write removes it)
         assert {p.name for p in b.glob(".config.json.nvshim-*")} <= {
-            f".config.json.nvshim-{agent.proc.pid}"}
+            f".config.json.nvshim-{agent.proc.pid}"
+        }
     from nvshim.runtime.grants import read_grants
 
     journal = world.tmp / "grants.jsonl"
@@ -272,27 +297,35 @@ def test_agent_killed_mid_creates_each_completes_or_fails_in_one_line(world: Wor
 # --- the C client alone ---------------------------------------------------------------
 
 
-def _run_client(client: Path, sock: Path, bundle: Path, config: Path,
-                *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(client), str(sock), "0.1.0", str(config), "/usr/bin/runc",
-                           str(bundle), *argv], capture_output=True, text=True,
-                          errors="replace", timeout=30)
+def _run_client(
+    client: Path, sock: Path, bundle: Path, config: Path, *argv: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(client), str(sock), "0.1.0", str(config), "/usr/bin/runc", str(bundle), *argv],
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=30,
+    )
 
 
-@pytest.mark.parametrize("reply,rc,stderr", [
-    (encode_reply("ok"), 0, ""),
-    (encode_reply("refused", 'unknown device "7"'), 1, 'nvshim: unknown device "7"\n'),
-    (encode_reply("fallback", "why"), 2, ""),
-    (encode_reply("ready"), 2, ""),
-    (b"nvshim-agent 2\0ok\0\0", 2, ""),
-    (b"nvshim-agent 1\0ok\0", 2, ""),
-    (b"nvshim-agent 1\0ok\0\0extra\0", 2, ""),
-    (b"garbage", 2, ""),
-    (None, 2, ""),
-])
-def test_client_sends_the_request_and_maps_the_reply(tmp_path: Path, client: Path,
-                                                     reply: Optional[bytes], rc: int,
-                                                     stderr: str) -> None:
+@pytest.mark.parametrize(
+    "reply,rc,stderr",
+    [
+        (encode_reply("ok"), 0, ""),
+        (encode_reply("refused", 'unknown device "7"'), 1, 'nvshim: unknown device "7"\n'),
+        (encode_reply("fallback", "why"), 2, ""),
+        (encode_reply("ready"), 2, ""),
+        (b"nvshim-agent 2\0ok\0\0", 2, ""),
+        (b"nvshim-agent 1\0ok\0", 2, ""),
+        (b"nvshim-agent 1\0ok\0\0extra\0", 2, ""),
+        (b"garbage", 2, ""),
+        (None, 2, ""),
+    ],
+)
+def test_client_sends_the_request_and_maps_the_reply(
+    tmp_path: Path, client: Path, reply: Optional[bytes], rc: int, stderr: str
+) -> None:
     """The client's request is what the agent's parser reads (with the bundle directory
     as the one descriptor); ok is exit 0, refused exit 1 with its line, anything else
     (another version, a malformed or missing reply) exit 2."""
@@ -301,16 +334,24 @@ def test_client_sends_the_request_and_maps_the_reply(tmp_path: Path, client: Pat
     config = tmp_path / "c.yaml"
     config.write_text("{}\n")
     thread, seen = fake_agent(tmp_path / "s", reply)
-    res = _run_client(client, tmp_path / "s", bundle, config, "create", "--bundle",
-                      str(bundle), "id")
+    res = _run_client(
+        client, tmp_path / "s", bundle, config, "create", "--bundle", str(bundle), "id"
+    )
     thread.join(10)
     assert (res.returncode, res.stderr) == (rc, stderr)
     data, fds = seen[0]
     from nvshim.agent.state import generation_of
 
     assert parse_request(data, len(fds)) == Request(
-        "create", "0.1.0", str(config), generation_of(str(config)), "/usr/bin/runc",
-        os.getcwd(), str(bundle), ("create", "--bundle", str(bundle), "id"))
+        "create",
+        "0.1.0",
+        str(config),
+        generation_of(str(config)),
+        "/usr/bin/runc",
+        os.getcwd(),
+        str(bundle),
+        ("create", "--bundle", str(bundle), "id"),
+    )
     st = bundle.stat()
     assert (fds[0].st_dev, fds[0].st_ino) == (st.st_dev, st.st_ino)
 
@@ -332,8 +373,9 @@ def test_client_without_an_agent_exits_2(tmp_path: Path, client: Path) -> None:
 def _nvshim(*args: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess[str]:
     from tests.helpers.agent import nvshim_bin
 
-    return subprocess.run(nvshim_bin() + list(args), capture_output=True, text=True,
-                          timeout=120, env=env)
+    return subprocess.run(
+        nvshim_bin() + list(args), capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def test_inspect_says_which_path_served_a_create(world: World) -> None:
@@ -347,8 +389,12 @@ def test_inspect_says_which_path_served_a_create(world: World) -> None:
         assert world.create(ag).returncode == 0
     finally:
         agent.stop()
-    shown = {b.name: _nvshim("inspect", "--config", str(world.config), "--bundle", str(b),
-                             "--format", "json") for b in (py, ag)}
+    shown = {
+        b.name: _nvshim(
+            "inspect", "--config", str(world.config), "--bundle", str(b), "--format", "json"
+        )
+        for b in (py, ag)
+    }
     assert json.loads(shown["ag"].stdout)["served_by"] == "agent"
     assert json.loads(shown["py"].stdout)["served_by"] == "nvshim-runtime"
     text = _nvshim("inspect", "--config", str(world.config), "--bundle", str(ag)).stdout
@@ -370,8 +416,17 @@ def test_doctor_says_whether_the_agent_is_reachable(world: World) -> None:
         assert finding.status == "ok" and "GPU creates go through it" in finding.message
         other = check_agent(sock, str(world.tmp / "other.yaml"), tramp)
         assert other.status == "warn" and f"serves config {conf}" in other.message
-        out = _nvshim("doctor", "--config", conf, "--agent-socket", sock, "--trampoline",
-                      tramp, "--format", "json")
+        out = _nvshim(
+            "doctor",
+            "--config",
+            conf,
+            "--agent-socket",
+            sock,
+            "--trampoline",
+            tramp,
+            "--format",
+            "json",
+        )
         (mine,) = [f for f in json.loads(out.stdout) if f["check"] == "agent"]
         assert mine["status"] == "ok"
     finally:
@@ -396,12 +451,17 @@ def test_sigterm_lets_creates_in_flight_finish(world: World) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.binary(max_size=64) | st.builds(
-    lambda status, msg: b"nvshim-agent 1\0" + status + b"\0" + msg + b"\0",
-    st.sampled_from([b"ok", b"refused", b"fallback", b"ready", b"OK", b""]),
-    st.binary(max_size=32)))
-def test_client_reply_parser_fuzzed(client: Path, tmp_path_factory: pytest.TempPathFactory,
-                                    reply: bytes) -> None:
+@given(
+    st.binary(max_size=64)
+    | st.builds(
+        lambda status, msg: b"nvshim-agent 1\0" + status + b"\0" + msg + b"\0",
+        st.sampled_from([b"ok", b"refused", b"fallback", b"ready", b"OK", b""]),
+        st.binary(max_size=32),
+    )
+)
+def test_client_reply_parser_fuzzed(
+    client: Path, tmp_path_factory: pytest.TempPathFactory, reply: bytes
+) -> None:
     """Any reply bytes: exit 0 only for a well-formed ``ok``, 1 only for a well-formed
     ``refused`` (its message on stderr), 2 for everything else."""
     tmp = tmp_path_factory.mktemp("fz")
@@ -427,8 +487,11 @@ def test_agent_plan_cache_sees_a_gpu_removed_and_added(world: World) -> None:
     import shutil
 
     def nodes(b: Path) -> List[str]:
-        return sorted(d["path"] for d in spec(b)["linux"]["devices"]
-                      if d["path"][len("/dev/nvidia"):].isdigit())
+        return sorted(
+            d["path"]
+            for d in spec(b)["linux"]["devices"]
+            if d["path"][len("/dev/nvidia") :].isdigit()
+        )
 
     gpus_dir = Path(world.node.root, "proc/driver/nvidia/gpus")
     entries = sorted(gpus_dir.iterdir())
@@ -449,8 +512,11 @@ def test_agent_plan_cache_sees_a_gpu_removed_and_added(world: World) -> None:
             seen.append((served_by(b), nodes(b)))
     finally:
         agent.stop()
-    assert seen == [("agent", ["/dev/nvidia0", "/dev/nvidia1"]), ("agent", ["/dev/nvidia0"]),
-                    ("agent", ["/dev/nvidia0", "/dev/nvidia1"])]
+    assert seen == [
+        ("agent", ["/dev/nvidia0", "/dev/nvidia1"]),
+        ("agent", ["/dev/nvidia0"]),
+        ("agent", ["/dev/nvidia0", "/dev/nvidia1"]),
+    ]
 
 
 # --- what the agent checks before it serves a create -------------------------------------
@@ -465,9 +531,16 @@ def _serve(world: World, bundle: Path, held: Path, log: Any) -> Tuple[str, str]:
     from nvshim.agent.state import AgentState, generation_of
 
     state = AgentState(str(world.config), log)
-    request = Request("create", __version__, str(world.config),
-                      generation_of(str(world.config)), str(world.runtime), str(world.tmp),
-                      str(bundle), ("create", "--bundle", str(bundle), bundle.name))
+    request = Request(
+        "create",
+        __version__,
+        str(world.config),
+        generation_of(str(world.config)),
+        str(world.runtime),
+        str(world.tmp),
+        str(bundle),
+        ("create", "--bundle", str(bundle), bundle.name),
+    )
     fd = os.open(held, os.O_RDONLY | os.O_DIRECTORY)
     try:
         return serve_create(state, request, fd, Peer(os.getpid(), 0, 0))
@@ -489,7 +562,9 @@ def test_agent_serves_only_the_bundle_directory_the_caller_opened(tmp_path: Path
     world.bundle("b")  # ... and another one put at its path
     log = RecordingLog()
     assert _serve(world, bundle, opened, log) == (
-        "fallback", f"bundle {bundle} is not the directory the caller opened")
+        "fallback",
+        f"bundle {bundle} is not the directory the caller opened",
+    )
     assert (bundle / "config.json").read_bytes() == before
     assert not (tmp_path / "grants.jsonl").exists()
     assert [e for _lvl, e, _kw in log.lines][-1] == "create not served"
@@ -498,7 +573,8 @@ def test_agent_serves_only_the_bundle_directory_the_caller_opened(tmp_path: Path
 
 
 def test_agent_abandons_a_create_not_planned_within_its_deadline(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A create whose plan is done later than DEADLINE seconds after it arrived (a clock
     that jumps past it) is abandoned before its first write: fallback (the caller runs
     its own create), config.json byte-identical, no grant journaled."""
@@ -521,6 +597,8 @@ def test_agent_abandons_a_create_not_planned_within_its_deadline(
     before = (bundle / "config.json").read_bytes()
     monkeypatch.setattr(agent_create, "time", Clock())
     assert _serve(world, bundle, bundle, RecordingLog()) == (
-        "fallback", f"not planned within {agent_create.DEADLINE:g} s")
+        "fallback",
+        f"not planned within {agent_create.DEADLINE:g} s",
+    )
     assert (bundle / "config.json").read_bytes() == before
     assert not (tmp_path / "grants.jsonl").exists()

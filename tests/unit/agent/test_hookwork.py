@@ -49,11 +49,11 @@ class Agent:
         from nvshim.agent.server import AgentServer
 
         self.log = Log()
-        self.server = AgentServer(str(path), lambda r, fds, peer: serve_hook(
-            pending, r, fds[0], peer, self.log), self.log)
+        self.server = AgentServer(
+            str(path), lambda r, fds, peer: serve_hook(pending, r, fds[0], peer, self.log), self.log
+        )
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.server.serve, args=(self.stop,),
-                                       daemon=True)
+        self.thread = threading.Thread(target=self.server.serve, args=(self.stop,), daemon=True)
         self.thread.start()
 
     def close(self) -> None:
@@ -69,19 +69,42 @@ def world(tmp_path: Path, sim: Any, client: Path) -> Iterator[Dict[str, Any]]:
     (bundle / "rootfs").mkdir(parents=True)
     (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}}))
     pending = PendingWork(str(tmp_path / "agent.sock"), str(client))
-    cfg = replace(Config(driver_root=sim.root, grants_journal=str(tmp_path / "grants.jsonl"),
-                         runtimes=("runc",), nri_inject=True), nri_inroot="agent")
+    cfg = replace(
+        Config(
+            driver_root=sim.root,
+            grants_journal=str(tmp_path / "grants.jsonl"),
+            runtimes=("runc",),
+            nri_inject=True,
+        ),
+        nri_inroot="agent",
+    )
     # the hook runs as this test's child: in this test's cgroup, as runc's hook runs in the
     # container's
-    ctr = Container(id="c1", name="main", env=(f"NVIDIA_VISIBLE_DEVICES={sim.gpus[0].uuid}",),
-                    cgroups_path=own_cgroup())
+    ctr = Container(
+        id="c1",
+        name="main",
+        env=(f"NVIDIA_VISIBLE_DEVICES={sim.gpus[0].uuid}",),
+        cgroups_path=own_cgroup(),
+    )
     adj = plugin.decide(cfg, POD, ctr, Log(), pending=pending)
     (hook,) = adj.hooks["createContainer"]
     agent = Agent(tmp_path / "agent.sock", pending)
     try:
-        yield {"bundle": bundle, "hook": hook, "pending": pending, "agent": agent,
-               "state": json.dumps({"ociVersion": "1.0.2", "id": "c1", "pid": 42,
-                                    "status": "creating", "bundle": str(bundle)})}
+        yield {
+            "bundle": bundle,
+            "hook": hook,
+            "pending": pending,
+            "agent": agent,
+            "state": json.dumps(
+                {
+                    "ociVersion": "1.0.2",
+                    "id": "c1",
+                    "pid": 42,
+                    "status": "creating",
+                    "bundle": str(bundle),
+                }
+            ),
+        }
     finally:
         agent.close()
 
@@ -91,25 +114,38 @@ def own_cgroup() -> str:
     return Path("/proc/self/cgroup").read_text().splitlines()[0].split(":", 2)[2]
 
 
-def run_hook(hook: Any, state: str, args: Optional[List[str]] = None,
-             ) -> subprocess.CompletedProcess[str]:
+def run_hook(
+    hook: Any,
+    state: str,
+    args: Optional[List[str]] = None,
+) -> subprocess.CompletedProcess[str]:
     """Run the hook entry as runc does: its path and argv, its env only, state on stdin."""
     argv = list(hook.args) if args is None else args
-    return subprocess.run(argv, executable=hook.path, input=state, env=dict(
-        e.partition("=")[::2] for e in hook.env), capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        argv,
+        executable=hook.path,
+        input=state,
+        env=dict(e.partition("=")[::2] for e in hook.env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def made(rootfs: Path) -> Tuple[Optional[str], bool]:
     """(where libcuda.so.1 points, whether the rootfs has an ld.so.cache naming it)."""
     link = rootfs / "usr/lib/x86_64-linux-gnu/libcuda.so.1"
     cache = rootfs / "etc/ld.so.cache"
-    return (os.readlink(link) if link.is_symlink() else None,
-            cache.exists() and b"libcuda.so.1" in cache.read_bytes())
+    return (
+        os.readlink(link) if link.is_symlink() else None,
+        cache.exists() and b"libcuda.so.1" in cache.read_bytes(),
+    )
 
 
 @needs_root
-def test_agent_does_the_planned_work_through_the_callers_root(world: Dict[str, Any],
-                                                              client: Path) -> None:
+def test_agent_does_the_planned_work_through_the_callers_root(
+    world: Dict[str, Any], client: Path
+) -> None:
     """In agent mode the adjustment's hook is the client asking the agent, and the agent makes the plan's links and ld.so.cache in the rootfs the OCI state names, with no Python hook run."""
     hook = world["hook"]
     assert hook.path == str(client) and hook.args[1:2] == ("--hook",)
@@ -134,10 +170,12 @@ def test_agent_logs_the_in_root_works_own_time(world: Dict[str, Any]) -> None:
 
 
 @needs_root
-@pytest.mark.parametrize("case", ["no work waits", "no agent", "another version",
-                                  "a state too big to send"])
-def test_hook_falls_back_to_the_python_hook_with_the_same_state(world: Dict[str, Any],
-                                                                case: str) -> None:
+@pytest.mark.parametrize(
+    "case", ["no work waits", "no agent", "another version", "a state too big to send"]
+)
+def test_hook_falls_back_to_the_python_hook_with_the_same_state(
+    world: Dict[str, Any], case: str
+) -> None:
     """Whatever keeps the agent from doing the work (none waits for the container: an agent restarted since CreateContainer; no agent; another nvshim version; a state longer than one request), the client execs nvshim's Python hook with the same argv and the whole state on stdin, and the rootfs gets the same links and a cache."""
     hook, state = world["hook"], world["state"]
     args = list(hook.args)
@@ -161,7 +199,8 @@ def test_hook_falls_back_to_the_python_hook_with_the_same_state(world: Dict[str,
 
 @needs_root
 def test_a_hook_outside_the_containers_cgroup_does_not_take_its_work(
-        world: Dict[str, Any], tmp_path: Path) -> None:
+    world: Dict[str, Any], tmp_path: Path
+) -> None:
     """A forged hook request (a root process that is not the container's hook: outside the cgroup the engine gave the container at CreateContainer) naming a waiting container's id gets fallback with the reason, the agent writes nothing, and the work stays for the container's own hook, which then takes it."""
     pending, hook = world["pending"], world["hook"]
     work = pending._work["c1"]
@@ -192,21 +231,24 @@ def test_cgroup_binding_reads_cgroupfs_systemd_and_namespaced_paths() -> None:
     from nvshim.agent.hookwork import cgroup_candidates, cgroup_matches, outside_cgroup
 
     pod = "kubepods-besteffort-pod1a2b.slice:cri-containerd:c0ffee"
-    scope = ("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1a2b.slice/"
-             "cri-containerd-c0ffee.scope")
+    scope = (
+        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1a2b.slice/"
+        "cri-containerd-c0ffee.scope"
+    )
     assert cgroup_candidates(pod)[1] == scope
     assert cgroup_candidates("system.slice:docker:abc")[1] == "/system.slice/docker-abc.scope"
     assert cgroup_candidates("-.slice::x")[1] == "/x.scope"
     for path, cgroups_path, ok in [
-            (scope, pod, True),
-            ("/kubepods/besteffort/pod1/c1", "/kubepods/besteffort/pod1/c1", True),
-            ("/kubepods/besteffort/pod1/c2", "/kubepods/besteffort/pod1/c1", False),
-            ("/kubepods/besteffort/pod1/c1/x", "/kubepods/besteffort/pod1/c1", False),
-            ("/user.slice/default/c1", "default/c1", True),
-            ("/user.slice/mydefault/c1", "default/c1", False),
-            ("/../../kubepods/pod1/c1", "/kubepods/pod1/c1", True),
-            ("/../../kubepods/pod1/c2", "/kubepods/pod1/c1", False),
-            ("/", "/kubepods/pod1/c1", False)]:
+        (scope, pod, True),
+        ("/kubepods/besteffort/pod1/c1", "/kubepods/besteffort/pod1/c1", True),
+        ("/kubepods/besteffort/pod1/c2", "/kubepods/besteffort/pod1/c1", False),
+        ("/kubepods/besteffort/pod1/c1/x", "/kubepods/besteffort/pod1/c1", False),
+        ("/user.slice/default/c1", "default/c1", True),
+        ("/user.slice/mydefault/c1", "default/c1", False),
+        ("/../../kubepods/pod1/c1", "/kubepods/pod1/c1", True),
+        ("/../../kubepods/pod1/c2", "/kubepods/pod1/c1", False),
+        ("/", "/kubepods/pod1/c1", False),
+    ]:
         assert cgroup_matches(path, cgroups_path) is ok, (path, cgroups_path)
     assert outside_cgroup(os.getpid(), own_cgroup()) == ""
     assert outside_cgroup(os.getpid(), "") == "the engine gave the container no cgroups path"
@@ -226,14 +268,25 @@ def test_hook_fallback_failure_is_the_hooks_failure(world: Dict[str, Any]) -> No
 
 def test_client_hook_usage_and_missing_fallback(client: Path, tmp_path: Path) -> None:
     """--hook without a fallback argv is a usage line and exit 1; a fallback that cannot be run is one line and exit 1."""
-    res = subprocess.run([str(client), "--hook", str(tmp_path / "s"), "0.1.0"],
-                         input="{}", capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [str(client), "--hook", str(tmp_path / "s"), "0.1.0"],
+        input="{}",
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 1 and res.stderr.startswith("nvshim: usage:"), res.stderr
-    res = subprocess.run([str(client), "--hook", str(tmp_path / "s"), "0.1.0",
-                          str(tmp_path / "missing")], input="{}", capture_output=True,
-                         text=True, timeout=30)
-    assert res.returncode == 1 and res.stderr == f"nvshim: cannot run {tmp_path}/missing: " \
-        "No such file or directory\n", res.stderr
+    res = subprocess.run(
+        [str(client), "--hook", str(tmp_path / "s"), "0.1.0", str(tmp_path / "missing")],
+        input="{}",
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (
+        res.returncode == 1
+        and res.stderr == f"nvshim: cannot run {tmp_path}/missing: No such file or directory\n"
+    ), res.stderr
 
 
 def _echo_fallback(tmp_path: Path) -> List[str]:
@@ -244,26 +297,40 @@ def _echo_fallback(tmp_path: Path) -> List[str]:
 
 
 @settings(max_examples=30, deadline=None)
-@given(reply=st.binary(max_size=48) | st.builds(
-    lambda status, msg: b"nvshim-agent 1\0" + status + b"\0" + msg + b"\0",
-    st.sampled_from([b"ok", b"refused", b"fallback", b"OK", b""]), st.binary(max_size=24)),
-    state=st.text(max_size=200).filter(lambda s: "\0" not in s))
-def test_client_hook_reply_fuzzed(client: Path, tmp_path_factory: pytest.TempPathFactory,
-                                  reply: bytes, state: str) -> None:
+@given(
+    reply=st.binary(max_size=48)
+    | st.builds(
+        lambda status, msg: b"nvshim-agent 1\0" + status + b"\0" + msg + b"\0",
+        st.sampled_from([b"ok", b"refused", b"fallback", b"OK", b""]),
+        st.binary(max_size=24),
+    ),
+    state=st.text(max_size=200).filter(lambda s: "\0" not in s),
+)
+def test_client_hook_reply_fuzzed(
+    client: Path, tmp_path_factory: pytest.TempPathFactory, reply: bytes, state: str
+) -> None:
     """Any reply: exit 0 without the fallback only for a well-formed ``ok``; otherwise the fallback runs with its argv and exactly the state the client read; the request is the agent parser's ``hook`` with the caller's / as its descriptor."""
     tmp = tmp_path_factory.mktemp("hz")
     thread, seen = fake_agent(tmp / "s", reply)
     fallback = _echo_fallback(tmp)
-    res = subprocess.run([str(client), "--hook", str(tmp / "s"), "9.9", *fallback],
-                         input=state.encode(), capture_output=True, timeout=30)
+    res = subprocess.run(
+        [str(client), "--hook", str(tmp / "s"), "9.9", *fallback],
+        input=state.encode(),
+        capture_output=True,
+        timeout=30,
+    )
     thread.join(10)
     data, fds = seen[0]
     assert parse_request(data, len(fds)) == Request("hook", version="9.9", state=state)
     root = os.stat("/")
     assert (fds[0].st_dev, fds[0].st_ino) == (root.st_dev, root.st_ino)
     fields = reply.split(b"\0")
-    ok = (len(fields) == 4 and fields[0] == b"nvshim-agent 1" and fields[1] == b"ok"
-          and fields[3] == b"")
+    ok = (
+        len(fields) == 4
+        and fields[0] == b"nvshim-agent 1"
+        and fields[1] == b"ok"
+        and fields[3] == b""
+    )
     assert res.returncode == 0
     if ok:
         assert not (tmp / "args").exists()
@@ -290,11 +357,17 @@ def test_serve_hook_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     pending.put("c", object(), (), own_cgroup())
     root = os.open("/", os.O_PATH | os.O_DIRECTORY)
     try:
+
         def ask(state: str) -> Tuple[str, str]:
             from nvshim import __version__
 
-            return serve_hook(pending, Request("hook", version=__version__, state=state),
-                              root, Peer(os.getpid(), 0, 0), Log())
+            return serve_hook(
+                pending,
+                Request("hook", version=__version__, state=state),
+                root,
+                Peer(os.getpid(), 0, 0),
+                Log(),
+            )
 
         assert ask("[")[0] == "fallback"
         assert ask('{"bundle": "/x"}') == ("fallback", "the oci state has no container id")
@@ -308,14 +381,22 @@ def test_serve_hook_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     assert pending.hook_entry({"path": "/p", "args": ["/p"]}) is None  # no client here
 
 
-def test_a_client_without_the_hook_mode_keeps_the_python_hook(tmp_path: Path, sim: Any,
-                                                              client: Path) -> None:
+def test_a_client_without_the_hook_mode_keeps_the_python_hook(
+    tmp_path: Path, sim: Any, client: Path
+) -> None:
     """A client that does not answer ``--hook`` with its usage line (one built before the mode) is not put in the adjustment: the Python hook stays and no work waits."""
     old = tmp_path / "old-client"
     old.write_text("#!/bin/sh\nexit 2\n")
     old.chmod(0o755)
-    cfg = replace(Config(driver_root=sim.root, grants_journal=str(tmp_path / "g.jsonl"),
-                         runtimes=("runc",), nri_inject=True), nri_inroot="agent")
+    cfg = replace(
+        Config(
+            driver_root=sim.root,
+            grants_journal=str(tmp_path / "g.jsonl"),
+            runtimes=("runc",),
+            nri_inject=True,
+        ),
+        nri_inroot="agent",
+    )
     ctr = Container(id="c2", name="main", env=(f"NVIDIA_VISIBLE_DEVICES={sim.gpus[0].uuid}",))
     for path, ours in ((old, False), (client, True)):
         pending = PendingWork(str(tmp_path / "s"), str(path))

@@ -24,8 +24,13 @@ PACKAGE = Path(__file__).resolve().parents[3] / "nvshim"
 
 
 def _spec(kind: str = "acme.com/fpga", name: str = "f0", env: str = "F=0") -> str:
-    return json.dumps({"cdiVersion": "0.5.0", "kind": kind,
-                       "devices": [{"name": name, "containerEdits": {"env": [env]}}]})
+    return json.dumps(
+        {
+            "cdiVersion": "0.5.0",
+            "kind": kind,
+            "devices": [{"name": name, "containerEdits": {"env": [env]}}],
+        }
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -58,19 +63,25 @@ def test_problem_is_an_immutable_value() -> None:
     assert str(error) == "a.json: $.kind: bad (and 1 more)" and error.problems[1].json_path == "$"
 
 
-@pytest.mark.parametrize("scalar, why", [
-    ("1" * 5000, "Exceeds the limit"),  # an integer over Python's digit limit
-    ("2024-13-45", "month must be in 1..12"),  # a date yaml cannot build
-])
-def test_yaml_scalar_that_cannot_convert_is_a_problem_of_the_file(tmp_path: Path, scalar: str,
-                                                                  why: str) -> None:
+@pytest.mark.parametrize(
+    "scalar, why",
+    [
+        ("1" * 5000, "Exceeds the limit"),  # an integer over Python's digit limit
+        ("2024-13-45", "month must be in 1..12"),  # a date yaml cannot build
+    ],
+)
+def test_yaml_scalar_that_cannot_convert_is_a_problem_of_the_file(
+    tmp_path: Path, scalar: str, why: str
+) -> None:
     """A YAML value yaml's constructor fails on is one problem naming the file, in every
     reader (load, validate, registry, index), never a bare ValueError."""
     spec_dir = tmp_path / "cdi"
     spec_dir.mkdir()
     bad = spec_dir / "a.yaml"
-    bad.write_text("cdiVersion: 0.5.0\nkind: acme.com/fpga\ndevices:\n"
-                   f"- name: f1\n  containerEdits:\n    env: [A=1]\n  annotations: {{x: {scalar}}}\n")
+    bad.write_text(
+        "cdiVersion: 0.5.0\nkind: acme.com/fpga\ndevices:\n"
+        f"- name: f1\n  containerEdits:\n    env: [A=1]\n  annotations: {{x: {scalar}}}\n"
+    )
     (spec_dir / "b.json").write_text(_spec())
     with pytest.raises(CdiSpecError) as caught:
         load_spec_file(str(bad))
@@ -79,8 +90,9 @@ def test_yaml_scalar_that_cannot_convert_is_a_problem_of_the_file(tmp_path: Path
     registry = load_registry([str(spec_dir)])
     assert [p.path for p in registry.problems] == [str(bad)]
     assert resolve_devices(registry, ["acme.com/fpga=f0"]).env == ("F=0",)
-    indexed, _ = cdiindex.registry_for([str(spec_dir)], ["acme.com/fpga=f0"],
-                                       str(tmp_path / "index.json"), True)
+    indexed, _ = cdiindex.registry_for(
+        [str(spec_dir)], ["acme.com/fpga=f0"], str(tmp_path / "index.json"), True
+    )
     assert indexed.problems == registry.problems
 
 
@@ -94,10 +106,10 @@ def test_symlink_loop_in_a_spec_dir_is_skipped_by_the_index(tmp_path: Path) -> N
     index = str(tmp_path / "index.json")
     full = load_registry([str(spec_dir)])
     assert [str(p) for p in full.problems] == [
-        f"{spec_dir}/loop.json: $: cannot read: Too many levels of symbolic links"]
+        f"{spec_dir}/loop.json: $: cannot read: Too many levels of symbolic links"
+    ]
     for _ in range(2):  # a fresh scan, then from the index it wrote
-        registry, source = cdiindex.registry_for([str(spec_dir)], ["acme.com/fpga=f0"], index,
-                                                 True)
+        registry, source = cdiindex.registry_for([str(spec_dir)], ["acme.com/fpga=f0"], index, True)
         assert registry.problems == full.problems
         assert resolve_devices(registry, ["acme.com/fpga=f0"]).env == ("F=0",)
     assert source == f"CDI index {index}"
@@ -109,7 +121,8 @@ def test_duplicate_json_key_is_one_problem(tmp_path: Path) -> None:
     with pytest.raises(CdiSpecError) as caught:
         read_document(str(path))
     assert caught.value.problems == [
-        CdiProblem(str(path), "$", 'invalid JSON: duplicate key "kind"')]
+        CdiProblem(str(path), "$", 'invalid JSON: duplicate key "kind"')
+    ]
 
 
 # --------------------------------------------------------------------------------------
@@ -129,15 +142,19 @@ def test_default_spec_dirs_are_written_once_in_config() -> None:
     assert containerd.CDI_SPEC_DIRS is DEFAULT_CDI_SPEC_DIRS
     default = inspect.signature(load_registry).parameters["spec_dirs"].default
     assert default is DEFAULT_CDI_SPEC_DIRS
-    writers = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-                     if '"/var/run/cdi"' in p.read_text() or "'/var/run/cdi'" in p.read_text())
+    writers = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if '"/var/run/cdi"' in p.read_text() or "'/var/run/cdi'" in p.read_text()
+    )
     assert writers == ["config.py"]
     runner = CliRunner()
     listing = runner.invoke(cdi_group, ["list", "--help"], terminal_width=200)
     assert "(/etc/cdi, /var/run/cdi unless configured)" in " ".join(listing.output.split())
     configure = runner.invoke(runtime, ["configure", "--help"], terminal_width=200)
     assert 'cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"] unless set' in " ".join(
-        configure.output.split())
+        configure.output.split()
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -154,7 +171,8 @@ def test_spec_files_lists_json_and_yaml_files_in_name_order(tmp_path: Path) -> N
     os.symlink("a.json", tmp_path / "link.json")
     problems: List[CdiProblem] = []
     assert spec_files(str(tmp_path), problems) == [
-        str(tmp_path / n) for n in (".e.json", "a.json", "b.yaml", "link.json")]
+        str(tmp_path / n) for n in (".e.json", "a.json", "b.yaml", "link.json")
+    ]
     assert problems == []
 
 
@@ -164,16 +182,25 @@ def test_spec_files_of_a_missing_dir_and_a_file(tmp_path: Path) -> None:
     assert spec_files(str(tmp_path / "missing"), problems) == [] and problems == []
     (tmp_path / "file").write_text("")
     assert spec_files(str(tmp_path / "file"), problems) == []
-    assert problems == [CdiProblem(str(tmp_path / "file"), "$",
-                                   "spec directory is not a directory")]
+    assert problems == [
+        CdiProblem(str(tmp_path / "file"), "$", "spec directory is not a directory")
+    ]
 
 
 # --------------------------------------------------------------------------------------
 # the create path loads only what resolution needs
 
-RESOLUTION = {"nvshim.cdi", "nvshim.cdi.names", "nvshim.cdi.model", "nvshim.cdi.version",
-              "nvshim.cdi.check", "nvshim.cdi.load", "nvshim.cdi.registry", "nvshim.cdi.index",
-              "nvshim.cdi.stale"}
+RESOLUTION = {
+    "nvshim.cdi",
+    "nvshim.cdi.names",
+    "nvshim.cdi.model",
+    "nvshim.cdi.version",
+    "nvshim.cdi.check",
+    "nvshim.cdi.load",
+    "nvshim.cdi.registry",
+    "nvshim.cdi.index",
+    "nvshim.cdi.stale",
+}
 
 
 def test_cdi_name_create_loads_only_the_resolution_modules(tmp_path: Path) -> None:
@@ -190,8 +217,12 @@ def test_cdi_name_create_loads_only_the_resolution_modules(tmp_path: Path) -> No
     spec_dir = tmp_path / "cdi"
     spec_dir.mkdir()
     (spec_dir / "fpga.json").write_text(_spec())
-    bundle = make_bundle(tmp_path / "bundle", make_rootfs(tmp_path / "rootfs"), ["true"],
-                         env={"NVIDIA_VISIBLE_DEVICES": "acme.com/fpga=f0"})
+    bundle = make_bundle(
+        tmp_path / "bundle",
+        make_rootfs(tmp_path / "rootfs"),
+        ["true"],
+        env={"NVIDIA_VISIBLE_DEVICES": "acme.com/fpga=f0"},
+    )
     env: Dict[str, Any] = compiled_config(tmp_path, extra=f"cdi-spec-dirs: [{spec_dir}]\n")
     res = run_like_trampoline(["create", "--bundle", str(bundle), "c-cdi"], env, bundle)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -43,227 +43,500 @@ def _case(
 
 INVALID = [
     # --- kind
-    _case("kind-no-slash", 'cdiVersion: "0.5.0"\nkind: foo\n' + DEV0,
-          ['$.kind: kind "foo" must be <vendor>/<class>, like nvidia.com/gpu']),
-    _case("kind-trailing-slash", 'cdiVersion: "0.5.0"\nkind: vendor.com/foo/\n' + DEV0,
-          ['$.kind: invalid kind "vendor.com/foo/": class name "foo/" has invalid character "/"']),
-    _case("kind-two-slashes", 'cdiVersion: "0.5.0"\nkind: vendor.com/foo/bar\n' + DEV0,
-          ['$.kind: invalid kind "vendor.com/foo/bar": class name "foo/bar" has invalid '
-           'character "/"']),
-    _case("kind-vendor-digit", 'cdiVersion: "0.5.0"\nkind: 1vendor.com/x\n' + DEV0,
-          ['$.kind: invalid kind "1vendor.com/x": vendor name "1vendor.com" must start with a '
-           'letter']),
-    _case("kind-empty-vendor", 'cdiVersion: "0.5.0"\nkind: /gpu\n' + DEV0,
-          ['$.kind: invalid kind "/gpu": empty vendor name']),
-    _case("kind-class-ends-dash", 'cdiVersion: "0.5.0"\nkind: nvidia.com/gpu-\n' + DEV0,
-          ['$.kind: invalid kind "nvidia.com/gpu-": class name "gpu-" must end with a letter '
-           'or digit']),
-    _case("kind-not-string", 'cdiVersion: "0.5.0"\nkind: 5\n' + DEV0,
-          ["$.kind: must be a string, got an integer"]),
-    _case("kind-missing", 'cdiVersion: "0.5.0"\n' + DEV0,
-          ["$.kind: required field is missing"]),
+    _case(
+        "kind-no-slash",
+        'cdiVersion: "0.5.0"\nkind: foo\n' + DEV0,
+        ['$.kind: kind "foo" must be <vendor>/<class>, like nvidia.com/gpu'],
+    ),
+    _case(
+        "kind-trailing-slash",
+        'cdiVersion: "0.5.0"\nkind: vendor.com/foo/\n' + DEV0,
+        ['$.kind: invalid kind "vendor.com/foo/": class name "foo/" has invalid character "/"'],
+    ),
+    _case(
+        "kind-two-slashes",
+        'cdiVersion: "0.5.0"\nkind: vendor.com/foo/bar\n' + DEV0,
+        [
+            '$.kind: invalid kind "vendor.com/foo/bar": class name "foo/bar" has invalid '
+            'character "/"'
+        ],
+    ),
+    _case(
+        "kind-vendor-digit",
+        'cdiVersion: "0.5.0"\nkind: 1vendor.com/x\n' + DEV0,
+        [
+            '$.kind: invalid kind "1vendor.com/x": vendor name "1vendor.com" must start with a '
+            "letter"
+        ],
+    ),
+    _case(
+        "kind-empty-vendor",
+        'cdiVersion: "0.5.0"\nkind: /gpu\n' + DEV0,
+        ['$.kind: invalid kind "/gpu": empty vendor name'],
+    ),
+    _case(
+        "kind-class-ends-dash",
+        'cdiVersion: "0.5.0"\nkind: nvidia.com/gpu-\n' + DEV0,
+        [
+            '$.kind: invalid kind "nvidia.com/gpu-": class name "gpu-" must end with a letter '
+            "or digit"
+        ],
+    ),
+    _case(
+        "kind-not-string",
+        'cdiVersion: "0.5.0"\nkind: 5\n' + DEV0,
+        ["$.kind: must be a string, got an integer"],
+    ),
+    _case("kind-missing", 'cdiVersion: "0.5.0"\n' + DEV0, ["$.kind: required field is missing"]),
     # --- device names
-    _case("name-space", HEAD + 'devices:\n  - name: "bad name!"\n    containerEdits: {env: [A=1]}\n',
-          ['$.devices[0].name: device name "bad name!" has invalid character " "']),
-    _case("name-leading-dash", HEAD + 'devices:\n  - name: "-x"\n    containerEdits: {env: [A=1]}\n',
-          ['$.devices[0].name: device name "-x" must start with a letter or digit']),
-    _case("name-trailing-colon", HEAD + 'devices:\n  - name: "0:"\n    containerEdits: {env: [A=1]}\n',
-          ['$.devices[0].name: device name "0:" must end with a letter or digit']),
-    _case("name-empty", HEAD + 'devices:\n  - name: ""\n    containerEdits: {env: [A=1]}\n',
-          ["$.devices[0].name: must not be empty"]),
-    _case("name-unquoted-int", HEAD + "devices:\n  - name: 0\n    containerEdits: {env: [A=1]}\n",
-          ["$.devices[0].name: must be a string, got an integer"]),
-    _case("name-missing", HEAD + "devices:\n  - containerEdits: {env: [A=1]}\n",
-          ["$.devices[0].name: required field is missing"]),
+    _case(
+        "name-space",
+        HEAD + 'devices:\n  - name: "bad name!"\n    containerEdits: {env: [A=1]}\n',
+        ['$.devices[0].name: device name "bad name!" has invalid character " "'],
+    ),
+    _case(
+        "name-leading-dash",
+        HEAD + 'devices:\n  - name: "-x"\n    containerEdits: {env: [A=1]}\n',
+        ['$.devices[0].name: device name "-x" must start with a letter or digit'],
+    ),
+    _case(
+        "name-trailing-colon",
+        HEAD + 'devices:\n  - name: "0:"\n    containerEdits: {env: [A=1]}\n',
+        ['$.devices[0].name: device name "0:" must end with a letter or digit'],
+    ),
+    _case(
+        "name-empty",
+        HEAD + 'devices:\n  - name: ""\n    containerEdits: {env: [A=1]}\n',
+        ["$.devices[0].name: must not be empty"],
+    ),
+    _case(
+        "name-unquoted-int",
+        HEAD + "devices:\n  - name: 0\n    containerEdits: {env: [A=1]}\n",
+        ["$.devices[0].name: must be a string, got an integer"],
+    ),
+    _case(
+        "name-missing",
+        HEAD + "devices:\n  - containerEdits: {env: [A=1]}\n",
+        ["$.devices[0].name: required field is missing"],
+    ),
     # --- env
-    _case("env-no-equals", HEAD + 'devices:\n  - name: "0"\n    containerEdits:\n      env: [A=1, FOO]\n',
-          ['$.devices[0].containerEdits.env[1]: env entry "FOO" must be NAME=VALUE']),
-    _case("env-empty-name", HEAD + DEV0 + 'containerEdits:\n  env: ["=x"]\n',
-          ['$.containerEdits.env[0]: env entry "=x" must be NAME=VALUE']),
-    _case("env-not-string", HEAD + DEV0 + "containerEdits:\n  env: [1]\n",
-          ["$.containerEdits.env[0]: must be a string, got an integer"]),
-    _case("hook-env-bad", HEAD + DEV0 + "containerEdits:\n  hooks:\n    - hookName: prestart\n"
-          "      path: /bin/true\n      env: [NOEQUALS]\n",
-          ['$.containerEdits.hooks[0].env[0]: env entry "NOEQUALS" must be NAME=VALUE']),
+    _case(
+        "env-no-equals",
+        HEAD + 'devices:\n  - name: "0"\n    containerEdits:\n      env: [A=1, FOO]\n',
+        ['$.devices[0].containerEdits.env[1]: env entry "FOO" must be NAME=VALUE'],
+    ),
+    _case(
+        "env-empty-name",
+        HEAD + DEV0 + 'containerEdits:\n  env: ["=x"]\n',
+        ['$.containerEdits.env[0]: env entry "=x" must be NAME=VALUE'],
+    ),
+    _case(
+        "env-not-string",
+        HEAD + DEV0 + "containerEdits:\n  env: [1]\n",
+        ["$.containerEdits.env[0]: must be a string, got an integer"],
+    ),
+    _case(
+        "hook-env-bad",
+        HEAD + DEV0 + "containerEdits:\n  hooks:\n    - hookName: prestart\n"
+        "      path: /bin/true\n      env: [NOEQUALS]\n",
+        ['$.containerEdits.hooks[0].env[0]: env entry "NOEQUALS" must be NAME=VALUE'],
+    ),
     # --- devices list
-    _case("duplicate-devices", HEAD + 'devices:\n  - name: "0"\n    containerEdits: {env: [A=1]}\n'
-          '  - name: "0"\n    containerEdits: {env: [B=1]}\n',
-          ['$.devices[1].name: duplicate device name "0" (also $.devices[0])'], schema=False),
-    _case("empty-device-edits", HEAD + 'devices:\n  - name: "x"\n    containerEdits: {}\n',
-          ['$.devices[0].containerEdits: device "x" has empty containerEdits']),
-    _case("device-edits-empty-lists", HEAD + 'devices:\n  - name: "x"\n    containerEdits:\n'
-          "      env: []\n      mounts: []\n",
-          ['$.devices[0].containerEdits: device "x" has empty containerEdits'], schema=False),
-    _case("device-edits-null", HEAD + 'devices:\n  - name: "x"\n    containerEdits: null\n',
-          ['$.devices[0].containerEdits: device "x" has empty containerEdits']),
-    _case("device-edits-missing", HEAD + 'devices:\n  - name: "x"\n',
-          ["$.devices[0].containerEdits: required field is missing"]),
-    _case("zero-devices", HEAD + "devices: []\n",
-          ["$.devices: no devices: a spec must define at least one"]),
+    _case(
+        "duplicate-devices",
+        HEAD + 'devices:\n  - name: "0"\n    containerEdits: {env: [A=1]}\n'
+        '  - name: "0"\n    containerEdits: {env: [B=1]}\n',
+        ['$.devices[1].name: duplicate device name "0" (also $.devices[0])'],
+        schema=False,
+    ),
+    _case(
+        "empty-device-edits",
+        HEAD + 'devices:\n  - name: "x"\n    containerEdits: {}\n',
+        ['$.devices[0].containerEdits: device "x" has empty containerEdits'],
+    ),
+    _case(
+        "device-edits-empty-lists",
+        HEAD + 'devices:\n  - name: "x"\n    containerEdits:\n      env: []\n      mounts: []\n',
+        ['$.devices[0].containerEdits: device "x" has empty containerEdits'],
+        schema=False,
+    ),
+    _case(
+        "device-edits-null",
+        HEAD + 'devices:\n  - name: "x"\n    containerEdits: null\n',
+        ['$.devices[0].containerEdits: device "x" has empty containerEdits'],
+    ),
+    _case(
+        "device-edits-missing",
+        HEAD + 'devices:\n  - name: "x"\n',
+        ["$.devices[0].containerEdits: required field is missing"],
+    ),
+    _case(
+        "zero-devices",
+        HEAD + "devices: []\n",
+        ["$.devices: no devices: a spec must define at least one"],
+    ),
     _case("devices-missing", HEAD, ["$.devices: required field is missing"]),
-    _case("devices-mapping", HEAD + "devices: {name: x}\n",
-          ["$.devices: must be a list, got a mapping"]),
-    _case("device-not-mapping", HEAD + "devices: [gpu0]\n",
-          ["$.devices[0]: must be a mapping, got a string"]),
+    _case(
+        "devices-mapping",
+        HEAD + "devices: {name: x}\n",
+        ["$.devices: must be a list, got a mapping"],
+    ),
+    _case(
+        "device-not-mapping",
+        HEAD + "devices: [gpu0]\n",
+        ["$.devices[0]: must be a mapping, got a string"],
+    ),
     # --- versions
-    _case("version-too-low-digit-name", 'cdiVersion: "0.3.0"\nkind: nvidia.com/gpu\n' + DEV0,
-          ['$.cdiVersion: cdiVersion "0.3.0" is too low: content requires 0.5.0 '
-           '(device name "0" starts with a digit)'], schema=False),
-    _case("version-too-low-mount-type", 'cdiVersion: "0.3.0"\nkind: nvidia.com/gpu\n'
-          'devices:\n  - name: gpu0\n    containerEdits:\n      mounts:\n'
-          "        - {hostPath: /a, containerPath: /b, type: bind, options: [bind]}\n",
-          ['$.cdiVersion: cdiVersion "0.3.0" is too low: content requires 0.4.0 '
-           "($.devices[0].containerEdits.mounts has a type)"], schema=False),
-    _case("version-too-low-annotations", HEAD + "annotations: {a: b}\n" + DEV0,
-          ['$.cdiVersion: cdiVersion "0.5.0" is too low: content requires 0.6.0 '
-           "($.annotations is set)"], schema=False),
-    _case("version-too-low-gids", HEAD + DEV0 + "containerEdits:\n  additionalGids: [0]\n",
-          ['$.cdiVersion: cdiVersion "0.5.0" is too low: content requires 0.7.0 '
-           "($.containerEdits.additionalGids is set)"], schema=False),
-    _case("version-too-low-netdevices", 'cdiVersion: "1.0.0"\nkind: nvidia.com/net\n'
-          'devices:\n  - name: eth\n    containerEdits:\n      netDevices:\n'
-          "        - {hostInterfaceName: eth1, name: eth0}\n",
-          ['$.cdiVersion: cdiVersion "1.0.0" is too low: content requires 1.1.0 '
-           "($.devices[0].containerEdits.netDevices is set)"], schema=False),
-    _case("version-unknown", 'cdiVersion: "0.5.1"\nkind: nvidia.com/gpu\n' + DEV0,
-          [f'$.cdiVersion: unknown cdiVersion "0.5.1": known versions are {ALL_VERSIONS}']),
-    _case("version-1.0.1", 'cdiVersion: "1.0.1"\nkind: nvidia.com/gpu\n' + DEV0,
-          [f'$.cdiVersion: unknown cdiVersion "1.0.1": known versions are {ALL_VERSIONS}']),
-    _case("version-0.2.0", 'cdiVersion: "0.2.0"\nkind: nvidia.com/gpu\n'
-          'devices:\n  - name: gpu\n    containerEdits: {env: [A=1]}\n',
-          ['$.cdiVersion: cdiVersion "0.2.0" is too low: content requires 0.3.0 '
-           "(the earliest supported version)"], schema=False),
-    _case("version-missing", "kind: nvidia.com/gpu\n" + DEV0,
-          ["$.cdiVersion: required field is missing"]),
-    _case("version-float", "cdiVersion: 0.5\nkind: nvidia.com/gpu\n" + DEV0,
-          ["$.cdiVersion: must be a string, got a number"]),
-    _case("version-empty", 'cdiVersion: ""\nkind: nvidia.com/gpu\n' + DEV0,
-          ["$.cdiVersion: must not be empty"]),
+    _case(
+        "version-too-low-digit-name",
+        'cdiVersion: "0.3.0"\nkind: nvidia.com/gpu\n' + DEV0,
+        [
+            '$.cdiVersion: cdiVersion "0.3.0" is too low: content requires 0.5.0 '
+            '(device name "0" starts with a digit)'
+        ],
+        schema=False,
+    ),
+    _case(
+        "version-too-low-mount-type",
+        'cdiVersion: "0.3.0"\nkind: nvidia.com/gpu\n'
+        "devices:\n  - name: gpu0\n    containerEdits:\n      mounts:\n"
+        "        - {hostPath: /a, containerPath: /b, type: bind, options: [bind]}\n",
+        [
+            '$.cdiVersion: cdiVersion "0.3.0" is too low: content requires 0.4.0 '
+            "($.devices[0].containerEdits.mounts has a type)"
+        ],
+        schema=False,
+    ),
+    _case(
+        "version-too-low-annotations",
+        HEAD + "annotations: {a: b}\n" + DEV0,
+        [
+            '$.cdiVersion: cdiVersion "0.5.0" is too low: content requires 0.6.0 '
+            "($.annotations is set)"
+        ],
+        schema=False,
+    ),
+    _case(
+        "version-too-low-gids",
+        HEAD + DEV0 + "containerEdits:\n  additionalGids: [0]\n",
+        [
+            '$.cdiVersion: cdiVersion "0.5.0" is too low: content requires 0.7.0 '
+            "($.containerEdits.additionalGids is set)"
+        ],
+        schema=False,
+    ),
+    _case(
+        "version-too-low-netdevices",
+        'cdiVersion: "1.0.0"\nkind: nvidia.com/net\n'
+        "devices:\n  - name: eth\n    containerEdits:\n      netDevices:\n"
+        "        - {hostInterfaceName: eth1, name: eth0}\n",
+        [
+            '$.cdiVersion: cdiVersion "1.0.0" is too low: content requires 1.1.0 '
+            "($.devices[0].containerEdits.netDevices is set)"
+        ],
+        schema=False,
+    ),
+    _case(
+        "version-unknown",
+        'cdiVersion: "0.5.1"\nkind: nvidia.com/gpu\n' + DEV0,
+        [f'$.cdiVersion: unknown cdiVersion "0.5.1": known versions are {ALL_VERSIONS}'],
+    ),
+    _case(
+        "version-1.0.1",
+        'cdiVersion: "1.0.1"\nkind: nvidia.com/gpu\n' + DEV0,
+        [f'$.cdiVersion: unknown cdiVersion "1.0.1": known versions are {ALL_VERSIONS}'],
+    ),
+    _case(
+        "version-0.2.0",
+        'cdiVersion: "0.2.0"\nkind: nvidia.com/gpu\n'
+        "devices:\n  - name: gpu\n    containerEdits: {env: [A=1]}\n",
+        [
+            '$.cdiVersion: cdiVersion "0.2.0" is too low: content requires 0.3.0 '
+            "(the earliest supported version)"
+        ],
+        schema=False,
+    ),
+    _case(
+        "version-missing",
+        "kind: nvidia.com/gpu\n" + DEV0,
+        ["$.cdiVersion: required field is missing"],
+    ),
+    _case(
+        "version-float",
+        "cdiVersion: 0.5\nkind: nvidia.com/gpu\n" + DEV0,
+        ["$.cdiVersion: must be a string, got a number"],
+    ),
+    _case(
+        "version-empty",
+        'cdiVersion: ""\nkind: nvidia.com/gpu\n' + DEV0,
+        ["$.cdiVersion: must not be empty"],
+    ),
     # --- hooks
-    _case("hook-unknown-name", HEAD + DEV0 + "containerEdits:\n  hooks:\n"
-          "    - {hookName: preStart, path: /bin/true}\n",
-          ['$.containerEdits.hooks[0].hookName: unknown hook name "preStart": expected one of '
-           "prestart, createRuntime, createContainer, startContainer, poststart, poststop"]),
-    _case("hook-empty-path", HEAD + DEV0 + "containerEdits:\n  hooks:\n"
-          '    - {hookName: poststop, path: ""}\n',
-          ["$.containerEdits.hooks[0].path: must not be empty"]),
-    _case("hook-relative-path", HEAD + DEV0 + "containerEdits:\n  hooks:\n"
-          "    - {hookName: createContainer, path: nvshim, args: [nvshim, hook]}\n",
-          ['$.containerEdits.hooks[0].path: hook path "nvshim" is not absolute'], schema=False),
-    _case("hook-timeout-string", HEAD + DEV0 + "containerEdits:\n  hooks:\n"
-          '    - {hookName: poststop, path: /x, timeout: "5"}\n',
-          ["$.containerEdits.hooks[0].timeout: must be an integer, got a string"]),
+    _case(
+        "hook-unknown-name",
+        HEAD + DEV0 + "containerEdits:\n  hooks:\n    - {hookName: preStart, path: /bin/true}\n",
+        [
+            '$.containerEdits.hooks[0].hookName: unknown hook name "preStart": expected one of '
+            "prestart, createRuntime, createContainer, startContainer, poststart, poststop"
+        ],
+    ),
+    _case(
+        "hook-empty-path",
+        HEAD + DEV0 + 'containerEdits:\n  hooks:\n    - {hookName: poststop, path: ""}\n',
+        ["$.containerEdits.hooks[0].path: must not be empty"],
+    ),
+    _case(
+        "hook-relative-path",
+        HEAD + DEV0 + "containerEdits:\n  hooks:\n"
+        "    - {hookName: createContainer, path: nvshim, args: [nvshim, hook]}\n",
+        ['$.containerEdits.hooks[0].path: hook path "nvshim" is not absolute'],
+        schema=False,
+    ),
+    _case(
+        "hook-timeout-string",
+        HEAD + DEV0 + "containerEdits:\n  hooks:\n"
+        '    - {hookName: poststop, path: /x, timeout: "5"}\n',
+        ["$.containerEdits.hooks[0].timeout: must be an integer, got a string"],
+    ),
     # --- device nodes
-    _case("node-bad-permissions", HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
-          "    - {path: /dev/nvidia0, permissions: rwx}\n",
-          ['$.containerEdits.deviceNodes[0].permissions: permissions "rwx" may only contain '
-           "the letters r, w and m"]),
-    _case("node-permissions-none", HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
-          "    - {path: /dev/nvidia0, permissions: none}\n",
-          ['$.containerEdits.deviceNodes[0].permissions: permissions "none" may only contain '
-           "the letters r, w and m"]),
-    _case("node-bad-type", HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
-          "    - {path: /dev/nvidia0, type: x}\n",
-          ['$.containerEdits.deviceNodes[0].type: device type "x" is not one of b, c, u, p']),
-    _case("node-path-missing", HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
-          "    - {hostPath: /dev/nvidia0}\n",
-          ["$.containerEdits.deviceNodes[0].path: required field is missing"]),
-    _case("node-major-string", HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
-          '    - {path: /dev/nvidia0, type: c, major: "195", minor: 0}\n',
-          ["$.containerEdits.deviceNodes[0].major: must be an integer, got a string"]),
-    _case("node-major-outside-32-bits", HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
-          "    - {path: /dev/gpu1, type: c, major: 4294967491, minor: 1}\n",
-          ["$.containerEdits.deviceNodes[0].major: 4294967491 is out of range 0..4294967295 "
-           "(runc keeps the low 32 bits: it would use 195)"], schema=False),
-    _case("node-minor-negative", HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
-          "    - {path: /dev/gpu1, type: c, major: 195, minor: -1}\n",
-          ["$.containerEdits.deviceNodes[0].minor: -1 is out of range 0..4294967295 "
-           "(runc keeps the low 32 bits: it would use 4294967295)"], schema=False),
-    _case("node-uid-negative", HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
-          "    - {path: /dev/nvidia0, uid: -1}\n",
-          ["$.containerEdits.deviceNodes[0].uid: -1 is out of range 0..4294967295"]),
-    _case("node-relative-path", HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
-          "    - {path: dev/nvidia0, hostPath: /dev/nvidia0}\n",
-          ['$.containerEdits.deviceNodes[0].path: container path "dev/nvidia0" is not absolute '
-           '(did you mean "/dev/nvidia0"?)'], schema=False),
-    _case("node-list-is-string", HEAD + DEV0 + "containerEdits:\n  deviceNodes: /dev/nvidia0\n",
-          ["$.containerEdits.deviceNodes: must be a list, got a string"]),
+    _case(
+        "node-bad-permissions",
+        HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
+        "    - {path: /dev/nvidia0, permissions: rwx}\n",
+        [
+            '$.containerEdits.deviceNodes[0].permissions: permissions "rwx" may only contain '
+            "the letters r, w and m"
+        ],
+    ),
+    _case(
+        "node-permissions-none",
+        HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
+        "    - {path: /dev/nvidia0, permissions: none}\n",
+        [
+            '$.containerEdits.deviceNodes[0].permissions: permissions "none" may only contain '
+            "the letters r, w and m"
+        ],
+    ),
+    _case(
+        "node-bad-type",
+        HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n    - {path: /dev/nvidia0, type: x}\n",
+        ['$.containerEdits.deviceNodes[0].type: device type "x" is not one of b, c, u, p'],
+    ),
+    _case(
+        "node-path-missing",
+        HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n    - {hostPath: /dev/nvidia0}\n",
+        ["$.containerEdits.deviceNodes[0].path: required field is missing"],
+    ),
+    _case(
+        "node-major-string",
+        HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
+        '    - {path: /dev/nvidia0, type: c, major: "195", minor: 0}\n',
+        ["$.containerEdits.deviceNodes[0].major: must be an integer, got a string"],
+    ),
+    _case(
+        "node-major-outside-32-bits",
+        HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
+        "    - {path: /dev/gpu1, type: c, major: 4294967491, minor: 1}\n",
+        [
+            "$.containerEdits.deviceNodes[0].major: 4294967491 is out of range 0..4294967295 "
+            "(runc keeps the low 32 bits: it would use 195)"
+        ],
+        schema=False,
+    ),
+    _case(
+        "node-minor-negative",
+        HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
+        "    - {path: /dev/gpu1, type: c, major: 195, minor: -1}\n",
+        [
+            "$.containerEdits.deviceNodes[0].minor: -1 is out of range 0..4294967295 "
+            "(runc keeps the low 32 bits: it would use 4294967295)"
+        ],
+        schema=False,
+    ),
+    _case(
+        "node-uid-negative",
+        HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n    - {path: /dev/nvidia0, uid: -1}\n",
+        ["$.containerEdits.deviceNodes[0].uid: -1 is out of range 0..4294967295"],
+    ),
+    _case(
+        "node-relative-path",
+        HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
+        "    - {path: dev/nvidia0, hostPath: /dev/nvidia0}\n",
+        [
+            '$.containerEdits.deviceNodes[0].path: container path "dev/nvidia0" is not absolute '
+            '(did you mean "/dev/nvidia0"?)'
+        ],
+        schema=False,
+    ),
+    _case(
+        "node-list-is-string",
+        HEAD + DEV0 + "containerEdits:\n  deviceNodes: /dev/nvidia0\n",
+        ["$.containerEdits.deviceNodes: must be a list, got a string"],
+    ),
     # --- mounts, gids, net, rdt, annotations
-    _case("mount-no-container-path", HEAD + DEV0 + "containerEdits:\n  mounts:\n"
-          "    - {hostPath: /a, options: [ro, bind]}\n",
-          ["$.containerEdits.mounts[0].containerPath: required field is missing"]),
-    _case("mount-relative-container-path", HEAD + DEV0 + "containerEdits:\n  mounts:\n"
-          "    - {hostPath: /usr/lib/libcuda.so.1, containerPath: usr/lib/libcuda.so.1}\n",
-          ['$.containerEdits.mounts[0].containerPath: container path "usr/lib/libcuda.so.1" '
-           'is not absolute (did you mean "/usr/lib/libcuda.so.1"?)'], schema=False),
-    _case("mount-options-string", HEAD + DEV0 + "containerEdits:\n  mounts:\n"
-          "    - {hostPath: /a, containerPath: /a, options: ro}\n",
-          ["$.containerEdits.mounts[0].options: must be a list, got a string"]),
-    _case("gid-negative", 'cdiVersion: "0.7.0"\nkind: nvidia.com/gpu\n' + DEV0
-          + "containerEdits:\n  additionalGids: [-1]\n",
-          ["$.containerEdits.additionalGids[0]: -1 is out of range 0..4294967295"]),
-    _case("netdevice-duplicate-name", 'cdiVersion: "1.1.0"\nkind: nvidia.com/net\n'
-          "devices:\n  - name: eth\n    containerEdits:\n      netDevices:\n"
-          "        - {hostInterfaceName: eth1, name: eth0}\n"
-          "        - {hostInterfaceName: eth2, name: eth0}\n",
-          ['$.devices[0].containerEdits.netDevices[1].name: duplicate name "eth0" '
-           "(also $.devices[0].containerEdits.netDevices[0])"], schema=False),
-    _case("rdt-bad-closid", 'cdiVersion: "0.7.0"\nkind: nvidia.com/gpu\n' + DEV0
-          + 'containerEdits:\n  intelRdt: {closID: ".."}\n',
-          ['$.containerEdits.intelRdt.closID: invalid closID ".."'], schema=False),
-    _case("annotation-not-string", 'cdiVersion: "0.6.0"\nkind: nvidia.com/gpu\n'
-          "annotations: {enabled: true}\n" + DEV0,
-          ["$.annotations.enabled: must be a string, got a boolean"]),
+    _case(
+        "mount-no-container-path",
+        HEAD + DEV0 + "containerEdits:\n  mounts:\n    - {hostPath: /a, options: [ro, bind]}\n",
+        ["$.containerEdits.mounts[0].containerPath: required field is missing"],
+    ),
+    _case(
+        "mount-relative-container-path",
+        HEAD + DEV0 + "containerEdits:\n  mounts:\n"
+        "    - {hostPath: /usr/lib/libcuda.so.1, containerPath: usr/lib/libcuda.so.1}\n",
+        [
+            '$.containerEdits.mounts[0].containerPath: container path "usr/lib/libcuda.so.1" '
+            'is not absolute (did you mean "/usr/lib/libcuda.so.1"?)'
+        ],
+        schema=False,
+    ),
+    _case(
+        "mount-options-string",
+        HEAD + DEV0 + "containerEdits:\n  mounts:\n"
+        "    - {hostPath: /a, containerPath: /a, options: ro}\n",
+        ["$.containerEdits.mounts[0].options: must be a list, got a string"],
+    ),
+    _case(
+        "gid-negative",
+        'cdiVersion: "0.7.0"\nkind: nvidia.com/gpu\n'
+        + DEV0
+        + "containerEdits:\n  additionalGids: [-1]\n",
+        ["$.containerEdits.additionalGids[0]: -1 is out of range 0..4294967295"],
+    ),
+    _case(
+        "netdevice-duplicate-name",
+        'cdiVersion: "1.1.0"\nkind: nvidia.com/net\n'
+        "devices:\n  - name: eth\n    containerEdits:\n      netDevices:\n"
+        "        - {hostInterfaceName: eth1, name: eth0}\n"
+        "        - {hostInterfaceName: eth2, name: eth0}\n",
+        [
+            '$.devices[0].containerEdits.netDevices[1].name: duplicate name "eth0" '
+            "(also $.devices[0].containerEdits.netDevices[0])"
+        ],
+        schema=False,
+    ),
+    _case(
+        "rdt-bad-closid",
+        'cdiVersion: "0.7.0"\nkind: nvidia.com/gpu\n'
+        + DEV0
+        + 'containerEdits:\n  intelRdt: {closID: ".."}\n',
+        ['$.containerEdits.intelRdt.closID: invalid closID ".."'],
+        schema=False,
+    ),
+    _case(
+        "annotation-not-string",
+        'cdiVersion: "0.6.0"\nkind: nvidia.com/gpu\nannotations: {enabled: true}\n' + DEV0,
+        ["$.annotations.enabled: must be a string, got a boolean"],
+    ),
     # --- unknown fields
     _case("unknown-top-field", HEAD + DEV0 + "extra: 1\n", ['$.extra: unknown field "extra"']),
-    _case("unknown-field-case", 'cdiVersion: "0.7.0"\nkind: nvidia.com/gpu\n' + DEV0
-          + "containerEdits:\n  additionalGIDs: [5]\n",
-          ['$.containerEdits.additionalGIDs: unknown field "additionalGIDs" '
-           '(did you mean "additionalGids"?)']),
-    _case("unknown-node-field", HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n"
-          "    - {path: /dev/nvidia0, mode: 438}\n",
-          ['$.containerEdits.deviceNodes[0].mode: unknown field "mode"']),
+    _case(
+        "unknown-field-case",
+        'cdiVersion: "0.7.0"\nkind: nvidia.com/gpu\n'
+        + DEV0
+        + "containerEdits:\n  additionalGIDs: [5]\n",
+        [
+            '$.containerEdits.additionalGIDs: unknown field "additionalGIDs" '
+            '(did you mean "additionalGids"?)'
+        ],
+    ),
+    _case(
+        "unknown-node-field",
+        HEAD + DEV0 + "containerEdits:\n  deviceNodes:\n    - {path: /dev/nvidia0, mode: 438}\n",
+        ['$.containerEdits.deviceNodes[0].mode: unknown field "mode"'],
+    ),
     # --- decoding
-    _case("yaml-syntax", 'cdiVersion: "0.5.0"\nkind: [nvidia.com/gpu\n',
-          ["$: invalid YAML at line 3, column 1: while parsing a flow sequence: expected ',' "
-           "or ']', but got '<stream end>'"], schema=False),
-    _case("yaml-duplicate-key", HEAD + "kind: other.com/gpu\n" + DEV0,
-          ['$: invalid YAML at line 3, column 1: duplicate key "kind"'], schema=False),
-    _case("yaml-duplicate-nested-key", HEAD + 'devices:\n  - name: "0"\n    name: "1"\n'
-          "    containerEdits: {env: [A=1]}\n",
-          ['$: invalid YAML at line 5, column 5: duplicate key "name"'], schema=False),
-    _case("yaml-list-document", "- cdiVersion: 0.5.0\n",
-          ["$: top level must be a mapping, got a list"], schema=False),
-    _case("yaml-scalar-document", "just text\n",
-          ["$: top level must be a mapping, got a string"], schema=False),
+    _case(
+        "yaml-syntax",
+        'cdiVersion: "0.5.0"\nkind: [nvidia.com/gpu\n',
+        [
+            "$: invalid YAML at line 3, column 1: while parsing a flow sequence: expected ',' "
+            "or ']', but got '<stream end>'"
+        ],
+        schema=False,
+    ),
+    _case(
+        "yaml-duplicate-key",
+        HEAD + "kind: other.com/gpu\n" + DEV0,
+        ['$: invalid YAML at line 3, column 1: duplicate key "kind"'],
+        schema=False,
+    ),
+    _case(
+        "yaml-duplicate-nested-key",
+        HEAD + 'devices:\n  - name: "0"\n    name: "1"\n    containerEdits: {env: [A=1]}\n',
+        ['$: invalid YAML at line 5, column 5: duplicate key "name"'],
+        schema=False,
+    ),
+    _case(
+        "yaml-list-document",
+        "- cdiVersion: 0.5.0\n",
+        ["$: top level must be a mapping, got a list"],
+        schema=False,
+    ),
+    _case(
+        "yaml-scalar-document",
+        "just text\n",
+        ["$: top level must be a mapping, got a string"],
+        schema=False,
+    ),
     _case("yaml-empty-file", "", ["$: empty document"], schema=False),
     _case("yaml-null-document", "---\n...\n", ["$: empty document"], schema=False),
-    _case("yaml-two-documents", HEAD + DEV0 + "---\n" + HEAD + DEV0,
-          ["$: invalid YAML at line 7, column 1: expected a single document in the stream: "
-           "but found another document"], schema=False),
-    _case("json-syntax", '{"cdiVersion": "0.5.0",\n "kind": }', [
-          "$: invalid JSON at line 2, column 10: Expecting value"], ext="json", schema=False),
-    _case("json-duplicate-key", '{"cdiVersion": "0.5.0", "kind": "a/b", "kind": "a/c"}',
-          ['$: invalid JSON: duplicate key "kind"'], ext="json", schema=False),
-    _case("json-nan", '{"cdiVersion": "0.5.0", "kind": "a/b", "devices": NaN}',
-          ["$: invalid JSON: NaN is not valid JSON"], ext="json", schema=False),
+    _case(
+        "yaml-two-documents",
+        HEAD + DEV0 + "---\n" + HEAD + DEV0,
+        [
+            "$: invalid YAML at line 7, column 1: expected a single document in the stream: "
+            "but found another document"
+        ],
+        schema=False,
+    ),
+    _case(
+        "json-syntax",
+        '{"cdiVersion": "0.5.0",\n "kind": }',
+        ["$: invalid JSON at line 2, column 10: Expecting value"],
+        ext="json",
+        schema=False,
+    ),
+    _case(
+        "json-duplicate-key",
+        '{"cdiVersion": "0.5.0", "kind": "a/b", "kind": "a/c"}',
+        ['$: invalid JSON: duplicate key "kind"'],
+        ext="json",
+        schema=False,
+    ),
+    _case(
+        "json-nan",
+        '{"cdiVersion": "0.5.0", "kind": "a/b", "devices": NaN}',
+        ["$: invalid JSON: NaN is not valid JSON"],
+        ext="json",
+        schema=False,
+    ),
     _case("json-null", "null", ["$: empty document"], ext="json", schema=False),
     _case("json-whitespace", "  \n", ["$: empty document"], ext="json", schema=False),
-    _case("json-array", "[]", ["$: top level must be a mapping, got a list"], ext="json",
-          schema=False),
-    _case("yml-extension", HEAD + DEV0,
-          ['$: unknown extension ".yml": CDI spec files end in .json or .yaml'], ext="yml",
-          schema=False),
+    _case(
+        "json-array", "[]", ["$: top level must be a mapping, got a list"], ext="json", schema=False
+    ),
+    _case(
+        "yml-extension",
+        HEAD + DEV0,
+        ['$: unknown extension ".yml": CDI spec files end in .json or .yaml'],
+        ext="yml",
+        schema=False,
+    ),
     # --- several problems in one file, in check order
-    _case("several", 'cdiVersion: "0.3.0"\nkind: nvidia.com/gpu\nbogus: 1\n'
-          'devices:\n  - name: "0"\n    containerEdits:\n      env: [FOO]\n'
-          '  - name: "0"\n    containerEdits: {}\n',
-          ['$.bogus: unknown field "bogus"',
-           '$.cdiVersion: cdiVersion "0.3.0" is too low: content requires 0.5.0 '
-           '(device name "0" starts with a digit)',
-           '$.devices[0].containerEdits.env[0]: env entry "FOO" must be NAME=VALUE',
-           '$.devices[1].name: duplicate device name "0" (also $.devices[0])',
-           '$.devices[1].containerEdits: device "0" has empty containerEdits']),
+    _case(
+        "several",
+        'cdiVersion: "0.3.0"\nkind: nvidia.com/gpu\nbogus: 1\n'
+        'devices:\n  - name: "0"\n    containerEdits:\n      env: [FOO]\n'
+        '  - name: "0"\n    containerEdits: {}\n',
+        [
+            '$.bogus: unknown field "bogus"',
+            '$.cdiVersion: cdiVersion "0.3.0" is too low: content requires 0.5.0 '
+            '(device name "0" starts with a digit)',
+            '$.devices[0].containerEdits.env[0]: env entry "FOO" must be NAME=VALUE',
+            '$.devices[1].name: duplicate device name "0" (also $.devices[0])',
+            '$.devices[1].containerEdits: device "0" has empty containerEdits',
+        ],
+    ),
 ]
 
 
@@ -304,9 +577,7 @@ def test_invalid_spec_file_fails_to_load(
     assert str(info.value).startswith(f"{path}: {expected[0]}")
 
 
-@pytest.mark.parametrize(
-    "ext,text,expected,schema", [case for case in INVALID if case.values[3]]
-)
+@pytest.mark.parametrize("ext,text,expected,schema", [case for case in INVALID if case.values[3]])
 def test_schema_alone_flags_the_same_place(
     ext: str, text: str, expected: List[str], schema: bool
 ) -> None:
@@ -372,12 +643,21 @@ FULL_SPEC = {
         "additionalGids": [0, 44],
         "deviceNodes": [
             {"path": "/dev/pipe", "type": "p"},
-            {"path": "/dev/x", "type": "b", "major": 8, "minor": 0, "fileMode": 438,
-             "permissions": "", "uid": 0, "gid": 0},
+            {
+                "path": "/dev/x",
+                "type": "b",
+                "major": 8,
+                "minor": 0,
+                "fileMode": 438,
+                "permissions": "",
+                "uid": 0,
+                "gid": 0,
+            },
         ],
         "mounts": [{"hostPath": "/a", "containerPath": "/b", "type": "tmpfs"}],
-        "hooks": [{"hookName": "prestart", "path": "/bin/true", "args": [], "env": [],
-                   "timeout": 5}],
+        "hooks": [
+            {"hookName": "prestart", "path": "/bin/true", "args": [], "env": [], "timeout": 5}
+        ],
     },
 }
 
@@ -387,15 +667,27 @@ VALID = [
     pytest.param("json", json.dumps(FULL_SPEC), id="every-field-1.1.0"),
     pytest.param("yaml", 'cdiVersion: "v0.5.0"\nkind: n/g\n' + DEV0, id="v-prefixed-version"),
     pytest.param("yaml", 'cdiVersion: "1.1.0"\nkind: n/g\n' + DEV0, id="newer-than-needed"),
-    pytest.param("yaml", HEAD + 'devices:\n  - name: "0"\n    annotations: null\n'
-                 "    containerEdits:\n      env: [A=1]\n      mounts: null\n"
-                 "containerEdits: null\n", id="nulls-mean-absent"),
-    pytest.param("yaml", 'cdiVersion: "0.3.0"\nkind: a/b\n'
-                 "devices:\n  - name: x\n    containerEdits: {env: [A=1]}\n"
-                 "containerEdits: {}\n", id="baseline-0.3.0-empty-spec-edits"),
-    pytest.param("yaml", HEAD + 'devices:\n  - name: "0"\n    containerEdits: &common\n'
-                 '      env: [A=1]\n  - name: "1"\n    containerEdits:\n      <<: *common\n'
-                 "      env: [A=2]\n", id="yaml-merge-key-override"),
+    pytest.param(
+        "yaml",
+        HEAD + 'devices:\n  - name: "0"\n    annotations: null\n'
+        "    containerEdits:\n      env: [A=1]\n      mounts: null\n"
+        "containerEdits: null\n",
+        id="nulls-mean-absent",
+    ),
+    pytest.param(
+        "yaml",
+        'cdiVersion: "0.3.0"\nkind: a/b\n'
+        "devices:\n  - name: x\n    containerEdits: {env: [A=1]}\n"
+        "containerEdits: {}\n",
+        id="baseline-0.3.0-empty-spec-edits",
+    ),
+    pytest.param(
+        "yaml",
+        HEAD + 'devices:\n  - name: "0"\n    containerEdits: &common\n'
+        '      env: [A=1]\n  - name: "1"\n    containerEdits:\n      <<: *common\n'
+        "      env: [A=2]\n",
+        id="yaml-merge-key-override",
+    ),
 ]
 
 
@@ -413,11 +705,21 @@ def test_loaded_spec_models_edits() -> None:
     """The engines.md example loads with its spec-level and device edits as Edits values."""
     spec = parse_spec(yaml.safe_load(LAB_SPEC), "lab.yaml")
     assert (spec.kind, spec.vendor, spec.class_, spec.version) == (
-        "nvidia.com/gpu", "nvidia.com", "gpu", "0.5.0")
+        "nvidia.com/gpu",
+        "nvidia.com",
+        "gpu",
+        "0.5.0",
+    )
     assert [d.name for d in spec.devices] == ["0"]
     assert spec.devices[0].edits.device_nodes == (
-        DeviceNode(path="/dev/nvidia0", host_path="/lab/fakedrv/dev/nvidia0", type="c",
-                   major=195, minor=0, permissions="rw"),
+        DeviceNode(
+            path="/dev/nvidia0",
+            host_path="/lab/fakedrv/dev/nvidia0",
+            type="c",
+            major=195,
+            minor=0,
+            permissions="rw",
+        ),
     )
     assert spec.edits.env == ("FOO=bar", "NVIDIA_VISIBLE_DEVICES=void")
     assert spec.edits.hooks == (
@@ -582,8 +884,9 @@ def test_schema_reports_what_only_it_knows() -> None:
 
 def _sample_edits() -> Edits:
     return Edits(
-        device_nodes=(DeviceNode("/dev/nvidia0", host_path="/drv/dev/nvidia0", type="c",
-                                 major=195, minor=0),),
+        device_nodes=(
+            DeviceNode("/dev/nvidia0", host_path="/drv/dev/nvidia0", type="c", major=195, minor=0),
+        ),
     )
 
 
@@ -592,8 +895,10 @@ def test_spec_to_dict_uses_minimum_version_and_order() -> None:
     spec = spec_to_dict(
         "nvidia.com/gpu",
         [("0", _sample_edits())],
-        Edits(env=("NVIDIA_VISIBLE_DEVICES=void",),
-              mounts=(Mount("/a", "/a", options=("ro", "bind")),)),
+        Edits(
+            env=("NVIDIA_VISIBLE_DEVICES=void",),
+            mounts=(Mount("/a", "/a", options=("ro", "bind")),),
+        ),
     )
     assert list(spec) == ["cdiVersion", "kind", "devices", "containerEdits"]
     assert spec["cdiVersion"] == "0.5.0"
@@ -603,20 +908,29 @@ def test_spec_to_dict_uses_minimum_version_and_order() -> None:
 def test_spec_to_dict_omits_empty_spec_edits_and_honours_version() -> None:
     """Empty spec-level edits are left out; an explicit version is kept."""
     spec = spec_to_dict("a/b", [("x", Edits(env=("A=1",)))], Edits(), version="0.8.0")
-    assert spec == {"cdiVersion": "0.8.0", "kind": "a/b",
-                    "devices": [{"name": "x", "containerEdits": {"env": ["A=1"]}}]}
+    assert spec == {
+        "cdiVersion": "0.8.0",
+        "kind": "a/b",
+        "devices": [{"name": "x", "containerEdits": {"env": ["A=1"]}}],
+    }
 
 
 @pytest.mark.parametrize(
     "args,message",
     [
-        (("a/b", [("x", Edits())], Edits()),
-         '<spec>: $.devices[0].containerEdits: device "x" has empty containerEdits'),
-        (("a/b", [("0", Edits(env=("A=1",)))], Edits(), "0.3.0"),
-         '<spec>: $.cdiVersion: cdiVersion "0.3.0" is too low: content requires 0.5.0 '
-         '(device name "0" starts with a digit)'),
-        (("nvidia", [("x", Edits(env=("A=1",)))], Edits()),
-         '<spec>: $.kind: kind "nvidia" must be <vendor>/<class>, like nvidia.com/gpu'),
+        (
+            ("a/b", [("x", Edits())], Edits()),
+            '<spec>: $.devices[0].containerEdits: device "x" has empty containerEdits',
+        ),
+        (
+            ("a/b", [("0", Edits(env=("A=1",)))], Edits(), "0.3.0"),
+            '<spec>: $.cdiVersion: cdiVersion "0.3.0" is too low: content requires 0.5.0 '
+            '(device name "0" starts with a digit)',
+        ),
+        (
+            ("nvidia", [("x", Edits(env=("A=1",)))], Edits()),
+            '<spec>: $.kind: kind "nvidia" must be <vendor>/<class>, like nvidia.com/gpu',
+        ),
     ],
 )
 def test_spec_to_dict_refuses_invalid_specs(args: tuple, message: str) -> None:
@@ -676,8 +990,15 @@ def test_dump_unknown_format() -> None:
 # --------------------------------------------------------------------------------------
 # CLI
 
-CLI_CASES = ["kind-no-slash", "duplicate-devices", "yaml-duplicate-key", "several",
-             "version-too-low-digit-name", "json-syntax", "node-relative-path"]
+CLI_CASES = [
+    "kind-no-slash",
+    "duplicate-devices",
+    "yaml-duplicate-key",
+    "several",
+    "version-too-low-digit-name",
+    "json-syntax",
+    "node-relative-path",
+]
 
 
 @pytest.mark.parametrize(
@@ -730,17 +1051,32 @@ def test_cli_validate_refuses_a_yaml_alias_bomb(tmp_path: Path) -> None:
     parts = ["&a0 [l,l,l,l,l,l,l,l,l]"]
     parts += ["&a%d [%s]" % (i, ",".join(["*a%d" % (i - 1)] * 9)) for i in range(1, 9)]
     path = tmp_path / "bomb.yaml"
-    path.write_text('cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ndevices:\n- name: "0"\n'
-                    "  containerEdits:\n    hooks:\n    - hookName: createContainer\n"
-                    "      path: /bin/true\n      args: [" + ", ".join(parts) + "]\n")
+    path.write_text(
+        'cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ndevices:\n- name: "0"\n'
+        "  containerEdits:\n    hooks:\n    - hookName: createContainer\n"
+        "      path: /bin/true\n      args: [" + ", ".join(parts) + "]\n"
+    )
     repo = str(Path(__file__).resolve().parents[3])
     out = subprocess.run(
-        [sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-         "from nvshim.cli.main import main; main(sys.argv[2:])", repo, "cdi", "validate",
-         str(path)], capture_output=True, text=True, timeout=30)
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            "import sys; sys.path.insert(0, sys.argv[1]); "
+            "from nvshim.cli.main import main; main(sys.argv[2:])",
+            repo,
+            "cdi",
+            "validate",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 1
-    assert out.stdout == (f"{path}: $: more than {MAX_SPEC_VALUES} values once YAML aliases "
-                          "are expanded\n")
+    assert out.stdout == (
+        f"{path}: $: more than {MAX_SPEC_VALUES} values once YAML aliases are expanded\n"
+    )
 
 
 def test_cli_validate_needs_a_file() -> None:
@@ -761,18 +1097,48 @@ def test_cli_help(args: List[str]) -> None:
 # properties
 
 FIELD_NAMES = [
-    "cdiVersion", "kind", "annotations", "devices", "containerEdits", "name", "env",
-    "deviceNodes", "mounts", "hooks", "intelRdt", "additionalGids", "netDevices", "path",
-    "hostPath", "type", "major", "minor", "fileMode", "permissions", "uid", "gid",
-    "containerPath", "options", "hookName", "args", "timeout", "closID", "schemata",
-    "enableMonitoring", "hostInterfaceName",
+    "cdiVersion",
+    "kind",
+    "annotations",
+    "devices",
+    "containerEdits",
+    "name",
+    "env",
+    "deviceNodes",
+    "mounts",
+    "hooks",
+    "intelRdt",
+    "additionalGids",
+    "netDevices",
+    "path",
+    "hostPath",
+    "type",
+    "major",
+    "minor",
+    "fileMode",
+    "permissions",
+    "uid",
+    "gid",
+    "containerPath",
+    "options",
+    "hookName",
+    "args",
+    "timeout",
+    "closID",
+    "schemata",
+    "enableMonitoring",
+    "hostInterfaceName",
 ]
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True), st.text(max_size=8),
-    st.sampled_from(["0", "0.5.0", "v1.1.0", "nvidia.com/gpu", "A=1", "=", "c", "rw",
-                     "prestart", "/dev/x", ""]),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.sampled_from(
+        ["0", "0.5.0", "v1.1.0", "nvidia.com/gpu", "A=1", "=", "c", "rw", "prestart", "/dev/x", ""]
+    ),
 )
 keys = st.one_of(st.sampled_from(FIELD_NAMES), st.text(max_size=5))
 json_values = st.recursive(
@@ -797,18 +1163,34 @@ def test_validate_spec_never_raises(raw: Any) -> None:
 def _edits_strategy() -> Any:
     text = st.text(alphabet="abc/=_.x01", min_size=1, max_size=6)
     absolute = text.map(lambda t: "/" + t)  # container and hook paths must be absolute
-    env = st.builds(lambda k, v: f"{k}={v}", st.text(alphabet="ABC_", min_size=1, max_size=4),
-                    st.text(max_size=4))
-    node = st.builds(DeviceNode, path=absolute, host_path=st.none() | text,
-                     type=st.sampled_from([None, "c", "b", "p", "u"]),
-                     major=st.none() | st.integers(0, 300), minor=st.none() | st.integers(0, 300),
-                     permissions=st.sampled_from([None, "rw", "rwm", "m"]))
-    mount = st.builds(Mount, host_path=text, container_path=absolute,
-                      type=st.sampled_from([None, "bind", "tmpfs"]),
-                      options=st.lists(text, max_size=3).map(tuple))
-    hook = st.builds(Hook, hook_name=st.sampled_from(["prestart", "createContainer", "poststop"]),
-                     path=absolute, args=st.lists(text, max_size=2).map(tuple),
-                     env=st.lists(env, max_size=2).map(tuple))
+    env = st.builds(
+        lambda k, v: f"{k}={v}",
+        st.text(alphabet="ABC_", min_size=1, max_size=4),
+        st.text(max_size=4),
+    )
+    node = st.builds(
+        DeviceNode,
+        path=absolute,
+        host_path=st.none() | text,
+        type=st.sampled_from([None, "c", "b", "p", "u"]),
+        major=st.none() | st.integers(0, 300),
+        minor=st.none() | st.integers(0, 300),
+        permissions=st.sampled_from([None, "rw", "rwm", "m"]),
+    )
+    mount = st.builds(
+        Mount,
+        host_path=text,
+        container_path=absolute,
+        type=st.sampled_from([None, "bind", "tmpfs"]),
+        options=st.lists(text, max_size=3).map(tuple),
+    )
+    hook = st.builds(
+        Hook,
+        hook_name=st.sampled_from(["prestart", "createContainer", "poststop"]),
+        path=absolute,
+        args=st.lists(text, max_size=2).map(tuple),
+        env=st.lists(env, max_size=2).map(tuple),
+    )
     return st.builds(
         Edits,
         env=st.lists(env, max_size=3).map(tuple),
@@ -821,8 +1203,12 @@ def _edits_strategy() -> Any:
 
 @settings(max_examples=150, deadline=None)
 @given(
-    st.lists(st.tuples(st.sampled_from(["0", "1", "all", "gpu0", "0:1"]), _edits_strategy()),
-             min_size=1, max_size=3, unique_by=lambda t: t[0]),
+    st.lists(
+        st.tuples(st.sampled_from(["0", "1", "all", "gpu0", "0:1"]), _edits_strategy()),
+        min_size=1,
+        max_size=3,
+        unique_by=lambda t: t[0],
+    ),
     _edits_strategy(),
     st.sampled_from(["yaml", "json"]),
 )

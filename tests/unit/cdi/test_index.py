@@ -16,8 +16,11 @@ from nvshim.cdi.write import dump_spec
 
 
 def spec(kind: str, devices: dict) -> dict:
-    return {"cdiVersion": "0.5.0", "kind": kind,
-            "devices": [{"name": n, "containerEdits": {"env": [e]}} for n, e in devices.items()]}
+    return {
+        "cdiVersion": "0.5.0",
+        "kind": kind,
+        "devices": [{"name": n, "containerEdits": {"env": [e]}} for n, e in devices.items()],
+    }
 
 
 def put(directory: Path, name: str, doc) -> Path:
@@ -54,7 +57,8 @@ def test_index_resolves_like_a_full_scan_and_loads_only_the_kind(tmp_path):
     for save in (True, False):  # the first builds and writes the index, the second reads it
         reg, source = cdiindex.registry_for(dirs, ["nvidia.com/gpu=0"], index, save)
         assert {n: d.device.edits for n, d in reg.devices.items()} == {
-            n: d.device.edits for n, d in full.devices.items() if n.startswith("nvidia.com/gpu=")}
+            n: d.device.edits for n, d in full.devices.items() if n.startswith("nvidia.com/gpu=")
+        }
         assert problems(reg) == problems(full)
         assert {s.kind for s in reg.specs} == {"nvidia.com/gpu"}
     assert source == f"CDI index {index}"
@@ -70,13 +74,18 @@ def test_yaml_spec_is_read_from_the_index(tmp_path):
     doc = json.loads(Path(index).read_text())
     yaml_entry = next(e for e in doc["entries"] if e["path"].endswith("a.yaml"))
     assert yaml_entry["doc"]["devices"][0]["containerEdits"]["env"] == ["G=low0"]
-    code = ("from nvshim.cdi import index as cdiindex; import sys\n"
-            "from nvshim.cdi.registry import resolve_devices\n"
-            f"reg, src = cdiindex.registry_for({dirs!r}, ['nvidia.com/gpu=1'], {index!r}, False)\n"
-            "print(src.split()[1], 'nvidia.com/gpu=1' in reg.devices, "
-            "resolve_devices(reg, ['nvidia.com/gpu=0']).env, 'yaml' in sys.modules)")
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[0:0] = {sys.path!r}\n{code}"],
-                         capture_output=True, text=True)
+    code = (
+        "from nvshim.cdi import index as cdiindex; import sys\n"
+        "from nvshim.cdi.registry import resolve_devices\n"
+        f"reg, src = cdiindex.registry_for({dirs!r}, ['nvidia.com/gpu=1'], {index!r}, False)\n"
+        "print(src.split()[1], 'nvidia.com/gpu=1' in reg.devices, "
+        "resolve_devices(reg, ['nvidia.com/gpu=0']).env, 'yaml' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", f"import sys; sys.path[0:0] = {sys.path!r}\n{code}"],
+        capture_output=True,
+        text=True,
+    )
     # from the index; the same-directory conflict still drops gpu=1; no yaml imported
     assert out.stdout.split() == ["index", "False", "('G=high0',)", "False"], out.stderr
 
@@ -135,10 +144,14 @@ def test_index_others_could_write_is_not_trusted(tmp_path):
 
 def _gpu_spec(libs: list, nodes: list) -> dict:
     """An nvidia.com/gpu spec: ``libs`` mounted by the spec, one device per (name, node)."""
-    return {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
-            "containerEdits": {"mounts": [{"hostPath": p, "containerPath": p} for p in libs]},
-            "devices": [{"name": name, "containerEdits": {"deviceNodes": [node]}}
-                        for name, node in nodes]}
+    return {
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "containerEdits": {"mounts": [{"hostPath": p, "containerPath": p} for p in libs]},
+        "devices": [
+            {"name": name, "containerEdits": {"deviceNodes": [node]}} for name, node in nodes
+        ],
+    }
 
 
 def test_stale_specs_names_the_used_spec_and_every_reason(tmp_path):
@@ -148,13 +161,30 @@ def test_stale_specs_names_the_used_spec_and_every_reason(tmp_path):
     lib = "/usr/lib/x86_64-linux-gnu"
     null = {"path": "/dev/nvnull", "hostPath": "/dev/null", "type": "c", "major": 1, "minor": 3}
     odd = dict(null, minor=5)
-    gone = {"path": "/dev/nvidia7", "hostPath": str(tmp_path / "dev" / "nvidia7"), "type": "c",
-            "major": 195, "minor": 7}
-    put(tmp_path / "cdi", "old.yaml", _gpu_spec(
-        [f"{lib}/libcuda.so.1", f"{lib}/libnvidia-egl-wayland.so.1.1.13",
-         f"{lib}/libnvidia-ml.so.535.104.05"], [("0", null), ("1", odd), ("7", gone)]))
-    put(tmp_path / "cdi", "ok.json", dict(_gpu_spec([f"{lib}/libcuda.so.550.54.15"],
-                                                    [("x", null)]), kind="acme.com/gpu"))
+    gone = {
+        "path": "/dev/nvidia7",
+        "hostPath": str(tmp_path / "dev" / "nvidia7"),
+        "type": "c",
+        "major": 195,
+        "minor": 7,
+    }
+    put(
+        tmp_path / "cdi",
+        "old.yaml",
+        _gpu_spec(
+            [
+                f"{lib}/libcuda.so.1",
+                f"{lib}/libnvidia-egl-wayland.so.1.1.13",
+                f"{lib}/libnvidia-ml.so.535.104.05",
+            ],
+            [("0", null), ("1", odd), ("7", gone)],
+        ),
+    )
+    put(
+        tmp_path / "cdi",
+        "ok.json",
+        dict(_gpu_spec([f"{lib}/libcuda.so.550.54.15"], [("x", null)]), kind="acme.com/gpu"),
+    )
     reg = load_registry([str(tmp_path / "cdi")])
     old = str(tmp_path / "cdi" / "old.yaml")
     head = f"CDI spec {old} does not match this node ("
@@ -165,10 +195,13 @@ def test_stale_specs_names_the_used_spec_and_every_reason(tmp_path):
     assert cdiindex.stale_specs(reg, ["nvidia.com/gpu=0"], "550.54.15") == [head + version + tail]
     assert cdiindex.stale_specs(reg, ["nvidia.com/gpu=0"], "535.104.05") == []
     assert cdiindex.stale_specs(reg, ["nvidia.com/gpu=0"], None) == []
-    assert cdiindex.stale_specs(reg, ["nvidia.com/gpu=1", "nvidia.com/gpu=7",
-                                      "nvidia.com/gpu=9"], "535.104.05") == [
-        head + f"/dev/null is 1:3 on the node, 1:5 in the spec; {gone['hostPath']} does not exist"
-        + tail]
+    assert cdiindex.stale_specs(
+        reg, ["nvidia.com/gpu=1", "nvidia.com/gpu=7", "nvidia.com/gpu=9"], "535.104.05"
+    ) == [
+        head
+        + f"/dev/null is 1:3 on the node, 1:5 in the spec; {gone['hostPath']} does not exist"
+        + tail
+    ]
 
 
 def test_memo_parses_once_and_sees_an_edited_spec_at_once(tmp_path):

@@ -158,9 +158,7 @@ def test_spec_dir_that_is_a_file_is_recorded(tmp_path: Path) -> None:
     f = tmp_path / "file"
     f.write_text("")
     registry = load_registry([str(f)])
-    assert [str(p) for p in registry.problems] == [
-        f"{f}: $: spec directory is not a directory"
-    ]
+    assert [str(p) for p in registry.problems] == [f"{f}: $: spec directory is not a directory"]
 
 
 # --------------------------------------------------------------------------------------
@@ -177,17 +175,14 @@ def _two_spec_registry(tmp_path: Path) -> Registry:
 def test_resolve_adds_spec_edits_once_per_spec(tmp_path: Path) -> None:
     """Spec-level edits come once, before the first device of that spec, in request order."""
     registry = _two_spec_registry(tmp_path)
-    edits = resolve_devices(
-        registry, ["nvidia.com/gpu=1", "acme.com/fpga=f", "nvidia.com/gpu=0"]
-    )
+    edits = resolve_devices(registry, ["nvidia.com/gpu=1", "acme.com/fpga=f", "nvidia.com/gpu=0"])
     assert edits.env == ("SPEC=gpu", "DEV=1", "SPEC=fpga", "DEV=f", "DEV=0")
 
 
 def test_resolve_collapses_repeated_names(tmp_path: Path) -> None:
     """A name requested twice contributes its edits once (first occurrence)."""
     registry = _two_spec_registry(tmp_path)
-    edits = resolve_devices(registry, ["nvidia.com/gpu=0", "nvidia.com/gpu=1",
-                                           "nvidia.com/gpu=0"])
+    edits = resolve_devices(registry, ["nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=0"])
     assert edits.env == ("SPEC=gpu", "DEV=0", "DEV=1")
 
 
@@ -300,10 +295,21 @@ def test_cli_list_skips_what_is_not_a_regular_file(tmp_path: Path) -> None:
     os.symlink("/dev/zero", etc / "c.json")
     (etc / "d.json").write_bytes(b" " * (MAX_SPEC_BYTES + 1))
     out = subprocess.run(
-        [sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-         "from nvshim.cli.main import main; main(sys.argv[2:])", str(REPO),
-         "cdi", "list", "--spec-dir", str(etc)],
-        capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            "import sys; sys.path.insert(0, sys.argv[1]); "
+            "from nvshim.cli.main import main; main(sys.argv[2:])",
+            str(REPO),
+            "cdi",
+            "list",
+            "--spec-dir",
+            str(etc),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert (out.returncode, out.stdout) == (0, "nvidia.com/gpu=0\n"), out.stderr
     assert out.stderr.splitlines() == [
@@ -331,7 +337,10 @@ print(json.dumps([before, after, list(edits.env)]))
 def _probe(directory: Path) -> Any:
     out = subprocess.run(
         [sys.executable, "-I", "-c", _PROBE, str(directory), str(REPO)],
-        cwd=str(directory), capture_output=True, text=True, check=True,
+        cwd=str(directory),
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout)
 
@@ -347,6 +356,9 @@ def test_yaml_registry_imports_only_yaml(tmp_path: Path) -> None:
     another style (a comment here) imports yaml, and still not jsonschema."""
     _put(tmp_path / "plain", "gpu.yaml", _spec(devices={"0": ["A=1"]}))
     assert _probe(tmp_path / "plain") == [[], [], ["A=1"]]
-    _put(tmp_path / "other", "gpu.yaml",
-         "# written by hand\n" + dump_spec(_spec(devices={"0": ["A=1"]}), "yaml"))
+    _put(
+        tmp_path / "other",
+        "gpu.yaml",
+        "# written by hand\n" + dump_spec(_spec(devices={"0": ["A=1"]}), "yaml"),
+    )
     assert _probe(tmp_path / "other") == [[], ["yaml"], ["A=1"]]

@@ -21,8 +21,6 @@ REPO = Path(__file__).resolve().parents[3]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
 
 
-
-
 def groups(group: click.Group, path: Tuple[str, ...] = ()) -> Iterator[Tuple[str, ...]]:
     """The command path of every group under ``group`` (itself first)."""
     yield path
@@ -38,7 +36,8 @@ def groups(group: click.Group, path: Tuple[str, ...] = ()) -> Iterator[Tuple[str
 
 @pytest.mark.parametrize("args", [[], ["cdi"], ["runtime"]])
 def test_a_group_without_a_command_prints_its_help_and_exits_0(
-        args: List[str], capsys: pytest.CaptureFixture[str]) -> None:
+    args: List[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     """`nvshim`, `nvshim cdi`, `nvshim runtime` print their help on stdout and exit 0, as
     git and kubectl do (they printed it on stderr and exited 1)."""
     code, out, err = run_cli(args, capsys)
@@ -69,7 +68,8 @@ def test_a_group_without_a_command_prints_its_help_not_an_error_line(args: list)
 
 
 def test_a_flag_without_a_command_is_still_a_usage_error(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """`nvshim --quiet` alone is not a request for help: one line, exit 1."""
     code, out, err = run_cli(["--quiet"], capsys)
     assert code == 1 and out == "" and err == "nvshim: Missing command.\n"
@@ -90,16 +90,19 @@ def fake_nvshim(tmp_path: Path) -> Path:
     bindir = tmp_path / "bin"
     bindir.mkdir()
     script = bindir / "nvshim"
-    script.write_text(f"#!/bin/sh\nexec {sys.executable} -I -c 'import sys; "
-                      f'sys.path.insert(0, "{REPO}"); '
-                      "from nvshim.cli.main import main; main()' \"$@\"\n")
+    script.write_text(
+        f"#!/bin/sh\nexec {sys.executable} -I -c 'import sys; "
+        f'sys.path.insert(0, "{REPO}"); '
+        'from nvshim.cli.main import main; main()\' "$@"\n'
+    )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return bindir
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
-def test_completion_prints_clicks_script(shell: str, capsys: pytest.CaptureFixture[str],
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_completion_prints_clicks_script(
+    shell: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`nvshim completion SHELL` prints the script `_NVSHIM_COMPLETE=SHELL_source nvshim`
     prints, naming nvshim and its completion variable."""
     code, script, err = run_cli(["completion", shell], capsys)
@@ -117,17 +120,33 @@ def test_bash_completion_completes_commands_and_choices(tmp_path: Path) -> None:
     """Sourced in bash, the script completes `nvshim cd` to cdi and `--format` to its
     choices, by running nvshim with _NVSHIM_COMPLETE=bash_complete."""
     env = {"PATH": f"{fake_nvshim(tmp_path)}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    direct = subprocess.run(["nvshim"], env={**env, "COMP_WORDS": "nvshim cd", "COMP_CWORD": "1",
-                                             "_NVSHIM_COMPLETE": "bash_complete"},
-                            capture_output=True, text=True, timeout=60)
+    direct = subprocess.run(
+        ["nvshim"],
+        env={
+            **env,
+            "COMP_WORDS": "nvshim cd",
+            "COMP_CWORD": "1",
+            "_NVSHIM_COMPLETE": "bash_complete",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert direct.returncode == 0 and "plain,cdi" in direct.stdout.split(), direct.stderr
-    shell = ('source <(nvshim completion bash) && complete -p nvshim && '
-             'COMP_WORDS=(nvshim cd); COMP_CWORD=1; _nvshim_completion nvshim; '
-             'echo "got: ${COMPREPLY[*]}"; COMPREPLY=(); '
-             'COMP_WORDS=(nvshim system create-device-nodes --format ""); COMP_CWORD=4; '
-             '_nvshim_completion nvshim; echo "got: ${COMPREPLY[*]}"')
-    res = subprocess.run(["bash", "--norc", "--noprofile", "-c", shell], env=env,
-                         capture_output=True, text=True, timeout=120)
+    shell = (
+        "source <(nvshim completion bash) && complete -p nvshim && "
+        "COMP_WORDS=(nvshim cd); COMP_CWORD=1; _nvshim_completion nvshim; "
+        'echo "got: ${COMPREPLY[*]}"; COMPREPLY=(); '
+        'COMP_WORDS=(nvshim system create-device-nodes --format ""); COMP_CWORD=4; '
+        '_nvshim_completion nvshim; echo "got: ${COMPREPLY[*]}"'
+    )
+    res = subprocess.run(
+        ["bash", "--norc", "--noprofile", "-c", shell],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     got = [line for line in res.stdout.splitlines() if line.startswith("got: ")]
     assert got == ["got: cdi", "got: text json"], res.stdout
@@ -138,8 +157,12 @@ def test_completion_help_says_how_to_install(capsys: pytest.CaptureFixture[str])
     """--help names the file each shell loads the script from."""
     code, out, _ = run_cli(["completion", "--help"], capsys)
     assert code == 0
-    for where in ("bash-completion/completions/nvshim", "~/.zfunc/_nvshim",
-                  "fish/completions/nvshim.fish", 'eval "$(nvshim completion bash)"'):
+    for where in (
+        "bash-completion/completions/nvshim",
+        "~/.zfunc/_nvshim",
+        "fish/completions/nvshim.fish",
+        'eval "$(nvshim completion bash)"',
+    ):
         assert where in out
 
 
@@ -159,8 +182,9 @@ def test_info_prints_unless_quiet(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr() == ("", "outside\nloud\n")
 
 
-def test_debug_shows_the_traceback_of_an_nvshim_error(tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_debug_shows_the_traceback_of_an_nvshim_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """An NvshimError is one line; with --debug the traceback comes first, the same line
     last; --quiet never hides it."""
     missing = str(tmp_path / "nope")
@@ -175,11 +199,12 @@ def test_debug_shows_the_traceback_of_an_nvshim_error(tmp_path: Path,
 
 
 def test_an_unexpected_error_is_one_line_and_its_traceback_under_debug(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A bug (an exception that is no NvshimError) is one `internal error` line naming the
     exception (a line break in it escaped), exit 1, and how to see more; --debug shows the
     traceback."""
+
     def broken(*args: object, **kwargs: object) -> None:
         raise ValueError("boom\nsecond line")
 
@@ -187,28 +212,33 @@ def test_an_unexpected_error_is_one_line_and_its_traceback_under_debug(
     args = ["system", "create-dev-char-symlinks", "--dev-root", str(tmp_path)]
     code, out, err = run_cli(args, capsys)
     assert (code, out) == (1, "")
-    assert err == ("nvshim: internal error: ValueError: boom\\nsecond line "
-                   "(nvshim --debug shows the traceback)\n")
+    assert err == (
+        "nvshim: internal error: ValueError: boom\\nsecond line "
+        "(nvshim --debug shows the traceback)\n"
+    )
     code, _, err = run_cli(["--debug", *args], capsys)
     assert code == 1 and "Traceback (most recent call last):" in err and "in broken" in err
     assert err.splitlines()[-1] == "nvshim: internal error: ValueError: boom\\nsecond line"
 
 
 @needs_root
-def test_quiet_sim_create_prints_nothing(tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_quiet_sim_create_prints_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`nvshim --quiet sim create DIR` builds the node and prints nothing; without --quiet
     it lists what it built."""
-    code, out, err = run_cli(["--quiet", "sim", "create", str(tmp_path / "a"), "--gpus", "1"],
-                             capsys)
+    code, out, err = run_cli(
+        ["--quiet", "sim", "create", str(tmp_path / "a"), "--gpus", "1"], capsys
+    )
     assert (code, out, err) == (0, "", "")
     assert (tmp_path / "a" / "dev" / "nvidiactl").exists()
     code, out, _ = run_cli(["sim", "create", str(tmp_path / "b"), "--gpus", "1"], capsys)
     assert code == 0 and "GPU 0: /dev/nvidia" in out
 
 
-def test_quiet_demo_prints_the_verdict_only(monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_quiet_demo_prints_the_verdict_only(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`nvshim --quiet demo` prints only the demo's last line when every container behaved,
     and everything when one did not (exit 1)."""
     import nvshim.node.demo as demo
@@ -218,6 +248,7 @@ def test_quiet_demo_prints_the_verdict_only(monkeypatch: pytest.MonkeyPatch,
             for line in ("Simulated node in /x", "  -> as expected", "demo finished: verdict"):
                 echo(line)
             return failures
+
         return run
 
     monkeypatch.setattr(demo, "run_demo", fake_run(0))
@@ -251,13 +282,16 @@ def test_directories_show_dir_and_files_show_file(capsys: pytest.CaptureFixture[
     checked = []
     for command in commands(cli):
         if command.callback is None or command.callback.__module__ not in (
-                app.__name__, cmd_system.__name__):
+            app.__name__,
+            cmd_system.__name__,
+        ):
             continue
         for param in command.params:
             if not isinstance(param.type, click.Path):
                 continue
             want = {(True, False): "FILE", (False, True): "DIR"}.get(
-                (param.type.file_okay, param.type.dir_okay))
+                (param.type.file_okay, param.type.dir_okay)
+            )
             shown = param.make_metavar(ctx)
             checked.append((command.name, param.name))
             assert shown == want, (command.name, param.name, shown)
@@ -269,19 +303,23 @@ def test_directories_show_dir_and_files_show_file(capsys: pytest.CaptureFixture[
 
 
 def test_quiet_config_compile_and_cdi_validate_print_no_progress_lines(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The `wrote …` lines of config compile and the count line of cdi validate are
     informational: gone under --quiet, there without it."""
     config = tmp_path / "config.yaml"
-    config.write_text(f"driver-root: {tmp_path}\ncdi-spec-dirs: [{tmp_path}/cdi]\n"
-                      "grants-journal: null\n")
+    config.write_text(
+        f"driver-root: {tmp_path}\ncdi-spec-dirs: [{tmp_path}/cdi]\ngrants-journal: null\n"
+    )
     code, out, err = run_cli(["--quiet", "config", "compile", "--config", str(config)], capsys)
     assert (code, out, err) == (0, "", "")
     code, _, err = run_cli(["config", "compile", "--config", str(config)], capsys)
     assert code == 0 and "wrote " in err
     spec = tmp_path / "spec.json"
-    spec.write_text('{"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": '
-                    '[{"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}]}')
+    spec.write_text(
+        '{"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": '
+        '[{"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}]}'
+    )
     code, out, err = run_cli(["--quiet", "cdi", "validate", str(spec)], capsys)
     assert (code, out, err) == (0, "", "")
     code, _, err = run_cli(["cdi", "validate", str(spec)], capsys)

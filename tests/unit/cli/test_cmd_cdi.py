@@ -24,13 +24,21 @@ from tests.helpers.commands import nvshim_cli
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _spec(kind: str = "nvidia.com/gpu", names: tuple = ("0",), path: str = "/dev/nvidia0",
-          ) -> Dict[str, Any]:
+def _spec(
+    kind: str = "nvidia.com/gpu",
+    names: tuple = ("0",),
+    path: str = "/dev/nvidia0",
+) -> Dict[str, Any]:
     return {
         "cdiVersion": "0.5.0",
         "kind": kind,
-        "devices": [{"name": n, "containerEdits": {"deviceNodes": [
-            {"path": path, "hostPath": "/dev/null"}]}} for n in names],
+        "devices": [
+            {
+                "name": n,
+                "containerEdits": {"deviceNodes": [{"path": path, "hostPath": "/dev/null"}]},
+            }
+            for n in names
+        ],
     }
 
 
@@ -58,7 +66,8 @@ def _nvshim(capsys: pytest.CaptureFixture, *args: str) -> tuple:
 
 @pytest.mark.parametrize("kind", ["missing", "file"])
 def test_list_refuses_a_spec_dir_that_is_not_a_directory(
-        tmp_path: Path, capsys: pytest.CaptureFixture, kind: str) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture, kind: str
+) -> None:
     """An explicit --spec-dir that does not exist or is a file is one error line, exit 1
     (it printed nothing and exited 0)."""
     path = tmp_path / "nowhere"
@@ -80,7 +89,8 @@ def test_list_of_an_empty_spec_dir_says_so(tmp_path: Path) -> None:
 
 
 def test_list_of_missing_configured_dirs_says_where_it_looked(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The config's cdi-spec-dirs may be missing (normal before a spec is generated): exit 0,
     but stderr names them instead of printing nothing."""
     etc, run = tmp_path / "etc-cdi", tmp_path / "run-cdi"
@@ -128,29 +138,47 @@ def test_list_json_names_each_devices_spec_file_and_the_problems(tmp_path: Path)
     low = _put(etc, "a.yaml", _spec(names=("0", "1")))
     high = _put(run, "b.json", _spec(names=("1",)))
     bad = _put(run, "c.json", "[]")
-    result = CliRunner().invoke(cdi_group, ["list", "--spec-dir", str(etc), "--spec-dir", str(run),
-                                            "--format", "json"])
+    result = CliRunner().invoke(
+        cdi_group, ["list", "--spec-dir", str(etc), "--spec-dir", str(run), "--format", "json"]
+    )
     assert (result.exit_code, result.stderr) == (0, "")
     assert json.loads(result.stdout) == {
         "spec_dirs": [str(etc), str(run)],
         "devices": [
-            {"name": "nvidia.com/gpu=0", "kind": "nvidia.com/gpu", "device": "0",
-             "spec_file": str(low)},
-            {"name": "nvidia.com/gpu=1", "kind": "nvidia.com/gpu", "device": "1",
-             "spec_file": str(high)},
+            {
+                "name": "nvidia.com/gpu=0",
+                "kind": "nvidia.com/gpu",
+                "device": "0",
+                "spec_file": str(low),
+            },
+            {
+                "name": "nvidia.com/gpu=1",
+                "kind": "nvidia.com/gpu",
+                "device": "1",
+                "spec_file": str(high),
+            },
         ],
-        "problems": [{"file": str(bad), "json_path": "$",
-                      "message": "top level must be a mapping, got a list"}],
+        "problems": [
+            {
+                "file": str(bad),
+                "json_path": "$",
+                "message": "top level must be a mapping, got a list",
+            }
+        ],
     }
 
 
 def test_list_json_of_nothing_is_an_empty_document(tmp_path: Path) -> None:
     """No devices in JSON form is still a document naming the directories searched."""
-    result = CliRunner().invoke(cdi_group, ["list", "--spec-dir", str(tmp_path), "--format",
-                                            "json"])
+    result = CliRunner().invoke(
+        cdi_group, ["list", "--spec-dir", str(tmp_path), "--format", "json"]
+    )
     assert result.exit_code == 0
-    assert json.loads(result.stdout) == {"spec_dirs": [str(tmp_path)], "devices": [],
-                                         "problems": []}
+    assert json.loads(result.stdout) == {
+        "spec_dirs": [str(tmp_path)],
+        "devices": [],
+        "problems": [],
+    }
 
 
 def test_validate_json_reports_each_file(tmp_path: Path) -> None:
@@ -163,10 +191,18 @@ def test_validate_json_reports_each_file(tmp_path: Path) -> None:
     assert json.loads(result.stdout) == {
         "files": [
             {"file": str(good), "ok": True, "problems": []},
-            {"file": str(bad), "ok": False, "problems": [{
-                "file": str(bad), "json_path": "$.devices[0].containerEdits.deviceNodes[0].path",
-                "message": 'container path "dev/nvidia0" is not absolute '
-                           '(did you mean "/dev/nvidia0"?)'}]},
+            {
+                "file": str(bad),
+                "ok": False,
+                "problems": [
+                    {
+                        "file": str(bad),
+                        "json_path": "$.devices[0].containerEdits.deviceNodes[0].path",
+                        "message": 'container path "dev/nvidia0" is not absolute '
+                        '(did you mean "/dev/nvidia0"?)',
+                    }
+                ],
+            },
         ],
         "ok": False,
     }
@@ -182,13 +218,16 @@ def test_a_create_skips_a_spec_with_a_relative_container_path(tmp_path: Path) ->
     """The create's resolution (the index's registry, as nvshim-runtime builds it) refuses the
     same spec `cdi validate` refuses, naming the file and the field."""
     spec = _put(tmp_path / "cdi", "gpu.json", _spec(path="dev/nvidia0"))
-    for registry in (load_registry([str(tmp_path / "cdi")]),
-                     cdiindex.registry_for([str(tmp_path / "cdi")], ["nvidia.com/gpu=0"], None,
-                                           False)[0]):
+    for registry in (
+        load_registry([str(tmp_path / "cdi")]),
+        cdiindex.registry_for([str(tmp_path / "cdi")], ["nvidia.com/gpu=0"], None, False)[0],
+    ):
         with pytest.raises(CdiError) as info:
             resolve_devices(registry, ["nvidia.com/gpu=0"])
-        assert (f'{spec}: $.devices[0].containerEdits.deviceNodes[0].path: container path '
-                '"dev/nvidia0" is not absolute') in str(info.value)
+        assert (
+            f"{spec}: $.devices[0].containerEdits.deviceNodes[0].path: container path "
+            '"dev/nvidia0" is not absolute'
+        ) in str(info.value)
 
 
 # --------------------------------------------------------------------------------------
@@ -208,8 +247,11 @@ def test_transform_reads_stdin_and_writes_stdout(fmt: str) -> None:
     """`--input -` reads the spec from stdin (JSON or YAML, sniffed) and `--output -` writes
     stdout, in the input's format."""
     text = dump_spec(_driver_spec(), fmt)
-    result = CliRunner().invoke(cdi_group, ["transform", "root", "--from", DRIVER, "--to", "/",
-                                            "--input", "-", "--output", "-"], input=text)
+    result = CliRunner().invoke(
+        cdi_group,
+        ["transform", "root", "--from", DRIVER, "--to", "/", "--input", "-", "--output", "-"],
+        input=text,
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout) if fmt == "json" else yaml.safe_load(result.stdout)
     assert out["devices"][0]["containerEdits"]["deviceNodes"][0] == {"path": "/dev/nvidia0"}
@@ -218,8 +260,11 @@ def test_transform_reads_stdin_and_writes_stdout(fmt: str) -> None:
 
 def test_transform_stdin_problems_name_stdin() -> None:
     """A broken spec on stdin is refused naming <stdin>."""
-    result = CliRunner().invoke(cdi_group, ["transform", "root", "--from", DRIVER, "--to", "/",
-                                            "--input", "-"], input="{not json")
+    result = CliRunner().invoke(
+        cdi_group,
+        ["transform", "root", "--from", DRIVER, "--to", "/", "--input", "-"],
+        input="{not json",
+    )
     assert result.exit_code == 1
     assert str(result.exception).startswith("<stdin>: $: invalid JSON at line 1")
 
@@ -237,13 +282,18 @@ def test_validate_reads_stdin() -> None:
 # --help: DIR for directories, FILE for files
 
 
-@pytest.mark.parametrize(("args", "shown"), [
-    (["list"], ["--spec-dir DIR"]),
-    (["validate"], ["FILE..."]),
-    (["generate"], ["--driver-root DIR", "--dev-root DIR", "-o, --output FILE",
-                    "--check FILE"]),
-    (["transform", "root"], ["--from DIR", "--to DIR", "--input FILE", "-o, --output FILE"]),
-])
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (["list"], ["--spec-dir DIR"]),
+        (["validate"], ["FILE..."]),
+        (
+            ["generate"],
+            ["--driver-root DIR", "--dev-root DIR", "-o, --output FILE", "--check FILE"],
+        ),
+        (["transform", "root"], ["--from DIR", "--to DIR", "--input FILE", "-o, --output FILE"]),
+    ],
+)
 def test_help_shows_dir_and_file_metavars(args: List[str], shown: List[str]) -> None:
     """Path options say DIR or FILE in --help, never TEXT."""
     result = CliRunner().invoke(cdi_group, [*args, "--help"])
@@ -251,14 +301,17 @@ def test_help_shows_dir_and_file_metavars(args: List[str], shown: List[str]) -> 
     for text in shown:
         assert text in result.stdout
     for line in result.stdout.splitlines():
-        if any(o in line for o in ("--spec-dir", "--driver-root", "--dev-root", "--input",
-                                   "--output", "--check")):
+        if any(
+            o in line
+            for o in ("--spec-dir", "--driver-root", "--dev-root", "--input", "--output", "--check")
+        ):
             assert "TEXT" not in line, line
 
 
 @pytest.mark.parametrize("option", ["--driver-root", "--dev-root"])
-def test_generate_refuses_a_missing_root(tmp_path: Path, capsys: pytest.CaptureFixture,
-                                         option: str) -> None:
+def test_generate_refuses_a_missing_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture, option: str
+) -> None:
     """A --driver-root/--dev-root that does not exist is named (not "no GPUs found")."""
     rc, out, err = _nvshim(capsys, "cdi", "generate", option, str(tmp_path / "nowhere"))
     assert (rc, out) == (1, "")
@@ -275,8 +328,9 @@ def test_generate_output_dash_is_stdout(tmp_path: Path) -> None:
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
-        result = CliRunner().invoke(cdi_group, ["generate", "--driver-root", node.root, "-o",
-                                                "-", "--format", "json"])
+        result = CliRunner().invoke(
+            cdi_group, ["generate", "--driver-root", node.root, "-o", "-", "--format", "json"]
+        )
     finally:
         os.chdir(cwd)
     assert result.exit_code == 0, result.output
@@ -284,14 +338,16 @@ def test_generate_output_dash_is_stdout(tmp_path: Path) -> None:
     assert not (tmp_path / "-").exists()
 
 
-def test_dash_with_stdin_closed_is_one_clear_line(capsys: pytest.CaptureFixture,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dash_with_stdin_closed_is_one_clear_line(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`-` with stdin closed (`<&-`: Python has no sys.stdin) names that, not a traceback."""
     import sys
 
     monkeypatch.setattr(sys, "stdin", None)
-    rc, out, err = _nvshim(capsys, "cdi", "transform", "root", "--from", DRIVER, "--to", "/",
-                           "--input", "-")
+    rc, out, err = _nvshim(
+        capsys, "cdi", "transform", "root", "--from", DRIVER, "--to", "/", "--input", "-"
+    )
     assert (rc, out) == (1, "")
     assert err == "nvshim: <stdin>: $: cannot read: standard input is closed\n"
     rc, out, _ = _nvshim(capsys, "cdi", "validate", "-")
@@ -303,7 +359,9 @@ def test_cdi_list_reads_the_configs_cdi_spec_dirs(tmp_path: Path) -> None:
     cdi-spec-dirs, as the runtime resolves them."""
     specs = tmp_path / "specs"
     specs.mkdir()
-    (specs / "nvidia.yaml").write_text((REPO / "cdi-specs" / "examples" / "nvidia-2gpu.yaml").read_text())
+    (specs / "nvidia.yaml").write_text(
+        (REPO / "cdi-specs" / "examples" / "nvidia-2gpu.yaml").read_text()
+    )
     config = tmp_path / "config.yaml"
     config.write_text(f"cdi-spec-dirs: [{specs}]\n")
     res = nvshim_cli("cdi", "list", env=dict(os.environ, NVSHIM_CONFIG=str(config)))

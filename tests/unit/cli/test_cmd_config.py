@@ -25,34 +25,40 @@ def written_beside(config: Path) -> List[str]:
 
 
 @pytest.mark.parametrize("key", ["driver-root", "dev-root"])
-def test_compile_refuses_a_root_that_does_not_exist(tmp_path: Path, key: str,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_compile_refuses_a_root_that_does_not_exist(
+    tmp_path: Path, key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`config compile` of a config whose driver-root or dev-root is missing exits 1 with one
     line naming the key, the path and the file, and writes nothing the runtime would read."""
     root = tmp_path / "run" / "nvidia" / "driver"
     config = write(tmp_path, f"{key}: {root}\n")
     code, out, err = run_cli(["config", "compile", "--config", str(config)], capsys)
     assert (code, out) == (1, "")
-    assert err == (f'nvshim: config {config}: "{key}" is "{root}", which does not exist on '
-                   "this node\n")
+    assert err == (
+        f'nvshim: config {config}: "{key}" is "{root}", which does not exist on this node\n'
+    )
     assert written_beside(config) == []
 
 
 def test_compile_refuses_a_root_that_is_a_file_and_names_both(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A root that is a file is no directory; both roots wrong are both named, in one line."""
     afile = tmp_path / "driver"
     afile.write_text("")
     config = write(tmp_path, f"driver-root: {afile}\ndev-root: {tmp_path}/nope\n")
     code, _, err = run_cli(["config", "compile", "--config", str(config)], capsys)
     assert code == 1 and err.count("\n") == 1
-    assert err == (f'nvshim: config {config}: 2 problems: "driver-root" is "{afile}", which is '
-                   f'not a directory; "dev-root" is "{tmp_path}/nope", which does not exist on '
-                   "this node\n")
+    assert err == (
+        f'nvshim: config {config}: 2 problems: "driver-root" is "{afile}", which is '
+        f'not a directory; "dev-root" is "{tmp_path}/nope", which does not exist on '
+        "this node\n"
+    )
 
 
-def test_compile_of_roots_that_exist_still_writes(tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_compile_of_roots_that_exist_still_writes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Existing roots (an empty directory is not checked for a driver) compile as before."""
     root = tmp_path / "root"
     root.mkdir()
@@ -63,8 +69,9 @@ def test_compile_of_roots_that_exist_still_writes(tmp_path: Path,
 
 
 @pytest.mark.parametrize("command", ["compile", "show"])
-def test_a_missing_config_file_fails_in_one_line(tmp_path: Path, command: str,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_missing_config_file_fails_in_one_line(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`config compile|show --config <missing>` exits 1 with one line naming the file."""
     missing = tmp_path / "nope.yaml"
     code, out, err = run_cli(["config", command, "--config", str(missing)], capsys)
@@ -90,30 +97,33 @@ def test_explicitly_named_missing_config_is_an_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("command", ["compile", "show"])
-def test_a_directory_as_config_fails_in_one_line(tmp_path: Path, command: str,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_directory_as_config_fails_in_one_line(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`--config DIR` is refused by the option itself, in one line naming the directory."""
     code, out, err = run_cli(["config", command, "--config", str(tmp_path)], capsys)
     assert (code, out) == (1, "")
     assert err.count("\n") == 1 and str(tmp_path) in err and "is a directory" in err
 
 
-def test_show_json_gives_the_values_and_their_file(tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_json_gives_the_values_and_their_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`config show --format json` prints one JSON object: the source file and every
     effective value (defaults filled in), the same values the text form shows."""
     config = write(tmp_path, "require-allocation: true\nruntimes: [crun]\n")
-    code, out, err = run_cli(["config", "show", "--config", str(config), "--format", "json"],
-                             capsys)
+    code, out, err = run_cli(
+        ["config", "show", "--config", str(config), "--format", "json"], capsys
+    )
     assert code == 0, err
     doc = json.loads(out)
     expected = Config(require_allocation=True, runtimes=("crun",)).to_mapping()
     assert doc == {"source": str(config), "config": expected}
 
 
-def test_show_json_of_the_defaults_has_no_source(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_json_of_the_defaults_has_no_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Without a config file the source is null and the values are the built-in defaults."""
     monkeypatch.setenv("NVSHIM_CONFIG", str(tmp_path / "absent.yaml"))
     code, out, err = run_cli(["config", "show", "--format", "json"], capsys)
@@ -132,8 +142,9 @@ def test_show_text_is_unchanged(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 @pytest.mark.parametrize("command", [["config", "compile"], ["config", "show"], ["grants"]])
-def test_help_shows_config_as_a_file(command: List[str],
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_shows_config_as_a_file(
+    command: List[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     """Every --config option reads `--config FILE` in --help."""
     code, out, _ = run_cli([*command, "--help"], capsys)
     assert code == 0
@@ -142,8 +153,9 @@ def test_help_shows_config_as_a_file(command: List[str],
         assert "--format [text|json]" in out
 
 
-def test_show_names_the_missing_file_it_looked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_names_the_missing_file_it_looked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Without --config, a $NVSHIM_CONFIG that names no file means the built-in defaults;
     the header says which file was looked for, so a typo in the variable shows."""
     missing = tmp_path / "typo.yaml"

@@ -57,8 +57,10 @@ def _json(args: List[str]) -> Dict[str, Any]:
 def _plan(result: Any) -> List[str]:
     """The lines after "a real run would:" in a --dry-run's stderr."""
     lines = result.stderr.splitlines()
-    return [" ".join(line.split()) for line in lines[lines.index(
-        "dry run: nothing written; a real run would:") + 1:]]
+    return [
+        " ".join(line.split())
+        for line in lines[lines.index("dry run: nothing written; a real run would:") + 1 :]
+    ]
 
 
 @pytest.mark.parametrize("engine", ["containerd", "crio"])
@@ -133,7 +135,8 @@ def test_without_config_the_live_defaults_stay(engine: str) -> None:
     roles = {row["role"]: row["path"] for row in document["files"]}
     assert roles.get("drop-in", module.DEFAULT_DROP_IN) == module.DEFAULT_DROP_IN
     assert roles.get("backup", module.DEFAULT_CONFIG + ".nvshim-orig.json") == (
-        module.DEFAULT_CONFIG + ".nvshim-orig.json")
+        module.DEFAULT_CONFIG + ".nvshim-orig.json"
+    )
 
 
 def test_an_earlier_drop_in_in_etc_is_named(tmp_path: Path) -> None:
@@ -141,8 +144,11 @@ def test_an_earlier_drop_in_in_etc_is_named(tmp_path: Path) -> None:
     for it gets a warning naming that file and the --drop-in that keeps using it."""
     config = tmp_path / "config.toml"
     config.write_text(f'version = 2\nimports = ["{containerd.DEFAULT_DROP_IN}"]\n')
-    warnings = [w for w in _json(["--config", str(config), "--dry-run"])["warnings"]
-                if "does not exist" not in w]  # that import is missing here, said apart
+    warnings = [
+        w
+        for w in _json(["--config", str(config), "--dry-run"])["warnings"]
+        if "does not exist" not in w
+    ]  # that import is missing here, said apart
     assert len(warnings) == 1
     assert f"also imports {containerd.DEFAULT_DROP_IN}" in warnings[0]
     assert f"--drop-in {containerd.DEFAULT_DROP_IN}" in warnings[0]
@@ -172,10 +178,18 @@ def test_json_dry_run_then_real_run_then_revert(tmp_path: Path) -> None:
     backup = f"{config}.nvshim-orig.json"
     args = ["--config", str(config)]
     dry = _json([*args, "--dry-run"])
-    assert {k: dry[k] for k in ("engine", "operation", "dry_run", "config", "name", "written",
-                                "warnings")} == {
-        "engine": "containerd", "operation": "configure", "dry_run": True,
-        "config": str(config), "name": "nvshim", "written": [], "warnings": []}
+    assert {
+        k: dry[k]
+        for k in ("engine", "operation", "dry_run", "config", "name", "written", "warnings")
+    } == {
+        "engine": "containerd",
+        "operation": "configure",
+        "dry_run": True,
+        "config": str(config),
+        "name": "nvshim",
+        "written": [],
+        "warnings": [],
+    }
     shape = [(r["path"], r["role"], r["action"], r["backup"]) for r in dry["files"]]
     assert shape == [
         (drop_in, "drop-in", "create", backup),
@@ -187,13 +201,16 @@ def test_json_dry_run_then_real_run_then_revert(tmp_path: Path) -> None:
     real = _json(args)
     assert real["dry_run"] is False and real["written"] == [drop_in, str(config)]
     assert [r["content"] for r in real["files"][:2]] == [
-        Path(drop_in).read_text(), config.read_text()]
-    assert [(r["path"], r["action"]) for r in real["files"]] == [
-        (p, a) for p, _, a, _ in shape]
+        Path(drop_in).read_text(),
+        config.read_text(),
+    ]
+    assert [(r["path"], r["action"]) for r in real["files"]] == [(p, a) for p, _, a, _ in shape]
 
     again = _json(args)
     assert [(r["action"], r["backup"]) for r in again["files"]] == [
-        ("unchanged", None), ("unchanged", None)]
+        ("unchanged", None),
+        ("unchanged", None),
+    ]
     assert again["written"] == []
 
     undo = _json([*args, "--revert"])
@@ -226,15 +243,21 @@ def test_json_warnings_stay_out_of_stderr(tmp_path: Path) -> None:
     config.write_text('{"default-runtime": "nvshim"}\n')
     document = _json(["--runtime", "docker", "--config", str(config), "--dry-run"])
     assert document["warnings"] == [
-        f'removed "default-runtime": "nvshim" from {config} (pass --set-as-default to keep it)']
+        f'removed "default-runtime": "nvshim" from {config} (pass --set-as-default to keep it)'
+    ]
 
 
 def test_help_shows_file_and_name_metavars() -> None:
     """Options that take a file show FILE, the runtime name NAME (not TEXT or PATH)."""
     result = CliRunner().invoke(runtime, ["configure", "--help"], terminal_width=200)
     assert result.exit_code == 0
-    for option in ("--config FILE", "--drop-in FILE", "--binary FILE", "--name NAME",
-                   "--format [text|json]"):
+    for option in (
+        "--config FILE",
+        "--drop-in FILE",
+        "--binary FILE",
+        "--name NAME",
+        "--format [text|json]",
+    ):
         assert option in result.output
     assert "TEXT" not in result.output and "PATH" not in result.output
 
@@ -249,14 +272,24 @@ def _main(args: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, str
     return (exc.value.code if isinstance(exc.value.code, int) else 1), out, err
 
 
-def test_quiet_drops_the_summary_but_not_warnings(tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_quiet_drops_the_summary_but_not_warnings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`nvshim --quiet runtime configure` prints no "wrote …" line and no dry-run summary;
     a warning still prints, and the files are written."""
     config = tmp_path / "daemon.json"
     config.write_text('{"default-runtime": "nvshim"}\n')
-    args = ["--quiet", "runtime", "configure", "--runtime", "docker", "--config", str(config),
-            "--binary", str(tmp_path / "nvshim-runtime")]
+    args = [
+        "--quiet",
+        "runtime",
+        "configure",
+        "--runtime",
+        "docker",
+        "--config",
+        str(config),
+        "--binary",
+        str(tmp_path / "nvshim-runtime"),
+    ]
     code, out, err = _main([*args, "--dry-run"], capsys)
     assert code == 0 and out.startswith(f"# --- {config} ---\n")
     # the warnings: the default removed, the --gpus hook's folder not on dockerd's PATH

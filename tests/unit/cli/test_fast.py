@@ -20,8 +20,10 @@ from nvshim.cli.main import main
 REPO = Path(__file__).resolve().parents[3]
 
 #: doctor's engine configs and trampoline, none of them there: the host's are not read
-DOCTOR_FILES = [f"--{name}={{tmp}}/none.{name}" for name in (
-    "containerd-config", "docker-config", "crio-config", "nvidia-config", "trampoline")]
+DOCTOR_FILES = [
+    f"--{name}={{tmp}}/none.{name}"
+    for name in ("containerd-config", "docker-config", "crio-config", "nvidia-config", "trampoline")
+]
 
 
 def _command(path: Tuple[str, ...]) -> click.Command:
@@ -40,8 +42,9 @@ def _run(runner: Any, args: List[str], capsys: pytest.CaptureFixture[str]) -> Tu
     return (code if isinstance(code, int) else 1), out, err
 
 
-def test_the_top_level_help_is_clicks_at_80_columns(capsys: pytest.CaptureFixture[str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_top_level_help_is_clicks_at_80_columns(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """TOP_HELP is what click prints for `nvshim --help` on a terminal of 80 columns or more
     (regenerate it from this test's output when a command or the group's text changes)."""
     monkeypatch.setenv("COLUMNS", str(fast.HELP_WIDTH))
@@ -78,8 +81,9 @@ def test_each_forms_table_agrees_with_its_click_declaration(path: Tuple[str, ...
             is_path = isinstance(param.type, click.Path)
             assert opt.is_dir == (is_path and param.type.exists and not param.type.file_okay), flag
             assert opt.not_dir == (is_path and not param.type.dir_okay and not opt.is_dir), flag
-            assert opt.not_file == (is_path and not param.type.file_okay
-                                    and not param.type.exists), flag
+            assert opt.not_file == (
+                is_path and not param.type.file_okay and not param.type.exists
+            ), flag
             default = param.get_default(click.Context(command), call=True)
             if param.multiple:  # without a default (None, or click 8.3's UNSET) it is ()
                 want = tuple(default) if isinstance(default, (tuple, list)) else ()
@@ -89,34 +93,65 @@ def test_each_forms_table_agrees_with_its_click_declaration(path: Tuple[str, ...
     assert seen == set(options), path
 
 
-@pytest.mark.parametrize("args", [
-    ["--version"], ["--help"], ["-h"], [],
-    ["grants", "--journal", "{tmp}/grants.jsonl"],
-    ["grants", "--format", "json", "--journal={tmp}/grants.jsonl"],
-    ["grants", "--denied", "--journal", "{tmp}/grants.jsonl"],
-    ["grants", "--config", "{tmp}/config.yaml"],
-    ["cdi", "list", "--spec-dir", "{tmp}/cdi"],
-    ["cdi", "list", "--spec-dir", "{tmp}/cdi", "--format", "json"],
-    ["cdi", "list", "--spec-dir", "{tmp}/empty"],
-    ["doctor", *DOCTOR_FILES],
-    ["doctor", "--format", "json", *DOCTOR_FILES],
-    ["doctor", "-v", "--driver-root", "{tmp}/empty", "--hooks-dir", "{tmp}/empty",
-     "--hooks-dir={tmp}/cdi", "--runtime-binary", "{tmp}/runc", *DOCTOR_FILES],
-    ["doctor", "--verbose", "--config", "{tmp}/none.yaml", *DOCTOR_FILES],
-])
-def test_a_fast_form_answers_as_click_does(args: List[str], tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str],
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--version"],
+        ["--help"],
+        ["-h"],
+        [],
+        ["grants", "--journal", "{tmp}/grants.jsonl"],
+        ["grants", "--format", "json", "--journal={tmp}/grants.jsonl"],
+        ["grants", "--denied", "--journal", "{tmp}/grants.jsonl"],
+        ["grants", "--config", "{tmp}/config.yaml"],
+        ["cdi", "list", "--spec-dir", "{tmp}/cdi"],
+        ["cdi", "list", "--spec-dir", "{tmp}/cdi", "--format", "json"],
+        ["cdi", "list", "--spec-dir", "{tmp}/empty"],
+        ["doctor", *DOCTOR_FILES],
+        ["doctor", "--format", "json", *DOCTOR_FILES],
+        [
+            "doctor",
+            "-v",
+            "--driver-root",
+            "{tmp}/empty",
+            "--hooks-dir",
+            "{tmp}/empty",
+            "--hooks-dir={tmp}/cdi",
+            "--runtime-binary",
+            "{tmp}/runc",
+            *DOCTOR_FILES,
+        ],
+        ["doctor", "--verbose", "--config", "{tmp}/none.yaml", *DOCTOR_FILES],
+    ],
+)
+def test_a_fast_form_answers_as_click_does(
+    args: List[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Exit status, stdout and stderr of the fast form equal click's run of the same
     arguments (journals present and absent, a spec dir with a device and an empty one,
     doctor on engine configs of the tmp dir, with and without a config that exists)."""
     monkeypatch.setenv("COLUMNS", str(fast.HELP_WIDTH))
     (tmp_path / "empty").mkdir()
     (tmp_path / "cdi").mkdir()
-    (tmp_path / "cdi" / "gpu.json").write_text(json.dumps({
-        "cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
-        "devices": [{"name": "0", "containerEdits": {"deviceNodes": [
-            {"path": "/dev/nvidia0", "hostPath": "/dev/null"}]}}]}))
+    (tmp_path / "cdi" / "gpu.json").write_text(
+        json.dumps(
+            {
+                "cdiVersion": "0.5.0",
+                "kind": "nvidia.com/gpu",
+                "devices": [
+                    {
+                        "name": "0",
+                        "containerEdits": {
+                            "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/null"}]
+                        },
+                    }
+                ],
+            }
+        )
+    )
     os.chmod(tmp_path / "cdi" / "gpu.json", 0o644)
     (tmp_path / "grants.jsonl").write_text("")
     (tmp_path / "config.yaml").write_text(f"grants-journal: {tmp_path}/none.jsonl\n")
@@ -127,43 +162,55 @@ def test_a_fast_form_answers_as_click_does(args: List[str], tmp_path: Path,
     assert _run(main, argv, capsys) == _run(app.run, argv, capsys)
 
 
-@pytest.mark.parametrize("args", [
-    ["grants", "--format", "xml"],               # a choice click refuses
-    ["cdi", "list", "--spec-dir", "/nonexistent/nvshim"],  # a directory that is not there
-    ["grants", "--help"],                        # a command's help
-    ["-q", "grants"],                            # a global option
-    ["cdi", "generate", "--output", "/"],        # a directory where a file is due
-    ["cdi", "generate", "--format", "xml"],      # a choice click refuses
-    ["grants", "--denied=1"],                    # a flag given a value
-    ["cdi", "list", "--spec-dir"],               # an option without its value
-    ["cdi", "generate", "-o"],                   # an option without its value
-    ["doctor", "--driver-root", "/etc/hostname"],  # a file where a directory is due
-    ["doctor", "--config", "/"],                 # a directory where a file is due
-    ["doctor", "-vv"],                           # short flags bundled
-    ["doctor", "--format", "yaml"],              # a choice click refuses
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["grants", "--format", "xml"],  # a choice click refuses
+        ["cdi", "list", "--spec-dir", "/nonexistent/nvshim"],  # a directory that is not there
+        ["grants", "--help"],  # a command's help
+        ["-q", "grants"],  # a global option
+        ["cdi", "generate", "--output", "/"],  # a directory where a file is due
+        ["cdi", "generate", "--format", "xml"],  # a choice click refuses
+        ["grants", "--denied=1"],  # a flag given a value
+        ["cdi", "list", "--spec-dir"],  # an option without its value
+        ["cdi", "generate", "-o"],  # an option without its value
+        ["doctor", "--driver-root", "/etc/hostname"],  # a file where a directory is due
+        ["doctor", "--config", "/"],  # a directory where a file is due
+        ["doctor", "-vv"],  # short flags bundled
+        ["doctor", "--format", "yaml"],  # a choice click refuses
+    ],
+)
 def test_other_forms_are_left_to_click(args: List[str]) -> None:
     """serve() answers None (without printing) for anything click must judge or run."""
     assert fast.serve(args) is None
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="simulated nodes need root (mknod)")
-@pytest.mark.parametrize("args", [
-    ["--output", "{tmp}/out/nvidia.yaml"],
-    ["-o", "{tmp}/out/nvidia.json", "--device-name-strategy", "uuid"],
-    ["--format", "json", "--driver-capabilities", "all"],
-    ["-o", "-"],
-    ["--class", "imex-channel"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--output", "{tmp}/out/nvidia.yaml"],
+        ["-o", "{tmp}/out/nvidia.json", "--device-name-strategy", "uuid"],
+        ["--format", "json", "--driver-capabilities", "all"],
+        ["-o", "-"],
+        ["--class", "imex-channel"],
+    ],
+)
 def test_generate_served_without_click_writes_what_click_writes(
-        args: List[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args: List[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`cdi generate` (to a file or stdout) runs without click, and its exit status,
     stdout, stderr and the file it writes are click's."""
     from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2, mig=True, imex_channels=2)
-    argv = ["cdi", "generate", "--driver-root", node.root,
-            *[a.replace("{tmp}", str(tmp_path)) for a in args]]
+    argv = [
+        "cdi",
+        "generate",
+        "--driver-root",
+        node.root,
+        *[a.replace("{tmp}", str(tmp_path)) for a in args],
+    ]
     out_file = next((a for a in argv if a.startswith(str(tmp_path / "out"))), None)
     served = _run(main, argv, capsys)
     written = Path(out_file).read_bytes() if out_file else b""
@@ -172,12 +219,19 @@ def test_generate_served_without_click_writes_what_click_writes(
     assert served == _run(app.run, argv, capsys)
     assert served[0] == 0 and (written or served[1])
     assert (Path(out_file).read_bytes() if out_file else b"") == written
-    code = ("import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
-            "except SystemExit:\n    pass\n"
-            "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
-            "if m == 'click' or m.startswith(('click.', 'nvshim.cli.cmd_', 'nvshim.cli.app')))))")
-    res = subprocess.run([sys.executable, "-I", "-c", code, *argv], capture_output=True,
-                         text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
+        "except SystemExit:\n    pass\n"
+        "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
+        "if m == 'click' or m.startswith(('click.', 'nvshim.cli.cmd_', 'nvshim.cli.app')))))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-I", "-c", code, *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert res.stderr.rsplit("LOADED", 1)[1].split() == [], res.stderr
 
 
@@ -188,8 +242,9 @@ def test_a_form_click_refuses_gets_clicks_one_line(capsys: pytest.CaptureFixture
     assert err.startswith("nvshim: Invalid value for '--format'") and err.count("\n") == 1
 
 
-def test_help_on_a_narrow_terminal_is_clicks(capsys: pytest.CaptureFixture[str],
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_help_on_a_narrow_terminal_is_clicks(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Under 80 columns click wraps the help itself: the fast form steps aside."""
     monkeypatch.setenv("COLUMNS", "60")
     assert fast.serve(["--help"]) is None
@@ -203,18 +258,31 @@ def test_completion_is_clicks(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fast.serve([]) is None
 
 
-@pytest.mark.parametrize("args", [["--version"], ["--help"], ["grants", "--journal", "/nonexistent/j"],
-                                  ["cdi", "list", "--spec-dir", "/"],
-                                  ["doctor", "--containerd-config", "/nonexistent/c.toml"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--version"],
+        ["--help"],
+        ["grants", "--journal", "/nonexistent/j"],
+        ["cdi", "list", "--spec-dir", "/"],
+        ["doctor", "--containerd-config", "/nonexistent/c.toml"],
+    ],
+)
 def test_a_fast_form_imports_no_click(args: List[str]) -> None:
     """The served forms load neither click nor a click command module."""
-    code = ("import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
-            "except SystemExit:\n    pass\n"
-            "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
-            "if m == 'click' or m.startswith(('click.', 'nvshim.cli.cmd_', 'nvshim.cli.app')))))")
-    res = subprocess.run([sys.executable, "-I", "-c", code, *args], capture_output=True,
-                         text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "COLUMNS": "80",
-                                                   "PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
+        "except SystemExit:\n    pass\n"
+        "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
+        "if m == 'click' or m.startswith(('click.', 'nvshim.cli.cmd_', 'nvshim.cli.app')))))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-I", "-c", code, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "COLUMNS": "80", "PATH": "/usr/bin:/bin"},
+    )
     loaded = res.stderr.rsplit("LOADED", 1)[1].split()
     assert loaded == [], (args, loaded)
 
@@ -225,9 +293,11 @@ def test_a_served_failure_is_one_line(capsys: pytest.CaptureFixture[str]) -> Non
     fast_result = _run(main, args, capsys)
     assert fast_result == _run(app.run, args, capsys)
     code, out, err = fast_result
-    assert code == 1 and out == "" and err == (
-        "nvshim: grant journal /nonexistent/nvshim/grants.jsonl does not exist\n")
-
+    assert (
+        code == 1
+        and out == ""
+        and err == ("nvshim: grant journal /nonexistent/nvshim/grants.jsonl does not exist\n")
+    )
 
 
 def _spec_dirs(tmp_path: Path) -> Tuple[Path, Path]:
@@ -236,12 +306,20 @@ def _spec_dirs(tmp_path: Path) -> Tuple[Path, Path]:
     low, high = tmp_path / "low", tmp_path / "high"
     for d in (low, high):
         d.mkdir()
-    (low / "a.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n"
-                                "- name: '0'\n  containerEdits:\n    deviceNodes:\n"
-                                "    - {path: /dev/nvidia0, hostPath: /dev/null}\n")
-    (high / "b.json").write_text(json.dumps({
-        "cdiVersion": "0.5.0", "kind": "example.com/net",
-        "devices": [{"name": "eth", "containerEdits": {"env": ["A=1"]}}]}))
+    (low / "a.yaml").write_text(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n"
+        "- name: '0'\n  containerEdits:\n    deviceNodes:\n"
+        "    - {path: /dev/nvidia0, hostPath: /dev/null}\n"
+    )
+    (high / "b.json").write_text(
+        json.dumps(
+            {
+                "cdiVersion": "0.5.0",
+                "kind": "example.com/net",
+                "devices": [{"name": "eth", "containerEdits": {"env": ["A=1"]}}],
+            }
+        )
+    )
     (high / "broken.yaml").write_text("cdiVersion: [\n")
     (high / "loose.yaml").write_text("cdiVersion: 0.5.0\nkind: x.com/y\ndevices: []\n")
     for f in (low / "a.yaml", high / "b.json", high / "broken.yaml"):
@@ -255,14 +333,17 @@ def _spec_dirs(tmp_path: Path) -> Tuple[Path, Path]:
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_cdi_list_of_the_configs_dirs_through_the_index_reads_as_a_full_scan(
-        fmt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    fmt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`cdi list` (the config's dirs, through the compiled CDI index) prints what
     `cdi list --spec-dir …` (a full scan of the same dirs) prints, before and after compile."""
     config, tmp = _spec_dirs(tmp_path)
     monkeypatch.setenv("NVSHIM_CONFIG", str(config))
-    scan = _run(main, ["cdi", "list", "--format", fmt, "--spec-dir", f"{tmp}/low",
-                       "--spec-dir", f"{tmp}/high"], capsys)
+    scan = _run(
+        main,
+        ["cdi", "list", "--format", fmt, "--spec-dir", f"{tmp}/low", "--spec-dir", f"{tmp}/high"],
+        capsys,
+    )
     assert _run(main, ["cdi", "list", "--format", fmt], capsys) == scan  # no index yet
     assert _run(main, ["config", "compile", "--config", str(config)], capsys)[0] == 0
     assert list(tmp.glob("*.cdi-index.json")), "compile writes the index"
@@ -271,19 +352,26 @@ def test_cdi_list_of_the_configs_dirs_through_the_index_reads_as_a_full_scan(
 
 
 def _modules_after(args: List[str], env: Dict[str, str]) -> List[str]:
-    code = ("import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
-            "except SystemExit as e:\n    sys.stderr.write(f'EXIT {e.code}\\n')\n"
-            "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
-            "if m in ('yaml', 'click', 'typing'))))")
-    res = subprocess.run([sys.executable, "-I", "-c", code, *args], capture_output=True,
-                         text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                                   **env})
+    code = (
+        "import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
+        "except SystemExit as e:\n    sys.stderr.write(f'EXIT {e.code}\\n')\n"
+        "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
+        "if m in ('yaml', 'click', 'typing'))))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-I", "-c", code, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **env},
+    )
     assert "EXIT 0" in res.stderr, res.stderr
     return res.stderr.rsplit("LOADED", 1)[1].split()
 
 
-def test_cdi_list_with_a_fresh_index_parses_no_yaml(tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_cdi_list_with_a_fresh_index_parses_no_yaml(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """With the config compiled, `cdi list` reads its YAML specs from the index: yaml is
     never imported (it costs more than the rest of the command)."""
     config, _ = _spec_dirs(tmp_path)
@@ -292,8 +380,9 @@ def test_cdi_list_with_a_fresh_index_parses_no_yaml(tmp_path: Path,
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the simulated node needs mknod (root)")
-def test_generate_check_of_an_indexed_spec_parses_no_yaml(tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_generate_check_of_an_indexed_spec_parses_no_yaml(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`cdi generate --check` of the config's own YAML spec, current and indexed, says current
     without importing yaml or typing; once the spec changes it reads the file and says stale."""
     node, spec_dir = tmp_path / "node", tmp_path / "cdi"
@@ -303,8 +392,12 @@ def test_generate_check_of_an_indexed_spec_parses_no_yaml(tmp_path: Path,
     os.chmod(config, 0o644)
     assert _run(main, ["--quiet", "sim", "create", str(node), "--gpus", "2"], capsys)[0] == 0
     spec = spec_dir / "nvidia.yaml"
-    assert _run(main, ["cdi", "generate", "--driver-root", str(node), "--output", str(spec)],
-                capsys)[0] == 0
+    assert (
+        _run(main, ["cdi", "generate", "--driver-root", str(node), "--output", str(spec)], capsys)[
+            0
+        ]
+        == 0
+    )
     assert _run(main, ["config", "compile", "--config", str(config)], capsys)[0] == 0
     env = {"NVSHIM_CONFIG": str(config)}
     args = ["cdi", "generate", "--check", str(spec), "--driver-root", str(node)]
@@ -315,8 +408,9 @@ def test_generate_check_of_an_indexed_spec_parses_no_yaml(tmp_path: Path,
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the simulated node needs mknod (root)")
-def test_doctor_reads_indexed_yaml_specs_without_yaml(tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_doctor_reads_indexed_yaml_specs_without_yaml(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """With the config compiled, doctor judges the config's YAML spec from the CDI index:
     the same findings as before compile, and yaml is never imported."""
     node, spec_dir = tmp_path / "node", tmp_path / "cdi"
@@ -325,24 +419,49 @@ def test_doctor_reads_indexed_yaml_specs_without_yaml(tmp_path: Path,
     config.write_text(f"driver-root: {node}\ncdi-spec-dirs: [{spec_dir}]\n")
     os.chmod(config, 0o644)
     assert _run(main, ["--quiet", "sim", "create", str(node), "--gpus", "2"], capsys)[0] == 0
-    assert _run(main, ["cdi", "generate", "--driver-root", str(node), "--output",
-                       str(spec_dir / "nvidia.yaml")], capsys)[0] == 0
-    args = ["doctor", "--format", "json", "--config", str(config),
-            *[a.replace("{tmp}", str(tmp_path)) for a in DOCTOR_FILES]]
+    assert (
+        _run(
+            main,
+            [
+                "cdi",
+                "generate",
+                "--driver-root",
+                str(node),
+                "--output",
+                str(spec_dir / "nvidia.yaml"),
+            ],
+            capsys,
+        )[0]
+        == 0
+    )
+    args = [
+        "doctor",
+        "--format",
+        "json",
+        "--config",
+        str(config),
+        *[a.replace("{tmp}", str(tmp_path)) for a in DOCTOR_FILES],
+    ]
     before = _run(main, args, capsys)
     assert _run(main, ["config", "compile", "--config", str(config)], capsys)[0] == 0
     after = _run(main, args, capsys)
 
     def specs(result: Tuple[int, str, str]) -> List[Any]:
-        return [f for f in json.loads(result[1]) if f["check"] in ("cdi-specs",
-                                                                    "executable-trust")]
+        return [f for f in json.loads(result[1]) if f["check"] in ("cdi-specs", "executable-trust")]
+
     assert specs(after) == specs(before)
     assert any("nvidia.yaml is current" in f["message"] for f in specs(after)), after
-    code = ("import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
-            "except SystemExit:\n    pass\n"
-            "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
-            "if m in ('yaml', 'click', 'tomlkit', 'pynvml'))))")
-    res = subprocess.run([sys.executable, "-I", "-c", code, *args], capture_output=True,
-                         text=True, cwd=REPO, env={"PYTHONPATH": str(REPO),
-                                                   "PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
+        "except SystemExit:\n    pass\n"
+        "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
+        "if m in ('yaml', 'click', 'tomlkit', 'pynvml'))))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-I", "-c", code, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert res.stderr.rsplit("LOADED", 1)[1].split() == [], res.stderr

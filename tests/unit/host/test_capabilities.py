@@ -191,7 +191,11 @@ def test_unsupported_capability_is_an_error(node, tmp_path):
     bundle = write_bundle(
         tmp_path / "bundle", ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=graphics"]
     )
-    config = Config(driver_root=node.root, nvml_facts=node.nvml_facts, supported_driver_capabilities=("compute", "utility"))
+    config = Config(
+        driver_root=node.root,
+        nvml_facts=node.nvml_facts,
+        supported_driver_capabilities=("compute", "utility"),
+    )
     with pytest.raises(RequestError, match='"graphics"'):
         plan_create(str(bundle), config)
 

@@ -42,8 +42,11 @@ def make(tmp_path: Path) -> str:
 
 def libs32(host: Host, caps: str) -> dict:
     """container path → capability of every compat32 library ``caps`` gives."""
-    return {lib.container_path: lib.capability for lib in host.libraries(caps.split(","))
-            if lib.capability == "compat32"}
+    return {
+        lib.container_path: lib.capability
+        for lib in host.libraries(caps.split(","))
+        if lib.capability == "compat32"
+    }
 
 
 def without_i386_cache_entries(root: str) -> None:
@@ -59,18 +62,33 @@ def test_compat32_adds_the_i386_copies_of_the_other_capabilities_libraries(tmp_p
     cores; the 64-bit set is unchanged; no 32-bit NVML without utility."""
     host = Host(make(tmp_path))
     compute = libs32(host, "compat32,compute")
-    assert set(compute) == {f"{LIB32}/{b}.so.{VERSION}" for b in (
-        "libcuda", "libnvidia-ptxjitcompiler", "libnvidia-nvvm", "libnvidia-opencl",
-        "libnvidia-allocator")}
+    assert set(compute) == {
+        f"{LIB32}/{b}.so.{VERSION}"
+        for b in (
+            "libcuda",
+            "libnvidia-ptxjitcompiler",
+            "libnvidia-nvvm",
+            "libnvidia-opencl",
+            "libnvidia-allocator",
+        )
+    }
     graphics = libs32(host, "compat32,graphics")
-    for base in ("libGLX_nvidia", "libEGL_nvidia", "libnvidia-glcore", "libnvidia-eglcore",
-                 "libnvidia-tls"):
+    for base in (
+        "libGLX_nvidia",
+        "libEGL_nvidia",
+        "libnvidia-glcore",
+        "libnvidia-eglcore",
+        "libnvidia-tls",
+    ):
         assert f"{LIB32}/{base}.so.{VERSION}" in graphics
     assert f"{LIB32}/libnvidia-ml.so.{VERSION}" in libs32(host, "compat32,utility")
     assert not any("libnvidia-ml" in p for p in compute)
     sixty_four = [lib.host_path for lib in host.libraries(["compute"])]
-    assert [lib.host_path for lib in host.libraries(["compute", "compat32"])
-            if lib.capability != "compat32"] == sixty_four
+    assert [
+        lib.host_path
+        for lib in host.libraries(["compute", "compat32"])
+        if lib.capability != "compat32"
+    ] == sixty_four
     for lib in host.libraries(["compute", "compat32"]):
         assert is_i386_elf(lib.host_path) == (lib.capability == "compat32"), lib
 
@@ -100,13 +118,18 @@ def test_debian_alternatives_layout_mounts_the_file_behind_the_links(tmp_path):
         if name.startswith("lib") and name != "nvidia":
             shutil.move(f"{root}{LIB32}/{name}", f"{root}{NESTED32}/{name}")
     os.makedirs(f"{root}/etc/alternatives", exist_ok=True)
-    os.symlink("/etc/alternatives/nvidia--libcuda.so.1-i386-linux-gnu",
-               f"{root}{LIB32}/libcuda.so.1")
-    os.symlink(f"{NESTED32}/libcuda.so.1",
-               f"{root}/etc/alternatives/nvidia--libcuda.so.1-i386-linux-gnu")
+    os.symlink(
+        "/etc/alternatives/nvidia--libcuda.so.1-i386-linux-gnu", f"{root}{LIB32}/libcuda.so.1"
+    )
+    os.symlink(
+        f"{NESTED32}/libcuda.so.1", f"{root}/etc/alternatives/nvidia--libcuda.so.1-i386-linux-gnu"
+    )
     host = Host(root)
-    libcuda = next(lib for lib in host.libraries(["compute", "compat32"])
-                   if lib.capability == "compat32" and lib.base == "libcuda")
+    libcuda = next(
+        lib
+        for lib in host.libraries(["compute", "compat32"])
+        if lib.capability == "compat32" and lib.base == "libcuda"
+    )
     assert libcuda.container_path == f"{NESTED32}/libcuda.so.{VERSION}"
     assert libcuda.host_path == f"{root}{NESTED32}/libcuda.so.{VERSION}"
     assert libcuda.soname == "libcuda.so.1"
@@ -133,7 +156,8 @@ def test_a_64_bit_file_in_a_32_bit_folder_is_never_taken(tmp_path):
     for folder in ("/usr/lib32", "/usr/lib"):
         os.makedirs(root + folder, exist_ok=True)
         Path(f"{root}{folder}/libnvidia-ml.so.{VERSION}").write_bytes(
-            build_shared_object("libnvidia-ml.so.1"))
+            build_shared_object("libnvidia-ml.so.1")
+        )
     os.unlink(f"{root}{LIB32}/libnvidia-ml.so.{VERSION}")
     got = libs32(Host(root), "compat32,compute,utility")
     assert not any("libnvidia-ml" in p for p in got)
@@ -162,7 +186,9 @@ def test_the_32_bit_allocator_never_takes_the_gbm_link(tmp_path):
     libs = host.libraries(["graphics", "compat32"])
     assert any(lib.base == "libnvidia-allocator" and lib.capability == "compat32" for lib in libs)
     gbm = [pair for pair in hook_links(libs) if pair[1].endswith("/nvidia-drm_gbm.so")]
-    assert gbm == [("../libnvidia-allocator.so.1", "/usr/lib/x86_64-linux-gnu/gbm/nvidia-drm_gbm.so")]
+    assert gbm == [
+        ("../libnvidia-allocator.so.1", "/usr/lib/x86_64-linux-gnu/gbm/nvidia-drm_gbm.so")
+    ]
 
 
 def test_cdi_mounts_in_32_bit_folders_need_compat32():
@@ -170,18 +196,27 @@ def test_cdi_mounts_in_32_bit_folders_need_compat32():
     compute alone keeps only the 64-bit one and no link into the 32-bit folder."""
     from nvshim.runtime.hookargs import build_hook_args, parse_hook_args
 
-    m64 = Mount(f"/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}",
-                f"/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}", None, RO_BIND)
+    m64 = Mount(
+        f"/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}",
+        f"/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}",
+        None,
+        RO_BIND,
+    )
     m32 = Mount(f"{LIB32}/libcuda.so.{VERSION}", f"{LIB32}/libcuda.so.{VERSION}", None, RO_BIND)
     from nvshim.edits import HOOK_ENV, Hook
     from nvshim.runtime.hookargs import hook_command
 
-    links = [(f"libcuda.so.{VERSION}", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
-             (f"libcuda.so.{VERSION}", f"{LIB32}/libcuda.so.1")]
+    links = [
+        (f"libcuda.so.{VERSION}", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+        (f"libcuda.so.{VERSION}", f"{LIB32}/libcuda.so.1"),
+    ]
     command = hook_command()
-    hook = Hook("createContainer", command[0],
-                (*command, *build_hook_args(links, ["/usr/lib/x86_64-linux-gnu", LIB32])),
-                HOOK_ENV)
+    hook = Hook(
+        "createContainer",
+        command[0],
+        (*command, *build_hook_args(links, ["/usr/lib/x86_64-linux-gnu", LIB32])),
+        HOOK_ENV,
+    )
     edits = Edits(mounts=(m64, m32), hooks=(hook,))
     compute = restrict_to_capabilities(edits, ["compute"])
     assert compute.mounts == (m64,)
@@ -215,7 +250,9 @@ def test_plan_cache_answers_compat32_and_checks_its_paths_only_when_asked(tmp_pa
     os.unlink(f"{root}{LIB32}/libcuda.so.{VERSION}")  # the i386 libcuda goes
     cached, why = load(str(plan), root, root)
     assert isinstance(cached, CachedHost), why  # compute,utility: the plan still answers
-    assert len(cached.libraries(["compute", "utility"])) == len(host.libraries(["compute", "utility"]))
+    assert len(cached.libraries(["compute", "utility"])) == len(
+        host.libraries(["compute", "utility"])
+    )
     got = libs32(cached, "compute,compat32")
     assert f"{LIB32}/libcuda.so.{VERSION}" not in got  # rediscovered: it is gone
     assert f"{LIB32}/libnvidia-opencl.so.{VERSION}" in got

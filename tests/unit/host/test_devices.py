@@ -94,7 +94,10 @@ def test_select_gpus(tokens, indices, migs):
     "token,message",
     [
         ("7", 'unknown device "7": this node has GPUs 0-3'),
-        ("GPU-11111111-2222-3333-4444-55555555555", 'unknown device "GPU-11111111-2222-3333-4444-55555555555": this node has GPUs 0-3'),
+        (
+            "GPU-11111111-2222-3333-4444-55555555555",
+            'unknown device "GPU-11111111-2222-3333-4444-55555555555": this node has GPUs 0-3',
+        ),
         ("GPU-99999999-2222-3333-4444-555555555550", "unknown device"),
         ("0000:99:00.0", 'unknown device "0000:99:00.0"'),
         ("0:5", 'unknown device "0:5": this node has GPUs 0-3 and MIG devices 1:0'),
@@ -118,13 +121,29 @@ def test_unknown_mig_on_a_node_without_named_mig_devices_points_at_nvml_facts():
 @pytest.mark.parametrize(
     "token,gpus,message",
     [
-        ("7", GPUS, 'unknown device "7": this node has GPUs 0-3 under driver root /r (config /c.yaml)'),
-        ("0", (), 'unknown device "0": this node has no GPUs under driver root /r (config /c.yaml)'),
-        ("0:5", GPUS, 'unknown device "0:5": this node has GPUs 0-3 and MIG devices 1:0 under '
-                      "driver root /r (config /c.yaml)"),
-        ("0:0", (), 'unknown device "0:0": this node has no GPUs and MIG devices none under '
-                    "driver root /r (config /c.yaml); MIG devices are named by NVML or, "
-                    "without it, by config nvml-facts"),
+        (
+            "7",
+            GPUS,
+            'unknown device "7": this node has GPUs 0-3 under driver root /r (config /c.yaml)',
+        ),
+        (
+            "0",
+            (),
+            'unknown device "0": this node has no GPUs under driver root /r (config /c.yaml)',
+        ),
+        (
+            "0:5",
+            GPUS,
+            'unknown device "0:5": this node has GPUs 0-3 and MIG devices 1:0 under '
+            "driver root /r (config /c.yaml)",
+        ),
+        (
+            "0:0",
+            (),
+            'unknown device "0:0": this node has no GPUs and MIG devices none under '
+            "driver root /r (config /c.yaml); MIG devices are named by NVML or, "
+            "without it, by config nvml-facts",
+        ),
     ],
 )
 def test_unknown_tokens_say_where_they_were_looked_up(token, gpus, message):
@@ -140,13 +159,25 @@ def test_unknown_on_empty_node():
         select_gpus(("0",), ())
 
 
-@pytest.mark.parametrize("ids,text", [([], "none"), ([0], "0"), ([0, 1, 2, 3], "0-3"), ([0, 2, 3], "0,2-3"), ([3, 1], "1,3")])
+@pytest.mark.parametrize(
+    "ids,text",
+    [([], "none"), ([0], "0"), ([0, 1, 2, 3], "0-3"), ([0, 2, 3], "0,2-3"), ([3, 1], "1,3")],
+)
 def test_describe_indices(ids, text):
     """GPU index sets are summarised as ranges."""
     assert describe_indices(ids) == text
 
 
-@pytest.mark.parametrize("raw,norm", [("18:00.0", "0000:18:00.0"), ("00000000:18:00.0", "0000:18:00.0"), ("0000:AF:00.1", "0000:af:00.1"), ("zz:00.0", None), ("18:00", None)])
+@pytest.mark.parametrize(
+    "raw,norm",
+    [
+        ("18:00.0", "0000:18:00.0"),
+        ("00000000:18:00.0", "0000:18:00.0"),
+        ("0000:AF:00.1", "0000:af:00.1"),
+        ("zz:00.0", None),
+        ("18:00", None),
+    ],
+)
 def test_normalize_pci(raw, norm):
     """PCI bus ids compare in one canonical form."""
     assert normalize_pci(raw) == norm

@@ -21,8 +21,10 @@ MIG_PAIR = re.compile(r"([0-9]+):([0-9]+)")
 # tokens built from the grammars' own alphabet, so that matches are common
 alphabet = st.sampled_from(list("0123456789abcdefABCDEFgG-:.PUIM \n٣x"))
 tokens = st.text(alphabet, max_size=44) | st.builds(
-    lambda p, u: p + u, st.sampled_from(["GPU-", "gpu-", "MIG-", "Mig-", "GPU"]),
-    st.uuids().map(str) | st.text(alphabet, max_size=40))
+    lambda p, u: p + u,
+    st.sampled_from(["GPU-", "gpu-", "MIG-", "Mig-", "GPU"]),
+    st.uuids().map(str) | st.text(alphabet, max_size=40),
+)
 
 
 @settings(max_examples=3000, deadline=None)
@@ -42,6 +44,10 @@ def test_string_grammars_match_the_regexes(token):
     m = PCI.fullmatch(token.strip())
     expected = None
     if m:
-        expected = "%04x:%02x:%02x.%s" % (int(m.group(1) or "0", 16), int(m.group(2), 16),
-                                          int(m.group(3), 16), m.group(4))
+        expected = "%04x:%02x:%02x.%s" % (
+            int(m.group(1) or "0", 16),
+            int(m.group(2), 16),
+            int(m.group(3), 16),
+            m.group(4),
+        )
     assert grammar.normalize_pci(token) == expected

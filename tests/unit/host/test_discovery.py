@@ -28,10 +28,16 @@ def test_gpus_in_pci_order_with_shuffled_minors(tmp_path):
     node = make(tmp_path, gpus=4, shuffle_minors=True)
     gpus = Host(node.root).gpus()
     assert [g.pci_bus_id for g in gpus] == sorted(g.pci_bus_id for g in gpus)
-    assert [(g.index, g.minor, g.uuid) for g in gpus] == [(s.index, s.minor, s.uuid) for s in node.gpus]
+    assert [(g.index, g.minor, g.uuid) for g in gpus] == [
+        (s.index, s.minor, s.uuid) for s in node.gpus
+    ]
     assert [g.minor for g in gpus] != [0, 1, 2, 3]
     for g in gpus:
-        assert g.node.path == f"/dev/nvidia{g.minor}" and (g.node.type, g.node.major, g.node.minor) == ("c", 195, g.minor)
+        assert g.node.path == f"/dev/nvidia{g.minor}" and (
+            g.node.type,
+            g.node.major,
+            g.node.minor,
+        ) == ("c", 195, g.minor)
         assert g.node.host_path == f"{node.root}/dev/nvidia{g.minor}"
 
 
@@ -40,12 +46,16 @@ def test_split_driver_and_dev_root(tmp_path):
     node = make(tmp_path, gpus=2, dev_root=str(tmp_path / "devroot"))
     host = Host(node.root, str(tmp_path / "devroot"))
     gpus = host.gpus()
-    assert [g.node.host_path for g in gpus] == [f"{tmp_path}/devroot/dev/nvidia{g.minor}" for g in gpus]
+    assert [g.node.host_path for g in gpus] == [
+        f"{tmp_path}/devroot/dev/nvidia{g.minor}" for g in gpus
+    ]
     ctl = {n.path: n for n in host.control_nodes(["compute"])}
     assert ctl["/dev/nvidiactl"].host_path == f"{tmp_path}/devroot/dev/nvidiactl"
     assert ctl["/dev/nvidia-uvm"].major == 510
     # with the dev root wrongly left at the driver root, the missing node is named
-    with pytest.raises(HostError, match=r"has device minor 0 but .*/node/dev/nvidia0 does not exist"):
+    with pytest.raises(
+        HostError, match=r"has device minor 0 but .*/node/dev/nvidia0 does not exist"
+    ):
         Host(node.root).gpus()
 
 
@@ -99,7 +109,11 @@ def test_capabilities_pick_control_nodes(tmp_path):
     node = make(tmp_path, gpus=1)
     host = Host(node.root)
     assert [n.path for n in host.control_nodes(["utility"])] == ["/dev/nvidiactl"]
-    assert [n.path for n in host.control_nodes(["compute"])] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert [n.path for n in host.control_nodes(["compute"])] == [
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    ]
     assert "/dev/nvidia-modeset" in [n.path for n in host.control_nodes(["display"])]
 
 

@@ -62,13 +62,15 @@ def debianize(root: str) -> None:
     shutil.rmtree(f"{src}/vdpau")
     entries = []
     for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
-        alternative(root, f"{LIBDIR}/{soname}", f"nvidia--{soname}-x86_64-linux-gnu",
-                    f"{NESTED}/{soname}")
+        alternative(
+            root, f"{LIBDIR}/{soname}", f"nvidia--{soname}-x86_64-linux-gnu", f"{NESTED}/{soname}"
+        )
         entries.append((soname, f"{LIBDIR}/{soname}"))
     os.makedirs(f"{root}/usr/lib/nvidia/current")
     shutil.move(f"{root}/usr/bin/nvidia-smi", f"{root}/usr/lib/nvidia/current/nvidia-smi")
-    alternative(root, "/usr/bin/nvidia-smi", "nvidia--nvidia-smi",
-                "/usr/lib/nvidia/current/nvidia-smi")
+    alternative(
+        root, "/usr/bin/nvidia-smi", "nvidia--nvidia-smi", "/usr/lib/nvidia/current/nvidia-smi"
+    )
     with open(f"{root}/etc/ld.so.cache", "wb") as fh:
         fh.write(build_ldcache(entries))
 
@@ -96,11 +98,15 @@ def test_a_wrapper_script_gives_way_to_the_program_it_runs(tmp_path):
     real.parent.mkdir(parents=True)
     shutil.copy("/bin/true", real)  # an ELF program
     wrapper = Path(node.root, "usr/bin/nvidia-smi")
-    wrapper.write_text("#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi \"$@\"\n")
-    smi = [f for f in Host(node.root).binaries(["utility"]) if f.container_path.endswith("/nvidia-smi")]
+    wrapper.write_text('#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi "$@"\n')
+    smi = [
+        f for f in Host(node.root).binaries(["utility"]) if f.container_path.endswith("/nvidia-smi")
+    ]
     assert [(f.host_path, f.container_path) for f in smi] == [(str(real), "/usr/bin/nvidia-smi")]
     os.unlink(wrapper)  # only under /usr/local/nvidia/bin: still where a container's PATH finds it
-    smi = [f for f in Host(node.root).binaries(["utility"]) if f.container_path.endswith("/nvidia-smi")]
+    smi = [
+        f for f in Host(node.root).binaries(["utility"]) if f.container_path.endswith("/nvidia-smi")
+    ]
     assert [(f.host_path, f.container_path) for f in smi] == [(str(real), "/usr/bin/nvidia-smi")]
 
 
@@ -193,14 +199,17 @@ def test_inspect_lists_missing_files_of_the_requested_capabilities(tmp_path):
 
     node = make(tmp_path, gpus=1)
     os.unlink(f"{node.root}/usr/bin/nvidia-smi")
-    bundle = write_bundle(tmp_path / "bundle", ["NVIDIA_VISIBLE_DEVICES=0",
-                                                "NVIDIA_DRIVER_CAPABILITIES=compute,utility"])
+    bundle = write_bundle(
+        tmp_path / "bundle",
+        ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"],
+    )
     config = Config(driver_root=node.root, nvml_facts=node.nvml_facts)
     plan = plan_create(str(bundle), config)
     assert plan_summary(plan, config)["missing_files"] == ["nvidia-smi (utility)"]
     assert "missing:       nvidia-smi (utility)" in render_text(plan, config)
-    whole = write_bundle(tmp_path / "whole", ["NVIDIA_VISIBLE_DEVICES=0",
-                                              "NVIDIA_DRIVER_CAPABILITIES=compute"])
+    whole = write_bundle(
+        tmp_path / "whole", ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute"]
+    )
     assert plan_summary(plan_create(str(whole), config), config)["missing_files"] == []
 
 
@@ -216,14 +225,18 @@ def test_graphics_display_and_opencl_files_follow_their_capability(tmp_path):
     from nvshim.node.cdigen import generate_spec
 
     node = make(tmp_path, gpus=1)
-    graphics = ["/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
-                "/etc/vulkan/icd.d/nvidia_icd.json",
-                "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
-                "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
-                "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
-                "/usr/share/nvidia/nvoptix.bin"]
-    for path in graphics + ["/etc/OpenCL/vendors/nvidia.icd",
-                            "/usr/share/X11/xorg.conf.d/10-nvidia.conf"]:
+    graphics = [
+        "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+        "/etc/vulkan/icd.d/nvidia_icd.json",
+        "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
+        "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+        "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
+        "/usr/share/nvidia/nvoptix.bin",
+    ]
+    for path in graphics + [
+        "/etc/OpenCL/vendors/nvidia.icd",
+        "/usr/share/X11/xorg.conf.d/10-nvidia.conf",
+    ]:
         place(node.root, path)
     # Debian keeps the Xorg modules in /usr/lib/nvidia/current (alternatives links aside)
     place(node.root, "/usr/lib/nvidia/current/nvidia_drv.so", "ELF")
@@ -233,10 +246,13 @@ def test_graphics_display_and_opencl_files_follow_their_capability(tmp_path):
     def paths(caps):
         return {f.container_path for f in host.data_files(caps)}
 
-    xorg = {"/usr/lib/xorg/modules/drivers/nvidia_drv.so",
-            f"/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{VERSION}"}
-    in_container = (set(graphics) - {"/usr/share/vulkan/implicit_layer.d/nvidia_layers.json"}
-                    | {"/etc/vulkan/implicit_layer.d/nvidia_layers.json"})
+    xorg = {
+        "/usr/lib/xorg/modules/drivers/nvidia_drv.so",
+        f"/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{VERSION}",
+    }
+    in_container = set(graphics) - {"/usr/share/vulkan/implicit_layer.d/nvidia_layers.json"} | {
+        "/etc/vulkan/implicit_layer.d/nvidia_layers.json"
+    }
     assert paths(["graphics"]) == in_container | xorg
     assert paths(["compute"]) == {"/etc/OpenCL/vendors/nvidia.icd"}
     assert paths(["display"]) == {"/usr/share/X11/xorg.conf.d/10-nvidia.conf"}
@@ -244,13 +260,19 @@ def test_graphics_display_and_opencl_files_follow_their_capability(tmp_path):
     assert display == in_container | xorg | {"/usr/share/X11/xorg.conf.d/10-nvidia.conf"}
     assert paths(["utility"]) == set()
     drv = {f.container_path: f for f in host.data_files(["graphics"])}
-    assert drv["/usr/lib/xorg/modules/drivers/nvidia_drv.so"].host_path == \
-        f"{node.root}/usr/lib/nvidia/current/nvidia_drv.so"
-    assert drv["/etc/vulkan/implicit_layer.d/nvidia_layers.json"].host_path == \
-        f"{node.root}/usr/share/vulkan/implicit_layer.d/nvidia_layers.json"
+    assert (
+        drv["/usr/lib/xorg/modules/drivers/nvidia_drv.so"].host_path
+        == f"{node.root}/usr/lib/nvidia/current/nvidia_drv.so"
+    )
+    assert (
+        drv["/etc/vulkan/implicit_layer.d/nvidia_layers.json"].host_path
+        == f"{node.root}/usr/share/vulkan/implicit_layer.d/nvidia_layers.json"
+    )
     links = hook_links((), host.data_files(["graphics"]))
-    assert (f"libglxserver_nvidia.so.{VERSION}",
-            "/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so") in links
+    assert (
+        f"libglxserver_nvidia.so.{VERSION}",
+        "/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so",
+    ) in links
     spec = generate_spec(host, "nvidia.com", "gpu", ("index",), ("graphics", "compute"))
     mounted = {m["containerPath"] for m in spec["containerEdits"]["mounts"]}
     assert in_container | xorg | {"/etc/OpenCL/vendors/nvidia.icd"} <= mounted
@@ -261,8 +283,10 @@ def test_egl_platform_libraries_keep_their_own_version(tmp_path):
     from nvshim.host.elf import build_shared_object
 
     node = make(tmp_path, gpus=1)
-    for name, soname in (("libnvidia-egl-gbm.so.1.1.0", "libnvidia-egl-gbm.so.1"),
-                         ("libnvidia-egl-wayland.so.1.1.10", "libnvidia-egl-wayland.so.1")):
+    for name, soname in (
+        ("libnvidia-egl-gbm.so.1.1.0", "libnvidia-egl-gbm.so.1"),
+        ("libnvidia-egl-wayland.so.1.1.10", "libnvidia-egl-wayland.so.1"),
+    ):
         Path(node.root + f"{LIBDIR}/{name}").write_bytes(build_shared_object(soname))
         os.symlink(name, node.root + f"{LIBDIR}/{soname}")
     host = Host(node.root)
@@ -285,8 +309,10 @@ def test_gbm_backend_links_to_the_allocator_in_debian_and_flat_layouts(tmp_path)
     assert not any("gbm" in link for _, link in hook_links(Host(node.root).libraries(["compute"])))
     debianize(node.root)
     nested = hook_links(Host(node.root).libraries(["graphics"]))
-    assert ("../nvidia/current/libnvidia-allocator.so.1",
-            f"{LIBDIR}/gbm/nvidia-drm_gbm.so") in nested
+    assert (
+        "../nvidia/current/libnvidia-allocator.so.1",
+        f"{LIBDIR}/gbm/nvidia-drm_gbm.so",
+    ) in nested
 
 
 def test_vdpau_lands_in_the_vdpau_folder_in_debian_layout(tmp_path):
@@ -312,15 +338,20 @@ def build_libcuda(directory: Path, version: str, cuda: int) -> None:
     source.write_text(f"int cuDriverGetVersion(int *v) {{ *v = {cuda}; return 0; }}\n")
     target = directory / f"libcuda.so.{version}"
     target.unlink()
-    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(target),
-                    str(source)], check=True)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(target), str(source)],
+        check=True,
+    )
 
 
 def write_bundle(path: Path, env) -> Path:
     path.mkdir(parents=True)
     (path / "rootfs").mkdir()
-    spec = {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
-            "process": {"args": ["sh"], "env": ["PATH=/bin", *env], "cwd": "/"}}
+    spec = {
+        "ociVersion": "1.0.2",
+        "root": {"path": "rootfs"},
+        "process": {"args": ["sh"], "env": ["PATH=/bin", *env], "cwd": "/"},
+    }
     (path / "config.json").write_text(json.dumps(spec))
     return path
 
@@ -373,5 +404,7 @@ def test_device_node_and_socket_links_stay_in_their_roots(tmp_path):
     outside.bind(str(tmp_path / "host.sock"))  # a socket on the host, not in the root
     os.symlink(str(tmp_path / "host.sock"), f"{run}/socket")
     assert all(f.host_path.startswith(node.root) for f in host.ipc(["utility", "compute"]))
-    assert "/run/nvidia-persistenced/socket" not in {f.container_path for f in host.ipc(["utility"])}
+    assert "/run/nvidia-persistenced/socket" not in {
+        f.container_path for f in host.ipc(["utility"])
+    }
     outside.close()

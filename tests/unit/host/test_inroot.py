@@ -85,8 +85,9 @@ def test_symlink_atomic_replaces_wrong_link_and_regular_file(world: tuple[Path, 
     assert sorted(p.name for p in root.iterdir()) == ["a", "b", "etc"]  # no temp left over
 
 
-def test_symlinks_atomic_walks_each_folder_once(world: tuple[Path, Path],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_symlinks_atomic_walks_each_folder_once(
+    world: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A batch of links resolves each parent folder once (through an image symlink, inside
     the root), makes absent links in place, replaces wrong ones, and leaves no fd or temp."""
     root, host = world
@@ -97,14 +98,19 @@ def test_symlinks_atomic_walks_each_folder_once(world: tuple[Path, Path],
     (inside / "libb.so.1").symlink_to("wrong")
     walks: list[str] = []
     real_walk = _inroot._walk
-    monkeypatch.setattr(_inroot, "_walk", lambda root_fd, path, **kw: (
-        walks.append(path), real_walk(root_fd, path, **kw))[1])
+    monkeypatch.setattr(
+        _inroot,
+        "_walk",
+        lambda root_fd, path, **kw: (walks.append(path), real_walk(root_fd, path, **kw))[1],
+    )
     before = snapshot(host.parent, root)
     fds = open_fds()
-    links = [("liba.so.550", "/usr/lib/x86_64-linux-gnu/liba.so.1"),
-             ("libb.so.550", "/usr/lib/x86_64-linux-gnu/libb.so.1"),
-             ("liba.so.1", "/usr/lib/x86_64-linux-gnu/liba.so"),
-             ("libc.so.550", "/opt/lib/libc.so.1")]
+    links = [
+        ("liba.so.550", "/usr/lib/x86_64-linux-gnu/liba.so.1"),
+        ("libb.so.550", "/usr/lib/x86_64-linux-gnu/libb.so.1"),
+        ("liba.so.1", "/usr/lib/x86_64-linux-gnu/liba.so"),
+        ("libc.so.550", "/opt/lib/libc.so.1"),
+    ]
     with _inroot.open_root(str(root)) as rfd:
         assert _inroot.symlinks_atomic(rfd, links) == 4
         assert _inroot.symlinks_atomic(rfd, links) == 0
@@ -112,7 +118,10 @@ def test_symlinks_atomic_walks_each_folder_once(world: tuple[Path, Path],
     assert walks == ["usr/lib/x86_64-linux-gnu", "opt/lib"] * 2
     assert snapshot(host.parent, root) == before
     assert {p.name: os.readlink(p) for p in inside.iterdir()} == {
-        "liba.so.1": "liba.so.550", "libb.so.1": "libb.so.550", "liba.so": "liba.so.1"}
+        "liba.so.1": "liba.so.550",
+        "libb.so.1": "libb.so.550",
+        "liba.so": "liba.so.1",
+    }
     assert os.readlink(root / "opt/lib/libc.so.1") == "libc.so.550"
 
 
@@ -124,8 +133,9 @@ def test_symlinks_atomic_names_the_link_that_failed(world: tuple[Path, Path]) ->
     fds = open_fds()
     with _inroot.open_root(str(root)) as rfd:
         with pytest.raises(OSError) as info:
-            _inroot.symlinks_atomic(rfd, [("libw.so.2", "/lib/libw.so.1"),
-                                          ("libx.so.2", "/lib/libx.so.1")])
+            _inroot.symlinks_atomic(
+                rfd, [("libw.so.2", "/lib/libw.so.1"), ("libx.so.2", "/lib/libx.so.1")]
+            )
     assert info.value.filename == "/lib/libx.so.1"
     assert os.readlink(root / "lib/libw.so.1") == "libw.so.2"
     assert open_fds() == fds
@@ -261,11 +271,13 @@ def test_nul_byte_in_a_path_is_an_oserror(world: tuple[Path, Path]) -> None:
     OSError(EINVAL) naming it, like every other bad path here, not os's ValueError."""
     root, _ = world
     with _inroot.open_root(str(root)) as rfd:
-        for call in (lambda: _inroot.real_path(rfd, "/etc/a\0b"),
-                     lambda: _inroot.resolve_dir(rfd, "/a\0b", create=True),
-                     lambda: _inroot.read_file(rfd, "/etc/a\0b"),
-                     lambda: _inroot.write_file_atomic(rfd, "/etc/a\0b", b"x"),
-                     lambda: _inroot.symlink_atomic(rfd, "t", "/etc/a\0b")):
+        for call in (
+            lambda: _inroot.real_path(rfd, "/etc/a\0b"),
+            lambda: _inroot.resolve_dir(rfd, "/a\0b", create=True),
+            lambda: _inroot.read_file(rfd, "/etc/a\0b"),
+            lambda: _inroot.write_file_atomic(rfd, "/etc/a\0b", b"x"),
+            lambda: _inroot.symlink_atomic(rfd, "t", "/etc/a\0b"),
+        ):
             with pytest.raises(OSError) as info:
                 call()
             assert info.value.errno == errno.EINVAL
@@ -331,7 +343,9 @@ def opened_names(directory: Path, action: Callable[[], object]) -> list[str]:
 
 
 @pytest.mark.parametrize("kind", ["fifo", "chardev", "chardev-behind-symlink"])
-def test_special_files_are_refused_without_being_opened(world: tuple[Path, Path], kind: str) -> None:
+def test_special_files_are_refused_without_being_opened(
+    world: tuple[Path, Path], kind: str
+) -> None:
     """A FIFO or a device node where a file is read is refused before any open: opening a
     device runs its driver (an image's watchdog node would arm the host's watchdog), and
     the runtime reads image files as host root outside any device cgroup."""
@@ -348,13 +362,16 @@ def test_special_files_are_refused_without_being_opened(world: tuple[Path, Path]
         (root / "etc" / "link").symlink_to("/etc/node")
         target = "/etc/link"
     with _inroot.open_root(str(root)) as rfd:
+
         def read() -> None:
             with pytest.raises(OSError) as info:
                 _inroot.read_file(rfd, target)
             assert info.value.errno == errno.EINVAL and info.value.filename == target
 
         assert opened_names(root / "etc", read) == []
-        assert opened_names(root / "etc", lambda: os.close(os.open(node, os.O_RDONLY | os.O_NONBLOCK))) == ["node"]
+        assert opened_names(
+            root / "etc", lambda: os.close(os.open(node, os.O_RDONLY | os.O_NONBLOCK))
+        ) == ["node"]
 
 
 def test_read_file_size_limit(world: tuple[Path, Path]) -> None:
@@ -441,8 +458,9 @@ def trees_and_ops(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[tuple[st
             st.tuples(
                 st.sampled_from(["write", "symlink", "mkdir", "read"]),
                 st.builds(
-                    lambda parts, final, absolute: ("/" if absolute else "")
-                    + "/".join([*parts, final]),
+                    lambda parts, final, absolute: (
+                        ("/" if absolute else "") + "/".join([*parts, final])
+                    ),
                     st.lists(st.sampled_from(_COMPONENTS), max_size=5),
                     st.sampled_from(_FINALS),
                     st.booleans(),
@@ -457,7 +475,9 @@ def trees_and_ops(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[tuple[st
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trees_and_ops())
-def test_random_symlink_trees_never_escape(case: tuple[list[tuple[str, str]], list[tuple[str, str]]]) -> None:
+def test_random_symlink_trees_never_escape(
+    case: tuple[list[tuple[str, str]], list[tuple[str, str]]],
+) -> None:
     """Whatever symlinks the image holds, writes, links and mkdirs change nothing outside the root."""
     links, ops = case
     with tempfile.TemporaryDirectory() as tmp:

@@ -381,6 +381,7 @@ def test_import_is_light() -> None:
 
 def _glibc_libcmp(p1: bytes, p2: bytes) -> int:
     """glibc's _dl_cache_libcmp, step by step as the C does (signed chars, int wrap)."""
+
     def signed(b: int) -> int:
         return b - 256 if b >= 128 else b
 
@@ -416,11 +417,17 @@ def _glibc_libcmp(p1: bytes, p2: bytes) -> int:
 
 _libnames = st.one_of(
     st.text(alphabet="lib.so-_x0123456789\xe9", min_size=1, max_size=24),
-    st.builds(lambda a, d, z: f"lib{a}.so.{d}{z}", st.text(alphabet="az9", max_size=4),
-              st.text(alphabet="0123456789", min_size=1, max_size=40),
-              st.text(alphabet=".1", max_size=3)),
-    st.text(alphabet=st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)),
-            min_size=1, max_size=12),
+    st.builds(
+        lambda a, d, z: f"lib{a}.so.{d}{z}",
+        st.text(alphabet="az9", max_size=4),
+        st.text(alphabet="0123456789", min_size=1, max_size=40),
+        st.text(alphabet=".1", max_size=3),
+    ),
+    st.text(
+        alphabet=st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)),
+        min_size=1,
+        max_size=12,
+    ),
 )
 
 
@@ -429,8 +436,9 @@ _libnames = st.one_of(
 def test_libcmp_key_orders_exactly_as_glibc_compares(left: str, right: str) -> None:
     """The bytes key compares like a step-by-step port of glibc's comparator: digit runs
     as wrapping C ints (runs longer than 10 digits included), signed chars, prefixes."""
-    expected = _glibc_libcmp(left.encode("utf-8", "surrogateescape"),
-                             right.encode("utf-8", "surrogateescape"))
+    expected = _glibc_libcmp(
+        left.encode("utf-8", "surrogateescape"), right.encode("utf-8", "surrogateescape")
+    )
     a, b = libcmp_key(left), libcmp_key(right)
     assert ((a > b) - (a < b)) == expected
 
@@ -446,7 +454,11 @@ def test_libcmp_key_takes_a_digit_run_longer_than_int_allows() -> None:
 def test_cache_entries_are_immutable_named_tuples() -> None:
     entry = CacheEntry("libz.so.1", "/lib/libz.so.1")
     assert (entry.key, entry.value, entry.flags, entry.hwcap) == (
-        "libz.so.1", "/lib/libz.so.1", FLAG_X8664_LIBC6, 0)
+        "libz.so.1",
+        "/lib/libz.so.1",
+        FLAG_X8664_LIBC6,
+        0,
+    )
     assert entry == CacheEntry("libz.so.1", "/lib/libz.so.1", FLAG_X8664_LIBC6, 0)
     assert hash(entry) == hash(CacheEntry("libz.so.1", "/lib/libz.so.1"))
     assert repr(entry).startswith("CacheEntry(key='libz.so.1', value='/lib/libz.so.1'")
@@ -458,8 +470,9 @@ def test_libcmp_tables_are_the_signed_char_ranks() -> None:
     """The written-out tables are what their definition computes."""
     from nvshim.host import ldcache
 
-    non_digits = sorted((b for b in range(256) if not 48 <= b <= 57),
-                        key=lambda b: b - 256 if b >= 128 else b)
+    non_digits = sorted(
+        (b for b in range(256) if not 48 <= b <= 57), key=lambda b: b - 256 if b >= 128 else b
+    )
     for rank, byte in enumerate(non_digits):
         assert ldcache._RANK_TABLE[byte] == rank
     assert ldcache._END == bytes((ldcache._RANK_TABLE[0],))

@@ -90,7 +90,7 @@ def gpu_nodes(node, tmp_path: Path, visible: str) -> List[Tuple[str, int, int]]:
     out = []
     for dev in plan.new_spec["linux"].get("devices", []):
         name = dev["path"].rsplit("/", 1)[1]
-        if name[len("nvidia"):].isdigit() or dev["path"].startswith("/dev/nvidia-caps/"):
+        if name[len("nvidia") :].isdigit() or dev["path"].startswith("/dev/nvidia-caps/"):
             out.append((dev["path"], dev["major"], dev["minor"]))
     return out
 
@@ -119,7 +119,7 @@ def test_mig_devices_are_allowed_in_the_cgroup(node, facts, tmp_path):
 def test_mig_uuid_token_any_case(node, facts, tmp_path, case):
     """MIG-<uuid> selects the same device as its <gpu>:<mig> pair, whatever the case of the hex digits."""
     uuid = facts["migs"][0][1][2]
-    token = "MIG-" + case(uuid[len("MIG-"):])
+    token = "MIG-" + case(uuid[len("MIG-") :])
     assert sorted(gpu_nodes(node, tmp_path, token)) == sorted(mig_nodes(facts, 0, 1))
 
 

@@ -22,8 +22,10 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 #: Why NvmlFacts does not ask NVML for a driver root with no driver loaded (none here).
-NO_DRIVER = ("no NVML: no NVIDIA driver is loaded on this host (none of /sys/module/nvidia, "
-             "/proc/driver/nvidia, /dev/nvidiactl, /dev/dxg): the NVML under {} is not asked")
+NO_DRIVER = (
+    "no NVML: no NVIDIA driver is loaded on this host (none of /sys/module/nvidia, "
+    "/proc/driver/nvidia, /dev/nvidiactl, /dev/dxg): the NVML under {} is not asked"
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +56,22 @@ def test_production_code_never_names_the_simulator() -> None:
         if rel in ("nvshim/node/demo.py",):
             continue  # the demo builds a simulated node on purpose
         text = path.read_text()
-        for needle in ("nvshim-sim.json", "nvml-facts.json", "SIM_METADATA",
-                       "from nvshim.sim", "import nvshim.sim", "from nvshim import sim"):
+        for needle in (
+            "nvshim-sim.json",
+            "nvml-facts.json",
+            "SIM_METADATA",
+            "from nvshim.sim",
+            "import nvshim.sim",
+            "from nvshim import sim",
+        ):
             if needle in text:
                 offenders.append(f"{rel}: {needle}")
     assert offenders == []
 
 
 def test_simulated_mig_devices_are_named_by_nvml_or_the_configured_facts(
-        mig_node: Any, tmp_path: Path) -> None:
+    mig_node: Any, tmp_path: Path
+) -> None:
     """procfs lists MIG instances but not their UUIDs: they are named by the driver root's
     own NVML (the simulated node's library) on a host whose driver is loaded, else by the
     nvml-facts file; with neither (this host: no driver; or the library a stub without
@@ -80,15 +89,22 @@ def test_simulated_mig_devices_are_named_by_nvml_or_the_configured_facts(
     create_node(str(stub_root), gpus=2, mig=True)
     lib = stub_root / LIB_DIR / f"libnvidia-ml.so.{mig_node.driver_version}"
     lib.write_bytes(build_shared_object("libnvidia-ml.so.1", "stub"))
-    script = ("import json, sys\nfrom nvshim.host.discovery import Host\n"
-              "facts = sys.argv[2] if len(sys.argv) > 2 else None\n"
-              "print(json.dumps([[[m.gi, m.ci, m.uuid, m.profile] for m in g.mig]\n"
-              "                  for g in Host(sys.argv[1], nvml_facts=facts).gpus()]))")
+    script = (
+        "import json, sys\nfrom nvshim.host.discovery import Host\n"
+        "facts = sys.argv[2] if len(sys.argv) > 2 else None\n"
+        "print(json.dumps([[[m.gi, m.ci, m.uuid, m.profile] for m in g.mig]\n"
+        "                  for g in Host(sys.argv[1], nvml_facts=facts).gpus()]))"
+    )
 
     def named(root: str, *facts: str, driver: bool = True) -> Any:
         argv = [sys.executable, "-c", script, root, *facts]
-        res = subprocess.run(as_driver_host(argv) if driver else argv, capture_output=True,
-                             text=True, timeout=120, check=False)
+        res = subprocess.run(
+            as_driver_host(argv) if driver else argv,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert res.returncode == 0, res.stderr
         return json.loads(res.stdout)
 
@@ -109,8 +125,7 @@ def test_the_simulator_writes_exactly_the_facts_format(mig_node: Any) -> None:
         assert facts.cuda_version(reasons) == mig_node.cuda_version
         assert facts.compute_capability(gpu.uuid, gpu.minor, reasons) == gpu.compute_capability
         assert facts.brand(gpu.uuid, gpu.minor, reasons) == gpu.brand
-        assert facts.mig_devices(gpu.minor) == {(m.gi, m.ci): (m.uuid, m.profile)
-                                                for m in gpu.mig}
+        assert facts.mig_devices(gpu.minor) == {(m.gi, m.ci): (m.uuid, m.profile) for m in gpu.mig}
 
 
 # -- the facts file ----------------------------------------------------------------------
@@ -150,17 +165,26 @@ def test_bad_facts_file_is_a_host_error(tmp_path: Path, text: str, message: str)
 
 
 def test_malformed_mig_entry_names_the_file_and_gpu(tmp_path: Path) -> None:
-    path = write_facts(tmp_path / "f.json", {"format": 1, "gpus": [
-        {"minor": 3, "mig": [{"gi": "one", "ci": 0, "uuid": "MIG-x"}]}]})
+    path = write_facts(
+        tmp_path / "f.json",
+        {"format": 1, "gpus": [{"minor": 3, "mig": [{"gi": "one", "ci": 0, "uuid": "MIG-x"}]}]},
+    )
     with NvmlFacts(str(tmp_path), path) as facts:
         with pytest.raises(HostError, match=f"^{path}: MIG entry .* of GPU minor 3 needs"):
             facts.mig_devices(3)
 
 
 def test_gpu_facts_match_by_uuid_then_minor(tmp_path: Path) -> None:
-    path = write_facts(tmp_path / "f.json", {"format": 1, "gpus": [
-        {"minor": 0, "uuid": "GPU-aaaa", "compute_capability": [8, 0], "brand": "Tesla"},
-        {"minor": 1, "compute_capability": 9.0, "brand": "nvidia"}]})
+    path = write_facts(
+        tmp_path / "f.json",
+        {
+            "format": 1,
+            "gpus": [
+                {"minor": 0, "uuid": "GPU-aaaa", "compute_capability": [8, 0], "brand": "Tesla"},
+                {"minor": 1, "compute_capability": 9.0, "brand": "nvidia"},
+            ],
+        },
+    )
     with NvmlFacts(str(tmp_path), path) as facts:
         reasons: list = []
         assert facts.compute_capability("gpu-AAAA", 7, reasons) == "8.0"

@@ -78,7 +78,9 @@ def test_two_gpu_device_names(two_gpu: Any) -> None:
     for gpu in two_gpu.gpus:
         for name in (str(gpu.index), gpu.uuid):
             nodes = by_name[name]["deviceNodes"]
-            assert [(n["path"], n["minor"]) for n in nodes] == [(f"/dev/nvidia{gpu.minor}", gpu.minor)]
+            assert [(n["path"], n["minor"]) for n in nodes] == [
+                (f"/dev/nvidia{gpu.minor}", gpu.minor)
+            ]
     assert {n["minor"] for n in by_name["all"]["deviceNodes"]} == {g.minor for g in two_gpu.gpus}
 
 
@@ -89,7 +91,11 @@ def test_every_node_and_mount_is_complete(two_gpu: Any) -> None:
     mounts = [m for e in _all_edit_sets(spec) for m in e.get("mounts") or []]
     assert nodes and mounts
     for node in nodes:
-        assert node["type"] == "c" and isinstance(node["major"], int) and isinstance(node["minor"], int), node
+        assert (
+            node["type"] == "c"
+            and isinstance(node["major"], int)
+            and isinstance(node["minor"], int)
+        ), node
     for mount in mounts:
         assert {"bind", "rbind"} & set(mount["options"]), mount
 
@@ -104,7 +110,9 @@ def test_hook_command_is_embedded(two_gpu: Any) -> None:
     """The createContainer hook runs exactly the hook command given."""
     spec = generate_spec(Host(two_gpu.root), hook_command=HOOK)
     hooks = spec["containerEdits"]["hooks"]
-    assert hooks and all(h["path"] == HOOK[0] and h["args"][: len(HOOK)] == list(HOOK) for h in hooks)
+    assert hooks and all(
+        h["path"] == HOOK[0] and h["args"][: len(HOOK)] == list(HOOK) for h in hooks
+    )
 
 
 def test_mig_devices_and_cap_nodes(mig_node: Any) -> None:
@@ -114,7 +122,9 @@ def test_mig_devices_and_cap_nodes(mig_node: Any) -> None:
     assert validate_spec(spec) == []
     gpu = mig_node.gpus[0]
     by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
-    assert sorted(by_name) == sorted(["0", gpu.uuid, "0:0", "0:1", *(m.uuid for m in gpu.mig), "all"])
+    assert sorted(by_name) == sorted(
+        ["0", gpu.uuid, "0:0", "0:1", *(m.uuid for m in gpu.mig), "all"]
+    )
     for index, mig in enumerate(gpu.mig):
         for name in (f"0:{index}", mig.uuid):
             paths = {n["path"]: (n["major"], n["minor"]) for n in by_name[name]["deviceNodes"]}
@@ -129,7 +139,9 @@ def test_output_json_is_atomic_and_0644(two_gpu: Any, tmp_path: Path, nvshim_bin
     """--output x.json writes JSON mode 0644 by replacing the file: a reader holding the old
     file still reads the old bytes, and no temporary file is left."""
     out = tmp_path / "specs" / "x.json"
-    res = _nvshim(nvshim_bin, "cdi", "generate", "--driver-root", two_gpu.root, "--output", str(out))
+    res = _nvshim(
+        nvshim_bin, "cdi", "generate", "--driver-root", two_gpu.root, "--output", str(out)
+    )
     assert res.returncode == 0, res.stderr
     assert stat.S_IMODE(out.stat().st_mode) == 0o644
     first = json.loads(out.read_text())
@@ -137,8 +149,17 @@ def test_output_json_is_atomic_and_0644(two_gpu: Any, tmp_path: Path, nvshim_bin
     with open(out, "rb") as old:
         before = old.read()
         old.seek(0)
-        res = _nvshim(nvshim_bin, "cdi", "generate", "--driver-root", two_gpu.root,
-                      "--driver-capabilities", "utility", "--output", str(out))
+        res = _nvshim(
+            nvshim_bin,
+            "cdi",
+            "generate",
+            "--driver-root",
+            two_gpu.root,
+            "--driver-capabilities",
+            "utility",
+            "--output",
+            str(out),
+        )
         assert res.returncode == 0, res.stderr
         assert old.read() == before
     assert out.read_bytes() != before
@@ -157,13 +178,25 @@ def test_format_json_to_stdout(two_gpu: Any, nvshim_bin: str) -> None:
 
 def test_procfs_under_non_root_driver_root(two_gpu: Any, nvshim_bin: str) -> None:
     """--gpu-source procfs reads GPUs from <driver root>/proc and maps host paths under it."""
-    res = _nvshim(nvshim_bin, "cdi", "generate", "--driver-root", two_gpu.root,
-                  "--gpu-source", "procfs", "--format", "json")
+    res = _nvshim(
+        nvshim_bin,
+        "cdi",
+        "generate",
+        "--driver-root",
+        two_gpu.root,
+        "--gpu-source",
+        "procfs",
+        "--format",
+        "json",
+    )
     assert res.returncode == 0, res.stderr
     spec = json.loads(res.stdout)
     assert sorted(_names(spec)) == sorted(["0", "1", "all", *(g.uuid for g in two_gpu.gpus)])
-    host_paths = [x["hostPath"] for e in _all_edit_sets(spec)
-                  for x in (e.get("deviceNodes") or []) + (e.get("mounts") or [])]
+    host_paths = [
+        x["hostPath"]
+        for e in _all_edit_sets(spec)
+        for x in (e.get("deviceNodes") or []) + (e.get("mounts") or [])
+    ]
     assert host_paths and all(p.startswith(two_gpu.root + "/") for p in host_paths)
 
 

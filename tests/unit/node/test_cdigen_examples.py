@@ -56,8 +56,12 @@ def _example_node(**kwargs: Any) -> Iterator[str]:
 def _generate(name: str) -> str:
     with _example_node(**NODES[name]) as root:
         facts = f"{root}/nvml-facts.json"
-        return dump_spec(generate_spec(Host(root, nvml_facts=facts), hook_command=HOOK,
-                                       params_command=PARAMS_HOOK), "yaml")
+        return dump_spec(
+            generate_spec(
+                Host(root, nvml_facts=facts), hook_command=HOOK, params_command=PARAMS_HOOK
+            ),
+            "yaml",
+        )
 
 
 @pytest.mark.parametrize("name", sorted(NODES))
@@ -78,8 +82,9 @@ def test_example_matches_generator(name: str) -> None:
 def test_example_validates(name: str, nvshim_bin: str) -> None:
     """`nvshim cdi validate` accepts the example with zero problems."""
     path = EXAMPLES / name
-    res = subprocess.run([nvshim_bin, "cdi", "validate", str(path)],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [nvshim_bin, "cdi", "validate", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout == "" and "0 problems" in res.stderr
 

@@ -21,8 +21,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod)")
 def bundle_with(tmp_path: Path, env: list) -> Path:
     bundle = tmp_path / "bundle"
     (bundle / "rootfs").mkdir(parents=True)
-    spec = {"ociVersion": "1.0.2", "process": {"env": env, "cwd": "/"},
-            "root": {"path": "rootfs"}}
+    spec = {"ociVersion": "1.0.2", "process": {"env": env, "cwd": "/"}, "root": {"path": "rootfs"}}
     (bundle / "config.json").write_text(json.dumps(spec))
     return bundle
 
@@ -43,8 +42,9 @@ def test_a_granted_gpu_is_summarised_rendered_and_diffed(tmp_path: Path) -> None
     assert [g["index"] for g in summary["granted_gpus"]] == [1]
     assert summary["granted_gpus"][0]["minor"] == gpu.minor
     assert f"/dev/nvidia{gpu.minor}" in summary["device_nodes"]
-    assert [p for p in summary["device_nodes"] if p[len("/dev/nvidia"):].isdigit()] == [
-        f"/dev/nvidia{gpu.minor}"]  # and no other GPU's node
+    assert [p for p in summary["device_nodes"] if p[len("/dev/nvidia") :].isdigit()] == [
+        f"/dev/nvidia{gpu.minor}"
+    ]  # and no other GPU's node
     assert summary["changes_config"] is True
     assert summary["env_set"] == env_set(plan) == ["NVIDIA_VISIBLE_DEVICES=void"]
     json.dumps(summary)  # plain JSON values only
@@ -93,8 +93,11 @@ def one_gpu(tmp_path: Path) -> dict:
     config = tmp_path / "config.yaml"
     config.write_text(f"driver-root: {sim.root}\n")
     bundle = bundle_with(tmp_path, ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0"])
-    return {"gpu": sim.gpus[0], "args": ["--bundle", str(bundle), "--config", str(config)],
-            "bundle": bundle}
+    return {
+        "gpu": sim.gpus[0],
+        "args": ["--bundle", str(bundle), "--config", str(config)],
+        "bundle": bundle,
+    }
 
 
 def test_one_gpu_without_the_diff_fits_a_screen_summary_first(one_gpu: dict) -> None:
@@ -105,7 +108,7 @@ def test_one_gpu_without_the_diff_fits_a_screen_summary_first(one_gpu: dict) -> 
     text = run_inspect(*one_gpu["args"], "--no-diff")
     lines = text.splitlines()
     assert len(lines) <= 40, text
-    summary = lines[:lines.index("")]
+    summary = lines[: lines.index("")]
     labels = [line.split(":", 1)[0] for line in summary]
     assert labels[:4] == ["bundle", "config", "request from", "requested"]
     assert f"granted GPUs:  0  {one_gpu['gpu'].uuid}" in summary
@@ -124,8 +127,10 @@ def test_the_hook_is_one_line_without_its_script(one_gpu: dict) -> None:
     describes (its SONAME links and ld.so.cache folder) instead of listing its argv."""
     text = run_inspect(*one_gpu["args"], "--no-diff")
     hooks = [line for line in text.splitlines() if line.startswith("hook:")]
-    assert hooks == [f"hook:          createContainer: /bin/sh -c <script, 8 lines> nvshim-params "
-                     f"{one_gpu['bundle']}/rootfs {one_gpu['bundle']}/.nvshim-nvidia-params"]
+    assert hooks == [
+        f"hook:          createContainer: /bin/sh -c <script, 8 lines> nvshim-params "
+        f"{one_gpu['bundle']}/rootfs {one_gpu['bundle']}/.nvshim-nvidia-params"
+    ]
     assert "mount --bind" not in text and "cd -P" not in text
     spec = json.loads((one_gpu["bundle"] / "config.json").read_text())
     spec["root"]["path"] = "no-such-rootfs"  # the runtime cannot do the work: the hook does
@@ -156,8 +161,13 @@ def test_inspect_help_shows_dir_and_file_metavars() -> None:
     dev roots, FILE for the config (they showed TEXT), and documents --no-diff."""
     res = CliRunner().invoke(inspect, ["--help"], terminal_width=200)
     assert res.exit_code == 0
-    for option in ("--bundle DIR", "--driver-root DIR", "--dev-root DIR", "--config FILE",
-                   "--no-diff"):
+    for option in (
+        "--bundle DIR",
+        "--driver-root DIR",
+        "--dev-root DIR",
+        "--config FILE",
+        "--no-diff",
+    ):
         assert option in res.stdout, res.stdout
 
 
@@ -173,11 +183,13 @@ def test_every_granted_gpu_and_mig_device_has_one_summary_line(tmp_path: Path) -
     lines = render_text(plan_create(str(bundle), config), config).splitlines()
     migs = sim.gpus[0].mig
     start = lines.index(f"granted GPUs:  0  {sim.gpus[0].uuid}")
-    assert lines[start:start + 2 + len(migs)] == [
+    assert lines[start : start + 2 + len(migs)] == [
         f"granted GPUs:  0  {sim.gpus[0].uuid}",
         f"               1  {sim.gpus[1].uuid}",
-        *(f"{'granted MIG:' if i == 0 else '':<15}0:{i}  {m.uuid}"  # ordered by (gi, ci)
-          for i, m in enumerate(sorted(migs, key=lambda m: (m.gi, m.ci)))),
+        *(
+            f"{'granted MIG:' if i == 0 else '':<15}0:{i}  {m.uuid}"  # ordered by (gi, ci)
+            for i, m in enumerate(sorted(migs, key=lambda m: (m.gi, m.ci)))
+        ),
     ]
 
 
@@ -191,7 +203,9 @@ def test_inspect_reports_the_void_env_and_each_node_once(tmp_path: Path) -> None
     config = tmp_path / "config.yaml"
     config.write_text(f"driver-root: {sim.root}\n")
     bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"])
-    res = nvshim_cli("inspect", "--bundle", str(bundle), "--config", str(config), "--format", "json")
+    res = nvshim_cli(
+        "inspect", "--bundle", str(bundle), "--config", str(config), "--format", "json"
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     assert summary["set_void"] is True and summary["env_set"] == ["NVIDIA_VISIBLE_DEVICES=void"]
@@ -211,10 +225,24 @@ def _runtime_create(config: Path, bundle: Path, cid: str) -> None:
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-I", "-m", "nvshim.runtime.main", "--root",
-                          str(bundle.parent / "state"), "create", "--bundle", str(bundle), cid],
-                         capture_output=True, text=True, timeout=60,
-                         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(config)})
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-m",
+            "nvshim.runtime.main",
+            "--root",
+            str(bundle.parent / "state"),
+            "create",
+            "--bundle",
+            str(bundle),
+            cid,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(config)},
+    )
     assert res.returncode == 0, res.stderr
 
 
@@ -228,18 +256,23 @@ def test_a_live_granted_bundle_shows_the_journals_grant_not_an_engine_grant(tmp_
     sim = create_node(str(tmp_path / "node"), gpus=2)
     gpu = sim.gpus[1]
     config = tmp_path / "config.yaml"
-    config.write_text(f"runtimes: [/bin/true]\ndriver-root: {sim.root}\n"
-                      f"grants-journal: {tmp_path}/grants.jsonl\n")
+    config.write_text(
+        f"runtimes: [/bin/true]\ndriver-root: {sim.root}\ngrants-journal: {tmp_path}/grants.jsonl\n"
+    )
     bundle = bundle_with(tmp_path, ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=1"])
     _runtime_create(config, bundle, "live-1")
     text = run_inspect("--bundle", str(bundle), "--config", str(config))
     lines = text.splitlines()
     assert "engine" not in text, text
-    assert "config.json:   already rewritten by nvshim-runtime (live bundle): not planned again" in lines
+    assert (
+        "config.json:   already rewritten by nvshim-runtime (live bundle): not planned again"
+        in lines
+    )
     assert f"granted:       {gpu.uuid}  (source env, verified none)" in lines
     assert "journal:       grant of container live-1" in "\n".join(lines)
-    doc = json.loads(run_inspect("--bundle", str(bundle), "--config", str(config),
-                                 "--format", "json"))
+    doc = json.loads(
+        run_inspect("--bundle", str(bundle), "--config", str(config), "--format", "json")
+    )
     assert doc["rewritten_by_nvshim"] is True
     assert doc["grant"]["gpus"] == [gpu.uuid] and doc["grant"]["container_id"] == "live-1"
     assert doc["denial"] is None
@@ -254,23 +287,32 @@ def test_a_live_stripped_bundle_shows_the_denial_not_request_none(tmp_path: Path
 
     sim = create_node(str(tmp_path / "node"), gpus=1)
     config = tmp_path / "config.yaml"
-    config.write_text(f"runtimes: [/bin/true]\ndriver-root: {sim.root}\nrequire-allocation: true\n"
-                      f"grants-journal: {tmp_path}/grants.jsonl\n")
+    config.write_text(
+        f"runtimes: [/bin/true]\ndriver-root: {sim.root}\nrequire-allocation: true\n"
+        f"grants-journal: {tmp_path}/grants.jsonl\n"
+    )
     bundle = bundle_with(tmp_path, ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0"])
     spec = json.loads((bundle / "config.json").read_text())
-    spec["annotations"] = {"io.kubernetes.cri.sandbox-name": "p",
-                           "io.kubernetes.cri.sandbox-namespace": "ns",
-                           "io.kubernetes.cri.container-name": "c"}
+    spec["annotations"] = {
+        "io.kubernetes.cri.sandbox-name": "p",
+        "io.kubernetes.cri.sandbox-namespace": "ns",
+        "io.kubernetes.cri.container-name": "c",
+    }
     (bundle / "config.json").write_text(json.dumps(spec))
     _runtime_create(config, bundle, "live-2")
     text = run_inspect("--bundle", str(bundle), "--config", str(config))
     assert "request from:  none" not in text, text
     lines = text.splitlines()
-    assert "config.json:   already rewritten by nvshim-runtime (live bundle): not planned again" in lines
+    assert (
+        "config.json:   already rewritten by nvshim-runtime (live bundle): not planned again"
+        in lines
+    )
     assert "container:     ns/p/c" in lines
     assert "denied:        stripped: asked NVIDIA_VISIBLE_DEVICES=0" in lines
-    assert any(line.startswith("reason:        NVIDIA_VISIBLE_DEVICES=0 ignored: "
-                               "require-allocation is on") for line in lines), text
+    assert any(
+        line.startswith("reason:        NVIDIA_VISIBLE_DEVICES=0 ignored: require-allocation is on")
+        for line in lines
+    ), text
 
 
 HOSTILE = "0\n0  GPU-forged  granted\r\x1b[32mok\x1b[0m\x85\u2028\u202e"
@@ -285,13 +327,17 @@ def test_inspect_escapes_what_the_bundle_and_the_journal_hold(tmp_path: Path) ->
 
     sim = create_node(str(tmp_path / "node"), gpus=1)
     config = tmp_path / "config.yaml"
-    config.write_text(f"runtimes: [/bin/true]\ndriver-root: {sim.root}\nrequire-allocation: true\n"
-                      f"grants-journal: {tmp_path}/grants.jsonl\n")
+    config.write_text(
+        f"runtimes: [/bin/true]\ndriver-root: {sim.root}\nrequire-allocation: true\n"
+        f"grants-journal: {tmp_path}/grants.jsonl\n"
+    )
     bundle = bundle_with(tmp_path, ["PATH=/bin", f"NVIDIA_VISIBLE_DEVICES={HOSTILE}"])
     spec = json.loads((bundle / "config.json").read_text())
-    spec["annotations"] = {"io.kubernetes.cri.sandbox-name": HOSTILE,
-                           "io.kubernetes.cri.sandbox-namespace": "ns",
-                           "io.kubernetes.cri.container-name": "c"}
+    spec["annotations"] = {
+        "io.kubernetes.cri.sandbox-name": HOSTILE,
+        "io.kubernetes.cri.sandbox-namespace": "ns",
+        "io.kubernetes.cri.container-name": "c",
+    }
     (bundle / "config.json").write_text(json.dumps(spec))
     shown = "0\\n0  GPU-forged  granted\\r\\x1b[32mok\\x1b[0m\\x85\\u2028\\u202e"
     for live in (False, True):

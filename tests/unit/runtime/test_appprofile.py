@@ -30,8 +30,10 @@ from tests.helpers.hookworld import make_bundle, run_hook, runc_state
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod)")
 #: What the toolkit's update-application-profile hook writes for /dev/nvidia1 (its Go format
 #: string ``...0x%x...`` with mask 1<<1), byte for byte.
-TOOLKIT_GPU1 = (b'{"profiles":[{"name":"_container_","settings":["EGLVisibleDGPUDevices",0x2]}],'
-                b'"rules":[{"pattern":[],"profile":"_container_"}]}')
+TOOLKIT_GPU1 = (
+    b'{"profiles":[{"name":"_container_","settings":["EGLVisibleDGPUDevices",0x2]}],'
+    b'"rules":[{"pattern":[],"profile":"_container_"}]}'
+)
 
 
 def test_content_is_the_references_bytes_with_one_bit_per_minor() -> None:
@@ -55,8 +57,10 @@ def test_gpu_minors_are_the_nvidia_n_character_devices() -> None:
         {"path": "/dev/dri/card1", "type": "c", "major": 226, "minor": 1},
         {"path": "/dev/nvidia٣", "type": "c", "major": 195, "minor": 3},  # not ASCII digits
     ]
-    nodes = [DeviceNode("/dev/nvidia0", type="c", major=195, minor=0),
-             DeviceNode("/dev/nvidia5")]  # no minor filled in: its name's
+    nodes = [
+        DeviceNode("/dev/nvidia0", type="c", major=195, minor=0),
+        DeviceNode("/dev/nvidia5"),
+    ]  # no minor filled in: its name's
     assert gpu_minors([*spec_devices, *nodes]) == (0, 3, 5)
 
 
@@ -106,7 +110,8 @@ def test_minors_in_dev_are_character_devices_only(tmp_path: Path) -> None:
 
 @needs_root
 def test_hook_writes_the_profile_of_the_containers_gpus(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """nvshim hook --egl-profile (the fallback, and a CDI spec's hook): the profile names the
     /dev/nvidia<N> the container has; without GPU nodes it writes nothing and succeeds."""
     bundle, rootfs = make_bundle(tmp_path)
@@ -128,13 +133,16 @@ def test_the_runtime_plans_the_profile_from_config_jsons_gpus(tmp_path: Path) ->
     """work_from_hooks: the profile's GPUs are the edits' /dev/nvidia<N> nodes plus those
     config.json already lists (an engine's); no --egl-profile: no profile planned."""
     hook = _hook(links=[], folders=[], egl_profile=True)
-    spec: Dict[str, Any] = {"linux": {"devices": [
-        {"path": "/dev/nvidia4", "type": "c", "major": 195, "minor": 4}]}}
-    work = work_from_hooks([hook], [], devices=[DeviceNode("/dev/nvidia1", type="c", minor=1)],
-                           spec=spec)
+    spec: Dict[str, Any] = {
+        "linux": {"devices": [{"path": "/dev/nvidia4", "type": "c", "major": 195, "minor": 4}]}
+    }
+    work = work_from_hooks(
+        [hook], [], devices=[DeviceNode("/dev/nvidia1", type="c", minor=1)], spec=spec
+    )
     assert work is not None and work.gpu_minors == (1, 4)
-    plain = work_from_hooks([_hook(links=[], folders=[])], [],
-                            devices=[DeviceNode("/dev/nvidia1", type="c", minor=1)])
+    plain = work_from_hooks(
+        [_hook(links=[], folders=[])], [], devices=[DeviceNode("/dev/nvidia1", type="c", minor=1)]
+    )
     assert plain is not None and plain.gpu_minors is None
     rootfs = tmp_path / "bundle" / "rootfs"
     (rootfs / "etc").mkdir(parents=True)
@@ -146,11 +154,16 @@ def test_a_mount_over_the_profile_folder_sends_the_work_to_the_hook(tmp_path: Pa
     """config.json mounting /etc/nvidia would hide a profile written before runc: decide()
     gives the work to the hook (which writes after the mounts)."""
     bundle, rootfs = make_bundle(tmp_path)
-    work = work_from_hooks([_hook(links=[], folders=[], egl_profile=True)], [],
-                           devices=[DeviceNode("/dev/nvidia0", type="c", minor=0)])
+    work = work_from_hooks(
+        [_hook(links=[], folders=[], egl_profile=True)],
+        [],
+        devices=[DeviceNode("/dev/nvidia0", type="c", minor=0)],
+    )
     assert work is not None
-    spec = {"root": {"path": "rootfs"}, "mounts": [
-        {"destination": "/etc/nvidia", "type": "tmpfs", "source": "tmpfs"}]}
+    spec = {
+        "root": {"path": "rootfs"},
+        "mounts": [{"destination": "/etc/nvidia", "type": "tmpfs", "source": "tmpfs"}],
+    }
     by, why = decide(spec, str(bundle), work)
     assert by == "hook" and "/etc/nvidia" in why, why
     by, _ = decide({"root": {"path": "rootfs"}, "mounts": []}, str(bundle), work)
@@ -158,10 +171,13 @@ def test_a_mount_over_the_profile_folder_sends_the_work_to_the_hook(tmp_path: Pa
 
 
 @needs_root
-@pytest.mark.parametrize("caps, profile", [("graphics", True), ("display", True),
-                                          ("compute,utility", False), ("video", False)])
-def test_only_graphics_and_display_ask_for_the_profile(tmp_path: Path, caps: str,
-                                                       profile: bool) -> None:
+@pytest.mark.parametrize(
+    "caps, profile",
+    [("graphics", True), ("display", True), ("compute,utility", False), ("video", False)],
+)
+def test_only_graphics_and_display_ask_for_the_profile(
+    tmp_path: Path, caps: str, profile: bool
+) -> None:
     """As the reference (graphics, and display which implies it): the runtime's plan has a
     profile for GPU 1's minor with those capabilities, and none otherwise."""
     from nvshim.runtime.create import plan_create
@@ -171,8 +187,9 @@ def test_only_graphics_and_display_ask_for_the_profile(tmp_path: Path, caps: str
     bundle = tmp_path / "b"
     (bundle / "rootfs/etc").mkdir(parents=True)
     env = ["NVIDIA_VISIBLE_DEVICES=1", f"NVIDIA_DRIVER_CAPABILITIES={caps}"]
-    (bundle / "config.json").write_text(json.dumps(
-        {"root": {"path": "rootfs"}, "process": {"env": env}, "mounts": []}))
+    (bundle / "config.json").write_text(
+        json.dumps({"root": {"path": "rootfs"}, "process": {"env": env}, "mounts": []})
+    )
     plan = plan_create(str(bundle), Config(driver_root=node.root))
     minors = plan.rootfs.work.gpu_minors if plan.rootfs.work is not None else None
     assert minors == ((node.gpus[1].minor,) if profile else None)
@@ -185,10 +202,12 @@ def test_restricting_a_cdi_hook_to_compute_drops_the_profile_and_dev_links() -> 
     from nvshim.runtime.hookargs import parse_graphics_args, parse_hook_args
 
     lib = "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
-    hook = _hook(links=[("libcuda.so.550.54.15", "/usr/lib/x86_64-linux-gnu/libcuda.so.1")],
-                 folders=["/usr/lib/x86_64-linux-gnu"],
-                 dev_links=[("../card0", "/dev/dri/by-path/pci-0000:01:00.0-card")],
-                 egl_profile=True)
+    hook = _hook(
+        links=[("libcuda.so.550.54.15", "/usr/lib/x86_64-linux-gnu/libcuda.so.1")],
+        folders=["/usr/lib/x86_64-linux-gnu"],
+        dev_links=[("../card0", "/dev/dri/by-path/pci-0000:01:00.0-card")],
+        egl_profile=True,
+    )
     edits = Edits(mounts=(Mount(lib, lib),), hooks=(hook,))
     (kept,) = restrict_to_capabilities(edits, ["compute", "utility"]).hooks
     assert parse_graphics_args(kept.args) == ([], False)

@@ -18,9 +18,33 @@ CASES = [
     (["create", "--pid-file", "--bundle", "id"], "create", None, None, None),
     (["create", "--console-socket", "/s", "--bundle", "/b", "id"], "create", "/b", None, None),
     (["create", "--", "--bundle", "/b"], "create", None, None, None),
-    (["--root", "/r", "--log", "/l.json", "--log-format", "json", "create", "--bundle", "/b", "--pid-file", "/p", "id"],
-     "create", "/b", "/l.json", "json"),
-    (["--root=/r", "--log=/l", "--log-format=text", "create", "-b", "/b", "x"], "create", "/b", "/l", "text"),
+    (
+        [
+            "--root",
+            "/r",
+            "--log",
+            "/l.json",
+            "--log-format",
+            "json",
+            "create",
+            "--bundle",
+            "/b",
+            "--pid-file",
+            "/p",
+            "id",
+        ],
+        "create",
+        "/b",
+        "/l.json",
+        "json",
+    ),
+    (
+        ["--root=/r", "--log=/l", "--log-format=text", "create", "-b", "/b", "x"],
+        "create",
+        "/b",
+        "/l",
+        "text",
+    ),
     (["--debug", "--systemd-cgroup", "create", "x"], "create", None, None, None),
     (["--root", "create", "state", "x"], "state", None, None, None),
     (["--log", "create", "start", "x"], "start", None, "create", None),
@@ -43,7 +67,13 @@ CASES = [
     (["--cgroup-manager=systemd", "run", "--bundle", "/b", "x"], "run", "/b", None, None),
     (["--cgroup-m", "cgroupfs", "create", "x"], "create", None, None, None),
     (["--cgroup-manager", "create", "state", "x"], "state", None, None, None),
-    (["--roo", "/r", "--log-f", "json", "create", "--bund", "/b", "x"], "create", "/b", None, "json"),
+    (
+        ["--roo", "/r", "--log-f", "json", "create", "--bund", "/b", "x"],
+        "create",
+        "/b",
+        None,
+        "json",
+    ),
     (["--root=/r", "create", "--bund=/b", "x"], "create", "/b", None, None),
     (["create", "-b/b", "x"], "create", "/b", None, None),
     (["run", "-db", "/b", "x"], "run", "/b", None, None),
@@ -72,16 +102,22 @@ def test_only_create_and_run_modify():
         assert not parse_argv([cmd, "x"]).modifies
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["create", "-bundle", "/b", "x"], "means one thing to runc and another to crun"),
-    (["create", "-b=/b", "x"], "means one thing to runc and another to crun"),
-    (["create", "--co", "/c", "-b", "/b", "x"], "ambiguous option --co (--config or --console-socket)"),
-    (["create", "--p", "/p", "x"], "ambiguous option --p"),
-    (["create", "-f", "other.json", "-b", "/b", "x"], "cannot follow crun's --config"),
-    (["create", "--config", "/c.json", "x"], "cannot follow crun's --config"),
-    (["create", "--conf=c.json", "x"], "cannot follow crun's --config"),
-    (["run", "-dfc.json", "x"], "cannot follow crun's --config"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["create", "-bundle", "/b", "x"], "means one thing to runc and another to crun"),
+        (["create", "-b=/b", "x"], "means one thing to runc and another to crun"),
+        (
+            ["create", "--co", "/c", "-b", "/b", "x"],
+            "ambiguous option --co (--config or --console-socket)",
+        ),
+        (["create", "--p", "/p", "x"], "ambiguous option --p"),
+        (["create", "-f", "other.json", "-b", "/b", "x"], "cannot follow crun's --config"),
+        (["create", "--config", "/c.json", "x"], "cannot follow crun's --config"),
+        (["create", "--conf=c.json", "x"], "cannot follow crun's --config"),
+        (["run", "-dfc.json", "x"], "cannot follow crun's --config"),
+    ],
+)
 def test_argv_that_runc_and_crun_read_differently_fails_closed(argv, message):
     """Issue 12 item 6: an argv whose bundle/config crun and runc would find differently
     (or crun would refuse as ambiguous) is an error for create/run, never a guess."""
@@ -95,15 +131,18 @@ def test_trailing_bundle_flag_is_an_error():
     assert inv.error == "flag needs an argument: --bundle"
 
 
-@pytest.mark.parametrize("argv,container_id", [
-    (["create", "id"], "id"),
-    (["create", "--bundle", "/b", "id"], "id"),
-    (["create", "--pid-file", "/p", "--console-socket", "/s", "-b", "/b", "x1"], "x1"),
-    (["--root", "/r", "run", "-d", "--preserve-fds", "2", "r1"], "r1"),
-    (["create", "--", "--odd-id"], "--odd-id"),
-    (["create", "--bundle", "/b"], None),
-    (["state", "x"], None),
-])
+@pytest.mark.parametrize(
+    "argv,container_id",
+    [
+        (["create", "id"], "id"),
+        (["create", "--bundle", "/b", "id"], "id"),
+        (["create", "--pid-file", "/p", "--console-socket", "/s", "-b", "/b", "x1"], "x1"),
+        (["--root", "/r", "run", "-d", "--preserve-fds", "2", "r1"], "r1"),
+        (["create", "--", "--odd-id"], "--odd-id"),
+        (["create", "--bundle", "/b"], None),
+        (["state", "x"], None),
+    ],
+)
 def test_container_id_is_the_first_positional(argv, container_id):
     """The container id (for debug-log records) is create/run's first positional argument."""
     assert parse_argv(argv).container_id == container_id
@@ -116,19 +155,22 @@ def test_version_flag_is_recognised_only_before_a_command():
     assert not parse_argv(["state", "--version"]).version
 
 
-@pytest.mark.parametrize("argv,modifies", [
-    (["create", "--help", "-b", "/b", "x"], False),
-    (["create", "-b", "/b", "x", "-h"], False),      # runc reads flags after the id too
-    (["run", "-help", "x"], False),
-    (["create", "-?", "x"], False),                  # crun
-    (["run", "-d?", "x"], False),                    # crun: -d then -?
-    (["create", "--he", "x"], False),                # crun: a prefix of --help
-    (["create", "--usage", "x"], False),             # crun
-    (["create", "--help=true", "x"], False),
-    (["create", "--help=false", "-b", "/b", "x"], True),  # runc: no help, the create runs
-    (["create", "-h=0", "-b", "/b", "x"], True),
-    (["create", "-b", "/b", "--", "--help"], True),  # after --, an id
-])
+@pytest.mark.parametrize(
+    "argv,modifies",
+    [
+        (["create", "--help", "-b", "/b", "x"], False),
+        (["create", "-b", "/b", "x", "-h"], False),  # runc reads flags after the id too
+        (["run", "-help", "x"], False),
+        (["create", "-?", "x"], False),  # crun
+        (["run", "-d?", "x"], False),  # crun: -d then -?
+        (["create", "--he", "x"], False),  # crun: a prefix of --help
+        (["create", "--usage", "x"], False),  # crun
+        (["create", "--help=true", "x"], False),
+        (["create", "--help=false", "-b", "/b", "x"], True),  # runc: no help, the create runs
+        (["create", "-h=0", "-b", "/b", "x"], True),
+        (["create", "-b", "/b", "--", "--help"], True),  # after --, an id
+    ],
+)
 def test_create_help_creates_nothing(argv, modifies):
     """create/run with its help flag prints help in runc and crun and creates nothing: no edit."""
     inv = parse_argv(argv)

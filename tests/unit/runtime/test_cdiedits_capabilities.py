@@ -24,7 +24,9 @@ def setup(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("cdicaps")
     node = create_node(str(base / "node"), gpus=2)
-    spec = generate_spec(Host(node.root), capabilities=("compute", "utility", "video"), hook_command=HOOK)
+    spec = generate_spec(
+        Host(node.root), capabilities=("compute", "utility", "video"), hook_command=HOOK
+    )
     write_spec(str(base / "cdi" / "nvidia.yaml"), spec)
     return node, Config(driver_root=node.root, cdi_spec_dirs=(str(base / "cdi"),))
 
@@ -46,7 +48,11 @@ def names(p):
 def test_utility_only_drops_compute_files(setup, tmp_path):
     """nvidia.com/gpu=0 with utility: no libcuda, no uvm nodes, no link to libcuda."""
     _, config = setup
-    p = plan(tmp_path, config, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0", "NVIDIA_DRIVER_CAPABILITIES=utility"])
+    p = plan(
+        tmp_path,
+        config,
+        ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0", "NVIDIA_DRIVER_CAPABILITIES=utility"],
+    )
     mounts, nodes, links = names(p)
     assert "libcuda" not in mounts and "libnvidia-ml" in mounts and "nvidia-smi" in mounts
     assert "libnvcuvid" not in mounts
@@ -67,6 +73,10 @@ def test_default_keeps_compute_and_utility_only(setup, tmp_path):
 def test_video_keeps_everything_generated(setup, tmp_path):
     """video asks for video and compute libraries, so nothing from this spec is dropped."""
     _, config = setup
-    p = plan(tmp_path, config, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0", "NVIDIA_DRIVER_CAPABILITIES=video,utility"])
+    p = plan(
+        tmp_path,
+        config,
+        ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0", "NVIDIA_DRIVER_CAPABILITIES=video,utility"],
+    )
     mounts, _, _ = names(p)
     assert {"libcuda", "libnvcuvid", "libnvidia-encode", "libnvidia-ml"} <= mounts

@@ -29,8 +29,11 @@ NOBODY = 65534
 
 
 def spec(devices: Dict[str, str], kind: str = "acme.com/dev") -> Dict[str, Any]:
-    return {"cdiVersion": "0.5.0", "kind": kind,
-            "devices": [{"name": n, "containerEdits": {"env": [e]}} for n, e in devices.items()]}
+    return {
+        "cdiVersion": "0.5.0",
+        "kind": kind,
+        "devices": [{"name": n, "containerEdits": {"env": [e]}} for n, e in devices.items()],
+    }
 
 
 def put(directory: Path, name: str, doc: Dict[str, Any]) -> Path:
@@ -74,9 +77,11 @@ def test_an_untrusted_spec_is_skipped_by_every_scan(tmp_path: Path, how: str, na
     reason = untrust(evil, how)
     index = str(tmp_path / "index.json")
     dirs = [str(good), str(cdi)]
-    for registry in (load_registry(dirs),
-                     cdiindex.registry_for(dirs, ["acme.com/dev=bad"], index, True)[0],
-                     cdiindex.registry_for(dirs, ["acme.com/dev=bad"], index, True)[0]):
+    for registry in (
+        load_registry(dirs),
+        cdiindex.registry_for(dirs, ["acme.com/dev=bad"], index, True)[0],
+        cdiindex.registry_for(dirs, ["acme.com/dev=bad"], index, True)[0],
+    ):
         assert "acme.com/dev=bad" not in registry.devices
         assert resolve_devices(registry, ["acme.com/dev=ok"]).env == ("OK=1",)
         named = [str(p) for p in registry.problems if p.path == str(evil)]
@@ -95,13 +100,17 @@ def test_a_sticky_world_writable_dir_is_as_trusted_as_for_the_config(tmp_path: P
 
 
 def config_for(tmp_path: Path, dirs: List[Path]) -> Config:
-    return Config(driver_root=str(tmp_path / "noroot"), cdi_spec_dirs=tuple(map(str, dirs)),
-                  source=str(tmp_path / "config.yaml"))
+    return Config(
+        driver_root=str(tmp_path / "noroot"),
+        cdi_spec_dirs=tuple(map(str, dirs)),
+        source=str(tmp_path / "config.yaml"),
+    )
 
 
 @pytest.mark.parametrize("how", HOWS)
 def test_a_create_asking_for_a_device_only_an_untrusted_spec_has_fails_in_one_line(
-        tmp_path: Path, how: str) -> None:
+    tmp_path: Path, how: str
+) -> None:
     """inject_cdi for a device that only an untrusted spec defines raises one line naming
     the device, the spec and the rule; the same device from a trusted spec elsewhere is
     injected from that one."""
@@ -114,7 +123,8 @@ def test_a_create_asking_for_a_device_only_an_untrusted_spec_has_fails_in_one_li
     assert "\n" not in message
     assert message.startswith(
         f"CDI device acme.com/dev=bad is defined only by CDI spec {evil}, which nvshim does "
-        "not trust and skips: "), message
+        "not trust and skips: "
+    ), message
     assert reason in message and f"(config {config.source})" in message
     put(tmp_path / "etc-cdi", "good.json", spec({"bad": "GOOD=1"}))
     got = inject_cdi(["acme.com/dev=bad"], config, ("compute",), Host(config.driver_root))
@@ -123,8 +133,9 @@ def test_a_create_asking_for_a_device_only_an_untrusted_spec_has_fails_in_one_li
 
 @pytest.mark.parametrize("name", ["late.json", "late.yaml"])
 @pytest.mark.parametrize("how", ["owner", "mode", "dir"])
-def test_a_spec_made_untrusted_after_compile_is_judged_again(tmp_path: Path, name: str,
-                                                             how: str) -> None:
+def test_a_spec_made_untrusted_after_compile_is_judged_again(
+    tmp_path: Path, name: str, how: str
+) -> None:
     """An index written while the spec was trusted does not vouch for it once its owner,
     mode or directory changed: the next create refuses it (a YAML spec's document is in
     the index, a JSON spec is read again at create)."""
@@ -140,8 +151,7 @@ def test_a_spec_made_untrusted_after_compile_is_judged_again(tmp_path: Path, nam
     assert "acme.com/dev=x" in registry.untrusted
 
 
-def test_a_json_spec_is_checked_when_read_even_if_the_index_still_matches(
-        tmp_path: Path) -> None:
+def test_a_json_spec_is_checked_when_read_even_if_the_index_still_matches(tmp_path: Path) -> None:
     """A create reads a JSON spec's bytes at create time and checks the file it opened: a
     spec given away after its index entry was written (here: the entry made to match it
     again, as a stat taken just before the change would) is still refused."""
@@ -170,8 +180,9 @@ def test_cdi_list_names_the_skipped_spec(tmp_path: Path) -> None:
     result = CliRunner().invoke(cdi_group, ["list", "--spec-dir", str(cdi)])
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == ["acme.com/dev=ok"]
-    assert f"warning: {evil}: $: CDI spec {evil} is owned by uid {NOBODY}, not root" in \
-        result.stderr
+    assert (
+        f"warning: {evil}: $: CDI spec {evil} is owned by uid {NOBODY}, not root" in result.stderr
+    )
     as_json = CliRunner().invoke(cdi_group, ["list", "--spec-dir", str(cdi), "--format", "json"])
     problems = json.loads(as_json.stdout)["problems"]
     assert [p["file"] for p in problems] == [str(evil)]
@@ -185,8 +196,8 @@ def test_doctor_fails_naming_each_untrusted_spec_and_its_fix(tmp_path: Path) -> 
     etc, run = tmp_path / "etc-cdi", tmp_path / "run-cdi"
     put(etc, "good.json", spec({"ok": "OK=1"}))
     assert [(f.status, f.message) for f in check_cdi_spec_trust([str(etc), str(run)])] == [
-        ("ok", f"1 CDI spec file in {etc}, {run}: each owned by root and writable by root "
-               "only")]
+        ("ok", f"1 CDI spec file in {etc}, {run}: each owned by root and writable by root only")
+    ]
     evil = put(etc, "evil.yaml", spec({"bad": "EVIL=1"}))
     os.chmod(evil, 0o666)
     other = put(run, "other.json", spec({"o": "O=1"}))

@@ -42,8 +42,9 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> dict:
     recorder.chmod(0o755)
     cfg = base / "etc" / "config.yaml"
     cfg.parent.mkdir()
-    cfg.write_text(f"runtimes: [{recorder}]\ndriver-root: {sim.root}\n"
-                   f"grants-journal: {base}/grants.jsonl\n")  # never the node's journal
+    cfg.write_text(
+        f"runtimes: [{recorder}]\ndriver-root: {sim.root}\ngrants-journal: {base}/grants.jsonl\n"
+    )  # never the node's journal
     compile_node(str(cfg))
     return {"base": base, "config": cfg, "recorder": recorder}
 
@@ -54,15 +55,36 @@ def tramp_world(tmp_path: Path) -> dict:
     return make_trampoline_world(tmp_path)
 
 
-def runtime_create(node: dict, bundle: Path, *extra: str, argv: list | None = None,
-                   timeout: int = 60) -> subprocess.CompletedProcess:
+def runtime_create(
+    node: dict, bundle: Path, *extra: str, argv: list | None = None, timeout: int = 60
+) -> subprocess.CompletedProcess:
     """``python -I -m nvshim.runtime.main --log L create --bundle B id`` as containerd runs it."""
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(node["config"]), **dict(
-        e.split("=", 1) for e in extra)}
-    args = argv if argv is not None else ["--log", str(bundle / "log.json"), "--log-format", "json",
-                                          "create", "--bundle", str(bundle), "cid-12"]
-    return subprocess.run([sys.executable, "-I", "-m", "nvshim.runtime.main", *args],
-                          capture_output=True, env=env, timeout=timeout, cwd=str(REPO))
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "NVSHIM_CONFIG": str(node["config"]),
+        **dict(e.split("=", 1) for e in extra),
+    }
+    args = (
+        argv
+        if argv is not None
+        else [
+            "--log",
+            str(bundle / "log.json"),
+            "--log-format",
+            "json",
+            "create",
+            "--bundle",
+            str(bundle),
+            "cid-12",
+        ]
+    )
+    return subprocess.run(
+        [sys.executable, "-I", "-m", "nvshim.runtime.main", *args],
+        capture_output=True,
+        env=env,
+        timeout=timeout,
+        cwd=str(REPO),
+    )
 
 
 def make_bundle(tmp_path: Path, raw: bytes, name: str = "b") -> Path:
@@ -86,8 +108,9 @@ def test_number_literals_of_unknown_fields_survive_a_rewrite(node: dict, tmp_pat
     raw = GPU_SPEC + f',"x-unknown":{{"n":{literals},"deep":{{"f":1.0E+2}}}}}}'.encode()
     bundle = make_bundle(tmp_path, raw)
     for fmt in ("text", "json"):  # inspect's diff encodes them too
-        shown = nvshim_cli("inspect", "--bundle", str(bundle), "--config", str(node["config"]),
-                           "--format", fmt)
+        shown = nvshim_cli(
+            "inspect", "--bundle", str(bundle), "--config", str(node["config"]), "--format", fmt
+        )
         assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
     res = runtime_create(node, bundle)
     assert res.returncode == 0, res.stderr
@@ -96,8 +119,12 @@ def test_number_literals_of_unknown_fields_survive_a_rewrite(node: dict, tmp_pat
     assert f'"x-unknown":{{"n":{literals},"deep":{{"f":1.0E+2}}}}'.encode() in after
     assert b"Infinity" not in after
     # and the same in the indented layout containerd writes
-    bundle2 = make_bundle(tmp_path, b'{\n  "n": 1E2,\n  "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]},'
-                          b' "root": {"path": "rootfs"}\n}\n', "b2")
+    bundle2 = make_bundle(
+        tmp_path,
+        b'{\n  "n": 1E2,\n  "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]},'
+        b' "root": {"path": "rootfs"}\n}\n',
+        "b2",
+    )
     assert runtime_create(node, bundle2).returncode == 0
     assert b'"n": 1E2,' in (bundle2 / "config.json").read_bytes()
 
@@ -111,8 +138,11 @@ def test_lone_surrogate_in_an_untouched_field_round_trips(node: dict, tmp_path: 
     assert res.returncode == 0, res.stderr
     after = (bundle / "config.json").read_bytes()
     assert b'"x":"a\\ud800b","y":"\\udfff"' in after
-    assert json.loads(after)["annotations"] == {"x": "a\ud800b", "y": "\udfff",
-                                                "nvshim.io/rewritten": "env"}
+    assert json.loads(after)["annotations"] == {
+        "x": "a\ud800b",
+        "y": "\udfff",
+        "nvshim.io/rewritten": "env",
+    }
 
 
 def test_utf8_bom_is_kept_on_rewrite(node: dict, tmp_path: Path) -> None:
@@ -129,15 +159,36 @@ def test_utf8_bom_is_kept_on_rewrite(node: dict, tmp_path: Path) -> None:
 # --- hostile config.json: one line naming the bundle (or a sound create), never a crash -------
 
 
-@pytest.mark.parametrize("raw,message", [
-    (b'{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"x":' + b"[" * 5000 + b"]" * 5000 + b"}",
-     "nested deeper than 200 levels"),
-    (b'{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"x":' + b"[" * 300 + b"]" * 300 + b"}",
-     "nested deeper than 200 levels"),
-    (b'{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"x":' + b'{"a":' * 900 + b"1" + b"}" * 900 + b"}",
-     "nested deeper than 200 levels"),
-])
-def test_deep_nesting_is_one_clear_line(node: dict, tmp_path: Path, raw: bytes, message: str) -> None:
+@pytest.mark.parametrize(
+    "raw,message",
+    [
+        (
+            b'{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"x":'
+            + b"[" * 5000
+            + b"]" * 5000
+            + b"}",
+            "nested deeper than 200 levels",
+        ),
+        (
+            b'{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"x":'
+            + b"[" * 300
+            + b"]" * 300
+            + b"}",
+            "nested deeper than 200 levels",
+        ),
+        (
+            b'{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"x":'
+            + b'{"a":' * 900
+            + b"1"
+            + b"}" * 900
+            + b"}",
+            "nested deeper than 200 levels",
+        ),
+    ],
+)
+def test_deep_nesting_is_one_clear_line(
+    node: dict, tmp_path: Path, raw: bytes, message: str
+) -> None:
     """Issue 12 item 4: JSON nested thousands of levels deep fails with one line naming the problem,
     not a RecursionError."""
     bundle = make_bundle(tmp_path, raw)
@@ -151,8 +202,11 @@ def test_deep_nesting_is_one_clear_line(node: dict, tmp_path: Path, raw: bytes, 
 def test_huge_integer_is_kept_not_python_wording(node: dict, tmp_path: Path) -> None:
     """Issue 12 item 4: a 5,000-digit integer where nvshim reads a number fails (or passes) without
     Python's int-limit wording."""
-    raw = (b'{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"],"user":{"uid":' + b"1" * 5000
-           + b',"gid":0}},"root":{"path":"rootfs"}}')
+    raw = (
+        b'{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"],"user":{"uid":'
+        + b"1" * 5000
+        + b',"gid":0}},"root":{"path":"rootfs"}}'
+    )
     bundle = make_bundle(tmp_path, raw)
     res = runtime_create(node, bundle)
     assert b"int_max_str_digits" not in res.stderr and b"Exceeds the limit" not in res.stderr
@@ -162,23 +216,30 @@ def test_huge_integer_is_kept_not_python_wording(node: dict, tmp_path: Path) -> 
         assert len(res.stderr.splitlines()) == 1
 
 
-@pytest.mark.parametrize("second", [
-    b'"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"],"args":["sh"],"cwd":"/"}',
-    b'"annotations":{"a":"1"},"annotations":{"b":"2"}',
-    b'"linux":{"x":{"k":1,"k":2}}',
-])
+@pytest.mark.parametrize(
+    "second",
+    [
+        b'"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"],"args":["sh"],"cwd":"/"}',
+        b'"annotations":{"a":"1"},"annotations":{"b":"2"}',
+        b'"linux":{"x":{"k":1,"k":2}}',
+    ],
+)
 def test_duplicate_key_in_config_json_is_refused(node: dict, tmp_path: Path, second: bytes) -> None:
     """Issue 11 defect hunt (hostile images and bundles): a key twice in one object, at any depth,
     fails the create in one line naming it and leaves config.json as it was: runc (Go) decodes the
     second copy into the first, so the spec below runs as uid 1000 under runc, while a rewrite from
     Python's last-wins dict dropped ``process.user`` and ran the GPU container as root."""
-    raw = (b'{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=0"],"args":["sh"],'
-           b'"cwd":"/","user":{"uid":1000,"gid":1000}},"root":{"path":"rootfs"},' + second + b"}")
+    raw = (
+        b'{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=0"],"args":["sh"],'
+        b'"cwd":"/","user":{"uid":1000,"gid":1000}},"root":{"path":"rootfs"},' + second + b"}"
+    )
     bundle = make_bundle(tmp_path, raw)
     res = runtime_create(node, bundle)
     assert res.returncode == 1, res.stderr
     lines = res.stderr.decode().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"nvshim: {bundle}/config.json: duplicate key"), lines
+    assert len(lines) == 1 and lines[0].startswith(
+        f"nvshim: {bundle}/config.json: duplicate key"
+    ), lines
     key = {b'"p': "process", b'"a': "annotations", b'"l': "k"}[second[:2]]
     assert f'duplicate key "{key}"' in lines[0]
     assert json.loads((bundle / "log.json").read_text().splitlines()[-1])["msg"] == lines[0]
@@ -186,7 +247,9 @@ def test_duplicate_key_in_config_json_is_refused(node: dict, tmp_path: Path, sec
 
 
 @pytest.mark.parametrize("field", [b'"hooks":[]', b'"linux":[]', b'"hooks":{"createContainer":{}}'])
-def test_a_wrong_type_met_while_editing_names_the_bundle(node: dict, tmp_path: Path, field: bytes) -> None:
+def test_a_wrong_type_met_while_editing_names_the_bundle(
+    node: dict, tmp_path: Path, field: bytes
+) -> None:
     """Issue 11 defect hunt (hostile images and bundles): a field of the wrong type that only the
     edit meets (hooks, linux) fails in one line naming this bundle's config.json, like the fields
     the request reads, not a bare "config.json:" that could be any container's; config.json keeps
@@ -214,7 +277,9 @@ def test_nul_byte_in_root_path_is_one_clear_line(node: dict, tmp_path: Path) -> 
     assert (bundle / "config.json").read_bytes() == raw
 
 
-def test_nul_byte_in_a_mount_destination_does_not_crash_the_create(node: dict, tmp_path: Path) -> None:
+def test_nul_byte_in_a_mount_destination_does_not_crash_the_create(
+    node: dict, tmp_path: Path
+) -> None:
     """Issue 11 defect hunt (hostile images and bundles): a mount destination with a NUL byte cannot
     be resolved in the rootfs: the in-root work goes to the hook (runc then refuses the mount
     itself, "mount field contains null byte") instead of the create dying with "internal error:
@@ -238,7 +303,12 @@ def processes_mentioning(text: str) -> list:
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmdline = (
+                Path(f"/proc/{pid}/cmdline")
+                .read_bytes()
+                .replace(b"\0", b" ")
+                .decode(errors="replace")
+            )
         except OSError:
             continue
         if text in cmdline:
@@ -246,9 +316,12 @@ def processes_mentioning(text: str) -> list:
     return found
 
 
-@pytest.mark.parametrize("kind", ["missing", "dangling-symlink", "directory", "fifo", "dev-zero",
-                                  "char-device"])
-def test_config_json_not_a_regular_file_is_one_line_fast_no_orphan(tramp_world: dict, kind: str) -> None:
+@pytest.mark.parametrize(
+    "kind", ["missing", "dangling-symlink", "directory", "fifo", "dev-zero", "char-device"]
+)
+def test_config_json_not_a_regular_file_is_one_line_fast_no_orphan(
+    tramp_world: dict, kind: str
+) -> None:
     """Issue 12 item 3: a missing, dangling, directory, FIFO or device config.json, through the
     trampoline (which hands it to Python), gives one stderr line and one --log line, exit 1,
     quickly, runs no runtime and leaves no process behind."""
@@ -268,9 +341,23 @@ def test_config_json_not_a_regular_file_is_one_line_fast_no_orphan(tramp_world: 
             pytest.skip("mknod needs root")
         os.mknod(spec, 0o666 | 0o020000, os.makedev(1, 5))  # a second /dev/zero
     log = tramp_world["tmp"] / f"log-{kind}.json"
-    res = subprocess.run([str(tramp_world["tramp"]), "--log", str(log), "--log-format", "json",
-                          "create", "--bundle", str(bundle), "id"],
-                         env=tramp_world["env"], capture_output=True, text=True, timeout=20)
+    res = subprocess.run(
+        [
+            str(tramp_world["tramp"]),
+            "--log",
+            str(log),
+            "--log-format",
+            "json",
+            "create",
+            "--bundle",
+            str(bundle),
+            "id",
+        ],
+        env=tramp_world["env"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert res.returncode == 1
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"nvshim: cannot read {spec}"), res.stderr
@@ -283,8 +370,14 @@ def test_config_json_not_a_regular_file_is_one_line_fast_no_orphan(tramp_world: 
 
 
 def _host_root_spec(root_path: str, env: list) -> bytes:
-    return json.dumps({"ociVersion": "1.0.2", "process": {"env": env, "args": ["true"], "cwd": "/"},
-                       "root": {"path": root_path}}, indent="\t").encode()
+    return json.dumps(
+        {
+            "ociVersion": "1.0.2",
+            "process": {"env": env, "args": ["true"], "cwd": "/"},
+            "root": {"path": root_path},
+        },
+        indent="\t",
+    ).encode()
 
 
 def _up_to_host_root(bundle: Path) -> str:
@@ -293,12 +386,19 @@ def _up_to_host_root(bundle: Path) -> str:
 
 
 @needs_root
-@pytest.mark.parametrize("env", [["NVIDIA_VISIBLE_DEVICES=0"], ["NVIDIA_VISIBLE_DEVICES=none"],
-                                 ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"],
-                                 ["NVIDIA_IMEX_CHANNELS=0"]])
+@pytest.mark.parametrize(
+    "env",
+    [
+        ["NVIDIA_VISIBLE_DEVICES=0"],
+        ["NVIDIA_VISIBLE_DEVICES=none"],
+        ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"],
+        ["NVIDIA_IMEX_CHANNELS=0"],
+    ],
+)
 @pytest.mark.parametrize("how", ["slash", "symlink", "relative"])
-def test_a_rootfs_that_is_the_host_root_gets_no_driver_files(node: dict, tmp_path: Path,
-                                                              env: list, how: str) -> None:
+def test_a_rootfs_that_is_the_host_root_gets_no_driver_files(
+    node: dict, tmp_path: Path, env: list, how: str
+) -> None:
     """Issue 20 item 8: a create that would inject anything into a rootfs that is the host's / ("/",
     a symlink to it, a relative path up to it) fails in one line naming the rootfs and the bundle:
     runc would make each mount target as an empty file in the host's /usr/bin, library folder and
@@ -306,8 +406,11 @@ def test_a_rootfs_that_is_the_host_root_gets_no_driver_files(node: dict, tmp_pat
     bundle = tmp_path / "b"
     bundle.mkdir()
     (tmp_path / "root-link").symlink_to("/")
-    root_path = {"slash": "/", "symlink": str(tmp_path / "root-link"),
-                 "relative": _up_to_host_root(bundle)}[how]
+    root_path = {
+        "slash": "/",
+        "symlink": str(tmp_path / "root-link"),
+        "relative": _up_to_host_root(bundle),
+    }[how]
     raw = _host_root_spec(root_path, ["PATH=/bin", *env])
     (bundle / "config.json").write_bytes(raw)
     recorded = Path(node["base"], "recorded")
@@ -316,8 +419,10 @@ def test_a_rootfs_that_is_the_host_root_gets_no_driver_files(node: dict, tmp_pat
     assert res.returncode == 1, res.stderr
     lines = res.stderr.decode().splitlines()
     shown = os.path.normpath(os.path.join(bundle, root_path))
-    assert lines == [f"nvshim: the container's rootfs {shown} is the host's /: nvshim injects no "
-                     f"driver files into the host (bundle {bundle})"]
+    assert lines == [
+        f"nvshim: the container's rootfs {shown} is the host's /: nvshim injects no "
+        f"driver files into the host (bundle {bundle})"
+    ]
     assert json.loads((bundle / "log.json").read_text().splitlines()[-1])["msg"] == lines[0]
     assert (bundle / "config.json").read_bytes() == raw
     assert not recorded.exists()
@@ -325,8 +430,9 @@ def test_a_rootfs_that_is_the_host_root_gets_no_driver_files(node: dict, tmp_pat
 
 @needs_root
 @pytest.mark.parametrize("env", [[], ["NVIDIA_VISIBLE_DEVICES="], ["NVIDIA_VISIBLE_DEVICES=void"]])
-def test_a_host_root_container_asking_for_nothing_passes_through(node: dict, tmp_path: Path,
-                                                                 env: list) -> None:
+def test_a_host_root_container_asking_for_nothing_passes_through(
+    node: dict, tmp_path: Path, env: list
+) -> None:
     """Issue 20 item 8: root.path "/" without a GPU request is runc's business: nvshim adds nothing
     (void only says so in the env), fails nothing, and runs the low-level runtime."""
     bundle = tmp_path / "b"
@@ -352,19 +458,46 @@ def test_a_bind_mount_of_the_host_root_is_the_host_root(node: dict, tmp_path: Pa
     (bundle / "rootfs").mkdir(parents=True)
     raw = _host_root_spec("rootfs", ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0"])
     (bundle / "config.json").write_bytes(raw)
-    argv = [sys.executable, "-I", "-m", "nvshim.runtime.main", "--log", str(bundle / "log.json"),
-            "--log-format", "json", "create", "--bundle", str(bundle), "cid-12"]
+    argv = [
+        sys.executable,
+        "-I",
+        "-m",
+        "nvshim.runtime.main",
+        "--log",
+        str(bundle / "log.json"),
+        "--log-format",
+        "json",
+        "create",
+        "--bundle",
+        str(bundle),
+        "cid-12",
+    ]
     script = 'mount --bind / "$1" || exit 99; shift; exec "$@"'
-    res = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
-                          str(bundle / "rootfs"), *argv], capture_output=True, timeout=60,
-                         cwd=str(REPO), env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-                                             "NVSHIM_CONFIG": str(node["config"])})
+    res = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            str(bundle / "rootfs"),
+            *argv,
+        ],
+        capture_output=True,
+        timeout=60,
+        cwd=str(REPO),
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(node["config"])},
+    )
     if res.returncode == 99:
         pytest.skip(f"cannot bind-mount / here: {res.stderr.decode().strip()}")
     assert res.returncode == 1, res.stderr
     assert res.stderr.decode().splitlines() == [
         f"nvshim: the container's rootfs {bundle}/rootfs is the host's /: nvshim injects no "
-        f"driver files into the host (bundle {bundle})"]
+        f"driver files into the host (bundle {bundle})"
+    ]
     assert (bundle / "config.json").read_bytes() == raw
 
 
@@ -418,7 +551,9 @@ def test_world_writable_plan_cache_is_ignored_and_rewritten(node: dict, tmp_path
     assert res.returncode == 0, res.stderr
     mounts = json.loads((bundle / "config.json").read_bytes())["mounts"]
     assert "/etc/hostname" not in {m.get("source") for m in mounts}
-    assert any(str(m.get("source", "")).endswith(".bin") for m in mounts)  # firmware from live discovery
+    assert any(
+        str(m.get("source", "")).endswith(".bin") for m in mounts
+    )  # firmware from live discovery
     assert plan.stat().st_mode & 0o777 == 0o644 and "/etc/hostname" not in plan.read_text()
 
 
@@ -429,8 +564,11 @@ def test_debug_log_records_carry_the_container_id(node: dict, tmp_path: Path) ->
     cfg.parent.mkdir()
     cfg.write_text(node["config"].read_text() + f"debug-log: {debug}\n")
     bundle = make_bundle(tmp_path, GPU_SPEC + b"}")
-    res = runtime_create(dict(node, config=cfg), bundle, argv=[
-        "--root", "/r", "create", "--bundle", str(bundle), "--pid-file", "/p", "ctr-12-16"])
+    res = runtime_create(
+        dict(node, config=cfg),
+        bundle,
+        argv=["--root", "/r", "create", "--bundle", str(bundle), "--pid-file", "/p", "ctr-12-16"],
+    )
     assert res.returncode == 0, res.stderr
     records = [json.loads(line) for line in debug.read_text().splitlines()]
     assert {r["event"] for r in records} >= {"request", "create"}
@@ -450,15 +588,22 @@ def _planned(node: dict, tmp_path: Path):
     bundle = tmp_path / "b"
     bundle.mkdir()
     make_rootfs(bundle / "rootfs")
-    (bundle / "config.json").write_text(json.dumps(
-        {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
-         "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"], "args": ["sh"], "cwd": "/"}}))
+    (bundle / "config.json").write_text(
+        json.dumps(
+            {
+                "ociVersion": "1.0.2",
+                "root": {"path": "rootfs"},
+                "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"], "args": ["sh"], "cwd": "/"},
+            }
+        )
+    )
     config = load_config(str(node["config"]))
     return bundle, plan_create(str(bundle), config)
 
 
-def test_the_plan_is_one_frozen_value_built_from_the_stages_records(node: dict,
-                                                                     tmp_path: Path) -> None:
+def test_the_plan_is_one_frozen_value_built_from_the_stages_records(
+    node: dict, tmp_path: Path
+) -> None:
     """plan_create returns a frozen Plan whose claim, request, grant and rootfs decision are
     frozen records too; notes and warnings are tuples (two channels), nothing to append to."""
     from nvshim._record import FrozenInstanceError
@@ -467,14 +612,20 @@ def test_the_plan_is_one_frozen_value_built_from_the_stages_records(node: dict,
     assert [g.index for g in plan.gpus] == [0] and plan.grant.gpus == plan.gpus
     assert plan.rootfs.by == "runtime" and plan.rootfs.work is not None
     assert isinstance(plan.notes, tuple) and isinstance(plan.warnings, tuple)
-    for record, name in ((plan, "new_spec"), (plan.grant, "edits"), (plan.rootfs, "by"),
-                         (plan.claim, "env_tokens"), (plan.request, "devices")):
+    for record, name in (
+        (plan, "new_spec"),
+        (plan.grant, "edits"),
+        (plan.rootfs, "by"),
+        (plan.claim, "env_tokens"),
+        (plan.request, "devices"),
+    ):
         with pytest.raises(FrozenInstanceError):
             setattr(record, name, None)
 
 
-def test_commit_returns_the_hook_fallback_and_leaves_the_plan_as_it_was(node: dict,
-                                                                       tmp_path: Path) -> None:
+def test_commit_returns_the_hook_fallback_and_leaves_the_plan_as_it_was(
+    node: dict, tmp_path: Path
+) -> None:
     """A rootfs that cannot be opened by the time commit runs: commit returns the new
     decision (the createContainer hook does the work) and the config.json it wrote with the
     hook, while the plan still says what was planned."""
@@ -489,20 +640,24 @@ def test_commit_returns_the_hook_fallback_and_leaves_the_plan_as_it_was(node: di
     done = commit(plan)
     assert done.written and done.rootfs.by == "hook"
     assert done.rootfs.why.startswith(f"cannot open the rootfs {bundle}/rootfs")
-    assert plan.rootfs.by == "runtime" and plan.new_spec.get("hooks", {}).get(
-        "createContainer", []) == planned_hooks
+    assert (
+        plan.rootfs.by == "runtime"
+        and plan.new_spec.get("hooks", {}).get("createContainer", []) == planned_hooks
+    )
     written = json.loads((bundle / "config.json").read_text())
     assert written == done.new_spec
     assert any(is_nvshim_hook(h) for h in plan.grant.edits.hooks)
-    assert any("nvshim.hook" in " ".join(h.get("args", []))
-               for h in written["hooks"]["createContainer"])
+    assert any(
+        "nvshim.hook" in " ".join(h.get("args", [])) for h in written["hooks"]["createContainer"]
+    )
 
 
 # --- config.json is read up to a bound ------------------------------------------------------
 
 
 def test_a_config_json_over_the_size_bound_is_one_line_and_byte_identical(
-        node: dict, tmp_path: Path) -> None:
+    node: dict, tmp_path: Path
+) -> None:
     """A config.json one byte over MAX_SPEC_BYTES (16 MiB; a 200 MB one cost 1.5 GB and 12 s)
     fails the create in one line naming the file and the limit, without being read whole,
     config.json byte-identical and runc not run; one at the bound is created as always; the
@@ -521,16 +676,18 @@ def test_a_config_json_over_the_size_bound_is_one_line_and_byte_identical(
     res = runtime_create(node, bundle)
     assert res.returncode == 1
     spec = bundle / "config.json"
-    assert res.stderr.decode() == (f"nvshim: cannot read {spec}: larger than the "
-                                   f"{MAX_SPEC_BYTES} bytes nvshim reads (16 MiB)\n")
+    assert res.stderr.decode() == (
+        f"nvshim: cannot read {spec}: larger than the "
+        f"{MAX_SPEC_BYTES} bytes nvshim reads (16 MiB)\n"
+    )
     assert spec.read_bytes() == over and not (node["base"] / "recorded").exists()
     out = nvshim_cli("inspect", "--bundle", str(bundle), "--config", str(node["config"]))
-    assert out.returncode == 1 and out.stderr.endswith("larger than the "
-                                                        f"{MAX_SPEC_BYTES} bytes nvshim reads (16 MiB)\n")
+    assert out.returncode == 1 and out.stderr.endswith(
+        f"larger than the {MAX_SPEC_BYTES} bytes nvshim reads (16 MiB)\n"
+    )
 
 
-def test_an_image_ld_so_cache_over_4_mib_is_merged_by_the_hook(node: dict,
-                                                                tmp_path: Path) -> None:
+def test_an_image_ld_so_cache_over_4_mib_is_merged_by_the_hook(node: dict, tmp_path: Path) -> None:
     """An image whose /etc/ld.so.cache lists ~60,000 libraries (over the runtime's 4 MiB)
     no longer fails the GPU create: the runtime leaves the cache to the createContainer
     hook (in the container's cgroup) and says why, and the hook's cache keeps every image
@@ -543,17 +700,21 @@ def test_an_image_ld_so_cache_over_4_mib_is_merged_by_the_hook(node: dict,
     from nvshim.runtime.rootcache import LDCACHE_MAX_BYTES, update_ldcache
 
     bundle, plan = _planned(node, tmp_path)
-    entries = [CacheEntry(f"libimage{i}.so.1", f"/opt/image/lib/libimage{i}.so.1.0.{i}",
-                          FLAG_X8664_LIBC6) for i in range(60_000)]
+    entries = [
+        CacheEntry(f"libimage{i}.so.1", f"/opt/image/lib/libimage{i}.so.1.0.{i}", FLAG_X8664_LIBC6)
+        for i in range(60_000)
+    ]
     image_cache = build_ldcache(entries)
     assert len(image_cache) > LDCACHE_MAX_BYTES
     cache = bundle / "rootfs" / "etc" / "ld.so.cache"
     cache.write_bytes(image_cache)
     done = commit(plan)
     assert done.written and done.rootfs.by == "hook"
-    assert done.rootfs.why == (f"the image's /etc/ld.so.cache is larger than the "
-                               f"{LDCACHE_MAX_BYTES} bytes nvshim-runtime reads (merged by the "
-                               "createContainer hook, in the container's cgroup)")
+    assert done.rootfs.why == (
+        f"the image's /etc/ld.so.cache is larger than the "
+        f"{LDCACHE_MAX_BYTES} bytes nvshim-runtime reads (merged by the "
+        "createContainer hook, in the container's cgroup)"
+    )
     assert cache.read_bytes() == image_cache
     assert plan.rootfs.work is not None
     for mount in plan.grant.edits.mounts:  # what runc mounts before the hook runs
@@ -567,13 +728,15 @@ def test_an_image_ld_so_cache_over_4_mib_is_merged_by_the_hook(node: dict,
     assert {"libimage0.so.1", "libimage59999.so.1", "libcuda.so.1"} <= merged
 
 
-def test_a_granted_container_sees_void_and_its_grant_is_named_elsewhere(node: dict,
-                                                                         tmp_path: Path) -> None:
+def test_a_granted_container_sees_void_and_its_grant_is_named_elsewhere(
+    node: dict, tmp_path: Path
+) -> None:
     """Issue 37.7's decision: a granted container's NVIDIA_VISIBLE_DEVICES is void (as in
     NVIDIA's CDI mode and generated specs), never the ids, so a committed image or a nested
     runtime cannot re-request them (docs/container-env.md)."""
     _, plan = _planned(node, tmp_path)
     env = plan.new_spec["process"]["env"]
     assert [e for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")] == [
-        "NVIDIA_VISIBLE_DEVICES=void"]
+        "NVIDIA_VISIBLE_DEVICES=void"
+    ]
     assert [g.index for g in plan.grant.gpus] == [0]

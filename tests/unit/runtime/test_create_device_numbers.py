@@ -21,23 +21,43 @@ GPU = {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1}
 
 
 def spec(devices: Any = (), rules: Any = ()) -> Dict[str, Any]:
-    return {"process": {"env": ["PATH=/bin"]}, "root": {"path": "rootfs"},
-            "linux": {"devices": list(devices), "resources": {"devices": list(rules)}}}
+    return {
+        "process": {"env": ["PATH=/bin"]},
+        "root": {"path": "rootfs"},
+        "linux": {"devices": list(devices), "resources": {"devices": list(rules)}},
+    }
 
 
-@pytest.mark.parametrize(("text", "where", "value"), [
-    (spec([{**GPU, "major": 195 + 2**32}]), "linux.devices[0].major", 195 + 2**32),
-    (spec([{**GPU, "minor": 1 + 2**32}]), "linux.devices[0].minor", 1 + 2**32),
-    (spec([{**GPU, "major": 195 - 2**32}]), "linux.devices[0].major", 195 - 2**32),
-    (spec([{**GPU, "major": -1}]), "linux.devices[0].major", -1),
-    (spec([], [{"allow": True, "type": "c", "major": 195 + 2**32, "access": "rw"}]),
-     "linux.resources.devices[0].major", 195 + 2**32),
-    (spec([], [{"allow": True, "type": "c", "major": 195, "minor": -2, "access": "rw"}]),
-     "linux.resources.devices[0].minor", -2),
-], ids=["major-alias", "minor-alias", "negative-alias", "device-minus-one", "rule-alias",
-        "rule-negative"])
-def test_a_device_number_runc_would_truncate_is_refused(text: Dict[str, Any], where: str,
-                                                       value: int) -> None:
+@pytest.mark.parametrize(
+    ("text", "where", "value"),
+    [
+        (spec([{**GPU, "major": 195 + 2**32}]), "linux.devices[0].major", 195 + 2**32),
+        (spec([{**GPU, "minor": 1 + 2**32}]), "linux.devices[0].minor", 1 + 2**32),
+        (spec([{**GPU, "major": 195 - 2**32}]), "linux.devices[0].major", 195 - 2**32),
+        (spec([{**GPU, "major": -1}]), "linux.devices[0].major", -1),
+        (
+            spec([], [{"allow": True, "type": "c", "major": 195 + 2**32, "access": "rw"}]),
+            "linux.resources.devices[0].major",
+            195 + 2**32,
+        ),
+        (
+            spec([], [{"allow": True, "type": "c", "major": 195, "minor": -2, "access": "rw"}]),
+            "linux.resources.devices[0].minor",
+            -2,
+        ),
+    ],
+    ids=[
+        "major-alias",
+        "minor-alias",
+        "negative-alias",
+        "device-minus-one",
+        "rule-alias",
+        "rule-negative",
+    ],
+)
+def test_a_device_number_runc_would_truncate_is_refused(
+    text: Dict[str, Any], where: str, value: int
+) -> None:
     """A major or minor outside 0..2^32-1 (a cgroup rule's -1 wildcard aside) in linux.devices or its cgroup rules is refused, naming the value and the field."""
     with pytest.raises(SpecError) as info:
         image_view(text)
@@ -47,9 +67,12 @@ def test_a_device_number_runc_would_truncate_is_refused(text: Dict[str, Any], wh
 
 def test_numbers_runc_uses_as_written_are_read_as_written() -> None:
     """0..2^32-1 and a cgroup rule's -1 wildcard are kept: the GPU is seen as 195:1."""
-    view = image_view(spec([GPU, {**GPU, "path": "/dev/x", "minor": 2**32 - 1}],
-                           [{"allow": True, "type": "a", "major": -1, "minor": -1,
-                             "access": "rwm"}]))
+    view = image_view(
+        spec(
+            [GPU, {**GPU, "path": "/dev/x", "minor": 2**32 - 1}],
+            [{"allow": True, "type": "a", "major": -1, "minor": -1, "access": "rwm"}],
+        )
+    )
     assert view.char_devices == ((195, 1, "/dev/nvidia1"), (195, 2**32 - 1, "/dev/x"))
     assert view.all_devices_allowed
 

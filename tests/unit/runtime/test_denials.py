@@ -50,34 +50,62 @@ def kubelet(tmp_path: Path) -> Iterator[PodResourcesServer]:
 
 
 def cri(pod: str = "mine", container: str = "main", namespace: str = "team-a") -> Dict[str, str]:
-    return {"io.kubernetes.cri.container-type": "container",
-            "io.kubernetes.cri.sandbox-name": pod, "io.kubernetes.cri.sandbox-namespace": namespace,
-            "io.kubernetes.cri.sandbox-uid": "uid-mine", "io.kubernetes.cri.container-name": container}
+    return {
+        "io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.sandbox-name": pod,
+        "io.kubernetes.cri.sandbox-namespace": namespace,
+        "io.kubernetes.cri.sandbox-uid": "uid-mine",
+        "io.kubernetes.cri.container-name": container,
+    }
 
 
 def write_config(node: Any, tmp_path: Path, extra: str = "") -> Path:
     cfg = tmp_path / "etc" / "config.yaml"
     cfg.parent.mkdir(exist_ok=True)
-    cfg.write_text(f"runtimes: [/bin/true]\ndriver-root: {node.root}\nnvml-facts: {node.nvml_facts}\n"
-                   f"grants-journal: {tmp_path}/journal/grants.jsonl\n"
-                   f"kubelet-socket: {tmp_path}/kubelet.sock\n"
-                   f"kubelet-checkpoint: {tmp_path}/no-checkpoint\n" + extra)
+    cfg.write_text(
+        f"runtimes: [/bin/true]\ndriver-root: {node.root}\nnvml-facts: {node.nvml_facts}\n"
+        f"grants-journal: {tmp_path}/journal/grants.jsonl\n"
+        f"kubelet-socket: {tmp_path}/kubelet.sock\n"
+        f"kubelet-checkpoint: {tmp_path}/no-checkpoint\n" + extra
+    )
     return cfg
 
 
-def create(cfg: Path, tmp_path: Path, env: List[str], cid: str,
-           annotations: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+def create(
+    cfg: Path,
+    tmp_path: Path,
+    env: List[str],
+    cid: str,
+    annotations: Optional[Dict[str, str]] = None,
+) -> subprocess.CompletedProcess:
     """``nvshim-runtime create`` of a fresh bundle with ``env`` and CRI ``annotations``."""
     bundle = tmp_path / f"bundle-{cid}"
     (bundle / "rootfs").mkdir(parents=True)
-    spec = {"process": {"env": ["PATH=/bin"] + env, "cwd": "/"}, "root": {"path": "rootfs"},
-            "annotations": cri() if annotations is None else annotations}
+    spec = {
+        "process": {"env": ["PATH=/bin"] + env, "cwd": "/"},
+        "root": {"path": "rootfs"},
+        "annotations": cri() if annotations is None else annotations,
+    }
     raw = json.dumps(spec, indent=2).encode()
     (bundle / "config.json").write_bytes(raw)
-    res = subprocess.run([sys.executable, "-I", "-m", "nvshim.runtime.main", "--root",
-                          str(tmp_path / "state"), "create", "--bundle", str(bundle), cid],
-                         capture_output=True, text=True, timeout=60,
-                         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(cfg)})
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-m",
+            "nvshim.runtime.main",
+            "--root",
+            str(tmp_path / "state"),
+            "create",
+            "--bundle",
+            str(bundle),
+            cid,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVSHIM_CONFIG": str(cfg)},
+    )
     if res.returncode != 0:
         assert (bundle / "config.json").read_bytes() == raw  # byte-identical on a refusal
     return res
@@ -108,13 +136,15 @@ def test_a_stripped_request_is_recorded_with_its_reason(node: Any, tmp_path: Pat
     assert "  reason: NVIDIA_VISIBLE_DEVICES=0 ignored: require-allocation is on" in text
 
 
-def test_a_refusal_is_recorded_with_the_error_line(node: Any, tmp_path: Path,
-                                                   kubelet: PodResourcesServer) -> None:
+def test_a_refusal_is_recorded_with_the_error_line(
+    node: Any, tmp_path: Path, kubelet: PodResourcesServer
+) -> None:
     """A container naming another pod's GPU is refused by the kubelet check (exit 1,
     config.json byte-identical) and the denial journal keeps the same line as its reason."""
     victim = node.gpus[1]
-    kubelet.set([("team-b", "victim", {"train": {GPU: [victim.uuid]}}),
-                 ("team-a", "mine", {"main": {}})])
+    kubelet.set(
+        [("team-b", "victim", {"train": {GPU: [victim.uuid]}}), ("team-a", "mine", {"main": {}})]
+    )
     cfg = write_config(node, tmp_path, "require-allocation: true\nverify-with: kubelet\n")
     res = create(cfg, tmp_path, [f"NVIDIA_VISIBLE_DEVICES={victim.uuid}"], "c-refused")
     assert res.returncode == 1
@@ -142,8 +172,11 @@ def test_a_container_asking_nothing_or_granted_leaves_no_denial(node: Any, tmp_p
     """A container asking for no GPU, or void, or granted what it asked, is not a denial:
     no denial journal is written."""
     cfg = write_config(node, tmp_path)
-    for cid, env in (("plain", []), ("void", ["NVIDIA_VISIBLE_DEVICES=void"]),
-                     ("granted", ["NVIDIA_VISIBLE_DEVICES=0"])):
+    for cid, env in (
+        ("plain", []),
+        ("void", ["NVIDIA_VISIBLE_DEVICES=void"]),
+        ("granted", ["NVIDIA_VISIBLE_DEVICES=0"]),
+    ):
         assert create(cfg, tmp_path, env, cid).returncode == 0
     assert not Path(denials_path(str(tmp_path / "journal" / "grants.jsonl"))).exists()
     res = CliRunner().invoke(grants, ["--config", str(cfg), "--denied"])
@@ -157,8 +190,15 @@ def test_the_denial_journal_keeps_its_newest_records_past_the_limit(tmp_path: Pa
     path = tmp_path / "grants.denied.jsonl"
 
     def rec(i: int) -> Denial:
-        return Denial(time=time.time(), container_id=f"d{i}", root="/r", runtime="runc",
-                      bundle="/b" * 30, action="stripped", reason="r" * 100)
+        return Denial(
+            time=time.time(),
+            container_id=f"d{i}",
+            root="/r",
+            runtime="runc",
+            bundle="/b" * 30,
+            action="stripped",
+            reason="r" * 100,
+        )
 
     for i in range(200):
         assert append_denial(str(path), rec(i), 1 << 20) is None
@@ -181,7 +221,8 @@ HOSTILE = "x\n2026-01-01T00:00:00Z  c-forged  -  granted\r\x1b[32mok\x1b[0m\x85\
 
 
 def test_a_create_with_huge_hostile_values_journals_a_small_escaped_record(
-        node: Any, tmp_path: Path) -> None:
+    node: Any, tmp_path: Path
+) -> None:
     """A pod's NVIDIA_VISIBLE_DEVICES of 300 kB holding line breaks, ESC and bidi controls
     (with as long pod names) is stripped and leaves a denial record of a few KiB with every
     value escaped and cut (reason, asked, names); `nvshim grants --denied` shows it on its
@@ -194,8 +235,13 @@ def test_a_create_with_huge_hostile_values_journals_a_small_escaped_record(
     journal = Path(denials_path(str(tmp_path / "journal" / "grants.jsonl")))
     assert journal.stat().st_size < 4096
     [record] = denied(cfg, "--format", "json")["denied"]
-    values = [record["reason"], record["namespace"], record["pod"], record["container"],
-              *record["asked"]]
+    values = [
+        record["reason"],
+        record["namespace"],
+        record["pod"],
+        record["container"],
+        *record["asked"],
+    ]
     assert all(v.isprintable() for v in values)
     assert record["asked"][0].startswith("NVIDIA_VISIBLE_DEVICES=0,0,0,")
     assert len(record["asked"][0]) <= 512 and len(record["reason"]) <= 1024
@@ -207,9 +253,16 @@ def test_a_create_with_huge_hostile_values_journals_a_small_escaped_record(
 def test_a_denial_record_keeps_at_most_16_asked_entries() -> None:
     """A container asking through 40 CDI annotations or mounts is journaled with 15 of them,
     each cut to 512 characters, and a last entry counting the rest."""
-    denial = Denial(time=1.0, container_id="c", root="/r", runtime="runc", bundle="/b",
-                    action="refused", reason="r",
-                    asked=tuple(f"annotation cdi.k8s.io/x{i}={HOSTILE * 100}" for i in range(40)))
+    denial = Denial(
+        time=1.0,
+        container_id="c",
+        root="/r",
+        runtime="runc",
+        bundle="/b",
+        action="refused",
+        reason="r",
+        asked=tuple(f"annotation cdi.k8s.io/x{i}={HOSTILE * 100}" for i in range(40)),
+    )
     doc = json.loads(denial.to_line())
     assert len(doc["asked"]) == 16 and doc["asked"][-1] == "… and 25 more"
     assert all(len(a) <= 512 and a.isprintable() for a in doc["asked"])
@@ -219,9 +272,21 @@ def test_the_denied_table_escapes_a_record_written_by_hand(tmp_path: Path) -> No
     """A denial record written raw (by an older nvshim, or by hand) with \\n, \\r, ESC, NEL,
     U+2028 and a bidi override in its values cannot forge a line of `grants --denied`."""
     journal = tmp_path / "grants.jsonl"
-    doc = {"v": 1, "t": 1.0, "id": "c\rx", "root": "/r", "runtime": "runc", "bundle": "/b",
-           "action": "stripped", "reason": HOSTILE, "asked": [HOSTILE], "namespace": "ns",
-           "pod": HOSTILE, "pod_uid": "", "container": "main"}
+    doc = {
+        "v": 1,
+        "t": 1.0,
+        "id": "c\rx",
+        "root": "/r",
+        "runtime": "runc",
+        "bundle": "/b",
+        "action": "stripped",
+        "reason": HOSTILE,
+        "asked": [HOSTILE],
+        "namespace": "ns",
+        "pod": HOSTILE,
+        "pod_uid": "",
+        "container": "main",
+    }
     Path(denials_path(str(journal))).write_text(json.dumps(doc) + "\n")
     res = CliRunner().invoke(grants, ["--journal", str(journal), "--denied"])
     assert res.exit_code == 0, res.output
@@ -232,17 +297,35 @@ def test_the_denied_table_escapes_a_record_written_by_hand(tmp_path: Path) -> No
 
 def noisy(i: int, size: int = 100) -> Denial:
     """One of a noisy tenant's denials: one pod restarting, with a long value."""
-    return Denial(time=1000.0 + i, container_id=f"noisy-{i}", root="/r", runtime="runc",
-                  bundle="/b", action="stripped", reason="r" * size,
-                  asked=(f"NVIDIA_VISIBLE_DEVICES={'0,' * size}",), namespace="attacker",
-                  pod="loop", container="main")
+    return Denial(
+        time=1000.0 + i,
+        container_id=f"noisy-{i}",
+        root="/r",
+        runtime="runc",
+        bundle="/b",
+        action="stripped",
+        reason="r" * size,
+        asked=(f"NVIDIA_VISIBLE_DEVICES={'0,' * size}",),
+        namespace="attacker",
+        pod="loop",
+        container="main",
+    )
 
 
 def quiet(i: int) -> Denial:
-    return Denial(time=float(i), container_id=f"quiet-{i}", root="/r", runtime="runc",
-                  bundle="/b", action="refused", reason="no allocation",
-                  asked=("NVIDIA_VISIBLE_DEVICES=all",), namespace=f"team-{i % 5}",
-                  pod=f"job-{i}", container="main")
+    return Denial(
+        time=float(i),
+        container_id=f"quiet-{i}",
+        root="/r",
+        runtime="runc",
+        bundle="/b",
+        action="refused",
+        reason="no allocation",
+        asked=("NVIDIA_VISIBLE_DEVICES=all",),
+        namespace=f"team-{i % 5}",
+        pod=f"job-{i}",
+        container="main",
+    )
 
 
 def test_one_tenant_denied_again_and_again_cannot_erase_the_others(tmp_path: Path) -> None:
@@ -268,19 +351,27 @@ def test_compaction_keeps_every_tenants_newest_records_first() -> None:
     whatever their size, half of them the other tenant's."""
     data = b"".join(quiet(i).to_line() for i in range(0, 200, 5))  # team-0: 40 records
     data += b"".join(noisy(i, 400).to_line() for i in range(200))
-    kept = [d for d in (Denial.from_doc(json.loads(line)) for line in
-                        compact_denials(data, 1).split(b"\n")[:-1]) if d is not None]
+    kept = [
+        d
+        for d in (
+            Denial.from_doc(json.loads(line)) for line in compact_denials(data, 1).split(b"\n")[:-1]
+        )
+        if d is not None
+    ]
     assert len(kept) == KEEP_RECORDS
-    assert [d.container_id for d in kept if d.namespace == "team-0"] == \
-        [f"quiet-{i}" for i in range(200 - 5 * KEEP_RECORDS // 2, 200, 5)]
-    assert [d.container_id for d in kept if d.namespace == "attacker"] == \
-        [f"noisy-{i}" for i in range(200 - KEEP_RECORDS // 2, 200)]
+    assert [d.container_id for d in kept if d.namespace == "team-0"] == [
+        f"quiet-{i}" for i in range(200 - 5 * KEEP_RECORDS // 2, 200, 5)
+    ]
+    assert [d.container_id for d in kept if d.namespace == "attacker"] == [
+        f"noisy-{i}" for i in range(200 - KEEP_RECORDS // 2, 200)
+    ]
     roomy = compact_denials(data, 1 << 30)
     assert len(roomy.split(b"\n")) - 1 == 240  # within the budget: every record
 
 
 def test_a_denial_that_cannot_be_recorded_fails_the_create_as_a_grant_does(
-        node: Any, tmp_path: Path, kubelet: PodResourcesServer) -> None:
+    node: Any, tmp_path: Path, kubelet: PodResourcesServer
+) -> None:
     """Record or fail: with the journal's directory unusable, a stripped create fails
     (exit 1, config.json byte-identical) naming the journal, as a grant does; a refusal
     still fails with its own line, which says it was not recorded."""
@@ -288,14 +379,20 @@ def test_a_denial_that_cannot_be_recorded_fails_the_create_as_a_grant_does(
     (tmp_path / "journal").write_text("a file where the journal's directory should be\n")
     res = create(cfg, tmp_path, ["NVIDIA_VISIBLE_DEVICES=0"], "c-strip")
     assert res.returncode == 1
-    assert res.stderr.startswith("nvshim: cannot record the denial in ") \
+    assert (
+        res.stderr.startswith("nvshim: cannot record the denial in ")
         and "grants.denied.jsonl" in res.stderr
+    )
     kubelet.set([("team-a", "mine", {"main": {GPU: [node.gpus[0].uuid]}})])
     res = create(cfg, tmp_path, [f"NVIDIA_VISIBLE_DEVICES={node.gpus[0].uuid}"], "c-grant")
     # the neighbour: a grant in the same state
     assert res.returncode == 1 and res.stderr.startswith("nvshim: cannot record the grant in ")
-    kubelet.set([("team-b", "victim", {"train": {GPU: [node.gpus[1].uuid]}}),
-                 ("team-a", "mine", {"main": {}})])
+    kubelet.set(
+        [
+            ("team-b", "victim", {"train": {GPU: [node.gpus[1].uuid]}}),
+            ("team-a", "mine", {"main": {}}),
+        ]
+    )
     res = create(cfg, tmp_path, [f"NVIDIA_VISIBLE_DEVICES={node.gpus[1].uuid}"], "c-refused")
     assert res.returncode == 1
     assert "is not this container's allocation" in res.stderr

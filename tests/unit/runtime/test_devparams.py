@@ -77,8 +77,9 @@ def test_gpu_create_plans_the_sh_hook_and_writes_the_copy(node: Any, tmp_path: P
     assert any(h.get("args", [])[-1:] == [copy] for h in spec["hooks"]["createContainer"])
 
 
-def test_hook_gets_absolute_paths_for_a_relative_bundle(node: Any, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hook_gets_absolute_paths_for_a_relative_bundle(
+    node: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """runtime create --bundle with a relative path: the hook still gets the absolute rootfs
     and copy (runc does not run hooks in the bundle directory)."""
     b = bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=0"])
@@ -109,18 +110,34 @@ def _run_hook(rootfs: Path, copy: Path) -> "subprocess.CompletedProcess[str]":
 
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare(1) for a private mount namespace")
-    probe = 'sh -c "$0" nvshim-params "$1" "$2"; rc=$?; cat "$1/proc/driver/nvidia/params"; exit $rc'
+    probe = (
+        'sh -c "$0" nvshim-params "$1" "$2"; rc=$?; cat "$1/proc/driver/nvidia/params"; exit $rc'
+    )
     return subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", probe, HOOK_SCRIPT,
-         str(rootfs), str(copy)],
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            probe,
+            HOOK_SCRIPT,
+            str(rootfs),
+            str(copy),
+        ],
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
-        capture_output=True, text=True, timeout=30)
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 @pytest.mark.parametrize("link", ["proc", "proc/driver", "proc/driver/nvidia", PARAMS])
 @pytest.mark.parametrize("absolute", [True, False])
-def test_hook_never_binds_through_an_image_symlink(tmp_path: Path, link: str,
-                                                   absolute: bool) -> None:
+def test_hook_never_binds_through_an_image_symlink(
+    tmp_path: Path, link: str, absolute: bool
+) -> None:
     """An image symlink anywhere on the params path, absolute (it would resolve on the host
     before pivot_root) or relative out of the rootfs, makes the hook bind nothing."""
     outside = tmp_path / "host"
@@ -129,9 +146,12 @@ def test_hook_never_binds_through_an_image_symlink(tmp_path: Path, link: str,
     rootfs = tmp_path / "rootfs"
     (rootfs / PARAMS).parent.mkdir(parents=True)
     (rootfs / PARAMS).write_text("ModifyDeviceFiles: 1\n")
-    victim = {"proc": tmp_path / "host-proc", "proc/driver": outside / "driver",
-              "proc/driver/nvidia": outside / "driver" / "nvidia",
-              PARAMS: outside / "driver" / "nvidia" / "params"}[link]
+    victim = {
+        "proc": tmp_path / "host-proc",
+        "proc/driver": outside / "driver",
+        "proc/driver/nvidia": outside / "driver" / "nvidia",
+        PARAMS: outside / "driver" / "nvidia" / "params",
+    }[link]
     if link == "proc":
         (victim / "driver").mkdir(parents=True)
         (victim / "driver" / "nvidia").symlink_to(outside / "driver" / "nvidia")

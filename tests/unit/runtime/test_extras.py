@@ -27,11 +27,17 @@ UUID = "GPU-11111111-2222-3333-4444-555555555555"
 IMEX_MOUNT = "/var/run/nvidia-container-devices/imex/"
 
 
-def decide(env: Dict[str, str], config: Config, mounts: Optional[List[str]] = None,
-           privileged: bool = False) -> Extras:
+def decide(
+    env: Dict[str, str],
+    config: Config,
+    mounts: Optional[List[str]] = None,
+    privileged: bool = False,
+) -> Extras:
     spec: Dict[str, Any] = {
-        "process": {"env": [f"{k}={v}" for k, v in env.items()],
-                    "capabilities": {"bounding": ["CAP_SYS_ADMIN"] if privileged else []}},
+        "process": {
+            "env": [f"{k}={v}" for k, v in env.items()],
+            "capabilities": {"bounding": ["CAP_SYS_ADMIN"] if privileged else []},
+        },
         "mounts": [{"destination": IMEX_MOUNT + m, "source": "/dev/null"} for m in mounts or []],
         "linux": {"resources": {"devices": [{"allow": privileged, "access": "rwm"}]}},
     }
@@ -48,8 +54,14 @@ STRICT = Config(require_allocation=True)
     [
         ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_GDS": "enabled"}, ("gds",)),
         ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_MOFED": " Enabled "}, ("mofed",)),
-        ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_NVSWITCH": "enabled",
-          "NVIDIA_GDRCOPY": "enabled"}, ("nvswitch", "gdrcopy")),
+        (
+            {
+                "NVIDIA_VISIBLE_DEVICES": "0",
+                "NVIDIA_NVSWITCH": "enabled",
+                "NVIDIA_GDRCOPY": "enabled",
+            },
+            ("nvswitch", "gdrcopy"),
+        ),
         ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_GDS": "true"}, ()),
         ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_GDS": ""}, ()),
         ({"NVIDIA_VISIBLE_DEVICES": "none", "NVIDIA_GDS": "enabled"}, ("gds",)),
@@ -91,8 +103,16 @@ def test_fabric_flags_are_off_under_require_allocation_unless_configured() -> No
 
 @pytest.mark.parametrize(
     ("value", "channels"),
-    [("0", (0,)), ("3,1, 3", (3, 1)), ("channel2", (2,)), ("", ()), ("void", ()),
-     ("none", ()), ("all", ()), ("1048575", (1048575,))],
+    [
+        ("0", (0,)),
+        ("3,1, 3", (3, 1)),
+        ("channel2", (2,)),
+        ("", ()),
+        ("void", ()),
+        ("none", ()),
+        ("all", ()),
+        ("1048575", (1048575,)),
+    ],
 )
 def test_imex_env_grammar(value: str, channels: tuple) -> None:
     assert decide({"NVIDIA_IMEX_CHANNELS": value}, OPEN).imex_channels == channels
@@ -117,9 +137,15 @@ def test_imex_sources_and_require_allocation() -> None:
     assert (both.imex_channels, both.imex_source) == ((4,), "volume-mounts")
     assert decide({"NVIDIA_IMEX_CHANNELS": "0"}, STRICT).imex_channels == ()
     assert decide({"NVIDIA_IMEX_CHANNELS": "0"}, STRICT, privileged=True).imex_channels == (0,)
-    sys_admin_only = image_view({"process": {"env": ["NVIDIA_IMEX_CHANNELS=0"], "capabilities": {
-        "bounding": ["CAP_SYS_ADMIN"]}}, "linux": {"resources": {"devices": [
-            {"allow": False, "access": "rwm"}]}}})
+    sys_admin_only = image_view(
+        {
+            "process": {
+                "env": ["NVIDIA_IMEX_CHANNELS=0"],
+                "capabilities": {"bounding": ["CAP_SYS_ADMIN"]},
+            },
+            "linux": {"resources": {"devices": [{"allow": False, "access": "rwm"}]}},
+        }
+    )
     claim = read_claim(sys_admin_only, STRICT)
     assert resolve_extras(claim, STRICT, resolve_request(claim, STRICT)).imex_channels == ()
     assert decide({}, STRICT, mounts=["1", "2"]).imex_channels == (1, 2)
@@ -136,13 +162,21 @@ def node(tmp_path: Path) -> Any:
     from nvshim.host.discovery import Host
     from nvshim.sim.build import create_node
 
-    sim = create_node(str(tmp_path / "node"), gpus=1, imex_channels=3, nvswitches=1, gds=True,
-                      mofed=True, gdrcopy=True)
+    sim = create_node(
+        str(tmp_path / "node"),
+        gpus=1,
+        imex_channels=3,
+        nvswitches=1,
+        gds=True,
+        mofed=True,
+        gdrcopy=True,
+    )
     return Host(sim.root)
 
 
 def test_edits_per_feature(node: Any) -> None:
     """Each feature brings exactly its class's nodes (stat'ed: type, major, minor)."""
+
     def paths(**kw: Any) -> List[str]:
         return sorted(n.path for n in extras_edits(node, Extras(**kw)).edits.device_nodes)
 
@@ -150,8 +184,10 @@ def test_edits_per_feature(node: Any) -> None:
     assert paths(features=("gds",)) == [f"/dev/nvidia-fs{i}" for i in range(4)]
     assert paths(features=("nvswitch",)) == ["/dev/nvidia-nvswitch0", "/dev/nvidia-nvswitchctl"]
     assert paths(features=("mofed",)) == ["/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs0"]
-    assert paths(imex_channels=(2, 0)) == ["/dev/nvidia-caps-imex-channels/channel0",
-                                           "/dev/nvidia-caps-imex-channels/channel2"]
+    assert paths(imex_channels=(2, 0)) == [
+        "/dev/nvidia-caps-imex-channels/channel0",
+        "/dev/nvidia-caps-imex-channels/channel2",
+    ]
     gds = extras_edits(node, Extras(features=("gds",))).edits
     assert [m.container_path for m in gds.mounts] == ["/etc/cufile.json"]
     assert "ro" in gds.mounts[0].options
@@ -166,18 +202,25 @@ def test_fabric_features_give_what_the_reference_gives(node: Any) -> None:
     ib = node.dev_path("/dev/infiniband")
     assert sorted(os.listdir(ib)) == ["issm0", "rdma_cm", "umad0", "uverbs0"]
     mofed = extras_edits(node, Extras(features=("mofed",))).edits
-    assert sorted(n.path for n in mofed.device_nodes) == ["/dev/infiniband/rdma_cm",
-                                                          "/dev/infiniband/uverbs0"]
+    assert sorted(n.path for n in mofed.device_nodes) == [
+        "/dev/infiniband/rdma_cm",
+        "/dev/infiniband/uverbs0",
+    ]
     nvswitch = extras_edits(node, Extras(features=("nvswitch",))).edits
     assert nvswitch.mounts == ()
-    assert sorted(n.path for n in nvswitch.device_nodes) == ["/dev/nvidia-nvswitch0",
-                                                             "/dev/nvidia-nvswitchctl"]
+    assert sorted(n.path for n in nvswitch.device_nodes) == [
+        "/dev/nvidia-nvswitch0",
+        "/dev/nvidia-nvswitchctl",
+    ]
 
 
 def test_missing_channel_and_missing_feature(node: Any, tmp_path: Path) -> None:
     """An absent channel is an error listing the node's; an absent feature is a note."""
-    with pytest.raises(RequestError, match=r"IMEX channel 9 \(from env\) does not exist: "
-                                           r"this node has channels 0, 1, 2"):
+    with pytest.raises(
+        RequestError,
+        match=r"IMEX channel 9 \(from env\) does not exist: "
+        r"this node has channels 0, 1, 2",
+    ):
         extras_edits(node, Extras(imex_channels=(9,), imex_source="env"))
     from nvshim.host.discovery import Host
     from nvshim.sim.build import create_node
@@ -193,8 +236,10 @@ def test_imex_cdi_spec(node: Any, tmp_path: Path) -> None:
     spec = generate_imex_spec(node)
     assert spec["kind"] == "nvidia.com/imex-channel"
     assert [d["name"] for d in spec["devices"]] == ["0", "1", "2"]
-    assert spec["devices"][1]["containerEdits"]["deviceNodes"][0]["path"] == \
-        "/dev/nvidia-caps-imex-channels/channel1"
+    assert (
+        spec["devices"][1]["containerEdits"]["deviceNodes"][0]["path"]
+        == "/dev/nvidia-caps-imex-channels/channel1"
+    )
     assert validate_spec(spec) == []
     from nvshim.host.discovery import Host
     from nvshim.sim.build import create_node
@@ -203,17 +248,21 @@ def test_imex_cdi_spec(node: Any, tmp_path: Path) -> None:
         generate_imex_spec(Host(create_node(str(tmp_path / "bare"), gpus=1).root))
 
 
-@pytest.mark.parametrize("env,mounts,asks", [
-    ({"NVIDIA_IMEX_CHANNELS": ""}, [], True),
-    ({"NVIDIA_NVSWITCH": "enabled"}, [], True),
-    ({"NVIDIA_GDS": "x"}, [], True),
-    ({"NVIDIA_MOFED": "enabled"}, [], True),
-    ({"NVIDIA_GDRCOPY": "enabled"}, [], True),
-    ({}, ["3"], True),
-    ({"NVIDIA_VISIBLE_DEVICES": "0"}, [], False),
-])
-def test_the_claim_says_whether_extras_are_asked_for(env: Dict[str, str], mounts: List[str],
-                                                     asks: bool) -> None:
+@pytest.mark.parametrize(
+    "env,mounts,asks",
+    [
+        ({"NVIDIA_IMEX_CHANNELS": ""}, [], True),
+        ({"NVIDIA_NVSWITCH": "enabled"}, [], True),
+        ({"NVIDIA_GDS": "x"}, [], True),
+        ({"NVIDIA_MOFED": "enabled"}, [], True),
+        ({"NVIDIA_GDRCOPY": "enabled"}, [], True),
+        ({}, ["3"], True),
+        ({"NVIDIA_VISIBLE_DEVICES": "0"}, [], False),
+    ],
+)
+def test_the_claim_says_whether_extras_are_asked_for(
+    env: Dict[str, str], mounts: List[str], asks: bool
+) -> None:
     """create loads nvshim.runtime.extras only when the claim names an IMEX channel or a
     feature variable (FEATURE_ENV, IMEX_ENV: the claim's own names, re-exported here)."""
     from nvshim.runtime.claim import FEATURE_ENV as CLAIMED
@@ -222,5 +271,6 @@ def test_the_claim_says_whether_extras_are_asked_for(env: Dict[str, str], mounts
     assert (FEATURE_ENV, IMEX_ENV) == (CLAIMED, CLAIMED_IMEX)
     spec: Dict[str, Any] = {
         "process": {"env": [f"{k}={v}" for k, v in env.items()]},
-        "mounts": [{"destination": IMEX_MOUNT + m, "source": "/dev/null"} for m in mounts]}
+        "mounts": [{"destination": IMEX_MOUNT + m, "source": "/dev/null"} for m in mounts],
+    }
     assert read_claim(image_view(spec), OPEN).asks_for_extras is asks

@@ -26,11 +26,27 @@ UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
 
 
-def grant(cid: str, gpus=(UUID_A,), root: str = "/run/runc", shared: bool = False,
-          t: float = 0.0, pod: str = "") -> Grant:
-    return Grant(time=t or time.time(), container_id=cid, root=root, runtime="/usr/sbin/runc",
-                 bundle=f"/b/{cid}", source="envvar-uuids", gpus=tuple(gpus), shared=shared,
-                 namespace="ns" if pod else "", pod=pod, container="main" if pod else "")
+def grant(
+    cid: str,
+    gpus=(UUID_A,),
+    root: str = "/run/runc",
+    shared: bool = False,
+    t: float = 0.0,
+    pod: str = "",
+) -> Grant:
+    return Grant(
+        time=t or time.time(),
+        container_id=cid,
+        root=root,
+        runtime="/usr/sbin/runc",
+        bundle=f"/b/{cid}",
+        source="envvar-uuids",
+        gpus=tuple(gpus),
+        shared=shared,
+        namespace="ns" if pod else "",
+        pod=pod,
+        container="main" if pod else "",
+    )
 
 
 def well_formed(path: Path) -> List[dict]:
@@ -86,8 +102,10 @@ def test_append_is_not_fsynced_but_compaction_is(tmp_path: Path, monkeypatch) ->
 def test_foreign_and_corrupt_lines_are_skipped(tmp_path: Path) -> None:
     """Lines that are not our records (garbage, other JSON, wrong types) are ignored, not fatal."""
     path = tmp_path / "grants.jsonl"
-    path.write_bytes(b'garbage\n{"v": 1}\n[1,2]\n{"v":1,"t":1,"id":"x","root":"/r","runtime":"r",'
-                     b'"source":"s","gpus":"notalist"}\n' + grant("ok").to_line())
+    path.write_bytes(
+        b'garbage\n{"v": 1}\n[1,2]\n{"v":1,"t":1,"id":"x","root":"/r","runtime":"r",'
+        b'"source":"s","gpus":"notalist"}\n' + grant("ok").to_line()
+    )
     assert [g.container_id for g in read_grants(str(path))] == ["ok"]
 
 
@@ -140,9 +158,20 @@ def test_concurrent_appends_with_compaction_lose_nothing(tmp_path: Path) -> None
 
 def _young_records(path: Path, count: int) -> None:
     """``count`` young records of containers that do not exist: compaction keeps them all."""
-    path.write_bytes(b"".join(
-        Grant(time=time.time(), container_id=f"young-{i}", root="/nonexistent", runtime="runc",
-              bundle="/b" * 40, source="env", gpus=(UUID_A,)).to_line() for i in range(count)))
+    path.write_bytes(
+        b"".join(
+            Grant(
+                time=time.time(),
+                container_id=f"young-{i}",
+                root="/nonexistent",
+                runtime="runc",
+                bundle="/b" * 40,
+                source="env",
+                gpus=(UUID_A,),
+            ).to_line()
+            for i in range(count)
+        )
+    )
 
 
 def test_200_concurrent_appends_to_a_journal_that_cannot_shrink_all_succeed(tmp_path: Path) -> None:
@@ -171,8 +200,14 @@ def test_200_concurrent_appends_to_a_journal_that_cannot_shrink_all_succeed(tmp_
         "print('\\n'.join(failed), end='')\n"
     )
     start = str(time.time() + 5)
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), f"w{n}", start],
-                              stdout=subprocess.PIPE, text=True) for n in range(40)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(path), f"w{n}", start],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(40)
+    ]
     errors = [p.communicate(timeout=300)[0] for p in procs]
     assert "".join(errors) == ""
     assert [p.returncode for p in procs] == [0] * 40
@@ -194,7 +229,9 @@ def test_a_journal_that_cannot_shrink_is_not_rewritten(tmp_path: Path) -> None:
     assert len(read_grants(str(path))) == 401
 
 
-def test_a_compaction_that_cannot_write_still_appends_the_record(tmp_path: Path, monkeypatch) -> None:
+def test_a_compaction_that_cannot_write_still_appends_the_record(
+    tmp_path: Path, monkeypatch
+) -> None:
     """A compaction that fails (its new file cannot be written: disk full) never fails the
     create: the record is appended to the journal as it is, and a warning says why."""
     import nvshim.files
@@ -209,9 +246,12 @@ def test_a_compaction_that_cannot_write_still_appends_the_record(tmp_path: Path,
 
     monkeypatch.setattr(nvshim.files, "write_atomic", disk_full)
     warning = append_grant(str(path), grant("new"), 512)
-    assert warning == (f"cannot compact {path} (record appended): cannot write {path}: "
-                       "No space left on device")
-    assert [g.container_id for g in read_grants(str(path))] == [f"old{i}" for i in range(20)] + ["new"]
+    assert warning == (
+        f"cannot compact {path} (record appended): cannot write {path}: No space left on device"
+    )
+    assert [g.container_id for g in read_grants(str(path))] == [f"old{i}" for i in range(20)] + [
+        "new"
+    ]
     well_formed(path)
 
 
@@ -257,8 +297,9 @@ def test_kill_9_of_the_runtime_during_create(tmp_path: Path) -> None:
     argv = [sys.executable, "-I", "-m", "nvshim.runtime.main", "create", "--bundle"]
 
     def fresh_bundle(n: int) -> Path:
-        return make_bundle(tmp_path / f"b{n}", rootfs, ["true"],
-                           env={"NVIDIA_VISIBLE_DEVICES": "0"})
+        return make_bundle(
+            tmp_path / f"b{n}", rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"}
+        )
 
     start = time.monotonic()
     subprocess.run(argv + [str(fresh_bundle(0)), "c0"], env=env, check=True, cwd=tmp_path)
@@ -291,15 +332,23 @@ def test_prometheus_text_has_one_sample_per_gpu_and_container() -> None:
     """The textfile lines carry gpu, namespace, pod and container labels, escaped."""
     h = Holder(grant("c1", (UUID_A, UUID_B), pod='we"ird'), "running", 1)
     text = render_prometheus([h])
-    assert f'nvshim_gpu_grants{{gpu="{UUID_A}",namespace="ns",pod="we\\"ird",container="main"' in text
+    assert (
+        f'nvshim_gpu_grants{{gpu="{UUID_A}",namespace="ns",pod="we\\"ird",container="main"' in text
+    )
     assert text.count("nvshim_gpu_grants{") == 2
     assert "nvshim_gpu_grant_conflicts{" not in text
 
 
 def nvshim_grants(*args: str, env: Optional[dict] = None) -> "subprocess.CompletedProcess[str]":
     """``nvshim grants ARGS`` as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "nvshim.cli.main", "grants", *args],
-                          capture_output=True, text=True, timeout=60, check=False, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "nvshim.cli.main", "grants", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
 
 
 def test_grants_help_names_file_metavars() -> None:
@@ -329,22 +378,34 @@ def test_the_configured_journal_not_yet_written_means_no_grants(tmp_path: Path) 
     res = nvshim_grants("--config", str(cfg), "--format", "json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout) == {"grants": [], "conflicts": {}}
-    assert res.stderr == f"nvshim: no grants yet: {journal} does not exist (nvshim-runtime " \
-                         "creates it at the first GPU grant)\n"
+    assert (
+        res.stderr == f"nvshim: no grants yet: {journal} does not exist (nvshim-runtime "
+        "creates it at the first GPU grant)\n"
+    )
     res = nvshim_grants("--config", str(cfg))
     assert res.returncode == 0 and res.stdout.split() == [
-        "GPU", "UUID", "CONTAINER", "POD", "SOURCE", "VERIFIED", "STATUS", "NOTE"]
+        "GPU",
+        "UUID",
+        "CONTAINER",
+        "POD",
+        "SOURCE",
+        "VERIFIED",
+        "STATUS",
+        "NOTE",
+    ]
 
 
 def test_a_journal_of_garbage_is_an_error_naming_its_lines(tmp_path: Path) -> None:
     """A non-empty file with no grant record in it (the wrong file passed as --journal)
     showed only a header, exit 0; now one line naming the file and its unreadable lines."""
     path = tmp_path / "grants.jsonl"
-    path.write_text("garbage\n\n{\"v\": 1}\nnot json either")  # line 4 has no newline
+    path.write_text('garbage\n\n{"v": 1}\nnot json either')  # line 4 has no newline
     res = nvshim_grants("--journal", str(path))
     assert res.returncode == 1 and res.stdout == ""
-    assert res.stderr == (f"nvshim: {path} holds no grant record, only 3 unreadable lines "
-                          "(1,3-4): is it the grant journal?\n")
+    assert res.stderr == (
+        f"nvshim: {path} holds no grant record, only 3 unreadable lines "
+        "(1,3-4): is it the grant journal?\n"
+    )
     path.write_text("\n\n")  # blank lines: an empty journal, not garbage
     res = nvshim_grants("--journal", str(path), "--format", "json")
     assert res.returncode == 0 and res.stderr == ""
@@ -375,24 +436,42 @@ def live_grant(tmp_path: Path, cid: str, gpus: Sequence[str]) -> bytes:
     live (its state directory exists under the root)."""
     root = tmp_path / "runc-root"
     (root / cid).mkdir(parents=True, exist_ok=True)
-    return Grant(time=time.time(), container_id=cid, root=str(root),
-                 runtime=fake_runtime(tmp_path), bundle=f"/b/{cid}", source="envvar-uuids",
-                 gpus=tuple(gpus)).to_line()
+    return Grant(
+        time=time.time(),
+        container_id=cid,
+        root=str(root),
+        runtime=fake_runtime(tmp_path),
+        bundle=f"/b/{cid}",
+        source="envvar-uuids",
+        gpus=tuple(gpus),
+    ).to_line()
 
 
 def test_unreadable_lines_among_records_are_skipped_with_a_warning(tmp_path: Path) -> None:
     """Records are listed; the lines that are not records are counted and numbered in one
     warning on stderr naming the journal (they were skipped without a word)."""
     path = tmp_path / "grants.jsonl"
-    path.write_bytes(b"garbage\n" + live_grant(tmp_path, "c1", [UUID_A]) + b"[1]\n"
-                     + b"{not json\n" + live_grant(tmp_path, "c2", [UUID_B]))
-    res = nvshim_grants("--journal", str(path), "--format", "json",
-                        env=dict(os.environ, NVSHIM_CONFIG=str(tmp_path / "none.yaml")))
+    path.write_bytes(
+        b"garbage\n"
+        + live_grant(tmp_path, "c1", [UUID_A])
+        + b"[1]\n"
+        + b"{not json\n"
+        + live_grant(tmp_path, "c2", [UUID_B])
+    )
+    res = nvshim_grants(
+        "--journal",
+        str(path),
+        "--format",
+        "json",
+        env=dict(os.environ, NVSHIM_CONFIG=str(tmp_path / "none.yaml")),
+    )
     assert res.returncode == 0, res.stderr
     assert res.stderr == f"nvshim: warning: {path}: skipped 3 unreadable lines (1,3-4)\n"
     doc = json.loads(res.stdout)
     assert [(g["container_id"], g["status"], g["pid"]) for g in doc["grants"]] == [
-        ("c1", "running", 4242), ("c2", "running", 4242)]
+        ("c1", "running", 4242),
+        ("c2", "running", 4242),
+    ]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the simulated GPU node needs root (mknod)")
@@ -407,7 +486,8 @@ def test_grants_show_each_gpus_index_on_this_node(tmp_path: Path) -> None:
     cfg = tmp_path / "config.yaml"
     cfg.write_text(f"driver-root: {node.root}\ngrants-journal: {tmp_path / 'grants.jsonl'}\n")
     (tmp_path / "grants.jsonl").write_bytes(
-        live_grant(tmp_path, "two", [g2, g1]) + live_grant(tmp_path, "gone", [UUID_A]))
+        live_grant(tmp_path, "two", [g2, g1]) + live_grant(tmp_path, "gone", [UUID_A])
+    )
     res = nvshim_grants("--config", str(cfg), "--format", "json")
     assert res.returncode == 0, res.stderr
     doc = {g["container_id"]: g for g in json.loads(res.stdout)["grants"]}
@@ -431,8 +511,13 @@ def test_a_fifo_as_journal_is_refused_by_writer_and_reader(tmp_path: Path) -> No
         append_grant(str(fifo), grant("c1"), 1 << 20)
     with pytest.raises(HostError, match=r"grants\.jsonl is a FIFO"):
         read_grants(str(fifo))
-    res = subprocess.run([sys.executable, "-m", "nvshim.cli.main", "grants", "--journal",
-                          str(fifo)], capture_output=True, text=True, timeout=30, check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "nvshim.cli.main", "grants", "--journal", str(fifo)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert res.returncode == 1
     assert res.stderr.count("\n") == 1 and "is a FIFO" in res.stderr
     assert res.stdout == ""
@@ -462,15 +547,29 @@ def test_a_grant_record_caps_and_escapes_what_the_container_controls(tmp_path: P
     and cut to 253 characters before they are journaled, so a record stays small and
     parses back without a control character; the engine's id, root and bundle stay exact."""
     path = tmp_path / "grants.jsonl"
-    big = Grant(time=time.time(), container_id="c1", root="/run/runc", runtime="runc",
-                bundle="/b/c1", source="envvar-uuids", gpus=(UUID_A,), namespace=HOSTILE,
-                pod="p" * 300_000 + HOSTILE, pod_uid=HOSTILE, container=HOSTILE,
-                claims=((HOSTILE * 1000, (UUID_A,)),))
+    big = Grant(
+        time=time.time(),
+        container_id="c1",
+        root="/run/runc",
+        runtime="runc",
+        bundle="/b/c1",
+        source="envvar-uuids",
+        gpus=(UUID_A,),
+        namespace=HOSTILE,
+        pod="p" * 300_000 + HOSTILE,
+        pod_uid=HOSTILE,
+        container=HOSTILE,
+        claims=((HOSTILE * 1000, (UUID_A,)),),
+    )
     append_grant(str(path), big, 1 << 20)
     assert path.stat().st_size < 2048
     [got] = read_grants(str(path))
-    assert (got.container_id, got.root, got.bundle, got.gpus) == ("c1", "/run/runc", "/b/c1",
-                                                                  (UUID_A,))
+    assert (got.container_id, got.root, got.bundle, got.gpus) == (
+        "c1",
+        "/run/runc",
+        "/b/c1",
+        (UUID_A,),
+    )
     for value in (got.namespace, got.pod, got.pod_uid, got.container, got.claims[0][0]):
         assert value.isprintable() and len(value) <= 253
     assert got.namespace.startswith("x\\n0  GPU-forged  granted\\r\\x1b[32m")
@@ -481,11 +580,22 @@ def test_the_grants_table_escapes_every_value_of_a_record(tmp_path: Path) -> Non
     """`nvshim grants` prints each record on its own row whatever its values hold (a record
     written by hand or by an older nvshim): control characters, line separators and bidi
     overrides are escaped, never printed."""
-    forged = Grant(time=time.time(), container_id="c\rid", root="/r", runtime="runc",
-                   bundle="/b", source="env\x1b[2K", gpus=(UUID_A,), namespace="ns",
-                   pod=HOSTILE, container="main")
+    forged = Grant(
+        time=time.time(),
+        container_id="c\rid",
+        root="/r",
+        runtime="runc",
+        bundle="/b",
+        source="env\x1b[2K",
+        gpus=(UUID_A,),
+        namespace="ns",
+        pod=HOSTILE,
+        container="main",
+    )
     table = render_table([Holder(forged, "running", 1), Holder(grant("b"), "running", 2)])
     lines = printable_lines(table)
     assert len(lines) == 5  # header, two rows, blank, the conflict line
-    assert "x\\n0  GPU-forged  granted\\r\\x1b[32mok\\x1b[0m\\x85\\u2028\\u202e" in lines[1] + lines[2]
+    assert (
+        "x\\n0  GPU-forged  granted\\r\\x1b[32mok\\x1b[0m\\x85\\u2028\\u202e" in lines[1] + lines[2]
+    )
     assert "c\\rid" in lines[-1]

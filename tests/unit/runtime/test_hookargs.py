@@ -50,26 +50,40 @@ def test_hook_command_starts_the_hook_module(tmp_path: Path) -> None:
     cmd = hook_command()
     assert cmd[0] == str(Path(sys.executable).absolute())
     assert cmd[1:3] == ("-I", "-S") and runs_nvshim_hook(cmd)
-    res = subprocess.run([*cmd, "--help"], capture_output=True, text=True, cwd=tmp_path,
-                         env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    res = subprocess.run(
+        [*cmd, "--help"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert f"python -I -m {HOOK_MODULE}" in res.stdout and "--link" in res.stdout
 
 
-@pytest.mark.parametrize("name, args, ours", [
-    ("createContainer", [*hook_command(), "--folder", LIB], True),
-    ("createContainer", ["/usr/bin/python3", "-I", "-m", "nvshim.hook", "--folder", LIB], True),
-    ("prestart", [*hook_command(), "--folder", LIB], False),
-    ("createContainer", ["/usr/bin/nvidia-ctk", "hook", "create-symlinks"], False),
-])
+@pytest.mark.parametrize(
+    "name, args, ours",
+    [
+        ("createContainer", [*hook_command(), "--folder", LIB], True),
+        ("createContainer", ["/usr/bin/python3", "-I", "-m", "nvshim.hook", "--folder", LIB], True),
+        ("prestart", [*hook_command(), "--folder", LIB], False),
+        ("createContainer", ["/usr/bin/nvidia-ctk", "hook", "create-symlinks"], False),
+    ],
+)
 def test_is_nvshim_hook(name: str, args: list, ours: bool) -> None:
     assert is_nvshim_hook(Hook(name, args[0], tuple(args), HOOK_ENV)) is ours
 
 
 def test_with_links_keeps_the_command_folders_and_driver_version() -> None:
     """The -m form too: only the --link pairs change."""
-    argv = ["/usr/bin/python3", "-I", "-m", "nvshim.hook",
-            *build_hook_args(LINKS, FOLDERS, "550.54.15")]
+    argv = [
+        "/usr/bin/python3",
+        "-I",
+        "-m",
+        "nvshim.hook",
+        *build_hook_args(LINKS, FOLDERS, "550.54.15"),
+    ]
     out = with_links(argv, LINKS[:1])
     assert out[:4] == argv[:4]
     assert parse_hook_args(out) == (LINKS[:1], FOLDERS)
@@ -95,8 +109,9 @@ def test_a_cdi_device_keeps_the_cuda_compat_check(tmp_path: Path) -> None:
     node = create_node(str(tmp_path / "node"), gpus=1)
     host = Host(node.root)
     version = host.driver_version()
-    spec = generate_spec(host, capabilities=("compute", "utility", "video"),
-                         hook_command=hook_command())
+    spec = generate_spec(
+        host, capabilities=("compute", "utility", "video"), hook_command=hook_command()
+    )
     write_spec(str(tmp_path / "cdi" / "nvidia.yaml"), spec)
     config = Config(driver_root=node.root, cdi_spec_dirs=(str(tmp_path / "cdi"),))
     bundle = tmp_path / "b"

@@ -17,21 +17,30 @@ def test_records_are_byte_for_byte_what_structlog_rendered(tmp_path: Path) -> No
 
     path = tmp_path / "debug.log"
     log = open_debug_log(str(path), id="ctr-1")
-    fields = {"bundle": "/b/é\"x", "devices": ["0", "1"], "edits": {"z": 1, "a": {"y": [1, 2.5]}},
-              "ok": True, "none": None, "thing": Path("/p")}
+    fields = {
+        "bundle": '/b/é"x',
+        "devices": ["0", "1"],
+        "edits": {"z": 1, "a": {"y": [1, 2.5]}},
+        "ok": True,
+        "none": None,
+        "thing": Path("/p"),
+    }
     log.event("request", **fields)
     log.error("create failed", error="boom")
     lines = path.read_text().splitlines()
     assert len(lines) == 2
     render = structlog.processors.JSONRenderer(sort_keys=True)
-    for line, (level, event, extra) in zip(lines, [("info", "request", fields),
-                                                   ("error", "create failed", {"error": "boom"})],
-                                           strict=True):
+    for line, (level, event, extra) in zip(
+        lines,
+        [("info", "request", fields), ("error", "create failed", {"error": "boom"})],
+        strict=True,
+    ):
         got = json.loads(line)
         assert got["level"] == level and got["event"] == event and got["id"] == "ctr-1"
         assert isinstance(got["pid"], int)
-        expected = dict(extra, event=event, level=level, id="ctr-1", pid=got["pid"],
-                        timestamp=got["timestamp"])
+        expected = dict(
+            extra, event=event, level=level, id="ctr-1", pid=got["pid"], timestamp=got["timestamp"]
+        )
         assert line == render(None, "info", expected)
 
 

@@ -15,6 +15,7 @@ U0 = "GPU-11111111-2222-3333-4444-555555555550"
 U1 = "GPU-11111111-2222-3333-4444-555555555551"
 M0 = "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeee0"
 
+
 def request_of(view, config):
     """The request create resolves: from the claim read once off the view."""
     return resolve_request(read_claim(view, config), config)
@@ -73,9 +74,13 @@ def test_privileged_and_accept_flag(privileged, accept):
 
 
 #: What containerd's CRI plugin writes on a pod sandbox: the marker counts only with the rest.
-SANDBOX = {"io.kubernetes.cri.container-type": "sandbox", "io.kubernetes.cri.sandbox-id": "5b1e",
-           "io.kubernetes.cri.sandbox-name": "pod", "io.kubernetes.cri.sandbox-namespace": "ns",
-           "io.kubernetes.cri.sandbox-uid": "uid"}
+SANDBOX = {
+    "io.kubernetes.cri.container-type": "sandbox",
+    "io.kubernetes.cri.sandbox-id": "5b1e",
+    "io.kubernetes.cri.sandbox-name": "pod",
+    "io.kubernetes.cri.sandbox-namespace": "ns",
+    "io.kubernetes.cri.sandbox-uid": "uid",
+}
 
 
 def test_sandbox_passes_through():
@@ -86,7 +91,11 @@ def test_sandbox_passes_through():
 
 
 def devmount(ident):
-    return {"source": "/dev/null", "destination": f"/var/run/nvidia-container-devices/{ident}", "type": "bind"}
+    return {
+        "source": "/dev/null",
+        "destination": f"/var/run/nvidia-container-devices/{ident}",
+        "type": "bind",
+    }
 
 
 REQ = Config(require_allocation=True)
@@ -101,40 +110,251 @@ ALLOCATION = [
     ("legacy image, no allocation", dict(env=["CUDA_VERSION=12.0"]), REQ, "none", (), True),
     ("nothing asked", dict(env=[]), REQ, "none", (), False),
     ("void asked", dict(env=["NVIDIA_VISIBLE_DEVICES=void"]), REQ, "none", (), False),
-    ("volume mount uuid beats image all", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=[devmount(U1)]), REQ, "volume-mounts", (U1,), False),
-    ("volume mount cdi slash form", dict(mounts=[devmount("cdi/nvidia.com/gpu/1")]), REQ, "volume-mounts", ("nvidia.com/gpu=1",), False),
-    ("volume mount cdi equals form", dict(mounts=[devmount("cdi/nvidia.com/gpu=1")]), REQ, "volume-mounts", ("nvidia.com/gpu=1",), False),
-    ("imex mount is not a gpu", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=[devmount("imex/0")]), REQ, "none", (), True),
-    ("envvar uuids accepted", dict(env=[f"NVIDIA_VISIBLE_DEVICES={U0},{U1}"]), REQ, "envvar-uuids", (U0, U1), False),
-    ("envvar mig uuid accepted", dict(env=[f"NVIDIA_VISIBLE_DEVICES={M0}"]), REQ, "envvar-uuids", (M0,), False),
+    (
+        "volume mount uuid beats image all",
+        dict(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=[devmount(U1)]),
+        REQ,
+        "volume-mounts",
+        (U1,),
+        False,
+    ),
+    (
+        "volume mount cdi slash form",
+        dict(mounts=[devmount("cdi/nvidia.com/gpu/1")]),
+        REQ,
+        "volume-mounts",
+        ("nvidia.com/gpu=1",),
+        False,
+    ),
+    (
+        "volume mount cdi equals form",
+        dict(mounts=[devmount("cdi/nvidia.com/gpu=1")]),
+        REQ,
+        "volume-mounts",
+        ("nvidia.com/gpu=1",),
+        False,
+    ),
+    (
+        "imex mount is not a gpu",
+        dict(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=[devmount("imex/0")]),
+        REQ,
+        "none",
+        (),
+        True,
+    ),
+    (
+        "envvar uuids accepted",
+        dict(env=[f"NVIDIA_VISIBLE_DEVICES={U0},{U1}"]),
+        REQ,
+        "envvar-uuids",
+        (U0, U1),
+        False,
+    ),
+    (
+        "envvar mig uuid accepted",
+        dict(env=[f"NVIDIA_VISIBLE_DEVICES={M0}"]),
+        REQ,
+        "envvar-uuids",
+        (M0,),
+        False,
+    ),
     ("envvar index refused", dict(env=["NVIDIA_VISIBLE_DEVICES=0"]), REQ, "none", (), True),
     ("envvar all refused", dict(env=["NVIDIA_VISIBLE_DEVICES=all"]), REQ, "none", (), True),
-    ("envvar uuid mixed with index refused", dict(env=[f"NVIDIA_VISIBLE_DEVICES={U0},1"]), REQ, "none", (), True),
-    ("cdi annotation", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], annotations={"cdi.k8s.io/x": "nvidia.com/gpu=1"}), REQ, "cdi-annotations", ("nvidia.com/gpu=1",), False),
-    ("privileged all accepted", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIV, devices=ALL_DEVICES), REQ, "privileged", ("all",), False),
-    ("sys-admin alone is not privileged", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIV, devices=DENY_ALL), REQ, "none", (), True),
-    ("sys-admin without device rules is not privileged", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIV), REQ, "none", (), True),
-    ("all devices without sys-admin is not privileged", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], caps=["CAP_CHOWN"], devices=ALL_DEVICES), REQ, "none", (), True),
-    ("mount beats annotation", dict(mounts=[devmount("0")], annotations={"cdi.k8s.io/x": "nvidia.com/gpu=1"}), REQ, "volume-mounts", ("0",), False),
-    ("off: env all granted", dict(env=["NVIDIA_VISIBLE_DEVICES=all"]), Config(), "env", ("all",), False),
-    ("off: mount beats env", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=[devmount("1")]), Config(), "volume-mounts", ("1",), False),
-    ("off: mount at //var/run beats env", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=[dict(devmount("1"), destination="//var/run/nvidia-container-devices/1")]), Config(), "volume-mounts", ("1",), False),
-    ("off: relative mount beats env", dict(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=[dict(devmount("1"), destination="var/run/nvidia-container-devices/1/")]), Config(), "volume-mounts", ("1",), False),
-    ("off: annotation beats env", dict(env=["NVIDIA_VISIBLE_DEVICES=0"], annotations={"cdi.k8s.io/b": "nvidia.com/gpu=0", "cdi.k8s.io/a": "nvidia.com/gpu=1,nvidia.com/gpu=0", "other": "x"}), Config(), "cdi-annotations", ("nvidia.com/gpu=1", "nvidia.com/gpu=0"), False),
-    ("only privileged source: unprivileged uuid refused", dict(env=[f"NVIDIA_VISIBLE_DEVICES={U0}"]), Config(require_allocation=True, allocation_sources=("privileged",)), "none", (), True),
-    ("volume mount cdi all needs accept-all", dict(mounts=[devmount("cdi/nvidia.com/gpu/all")]), REQ, "none", (), False),
-    ("volume mount cdi=all needs accept-all", dict(mounts=[devmount("cdi/nvidia.com/gpu=all")]), REQ, "none", (), False),
-    ("volume mount bare cdi all needs accept-all", dict(mounts=[devmount("nvidia.com/gpu=all")]), REQ, "none", (), False),
-    ("volume mount cdi all dropped, gpu kept", dict(mounts=[devmount("1"), devmount("cdi/nvidia.com/gpu/all")]), REQ, "volume-mounts", ("1",), False),
-    ("volume mount cdi all with accept-all", dict(mounts=[devmount("cdi/nvidia.com/gpu/all")]), Config(require_allocation=True, accept_all_from_mounts=True), "volume-mounts", ("nvidia.com/gpu=all",), False),
-    ("volume mount none is no allocation", dict(env=["NVIDIA_MOFED=enabled"], mounts=[devmount("none")]), REQ, "none", (), False),
-    ("cdi annotation none is no allocation", dict(annotations={"cdi.k8s.io/x": "none"}), REQ, "none", (), False),
-    ("privileged none still counts", dict(env=["NVIDIA_VISIBLE_DEVICES=none"], caps=PRIV, devices=ALL_DEVICES), REQ, "privileged", (), False),
-    ("custom annotation prefix", dict(annotations={"acme/gpus": "nvidia.com/gpu=0"}), Config(require_allocation=True, annotation_prefixes=("acme/",)), "cdi-annotations", ("nvidia.com/gpu=0",), False),
+    (
+        "envvar uuid mixed with index refused",
+        dict(env=[f"NVIDIA_VISIBLE_DEVICES={U0},1"]),
+        REQ,
+        "none",
+        (),
+        True,
+    ),
+    (
+        "cdi annotation",
+        dict(env=["NVIDIA_VISIBLE_DEVICES=all"], annotations={"cdi.k8s.io/x": "nvidia.com/gpu=1"}),
+        REQ,
+        "cdi-annotations",
+        ("nvidia.com/gpu=1",),
+        False,
+    ),
+    (
+        "privileged all accepted",
+        dict(env=["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIV, devices=ALL_DEVICES),
+        REQ,
+        "privileged",
+        ("all",),
+        False,
+    ),
+    (
+        "sys-admin alone is not privileged",
+        dict(env=["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIV, devices=DENY_ALL),
+        REQ,
+        "none",
+        (),
+        True,
+    ),
+    (
+        "sys-admin without device rules is not privileged",
+        dict(env=["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIV),
+        REQ,
+        "none",
+        (),
+        True,
+    ),
+    (
+        "all devices without sys-admin is not privileged",
+        dict(env=["NVIDIA_VISIBLE_DEVICES=all"], caps=["CAP_CHOWN"], devices=ALL_DEVICES),
+        REQ,
+        "none",
+        (),
+        True,
+    ),
+    (
+        "mount beats annotation",
+        dict(mounts=[devmount("0")], annotations={"cdi.k8s.io/x": "nvidia.com/gpu=1"}),
+        REQ,
+        "volume-mounts",
+        ("0",),
+        False,
+    ),
+    (
+        "off: env all granted",
+        dict(env=["NVIDIA_VISIBLE_DEVICES=all"]),
+        Config(),
+        "env",
+        ("all",),
+        False,
+    ),
+    (
+        "off: mount beats env",
+        dict(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=[devmount("1")]),
+        Config(),
+        "volume-mounts",
+        ("1",),
+        False,
+    ),
+    (
+        "off: mount at //var/run beats env",
+        dict(
+            env=["NVIDIA_VISIBLE_DEVICES=all"],
+            mounts=[dict(devmount("1"), destination="//var/run/nvidia-container-devices/1")],
+        ),
+        Config(),
+        "volume-mounts",
+        ("1",),
+        False,
+    ),
+    (
+        "off: relative mount beats env",
+        dict(
+            env=["NVIDIA_VISIBLE_DEVICES=all"],
+            mounts=[dict(devmount("1"), destination="var/run/nvidia-container-devices/1/")],
+        ),
+        Config(),
+        "volume-mounts",
+        ("1",),
+        False,
+    ),
+    (
+        "off: annotation beats env",
+        dict(
+            env=["NVIDIA_VISIBLE_DEVICES=0"],
+            annotations={
+                "cdi.k8s.io/b": "nvidia.com/gpu=0",
+                "cdi.k8s.io/a": "nvidia.com/gpu=1,nvidia.com/gpu=0",
+                "other": "x",
+            },
+        ),
+        Config(),
+        "cdi-annotations",
+        ("nvidia.com/gpu=1", "nvidia.com/gpu=0"),
+        False,
+    ),
+    (
+        "only privileged source: unprivileged uuid refused",
+        dict(env=[f"NVIDIA_VISIBLE_DEVICES={U0}"]),
+        Config(require_allocation=True, allocation_sources=("privileged",)),
+        "none",
+        (),
+        True,
+    ),
+    (
+        "volume mount cdi all needs accept-all",
+        dict(mounts=[devmount("cdi/nvidia.com/gpu/all")]),
+        REQ,
+        "none",
+        (),
+        False,
+    ),
+    (
+        "volume mount cdi=all needs accept-all",
+        dict(mounts=[devmount("cdi/nvidia.com/gpu=all")]),
+        REQ,
+        "none",
+        (),
+        False,
+    ),
+    (
+        "volume mount bare cdi all needs accept-all",
+        dict(mounts=[devmount("nvidia.com/gpu=all")]),
+        REQ,
+        "none",
+        (),
+        False,
+    ),
+    (
+        "volume mount cdi all dropped, gpu kept",
+        dict(mounts=[devmount("1"), devmount("cdi/nvidia.com/gpu/all")]),
+        REQ,
+        "volume-mounts",
+        ("1",),
+        False,
+    ),
+    (
+        "volume mount cdi all with accept-all",
+        dict(mounts=[devmount("cdi/nvidia.com/gpu/all")]),
+        Config(require_allocation=True, accept_all_from_mounts=True),
+        "volume-mounts",
+        ("nvidia.com/gpu=all",),
+        False,
+    ),
+    (
+        "volume mount none is no allocation",
+        dict(env=["NVIDIA_MOFED=enabled"], mounts=[devmount("none")]),
+        REQ,
+        "none",
+        (),
+        False,
+    ),
+    (
+        "cdi annotation none is no allocation",
+        dict(annotations={"cdi.k8s.io/x": "none"}),
+        REQ,
+        "none",
+        (),
+        False,
+    ),
+    (
+        "privileged none still counts",
+        dict(env=["NVIDIA_VISIBLE_DEVICES=none"], caps=PRIV, devices=ALL_DEVICES),
+        REQ,
+        "privileged",
+        (),
+        False,
+    ),
+    (
+        "custom annotation prefix",
+        dict(annotations={"acme/gpus": "nvidia.com/gpu=0"}),
+        Config(require_allocation=True, annotation_prefixes=("acme/",)),
+        "cdi-annotations",
+        ("nvidia.com/gpu=0",),
+        False,
+    ),
 ]
 
 
-@pytest.mark.parametrize("name,kw,config,source,devices,set_void", ALLOCATION, ids=[a[0] for a in ALLOCATION])
+@pytest.mark.parametrize(
+    "name,kw,config,source,devices,set_void", ALLOCATION, ids=[a[0] for a in ALLOCATION]
+)
 def test_allocation_sources(name, kw, config, source, devices, set_void):
     """require-allocation grants GPUs only from device-plugin allocations, never image env alone."""
     req = request_of(image_view(spec(**kw)), config)
@@ -146,7 +366,9 @@ def test_allocation_sources(name, kw, config, source, devices, set_void):
 def test_sys_admin_alone_is_noted():
     """A container with SYS_ADMIN but a restricted device cgroup is told why the privileged
     source did not take it."""
-    req = request_of(image_view(spec(["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIV, devices=DENY_ALL)), REQ)
+    req = request_of(
+        image_view(spec(["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIV, devices=DENY_ALL)), REQ
+    )
     assert any("does not allow every device" in n for n in req.notes)
 
 
@@ -179,7 +401,10 @@ def test_all_devices_allowed(rules, allowed):
 
 def test_missing_allocation_fail_mode():
     """on-missing-allocation: fail turns a stripped image request into an error naming the sources."""
-    with pytest.raises(RequestError, match="no device-plugin allocation was found .tried volume-mounts, cdi-annotations, docker-gpus, envvar-uuids, privileged."):
+    with pytest.raises(
+        RequestError,
+        match="no device-plugin allocation was found .tried volume-mounts, cdi-annotations, docker-gpus, envvar-uuids, privileged.",
+    ):
         request_of(image_view(spec(["NVIDIA_VISIBLE_DEVICES=all"])), REQ_FAIL)
     # a container that asks for nothing is not a failure
     assert not request_of(image_view(spec([])), REQ_FAIL).injects
@@ -192,7 +417,10 @@ def test_missing_allocation_fail_mode():
         ({"process": []}, "process must be an object"),
         ({"process": {"env": "A=B"}}, "process.env must be a list of strings"),
         ({"process": {"env": [1]}}, "process.env must be a list of strings"),
-        ({"process": {"capabilities": {"bounding": "x"}}}, "process.capabilities.bounding must be a list"),
+        (
+            {"process": {"capabilities": {"bounding": "x"}}},
+            "process.capabilities.bounding must be a list",
+        ),
         ({"mounts": {}}, "mounts must be a list of objects"),
         ({"annotations": {"a": 1}}, "annotations must be an object of strings"),
     ],
@@ -229,11 +457,15 @@ def test_capabilities(value, legacy, expected):
     [
         (["NVIDIA_DRIVER_CAPABILITIES=gaming"], Config()),
         (["NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_DRIVER_CAPABILITIES=gaming"], Config()),
-        (["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=video"],
-         Config(accept_envvar_when_unprivileged=False)),
+        (
+            ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=video"],
+            Config(accept_envvar_when_unprivileged=False),
+        ),
         (["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=gaming"], REQ),
-        (["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=graphics,display"],
-         Config(require_allocation=True, supported_driver_capabilities=("compute", "utility"))),
+        (
+            ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=graphics,display"],
+            Config(require_allocation=True, supported_driver_capabilities=("compute", "utility")),
+        ),
     ],
 )
 def test_capabilities_are_not_judged_for_a_container_granted_nothing(env, config):
@@ -255,36 +487,61 @@ def test_unknown_capability():
 def test_the_claim_is_parsed_once_into_fields_every_consumer_reads():
     """read_claim parses env tokens, mount ids, annotation ids, IMEX ids and the feature env
     once; its properties answer "does it claim GPUs / IMEX / extras?" without parsing."""
-    mounts = [{"source": "/dev/null", "destination": f"{DEVICE_LIST_DIR}/{i}"}
-              for i in ("GPU-aaaaaaaa-0000-0000-0000-000000000000::2", "imex/3", "cdi/x")]
-    claim = read_claim(image_view(spec(
-        ["NVIDIA_VISIBLE_DEVICES=1, 0,1", "NVIDIA_IMEX_CHANNELS= ", "NVIDIA_GDS=enabled"],
-        mounts=mounts, annotations={"cdi.k8s.io/b": "acme.com/d=2", "cdi.k8s.io/a": "acme.com/d=1",
-                                    "other/a": "x"})), Config())
+    mounts = [
+        {"source": "/dev/null", "destination": f"{DEVICE_LIST_DIR}/{i}"}
+        for i in ("GPU-aaaaaaaa-0000-0000-0000-000000000000::2", "imex/3", "cdi/x")
+    ]
+    claim = read_claim(
+        image_view(
+            spec(
+                ["NVIDIA_VISIBLE_DEVICES=1, 0,1", "NVIDIA_IMEX_CHANNELS= ", "NVIDIA_GDS=enabled"],
+                mounts=mounts,
+                annotations={
+                    "cdi.k8s.io/b": "acme.com/d=2",
+                    "cdi.k8s.io/a": "acme.com/d=1",
+                    "other/a": "x",
+                },
+            )
+        ),
+        Config(),
+    )
     assert claim.env_tokens == ("1", "0")
     assert claim.mount_raw == ("GPU-aaaaaaaa-0000-0000-0000-000000000000::2", "imex/3", "cdi/x")
     assert claim.mount_ids == ("GPU-aaaaaaaa-0000-0000-0000-000000000000",)
     assert len(claim.mount_notes) == 2  # the IMEX mount is no GPU; cdi/x is no CDI name
     assert claim.annotation_keys == ("cdi.k8s.io/a", "cdi.k8s.io/b")
     assert claim.annotation_ids == ("acme.com/d=1", "acme.com/d=2")
-    assert (claim.imex_mount_ids, claim.imex_env, claim.feature_env) == (("3",), " ", ("NVIDIA_GDS",))
+    assert (claim.imex_mount_ids, claim.imex_env, claim.feature_env) == (
+        ("3",),
+        " ",
+        ("NVIDIA_GDS",),
+    )
     assert claim.claims_gpus and claim.claims_imex and claim.asks_for_extras
 
 
-@pytest.mark.parametrize("env,mounts,gpus,imex,extras", [
-    ([], [], False, False, False),
-    (["NVIDIA_VISIBLE_DEVICES="], [], False, False, False),
-    (["NVIDIA_VISIBLE_DEVICES=void"], [], False, False, False),
-    (["NVIDIA_VISIBLE_DEVICES=none"], [], True, False, False),
-    (["CUDA_VERSION=12.4"], [], True, False, False),
-    (["CUDA_VERSION=12.4", "NVIDIA_VISIBLE_DEVICES="], [], False, False, False),
-    (["NVIDIA_IMEX_CHANNELS= "], [], False, False, True),
-    (["NVIDIA_IMEX_CHANNELS=0"], [], False, True, True),
-    # an /imex/ path that is no device-plugin mount is no IMEX claim
-    ([], [{"source": "/dev/null", "destination": "/opt/imex/0"}], False, False, False),
-    ([], [{"source": "/dev/null", "destination": f"{DEVICE_LIST_DIR}/imex/0"}], False, True, True),
-    ([], [{"source": "/dev/null", "destination": f"{DEVICE_LIST_DIR}/0"}], True, False, False),
-])
+@pytest.mark.parametrize(
+    "env,mounts,gpus,imex,extras",
+    [
+        ([], [], False, False, False),
+        (["NVIDIA_VISIBLE_DEVICES="], [], False, False, False),
+        (["NVIDIA_VISIBLE_DEVICES=void"], [], False, False, False),
+        (["NVIDIA_VISIBLE_DEVICES=none"], [], True, False, False),
+        (["CUDA_VERSION=12.4"], [], True, False, False),
+        (["CUDA_VERSION=12.4", "NVIDIA_VISIBLE_DEVICES="], [], False, False, False),
+        (["NVIDIA_IMEX_CHANNELS= "], [], False, False, True),
+        (["NVIDIA_IMEX_CHANNELS=0"], [], False, True, True),
+        # an /imex/ path that is no device-plugin mount is no IMEX claim
+        ([], [{"source": "/dev/null", "destination": "/opt/imex/0"}], False, False, False),
+        (
+            [],
+            [{"source": "/dev/null", "destination": f"{DEVICE_LIST_DIR}/imex/0"}],
+            False,
+            True,
+            True,
+        ),
+        ([], [{"source": "/dev/null", "destination": f"{DEVICE_LIST_DIR}/0"}], True, False, False),
+    ],
+)
 def test_claim_properties(env, mounts, gpus, imex, extras):
     """Each way of (not) claiming a GPU, an IMEX channel or an extra reads as such."""
     claim = read_claim(image_view(spec(env, mounts=mounts)), Config())
@@ -293,8 +550,14 @@ def test_claim_properties(env, mounts, gpus, imex, extras):
 
 def test_a_sandbox_claims_nothing():
     """A CRI sandbox's claim is empty whatever its env says."""
-    claim = read_claim(image_view(spec(["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_GDS=enabled"],
-                                       annotations={**SANDBOX, "cdi.k8s.io/x": "a.com/b=c"})),
-                       Config())
+    claim = read_claim(
+        image_view(
+            spec(
+                ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_GDS=enabled"],
+                annotations={**SANDBOX, "cdi.k8s.io/x": "a.com/b=c"},
+            )
+        ),
+        Config(),
+    )
     assert claim.env_tokens is None and claim.annotation_keys == ()
     assert not (claim.claims_gpus or claim.claims_imex or claim.asks_for_extras)

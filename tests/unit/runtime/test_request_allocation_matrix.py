@@ -24,8 +24,11 @@ SOURCES = {
     "image-index": (["NVIDIA_VISIBLE_DEVICES=1"], [], {}),
     "legacy-image": (["CUDA_VERSION=12.2"], [], {}),
     "envvar-uuid": ([f"NVIDIA_VISIBLE_DEVICES={UUID}"], [], {}),
-    "volume-mount": (["NVIDIA_VISIBLE_DEVICES=all"],
-                     [{"source": "/dev/null", "destination": f"/var/run/nvidia-container-devices/{UUID}"}], {}),
+    "volume-mount": (
+        ["NVIDIA_VISIBLE_DEVICES=all"],
+        [{"source": "/dev/null", "destination": f"/var/run/nvidia-container-devices/{UUID}"}],
+        {},
+    ),
     "cdi-annotation": (["NVIDIA_VISIBLE_DEVICES=all"], [], {"cdi.k8s.io/dp": "nvidia.com/gpu=2"}),
 }
 
@@ -43,8 +46,12 @@ PRIVILEGE = {
 def expected(source: str, privilege: str, require: bool, on_missing: str):
     """(outcome, devices): outcome is 'grant', 'strip', 'nothing' or 'fail'."""
     granted = {
-        "image-all": ("all",), "image-index": ("1",), "legacy-image": ("all",),
-        "envvar-uuid": (UUID,), "volume-mount": (UUID,), "cdi-annotation": ("nvidia.com/gpu=2",),
+        "image-all": ("all",),
+        "image-index": ("1",),
+        "legacy-image": ("all",),
+        "envvar-uuid": (UUID,),
+        "volume-mount": (UUID,),
+        "cdi-annotation": ("nvidia.com/gpu=2",),
     }
     if source == "nothing":
         return "nothing", ()
@@ -63,14 +70,19 @@ def expected(source: str, privilege: str, require: bool, on_missing: str):
 CASES = list(itertools.product(SOURCES, PRIVILEGE, [False, True], ["strip", "fail"]))
 
 
-@pytest.mark.parametrize("source,privilege,require,on_missing", CASES,
-                         ids=["-".join(map(str, c)) for c in CASES])
+@pytest.mark.parametrize(
+    "source,privilege,require,on_missing", CASES, ids=["-".join(map(str, c)) for c in CASES]
+)
 def test_allocation_matrix(source, privilege, require, on_missing):
     """Each combination grants, strips (void), does nothing, or fails as documented."""
     env, mounts, annotations = SOURCES[source]
     caps, rules = PRIVILEGE[privilege]
-    spec = {"process": {"env": env, "capabilities": {"bounding": caps}}, "mounts": mounts,
-            "annotations": annotations, "linux": {"resources": {"devices": rules}}}
+    spec = {
+        "process": {"env": env, "capabilities": {"bounding": caps}},
+        "mounts": mounts,
+        "annotations": annotations,
+        "linux": {"resources": {"devices": rules}},
+    }
     config = Config(require_allocation=require, on_missing_allocation=on_missing)
     outcome, devices = expected(source, privilege, require, on_missing)
     if outcome == "fail":

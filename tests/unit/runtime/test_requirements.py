@@ -97,9 +97,7 @@ def spec_with(*env: str) -> Dict[str, Any]:
     return {"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin", *env]}}
 
 
-def check(
-    host: Host, gpus: Sequence[Gpu], *env: str, disable_require: bool = False
-) -> List[str]:
+def check(host: Host, gpus: Sequence[Gpu], *env: str, disable_require: bool = False) -> List[str]:
     notes: List[str] = []
     check_requirements(image_view(spec_with(*env)), host, gpus, notes, disable_require)
     return notes
@@ -415,14 +413,21 @@ def test_checks_read_the_request_view_create_parsed(
 ) -> None:
     """check_requirements takes create's ImageView, not config.json: its env is the input."""
     host, gpus = node
-    view = ImageView(env={"NVIDIA_REQUIRE_CUDA": "cuda>=12.0"}, mounts=(), annotations={},
-                     privileged=False)
+    view = ImageView(
+        env={"NVIDIA_REQUIRE_CUDA": "cuda>=12.0"}, mounts=(), annotations={}, privileged=False
+    )
     notes: List[str] = []
     check_requirements(view, host, gpus, notes)
     assert notes == ['requirement NVIDIA_REQUIRE_CUDA="cuda>=12.0" met: cuda 12.4']
     with pytest.raises(RequestError, match="unsatisfied requirement"):
-        check_requirements(ImageView(env={"NVIDIA_REQUIRE_CUDA": "cuda>=13"}, mounts=(),
-                                     annotations={}, privileged=False), host, gpus, [])
+        check_requirements(
+            ImageView(
+                env={"NVIDIA_REQUIRE_CUDA": "cuda>=13"}, mounts=(), annotations={}, privileged=False
+            ),
+            host,
+            gpus,
+            [],
+        )
 
 
 def test_legacy_image_requires_its_cuda_major_minor(node: Tuple[Host, Tuple[Gpu, ...]]) -> None:
@@ -622,9 +627,7 @@ def test_corrupt_metadata_is_a_host_error(tmp_path: Path) -> None:
         ("brand!=tesla", True),
     ],
 )
-def test_brand_operators(
-    node: Tuple[Host, Tuple[Gpu, ...]], expression: str, met: bool
-) -> None:
+def test_brand_operators(node: Tuple[Host, Tuple[Gpu, ...]], expression: str, met: bool) -> None:
     """Brands compare case-insensitively with = and !=."""
     host, gpus = node
     if met:

@@ -35,8 +35,9 @@ def rootfs_with(tmp_path: Path, names: List[str]) -> Path:
         (["libcuda.so.575.57.08"], "garbage", None),
     ],
 )
-def test_compat_folder(tmp_path: Path, names: List[str], host: str,
-                       expected: Optional[str]) -> None:
+def test_compat_folder(
+    tmp_path: Path, names: List[str], host: str, expected: Optional[str]
+) -> None:
     root = _inroot.open_root(str(rootfs_with(tmp_path, names)))
     with root:
         assert compat_folder(root, host) == expected
@@ -60,8 +61,11 @@ def test_no_compat_dir_and_majors() -> None:
 
 def test_hook_args_carry_the_host_driver_version() -> None:
     """The runtime writes --host-driver-version; the in-root work reads it back."""
-    args = ["python", "-c", "...nvshim.hook...",
-            *build_hook_args([("libcuda.so.1", "/usr/lib/libcuda.so")], ["/usr/lib"],
-                             "550.54.15")]
+    args = [
+        "python",
+        "-c",
+        "...nvshim.hook...",
+        *build_hook_args([("libcuda.so.1", "/usr/lib/libcuda.so")], ["/usr/lib"], "550.54.15"),
+    ]
     assert parse_host_driver_version(args) == "550.54.15"
     assert parse_host_driver_version(build_hook_args([], ["/usr/lib"])) is None

@@ -129,7 +129,9 @@ def test_glibc_hwcaps_entries_are_dropped(
 
 @pytest.mark.parametrize("field", [4, 8])  # the entry's key offset, its value offset
 def test_image_cache_entries_with_an_empty_name_are_dropped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
     field: int,
 ) -> None:
     """An image cache entry whose key or path is the empty string (ld.so reads such a cache)
@@ -172,8 +174,10 @@ def test_image_cache_over_the_hooks_size_bound_is_one_clear_line(
     (rootfs / "etc/ld.so.cache").write_bytes(at_bound + b"\0")
     rc, err = run_hook(monkeypatch, capsys, default_args(), runc_state(bundle), rootfs)
     assert rc == 1
-    assert err == (f"nvshim hook: cannot update the ld.so.cache in {rootfs}: /etc/ld.so.cache: "
-                   f"larger than {LDCACHE_HOOK_MAX_BYTES} bytes\n")
+    assert err == (
+        f"nvshim hook: cannot update the ld.so.cache in {rootfs}: /etc/ld.so.cache: "
+        f"larger than {LDCACHE_HOOK_MAX_BYTES} bytes\n"
+    )
     assert (rootfs / "etc/ld.so.cache").read_bytes() == at_bound + b"\0"
 
 
@@ -189,13 +193,19 @@ def test_runtime_does_not_scan_a_folder_with_more_image_libraries_than_the_bound
 
     _, rootfs = make_bundle(tmp_path)
     libdir = rootfs / LIBDIR.lstrip("/")
-    planned = {LIBDIR: {f"libcuda.so.{VERSION}": (X86_64, "libcuda.so.1"),
-                        f"libnvidia-ml.so.{VERSION}": (X86_64, "libnvidia-ml.so.1")}}
+    planned = {
+        LIBDIR: {
+            f"libcuda.so.{VERSION}": (X86_64, "libcuda.so.1"),
+            f"libnvidia-ml.so.{VERSION}": (X86_64, "libnvidia-ml.so.1"),
+        }
+    }
     (libdir / "libimage.so.1").write_bytes(build_shared_object("libimage.so.1"))
     for i in range(MAX_FOLDER_LIBS - 1):  # with libimage.so.1: exactly at the bound
         (libdir / f"libfill{i}.so").write_bytes(b"")
     (libdir / "not-a-lib").write_bytes(b"")  # names ldconfig would not consider do not count
-    image_cache = build_ldcache([CacheEntry("libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1", X86_64)])
+    image_cache = build_ldcache(
+        [CacheEntry("libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1", X86_64)]
+    )
     (rootfs / "etc/ld.so.cache").write_bytes(image_cache)
     with inroot.open_root(str(rootfs)) as root:
         assert update_ldcache(root, [LIBDIR], planned) == []
@@ -205,9 +215,11 @@ def test_runtime_does_not_scan_a_folder_with_more_image_libraries_than_the_bound
     (libdir / "libfill-one-more.so").write_bytes(b"")
     with inroot.open_root(str(rootfs)) as root:
         warnings = update_ldcache(root, [LIBDIR], planned)
-    assert warnings == [f"{LIBDIR} holds {MAX_FOLDER_LIBS + 1} of the image's libraries, more "
-                        f"than the {MAX_FOLDER_LIBS} read: only the image's own ld.so.cache "
-                        "lists them"]
+    assert warnings == [
+        f"{LIBDIR} holds {MAX_FOLDER_LIBS + 1} of the image's libraries, more "
+        f"than the {MAX_FOLDER_LIBS} read: only the image's own ld.so.cache "
+        "lists them"
+    ]
     cache = cache_of(rootfs)
     assert ("libimage.so.1", X86_64) not in cache
     assert cache[("libz.so.1", X86_64)] == "/lib/x86_64-linux-gnu/libz.so.1"
@@ -281,8 +293,16 @@ def test_folder_scan_resolves_every_kind_of_link_as_the_root_does(
         assert cache[(name, X86_64)] == f"{LIBDIR}/{name}", name
     assert cache[("libold32.so.1", I386)] == f"{LIBDIR}/libold32.so.1"
     keys = {key for key, _ in cache}
-    assert {"libloop.so.1", "libloop.so.2", "libdir.so.1", "libtodir.so.1", "libdot.so.1",
-            "libdotdot.so.1", "libgone.so.1", "libhost.so.1"}.isdisjoint(keys)
+    assert {
+        "libloop.so.1",
+        "libloop.so.2",
+        "libdir.so.1",
+        "libtodir.so.1",
+        "libdot.so.1",
+        "libdotdot.so.1",
+        "libgone.so.1",
+        "libhost.so.1",
+    }.isdisjoint(keys)
 
 
 def test_soname_without_link_points_at_the_file(

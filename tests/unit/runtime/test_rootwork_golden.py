@@ -26,9 +26,12 @@ from nvshim.runtime.rootcache import update_ldcache
 LIB = "/usr/lib/x86_64-linux-gnu"
 VERSION = "550.54.15"
 X86_64, I386 = 0x0303, 0x0003
-DRIVER = [("libcuda.so", "libcuda.so.1"), ("libnvidia-ml.so", "libnvidia-ml.so.1"),
-          ("libnvidia-ptxjitcompiler.so", "libnvidia-ptxjitcompiler.so.1"),
-          ("libcudadebugger.so", "libcudadebugger.so.1")]
+DRIVER = [
+    ("libcuda.so", "libcuda.so.1"),
+    ("libnvidia-ml.so", "libnvidia-ml.so.1"),
+    ("libnvidia-ptxjitcompiler.so", "libnvidia-ptxjitcompiler.so.1"),
+    ("libcudadebugger.so", "libcudadebugger.so.1"),
+]
 
 
 def _image(root: Path, layout: Optional[str], compat_major: int, driver_files: bool) -> None:
@@ -66,22 +69,31 @@ def _image(root: Path, layout: Optional[str], compat_major: int, driver_files: b
             (lib / f"{stem}.{VERSION}").write_bytes(build_shared_object(_so))
     compat = root / "usr/local/cuda/compat"
     compat.mkdir(parents=True)
-    (compat / f"libcuda.so.{compat_major}.57.08").write_bytes(
-        build_shared_object("libcuda.so.1"))
+    (compat / f"libcuda.so.{compat_major}.57.08").write_bytes(build_shared_object("libcuda.so.1"))
     (compat / "libcuda.so.1").symlink_to(f"libcuda.so.{compat_major}.57.08")
     if layout is None:
         return
     (root / "etc").mkdir()
-    entries = [CacheEntry(f"libimg{i}.so.{i % 4}", f"{LIB}/libimg{i}.so.{i % 4}", X86_64)
-               for i in range(0, 30, 2)]
-    entries += [CacheEntry("libcuda.so.1", f"{LIB}/libcuda.so.1", X86_64),
-                CacheEntry("libcuda.so.1", "/usr/lib/i386-linux-gnu/libcuda.so.1", I386),
-                CacheEntry("libstdc++.so.6", f"{LIB}/libstdc++.so.6", X86_64),
-                CacheEntry("libc.so.6", f"{LIB}/libc.so.6", X86_64),
-                CacheEntry("libcudart.so.12", "/usr/local/cuda/lib64/libcudart.so.12", X86_64)]
+    entries = [
+        CacheEntry(f"libimg{i}.so.{i % 4}", f"{LIB}/libimg{i}.so.{i % 4}", X86_64)
+        for i in range(0, 30, 2)
+    ]
+    entries += [
+        CacheEntry("libcuda.so.1", f"{LIB}/libcuda.so.1", X86_64),
+        CacheEntry("libcuda.so.1", "/usr/lib/i386-linux-gnu/libcuda.so.1", I386),
+        CacheEntry("libstdc++.so.6", f"{LIB}/libstdc++.so.6", X86_64),
+        CacheEntry("libc.so.6", f"{LIB}/libc.so.6", X86_64),
+        CacheEntry("libcudart.so.12", "/usr/local/cuda/lib64/libcudart.so.12", X86_64),
+    ]
     if layout == "new":
-        entries.append(CacheEntry("libc.so.6", "/usr/lib/glibc-hwcaps/x86-64-v3/libc.so.6",
-                                  X86_64, HWCAP_EXTENSION | 1))
+        entries.append(
+            CacheEntry(
+                "libc.so.6",
+                "/usr/lib/glibc-hwcaps/x86-64-v3/libc.so.6",
+                X86_64,
+                HWCAP_EXTENSION | 1,
+            )
+        )
         data = build_ldcache([e for e in entries if not e.hwcap], "new")
         data = _with_hwcap_entry(data, entries[-1])
     else:
@@ -94,13 +106,15 @@ def _with_hwcap_entry(data: bytes, entry: CacheEntry) -> bytes:
     """``data`` (a new-layout cache) with its first entry's hwcap set to ``entry``'s: an
     image cache with a glibc-hwcaps entry, which the merge drops."""
     at = 48 + 16  # the first entry's hwcap field
-    return data[:at] + entry.hwcap.to_bytes(8, "little") + data[at + 8:]
+    return data[:at] + entry.hwcap.to_bytes(8, "little") + data[at + 8 :]
 
 
 def _work(minors: Optional[Tuple[int, ...]], driver_files: bool) -> rootwork.RootWork:
     links = [(f"{stem}.{VERSION}", f"{LIB}/{so}") for stem, so in DRIVER]
-    links += [("libcuda.so.1", f"{LIB}/libcuda.so"),
-              ("libnvidia-ml.so.1", f"{LIB}/libnvidia-ml.so")]
+    links += [
+        ("libcuda.so.1", f"{LIB}/libcuda.so"),
+        ("libnvidia-ml.so.1", f"{LIB}/libnvidia-ml.so"),
+    ]
     planned: Dict[str, Any] = {LIB: {}}
     for stem, so in DRIVER:
         planned[LIB][f"{stem}.{VERSION}"] = (X86_64, so)
@@ -184,17 +198,19 @@ def test_glibc_reads_the_merged_cache_as_nvshim_wrote_it(tmp_path: Path, case: s
     in the order nvshim's parser gives them."""
     root = _run(tmp_path, case)
     cache = root / "etc/ld.so.cache"
-    res = subprocess.run(["ldconfig", "-p", "-C", str(cache)], capture_output=True,
-                         text=True, check=True)
-    listed = [(m.group(1), m.group(2)) for m in
-              (re.match(r"^\s+(\S+) \(.*\) => (\S+)$", ln) for ln in res.stdout.splitlines())
-              if m]
+    res = subprocess.run(
+        ["ldconfig", "-p", "-C", str(cache)], capture_output=True, text=True, check=True
+    )
+    listed = [
+        (m.group(1), m.group(2))
+        for m in (re.match(r"^\s+(\S+) \(.*\) => (\S+)$", ln) for ln in res.stdout.splitlines())
+        if m
+    ]
     ours = [(e.key, e.value) for e in parse_ldcache(cache.read_bytes())]
     assert listed == ours and len(ours) > 40
 
 
-def test_threads_doing_the_work_at_once_each_get_their_own_images_output(
-        tmp_path: Path) -> None:
+def test_threads_doing_the_work_at_once_each_get_their_own_images_output(tmp_path: Path) -> None:
     """The agent serves hooks on several threads that share the per-process memos (sort
     keys, parsed image caches, merged caches): images worked on at once, each twice,
     all come out exactly as when worked on alone."""
@@ -223,7 +239,9 @@ def test_threads_doing_the_work_at_once_each_get_their_own_images_output(
         except BaseException as exc:  # reported below, with the case
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(c, r)) for c, r in zip(cases, roots, strict=True)]
+    threads = [
+        threading.Thread(target=work, args=(c, r)) for c, r in zip(cases, roots, strict=True)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

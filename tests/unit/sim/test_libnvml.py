@@ -80,8 +80,13 @@ print(json.dumps(out))
 
 
 def probe(root: str) -> Dict[str, Any]:
-    res = subprocess.run(as_driver_host([sys.executable, "-c", PROBE, root]),
-                         capture_output=True, text=True, timeout=120, check=False)
+    res = subprocess.run(
+        as_driver_host([sys.executable, "-c", PROBE, root]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -103,29 +108,40 @@ def test_pynvml_sees_the_model(tmp_path: Path, gpus: int, mig: bool) -> None:
         assert seen["mig_mode"] == [int(bool(gpu.mig))] * 2
         assert seen["memory"] == 81559 << 20
         assert [(m["uuid"], m["gi"], m["ci"]) for m in seen["migs"]] == [
-            (m.uuid, m.gi, m.ci) for m in gpu.mig]
-        assert all(m["name"] == f"{gpu.model} MIG {m2.profile}"
-                   for m, m2 in zip(seen["migs"], gpu.mig, strict=True))
+            (m.uuid, m.gi, m.ci) for m in gpu.mig
+        ]
+        assert all(
+            m["name"] == f"{gpu.model} MIG {m2.profile}"
+            for m, m2 in zip(seen["migs"], gpu.mig, strict=True)
+        )
 
 
-def test_the_library_is_a_real_nvml_with_its_soname_and_versioned_symbols(
-        tmp_path: Path) -> None:
+def test_the_library_is_a_real_nvml_with_its_soname_and_versioned_symbols(tmp_path: Path) -> None:
     """The node's libnvidia-ml.so.<version> has SONAME libnvidia-ml.so.1, exports the versioned entry points the real library does (nvmlInit_v2, nvmlDeviceGetCount_v2, nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetPciInfo_v3, nvmlComputeInstanceGetInfo_v2) beside the plain ones, keeps the simulator's marker, and the model file agrees with the node it was written from."""
     node = create_node(str(tmp_path / "node"), gpus=2, mig=True)
     lib = Path(node.root) / LIB_DIR / f"libnvidia-ml.so.{node.driver_version}"
     assert read_soname(str(lib)) == "libnvidia-ml.so.1"
     assert f"NVSHIM-SIM {lib.name} {node.driver_version}".encode() in lib.read_bytes()
     loaded = ctypes.CDLL(str(lib))
-    for name in ("nvmlInit", "nvmlInit_v2", "nvmlDeviceGetCount", "nvmlDeviceGetCount_v2",
-                 "nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetPciInfo_v3",
-                 "nvmlComputeInstanceGetInfo_v2", "nvmlDeviceGetMigDeviceHandleByIndex"):
+    for name in (
+        "nvmlInit",
+        "nvmlInit_v2",
+        "nvmlDeviceGetCount",
+        "nvmlDeviceGetCount_v2",
+        "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlDeviceGetPciInfo_v3",
+        "nvmlComputeInstanceGetInfo_v2",
+        "nvmlDeviceGetMigDeviceHandleByIndex",
+    ):
         assert hasattr(loaded, name), name
     assert not hasattr(loaded, "load")  # internals stay hidden
     model = (Path(node.root) / MODEL_FILE).read_text().splitlines()
     assert [line.split()[3] for line in model if line.startswith("gpu ")] == [
-        g.uuid for g in node.gpus]
+        g.uuid for g in node.gpus
+    ]
     assert [line.split()[4] for line in model if line.startswith("mig ")] == [
-        m.uuid for g in node.gpus for m in g.mig]
+        m.uuid for g in node.gpus for m in g.mig
+    ]
 
 
 def test_bad_handles_and_pointers_get_nvml_codes_not_a_crash(tmp_path: Path) -> None:
@@ -148,8 +164,9 @@ out = [lib.nvmlInit_v2(), lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)),
 print(out)
 """
     lib = str(Path(node.root) / LIB_DIR / "libnvidia-ml.so.1")
-    res = subprocess.run([sys.executable, "-c", script, lib], capture_output=True, text=True,
-                         timeout=60, check=False)
+    res = subprocess.run(
+        [sys.executable, "-c", script, lib], capture_output=True, text=True, timeout=60, check=False
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[0, 0, 2, 2, 2, 7, 2, 2, 0, 1, 1]"
 
@@ -159,9 +176,18 @@ def test_without_its_model_the_library_says_no_driver(tmp_path: Path) -> None:
     node = create_node(str(tmp_path / "node"), gpus=1)
     (Path(node.root) / MODEL_FILE).unlink()
     lib = str(Path(node.root) / LIB_DIR / "libnvidia-ml.so.1")
-    res = subprocess.run([sys.executable, "-c", "import ctypes, sys; "
-                          "print(ctypes.CDLL(sys.argv[1]).nvmlInit_v2())", lib],
-                         capture_output=True, text=True, timeout=60, check=False)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import ctypes, sys; print(ctypes.CDLL(sys.argv[1]).nvmlInit_v2())",
+            lib,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert res.stdout.strip() == "9", res.stderr
 
 
@@ -191,9 +217,13 @@ with NvmlFacts("/nonexistent-root", facts_file) as f:
 print(json.dumps({"nvml": gpus("nvml"), "procfs": gpus("procfs"), "facts_nvml": nvml,
                   "facts_file": filed, "used": used}))
 """
-    res = subprocess.run(as_driver_host([sys.executable, "-c", script, node.root,
-                                         node.nvml_facts]),
-                         capture_output=True, text=True, timeout=120, check=False)
+    res = subprocess.run(
+        as_driver_host([sys.executable, "-c", script, node.root, node.nvml_facts]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)
     assert got["used"] is True
@@ -211,15 +241,37 @@ def test_the_library_builds_and_runs_under_asan(tmp_path: Path) -> None:
     driver.write_text(WALK)
     # the program stands where the library would, so that it finds the node's model
     exe = Path(node.root) / LIB_DIR / "nvml-walk"
-    res = subprocess.run(["cc", "-g", "-O1", "-fsanitize=address,undefined",
-                          "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-o",
-                          str(exe), SOURCE, str(driver), "-ldl", "-lpthread"],
-                         capture_output=True, text=True, timeout=300, check=False)
+    res = subprocess.run(
+        [
+            "cc",
+            "-g",
+            "-O1",
+            "-fsanitize=address,undefined",
+            "-fno-sanitize-recover=all",
+            "-fno-omit-frame-pointer",
+            "-o",
+            str(exe),
+            SOURCE,
+            str(driver),
+            "-ldl",
+            "-lpthread",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     if res.returncode != 0 and "asan" in res.stderr.lower():
         pytest.skip(f"no AddressSanitizer runtime here: {res.stderr.splitlines()[0]}")
     assert res.returncode == 0, res.stderr
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120, check=False,
-                         env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1"})
+    run = subprocess.run(
+        [str(exe)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1"},
+    )
     assert (run.returncode, run.stderr) == (0, ""), run.stderr
     assert run.stdout.split() == ["gpus=3", "migs=2", "gpus=3", "migs=2"]
 
@@ -315,8 +367,9 @@ int main(void) {
 """
 
 
-def test_no_compiler_keeps_the_stub_and_says_why(monkeypatch: pytest.MonkeyPatch,
-                                                 tmp_path: Path) -> None:
+def test_no_compiler_keeps_the_stub_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Without a C compiler the simulator says why, and the node keeps the symbol-less stub (with its model written): the node is still built."""
     assert compiled_library(str(tmp_path / "no-cc")).startswith("cannot run")
     monkeypatch.setenv("PATH", str(tmp_path))

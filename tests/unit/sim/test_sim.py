@@ -374,8 +374,9 @@ def test_socket_under_a_deep_root(tmp_path: Path) -> None:
 def test_no_driver_files_builds_only_the_kernel_side(tmp_path: Path) -> None:
     """driver_files=False writes /dev, /proc and the JSON records but no library, ld.so file,
     program or firmware: real user space goes under the same root."""
-    made = create_node(str(tmp_path / "n"), gpus=2, mig=True, driver_version="535.161.08",
-                       driver_files=False)
+    made = create_node(
+        str(tmp_path / "n"), gpus=2, mig=True, driver_version="535.161.08", driver_files=False
+    )
     root = Path(made.root)
     assert char_node(root / f"dev/nvidia{made.gpus[0].minor}")[:2] == (NVIDIA_MAJOR, 0)
     assert "nvidia-frontend" in (root / "proc/devices").read_text()
@@ -442,8 +443,14 @@ def test_cuda_version_follows_the_driver_branch(driver: str, cuda: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "driver, has_gpucomp", [("470.256.02", False), ("535.104.05", False), ("545.23.08", True),
-                            ("550.54.15", True), ("580.65.06", True)],
+    "driver, has_gpucomp",
+    [
+        ("470.256.02", False),
+        ("535.104.05", False),
+        ("545.23.08", True),
+        ("550.54.15", True),
+        ("580.65.06", True),
+    ],
 )
 def test_gpucomp_ships_from_branch_545(driver: str, has_gpucomp: bool) -> None:
     """libnvidia-gpucomp is in the library set from branch 545 on; the rest is in every branch."""
@@ -476,8 +483,9 @@ def test_a_535_node_says_cuda_12_2_and_has_no_gpucomp(tmp_path: Path) -> None:
 @needs_root
 def test_explicit_cuda_version_overrides_the_branch(tmp_path: Path) -> None:
     """create_node(cuda_version=...) wins over the branch's version."""
-    made = create_node(str(tmp_path / "n"), gpus=1, driver_version="535.104.05",
-                       cuda_version="12.3")
+    made = create_node(
+        str(tmp_path / "n"), gpus=1, driver_version="535.104.05", cuda_version="12.3"
+    )
     assert json.loads(Path(made.nvml_facts).read_text())["cuda_version"] == "12.3"
     assert "CUDA Version: 12.3" in smi(made).stdout
 
@@ -542,7 +550,9 @@ def test_sim_create_says_which_config_makes_its_mig_devices_visible(tmp_path: Pa
     from nvshim.host.discovery import Host
 
     printed = {line.split()[-2] for line in res.stdout.splitlines() if line.startswith("    MIG ")}
-    assert printed and {m.uuid for g in Host(root, nvml_facts=facts).gpus() for m in g.mig} == printed
+    assert (
+        printed and {m.uuid for g in Host(root, nvml_facts=facts).gpus() for m in g.mig} == printed
+    )
     assert [m for g in Host(root).gpus() for m in g.mig] == []
 
 

@@ -9,9 +9,16 @@ import pytest
 from tests.helpers.nriproto import GROUP, MODULE, REPO, generate, pinned_nri
 
 #: Go's words when the module proxy cannot be reached (the only reason to skip)
-UNREACHABLE = ("dial tcp", "no such host", "connection refused", "i/o timeout",
-               "network is unreachable", "tls handshake timeout", "proxyconnect",
-               "lookup disabled by goproxy=off")
+UNREACHABLE = (
+    "dial tcp",
+    "no such host",
+    "connection refused",
+    "i/o timeout",
+    "network is unreachable",
+    "tls handshake timeout",
+    "proxyconnect",
+    "lookup disabled by goproxy=off",
+)
 
 
 def test_generated_module_is_what_the_pinned_api_proto_generates() -> None:
@@ -22,13 +29,18 @@ def test_generated_module_is_what_the_pinned_api_proto_generates() -> None:
         fresh = generate()
     except AssertionError as exc:
         if f"tests/go/{GROUP} does not build" in str(exc) and any(
-                word in str(exc).lower() for word in UNREACHABLE):
-            pytest.skip(f"the Go module proxy is unreachable: NRI's api.proto not fetched "
-                        f"({str(exc).splitlines()[-1][:200]})")
+            word in str(exc).lower() for word in UNREACHABLE
+        ):
+            pytest.skip(
+                f"the Go module proxy is unreachable: NRI's api.proto not fetched "
+                f"({str(exc).splitlines()[-1][:200]})"
+            )
         raise
     checked_in = (REPO / (MODULE + ".py")).read_bytes()
-    assert fresh == checked_in, (f"{MODULE}.py drifted from NRI {pinned_nri()}'s api.proto: "
-                                 "run python -m tests.helpers.nriproto")
+    assert fresh == checked_in, (
+        f"{MODULE}.py drifted from NRI {pinned_nri()}'s api.proto: "
+        "run python -m tests.helpers.nriproto"
+    )
 
 
 def test_pinned_nri_is_the_one_the_tested_containerd_vendors() -> None:

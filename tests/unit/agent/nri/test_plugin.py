@@ -27,16 +27,36 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Any:
     node = create_node(str(base / "node"), gpus=2)
     # nvshim's CDI spec for the node: what NVIDIA's NRI plugin injects from
     (base / "cdi").mkdir()
-    subprocess.run([sys.executable, "-m", "nvshim.cli.main", "cdi", "generate", "--driver-root",
-                    node.root, "--output", str(base / "cdi" / "nvidia.json")],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nvshim.cli.main",
+            "cdi",
+            "generate",
+            "--driver-root",
+            node.root,
+            "--output",
+            str(base / "cdi" / "nvidia.json"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return node
 
 
 def config(sim: Any, tmp: Path, **kw: Any) -> Config:
-    return replace(Config(driver_root=sim.root, grants_journal=str(tmp / "grants.jsonl"),
-                          runtimes=("runc",), nri_inject=True,
-                          cdi_spec_dirs=(str(Path(sim.root).parent / "cdi"),)), **kw)
+    return replace(
+        Config(
+            driver_root=sim.root,
+            grants_journal=str(tmp / "grants.jsonl"),
+            runtimes=("runc",),
+            nri_inject=True,
+            cdi_spec_dirs=(str(Path(sim.root).parent / "cdi"),),
+        ),
+        **kw,
+    )
 
 
 POD = Pod("sb", "train", "uid-1", "team-a", {}, "")
@@ -44,14 +64,23 @@ POD = Pod("sb", "train", "uid-1", "team-a", {}, "")
 
 def test_guard_voids_unallocated_and_removes_claims(sim: Any, tmp_path: Path) -> None:
     """An unallocated container asking for every GPU gets NVIDIA_VISIBLE_DEVICES=void, its device-list mount replaced by an empty tmpfs and its CDI annotation removed."""
-    ctr = Container(id="c", name="main", env=("NVIDIA_VISIBLE_DEVICES=all",),
-                    annotations={"cdi.k8s.io/x": "nvidia.com/gpu=9"},
-                    mounts=(Mount("/var/run/nvidia-container-devices/all", "bind", "/dev/null"),))
-    adj = plugin.decide(config(sim, tmp_path, annotation_prefixes=("nope/",)),
-                        dataclasses.replace(POD, runtime_handler="nvidia"), ctr, Log())
+    ctr = Container(
+        id="c",
+        name="main",
+        env=("NVIDIA_VISIBLE_DEVICES=all",),
+        annotations={"cdi.k8s.io/x": "nvidia.com/gpu=9"},
+        mounts=(Mount("/var/run/nvidia-container-devices/all", "bind", "/dev/null"),),
+    )
+    adj = plugin.decide(
+        config(sim, tmp_path, annotation_prefixes=("nope/",)),
+        dataclasses.replace(POD, runtime_handler="nvidia"),
+        ctr,
+        Log(),
+    )
     assert adj.env == (("NVIDIA_VISIBLE_DEVICES", "void"),)
     assert [(m.destination, m.source) for m in adj.mounts] == [
-        ("/var/run/nvidia-container-devices/all", "tmpfs")]
+        ("/var/run/nvidia-container-devices/all", "tmpfs")
+    ]
 
 
 def test_verify_refusal_is_an_error_naming_the_pod(sim: Any, tmp_path: Path) -> None:
@@ -92,33 +121,41 @@ def test_sandbox_and_no_claim_are_untouched(sim: Any, tmp_path: Path) -> None:
 
 def test_guard_refuses_a_visible_devices_set_twice(sim: Any, tmp_path: Path) -> None:
     """An unallocated container whose env sets NVIDIA_VISIBLE_DEVICES twice (image ENV and pod env) is refused: containerd voids only the first entry and keeps the last, so stripping cannot hold."""
-    ctr = Container(id="c", name="main",
-                    env=("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=all"))
+    ctr = Container(
+        id="c", name="main", env=("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=all")
+    )
     pod = dataclasses.replace(POD, runtime_handler="nvidia")
     with pytest.raises(RpcError, match=r"NVIDIA_VISIBLE_DEVICES is set 2 times"):
         plugin.decide(config(sim, tmp_path), pod, ctr, Log())
     assert '"refused"' in (tmp_path / "grants.denied.jsonl").read_text()
 
 
-def test_guard_leaves_a_repeated_variable_whose_last_entry_is_void(sim: Any, tmp_path: Path) -> None:
+def test_guard_leaves_a_repeated_variable_whose_last_entry_is_void(
+    sim: Any, tmp_path: Path
+) -> None:
     """A repeated NVIDIA_VISIBLE_DEVICES whose last entry (the one the engine keeps) is void claims nothing from env: no refusal, no env adjustment."""
-    ctr = Container(id="c", name="main",
-                    env=("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=void"))
+    ctr = Container(
+        id="c", name="main", env=("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=void")
+    )
     pod = dataclasses.replace(POD, runtime_handler="nvidia")
     assert not plugin.decide(config(sim, tmp_path), pod, ctr, Log())
 
 
-@pytest.mark.parametrize("dest", [
-    "/var/run/nvidia-container-devices/all",
-    "/var/run//nvidia-container-devices/all",
-    "/var/run/./nvidia-container-devices/all",
-    "var/run/nvidia-container-devices/all",
-    "//var/run/nvidia-container-devices/all/",
-    "/var/run/nvidia-container-devicesall",
-])
+@pytest.mark.parametrize(
+    "dest",
+    [
+        "/var/run/nvidia-container-devices/all",
+        "/var/run//nvidia-container-devices/all",
+        "/var/run/./nvidia-container-devices/all",
+        "var/run/nvidia-container-devices/all",
+        "//var/run/nvidia-container-devices/all/",
+        "/var/run/nvidia-container-devicesall",
+    ],
+)
 @pytest.mark.parametrize("source", ["/dev/null", "/dev//null", "//dev/null"])
 def test_guard_strips_a_claim_made_only_by_a_device_list_mount(
-        sim: Any, tmp_path: Path, dest: str, source: str) -> None:
+    sim: Any, tmp_path: Path, dest: str, source: str
+) -> None:
     """An unallocated container whose only claim is a /dev/null mount under the device-list directory (however the path is spelled, as NVIDIA's runtime cleans it) has the mount replaced at its raw destination by an empty tmpfs, gets void, and is journaled as stripped."""
     ctr = Container(id="c", name="main", mounts=(Mount(dest, "bind", source, ("ro",)),))
     pod = dataclasses.replace(POD, runtime_handler="nvidia")
@@ -135,28 +172,42 @@ def test_guard_refuses_a_device_list_mount_made_twice(sim: Any, tmp_path: Path) 
     m = Mount("/var/run/nvidia-container-devices/all", "bind", "/dev/null")
     ctr = Container(id="c", name="main", mounts=(m, m))
     with pytest.raises(RpcError, match=r"mounted 2 times"):
-        plugin.decide(config(sim, tmp_path), dataclasses.replace(POD, runtime_handler="nvidia"),
-                      ctr, Log())
+        plugin.decide(
+            config(sim, tmp_path), dataclasses.replace(POD, runtime_handler="nvidia"), ctr, Log()
+        )
 
 
-@pytest.mark.parametrize("key", ["nvidia.cdi.k8s.io/container.main", "nvidia.cdi.k8s.io/pod",
-                                 "nvidia.cdi.k8s.io"])
+@pytest.mark.parametrize(
+    "key", ["nvidia.cdi.k8s.io/container.main", "nvidia.cdi.k8s.io/pod", "nvidia.cdi.k8s.io"]
+)
 @pytest.mark.parametrize("handler", ["nvidia", "runc", "nvshim"])
-def test_nvidia_nri_annotation_unallocated_is_refused(sim: Any, tmp_path: Path, key: str,
-                                                      handler: str) -> None:
+def test_nvidia_nri_annotation_unallocated_is_refused(
+    sim: Any, tmp_path: Path, key: str, handler: str
+) -> None:
     """A pod annotation NVIDIA's NRI plugin injects CDI devices from (container, pod or bare key) naming GPUs the container was not allocated fails the create, whatever the handler, and is journaled."""
     pod = Pod("sb", "train", "uid-1", "team-a", {key: "nvidia.com/gpu=all"}, handler)
-    with pytest.raises(RpcError, match=r"^nvshim: pod team-a/train container main: annotation "
-                       + key.replace(".", r"\.") + r" names CDI device nvidia\.com/gpu=all"):
+    with pytest.raises(
+        RpcError,
+        match=r"^nvshim: pod team-a/train container main: annotation "
+        + key.replace(".", r"\.")
+        + r" names CDI device nvidia\.com/gpu=all",
+    ):
         plugin.decide(config(sim, tmp_path), pod, Container(id="c", name="main"), Log())
     assert '"refused"' in (tmp_path / "grants.denied.jsonl").read_text()
 
 
-def test_nvidia_nri_annotation_for_another_container_is_not_this_ones(sim: Any,
-                                                                        tmp_path: Path) -> None:
+def test_nvidia_nri_annotation_for_another_container_is_not_this_ones(
+    sim: Any, tmp_path: Path
+) -> None:
     """NVIDIA's container-scoped annotation for another container claims nothing for this one."""
-    pod = Pod("sb", "train", "uid-1", "team-a",
-              {"nvidia.cdi.k8s.io/container.other": "nvidia.com/gpu=all"}, "nvidia")
+    pod = Pod(
+        "sb",
+        "train",
+        "uid-1",
+        "team-a",
+        {"nvidia.cdi.k8s.io/container.other": "nvidia.com/gpu=all"},
+        "nvidia",
+    )
     assert not plugin.decide(config(sim, tmp_path), pod, Container(id="c", name="main"), Log())
 
 
@@ -165,11 +216,21 @@ def test_nvidia_nri_annotation_within_the_allocation_passes(sim: Any, tmp_path: 
     gpu, other = sim.gpus[0], sim.gpus[1]
     ctr = Container(id="c", name="main", env=(f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}",))
     cfg = config(sim, tmp_path)
-    pod = Pod("sb", "train", "uid-1", "team-a",
-              {"nvidia.cdi.k8s.io/pod": f"nvidia.com/gpu={gpu.index}"}, "nvidia")
+    pod = Pod(
+        "sb",
+        "train",
+        "uid-1",
+        "team-a",
+        {"nvidia.cdi.k8s.io/pod": f"nvidia.com/gpu={gpu.index}"},
+        "nvidia",
+    )
     assert not plugin.decide(cfg, pod, ctr, Log())
-    pod = dataclasses.replace(pod, annotations={
-        "nvidia.cdi.k8s.io/pod": f"nvidia.com/gpu={gpu.index},nvidia.com/gpu={other.index}"})
+    pod = dataclasses.replace(
+        pod,
+        annotations={
+            "nvidia.cdi.k8s.io/pod": f"nvidia.com/gpu={gpu.index},nvidia.com/gpu={other.index}"
+        },
+    )
     with pytest.raises(RpcError, match=other.uuid):
         plugin.decide(cfg, pod, ctr, Log())
 
@@ -182,8 +243,9 @@ def test_a_denial_that_cannot_be_recorded_fails_the_create(sim: Any, tmp_path: P
     pod = dataclasses.replace(POD, runtime_handler="nvidia")
     with pytest.raises(RpcError, match=r"its denial cannot be recorded"):
         plugin.decide(cfg, pod, ctr, Log())
-    twice = Container(id="c", name="main",
-                      env=("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=all"))
+    twice = Container(
+        id="c", name="main", env=("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=all")
+    )
     with pytest.raises(RpcError, match=r"\(not recorded: "):
         plugin.decide(cfg, pod, twice, Log())
 
@@ -207,10 +269,16 @@ def test_work_held_for_start_is_bounded_and_taken_once() -> None:
 
 
 def test_guard_strips_without_the_kubelet_and_refuses_what_it_cannot_confirm(
-        sim: Any, tmp_path: Path) -> None:
+    sim: Any, tmp_path: Path
+) -> None:
     """With verify-with: kubelet and the kubelet's socket gone, an unallocated container whose image says all is stripped (stripping needs no allocation record), while one naming a GPU's UUID is still refused: only the kubelet could confirm that grant."""
-    cfg = config(sim, tmp_path, verify_with="kubelet", kubelet_socket=str(tmp_path / "gone.sock"),
-                 kubelet_checkpoint=None)
+    cfg = config(
+        sim,
+        tmp_path,
+        verify_with="kubelet",
+        kubelet_socket=str(tmp_path / "gone.sock"),
+        kubelet_checkpoint=None,
+    )
     pod = dataclasses.replace(POD, runtime_handler="nvidia")
     ctr = Container(id="c", name="main", env=("NVIDIA_VISIBLE_DEVICES=all",))
     adj = plugin.decide(cfg, pod, ctr, Log())
@@ -234,8 +302,9 @@ def test_a_grant_let_through_to_nvidias_runtime_is_journaled(sim: Any, tmp_path:
     assert record["id"] == "c9" and record["pod"] == "train", record
 
 
-def test_an_allocated_pod_cannot_widen_its_gpus_through_its_own_env(sim: Any,
-                                                                     tmp_path: Path) -> None:
+def test_an_allocated_pod_cannot_widen_its_gpus_through_its_own_env(
+    sim: Any, tmp_path: Path
+) -> None:
     """Under NVIDIA's runtime (which injects from the env's last entry), a container allocated one GPU by device-plugin mount that also says NVIDIA_VISIBLE_DEVICES=all gets the variable narrowed to its GPU's UUID; with the variable set twice (the device plugin's, then the pod's all) it is refused, since NRI can rewrite only the first entry; an env naming only its GPU is left alone."""
     gpu = sim.gpus[0]
     mount = Mount(f"/var/run/nvidia-container-devices/{gpu.uuid}", "bind", "/dev/null")
@@ -243,12 +312,17 @@ def test_an_allocated_pod_cannot_widen_its_gpus_through_its_own_env(sim: Any,
     cfg = config(sim, tmp_path)
     wide = Container(id="c", name="main", env=("NVIDIA_VISIBLE_DEVICES=all",), mounts=(mount,))
     assert plugin.decide(cfg, pod, wide, Log()).env == (("NVIDIA_VISIBLE_DEVICES", gpu.uuid),)
-    twice = Container(id="c2", name="main", mounts=(mount,),
-                      env=(f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}", "NVIDIA_VISIBLE_DEVICES=all"))
+    twice = Container(
+        id="c2",
+        name="main",
+        mounts=(mount,),
+        env=(f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}", "NVIDIA_VISIBLE_DEVICES=all"),
+    )
     with pytest.raises(RpcError, match=r"names more than its allocation"):
         plugin.decide(cfg, pod, twice, Log())
-    exact = Container(id="c3", name="main", env=(f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}",),
-                      mounts=(mount,))
+    exact = Container(
+        id="c3", name="main", env=(f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}",), mounts=(mount,)
+    )
     assert not plugin.decide(cfg, pod, exact, Log())
 
 
@@ -296,15 +370,21 @@ def test_configure_subscribes_to_the_events_of_the_handler_table(tmp_path: Path)
 
 
 def test_methods_without_a_handler_are_answered_and_unknown_ones_unimplemented(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """An NRI event nvshim has no handler for (directly or in a StateChange) and Shutdown
     get an empty reply; a method NRI does not have is an UNIMPLEMENTED error naming it."""
     from nvshim.agent.nri.api import Event
     from nvshim.agent.nri.transport import UNIMPLEMENTED
 
     p = _plugin(tmp_path)
-    for method in ("RunPodSandbox", "StopContainer", "PostCreateContainer", "Shutdown",
-                   "UpdatePodSandbox"):
+    for method in (
+        "RunPodSandbox",
+        "StopContainer",
+        "PostCreateContainer",
+        "Shutdown",
+        "UpdatePodSandbox",
+    ):
         assert p.handle(method, b"") == b""
     assert p.handle("StateChange", _state_change(Event.RUN_POD_SANDBOX, "c")) == b""
     with pytest.raises(RpcError, match="method Frobnicate is not implemented") as err:
@@ -312,8 +392,7 @@ def test_methods_without_a_handler_are_answered_and_unknown_ones_unimplemented(
     assert err.value.code == UNIMPLEMENTED
 
 
-def test_remove_drops_the_work_held_for_a_container_that_never_started(
-        tmp_path: Path) -> None:
+def test_remove_drops_the_work_held_for_a_container_that_never_started(tmp_path: Path) -> None:
     """A RemoveContainer event (as a StateChange) takes the in-root work held for that
     container's start; another container's stays."""
     from nvshim.agent.nri.api import Event

@@ -51,42 +51,63 @@ def test_length_fields_round_trip_at_any_size(number: int, value: bytes) -> None
 
 @given(text, st.integers(min_value=0, max_value=(1 << 32) - 1), st.binary(max_size=300))
 def test_start_remove_and_state_change_decode_the_container_id_and_pid(
-        cid: str, pid: int, rest: bytes) -> None:
+    cid: str, pid: int, rest: bytes
+) -> None:
     """decode_event reads the container's id and pid of a StartContainer/RemoveContainer
     request (container at 2) and a StateChangeEvent (event 1, container at 3) as the whole
     decode does, the pod and the container's other fields (here any bytes) skipped."""
-    ctr = (proto.string_field(1, cid) + proto.bytes_field(90, rest)
-           + proto.varint_field(12, pid))
+    ctr = proto.string_field(1, cid) + proto.bytes_field(90, rest) + proto.varint_field(12, pid)
     pod = proto.string_field(2, "p") + proto.bytes_field(91, rest)
     request = proto.message_field(1, pod) + proto.message_field(2, ctr)
     _pod, whole = api.decode_pod_container(request)
     assert (whole.id, whole.pid) == (cid, pid)
     assert api.decode_event("StartContainer", request) == (api.Event.START_CONTAINER, cid, pid)
-    assert api.decode_event("RemoveContainer", request) == (api.Event.REMOVE_CONTAINER, cid,
-                                                            pid)
-    change = (proto.varint_field(1, api.Event.START_CONTAINER) + proto.message_field(2, pod)
-              + proto.message_field(3, ctr))
+    assert api.decode_event("RemoveContainer", request) == (api.Event.REMOVE_CONTAINER, cid, pid)
+    change = (
+        proto.varint_field(1, api.Event.START_CONTAINER)
+        + proto.message_field(2, pod)
+        + proto.message_field(3, ctr)
+    )
     assert api.decode_event("StateChange", change) == (api.Event.START_CONTAINER, cid, pid)
     assert api.decode_event("StartContainer", b"") == (api.Event.START_CONTAINER, "", 0)
 
 
-@given(text, text, text, st.dictionaries(text, text, max_size=4), text,
-       st.lists(text, max_size=4),
-       st.lists(st.tuples(text, text, text, st.lists(text, max_size=3)), max_size=3),
-       st.binary(max_size=30))
-def test_pod_and_container_round_trip(pid: str, name: str, ns: str, notes: dict, handler: str,
-                                      env: list, mounts: list, unknown: bytes) -> None:
+@given(
+    text,
+    text,
+    text,
+    st.dictionaries(text, text, max_size=4),
+    text,
+    st.lists(text, max_size=4),
+    st.lists(st.tuples(text, text, text, st.lists(text, max_size=3)), max_size=3),
+    st.binary(max_size=30),
+)
+def test_pod_and_container_round_trip(
+    pid: str, name: str, ns: str, notes: dict, handler: str, env: list, mounts: list, unknown: bytes
+) -> None:
     """A CreateContainerRequest encoded as the engine does decodes to the same pod and
     container, with an unknown field (number 99) skipped."""
-    pod = (proto.string_field(1, pid) + proto.string_field(2, name)
-           + proto.string_field(4, ns) + proto.map_field(6, notes)
-           + proto.string_field(7, handler) + proto.bytes_field(99, unknown))
+    pod = (
+        proto.string_field(1, pid)
+        + proto.string_field(2, name)
+        + proto.string_field(4, ns)
+        + proto.map_field(6, notes)
+        + proto.string_field(7, handler)
+        + proto.bytes_field(99, unknown)
+    )
     ctr = proto.strings_field(8, env) + b"".join(
-        proto.message_field(9, api.Mount(d, t, s, tuple(o)).encode()) for d, t, s, o in mounts)
-    got_pod, got_ctr = api.decode_pod_container(proto.message_field(1, pod)
-                                                + proto.message_field(2, ctr))
-    assert (got_pod.id, got_pod.name, got_pod.namespace, got_pod.annotations,
-            got_pod.runtime_handler) == (pid, name, ns, notes, handler)
+        proto.message_field(9, api.Mount(d, t, s, tuple(o)).encode()) for d, t, s, o in mounts
+    )
+    got_pod, got_ctr = api.decode_pod_container(
+        proto.message_field(1, pod) + proto.message_field(2, ctr)
+    )
+    assert (
+        got_pod.id,
+        got_pod.name,
+        got_pod.namespace,
+        got_pod.annotations,
+        got_pod.runtime_handler,
+    ) == (pid, name, ns, notes, handler)
     assert got_ctr.env == tuple(env)
     assert got_ctr.mounts == tuple(api.Mount(d, t, s, tuple(o)) for d, t, s, o in mounts)
 
@@ -95,9 +116,11 @@ def test_adjustment_encoding_field_numbers() -> None:
     """An adjustment puts env (4) as KeyValue, mounts (3), hooks (5) and linux.devices (6.1)
     at the numbers of NRI's api.proto."""
     adj = api.Adjustment(
-        env=(("NVIDIA_VISIBLE_DEVICES", "void"),), mounts=(api.Mount("/x", "bind", "/y"),),
+        env=(("NVIDIA_VISIBLE_DEVICES", "void"),),
+        mounts=(api.Mount("/x", "bind", "/y"),),
         hooks={"createContainer": (api.Hook("/bin/h", ("h",)),)},
-        devices=(api.Device("/dev/nvidia0", "c", 195, 0, 0o666, 0, 0),))
+        devices=(api.Device("/dev/nvidia0", "c", 195, 0, 0o666, 0, 0),),
+    )
     v = proto.by_number(adj.encode())
     kv = proto.by_number(v[4][0])  # type: ignore[arg-type]
     assert proto.read_string(kv, 1) == "NVIDIA_VISIBLE_DEVICES"
@@ -130,8 +153,7 @@ class FakeEngine:
     def send_raw(self, data: bytes) -> None:
         self.ours.sendall(data)
 
-    def request(self, method: str, payload: bytes = b"",
-                service: str = api.SERVICE_PLUGIN) -> int:
+    def request(self, method: str, payload: bytes = b"", service: str = api.SERVICE_PLUGIN) -> int:
         stream = self.stream
         self.stream += 2
         msg = transport.encode_request(service, method, payload)
@@ -145,9 +167,9 @@ class FakeEngine:
             if len(self.buf) >= 8:
                 conn, size = struct.unpack(">II", self.buf[:8])
                 if len(self.buf) >= 8 + size:
-                    body, self.buf = self.buf[8:8 + size], self.buf[8 + size:]
+                    body, self.buf = self.buf[8 : 8 + size], self.buf[8 + size :]
                     length, stream, _kind, _flags = struct.unpack(">IIBB", body[:10])
-                    code, message, payload = transport.decode_response(body[10:10 + length])
+                    code, message, payload = transport.decode_response(body[10 : 10 + length])
                     return stream, code, message, payload
             self.buf += self.ours.recv(65536)
 
@@ -185,7 +207,7 @@ def test_bad_input_one_line_each_and_serving(engine: FakeEngine) -> None:
     too_long = transport.MAX_MESSAGE + 10  # ttrpc message over 4 MiB, across frames
     body = transport.ttrpc_message(99, 1, b"\0" * too_long)
     for i in range(0, len(body), 1 << 20):
-        engine.send_raw(transport.frame(1, body[i:i + (1 << 20)]))
+        engine.send_raw(transport.frame(1, body[i : i + (1 << 20)]))
     assert engine.reply()[:2] == (99, transport.RESOURCE_EXHAUSTED)
     engine.send_raw(transport.frame(1, transport.ttrpc_message(101, 1, b"\xff\xff")))
     assert engine.reply()[:2] == (101, transport.INVALID_ARGUMENT)
@@ -238,7 +260,7 @@ def test_replies_are_cut_into_frames_the_engine_can_read(engine: FakeEngine) -> 
         while len(data) < 8 + size:
             data += engine.ours.recv(65536)
         sizes.append(size)
-        data = data[8 + size:]
+        data = data[8 + size :]
     assert s == 1 and max(sizes) <= 4096 and len(sizes) > 1
 
 

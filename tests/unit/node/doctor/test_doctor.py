@@ -48,12 +48,19 @@ def write_config(directory: Path, compile: bool = True, **settings: Any) -> Path
     return path
 
 
-
-def containerd_config(path: Path, binary: Optional[Path], default: Optional[str] = None,
-                      version: int = 2, name: str = "nvshim") -> Path:
+def containerd_config(
+    path: Path,
+    binary: Optional[Path],
+    default: Optional[str] = None,
+    version: int = 2,
+    name: str = "nvshim",
+) -> Path:
     """A containerd config of ``version`` with a runc and an nvshim handler."""
-    cri = {1: 'plugins.cri', 2: 'plugins."io.containerd.grpc.v1.cri"',
-           3: 'plugins."io.containerd.cri.v1.runtime"'}[version]
+    cri = {
+        1: "plugins.cri",
+        2: 'plugins."io.containerd.grpc.v1.cri"',
+        3: 'plugins."io.containerd.cri.v1.runtime"',
+    }[version]
     lines = [] if version == 1 else [f"version = {version}", ""]
     lines.append(f"[{cri}.containerd]")
     if default is not None:
@@ -72,14 +79,22 @@ def containerd_config(path: Path, binary: Optional[Path], default: Optional[str]
     return path
 
 
-
-
 def doctor_args(config: Path, ctrd: Path, tmp_path: Path, *extra: str) -> List[str]:
     """Doctor CLI args that look only at temp files (no installed trampoline)."""
-    return ["doctor", "--config", str(config), "--containerd-config", str(ctrd),
-            "--trampoline", str(tmp_path / "no-trampoline"),
-            "--nvidia-config", str(tmp_path / "no-nvidia.toml"),
-            "--hooks-dir", str(tmp_path / "no-hooks.d"), *extra]
+    return [
+        "doctor",
+        "--config",
+        str(config),
+        "--containerd-config",
+        str(ctrd),
+        "--trampoline",
+        str(tmp_path / "no-trampoline"),
+        "--nvidia-config",
+        str(tmp_path / "no-nvidia.toml"),
+        "--hooks-dir",
+        str(tmp_path / "no-hooks.d"),
+        *extra,
+    ]
 
 
 def by_check(findings: List[Finding], check: str) -> List[Finding]:
@@ -101,8 +116,9 @@ def sim(tmp_path: Path) -> Any:
 
 def test_pitfall_detected_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """nvshim as containerd's default runtime, require-allocation off: the pitfall line, exit 1."""
-    config = write_config(tmp_path / "etc", require_allocation=False,
-                          cdi_spec_dirs=[str(tmp_path / "cdi")])
+    config = write_config(
+        tmp_path / "etc", require_allocation=False, cdi_spec_dirs=[str(tmp_path / "cdi")]
+    )
     ctrd = containerd_config(tmp_path / "containerd.toml", fake_runtime(tmp_path / "bin"), "nvshim")
     rc, out, _ = run_cli(doctor_args(config, ctrd, tmp_path), capsys)
     assert rc == 1
@@ -116,24 +132,38 @@ def test_pitfall_detected_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixt
     [(True, "nvshim"), (False, "runc"), (False, None)],
     ids=["nvshim-default-with-require-allocation", "runc-default", "containerd-default"],
 )
-def test_good_node_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str], sim: Any,
-                           require_allocation: bool, default: Optional[str]) -> None:
+def test_good_node_exits_0(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    sim: Any,
+    require_allocation: bool,
+    default: Optional[str],
+) -> None:
     """A node with GPUs and either require-allocation on or runc as default passes every check;
     with require-allocation off the one warning is handler-config's (any pod that names
     RuntimeClass nvshim picks its own GPUs)."""
     (tmp_path / "kubelet.sock").touch()
-    verify = {"verify_with": "kubelet", "kubelet_socket": str(tmp_path / "kubelet.sock")} \
-        if require_allocation else {}
-    config = write_config(tmp_path / "etc", require_allocation=require_allocation,
-                          driver_root=sim.root, runtimes=["runc"],
-                          cdi_spec_dirs=[str(tmp_path / "cdi")], **verify)
+    verify = (
+        {"verify_with": "kubelet", "kubelet_socket": str(tmp_path / "kubelet.sock")}
+        if require_allocation
+        else {}
+    )
+    config = write_config(
+        tmp_path / "etc",
+        require_allocation=require_allocation,
+        driver_root=sim.root,
+        runtimes=["runc"],
+        cdi_spec_dirs=[str(tmp_path / "cdi")],
+        **verify,
+    )
     ctrd = containerd_config(tmp_path / "containerd.toml", fake_runtime(tmp_path / "bin"), default)
     rc, out, _ = run_cli(doctor_args(config, ctrd, tmp_path), capsys)
     assert rc == 0, out
     warned = [line for line in out.splitlines() if line.startswith("warn")]
     assert "FAIL" not in out, out
-    assert [w.split(":")[0] for w in warned] == ([] if require_allocation
-                                                 else ["warn  handler-config"]), out
+    assert [w.split(":")[0] for w in warned] == (
+        [] if require_allocation else ["warn  handler-config"]
+    ), out
     assert any(line.startswith("ok    default-runtime: ") for line in out.splitlines())
 
 
@@ -141,10 +171,11 @@ def test_good_node_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str], s
 def test_pitfall_in_every_config_version(tmp_path: Path, version: int) -> None:
     """The default runtime is read from the CRI table of config versions 1, 2 and 3."""
     ctrd = containerd_config(tmp_path / "c.toml", fake_runtime(tmp_path / "bin"), "nvshim", version)
-    options = DoctorOptions(config_path=str(tmp_path / "none.yaml"),
-                                   containerd_config=str(ctrd))
+    options = DoctorOptions(config_path=str(tmp_path / "none.yaml"), containerd_config=str(ctrd))
     _, effective = doctor_engines.check_containerd_config(str(ctrd))
-    finding = doctor_engines.check_default_runtime(effective, Config(require_allocation=False), options)
+    finding = doctor_engines.check_default_runtime(
+        effective, Config(require_allocation=False), options
+    )
     assert finding.status == "fail"
     assert "require-allocation is off" in finding.detail
 
@@ -153,10 +184,10 @@ def test_pitfall_through_drop_in_and_other_handler_name(tmp_path: Path) -> None:
     """A drop-in making a handler that runs nvshim-runtime (any name) the default: the pitfall."""
     main_file = tmp_path / "config.toml"
     main_file.write_text('version = 2\nimports = ["conf.d/*.toml"]\n')
-    containerd_config(tmp_path / "conf.d" / "99-gpu.toml", fake_runtime(tmp_path / "bin"),
-                      "gpu", name="gpu")
-    options = DoctorOptions(config_path=str(tmp_path / "c.yaml"),
-                                   containerd_config=str(main_file))
+    containerd_config(
+        tmp_path / "conf.d" / "99-gpu.toml", fake_runtime(tmp_path / "bin"), "gpu", name="gpu"
+    )
+    options = DoctorOptions(config_path=str(tmp_path / "c.yaml"), containerd_config=str(main_file))
     _, effective = doctor_engines.check_containerd_config(str(main_file))
     bad = doctor_engines.check_default_runtime(effective, Config(require_allocation=False), options)
     good = doctor_engines.check_default_runtime(effective, Config(require_allocation=True), options)
@@ -179,19 +210,31 @@ def test_allocation_trust_warns_about_forgeable_sources_with_the_fix(tmp_path: P
     socket.touch()
     ok = doctor_config.check_allocation_trust(
         Config(require_allocation=True, verify_with="kubelet", kubelet_socket=str(socket)),
-        str(config))
+        str(config),
+    )
     assert ok.status == "ok"
     missing = doctor_config.check_allocation_trust(
-        Config(require_allocation=True, verify_with="kubelet",
-               kubelet_socket=str(tmp_path / "none.sock")), str(config))
+        Config(
+            require_allocation=True,
+            verify_with="kubelet",
+            kubelet_socket=str(tmp_path / "none.sock"),
+        ),
+        str(config),
+    )
     assert missing.status == "warn" and "none.sock does not exist" in missing.message
     narrow = doctor_config.check_allocation_trust(
-        Config(require_allocation=True, allocation_sources=("kubelet", "privileged")), str(config))
+        Config(require_allocation=True, allocation_sources=("kubelet", "privileged")), str(config)
+    )
     assert narrow.status == "ok"
     assert doctor_config.check_allocation_trust(Config(), str(config)).status == "skip"
-    findings = doctor.run_checks(DoctorOptions(
-        config_path=str(config), containerd_config=str(tmp_path / "none.toml"),
-        trampoline=str(tmp_path / "none"), driver_root=str(tmp_path)))
+    findings = doctor.run_checks(
+        DoctorOptions(
+            config_path=str(config),
+            containerd_config=str(tmp_path / "none.toml"),
+            trampoline=str(tmp_path / "none"),
+            driver_root=str(tmp_path),
+        )
+    )
     assert [f.status for f in by_check(findings, "allocation-trust")] == ["warn"]
 
 
@@ -203,8 +246,12 @@ def test_runtime_binary_missing_or_not_executable_fails(tmp_path: Path) -> None:
     plain.write_text("#!/bin/sh\n")
     plain.chmod(0o644)
     results = {}
-    for label, binary in (("good", good), ("missing", tmp_path / "nope" / "nvshim-runtime"),
-                          ("plain", plain), ("unset", None)):
+    for label, binary in (
+        ("good", good),
+        ("missing", tmp_path / "nope" / "nvshim-runtime"),
+        ("plain", plain),
+        ("unset", None),
+    ):
         ctrd = containerd_config(tmp_path / f"{label}.toml", binary)
         _, effective = doctor_engines.check_containerd_config(str(ctrd))
         results[label] = doctor_engines.check_runtime_binary(effective, options)
@@ -214,14 +261,17 @@ def test_runtime_binary_missing_or_not_executable_fails(tmp_path: Path) -> None:
     assert results["unset"].status == "fail" and "no options.BinaryName" in results["unset"].message
 
 
-def test_no_containerd_config_is_skip_not_failure(tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_containerd_config_is_skip_not_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A node without a containerd config gets a skip line and no containerd failures."""
     config = write_config(tmp_path / "etc", cdi_spec_dirs=[str(tmp_path / "cdi")])
     rc, out, _ = run_cli(doctor_args(config, tmp_path / "absent.toml", tmp_path), capsys)
     lines = out.splitlines()
-    assert f"skip  containerd-config: no containerd config at {tmp_path / 'absent.toml'}: " \
-           "containerd defaults apply" in lines
+    assert (
+        f"skip  containerd-config: no containerd config at {tmp_path / 'absent.toml'}: "
+        "containerd defaults apply" in lines
+    )
     checks = [line[6:].split(":")[0] for line in lines]
     assert "default-runtime" not in checks and "containerd-runtime-binary" not in checks
 
@@ -241,14 +291,17 @@ def test_invalid_containerd_toml_fails(tmp_path: Path) -> None:
 @needs_runc
 def test_runtimes_none_found_fails_and_runc_passes(tmp_path: Path) -> None:
     """runtimes: fails when no entry is executable, passes when runc is on PATH."""
-    bad = doctor_config.check_runtimes(Config(runtimes=(str(tmp_path / "runc"), "no-such-runtime-x")))
+    bad = doctor_config.check_runtimes(
+        Config(runtimes=(str(tmp_path / "runc"), "no-such-runtime-x"))
+    )
     good = doctor_config.check_runtimes(Config(runtimes=("no-such-runtime-x", "runc")))
     assert bad.status == "fail" and "no-such-runtime-x" in bad.message
     assert good.status == "ok" and shutil.which("runc") in good.message
 
 
 def test_runtimes_names_the_binary_a_create_would_exec(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """runtimes: doctor finds runtimes with the runtime's own lookup, so an empty PATH entry
     (the working directory, where a create runs in the bundle) is searched the same way and
     the finding names the very path nvshim-runtime would exec."""
@@ -268,8 +321,9 @@ def test_runtimes_names_the_binary_a_create_would_exec(
     assert finding.message == f"low-level runtime runc-x found at {expected}"
 
 
-def test_invalid_config_fails_with_its_message(tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_invalid_config_fails_with_its_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """An invalid nvshim config fails the config check with load_config's one-line message."""
     config = tmp_path / "config.yaml"
     config.write_text("require-allocation: maybe\n")
@@ -332,12 +386,14 @@ def test_cdi_specs_are_listed_by_the_registry_rule(tmp_path: Path) -> None:
     link.symlink_to(tmp_path / "elsewhere")
     problems: List[CdiProblem] = []
     assert spec_files(str(cdi), problems) == [str(link)] and problems == []
-    found = doctor_host.check_cdi_specs(Host(str(tmp_path / "no-driver")),
-                                        [str(not_a_dir), str(cdi)])
+    found = doctor_host.check_cdi_specs(
+        Host(str(tmp_path / "no-driver")), [str(not_a_dir), str(cdi)]
+    )
     dir_finding = next(f for f in found if str(not_a_dir) in f.message)
     assert dir_finding.status == "warn"
-    assert dir_finding.message == (f"cannot read CDI spec dir: {not_a_dir}: $: spec directory "
-                                   "is not a directory")
+    assert dir_finding.message == (
+        f"cannot read CDI spec dir: {not_a_dir}: $: spec directory is not a directory"
+    )
     link_finding = next(f for f in found if str(link) in f.message)
     assert link_finding.status == "warn" and "broken CDI spec" in link_finding.message
 
@@ -361,8 +417,9 @@ def test_cdi_spec_stale_for_driver_fails_current_passes_broken_warns(tmp_path: P
     stale_finding = next(f for f in findings if str(stale) in f.message)
     assert stale_finding.status == "fail"
     assert "driver is 550.54.15" in stale_finding.message
-    assert stale_finding.fix == (f"regenerate it with nvshim cdi generate --driver-root {new.root} "
-                                 f"--output {stale}")
+    assert stale_finding.fix == (
+        f"regenerate it with nvshim cdi generate --driver-root {new.root} --output {stale}"
+    )
 
     stale.unlink()
     broken.unlink()
@@ -407,16 +464,22 @@ def test_json_format_parses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert rc == 1
     assert all(set(f) - {"detail"} == {"check", "status", "message", "fix"} for f in findings)
     assert {"check": "default-runtime", "status": "fail"}.items() <= next(
-        f for f in findings if f["check"] == "default-runtime").items()
+        f for f in findings if f["check"] == "default-runtime"
+    ).items()
 
 
 def test_text_format_and_exit_code() -> None:
     """Text is `<status>  <check>: <message>`, the fix only on warn/FAIL; warnings exit 0."""
-    findings = [Finding("a", "ok", "fine", "unused"),
-                Finding("b", "warn", "meh", "do x"),
-                Finding("c", "skip", "n/a")]
+    findings = [
+        Finding("a", "ok", "fine", "unused"),
+        Finding("b", "warn", "meh", "do x"),
+        Finding("c", "skip", "n/a"),
+    ]
     assert doctor.render_text(findings).splitlines() == [
-        "ok    a: fine", "warn  b: meh — fix: do x", "skip  c: n/a"]
+        "ok    a: fine",
+        "warn  b: meh — fix: do x",
+        "skip  c: n/a",
+    ]
     assert doctor.exit_code(findings) == 0
     assert doctor.exit_code(findings + [Finding("d", "fail", "bad", "fix")]) == 1
 
@@ -433,22 +496,31 @@ def test_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_a_missing_config_named_by_option_fails_like_config_show(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`doctor --config <missing>` fails the config check naming the path, as `config show
     --config <missing>` does; without --config a missing file still means built-in defaults."""
     missing = tmp_path / "etc" / "nvshim.yaml"
     rc, out, _ = run_cli(doctor_args(missing, tmp_path / "absent.toml", tmp_path), capsys)
     assert rc == 1
-    assert f"FAIL  config: config {missing} does not exist — fix: create {missing}, or name an " \
-           "existing config with --config" in out.splitlines()
+    assert (
+        f"FAIL  config: config {missing} does not exist — fix: create {missing}, or name an "
+        "existing config with --config" in out.splitlines()
+    )
     assert f"skip  compiled-config: {missing} did not load: nothing to compare" in out.splitlines()
     rc, _, err = run_cli(["config", "show", "--config", str(missing)], capsys)
     assert rc == 1 and str(missing) in err
-    implicit = doctor.run_checks(DoctorOptions(
-        config_path=str(missing), containerd_config=str(tmp_path / "absent.toml"),
-        trampoline=str(tmp_path / "none"), driver_root=str(tmp_path)))
+    implicit = doctor.run_checks(
+        DoctorOptions(
+            config_path=str(missing),
+            containerd_config=str(tmp_path / "absent.toml"),
+            trampoline=str(tmp_path / "none"),
+            driver_root=str(tmp_path),
+        )
+    )
     assert by_check(implicit, "config")[0] == Finding(
-        "config", "ok", f"no {missing}: built-in defaults")
+        "config", "ok", f"no {missing}: built-in defaults"
+    )
 
 
 def test_no_fix_reads_fix_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -467,15 +539,30 @@ def test_no_fix_reads_fix_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     bad_crio.write_text("[crio\n")
     seen = set()
     for ctrd in (bad_toml, lost_import):
-        _, out, _ = run_cli(doctor_args(bad_config, ctrd, tmp_path, "--docker-config",
-                                        str(bad_json), "--crio-config", str(bad_crio)), capsys)
+        _, out, _ = run_cli(
+            doctor_args(
+                bad_config,
+                ctrd,
+                tmp_path,
+                "--docker-config",
+                str(bad_json),
+                "--crio-config",
+                str(bad_crio),
+            ),
+            capsys,
+        )
         for line in out.splitlines():
             assert "fix: fix" not in line, line
             if line.startswith(("FAIL", "warn")):
                 assert " — fix: " in line, line
                 seen.add(line[:6] + line[6:].split(":")[0])
-    assert {"FAIL  config", "FAIL  containerd-config", "warn  containerd-config", "FAIL  docker",
-            "FAIL  crio"} <= seen, seen
+    assert {
+        "FAIL  config",
+        "FAIL  containerd-config",
+        "warn  containerd-config",
+        "FAIL  docker",
+        "FAIL  crio",
+    } <= seen, seen
 
 
 @needs_root
@@ -484,16 +571,24 @@ def test_gpus_line_lists_mig_devices(tmp_path: Path, capsys: pytest.CaptureFixtu
     from nvshim.sim.build import create_node
 
     node = create_node(str(tmp_path / "node"), gpus=2, mig=True)
-    config = write_config(tmp_path / "etc", compile=False, driver_root=node.root,
-                          nvml_facts=node.nvml_facts, cdi_spec_dirs=[str(tmp_path / "cdi")])
-    _, out, _ = run_cli(doctor_args(config, tmp_path / "absent.toml", tmp_path, "--verbose"),
-                        capsys)
+    config = write_config(
+        tmp_path / "etc",
+        compile=False,
+        driver_root=node.root,
+        nvml_facts=node.nvml_facts,
+        cdi_spec_dirs=[str(tmp_path / "cdi")],
+    )
+    _, out, _ = run_cli(
+        doctor_args(config, tmp_path / "absent.toml", tmp_path, "--verbose"), capsys
+    )
     lines = out.splitlines()
     at = next(i for i, x in enumerate(lines) if x.startswith("ok    gpus: "))
-    assert lines[at] == (f"ok    gpus: 2 GPU(s) via procfs under {node.root}, driver 550.54.15, "
-                         "2 MIG device(s)")
-    assert lines[at + 1] == ("      0=/dev/nvidia0, 1=/dev/nvidia1; 2 MIG devices on GPU 0 "
-                             "(0:0 3g.40gb, 0:1 3g.40gb)")
+    assert lines[at] == (
+        f"ok    gpus: 2 GPU(s) via procfs under {node.root}, driver 550.54.15, 2 MIG device(s)"
+    )
+    assert lines[at + 1] == (
+        "      0=/dev/nvidia0, 1=/dev/nvidia1; 2 MIG devices on GPU 0 (0:0 3g.40gb, 0:1 3g.40gb)"
+    )
 
 
 def test_help_shows_file_and_dir_metavars(capsys: pytest.CaptureFixture[str]) -> None:
@@ -501,10 +596,15 @@ def test_help_shows_file_and_dir_metavars(capsys: pytest.CaptureFixture[str]) ->
     rc, out, _ = run_cli(["doctor", "--help"], capsys)
     assert rc == 0
     words = out.split()
-    for option, metavar in (("--config", "FILE"), ("--containerd-config", "FILE"),
-                            ("--docker-config", "FILE"), ("--crio-config", "FILE"),
-                            ("--trampoline", "FILE"), ("--driver-root", "DIR"),
-                            ("--dev-root", "DIR")):
+    for option, metavar in (
+        ("--config", "FILE"),
+        ("--containerd-config", "FILE"),
+        ("--docker-config", "FILE"),
+        ("--crio-config", "FILE"),
+        ("--trampoline", "FILE"),
+        ("--driver-root", "DIR"),
+        ("--dev-root", "DIR"),
+    ):
         assert words[words.index(option) + 1] == metavar, option
 
 
@@ -513,4 +613,5 @@ def test_text_format_escapes_control_characters_of_a_finding() -> None:
     them escaped; its own line breaks read as spaces."""
     findings = [Finding("a", "warn", "wrapper line \x1b[2K\rok\u202e\u2028", "fix\nit")]
     assert doctor.render_text(findings).split("\n") == [
-        "warn  a: wrapper line \\x1b[2K\\rok\\u202e\\u2028 — fix: fix it"]
+        "warn  a: wrapper line \\x1b[2K\\rok\\u202e\\u2028 — fix: fix it"
+    ]

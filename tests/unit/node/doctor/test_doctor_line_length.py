@@ -39,8 +39,9 @@ def _configured(tmp: Path, main_text: str, enable_cdi: bool = False) -> Path:
     path = tmp / "etc" / "containerd" / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(main_text)
-    containerd.configure(str(path), binary=str(trampoline(tmp / "bin" / "nvshim-runtime",
-                                                          _nvshim(tmp))))
+    containerd.configure(
+        str(path), binary=str(trampoline(tmp / "bin" / "nvshim-runtime", _nvshim(tmp)))
+    )
     if enable_cdi:
         drop_in = path.parent / "conf.d" / "99-nvshim.toml"
         doc = tomlkit.parse(drop_in.read_text())
@@ -54,8 +55,13 @@ def _readme_install(tmp: Path) -> Dict[str, Path]:
 
 
 def _double_cdi(tmp: Path) -> Dict[str, Path]:
-    return {"containerd": _configured(tmp, 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n'
-                                           "enable_cdi = false\n", enable_cdi=True)}
+    return {
+        "containerd": _configured(
+            tmp,
+            'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\nenable_cdi = false\n',
+            enable_cdi=True,
+        )
+    }
 
 
 def _unknown_containerd_version(tmp: Path) -> Dict[str, Path]:
@@ -63,13 +69,17 @@ def _unknown_containerd_version(tmp: Path) -> Dict[str, Path]:
 
 
 def _nvidia_defaults(tmp: Path) -> Dict[str, Path]:
-    return {"containerd": nvidia_ctk_containerd(tmp), "docker": nvidia_ctk_docker(tmp),
-            "crio": nvidia_ctk_crio(tmp)}
+    return {
+        "containerd": nvidia_ctk_containerd(tmp),
+        "docker": nvidia_ctk_docker(tmp),
+        "crio": nvidia_ctk_crio(tmp),
+    }
 
 
 def _nvshim_default_off(tmp: Path) -> Dict[str, Path]:
-    ctrd = containerd_config(tmp / "etc" / "containerd" / "config.toml",
-                             fake_runtime(tmp / "bin"), "nvshim")
+    ctrd = containerd_config(
+        tmp / "etc" / "containerd" / "config.toml", fake_runtime(tmp / "bin"), "nvshim"
+    )
     return {"containerd": ctrd, "config": write_config(tmp / "etc" / "nvshim")}
 
 
@@ -77,8 +87,9 @@ def _forgeable_and_hooks(tmp: Path) -> Dict[str, Path]:
     hook_file(tmp / "usr-hooks.d", "oci-nvidia-hook.json", {"always": True, "commands": [".*"]})
     hook_file(tmp / "etc-hooks.d", "gpu.json", {"annotations": {"gpu": ".*"}})
     wrapper = script(tmp / "bin" / "low", f'exec {NVIDIA} "$@"\n')
-    return {"config": _nvshim(tmp, **{"require-allocation": True,
-                                      "runtimes": [str(wrapper), "runc"]})}
+    return {
+        "config": _nvshim(tmp, **{"require-allocation": True, "runtimes": [str(wrapper), "runc"]})
+    }
 
 
 def _broken(tmp: Path) -> Dict[str, Path]:
@@ -90,8 +101,9 @@ def _broken(tmp: Path) -> Dict[str, Path]:
     crio = tmp / "etc" / "crio" / "crio.conf"
     crio.parent.mkdir(parents=True)
     crio.write_text("[crio\n")
-    ctrd = containerd_config(tmp / "etc" / "containerd" / "config.toml",
-                             tmp / "gone" / "nvshim-runtime")
+    ctrd = containerd_config(
+        tmp / "etc" / "containerd" / "config.toml", tmp / "gone" / "nvshim-runtime"
+    )
     return {"config": config, "docker": daemon, "crio": crio, "containerd": ctrd}
 
 
@@ -126,8 +138,9 @@ STATES: Dict[str, Callable[[Path], Dict[str, Path]]] = {
 
 
 @pytest.mark.parametrize("state", sorted(STATES))
-def test_every_doctor_line_is_at_most_160_characters(tmp_path: Path, state: str,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_doctor_line_is_at_most_160_characters(
+    tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each state's text-mode lines fit in 160 characters; their details are in JSON."""
     monkeypatch.delenv("NVSHIM_CONFIG", raising=False)
     files = STATES[state](tmp_path)
@@ -148,6 +161,5 @@ def test_every_doctor_line_is_at_most_160_characters(tmp_path: Path, state: str,
     findings = run_checks(options)
     lines = render_text(findings).splitlines()
     assert len(lines) == len(findings)
-    long: List[str] = [line for line in lines
-                       if len(line.replace(str(tmp_path), "")) > MAX_LINE]
+    long: List[str] = [line for line in lines if len(line.replace(str(tmp_path), "")) > MAX_LINE]
     assert long == [], "\n".join(long)

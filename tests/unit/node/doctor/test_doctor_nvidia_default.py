@@ -29,8 +29,10 @@ PITFALL = (
     "from CUDA images' NVIDIA_VISIBLE_DEVICES=all (no {nvidia}: "
     "accept-nvidia-visible-devices-envvar-when-unprivileged defaults to true)"
 )
-SWITCH = ("; or set accept-nvidia-visible-devices-envvar-when-unprivileged = false in {nvidia} "
-          "(NVIDIA's own switch; GPUs then come from device-plugin mounts or CDI only)")
+SWITCH = (
+    "; or set accept-nvidia-visible-devices-envvar-when-unprivileged = false in {nvidia} "
+    "(NVIDIA's own switch; GPUs then come from device-plugin mounts or CDI only)"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -42,8 +44,11 @@ def _no_nvshim_config_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def nvshim_config(tmp_path: Path, require_allocation: bool) -> Path:
     path = tmp_path / "nvshim" / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump({"require-allocation": require_allocation,
-                                    "cdi-spec-dirs": [str(tmp_path / "cdi")]}))
+    path.write_text(
+        yaml.safe_dump(
+            {"require-allocation": require_allocation, "cdi-spec-dirs": [str(tmp_path / "cdi")]}
+        )
+    )
     return path
 
 
@@ -73,10 +78,16 @@ def nvidia_ctk_docker(tmp_path: Path) -> Path:
     """daemon.json as ``nvidia-ctk runtime configure --runtime=docker --set-as-default`` writes it."""
     path = tmp_path / "docker" / "daemon.json"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({
-        "default-runtime": "nvidia", "features": {"cdi": True},
-        "runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}},
-    }, indent=4))
+    path.write_text(
+        json.dumps(
+            {
+                "default-runtime": "nvidia",
+                "features": {"cdi": True},
+                "runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}},
+            },
+            indent=4,
+        )
+    )
     return path
 
 
@@ -93,13 +104,24 @@ def nvidia_ctk_crio(tmp_path: Path) -> Path:
     return main_file
 
 
-def run_doctor(tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str],
-               **engines: Path) -> Tuple[int, List[str]]:
+def run_doctor(
+    tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str], **engines: Path
+) -> Tuple[int, List[str]]:
     """``nvshim doctor`` in-process, looking only at ``engines``' files (others absent)."""
     absent = tmp_path / "absent"
-    args = ["doctor", "--config", str(config), "--trampoline", str(absent / "trampoline"),
-            "--driver-root", str(absent / "driver"), "--nvidia-config", str(nvidia_toml(tmp_path)),
-            "--hooks-dir", str(absent / "hooks.d")]
+    args = [
+        "doctor",
+        "--config",
+        str(config),
+        "--trampoline",
+        str(absent / "trampoline"),
+        "--driver-root",
+        str(absent / "driver"),
+        "--nvidia-config",
+        str(nvidia_toml(tmp_path)),
+        "--hooks-dir",
+        str(absent / "hooks.d"),
+    ]
     for engine in ("containerd", "docker", "crio"):
         args += [f"--{engine}-config", str(engines.get(engine, absent / engine / "config"))]
     with pytest.raises(SystemExit) as exc:
@@ -121,14 +143,17 @@ def fail_line(lines: List[str], check: str) -> str:
 def detail_line(lines: List[str], check: str) -> str:
     """The --verbose line under ``check``'s short FAIL line (the whole story and fix)."""
     found = fail_line(lines, check)
-    assert found.endswith("is NVIDIA's runtime: pods asking no GPU get every GPU — fix: make "
-                          "runc the default (more: --verbose)"), found
+    assert found.endswith(
+        "is NVIDIA's runtime: pods asking no GPU get every GPU — fix: make "
+        "runc the default (more: --verbose)"
+    ), found
     return lines[lines.index(found) + 1]
 
 
 @pytest.mark.parametrize("require_allocation", [False, True], ids=["ra-off", "ra-on"])
 def test_containerd_with_nvidia_as_default_fails_with_the_fix(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], require_allocation: bool) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], require_allocation: bool
+) -> None:
     """containerd's default handler "nvidia" running nvidia-container-runtime is the pitfall,
     whatever nvshim's require-allocation says; the fix makes nvshim (with require-allocation)
     the default or takes NVIDIA's runtime out of it."""
@@ -137,7 +162,7 @@ def test_containerd_with_nvidia_as_default_fails_with_the_fix(
     rc, lines = run_doctor(tmp_path, config, capsys, containerd=ctrd)
     assert rc == 1
     assert detail_line(lines, "default-runtime") == (
-        "      containerd's default runtime \"nvidia\" "
+        '      containerd\'s default runtime "nvidia" '
         + PITFALL.format(binary=NVIDIA_CTK_BINARY, nvidia=nvidia_toml(tmp_path))
         + f". Fix: set require-allocation: true in {config}, then nvshim config compile "
         f"--config {config} and NVSHIM_CONFIG={config} nvshim runtime configure --runtime "
@@ -149,7 +174,8 @@ def test_containerd_with_nvidia_as_default_fails_with_the_fix(
 
 @pytest.mark.parametrize("require_allocation", [False, True], ids=["ra-off", "ra-on"])
 def test_docker_with_nvidia_as_default_fails_with_the_fix(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], require_allocation: bool) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], require_allocation: bool
+) -> None:
     """Docker's "default-runtime": "nvidia" (path nvidia-container-runtime) is the pitfall:
     a FAIL line for docker with the fix, though no nvshim runtime is registered at all."""
     config = nvshim_config(tmp_path, require_allocation)
@@ -157,11 +183,11 @@ def test_docker_with_nvidia_as_default_fails_with_the_fix(
     rc, lines = run_doctor(tmp_path, config, capsys, docker=daemon)
     assert rc == 1
     assert detail_line(lines, "docker") == (
-        "      Docker's default runtime \"nvidia\" "
+        '      Docker\'s default runtime "nvidia" '
         + PITFALL.format(binary="nvidia-container-runtime", nvidia=nvidia_toml(tmp_path))
         + f". Fix: set require-allocation: true in {config}, then nvshim config compile "
         f"--config {config} and NVSHIM_CONFIG={config} nvshim runtime configure --runtime "
-        f"docker --config {daemon} --set-as-default; or take \"default-runtime\" out of "
+        f'docker --config {daemon} --set-as-default; or take "default-runtime" out of '
         f"{daemon} (Docker then runs runc) and pick a GPU runtime per container with "
         "docker run --runtime" + SWITCH.format(nvidia=nvidia_toml(tmp_path))
     )
@@ -169,7 +195,8 @@ def test_docker_with_nvidia_as_default_fails_with_the_fix(
 
 @pytest.mark.parametrize("require_allocation", [False, True], ids=["ra-off", "ra-on"])
 def test_crio_with_nvidia_as_default_fails_with_the_fix(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], require_allocation: bool) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], require_allocation: bool
+) -> None:
     """CRI-O's default_runtime "nvidia" (set by a drop-in, runtime_path
     nvidia-container-runtime) is the pitfall: a FAIL line for crio with the fix."""
     config = nvshim_config(tmp_path, require_allocation)
@@ -177,7 +204,7 @@ def test_crio_with_nvidia_as_default_fails_with_the_fix(
     rc, lines = run_doctor(tmp_path, config, capsys, crio=crio)
     assert rc == 1
     assert detail_line(lines, "crio") == (
-        "      CRI-O's default runtime \"nvidia\" "
+        '      CRI-O\'s default runtime "nvidia" '
         + PITFALL.format(binary=NVIDIA_CTK_BINARY, nvidia=nvidia_toml(tmp_path))
         + f". Fix: set require-allocation: true in {config}, then nvshim config compile "
         f"--config {config} and NVSHIM_CONFIG={config} nvshim runtime configure --runtime "
@@ -195,11 +222,12 @@ def test_crio_builtin_default_handler_running_nvidia_runtime_fails(tmp_path: Pat
     options = DoctorOptions(config_path=str(tmp_path / "none.yaml"))
     finding = doctor_engines.check_crio(str(conf), Config(require_allocation=True), options)
     assert finding.status == "fail"
-    assert finding.detail.startswith('CRI-O\'s default runtime "runc" is NVIDIA\'s runtime')
+    assert finding.detail.startswith("CRI-O's default runtime \"runc\" is NVIDIA's runtime")
 
 
 def test_nvshim_config_env_already_naming_the_config_is_not_repeated(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The fix prefixes NVSHIM_CONFIG=<config> only when configure would read another file."""
     config = nvshim_config(tmp_path, True)
     monkeypatch.setenv("NVSHIM_CONFIG", str(config))
@@ -207,16 +235,20 @@ def test_nvshim_config_env_already_naming_the_config_is_not_repeated(
     daemon = nvidia_ctk_docker(tmp_path)
     finding = doctor_engines.check_docker(str(daemon), Config(require_allocation=True), options)
     assert finding.status == "fail"
-    assert f" and nvshim runtime configure --runtime docker --config {daemon} " \
-           "--set-as-default;" in finding.detail
+    assert (
+        f" and nvshim runtime configure --runtime docker --config {daemon} "
+        "--set-as-default;" in finding.detail
+    )
 
 
 def _containerd(tmp_path: Path, default: str, handlers: List[Tuple[str, Optional[str]]]) -> Path:
     lines = ["version = 2", f"[{CRI}.containerd]", f'  default_runtime_name = "{default}"']
     for name, binary in handlers:
-        lines += [f"[{CRI}.containerd.runtimes.{name}]",
-                  '  runtime_type = "io.containerd.runc.v2"',
-                  f"[{CRI}.containerd.runtimes.{name}.options]"]
+        lines += [
+            f"[{CRI}.containerd.runtimes.{name}]",
+            '  runtime_type = "io.containerd.runc.v2"',
+            f"[{CRI}.containerd.runtimes.{name}.options]",
+        ]
         if binary is not None:
             lines.append(f'  BinaryName = "{binary}"')
     path = tmp_path / f"containerd-{default}.toml"
@@ -224,47 +256,68 @@ def _containerd(tmp_path: Path, default: str, handlers: List[Tuple[str, Optional
     return path
 
 
-@pytest.mark.parametrize("default, handlers, status", [
-    # GPU operator's toolkit: its own path, the mode-forcing variants, extra handler names
-    ("nvidia", [("nvidia", "/usr/local/nvidia/toolkit/nvidia-container-runtime")], "fail"),
-    ("nvidia-cdi", [("nvidia-cdi", "/usr/local/nvidia/toolkit/nvidia-container-runtime.cdi")],
-     "fail"),
-    ("nvidia-legacy", [("nvidia-legacy", "/opt/nv/wrapper")], "fail"),
-    ("gpu", [("gpu", "/usr/bin/nvidia-container-runtime-experimental")], "fail"),
-    ("runc", [("runc", "/usr/bin/nvidia-container-runtime.legacy")], "fail"),
-    # NVIDIA's runtime registered but not the default: GPU pods choose it by RuntimeClass
-    ("runc", [("runc", None), ("nvidia", NVIDIA_CTK_BINARY)], "ok"),
-    # nvshim under NVIDIA's handler name (a binary doctor knows by its name only, so judged
-    # by doctor's config), require-allocation on: nvshim, not the pitfall
-    ("nvidia", [("nvidia", "/nonexistent/bin/nvshim-runtime")], "ok"),
-], ids=["operator", "cdi-variant", "legacy-name", "experimental", "runc-handler", "not-default",
-        "nvshim-named-nvidia"])
+@pytest.mark.parametrize(
+    "default, handlers, status",
+    [
+        # GPU operator's toolkit: its own path, the mode-forcing variants, extra handler names
+        ("nvidia", [("nvidia", "/usr/local/nvidia/toolkit/nvidia-container-runtime")], "fail"),
+        (
+            "nvidia-cdi",
+            [("nvidia-cdi", "/usr/local/nvidia/toolkit/nvidia-container-runtime.cdi")],
+            "fail",
+        ),
+        ("nvidia-legacy", [("nvidia-legacy", "/opt/nv/wrapper")], "fail"),
+        ("gpu", [("gpu", "/usr/bin/nvidia-container-runtime-experimental")], "fail"),
+        ("runc", [("runc", "/usr/bin/nvidia-container-runtime.legacy")], "fail"),
+        # NVIDIA's runtime registered but not the default: GPU pods choose it by RuntimeClass
+        ("runc", [("runc", None), ("nvidia", NVIDIA_CTK_BINARY)], "ok"),
+        # nvshim under NVIDIA's handler name (a binary doctor knows by its name only, so judged
+        # by doctor's config), require-allocation on: nvshim, not the pitfall
+        ("nvidia", [("nvidia", "/nonexistent/bin/nvshim-runtime")], "ok"),
+    ],
+    ids=[
+        "operator",
+        "cdi-variant",
+        "legacy-name",
+        "experimental",
+        "runc-handler",
+        "not-default",
+        "nvshim-named-nvidia",
+    ],
+)
 def test_containerd_default_recognised_by_binary_or_name(
-        tmp_path: Path, default: str, handlers: List[Tuple[str, Optional[str]]],
-        status: str) -> None:
+    tmp_path: Path, default: str, handlers: List[Tuple[str, Optional[str]]], status: str
+) -> None:
     """NVIDIA's runtime is recognised by its binary's basename or by NVIDIA's handler names,
     never when the handler runs nvshim-runtime; only as the default is it the pitfall."""
     ctrd = _containerd(tmp_path, default, handlers)
-    options = DoctorOptions(config_path=str(tmp_path / "none.yaml"), containerd_config=str(ctrd),
-                            trampoline=str(tmp_path / "none"))
+    options = DoctorOptions(
+        config_path=str(tmp_path / "none.yaml"),
+        containerd_config=str(ctrd),
+        trampoline=str(tmp_path / "none"),
+    )
     _, effective = doctor_engines.check_containerd_config(str(ctrd))
     assert effective is not None
-    finding = doctor_engines.check_default_runtime(effective, Config(require_allocation=True),
-                                                   options)
+    finding = doctor_engines.check_default_runtime(
+        effective, Config(require_allocation=True), options
+    )
     assert finding.status == status, finding
     if status == "fail":
         assert f'default runtime "{default}" is NVIDIA\'s runtime' in finding.detail
 
 
-@pytest.mark.parametrize("name, binary, expected", [
-    ("nvidia", None, True),
-    ("x", "/usr/bin/nvidia-container-runtime", True),
-    ("x", "nvidia-container-runtime.cdi", True),
-    ("x", "/usr/bin/nvidia-container-toolkit", False),
-    ("runc", "/usr/bin/runc", False),
-    ("nvidia", "/usr/local/bin/nvshim-runtime", False),
-    ("nvshim", "/usr/bin/nvidia-container-runtime", True),
-])
+@pytest.mark.parametrize(
+    "name, binary, expected",
+    [
+        ("nvidia", None, True),
+        ("x", "/usr/bin/nvidia-container-runtime", True),
+        ("x", "nvidia-container-runtime.cdi", True),
+        ("x", "/usr/bin/nvidia-container-toolkit", False),
+        ("runc", "/usr/bin/runc", False),
+        ("nvidia", "/usr/local/bin/nvshim-runtime", False),
+        ("nvshim", "/usr/bin/nvidia-container-runtime", True),
+    ],
+)
 def test_is_nvidia_runtime(name: str, binary: Optional[str], expected: bool) -> None:
     """What counts as NVIDIA's runtime: its binary under any handler name, or NVIDIA's
     handler names unless the handler runs nvshim-runtime."""

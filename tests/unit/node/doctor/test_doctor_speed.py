@@ -10,8 +10,10 @@ from nvshim.node.engines import containerd_read
 
 
 def _fake_containerd(path: Path, version: str, log: Path) -> None:
-    path.write_text(f"#!/bin/sh\necho asked >> {log}\n"
-                    f"echo containerd github.com/containerd/containerd {version} abc\n")
+    path.write_text(
+        f"#!/bin/sh\necho asked >> {log}\n"
+        f"echo containerd github.com/containerd/containerd {version} abc\n"
+    )
     os.chmod(path, 0o755)
 
 
@@ -48,9 +50,15 @@ def test_no_driver_no_pynvml() -> None:
         import pytest
 
         pytest.skip("this host has an NVIDIA driver: NVML is asked")
-    code = ("import sys\nfrom nvshim.host.discovery import Host\n"
-            "from nvshim.host.gpus import find_gpus\n"
-            "print(find_gpus(Host('/'), 'auto'), 'pynvml' in sys.modules)")
-    res = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(Path(__file__).resolve().parents[4])})
+    code = (
+        "import sys\nfrom nvshim.host.discovery import Host\n"
+        "from nvshim.host.gpus import find_gpus\n"
+        "print(find_gpus(Host('/'), 'auto'), 'pynvml' in sys.modules)"
+    )
+    res = subprocess.run(
+        [sys.executable, "-I", "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(Path(__file__).resolve().parents[4])},
+    )
     assert res.stdout.split() == ["((),", "'procfs')", "False"], res.stderr

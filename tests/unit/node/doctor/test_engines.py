@@ -16,8 +16,9 @@ from tests.helpers.commands import fake_runtime
 
 
 def options(tmp_path: Path) -> DoctorOptions:
-    return DoctorOptions(config_path=str(tmp_path / "nvshim.yaml"),
-                                trampoline=str(tmp_path / "no-trampoline"))
+    return DoctorOptions(
+        config_path=str(tmp_path / "nvshim.yaml"), trampoline=str(tmp_path / "no-trampoline")
+    )
 
 
 def daemon_json(tmp_path: Path, runtimes: dict, default: str = "") -> Path:
@@ -36,25 +37,30 @@ def test_docker_missing_config_is_skip(tmp_path: Path) -> None:
 def test_docker_ok_warn_fail(tmp_path: Path) -> None:
     """A registered executable runtime is ok; none is warn; a missing binary is fail."""
     binary = fake_runtime(tmp_path / "bin")
-    good = check_docker(str(daemon_json(tmp_path, {"nvshim": {"path": str(binary)}})), Config(),
-                        options(tmp_path))
+    good = check_docker(
+        str(daemon_json(tmp_path, {"nvshim": {"path": str(binary)}})), Config(), options(tmp_path)
+    )
     assert good.status == "ok" and str(binary) in good.message
-    none = check_docker(str(daemon_json(tmp_path, {"kata": {"path": "/x"}})), Config(),
-                        options(tmp_path))
+    none = check_docker(
+        str(daemon_json(tmp_path, {"kata": {"path": "/x"}})), Config(), options(tmp_path)
+    )
     assert none.status == "warn" and "--runtime docker" in none.fix
-    missing = check_docker(str(daemon_json(tmp_path, {"nvshim": {"path": "/no/such"}})), Config(),
-                           options(tmp_path))
+    missing = check_docker(
+        str(daemon_json(tmp_path, {"nvshim": {"path": "/no/such"}})), Config(), options(tmp_path)
+    )
     assert missing.status == "fail" and "/no/such does not exist" in missing.message
 
 
 @pytest.mark.parametrize("require_allocation, status", [(False, "fail"), (True, "ok")])
-def test_docker_default_runtime_pitfall(tmp_path: Path, require_allocation: bool,
-                                        status: str) -> None:
+def test_docker_default_runtime_pitfall(
+    tmp_path: Path, require_allocation: bool, status: str
+) -> None:
     """nvshim as Docker's default runtime fails unless require-allocation is on."""
     binary = fake_runtime(tmp_path / "bin")
     path = daemon_json(tmp_path, {"gpu": {"path": str(binary)}}, default="gpu")
-    finding = check_docker(str(path), Config(require_allocation=require_allocation),
-                           options(tmp_path))
+    finding = check_docker(
+        str(path), Config(require_allocation=require_allocation), options(tmp_path)
+    )
     assert finding.status == status, finding
     if status == "fail":
         assert "NVIDIA_VISIBLE_DEVICES=all" in finding.detail
@@ -75,7 +81,8 @@ def test_crio_pitfall_through_drop_in(tmp_path: Path) -> None:
     (tmp_path / "crio.conf.d").mkdir()
     (tmp_path / "crio.conf.d" / "99-nvshim.toml").write_text(
         f'[crio.runtime]\ndefault_runtime = "nvshim"\n'
-        f'[crio.runtime.runtimes.nvshim]\nruntime_path = "{binary}"\n')
+        f'[crio.runtime.runtimes.nvshim]\nruntime_path = "{binary}"\n'
+    )
     assert check_crio(str(conf), Config(), options(tmp_path)).status == "fail"
     assert check_crio(str(conf), Config(require_allocation=True), options(tmp_path)).status == "ok"
 
@@ -101,11 +108,14 @@ def test_crio_absent_is_skip_and_broken_is_fail(tmp_path: Path) -> None:
 
 def test_run_checks_includes_docker_and_crio(tmp_path: Path) -> None:
     """The full doctor run reports docker and crio findings."""
-    opts = DoctorOptions(config_path=str(tmp_path / "none.yaml"),
-                                containerd_config=str(tmp_path / "c.toml"),
-                                docker_config=str(tmp_path / "d.json"),
-                                crio_config=str(tmp_path / "crio.conf"),
-                                driver_root=str(tmp_path), trampoline=str(tmp_path / "t"))
+    opts = DoctorOptions(
+        config_path=str(tmp_path / "none.yaml"),
+        containerd_config=str(tmp_path / "c.toml"),
+        docker_config=str(tmp_path / "d.json"),
+        crio_config=str(tmp_path / "crio.conf"),
+        driver_root=str(tmp_path),
+        trampoline=str(tmp_path / "t"),
+    )
     checks: List[str] = [f.check for f in doctor.run_checks(opts)]
     assert "docker" in checks and "crio" in checks
 
@@ -141,6 +151,8 @@ def test_crio_line_counts_the_main_file_apart_from_drop_ins(tmp_path: Path) -> N
     one = check_crio(str(conf), Config(), options(tmp_path))
     assert one.message.startswith(f"{conf} + 1 drop-in: nvshim runtime nvshim ({binary})")
     conf.unlink()
-    (drop_ins / "20-b.toml").write_text(f'[crio.runtime.runtimes.nvshim]\nruntime_path = "{binary}"\n')
+    (drop_ins / "20-b.toml").write_text(
+        f'[crio.runtime.runtimes.nvshim]\nruntime_path = "{binary}"\n'
+    )
     two = check_crio(str(conf), Config(), options(tmp_path))
     assert two.message.startswith(f"2 drop-ins in {drop_ins} (no {conf}): ")

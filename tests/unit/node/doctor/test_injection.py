@@ -55,8 +55,13 @@ def configured_containerd(tmp_path: Path, main_text: str, enable_cdi: bool) -> P
     return path
 
 
-def options(tmp_path: Path, config: Path, ctrd: Optional[Path] = None,
-            crio: Optional[Path] = None, binary: Optional[Path] = None) -> DoctorOptions:
+def options(
+    tmp_path: Path,
+    config: Path,
+    ctrd: Optional[Path] = None,
+    crio: Optional[Path] = None,
+    binary: Optional[Path] = None,
+) -> DoctorOptions:
     """Doctor looking only at temp files; no containerd binary unless ``binary``."""
     return DoctorOptions(
         config_path=str(config),
@@ -64,7 +69,8 @@ def options(tmp_path: Path, config: Path, ctrd: Optional[Path] = None,
         containerd_binary=str(binary or tmp_path / "no-containerd-binary"),
         docker_config=str(tmp_path / "no-daemon.json"),
         crio_config=str(crio or tmp_path / "no-crio" / "crio.conf"),
-        driver_root=str(tmp_path), trampoline=str(tmp_path / "no-trampoline"),
+        driver_root=str(tmp_path),
+        trampoline=str(tmp_path / "no-trampoline"),
     )
 
 
@@ -74,7 +80,8 @@ def injection(opts: DoctorOptions) -> List[Finding]:
 
 
 def test_containerd_17_with_enable_cdi_and_default_config_warns_with_the_fix(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """containerd 1.7's enable_cdi = true, nvshim's handler passed cdi.k8s.io/* and nvshim's
     default config (require-allocation off, annotation-prefixes cdi.k8s.io/): both inject
     from the same spec dirs -- a warning whose fix names nvshim's and containerd's side."""
@@ -83,21 +90,24 @@ def test_containerd_17_with_enable_cdi_and_default_config_warns_with_the_fix(
     [finding] = injection(options(tmp_path, config, ctrd))
     assert finding.status == "warn", finding
     assert finding.message == "containerd and nvshim both inject CDI annotations' devices"
-    assert ("nvshim's require-allocation is off, so every annotation under \"cdi.k8s.io/\" "
-            "is a request") in finding.detail
-    assert "containerd injects the CDI devices that cdi.k8s.io/ annotations name" \
-        in finding.detail
+    assert (
+        'nvshim\'s require-allocation is off, so every annotation under "cdi.k8s.io/" is a request'
+    ) in finding.detail
+    assert "containerd injects the CDI devices that cdi.k8s.io/ annotations name" in finding.detail
     assert "nvshim injects them again from the same CDI spec dirs" in finding.detail
     drop_in = tmp_path / "containerd" / "conf.d" / "99-nvshim.toml"
     assert f"enable_cdi = true in {drop_in}" in finding.detail
     assert finding.fix == f'drop "cdi.k8s.io/" from annotation-prefixes in {config}'
     assert "counts the devices containerd injected as an engine grant" in finding.detail
-    assert f'set enable_cdi = false in plugins."io.containerd.grpc.v1.cri" of {drop_in}' \
+    assert (
+        f'set enable_cdi = false in plugins."io.containerd.grpc.v1.cri" of {drop_in}'
         in finding.detail
+    )
 
 
 def test_require_allocation_fix_drops_cdi_annotations_from_allocation_sources(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Under require-allocation the fix is taking cdi-annotations out of allocation-sources;
     once out, the line is ok and says containerd injects."""
     ctrd = configured_containerd(tmp_path, "version = 2\n", enable_cdi=True)
@@ -105,8 +115,9 @@ def test_require_allocation_fix_drops_cdi_annotations_from_allocation_sources(
     [warned] = injection(options(tmp_path, config, ctrd))
     assert warned.status == "warn"
     assert f"drop cdi-annotations from allocation-sources in {config}" in warned.fix
-    config = nvshim_config(tmp_path, require_allocation=True,
-                           allocation_sources=["volume-mounts", "envvar-uuids"])
+    config = nvshim_config(
+        tmp_path, require_allocation=True, allocation_sources=["volume-mounts", "envvar-uuids"]
+    )
     [fine] = injection(options(tmp_path, config, ctrd))
     assert fine.status == "ok", fine
     assert fine.detail.startswith("containerd injects the CDI devices")
@@ -126,7 +137,8 @@ def test_enable_cdi_on_containerd_16_is_ignored(tmp_path: Path) -> None:
     """containerd before 1.7 has no CDI: enable_cdi = true there leaves nvshim injecting."""
     ctrd = configured_containerd(tmp_path, "version = 2\n", enable_cdi=True)
     binary = fake_containerd(
-        tmp_path, "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3")
+        tmp_path, "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3"
+    )
     [finding] = injection(options(tmp_path, nvshim_config(tmp_path), ctrd, binary=binary))
     assert finding.status == "ok", finding
     assert finding.detail.startswith("nvshim injects the CDI devices")
@@ -136,12 +148,16 @@ def test_enable_cdi_on_containerd_16_is_ignored(tmp_path: Path) -> None:
 def test_enable_cdi_false_says_nvshim_injects(tmp_path: Path) -> None:
     """enable_cdi = false: ok, nvshim is the one that injects."""
     ctrd = configured_containerd(
-        tmp_path, 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\nenable_cdi = false\n',
-        enable_cdi=False)
+        tmp_path,
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\nenable_cdi = false\n',
+        enable_cdi=False,
+    )
     [finding] = injection(options(tmp_path, nvshim_config(tmp_path), ctrd))
     assert finding.status == "ok", finding
-    assert finding.detail.startswith("nvshim injects the CDI devices that cdi.k8s.io/ "
-                                     "annotations name, from /etc/cdi, /var/run/cdi")
+    assert finding.detail.startswith(
+        "nvshim injects the CDI devices that cdi.k8s.io/ "
+        "annotations name, from /etc/cdi, /var/run/cdi"
+    )
     assert f"containerd injects none (enable_cdi = false in {ctrd.parent}" in finding.detail
 
 
@@ -153,13 +169,14 @@ def test_containerd_2_version_3_default_is_the_engine(tmp_path: Path, passed: bo
     ctrd = tmp_path / "config.toml"
     cri = 'plugins."io.containerd.cri.v1.runtime"'
     annotations = 'container_annotations = ["cdi.k8s.io/*"]\n' if passed else ""
-    ctrd.write_text(f'version = 3\n[{cri}.containerd.runtimes.nvshim]\n{annotations}'
-                    f'[{cri}.containerd.runtimes.nvshim.options]\nBinaryName = "{binary}"\n')
+    ctrd.write_text(
+        f"version = 3\n[{cri}.containerd.runtimes.nvshim]\n{annotations}"
+        f'[{cri}.containerd.runtimes.nvshim.options]\nBinaryName = "{binary}"\n'
+    )
     [finding] = injection(options(tmp_path, nvshim_config(tmp_path), ctrd))
     said = finding.detail  # the line stays short
     assert said.startswith("containerd injects the CDI devices")
-    assert "is a version 3 config, containerd 2.x's, where enable_cdi defaults to true" \
-        in said
+    assert "is a version 3 config, containerd 2.x's, where enable_cdi defaults to true" in said
     if passed:
         assert finding.status == "warn" and "annotation-prefixes" in finding.fix
         assert f"set enable_cdi = false in {cri} of {ctrd}" in finding.detail
@@ -168,20 +185,29 @@ def test_containerd_2_version_3_default_is_the_engine(tmp_path: Path, passed: bo
         assert "none of its container_annotations covers them" in finding.detail
 
 
-@pytest.mark.parametrize("answer, injects", [
-    ("containerd github.com/containerd/containerd/v2 v2.0.0 207ad711eabd375a01713109a8a197d197ff6542",
-     True),
-    ("containerd github.com/containerd/containerd v1.7.13 7c3aca7a610df76212171d200ca3811ff6096eb8",
-     False),
-    ("containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3", False),
-])
+@pytest.mark.parametrize(
+    "answer, injects",
+    [
+        (
+            "containerd github.com/containerd/containerd/v2 v2.0.0 207ad711eabd375a01713109a8a197d197ff6542",
+            True,
+        ),
+        (
+            "containerd github.com/containerd/containerd v1.7.13 7c3aca7a610df76212171d200ca3811ff6096eb8",
+            False,
+        ),
+        ("containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3", False),
+    ],
+)
 def test_version_2_config_without_enable_cdi_asks_the_binary(
-        tmp_path: Path, answer: str, injects: bool) -> None:
+    tmp_path: Path, answer: str, injects: bool
+) -> None:
     """A version 2 config that does not set enable_cdi: the default is containerd's own --
     on in 2.x, off in 1.7, absent in 1.6 -- so doctor asks ``containerd --version``."""
     ctrd = configured_containerd(tmp_path, "version = 2\n", enable_cdi=False)
-    opts = options(tmp_path, nvshim_config(tmp_path), ctrd, binary=fake_containerd(tmp_path,
-                                                                                   answer))
+    opts = options(
+        tmp_path, nvshim_config(tmp_path), ctrd, binary=fake_containerd(tmp_path, answer)
+    )
     [finding] = injection(opts)
     if injects:
         assert finding.status == "warn"
@@ -212,19 +238,24 @@ def test_crio_config_present_is_the_engine(tmp_path: Path) -> None:
     crio.write_text('[crio.runtime]\ncdi_spec_dirs = ["/var/run/cdi"]\n')
     (crio.parent / "crio.conf.d").mkdir()
     (crio.parent / "crio.conf.d" / "99-nvshim.toml").write_text(
-        f'[crio.runtime.runtimes.nvshim]\nruntime_path = "{binary}"\n')
+        f'[crio.runtime.runtimes.nvshim]\nruntime_path = "{binary}"\n'
+    )
     config = nvshim_config(tmp_path)
     [finding] = injection(options(tmp_path, config, crio=crio))
     assert finding.status == "warn", finding
-    assert finding.detail.startswith("CRI-O injects the CDI devices that cdi.k8s.io/ "
-                                     "annotations name, from /var/run/cdi (CRI-O's CDI has "
-                                     "no off switch)")
+    assert finding.detail.startswith(
+        "CRI-O injects the CDI devices that cdi.k8s.io/ "
+        "annotations name, from /var/run/cdi (CRI-O's CDI has "
+        "no off switch)"
+    )
     assert "enable_cdi" not in finding.fix
     config = nvshim_config(tmp_path, annotation_prefixes=[])
     [fine] = injection(options(tmp_path, config, crio=crio))
     assert fine.status == "ok", fine
-    assert fine.detail.startswith("CRI-O injects the CDI devices that cdi.k8s.io/ annotations "
-                                  "and CRI CDIDevices (DRA claims) name, from /var/run/cdi")
+    assert fine.detail.startswith(
+        "CRI-O injects the CDI devices that cdi.k8s.io/ annotations "
+        "and CRI CDIDevices (DRA claims) name, from /var/run/cdi"
+    )
 
 
 def test_no_engine_is_skip(tmp_path: Path) -> None:
@@ -233,8 +264,9 @@ def test_no_engine_is_skip(tmp_path: Path) -> None:
     assert finding.status == "skip"
 
 
-def test_doctor_cli_prints_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_doctor_cli_prints_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``nvshim doctor`` prints the cdi-injection warning with its fix; the containerd it
     asks is the one on PATH."""
     ctrd = configured_containerd(tmp_path, "version = 2\n", enable_cdi=True)
@@ -242,19 +274,40 @@ def test_doctor_cli_prints_the_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     monkeypatch.setenv("PATH", f"{binary.parent}:{os.environ.get('PATH', '')}")
     config = nvshim_config(tmp_path)
     with pytest.raises(SystemExit):
-        main(["doctor", "--config", str(config), "--containerd-config", str(ctrd),
-              "--crio-config", str(tmp_path / "no-crio" / "crio.conf"),
-              "--trampoline", str(tmp_path / "no-trampoline")])
+        main(
+            [
+                "doctor",
+                "--config",
+                str(config),
+                "--containerd-config",
+                str(ctrd),
+                "--crio-config",
+                str(tmp_path / "no-crio" / "crio.conf"),
+                "--trampoline",
+                str(tmp_path / "no-trampoline"),
+            ]
+        )
     out = capsys.readouterr().out
     [line] = [x for x in out.splitlines() if "cdi-injection:" in x]
-    assert line.startswith("warn  cdi-injection: containerd and nvshim both inject") \
+    assert (
+        line.startswith("warn  cdi-injection: containerd and nvshim both inject")
         and " — fix: " in line
+    )
 
 
-@pytest.mark.parametrize("pattern, matches", [
-    ("cdi.k8s.io/*", True), ("*/*", True), ("cdi.k8s.io/nvidia*", True), ("cdi.*/*", True),
-    ("*", False), ("cdi.*", False), ("nvidia.com/*", False), ("cdi.k8s.io", False),
-])
+@pytest.mark.parametrize(
+    "pattern, matches",
+    [
+        ("cdi.k8s.io/*", True),
+        ("*/*", True),
+        ("cdi.k8s.io/nvidia*", True),
+        ("cdi.*/*", True),
+        ("*", False),
+        ("cdi.*", False),
+        ("nvidia.com/*", False),
+        ("cdi.k8s.io", False),
+    ],
+)
 def test_annotation_pattern_reaches_the_cdi_namespace(pattern: str, matches: bool) -> None:
     """containerd's pass-through patterns (Go path.Match: * stops at /) that reach cdi.k8s.io/."""
     from nvshim.node.doctor.injection import _may_match_namespace

@@ -25,15 +25,21 @@ def write_config(name: str, tmp_path: Path) -> str:
             '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvshim]\n'
             'runtime_type = "io.containerd.runc.v2"\n'
             '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvshim.options]\n'
-            'BinaryName = "/x/nvshim-runtime"\n')
+            'BinaryName = "/x/nvshim-runtime"\n'
+        )
     elif name == "docker":
         path = tmp_path / "daemon.json"
-        path.write_text(json.dumps({"default-runtime": "runc",
-                                    "runtimes": {"nvshim": {"path": "/x/nvshim-runtime"}}}))
+        path.write_text(
+            json.dumps(
+                {"default-runtime": "runc", "runtimes": {"nvshim": {"path": "/x/nvshim-runtime"}}}
+            )
+        )
     else:
         path = tmp_path / "crio.conf"
-        path.write_text('[crio.runtime]\ndefault_runtime = "runc"\n'
-                        '[crio.runtime.runtimes.nvshim]\nruntime_path = "/x/nvshim-runtime"\n')
+        path.write_text(
+            '[crio.runtime]\ndefault_runtime = "runc"\n'
+            '[crio.runtime.runtimes.nvshim]\nruntime_path = "/x/nvshim-runtime"\n'
+        )
     return str(path)
 
 
@@ -61,7 +67,12 @@ def test_doctor_asks_engines_through_the_interface() -> None:
     for module in sorted(DOCTOR.glob("*.py")):
         for node in ast.walk(ast.parse(module.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module in (
-                    "nvshim.node.engines.docker", "nvshim.node.engines.crio"):
-                direct += [f"{module.name}: {node.module}.{a.name}" for a in node.names
-                           if a.name not in ("GPUS_HOOK", "DOCKERD_PATH", "is_gpus_hook")]
+                "nvshim.node.engines.docker",
+                "nvshim.node.engines.crio",
+            ):
+                direct += [
+                    f"{module.name}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name not in ("GPUS_HOOK", "DOCKERD_PATH", "is_gpus_hook")
+                ]
     assert direct == []

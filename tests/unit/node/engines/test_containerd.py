@@ -150,7 +150,8 @@ def test_the_default_drop_in_sits_beside_the_config() -> None:
     files = _by_path(_plan(None, config_path="/srv/k3s/etc/config.toml"))
     assert list(files) == ["/srv/k3s/etc/conf.d/99-nvshim.toml", "/srv/k3s/etc/config.toml"]
     assert _data(files["/srv/k3s/etc/config.toml"])["imports"] == [
-        "/srv/k3s/etc/conf.d/99-nvshim.toml"]
+        "/srv/k3s/etc/conf.d/99-nvshim.toml"
+    ]
 
 
 def test_default_config_clones_runc_and_copies_whole_cri_table() -> None:
@@ -176,7 +177,9 @@ def test_default_config_clones_runc_and_copies_whole_cri_table() -> None:
     main_after = files["/etc/containerd/config.toml"]
     assert main_after is not None
     changed = [
-        (a, b) for a, b in zip(original.splitlines(), main_after.splitlines(), strict=False) if a != b
+        (a, b)
+        for a, b in zip(original.splitlines(), main_after.splitlines(), strict=False)
+        if a != b
     ]
     assert changed == [("imports = []", f'imports = ["{containerd.DEFAULT_DROP_IN}"]')]
 
@@ -202,36 +205,50 @@ def test_clone_keeps_systemd_cgroup_root_and_merges_annotations() -> None:
 
 def test_pod_annotations_pass_cdi_only_when_asked() -> None:
     """The pod's cdi.k8s.io/* annotations (user-writable) reach the runtime only with pod_cdi_annotations."""
+
     def handler(**kw: Any) -> Dict[str, Any]:
-        return _dig(_data(_plan(COMMENTED_V2, **kw).files[0].after), "plugins",
-                    "io.containerd.grpc.v1.cri", "containerd", "runtimes", "nvshim")
+        return _dig(
+            _data(_plan(COMMENTED_V2, **kw).files[0].after),
+            "plugins",
+            "io.containerd.grpc.v1.cri",
+            "containerd",
+            "runtimes",
+            "nvshim",
+        )
 
     assert "pod_annotations" not in handler()
     assert handler(pod_cdi_annotations=True)["pod_annotations"] == ["cdi.k8s.io/*"]
 
 
-@pytest.mark.parametrize(("text", "kw", "passed"), [
-    ("version = 2\n", {}, ["cdi.k8s.io/*"]),
-    (f"version = 2\n[{CRI2}]\nenable_cdi = false\n", {}, ["cdi.k8s.io/*"]),
-    ("version = 2\n", {"enable_cdi": True}, []),
-    (f"version = 2\n[{CRI2}]\nenable_cdi = true\n", {"pod_cdi_annotations": True}, []),
-    ("version = 3\n", {}, []),
-    ('version = 3\n[plugins."io.containerd.cri.v1.runtime"]\nenable_cdi = false\n', {},
-     ["cdi.k8s.io/*"]),
-], ids=["v2-unset", "v2-off", "v2-enable-cdi", "v2-on-pod", "v3-default-on", "v3-off"])
+@pytest.mark.parametrize(
+    ("text", "kw", "passed"),
+    [
+        ("version = 2\n", {}, ["cdi.k8s.io/*"]),
+        (f"version = 2\n[{CRI2}]\nenable_cdi = false\n", {}, ["cdi.k8s.io/*"]),
+        ("version = 2\n", {"enable_cdi": True}, []),
+        (f"version = 2\n[{CRI2}]\nenable_cdi = true\n", {"pod_cdi_annotations": True}, []),
+        ("version = 3\n", {}, []),
+        (
+            'version = 3\n[plugins."io.containerd.cri.v1.runtime"]\nenable_cdi = false\n',
+            {},
+            ["cdi.k8s.io/*"],
+        ),
+    ],
+    ids=["v2-unset", "v2-off", "v2-enable-cdi", "v2-on-pod", "v3-default-on", "v3-off"],
+)
 def test_cdi_annotations_pass_only_where_containerd_does_not_inject(
-        text: str, kw: Dict[str, Any], passed: List[str]) -> None:
+    text: str, kw: Dict[str, Any], passed: List[str]
+) -> None:
     """cdi.k8s.io/* reaches nvshim only where containerd's own CDI is off: else both inject."""
     version = 3 if text.startswith("version = 3") else 2
     cri = CRI_PLUGINS_BY_VERSION[version]
     result = _plan(text, **kw)
-    handler = _dig(_data(result.files[0].after), "plugins", cri, "containerd", "runtimes",
-                   "nvshim")
+    handler = _dig(_data(result.files[0].after), "plugins", cri, "containerd", "runtimes", "nvshim")
     assert handler.get("container_annotations", []) == passed
-    assert handler.get("pod_annotations", []) == (passed if kw.get("pod_cdi_annotations")
-                                                  else [])
-    assert any("--pod-cdi-annotations: nothing passed" in w
-               for w in result.warnings) == bool(kw.get("pod_cdi_annotations"))
+    assert handler.get("pod_annotations", []) == (passed if kw.get("pod_cdi_annotations") else [])
+    assert any("--pod-cdi-annotations: nothing passed" in w for w in result.warnings) == bool(
+        kw.get("pod_cdi_annotations")
+    )
 
 
 CRI_PLUGINS_BY_VERSION = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
@@ -263,8 +280,7 @@ def test_clone_falls_back_to_default_runtime_entry() -> None:
 def test_legacy_linux_shim_gets_runtime_option_too() -> None:
     """A cloned io.containerd.runtime.v1.linux handler also gets ``options.Runtime``, that shim's key."""
     text = (
-        "[plugins.cri.containerd.runtimes.runc]\n"
-        'runtime_type = "io.containerd.runtime.v1.linux"\n'
+        '[plugins.cri.containerd.runtimes.runc]\nruntime_type = "io.containerd.runtime.v1.linux"\n'
     )
     handler = _dig(
         _data(_plan(text).files[0].after), "plugins", "cri", "containerd", "runtimes", "nvshim"
@@ -289,7 +305,13 @@ def test_v3_uses_runtime_plugin_and_drop_in_version_3() -> None:
     drop = _data(_plan(V3_CONFIG).files[0].after)
     assert drop["version"] == 3
     options = _dig(
-        drop, "plugins", "io.containerd.cri.v1.runtime", "containerd", "runtimes", "nvshim", "options"
+        drop,
+        "plugins",
+        "io.containerd.cri.v1.runtime",
+        "containerd",
+        "runtimes",
+        "nvshim",
+        "options",
     )
     assert options == {"SystemdCgroup": True, "BinaryName": BINARY}
 
@@ -350,9 +372,10 @@ def test_set_as_default_forced_warns() -> None:
     """With force, the default is set and a warning names the pitfall."""
     result = _plan(None, set_as_default=True, force=True)
     drop = _data(result.files[0].after)
-    assert _dig(drop, "plugins", "io.containerd.grpc.v1.cri", "containerd")[
-        "default_runtime_name"
-    ] == "nvshim"
+    assert (
+        _dig(drop, "plugins", "io.containerd.grpc.v1.cri", "containerd")["default_runtime_name"]
+        == "nvshim"
+    )
     assert len(result.warnings) == 1 and "every GPU" in result.warnings[0]
 
 
@@ -360,20 +383,26 @@ def test_set_as_default_allowed_with_require_allocation() -> None:
     """With require-allocation on, the default is set without a warning."""
     result = _plan(V1_CONFIG, set_as_default=True, require_allocation=True, name="gpu")
     assert result.warnings == ()
-    assert _dig(_data(result.files[0].after), "plugins", "cri", "containerd")[
-        "default_runtime_name"
-    ] == "gpu"
+    assert (
+        _dig(_data(result.files[0].after), "plugins", "cri", "containerd")["default_runtime_name"]
+        == "gpu"
+    )
 
 
 def test_without_set_as_default_our_default_is_removed() -> None:
     """Configuring without --set-as-default takes back a default that names the handler."""
     configured = _plan(V1_CONFIG, set_as_default=True, require_allocation=True).files[0].after
     result = _plan(configured)
-    assert "default_runtime_name" not in _dig(_data(result.files[0].after), "plugins", "cri", "containerd")
+    assert "default_runtime_name" not in _dig(
+        _data(result.files[0].after), "plugins", "cri", "containerd"
+    )
     assert any("default_runtime_name" in w for w in result.warnings)
 
 
-@pytest.mark.parametrize(("text", "cri"), [(None, ("plugins", "io.containerd.grpc.v1.cri")), (V1_CONFIG, ("plugins", "cri"))])
+@pytest.mark.parametrize(
+    ("text", "cri"),
+    [(None, ("plugins", "io.containerd.grpc.v1.cri")), (V1_CONFIG, ("plugins", "cri"))],
+)
 def test_enable_cdi_sets_switch_and_spec_dirs(text: Optional[str], cri: Any) -> None:
     """--enable-cdi sets <cri>.enable_cdi and the default cdi_spec_dirs."""
     table = _dig(_data(_plan(text, enable_cdi=True).files[0].after), *cri)
@@ -384,17 +413,22 @@ def test_enable_cdi_sets_switch_and_spec_dirs(text: Optional[str], cri: Any) -> 
 def test_enable_cdi_keeps_existing_spec_dirs() -> None:
     """Existing cdi_spec_dirs are left as they are."""
     text = f'version = 2\n[{CRI2}]\ncdi_spec_dirs = ["/opt/cdi"]\n'
-    table = _dig(_data(_plan(text, enable_cdi=True).files[0].after), "plugins", "io.containerd.grpc.v1.cri")
+    table = _dig(
+        _data(_plan(text, enable_cdi=True).files[0].after), "plugins", "io.containerd.grpc.v1.cri"
+    )
     assert table["cdi_spec_dirs"] == ["/opt/cdi"]
 
 
 # ------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("main", [
-    "version = 2\nplugins = {}\n",
-    'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\ncontainerd = {}\n',
-])
+@pytest.mark.parametrize(
+    "main",
+    [
+        "version = 2\nplugins = {}\n",
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\ncontainerd = {}\n',
+    ],
+)
 def test_inline_tables_on_the_way_get_the_handler_inline(main: str) -> None:
     """A CRI table or containerd table written inline (`plugins = {}`) takes the handler as
     inline tables (tomlkit cannot put a [table] inside one), and the file still parses."""
@@ -402,13 +436,16 @@ def test_inline_tables_on_the_way_get_the_handler_inline(main: str) -> None:
     after = tomlkit.parse(result.files[0].after or "").unwrap()
     cri = after["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["containerd"]["runtimes"]["nvshim"]["options"]["BinaryName"] == (
-        containerd.DEFAULT_BINARY)
+        containerd.DEFAULT_BINARY
+    )
     assert cri["enable_cdi"] is True
 
 
 def test_invalid_toml_names_file_and_position() -> None:
     """Invalid TOML is a one-line ConfigError naming the file and tomlkit's line and column."""
-    with pytest.raises(ConfigError, match=r"^/etc/containerd/config.toml: invalid TOML: .*line 2 col"):
+    with pytest.raises(
+        ConfigError, match=r"^/etc/containerd/config.toml: invalid TOML: .*line 2 col"
+    ):
         _plan("version = 2\nimports = [\n")
 
 
@@ -424,21 +461,31 @@ def test_a_crlf_config_keeps_crlf_on_the_lines_added(drop_in: str) -> None:
     assert got == twin.replace("\n", "\r\n")
 
 
-@pytest.mark.parametrize("main, name", [
-    (None, "runc"),
-    (COMMENTED_V2, "runc"),
-    ('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
-     'default_runtime_name = "runc"\n', "runc"),
-])
+@pytest.mark.parametrize(
+    "main, name",
+    [
+        (None, "runc"),
+        (COMMENTED_V2, "runc"),
+        (
+            'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+            'default_runtime_name = "runc"\n',
+            "runc",
+        ),
+    ],
+)
 @pytest.mark.parametrize("drop_in", [None, ""])
-def test_name_of_the_default_runtime_is_refused(main: Optional[str], name: str,
-                                                drop_in: Optional[str]) -> None:
+def test_name_of_the_default_runtime_is_refused(
+    main: Optional[str], name: str, drop_in: Optional[str]
+) -> None:
     """nvshim's handler written as the handler containerd runs by default (runc unless
     default_runtime_name says otherwise) sent every pod through nvshim-runtime without
     --set-as-default and its require-allocation guard; now refused unless --set-as-default
     (under the guard)."""
-    with pytest.raises(UsageError, match=f'runtime name "{name}" is containerd\'s default '
-                                         "runtime: nvshim-runtime under that name would run"):
+    with pytest.raises(
+        UsageError,
+        match=f'runtime name "{name}" is containerd\'s default '
+        "runtime: nvshim-runtime under that name would run",
+    ):
         _plan(main, name=name, drop_in=drop_in)
     with pytest.raises(UsageError, match="require-allocation"):
         _plan(main, name=name, drop_in=drop_in, set_as_default=True)
@@ -466,8 +513,7 @@ def test_a_table_written_with_dotted_keys_gets_the_handler_where_containerd_look
     a warning saying so."""
     import tomllib
 
-    main = ('version = 2\n[plugins]\n'
-            '"io.containerd.grpc.v1.cri".containerd.snapshotter = "native"\n')
+    main = 'version = 2\n[plugins]\n"io.containerd.grpc.v1.cri".containerd.snapshotter = "native"\n'
     result = _plan(main, drop_in="")
     data = tomllib.loads(_by_path(result)["/etc/containerd/config.toml"] or "")
     assert set(data) == {"version", "plugins"}
@@ -476,10 +522,11 @@ def test_a_table_written_with_dotted_keys_gets_the_handler_where_containerd_look
     assert containerd_table["runtimes"]["nvshim"]["options"]["BinaryName"] == BINARY
     assert any("rewritten without its comments and layout" in w for w in result.warnings)
     # dotted keys at the top level are laid out right by tomlkit: kept, no warning
-    kept = _plan(main.replace("[plugins]\n\"", "plugins.\""), drop_in="")
+    kept = _plan(main.replace('[plugins]\n"', 'plugins."'), drop_in="")
     assert kept.warnings == ()
     assert 'plugins."io.containerd.grpc.v1.cri".containerd.snapshotter = "native"' in (
-        _by_path(kept)["/etc/containerd/config.toml"] or "")
+        _by_path(kept)["/etc/containerd/config.toml"] or ""
+    )
 
 
 def test_invalid_toml_message_keeps_an_acronym() -> None:
@@ -488,7 +535,8 @@ def test_invalid_toml_message_keeps_an_acronym() -> None:
     with pytest.raises(ConfigError) as info:
         _plan("version = 2\na = " + "[" * 200 + "]" * 200 + "\n")
     assert str(info.value).startswith(
-        "/etc/containerd/config.toml: invalid TOML: TOML value nested more than 100 levels deep")
+        "/etc/containerd/config.toml: invalid TOML: TOML value nested more than 100 levels deep"
+    )
 
 
 @pytest.mark.parametrize("value", ["4", '"2"', "true", "[2]", "{}", "2.0"])
@@ -533,14 +581,24 @@ def _revert(etc: Path, **kwargs: Any) -> RevertResult:
     return containerd_revert.revert(str(etc / "config.toml"), **kwargs)
 
 
-@pytest.mark.parametrize("damage, named", [
-    (lambda b, c: b["files"].__setitem__(c, "text"), 'files["{c}"] is not an object'),
-    (lambda b, c: b["files"][c].__setitem__("original", 5), 'files["{c}"].original is not a string'),
-    (lambda b, c: b["files"][c].__setitem__("mode", "0644"), 'files["{c}"].mode is not an integer'),
-    (lambda b, c: b.__setitem__("created_dirs", "/etc"), "created_dirs is not a list of paths"),
-])
-def test_a_damaged_backup_is_one_config_error_and_nothing_changes(etc: Path, damage: Any,
-                                                                  named: str) -> None:
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        (lambda b, c: b["files"].__setitem__(c, "text"), 'files["{c}"] is not an object'),
+        (
+            lambda b, c: b["files"][c].__setitem__("original", 5),
+            'files["{c}"].original is not a string',
+        ),
+        (
+            lambda b, c: b["files"][c].__setitem__("mode", "0644"),
+            'files["{c}"].mode is not an integer',
+        ),
+        (lambda b, c: b.__setitem__("created_dirs", "/etc"), "created_dirs is not a list of paths"),
+    ],
+)
+def test_a_damaged_backup_is_one_config_error_and_nothing_changes(
+    etc: Path, damage: Any, named: str
+) -> None:
     """A backup edited into the wrong shape stops revert with one ConfigError naming the
     field (not an AttributeError halfway through), and no file is touched."""
     import json
@@ -582,8 +640,7 @@ def test_revert_restores_original_bytes(etc: Path, original: Optional[str]) -> N
 
 
 @pytest.mark.parametrize("linked", ["config.toml", "conf.d/99-nvshim.toml"])
-def test_a_symlinked_config_is_edited_through_the_link_and_reverted(etc: Path,
-                                                                     linked: str) -> None:
+def test_a_symlinked_config_is_edited_through_the_link_and_reverted(etc: Path, linked: str) -> None:
     """A main file or drop-in that is a symlink to a file kept elsewhere stays that symlink:
     configure edits the file it points to and revert restores that file's bytes. Before,
     both replaced the link with a regular file, cutting it for good."""
@@ -622,8 +679,7 @@ def test_revert_never_deletes_what_a_drop_in_symlink_points_to(etc: Path) -> Non
 
 
 @pytest.mark.parametrize("in_place", [False, True])
-def test_a_config_with_a_byte_order_mark_is_edited_and_keeps_it(etc: Path,
-                                                                 in_place: bool) -> None:
+def test_a_config_with_a_byte_order_mark_is_edited_and_keeps_it(etc: Path, in_place: bool) -> None:
     """containerd starts with a config.toml that begins with a UTF-8 BOM (Windows editors
     write one); configure refused it ("invalid TOML: empty key at line 1"). Now the file
     gets the same edit as without the BOM, keeps the BOM, and revert restores its bytes."""
@@ -785,8 +841,7 @@ except NvshimError as exc:
 
 @pytest.mark.parametrize("how", ["read", "configure"])
 @pytest.mark.parametrize("special", ["fifo", "/dev/zero"])
-def test_a_fifo_or_device_config_is_an_error_not_a_hang(etc: Path, how: str,
-                                                         special: str) -> None:
+def test_a_fifo_or_device_config_is_an_error_not_a_hang(etc: Path, how: str, special: str) -> None:
     """An imported file (doctor reads imports) or the main file that is a FIFO or a symlink
     to /dev/zero is one HostError naming it: reading it hung forever (or never ended). In a
     subprocess, so that a regression fails on the timeout instead of hanging the suite."""
@@ -799,8 +854,12 @@ def test_a_fifo_or_device_config_is_an_error_not_a_hang(etc: Path, how: str,
         os.mkfifo(bad)
     else:
         os.symlink(special, bad)
-    out = subprocess.run([sys.executable, "-I", "-c", _READ_PROBE, str(REPO), how, str(config)],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", _READ_PROBE, str(REPO), how, str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert (out.returncode, out.stderr) == (0, "")
     assert out.stdout == f"{bad} is not a regular file, so not a config file\n"
 
@@ -867,7 +926,9 @@ def test_cli_writes_and_summarises(etc: Path) -> None:
     drop_in = etc / "conf.d" / "99-nvshim.toml"
     runner = CliRunner()
     result = runner.invoke(
-        runtime, ["configure", "--config", str(config), "--drop-in", str(drop_in)], standalone_mode=False
+        runtime,
+        ["configure", "--config", str(config), "--drop-in", str(drop_in)],
+        standalone_mode=False,
     )
     assert result.exception is None
     assert result.stdout == ""
@@ -885,8 +946,16 @@ def test_cli_set_as_default_refused_by_config(etc: Path, monkeypatch: pytest.Mon
     config $NVSHIM_CONFIG names: off refuses, on allows."""
     nvshim_config = etc.parent / "nvshim.yaml"
     monkeypatch.setenv("NVSHIM_CONFIG", str(nvshim_config))
-    args = ["configure", "--config", str(etc / "config.toml"), "--drop-in", "", "--set-as-default",
-            "--binary", str(etc.parent / "not-installed" / "nvshim-runtime")]
+    args = [
+        "configure",
+        "--config",
+        str(etc / "config.toml"),
+        "--drop-in",
+        "",
+        "--set-as-default",
+        "--binary",
+        str(etc.parent / "not-installed" / "nvshim-runtime"),
+    ]
     result = _invoke(args)  # named but missing: an error naming it
     assert isinstance(result.exception, NvshimError)
     assert str(nvshim_config) in str(result.exception)
@@ -904,7 +973,9 @@ def test_cli_set_as_default_refused_by_config(etc: Path, monkeypatch: pytest.Mon
 
 def test_cli_revert_rejects_configure_flags(etc: Path) -> None:
     """--revert with a configure-only flag is a usage error naming it."""
-    result = _invoke(["configure", "--config", str(etc / "config.toml"), "--revert", "--enable-cdi"])
+    result = _invoke(
+        ["configure", "--config", str(etc / "config.toml"), "--revert", "--enable-cdi"]
+    )
     assert isinstance(result.exception, UsageError)
     assert "--enable-cdi" in str(result.exception)
 
@@ -919,7 +990,7 @@ def test_cli_error_is_nvshim_error(etc: Path) -> None:
 
 # --- a drop-in's copy of the CRI table drifts from the main file -----------------------------
 
-MAIN_TOML = '''version = 2
+MAIN_TOML = """version = 2
 
 [plugins]
   [plugins."io.containerd.grpc.v1.cri"]
@@ -929,11 +1000,12 @@ MAIN_TOML = '''version = 2
         runtime_type = "io.containerd.runc.v2"
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
           SystemdCgroup = true
-'''
+"""
 
 
-@pytest.mark.parametrize("extra", [{}, {"enable_cdi": True},
-                                   {"set_as_default": True, "require_allocation": True}])
+@pytest.mark.parametrize(
+    "extra", [{}, {"enable_cdi": True}, {"set_as_default": True, "require_allocation": True}]
+)
 def test_doctor_finds_a_stale_drop_in_and_configure_resyncs_it(tmp_path: Path, extra: dict) -> None:
     """Issue 12 item 11: after `runtime configure` with a drop-in, an edit of the main file's CRI
     table (sandbox_image) is shadowed by the drop-in's copy: doctor fails naming the key and the
@@ -955,7 +1027,9 @@ def test_doctor_finds_a_stale_drop_in_and_configure_resyncs_it(tmp_path: Path, e
     assert drop_in_drift(str(main_file)) == []  # nvshim's own additions are not drift
     assert doctor_engines.check_drop_in_drift(str(main_file)) is None
 
-    main_file.write_text(main_file.read_text().replace("pause:3.6", "pause:3.9"))  # an operator edit
+    main_file.write_text(
+        main_file.read_text().replace("pause:3.6", "pause:3.9")
+    )  # an operator edit
     drift = drop_in_drift(str(main_file))
     assert drift == [(str(drop_in), ['plugins."io.containerd.grpc.v1.cri".sandbox_image'])]
     finding = doctor_engines.check_drop_in_drift(str(main_file))
@@ -968,10 +1042,14 @@ def test_doctor_finds_a_stale_drop_in_and_configure_resyncs_it(tmp_path: Path, e
     assert finding.fix == "re-run runtime configure (--verbose)"
     assert finding.detail.endswith(
         f"Fix: nvshim runtime configure --runtime containerd --config {main_file} "
-        f"--binary {binary}{kept} (copies the tables again)")
-    options = DoctorOptions(config_path=str(tmp_path / "none.yaml"),
-                            containerd_config=str(main_file))
-    assert any(f.check == "containerd-drop-in" and f.status == "fail" for f in doctor.run_checks(options))
+        f"--binary {binary}{kept} (copies the tables again)"
+    )
+    options = DoctorOptions(
+        config_path=str(tmp_path / "none.yaml"), containerd_config=str(main_file)
+    )
+    assert any(
+        f.check == "containerd-drop-in" and f.status == "fail" for f in doctor.run_checks(options)
+    )
 
     configure(str(main_file), **args)  # the fix doctor names
     assert drop_in_drift(str(main_file)) == []

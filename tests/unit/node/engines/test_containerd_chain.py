@@ -23,16 +23,16 @@ V3 = "io.containerd.cri.v1.runtime"
 
 def _chain(config: Path, drop_in: str = "") -> list:
     doc = parse_toml(config.read_text(), str(config))
-    return [(Path(f.path).name, f.depth) for f in load_chain(str(config), doc,
-                                                            drop_in=drop_in).files]
+    return [
+        (Path(f.path).name, f.depth) for f in load_chain(str(config), doc, drop_in=drop_in).files
+    ]
 
 
 def test_go_glob_matches_dot_files_sorted_bytewise(tmp_path: Path) -> None:
     """A ``*`` glob matches dot files (Go's filepath.Glob) and sorts matches byte-wise."""
     for name in ("b.toml", ".h.toml", "B.toml", "a.txt"):
         (tmp_path / name).write_text("")
-    assert [Path(p).name for p in go_glob(f"{tmp_path}/*.toml")] == [".h.toml", "B.toml",
-                                                                      "b.toml"]
+    assert [Path(p).name for p in go_glob(f"{tmp_path}/*.toml")] == [".h.toml", "B.toml", "b.toml"]
 
 
 def test_load_order_is_breadth_first_and_places_the_drop_in(tmp_path: Path) -> None:
@@ -45,11 +45,18 @@ def test_load_order_is_breadth_first_and_places_the_drop_in(tmp_path: Path) -> N
     (tmp_path / "d" / "zz.toml").write_text('imports = ["../a.toml"]\n')
     config = tmp_path / "config.toml"
     config.write_text('version = 2\nimports = ["a.toml", "d/*.toml"]\n')
-    assert _chain(config) == [("config.toml", 0), ("a.toml", 1), ("50-x.toml", 1),
-                              ("zz.toml", 1), ("nested.toml", 2)]
+    assert _chain(config) == [
+        ("config.toml", 0),
+        ("a.toml", 1),
+        ("50-x.toml", 1),
+        ("zz.toml", 1),
+        ("nested.toml", 2),
+    ]
     assert _chain(config, str(tmp_path / "d" / "99-nvshim.toml"))[3] == ("99-nvshim.toml", 1)
-    assert _chain(config, str(tmp_path / "other.toml"))[4:] == [("other.toml", 1),
-                                                                 ("nested.toml", 2)]
+    assert _chain(config, str(tmp_path / "other.toml"))[4:] == [
+        ("other.toml", 1),
+        ("nested.toml", 2),
+    ]
 
 
 def test_brackets_without_a_star_are_a_literal_path(tmp_path: Path) -> None:
@@ -65,8 +72,13 @@ def _nvidia_node(tmp_path: Path, version: int = 2, **kw: object) -> Path:
     conf_d = tmp_path / "conf.d"
     conf_d.mkdir()
     config = tmp_path / "config.toml"
-    base = RUNC_CONFIG if version == 2 else RUNC_CONFIG.replace(
-        "io.containerd.grpc.v1.cri", V3).replace("version = 2", "version = 3")
+    base = (
+        RUNC_CONFIG
+        if version == 2
+        else RUNC_CONFIG.replace("io.containerd.grpc.v1.cri", V3).replace(
+            "version = 2", "version = 3"
+        )
+    )
     config.write_text(nvidia_ctk_main(str(conf_d), base, version))
     (conf_d / "99-nvidia.toml").write_text(nvidia_ctk_drop_in(version=version, runc=True, **kw))
     return config
@@ -112,15 +124,31 @@ def test_reconfigure_command_keeps_the_operators_flags(tmp_path: Path) -> None:
     written with, and --config/--drop-in only when not the defaults."""
     config = _nvidia_node(tmp_path)
     drop_in = tmp_path / "conf.d" / "50-gpu.toml"
-    containerd.configure(str(config), drop_in=str(drop_in), name="gpu", binary="/o/nvshim-runtime",
-                         set_as_default=True, force=True, pod_cdi_annotations=True)
+    containerd.configure(
+        str(config),
+        drop_in=str(drop_in),
+        name="gpu",
+        binary="/o/nvshim-runtime",
+        set_as_default=True,
+        force=True,
+        pod_cdi_annotations=True,
+    )
     command = reconfigure_command(str(config), str(drop_in), 2, DoctorOptions())
-    assert command == (f"nvshim runtime configure --runtime containerd --config {config} "
-                       f"--drop-in {drop_in} --name gpu --binary /o/nvshim-runtime "
-                       "--set-as-default --pod-cdi-annotations")
+    assert command == (
+        f"nvshim runtime configure --runtime containerd --config {config} "
+        f"--drop-in {drop_in} --name gpu --binary /o/nvshim-runtime "
+        "--set-as-default --pod-cdi-annotations"
+    )
     # with containerd's own CDI on, the handler is passed no cdi.k8s.io/ annotations at all
-    containerd.configure(str(config), drop_in=str(drop_in), name="gpu", binary="/o/nvshim-runtime",
-                         set_as_default=True, force=True, enable_cdi=True)
+    containerd.configure(
+        str(config),
+        drop_in=str(drop_in),
+        name="gpu",
+        binary="/o/nvshim-runtime",
+        set_as_default=True,
+        force=True,
+        enable_cdi=True,
+    )
     command = reconfigure_command(str(config), str(drop_in), 2, DoctorOptions())
     assert command.endswith("--binary /o/nvshim-runtime --set-as-default --enable-cdi"), command
 

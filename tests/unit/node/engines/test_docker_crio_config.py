@@ -35,11 +35,22 @@ DAEMON_JSON = """\
 
 # Documented in crio.conf(5) / CRI-O's config template for [crio.runtime.runtimes.<handler>].
 CRIO_DOCUMENTED_HANDLER_KEYS = {
-    "runtime_path": str, "runtime_type": str, "runtime_root": str, "runtime_config_path": str,
-    "inherit_default_runtime": bool, "monitor_path": str, "monitor_cgroup": str,
-    "monitor_exec_cgroup": str, "monitor_env": list, "privileged_without_host_devices": bool,
-    "allowed_annotations": list, "platform_runtime_paths": dict, "container_min_memory": str,
-    "no_sync_log": bool, "default_annotations": dict, "stream_websockets": bool,
+    "runtime_path": str,
+    "runtime_type": str,
+    "runtime_root": str,
+    "runtime_config_path": str,
+    "inherit_default_runtime": bool,
+    "monitor_path": str,
+    "monitor_cgroup": str,
+    "monitor_exec_cgroup": str,
+    "monitor_env": list,
+    "privileged_without_host_devices": bool,
+    "allowed_annotations": list,
+    "platform_runtime_paths": dict,
+    "container_min_memory": str,
+    "no_sync_log": bool,
+    "default_annotations": dict,
+    "stream_websockets": bool,
 }
 CRIO_RUNTIME_TYPES = {"oci", "vm", "pod"}
 
@@ -195,8 +206,13 @@ def test_docker_revert_after_hand_edit_removes_only_ours(tmp_path: Path) -> None
     """An edit made after configure survives revert; nvshim's runtime and default go."""
     config = tmp_path / "daemon.json"
     config.write_text(DAEMON_JSON)
-    docker.configure(str(config), binary=str(tmp_path / "nvshim-runtime"), set_as_default=True,
-                     force=True, enable_cdi=True)
+    docker.configure(
+        str(config),
+        binary=str(tmp_path / "nvshim-runtime"),
+        set_as_default=True,
+        force=True,
+        enable_cdi=True,
+    )
     data = json.loads(config.read_text())
     data["debug"] = True
     config.write_text(json.dumps(data, indent=2))
@@ -214,8 +230,9 @@ def test_docker_revert_with_a_deeply_nested_backup_is_one_error(tmp_path: Path) 
     config = tmp_path / "daemon.json"
     config.write_text('{"runtimes": {}}')
     backup = Path(str(config) + ".nvshim-orig.json")
-    backup.write_text('{"format": "nvshim-docker-backup/1", "files": ' + "[" * 100000
-                      + "]" * 100000 + "}")
+    backup.write_text(
+        '{"format": "nvshim-docker-backup/1", "files": ' + "[" * 100000 + "]" * 100000 + "}"
+    )
     with pytest.raises(ConfigError, match="invalid backup: nested too deeply") as info:
         docker.revert(str(config))
     assert str(backup) in str(info.value)
@@ -225,8 +242,9 @@ def test_docker_revert_with_a_deeply_nested_backup_is_one_error(tmp_path: Path) 
 def test_docker_revert_without_backup(tmp_path: Path) -> None:
     """Without a backup only runtimes.nvshim and a default naming it are removed."""
     config = tmp_path / "daemon.json"
-    config.write_text('{"default-runtime": "nvshim", "runtimes": {"nvshim": {"path": "/x"}}, '
-                      '"debug": true}')
+    config.write_text(
+        '{"default-runtime": "nvshim", "runtimes": {"nvshim": {"path": "/x"}}, "debug": true}'
+    )
     result = docker.revert(str(config))
     assert not result.used_backup
     assert json.loads(config.read_text()) == {"debug": True}
@@ -249,16 +267,26 @@ def test_cli_docker_dry_run_and_write(tmp_path: Path) -> None:
     assert result.stdout.startswith(f"# --- {config} ---\n{{\n")
     assert not config.exists()
     binary = str(tmp_path / "nvshim-runtime")
-    result = _invoke(["configure", "--runtime", "docker", "--config", str(config),
-                      "--binary", binary])
+    result = _invoke(
+        ["configure", "--runtime", "docker", "--config", str(config), "--binary", binary]
+    )
     assert result.exception is None
     assert "restart dockerd" in result.stderr
     assert json.loads(config.read_text())["runtimes"]["nvshim"]["path"] == binary
 
 
 def test_cli_docker_refuses_drop_in(tmp_path: Path) -> None:
-    result = _invoke(["configure", "--runtime", "docker", "--config", str(tmp_path / "d.json"),
-                      "--drop-in", str(tmp_path / "x")])
+    result = _invoke(
+        [
+            "configure",
+            "--runtime",
+            "docker",
+            "--config",
+            str(tmp_path / "d.json"),
+            "--drop-in",
+            str(tmp_path / "x"),
+        ]
+    )
     assert isinstance(result.exception, UsageError)
     assert "Docker has no drop-ins" in str(result.exception)
 
@@ -326,11 +354,14 @@ def test_crio_set_as_default_guard_and_key() -> None:
 TAKEOVER = "default runtime: nvshim-runtime under that name would run every container"
 
 
-@pytest.mark.parametrize("main, name", [
-    (None, "runc"),
-    (None, "crun"),
-    ('[crio.runtime]\ndefault_runtime = "kata"\n', "kata"),
-])
+@pytest.mark.parametrize(
+    "main, name",
+    [
+        (None, "runc"),
+        (None, "crun"),
+        ('[crio.runtime]\ndefault_runtime = "kata"\n', "kata"),
+    ],
+)
 def test_crio_name_of_the_default_runtime_is_refused(main: Optional[str], name: str) -> None:
     """A drop-in handler named like CRI-O's default runtime overrides that handler's
     runtime_path, so every container ran through nvshim without --set-as-default and its
@@ -367,7 +398,7 @@ def test_crio_bad_inputs() -> None:
     with pytest.raises(UsageError, match="absolute"):
         _crio_drop_in(None, binary="nvshim-runtime")
     with pytest.raises(ConfigError, match="crio.runtime is not a table"):
-        _crio_drop_in('crio = {runtime = 1}\n')
+        _crio_drop_in("crio = {runtime = 1}\n")
 
 
 @pytest.mark.parametrize("existing", [None, "# someone else's drop-in\n"])
@@ -410,8 +441,13 @@ def test_crio_read_handlers_merges_drop_ins(tmp_path: Path) -> None:
     """read_handlers applies drop-ins in name order over the main file."""
     config = tmp_path / "crio.conf"
     config.write_text(CRIO_CONF)
-    crio.configure(str(config), drop_in=str(tmp_path / "crio.conf.d" / "99-nvshim.toml"),
-                   binary=BINARY, set_as_default=True, force=True)
+    crio.configure(
+        str(config),
+        drop_in=str(tmp_path / "crio.conf.d" / "99-nvshim.toml"),
+        binary=BINARY,
+        set_as_default=True,
+        force=True,
+    )
     seen = crio.read_handlers(str(config))
     assert seen.handlers == {"runc": None, "nvshim": BINARY}
     assert seen.default_runtime == "nvshim"
@@ -420,8 +456,18 @@ def test_crio_read_handlers_merges_drop_ins(tmp_path: Path) -> None:
 def test_cli_crio_dry_run(tmp_path: Path) -> None:
     """--runtime crio --dry-run prints the drop-in under its path and writes nothing."""
     drop_in = tmp_path / "d" / "99-nvshim.toml"
-    result = _invoke(["configure", "--runtime", "crio", "--config", str(tmp_path / "crio.conf"),
-                      "--drop-in", str(drop_in), "--dry-run"])
+    result = _invoke(
+        [
+            "configure",
+            "--runtime",
+            "crio",
+            "--config",
+            str(tmp_path / "crio.conf"),
+            "--drop-in",
+            str(drop_in),
+            "--dry-run",
+        ]
+    )
     assert result.exception is None, result.exception
     assert result.stdout.startswith(f"# --- {drop_in} ---\n# Written by")
     assert "[crio.runtime.runtimes.nvshim]" in result.stdout
@@ -429,8 +475,9 @@ def test_cli_crio_dry_run(tmp_path: Path) -> None:
 
 
 def test_cli_crio_refuses_enable_cdi(tmp_path: Path) -> None:
-    result = _invoke(["configure", "--runtime", "crio", "--config", str(tmp_path / "c"),
-                      "--enable-cdi"])
+    result = _invoke(
+        ["configure", "--runtime", "crio", "--config", str(tmp_path / "c"), "--enable-cdi"]
+    )
     assert isinstance(result.exception, UsageError)
 
 
@@ -438,6 +485,12 @@ def test_help_names_all_three_engines() -> None:
     """``configure --help`` names containerd, docker and crio and their files."""
     result = CliRunner().invoke(runtime, ["configure", "--help"], terminal_width=200)
     assert result.exit_code == 0
-    for text in ("containerd", "docker", "crio", "/etc/docker/daemon.json",
-                 "/etc/crio/crio.conf.d/99-nvshim.toml", "daemon.json"):
+    for text in (
+        "containerd",
+        "docker",
+        "crio",
+        "/etc/docker/daemon.json",
+        "/etc/crio/crio.conf.d/99-nvshim.toml",
+        "daemon.json",
+    ):
         assert text in result.output

@@ -48,10 +48,17 @@ def listener(tmp_path: Path) -> Iterator[str]:
     server.close()
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("SIGHUP", signal.SIGHUP), ("HUP", signal.SIGHUP), ("hup", signal.SIGHUP),
-    ("SIGTERM", signal.SIGTERM), ("15", signal.SIGTERM), (" sigterm ", signal.SIGTERM),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("SIGHUP", signal.SIGHUP),
+        ("HUP", signal.SIGHUP),
+        ("hup", signal.SIGHUP),
+        ("SIGTERM", signal.SIGTERM),
+        ("15", signal.SIGTERM),
+        (" sigterm ", signal.SIGTERM),
+    ],
+)
 def test_parse_signal_accepts_names_and_numbers(name: str, expected: signal.Signals) -> None:
     """A signal is given by name, with or without SIG, any case, or by number."""
     assert engine_restart.parse_signal(name) is expected
@@ -92,8 +99,10 @@ def test_check_names_the_socket_that_does_not_answer(tmp_path: Path) -> None:
     path = str(tmp_path / "c.sock")
     with pytest.raises(HostError) as info:
         engine_restart.check_answers(path, timeout=0.5)
-    assert str(info.value) == (f"containerd does not answer on {path}: is it running, and is "
-                               "that its socket (NVSHIM_CONTAINERD_SOCKET, --socket)?")
+    assert str(info.value) == (
+        f"containerd does not answer on {path}: is it running, and is "
+        "that its socket (NVSHIM_CONTAINERD_SOCKET, --socket)?"
+    )
 
 
 def test_mode_none_restarts_nothing(tmp_path: Path) -> None:
@@ -116,17 +125,20 @@ def test_signal_with_nothing_coming_back_names_the_socket(tmp_path: Path) -> Non
         engine_restart.restart_containerd("signal", path, timeout=0.5)
     assert str(info.value) == (
         f"containerd did not answer on {path} within 0.5s after the restart "
-        f"(nothing owned {path} to signal; waited for its supervisor)")
+        f"(nothing owned {path} to signal; waited for its supervisor)"
+    )
 
 
 @contextlib.contextmanager
 def owner_of(path: Path, ignore_sighup: bool = False) -> Iterator["subprocess.Popen[bytes]"]:
     """A process listening on ``path`` (not gRPC), reaped as a supervisor would reap it,
     killed on the way out; ``ignore_sighup``: started as under nohup."""
-    code = ("import signal, socket, sys, time\n"
-            + ("signal.signal(signal.SIGHUP, signal.SIG_IGN)\n" if ignore_sighup else "")
-            + "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(1)\n"
-            "print('up', flush=True); time.sleep(60)\n")
+    code = (
+        "import signal, socket, sys, time\n"
+        + ("signal.signal(signal.SIGHUP, signal.SIG_IGN)\n" if ignore_sighup else "")
+        + "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(1)\n"
+        "print('up', flush=True); time.sleep(60)\n"
+    )
     owner = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE)
     try:
         assert owner.stdout is not None and owner.stdout.readline() == b"up\n"
@@ -144,10 +156,12 @@ def test_signal_mode_signals_the_owner_and_waits_for_it_to_go(tmp_path: Path) ->
     is not gRPC, so the wait then times out naming the socket)."""
     path = tmp_path / "owner.sock"
     with owner_of(path) as owner:
-        with pytest.raises(HostError, match=f"did not answer on {path} within 1s after the "
-                                            rf"restart \(SIGTERM to pid {owner.pid}\)"):
-            engine_restart.restart_containerd("signal", str(path), signal_name="TERM",
-                                              timeout=1)
+        with pytest.raises(
+            HostError,
+            match=f"did not answer on {path} within 1s after the "
+            rf"restart \(SIGTERM to pid {owner.pid}\)",
+        ):
+            engine_restart.restart_containerd("signal", str(path), signal_name="TERM", timeout=1)
     assert owner.returncode == -signal.SIGTERM
 
 
@@ -156,8 +170,11 @@ def test_an_owner_that_ignores_sighup_gets_sigterm(tmp_path: Path) -> None:
     restart sends SIGTERM instead, says so, and the process goes."""
     path = tmp_path / "nohup.sock"
     with owner_of(path, ignore_sighup=True) as owner:
-        with pytest.raises(HostError, match=rf"\(SIGTERM to pid {owner.pid} \(it ignores "
-                                            r"SIGHUP\)\)"):
+        with pytest.raises(
+            HostError,
+            match=rf"\(SIGTERM to pid {owner.pid} \(it ignores "
+            r"SIGHUP\)\)",
+        ):
             engine_restart.restart_containerd("signal", str(path), timeout=1)
     assert owner.returncode == -signal.SIGTERM
 
@@ -166,9 +183,22 @@ def test_cli_check_is_one_line_and_exit_1(tmp_path: Path) -> None:
     """`nvshim runtime restart --check` on a socket nothing answers on: one line, exit 1."""
     path = str(tmp_path / "c.sock")
     done = subprocess.run(
-        [sys.executable, "-c", "from nvshim.cli.main import main; main()",
-         "runtime", "restart", "--check", "--socket", path],
-        capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-c",
+            "from nvshim.cli.main import main; main()",
+            "runtime",
+            "restart",
+            "--check",
+            "--socket",
+            path,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1
-    assert done.stderr == f"nvshim: containerd does not answer on {path}: is it running, " \
-                          "and is that its socket (NVSHIM_CONTAINERD_SOCKET, --socket)?\n"
+    assert (
+        done.stderr == f"nvshim: containerd does not answer on {path}: is it running, "
+        "and is that its socket (NVSHIM_CONTAINERD_SOCKET, --socket)?\n"
+    )

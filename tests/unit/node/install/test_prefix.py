@@ -39,8 +39,11 @@ env > "$(dirname "$0")/../env"
 
 def fake_prefix(root: Path) -> Path:
     """A prefix whose loader records how it was started; launcher and interpreter exist."""
-    for rel, text in ((f"lib/{loader_name()}", RECORDER), ("bin/python3", "#!/bin/sh\n"),
-                      ("libexec/python3", "")):
+    for rel, text in (
+        (f"lib/{loader_name()}", RECORDER),
+        ("bin/python3", "#!/bin/sh\n"),
+        ("libexec/python3", ""),
+    ):
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -51,8 +54,13 @@ def fake_prefix(root: Path) -> Path:
 def test_launch_words_are_the_loader_line() -> None:
     """The prefix's Python starts as loader --library-path lib --argv0 launcher interpreter."""
     assert launch_argv(PREFIX, "x86_64") == [
-        LOADER, "--library-path", f"{PREFIX}/lib", "--argv0", f"{PREFIX}/bin/python3",
-        f"{PREFIX}/libexec/python3"]
+        LOADER,
+        "--library-path",
+        f"{PREFIX}/lib",
+        "--argv0",
+        f"{PREFIX}/bin/python3",
+        f"{PREFIX}/libexec/python3",
+    ]
     assert loader_name("aarch64") == "ld-linux-aarch64.so.1"
     with pytest.raises(HostError, match="no self-contained runtime for machine 'sparc'"):
         loader_name("sparc")
@@ -84,16 +92,22 @@ def test_runtime_trampoline_execs_the_loader_with_argv_and_env_untouched(tmp_pat
     bundle.mkdir()
     (bundle / "config.json").write_text('{"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}}')
     env = {"PATH": "/usr/bin:/bin", "KEEP": "me"}
-    res = subprocess.run([str(trampoline), "create", "--bundle", str(bundle), "c1"], env=env,
-                         capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [str(trampoline), "create", "--bundle", str(bundle), "c1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 0, res.stderr
     argv = (prefix / "argv").read_text().splitlines()
     assert argv[:5] == launch_argv(str(prefix))[1:]
     assert argv[5:10] == ["-I", "-S", "-X", "nvshim-lc-ctype-unset", "-c"]
     assert argv[11:] == ["create", "--bundle", str(bundle), "c1"]
-    assert f"p.install(\"{prefix}/site/nvshim-preload.bin\")" in argv[10]
-    got = dict(line.split("=", 1) for line in (prefix / "env").read_text().splitlines()
-               if "=" in line)
+    assert f'p.install("{prefix}/site/nvshim-preload.bin")' in argv[10]
+    got = dict(
+        line.split("=", 1) for line in (prefix / "env").read_text().splitlines() if "=" in line
+    )
     assert not any(k.startswith("LD_") or k.startswith("PYTHON") for k in got), got
     assert got["KEEP"] == "me"
 
@@ -105,8 +119,13 @@ def test_cli_command_execs_the_loader_with_the_config_default(tmp_path: Path) ->
     cli = tmp_path / "nvshim"
     cli.write_text(render_cli(str(prefix), "/etc/x/config.yaml"))
     cli.chmod(0o755)
-    res = subprocess.run([str(cli), "doctor", "--json"], capture_output=True, text=True,
-                         timeout=30, env={"PATH": "/usr/bin:/bin"})
+    res = subprocess.run(
+        [str(cli), "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert res.returncode == 0, res.stderr
     argv = (prefix / "argv").read_text().splitlines()
     assert argv[:5] == launch_argv(str(prefix))[1:]
@@ -147,12 +166,21 @@ def test_hook_command_names_the_prefix_launcher_and_site(tmp_path: Path) -> None
     prefix = tmp_path / "p"
     (prefix / "bin").mkdir(parents=True)
     os.symlink(os.path.realpath(sys.executable), prefix / "bin" / "python3")
-    shutil.copytree(Path(nvshim.__file__).parent, prefix / "site" / "nvshim",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("import json, sys; sys.path[0:0] = [sys.argv[1]]; "
-            "from nvshim.runtime.hookargs import hook_command; print(json.dumps(hook_command()))")
-    res = subprocess.run([str(prefix / "bin" / "python3"), "-I", "-S", "-c", code,
-                          str(prefix / "site")], capture_output=True, text=True, timeout=60)
+    shutil.copytree(
+        Path(nvshim.__file__).parent,
+        prefix / "site" / "nvshim",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    code = (
+        "import json, sys; sys.path[0:0] = [sys.argv[1]]; "
+        "from nvshim.runtime.hookargs import hook_command; print(json.dumps(hook_command()))"
+    )
+    res = subprocess.run(
+        [str(prefix / "bin" / "python3"), "-I", "-S", "-c", code, str(prefix / "site")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     command = json.loads(res.stdout)
     assert command[:4] == [str(prefix / "bin" / "python3"), "-I", "-S", "-c"]

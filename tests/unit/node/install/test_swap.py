@@ -26,10 +26,21 @@ def tree(root: Path, marker: str) -> Path:
 def run_main(*args: str) -> subprocess.CompletedProcess[str]:
     """install.sh's call, through the prefix's form: the sources' folder first."""
     return subprocess.run(
-        [sys.executable, "-I", "-S", "-B", "-c",
-         "import sys; sys.path[0:0] = [sys.argv.pop(1)]; "
-         "from nvshim.node.install.swap import main; main(sys.argv[1:])", str(REPO), *args],
-        capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-B",
+            "-c",
+            "import sys; sys.path[0:0] = [sys.argv.pop(1)]; "
+            "from nvshim.node.install.swap import main; main(sys.argv[1:])",
+            str(REPO),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_exchange_swaps_two_folders(tmp_path: Path) -> None:
@@ -47,8 +58,9 @@ def test_exchange_with_a_missing_name_changes_nothing(tmp_path: Path) -> None:
     new = tree(tmp_path / "opt.new", "new")
     with pytest.raises(HostError) as caught:
         exchange(str(new), str(tmp_path / "opt"))
-    assert str(caught.value) == (f"cannot exchange {new} and {tmp_path / 'opt'}: "
-                                 "no such file or directory")
+    assert str(caught.value) == (
+        f"cannot exchange {new} and {tmp_path / 'opt'}: no such file or directory"
+    )
     assert (new / "bin" / "python3").read_text() == "new"
     assert not (tmp_path / "opt").exists()
 
@@ -62,5 +74,6 @@ def test_main_exits_0_when_exchanged_and_1_with_one_line_when_not(tmp_path: Path
     assert (prefix / "bin" / "python3").read_text() == "new"
     failed = run_main(str(new), str(tmp_path / "gone"))
     assert failed.returncode == 1
-    assert failed.stderr == (f"install.sh: cannot exchange {new} and {tmp_path}/gone: "
-                             "no such file or directory\n")
+    assert failed.stderr == (
+        f"install.sh: cannot exchange {new} and {tmp_path}/gone: no such file or directory\n"
+    )

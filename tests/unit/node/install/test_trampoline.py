@@ -160,8 +160,23 @@ EDGE_CASES: List[List[str]] = [
     ["--log-format=text", "state", "run"],
     ["-log-format", "text", "run"],
     ["-root", "/r", "-log", "/l", "create"],
-    ["--root", "/r", "--log", "/l", "--log-format", "json", "--systemd-cgroup", "create",
-     "--bundle", "/b", "--pid-file", "/p", "--console-socket", "/s", "id"],
+    [
+        "--root",
+        "/r",
+        "--log",
+        "/l",
+        "--log-format",
+        "json",
+        "--systemd-cgroup",
+        "create",
+        "--bundle",
+        "/b",
+        "--pid-file",
+        "/p",
+        "--console-socket",
+        "/s",
+        "id",
+    ],
     ["--root", "/r", "delete", "--force", "create"],
     ["*", "create"],
     ["?", "run"],
@@ -289,23 +304,105 @@ def test_edge_cases_cover_both_decisions() -> None:
 
 
 TOKENS = [
-    "create", "run", "state", "delete", "start", "kill", "exec", "list", "spec", "Create",
-    "--", "-", "", " ", "---", "=", "--=", "-=x",
-    "--root", "-root", "---root", "--root=/r", "--root=", "/r",
-    "--log", "--log=x", "-log", "--log-format", "--log-format=json", "json",
-    "--criu", "--rootless", "--rootless=auto", "--systemd-cgroup", "--debug",
-    "-v", "--version", "-h", "--help", "--help=1", "-vh", "--verbose",
-    "--bundle", "-b", "-b=create", "--bundle=create", "--pid-file", "id",
-    "a b", "line\nbreak", "tab\t", "ünï", "✓", "$x", "*", "\\", "'", '"',
-    "--cgroup-manager", "--cgroup-m=x", "--c", "--r", "--lo", "--log-f", "--ver", "--usage",
-    "-V", "-?", "-vx", "--bund", "--bund=/b", "--co", "--conf", "--config", "-f", "-fc",
-    "-b/b", "-bundle", "-b=", "-db", "-dd", "-d?", "--no-p", "--p", "--pid", "--HANG",
-    "--help=false", "-h=0", "--he", "-help", "--help=F",
+    "create",
+    "run",
+    "state",
+    "delete",
+    "start",
+    "kill",
+    "exec",
+    "list",
+    "spec",
+    "Create",
+    "--",
+    "-",
+    "",
+    " ",
+    "---",
+    "=",
+    "--=",
+    "-=x",
+    "--root",
+    "-root",
+    "---root",
+    "--root=/r",
+    "--root=",
+    "/r",
+    "--log",
+    "--log=x",
+    "-log",
+    "--log-format",
+    "--log-format=json",
+    "json",
+    "--criu",
+    "--rootless",
+    "--rootless=auto",
+    "--systemd-cgroup",
+    "--debug",
+    "-v",
+    "--version",
+    "-h",
+    "--help",
+    "--help=1",
+    "-vh",
+    "--verbose",
+    "--bundle",
+    "-b",
+    "-b=create",
+    "--bundle=create",
+    "--pid-file",
+    "id",
+    "a b",
+    "line\nbreak",
+    "tab\t",
+    "ünï",
+    "✓",
+    "$x",
+    "*",
+    "\\",
+    "'",
+    '"',
+    "--cgroup-manager",
+    "--cgroup-m=x",
+    "--c",
+    "--r",
+    "--lo",
+    "--log-f",
+    "--ver",
+    "--usage",
+    "-V",
+    "-?",
+    "-vx",
+    "--bund",
+    "--bund=/b",
+    "--co",
+    "--conf",
+    "--config",
+    "-f",
+    "-fc",
+    "-b/b",
+    "-bundle",
+    "-b=",
+    "-db",
+    "-dd",
+    "-d?",
+    "--no-p",
+    "--p",
+    "--pid",
+    "--HANG",
+    "--help=false",
+    "-h=0",
+    "--he",
+    "-help",
+    "--help=F",
 ]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                   HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(
     argv=st.lists(
         st.one_of(
@@ -379,12 +476,38 @@ def world(tmp_path: Path) -> Dict[str, Path]:
     # a bundle whose config.json asks for a GPU, so create/run reach Python
     (cwd_dir / "config.json").write_text('{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}')
     cwd = cwd_dir
-    return {"tramp": tramp, "config": config, "runtimes": runtimes, "runtime": runtime,
-            "py": tmp_path / "py", "rt": tmp_path / "rt", "cwd": cwd, "tmp": tmp_path}
+    return {
+        "tramp": tramp,
+        "config": config,
+        "runtimes": runtimes,
+        "runtime": runtime,
+        "py": tmp_path / "py",
+        "rt": tmp_path / "rt",
+        "cwd": cwd,
+        "tmp": tmp_path,
+    }
 
 
-HARD_ARGS = ["--root", "/run/x y", "--log", "", "state", "id with space", "line\nbreak",
-             "", " ", "tab\there", "ünïcødé", "*", "$HOME", "\\n", "-", "--", "'\"", "last"]
+HARD_ARGS = [
+    "--root",
+    "/run/x y",
+    "--log",
+    "",
+    "state",
+    "id with space",
+    "line\nbreak",
+    "",
+    " ",
+    "tab\there",
+    "ünïcødé",
+    "*",
+    "$HOME",
+    "\\n",
+    "-",
+    "--",
+    "'\"",
+    "last",
+]
 
 
 def python_args(world: Dict[str, Path]) -> List[str]:
@@ -395,11 +518,13 @@ def python_args(world: Dict[str, Path]) -> List[str]:
     return argv[7:]
 
 
-def run_tramp(world: Dict[str, Path], argv: Sequence[str],
-              extra_env: Dict[str, str]) -> subprocess.CompletedProcess:
+def run_tramp(
+    world: Dict[str, Path], argv: Sequence[str], extra_env: Dict[str, str]
+) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "NVSHIM_CONFIG": str(world["config"]), **extra_env}
-    return subprocess.run([str(world["tramp"]), *argv], capture_output=True, env=env,
-                          cwd=world["cwd"], timeout=10)
+    return subprocess.run(
+        [str(world["tramp"]), *argv], capture_output=True, env=env, cwd=world["cwd"], timeout=10
+    )
 
 
 def test_passthrough_execs_listed_runtime_with_same_argv_env_cwd(world: Dict[str, Path]) -> None:
@@ -436,7 +561,9 @@ def test_yaml_newer_than_runtimes_falls_back_to_python(world: Dict[str, Path]) -
 
 
 @pytest.mark.parametrize("how", ["older-mtime-copy", "same-mtime-new-inode", "rewritten-in-place"])
-def test_yaml_replaced_by_an_older_file_falls_back_to_python(world: Dict[str, Path], how: str) -> None:
+def test_yaml_replaced_by_an_older_file_falls_back_to_python(
+    world: Dict[str, Path], how: str
+) -> None:
     """Issue 12 item 1: a YAML replaced by `cp -p`/`rsync -t`/`tar x` (an *older* mtime), or by
     another file with the very same mtime, or rewritten in place, is stale: Python decides, not the old list."""
     config = world["config"]
@@ -507,8 +634,13 @@ def test_runtime_path_with_space_or_glob_is_not_split(world: Dict[str, Path], na
     world["runtimes"].write_text(f"{runtime}\n")
     mark_compiled(world["config"])
     env = {"PATH": f"{decoy_dir}:/usr/bin:/bin", "NVSHIM_CONFIG": str(world["config"])}
-    res = subprocess.run([str(world["tramp"]), "state", "x"], capture_output=True, env=env,
-                         cwd=world["cwd"], timeout=10)
+    res = subprocess.run(
+        [str(world["tramp"]), "state", "x"],
+        capture_output=True,
+        env=env,
+        cwd=world["cwd"],
+        timeout=10,
+    )
     assert res.returncode == 0, res.stderr
     assert not (world["tmp"] / "decoy.argv").exists()
 
@@ -523,8 +655,9 @@ def test_no_config_uses_runc_then_crun_from_path(world: Dict[str, Path]) -> None
     env = {"PATH": str(bindir), "NVSHIM_CONFIG": str(world["config"])}
 
     def call(*argv: str) -> None:
-        res = subprocess.run([str(world["tramp"]), *argv], capture_output=True, env=env,
-                             cwd=world["cwd"], timeout=10)
+        res = subprocess.run(
+            [str(world["tramp"]), *argv], capture_output=True, env=env, cwd=world["cwd"], timeout=10
+        )
         assert res.returncode == 0, res.stderr
 
     call("start", "x")
@@ -565,8 +698,9 @@ cat >> {rec}
 
 @pytest.mark.parametrize("shell", SHELLS, ids=lambda s: os.path.basename(s[0]))
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "no-config"])
-def test_passthrough_keeps_the_callers_fds(world: Dict[str, Path], shell: List[str],
-                                           compiled: bool) -> None:
+def test_passthrough_keeps_the_callers_fds(
+    world: Dict[str, Path], shell: List[str], compiled: bool
+) -> None:
     """fds 3, 4 and 12 the caller passes (runc --preserve-fds, LISTEN_FDS, containerd's fds 3
     and 4) reach the runtime as they came, and stdin too (runc update --resources -). The
     runtime list was once read on fd 3, which replaced the caller's fd 3 and closed it."""
@@ -588,11 +722,26 @@ def test_passthrough_keeps_the_callers_fds(world: Dict[str, Path], shell: List[s
     # bash opens them on their own numbers (dash takes one-digit fds only), then execs us
     opener = 'exec 3<"$1" 4<"$2" 12<"$3"; shift 3; exec "$@"'
     env = {"PATH": f"{bindir}:/usr/bin:/bin", "NVSHIM_CONFIG": str(world["config"])}
-    res = subprocess.run(["bash", "-c", opener, "bash",
-                          *(str(files[n]) for n in files),
-                          *shell, str(world["tramp"]), "exec", "--preserve-fds", "2", "x"],
-                         input=b"stdin-data", capture_output=True, env=env, cwd=world["cwd"],
-                         timeout=10)
+    res = subprocess.run(
+        [
+            "bash",
+            "-c",
+            opener,
+            "bash",
+            *(str(files[n]) for n in files),
+            *shell,
+            str(world["tramp"]),
+            "exec",
+            "--preserve-fds",
+            "2",
+            "x",
+        ],
+        input=b"stdin-data",
+        capture_output=True,
+        env=env,
+        cwd=world["cwd"],
+        timeout=10,
+    )
     assert res.returncode == 0, res.stderr
     assert rec.read_text() == "".join(f"{n}={files[n]}\n" for n in files) + "stdin-data"
     assert not (world["tmp"] / "py.argv").exists()
@@ -608,7 +757,9 @@ def tramp_world(tmp_path: Path) -> Dict[str, Any]:
 
 
 @needs_root
-@pytest.mark.parametrize("target", ["yaml", "compiled", "runtimes", "prefixes", "directory", "owner"])
+@pytest.mark.parametrize(
+    "target", ["yaml", "compiled", "runtimes", "prefixes", "directory", "owner"]
+)
 def test_config_writable_by_others_is_refused(tramp_world: dict, target: str) -> None:
     """Issue 12 item 9: a config.yaml, compiled copy or trampoline list that group/others can write
     (or a non-root user owns), or a directory others can replace it in, fails every Python command
@@ -616,9 +767,14 @@ def test_config_writable_by_others_is_refused(tramp_world: dict, target: str) ->
     from nvshim.config import compiled_path
 
     config = tramp_world["config"]
-    path = {"yaml": config, "compiled": Path(compiled_path(str(config))),
-            "runtimes": Path(runtimes_path(str(config))), "prefixes": Path(prefixes_path(str(config))),
-            "directory": config.parent, "owner": config}[target]
+    path = {
+        "yaml": config,
+        "compiled": Path(compiled_path(str(config))),
+        "runtimes": Path(runtimes_path(str(config))),
+        "prefixes": Path(prefixes_path(str(config))),
+        "directory": config.parent,
+        "owner": config,
+    }[target]
     if target == "owner":
         os.chown(path, 65534, -1)
         expected = f"config {path} is owned by uid 65534, not root"
@@ -630,12 +786,19 @@ def test_config_writable_by_others_is_refused(tramp_world: dict, target: str) ->
         expected = f"config {path} is writable by group or others (mode 0666)"
     env = dict(os.environ, NVSHIM_CONFIG=str(config))
     res = nvshim_cli("config", "show", env=env)
-    assert res.returncode == 1 and res.stderr.splitlines() == [f"nvshim: {expected}" + res.stderr.split(expected, 1)[1].rstrip("\n")]
+    assert res.returncode == 1 and res.stderr.splitlines() == [
+        f"nvshim: {expected}" + res.stderr.split(expected, 1)[1].rstrip("\n")
+    ]
     bundle = tramp_world["tmp"] / "bundle"
     bundle.mkdir()
     (bundle / "config.json").write_text('{"process":{"env":["NVIDIA_VISIBLE_DEVICES=void"]}}')
-    res = subprocess.run([str(tramp_world["tramp"]), "create", "--bundle", str(bundle), "id"],
-                         env=tramp_world["env"], capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [str(tramp_world["tramp"]), "create", "--bundle", str(bundle), "id"],
+        env=tramp_world["env"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 1 and len(res.stderr.splitlines()) == 1 and expected in res.stderr
     assert not (tramp_world["tmp"] / "rec").exists()
     if target == "directory":
@@ -661,13 +824,29 @@ def test_trampoline_never_execs_a_runtime_list_written_by_another_user(tramp_wor
         evil.write_text(f"#!/bin/sh\ntouch {etc}/pwned\n")
         evil.chmod(0o755)
         listing.chmod(0o666)
-        wrote = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh",
-                                "-c", f"printf '%s\\n' {evil} > {listing}"], capture_output=True, text=True)
+        wrote = subprocess.run(
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "sh",
+                "-c",
+                f"printf '%s\\n' {evil} > {listing}",
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert wrote.returncode == 0, wrote.stderr
         assert listing.read_text() == f"{evil}\n"
         env = dict(tramp_world["env"], NVSHIM_CONFIG=str(config))
-        res = subprocess.run([str(tramp_world["tramp"]), "state", "x"], env=env,
-                             capture_output=True, text=True, timeout=30)
+        res = subprocess.run(
+            [str(tramp_world["tramp"]), "state", "x"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert not (etc / "pwned").exists()
         assert res.returncode == 1 and "writable by group or others" in res.stderr, res.stderr
         assert len(res.stderr.splitlines()) == 1
@@ -685,10 +864,21 @@ def test_version_shows_nvshim_then_the_runtime(tramp_world: dict, flag: str) -> 
     from nvshim import __version__
 
     runtime = tramp_world["runtime"]
-    runtime.write_text("#!/bin/sh\necho \"runc version 9.9.9 ($*)\"\n")
+    runtime.write_text('#!/bin/sh\necho "runc version 9.9.9 ($*)"\n')
     compile_node(str(tramp_world["config"]))
-    for script in ([str(tramp_world["tramp"])], [sys.executable, "-I", "-m", "nvshim.runtime.main"]):
-        res = subprocess.run([*script, flag], env=tramp_world["env"], capture_output=True,
-                             text=True, timeout=30, cwd=str(REPO))
+    for script in (
+        [str(tramp_world["tramp"])],
+        [sys.executable, "-I", "-m", "nvshim.runtime.main"],
+    ):
+        res = subprocess.run(
+            [*script, flag],
+            env=tramp_world["env"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=str(REPO),
+        )
         assert res.returncode == 0, res.stderr
-        assert res.stdout == f"nvshim-runtime version {__version__}\n\nrunc version 9.9.9 ({flag})\n"
+        assert (
+            res.stdout == f"nvshim-runtime version {__version__}\n\nrunc version 9.9.9 ({flag})\n"
+        )

@@ -34,12 +34,26 @@ def pod(devices: Any, rules: Any = ()) -> Dict[str, Any]:
     default cgroup rules (/dev/null, ttys, /dev/pts, tun) plus ``rules``."""
     defaults = [{"allow": False, "access": "rwm"}] + [
         {"allow": True, "type": "c", "major": m, "minor": n, "access": "rwm"}
-        for m, n in ((1, 3), (1, 5), (1, 7), (5, 0), (5, 1), (1, 8), (1, 9), (5, 2),
-                     (136, None), (10, 200), (10, 229))]
-    return {"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin", "HOME=/root"]},
-            "root": {"path": "rootfs"},
-            "linux": {"devices": list(devices),
-                      "resources": {"devices": defaults + list(rules)}}}
+        for m, n in (
+            (1, 3),
+            (1, 5),
+            (1, 7),
+            (5, 0),
+            (5, 1),
+            (1, 8),
+            (1, 9),
+            (5, 2),
+            (136, None),
+            (10, 200),
+            (10, 229),
+        )
+    ]
+    return {
+        "ociVersion": "1.0.2",
+        "process": {"env": ["PATH=/bin", "HOME=/root"]},
+        "root": {"path": "rootfs"},
+        "linux": {"devices": list(devices), "resources": {"devices": defaults + list(rules)}},
+    }
 
 
 GPU1 = {"path": "/dev/gpu1", "type": "c", "major": 195, "minor": 1}
@@ -48,37 +62,61 @@ CAPS = {"path": "/dev/mig-cap", "type": "c", "major": 237, "minor": 12}
 FUSE = {"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}
 
 
-@pytest.mark.parametrize("text", [
-    json.dumps(pod([GPU1])),
-    json.dumps(pod([CARD1]), indent="\t"),
-    json.dumps(pod([CAPS]), indent=2),
-    json.dumps(pod([FUSE], [{"allow": True, "type": "c", "major": 195, "access": "rw"}])),
-    json.dumps(pod([GPU1])).replace('"major"', '"MAJOR"'),
-    json.dumps(pod([GPU1])).replace('"major": 195', '"major":\n195'),
-    json.dumps(pod([GPU1])).replace('"major": 195', '"major"\r\n :195'),
-    json.dumps(pod([{**GPU1, "major": 511}])),
-    json.dumps(pod([{**GPU1, "major": 195 + 2**32}])),
-    json.dumps(pod([{**GPU1, "major": 195 - 2**32}])),
-    json.dumps(pod([FUSE], [{"allow": True, "type": "c", "major": 195 + 2**33, "access": "rw"}])),
-], ids=["gpu1", "dri-card1-tabs", "dynamic-major", "cgroup-rule-only", "key-case",
-        "value-next-line", "key-alone-on-its-line", "major-511", "major-195-plus-2-32",
-        "major-negative-alias", "cgroup-rule-alias"])
-def test_a_spec_holding_a_gpu_by_number_reaches_python(world: Dict[str, Path],  # noqa: F811
-                                                       text: str) -> None:
+@pytest.mark.parametrize(
+    "text",
+    [
+        json.dumps(pod([GPU1])),
+        json.dumps(pod([CARD1]), indent="\t"),
+        json.dumps(pod([CAPS]), indent=2),
+        json.dumps(pod([FUSE], [{"allow": True, "type": "c", "major": 195, "access": "rw"}])),
+        json.dumps(pod([GPU1])).replace('"major"', '"MAJOR"'),
+        json.dumps(pod([GPU1])).replace('"major": 195', '"major":\n195'),
+        json.dumps(pod([GPU1])).replace('"major": 195', '"major"\r\n :195'),
+        json.dumps(pod([{**GPU1, "major": 511}])),
+        json.dumps(pod([{**GPU1, "major": 195 + 2**32}])),
+        json.dumps(pod([{**GPU1, "major": 195 - 2**32}])),
+        json.dumps(
+            pod([FUSE], [{"allow": True, "type": "c", "major": 195 + 2**33, "access": "rw"}])
+        ),
+    ],
+    ids=[
+        "gpu1",
+        "dri-card1-tabs",
+        "dynamic-major",
+        "cgroup-rule-only",
+        "key-case",
+        "value-next-line",
+        "key-alone-on-its-line",
+        "major-511",
+        "major-195-plus-2-32",
+        "major-negative-alias",
+        "cgroup-rule-alias",
+    ],
+)
+def test_a_spec_holding_a_gpu_by_number_reaches_python(
+    world: Dict[str, Path],  # noqa: F811
+    text: str,
+) -> None:
     """A device numbered like an NVIDIA node (195, or a dynamic major, or a number outside
     32 bits whose low 32 bits runc keeps) anywhere in the spec, at any path, in any layout
     or key case, sends the create to Python."""
     assert create(world, text)
 
 
-@pytest.mark.parametrize("text", [
-    json.dumps(pod([])),
-    json.dumps(pod([FUSE]), indent=2),
-    json.dumps(pod([{**FUSE, "major": 1950}])),
-    json.dumps(pod([{**FUSE, "major": 19}])),
-], ids=["no-device", "fuse", "major-1950", "major-19"])
-def test_a_pod_without_an_nvidia_number_stays_off_python(world: Dict[str, Path],  # noqa: F811
-                                                         text: str) -> None:
+@pytest.mark.parametrize(
+    "text",
+    [
+        json.dumps(pod([])),
+        json.dumps(pod([FUSE]), indent=2),
+        json.dumps(pod([{**FUSE, "major": 1950}])),
+        json.dumps(pod([{**FUSE, "major": 19}])),
+    ],
+    ids=["no-device", "fuse", "major-1950", "major-19"],
+)
+def test_a_pod_without_an_nvidia_number_stays_off_python(
+    world: Dict[str, Path],  # noqa: F811
+    text: str,
+) -> None:
     """containerd's default device rules and another driver's fixed-major node keep the
     no-Python fast path."""
     assert not create(world, text)
@@ -87,8 +125,9 @@ def test_a_pod_without_an_nvidia_number_stays_off_python(world: Dict[str, Path],
 def test_compiled_annotation_prefixes_match_literally(world: Dict[str, Path]) -> None:  # noqa: F811
     """Prefixes are compiled as grep -E literals: ``a+b/`` matches itself, not ``aab/``;
     ``example.com/`` does not match ``exampleXcom/``."""
-    world["config"].write_text(f"runtimes: [{world['runtime']}]\n"
-                               "annotation-prefixes: [a+b/, example.com/]\n")
+    world["config"].write_text(
+        f"runtimes: [{world['runtime']}]\nannotation-prefixes: [a+b/, example.com/]\n"
+    )
     compile_node(str(world["config"]))
 
     def annotated(key: str) -> str:

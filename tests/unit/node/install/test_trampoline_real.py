@@ -37,8 +37,13 @@ def setup(tmp_path: Path, env_list):
 def test_create_with_marker_runs_real_python(tmp_path):
     """A create whose spec names NVIDIA_ reaches nvshim's Python runtime, which then execs the runtime."""
     tramp, bundle, env, rec, debug = setup(tmp_path, ["NVIDIA_VISIBLE_DEVICES=void"])
-    res = subprocess.run([str(tramp), "create", "--bundle", str(bundle), "id"], env=env,
-                         capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [str(tramp), "create", "--bundle", str(bundle), "id"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 0, res.stderr
     assert rec.read_text().split() == ["create", "--bundle", str(bundle), "id"]
     assert '"event": "create"' in debug.read_text()  # Python ran and logged the create
@@ -48,8 +53,13 @@ def test_create_without_marker_skips_python(tmp_path):
     """A spec that cannot ask for a GPU goes straight to the runtime: no Python, file untouched."""
     tramp, bundle, env, rec, debug = setup(tmp_path, ["PATH=/bin", "FOO=bar"])
     before = (bundle / "config.json").read_bytes()
-    res = subprocess.run([str(tramp), "create", "--bundle", str(bundle), "id"], env=env,
-                         capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [str(tramp), "create", "--bundle", str(bundle), "id"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 0, res.stderr
     assert rec.read_text().split() == ["create", "--bundle", str(bundle), "id"]
     assert not os.path.exists(debug)
@@ -60,14 +70,21 @@ def test_escaped_marker_still_reaches_python(tmp_path):
     """A JSON escape that could hide NVIDIA_ sends the create to Python, which injects or refuses."""
     tramp, bundle, env, rec, debug = setup(tmp_path, [])
     (bundle / "config.json").write_text('{"process":{"env":["\\u004eVIDIA_VISIBLE_DEVICES=void"]}}')
-    res = subprocess.run([str(tramp), "create", "--bundle", str(bundle), "id"], env=env,
-                         capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [str(tramp), "create", "--bundle", str(bundle), "id"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 0, res.stderr
     assert debug.exists()
 
 
-@pytest.mark.parametrize("caller_locale", [{}, {"LC_CTYPE": "C"}, {"LANG": "C"},
-                                           {"LC_CTYPE": "POSIX", "LANG": "C.UTF-8"}])
+@pytest.mark.parametrize(
+    "caller_locale",
+    [{}, {"LC_CTYPE": "C"}, {"LANG": "C"}, {"LC_CTYPE": "POSIX", "LANG": "C.UTF-8"}],
+)
 def test_create_through_python_hands_runc_the_callers_env(tmp_path, caller_locale):
     """A create that goes through Python execs the runtime with the caller's environment
     exactly: CPython's C-locale coercion (PEP 538) used to add LC_CTYPE=C.UTF-8 (or replace
@@ -77,8 +94,14 @@ def test_create_through_python_hands_runc_the_callers_env(tmp_path, caller_local
     runtime = tmp_path / "fake-runc"
     runtime.write_text(f"#!/bin/sh\n{shutil.which('env')} -0 > {envrec}\n")
     env = {**env, "ODD": "a b\nc", **caller_locale}
-    res = subprocess.run([str(tramp), "create", "--bundle", str(bundle), "id"], env=env,
-                         capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    res = subprocess.run(
+        [str(tramp), "create", "--bundle", str(bundle), "id"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     assert debug.exists()  # Python ran
     got = dict(e.split("=", 1) for e in envrec.read_bytes().decode().split("\0") if e)
@@ -105,12 +128,19 @@ def test_create_through_python_hands_runc_default_sigpipe(tmp_path, caller_ignor
         for name in caller_ignores:
             signal.signal(getattr(signal, name), signal.SIG_IGN)
 
-    res = subprocess.run([str(tramp), "create", "--bundle", str(bundle), "id"], env=env,
-                         capture_output=True, text=True, timeout=30, preexec_fn=ignore)
+    res = subprocess.run(
+        [str(tramp), "create", "--bundle", str(bundle), "id"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        preexec_fn=ignore,
+    )
     assert res.returncode == 0, res.stderr
     assert debug.exists()  # Python ran
     line = next(x for x in status.read_text().splitlines() if x.startswith("SigIgn:"))
     ignored = int(line.split()[1], 16)
-    got = {s.name for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP)
-           if ignored & (1 << (s - 1))}
+    got = {
+        s.name for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP) if ignored & (1 << (s - 1))
+    }
     assert got == set(caller_ignores)

@@ -25,8 +25,13 @@ from nvshim.node.install.units import (
 )
 
 REPO = Path(__file__).resolve().parents[4]
-WATCHED = ["/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/proc/driver/nvidia/version",
-           "/lib/modules/6.1/modules.dep", "/usr/lib64/libcuda.so.1", "/etc/nvshim/config.yaml"]
+WATCHED = [
+    "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+    "/proc/driver/nvidia/version",
+    "/lib/modules/6.1/modules.dep",
+    "/usr/lib64/libcuda.so.1",
+    "/etc/nvshim/config.yaml",
+]
 
 # What install.sh's echo lines wrote for the default settings (captured from it before the
 # units moved to Python; install.sh now writes exactly these bytes).
@@ -101,39 +106,49 @@ def test_percent_is_doubled_as_install_sh_did() -> None:
     """A ``%`` in a folder or a watched path becomes ``%%`` (a specifier otherwise), as
     install.sh's sed did; the NRI socket is passed as given."""
     path = render_refresh_path("/b%in", ["/opt/dr%iver/libcuda.so.1", "/my dir/libcuda.so.1"])
-    assert ("PathChanged=/opt/dr%%iver/libcuda.so.1\nPathChanged=/my dir/libcuda.so.1\n"
-            "PathChanged=/b%%in/nvshim\n") in path
-    assert "ExecStart=/b%%in/nvshim cdi refresh --config /e%%tc/config.yaml\n" \
+    assert (
+        "PathChanged=/opt/dr%%iver/libcuda.so.1\nPathChanged=/my dir/libcuda.so.1\n"
+        "PathChanged=/b%%in/nvshim\n"
+    ) in path
+    assert (
+        "ExecStart=/b%%in/nvshim cdi refresh --config /e%%tc/config.yaml\n"
         in render_refresh_service("/b%in", "/e%tc")
+    )
     agent = render_agent_service("/b%in", "/e", "/run/containerd/nri/nri.sock")
-    assert (f"ExecStart=/b%%in/nvshim agent --config /e/config.yaml --socket {AGENT_SOCKET} "
-            "--nri-socket /run/containerd/nri/nri.sock\n") in agent
+    assert (
+        f"ExecStart=/b%%in/nvshim agent --config /e/config.yaml --socket {AGENT_SOCKET} "
+        "--nri-socket /run/containerd/nri/nri.sock\n"
+    ) in agent
 
 
 def test_agent_unit_serves_the_agents_one_socket() -> None:
     """nvshim-agent.service names the socket nvshim.agent.AGENT_SOCKET names; an empty NRI
     socket setting means none."""
-    (line,) = [x for x in render_agent_service("/b", "/e", "").splitlines()
-               if x.startswith("ExecStart=")]
+    (line,) = [
+        x for x in render_agent_service("/b", "/e", "").splitlines() if x.startswith("ExecStart=")
+    ]
     assert line.endswith(f" --socket {AGENT_SOCKET} --nri-socket none")
 
 
-@pytest.mark.parametrize("word, written", [
-    ("/usr/local/bin/nvshim", "/usr/local/bin/nvshim"),
-    ("--nri-socket", "--nri-socket"),
-    ("/a%b", "/a%%b"),
-    ("/my dir/nvshim", '"/my dir/nvshim"'),
-    ("/a$HOME", '"/a$$HOME"'),
-    ('/a"b', '"/a\\"b"'),
-    ("/a\\b", '"/a\\\\b"'),
-    ("/a'b", '"/a\'b"'),
-    ("/a;b", '"/a;b"'),
-    (";", '";"'),
-    ("/a\tb\nc", '"/a\\tb\\nc"'),
-    ("/a\x01b", '"/a\\x01b"'),
-    ("/%$ x", '"/%%$$ x"'),
-    ("", '""'),
-])
+@pytest.mark.parametrize(
+    "word, written",
+    [
+        ("/usr/local/bin/nvshim", "/usr/local/bin/nvshim"),
+        ("--nri-socket", "--nri-socket"),
+        ("/a%b", "/a%%b"),
+        ("/my dir/nvshim", '"/my dir/nvshim"'),
+        ("/a$HOME", '"/a$$HOME"'),
+        ('/a"b', '"/a\\"b"'),
+        ("/a\\b", '"/a\\\\b"'),
+        ("/a'b", '"/a\'b"'),
+        ("/a;b", '"/a;b"'),
+        (";", '";"'),
+        ("/a\tb\nc", '"/a\\tb\\nc"'),
+        ("/a\x01b", '"/a\\x01b"'),
+        ("/%$ x", '"/%%$$ x"'),
+        ("", '""'),
+    ],
+)
 def test_exec_word_quotes_by_systemds_rules(word: str, written: str) -> None:
     """An ExecStart= word is written as it is when plain, else double-quoted with ``\\``,
     ``"`` and control characters escaped; ``%`` and ``$`` doubled either way."""
@@ -144,19 +159,24 @@ def test_folders_with_spaces_are_one_execstart_word() -> None:
     """A bindir or etcdir with a space stays one word of ExecStart (the echo lines split
     it into two)."""
     service = render_refresh_service("/opt/my bin", "/etc/my nvshim")
-    assert ('ExecStart="/opt/my bin/nvshim" cdi refresh --config "/etc/my nvshim/config.yaml"\n'
-            in service)
+    assert (
+        'ExecStart="/opt/my bin/nvshim" cdi refresh --config "/etc/my nvshim/config.yaml"\n'
+        in service
+    )
     agent = render_agent_service("/opt/my bin", "/etc/nvshim", "/run/my nri.sock")
     assert agent.count('"') == 4 and '--nri-socket "/run/my nri.sock"\n' in agent
 
 
-@pytest.mark.parametrize("path, written", [
-    ("/usr/local/bin/nvshim", "/usr/local/bin/nvshim"),
-    ("/a%b/nvshim", "/a%%b/nvshim"),
-    ("/a$b/nvshim", "/a$b/nvshim"),
-    ("/my bin/nvshim", '"/my bin/nvshim"'),
-    ("/my $b%in;/nvshim", '"/my $b%%in;/nvshim"'),
-])
+@pytest.mark.parametrize(
+    "path, written",
+    [
+        ("/usr/local/bin/nvshim", "/usr/local/bin/nvshim"),
+        ("/a%b/nvshim", "/a%%b/nvshim"),
+        ("/a$b/nvshim", "/a$b/nvshim"),
+        ("/my bin/nvshim", '"/my bin/nvshim"'),
+        ("/my $b%in;/nvshim", '"/my $b%%in;/nvshim"'),
+    ],
+)
 def test_exec_path_quotes_the_command_by_systemds_rules(path: str, written: str) -> None:
     """ExecStart='s command is double-quoted when it holds a space (or another character a
     word splits on), ``%`` doubled, ``$`` as it is (systemd expands no variable there)."""
@@ -186,8 +206,12 @@ def test_systemd_finds_the_quoted_command(tmp_path: Path, name: str) -> None:
     unit.write_text(render_refresh_service(str(bindir), "/etc/my $nvshim"))
 
     def verify() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)],
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            ["systemd-analyze", "verify", "--man=no", str(unit)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     checked = verify()
     assert checked.returncode == 0 and checked.stderr == "", checked.stderr
@@ -211,8 +235,9 @@ def test_paths_a_unit_cannot_carry_are_refused(path: str) -> None:
     assert "\n" not in exec_word(path) and "\r" not in exec_word(path)
 
 
-@pytest.mark.parametrize("systemctl", ["bin/systemctl", "/my bin/systemctl", "/a$b", "/a%b",
-                                       '/a"b'])
+@pytest.mark.parametrize(
+    "systemctl", ["bin/systemctl", "/my bin/systemctl", "/a$b", "/a%b", '/a"b']
+)
 def test_udev_rule_refuses_a_systemctl_it_cannot_name(systemctl: str) -> None:
     """udev splits RUN on spaces and expands ``$`` and ``%``: a systemctl path other than a
     plain absolute one is refused, naming it."""
@@ -238,11 +263,25 @@ def test_main_refuses_in_one_line_and_prints_nothing() -> None:
     """A value a unit cannot carry: exit 1, one line on stderr naming the file and the
     value, nothing on stdout (install.sh writes no empty unit)."""
     res = subprocess.run(
-        [sys.executable, "-I", "-c", "import sys; sys.path[0:0] = [sys.argv.pop(1)]\n"
-         "from nvshim.node.install.units import main; main()", str(REPO),
-         "nvshim-cdi-refresh.path", "--bindir", "/b", "--watched", "/ok\n/a\\"],
-        capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            "import sys; sys.path[0:0] = [sys.argv.pop(1)]\n"
+            "from nvshim.node.install.units import main; main()",
+            str(REPO),
+            "nvshim-cdi-refresh.path",
+            "--bindir",
+            "/b",
+            "--watched",
+            "/ok\n/a\\",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 1 and res.stdout == ""
     assert res.stderr.count("\n") == 1
-    assert res.stderr.startswith("install.sh: nvshim-cdi-refresh.path: path '/a\\\\' cannot be"), \
+    assert res.stderr.startswith("install.sh: nvshim-cdi-refresh.path: path '/a\\\\' cannot be"), (
         res.stderr
+    )
