@@ -233,6 +233,16 @@ run_nvshim() {
         "$VENV/bin/nvshim" "$@"
     fi
 }
+# nvshim_module MODULE ARG...: MODULE's main(ARG...) in nvshim's own Python, whichever way it
+# is installed (as run_nvshim)
+nvshim_module() {
+    if [ -f "$PREFIX/$FILE_LIST" ] && [ -x "$PREFIX/bin/python3" ]; then
+        "$PREFIX/bin/python3" -I -S -c 'import sys, importlib; sys.path[0:0] = [sys.argv.pop(1)]; importlib.import_module(sys.argv.pop(1)).main(sys.argv[1:])' \
+            "$PREFIX/site" "$@"
+    else
+        "$VENV/bin/python3" -I -c 'import sys, importlib; importlib.import_module(sys.argv.pop(1)).main(sys.argv[1:])' "$@"
+    fi
+}
 have_nvshim() { { [ -f "$PREFIX/$FILE_LIST" ] && [ -x "$PREFIX/bin/python3" ]; } || [ -x "$VENV/bin/nvshim" ]; }
 
 # --- containers that still run through nvshim-runtime at uninstall ----------------------
@@ -265,33 +275,10 @@ runtime_users() {  # how many containerd tasks name $BINDIR/nvshim-runtime as th
     done
     echo "$n"
 }
-write_forwarder() {  # write_forwarder N: $BINDIR/nvshim-runtime hands every command on, said
-    # the runtime nvshim hands to: config.runtimes' first that resolves, as the trampoline's
-    # pick() does (that script is rendered for the node and cannot be called from here)
-    target=
-    if [ -f "$ETCDIR/config.runtimes" ]; then
-        while IFS= read -r r; do
-            case $r in
-                /*) [ -x "$r" ] && { target=$r; break; } ;;
-                */*|'') ;;
-                *) p=$(command -v -- "$r" 2>/dev/null) && case $p in /*) target=$p; break ;; esac ;;
-            esac
-        done < "$ETCDIR/config.runtimes"
-    fi
-    [ -n "$target" ] || target=$(command -v runc 2>/dev/null) || target=runc
-    case $target in *"'"*) target=runc ;; esac  # quoted below
-    tmp="$BINDIR/.nvshim-runtime.$$"
-    {
-        echo "#!/bin/sh"
-        echo "$FORWARDER_MARK"
-        echo "# Left by nvshim's install.sh --uninstall ($(date -u +%Y-%m-%dT%H:%M:%SZ)): $1 container(s) created"
-        echo "# through nvshim-runtime still ran, and containerd stops and deletes them through this"
-        echo "# path. nvshim is not installed: every command goes to $target. 'install.sh"
-        echo "# --uninstall' removes this file once no container names it."
-        containerd_states | sort -u | sed 's/^/# containerd-state: /'
-        echo "exec '$target' \"\$@\""
-    } > "$tmp" && chmod 0755 "$tmp" && mv -f "$tmp" "$BINDIR/nvshim-runtime"
-    say "left $BINDIR/nvshim-runtime as a forwarder to $target: $1 container(s) created through it still run, and containerd stops them through it; 'install.sh --uninstall' removes it once they are gone"
+write_forwarder() {  # write_forwarder N: $BINDIR/nvshim-runtime hands every command on to the
+    # runtime nvshim hands to (nvshim/node/install/forwarder.py), for N containers still running
+    containerd_states | sort -u | nvshim_module nvshim.node.install.forwarder \
+        --path "$BINDIR/nvshim-runtime" --runtimes "$ETCDIR/config.runtimes" --users "$1"
 }
 remove_forwarder() {  # an uninstall with nothing installed: a forwarder no task uses goes
     f="$BINDIR/nvshim-runtime"
@@ -328,7 +315,9 @@ uninstall() {
     # containers created through nvshim-runtime that still run (see "containers that still
     # run" above): a forwarder takes its place, written while config.runtimes is there
     users=$(runtime_users)
-    if [ "$users" != 0 ]; then write_forwarder "$users"; fi
+    if [ "$users" != 0 ]; then
+        write_forwarder "$users" || say "could not leave a forwarder: containers created through $BINDIR/nvshim-runtime cannot be stopped once it is gone"
+    fi
     # files we wrote, only if unchanged since (an edited config stays, and we say so)
     pkgs=
     while read -r kind path sum; do

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -550,7 +551,7 @@ def test_uninstall_leaves_a_forwarder_while_containers_run_through_nvshim_runtim
     assert sorted(p.name for p in bindir.iterdir()) == ["nvshim-runtime"]
     assert not (tmp_path / "opt").exists() and not (tmp_path / "etc" / "nvshim").exists()
     runc = shutil.which("runc")
-    assert runc and f"exec '{runc}' \"$@\"" in runtime.read_text()
+    assert runc and f'exec {shlex.quote(runc)} "$@"' in runtime.read_text()
     version = subprocess.run(
         [str(runtime), "--version"], capture_output=True, text=True, timeout=30
     )
