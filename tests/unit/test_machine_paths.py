@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Iterator, List, Tuple
+from typing import Iterator, List, Set, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
 #: Where no path of one machine may appear, and where /tmp scratch folders are checked too.
@@ -40,7 +40,15 @@ HOME_OR_WORKSPACE = re.compile(r"(?<![\w}>\].-])/(?:root|work|home/[A-Za-z0-9_.-
 SCRATCH = re.compile(r"(?<![\w}>\].-])/tmp/([A-Za-z0-9_.+-]+)")
 
 
+def _written_by_benches() -> Set[Path]:
+    """The result files the benches write into bench/, named one by one in .gitignore:
+    a run's output on this machine, never committed."""
+    lines = (REPO / ".gitignore").read_text().splitlines()
+    return {REPO / line for line in lines if line.startswith("bench/") and "*" not in line}
+
+
 def _files() -> Iterator[Path]:
+    skipped = _written_by_benches()
     for tree in TREES:
         for path in sorted((REPO / tree).rglob("*")):
             if (
@@ -48,6 +56,7 @@ def _files() -> Iterator[Path]:
                 and path.is_file()
                 and "__pycache__" not in path.parts
                 and path != Path(__file__).resolve()
+                and path not in skipped
             ):
                 yield path
     for name in FILES:
