@@ -218,10 +218,10 @@ MEMO_MAX = 8
 MEMO_BYTES = 1 << 20
 
 
-def remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
-    """``memo[key] = value`` in a memo of at most :data:`MEMO_MAX` entries (emptied when
-    full: one step, safe beside other threads, where an eviction loop is not)."""
-    if len(memo) >= MEMO_MAX:
+def remember(memo: dict[Any, Any], key: Any, value: Any, most: int = MEMO_MAX) -> None:
+    """``memo[key] = value`` in a memo of at most ``most`` entries (emptied when full:
+    one step, safe beside other threads, where an eviction loop is not)."""
+    if len(memo) >= most:
         memo.clear()
     memo[key] = value
 
@@ -324,9 +324,8 @@ def libcmp_key(name: str) -> bytes:
     """
     key = _KEYS.get(name)
     if key is None:
-        if len(_KEYS) >= _KEYS_MAX:
-            _KEYS.clear()
-        key = _KEYS[name] = _libcmp_key(name)
+        key = _libcmp_key(name)
+        remember(_KEYS, name, key, _KEYS_MAX)
     return key
 
 
