@@ -41,9 +41,6 @@ containerd/nri's ``pkg/stub``); :meth:`Plugin.create_container` decodes it and c
 there: a refusal), :func:`guard` (a stripped claim) and :func:`inject` (the grant's
 adjustment, or a grant let through), takes the first verdict and journals it in one place.
 
-One module past the house's 400 lines: the service and the decisions it serves are read
-together, and every helper below serves one of the three duties.
-
 Why one module: it is one CreateContainer's road, read top to bottom: the handler table,
 then verify, guard and inject, each returning a verdict that one place journals. The stages
 share the spec the engine reported, the plan and the verdict type; split, the order that is
