@@ -34,6 +34,25 @@ def _command(path: Tuple[str, ...]) -> click.Command:
     return command
 
 
+def _click_modules_after(args: List[str]) -> List[str]:
+    """The click modules and click command modules `nvshim ARGS` loads, run in a fresh
+    interpreter."""
+    code = (
+        "import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
+        "except SystemExit:\n    pass\n"
+        "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
+        "if m == 'click' or m.startswith(('click.', 'nvshim.cli.cmd_', 'nvshim.cli.app')))))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-I", "-c", code, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "COLUMNS": "80", "PATH": "/usr/bin:/bin"},
+    )
+    return res.stderr.rsplit("LOADED", 1)[1].split()
+
+
 def _run(runner: Any, args: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, str, str]:
     with pytest.raises(SystemExit) as exc:
         runner(args)
@@ -219,20 +238,8 @@ def test_generate_served_without_click_writes_what_click_writes(
     assert served == _run(app.run, argv, capsys)
     assert served[0] == 0 and (written or served[1])
     assert (Path(out_file).read_bytes() if out_file else b"") == written
-    code = (
-        "import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
-        "except SystemExit:\n    pass\n"
-        "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
-        "if m == 'click' or m.startswith(('click.', 'nvshim.cli.cmd_', 'nvshim.cli.app')))))"
-    )
-    res = subprocess.run(
-        [sys.executable, "-I", "-c", code, *argv],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-    )
-    assert res.stderr.rsplit("LOADED", 1)[1].split() == [], res.stderr
+    loaded = _click_modules_after(argv)
+    assert loaded == [], (argv, loaded)
 
 
 def test_a_form_click_refuses_gets_clicks_one_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -270,20 +277,7 @@ def test_completion_is_clicks(monkeypatch: pytest.MonkeyPatch) -> None:
 )
 def test_a_fast_form_imports_no_click(args: List[str]) -> None:
     """The served forms load neither click nor a click command module."""
-    code = (
-        "import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
-        "except SystemExit:\n    pass\n"
-        "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
-        "if m == 'click' or m.startswith(('click.', 'nvshim.cli.cmd_', 'nvshim.cli.app')))))"
-    )
-    res = subprocess.run(
-        [sys.executable, "-I", "-c", code, *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={"PYTHONPATH": str(REPO), "COLUMNS": "80", "PATH": "/usr/bin:/bin"},
-    )
-    loaded = res.stderr.rsplit("LOADED", 1)[1].split()
+    loaded = _click_modules_after(args)
     assert loaded == [], (args, loaded)
 
 
