@@ -113,12 +113,12 @@ def big_nodes(
     first = next(iter(commands.values()))
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-cli-nodes.") as tmp:
         runs: Dict[Tuple[int, str, str], List[str]] = {}
-        envs: Dict[Tuple[int, str, str], Dict[str, str]] = {}
+        envs: Dict[int, Dict[str, str]] = {0: base_env}  # by GPU count (0: the bare start)
         for n in counts:
             node, spec_dir, config = f"{tmp}/node{n}", f"{tmp}/cdi{n}", Path(tmp, f"c{n}.yaml")
             os.mkdir(spec_dir)
             config.write_text(f"driver-root: {node}\ncdi-spec-dirs: [{spec_dir}]\n")
-            env = dict(base_env, NVSHIM_CONFIG=str(config))
+            env = envs[n] = dict(base_env, NVSHIM_CONFIG=str(config))
             subprocess.run(
                 first + ["--quiet", "sim", "create", node, "--gpus", str(n)], env=env, check=True
             )
@@ -154,11 +154,7 @@ def big_nodes(
                     "--spec-dir",
                     spec_dir,
                 ]
-            for key in runs:
-                if key[0] == n:
-                    envs[key] = env
         runs[(0, "bare", "")] = BARE
-        envs[(0, "bare", "")] = base_env
         samples: Dict[Tuple[int, str, str], List[float]] = {key: [] for key in runs}
         for _ in range(rounds):
             for key, argv in runs.items():
@@ -167,7 +163,7 @@ def big_nodes(
                         os.unlink(argv[-1])
                     except FileNotFoundError:
                         pass
-                samples[key].append(run_ms(argv, envs[key]))
+                samples[key].append(run_ms(argv, envs[key[0]]))
     med = {key: statistics.median(values) for key, values in samples.items()}
     print(
         f"\nBig nodes (issue 44 item 7), medians of {rounds} interleaved rounds "
