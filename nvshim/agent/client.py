@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence
 
 from nvshim.errors import HostError
 
-__all__ = ["SOURCE", "CLIENT_NAME", "build_client", "client_path", "main"]
+__all__ = ["SOURCE", "CLIENT_NAME", "build_client", "client_path", "compiler_of", "main"]
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "client.c")
 CLIENT_NAME = "nvshim-agent-client"
@@ -35,13 +35,19 @@ def client_path(python: str) -> str:
     return os.path.join(os.path.dirname(os.path.dirname(python)), "libexec", CLIENT_NAME)
 
 
+def compiler_of(cc: Optional[str] = None) -> Optional[str]:
+    """The C compiler a build uses: ``cc``, else ``$CC``, else gcc or cc on PATH (None:
+    none)."""
+    return cc or os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
 def build_client(dest: str, cc: Optional[str] = None, flags: Sequence[str] = _RELEASE) -> str:
     """Compile the client to ``dest`` (static by default); HostError in one line when it
     cannot be.
 
     ``flags`` replace the release build's (the tests' sanitizer build); the warnings stay
     errors either way."""
-    compiler = cc or os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    compiler = compiler_of(cc)
     if not compiler:
         raise HostError(f"no C compiler (gcc, cc, $CC) to build {dest}")
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)

@@ -14,7 +14,6 @@ that ignores the client's output (:func:`take_reports`).
 from __future__ import annotations
 
 import inspect
-import shutil
 import subprocess
 from pathlib import Path
 from types import ModuleType
@@ -52,11 +51,11 @@ def sanitized_client(where: Path) -> Path:
     program (no compiler, or no libasan/libubsan)."""
     import pytest
 
-    from nvshim.agent.client import build_client
+    from nvshim.agent.client import build_client, compiler_of
 
-    cc = shutil.which("gcc") or shutil.which("cc")
+    cc = compiler_of()  # the one the build below uses
     if cc is None:
-        pytest.skip("no C compiler (gcc, cc) to build the sanitized client")
+        pytest.skip("no C compiler (gcc, cc, $CC) to build the sanitized client")
     probe = where / "probe.c"
     probe.write_text("int main(void) { return 0; }\n")
     res = subprocess.run(
