@@ -233,14 +233,22 @@ run_nvshim() {
         "$VENV/bin/nvshim" "$@"
     fi
 }
+# prefix_module MODULE ARG... / venv_module MODULE ARG...: MODULE's main(ARG...) in the
+# prefix's Python / in --dev's venv
+prefix_module() {
+    "$PREFIX/bin/python3" -I -S -c 'import sys, importlib; sys.path[0:0] = [sys.argv.pop(1)]; importlib.import_module(sys.argv.pop(1)).main(sys.argv[1:])' \
+        "$PREFIX/site" "$@"
+}
+venv_module() {
+    "$VENV/bin/python3" -I -c 'import sys, importlib; importlib.import_module(sys.argv.pop(1)).main(sys.argv[1:])' "$@"
+}
 # nvshim_module MODULE ARG...: MODULE's main(ARG...) in nvshim's own Python, whichever way it
 # is installed (as run_nvshim)
 nvshim_module() {
     if [ -f "$PREFIX/$FILE_LIST" ] && [ -x "$PREFIX/bin/python3" ]; then
-        "$PREFIX/bin/python3" -I -S -c 'import sys, importlib; sys.path[0:0] = [sys.argv.pop(1)]; importlib.import_module(sys.argv.pop(1)).main(sys.argv[1:])' \
-            "$PREFIX/site" "$@"
+        prefix_module "$@"
     else
-        "$VENV/bin/python3" -I -c 'import sys, importlib; importlib.import_module(sys.argv.pop(1)).main(sys.argv[1:])' "$@"
+        venv_module "$@"
     fi
 }
 have_nvshim() { { [ -f "$PREFIX/$FILE_LIST" ] && [ -x "$PREFIX/bin/python3" ]; } || [ -x "$VENV/bin/nvshim" ]; }
@@ -449,10 +457,9 @@ systemd_runs() { [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2
 # nvshim/node/install/units.py in nvshim's own Python: --dev's venv, else the prefix's
 render_unit() {
     if [ "$DEV" = 1 ]; then
-        "$VENV/bin/python3" -I -c 'import sys; from nvshim.node.install.units import main; main(sys.argv[1:])' "$@"
+        venv_module nvshim.node.install.units "$@"
     else
-        "$PREFIX/bin/python3" -I -S -c 'import sys; sys.path[0:0] = [sys.argv.pop(1)]; from nvshim.node.install.units import main; main(sys.argv[1:])' \
-            "$PREFIX/site" "$@"
+        prefix_module nvshim.node.install.units "$@"
     fi
 }
 
