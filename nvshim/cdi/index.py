@@ -45,6 +45,12 @@ lacks or numbers differently): string checks, one ``stat`` per mount that is no 
 (two ``readlink`` for a folder) and per injected device node, on the specs used only.
 :func:`missing_mounts` finds the files a create would bind-mount from a spec that the
 node no longer has (one ``stat`` per injected bind mount): runc would fail on them.
+
+Why one module: the index is one format with one writer and its readers: built and saved at
+compile, checked by stat and loaded on every create that names a CDI device, kept warm in
+the agent (IndexMemo); its staleness answers (stale_specs, missing_mounts) read the same
+records. Apart, the reader would drift from the writer, and a create would load two modules
+to resolve one name.
 """
 
 from __future__ import annotations

@@ -5,16 +5,14 @@ do not restate a measured time: they name a row of the table by its key (``figur
 `python.start```). Checked here, where it can be: every time in milliseconds they write
 is a number the table's value column holds, and every key they cite is a row of the
 table. A duration that is a setting, not a measurement, is written in seconds (``every 10
-s``), as the config keys take it. :data:`PENDING` lists the files this rule does not hold
-yet, each with its reason; an entry that no longer has a figure fails too, so the list
-only shrinks. ``bench/table.py`` rewrites the table; its pure part is tested here too.
+s``), as the config keys take it. ``bench/table.py`` rewrites the table; its pure part is tested here too.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Dict, Iterator, List, Set, Tuple
+from typing import Iterator, List, Set, Tuple
 
 from bench.table import BEGIN, END, SOURCES, parse_table, regenerate, values
 
@@ -22,9 +20,6 @@ REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "BENCHMARKS.md"
 #: The dated runs, kept as they were measured: the one doc allowed its own figures.
 HISTORY = REPO / "docs" / "benchmarks-history.md"
-
-#: Files that still state figures of their own, with why they are not converted yet.
-PENDING: Dict[str, str] = {}
 
 #: A time in ms, or a range of them: "≈ 11 ms", "5-30 ms", "2.15 ms".
 FIGURE = re.compile(
@@ -78,8 +73,6 @@ def test_every_figure_in_the_docs_is_one_the_table_holds() -> None:
     bad = []
     for path in _docs():
         rel = path.relative_to(REPO).as_posix()
-        if rel in PENDING:
-            continue
         bad += [f"{rel}:{i}: {n} ms" for i, n in figures_in(path.read_text()) if n not in numbers]
     assert not bad, (
         "figures the table does not hold (cite a row of BENCHMARKS.md's current "
@@ -106,12 +99,6 @@ def test_every_cited_key_is_a_row_of_the_table() -> None:
             f"{rel}:{i}: `{k}`" for i, k in cited_keys(path.read_text(), prefixes) if k not in keys
         ]
     assert not bad, "keys the current-figures table has no row for:\n" + "\n".join(bad)
-
-
-def test_pending_files_still_have_figures() -> None:
-    """Each file excused from the rule still states a figure: one converted leaves the list."""
-    done = [rel for rel in PENDING if not figures_in((REPO / rel).read_text())]
-    assert not done, f"no figures left, drop them from PENDING: {done}"
 
 
 def test_the_check_sees_a_restated_figure() -> None:

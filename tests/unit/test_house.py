@@ -23,12 +23,6 @@ MAX_LINES = 400
 #: The paragraph that says it (docs/architecture.md, "Rules of the house").
 MARKER = "Why one module:"
 
-#: Modules whose paragraph another change is placing (issue 46): an entry that has its
-#: paragraph, or is gone, fails the test until it is taken off, so the list only shrinks.
-PENDING_WHY: Set[str] = {
-    "nvshim/cdi/index.py",
-}
-
 #: default literal -> (its owner, the owner's value). The owner is the one module of
 #: nvshim/ whose code spells the literal; everything else imports it.
 FACTS: Dict[str, Tuple[str, Callable[[], object]]] = {
@@ -53,9 +47,6 @@ FACTS: Dict[str, Tuple[str, Callable[[], object]]] = {
         lambda: prefix.DEFAULT_RUNTIME_PATH,
     ),
 }
-
-#: (literal, module) pairs another change is removing (issue 46); each must still be there.
-PENDING_COPIES: Set[Tuple[str, str]] = set()
 
 
 def _modules() -> Iterator[Tuple[str, str]]:
@@ -84,21 +75,12 @@ def test_every_module_over_the_limit_says_why_it_is_one() -> None:
     """A module over 400 lines has a docstring paragraph starting "Why one module:"."""
     silent: List[str] = []
     for name, source in _modules():
-        if name in PENDING_WHY:
-            continue
         if source.count("\n") > MAX_LINES and not _says_why(source):
             silent.append(name)
     assert not silent, (
         f"over {MAX_LINES} lines without a '{MARKER}' paragraph (split it "
         f"or say why): {', '.join(silent)}"
     )
-
-
-def test_the_pending_list_of_silent_modules_only_shrinks() -> None:
-    """Each module still waiting for its paragraph exists and still lacks it."""
-    sources = dict(_modules())
-    done = [name for name in sorted(PENDING_WHY) if name not in sources or _says_why(sources[name])]
-    assert not done, f"remove from PENDING_WHY: {', '.join(done)}"
 
 
 def test_the_marker_reads_a_real_paragraph() -> None:
@@ -122,12 +104,9 @@ def test_each_default_is_spelled_only_by_its_owner() -> None:
         for literal, (owner, _) in FACTS.items():
             if name != owner and any(literal in text for text in strings):
                 copies.add((literal, name))
-    extra = sorted(copies - PENDING_COPIES)
-    assert not extra, "import the owner's constant instead: " + "; ".join(
-        f"{literal} in {name} (owner {FACTS[literal][0]})" for literal, name in extra
+    assert not copies, "import the owner's constant instead: " + "; ".join(
+        f"{literal} in {name} (owner {FACTS[literal][0]})" for literal, name in sorted(copies)
     )
-    gone = sorted(PENDING_COPIES - copies)
-    assert not gone, f"remove from PENDING_COPIES: {gone}"
 
 
 def test_the_owner_check_sees_code_and_not_docstrings() -> None:
