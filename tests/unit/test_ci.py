@@ -98,3 +98,18 @@ def test_a_failing_check_fails_ci_before_the_other_pythons() -> None:
     lines = (REPO / ".ci" / "run").read_text().splitlines()
     suite = next(line for line in lines if "-m ruff check" in line)
     assert suite.rstrip().endswith("|| exit $?")
+
+
+def test_the_test_command_checks_the_format() -> None:
+    """The README's command and .ci/run check ruff's format after its lint, with the ruff
+    that pyproject pins to one minor version (a new style is a deliberate reformat)."""
+    import tomllib
+
+    check = "python -m ruff check . && /opt/nvshim/venv/bin/python -m ruff format --check . && "
+    for path in (REPO / "README.md", REPO / ".ci" / "run"):
+        assert check in path.read_text(), path
+    test = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    ruff = [d for d in test["test"] if d.startswith("ruff")]
+    assert re.fullmatch(r"ruff>=0\.(\d+),<0\.(\d+)", ruff[0]), ruff
+    low, high = map(int, re.fullmatch(r"ruff>=0\.(\d+),<0\.(\d+)", ruff[0]).groups())
+    assert high == low + 1, ruff
