@@ -29,7 +29,19 @@ the earlier ones' containers, ≈ 5 ms for the guard):
 - ``guard``: the agent with only the guard on, an unallocated ``NVIDIA_VISIBLE_DEVICES=all``
   under runc (the plugin answers with ``void``);
 - ``registered``: the agent registered with all three duties off (it answers every
-  event with no adjustment): what NRI's round trips cost before any decision.
+  event with no adjustment): what NRI's round trips cost before any decision;
+- ``stub``: no agent; NRI's reference plugin at its cheapest instead (``nri-stub``, our
+  main.go around ``pkg/stub`` of the published ``github.com/containerd/nri`` module,
+  v0.6.1, built through the Go module proxy into a cache: :mod:`tests.helpers.nristub`),
+  registered on the same socket at the agent's index, subscribed to the same events as
+  nvshim's plugin (CreateContainer, StartContainer, RemoveContainer) and answering each at
+  once with no adjustment: NRI's own floor, what any external plugin pays;
+- ``stub_create``: the same stub subscribed to CreateContainer only (what the
+  StartContainer and RemoveContainer subscriptions cost is ``stub`` less this).
+
+The modes run under ``NVIDIA_VISIBLE_DEVICES=all`` (guard, registered, the stubs) or the
+GPU's UUID (the others); with no plugin injecting, runc is given the same container either
+way.
 
 Also the agent's start to registration (process start to its ``nri registered`` line)
 and its resident memory after the rounds. Medians in ms; ``added_ms`` is the difference of
@@ -51,7 +63,19 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
-MODES = ("none", "floor", "handler", "inject", "inject_start", "guard", "registered")
+MODES = (
+    "none",
+    "floor",
+    "handler",
+    "inject",
+    "inject_start",
+    "guard",
+    "registered",
+    "stub",
+    "stub_create",
+)
+#: each stub mode's subscription (:data:`tests.helpers.nristub.EVENTS`)
+STUB_EVENTS = {"stub": "same", "stub_create": "create"}
 #: the kind of the floor's spec (nvshim's spec without its hooks, beside nvshim's own)
 FLOOR_KIND = "nvshim-floor.test/gpu"
 REPO = Path(__file__).resolve().parent.parent
@@ -99,10 +123,15 @@ def main() -> int:
     from nvshim.sim.build import create_node
     from tests.helpers.bundle import make_rootfs
     from tests.helpers.nri import nri_node
+    from tests.helpers.nristub import NriStub, stub_binary
+
+    # built (or found in the cache) before containerd starts: the build is no round's
+    stub_bin = stub_binary() if any(m in STUB_EVENTS for m in modes) else None
 
     times: Dict[str, List[float]] = {m: [] for m in modes}
     block_medians: Dict[str, List[float]] = {m: [] for m in modes}
     ready: List[float] = []
+    stub_ready: List[float] = []
     rss_kb = 0
     handling: List[float] = []
     hook_ms: List[float] = []
@@ -115,6 +144,11 @@ def main() -> int:
             assert n.cri is not None and n.agent is not None
             cri, gpu = n.cri, sim.gpus[1]
             log = base / "agent.log"
+            stub = (
+                NriStub(stub_bin, base / "nri.sock", base / "nri-stub.log")
+                if stub_bin is not None
+                else None
+            )
 
             def restart(**settings: object) -> None:
                 assert n.agent is not None
@@ -195,6 +229,26 @@ def main() -> int:
                 elif mode == "guard":
                     restart(nri_inject=False)
                     rounds(mode, {"NVIDIA_VISIBLE_DEVICES": "all"})
+                elif mode in STUB_EVENTS:  # NRI's own floor: the stub instead of the agent
+                    assert n.agent is not None and stub is not None
+                    n.agent.stop()
+                    stub_ready.append(stub.start(STUB_EVENTS[mode]))
+                    try:
+                        rounds(mode, {"NVIDIA_VISIBLE_DEVICES": "all"})
+                    finally:
+                        answered = stub.stop()
+                    # every create of the block (the untimed one too) went through the stub,
+                    # and the starts and removals too where it subscribed to them
+                    made = args.runs + 1
+                    want = {"create": made} | (
+                        {"start": made, "remove": made}
+                        if STUB_EVENTS[mode] == "same"
+                        else {"start": 0, "remove": 0}
+                    )
+                    if answered != want:
+                        raise SystemExit(
+                            f"bench/nri.py: the stub ({mode}) answered {answered}, not {want}"
+                        )
                 else:  # registered
                     restart(nri_inject=False, nri_guard=False, nri_verify=False)
                     rounds(mode, {"NVIDIA_VISIBLE_DEVICES": "all"})
@@ -252,6 +306,9 @@ def main() -> int:
         "agent_hook_work_ms": round(statistics.median(hook_ms), 2) if hook_ms else None,
         "agent_start_to_registered_ms": round(statistics.median(ready), 1),
         "agent_rss_mb": round(rss_kb / 1024, 1),
+        "stub_start_to_synchronized_ms": (
+            round(statistics.median(stub_ready), 1) if stub_ready else None
+        ),
         "load_before": load_before,
         "load_after": os.getloadavg(),
         "machine": {

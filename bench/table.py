@@ -188,6 +188,8 @@ NRI_LABELS = {
     "inject_start": "the plugin injecting, `nri-inroot: start`",
     "guard": "the plugin, guard only (`void`)",
     "registered": "the plugin registered, every duty off",
+    "stub": "NRI's own floor: a Go `pkg/stub` plugin, nvshim's three events, no adjustment",
+    "stub_create": "NRI's own floor: a Go `pkg/stub` plugin, CreateContainer only",
 }
 
 
