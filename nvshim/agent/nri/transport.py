@@ -12,6 +12,11 @@ request, 2 response; flags u8) and a protobuf payload of at most :data:`MAX_MESS
 ``Request{service 1, method 2, payload 3, timeout_nano 4, metadata 5}`` and
 ``Response{status 1 (google.rpc.Status{code 1, message 2}), payload 2}``.
 
+Requests are served one at a time, in their order, on the thread that reads the socket:
+containerd and CRI-O take one lock around every NRI call, so a plugin never has two
+requests of the engine in flight, and a hand-off to a worker thread would only add its
+wake-up (and the GIL's) to every event.
+
 Bad input never ends the session with a traceback: an oversized frame is skipped, a frame
 for an unknown connection dropped, an oversized or undecodable ttrpc message answered with
 an error status (when it was a request) and skipped, each with one log line. Only a
@@ -24,7 +29,6 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Tuple
 
 from nvshim._protobuf import (
@@ -61,6 +65,9 @@ MAX_MESSAGE = 4 << 20
 #: of the connection and fails it with ENOMEM when the reader's buffer is smaller: Go
 #: ttrpc reads through a 4096-byte ``bufio.Reader`` (and writes frames of at most that).
 WRITE_CHUNK = 4096
+#: The most one read takes: under the allocator's mmap threshold (a 1 MiB buffer was an
+#: mmap and an munmap or mremap per read), over the engine's largest frame.
+READ_CHUNK = 64 << 10
 PLUGIN_CONN = 1
 RUNTIME_CONN = 2
 REQUEST, RESPONSE = 1, 2
@@ -137,16 +144,15 @@ Handler = Callable[[str, bytes], bytes]
 
 
 class Session:
-    """One connected NRI socket: serves the Plugin service with ``handler`` (on a pool of
-    ``workers`` threads, so slow requests do not hold up others), calls the Runtime
-    service with :meth:`call`. :meth:`run` reads until the socket closes or ``stop`` is
-    set."""
+    """One connected NRI socket: serves the Plugin service with ``handler`` (on the thread
+    that runs :meth:`run`, one request at a time: see the module docstring), calls the
+    Runtime service with :meth:`call` (from another thread). :meth:`run` reads until the
+    socket closes (:meth:`close` included) or, at its next read, ``stop`` is set."""
 
-    def __init__(self, sock: socket.socket, handler: Handler, log: Any, workers: int = 8) -> None:
+    def __init__(self, sock: socket.socket, handler: Handler, log: Any) -> None:
         self.sock = sock
         self.handler = handler
         self.log = log
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nri")
         self._write = threading.Lock()
         self._buffers: Dict[int, bytearray] = {PLUGIN_CONN: bytearray(), RUNTIME_CONN: bytearray()}
         self._skip: Dict[int, int] = {PLUGIN_CONN: 0, RUNTIME_CONN: 0}
@@ -192,23 +198,25 @@ class Session:
     # --- reading ---------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Read frames until EOF, a socket error or ``stop``; then close."""
-        self.sock.settimeout(0.25)
+        """Read frames until EOF (:meth:`close` shuts the socket down), a socket error or,
+        seen after a read, ``stop``; then close. The reads block (no timeout: a socket
+        with one polls before every read and every write)."""
+        self.sock.settimeout(None)
         pending = bytearray()
         try:
             while not stop.is_set():
-                try:
-                    chunk = self.sock.recv(1 << 20)
-                except socket.timeout:
-                    continue
+                chunk = self.sock.recv(READ_CHUNK)
                 if not chunk:
-                    self.log.info("nri connection closed by the engine")
+                    if not stop.is_set():
+                        self.log.info("nri connection closed by the engine")
                     return
                 pending += chunk
                 self._frames(pending)
+        except OSError as exc:
+            if not stop.is_set():
+                self.log.warning("nri connection lost", error=exc.strerror or str(exc))
         finally:
             self.closed.set()
-            self.pool.shutdown(wait=False, cancel_futures=True)
             with self._calls:
                 for done, slot in self._waiting.values():
                     slot.append((UNKNOWN, "connection closed", b""))
@@ -288,7 +296,7 @@ class Session:
             payload = bytes(buf[_TTRPC.size : _TTRPC.size + size])
             del buf[: _TTRPC.size + size]
             if conn == PLUGIN_CONN and kind == REQUEST:
-                self.pool.submit(self._serve, stream, payload)
+                self._serve(stream, payload)
             elif conn == RUNTIME_CONN and kind == RESPONSE:
                 self._answered(stream, payload)
             else:

@@ -319,3 +319,28 @@ def test_split_synchronize_is_acknowledged() -> None:
     """A SynchronizeRequest with more=true is answered more=true (the engine closes a plugin that does not), the last one more=false."""
     assert proto.read_int(proto.by_number(api.encode_sync_reply(proto.varint_field(3, 1))), 2) == 1
     assert api.encode_sync_reply(proto.message_field(1, b"")) == b""
+
+
+def test_requests_are_served_one_at_a_time_in_their_order() -> None:
+    """Requests are answered in the order they came, one handler call at a time (the
+    engines serialize their NRI calls: serving on the reading thread costs no wait)."""
+    import time
+
+    inside: list = []
+    overlap: list = []
+
+    def handler(method: str, body: bytes) -> bytes:
+        if inside:
+            overlap.append(method)
+        inside.append(method)
+        time.sleep(0.002)
+        inside.pop()
+        return body
+
+    e = FakeEngine(handler)
+    try:
+        streams = [e.request("Echo", b"\x12\x01" + bytes([i])) for i in range(30)]
+        assert [e.reply()[0] for _ in streams] == streams
+        assert overlap == []
+    finally:
+        e.close()
