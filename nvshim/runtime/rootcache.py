@@ -65,6 +65,8 @@ if TYPE_CHECKING:
     Planned = Dict[str, Tuple[int, Optional[str]]]
     #: (cache flags, SONAME or None) of a regular file; None: not a library
     _Read = Optional[Tuple[int, Optional[str]]]
+    #: a folder's planned entries and the ``.so`` names to look for (:func:`_planned_entries`)
+    _Plan = Tuple[Tuple[CacheEntry, ...], Tuple[str, ...]]
 
 __all__ = [
     "COMPAT_DIR",
@@ -349,6 +351,98 @@ def _folder_reader(
     return regular, link_flags
 
 
+#: The planned entries of one folder, per driver: (folder, the plan's items) → (entries,
+#: the ``.so`` names to look for in the image). Every create with the same driver plans the
+#: same names: the resident agent computes them once. A pure function of its key (tuples
+#: of strings and ints) shared by threads without a lock, as :data:`_MERGED`.
+_PLANNED: Dict[Tuple[str, Tuple[Tuple[str, Tuple[int, Optional[str]]], ...]], _Plan] = {}
+
+
+def _planned_entries(folder: str, planned: Planned) -> _Plan:
+    """(entries, dev names) of the planned names of *folder*, remembered per driver.
+
+    Each planned name gets an entry with the plan's flags, and a planned file whose SONAME
+    differs from its name one for the SONAME (pointing at the SONAME link when the plan
+    makes it, else at the file). The dev names are the ``.so`` names of the planned
+    libraries that the plan does not make (``libnvidia-cfg.so`` for
+    ``libnvidia-cfg.so.1``): an image may hold such a link to a planned name
+    (:func:`_dev_links`)."""
+    key = (folder, tuple(planned.items()))
+    found = _PLANNED.get(key)
+    if found is not None:
+        return found
+    base = folder.rstrip("/") or ""
+    out: List[CacheEntry] = []
+    dev: Dict[str, None] = {}
+    for name in sorted(planned):
+        if not lib_name(name):
+            continue
+        flags, soname = planned[name]
+        path = f"{base}/{name}"
+        out.append(_entry(CacheEntry, (name, path, flags, 0)))
+        if soname and soname != name and "/" not in soname:
+            value = f"{base}/{soname}" if soname in planned else path
+            out.append(_entry(CacheEntry, (soname, value, flags, 0)))
+        stem = name[: name.find(".so") + 3]
+        if stem != name and stem not in planned and lib_name(stem):
+            dev[stem] = None
+    found = (tuple(out), tuple(dev))
+    remember(_PLANNED, key, found)
+    return found
+
+
+def _dev_links(
+    root: _inroot.RootFd, folder: str, planned: Planned, names: Sequence[str]
+) -> List[CacheEntry]:
+    """Entries for the image's links among *names* in *folder* that name a planned name
+    of that folder: ``libcuda.so -> libcuda.so.1`` shipped by the image, dangling until
+    nvshim makes ``libcuda.so.1``. One ``readlinkat`` per name in the folder resolved in
+    the root (nothing is opened or followed); a link's text is answered from the plan
+    when it is a bare name or a path whose folder is this one (by its path, or resolved
+    in the root to the same directory); anything else gets no entry (the image's own
+    targets are its cache's business)."""
+    if not names:
+        return []
+    dfd = _inroot.open_dir(root, folder)
+    if dfd is None:
+        return []
+    base = folder.rstrip("/") or ""
+    out: List[CacheEntry] = []
+    try:
+        for name in names:
+            try:
+                text = os.readlink(name, dir_fd=dfd)
+            except OSError:
+                continue  # none there (nearly every image), or not a link
+            parent, _, target = text.rpartition("/")
+            if target not in planned:
+                continue
+            if "/" in text and not _same_folder(root, dfd, base, parent):
+                continue
+            out.append(_entry(CacheEntry, (name, f"{base}/{name}", planned[target][0], 0)))
+    finally:
+        os.close(dfd)
+    return out
+
+
+def _same_folder(root: _inroot.RootFd, dfd: int, base: str, parent: str) -> bool:
+    """Whether the link text's folder *parent* (relative to *base* unless absolute) is
+    the folder open at *dfd*: by its path, else resolved in the root."""
+    parts = [c for c in (parent if parent.startswith("/") else f"{base}/{parent}").split("/")]
+    path = "/" + "/".join(c for c in parts if c and c != ".")
+    if path == (base or "/"):
+        return True
+    try:
+        fd = _inroot.resolve_dir(root, path)
+    except OSError:
+        return False
+    try:
+        there, here = os.fstat(fd), os.fstat(dfd)
+    finally:
+        os.close(fd)
+    return (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino)
+
+
 def _merge(existing: Sequence[CacheEntry], added: Sequence[CacheEntry]) -> List[CacheEntry]:
     """*added* plus the *existing* entries they do not replace (same name and flags).
 
@@ -372,25 +466,37 @@ def _merge(existing: Sequence[CacheEntry], added: Sequence[CacheEntry]) -> List[
     return out
 
 
-#: The last merged caches written: (layout, the image's entries, the folders' entries) →
-#: the bytes. Every create of an image with the same driver merges the same two lists:
-#: the resident agent merges, sorts and encodes them once. Keys hold only CacheEntry
-#: tuples (parsed or scanned) and the value is bytes: a pure function shared by threads
-#: without a lock (see :func:`nvshim.host.ldcache.remember`).
-_MERGED: Dict[Tuple[str, Tuple[CacheEntry, ...], Tuple[CacheEntry, ...]], bytes] = {}
+#: The last merged caches written: (the image's cache bytes, the folders' entries) → (the
+#: bytes to write, the warnings of the image's cache). Every create of an image with the
+#: same driver merges the same two lists: the resident agent parses, merges, sorts and
+#: encodes them once, and on a hit does none of it (the key is the file's bytes, not its
+#: ~500 parsed entries). Keys hold bytes and CacheEntry tuples, values bytes and strings:
+#: a pure function shared by threads without a lock (see
+#: :func:`nvshim.host.ldcache.remember`).
+_MERGED: Dict[Tuple[Optional[bytes], Tuple[CacheEntry, ...]], Tuple[bytes, Tuple[str, ...]]] = {}
 
 
 def _merged_cache(
-    existing: Sequence[CacheEntry], added: Sequence[CacheEntry], layout: str
-) -> bytes:
-    """``build_ldcache(_merge(existing, added), layout)``, remembered."""
-    key = (layout, tuple(existing), tuple(added))
-    data = _MERGED.get(key)
-    if data is None:
-        data = build_ldcache(_merge(existing, added), layout)
-        if len(data) <= MEMO_BYTES:
-            remember(_MERGED, key, data)
-    return data
+    old: Optional[bytes], added: Sequence[CacheEntry]
+) -> Tuple[bytes, Tuple[str, ...]]:
+    """(the cache to write, warnings): the image's cache *old* (None: none) parsed and
+    merged with *added* (:func:`_merge`) in *old*'s layout, remembered."""
+    key = (old, tuple(added))
+    found = _MERGED.get(key)
+    if found is not None:
+        return found
+    existing: Sequence[CacheEntry] = ()
+    warnings: Tuple[str, ...] = ()
+    if old:
+        try:
+            existing = parse_ldcache(old)
+        except NvshimError as exc:
+            warnings = (f"ignoring the image's {LDCACHE}: {exc}",)
+    layout = "compat" if old and old.startswith(b"ld.so-1.7.0") else "new"
+    found = (build_ldcache(_merge(existing, added), layout), warnings)
+    if len(found[0]) <= MEMO_BYTES and (old is None or len(old) <= MEMO_BYTES):
+        remember(_MERGED, key, found)
+    return found
 
 
 # CUDA forward compatibility: the image's compat folder first
@@ -434,26 +540,41 @@ def update_ldcache(
     """Make *folders* known to the container's dynamic loader; return warning lines.
 
     Writes the ld.so.conf drop-in (and ``/etc/ld.so.conf`` if missing), then the cache:
-    the image's entries plus :func:`_folder_entries` of each folder. Files are rewritten
-    only when their content changes. OSError becomes :class:`HostError` (cause kept).
-    With *host_driver_version*, an image's newer CUDA compat directory goes first
+    the image's entries plus the entries of *folders*. Files are rewritten only when
+    their content changes. OSError becomes :class:`HostError` (cause kept). With
+    *host_driver_version*, an image's newer CUDA compat directory goes first
     (:func:`compat_folder`).
 
-    With *planned* (the runtime, which runs as host root in the engine's cgroup) a folder
-    holding more than :data:`MAX_FOLDER_LIBS` of the image's libraries is not scanned, and
-    an image cache over :data:`LDCACHE_MAX_BYTES` raises :class:`LargeImageCache`; the
-    hook (``planned`` None) runs in the container's cgroup, where the image pays for its
-    own folders and cache: it scans all, and reads a cache of up to
-    :data:`LDCACHE_HOOK_MAX_BYTES`.
+    With *planned* (nvshim-runtime before runc, and the agent: host root, in the engine's
+    cgroup) the image's own libraries come from the image's own ld.so.cache: the entries
+    of a folder are those of its planned names only (:func:`_planned_entries`, once per
+    driver), plus an image ``.so`` link naming one of them (:func:`_dev_links`); none of
+    the image's files there is opened or read. The image's libraries then resolve exactly
+    as in the same container without a GPU (nvshim adds the driver's entries, replacing
+    only an image entry of the same name and flags, and changes no other); nothing the
+    image controls is read beyond its cache file (and its compat folder, listed and
+    scanned as below, bounded by :data:`MAX_FOLDER_LIBS`, when it has a newer compat
+    libcuda); and the cost no longer grows with the image's folders. An image cache
+    over :data:`LDCACHE_MAX_BYTES` raises :class:`LargeImageCache`.
+
+    Without *planned* (the createContainer hook, after runc's mounts, in the container's
+    cgroup, where the image pays for its own folders and cache) every folder is scanned
+    as ldconfig would (:func:`_folder_entries`: each ``lib*.so*`` name that is or leads
+    to an ELF library), and a cache of up to :data:`LDCACHE_HOOK_MAX_BYTES` is read. The
+    two sides write the same cache except for the image's own libraries in the injected
+    folders that its cache does not list (installed after its ``ldconfig`` ran, or never
+    listed by ldconfig, such as a library's full file name): the hook lists them, the
+    runtime leaves them to glibc's default directories, as without nvshim; and an image
+    link into the folder that leads to a driver library by another way than
+    :func:`_dev_links` answers.
     """
+    compat = None
     if host_driver_version:
         compat = compat_folder(root, host_driver_version)
         if compat is not None and compat not in folders:
             folders = (compat, *folders)
     try:
-        return _update_ldcache(
-            root, folders, planned or {}, MAX_FOLDER_LIBS if planned is not None else None
-        )
+        return _update_ldcache(root, folders, planned, compat)
     except OSError as exc:
         raise host_error(f"cannot update the ld.so.cache in {root.path}", exc) from exc
 
@@ -461,8 +582,8 @@ def update_ldcache(
 def _update_ldcache(
     root: _inroot.RootFd,
     folders: Sequence[str],
-    planned: Mapping[str, Planned],
-    limit: Optional[int],
+    planned: Optional[Mapping[str, Planned]],
+    compat: Optional[str],
 ) -> List[str]:
     warnings: List[str] = []
     dropin = "".join(f"{folder}\n" for folder in folders).encode()
@@ -472,7 +593,7 @@ def _update_ldcache(
     if _inroot.read_file(root, LDCONF) is None:
         _inroot.write_file_atomic(root, LDCONF, _LDCONF_DEFAULT, 0o644, durable=False)
 
-    bound = LDCACHE_MAX_BYTES if limit is not None else LDCACHE_HOOK_MAX_BYTES
+    bound = LDCACHE_MAX_BYTES if planned is not None else LDCACHE_HOOK_MAX_BYTES
     try:
         old = _inroot.read_file(root, LDCACHE, bound)
     except OSError as exc:
@@ -482,17 +603,19 @@ def _update_ldcache(
                 "(merged by the createContainer hook, in the container's cgroup)"
             ) from exc
         raise
-    existing: Sequence[CacheEntry] = ()
-    if old:
-        try:
-            existing = parse_ldcache(old)
-        except NvshimError as exc:
-            warnings.append(f"ignoring the image's {LDCACHE}: {exc}")
     added: List[CacheEntry] = []
     for folder in folders:
-        added += _folder_entries(root, folder, planned.get(folder), warnings, limit)
-    layout = "compat" if old and old.startswith(b"ld.so-1.7.0") else "new"
-    data = _merged_cache(existing, added, layout)
+        if planned is None:  # the hook: the folder as ldconfig would scan it
+            added += _folder_entries(root, folder, None, warnings, None)
+        elif folder == compat and folder not in planned:  # the image's own compat folder
+            added += _folder_entries(root, folder, None, warnings, MAX_FOLDER_LIBS)
+        else:
+            names = planned.get(folder) or {}
+            entries, dev = _planned_entries(folder, names)
+            added += entries
+            added += _dev_links(root, folder, names, dev)
+    data, more = _merged_cache(old, added)
+    warnings += more
     if data != old:
         _inroot.write_file_atomic(root, LDCACHE, data, 0o644, durable=False)
     return warnings

@@ -181,18 +181,21 @@ def test_image_cache_over_the_hooks_size_bound_is_one_clear_line(
     assert (rootfs / "etc/ld.so.cache").read_bytes() == at_bound + b"\0"
 
 
-def test_runtime_does_not_scan_a_folder_with_more_image_libraries_than_the_bound(
+def test_runtime_scans_a_compat_folder_of_at_most_the_bound_of_image_libraries(
     tmp_path: Path,
 ) -> None:
-    """The runtime (host root, in the engine's cgroup) opens up to MAX_FOLDER_LIBS of the
-    image's own libraries in a folder; past it (a million lib*.so files held a create for a
-    minute) it opens none of them, still lists the planned driver files and the image's own
-    cache entries, and returns one warning line saying why."""
+    """On the runtime path (host root, in the engine's cgroup) the one image folder still
+    scanned is a newer CUDA compat folder, and only up to MAX_FOLDER_LIBS of its libraries
+    (a million lib*.so files held a create for a minute); past it none of them is opened,
+    the planned driver files and the image's own cache entries are still listed, and one
+    warning line says why. The library folder itself is never scanned there."""
     from nvshim.host import inroot
-    from nvshim.runtime.rootcache import MAX_FOLDER_LIBS, update_ldcache
+    from nvshim.runtime.rootcache import COMPAT_DIR, MAX_FOLDER_LIBS, update_ldcache
 
     _, rootfs = make_bundle(tmp_path)
     libdir = rootfs / LIBDIR.lstrip("/")
+    compat = rootfs / COMPAT_DIR.lstrip("/")
+    compat.mkdir(parents=True)
     planned = {
         LIBDIR: {
             f"libcuda.so.{VERSION}": (X86_64, "libcuda.so.1"),
@@ -200,28 +203,31 @@ def test_runtime_does_not_scan_a_folder_with_more_image_libraries_than_the_bound
         }
     }
     (libdir / "libimage.so.1").write_bytes(build_shared_object("libimage.so.1"))
-    for i in range(MAX_FOLDER_LIBS - 1):  # with libimage.so.1: exactly at the bound
-        (libdir / f"libfill{i}.so").write_bytes(b"")
-    (libdir / "not-a-lib").write_bytes(b"")  # names ldconfig would not consider do not count
+    (compat / "libcuda.so.575.57.08").write_bytes(build_shared_object("libcuda.so.1"))
+    for i in range(MAX_FOLDER_LIBS - 1):  # with the compat libcuda: exactly at the bound
+        (compat / f"libfill{i}.so").write_bytes(b"")
+    (compat / "not-a-lib").write_bytes(b"")  # names ldconfig would not consider do not count
     image_cache = build_ldcache(
         [CacheEntry("libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1", X86_64)]
     )
     (rootfs / "etc/ld.so.cache").write_bytes(image_cache)
     with inroot.open_root(str(rootfs)) as root:
-        assert update_ldcache(root, [LIBDIR], planned) == []
-    assert ("libimage.so.1", X86_64) in cache_of(rootfs)
+        assert update_ldcache(root, [LIBDIR], planned, VERSION) == []
+    cache = cache_of(rootfs)
+    assert cache[("libcuda.so.575.57.08", X86_64)] == f"{COMPAT_DIR}/libcuda.so.575.57.08"
+    assert ("libimage.so.1", X86_64) not in cache  # the image's cache does not list it
 
     (rootfs / "etc/ld.so.cache").write_bytes(image_cache)
-    (libdir / "libfill-one-more.so").write_bytes(b"")
+    (compat / "libfill-one-more.so").write_bytes(b"")
     with inroot.open_root(str(rootfs)) as root:
-        warnings = update_ldcache(root, [LIBDIR], planned)
+        warnings = update_ldcache(root, [LIBDIR], planned, VERSION)
     assert warnings == [
-        f"{LIBDIR} holds {MAX_FOLDER_LIBS + 1} of the image's libraries, more "
+        f"{COMPAT_DIR} holds {MAX_FOLDER_LIBS + 1} of the image's libraries, more "
         f"than the {MAX_FOLDER_LIBS} read: only the image's own ld.so.cache "
         "lists them"
     ]
     cache = cache_of(rootfs)
-    assert ("libimage.so.1", X86_64) not in cache
+    assert ("libcuda.so.575.57.08", X86_64) not in cache
     assert cache[("libz.so.1", X86_64)] == "/lib/x86_64-linux-gnu/libz.so.1"
     assert cache[("libcuda.so.1", X86_64)] == f"{LIBDIR}/libcuda.so.{VERSION}"
     assert cache[(f"libnvidia-ml.so.{VERSION}", X86_64)] == f"{LIBDIR}/libnvidia-ml.so.{VERSION}"

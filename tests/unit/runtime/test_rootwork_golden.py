@@ -1,7 +1,10 @@
 """The in-root work's output, byte for byte: the SONAME links, the loader files and the merged
 ld.so.cache that :func:`nvshim.runtime.rootwork.prepare_in` leaves in several images, pinned
 by digests recorded before the work was made cheaper (issue 44 item 4), and the written
-cache read back by glibc's own ``ldconfig -p``."""
+cache read back by glibc's own ``ldconfig -p``. The runtime's cases were recorded again when
+its cache came to take the image's libraries from the image's own cache (item 4): their
+driver entries, links and loader files are as before, the image's files its cache does not
+list are no longer added (:func:`test_runtime_cache_is_the_images_cache_and_the_plan`)."""
 
 from __future__ import annotations
 
@@ -154,12 +157,13 @@ CASES = {
 }
 
 #: _digest of each case's rootfs after the work, recorded with the code before issue 44
-#: item 4 made it cheaper (same bytes, same links, same modes).
+#: item 4 made it cheaper (same bytes, same links, same modes); the prepare_in cases again
+#: once their cache is the image's own plus the planned names (the hook's is unchanged).
 GOLDEN = {
-    "agent-new-cache": "73741ac2605dfd6a3591",
-    "runtime-compat-cache-newer-compat": "a029e317c047d9bf63b3",
-    "runtime-old-cache": "7a98f6d4e5fe19494c5b",
-    "no-cache-no-etc": "bd5d0c8d4f41016f1bd8",
+    "agent-new-cache": "376100e5faedf5a82235",
+    "runtime-compat-cache-newer-compat": "db3bbc19c6148cf255e9",
+    "runtime-old-cache": "7e7cecfae45158c0fb3a",
+    "no-cache-no-etc": "d0497c461edbc569dc2a",
     "hook-new-cache": "95880889e7467354b4c6",
 }
 
@@ -207,7 +211,44 @@ def test_glibc_reads_the_merged_cache_as_nvshim_wrote_it(tmp_path: Path, case: s
         if m
     ]
     ours = [(e.key, e.value) for e in parse_ldcache(cache.read_bytes())]
-    assert listed == ours and len(ours) > 40
+    assert listed == ours and len(ours) > 9
+
+
+@pytest.mark.parametrize("case", [c for c in sorted(CASES) if CASES[c][4] == "prepare_in"])
+def test_runtime_cache_is_the_images_cache_and_the_plan(tmp_path: Path, case: str) -> None:
+    """On the runtime path the written cache is exactly the image's own entries (less the
+    glibc-hwcaps ones and those a planned name replaces: same name and flags) plus the
+    plan's (each planned name, each planned file's SONAME) and, for a newer compat folder,
+    that folder's libraries: none of the image's files in the library folder is added."""
+    from nvshim.runtime.rootcache import COMPAT_DIR
+
+    layout, major, driver_files, minors, _by = CASES[case]
+    image = tmp_path / "image"
+    _image(image, layout, major, driver_files)
+    before = image / "etc/ld.so.cache"
+    own = parse_ldcache(before.read_bytes()) if before.exists() else []
+    root = _run(tmp_path, case)
+    work = _work(minors, driver_files)
+    plan = set()
+    for name, (flags, soname) in work.planned[LIB].items():
+        plan.add((name, f"{LIB}/{name}", flags))
+        if soname and soname != name:
+            plan.add((soname, f"{LIB}/{soname}", flags))
+    if major > 550:  # the compat libcuda is newer than the driver: its folder first
+        plan |= {
+            (f"libcuda.so.{major}.57.08", f"{COMPAT_DIR}/libcuda.so.{major}.57.08", X86_64),
+            ("libcuda.so.1", f"{COMPAT_DIR}/libcuda.so.1", X86_64),
+        }
+    replaced = {(key, flags) for key, _path, flags in plan}
+    kept = {
+        (e.key, e.value, e.flags)
+        for e in own
+        if not e.hwcap & HWCAP_EXTENSION and (e.key, e.flags) not in replaced
+    }
+    written = {
+        (e.key, e.value, e.flags) for e in parse_ldcache((root / "etc/ld.so.cache").read_bytes())
+    }
+    assert written == kept | plan
 
 
 def test_threads_doing_the_work_at_once_each_get_their_own_images_output(tmp_path: Path) -> None:
