@@ -7,6 +7,16 @@
  * (no agent, a timeout, another version): run the in-process create instead.
  * Touches no descriptor it did not open: the caller's fds pass on to runc.
  *
+ * usage: nvshim-agent-client --scan PREFIXES MAJOR SOCKET VERSION CONFIG RUNTIME BUNDLE ARG...
+ * The same create, asked only when BUNDLE/config.json can ask nvshim for something: the
+ * trampoline's grep done here, one process fewer on every create (docs/agent.md). The
+ * spec matches when it holds one of the trampoline's fixed strings, a line of PREFIXES
+ * (the compiled annotation prefixes, written as ERE literals) or a match of the ERE
+ * MAJOR on its line; whatever this scan cannot judge exactly as grep -E would (a NUL
+ * byte, a prefix line with an unescaped ERE character, an unreadable file, a file over
+ * 64 MiB) counts as a match: it may ask the agent more often than grep, never less.
+ * Exit 3: nothing to ask, run RUNTIME on config.json as it is; otherwise as above.
+ *
  * usage: nvshim-agent-client --hook SOCKET VERSION HOOK-ARGV...
  * The createContainer hook of nri-inroot: agent (docs/nri.md): copies the OCI state from
  * stdin into a memfd, sends protocol 1's hook (the state, its "/" as a descriptor).
@@ -17,8 +27,11 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <regex.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -120,8 +133,112 @@ static int hook(int argc, char **argv) {
     return 1;
 }
 
+/* --scan: the trampoline's fixed strings (grep -e, each an ERE that means itself) */
+static const char *const FIXED[] = {"NVIDIA_", "CUDA_VERSION", "nvidia-container-devices",
+                                    "/dev/nvidia", "nvidia-container-runtime-hook", "\\u",
+                                    "\\/"};
+#define MAX_SPEC (64 << 20)
+
+/* The whole of the regular file path, NUL-terminated, its length in *n; NULL when it
+ * cannot be read as one (missing, not a regular file, over MAX_SPEC, a read error). */
+static char *slurp(const char *path, size_t *n) {
+    struct stat st;
+    char *buf = NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size < MAX_SPEC
+        && (buf = malloc((size_t)st.st_size + 1))) {
+        for (*n = 0;;) {
+            ssize_t r = read(fd, buf + *n, (size_t)st.st_size - *n);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) { free(buf); buf = NULL; break; }
+            *n += (size_t)r;
+            if (r == 0 || *n == (size_t)st.st_size) break; /* grown since: ask (below) */
+        }
+        if (buf && *n == (size_t)st.st_size && read(fd, &st, 1) != 0) {
+            free(buf); /* longer than fstat said: changing under us */
+            buf = NULL;
+        }
+        if (buf) buf[*n] = 0;
+    }
+    close(fd);
+    return buf;
+}
+
+/* Whether prefix line l (n bytes, an ERE literal) occurs in spec: 1 yes or cannot tell
+ * exactly (an ERE character not escaped, an empty line: grep -f's empty pattern matches
+ * everything), 0 no. */
+static int prefix_in(const char *spec, size_t len, const char *l, size_t n) {
+    char lit[4096];
+    size_t k = 0;
+    if (n == 0 || n >= sizeof lit) return 1;
+    for (size_t i = 0; i < n; i++) {
+        if (l[i] == '\\') {
+            if (++i == n) return 1;
+            lit[k++] = l[i];
+        } else if (strchr(".[]()*+?{}|^$", l[i])) {
+            return 1;
+        } else {
+            lit[k++] = l[i];
+        }
+    }
+    return memmem(spec, len, lit, k) != NULL;
+}
+
+/* Whether the ERE major matches a line of spec: only a line with a key "major" (any case)
+ * can, from that key on (the ERE starts with it); the line is cut at its end as grep reads
+ * it. 1 also when the ERE does not compile (cannot tell). */
+static int major_in(char *spec, const char *major) {
+    regex_t re;
+    int compiled = 0, hit = 0;
+    for (char *p = spec; !hit && (p = strchr(p, '"')); p++) {
+        if (strncasecmp(p + 1, "major\"", 6)) continue;
+        if (!compiled) {
+            if (regcomp(&re, major, REG_EXTENDED | REG_NOSUB)) return 1;
+            compiled = 1;
+        }
+        char *end = strchr(p, '\n'), keep = 0;
+        if (end) keep = *end, *end = 0;
+        hit = regexec(&re, p, 0, NULL, 0) == 0;
+        if (end) *end = keep;
+    }
+    if (compiled) regfree(&re);
+    return hit;
+}
+
+/* Whether config.json at spec_path can ask nvshim for anything (see the top): 1 or 0. */
+static int asks(const char *spec_path, const char *prefixes, const char *major) {
+    size_t len = 0, plen = 0;
+    int hit = 1;
+    char *spec = slurp(spec_path, &len), *pre = NULL;
+    if (!spec || memchr(spec, 0, len)) goto out;
+    for (size_t i = 0; i < sizeof FIXED / sizeof *FIXED; i++)
+        if (memmem(spec, len, FIXED[i], strlen(FIXED[i]))) goto out;
+    if (!(pre = slurp(prefixes, &plen)) || memchr(pre, 0, plen)) goto out;
+    for (char *l = pre; l < pre + plen;) {
+        char *e = memchr(l, '\n', (size_t)(pre + plen - l));
+        size_t n = e ? (size_t)(e - l) : (size_t)(pre + plen - l);
+        if (prefix_in(spec, len, l, n)) goto out;
+        l += n + 1;
+    }
+    hit = major_in(spec, major);
+out:
+    free(spec);
+    free(pre);
+    return hit;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--hook")) return hook(argc, argv);
+    if (argc > 1 && !strcmp(argv[1], "--scan")) {
+        char spec[4096 + 16];
+        if (argc < 10 || strlen(argv[8]) > 4096) return 2;
+        snprintf(spec, sizeof spec, "%s/config.json", argv[8][0] ? argv[8] : ".");
+        if (!asks(spec, argv[2], argv[3])) return 3;
+        argv[3] = argv[0];
+        argv += 3;
+        argc -= 3;
+    }
     struct stat st;
     char gen[96] = "", cwd[4096];
     size_t n = 0;

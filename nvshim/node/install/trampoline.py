@@ -29,7 +29,10 @@ GPU carry the fixed majors of ``/dev/null``, ttys and ``/dev/fuse`` only, and st
 fast path; a pod with another driver's dynamic-major device pays the Python start, which
 leaves its spec untouched. The whole test is one ``grep -E`` (measured: as fast as the
 ``grep -F`` it replaced), so the annotation prefixes are written as ERE literals
-(:func:`ere_literal`). On a node
+(:func:`ere_literal`). Where the agent's socket and client are there, the client makes
+the same test itself (``nvshim-agent-client --scan``, docs/agent.md) and grep does not run:
+one process fewer on every create (``bench/execcost.py``); it sends a create on wherever
+grep would, and also where it cannot judge as grep would. On a node
 where nvshim is containerd's default runtime that is every pod without a GPU. Such creates
 leave no debug-log record. A create whose config file is missing always reaches Python,
 which fails it: the config the script embeds is *named* (install.sh writes it), and a named
@@ -285,19 +288,26 @@ if [ "$decision" = modify ]; then
     spec=${bundle:-.}/config.json
     # Missing, a directory, a FIFO, a device: Python says so in one line (it never blocks).
     [ -f "$spec" ] || python "$@"
-    grep=/usr/bin/grep
-    [ -x "$grep" ] || grep=/bin/grep
-    [ -x "$grep" ] || python "$@"
-    # -s: no message of grep's own (a vanished file is exit 2: Python reports it);
-    # -D skip: a FIFO or device swapped in after the -f test is not read (never hangs);
-    # 2>/dev/null: nor its loader's (a node whose C library broke: 127, Python decides).
-    # One grep -E (a second grep would cost every pod one more fork+exec); the last is a
-    # device number the NVIDIA driver may own, under any key case and any line breaks
-    # (nvshim/node/install/trampoline.py says why it is enough). LC_ALL=C: bytes, in every locale.
-    LC_ALL=C "$grep" -q -s -D skip -E -e NVIDIA_ -e CUDA_VERSION \
-        -e nvidia-container-devices -e /dev/nvidia -e nvidia-container-runtime-hook \
-        -e '\\u' -e '\\/' -e @MAJOR@ -f "$prefixes" -- "$spec" </dev/null 2>/dev/null
-    [ $? = 1 ] || agent=1
+    if [ -S "${NVSHIM_AGENT_SOCKET:-@SOCKET@}" ] && [ -x @CLIENT@ ]; then
+        # the agent's client reads config.json itself, with the same patterns: no grep
+        # (one process fewer on every create; it asks the agent more often, never less)
+        agent=scan
+    else
+        grep=/usr/bin/grep
+        [ -x "$grep" ] || grep=/bin/grep
+        [ -x "$grep" ] || python "$@"
+        # -s: no message of grep's own (a vanished file is exit 2: Python reports it);
+        # -D skip: a FIFO or device swapped in after the -f test is not read (never hangs);
+        # 2>/dev/null: nor its loader's (a node whose C library broke: 127, Python decides).
+        # One grep -E (a second grep would cost every pod one more fork+exec); the last is a
+        # device number the NVIDIA driver may own, under any key case and any line breaks
+        # (nvshim/node/install/trampoline.py says why it is enough). LC_ALL=C: bytes, in
+        # every locale.
+        LC_ALL=C "$grep" -q -s -D skip -E -e NVIDIA_ -e CUDA_VERSION \
+            -e nvidia-container-devices -e /dev/nvidia -e nvidia-container-runtime-hook \
+            -e '\\u' -e '\\/' -e @MAJOR@ -f "$prefixes" -- "$spec" </dev/null 2>/dev/null
+        [ $? = 1 ] || agent=1
+    fi
 fi
 
 # 4. Hand over to the first low-level runtime found. The list is read on stdin inside the
@@ -350,14 +360,21 @@ python "$@"
 _AGENT_BLOCK = r"""# 4b. A create that needs nvshim: the resident agent (nvshim agent) edits
 #     config.json through a small client when it serves this very config; otherwise, or when
 #     anything fails on the way, Python does it here (docs/agent.md). Never runc unedited.
-if [ "$agent" = 1 ]; then
+#     With agent=scan the client first reads config.json as step 3's grep would (exit 3:
+#     it asks for nothing, the runtime runs on it as it is).
+if [ "$agent" != 0 ]; then
     sock=${NVSHIM_AGENT_SOCKET:-@SOCKET@} rc=2
     if [ -n "$found" ] && [ -S "$sock" ] && [ -x @CLIENT@ ]; then
-        @CLIENT@ "$sock" @VERSION@ "$conf" "$found" "$bundle" "$@" </dev/null
+        if [ "$agent" = scan ]; then
+            @CLIENT@ --scan "$prefixes" @MAJOR@ "$sock" @VERSION@ "$conf" "$found" "$bundle" \
+                "$@" </dev/null
+        else
+            @CLIENT@ "$sock" @VERSION@ "$conf" "$found" "$bundle" "$@" </dev/null
+        fi
         rc=$?
     fi
     [ "$rc" = 1 ] && exit 1
-    [ "$rc" = 0 ] || python "$@"
+    [ "$rc" = 0 ] || [ "$rc" = 3 ] || python "$@"
 fi"""
 
 
@@ -444,9 +461,11 @@ def render(
     for value, what in ((agent_socket, "agent socket"), (client, "agent client")):
         if not _plain(value):
             raise UnsafeValue(f"{what} path must be absolute and plain: {value!r}")
-    agent = _AGENT_BLOCK.replace("@SOCKET@", agent_socket).replace("@CLIENT@", client)
+    agent = _AGENT_BLOCK
     return (
         _TEMPLATE.replace("@AGENT@", agent)
+        .replace("@SOCKET@", agent_socket)
+        .replace("@CLIENT@", client)
         .replace("@PYTHON@", python)
         .replace("@BOOT@", f"'{boot}'")
         .replace("@VERSION@", __version__)

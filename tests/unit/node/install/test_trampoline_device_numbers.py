@@ -3,19 +3,59 @@ device number in config.json, and keeps every pod without one off Python.
 
 The trampoline is the rendered sh script with a recorder as its "python" and another as
 its runtime (tests/unit/node/install/test_trampoline.py's ``world``): which one ran says which path the
-create took.
+create took. Each case runs on both of the trampoline's roads (``road``): its own ``grep``,
+and the agent's client reading config.json itself (``--scan``) when the agent's socket and
+client are there, with a socket that refuses every connection, so that a create the scan
+sends on reaches Python.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Iterator
 
 import pytest
 
+from nvshim.config import prefixes_path
 from nvshim.node.compile import compile_node
-from tests.unit.node.install.test_trampoline import run_tramp, world  # noqa: F401 - world is a fixture
+from nvshim.node.install.trampoline import ere_literal, render
+from tests.helpers.agent import built_client
+from tests.unit.node.install.test_trampoline import (  # noqa: F401 - world is a fixture
+    mark_compiled,
+    run_tramp,
+    world,
+)
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The agent's client, built from this checkout."""
+    return built_client(tmp_path_factory.mktemp("client"))
+
+
+@pytest.fixture(params=["grep", "client"])
+def road(
+    request: pytest.FixtureRequest,
+    world: Dict[str, Path],  # noqa: F811 - the fixture's value
+    client: Path,
+) -> Iterator[Dict[str, Path]]:
+    """``world`` on one of the trampoline's two roads: ``grep`` (no agent's client) or
+    ``client`` (its socket there, bound but not listening: the client's scan decides,
+    and a create it sends on finds no agent and reaches Python). Its compiled annotation
+    prefixes are written as ``nvshim config compile`` writes them (ERE literals)."""
+    Path(prefixes_path(str(world["config"]))).write_text(ere_literal("cdi.k8s.io/") + "\n")
+    mark_compiled(world["config"])
+    if request.param == "grep":
+        yield world
+        return
+    path = world["tmp"] / "agent.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as refusing:
+        refusing.bind(str(path))
+        tramp = render(str(world["tmp"] / "fakepython"), agent_socket=str(path), client=str(client))
+        world["tramp"].write_text(tramp)
+        yield world
 
 
 def create(world: Dict[str, Path], spec: str) -> bool:  # noqa: F811 - the fixture's value
@@ -93,14 +133,11 @@ FUSE = {"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}
         "cgroup-rule-alias",
     ],
 )
-def test_a_spec_holding_a_gpu_by_number_reaches_python(
-    world: Dict[str, Path],  # noqa: F811
-    text: str,
-) -> None:
+def test_a_spec_holding_a_gpu_by_number_reaches_python(road: Dict[str, Path], text: str) -> None:
     """A device numbered like an NVIDIA node (195, or a dynamic major, or a number outside
     32 bits whose low 32 bits runc keeps) anywhere in the spec, at any path, in any layout
     or key case, sends the create to Python."""
-    assert create(world, text)
+    assert create(road, text)
 
 
 @pytest.mark.parametrize(
@@ -113,27 +150,25 @@ def test_a_spec_holding_a_gpu_by_number_reaches_python(
     ],
     ids=["no-device", "fuse", "major-1950", "major-19"],
 )
-def test_a_pod_without_an_nvidia_number_stays_off_python(
-    world: Dict[str, Path],  # noqa: F811
-    text: str,
-) -> None:
+def test_a_pod_without_an_nvidia_number_stays_off_python(road: Dict[str, Path], text: str) -> None:
     """containerd's default device rules and another driver's fixed-major node keep the
     no-Python fast path."""
-    assert not create(world, text)
+    assert not create(road, text)
 
 
-def test_compiled_annotation_prefixes_match_literally(world: Dict[str, Path]) -> None:  # noqa: F811
+def test_compiled_annotation_prefixes_match_literally(road: Dict[str, Path]) -> None:
     """Prefixes are compiled as grep -E literals: ``a+b/`` matches itself, not ``aab/``;
-    ``example.com/`` does not match ``exampleXcom/``."""
-    world["config"].write_text(
-        f"runtimes: [{world['runtime']}]\nannotation-prefixes: [a+b/, example.com/]\n"
+    ``example.com/`` does not match ``exampleXcom/`` (the client reads them back as
+    literals)."""
+    road["config"].write_text(
+        f"runtimes: [{road['runtime']}]\nannotation-prefixes: [a+b/, example.com/]\n"
     )
-    compile_node(str(world["config"]))
+    compile_node(str(road["config"]))
 
     def annotated(key: str) -> str:
         return json.dumps({**pod([]), "annotations": {key: "x"}})
 
-    assert create(world, annotated("a+b/dev"))
-    assert create(world, annotated("example.com/dev"))
-    assert not create(world, annotated("aab/dev"))
-    assert not create(world, annotated("exampleXcom/dev"))
+    assert create(road, annotated("a+b/dev"))
+    assert create(road, annotated("example.com/dev"))
+    assert not create(road, annotated("aab/dev"))
+    assert not create(road, annotated("exampleXcom/dev"))
