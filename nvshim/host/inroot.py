@@ -56,6 +56,9 @@ __all__ = [
     "list_dir",
     "open_dir",
     "open_dir_plain",
+    "child_dir",
+    "read_file_in",
+    "write_file_in",
     "dir_kinds",
     "open_in_dir",
     "lstat",
@@ -210,7 +213,7 @@ def _walk(
                 while stack:
                     os.close(stack.pop())
             todo.extend(reversed(_components(target)))
-        return os.dup(stack[-1]) if stack else os.dup(root)
+        return stack.pop() if stack else os.dup(root)  # the last one is the caller's
     finally:
         for fd in stack:
             os.close(fd)
@@ -329,14 +332,22 @@ def open_file(root: Root, container_path: str) -> int:
     regular file (a FIFO, a device, a directory) is refused without being opened, with
     ``OSError(EINVAL)``; a missing file raises ``FileNotFoundError``.
     """
-    fd = _open_final(_root_fd(root), container_path, os.O_RDONLY | os.O_NONBLOCK)
+    return _open_regular(
+        _open_final(_root_fd(root), container_path, os.O_RDONLY | os.O_NONBLOCK), container_path
+    )[0]
+
+
+def _open_regular(fd: int, shown: str) -> Tuple[int, int]:
+    """(*fd*, its size) once ``fstat`` says *fd* is a regular file; otherwise *fd* is
+    closed and ``OSError(EINVAL)`` names *shown*."""
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", container_path)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", shown)
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, st.st_size
 
 
 def lstat(root: Root, container_path: str) -> os.stat_result:
@@ -358,21 +369,30 @@ def read_file(root: Root, container_path: str, max_size: int = MAX_READ) -> Opti
     Resolution as in :func:`open_file`; files over *max_size* bytes raise ``OSError``.
     """
     try:
-        fd = open_file(root, container_path)
+        fd = _open_final(_root_fd(root), container_path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
+    return _read_all(*_open_regular(fd, container_path), max_size, container_path)
+
+
+def _read_all(fd: int, size: int, max_size: int, shown: str) -> bytes:
+    """The bytes of the open regular file *fd* (``fstat`` said *size*), closing it: one
+    ``read`` of size + 1 bytes (short once the size is read: the end), more only when it
+    grew meanwhile or a read came back short; ``OSError(EFBIG)`` past *max_size* bytes."""
     try:
-        chunks = []
+        chunks: List[bytes] = []
         total = 0
+        want = min(size, max_size) + 1
         while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
+            chunk = os.read(fd, want)
             total += len(chunk)
             if total > max_size:
-                raise OSError(errno.EFBIG, f"larger than {max_size} bytes", container_path)
+                raise OSError(errno.EFBIG, f"larger than {max_size} bytes", shown)
             chunks.append(chunk)
-        return b"".join(chunks)
+            if not chunk or (len(chunk) < want and total >= size):
+                break
+            want = min(1 << 20, max_size + 1 - total)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     finally:
         os.close(fd)
 
@@ -402,6 +422,53 @@ def open_dir(root: Root, container_path: str) -> Optional[int]:
         return resolve_dir(root, container_path)
     except FileNotFoundError:
         return None
+
+
+def child_dir(
+    root: Root, dir_fd: int, dir_path: str, name: str, create: bool = False, mode: int = 0o755
+) -> int:
+    """An ``O_PATH`` fd of the directory *name* in the directory *dir_fd* (resolved in
+    *root* as *dir_path*), as :func:`resolve_dir` would give for ``dir_path/name``: a
+    plain directory is opened right there (never following it); a symlink, or a missing
+    one with *create*, goes through the walk from the root (its target resolved there)."""
+    if name and "/" not in name and name not in (".", ".."):
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                raise OSError(exc.errno, exc.strerror, f"{dir_path}/{name}") from None
+    return resolve_dir(root, f"{dir_path.rstrip('/')}/{name}", create, mode)
+
+
+def read_file_in(
+    root: Root, dir_fd: int, dir_path: str, name: str, max_size: int = MAX_READ
+) -> Optional[bytes]:
+    """:func:`read_file` of ``dir_path/name`` where *dir_fd* is *dir_path* resolved in
+    *root*: a regular file is opened right in *dir_fd* (``lstat``, ``O_NOFOLLOW`` open,
+    ``fstat``); a symlink or anything else goes through :func:`read_file` (the link
+    resolved in the root, a device refused before it is opened)."""
+    shown = f"{dir_path.rstrip('/')}/{name}"
+    if not name or "/" in name or name in (".", ".."):
+        raise OSError(errno.EINVAL, "not a file name", shown)
+    try:
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, shown) from None
+    if not stat.S_ISREG(mode):
+        return read_file(root, shown, max_size)
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link now: resolved in the root
+            return read_file(root, shown, max_size)
+        raise OSError(exc.errno, exc.strerror, shown) from None
+    return _read_all(*_open_regular(fd, shown), max_size, shown)
 
 
 def open_dir_plain(root: Root, container_path: str) -> Optional[int]:
@@ -480,8 +547,30 @@ def open_in_dir(dir_fd: int, name: str, shown: str, listed: bool = False) -> int
     return fd
 
 
-def _temp_name(name: str) -> str:
-    return f".{name}.nvshim-{os.getpid()}-{os.urandom(4).hex()}"
+#: [this process's pid]: kept, not asked for at each write (a forked child sets its own)
+_PID = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+#: numbers the temporary names of this process (``next`` is atomic for threads)
+_SEQ = iter(range(1 << 62))
+
+
+def _temp_name(name: str, unique: bool = False) -> str:
+    """A temporary name beside *name*: the pid and a sequence number (no syscall), or
+    with *unique* random bytes too (a leftover of a dead process with the same pid)."""
+    tail = f"-{os.urandom(4).hex()}" if unique else ""
+    return f".{name}.nvshim-{_PID[0]}-{next(_SEQ)}{tail}"
+
+
+def _create_temp(parent: int, name: str, mode: int) -> Tuple[str, int]:
+    """(temporary name, fd) of a new file beside *name* in *parent* (``O_EXCL``, never
+    following anything); a name already taken is retried once with random bytes."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    tmp = _temp_name(name)
+    try:
+        return tmp, os.open(tmp, flags, mode, dir_fd=parent)
+    except FileExistsError:
+        tmp = _temp_name(name, unique=True)
+        return tmp, os.open(tmp, flags, mode, dir_fd=parent)
 
 
 def write_file_atomic(
@@ -501,32 +590,37 @@ def write_file_atomic(
     parent_path, name = _split_final(container_path)
     parent = _walk(_root_fd(root), parent_path, create=True, mode=dir_mode, shown=container_path)
     try:
-        tmp = _temp_name(name)
-        try:
-            fd = os.open(
-                tmp,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o600,
-                dir_fd=parent,
-            )
-        except OSError as exc:  # named as the file we write, not our temporary name
-            raise OSError(exc.errno, exc.strerror, container_path) from None
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fchmod(fd, mode)
-                if durable:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
-        except OSError as exc:
-            _unlink_quietly(tmp, parent)
-            raise OSError(exc.errno, exc.strerror, container_path) from None
+        write_file_in(parent, name, data, mode, container_path, durable)
     finally:
         os.close(parent)
+
+
+def write_file_in(
+    dir_fd: int, name: str, data: bytes, mode: int, shown: str, durable: bool = True
+) -> None:
+    """:func:`write_file_atomic`'s write in a directory already resolved in the root
+    (*dir_fd*, from :func:`resolve_dir` or :func:`child_dir`): a temporary file made and
+    renamed over *name* through that same fd; errors name *shown*."""
+    if not name or "/" in name or name in (".", ".."):
+        raise OSError(errno.EINVAL, "not a file name", shown)
+    try:
+        tmp, fd = _create_temp(dir_fd, name, 0o600)
+    except OSError as exc:  # named as the file we write, not our temporary name
+        raise OSError(exc.errno, exc.strerror, shown) from None
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, mode)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError as exc:
+        _unlink_quietly(tmp, dir_fd)
+        raise OSError(exc.errno, exc.strerror, shown) from None
 
 
 def symlink_atomic(root: Root, target: str, container_path: str, dir_mode: int = 0o755) -> bool:
@@ -577,7 +671,7 @@ def _symlink_in(parent: int, target: str, name: str, container_path: str) -> boo
             pass  # a file or a directory is there: replace it by rename, below
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror, container_path) from None
-    tmp = _temp_name(name)
+    tmp = _temp_name(name, unique=True)  # rare (something else was there): never taken
     try:
         os.symlink(target, tmp, dir_fd=parent)
         os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)

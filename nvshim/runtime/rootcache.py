@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 
 from nvshim.errors import NvshimError, host_error
 from nvshim.host import inroot as _inroot
@@ -87,6 +88,10 @@ __all__ = [
 LDCACHE = "/etc/ld.so.cache"
 LDCONF = "/etc/ld.so.conf"
 LDCONF_DROPIN = "/etc/ld.so.conf.d/00-nvshim.conf"
+LDCONF_DROPIN_DIR, _, _DROPIN = LDCONF_DROPIN.rpartition("/")
+_ETC, _, _CONF_D = LDCONF_DROPIN_DIR.rpartition("/")
+_LDCONF_NAME = LDCONF.rpartition("/")[2]
+_LDCACHE_NAME = LDCACHE.rpartition("/")[2]
 _LDCONF_DEFAULT = b"include /etc/ld.so.conf.d/*.conf\n"
 #: The largest image ld.so.cache the runtime reads (host root, in the engine's cgroup).
 #: Caches are tens to a few hundred KiB, a few MiB for images with tens of thousands of
@@ -588,34 +593,58 @@ def _update_ldcache(
     warnings: List[str] = []
     dropin = "".join(f"{folder}\n" for folder in folders).encode()
     dropin = b"# driver libraries injected by nvshim\n" + dropin
-    if _inroot.read_file(root, LDCONF_DROPIN) != dropin:
-        _inroot.write_file_atomic(root, LDCONF_DROPIN, dropin, 0o644, durable=False)
-    if _inroot.read_file(root, LDCONF) is None:
-        _inroot.write_file_atomic(root, LDCONF, _LDCONF_DEFAULT, 0o644, durable=False)
-
-    bound = LDCACHE_MAX_BYTES if planned is not None else LDCACHE_HOOK_MAX_BYTES
+    # /etc resolved in the root once; each file below read and written through its fd
+    etc = _inroot.resolve_dir(root, _ETC, create=True)
     try:
-        old = _inroot.read_file(root, LDCACHE, bound)
+        conf_d = _inroot.child_dir(root, etc, _ETC, _CONF_D, create=True)
+        try:
+            if _inroot.read_file_in(root, conf_d, LDCONF_DROPIN_DIR, _DROPIN) != dropin:
+                _inroot.write_file_in(conf_d, _DROPIN, dropin, 0o644, LDCONF_DROPIN, False)
+        finally:
+            os.close(conf_d)
+        if not _is_file_in(etc, _LDCONF_NAME) and _inroot.read_file(root, LDCONF) is None:
+            _inroot.write_file_in(etc, _LDCONF_NAME, _LDCONF_DEFAULT, 0o644, LDCONF, False)
+        old = _read_image_cache(root, etc, planned is not None)
+        added: List[CacheEntry] = []
+        for folder in folders:
+            if planned is None:  # the hook: the folder as ldconfig would scan it
+                added += _folder_entries(root, folder, None, warnings, None)
+            elif folder == compat and folder not in planned:  # the image's compat folder
+                added += _folder_entries(root, folder, None, warnings, MAX_FOLDER_LIBS)
+            else:
+                names = planned.get(folder) or {}
+                entries, dev = _planned_entries(folder, names)
+                added += entries
+                added += _dev_links(root, folder, names, dev)
+        data, more = _merged_cache(old, added)
+        warnings += more
+        if data != old:
+            _inroot.write_file_in(etc, _LDCACHE_NAME, data, 0o644, LDCACHE, False)
+    finally:
+        os.close(etc)
+    return warnings
+
+
+def _is_file_in(dir_fd: int, name: str) -> bool:
+    """Whether *name* in *dir_fd* is a regular file (not followed): one ``lstat``, where
+    reading ``/etc/ld.so.conf`` only to learn that it is there took six calls."""
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _read_image_cache(root: _inroot.RootFd, etc: int, runtime: bool) -> Optional[bytes]:
+    """The image's ld.so.cache (None: none), read below the root's resolved /etc *etc*:
+    up to :data:`LDCACHE_MAX_BYTES` for the runtime (past it :class:`LargeImageCache`),
+    :data:`LDCACHE_HOOK_MAX_BYTES` for the hook."""
+    bound = LDCACHE_MAX_BYTES if runtime else LDCACHE_HOOK_MAX_BYTES
+    try:
+        return _inroot.read_file_in(root, etc, _ETC, _LDCACHE_NAME, bound)
     except OSError as exc:
-        if exc.errno == errno.EFBIG and bound < LDCACHE_HOOK_MAX_BYTES:
+        if exc.errno == errno.EFBIG and runtime:
             raise LargeImageCache(
                 f"the image's {LDCACHE} is larger than the {bound} bytes nvshim-runtime reads "
                 "(merged by the createContainer hook, in the container's cgroup)"
             ) from exc
         raise
-    added: List[CacheEntry] = []
-    for folder in folders:
-        if planned is None:  # the hook: the folder as ldconfig would scan it
-            added += _folder_entries(root, folder, None, warnings, None)
-        elif folder == compat and folder not in planned:  # the image's own compat folder
-            added += _folder_entries(root, folder, None, warnings, MAX_FOLDER_LIBS)
-        else:
-            names = planned.get(folder) or {}
-            entries, dev = _planned_entries(folder, names)
-            added += entries
-            added += _dev_links(root, folder, names, dev)
-    data, more = _merged_cache(old, added)
-    warnings += more
-    if data != old:
-        _inroot.write_file_atomic(root, LDCACHE, data, 0o644, durable=False)
-    return warnings

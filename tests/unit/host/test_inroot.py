@@ -506,3 +506,49 @@ def test_random_symlink_trees_never_escape(
                     pass
         assert snapshot(base, root) == before
         assert open_fds() == fds
+
+
+def test_in_dir_helpers_resolve_links_in_the_root_and_refuse_special_files(
+    world: tuple[Path, Path],
+) -> None:
+    """child_dir, read_file_in and write_file_in (the ld.so.cache work through one /etc
+    fd) give what the path-walking calls give: a symlinked child directory or file is
+    resolved inside the root, never on the host; a FIFO is refused unopened; a write
+    renames over whatever was there without following it; the temporary name of a dead
+    process with the same pid and number is stepped over."""
+    root, host = world
+    inside = root / str(host).lstrip("/")
+    (inside / "sub").mkdir(parents=True)
+    (inside / "secret").write_bytes(b"in root")
+    (root / "etc/conf.d").symlink_to(host / "sub")
+    (root / "etc/cache").symlink_to(host / "secret")
+    (root / "etc/out").symlink_to(host / "secret")
+    os.mkfifo(root / "etc/fifo")
+    with _inroot.open_root(str(root)) as rfd:
+        etc = _inroot.resolve_dir(rfd, "/etc")
+        try:
+            sub = _inroot.child_dir(rfd, etc, "/etc", "conf.d")
+            try:
+                assert os.path.samefile(f"/proc/self/fd/{sub}", inside / "sub")
+            finally:
+                os.close(sub)
+            made = _inroot.child_dir(rfd, etc, "/etc", "new.d", create=True)
+            os.close(made)
+            assert _inroot.read_file_in(rfd, etc, "/etc", "cache") == b"in root"
+            assert _inroot.read_file_in(rfd, etc, "/etc", "missing") is None
+            assert opened_names(root / "etc", lambda: _raises_einval(rfd, etc)) == []
+            taken = f".out.nvshim-{_inroot._PID[0]}-"
+            number = int(_inroot._temp_name("x").rsplit("-", 1)[1]) + 1
+            (root / "etc" / f"{taken}{number}").write_bytes(b"left over")
+            _inroot.write_file_in(etc, "out", b"written", 0o644, "/etc/out", durable=False)
+        finally:
+            os.close(etc)
+    assert (root / "new.d").exists() is False and (root / "etc/new.d").is_dir()
+    assert (root / "etc/out").read_bytes() == b"written" and not (root / "etc/out").is_symlink()
+    assert (host / "secret").read_bytes() == b"host data"
+
+
+def _raises_einval(rfd: _inroot.RootFd, etc: int) -> None:
+    with pytest.raises(OSError) as info:
+        _inroot.read_file_in(rfd, etc, "/etc", "fifo")
+    assert info.value.errno == errno.EINVAL
