@@ -531,10 +531,20 @@ def served_by_agent(node: NriNode, cid: str) -> bool:
     )
 
 
+def configure_inroot(node: NriNode, mode: str) -> None:
+    """``nri-inroot: mode``; for ``start``, the agent registered again: the engine sends
+    StartContainer only to a plugin that subscribed to it at its registration."""
+    node.configure(nri_inroot=mode)
+    if mode == "start":
+        assert node.agent is not None
+        node.agent.stop()
+        node.agent.start_registered()
+
+
 @pytest.mark.parametrize("mode", ["agent", "start"])
 def test_inject_in_root_work(node: NriNode, mode: str) -> None:
     """Under plain runc the injected driver's SONAME links and ld.so.cache are in the container, made by the agent asked by the static client as createContainer hook (nri-inroot: agent, the default) or by the agent through /proc/<pid>/root at StartContainer (start)."""
-    node.configure(nri_inroot=mode)
+    configure_inroot(node, mode)
     cid, out = inroot(node, f"inroot-{mode}", readonly=False)
     assert has_links(out), out
     assert served_by_agent(node, cid) == (mode == "agent")
@@ -547,7 +557,7 @@ def test_read_only_rootfs(node: NriNode) -> None:
     node.configure(nri_inroot="agent")
     cid, out = inroot(node, "ro-agent", readonly=True)
     assert has_links(out) and served_by_agent(node, cid), out
-    node.configure(nri_inroot="start")
+    configure_inroot(node, "start")
     _cid, out = inroot(node, "ro-start", readonly=True)
     assert "libcuda.so.1" not in out and "libcuda.so.550.54.15" in out, out
     assert '"nri in-root work not done"' in (node.base / "agent.log").read_text()

@@ -243,8 +243,9 @@ def decide(
     for a refusal. :func:`verify` plans, :func:`guard` strips, :func:`inject` adds; the
     verdict is journaled here and nowhere else (record or fail). With ``nri-inroot:
     start`` the in-root work is left out of the adjustment and put in ``later`` under
-    the container's id, for :func:`start_work`; with ``agent`` it waits in ``pending``
-    and the hook is the client's (:func:`agent_hook`)."""
+    the container's id, for :func:`start_work` (``later`` None: no StartContainer is
+    subscribed, the work stays with a hook); with ``agent`` it waits in ``pending`` and the
+    hook is the client's (:func:`agent_hook`)."""
     if not (config.nri_inject or config.nri_guard or config.nri_verify):
         return Adjustment()
     started = time.perf_counter()
@@ -387,7 +388,7 @@ def inject(
 
             new_spec = plan.render(RootfsDecision(work, "runtime", "/proc/<pid>/root"))
             later.put(container.id, work)
-        elif config.nri_inroot == "agent" and work is not None and pending is not None:
+        elif work is not None and pending is not None:  # agent, or start with no start event
             new_spec = agent_hook(new_spec, container, work, pending)
         return Verdict(
             adjustment_of(spec, new_spec),
@@ -746,6 +747,23 @@ _ANSWERED_EMPTY = frozenset({"Shutdown", "UpdatePodSandbox", "PostUpdatePodSandb
 #: The methods (and StateChange's events) :func:`nvshim.agent.nri.api.decode_event` reads
 #: the container's id and pid of.
 _ID_DECODED = frozenset({"StateChange", "StartContainer", "RemoveContainer"})
+_START = event_mask(Event.START_CONTAINER)
+
+
+def wanted(event: int, config: Optional[Config]) -> bool:
+    """Whether Configure subscribes to ``event`` (of the handler table) under ``config``:
+    StartContainer only when in-root work waits for it (``nri-inject`` with ``nri-inroot:
+    start``), RemoveContainer only when work can be held for a container (``nri-inject``),
+    each of them a round trip the engine pays per container, locked against every other
+    NRI call; any other event always. With no config loaded, every event: the
+    subscription lasts the connection, and a config that loads later may need it."""
+    if config is None:
+        return True
+    if event == Event.START_CONTAINER:
+        return config.nri_inject and config.nri_inroot == "start"
+    if event == Event.REMOVE_CONTAINER:
+        return config.nri_inject
+    return True
 
 
 @dataclass(frozen=True)
@@ -766,10 +784,10 @@ Handler = Callable[[Call], bytes]
 class Plugin:
     """The Plugin service, in the shape of containerd/nri's ``pkg/stub``: one table,
     :attr:`handlers`, maps each event nvshim handles to its handler; :meth:`handle` (the
-    transport's dispatch) calls through it, and the Configure reply subscribes to exactly
-    its events (:meth:`events`). An event method with no handler, or a StateChange
-    carrying such an event, is answered with nothing; a method NRI does not have is
-    ``UNIMPLEMENTED``."""
+    transport's dispatch) calls through it, and the Configure reply subscribes to those
+    of its events the config needs (:meth:`events`). An event method with no handler, or a
+    StateChange carrying such an event, is answered with nothing; a method NRI does not
+    have is ``UNIMPLEMENTED``."""
 
     def __init__(self, state: AgentState, pending: Optional[PendingWork] = None) -> None:
         self.state = state
@@ -779,6 +797,9 @@ class Plugin:
         self.configured: Dict[str, str] = {}
         self.later = Later()
         """In-root work waiting for its container's start (``nri-inroot: start``)."""
+        self.subscribed = 0
+        """The event mask of the last Configure reply: what the engine sends."""
+        self._warned_start = False
         self.handlers: Dict[int, Handler] = {
             Event.CREATE_CONTAINER: self.create_container,
             Event.START_CONTAINER: self.start_container,
@@ -787,15 +808,20 @@ class Plugin:
         """Each event nvshim handles, and its handler: what Configure subscribes to."""
 
     def events(self) -> int:
-        """The Configure reply's event mask: the events of :attr:`handlers`."""
-        return event_mask(*self.handlers)
+        """The Configure reply's event mask: the events of :attr:`handlers` the config
+        loaded now needs (:func:`wanted`)."""
+        config = self.state.config
+        return event_mask(*(e for e in self.handlers if wanted(e, config)))
 
     def handle(self, method: str, body: bytes) -> bytes:
         """The reply to one Plugin-service request (RpcError: the engine's error reply)."""
         if method == "Configure":
             self.configured = decode_configure(body)
-            self.log.info("nri configured", **self.configured)
-            return encode_configure_reply(self.events())
+            self.state.reload_if_changed()
+            self.subscribed = self.events()
+            self._warned_start = False
+            self.log.info("nri configured", events=self.subscribed, **self.configured)
+            return encode_configure_reply(self.subscribed)
         if method == "Synchronize":
             return encode_sync_reply(body)
         if method in _ID_DECODED:
@@ -829,8 +855,11 @@ class Plugin:
                     "nri create not adjusted: no config", error=self.state.config_error
                 )
                 return b""
+            later = self.later if self.subscribed & _START else None
+            if later is None and config.nri_inject and config.nri_inroot == "start":
+                self._unsubscribed_start()
             return encode_create_reply(
-                decide(config, pod, container, self.log, later=self.later, pending=self.pending)
+                decide(config, pod, container, self.log, later=later, pending=self.pending)
             )
         except RpcError:
             raise  # nvshim's decision: a refusal
@@ -841,6 +870,18 @@ class Plugin:
                 error=f"{type(exc).__name__}: {exc}",
             )
             return b""
+
+    def _unsubscribed_start(self) -> None:
+        """One warning per registration: ``nri-inroot: start`` loaded after the engine
+        configured the plugin without StartContainer; the work stays with the hook."""
+        if self._warned_start:
+            return
+        self._warned_start = True
+        self.log.warning(
+            "nri-inroot: start waits for the next registration (restart the agent)",
+            reason="the engine was told no StartContainer at Configure: the createContainer "
+            "hook does the in-root work until then",
+        )
 
     def start_container(self, call: Call) -> bytes:
         """StartContainer: the in-root work held for the container (``nri-inroot:

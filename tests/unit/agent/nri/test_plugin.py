@@ -402,3 +402,61 @@ def test_remove_drops_the_work_held_for_a_container_that_never_started(tmp_path:
     p.later.put("kept", object())  # type: ignore[arg-type]
     assert p.handle("StateChange", _state_change(Event.REMOVE_CONTAINER, "gone")) == b""
     assert p.later.pop("gone") is None and p.later.pop("kept") is not None
+
+
+def test_start_and_remove_are_subscribed_only_where_work_waits_for_them(tmp_path: Path) -> None:
+    """Configure subscribes StartContainer only under nri-inject with nri-inroot: start and
+    RemoveContainer only under nri-inject (each costs the engine a round trip per container
+    and has nothing to do otherwise); with no config loaded, all three."""
+    from nvshim.agent.nri.api import Event, encode_configure_reply, event_mask
+    from nvshim.agent.state import AgentState
+    from tests.helpers.node import write_nvshim_config
+
+    create, start, remove = Event.CREATE_CONTAINER, Event.START_CONTAINER, Event.REMOVE_CONTAINER
+    cases = [
+        ({"nri-inject": False, "nri-guard": True}, event_mask(create)),
+        ({"nri-inject": False, "nri-guard": False, "nri-verify": False}, event_mask(create)),
+        ({"nri-inject": True}, event_mask(create, remove)),
+        ({"nri-inject": True, "nri-inroot": "start"}, event_mask(create, start, remove)),
+    ]
+    for i, (settings, mask) in enumerate(cases):
+        path = write_nvshim_config(tmp_path / str(i), settings)
+        p = plugin.Plugin(AgentState(str(path), Log()))
+        assert p.handle("Configure", b"") == encode_configure_reply(mask), settings
+    assert _plugin(tmp_path).handle("Configure", b"") == encode_configure_reply(
+        event_mask(create, start, remove)
+    )
+
+
+def test_work_is_held_for_start_only_when_start_is_subscribed(sim: Any, tmp_path: Path) -> None:
+    """A config changed to nri-inroot: start after Configure subscribed no StartContainer:
+    the in-root work stays with a createContainer hook (no start would come to do it),
+    nothing is held for a start, and one warning says so."""
+    from nvshim.agent.nri import api_pb2 as pb
+    from nvshim.agent.state import AgentState
+    from tests.helpers.node import write_nvshim_config
+
+    values = {
+        "driver-root": sim.root,
+        "runtimes": ["runc"],
+        "grants-journal": str(tmp_path / "grants.jsonl"),
+        "nri-inject": True,
+        "require-allocation": False,
+    }
+    path = write_nvshim_config(tmp_path, values)
+    p = plugin.Plugin(AgentState(str(path), Log()))
+    p.handle("Configure", b"")
+    write_nvshim_config(tmp_path, {**values, "nri-inroot": "start"})
+    p.state.reload()
+    assert p.state.config is not None and p.state.config.nri_inroot == "start"
+    gpu = sim.gpus[0]
+    body = pb.CreateContainerRequest(
+        pod=pb.PodSandbox(id="sb", name="train", uid="u", namespace="team-a"),
+        container=pb.Container(id="c", name="main", env=[f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}"]),
+    ).SerializeToString()
+    reply = pb.CreateContainerResponse.FromString(p.handle("CreateContainer", body))
+    assert len(p.later) == 0
+    assert len(reply.adjust.hooks.create_container) == 1
+    p.handle("CreateContainer", body)
+    warned = [e for level, e, _kw in p.log.lines if level == "warning"]  # type: ignore[attr-defined]
+    assert warned == ["nri-inroot: start waits for the next registration (restart the agent)"]
