@@ -190,18 +190,40 @@ def _pb_hook(h: Hook) -> Any:
 
 
 def _pb_adjustment(a: Adjustment) -> Any:
-    out = pb.ContainerAdjustment(
-        annotations=a.annotations,
-        mounts=[_pb_mount(m) for m in a.mounts],
-        env=[pb.KeyValue(key=k, value=v) for k, v in a.env],
-    )
+    out = pb.ContainerAdjustment()
+    _fill_adjustment(out, a)
+    return out
+
+
+def _fill_adjustment(out: Any, a: Adjustment) -> None:
+    """``a`` written into the empty ContainerAdjustment ``out``, each entry made in place
+    (``add``): a message built apart and then put in is copied, twice the work."""
+    if a.annotations:
+        out.annotations.update(a.annotations)
+    mounts = out.mounts
+    for m in a.mounts:
+        mounts.add(destination=m.destination, type=m.type, source=m.source, options=m.options)
+    env = out.env
+    for key, value in a.env:
+        env.add(key=key, value=value)
     if a.hooks:  # present when a kind is named, even with no hook
         out.hooks.SetInParent()
         for kind, hooks in a.hooks.items():
-            getattr(out.hooks, HOOK_FIELDS[kind]).extend(_pb_hook(h) for h in hooks)
+            found = getattr(out.hooks, HOOK_FIELDS[kind])
+            for h in hooks:
+                hook = found.add(path=h.path, args=h.args, env=h.env)
+                if h.timeout is not None:
+                    hook.timeout.value = h.timeout
+                    hook.timeout.SetInParent()
     if a.devices:
-        out.linux.devices.extend(_pb_device(d) for d in a.devices)
-    return out
+        devices = out.linux.devices
+        for d in a.devices:
+            device = devices.add(path=d.path, type=d.type, major=d.major, minor=d.minor)
+            for name, value in (("file_mode", d.file_mode), ("uid", d.uid), ("gid", d.gid)):
+                if value is not None:  # present even when 0
+                    wrapper = getattr(device, name)
+                    wrapper.value = value
+                    wrapper.SetInParent()
 
 
 def _parse(kind: Any, data: bytes) -> Any:
@@ -334,4 +356,6 @@ def encode_create_reply(adjust: Adjustment) -> bytes:
     """A CreateContainerResponse with ``adjust``; nothing at all when it adjusts nothing."""
     if not adjust:
         return b""
-    return bytes(pb.CreateContainerResponse(adjust=_pb_adjustment(adjust)).SerializeToString())
+    reply = pb.CreateContainerResponse()
+    _fill_adjustment(reply.adjust, adjust)
+    return bytes(reply.SerializeToString())
