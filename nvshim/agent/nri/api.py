@@ -219,10 +219,10 @@ def _fill_adjustment(out: Any, a: Adjustment) -> None:
         devices = out.linux.devices
         for d in a.devices:
             device = devices.add(path=d.path, type=d.type, major=d.major, minor=d.minor)
-            for name, value in (("file_mode", d.file_mode), ("uid", d.uid), ("gid", d.gid)):
-                if value is not None:  # present even when 0
+            for name, number in (("file_mode", d.file_mode), ("uid", d.uid), ("gid", d.gid)):
+                if number is not None:  # present even when 0
                     wrapper = getattr(device, name)
-                    wrapper.value = value
+                    wrapper.value = number
                     wrapper.SetInParent()
 
 
