@@ -56,6 +56,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, List, Literal, Mapping, Optional, Tuple, Union
 
+from nvshim._protobuf import WireError
 from nvshim.agent.nri.api import (
     Adjustment,
     Container,
@@ -839,14 +840,14 @@ class Plugin:
     def create_container(self, call: Call) -> bytes:
         """CreateContainer: :func:`decide`'s adjustment; nothing when nvshim itself cannot
         decide (its install changed, no config, an internal error), an error reply for its
-        refusal."""
-        pod, container = decode_pod_container(call.body)
+        refusal. The request is decoded only when a duty is on."""
         from nvshim.agent.state import install_changed
 
         changed = install_changed()
         if changed:
             self.log.error("nri create not adjusted", reason=changed)
             return b""
+        who = ""
         try:
             self.state.reload_if_changed()
             config = self.state.config
@@ -855,18 +856,22 @@ class Plugin:
                     "nri create not adjusted: no config", error=self.state.config_error
                 )
                 return b""
+            if not (config.nri_inject or config.nri_guard or config.nri_verify):
+                return b""
+            pod, container = decode_pod_container(call.body)
+            who = _who(pod, container)
             later = self.later if self.subscribed & _START else None
             if later is None and config.nri_inject and config.nri_inroot == "start":
                 self._unsubscribed_start()
             return encode_create_reply(
                 decide(config, pod, container, self.log, later=later, pending=self.pending)
             )
-        except RpcError:
-            raise  # nvshim's decision: a refusal
+        except (RpcError, WireError):
+            raise  # nvshim's decision (a refusal), or a request that is not one
         except Exception as exc:  # noqa: BLE001 - nvshim's own failure never fails a create
             self.log.error(
                 "nri create not adjusted: internal error",
-                who=_who(pod, container),
+                **({"who": who} if who else {}),
                 error=f"{type(exc).__name__}: {exc}",
             )
             return b""

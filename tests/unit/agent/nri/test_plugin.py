@@ -460,3 +460,20 @@ def test_work_is_held_for_start_only_when_start_is_subscribed(sim: Any, tmp_path
     p.handle("CreateContainer", body)
     warned = [e for level, e, _kw in p.log.lines if level == "warning"]  # type: ignore[attr-defined]
     assert warned == ["nri-inroot: start waits for the next registration (restart the agent)"]
+
+
+def test_no_duty_answers_create_without_reading_it(tmp_path: Path) -> None:
+    """With nri-inject, nri-guard and nri-verify all off, CreateContainer is answered with
+    nothing before the request is decoded (even one that is not a request); with a duty on,
+    an undecodable request is still a WireError (the engine's error reply)."""
+    from nvshim._protobuf import WireError
+    from nvshim.agent.state import AgentState
+    from tests.helpers.node import write_nvshim_config
+
+    off = {"nri-inject": False, "nri-guard": False, "nri-verify": False}
+    p = plugin.Plugin(AgentState(str(write_nvshim_config(tmp_path / "off", off)), Log()))
+    assert p.handle("CreateContainer", b"\x0a\x05abc") == b""
+    on = {"nri-inject": False, "nri-guard": True}
+    p = plugin.Plugin(AgentState(str(write_nvshim_config(tmp_path / "on", on)), Log()))
+    with pytest.raises(WireError):
+        p.handle("CreateContainer", b"\x0a\x05abc")
