@@ -43,6 +43,13 @@ The modes run under ``NVIDIA_VISIBLE_DEVICES=all`` (guard, registered, the stubs
 GPU's UUID (the others); with no plugin injecting, runc is given the same container either
 way.
 
+Beside the wall time, the CPU time each block's timed containers cost containerd and the
+registered plugin (the agent or the stub; the sum of their threads' ``schedstat``, read
+before the first timed create and after the last start), per container: CPU is not
+stretched by another process's load as wall time is, so the plugins' own work and what a
+subscription costs containerd show through a busy machine (``containerd_cpu_ms``,
+``plugin_cpu_ms``, and ``containerd_cpu_added_ms_paired_blocks`` over ``none``).
+
 Also the agent's start to registration (process start to its ``nri registered`` line)
 and its resident memory after the rounds. Medians in ms; ``added_ms`` is the difference of
 each mode's median and ``none``'s, ``added_ms_paired_blocks`` the median over rounds of
@@ -61,7 +68,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 MODES = (
     "none",
@@ -94,6 +101,21 @@ def floor_spec(spec: Path, out: Path) -> None:
     ]:
         edits.pop("hooks", None)
     out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def cpu_ms(pid: Optional[int]) -> float:
+    """The CPU time process ``pid``'s live threads have used so far, in ms (the sum of
+    their ``schedstat``, kept in ns: /proc's utime and stime count 10 ms ticks); 0 for no
+    process."""
+    if pid is None:
+        return 0.0
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread gone meanwhile
+            pass
+    return total / 1e6
 
 
 def paired_blocks(mine: List[float], base: List[float]) -> float:
@@ -130,6 +152,9 @@ def main() -> int:
 
     times: Dict[str, List[float]] = {m: [] for m in modes}
     block_medians: Dict[str, List[float]] = {m: [] for m in modes}
+    # per block, per timed container: containerd's CPU ms, and the plugin's
+    cpu_engine: Dict[str, List[float]] = {m: [] for m in modes}
+    cpu_plugin: Dict[str, List[float]] = {m: [] for m in modes}
     ready: List[float] = []
     stub_ready: List[float] = []
     rss_kb = 0
@@ -175,9 +200,21 @@ def main() -> int:
                     handler,
                     None,
                 )
+                assert n.containerd is not None and n.agent is not None
+                plugin = next(
+                    (
+                        p.pid
+                        for p in (stub.proc if stub is not None else None, n.agent.proc)
+                        if p is not None and p.poll() is None
+                    ),
+                    None,
+                )
+                cpu0 = (0.0, 0.0)
                 # one untimed container first in every block: a just started agent's first
                 # create imports the planning modules, and its start-up work settles
                 for i in range(-1, args.runs):
+                    if i == 0:
+                        cpu0 = (cpu_ms(n.containerd.pid), cpu_ms(plugin))
                     t0 = time.perf_counter()
                     cid = cri.create_container(
                         sandbox,
@@ -194,6 +231,8 @@ def main() -> int:
                     elif cdi:  # the floor's first container: did the engine inject it?
                         check_floor(cid)
                 block_medians[mode].append(statistics.median(times[mode][-args.runs :]))
+                cpu_engine[mode].append((cpu_ms(n.containerd.pid) - cpu0[0]) / args.runs)
+                cpu_plugin[mode].append((cpu_ms(plugin) - cpu0[1]) / args.runs)
                 # each block on a containerd holding no earlier block's containers: create
                 # time grows with their number, which would favour the modes run first
                 cri.remove_pods(close=False)
@@ -301,6 +340,16 @@ def main() -> int:
             if "floor" in block_medians and (k.startswith("inject") or k == "handler")
         },
         "block_medians_ms": {k: [round(x, 1) for x in v] for k, v in block_medians.items()},
+        # CPU per timed container, medians over blocks: containerd's, the plugin's
+        "containerd_cpu_ms": {k: round(statistics.median(v), 2) for k, v in cpu_engine.items()},
+        "plugin_cpu_ms": {k: round(statistics.median(v), 2) for k, v in cpu_plugin.items()},
+        "containerd_cpu_added_ms_paired_blocks": {
+            ("runtime_handler" if k == "handler" else k): paired_blocks(v, cpu_engine["none"])
+            for k, v in cpu_engine.items()
+            if k != "none"
+        },
+        "containerd_cpu_block_ms": {k: [round(x, 2) for x in v] for k, v in cpu_engine.items()},
+        "plugin_cpu_block_ms": {k: [round(x, 2) for x in v] for k, v in cpu_plugin.items()},
         "plugin_inject_handling_ms": round(statistics.median(handling), 2) if handling else None,
         "plugin_guard_handling_ms": round(statistics.median(guard_ms), 2) if guard_ms else None,
         "agent_hook_work_ms": round(statistics.median(hook_ms), 2) if hook_ms else None,

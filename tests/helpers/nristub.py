@@ -41,6 +41,7 @@ class NriStub:
     def __init__(self, binary: Path, socket: Path, log: Path, index: str = "10") -> None:
         self.binary, self.socket, self.log, self.index = binary, socket, log, index
         self.proc: Optional["subprocess.Popen[bytes]"] = None
+        self._said = 0
 
     def start(self, events: str, timeout: float = 20) -> float:
         """Start it subscribed to ``events`` (a key of :data:`EVENTS`); returns the ms from
@@ -49,6 +50,7 @@ class NriStub:
             raise ValueError(f"nri-stub events {events!r}: choose from {', '.join(EVENTS)}")
         line = f"nri-stub synchronized {EVENTS[events]}\n"
         before = self.log.read_text().count(line) if self.log.exists() else 0
+        self._said = len(self._answered())
         t0 = time.perf_counter()
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
@@ -66,9 +68,14 @@ class NriStub:
             time.sleep(0.002)
         return (time.perf_counter() - t0) * 1e3
 
+    def _answered(self) -> list[str]:
+        text = self.log.read_text() if self.log.exists() else ""
+        return [line for line in text.splitlines() if line.startswith("nri-stub answered ")]
+
     def stop(self) -> Dict[str, int]:
         """Stop it (SIGTERM: it closes its connection; containerd drops the plugin); the
-        events it answered (``create``, ``start``, ``remove``), empty if it said nothing."""
+        events it answered (``create``, ``start``, ``remove``). A stub that ends without
+        saying so fails, with its log's tail."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -76,14 +83,15 @@ class NriStub:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=20)
-        self.proc = None
-        said = [
-            line
-            for line in (self.log.read_text() if self.log.exists() else "").splitlines()
-            if line.startswith("nri-stub answered ")
-        ]
-        if not said:
+        if self.proc is None:
             return {}
+        code, self.proc = self.proc.returncode, None
+        said = self._answered()
+        if len(said) <= self._said:
+            raise AssertionError(
+                f"nri-stub ended (exit {code}) without its answered line:\n"
+                f"{self.log.read_text()[-3000:]}"
+            )
         return {
             key: int(value) for key, value in (field.split("=") for field in said[-1].split()[2:])
         }

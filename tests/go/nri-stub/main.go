@@ -103,9 +103,11 @@ func main() {
 		<-ctx.Done()
 		s.Stop()
 	}()
-	if err := s.Run(ctx); err != nil {
+	err = s.Run(ctx)
+	p.report()
+	// an error while stopping on a signal (the listener closed under Serve) is the stop
+	if err != nil && ctx.Err() == nil {
 		fmt.Fprintf(os.Stderr, "nri-stub: %v\n", err)
 		os.Exit(1)
 	}
-	p.report()
 }
