@@ -383,3 +383,22 @@ def test_a_waiting_agent_takes_the_socket_over_when_the_serving_one_stops(
         for agent in started:
             if agent.proc is not None:
                 agent.stop(signal.SIGKILL)
+
+
+def test_warm_up_freezes_what_it_loaded_and_leaves_the_collector_on() -> None:
+    """The agent's warm-up leaves the cyclic collector on and the objects loaded so far
+    frozen (a full collection no longer walks every module at each create)."""
+    import gc
+
+    from nvshim.agent.daemon import _warm_up
+
+    was_enabled = gc.isenabled()
+    gc.disable()  # as the runtime entry leaves it
+    try:
+        _warm_up()
+        assert gc.isenabled()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        if not was_enabled:
+            gc.disable()
