@@ -147,6 +147,7 @@ class AgentServer:
 
         self.serving = True
         waiting: Dict[socket.socket, float] = {}  # connection -> when it must have asked
+        ticked = time.monotonic()
         with selectors.DefaultSelector() as selector:
             selector.register(self.sock, selectors.EVENT_READ)
             if wake_fd is not None:
@@ -172,7 +173,8 @@ class AgentServer:
                         selector.unregister(conn)  # silent too long: nothing to answer
                         del waiting[conn]
                         conn.close()
-                    if tick is not None:
+                    if tick is not None and now - ticked >= 1.0:
+                        ticked = now
                         tick()
             finally:
                 self.serving = False
@@ -182,13 +184,25 @@ class AgentServer:
                 self.drain()
 
     def _accept(self, selector: Any, waiting: Dict[socket.socket, float]) -> None:
-        """Take one connection into ``waiting`` (closed at once past :data:`MAX_WAITING`)."""
+        """Take one connection: to the workers at once when its request is already there
+        (the client sends it right after connecting: no second turn of the loop), else
+        into ``waiting`` (closed at once past :data:`MAX_WAITING`)."""
         import selectors
         import time
 
         try:
             conn, _ = self.sock.accept()
         except (BlockingIOError, InterruptedError):
+            return
+        try:
+            conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)  # a message, its end, an error
+        except (BlockingIOError, InterruptedError):
+            pass  # not sent yet: the loop waits for it
+        except OSError:
+            self._dispatch(conn)  # the worker meets the error and says so, as from the loop
+            return
+        else:
+            self._dispatch(conn)
             return
         if len(waiting) >= MAX_WAITING:
             self._busy(conn, "too many connections waiting for their request")
