@@ -419,8 +419,7 @@ def _read_regular(path: str) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
             raise SpecError(f"cannot read {path}: {kind}")
-        with open(fd, "rb", closefd=False) as fh:
-            raw = fh.read(MAX_SPEC_BYTES + 1)  # never more, even if it grows meanwhile
+        raw = _read_upto(fd, st.st_size, MAX_SPEC_BYTES + 1)
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
     finally:
@@ -431,3 +430,21 @@ def _read_regular(path: str) -> bytes:
             f"reads ({MAX_SPEC_BYTES >> 20} MiB)"
         )
     return raw
+
+
+def _read_upto(fd: int, size: int, limit: int) -> bytes:
+    """The bytes of ``fd`` up to its end, ``limit`` at most, even if it grows meanwhile.
+    Each read asks for what ``fstat`` said is there (and one byte more, to meet the end):
+    a read that asks for ``limit`` allocates that much first (16 MiB, mapped and unmapped
+    on every create)."""
+    chunks: List[bytes] = []
+    got = 0
+    want = size + 1
+    while got < limit:
+        chunk = os.read(fd, min(want, limit - got))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+        want = 1 << 16  # it grew: on in 64 KiB reads
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)

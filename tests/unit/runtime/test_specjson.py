@@ -145,3 +145,26 @@ def test_a_gpu_under_a_miscased_linux_key_is_the_engines_grant(tmp_path: Path, n
         for d in plan.new_spec["linux"]["devices"]
         if d["major"] == 195 and d["minor"] < 254
     ] == ["/dev/gpu1"]
+
+
+def test_reading_a_small_config_json_allocates_about_its_size(tmp_path: Path) -> None:
+    """read_spec of a few-KiB config.json allocates a few KiB, not a buffer of the 16 MiB
+    bound (reading up to the bound in one call mapped and unmapped 16 MiB per create), and
+    gives the file's bytes; one over the bound is still refused."""
+    import tracemalloc
+
+    from nvshim.runtime.specjson import MAX_SPEC_BYTES, read_spec
+
+    raw = json.dumps({"ociVersion": "1.0.2", "process": {"env": ["A=1"] * 200}}).encode()
+    (tmp_path / "config.json").write_bytes(raw)
+    tracemalloc.start()
+    try:
+        _, got, _ = read_spec(str(tmp_path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == raw
+    assert peak < 1 << 20, peak
+    (tmp_path / "config.json").write_bytes(b" " * MAX_SPEC_BYTES + b"{}")
+    with pytest.raises(SpecError, match="larger than the"):
+        read_spec(str(tmp_path))
