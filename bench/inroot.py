@@ -3,12 +3,16 @@
 Run as root from the repository root with a venv that has nvshim and the test extras::
 
     .venv/bin/python bench/inroot.py [--rounds 200] [--caps compute,utility] [--no-strace]
+        [--image cuda|small]
 
 The image (made once in a temp dir, never touching the host's ``/etc`` or ``/usr``): the
 host's ``/usr/lib/x86_64-linux-gnu`` ``lib*.so*`` files copied (the links recreated as they
 are), ``/lib`` a link to ``usr/lib`` (merged ``/usr``), a ``/usr/local/cuda/compat`` with
 an older libcuda, and the image's ``/etc/ld.so.cache`` written by the host's
-``ldconfig -r`` over that tree (about 500 entries, as a CUDA runtime image has). The
+``ldconfig -r`` over that tree (about 500 entries, as a CUDA runtime image has). With
+``--image small``, a busybox-like image instead: ``/bin`` and an ``/etc`` with a
+``passwd``, no library folder, no loader files, no cache (the floor of the work: the
+links, the folder, the drop-in, ``ld.so.conf`` and a cache of the driver's names). The
 driver is a simulated node's (:func:`nvshim.sim.build.create_node`); the work is what
 the create road plans for one GPU (:func:`nvshim.runtime.create.plan_create`, the same
 :class:`~nvshim.runtime.rootwork.RootWork` the NRI plugin hands the agent).
@@ -26,7 +30,8 @@ in turn:
   runc (the driver's libraries not mounted yet: their facts come from the plan), timed in a
   process of its own that empties the per-process memos before each round: every
   nvshim-runtime is a new process, while the agent, resident, keeps them warm across the
-  creates of an image (sort keys, the parsed image cache, the merged cache).
+  creates of an image (sort keys, the parsed image cache, the merged cache, the driver's
+  planned entries).
 
 Printed (JSON): the median and p90 in ms of each, wall time and (``<mode>_cpu``) the
 calling thread's CPU time, which the load around it changes least; the load average
@@ -97,6 +102,14 @@ def make_image(dest: Path, driver_version: str) -> Path:
     )
     (etc / "ld.so.conf.d/000_cuda.conf").write_text("/usr/local/cuda/lib64\n")
     subprocess.run(["ldconfig", "-X", "-r", str(dest)], check=True, capture_output=True)
+    return dest
+
+
+def make_small_image(dest: Path) -> Path:
+    """The busybox-like image template at ``dest`` (``--image small``)."""
+    (dest / "bin").mkdir(parents=True)
+    (dest / "etc").mkdir()
+    (dest / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
     return dest
 
 
@@ -201,8 +214,8 @@ def one_round(mode: str, bundle: Path, work: Any, dev_links: Any) -> Callable[[]
     from nvshim.host import ldcache
     from nvshim.runtime import rootcache
 
-    for memo in (ldcache._KEYS, ldcache._PARSED, rootcache._MERGED):  # a fresh process
-        memo.clear()
+    for memo in (ldcache._KEYS, ldcache._PARSED, rootcache._MERGED, rootcache._PLANNED):
+        memo.clear()  # as in a fresh process
     return lambda: rootwork.prepare(rootfs, work)
 
 
@@ -247,6 +260,8 @@ def count_syscalls(tmp: Path, args: argparse.Namespace) -> Dict[str, Any]:
             str(tmp),
             "--caps",
             args.caps,
+            "--image",
+            args.image,
         ],
         check=True,
     )
@@ -288,13 +303,18 @@ def profile(
     return [re.sub(r"\s+", " ", ln.strip()).replace(str(REPO) + "/", "") for ln in lines[start:]]
 
 
-def setup(tmp: Path, caps: str) -> Tuple[Path, Path, Any, List[Tuple[str, str]], Any]:
+def setup(
+    tmp: Path, caps: str, image: str = "cuda"
+) -> Tuple[Path, Path, Any, List[Tuple[str, str]], Any]:
     from nvshim.runtime.hookargs import is_nvshim_hook, parse_graphics_args
 
     sim, plan, bundle = plan_work(tmp, caps)
     template = tmp / "image"
     if not template.exists():
-        make_image(template, sim.driver_version)
+        if image == "small":
+            make_small_image(template)
+        else:
+            make_image(template, sim.driver_version)
     dev_links: Tuple[Tuple[str, str], ...] = ()
     for hook in plan.grant.edits.hooks:
         if is_nvshim_hook(hook):
@@ -309,6 +329,9 @@ def main() -> int:
         "--caps", default="compute,utility", help="NVIDIA_DRIVER_CAPABILITIES of the container"
     )
     parser.add_argument("--no-strace", action="store_true")
+    parser.add_argument(
+        "--image", choices=("cuda", "small"), default="cuda", help="the image (see above)"
+    )
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
     parser.add_argument("--runtime-only", action="store_true", help=argparse.SUPPRESS)
@@ -320,7 +343,7 @@ def main() -> int:
     if args.one:  # under strace: one prepare_in round between two markers
         tmp = Path(args.tmp) / "one"
         tmp.mkdir()
-        template, bundle, work, mounted, dev_links = setup(tmp, args.caps)
+        template, bundle, work, mounted, dev_links = setup(tmp, args.caps, args.image)
         fresh_rootfs(Path(args.tmp) / "image", bundle / "rootfs", mounted)
         run = one_round("prepare_in", bundle, work, dev_links)
         os.access(_MARK_START, os.F_OK)
@@ -330,7 +353,7 @@ def main() -> int:
     if args.runtime_only:  # a process of its own, as nvshim-runtime: its times as JSON
         tmp = Path(args.tmp) / "runtime"
         tmp.mkdir()
-        _template, bundle, work, mounted, dev_links = setup(tmp, args.caps)
+        _template, bundle, work, mounted, dev_links = setup(tmp, args.caps, args.image)
         print(
             json.dumps(
                 timed(
@@ -347,8 +370,9 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="nvshim-bench-inroot-") as name:
         tmp = Path(name)
-        template, bundle, work, mounted, dev_links = setup(tmp, args.caps)
-        image_entries = len(parse_ldcache((template / "etc/ld.so.cache").read_bytes()))
+        template, bundle, work, mounted, dev_links = setup(tmp, args.caps, args.image)
+        cache = template / "etc/ld.so.cache"
+        image_entries = len(parse_ldcache(cache.read_bytes())) if cache.exists() else 0
         load_before = Path("/proc/loadavg").read_text().split()[:3]
         times = timed(
             ["agent", "prepare_in"], args.rounds, template, bundle, work, dev_links, mounted
@@ -366,6 +390,8 @@ def main() -> int:
                         str(tmp),
                         "--caps",
                         args.caps,
+                        "--image",
+                        args.image,
                     ],
                     check=True,
                     capture_output=True,
@@ -375,7 +401,7 @@ def main() -> int:
         )
         prof_top = profile(min(args.rounds, 50), template, bundle, work, dev_links, mounted)
         load_after = Path("/proc/loadavg").read_text().split()[:3]
-        libs = os.listdir(template / LIBDIR)
+        libs = os.listdir(template / LIBDIR) if (template / LIBDIR).is_dir() else []
         report = {
             "image": {
                 "ldcache_entries": image_entries,

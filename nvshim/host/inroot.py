@@ -431,13 +431,21 @@ def child_dir(
     *root* as *dir_path*), as :func:`resolve_dir` would give for ``dir_path/name``: a
     plain directory is opened right there (never following it); a symlink, or a missing
     one with *create*, goes through the walk from the root (its target resolved there)."""
+    shown = f"{dir_path.rstrip('/')}/{name}"
     if name and "/" not in name and name not in (".", ".."):
         try:
             return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        except FileNotFoundError:
+            if create and _readlink(name, dir_fd) is None:  # nothing there, not a link
+                try:
+                    _make_dir(dir_fd, name, mode)
+                    return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+                except OSError as exc:
+                    raise OSError(exc.errno, exc.strerror, shown) from None
         except OSError as exc:
-            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                raise OSError(exc.errno, exc.strerror, f"{dir_path}/{name}") from None
-    return resolve_dir(root, f"{dir_path.rstrip('/')}/{name}", create, mode)
+            if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                raise OSError(exc.errno, exc.strerror, shown) from None
+    return resolve_dir(root, shown, create, mode)
 
 
 def read_file_in(
@@ -660,17 +668,18 @@ def symlinks_atomic(root: Root, links: Iterable[Tuple[str, str]], dir_mode: int 
 
 
 def _symlink_in(parent: int, target: str, name: str, container_path: str) -> bool:
-    current = _readlink(name, parent)
-    if current == target:
+    """*name* in *parent* made a link to *target*: ``symlinkat`` first (a fresh rootfs has
+    none of nvshim's links: one call each), and only when something is there a
+    ``readlinkat`` (already right: nothing to do) and a link renamed over it."""
+    try:
+        os.symlink(target, name, dir_fd=parent)
+        return True
+    except FileExistsError:
+        pass  # a link, a file or a directory is there
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, container_path) from None
+    if _readlink(name, parent) == target:
         return False
-    if current is None:
-        try:
-            os.symlink(target, name, dir_fd=parent)
-            return True
-        except FileExistsError:
-            pass  # a file or a directory is there: replace it by rename, below
-        except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, container_path) from None
     tmp = _temp_name(name, unique=True)  # rare (something else was there): never taken
     try:
         os.symlink(target, tmp, dir_fd=parent)

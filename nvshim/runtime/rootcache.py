@@ -10,10 +10,14 @@ controls is executed or followed out of the root), for the runtime before runc a
 the hook (:mod:`nvshim.runtime.rootwork` decides which).
 
 The cache is the image's own, entry for entry (glibc-hwcaps entries and empty names
-dropped), plus an entry for each library of the injected folders: its name, and its
-SONAME when that differs. What runc will mount there (not there yet when the runtime runs)
-is described by the plan (:data:`Planned`: flags and SONAME read from the host files,
-:func:`elf_info`); the image's own files are read in the root.
+dropped), plus entries for the injected folders: a library's name, and its SONAME when
+that differs. nvshim-runtime and the agent (:func:`update_ldcache` with a plan) add only
+what the plan puts there (:data:`Planned`: what runc will mount, flags and SONAME read
+from the host files by :func:`elf_info`, and nvshim's links to them), once per driver,
+and take the image's own libraries from the image's own cache: none of the image's files
+there is read. The createContainer hook (no plan) scans each folder in the root as
+ldconfig would; the two differ only where the image's cache does not list a library of
+its own in those folders (see :func:`update_ldcache`).
 
 Start-up matters (this runs on every GPU create): ``os`` and nvshim's in-root and
 ld.so.cache modules only.
@@ -36,8 +40,8 @@ controls this directory, so its symlinks cannot lead the check (or the cache) ou
 
 Why one module: the merged cache, the ld.so.conf.d file that keeps it across a later
 ``ldconfig`` and CUDA forward compatibility's folder put first decide one list of entries,
-read the image's files through the same confined access, and run on every GPU create,
-where one more module costs one more import.
+read the image's cache and folders through the same confined access, and run on every
+GPU create, where one more module costs one more import.
 """
 
 from __future__ import annotations
@@ -110,10 +114,12 @@ class LargeImageCache(NvshimError):
     merges it (a signal :func:`nvshim.runtime.rootwork.prepare` turns into its fallback)."""
 
 
-#: The most image libraries one folder's scan opens. Real library folders hold a few
-#: thousand; each costs an open, an ELF header and a SONAME read (~50 us) and a cache entry,
-#: so an image with a million lib*.so files held every GPU create of it for about a minute.
-#: Past the bound the image's own files are left to its own ld.so.cache (merged as always).
+#: The most image libraries one folder's scan opens on the runtime path, where the one
+#: image folder still scanned is a newer CUDA compat folder (the hook, in the container's
+#: cgroup, scans without a bound). Each costs an open, an ELF header and a SONAME read
+#: (~50 us) and a cache entry, so an image with a million lib*.so files held every GPU
+#: create of it for about a minute. Past the bound the folder's files are left to the
+#: image's own ld.so.cache (merged as always).
 MAX_FOLDER_LIBS = 16384
 
 
@@ -182,7 +188,8 @@ def _folder_entries(
     the SONAME (pointing at the SONAME link if the folder has it, else at the file).
     Names in *planned* are files runc will mount there (or links to them): their flags and
     SONAME come from the plan, not from the rootfs. More than *limit* of the image's own
-    are not opened at all (a line in *warnings* says so).
+    are not opened at all (a line in *warnings* says so). The hook's scan, and the
+    runtime's of a newer compat folder; a planned folder is :func:`_planned_entries`'.
 
     An image's library folder holds hundreds of libraries, so the folder is resolved in
     the root once and read below that fd: one ``getdents`` for the names and their types,
@@ -557,21 +564,23 @@ def update_ldcache(
     the image's files there is opened or read. The image's libraries then resolve exactly
     as in the same container without a GPU (nvshim adds the driver's entries, replacing
     only an image entry of the same name and flags, and changes no other); nothing the
-    image controls is read beyond its cache file (and its compat folder, listed and
-    scanned as below, bounded by :data:`MAX_FOLDER_LIBS`, when it has a newer compat
-    libcuda); and the cost no longer grows with the image's folders. An image cache
-    over :data:`LDCACHE_MAX_BYTES` raises :class:`LargeImageCache`.
+    image controls is read beyond its cache file, the loader files nvshim rewrites and
+    the link texts :func:`_dev_links` reads (and a CUDA compat folder, listed by
+    :func:`compat_folder` and, when its libcuda is newer, scanned as below, at most
+    :data:`MAX_FOLDER_LIBS` libraries); and the cost no longer grows with the image's
+    folders. An image cache over :data:`LDCACHE_MAX_BYTES` raises
+    :class:`LargeImageCache`.
 
     Without *planned* (the createContainer hook, after runc's mounts, in the container's
     cgroup, where the image pays for its own folders and cache) every folder is scanned
     as ldconfig would (:func:`_folder_entries`: each ``lib*.so*`` name that is or leads
     to an ELF library), and a cache of up to :data:`LDCACHE_HOOK_MAX_BYTES` is read. The
-    two sides write the same cache except for the image's own libraries in the injected
-    folders that its cache does not list (installed after its ``ldconfig`` ran, or never
-    listed by ldconfig, such as a library's full file name): the hook lists them, the
-    runtime leaves them to glibc's default directories, as without nvshim; and an image
-    link into the folder that leads to a driver library by another way than
-    :func:`_dev_links` answers.
+    two sides write the same cache except for the image's own names in the injected
+    folders that its cache does not list: libraries installed after its ``ldconfig`` ran,
+    names ldconfig never lists (a library's full file name, its ``.so`` link), and an
+    image link there leading to a driver library other than a ``.so`` link to a planned
+    name (:func:`_dev_links`). The hook lists them; the runtime leaves them to glibc's
+    default directories, as in the same container without a GPU.
     """
     compat = None
     if host_driver_version:
@@ -602,7 +611,7 @@ def _update_ldcache(
                 _inroot.write_file_in(conf_d, _DROPIN, dropin, 0o644, LDCONF_DROPIN, False)
         finally:
             os.close(conf_d)
-        if not _is_file_in(etc, _LDCONF_NAME) and _inroot.read_file(root, LDCONF) is None:
+        if _ldconf_missing(root, etc):
             _inroot.write_file_in(etc, _LDCONF_NAME, _LDCONF_DEFAULT, 0o644, LDCONF, False)
         old = _read_image_cache(root, etc, planned is not None)
         added: List[CacheEntry] = []
@@ -625,13 +634,17 @@ def _update_ldcache(
     return warnings
 
 
-def _is_file_in(dir_fd: int, name: str) -> bool:
-    """Whether *name* in *dir_fd* is a regular file (not followed): one ``lstat``, where
-    reading ``/etc/ld.so.conf`` only to learn that it is there took six calls."""
+def _ldconf_missing(root: _inroot.RootFd, etc: int) -> bool:
+    """Whether the image has no ``/etc/ld.so.conf`` (*etc*: its /etc resolved in the
+    root): one ``lstat``, where reading the file only to learn that it is there took six
+    calls; a symlink (or anything but a file) is read as before, resolved in the root."""
     try:
-        return stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
+        mode = os.stat(_LDCONF_NAME, dir_fd=etc, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, LDCONF) from None
+    return not stat.S_ISREG(mode) and _inroot.read_file(root, LDCONF) is None
 
 
 def _read_image_cache(root: _inroot.RootFd, etc: int, runtime: bool) -> Optional[bytes]:

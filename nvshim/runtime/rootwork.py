@@ -8,11 +8,13 @@ code and the same guarantees (every path resolved inside the rootfs by
 :mod:`nvshim.host.inroot`; nothing the image controls is executed or followed out):
 
 ``runtime``
-    nvshim-runtime itself, before it execs runc. At ``create`` the bundle's ``root.path``
-    is already the container's mounted rootfs (runc, crun, containerd and podman all mount
-    it before calling the runtime), so no second process is needed. The libraries are not
-    mounted yet: what the cache needs from them (ELF class/machine and SONAME) is read from
-    the host files, which are the files that runc will bind-mount.
+    nvshim-runtime itself, before it execs runc (and the agent, with the same plan). At
+    ``create`` the bundle's ``root.path`` is already the container's mounted rootfs (runc,
+    crun, containerd and podman all mount it before calling the runtime), so no second
+    process is needed. The libraries are not mounted yet: what the cache needs from them
+    (ELF class/machine and SONAME) is read from the host files, which are the files that
+    runc will bind-mount. The image's own libraries in those folders come from the image's
+    own ld.so.cache; none of them is opened.
 ``hook``
     the ``createContainer`` hook (:mod:`nvshim.hook`), run by runc after the mounts. Kept
     as the fallback when the host cannot write the rootfs: a read-only mount (a read-only
@@ -25,7 +27,14 @@ code and the same guarantees (every path resolved inside the rootfs by
     and neither process writes them.
 
 What the hook's arguments ask for is the plan (:func:`work_from_hooks`, a
-:class:`RootWork`): the runtime does exactly that, so the two sides stay equal. Links under
+:class:`RootWork`): the runtime does exactly that, so the two sides stay equal, links and
+loader files alike. The cache differs in one place
+(:func:`nvshim.runtime.rootcache.update_ldcache`): the hook, which has no plan, scans the
+injected folders as ldconfig would and lists every library of the image's there; the
+runtime lists the image's libraries as the image's own cache does. For an image whose
+cache is up to date the two resolve every name that cache lists alike, and only the hook
+lists the names ldconfig leaves out (a library's full file name, its ``.so`` link); one
+whose cache is stale for its own libraries there gets them listed by the hook only. Links under
 ``/dev`` are never in-root work: ``/dev`` is runc's tmpfs, made after the runtime has run,
 so the hook keeps making them whoever does the rest
 (:func:`nvshim.runtime.hookargs.dev_links_only`).

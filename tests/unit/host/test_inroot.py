@@ -513,7 +513,7 @@ def test_in_dir_helpers_resolve_links_in_the_root_and_refuse_special_files(
 ) -> None:
     """child_dir, read_file_in and write_file_in (the ld.so.cache work through one /etc
     fd) give what the path-walking calls give: a symlinked child directory or file is
-    resolved inside the root, never on the host; a FIFO is refused unopened; a write
+    resolved inside the root, never on the host, and a dangling one made there; a FIFO is refused unopened; a write
     renames over whatever was there without following it; the temporary name of a dead
     process with the same pid and number is stepped over."""
     root, host = world
@@ -534,6 +534,9 @@ def test_in_dir_helpers_resolve_links_in_the_root_and_refuse_special_files(
                 os.close(sub)
             made = _inroot.child_dir(rfd, etc, "/etc", "new.d", create=True)
             os.close(made)
+            (root / "etc/dangling.d").symlink_to(host / "made")
+            made = _inroot.child_dir(rfd, etc, "/etc", "dangling.d", create=True)
+            os.close(made)
             assert _inroot.read_file_in(rfd, etc, "/etc", "cache") == b"in root"
             assert _inroot.read_file_in(rfd, etc, "/etc", "missing") is None
             assert opened_names(root / "etc", lambda: _raises_einval(rfd, etc)) == []
@@ -544,6 +547,7 @@ def test_in_dir_helpers_resolve_links_in_the_root_and_refuse_special_files(
         finally:
             os.close(etc)
     assert (root / "new.d").exists() is False and (root / "etc/new.d").is_dir()
+    assert not (host / "made").exists() and (inside / "made").is_dir()
     assert (root / "etc/out").read_bytes() == b"written" and not (root / "etc/out").is_symlink()
     assert (host / "secret").read_bytes() == b"host data"
 

@@ -289,3 +289,44 @@ def test_threads_doing_the_work_at_once_each_get_their_own_images_output(tmp_pat
         thread.join(60)
     assert errors == []
     assert [_digest(_snapshot(r)) for r in roots] == [GOLDEN[c] for c in cases]
+
+
+@pytest.mark.skipif(
+    shutil.which("ldconfig") is None or os.geteuid() != 0, reason="ldconfig -r needs root"
+)
+def test_runtime_and_hook_agree_for_an_image_whose_cache_is_up_to_date(tmp_path: Path) -> None:
+    """For an image whose ld.so.cache its own ldconfig wrote over its current folder, the
+    runtime's cache (the image's cache and the plan) and the hook's (the folder scanned)
+    resolve every name the runtime's lists alike: the hook's only adds names ldconfig does
+    not list (a library's full file name, its ``.so`` link)."""
+    trees = {}
+    for by in ("runtime", "hook"):
+        root = tmp_path / by
+        lib = root / LIB.lstrip("/")
+        lib.mkdir(parents=True)
+        (root / "etc/ld.so.conf.d").mkdir(parents=True)
+        (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+        (root / "etc/ld.so.conf.d/multiarch.conf").write_text(f"{LIB}\n")
+        for i in range(6):
+            (lib / f"libimg{i}.so.{i}.0.1").write_bytes(build_shared_object(f"libimg{i}.so.{i}"))
+            if i % 2:
+                (lib / f"libimg{i}.so").symlink_to(f"libimg{i}.so.{i}")
+        subprocess.run(["ldconfig", "-r", str(root)], check=True, capture_output=True)
+        work = _work(None, by == "hook")
+        with inroot.open_root(str(root)) as fd:
+            if by == "hook":
+                for stem, so in DRIVER:  # runc has mounted the driver's files
+                    (lib / f"{stem}.{VERSION}").write_bytes(build_shared_object(so))
+                rootwork.apply_links(fd, str(root), work.links)
+                update_ldcache(fd, work.folders, None, VERSION)
+            else:
+                rootwork.prepare_in(fd, work)
+        trees[by] = {
+            (e.key, e.flags, e.value)
+            for e in parse_ldcache((root / "etc/ld.so.cache").read_bytes())
+        }
+    assert len(trees["runtime"]) >= 16
+    assert trees["runtime"] <= trees["hook"]
+    assert {key for key, _f, _v in trees["hook"] - trees["runtime"]} == {
+        f"libimg{i}.so.{i}.0.1" for i in range(6)
+    } | {f"libimg{i}.so" for i in (1, 3, 5)}
