@@ -177,19 +177,18 @@ _entry = tuple.__new__
 def _folder_entries(
     root: _inroot.RootFd,
     folder: str,
-    planned: Optional[Planned] = None,
     warnings: Optional[List[str]] = None,
     limit: Optional[int] = None,
 ) -> List[CacheEntry]:
-    """Cache entries for the libraries in container directory *folder*.
+    """Cache entries for the libraries in container directory *folder*, as ldconfig
+    would list them: the hook's scan of each folder, and the runtime's of a newer compat
+    folder (a folder the plan fills is :func:`_planned_entries`', read from nothing).
 
     Every ``lib*.so*`` name that is (or links, in the root, to) an ELF library gets an
     entry for itself; a regular file whose SONAME differs from its name also gets one for
-    the SONAME (pointing at the SONAME link if the folder has it, else at the file).
-    Names in *planned* are files runc will mount there (or links to them): their flags and
-    SONAME come from the plan, not from the rootfs. More than *limit* of the image's own
-    are not opened at all (a line in *warnings* says so). The hook's scan, and the
-    runtime's of a newer compat folder; a planned folder is :func:`_planned_entries`'.
+    the SONAME (pointing at the SONAME link if the folder has it, else at the file). A
+    folder holding more than *limit* of them is not read at all (a line in *warnings*
+    says so).
 
     An image's library folder holds hundreds of libraries, so the folder is resolved in
     the root once and read below that fd: one ``getdents`` for the names and their types,
@@ -201,17 +200,13 @@ def _folder_entries(
     inode) the link is answered from the folder as well; only a link leading elsewhere is
     resolved from the root, as before.
     """
-    planned = planned or {}
     dfd = _inroot.open_dir(root, folder)
-    if dfd is None and not planned:
+    if dfd is None:
         return []
     try:
-        if dfd is None:  # only the planned names: nothing of the image's to read
-            return _scan_folder(root, folder, -1, {}, planned, warnings, limit)
-        return _scan_folder(root, folder, dfd, _inroot.dir_kinds(dfd), planned, warnings, limit)
+        return _scan_folder(root, folder, dfd, _inroot.dir_kinds(dfd), warnings, limit)
     finally:
-        if dfd is not None:
-            os.close(dfd)
+        os.close(dfd)
 
 
 def _scan_folder(
@@ -219,47 +214,40 @@ def _scan_folder(
     folder: str,
     dfd: int,
     kinds: Mapping[str, str],
-    planned: Planned,
     warnings: Optional[List[str]],
     limit: Optional[int],
 ) -> List[CacheEntry]:
-    """One pass over a folder's entries, as ldconfig makes it (:func:`_folder_entries`):
-    the planned names from the plan, the image's own unless
-    the folder holds more than *limit* of them (read by :func:`_folder_reader`)."""
-    names = list(kinds)
-    present = set(names) | set(planned)
+    """One pass over a folder's entries, as ldconfig makes it (:func:`_folder_entries`),
+    unless the folder holds more than *limit* libraries (read by :func:`_folder_reader`)."""
     base = folder.rstrip("/") or ""
-    image_libs = 0
-    if limit is not None and len(names) > limit:  # fewer names cannot be more libraries
-        image_libs = sum(1 for name in names if name not in planned and lib_name(name))
-    scan_image = limit is None or image_libs <= limit
-    if not scan_image and warnings is not None:
-        warnings.append(
-            f"{folder} holds {image_libs} of the image's libraries, more than the "
-            f"{limit} read: only the image's own ld.so.cache lists them"
-        )
+    if limit is not None and len(kinds) > limit:  # fewer names cannot be more libraries
+        libs = sum(1 for name in kinds if lib_name(name))
+        if libs > limit:
+            if warnings is not None:
+                warnings.append(
+                    f"{folder} holds {libs} of the image's libraries, more than the "
+                    f"{limit} read: only the image's own ld.so.cache lists them"
+                )
+            return []
     regular, link_flags = _folder_reader(root, dfd, base, kinds)
     out: List[CacheEntry] = []
-    for name in sorted(present):
+    for name in sorted(kinds):
         if not lib_name(name):
             continue
         path = f"{base}/{name}"
-        known = planned.get(name)
-        if known is None and not scan_image:
-            continue
-        kind = kinds.get(name)
-        if known is None and kind == "link":
+        kind = kinds[name]
+        if kind == "link":
             link = link_flags(name, path)
             if link is not None:
                 out.append(_entry(CacheEntry, (name, path, link, 0)))
             continue
-        got = known if known is not None else regular(name) if kind == "file" else None
+        got = regular(name) if kind == "file" else None
         if got is None:
             continue
         flags, soname = got
         out.append(_entry(CacheEntry, (name, path, flags, 0)))
         if soname and soname != name and "/" not in soname:
-            value = f"{base}/{soname}" if soname in present else path
+            value = f"{base}/{soname}" if soname in kinds else path
             out.append(_entry(CacheEntry, (soname, value, flags, 0)))
     return out
 
@@ -617,9 +605,9 @@ def _update_ldcache(
         added: List[CacheEntry] = []
         for folder in folders:
             if planned is None:  # the hook: the folder as ldconfig would scan it
-                added += _folder_entries(root, folder, None, warnings, None)
+                added += _folder_entries(root, folder, warnings)
             elif folder == compat and folder not in planned:  # the image's compat folder
-                added += _folder_entries(root, folder, None, warnings, MAX_FOLDER_LIBS)
+                added += _folder_entries(root, folder, warnings, MAX_FOLDER_LIBS)
             else:
                 names = planned.get(folder) or {}
                 entries, dev = _planned_entries(folder, names)
