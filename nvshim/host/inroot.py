@@ -58,6 +58,7 @@ __all__ = [
     "open_dir_plain",
     "child_dir",
     "read_file_in",
+    "is_file_in",
     "write_file_in",
     "dir_kinds",
     "open_in_dir",
@@ -477,6 +478,18 @@ def read_file_in(
             return read_file(root, shown, max_size)
         raise OSError(exc.errno, exc.strerror, shown) from None
     return _read_all(*_open_regular(fd, shown), max_size, shown)
+
+
+def is_file_in(dir_fd: int, name: str, shown: str) -> Optional[bool]:
+    """Whether *name* in the directory *dir_fd* is a regular file (one ``lstat``, nothing
+    followed): None when nothing is there, False for a symlink or anything else; errors
+    name *shown*."""
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, shown) from None
 
 
 def open_dir_plain(root: Root, container_path: str) -> Optional[int]:

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 
 from nvshim.errors import NvshimError, host_error
 from nvshim.host import inroot as _inroot
@@ -626,13 +625,10 @@ def _ldconf_missing(root: _inroot.RootFd, etc: int) -> bool:
     """Whether the image has no ``/etc/ld.so.conf`` (*etc*: its /etc resolved in the
     root): one ``lstat``, where reading the file only to learn that it is there took six
     calls; a symlink (or anything but a file) is read as before, resolved in the root."""
-    try:
-        mode = os.stat(_LDCONF_NAME, dir_fd=etc, follow_symlinks=False).st_mode
-    except FileNotFoundError:
+    regular = _inroot.is_file_in(etc, _LDCONF_NAME, LDCONF)
+    if regular is None:
         return True
-    except OSError as exc:
-        raise OSError(exc.errno, exc.strerror, LDCONF) from None
-    return not stat.S_ISREG(mode) and _inroot.read_file(root, LDCONF) is None
+    return not regular and _inroot.read_file(root, LDCONF) is None
 
 
 def _read_image_cache(root: _inroot.RootFd, etc: int, runtime: bool) -> Optional[bytes]:
