@@ -243,3 +243,30 @@ def test_runtime_cache_puts_a_newer_compat_folder_first(tmp_path: Path) -> None:
         COMPAT_DIR,
         LIBDIR,
     ]
+
+
+def test_runtime_cache_with_an_image_file_shadowed_by_a_driver_mount(tmp_path: Path) -> None:
+    """An image file where runc will mount a driver library of the same name (an image
+    built with a driver installed) is never read: the planned entries replace the image
+    cache's entries of the same name and flags, and its entries of other flags stay as
+    they are, as today."""
+    from nvshim.host.ldcache import CacheEntry, build_ldcache, parse_ldcache
+    from nvshim.runtime.rootcache import update_ldcache
+    from tests.helpers.hookworld import I386, LIBDIR, VERSION, X86_64
+
+    rootfs = _runtime_image(tmp_path)
+    lib = rootfs / LIBDIR.lstrip("/")
+    (lib / f"libcuda.so.{VERSION}").write_bytes(b"not even an ELF file")  # runc mounts over
+    image = [
+        CacheEntry(f"libcuda.so.{VERSION}", f"{LIBDIR}/libcuda.so.{VERSION}", I386),
+        CacheEntry(f"libcuda.so.{VERSION}", "/opt/old/libcuda.so", X86_64),
+    ]
+    (rootfs / "etc/ld.so.cache").write_bytes(build_ldcache(image))
+    with _inroot.open_root(str(rootfs)) as root:
+        assert update_ldcache(root, [LIBDIR], _planned()) == []
+    entries = parse_ldcache((rootfs / "etc/ld.so.cache").read_bytes())
+    named = sorted((e.flags, e.value) for e in entries if e.key == f"libcuda.so.{VERSION}")
+    assert named == [
+        (I386, f"{LIBDIR}/libcuda.so.{VERSION}"),
+        (X86_64, f"{LIBDIR}/libcuda.so.{VERSION}"),
+    ]
