@@ -105,7 +105,7 @@ def floor_spec(spec: Path, out: Path) -> None:
 
 def cpu_ms(pid: Optional[int]) -> float:
     """The CPU time process ``pid``'s live threads have used so far, in ms (the sum of
-    their ``schedstat``, kept in ns: /proc's utime and stime count 10 ms ticks); 0 for no
+    their ``schedstat``, kept in ns: /proc's utime and stime count clock ticks); 0 for no
     process."""
     if pid is None:
         return 0.0
