@@ -35,9 +35,12 @@ the earlier ones' containers, ≈ 5 ms for the guard):
   v0.6.1, built through the Go module proxy into a cache: :mod:`tests.helpers.nristub`),
   registered on the same socket at the agent's index, subscribed to the same events as
   nvshim's plugin (CreateContainer, StartContainer, RemoveContainer) and answering each at
-  once with no adjustment: NRI's own floor, what any external plugin pays;
-- ``stub_create``: the same stub subscribed to CreateContainer only (what the
-  StartContainer and RemoveContainer subscriptions cost is ``stub`` less this).
+  once with no adjustment: NRI's own floor, what any external plugin pays. It is built
+  (Go needed) before containerd starts; the run fails unless it answered every create of
+  its block, and every start and removal too;
+- ``stub_create``: the same stub subscribed to CreateContainer only (``stub`` less this
+  is what the StartContainer subscription costs a create+start: RemoveContainer's round
+  trip comes with the block's removal, which is not timed).
 
 The modes run under ``NVIDIA_VISIBLE_DEVICES=all`` (guard, registered, the stubs) or the
 GPU's UUID (the others); with no plugin injecting, runc is given the same container either
@@ -50,11 +53,12 @@ stretched by another process's load as wall time is, so the plugins' own work an
 subscription costs containerd show through a busy machine (``containerd_cpu_ms``,
 ``plugin_cpu_ms``, and ``containerd_cpu_added_ms_paired_blocks`` over ``none``).
 
-Also the agent's start to registration (process start to its ``nri registered`` line)
-and its resident memory after the rounds. Medians in ms; ``added_ms`` is the difference of
-each mode's median and ``none``'s, ``added_ms_paired_blocks`` the median over rounds of
-each block's median less the ``none`` block's of the same round (steadier when the machine's
-speed drifts). The JSON is printed and written to ``--out``. Nothing asserts on time.
+Also the agent's start to registration (process start to its ``nri registered`` line),
+the stub's to its ``synchronized`` line, and the agent's resident memory after the rounds.
+Medians in ms; ``added_ms`` is the difference of each mode's median and ``none``'s,
+``added_ms_paired_blocks`` the median over rounds of each block's median less the ``none``
+block's of the same round (steadier when the machine's speed drifts). The JSON is printed
+and written to ``--out``. Nothing asserts on time.
 """
 
 from __future__ import annotations
