@@ -33,12 +33,14 @@ the earlier ones' containers, ≈ 5 ms for the guard):
 - ``stub``: no agent; NRI's reference plugin at its cheapest instead (``nri-stub``, our
   main.go around ``pkg/stub`` of the published ``github.com/containerd/nri`` module,
   v0.6.1, built through the Go module proxy into a cache: :mod:`tests.helpers.nristub`),
-  registered on the same socket at the agent's index, subscribed to the same events as
-  nvshim's plugin (CreateContainer, StartContainer, RemoveContainer) and answering each at
-  once with no adjustment: NRI's own floor, what any external plugin pays. It is built
+  registered on the same socket at the agent's index, subscribed to every event nvshim's
+  plugin handles (CreateContainer, StartContainer, RemoveContainer: its subscription under
+  ``nri-inroot: start``) and answering each at once with no adjustment: NRI's own floor,
+  what any external plugin on those events pays. It is built
   (Go needed) before containerd starts; the run fails unless it answered every create of
   its block, and every start and removal too;
-- ``stub_create``: the same stub subscribed to CreateContainer only (``stub`` less this
+- ``stub_create``: the same stub subscribed to CreateContainer only, as nvshim's plugin
+  is when inject is off (``guard``, ``registered``) (``stub`` less this
   is what the StartContainer subscription costs a create+start: RemoveContainer's round
   trip comes with the block's removal, which is not timed).
 
@@ -52,6 +54,9 @@ before the first timed create and after the last start), per container: CPU is n
 stretched by another process's load as wall time is, so the plugins' own work and what a
 subscription costs containerd show through a busy machine (``containerd_cpu_ms``,
 ``plugin_cpu_ms``, and ``containerd_cpu_added_ms_paired_blocks`` over ``none``).
+
+The agent's modes subscribe to what its config needs (``agent_events``: the mask its
+Configure reply logged, per mode); the stubs to a fixed set, for comparison with each.
 
 Also the agent's start to registration (process start to its ``nri registered`` line),
 the stub's to its ``synchronized`` line, and the agent's resident memory after the rounds.
@@ -161,6 +166,8 @@ def main() -> int:
     cpu_plugin: Dict[str, List[float]] = {m: [] for m in modes}
     ready: List[float] = []
     stub_ready: List[float] = []
+    # the event mask the agent's Configure reply subscribed with, per agent mode
+    agent_events: Dict[str, Any] = {}
     rss_kb = 0
     handling: List[float] = []
     hook_ms: List[float] = []
@@ -237,6 +244,13 @@ def main() -> int:
                 block_medians[mode].append(statistics.median(times[mode][-args.runs :]))
                 cpu_engine[mode].append((cpu_ms(n.containerd.pid) - cpu0[0]) / args.runs)
                 cpu_plugin[mode].append((cpu_ms(plugin) - cpu0[1]) / args.runs)
+                if n.agent.proc is not None and plugin == n.agent.proc.pid:
+                    configured = [
+                        json.loads(line)
+                        for line in log.read_text().splitlines()
+                        if '"nri configured"' in line
+                    ]
+                    agent_events[mode] = configured[-1].get("events") if configured else None
                 # each block on a containerd holding no earlier block's containers: create
                 # time grows with their number, which would favour the modes run first
                 cri.remove_pods(close=False)
@@ -359,6 +373,9 @@ def main() -> int:
         "agent_hook_work_ms": round(statistics.median(hook_ms), 2) if hook_ms else None,
         "agent_start_to_registered_ms": round(statistics.median(ready), 1),
         "agent_rss_mb": round(rss_kb / 1024, 1),
+        # what the agent subscribed to in each of its modes (NRI's mask: 8 CreateContainer,
+        # 32 StartContainer, 1024 RemoveContainer), as its Configure reply logged it
+        "agent_events": agent_events,
         "stub_start_to_synchronized_ms": (
             round(statistics.median(stub_ready), 1) if stub_ready else None
         ),

@@ -6,7 +6,9 @@ the NRI Debian 13's containerd 1.7.24 is built with), built and cached like the 
 groups (:func:`tests.helpers.gobuild.go_programs`). It answers every event it subscribes to
 at once with no adjustment: what containerd's round trips to an external plugin cost, apart
 from any plugin's own work. ``EVENTS`` picks the subscription: ``create`` (CreateContainer
-only) or ``same`` (CreateContainer, StartContainer, RemoveContainer: nvshim's plugin's).
+only, what nvshim's plugin takes with inject off) or ``same`` (CreateContainer,
+StartContainer, RemoveContainer: every event nvshim's plugin handles, its subscription
+under ``nri-inroot: start``).
 
 :class:`NriStub` starts it on an NRI socket, waits for its ``nri-stub synchronized`` line
 (containerd configured and synchronized it) and stops it, reading how many of each event it

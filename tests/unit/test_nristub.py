@@ -19,13 +19,14 @@ from tests.helpers.agent import RecordingLog
 from tests.helpers.nristub import EVENTS, stub_binary
 
 
-def test_same_is_nvshims_subscription(tmp_path: Path) -> None:
-    """``same`` is the event mask nvshim's plugin subscribes with; ``create`` is
-    CreateContainer's alone; each stub mode is a bench mode."""
+def test_same_is_every_event_nvshim_handles(tmp_path: Path) -> None:
+    """``same`` is the mask of every event nvshim's plugin handles (what it subscribes
+    with before a config loads); ``create`` is CreateContainer's alone; each stub mode is
+    a bench mode."""
     from nvshim.agent.state import AgentState
 
     nvshim = plugin.Plugin(AgentState(str(tmp_path / "absent.yaml"), RecordingLog()))
-    assert EVENTS["same"] == nvshim.events()
+    assert EVENTS["same"] == event_mask(*nvshim.handlers) == nvshim.events()
     assert EVENTS["create"] == event_mask(Event.CREATE_CONTAINER)
     assert set(STUB_EVENTS) <= set(MODES) and set(STUB_EVENTS.values()) == set(EVENTS)
 

@@ -6,7 +6,7 @@
 // Usage: nri-stub SOCKET INDEX EVENTS
 //
 // EVENTS is "create" (CreateContainer only) or "same" (CreateContainer, StartContainer and
-// RemoveContainer: nvshim's plugin's subscription, event mask 1064). The stub prints one
+// RemoveContainer, event mask 1064: every event nvshim's plugin handles). The stub prints one
 // line, "nri-stub synchronized MASK", once containerd has configured and synchronized it,
 // and runs until containerd closes the connection or it gets SIGTERM or SIGINT; then it
 // prints how many of each event it answered, "nri-stub answered create=N start=N remove=N".
