@@ -137,10 +137,6 @@ def _write(
             out.append("[]")
             return
         inner = "\n" + indent * (level + 1)
-        if all(type(item) is str for item in value):  # env, args, options: no recursion
-            out.append("[" + inner + (item_sep + inner).join(map(quote, value)))
-            out.append("\n" + indent * level + "]")
-            return
         out.append("[" + inner)
         for i, item in enumerate(value):
             if i:
@@ -160,9 +156,6 @@ def _write(
             if not first:
                 out.append(item_sep + inner)
             first = False
-            if type(item) is str:  # most values: no recursion
-                out.append(quote(key) + key_sep + quote(item))
-                continue
             out.append(quote(key) + key_sep)
             _write(item, out, indent, level + 1, item_sep, key_sep, quote, default)
         out.append("\n" + indent * level + "}")
