@@ -27,7 +27,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, Optional, Tuple, TypeVar
+    from typing import Any, Optional, Tuple, TypeVar
 
     _T = TypeVar("_T")
 
@@ -91,57 +91,29 @@ def replace(obj: _T, **changes: Any) -> _T:
 
 
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
-    cls = self.__class__
-    names = cls.__record_names__
-    values: Iterable[Tuple[str, Any]]
-    if kwargs or len(args) != len(names):
-        values = _values(cls, args, kwargs).items()
-    else:  # every field given in order: the common call, checked by its length alone
-        values = zip(names, args, strict=True)
-    if cls.__record_plain__:
-        self.__dict__.update(values)  # what object.__setattr__ would do, field by field
-    else:
-        setter = object.__setattr__
-        for name, value in values:
-            setter(self, name, value)
-    # the class's own, looked up when the class was made (a subclass that was not
-    # decorated looks it up here)
-    post = cls.__record_post__ if cls.__record_class__ is cls else _post_of(cls)
-    if post is not None:
-        post(self)
-
-
-def _post_of(cls: Any) -> Any:
-    return getattr(cls, "__post_init__", None)
-
-
-def _values(cls: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, Any]:
-    """The field values, in field order, of a call that is not every field in order
-    (defaults filled); TypeError as ``dataclasses``' ``__init__`` raises it."""
-    names = cls.__record_names__
-    given = len(args)
-    if given > len(names):
-        raise TypeError(f"{cls.__name__}() takes {len(names)} arguments, got {given}")
-    if kwargs and (
-        not cls.__record_nameset__.issuperset(kwargs)
-        or (given and not kwargs.keys().isdisjoint(names[:given]))
-    ):
-        twice = [name for name in names[:given] if name in kwargs]
-        if twice:
-            raise TypeError(f"{cls.__name__}() got multiple values for {twice[0]!r}")
-        unknown = sorted(set(kwargs) - cls.__record_nameset__)
-        raise TypeError(f"{cls.__name__}() got unexpected arguments {unknown}")
-    values = dict(zip(names, args, strict=False))  # names outnumber args
-    for name, default, factory in cls.__record_rest__[given:]:
-        if name in kwargs:
-            values[name] = kwargs[name]
-        elif default is not MISSING:
-            values[name] = default
-        elif factory is not MISSING:
-            values[name] = factory()
+    flds = self.__record_fields__
+    if len(args) > len(flds):
+        raise TypeError(f"{type(self).__name__}() takes {len(flds)} arguments, got {len(args)}")
+    setter = object.__setattr__
+    for i, f in enumerate(flds):
+        if i < len(args):
+            if f.name in kwargs:
+                raise TypeError(f"{type(self).__name__}() got multiple values for {f.name!r}")
+            value = args[i]
+        elif f.name in kwargs:
+            value = kwargs.pop(f.name)
+        elif f.default is not MISSING:
+            value = f.default
+        elif f.default_factory is not MISSING:
+            value = f.default_factory()
         else:
-            raise TypeError(f"{cls.__name__}() missing required argument {name!r}")
-    return values
+            raise TypeError(f"{type(self).__name__}() missing required argument {f.name!r}")
+        setter(self, f.name, value)
+    if kwargs:
+        raise TypeError(f"{type(self).__name__}() got unexpected arguments {sorted(kwargs)}")
+    post = getattr(self, "__post_init__", None)
+    if post is not None:
+        post()
 
 
 def _key(self: Any) -> Tuple[Any, ...]:
@@ -195,16 +167,6 @@ def _make(cls: Any, frozen: bool) -> Any:
         else:
             flds.append(f)
     cls.__record_fields__ = tuple(flds)
-    cls.__record_names__ = tuple(f.name for f in flds)
-    cls.__record_nameset__ = frozenset(cls.__record_names__)
-    cls.__record_rest__ = tuple((f.name, f.default, f.default_factory) for f in flds)
-    # instances with a __dict__ and no descriptor in a field's place: the values go into
-    # the __dict__ in one update, as object.__setattr__ would put them one by one
-    cls.__record_plain__ = cls.__dictoffset__ != 0 and not any(
-        hasattr(getattr(cls, f.name, None), "__set__") for f in flds
-    )
-    cls.__record_class__ = cls
-    cls.__record_post__ = _post_of(cls)
     cls.__init__ = _init
     if "__match_args__" not in cls.__dict__:
         # setattr: mypy refuses an assignment to __match_args__ even on Any
