@@ -89,8 +89,8 @@ def wall(argv: Sequence[str], env: Dict[str, str], check: bool = False) -> float
 def agent_cpu_ms(pid: int) -> float:
     """CPU time of process ``pid``'s live threads in ms, to the nanosecond (the sum of
     ``/proc/<pid>/task/*/schedstat``; the agent's workers live as long as it does).
-    ``/proc/<pid>/stat``'s utime + stime count in clock ticks (10 ms here), too coarse
-    for one create."""
+    ``/proc/<pid>/stat``'s utime + stime count in clock ticks, too coarse for one
+    create."""
     total = 0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
