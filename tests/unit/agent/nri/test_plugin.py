@@ -477,3 +477,37 @@ def test_no_duty_answers_create_without_reading_it(tmp_path: Path) -> None:
     p = plugin.Plugin(AgentState(str(write_nvshim_config(tmp_path / "on", on)), Log()))
     with pytest.raises(WireError):
         p.handle("CreateContainer", b"\x0a\x05abc")
+
+
+def test_an_internal_error_answers_create_with_nothing_and_one_line(
+    sim: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvshim's own failure while deciding (a module of its install gone under the agent,
+    any bug) never fails the create: no adjustment, and one error line naming the
+    container and the error."""
+    from nvshim.agent.nri import api_pb2 as pb
+    from nvshim.agent.state import AgentState
+    from tests.helpers.node import write_nvshim_config
+
+    values = {"driver-root": sim.root, "runtimes": ["runc"], "nri-inject": True}
+    p = plugin.Plugin(AgentState(str(write_nvshim_config(tmp_path, values)), Log()))
+
+    def broken(*_a: Any, **_kw: Any) -> Any:
+        raise ModuleNotFoundError("No module named 'nvshim.runtime.grants'")
+
+    monkeypatch.setattr(plugin, "decide", broken)
+    body = pb.CreateContainerRequest(
+        pod=pb.PodSandbox(id="sb", name="train", uid="u", namespace="team-a"),
+        container=pb.Container(id="c", name="main", env=["NVIDIA_VISIBLE_DEVICES=all"]),
+    ).SerializeToString()
+    assert p.handle("CreateContainer", body) == b""
+    errors = [(e, kw) for level, e, kw in p.log.lines if level == "error"]  # type: ignore[attr-defined]
+    assert errors == [
+        (
+            "nri create not adjusted: internal error",
+            {
+                "who": "pod team-a/train container main",
+                "error": "ModuleNotFoundError: No module named 'nvshim.runtime.grants'",
+            },
+        )
+    ]
