@@ -50,6 +50,7 @@ __all__ = [
     "executable_problem",
     "check_executable",
     "read_bytes",
+    "read_upto",
     "read_trusted_cache",
     "write_atomic",
     "remove_stale_temps",
@@ -259,6 +260,28 @@ def read_bytes(path: str) -> Optional[bytes]:
         return None
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+
+
+def read_upto(fd: int, size: int, limit: int) -> bytes:
+    """The bytes of the open file ``fd`` up to its end, ``limit`` at most, even if it grows
+    meanwhile; ``size`` is what ``fstat`` said it holds. The first read asks for that and
+    one byte more: a read of a regular file that comes back short has met the end, so a
+    file that did not grow is read in one ``read``. Later reads ask for 64 KiB: a read
+    that asks for ``limit`` or a megabyte allocates that much before reading a few KiB.
+    Callers that refuse a file over a bound pass the bound + 1 and compare the length."""
+    chunks: List[bytes] = []
+    got = 0
+    want = size + 1
+    while got < limit:
+        asked = min(want, limit - got)
+        chunk = os.read(fd, asked)
+        if chunk:
+            chunks.append(chunk)
+            got += len(chunk)
+        if len(chunk) < asked:
+            break  # the end (a regular file reads short only there)
+        want = 1 << 16  # it grew: on in 64 KiB reads
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 _TEMP_MARK = ".nvshim-"

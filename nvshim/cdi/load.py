@@ -26,6 +26,7 @@ from nvshim.cdi.check import check_semantics, type_name
 from nvshim.cdi.model import NO_FILE, SPEC_EXTENSIONS, UNAPPLIED_EDITS, CdiDevice, Spec
 from nvshim.edits import Edits
 from nvshim.errors import CdiProblem, CdiSpecError
+from nvshim.files import read_upto
 
 TYPE_CHECKING = False  # typing stays off the create path (cost: BENCHMARKS.md, figures)
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -243,22 +244,15 @@ def _read_bytes(path: str) -> Tuple[bytes, os.stat_result]:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):  # replaced since the stat above
             raise CdiSpecError([CdiProblem(path, "$", "not a regular file")])
-        chunks = []
-        size = 0
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > MAX_SPEC_BYTES:
-                reason = f"larger than {MAX_SPEC_BYTES >> 20} MiB: not a CDI spec"
-                raise CdiSpecError([CdiProblem(path, "$", reason)])
-            chunks.append(chunk)
+        data = read_upto(fd, info.st_size, MAX_SPEC_BYTES + 1)
+        if len(data) > MAX_SPEC_BYTES:
+            reason = f"larger than {MAX_SPEC_BYTES >> 20} MiB: not a CDI spec"
+            raise CdiSpecError([CdiProblem(path, "$", reason)])
     except OSError as exc:
         raise CdiSpecError([CdiProblem(path, "$", f"cannot read: {exc.strerror}")]) from exc
     finally:
         os.close(fd)
-    return b"".join(chunks), info
+    return data, info
 
 
 def _not_a_spec_name(path: str, ext: str) -> CdiSpecError:

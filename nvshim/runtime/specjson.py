@@ -41,6 +41,7 @@ import stat
 
 from nvshim import _jsonc
 from nvshim.errors import SpecError
+from nvshim.files import read_upto
 
 # On every GPU create: json (with re, enum …) and typing are costly imports (BENCHMARKS.md).
 # nvshim._jsonc drives the same C decoder/encoder; re is imported only for the rare
@@ -419,7 +420,7 @@ def _read_regular(path: str) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
             raise SpecError(f"cannot read {path}: {kind}")
-        raw = _read_upto(fd, st.st_size, MAX_SPEC_BYTES + 1)
+        raw = read_upto(fd, st.st_size, MAX_SPEC_BYTES + 1)
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
     finally:
@@ -430,21 +431,3 @@ def _read_regular(path: str) -> bytes:
             f"reads ({MAX_SPEC_BYTES >> 20} MiB)"
         )
     return raw
-
-
-def _read_upto(fd: int, size: int, limit: int) -> bytes:
-    """The bytes of ``fd`` up to its end, ``limit`` at most, even if it grows meanwhile.
-    Each read asks for what ``fstat`` said is there (and one byte more, to meet the end):
-    a read that asks for ``limit`` allocates that much first (16 MiB, mapped and unmapped
-    on every create)."""
-    chunks: List[bytes] = []
-    got = 0
-    want = size + 1
-    while got < limit:
-        chunk = os.read(fd, min(want, limit - got))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        got += len(chunk)
-        want = 1 << 16  # it grew: on in 64 KiB reads
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
