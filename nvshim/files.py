@@ -25,7 +25,12 @@ root's, writable by root only, and reached through directories only root can cha
 So must every program it runs as root or lets runc run because of its config or a CDI
 spec it loaded (:func:`executable_problem`: the low-level runtime, the hooks it adds).
 :func:`read_bytes` and :func:`read_trusted_cache` open such files without blocking on a
-FIFO and check them on the open descriptor.
+FIFO and check them on the open descriptor; :func:`read_upto` reads an open file without
+allocating its size bound first.
+
+Why one module: the trust rule, the trusted reads that apply it and the atomic write are
+the one contract for every file nvshim reads or replaces as root; split, a read could
+leave the rule behind without a reviewer seeing it beside the others.
 """
 
 from __future__ import annotations
