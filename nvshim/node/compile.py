@@ -126,7 +126,8 @@ def compile_config(path: Optional[str] = None, default_runtime: bool = False) ->
         raise ConfigError(f"cannot stat config {path}: {exc.strerror}") from exc
     from nvshim.node.install.trampoline import ere_literal
 
-    # the prefixes as grep -E literals: the trampoline's one grep is -E
+    # the prefixes as grep -E literals: the trampoline's grep is -E, and the agent's
+    # client (--scan) reads each line back as the literal it escapes
     prefixes = tuple(ere_literal(p) for p in config.annotation_prefixes)
     for target, values in ((runtimes_path(path), config.runtimes), (prefixes_path(path), prefixes)):
         write_atomic(target, "".join(f"{v}\n" for v in values).encode(), default_mode=0o644)
