@@ -14,7 +14,9 @@ figure of the breakdown is the median of ``--rounds`` interleaved rounds, in wal
 for, ``wait4``: steadier than wall time on a busy machine):
 
 * ``sh trampoline``: a create whose spec asks for nothing through the trampoline (no-op
-  runtime), minus the no-op runtime alone: the sh that every create pays;
+  runtime), minus the no-op runtime alone: what every create pays before the runtime,
+  the sh and, with the agent's socket there, the client reading config.json (``--scan``,
+  in place of the grep);
 * ``client + socket``: the client against the agent answering at once (a request of
   another version: connect, send the descriptor, the agent's thread, the reply, exit);
 * ``agent's create``: :func:`nvshim.runtime.main.create` in this process, as the agent runs
@@ -190,7 +192,7 @@ class World:
 #: The breakdown's rows: (key, what it is). Each is a median over rounds of the samples,
 #: or a difference of two such medians (see :func:`breakdown`).
 ROWS = (
-    ("sh", "sh trampoline (argv, compiled lists, one grep; no-op runtime)"),
+    ("sh", "sh trampoline (argv, compiled lists, the client's scan; no-op runtime)"),
     ("client", "client + socket round trip (the agent answers at once)"),
     ("agent", "agent's create (plan, journal, rootfs, config.json; in-process)"),
     ("served", "the agent's CPU per fast create (all its threads; schedstat)"),

@@ -249,7 +249,7 @@ def rows_nri(r: Dict[str, Any]) -> Tuple[List[Row], str]:
 
 
 AGENT_LABELS = {
-    "sh": "the trampoline's sh (no-op runtime)",
+    "sh": "the trampoline's sh and the client's scan, a spec asking nothing (no-op runtime)",
     "client": "the C client and its socket round trip",
     "agent": "the agent's create of a 1-GPU container",
     "fast": "the fast path's shim stage (sh, client, agent)",
