@@ -278,6 +278,7 @@ class Bench:
             capture_output=True,
         )
         self.noop_env = dict(self.env)
+        self.noop_env_b = self.noop_env  # runtime B's (--agent: another socket, below)
         for name, runtime, env in (
             ("config", self.runc, self.env),
             ("noop", "/bin/true", self.noop_env),
@@ -478,6 +479,8 @@ def _agent_runtime(b: Bench) -> Tuple[str, str, List["subprocess.Popen[bytes]"]]
         start_agent(b.work / "nvshim" / "noop.yaml", noop_sock, b.work / "agent-noop.log"),
     ]
     b.noop_env["NVSHIM_AGENT_SOCKET"] = str(noop_sock)
+    # B, the in-process create, must not reach the no-op agent through that variable
+    b.noop_env_b = {**b.noop_env, "NVSHIM_AGENT_SOCKET": str(b.work / "no-agent.sock")}
     return str(tramp), str(alone), agents
 
 
@@ -511,8 +514,9 @@ def case_create(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
     return result
 
 
-def case_shim(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
-    """nvshim-runtime create with a no-op low-level runtime, against the no-op alone."""
+def case_shim(b: Bench, pairs: int, key: str, b_side: bool = False) -> Dict[str, Any]:
+    """nvshim-runtime create with a no-op low-level runtime, against the no-op alone
+    (``b_side``: runtime B's, with B's environment)."""
 
     def run(tool: str, env: Dict[str, str]) -> Sample:
         b.restore(key)
@@ -525,7 +529,7 @@ def case_shim(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
         f"shim stage gpu={key}",
         pairs,
         lambda i: run("/bin/true", b.env),
-        lambda i: run(b.runtime, b.noop_env),
+        lambda i: run(b.runtime, b.noop_env_b if b_side else b.noop_env),
     )
     b.restore(key)
     return result
@@ -534,15 +538,16 @@ def case_shim(b: Bench, pairs: int, key: str) -> Dict[str, Any]:
 def case_versus(b: Bench, pairs: int, key: str, other: str) -> Dict[str, Any]:
     """Two nvshim-runtimes' shim stage (no-op low-level runtime) against each other."""
 
-    def run(tool: str) -> Sample:
+    def run(tool: str, env: Dict[str, str]) -> Sample:
         b.restore(key)
-        ms, _, cpu = timed(
-            [tool, "create", "--bundle", str(b.bundles[key]), b.cid("vs")], env=b.noop_env
-        )
+        ms, _, cpu = timed([tool, "create", "--bundle", str(b.bundles[key]), b.cid("vs")], env=env)
         return ms, cpu
 
     result = paired(
-        f"shim stage gpu={key}: A vs B", pairs, lambda i: run(b.runtime), lambda i: run(other)
+        f"shim stage gpu={key}: A vs B",
+        pairs,
+        lambda i: run(b.runtime, b.noop_env),
+        lambda i: run(other, b.noop_env_b),
     )
     b.restore(key)
     return result
@@ -779,7 +784,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     results["cases"].append(case_shim(b, args.pairs, key))
                     if len(runtimes) == 2:
                         b.runtime = runtimes[1]
-                        row = case_shim(b, args.pairs, key)
+                        row = case_shim(b, args.pairs, key, b_side=True)
                         row["case"] += " (B)"
                         results["cases"].append(row)
                         b.runtime = runtimes[0]
