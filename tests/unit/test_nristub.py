@@ -52,22 +52,15 @@ def test_stub_builds_and_refuses_a_bad_call(tmp_path: Path) -> None:
     one line with exit 2; an NRI socket that is not there ends it with exit 1, its last
     line naming the socket (pkg/stub's own log lines come first)."""
     binary = stub_binary()
-    bad = subprocess.run(
-        [str(binary), str(tmp_path / "nri.sock"), "10", "start"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+
+    def stub(events: str) -> "subprocess.CompletedProcess[str]":
+        argv = [str(binary), str(tmp_path / "nri.sock"), "10", events]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+
+    bad = stub("start")
     assert bad.returncode == 2, bad
     assert bad.stderr == 'nri-stub: unknown events "start": choose create or same\n'
-    absent = subprocess.run(
-        [str(binary), str(tmp_path / "nri.sock"), "10", "same"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    absent = stub("same")
     assert absent.returncode == 1, absent
     last = absent.stderr.strip().splitlines()[-1]
     assert last.startswith("nri-stub: ") and "nri.sock" in last, absent.stderr
