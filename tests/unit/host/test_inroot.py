@@ -255,9 +255,11 @@ def test_write_file_atomic_mode_ignores_umask(world: tuple[Path, Path]) -> None:
 def test_write_file_atomic_error_names_the_file_not_the_temporary(world: tuple[Path, Path]) -> None:
     """When the temporary file cannot be created (here its longer name is over NAME_MAX; a
     read-only bind or a full disk fail the same call), the OSError names the container path
-    being written, as every other error of the module does, not ``.<name>.nvshim-…``."""
+    being written, as every other error of the module does, not ``.<name>.nvshim-…``.
+    The name is 250 bytes: within NAME_MAX itself, past it with the shortest temporary
+    suffix (``.`` and ``.nvshim-<pid>-<n>``, 12 bytes or more, whatever the pid)."""
     root, _ = world
-    target = "/etc/" + "x" * 240
+    target = "/etc/" + "x" * 250
     with _inroot.open_root(str(root)) as rfd:
         with pytest.raises(OSError) as info:
             _inroot.write_file_atomic(rfd, target, b"data")
