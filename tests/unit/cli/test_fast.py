@@ -34,23 +34,28 @@ def _command(path: Tuple[str, ...]) -> click.Command:
     return command
 
 
-def _click_modules_after(args: List[str]) -> List[str]:
-    """The click modules and click command modules `nvshim ARGS` loads, run in a fresh
-    interpreter."""
+def _loaded_after(args: List[str], kept: str, env: Dict[str, str]) -> Tuple[str, List[str]]:
+    """(stderr, the modules ``kept`` selects) after `nvshim ARGS` in a fresh interpreter;
+    ``kept`` is a condition on ``m``, a module name. Its exit status is on stderr (``EXIT``)."""
     code = (
         "import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
-        "except SystemExit:\n    pass\n"
-        "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
-        "if m == 'click' or m.startswith(('click.', 'nvshim.cli.cmd_', 'nvshim.cli.app')))))"
+        "except SystemExit as e:\n    sys.stderr.write(f'EXIT {e.code}\\n')\n"
+        f"sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules if {kept})))"
     )
     res = subprocess.run(
         [sys.executable, "-I", "-c", code, *args],
         capture_output=True,
         text=True,
         cwd=REPO,
-        env={"PYTHONPATH": str(REPO), "COLUMNS": "80", "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **env},
     )
-    return res.stderr.rsplit("LOADED", 1)[1].split()
+    return res.stderr, res.stderr.rsplit("LOADED", 1)[1].split()
+
+
+def _click_modules_after(args: List[str]) -> List[str]:
+    """The click modules and click command modules `nvshim ARGS` loads."""
+    kept = "m == 'click' or m.startswith(('click.', 'nvshim.cli.cmd_', 'nvshim.cli.app'))"
+    return _loaded_after(args, kept, {"COLUMNS": "80"})[1]
 
 
 def _run(runner: Any, args: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, str, str]:
@@ -346,21 +351,10 @@ def test_cdi_list_of_the_configs_dirs_through_the_index_reads_as_a_full_scan(
 
 
 def _modules_after(args: List[str], env: Dict[str, str]) -> List[str]:
-    code = (
-        "import sys\nfrom nvshim.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
-        "except SystemExit as e:\n    sys.stderr.write(f'EXIT {e.code}\\n')\n"
-        "sys.stderr.write('LOADED ' + ' '.join(sorted(m for m in sys.modules "
-        "if m in ('yaml', 'click', 'typing'))))"
-    )
-    res = subprocess.run(
-        [sys.executable, "-I", "-c", code, *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **env},
-    )
-    assert "EXIT 0" in res.stderr, res.stderr
-    return res.stderr.rsplit("LOADED", 1)[1].split()
+    """yaml, click and typing, of what a successful `nvshim ARGS` loads."""
+    stderr, loaded = _loaded_after(args, "m in ('yaml', 'click', 'typing')", env)
+    assert "EXIT 0" in stderr, stderr
+    return loaded
 
 
 def test_cdi_list_with_a_fresh_index_parses_no_yaml(
